@@ -1,0 +1,55 @@
+/**
+ * The service: composes the parts in the startup order of SPEC §6.1 and registers their drains for
+ * the shutdown order of §6.3. The HTTP server layer is a parameter (Bun in production,
+ * `NodeHttpServer.layerTest` in tests), so this module never imports a runtime adapter.
+ */
+import { HttpServer } from "@effect/platform"
+import type { ServeError } from "@effect/platform/HttpServerError"
+import { Duration, Effect, ExecutionStrategy, Exit, Layer, Scope } from "effect"
+import type { FirehookConfigShape } from "../services/Config.js"
+import * as Config from "../services/Config.js"
+import * as Database from "../services/Database.js"
+import * as Health from "../services/Health.js"
+import * as Lifecycle from "../services/Lifecycle.js"
+
+export interface ServiceOptions {
+  /** called once with the shutdown report (main uses it for the exit code) */
+  readonly onShutdown?: (report: Lifecycle.ShutdownReport) => Effect.Effect<void>
+}
+
+/** Start the parts in order and register their drains. Requires the core services. */
+export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, options: ServiceOptions = {}) =>
+  Layer.scopedDiscard(
+    Effect.gen(function* () {
+      const lifecycle = yield* Lifecycle.Lifecycle
+      const scope = yield* Effect.scope
+      const startup = Effect.gen(function* () {
+        // 3. the health server, in a scope of its own so that shutdown can stop it at its stage
+        const httpScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+        const httpContext = yield* Layer.buildWithScope(
+          HttpServer.serve(Health.router).pipe(Layer.provideMerge(server)),
+          httpScope
+        )
+        const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(Effect.provide(httpContext))
+        yield* Effect.logInfo("health server listening").pipe(Effect.annotateLogs({ address }))
+        yield* lifecycle.registerStop("http", "http", Scope.close(httpScope, Exit.void))
+        // 4.–5. registry, delivery, intake, scheduler and backfill plug in here as they land.
+        yield* lifecycle.setPhase("live")
+      })
+      yield* startup.pipe(Effect.tapErrorCause(() => lifecycle.setPhase("failed")))
+      // Added last, so it runs first when the scope closes: the ordered, deadline-bound shutdown.
+      yield* Effect.addFinalizer(() =>
+        lifecycle.shutdown.pipe(Effect.flatMap((report) => options.onShutdown?.(report) ?? Effect.void))
+      )
+    })
+  )
+
+/** The core services every part needs: lifecycle, health, database (with migrations). */
+export const core = (config: FirehookConfigShape) => {
+  const ConfigLive = Config.layerValue(config)
+  const LifecycleLive = Lifecycle.layer({ shutdownTimeout: Duration.millis(config.shutdownTimeoutMs) })
+  const HealthLive = Health.layer.pipe(Layer.provide(LifecycleLive))
+  return Database.layer().pipe(Layer.provideMerge(Layer.mergeAll(ConfigLive, LifecycleLive, HealthLive)))
+}
+
+export type ServerError = ServeError

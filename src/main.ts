@@ -1,0 +1,48 @@
+/**
+ * The Bun entry point: read the configuration, compose the production graph, run it until
+ * SIGINT/SIGTERM. Exit code 0 after a clean shutdown, 1 after an unclean one or a startup failure
+ * (reported as one line on stderr, never with a secret in it).
+ */
+import { BunHttpServer, BunRuntime } from "@effect/platform-bun"
+import { Cause, Console, Effect, Exit, Layer, Option } from "effect"
+import * as App from "./layers/App.js"
+import * as Config from "./services/Config.js"
+import * as Logging from "./services/Logging.js"
+
+let uncleanShutdown = false
+
+/** One line describing a startup failure: the error's own message, never a stack or a value dump. */
+const oneLine = (cause: Cause.Cause<unknown>): string => {
+  const failure = Cause.failureOption(cause)
+  const err: unknown = Option.isSome(failure) ? failure.value : Cause.squash(cause)
+  const text =
+    typeof err === "object" && err !== null && "message" in err && typeof err.message === "string" && err.message.length > 0
+      ? err.message
+      : "startup failed"
+  return `firehook: ${text.replace(/\s+/g, " ").slice(0, 500)}`
+}
+
+const main = Effect.gen(function* () {
+  const config = yield* Config.load({ isTty: process.stdout.isTTY === true })
+  const server = BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort })
+  const app = App.service(server, {
+    onShutdown: (report) =>
+      Effect.sync(() => {
+        uncleanShutdown = !report.clean
+      })
+  }).pipe(Layer.provide(App.core(config)), Layer.provide(Logging.layer({ format: config.logFormat, level: config.logLevel })))
+  return yield* Layer.launch(app)
+}).pipe(
+  Effect.catchAllCause((cause) =>
+    Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : Console.error(oneLine(cause)).pipe(Effect.zipRight(Effect.failCause(cause)))
+  )
+)
+
+BunRuntime.runMain(main, {
+  disableErrorReporting: true,
+  disablePrettyLogger: true,
+  teardown: (exit, onExit) => {
+    const failed = Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause)
+    onExit(failed || uncleanShutdown ? 1 : 0)
+  }
+})

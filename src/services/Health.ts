@@ -1,0 +1,113 @@
+/**
+ * Health (SPEC §6.2): `/live`, `/health`, `/metrics` on one listener; 404 for anything else.
+ *
+ * Health never imports the services it reports on: each service registers a section (a name and
+ * an effect producing `{ ready, body }`) for the lifetime of its scope. `/health` is ready when the
+ * phase is `reconciling-live` or `live` and every section that gates readiness is ready. Bodies hold
+ * counts, booleans and fixed enumerations only; every number is clamped to 0..1,000,000.
+ */
+import { HttpRouter, HttpServerResponse } from "@effect/platform"
+import { Context, Effect, Layer, Ref } from "effect"
+import type { Scope } from "effect"
+import { Lifecycle, type Phase } from "./Lifecycle.js"
+import * as Metrics from "./Metrics.js"
+
+export type HealthValue = number | boolean | string | null | { readonly [k: string]: HealthValue }
+
+export interface HealthSection {
+  /** whether this part allows readiness (parts that must not gate readiness return true) */
+  readonly ready: boolean
+  readonly body: { readonly [k: string]: HealthValue }
+}
+
+export interface HealthReport {
+  readonly ready: boolean
+  readonly body: { readonly [k: string]: HealthValue }
+}
+
+export interface HealthShape {
+  /** Add a section for as long as the calling scope is open. */
+  readonly register: (name: string, section: Effect.Effect<HealthSection>) => Effect.Effect<void, never, Scope.Scope>
+  readonly report: Effect.Effect<HealthReport>
+}
+
+export class Health extends Context.Tag("firehook/Health")<Health, HealthShape>() {}
+
+export const CLAMP_MAX = 1_000_000
+
+/** Clamp every number to 0..1,000,000 (integers stay integers; NaN becomes 0). */
+export const clamp = (v: HealthValue): HealthValue => {
+  if (typeof v === "number") return Number.isNaN(v) ? 0 : Math.min(CLAMP_MAX, Math.max(0, v))
+  if (v === null || typeof v !== "object") return v
+  const out: { [k: string]: HealthValue } = {}
+  for (const [k, x] of Object.entries(v)) out[k] = clamp(x)
+  return out
+}
+
+const READY_PHASES: ReadonlySet<Phase> = new Set(["reconciling-live", "live"])
+
+export const make = Effect.gen(function* () {
+  const lifecycle = yield* Lifecycle
+  const sections = yield* Ref.make<ReadonlyMap<string, Effect.Effect<HealthSection>>>(new Map())
+  const shape: HealthShape = {
+    register: (name, section) =>
+      Effect.acquireRelease(
+        Ref.update(sections, (m) => new Map(m).set(name, section)),
+        () =>
+          Ref.update(sections, (m) => {
+            const next = new Map(m)
+            next.delete(name)
+            return next
+          })
+      ),
+    report: Effect.gen(function* () {
+      const phase = yield* lifecycle.phase
+      const current = yield* Ref.get(sections)
+      let ready = READY_PHASES.has(phase)
+      const body: { [k: string]: HealthValue } = {}
+      const names = [...current.keys()].sort()
+      for (const name of names) {
+        const get = current.get(name)
+        if (get === undefined) continue
+        const section = yield* get
+        ready = ready && section.ready
+        body[name] = clamp(section.body)
+      }
+      return { ready, body: { status: ready ? "ok" : "unavailable", phase, ...body } }
+    })
+  }
+  return shape
+})
+
+export const layer = Layer.effect(Health, make)
+
+const NO_STORE = { "cache-control": "no-store" } as const
+
+/** The router served on HEALTH_HOST:HEALTH_PORT. */
+export const router = HttpRouter.empty.pipe(
+  HttpRouter.get(
+    "/live",
+    Effect.gen(function* () {
+      const phase = yield* (yield* Lifecycle).phase
+      const status = phase === "stopping" || phase === "stopped" ? "stopping" : "live"
+      return HttpServerResponse.unsafeJson({ status }, { status: phase === "failed" ? 503 : 200, headers: NO_STORE })
+    })
+  ),
+  HttpRouter.get(
+    "/health",
+    Effect.gen(function* () {
+      const report = yield* (yield* Health).report
+      return HttpServerResponse.unsafeJson(report.body, { status: report.ready ? 200 : 503, headers: NO_STORE })
+    })
+  ),
+  HttpRouter.get(
+    "/metrics",
+    Effect.map(Metrics.exposition, (text) =>
+      HttpServerResponse.text(text, {
+        contentType: "text/plain; version=0.0.4; charset=utf-8",
+        headers: NO_STORE
+      })
+    )
+  ),
+  HttpRouter.all("*", Effect.succeed(HttpServerResponse.unsafeJson({ error: "not_found" }, { status: 404 })))
+)

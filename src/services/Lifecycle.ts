@@ -1,0 +1,124 @@
+/**
+ * The phase machine (SPEC §6.1) and the ordered, idempotent shutdown (SPEC §6.3).
+ *
+ * Services register a drain for a named stage when they start. `shutdown` sets the phase to
+ * `stopping`, then runs the stages in the order of §6.3, each drain `interruptible` and cut at the
+ * shared deadline (now + SHUTDOWN_TIMEOUT_MS), so a hung part can never hold the process: it is
+ * interrupted and the shutdown is reported as not clean. Shared clients (Redis, the database) are
+ * closed only when every part stopped cleanly; `isClean` is what their finalizers consult.
+ */
+import { Clock, Context, Deferred, Duration, Effect, Layer, Option, Ref, SubscriptionRef } from "effect"
+
+export type Phase = "starting" | "reconciling-live" | "live" | "stopping" | "stopped" | "failed"
+
+/** Shutdown stages, in the order they run (SPEC §6.3). */
+export const STOP_STAGES = [
+  "backfill",
+  "scheduler-begin",
+  "http",
+  "intake-stop",
+  "intake-drain",
+  "delivery",
+  "scheduler-await",
+  "shared-clients"
+] as const
+export type StopStage = (typeof STOP_STAGES)[number]
+
+export interface ShutdownReport {
+  readonly clean: boolean
+  /** names of the parts that failed or missed the deadline */
+  readonly unclean: ReadonlyArray<string>
+}
+
+export interface LifecycleShape {
+  readonly phase: Effect.Effect<Phase>
+  readonly phases: SubscriptionRef.SubscriptionRef<Phase>
+  readonly setPhase: (phase: Phase) => Effect.Effect<void>
+  /** Register a drain that runs at `stage` during shutdown. */
+  readonly registerStop: (stage: StopStage, name: string, drain: Effect.Effect<void, unknown>) => Effect.Effect<void>
+  /** Run the shutdown once; later calls wait for the first one and return its report. */
+  readonly shutdown: Effect.Effect<ShutdownReport>
+  /** false once a shutdown found a part that did not stop cleanly */
+  readonly isClean: Effect.Effect<boolean>
+  /** the report, once a shutdown has finished */
+  readonly report: Effect.Effect<Option.Option<ShutdownReport>>
+}
+
+export class Lifecycle extends Context.Tag("firehook/Lifecycle")<Lifecycle, LifecycleShape>() {}
+
+interface Registered {
+  readonly stage: StopStage
+  readonly name: string
+  readonly drain: Effect.Effect<void, unknown>
+}
+
+export const make = (options: { readonly shutdownTimeout: Duration.DurationInput }) =>
+  Effect.gen(function* () {
+    const phases = yield* SubscriptionRef.make<Phase>("starting")
+    const registered = yield* Ref.make<ReadonlyArray<Registered>>([])
+    const started = yield* Ref.make(false)
+    const done = yield* Deferred.make<ShutdownReport>()
+    const clean = yield* Ref.make(true)
+    const timeoutMs = Duration.toMillis(Duration.decode(options.shutdownTimeout))
+
+    const runStages = Effect.gen(function* () {
+      yield* SubscriptionRef.set(phases, "stopping")
+      yield* Effect.logInfo("shutdown started").pipe(Effect.annotateLogs({ timeoutMs }))
+      const deadline = (yield* Clock.currentTimeMillis) + timeoutMs
+      const parts = yield* Ref.get(registered)
+      const unclean: Array<string> = []
+      for (const stage of STOP_STAGES) {
+        if (stage === "shared-clients" && unclean.length > 0) break
+        // within a stage, the most recently registered part stops first (like a Scope)
+        const inStage = parts.filter((p) => p.stage === stage).reverse()
+        for (const part of inStage) {
+          const remaining = Math.max(0, deadline - (yield* Clock.currentTimeMillis))
+          const result = yield* Effect.interruptible(part.drain).pipe(
+            Effect.timeoutOption(Duration.millis(remaining)),
+            Effect.either
+          )
+          const ok = result._tag === "Right" && Option.isSome(result.right)
+          if (!ok) {
+            unclean.push(part.name)
+            yield* Ref.set(clean, false)
+            yield* Effect.logWarning("a part did not stop cleanly before the shutdown deadline").pipe(
+              Effect.annotateLogs({ part: part.name, stage, timedOut: result._tag === "Right" })
+            )
+          }
+        }
+      }
+      const report: ShutdownReport = { clean: unclean.length === 0, unclean }
+      yield* SubscriptionRef.set(phases, report.clean ? "stopped" : "failed")
+      yield* (report.clean ? Effect.logInfo("shutdown complete") : Effect.logError("shutdown was not clean")).pipe(
+        Effect.annotateLogs({ clean: report.clean, unclean: report.unclean.length })
+      )
+      return report
+    })
+
+    const shutdown = Effect.gen(function* () {
+      const first = yield* Ref.getAndSet(started, true)
+      if (!first) {
+        const report = yield* runStages
+        yield* Deferred.succeed(done, report)
+      }
+      return yield* Deferred.await(done)
+    }).pipe(Effect.uninterruptible, Effect.withSpan("Lifecycle.shutdown"))
+
+    const shape: LifecycleShape = {
+      phase: SubscriptionRef.get(phases),
+      phases,
+      setPhase: (phase) =>
+        SubscriptionRef.update(phases, (current) =>
+          // once stopping, only the shutdown itself moves the phase on
+          current === "stopping" || current === "stopped" ? current : phase
+        ).pipe(Effect.zipRight(Effect.logInfo("phase").pipe(Effect.annotateLogs({ phase })))),
+      registerStop: (stage, name, drain) => Ref.update(registered, (xs) => [...xs, { stage, name, drain }]),
+      shutdown,
+      isClean: Ref.get(clean),
+      report: Deferred.poll(done).pipe(Effect.flatMap(Option.match({ onNone: () => Effect.succeedNone, onSome: Effect.asSome })))
+    }
+    return shape
+  })
+
+export const layer = (options: { readonly shutdownTimeout: Duration.DurationInput }) =>
+  Layer.effect(Lifecycle, make(options))

@@ -1,0 +1,237 @@
+/**
+ * The database schema, bundled in code (never read from disk at run time) and applied with
+ * `@effect/sql`'s Migrator. Every table and column is documented in docs/schema.md.
+ *
+ * Several processes may start at once: the whole run is serialized by a transaction-scoped
+ * advisory lock, so the second runner waits and then finds nothing to do.
+ */
+import * as Migrator from "@effect/sql/Migrator"
+import { SqlClient } from "@effect/sql"
+import { Effect } from "effect"
+
+const ddl = (text: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql.unsafe(text)
+  })
+
+/** 0001: the whole schema of SPEC §1.3, §2.4, §3.3–3.5, §4.7–4.9 and §5. */
+const init = ddl(`
+-- §1.3 server-managed secrets
+CREATE TABLE secrets (
+  owner_did   text        NOT NULL,
+  name        text        NOT NULL,
+  envelope    text        NOT NULL,
+  created_at  timestamptz NOT NULL DEFAULT now(),
+  rotated_at  timestamptz,
+  PRIMARY KEY (owner_did, name)
+);
+
+-- §2.4 prior references of referencing records
+CREATE TABLE prior_refs (
+  record_uri  text        PRIMARY KEY,
+  rev         text        NOT NULL,
+  refs        jsonb       NOT NULL,
+  bytes       integer     NOT NULL,
+  updated_at  timestamptz NOT NULL DEFAULT now(),
+  expires_at  timestamptz NOT NULL
+);
+CREATE INDEX prior_refs_expires_at ON prior_refs (expires_at);
+
+-- §3.3 durable stream cursors, one per (stream, relay)
+CREATE TABLE cursors (
+  stream      text        NOT NULL,
+  relay       text        NOT NULL,
+  cursor      bigint      NOT NULL,
+  updated_at  timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (stream, relay)
+);
+
+-- §5 owners: generation (fencing), reconciliation state, discovery
+CREATE TABLE owners (
+  did                 text        PRIMARY KEY,
+  generation          bigint      NOT NULL DEFAULT 0,
+  reconcile_status    text        NOT NULL DEFAULT 'unknown'
+                      CHECK (reconcile_status IN ('unknown', 'scanning', 'complete', 'failed')),
+  scan_generation     bigint,
+  snapshot_rev        text,
+  scan_started_at     timestamptz,
+  completed_at        timestamptz,
+  failed_at           timestamptz,
+  failure_count       integer     NOT NULL DEFAULT 0,
+  last_failure_kind   text,
+  from_stream         boolean     NOT NULL DEFAULT false,
+  from_discovery      boolean     NOT NULL DEFAULT false,
+  from_operator       boolean     NOT NULL DEFAULT false,
+  first_seen_at       timestamptz NOT NULL DEFAULT now(),
+  updated_at          timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX owners_retry ON owners (reconcile_status, failed_at) WHERE reconcile_status IN ('failed', 'scanning');
+
+-- §3.4 webhook records (valid records only; disabled ones are stored with active = false)
+CREATE TABLE webhooks (
+  owner_did         text        NOT NULL,
+  rkey              text        NOT NULL,
+  rev               text        NOT NULL,
+  generation        bigint      NOT NULL,
+  cid               text,
+  record            jsonb       NOT NULL,
+  scope_uri         text        NOT NULL,
+  scope_did         text        NOT NULL,
+  backlinks         boolean     NOT NULL,
+  url               text        NOT NULL,
+  events            text[]      NOT NULL,
+  enabled           boolean     NOT NULL,
+  active            boolean     NOT NULL,
+  signing_mode      text        NOT NULL CHECK (signing_mode IN ('none', 'record_secret', 'secret_id')),
+  secret_id         text,
+  fingerprint       text        NOT NULL,
+  gone_at           timestamptz,
+  created_at        timestamptz NOT NULL DEFAULT now(),
+  updated_at        timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (owner_did, rkey)
+);
+CREATE INDEX webhooks_scope_did ON webhooks (scope_did) WHERE active;
+CREATE INDEX webhooks_owner_generation ON webhooks (owner_did, generation);
+
+-- §3.4 tombstones of deleted webhook records
+CREATE TABLE tombstones (
+  owner_did   text        NOT NULL,
+  rkey        text        NOT NULL,
+  rev         text        NOT NULL,
+  generation  bigint      NOT NULL,
+  deleted_at  timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (owner_did, rkey)
+);
+CREATE INDEX tombstones_deleted_at ON tombstones (deleted_at);
+
+-- §3.3 quarantined input (hashes and reason only)
+CREATE TABLE quarantine (
+  id          bigserial   PRIMARY KEY,
+  stream      text        NOT NULL,
+  relay       text        NOT NULL,
+  reason      text        NOT NULL,
+  event_hash  text        NOT NULL,
+  cursor      bigint,
+  created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX quarantine_created_at ON quarantine (created_at);
+
+-- §3.5 payload bodies, stored once per event
+CREATE TABLE delivery_events (
+  event_id    text        PRIMARY KEY,
+  body        text        NOT NULL,
+  body_sha256 text        NOT NULL,
+  created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX delivery_events_created_at ON delivery_events (created_at);
+
+-- §3.5 / §4.1 the outbox: one row per (event, webhook)
+CREATE TABLE outbox (
+  delivery_id       text        PRIMARY KEY,
+  event_id          text        NOT NULL,
+  owner_did         text        NOT NULL,
+  webhook_rkey      text        NOT NULL,
+  match_kind        text        NOT NULL CHECK (match_kind IN ('direct', 'backlink')),
+  event_did         text        NOT NULL,
+  event_collection  text        NOT NULL,
+  event_rkey        text        NOT NULL,
+  event_operation   text        NOT NULL CHECK (event_operation IN ('create', 'update', 'delete')),
+  target_url        text        NOT NULL,
+  signing_mode      text        NOT NULL CHECK (signing_mode IN ('none', 'record_secret', 'secret_id')),
+  secret_id         text,
+  fingerprint       text        NOT NULL,
+  status            text        NOT NULL DEFAULT 'pending'
+                    CHECK (status IN ('pending', 'leased', 'delivered', 'dead_letter', 'cancelled')),
+  attempt_count     integer     NOT NULL DEFAULT 0,
+  next_attempt_at   timestamptz NOT NULL DEFAULT now(),
+  lease_token       text,
+  leased_until      timestamptz,
+  last_error_kind   text,
+  last_http_status  integer,
+  created_at        timestamptz NOT NULL DEFAULT now(),
+  updated_at        timestamptz NOT NULL DEFAULT now(),
+  finished_at       timestamptz
+);
+CREATE INDEX outbox_due ON outbox (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX outbox_lease_expiry ON outbox (leased_until) WHERE status = 'leased';
+CREATE INDEX outbox_webhook ON outbox (owner_did, webhook_rkey, created_at);
+CREATE INDEX outbox_finished ON outbox (status, finished_at) WHERE status IN ('delivered', 'dead_letter', 'cancelled');
+CREATE INDEX outbox_event ON outbox (event_id);
+CREATE INDEX outbox_created_at ON outbox (created_at);
+
+-- §4.8 attempt history (for deliveries show)
+CREATE TABLE delivery_attempts (
+  delivery_id       text        NOT NULL,
+  attempt           integer     NOT NULL,
+  started_at        timestamptz NOT NULL,
+  duration_ms       integer     NOT NULL,
+  outcome           text        NOT NULL,
+  error_kind        text,
+  http_status       integer,
+  response_excerpt  text,
+  PRIMARY KEY (delivery_id, attempt)
+);
+CREATE INDEX delivery_attempts_started_at ON delivery_attempts (started_at);
+
+-- §4.7 audit of terminal outcomes (the URL is never stored)
+CREATE TABLE audit (
+  id                bigserial   PRIMARY KEY,
+  delivery_id       text        NOT NULL,
+  event_id          text        NOT NULL,
+  owner_did         text        NOT NULL,
+  webhook_rkey      text        NOT NULL,
+  event_did         text        NOT NULL,
+  event_collection  text        NOT NULL,
+  event_rkey        text        NOT NULL,
+  event_operation   text        NOT NULL,
+  status            text        NOT NULL CHECK (status IN ('delivered', 'dead_letter', 'cancelled')),
+  http_status       integer,
+  error_kind        text,
+  url               text        NOT NULL DEFAULT '[redacted]',
+  created_at        timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX audit_created_at ON audit (created_at);
+CREATE INDEX audit_owner ON audit (owner_did, created_at);
+
+-- §5.2 backfill pass continuation
+CREATE TABLE backfill_state (
+  pass                text        PRIMARY KEY,
+  continuation_did    text,
+  owners_done         integer     NOT NULL DEFAULT 0,
+  pass_started_at     timestamptz,
+  pass_completed_at   timestamptz,
+  updated_at          timestamptz NOT NULL DEFAULT now()
+);
+`)
+
+/** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
+export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
+  "0001_init": init
+}
+
+/** The advisory lock key that serializes migration runners (any 64-bit constant). */
+export const MIGRATION_LOCK_KEY = 7_231_001
+
+export const MIGRATIONS_TABLE = "firehook_migrations"
+
+/**
+ * Run pending migrations; safe to run from several processes at once: the bookkeeping table is
+ * created under a transaction-scoped advisory lock (so concurrent `CREATE TABLE`s cannot race),
+ * and the Migrator then serializes runners with `LOCK TABLE … ACCESS EXCLUSIVE`: the second
+ * runner waits, then finds nothing left to do.
+ */
+export const run = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  yield* sql.withTransaction(
+    Effect.zipRight(
+      sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`,
+      sql.unsafe(`CREATE TABLE IF NOT EXISTS ${MIGRATIONS_TABLE} (
+        migration_id integer PRIMARY KEY,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        name text NOT NULL
+      )`)
+    )
+  )
+  return yield* Migrator.make({})({ loader: Migrator.fromRecord(migrations), table: MIGRATIONS_TABLE })
+}).pipe(Effect.withSpan("Migrations.run"))

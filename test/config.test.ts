@@ -1,0 +1,106 @@
+import { describe, expect, it } from "@effect/vitest"
+import { ConfigProvider, Effect, Either, LogLevel, Option, Redacted } from "effect"
+import * as Config from "../src/services/Config.js"
+
+const load = (env: Record<string, string>, isTty = false) =>
+  Config.load({ isTty }).pipe(Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env)))))
+
+const SECRET = "s3cr3t-pa55word"
+
+describe("Config", () => {
+  it.effect("defaults (SPEC §6.5)", () =>
+    Effect.gen(function* () {
+      const c = yield* load({})
+      expect(Option.isNone(c.databaseUrl)).toBe(true)
+      expect(c.dataDir).toBe("./.firehook")
+      expect(c.healthHost).toBe("127.0.0.1")
+      expect(c.healthPort).toBe(3003)
+      expect(c.shutdownTimeoutMs).toBe(30000)
+      expect(c.logLevel).toBe(LogLevel.Info)
+      expect(c.logFormat).toBe("json")
+      expect(c.nodeEnv).toBe("production")
+      expect(c.allowInsecureDev).toBe(false)
+      expect(c.registry).toEqual({ activeMax: 10000, ownerActiveMax: 100, directDidsMax: 10000, backlinkDidsMax: 1024 })
+      expect(c.intake).toEqual({ queueMax: 512, batchMax: 128, eventMaxBytes: 1048576 })
+    }))
+
+  it.effect("pretty logs by default on a TTY", () =>
+    Effect.gen(function* () {
+      expect((yield* load({}, true)).logFormat).toBe("pretty")
+      expect((yield* load({ LOG_FORMAT: "json" }, true)).logFormat).toBe("json")
+    }))
+
+  it.effect("valid values are parsed", () =>
+    Effect.gen(function* () {
+      const c = yield* load({
+        DATABASE_URL: `postgres://u:${SECRET}@db.example:5432/x`,
+        HEALTH_PORT: "0",
+        SHUTDOWN_TIMEOUT_MS: "120000",
+        LOG_LEVEL: "debug",
+        NODE_ENV: "test",
+        WEBHOOK_ALLOW_INSECURE_DEV: "1"
+      })
+      expect(Option.map(c.databaseUrl, Redacted.value)).toEqual(Option.some(`postgres://u:${SECRET}@db.example:5432/x`))
+      expect(String(c.databaseUrl)).not.toContain(SECRET)
+      expect(c.healthPort).toBe(0)
+      expect(c.shutdownTimeoutMs).toBe(120000)
+      expect(c.logLevel).toBe(LogLevel.Debug)
+      expect(c.allowInsecureDev).toBe(true)
+    }))
+
+  it.effect("an empty string counts as unset", () =>
+    Effect.gen(function* () {
+      const c = yield* load({ HEALTH_PORT: "", DATABASE_URL: "" })
+      expect(c.healthPort).toBe(3003)
+      expect(Option.isNone(c.databaseUrl)).toBe(true)
+    }))
+
+  const invalid: ReadonlyArray<readonly [Record<string, string>, string, string]> = [
+    [{ DATABASE_URL: `mysql://root:${SECRET}@h/db` }, "DATABASE_URL", "postgres"],
+    [{ DATABASE_URL: `not a url ${SECRET}` }, "DATABASE_URL", "postgres"],
+    [{ DATABASE_URL: `postgres://:${SECRET}@/` }, "DATABASE_URL", "postgres"],
+    [{ HEALTH_PORT: "65536" }, "HEALTH_PORT", "0..65535"],
+    [{ HEALTH_PORT: "-1" }, "HEALTH_PORT", "integer"],
+    [{ HEALTH_PORT: "08" }, "HEALTH_PORT", "integer"],
+    [{ HEALTH_PORT: "3e3" }, "HEALTH_PORT", "integer"],
+    [{ HEALTH_PORT: " 80" }, "HEALTH_PORT", "integer"],
+    [{ HEALTH_PORT: "80.0" }, "HEALTH_PORT", "integer"],
+    [{ HEALTH_HOST: "bad host!" }, "HEALTH_HOST", "host"],
+    [{ SHUTDOWN_TIMEOUT_MS: "999" }, "SHUTDOWN_TIMEOUT_MS", "1000..120000"],
+    [{ SHUTDOWN_TIMEOUT_MS: "120001" }, "SHUTDOWN_TIMEOUT_MS", "1000..120000"],
+    [{ LOG_LEVEL: "verbose" }, "LOG_LEVEL", "one of"],
+    [{ LOG_FORMAT: "xml" }, "LOG_FORMAT", "json, pretty"],
+    [{ NODE_ENV: "staging" }, "NODE_ENV", "production, development, test"],
+    [{ WEBHOOK_ALLOW_INSECURE_DEV: "yes" }, "WEBHOOK_ALLOW_INSECURE_DEV", "0, 1"],
+    [{ WEBHOOK_ALLOW_INSECURE_DEV: "1" }, "WEBHOOK_ALLOW_INSECURE_DEV", "NODE_ENV"],
+    [{ WEBHOOK_ALLOW_INSECURE_DEV: "1", NODE_ENV: "production" }, "WEBHOOK_ALLOW_INSECURE_DEV", "NODE_ENV"],
+    [{ REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "0" }, "REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX", "1..1000000"],
+    [{ REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "10001" }, "REGISTRY_OWNER_ACTIVE_RECORDS_MAX", "1..10000"],
+    [{ REGISTRY_DIRECT_SCOPE_DIDS_MAX: "10001" }, "REGISTRY_DIRECT_SCOPE_DIDS_MAX", "1..10000"],
+    [{ REGISTRY_BACKLINK_SCOPE_DIDS_MAX: "x" }, "REGISTRY_BACKLINK_SCOPE_DIDS_MAX", "integer"],
+    [{ WEBHOOK_INTAKE_QUEUE_MAX: "0" }, "WEBHOOK_INTAKE_QUEUE_MAX", "integer"],
+    [{ WEBHOOK_INTAKE_BATCH_MAX: "600" }, "WEBHOOK_INTAKE_BATCH_MAX", "WEBHOOK_INTAKE_QUEUE_MAX"],
+    [{ WEBHOOK_INTAKE_EVENT_MAX_BYTES: "100" }, "WEBHOOK_INTAKE_EVENT_MAX_BYTES", "1024..8388608"]
+  ]
+
+  for (const [env, variable, ruleFragment] of invalid) {
+    it.effect(`rejects ${variable}=${JSON.stringify(Object.values(env).at(-1)).replace(SECRET, "…")}`, () =>
+      Effect.gen(function* () {
+        const result = yield* Effect.either(load(env))
+        expect(Either.isLeft(result)).toBe(true)
+        if (Either.isLeft(result)) {
+          const err = result.left
+          expect(err._tag).toBe("ConfigInvalid")
+          expect(err.variable).toBe(variable)
+          expect(err.message).toContain(variable)
+          expect(err.message).toContain(ruleFragment)
+          // never echo the value
+          for (const value of Object.values(env)) {
+            if (value.length > 2) expect(err.message).not.toContain(value)
+          }
+          expect(err.message).not.toContain(SECRET)
+          expect(err.message).not.toContain("\n")
+        }
+      }))
+  }
+})

@@ -1,0 +1,113 @@
+/**
+ * The service as operators meet it: `bun src/main.ts` as a subprocess.
+ */
+import * as Fs from "node:fs"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import pg from "pg"
+import { afterAll, describe, expect, inject, it } from "vitest"
+import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js"
+
+const dirs: Array<string> = []
+const tmpDir = () => {
+  const d = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-e2e-"))
+  Fs.chmodSync(d, 0o755)
+  dirs.push(d)
+  return d
+}
+afterAll(() => {
+  for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
+})
+
+const adminQuery = async <T extends pg.QueryResultRow>(url: string, q: string) => {
+  const c = new pg.Client({ connectionString: url })
+  await c.connect()
+  try {
+    return (await c.query<T>(q)).rows
+  } finally {
+    await c.end()
+  }
+}
+
+const runOnce = async (env: Record<string, string>) => {
+  const port = await freePort()
+  const running = startFirehook({ HEALTH_PORT: String(port), SHUTDOWN_TIMEOUT_MS: "10000", ...env })
+  try {
+    const health = await waitFor(`http://127.0.0.1:${port}/health`, 200, running, 60_000)
+    const body = (await health.json()) as Record<string, unknown>
+    expect(body["status"]).toBe("ok")
+    expect(body["phase"]).toBe("live")
+    expect(health.headers.get("cache-control")).toBe("no-store")
+    expect((await fetch(`http://127.0.0.1:${port}/live`)).status).toBe(200)
+    expect((await fetch(`http://127.0.0.1:${port}/nope`)).status).toBe(404)
+    const metrics = await fetch(`http://127.0.0.1:${port}/metrics`)
+    expect(metrics.status).toBe(200)
+    expect(await metrics.text()).toContain("firehook_process_resident_memory_bytes")
+  } finally {
+    running.child.kill("SIGTERM")
+  }
+  const exit = await exitWithin(running, 15_000)
+  expect(exit).toEqual({ code: 0, signal: null })
+  return running
+}
+
+describe("bun src/main.ts", () => {
+  it("embedded PostgreSQL: starts, serves health, exits 0 on SIGTERM; a second start reuses the data dir", async () => {
+    const dataDir = tmpDir()
+    const first = await runOnce({ FIREHOOK_DATA_DIR: dataDir })
+    expect(first.stdout()).toContain("embedded PostgreSQL initialised and started")
+    expect(first.stdout()).toContain("shutdown complete")
+    expect(Fs.existsSync(Path.join(dataDir, "pg", "PG_VERSION"))).toBe(true)
+    const second = await runOnce({ FIREHOOK_DATA_DIR: dataDir })
+    expect(second.stdout()).toContain("embedded PostgreSQL started")
+    expect(second.stdout()).not.toContain("initialised")
+    // every log line is one JSON object
+    for (const line of second.stdout().trim().split("\n")) expect(() => JSON.parse(line)).not.toThrow()
+  }, 120_000)
+
+  it("DATABASE_URL: starts on the given database, migrations are a no-op the second time", async () => {
+    const admin = inject("pgAdminUrl")
+    const name = `fh_e2e_${Date.now().toString(36)}`
+    await adminQuery(admin, `CREATE DATABASE ${name}`)
+    const u = new URL(admin)
+    u.pathname = `/${name}`
+    try {
+      await runOnce({ DATABASE_URL: u.toString(), FIREHOOK_DATA_DIR: tmpDir() })
+      await runOnce({ DATABASE_URL: u.toString(), FIREHOOK_DATA_DIR: tmpDir() })
+      const rows = await adminQuery<{ n: string }>(u.toString(), "SELECT count(*)::text AS n FROM firehook_migrations")
+      expect(rows).toEqual([{ n: "1" }])
+    } finally {
+      await adminQuery(admin, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+    }
+  }, 120_000)
+
+  it("invalid configuration: exit 1 with one line naming the variable, no secret", async () => {
+    const secret = "hunter2-very-secret"
+    const cases: ReadonlyArray<readonly [Record<string, string>, string]> = [
+      [{ HEALTH_PORT: "99999" }, "HEALTH_PORT"],
+      [{ DATABASE_URL: `mysql://admin:${secret}@db/x` }, "DATABASE_URL"],
+      [{ SHUTDOWN_TIMEOUT_MS: "5" }, "SHUTDOWN_TIMEOUT_MS"]
+    ]
+    for (const [env, variable] of cases) {
+      const running = startFirehook(env)
+      const exit = await exitWithin(running, 30_000)
+      expect(exit.code).toBe(1)
+      const lines = running.stderr().trim().split("\n")
+      expect(lines).toHaveLength(1)
+      expect(lines[0]).toContain(variable)
+      expect(running.stderr() + running.stdout()).not.toContain(secret)
+    }
+  }, 120_000)
+
+  it("an unreachable database: exit 1 with one line and no password", async () => {
+    const secret = "pw-that-must-not-leak"
+    const port = await freePort()
+    const running = startFirehook({ DATABASE_URL: `postgres://someone:${secret}@127.0.0.1:${port}/db` })
+    const exit = await exitWithin(running, 30_000)
+    expect(exit.code).toBe(1)
+    const lines = running.stderr().trim().split("\n")
+    expect(lines).toHaveLength(1)
+    expect(lines[0]).toContain("database")
+    expect(running.stderr() + running.stdout()).not.toContain(secret)
+  }, 60_000)
+})

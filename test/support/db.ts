@@ -1,0 +1,42 @@
+/**
+ * A fresh database per test file on the run's PostgreSQL server (globalSetup.ts), dropped when the
+ * scope closes, with firehook's migrations applied.
+ */
+import { Effect, Layer, Redacted } from "effect"
+import { randomBytes } from "node:crypto"
+import pg from "pg"
+import { inject } from "vitest"
+import * as Database from "../../src/services/Database.js"
+
+const adminUrl = (): string => inject("pgAdminUrl")
+
+const withAdmin = <A>(f: (c: pg.Client) => Promise<A>) =>
+  Effect.promise(async () => {
+    const client = new pg.Client({ connectionString: adminUrl(), connectionTimeoutMillis: 10_000 })
+    await client.connect()
+    try {
+      return await f(client)
+    } finally {
+      await client.end()
+    }
+  })
+
+export const urlFor = (database: string): string => {
+  const u = new URL(adminUrl())
+  u.pathname = `/${database}`
+  return u.toString()
+}
+
+/** Create an empty database; dropped (with FORCE) when the scope closes. */
+export const freshDatabase = Effect.acquireRelease(
+  Effect.gen(function* () {
+    const name = `fh_test_${randomBytes(6).toString("hex")}`
+    yield* withAdmin((c) => c.query(`CREATE DATABASE ${name}`))
+    return { name, url: Redacted.make(urlFor(name)) }
+  }),
+  ({ name }) => withAdmin((c) => c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)).pipe(Effect.orDie)
+)
+
+/** A migrated fresh database as a layer (PgClient + SqlClient). */
+export const layer = (options: Database.DatabaseOptions = {}) =>
+  Layer.unwrapScoped(Effect.map(freshDatabase, ({ url }) => Database.layerUrl(url, options)))

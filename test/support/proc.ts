@@ -1,0 +1,73 @@
+/**
+ * Run firehook (`bun src/main.ts`, as in production) as a child process for end-to-end tests.
+ */
+import { type ChildProcess, spawn } from "node:child_process"
+import * as Net from "node:net"
+import * as Path from "node:path"
+
+export const ROOT = Path.resolve(import.meta.dirname, "../..")
+export const BUN = Path.join(ROOT, "node_modules/.bin/bun")
+
+export interface Running {
+  readonly child: ChildProcess
+  readonly stdout: () => string
+  readonly stderr: () => string
+  readonly exit: Promise<{ code: number | null; signal: NodeJS.Signals | null }>
+}
+
+export const startFirehook = (env: Record<string, string>): Running => {
+  const child = spawn(BUN, ["src/main.ts"], {
+    cwd: ROOT,
+    env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", LOG_FORMAT: "json", ...env },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let out = ""
+  let err = ""
+  child.stdout?.on("data", (d: Buffer) => (out += d.toString("utf8")))
+  child.stderr?.on("data", (d: Buffer) => (err += d.toString("utf8")))
+  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on("exit", (code, signal) => resolve({ code, signal }))
+  )
+  return { child, stdout: () => out, stderr: () => err, exit }
+}
+
+export const freePort = (): Promise<number> =>
+  new Promise((resolve, reject) => {
+    const s = Net.createServer()
+    s.once("error", reject)
+    s.listen(0, "127.0.0.1", () => {
+      const a = s.address()
+      const port = typeof a === "object" && a !== null ? a.port : 0
+      s.close(() => resolve(port))
+    })
+  })
+
+/** Poll `url` until it answers with `status` (or the process exits, or `timeoutMs` passes). */
+export const waitFor = async (url: string, status: number, running: Running, timeoutMs = 60_000): Promise<Response> => {
+  const until = Date.now() + timeoutMs
+  let exited = false
+  void running.exit.then(() => (exited = true))
+  for (let i = 0; i < 10_000 && Date.now() < until && !exited; i++) {
+    try {
+      const res = await fetch(url, { signal: AbortSignal.timeout(2000) })
+      if (res.status === status) return res
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  throw new Error(`${url} did not answer ${status}; stderr: ${running.stderr().slice(0, 2000)}; stdout: ${running.stdout().slice(-2000)}`)
+}
+
+/** Wait for exit with a bound; kill -9 and fail if it does not come. */
+export const exitWithin = async (running: Running, ms: number) => {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<"timeout">((r) => (timer = setTimeout(() => r("timeout"), ms)))
+  const result = await Promise.race([running.exit, timeout])
+  clearTimeout(timer)
+  if (result === "timeout") {
+    running.child.kill("SIGKILL")
+    throw new Error(`process did not exit within ${ms} ms`)
+  }
+  return result
+}
