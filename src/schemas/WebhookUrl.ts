@@ -1,0 +1,111 @@
+/**
+ * Webhook URL syntax rules (SPEC §1.2), checked at registration and again on every delivery attempt
+ * (SPEC §4.6). DNS answers are checked separately, at delivery time.
+ *
+ * Errors are bare kinds: they never carry the URL.
+ *
+ * @since 0.1.0
+ */
+import { Either } from "effect"
+import { classifyHost } from "./Net.js"
+
+export type UrlErrorKind =
+  | "not_string"
+  | "too_long"
+  | "unparseable"
+  | "no_host"
+  | "credentials"
+  | "fragment"
+  | "scheme"
+  | "blocked_host"
+  | "non_public_ip"
+
+export interface WebhookUrlOptions {
+  /**
+   * Insecure development mode (operator config, never on by default): allows loopback receivers
+   * (`localhost`, 127.0.0.0/8, `[::1]`) over `http:` as well as `https:`.
+   */
+  readonly allowInsecureDev: boolean
+}
+
+export const MAX_WEBHOOK_URL_LENGTH = 2048
+
+/** true if the string contains ASCII whitespace, a C0 control or DEL (which WHATWG URL silently strips). */
+const hasControlOrSpace = (s: string): boolean => {
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i)
+    if (c <= 0x20 || c === 0x7f) return true
+  }
+  return false
+}
+
+/** `name` without trailing dots (hostnames are already lowercased by the URL parser). */
+const stripTrailingDot = (name: string): string => {
+  let end = name.length
+  while (end > 0 && name.charCodeAt(end - 1) === 46) end--
+  return end === name.length ? name : name.slice(0, end)
+}
+
+const isLoopback = (hostname: string): boolean => {
+  if (stripTrailingDot(hostname) === "localhost") return true
+  const c = classifyHost(hostname)
+  if (c.kind === "ipv4") return c.bytes[0] === 127
+  if (c.kind === "ipv6") {
+    for (let i = 0; i < 15; i++) if (c.bytes[i] !== 0) return false
+    return c.bytes[15] === 1
+  }
+  return false
+}
+
+const parseUrl = (s: string): URL | undefined => {
+  try {
+    return new URL(s)
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * Validates a webhook URL (SPEC §1.2). Returns the parsed WHATWG `URL` or an error kind.
+ *
+ * Order of checks (the first failure wins): `not_string`, `too_long` (> 2048 UTF-16 units),
+ * `unparseable` (also: any whitespace or control character anywhere in the input), `no_host`,
+ * `credentials`, `fragment` (any `#`, even an empty trailing one), `scheme`, `blocked_host`,
+ * `non_public_ip`.
+ *
+ * @since 0.1.0
+ */
+export const validateWebhookUrl = (
+  input: unknown,
+  opts: WebhookUrlOptions
+): Either.Either<URL, UrlErrorKind> => {
+  if (typeof input !== "string") return Either.left("not_string")
+  if (input.length > MAX_WEBHOOK_URL_LENGTH) return Either.left("too_long")
+  if (input.length === 0 || hasControlOrSpace(input)) return Either.left("unparseable")
+  const url = parseUrl(input)
+  if (url === undefined) return Either.left("unparseable")
+  const hostname = url.hostname
+  if (hostname.length === 0) return Either.left("no_host")
+  if (url.username.length > 0 || url.password.length > 0) return Either.left("credentials")
+  // `#` can only start a fragment; URL drops an empty one ("https://x/#"), so look at the input
+  if (url.hash.length > 0 || input.indexOf("#") >= 0) return Either.left("fragment")
+  const protocol = url.protocol
+  const loopbackDev = opts.allowInsecureDev && isLoopback(hostname)
+  if (protocol !== "https:" && !(protocol === "http:" && loopbackDev)) return Either.left("scheme")
+  if (loopbackDev) return Either.right(url)
+  const host = classifyHost(hostname)
+  switch (host.kind) {
+    case "ipv4":
+    case "ipv6":
+      return host.public ? Either.right(url) : Either.left("non_public_ip")
+    case "invalid":
+      return Either.left("non_public_ip")
+    case "name": {
+      const name = stripTrailingDot(hostname)
+      if (name === "localhost" || name.endsWith(".localhost") || name === "metadata.google.internal") {
+        return Either.left("blocked_host")
+      }
+      return Either.right(url)
+    }
+  }
+}
