@@ -11,6 +11,18 @@ import * as Config from "../services/Config.js"
 import * as Database from "../services/Database.js"
 import * as Health from "../services/Health.js"
 import * as Lifecycle from "../services/Lifecycle.js"
+import * as Outbox from "../services/Outbox.js"
+import * as PriorRefsStore from "../services/PriorRefsStore.js"
+import * as Processor from "../services/Processor.js"
+import * as Registry from "../services/Registry.js"
+import * as RegistryStore from "../services/RegistryStore.js"
+import { Tx } from "../services/Store.js"
+
+/** The PostgreSQL stores behind the matching pipeline. */
+export const sqlStores = Layer.mergeAll(RegistryStore.layerSql, PriorRefsStore.layerSql, Outbox.layerSql, Tx.layerSql)
+
+/** Registry (loaded) + Processor on the PostgreSQL stores. Requires config, health, SqlClient. */
+export const matchingLayer = Processor.layer().pipe(Layer.provideMerge(Registry.layer), Layer.provideMerge(sqlStores))
 
 export interface ServiceOptions {
   /** called once with the shutdown report (main uses it for the exit code) */
@@ -33,7 +45,11 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
         const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(Effect.provide(httpContext))
         yield* Effect.logInfo("health server listening").pipe(Effect.annotateLogs({ address }))
         yield* lifecycle.registerStop("http", "http", Scope.close(httpScope, Exit.void))
-        // 4.–5. registry, delivery, intake, scheduler and backfill plug in here as they land.
+        // 4. the registry, loaded into memory (bounded), and the matching pipeline
+        const matching = yield* Layer.buildWithScope(matchingLayer, scope)
+        const registryStats = yield* Effect.flatMap(Registry.Registry, (r) => r.stats).pipe(Effect.provide(matching))
+        yield* Effect.logInfo("registry ready").pipe(Effect.annotateLogs({ active: registryStats.active }))
+        // delivery, intake, scheduler and backfill plug in here as they land.
         yield* lifecycle.setPhase("live")
       })
       yield* startup.pipe(Effect.tapErrorCause(() => lifecycle.setPhase("failed")))

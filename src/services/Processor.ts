@@ -1,0 +1,342 @@
+/**
+ * `processEvents(batch)`: the one entry point from intake into matching (SPEC §2, §3.3–3.5).
+ *
+ * Inside ONE transaction it applies registry mutations for wh-record events (when the batch comes
+ * from the registry writer), matches every event against the in-memory index (direct, backlink with
+ * prior references), writes prior references, enqueues outbox rows, records quarantines, and finally
+ * runs the caller's `finalize` statement (the intake's cursor write), so a crash at any instant
+ * loses nothing: either the whole batch and its cursor commit, or none of it does.
+ *
+ * Batches are serialized (one at a time across all streams), so registry mutations are serialized
+ * and each is visible to the next event processed. If the transaction fails, the in-memory changes
+ * it made are undone.
+ */
+import { Context, Effect, Either, Layer, Metric, Option } from "effect"
+import { buildPayload, eventId, type CanonicalError } from "../matching/Canonical.js"
+import { matchEvent } from "../matching/Match.js"
+import { extractReferences, utf8Length } from "../matching/References.js"
+import { parseScopeUri, type ScopeUri } from "../schemas/AtUri.js"
+import { isWellFormedRecordEvent, type RecordEvent, type StreamEvent } from "../schemas/RecordEvent.js"
+import { sanitizeWhRecordForDelivery, WH_COLLECTION } from "../schemas/WhRecord.js"
+import { FirehookConfig } from "./Config.js"
+import { Health } from "./Health.js"
+import * as Outbox from "./Outbox.js"
+import { PriorRefsStore } from "./PriorRefsStore.js"
+import { Registry, type WhEventOutcome } from "./Registry.js"
+import { type StoreError, Tx } from "./Store.js"
+
+export type EventOutcome =
+  | { readonly _tag: "acknowledged" }
+  | { readonly _tag: "malformed" }
+  | { readonly _tag: "no_match"; readonly registry?: WhEventOutcome }
+  | { readonly _tag: "enqueued"; readonly deliveries: number; readonly registry?: WhEventOutcome }
+  | { readonly _tag: "quarantined"; readonly reason: Outbox.QuarantineReason; readonly registry?: WhEventOutcome }
+
+export interface BatchResult {
+  readonly outcomes: ReadonlyArray<EventOutcome>
+  /** outbox rows inserted (new deliveries) */
+  readonly inserted: number
+  /** outbox rows that already existed (replays) */
+  readonly duplicates: number
+  readonly quarantined: number
+}
+
+export interface ProcessOptions {
+  /** apply registry mutations for wh-record events (the registry stream, or the relay firehose) */
+  readonly registryWriter: boolean
+  /** runs last inside the transaction (the intake's cursor write) */
+  readonly finalize?: Effect.Effect<void, StoreError>
+}
+
+export interface PriorRefLimits {
+  readonly maxRefs: number
+  readonly maxBytes: number
+  readonly ttlSeconds: number
+  readonly maxRows: number
+}
+
+export const defaultPriorRefLimits: PriorRefLimits = {
+  maxRefs: 100,
+  maxBytes: 32 * 1024,
+  ttlSeconds: 7 * 24 * 3600,
+  maxRows: 100_000
+}
+
+export interface ProcessorShape {
+  readonly processEvents: (
+    batch: ReadonlyArray<StreamEvent>,
+    options: ProcessOptions
+  ) => Effect.Effect<BatchResult, StoreError>
+  readonly stats: Effect.Effect<ProcessorStats>
+}
+
+export interface ProcessorStats {
+  readonly tooComplex: number
+  readonly priorRefsRefused: number
+  readonly priorRefKeys: number
+  readonly priorRefIndexComplete: boolean
+}
+
+export class Processor extends Context.Tag("firehook/Processor")<Processor, ProcessorShape>() {}
+
+const eventsProcessed = Metric.counter("firehook_events_processed_total", {
+  description: "Stream events processed, by outcome"
+})
+const tooComplexMetric = Metric.counter("firehook_events_too_complex_total", {
+  description: "Records whose reference walk hit a bound (backlink matching skipped)"
+})
+const priorRefsRefusedMetric = Metric.counter("firehook_prior_refs_refused_total", {
+  description: "Prior-reference rows not stored because the table is full"
+})
+const quarantinedMetric = Metric.counter("firehook_events_quarantined_total", {
+  description: "Events quarantined, by reason"
+})
+
+const recordUri = (e: RecordEvent) => `at://${e.did}/${e.collection}/${e.rkey}`
+
+/** Fit the relevant refs to the row bounds (≤ maxRefs, ≤ maxBytes of JSON). */
+const boundRefs = (uris: ReadonlyArray<string>, limits: PriorRefLimits): { refs: Array<string>; bytes: number } => {
+  const refs: Array<string> = []
+  let bytes = 2
+  for (const u of uris) {
+    if (refs.length >= limits.maxRefs) break
+    const add = utf8Length(u) + 3
+    if (bytes + add > limits.maxBytes) break
+    refs.push(u)
+    bytes += add
+  }
+  return { refs, bytes }
+}
+
+export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
+  Effect.gen(function* () {
+    const config = yield* FirehookConfig
+    const registry = yield* Registry
+    const priorStore = yield* PriorRefsStore
+    const tx = yield* Tx
+    const outboxStore = yield* Outbox.OutboxStore
+    const index = registry.index
+    const outboxLimits = Outbox.defaultLimits(config.registry.activeMax)
+    const lock = yield* Effect.makeSemaphore(1)
+
+    // the in-memory index of prior-reference keys (SPEC §2.4)
+    const keys = new Set<string>(yield* priorStore.keys(priorLimits.maxRows + 1))
+    let keysComplete = keys.size <= priorLimits.maxRows
+    let tooComplex = 0
+    let refused = 0
+    let lastRefusalWarning = Number.NEGATIVE_INFINITY
+    const mayHavePrior = (uri: string) => !keysComplete || keys.has(uri)
+
+    const processEvents = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
+      Effect.gen(function* () {
+        const outcomes: Array<EventOutcome> = new Array(batch.length)
+        const items: Array<Outbox.EnqueueItem> = []
+        const itemIndex: Array<number> = []
+        const quarantine: Array<Outbox.QuarantineRow> = []
+        const addedKeys: Array<string> = []
+        const removedKeys: Array<string> = []
+        let batchTooComplex = 0
+        let batchRefused = 0
+        const registryOutcomes: Array<WhEventOutcome | undefined> = new Array(batch.length)
+
+        const quarantineEvent = (i: number, e: RecordEvent, reason: Outbox.QuarantineReason) => {
+          quarantine.push({
+            stream: e.stream,
+            relay: e.relay,
+            reason,
+            eventHash: eventId(e),
+            cursor: toBigInt(e.cursor)
+          })
+          const registryOutcome = registryOutcomes[i]
+          outcomes[i] =
+            registryOutcome === undefined
+              ? { _tag: "quarantined", reason }
+              : { _tag: "quarantined", reason, registry: registryOutcome }
+        }
+
+        for (let i = 0; i < batch.length; i++) {
+          const e = batch[i]
+          if (e === undefined) continue
+          if (e.kind !== "commit") {
+            outcomes[i] = { _tag: "acknowledged" }
+            continue
+          }
+          if (!isWellFormedRecordEvent(e)) {
+            outcomes[i] = { _tag: "malformed" }
+            continue
+          }
+          const isWh = e.collection === WH_COLLECTION
+          if (isWh && options.registryWriter) {
+            const r = yield* registry.applyWhEvent(e)
+            registryOutcomes[i] = r
+            if (r._tag === "rejected") {
+              quarantineEvent(i, e, "invalid_subscription")
+              // the record is still an event other webhooks may watch: fall through to matching
+            }
+          }
+          const record = e.operation === "delete" ? undefined : isWh ? sanitizeWhRecordForDelivery(e.record) : e.record
+
+          // references: only worth walking when some backlink scope exists
+          let newRefs: ReadonlyArray<{ readonly uri: string } & ScopeUri> = []
+          if (record !== undefined && index.backlinkDids().size > 0) {
+            const extracted = extractReferences(record, (did) => index.isBacklinkDid(did))
+            if (extracted.tooComplex) batchTooComplex++
+            else newRefs = extracted.refs
+          }
+          const uri = recordUri(e)
+          let refs: ReadonlyArray<ScopeUri> = newRefs
+          if (e.operation !== "create" && mayHavePrior(uri)) {
+            const prior = yield* priorStore.get(uri)
+            if (prior !== undefined && prior.refs.length > 0) {
+              const merged: Array<ScopeUri> = [...newRefs]
+              const seen = new Set(newRefs.map((r) => r.uri))
+              for (const p of prior.refs) {
+                if (seen.has(p)) continue
+                const parsed = parseScopeUri(p)
+                if (parsed !== undefined) merged.push(parsed)
+              }
+              refs = merged
+            }
+          }
+
+          const matches = matchEvent(index, e, refs)
+          if (matches.length > 0) {
+            const payload = buildPayload(e, record)
+            if (Either.isLeft(payload)) {
+              quarantineEvent(i, e, payload.left satisfies CanonicalError)
+            } else {
+              items.push({ event: e, payload: payload.right, matches })
+              itemIndex.push(i)
+            }
+          } else if (outcomes[i] === undefined) {
+            const r = registryOutcomes[i]
+            outcomes[i] = r === undefined ? { _tag: "no_match" } : { _tag: "no_match", registry: r }
+          }
+
+          // prior references: monotonic on the record's rev; irrelevant records touch nothing
+          if (e.operation === "delete") {
+            if (mayHavePrior(uri) && (yield* priorStore.remove(uri, e.rev))) removedKeys.push(uri)
+          } else if (newRefs.length > 0) {
+            const isNew = !keys.has(uri)
+            if (isNew && keys.size + addedKeys.length >= priorLimits.maxRows) {
+              batchRefused++
+            } else {
+              const { refs: kept, bytes } = boundRefs(
+                newRefs.map((r) => r.uri),
+                priorLimits
+              )
+              const written = yield* priorStore.put(uri, { rev: e.rev, refs: kept }, bytes, priorLimits.ttlSeconds)
+              if (written && isNew) addedKeys.push(uri)
+            }
+          } else if (mayHavePrior(uri)) {
+            if (yield* priorStore.remove(uri, e.rev)) removedKeys.push(uri)
+          }
+        }
+
+        const enqueued = yield* Outbox.enqueue(items, outboxLimits).pipe(
+          Effect.provideService(Outbox.OutboxStore, outboxStore)
+        )
+        for (let j = 0; j < items.length; j++) {
+          const i = itemIndex[j]
+          const item = items[j]
+          const o = enqueued.outcomes[j]
+          if (i === undefined || item === undefined || o === undefined) continue
+          const r = registryOutcomes[i]
+          if (o._tag === "enqueued") {
+            if (outcomes[i] === undefined) {
+              outcomes[i] =
+                r === undefined
+                  ? { _tag: "enqueued", deliveries: o.rows }
+                  : { _tag: "enqueued", deliveries: o.rows, registry: r }
+            }
+          } else {
+            quarantineEvent(i, item.event, o._tag)
+          }
+        }
+        if (quarantine.length > 0) yield* outboxStore.insertQuarantine(quarantine)
+        if (options.finalize !== undefined) yield* options.finalize
+        return {
+          result: {
+            outcomes,
+            inserted: enqueued.inserted,
+            duplicates: enqueued.duplicates,
+            quarantined: quarantine.length
+          } satisfies BatchResult,
+          addedKeys,
+          removedKeys,
+          batchTooComplex,
+          batchRefused,
+          quarantine
+        }
+      }).pipe(
+        tx.withTransaction,
+        registry.transactional,
+        // after commit: key index, counters, metrics
+        Effect.tap((done) =>
+          Effect.gen(function* () {
+            for (const k of done.addedKeys) keys.add(k)
+            for (const k of done.removedKeys) keys.delete(k)
+            if (keys.size > priorLimits.maxRows) keysComplete = false
+            tooComplex += done.batchTooComplex
+            refused += done.batchRefused
+            yield* Metric.incrementBy(tooComplexMetric, done.batchTooComplex)
+            yield* Metric.incrementBy(Outbox.metrics.inserted, done.result.inserted)
+            yield* Metric.incrementBy(Outbox.metrics.duplicates, done.result.duplicates)
+            for (const q of done.quarantine) yield* Metric.increment(Metric.tagged(quarantinedMetric, "reason", q.reason))
+            for (const o of done.result.outcomes) {
+              if (o !== undefined) yield* Metric.increment(Metric.tagged(eventsProcessed, "outcome", o._tag))
+            }
+            if (done.batchRefused > 0) {
+              yield* Metric.incrementBy(priorRefsRefusedMetric, done.batchRefused)
+              const now = yield* Effect.clockWith((c) => c.currentTimeMillis)
+              if (now - lastRefusalWarning >= 60_000) {
+                lastRefusalWarning = now
+                yield* Effect.logWarning("prior-reference table full: new keys refused").pipe(
+                  Effect.annotateLogs({ refused })
+                )
+              }
+            }
+          })
+        ),
+        Effect.map((done) => done.result),
+        lock.withPermits(1),
+        Effect.withSpan("Processor.processEvents", { attributes: { events: batch.length } })
+      )
+
+    const stats = Effect.sync(
+      (): ProcessorStats => ({
+        tooComplex,
+        priorRefsRefused: refused,
+        priorRefKeys: keys.size,
+        priorRefIndexComplete: keysComplete
+      })
+    )
+    const shape: ProcessorShape = { processEvents, stats }
+    return shape
+  })
+
+const toBigInt = (s: string): bigint | undefined => (/^(0|[1-9]\d{0,18})$/.test(s) ? BigInt(s) : undefined)
+
+export const layer = (priorLimits?: PriorRefLimits) =>
+  Layer.scoped(
+    Processor,
+    Effect.gen(function* () {
+      const processor = yield* make(priorLimits)
+      const health = yield* Effect.serviceOption(Health)
+      if (Option.isSome(health)) {
+        yield* health.value.register(
+          "matching",
+          Effect.map(processor.stats, (s) => ({
+            ready: true,
+            body: {
+              tooComplex: s.tooComplex,
+              priorRefsRefused: s.priorRefsRefused,
+              priorRefKeys: s.priorRefKeys,
+              priorRefIndexComplete: s.priorRefIndexComplete
+            }
+          }))
+        )
+      }
+      return processor
+    })
+  )
