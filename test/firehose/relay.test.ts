@@ -1,0 +1,302 @@
+import * as Cbor from "@atcute/cbor"
+import { Either } from "effect"
+import { describe, expect, it } from "vitest"
+import { decodeJetstreamFrame, type FrameErrorReason } from "../../src/schemas/Jetstream.js"
+import { isWellFormedRecordEvent, type RecordEvent, type StreamEvent } from "../../src/schemas/RecordEvent.js"
+import { decodeRelayFrame, parseTimeUs, type RelayDecoded } from "../../src/schemas/RelayFrame.js"
+import {
+  accountFrame,
+  car,
+  cidBytes,
+  commitFrame,
+  DID,
+  DID2,
+  errorFrame,
+  frame,
+  identityFrame,
+  infoFrame,
+  jetstreamCommit,
+  REV,
+  richRecord,
+  richRecordJson,
+  TIME,
+  TIME_US
+} from "./frames.js"
+
+const ctx = { stream: "relay", relay: "wss://bsky.network", maxBytes: 1 << 20 }
+
+const ok = (bytes: Uint8Array): RelayDecoded => {
+  const r = decodeRelayFrame(bytes, ctx)
+  if (Either.isLeft(r)) throw new Error(`rejected: ${r.left.reason}`)
+  return r.right
+}
+
+const reasonOf = (bytes: Uint8Array): FrameErrorReason | undefined => {
+  const r = decodeRelayFrame(bytes, ctx)
+  return Either.isLeft(r) ? r.left.reason : undefined
+}
+
+const eventsOf = (bytes: Uint8Array): ReadonlyArray<StreamEvent> => {
+  const d = ok(bytes)
+  if (d.kind !== "events") throw new Error(`not events: ${d.kind}`)
+  return d.events
+}
+
+/** Every object in `v` has Object.prototype or is an array: no codec wrapper classes left. */
+const allPlain = (v: unknown): boolean => {
+  if (typeof v !== "object" || v === null) return true
+  if (Array.isArray(v)) return v.every(allPlain)
+  if (Object.getPrototypeOf(v) !== Object.prototype) return false
+  return Object.values(v).every(allPlain)
+}
+
+const POST = "app.bsky.feed.post"
+
+describe("decodeRelayFrame: #commit", () => {
+  it("create / update / delete in one commit → one event per op, records from the CAR blocks", () => {
+    const record2 = { $type: POST, text: "edited", langs: ["en"], n: -3, ok: true, nothing: null }
+    const bytes = commitFrame({
+      seq: 42,
+      ops: [
+        { action: "create", path: `${POST}/3l3qo2vuowo2b`, record: richRecord() },
+        { action: "update", path: `${POST}/3l3qo2vuowo2c`, record: record2 },
+        { action: "delete", path: "app.bsky.feed.like/3l3qo2vuowo2d" }
+      ]
+    })
+    const d = ok(bytes)
+    expect(d.kind).toBe("events")
+    if (d.kind !== "events") return
+    expect(d.seq).toBe(42n)
+    expect(d.events).toHaveLength(3)
+    const [c, u, del] = d.events as ReadonlyArray<RecordEvent>
+    expect(c).toEqual({
+      kind: "commit",
+      did: DID,
+      collection: POST,
+      rkey: "3l3qo2vuowo2b",
+      operation: "create",
+      rev: REV,
+      cid: (c as RecordEvent).cid,
+      record: richRecordJson(),
+      timeUs: TIME_US,
+      stream: "relay",
+      relay: "wss://bsky.network",
+      cursor: "42"
+    })
+    // the op's CID is the record block's real CID, as a base32 string
+    expect(c?.cid).toBe(new Cbor.CidLinkWrapper(cidBytes(Cbor.encode(richRecord()))).$link)
+    expect(c?.cid).toMatch(/^bafyrei[a-z2-7]{52}$/)
+    expect(u?.operation).toBe("update")
+    expect(u?.record).toEqual(record2)
+    expect(del).toMatchObject({ operation: "delete", collection: "app.bsky.feed.like", rkey: "3l3qo2vuowo2d" })
+    expect(del?.cid).toBeUndefined()
+    expect(del?.record).toBeUndefined()
+    for (const e of d.events) expect(isWellFormedRecordEvent(e as RecordEvent)).toBe(true)
+  })
+
+  it("CID links and bytes become {$link} / {$bytes} plain objects, exactly as Jetstream presents them", () => {
+    const [e] = eventsOf(commitFrame({ seq: 1, ops: [{ action: "create", path: `${POST}/k`, record: richRecord() }] }))
+    const record = (e as RecordEvent).record as Record<string, unknown>
+    expect(allPlain(record)).toBe(true)
+    expect(record["raw"]).toEqual({ $bytes: "3q2+7wA" }) // unpadded base64, as atproto JSON
+    const embed = record["embed"] as { images: Array<{ image: { ref: unknown } }> }
+    expect(embed.images[0]?.image.ref).toEqual({ $link: expect.stringMatching(/^bafyrei/) })
+    // a round trip through JSON changes nothing
+    expect(JSON.parse(JSON.stringify(record))).toEqual(record)
+    // the same record through Jetstream decodes to an equal value
+    const js = decodeJetstreamFrame(
+      jetstreamCommit(1, { rev: REV, operation: "create", collection: POST, rkey: "k", record: richRecordJson() }),
+      ctx
+    )
+    expect(Either.isRight(js) && js.right.event?.kind === "commit" && js.right.event.record).toEqual(record)
+  })
+
+  it("a `__proto__` key in a record stays an own data property", () => {
+    const rec = Cbor.decode(Cbor.encode({ a: 1 })) as Record<string, unknown>
+    expect(rec).toEqual({ a: 1 })
+    const [e] = eventsOf(commitFrame({
+      seq: 2,
+      ops: [{
+        action: "create",
+        path: `${POST}/k`,
+        record: JSON.parse("{\"__proto__\":{\"x\":{\"$link\":\"bafyreidwaivazkwu67xztlmuobx35hs2lnfh3kolmgfmucldvhd3sgzcqi\"}}}")
+      }]
+    }))
+    const record = (e as RecordEvent).record as Record<string, unknown>
+    expect(Object.getPrototypeOf(record)).toBe(Object.prototype)
+    expect(Object.hasOwn(record, "__proto__")).toBe(true)
+    expect(Object.getOwnPropertyDescriptor(record, "__proto__")?.value).toEqual({
+      x: { $link: "bafyreidwaivazkwu67xztlmuobx35hs2lnfh3kolmgfmucldvhd3sgzcqi" }
+    })
+  })
+
+  it("deeply nested records are converted without recursion", () => {
+    let deep: unknown = { leaf: Cbor.toBytes(Uint8Array.from([1])) }
+    for (let i = 0; i < 5000; i++) deep = [deep]
+    const [e] = eventsOf(commitFrame({ seq: 3, ops: [{ action: "create", path: `${POST}/k`, record: { deep } }] }))
+    let v: unknown = ((e as RecordEvent).record as { deep: unknown }).deep
+    for (let i = 0; i < 5000; i++) v = (v as Array<unknown>)[0]
+    expect(v).toEqual({ leaf: { $bytes: "AQ" } })
+  })
+
+  it("a commit with no ops (a fresh repo) is acknowledged with no events", () => {
+    expect(ok(commitFrame({ seq: 3, ops: [] }))).toEqual({ kind: "events", seq: 3n, events: [] })
+  })
+
+  it("tooBig commits are acknowledged with no events", () => {
+    const bytes = commitFrame({
+      seq: 9,
+      tooBig: true,
+      omitBlocks: true,
+      ops: [{ action: "create", path: `${POST}/k`, record: { a: 1 } }]
+    })
+    expect(ok(bytes)).toEqual({ kind: "events", seq: 9n, events: [] })
+  })
+
+  it("did:web repos and time offsets", () => {
+    const [e] = eventsOf(commitFrame({
+      seq: 4,
+      repo: DID2,
+      time: "2024-09-05T08:11:04.870123+02:00",
+      ops: [{ action: "delete", path: `${POST}/k` }]
+    }))
+    expect(e?.did).toBe(DID2)
+    expect(e?.timeUs).toBe(TIME_US)
+  })
+})
+
+describe("decodeRelayFrame: other messages", () => {
+  it("#identity and #account → IdentityEvent with cursor = seq", () => {
+    expect(ok(identityFrame(1))).toEqual({
+      kind: "events",
+      seq: 1n,
+      events: [{ kind: "identity", did: DID, timeUs: TIME_US, stream: "relay", relay: "wss://bsky.network", cursor: "1" }]
+    })
+    expect(ok(accountFrame(2))).toEqual({
+      kind: "events",
+      seq: 2n,
+      events: [{ kind: "account", did: DID, timeUs: TIME_US, stream: "relay", relay: "wss://bsky.network", cursor: "2" }]
+    })
+  })
+
+  it("#sync → acknowledged, no events", () => {
+    const bytes = frame({ op: 1, t: "#sync" }, { seq: 4, did: DID, time: TIME, rev: REV, blocks: Cbor.toBytes(car([], [])) })
+    expect(ok(bytes)).toEqual({ kind: "events", seq: 4n, events: [] })
+  })
+
+  it("#info → info with its name", () => {
+    expect(ok(infoFrame("OutdatedCursor"))).toEqual({ kind: "info", name: "OutdatedCursor" })
+  })
+
+  it("error frames → error with its name", () => {
+    expect(ok(errorFrame("FutureCursor"))).toEqual({ kind: "error", error: "FutureCursor" })
+    expect(ok(frame({ op: -1 }, { error: "ConsumerTooSlow" }))).toEqual({ kind: "error", error: "ConsumerTooSlow" })
+  })
+
+  it("a well-formed unknown message type is ignored", () => {
+    expect(ok(frame({ op: 1, t: "#labels" }, { seq: 5, labels: [] }))).toEqual({ kind: "ignored" })
+  })
+})
+
+describe("decodeRelayFrame: FrameError reasons", () => {
+  const good = commitFrame({ seq: 7, ops: [{ action: "create", path: `${POST}/k`, record: { a: 1 } }] })
+  const op = (o: Record<string, unknown>) =>
+    frame({ op: 1, t: "#commit" }, {
+      seq: 7,
+      repo: DID,
+      time: TIME,
+      rev: REV,
+      blocks: Cbor.toBytes(car([], [])),
+      ops: [{ action: "delete", path: `${POST}/k`, cid: null, ...o }]
+    })
+  const body = (b: Record<string, unknown>) =>
+    frame({ op: 1, t: "#commit" }, { seq: 7, repo: DID, time: TIME, rev: REV, blocks: Cbor.toBytes(car([], [])), ops: [], ...b })
+
+  const cases: ReadonlyArray<readonly [string, Uint8Array, FrameErrorReason]> = [
+    ["truncated frame", good.subarray(0, good.length - 10), "json"],
+    ["header only", Cbor.encode({ op: 1, t: "#commit" }), "json"],
+    ["empty", new Uint8Array(0), "json"],
+    ["garbage bytes", Uint8Array.from([0xff, 0x00, 0x13, 0x37, 0xfe]), "json"],
+    ["a trailing third value", new Uint8Array([...good, ...Cbor.encode(1)]), "json"],
+    ["header not a map", frame(1, { seq: 1 }), "shape"],
+    ["body not a map", frame({ op: 1, t: "#commit" }, [1]), "shape"],
+    ["unknown op", frame({ op: 2, t: "#commit" }, {}), "kind"],
+    ["t missing", frame({ op: 1 }, { seq: 1 }), "kind"],
+    ["t malformed", frame({ op: 1, t: "commit" }, { seq: 1 }), "kind"],
+    ["error frame without error", frame({ op: -1 }, { message: "x" }), "shape"],
+    ["#info without name", frame({ op: 1, t: "#info" }, { message: "x" }), "shape"],
+    ["seq missing", body({ seq: undefined }), "time"],
+    ["seq negative", body({ seq: -1 }), "time"],
+    ["time missing", body({ time: undefined }), "time"],
+    ["time malformed", body({ time: "yesterday" }), "time"],
+    ["time with an impossible date", body({ time: "2024-02-30T00:00:00Z" }), "time"],
+    ["bad repo DID", body({ repo: "did:plc:UPPER" }), "did"],
+    ["handle as repo", body({ repo: "alice.bsky.social" }), "did"],
+    ["identity with a handle as DID", identityFrame(1, "alice.test"), "did"],
+    ["non-TID rev", body({ rev: "2024-09-05" }), "rev"],
+    ["ops not an array", body({ ops: { a: 1 } }), "shape"],
+    ["bad action", op({ action: "upsert" }), "operation"],
+    ["bad collection", op({ path: "app.bsky.feed.*/k" }), "collection"],
+    ["path without rkey", op({ path: POST }), "rkey"],
+    ["bad rkey", op({ path: `${POST}/a/b` }), "rkey"],
+    ["create without cid link", op({ action: "create", cid: "bafyreidwaivazkwu67xztlmuobx35hs2lnfh3kolmgfmucldvhd3sgzcqi" }), "cid"],
+    ["create whose block is missing", commitFrame({ seq: 7, omitBlocks: true, ops: [{ action: "create", path: `${POST}/k`, record: { a: 1 } }] }), "record"],
+    ["record block not a map", commitFrame({ seq: 7, ops: [{ action: "create", path: `${POST}/k`, record: [1, 2] }] }), "record"],
+    ["create whose cid is not among the blocks", op({ action: "create", cid: new Cbor.CidLinkWrapper(cidBytes(Uint8Array.from([1]))) }), "record"],
+    ["#sync with bad rev", frame({ op: 1, t: "#sync" }, { seq: 4, did: DID, time: TIME, rev: "x" }), "rev"]
+  ]
+  for (const [name, bytes, reason] of cases) {
+    it(`${name} → ${reason}`, () => expect(reasonOf(bytes)).toBe(reason))
+  }
+
+  it("blocks that are not a CAR at all → record", () => {
+    const bytes = frame({ op: 1, t: "#commit" }, {
+      seq: 7,
+      repo: DID,
+      time: TIME,
+      rev: REV,
+      blocks: Cbor.toBytes(Uint8Array.from([1, 2, 3])),
+      ops: [{ action: "create", path: `${POST}/k`, cid: new Cbor.CidLinkWrapper(cidBytes(Uint8Array.from([1]))) }]
+    })
+    expect(reasonOf(bytes)).toBe("record")
+  })
+
+  it("frames over maxBytes → too_large, before decoding", () => {
+    expect(decodeRelayFrame(good, { ...ctx, maxBytes: good.length })).toSatisfy(Either.isRight)
+    expect(decodeRelayFrame(good, { ...ctx, maxBytes: good.length - 1 })).toEqual(Either.left({ reason: "too_large" }))
+    expect(decodeRelayFrame(new Uint8Array(2048).fill(0xff), { ...ctx, maxBytes: 1024 })).toEqual(
+      Either.left({ reason: "too_large" })
+    )
+  })
+})
+
+describe("parseTimeUs", () => {
+  it("parses RFC 3339 with microsecond precision", () => {
+    expect(parseTimeUs("2024-09-05T06:11:04.870Z")).toBe(1725516664870000)
+    expect(parseTimeUs(TIME)).toBe(TIME_US)
+    expect(parseTimeUs("2024-09-05T06:11:04.870123999Z")).toBe(TIME_US)
+    expect(parseTimeUs("2024-09-05T06:11:04Z")).toBe(1725516664000000)
+    expect(parseTimeUs("2024-09-05t06:11:04z")).toBe(1725516664000000)
+    expect(parseTimeUs("2024-09-05T01:11:04.870123-05:00")).toBe(TIME_US)
+    expect(parseTimeUs("2024-02-29T00:00:00Z")).toBe(Date.UTC(2024, 1, 29) * 1000)
+  })
+  it("rejects malformed or out-of-range times", () => {
+    for (
+      const s of [
+        "",
+        "2024-09-05",
+        "2024-09-05 06:11:04Z",
+        "2024-09-05T06:11:04",
+        "2024-09-05T06:11:04.Z",
+        "2024-13-05T06:11:04Z",
+        "2023-02-29T00:00:00Z",
+        "2024-09-05T24:00:00Z",
+        "2024-09-05T06:60:00Z",
+        "1969-12-31T23:59:59Z",
+        "2024-09-05T06:11:04+0500",
+        "2024-09-05T06:11:04Zjunk",
+        "+02024-09-05T06:11:04Z"
+      ]
+    ) expect(parseTimeUs(s), s).toBeUndefined()
+  })
+})
