@@ -21,7 +21,29 @@ describe("Config", () => {
       expect(c.nodeEnv).toBe("production")
       expect(c.allowInsecureDev).toBe(false)
       expect(c.registry).toEqual({ activeMax: 10000, ownerActiveMax: 100, directDidsMax: 10000, backlinkDidsMax: 1024 })
-      expect(c.intake).toEqual({ queueMax: 512, batchMax: 128, eventMaxBytes: 1048576 })
+      expect(c.intake).toEqual({
+        queueMax: 512,
+        batchMax: 128,
+        eventMaxBytes: 1048576,
+        source: "jetstream",
+        jetstreamUrl: "wss://jetstream2.us-east.bsky.network/subscribe",
+        relayUrl: "wss://bsky.network"
+      })
+      expect(c.delivery).toEqual({
+        concurrency: 64,
+        perOriginConcurrency: 4,
+        timeoutMs: 10000,
+        maxAttempts: 12,
+        retryBaseMs: 1000,
+        retryMaxMs: 300000,
+        allowCidrs: [],
+        circuitThreshold: 20,
+        circuitCooldownMs: 60000
+      })
+      expect(Option.isNone(c.secrets.encryptionKey)).toBe(true)
+      expect(Option.isNone(c.redis.url)).toBe(true)
+      expect(c.redis.channel).toBe("webhook:events")
+      expect(c.maintenanceIntervalMs).toBe(60000)
     }))
 
   it.effect("pretty logs by default on a TTY", () =>
@@ -38,8 +60,16 @@ describe("Config", () => {
         SHUTDOWN_TIMEOUT_MS: "120000",
         LOG_LEVEL: "debug",
         NODE_ENV: "test",
-        WEBHOOK_ALLOW_INSECURE_DEV: "1"
+        WEBHOOK_ALLOW_INSECURE_DEV: "1",
+        JETSTREAM_URL: "ws://127.0.0.1:6008/subscribe",
+        DELIVERY_ALLOW_CIDRS: " 10.0.0.0/8 , fd00::/8 ",
+        WEBHOOK_SECRET_ENCRYPTION_KEY: "a".repeat(64),
+        REDIS_URL: `redis://:${SECRET}@127.0.0.1:6379/0`
       })
+      expect(c.intake.jetstreamUrl).toBe("ws://127.0.0.1:6008/subscribe")
+      expect(c.delivery.allowCidrs).toEqual(["10.0.0.0/8", "fd00::/8"])
+      expect(Option.isSome(c.secrets.encryptionKey)).toBe(true)
+      expect(String(c.redis.url)).not.toContain(SECRET)
       expect(Option.map(c.databaseUrl, Redacted.value)).toEqual(Option.some(`postgres://u:${SECRET}@db.example:5432/x`))
       expect(String(c.databaseUrl)).not.toContain(SECRET)
       expect(c.healthPort).toBe(0)
@@ -80,7 +110,25 @@ describe("Config", () => {
     [{ REGISTRY_BACKLINK_SCOPE_DIDS_MAX: "x" }, "REGISTRY_BACKLINK_SCOPE_DIDS_MAX", "integer"],
     [{ WEBHOOK_INTAKE_QUEUE_MAX: "0" }, "WEBHOOK_INTAKE_QUEUE_MAX", "integer"],
     [{ WEBHOOK_INTAKE_BATCH_MAX: "600" }, "WEBHOOK_INTAKE_BATCH_MAX", "WEBHOOK_INTAKE_QUEUE_MAX"],
-    [{ WEBHOOK_INTAKE_EVENT_MAX_BYTES: "100" }, "WEBHOOK_INTAKE_EVENT_MAX_BYTES", "1024..8388608"]
+    [{ WEBHOOK_INTAKE_EVENT_MAX_BYTES: "100" }, "WEBHOOK_INTAKE_EVENT_MAX_BYTES", "1024..8388608"],
+    [{ FIREHOSE_SOURCE: "firehose" }, "FIREHOSE_SOURCE", "jetstream, relay"],
+    [{ JETSTREAM_URL: "https://jetstream.example/subscribe" }, "JETSTREAM_URL", "wss://"],
+    [{ JETSTREAM_URL: "ws://127.0.0.1:6008/subscribe" }, "JETSTREAM_URL", "WEBHOOK_ALLOW_INSECURE_DEV"],
+    [{ RELAY_URL: "ws://relay.example", NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1" }, "RELAY_URL", "loopback"],
+    [{ RELAY_URL: `wss://user:${SECRET}@relay.example` }, "RELAY_URL", "wss://"],
+    [{ DELIVERY_CONCURRENCY: "0" }, "DELIVERY_CONCURRENCY", "1..1024"],
+    [{ DELIVERY_PER_ORIGIN_CONCURRENCY: "257" }, "DELIVERY_PER_ORIGIN_CONCURRENCY", "1..256"],
+    [{ DELIVERY_TIMEOUT_MS: "99" }, "DELIVERY_TIMEOUT_MS", "100..30000"],
+    [{ DELIVERY_TIMEOUT_MS: "30001" }, "DELIVERY_TIMEOUT_MS", "100..30000"],
+    [{ DELIVERY_MAX_ATTEMPTS: "51" }, "DELIVERY_MAX_ATTEMPTS", "1..50"],
+    [{ DELIVERY_RETRY_BASE_MS: "5000", DELIVERY_RETRY_MAX_MS: "4000" }, "DELIVERY_RETRY_MAX_MS", "DELIVERY_RETRY_BASE_MS"],
+    [{ DELIVERY_ALLOW_CIDRS: "10.0.0.0/8,nonsense" }, "DELIVERY_ALLOW_CIDRS", "CIDR"],
+    [{ DELIVERY_ALLOW_CIDRS: "10.1.0.0/8" }, "DELIVERY_ALLOW_CIDRS", "CIDR"],
+    [{ WEBHOOK_SECRET_ENCRYPTION_KEY: SECRET }, "WEBHOOK_SECRET_ENCRYPTION_KEY", "32-byte"],
+    [{ WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS: `${"a".repeat(64)},${SECRET}` }, "WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS", "at most 8"],
+    [{ REDIS_URL: `http://:${SECRET}@redis` }, "REDIS_URL", "redis://"],
+    [{ WEBHOOK_EVENTS_CHANNEL: "has space" }, "WEBHOOK_EVENTS_CHANNEL", "printable"],
+    [{ MAINTENANCE_INTERVAL_MS: "999" }, "MAINTENANCE_INTERVAL_MS", "1000..86400000"]
   ]
 
   for (const [env, variable, ruleFragment] of invalid) {

@@ -7,7 +7,9 @@
  * and the rule it broke — never the value itself, so a secret can never leak through an error.
  * An empty string counts as unset (so `VAR= npm start` falls back to the default).
  */
-import { Config as EffectConfig, Context, Data, Effect, Layer, LogLevel, Option, Redacted } from "effect"
+import { Config as EffectConfig, Context, Data, Effect, Either, Layer, LogLevel, Option, Redacted } from "effect"
+import * as SecretBox from "../delivery/SecretBox.js"
+import { parseCidr } from "../schemas/Net.js"
 
 export type NodeEnv = "production" | "development" | "test"
 export type LogFormat = "json" | "pretty"
@@ -35,7 +37,36 @@ export interface FirehookConfigShape {
     readonly queueMax: number
     readonly batchMax: number
     readonly eventMaxBytes: number
+    /** `FIREHOSE_SOURCE` */
+    readonly source: "jetstream" | "relay"
+    /** `JETSTREAM_URL` */
+    readonly jetstreamUrl: string
+    /** `RELAY_URL` */
+    readonly relayUrl: string
   }
+  readonly delivery: {
+    readonly concurrency: number
+    readonly perOriginConcurrency: number
+    readonly timeoutMs: number
+    readonly maxAttempts: number
+    readonly retryBaseMs: number
+    readonly retryMaxMs: number
+    /** `DELIVERY_ALLOW_CIDRS`, validated CIDR strings */
+    readonly allowCidrs: ReadonlyArray<string>
+    readonly circuitThreshold: number
+    readonly circuitCooldownMs: number
+  }
+  readonly secrets: {
+    /** `WEBHOOK_SECRET_ENCRYPTION_KEY` (32 bytes: base64, base64url or 64 hex) */
+    readonly encryptionKey: Option.Option<Redacted.Redacted<string>>
+    /** `WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS` (comma-separated, ≤ 8) */
+    readonly previousKeys: Option.Option<Redacted.Redacted<string>>
+  }
+  readonly redis: {
+    readonly url: Option.Option<Redacted.Redacted<string>>
+    readonly channel: string
+  }
+  readonly maintenanceIntervalMs: number
 }
 
 /** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
@@ -110,6 +141,25 @@ const isPostgresUrl = (s: string): boolean => {
   return (u.protocol === "postgres:" || u.protocol === "postgresql:") && (u.hostname.length > 0 || u.searchParams.has("host"))
 }
 
+const LOOPBACK_HOSTS: ReadonlySet<string> = new Set(["localhost", "127.0.0.1", "[::1]"])
+
+/** wss:// anywhere; ws:// only to a loopback host and only in insecure development mode. */
+const isStreamUrl = (s: string, insecure: boolean): boolean => {
+  if (s.length > 2048 || !URL.canParse(s)) return false
+  const u = new URL(s)
+  if (u.username !== "" || u.password !== "" || u.hash !== "") return false
+  if (u.protocol === "wss:") return u.hostname.length > 0
+  return u.protocol === "ws:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
+}
+
+/** Comma-separated CIDRs (empty = none), at most 256; undefined when any entry is invalid. */
+const parseCidrList = (s: string): ReadonlyArray<string> | undefined => {
+  const parts = s.split(",").map((p) => p.trim()).filter((p) => p.length > 0)
+  if (parts.length > 256) return undefined
+  for (const p of parts) if (parseCidr(p) === undefined) return undefined
+  return parts
+}
+
 /** A host name or IP literal to listen on. */
 const HOST = /^[A-Za-z0-9.:_-]{1,253}$/
 
@@ -177,6 +227,71 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       )
     }
     const eventMaxBytes = yield* readInt("WEBHOOK_INTAKE_EVENT_MAX_BYTES", 1048576, 1024, 8388608)
+    const insecure = insecureFlag === "1"
+    const source = yield* readEnum<"jetstream" | "relay">("FIREHOSE_SOURCE", ["jetstream", "relay"], "jetstream")
+    const wsUrl = (name: string, def: string) =>
+      readString(name, def, {
+        test: (s) => isStreamUrl(s, insecure),
+        text: insecure
+          ? "must be a wss:// URL (ws:// only to a loopback host)"
+          : "must be a wss:// URL (ws:// needs WEBHOOK_ALLOW_INSECURE_DEV=1 and a loopback host)"
+      })
+    const jetstreamUrl = yield* wsUrl("JETSTREAM_URL", "wss://jetstream2.us-east.bsky.network/subscribe")
+    const relayUrl = yield* wsUrl("RELAY_URL", "wss://bsky.network")
+    const retryBaseMs = yield* readInt("DELIVERY_RETRY_BASE_MS", 1000, 1, 3_600_000)
+    const retryMaxMs = yield* readInt("DELIVERY_RETRY_MAX_MS", 300000, 1, 86_400_000)
+    if (retryMaxMs < retryBaseMs) {
+      return yield* Effect.fail(
+        new ConfigInvalid({ variable: "DELIVERY_RETRY_MAX_MS", rule: "must not be below DELIVERY_RETRY_BASE_MS" })
+      )
+    }
+    const allowCidrText = yield* readString("DELIVERY_ALLOW_CIDRS", "", {
+      test: (s) => parseCidrList(s) !== undefined,
+      text: "must be a comma-separated list of at most 256 CIDRs (e.g. 10.0.0.0/8,fd00::/8)"
+    })
+    const delivery = {
+      concurrency: yield* readInt("DELIVERY_CONCURRENCY", 64, 1, 1024),
+      perOriginConcurrency: yield* readInt("DELIVERY_PER_ORIGIN_CONCURRENCY", 4, 1, 256),
+      timeoutMs: yield* readInt("DELIVERY_TIMEOUT_MS", 10000, 100, 30000),
+      maxAttempts: yield* readInt("DELIVERY_MAX_ATTEMPTS", 12, 1, 50),
+      retryBaseMs,
+      retryMaxMs,
+      allowCidrs: parseCidrList(allowCidrText) ?? [],
+      circuitThreshold: yield* readInt("DELIVERY_CIRCUIT_THRESHOLD", 20, 1, 10000),
+      circuitCooldownMs: yield* readInt("DELIVERY_CIRCUIT_COOLDOWN_MS", 60000, 1000, 1_800_000)
+    }
+    const redacted = (name: string, test: (s: string) => boolean, rule: string) =>
+      raw(name).pipe(
+        Effect.flatMap(
+          Option.match({
+            onNone: () => Effect.succeed(Option.none<Redacted.Redacted<string>>()),
+            onSome: (s) =>
+              test(s)
+                ? Effect.succeed(Option.some(Redacted.make(s)))
+                : Effect.fail(new ConfigInvalid({ variable: name, rule }))
+          })
+        )
+      )
+    const encryptionKey = yield* redacted(
+      "WEBHOOK_SECRET_ENCRYPTION_KEY",
+      (s) => Either.isRight(SecretBox.parseKey(s)),
+      "must be a 32-byte key as base64, base64url or 64 hex characters"
+    )
+    const previousKeys = yield* redacted(
+      "WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS",
+      (s) => Either.isRight(SecretBox.parseKeyList(s)) && s.split(",").length <= SecretBox.MAX_PREVIOUS_KEYS,
+      "must be a comma-separated list of at most 8 keys (32 bytes each: base64, base64url or 64 hex)"
+    )
+    const redisUrl = yield* redacted(
+      "REDIS_URL",
+      (s) => /^rediss?:\/\//.test(s) && s.length <= 2048 && URL.canParse(s) && new URL(s).hostname.length > 0,
+      "must be a redis:// or rediss:// URL"
+    )
+    const channel = yield* readString("WEBHOOK_EVENTS_CHANNEL", "webhook:events", {
+      test: (s) => /^[\x21-\x7e]{1,256}$/.test(s),
+      text: "must be 1-256 printable characters without spaces"
+    })
+    const maintenanceIntervalMs = yield* readInt("MAINTENANCE_INTERVAL_MS", 60000, 1000, 86_400_000)
     return {
       databaseUrl,
       dataDir,
@@ -188,7 +303,11 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       nodeEnv,
       allowInsecureDev: insecureFlag === "1",
       registry,
-      intake: { queueMax, batchMax, eventMaxBytes }
+      intake: { queueMax, batchMax, eventMaxBytes, source, jetstreamUrl, relayUrl },
+      delivery,
+      secrets: { encryptionKey, previousKeys },
+      redis: { url: redisUrl, channel },
+      maintenanceIntervalMs
     }
   })
 
