@@ -75,18 +75,16 @@ export const makeSql = Effect.gen(function* () {
     insertEvents: (bodies) =>
       Effect.gen(function* () {
         if (bodies.length === 0) return new Map<string, string>()
-        const inserted = yield* sql<{ event_id: string }>`
+        // an existing body is touched (created_at refreshed, row locked until commit) so that
+        // maintenance cannot prune it between this statement and the commit of its outbox rows
+        const rows = yield* sql<{ event_id: string; body_sha256: string; inserted: boolean }>`
           INSERT INTO delivery_events ${sql.insert(
             bodies.map((b) => ({ event_id: b.eventId, body: b.body, body_sha256: b.sha256 }))
           )}
-          ON CONFLICT (event_id) DO NOTHING RETURNING event_id`
-        const fresh = new Set(inserted.map((r) => r.event_id))
-        const existing = bodies.filter((b) => !fresh.has(b.eventId)).map((b) => b.eventId)
+          ON CONFLICT (event_id) DO UPDATE SET created_at = now()
+          RETURNING event_id, body_sha256, (xmax = 0) AS inserted`
         const out = new Map<string, string>()
-        if (existing.length === 0) return out
-        const rows = yield* sql<{ event_id: string; body_sha256: string }>`
-          SELECT event_id, body_sha256 FROM delivery_events WHERE event_id IN ${sql.in(existing)}`
-        for (const r of rows) out.set(r.event_id, r.body_sha256)
+        for (const r of rows) if (!r.inserted) out.set(r.event_id, r.body_sha256)
         return out
       }).pipe(storeOp("outbox.insertEvents")),
     insertRows: (rows) =>
