@@ -1,0 +1,539 @@
+/**
+ * The operator command line (SPEC §4.8): `bun src/cli.ts …`, `npm run cli -- …`, `npx firehook …`.
+ *
+ *   firehook deliveries list [--owner DID] [--webhook RKEY] [--status S] [--since T] [--until T] [--limit N]
+ *   firehook deliveries show <id>
+ *   firehook deliveries redeliver <id>
+ *   firehook deliveries replay --status dead_letter [--owner DID] [--webhook RKEY] [--since T] [--until T]
+ *   firehook secrets create <did> <name> [--token T]
+ *   firehook secrets rotate <did> <name> [--token T]
+ *   firehook secrets delete <did> <name>
+ *   firehook secrets list <did>
+ *   firehook status
+ *
+ * Same configuration as the service (the environment, `Config.load`) and the same database
+ * (`DATABASE_URL`, or the embedded PostgreSQL in `FIREHOOK_DATA_DIR`, adopted when the service is
+ * running). Output is a human-readable table, or JSON with `--json`. Webhook URLs are shown only
+ * with `--show-urls`. `secrets create`/`rotate` print the token, once, as the only line on stdout.
+ *
+ * Exit codes: 0 success; 2 invalid arguments (one line on stderr); 1 operational failure (one line
+ * on stderr). Logs: warnings and errors only, on stderr (`--log-level` raises the verbosity).
+ */
+import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
+import { BunContext, BunRuntime } from "@effect/platform-bun"
+import { Cause, Clock, Console, Data, Effect, Exit, Layer, Logger, LogLevel, Option, Redacted } from "effect"
+import pkg from "../package.json" with { type: "json" }
+import * as SecretBox from "./delivery/SecretBox.js"
+import { isCanonicalDid, isRkey } from "./schemas/AtUri.js"
+import * as Config from "./services/Config.js"
+import * as Database from "./services/Database.js"
+import * as Operator from "./services/Operator.js"
+import { SECRET_NAME, Secrets, SecretsError } from "./services/Secrets.js"
+
+// ---------------------------------------------------------------------------------------------
+// Errors and exit codes
+
+/** Invalid arguments: exit code 2. */
+class UsageError extends Data.TaggedError("UsageError")<{ readonly text: string }> {
+  override get message(): string {
+    return this.text
+  }
+}
+
+/** An operation that could not be done: exit code 1. */
+class Failed extends Data.TaggedError("Failed")<{ readonly text: string }> {
+  override get message(): string {
+    return this.text
+  }
+}
+
+const USAGE_SECRET_REASONS: ReadonlySet<string> = new Set(["invalid_owner", "invalid_name", "invalid_token"])
+
+const ANSI = new RegExp(String.raw`\u001b\[[0-9;]*[A-Za-z]`, "g")
+
+/** One line of text: ANSI codes removed, whitespace collapsed, bounded. */
+const oneLine = (s: string): string => s.replace(ANSI, "").replace(/\s+/g, " ").trim().slice(0, 500)
+
+/** Command-line values that must never be echoed: the `--token` value and anything token-like. */
+const sensitiveArgs = (argv: ReadonlyArray<string>): ReadonlyArray<string> => {
+  const out: Array<string> = []
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i] ?? ""
+    if (a === "--token" && i + 1 < argv.length) out.push(argv[i + 1] ?? "")
+    else if (a.startsWith("--token=")) out.push(a.slice("--token=".length))
+    else if (a.length >= 32 && !a.startsWith("-") && !isCanonicalDid(a) && !a.startsWith("whd_")) out.push(a)
+  }
+  return out.filter((s) => s.length > 0).sort((a, b) => b.length - a.length)
+}
+
+const redactArgs = (text: string, argv: ReadonlyArray<string>): string => {
+  let t = text
+  for (const s of sensitiveArgs(argv)) t = t.split(s).join("[redacted]")
+  return t
+}
+
+/** The exit code and the one line for a failure of the program. */
+const describeFailure = (cause: Cause.Cause<unknown>): { readonly code: number; readonly line: string } => {
+  const failure = Cause.failureOption(cause)
+  if (Option.isNone(failure)) {
+    return Cause.isInterruptedOnly(cause) ? { code: 130, line: "interrupted" } : { code: 1, line: "unexpected internal error" }
+  }
+  const e = failure.value
+  if (ValidationError.isValidationError(e)) {
+    const text = oneLine(HelpDoc.toAnsiText(e.error))
+    return { code: 2, line: text.length > 0 ? `${text} (see --help)` : "invalid arguments (see --help)" }
+  }
+  if (e instanceof UsageError || e instanceof Operator.InvalidArgument) return { code: 2, line: e.message }
+  if (e instanceof SecretsError) return { code: USAGE_SECRET_REASONS.has(e.reason) ? 2 : 1, line: e.message }
+  const message =
+    typeof e === "object" && e !== null && "message" in e && typeof e.message === "string" && e.message.length > 0
+      ? e.message
+      : "operation failed"
+  return { code: 1, line: message }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+const write = (stream: NodeJS.WriteStream, text: string) => Effect.sync(() => void stream.write(text))
+const out = (text: string) => write(process.stdout, text.endsWith("\n") ? text : `${text}\n`)
+const printJson = (value: unknown) => out(JSON.stringify(value, null, 2))
+
+/** Wait until everything written so far has been handed to the OS (before the process exits). */
+const flush = (stream: NodeJS.WriteStream) =>
+  Effect.async<void>((resume) => {
+    stream.write("", () => resume(Effect.void))
+  })
+
+/** A table cell: control characters never reach the terminal. */
+const cell = (v: string | number | undefined): string =>
+  v === undefined ? "-" : String(v).replace(/[\u0000-\u001f\u007f-\u009f]/g, " ")
+
+const table = (headers: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string>>): string => {
+  const widths = headers.map((h, i) => rows.reduce((w, r) => Math.max(w, (r[i] ?? "").length), h.length))
+  const line = (r: ReadonlyArray<string>) =>
+    r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i] ?? 0))).join("  ").trimEnd()
+  return [line(headers), ...rows.map(line)].join("\n")
+}
+
+const iso = (d: Date | undefined): string | undefined => d?.toISOString()
+
+const REDACTED_URL = "[redacted]"
+
+const deliveryJson = (d: Operator.Delivery, showUrls: boolean) => ({
+  deliveryId: d.deliveryId,
+  eventId: d.eventId,
+  ownerDid: d.ownerDid,
+  webhookRkey: d.webhookRkey,
+  matchKind: d.matchKind,
+  eventDid: d.eventDid,
+  eventCollection: d.eventCollection,
+  eventRkey: d.eventRkey,
+  eventOperation: d.eventOperation,
+  targetUrl: showUrls ? d.targetUrl : REDACTED_URL,
+  signingMode: d.signingMode,
+  secretId: d.secretId ?? null,
+  status: d.status,
+  attemptCount: d.attemptCount,
+  nextAttemptAt: d.nextAttemptAt.toISOString(),
+  leasedUntil: iso(d.leasedUntil) ?? null,
+  lastErrorKind: d.lastErrorKind ?? null,
+  lastHttpStatus: d.lastHttpStatus ?? null,
+  createdAt: d.createdAt.toISOString(),
+  updatedAt: d.updatedAt.toISOString(),
+  finishedAt: iso(d.finishedAt) ?? null
+})
+
+const lastError = (d: Operator.Delivery): string | undefined =>
+  d.lastErrorKind === undefined && d.lastHttpStatus === undefined
+    ? undefined
+    : [d.lastErrorKind, d.lastHttpStatus].filter((x) => x !== undefined).join(" ")
+
+// ---------------------------------------------------------------------------------------------
+// Argument parsing beyond @effect/cli
+
+const usage = (text: string) => Effect.fail(new UsageError({ text }))
+
+const RELATIVE = /^([1-9][0-9]{0,5})(m|h|d)$/
+const ISO_DATE = /^\d{4}-\d{2}-\d{2}$/
+const ISO_TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})?$/
+
+/**
+ * A time argument: RFC 3339 / ISO 8601 (`2026-01-02`, `2026-01-02T03:04:05Z`, an offset, or no
+ * offset = UTC), or a duration before now (`30m`, `12h`, `7d`).
+ */
+const parseTime = (flag: string, value: Option.Option<string>): Effect.Effect<Date | undefined, UsageError> =>
+  Effect.gen(function* () {
+    if (Option.isNone(value)) return undefined
+    const s = value.value.trim()
+    const rel = RELATIVE.exec(s)
+    if (rel !== null) {
+      const n = Number(rel[1])
+      const unit = rel[2] === "m" ? 60_000 : rel[2] === "h" ? 3_600_000 : 86_400_000
+      const now = yield* Clock.currentTimeMillis
+      return new Date(now - n * unit)
+    }
+    const text = ISO_DATE.test(s) ? `${s}T00:00:00Z` : ISO_TIME.test(s) ? (/(Z|[+-]\d{2}:\d{2})$/.test(s) ? s : `${s}Z`) : ""
+    const ms = text === "" ? Number.NaN : Date.parse(text)
+    if (Number.isNaN(ms)) {
+      return yield* usage(`invalid --${flag}: expected an ISO 8601 time (2026-01-02, 2026-01-02T03:04:05Z) or a duration ago (30m, 12h, 7d)`)
+    }
+    return new Date(ms)
+  })
+
+const checkDid = (flag: string, value: string) =>
+  isCanonicalDid(value) ? Effect.void : usage(`invalid ${flag}: must be a canonical DID (did:plc:… or did:web:…)`)
+
+const checkRkey = (flag: string, value: string) =>
+  isRkey(value) ? Effect.void : usage(`invalid ${flag}: must be a record key`)
+
+const checkName = (value: string) =>
+  SECRET_NAME.test(value) ? Effect.void : usage("invalid <name>: must match ^[A-Za-z0-9._-]{1,64}$")
+
+const DELIVERY_ID = /^[A-Za-z0-9_]{1,128}$/
+const checkDeliveryId = (value: string) =>
+  DELIVERY_ID.test(value) ? Effect.void : usage("invalid <id>: expected a delivery id (whd_v1_…)")
+
+// ---------------------------------------------------------------------------------------------
+// Services (built only when a command runs, so --help needs neither configuration nor database)
+
+const services = Effect.gen(function* () {
+  const config = yield* Config.load({ isTty: false })
+  return Layer.mergeAll(Operator.layer, Secrets.layerSql).pipe(
+    Layer.provideMerge(Database.layer({ maxConnections: 2, applicationName: "firehook-cli" })),
+    Layer.provideMerge(Config.layerValue(config))
+  )
+})
+
+const withServices = <A, E>(eff: Effect.Effect<A, E, Operator.Operator | Secrets>) =>
+  Effect.flatMap(services, (layer) => Effect.provide(eff, layer))
+
+// ---------------------------------------------------------------------------------------------
+// Options shared by commands
+
+const json = Options.boolean("json").pipe(Options.withDescription("machine-readable JSON output"))
+const showUrls = Options.boolean("show-urls").pipe(
+  Options.withDescription("show webhook target URLs (hidden by default)")
+)
+const owner = Options.text("owner").pipe(Options.withPseudoName("DID"), Options.withDescription("owner DID"), Options.optional)
+const webhook = Options.text("webhook").pipe(Options.withPseudoName("RKEY"), Options.withDescription("webhook record key"), Options.optional)
+const since = Options.text("since").pipe(
+  Options.withPseudoName("TIME"),
+  Options.withDescription("enqueued at or after (ISO 8601, or 30m / 12h / 7d ago)"),
+  Options.optional
+)
+const until = Options.text("until").pipe(
+  Options.withPseudoName("TIME"),
+  Options.withDescription("enqueued before (ISO 8601, or 30m / 12h / 7d ago)"),
+  Options.optional
+)
+const deliveryId = Args.text({ name: "id" }).pipe(Args.withDescription("delivery id (whd_v1_…)"))
+const didArg = Args.text({ name: "did" }).pipe(Args.withDescription("owner DID"))
+const nameArg = Args.text({ name: "name" }).pipe(Args.withDescription("secret name (the record's secretId)"))
+const token = Options.redacted("token").pipe(
+  Options.withPseudoName("TOKEN"),
+  Options.withDescription("use this token (32-256 printable ASCII characters) instead of a generated one"),
+  Options.optional
+)
+
+// ---------------------------------------------------------------------------------------------
+// deliveries
+
+const deliveriesList = Command.make(
+  "list",
+  {
+    owner,
+    webhook,
+    status: Options.choice("status", Operator.DELIVERY_STATUSES).pipe(Options.optional),
+    since,
+    until,
+    limit: Options.integer("limit").pipe(
+      Options.withPseudoName("N"),
+      Options.withDescription(`rows at most (1..${Operator.MAX_LIST_LIMIT}, default ${Operator.DEFAULT_LIST_LIMIT})`),
+      Options.optional
+    ),
+    json,
+    showUrls
+  },
+  (o) =>
+    Effect.gen(function* () {
+      if (Option.isSome(o.owner)) yield* checkDid("--owner", o.owner.value)
+      if (Option.isSome(o.webhook)) yield* checkRkey("--webhook", o.webhook.value)
+      const limit = Option.getOrElse(o.limit, () => Operator.DEFAULT_LIST_LIMIT)
+      if (limit < 1 || limit > Operator.MAX_LIST_LIMIT) {
+        return yield* usage(`invalid --limit: must be in 1..${Operator.MAX_LIST_LIMIT}`)
+      }
+      const sinceT = yield* parseTime("since", o.since)
+      const untilT = yield* parseTime("until", o.until)
+      const rows = yield* withServices(
+        Effect.flatMap(Operator.Operator, (op) =>
+          op.listDeliveries({
+            limit,
+            ...(Option.isSome(o.owner) ? { owner: o.owner.value } : {}),
+            ...(Option.isSome(o.webhook) ? { webhook: o.webhook.value } : {}),
+            ...(Option.isSome(o.status) ? { status: o.status.value } : {}),
+            ...(sinceT === undefined ? {} : { since: sinceT }),
+            ...(untilT === undefined ? {} : { until: untilT })
+          })
+        )
+      )
+      if (o.json) return yield* printJson(rows.map((d) => deliveryJson(d, o.showUrls)))
+      if (rows.length === 0) return yield* out("no deliveries")
+      const headers = ["DELIVERY", "STATUS", "ATTEMPTS", "OWNER", "WEBHOOK", "EVENT", "CREATED", "LAST ERROR"]
+      yield* out(
+        table(
+          o.showUrls ? [...headers, "URL"] : headers,
+          rows.map((d) => {
+            const r = [
+              d.deliveryId,
+              d.status,
+              String(d.attemptCount),
+              d.ownerDid,
+              d.webhookRkey,
+              `${d.eventOperation} ${d.eventCollection}/${d.eventRkey}`,
+              d.createdAt.toISOString(),
+              lastError(d)
+            ].map(cell)
+            return o.showUrls ? [...r, cell(d.targetUrl)] : r
+          })
+        )
+      )
+      if (rows.length === limit) yield* out(`(${rows.length} rows: the limit; narrow the filter or raise --limit)`)
+    })
+).pipe(Command.withDescription("list deliveries, newest first"))
+
+const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, (o) =>
+  Effect.gen(function* () {
+    yield* checkDeliveryId(o.id)
+    const found = yield* withServices(Effect.flatMap(Operator.Operator, (op) => op.showDelivery(o.id)))
+    if (Option.isNone(found)) return yield* Effect.fail(new Failed({ text: "no such delivery" }))
+    const { attempts, delivery } = found.value
+    const attemptsJson = attempts.map((a) => ({
+      attempt: a.attempt,
+      startedAt: a.startedAt.toISOString(),
+      durationMs: a.durationMs,
+      outcome: a.outcome,
+      errorKind: a.errorKind ?? null,
+      httpStatus: a.httpStatus ?? null,
+      responseExcerpt: a.responseExcerpt ?? null
+    }))
+    if (o.json) return yield* printJson({ delivery: deliveryJson(delivery, o.showUrls), attempts: attemptsJson })
+    const d = deliveryJson(delivery, o.showUrls)
+    const fields: ReadonlyArray<[string, string | number | null]> = Object.entries(d)
+    const width = fields.reduce((w, [k]) => Math.max(w, k.length), 0)
+    yield* out(fields.map(([k, v]) => `${k.padEnd(width)}  ${cell(v === null ? undefined : v)}`).join("\n"))
+    yield* out("")
+    if (attempts.length === 0) return yield* out("no attempts")
+    yield* out(
+      table(
+        ["ATTEMPT", "STARTED", "DURATION", "OUTCOME", "ERROR", "HTTP", "RESPONSE"],
+        attempts.map((a) =>
+          [
+            String(a.attempt),
+            a.startedAt.toISOString(),
+            `${a.durationMs} ms`,
+            a.outcome,
+            a.errorKind,
+            a.httpStatus,
+            a.responseExcerpt === undefined ? undefined : JSON.stringify(a.responseExcerpt.slice(0, 120))
+          ].map(cell)
+        )
+      )
+    )
+  })
+).pipe(Command.withDescription("show one delivery with its attempts"))
+
+const deliveriesRedeliver = Command.make("redeliver", { id: deliveryId, json }, (o) =>
+  Effect.gen(function* () {
+    yield* checkDeliveryId(o.id)
+    const result = yield* withServices(
+      Effect.gen(function* () {
+        const op = yield* Operator.Operator
+        if (yield* op.redeliver(o.id)) return "changed" as const
+        const row = yield* op.showDelivery(o.id)
+        return Option.isNone(row) ? ("missing" as const) : ("leased" as const)
+      })
+    )
+    if (result === "missing") return yield* Effect.fail(new Failed({ text: "no such delivery" }))
+    if (result === "leased") {
+      return yield* Effect.fail(new Failed({ text: "the delivery is being attempted right now (leased); try again later" }))
+    }
+    if (o.json) return yield* printJson({ deliveryId: o.id, redelivered: true })
+    yield* out(`redelivering ${o.id} (pending, fresh attempt budget)`)
+  })
+).pipe(Command.withDescription("deliver one delivery again (same delivery id, fresh attempt budget)"))
+
+const deliveriesReplay = Command.make(
+  "replay",
+  {
+    status: Options.choice("status", ["dead_letter"] as const).pipe(
+      Options.withDescription("which deliveries to replay (only dead_letter)")
+    ),
+    owner,
+    webhook,
+    since,
+    until,
+    json
+  },
+  (o) =>
+    Effect.gen(function* () {
+      if (Option.isSome(o.owner)) yield* checkDid("--owner", o.owner.value)
+      if (Option.isSome(o.webhook)) yield* checkRkey("--webhook", o.webhook.value)
+      const sinceT = yield* parseTime("since", o.since)
+      const untilT = yield* parseTime("until", o.until)
+      const count = yield* withServices(
+        Effect.flatMap(Operator.Operator, (op) =>
+          op.replayDeadLetters({
+            ...(Option.isSome(o.owner) ? { owner: o.owner.value } : {}),
+            ...(Option.isSome(o.webhook) ? { webhook: o.webhook.value } : {}),
+            ...(sinceT === undefined ? {} : { since: sinceT }),
+            ...(untilT === undefined ? {} : { until: untilT })
+          })
+        )
+      )
+      if (o.json) return yield* printJson({ replayed: count })
+      yield* out(`replayed ${count} dead-lettered ${count === 1 ? "delivery" : "deliveries"}`)
+    })
+).pipe(Command.withDescription("make dead-lettered deliveries pending again (same ids, fresh attempt budget)"))
+
+const deliveries = Command.make("deliveries", {}, () =>
+  usage("missing subcommand: list, show, redeliver or replay")
+).pipe(
+  Command.withDescription("inspect, redeliver and replay deliveries"),
+  Command.withSubcommands([deliveriesList, deliveriesShow, deliveriesRedeliver, deliveriesReplay])
+)
+
+// ---------------------------------------------------------------------------------------------
+// secrets
+
+const tokenValue = (t: Option.Option<Redacted.Redacted<string>>) =>
+  Effect.gen(function* () {
+    if (Option.isNone(t)) return undefined
+    const v = Redacted.value(t.value)
+    if (!SecretBox.validateCallerToken(v)) {
+      return yield* usage("invalid --token: must be 32-256 printable ASCII characters without whitespace")
+    }
+    return v
+  })
+
+const secretsCreate = Command.make("create", { did: didArg, name: nameArg, token }, (o) =>
+  Effect.gen(function* () {
+    yield* checkDid("<did>", o.did)
+    yield* checkName(o.name)
+    const given = yield* tokenValue(o.token)
+    const created = yield* withServices(Effect.flatMap(Secrets, (s) => s.create(o.did, o.name, given)))
+    yield* out(created)
+  })
+).pipe(Command.withDescription("create a server-managed secret; prints the token once"))
+
+const secretsRotate = Command.make("rotate", { did: didArg, name: nameArg, token }, (o) =>
+  Effect.gen(function* () {
+    yield* checkDid("<did>", o.did)
+    yield* checkName(o.name)
+    const given = yield* tokenValue(o.token)
+    const rotated = yield* withServices(Effect.flatMap(Secrets, (s) => s.rotate(o.did, o.name, given)))
+    yield* out(rotated)
+  })
+).pipe(Command.withDescription("replace a secret's token; prints the new token once"))
+
+const secretsDelete = Command.make("delete", { did: didArg, name: nameArg, json }, (o) =>
+  Effect.gen(function* () {
+    yield* checkDid("<did>", o.did)
+    yield* checkName(o.name)
+    const removed = yield* withServices(Effect.flatMap(Secrets, (s) => s.remove(o.did, o.name)))
+    if (!removed) return yield* Effect.fail(new Failed({ text: "no such secret" }))
+    if (o.json) return yield* printJson({ deleted: true })
+    yield* out(`deleted secret ${o.name}`)
+  })
+).pipe(Command.withDescription("delete a secret"))
+
+const secretsList = Command.make("list", { did: didArg, json }, (o) =>
+  Effect.gen(function* () {
+    yield* checkDid("<did>", o.did)
+    const rows = yield* withServices(Effect.flatMap(Secrets, (s) => s.list(o.did)))
+    if (o.json) {
+      return yield* printJson(
+        rows.map((r) => ({ name: r.name, createdAt: r.createdAt.toISOString(), rotatedAt: iso(r.rotatedAt) ?? null }))
+      )
+    }
+    if (rows.length === 0) return yield* out("no secrets")
+    yield* out(
+      table(
+        ["NAME", "CREATED", "ROTATED"],
+        rows.map((r) => [r.name, r.createdAt.toISOString(), iso(r.rotatedAt)].map(cell))
+      )
+    )
+  })
+).pipe(Command.withDescription("list an owner's secrets (names and times, never tokens)"))
+
+const secrets = Command.make("secrets", {}, () => usage("missing subcommand: create, rotate, delete or list")).pipe(
+  Command.withDescription("manage server-managed signing secrets"),
+  Command.withSubcommands([secretsCreate, secretsRotate, secretsDelete, secretsList])
+)
+
+// ---------------------------------------------------------------------------------------------
+// status
+
+const status = Command.make("status", { json }, (o) =>
+  Effect.gen(function* () {
+    const s = yield* withServices(Effect.flatMap(Operator.Operator, (op) => op.status))
+    if (o.json) return yield* printJson(s)
+    const d = s.deliveries
+    yield* out(
+      [
+        `deliveries  pending ${d.pending} (due ${d.due})  leased ${d.leased}  delivered ${d.delivered}  dead_letter ${d.dead_letter}  cancelled ${d.cancelled}`,
+        `webhooks    active ${s.webhooks.active}  total ${s.webhooks.total}  gone ${s.webhooks.gone}`,
+        `owners      unknown ${s.owners.unknown}  scanning ${s.owners.scanning}  complete ${s.owners.complete}  failed ${s.owners.failed}`,
+        `quarantine  ${s.quarantine}`,
+        `secrets     ${s.secrets}`
+      ].join("\n")
+    )
+  })
+).pipe(Command.withDescription("counts by delivery status, webhooks, owners, quarantine"))
+
+// ---------------------------------------------------------------------------------------------
+// the app
+
+const firehook = Command.make("firehook", {}, () => usage("missing command: deliveries, secrets or status")).pipe(
+  Command.withDescription("operate a firehook deployment"),
+  Command.withSubcommands([deliveries, secrets, status])
+)
+
+const cli = Command.run(firehook, { name: "firehook", version: pkg.version })
+
+/** @effect/cli prints parse errors as multi-line help on Console.error; we print one line instead. */
+const quietConsole = Effect.map(Console.consoleWith(Effect.succeed), (c): Console.Console => ({
+  ...c,
+  error: () => Effect.void,
+  unsafe: { ...c.unsafe, error: () => {} }
+}))
+
+/** Warnings and errors only, as logfmt on stderr. */
+const stderrLogger = Logger.map(Logger.logfmtLogger, (line) => {
+  process.stderr.write(`${line}\n`)
+})
+
+const program = (argv: ReadonlyArray<string>) =>
+  Effect.gen(function* () {
+    const console = yield* quietConsole
+    const exit = yield* cli(argv).pipe(Effect.withConsole(console), Effect.exit)
+    const result = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
+    if (result.code !== 0) yield* write(process.stderr, `firehook: ${redactArgs(result.line, argv)}\n`)
+    yield* flush(process.stdout)
+    yield* flush(process.stderr)
+    return result.code
+  }).pipe(
+    Effect.provide(
+      Layer.mergeAll(
+        BunContext.layer,
+        Logger.replace(Logger.defaultLogger, stderrLogger),
+        Logger.minimumLogLevel(LogLevel.Warning)
+      )
+    )
+  )
+
+BunRuntime.runMain(program(process.argv), {
+  disableErrorReporting: true,
+  disablePrettyLogger: true,
+  teardown: (exit, onExit) => onExit(Exit.isSuccess(exit) && typeof exit.value === "number" ? exit.value : 1)
+})
