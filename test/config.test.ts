@@ -112,6 +112,7 @@ describe("Config", () => {
     [{ WEBHOOK_INTAKE_BATCH_MAX: "600" }, "WEBHOOK_INTAKE_BATCH_MAX", "WEBHOOK_INTAKE_QUEUE_MAX"],
     [{ WEBHOOK_INTAKE_EVENT_MAX_BYTES: "100" }, "WEBHOOK_INTAKE_EVENT_MAX_BYTES", "1024..8388608"],
     [{ FIREHOSE_SOURCE: "firehose" }, "FIREHOSE_SOURCE", "jetstream, relay"],
+    [{ REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "10001" }, "REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX", "at most 10000"],
     [{ JETSTREAM_URL: "https://jetstream.example/subscribe" }, "JETSTREAM_URL", "wss://"],
     [{ JETSTREAM_URL: "ws://127.0.0.1:6008/subscribe" }, "JETSTREAM_URL", "WEBHOOK_ALLOW_INSECURE_DEV"],
     [{ RELAY_URL: "ws://relay.example", NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1" }, "RELAY_URL", "loopback"],

@@ -10,6 +10,8 @@ import type { FirehookConfigShape } from "../services/Config.js"
 import * as Config from "../services/Config.js"
 import * as Database from "../services/Database.js"
 import * as Health from "../services/Health.js"
+import * as CursorStore from "../services/CursorStore.js"
+import * as Intake from "../services/Intake.js"
 import * as Lifecycle from "../services/Lifecycle.js"
 import * as Outbox from "../services/Outbox.js"
 import * as PriorRefsStore from "../services/PriorRefsStore.js"
@@ -19,7 +21,13 @@ import * as RegistryStore from "../services/RegistryStore.js"
 import { Tx } from "../services/Store.js"
 
 /** The PostgreSQL stores behind the matching pipeline. */
-export const sqlStores = Layer.mergeAll(RegistryStore.layerSql, PriorRefsStore.layerSql, Outbox.layerSql, Tx.layerSql)
+export const sqlStores = Layer.mergeAll(
+  RegistryStore.layerSql,
+  PriorRefsStore.layerSql,
+  Outbox.layerSql,
+  CursorStore.layerSql,
+  Tx.layerSql
+)
 
 /** Registry (loaded) + Processor on the PostgreSQL stores. Requires config, health, SqlClient. */
 export const matchingLayer = Processor.layer().pipe(Layer.provideMerge(Registry.layer), Layer.provideMerge(sqlStores))
@@ -49,7 +57,10 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
         const matching = yield* Layer.buildWithScope(matchingLayer, scope)
         const registryStats = yield* Effect.flatMap(Registry.Registry, (r) => r.stats).pipe(Effect.provide(matching))
         yield* Effect.logInfo("registry ready").pipe(Effect.annotateLogs({ active: registryStats.active }))
-        // delivery, intake, scheduler and backfill plug in here as they land.
+        // delivery plugs in here (before intake) as it lands.
+        // intake, under leader election (one intake leader across replicas)
+        yield* Layer.buildWithScope(Intake.layer(), scope).pipe(Effect.provide(matching))
+        // scheduler and backfill plug in here as they land.
         yield* lifecycle.setPhase("live")
       })
       yield* startup.pipe(Effect.tapErrorCause(() => lifecycle.setPhase("failed")))

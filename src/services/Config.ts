@@ -236,6 +236,11 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
           ? "must be a wss:// URL (ws:// only to a loopback host)"
           : "must be a wss:// URL (ws:// needs WEBHOOK_ALLOW_INSECURE_DEV=1 and a loopback host)"
       })
+    if (source === "jetstream" && registry.activeMax > 10000) {
+      return yield* Effect.fail(
+        new ConfigInvalid({ variable: "REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX", rule: "must be at most 10000 with FIREHOSE_SOURCE=jetstream" })
+      )
+    }
     const jetstreamUrl = yield* wsUrl("JETSTREAM_URL", "wss://jetstream2.us-east.bsky.network/subscribe")
     const relayUrl = yield* wsUrl("RELAY_URL", "wss://bsky.network")
     const retryBaseMs = yield* readInt("DELIVERY_RETRY_BASE_MS", 1000, 1, 3_600_000)

@@ -6,6 +6,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import pg from "pg"
 import { afterAll, describe, expect, inject, it } from "vitest"
+import { commitFrame, startFakeJetstream, type FakeJetstream } from "../support/fakeJetstream.js"
 import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js"
 
 const dirs: Array<string> = []
@@ -15,8 +16,17 @@ const tmpDir = () => {
   dirs.push(d)
   return d
 }
-afterAll(() => {
+let jetstream: FakeJetstream | undefined
+const fake = async () => (jetstream ??= await startFakeJetstream())
+afterAll(async () => {
   for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
+  await jetstream?.close()
+})
+/** the environment for a run against the local Jetstream (insecure dev mode for ws://) */
+const devEnv = async () => ({
+  NODE_ENV: "test",
+  WEBHOOK_ALLOW_INSECURE_DEV: "1",
+  JETSTREAM_URL: (await fake()).url
 })
 
 const adminQuery = async <T extends pg.QueryResultRow>(url: string, q: string) => {
@@ -29,15 +39,23 @@ const adminQuery = async <T extends pg.QueryResultRow>(url: string, q: string) =
   }
 }
 
-const runOnce = async (env: Record<string, string>) => {
+const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise<void>) => {
   const port = await freePort()
-  const running = startFirehook({ HEALTH_PORT: String(port), SHUTDOWN_TIMEOUT_MS: "10000", ...env })
+  const running = startFirehook({ HEALTH_PORT: String(port), SHUTDOWN_TIMEOUT_MS: "10000", ...(await devEnv()), ...env })
   try {
-    const health = await waitFor(`http://127.0.0.1:${port}/health`, 200, running, 60_000)
-    const body = (await health.json()) as Record<string, unknown>
+    let body: Record<string, unknown> = {}
+    for (let i = 0; i < 100; i++) {
+      const health = await waitFor(`http://127.0.0.1:${port}/health`, 200, running, 60_000)
+      expect(health.headers.get("cache-control")).toBe("no-store")
+      body = (await health.json()) as Record<string, unknown>
+      // a standby is ready too; wait for this process to take the intake role
+      if ((body["intake"] as { role?: string } | undefined)?.role === "leader") break
+      await new Promise((r) => setTimeout(r, 100))
+    }
     expect(body["status"]).toBe("ok")
     expect(body["phase"]).toBe("live")
-    expect(health.headers.get("cache-control")).toBe("no-store")
+    expect(body["intake"]).toMatchObject({ role: "leader", connected: true, progressing: true })
+    await whileRunning?.()
     expect((await fetch(`http://127.0.0.1:${port}/live`)).status).toBe(200)
     expect((await fetch(`http://127.0.0.1:${port}/nope`)).status).toBe(404)
     const metrics = await fetch(`http://127.0.0.1:${port}/metrics`)
@@ -72,7 +90,36 @@ describe("bun src/main.ts", () => {
     const u = new URL(admin)
     u.pathname = `/${name}`
     try {
-      await runOnce({ DATABASE_URL: u.toString(), FIREHOOK_DATA_DIR: tmpDir() })
+      await runOnce({ DATABASE_URL: u.toString(), FIREHOOK_DATA_DIR: tmpDir() }, async () => {
+        // a webhook record and a matching post arrive on the stream: registered, then enqueued
+        const owner = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
+        const t = 1_800_000_000_000_000
+        const js = await fake()
+        js.publish([
+          commitFrame(owner, t, "place.wisp.v2.wh", "hook1", "create", {
+            $type: "place.wisp.v2.wh",
+            scope: { aturi: `at://${owner}/app.bsky.feed.post` },
+            url: "https://receiver.example/hook",
+            createdAt: "2026-01-01T00:00:00Z"
+          })
+        ])
+        const until = Date.now() + 30_000
+        let rows: Array<{ n: string }> = []
+        for (let i = 0; i < 300 && Date.now() < until; i++) {
+          rows = await adminQuery<{ n: string }>(u.toString(), "SELECT count(*)::text AS n FROM webhooks WHERE active")
+          if (rows[0]?.n === "1") break
+          await new Promise((r) => setTimeout(r, 100))
+        }
+        expect(rows).toEqual([{ n: "1" }])
+        // the direct stream picks up the owner (reconfiguration) and the post is enqueued
+        for (let i = 0; i < 300 && Date.now() < until; i++) {
+          js.publish([commitFrame(owner, t + 1000 + i, "app.bsky.feed.post", `p${i}`, "create")])
+          rows = await adminQuery<{ n: string }>(u.toString(), "SELECT count(*)::text AS n FROM outbox")
+          if (rows[0]?.n !== "0") break
+          await new Promise((r) => setTimeout(r, 100))
+        }
+        expect(Number(rows[0]?.n)).toBeGreaterThan(0)
+      })
       await runOnce({ DATABASE_URL: u.toString(), FIREHOOK_DATA_DIR: tmpDir() })
       const rows = await adminQuery<{ n: string }>(u.toString(), "SELECT count(*)::text AS n FROM firehook_migrations")
       expect(rows).toEqual([{ n: "1" }])

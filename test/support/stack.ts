@@ -4,6 +4,7 @@
 import type { SqlClient } from "@effect/sql"
 import { ConfigProvider, Effect, Layer } from "effect"
 import * as Config from "../../src/services/Config.js"
+import * as CursorStore from "../../src/services/CursorStore.js"
 import * as Outbox from "../../src/services/Outbox.js"
 import * as PriorRefsStore from "../../src/services/PriorRefsStore.js"
 import * as Processor from "../../src/services/Processor.js"
@@ -26,19 +27,22 @@ export const memoryStack = (
     readonly env?: Record<string, string>
     readonly calls?: PriorRefsStore.PriorRefsCalls
     readonly priorLimits?: Processor.PriorRefLimits
+    readonly registryStore?: Layer.Layer<RegistryStore.RegistryStore, unknown>
+    readonly config?: Config.FirehookConfigShape
   } = {}
 ) =>
   Processor.layer(options.priorLimits).pipe(
     Layer.provideMerge(Registry.layer),
     Layer.provideMerge(
       Layer.mergeAll(
-        RegistryStore.layerMemory,
+        options.registryStore ?? RegistryStore.layerMemory,
         PriorRefsStore.layerMemory(options.calls),
         Outbox.layerMemory,
-        Tx.layerMemory
+        Tx.layerMemory,
+        CursorStore.layerMemory
       )
     ),
-    Layer.provideMerge(Config.layerValue(testConfig(options.env)))
+    Layer.provideMerge(Config.layerValue(options.config ?? testConfig(options.env)))
   )
 
 /** The same on a fresh migrated PostgreSQL database (optionally with another outbox store). */
