@@ -66,6 +66,8 @@ export interface StreamState {
   readonly failureKind: FailureKind | undefined
   readonly queued: number
   readonly durableCursor: bigint | undefined
+  /** the cursor of the last batch this process committed (may be below a loaded cursor while replaying) */
+  readonly position: bigint | undefined
   /** Clock millis of the last durable ack */
   readonly lastAckAt: number | undefined
   /** source time (µs) of the last committed event */
@@ -80,6 +82,7 @@ const initialState: StreamState = {
   failureKind: undefined,
   queued: 0,
   durableCursor: undefined,
+  position: undefined,
   lastAckAt: undefined,
   lastEventTimeUs: undefined,
   reconnects: 0,
@@ -193,6 +196,7 @@ export const makeStreamRunner = (spec: StreamSpec, tuning: IntakeTuning) =>
         yield* Ref.update(state, (s) => ({
           ...s,
           durableCursor: cursor === undefined ? s.durableCursor : s.durableCursor === undefined || cursor > s.durableCursor ? cursor : s.durableCursor,
+          position: cursor ?? s.position,
           lastAckAt: now,
           lastEventTimeUs: lastTime ?? s.lastEventTimeUs,
           batches: s.batches + 1
@@ -214,6 +218,8 @@ export const makeStreamRunner = (spec: StreamSpec, tuning: IntakeTuning) =>
             tuning.queueMax + 1
           )
           const signal = yield* Ref.get(restartSignal)
+          // a new session has a new (empty) queue
+          yield* Ref.update(state, (s) => ({ ...s, queued: 0 }))
           const reader = Effect.gen(function* () {
             const endOf = yield* spec.connect(cursor).pipe(
               Stream.runFoldWhileEffect(
@@ -333,16 +339,17 @@ export const makeStreamRunner = (spec: StreamSpec, tuning: IntakeTuning) =>
       let override: bigint | undefined = from
       let live = false
       for (;;) {
-        const durable = (yield* Ref.get(state)).durableCursor
+        const { durableCursor: durable, position } = yield* Ref.get(state)
         let cursor: bigint | undefined
         if (live) cursor = undefined
         else if (durable === undefined) cursor = override ?? spec.initialCursor
         else {
-          // rewind only what was loaded from the database (another process may have written it);
-          // within this process the durable cursor is exact, and rewinding on every reconnect
-          // could replay more than the queue holds after backpressure (a livelock)
-          const rewound = durable === stored ? durable - spec.rewind : durable
-          const base = rewound < 0n ? 0n : rewound
+          // resume exactly where this process got to; a cursor loaded from the database (another
+          // process may have written it) is rewound. Rewinding on every reconnect, or resuming at
+          // the loaded cursor while replaying below it, could replay more than the queue holds
+          // after backpressure and never progress.
+          const rewound = durable - spec.rewind
+          const base = position ?? (rewound < 0n ? 0n : rewound)
           cursor = override !== undefined && override < base ? override : base
         }
         override = undefined
@@ -529,7 +536,9 @@ export const make = (options: IntakeOptions = {}) =>
         name: "direct",
         relay,
         registryWriter: false,
-        initialCursor: undefined,
+        // never run before: every registered DID may have events since its registration, which
+        // lies somewhere in the retained window (its exact source time is not stored)
+        initialCursor: 0n,
         rewind: TWO_SECONDS,
         cursorIsTime: true,
         connect: jet("direct", { wantedDids: sortedWanted }),
@@ -682,7 +691,10 @@ export const layer = (options: IntakeOptions = {}) =>
       const registry = yield* Registry
       const health = yield* Health
       const lifecycle = yield* Lifecycle
-      const fiber = yield* Effect.forkScoped(runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake" }, role, intake.run))
+      // a replica taking the role reloads the registry first: while it stood by, the leader's
+      // intake changed the database but not this process's in-memory index
+      const work = Effect.zipRight(Effect.orDie(registry.reload), intake.run)
+      const fiber = yield* Effect.forkScoped(runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake" }, role, work))
       yield* health.register("intake", healthSection(intake, Ref.get(role), registry.stats))
       yield* lifecycle.registerStop("intake-stop", "intake-stop", intake.stopAccepting)
       yield* lifecycle.registerStop(

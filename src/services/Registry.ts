@@ -50,6 +50,8 @@ export interface RegistryStats {
 export interface RegistryShape {
   readonly index: WebhookIndex
   readonly load: Effect.Effect<void, StoreError>
+  /** drop the in-memory index and load it again from the store (a replica taking the intake role) */
+  readonly reload: Effect.Effect<void, StoreError>
   readonly applyWhEvent: (event: RecordEvent) => Effect.Effect<WhEventOutcome, StoreError>
   readonly transactional: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
   readonly swapOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
@@ -170,6 +172,25 @@ export const make = Effect.gen(function* () {
     yield* Effect.logInfo("registry loaded").pipe(Effect.annotateLogs({ active: index.size, notLoaded }))
   }).pipe(Effect.withSpan("Registry.load"))
 
+  const reload = Effect.gen(function* () {
+    // build the new contents first, then swap: readers never see an empty index in between
+    const keys = [...index.all()].map((w) => w.key)
+    const total = yield* store.countActive
+    const rows = yield* store.loadActive(limits.activeMax * 2 + 1)
+    for (const key of keys) index.remove(key)
+    let loaded = 0
+    for (const row of rows) {
+      if (row.gone) continue
+      const w = activeFromRow(row)
+      if (w === undefined || admission(w) !== undefined) continue
+      index.upsert(w)
+      loaded++
+    }
+    notLoaded = Math.max(0, total - loaded - rows.filter((r) => r.gone).length)
+    yield* Metric.set(activeGauge, index.size)
+    yield* Effect.logInfo("registry reloaded").pipe(Effect.annotateLogs({ active: index.size, notLoaded }))
+  }).pipe(Effect.withSpan("Registry.reload"))
+
   const applyWhEvent = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
     Effect.gen(function* () {
       const ownerDid = event.did
@@ -284,7 +305,7 @@ export const make = Effect.gen(function* () {
     })
   )
 
-  const shape: RegistryShape = { index, load, applyWhEvent, transactional, swapOwner, stats }
+  const shape: RegistryShape = { index, load, reload, applyWhEvent, transactional, swapOwner, stats }
   return shape
 })
 

@@ -55,7 +55,13 @@ export const sqlStack = (
   Processor.layer().pipe(
     Layer.provideMerge(Registry.layer),
     Layer.provideMerge(
-      Layer.mergeAll(RegistryStore.layerSql, PriorRefsStore.layerSql, options.outbox ?? Outbox.layerSql, Tx.layerSql)
+      Layer.mergeAll(
+        RegistryStore.layerSql,
+        PriorRefsStore.layerSql,
+        options.outbox ?? Outbox.layerSql,
+        CursorStore.layerSql,
+        Tx.layerSql
+      )
     ),
     Layer.provideMerge(Layer.mergeAll(Db.layer(), Config.layerValue(testConfig(options.env))))
   )
