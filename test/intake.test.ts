@@ -309,3 +309,54 @@ describe("Intake on Jetstream (real Registry and Processor on memory stores)", (
       })
     ), { timeout: 60_000 })
 })
+
+describe("Intake on the relay firehose (subscribeRepos)", () => {
+  it.scopedLive("one `relay` stream writes the registry and matches everything; cursor = seq; FutureCursor resets to live", () =>
+    Effect.gen(function* () {
+      const { WebSocketServer } = yield* Effect.promise(() => import("ws"))
+      const frames = yield* Effect.promise(() => import("./firehose/frames.js"))
+      const OWNER = frames.DID
+      const connections: Array<{ cursor: string | null; send: (b: Uint8Array) => void }> = []
+      const wss = yield* Effect.acquireRelease(
+        Effect.async<InstanceType<typeof WebSocketServer>>((resume) => {
+          const server = new WebSocketServer({ host: "127.0.0.1", port: 0 })
+          server.on("connection", (socket, req) => {
+            const url = new URL(req.url ?? "/", "ws://x")
+            expect(url.pathname).toBe("/xrpc/com.atproto.sync.subscribeRepos")
+            connections.push({ cursor: url.searchParams.get("cursor"), send: (b) => socket.send(b) })
+          })
+          server.once("listening", () => resume(Effect.succeed(server)))
+        }),
+        (server) => Effect.async<void>((resume) => {
+          for (const c of server.clients) c.terminate()
+          server.close(() => resume(Effect.void))
+        })
+      )
+      const addr = wss.address()
+      const port = typeof addr === "object" && addr !== null ? addr.port : 0
+      const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", FIREHOSE_SOURCE: "relay", RELAY_URL: `ws://127.0.0.1:${port}` })
+      yield* Effect.gen(function* () {
+        const intake = yield* Intake.make({ tuning: fastTuning(512, 128) })
+        yield* Effect.forkScoped(intake.run)
+        yield* eventually(Effect.sync(() => connections.length === 1), "connected")
+        expect(connections[0]?.cursor).toBeNull()
+        const wh = whRecordValue(`at://${OWNER}/app.bsky.feed.post`)
+        connections[0]!.send(frames.commitFrame({ seq: 10, rev: "3l3qo2vutsw2b", ops: [{ action: "create", path: `${WH}/hook`, record: wh }] }))
+        connections[0]!.send(
+          frames.commitFrame({ seq: 11, rev: "3l3qo2vutsw2c", ops: [{ action: "create", path: "app.bsky.feed.post/p1", record: { $type: "app.bsky.feed.post", text: "hi" } }] })
+        )
+        const outbox = yield* Outbox.MemoryOutboxState
+        yield* eventually(Effect.map(Ref.get(outbox), (s) => [...s.rows.values()].some((r) => r.eventRkey === "p1")), "post enqueued")
+        const cursors = yield* CursorStore.CursorStore
+        expect(yield* cursors.load("relay", `ws://127.0.0.1:${port}`)).toBe(11n)
+        // the relay drops us; we come back from seq 11 exactly (this process's position)
+        for (const c of wss.clients) c.terminate()
+        yield* eventually(Effect.sync(() => connections.length === 2), "reconnected")
+        expect(connections[1]?.cursor).toBe("11")
+        // FutureCursor: the next connection is live (no cursor)
+        connections[1]!.send(frames.errorFrame("FutureCursor"))
+        yield* eventually(Effect.sync(() => connections.length === 3), "reconnected after FutureCursor")
+        expect(connections[2]?.cursor).toBeNull()
+      }).pipe(Effect.provide(memoryStack({ config })))
+    }), { timeout: 60_000 })
+})
