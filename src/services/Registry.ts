@@ -156,22 +156,6 @@ export const make = Effect.gen(function* () {
     return makeActiveWebhook(row.ownerDid, row.rkey, v.right.record, v.right.scope, row.rev)
   }
 
-  const load = Effect.gen(function* () {
-    const total = yield* store.countActive
-    const rows = yield* store.loadActive(limits.activeMax * 2 + 1)
-    let loaded = 0
-    for (const row of rows) {
-      if (row.gone) continue
-      const w = activeFromRow(row)
-      if (w === undefined || admission(w) !== undefined) continue
-      index.upsert(w)
-      loaded++
-    }
-    notLoaded = Math.max(0, total - loaded - rows.filter((r) => r.gone).length)
-    yield* Metric.set(activeGauge, index.size)
-    yield* Effect.logInfo("registry loaded").pipe(Effect.annotateLogs({ active: index.size, notLoaded }))
-  }).pipe(Effect.withSpan("Registry.load"))
-
   const reload = Effect.gen(function* () {
     // build the new contents first, then swap: readers never see an empty index in between
     const keys = [...index.all()].map((w) => w.key)
@@ -188,8 +172,9 @@ export const make = Effect.gen(function* () {
     }
     notLoaded = Math.max(0, total - loaded - rows.filter((r) => r.gone).length)
     yield* Metric.set(activeGauge, index.size)
-    yield* Effect.logInfo("registry reloaded").pipe(Effect.annotateLogs({ active: index.size, notLoaded }))
-  }).pipe(Effect.withSpan("Registry.reload"))
+    yield* Effect.logInfo("registry loaded").pipe(Effect.annotateLogs({ active: index.size, notLoaded }))
+  }).pipe(Effect.withSpan("Registry.load"))
+  const load = reload
 
   const applyWhEvent = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
     Effect.gen(function* () {

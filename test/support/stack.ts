@@ -66,16 +66,7 @@ export const sqlStack = (
     Layer.provideMerge(Layer.mergeAll(Db.layer(), Config.layerValue(testConfig(options.env))))
   )
 
-const B32 = "abcdefghijklmnopqrstuvwxyz234567"
-export const plc = (n: number): string => {
-  let s = ""
-  let v = n
-  for (let i = 0; i < 24; i++) {
-    s = B32[v % 32] + s
-    v = Math.floor(v / 32)
-  }
-  return `did:plc:${s}`
-}
+export { plc } from "../matching/fixtures.js"
 
 /** A TID that grows with n (n = seconds after a fixed epoch). */
 export const rev = (n: number): string => tidFromMicros(1_700_000_000_000_000 + n * 1_000_000)
