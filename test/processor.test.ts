@@ -176,6 +176,19 @@ describe("backlinks and prior references", () => {
     }).pipe(Effect.provide(memoryStack({ calls })))
   })
 
+  it.effect("a referencing record created and deleted in the same batch matches both times", () =>
+    Effect.gen(function* () {
+      yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
+      yield* run([
+        ev(ALICE, LIKE, "quick", { rev: rev(10), record: likeOf(bobPost) }),
+        ev(ALICE, LIKE, "quick", { rev: rev(11), operation: "delete" })
+      ])
+      const got = (yield* deliveriesTo(BOB, "bl")).map((r) => `${r.eventOperation}:${r.matchKind}`)
+      expect(got).toEqual(["create:backlink", "delete:backlink"])
+      // and the key index did not keep the removed key
+      expect((yield* (yield* Processor).stats).priorRefKeys).toBe(1) // the wh record's own refs
+    }).pipe(Effect.provide(memoryStack())))
+
   it.effect("an irrelevant record costs zero prior-reference reads and writes", () => {
     const calls = { get: 0, put: 0, remove: 0 }
     return Effect.gen(function* () {

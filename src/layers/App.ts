@@ -5,8 +5,16 @@
  */
 import { HttpServer } from "@effect/platform"
 import type { ServeError } from "@effect/platform/HttpServerError"
-import { Duration, Effect, ExecutionStrategy, Exit, Layer, Scope } from "effect"
-import type { FirehookConfigShape } from "../services/Config.js"
+import { Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
+import { Destinations } from "../delivery/Destinations.js"
+import { parseCidr } from "../schemas/Net.js"
+import { FirehookConfig, type FirehookConfigShape } from "../services/Config.js"
+import * as Delivery from "../services/Delivery.js"
+import * as DeliveryStore from "../services/DeliveryStore.js"
+import * as Maintenance from "../services/Maintenance.js"
+import * as Publisher from "../services/Publisher.js"
+import { SafeHttp } from "../services/SafeHttp.js"
+import { Secrets } from "../services/Secrets.js"
 import * as Config from "../services/Config.js"
 import * as Database from "../services/Database.js"
 import * as Health from "../services/Health.js"
@@ -29,6 +37,27 @@ export const sqlStores = Layer.mergeAll(
   Tx.layerSql
 )
 
+/** The delivery worker and what it needs, from the configuration. */
+export const deliveryLayer = (config: FirehookConfigShape) => {
+  const allowCidrs = config.delivery.allowCidrs.flatMap((c) => {
+    const parsed = parseCidr(c)
+    return parsed === undefined ? [] : [parsed]
+  })
+  return Delivery.layer().pipe(
+    Layer.provide(
+      Layer.mergeAll(
+        DeliveryStore.layerSql,
+        Secrets.layerSql,
+        SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs }),
+        Destinations.layer,
+        Publisher.layer({ url: Option.getOrUndefined(config.redis.url), channel: config.redis.channel }).pipe(
+          Layer.orDie
+        )
+      )
+    )
+  )
+}
+
 /** Registry (loaded) + Processor on the PostgreSQL stores. Requires config, health, SqlClient. */
 export const matchingLayer = Processor.layer().pipe(Layer.provideMerge(Registry.layer), Layer.provideMerge(sqlStores))
 
@@ -42,6 +71,7 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
   Layer.scopedDiscard(
     Effect.gen(function* () {
       const lifecycle = yield* Lifecycle.Lifecycle
+      const config = yield* FirehookConfig
       const scope = yield* Effect.scope
       const startup = Effect.gen(function* () {
         // 3. the health server, in a scope of its own so that shutdown can stop it at its stage
@@ -57,7 +87,13 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
         const matching = yield* Layer.buildWithScope(matchingLayer, scope)
         const registryStats = yield* Effect.flatMap(Registry.Registry, (r) => r.stats).pipe(Effect.provide(matching))
         yield* Effect.logInfo("registry ready").pipe(Effect.annotateLogs({ active: registryStats.active }))
-        // delivery plugs in here (before intake) as it lands.
+        // the delivery worker (before intake, SPEC §6.1), with its transport, secrets and publisher
+        yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(Effect.provide(matching))
+        // maintenance (one runner across replicas)
+        yield* Layer.buildWithScope(
+          Maintenance.layer({ interval: Duration.millis(config.maintenanceIntervalMs) }),
+          scope
+        )
         // intake, under leader election (one intake leader across replicas)
         yield* Layer.buildWithScope(Intake.layer(), scope).pipe(Effect.provide(matching))
         // scheduler and backfill plug in here as they land.

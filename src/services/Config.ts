@@ -9,7 +9,9 @@
  */
 import { Config as EffectConfig, Context, Data, Effect, Either, Layer, LogLevel, Option, Redacted } from "effect"
 import * as SecretBox from "../delivery/SecretBox.js"
+import { isCanonicalDid } from "../schemas/AtUri.js"
 import { parseCidr } from "../schemas/Net.js"
+import { parseRedisUrl } from "./Publisher.js"
 
 export type NodeEnv = "production" | "development" | "test"
 export type LogFormat = "json" | "pretty"
@@ -67,6 +69,29 @@ export interface FirehookConfigShape {
     readonly channel: string
   }
   readonly maintenanceIntervalMs: number
+  /** SPEC §5.1–5.2: identity resolution and owner discovery for backfill */
+  readonly backfill: {
+    /** `PLC_DIRECTORY_URL` (no trailing slash) */
+    readonly plcDirectoryUrl: string
+    /** `OWNER_DISCOVERY_URL` (no trailing slash): relay answering `listReposByCollection`; None = off */
+    readonly ownerDiscoveryUrl: Option.Option<string>
+    /** `BACKFILL_OWNERS`: canonical DIDs always reconciled */
+    readonly owners: ReadonlyArray<string>
+    /** `BACKFILL_CONCURRENCY` (1..4) */
+    readonly concurrency: number
+  }
+  /** SPEC §5.4 */
+  readonly retryScheduler: {
+    /** `RETRY_SCHEDULER_INTERVAL_MS`: how often failed / stale owners are listed */
+    readonly intervalMs: number
+    /** `RETRY_SCHEDULER_BASE_MS` / `RETRY_SCHEDULER_MAX_MS`: full-jitter backoff */
+    readonly baseMs: number
+    readonly maxMs: number
+    /** `RETRY_SCHEDULER_CONCURRENCY` (1..2) */
+    readonly concurrency: number
+    /** `RETRY_SCHEDULER_STALE_SCAN_MS`: a scan older than this is considered crashed */
+    readonly staleScanMs: number
+  }
 }
 
 /** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
@@ -150,6 +175,32 @@ const isStreamUrl = (s: string, insecure: boolean): boolean => {
   if (u.username !== "" || u.password !== "" || u.hash !== "") return false
   if (u.protocol === "wss:") return u.hostname.length > 0
   return u.protocol === "ws:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
+}
+
+/**
+ * An HTTP base URL for identity / discovery requests (PLC directory, relay): https:// with a host,
+ * no credentials, query or fragment; http:// only to a loopback host in insecure development mode.
+ * The transport re-checks every request (public addresses only).
+ */
+const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
+  if (s.length > 2048 || !URL.canParse(s) || s.includes("#") || s.includes("?")) return false
+  const u = new URL(s)
+  if (u.username !== "" || u.password !== "" || u.hostname.length === 0) return false
+  if (u.protocol === "https:") return true
+  return u.protocol === "http:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
+}
+
+const stripTrailingSlashes = (s: string): string => s.replace(/\/+$/, "")
+
+/** At most this many `BACKFILL_OWNERS` entries. */
+export const MAX_BACKFILL_OWNERS = 10_000
+
+/** Comma-separated canonical DIDs (empty = none); undefined when any entry is invalid or too many. */
+const parseDidList = (s: string): ReadonlyArray<string> | undefined => {
+  const parts = s.split(",").map((p) => p.trim()).filter((p) => p.length > 0)
+  if (parts.length > MAX_BACKFILL_OWNERS) return undefined
+  for (const p of parts) if (!isCanonicalDid(p)) return undefined
+  return [...new Set(parts)]
 }
 
 /** Comma-separated CIDRs (empty = none), at most 256; undefined when any entry is invalid. */
@@ -289,7 +340,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     )
     const redisUrl = yield* redacted(
       "REDIS_URL",
-      (s) => /^rediss?:\/\//.test(s) && s.length <= 2048 && URL.canParse(s) && new URL(s).hostname.length > 0,
+      (s) => s.length <= 2048 && Either.isRight(parseRedisUrl(s)),
       "must be a redis:// or rediss:// URL"
     )
     const channel = yield* readString("WEBHOOK_EVENTS_CHANNEL", "webhook:events", {
@@ -297,6 +348,41 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       text: "must be 1-256 printable characters without spaces"
     })
     const maintenanceIntervalMs = yield* readInt("MAINTENANCE_INTERVAL_MS", 60000, 1000, 86_400_000)
+    const baseUrlRule = {
+      test: (s: string) => isServiceBaseUrl(s, insecure),
+      text: insecure
+        ? "must be an https:// URL without credentials, query or fragment (http:// only to a loopback host)"
+        : "must be an https:// URL without credentials, query or fragment"
+    }
+    const plcDirectoryUrl = stripTrailingSlashes(yield* readString("PLC_DIRECTORY_URL", "https://plc.directory", baseUrlRule))
+    const discoveryText = yield* readString("OWNER_DISCOVERY_URL", "", {
+      test: (s) => baseUrlRule.test(s),
+      text: baseUrlRule.text
+    })
+    const ownersText = yield* readString("BACKFILL_OWNERS", "", {
+      test: (s) => parseDidList(s) !== undefined,
+      text: `must be a comma-separated list of at most ${MAX_BACKFILL_OWNERS} canonical DIDs (did:plc:… or did:web:…)`
+    })
+    const backfill = {
+      plcDirectoryUrl,
+      ownerDiscoveryUrl: discoveryText === "" ? Option.none<string>() : Option.some(stripTrailingSlashes(discoveryText)),
+      owners: parseDidList(ownersText) ?? [],
+      concurrency: yield* readInt("BACKFILL_CONCURRENCY", 2, 1, 4)
+    }
+    const schedulerBaseMs = yield* readInt("RETRY_SCHEDULER_BASE_MS", 5000, 100, 3_600_000)
+    const schedulerMaxMs = yield* readInt("RETRY_SCHEDULER_MAX_MS", 3_600_000, 100, 86_400_000)
+    if (schedulerMaxMs < schedulerBaseMs) {
+      return yield* Effect.fail(
+        new ConfigInvalid({ variable: "RETRY_SCHEDULER_MAX_MS", rule: "must not be below RETRY_SCHEDULER_BASE_MS" })
+      )
+    }
+    const retryScheduler = {
+      intervalMs: yield* readInt("RETRY_SCHEDULER_INTERVAL_MS", 60000, 1000, 3_600_000),
+      baseMs: schedulerBaseMs,
+      maxMs: schedulerMaxMs,
+      concurrency: yield* readInt("RETRY_SCHEDULER_CONCURRENCY", 1, 1, 2),
+      staleScanMs: yield* readInt("RETRY_SCHEDULER_STALE_SCAN_MS", 900_000, 60_000, 86_400_000)
+    }
     return {
       databaseUrl,
       dataDir,
@@ -312,7 +398,9 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       delivery,
       secrets: { encryptionKey, previousKeys },
       redis: { url: redisUrl, channel },
-      maintenanceIntervalMs
+      maintenanceIntervalMs,
+      backfill,
+      retryScheduler
     }
   })
 

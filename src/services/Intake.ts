@@ -222,30 +222,38 @@ export const makeStreamRunner = (spec: StreamSpec, tuning: IntakeTuning) =>
           yield* Ref.update(state, (s) => ({ ...s, queued: 0 }))
           const reader = Effect.gen(function* () {
             const endOf = yield* spec.connect(cursor).pipe(
+              // one step per chunk of frames: one offer and one state update per chunk, not per frame
+              Stream.chunks,
               Stream.runFoldWhileEffect(
                 undefined as SessionEnd | undefined,
                 (end) => end === undefined,
-                (_, item) =>
+                (_, chunk) =>
                   Effect.gen(function* () {
-                    if (item._tag === "opened") {
-                      yield* Ref.update(state, (s) => ({ ...s, connected: true }))
-                      return undefined
+                    const toOffer: Array<SourceItem> = []
+                    let events = 0
+                    let opened = false
+                    let end: SessionEnd | undefined
+                    const size = yield* queue.size
+                    for (const item of chunk) {
+                      if (item._tag === "opened") {
+                        opened = true
+                      } else if (item._tag === "poison" || item._tag === "relay_error") {
+                        toOffer.push(item)
+                        end = { kind: "protocol" }
+                        break
+                      } else if (size + toOffer.length >= tuning.queueMax) {
+                        // backpressure: close the socket, keep (and drain) what is queued
+                        end = { kind: "queue" }
+                        break
+                      } else {
+                        toOffer.push(item)
+                        events += item.events.length
+                      }
                     }
-                    if (item._tag === "poison") {
-                      yield* queue.offer(item)
-                      return { kind: "protocol" } satisfies SessionEnd
-                    }
-                    if (item._tag === "relay_error") {
-                      yield* queue.offer(item)
-                      return { kind: "protocol" } satisfies SessionEnd
-                    }
-                    if ((yield* queue.size) >= tuning.queueMax) {
-                      // backpressure: close the socket, keep (and drain) what is queued
-                      return { kind: "queue" } satisfies SessionEnd
-                    }
-                    yield* queue.offer(item)
-                    yield* Ref.update(state, (s) => ({ ...s, queued: s.queued + item.events.length }))
-                    return undefined
+                    if (opened) yield* Ref.update(state, (s) => ({ ...s, connected: true }))
+                    if (toOffer.length > 0) yield* queue.offerAll(toOffer)
+                    if (events > 0) yield* Ref.update(state, (s) => ({ ...s, queued: s.queued + events }))
+                    return end
                   })
               ),
               Effect.map((end): SessionEnd => end ?? { kind: "closed" }),

@@ -11,7 +11,7 @@
  * and each is visible to the next event processed. If the transaction fails, the in-memory changes
  * it made are undone.
  */
-import { Context, Effect, Either, Layer, Metric, Option } from "effect"
+import { Context, Effect, Either, Layer, Metric, Option, Queue } from "effect"
 import { buildPayload, eventId, type CanonicalError } from "../matching/Canonical.js"
 import { matchEvent } from "../matching/Match.js"
 import { extractReferences, utf8Length } from "../matching/References.js"
@@ -92,6 +92,21 @@ const quarantinedMetric = Metric.counter("firehook_events_quarantined_total", {
   description: "Events quarantined, by reason"
 })
 
+/** tagged counters, created once (building a tagged key per event is measurable on the hot path) */
+const memo = <K extends string, A>(make: (k: K) => A) => {
+  const cache = new Map<K, A>()
+  return (k: K): A => {
+    let v = cache.get(k)
+    if (v === undefined) {
+      v = make(k)
+      cache.set(k, v)
+    }
+    return v
+  }
+}
+const processedBy = memo((outcome: string) => Metric.tagged(eventsProcessed, "outcome", outcome))
+const quarantinedBy = memo((reason: string) => Metric.tagged(quarantinedMetric, "reason", reason))
+
 const recordUri = (e: RecordEvent) => `at://${e.did}/${e.collection}/${e.rkey}`
 
 /** Fit the relevant refs to the row bounds (≤ maxRefs, ≤ maxBytes of JSON). */
@@ -117,7 +132,12 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
     const outboxStore = yield* Outbox.OutboxStore
     const index = registry.index
     const outboxLimits = Outbox.defaultLimits(config.registry.activeMax)
-    const lock = yield* Effect.makeSemaphore(1)
+    // a first-come-first-served lock (one token in a queue: the longest-waiting taker gets it), so
+    // a busy stream cannot starve the others between its batches
+    const token = yield* Queue.bounded<void>(1)
+    yield* Queue.offer(token, undefined)
+    const serialized = <A, E, R>(eff: Effect.Effect<A, E, R>) =>
+      Effect.acquireUseRelease(Queue.take(token), () => eff, () => Queue.offer(token, undefined))
 
     // the in-memory index of prior-reference keys (SPEC §2.4)
     const keys = new Set<string>(yield* priorStore.keys(priorLimits.maxRows + 1))
@@ -138,6 +158,10 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
         let batchTooComplex = 0
         let batchRefused = 0
         const registryOutcomes: Array<WhEventOutcome | undefined> = new Array(batch.length)
+        // keys written earlier in this batch: not in the key index until commit, but visible to
+        // reads inside this transaction (a record created and deleted in one batch still matches)
+        const batchWritten = new Set<string>()
+        const mayHave = (uri: string) => batchWritten.has(uri) || mayHavePrior(uri)
 
         const quarantineEvent = (i: number, e: RecordEvent, reason: Outbox.QuarantineReason) => {
           quarantine.push({
@@ -185,7 +209,7 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
           }
           const uri = recordUri(e)
           let refs: ReadonlyArray<ScopeUri> = newRefs
-          if (e.operation !== "create" && mayHavePrior(uri)) {
+          if (e.operation !== "create" && mayHave(uri)) {
             const prior = yield* priorStore.get(uri)
             if (prior !== undefined && prior.refs.length > 0) {
               const merged: Array<ScopeUri> = [...newRefs]
@@ -215,9 +239,12 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
 
           // prior references: monotonic on the record's rev; irrelevant records touch nothing
           if (e.operation === "delete") {
-            if (mayHavePrior(uri) && (yield* priorStore.remove(uri, e.rev))) removedKeys.push(uri)
+            if (mayHave(uri) && (yield* priorStore.remove(uri, e.rev))) {
+              removedKeys.push(uri)
+              batchWritten.delete(uri)
+            }
           } else if (newRefs.length > 0) {
-            const isNew = !keys.has(uri)
+            const isNew = !keys.has(uri) && !batchWritten.has(uri)
             if (isNew && keys.size + addedKeys.length >= priorLimits.maxRows) {
               batchRefused++
             } else {
@@ -226,10 +253,16 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
                 priorLimits
               )
               const written = yield* priorStore.put(uri, { rev: e.rev, refs: kept }, bytes, priorLimits.ttlSeconds)
-              if (written && isNew) addedKeys.push(uri)
+              if (written) {
+                if (isNew) addedKeys.push(uri)
+                batchWritten.add(uri)
+              }
             }
-          } else if (mayHavePrior(uri)) {
-            if (yield* priorStore.remove(uri, e.rev)) removedKeys.push(uri)
+          } else if (mayHave(uri)) {
+            if (yield* priorStore.remove(uri, e.rev)) {
+              removedKeys.push(uri)
+              batchWritten.delete(uri)
+            }
           }
         }
 
@@ -266,7 +299,8 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
           removedKeys,
           batchTooComplex,
           batchRefused,
-          quarantine
+          quarantine,
+          written: batchWritten
         }
       }).pipe(
         tx.withTransaction,
@@ -274,18 +308,20 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
         // after commit: key index, counters, metrics
         Effect.tap((done) =>
           Effect.gen(function* () {
-            for (const k of done.addedKeys) keys.add(k)
             for (const k of done.removedKeys) keys.delete(k)
+            for (const k of done.addedKeys) if (done.written.has(k)) keys.add(k)
             if (keys.size > priorLimits.maxRows) keysComplete = false
             tooComplex += done.batchTooComplex
             refused += done.batchRefused
             yield* Metric.incrementBy(tooComplexMetric, done.batchTooComplex)
             yield* Metric.incrementBy(Outbox.metrics.inserted, done.result.inserted)
             yield* Metric.incrementBy(Outbox.metrics.duplicates, done.result.duplicates)
-            for (const q of done.quarantine) yield* Metric.increment(Metric.tagged(quarantinedMetric, "reason", q.reason))
-            for (const o of done.result.outcomes) {
-              if (o !== undefined) yield* Metric.increment(Metric.tagged(eventsProcessed, "outcome", o._tag))
-            }
+            const byReason = new Map<string, number>()
+            for (const q of done.quarantine) byReason.set(q.reason, (byReason.get(q.reason) ?? 0) + 1)
+            for (const [reason, n] of byReason) yield* Metric.incrementBy(quarantinedBy(reason), n)
+            const byOutcome = new Map<EventOutcome["_tag"], number>()
+            for (const o of done.result.outcomes) if (o !== undefined) byOutcome.set(o._tag, (byOutcome.get(o._tag) ?? 0) + 1)
+            for (const [outcome, n] of byOutcome) yield* Metric.incrementBy(processedBy(outcome), n)
             if (done.batchRefused > 0) {
               yield* Metric.incrementBy(priorRefsRefusedMetric, done.batchRefused)
               const now = yield* Effect.clockWith((c) => c.currentTimeMillis)
@@ -299,7 +335,7 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
           })
         ),
         Effect.map((done) => done.result),
-        lock.withPermits(1),
+        serialized,
         Effect.withSpan("Processor.processEvents", { attributes: { events: batch.length } })
       )
 
