@@ -9,6 +9,9 @@
  *   firehook secrets rotate <did> <name> [--token T]
  *   firehook secrets delete <did> <name>
  *   firehook secrets list <did>
+ *   firehook owners add <did>
+ *   firehook owners reconcile <did>
+ *   firehook owners status [--limit N]
  *   firehook status
  *
  * Same configuration as the service (the environment, `Config.load`) and the same database
@@ -27,7 +30,11 @@ import * as SecretBox from "./delivery/SecretBox.js"
 import { isCanonicalDid, isRkey } from "./schemas/AtUri.js"
 import * as Config from "./services/Config.js"
 import * as Database from "./services/Database.js"
+import * as Identity from "./services/Identity.js"
 import * as Operator from "./services/Operator.js"
+import * as ReconcileStore from "./services/ReconcileStore.js"
+import * as Reconciler from "./services/Reconciler.js"
+import { SafeHttp } from "./services/SafeHttp.js"
 import { SECRET_NAME, Secrets, SecretsError } from "./services/Secrets.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -207,6 +214,24 @@ const services = Effect.gen(function* () {
 
 const withServices = <A, E>(eff: Effect.Effect<A, E, Operator.Operator | Secrets>) =>
   Effect.flatMap(services, (layer) => Effect.provide(eff, layer))
+
+/**
+ * Reconciliation from the command line: the reconcile store, and a reconciler that writes the
+ * database only (a running service swaps the owner into its memory within one retry round).
+ */
+const ownerServices = Effect.gen(function* () {
+  const config = yield* Config.load({ isTty: false })
+  return Reconciler.layerWithoutRegistry().pipe(
+    Layer.provideMerge(Identity.layer()),
+    Layer.provideMerge(ReconcileStore.layerSql),
+    Layer.provideMerge(SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs: [] })),
+    Layer.provideMerge(Database.layer({ maxConnections: 2, applicationName: "firehook-cli" })),
+    Layer.provideMerge(Config.layerValue(config))
+  )
+})
+
+const withOwnerServices = <A, E>(eff: Effect.Effect<A, E, ReconcileStore.ReconcileStore | Reconciler.Reconciler>) =>
+  Effect.flatMap(ownerServices, (layer) => Effect.provide(eff, layer))
 
 // ---------------------------------------------------------------------------------------------
 // Options shared by commands
@@ -472,6 +497,133 @@ const secrets = Command.make("secrets", {}, () => usage("missing subcommand: cre
 )
 
 // ---------------------------------------------------------------------------------------------
+// owners
+
+const ownersAdd = Command.make("add", { did: didArg, json }, (o) =>
+  Effect.gen(function* () {
+    yield* checkDid("<did>", o.did)
+    yield* withOwnerServices(Effect.flatMap(ReconcileStore.ReconcileStore, (s) => s.addOwners([o.did], "operator")))
+    if (o.json) return yield* printJson({ did: o.did, added: true })
+    yield* out(`added ${o.did} (reconciled by every backfill pass)`)
+  })
+).pipe(Command.withDescription("add an owner to the operator list (reconciled by every backfill pass)"))
+
+const outcomeJson = (did: string, outcome: Reconciler.ReconcileOutcome) => {
+  switch (outcome._tag) {
+    case "complete":
+      return {
+        did,
+        outcome: outcome._tag,
+        repoFound: outcome.repoFound,
+        records: outcome.records,
+        invalid: outcome.invalid,
+        written: outcome.written,
+        deleted: outcome.deleted,
+        pages: outcome.pages
+      }
+    case "failed":
+      return { did, outcome: outcome._tag, kind: outcome.kind }
+    default:
+      return { did, outcome: outcome._tag }
+  }
+}
+
+const ownersReconcile = Command.make("reconcile", { did: didArg, json }, (o) =>
+  Effect.gen(function* () {
+    yield* checkDid("<did>", o.did)
+    const outcome = yield* withOwnerServices(Effect.flatMap(Reconciler.Reconciler, (r) => r.reconcile(o.did)))
+    if (o.json) yield* printJson(outcomeJson(o.did, outcome))
+    switch (outcome._tag) {
+      case "complete":
+        if (!o.json) {
+          yield* out(
+            outcome.repoFound
+              ? `reconciled ${o.did}: ${outcome.records} records (${outcome.invalid} invalid omitted), ${outcome.written} written, ${outcome.deleted} deleted`
+              : `reconciled ${o.did}: the PDS has no such repo; ${outcome.deleted} webhooks deleted`
+          )
+        }
+        return
+      case "failed":
+        return yield* Effect.fail(new Failed({ text: `reconciliation failed: ${outcome.kind}` }))
+      case "busy":
+        return yield* Effect.fail(new Failed({ text: "too many owners are being reconciled right now; try again later" }))
+      case "superseded":
+        return yield* Effect.fail(new Failed({ text: "another reconciliation of this owner started meanwhile" }))
+    }
+  })
+).pipe(Command.withDescription("reconcile one owner against its PDS now and print the outcome"))
+
+const ownersStatus = Command.make(
+  "status",
+  {
+    limit: Options.integer("limit").pipe(
+      Options.withPseudoName("N"),
+      Options.withDescription("failed and scanning owners listed at most (1..1000, default 20)"),
+      Options.optional
+    ),
+    json
+  },
+  (o) =>
+    Effect.gen(function* () {
+      const limit = Option.getOrElse(o.limit, () => 20)
+      if (limit < 1 || limit > 1000) return yield* usage("invalid --limit: must be in 1..1000")
+      const s = yield* withOwnerServices(Effect.flatMap(ReconcileStore.ReconcileStore, (st) => st.summary(limit)))
+      const pass =
+        s.pass === undefined
+          ? null
+          : {
+            continuation: s.pass.continuation ?? null,
+            ownersDone: s.pass.ownersDone,
+            startedAt: iso(s.pass.startedAt) ?? null,
+            completedAt: iso(s.pass.completedAt) ?? null
+          }
+      if (o.json) {
+        return yield* printJson({
+          counts: s.counts,
+          failed: s.failed.map((f) => ({
+            did: f.did,
+            failureCount: f.failureCount,
+            lastFailureKind: f.lastFailureKind ?? null,
+            failedAt: iso(f.failedAt) ?? null
+          })),
+          scanning: s.scanning.map((x) => ({ did: x.did, scanStartedAt: iso(x.scanStartedAt) ?? null })),
+          backfill: pass
+        })
+      }
+      const c = s.counts
+      const lines = [
+        `owners    unknown ${c.unknown}  scanning ${c.scanning}  complete ${c.complete}  failed ${c.failed}`,
+        pass === null
+          ? "backfill  no pass yet"
+          : pass.completedAt !== null
+            ? `backfill  last pass completed ${pass.completedAt} (${pass.ownersDone} owners)`
+            : `backfill  pass in progress since ${cell(pass.startedAt ?? undefined)} (${pass.ownersDone} owners done)`
+      ]
+      yield* out(lines.join("\n"))
+      if (s.failed.length > 0) {
+        yield* out("")
+        yield* out(
+          table(
+            ["FAILED OWNER", "FAILURES", "LAST KIND", "FAILED AT"],
+            s.failed.map((f) => [f.did, String(f.failureCount), f.lastFailureKind, iso(f.failedAt)].map(cell))
+          )
+        )
+      }
+      if (s.scanning.length > 0) {
+        yield* out("")
+        yield* out(
+          table(["SCANNING OWNER", "STARTED"], s.scanning.map((x) => [x.did, iso(x.scanStartedAt)].map(cell)))
+        )
+      }
+    })
+).pipe(Command.withDescription("reconciliation state: counts, failed and scanning owners, the backfill pass"))
+
+const owners = Command.make("owners", {}, () => usage("missing subcommand: add, reconcile or status")).pipe(
+  Command.withDescription("owners: discovery list and reconciliation against their PDS"),
+  Command.withSubcommands([ownersAdd, ownersReconcile, ownersStatus])
+)
+
+// ---------------------------------------------------------------------------------------------
 // status
 
 const status = Command.make("status", { json }, (o) =>
@@ -494,9 +646,9 @@ const status = Command.make("status", { json }, (o) =>
 // ---------------------------------------------------------------------------------------------
 // the app
 
-const firehook = Command.make("firehook", {}, () => usage("missing command: deliveries, secrets or status")).pipe(
+const firehook = Command.make("firehook", {}, () => usage("missing command: deliveries, secrets, owners or status")).pipe(
   Command.withDescription("operate a firehook deployment"),
-  Command.withSubcommands([deliveries, secrets, status])
+  Command.withSubcommands([deliveries, secrets, owners, status])
 )
 
 const cli = Command.run(firehook, { name: "firehook", version: pkg.version })

@@ -44,6 +44,50 @@ describe("Config", () => {
       expect(Option.isNone(c.redis.url)).toBe(true)
       expect(c.redis.channel).toBe("webhook:events")
       expect(c.maintenanceIntervalMs).toBe(60000)
+      expect(c.backfill).toEqual({
+        plcDirectoryUrl: "https://plc.directory",
+        ownerDiscoveryUrl: Option.none(),
+        owners: [],
+        concurrency: 2
+      })
+      expect(c.retryScheduler).toEqual({
+        intervalMs: 60000,
+        baseMs: 5000,
+        maxMs: 3600000,
+        concurrency: 1,
+        staleScanMs: 900000
+      })
+    }))
+
+  it.effect("backfill and retry scheduler values are parsed", () =>
+    Effect.gen(function* () {
+      const did = "did:plc:abcdefghijklmnopqrstuvwx"
+      const c = yield* load({
+        PLC_DIRECTORY_URL: "https://plc.example/",
+        OWNER_DISCOVERY_URL: "https://relay.example",
+        BACKFILL_OWNERS: ` ${did} , did:web:example.com,${did}`,
+        BACKFILL_CONCURRENCY: "4",
+        RETRY_SCHEDULER_INTERVAL_MS: "1000",
+        RETRY_SCHEDULER_BASE_MS: "100",
+        RETRY_SCHEDULER_MAX_MS: "100",
+        RETRY_SCHEDULER_CONCURRENCY: "2",
+        RETRY_SCHEDULER_STALE_SCAN_MS: "60000"
+      })
+      expect(c.backfill).toEqual({
+        plcDirectoryUrl: "https://plc.example",
+        ownerDiscoveryUrl: Option.some("https://relay.example"),
+        owners: [did, "did:web:example.com"],
+        concurrency: 4
+      })
+      expect(c.retryScheduler).toEqual({ intervalMs: 1000, baseMs: 100, maxMs: 100, concurrency: 2, staleScanMs: 60000 })
+      const dev = yield* load({
+        NODE_ENV: "test",
+        WEBHOOK_ALLOW_INSECURE_DEV: "1",
+        PLC_DIRECTORY_URL: "http://127.0.0.1:2582",
+        OWNER_DISCOVERY_URL: "http://localhost:2470/"
+      })
+      expect(dev.backfill.plcDirectoryUrl).toBe("http://127.0.0.1:2582")
+      expect(dev.backfill.ownerDiscoveryUrl).toEqual(Option.some("http://localhost:2470"))
     }))
 
   it.effect("pretty logs by default on a TTY", () =>
@@ -129,7 +173,24 @@ describe("Config", () => {
     [{ WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS: `${"a".repeat(64)},${SECRET}` }, "WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS", "at most 8"],
     [{ REDIS_URL: `http://:${SECRET}@redis` }, "REDIS_URL", "redis://"],
     [{ WEBHOOK_EVENTS_CHANNEL: "has space" }, "WEBHOOK_EVENTS_CHANNEL", "printable"],
-    [{ MAINTENANCE_INTERVAL_MS: "999" }, "MAINTENANCE_INTERVAL_MS", "1000..86400000"]
+    [{ MAINTENANCE_INTERVAL_MS: "999" }, "MAINTENANCE_INTERVAL_MS", "1000..86400000"],
+    [{ PLC_DIRECTORY_URL: "http://plc.example" }, "PLC_DIRECTORY_URL", "https://"],
+    [{ PLC_DIRECTORY_URL: "http://127.0.0.1:2582" }, "PLC_DIRECTORY_URL", "https://"],
+    [{ PLC_DIRECTORY_URL: "http://plc.example", NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1" }, "PLC_DIRECTORY_URL", "loopback"],
+    [{ PLC_DIRECTORY_URL: `https://u:${SECRET}@plc.example` }, "PLC_DIRECTORY_URL", "credentials"],
+    [{ PLC_DIRECTORY_URL: "https://plc.example/?x=1" }, "PLC_DIRECTORY_URL", "query"],
+    [{ OWNER_DISCOVERY_URL: "wss://relay.example" }, "OWNER_DISCOVERY_URL", "https://"],
+    [{ OWNER_DISCOVERY_URL: "https://relay.example/#x" }, "OWNER_DISCOVERY_URL", "fragment"],
+    [{ BACKFILL_OWNERS: "did:plc:abcdefghijklmnopqrstuvwx,alice.bsky.social" }, "BACKFILL_OWNERS", "canonical DIDs"],
+    [{ BACKFILL_OWNERS: "did:plc:ABCDEFGHIJKLMNOPQRSTUVWX" }, "BACKFILL_OWNERS", "canonical DIDs"],
+    [{ BACKFILL_CONCURRENCY: "0" }, "BACKFILL_CONCURRENCY", "1..4"],
+    [{ BACKFILL_CONCURRENCY: "5" }, "BACKFILL_CONCURRENCY", "1..4"],
+    [{ RETRY_SCHEDULER_INTERVAL_MS: "999" }, "RETRY_SCHEDULER_INTERVAL_MS", "1000..3600000"],
+    [{ RETRY_SCHEDULER_BASE_MS: "99" }, "RETRY_SCHEDULER_BASE_MS", "100..3600000"],
+    [{ RETRY_SCHEDULER_MAX_MS: "86400001" }, "RETRY_SCHEDULER_MAX_MS", "100..86400000"],
+    [{ RETRY_SCHEDULER_BASE_MS: "6000", RETRY_SCHEDULER_MAX_MS: "5000" }, "RETRY_SCHEDULER_MAX_MS", "RETRY_SCHEDULER_BASE_MS"],
+    [{ RETRY_SCHEDULER_CONCURRENCY: "3" }, "RETRY_SCHEDULER_CONCURRENCY", "1..2"],
+    [{ RETRY_SCHEDULER_STALE_SCAN_MS: "59999" }, "RETRY_SCHEDULER_STALE_SCAN_MS", "60000..86400000"]
   ]
 
   for (const [env, variable, ruleFragment] of invalid) {

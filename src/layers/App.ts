@@ -5,7 +5,8 @@
  */
 import { HttpServer } from "@effect/platform"
 import type { ServeError } from "@effect/platform/HttpServerError"
-import { Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
+import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
+import * as Reconciliation from "./Reconciliation.js"
 import { Destinations } from "../delivery/Destinations.js"
 import { parseCidr } from "../schemas/Net.js"
 import { FirehookConfig, type FirehookConfigShape } from "../services/Config.js"
@@ -18,6 +19,7 @@ import { Secrets } from "../services/Secrets.js"
 import * as Config from "../services/Config.js"
 import * as Database from "../services/Database.js"
 import * as Health from "../services/Health.js"
+import * as Backfill from "../services/Backfill.js"
 import * as CursorStore from "../services/CursorStore.js"
 import * as Intake from "../services/Intake.js"
 import * as Lifecycle from "../services/Lifecycle.js"
@@ -94,10 +96,19 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
           Maintenance.layer({ interval: Duration.millis(config.maintenanceIntervalMs) }),
           scope
         )
+        // identity (DID → PDS, cached) before intake: `#identity`/`#account` events invalidate it
+        const identity = yield* Layer.buildWithScope(Reconciliation.identityLayer(config), scope)
         // intake, under leader election (one intake leader across replicas)
-        yield* Layer.buildWithScope(Intake.layer(), scope).pipe(Effect.provide(matching))
-        // scheduler and backfill plug in here as they land.
-        yield* lifecycle.setPhase("live")
+        yield* Layer.buildWithScope(Intake.layer(), scope).pipe(Effect.provide(Context.merge(matching, identity)))
+        // 5. the retry scheduler, then the initial backfill in the background: `reconciling-live`
+        //    until the first pass completes, then `live`
+        const recon = yield* Layer.buildWithScope(Reconciliation.reconciliationLayer(), scope).pipe(
+          Effect.provide(Context.merge(matching, identity))
+        )
+        yield* lifecycle.setPhase("reconciling-live")
+        const backfill = Context.get(recon, Backfill.Backfill)
+        yield* backfill.start
+        yield* Effect.forkIn(backfill.awaitInitialPass.pipe(Effect.zipRight(lifecycle.setPhase("live"))), scope)
       })
       yield* startup.pipe(Effect.tapErrorCause(() => lifecycle.setPhase("failed")))
       // Added last, so it runs first when the scope closes: the ordered, deadline-bound shutdown.

@@ -24,6 +24,7 @@ import { FirehookConfig } from "./Config.js"
 import { CursorStore } from "./CursorStore.js"
 import * as FirehoseSource from "./FirehoseSource.js"
 import { Health } from "./Health.js"
+import { Identity } from "./Identity.js"
 import { runAsLeader } from "./Leader.js"
 import { Lifecycle } from "./Lifecycle.js"
 import * as Outbox from "./Outbox.js"
@@ -151,7 +152,11 @@ export interface StreamRunner {
   readonly stopReading: Effect.Effect<void>
 }
 
-export const makeStreamRunner = (spec: StreamSpec, tuning: IntakeTuning) =>
+export const makeStreamRunner = (
+  spec: StreamSpec,
+  tuning: IntakeTuning,
+  onIdentity?: (did: string) => Effect.Effect<void>
+) =>
   Effect.gen(function* () {
     const processor = yield* Processor
     const cursors = yield* CursorStore
@@ -192,7 +197,10 @@ export const makeStreamRunner = (spec: StreamSpec, tuning: IntakeTuning) =>
         const now = yield* Clock.currentTimeMillis
         yield* Metric.update(metrics.batchCommit, now - start)
         let lastTime: number | undefined
-        for (const e of events) if (e.kind === "commit" || e.kind === "identity" || e.kind === "account") lastTime = e.timeUs
+        for (const e of events) {
+          lastTime = e.timeUs
+          if (onIdentity !== undefined && (e.kind === "identity" || e.kind === "account")) yield* onIdentity(e.did)
+        }
         yield* Ref.update(state, (s) => ({
           ...s,
           durableCursor: cursor === undefined ? s.durableCursor : s.durableCursor === undefined || cursor > s.durableCursor ? cursor : s.durableCursor,
@@ -461,6 +469,8 @@ export interface IntakeShape {
 export class Intake extends Context.Tag("firehook/Intake")<Intake, IntakeShape>() {}
 
 export interface IntakeOptions {
+  /** called for every committed `#identity` / `#account` event (identity cache invalidation) */
+  readonly onIdentity?: (did: string) => Effect.Effect<void>
   /** how long direct-set changes are coalesced before reconfiguring (default 1 s) */
   readonly reconfigureDelay?: Duration.DurationInput
   readonly tuning?: Partial<IntakeTuning>
@@ -482,7 +492,7 @@ export const make = (options: IntakeOptions = {}) =>
     const running = yield* Ref.make(false)
     const ctx = yield* Effect.context<Processor | CursorStore | Outbox.OutboxStore>()
 
-    const makeRunner = (spec: StreamSpec) => makeStreamRunner(spec, tuning).pipe(Effect.provide(ctx))
+    const makeRunner = (spec: StreamSpec) => makeStreamRunner(spec, tuning, options.onIdentity).pipe(Effect.provide(ctx))
     /** run a stream; it is listed (health, shutdown) only while it runs */
     const start = (r: StreamRunner, from: bigint | undefined) =>
       Effect.acquireUseRelease(
@@ -694,7 +704,11 @@ export const INTAKE_LOCK_KEY = 7_231_002
 export const layer = (options: IntakeOptions = {}) =>
   Layer.scopedDiscard(
     Effect.gen(function* () {
-      const intake = yield* make(options)
+      const identity = yield* Effect.serviceOption(Identity)
+      const intake = yield* make({
+        ...options,
+        ...(Option.isSome(identity) ? { onIdentity: (did: string) => identity.value.invalidate(did) } : {})
+      })
       const role = yield* Ref.make<"leader" | "standby">("standby")
       const registry = yield* Registry
       const health = yield* Health

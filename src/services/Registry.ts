@@ -181,6 +181,7 @@ export const make = Effect.gen(function* () {
       const ownerDid = event.did
       const rkey = event.rkey
       const key = webhookKey(ownerDid, rkey)
+      yield* store.lockOwner(ownerDid)
       const { row, tombstone } = yield* store.get(ownerDid, rkey)
       // fencing: strictly greater than both the row's and the tombstone's rev
       if (row !== undefined && compareTid(event.rev, row.rev) <= 0) return { _tag: "stale" } as const

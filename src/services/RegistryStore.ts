@@ -51,6 +51,11 @@ export interface RegistryStoreShape {
     ownerDid: string,
     rkey: string
   ) => Effect.Effect<{ readonly row: WebhookRow | undefined; readonly tombstone: Tombstone | undefined }, StoreError>
+  /**
+   * lock the owner's row for the rest of the transaction (creating it if needed), so a live write and a
+   * reconciliation completion of the same owner never interleave
+   */
+  readonly lockOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
   /** bump the owner's generation (creating the owner, marked as seen on the stream); returns the new one */
   readonly bumpGeneration: (ownerDid: string) => Effect.Effect<number, StoreError>
   /** write the row (insert or replace) and drop the key's tombstone */
@@ -134,6 +139,11 @@ export const makeSql = Effect.gen(function* () {
           tombstone: tomb === undefined ? undefined : { rev: tomb.rev, generation: Number(tomb.generation) }
         }
       }).pipe(storeOp("registry.get")),
+    lockOwner: (ownerDid) =>
+      Effect.gen(function* () {
+        yield* sql`INSERT INTO owners (did, from_stream) VALUES (${ownerDid}, true) ON CONFLICT (did) DO NOTHING`
+        yield* sql`SELECT 1 FROM owners WHERE did = ${ownerDid} FOR UPDATE`
+      }).pipe(storeOp("registry.lockOwner")),
     bumpGeneration: (ownerDid) =>
       sql<{ generation: string | number }>`
         INSERT INTO owners (did, generation, from_stream) VALUES (${ownerDid}, 1, true)
@@ -231,6 +241,7 @@ export const makeMemory = Effect.gen(function* () {
       Ref.get(state).pipe(
         Effect.map((s) => ({ row: s.rows.get(k(ownerDid, rkey)), tombstone: s.tombstones.get(k(ownerDid, rkey)) }))
       ),
+    lockOwner: () => Effect.void,
     bumpGeneration: (ownerDid) =>
       Ref.modify(state, (s) => {
         const prev = s.owners.get(ownerDid)

@@ -48,8 +48,10 @@ const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise
       const health = await waitFor(`http://127.0.0.1:${port}/health`, 200, running, 60_000)
       expect(health.headers.get("cache-control")).toBe("no-store")
       body = (await health.json()) as Record<string, unknown>
-      // a standby is ready too; wait for this process to take the intake role
-      if ((body["intake"] as { role?: string } | undefined)?.role === "leader") break
+      // a standby is ready too, and so is `reconciling-live`: wait for the intake role and the
+      // end of the initial backfill pass
+      expect(["reconciling-live", "live"]).toContain(body["phase"])
+      if ((body["intake"] as { role?: string } | undefined)?.role === "leader" && body["phase"] === "live") break
       await new Promise((r) => setTimeout(r, 100))
     }
     expect(body["status"]).toBe("ok")
