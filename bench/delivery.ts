@@ -1,0 +1,434 @@
+/**
+ * Delivery throughput and latency, against a real PostgreSQL and local HTTP receivers.
+ *
+ *   node --import tsx bench/delivery.ts [deliveries=100000] [webhooks=1000] [rate=500] [steadySeconds=20]
+ *
+ * Environment: DATABASE_URL (else an embedded PostgreSQL in a temporary directory), RECEIVERS
+ * (default 4 servers), DELIVERY_CONCURRENCY (default 64), DELIVERY_PER_ORIGIN_CONCURRENCY (default
+ * concurrency / receivers, so the origin cap is not what limits the run).
+ *
+ * Receivers are node:http servers on 127.0.0.1 in a worker thread (so they do not share the
+ * worker's event loop), answering 204 at once. Webhooks are registered through processEvents:
+ * `webhooks / 10` scope DIDs watched by 10 webhooks each, spread over the receivers, every one with
+ * an inline secret (every request is signed). Each event therefore fans out to 10 deliveries.
+ *
+ * 1. Throughput: all deliveries are enqueued through the real pipeline (processEvents → Outbox),
+ *    then one worker starts; deliveries/s = deliveries / time until all are delivered.
+ * 2. Latency: with the worker running, deliveries are enqueued at a steady `rate` per second in
+ *    paced batches (one processEvents transaction every 100 ms); enqueue → first attempt
+ *    p50/p99 from the database (`delivery_attempts.started_at − outbox.created_at`).
+ * 3. The bare limit: a plain node:http keep-alive loop with the same concurrency, posting a body of
+ *    the same size to the same receivers, and the worker's share of it.
+ * 4. The transport alone: `SafeHttp.request` with signed requests, same concurrency, no database,
+ *    to show how much of the gap to the bare limit is the transport itself.
+ * RSS is sampled every 100 ms during phase 1.
+ */
+import { SqlClient } from "@effect/sql"
+import { ConfigProvider, Context, Duration, Effect, Either, Fiber, Layer, Logger, LogLevel, Redacted } from "effect"
+import * as Fs from "node:fs"
+import * as Http from "node:http"
+import * as Inspector from "node:inspector"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import { Worker } from "node:worker_threads"
+import { Destinations } from "../src/delivery/Destinations.js"
+import { signatureHeaders } from "../src/delivery/Signer.js"
+import * as Config from "../src/services/Config.js"
+import * as Database from "../src/services/Database.js"
+import * as Delivery from "../src/services/Delivery.js"
+import * as DeliveryStore from "../src/services/DeliveryStore.js"
+import * as EmbeddedPg from "../src/services/EmbeddedPg.js"
+import * as Health from "../src/services/Health.js"
+import * as Lifecycle from "../src/services/Lifecycle.js"
+import * as Outbox from "../src/services/Outbox.js"
+import * as PriorRefsStore from "../src/services/PriorRefsStore.js"
+import * as Processor from "../src/services/Processor.js"
+import * as Publisher from "../src/services/Publisher.js"
+import * as Registry from "../src/services/Registry.js"
+import * as RegistryStore from "../src/services/RegistryStore.js"
+import { parseAllowCidrs, SafeHttp } from "../src/services/SafeHttp.js"
+import { Secrets } from "../src/services/Secrets.js"
+import { Tx } from "../src/services/Store.js"
+import type { RecordEvent } from "../src/schemas/RecordEvent.js"
+import { tidFromMicros } from "../src/schemas/Tid.js"
+
+const DELIVERIES = Number(process.argv[2] ?? 100_000)
+const WEBHOOKS = Number(process.argv[3] ?? 1_000)
+const RATE = Number(process.argv[4] ?? 500)
+const STEADY_SECONDS = Number(process.argv[5] ?? 20)
+const RECEIVERS = Number(process.env["RECEIVERS"] ?? 4)
+const CONCURRENCY = Number(process.env["DELIVERY_CONCURRENCY"] ?? 64)
+const PER_ORIGIN = Number(process.env["DELIVERY_PER_ORIGIN_CONCURRENCY"] ?? Math.max(1, Math.ceil(CONCURRENCY / RECEIVERS)))
+const FANOUT = 10
+const BATCH_EVENTS = 100
+
+const mib = (n: number): string => (n / 1024 / 1024).toFixed(0)
+const print = (s: string) => Effect.sync(() => process.stdout.write(s + "\n"))
+
+// ---------------------------------------------------------------------------------------------
+// receivers (worker thread)
+
+const RECEIVER_SOURCE = `
+const http = require("node:http")
+const { parentPort, workerData } = require("node:worker_threads")
+const ports = []
+let pending = workerData.count
+for (let i = 0; i < workerData.count; i++) {
+  const server = http.createServer((req, res) => {
+    req.on("data", () => {})
+    req.on("end", () => { res.writeHead(204); res.end() })
+  })
+  server.keepAliveTimeout = 60000
+  server.listen(0, "127.0.0.1", () => {
+    ports[i] = server.address().port
+    if (--pending === 0) parentPort.postMessage(ports)
+  })
+}
+`
+
+const startReceivers = Effect.acquireRelease(
+  Effect.async<{ worker: Worker; ports: ReadonlyArray<number> }>((resume) => {
+    const worker = new Worker(RECEIVER_SOURCE, { eval: true, workerData: { count: RECEIVERS } })
+    worker.once("message", (ports: ReadonlyArray<number>) => resume(Effect.succeed({ worker, ports })))
+  }),
+  ({ worker }) => Effect.promise(() => worker.terminate())
+)
+
+// ---------------------------------------------------------------------------------------------
+// ids and events
+
+const B32 = "abcdefghijklmnopqrstuvwxyz234567"
+const plc = (n: number): string => {
+  let s = ""
+  let v = n
+  for (let i = 0; i < 24; i++) {
+    s = B32[v % 32] + s
+    v = Math.floor(v / 32)
+  }
+  return `did:plc:${s}`
+}
+let clock = 1_700_000_000_000_000
+const event = (did: string, collection: string, rkey: string, record: unknown): RecordEvent => {
+  clock += 1000
+  return {
+    kind: "commit",
+    did,
+    collection,
+    rkey,
+    operation: "create",
+    rev: tidFromMicros(clock),
+    cid: "bafyreib2rxk3rh6kzwq",
+    record,
+    timeUs: clock,
+    stream: "registry",
+    relay: "wss://relay.bench",
+    cursor: String(clock)
+  }
+}
+const scopeDid = (j: number) => plc(1_000_000 + j)
+
+// ---------------------------------------------------------------------------------------------
+// layers
+
+const env = {
+  NODE_ENV: "test",
+  WEBHOOK_ALLOW_INSECURE_DEV: "1",
+  DELIVERY_CONCURRENCY: String(CONCURRENCY),
+  DELIVERY_PER_ORIGIN_CONCURRENCY: String(PER_ORIGIN),
+  REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "10000",
+  LOG_LEVEL: "warn"
+}
+const config = Effect.runSync(
+  Config.load({ isTty: false }).pipe(Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env)))))
+)
+
+const pipelineOn = (url: Redacted.Redacted<string>) =>
+  Processor.layer().pipe(
+    Layer.provideMerge(Registry.layer),
+    Layer.provideMerge(Layer.mergeAll(RegistryStore.layerSql, PriorRefsStore.layerSql, Outbox.layerSql, Tx.layerSql)),
+    Layer.provideMerge(Layer.mergeAll(Database.layerUrl(url, { maxConnections: 8 }), Config.layerValue(config)))
+  )
+
+const workerOn = (url: Redacted.Redacted<string>) =>
+  Delivery.layer({ workerId: "bench" }).pipe(
+    Layer.provide(
+      Layer.mergeAll(
+        DeliveryStore.layerSql,
+        RegistryStore.layerSql,
+        Secrets.layerMemory([]),
+        SafeHttp.layerDefault({
+          allowInsecureDev: true,
+          allowCidrs: Either.getOrElse(parseAllowCidrs(""), () => []),
+          maxSocketsPerHost: CONCURRENCY
+        }),
+        Destinations.layer,
+        Publisher.layerNoop,
+        Health.layer.pipe(Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: Duration.seconds(30) })))
+      )
+    ),
+    Layer.provide(Layer.mergeAll(Database.layerUrl(url, { maxConnections: 24 }), Config.layerValue(config)))
+  )
+
+// ---------------------------------------------------------------------------------------------
+// phases
+
+const percentile = (sorted: ReadonlyArray<number>, p: number): number =>
+  sorted.length === 0 ? Number.NaN : (sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN)
+
+const count = (where: string) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) => sql.unsafe<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE ${where}`)).pipe(
+    Effect.map((r) => Number(r[0]?.n ?? 0))
+  )
+
+const waitUntil = (where: string, target: number, timeout: Duration.Duration) =>
+  Effect.gen(function* () {
+    while (true) {
+      if ((yield* count(where)) >= target) return
+      yield* Effect.sleep(Duration.millis(100))
+    }
+  }).pipe(Effect.timeoutFail({ duration: timeout, onTimeout: () => new Error(`timed out waiting for ${where}`) }))
+
+let eventSeq = 0
+/** Enqueue `events` events (× FANOUT deliveries) through processEvents, in batches. */
+const enqueueEvents = (events: number) =>
+  Effect.gen(function* () {
+    const processor = yield* Processor.Processor
+    const scopes = Math.max(1, Math.floor(WEBHOOKS / FANOUT))
+    for (let start = 0; start < events; start += BATCH_EVENTS) {
+      const batch: Array<RecordEvent> = []
+      for (let i = start; i < Math.min(events, start + BATCH_EVENTS); i++) {
+        const n = eventSeq++
+        batch.push(
+          event(scopeDid(n % scopes), "app.bsky.feed.post", `p${n}`, {
+            $type: "app.bsky.feed.post",
+            text: `benchmark post number ${n} with a little text so the body looks like a real one`,
+            createdAt: "2026-01-01T00:00:00Z"
+          })
+        )
+      }
+      yield* processor.processEvents(batch, { registryWriter: false })
+    }
+  })
+
+const bareLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: number) =>
+  Effect.promise(
+    () =>
+      new Promise<number>((resolve) => {
+        const agent = new Http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
+        const body = Buffer.alloc(bodyBytes, 0x61)
+        let started = 0
+        let done = 0
+        const t0 = performance.now()
+        const one = (): void => {
+          if (started >= requests) return
+          const i = started++
+          const req = Http.request(
+            {
+              agent,
+              host: "127.0.0.1",
+              port: ports[i % ports.length],
+              method: "POST",
+              path: `/h/${i % WEBHOOKS}`,
+              headers: { "content-type": "application/json", "content-length": body.length }
+            },
+            (res) => {
+              res.resume()
+              res.on("end", () => {
+                done++
+                if (done === requests) {
+                  agent.destroy()
+                  resolve(requests / ((performance.now() - t0) / 1000))
+                } else one()
+              })
+            }
+          )
+          req.on("error", () => {
+            done++
+            one()
+          })
+          req.end(body)
+        }
+        for (let k = 0; k < CONCURRENCY; k++) one()
+      })
+  )
+
+const program = Effect.gen(function* () {
+  const external = process.env["DATABASE_URL"]
+  let url: Redacted.Redacted<string>
+  if (external !== undefined && external.length > 0) {
+    url = Redacted.make(external)
+  } else {
+    const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-bench-delivery-"))
+    Fs.chmodSync(dir, 0o755)
+    yield* Effect.addFinalizer(() => Effect.sync(() => Fs.rmSync(dir, { recursive: true, force: true })))
+    const pg = yield* EmbeddedPg.start({ dataDir: dir, database: "firehook_bench" })
+    url = pg.url
+  }
+  const { ports } = yield* startReceivers
+  const pipeline = yield* Layer.build(pipelineOn(url))
+  const sql = Context.get(pipeline, SqlClient.SqlClient)
+  yield* sql`TRUNCATE outbox, delivery_events, delivery_attempts, audit, webhooks, tombstones, owners, prior_refs, quarantine`
+  const events = Math.ceil(DELIVERIES / FANOUT)
+  yield* print(
+    `delivery bench: ${events * FANOUT} deliveries, ${WEBHOOKS} webhooks, ${RECEIVERS} receivers, concurrency ${CONCURRENCY} (per origin ${PER_ORIGIN}), node ${process.version}, ${Os.cpus().length} CPUs`
+  )
+
+  // webhooks: WEBHOOKS owners, FANOUT per scope DID, spread over the receivers
+  const processor = Context.get(pipeline, Processor.Processor)
+  const scopes = Math.max(1, Math.floor(WEBHOOKS / FANOUT))
+  const registrations: Array<RecordEvent> = []
+  for (let i = 0; i < WEBHOOKS; i++) {
+    registrations.push(
+      event(plc(10_000 + i), "place.wisp.v2.wh", "w", {
+        $type: "place.wisp.v2.wh",
+        scope: { aturi: `at://${scopeDid(i % scopes)}` },
+        url: `http://127.0.0.1:${ports[i % ports.length]}/h/${i}`,
+        secret: `bench-secret-${i}-0123456789abcdef`,
+        createdAt: "2026-01-01T00:00:00Z"
+      })
+    )
+  }
+  for (let i = 0; i < registrations.length; i += 128) {
+    yield* processor.processEvents(registrations.slice(i, i + 128), { registryWriter: true })
+  }
+
+  // 1. throughput
+  let t = performance.now()
+  yield* Effect.provide(enqueueEvents(events), pipeline)
+  const total = yield* Effect.provide(count("true"), pipeline)
+  yield* print(`enqueued ${total} deliveries in ${((performance.now() - t) / 1000).toFixed(1)} s (processEvents → outbox)`)
+  let peakRss = 0
+  const sampler = yield* Effect.forkScoped(
+    Effect.forever(Effect.zipRight(Effect.sync(() => (peakRss = Math.max(peakRss, process.memoryUsage().rss))), Effect.sleep(Duration.millis(100))))
+  )
+  const profile = process.env["BENCH_PROFILE"]
+  const session = profile === undefined ? undefined : new Inspector.Session()
+  if (session !== undefined) {
+    session.connect()
+    yield* Effect.promise(() => new Promise<void>((ok) => session.post("Profiler.enable", () => session.post("Profiler.start", () => ok()))))
+  }
+  t = performance.now()
+  const cpu0 = process.cpuUsage()
+  const elu0 = performance.eventLoopUtilization()
+  const workerScope = yield* Effect.scope
+  const workerCtx = yield* Layer.buildWithScope(workerOn(url), workerScope)
+  const worker = Context.get(workerCtx, Delivery.Delivery)
+  const occupancy = { samples: 0, held: 0, inFlight: 0 }
+  const occupancySampler = yield* Effect.forkScoped(
+    Effect.forever(
+      Effect.zipRight(
+        Effect.flatMap(worker.stats, (st) =>
+          Effect.sync(() => {
+            occupancy.samples++
+            occupancy.held += st.held
+            occupancy.inFlight += st.inFlight
+          })
+        ),
+        Effect.sleep(Duration.millis(50))
+      )
+    )
+  )
+  yield* Effect.provide(waitUntil("status = 'delivered'", total, Duration.minutes(30)), pipeline)
+  const seconds = (performance.now() - t) / 1000
+  const cpu = process.cpuUsage(cpu0)
+  const elu = performance.eventLoopUtilization(elu0).utilization
+  if (session !== undefined && profile !== undefined) {
+    yield* Effect.promise(
+      () =>
+        new Promise<void>((ok) =>
+          session.post("Profiler.stop", (_err, result) => {
+            Fs.writeFileSync(profile, JSON.stringify(result.profile))
+            session.disconnect()
+            ok()
+          })
+        )
+    )
+  }
+  const throughput = total / seconds
+  const { claims, claimMs } = yield* worker.stats
+  yield* Fiber.interrupt(occupancySampler)
+  const avgHeld = occupancy.held / Math.max(1, occupancy.samples)
+  const avgInFlight = occupancy.inFlight / Math.max(1, occupancy.samples)
+  yield* print(
+    `phase 1: ${total} delivered in ${seconds.toFixed(1)} s = ${throughput.toFixed(0)} deliveries/s; worker process CPU ${(((cpu.user + cpu.system) / 1e6 / seconds) * 100).toFixed(0)}% (${((cpu.user + cpu.system) / 1000 / total).toFixed(2)} ms/delivery), event loop ${(elu * 100).toFixed(0)}% busy, ${claims} claims (${(claimMs / Math.max(1, claims)).toFixed(1)} ms each), on average ${avgHeld.toFixed(0)} rows held / ${avgInFlight.toFixed(0)} requests in flight; peak RSS ${mib(peakRss)} MiB`
+  )
+
+  // 2. steady offered load
+  const before = yield* Effect.provide(count("true"), pipeline)
+  const eventsPerTick = Math.max(1, Math.round(RATE / FANOUT / 10))
+  const ticks = Math.max(1, Math.round(STEADY_SECONDS * 10))
+  const steadyStart = yield* sql<{ now: Date }>`SELECT now() AS now`
+  const start = performance.now()
+  for (let k = 0; k < ticks; k++) {
+    const due = start + k * 100
+    const wait = due - performance.now()
+    if (wait > 0) yield* Effect.sleep(Duration.millis(wait))
+    yield* Effect.provide(enqueueEvents(eventsPerTick), pipeline)
+  }
+  const offered = (yield* Effect.provide(count("true"), pipeline)) - before
+  yield* Effect.provide(waitUntil("status = 'delivered'", before + offered, Duration.minutes(5)), pipeline)
+  const lat = yield* sql<{ ms: number }>`
+    SELECT (extract(epoch FROM a.started_at - o.created_at) * 1000)::float8 AS ms
+    FROM outbox o JOIN delivery_attempts a ON a.delivery_id = o.delivery_id AND a.attempt = 1
+    WHERE o.created_at >= ${steadyStart[0]?.now ?? new Date(0)}
+    ORDER BY 1`
+  const sorted = lat.map((r) => r.ms)
+  yield* print(
+    `phase 2: ${offered} deliveries offered at ${(offered / ((performance.now() - start) / 1000)).toFixed(0)}/s (target ${RATE}/s): enqueue → first attempt p50 ${percentile(sorted, 50).toFixed(1)} ms, p99 ${percentile(sorted, 99).toFixed(1)} ms, max ${(sorted[sorted.length - 1] ?? Number.NaN).toFixed(1)} ms; RSS ${mib(process.memoryUsage().rss)} MiB`
+  )
+
+  // 3. bare limit
+  const body = yield* sql<{ n: number }>`SELECT avg(octet_length(body))::int AS n FROM delivery_events`
+  const bodyBytes = Number(body[0]?.n ?? 300)
+  const bare = yield* bareLimit(ports, Math.min(total, 100_000), bodyBytes)
+  yield* print(
+    `phase 3: bare node:http loop, concurrency ${CONCURRENCY}, ${bodyBytes}-byte bodies: ${bare.toFixed(0)} requests/s; worker/bare = ${(throughput / bare).toFixed(2)}`
+  )
+  // 4. the transport alone: SafeHttp with signed requests, same concurrency, same receivers
+  const transport = yield* Effect.provide(
+    SafeHttp,
+    SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [], maxSocketsPerHost: CONCURRENCY })
+  )
+  const requests = Math.min(total, 20_000)
+  const sample = "a".repeat(bodyBytes)
+  const t4 = performance.now()
+  yield* Effect.forEach(
+    Array.from({ length: requests }, (_, i) => i),
+    (i) =>
+      transport
+        .request({
+          url: `http://127.0.0.1:${ports[i % ports.length]}/h/${i % WEBHOOKS}`,
+          method: "POST",
+          headers: {
+            "Content-Type": "application/json",
+            ...signatureHeaders({ secret: `bench-secret-${i}`, deliveryId: `whd_${i}`, timestampSeconds: 1_800_000_000, body: sample })
+          },
+          body: sample,
+          timeoutMs: 10_000,
+          maxResponseBytes: 64 * 1024
+        })
+        .pipe(Effect.ignore),
+    { concurrency: CONCURRENCY, discard: true }
+  )
+  const safeHttpRate = requests / ((performance.now() - t4) / 1000)
+  yield* print(
+    `phase 4: SafeHttp alone (signed, concurrency ${CONCURRENCY}, no database): ${safeHttpRate.toFixed(0)} requests/s; worker/SafeHttp = ${(throughput / safeHttpRate).toFixed(2)}`
+  )
+  yield* print(
+    `summary: deliveries/s ${throughput.toFixed(0)} | p50 ${percentile(sorted, 50).toFixed(1)} ms | p99 ${percentile(sorted, 99).toFixed(1)} ms | peak RSS ${mib(peakRss)} MiB | bare ${bare.toFixed(0)}/s | ratio ${(throughput / bare).toFixed(2)} | SafeHttp alone ${safeHttpRate.toFixed(0)}/s`
+  )
+  yield* Fiber.interrupt(sampler)
+})
+
+Effect.runPromise(
+  program.pipe(
+    Effect.scoped,
+    Effect.provide(Logger.minimumLogLevel(LogLevel.Warning))
+  )
+).then(
+  () => process.exit(0),
+  (e: unknown) => {
+    process.stderr.write(`bench failed: ${String(e)}\n`)
+    process.exit(1)
+  }
+)

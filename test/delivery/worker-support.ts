@@ -1,0 +1,286 @@
+/**
+ * Shared pieces of the delivery worker tests: real HTTP receivers on 127.0.0.1 that verify every
+ * signature (the `standardwebhooks` library, plus an independent recomputation of the wisp
+ * `sha256=` header), the worker layer over a database, and bounded database polling.
+ */
+import { createHmac } from "node:crypto"
+import * as Http from "node:http"
+import type * as Net from "node:net"
+import { SqlClient } from "@effect/sql"
+import type { PgClient } from "@effect/sql-pg"
+import { Context, Data, Duration, Effect, Either, Layer, type Redacted } from "effect"
+import type { Scope } from "effect"
+import { Webhook } from "standardwebhooks"
+import { Destinations } from "../../src/delivery/Destinations.js"
+import { FirehookConfig, type FirehookConfigShape, layerValue } from "../../src/services/Config.js"
+import * as Database from "../../src/services/Database.js"
+import * as Delivery from "../../src/services/Delivery.js"
+import * as DeliveryStore from "../../src/services/DeliveryStore.js"
+import * as Health from "../../src/services/Health.js"
+import * as Lifecycle from "../../src/services/Lifecycle.js"
+import { type AuditEvent, Publisher } from "../../src/services/Publisher.js"
+import * as RegistryStore from "../../src/services/RegistryStore.js"
+import { parseAllowCidrs, SafeHttp } from "../../src/services/SafeHttp.js"
+import { Secrets } from "../../src/services/Secrets.js"
+
+// ---------------------------------------------------------------------------------------------
+// Receivers
+
+export interface Received {
+  readonly method: string
+  readonly path: string
+  readonly headers: Http.IncomingHttpHeaders
+  /** header names in the order received, lowercased */
+  readonly headerNames: ReadonlyArray<string>
+  readonly body: Buffer
+  /** performance.now() at arrival */
+  readonly at: number
+  /** undefined when no secret is known for the request's webhook */
+  readonly verified: { readonly standard: boolean; readonly wisp: boolean } | undefined
+}
+
+export interface Receiver {
+  readonly url: string
+  readonly port: number
+  readonly received: Array<Received>
+  /** requests per `webhook-id` (= delivery id) */
+  readonly hits: Map<string, number>
+}
+
+/** What a request gets: a status, headers and a body; or `"hang"` (never answered). */
+export type Reply = { readonly status: number; readonly headers?: Record<string, string>; readonly body?: string | Buffer } | "hang"
+
+/**
+ * The default replies by path: `/status/<code>`, `/retry-after/<seconds>` (503 + Retry-After),
+ * `/redirect` (302), `/big` (200 with a 70 KiB body), `/hang`, anything else 200 `ok`.
+ */
+export const routeByPath = (path: string): Reply => {
+  const status = /^\/status\/(\d{3})/.exec(path)
+  if (status !== null) return { status: Number(status[1]) }
+  const retryAfter = /^\/retry-after\/(\d+)/.exec(path)
+  if (retryAfter !== null) return { status: 503, headers: { "retry-after": retryAfter[1] ?? "1" } }
+  if (path.startsWith("/redirect")) return { status: 302, headers: { location: "http://127.0.0.1:1/elsewhere" } }
+  if (path.startsWith("/big")) return { status: 200, body: Buffer.alloc(70 * 1024, 0x61) }
+  if (path.startsWith("/hang")) return "hang"
+  return { status: 200, body: "ok" }
+}
+
+const verify = (secret: string, body: Buffer, headers: Http.IncomingHttpHeaders) => {
+  const plain: Record<string, string> = {}
+  for (const [k, v] of Object.entries(headers)) if (typeof v === "string") plain[k] = v
+  const wh = secret.startsWith("whsec_") ? new Webhook(secret) : new Webhook(secret, { format: "raw" })
+  const standard = Either.isRight(Either.try(() => wh.verify(body.toString("utf8"), plain)))
+  const expected = "sha256=" + createHmac("sha256", Buffer.from(secret, "utf8")).update(body).digest("hex")
+  return { standard, wisp: headers["x-webhook-signature"] === expected }
+}
+
+/**
+ * A receiver on 127.0.0.1 for the lifetime of the scope. `secretFor` maps the `X-Firehook-Webhook`
+ * header to the webhook's secret; every signed request is verified both ways.
+ */
+export const receiver = (options: {
+  readonly reply?: (path: string, req: Received) => Reply
+  readonly secretFor?: (webhookUri: string) => string | undefined
+} = {}): Effect.Effect<Receiver, never, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.async<{ receiver: Receiver; server: Http.Server; sockets: Set<Net.Socket> }>((resume) => {
+      const received: Array<Received> = []
+      const hits = new Map<string, number>()
+      const sockets = new Set<Net.Socket>()
+      const server = Http.createServer((req, res) => {
+        const chunks: Array<Buffer> = []
+        req.on("data", (c: Buffer) => chunks.push(c))
+        req.on("end", () => {
+          const body = Buffer.concat(chunks)
+          const webhook = req.headers["x-firehook-webhook"]
+          const secret = typeof webhook === "string" ? options.secretFor?.(webhook) : undefined
+          const headerNames: Array<string> = []
+          for (let i = 0; i < req.rawHeaders.length; i += 2) headerNames.push((req.rawHeaders[i] ?? "").toLowerCase())
+          const entry: Received = {
+            method: req.method ?? "",
+            path: req.url ?? "",
+            headers: req.headers,
+            headerNames,
+            body,
+            at: performance.now(),
+            verified: secret === undefined ? undefined : verify(secret, body, req.headers)
+          }
+          received.push(entry)
+          const id = req.headers["webhook-id"] ?? req.headers["idempotency-key"]
+          if (typeof id === "string") hits.set(id, (hits.get(id) ?? 0) + 1)
+          const reply = (options.reply ?? ((p: string) => routeByPath(p)))(entry.path, entry)
+          if (reply === "hang") return
+          res.writeHead(reply.status, reply.headers ?? {})
+          res.end(reply.body ?? "")
+        })
+      })
+      server.keepAliveTimeout = 5_000
+      server.on("connection", (s: Net.Socket) => {
+        sockets.add(s)
+        s.on("close", () => sockets.delete(s))
+      })
+      server.listen(0, "127.0.0.1", () => {
+        const addr = server.address()
+        const port = typeof addr === "object" && addr !== null ? addr.port : 0
+        resume(Effect.succeed({ receiver: { url: `http://127.0.0.1:${port}`, port, received, hits }, server, sockets }))
+      })
+    }),
+    ({ server, sockets }) =>
+      Effect.async<void>((resume) => {
+        for (const s of sockets) s.destroy()
+        server.close(() => resume(Effect.void))
+      })
+  ).pipe(Effect.map((r) => r.receiver))
+
+/** A port nothing listens on (bound, then closed). */
+export const closedPort = Effect.async<number>((resume) => {
+  const server = Http.createServer()
+  server.listen(0, "127.0.0.1", () => {
+    const addr = server.address()
+    const port = typeof addr === "object" && addr !== null ? addr.port : 0
+    server.close(() => resume(Effect.succeed(port)))
+  })
+})
+
+/** A fresh `whsec_` secret (32 fixed bytes derived from `n`). */
+export const whsec = (n: number): string => "whsec_" + Buffer.alloc(32, n).toString("base64")
+
+// ---------------------------------------------------------------------------------------------
+// The worker
+
+export const recordingPublisher = () => {
+  const events: Array<AuditEvent> = []
+  const layer = Layer.succeed(Publisher, {
+    publish: (e: AuditEvent) =>
+      Effect.sync(() => {
+        events.push(e)
+      }),
+    stats: Effect.succeed({ configured: false, connected: false, dropped: 0, published: events.length })
+  })
+  return { events, layer }
+}
+
+const safeHttpFromConfig = Layer.unwrapEffect(
+  Effect.map(FirehookConfig, (c) =>
+    SafeHttp.layerDefault({
+      allowInsecureDev: c.allowInsecureDev,
+      allowCidrs: Either.getOrElse(parseAllowCidrs(c.delivery.allowCidrs.join(",")), () => [])
+    })
+  )
+)
+
+export interface WorkerSetup {
+  readonly options?: Delivery.DeliveryOptions
+  readonly secrets?: ReadonlyArray<{ readonly ownerDid: string; readonly name: string; readonly token: string }>
+  readonly publisher?: Layer.Layer<Publisher>
+}
+
+/**
+ * The worker and everything it needs except the database and the configuration. Outputs the
+ * worker, Health and Lifecycle (so tests can read health and run a shutdown).
+ */
+export const workerLayer = (setup: WorkerSetup = {}) =>
+  Delivery.layer(setup.options).pipe(
+    Layer.provideMerge(
+      Layer.mergeAll(
+        DeliveryStore.layerSql,
+        RegistryStore.layerSql,
+        Secrets.layerMemory(setup.secrets ?? []),
+        safeHttpFromConfig,
+        Destinations.layer,
+        setup.publisher ?? recordingPublisher().layer,
+        Health.layer.pipe(Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: Duration.seconds(10) })))
+      )
+    )
+  )
+
+export interface Worker {
+  readonly delivery: Delivery.DeliveryShape
+  readonly health: Health.HealthShape
+  readonly lifecycle: Lifecycle.LifecycleShape
+}
+
+/** Start a worker for the lifetime of the scope. */
+export const startWorker = (
+  setup: WorkerSetup = {}
+): Effect.Effect<Worker, never, Scope.Scope | SqlClient.SqlClient | PgClient.PgClient | FirehookConfig> =>
+  Effect.map(Layer.build(workerLayer(setup)), (ctx) => ({
+    delivery: Context.get(ctx, Delivery.Delivery),
+    health: Context.get(ctx, Health.Health),
+    lifecycle: Context.get(ctx, Lifecycle.Lifecycle)
+  }))
+
+// ---------------------------------------------------------------------------------------------
+// Database helpers
+
+export class TimedOut extends Data.TaggedError("TimedOut")<{ readonly what: string }> {}
+
+/** Re-run `eff` every 25 ms until `until` holds; fails after `timeoutMs`. */
+export const eventually = <A, E, R>(
+  what: string,
+  eff: Effect.Effect<A, E, R>,
+  until: (a: A) => boolean,
+  timeoutMs = 10_000
+): Effect.Effect<A, E | TimedOut, R> => {
+  const loop: Effect.Effect<A, E, R> = Effect.flatMap(eff, (a) =>
+    until(a) ? Effect.succeed(a) : Effect.zipRight(Effect.sleep(Duration.millis(25)), Effect.suspend(() => loop))
+  )
+  return loop.pipe(
+    Effect.timeoutFail({ duration: Duration.millis(timeoutMs), onTimeout: () => new TimedOut({ what }) })
+  )
+}
+
+export interface OutboxState {
+  readonly delivery_id: string
+  readonly webhook_rkey: string
+  readonly status: string
+  readonly attempt_count: number
+  readonly last_error_kind: string | null
+  readonly last_http_status: number | null
+  readonly lease_token: string | null
+  readonly finished_at: Date | null
+  /** next_attempt_at − updated_at, seconds */
+  readonly delay_s: number
+  /** next_attempt_at − now(), seconds */
+  readonly due_in_s: number
+}
+
+export const outboxRows = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  sql<OutboxState>`
+    SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind, last_http_status, lease_token, finished_at,
+      extract(epoch FROM next_attempt_at - updated_at)::float8 AS delay_s,
+      extract(epoch FROM next_attempt_at - now())::float8 AS due_in_s
+    FROM outbox ORDER BY webhook_rkey, delivery_id`
+).pipe(Effect.orDie)
+
+export const countWhere = (table: string, where: string) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql.unsafe<{ n: number }>(`SELECT count(*)::int AS n FROM ${table} WHERE ${where}`)
+  ).pipe(
+    Effect.map((r) => Number(r[0]?.n ?? 0)),
+    Effect.orDie
+  )
+
+/**
+ * Start a worker on its own connection pool to the database at `url` (a second "process"), in
+ * `scope` (closing it interrupts the worker like a crash would: nothing is handed back).
+ */
+export const startWorkerOn = (
+  url: Redacted.Redacted<string>,
+  config: FirehookConfigShape,
+  setup: WorkerSetup,
+  scope: Scope.Scope
+): Effect.Effect<Worker> =>
+  Effect.map(
+    Layer.buildWithScope(
+      workerLayer(setup).pipe(
+        Layer.provide(Layer.mergeAll(Database.layerUrl(url, { maxConnections: 16 }), layerValue(config)))
+      ),
+      scope
+    ),
+    (ctx) => ({
+      delivery: Context.get(ctx, Delivery.Delivery),
+      health: Context.get(ctx, Health.Health),
+      lifecycle: Context.get(ctx, Lifecycle.Lifecycle)
+    })
+  ).pipe(Effect.orDie)

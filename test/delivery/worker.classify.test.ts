@@ -1,0 +1,167 @@
+/**
+ * Failure classification (SPEC §4.3) through real responses from a real receiver: which answers are
+ * retried (and when), which are dead-lettered, 410 marking the subscription gone, timeouts,
+ * refused connections, oversized responses and Retry-After.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { Processor } from "../../src/services/Processor.js"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
+import { closedPort, countWhere, eventually, outboxRows, receiver, recordingPublisher, startWorker } from "./worker-support.js"
+
+const OWNER = plc(1)
+const BOB = plc(2)
+const POST = "app.bsky.feed.post"
+const SECRET = "classification-secret-0123456789"
+
+const run = (batch: ReadonlyArray<StreamEvent>) =>
+  Effect.flatMap(Processor, (p) => p.processEvents(batch, { registryWriter: true }))
+
+/** rkey → path on the receiver, and what must become of the delivery. */
+const CASES: ReadonlyArray<{
+  readonly rkey: string
+  readonly path: string
+  readonly status: "pending" | "dead_letter" | "delivered"
+  readonly kind: string | null
+  readonly http: number | null
+}> = [
+  { rkey: "s200", path: "/status/200", status: "delivered", kind: null, http: 200 },
+  { rkey: "s204", path: "/status/204", status: "delivered", kind: null, http: 204 },
+  { rkey: "s408", path: "/status/408", status: "pending", kind: "http_5xx", http: 408 },
+  { rkey: "s409", path: "/status/409", status: "pending", kind: "http_5xx", http: 409 },
+  { rkey: "s423", path: "/status/423", status: "pending", kind: "http_5xx", http: 423 },
+  { rkey: "s425", path: "/status/425", status: "pending", kind: "http_5xx", http: 425 },
+  { rkey: "s429", path: "/status/429", status: "pending", kind: "http_429", http: 429 },
+  { rkey: "s500", path: "/status/500", status: "pending", kind: "http_5xx", http: 500 },
+  { rkey: "s503", path: "/status/503", status: "pending", kind: "http_5xx", http: 503 },
+  { rkey: "s400", path: "/status/400", status: "dead_letter", kind: "http_4xx", http: 400 },
+  { rkey: "s404", path: "/status/404", status: "dead_letter", kind: "http_4xx", http: 404 },
+  { rkey: "s410", path: "/status/410", status: "dead_letter", kind: "gone", http: 410 },
+  { rkey: "s302", path: "/redirect", status: "dead_letter", kind: "redirect", http: 302 },
+  { rkey: "hang", path: "/hang", status: "pending", kind: "timeout", http: null },
+  { rkey: "big", path: "/big", status: "dead_letter", kind: "response_too_large", http: null },
+  { rkey: "ra120", path: "/retry-after/120", status: "pending", kind: "http_5xx", http: 503 }
+]
+
+const ENV = {
+  WEBHOOK_ALLOW_INSECURE_DEV: "1",
+  DELIVERY_TIMEOUT_MS: "300",
+  // retries must not come back during the test
+  DELIVERY_RETRY_BASE_MS: "600000",
+  DELIVERY_RETRY_MAX_MS: "3600000"
+}
+
+describe("delivery worker: classification through real responses", () => {
+  it.scopedLive(
+    "every class settles as SPEC §4.3 says",
+    () =>
+      Effect.gen(function* () {
+        const rx = yield* receiver({ secretFor: () => SECRET })
+        const refused = yield* closedPort
+        const publisher = recordingPublisher()
+        const registrations = [
+          ...CASES.map((c) => whEv(OWNER, c.rkey, whRecordValue(`at://${BOB}`, { url: `${rx.url}${c.path}`, secret: SECRET }), { rev: rev(1) })),
+          whEv(OWNER, "refused", whRecordValue(`at://${BOB}`, { url: `http://127.0.0.1:${refused}/hook`, secret: SECRET }), { rev: rev(1) })
+        ]
+        yield* run(registrations)
+        yield* startWorker({ options: { pollIntervalMs: 100 }, publisher: publisher.layer })
+        const r = yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+        expect(r.inserted).toBe(CASES.length + 1)
+
+        const rows = yield* eventually(
+          "every delivery attempted once",
+          outboxRows,
+          (rs) => rs.length === CASES.length + 1 && rs.every((x) => x.lease_token === null && x.attempt_count === 1),
+          20_000
+        )
+        const byRkey = new Map(rows.map((x) => [x.webhook_rkey, x]))
+        for (const c of CASES) {
+          const row = byRkey.get(c.rkey)
+          expect({ rkey: c.rkey, status: row?.status, kind: row?.last_error_kind, http: row?.last_http_status }).toEqual({
+            rkey: c.rkey,
+            status: c.status,
+            kind: c.kind,
+            http: c.http
+          })
+          if (c.status === "pending") {
+            if (c.rkey === "ra120") {
+              // Retry-After: 120 (seconds) overrides the backoff exactly
+              expect(row?.delay_s).toBeGreaterThan(119.9)
+              expect(row?.delay_s).toBeLessThan(120.1)
+            } else {
+              // equal jitter on the 600 s base: [300, 600] s
+              expect(row?.delay_s).toBeGreaterThanOrEqual(299.9)
+              expect(row?.delay_s).toBeLessThanOrEqual(600.1)
+            }
+            expect(row?.finished_at).toBeNull()
+          } else {
+            expect(row?.finished_at).not.toBeNull()
+          }
+        }
+        expect(byRkey.get("refused")).toMatchObject({ status: "pending", last_error_kind: "network", attempt_count: 1 })
+
+        // 410: the subscription is marked gone (no more deliveries until its record changes)
+        const sql = yield* SqlClient.SqlClient
+        const gone = yield* sql<{ rkey: string }>`SELECT rkey FROM webhooks WHERE gone_at IS NOT NULL`
+        expect(gone.map((g) => g.rkey)).toEqual(["s410"])
+
+        // the receiver saw one request per reachable case, every one signed and verified
+        expect(rx.received.length).toBe(CASES.length)
+        expect(rx.received.every((q) => q.verified?.standard === true && q.verified.wisp === true)).toBe(true)
+
+        // attempts recorded with their class; audit and publishing only for terminal outcomes
+        expect(yield* countWhere("delivery_attempts", "attempt = 1")).toBe(CASES.length + 1)
+        expect(yield* countWhere("delivery_attempts", "outcome = 'retry' AND error_kind = 'timeout' AND http_status IS NULL")).toBe(1)
+        expect(yield* countWhere("delivery_attempts", "response_excerpt IS NOT NULL AND octet_length(response_excerpt) > 1024")).toBe(0)
+        const terminal = CASES.filter((c) => c.status !== "pending").length
+        expect(yield* countWhere("audit", "true")).toBe(terminal)
+        expect(yield* countWhere("audit", "status = 'dead_letter' AND error_kind = 'gone' AND http_status = 410")).toBe(1)
+        yield* eventually("published", Effect.sync(() => publisher.events.length), (n) => n >= terminal)
+        expect(publisher.events.filter((e) => e.status === "dead_letter").map((e) => e.errorKind).sort()).toEqual(
+          ["gone", "http_4xx", "http_4xx", "redirect", "response_too_large"]
+        )
+
+        // a later event for the gone subscription is cancelled without a request
+        yield* run([ev(BOB, POST, "p2", { rev: rev(11) })])
+        yield* eventually(
+          "second event settled for s410",
+          countWhere("outbox", `webhook_rkey = 's410' AND status = 'cancelled' AND last_error_kind = 'subscription_changed'`),
+          (n) => n === 1
+        )
+        expect(rx.received.filter((q) => q.path === "/status/410").length).toBe(1)
+        expect(rx.received.every((q) => String(q.headers["x-firehook-webhook"]).startsWith(`at://${OWNER}/${WH}/`))).toBe(true)
+      }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))),
+    60_000
+  )
+
+  it.scopedLive(
+    "attempts are capped at DELIVERY_MAX_ATTEMPTS, then dead-lettered",
+    () =>
+      Effect.gen(function* () {
+        const rx = yield* receiver()
+        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/500` }), { rev: rev(1) })])
+        yield* startWorker({ options: { pollIntervalMs: 20 } })
+        yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+        const rows = yield* eventually("dead letter", outboxRows, (rs) => rs[0]?.status === "dead_letter", 20_000)
+        expect(rows[0]).toMatchObject({ attempt_count: 3, last_error_kind: "http_5xx", last_http_status: 500 })
+        expect(rx.received.length).toBe(3)
+        expect(yield* countWhere("delivery_attempts", "true")).toBe(3)
+        expect(yield* countWhere("delivery_attempts", "outcome = 'dead_letter' AND attempt = 3")).toBe(1)
+      }).pipe(
+        Effect.scoped,
+        Effect.provide(
+          sqlStack({
+            env: {
+              WEBHOOK_ALLOW_INSECURE_DEV: "1",
+              DELIVERY_MAX_ATTEMPTS: "3",
+              DELIVERY_RETRY_BASE_MS: "50",
+              DELIVERY_RETRY_MAX_MS: "100"
+            }
+          })
+        )
+      ),
+    60_000
+  )
+})

@@ -1,0 +1,255 @@
+/**
+ * Leases on real PostgreSQL (SPEC §4.1): two workers with their own pools share one table and
+ * deliver every row exactly once; a worker interrupted mid-attempt leaves its row leased until the
+ * lease expires, then another worker reclaims and delivers it; a worker that lost its lease can
+ * never overwrite the row; the claim honours per-origin room.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, FiberId, Layer, type Redacted, Scope } from "effect"
+import * as Config from "../../src/services/Config.js"
+import * as Database from "../../src/services/Database.js"
+import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/DeliveryStore.js"
+import * as Outbox from "../../src/services/Outbox.js"
+import * as PriorRefsStore from "../../src/services/PriorRefsStore.js"
+import { Processor } from "../../src/services/Processor.js"
+import * as ProcessorModule from "../../src/services/Processor.js"
+import * as Registry from "../../src/services/Registry.js"
+import * as RegistryStore from "../../src/services/RegistryStore.js"
+import { Tx } from "../../src/services/Store.js"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import * as Db from "../support/db.js"
+import { ev, plc, rev, sqlStack, testConfig, whEv, whRecordValue } from "../support/stack.js"
+import { countWhere, eventually, outboxRows, receiver, type Reply, startWorkerOn, whsec } from "./worker-support.js"
+
+const BOB = plc(2)
+const POST = "app.bsky.feed.post"
+
+const run = (batch: ReadonlyArray<StreamEvent>) =>
+  Effect.flatMap(Processor, (p) => p.processEvents(batch, { registryWriter: true }))
+
+/** The matching pipeline on the database at `url` (the "intake" side of the test). */
+const stackOn = (url: Redacted.Redacted<string>, config: Config.FirehookConfigShape) =>
+  ProcessorModule.layer().pipe(
+    Layer.provideMerge(Registry.layer),
+    Layer.provideMerge(
+      Layer.mergeAll(RegistryStore.layerSql, PriorRefsStore.layerSql, Outbox.layerSql, Tx.layerSql, deliveryStoreSql)
+    ),
+    Layer.provideMerge(Layer.mergeAll(Database.layerUrl(url), Config.layerValue(config)))
+  )
+
+/** Run `eff` against a fresh database whose URL it also gets (to start more "processes" on it). */
+const onFreshDatabase = <A, E>(
+  config: Config.FirehookConfigShape,
+  eff: (url: Redacted.Redacted<string>) => Effect.Effect<A, E, Layer.Layer.Success<ReturnType<typeof stackOn>> | Scope.Scope>
+) =>
+  Effect.flatMap(Db.freshDatabase, ({ url }) => Effect.provide(Effect.scoped(eff(url)), stackOn(url, config)))
+
+describe("delivery leases on PostgreSQL", () => {
+  const config = testConfig({
+    WEBHOOK_ALLOW_INSECURE_DEV: "1",
+    DELIVERY_CONCURRENCY: "64",
+    DELIVERY_PER_ORIGIN_CONCURRENCY: "64",
+    // the receiver shares the test process: on a loaded machine a request can take seconds
+    DELIVERY_TIMEOUT_MS: "30000",
+    DELIVERY_RETRY_BASE_MS: "100"
+  })
+
+  it.scopedLive(
+    "two workers on one table: 10,000 rows, each delivered exactly once",
+    () =>
+      onFreshDatabase(config, (url) =>
+        Effect.gen(function* () {
+          const secret = whsec(3)
+          const rx = yield* receiver({ secretFor: () => secret })
+          const owners = Array.from({ length: 10 }, (_, i) => plc(100 + i))
+          yield* run(owners.map((o) => whEv(o, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secret }), { rev: rev(1) })))
+          const r = yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+          expect(r.inserted).toBe(10)
+          // 9,990 more rows for the same subscriptions (distinct delivery ids), straight into the table
+          const sql = yield* SqlClient.SqlClient
+          yield* sql`
+            INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+              event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
+            SELECT o.delivery_id || '_' || g, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
+              o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id, o.fingerprint
+            FROM outbox o CROSS JOIN generate_series(1, 999) g`
+          expect(yield* countWhere("outbox", "status = 'pending'")).toBe(10_000)
+
+          const scope = yield* Effect.scope
+          const a = yield* startWorkerOn(url, config, { options: { workerId: "worker-a" } }, scope)
+          const b = yield* startWorkerOn(url, config, { options: { workerId: "worker-b" } }, scope)
+          yield* eventually(
+            "10,000 delivered",
+            countWhere("outbox", "status = 'delivered'"),
+            (n) => n === 10_000,
+            85_000
+          )
+          // Every row was sent once per attempt the database recorded for it, and no row was ever in
+          // two workers' hands at once: a second holder's request would show up as a receiver hit
+          // without a recorded attempt (its settle is refused), so hits == attempts for every row.
+          // (A request that times out under heavy load is legitimately retried: at least once.)
+          const perRow = yield* sql<{ delivery_id: string; attempt_count: number; recorded: number }>`
+            SELECT o.delivery_id, o.attempt_count, (SELECT count(*)::int FROM delivery_attempts a WHERE a.delivery_id = o.delivery_id) AS recorded
+            FROM outbox o`
+          expect(perRow.length).toBe(10_000)
+          const mismatched = perRow.filter((r) => rx.hits.get(r.delivery_id) !== r.attempt_count || r.recorded !== r.attempt_count)
+          expect(mismatched).toEqual([])
+          const firstTry = perRow.filter((r) => r.attempt_count === 1).length
+          // on an idle machine every row is delivered by its first attempt
+          expect(firstTry).toBeGreaterThan(9_900)
+          expect(rx.hits.size).toBe(10_000)
+          expect(rx.received.length).toBe(perRow.reduce((n, r) => n + r.attempt_count, 0))
+          expect(rx.received.every((q) => q.verified?.standard === true && q.verified.wisp === true)).toBe(true)
+          const sa = yield* a.delivery.stats
+          const sb = yield* b.delivery.stats
+          expect(sa.attempts + sb.attempts).toBe(rx.received.length)
+          expect(sa.attempts).toBeGreaterThan(0)
+          expect(sb.attempts).toBeGreaterThan(0)
+          expect(yield* countWhere("delivery_attempts", "outcome = 'delivered'")).toBe(10_000)
+          expect(yield* countWhere("audit", "status = 'delivered'")).toBe(10_000)
+          expect(yield* countWhere("outbox", "lease_token IS NOT NULL OR leased_until IS NOT NULL")).toBe(0)
+        })
+      ),
+    // about 20 s on an idle 2-CPU machine; the margin is for a loaded one
+    90_000
+  )
+
+  it.scopedLive(
+    "an interrupted worker leaves its row leased; another worker reclaims it after the lease and delivers it",
+    () =>
+      onFreshDatabase(config, (url) =>
+        Effect.gen(function* () {
+          const seen = new Set<string>()
+          // the first request of each delivery hangs; later ones succeed
+          const reply = (_: string, req: { readonly headers: Record<string, unknown> }): Reply => {
+            const id = String(req.headers["webhook-id"])
+            if (seen.has(id)) return { status: 200 }
+            seen.add(id)
+            return "hang"
+          }
+          const rx = yield* receiver({ reply })
+          yield* run([whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secret: "s3cr3t-for-lease-test" }), { rev: rev(1) })])
+          yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+          const sql = yield* SqlClient.SqlClient
+          const leaseOf = sql<{ lease_token: string | null; status: string; attempt_count: number; until_ms: number }>`
+            SELECT lease_token, status, attempt_count,
+              (extract(epoch FROM leased_until) * 1000)::float8 AS until_ms FROM outbox`.pipe(
+            Effect.map((rows) => rows[0]),
+            Effect.orDie
+          )
+
+          const scopeA = yield* Scope.make()
+          yield* startWorkerOn(url, config, { options: { workerId: "worker-a", leaseMs: 1_500, pollIntervalMs: 100 } }, scopeA)
+          yield* eventually("the hanging request", Effect.sync(() => rx.received.length), (n) => n === 1)
+          const first = yield* leaseOf
+          expect(first?.lease_token?.startsWith("worker-a:")).toBe(true)
+
+          // worker B runs alongside and must not take the row while A keeps renewing its lease
+          const scopeB = yield* Effect.scope
+          yield* startWorkerOn(url, config, { options: { workerId: "worker-b", leaseMs: 1_500, pollIntervalMs: 100 } }, scopeB)
+          const renewed = yield* eventually(
+            "two renewals by A",
+            leaseOf,
+            (l) => l !== undefined && l.until_ms > (first?.until_ms ?? 0) + 900,
+            10_000
+          )
+          expect(renewed?.lease_token).toBe(first?.lease_token)
+          expect(rx.received.length).toBe(1)
+
+          // interrupt A (like a crash): nothing is handed back, the row stays leased, no attempt spent
+          yield* Scope.close(scopeA, Exit.interrupt(FiberId.none))
+          const orphan = yield* leaseOf
+          expect(orphan).toMatchObject({ status: "leased", attempt_count: 0, lease_token: first?.lease_token })
+
+          // after the lease expires B reclaims the row and delivers it
+          yield* eventually("delivered by B", leaseOf, (l) => l?.status === "delivered", 15_000)
+          expect(rx.received.length).toBe(2)
+          const audit = yield* sql<{ at_ms: number }>`
+            SELECT (extract(epoch FROM created_at) * 1000)::float8 AS at_ms FROM audit`
+          expect(audit.length).toBe(1)
+          expect(audit[0]?.at_ms ?? 0).toBeGreaterThanOrEqual(orphan?.until_ms ?? Number.POSITIVE_INFINITY)
+          expect(yield* countWhere("delivery_attempts", "true")).toBe(1)
+          expect((yield* outboxRows)[0]).toMatchObject({ attempt_count: 1, last_http_status: 200 })
+        })
+      ),
+    60_000
+  )
+
+  it.scopedLive(
+    "a worker that lost its lease cannot settle or renew the row",
+    () =>
+      Effect.gen(function* () {
+        yield* run([whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: "https://receiver.example/hook" }), { rev: rev(1) })])
+        yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+        const store = yield* DeliveryStore
+        const old = yield* store.claim("w1", 10, 200)
+        expect(old.rows.length).toBe(1)
+        const stale = old.rows[0]
+        if (stale === undefined) return
+        expect(stale.leaseToken.startsWith("w1:")).toBe(true)
+        // the lease has not expired: nobody else can claim it
+        expect((yield* store.claim("w2", 10, 60_000)).rows.length).toBe(0)
+        yield* eventually("lease expired", countWhere("outbox", "leased_until < now()"), (n) => n === 1)
+        const fresh = yield* store.claim("w2", 10, 60_000)
+        expect(fresh.rows.map((r) => r.deliveryId)).toEqual([stale.deliveryId])
+        const mine = fresh.rows[0]
+        if (mine === undefined) return
+        expect(mine.leaseToken.startsWith("w2:")).toBe(true)
+        expect(mine.leaseToken).not.toBe(stale.leaseToken)
+
+        const id = stale.deliveryId
+        const t = stale.leaseToken
+        expect(yield* store.heartbeat(id, t, 60_000)).toBe(false)
+        expect(yield* store.markDelivered(id, t, { attemptCount: 1, httpStatus: 200 })).toBe(false)
+        expect(yield* store.reschedule(id, t, { attemptCount: 1, delayMs: 1000, errorKind: "http_5xx", httpStatus: 500 })).toBe(false)
+        expect(yield* store.defer(id, t, 1000)).toBe(false)
+        expect(yield* store.deadLetter(id, t, { attemptCount: 1, errorKind: "http_4xx", httpStatus: 400 })).toBe(false)
+        expect(yield* store.cancel(id, t, "subscription_changed")).toBe(false)
+        const [row] = yield* outboxRows
+        expect(row).toMatchObject({ status: "leased", lease_token: mine.leaseToken, attempt_count: 0, last_error_kind: null })
+        expect(yield* countWhere("audit", "true")).toBe(0)
+
+        // the current holder can
+        expect(yield* store.heartbeat(id, mine.leaseToken, 60_000)).toBe(true)
+        expect(
+          yield* store.markDelivered(id, mine.leaseToken, {
+            attemptCount: 1,
+            httpStatus: 200,
+            attempt: { startedAtMs: 1_700_000_000_000, durationMs: 5, outcome: "delivered", errorKind: undefined, httpStatus: 200, responseExcerpt: "x".repeat(5000) }
+          })
+        ).toBe(true)
+        expect(yield* store.markDelivered(id, mine.leaseToken, { attemptCount: 2, httpStatus: 200 })).toBe(false)
+        expect(yield* countWhere("audit", "status = 'delivered' AND url = '[redacted]'")).toBe(1)
+        expect(yield* countWhere("delivery_attempts", "octet_length(response_excerpt) = 1024")).toBe(1)
+        expect((yield* outboxRows)[0]).toMatchObject({ status: "delivered", lease_token: null, attempt_count: 1 })
+      }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
+    60_000
+  )
+
+  it.scopedLive(
+    "the claim takes at most the given room per origin and skips full origins",
+    () =>
+      Effect.gen(function* () {
+        yield* run([
+          whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) }),
+          whEv(plc(1), "b", whRecordValue(`at://${BOB}`, { url: "https://B.example:8443/x?y" }), { rev: rev(1) })
+        ])
+        yield* run(Array.from({ length: 5 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
+        const store = yield* DeliveryStore
+        const first = yield* store.claim("w", 10, 60_000, { defaultRoom: 2 })
+        expect(first.rows.length).toBe(4)
+        expect(first.moreDue).toBe(true)
+        const origins = first.rows.map((r) => r.origin).sort()
+        expect(origins).toEqual(["https://a.example", "https://a.example", "https://b.example:8443", "https://b.example:8443"])
+        expect(first.rows.every((r) => r.body !== undefined && r.ageMs >= 0 && r.attemptCount === 0)).toBe(true)
+        const second = yield* store.claim("w", 10, 60_000, { fullOrigins: ["https://a.example"], defaultRoom: 10 })
+        expect(second.rows.map((r) => r.origin)).toEqual(["https://b.example:8443", "https://b.example:8443", "https://b.example:8443"])
+        const third = yield* store.claim("w", 10, 60_000, { rooms: [{ origin: "https://a.example", room: 1 }], defaultRoom: 0 })
+        expect(third.rows.map((r) => r.origin)).toEqual(["https://a.example"])
+        const counts = yield* store.counts
+        expect(counts).toEqual({ pending: 2, leased: 8, deadLetter: 0 })
+      }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
+    60_000
+  )
+})
