@@ -15,6 +15,12 @@ export interface Running {
   readonly exit: Promise<{ code: number | null; signal: NodeJS.Signals | null }>
 }
 
+/** every child still running when the test process exits is killed (a failed test must not leak one) */
+const children = new Set<ChildProcess>()
+process.once("exit", () => {
+  for (const c of children) c.kill("SIGKILL")
+})
+
 export const startFirehook = (env: Record<string, string>): Running => {
   const child = spawn(BUN, ["src/main.ts"], {
     cwd: ROOT,
@@ -25,8 +31,12 @@ export const startFirehook = (env: Record<string, string>): Running => {
   let err = ""
   child.stdout?.on("data", (d: Buffer) => (out += d.toString("utf8")))
   child.stderr?.on("data", (d: Buffer) => (err += d.toString("utf8")))
+  children.add(child)
   const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    child.on("exit", (code, signal) => resolve({ code, signal }))
+    child.on("exit", (code, signal) => {
+      children.delete(child)
+      resolve({ code, signal })
+    })
   )
   return { child, stdout: () => out, stderr: () => err, exit }
 }
