@@ -6,14 +6,13 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Redacted } from "effect"
-import { spawn } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import * as App from "../src/layers/App.js"
 import * as Config from "../src/services/Config.js"
 import * as Database from "../src/services/Database.js"
 import { Processor } from "../src/services/Processor.js"
 import * as Db from "./support/db.js"
-import { BUN, ROOT } from "./support/proc.js"
+import { type CliResult, runCli } from "./support/proc.js"
 import { ev, plc, rev, testConfig, whEv, whRecordValue } from "./support/stack.js"
 
 const ALICE = plc(1)
@@ -22,28 +21,10 @@ const CAROL = plc(3)
 const POST = "app.bsky.feed.post"
 const KEY = randomBytes(32).toString("base64")
 
-interface Result {
-  readonly code: number | null
-  readonly stdout: string
-  readonly stderr: string
-}
+type Result = CliResult
 
 const cli = (args: ReadonlyArray<string>, env: Record<string, string>): Effect.Effect<Result> =>
-  Effect.promise(
-    () =>
-      new Promise<Result>((resolve) => {
-        const child = spawn(BUN, ["src/cli.ts", ...args], {
-          cwd: ROOT,
-          env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
-          stdio: ["ignore", "pipe", "pipe"]
-        })
-        let stdout = ""
-        let stderr = ""
-        child.stdout.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
-        child.stderr.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
-        child.on("close", (code) => resolve({ code, stdout, stderr }))
-      })
-  )
+  Effect.promise(() => runCli(args, env))
 
 const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)
 

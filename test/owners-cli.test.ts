@@ -4,34 +4,15 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Redacted } from "effect"
-import { spawn } from "node:child_process"
 import { didDoc, fakePlc, fakeServer, type FakeRepo, pdsHandler } from "./support/fakeAtproto.js"
 import * as Db from "./support/db.js"
-import { BUN, ROOT } from "./support/proc.js"
+import { type CliResult, runCli } from "./support/proc.js"
 import { plc, rev, whRecordValue } from "./support/stack.js"
 
-interface Result {
-  readonly code: number | null
-  readonly stdout: string
-  readonly stderr: string
-}
+type Result = CliResult
 
 const cli = (args: ReadonlyArray<string>, env: Record<string, string>): Effect.Effect<Result> =>
-  Effect.promise(
-    () =>
-      new Promise<Result>((resolve) => {
-        const child = spawn(BUN, ["src/cli.ts", ...args], {
-          cwd: ROOT,
-          env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
-          stdio: ["ignore", "pipe", "pipe"]
-        })
-        let stdout = ""
-        let stderr = ""
-        child.stdout.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
-        child.stderr.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
-        child.on("close", (code) => resolve({ code, stdout, stderr }))
-      })
-  )
+  Effect.promise(() => runCli(args, env))
 
 const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)
 

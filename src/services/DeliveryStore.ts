@@ -36,28 +36,15 @@ import { Cause, Clock, Context, Deferred, Duration, Effect, Exit, Layer, Option,
 import type { Scope } from "effect"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { Operation } from "../schemas/RecordEvent.js"
-import { NOTIFY_CHANNEL } from "./Outbox.js"
+import { NOTIFY_CHANNEL, type OutboxRow } from "./Outbox.js"
 import { codeOf, StoreError } from "./Store.js"
 
 // ---------------------------------------------------------------------------------------------
 // Model
 
-/** A claimed outbox row with its payload body. */
-export interface ClaimedRow {
-  readonly deliveryId: string
-  readonly eventId: string
-  readonly ownerDid: string
-  readonly webhookRkey: string
-  readonly matchKind: "direct" | "backlink"
-  readonly eventDid: string
-  readonly eventCollection: string
-  readonly eventRkey: string
-  readonly eventOperation: Operation
-  /** the URL at enqueue time (a changed URL cancels the row) */
-  readonly targetUrl: string
-  readonly signingMode: SigningMode
-  readonly secretId: string | undefined
-  readonly fingerprint: string
+/** A claimed outbox row (the enqueued row's fields, `targetUrl` being the URL at enqueue time, so a
+ * changed URL cancels the row) with its lease and payload body. */
+export interface ClaimedRow extends OutboxRow {
   /** attempts already spent */
   readonly attemptCount: number
   /** this claim's lease token `<workerId>:<uuid>` */

@@ -81,3 +81,24 @@ export const exitWithin = async (running: Running, ms: number) => {
   }
   return result
 }
+
+export interface CliResult {
+  readonly code: number | null
+  readonly stdout: string
+  readonly stderr: string
+}
+
+/** Run `bun src/cli.ts <args>` with only `env` (plus PATH/HOME) and collect its output. */
+export const runCli = (args: ReadonlyArray<string>, env: Record<string, string>): Promise<CliResult> =>
+  new Promise<CliResult>((resolve) => {
+    const child = spawn(BUN, ["src/cli.ts", ...args], {
+      cwd: ROOT,
+      env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
+      stdio: ["ignore", "pipe", "pipe"]
+    })
+    let stdout = ""
+    let stderr = ""
+    child.stdout?.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
+    child.stderr?.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
+    child.on("close", (code) => resolve({ code, stdout, stderr }))
+  })
