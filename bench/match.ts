@@ -18,6 +18,7 @@ import { type ActiveWebhook, makeActiveWebhook, WebhookIndex } from "../src/matc
 import { parseScopeUri } from "../src/schemas/AtUri.js"
 import type { Operation, RecordEvent } from "../src/schemas/RecordEvent.js"
 import type { WhRecord } from "../src/schemas/WhRecord.js"
+import { plc } from "./support.js"
 
 const mib = (n: number): string => (n / 1024 / 1024).toFixed(1)
 
@@ -38,15 +39,6 @@ const rand = (): number => {
 const pick = <A>(xs: ReadonlyArray<A>): A => xs[Math.floor(rand() * xs.length)] as A
 
 const B32 = "abcdefghijklmnopqrstuvwxyz234567"
-const plc = (n: number): string => {
-  let s = ""
-  let v = n
-  for (let i = 0; i < 24; i++) {
-    s = B32[v % 32] + s
-    v = Math.floor(v / 32)
-  }
-  return `did:plc:${s}`
-}
 const tid = (n: number): string => {
   let s = ""
   let v = n

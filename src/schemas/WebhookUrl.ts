@@ -69,7 +69,7 @@ const parseUrl = (s: string): URL | undefined => {
  * Validates a webhook URL (SPEC §1.2). Returns the parsed WHATWG `URL` or an error kind.
  *
  * Order of checks (the first failure wins): `not_string`, `too_long` (> 2048 UTF-16 units),
- * `unparseable` (also: any whitespace or control character anywhere in the input), `no_host`,
+ * `unparseable` (also for whitespace or a control character anywhere in the input), `no_host`,
  * `credentials`, `fragment` (any `#`, even an empty trailing one), `scheme`, `blocked_host`,
  * `non_public_ip`.
  *
