@@ -251,6 +251,11 @@ export class WebhookIndex {
     return b === undefined ? EMPTY : Array.from(b.values())
   }
 
+  /** owners with at least one active webhook */
+  get ownerTotal(): number {
+    return this.#byOwner.size
+  }
+
   get size(): number {
     return this.#byKey.size
   }

@@ -39,6 +39,7 @@
  *
  * Time comes from Effect's `Clock`, jitter from its `Random`.
  */
+import { USER_AGENT } from "../version.js"
 import * as Os from "node:os"
 import {
   Clock,
@@ -58,7 +59,6 @@ import {
   Stream
 } from "effect"
 import type { Scope } from "effect"
-import packageJson from "../../package.json" with { type: "json" }
 import { makeCircuitBreaker } from "../delivery/CircuitBreaker.js"
 import { classifyStatus, type FailureKind, isRetryable, parseRetryAfter } from "../delivery/Classify.js"
 import { type DeliveryInput, Destinations } from "../delivery/Destinations.js"
@@ -86,7 +86,6 @@ import type { StoreError } from "./Store.js"
 // Constants
 
 /** `User-Agent` of every request. */
-export const USER_AGENT = `firehook/${packageJson.version}`
 /** Response bytes read at most (SPEC §4.5); more is `response_too_large`. */
 export const MAX_RESPONSE_BYTES = 64 * 1024
 /** Lease floor and margin over the request timeout (SPEC §4.1). */

@@ -18,7 +18,7 @@ import { SqlClient } from "@effect/sql"
 import type { Fragment } from "@effect/sql/Statement"
 import { Context, Data, Effect, Layer, Option } from "effect"
 import { isCanonicalDid, isRkey } from "../schemas/AtUri.js"
-import { NOTIFY_CHANNEL } from "./Outbox.js"
+import { NOTIFY_CHANNEL, type OutboxRow } from "./Outbox.js"
 import { type StoreError, storeOp } from "./Store.js"
 
 export const DELIVERY_STATUSES = ["pending", "leased", "delivered", "dead_letter", "cancelled"] as const
@@ -68,19 +68,8 @@ export interface ReplayFilter {
   readonly until?: Date
 }
 
-export interface Delivery {
-  readonly deliveryId: string
-  readonly eventId: string
-  readonly ownerDid: string
-  readonly webhookRkey: string
-  readonly matchKind: "direct" | "backlink"
-  readonly eventDid: string
-  readonly eventCollection: string
-  readonly eventRkey: string
-  readonly eventOperation: "create" | "update" | "delete"
-  readonly targetUrl: string
-  readonly signingMode: "none" | "record_secret" | "secret_id"
-  readonly secretId: string | undefined
+/** An outbox row as operators see it: the enqueued fields plus its delivery state. */
+export interface Delivery extends Omit<OutboxRow, "fingerprint"> {
   readonly status: DeliveryStatus
   readonly attemptCount: number
   readonly nextAttemptAt: Date

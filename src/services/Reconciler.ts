@@ -27,8 +27,8 @@
  * retries from its continuation); the owner may stay `scanning` until a later scan supersedes it.
  * Logs carry the DID at debug level only, and never URLs or record bodies.
  */
+import { USER_AGENT } from "../version.js"
 import { Clock, Context, Data, Duration, Effect, Either, Layer, Metric } from "effect"
-import packageJson from "../../package.json" with { type: "json" }
 import { isCanonicalDid, isRkey } from "../schemas/AtUri.js"
 import { isTid, tidFromMicros, tidToMicros } from "../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION } from "../schemas/WhRecord.js"
@@ -147,7 +147,6 @@ export const defaultLimits: ReconcileLimits = {
   maxFutureRevMs: 5 * 60 * 1000
 }
 
-export const USER_AGENT = `firehook/${packageJson.version}`
 
 // ---------------------------------------------------------------------------------------------
 // Metrics

@@ -282,7 +282,7 @@ export const make = Effect.gen(function* () {
   const stats = Effect.sync(
     (): RegistryStats => ({
       active: index.size,
-      owners: countOwners(index),
+      owners: index.ownerTotal,
       directDids: index.wantedDids().size,
       backlinkDids: index.backlinkDids().size,
       notLoaded,
@@ -295,11 +295,6 @@ export const make = Effect.gen(function* () {
   return shape
 })
 
-const countOwners = (index: WebhookIndex): number => {
-  const owners = new Set<string>()
-  for (const w of index.all()) owners.add(w.ownerDid)
-  return owners.size
-}
 
 export const isWhEvent = (e: RecordEvent): boolean => e.collection === WH_COLLECTION
 

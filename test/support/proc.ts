@@ -2,8 +2,9 @@
  * Run firehook (`bun src/main.ts`, as in production) as a child process for end-to-end tests.
  */
 import { type ChildProcess, spawn } from "node:child_process"
-import * as Net from "node:net"
+import { Effect } from "effect"
 import * as Path from "node:path"
+import * as EmbeddedPg from "../../src/services/EmbeddedPg.js"
 
 export const ROOT = Path.resolve(import.meta.dirname, "../..")
 export const BUN = Path.join(ROOT, "node_modules/.bin/bun")
@@ -41,16 +42,7 @@ export const startFirehook = (env: Record<string, string>): Running => {
   return { child, stdout: () => out, stderr: () => err, exit }
 }
 
-export const freePort = (): Promise<number> =>
-  new Promise((resolve, reject) => {
-    const s = Net.createServer()
-    s.once("error", reject)
-    s.listen(0, "127.0.0.1", () => {
-      const a = s.address()
-      const port = typeof a === "object" && a !== null ? a.port : 0
-      s.close(() => resolve(port))
-    })
-  })
+export const freePort = (): Promise<number> => Effect.runPromise(EmbeddedPg.freePort)
 
 /** Poll `url` until it answers with `status` (or the process exits, or `timeoutMs` passes). */
 export const waitFor = async (url: string, status: number, running: Running, timeoutMs = 60_000): Promise<Response> => {
