@@ -1,0 +1,88 @@
+/**
+ * Shared pieces of the end-to-end tests that run `bun src/main.ts`: a fresh database per firehook
+ * deployment on the test PostgreSQL server, plain queries, and bounded polling.
+ */
+import * as Fs from "node:fs"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import pg from "pg"
+import { inject } from "vitest"
+import { freePort, type Running, startFirehook } from "./proc.js"
+
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+
+/** Databases and directories made by one test file; `cleanup()` drops and removes them. */
+export const e2eResources = () => {
+  const dbs: Array<string> = []
+  const dirs: Array<string> = []
+  let admin: pg.Client | undefined
+  const adminClient = async () => {
+    if (admin === undefined) {
+      admin = new pg.Client({ connectionString: inject("pgAdminUrl") })
+      await admin.connect()
+    }
+    return admin
+  }
+  return {
+    /** a new empty database on the test server; its URL */
+    freshDb: async (): Promise<string> => {
+      const name = `fh_e2e_${Math.random().toString(36).slice(2, 10)}`
+      await (await adminClient()).query(`CREATE DATABASE ${name}`)
+      dbs.push(name)
+      const u = new URL(inject("pgAdminUrl"))
+      u.pathname = `/${name}`
+      return u.toString()
+    },
+    tempDir: (): string => {
+      const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-e2e-"))
+      dirs.push(dir)
+      return dir
+    },
+    cleanup: async () => {
+      if (admin !== undefined) {
+        for (const d of dbs) await admin.query(`DROP DATABASE IF EXISTS ${d} WITH (FORCE)`)
+        await admin.end()
+      }
+      for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
+    }
+  }
+}
+
+export const query = async <T extends pg.QueryResultRow>(url: string, q: string, params: Array<unknown> = []): Promise<Array<T>> => {
+  const c = new pg.Client({ connectionString: url })
+  await c.connect()
+  try {
+    return (await c.query<T>(q, params)).rows
+  } finally {
+    await c.end()
+  }
+}
+
+/** Poll `cond` every 50 ms until it holds; fail after `ms` with `what` and the optional debug text. */
+export const waitUntil = async (cond: () => Promise<boolean> | boolean, ms: number, what: string, debug?: () => Promise<string> | string) => {
+  const until = Date.now() + ms
+  for (let i = 0; i < 100_000 && Date.now() < until; i++) {
+    if (await cond()) return
+    await sleep(50)
+  }
+  throw new Error(`timed out: ${what} ${debug === undefined ? "" : await debug()}`)
+}
+
+export interface Deployment {
+  readonly running: Running
+  readonly port: number
+  readonly health: string
+}
+
+/** Start `bun src/main.ts` with a fresh health port and data dir; `env` is the rest of its configuration. */
+export const startDeployment = async (dataDir: string, env: Record<string, string>): Promise<Deployment> => {
+  const port = await freePort()
+  const running = startFirehook({
+    FIREHOOK_DATA_DIR: dataDir,
+    HEALTH_PORT: String(port),
+    SHUTDOWN_TIMEOUT_MS: "5000",
+    LOG_LEVEL: process.env["E2E_LOG_LEVEL"] ?? "warn",
+    ...env
+  })
+  return { running, port, health: `http://127.0.0.1:${port}/health` }
+}
