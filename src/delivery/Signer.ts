@@ -26,7 +26,7 @@ const STRICT_BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}(?:==)?|[A-Za-z0
  * The wisp-compatible signature header value: `sha256=<lowercase hex HMAC-SHA256(secret, body)>`.
  */
 export const wispSignature = (secret: string, body: string): string =>
-  "sha256=" + createHmac("sha256", encoder.encode(secret)).update(encoder.encode(body)).digest("hex")
+  "sha256=" + createHmac("sha256", secret).update(body, "utf8").digest("hex")
 
 /**
  * The Standard Webhooks HMAC key for a secret.
@@ -63,7 +63,8 @@ export const standardWebhooksSignature = (
 ): string =>
   "v1," +
   createHmac("sha256", key)
-    .update(encoder.encode(`${id}.${Math.trunc(timestampSeconds)}.${body}`))
+    .update(`${id}.${Math.trunc(timestampSeconds)}.`, "utf8")
+    .update(body, "utf8")
     .digest("base64")
 
 /** Input of {@link signatureHeaders}. */
