@@ -4,7 +4,10 @@
  * `subscribeRepos` directly and resolving DIDs through the test PLC, and receivers on 127.0.0.1 that
  * verify both signatures (`standardwebhooks` and the wisp `sha256=` header).
  */
+import { spawnSync } from "node:child_process"
 import { randomBytes } from "node:crypto"
+import * as Fs from "node:fs"
+import * as Path from "node:path"
 import { Effect, Exit, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type Received, type Receiver, receiver, type Reply } from "../delivery/worker-support.js"
@@ -20,7 +23,7 @@ import {
   WH
 } from "../support/devnet.js"
 import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
-import { exitWithin, runCli, waitFor } from "../support/proc.js"
+import { exitWithin, ROOT, runCli, waitFor } from "../support/proc.js"
 
 const res = e2eResources()
 const KEY = randomBytes(32).toString("base64")
@@ -301,6 +304,29 @@ describe("firehook on a real atproto network", () => {
     const after = await post(grace, "well after rotation")
     await waitUntil(() => at(path).some((r) => bodyOf(r)["rkey"] === after.rkey), 30_000, "the last delivery")
     for (const r of at(path).slice(newSigned)) expect(r.verified).toEqual({ standard: true, wisp: true })
+
+    // the receiver guide's shell recipe (docs/receivers.md, openssl) computes both signatures
+    const last = at(path).find((r) => bodyOf(r)["rkey"] === after.rkey) as Received
+    const guide = Fs.readFileSync(Path.join(ROOT, "docs/receivers.md"), "utf8")
+    const recipe = /### Shell, with openssl\n\n```sh\n([\s\S]*?)```/.exec(guide)?.[1]
+    expect(recipe).toBeDefined()
+    const dir = res.tempDir()
+    Fs.writeFileSync(Path.join(dir, "body.json"), last.body)
+    const shell = spawnSync("bash", ["-euo", "pipefail", "-c", recipe ?? ""], {
+      cwd: dir,
+      env: {
+        PATH: process.env["PATH"] ?? "",
+        SECRET: second,
+        WEBHOOK_ID: String(last.headers["webhook-id"]),
+        WEBHOOK_TIMESTAMP: String(last.headers["webhook-timestamp"])
+      },
+      encoding: "utf8"
+    })
+    expect(shell.status).toBe(0)
+    expect(shell.stdout.trim().split("\n")).toEqual([
+      last.headers["x-webhook-signature"],
+      String(last.headers["webhook-signature"]).replace(/^v1,/, "")
+    ])
   }, 120_000)
 
   it("receiver faults: 500 then 200 is retried; 410 is gone; a hanging receiver times out and is retried", async () => {
