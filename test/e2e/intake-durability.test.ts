@@ -2,69 +2,27 @@
  * Intake durability as operators meet it: real `bun src/main.ts` processes on one real PostgreSQL
  * database, a local Jetstream, SIGKILL at random points, and two replicas failing over.
  */
-import * as Fs from "node:fs"
-import * as Os from "node:os"
-import * as Path from "node:path"
 import pg from "pg"
-import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
+import { afterAll, describe, expect, it } from "vitest"
+import { e2eResources, query, sleep, startDeployment, waitUntil } from "../support/e2e.js"
 import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
-import { exitWithin, freePort, type Running, startFirehook, waitFor } from "../support/proc.js"
+import { exitWithin, type Running, waitFor } from "../support/proc.js"
 
 const OWNER = "did:plc:ownerownerownerownerowne"
 const T0 = 1_800_000_000_000_000
 const WH = "place.wisp.v2.wh"
 
-let admin: pg.Client
-const dbs: Array<string> = []
-const dirs: Array<string> = []
+const res = e2eResources()
+afterAll(() => res.cleanup())
+const freshDb = res.freshDb
 
-beforeAll(async () => {
-  admin = new pg.Client({ connectionString: inject("pgAdminUrl") })
-  await admin.connect()
-})
-afterAll(async () => {
-  for (const d of dbs) await admin.query(`DROP DATABASE IF EXISTS ${d} WITH (FORCE)`)
-  await admin.end()
-  for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
-})
-
-const freshDb = async (): Promise<string> => {
-  const name = `fh_e2e_${Math.random().toString(36).slice(2, 10)}`
-  await admin.query(`CREATE DATABASE ${name}`)
-  dbs.push(name)
-  const u = new URL(inject("pgAdminUrl"))
-  u.pathname = `/${name}`
-  return u.toString()
-}
-
-const query = async <T extends pg.QueryResultRow>(url: string, q: string): Promise<Array<T>> => {
-  const c = new pg.Client({ connectionString: url })
-  await c.connect()
-  try {
-    return (await c.query<T>(q)).rows
-  } finally {
-    await c.end()
-  }
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
-
-const start = async (dbUrl: string, js: FakeJetstream) => {
-  const port = await freePort()
-  const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-e2e-"))
-  dirs.push(dir)
-  const running = startFirehook({
+const start = async (dbUrl: string, js: FakeJetstream) =>
+  startDeployment(res.tempDir(), {
     DATABASE_URL: dbUrl,
-    FIREHOOK_DATA_DIR: dir,
-    HEALTH_PORT: String(port),
     NODE_ENV: "test",
     WEBHOOK_ALLOW_INSECURE_DEV: "1",
-    JETSTREAM_URL: js.url,
-    SHUTDOWN_TIMEOUT_MS: "5000",
-    LOG_LEVEL: process.env["E2E_LOG_LEVEL"] ?? "warn"
+    JETSTREAM_URL: js.url
   })
-  return { running, port }
-}
 
 const role = async (port: number): Promise<string | undefined> => {
   try {
@@ -74,15 +32,6 @@ const role = async (port: number): Promise<string | undefined> => {
   } catch {
     return undefined
   }
-}
-
-const waitUntil = async (cond: () => Promise<boolean>, ms: number, what: string, debug?: () => Promise<string>) => {
-  const until = Date.now() + ms
-  for (let i = 0; i < 100_000 && Date.now() < until; i++) {
-    if (await cond()) return
-    await sleep(50)
-  }
-  throw new Error(`timed out: ${what} ${debug === undefined ? "" : await debug()}`)
 }
 
 const webhook = (rkey: string) =>
