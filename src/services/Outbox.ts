@@ -62,6 +62,22 @@ export interface OutboxStoreShape {
   readonly insertRows: (rows: ReadonlyArray<OutboxRow>) => Effect.Effect<number, StoreError>
   readonly insertQuarantine: (rows: ReadonlyArray<QuarantineRow>) => Effect.Effect<void, StoreError>
   readonly notify: Effect.Effect<void, StoreError>
+  /**
+   * `insertEvents`, then `insertRows` for the rows whose event's stored body has the given sha256
+   * (an existing id with another body is corruption: its rows are not inserted), then `notify`
+   * when rows were inserted: one statement, for what fits in one chunk.
+   */
+  readonly insertBatch: (
+    bodies: ReadonlyArray<EventBody>,
+    rows: ReadonlyArray<OutboxRow>
+  ) => Effect.Effect<BatchInsert, StoreError>
+}
+
+export interface BatchInsert {
+  /** the stored sha256 of every given event id that already existed */
+  readonly existing: ReadonlyMap<string, string>
+  /** outbox rows inserted (new) */
+  readonly inserted: number
 }
 
 export class OutboxStore extends Context.Tag("firehook/OutboxStore")<OutboxStore, OutboxStoreShape>() {}
@@ -125,10 +141,95 @@ export const makeSql = Effect.gen(function* () {
             }))
           )}`.pipe(Effect.asVoid, storeOp("outbox.insertQuarantine")),
     // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
-    notify: sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`.pipe(Effect.asVoid, storeOp("outbox.notify"))
+    notify: sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`.pipe(Effect.asVoid, storeOp("outbox.notify")),
+    insertBatch: (bodies, rows) => {
+      if (bodies.length === 0) return Effect.succeed({ existing: new Map<string, string>(), inserted: 0 })
+      const c = columns(rows)
+      // the body insert touches an existing body (see insertEvents); rows are inserted only for
+      // events whose stored body is the one given; the NOTIFY runs only when a row was inserted
+      return sql<{ inserted: number; notified: number; existing: unknown }>`
+        WITH b AS (
+          SELECT * FROM unnest(${bodies.map((x) => x.eventId)}::text[], ${bodies.map((x) => x.body)}::text[],
+            ${bodies.map((x) => x.sha256)}::text[]) AS b(event_id, body, body_sha256)
+        ), ev AS (
+          INSERT INTO delivery_events (event_id, body, body_sha256) SELECT event_id, body, body_sha256 FROM b
+          ON CONFLICT (event_id) DO UPDATE SET created_at = now()
+          RETURNING event_id, body_sha256, (xmax = 0) AS inserted
+        ), ins AS (
+          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
+          SELECT r.* FROM unnest(${c.deliveryId}::text[], ${c.eventId}::text[], ${c.ownerDid}::text[],
+            ${c.webhookRkey}::text[], ${c.matchKind}::text[], ${c.eventDid}::text[], ${c.eventCollection}::text[],
+            ${c.eventRkey}::text[], ${c.eventOperation}::text[], ${c.targetUrl}::text[], ${c.signingMode}::text[],
+            ${c.secretId}::text[], ${c.fingerprint}::text[])
+            AS r(delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection, event_rkey,
+              event_operation, target_url, signing_mode, secret_id, fingerprint)
+          WHERE r.event_id IN (SELECT ev.event_id FROM ev JOIN b USING (event_id) WHERE ev.body_sha256 = b.body_sha256)
+          ON CONFLICT (delivery_id) DO NOTHING
+          RETURNING 1
+        ), n AS (
+          SELECT count(*)::int AS c FROM ins
+        ), notified AS (
+          SELECT pg_notify(${NOTIFY_CHANNEL}, '1') FROM n WHERE n.c > 0
+        )
+        SELECT (SELECT c FROM n) AS inserted, (SELECT count(*)::int FROM notified) AS notified,
+          (SELECT coalesce(json_agg(json_build_array(event_id, body_sha256)), '[]'::json) FROM ev WHERE NOT inserted)
+            AS existing`.pipe(
+        Effect.map((result) => {
+          const r = result[0]
+          const existing = new Map<string, string>()
+          const pairs: unknown = typeof r?.existing === "string" ? JSON.parse(r.existing) : r?.existing
+          if (Array.isArray(pairs)) {
+            for (const p of pairs) {
+              if (Array.isArray(p) && typeof p[0] === "string" && typeof p[1] === "string") existing.set(p[0], p[1])
+            }
+          }
+          return { existing, inserted: Number(r?.inserted ?? 0) }
+        }),
+        storeOp("outbox.insertBatch")
+      )
+    }
   }
   return store
 })
+
+/** rows as column arrays (for `unnest`) */
+const columns = (rows: ReadonlyArray<OutboxRow>) => {
+  const n = rows.length
+  const c = {
+    deliveryId: new Array<string>(n),
+    eventId: new Array<string>(n),
+    ownerDid: new Array<string>(n),
+    webhookRkey: new Array<string>(n),
+    matchKind: new Array<string>(n),
+    eventDid: new Array<string>(n),
+    eventCollection: new Array<string>(n),
+    eventRkey: new Array<string>(n),
+    eventOperation: new Array<string>(n),
+    targetUrl: new Array<string>(n),
+    signingMode: new Array<string>(n),
+    secretId: new Array<string | null>(n),
+    fingerprint: new Array<string>(n)
+  }
+  for (let i = 0; i < n; i++) {
+    const r = rows[i]
+    if (r === undefined) continue
+    c.deliveryId[i] = r.deliveryId
+    c.eventId[i] = r.eventId
+    c.ownerDid[i] = r.ownerDid
+    c.webhookRkey[i] = r.webhookRkey
+    c.matchKind[i] = r.matchKind
+    c.eventDid[i] = r.eventDid
+    c.eventCollection[i] = r.eventCollection
+    c.eventRkey[i] = r.eventRkey
+    c.eventOperation[i] = r.eventOperation
+    c.targetUrl[i] = r.targetUrl
+    c.signingMode[i] = r.signingMode
+    c.secretId[i] = r.secretId ?? null
+    c.fingerprint[i] = r.fingerprint
+  }
+  return c
+}
 
 export const layerSql = Layer.effect(OutboxStore, makeSql)
 
@@ -181,7 +282,27 @@ export const layerMemory = Layer.effect(
       notify: Ref.update(state, (s) => {
         s.notifications++
         return s
-      })
+      }),
+      insertBatch: (bodies, rows) =>
+        Ref.modify(state, (s) => {
+          const existing = new Map<string, string>()
+          const sha = new Map<string, string>()
+          for (const b of bodies) {
+            sha.set(b.eventId, b.sha256)
+            const prev = s.events.get(b.eventId)
+            if (prev === undefined) s.events.set(b.eventId, b)
+            else existing.set(b.eventId, prev.sha256)
+          }
+          let inserted = 0
+          for (const r of rows) {
+            const stored = existing.get(r.eventId) ?? sha.get(r.eventId)
+            if (stored === undefined || stored !== sha.get(r.eventId) || s.rows.has(r.deliveryId)) continue
+            s.rows.set(r.deliveryId, r)
+            inserted++
+          }
+          if (inserted > 0) s.notifications++
+          return [{ existing, inserted }, s]
+        })
     }
     return store
   })
@@ -299,35 +420,19 @@ export const enqueue = (items: ReadonlyArray<EnqueueItem>, limits: OutboxLimits)
         body: { eventId: item.payload.eventId, body: item.payload.body, sha256: sha256Hex(item.payload.body) }
       })
     }
-    // bodies: one insert per chunk; an existing id with another body is corruption
     const bodies = new Map<string, EventBody>()
     for (const a of accepted) bodies.set(a.body.eventId, a.body)
-    const existing = new Map<string, string>()
     const bodyList = [...bodies.values()]
-    for (let start = 0; start < bodyList.length; ) {
+    const bodyChunkEnd = (start: number) => {
       let end = start
       let size = 0
       while (end < bodyList.length && end - start < limits.chunkRows && size < limits.chunkBytes) {
         size += bodyList[end]?.body.length ?? 0
         end++
       }
-      const found = yield* store.insertEvents(bodyList.slice(start, end))
-      for (const [id, sha] of found) existing.set(id, sha)
-      start = end
+      return end
     }
-    const rows: Array<OutboxRow> = []
-    const perEventRows: Array<{ index: number; count: number }> = []
-    for (const a of accepted) {
-      const storedSha = existing.get(a.body.eventId)
-      if (storedSha !== undefined && storedSha !== a.body.sha256) {
-        outcomes[a.index] = { _tag: "corruption" }
-        continue
-      }
-      rows.push(...a.rows)
-      perEventRows.push({ index: a.index, count: a.rows.length })
-    }
-    let inserted = 0
-    for (let start = 0; start < rows.length; ) {
+    const rowChunkEnd = (rows: ReadonlyArray<OutboxRow>, start: number) => {
       let end = start
       let size = 0
       while (end < rows.length && end - start < limits.chunkRows && size < limits.chunkBytes) {
@@ -335,12 +440,53 @@ export const enqueue = (items: ReadonlyArray<EnqueueItem>, limits: OutboxLimits)
         size += r === undefined ? 0 : rowBytes(r)
         end++
       }
-      inserted += yield* store.insertRows(rows.slice(start, end))
-      start = end
+      return end
+    }
+    const allRows: Array<OutboxRow> = []
+    for (const a of accepted) for (const r of a.rows) allRows.push(r)
+
+    let existing: ReadonlyMap<string, string>
+    let rows: Array<OutboxRow>
+    let inserted = 0
+    const perEventRows: Array<{ index: number; count: number }> = []
+    const keepUncorrupted = () => {
+      const kept: Array<OutboxRow> = []
+      for (const a of accepted) {
+        const storedSha = existing.get(a.body.eventId)
+        if (storedSha !== undefined && storedSha !== a.body.sha256) {
+          outcomes[a.index] = { _tag: "corruption" }
+          continue
+        }
+        for (const r of a.rows) kept.push(r)
+        perEventRows.push({ index: a.index, count: a.rows.length })
+      }
+      return kept
+    }
+    if (bodyChunkEnd(0) === bodyList.length && rowChunkEnd(allRows, 0) === allRows.length) {
+      // everything fits in one chunk: bodies, rows and the NOTIFY in one statement
+      const done = yield* store.insertBatch(bodyList, allRows)
+      existing = done.existing
+      inserted = done.inserted
+      rows = keepUncorrupted()
+    } else {
+      // bodies: one insert per chunk; an existing id with another body is corruption
+      const found = new Map<string, string>()
+      for (let start = 0; start < bodyList.length; ) {
+        const end = bodyChunkEnd(start)
+        for (const [id, sha] of yield* store.insertEvents(bodyList.slice(start, end))) found.set(id, sha)
+        start = end
+      }
+      existing = found
+      rows = keepUncorrupted()
+      for (let start = 0; start < rows.length; ) {
+        const end = rowChunkEnd(rows, start)
+        inserted += yield* store.insertRows(rows.slice(start, end))
+        start = end
+      }
+      if (inserted > 0) yield* store.notify
     }
     // per-event inserted counts are not tracked individually (one statement covers many events)
     for (const p of perEventRows) outcomes[p.index] = { _tag: "enqueued", rows: p.count }
-    if (inserted > 0) yield* store.notify
     const duplicates = rows.length - inserted
     const result: EnqueueResult = { outcomes, inserted, duplicates }
     return result

@@ -2,6 +2,10 @@
  * Prior references (SPEC §2.4): for each referencing record, the relevant references it held at
  * its latest rev, so that an update that removes a reference, or a delete, still matches the
  * webhooks the old version matched. Writes are monotonic on the referencing record's rev.
+ *
+ * The store works a batch at a time (one statement to read, one to write): the processor reads the
+ * rows a batch may touch, applies the batch's puts and removes to them in memory (so an event sees
+ * what earlier events of its batch wrote), and writes each touched key's final state.
  */
 import { SqlClient } from "@effect/sql"
 import { Context, Effect, Layer, Ref } from "effect"
@@ -12,19 +16,43 @@ export interface PriorRefs {
   readonly refs: ReadonlyArray<string>
 }
 
+/** A stored row as read: `live` is false once it has expired (an expired row counts as absent). */
+export interface PriorRefsRow extends PriorRefs {
+  readonly live: boolean
+}
+
+export interface PriorRefsUpsert extends PriorRefs {
+  readonly recordUri: string
+  /** the JSON size of `refs` (bounded by the caller) */
+  readonly bytes: number
+  /**
+   * write whatever is stored (the caller read the row in this transaction and decided); otherwise
+   * only over an older rev, an expired row, or none
+   */
+  readonly force: boolean
+}
+
+export interface PriorRefsDelete {
+  readonly recordUri: string
+  /** delete only when the stored rev is older than this (or expired); undefined = whatever is stored */
+  readonly olderThan: string | undefined
+}
+
+export interface PriorRefsWrite {
+  readonly upserts: ReadonlyArray<PriorRefsUpsert>
+  readonly deletes: ReadonlyArray<PriorRefsDelete>
+  readonly ttlSeconds: number
+}
+
 export interface PriorRefsStoreShape {
   /** every stored, unexpired key (bounded by `limit`), to build the in-memory key index */
   readonly keys: (limit: number) => Effect.Effect<ReadonlyArray<string>, StoreError>
-  readonly get: (recordUri: string) => Effect.Effect<PriorRefs | undefined, StoreError>
-  /** write if the stored rev is older (or absent); returns whether a row was written */
-  readonly put: (
-    recordUri: string,
-    value: PriorRefs,
-    bytes: number,
-    ttlSeconds: number
-  ) => Effect.Effect<boolean, StoreError>
-  /** delete if the stored rev is older than `rev`; returns whether a row was deleted */
-  readonly remove: (recordUri: string, rev: string) => Effect.Effect<boolean, StoreError>
+  /** the stored rows of these keys, expired ones included (one statement) */
+  readonly read: (recordUris: ReadonlyArray<string>) => Effect.Effect<ReadonlyMap<string, PriorRefsRow>, StoreError>
+  /**
+   * Delete and upsert (distinct keys, one statement); returns the keys whose upsert was written.
+   */
+  readonly write: (changes: PriorRefsWrite) => Effect.Effect<ReadonlySet<string>, StoreError>
   readonly count: Effect.Effect<number, StoreError>
 }
 
@@ -43,34 +71,58 @@ export const makeSql = Effect.gen(function* () {
         Effect.map((rows) => rows.map((r) => r.record_uri)),
         storeOp("priorRefs.keys")
       ),
-    get: (recordUri) =>
-      sql<{ rev: string; refs: unknown }>`
-        SELECT rev, refs FROM prior_refs WHERE record_uri = ${recordUri} AND expires_at > now()`.pipe(
-        Effect.map((rows) => {
-          const r = rows[0]
-          return r === undefined ? undefined : { rev: r.rev, refs: refsOf(r.refs) }
-        }),
-        storeOp("priorRefs.get")
-      ),
-    put: (recordUri, value, bytes, ttlSeconds) =>
-      sql<{ record_uri: string }>`
+    read: (recordUris) =>
+      recordUris.length === 0
+        ? Effect.succeed(new Map<string, PriorRefsRow>())
+        : sql<{ record_uri: string; rev: string; refs: unknown; live: boolean }>`
+            SELECT record_uri, rev, refs, expires_at > now() AS live
+            FROM prior_refs WHERE record_uri = ANY(${recordUris}::text[])`.pipe(
+            Effect.map((rows) => {
+              const out = new Map<string, PriorRefsRow>()
+              for (const r of rows) out.set(r.record_uri, { rev: r.rev, refs: refsOf(r.refs), live: r.live })
+              return out
+            }),
+            storeOp("priorRefs.read")
+          ),
+    write: ({ upserts, deletes, ttlSeconds }) => {
+      if (upserts.length === 0 && deletes.length === 0) return Effect.succeed(new Set<string>())
+      const upUris: Array<string> = []
+      const upRevs: Array<string> = []
+      const upRefs: Array<string> = []
+      const upBytes: Array<number> = []
+      const forced: Array<string> = []
+      for (const u of upserts) {
+        upUris.push(u.recordUri)
+        upRevs.push(u.rev)
+        upRefs.push(JSON.stringify(u.refs))
+        upBytes.push(u.bytes)
+        if (u.force) forced.push(u.recordUri)
+      }
+      const delUris: Array<string> = []
+      const delRevs: Array<string | null> = []
+      for (const d of deletes) {
+        delUris.push(d.recordUri)
+        delRevs.push(d.olderThan ?? null)
+      }
+      // the two sets of keys are disjoint, so the statement's parts cannot touch the same row
+      return sql<{ record_uri: string }>`
+        WITH deleted AS (
+          DELETE FROM prior_refs p USING unnest(${delUris}::text[], ${delRevs}::text[]) AS d(uri, rev)
+          WHERE p.record_uri = d.uri AND (d.rev IS NULL OR p.rev < d.rev OR p.expires_at <= now())
+          RETURNING p.record_uri
+        )
         INSERT INTO prior_refs (record_uri, rev, refs, bytes, expires_at)
-        VALUES (${recordUri}, ${value.rev}, ${JSON.stringify(value.refs)}::jsonb, ${bytes},
-          now() + make_interval(secs => ${ttlSeconds}))
+        SELECT u.uri, u.rev, u.refs::jsonb, u.bytes, now() + make_interval(secs => ${ttlSeconds})
+        FROM unnest(${upUris}::text[], ${upRevs}::text[], ${upRefs}::text[], ${upBytes}::int[]) AS u(uri, rev, refs, bytes)
         ON CONFLICT (record_uri) DO UPDATE SET rev = EXCLUDED.rev, refs = EXCLUDED.refs, bytes = EXCLUDED.bytes,
           expires_at = EXCLUDED.expires_at, updated_at = now()
         WHERE prior_refs.rev < EXCLUDED.rev OR prior_refs.expires_at <= now()
+          OR EXCLUDED.record_uri = ANY(${forced}::text[])
         RETURNING record_uri`.pipe(
-        Effect.map((rows) => rows.length > 0),
-        storeOp("priorRefs.put")
-      ),
-    remove: (recordUri, rev) =>
-      sql<{ record_uri: string }>`
-        DELETE FROM prior_refs WHERE record_uri = ${recordUri} AND (rev < ${rev} OR expires_at <= now())
-        RETURNING record_uri`.pipe(
-        Effect.map((rows) => rows.length > 0),
-        storeOp("priorRefs.remove")
-      ),
+        Effect.map((rows) => new Set(rows.map((r) => r.record_uri))),
+        storeOp("priorRefs.write")
+      )
+    },
     count: sql<{ n: string | number }>`SELECT count(*) AS n FROM prior_refs`.pipe(
       Effect.map((rows) => Number(rows[0]?.n ?? 0)),
       storeOp("priorRefs.count")
@@ -81,7 +133,10 @@ export const makeSql = Effect.gen(function* () {
 
 export const layerSql = Layer.effect(PriorRefsStore, makeSql)
 
-/** Call counters of the in-memory store, for tests that assert on store traffic. */
+/**
+ * Traffic counters of the in-memory store, for tests that assert on store traffic: keys read,
+ * rows upserted, rows deleted (what was sent to the store, written or not).
+ */
 export interface PriorRefsCalls {
   get: number
   put: number
@@ -90,33 +145,37 @@ export interface PriorRefsCalls {
 
 export const makeMemory = (calls: PriorRefsCalls = { get: 0, put: 0, remove: 0 }) =>
   Effect.gen(function* () {
+    // rows never expire in memory
     const rows = yield* Ref.make(new Map<string, PriorRefs>())
     const store: PriorRefsStoreShape = {
       keys: (limit) => Ref.get(rows).pipe(Effect.map((m) => [...m.keys()].slice(0, limit))),
-      get: (uri) =>
-        Effect.sync(() => calls.get++).pipe(Effect.zipRight(Ref.get(rows)), Effect.map((m) => m.get(uri))),
-      put: (uri, value) =>
-        Effect.sync(() => calls.put++).pipe(
-          Effect.zipRight(
-            Ref.modify(rows, (m) => {
-              const prev = m.get(uri)
-              if (prev !== undefined && !(prev.rev < value.rev)) return [false, m]
-              m.set(uri, value)
-              return [true, m]
-            })
-          )
-        ),
-      remove: (uri, rev) =>
-        Effect.sync(() => calls.remove++).pipe(
-          Effect.zipRight(
-            Ref.modify(rows, (m) => {
-              const prev = m.get(uri)
-              if (prev === undefined || !(prev.rev < rev)) return [false, m]
-              m.delete(uri)
-              return [true, m]
-            })
-          )
-        ),
+      read: (uris) =>
+        Effect.map(Ref.get(rows), (m) => {
+          calls.get += uris.length
+          const out = new Map<string, PriorRefsRow>()
+          for (const uri of uris) {
+            const r = m.get(uri)
+            if (r !== undefined) out.set(uri, { rev: r.rev, refs: r.refs, live: true })
+          }
+          return out
+        }),
+      write: ({ upserts, deletes }) =>
+        Ref.modify(rows, (m) => {
+          calls.put += upserts.length
+          calls.remove += deletes.length
+          for (const d of deletes) {
+            const prev = m.get(d.recordUri)
+            if (prev !== undefined && (d.olderThan === undefined || prev.rev < d.olderThan)) m.delete(d.recordUri)
+          }
+          const written = new Set<string>()
+          for (const u of upserts) {
+            const prev = m.get(u.recordUri)
+            if (!u.force && prev !== undefined && !(prev.rev < u.rev)) continue
+            m.set(u.recordUri, { rev: u.rev, refs: u.refs })
+            written.add(u.recordUri)
+          }
+          return [written, m]
+        }),
       count: Ref.get(rows).pipe(Effect.map((m) => m.size))
     }
     return store

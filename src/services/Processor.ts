@@ -21,7 +21,7 @@ import { sanitizeWhRecordForDelivery, WH_COLLECTION } from "../schemas/WhRecord.
 import { FirehookConfig } from "./Config.js"
 import { Health } from "./Health.js"
 import * as Outbox from "./Outbox.js"
-import { PriorRefsStore } from "./PriorRefsStore.js"
+import { type PriorRefsDelete, type PriorRefsRow, PriorRefsStore, type PriorRefsUpsert } from "./PriorRefsStore.js"
 import { Registry, type WhEventOutcome } from "./Registry.js"
 import { type StoreError, Tx } from "./Store.js"
 
@@ -107,6 +107,16 @@ const memo = <K extends string, A>(make: (k: K) => A) => {
 const processedBy = memo((outcome: string) => Metric.tagged(eventsProcessed, "outcome", outcome))
 const quarantinedBy = memo((reason: string) => Metric.tagged(quarantinedMetric, "reason", reason))
 
+/** a key's row as a batch sees it (`bytes` is only known for rows the batch wrote) */
+interface BatchRow {
+  readonly rev: string
+  readonly refs: ReadonlyArray<string>
+  readonly bytes: number
+  readonly live: boolean
+}
+const emptyRows: ReadonlyMap<string, PriorRefsRow> = new Map()
+const emptyKeys: ReadonlySet<string> = new Set()
+
 const recordUri = (e: RecordEvent) => `at://${e.did}/${e.collection}/${e.rkey}`
 
 /** Fit the relevant refs to the row bounds (≤ maxRefs, ≤ maxBytes of JSON). */
@@ -153,13 +163,13 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
         const items: Array<Outbox.EnqueueItem> = []
         const itemIndex: Array<number> = []
         const quarantine: Array<Outbox.QuarantineRow> = []
+        // new keys this batch wrote (counted against the table's row limit)
         const addedKeys: Array<string> = []
-        const removedKeys: Array<string> = []
         let batchTooComplex = 0
         let batchRefused = 0
         const registryOutcomes: Array<WhEventOutcome | undefined> = new Array(batch.length)
         // keys written earlier in this batch: not in the key index until commit, but visible to
-        // reads inside this transaction (a record created and deleted in one batch still matches)
+        // later events of the batch (a record created and deleted in one batch still matches)
         const batchWritten = new Set<string>()
         const mayHave = (uri: string) => batchWritten.has(uri) || mayHavePrior(uri)
 
@@ -178,6 +188,46 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
               : { _tag: "quarantined", reason, registry: registryOutcome }
         }
 
+        // prior references, a batch at a time: one read of every stored row this batch may touch
+        // (the key index says which may exist), then the batch's puts and removes are applied to
+        // those rows here, in order (the store's rules: monotonic on rev, an expired row counts as
+        // absent), and each touched key's final state is written in one statement at the end.
+        // A key the index says is absent is written with the store's own rev condition instead.
+        const uris: Array<string | undefined> = new Array(batch.length)
+        const toRead = new Set<string>()
+        for (let i = 0; i < batch.length; i++) {
+          const e = batch[i]
+          if (e === undefined || e.kind !== "commit" || !isWellFormedRecordEvent(e)) continue
+          const uri = recordUri(e)
+          uris[i] = uri
+          if (mayHavePrior(uri)) toRead.add(uri)
+        }
+        const stored: ReadonlyMap<string, PriorRefsRow> = toRead.size === 0 ? emptyRows : yield* priorStore.read([...toRead])
+        // the batch's view: a key's current row (null = absent) once the batch has touched it
+        const current = new Map<string, BatchRow | null>()
+        const lastRemoveRev = new Map<string, string>()
+        const rowOf = (uri: string): BatchRow | null => {
+          const c = current.get(uri)
+          if (c !== undefined) return c
+          const r = stored.get(uri)
+          return r === undefined ? null : { rev: r.rev, refs: r.refs, bytes: 0, live: r.live }
+        }
+        /** the store's put: write over an older rev, an expired row, or none */
+        const put = (uri: string, rev: string, refs: ReadonlyArray<string>, bytes: number): boolean => {
+          const r = rowOf(uri)
+          if (r !== null && r.live && !(r.rev < rev)) return false
+          current.set(uri, { rev, refs, bytes, live: priorLimits.ttlSeconds > 0 })
+          return true
+        }
+        /** the store's remove: delete an older rev or an expired row */
+        const remove = (uri: string, rev: string): boolean => {
+          const r = rowOf(uri)
+          if (r === null || (r.live && !(r.rev < rev))) return false
+          current.set(uri, null)
+          lastRemoveRev.set(uri, rev)
+          return true
+        }
+
         for (let i = 0; i < batch.length; i++) {
           const e = batch[i]
           if (e === undefined) continue
@@ -185,7 +235,8 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
             outcomes[i] = { _tag: "acknowledged" }
             continue
           }
-          if (!isWellFormedRecordEvent(e)) {
+          const uri = uris[i]
+          if (uri === undefined) {
             outcomes[i] = { _tag: "malformed" }
             continue
           }
@@ -207,11 +258,10 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
             if (extracted.tooComplex) batchTooComplex++
             else newRefs = extracted.refs
           }
-          const uri = recordUri(e)
           let refs: ReadonlyArray<ScopeUri> = newRefs
           if (e.operation !== "create" && mayHave(uri)) {
-            const prior = yield* priorStore.get(uri)
-            if (prior !== undefined && prior.refs.length > 0) {
+            const prior = rowOf(uri)
+            if (prior !== null && prior.live && prior.refs.length > 0) {
               const merged: Array<ScopeUri> = [...newRefs]
               const seen = new Set(newRefs.map((r) => r.uri))
               for (const p of prior.refs) {
@@ -239,8 +289,7 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
 
           // prior references: monotonic on the record's rev; irrelevant records touch nothing
           if (e.operation === "delete") {
-            if (mayHave(uri) && (yield* priorStore.remove(uri, e.rev))) {
-              removedKeys.push(uri)
+            if (mayHave(uri) && remove(uri, e.rev)) {
               batchWritten.delete(uri)
             }
           } else if (newRefs.length > 0) {
@@ -252,18 +301,33 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
                 newRefs.map((r) => r.uri),
                 priorLimits
               )
-              const written = yield* priorStore.put(uri, { rev: e.rev, refs: kept }, bytes, priorLimits.ttlSeconds)
-              if (written) {
+              if (put(uri, e.rev, kept, bytes)) {
                 if (isNew) addedKeys.push(uri)
                 batchWritten.add(uri)
               }
             }
           } else if (mayHave(uri)) {
-            if (yield* priorStore.remove(uri, e.rev)) {
-              removedKeys.push(uri)
+            if (remove(uri, e.rev)) {
               batchWritten.delete(uri)
             }
           }
+        }
+
+        // each touched key's final state, in one statement; the key index follows the final states
+        // after commit (a key removed and written again in one batch stays in it)
+        let written: ReadonlySet<string> = emptyKeys
+        const removedKeys: Array<string> = []
+        if (current.size > 0) {
+          const upserts: Array<PriorRefsUpsert> = []
+          const deletes: Array<PriorRefsDelete> = []
+          for (const [uri, row] of current) {
+            const exact = toRead.has(uri)
+            if (row === null) {
+              deletes.push({ recordUri: uri, olderThan: exact ? undefined : lastRemoveRev.get(uri) })
+              removedKeys.push(uri)
+            } else upserts.push({ recordUri: uri, rev: row.rev, refs: row.refs, bytes: row.bytes, force: exact })
+          }
+          written = yield* priorStore.write({ upserts, deletes, ttlSeconds: priorLimits.ttlSeconds })
         }
 
         const enqueued = yield* Outbox.enqueue(items, outboxLimits).pipe(
@@ -295,12 +359,11 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
             duplicates: enqueued.duplicates,
             quarantined: quarantine.length
           } satisfies BatchResult,
-          addedKeys,
           removedKeys,
           batchTooComplex,
           batchRefused,
           quarantine,
-          written: batchWritten
+          written
         }
       }).pipe(
         tx.withTransaction,
@@ -309,7 +372,7 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
         Effect.tap((done) =>
           Effect.gen(function* () {
             for (const k of done.removedKeys) keys.delete(k)
-            for (const k of done.addedKeys) if (done.written.has(k)) keys.add(k)
+            for (const k of done.written) keys.add(k)
             if (keys.size > priorLimits.maxRows) keysComplete = false
             tooComplex += done.batchTooComplex
             refused += done.batchRefused
