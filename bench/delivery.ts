@@ -21,7 +21,9 @@
  *    the same size to the same receivers, and the worker's share of it.
  * 4. The transport alone: `SafeHttp.request` with signed requests, same concurrency, no database,
  *    to show how much of the gap to the bare limit is the transport itself.
- * RSS is sampled every 100 ms during phase 1.
+ * RSS is sampled every 100 ms during phase 1. With BENCH_STUB_TRANSPORT=1 the worker's transport
+ * answers 204 without a request (what the worker and the database cost alone); BENCH_PROFILE=<file>
+ * writes a CPU profile of phase 1.
  */
 import { SqlClient } from "@effect/sql"
 import { ConfigProvider, Context, Duration, Effect, Either, Fiber, Layer, Logger, LogLevel, Redacted } from "effect"
@@ -59,6 +61,8 @@ const STEADY_SECONDS = Number(process.argv[5] ?? 20)
 const RECEIVERS = Number(process.env["RECEIVERS"] ?? 4)
 const CONCURRENCY = Number(process.env["DELIVERY_CONCURRENCY"] ?? 64)
 const PER_ORIGIN = Number(process.env["DELIVERY_PER_ORIGIN_CONCURRENCY"] ?? Math.max(1, Math.ceil(CONCURRENCY / RECEIVERS)))
+/** BENCH_STUB_TRANSPORT=1: the worker's SafeHttp answers 204 at once (the worker and database alone). */
+const STUB_TRANSPORT = process.env["BENCH_STUB_TRANSPORT"] === "1"
 const FANOUT = 10
 const BATCH_EVENTS = 100
 
@@ -156,11 +160,15 @@ const workerOn = (url: Redacted.Redacted<string>) =>
         DeliveryStore.layerSql,
         RegistryStore.layerSql,
         Secrets.layerMemory([]),
-        SafeHttp.layerDefault({
-          allowInsecureDev: true,
-          allowCidrs: Either.getOrElse(parseAllowCidrs(""), () => []),
-          maxSocketsPerHost: CONCURRENCY
-        }),
+        STUB_TRANSPORT
+          ? Layer.succeed(SafeHttp, {
+            request: () => Effect.succeed({ status: 204, headers: {}, body: new Uint8Array(0), truncated: false })
+          })
+          : SafeHttp.layerDefault({
+            allowInsecureDev: true,
+            allowCidrs: Either.getOrElse(parseAllowCidrs(""), () => []),
+            maxSocketsPerHost: CONCURRENCY
+          }),
         Destinations.layer,
         Publisher.layerNoop,
         Health.layer.pipe(Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: Duration.seconds(30) })))

@@ -9,10 +9,12 @@
  * claim round trip, and rows being settled), and at most `8 × perOriginConcurrency` rows of one URL
  * origin (the claim skips the rest, so one busy origin cannot fill the pool and starve the others).
  *
- * Concurrency. An attempt needs a permit of its origin's semaphore (`perOriginConcurrency`) and then
- * one of the global semaphore (`concurrency`); both are released before the row is settled, so a
- * slow database never holds a request slot. Origin semaphores live in a map that holds only origins
- * with claimed rows, so it is bounded by the number of held rows.
+ * Concurrency. Claimed rows wait in claim order; a row starts when a request slot is free
+ * (`concurrency` in flight) and its origin has fewer than `perOriginConcurrency` rows in flight. The
+ * admission is synchronous bookkeeping: a waiting row has no fiber and takes no semaphore; a started
+ * row gets a fiber, and frees its slot before it is settled, so a slow database never holds a
+ * request slot. Origin slots live in a map that holds only origins with claimed rows, so it is
+ * bounded by the number of held rows.
  *
  * Leases. Lease = max(60 s, timeout + 5 s) (an option overrides it). From the claim on, one heartbeat
  * fiber renews the leases of all held rows every lease/3 (one statement per 1,000 rows); a renewal
@@ -229,9 +231,10 @@ const TRANSIENT_TRANSPORT: ReadonlySet<SafeHttpErrorKind> = new Set(["dns", "tim
 interface RowEntry {
   readonly row: ClaimedRow
   readonly claimedAtMs: number
+  readonly slot: OriginSlot
   /** last successful lease renewal (the claim counts as one) */
   renewedAt: number
-  /** holds permits and runs the attempt (so an interruption must not hand the row back) */
+  /** has a request slot and runs the attempt (so an interruption must not hand the row back) */
   started: boolean
   /** settling (or given up): the heartbeat no longer renews it */
   settling: boolean
@@ -239,8 +242,10 @@ interface RowEntry {
 }
 
 interface OriginSlot {
+  /** rows of the origin held (waiting or started) */
   held: number
-  readonly sem: Effect.Semaphore
+  /** rows of the origin holding a request slot (≤ perOriginConcurrency) */
+  active: number
 }
 
 /** The subscription as RegistryStore reads it, in the claim snapshot's shape. */
@@ -323,7 +328,6 @@ export const make = (
     const retryConfig: RetryConfig = { baseMs: d.retryBaseMs, maxMs: d.retryMaxMs, maxAttempts: d.maxAttempts }
     const breaker = makeCircuitBreaker({ threshold: d.circuitThreshold, cooldownMs: d.circuitCooldownMs })
 
-    const global = yield* Effect.makeSemaphore(concurrency)
     const wake = yield* Queue.sliding<void>(1)
     const rows = yield* FiberSet.make<void, never>()
     const listened = yield* Deferred.make<void>()
@@ -347,6 +351,8 @@ export const make = (
     }
     const origins = new Map<string, OriginSlot>()
     const entries = new Map<string, RowEntry>()
+    /** held rows not started yet, in claim order */
+    const waiting: Array<RowEntry> = []
     const lastLogged = new Map<string, number>()
 
     /** Log a recurring problem at most once a minute per key (kind and code only, never values). */
@@ -480,7 +486,11 @@ export const make = (
 
     const settleWith = (eff: Effect.Effect<unknown>): Effect.Effect<void> => Effect.asVoid(eff)
 
-    const attempt = Effect.fn("Delivery.attempt")(function* (row: ClaimedRow, claimedAtMs: number, guard: { settling: boolean }) {
+    // one span per attempt (like `Effect.fn("Delivery.attempt")`, without its per-call stack capture)
+    const attempt = (row: ClaimedRow, claimedAtMs: number, guard: { settling: boolean }) =>
+      Effect.withSpan(attemptBody(row, claimedAtMs, guard), "Delivery.attempt", { captureStackTrace: false })
+
+    const attemptBody = (row: ClaimedRow, claimedAtMs: number, guard: { settling: boolean }) => Effect.gen(function* () {
       const startedAtMs = yield* Clock.currentTimeMillis
       const elapsed = Effect.map(Clock.currentTimeMillis, (now) => ({ startedAtMs, durationMs: Math.max(0, now - startedAtMs) }))
 
@@ -670,59 +680,102 @@ export const make = (
         Effect.ignore
       )
 
-    const processRow = (entry: RowEntry, slot: OriginSlot) => {
+    /** The row is no longer held (settled, handed back or given up). */
+    const forget = (entry: RowEntry) =>
+      Effect.suspend(() => {
+        const slot = entry.slot
+        entries.delete(entry.row.leaseToken)
+        state.held--
+        slot.held--
+        if (slot.held <= 0) origins.delete(entry.row.origin)
+        state.freed = true
+        return signal
+      })
+
+    /** A started row: the attempt holds a request slot; the settlement runs after it is freed. */
+    const runRow = (entry: RowEntry): Effect.Effect<void> => {
       const row = entry.row
-      const run = slot.sem.withPermits(1)(
-        global.withPermits(1)(
-          Effect.suspend((): Effect.Effect<Effect.Effect<void>> => {
-            if (state.stopping) return Effect.succeed(release(row))
-            entry.started = true
-            state.inFlight++
-            return setInFlight.pipe(
-              Effect.zipRight(attemptSafe(row, entry.claimedAtMs, entry)),
-              Effect.ensuring(
-                Effect.suspend(() => {
-                  state.inFlight--
-                  return setInFlight
-                })
-              )
-            )
+      return setInFlight.pipe(
+        Effect.zipRight(attemptSafe(row, entry.claimedAtMs, entry)),
+        Effect.ensuring(
+          Effect.suspend(() => {
+            state.inFlight--
+            entry.slot.active--
+            return Effect.zipRight(setInFlight, pump)
           })
-        )
-      )
-      return run.pipe(
-        // the settlement runs after the permits are released
+        ),
+        // the settlement runs after the request slot is freed
         Effect.flatten,
         Effect.catchAllDefect(() =>
           logRateLimited("defect", "delivery settlement failed unexpectedly", { deliveryId: row.deliveryId })
         ),
-        Effect.onInterrupt(() => (entry.started ? Effect.void : release(row))),
-        Effect.ensuring(
-          Effect.suspend(() => {
-            entries.delete(row.leaseToken)
-            state.held--
-            slot.held--
-            if (slot.held <= 0) origins.delete(row.origin)
-            state.freed = true
-            return signal
-          })
-        )
+        Effect.ensuring(forget(entry))
       )
     }
 
-    const dispatch = (row: ClaimedRow, claimedAtMs: number) =>
-      Effect.gen(function* () {
-        let slot = origins.get(row.origin)
-        if (slot === undefined) {
-          slot = { held: 0, sem: Effect.unsafeMakeSemaphore(perOrigin) }
-          origins.set(row.origin, slot)
+    /**
+     * Starts waiting rows while request slots are free: the first waiting row (claim order) whose
+     * origin is under its cap. Admission is synchronous bookkeeping (no semaphore, and no fiber for
+     * a row until it starts), so a held row costs nothing while it waits.
+     */
+    const pump: Effect.Effect<void> = Effect.suspend(() => {
+      if (state.stopping || waiting.length === 0 || state.inFlight >= concurrency) return Effect.void
+      const starting: Array<RowEntry> = []
+      let i = 0
+      while (state.inFlight < concurrency && i < waiting.length) {
+        const entry = waiting[i]
+        if (entry === undefined) break
+        if (entry.slot.active >= perOrigin) {
+          i++
+          continue
         }
-        slot.held++
-        state.held++
-        const entry: RowEntry = { row, claimedAtMs, renewedAt: claimedAtMs, started: false, settling: false, fiber: undefined }
-        entries.set(row.leaseToken, entry)
-        entry.fiber = yield* FiberSet.run(rows, processRow(entry, slot))
+        waiting.splice(i, 1)
+        entry.started = true
+        entry.slot.active++
+        state.inFlight++
+        starting.push(entry)
+      }
+      if (starting.length === 0) return Effect.void
+      return Effect.forEach(
+        starting,
+        (entry) =>
+          Effect.map(FiberSet.run(rows, runRow(entry)), (fiber) => {
+            entry.fiber = fiber
+          }),
+        { discard: true }
+      )
+    })
+
+    /** Hands back rows that have not started (stop, scope close). */
+    const releaseWaiting = Effect.suspend(() => {
+      const back = waiting.splice(0, waiting.length)
+      for (const e of back) e.settling = true
+      return Effect.forEach(back, (e) => Effect.ensuring(release(e.row), forget(e)), {
+        concurrency: "unbounded",
+        discard: true
       })
+    })
+
+    const dispatch = (row: ClaimedRow, claimedAtMs: number): void => {
+      let slot = origins.get(row.origin)
+      if (slot === undefined) {
+        slot = { held: 0, active: 0 }
+        origins.set(row.origin, slot)
+      }
+      slot.held++
+      state.held++
+      const entry: RowEntry = {
+        row,
+        claimedAtMs,
+        slot,
+        renewedAt: claimedAtMs,
+        started: false,
+        settling: false,
+        fiber: undefined
+      }
+      entries.set(row.leaseToken, entry)
+      waiting.push(entry)
+    }
 
     // -------------------------------------------------------------------------------------------
     // Leases: one heartbeat fiber renews every held row (in flight or waiting) every lease/3, in
@@ -731,13 +784,21 @@ export const make = (
 
     const leaseLost = (entry: RowEntry) =>
       Effect.gen(function* () {
-        if (entry.settling || entry.fiber === undefined) return
+        if (entry.settling) return
+        if (entry.started && entry.fiber === undefined) return
         entry.settling = true
         yield* countNotAttempted("lease_lost")
         yield* logRateLimited("lease_lost", "delivery lease lost; attempt abandoned", {
           deliveryId: entry.row.deliveryId
         })
-        yield* Fiber.interruptFork(entry.fiber)
+        if (entry.fiber !== undefined) {
+          yield* Fiber.interruptFork(entry.fiber)
+          return
+        }
+        // not started: stop waiting; hand it back in case the lease is still ours (renewals failed)
+        const at = waiting.indexOf(entry)
+        if (at >= 0) waiting.splice(at, 1)
+        yield* Effect.forkDaemon(Effect.ensuring(release(entry.row), forget(entry)))
       })
 
     const renewAll = Effect.gen(function* () {
@@ -815,7 +876,8 @@ export const make = (
             continue
           }
           failures = 0
-          for (const row of result.right.rows) yield* dispatch(row, claimedAt)
+          for (const row of result.right.rows) dispatch(row, claimedAt)
+          yield* pump
           lastFull = result.right.rows.length >= limit
           moreDue = result.right.moreDue
           if (lastFull) continue
@@ -870,11 +932,15 @@ export const make = (
     const loopFiber = yield* Effect.forkScoped(claimLoop)
     yield* Effect.forkScoped(heartbeatLoop)
     const listenFiber = options.listen === false ? undefined : yield* Effect.forkScoped(listenLoop)
-    // runs first when the scope closes (before the fibers above are interrupted): nothing new starts
+    // runs first when the scope closes (before the fibers above are interrupted): nothing new
+    // starts, and rows that have not started are handed back
     yield* Effect.addFinalizer(() =>
-      Effect.sync(() => {
-        state.stopping = true
-      })
+      Effect.zipRight(
+        Effect.sync(() => {
+          state.stopping = true
+        }),
+        releaseWaiting
+      )
     )
 
     const stop: Effect.Effect<void> = Effect.suspend(() => {
@@ -889,10 +955,8 @@ export const make = (
         }
         yield* Fiber.interrupt(loopFiber)
         if (listenFiber !== undefined) yield* Fiber.interrupt(listenFiber)
-        // rows waiting for a permit go back at once (their interruption hands them back)
-        const waiting: Array<Fiber.RuntimeFiber<void, never>> = []
-        for (const e of entries.values()) if (!e.started && e.fiber !== undefined) waiting.push(e.fiber)
-        yield* Fiber.interruptAll(waiting)
+        // rows waiting for a request slot go back at once
+        yield* releaseWaiting
         const drained = yield* FiberSet.awaitEmpty(rows).pipe(Effect.timeoutOption(Duration.millis(graceMs)))
         if (Option.isNone(drained)) {
           yield* Effect.logWarning("delivery grace period over; interrupting running attempts").pipe(
