@@ -8,6 +8,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Effect, Fiber, Layer, Option, Stream } from "effect"
 import { buildPayload } from "../src/matching/Canonical.js"
 import { matchEvent } from "../src/matching/Match.js"
+import * as CursorStore from "../src/services/CursorStore.js"
 import * as Outbox from "../src/services/Outbox.js"
 import { Processor } from "../src/services/Processor.js"
 import { Registry } from "../src/services/Registry.js"
@@ -18,6 +19,8 @@ import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "./support/stack.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
+const CAROL = plc(3)
+const DAVE = plc(4)
 const POST = "app.bsky.feed.post"
 
 const run = (batch: ReadonlyArray<StreamEvent>, finalize?: Effect.Effect<void, StoreError>) =>
@@ -205,6 +208,66 @@ it.scopedLive("a NOTIFY reaches listeners when rows are enqueued", () =>
       const got = yield* Fiber.join(listener).pipe(Effect.timeout("10 seconds"))
       expect(Chunk.size(got)).toBe(1)
     }).pipe(Effect.provide(sqlStack())), { timeout: 30_000 })
+
+  it.layer(sqlStack())("one-statement batch commit", (it) => {
+    const cursorOf = (stream: string) =>
+      Effect.flatMap(CursorStore.CursorStore, (c) => c.load(stream, "wss://relay.test"))
+    const bobPost = `at://${BOB}/${POST}/3kone`
+    const batch = [
+      ev(ALICE, POST, "one1", { rev: rev(110), record: { text: "x", reply: { parent: { uri: bobPost } } } }),
+      ev(BOB, POST, "one2", { rev: rev(111) }),
+      ev(ALICE, POST, "one3", { rev: rev(112), record: { text: "plain" } })
+    ]
+    const withCursor = (cursor: bigint) => ({
+      registryWriter: true,
+      finalize: Effect.dieMessage("finalize must not run: the statement writes the cursor"),
+      cursor: { stream: "direct", relay: "wss://relay.test", cursor }
+    })
+
+    it.effect("prior references, bodies, rows, NOTIFY and the cursor commit together, or not at all", () =>
+      Effect.gen(function* () {
+        yield* run([
+          whEv(CAROL, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) }),
+          whEv(CAROL, "direct", whRecordValue(`at://${BOB}`), { rev: rev(1) })
+        ])
+        const rowsBefore = yield* count("outbox")
+        const priorBefore = yield* count("prior_refs")
+        const processor = yield* Processor
+        // a cursor beyond bigint fails the statement: nothing of the batch is written
+        const failed = yield* Effect.either(processor.processEvents(batch, withCursor(2n ** 70n)))
+        expect(failed._tag).toBe("Left")
+        expect(yield* count("outbox")).toBe(rowsBefore)
+        expect(yield* count("prior_refs")).toBe(priorBefore)
+        expect(yield* cursorOf("direct")).toBeUndefined()
+        expect((yield* processor.stats).priorRefKeys).toBe(priorBefore)
+        // the same batch commits whole
+        const r = yield* processor.processEvents(batch, withCursor(1234n))
+        expect(r.outcomes.map((o) => o._tag)).toEqual(["enqueued", "enqueued", "no_match"])
+        expect(r.inserted).toBe(3) // one1 by backlink; one2 directly and by backlink
+        expect(yield* count("outbox")).toBe(rowsBefore + 3)
+        expect(yield* count("prior_refs")).toBe(priorBefore + 1)
+        expect(yield* cursorOf("direct")).toBe(1234n)
+        expect((yield* processor.stats).priorRefKeys).toBe(priorBefore + 1)
+        // a replay inserts nothing new and never lowers the cursor
+        const again = yield* processor.processEvents(batch, withCursor(1000n))
+        expect(again.inserted).toBe(0)
+        expect(again.duplicates).toBe(3)
+        expect(yield* cursorOf("direct")).toBe(1234n)
+      }))
+
+    it.effect("a batch with a wh record and a registry writer runs in a transaction with its finalize", () =>
+      Effect.gen(function* () {
+        const processor = yield* Processor
+        const saved: Array<bigint> = []
+        yield* processor.processEvents([whEv(DAVE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })], {
+          registryWriter: true,
+          finalize: Effect.sync(() => void saved.push(7n)),
+          cursor: { stream: "registry", relay: "wss://relay.test", cursor: 7n }
+        })
+        expect(saved).toEqual([7n])
+        expect(yield* cursorOf("registry")).toBeUndefined()
+      }))
+  })
 
   it.layer(sqlStack())("fencing through the SQL store", (it) => {
     it.effect("replays never undo newer state; the registry reloads the same from the database", () =>

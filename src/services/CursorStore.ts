@@ -14,6 +14,23 @@ export interface CursorStoreShape {
 
 export class CursorStore extends Context.Tag("firehook/CursorStore")<CursorStore, CursorStoreShape>() {}
 
+/** A cursor write as data (so that a store can fold it into another statement). */
+export interface CursorWrite {
+  readonly stream: string
+  readonly relay: string
+  readonly cursor: bigint
+}
+
+/**
+ * The cursor upsert (GREATEST: never lowers it) as a statement. `save` runs it alone; the outbox's
+ * one-statement batch commit embeds it as a data-modifying CTE.
+ */
+export const saveStatement = (sql: SqlClient.SqlClient, w: CursorWrite) =>
+  sql`
+    INSERT INTO cursors (stream, relay, cursor) VALUES (${w.stream}, ${w.relay}, ${w.cursor.toString()}::bigint)
+    ON CONFLICT (stream, relay) DO UPDATE
+      SET cursor = GREATEST(cursors.cursor, EXCLUDED.cursor), updated_at = now()`
+
 export const layerSql = Layer.effect(
   CursorStore,
   Effect.gen(function* () {
@@ -25,13 +42,7 @@ export const layerSql = Layer.effect(
           storeOp("cursors.load")
         ),
       save: (stream, relay, cursor) =>
-        sql`
-          INSERT INTO cursors (stream, relay, cursor) VALUES (${stream}, ${relay}, ${cursor.toString()}::bigint)
-          ON CONFLICT (stream, relay) DO UPDATE
-            SET cursor = GREATEST(cursors.cursor, EXCLUDED.cursor), updated_at = now()`.pipe(
-          Effect.asVoid,
-          storeOp("cursors.save")
-        )
+        saveStatement(sql, { stream, relay, cursor }).pipe(Effect.asVoid, storeOp("cursors.save"))
     }
     return store
   })

@@ -178,9 +178,18 @@ export const makeStreamRunner = (
     const commit = (events: ReadonlyArray<StreamEvent>, cursor: bigint | undefined) =>
       Effect.gen(function* () {
         const toProcess = spec.skip === undefined ? events : events.filter((e) => !spec.skip?.(e))
-        const finalize = cursor === undefined ? Effect.void : cursors.save(spec.name, spec.relay, cursor)
         const start = yield* Clock.currentTimeMillis
-        const attempt = processor.processEvents(toProcess, { registryWriter: spec.registryWriter, finalize })
+        // the cursor write, as an effect and as data (a batch written by one statement includes it)
+        const attempt = processor.processEvents(
+          toProcess,
+          cursor === undefined
+            ? { registryWriter: spec.registryWriter }
+            : {
+                registryWriter: spec.registryWriter,
+                finalize: cursors.save(spec.name, spec.relay, cursor),
+                cursor: { stream: spec.name, relay: spec.relay, cursor }
+              }
+        )
         let result = yield* Effect.either(attempt)
         for (let n = 1; n < tuning.batchAttempts && Either.isLeft(result); n++) {
           yield* Metric.increment(Metric.tagged(metrics.batchRetries, "stream", spec.name))

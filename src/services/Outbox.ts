@@ -4,12 +4,14 @@
  * fan-out/size bounds, corruption detection, quarantine rows, and a `NOTIFY` in the same
  * transaction that wakes the delivery workers on commit.
  */
-import { SqlClient } from "@effect/sql"
+import { SqlClient, type Statement } from "@effect/sql"
 import { Context, Effect, Layer, Metric, Ref } from "effect"
 import { deliveryId, sha256Hex, type Payload } from "../matching/Canonical.js"
 import type { MatchResult } from "../matching/Match.js"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { Operation, RecordEvent } from "../schemas/RecordEvent.js"
+import * as CursorStore from "./CursorStore.js"
+import * as PriorRefsStore from "./PriorRefsStore.js"
 import { type StoreError, storeOp } from "./Store.js"
 
 export const NOTIFY_CHANNEL = "firehook_outbox"
@@ -71,6 +73,34 @@ export interface OutboxStoreShape {
     bodies: ReadonlyArray<EventBody>,
     rows: ReadonlyArray<OutboxRow>
   ) => Effect.Effect<BatchInsert, StoreError>
+  /** see {@link BatchCommit}; absent when the store cannot (the caller then uses a transaction) */
+  readonly commitBatch?: (commit: BatchCommit) => Effect.Effect<BatchCommitResult, StoreError>
+}
+
+/** An accepted item's quarantine row, inserted if its event's stored body differs (corruption). */
+export interface CorruptionCandidate {
+  readonly eventId: string
+  readonly row: QuarantineRow
+}
+
+/**
+ * The whole durable effect of one intake batch that writes no registry rows, for a store that can
+ * write it in ONE statement (atomic without a transaction, one round trip): prior-reference
+ * changes, event bodies and outbox rows (one chunk) with their NOTIFY, quarantine rows (corruption
+ * detected by the statement itself), and the stream cursor.
+ */
+export interface BatchCommit {
+  readonly prior: PriorRefsStore.PriorRefsWrite | undefined
+  readonly bodies: ReadonlyArray<EventBody>
+  readonly rows: ReadonlyArray<OutboxRow>
+  readonly corruption: ReadonlyArray<CorruptionCandidate>
+  readonly quarantine: ReadonlyArray<QuarantineRow>
+  readonly cursor: CursorStore.CursorWrite | undefined
+}
+
+export interface BatchCommitResult extends BatchInsert {
+  /** the prior-reference keys whose upsert was written */
+  readonly priorWritten: ReadonlySet<string>
 }
 
 export interface BatchInsert {
@@ -84,6 +114,96 @@ export class OutboxStore extends Context.Tag("firehook/OutboxStore")<OutboxStore
 
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL
+
+interface BatchResultRow {
+  readonly inserted: number | string | null
+  readonly existing: unknown
+}
+
+const existingOf = (v: unknown): ReadonlyMap<string, string> => {
+  const existing = new Map<string, string>()
+  const pairs: unknown = typeof v === "string" ? JSON.parse(v) : v
+  if (Array.isArray(pairs)) {
+    for (const p of pairs) {
+      if (Array.isArray(p) && typeof p[0] === "string" && typeof p[1] === "string") existing.set(p[0], p[1])
+    }
+  }
+  return existing
+}
+
+const quarantineInsert = (sql: SqlClient.SqlClient, rows: ReadonlyArray<QuarantineRow>) =>
+  sql`INSERT INTO quarantine ${sql.insert(
+    rows.map((r) => ({
+      stream: r.stream,
+      relay: r.relay,
+      reason: r.reason,
+      event_hash: r.eventHash,
+      cursor: r.cursor === undefined ? null : r.cursor.toString()
+    }))
+  )}`
+
+/**
+ * Bodies, rows and NOTIFY as data-modifying CTEs (`outbox_bodies`, `outbox_events`,
+ * `outbox_inserted`, `outbox_count`, `outbox_notified`, `outbox_corrupt`): the body insert touches
+ * an existing body (see `insertEvents`); rows are inserted only for events whose stored body is the
+ * one given; the NOTIFY runs only when a row was inserted; each `corruption` row whose event's
+ * stored body differs is inserted into the quarantine.
+ */
+const outboxCtes = (
+  sql: SqlClient.SqlClient,
+  bodies: ReadonlyArray<EventBody>,
+  rows: ReadonlyArray<OutboxRow>,
+  corruption: ReadonlyArray<CorruptionCandidate>
+) => {
+  const c = columns(rows)
+  const q = {
+    eventId: corruption.map((x) => x.eventId),
+    stream: corruption.map((x) => x.row.stream),
+    relay: corruption.map((x) => x.row.relay),
+    eventHash: corruption.map((x) => x.row.eventHash),
+    cursor: corruption.map((x) => (x.row.cursor === undefined ? null : x.row.cursor.toString()))
+  }
+  return sql`outbox_bodies AS (
+      SELECT * FROM unnest(${bodies.map((x) => x.eventId)}::text[], ${bodies.map((x) => x.body)}::text[],
+        ${bodies.map((x) => x.sha256)}::text[]) AS b(event_id, body, body_sha256)
+    ), outbox_events AS (
+      INSERT INTO delivery_events (event_id, body, body_sha256) SELECT event_id, body, body_sha256 FROM outbox_bodies
+      ON CONFLICT (event_id) DO UPDATE SET created_at = now()
+      RETURNING event_id, body_sha256, (xmax = 0) AS inserted
+    ), outbox_mismatch AS (
+      SELECT e.event_id FROM outbox_events e JOIN outbox_bodies b USING (event_id) WHERE e.body_sha256 <> b.body_sha256
+    ), outbox_inserted AS (
+      INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+        event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
+      SELECT r.* FROM unnest(${c.deliveryId}::text[], ${c.eventId}::text[], ${c.ownerDid}::text[],
+        ${c.webhookRkey}::text[], ${c.matchKind}::text[], ${c.eventDid}::text[], ${c.eventCollection}::text[],
+        ${c.eventRkey}::text[], ${c.eventOperation}::text[], ${c.targetUrl}::text[], ${c.signingMode}::text[],
+        ${c.secretId}::text[], ${c.fingerprint}::text[])
+        AS r(delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection, event_rkey,
+          event_operation, target_url, signing_mode, secret_id, fingerprint)
+      WHERE r.event_id NOT IN (SELECT event_id FROM outbox_mismatch)
+      ON CONFLICT (delivery_id) DO NOTHING
+      RETURNING 1
+    ), outbox_count AS (
+      SELECT count(*)::int AS c FROM outbox_inserted
+    ), outbox_notified AS (
+      SELECT pg_notify(${NOTIFY_CHANNEL}, '1') FROM outbox_count WHERE c > 0
+    ), outbox_corrupt AS (
+      INSERT INTO quarantine (stream, relay, reason, event_hash, cursor)
+      SELECT q.stream, q.relay, 'corruption', q.event_hash, q.cursor
+      FROM unnest(${q.eventId}::text[], ${q.stream}::text[], ${q.relay}::text[], ${q.eventHash}::text[],
+        ${q.cursor}::bigint[]) WITH ORDINALITY AS q(event_id, stream, relay, event_hash, cursor, n)
+      WHERE q.event_id IN (SELECT event_id FROM outbox_mismatch)
+      ORDER BY q.n
+      RETURNING 1
+    )`
+}
+
+/** The result columns of `outboxCtes` (referencing `outbox_notified` is what runs the NOTIFY). */
+const outboxColumns = (sql: SqlClient.SqlClient) =>
+  sql`(SELECT c FROM outbox_count) AS inserted, (SELECT count(*)::int FROM outbox_notified) AS notified,
+    (SELECT coalesce(json_agg(json_build_array(event_id, body_sha256)), '[]'::json) FROM outbox_events WHERE NOT inserted)
+      AS existing`
 
 export const makeSql = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
@@ -142,51 +262,35 @@ export const makeSql = Effect.gen(function* () {
           )}`.pipe(Effect.asVoid, storeOp("outbox.insertQuarantine")),
     // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
     notify: sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`.pipe(Effect.asVoid, storeOp("outbox.notify")),
-    insertBatch: (bodies, rows) => {
-      if (bodies.length === 0) return Effect.succeed({ existing: new Map<string, string>(), inserted: 0 })
-      const c = columns(rows)
-      // the body insert touches an existing body (see insertEvents); rows are inserted only for
-      // events whose stored body is the one given; the NOTIFY runs only when a row was inserted
-      return sql<{ inserted: number; notified: number; existing: unknown }>`
-        WITH b AS (
-          SELECT * FROM unnest(${bodies.map((x) => x.eventId)}::text[], ${bodies.map((x) => x.body)}::text[],
-            ${bodies.map((x) => x.sha256)}::text[]) AS b(event_id, body, body_sha256)
-        ), ev AS (
-          INSERT INTO delivery_events (event_id, body, body_sha256) SELECT event_id, body, body_sha256 FROM b
-          ON CONFLICT (event_id) DO UPDATE SET created_at = now()
-          RETURNING event_id, body_sha256, (xmax = 0) AS inserted
-        ), ins AS (
-          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
-            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
-          SELECT r.* FROM unnest(${c.deliveryId}::text[], ${c.eventId}::text[], ${c.ownerDid}::text[],
-            ${c.webhookRkey}::text[], ${c.matchKind}::text[], ${c.eventDid}::text[], ${c.eventCollection}::text[],
-            ${c.eventRkey}::text[], ${c.eventOperation}::text[], ${c.targetUrl}::text[], ${c.signingMode}::text[],
-            ${c.secretId}::text[], ${c.fingerprint}::text[])
-            AS r(delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection, event_rkey,
-              event_operation, target_url, signing_mode, secret_id, fingerprint)
-          WHERE r.event_id IN (SELECT ev.event_id FROM ev JOIN b USING (event_id) WHERE ev.body_sha256 = b.body_sha256)
-          ON CONFLICT (delivery_id) DO NOTHING
-          RETURNING 1
-        ), n AS (
-          SELECT count(*)::int AS c FROM ins
-        ), notified AS (
-          SELECT pg_notify(${NOTIFY_CHANNEL}, '1') FROM n WHERE n.c > 0
-        )
-        SELECT (SELECT c FROM n) AS inserted, (SELECT count(*)::int FROM notified) AS notified,
-          (SELECT coalesce(json_agg(json_build_array(event_id, body_sha256)), '[]'::json) FROM ev WHERE NOT inserted)
-            AS existing`.pipe(
+    insertBatch: (bodies, rows) =>
+      bodies.length === 0
+        ? Effect.succeed({ existing: new Map<string, string>(), inserted: 0 })
+        : sql<BatchResultRow>`WITH ${outboxCtes(sql, bodies, rows, [])}
+            SELECT ${outboxColumns(sql)}`.pipe(
+            Effect.map((result) => ({ existing: existingOf(result[0]?.existing), inserted: Number(result[0]?.inserted ?? 0) })),
+            storeOp("outbox.insertBatch")
+          ),
+    commitBatch: (c) => {
+      const ctes: Array<Statement.Fragment> = []
+      const withPrior = c.prior !== undefined && (c.prior.upserts.length > 0 || c.prior.deletes.length > 0)
+      if (c.prior !== undefined && withPrior) ctes.push(PriorRefsStore.writeCtes(sql, c.prior))
+      if (c.cursor !== undefined) ctes.push(sql`cursor_saved AS (${CursorStore.saveStatement(sql, c.cursor)} RETURNING 1)`)
+      if (c.quarantine.length > 0) ctes.push(sql`quarantined AS (${quarantineInsert(sql, c.quarantine)} RETURNING 1)`)
+      const withOutbox = c.bodies.length > 0
+      if (withOutbox) ctes.push(outboxCtes(sql, c.bodies, c.rows, c.corruption))
+      if (ctes.length === 0) return Effect.succeed({ existing: new Map<string, string>(), inserted: 0, priorWritten: new Set<string>() })
+      return sql<BatchResultRow & { prior_written: unknown }>`WITH ${sql.csv(ctes)}
+        SELECT ${withOutbox ? outboxColumns(sql) : sql`0 AS inserted, '[]'::json AS existing`},
+          ${withPrior ? sql`(SELECT coalesce(json_agg(record_uri), '[]'::json) FROM prior_written)` : sql`'[]'::json`}
+            AS prior_written`.pipe(
         Effect.map((result) => {
           const r = result[0]
-          const existing = new Map<string, string>()
-          const pairs: unknown = typeof r?.existing === "string" ? JSON.parse(r.existing) : r?.existing
-          if (Array.isArray(pairs)) {
-            for (const p of pairs) {
-              if (Array.isArray(p) && typeof p[0] === "string" && typeof p[1] === "string") existing.set(p[0], p[1])
-            }
-          }
-          return { existing, inserted: Number(r?.inserted ?? 0) }
+          const priorWritten = new Set<string>()
+          const written: unknown = typeof r?.prior_written === "string" ? JSON.parse(r.prior_written) : r?.prior_written
+          if (Array.isArray(written)) for (const u of written) if (typeof u === "string") priorWritten.add(u)
+          return { existing: existingOf(r?.existing), inserted: Number(r?.inserted ?? 0), priorWritten }
         }),
-        storeOp("outbox.insertBatch")
+        storeOp("outbox.commitBatch")
       )
     }
   }
@@ -391,103 +495,122 @@ export const metrics = {
   })
 }
 
+/** A batch's outbox writes, bounds applied: what `write` or a one-statement commit sends. */
+export interface Prepared {
+  readonly items: ReadonlyArray<EnqueueItem>
+  /** index into `items`, the item's rows and its body, for items within the bounds */
+  readonly accepted: ReadonlyArray<{ readonly index: number; readonly rows: ReadonlyArray<OutboxRow>; readonly body: EventBody }>
+  /** the accepted items' bodies, one per event id */
+  readonly bodies: ReadonlyArray<EventBody>
+  /** every accepted item's rows */
+  readonly rows: ReadonlyArray<OutboxRow>
+  /** bodies and rows each fit in one chunk (one statement can write them) */
+  readonly oneChunk: boolean
+  readonly limits: OutboxLimits
+}
+
+/** What the database said: stored sha256 of the event ids that existed, outbox rows inserted. */
+export interface Written {
+  readonly existing: ReadonlyMap<string, string>
+  readonly inserted: number
+}
+
+const chunkEnd = <A>(list: ReadonlyArray<A>, start: number, limits: OutboxLimits, size: (a: A) => number) => {
+  let end = start
+  let bytes = 0
+  while (end < list.length && end - start < limits.chunkRows && bytes < limits.chunkBytes) {
+    const a = list[end]
+    bytes += a === undefined ? 0 : size(a)
+    end++
+  }
+  return end
+}
+const bodySize = (b: EventBody) => b.body.length
+
+/** Apply the fan-out/size bounds (pure). */
+export const prepare = (items: ReadonlyArray<EnqueueItem>, limits: OutboxLimits): Prepared => {
+  const accepted: Array<{ index: number; rows: ReadonlyArray<OutboxRow>; body: EventBody }> = []
+  for (let i = 0; i < items.length; i++) {
+    const item = items[i]
+    if (item === undefined || item.matches.length > limits.maxFanout) continue
+    const rows = rowsFor(item)
+    let bytes = Buffer.byteLength(item.payload.body, "utf8")
+    for (const r of rows) bytes += rowBytes(r)
+    if (bytes > limits.maxEventBytes) continue
+    accepted.push({
+      index: i,
+      rows,
+      body: { eventId: item.payload.eventId, body: item.payload.body, sha256: sha256Hex(item.payload.body) }
+    })
+  }
+  const byId = new Map<string, EventBody>()
+  for (const a of accepted) byId.set(a.body.eventId, a.body)
+  const bodies = [...byId.values()]
+  const rows: Array<OutboxRow> = []
+  for (const a of accepted) for (const r of a.rows) rows.push(r)
+  const oneChunk =
+    chunkEnd(bodies, 0, limits, bodySize) === bodies.length && chunkEnd(rows, 0, limits, rowBytes) === rows.length
+  return { items, accepted, bodies, rows, oneChunk, limits }
+}
+
+/** Whether an accepted item's event already existed with another body (corruption). */
+const isCorrupt = (a: Prepared["accepted"][number], existing: ReadonlyMap<string, string>) => {
+  const stored = existing.get(a.body.eventId)
+  return stored !== undefined && stored !== a.body.sha256
+}
+
+/**
+ * Write a prepared batch through the store: bodies, then the rows of events whose stored body is
+ * theirs, then a NOTIFY when rows were inserted (one statement when it fits one chunk, else one
+ * statement per chunk). Must run inside the batch's transaction.
+ */
+export const write = (p: Prepared) =>
+  Effect.gen(function* () {
+    const store = yield* OutboxStore
+    if (p.oneChunk) return yield* store.insertBatch(p.bodies, p.rows)
+    // bodies: one insert per chunk; an existing id with another body is corruption
+    const existing = new Map<string, string>()
+    for (let start = 0; start < p.bodies.length; ) {
+      const end = chunkEnd(p.bodies, start, p.limits, bodySize)
+      for (const [id, sha] of yield* store.insertEvents(p.bodies.slice(start, end))) existing.set(id, sha)
+      start = end
+    }
+    const rows: Array<OutboxRow> = []
+    for (const a of p.accepted) if (!isCorrupt(a, existing)) for (const r of a.rows) rows.push(r)
+    let inserted = 0
+    for (let start = 0; start < rows.length; ) {
+      const end = chunkEnd(rows, start, p.limits, rowBytes)
+      inserted += yield* store.insertRows(rows.slice(start, end))
+      start = end
+    }
+    if (inserted > 0) yield* store.notify
+    const written: Written = { existing, inserted }
+    return written
+  })
+
+/** The per-item outcomes once written. */
+export const finish = (p: Prepared, written: Written): EnqueueResult => {
+  const outcomes: Array<EnqueueOutcome> = new Array(p.items.length)
+  for (let i = 0; i < p.items.length; i++) outcomes[i] = { _tag: "fanout_limit" }
+  let rows = 0
+  for (const a of p.accepted) {
+    if (isCorrupt(a, written.existing)) {
+      outcomes[a.index] = { _tag: "corruption" }
+    } else {
+      // per-event inserted counts are not tracked individually (one statement covers many events)
+      outcomes[a.index] = { _tag: "enqueued", rows: a.rows.length }
+      rows += a.rows.length
+    }
+  }
+  return { outcomes, inserted: written.inserted, duplicates: rows - written.inserted }
+}
+
 /**
  * Enqueue the matched events of one batch. Must run inside the batch's transaction. Events over
  * the fan-out/size bounds and corrupt events write nothing (the caller quarantines them).
  */
 export const enqueue = (items: ReadonlyArray<EnqueueItem>, limits: OutboxLimits) =>
-  Effect.gen(function* () {
-    const store = yield* OutboxStore
-    const outcomes: Array<EnqueueOutcome> = new Array(items.length)
-    const accepted: Array<{ index: number; rows: ReadonlyArray<OutboxRow>; body: EventBody }> = []
-    for (let i = 0; i < items.length; i++) {
-      const item = items[i]
-      if (item === undefined) continue
-      if (item.matches.length > limits.maxFanout) {
-        outcomes[i] = { _tag: "fanout_limit" }
-        continue
-      }
-      const rows = rowsFor(item)
-      let bytes = Buffer.byteLength(item.payload.body, "utf8")
-      for (const r of rows) bytes += rowBytes(r)
-      if (bytes > limits.maxEventBytes) {
-        outcomes[i] = { _tag: "fanout_limit" }
-        continue
-      }
-      accepted.push({
-        index: i,
-        rows,
-        body: { eventId: item.payload.eventId, body: item.payload.body, sha256: sha256Hex(item.payload.body) }
-      })
-    }
-    const bodies = new Map<string, EventBody>()
-    for (const a of accepted) bodies.set(a.body.eventId, a.body)
-    const bodyList = [...bodies.values()]
-    const bodyChunkEnd = (start: number) => {
-      let end = start
-      let size = 0
-      while (end < bodyList.length && end - start < limits.chunkRows && size < limits.chunkBytes) {
-        size += bodyList[end]?.body.length ?? 0
-        end++
-      }
-      return end
-    }
-    const rowChunkEnd = (rows: ReadonlyArray<OutboxRow>, start: number) => {
-      let end = start
-      let size = 0
-      while (end < rows.length && end - start < limits.chunkRows && size < limits.chunkBytes) {
-        const r = rows[end]
-        size += r === undefined ? 0 : rowBytes(r)
-        end++
-      }
-      return end
-    }
-    const allRows: Array<OutboxRow> = []
-    for (const a of accepted) for (const r of a.rows) allRows.push(r)
-
-    let existing: ReadonlyMap<string, string>
-    let rows: Array<OutboxRow>
-    let inserted = 0
-    const perEventRows: Array<{ index: number; count: number }> = []
-    const keepUncorrupted = () => {
-      const kept: Array<OutboxRow> = []
-      for (const a of accepted) {
-        const storedSha = existing.get(a.body.eventId)
-        if (storedSha !== undefined && storedSha !== a.body.sha256) {
-          outcomes[a.index] = { _tag: "corruption" }
-          continue
-        }
-        for (const r of a.rows) kept.push(r)
-        perEventRows.push({ index: a.index, count: a.rows.length })
-      }
-      return kept
-    }
-    if (bodyChunkEnd(0) === bodyList.length && rowChunkEnd(allRows, 0) === allRows.length) {
-      // everything fits in one chunk: bodies, rows and the NOTIFY in one statement
-      const done = yield* store.insertBatch(bodyList, allRows)
-      existing = done.existing
-      inserted = done.inserted
-      rows = keepUncorrupted()
-    } else {
-      // bodies: one insert per chunk; an existing id with another body is corruption
-      const found = new Map<string, string>()
-      for (let start = 0; start < bodyList.length; ) {
-        const end = bodyChunkEnd(start)
-        for (const [id, sha] of yield* store.insertEvents(bodyList.slice(start, end))) found.set(id, sha)
-        start = end
-      }
-      existing = found
-      rows = keepUncorrupted()
-      for (let start = 0; start < rows.length; ) {
-        const end = rowChunkEnd(rows, start)
-        inserted += yield* store.insertRows(rows.slice(start, end))
-        start = end
-      }
-      if (inserted > 0) yield* store.notify
-    }
-    // per-event inserted counts are not tracked individually (one statement covers many events)
-    for (const p of perEventRows) outcomes[p.index] = { _tag: "enqueued", rows: p.count }
-    const duplicates = rows.length - inserted
-    const result: EnqueueResult = { outcomes, inserted, duplicates }
-    return result
+  Effect.suspend(() => {
+    const p = prepare(items, limits)
+    return Effect.map(write(p), (w) => finish(p, w))
   }).pipe(Effect.withSpan("Outbox.enqueue"))

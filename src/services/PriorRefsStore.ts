@@ -63,6 +63,46 @@ const refsOf = (v: unknown): ReadonlyArray<string> => {
   return Array.isArray(parsed) ? parsed.filter((x): x is string => typeof x === "string") : []
 }
 
+/**
+ * `write` as two data-modifying CTEs, `prior_deleted` and `prior_written` (the keys whose upsert
+ * was written), for a statement to embed (`WITH <these>, … SELECT …`). The two sets of keys are
+ * disjoint, so the parts never touch the same row.
+ */
+export const writeCtes = (sql: SqlClient.SqlClient, { deletes, ttlSeconds, upserts }: PriorRefsWrite) => {
+  const upUris: Array<string> = []
+  const upRevs: Array<string> = []
+  const upRefs: Array<string> = []
+  const upBytes: Array<number> = []
+  const forced: Array<string> = []
+  for (const u of upserts) {
+    upUris.push(u.recordUri)
+    upRevs.push(u.rev)
+    upRefs.push(JSON.stringify(u.refs))
+    upBytes.push(u.bytes)
+    if (u.force) forced.push(u.recordUri)
+  }
+  const delUris: Array<string> = []
+  const delRevs: Array<string | null> = []
+  for (const d of deletes) {
+    delUris.push(d.recordUri)
+    delRevs.push(d.olderThan ?? null)
+  }
+  return sql`prior_deleted AS (
+      DELETE FROM prior_refs p USING unnest(${delUris}::text[], ${delRevs}::text[]) AS d(uri, rev)
+      WHERE p.record_uri = d.uri AND (d.rev IS NULL OR p.rev < d.rev OR p.expires_at <= now())
+      RETURNING p.record_uri
+    ), prior_written AS (
+      INSERT INTO prior_refs (record_uri, rev, refs, bytes, expires_at)
+      SELECT u.uri, u.rev, u.refs::jsonb, u.bytes, now() + make_interval(secs => ${ttlSeconds})
+      FROM unnest(${upUris}::text[], ${upRevs}::text[], ${upRefs}::text[], ${upBytes}::int[]) AS u(uri, rev, refs, bytes)
+      ON CONFLICT (record_uri) DO UPDATE SET rev = EXCLUDED.rev, refs = EXCLUDED.refs, bytes = EXCLUDED.bytes,
+        expires_at = EXCLUDED.expires_at, updated_at = now()
+      WHERE prior_refs.rev < EXCLUDED.rev OR prior_refs.expires_at <= now()
+        OR EXCLUDED.record_uri = ANY(${forced}::text[])
+      RETURNING record_uri
+    )`
+}
+
 export const makeSql = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const store: PriorRefsStoreShape = {
@@ -84,45 +124,13 @@ export const makeSql = Effect.gen(function* () {
             }),
             storeOp("priorRefs.read")
           ),
-    write: ({ upserts, deletes, ttlSeconds }) => {
-      if (upserts.length === 0 && deletes.length === 0) return Effect.succeed(new Set<string>())
-      const upUris: Array<string> = []
-      const upRevs: Array<string> = []
-      const upRefs: Array<string> = []
-      const upBytes: Array<number> = []
-      const forced: Array<string> = []
-      for (const u of upserts) {
-        upUris.push(u.recordUri)
-        upRevs.push(u.rev)
-        upRefs.push(JSON.stringify(u.refs))
-        upBytes.push(u.bytes)
-        if (u.force) forced.push(u.recordUri)
-      }
-      const delUris: Array<string> = []
-      const delRevs: Array<string | null> = []
-      for (const d of deletes) {
-        delUris.push(d.recordUri)
-        delRevs.push(d.olderThan ?? null)
-      }
-      // the two sets of keys are disjoint, so the statement's parts cannot touch the same row
-      return sql<{ record_uri: string }>`
-        WITH deleted AS (
-          DELETE FROM prior_refs p USING unnest(${delUris}::text[], ${delRevs}::text[]) AS d(uri, rev)
-          WHERE p.record_uri = d.uri AND (d.rev IS NULL OR p.rev < d.rev OR p.expires_at <= now())
-          RETURNING p.record_uri
-        )
-        INSERT INTO prior_refs (record_uri, rev, refs, bytes, expires_at)
-        SELECT u.uri, u.rev, u.refs::jsonb, u.bytes, now() + make_interval(secs => ${ttlSeconds})
-        FROM unnest(${upUris}::text[], ${upRevs}::text[], ${upRefs}::text[], ${upBytes}::int[]) AS u(uri, rev, refs, bytes)
-        ON CONFLICT (record_uri) DO UPDATE SET rev = EXCLUDED.rev, refs = EXCLUDED.refs, bytes = EXCLUDED.bytes,
-          expires_at = EXCLUDED.expires_at, updated_at = now()
-        WHERE prior_refs.rev < EXCLUDED.rev OR prior_refs.expires_at <= now()
-          OR EXCLUDED.record_uri = ANY(${forced}::text[])
-        RETURNING record_uri`.pipe(
-        Effect.map((rows) => new Set(rows.map((r) => r.record_uri))),
-        storeOp("priorRefs.write")
-      )
-    },
+    write: (changes) =>
+      changes.upserts.length === 0 && changes.deletes.length === 0
+        ? Effect.succeed(new Set<string>())
+        : sql<{ record_uri: string }>`WITH ${writeCtes(sql, changes)} SELECT record_uri FROM prior_written`.pipe(
+            Effect.map((rows) => new Set(rows.map((r) => r.record_uri))),
+            storeOp("priorRefs.write")
+          ),
     count: sql<{ n: string | number }>`SELECT count(*) AS n FROM prior_refs`.pipe(
       Effect.map((rows) => Number(rows[0]?.n ?? 0)),
       storeOp("priorRefs.count")

@@ -21,7 +21,14 @@ import { sanitizeWhRecordForDelivery, WH_COLLECTION } from "../schemas/WhRecord.
 import { FirehookConfig } from "./Config.js"
 import { Health } from "./Health.js"
 import * as Outbox from "./Outbox.js"
-import { type PriorRefsDelete, type PriorRefsRow, PriorRefsStore, type PriorRefsUpsert } from "./PriorRefsStore.js"
+import type { CursorWrite } from "./CursorStore.js"
+import {
+  type PriorRefsDelete,
+  type PriorRefsRow,
+  PriorRefsStore,
+  type PriorRefsUpsert,
+  type PriorRefsWrite
+} from "./PriorRefsStore.js"
 import { Registry, type WhEventOutcome } from "./Registry.js"
 import { type StoreError, Tx } from "./Store.js"
 
@@ -46,6 +53,12 @@ export interface ProcessOptions {
   readonly registryWriter: boolean
   /** runs last inside the transaction (the intake's cursor write) */
   readonly finalize?: Effect.Effect<void, StoreError>
+  /**
+   * The same cursor write as `finalize`, as data: a batch written by one statement (see
+   * `OutboxStore.commitBatch`) writes it in that statement instead of running `finalize`. Without
+   * it, a batch with a `finalize` always runs in a transaction.
+   */
+  readonly cursor?: CursorWrite
 }
 
 export interface PriorRefLimits {
@@ -157,7 +170,11 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
     let lastRefusalWarning = Number.NEGATIVE_INFINITY
     const mayHavePrior = (uri: string) => !keysComplete || keys.has(uri)
 
-    const processEvents = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
+    /**
+     * Match a batch: registry mutations (applied here, in the caller's transaction), prior
+     * references (read once, applied in memory), outbox rows prepared. Writes nothing else.
+     */
+    const plan = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
       Effect.gen(function* () {
         const outcomes: Array<EventOutcome> = new Array(batch.length)
         const items: Array<Outbox.EnqueueItem> = []
@@ -313,10 +330,10 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
           }
         }
 
-        // each touched key's final state, in one statement; the key index follows the final states
-        // after commit (a key removed and written again in one batch stays in it)
-        let written: ReadonlySet<string> = emptyKeys
+        // each touched key's final state, written in one statement; the key index follows the
+        // final states after commit (a key removed and written again in one batch stays in it)
         const removedKeys: Array<string> = []
+        let prior: PriorRefsWrite | undefined
         if (current.size > 0) {
           const upserts: Array<PriorRefsUpsert> = []
           const deletes: Array<PriorRefsDelete> = []
@@ -327,63 +344,134 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
               removedKeys.push(uri)
             } else upserts.push({ recordUri: uri, rev: row.rev, refs: row.refs, bytes: row.bytes, force: exact })
           }
-          written = yield* priorStore.write({ upserts, deletes, ttlSeconds: priorLimits.ttlSeconds })
+          prior = { upserts, deletes, ttlSeconds: priorLimits.ttlSeconds }
         }
 
-        const enqueued = yield* Outbox.enqueue(items, outboxLimits).pipe(
-          Effect.provideService(Outbox.OutboxStore, outboxStore)
-        )
+        // outbox rows within the bounds; an item over them is quarantined (known before writing)
+        const prepared = Outbox.prepare(items, outboxLimits)
+        const accepted = new Set<number>()
+        for (const x of prepared.accepted) accepted.add(x.index)
         for (let j = 0; j < items.length; j++) {
           const i = itemIndex[j]
           const item = items[j]
-          const o = enqueued.outcomes[j]
-          if (i === undefined || item === undefined || o === undefined) continue
-          const r = registryOutcomes[i]
-          if (o._tag === "enqueued") {
-            if (outcomes[i] === undefined) {
-              outcomes[i] =
-                r === undefined
-                  ? { _tag: "enqueued", deliveries: o.rows }
-                  : { _tag: "enqueued", deliveries: o.rows, registry: r }
+          if (i !== undefined && item !== undefined && !accepted.has(j)) quarantineEvent(i, item.event, "fanout_limit")
+        }
+        /** the outcomes once written: a corrupt item is quarantined (by the caller's write) */
+        const settle = (enqueued: Outbox.EnqueueResult) => {
+          for (const x of prepared.accepted) {
+            const i = itemIndex[x.index]
+            const item = items[x.index]
+            const o = enqueued.outcomes[x.index]
+            if (i === undefined || item === undefined || o === undefined) continue
+            if (o._tag === "enqueued") {
+              if (outcomes[i] === undefined) {
+                const r = registryOutcomes[i]
+                outcomes[i] =
+                  r === undefined
+                    ? { _tag: "enqueued", deliveries: o.rows }
+                    : { _tag: "enqueued", deliveries: o.rows, registry: r }
+              }
+            } else {
+              quarantineEvent(i, item.event, o._tag)
             }
-          } else {
-            quarantineEvent(i, item.event, o._tag)
           }
+          return enqueued
         }
-        if (quarantine.length > 0) yield* outboxStore.insertQuarantine(quarantine)
-        if (options.finalize !== undefined) yield* options.finalize
+        const corruption: Array<Outbox.CorruptionCandidate> = []
+        for (const x of prepared.accepted) {
+          const e = items[x.index]?.event
+          if (e === undefined) continue
+          corruption.push({
+            eventId: x.body.eventId,
+            row: { stream: e.stream, relay: e.relay, reason: "corruption", eventHash: eventId(e), cursor: toBigInt(e.cursor) }
+          })
+        }
         return {
-          result: {
-            outcomes,
-            inserted: enqueued.inserted,
-            duplicates: enqueued.duplicates,
-            quarantined: quarantine.length
-          } satisfies BatchResult,
-          removedKeys,
-          batchTooComplex,
-          batchRefused,
+          outcomes,
           quarantine,
-          written
+          prior,
+          removedKeys,
+          prepared,
+          corruption,
+          settle,
+          batchTooComplex,
+          batchRefused
         }
-      }).pipe(
-        tx.withTransaction,
+      })
+
+    type Plan = Effect.Effect.Success<ReturnType<typeof plan>>
+    interface Done {
+      readonly plan: Plan
+      readonly enqueued: Outbox.EnqueueResult
+      readonly written: ReadonlySet<string>
+    }
+
+    /** a plan's writes as separate statements (inside the caller's transaction), then `finalize` */
+    const writeInTransaction = (p: Plan, options: ProcessOptions) =>
+      Effect.gen(function* () {
+        const written = p.prior === undefined ? emptyKeys : yield* priorStore.write(p.prior)
+        const w = yield* Outbox.write(p.prepared).pipe(Effect.provideService(Outbox.OutboxStore, outboxStore))
+        const enqueued = p.settle(Outbox.finish(p.prepared, w))
+        if (p.quarantine.length > 0) yield* outboxStore.insertQuarantine(p.quarantine)
+        if (options.finalize !== undefined) yield* options.finalize
+        const done: Done = { plan: p, enqueued, written }
+        return done
+      })
+
+    const commitBatch = outboxStore.commitBatch
+    /**
+     * A batch that writes no registry rows and fits one statement is written by ONE statement
+     * (atomic on its own: no BEGIN/COMMIT round trips), its prior-reference read done before it
+     * (batches are serialized and this process is the only writer of prior references, so what
+     * was read is what the statement writes over). Otherwise one transaction, as before.
+     */
+    const oneStatement = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
+      commitBatch !== undefined &&
+      (options.finalize === undefined || options.cursor !== undefined) &&
+      !(options.registryWriter && batch.some((e) => e.kind === "commit" && e.collection === WH_COLLECTION))
+
+    const run = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions): Effect.Effect<Done, StoreError> => {
+      if (commitBatch === undefined || !oneStatement(batch, options)) {
+        return Effect.flatMap(plan(batch, options), (p) => writeInTransaction(p, options)).pipe(tx.withTransaction)
+      }
+      return Effect.flatMap(plan(batch, options), (p): Effect.Effect<Done, StoreError> => {
+        if (!p.prepared.oneChunk) return tx.withTransaction(writeInTransaction(p, options))
+        // the quarantine rows known now are inserted with the batch; corrupt items' rows are
+        // inserted by the statement, which alone can tell
+        const known = p.quarantine.slice()
+        return Effect.map(
+          commitBatch({
+            prior: p.prior,
+            bodies: p.prepared.bodies,
+            rows: p.prepared.rows,
+            corruption: p.corruption,
+            quarantine: known,
+            cursor: options.cursor
+          }),
+          (r): Done => ({ plan: p, enqueued: p.settle(Outbox.finish(p.prepared, r)), written: r.priorWritten })
+        )
+      })
+    }
+
+    const processEvents = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
+      run(batch, options).pipe(
         registry.transactional,
         // after commit: key index, counters, metrics
-        Effect.tap((done) =>
+        Effect.tap(({ enqueued, plan: done, written }) =>
           Effect.gen(function* () {
             for (const k of done.removedKeys) keys.delete(k)
-            for (const k of done.written) keys.add(k)
+            for (const k of written) keys.add(k)
             if (keys.size > priorLimits.maxRows) keysComplete = false
             tooComplex += done.batchTooComplex
             refused += done.batchRefused
             yield* Metric.incrementBy(tooComplexMetric, done.batchTooComplex)
-            yield* Metric.incrementBy(Outbox.metrics.inserted, done.result.inserted)
-            yield* Metric.incrementBy(Outbox.metrics.duplicates, done.result.duplicates)
+            yield* Metric.incrementBy(Outbox.metrics.inserted, enqueued.inserted)
+            yield* Metric.incrementBy(Outbox.metrics.duplicates, enqueued.duplicates)
             const byReason = new Map<string, number>()
             for (const q of done.quarantine) byReason.set(q.reason, (byReason.get(q.reason) ?? 0) + 1)
             for (const [reason, n] of byReason) yield* Metric.incrementBy(quarantinedBy(reason), n)
             const byOutcome = new Map<EventOutcome["_tag"], number>()
-            for (const o of done.result.outcomes) if (o !== undefined) byOutcome.set(o._tag, (byOutcome.get(o._tag) ?? 0) + 1)
+            for (const o of done.outcomes) if (o !== undefined) byOutcome.set(o._tag, (byOutcome.get(o._tag) ?? 0) + 1)
             for (const [outcome, n] of byOutcome) yield* Metric.incrementBy(processedBy(outcome), n)
             if (done.batchRefused > 0) {
               yield* Metric.incrementBy(priorRefsRefusedMetric, done.batchRefused)
@@ -397,7 +485,14 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
             }
           })
         ),
-        Effect.map((done) => done.result),
+        Effect.map(
+          ({ enqueued, plan: done }): BatchResult => ({
+            outcomes: done.outcomes,
+            inserted: enqueued.inserted,
+            duplicates: enqueued.duplicates,
+            quarantined: done.quarantine.length
+          })
+        ),
         serialized,
         Effect.withSpan("Processor.processEvents", { attributes: { events: batch.length } })
       )
