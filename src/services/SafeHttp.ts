@@ -12,7 +12,9 @@
  *    certificate check against the name (`servername`), `Host: <name[:port]>`. Node's `net` module does
  *    not look up an IP literal, so there is no second resolution and no rebinding window.
  * 5. On a connect error, the next validated address is tried, all inside one overall deadline
- *    (`timeoutMs` covers resolve + connect + request + response + body).
+ *    (`timeoutMs` covers resolve + connect + request + response + body). Deadlines are enforced by
+ *    one Clock-driven ticker fiber per transport ({@link DEADLINE_TICK_MS} granularity), not by a
+ *    timer race per request.
  * 6. Redirects are never followed (a 3xx is returned as a response). At most `maxResponseBytes` of
  *    the response body are read.
  *
