@@ -301,7 +301,8 @@ describe("Maintenance", () => {
         const sql = yield* SqlClient.SqlClient
         const holders = yield* sql<{ n: number }>`
           SELECT count(*)::int AS n FROM pg_locks
-          WHERE locktype = 'advisory' AND objid = ${Maintenance.MAINTENANCE_LOCK_KEY} AND granted`
+          WHERE locktype = 'advisory' AND objid = ${Maintenance.MAINTENANCE_LOCK_KEY} AND granted
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
         expect(holders[0]?.n).toBe(1)
       }).pipe(TestServices.provideLive))
 
@@ -315,7 +316,8 @@ describe("Maintenance", () => {
         const sql = yield* SqlClient.SqlClient
         const killed = yield* sql<{ ok: boolean }>`
           SELECT pg_terminate_backend(pid) AS ok FROM pg_locks
-          WHERE locktype = 'advisory' AND objid = ${Maintenance.MAINTENANCE_LOCK_KEY} AND granted`
+          WHERE locktype = 'advisory' AND objid = ${Maintenance.MAINTENANCE_LOCK_KEY} AND granted
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
         expect(killed.map((r) => r.ok)).toEqual([true])
         const s = yield* m.awaitStatus((s) => s.acquisitions >= 2 && s.runner)
         expect(s.runner).toBe(true)
