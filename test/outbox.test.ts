@@ -5,7 +5,7 @@
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Fiber, Layer, Option, Stream } from "effect"
+import { Chunk, Deferred, Effect, Fiber, Layer, Option, Stream } from "effect"
 import { buildPayload } from "../src/matching/Canonical.js"
 import { matchEvent } from "../src/matching/Match.js"
 import * as CursorStore from "../src/services/CursorStore.js"
@@ -267,6 +267,88 @@ it.scopedLive("a NOTIFY reaches listeners when rows are enqueued", () =>
         expect(saved).toEqual([7n])
         expect(yield* cursorOf("registry")).toBeUndefined()
       }))
+  })
+
+  describe("batches that arrive together", () => {
+    const commits: Array<number> = []
+    const CountingOutbox = Layer.effect(
+      Outbox.OutboxStore,
+      Effect.map(Outbox.makeSql, (s): Outbox.OutboxStoreShape => ({
+        ...s,
+        commitBatch: (c) => {
+          commits.push(c.cursors.length)
+          return s.commitBatch === undefined ? Effect.die("no commitBatch") : s.commitBatch(c)
+        }
+      }))
+    )
+    const cursorOf = (stream: string) =>
+      Effect.flatMap(CursorStore.CursorStore, (c) => c.load(stream, "wss://relay.test"))
+    const bobPost = `at://${BOB}/${POST}/3ktogether`
+    const at = (stream: string, cursor: bigint) => ({
+      registryWriter: false,
+      finalize: Effect.dieMessage("finalize must not run: the statement writes the cursor"),
+      cursor: { stream, relay: "wss://relay.test", cursor }
+    })
+    /** hold the processor in a transaction until `open`, so that the next batches queue up */
+    const holdProcessor = Effect.gen(function* () {
+      const gate = yield* Deferred.make<void>()
+      const processor = yield* Processor
+      const held = yield* Effect.fork(processor.processEvents([], { registryWriter: false, finalize: Deferred.await(gate) }))
+      return { open: Deferred.succeed(gate, undefined).pipe(Effect.zipRight(Fiber.join(held))) }
+    })
+
+    it.live("are written by one statement, each seeing what the one before it changed", () =>
+      Effect.gen(function* () {
+        yield* run([whEv(CAROL, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
+        const processor = yield* Processor
+        const hold = yield* holdProcessor
+        yield* Effect.sleep("50 millis")
+        commits.length = 0
+        const create = ev(ALICE, POST, "t1", { rev: rev(120), record: { text: "x", reply: { parent: { uri: bobPost } } } })
+        const update = ev(ALICE, POST, "t1", { rev: rev(121), operation: "update", record: { text: "no ref" } })
+        const a = yield* Effect.fork(processor.processEvents([create], at("direct", 500n)))
+        yield* Effect.sleep("50 millis")
+        const b = yield* Effect.fork(processor.processEvents([update], at("backlink", 600n)))
+        yield* Effect.sleep("50 millis")
+        yield* hold.open
+        const ra = yield* Fiber.join(a)
+        const rb = yield* Fiber.join(b)
+        expect(commits).toEqual([2])
+        expect(ra.outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 1 })
+        // the update matched through the reference the create (same statement) stored
+        expect(rb.outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 1 })
+        expect(yield* cursorOf("direct")).toBe(500n)
+        expect(yield* cursorOf("backlink")).toBe(600n)
+        // the update removed the stored references
+        expect((yield* processor.stats).priorRefKeys).toBe(1) // the wh record's own
+      }).pipe(Effect.provide(sqlStack({ outbox: CountingOutbox }))), 30_000)
+
+    it.live("if their statement fails, they are retried one by one: only the failing batch fails", () =>
+      Effect.gen(function* () {
+        yield* run([whEv(CAROL, "d", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
+        const processor = yield* Processor
+        const hold = yield* holdProcessor
+        yield* Effect.sleep("50 millis")
+        commits.length = 0
+        const a = yield* Effect.fork(processor.processEvents([ev(BOB, POST, "ok1", { rev: rev(130) })], at("direct", 700n)))
+        yield* Effect.sleep("50 millis")
+        // a cursor beyond bigint: its statement fails
+        const b = yield* Effect.fork(
+          Effect.either(processor.processEvents([ev(BOB, POST, "bad1", { rev: rev(131) })], at("backlink", 2n ** 70n)))
+        )
+        yield* Effect.sleep("50 millis")
+        yield* hold.open
+        const ra = yield* Fiber.join(a)
+        const rb = yield* Fiber.join(b)
+        expect(commits).toEqual([2, 1, 1])
+        expect(ra.inserted).toBe(1)
+        expect(rb._tag).toBe("Left")
+        expect(yield* cursorOf("direct")).toBe(700n)
+        expect(yield* cursorOf("backlink")).toBeUndefined()
+        const sql = yield* SqlClient.SqlClient
+        const rows = yield* sql<{ event_rkey: string }>`SELECT event_rkey FROM outbox WHERE event_rkey IN ('ok1', 'bad1')`
+        expect(rows.map((r) => r.event_rkey)).toEqual(["ok1"])
+      }).pipe(Effect.provide(sqlStack({ outbox: CountingOutbox }))), 30_000)
   })
 
   it.layer(sqlStack())("fencing through the SQL store", (it) => {

@@ -95,10 +95,13 @@ export interface BatchCommit {
   readonly rows: ReadonlyArray<OutboxRow>
   readonly corruption: ReadonlyArray<CorruptionCandidate>
   readonly quarantine: ReadonlyArray<QuarantineRow>
-  readonly cursor: CursorStore.CursorWrite | undefined
+  /** the streams' cursor writes (distinct streams) */
+  readonly cursors: ReadonlyArray<CursorStore.CursorWrite>
 }
 
 export interface BatchCommitResult extends BatchInsert {
+  /** the delivery ids of the outbox rows inserted */
+  readonly insertedIds: ReadonlySet<string>
   /** the prior-reference keys whose upsert was written */
   readonly priorWritten: ReadonlySet<string>
 }
@@ -118,6 +121,13 @@ export class OutboxStore extends Context.Tag("firehook/OutboxStore")<OutboxStore
 interface BatchResultRow {
   readonly inserted: number | string | null
   readonly existing: unknown
+}
+
+const stringSet = (v: unknown): ReadonlySet<string> => {
+  const out = new Set<string>()
+  const parsed: unknown = typeof v === "string" ? JSON.parse(v) : v
+  if (Array.isArray(parsed)) for (const x of parsed) if (typeof x === "string") out.add(x)
+  return out
 }
 
 const existingOf = (v: unknown): ReadonlyMap<string, string> => {
@@ -183,7 +193,7 @@ const outboxCtes = (
           event_operation, target_url, signing_mode, secret_id, fingerprint)
       WHERE r.event_id NOT IN (SELECT event_id FROM outbox_mismatch)
       ON CONFLICT (delivery_id) DO NOTHING
-      RETURNING 1
+      RETURNING delivery_id
     ), outbox_count AS (
       SELECT count(*)::int AS c FROM outbox_inserted
     ), outbox_notified AS (
@@ -274,21 +284,27 @@ export const makeSql = Effect.gen(function* () {
       const ctes: Array<Statement.Fragment> = []
       const withPrior = c.prior !== undefined && (c.prior.upserts.length > 0 || c.prior.deletes.length > 0)
       if (c.prior !== undefined && withPrior) ctes.push(PriorRefsStore.writeCtes(sql, c.prior))
-      if (c.cursor !== undefined) ctes.push(sql`cursor_saved AS (${CursorStore.saveStatement(sql, c.cursor)} RETURNING 1)`)
+      c.cursors.forEach((w, k) => ctes.push(sql`${sql.literal(`cursor_saved_${k}`)} AS (${CursorStore.saveStatement(sql, w)} RETURNING 1)`))
       if (c.quarantine.length > 0) ctes.push(sql`quarantined AS (${quarantineInsert(sql, c.quarantine)} RETURNING 1)`)
       const withOutbox = c.bodies.length > 0
       if (withOutbox) ctes.push(outboxCtes(sql, c.bodies, c.rows, c.corruption))
-      if (ctes.length === 0) return Effect.succeed({ existing: new Map<string, string>(), inserted: 0, priorWritten: new Set<string>() })
-      return sql<BatchResultRow & { prior_written: unknown }>`WITH ${sql.csv(ctes)}
+      if (ctes.length === 0) {
+        return Effect.succeed({ existing: new Map<string, string>(), inserted: 0, insertedIds: new Set<string>(), priorWritten: new Set<string>() })
+      }
+      return sql<BatchResultRow & { inserted_ids: unknown; prior_written: unknown }>`WITH ${sql.csv(ctes)}
         SELECT ${withOutbox ? outboxColumns(sql) : sql`0 AS inserted, '[]'::json AS existing`},
+          ${withOutbox ? sql`(SELECT coalesce(json_agg(delivery_id), '[]'::json) FROM outbox_inserted)` : sql`'[]'::json`}
+            AS inserted_ids,
           ${withPrior ? sql`(SELECT coalesce(json_agg(record_uri), '[]'::json) FROM prior_written)` : sql`'[]'::json`}
             AS prior_written`.pipe(
         Effect.map((result) => {
           const r = result[0]
-          const priorWritten = new Set<string>()
-          const written: unknown = typeof r?.prior_written === "string" ? JSON.parse(r.prior_written) : r?.prior_written
-          if (Array.isArray(written)) for (const u of written) if (typeof u === "string") priorWritten.add(u)
-          return { existing: existingOf(r?.existing), inserted: Number(r?.inserted ?? 0), priorWritten }
+          return {
+            existing: existingOf(r?.existing),
+            inserted: Number(r?.inserted ?? 0),
+            insertedIds: stringSet(r?.inserted_ids),
+            priorWritten: stringSet(r?.prior_written)
+          }
         }),
         storeOp("outbox.commitBatch")
       )
@@ -527,6 +543,10 @@ const chunkEnd = <A>(list: ReadonlyArray<A>, start: number, limits: OutboxLimits
 }
 const bodySize = (b: EventBody) => b.body.length
 
+/** Whether bodies and rows each fit in one chunk (one statement can write them). */
+export const fitsOneChunk = (bodies: ReadonlyArray<EventBody>, rows: ReadonlyArray<OutboxRow>, limits: OutboxLimits) =>
+  chunkEnd(bodies, 0, limits, bodySize) === bodies.length && chunkEnd(rows, 0, limits, rowBytes) === rows.length
+
 /** Apply the fan-out/size bounds (pure). */
 export const prepare = (items: ReadonlyArray<EnqueueItem>, limits: OutboxLimits): Prepared => {
   const accepted: Array<{ index: number; rows: ReadonlyArray<OutboxRow>; body: EventBody }> = []
@@ -548,8 +568,7 @@ export const prepare = (items: ReadonlyArray<EnqueueItem>, limits: OutboxLimits)
   const bodies = [...byId.values()]
   const rows: Array<OutboxRow> = []
   for (const a of accepted) for (const r of a.rows) rows.push(r)
-  const oneChunk =
-    chunkEnd(bodies, 0, limits, bodySize) === bodies.length && chunkEnd(rows, 0, limits, rowBytes) === rows.length
+  const oneChunk = fitsOneChunk(bodies, rows, limits)
   return { items, accepted, bodies, rows, oneChunk, limits }
 }
 

@@ -1,17 +1,26 @@
 /**
  * `processEvents(batch)`: the one entry point from intake into matching (SPEC §2, §3.3–3.5).
  *
- * Inside ONE transaction it applies registry mutations for wh-record events (when the batch comes
- * from the registry writer), matches every event against the in-memory index (direct, backlink with
- * prior references), writes prior references, enqueues outbox rows, records quarantines, and finally
- * runs the caller's `finalize` statement (the intake's cursor write), so a crash at any instant
- * loses nothing: either the whole batch and its cursor commit, or none of it does.
+ * Atomically it applies registry mutations for wh-record events (when the batch comes from the
+ * registry writer), matches every event against the in-memory index (direct, backlink with prior
+ * references), writes prior references, enqueues outbox rows, records quarantines, and writes the
+ * caller's cursor, so a crash at any instant loses nothing: either the whole batch and its cursor
+ * commit, or none of it does.
  *
- * Batches are serialized (one at a time across all streams), so registry mutations are serialized
- * and each is visible to the next event processed. If the transaction fails, the in-memory changes
- * it made are undone.
+ * - A batch that writes no registry rows is written by ONE statement (`OutboxStore.commitBatch`:
+ *   atomic on its own, one round trip) with its cursor given as data (`ProcessOptions.cursor`);
+ *   its prior references are read (one statement) before it.
+ * - Otherwise (registry writes, a `finalize` without cursor data, more than one chunk of rows):
+ *   one transaction of separate statements, the caller's `finalize` last.
+ *
+ * Batches are committed one unit at a time by one worker fiber, in arrival order across all
+ * streams (first come, first served), so registry mutations are serialized and each is visible to
+ * the next event processed. One-statement batches that are waiting together (typically one per
+ * stream) are planned as if they were one batch and written by one statement; if that fails, they
+ * are retried one by one, so each caller sees its own batch's outcome. If a unit fails, the
+ * in-memory changes it made are undone.
  */
-import { Context, Effect, Either, Layer, Metric, Option, Queue } from "effect"
+import { Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
 import { buildPayload, eventId, type CanonicalError } from "../matching/Canonical.js"
 import { matchEvent } from "../matching/Match.js"
 import { extractReferences, utf8Length } from "../matching/References.js"
@@ -127,7 +136,6 @@ interface BatchRow {
   readonly bytes: number
   readonly live: boolean
 }
-const emptyRows: ReadonlyMap<string, PriorRefsRow> = new Map()
 const emptyKeys: ReadonlySet<string> = new Set()
 
 const recordUri = (e: RecordEvent) => `at://${e.did}/${e.collection}/${e.rkey}`
@@ -146,6 +154,37 @@ const boundRefs = (uris: ReadonlyArray<string>, limits: PriorRefLimits): { refs:
   return { refs, bytes }
 }
 
+interface Request {
+  readonly batch: ReadonlyArray<StreamEvent>
+  readonly options: ProcessOptions
+  readonly result: Deferred.Deferred<BatchResult, StoreError>
+}
+
+/** prior-reference state of batches planned together (as if they were one batch) */
+interface Shared {
+  /** a key's current row (null = absent) once the batches touched it */
+  readonly current: Map<string, BatchRow | null>
+  /** rows read from the store, and every key read (absent ones included) */
+  readonly stored: Map<string, PriorRefsRow>
+  readonly read: Set<string>
+  readonly lastRemoveRev: Map<string, string>
+  /** keys written and not removed since: not in the key index until commit, but visible */
+  readonly batchWritten: Set<string>
+  /** the DIDs of the keys ever written (a superset: tested before the key) */
+  readonly writtenDids: Set<string>
+  /** new keys written (counted against the table's row limit) */
+  readonly addedKeys: Array<string>
+}
+const newShared = (): Shared => ({
+  current: new Map(),
+  stored: new Map(),
+  read: new Set(),
+  lastRemoveRev: new Map(),
+  batchWritten: new Set(),
+  writtenDids: new Set(),
+  addedKeys: []
+})
+
 export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
   Effect.gen(function* () {
     const config = yield* FirehookConfig
@@ -155,40 +194,50 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
     const outboxStore = yield* Outbox.OutboxStore
     const index = registry.index
     const outboxLimits = Outbox.defaultLimits(config.registry.activeMax)
-    // a first-come-first-served lock (one token in a queue: the longest-waiting taker gets it), so
-    // a busy stream cannot starve the others between its batches
-    const token = yield* Queue.bounded<void>(1)
-    yield* Queue.offer(token, undefined)
-    const serialized = <A, E, R>(eff: Effect.Effect<A, E, R>) =>
-      Effect.acquireUseRelease(Queue.take(token), () => eff, () => Queue.offer(token, undefined))
-
-    // the in-memory index of prior-reference keys (SPEC §2.4)
-    const keys = new Set<string>(yield* priorStore.keys(priorLimits.maxRows + 1))
+    // the in-memory index of prior-reference keys (SPEC §2.4), with the count of keys per DID
+    // (most events are from DIDs with none: their record URI is then never looked up)
+    const keys = new Set<string>()
+    const keyDids = new Map<string, number>()
+    const didOf = (uri: string) => uri.slice(5, uri.indexOf("/", 5))
+    const addKey = (uri: string) => {
+      if (keys.has(uri)) return
+      keys.add(uri)
+      const did = didOf(uri)
+      keyDids.set(did, (keyDids.get(did) ?? 0) + 1)
+    }
+    const deleteKey = (uri: string) => {
+      if (!keys.delete(uri)) return
+      const did = didOf(uri)
+      const n = (keyDids.get(did) ?? 1) - 1
+      if (n <= 0) keyDids.delete(did)
+      else keyDids.set(did, n)
+    }
+    for (const k of yield* priorStore.keys(priorLimits.maxRows + 1)) addKey(k)
     let keysComplete = keys.size <= priorLimits.maxRows
     let tooComplex = 0
     let refused = 0
     let lastRefusalWarning = Number.NEGATIVE_INFINITY
-    const mayHavePrior = (uri: string) => !keysComplete || keys.has(uri)
+    const mayHavePrior = (did: string, uri: () => string) => !keysComplete || (keyDids.has(did) && keys.has(uri()))
 
     /**
      * Match a batch: registry mutations (applied here, in the caller's transaction), prior
-     * references (read once, applied in memory), outbox rows prepared. Writes nothing else.
+     * references (read once, applied in memory to `shared`: batches planned together see each
+     * other's changes as if they were one batch), outbox rows prepared. Writes nothing else.
      */
-    const plan = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
+    const plan = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions, shared: Shared) =>
       Effect.gen(function* () {
         const outcomes: Array<EventOutcome> = new Array(batch.length)
         const items: Array<Outbox.EnqueueItem> = []
         const itemIndex: Array<number> = []
         const quarantine: Array<Outbox.QuarantineRow> = []
-        // new keys this batch wrote (counted against the table's row limit)
-        const addedKeys: Array<string> = []
         let batchTooComplex = 0
         let batchRefused = 0
         const registryOutcomes: Array<WhEventOutcome | undefined> = new Array(batch.length)
-        // keys written earlier in this batch: not in the key index until commit, but visible to
-        // later events of the batch (a record created and deleted in one batch still matches)
-        const batchWritten = new Set<string>()
-        const mayHave = (uri: string) => batchWritten.has(uri) || mayHavePrior(uri)
+        const { batchWritten, writtenDids, addedKeys, current, stored, read, lastRemoveRev } = shared
+        // (DID tests first: most events are from DIDs with no stored key, whose record URI is then
+        // neither built nor hashed)
+        const mayHave = (did: string, uri: () => string) =>
+          (writtenDids.has(did) && batchWritten.has(uri())) || mayHavePrior(did, uri)
 
         const quarantineEvent = (i: number, e: RecordEvent, reason: Outbox.QuarantineReason) => {
           quarantine.push({
@@ -211,18 +260,28 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
         // absent), and each touched key's final state is written in one statement at the end.
         // A key the index says is absent is written with the store's own rev condition instead.
         const uris: Array<string | undefined> = new Array(batch.length)
-        const toRead = new Set<string>()
+        const valid: Array<boolean> = new Array(batch.length)
+        const uriAt = (i: number, e: RecordEvent) => {
+          const u = uris[i]
+          if (u !== undefined) return u
+          const v = recordUri(e)
+          uris[i] = v
+          return v
+        }
+        const toRead: Array<string> = []
         for (let i = 0; i < batch.length; i++) {
           const e = batch[i]
           if (e === undefined || e.kind !== "commit" || !isWellFormedRecordEvent(e)) continue
-          const uri = recordUri(e)
-          uris[i] = uri
-          if (mayHavePrior(uri)) toRead.add(uri)
+          valid[i] = true
+          if (mayHavePrior(e.did, () => uriAt(i, e))) {
+            const uri = uriAt(i, e)
+            if (!read.has(uri) && !current.has(uri)) {
+              read.add(uri)
+              toRead.push(uri)
+            }
+          }
         }
-        const stored: ReadonlyMap<string, PriorRefsRow> = toRead.size === 0 ? emptyRows : yield* priorStore.read([...toRead])
-        // the batch's view: a key's current row (null = absent) once the batch has touched it
-        const current = new Map<string, BatchRow | null>()
-        const lastRemoveRev = new Map<string, string>()
+        if (toRead.length > 0) for (const [k, v] of yield* priorStore.read(toRead)) stored.set(k, v)
         const rowOf = (uri: string): BatchRow | null => {
           const c = current.get(uri)
           if (c !== undefined) return c
@@ -252,11 +311,11 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
             outcomes[i] = { _tag: "acknowledged" }
             continue
           }
-          const uri = uris[i]
-          if (uri === undefined) {
+          if (valid[i] !== true) {
             outcomes[i] = { _tag: "malformed" }
             continue
           }
+          const uri = () => uriAt(i, e)
           const isWh = e.collection === WH_COLLECTION
           if (isWh && options.registryWriter) {
             const r = yield* registry.applyWhEvent(e)
@@ -276,8 +335,8 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
             else newRefs = extracted.refs
           }
           let refs: ReadonlyArray<ScopeUri> = newRefs
-          if (e.operation !== "create" && mayHave(uri)) {
-            const prior = rowOf(uri)
+          if (e.operation !== "create" && mayHave(e.did, uri)) {
+            const prior = rowOf(uri())
             if (prior !== null && prior.live && prior.refs.length > 0) {
               const merged: Array<ScopeUri> = [...newRefs]
               const seen = new Set(newRefs.map((r) => r.uri))
@@ -306,11 +365,11 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
 
           // prior references: monotonic on the record's rev; irrelevant records touch nothing
           if (e.operation === "delete") {
-            if (mayHave(uri) && remove(uri, e.rev)) {
-              batchWritten.delete(uri)
+            if (mayHave(e.did, uri) && remove(uri(), e.rev)) {
+              batchWritten.delete(uri())
             }
           } else if (newRefs.length > 0) {
-            const isNew = !keys.has(uri) && !batchWritten.has(uri)
+            const isNew = !keys.has(uri()) && !batchWritten.has(uri())
             if (isNew && keys.size + addedKeys.length >= priorLimits.maxRows) {
               batchRefused++
             } else {
@@ -318,33 +377,17 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
                 newRefs.map((r) => r.uri),
                 priorLimits
               )
-              if (put(uri, e.rev, kept, bytes)) {
-                if (isNew) addedKeys.push(uri)
-                batchWritten.add(uri)
+              if (put(uri(), e.rev, kept, bytes)) {
+                if (isNew) addedKeys.push(uri())
+                batchWritten.add(uri())
+                writtenDids.add(e.did)
               }
             }
-          } else if (mayHave(uri)) {
-            if (remove(uri, e.rev)) {
-              batchWritten.delete(uri)
+          } else if (mayHave(e.did, uri)) {
+            if (remove(uri(), e.rev)) {
+              batchWritten.delete(uri())
             }
           }
-        }
-
-        // each touched key's final state, written in one statement; the key index follows the
-        // final states after commit (a key removed and written again in one batch stays in it)
-        const removedKeys: Array<string> = []
-        let prior: PriorRefsWrite | undefined
-        if (current.size > 0) {
-          const upserts: Array<PriorRefsUpsert> = []
-          const deletes: Array<PriorRefsDelete> = []
-          for (const [uri, row] of current) {
-            const exact = toRead.has(uri)
-            if (row === null) {
-              deletes.push({ recordUri: uri, olderThan: exact ? undefined : lastRemoveRev.get(uri) })
-              removedKeys.push(uri)
-            } else upserts.push({ recordUri: uri, rev: row.rev, refs: row.refs, bytes: row.bytes, force: exact })
-          }
-          prior = { upserts, deletes, ttlSeconds: priorLimits.ttlSeconds }
         }
 
         // outbox rows within the bounds; an item over them is quarantined (known before writing)
@@ -386,116 +429,246 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
             row: { stream: e.stream, relay: e.relay, reason: "corruption", eventHash: eventId(e), cursor: toBigInt(e.cursor) }
           })
         }
-        return {
-          outcomes,
-          quarantine,
-          prior,
-          removedKeys,
-          prepared,
-          corruption,
-          settle,
-          batchTooComplex,
-          batchRefused
-        }
+        return { outcomes, quarantine, prepared, corruption, settle, batchTooComplex, batchRefused }
       })
 
     type Plan = Effect.Effect.Success<ReturnType<typeof plan>>
     interface Done {
       readonly plan: Plan
       readonly enqueued: Outbox.EnqueueResult
+    }
+    /** what a unit of work (one transaction, or one statement for a group of batches) wrote */
+    interface UnitDone {
+      readonly done: ReadonlyArray<Done>
+      readonly removedKeys: ReadonlyArray<string>
       readonly written: ReadonlySet<string>
     }
 
-    /** a plan's writes as separate statements (inside the caller's transaction), then `finalize` */
-    const writeInTransaction = (p: Plan, options: ProcessOptions) =>
-      Effect.gen(function* () {
-        const written = p.prior === undefined ? emptyKeys : yield* priorStore.write(p.prior)
+    /**
+     * Each touched key's final state, written in one statement; the key index follows the final
+     * states after commit (a key removed and written again in one batch stays in it). A key read
+     * from the store is written over whatever is stored (the plan decided); one the index said was
+     * absent keeps the store's own rev condition.
+     */
+    const priorWriteOf = (shared: Shared) => {
+      const removedKeys: Array<string> = []
+      if (shared.current.size === 0) return { prior: undefined, removedKeys }
+      const upserts: Array<PriorRefsUpsert> = []
+      const deletes: Array<PriorRefsDelete> = []
+      for (const [uri, row] of shared.current) {
+        const exact = shared.read.has(uri)
+        if (row === null) {
+          deletes.push({ recordUri: uri, olderThan: exact ? undefined : shared.lastRemoveRev.get(uri) })
+          removedKeys.push(uri)
+        } else upserts.push({ recordUri: uri, rev: row.rev, refs: row.refs, bytes: row.bytes, force: exact })
+      }
+      const prior: PriorRefsWrite = { upserts, deletes, ttlSeconds: priorLimits.ttlSeconds }
+      return { prior, removedKeys }
+    }
+
+    /** one batch in one transaction: separate statements, then `finalize` */
+    const inTransaction = (req: Request): Effect.Effect<UnitDone, StoreError> => {
+      const shared = newShared()
+      return Effect.gen(function* () {
+        const p = yield* plan(req.batch, req.options, shared)
+        const { prior, removedKeys } = priorWriteOf(shared)
+        const written = prior === undefined ? emptyKeys : yield* priorStore.write(prior)
         const w = yield* Outbox.write(p.prepared).pipe(Effect.provideService(Outbox.OutboxStore, outboxStore))
         const enqueued = p.settle(Outbox.finish(p.prepared, w))
         if (p.quarantine.length > 0) yield* outboxStore.insertQuarantine(p.quarantine)
-        if (options.finalize !== undefined) yield* options.finalize
-        const done: Done = { plan: p, enqueued, written }
-        return done
-      })
+        if (req.options.finalize !== undefined) yield* req.options.finalize
+        const unit: UnitDone = { done: [{ plan: p, enqueued }], removedKeys, written }
+        return unit
+      }).pipe(tx.withTransaction)
+    }
 
     const commitBatch = outboxStore.commitBatch
     /**
-     * A batch that writes no registry rows and fits one statement is written by ONE statement
-     * (atomic on its own: no BEGIN/COMMIT round trips), its prior-reference read done before it
+     * A batch that writes no registry rows can be written by ONE statement (atomic on its own: no
+     * BEGIN/COMMIT round trips), with its cursor as data; its prior-reference read is done before
      * (batches are serialized and this process is the only writer of prior references, so what
-     * was read is what the statement writes over). Otherwise one transaction, as before.
+     * was read is what the statement writes over).
      */
-    const oneStatement = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
+    const oneStatement = (req: Request) =>
       commitBatch !== undefined &&
-      (options.finalize === undefined || options.cursor !== undefined) &&
-      !(options.registryWriter && batch.some((e) => e.kind === "commit" && e.collection === WH_COLLECTION))
+      (req.options.finalize === undefined || req.options.cursor !== undefined) &&
+      !(req.options.registryWriter && req.batch.some((e) => e.kind === "commit" && e.collection === WH_COLLECTION))
 
-    const run = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions): Effect.Effect<Done, StoreError> => {
-      if (commitBatch === undefined || !oneStatement(batch, options)) {
-        return Effect.flatMap(plan(batch, options), (p) => writeInTransaction(p, options)).pipe(tx.withTransaction)
-      }
-      return Effect.flatMap(plan(batch, options), (p): Effect.Effect<Done, StoreError> => {
-        if (!p.prepared.oneChunk) return tx.withTransaction(writeInTransaction(p, options))
-        // the quarantine rows known now are inserted with the batch; corrupt items' rows are
-        // inserted by the statement, which alone can tell
-        const known = p.quarantine.slice()
-        return Effect.map(
-          commitBatch({
-            prior: p.prior,
-            bodies: p.prepared.bodies,
-            rows: p.prepared.rows,
-            corruption: p.corruption,
-            quarantine: known,
-            cursor: options.cursor
-          }),
-          (r): Done => ({ plan: p, enqueued: p.settle(Outbox.finish(p.prepared, r)), written: r.priorWritten })
-        )
+    /**
+     * Consecutive one-statement batches (typically one per stream that was waiting) in ONE
+     * statement, planned as if they were one batch: each sees what the ones before it changed.
+     * All of them commit, or none (the caller then retries them one by one). `undefined` when the
+     * group does not fit one statement.
+     */
+    const inOneStatement = (reqs: ReadonlyArray<Request>): Effect.Effect<UnitDone | undefined, StoreError> =>
+      Effect.gen(function* () {
+        if (commitBatch === undefined) return undefined
+        const shared = newShared()
+        const plans: Array<Plan> = []
+        for (const req of reqs) plans.push(yield* plan(req.batch, req.options, shared))
+        const { prior, removedKeys } = priorWriteOf(shared)
+        const bodies = new Map<string, Outbox.EventBody>()
+        const rows: Array<Outbox.OutboxRow> = []
+        const corruption: Array<Outbox.CorruptionCandidate> = []
+        const quarantine: Array<Outbox.QuarantineRow> = []
+        const cursors: Array<CursorWrite> = []
+        for (let k = 0; k < plans.length; k++) {
+          const p = plans[k]
+          const cursor = reqs[k]?.options.cursor
+          if (p === undefined) continue
+          for (const b of p.prepared.bodies) if (!bodies.has(b.eventId)) bodies.set(b.eventId, b)
+          for (const r of p.prepared.rows) rows.push(r)
+          for (const c of p.corruption) corruption.push(c)
+          // the quarantine rows known now; corrupt items' rows are inserted by the statement
+          for (const q of p.quarantine) quarantine.push(q)
+          if (cursor !== undefined) cursors.push(cursor)
+        }
+        const bodyList = [...bodies.values()]
+        if (!Outbox.fitsOneChunk(bodyList, rows, outboxLimits)) return undefined
+        const r = yield* commitBatch({ prior, bodies: bodyList, rows, corruption, quarantine, cursors })
+        // rows inserted, by batch in order (a row two batches share counts for the first)
+        const counted = new Set<string>()
+        const done: Array<Done> = []
+        for (const p of plans) {
+          let inserted = 0
+          for (const row of p.prepared.rows) {
+            if (r.insertedIds.has(row.deliveryId) && !counted.has(row.deliveryId)) {
+              counted.add(row.deliveryId)
+              inserted++
+            }
+          }
+          done.push({ plan: p, enqueued: p.settle(Outbox.finish(p.prepared, { existing: r.existing, inserted })) })
+        }
+        const unit: UnitDone = { done, removedKeys, written: r.priorWritten }
+        return unit
       })
-    }
+
+    /** after commit: key index, counters, metrics */
+    const account = (unit: UnitDone) =>
+      Effect.gen(function* () {
+        for (const k of unit.removedKeys) deleteKey(k)
+        for (const k of unit.written) addKey(k)
+        if (keys.size > priorLimits.maxRows) keysComplete = false
+        let batchRefused = 0
+        let inserted = 0
+        let duplicates = 0
+        let batchTooComplex = 0
+        const byReason = new Map<string, number>()
+        const byOutcome = new Map<EventOutcome["_tag"], number>()
+        for (const { enqueued, plan: p } of unit.done) {
+          batchTooComplex += p.batchTooComplex
+          batchRefused += p.batchRefused
+          inserted += enqueued.inserted
+          duplicates += enqueued.duplicates
+          for (const q of p.quarantine) byReason.set(q.reason, (byReason.get(q.reason) ?? 0) + 1)
+          for (const o of p.outcomes) if (o !== undefined) byOutcome.set(o._tag, (byOutcome.get(o._tag) ?? 0) + 1)
+        }
+        tooComplex += batchTooComplex
+        refused += batchRefused
+        yield* Metric.incrementBy(tooComplexMetric, batchTooComplex)
+        yield* Metric.incrementBy(Outbox.metrics.inserted, inserted)
+        yield* Metric.incrementBy(Outbox.metrics.duplicates, duplicates)
+        for (const [reason, n] of byReason) yield* Metric.incrementBy(quarantinedBy(reason), n)
+        for (const [outcome, n] of byOutcome) yield* Metric.incrementBy(processedBy(outcome), n)
+        if (batchRefused > 0) {
+          yield* Metric.incrementBy(priorRefsRefusedMetric, batchRefused)
+          const now = yield* Effect.clockWith((c) => c.currentTimeMillis)
+          if (now - lastRefusalWarning >= 60_000) {
+            lastRefusalWarning = now
+            yield* Effect.logWarning("prior-reference table full: new keys refused").pipe(Effect.annotateLogs({ refused }))
+          }
+        }
+      })
+
+    const resultOf = ({ enqueued, plan: p }: Done): BatchResult => ({
+      outcomes: p.outcomes,
+      inserted: enqueued.inserted,
+      duplicates: enqueued.duplicates,
+      quarantined: p.quarantine.length
+    })
+
+    /** run a unit of work (registry changes undone if it fails), account for it, answer its batches */
+    const settleUnit = (reqs: ReadonlyArray<Request>, unit: Effect.Effect<UnitDone, StoreError>) =>
+      Effect.gen(function* () {
+        const exit = yield* Effect.exit(
+          unit.pipe(
+            registry.transactional,
+            Effect.tap(account),
+            Effect.withSpan("Processor.processEvents", {
+              attributes: { events: reqs.reduce((n, r) => n + r.batch.length, 0), batches: reqs.length }
+            })
+          )
+        )
+        for (let k = 0; k < reqs.length; k++) {
+          const req = reqs[k]
+          if (req === undefined) continue
+          if (Exit.isSuccess(exit)) {
+            const done = exit.value.done[k]
+            yield* Deferred.done(req.result, done === undefined ? Exit.die("no result") : Exit.succeed(resultOf(done)))
+          } else yield* Deferred.failCause(req.result, exit.cause)
+        }
+        return Exit.isSuccess(exit)
+      })
+
+    /** one batch on its own: one statement when it can, else one transaction */
+    const alone = (req: Request) =>
+      settleUnit(
+        [req],
+        oneStatement(req)
+          ? Effect.flatMap(inOneStatement([req]), (u) => (u === undefined ? inTransaction(req) : Effect.succeed(u)))
+          : inTransaction(req)
+      )
+
+    // Batches are committed by one worker, in arrival order (first come, first served: a busy
+    // stream cannot starve the others). Batches that arrived together and can each be written by
+    // one statement are written together by one statement; if that fails, one by one.
+    const requests = yield* Queue.bounded<Request>(64)
+    const inProgress = new Set<Request>()
+    const worker = Effect.gen(function* () {
+      // taken, not yet committed (in arrival order)
+      const pending: Array<Request> = []
+      for (;;) {
+        if (pending.length === 0) {
+          pending.push(yield* Queue.take(requests))
+          // let a stream whose batch just committed queue its next one, so they are written together
+          yield* Effect.yieldNow()
+        }
+        for (const r of yield* Queue.takeAll(requests)) pending.push(r)
+        for (const r of pending) inProgress.add(r)
+        // the head of the line, alone or with the one-statement batches right behind it
+        let n = 0
+        while (n < pending.length && oneStatement(pending[n] as Request)) n++
+        const group = pending.splice(0, Math.max(1, n))
+        const head = group[0]
+        if (head === undefined) continue
+        if (group.length === 1) {
+          yield* alone(head)
+        } else {
+          const together = yield* Effect.either(inOneStatement(group).pipe(registry.transactional))
+          if (Either.isRight(together) && together.right !== undefined) {
+            yield* settleUnit(group, Effect.succeed(together.right))
+          } else {
+            for (const r of group) yield* alone(r)
+          }
+        }
+        for (const r of group) inProgress.delete(r)
+      }
+    }).pipe(
+      Effect.onInterrupt(() =>
+        Effect.gen(function* () {
+          for (const r of inProgress) yield* Deferred.interrupt(r.result)
+          for (const r of yield* Queue.takeAll(requests)) yield* Deferred.interrupt(r.result)
+        })
+      )
+    )
+    yield* Effect.forkScoped(worker)
 
     const processEvents = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
-      run(batch, options).pipe(
-        registry.transactional,
-        // after commit: key index, counters, metrics
-        Effect.tap(({ enqueued, plan: done, written }) =>
-          Effect.gen(function* () {
-            for (const k of done.removedKeys) keys.delete(k)
-            for (const k of written) keys.add(k)
-            if (keys.size > priorLimits.maxRows) keysComplete = false
-            tooComplex += done.batchTooComplex
-            refused += done.batchRefused
-            yield* Metric.incrementBy(tooComplexMetric, done.batchTooComplex)
-            yield* Metric.incrementBy(Outbox.metrics.inserted, enqueued.inserted)
-            yield* Metric.incrementBy(Outbox.metrics.duplicates, enqueued.duplicates)
-            const byReason = new Map<string, number>()
-            for (const q of done.quarantine) byReason.set(q.reason, (byReason.get(q.reason) ?? 0) + 1)
-            for (const [reason, n] of byReason) yield* Metric.incrementBy(quarantinedBy(reason), n)
-            const byOutcome = new Map<EventOutcome["_tag"], number>()
-            for (const o of done.outcomes) if (o !== undefined) byOutcome.set(o._tag, (byOutcome.get(o._tag) ?? 0) + 1)
-            for (const [outcome, n] of byOutcome) yield* Metric.incrementBy(processedBy(outcome), n)
-            if (done.batchRefused > 0) {
-              yield* Metric.incrementBy(priorRefsRefusedMetric, done.batchRefused)
-              const now = yield* Effect.clockWith((c) => c.currentTimeMillis)
-              if (now - lastRefusalWarning >= 60_000) {
-                lastRefusalWarning = now
-                yield* Effect.logWarning("prior-reference table full: new keys refused").pipe(
-                  Effect.annotateLogs({ refused })
-                )
-              }
-            }
-          })
-        ),
-        Effect.map(
-          ({ enqueued, plan: done }): BatchResult => ({
-            outcomes: done.outcomes,
-            inserted: enqueued.inserted,
-            duplicates: enqueued.duplicates,
-            quarantined: done.quarantine.length
-          })
-        ),
-        serialized,
-        Effect.withSpan("Processor.processEvents", { attributes: { events: batch.length } })
-      )
+      Effect.gen(function* () {
+        const result = yield* Deferred.make<BatchResult, StoreError>()
+        yield* Queue.offer(requests, { batch, options, result })
+        return yield* Deferred.await(result)
+      })
 
     const stats = Effect.sync(
       (): ProcessorStats => ({
