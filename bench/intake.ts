@@ -9,8 +9,9 @@
  * - Database: `DATABASE_URL` when set (a database `fh_bench_<random>` is created on that server and
  *   dropped afterwards), else an embedded PostgreSQL in a temporary directory (removed afterwards).
  * - Registry: 10,000 valid, active webhook rows (`Registry.toRow` over validated records, one
- *   multi-row INSERT per 1,000) are written before the registry loads; 10% are backlink scopes, so
- *   all three Jetstream streams run (registry; direct with ~7,000 wantedDids; backlink).
+ *   multi-row INSERT per 1,000) are written before the registry loads, by the child process (the
+ *   seeding's memory is harness setup, not firehook's); 10% are backlink scopes, so all three
+ *   Jetstream streams run (registry; direct with ~7,000 wantedDids; backlink).
  * - Source: a child process runs a local Jetstream (bench/support.ts, the protocol of
  *   test/support/fakeJetstream.ts) over N commit frames generated before timing (1% from watched
  *   scopes, 5% with references, a network-like collection/operation mix). The child is a separate
@@ -100,6 +101,8 @@ interface ReadyMessage {
   readonly counts: FrameSet["counts"]
   readonly lastDirectTimeUs: number | null
   readonly generateMs: number
+  readonly webhooks: number
+  readonly owners: number
 }
 interface SubscribedMessage {
   readonly type: "subscribed"
@@ -109,11 +112,24 @@ interface CpuMessage {
   readonly type: "cpu"
   readonly cpuMs: number
 }
-type FromChild = ReadyMessage | SubscribedMessage | CpuMessage
-type ToChild = { readonly type: "release"; readonly upTo: number } | { readonly type: "cpu" } | { readonly type: "stop" }
+interface SeededMessage {
+  readonly type: "seeded"
+  readonly rows: number
+  readonly ms: number
+  readonly error: string | null
+}
+type FromChild = ReadyMessage | SubscribedMessage | CpuMessage | SeededMessage
+type ToChild =
+  | { readonly type: "release"; readonly upTo: number }
+  | { readonly type: "cpu" }
+  | { readonly type: "seed"; readonly url: string }
+  | { readonly type: "stop" }
 
 const isFromChild = (u: unknown): u is FromChild =>
-  typeof u === "object" && u !== null && "type" in u && (u.type === "ready" || u.type === "subscribed" || u.type === "cpu")
+  typeof u === "object" &&
+  u !== null &&
+  "type" in u &&
+  (u.type === "ready" || u.type === "subscribed" || u.type === "cpu" || u.type === "seeded")
 
 const runChild = async (params: ChildParams): Promise<void> => {
   const send = (m: FromChild) => process.send?.(m)
@@ -135,7 +151,13 @@ const runChild = async (params: ChildParams): Promise<void> => {
   )
   process.on("message", (m: ToChild) => {
     if (m.type === "release") server.release(m.upTo)
-    else if (m.type === "cpu") {
+    else if (m.type === "seed") {
+      const seedStart = performance.now()
+      seedRows(m.url, webhookRows(population)).then(
+        (rows) => send({ type: "seeded", rows, ms: performance.now() - seedStart, error: null }),
+        (e: unknown) => send({ type: "seeded", rows: 0, ms: 0, error: String(e) })
+      )
+    } else if (m.type === "cpu") {
       const u = process.cpuUsage()
       send({ type: "cpu", cpuMs: (u.user + u.system) / 1000 })
     } else void server.close().then(() => process.exit(0))
@@ -150,7 +172,9 @@ const runChild = async (params: ChildParams): Promise<void> => {
     bytes: frames.bytes,
     counts: frames.counts,
     lastDirectTimeUs: frames.lastDirectTimeUs ?? null,
-    generateMs
+    generateMs,
+    webhooks: population.webhooks.length,
+    owners: population.owners
   })
 }
 
@@ -159,6 +183,8 @@ interface ChildHandle {
   readonly release: (upTo: number) => void
   readonly subs: () => SubscribedMessage["subs"]
   readonly cpuMs: Effect.Effect<number>
+  /** the child writes the webhook rows into the database at `url` (its memory, not ours) */
+  readonly seed: (url: string) => Effect.Effect<SeededMessage>
 }
 
 const startChild = (params: ChildParams) =>
@@ -171,11 +197,13 @@ const startChild = (params: ChildParams) =>
       })
       let subs: SubscribedMessage["subs"] = []
       const cpuWaiters: Array<(ms: number) => void> = []
+      const seedWaiters: Array<(m: SeededMessage) => void> = []
       let done = false
       child.on("message", (m: unknown) => {
         if (!isFromChild(m)) return
         if (m.type === "subscribed") subs = m.subs
         else if (m.type === "cpu") cpuWaiters.shift()?.(m.cpuMs)
+        else if (m.type === "seeded") seedWaiters.shift()?.(m)
         else if (!done) {
           done = true
           const handle: ChildHandle = {
@@ -185,7 +213,12 @@ const startChild = (params: ChildParams) =>
             cpuMs: Effect.async<number>((r) => {
               cpuWaiters.push((ms) => r(Effect.succeed(ms)))
               child.send({ type: "cpu" } satisfies ToChild)
-            })
+            }),
+            seed: (url) =>
+              Effect.async<SeededMessage>((r) => {
+                seedWaiters.push((msg) => r(Effect.succeed(msg)))
+                child.send({ type: "seed", url } satisfies ToChild)
+              })
           }
           resume(Effect.succeed({ child, handle }))
         }
@@ -259,11 +292,14 @@ const webhookRows = (population: WebhookPopulation): ReadonlyArray<WebhookRow> =
     return toRow(w.owner, w.rkey, v.right.record, v.right.scope, w.rev, 1, undefined, true)
   })
 
-/** Write the population as validated, active webhook rows (multi-row INSERTs of 1,000). */
-const seedWebhooks = (population: WebhookPopulation) =>
-  Effect.gen(function* () {
-    const sql = yield* SqlClient.SqlClient
-    const rows = webhookRows(population)
+/**
+ * Write the rows (multi-row INSERTs of 1,000) and their owners. Runs in the Jetstream child, so the
+ * seeding's memory is not charged to the measured process (firehook only loads the registry).
+ */
+const seedRows = async (url: string, rows: ReadonlyArray<WebhookRow>): Promise<number> => {
+  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 10_000 })
+  await client.connect()
+  try {
     for (let i = 0; i < rows.length; i += 1000) {
       const chunk = rows.slice(i, i + 1000).map((r) => ({
         owner_did: r.ownerDid,
@@ -283,18 +319,23 @@ const seedWebhooks = (population: WebhookPopulation) =>
         secret_id: r.secretId ?? null,
         fingerprint: r.fingerprint
       }))
-      yield* sql`
-        INSERT INTO webhooks (owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did, backlinks, url,
+      await client.query(
+        `INSERT INTO webhooks (owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did, backlinks, url,
           events, enabled, active, signing_mode, secret_id, fingerprint)
         SELECT owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did, backlinks, url,
           events, enabled, active, signing_mode, secret_id, fingerprint
-        FROM jsonb_to_recordset(${JSON.stringify(chunk)}::jsonb) AS x(owner_did text, rkey text, rev text,
+        FROM jsonb_to_recordset($1::jsonb) AS x(owner_did text, rkey text, rev text,
           generation bigint, cid text, record jsonb, scope_uri text, scope_did text, backlinks boolean, url text,
-          events text[], enabled boolean, active boolean, signing_mode text, secret_id text, fingerprint text)`
+          events text[], enabled boolean, active boolean, signing_mode text, secret_id text, fingerprint text)`,
+        [JSON.stringify(chunk)]
+      )
     }
-    yield* sql`INSERT INTO owners (did, generation) SELECT DISTINCT owner_did, 1 FROM webhooks ON CONFLICT DO NOTHING`
+    await client.query(`INSERT INTO owners (did, generation) SELECT DISTINCT owner_did, 1 FROM webhooks ON CONFLICT DO NOTHING`)
     return rows.length
-  })
+  } finally {
+    await client.end()
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // CPU of the PostgreSQL server processes serving the benchmark (Linux /proc, local server only)
@@ -451,14 +492,14 @@ interface Backend {
 }
 
 /** PostgreSQL: seed the webhook rows, then build the real matching layer (the registry loads). */
-const sqlBackend = (population: WebhookPopulation, where: string) =>
+const sqlBackend = (child: ChildHandle, url: string, where: string) =>
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     const version = (yield* sql<{ server_version: string }>`SHOW server_version`)[0]?.server_version ?? "?"
     yield* stage("database connected")
-    const seedStart = performance.now()
-    yield* seedWebhooks(population)
-    const seedMs = performance.now() - seedStart
+    const seeded = yield* child.seed(url)
+    if (seeded.error !== null) return yield* Effect.dieMessage(`seeding failed: ${seeded.error}`)
+    const seedMs = seeded.ms
     yield* stage("webhooks seeded")
     const loadStart = performance.now()
     const matching: Matching = yield* Layer.build(App.matchingLayer)
@@ -529,15 +570,15 @@ const noopProcessor = (real: ProcessorShape): ProcessorShape => ({
     (options.finalize ?? Effect.void).pipe(Effect.as({ outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }))
 })
 
-const measure = (backend: Backend, population: WebhookPopulation, child: ChildHandle, config: Config.FirehookConfigShape, rss: ReturnType<typeof startRssSampler>) =>
+const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookConfigShape, rss: ReturnType<typeof startRssSampler>) =>
   Effect.gen(function* () {
     const ready = child.ready
     const window = config.intake.queueMax
     const { matching } = backend
     const registry = Context.get(matching, Registry)
     const regStats = yield* registry.stats
-    if (regStats.active !== population.webhooks.length) {
-      return yield* Effect.dieMessage(`registry loaded ${regStats.active} of ${population.webhooks.length} webhooks (${JSON.stringify(regStats)})`)
+    if (regStats.active !== ready.webhooks) {
+      return yield* Effect.dieMessage(`registry loaded ${regStats.active} of ${ready.webhooks} webhooks (${JSON.stringify(regStats)})`)
     }
 
     // time every batch as the intake sees it
@@ -682,7 +723,7 @@ const measure = (backend: Backend, population: WebhookPopulation, child: ChildHa
     console.log(`machine:        ${machine()}; 1-min load average ${loadAtStart} when timing started (other work on the machine skews the figures)`)
     console.log(`postgresql:     ${backend.version} (${backend.where})`)
     console.log(
-      `webhooks:       ${regStats.active} active (${population.owners} owners), ${regStats.directDids} wanted DIDs, ` +
+      `webhooks:       ${regStats.active} active (${ready.owners} owners), ${regStats.directDids} wanted DIDs, ` +
         `${regStats.backlinkDids} backlink DIDs; seeded in ${backend.seedMs.toFixed(0)} ms, registry loaded in ${backend.loadMs.toFixed(0)} ms`
     )
     console.log(
@@ -744,7 +785,7 @@ const measure = (backend: Backend, population: WebhookPopulation, child: ChildHa
     console.log(
       `intake: ${eventsPerSec} events/s${mode}, ${batchesPerSec} batches/s, p99 batch commit ${p99.toFixed(1)} ms, ` +
         `${rowsPerSec} outbox rows/s (${outboxRows} rows), peak rss ${mib(peak)} MiB, ${ready.events} events, ` +
-        `${population.webhooks.length} webhooks, PostgreSQL ${backend.version}, ${runtime}, ${cores} cores`
+        `${ready.webhooks} webhooks, PostgreSQL ${backend.version}, ${runtime}, ${cores} cores`
     )
   })
 
@@ -753,7 +794,6 @@ const bench = (events: number, refsShare: number) =>
     yield* stage("modules loaded")
     const rss = startRssSampler(20)
     yield* Effect.addFinalizer(() => Effect.sync(() => rss.stop()))
-    const population = makeWebhooks(WEBHOOKS, SEED)
     const t0 = Math.floor(Date.now() / 1000) * 1_000_000
     const child = yield* startChild({ events, webhooks: WEBHOOKS, seed: SEED, refsShare, t0 })
     // intake tuning may be varied from the environment (defaults: queue 512, batch 128)
@@ -764,13 +804,13 @@ const bench = (events: number, refsShare: number) =>
     }
     const config = benchConfig({ ...tuning, NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: child.ready.url })
     if (process.env["BENCH_STORES"] === "memory") {
-      const backend = yield* memoryBackend(population).pipe(Effect.provideService(FirehookConfig, config))
-      return yield* measure(backend, population, child, config, rss)
+      const backend = yield* memoryBackend(makeWebhooks(WEBHOOKS, SEED)).pipe(Effect.provideService(FirehookConfig, config))
+      return yield* measure(backend, child, config, rss)
     }
     const db = yield* benchDatabase
     return yield* Effect.gen(function* () {
-      const backend = yield* sqlBackend(population, db.where)
-      return yield* measure(backend, population, child, config, rss)
+      const backend = yield* sqlBackend(child, Redacted.value(db.url), db.where)
+      return yield* measure(backend, child, config, rss)
     }).pipe(Effect.provide(Layer.merge(Database.layerUrl(db.url), Config.layerValue(config))))
   })
 
