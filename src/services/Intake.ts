@@ -165,6 +165,15 @@ export const makeStreamRunner = (
     const restartSignal = yield* Ref.make<Deferred.Deferred<bigint | undefined>>(yield* Deferred.make<bigint | undefined>())
     const stopped = yield* Deferred.make<void>()
     let lastLogAt = Number.NEGATIVE_INFINITY
+    // this stream's counters, tagged once (a tagged key built per batch is measurable)
+    const tagged = {
+      batchRetries: Metric.tagged(metrics.batchRetries, "stream", spec.name),
+      events: Metric.tagged(metrics.events, "stream", spec.name),
+      batches: Metric.tagged(metrics.batches, "stream", spec.name),
+      lag: Metric.tagged(metrics.lag, "stream", spec.name),
+      quarantines: Metric.tagged(metrics.quarantines, "stream", spec.name),
+      reconnects: Metric.tagged(metrics.reconnects, "stream", spec.name)
+    }
 
     const logLimited = (message: string, annotations: Record<string, unknown>) =>
       Effect.gen(function* () {
@@ -192,7 +201,7 @@ export const makeStreamRunner = (
         )
         let result = yield* Effect.either(attempt)
         for (let n = 1; n < tuning.batchAttempts && Either.isLeft(result); n++) {
-          yield* Metric.increment(Metric.tagged(metrics.batchRetries, "stream", spec.name))
+          yield* Metric.increment(tagged.batchRetries)
           yield* Effect.sleep(Duration.times(tuning.batchRetryBase, n))
           result = yield* Effect.either(attempt)
         }
@@ -218,10 +227,10 @@ export const makeStreamRunner = (
           lastEventTimeUs: lastTime ?? s.lastEventTimeUs,
           batches: s.batches + 1
         }))
-        yield* Metric.incrementBy(Metric.tagged(metrics.events, "stream", spec.name), events.length)
-        yield* Metric.increment(Metric.tagged(metrics.batches, "stream", spec.name))
+        yield* Metric.incrementBy(tagged.events, events.length)
+        yield* Metric.increment(tagged.batches)
         if (lastTime !== undefined) {
-          yield* Metric.set(Metric.tagged(metrics.lag, "stream", spec.name), Math.max(0, now / 1000 - lastTime / 1_000_000))
+          yield* Metric.set(tagged.lag, Math.max(0, now / 1000 - lastTime / 1_000_000))
         }
         return true
       })
@@ -328,7 +337,7 @@ export const makeStreamRunner = (
                     }
                   ])
                   .pipe(Effect.ignore)
-                yield* Metric.increment(Metric.tagged(metrics.quarantines, "stream", spec.name))
+                yield* Metric.increment(tagged.quarantines)
                 yield* logLimited("poison frame: stream quarantined", { reason: item.reason })
                 return { kind: "protocol" } satisfies SessionEnd
               } else if (item._tag === "opened") {
@@ -389,7 +398,7 @@ export const makeStreamRunner = (
         yield* Ref.set(restartSignal, yield* Deferred.make<bigint | undefined>())
         const s = yield* Ref.get(state)
         if (s.batches > acksBefore) failures = 0
-        yield* Metric.increment(Metric.tagged(metrics.reconnects, "stream", spec.name))
+        yield* Metric.increment(tagged.reconnects)
         if (end.kind === "restart") {
           override = end.cursorOverride
           yield* Ref.update(state, (x) => ({ ...x, reconnects: x.reconnects + 1 }))
