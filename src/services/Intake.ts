@@ -17,7 +17,7 @@
  * `backlink` (whole network, only while backlink scopes exist)); or the relay firehose (one stream
  * `relay` carrying everything).
  */
-import { Cause, Clock, Context, Deferred, Duration, Effect, Either, Fiber, Layer, Metric, MetricBoundaries, Option, Queue, Random, Ref, type Scope, Stream } from "effect"
+import { Cause, Clock, Context, Deferred, Duration, Effect, Either, Fiber, Layer, Metric, MetricBoundaries, Option, Queue, Random, Ref, Scheduler, type Scope, Stream } from "effect"
 import type { StreamEvent } from "../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../schemas/WhRecord.js"
 import { FirehookConfig } from "./Config.js"
@@ -124,6 +124,11 @@ const metrics = {
     "Batch transaction duration in milliseconds"
   )
 }
+
+/** a chunk of fewer frames than this is followed by a macrotask yield (see the reader) */
+const SHORT_CHUNK = 16
+/** resume after the tasks already queued (socket events): a yield scheduled as a macrotask */
+const afterPendingTasks = Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
 
 /** Full jitter: a uniform random delay in [0, min(cap, base · 2^n)]. */
 export const fullJitter = (base: Duration.Duration, cap: Duration.Duration, n: number) =>
@@ -279,6 +284,10 @@ export const makeStreamRunner = (
                     if (opened) yield* Ref.update(state, (s) => ({ ...s, connected: true }))
                     if (toOffer.length > 0) yield* queue.offerAll(toOffer)
                     if (events > 0) yield* Ref.update(state, (s) => ({ ...s, queued: s.queued + events }))
+                    // a runtime that delivers each frame in a task of its own (Bun) would wake this
+                    // fiber per frame: after a short chunk, let the pending socket tasks run first,
+                    // so that the next pull takes the frames that arrived meanwhile as one chunk
+                    if (end === undefined && chunk.length < SHORT_CHUNK) yield* afterPendingTasks
                     return end
                   })
               ),
