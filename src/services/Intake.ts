@@ -125,8 +125,6 @@ const metrics = {
   )
 }
 
-/** a chunk of fewer frames than this is followed by a macrotask yield (see the reader) */
-const SHORT_CHUNK = 16
 /** resume after the tasks already queued (socket events): a yield scheduled as a macrotask */
 const afterPendingTasks = Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
 
@@ -251,6 +249,7 @@ export const makeStreamRunner = (
           const signal = yield* Ref.get(restartSignal)
           // a new session has a new (empty) queue
           yield* Ref.update(state, (s) => ({ ...s, queued: 0 }))
+          let lastSingle = false
           const reader = Effect.gen(function* () {
             const endOf = yield* spec.connect(cursor).pipe(
               // one step per chunk of frames: one offer and one state update per chunk, not per frame
@@ -284,10 +283,13 @@ export const makeStreamRunner = (
                     if (opened) yield* Ref.update(state, (s) => ({ ...s, connected: true }))
                     if (toOffer.length > 0) yield* queue.offerAll(toOffer)
                     if (events > 0) yield* Ref.update(state, (s) => ({ ...s, queued: s.queued + events }))
-                    // a runtime that delivers each frame in a task of its own (Bun) would wake this
-                    // fiber per frame: after a short chunk, let the pending socket tasks run first,
-                    // so that the next pull takes the frames that arrived meanwhile as one chunk
-                    if (end === undefined && chunk.length < SHORT_CHUNK) yield* afterPendingTasks
+                    // a runtime that delivers each frame in a task of its own (Bun) wakes this fiber
+                    // per frame: after two one-frame chunks in a row, let the pending socket tasks
+                    // run first, so that the next pull takes the frames that arrived meanwhile as
+                    // one chunk (Node delivers a socket read's frames together: rarely triggered)
+                    const single = chunk.length === 1
+                    if (end === undefined && single && lastSingle) yield* afterPendingTasks
+                    lastSingle = single
                     return end
                   })
               ),
