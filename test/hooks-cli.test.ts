@@ -13,7 +13,7 @@ import { randomBytes } from "node:crypto"
 import { Effect, Exit, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type Received, type Receiver, receiver } from "./delivery/worker-support.js"
-import { type Account, createAccount, createRecord, type Devnet, nowIso, startDevnet, WH } from "./support/devnet.js"
+import { type Account, createAccount, createRecord, type Devnet, devnetFirehookEnv, nowIso, startDevnet, WH } from "./support/devnet.js"
 import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "./support/e2e.js"
 import { type CliResult, exitWithin, runCli, waitFor } from "./support/proc.js"
 
@@ -30,18 +30,10 @@ beforeAll(async () => {
   devnet = await startDevnet()
   db = await res.freshDb()
   rx = await Effect.runPromise(Scope.extend(receiver({ secretFor: (uri) => secrets.get(uri) }), scope))
-  firehook = await startDeployment(res.tempDir(), {
-    DATABASE_URL: db,
-    NODE_ENV: "test",
-    WEBHOOK_ALLOW_INSECURE_DEV: "1",
-    FIREHOSE_SOURCE: "relay",
-    RELAY_URL: devnet.relayUrl,
-    PLC_DIRECTORY_URL: devnet.plc,
-    DELIVERY_RETRY_BASE_MS: "200",
-    DELIVERY_RETRY_MAX_MS: "1000",
-    DELIVERY_TIMEOUT_MS: "2000",
-    WEBHOOK_SECRET_ENCRYPTION_KEY: randomBytes(32).toString("base64")
-  })
+  firehook = await startDeployment(
+    res.tempDir(),
+    devnetFirehookEnv(devnet, db, { WEBHOOK_SECRET_ENCRYPTION_KEY: randomBytes(32).toString("base64") })
+  )
   await waitFor(firehook.health, 200, firehook.running, 60_000)
 }, 120_000)
 

@@ -17,6 +17,7 @@ import {
   createRecord,
   deleteRecord,
   type Devnet,
+  devnetFirehookEnv,
   nowIso,
   putRecord,
   startDevnet,
@@ -43,19 +44,8 @@ const reply = (path: string): Reply => {
   return list.length === 1 ? (list[0] as Reply) : (list.shift() as Reply)
 }
 
-const firehookEnv = (extra: Record<string, string> = {}) => ({
-  DATABASE_URL: db,
-  NODE_ENV: "test",
-  WEBHOOK_ALLOW_INSECURE_DEV: "1",
-  FIREHOSE_SOURCE: "relay",
-  RELAY_URL: devnet.relayUrl,
-  PLC_DIRECTORY_URL: devnet.plc,
-  DELIVERY_RETRY_BASE_MS: "200",
-  DELIVERY_RETRY_MAX_MS: "1000",
-  DELIVERY_TIMEOUT_MS: "2000",
-  WEBHOOK_SECRET_ENCRYPTION_KEY: KEY,
-  ...extra
-})
+const firehookEnv = (extra: Record<string, string> = {}) =>
+  devnetFirehookEnv(devnet, db, { WEBHOOK_SECRET_ENCRYPTION_KEY: KEY, ...extra })
 
 beforeAll(async () => {
   devnet = await startDevnet()

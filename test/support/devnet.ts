@@ -150,3 +150,20 @@ export const deleteRecord = async (account: Account, collection: string, rkey: s
 }
 
 export const nowIso = (): string => new Date().toISOString()
+
+/**
+ * firehook's configuration for a deployment on the devnet: the PDS firehose as its relay, the test
+ * PLC, insecure development mode (loopback receivers and `ws://`), short retry delays.
+ */
+export const devnetFirehookEnv = (devnet: Devnet, databaseUrl: string, extra: Record<string, string> = {}): Record<string, string> => ({
+  DATABASE_URL: databaseUrl,
+  NODE_ENV: "test",
+  WEBHOOK_ALLOW_INSECURE_DEV: "1",
+  FIREHOSE_SOURCE: "relay",
+  RELAY_URL: devnet.relayUrl,
+  PLC_DIRECTORY_URL: devnet.plc,
+  DELIVERY_RETRY_BASE_MS: "200",
+  DELIVERY_RETRY_MAX_MS: "1000",
+  DELIVERY_TIMEOUT_MS: "2000",
+  ...extra
+})
