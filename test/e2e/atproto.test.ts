@@ -386,7 +386,7 @@ describe("firehook on a real atproto network", () => {
       url: `${rx.url}${path}`,
       secret: "dave-secret-0123456789"
     }, "later")
-    await post(dave, "before firehook") // history firehook never reads: its intake starts live
+    await post(dave, "before firehook") // history from before this firehook existed
     db = await res.freshDb()
     firehook = await startDeployment(res.tempDir(), firehookEnv({ BACKFILL_OWNERS: dave.did }))
     await waitFor(firehook.health, 200, firehook.running, 60_000)
