@@ -5,6 +5,11 @@
  *   node --import tsx bench/intake.ts [events = 200000] [share of events with references = 0.05]
  *   DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres node --import tsx bench/intake.ts
  *   bun bench/intake.ts 200000                       (the production runtime)
+ *   BUN_JSC_heapGrowthMaxIncrease=1 bun bench/intake.ts   (the recommended production setting, see
+ *                                                     docs/operations.md "Memory")
+ *   node without the tsx loader (tsx alone holds ≈ 80–110 MiB of this process's RSS; it is harness,
+ *   not firehook): bun build bench/intake.ts --target=node --packages=external --format=esm \
+ *     --outfile=node_modules/.cache/fh-bench/intake.mjs && node node_modules/.cache/fh-bench/intake.mjs
  *
  * - Database: `DATABASE_URL` when set (a database `fh_bench_<random>` is created on that server and
  *   dropped afterwards), else an embedded PostgreSQL in a temporary directory (removed afterwards).
@@ -32,7 +37,10 @@
  * - `BENCH_PROCESSOR=noop`: batches only write their cursor (the socket → intake path alone);
  * - `BENCH_TRACE=1`: time summed per span (SQL statements by their first words);
  * - `BENCH_PROFILE=<file>`: a V8 CPU profile of the timed part;
- * - `BENCH_DEBUG=1` (with `--expose-gc` for live-heap figures), `BENCH_SMAPS=1`: memory by stage.
+ * - `BENCH_DEBUG=1` (after a full GC: Bun always, Node with `--expose-gc`), `BENCH_SMAPS=1`: memory by stage;
+ * - `BENCH_MEMLOG=<ms>`: rss / heap / external / arrayBuffers (and JSC's heap under Bun) every <ms>
+ *   while timed, one line each to stderr;
+ * - `BENCH_HEAPSNAPSHOT=<file>` (Node): a heap snapshot after the timed part, after a full GC.
  */
 import { SqlClient } from "@effect/sql"
 import * as Socket from "@effect/platform/Socket"
@@ -429,6 +437,31 @@ const recordingTracer = (native: Tracer.Tracer): Tracer.Tracer =>
     context: (f, fiber) => native.context(f, fiber)
   })
 
+/**
+ * BENCH_MEMLOG=<ms>: the memory breakdown every <ms> while timed (process.memoryUsage, and under Bun
+ * JSC's heap statistics), printed as one line per sample to stderr (no arrays kept).
+ */
+const startMemLog = (): Effect.Effect<() => void> =>
+  Effect.promise(async () => {
+    const every = Number(process.env["BENCH_MEMLOG"] ?? 0)
+    if (!(every > 0)) return () => {}
+    type JscStats = { readonly heapSize: number; readonly heapCapacity: number; readonly extraMemorySize: number; readonly objectCount: number }
+    const jsc: (() => JscStats) | undefined =
+      process.versions["bun"] === undefined ? undefined : ((await import("bun:jsc" as string)) as { heapStats: () => JscStats }).heapStats
+    const t0 = performance.now()
+    const timer = setInterval(() => {
+      const m = process.memoryUsage()
+      const j = jsc?.()
+      process.stderr.write(
+        `mem ${((performance.now() - t0) / 1000).toFixed(1)}s rss ${mib(m.rss)} heapUsed ${mib(m.heapUsed)} heapTotal ${mib(m.heapTotal)} ` +
+          `external ${mib(m.external)} arrayBuffers ${mib(m.arrayBuffers)}` +
+          (j === undefined ? "" : ` jsc heap ${mib(j.heapSize)} capacity ${mib(j.heapCapacity)} extra ${mib(j.extraMemorySize)} objects ${j.objectCount}`) +
+          "\n"
+      )
+    }, every)
+    return () => clearInterval(timer)
+  })
+
 interface BatchTiming {
   readonly ms: number
   readonly events: number
@@ -445,11 +478,18 @@ const counterByTag = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>, name:
   return out
 }
 
-/** BENCH_DEBUG=1: memory at a stage (after a full GC when run with --expose-gc). */
+/** A full, synchronous GC: Bun's `Bun.gc(true)`, Node's `gc()` when run with --expose-gc. */
+const fullGc = () => {
+  const bun = (globalThis as { readonly Bun?: { readonly gc: (sync: boolean) => void } }).Bun
+  if (bun !== undefined) bun.gc(true)
+  else (globalThis as { readonly gc?: () => void }).gc?.()
+}
+
+/** BENCH_DEBUG=1: memory at a stage (after a full GC: Bun always, Node when run with --expose-gc). */
 const stage = (name: string) =>
   Effect.sync(() => {
     if (process.env["BENCH_DEBUG"] !== "1") return
-    ;(globalThis as { readonly gc?: () => void }).gc?.()
+    fullGc()
     const m = process.memoryUsage()
     if (process.env["BENCH_SMAPS"] === "1" && Fs.existsSync("/proc/self/smaps")) {
       const sizes = new Map<string, number>()
@@ -641,6 +681,7 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     const childCpuBefore = yield* child.cpuMs
     const pgCpuBefore = postgresCpu()
     const stopProfile = yield* startProfile()
+    const stopMemLog = yield* startMemLog()
     rss.resetWindow()
     timing = true
     tracing = process.env["BENCH_TRACE"] === "1"
@@ -686,7 +727,16 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     timing = false
     tracing = false
     if (stopProfile !== undefined) yield* Effect.promise(stopProfile)
+    stopMemLog()
     yield* stage("after the timed part")
+    const snapshotFile = process.env["BENCH_HEAPSNAPSHOT"]
+    if (snapshotFile !== undefined && snapshotFile.length > 0 && process.versions["bun"] === undefined) {
+      // Node: the live heap after the timed part (Chrome DevTools format)
+      yield* Effect.sync(() => {
+        fullGc()
+        V8.writeHeapSnapshot(snapshotFile)
+      })
+    }
     const cpu = process.cpuUsage(cpuBefore)
     const childCpu = (yield* child.cpuMs) - childCpuBefore
     const pgCpu = postgresCpuSince(pgCpuBefore, yield* backend.serverPids)
@@ -718,7 +768,15 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     const cores = Os.cpus().length
     const c = ready.counts
     const pct = (n: number) => `${((100 * n) / ready.events).toFixed(1)}%`
-    const runtime = process.versions["bun"] === undefined ? `node ${process.version}` : `bun ${process.versions["bun"]}`
+    // the runtime and its memory settings (node flags; Bun's JSC options come from BUN_JSC_* variables)
+    const runtimeFlags = [
+      ...process.execArgv.filter((a) => !a.startsWith("--import") && a !== "tsx"),
+      ...Object.entries(process.env).flatMap(([k, v]) => (k.startsWith("BUN_JSC_") ? [`${k}=${v ?? ""}`] : []))
+    ]
+    const loader = process.versions["bun"] === undefined && process.execArgv.includes("tsx") ? " (tsx)" : ""
+    const runtime =
+      (process.versions["bun"] === undefined ? `node ${process.version}${loader}` : `bun ${process.versions["bun"]}`) +
+      (runtimeFlags.length === 0 ? "" : ` [${runtimeFlags.join(" ")}]`)
     const mode = noop ? " [BENCH_PROCESSOR=noop]" : ""
 
     console.log(`machine:        ${machine()}; 1-min load average ${loadAtStart} when timing started (other work on the machine skews the figures)`)
@@ -768,7 +826,7 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     )
     console.log(
       `memory:         rss peak ${mib(peak)} MiB (${mib(rssBeforeTiming)} MiB before timing, ${mib(windowRss)} MiB peak while timed), ` +
-        `heap used now ${mib(mem.heapUsed)} MiB`
+        `heap used now ${mib(mem.heapUsed)} of ${mib(mem.heapTotal)} MiB, external ${mib(mem.external)} MiB`
     )
     console.log(`reconnects:     ${reconnects}`)
     const met = (ok: boolean) => (ok ? "met" : "MISSED")
