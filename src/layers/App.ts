@@ -3,7 +3,7 @@
  * the shutdown order of §6.3. The HTTP server layer is a parameter (Bun in production,
  * `NodeHttpServer.layerTest` in tests), so this module never imports a runtime adapter.
  */
-import { HttpServer } from "@effect/platform"
+import * as HttpServer from "@effect/platform/HttpServer"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
 import * as Reconciliation from "./Reconciliation.js"

@@ -6,7 +6,8 @@
  * phase is `reconciling-live` or `live` and every section that gates readiness is ready. Bodies hold
  * counts, booleans and fixed enumerations only; every number is clamped to 0..1,000,000.
  */
-import { HttpRouter, HttpServerResponse } from "@effect/platform"
+import * as HttpRouter from "@effect/platform/HttpRouter"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Context, Effect, Layer, Ref } from "effect"
 import type { Scope } from "effect"
 import { Lifecycle, type Phase } from "./Lifecycle.js"
