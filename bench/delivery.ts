@@ -278,7 +278,7 @@ const program = Effect.gen(function* () {
   yield* sql`TRUNCATE outbox, delivery_events, delivery_attempts, audit, webhooks, tombstones, owners, prior_refs, quarantine`
   const events = Math.ceil(DELIVERIES / FANOUT)
   yield* print(
-    `delivery bench: ${events * FANOUT} deliveries, ${WEBHOOKS} webhooks, ${RECEIVERS} receivers, concurrency ${CONCURRENCY} (per origin ${PER_ORIGIN}), node ${process.version}, ${Os.cpus().length} CPUs`
+    `delivery bench: ${events * FANOUT} deliveries, ${WEBHOOKS} webhooks, ${RECEIVERS} receivers, concurrency ${CONCURRENCY} (per origin ${PER_ORIGIN}), ${process.versions["bun"] === undefined ? `node ${process.version}` : `bun ${process.versions["bun"]}`}, ${Os.cpus().length} CPUs`
   )
 
   // webhooks: WEBHOOKS owners, FANOUT per scope DID, spread over the receivers
@@ -317,7 +317,9 @@ const program = Effect.gen(function* () {
   }
   t = performance.now()
   const cpu0 = process.cpuUsage()
-  const elu0 = performance.eventLoopUtilization()
+  // Bun has no event loop utilisation: reported as n/a there
+  const hasElu = typeof performance.eventLoopUtilization === "function"
+  const elu0 = hasElu ? performance.eventLoopUtilization() : undefined
   const workerScope = yield* Effect.scope
   const workerCtx = yield* Layer.buildWithScope(workerOn(url), workerScope)
   const worker = Context.get(workerCtx, Delivery.Delivery)
@@ -339,7 +341,7 @@ const program = Effect.gen(function* () {
   yield* Effect.provide(waitUntil("status = 'delivered'", total, Duration.minutes(30)), pipeline)
   const seconds = (performance.now() - t) / 1000
   const cpu = process.cpuUsage(cpu0)
-  const elu = performance.eventLoopUtilization(elu0).utilization
+  const elu = hasElu ? performance.eventLoopUtilization(elu0).utilization : Number.NaN
   if (session !== undefined && profile !== undefined) {
     yield* Effect.promise(
       () =>
@@ -358,7 +360,7 @@ const program = Effect.gen(function* () {
   const avgHeld = occupancy.held / Math.max(1, occupancy.samples)
   const avgInFlight = occupancy.inFlight / Math.max(1, occupancy.samples)
   yield* print(
-    `phase 1: ${total} delivered in ${seconds.toFixed(1)} s = ${throughput.toFixed(0)} deliveries/s; worker process CPU ${(((cpu.user + cpu.system) / 1e6 / seconds) * 100).toFixed(0)}% (${((cpu.user + cpu.system) / 1000 / total).toFixed(2)} ms/delivery), event loop ${(elu * 100).toFixed(0)}% busy, ${claims} claims (${(claimMs / Math.max(1, claims)).toFixed(1)} ms each), on average ${avgHeld.toFixed(0)} rows held / ${avgInFlight.toFixed(0)} requests in flight; peak RSS ${mib(peakRss)} MiB`
+    `phase 1: ${total} delivered in ${seconds.toFixed(1)} s = ${throughput.toFixed(0)} deliveries/s; worker process CPU ${(((cpu.user + cpu.system) / 1e6 / seconds) * 100).toFixed(0)}% (${((cpu.user + cpu.system) / 1000 / total).toFixed(2)} ms/delivery), event loop ${Number.isNaN(elu) ? "n/a" : `${(elu * 100).toFixed(0)}%`} busy, ${claims} claims (${(claimMs / Math.max(1, claims)).toFixed(1)} ms each), on average ${avgHeld.toFixed(0)} rows held / ${avgInFlight.toFixed(0)} requests in flight; peak RSS ${mib(peakRss)} MiB`
   )
 
   // 2. steady offered load

@@ -22,8 +22,10 @@
  * row's attempt. Every write is guarded by the lease token.
  *
  * One attempt (§4.2):
- * 1. the subscription: the claim statement returns it with the row; an attempt that starts more
- *    than 1 s after its claim reads it again through RegistryStore. Owner `scanning` → defer without
+ * 1. the subscription, read when the attempt starts by a query that started after it (attempts
+ *    starting together share one query: {@link FreshReader}), so a change committed before the
+ *    attempt starts is always seen (the claim's copy is used only if `snapshotMaxAgeMs` says so).
+ *    Owner `scanning` → defer without
  *    spending an attempt; missing, inactive, gone, URL or fingerprint changed → `cancelled`
  *    (`subscription_changed`), no request; database error → transient `subscription_unavailable`;
  * 2. the secret (inline, or the server-managed one; failure → transient `secret_unavailable`,
@@ -62,6 +64,7 @@ import {
 } from "effect"
 import type { Scope } from "effect"
 import { makeCircuitBreaker } from "../delivery/CircuitBreaker.js"
+import * as FreshReader from "../delivery/FreshReader.js"
 import { classifyStatus, type FailureKind, isRetryable, parseRetryAfter } from "../delivery/Classify.js"
 import { type DeliveryInput, Destinations } from "../delivery/Destinations.js"
 import { nextDelay, type RetryConfig } from "../delivery/RetryPolicy.js"
@@ -74,12 +77,13 @@ import {
   excerpt,
   originKey,
   STATEMENT_TIMEOUT,
+  type SubscriptionKey,
   type SubscriptionSnapshot
 } from "./DeliveryStore.js"
 import { Health } from "./Health.js"
 import { Lifecycle } from "./Lifecycle.js"
 import { type AuditEvent, Publisher } from "./Publisher.js"
-import { type OwnerState, RegistryStore, type WebhookRow } from "./RegistryStore.js"
+import { RegistryStore } from "./RegistryStore.js"
 import { SafeHttp, type SafeHttpErrorKind } from "./SafeHttp.js"
 import { Secrets } from "./Secrets.js"
 import type { StoreError } from "./Store.js"
@@ -101,8 +105,13 @@ export const DEFAULT_SCANNING_DEFER_MS = 5_000
 export const DEFER_JITTER_MS = 1_000
 /** Shortest deferral while an origin's circuit is open or its probe is outstanding. */
 export const CIRCUIT_MIN_DEFER_MS = 1_000
-/** Attempts starting within this long of their claim trust the claim's subscription snapshot. */
-export const DEFAULT_SNAPSHOT_MAX_AGE_MS = 1_000
+/**
+ * Attempts starting within this long of their claim trust the claim's subscription snapshot. 0 (the
+ * default): every attempt reads the subscription when it starts (SPEC §4.2 step 1).
+ */
+export const DEFAULT_SNAPSHOT_MAX_AGE_MS = 0
+/** Subscriptions read by one per-attempt check query at most. */
+export const SUBSCRIPTION_READ_MAX = 256
 /** Rows held per process = HOLD_FACTOR × concurrency (in flight + prefetch + settling). */
 export const HOLD_FACTOR = 4
 /** Rows of one origin held per process = ORIGIN_HOLD_FACTOR × perOriginConcurrency. */
@@ -188,7 +197,9 @@ export interface DeliveryOptions {
   readonly listen?: boolean
   /**
    * An attempt that starts within this long of its claim uses the subscription state the claim
-   * statement read; a later one reads it again through RegistryStore. Default 1 s; 0 = always re-read.
+   * statement read (a change made after the claim is then seen only by a later attempt); any other
+   * attempt reads it when it starts, in a query shared with the attempts starting at the same time.
+   * Default 0: every attempt reads it.
    */
   readonly snapshotMaxAgeMs?: number
 }
@@ -248,20 +259,6 @@ interface OriginSlot {
   active: number
 }
 
-/** The subscription as RegistryStore reads it, in the claim snapshot's shape. */
-const snapshotOf = (row: WebhookRow | undefined, owner: OwnerState | undefined): SubscriptionSnapshot => ({
-  exists: row !== undefined,
-  active: row?.active ?? false,
-  enabled: row?.enabled ?? false,
-  gone: row?.gone ?? false,
-  url: row?.url ?? "",
-  fingerprint: row?.fingerprint ?? "",
-  signingMode: row?.signingMode ?? "none",
-  secretId: row?.secretId,
-  recordSecret: row?.record.secret,
-  ownerStatus: owner?.status ?? "unknown"
-})
-
 /** cid and source time from the stored canonical body (for destination transforms). */
 const eventMeta = (body: string): { readonly cid: string | undefined; readonly timestamp: string } => {
   const parsed = Either.try(() => JSON.parse(body) as unknown)
@@ -319,6 +316,13 @@ export const make = (
     const graceMs = Math.max(0, Math.floor(options.graceMs ?? d.timeoutMs + LEASE_MARGIN_MS))
     const scanningDeferMs = Math.max(0, Math.floor(options.scanningDeferMs ?? DEFAULT_SCANNING_DEFER_MS))
     const snapshotMaxAgeMs = Math.floor(options.snapshotMaxAgeMs ?? DEFAULT_SNAPSHOT_MAX_AGE_MS)
+    // the per-attempt subscription check: concurrent attempts share one query, and each is answered
+    // by a query that started after the attempt did (so it sees every change committed before)
+    const subscriptions = yield* FreshReader.make<SubscriptionKey, SubscriptionSnapshot, StoreError>({
+      lookup: store.subscriptions,
+      keyOf: (k) => `${k.ownerDid} ${k.rkey}`,
+      maxBatch: SUBSCRIPTION_READ_MAX
+    })
     const concurrency = d.concurrency
     const perOrigin = d.perOriginConcurrency
     const maxHeld = HOLD_FACTOR * concurrency
@@ -494,21 +498,20 @@ export const make = (
       const startedAtMs = yield* Clock.currentTimeMillis
       const elapsed = Effect.map(Clock.currentTimeMillis, (now) => ({ startedAtMs, durationMs: Math.max(0, now - startedAtMs) }))
 
-      // 1. the current subscription: as read by the claim statement when the attempt starts right
-      //    after it, else read again now
+      // 1. the current subscription, read by a query that starts after this attempt did (shared
+      //    with the attempts starting at the same time); the claim statement's copy only when the
+      //    options allow trusting it for a while
       let sub: SubscriptionSnapshot
       if (startedAtMs - claimedAtMs < snapshotMaxAgeMs) {
         sub = row.snapshot
       } else {
-        const current = yield* Effect.either(
-          Effect.all([registry.get(row.ownerDid, row.webhookRkey), registry.owner(row.ownerDid)])
-        )
+        const current = yield* Effect.either(subscriptions.get({ ownerDid: row.ownerDid, rkey: row.webhookRkey }))
         if (Either.isLeft(current)) {
           yield* logStoreError(current.left)
           guard.settling = true
           return settleWith(failed(row, "subscription_unavailable", undefined, undefined, yield* elapsed, undefined))
         }
-        sub = snapshotOf(current.right[0].row, current.right[1])
+        sub = current.right
       }
       if (sub.ownerStatus === "scanning") {
         guard.settling = true
@@ -833,7 +836,7 @@ export const make = (
         if (room > 0) rooms.push({ origin, room })
         else fullOrigins.push(origin)
       }
-      return { rooms, fullOrigins, defaultRoom: perOriginHold }
+      return { rooms, fullOrigins, defaultRoom: perOriginHold, withSubscriptions: snapshotMaxAgeMs > 0 }
     }
 
     // -------------------------------------------------------------------------------------------

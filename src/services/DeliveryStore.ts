@@ -78,6 +78,12 @@ export interface SubscriptionSnapshot {
   readonly ownerStatus: "unknown" | "scanning" | "complete" | "failed"
 }
 
+/** A subscription's key: its owner and the record key of its `place.wisp.v2.wh` record. */
+export interface SubscriptionKey {
+  readonly ownerDid: string
+  readonly rkey: string
+}
+
 export interface ClaimOptions {
   /** origins the worker already holds rows of, with how many more it may take (> 0) */
   readonly rooms?: ReadonlyArray<{ readonly origin: string; readonly room: number }>
@@ -85,6 +91,12 @@ export interface ClaimOptions {
   readonly fullOrigins?: ReadonlyArray<string>
   /** how many rows of an origin not listed above may be taken (default: no limit) */
   readonly defaultRoom?: number
+  /**
+   * whether the claim reads each row's subscription and owner state (`ClaimedRow.snapshot`);
+   * default true. A worker that reads them when each attempt starts passes false (the snapshot is
+   * then `exists: false` and must not be used).
+   */
+  readonly withSubscriptions?: boolean
 }
 
 export interface ClaimResult {
@@ -185,6 +197,13 @@ export interface DeliveryStoreShape {
   readonly recordAttempt: (deliveryId: string, attempt: AttemptRecord) => Effect.Effect<void, StoreError>
   /** Append one audit row (outside a settle). The URL is always `[redacted]`. */
   readonly insertAudit: (entry: AuditEntry) => Effect.Effect<void, StoreError>
+  /**
+   * The current subscription and owner state of each key, in the order of `keys` (one statement
+   * for all of them): the per-attempt check of SPEC §4.2 step 1, batched across attempts.
+   */
+  readonly subscriptions: (
+    keys: ReadonlyArray<SubscriptionKey>
+  ) => Effect.Effect<ReadonlyArray<SubscriptionSnapshot>, StoreError>
   /** Row counts for health (cached for a few seconds; each count stops at 1,000,001). */
   readonly counts: Effect.Effect<DeliveryCounts, StoreError>
   /** One element per outbox notification (`LISTEN firehook_outbox`). */
@@ -313,6 +332,49 @@ interface Settle {
 const toOperation = (s: string | null): Operation => (s === "update" || s === "delete" ? s : "create")
 const toSigningMode = (s: string | null): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
 
+type SnapshotDbRow = Pick<
+  ClaimDbRow,
+  | "sub_exists"
+  | "sub_active"
+  | "sub_enabled"
+  | "sub_gone"
+  | "sub_url"
+  | "sub_fingerprint"
+  | "sub_signing_mode"
+  | "sub_secret_id"
+  | "sub_secret"
+  | "owner_status"
+>
+
+const snapshotFrom = (r: SnapshotDbRow): SubscriptionSnapshot => ({
+  exists: r.sub_exists === true,
+  active: r.sub_active === true,
+  enabled: r.sub_enabled === true,
+  gone: r.sub_gone === true,
+  url: r.sub_url ?? "",
+  fingerprint: r.sub_fingerprint ?? "",
+  signingMode: toSigningMode(r.sub_signing_mode),
+  secretId: r.sub_secret_id ?? undefined,
+  recordSecret: r.sub_secret ?? undefined,
+  ownerStatus:
+    r.owner_status === "scanning" || r.owner_status === "complete" || r.owner_status === "failed"
+      ? r.owner_status
+      : "unknown"
+})
+
+const MISSING_SUBSCRIPTION: SubscriptionSnapshot = snapshotFrom({
+  sub_exists: false,
+  sub_active: null,
+  sub_enabled: null,
+  sub_gone: null,
+  sub_url: null,
+  sub_fingerprint: null,
+  sub_signing_mode: null,
+  sub_secret_id: null,
+  sub_secret: null,
+  owner_status: null
+})
+
 const fromClaim = (r: ClaimDbRow): ClaimedRow | undefined => {
   if (r.delivery_id === null || r.lease_token === null) return undefined
   return {
@@ -334,21 +396,7 @@ const fromClaim = (r: ClaimDbRow): ClaimedRow | undefined => {
     origin: r.origin ?? "",
     ageMs: Math.max(0, Number(r.age_ms ?? 0)),
     body: r.body ?? undefined,
-    snapshot: {
-      exists: r.sub_exists === true,
-      active: r.sub_active === true,
-      enabled: r.sub_enabled === true,
-      gone: r.sub_gone === true,
-      url: r.sub_url ?? "",
-      fingerprint: r.sub_fingerprint ?? "",
-      signingMode: toSigningMode(r.sub_signing_mode),
-      secretId: r.sub_secret_id ?? undefined,
-      recordSecret: r.sub_secret ?? undefined,
-      ownerStatus:
-        r.owner_status === "scanning" || r.owner_status === "complete" || r.owner_status === "failed"
-          ? r.owner_status
-          : "unknown"
-    }
+    snapshot: snapshotFrom(r)
   }
 }
 
@@ -361,6 +409,16 @@ export const makeSql: Effect.Effect<
   const pg = yield* PgClient.PgClient
   const origin = sql.literal(ORIGIN_SQL)
   const DUE_PENDING = sql.literal(`status = 'pending' AND next_attempt_at <= now()`)
+  const SUBSCRIPTION_COLUMNS = sql.literal(`(w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active,
+        w.enabled AS sub_enabled, (w.gone_at IS NOT NULL) AS sub_gone, w.url AS sub_url,
+        w.fingerprint AS sub_fingerprint, w.signing_mode AS sub_signing_mode, w.secret_id AS sub_secret_id,
+        w.record->>'secret' AS sub_secret, ow.reconcile_status AS owner_status`)
+  const NO_SUBSCRIPTION_COLUMNS = sql.literal(`false AS sub_exists, NULL::boolean AS sub_active,
+        NULL::boolean AS sub_enabled, NULL::boolean AS sub_gone, NULL::text AS sub_url,
+        NULL::text AS sub_fingerprint, NULL::text AS sub_signing_mode, NULL::text AS sub_secret_id,
+        NULL::text AS sub_secret, NULL::text AS owner_status`)
+  const SUBSCRIPTION_JOINS = sql.literal(`LEFT JOIN webhooks w ON w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey
+      LEFT JOIN owners ow ON ow.did = u.owner_did`)
 
   const claim: DeliveryStoreShape["claim"] = (workerId, limit, leaseMs, options = {}) => {
     const n = clampInt(limit, 0, CLAIM_MAX)
@@ -422,15 +480,11 @@ export const makeSql: Effect.Effect<
       SELECT stats.cand_count, stats.over_room, u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey,
         u.match_kind, u.event_did, u.event_collection, u.event_rkey, u.event_operation, u.target_url,
         u.signing_mode, u.secret_id, u.fingerprint, u.attempt_count, u.lease_token, u.origin, u.age_ms, e.body,
-        (w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active, w.enabled AS sub_enabled,
-        (w.gone_at IS NOT NULL) AS sub_gone, w.url AS sub_url, w.fingerprint AS sub_fingerprint,
-        w.signing_mode AS sub_signing_mode, w.secret_id AS sub_secret_id, w.record->>'secret' AS sub_secret,
-        ow.reconcile_status AS owner_status
+        ${options.withSubscriptions === false ? NO_SUBSCRIPTION_COLUMNS : SUBSCRIPTION_COLUMNS}
       FROM stats
       LEFT JOIN upd u ON true
       LEFT JOIN delivery_events e ON e.event_id = u.event_id
-      LEFT JOIN webhooks w ON w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey
-      LEFT JOIN owners ow ON ow.did = u.owner_did
+      ${options.withSubscriptions === false ? sql.literal("") : SUBSCRIPTION_JOINS}
       ORDER BY u.next_attempt_at`.pipe(
       Effect.map((dbRows) => {
         const rows: Array<ClaimedRow> = []
@@ -586,8 +640,33 @@ export const makeSql: Effect.Effect<
     op("delivery.counts")
   )
 
+  const subscriptions: DeliveryStoreShape["subscriptions"] = (keys) =>
+    keys.length === 0
+      ? Effect.succeed([])
+      : sql<SnapshotDbRow & { readonly i: number }>`
+          SELECT k.i::int AS i,
+            (w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active, w.enabled AS sub_enabled,
+            (w.gone_at IS NOT NULL) AS sub_gone, w.url AS sub_url, w.fingerprint AS sub_fingerprint,
+            w.signing_mode AS sub_signing_mode, w.secret_id AS sub_secret_id, w.record->>'secret' AS sub_secret,
+            ow.reconcile_status AS owner_status
+          FROM unnest(${keys.map((k) => k.ownerDid)}::text[], ${keys.map((k) => k.rkey)}::text[])
+            WITH ORDINALITY AS k(owner_did, rkey, i)
+          LEFT JOIN webhooks w ON w.owner_did = k.owner_did AND w.rkey = k.rkey
+          LEFT JOIN owners ow ON ow.did = k.owner_did`.pipe(
+          Effect.map((rows) => {
+            const out: Array<SubscriptionSnapshot> = keys.map(() => MISSING_SUBSCRIPTION)
+            for (const r of rows) {
+              const at = Number(r.i) - 1
+              if (at >= 0 && at < out.length) out[at] = snapshotFrom(r)
+            }
+            return out
+          }),
+          op("delivery.subscriptions")
+        )
+
   const store: DeliveryStoreShape = {
     claim,
+    subscriptions,
     heartbeat,
     heartbeatMany,
     markDelivered: (deliveryId, token, o) =>

@@ -516,7 +516,8 @@ interface ExchangeSpec {
   readonly family: 4 | 6
   readonly method: "GET" | "POST"
   readonly headers: Record<string, string>
-  readonly body: Uint8Array | undefined
+  /** sent as UTF-8 (Content-Length is its UTF-8 length) */
+  readonly body: string | undefined
   readonly maxResponseBytes: number
   readonly truncate: boolean
 }
@@ -651,7 +652,7 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
     if (!responded) failWith(final("network"))
   })
   if (spec.body === undefined) req.end()
-  else req.end(spec.body)
+  else req.end(spec.body, "utf8")
 
   return {
     release: () => {
@@ -902,16 +903,14 @@ const makeWith = (
     const target = planned.right
 
     const maxRequestBytes = clampInt(req.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES, 0, Number.MAX_SAFE_INTEGER, DEFAULT_MAX_REQUEST_BYTES)
-    const bodyText = req.body
-    let body: Uint8Array | undefined
-    if (bodyText !== undefined) {
-      // a UTF-8 string is at most 3 bytes per UTF-16 unit: measure only when it could be too large
-      if (bodyText.length * 3 > maxRequestBytes && Buffer.byteLength(bodyText, "utf8") > maxRequestBytes) {
-        return fail("request_too_large")
-      }
-      body = Buffer.from(bodyText, "utf8")
-    }
-    const contentLength = body !== undefined ? body.length : req.method === "POST" ? 0 : undefined
+    // The body stays a string: node:http then writes the head and the body in ONE write (a Buffer
+    // body costs a copy here and a two-buffer writev there). Its UTF-8 length is measured without
+    // encoding it; Node encodes it exactly so (lone surrogates as U+FFFD, like Buffer.from).
+    const body = req.body
+    const contentLength = body !== undefined
+      ? Buffer.byteLength(body, "utf8")
+      : req.method === "POST" ? 0 : undefined
+    if (contentLength !== undefined && contentLength > maxRequestBytes) return fail("request_too_large")
     const headers = buildHeaders(req.headers, target.hostHeader, contentLength)
     if (Either.isLeft(headers)) return fail(headers.left)
     const base: Omit<ExchangeSpec, "address" | "family"> = {
