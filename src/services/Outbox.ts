@@ -261,15 +261,7 @@ export const makeSql = Effect.gen(function* () {
     insertQuarantine: (rows) =>
       rows.length === 0
         ? Effect.void
-        : sql`INSERT INTO quarantine ${sql.insert(
-            rows.map((r) => ({
-              stream: r.stream,
-              relay: r.relay,
-              reason: r.reason,
-              event_hash: r.eventHash,
-              cursor: r.cursor === undefined ? null : r.cursor.toString()
-            }))
-          )}`.pipe(Effect.asVoid, storeOp("outbox.insertQuarantine")),
+        : quarantineInsert(sql, rows).pipe(Effect.asVoid, storeOp("outbox.insertQuarantine")),
     // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
     notify: sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`.pipe(Effect.asVoid, storeOp("outbox.notify")),
     insertBatch: (bodies, rows) =>
