@@ -53,6 +53,7 @@ import { Secrets } from "../src/services/Secrets.js"
 import { Tx } from "../src/services/Store.js"
 import type { RecordEvent } from "../src/schemas/RecordEvent.js"
 import { tidFromMicros } from "../src/schemas/Tid.js"
+import { plc } from "./support.js"
 
 const DELIVERIES = Number(process.argv[2] ?? 100_000)
 const WEBHOOKS = Number(process.argv[3] ?? 1_000)
@@ -101,16 +102,6 @@ const startReceivers = Effect.acquireRelease(
 // ---------------------------------------------------------------------------------------------
 // ids and events
 
-const B32 = "abcdefghijklmnopqrstuvwxyz234567"
-const plc = (n: number): string => {
-  let s = ""
-  let v = n
-  for (let i = 0; i < 24; i++) {
-    s = B32[v % 32] + s
-    v = Math.floor(v / 32)
-  }
-  return `did:plc:${s}`
-}
 let clock = 1_700_000_000_000_000
 const event = (did: string, collection: string, rkey: string, record: unknown): RecordEvent => {
   clock += 1000
