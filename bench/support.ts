@@ -10,6 +10,7 @@ import * as Os from "node:os"
 import type { IncomingMessage } from "node:http"
 import { type WebSocket, WebSocketServer } from "ws"
 import * as Config from "../src/services/Config.js"
+import { plc } from "../test/matching/fixtures.js"
 import { commitFrame } from "../test/support/fakeJetstream.js"
 
 /**
@@ -38,18 +39,8 @@ export const makeRng = (seed: number): (() => number) => {
   }
 }
 
-const B32 = "abcdefghijklmnopqrstuvwxyz234567"
-
-/** A canonical `did:plc:` for n (distinct n → distinct DID). */
-export const plc = (n: number): string => {
-  let s = ""
-  let v = n
-  for (let i = 0; i < 24; i++) {
-    s = B32[v % 32] + s
-    v = Math.floor(v / 32)
-  }
-  return `did:plc:${s}`
-}
+/** A canonical `did:plc:` for n (distinct n → distinct DID): the tests' helper. */
+export { plc }
 
 const TID_CHARS = "234567abcdefghijklmnopqrstuvwxyz"
 /** A syntactically valid TID for n (record keys). */

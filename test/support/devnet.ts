@@ -51,7 +51,12 @@ export const startDevnet = (timeoutMs = 60_000): Promise<Devnet> =>
       for (let nl = out.indexOf("\n"); nl >= 0 && !ready; nl = out.indexOf("\n")) {
         const line = out.slice(0, nl)
         out = out.slice(nl + 1)
-        const msg = JSON.parse(line) as { ready?: boolean; pds?: string; plc?: string; error?: string }
+        let msg: { ready?: boolean; pds?: string; plc?: string; error?: string }
+        try {
+          msg = JSON.parse(line) as typeof msg
+        } catch {
+          continue // not the harness's protocol (a library writing to stdout)
+        }
         if (msg.error !== undefined) {
           clearTimeout(timer)
           reject(new Error(`devnet failed to start: ${msg.error}`))
