@@ -179,13 +179,45 @@ const count = (where: string) =>
     Effect.map((r) => Number(r[0]?.n ?? 0))
   )
 
-const waitUntil = (where: string, target: number, timeout: Duration.Duration) =>
+/**
+ * Wait until `target` rows match `where`. The worker's own counters gate the database count (a
+ * count of the outbox every 100 ms would cost the database as much as a tenth of the deliveries):
+ * the count runs only once the worker has made `attempts` requests and holds no row.
+ */
+const waitUntil = (where: string, target: number, timeout: Duration.Duration, worker: Delivery.DeliveryShape, attempts: number) =>
   Effect.gen(function* () {
     while (true) {
-      if ((yield* count(where)) >= target) return
-      yield* Effect.sleep(Duration.millis(100))
+      const st = yield* worker.stats
+      if (st.attempts >= attempts && st.held === 0 && (yield* count(where)) >= target) return
+      yield* Effect.sleep(Duration.millis(20))
     }
   }).pipe(Effect.timeoutFail({ duration: timeout, onTimeout: () => new Error(`timed out waiting for ${where}`) }))
+
+/**
+ * CPU time (ms) used so far by the local PostgreSQL server's processes (Linux /proc; a process that
+ * exits between two readings takes its time with it, so this undercounts slightly). Undefined where
+ * /proc cannot be read.
+ */
+const postgresCpuMs = (): number | undefined => {
+  if (!Fs.existsSync("/proc/self/stat")) return undefined
+  const tick = 1000 / 100 // USER_HZ is 100 on Linux
+  let total = 0
+  for (const pid of Fs.readdirSync("/proc")) {
+    if (!/^[0-9]+$/.test(pid)) continue
+    const stat = (() => {
+      try {
+        return Fs.readFileSync(`/proc/${pid}/stat`, "utf8")
+      } catch {
+        return ""
+      }
+    })()
+    const close = stat.lastIndexOf(")")
+    if (close < 0 || !stat.slice(stat.indexOf("(") + 1, close).startsWith("postgres")) continue
+    const fields = stat.slice(close + 2).split(" ")
+    total += (Number(fields[11]) + Number(fields[12])) * tick
+  }
+  return total
+}
 
 let eventSeq = 0
 /** Enqueue `events` events (× FANOUT deliveries) through processEvents, in batches. */
@@ -308,6 +340,7 @@ const program = Effect.gen(function* () {
   }
   t = performance.now()
   const cpu0 = process.cpuUsage()
+  const pgCpu0 = postgresCpuMs()
   // Bun has no event loop utilisation: reported as n/a there
   const hasElu = typeof performance.eventLoopUtilization === "function"
   const elu0 = hasElu ? performance.eventLoopUtilization() : undefined
@@ -329,9 +362,14 @@ const program = Effect.gen(function* () {
       )
     )
   )
-  yield* Effect.provide(waitUntil("status = 'delivered'", total, Duration.minutes(30)), pipeline)
+  yield* Effect.provide(waitUntil("status = 'delivered'", total, Duration.minutes(30), worker, total), pipeline)
   const seconds = (performance.now() - t) / 1000
   const cpu = process.cpuUsage(cpu0)
+  const pgCpu1 = postgresCpuMs()
+  const pgCpuText =
+    pgCpu0 === undefined || pgCpu1 === undefined
+      ? ""
+      : `; PostgreSQL server processes on this machine ${(((pgCpu1 - pgCpu0) / 1000 / seconds) * 100).toFixed(0)}% CPU (${((pgCpu1 - pgCpu0) / total).toFixed(2)} ms/delivery)`
   const elu = hasElu ? performance.eventLoopUtilization(elu0).utilization : Number.NaN
   if (session !== undefined && profile !== undefined) {
     yield* Effect.promise(
@@ -351,7 +389,7 @@ const program = Effect.gen(function* () {
   const avgHeld = occupancy.held / Math.max(1, occupancy.samples)
   const avgInFlight = occupancy.inFlight / Math.max(1, occupancy.samples)
   yield* print(
-    `phase 1: ${total} delivered in ${seconds.toFixed(1)} s = ${throughput.toFixed(0)} deliveries/s; worker process CPU ${(((cpu.user + cpu.system) / 1e6 / seconds) * 100).toFixed(0)}% (${((cpu.user + cpu.system) / 1000 / total).toFixed(2)} ms/delivery), event loop ${Number.isNaN(elu) ? "n/a" : `${(elu * 100).toFixed(0)}%`} busy, ${claims} claims (${(claimMs / Math.max(1, claims)).toFixed(1)} ms each), on average ${avgHeld.toFixed(0)} rows held / ${avgInFlight.toFixed(0)} requests in flight; peak RSS ${mib(peakRss)} MiB`
+    `phase 1: ${total} delivered in ${seconds.toFixed(1)} s = ${throughput.toFixed(0)} deliveries/s; worker process CPU ${(((cpu.user + cpu.system) / 1e6 / seconds) * 100).toFixed(0)}% (${((cpu.user + cpu.system) / 1000 / total).toFixed(2)} ms/delivery), event loop ${Number.isNaN(elu) ? "n/a" : `${(elu * 100).toFixed(0)}%`} busy, ${claims} claims (${(claimMs / Math.max(1, claims)).toFixed(1)} ms each), on average ${avgHeld.toFixed(0)} rows held / ${avgInFlight.toFixed(0)} requests in flight; peak RSS ${mib(peakRss)} MiB${pgCpuText}`
   )
 
   // 2. steady offered load
@@ -367,7 +405,7 @@ const program = Effect.gen(function* () {
     yield* Effect.provide(enqueueEvents(eventsPerTick), pipeline)
   }
   const offered = (yield* Effect.provide(count("true"), pipeline)) - before
-  yield* Effect.provide(waitUntil("status = 'delivered'", before + offered, Duration.minutes(5)), pipeline)
+  yield* Effect.provide(waitUntil("status = 'delivered'", before + offered, Duration.minutes(5), worker, before + offered), pipeline)
   const lat = yield* sql<{ ms: number }>`
     SELECT (extract(epoch FROM a.started_at - o.created_at) * 1000)::float8 AS ms
     FROM outbox o JOIN delivery_attempts a ON a.delivery_id = o.delivery_id AND a.attempt = 1

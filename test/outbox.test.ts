@@ -161,6 +161,12 @@ describe("outbox on PostgreSQL", () => {
         }
         const fps = new Set(rows.map((r) => JSON.parse(r.row).fingerprint))
         expect(fps.size).toBe(3)
+        // the origin key of the target URL is stored for the claim's per-origin room
+        for (const r of rows) {
+          const row = JSON.parse(r.row)
+          expect(row.origin).toBe(Outbox.originKey(row.target_url))
+          expect(row.origin).toMatch(/^https?:\/\/[^/]+$/)
+        }
         // the body is stored once for the three rows
         const bodies = yield* sql<{ body: string }>`SELECT body FROM delivery_events WHERE body LIKE '%RECORD-BODY-TEXT%'`
         expect(bodies.length).toBe(1)

@@ -33,10 +33,14 @@
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Cause, Clock, Context, Deferred, Duration, Effect, Exit, Layer, Option, Queue, Ref, Stream } from "effect"
-import type { Scope } from "effect"
+import { Scope } from "effect"
+import type { Connection } from "@effect/sql/SqlConnection"
+import type { SqlError } from "@effect/sql/SqlError"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { Operation } from "../schemas/RecordEvent.js"
-import { NOTIFY_CHANNEL, type OutboxRow } from "./Outbox.js"
+import { NOTIFY_CHANNEL, ORIGIN_SQL, originKey, type OutboxRow } from "./Outbox.js"
+
+export { originKey }
 import { codeOf, StoreError } from "./Store.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -237,15 +241,6 @@ export const COUNTS_TTL_MS = 5_000
 /** Every statement of this store is abandoned after this long. */
 export const STATEMENT_TIMEOUT = Duration.seconds(15)
 
-/**
- * The origin key of a URL: lowercase `scheme://authority` exactly as written (no port
- * normalisation). The same rule is applied in SQL (`ORIGIN_SQL`), so the worker and the claim agree.
- */
-export const originKey = (url: string): string => {
-  const m = /^[A-Za-z][A-Za-z0-9+.-]*:\/\/[^/?#]*/.exec(url)
-  return m === null ? "" : m[0].toLowerCase()
-}
-
 /** UTF-8 text of at most `RESPONSE_EXCERPT_BYTES` bytes, without NULs (PostgreSQL text refuses them). */
 export const excerpt = (bytes: Uint8Array): string =>
   new TextDecoder("utf-8", { fatal: false })
@@ -274,7 +269,6 @@ const op =
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL
 
-const ORIGIN_SQL = `COALESCE(lower(substring(target_url from '^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*')), '')`
 
 interface ClaimDbRow {
   readonly cand_count: number
@@ -407,7 +401,8 @@ export const makeSql: Effect.Effect<
 > = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const pg = yield* PgClient.PgClient
-  const origin = sql.literal(ORIGIN_SQL)
+  // the stored origin; computed from the URL for rows enqueued before `outbox.origin` existed
+  const origin = sql.literal(`COALESCE(origin, ${ORIGIN_SQL})`)
   const DUE_PENDING = sql.literal(`status = 'pending' AND next_attempt_at <= now()`)
   const SUBSCRIPTION_COLUMNS = sql.literal(`(w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active,
         w.enabled AS sub_enabled, (w.gone_at IS NOT NULL) AS sub_gone, w.url AS sub_url,
@@ -420,6 +415,53 @@ export const makeSql: Effect.Effect<
   const SUBSCRIPTION_JOINS = sql.literal(`LEFT JOIN webhooks w ON w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey
       LEFT JOIN owners ow ON ow.did = u.owner_did`)
 
+  // The claim connection. Plan guard: right after a burst (an event fan-out, a replay of dead
+  // letters) the planner's statistics still describe a small outbox, and it picks a bitmap scan of
+  // EVERY due row plus a sort over the ordered `outbox_due` index scan that the LIMIT needs
+  // (measured: 44 ms instead of ~1 ms per claim at 25,000 due rows, growing with the backlog).
+  // Claims therefore run on one connection reserved from the pool with `enable_bitmapscan = off`
+  // for its session (one round trip per claim; a transaction with `SET LOCAL` costs three more).
+  // Claims of this store take turns on it. After a failed claim the connection is given back
+  // (setting reset first) and the next claim reserves a fresh one; the layer's scope gives it back
+  // at shutdown.
+  const claimLock = yield* Effect.makeSemaphore(1)
+  let claimConn: { readonly conn: Connection; readonly scope: Scope.CloseableScope } | undefined
+  const releaseClaimConn = Effect.suspend(() => {
+    const held = claimConn
+    claimConn = undefined
+    return held === undefined ? Effect.void : Scope.close(held.scope, Exit.void)
+  })
+  yield* Effect.addFinalizer(() => releaseClaimConn)
+  const claimConnection = Effect.suspend(() => {
+    const held = claimConn
+    if (held !== undefined) return Effect.succeed(held.conn)
+    return Effect.flatMap(Scope.make(), (scope) =>
+      Scope.extend(sql.reserve, scope).pipe(
+        Effect.tap((conn) =>
+          Effect.zipRight(
+            conn.executeUnprepared("SET enable_bitmapscan = off", [], undefined),
+            // runs before the pool release added by `reserve` (finalizers run in reverse order)
+            Scope.addFinalizer(
+              scope,
+              conn.executeUnprepared("RESET enable_bitmapscan", [], undefined).pipe(
+                Effect.timeout(Duration.seconds(2)),
+                Effect.ignore
+              )
+            )
+          )
+        ),
+        Effect.tap((conn) => Effect.sync(() => (claimConn = { conn, scope }))),
+        Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause)))
+      )
+    )
+  })
+  const onClaimConnection = <A>(statement: Effect.Effect<A, SqlError, never>) =>
+    claimLock.withPermits(1)(
+      Effect.flatMap(claimConnection, (conn) =>
+        Effect.provideService(statement, SqlClient.TransactionConnection, [conn, 0] as const)
+      ).pipe(Effect.onError(() => releaseClaimConn))
+    )
+
   const claim: DeliveryStoreShape["claim"] = (workerId, limit, leaseMs, options = {}) => {
     const n = clampInt(limit, 0, CLAIM_MAX)
     if (n === 0) return Effect.succeed({ rows: [], moreDue: false })
@@ -428,11 +470,6 @@ export const makeSql: Effect.Effect<
     const full = options.fullOrigins ?? []
     const defaultRoom = clampInt(options.defaultRoom ?? CLAIM_MAX, 0, CLAIM_MAX)
     const lease = clampInt(leaseMs, 1, 24 * 3_600_000)
-    // Plan guard: right after a burst (an event fan-out, a replay of dead letters) the planner's
-    // statistics still describe a small outbox, and it picks a bitmap scan of EVERY due row plus a
-    // sort over the ordered `outbox_due` index scan that the LIMIT needs (measured: 44 ms instead of
-    // ~1 ms per claim at 25,000 due rows, growing with the backlog). Bitmap scans are switched off
-    // for this one statement, in its own transaction (two extra round trips per claim).
     const claimStatement = sql<ClaimDbRow>`
       WITH cand AS (
         (SELECT p.delivery_id, p.next_attempt_at, p.origin FROM (
@@ -475,7 +512,7 @@ export const makeSql: Effect.Effect<
         RETURNING o.delivery_id, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
           o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id,
           o.fingerprint, o.attempt_count, o.lease_token, o.next_attempt_at,
-          ${sql.literal(ORIGIN_SQL.replace("target_url", "o.target_url"))} AS origin,
+          ${sql.literal(`COALESCE(o.origin, ${ORIGIN_SQL.replace("target_url", "o.target_url")})`)} AS origin,
           (extract(epoch FROM (now() - o.created_at)) * 1000)::float8 AS age_ms
       ),
       stats AS (
@@ -491,7 +528,7 @@ export const makeSql: Effect.Effect<
       LEFT JOIN delivery_events e ON e.event_id = u.event_id
       ${options.withSubscriptions === false ? sql.literal("") : SUBSCRIPTION_JOINS}
       ORDER BY u.next_attempt_at`
-    return sql.withTransaction(Effect.zipRight(sql`SET LOCAL enable_bitmapscan = off`, claimStatement)).pipe(
+    return onClaimConnection(claimStatement).pipe(
       Effect.map((dbRows) => {
         const rows: Array<ClaimedRow> = []
         let candCount = 0

@@ -205,9 +205,17 @@ CREATE TABLE backfill_state (
 );
 `)
 
+/**
+ * 0002: `outbox.origin`, the origin key of `target_url` (`Outbox.originKey`), written at enqueue so
+ * the delivery claim does not evaluate a regular expression per candidate row. Nullable, so adding
+ * it does not rewrite the table; rows enqueued before it are NULL and the claim computes theirs.
+ */
+const outboxOrigin = Effect.flatMap(SqlClient.SqlClient, (sql) => sql`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS origin text`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
-  "0001_init": init
+  "0001_init": init,
+  "0002_outbox_origin": outboxOrigin
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */

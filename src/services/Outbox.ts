@@ -184,13 +184,13 @@ const outboxCtes = (
       SELECT e.event_id FROM outbox_events e JOIN outbox_bodies b USING (event_id) WHERE e.body_sha256 <> b.body_sha256
     ), outbox_inserted AS (
       INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
-        event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
+        event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
       SELECT r.* FROM unnest(${c.deliveryId}::text[], ${c.eventId}::text[], ${c.ownerDid}::text[],
         ${c.webhookRkey}::text[], ${c.matchKind}::text[], ${c.eventDid}::text[], ${c.eventCollection}::text[],
         ${c.eventRkey}::text[], ${c.eventOperation}::text[], ${c.targetUrl}::text[], ${c.signingMode}::text[],
-        ${c.secretId}::text[], ${c.fingerprint}::text[])
+        ${c.secretId}::text[], ${c.fingerprint}::text[], ${c.origin}::text[])
         AS r(delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection, event_rkey,
-          event_operation, target_url, signing_mode, secret_id, fingerprint)
+          event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
       WHERE r.event_id NOT IN (SELECT event_id FROM outbox_mismatch)
       ON CONFLICT (delivery_id) DO NOTHING
       RETURNING delivery_id
@@ -208,6 +208,20 @@ const outboxCtes = (
       RETURNING 1
     )`
 }
+
+/**
+ * The origin key of a URL: lowercase `scheme://authority` exactly as written (no port
+ * normalisation). Stored with each outbox row (`outbox.origin`) so the delivery claim can share out
+ * per-origin room without parsing URLs; `ORIGIN_SQL` is the same rule in SQL, used for rows enqueued
+ * before the column existed (NULL there).
+ */
+export const originKey = (url: string): string => {
+  const m = /^[A-Za-z][A-Za-z0-9+.-]*:\/\/[^/?#]*/.exec(url)
+  return m === null ? "" : m[0].toLowerCase()
+}
+
+/** `originKey` of the column `target_url`, in SQL. */
+export const ORIGIN_SQL = `COALESCE(lower(substring(target_url from '^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*')), '')`
 
 /** The result columns of `outboxCtes` (referencing `outbox_notified` is what runs the NOTIFY). */
 const outboxColumns = (sql: SqlClient.SqlClient) =>
@@ -251,7 +265,8 @@ export const makeSql = Effect.gen(function* () {
               target_url: r.targetUrl,
               signing_mode: r.signingMode,
               secret_id: r.secretId ?? null,
-              fingerprint: r.fingerprint
+              fingerprint: r.fingerprint,
+              origin: originKey(r.targetUrl)
             }))
           )}
           ON CONFLICT (delivery_id) DO NOTHING RETURNING delivery_id`.pipe(
@@ -321,7 +336,8 @@ const columns = (rows: ReadonlyArray<OutboxRow>) => {
     targetUrl: new Array<string>(n),
     signingMode: new Array<string>(n),
     secretId: new Array<string | null>(n),
-    fingerprint: new Array<string>(n)
+    fingerprint: new Array<string>(n),
+    origin: new Array<string>(n)
   }
   for (let i = 0; i < n; i++) {
     const r = rows[i]
@@ -339,6 +355,7 @@ const columns = (rows: ReadonlyArray<OutboxRow>) => {
     c.signingMode[i] = r.signingMode
     c.secretId[i] = r.secretId ?? null
     c.fingerprint[i] = r.fingerprint
+    c.origin[i] = originKey(r.targetUrl)
   }
   return c
 }

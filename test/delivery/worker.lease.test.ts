@@ -253,4 +253,35 @@ describe("delivery leases on PostgreSQL", () => {
       }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
     60_000
   )
+
+  it.scopedLive(
+    "claims run on one reserved connection without bitmap scans; a lost claim connection is replaced",
+    () =>
+      Effect.gen(function* () {
+        yield* run([whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })])
+        yield* run(Array.from({ length: 3 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
+        const store = yield* DeliveryStore
+        const sql = yield* SqlClient.SqlClient
+        expect((yield* store.claim("w", 1, 60_000)).rows.length).toBe(1)
+        // the claim connection: the backend whose last statement was the claim
+        const claimers = yield* sql<{ pid: number }>`
+          SELECT pid FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%WITH cand AS%'`
+        expect(claimers.length).toBe(1)
+        // the session setting stays on that connection: the pool's other connections plan as usual
+        const settings = yield* Effect.all(
+          Array.from({ length: 4 }, () => sql<{ enable_bitmapscan: string }>`SHOW enable_bitmapscan`),
+          { concurrency: 4 }
+        )
+        expect(settings.flat().map((r) => r.enable_bitmapscan)).toEqual(["on", "on", "on", "on"])
+        // lose the claim connection: at most one claim fails, then a new connection is reserved
+        yield* sql`SELECT pg_terminate_backend(${claimers[0]?.pid ?? 0})`
+        const after = yield* Effect.either(store.claim("w", 1, 60_000))
+        const rows = after._tag === "Right" ? after.right.rows : (yield* store.claim("w", 1, 60_000)).rows
+        expect(rows.length).toBe(1)
+        expect((yield* store.claim("w", 5, 60_000)).rows.length).toBe(1)
+        expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0 })
+      }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
+    60_000
+  )
 })
