@@ -82,6 +82,7 @@ import {
 } from "./DeliveryStore.js"
 import { Health } from "./Health.js"
 import { Lifecycle } from "./Lifecycle.js"
+import { labelledCounter } from "./Metrics.js"
 import { type AuditEvent, Publisher } from "./Publisher.js"
 import { RegistryStore } from "./RegistryStore.js"
 import { SafeHttp, type SafeHttpErrorKind } from "./SafeHttp.js"
@@ -127,21 +128,25 @@ export const HEARTBEAT_CHUNK = 1_000
 /** Repeated problems (claim, listen, settle failures) are logged at most this often per kind. */
 export const LOG_EVERY_MS = 60_000
 /** LISTEN is confirmed by notifying ourselves up to this many times, this often. */
+/** URLs whose destination transform is memoised by one worker. */
+export const TRANSFORM_CACHE_MAX = 4096
 export const LISTEN_PROBE_TRIES = 50
 export const LISTEN_PROBE_EVERY = Duration.millis(100)
 
 // ---------------------------------------------------------------------------------------------
 // Metrics
 
-const attemptsTotal = Metric.counter("firehook_delivery_attempts_total", {
+const ATTEMPTS_TOTAL = "firehook_delivery_attempts_total"
+const ATTEMPTS_TOTAL_OPTIONS = {
   description: "Delivery attempts, by outcome (delivered, retry, dead_letter, skipped) and failure kind",
   incremental: true
-})
-const notAttemptedTotal = Metric.counter("firehook_delivery_not_attempted_total", {
+}
+const NOT_ATTEMPTED_TOTAL = "firehook_delivery_not_attempted_total"
+const NOT_ATTEMPTED_TOTAL_OPTIONS = {
   description:
     "Claimed rows settled without an attempt, by reason (subscription_changed, owner_scanning, circuit_open, lease_lost, released)",
   incremental: true
-})
+}
 const latencyBoundaries = MetricBoundaries.exponential({ start: 1, factor: 2, count: 22 })
 const firstAttemptLatency = Metric.histogram(
   "firehook_delivery_first_attempt_latency_ms",
@@ -158,13 +163,13 @@ const openCircuitsGauge = Metric.gauge("firehook_delivery_open_circuits", {
   description: "URL origins whose circuit breaker is open or half-open"
 })
 
-// tagged metric instances, made once per label set (a bounded set: outcomes × failure kinds)
+// labelled counters, made once per label set (a bounded set: outcomes × failure kinds)
 const taggedAttempts = new Map<string, Metric.Metric.Counter<number>>()
 const countAttempt = (outcome: AttemptRecord["outcome"], kind: string) => {
   const key = `${outcome}/${kind}`
   let counter = taggedAttempts.get(key)
   if (counter === undefined) {
-    counter = Metric.tagged(Metric.tagged(attemptsTotal, "outcome", outcome), "kind", kind)
+    counter = labelledCounter(ATTEMPTS_TOTAL, ATTEMPTS_TOTAL_OPTIONS, { outcome, kind })
     taggedAttempts.set(key, counter)
   }
   return Metric.increment(counter)
@@ -173,7 +178,7 @@ const taggedNotAttempted = new Map<string, Metric.Metric.Counter<number>>()
 const countNotAttempted = (reason: string) => {
   let counter = taggedNotAttempted.get(reason)
   if (counter === undefined) {
-    counter = Metric.tagged(notAttemptedTotal, "reason", reason)
+    counter = labelledCounter(NOT_ATTEMPTED_TOTAL, NOT_ATTEMPTED_TOTAL_OPTIONS, { reason })
     taggedNotAttempted.set(reason, counter)
   }
   return Metric.increment(counter)
@@ -259,8 +264,22 @@ interface OriginSlot {
   active: number
 }
 
-/** cid and source time from the stored canonical body (for destination transforms). */
-const eventMeta = (body: string): { readonly cid: string | undefined; readonly timestamp: string } => {
+/** The first key of a canonical body that has a `cid` (keys are sorted, `cid` sorts first). */
+const CANONICAL_CID = /^\{"cid":"([^"\\]*)"/
+/** The last key of every canonical body (`timestamp` sorts after every other top-level key). */
+const CANONICAL_TIMESTAMP = /"timestamp":"([^"\\]*)"\}$/
+
+/**
+ * cid and source time from the stored canonical body (for destination transforms). The canonical
+ * form (SPEC §3.5: keys sorted recursively) puts `cid` first and `timestamp` last, so both are read
+ * from the ends of the body without parsing it (a body can be 512 KiB); anything else is parsed.
+ */
+export const eventMeta = (body: string): { readonly cid: string | undefined; readonly timestamp: string } => {
+  const ts = CANONICAL_TIMESTAMP.exec(body.length > 256 ? body.slice(-256) : body)
+  if (ts !== null) {
+    const cid = body.startsWith('{"cid":') ? CANONICAL_CID.exec(body.slice(0, 256)) : null
+    if (cid !== null || !body.startsWith('{"cid":')) return { cid: cid?.[1], timestamp: ts[1] ?? "" }
+  }
   const parsed = Either.try(() => JSON.parse(body) as unknown)
   if (Either.isLeft(parsed) || typeof parsed.right !== "object" || parsed.right === null) {
     return { cid: undefined, timestamp: "" }
@@ -305,6 +324,17 @@ export const make = (
     const secrets = yield* Secrets
     const http = yield* SafeHttp
     const destinations = yield* Destinations
+    // The transform of a URL (presets are chosen by URL, SPEC §4.4), memoised per URL string (a
+    // bounded map, emptied when full): a busy subscription's URL is not parsed on every attempt.
+    const transforms = new Map<string, ReturnType<typeof destinations.resolve> | null>()
+    const transformFor = (url: string) => {
+      const known = transforms.get(url)
+      if (known !== undefined) return known ?? undefined
+      const made = URL.canParse(url) ? destinations.resolve(new URL(url)) : null
+      if (transforms.size >= TRANSFORM_CACHE_MAX) transforms.clear()
+      transforms.set(url, made)
+      return made ?? undefined
+    }
     const publisher = yield* Publisher
     const health = yield* Health
     const lifecycle = yield* Lifecycle
@@ -549,11 +579,11 @@ export const make = (
       }
 
       // 3. the destination transform
-      if (!URL.canParse(sub.url)) {
+      const transform = transformFor(sub.url)
+      if (transform === undefined) {
         guard.settling = true
         return settleWith(failed(row, "invalid_target", undefined, undefined, yield* elapsed, undefined))
       }
-      const transform = destinations.resolve(new URL(sub.url))
       const meta = eventMeta(body)
       const input: DeliveryInput = {
         deliveryId: row.deliveryId,

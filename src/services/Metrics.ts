@@ -5,8 +5,32 @@
  * (names prefixed `firehook_`); `/metrics` renders `Metric.snapshot`. Names and label keys are
  * sanitized to the Prometheus grammar, label values escaped.
  */
-import { Effect, Metric, MetricState, Option } from "effect"
+import { Effect, Metric, MetricKey, MetricLabel, MetricState, Option } from "effect"
 import type { MetricPair } from "effect"
+
+const labelsOf = (labels: Readonly<Record<string, string>>) =>
+  Object.entries(labels).map(([k, v]) => MetricLabel.make(k, v))
+
+/**
+ * A counter with its labels fixed in its key. `Metric.tagged` merges its labels into a new array on
+ * every update, so each update builds and hashes a new metric key to find its state (several µs per
+ * update, measured on the delivery path); a counter made here finds its state through a cached
+ * hook, like an untagged one. The exported series are the same as with `Metric.tagged`.
+ */
+export const labelledCounter = (
+  name: string,
+  options: { readonly description?: string; readonly incremental?: boolean },
+  labels: Readonly<Record<string, string>>
+): Metric.Metric.Counter<number> =>
+  Metric.fromMetricKey(MetricKey.taggedWithLabels(MetricKey.counter(name, options), labelsOf(labels)))
+
+/** {@link labelledCounter} for a gauge. */
+export const labelledGauge = (
+  name: string,
+  options: { readonly description?: string },
+  labels: Readonly<Record<string, string>>
+): Metric.Metric.Gauge<number> =>
+  Metric.fromMetricKey(MetricKey.taggedWithLabels(MetricKey.gauge(name, options), labelsOf(labels)))
 
 const sanitizeName = (s: string): string => {
   const cleaned = s.replace(/[^a-zA-Z0-9_:]/g, "_")

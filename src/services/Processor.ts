@@ -29,6 +29,7 @@ import { isWellFormedRecordEvent, type RecordEvent, type StreamEvent } from "../
 import { sanitizeWhRecordForDelivery, WH_COLLECTION } from "../schemas/WhRecord.js"
 import { FirehookConfig } from "./Config.js"
 import { Health } from "./Health.js"
+import { labelledCounter } from "./Metrics.js"
 import * as Outbox from "./Outbox.js"
 import type { CursorWrite } from "./CursorStore.js"
 import {
@@ -101,20 +102,16 @@ export interface ProcessorStats {
 
 export class Processor extends Context.Tag("firehook/Processor")<Processor, ProcessorShape>() {}
 
-const eventsProcessed = Metric.counter("firehook_events_processed_total", {
-  description: "Stream events processed, by outcome"
-})
+const EVENTS_PROCESSED = { description: "Stream events processed, by outcome" }
 const tooComplexMetric = Metric.counter("firehook_events_too_complex_total", {
   description: "Records whose reference walk hit a bound (backlink matching skipped)"
 })
 const priorRefsRefusedMetric = Metric.counter("firehook_prior_refs_refused_total", {
   description: "Prior-reference rows not stored because the table is full"
 })
-const quarantinedMetric = Metric.counter("firehook_events_quarantined_total", {
-  description: "Events quarantined, by reason"
-})
+const EVENTS_QUARANTINED = { description: "Events quarantined, by reason" }
 
-/** tagged counters, created once (building a tagged key per event is measurable on the hot path) */
+/** labelled counters, created once (building a tagged key per event is measurable on the hot path) */
 const memo = <K extends string, A>(make: (k: K) => A) => {
   const cache = new Map<K, A>()
   return (k: K): A => {
@@ -126,8 +123,10 @@ const memo = <K extends string, A>(make: (k: K) => A) => {
     return v
   }
 }
-const processedBy = memo((outcome: string) => Metric.tagged(eventsProcessed, "outcome", outcome))
-const quarantinedBy = memo((reason: string) => Metric.tagged(quarantinedMetric, "reason", reason))
+const processedBy = memo((outcome: string) => labelledCounter("firehook_events_processed_total", EVENTS_PROCESSED, { outcome }))
+const quarantinedBy = memo((reason: string) =>
+  labelledCounter("firehook_events_quarantined_total", EVENTS_QUARANTINED, { reason })
+)
 
 /** a key's row as a batch sees it (`bytes` is only known for rows the batch wrote) */
 interface BatchRow {
