@@ -23,7 +23,8 @@
  *    to show how much of the gap to the bare limit is the transport itself.
  * RSS is sampled every 100 ms during phase 1. With BENCH_STUB_TRANSPORT=1 the worker's transport
  * answers 204 without a request (what the worker and the database cost alone); BENCH_PROFILE=<file>
- * writes a CPU profile of phase 1.
+ * writes a CPU profile of phase 1 (Node; under Bun use `bun --cpu-prof-md` with BENCH_PHASE1_ONLY=1,
+ * which stops after phase 1).
  */
 import { SqlClient } from "@effect/sql"
 import { ConfigProvider, Context, Duration, Effect, Either, Fiber, Layer, Logger, LogLevel, Redacted } from "effect"
@@ -392,6 +393,7 @@ const program = Effect.gen(function* () {
     `phase 1: ${total} delivered in ${seconds.toFixed(1)} s = ${throughput.toFixed(0)} deliveries/s; worker process CPU ${(((cpu.user + cpu.system) / 1e6 / seconds) * 100).toFixed(0)}% (${((cpu.user + cpu.system) / 1000 / total).toFixed(2)} ms/delivery), event loop ${Number.isNaN(elu) ? "n/a" : `${(elu * 100).toFixed(0)}%`} busy, ${claims} claims (${(claimMs / Math.max(1, claims)).toFixed(1)} ms each), on average ${avgHeld.toFixed(0)} rows held / ${avgInFlight.toFixed(0)} requests in flight; peak RSS ${mib(peakRss)} MiB${pgCpuText}`
   )
 
+  if (process.env["BENCH_PHASE1_ONLY"] === "1") return
   // 2. steady offered load
   const before = yield* Effect.provide(count("true"), pipeline)
   const eventsPerTick = Math.max(1, Math.round(RATE / FANOUT / 10))

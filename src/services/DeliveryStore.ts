@@ -32,7 +32,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Cause, Clock, Context, Deferred, Duration, Effect, Exit, Layer, Option, Queue, Ref, Stream } from "effect"
+import { Cause, Clock, Context, Duration, Effect, Exit, Layer, Option, Queue, Ref, Stream } from "effect"
 import { Scope } from "effect"
 import type { Connection } from "@effect/sql/SqlConnection"
 import type { SqlError } from "@effect/sql/SqlError"
@@ -233,7 +233,7 @@ export const SCAN_MAX = 4000
 /** Settles applied by one statement at most. */
 export const SETTLE_BATCH_MAX = 256
 /** Settle statements in flight at once (each on its own connection). */
-export const SETTLE_FLUSHERS = 4
+export const SETTLE_FLUSHERS = 1
 /** Health counts stop counting here (health clamps at 1,000,000 anyway). */
 export const COUNT_CAP = 1_000_001
 /** How long health counts are cached. */
@@ -627,8 +627,11 @@ export const makeSql: Effect.Effect<
       SELECT delivery_id, token AS lease_token FROM upd`.pipe(op("delivery.settle"))
   }
 
-  const queue: Array<{ readonly item: Settle; readonly done: Deferred.Deferred<boolean, StoreError> }> = []
+  type Waiter = { readonly item: Settle; readonly resume: (result: Effect.Effect<boolean, StoreError>) => void }
+  const queue: Array<Waiter> = []
   const work = yield* Queue.sliding<void>(1)
+  const APPLIED = Effect.succeed(true)
+  const NOT_APPLIED = Effect.succeed(false)
   const flusher = Effect.gen(function* () {
     while (true) {
       if (queue.length === 0) {
@@ -642,30 +645,31 @@ export const makeSql: Effect.Effect<
       const result = yield* Effect.exit(runBatch(batch.map((b) => b.item)))
       if (Exit.isSuccess(result)) {
         const applied = new Set(result.value.map((r) => r.lease_token))
-        for (const b of batch) yield* Deferred.succeed(b.done, applied.has(b.item.token))
+        for (const b of batch) b.resume(applied.has(b.item.token) ? APPLIED : NOT_APPLIED)
       } else {
-        const error = Option.getOrElse(
-          Cause.failureOption(result.cause),
-          () => new StoreError({ op: "delivery.settle", code: "defect" })
+        const error = Effect.fail(
+          Option.getOrElse(Cause.failureOption(result.cause), () => new StoreError({ op: "delivery.settle", code: "defect" }))
         )
-        for (const b of batch) yield* Deferred.fail(b.done, error)
+        for (const b of batch) b.resume(error)
       }
     }
   })
   for (let i = 0; i < SETTLE_FLUSHERS; i++) yield* Effect.forkScoped(flusher)
+  // settles still queued when the store's scope closes are answered, not left waiting
+  yield* Effect.addFinalizer(() =>
+    Effect.sync(() => {
+      const left = queue.splice(0, queue.length)
+      const error = Effect.fail(new StoreError({ op: "delivery.settle", code: "shutdown" }))
+      for (const b of left) b.resume(error)
+    })
+  )
 
+  /** Queue a settle for the next batch; completes with whether the guarded update applied. */
   const settle = (item: Settle): Effect.Effect<boolean, StoreError> =>
-    Effect.flatMap(Deferred.make<boolean, StoreError>(), (done) =>
-      Effect.zipRight(
-        Effect.zipRight(
-          Effect.sync(() => {
-            queue.push({ item, done })
-          }),
-          Queue.offer(work, undefined)
-        ),
-        Deferred.await(done)
-      )
-    )
+    Effect.async<boolean, StoreError>((resume) => {
+      queue.push({ item, resume })
+      work.unsafeOffer(undefined)
+    })
 
   const delayMs = (ms: number) => clampInt(ms, 0, 366 * 24 * 3_600_000)
 

@@ -5,7 +5,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect } from "effect"
+import { Duration, Effect, Tracer } from "effect"
 import packageJson from "../../package.json" with { type: "json" }
 import * as Metrics from "../../src/services/Metrics.js"
 import { Processor } from "../../src/services/Processor.js"
@@ -204,6 +204,29 @@ describe("delivery worker end to end", () => {
         Effect.scoped,
         Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", DELIVERY_PER_ORIGIN_CONCURRENCY: "1" } }))
       ),
+    60_000
+  )
+
+  it.scopedLive(
+    "with a tracer installed (an embedder's OpenTelemetry layer, say) every attempt is one Delivery.attempt span",
+    () =>
+      Effect.gen(function* () {
+        const builtIn = yield* Effect.tracer
+        const names: Array<string> = []
+        const recording = Tracer.make({
+          span: (...args: Parameters<Tracer.Tracer["span"]>) => {
+            names.push(args[0])
+            return builtIn.span(...args)
+          },
+          context: builtIn.context
+        })
+        const rx = yield* receiver()
+        yield* run([whEv(ALICE, "a", whRecordValue(`at://${BOB}`, { url: `${rx.url}/x` }), { rev: rev(1) })])
+        yield* startWorker({ options: { pollIntervalMs: 50 } }).pipe(Effect.withTracer(recording))
+        yield* run([ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })])
+        yield* eventually("delivered", outboxRows, (rows) => rows.length === 2 && rows.every((r) => r.status === "delivered"))
+        expect(names.filter((n) => n === "Delivery.attempt").length).toBe(2)
+      }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))),
     60_000
   )
 })
