@@ -225,14 +225,24 @@ export class DeliveryStore extends Context.Tag("firehook/DeliveryStore")<Deliver
 export const RESPONSE_EXCERPT_BYTES = 1024
 /** Largest `limit` one claim accepts. */
 export const CLAIM_MAX = 1000
-/** Candidate rows read per claim: `CANDIDATE_FACTOR × limit`, at most `CANDIDATE_MAX`. */
-export const CANDIDATE_FACTOR = 4
+/**
+ * Candidate rows read per claim: `CANDIDATE_FACTOR × limit`, at most `CANDIDATE_MAX`. Rows of full
+ * origins are skipped while reading (they never count), so the window only has to absorb origins
+ * whose room is smaller than their due rows; 2 read half as many rows per claim as 4 did
+ * (PostgreSQL CPU per delivery 0.29 → 0.27 ms in bench/delivery), and a claim that filled its
+ * window reports `moreDue`, so the worker claims again at once.
+ */
+export const CANDIDATE_FACTOR = 2
 export const CANDIDATE_MAX = 2000
 /** Rows read at most, per branch, while skipping the rows of full origins. */
 export const SCAN_MAX = 4000
 /** Settles applied by one statement at most. */
 export const SETTLE_BATCH_MAX = 256
-/** Settle statements in flight at once (each on its own connection). */
+/**
+ * Settle statements in flight at once. One: settles that arrive while a statement runs wait for the
+ * next one (group commit), so batches grow with the load: 37 rows per statement instead of 9.5
+ * with four flushers in bench/delivery (PostgreSQL CPU per delivery 0.41 → 0.30 ms).
+ */
 export const SETTLE_FLUSHERS = 1
 /** Health counts stop counting here (health clamps at 1,000,000 anyway). */
 export const COUNT_CAP = 1_000_001
@@ -573,8 +583,8 @@ export const makeSql: Effect.Effect<
   /**
    * Settles are batched: concurrent calls are collected and applied by ONE guarded statement per
    * batch (update + attempt rows + audit rows), so a busy worker pays one round trip and one commit
-   * per batch instead of per row. A batch starts as soon as a flusher is free (no added delay);
-   * batches grow only while the database is busy.
+   * per batch instead of per row. A batch starts as soon as the flusher is free (no added delay);
+   * batches grow while a statement runs.
    */
   const runBatch = (items: ReadonlyArray<Settle>) => {
     const col = <A>(f: (x: Settle) => A): Array<A> => items.map(f)
