@@ -374,6 +374,8 @@ export const make = (
 
     const wake = yield* Queue.sliding<void>(1)
     const rows = yield* FiberSet.make<void, never>()
+    // forks a row's fiber into `rows` synchronously (no Effect steps in the caller)
+    const runInRows = yield* FiberSet.runtime(rows)<never>()
     const listened = yield* Deferred.make<void>()
     const stopped = yield* Deferred.make<void>()
 
@@ -742,25 +744,30 @@ export const make = (
       const row = entry.row
       let holding = true
       /** Gives the request slot back (once) and starts the next waiting rows. */
-      const freeSlot = (): Effect.Effect<void> => {
-        if (!holding) return Effect.void
+      const freeSlot = (): void => {
+        if (!holding) return
         holding = false
         state.inFlight--
         entry.slot.active--
         setInFlight()
-        return pump
+        pumpNow()
       }
       return attemptSafe(row, entry.claimedAtMs, entry).pipe(
         // the settlement runs after the request slot is freed
-        Effect.flatMap((settlement) => Effect.zipRight(freeSlot(), settlement)),
+        Effect.flatMap((settlement) => {
+          freeSlot()
+          return settlement
+        }),
         Effect.catchAllDefect(() =>
           logRateLimited("defect", "delivery settlement failed unexpectedly", { deliveryId: row.deliveryId })
         ),
         // however it ended (interrupted when its lease was lost, or at shutdown): not held any more
-        Effect.onExit(() => {
-          forgetNow(entry)
-          return freeSlot()
-        })
+        Effect.onExit(() =>
+          Effect.sync(() => {
+            forgetNow(entry)
+            freeSlot()
+          })
+        )
       )
     }
 
@@ -769,9 +776,9 @@ export const make = (
      * origin is under its cap. Admission is synchronous bookkeeping (no semaphore, and no fiber for
      * a row until it starts), so a held row costs nothing while it waits.
      */
-    const pump: Effect.Effect<void> = Effect.suspend(() => {
-      if (state.stopping || waiting.length === 0 || state.inFlight >= concurrency) return Effect.void
-      const starting: Array<RowEntry> = []
+    const pumpNow = (): void => {
+      if (state.stopping || waiting.length === 0 || state.inFlight >= concurrency) return
+      let started = false
       let i = 0
       while (state.inFlight < concurrency && i < waiting.length) {
         const entry = waiting[i]
@@ -784,19 +791,13 @@ export const make = (
         entry.started = true
         entry.slot.active++
         state.inFlight++
-        starting.push(entry)
+        started = true
+        // scheduled like a fork (not run inside this loop, which it could re-enter)
+        entry.fiber = runInRows(runRow(entry), { immediate: false })
       }
-      if (starting.length === 0) return Effect.void
-      setInFlight()
-      return Effect.forEach(
-        starting,
-        (entry) =>
-          Effect.map(FiberSet.run(rows, runRow(entry)), (fiber) => {
-            entry.fiber = fiber
-          }),
-        { discard: true }
-      )
-    })
+      if (started) setInFlight()
+    }
+    const pump: Effect.Effect<void> = Effect.sync(pumpNow)
 
     /** Hands back rows that have not started (stop, scope close). */
     const releaseWaiting = Effect.suspend(() => {

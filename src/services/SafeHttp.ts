@@ -867,6 +867,7 @@ const makeWith = (
   resolver: ResolverShape,
   agents: Agents,
   deadlines: Deadlines,
+  clock: Clock.Clock,
   options: SafeHttpOptions
 ): SafeHttpShape => {
   const policy = { allowInsecureDev: options.allowInsecureDev, allowCidrs: options.allowCidrs }
@@ -931,26 +932,25 @@ const makeWith = (
       truncate: req.onResponseOverflow === "truncate"
     }
 
-    return Effect.clockWith((clock) => {
-      const deadline = clock.unsafeCurrentTimeMillis() + timeoutMs
-      if (target.literal !== undefined) {
-        const literal = target.literal
-        return exchangeAll(deadlines, clock, [{ address: formatAddress(literal), family: literal.length === 4 ? 4 : 6 }], base, deadline)
-      }
-      // a name: resolved ONCE, within the same deadline
-      return resolver.lookup(target.hostname).pipe(
-        Effect.mapError(() => new SafeHttpError({ kind: "dns" })),
-        Effect.timeoutFail({
-          duration: Duration.millis(timeoutMs),
-          onTimeout: () => new SafeHttpError({ kind: "timeout" })
-        }),
-        Effect.flatMap((answers) => {
-          const addresses = validateAnswers(target, answers)
-          if (Either.isLeft(addresses)) return fail(addresses.left)
-          return exchangeAll(deadlines, clock, addresses.right, base, deadline)
-        })
-      )
-    })
+    // `send` runs when the request effect runs (inside `request`'s suspend): the deadline starts now
+    const deadline = clock.unsafeCurrentTimeMillis() + timeoutMs
+    if (target.literal !== undefined) {
+      const literal = target.literal
+      return exchangeAll(deadlines, clock, [{ address: formatAddress(literal), family: literal.length === 4 ? 4 : 6 }], base, deadline)
+    }
+    // a name: resolved ONCE, within the same deadline
+    return resolver.lookup(target.hostname).pipe(
+      Effect.mapError(() => new SafeHttpError({ kind: "dns" })),
+      Effect.timeoutFail({
+        duration: Duration.millis(timeoutMs),
+        onTimeout: () => new SafeHttpError({ kind: "timeout" })
+      }),
+      Effect.flatMap((answers) => {
+        const addresses = validateAnswers(target, answers)
+        if (Either.isLeft(addresses)) return fail(addresses.left)
+        return exchangeAll(deadlines, clock, addresses.right, base, deadline)
+      })
+    )
   }
 
   // Decision: no span of its own. A span costs about as much CPU as the rest of the transport's
@@ -990,7 +990,9 @@ export class SafeHttp extends Context.Tag("firehook/SafeHttp")<SafeHttp, SafeHtt
             })
         )
         const deadlines = yield* makeDeadlines
-        return makeWith(resolver, agents, deadlines, options)
+        // the layer's clock (a TestClock in tests), read directly on every request
+        const clock = yield* Effect.clock
+        return makeWith(resolver, agents, deadlines, clock, options)
       })
     )
 
