@@ -557,13 +557,29 @@ export const makeSql: Effect.Effect<
     )
   }
 
+  // Statements that update many of a worker's leased rows (a settle batch, the heartbeat) lock them
+  // in delivery id order first: two such statements of one worker share rows, and locking in
+  // whatever order the join produced let them deadlock (PostgreSQL aborts one after
+  // deadlock_timeout, 1 s by default; seen in bench/delivery). Needs `v(delivery_id, token)`.
+  const LOCK_IN_ORDER = sql.literal(`lk AS (
+        SELECT o.delivery_id FROM outbox o JOIN v ON v.delivery_id = o.delivery_id
+        WHERE o.status = 'leased' AND o.lease_token = v.token
+        ORDER BY o.delivery_id
+        FOR UPDATE OF o
+      )`)
+
   const heartbeatMany: DeliveryStoreShape["heartbeatMany"] = (leases, leaseMs) =>
     leases.length === 0
       ? Effect.succeed(new Set<string>())
       : sql<{ lease_token: string }>`
+          WITH v AS (
+            SELECT * FROM unnest(${leases.map((l) => l.deliveryId)}::text[], ${leases.map((l) => l.token)}::text[])
+              AS v(delivery_id, token)
+          ),
+          ${LOCK_IN_ORDER}
           UPDATE outbox o SET leased_until = now() + ${clampInt(leaseMs, 1, 24 * 3_600_000)}::int * interval '1 millisecond',
             updated_at = now()
-          FROM unnest(${leases.map((l) => l.deliveryId)}::text[], ${leases.map((l) => l.token)}::text[]) AS v(delivery_id, token)
+          FROM v JOIN lk ON lk.delivery_id = v.delivery_id
           WHERE o.delivery_id = v.delivery_id AND o.status = 'leased' AND o.lease_token = v.token
           RETURNING o.lease_token`.pipe(
           Effect.map((rows): ReadonlySet<string> => new Set(rows.map((r) => r.lease_token))),
@@ -604,6 +620,7 @@ export const makeSql: Effect.Effect<
         ) AS t(delivery_id, token, status, attempt_count, delay_ms, set_error, error_kind, set_http, http_status,
                terminal, has_attempt, a_started_ms, a_duration_ms, a_outcome, a_error_kind, a_http_status, a_excerpt)
       ),
+      ${LOCK_IN_ORDER},
       upd AS (
         UPDATE outbox o SET
           status = v.status,
@@ -614,7 +631,7 @@ export const makeSql: Effect.Effect<
           last_http_status = CASE WHEN v.set_http THEN v.http_status ELSE o.last_http_status END,
           finished_at = CASE WHEN v.terminal THEN now() ELSE o.finished_at END,
           lease_token = NULL, leased_until = NULL, updated_at = now()
-        FROM v
+        FROM v JOIN lk ON lk.delivery_id = v.delivery_id
         WHERE o.delivery_id = v.delivery_id AND o.status = 'leased' AND o.lease_token = v.token
         RETURNING o.delivery_id, o.event_id, o.owner_did, o.webhook_rkey, o.event_did, o.event_collection,
           o.event_rkey, o.event_operation, v.token, v.status, v.error_kind, v.http_status, v.terminal,

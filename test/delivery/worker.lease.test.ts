@@ -284,4 +284,36 @@ describe("delivery leases on PostgreSQL", () => {
       }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
     60_000
   )
+
+  it.scopedLive(
+    "statements updating many of a worker's rows lock them in one order: opposite input orders never deadlock",
+    () =>
+      Effect.gen(function* () {
+        yield* run([whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })])
+        yield* run([ev(BOB, POST, "p", { rev: rev(10) })])
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`
+          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
+          SELECT o.delivery_id || '_' || g, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
+            o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id, o.fingerprint
+          FROM outbox o CROSS JOIN generate_series(1, 1999) g`
+        const store = yield* DeliveryStore
+        const claimed = (yield* store.claim("w", 1000, 60_000, { defaultRoom: 1000 })).rows
+        const more = (yield* store.claim("w", 1000, 60_000, { defaultRoom: 1000 })).rows
+        const leases = [...claimed, ...more].map((r) => ({ deliveryId: r.deliveryId, token: r.leaseToken }))
+        expect(leases.length).toBe(2000)
+        const ascending = [...leases].sort((a, b) => (a.deliveryId < b.deliveryId ? -1 : 1))
+        const descending = [...ascending].reverse()
+        for (let round = 0; round < 5; round++) {
+          const [a, b] = yield* Effect.all(
+            [Effect.either(store.heartbeatMany(ascending, 60_000)), Effect.either(store.heartbeatMany(descending, 60_000))],
+            { concurrency: 2 }
+          )
+          expect(a._tag === "Right" ? a.right.size : a.left.code).toBe(2000)
+          expect(b._tag === "Right" ? b.right.size : b.left.code).toBe(2000)
+        }
+      }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
+    120_000
+  )
 })
