@@ -38,6 +38,22 @@ const stackOn = (url: Redacted.Redacted<string>, config: Config.FirehookConfigSh
     Layer.provideMerge(Layer.mergeAll(Database.layerUrl(url), Config.layerValue(config)))
   )
 
+/**
+ * `times` more pending rows per outbox row, with distinct delivery ids (straight into the table;
+ * their `origin` is NULL, as for rows enqueued before migration 0002).
+ */
+const copyRows = (times: number) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) => sql`
+    INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+      event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
+    SELECT o.delivery_id || '_' || g, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
+      o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id, o.fingerprint
+    FROM outbox o CROSS JOIN generate_series(1, ${times}) g`)
+
+/** A test of the store itself on a fresh test stack. */
+const onStoreStack = <A, E, R>(eff: Effect.Effect<A, E, R>) =>
+  eff.pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack())))
+
 /** Run `eff` against a fresh database whose URL it also gets (to start more "processes" on it). */
 const onFreshDatabase = <A, E>(
   config: Config.FirehookConfigShape,
@@ -68,12 +84,7 @@ describe("delivery leases on PostgreSQL", () => {
           expect(r.inserted).toBe(10)
           // 9,990 more rows for the same subscriptions (distinct delivery ids), straight into the table
           const sql = yield* SqlClient.SqlClient
-          yield* sql`
-            INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
-              event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
-            SELECT o.delivery_id || '_' || g, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
-              o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id, o.fingerprint
-            FROM outbox o CROSS JOIN generate_series(1, 999) g`
+          yield* copyRows(999)
           expect(yield* countWhere("outbox", "status = 'pending'")).toBe(10_000)
 
           const scope = yield* Effect.scope
@@ -224,7 +235,7 @@ describe("delivery leases on PostgreSQL", () => {
         expect(yield* countWhere("audit", "status = 'delivered' AND url = '[redacted]'")).toBe(1)
         expect(yield* countWhere("delivery_attempts", "octet_length(response_excerpt) = 1024")).toBe(1)
         expect((yield* outboxRows)[0]).toMatchObject({ status: "delivered", lease_token: null, attempt_count: 1 })
-      }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
+      }).pipe(onStoreStack),
     60_000
   )
 
@@ -250,7 +261,7 @@ describe("delivery leases on PostgreSQL", () => {
         expect(third.rows.map((r) => r.origin)).toEqual(["https://a.example"])
         const counts = yield* store.counts
         expect(counts).toEqual({ pending: 2, leased: 8, deadLetter: 0 })
-      }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
+      }).pipe(onStoreStack),
     60_000
   )
 
@@ -281,7 +292,7 @@ describe("delivery leases on PostgreSQL", () => {
         expect(rows.length).toBe(1)
         expect((yield* store.claim("w", 5, 60_000)).rows.length).toBe(1)
         expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0 })
-      }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
+      }).pipe(onStoreStack),
     60_000
   )
 
@@ -291,13 +302,7 @@ describe("delivery leases on PostgreSQL", () => {
       Effect.gen(function* () {
         yield* run([whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })])
         yield* run([ev(BOB, POST, "p", { rev: rev(10) })])
-        const sql = yield* SqlClient.SqlClient
-        yield* sql`
-          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
-            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
-          SELECT o.delivery_id || '_' || g, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
-            o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id, o.fingerprint
-          FROM outbox o CROSS JOIN generate_series(1, 1999) g`
+        yield* copyRows(1999)
         const store = yield* DeliveryStore
         const claimed = (yield* store.claim("w", 1000, 60_000, { defaultRoom: 1000 })).rows
         const more = (yield* store.claim("w", 1000, 60_000, { defaultRoom: 1000 })).rows
@@ -313,7 +318,7 @@ describe("delivery leases on PostgreSQL", () => {
           expect(a._tag === "Right" ? a.right.size : a.left.code).toBe(2000)
           expect(b._tag === "Right" ? b.right.size : b.left.code).toBe(2000)
         }
-      }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
+      }).pipe(onStoreStack),
     120_000
   )
 })
