@@ -465,8 +465,13 @@ export const makeSql: Effect.Effect<
       )
     )
   })
+  // A pool of one connection cannot give one away for good: there the claim runs in a transaction
+  // of its own with `SET LOCAL` (three more round trips per claim, as before the reserved connection).
+  const reserveForClaims = (pg.config.maxConnections ?? 10) >= 2
   const onClaimConnection = <A>(statement: Effect.Effect<A, SqlError, never>) =>
-    claimLock.withPermits(1)(
+    !reserveForClaims
+      ? sql.withTransaction(Effect.zipRight(sql`SET LOCAL enable_bitmapscan = off`, statement))
+      : claimLock.withPermits(1)(
       Effect.flatMap(claimConnection, (conn) =>
         Effect.provideService(statement, SqlClient.TransactionConnection, [conn, 0] as const)
       ).pipe(Effect.onError(() => releaseClaimConn))

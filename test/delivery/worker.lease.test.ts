@@ -321,4 +321,35 @@ describe("delivery leases on PostgreSQL", () => {
       }).pipe(onStoreStack),
     120_000
   )
+
+  it.scopedLive(
+    "with a pool of one connection claims run in their own transactions and settles still get through",
+    () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`
+          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+            event_rkey, event_operation, target_url, signing_mode, fingerprint)
+          SELECT 'd' || g, 'e', 'did:plc:o', 'w', 'direct', 'did:plc:e', 'c', 'r', 'create', 'https://a.example/h', 'none', 'f'
+          FROM generate_series(1, 6) g`
+        const store = yield* DeliveryStore
+        const first = yield* store.claim("w", 3, 60_000)
+        expect(first.rows.length).toBe(3)
+        for (const r of first.rows) {
+          expect(
+            yield* store.markDelivered(r.deliveryId, r.leaseToken, {
+              attemptCount: 1,
+              httpStatus: 204,
+              attempt: { startedAtMs: 0, durationMs: 1, outcome: "delivered", errorKind: undefined, httpStatus: 204, responseExcerpt: undefined }
+            })
+          ).toBe(true)
+        }
+        expect((yield* store.claim("w", 10, 60_000)).rows.length).toBe(3)
+        expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0 })
+      }).pipe(
+        Effect.timeoutFail({ duration: "20 seconds", onTimeout: () => new Error("the store hung on a one-connection pool") }),
+        Effect.provide(Layer.provideMerge(deliveryStoreSql, Db.layer({ maxConnections: 1 })))
+      ),
+    60_000
+  )
 })
