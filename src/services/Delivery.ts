@@ -127,9 +127,9 @@ export const RELEASE_TIMEOUT = Duration.seconds(2)
 export const HEARTBEAT_CHUNK = 1_000
 /** Repeated problems (claim, listen, settle failures) are logged at most this often per kind. */
 export const LOG_EVERY_MS = 60_000
-/** LISTEN is confirmed by notifying ourselves up to this many times, this often. */
 /** URLs whose destination transform is memoised by one worker. */
 export const TRANSFORM_CACHE_MAX = 4096
+/** LISTEN is confirmed by notifying ourselves up to this many times, this often. */
 export const LISTEN_PROBE_TRIES = 50
 export const LISTEN_PROBE_EVERY = Duration.millis(100)
 

@@ -32,16 +32,15 @@
  */
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Cause, Clock, Context, Duration, Effect, Exit, Layer, Option, Queue, Ref, Stream } from "effect"
-import { Scope } from "effect"
+import { Cause, Clock, Context, Duration, Effect, Exit, Layer, Option, Queue, Ref, Scope, Stream } from "effect"
 import type { Connection } from "@effect/sql/SqlConnection"
 import type { SqlError } from "@effect/sql/SqlError"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { Operation } from "../schemas/RecordEvent.js"
 import { NOTIFY_CHANNEL, ORIGIN_SQL, originKey, type OutboxRow } from "./Outbox.js"
+import { codeOf, StoreError } from "./Store.js"
 
 export { originKey }
-import { codeOf, StoreError } from "./Store.js"
 
 // ---------------------------------------------------------------------------------------------
 // Model
