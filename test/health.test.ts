@@ -128,4 +128,18 @@ describe("Metrics.render", () => {
       expect(text).toContain("firehook_test_latency_ms_sum 555")
       expect(text).toContain("firehook_test_latency_ms_count 3")
     }))
+
+  it.effect("labelled counters and gauges are the same series as Metric.tagged ones", () =>
+    Effect.gen(function* () {
+      const labelled = Metrics.labelledCounter("firehook_test_labelled_total", { description: "d" }, { stream: "s1" })
+      labelled.unsafeUpdate(1, [])
+      yield* Metric.increment(labelled)
+      // the same name and options as a Metric.counter that is tagged: one series
+      yield* Metric.increment(Metric.tagged(Metric.counter("firehook_test_labelled_total", { description: "d" }), "stream", "s1"))
+      const gauge = Metrics.labelledGauge("firehook_test_labelled_gauge", {}, { stream: "s1" })
+      yield* Metric.set(gauge, 7)
+      const text = Metrics.render(yield* Metric.snapshot)
+      expect(text).toContain('firehook_test_labelled_total{stream="s1"} 3')
+      expect(text).toContain('firehook_test_labelled_gauge{stream="s1"} 7')
+    }))
 })

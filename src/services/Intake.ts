@@ -21,6 +21,7 @@ import { Cause, Clock, Context, Deferred, Duration, Effect, Either, Fiber, Layer
 import type { StreamEvent } from "../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../schemas/WhRecord.js"
 import { FirehookConfig } from "./Config.js"
+import { labelledCounter, labelledGauge } from "./Metrics.js"
 import { CursorStore } from "./CursorStore.js"
 import * as FirehoseSource from "./FirehoseSource.js"
 import { Health } from "./Health.js"
@@ -111,13 +112,16 @@ export const defaultTuning = (queueMax: number, batchMax: number): IntakeTuning 
   poisonBackoff: Duration.seconds(10)
 })
 
+const METRIC_OPTIONS = {
+  events: { description: "Events committed by intake" },
+  batches: { description: "Batches committed by intake" },
+  batchRetries: { description: "In-place batch retries" },
+  quarantines: { description: "Streams quarantined by a poison frame" },
+  reconnects: { description: "Stream reconnects" },
+  lag: { description: "Now minus the source time of the last committed event" }
+}
+
 const metrics = {
-  events: Metric.counter("firehook_intake_events_total", { description: "Events committed by intake" }),
-  batches: Metric.counter("firehook_intake_batches_total", { description: "Batches committed by intake" }),
-  batchRetries: Metric.counter("firehook_intake_batch_retries_total", { description: "In-place batch retries" }),
-  quarantines: Metric.counter("firehook_intake_quarantines_total", { description: "Streams quarantined by a poison frame" }),
-  reconnects: Metric.counter("firehook_intake_reconnects_total", { description: "Stream reconnects" }),
-  lag: Metric.gauge("firehook_intake_lag_seconds", { description: "Now minus the source time of the last committed event" }),
   batchCommit: Metric.histogram(
     "firehook_intake_batch_commit_ms",
     MetricBoundaries.fromIterable([1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000]),
@@ -168,14 +172,15 @@ export const makeStreamRunner = (
     const restartSignal = yield* Ref.make<Deferred.Deferred<bigint | undefined>>(yield* Deferred.make<bigint | undefined>())
     const stopped = yield* Deferred.make<void>()
     let lastLogAt = Number.NEGATIVE_INFINITY
-    // this stream's counters, tagged once (a tagged key built per batch is measurable)
+    // this stream's metrics, labelled once (labels in the key: `Metric.tagged` builds a key per update)
+    const streamLabel = { stream: spec.name }
     const tagged = {
-      batchRetries: Metric.tagged(metrics.batchRetries, "stream", spec.name),
-      events: Metric.tagged(metrics.events, "stream", spec.name),
-      batches: Metric.tagged(metrics.batches, "stream", spec.name),
-      lag: Metric.tagged(metrics.lag, "stream", spec.name),
-      quarantines: Metric.tagged(metrics.quarantines, "stream", spec.name),
-      reconnects: Metric.tagged(metrics.reconnects, "stream", spec.name)
+      batchRetries: labelledCounter("firehook_intake_batch_retries_total", METRIC_OPTIONS.batchRetries, streamLabel),
+      events: labelledCounter("firehook_intake_events_total", METRIC_OPTIONS.events, streamLabel),
+      batches: labelledCounter("firehook_intake_batches_total", METRIC_OPTIONS.batches, streamLabel),
+      lag: labelledGauge("firehook_intake_lag_seconds", METRIC_OPTIONS.lag, streamLabel),
+      quarantines: labelledCounter("firehook_intake_quarantines_total", METRIC_OPTIONS.quarantines, streamLabel),
+      reconnects: labelledCounter("firehook_intake_reconnects_total", METRIC_OPTIONS.reconnects, streamLabel)
     }
 
     const logLimited = (message: string, annotations: Record<string, unknown>) =>
