@@ -18,10 +18,12 @@ import * as Delivery from "../../src/services/Delivery.js"
 import * as DeliveryStore from "../../src/services/DeliveryStore.js"
 import * as Health from "../../src/services/Health.js"
 import * as Lifecycle from "../../src/services/Lifecycle.js"
+import { Processor } from "../../src/services/Processor.js"
 import { type AuditEvent, Publisher } from "../../src/services/Publisher.js"
 import * as RegistryStore from "../../src/services/RegistryStore.js"
 import { parseAllowCidrs, SafeHttp } from "../../src/services/SafeHttp.js"
 import { Secrets } from "../../src/services/Secrets.js"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 
 // ---------------------------------------------------------------------------------------------
 // Receivers
@@ -209,6 +211,10 @@ export const startWorker = (
     health: Context.get(ctx, Health.Health),
     lifecycle: Context.get(ctx, Lifecycle.Lifecycle)
   }))
+
+/** Process a batch as the intake's registry writer would (webhook records and events alike). */
+export const run = (batch: ReadonlyArray<StreamEvent>) =>
+  Effect.flatMap(Processor, (p) => p.processEvents(batch, { registryWriter: true }))
 
 // ---------------------------------------------------------------------------------------------
 // Database helpers

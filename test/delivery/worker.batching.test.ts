@@ -10,16 +10,11 @@ import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/DeliveryStore.js"
-import { Processor } from "../../src/services/Processor.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, receiver, startWorker } from "./worker-support.js"
+import { countWhere, eventually, receiver, run, startWorker } from "./worker-support.js"
 
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
-
-const run = (batch: ReadonlyArray<StreamEvent>) =>
-  Effect.flatMap(Processor, (p) => p.processEvents(batch, { registryWriter: true }))
 
 interface Row {
   readonly delivery_id: string

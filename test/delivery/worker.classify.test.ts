@@ -6,18 +6,13 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { Processor } from "../../src/services/Processor.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
-import { closedPort, countWhere, eventually, outboxRows, receiver, recordingPublisher, startWorker } from "./worker-support.js"
+import { closedPort, countWhere, eventually, outboxRows, receiver, recordingPublisher, run, startWorker } from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
 const SECRET = "classification-secret-0123456789"
-
-const run = (batch: ReadonlyArray<StreamEvent>) =>
-  Effect.flatMap(Processor, (p) => p.processEvents(batch, { registryWriter: true }))
 
 /** rkey → path on the receiver, and what must become of the delivery. */
 const CASES: ReadonlyArray<{

@@ -8,10 +8,8 @@ import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Tracer } from "effect"
 import packageJson from "../../package.json" with { type: "json" }
 import * as Metrics from "../../src/services/Metrics.js"
-import { Processor } from "../../src/services/Processor.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, outboxRows, receiver, recordingPublisher, startWorker, whsec } from "./worker-support.js"
+import { countWhere, eventually, outboxRows, receiver, recordingPublisher, run, startWorker, whsec } from "./worker-support.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
@@ -20,9 +18,6 @@ const DAVE = plc(4)
 const EVE = plc(5)
 const FRANK = plc(6)
 const POST = "app.bsky.feed.post"
-
-const run = (batch: ReadonlyArray<StreamEvent>) =>
-  Effect.flatMap(Processor, (p) => p.processEvents(batch, { registryWriter: true }))
 
 const SECRETS: Record<string, string> = {
   [`at://${ALICE}/${WH}/a`]: whsec(7),

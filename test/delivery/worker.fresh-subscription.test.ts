@@ -11,19 +11,14 @@ import { Effect } from "effect"
 import * as Http from "node:http"
 import type * as Net from "node:net"
 import type { Scope } from "effect"
-import { Processor } from "../../src/services/Processor.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, outboxRows, startWorker } from "./worker-support.js"
+import { countWhere, eventually, outboxRows, run, startWorker } from "./worker-support.js"
 
 const OWNER_A = plc(1)
 const OWNER_B = plc(3)
 const BOB = plc(2)
 const CAROL = plc(4)
 const POST = "app.bsky.feed.post"
-
-const run = (batch: ReadonlyArray<StreamEvent>) =>
-  Effect.flatMap(Processor, (p) => p.processEvents(batch, { registryWriter: true }))
 
 const ENV = {
   WEBHOOK_ALLOW_INSECURE_DEV: "1",

@@ -12,21 +12,16 @@ import * as Database from "../../src/services/Database.js"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/DeliveryStore.js"
 import * as Outbox from "../../src/services/Outbox.js"
 import * as PriorRefsStore from "../../src/services/PriorRefsStore.js"
-import { Processor } from "../../src/services/Processor.js"
 import * as ProcessorModule from "../../src/services/Processor.js"
 import * as Registry from "../../src/services/Registry.js"
 import * as RegistryStore from "../../src/services/RegistryStore.js"
 import { Tx } from "../../src/services/Store.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as Db from "../support/db.js"
 import { ev, plc, rev, sqlStack, testConfig, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, outboxRows, receiver, type Reply, startWorkerOn, whsec } from "./worker-support.js"
+import { countWhere, eventually, outboxRows, receiver, type Reply, run, startWorkerOn, whsec } from "./worker-support.js"
 
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
-
-const run = (batch: ReadonlyArray<StreamEvent>) =>
-  Effect.flatMap(Processor, (p) => p.processEvents(batch, { registryWriter: true }))
 
 /** The matching pipeline on the database at `url` (the "intake" side of the test). */
 const stackOn = (url: Redacted.Redacted<string>, config: Config.FirehookConfigShape) =>
@@ -49,6 +44,9 @@ const copyRows = (times: number) =>
     SELECT o.delivery_id || '_' || g, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
       o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id, o.fingerprint
     FROM outbox o CROSS JOIN generate_series(1, ${times}) g`)
+
+/** One webhook (owner plc(1), rkey `a`) watching BOB, delivering to https://a.example/hook. */
+const webhookOnA = run([whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })])
 
 /** A test of the store itself on a fresh test stack. */
 const onStoreStack = <A, E, R>(eff: Effect.Effect<A, E, R>) =>
@@ -269,7 +267,7 @@ describe("delivery leases on PostgreSQL", () => {
     "claims run on one reserved connection without bitmap scans; a lost claim connection is replaced",
     () =>
       Effect.gen(function* () {
-        yield* run([whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })])
+        yield* webhookOnA
         yield* run(Array.from({ length: 3 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
         const store = yield* DeliveryStore
         const sql = yield* SqlClient.SqlClient
@@ -300,7 +298,7 @@ describe("delivery leases on PostgreSQL", () => {
     "statements updating many of a worker's rows lock them in one order: opposite input orders never deadlock",
     () =>
       Effect.gen(function* () {
-        yield* run([whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })])
+        yield* webhookOnA
         yield* run([ev(BOB, POST, "p", { rev: rev(10) })])
         yield* copyRows(1999)
         const store = yield* DeliveryStore
