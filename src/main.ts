@@ -38,6 +38,14 @@ const main = Effect.gen(function* () {
   )
 )
 
+// SPEC §6.3: shutdown is idempotent. The runtime's own handler removes itself at the first
+// SIGINT/SIGTERM (and interrupts the main fiber, which runs the ordered shutdown); with no listener
+// left, the runtime would restore the default action and a second signal would kill the process in
+// the middle of that shutdown. These listeners stay, so a repeated signal changes nothing.
+const alreadyStopping = (): void => {}
+process.on("SIGINT", alreadyStopping)
+process.on("SIGTERM", alreadyStopping)
+
 BunRuntime.runMain(main, {
   disableErrorReporting: true,
   disablePrettyLogger: true,

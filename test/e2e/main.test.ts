@@ -40,7 +40,11 @@ const adminQuery = async <T extends pg.QueryResultRow>(url: string, q: string) =
   }
 }
 
-const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise<void>) => {
+/**
+ * `repeatSignal`: a second SIGTERM as soon as the first one's shutdown has started (SPEC §6.3:
+ * shutdown is idempotent, so the process still shuts down in order and exits 0).
+ */
+const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise<void>, repeatSignal = false) => {
   const port = await freePort()
   const running = startFirehook({ HEALTH_PORT: String(port), SHUTDOWN_TIMEOUT_MS: "10000", ...(await devEnv()), ...env })
   try {
@@ -67,8 +71,15 @@ const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise
   } finally {
     running.child.kill("SIGTERM")
   }
+  if (repeatSignal) {
+    for (let i = 0; i < 500 && !running.stdout().includes("shutdown started"); i++) await new Promise((r) => setTimeout(r, 10))
+    expect(running.stdout()).toContain("shutdown started")
+    expect(running.stdout()).not.toContain("shutdown complete")
+    running.child.kill("SIGTERM")
+  }
   const exit = await exitWithin(running, 15_000)
   expect(exit).toEqual({ code: 0, signal: null })
+  if (repeatSignal) expect(running.stdout()).toContain("shutdown complete")
   return running
 }
 
@@ -123,7 +134,8 @@ describe("bun src/main.ts", () => {
         }
         expect(Number(rows[0]?.n)).toBeGreaterThan(0)
       })
-      await runOnce({ DATABASE_URL: u.toString(), FIREHOOK_DATA_DIR: tmpDir() })
+      // the second run also gets a second SIGTERM during its shutdown
+      await runOnce({ DATABASE_URL: u.toString(), FIREHOOK_DATA_DIR: tmpDir() }, undefined, true)
       // every bundled migration applied exactly once, none again by the second start
       const rows = await adminQuery<{ n: string }>(u.toString(), "SELECT count(*)::text AS n FROM firehook_migrations")
       expect(rows).toEqual([{ n: String(Object.keys(migrations).length) }])
