@@ -84,6 +84,7 @@ import { Health } from "./Health.js"
 import { Lifecycle } from "./Lifecycle.js"
 import { labelledCounter } from "./Metrics.js"
 import { type AuditEvent, Publisher } from "./Publisher.js"
+import { Registry } from "./Registry.js"
 import { RegistryStore } from "./RegistryStore.js"
 import { SafeHttp, type SafeHttpErrorKind } from "./SafeHttp.js"
 import { Secrets } from "./Secrets.js"
@@ -331,6 +332,9 @@ export const make = (
     const config = yield* FirehookConfig
     const store = yield* DeliveryStore
     const registry = yield* RegistryStore
+    // the in-memory registry of this process, when it has one (the service does; a worker embedded
+    // on its own may not): a 410 drops the registration from matching as well as marking it gone
+    const memoryRegistry = yield* Effect.serviceOption(Registry)
     const secrets = yield* Secrets
     const http = yield* SafeHttp
     const destinations = yield* Destinations
@@ -698,7 +702,14 @@ export const make = (
       return settleWith(
         Effect.flatMap(failed(row, kind, res.status, retryAfter, timing, text), (dead) =>
           dead && kind === "gone"
-            ? registry.markGone(row.ownerDid, row.webhookRkey).pipe(Effect.catchAll(logStoreError))
+            ? registry.markGone(row.ownerDid, row.webhookRkey, row.fingerprint).pipe(
+              Effect.flatMap((marked) =>
+                marked && Option.isSome(memoryRegistry)
+                  ? memoryRegistry.value.forgetGone(row.ownerDid, row.webhookRkey, row.fingerprint)
+                  : Effect.void
+              ),
+              Effect.catchAll(logStoreError)
+            )
             : Effect.void
         )
       )

@@ -55,6 +55,12 @@ export interface RegistryShape {
   readonly applyWhEvent: (event: RecordEvent) => Effect.Effect<WhEventOutcome, StoreError>
   readonly transactional: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
   readonly swapOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
+  /**
+   * A delivery marked this registration gone (410, SPEC §4.3): stop matching it until its record
+   * changes (a later write of the record indexes it again). Only the registration with
+   * `fingerprint` is dropped; one that changed in the meantime stays.
+   */
+  readonly forgetGone: (ownerDid: string, rkey: string, fingerprint: string) => Effect.Effect<void>
   readonly stats: Effect.Effect<RegistryStats>
 }
 
@@ -279,6 +285,14 @@ export const make = Effect.gen(function* () {
       )
     }).pipe(Effect.withSpan("Registry.swapOwner"))
 
+  const forgetGone = (ownerDid: string, rkey: string, fingerprint: string) =>
+    Effect.suspend(() => {
+      const key = webhookKey(ownerDid, rkey)
+      if (index.get(key)?.fingerprint !== fingerprint) return Effect.void
+      index.remove(key)
+      return Metric.set(activeGauge, index.size)
+    })
+
   const stats = Effect.sync(
     (): RegistryStats => ({
       active: index.size,
@@ -291,7 +305,7 @@ export const make = Effect.gen(function* () {
     })
   )
 
-  const shape: RegistryShape = { index, load, reload, applyWhEvent, transactional, swapOwner, stats }
+  const shape: RegistryShape = { index, load, reload, applyWhEvent, transactional, swapOwner, forgetGone, stats }
   return shape
 })
 

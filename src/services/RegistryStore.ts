@@ -69,8 +69,12 @@ export interface RegistryStoreShape {
   /** every row of one owner (for reconciliation swaps) */
   readonly ownerRows: (ownerDid: string) => Effect.Effect<ReadonlyArray<WebhookRow>, StoreError>
   readonly owner: (ownerDid: string) => Effect.Effect<OwnerState | undefined, StoreError>
-  /** mark the subscription gone (410) until its record changes */
-  readonly markGone: (ownerDid: string, rkey: string) => Effect.Effect<void, StoreError>
+  /**
+   * Mark the subscription gone (410) until its record changes. Only while the stored registration
+   * still has `fingerprint` (the one the 410 answered): a record changed since the delivery was
+   * enqueued is a new subscription and stays. True when it was marked.
+   */
+  readonly markGone: (ownerDid: string, rkey: string, fingerprint: string) => Effect.Effect<boolean, StoreError>
 }
 
 export class RegistryStore extends Context.Tag("firehook/RegistryStore")<RegistryStore, RegistryStoreShape>() {}
@@ -204,9 +208,11 @@ export const makeSql = Effect.gen(function* () {
         }),
         storeOp("registry.owner")
       ),
-    markGone: (ownerDid, rkey) =>
-      sql`UPDATE webhooks SET gone_at = now() WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`.pipe(
-        Effect.asVoid,
+    markGone: (ownerDid, rkey, fingerprint) =>
+      sql<{ rkey: string }>`UPDATE webhooks SET gone_at = now()
+        WHERE owner_did = ${ownerDid} AND rkey = ${rkey} AND fingerprint = ${fingerprint}
+        RETURNING rkey`.pipe(
+        Effect.map((rows) => rows.length > 0),
         storeOp("registry.markGone")
       )
   }
@@ -279,12 +285,13 @@ export const makeMemory = Effect.gen(function* () {
     ownerRows: (ownerDid) =>
       Ref.get(state).pipe(Effect.map((s) => [...s.rows.values()].filter((r) => r.ownerDid === ownerDid))),
     owner: (ownerDid) => Ref.get(state).pipe(Effect.map((s) => s.owners.get(ownerDid))),
-    markGone: (ownerDid, rkey) =>
-      Ref.update(state, (s) => {
+    markGone: (ownerDid, rkey, fingerprint) =>
+      Ref.modify(state, (s) => {
         const key = k(ownerDid, rkey)
         const row = s.rows.get(key)
-        if (row !== undefined) s.rows.set(key, { ...row, gone: true })
-        return s
+        if (row === undefined || row.fingerprint !== fingerprint) return [false, s]
+        s.rows.set(key, { ...row, gone: true })
+        return [true, s]
       })
   }
   return store

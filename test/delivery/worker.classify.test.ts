@@ -118,12 +118,21 @@ describe("delivery worker: classification through real responses", () => {
           ["gone", "http_4xx", "http_4xx", "redirect", "response_too_large"]
         )
 
-        // a later event for the gone subscription is cancelled without a request
-        yield* run([ev(BOB, POST, "p2", { rev: rev(11) })])
+        // a later event no longer matches the gone subscription (it left the in-memory registry):
+        // no outbox row, no request, no audit row; the others still match
+        const later = yield* run([ev(BOB, POST, "p2", { rev: rev(11) })])
+        expect(later.inserted).toBe(CASES.length)
+        expect(yield* countWhere("outbox", `webhook_rkey = 's410'`)).toBe(1)
+        // until its record changes: written again, it matches and is delivered to its new path
+        yield* run([whEv(OWNER, "s410", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/200`, secret: SECRET }), { rev: rev(12) })])
+        expect(yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM webhooks WHERE gone_at IS NOT NULL`).toEqual([{ n: 0 }])
+        const again = yield* run([ev(BOB, POST, "p3", { rev: rev(13) })])
+        expect(again.inserted).toBe(CASES.length + 1)
         yield* eventually(
-          "second event settled for s410",
-          countWhere("outbox", `webhook_rkey = 's410' AND status = 'cancelled' AND last_error_kind = 'subscription_changed'`),
-          (n) => n === 1
+          "the re-written subscription delivered",
+          countWhere("outbox", `webhook_rkey = 's410' AND status = 'delivered'`),
+          (n) => n === 1,
+          20_000
         )
         expect(rx.received.filter((q) => q.path === "/status/410").length).toBe(1)
         expect(rx.received.every((q) => String(q.headers["x-firehook-webhook"]).startsWith(`at://${OWNER}/${WH}/`))).toBe(true)
