@@ -118,7 +118,9 @@ export const ensureDatabase = (port: number, password: string, database: string)
         user: "postgres",
         password,
         database: "postgres",
-        connectionTimeoutMillis: 10_000
+        connectionTimeoutMillis: 10_000,
+        // bounded (SPEC §7): the existence check and CREATE DATABASE
+        query_timeout: 30_000
       })
       await client.connect()
       try {
@@ -196,7 +198,12 @@ export const start = (options: {
           new EmbeddedPgError({
             reason: `initdb failed in ${pgDir} (the directory must be empty or absent, and every parent directory must be readable by the postgres user)`
           })
-      })
+      }).pipe(
+        Effect.timeoutFail({
+          duration: Duration.minutes(2),
+          onTimeout: () => new EmbeddedPgError({ reason: `initdb did not finish within 2 minutes in ${pgDir}` })
+        })
+      )
     }
     yield* Effect.acquireRelease(
       Effect.tryPromise({

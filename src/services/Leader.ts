@@ -10,6 +10,11 @@ import { codeOf } from "./Store.js"
 
 export type Role = "leader" | "standby"
 
+/** How long one election may wait for a connection and for its lock query. */
+const ELECTION_TIMEOUT = Duration.seconds(10)
+/** Logged as `code: timeout` by the election's error handler (`codeOf`). */
+const electionTimeout = () => ({ code: "timeout" }) as const
+
 export interface LeaderOptions {
   readonly key: number
   readonly name: string
@@ -35,8 +40,12 @@ export const runAsLeader = <E, R>(
     const term = Effect.gen(function* () {
       const scope = yield* Scope.make()
       const acquired = yield* Effect.gen(function* () {
-        const conn = yield* sql.reserve.pipe(Scope.extend(scope))
-        const rows = yield* conn.executeValues("SELECT pg_try_advisory_lock($1)", [options.key])
+        // bounded (SPEC §7): a connection that cannot be had, or a lock query that hangs, is a
+        // failed election, retried after `retry`, never a standby stuck for good
+        const conn = yield* sql.reserve.pipe(Scope.extend(scope), Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }))
+        const rows = yield* conn
+          .executeValues("SELECT pg_try_advisory_lock($1)", [options.key])
+          .pipe(Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }))
         const ok = rows[0]?.[0] === true
         if (!ok) return false
         yield* Scope.addFinalizer(

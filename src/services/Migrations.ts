@@ -7,7 +7,7 @@
  */
 import * as Migrator from "@effect/sql/Migrator"
 import { SqlClient } from "@effect/sql"
-import { Effect } from "effect"
+import { Duration, Effect } from "effect"
 
 const ddl = (text: string) =>
   Effect.gen(function* () {
@@ -229,6 +229,9 @@ export const MIGRATIONS_TABLE = "firehook_migrations"
  * and the Migrator then serializes runners with `LOCK TABLE … ACCESS EXCLUSIVE`: the second
  * runner waits, then finds nothing left to do.
  */
+/** The longest startup waits for the migrations (its own or another replica's). */
+export const MIGRATIONS_TIMEOUT = Duration.minutes(10)
+
 export const run = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   yield* sql.withTransaction(
@@ -242,4 +245,9 @@ export const run = Effect.gen(function* () {
     )
   )
   return yield* Migrator.make({})({ loader: Migrator.fromRecord(migrations), table: MIGRATIONS_TABLE })
-}).pipe(Effect.withSpan("Migrations.run"))
+}).pipe(
+  // bounded (SPEC §7): waiting for another replica's migrations, or a migration that hangs, fails
+  // startup with "migrations failed (timeout)" instead of waiting for ever
+  Effect.timeoutFail({ duration: MIGRATIONS_TIMEOUT, onTimeout: () => ({ code: "timeout" }) as const }),
+  Effect.withSpan("Migrations.run")
+)

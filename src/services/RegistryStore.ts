@@ -9,7 +9,7 @@ import { Context, Effect, Layer, Ref } from "effect"
 import type { Operation } from "../schemas/RecordEvent.js"
 import type { WhRecord } from "../schemas/WhRecord.js"
 import type { SigningMode } from "../matching/WebhookIndex.js"
-import { type StoreError, storeOp } from "./Store.js"
+import { type StoreError, storeOp, storeOpWithin } from "./Store.js"
 
 export interface WebhookRow {
   readonly ownerDid: string
@@ -213,7 +213,7 @@ export const makeSql = Effect.gen(function* () {
         WHERE owner_did = ${ownerDid} AND rkey = ${rkey} AND fingerprint = ${fingerprint}
         RETURNING rkey`.pipe(
         Effect.map((rows) => rows.length > 0),
-        storeOp("registry.markGone")
+        storeOpWithin("registry.markGone", "15 seconds")
       )
   }
   return store

@@ -126,13 +126,18 @@ export interface SecretsStoreShape {
 
 const storeError = (e: unknown) => new SecretsError({ reason: "store", code: codeOf(e) })
 
+/** Every secrets statement is bounded (SPEC §7); a read runs inside a delivery attempt's slot. */
+const STORE_TIMEOUT = "15 seconds"
+const bounded = <A, R>(eff: Effect.Effect<A, SecretsError, R>): Effect.Effect<A, SecretsError, R> =>
+  Effect.timeoutFail(eff, { duration: STORE_TIMEOUT, onTimeout: () => new SecretsError({ reason: "store", code: "timeout" }) })
+
 export const makeSqlStore = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const store: SecretsStoreShape = {
     get: (ownerDid, name) =>
       sql<{ envelope: string }>`SELECT envelope FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`.pipe(
         Effect.map((rows) => rows[0]?.envelope),
-        Effect.mapError(storeError)
+        Effect.mapError(storeError), bounded
       ),
     insert: (ownerDid, name, envelope) =>
       Effect.gen(function* () {
@@ -147,19 +152,19 @@ export const makeSqlStore = Effect.gen(function* () {
         const existing = yield* sql<{ n: number }>`
           SELECT 1 AS n FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`
         return existing.length > 0 ? ("exists" as const) : ("limit" as const)
-      }).pipe(Effect.mapError(storeError)),
+      }).pipe(Effect.mapError(storeError), bounded),
     update: (ownerDid, name, envelope) =>
       sql<{ name: string }>`
         UPDATE secrets SET envelope = ${envelope}, rotated_at = now()
         WHERE owner_did = ${ownerDid} AND name = ${name}
         RETURNING name`.pipe(
         Effect.map((rows) => rows.length > 0),
-        Effect.mapError(storeError)
+        Effect.mapError(storeError), bounded
       ),
     delete: (ownerDid, name) =>
       sql<{ name: string }>`DELETE FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name} RETURNING name`.pipe(
         Effect.map((rows) => rows.length > 0),
-        Effect.mapError(storeError)
+        Effect.mapError(storeError), bounded
       ),
     list: (ownerDid) =>
       sql<{ name: string; created_at: Date; rotated_at: Date | null }>`
@@ -172,7 +177,7 @@ export const makeSqlStore = Effect.gen(function* () {
             rotatedAt: r.rotated_at === null ? undefined : new Date(r.rotated_at)
           }))
         ),
-        Effect.mapError(storeError)
+        Effect.mapError(storeError), bounded
       )
   }
   return store

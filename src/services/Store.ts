@@ -6,7 +6,7 @@
  * made inside it joins the transaction. The in-memory `Tx` only serializes (tests and embedding).
  */
 import { SqlClient } from "@effect/sql"
-import { Context, Data, Effect, Layer } from "effect"
+import { Context, Data, type Duration, Effect, Layer } from "effect"
 
 /** A persistence failure. `code` is a SQLSTATE/errno-like code; never SQL text or values. */
 export class StoreError extends Data.TaggedError("StoreError")<{ readonly op: string; readonly code: string }> {
@@ -26,6 +26,17 @@ export const storeOp =
   (op: string) =>
   <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, StoreError, R> =>
     Effect.mapError(eff, (e) => new StoreError({ op, code: codeOf(e) }))
+
+/**
+ * `storeOp` with a deadline (SPEC §7: every network call has a timeout): past `within` the call is
+ * interrupted (the driver cancels the query) and fails as `StoreError` with code `timeout`.
+ */
+export const storeOpWithin =
+  (op: string, within: Duration.DurationInput) =>
+  <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, StoreError, R> =>
+    storeOp(op)(eff).pipe(
+      Effect.timeoutFail({ duration: within, onTimeout: () => new StoreError({ op, code: "timeout" }) })
+    )
 
 export interface TxShape {
   readonly withTransaction: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E | StoreError, R>
