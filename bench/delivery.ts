@@ -17,10 +17,14 @@
  * 2. Latency: with the worker running, deliveries are enqueued at a steady `rate` per second in
  *    paced batches (one processEvents transaction every 100 ms); enqueue → first attempt
  *    p50/p99 from the database (`delivery_attempts.started_at − outbox.created_at`).
- * 3. The bare limit: a plain node:http keep-alive loop with the same concurrency, posting a body of
- *    the same size to the same receivers, and the worker's share of it.
+ * 3. The bare limit: a plain node:http keep-alive loop and a plain `fetch` loop with the same
+ *    concurrency, posting a body of the same size to the same receivers; the worker's share of the
+ *    faster one is the ratio. Each with the process CPU per request (this thread and the receivers').
  * 4. The transport alone: `SafeHttp.request` with signed requests, same concurrency, no database,
  *    to show how much of the gap to the bare limit is the transport itself.
+ * 5. The floor: PostgreSQL's writes for one delivery without a client (`postgresFloor`), the cost
+ *    of the signatures, and the HTTP exchange of the bare loop, against the CPU per delivery that
+ *    the machine's cores allow at 30 % of the bare loop.
  * RSS is sampled every 100 ms during phase 1. With BENCH_STUB_TRANSPORT=1 the worker's transport
  * answers 204 without a request (what the worker and the database cost alone); BENCH_PROFILE=<file>
  * writes a CPU profile of phase 1 (Node; under Bun use `bun --cpu-prof-md` with BENCH_PHASE1_ONLY=1,
@@ -242,15 +246,25 @@ const enqueueEvents = (events: number) =>
     }
   })
 
+/** A loop's requests/s and the process CPU (this thread and the receivers' thread) per request. */
+type Loop = { readonly rate: number; readonly cpuMs: number }
+const timed = (requests: number, body: () => Promise<void>): Promise<Loop> => {
+  const cpu0 = process.cpuUsage()
+  const t0 = performance.now()
+  return body().then(() => {
+    const cpu = process.cpuUsage(cpu0)
+    return { rate: requests / ((performance.now() - t0) / 1000), cpuMs: (cpu.user + cpu.system) / 1000 / requests }
+  })
+}
+
 const bareLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: number) =>
   Effect.promise(
     () =>
-      new Promise<number>((resolve) => {
+      timed(requests, () => new Promise<void>((resolve) => {
         const agent = new Http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
         const body = Buffer.alloc(bodyBytes, 0x61)
         let started = 0
         let done = 0
-        const t0 = performance.now()
         const one = (): void => {
           if (started >= requests) return
           const i = started++
@@ -269,7 +283,7 @@ const bareLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: nu
                 done++
                 if (done === requests) {
                   agent.destroy()
-                  resolve(requests / ((performance.now() - t0) / 1000))
+                  resolve()
                 } else one()
               })
             }
@@ -281,8 +295,91 @@ const bareLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: nu
           req.end(body)
         }
         for (let k = 0; k < CONCURRENCY; k++) one()
-      })
+      }))
   )
+
+/** The issue's "plain fetch loop": the runtime's `fetch`, same concurrency, bodies and receivers. */
+const fetchLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: number) =>
+  Effect.promise(() => {
+    const body = "a".repeat(bodyBytes)
+    let started = 0
+    const lane = async (): Promise<void> => {
+      while (started < requests) {
+        const i = started++
+        try {
+          const res = await fetch(`http://127.0.0.1:${ports[i % ports.length]}/h/${i % WEBHOOKS}`, {
+            method: "POST",
+            headers: { "content-type": "application/json" },
+            body
+          })
+          await res.arrayBuffer()
+        } catch {
+          // counted like the http loop: an error ends that request
+        }
+      }
+    }
+    return timed(requests, () => Promise.all(Array.from({ length: CONCURRENCY }, lane)).then(() => undefined))
+  })
+
+const FLOOR_BATCH = 256
+
+/**
+ * Phase 5: the least PostgreSQL can spend on one delivery's writes. The outbox, attempt and audit
+ * tables are copied (`LIKE … INCLUDING ALL`: same columns, defaults and indexes) with every row
+ * pending, then one PL/pgSQL loop leases `FLOOR_BATCH` rows, commits, settles them as delivered with
+ * their attempt and audit rows, and commits, until none is left: the worker's statements without a
+ * client, parameters, bodies or subscription joins. CPU of the local server's processes where /proc
+ * can be read, else wall time (one backend busy, an upper bound of its CPU).
+ */
+const postgresFloor = (sql: SqlClient.SqlClient) =>
+  Effect.gen(function* () {
+    yield* sql.unsafe(`DROP TABLE IF EXISTS floor_outbox, floor_attempts, floor_audit`)
+    yield* sql.unsafe(`CREATE TABLE floor_outbox (LIKE outbox INCLUDING ALL)`)
+    yield* sql.unsafe(`CREATE TABLE floor_attempts (LIKE delivery_attempts INCLUDING ALL)`)
+    yield* sql.unsafe(`CREATE TABLE floor_audit (LIKE audit INCLUDING ALL)`)
+    yield* sql.unsafe(`INSERT INTO floor_outbox SELECT * FROM outbox`)
+    yield* sql.unsafe(`UPDATE floor_outbox SET status = 'pending', attempt_count = 0, finished_at = NULL,
+      lease_token = NULL, leased_until = NULL, next_attempt_at = now() - interval '1 hour'`)
+    yield* sql.unsafe(`VACUUM ANALYZE floor_outbox`)
+    const rows = Number((yield* sql.unsafe<{ n: number }>(`SELECT count(*)::int AS n FROM floor_outbox`))[0]?.n ?? 0)
+    const cpu0 = postgresCpuMs()
+    const t0 = performance.now()
+    yield* sql.unsafe(`DO $floor$
+      DECLARE ids text[];
+      BEGIN
+        FOR i IN 1..${Math.ceil(rows / FLOOR_BATCH) + 1} LOOP
+          WITH c AS (
+            SELECT delivery_id FROM floor_outbox WHERE status = 'pending' AND next_attempt_at <= now()
+            ORDER BY next_attempt_at LIMIT ${FLOOR_BATCH} FOR UPDATE SKIP LOCKED
+          ), u AS (
+            UPDATE floor_outbox o SET status = 'leased', lease_token = 'floor:' || gen_random_uuid()::text,
+              leased_until = now() + interval '1 minute', updated_at = now()
+            FROM c WHERE o.delivery_id = c.delivery_id RETURNING o.delivery_id
+          )
+          SELECT array_agg(delivery_id) INTO ids FROM u;
+          EXIT WHEN ids IS NULL;
+          COMMIT;
+          WITH u AS (
+            UPDATE floor_outbox o SET status = 'delivered', attempt_count = 1, finished_at = now(),
+              lease_token = NULL, leased_until = NULL, last_http_status = 204, updated_at = now()
+            WHERE o.delivery_id = ANY(ids) AND o.status = 'leased' RETURNING o.*
+          ), a AS (
+            INSERT INTO floor_attempts (delivery_id, attempt, started_at, duration_ms, outcome, http_status)
+            SELECT delivery_id, 1, now(), 1, 'delivered', 204 FROM u
+          )
+          INSERT INTO floor_audit (delivery_id, event_id, owner_did, webhook_rkey, event_did, event_collection,
+            event_rkey, event_operation, status, http_status)
+          SELECT delivery_id, event_id, owner_did, webhook_rkey, event_did, event_collection, event_rkey,
+            event_operation, 'delivered', 204 FROM u;
+          COMMIT;
+        END LOOP;
+      END $floor$`)
+    const wall = performance.now() - t0
+    const cpu1 = postgresCpuMs()
+    yield* sql.unsafe(`DROP TABLE floor_outbox, floor_attempts, floor_audit`)
+    const cpu = cpu0 !== undefined && cpu1 !== undefined
+    return { rows, cpu, ms: (cpu ? cpu1 - cpu0 : wall) / Math.max(1, rows) }
+  })
 
 const program = Effect.gen(function* () {
   const external = process.env["DATABASE_URL"]
@@ -418,12 +515,15 @@ const program = Effect.gen(function* () {
     `phase 2: ${offered} deliveries offered at ${(offered / ((performance.now() - start) / 1000)).toFixed(0)}/s (target ${RATE}/s): enqueue → first attempt p50 ${percentile(sorted, 50).toFixed(1)} ms, p99 ${percentile(sorted, 99).toFixed(1)} ms, max ${(sorted[sorted.length - 1] ?? Number.NaN).toFixed(1)} ms; RSS ${mib(process.memoryUsage().rss)} MiB`
   )
 
-  // 3. bare limit
+  // 3. bare limits: a node:http keep-alive loop (what SafeHttp is built on) and a plain fetch loop
+  // (the issue's wording); the ratio is taken against the faster one
   const body = yield* sql<{ n: number }>`SELECT avg(octet_length(body))::int AS n FROM delivery_events`
   const bodyBytes = Number(body[0]?.n ?? 300)
-  const bare = yield* bareLimit(ports, Math.min(total, 100_000), bodyBytes)
+  const bareHttp = yield* bareLimit(ports, Math.min(total, 100_000), bodyBytes)
+  const bareFetch = yield* fetchLimit(ports, Math.min(total, 100_000), bodyBytes)
+  const bare = Math.max(bareHttp.rate, bareFetch.rate)
   yield* print(
-    `phase 3: bare node:http loop, concurrency ${CONCURRENCY}, ${bodyBytes}-byte bodies: ${bare.toFixed(0)} requests/s; worker/bare = ${(throughput / bare).toFixed(2)}`
+    `phase 3: bare loops, concurrency ${CONCURRENCY}, ${bodyBytes}-byte bodies: node:http ${bareHttp.rate.toFixed(0)} requests/s (${bareHttp.cpuMs.toFixed(3)} ms CPU per request, client and receivers), fetch ${bareFetch.rate.toFixed(0)} requests/s (${bareFetch.cpuMs.toFixed(3)} ms); worker/bare = ${(throughput / bare).toFixed(2)}`
   )
   // 4. the transport alone: SafeHttp with signed requests, same concurrency, same receivers
   const transport = yield* Effect.provide(
@@ -432,6 +532,7 @@ const program = Effect.gen(function* () {
   )
   const requests = Math.min(total, 20_000)
   const sample = "a".repeat(bodyBytes)
+  const cpu4 = process.cpuUsage()
   const t4 = performance.now()
   yield* Effect.forEach(
     Array.from({ length: requests }, (_, i) => i),
@@ -452,11 +553,31 @@ const program = Effect.gen(function* () {
     { concurrency: CONCURRENCY, discard: true }
   )
   const safeHttpRate = requests / ((performance.now() - t4) / 1000)
+  const safeHttpCpu = process.cpuUsage(cpu4)
   yield* print(
-    `phase 4: SafeHttp alone (signed, concurrency ${CONCURRENCY}, no database): ${safeHttpRate.toFixed(0)} requests/s; worker/SafeHttp = ${(throughput / safeHttpRate).toFixed(2)}`
+    `phase 4: SafeHttp alone (signed, concurrency ${CONCURRENCY}, no database): ${safeHttpRate.toFixed(0)} requests/s (${((safeHttpCpu.user + safeHttpCpu.system) / 1000 / requests).toFixed(3)} ms CPU per request); worker/SafeHttp = ${(throughput / safeHttpRate).toFixed(2)}`
+  )
+
+  // 5. the floor under the ratio target: what one delivery must cost at least, against what the
+  // two cores can spend per delivery at 30 % of the bare loop
+  const signN = 20_000
+  const tSign = performance.now()
+  for (let i = 0; i < signN; i++) {
+    signatureHeaders({ secret: `bench-secret-${i % 1000}`, deliveryId: `whd_${i}`, timestampSeconds: 1_800_000_000, body: sample })
+  }
+  const signMs = (performance.now() - tSign) / signN
+  const floor = yield* postgresFloor(sql)
+  const cores = Os.cpus().length
+  const budgetMs = (cores * 1000) / (0.3 * bare)
+  const httpMs = Math.min(bareHttp.cpuMs, bareFetch.cpuMs)
+  const floorMs = httpMs + signMs + floor.ms
+  const workerMs = (cpu.user + cpu.system) / 1000 / total
+  const pgMs = pgCpu0 === undefined || pgCpu1 === undefined ? Number.NaN : (pgCpu1 - pgCpu0) / total
+  yield* print(
+    `phase 5: PostgreSQL's writes for one delivery (lease update, settle update, attempt row, audit row; batches of ${FLOOR_BATCH} in one PL/pgSQL loop, no client): ${floor.ms.toFixed(3)} ms ${floor.cpu ? "CPU" : "wall"} per delivery over ${floor.rows} rows. At 30 % of the bare loop (${(0.3 * bare).toFixed(0)}/s) ${cores} cores give ${budgetMs.toFixed(3)} ms CPU per delivery; the floor is ${floorMs.toFixed(3)} ms (HTTP exchange ${httpMs.toFixed(3)} + signatures ${signMs.toFixed(3)} + PostgreSQL ${floor.ms.toFixed(3)}); this run spent ${(workerMs + pgMs).toFixed(3)} ms (worker process ${workerMs.toFixed(3)} + PostgreSQL ${pgMs.toFixed(3)})`
   )
   yield* print(
-    `summary: deliveries/s ${throughput.toFixed(0)} | p50 ${percentile(sorted, 50).toFixed(1)} ms | p99 ${percentile(sorted, 99).toFixed(1)} ms | peak RSS ${mib(peakRss)} MiB | bare ${bare.toFixed(0)}/s | ratio ${(throughput / bare).toFixed(2)} | SafeHttp alone ${safeHttpRate.toFixed(0)}/s`
+    `summary: deliveries/s ${throughput.toFixed(0)} | p50 ${percentile(sorted, 50).toFixed(1)} ms | p99 ${percentile(sorted, 99).toFixed(1)} ms | peak RSS ${mib(peakRss)} MiB | bare ${bare.toFixed(0)}/s | ratio ${(throughput / bare).toFixed(2)} | SafeHttp alone ${safeHttpRate.toFixed(0)}/s | budget at 0.30 ${budgetMs.toFixed(3)} ms | floor ${floorMs.toFixed(3)} ms | spent ${(workerMs + pgMs).toFixed(3)} ms`
   )
   yield* Fiber.interrupt(sampler)
 })

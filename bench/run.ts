@@ -81,6 +81,9 @@ const deliveryRate = num(delivery, /deliveries\/s:? ?(\d+)|(\d+) deliveries\/s/)
 const deliveryP99 = num(delivery, /p99[^\d]*([\d.]+) ms/)
 const bare = num(delivery, /bare[^\d]*(\d+)/)
 const ratio = num(delivery, /ratio ([\d.]+)/)
+const budget = num(delivery, /budget at 0\.30 ([\d.]+) ms/)
+const floor = num(delivery, /floor ([\d.]+) ms/)
+const spent = num(delivery, /spent ([\d.]+) ms/)
 
 const bunVersion = () => {
   const r = spawnSync(bun, ["--version"], { encoding: "utf8" })
@@ -111,9 +114,12 @@ const report = [
   `| intake: events/s (Jetstream → outbox, PostgreSQL) | ${fmt(intakeRate)} | ≥ 20,000 | ${verdict(intakeRate === undefined ? undefined : intakeRate >= 20_000)} |`,
   `| intake: peak RSS | ${fmt(intakeRss, 1)} MiB | < 300 MiB | ${verdict(intakeRss === undefined ? undefined : intakeRss < 300)} |`,
   `| delivery: deliveries/s | ${fmt(deliveryRate)} | ≥ 3,000 | ${verdict(deliveryRate === undefined ? undefined : deliveryRate >= 3_000)} |`,
-  `| delivery: bare http loop, same concurrency (the limit) | ${fmt(bare)} requests/s | – | |`,
+  `| delivery: bare loop, same concurrency (the faster of node:http and fetch; the limit) | ${fmt(bare)} requests/s | – | |`,
   `| delivery: ratio to the bare loop | ${fmt(ratio, 2)} | ≥ 0.30 | ${verdict(ratio === undefined ? undefined : ratio >= 0.3)} |`,
   `| delivery: p99 enqueue → first attempt at 500/s | ${fmt(deliveryP99, 1)} ms | < 100 ms | ${verdict(deliveryP99 === undefined ? undefined : deliveryP99 < 100)} |`,
+  `| delivery: CPU per delivery the cores allow at ratio 0.30 | ${fmt(budget, 3)} ms | – | |`,
+  `| delivery: its floor (bare HTTP exchange + signatures + PostgreSQL's writes without a client) | ${fmt(floor, 3)} ms | – | |`,
+  `| delivery: CPU per delivery spent in this run (worker process + PostgreSQL) | ${fmt(spent, 3)} ms | – | |`,
   "",
   "Summary lines as printed:",
   "",
