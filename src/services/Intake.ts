@@ -1,8 +1,9 @@
 /**
  * Intake (SPEC §3): consumes the network's event stream durably.
  *
- * Each stream runs sessions: connect from the durable cursor (rewound a little), read frames into a
- * bounded queue, and commit batches (≤ batch limit) through `Processor.processEvents` with the
+ * Each stream runs sessions: connect from the durable cursor (rewound a little; a failed read of it
+ * is retried, never taken for "none stored"), read frames into a queue bounded in events (a relay
+ * frame weighs its operations), and commit batches (≤ batch limit) through `Processor.processEvents` with the
  * cursor write as the batch transaction's last statement. Only after a commit does the in-memory
  * cursor move. A failing batch is retried in place (3 attempts, 250 ms × attempt); then the
  * session ends and the stream reconnects from its durable cursor with full-jitter backoff
@@ -17,7 +18,7 @@
  * `backlink` (whole network, only while backlink scopes exist)); or the relay firehose (one stream
  * `relay` carrying everything).
  */
-import { Cause, Clock, Context, Deferred, Duration, Effect, Either, Fiber, Layer, Metric, MetricBoundaries, Option, Queue, Random, Ref, Scheduler, type Scope, Stream } from "effect"
+import { Cause, Clock, Context, Deferred, Duration, Effect, Either, Fiber, Layer, Metric, MetricBoundaries, Option, Queue, Random, Ref, Schedule, Scheduler, type Scope, Stream } from "effect"
 import type { StreamEvent } from "../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../schemas/WhRecord.js"
 import { FirehookConfig } from "./Config.js"
@@ -118,6 +119,7 @@ const METRIC_OPTIONS = {
   batchRetries: { description: "In-place batch retries" },
   quarantines: { description: "Streams quarantined by a poison frame" },
   reconnects: { description: "Stream reconnects" },
+  cursorLoadFailures: { description: "Failed reads of the durable cursor at stream start (retried)" },
   lag: { description: "Now minus the source time of the last committed event" }
 }
 
@@ -128,6 +130,9 @@ const metrics = {
     "Batch transaction duration in milliseconds"
   )
 }
+
+/** a frame's weight against the queue bound (SPEC §3.3 counts events): its events, at least 1 */
+const weightOf = (item: { readonly events: ReadonlyArray<StreamEvent> }): number => Math.max(1, item.events.length)
 
 /** resume after the tasks already queued (socket events): a yield scheduled as a macrotask */
 const afterPendingTasks = Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
@@ -180,7 +185,8 @@ export const makeStreamRunner = (
       batches: labelledCounter("firehook_intake_batches_total", METRIC_OPTIONS.batches, streamLabel),
       lag: labelledGauge("firehook_intake_lag_seconds", METRIC_OPTIONS.lag, streamLabel),
       quarantines: labelledCounter("firehook_intake_quarantines_total", METRIC_OPTIONS.quarantines, streamLabel),
-      reconnects: labelledCounter("firehook_intake_reconnects_total", METRIC_OPTIONS.reconnects, streamLabel)
+      reconnects: labelledCounter("firehook_intake_reconnects_total", METRIC_OPTIONS.reconnects, streamLabel),
+      cursorLoadFailures: labelledCounter("firehook_intake_cursor_load_failures_total", METRIC_OPTIONS.cursorLoadFailures, streamLabel)
     }
 
     const logLimited = (message: string, annotations: Record<string, unknown>) =>
@@ -255,6 +261,12 @@ export const makeStreamRunner = (
           // a new session has a new (empty) queue
           yield* Ref.update(state, (s) => ({ ...s, queued: 0 }))
           let lastSingle = false
+          // The bound counts events, not frames (SPEC §3.3: 512 events): a relay commit frame carries
+          // any number of operations. A frame weighs its events, at least 1 (a frame without events
+          // still takes a queue slot, and a Jetstream frame weighs exactly 1 as before), so the items
+          // never outnumber the queue's capacity. `queuedWeight` is the weight of the frames the
+          // batcher has not yet moved into its batch; both fibers update it between yields.
+          let queuedWeight = 0
           const reader = Effect.gen(function* () {
             const endOf = yield* spec.connect(cursor).pipe(
               // one step per chunk of frames: one offer and one state update per chunk, not per frame
@@ -268,7 +280,7 @@ export const makeStreamRunner = (
                     let events = 0
                     let opened = false
                     let end: SessionEnd | undefined
-                    const size = yield* queue.size
+                    let added = 0
                     for (const item of chunk) {
                       if (item._tag === "opened") {
                         opened = true
@@ -276,16 +288,20 @@ export const makeStreamRunner = (
                         toOffer.push(item)
                         end = { kind: "protocol" }
                         break
-                      } else if (size + toOffer.length >= tuning.queueMax) {
-                        // backpressure: close the socket, keep (and drain) what is queued
+                      } else if (queuedWeight + added > 0 && queuedWeight + added + weightOf(item) > tuning.queueMax) {
+                        // backpressure: close the socket, keep (and drain) what is queued. A frame
+                        // heavier than the whole bound is admitted into an empty queue (else the
+                        // stream could never pass it)
                         end = { kind: "queue" }
                         break
                       } else {
                         toOffer.push(item)
                         events += item.events.length
+                        added += weightOf(item)
                       }
                     }
                     if (opened) yield* Ref.update(state, (s) => ({ ...s, connected: true }))
+                    queuedWeight += added
                     if (toOffer.length > 0) yield* queue.offerAll(toOffer)
                     if (events > 0) yield* Ref.update(state, (s) => ({ ...s, queued: s.queued + events }))
                     // a runtime that delivers each frame in a task of its own (Bun) wakes this fiber
@@ -334,6 +350,8 @@ export const makeStreamRunner = (
             let end: SessionEnd | undefined
             for (const item of items) {
               if (item._tag === "events") {
+                // the frame leaves the queue's bound as it joins the batch
+                queuedWeight -= weightOf(item)
                 for (const e of item.events) pending.push(e)
                 pendingCursor = item.cursor
                 if (item.events.length === 0 && pending.length === 0) lastFullCursor = item.cursor
@@ -382,8 +400,27 @@ export const makeStreamRunner = (
         })
       )
 
+    /**
+     * The durable cursor. A failed read is never taken for "no cursor stored" (that would start a
+     * stream live, or from its initial cursor, and the next commit would raise the stored cursor
+     * past everything unread): it is retried with the reconnect backoff (full jitter, capped, never
+     * giving up), counted and logged by its code only, and no frame is read before it succeeds.
+     */
+    const loadCursor = cursors.load(spec.name, spec.relay).pipe(
+      Effect.tapError((e) =>
+        Effect.zipRight(
+          Effect.zipRight(
+            Metric.increment(tagged.cursorLoadFailures),
+            Ref.update(state, (s) => ({ ...s, failureKind: "handler" as const }))
+          ),
+          logLimited("cursor load failed; retrying before connecting", { code: e.code, op: e.op })
+        )
+      ),
+      Effect.retry(Schedule.addDelayEffect(Schedule.forever, (n) => fullJitter(tuning.backoffBase, tuning.backoffCap, n)))
+    )
+
     const runFrom = (from: bigint | undefined) => Effect.gen(function* () {
-      const stored = yield* cursors.load(spec.name, spec.relay).pipe(Effect.option, Effect.map(Option.getOrUndefined))
+      const stored = yield* loadCursor
       yield* Ref.update(state, (s) => ({ ...s, durableCursor: stored }))
       let failures = 0
       let override: bigint | undefined = from
