@@ -97,6 +97,33 @@ const scenarios = (name: string, stack: () => Layer.Layer<Processor | PriorRefsS
         expect(yield* stored(uriOf(POST, "r3"))).toBeUndefined()
         expect((yield* (yield* Processor).stats).priorRefKeys).toBe(1)
       }).pipe(Effect.provide(stack())))
+
+    it.effect("too-complex updates: never a backlink match on stored references; a newer one clears them, a stale one does not", () =>
+      Effect.gen(function* () {
+        yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
+        let deep: Record<string, unknown> = { r: bobPost2 }
+        for (let i = 0; i < 40; i++) deep = { nested: deep }
+        const first = ev(ALICE, POST, "r6", { rev: rev(50), record: { r: bobPost } })
+        yield* run([first])
+        const batch1 = [
+          // older than the stored row: no backlink match, and the row stays
+          ev(ALICE, POST, "r6", { rev: rev(49), operation: "update", record: deep }),
+          ev(ALICE, POST, "r6", { rev: rev(51), operation: "delete" })
+        ] as const
+        yield* run(batch1)
+        expect(yield* deliveries("r6")).toEqual(ids([first, batch1[1]]))
+        const batch2 = [
+          ev(ALICE, POST, "r6", { rev: rev(52), record: { r: bobPost } }),
+          // newer: no backlink match, and its (empty) references clear the row
+          ev(ALICE, POST, "r6", { rev: rev(53), operation: "update", record: deep }),
+          ev(ALICE, POST, "r6", { rev: rev(54), operation: "delete" })
+        ] as const
+        yield* run(batch2)
+        expect(yield* deliveries("r6")).toEqual(ids([first, batch1[1], batch2[0]]))
+        expect(yield* stored(uriOf(POST, "r6"))).toBeUndefined()
+        expect((yield* (yield* Processor).stats).priorRefKeys).toBe(1)
+        expect((yield* (yield* Processor).stats).tooComplex).toBe(2)
+      }).pipe(Effect.provide(stack())))
   })
 
 scenarios("in memory", () => memoryStack())

@@ -221,6 +221,37 @@ describe("backlinks and prior references", () => {
       expect((yield* (yield* Processor).stats).tooComplex).toBe(1)
     }).pipe(Effect.provide(memoryStack())))
 
+  it.effect("a too-complex update ignores the stored prior references too (no backlink match), still matches directly, and clears them", () =>
+    Effect.gen(function* () {
+      yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
+      yield* register(CAROL, "direct", whRecordValue(`at://${ALICE}`), 2)
+      yield* run([ev(ALICE, LIKE, "r", { rev: rev(10), record: likeOf(bobPost) })])
+      expect((yield* deliveriesTo(BOB, "bl")).map((r) => `${r.eventOperation}:${r.matchKind}`)).toEqual([
+        "create:backlink"
+      ])
+      expect((yield* (yield* Processor).stats).priorRefKeys).toBe(2) // BOB's wh record and the like
+      let deep: Record<string, unknown> = { uri: bobPost }
+      for (let i = 0; i < 40; i++) deep = { nested: deep }
+      const r = yield* run([ev(ALICE, LIKE, "r", { rev: rev(11), operation: "update", record: deep })])
+      expect(r.outcomes.map((o) => o._tag)).toEqual(["enqueued"])
+      expect((yield* (yield* Processor).stats).tooComplex).toBe(1)
+      // the stored reference to bob's post did not make the too-complex update a backlink match
+      expect((yield* deliveriesTo(BOB, "bl")).map((x) => x.eventOperation)).toEqual(["create"])
+      expect((yield* deliveriesTo(CAROL, "direct")).map((x) => `${x.eventOperation}:${x.matchKind}`).sort()).toEqual([
+        "create:direct",
+        "update:direct"
+      ])
+      // its references are the empty set: the stored row is cleared (SPEC §2.4)...
+      expect((yield* (yield* Processor).stats).priorRefKeys).toBe(1)
+      // ...so a later delete does not backlink-match on the old version's references
+      yield* run([ev(ALICE, LIKE, "r", { rev: rev(12), operation: "delete" })])
+      expect((yield* deliveriesTo(BOB, "bl")).map((x) => x.eventOperation)).toEqual(["create"])
+      expect((yield* deliveriesTo(CAROL, "direct")).length).toBe(3)
+      // and a later simple re-creation matches on its own references again
+      yield* run([ev(ALICE, LIKE, "r", { rev: rev(13), record: likeOf(bobPost) })])
+      expect((yield* deliveriesTo(BOB, "bl")).map((x) => x.eventOperation)).toEqual(["create", "create"])
+    }).pipe(Effect.provide(memoryStack())))
+
   it.effect("a full prior-reference table refuses new keys but keeps existing ones updatable", () => {
     const calls = { get: 0, put: 0, remove: 0 }
     return Effect.gen(function* () {

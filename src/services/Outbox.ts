@@ -540,17 +540,25 @@ export interface Written {
   readonly inserted: number
 }
 
-const chunkEnd = <A>(list: ReadonlyArray<A>, start: number, limits: OutboxLimits, size: (a: A) => number) => {
+/**
+ * The end (exclusive) of the chunk of `list` starting at `start`: at most `chunkRows` items whose
+ * sizes sum to at most `chunkBytes`, except that the first item always goes in (an item larger than
+ * the byte bound is a chunk of its own), so a chunk is never empty while items remain.
+ */
+export const chunkEnd = <A>(list: ReadonlyArray<A>, start: number, limits: OutboxLimits, size: (a: A) => number) => {
   let end = start
   let bytes = 0
-  while (end < list.length && end - start < limits.chunkRows && bytes < limits.chunkBytes) {
+  while (end < list.length && (end === start || end - start < limits.chunkRows)) {
     const a = list[end]
-    bytes += a === undefined ? 0 : size(a)
+    const itemBytes = a === undefined ? 0 : size(a)
+    if (end > start && bytes + itemBytes > limits.chunkBytes) break
+    bytes += itemBytes
     end++
   }
   return end
 }
-const bodySize = (b: EventBody) => b.body.length
+/** A body's size in UTF-8 bytes (what PostgreSQL receives), not UTF-16 code units. */
+export const bodySize = (b: EventBody) => Buffer.byteLength(b.body, "utf8")
 
 /** Whether bodies and rows each fit in one chunk (one statement can write them). */
 export const fitsOneChunk = (bodies: ReadonlyArray<EventBody>, rows: ReadonlyArray<OutboxRow>, limits: OutboxLimits) =>

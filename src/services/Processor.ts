@@ -335,13 +335,20 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
 
           // references: only worth walking when some backlink scope exists
           let newRefs: ReadonlyArray<{ readonly uri: string } & ScopeUri> = []
+          let eventTooComplex = false
           if (record !== undefined && index.backlinkDids().size > 0) {
             const extracted = extractReferences(record, isBacklinkDid)
-            if (extracted.tooComplex) batchTooComplex++
-            else newRefs = extracted.refs
+            if (extracted.tooComplex) {
+              batchTooComplex++
+              eventTooComplex = true
+            } else newRefs = extracted.refs
           }
+          // a too-complex event is matched with no references at all, not even its stored prior
+          // ones (SPEC §2.3: backlink matching is skipped); its row is still cleared below (its
+          // new references are the empty set, SPEC §2.4), so a later update or delete does not
+          // match on references the record may no longer hold
           let refs: ReadonlyArray<ScopeUri> = newRefs
-          if (e.operation !== "create" && mayHave(i, e)) {
+          if (!eventTooComplex && e.operation !== "create" && mayHave(i, e)) {
             const prior = rowOf(uriAt(i, e))
             if (prior !== null && prior.live && prior.refs.length > 0) {
               const merged: Array<ScopeUri> = [...newRefs]
