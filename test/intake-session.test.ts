@@ -225,3 +225,75 @@ describe("queue bound counts events", () => {
     }).pipe(Effect.provide(stack(rec)))
   })
 })
+
+describe("a crash of the stream runner", () => {
+  it.scoped("a defect restarts the runner after a backoff from where it was (the stream never gives up)", () => {
+    const rec = newRecorder()
+    return Effect.gen(function* () {
+      const frames: ReadonlyArray<Frame> = [
+        { seq: 1n, ops: 1 },
+        { seq: 2n, ops: 1 }
+      ]
+      const relay = memoryRelay(frames)
+      let connects = 0
+      // the first connection is a bug (a defect thrown while opening the source)
+      const spec: Intake.StreamSpec = {
+        ...relay.spec,
+        connect: (cursor) => (++connects === 1 ? Stream.dieMessage("a bug in the source") : relay.spec.connect(cursor))
+      }
+      const runner = yield* Intake.makeStreamRunner(spec, tuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => connects === 1, "first connection")
+      yield* turns(20)
+      // crashed: not connected, nothing committed, waiting on the clock
+      expect(connects).toBe(1)
+      expect((yield* Ref.get(runner.state)).failureKind).toBe("handler")
+      expect(rec.batches).toEqual([])
+      for (let i = 0; i < 5 && connects === 1; i++) {
+        yield* TestClock.adjust("5 minutes")
+        yield* turns(5)
+      }
+      yield* until(() => keys(rec).length === 2, "everything committed after the restart")
+      expect(connects).toBe(2)
+      expect(keys(rec)).toEqual(allKeys(frames))
+    }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+
+  it.scoped("a defect in the batch handler is a handler failure: the stream backs off and resumes from the durable cursor", () => {
+    const rec = newRecorder()
+    let calls = 0
+    const dyingOnce = Layer.succeed(Processor, {
+      processEvents: (batch, options) =>
+        Effect.suspend(() => {
+          calls++
+          if (calls === 1) return Effect.dieMessage("a bug in the handler")
+          return Effect.gen(function* () {
+            if (options.finalize !== undefined) yield* options.finalize
+            rec.batches.push(batch)
+            return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
+          })
+        }),
+      stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
+    } satisfies ProcessorShape)
+    return Effect.gen(function* () {
+      const frames: ReadonlyArray<Frame> = [
+        { seq: 1n, ops: 1 },
+        { seq: 2n, ops: 1 }
+      ]
+      const relay = memoryRelay(frames)
+      const runner = yield* Intake.makeStreamRunner(relay.spec, tuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => calls === 1, "the first batch handled (and died)")
+      yield* turns(20)
+      expect(rec.batches).toEqual([])
+      expect((yield* Ref.get(runner.state)).failureKind).toBe("handler")
+      for (let i = 0; i < 5 && rec.batches.length === 0; i++) {
+        yield* TestClock.adjust("5 minutes")
+        yield* turns(5)
+      }
+      yield* until(() => keys(rec).length === 2, "everything committed after the restart")
+      expect(keys(rec)).toEqual(allKeys(frames))
+      expect((yield* Ref.get(runner.state)).durableCursor).toBe(2n)
+    }).pipe(Effect.provide(Layer.mergeAll(dyingOnce, CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+})

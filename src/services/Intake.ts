@@ -120,6 +120,7 @@ const METRIC_OPTIONS = {
   quarantines: { description: "Streams quarantined by a poison frame" },
   reconnects: { description: "Stream reconnects" },
   cursorLoadFailures: { description: "Failed reads of the durable cursor at stream start (retried)" },
+  crashes: { description: "Stream runner crashes (defects; the runner restarts)" },
   lag: { description: "Now minus the source time of the last committed event" }
 }
 
@@ -186,7 +187,8 @@ export const makeStreamRunner = (
       lag: labelledGauge("firehook_intake_lag_seconds", METRIC_OPTIONS.lag, streamLabel),
       quarantines: labelledCounter("firehook_intake_quarantines_total", METRIC_OPTIONS.quarantines, streamLabel),
       reconnects: labelledCounter("firehook_intake_reconnects_total", METRIC_OPTIONS.reconnects, streamLabel),
-      cursorLoadFailures: labelledCounter("firehook_intake_cursor_load_failures_total", METRIC_OPTIONS.cursorLoadFailures, streamLabel)
+      cursorLoadFailures: labelledCounter("firehook_intake_cursor_load_failures_total", METRIC_OPTIONS.cursorLoadFailures, streamLabel),
+      crashes: labelledCounter("firehook_intake_runner_crashes_total", METRIC_OPTIONS.crashes, streamLabel)
     }
 
     const logLimited = (message: string, annotations: Record<string, unknown>) =>
@@ -325,7 +327,19 @@ export const makeStreamRunner = (
             )
             yield* Ref.update(state, (s) => ({ ...s, connected: false }))
             yield* queue.offer({ _tag: "end", end: endOf })
-          })
+          }).pipe(
+            // a defect while reading (a bug in the source or a decoder) ends the session as a
+            // `handler` failure, so the loop backs off and reconnects from the last ack; without
+            // this the reader fiber died alone and the batcher waited for its queue for ever
+            Effect.catchAllDefect(() =>
+              Effect.gen(function* () {
+                yield* Metric.increment(tagged.crashes)
+                yield* logLimited("stream reader crashed; reconnecting", { kind: "defect" })
+                yield* Ref.update(state, (s) => ({ ...s, connected: false }))
+                yield* queue.offer({ _tag: "end", end: { kind: "handler" } })
+              })
+            )
+          )
           yield* Effect.forkScoped(reader)
 
           // the batcher: events are committed in order; a frame's events may span batches
@@ -419,7 +433,7 @@ export const makeStreamRunner = (
       Effect.retry(Schedule.addDelayEffect(Schedule.forever, (n) => fullJitter(tuning.backoffBase, tuning.backoffCap, n)))
     )
 
-    const runFrom = (from: bigint | undefined) => Effect.gen(function* () {
+    const loopFrom = (from: bigint | undefined) => Effect.gen(function* () {
       const stored = yield* loadCursor
       yield* Ref.update(state, (s) => ({ ...s, durableCursor: stored }))
       let failures = 0
@@ -474,14 +488,40 @@ export const makeStreamRunner = (
         }
         yield* Ref.update(state, (x) => ({ ...x, quarantined: false }))
       }
-    }).pipe(Effect.catchAllCause((c) => (Cause.isInterruptedOnly(c) ? Effect.failCause(c) : Effect.logError("stream runner crashed", c).pipe(Effect.zipRight(Effect.never)))), Effect.orDie)
+    })
+
+    /**
+     * The session loop, restarted after a crash (a defect: a bug, never an expected failure, which
+     * the loop handles itself). It resumes like a reconnect: from this process's position, else the
+     * durable cursor (read again); after a full-jitter backoff that grows with consecutive crashes, so
+     * a persistent bug cannot spin. The stream never gives up (SPEC §3.3). Logged by kind only: a
+     * cause could carry values.
+     */
+    const runFrom = (from: bigint | undefined, crashes = 0): Effect.Effect<never> =>
+      loopFrom(from).pipe(
+        Effect.catchAllCause((c) =>
+          Cause.isInterruptedOnly(c)
+            ? Effect.failCause(c)
+            : Effect.gen(function* () {
+              yield* Metric.increment(tagged.crashes)
+              yield* Ref.update(state, (x) => ({ ...x, connected: false, failureKind: "handler" as const }))
+              yield* Effect.logError("stream runner crashed; restarting").pipe(
+                Effect.annotateLogs({ kind: Cause.isDie(c) ? "defect" : "failure", crashes: crashes + 1 })
+              )
+              const wait = yield* fullJitter(tuning.backoffBase, tuning.backoffCap, crashes)
+              yield* Effect.sleep(wait).pipe(Effect.raceFirst(Deferred.await(stopped)))
+              return yield* runFrom(from, crashes + 1)
+            })
+        ),
+        Effect.orDie
+      )
 
     const runner: StreamRunner = {
       spec,
       state,
       restart: (cursor) => Effect.flatMap(Ref.get(restartSignal), (d) => Deferred.succeed(d, cursor)),
-      runFrom: (from) => runFrom(from) as Effect.Effect<never>,
-      run: runFrom(undefined) as Effect.Effect<never>,
+      runFrom: (from) => runFrom(from),
+      run: runFrom(undefined),
       stopReading: Deferred.succeed(stopped, undefined).pipe(Effect.asVoid)
     }
     return runner
