@@ -1,11 +1,25 @@
 /**
  * Maintenance (SPEC §4.9) on real PostgreSQL: each rule prunes exactly the rows it should, the
- * row bounds hold, runs are bounded, and exactly one runner holds the advisory lock; when it goes
- * (scope closed, or its connection killed) the role is taken again.
+ * row bounds hold, runs are bounded, a statement stuck on a lock times out without stalling the
+ * runner, and exactly one runner holds the advisory lock; when it goes (scope closed, or its
+ * connection killed) the role is taken again.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Exit, Scope, TestClock, TestServices } from "effect"
+import {
+  Chunk,
+  Clock,
+  Deferred,
+  Duration,
+  Effect,
+  Exit,
+  Fiber,
+  Metric,
+  Schedule,
+  Scope,
+  TestClock,
+  TestServices
+} from "effect"
 import * as Health from "../src/services/Health.js"
 import * as Lifecycle from "../src/services/Lifecycle.js"
 import * as Maintenance from "../src/services/Maintenance.js"
@@ -100,6 +114,63 @@ const tombstone = (did: string, rkey: string, days: number) =>
       INSERT INTO tombstones (owner_did, rkey, rev, generation, deleted_at)
       VALUES (${did}, ${rkey}, '3kabc', 1, now() - make_interval(days => ${days}))`
   )
+
+/** A tombstone deleted `minutes` ago (all tombstones a transaction writes share its `now()`). */
+const tombstoneMinutesAgo = (did: string, rkey: string, minutes: number) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql`
+      INSERT INTO tombstones (owner_did, rkey, rev, generation, deleted_at)
+      VALUES (${did}, ${rkey}, '3kabc', 1, now() - make_interval(mins => ${minutes}))`
+  )
+
+/** Sessions of this database waiting for a lock on `tombstones`. */
+const waitingOnTombstones = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const rows = yield* sql<{ n: number }>`
+    SELECT count(*)::int AS n FROM pg_locks
+    WHERE relation = 'tombstones'::regclass AND NOT granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+  return rows[0]?.n ?? 0
+})
+
+/** Poll (on the live clock, at most ~10 s) until `waitingOnTombstones` is `n`; returns the last value. */
+const untilWaitingOnTombstones = (n: number) =>
+  Effect.repeat(waitingOnTombstones, {
+    schedule: Schedule.spaced("10 millis"),
+    until: (k) => k === n,
+    times: 1_000
+  }).pipe(TestServices.provideLive, Effect.zipRight(waitingOnTombstones))
+
+/** The rule-failure counter of `rule` and `kind` (0 before the first failure). */
+const ruleFailures = (rule: string, kind: string) =>
+  Effect.map(Metric.snapshot, (pairs) => {
+    for (const p of pairs) {
+      const tags = new Map(p.metricKey.tags.map((t) => [t.key, t.value]))
+      if (
+        p.metricKey.name === "firehook_maintenance_rule_failures_total" &&
+        tags.get("rule") === rule &&
+        tags.get("kind") === kind &&
+        "count" in p.metricState &&
+        typeof p.metricState.count === "number"
+      )
+        return p.metricState.count
+    }
+    return 0
+  })
+
+/**
+ * Wait until the runner is asleep for `interval` from now; returns its wake-up instant. The
+ * TestClock is shared by every test of the layer and keeps the sleeps of finished timeouts (the
+ * statement timeouts of earlier runs, among others), so the wake-up is looked for, not assumed to
+ * be the only sleep.
+ */
+const untilIntervalSleep = (interval: number) =>
+  Effect.gen(function* () {
+    const at = (yield* Clock.currentTimeMillis) + interval
+    yield* Effect.repeat(TestClock.sleeps(), { until: (s) => Chunk.toReadonlyArray(s).includes(at) })
+    return at
+  })
 
 /** A prior reference expiring `seconds` from now (negative: already expired). */
 const priorRef = (uri: string, seconds: number) =>
@@ -238,6 +309,108 @@ describe("Maintenance", () => {
         expect(yield* count("audit")).toBe(15)
       }))
 
+    it.effect("tombstones keep at most tombstonesMaxRows: the oldest deleted_at go first, ties by key", () =>
+      Effect.gen(function* () {
+        yield* reset
+        const sql = yield* SqlClient.SqlClient
+        yield* owner("did:plc:scanning", "scanning")
+        yield* tombstoneMinutesAgo("did:plc:a", "t60", 60)
+        // the row bound holds for owners being reconciled too (the age rule spares them)
+        yield* tombstoneMinutesAgo("did:plc:scanning", "t50", 50)
+        // one transaction: three tombstones with the same deleted_at, across the cut
+        yield* sql.withTransaction(
+          Effect.all([
+            tombstoneMinutesAgo("did:plc:b", "x", 40),
+            tombstoneMinutesAgo("did:plc:c", "x", 40),
+            tombstoneMinutesAgo("did:plc:c", "y", 40)
+          ])
+        )
+        yield* tombstoneMinutesAgo("did:plc:a", "t30", 30)
+        yield* tombstoneMinutesAgo("did:plc:a", "t20", 20)
+        yield* tombstoneMinutesAgo("did:plc:a", "t10", 10)
+        const counts = yield* Maintenance.runOnce({ tombstonesMaxRows: 4 })
+        expect(counts).toEqual({ ...ZERO, tombstones: 4 })
+        expect(yield* ids("tombstones", "owner_did || '/' || rkey")).toEqual([
+          "did:plc:a/t10",
+          "did:plc:a/t20",
+          "did:plc:a/t30",
+          "did:plc:c/y"
+        ])
+        expect(yield* Maintenance.runOnce({ tombstonesMaxRows: 4 })).toEqual(ZERO)
+        // under the default bound (SPEC §3.4) nothing goes
+        expect(yield* Maintenance.runOnce()).toEqual(ZERO)
+        expect(Maintenance.DEFAULT_RETENTION.tombstonesMaxRows).toBe(100_000)
+      }))
+
+    it.effect("the tombstone row bound is bounded per run (batchSize, maxBatches) and skips locked rows", () =>
+      Effect.gen(function* () {
+        yield* reset
+        for (let i = 1; i <= 10; i++) yield* tombstoneMinutesAgo("did:plc:a", `t${String(i).padStart(2, "0")}`, 100 - i)
+        const options = { tombstonesMaxRows: 3, batchSize: 2, maxBatches: 2 }
+        expect((yield* Maintenance.runOnce(options)).tombstones).toBe(4)
+        expect(yield* count("tombstones")).toBe(6)
+        // the oldest left is locked by a writer: skipped, not waited for
+        const sql = yield* SqlClient.SqlClient
+        const locked = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        const writer = yield* sql
+          .withTransaction(
+            sql`SELECT 1 FROM tombstones WHERE owner_did = 'did:plc:a' AND rkey = 't05' FOR UPDATE`.pipe(
+              Effect.zipRight(Deferred.succeed(locked, undefined)),
+              Effect.zipRight(Deferred.await(release))
+            )
+          )
+          .pipe(Effect.fork)
+        yield* Deferred.await(locked)
+        expect((yield* Maintenance.runOnce(options)).tombstones).toBe(2)
+        yield* Deferred.succeed(release, undefined)
+        yield* Fiber.join(writer)
+        expect(yield* ids("tombstones", "rkey")).toEqual(["t05", "t08", "t09", "t10"])
+        expect((yield* Maintenance.runOnce(options)).tombstones).toBe(1)
+        expect(yield* ids("tombstones", "rkey")).toEqual(["t08", "t09", "t10"])
+        expect((yield* Maintenance.runOnce(options)).tombstones).toBe(0)
+      }))
+
+    it.scoped("a statement stuck on a lock times out, cancelled; the other rules run; the next run proceeds (TestClock)", () =>
+      Effect.gen(function* () {
+        yield* reset
+        yield* tombstone("did:plc:complete", "old", 8)
+        yield* quarantine(2, 31)
+        const sql = yield* SqlClient.SqlClient
+        // another session holds the tombstones table: every statement on it waits
+        const locked = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        const holder = yield* sql
+          .withTransaction(
+            sql`LOCK TABLE tombstones IN ACCESS EXCLUSIVE MODE`.pipe(
+              Effect.zipRight(Deferred.succeed(locked, undefined)),
+              Effect.zipRight(Deferred.await(release))
+            )
+          )
+          .pipe(Effect.forkScoped)
+        yield* Deferred.await(locked)
+        const timeoutsBefore = yield* ruleFailures("tombstones", "timeout")
+
+        const run = yield* Effect.forkScoped(Effect.either(Maintenance.runOnce({ statementTimeout: "5 seconds" })))
+        // the tombstones statement is waiting for the lock on the server
+        expect(yield* untilWaitingOnTombstones(1)).toBe(1)
+        yield* TestClock.adjust("5 seconds")
+        // (a live bound on the wait, so that a missing timeout fails here instead of hanging)
+        const result = yield* Fiber.join(run).pipe(Effect.timeout("10 seconds"), TestServices.provideLive)
+        expect(result._tag === "Left" && result.left.op).toBe("maintenance.tombstones")
+        expect(result._tag === "Left" && result.left.message).toBe("store maintenance.tombstones failed (timeout)")
+        expect((yield* ruleFailures("tombstones", "timeout")) - timeoutsBefore).toBe(1)
+        // the statement was cancelled on the server, while the lock is still held
+        expect(yield* untilWaitingOnTombstones(0)).toBe(0)
+        // the rules after it ran
+        expect(yield* count("quarantine")).toBe(0)
+
+        yield* Deferred.succeed(release, undefined)
+        yield* Fiber.join(holder)
+        expect(yield* Maintenance.runOnce()).toEqual({ ...ZERO, tombstones: 1 })
+        expect(Duration.toMillis(Maintenance.DEFAULT_RETENTION.statementTimeout)).toBe(30_000)
+      }))
+
     it.effect("retention values come from the options", () =>
       Effect.gen(function* () {
         yield* reset
@@ -260,10 +433,10 @@ describe("Maintenance", () => {
         expect(yield* maintenanceBody(health)).toEqual({ runner: true, lastRunOk: true })
         // the runner is now asleep until the next interval: nothing happens before it
         yield* audit(5, 31)
-        yield* Effect.repeat(TestClock.sleeps(), { until: (s) => s.length > 0 })
+        const wake = yield* untilIntervalSleep(60_000)
         yield* TestClock.adjust("59 seconds")
-        // still asleep: its wake-up is pending at 60 s
-        expect(Chunk.toReadonlyArray(yield* TestClock.sleeps())).toEqual([60_000])
+        // still asleep: its wake-up is pending 60 s after the run
+        expect(Chunk.toReadonlyArray(yield* TestClock.sleeps())).toContain(wake)
         expect((yield* m.status).runs).toBe(1)
         yield* TestClock.adjust("1 second")
         yield* m.awaitStatus((s) => s.runs === 2)
@@ -346,7 +519,7 @@ describe("Maintenance", () => {
         // the error carries a code, never SQL text
         expect(failed._tag === "Left" && failed.left.message).toBe("store maintenance.prior_refs failed (42P01)")
         yield* sql`ALTER TABLE prior_refs_hidden RENAME TO prior_refs`
-        yield* Effect.repeat(TestClock.sleeps(), { until: (s) => s.length > 0 })
+        yield* untilIntervalSleep(60_000)
         yield* TestClock.adjust("60 seconds")
         yield* m.awaitStatus((s) => s.runs === 2)
         expect(yield* maintenanceBody(health)).toEqual({ runner: true, lastRunOk: true })

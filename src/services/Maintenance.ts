@@ -9,17 +9,19 @@
  * closes, the lock is released before the connection goes back to the pool.
  *
  * Every rule deletes at most `batchSize` rows per statement and at most `maxBatches` statements per
- * run, so one run is bounded whatever the backlog; the next run continues. Ages are measured with
+ * run, so one run is bounded whatever the backlog; the next run continues. Every statement has a
+ * timeout (`statementTimeout`): a statement stuck on a lock is cancelled, its rule fails (code
+ * `timeout`), the other rules still run, and the next run starts afresh. Ages are measured with
  * the database's `now()`, never the process clock. Rows that another transaction is changing are
  * skipped (`FOR UPDATE SKIP LOCKED`) and their conditions re-checked under the row lock, so a
  * replay of a dead letter or a refreshed prior reference is never deleted under its writer.
  */
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
-import { Context, Duration, Effect, Either, Layer, Metric, Option, Stream, SubscriptionRef } from "effect"
+import { Context, Data, Duration, Effect, Either, Layer, Metric, Option, Stream, SubscriptionRef } from "effect"
 import type { Scope } from "effect"
 import { Health } from "./Health.js"
-import { codeOf, type StoreError, storeOp } from "./Store.js"
+import { codeOf, StoreError } from "./Store.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -49,6 +51,11 @@ export interface RetentionOptions {
   readonly auditMaxRows: number
   /** tombstones (except those of owners being reconciled) — default 7 days */
   readonly tombstones: Duration.DurationInput
+  /**
+   * tombstones keep at most this many newest rows (by `deleted_at`), whoever the owner — default
+   * 100,000 (SPEC §3.4)
+   */
+  readonly tombstonesMaxRows: number
   /** quarantine rows — default 30 days */
   readonly quarantine: Duration.DurationInput
   /** quarantine keeps at most this many newest rows — default 100,000 */
@@ -59,6 +66,8 @@ export interface RetentionOptions {
   readonly batchSize: number
   /** DELETE statements per rule per run — default 100 */
   readonly maxBatches: number
+  /** bound on each statement (SPEC §7); a statement past it is cancelled — default 30 s */
+  readonly statementTimeout: Duration.DurationInput
 }
 
 export const DEFAULT_RETENTION: RetentionOptions = {
@@ -68,11 +77,13 @@ export const DEFAULT_RETENTION: RetentionOptions = {
   audit: Duration.days(30),
   auditMaxRows: 100_000,
   tombstones: Duration.days(7),
+  tombstonesMaxRows: 100_000,
   quarantine: Duration.days(30),
   quarantineMaxRows: 100_000,
   deliveryEvents: Duration.days(7),
   batchSize: 1_000,
-  maxBatches: 100
+  maxBatches: 100,
+  statementTimeout: Duration.seconds(30)
 }
 
 export interface MaintenanceOptions extends Partial<RetentionOptions> {
@@ -104,6 +115,13 @@ const failedRunsTotal = Metric.counter("firehook_maintenance_failed_runs_total",
   description: "Maintenance runs in which at least one rule failed",
   incremental: true
 })
+const ruleFailuresTotal = Metric.counter("firehook_maintenance_rule_failures_total", {
+  description: "Maintenance rules that failed, by rule and kind (timeout: a statement exceeded statementTimeout)",
+  incremental: true
+})
+
+/** A pruning statement that did not finish within `statementTimeout` (it was cancelled). */
+export class StatementTimeout extends Data.TaggedError("StatementTimeout")<{}> {}
 
 // ---------------------------------------------------------------------------------------------
 // One run
@@ -121,6 +139,11 @@ interface OutboxRow {
 }
 interface CutRow {
   readonly cut: string
+}
+interface TombstoneCutRow {
+  readonly at: string
+  readonly owner_did: string
+  readonly rkey: string
 }
 
 /** Repeat a batch until it deletes less than a full batch, at most `maxBatches` times. */
@@ -149,12 +172,23 @@ const onlyRows = <E, R>(eff: Effect.Effect<ReadonlyArray<CountRow>, E, R>) =>
 export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   const b = o.batchSize
 
+  /**
+   * One statement, bounded by `statementTimeout`. Interrupting a query cancels it on the server
+   * (`pg_cancel_backend`), so a statement stuck behind a lock neither keeps its locks nor its
+   * connection.
+   */
+  const timed = <A>(statement: Effect.Effect<A, SqlError>): Effect.Effect<A, SqlError | StatementTimeout> =>
+    statement.pipe(
+      Effect.interruptible,
+      Effect.timeoutFail({ duration: o.statementTimeout, onTimeout: () => new StatementTimeout() })
+    )
+
   /** Terminal outbox rows older than `retention`, with their attempts. */
   const outbox = (status: "delivered" | "dead_letter" | "cancelled", retention: Duration.DurationInput) =>
     batched(
       o,
       Effect.map(
-        sql<OutboxRow>`
+        timed(sql<OutboxRow>`
           WITH doomed AS (
             SELECT delivery_id FROM outbox
             WHERE status = ${status}
@@ -170,7 +204,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
             WHERE a.delivery_id = g.delivery_id
             RETURNING 1
           )
-          SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM attempts)::int AS attempts`,
+          SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM attempts)::int AS attempts`),
         (rows) => ({ rows: rows[0]?.n ?? 0, extra: rows[0]?.attempts ?? 0 })
       )
     )
@@ -183,7 +217,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
     const longest = Math.max(seconds(o.delivered), seconds(o.deadLetter), seconds(o.cancelled))
     return batched(
       o,
-      onlyRows(sql<CountRow>`
+      onlyRows(timed(sql<CountRow>`
         WITH doomed AS (
           SELECT a.delivery_id, a.attempt FROM delivery_attempts a
           WHERE a.started_at < now() - make_interval(secs => ${longest}::double precision)
@@ -195,7 +229,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
           WHERE a.delivery_id = d.delivery_id AND a.attempt = d.attempt
           RETURNING 1
         )
-        SELECT count(*)::int AS n FROM gone`)
+        SELECT count(*)::int AS n FROM gone`))
     )
   }
 
@@ -203,7 +237,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   const deliveryEvents = () =>
     batched(
       o,
-      onlyRows(sql<CountRow>`
+      onlyRows(timed(sql<CountRow>`
         WITH doomed AS (
           SELECT e.event_id FROM delivery_events e
           WHERE e.created_at < now() - make_interval(secs => ${seconds(o.deliveryEvents)}::double precision)
@@ -215,7 +249,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
           WHERE e.event_id = d.event_id
           RETURNING 1
         )
-        SELECT count(*)::int AS n FROM gone`)
+        SELECT count(*)::int AS n FROM gone`))
     )
 
   /** An append-only table with a bigserial `id` and `created_at`: age first, then the row bound. */
@@ -224,7 +258,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
       const t = sql(table)
       const byAge = yield* batched(
         o,
-        onlyRows(sql<CountRow>`
+        onlyRows(timed(sql<CountRow>`
           WITH gone AS (
             DELETE FROM ${t} WHERE id IN (
               SELECT id FROM ${t}
@@ -233,50 +267,90 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
               LIMIT ${b})
             RETURNING 1
           )
-          SELECT count(*)::int AS n FROM gone`)
+          SELECT count(*)::int AS n FROM gone`))
       )
       // the newest row beyond the bound: it and every older row go
-      const cut = yield* sql<CutRow>`SELECT id::text AS cut FROM ${t} ORDER BY id DESC OFFSET ${maxRows} LIMIT 1`
+      const cut = yield* timed(sql<CutRow>`SELECT id::text AS cut FROM ${t} ORDER BY id DESC OFFSET ${maxRows} LIMIT 1`)
       const first = cut[0]
       if (first === undefined) return byAge
       const byCount = yield* batched(
         o,
-        onlyRows(sql<CountRow>`
+        onlyRows(timed(sql<CountRow>`
           WITH gone AS (
             DELETE FROM ${t} WHERE id IN (
               SELECT id FROM ${t} WHERE id <= ${first.cut}::bigint ORDER BY id LIMIT ${b})
             RETURNING 1
           )
-          SELECT count(*)::int AS n FROM gone`)
+          SELECT count(*)::int AS n FROM gone`))
       )
       return { rows: byAge.rows + byCount.rows, extra: 0 }
     })
 
-  /** Tombstones older than the retention, except those of owners being reconciled (`scanning`). */
+  /**
+   * Tombstones: first those older than the retention, except those of owners being reconciled
+   * (`scanning`); then the row bound, oldest `deleted_at` first, whoever the owner (a bound that an
+   * owner kept `scanning` could escape would be no bound).
+   *
+   * The bound's cut is the newest tombstone beyond the `tombstonesMaxRows` newest, in the order
+   * (`deleted_at`, `owner_did`, `rkey`): `deleted_at` alone has ties (it is the writing
+   * transaction's `now()`, shared by every tombstone a transaction writes), and a bound that
+   * deleted every tie of the cut would prune more fencing than it must. The cut is read once per
+   * run (a backward scan of `tombstones_deleted_at` over `tombstonesMaxRows` entries); each batch
+   * then walks that index from the oldest. A tombstone refreshed since the cut was read (its
+   * `deleted_at` is now newer) fails the re-check under its row lock and is kept, and one locked
+   * by a writer is skipped: pruning never undoes a fence being written.
+   */
   const tombstones = () =>
-    batched(
-      o,
-      onlyRows(sql<CountRow>`
-        WITH doomed AS (
-          SELECT t.owner_did, t.rkey FROM tombstones t
-          WHERE t.deleted_at < now() - make_interval(secs => ${seconds(o.tombstones)}::double precision)
-            AND NOT EXISTS (
-              SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
-          LIMIT ${b}
-          FOR UPDATE OF t SKIP LOCKED
-        ), gone AS (
-          DELETE FROM tombstones t USING doomed d
-          WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
-          RETURNING 1
-        )
-        SELECT count(*)::int AS n FROM gone`)
-    )
+    Effect.gen(function* () {
+      const byAge = yield* batched(
+        o,
+        onlyRows(timed(sql<CountRow>`
+          WITH doomed AS (
+            SELECT t.owner_did, t.rkey FROM tombstones t
+            WHERE t.deleted_at < now() - make_interval(secs => ${seconds(o.tombstones)}::double precision)
+              AND NOT EXISTS (
+                SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
+            LIMIT ${b}
+            FOR UPDATE OF t SKIP LOCKED
+          ), gone AS (
+            DELETE FROM tombstones t USING doomed d
+            WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
+            RETURNING 1
+          )
+          SELECT count(*)::int AS n FROM gone`))
+      )
+      // the newest tombstone beyond the bound: it and every older one go
+      const cut = yield* timed(sql<TombstoneCutRow>`
+        SELECT deleted_at::text AS at, owner_did, rkey FROM tombstones
+        ORDER BY deleted_at DESC, owner_did DESC, rkey DESC
+        OFFSET ${o.tombstonesMaxRows} LIMIT 1`)
+      const first = cut[0]
+      if (first === undefined) return byAge
+      const byCount = yield* batched(
+        o,
+        onlyRows(timed(sql<CountRow>`
+          WITH doomed AS (
+            SELECT t.owner_did, t.rkey FROM tombstones t
+            WHERE t.deleted_at <= ${first.at}::timestamptz
+              AND (t.deleted_at, t.owner_did, t.rkey) <= (${first.at}::timestamptz, ${first.owner_did}, ${first.rkey})
+            ORDER BY t.deleted_at
+            LIMIT ${b}
+            FOR UPDATE OF t SKIP LOCKED
+          ), gone AS (
+            DELETE FROM tombstones t USING doomed d
+            WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
+            RETURNING 1
+          )
+          SELECT count(*)::int AS n FROM gone`))
+      )
+      return { rows: byAge.rows + byCount.rows, extra: 0 }
+    })
 
   /** Prior references past their TTL. */
   const priorRefs = () =>
     batched(
       o,
-      onlyRows(sql<CountRow>`
+      onlyRows(timed(sql<CountRow>`
         WITH doomed AS (
           SELECT record_uri FROM prior_refs
           WHERE expires_at < now()
@@ -287,7 +361,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
           WHERE p.record_uri = d.record_uri
           RETURNING 1
         )
-        SELECT count(*)::int AS n FROM gone`)
+        SELECT count(*)::int AS n FROM gone`))
     )
 
   return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs }
@@ -321,16 +395,24 @@ export const runOnce = (
     const step = (
       name: string,
       table: PrunedTable,
-      rule: Effect.Effect<{ readonly rows: number; readonly extra: number }, SqlError>,
+      rule: Effect.Effect<{ readonly rows: number; readonly extra: number }, SqlError | StatementTimeout>,
       extraTable?: PrunedTable
     ) =>
       rule.pipe(
-        storeOp(`maintenance.${name}`),
+        Effect.mapError(
+          (e) =>
+            new StoreError({ op: `maintenance.${name}`, code: e._tag === "StatementTimeout" ? "timeout" : codeOf(e) })
+        ),
         Effect.matchEffect({
           onFailure: (e) =>
-            Effect.sync(() => {
+            Effect.gen(function* () {
               if (Option.isNone(firstError)) firstError = Option.some(e)
-            }).pipe(Effect.zipRight(Effect.logWarning("maintenance rule failed").pipe(Effect.annotateLogs({ rule: name, code: e.code })))),
+              const kind = e.code === "timeout" ? "timeout" : "error"
+              yield* Metric.increment(Metric.tagged(Metric.tagged(ruleFailuresTotal, "rule", name), "kind", kind))
+              yield* Effect.logWarning("maintenance rule failed").pipe(
+                Effect.annotateLogs({ rule: name, kind, code: e.code })
+              )
+            }),
           onSuccess: ({ rows, extra }) =>
             Effect.gen(function* () {
               counts[table] += rows
