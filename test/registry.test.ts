@@ -128,3 +128,21 @@ describe("gone (410): RegistryStore.markGone and Registry.forgetGone", () => {
       Effect.provide(seeded([row(ALICE, "a", whRecordValue(`at://${BOB}`)), row(ALICE, "b", whRecordValue(`at://${BOB}`))]))
     ))
 })
+
+describe("admission: the direct-DIDs limit is Jetstream's (SPEC §2.6)", () => {
+  const rows = [plc(11), plc(12), plc(13)].map((scope, i) => row(ALICE, `r${i}`, whRecordValue(`at://${scope}`)))
+  it.effect("on Jetstream, registrations beyond REGISTRY_DIRECT_SCOPE_DIDS_MAX distinct DIDs are not activated", () =>
+    Effect.gen(function* () {
+      const stats = yield* (yield* Registry).stats
+      // owner + 2 scope DIDs = 3 distinct DIDs: the third scope would make 4
+      expect(stats.active).toBe(2)
+      expect(stats.rejected.direct_dids).toBe(0)
+      expect(stats.notLoaded).toBe(1)
+    }).pipe(Effect.provide(seeded(rows, { REGISTRY_DIRECT_SCOPE_DIDS_MAX: "3" }))))
+  it.effect("on the relay firehose there is no wantedDids set: the limit does not apply", () =>
+    Effect.gen(function* () {
+      const stats = yield* (yield* Registry).stats
+      expect(stats.active).toBe(3)
+      expect(stats.notLoaded).toBe(0)
+    }).pipe(Effect.provide(seeded(rows, { REGISTRY_DIRECT_SCOPE_DIDS_MAX: "3", FIREHOSE_SOURCE: "relay" }))))
+})

@@ -124,6 +124,7 @@ export const make = Effect.gen(function* () {
   const config = yield* FirehookConfig
   const store = yield* RegistryStore
   const limits = config.registry
+  const jetstream = config.intake.source === "jetstream"
   const validateOpts = { allowInsecureDev: config.allowInsecureDev }
   const index = new WebhookIndex()
   let journal: Journal | undefined
@@ -149,7 +150,8 @@ export const make = Effect.gen(function* () {
     const p = index.projectUpsert(w)
     if (p.total > limits.activeMax) return "total"
     if (p.ownerCount > limits.ownerActiveMax) return "owner"
-    if (p.wantedDids > limits.directDidsMax) return "direct_dids"
+    // the Jetstream `wantedDids` set (SPEC §2.6): the relay firehose carries every DID, no set to bound
+    if (jetstream && p.wantedDids > limits.directDidsMax) return "direct_dids"
     if (p.backlinkDids > limits.backlinkDidsMax) return "backlink_dids"
     return undefined
   }
