@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Fiber, Option, Ref, TestClock } from "effect"
+import { Deferred, Duration, Effect, Fiber, HashMap, Logger, Option, Ref, TestClock } from "effect"
 import * as Lifecycle from "../src/services/Lifecycle.js"
 
 describe("Lifecycle", () => {
@@ -17,6 +17,20 @@ describe("Lifecycle", () => {
       yield* l.setPhase("live")
       expect(yield* l.phase).toBe("stopped")
     }))
+
+  it.effect("a phase the guard refuses (during or after shutdown) is not logged as the new phase", () => {
+    const phases: Array<unknown> = []
+    const capture = Logger.make(({ annotations, message }) => {
+      if (Array.isArray(message) ? message[0] === "phase" : message === "phase") phases.push(HashMap.get(annotations, "phase").pipe(Option.getOrUndefined))
+    })
+    return Effect.gen(function* () {
+      const l = yield* Lifecycle.make({ shutdownTimeout: "30 seconds" })
+      yield* l.setPhase("live")
+      yield* l.shutdown
+      yield* l.setPhase("live")
+      expect(phases).toEqual(["live"])
+    }).pipe(Effect.provide(Logger.replace(Logger.defaultLogger, capture)))
+  })
 
   it.effect("runs the stages in the order of SPEC §6.3, whatever the registration order", () =>
     Effect.gen(function* () {

@@ -108,10 +108,13 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
       phase: SubscriptionRef.get(phases),
       phases,
       setPhase: (phase) =>
-        SubscriptionRef.update(phases, (current) =>
-          // once stopping, only the shutdown itself moves the phase on
-          current === "stopping" || current === "stopped" ? current : phase
-        ).pipe(Effect.zipRight(Effect.logInfo("phase").pipe(Effect.annotateLogs({ phase })))),
+        SubscriptionRef.modify(phases, (current) =>
+          // once stopping, only the shutdown itself moves the phase on (and the log says so: a late
+          // `setPhase("live")` during a shutdown logged `phase: live`)
+          current === "stopping" || current === "stopped" ? [false, current] : [true, phase]
+        ).pipe(
+          Effect.flatMap((applied) => (applied ? Effect.logInfo("phase").pipe(Effect.annotateLogs({ phase })) : Effect.void))
+        ),
       registerStop: (stage, name, drain) => Ref.update(registered, (xs) => [...xs, { stage, name, drain }]),
       shutdown,
       isClean: Ref.get(clean),
