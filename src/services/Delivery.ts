@@ -862,7 +862,8 @@ export const make = (
         // not started: stop waiting; hand it back in case the lease is still ours (renewals failed)
         const at = waiting.indexOf(entry)
         if (at >= 0) waiting.splice(at, 1)
-        yield* Effect.forkDaemon(Effect.ensuring(release(entry.row), forget(entry)))
+        // in the worker's row set (owned by its scope, like every attempt), not a daemon fiber
+        yield* FiberSet.run(rows, Effect.ensuring(release(entry.row), forget(entry)))
       })
 
     const renewAll = Effect.gen(function* () {
