@@ -91,6 +91,14 @@ export interface SourceOptions {
   readonly bufferFrames?: number | undefined
   /** bounded receive buffer, in bytes of raw frames (default 16 MiB, at least `maxBytes`) */
   readonly bufferBytes?: number | undefined
+  /**
+   * An open connection that receives no frame for this long is closed (`closed`; the caller
+   * reconnects from its cursor): a half-open TCP connection (the peer gone without a FIN, a NAT
+   * entry dropped) is otherwise never noticed, as browser-style WebSockets cannot send pings.
+   * Checked every `idleTimeoutMs`, so it fires between one and two periods of silence. Default 5
+   * minutes; 0 = off.
+   */
+  readonly idleTimeoutMs?: number | undefined
 }
 
 export interface JetstreamSourceOptions extends SourceOptions {
@@ -111,6 +119,7 @@ export interface RelaySourceOptions extends SourceOptions {
 
 export const DEFAULT_BUFFER_FRAMES = 1024
 export const DEFAULT_BUFFER_BYTES = 16 * 1024 * 1024
+export const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 
 const connectError = new SourceError({ kind: "connect" })
 const closedError = new SourceError({ kind: "closed" })
@@ -175,6 +184,8 @@ interface SocketSpec<A> {
   readonly connectTimeoutMs: number
   readonly bufferFrames: number
   readonly bufferBytes: number
+  /** 0 = off; see `SourceOptions.idleTimeoutMs` */
+  readonly idleTimeoutMs: number
   /** sent right after open, before any frame is read */
   readonly hello: string | undefined
   readonly onText: (text: string) => A
@@ -211,6 +222,8 @@ const openSocket = <A>(spec: SocketSpec<A>): Effect.Effect<FirehoseConnection<A>
     let isOpen = false
     let finished = false
     let bufferedBytes = 0
+    /** frames received so far (the idle watchdog compares it between two looks) */
+    let received = 0
 
     const finish = (error: SourceError, ws: globalThis.WebSocket | undefined): void => {
       if (finished) return
@@ -251,6 +264,7 @@ const openSocket = <A>(spec: SocketSpec<A>): Effect.Effect<FirehoseConnection<A>
       Deferred.unsafeDone(opened, Exit.void)
     }
     ws.onmessage = (event: MessageEvent) => {
+      received++
       const data: unknown = event.data
       if (typeof data === "string") {
         push(spec.onText(data), data.length)
@@ -278,6 +292,21 @@ const openSocket = <A>(spec: SocketSpec<A>): Effect.Effect<FirehoseConnection<A>
       )
     if (spec.hello !== undefined) yield* send(spec.hello)
 
+    if (spec.idleTimeoutMs > 0) {
+      // the idle watchdog: lives with the connection's scope; bounded by `finished`
+      yield* Effect.forkScoped(
+        Effect.gen(function*() {
+          let seen = received
+          while (!finished) {
+            yield* Effect.sleep(Duration.millis(spec.idleTimeoutMs))
+            if (finished) return
+            if (received === seen) return finish(closedError, ws)
+            seen = received
+          }
+        })
+      )
+    }
+
     const frames = Mailbox.toStream(mailbox).pipe(
       Stream.mapChunks((chunk) => {
         let total = 0
@@ -292,9 +321,12 @@ const openSocket = <A>(spec: SocketSpec<A>): Effect.Effect<FirehoseConnection<A>
     return { frames, send, close: Effect.sync(() => finish(closedError, ws)) }
   })
 
-const bufferOf = (o: SourceOptions): { readonly bufferFrames: number; readonly bufferBytes: number } => ({
+const bufferOf = (
+  o: SourceOptions
+): { readonly bufferFrames: number; readonly bufferBytes: number; readonly idleTimeoutMs: number } => ({
   bufferFrames: Math.max(1, o.bufferFrames ?? DEFAULT_BUFFER_FRAMES),
-  bufferBytes: Math.max(o.maxBytes, o.bufferBytes ?? DEFAULT_BUFFER_BYTES)
+  bufferBytes: Math.max(o.maxBytes, o.bufferBytes ?? DEFAULT_BUFFER_BYTES),
+  idleTimeoutMs: Math.max(0, o.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS)
 })
 
 // ---------------------------------------------------------------------------------------------

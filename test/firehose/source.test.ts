@@ -5,7 +5,7 @@
  */
 import * as Socket from "@effect/platform/Socket"
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Deferred, Effect, Either, Fiber, Stream } from "effect"
+import { Chunk, Deferred, Effect, Either, Fiber, Stream, TestClock } from "effect"
 import type { IncomingMessage } from "node:http"
 import * as Net from "node:net"
 import { WebSocket as WsClient, WebSocketServer } from "ws"
@@ -339,6 +339,37 @@ describe("FirehoseSource: connection control", () => {
       yield* conn.close
       yield* Deferred.await(serverSawClose).pipe(Effect.timeout("5 seconds"))
       expect(yield* conn.send("x").pipe(Effect.flip)).toEqual(new SourceError({ kind: "closed" }))
+    }))
+
+  it.scoped("a connection silent for the idle timeout is closed (half-open sockets are noticed); frames keep it open (TestClock)", () =>
+    Effect.gen(function*() {
+      const serverSawClose = yield* Deferred.make<void>()
+      const hello = yield* Deferred.make<WsClient>()
+      const srv = yield* wsServer((socket) => {
+        socket.once("message", () => Deferred.unsafeDone(hello, Effect.succeed(socket)))
+        socket.on("close", () => Deferred.unsafeDone(serverSawClose, Effect.void))
+      })
+      const conn = yield* openJetstream({
+        ...base,
+        url: `ws://127.0.0.1:${srv.port}/subscribe`,
+        cursor: undefined,
+        idleTimeoutMs: 60_000
+      })
+      const socket = yield* Deferred.await(hello)
+      const frames = yield* Effect.fork(collectAll(conn.frames))
+      // a frame within the first period: still open after it
+      yield* Effect.async<void>((resume) => socket.send(jetstreamCreate(T0 + 1, "r1"), () => resume(Effect.void)))
+      yield* Effect.promise(() => new Promise((r) => setImmediate(r)))
+      yield* TestClock.adjust("60 seconds")
+      yield* Effect.promise(() => new Promise((r) => setImmediate(r)))
+      expect(yield* Deferred.isDone(serverSawClose)).toBe(false)
+      // then a whole period of silence: closed, the frames end with `closed`
+      yield* TestClock.adjust("60 seconds")
+      const got = yield* Fiber.join(frames)
+      expect(got.length).toBe(2)
+      expect(got.map((x) => Either.isRight(x))).toEqual([true, false])
+      expect(got[1]).toEqual(Either.left(new SourceError({ kind: "closed" })))
+      yield* Deferred.await(serverSawClose)
     }))
 
   it.scopedLive("an injected Socket.WebSocketConstructor is used (here the `ws` client)", () =>
