@@ -3,7 +3,7 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Fiber, TestClock } from "effect"
-import { StoreError, storeOp, storeOpWithin } from "../src/services/Store.js"
+import { STORE_TIMEOUT, StoreError, storeOp, storeOpWithin } from "../src/services/Store.js"
 
 describe("storeOp / storeOpWithin", () => {
   it.effect("a failure becomes StoreError with the driver's code and nothing else", () =>
@@ -27,5 +27,15 @@ describe("storeOp / storeOpWithin", () => {
   it.effect("an answer within the deadline passes through", () =>
     Effect.gen(function* () {
       expect(yield* Effect.succeed(7).pipe(storeOpWithin("x", "1 second"))).toBe(7)
+    }))
+
+  it.effect("storeOp itself is bounded by STORE_TIMEOUT (60 s)", () =>
+    Effect.gen(function* () {
+      expect(STORE_TIMEOUT).toBe("60 seconds")
+      const fiber = yield* Effect.fork(Effect.never.pipe(storeOp("cursors.save")))
+      yield* TestClock.adjust("59 seconds")
+      expect(fiber.unsafePoll()).toBeNull()
+      yield* TestClock.adjust("1 second")
+      expect(yield* Fiber.await(fiber)).toEqual(Exit.fail(new StoreError({ op: "cursors.save", code: "timeout" })))
     }))
 })

@@ -9,7 +9,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { Context, Effect, Layer, Ref } from "effect"
-import { type StoreError, storeOp } from "./Store.js"
+import { type StoreError, storeOp, storeOpWithin } from "./Store.js"
 
 export interface PriorRefs {
   readonly rev: string
@@ -109,7 +109,8 @@ export const makeSql = Effect.gen(function* () {
     keys: (limit) =>
       sql<{ record_uri: string }>`SELECT record_uri FROM prior_refs WHERE expires_at > now() LIMIT ${limit}`.pipe(
         Effect.map((rows) => rows.map((r) => r.record_uri)),
-        storeOp("priorRefs.keys")
+        // the key index is loaded once at startup (bounded by `limit`)
+        storeOpWithin("priorRefs.keys", "10 minutes")
       ),
     read: (recordUris) =>
       recordUris.length === 0

@@ -11,6 +11,9 @@ import type { WhRecord } from "../schemas/WhRecord.js"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import { type StoreError, storeOp, storeOpWithin } from "./Store.js"
 
+/** Loading every active registration at startup (up to 2,000,001 rows) may take a while. */
+const LOAD_TIMEOUT = "10 minutes"
+
 export interface WebhookRow {
   readonly ownerDid: string
   readonly rkey: string
@@ -183,11 +186,11 @@ export const makeSql = Effect.gen(function* () {
     loadActive: (limit) =>
       sql<DbRow>`SELECT * FROM webhooks WHERE active ORDER BY created_at, owner_did, rkey LIMIT ${limit}`.pipe(
         Effect.map((rows) => rows.map(fromDb)),
-        storeOp("registry.loadActive")
+        storeOpWithin("registry.loadActive", LOAD_TIMEOUT)
       ),
     countActive: sql<{ n: string | number }>`SELECT count(*) AS n FROM webhooks WHERE active`.pipe(
       Effect.map((rows) => Number(rows[0]?.n ?? 0)),
-      storeOp("registry.countActive")
+      storeOpWithin("registry.countActive", LOAD_TIMEOUT)
     ),
     ownerRows: (ownerDid) =>
       sql<DbRow>`SELECT * FROM webhooks WHERE owner_did = ${ownerDid} ORDER BY rkey`.pipe(

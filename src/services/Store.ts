@@ -21,11 +21,21 @@ export const codeOf = (e: unknown): string => {
   return "unknown"
 }
 
-/** Map any SQL failure of `op` to a `StoreError`. */
+/**
+ * Every store call is bounded (SPEC §7: every network call has a timeout). The default suits one
+ * statement or a short transaction; calls that legitimately take long (loading the registry at
+ * startup) use `storeOpWithin` with their own bound.
+ */
+export const STORE_TIMEOUT: Duration.DurationInput = "60 seconds"
+
+/**
+ * Map any SQL failure of `op` to a `StoreError`, and bound the call by {@link STORE_TIMEOUT}: past
+ * it the call is interrupted (the driver cancels the query) and fails with code `timeout`.
+ */
 export const storeOp =
   (op: string) =>
   <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, StoreError, R> =>
-    Effect.mapError(eff, (e) => new StoreError({ op, code: codeOf(e) }))
+    storeOpWithin(op, STORE_TIMEOUT)(eff)
 
 /**
  * `storeOp` with a deadline (SPEC §7: every network call has a timeout): past `within` the call is
@@ -34,9 +44,12 @@ export const storeOp =
 export const storeOpWithin =
   (op: string, within: Duration.DurationInput) =>
   <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, StoreError, R> =>
-    storeOp(op)(eff).pipe(
+    Effect.mapError(eff, (e) => new StoreError({ op, code: codeOf(e) })).pipe(
       Effect.timeoutFail({ duration: within, onTimeout: () => new StoreError({ op, code: "timeout" }) })
     )
+
+/** Bound on one transaction of the PostgreSQL `Tx`, from BEGIN to COMMIT. */
+export const TX_TIMEOUT: Duration.DurationInput = "2 minutes"
 
 export interface TxShape {
   readonly withTransaction: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E | StoreError, R>
@@ -50,6 +63,8 @@ export class Tx extends Context.Tag("firehook/Tx")<Tx, TxShape>() {
       return {
         withTransaction: <A, E, R>(eff: Effect.Effect<A, E, R>) =>
           sql.withTransaction(eff).pipe(
+            // its statements are bounded one by one; this also bounds BEGIN/COMMIT (SPEC §7)
+            Effect.timeoutFail({ duration: TX_TIMEOUT, onTimeout: () => new StoreError({ op: "transaction", code: "timeout" }) }),
             Effect.catchIf(
               (e): e is Extract<typeof e, { readonly _tag: "SqlError" }> =>
                 typeof e === "object" && e !== null && "_tag" in e && e._tag === "SqlError",
