@@ -310,14 +310,23 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
-  it.scoped("each round swaps owners completed elsewhere into memory", () => {
+  it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
     const world = newWorld()
+    const complete = (did: string) => {
+      world.owners.set(did, { status: "complete", failureCount: 0, failedSeq: world.seq++ })
+      world.completed.push(did)
+    }
     return Effect.gen(function* () {
       yield* scheduler(world)
-      world.completed.push(plc(7), plc(8))
+      complete(plc(7))
+      complete(plc(8))
       yield* advance(60_000)
       expect(world.swapped).toEqual([plc(7), plc(8)])
-      world.completed.push(plc(9))
+      complete(plc(9))
+      // plc(10) completed, then a new scan of it began before the sync read it: its pages stay in
+      // the database until that scan completes (SPEC §5.3)
+      complete(plc(10))
+      world.owners.set(plc(10), { status: "scanning", failureCount: 0, failedSeq: world.seq++ })
       yield* advance(60_000)
       expect(world.swapped).toEqual([plc(7), plc(8), plc(9)])
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))

@@ -154,8 +154,13 @@ export interface ReconcileStoreShape {
   }) => Effect.Effect<ReadonlyArray<RetryCandidate>, StoreError>
   /** A cursor `marginMs` before the database's now (for `completedSince`). */
   readonly completedCursor: (marginMs: number) => Effect.Effect<string, StoreError>
-  /** Owners completed after `cursor` (keyset on completion time and DID), at most `limit`. */
-  readonly completedSince: (cursor: string, limit: number) => Effect.Effect<CompletedOwners, StoreError>
+  /**
+   * Owners completed after `cursor` (keyset on completion time and DID), at most `limit`, and only
+   * those completed at least `settleMs` (default {@link COMPLETION_SETTLE_MS}) before the database's
+   * now: `completed_at` is the completing transaction's start, and a transaction that started
+   * earlier than a row already read may commit later; the cursor must never pass it.
+   */
+  readonly completedSince: (cursor: string, limit: number, settleMs?: number) => Effect.Effect<CompletedOwners, StoreError>
   /** For `owners status`: counts, failed and scanning owners (≤ `limit` each), the pass. */
   readonly summary: (limit: number) => Effect.Effect<OwnersSummary, StoreError>
 }
@@ -216,6 +221,13 @@ const passFromDb = (r: PassDbRow): PassState => ({
   startedAt: toDate(r.pass_started_at),
   completedAt: toDate(r.pass_completed_at)
 })
+
+/**
+ * How long after its `completed_at` a completion is read by `completedSince`: longer than any
+ * completing transaction can take (every store call is bounded by `STORE_TIMEOUT`, 60 s), so no
+ * completion with an earlier `completed_at` can still commit once the cursor has passed it.
+ */
+export const COMPLETION_SETTLE_MS = 90_000
 
 /** The `[completedAt, did]` keyset of `completedSince`; the beginning when unreadable. */
 const parseCursor = (cursor: string): readonly [string, string] => {
@@ -533,13 +545,14 @@ export const makeSql = Effect.gen(function* () {
         storeOp("reconcile.completedCursor")
       ),
 
-    completedSince: (cursor, limit) =>
+    completedSince: (cursor, limit, settleMs = COMPLETION_SETTLE_MS) =>
       Effect.gen(function* () {
         const [at, after] = parseCursor(cursor)
         const rows = yield* sql<{ did: string; at: string }>`
           SELECT did, completed_at::text AS at FROM owners
           WHERE reconcile_status = 'complete' AND completed_at IS NOT NULL
             AND (completed_at, did) > (${at}::timestamptz, ${after})
+            AND completed_at <= now() - make_interval(secs => ${seconds(settleMs)}::double precision)
           ORDER BY completed_at, did
           LIMIT ${limit}`
         const last = rows[rows.length - 1]

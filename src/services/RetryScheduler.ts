@@ -2,9 +2,9 @@
  * RetryScheduler (SPEC §5.4): retries owners whose reconciliation failed or crashed.
  *
  * - Every `RETRY_SCHEDULER_INTERVAL_MS` (60 s; the first round one interval after start) it lists up
- *   to `trackedMax − tracked` (≤ 16) owners that are `failed` or `scanning` for longer than
+ *   to `trackedMax − tracked` owners that are `failed` or `scanning` for longer than
  *   `RETRY_SCHEDULER_STALE_SCAN_MS` (15 min: a crashed scan), failed first, oldest failure first, and
- *   tracks each one in its own fiber (at most 16 tracked).
+ *   tracks each one in its own fiber (at most `RETRY_SCHEDULER_TRACKED_MAX` tracked, default 16).
  * - Each tracked owner is retried on a full-jitter exponential backoff, as an Effect `Schedule`
  *   ({@link retryBackoff}): before attempt n it waits `max(100 ms, random × min(cap, base × 2^n))`
  *   (base 5 s, cap 1 h). Attempts run under a semaphore (`RETRY_SCHEDULER_CONCURRENCY`, 1–2).
@@ -55,7 +55,7 @@ export const retryBackoff = (options: BackoffOptions): Schedule.Schedule<Duratio
 }
 
 export interface RetrySchedulerOptions {
-  /** owners tracked at most (default 16) */
+  /** owners tracked at most (default: `RETRY_SCHEDULER_TRACKED_MAX` of the configuration, 16) */
   readonly trackedMax?: number
   /** the in-memory swap of owners completed elsewhere (undefined: no swap sync) */
   readonly swap?: ((did: string) => Effect.Effect<void, StoreError>) | undefined
@@ -63,6 +63,7 @@ export interface RetrySchedulerOptions {
   readonly swapSyncMax?: number
 }
 
+/** The SPEC §5.4 default of `RETRY_SCHEDULER_TRACKED_MAX`. */
 export const DEFAULT_TRACKED_MAX = 16
 /** Highest attempt index a rediscovered owner starts at. */
 const MAX_SEED_ATTEMPT = 30
@@ -117,7 +118,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
     const reconciler = yield* Reconciler
     const scope = yield* Effect.scope
     const cfg = config.retryScheduler
-    const trackedMax = Math.max(1, Math.floor(options.trackedMax ?? DEFAULT_TRACKED_MAX))
+    const trackedMax = Math.max(1, Math.floor(options.trackedMax ?? cfg.trackedMax))
     const swapSyncMax = Math.max(SWAP_SYNC_BATCH, Math.floor(options.swapSyncMax ?? 4 * SWAP_SYNC_BATCH))
     const permits = yield* Effect.makeSemaphore(cfg.concurrency)
     const owners = yield* FiberMap.make<string, void, never>()
@@ -200,7 +201,14 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         let cursor = swapCursor ?? (yield* store.completedCursor(SWAP_SYNC_MARGIN_MS))
         for (let swapped = 0; swapped < swapSyncMax; ) {
           const batch = yield* store.completedSince(cursor, SWAP_SYNC_BATCH)
-          for (const did of batch.dids) yield* store.withOwnerLock(did, swap(did))
+          // under the owner's lock, and only while it is still complete: a scan begun since the
+          // completion was read has written pages that must stay in the database only (SPEC §5.3)
+          for (const did of batch.dids) {
+            yield* store.withOwnerLock(
+              did,
+              Effect.flatMap(store.ownerState(did), (st) => (st?.status === "complete" ? swap(did) : Effect.void))
+            )
+          }
           swapped += batch.dids.length
           cursor = batch.cursor
           swapCursor = cursor
