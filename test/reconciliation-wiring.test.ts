@@ -4,6 +4,7 @@
  * process (the CLI) swapped into this process's memory by the RetryScheduler's next round, and the
  * shutdown stages.
  */
+import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Layer } from "effect"
 import { identityLayer, reconciliationLayer } from "../src/layers/Reconciliation.js"
@@ -74,7 +75,7 @@ describe("reconciliation wiring", () => {
       expect(registry.index.byOwner(BOB)).toEqual([])
 
       // another process (the CLI) reconciles ALICE after her PDS changed: this process's memory
-      // follows within one RetryScheduler round
+      // follows within one RetryScheduler round once the completion has settled
       repos.set(ALICE, { rev: rev(200), records: [{ rkey: "a", value: hook }, { rkey: "b", value: hook }] })
       const cli = Reconciler.layerWithoutRegistry().pipe(
         Layer.provideMerge(Identity.layer()),
@@ -88,6 +89,10 @@ describe("reconciliation wiring", () => {
       )
       expect(outcome._tag).toBe("complete")
       expect(registry.index.byOwner(ALICE).map((w) => w.rkey)).toEqual(["a"])
+      // a completion is read once it has settled (COMPLETION_SETTLE_MS, 90 s after completed_at):
+      // let that time pass by moving the completion back
+      yield* Effect.flatMap(SqlClient.SqlClient, (sql) =>
+        sql`UPDATE owners SET completed_at = completed_at - interval '100 seconds' WHERE did = ${ALICE}`).pipe(Effect.provide(ctx))
       yield* waitFor(() => registry.index.byOwner(ALICE).length === 2, 5_000)
 
       // shutdown: backfill stopped, the scheduler stopped (drained), clean
