@@ -1,6 +1,10 @@
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Either, LogLevel, Option, Redacted } from "effect"
+import { ConfigProvider, Duration, Effect, Either, LogLevel, Option, Redacted } from "effect"
 import * as Config from "../src/services/Config.js"
+import * as Intake from "../src/services/Intake.js"
+import * as Maintenance from "../src/services/Maintenance.js"
+import * as Publisher from "../src/services/Publisher.js"
+import * as RetryScheduler from "../src/services/RetryScheduler.js"
 
 const load = (env: Record<string, string>, isTty = false) =>
   Config.load({ isTty }).pipe(Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env)))))
@@ -27,7 +31,12 @@ describe("Config", () => {
         eventMaxBytes: 1048576,
         source: "jetstream",
         jetstreamUrl: "wss://jetstream2.us-east.bsky.network/subscribe",
-        relayUrl: "wss://bsky.network"
+        relayUrl: "wss://bsky.network",
+        batchAttempts: 3,
+        batchRetryBaseMs: 250,
+        backoffBaseMs: 1000,
+        backoffMaxMs: 300000,
+        poisonBackoffMs: 10000
       })
       expect(c.delivery).toEqual({
         concurrency: 64,
@@ -55,8 +64,111 @@ describe("Config", () => {
         baseMs: 5000,
         maxMs: 3600000,
         concurrency: 1,
-        staleScanMs: 900000
+        staleScanMs: 900000,
+        trackedMax: 16
       })
+    }))
+
+  it.effect("defaults of the SPEC's other numbers (§3.3, §3.4, §4.7, §4.9, §5.4) = the services' own defaults", () =>
+    Effect.gen(function* () {
+      const c = yield* load({})
+      const day = 86_400_000
+      // SPEC §4.9 / §3.4
+      expect(c.retention).toEqual({
+        deliveredMs: 7 * day,
+        deadLetterMs: 30 * day,
+        cancelledMs: 7 * day,
+        auditMs: 30 * day,
+        auditMaxRows: 100_000,
+        tombstonesMs: 7 * day,
+        tombstonesMaxRows: 100_000,
+        quarantineMs: 30 * day,
+        quarantineMaxRows: 100_000,
+        eventBodiesMs: 7 * day
+      })
+      const r = Maintenance.DEFAULT_RETENTION
+      const ms = (d: Duration.DurationInput) => Duration.toMillis(Duration.decode(d))
+      expect(c.retention).toEqual({
+        deliveredMs: ms(r.delivered),
+        deadLetterMs: ms(r.deadLetter),
+        cancelledMs: ms(r.cancelled),
+        auditMs: ms(r.audit),
+        auditMaxRows: r.auditMaxRows,
+        tombstonesMs: ms(r.tombstones),
+        tombstonesMaxRows: r.tombstonesMaxRows,
+        quarantineMs: ms(r.quarantine),
+        quarantineMaxRows: r.quarantineMaxRows,
+        eventBodiesMs: ms(r.deliveryEvents)
+      })
+      // SPEC §4.7: ≤ 8 KiB, 4 in flight, 1 s
+      expect(c.redis).toMatchObject({ publishMaxBytes: 8192, publishMaxInFlight: 4, publishTimeoutMs: 1000 })
+      expect(c.redis.publishMaxBytes).toBe(Publisher.DEFAULTS.maxMessageBytes)
+      expect(c.redis.publishMaxInFlight).toBe(Publisher.DEFAULTS.maxInFlight)
+      expect(c.redis.publishTimeoutMs).toBe(ms(Publisher.DEFAULTS.replyTimeout))
+      // SPEC §3.3: the tuning Intake builds from the configuration is its default tuning
+      expect(Intake.tuningFromConfig(c.intake)).toEqual(Intake.defaultTuning(512, 128))
+      // SPEC §5.4
+      expect(c.retryScheduler.trackedMax).toBe(RetryScheduler.DEFAULT_TRACKED_MAX)
+    }))
+
+  /** The new numeric knobs: name, range, default, where the value lands, and what else must be set. */
+  const knobs: ReadonlyArray<{
+    readonly name: string
+    readonly min: number
+    readonly max: number
+    readonly def: number
+    readonly get: (c: Config.FirehookConfigShape) => number
+    readonly env?: Record<string, string>
+  }> = [
+    { name: "RETENTION_DELIVERED_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.retention.deliveredMs },
+    { name: "RETENTION_DEAD_LETTER_MS", min: 3_600_000, max: 31_536_000_000, def: 2_592_000_000, get: (c) => c.retention.deadLetterMs },
+    { name: "RETENTION_CANCELLED_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.retention.cancelledMs },
+    { name: "RETENTION_AUDIT_MS", min: 3_600_000, max: 31_536_000_000, def: 2_592_000_000, get: (c) => c.retention.auditMs },
+    { name: "RETENTION_AUDIT_MAX_ROWS", min: 1_000, max: 100_000_000, def: 100_000, get: (c) => c.retention.auditMaxRows },
+    { name: "RETENTION_TOMBSTONES_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.retention.tombstonesMs },
+    { name: "RETENTION_TOMBSTONES_MAX_ROWS", min: 1_000, max: 100_000_000, def: 100_000, get: (c) => c.retention.tombstonesMaxRows },
+    { name: "RETENTION_QUARANTINE_MS", min: 3_600_000, max: 31_536_000_000, def: 2_592_000_000, get: (c) => c.retention.quarantineMs },
+    { name: "RETENTION_QUARANTINE_MAX_ROWS", min: 1_000, max: 100_000_000, def: 100_000, get: (c) => c.retention.quarantineMaxRows },
+    { name: "RETENTION_EVENT_BODIES_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.retention.eventBodiesMs },
+    { name: "REDIS_PUBLISH_MAX_BYTES", min: 1024, max: 1_048_576, def: 8192, get: (c) => c.redis.publishMaxBytes },
+    { name: "REDIS_PUBLISH_MAX_IN_FLIGHT", min: 1, max: 1024, def: 4, get: (c) => c.redis.publishMaxInFlight },
+    { name: "REDIS_PUBLISH_TIMEOUT_MS", min: 100, max: 60_000, def: 1000, get: (c) => c.redis.publishTimeoutMs },
+    { name: "WEBHOOK_INTAKE_BATCH_ATTEMPTS", min: 1, max: 20, def: 3, get: (c) => c.intake.batchAttempts },
+    { name: "WEBHOOK_INTAKE_BATCH_RETRY_BASE_MS", min: 1, max: 60_000, def: 250, get: (c) => c.intake.batchRetryBaseMs },
+    {
+      name: "WEBHOOK_INTAKE_BACKOFF_BASE_MS",
+      min: 100,
+      max: 600_000,
+      def: 1000,
+      get: (c) => c.intake.backoffBaseMs,
+      env: { WEBHOOK_INTAKE_BACKOFF_MAX_MS: "3600000" }
+    },
+    {
+      name: "WEBHOOK_INTAKE_BACKOFF_MAX_MS",
+      min: 100,
+      max: 3_600_000,
+      def: 300_000,
+      get: (c) => c.intake.backoffMaxMs,
+      env: { WEBHOOK_INTAKE_BACKOFF_BASE_MS: "100" }
+    },
+    { name: "WEBHOOK_INTAKE_POISON_BACKOFF_MS", min: 1000, max: 3_600_000, def: 10_000, get: (c) => c.intake.poisonBackoffMs },
+    { name: "RETRY_SCHEDULER_TRACKED_MAX", min: 1, max: 1024, def: 16, get: (c) => c.retryScheduler.trackedMax }
+  ]
+
+  for (const k of knobs) {
+    it.effect(`${k.name}: default ${k.def}, accepts ${k.min} and ${k.max}`, () =>
+      Effect.gen(function* () {
+        expect(k.get(yield* load({ ...k.env }))).toBe(k.def)
+        expect(k.get(yield* load({ ...k.env, [k.name]: "" }))).toBe(k.def)
+        expect(k.get(yield* load({ ...k.env, [k.name]: String(k.min) }))).toBe(k.min)
+        expect(k.get(yield* load({ ...k.env, [k.name]: String(k.max) }))).toBe(k.max)
+      }))
+  }
+
+  it.effect("WEBHOOK_INTAKE_BACKOFF_MAX_MS may equal WEBHOOK_INTAKE_BACKOFF_BASE_MS", () =>
+    Effect.gen(function* () {
+      const c = yield* load({ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "600000", WEBHOOK_INTAKE_BACKOFF_MAX_MS: "600000" })
+      expect([c.intake.backoffBaseMs, c.intake.backoffMaxMs]).toEqual([600000, 600000])
     }))
 
   it.effect("backfill and retry scheduler values are parsed", () =>
@@ -71,7 +183,8 @@ describe("Config", () => {
         RETRY_SCHEDULER_BASE_MS: "100",
         RETRY_SCHEDULER_MAX_MS: "100",
         RETRY_SCHEDULER_CONCURRENCY: "2",
-        RETRY_SCHEDULER_STALE_SCAN_MS: "60000"
+        RETRY_SCHEDULER_STALE_SCAN_MS: "60000",
+        RETRY_SCHEDULER_TRACKED_MAX: "2"
       })
       expect(c.backfill).toEqual({
         plcDirectoryUrl: "https://plc.example",
@@ -79,7 +192,7 @@ describe("Config", () => {
         owners: [did, "did:web:example.com"],
         concurrency: 4
       })
-      expect(c.retryScheduler).toEqual({ intervalMs: 1000, baseMs: 100, maxMs: 100, concurrency: 2, staleScanMs: 60000 })
+      expect(c.retryScheduler).toEqual({ intervalMs: 1000, baseMs: 100, maxMs: 100, concurrency: 2, staleScanMs: 60000, trackedMax: 2 })
       const dev = yield* load({
         NODE_ENV: "test",
         WEBHOOK_ALLOW_INSECURE_DEV: "1",
@@ -193,7 +306,23 @@ describe("Config", () => {
     [{ RETRY_SCHEDULER_STALE_SCAN_MS: "59999" }, "RETRY_SCHEDULER_STALE_SCAN_MS", "60000..86400000"]
   ]
 
-  for (const [env, variable, ruleFragment] of invalid) {
+  // the new knobs: below the range, above it, not a plain decimal (the range is checked before
+  // any cross-field rule, so nothing else needs setting)
+  const knobInvalid: ReadonlyArray<readonly [Record<string, string>, string, string]> = knobs.flatMap((k) => {
+    const range = `${k.min}..${k.max}`
+    return [String(k.min - 1), String(k.max + 1), `${k.def}.0`, `+${k.def}`, `0${k.def}`, `${k.def}ms`, `-${k.def}`].map(
+      (value) => [{ [k.name]: value }, k.name, range] as const
+    )
+  })
+  const crossField: ReadonlyArray<readonly [Record<string, string>, string, string]> = [
+    [{ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "5000", WEBHOOK_INTAKE_BACKOFF_MAX_MS: "4999" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"],
+    // against the default base (1 s)
+    [{ WEBHOOK_INTAKE_BACKOFF_MAX_MS: "999" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"],
+    // against a default max (5 min)
+    [{ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "300001" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"]
+  ]
+
+  for (const [env, variable, ruleFragment] of [...invalid, ...knobInvalid, ...crossField]) {
     it.effect(`rejects ${variable}=${JSON.stringify(Object.values(env).at(-1)).replace(SECRET, "…")}`, () =>
       Effect.gen(function* () {
         const result = yield* Effect.either(load(env))

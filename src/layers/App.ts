@@ -39,6 +39,33 @@ export const sqlStores = Layer.mergeAll(
   Tx.layerSql
 )
 
+/** The Redis publisher's options from the configuration (`REDIS_*`, `WEBHOOK_EVENTS_CHANNEL`; SPEC §4.7). */
+export const publisherOptions = (config: FirehookConfigShape): Publisher.PublisherOptions => ({
+  url: Option.getOrUndefined(config.redis.url),
+  channel: config.redis.channel,
+  maxMessageBytes: config.redis.publishMaxBytes,
+  maxInFlight: config.redis.publishMaxInFlight,
+  replyTimeout: Duration.millis(config.redis.publishTimeoutMs)
+})
+
+/** Maintenance's options from the configuration (`MAINTENANCE_INTERVAL_MS`, `RETENTION_*`; SPEC §4.9). */
+export const maintenanceOptions = (config: FirehookConfigShape): Maintenance.MaintenanceOptions => {
+  const r = config.retention
+  return {
+    interval: Duration.millis(config.maintenanceIntervalMs),
+    delivered: Duration.millis(r.deliveredMs),
+    deadLetter: Duration.millis(r.deadLetterMs),
+    cancelled: Duration.millis(r.cancelledMs),
+    audit: Duration.millis(r.auditMs),
+    auditMaxRows: r.auditMaxRows,
+    tombstones: Duration.millis(r.tombstonesMs),
+    tombstonesMaxRows: r.tombstonesMaxRows,
+    quarantine: Duration.millis(r.quarantineMs),
+    quarantineMaxRows: r.quarantineMaxRows,
+    deliveryEvents: Duration.millis(r.eventBodiesMs)
+  }
+}
+
 /** The delivery worker and what it needs, from the configuration. */
 export const deliveryLayer = (config: FirehookConfigShape) => {
   const allowCidrs = config.delivery.allowCidrs.flatMap((c) => {
@@ -52,9 +79,7 @@ export const deliveryLayer = (config: FirehookConfigShape) => {
         Secrets.layerSql,
         SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs }),
         Destinations.layer,
-        Publisher.layer({ url: Option.getOrUndefined(config.redis.url), channel: config.redis.channel }).pipe(
-          Layer.orDie
-        )
+        Publisher.layer(publisherOptions(config)).pipe(Layer.orDie)
       )
     )
   )
@@ -92,13 +117,11 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
         // the delivery worker (before intake, SPEC §6.1), with its transport, secrets and publisher
         yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(Effect.provide(matching))
         // maintenance (one runner across replicas)
-        yield* Layer.buildWithScope(
-          Maintenance.layer({ interval: Duration.millis(config.maintenanceIntervalMs) }),
-          scope
-        )
+        yield* Layer.buildWithScope(Maintenance.layer(maintenanceOptions(config)), scope)
         // identity (DID → PDS, cached) before intake: `#identity`/`#account` events invalidate it
         const identity = yield* Layer.buildWithScope(Reconciliation.identityLayer(config), scope)
-        // intake, under leader election (one intake leader across replicas)
+        // intake, under leader election (one intake leader across replicas); its tuning
+        // (`WEBHOOK_INTAKE_*`) is read from the configuration by Intake itself
         yield* Layer.buildWithScope(Intake.layer(), scope).pipe(Effect.provide(Context.merge(matching, identity)))
         // 5. the retry scheduler, then the initial backfill in the background: `reconciling-live`
         //    until the first pass completes, then `live`

@@ -45,6 +45,15 @@ export interface FirehookConfigShape {
     readonly jetstreamUrl: string
     /** `RELAY_URL` */
     readonly relayUrl: string
+    /** `WEBHOOK_INTAKE_BATCH_ATTEMPTS`: attempts of a failing batch before the stream fails (SPEC §3.3) */
+    readonly batchAttempts: number
+    /** `WEBHOOK_INTAKE_BATCH_RETRY_BASE_MS`: the n-th in-place retry of a batch waits n × this */
+    readonly batchRetryBaseMs: number
+    /** `WEBHOOK_INTAKE_BACKOFF_BASE_MS` / `WEBHOOK_INTAKE_BACKOFF_MAX_MS`: full-jitter reconnect backoff */
+    readonly backoffBaseMs: number
+    readonly backoffMaxMs: number
+    /** `WEBHOOK_INTAKE_POISON_BACKOFF_MS`: the least wait before reconnecting after a poison frame */
+    readonly poisonBackoffMs: number
   }
   readonly delivery: {
     readonly concurrency: number
@@ -67,8 +76,34 @@ export interface FirehookConfigShape {
   readonly redis: {
     readonly url: Option.Option<Redacted.Redacted<string>>
     readonly channel: string
+    /** `REDIS_PUBLISH_MAX_BYTES`: larger messages are dropped (SPEC §4.7) */
+    readonly publishMaxBytes: number
+    /** `REDIS_PUBLISH_MAX_IN_FLIGHT`: more are dropped */
+    readonly publishMaxInFlight: number
+    /** `REDIS_PUBLISH_TIMEOUT_MS`: a reply slower than this drops the message and resets the connection */
+    readonly publishTimeoutMs: number
   }
   readonly maintenanceIntervalMs: number
+  /** SPEC §4.9 and §3.4: what maintenance prunes (`RETENTION_*`) */
+  readonly retention: {
+    /** `RETENTION_DELIVERED_MS`: delivered outbox rows, by `finished_at` */
+    readonly deliveredMs: number
+    /** `RETENTION_DEAD_LETTER_MS` */
+    readonly deadLetterMs: number
+    /** `RETENTION_CANCELLED_MS` */
+    readonly cancelledMs: number
+    /** `RETENTION_AUDIT_MS` / `RETENTION_AUDIT_MAX_ROWS` */
+    readonly auditMs: number
+    readonly auditMaxRows: number
+    /** `RETENTION_TOMBSTONES_MS` / `RETENTION_TOMBSTONES_MAX_ROWS` */
+    readonly tombstonesMs: number
+    readonly tombstonesMaxRows: number
+    /** `RETENTION_QUARANTINE_MS` / `RETENTION_QUARANTINE_MAX_ROWS` */
+    readonly quarantineMs: number
+    readonly quarantineMaxRows: number
+    /** `RETENTION_EVENT_BODIES_MS`: event bodies no outbox row references */
+    readonly eventBodiesMs: number
+  }
   /** SPEC §5.1–5.2: identity resolution and owner discovery for backfill */
   readonly backfill: {
     /** `PLC_DIRECTORY_URL` (no trailing slash) */
@@ -91,6 +126,8 @@ export interface FirehookConfigShape {
     readonly concurrency: number
     /** `RETRY_SCHEDULER_STALE_SCAN_MS`: a scan older than this is considered crashed */
     readonly staleScanMs: number
+    /** `RETRY_SCHEDULER_TRACKED_MAX`: owners tracked at once */
+    readonly trackedMax: number
   }
 }
 
@@ -190,6 +227,14 @@ const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
   return u.protocol === "http:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
 }
 
+/** Bounds of the `RETENTION_*` variables: durations 1 h .. 365 d, row bounds 1,000 .. 100,000,000. */
+export const RETENTION_MS_MIN = 3_600_000
+export const RETENTION_MS_MAX = 31_536_000_000
+export const RETENTION_ROWS_MIN = 1_000
+export const RETENTION_ROWS_MAX = 100_000_000
+
+const DAY_MS = 86_400_000
+
 const stripTrailingSlashes = (s: string): string => s.replace(/\/+$/, "")
 
 /** At most this many `BACKFILL_OWNERS` entries. */
@@ -278,6 +323,18 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       )
     }
     const eventMaxBytes = yield* readInt("WEBHOOK_INTAKE_EVENT_MAX_BYTES", 1048576, 1024, 8388608)
+    // SPEC §3.3: a failing batch is tried 3 times, 250 ms × attempt apart; reconnects back off from
+    // 1 s up to 5 min (full jitter); a poison frame waits at least 10 s
+    const batchAttempts = yield* readInt("WEBHOOK_INTAKE_BATCH_ATTEMPTS", 3, 1, 20)
+    const batchRetryBaseMs = yield* readInt("WEBHOOK_INTAKE_BATCH_RETRY_BASE_MS", 250, 1, 60_000)
+    const backoffBaseMs = yield* readInt("WEBHOOK_INTAKE_BACKOFF_BASE_MS", 1000, 100, 600_000)
+    const backoffMaxMs = yield* readInt("WEBHOOK_INTAKE_BACKOFF_MAX_MS", 300_000, 100, 3_600_000)
+    if (backoffMaxMs < backoffBaseMs) {
+      return yield* Effect.fail(
+        new ConfigInvalid({ variable: "WEBHOOK_INTAKE_BACKOFF_MAX_MS", rule: "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS" })
+      )
+    }
+    const poisonBackoffMs = yield* readInt("WEBHOOK_INTAKE_POISON_BACKOFF_MS", 10_000, 1000, 3_600_000)
     const insecure = insecureFlag === "1"
     const source = yield* readEnum<"jetstream" | "relay">("FIREHOSE_SOURCE", ["jetstream", "relay"], "jetstream")
     const wsUrl = (name: string, def: string) =>
@@ -347,7 +404,26 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       test: (s) => /^[\x21-\x7e]{1,256}$/.test(s),
       text: "must be 1-256 printable characters without spaces"
     })
+    // SPEC §4.7: PUBLISH ≤ 8 KiB, at most 4 in flight, 1 s reply timeout
+    const publishMaxBytes = yield* readInt("REDIS_PUBLISH_MAX_BYTES", 8192, 1024, 1_048_576)
+    const publishMaxInFlight = yield* readInt("REDIS_PUBLISH_MAX_IN_FLIGHT", 4, 1, 1024)
+    const publishTimeoutMs = yield* readInt("REDIS_PUBLISH_TIMEOUT_MS", 1000, 100, 60_000)
     const maintenanceIntervalMs = yield* readInt("MAINTENANCE_INTERVAL_MS", 60000, 1000, 86_400_000)
+    // SPEC §4.9 and §3.4
+    const retentionMs = (name: string, days: number) => readInt(name, days * DAY_MS, RETENTION_MS_MIN, RETENTION_MS_MAX)
+    const retentionRows = (name: string) => readInt(name, 100_000, RETENTION_ROWS_MIN, RETENTION_ROWS_MAX)
+    const retention = {
+      deliveredMs: yield* retentionMs("RETENTION_DELIVERED_MS", 7),
+      deadLetterMs: yield* retentionMs("RETENTION_DEAD_LETTER_MS", 30),
+      cancelledMs: yield* retentionMs("RETENTION_CANCELLED_MS", 7),
+      auditMs: yield* retentionMs("RETENTION_AUDIT_MS", 30),
+      auditMaxRows: yield* retentionRows("RETENTION_AUDIT_MAX_ROWS"),
+      tombstonesMs: yield* retentionMs("RETENTION_TOMBSTONES_MS", 7),
+      tombstonesMaxRows: yield* retentionRows("RETENTION_TOMBSTONES_MAX_ROWS"),
+      quarantineMs: yield* retentionMs("RETENTION_QUARANTINE_MS", 30),
+      quarantineMaxRows: yield* retentionRows("RETENTION_QUARANTINE_MAX_ROWS"),
+      eventBodiesMs: yield* retentionMs("RETENTION_EVENT_BODIES_MS", 7)
+    }
     const baseUrlRule = {
       test: (s: string) => isServiceBaseUrl(s, insecure),
       text: insecure
@@ -381,7 +457,9 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       baseMs: schedulerBaseMs,
       maxMs: schedulerMaxMs,
       concurrency: yield* readInt("RETRY_SCHEDULER_CONCURRENCY", 1, 1, 2),
-      staleScanMs: yield* readInt("RETRY_SCHEDULER_STALE_SCAN_MS", 900_000, 60_000, 86_400_000)
+      staleScanMs: yield* readInt("RETRY_SCHEDULER_STALE_SCAN_MS", 900_000, 60_000, 86_400_000),
+      // SPEC §5.4: at most 16 owners tracked
+      trackedMax: yield* readInt("RETRY_SCHEDULER_TRACKED_MAX", 16, 1, 1024)
     }
     return {
       databaseUrl,
@@ -394,11 +472,24 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       nodeEnv,
       allowInsecureDev: insecureFlag === "1",
       registry,
-      intake: { queueMax, batchMax, eventMaxBytes, source, jetstreamUrl, relayUrl },
+      intake: {
+        queueMax,
+        batchMax,
+        eventMaxBytes,
+        source,
+        jetstreamUrl,
+        relayUrl,
+        batchAttempts,
+        batchRetryBaseMs,
+        backoffBaseMs,
+        backoffMaxMs,
+        poisonBackoffMs
+      },
       delivery,
       secrets: { encryptionKey, previousKeys },
-      redis: { url: redisUrl, channel },
+      redis: { url: redisUrl, channel, publishMaxBytes, publishMaxInFlight, publishTimeoutMs },
       maintenanceIntervalMs,
+      retention,
       backfill,
       retryScheduler
     }

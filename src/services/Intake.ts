@@ -21,7 +21,7 @@
 import { Cause, Clock, Context, Deferred, Duration, Effect, Either, Fiber, Layer, Metric, MetricBoundaries, Option, Queue, Random, Ref, Schedule, Scheduler, type Scope, Stream } from "effect"
 import type { StreamEvent } from "../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../schemas/WhRecord.js"
-import { FirehookConfig } from "./Config.js"
+import { FirehookConfig, type FirehookConfigShape } from "./Config.js"
 import { labelledCounter, labelledGauge } from "./Metrics.js"
 import { CursorStore } from "./CursorStore.js"
 import * as FirehoseSource from "./FirehoseSource.js"
@@ -111,6 +111,20 @@ export const defaultTuning = (queueMax: number, batchMax: number): IntakeTuning 
   backoffBase: Duration.seconds(1),
   backoffCap: Duration.minutes(5),
   poisonBackoff: Duration.seconds(10)
+})
+
+/**
+ * The tuning of a configuration (`WEBHOOK_INTAKE_*`; their defaults are those of
+ * {@link defaultTuning}, SPEC §3.3).
+ */
+export const tuningFromConfig = (intake: FirehookConfigShape["intake"]): IntakeTuning => ({
+  queueMax: intake.queueMax,
+  batchMax: intake.batchMax,
+  batchAttempts: intake.batchAttempts,
+  batchRetryBase: Duration.millis(intake.batchRetryBaseMs),
+  backoffBase: Duration.millis(intake.backoffBaseMs),
+  backoffCap: Duration.millis(intake.backoffMaxMs),
+  poisonBackoff: Duration.millis(intake.poisonBackoffMs)
 })
 
 const METRIC_OPTIONS = {
@@ -592,7 +606,7 @@ export const make = (options: IntakeOptions = {}) =>
     const config = yield* FirehookConfig
     const registry = yield* Registry
     const index = registry.index
-    const tuning: IntakeTuning = { ...defaultTuning(config.intake.queueMax, config.intake.batchMax), ...options.tuning }
+    const tuning: IntakeTuning = { ...tuningFromConfig(config.intake), ...options.tuning }
     const reconfigureDelay = Duration.decode(options.reconfigureDelay ?? "1 second")
     const common = {
       maxBytes: config.intake.eventMaxBytes,
