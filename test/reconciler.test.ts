@@ -13,7 +13,7 @@ import { Registry } from "../src/services/Registry.js"
 import { RegistryStore } from "../src/services/RegistryStore.js"
 import type { StreamEvent } from "../src/schemas/RecordEvent.js"
 import { tidFromMicros, tidToMicros } from "../src/schemas/Tid.js"
-import { didDoc, type FakeRecord, type FakeResponse, listRecordsRequests } from "./support/fakeAtproto.js"
+import { didDoc, type FakeRecord, type FakeRepo, type FakeResponse, fakeServer, listRecordsRequests, pdsHandler } from "./support/fakeAtproto.js"
 import { Fakes, reconcileStack, waitFor } from "./support/reconcile.js"
 import { ev, plc, rev, whEv, whRecordValue } from "./support/stack.js"
 
@@ -147,17 +147,41 @@ describe("Reconciler", () => {
         expect(yield* memoryRkeys(did)).toEqual([])
         const { tombstone } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "w1"))
         expect(tombstone?.rev).toBe((yield* ownerState(did))?.snapshotRev)
-        // the identity was invalidated: the next reconciliation resolves the DID again
+        // "not found" is taken as authoritative only after resolving the DID again (the PDS could
+        // come from a stale cache): the cached PDS is asked, then the DID is resolved afresh
         const plcBefore = fakes.plc.requests.length
         yield* reconcile(did)
         expect(fakes.plc.requests.length).toBe(plcBefore + 1)
-        // and a cached identity is used otherwise
         yield* setup(did, [])
-        yield* reconcile(did)
         const plcMid = fakes.plc.requests.length
         yield* reconcile(did)
         expect(fakes.plc.requests.length).toBe(plcMid)
       }))
+
+    it.effect("'not found' from a cached PDS the account has left: the scan fails (pds_moved), nothing is deleted, the next one reads the new PDS", () =>
+      Effect.gen(function* () {
+        const did = plc(6)
+        const fakes = yield* Fakes
+        yield* setup(did, [{ rkey: "a", value: hook() }, { rkey: "b", value: hook() }])
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        expect(yield* memoryRkeys(did)).toEqual(["a", "b"])
+        // the account moves to another PDS; the old one no longer has the repo; our cache still
+        // points at the old one
+        const otherRepos = new Map<string, FakeRepo>([[did, { rev: undefined, records: [
+          { rkey: "a", value: hook() },
+          { rkey: "b", value: hook() },
+          { rkey: "c", value: hook() }
+        ] }]])
+        const other = yield* fakeServer(pdsHandler(otherRepos))
+        fakes.docs.set(did, didDoc(did, other.url))
+        fakes.repos.delete(did)
+        expect(yield* reconcile(did)).toEqual({ _tag: "failed", kind: "pds_moved" })
+        expect(yield* storedRkeys(did)).toEqual(["a", "b"])
+        expect(yield* memoryRkeys(did)).toEqual(["a", "b"])
+        // the retry resolves the new PDS (cached by the check) and completes there
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", repoFound: true, records: 3 })
+        expect(yield* storedRkeys(did)).toEqual(["a", "b", "c"])
+      }).pipe(Effect.scoped))
 
     it.effect("a private PDS endpoint in the DID document is rejected before any PDS call", () =>
       Effect.gen(function* () {

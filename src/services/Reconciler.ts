@@ -58,6 +58,8 @@ export type OwnerFailureKind =
   | "duplicate_rkey"
   | "cursor"
   | "too_many_pages"
+  /** "repo not found" from a PDS that is no longer the owner's (a cached identity); retried */
+  | "pds_moved"
   | "too_many_records"
   | "too_many_bytes"
   | "too_many_rows"
@@ -283,8 +285,14 @@ export const make = (options: ReconcilerOptions) =>
           if (bytes > limits.maxTotalBytes) return yield* ownerFail("too_many_bytes")
           if (res.status < 200 || res.status > 299) {
             if (pages === 1 && isRepoNotFound(res, did)) {
-              repoFound = false
+              // authoritative only from the owner's current PDS: the one used may come from a cache
+              // (up to 24 h old) and an account that moved is "not found" on its old PDS. Resolve
+              // the DID again; a different PDS fails this scan (retried against the new one)
+              // instead of taking the old PDS's answer as an empty repo and deleting every row
               yield* identity.invalidate(did)
+              const current = yield* identity.resolvePds(did).pipe(Effect.mapError((e) => new OwnerFailure({ kind: e.kind })))
+              if (current !== pds) return yield* ownerFail("pds_moved")
+              repoFound = false
               break
             }
             return yield* ownerFail("pds_status")
