@@ -1,18 +1,27 @@
 /**
  * The operator command line (SPEC §4.8): `bun src/cli.ts …`, `npm run cli -- …`, `npx firehook …`.
  *
- *   firehook deliveries list [--owner DID] [--webhook RKEY] [--status S] [--since T] [--until T] [--limit N]
- *   firehook deliveries show <id>
- *   firehook deliveries redeliver <id>
- *   firehook deliveries replay --status dead_letter [--owner DID] [--webhook RKEY] [--since T] [--until T]
+ *   firehook deliveries list [--owner DID] [--webhook RKEY] [--status S] [--since T] [--until T] [--limit N] [--json] [--show-urls]
+ *   firehook deliveries show <id> [--json] [--show-urls]
+ *   firehook deliveries redeliver <id> [--json]
+ *   firehook deliveries replay --status dead_letter [--owner DID] [--webhook RKEY] [--since T] [--until T] [--json]
  *   firehook secrets create <did> <name> [--token T]
  *   firehook secrets rotate <did> <name> [--token T]
- *   firehook secrets delete <did> <name>
- *   firehook secrets list <did>
- *   firehook owners add <did>
- *   firehook owners reconcile <did>
- *   firehook owners status [--limit N]
- *   firehook status
+ *   firehook secrets delete <did> <name> [--json]
+ *   firehook secrets list <did> [--json]
+ *   firehook owners add <did> [--json]
+ *   firehook owners reconcile <did> [--json]
+ *   firehook owners status [--limit N] [--json]
+ *   firehook status [--json]
+ *
+ * `--since` / `--until` filter on the delivery's enqueue time (`created_at`), as [since, until);
+ * `--since` must be earlier than `--until`. `replay` replays the dead letters as of its start, each
+ * at most once. `show` prints the newest 1,000 attempts and says how many older ones it left out.
+ * `redeliver` refuses a row a worker holds a valid lease on; a row whose lease has expired (its
+ * worker stopped) is redelivered. `replay` and `redeliver` say how many rows belong to a
+ * subscription that is no longer active as enqueued (the worker cancels those without a request).
+ * `status` prints the database counts and, when the service's health endpoint
+ * (HEALTH_HOST:HEALTH_PORT) answers within 2 s, its phase, readiness, intake, delivery and redis.
  *
  * Webhook owners (talk only to a PDS; no database, no service configuration):
  *
@@ -31,14 +40,15 @@
  * and the same database (`DATABASE_URL`, or the embedded PostgreSQL in `FIREHOOK_DATA_DIR`, adopted
  * when the service is running). Output is a human-readable table, or JSON with `--json`. Webhook
  * URLs are shown only with `--show-urls`. `secrets create`/`rotate` print the token, once, as the
- * only line on stdout.
+ * only line on stdout. A `--token` on the command line is visible to other local users (ps);
+ * prefer the generated token.
  *
  * Exit codes: 0 success; 2 invalid arguments (one line on stderr); 1 operational failure (one line
  * on stderr). Logs: warnings and errors only, on stderr (`--log-level` raises the verbosity).
  */
 import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import { BunContext, BunRuntime } from "@effect/platform-bun"
-import { Cause, Clock, Console, Data, Effect, Exit, Layer, Logger, LogLevel, Option, Redacted } from "effect"
+import { Cause, Clock, Console, Data, Effect, Either, Exit, Layer, Logger, LogLevel, Option, Redacted } from "effect"
 import pkg from "../package.json" with { type: "json" }
 import * as SecretBox from "./delivery/SecretBox.js"
 import * as Hooks from "./hooks/Hooks.js"
@@ -216,6 +226,19 @@ const parseTime = (flag: string, value: Option.Option<string>): Effect.Effect<Da
     return new Date(ms)
   })
 
+/** `--since` and `--until` (the enqueue time, created_at): a range [since, until) that is not empty. */
+const parseRange = (sinceArg: Option.Option<string>, untilArg: Option.Option<string>) =>
+  Effect.gen(function* () {
+    const sinceT = yield* parseTime("since", sinceArg)
+    const untilT = yield* parseTime("until", untilArg)
+    if (sinceT !== undefined && untilT !== undefined && sinceT.getTime() >= untilT.getTime()) {
+      return yield* usage(
+        `invalid --since/--until: --since (${sinceT.toISOString()}) must be earlier than --until (${untilT.toISOString()})`
+      )
+    }
+    return { sinceT, untilT }
+  })
+
 const checkDid = (flag: string, value: string) =>
   isCanonicalDid(value) ? Effect.void : usage(`invalid ${flag}: must be a canonical DID (did:plc:… or did:web:…)`)
 
@@ -232,16 +255,14 @@ const checkDeliveryId = (value: string) =>
 // ---------------------------------------------------------------------------------------------
 // Services (built only when a command runs, so --help needs neither configuration nor database)
 
-const services = Effect.gen(function* () {
-  const config = yield* Config.load({ isTty: false })
-  return Layer.mergeAll(Operator.layer, Secrets.layerSql).pipe(
+const servicesFor = (config: Config.FirehookConfigShape) =>
+  Layer.mergeAll(Operator.layer, Secrets.layerSql).pipe(
     Layer.provideMerge(Database.layer({ maxConnections: 2, applicationName: "firehook-cli" })),
     Layer.provideMerge(Config.layerValue(config))
   )
-})
 
 const withServices = <A, E>(eff: Effect.Effect<A, E, Operator.Operator | Secrets>) =>
-  Effect.flatMap(services, (layer) => Effect.provide(eff, layer))
+  Effect.flatMap(Config.load({ isTty: false }), (config) => Effect.provide(eff, servicesFor(config)))
 
 /**
  * Reconciliation from the command line: the reconcile store, and a reconciler that writes the
@@ -272,12 +293,14 @@ const owner = Options.text("owner").pipe(Options.withPseudoName("DID"), Options.
 const webhook = Options.text("webhook").pipe(Options.withPseudoName("RKEY"), Options.withDescription("webhook record key"), Options.optional)
 const since = Options.text("since").pipe(
   Options.withPseudoName("TIME"),
-  Options.withDescription("enqueued at or after (ISO 8601, or 30m / 12h / 7d ago)"),
+  Options.withDescription(
+    "enqueue time (created_at) at or after (ISO 8601, or 30m / 12h / 7d ago); earlier than --until"
+  ),
   Options.optional
 )
 const until = Options.text("until").pipe(
   Options.withPseudoName("TIME"),
-  Options.withDescription("enqueued before (ISO 8601, or 30m / 12h / 7d ago)"),
+  Options.withDescription("enqueue time (created_at) before (ISO 8601, or 30m / 12h / 7d ago)"),
   Options.optional
 )
 const deliveryId = Args.text({ name: "id" }).pipe(Args.withDescription("delivery id (whd_v1_…)"))
@@ -285,7 +308,9 @@ const didArg = Args.text({ name: "did" }).pipe(Args.withDescription("owner DID")
 const nameArg = Args.text({ name: "name" }).pipe(Args.withDescription("secret name (the record's secretId)"))
 const token = Options.redacted("token").pipe(
   Options.withPseudoName("TOKEN"),
-  Options.withDescription("use this token (32-256 printable ASCII characters) instead of a generated one"),
+  Options.withDescription(
+    "use this token (32-256 printable ASCII characters) instead of a generated one; visible to other local users (ps)"
+  ),
   Options.optional
 )
 
@@ -316,8 +341,7 @@ const deliveriesList = Command.make(
       if (limit < 1 || limit > Operator.MAX_LIST_LIMIT) {
         return yield* usage(`invalid --limit: must be in 1..${Operator.MAX_LIST_LIMIT}`)
       }
-      const sinceT = yield* parseTime("since", o.since)
-      const untilT = yield* parseTime("until", o.until)
+      const { sinceT, untilT } = yield* parseRange(o.since, o.until)
       const rows = yield* withServices(
         Effect.flatMap(Operator.Operator, (op) =>
           op.listDeliveries({
@@ -353,14 +377,14 @@ const deliveriesList = Command.make(
       )
       if (rows.length === limit) yield* out(`(${rows.length} rows: the limit; narrow the filter or raise --limit)`)
     })
-).pipe(Command.withDescription("list deliveries, newest first"))
+).pipe(Command.withDescription("list deliveries, newest first (time filters: the enqueue time, created_at)"))
 
 const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, (o) =>
   Effect.gen(function* () {
     yield* checkDeliveryId(o.id)
     const found = yield* withServices(Effect.flatMap(Operator.Operator, (op) => op.showDelivery(o.id)))
     if (Option.isNone(found)) return yield* Effect.fail(new Failed({ text: "no such delivery" }))
-    const { attempts, delivery } = found.value
+    const { attempts, delivery, olderAttemptsNotShown } = found.value
     const attemptsJson = attempts.map((a) => ({
       attempt: a.attempt,
       startedAt: a.startedAt.toISOString(),
@@ -370,13 +394,20 @@ const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, 
       httpStatus: a.httpStatus ?? null,
       responseExcerpt: a.responseExcerpt ?? null
     }))
-    if (o.json) return yield* printJson({ delivery: deliveryJson(delivery, o.showUrls), attempts: attemptsJson })
+    if (o.json) {
+      return yield* printJson({ delivery: deliveryJson(delivery, o.showUrls), attempts: attemptsJson, olderAttemptsNotShown })
+    }
     const d = deliveryJson(delivery, o.showUrls)
     const fields: ReadonlyArray<[string, string | number | null]> = Object.entries(d)
     const width = fields.reduce((w, [k]) => Math.max(w, k.length), 0)
     yield* out(fields.map(([k, v]) => `${k.padEnd(width)}  ${cell(v === null ? undefined : v)}`).join("\n"))
     yield* out("")
     if (attempts.length === 0) return yield* out("no attempts")
+    if (olderAttemptsNotShown > 0) {
+      yield* out(
+        `${olderAttemptsNotShown} older ${olderAttemptsNotShown === 1 ? "attempt" : "attempts"} not shown (the newest ${attempts.length} follow)`
+      )
+    }
     yield* out(
       table(
         ["ATTEMPT", "STARTED", "DURATION", "OUTCOME", "ERROR", "HTTP", "RESPONSE"],
@@ -394,27 +425,52 @@ const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, 
       )
     )
   })
-).pipe(Command.withDescription("show one delivery with its attempts"))
+).pipe(Command.withDescription("show one delivery with its newest 1,000 attempts"))
+
+const INACTIVE_NOTE = "belongs to a subscription that is no longer active as enqueued and will be cancelled without a request"
 
 const deliveriesRedeliver = Command.make("redeliver", { id: deliveryId, json }, (o) =>
   Effect.gen(function* () {
     yield* checkDeliveryId(o.id)
-    const result = yield* withServices(
-      Effect.gen(function* () {
-        const op = yield* Operator.Operator
-        if (yield* op.redeliver(o.id)) return "changed" as const
-        const row = yield* op.showDelivery(o.id)
-        return Option.isNone(row) ? ("missing" as const) : ("leased" as const)
-      })
-    )
-    if (result === "missing") return yield* Effect.fail(new Failed({ text: "no such delivery" }))
-    if (result === "leased") {
-      return yield* Effect.fail(new Failed({ text: "the delivery is being attempted right now (leased); try again later" }))
+    const result = yield* withServices(Effect.flatMap(Operator.Operator, (op) => op.redeliver(o.id)))
+    switch (result._tag) {
+      case "Missing":
+        return yield* Effect.fail(new Failed({ text: "no such delivery" }))
+      case "Leased":
+        return yield* Effect.fail(
+          new Failed({
+            text: `the delivery is being attempted right now (leased${
+              result.leasedUntil === undefined ? "" : ` until ${result.leasedUntil.toISOString()}`
+            }); try again after that attempt settles`
+          })
+        )
+      case "Redelivered":
+        break
     }
-    if (o.json) return yield* printJson({ deliveryId: o.id, redelivered: true })
-    yield* out(`redelivering ${o.id} (pending, fresh attempt budget)`)
+    if (o.json) {
+      return yield* printJson({
+        deliveryId: o.id,
+        redelivered: true,
+        previousStatus: result.previousStatus,
+        leaseExpired: result.leaseExpired,
+        subscriptionInactive: result.subscriptionInactive
+      })
+    }
+    const was = result.leaseExpired
+      ? "it was leased by a worker that stopped (its lease had expired); that worker can no longer settle it"
+      : result.previousStatus === "pending"
+        ? "it was pending: its next attempt is now due, and its earlier attempts no longer count"
+        : result.previousStatus === "cancelled"
+          ? "it was cancelled"
+          : `it was ${result.previousStatus}`
+    yield* out(`redelivering ${o.id} (pending, fresh attempt budget; ${was})`)
+    if (result.subscriptionInactive) yield* out(`note: this delivery ${INACTIVE_NOTE}`)
   })
-).pipe(Command.withDescription("deliver one delivery again (same delivery id, fresh attempt budget)"))
+).pipe(
+  Command.withDescription(
+    "deliver one delivery again (same delivery id, fresh attempt budget); refused while a worker holds a valid lease on it"
+  )
+)
 
 const deliveriesReplay = Command.make(
   "replay",
@@ -432,9 +488,8 @@ const deliveriesReplay = Command.make(
     Effect.gen(function* () {
       if (Option.isSome(o.owner)) yield* checkDid("--owner", o.owner.value)
       if (Option.isSome(o.webhook)) yield* checkRkey("--webhook", o.webhook.value)
-      const sinceT = yield* parseTime("since", o.since)
-      const untilT = yield* parseTime("until", o.until)
-      const count = yield* withServices(
+      const { sinceT, untilT } = yield* parseRange(o.since, o.until)
+      const result = yield* withServices(
         Effect.flatMap(Operator.Operator, (op) =>
           op.replayDeadLetters({
             ...(Option.isSome(o.owner) ? { owner: o.owner.value } : {}),
@@ -444,10 +499,17 @@ const deliveriesReplay = Command.make(
           })
         )
       )
-      if (o.json) return yield* printJson({ replayed: count })
-      yield* out(`replayed ${count} dead-lettered ${count === 1 ? "delivery" : "deliveries"}`)
+      const { complete, inactiveSubscription: inactive, replayed } = result
+      if (o.json) return yield* printJson({ replayed, inactiveSubscription: inactive, complete })
+      const of = inactive === 0 ? "" : ` (${inactive} of them ${inactive === 1 ? "belongs" : "belong"} to a subscription that is no longer active as enqueued and will be cancelled without a request)`
+      yield* out(`replayed ${replayed} dead-lettered ${replayed === 1 ? "delivery" : "deliveries"}${of}`)
+      if (!complete) yield* out("(stopped at its statement bound; run the same command again for the rest)")
     })
-).pipe(Command.withDescription("make dead-lettered deliveries pending again (same ids, fresh attempt budget)"))
+).pipe(
+  Command.withDescription(
+    "make dead-lettered deliveries pending again (same ids, fresh attempt budget; the dead letters as of the start, each once; time filters: the enqueue time, created_at)"
+  )
+)
 
 const deliveries = Command.make("deliveries", {}, () =>
   usage("missing subcommand: list, show, redeliver or replay")
@@ -654,13 +716,133 @@ const owners = Command.make("owners", {}, () => usage("missing subcommand: add, 
 // ---------------------------------------------------------------------------------------------
 // status
 
+/** The service's health endpoint: answered within this, or "not reachable". */
+const HEALTH_TIMEOUT = "2 seconds"
+const HEALTH_MAX_BYTES = 256 * 1024
+const HEALTH_MAX_CHUNKS = 10_000
+
+/** Where to ask: HEALTH_HOST:HEALTH_PORT, a wildcard bind address asked on loopback. */
+const healthTarget = (host: string, port: number) => {
+  const h = host === "0.0.0.0" ? "127.0.0.1" : host === "::" || host === "[::]" ? "::1" : host
+  const bracketed = h.includes(":") && !h.startsWith("[") ? `[${h}]` : h
+  return { address: `${bracketed}:${port}`, url: `http://${bracketed}:${port}/health` }
+}
+
+/** The body, or undefined beyond `max` bytes (a bounded read; the rest is cancelled). */
+const readBounded = async (res: Response, max: number): Promise<string | undefined> => {
+  const reader = res.body?.getReader()
+  if (reader === undefined) return ""
+  const chunks: Array<Uint8Array> = []
+  let size = 0
+  for (let i = 0; i < HEALTH_MAX_CHUNKS; i++) {
+    const { done, value } = await reader.read()
+    if (done) return Buffer.concat(chunks).toString("utf8")
+    size += value.byteLength
+    if (size > max) break
+    chunks.push(value)
+  }
+  await reader.cancel()
+  return undefined
+}
+
+interface ServiceHealth {
+  readonly reachable: boolean
+  readonly address: string
+  readonly httpStatus?: number
+  readonly ready?: boolean
+  readonly health?: unknown
+}
+
+/** GET /health on the configured listener, within {@link HEALTH_TIMEOUT}; never fails. */
+const fetchHealth = (host: string, port: number): Effect.Effect<ServiceHealth> => {
+  const target = healthTarget(host, port)
+  const unreachable: ServiceHealth = { reachable: false, address: target.address }
+  if (port === 0) return Effect.succeed(unreachable)
+  return Effect.tryPromise({
+    try: async (signal) => {
+      const res = await fetch(target.url, { signal, redirect: "manual", headers: { accept: "application/json" } })
+      const text = await readBounded(res, HEALTH_MAX_BYTES)
+      return { status: res.status, text }
+    },
+    catch: () => "unreachable" as const
+  }).pipe(
+    Effect.timeout(HEALTH_TIMEOUT),
+    Effect.map(({ status, text }): ServiceHealth => {
+      if (text === undefined || (status !== 200 && status !== 503)) return unreachable
+      const body = Either.getOrUndefined(Either.try(() => JSON.parse(text) as unknown))
+      const o = asObject(body)
+      if (o === undefined) return unreachable
+      return { reachable: true, address: target.address, httpStatus: status, ready: status === 200, health: o }
+    }),
+    Effect.orElseSucceed(() => unreachable)
+  )
+}
+
+const asObject = (v: unknown): { readonly [k: string]: unknown } | undefined =>
+  typeof v === "object" && v !== null && !Array.isArray(v) ? (v as { readonly [k: string]: unknown }) : undefined
+
+/** One value of the health body for a terminal line. */
+const hv = (v: unknown): string =>
+  typeof v === "boolean" ? (v ? "yes" : "no") : typeof v === "number" || typeof v === "string" ? cell(v) : "-"
+
+/** `k v  k v` for the scalar fields of a section, in order (`only`: just these keys). */
+const scalars = (section: { readonly [k: string]: unknown }, only?: ReadonlyArray<string>): string =>
+  (only ?? Object.keys(section))
+    .filter((k) => only !== undefined || asObject(section[k]) === undefined)
+    .map((k) => `${cell(k)} ${hv(section[k])}`)
+    .join("  ")
+
+const SECTION_WIDTH = 12
+const label = (name: string) => cell(name).padEnd(SECTION_WIDTH - 1)
+
+const healthLines = (h: ServiceHealth): ReadonlyArray<string> => {
+  const body = asObject(h.health)
+  if (!h.reachable || body === undefined) return [`service: not reachable at ${h.address}`]
+  const lines = [
+    `${label("service")} ${h.address}  status ${hv(body["status"])}  ready ${h.ready === true ? "yes" : "no"}  phase ${hv(body["phase"])}`
+  ]
+  const intake = asObject(body["intake"])
+  if (intake !== undefined) {
+    lines.push(`${label("intake")} ${scalars(intake, ["role", "connected", "progressing", "queued"])}`)
+    const streams = asObject(intake["streams"]) ?? {}
+    for (const name of Object.keys(streams).slice(0, 32)) {
+      const st = asObject(streams[name]) ?? {}
+      lines.push(
+        `  stream ${cell(name)}  ${scalars(st, ["connected", "quarantined", "failureKind", "cursorAgeSeconds", "queued"])}`
+      )
+    }
+  }
+  const delivery = asObject(body["delivery"])
+  if (delivery !== undefined) {
+    lines.push(`${label("delivery")} ${scalars(delivery, ["pending", "leased", "deadLetter", "inFlight", "openCircuits"])}`)
+  }
+  const redis = asObject(body["redis"])
+  if (redis !== undefined) lines.push(`${label("redis")} ${scalars(redis, ["configured", "connected", "dropped"])}`)
+  // other sections (backfill, retryScheduler, maintenance …): their scalar fields
+  for (const name of Object.keys(body).slice(0, 32)) {
+    if (["status", "phase", "intake", "delivery", "redis"].includes(name)) continue
+    const section = asObject(body[name])
+    if (section !== undefined) lines.push(`${label(name)} ${scalars(section)}`)
+  }
+  return lines
+}
+
 const status = Command.make("status", { json }, (o) =>
   Effect.gen(function* () {
-    const s = yield* withServices(Effect.flatMap(Operator.Operator, (op) => op.status))
-    if (o.json) return yield* printJson(s)
+    const config = yield* Config.load({ isTty: false })
+    const [s, service] = yield* Effect.all(
+      [
+        Effect.provide(Effect.flatMap(Operator.Operator, (op) => op.status), servicesFor(config)),
+        fetchHealth(config.healthHost, config.healthPort)
+      ],
+      { concurrency: 2 }
+    )
+    if (o.json) return yield* printJson({ ...s, service })
     const d = s.deliveries
     yield* out(
       [
+        ...healthLines(service),
+        "",
         `deliveries  pending ${d.pending} (due ${d.due})  leased ${d.leased}  delivered ${d.delivered}  dead_letter ${d.dead_letter}  cancelled ${d.cancelled}`,
         `webhooks    active ${s.webhooks.active}  total ${s.webhooks.total}  gone ${s.webhooks.gone}`,
         `owners      unknown ${s.owners.unknown}  scanning ${s.owners.scanning}  complete ${s.owners.complete}  failed ${s.owners.failed}`,
@@ -669,7 +851,11 @@ const status = Command.make("status", { json }, (o) =>
       ].join("\n")
     )
   })
-).pipe(Command.withDescription("counts by delivery status, webhooks, owners, quarantine"))
+).pipe(
+  Command.withDescription(
+    "health summary: the service's /health (phase, readiness, intake, delivery, redis; 2 s timeout) and the database counts"
+  )
+)
 
 // ---------------------------------------------------------------------------------------------
 // hooks (webhook owners: their own place.wisp.v2.wh records on their PDS; no database)

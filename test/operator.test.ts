@@ -165,7 +165,7 @@ describe("Operator", () => {
       expect(before.every((r) => r.status === "dead_letter" && r.attempt_count === 12)).toBe(true)
 
       const count = yield* op.replayDeadLetters({ owner: ALICE, since: T2, until: new Date(T3.getTime() + 1000) })
-      expect(count).toBe(2)
+      expect(count).toEqual({ replayed: 2, inactiveSubscription: 0, complete: true })
       const after = yield* rows
       expect(after.map((r) => r.delivery_id)).toEqual(before.map((r) => r.delivery_id))
       for (const r of after) {
@@ -186,14 +186,14 @@ describe("Operator", () => {
         }
       }
       // by webhook: CAROL's three; then nothing is left for that filter
-      expect(yield* op.replayDeadLetters({ webhook: "w2" })).toBe(3)
-      expect(yield* op.replayDeadLetters({ webhook: "w2" })).toBe(0)
+      expect((yield* op.replayDeadLetters({ webhook: "w2" })).replayed).toBe(3)
+      expect((yield* op.replayDeadLetters({ webhook: "w2" })).replayed).toBe(0)
       expect((yield* rows).filter((r) => r.status === "dead_letter").map((r) => [r.owner_did, r.event_rkey])).toEqual([
         [ALICE, "p1"]
       ])
       // only dead letters are replayed: a delivered row stays delivered
       yield* settle(CAROL, "p1", "delivered", 1)
-      expect(yield* op.replayDeadLetters({})).toBe(1)
+      expect((yield* op.replayDeadLetters({})).replayed).toBe(1)
       expect((yield* rowOf(CAROL, "p1")).status).toBe("delivered")
       expect(invalid(yield* Effect.exit(op.replayDeadLetters({ owner: "nope" })))).toBe(true)
     }).pipe(Effect.provide(stack())))
@@ -208,7 +208,7 @@ describe("Operator", () => {
       const ids = (yield* rows).map((r) => r.delivery_id)
       expect(ids).toHaveLength(n)
       const op = yield* Operator.Operator
-      expect(yield* op.replayDeadLetters({ owner: ALICE })).toBe(n)
+      expect(yield* op.replayDeadLetters({ owner: ALICE })).toEqual({ replayed: n, inactiveSubscription: 0, complete: true })
       const after = yield* rows
       expect(after.map((r) => r.delivery_id)).toEqual(ids)
       expect(after.every((r) => r.status === "pending" && r.attempt_count === 0)).toBe(true)
@@ -222,7 +222,12 @@ describe("Operator", () => {
       yield* settle(ALICE, "p1", "delivered", 1)
       const delivered = yield* rowOf(ALICE, "p1")
       expect(delivered).toMatchObject({ status: "delivered", last_http_status: 200 })
-      expect(yield* op.redeliver(delivered.delivery_id)).toBe(true)
+      expect(yield* op.redeliver(delivered.delivery_id)).toEqual({
+        _tag: "Redelivered",
+        previousStatus: "delivered",
+        leaseExpired: false,
+        subscriptionInactive: false
+      })
       expect(yield* rowOf(ALICE, "p1")).toMatchObject({
         delivery_id: delivered.delivery_id,
         status: "pending",
@@ -232,18 +237,24 @@ describe("Operator", () => {
         due: true
       })
       yield* settle(ALICE, "p2", "cancelled", 0)
-      expect(yield* op.redeliver((yield* rowOf(ALICE, "p2")).delivery_id)).toBe(true)
+      expect(yield* op.redeliver((yield* rowOf(ALICE, "p2")).delivery_id)).toMatchObject({
+        _tag: "Redelivered",
+        previousStatus: "cancelled"
+      })
       expect((yield* rowOf(ALICE, "p2")).status).toBe("pending")
       yield* settle(ALICE, "p3", "pending", 3)
-      expect(yield* op.redeliver((yield* rowOf(ALICE, "p3")).delivery_id)).toBe(true)
+      expect(yield* op.redeliver((yield* rowOf(ALICE, "p3")).delivery_id)).toMatchObject({
+        _tag: "Redelivered",
+        previousStatus: "pending"
+      })
       expect(yield* rowOf(ALICE, "p3")).toMatchObject({ status: "pending", attempt_count: 0, due: true })
       // a leased row is being attempted right now: untouched
       const leased = yield* rowOf(CAROL, "p1")
       yield* sql`UPDATE outbox SET status = 'leased', attempt_count = 2, lease_token = 'w:1',
                    leased_until = now() + interval '1 minute' WHERE delivery_id = ${leased.delivery_id}`
-      expect(yield* op.redeliver(leased.delivery_id)).toBe(false)
+      expect(yield* op.redeliver(leased.delivery_id)).toMatchObject({ _tag: "Leased" })
       expect(yield* rowOf(CAROL, "p1")).toMatchObject({ status: "leased", attempt_count: 2, lease_token: "w:1" })
-      expect(yield* op.redeliver("whd_v1_unknown")).toBe(false)
+      expect(yield* op.redeliver("whd_v1_unknown")).toEqual({ _tag: "Missing" })
     }).pipe(Effect.provide(stack())))
 
   it.scopedLive("redeliver and replay wake the workers with one NOTIFY each (none when nothing changed)", () =>
@@ -263,13 +274,13 @@ describe("Operator", () => {
           Effect.repeat({ until: (s) => s.length >= n, schedule: Schedule.spaced("20 millis") }),
           Effect.timeout("10 seconds")
         )
-      expect(yield* op.redeliver((yield* rowOf(ALICE, "p1")).delivery_id)).toBe(true)
+      expect((yield* op.redeliver((yield* rowOf(ALICE, "p1")).delivery_id))._tag).toBe("Redelivered")
       yield* waitFor(1)
       expect(yield* Ref.get(seen)).toEqual(["1"])
-      expect(yield* op.replayDeadLetters({ owner: CAROL })).toBe(3)
+      expect((yield* op.replayDeadLetters({ owner: CAROL })).replayed).toBe(3)
       yield* waitFor(2)
-      expect(yield* op.redeliver("whd_v1_unknown")).toBe(false)
-      expect(yield* op.replayDeadLetters({ owner: CAROL })).toBe(0)
+      expect((yield* op.redeliver("whd_v1_unknown"))._tag).toBe("Missing")
+      expect((yield* op.replayDeadLetters({ owner: CAROL })).replayed).toBe(0)
       yield* Effect.sleep("500 millis")
       expect(yield* Ref.get(seen)).toEqual(["1", "1"])
     }).pipe(Effect.provide(stack())), { timeout: 60_000 })
@@ -293,5 +304,155 @@ describe("Operator", () => {
       expect(owners).toBeGreaterThanOrEqual(2)
       expect(JSON.stringify(s)).not.toContain("did:")
       expect(JSON.stringify(s)).not.toContain("https:")
+    }).pipe(Effect.provide(stack())))
+})
+
+/**
+ * Simulates workers dead-lettering replayed rows again while a replay runs, deterministically:
+ * after every replay statement (each its own transaction), the rows that earlier statements made
+ * pending go back to `dead_letter` (once each), as a worker's settle would write them.
+ */
+const reDeadLetterBetweenBatches = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  Effect.gen(function* () {
+    yield* sql`CREATE TABLE replay_log (delivery_id text PRIMARY KEY, tx bigint NOT NULL, redone boolean NOT NULL DEFAULT false)`
+    yield* sql.unsafe(`
+      CREATE FUNCTION log_replay() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF OLD.status = 'dead_letter' AND NEW.status = 'pending' THEN
+          INSERT INTO replay_log (delivery_id, tx) VALUES (NEW.delivery_id, txid_current())
+          ON CONFLICT (delivery_id) DO UPDATE SET tx = EXCLUDED.tx;
+        END IF;
+        RETURN NEW;
+      END $$`)
+    yield* sql.unsafe(`
+      CREATE FUNCTION redo_dead_letters() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF pg_trigger_depth() = 1 THEN
+          WITH earlier AS (
+            UPDATE replay_log SET redone = true WHERE tx <> txid_current() AND NOT redone RETURNING delivery_id
+          )
+          UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now(), updated_at = now()
+          WHERE delivery_id IN (SELECT delivery_id FROM earlier) AND status = 'pending';
+        END IF;
+        RETURN NULL;
+      END $$`)
+    yield* sql.unsafe(`CREATE TRIGGER log_replay AFTER UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION log_replay()`)
+    yield* sql.unsafe(
+      `CREATE TRIGGER redo_dead_letters AFTER UPDATE ON outbox FOR EACH STATEMENT EXECUTE FUNCTION redo_dead_letters()`
+    )
+  })
+)
+
+describe("Operator (operator CLI defects)", () => {
+  it.effect("replay pages forward: rows dead-lettered again while it runs are not replayed twice, and it ends", () =>
+    Effect.gen(function* () {
+      yield* run([whEv(ALICE, "many", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
+      const n = 9
+      yield* run(Array.from({ length: n }, (_, i) => ev(BOB, POST, `r${i}`, { rev: rev(100 + i) })))
+      yield* settle(undefined, undefined, "dead_letter")
+      const sql = yield* SqlClient.SqlClient
+      // two rows share one created_at: the key is (created_at, delivery_id), not created_at alone
+      yield* sql`UPDATE outbox SET created_at = ${T1} WHERE event_rkey IN ('r0', 'r1')`
+      yield* reDeadLetterBetweenBatches
+      const op = yield* Operator.Operator
+      const result = yield* op.replayDeadLetters({ owner: ALICE }).pipe(Effect.timeout("20 seconds"))
+      expect(result).toEqual({ replayed: n, inactiveSubscription: 0, complete: true })
+      // every row was replayed exactly once (the rows of earlier statements were dead-lettered again)
+      const log = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM replay_log`
+      expect(log[0]?.n).toBe(n)
+      const statuses = yield* sql<{ status: string; n: number }>`SELECT status, count(*)::int AS n FROM outbox GROUP BY status`
+      // the simulation did happen: all but the last statement's row are dead letters again
+      expect(Object.fromEntries(statuses.map((r) => [r.status, r.n]))).toEqual({ dead_letter: n - 1, pending: 1 })
+    }).pipe(Effect.provide(Operator.layerWith({ replayBatchSize: 2 }).pipe(Layer.provideMerge(sqlStack())))), { timeout: 60_000 })
+
+  it.effect("an inverted or empty time range is an invalid argument (list and replay)", () =>
+    Effect.gen(function* () {
+      yield* seed
+      yield* settle(undefined, undefined, "dead_letter")
+      const op = yield* Operator.Operator
+      expect(invalid(yield* Effect.exit(op.listDeliveries({ since: T3, until: T2 })))).toBe(true)
+      expect(invalid(yield* Effect.exit(op.listDeliveries({ since: T2, until: T2 })))).toBe(true)
+      expect(invalid(yield* Effect.exit(op.replayDeadLetters({ since: T3, until: T1 })))).toBe(true)
+      expect((yield* rows).every((r) => r.status === "dead_letter")).toBe(true)
+      expect(yield* op.listDeliveries({ since: T2, until: T3 })).toHaveLength(2)
+    }).pipe(Effect.provide(stack())))
+
+  it.effect("redeliver: an expired lease (a stopped worker) is redelivered and said so; a valid lease is refused", () =>
+    Effect.gen(function* () {
+      yield* seed
+      const sql = yield* SqlClient.SqlClient
+      const op = yield* Operator.Operator
+      const stale = yield* rowOf(ALICE, "p1")
+      yield* sql`UPDATE outbox SET status = 'leased', attempt_count = 4, lease_token = 'dead:1',
+                   leased_until = now() - interval '5 minutes' WHERE delivery_id = ${stale.delivery_id}`
+      expect(yield* op.redeliver(stale.delivery_id)).toEqual({
+        _tag: "Redelivered",
+        previousStatus: "leased",
+        leaseExpired: true,
+        subscriptionInactive: false
+      })
+      expect(yield* rowOf(ALICE, "p1")).toMatchObject({ status: "pending", attempt_count: 0, lease_token: null, leased_until: null })
+      const live = yield* rowOf(ALICE, "p2")
+      yield* sql`UPDATE outbox SET status = 'leased', lease_token = 'w:1',
+                   leased_until = now() + interval '1 minute' WHERE delivery_id = ${live.delivery_id}`
+      const refused = yield* op.redeliver(live.delivery_id)
+      expect(refused._tag).toBe("Leased")
+      if (refused._tag === "Leased") expect(refused.leasedUntil).toBeInstanceOf(Date)
+      expect((yield* rowOf(ALICE, "p2")).lease_token).toBe("w:1")
+    }).pipe(Effect.provide(stack())))
+
+  it.effect("show: the newest 1,000 attempts in attempt order, and how many older ones are not shown", () =>
+    Effect.gen(function* () {
+      yield* seed
+      const sql = yield* SqlClient.SqlClient
+      const op = yield* Operator.Operator
+      const target = yield* rowOf(ALICE, "p1")
+      const total = Operator.MAX_ATTEMPTS_SHOWN + 5
+      yield* sql`
+        INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error_kind, http_status)
+        SELECT ${target.delivery_id}, g, now() - make_interval(secs => ${total} - g), 1, 'failed', 'http_5xx', 503
+        FROM generate_series(1, ${total}) g`
+      const shown = yield* op.showDelivery(target.delivery_id)
+      if (Option.isNone(shown)) return expect.unreachable()
+      expect(shown.value.attempts).toHaveLength(Operator.MAX_ATTEMPTS_SHOWN)
+      expect(shown.value.attempts[0]?.attempt).toBe(6)
+      expect(shown.value.attempts.at(-1)?.attempt).toBe(total)
+      expect(shown.value.olderAttemptsNotShown).toBe(5)
+      const few = yield* op.showDelivery((yield* rowOf(CAROL, "p1")).delivery_id)
+      expect(Option.map(few, (d) => d.olderAttemptsNotShown)).toEqual(Option.some(0))
+    }).pipe(Effect.provide(stack())))
+
+  it.effect("replay and redeliver report rows whose subscription is no longer active as enqueued (and still replay them)", () =>
+    Effect.gen(function* () {
+      yield* seed
+      yield* settle(undefined, undefined, "dead_letter")
+      const sql = yield* SqlClient.SqlClient
+      const op = yield* Operator.Operator
+      // CAROL/w2 disabled: her three rows would be cancelled; ALICE/w1 unchanged
+      yield* sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${CAROL}`
+      expect(yield* op.replayDeadLetters({})).toEqual({ replayed: 6, inactiveSubscription: 3, complete: true })
+      expect((yield* rows).every((r) => r.status === "pending")).toBe(true)
+      // each way a subscription stops matching its rows (undone after each, deleting last)
+      const [w] = yield* sql<{ url: string; fingerprint: string }>`SELECT url, fingerprint FROM webhooks WHERE owner_did = ${ALICE}`
+      if (w === undefined) return expect.unreachable()
+      const restore = sql`UPDATE webhooks SET fingerprint = ${w.fingerprint}, url = ${w.url}, gone_at = NULL WHERE owner_did = ${ALICE}`
+      const cases: ReadonlyArray<readonly [string, Effect.Effect<unknown, unknown>]> = [
+        ["fingerprint", sql`UPDATE webhooks SET fingerprint = 'other' WHERE owner_did = ${ALICE}`],
+        ["gone", sql`UPDATE webhooks SET gone_at = now() WHERE owner_did = ${ALICE}`],
+        ["url", sql`UPDATE webhooks SET url = 'https://elsewhere.example/' WHERE owner_did = ${ALICE}`],
+        ["disabled", sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${ALICE}`],
+        ["deleted", sql`DELETE FROM webhooks WHERE owner_did = ${ALICE}`]
+      ]
+      const p1 = (yield* rowOf(ALICE, "p1")).delivery_id
+      expect(yield* op.redeliver(p1)).toMatchObject({ _tag: "Redelivered", subscriptionInactive: false })
+      for (const [name, change] of cases) {
+        yield* change
+        const r = yield* op.redeliver(p1)
+        expect([name, r]).toEqual([name, expect.objectContaining({ _tag: "Redelivered", subscriptionInactive: true })])
+        yield* restore
+        yield* sql`UPDATE webhooks SET enabled = true, active = true WHERE owner_did = ${ALICE}`
+        expect((yield* op.redeliver(p1))._tag).toBe("Redelivered")
+      }
+      expect(yield* op.redeliver(p1)).toMatchObject({ _tag: "Redelivered", subscriptionInactive: true })
     }).pipe(Effect.provide(stack())))
 })

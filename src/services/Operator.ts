@@ -7,9 +7,20 @@
  * - `redeliver` and `replay` keep the delivery id (receivers dedupe on `webhook-id` /
  *   `Idempotency-Key`), give the row a fresh attempt budget (`attempt_count = 0`), make it due now,
  *   clear the lease, the last error and `finished_at`, and wake the workers with one NOTIFY.
- *   A `leased` row is never touched: a worker is attempting it right now.
- * - `replay` updates at most 1,000 rows per statement (each statement its own transaction), until
- *   no matching dead letter is left.
+ * - `redeliver` never touches a row whose lease is still valid (a worker is attempting it right
+ *   now). A `leased` row whose lease has EXPIRED was left by a worker that stopped (or stalled): the
+ *   reaper would reclaim it anyway, so it is redelivered like any other row (clearing the lease
+ *   token also fences the old holder: its renewals and settles no longer match). The result says
+ *   what the row was (`pending`, `cancelled`, an expired lease …).
+ * - `replay` takes the dead letters as of the moment it starts (rows last updated before then) and
+ *   pages through them by `(created_at, delivery_id)`, a key that only moves forward, at most 1,000
+ *   rows per statement (each statement its own transaction). A row replayed and dead-lettered again
+ *   while the replay runs is therefore never replayed (or counted) twice, and the number of
+ *   statements is bounded by the number of dead letters counted at the start.
+ * - Replay and redeliver report how many of the rows belong to a subscription that is no longer
+ *   active as enqueued (missing, inactive, disabled, gone, or another URL / fingerprint): the worker
+ *   cancels those without a request (SPEC §4.2). They are replayed all the same.
+ * - `show` returns the newest 1,000 attempts (in attempt order) and how many older ones it left out.
  * - `status` is counts only (no DIDs, URLs or errors).
  *
  * Rows carry the target URL because operators own the database; the CLI hides it unless asked.
@@ -19,7 +30,7 @@ import type { Fragment } from "@effect/sql/Statement"
 import { Context, Data, Effect, Layer, Option } from "effect"
 import { isCanonicalDid, isRkey } from "../schemas/AtUri.js"
 import { NOTIFY_CHANNEL, type OutboxRow } from "./Outbox.js"
-import { type StoreError, storeOp } from "./Store.js"
+import { type StoreError, storeOpWithin } from "./Store.js"
 
 export const DELIVERY_STATUSES = ["pending", "leased", "delivered", "dead_letter", "cancelled"] as const
 export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number]
@@ -34,8 +45,10 @@ export const DEFAULT_LIST_LIMIT = 100
 export const MAX_LIST_LIMIT = 1_000
 /** Rows per replay statement. */
 export const REPLAY_BATCH = 1_000
-/** Attempts shown by `showDelivery` at most. */
+/** Attempts shown by `showDelivery` at most (the newest). */
 export const MAX_ATTEMPTS_SHOWN = 1_000
+/** Deadline of one operator statement (SPEC §7: every network call has a timeout). */
+export const STATEMENT_TIMEOUT = "60 seconds"
 
 /** An operator argument broke a rule. Names the field and the rule, never the value. */
 export class InvalidArgument extends Data.TaggedError("InvalidArgument")<{
@@ -93,7 +106,40 @@ export interface Attempt {
 
 export interface DeliveryDetail {
   readonly delivery: Delivery
+  /** the newest {@link MAX_ATTEMPTS_SHOWN} attempts, in attempt order */
   readonly attempts: ReadonlyArray<Attempt>
+  /** attempts older than those in `attempts`, left out */
+  readonly olderAttemptsNotShown: number
+}
+
+/** The outcome of `redeliver`. */
+export type RedeliverResult =
+  | {
+    readonly _tag: "Redelivered"
+    /** the status the row had (`leased` only when its lease had expired) */
+    readonly previousStatus: DeliveryStatus
+    /** the row was `leased` by a worker whose lease had expired (a stopped or stalled worker) */
+    readonly leaseExpired: boolean
+    /** its subscription is no longer active as enqueued: the worker will cancel it without a request */
+    readonly subscriptionInactive: boolean
+  }
+  /** a worker holds a valid lease on it right now: untouched */
+  | { readonly _tag: "Leased"; readonly leasedUntil: Date | undefined }
+  | { readonly _tag: "Missing" }
+
+/** The outcome of `replayDeadLetters`. */
+export interface ReplayResult {
+  /** distinct dead letters made pending */
+  readonly replayed: number
+  /** of those, rows whose subscription is no longer active as enqueued (cancelled without a request) */
+  readonly inactiveSubscription: number
+  /** false only if the statement bound was reached before the key range was exhausted */
+  readonly complete: boolean
+}
+
+export interface OperatorOptions {
+  /** rows per replay statement (1..{@link REPLAY_BATCH}; default {@link REPLAY_BATCH}) */
+  readonly replayBatchSize?: number
 }
 
 export interface StatusSummary {
@@ -107,10 +153,9 @@ export interface StatusSummary {
 export interface OperatorShape {
   readonly listDeliveries: (filter: ListFilter) => Effect.Effect<ReadonlyArray<Delivery>, InvalidArgument | StoreError>
   readonly showDelivery: (deliveryId: string) => Effect.Effect<Option.Option<DeliveryDetail>, StoreError>
-  /** Whether the row changed (false: unknown id, or leased right now). */
-  readonly redeliver: (deliveryId: string) => Effect.Effect<boolean, StoreError>
-  /** How many dead letters became pending. */
-  readonly replayDeadLetters: (filter: ReplayFilter) => Effect.Effect<number, InvalidArgument | StoreError>
+  readonly redeliver: (deliveryId: string) => Effect.Effect<RedeliverResult, StoreError>
+  /** Dead letters made pending (each counted once). */
+  readonly replayDeadLetters: (filter: ReplayFilter) => Effect.Effect<ReplayResult, InvalidArgument | StoreError>
   readonly status: Effect.Effect<StatusSummary, StoreError>
 }
 
@@ -201,11 +246,27 @@ const checkFilter = (f: ReplayFilter): Effect.Effect<void, InvalidArgument> => {
   }
   if (!validDate(f.since)) return Effect.fail(new InvalidArgument({ field: "since", rule: "must be a valid time" }))
   if (!validDate(f.until)) return Effect.fail(new InvalidArgument({ field: "until", rule: "must be a valid time" }))
+  if (f.since !== undefined && f.until !== undefined && f.since.getTime() >= f.until.getTime()) {
+    return Effect.fail(new InvalidArgument({ field: "since", rule: "must be earlier than until" }))
+  }
   return Effect.void
 }
 
-export const make = Effect.gen(function* () {
+interface ReplayBatchRow {
+  readonly selected: number
+  readonly replayed: number
+  readonly inactive: number
+  readonly last_created: string | null
+  readonly last_id: string | null
+}
+
+/** Statements per replay at most, given the dead letters counted at its start. */
+const replayStatementBound = (counted: number, batch: number): number => Math.ceil(counted / batch) + 1
+
+export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
+  const replayBatch = Math.min(REPLAY_BATCH, Math.max(1, Math.floor(options.replayBatchSize ?? REPLAY_BATCH)))
+  const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
 
   const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }): ReadonlyArray<Fragment> => {
     const out: Array<Fragment> = []
@@ -219,6 +280,16 @@ export const make = Effect.gen(function* () {
 
   const notify = sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`
 
+  /**
+   * True when the outbox row `o` no longer matches its subscription as enqueued: the worker cancels
+   * it (`subscription_changed`) without a request. The same test as the worker's (Delivery §4.2).
+   */
+  const inactiveSubscription = sql`NOT EXISTS (
+    SELECT 1 FROM webhooks w
+    WHERE w.owner_did = o.owner_did AND w.rkey = o.webhook_rkey
+      AND w.active AND w.enabled AND w.gone_at IS NULL
+      AND w.url = o.target_url AND w.fingerprint = o.fingerprint)`
+
   const listDeliveries = Effect.fn("Operator.listDeliveries")(function* (filter: ListFilter) {
     yield* checkFilter(filter)
     const limit = filter.limit ?? DEFAULT_LIST_LIMIT
@@ -228,68 +299,157 @@ export const make = Effect.gen(function* () {
     const rows = yield* sql<OutboxDbRow>`
       SELECT * FROM outbox WHERE ${sql.and(conditions(filter))}
       ORDER BY created_at DESC, delivery_id
-      LIMIT ${limit}`.pipe(storeOp("operator.listDeliveries"))
+      LIMIT ${limit}`.pipe(op("operator.listDeliveries"))
     return rows.map(toDelivery)
   })
 
   const showDelivery = Effect.fn("Operator.showDelivery")(function* (deliveryId: string) {
     const rows = yield* sql<OutboxDbRow>`SELECT * FROM outbox WHERE delivery_id = ${deliveryId}`.pipe(
-      storeOp("operator.showDelivery")
+      op("operator.showDelivery")
     )
     const row = rows[0]
     if (row === undefined) return Option.none<DeliveryDetail>()
+    // the newest attempts (the ones an operator is looking for), shown in attempt order
     const attempts = yield* sql<AttemptDbRow>`
-      SELECT attempt, started_at, duration_ms, outcome, error_kind, http_status, response_excerpt
-      FROM delivery_attempts WHERE delivery_id = ${deliveryId}
-      ORDER BY attempt, started_at
-      LIMIT ${MAX_ATTEMPTS_SHOWN}`.pipe(storeOp("operator.showDelivery"))
-    return Option.some<DeliveryDetail>({ delivery: toDelivery(row), attempts: attempts.map(toAttempt) })
+      SELECT * FROM (
+        SELECT attempt, started_at, duration_ms, outcome, error_kind, http_status, response_excerpt
+        FROM delivery_attempts WHERE delivery_id = ${deliveryId}
+        ORDER BY attempt DESC, started_at DESC
+        LIMIT ${MAX_ATTEMPTS_SHOWN}
+      ) newest
+      ORDER BY attempt, started_at`.pipe(op("operator.showDelivery"))
+    let older = 0
+    if (attempts.length >= MAX_ATTEMPTS_SHOWN) {
+      const total = yield* sql<{ n: number }>`
+        SELECT count(*)::float8 AS n FROM delivery_attempts WHERE delivery_id = ${deliveryId}`.pipe(
+        op("operator.showDelivery")
+      )
+      older = Math.max(0, (total[0]?.n ?? 0) - attempts.length)
+    }
+    return Option.some<DeliveryDetail>({
+      delivery: toDelivery(row),
+      attempts: attempts.map(toAttempt),
+      olderAttemptsNotShown: older
+    })
   })
 
   const RESET = sql`
     status = 'pending', attempt_count = 0, next_attempt_at = now(), lease_token = NULL, leased_until = NULL,
     last_error_kind = NULL, last_http_status = NULL, finished_at = NULL, updated_at = now()`
 
-  const redeliver = Effect.fn("Operator.redeliver")(function* (deliveryId: string) {
-    return yield* sql
+  /** One try: the row reset (unless a worker holds a valid lease), with what it was. */
+  const redeliverOnce = (deliveryId: string) =>
+    sql
       .withTransaction(
         Effect.gen(function* () {
-          const changed = yield* sql<{ delivery_id: string }>`
-            UPDATE outbox SET ${RESET}
-            WHERE delivery_id = ${deliveryId} AND status <> 'leased'
-            RETURNING delivery_id`
-          if (changed.length === 0) return false
+          // FOR UPDATE waits for a worker that is claiming or settling the row, then re-checks it
+          const changed = yield* sql<{ previous_status: DeliveryStatus; inactive: boolean }>`
+            WITH prev AS (
+              SELECT delivery_id, status FROM outbox
+              WHERE delivery_id = ${deliveryId}
+                AND (status <> 'leased' OR leased_until IS NULL OR leased_until < now())
+              FOR UPDATE
+            )
+            UPDATE outbox o SET ${RESET}
+            FROM prev WHERE o.delivery_id = prev.delivery_id
+            RETURNING prev.status AS previous_status, ${inactiveSubscription} AS inactive`
+          const row = changed[0]
+          if (row === undefined) {
+            const current = yield* sql<{ status: DeliveryStatus; leased_until: Date | null }>`
+              SELECT status, leased_until FROM outbox WHERE delivery_id = ${deliveryId}`
+            const c = current[0]
+            if (c === undefined) return Option.some<RedeliverResult>({ _tag: "Missing" })
+            if (c.status === "leased") {
+              return Option.some<RedeliverResult>({ _tag: "Leased", leasedUntil: optDate(c.leased_until) })
+            }
+            return Option.none<RedeliverResult>() // settled meanwhile: try again
+          }
           yield* notify
-          return true
+          return Option.some<RedeliverResult>({
+            _tag: "Redelivered",
+            previousStatus: row.previous_status,
+            leaseExpired: row.previous_status === "leased",
+            subscriptionInactive: row.inactive
+          })
         })
       )
-      .pipe(storeOp("operator.redeliver"))
+      .pipe(op("operator.redeliver"))
+
+  const redeliver = Effect.fn("Operator.redeliver")(function* (deliveryId: string) {
+    // a row that stopped being validly leased between the update and the read is tried again, 3 times at most
+    for (let i = 0; i < 3; i++) {
+      const result = yield* redeliverOnce(deliveryId)
+      if (Option.isSome(result)) return result.value
+    }
+    const fallback: RedeliverResult = { _tag: "Leased", leasedUntil: undefined }
+    return fallback
   })
 
   const replayDeadLetters = Effect.fn("Operator.replayDeadLetters")(function* (filter: ReplayFilter) {
     yield* checkFilter(filter)
-    const where = sql.and([sql`status = 'dead_letter'`, ...conditions(filter)])
-    let total = 0
-    for (;;) {
+    // the snapshot: dead letters as of now (a row dead-lettered, or replayed and dead-lettered again,
+    // after this moment has updated_at > started and is left alone)
+    const start = yield* sql<{ started: string; n: number }>`
+      SELECT now()::text AS started, count(*)::float8 AS n FROM outbox
+      WHERE ${sql.and([sql`status = 'dead_letter'`, sql`updated_at <= now()`, ...conditions(filter)])}`.pipe(
+      op("operator.replayDeadLetters")
+    )
+    const started = start[0]?.started
+    const counted = start[0]?.n ?? 0
+    if (started === undefined || counted === 0) return { replayed: 0, inactiveSubscription: 0, complete: true }
+    const base = [sql`status = 'dead_letter'`, sql`updated_at <= ${started}::timestamptz`, ...conditions(filter)]
+    const bound = replayStatementBound(counted, replayBatch)
+    let replayed = 0
+    let inactive = 0
+    let complete = false
+    let last: { readonly createdAt: string; readonly deliveryId: string } | undefined = undefined
+    for (let i = 0; i < bound; i++) {
+      const key = last
+      const after: ReadonlyArray<Fragment> = key === undefined
+        ? []
+        : [sql`(created_at, delivery_id) > (${key.createdAt}::timestamptz, ${key.deliveryId})`]
       // FOR UPDATE (not SKIP LOCKED): a row that maintenance is pruning right now is waited for
-      // and then re-checked, so no matching dead letter is skipped and the loop ends only when
-      // none is left.
-      const batch = yield* sql<{ delivery_id: string }>`
+      // and then re-checked. The key (created_at, delivery_id) only moves forward.
+      const result: ReadonlyArray<ReplayBatchRow> = yield* sql<ReplayBatchRow>`
         WITH batch AS (
-          SELECT delivery_id FROM outbox WHERE ${where}
+          SELECT delivery_id, created_at FROM outbox WHERE ${sql.and([...base, ...after])}
           ORDER BY created_at, delivery_id
-          LIMIT ${REPLAY_BATCH}
+          LIMIT ${replayBatch}
           FOR UPDATE
+        ),
+        upd AS (
+          UPDATE outbox o SET ${RESET}
+          FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
+          RETURNING ${inactiveSubscription} AS inactive
+        ),
+        tail AS (
+          SELECT created_at::text AS last_created, delivery_id AS last_id FROM batch
+          ORDER BY created_at DESC, delivery_id DESC LIMIT 1
         )
-        UPDATE outbox o SET ${RESET}
-        FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
-        RETURNING o.delivery_id`.pipe(storeOp("operator.replayDeadLetters"))
-      total += batch.length
-      if (batch.length < REPLAY_BATCH) break
+        SELECT (SELECT count(*) FROM batch)::int AS selected,
+               (SELECT count(*) FROM upd)::int AS replayed,
+               (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
+               (SELECT last_created FROM tail) AS last_created,
+               (SELECT last_id FROM tail) AS last_id`.pipe(op("operator.replayDeadLetters"))
+      const r: ReplayBatchRow | undefined = result[0]
+      if (r === undefined) break
+      replayed += r.replayed
+      inactive += r.inactive
+      if (r.selected < replayBatch || r.last_created === null || r.last_id === null) {
+        complete = true
+        break
+      }
+      last = { createdAt: r.last_created, deliveryId: r.last_id }
     }
-    if (total > 0) yield* notify.pipe(storeOp("operator.notify"))
-    if (total > 0) yield* Effect.logInfo("dead letters replayed").pipe(Effect.annotateLogs({ count: total }))
-    return total
+    if (replayed > 0) yield* notify.pipe(op("operator.notify"))
+    if (replayed > 0) {
+      yield* Effect.logInfo("dead letters replayed").pipe(
+        Effect.annotateLogs({ count: replayed, inactiveSubscription: inactive })
+      )
+    }
+    if (!complete) yield* Effect.logWarning("replay stopped at its statement bound; run it again for the rest")
+    const out: ReplayResult = { replayed, inactiveSubscription: inactive, complete }
+    return out
   })
 
   const status = Effect.gen(function* () {
@@ -319,10 +479,15 @@ export const make = Effect.gen(function* () {
       secrets: secrets[0]?.n ?? 0
     }
     return summary
-  }).pipe(storeOp("operator.status"), Effect.withSpan("Operator.status"))
+  }).pipe(op("operator.status"), Effect.withSpan("Operator.status"))
 
   const shape: OperatorShape = { listDeliveries, showDelivery, redeliver, replayDeadLetters, status }
   return shape
 })
+
+export const make = makeWith()
+
+export const layerWith = (options: OperatorOptions): Layer.Layer<Operator, never, SqlClient.SqlClient> =>
+  Layer.effect(Operator, makeWith(options))
 
 export const layer: Layer.Layer<Operator, never, SqlClient.SqlClient> = Layer.effect(Operator, make)
