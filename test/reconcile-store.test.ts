@@ -46,3 +46,25 @@ describe("ReconcileStore.completedSince", () => {
       expect((yield* store.completedSince(start, 10)).dids).toEqual([plc(4)])
     }).pipe(Effect.provide(stack)))
 })
+
+describe("ReconcileStore.retryCandidates", () => {
+  it.scopedLive("a crashed scan (scanning past staleScanMs) is marked failed, even when failed owners fill every slot", () =>
+    Effect.gen(function* () {
+      const store = yield* ReconcileStore
+      const sql = yield* SqlClient.SqlClient
+      for (let i = 0; i < 20; i++) {
+        yield* sql`INSERT INTO owners (did, reconcile_status, failed_at, failure_count)
+          VALUES (${plc(100 + i)}, 'failed', now() - make_interval(secs => ${100 - i}), 3)`
+      }
+      yield* sql`INSERT INTO owners (did, reconcile_status, scan_generation, scan_started_at)
+        VALUES (${plc(200)}, 'scanning', 1, now() - interval '20 minutes')`
+      yield* sql`INSERT INTO owners (did, reconcile_status, scan_generation, scan_started_at)
+        VALUES (${plc(201)}, 'scanning', 1, now() - interval '1 minute')`
+      const got = yield* store.retryCandidates({ limit: 16, staleScanMs: 15 * 60_000, exclude: [] })
+      expect(got.map((c) => c.did)).toEqual(Array.from({ length: 16 }, (_, i) => plc(100 + i)))
+      // the crashed scan no longer defers its owner's deliveries; it waits its turn as a failure
+      expect(yield* store.ownerState(plc(200))).toMatchObject({ status: "failed", lastFailureKind: "scan_crashed", failureCount: 1 })
+      // a scan that is merely running stays
+      expect((yield* store.ownerState(plc(201)))?.status).toBe("scanning")
+    }).pipe(Effect.provide(stack)))
+})

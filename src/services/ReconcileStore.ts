@@ -146,7 +146,13 @@ export interface ReconcileStoreShape {
   readonly startPass: (pass: string) => Effect.Effect<void, StoreError>
   readonly savePass: (pass: string, continuation: string, ownersDone: number) => Effect.Effect<void, StoreError>
   readonly completePass: (pass: string, ownersDone: number) => Effect.Effect<void, StoreError>
-  /** SPEC §5.4: failed owners (oldest failure first), then owners scanning for longer than `staleScanMs`. */
+  /**
+   * SPEC §5.4: failed owners (oldest failure first), then owners scanning for longer than
+   * `staleScanMs` (crashed scans). A crashed scan is also marked `failed` (kind `scan_crashed`)
+   * first: while it stays `scanning` the owner's deliveries are deferred, and with as many failing
+   * owners as there are slots it would never be listed (failed first); as a failure it ends the
+   * deferral and joins the rotation of failed owners.
+   */
   readonly retryCandidates: (options: {
     readonly limit: number
     readonly staleScanMs: number
@@ -519,7 +525,13 @@ export const makeSql = Effect.gen(function* () {
         WHERE pass = ${pass}`.pipe(Effect.asVoid, storeOp("reconcile.completePass")),
 
     retryCandidates: (options) =>
-      sql<{ did: string; reconcile_status: string; failure_count: number }>`
+      sql`
+        UPDATE owners SET reconcile_status = 'failed', failed_at = now(), failure_count = failure_count + 1,
+          last_failure_kind = 'scan_crashed', updated_at = now()
+        WHERE reconcile_status = 'scanning'
+          AND scan_started_at < now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision)
+          AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))`.pipe(
+        Effect.zipRight(sql<{ did: string; reconcile_status: string; failure_count: number }>`
         SELECT did, reconcile_status, failure_count FROM owners
         WHERE (reconcile_status = 'failed'
             OR (reconcile_status = 'scanning'
@@ -527,7 +539,7 @@ export const makeSql = Effect.gen(function* () {
           AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))
         ORDER BY CASE WHEN reconcile_status = 'failed' THEN 0 ELSE 1 END,
           failed_at ASC NULLS LAST, scan_started_at ASC NULLS LAST, did
-        LIMIT ${options.limit}`.pipe(
+        LIMIT ${options.limit}`),
         Effect.map((rows) =>
           rows.map((r) => ({
             did: r.did,
