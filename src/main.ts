@@ -11,10 +11,20 @@ import * as Logging from "./services/Logging.js"
 
 let uncleanShutdown = false
 
-/** One line describing a startup failure: the error's own message, never a stack or a value dump. */
+/**
+ * One line describing a startup failure: a typed failure's own message (firehook's errors say what
+ * is wrong without values), never a stack or a value dump. A defect (a bug, or a library's error)
+ * is named by its error class only: its message is uncontrolled text that could carry a URL or a
+ * value.
+ */
 const oneLine = (cause: Cause.Cause<unknown>): string => {
   const failure = Cause.failureOption(cause)
-  const err: unknown = Option.isSome(failure) ? failure.value : Cause.squash(cause)
+  if (Option.isNone(failure)) {
+    const defect: unknown = Cause.squash(cause)
+    const name = defect instanceof Error && /^[A-Za-z][A-Za-z0-9_]{0,63}$/.test(defect.name) ? defect.name : "unknown"
+    return `firehook: startup failed (unexpected ${name})`
+  }
+  const err: unknown = failure.value
   const text =
     typeof err === "object" && err !== null && "message" in err && typeof err.message === "string" && err.message.length > 0
       ? err.message
