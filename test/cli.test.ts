@@ -42,6 +42,26 @@ const expectOneLineError = (r: Result, code: number) => {
 const seedLayer = (url: Redacted.Redacted<string>) =>
   App.matchingLayer.pipe(Layer.provideMerge(Layer.mergeAll(Database.layerUrl(url), Config.layerValue(testConfig()))))
 
+/**
+ * Through the real processor: ALICE's webhook w1 and CAROL's w2, both on BOB's records, then two
+ * posts of BOB's: four outbox rows (pending).
+ */
+const seedFourDeliveries = Effect.gen(function* () {
+  const processor = yield* Processor
+  yield* processor.processEvents(
+    [
+      whEv(ALICE, "w1", whRecordValue(`at://${BOB}`, { url: "https://alice.example/hook" }), { rev: rev(1) }),
+      whEv(CAROL, "w2", whRecordValue(`at://${BOB}`, { url: "https://carol.example/hook" }), { rev: rev(1) })
+    ],
+    { registryWriter: true }
+  )
+  const r = yield* processor.processEvents(
+    [ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })],
+    { registryWriter: true }
+  )
+  expect(r.inserted).toBe(4)
+})
+
 /** A local HTTP server answering `GET /health` with `body` (status 200 or 503), for the test's scope. */
 const healthServer = (status: number, body: unknown) =>
   Effect.acquireRelease(
@@ -145,19 +165,7 @@ describe("firehook CLI", () => {
 
       // --- outbox rows through the real processor, then dead-lettered
       yield* Effect.gen(function* () {
-        const processor = yield* Processor
-        yield* processor.processEvents(
-          [
-            whEv(ALICE, "w1", whRecordValue(`at://${BOB}`, { url: "https://alice.example/hook" }), { rev: rev(1) }),
-            whEv(CAROL, "w2", whRecordValue(`at://${BOB}`, { url: "https://carol.example/hook" }), { rev: rev(1) })
-          ],
-          { registryWriter: true }
-        )
-        const r = yield* processor.processEvents(
-          [ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })],
-          { registryWriter: true }
-        )
-        expect(r.inserted).toBe(4)
+        yield* seedFourDeliveries
         const sql = yield* SqlClient.SqlClient
         yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, last_error_kind = 'http_5xx',
                      last_http_status = 503, finished_at = now()`
@@ -302,19 +310,7 @@ describe("firehook CLI (operator defects)", () => {
       const db = yield* Db.freshDatabase
       const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
       yield* Effect.gen(function* () {
-        const processor = yield* Processor
-        yield* processor.processEvents(
-          [
-            whEv(ALICE, "w1", whRecordValue(`at://${BOB}`, { url: "https://alice.example/hook" }), { rev: rev(1) }),
-            whEv(CAROL, "w2", whRecordValue(`at://${BOB}`, { url: "https://carol.example/hook" }), { rev: rev(1) })
-          ],
-          { registryWriter: true }
-        )
-        const r = yield* processor.processEvents(
-          [ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })],
-          { registryWriter: true }
-        )
-        expect(r.inserted).toBe(4)
+        yield* seedFourDeliveries
         const sql = yield* SqlClient.SqlClient
         yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now()`
         // CAROL's webhook is disabled since: her two rows would be cancelled without a request

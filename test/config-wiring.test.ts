@@ -8,8 +8,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Layer, Queue, Random, TestClock } from "effect"
-import * as Net from "node:net"
+import { Deferred, Duration, Effect, Layer, Random, TestClock } from "effect"
 import * as App from "../src/layers/App.js"
 import * as Config from "../src/services/Config.js"
 import * as Health from "../src/services/Health.js"
@@ -22,8 +21,11 @@ import { ReconcileStore, type ReconcileStoreShape } from "../src/services/Reconc
 import { Reconciler } from "../src/services/Reconciler.js"
 import * as RetryScheduler from "../src/services/RetryScheduler.js"
 import { StoreError } from "../src/services/Store.js"
+import { auditEvent } from "./support/auditEvent.js"
 import * as Db from "./support/db.js"
 import { commitFrame, startFakeJetstream } from "./support/fakeJetstream.js"
+import { fakeReconcileStore } from "./support/fakeReconcileStore.js"
+import { fakeRedis } from "./support/fakeRedis.js"
 import { memoryStack, plc, testConfig, whRecordValue, WH } from "./support/stack.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -45,15 +47,7 @@ const retentionEnv = {
   RETENTION_QUARANTINE_MAX_ROWS: "1002"
 }
 
-const ZERO: Maintenance.PruneCounts = {
-  outbox: 0,
-  delivery_attempts: 0,
-  delivery_events: 0,
-  audit: 0,
-  tombstones: 0,
-  prior_refs: 0,
-  quarantine: 0
-}
+const ZERO = Maintenance.ZERO_PRUNE_COUNTS
 
 const sql = SqlClient.SqlClient
 
@@ -187,62 +181,6 @@ describe("RETENTION_* reach maintenance (App.maintenanceOptions)", () => {
 // ---------------------------------------------------------------------------------------------
 // Publisher: REDIS_PUBLISH_*
 
-/** A Redis on 127.0.0.1 that reads commands and never answers; each command goes to `commands`. */
-const silentRedis = Effect.gen(function* () {
-  const commands = yield* Queue.unbounded<ReadonlyArray<string>>()
-  const sockets = new Set<Net.Socket>()
-  const server = yield* Effect.acquireRelease(
-    Effect.async<Net.Server>((resume) => {
-      const s = Net.createServer((socket) => {
-        sockets.add(socket)
-        let buf = Buffer.alloc(0)
-        socket.on("error", () => {})
-        socket.on("close", () => sockets.delete(socket))
-        socket.on("data", (d: Buffer) => {
-          buf = Buffer.concat([buf, d])
-          while (true) {
-            const parsed = Publisher.parseReply(buf)
-            if (parsed._tag !== "Done") break
-            buf = buf.subarray(parsed.next)
-            const reply = parsed.reply
-            Queue.unsafeOffer(
-              commands,
-              reply._tag === "Array" && reply.value !== null
-                ? reply.value.map((x) => (x._tag === "Bulk" && x.value !== null ? x.value : "?"))
-                : []
-            )
-          }
-        })
-      })
-      s.listen(0, "127.0.0.1", () => resume(Effect.succeed(s)))
-    }),
-    (s) =>
-      Effect.async<void>((resume) => {
-        for (const socket of sockets) socket.destroy()
-        s.close(() => resume(Effect.void))
-      })
-  )
-  const address = server.address()
-  const port = typeof address === "object" && address !== null ? address.port : 0
-  return { url: `redis://127.0.0.1:${port}`, commands }
-})
-
-const auditEvent = (rkey: string): Publisher.AuditEvent => ({
-  deliveryId: "whd_v1_abc",
-  eventId: "whe_v1_def",
-  ownerDid: "did:plc:owner",
-  webhookRkey: "3kwebhook",
-  did: "did:plc:subject",
-  collection: "app.bsky.feed.post",
-  rkey,
-  operation: "create",
-  status: "delivered",
-  httpStatus: 200,
-  errorKind: null,
-  url: "[redacted]",
-  time: "2026-01-01T00:00:00.000Z"
-})
-
 const settle = Effect.gen(function* () {
   for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
 })
@@ -250,7 +188,7 @@ const settle = Effect.gen(function* () {
 describe("REDIS_PUBLISH_* reach the publisher (App.publisherOptions)", () => {
   it.scoped("max bytes, max in flight and the reply timeout are the configured ones (TestClock)", () =>
     Effect.gen(function* () {
-      const redis = yield* silentRedis
+      const redis = yield* fakeRedis(() => undefined) // never answers
       const config = testConfig({
         REDIS_URL: redis.url,
         REDIS_PUBLISH_MAX_BYTES: "1024",
@@ -262,21 +200,20 @@ describe("REDIS_PUBLISH_* reach the publisher (App.publisherOptions)", () => {
       const p = yield* Publisher.make(App.publisherOptions(config)).pipe(Effect.provideService(Health.Health, health))
       yield* p.awaitStats((s) => s.connected)
       // ~1.2 KB of JSON: within the default 8 KiB, over the configured 1024 bytes
-      const big = auditEvent("x".repeat(1_000))
+      const big = auditEvent({ rkey: "x".repeat(1_000) })
       expect(Buffer.byteLength(Publisher.encodeEvent(big))).toBeGreaterThan(1024)
       expect(Buffer.byteLength(Publisher.encodeEvent(big))).toBeLessThan(Publisher.DEFAULTS.maxMessageBytes)
       yield* p.publish(big)
       expect(yield* p.stats).toMatchObject({ dropped: 1, published: 0 })
       // three small ones: two in flight, the third dropped (the default allows four)
-      for (const rkey of ["r0", "r1", "r2"]) yield* p.publish(auditEvent(rkey))
+      for (const rkey of ["r0", "r1", "r2"]) yield* p.publish(auditEvent({ rkey }))
       expect(yield* p.stats).toMatchObject({ dropped: 2, published: 0 })
-      const first = yield* Queue.take(redis.commands)
-      const second = yield* Queue.take(redis.commands)
-      expect([first, second].map((c) => [c[0], JSON.parse(c[2] ?? "{}").rkey])).toEqual([
+      yield* redis.awaitState((x) => x.commands.length >= 2)
+      const { commands } = yield* redis.state
+      expect(commands.map((c) => [c[0], JSON.parse(c[2] ?? "{}").rkey])).toEqual([
         ["PUBLISH", "r0"],
         ["PUBLISH", "r1"]
       ])
-      expect(yield* Queue.size(redis.commands)).toBe(0)
       // the reply timeout is 100 ms (the default is 1 s)
       yield* settle
       yield* TestClock.adjust("99 millis")
@@ -360,36 +297,17 @@ describe("WEBHOOK_INTAKE_* reach intake (Intake.make reads them from the configu
 // ---------------------------------------------------------------------------------------------
 // RetryScheduler: RETRY_SCHEDULER_TRACKED_MAX
 
-const unused = () => Effect.die("not used by this test")
-
 /** A reconcile store whose only owners are `failed` ones (oldest first), for `tick`. */
-const failedOwnersStore = (owners: ReadonlyArray<string>): ReconcileStoreShape => ({
-  begin: unused,
-  applyPage: unused,
-  deleteOlder: unused,
-  pruneTombstones: unused,
-  complete: unused,
-  withOwnerLock: <A>(_did: string, eff: Effect.Effect<A, StoreError>) => eff,
-  markFailed: unused,
-  markFailedIdle: unused,
-  ownerState: unused,
-  addOwners: unused,
-  ownersPage: unused,
-  passState: unused,
-  startPass: unused,
-  savePass: unused,
-  completePass: unused,
-  retryCandidates: (options) =>
-    Effect.succeed(
-      owners
-        .filter((did) => !options.exclude.includes(did))
-        .slice(0, options.limit)
-        .map((did) => ({ did, status: "failed" as const, failureCount: 1 }))
-    ),
-  completedCursor: () => Effect.succeed("0"),
-  completedSince: () => Effect.succeed({ dids: [], cursor: "0" }),
-  summary: unused
-})
+const failedOwnersStore = (owners: ReadonlyArray<string>): ReconcileStoreShape =>
+  fakeReconcileStore({
+    retryCandidates: (options) =>
+      Effect.succeed(
+        owners
+          .filter((did) => !options.exclude.includes(did))
+          .slice(0, options.limit)
+          .map((did) => ({ did, status: "failed" as const, failureCount: 1 }))
+      )
+  })
 
 describe("RETRY_SCHEDULER_TRACKED_MAX reaches the retry scheduler", () => {
   const owners = Array.from({ length: 20 }, (_, i) => plc(100 + i))

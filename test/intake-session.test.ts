@@ -12,30 +12,10 @@ import * as Outbox from "../src/services/Outbox.js"
 import { Processor, type ProcessorShape } from "../src/services/Processor.js"
 import { StoreError } from "../src/services/Store.js"
 import type { StreamEvent } from "../src/schemas/RecordEvent.js"
+import { newRecorder, type Recorder, recordingProcessor } from "./support/recordingProcessor.js"
 
 const RELAY = "wss://relay.test"
 const DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
-
-/** A Processor stand-in that records batches and can be held shut. */
-interface Recorder {
-  readonly batches: Array<ReadonlyArray<StreamEvent>>
-  gate: Deferred.Deferred<void> | undefined
-  calls: number
-}
-const recordingProcessor = (rec: Recorder) =>
-  Layer.succeed(Processor, {
-    processEvents: (batch, options) =>
-      Effect.gen(function* () {
-        rec.calls++
-        if (rec.gate !== undefined) yield* Deferred.await(rec.gate)
-        if (options.finalize !== undefined) yield* options.finalize
-        rec.batches.push(batch)
-        return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
-      }),
-    stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
-  } satisfies ProcessorShape)
-
-const newRecorder = (): Recorder => ({ batches: [], gate: undefined, calls: 0 })
 
 const tuning = (queueMax: number, batchMax: number): Intake.IntakeTuning => Intake.defaultTuning(queueMax, batchMax)
 
@@ -152,25 +132,38 @@ describe("durable cursor at stream start", () => {
 describe("queue bound counts events", () => {
   const stack = (rec: Recorder) => Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)
 
+  /**
+   * A runner over `frames` (a bound of 8 events, batches of 4) whose first batch is held in its
+   * transaction, once the others have had 20 turns to run; `release` lets every batch through.
+   */
+  const startHeld = (rec: Recorder, frames: ReadonlyArray<Frame>) =>
+    Effect.gen(function* () {
+      const relay = memoryRelay(frames)
+      const gate = yield* Deferred.make<void>()
+      rec.gate = gate
+      const runner = yield* Intake.makeStreamRunner(relay.spec, tuning(8, 4))
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => rec.calls === 1, "first batch in its transaction")
+      yield* turns(20)
+      const release = Effect.andThen(Deferred.succeed(gate, undefined), () => {
+        rec.gate = undefined
+      })
+      return { relay, runner, release }
+    })
+
   it.scoped("relay frames with many operations: at most queueMax events are queued, then backpressure; all commit in order", () => {
     const rec = newRecorder()
     return Effect.gen(function* () {
       // 6 frames of 4 operations = 24 events against a bound of 8 events
       const frames = Array.from({ length: 6 }, (_, i): Frame => ({ seq: BigInt(i + 1), ops: 4 }))
-      const relay = memoryRelay(frames)
-      rec.gate = yield* Deferred.make<void>()
-      const runner = yield* Intake.makeStreamRunner(relay.spec, tuning(8, 4))
-      yield* Effect.forkScoped(runner.run)
-      yield* until(() => rec.calls === 1, "first batch in its transaction")
-      yield* turns(20)
+      const { relay, runner, release } = yield* startHeld(rec, frames)
       // the first batch is held: what was read is queued (or in that batch), and no more than the bound
       const held = yield* Ref.get(runner.state)
       expect(held.queued).toBe(8)
       // the bound was reached: the socket closed (backpressure), the queue is kept
       expect(held.connected).toBe(false)
       expect(relay.asked).toEqual([undefined])
-      yield* Deferred.succeed(rec.gate, undefined)
-      rec.gate = undefined
+      yield* release
       yield* until(() => keys(rec).length === 24, "everything committed")
       // each reconnect resumes at the last ack, exactly once per event, in order
       expect(keys(rec)).toEqual(allKeys(frames))
@@ -208,17 +201,11 @@ describe("queue bound counts events", () => {
     const rec = newRecorder()
     return Effect.gen(function* () {
       const frames = Array.from({ length: 12 }, (_, i): Frame => ({ seq: BigInt(i + 1), ops: 1 }))
-      const relay = memoryRelay(frames)
-      rec.gate = yield* Deferred.make<void>()
-      const runner = yield* Intake.makeStreamRunner(relay.spec, tuning(8, 4))
-      yield* Effect.forkScoped(runner.run)
-      yield* until(() => rec.calls === 1, "first batch in its transaction")
-      yield* turns(20)
+      const { relay, runner, release } = yield* startHeld(rec, frames)
       // (the frame count it replaces read `Queue.size`, which is −1 while the batcher waits in a
       // take, and so let one frame more in)
       expect((yield* Ref.get(runner.state)).queued).toBe(8)
-      yield* Deferred.succeed(rec.gate, undefined)
-      rec.gate = undefined
+      yield* release
       yield* until(() => keys(rec).length === 12, "everything committed")
       expect(keys(rec)).toEqual(allKeys(frames))
       expect(relay.asked).toEqual([undefined, 8n])

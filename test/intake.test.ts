@@ -8,13 +8,11 @@ import * as CursorStore from "../src/services/CursorStore.js"
 import * as FirehoseSource from "../src/services/FirehoseSource.js"
 import * as Intake from "../src/services/Intake.js"
 import * as Outbox from "../src/services/Outbox.js"
-import { Processor, type ProcessorShape } from "../src/services/Processor.js"
 import * as RegistryStore from "../src/services/RegistryStore.js"
-import { StoreError } from "../src/services/Store.js"
-import type { StreamEvent } from "../src/schemas/RecordEvent.js"
 import { commitFrame, type FakeJetstream, startFakeJetstream } from "./support/fakeJetstream.js"
 import { Registry, toRow } from "../src/services/Registry.js"
 import { validateWhRecord } from "../src/schemas/WhRecord.js"
+import { newRecorder, type Recorder, recordingProcessor } from "./support/recordingProcessor.js"
 import { memoryStack, plc, testConfig, whRecordValue } from "./support/stack.js"
 
 const WH = "place.wisp.v2.wh"
@@ -26,30 +24,6 @@ const fakeJetstream = Effect.acquireRelease(
   Effect.promise(() => startFakeJetstream()),
   (f) => Effect.promise(() => f.close())
 )
-
-/** A Processor stand-in that records batches and can be gated or made to fail. */
-interface Recorder {
-  readonly batches: Array<ReadonlyArray<StreamEvent>>
-  gate: Deferred.Deferred<void> | undefined
-  failures: number
-  calls: number
-}
-const recordingProcessor = (rec: Recorder) =>
-  Layer.succeed(Processor, {
-    processEvents: (batch, options) =>
-      Effect.gen(function* () {
-        rec.calls++
-        if (rec.gate !== undefined) yield* Deferred.await(rec.gate)
-        if (rec.failures > 0) {
-          rec.failures--
-          return yield* Effect.fail(new StoreError({ op: "test", code: "XX000" }))
-        }
-        if (options.finalize !== undefined) yield* options.finalize
-        rec.batches.push(batch)
-        return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
-      }),
-    stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
-  } satisfies ProcessorShape)
 
 const fastTuning = (queueMax: number, batchMax: number): Intake.IntakeTuning => ({
   ...Intake.defaultTuning(queueMax, batchMax),
@@ -97,7 +71,7 @@ const processedKeys = (rec: Recorder) => rec.batches.flat().map((e) => (e.kind =
 
 describe("stream runner", () => {
   it.scopedLive("the cursor moves only after the batch commits; events arriving during a commit form the next batch; batches never exceed the limit", () => {
-    const rec: Recorder = { batches: [], gate: undefined, failures: 0, calls: 0 }
+    const rec = newRecorder()
     return Effect.gen(function* () {
       const fake = yield* fakeJetstream
       const cursors = yield* CursorStore.CursorStore
@@ -122,7 +96,7 @@ describe("stream runner", () => {
   })
 
   it.scopedLive("a transient failure is retried in place; beyond the attempts the stream reconnects with cursor = last durable (rewound)", () => {
-    const rec: Recorder = { batches: [], gate: undefined, failures: 0, calls: 0 }
+    const rec = newRecorder()
     return Effect.gen(function* () {
       const fake = yield* fakeJetstream
       const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 128))
@@ -146,7 +120,7 @@ describe("stream runner", () => {
   })
 
   it.scopedLive("a malformed frame quarantines the stream: earlier events commit, later frames are ignored, then replayed after reconnect", () => {
-    const rec: Recorder = { batches: [], gate: undefined, failures: 0, calls: 0 }
+    const rec = newRecorder()
     return Effect.gen(function* () {
       const fake = yield* fakeJetstream
       const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 128))
@@ -174,7 +148,7 @@ describe("stream runner", () => {
   })
 
   it.scopedLive("a full queue closes the socket; the queue is drained in order; the stream reconnects from the last ack", () => {
-    const rec: Recorder = { batches: [], gate: undefined, failures: 0, calls: 0 }
+    const rec = newRecorder()
     return Effect.gen(function* () {
       const fake = yield* fakeJetstream
       const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(4, 2))
@@ -206,7 +180,7 @@ describe("stream runner", () => {
 
 describe("cursor loading", () => {
   it.scopedLive("a cursor loaded from the database is rewound 2 s; the first start of the registry stream is from 0", () => {
-    const rec: Recorder = { batches: [], gate: undefined, failures: 0, calls: 0 }
+    const rec = newRecorder()
     return Effect.gen(function* () {
       const fake = yield* fakeJetstream
       const fresh = yield* Intake.makeStreamRunner(specFor(fake, "registry"), fastTuning(64, 8))

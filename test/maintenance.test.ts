@@ -181,15 +181,7 @@ const priorRef = (uri: string, seconds: number) =>
       VALUES (${uri}, '3kabc', '[]'::jsonb, 2, now() + make_interval(secs => ${seconds}))`
   )
 
-const ZERO: Maintenance.PruneCounts = {
-  outbox: 0,
-  delivery_attempts: 0,
-  delivery_events: 0,
-  audit: 0,
-  tombstones: 0,
-  prior_refs: 0,
-  quarantine: 0
-}
+const ZERO = Maintenance.ZERO_PRUNE_COUNTS
 
 // The lock hand-over tests run on the live clock with a 100 ms interval: they wait for states
 // (never for time), and a live clock keeps the 10 s lock-statement timeouts out of the way.

@@ -19,8 +19,6 @@ import {
   Ref,
   Schedule,
   Scope,
-  Stream,
-  SubscriptionRef,
   TestClock
 } from "effect"
 import { type ChildProcess, spawn, spawnSync } from "node:child_process"
@@ -29,6 +27,8 @@ import * as Net from "node:net"
 import * as Health from "../src/services/Health.js"
 import * as Lifecycle from "../src/services/Lifecycle.js"
 import * as Publisher from "../src/services/Publisher.js"
+import { auditEvent } from "./support/auditEvent.js"
+import { asStrings, fakeRedis } from "./support/fakeRedis.js"
 
 // ---------------------------------------------------------------------------------------------
 // A real Redis
@@ -91,23 +91,6 @@ const newHealth = Effect.gen(function* () {
 const publisherIn = (health: Health.HealthShape, options: Publisher.PublisherOptions) =>
   Publisher.make(options).pipe(Effect.provideService(Health.Health, health))
 
-const event = (overrides: Partial<Publisher.AuditEvent> = {}): Publisher.AuditEvent => ({
-  deliveryId: "whd_v1_abc",
-  eventId: "whe_v1_def",
-  ownerDid: "did:plc:owner",
-  webhookRkey: "3kwebhook",
-  did: "did:plc:subject",
-  collection: "app.bsky.feed.post",
-  rkey: "3kpost",
-  operation: "create",
-  status: "delivered",
-  httpStatus: 200,
-  errorKind: null,
-  url: "[redacted]",
-  time: "2026-01-01T00:00:00.000Z",
-  ...overrides
-})
-
 /** Advance the TestClock in `step`s until `done` holds (each step lets socket I/O progress). */
 const driveUntil = (done: Effect.Effect<boolean>, step: Duration.DurationInput, maxSteps = 5_000) =>
   Effect.gen(function* () {
@@ -142,76 +125,6 @@ const ticks = (step: Duration.DurationInput, n: number) => Effect.repeatN(TestCl
 
 const target = (url: string) =>
   Either.getOrThrowWith(Publisher.parseRedisUrl(url), (e) => new Error(e.message))
-
-interface FakeState {
-  readonly connections: number
-  readonly closed: number
-  readonly commands: ReadonlyArray<ReadonlyArray<string>>
-}
-
-const asStrings = (reply: Publisher.RespReply): ReadonlyArray<string> =>
-  reply._tag === "Array" && reply.value !== null
-    ? reply.value.map((x) => (x._tag === "Bulk" && x.value !== null ? x.value : "?"))
-    : []
-
-/**
- * A fake Redis on 127.0.0.1: records every command; `answer` says what to write back (nothing:
- * the command hangs). `stop` closes the listener and every connection; `start` listens again on
- * the same port.
- */
-const fakeRedis = (answer: (command: ReadonlyArray<string>) => string | undefined) =>
-  Effect.gen(function* () {
-    const state = yield* SubscriptionRef.make<FakeState>({ connections: 0, closed: 0, commands: [] })
-    const bump = (f: (s: FakeState) => FakeState) => Effect.runSync(SubscriptionRef.update(state, f))
-    const sockets = new Set<Net.Socket>()
-    let server: Net.Server | undefined = undefined
-    const listen = (port: number) =>
-      Effect.async<number>((resume) => {
-        const s = Net.createServer((socket) => {
-          sockets.add(socket)
-          bump((x) => ({ ...x, connections: x.connections + 1 }))
-          let buf = Buffer.alloc(0)
-          socket.on("error", () => {})
-          socket.on("close", () => {
-            sockets.delete(socket)
-            bump((x) => ({ ...x, closed: x.closed + 1 }))
-          })
-          socket.on("data", (d: Buffer) => {
-            buf = Buffer.concat([buf, d])
-            while (true) {
-              const parsed = Publisher.parseReply(buf)
-              if (parsed._tag !== "Done") break
-              buf = buf.subarray(parsed.next)
-              const command = asStrings(parsed.reply)
-              bump((x) => ({ ...x, commands: [...x.commands, command] }))
-              const reply = answer(command)
-              if (reply !== undefined) socket.write(reply)
-            }
-          })
-        })
-        server = s
-        s.listen(port, "127.0.0.1", () => {
-          const address = s.address()
-          resume(Effect.succeed(typeof address === "object" && address !== null ? address.port : 0))
-        })
-      })
-    const stop = Effect.async<void>((resume) => {
-      for (const s of sockets) s.destroy()
-      if (server === undefined) return resume(Effect.void)
-      server.close(() => resume(Effect.void))
-    })
-    const port = yield* Effect.acquireRelease(listen(0), () => stop)
-    const awaitState = (p: (s: FakeState) => boolean) =>
-      state.changes.pipe(Stream.filter(p), Stream.runHead, Effect.map(Option.getOrThrow))
-    return {
-      port,
-      url: `redis://127.0.0.1:${port}`,
-      state: SubscriptionRef.get(state),
-      awaitState,
-      stop,
-      start: Effect.asVoid(listen(port))
-    }
-  })
 
 /** A port nothing listens on. */
 const closedPort = Effect.promise(freePort)
@@ -310,10 +223,10 @@ describe("RESP2", () => {
   })
 
   it("the event JSON carries only the audit fields, with the URL redacted", () => {
-    const withExtra = { ...event(), url: "[redacted]" as const, targetUrl: "https://receiver.example/hook?token=x" }
+    const withExtra = { ...auditEvent(), url: "[redacted]" as const, targetUrl: "https://receiver.example/hook?token=x" }
     const json = Publisher.encodeEvent(withExtra)
     expect(json).not.toContain("receiver.example")
-    expect(JSON.parse(json)).toEqual(event())
+    expect(JSON.parse(json)).toEqual(auditEvent())
   })
 
   it.effect("full-jitter backoff: the n-th delay is in [0, min(cap, base·2ⁿ))", () =>
@@ -351,10 +264,10 @@ describe("Publisher against a real Redis", () => {
       const p = yield* publisherIn(health, { url: Redacted.make(redisUrl), channel })
       yield* p.awaitStats((s) => s.connected)
 
-      const big = event({ collection: "x".repeat(9000) })
+      const big = auditEvent({ collection: "x".repeat(9000) })
       yield* p.publish(big)
       expect(yield* p.stats).toMatchObject({ dropped: 1, published: 0 })
-      const e = event({ status: "dead_letter", httpStatus: null, errorKind: "timeout" })
+      const e = auditEvent({ status: "dead_letter", httpStatus: null, errorKind: "timeout" })
       yield* p.publish(e)
       const received = yield* Queue.take(messages)
       expect(JSON.parse(received)).toEqual(e)
@@ -364,7 +277,7 @@ describe("Publisher against a real Redis", () => {
       const report = yield* health.report
       expect(report.body["redis"]).toEqual({ configured: true, connected: true, dropped: 1 })
       // only one message arrived: the oversize one never went out
-      yield* p.publish(event({ rkey: "second" }))
+      yield* p.publish(auditEvent({ rkey: "second" }))
       expect(JSON.parse(yield* Queue.take(messages)).rkey).toBe("second")
       expect(yield* Queue.size(messages)).toBe(0)
     }))
@@ -376,7 +289,7 @@ describe("Publisher", () => {
       const { health, lifecycle } = yield* newHealth
       yield* lifecycle.setPhase("live")
       const p = yield* publisherIn(health, { url: undefined, channel: "webhook:events" })
-      yield* p.publish(event())
+      yield* p.publish(auditEvent())
       expect(yield* p.stats).toEqual({ configured: false, connected: false, dropped: 0, published: 0 })
       const report = yield* health.report
       expect(report.ready).toBe(true)
@@ -399,11 +312,11 @@ describe("Publisher", () => {
       const { health, lifecycle } = yield* newHealth
       yield* lifecycle.setPhase("live")
       const p = yield* publisherIn(health, { url: Redacted.make(`redis://127.0.0.1:${port}`), channel: "c" })
-      for (let i = 0; i < 3; i++) yield* p.publish(event())
+      for (let i = 0; i < 3; i++) yield* p.publish(auditEvent())
       expect(yield* p.stats).toEqual({ configured: true, connected: false, dropped: 3, published: 0 })
       // let it try (and fail) a few connections: still nothing connected, nothing buffered
       yield* ticks("1 second", 20)
-      yield* p.publish(event())
+      yield* p.publish(auditEvent())
       expect(yield* p.stats).toEqual({ configured: true, connected: false, dropped: 4, published: 0 })
       const report = yield* health.report
       expect(report.ready).toBe(true)
@@ -416,13 +329,13 @@ describe("Publisher", () => {
       const { health } = yield* newHealth
       const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c" })
       yield* p.awaitStats((s) => s.connected)
-      for (let i = 0; i < 6; i++) yield* p.publish(event({ rkey: `r${i}` })) // each returns at once
+      for (let i = 0; i < 6; i++) yield* p.publish(auditEvent({ rkey: `r${i}` })) // each returns at once
       expect(yield* p.stats).toMatchObject({ connected: true, dropped: 2, published: 0 })
       const s = yield* fake.awaitState((x) => x.commands.length === 4)
       expect(s.commands.map((c) => c[0])).toEqual(["PUBLISH", "PUBLISH", "PUBLISH", "PUBLISH"])
       expect(s.commands.map((c) => JSON.parse(c[2] ?? "{}").rkey)).toEqual(["r0", "r1", "r2", "r3"])
       // the four are waiting for replies; a fifth is still refused
-      yield* p.publish(event())
+      yield* p.publish(auditEvent())
       expect((yield* p.stats).dropped).toBe(3)
       yield* TestClock.adjust("999 millis")
       expect((yield* p.stats).dropped).toBe(3)
@@ -438,19 +351,19 @@ describe("Publisher", () => {
       const { health } = yield* newHealth
       const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "chan" })
       yield* p.awaitStats((s) => s.connected)
-      yield* p.publish(event({ rkey: "before" }))
+      yield* p.publish(auditEvent({ rkey: "before" }))
       yield* p.awaitStats((s) => s.published === 1)
 
       yield* fake.stop
       yield* p.awaitStats((s) => !s.connected)
-      yield* p.publish(event())
+      yield* p.publish(auditEvent())
       expect(yield* p.stats).toMatchObject({ connected: false, dropped: 1, published: 1 })
       expect((yield* health.report).body["redis"]).toEqual({ configured: true, connected: false, dropped: 1 })
       // while it is down, attempts fail and back off; nothing is buffered
       yield* ticks("1 second", 10)
       yield* fake.start
       yield* driveUntil(Effect.map(p.stats, (s) => s.connected), "100 millis")
-      yield* p.publish(event({ rkey: "after" }))
+      yield* p.publish(auditEvent({ rkey: "after" }))
       yield* p.awaitStats((s) => s.published === 2)
       const commands = (yield* fake.state).commands.filter((c) => c[0] === "PUBLISH")
       expect(commands.map((c) => [c[1], JSON.parse(c[2] ?? "{}").rkey])).toEqual([
@@ -467,7 +380,7 @@ describe("Publisher", () => {
       const url = `redis://alice:s3cret@127.0.0.1:${fake.port}/3`
       const p = yield* publisherIn(health, { url: Redacted.make(url), channel: "c" })
       yield* p.awaitStats((s) => s.connected)
-      yield* p.publish(event())
+      yield* p.publish(auditEvent())
       yield* p.awaitStats((s) => s.published === 1)
       const commands = (yield* fake.state).commands
       expect(commands.slice(0, 2)).toEqual([["AUTH", "alice", "s3cret"], ["SELECT", "3"]])

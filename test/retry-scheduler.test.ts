@@ -11,7 +11,7 @@ import { ReconcileStore, type ReconcileStoreShape } from "../src/services/Reconc
 import { type ReconcileOutcome, Reconciler } from "../src/services/Reconciler.js"
 import type { ReconcileStatus } from "../src/services/RegistryStore.js"
 import * as RetryScheduler from "../src/services/RetryScheduler.js"
-import type { StoreError } from "../src/services/Store.js"
+import { fakeReconcileStore } from "./support/fakeReconcileStore.js"
 import { plc, testConfig } from "./support/stack.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -53,58 +53,41 @@ const newWorld = (): World => ({
 const fail = (world: World, did: string, failureCount = 1) =>
   world.owners.set(did, { status: "failed", failureCount, failedSeq: world.seq++ })
 
-const unused = () => Effect.die("not used by the scheduler")
-
-const fakeStore = (world: World): ReconcileStoreShape => ({
-  begin: unused,
-  applyPage: unused,
-  deleteOlder: unused,
-  pruneTombstones: unused,
-  complete: unused,
-  withOwnerLock: <A>(_did: string, eff: Effect.Effect<A, StoreError>) => eff,
-  markFailed: unused,
-  markFailedIdle: unused,
-  ownerState: (did) =>
-    Effect.sync(() => {
-      const o = world.owners.get(did)
-      return o === undefined
-        ? undefined
-        : {
-          did,
-          generation: 1,
-          status: o.status,
-          scanGeneration: 1,
-          snapshotRev: undefined,
-          failureCount: o.failureCount,
-          lastFailureKind: undefined,
-          scanStartedAt: undefined,
-          completedAt: undefined,
-          failedAt: undefined
-        }
-    }),
-  addOwners: unused,
-  ownersPage: unused,
-  passState: unused,
-  startPass: unused,
-  savePass: unused,
-  completePass: unused,
-  retryCandidates: (options) =>
-    Effect.sync(() =>
-      [...world.owners]
-        .filter(([did, o]) => o.status === "failed" && !options.exclude.includes(did))
-        .sort(([, a], [, b]) => a.failedSeq - b.failedSeq)
-        .slice(0, options.limit)
-        .map(([did, o]) => ({ did, status: "failed" as const, failureCount: o.failureCount }))
-    ),
-  completedCursor: () => Effect.succeed("0"),
-  completedSince: (cursor) =>
-    Effect.sync(() => {
-      const from = Number(cursor)
-      const dids = world.completed.slice(from)
-      return { dids, cursor: String(world.completed.length) }
-    }),
-  summary: unused
-})
+const fakeStore = (world: World): ReconcileStoreShape =>
+  fakeReconcileStore({
+    ownerState: (did) =>
+      Effect.sync(() => {
+        const o = world.owners.get(did)
+        return o === undefined
+          ? undefined
+          : {
+            did,
+            generation: 1,
+            status: o.status,
+            scanGeneration: 1,
+            snapshotRev: undefined,
+            failureCount: o.failureCount,
+            lastFailureKind: undefined,
+            scanStartedAt: undefined,
+            completedAt: undefined,
+            failedAt: undefined
+          }
+      }),
+    retryCandidates: (options) =>
+      Effect.sync(() =>
+        [...world.owners]
+          .filter(([did, o]) => o.status === "failed" && !options.exclude.includes(did))
+          .sort(([, a], [, b]) => a.failedSeq - b.failedSeq)
+          .slice(0, options.limit)
+          .map(([did, o]) => ({ did, status: "failed" as const, failureCount: o.failureCount }))
+      ),
+    completedSince: (cursor) =>
+      Effect.sync(() => {
+        const from = Number(cursor)
+        const dids = world.completed.slice(from)
+        return { dids, cursor: String(world.completed.length) }
+      })
+  })
 
 const fakeReconciler = (world: World) =>
   Layer.succeed(Reconciler, {

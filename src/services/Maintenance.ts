@@ -367,7 +367,8 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs }
 }
 
-const ZERO: PruneCounts = {
+/** Nothing pruned: every count zero. */
+export const ZERO_PRUNE_COUNTS: PruneCounts = {
   outbox: 0,
   delivery_attempts: 0,
   delivery_events: 0,
@@ -376,6 +377,7 @@ const ZERO: PruneCounts = {
   prior_refs: 0,
   quarantine: 0
 }
+const ZERO = ZERO_PRUNE_COUNTS
 
 /**
  * One pruning pass over every table (no lock: safe to run beside a runner, e.g. from the CLI).
