@@ -284,3 +284,18 @@ describe("a crash of the stream runner", () => {
     }).pipe(Effect.provide(Layer.mergeAll(dyingOnce, CursorStore.layerMemory, Outbox.layerMemory)))
   })
 })
+
+describe("directReplayFrom (Jetstream direct stream after DIDs were added)", () => {
+  const S = 1_000_000n // one second of time_us
+  it("the registry mark − 2 s when no backlink stream runs, or when it is ahead", () => {
+    expect(Intake.directReplayFrom(1000n * S, undefined, 2n * S, 300n * S)).toBe(998n * S)
+    expect(Intake.directReplayFrom(1000n * S, 1005n * S, 2n * S, 300n * S)).toBe(998n * S)
+  })
+  it("a lagging backlink stream: from its position − 2 s (it skipped the new DIDs' events from there on)", () => {
+    expect(Intake.directReplayFrom(1000n * S, 940n * S, 2n * S, 300n * S)).toBe(938n * S)
+  })
+  it("at most 5 minutes further back than the registry mark, and never below 0", () => {
+    expect(Intake.directReplayFrom(1000n * S, 10n * S, 2n * S, 300n * S)).toBe(698n * S)
+    expect(Intake.directReplayFrom(1n * S, undefined, 2n * S, 300n * S)).toBe(0n)
+  })
+})

@@ -146,6 +146,30 @@ const metrics = {
   )
 }
 
+/** How much further back than the registry mark the direct stream may replay for a lagging backlink stream. */
+export const DIRECT_REPLAY_MAX_EXTRA = 300_000_000n
+
+/**
+ * Where the direct stream replays from after DIDs joined the direct set (Jetstream, `time_us`): the
+ * registry stream's position at the previous check (every DID added since was registered by a later
+ * registry event) and the backlink stream's committed position then (from there on it skipped the
+ * new DIDs' events, as they were in the direct set when it committed), whichever is earlier, less
+ * `margin`; but at most `maxExtra` before the registry mark (a backlink stream far behind would
+ * otherwise replay hours), and never below 0.
+ */
+export const directReplayFrom = (
+  registryMark: bigint,
+  backlinkMark: bigint | undefined,
+  margin: bigint,
+  maxExtra: bigint
+): bigint => {
+  const base = registryMark - margin
+  const lagging = backlinkMark === undefined ? base : backlinkMark - margin
+  const floor = base - maxExtra
+  const from = lagging < base ? (lagging < floor ? floor : lagging) : base
+  return from < 0n ? 0n : from
+}
+
 /** a frame's weight against the queue bound (SPEC §3.3 counts events): its events, at least 1 */
 const weightOf = (item: { readonly events: ReadonlyArray<StreamEvent> }): number => Math.max(1, item.events.length)
 
@@ -715,9 +739,17 @@ export const make = (options: IntakeOptions = {}) =>
             st.lastEventTimeUs !== undefined ? BigInt(st.lastEventTimeUs) : (st.durableCursor ?? 0n)
           )
           let prevMark = 0n
+          // the backlink stream's committed position at the previous check: it skips the events of
+          // DIDs in the direct set as the set is when it commits, so a DID added since was skipped
+          // from about there on, and the direct stream must replay from there too
+          let backlinkRunner: StreamRunner | undefined
+          let prevBacklinkMark: bigint | undefined
           for (;;) {
             const markNow = yield* registryMark
-            const replayFrom = first ? undefined : prevMark - TWO_SECONDS < 0n ? 0n : prevMark - TWO_SECONDS
+            const backlinkNow = backlinkRunner === undefined
+              ? undefined
+              : yield* Effect.map(Ref.get(backlinkRunner.state), (st) => st.position ?? st.durableCursor)
+            const replayFrom = first ? undefined : directReplayFrom(prevMark, prevBacklinkMark, TWO_SECONDS, DIRECT_REPLAY_MAX_EXTRA)
             const wanted = index.wantedDids()
             if (index.wantedDidsVersion !== wantedVersion) {
               wantedVersion = index.wantedDidsVersion
@@ -742,13 +774,16 @@ export const make = (options: IntakeOptions = {}) =>
             }
             first = false
             prevMark = markNow
+            prevBacklinkMark = backlinkNow
             const wantBacklink = index.backlinkDids().size > 0
             if (wantBacklink && backlinkFiber === undefined) {
               const r = yield* makeRunner(backlinkSpec)
+              backlinkRunner = r
               backlinkFiber = yield* Effect.forkScoped(start(r, undefined))
             } else if (!wantBacklink && backlinkFiber !== undefined) {
               yield* Fiber.interrupt(backlinkFiber)
               backlinkFiber = undefined
+              backlinkRunner = undefined
             }
             yield* Effect.sleep(reconfigureDelay)
           }
