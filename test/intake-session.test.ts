@@ -11,6 +11,7 @@ import * as Intake from "../src/services/Intake.js"
 import * as Outbox from "../src/services/Outbox.js"
 import { Processor, type ProcessorShape } from "../src/services/Processor.js"
 import { StoreError } from "../src/services/Store.js"
+import { SourceError } from "../src/services/FirehoseSource.js"
 import type { StreamEvent } from "../src/schemas/RecordEvent.js"
 import { newRecorder, type Recorder, recordingProcessor } from "./support/recordingProcessor.js"
 
@@ -299,3 +300,34 @@ describe("directReplayFrom (Jetstream direct stream after DIDs were added)", () 
     expect(Intake.directReplayFrom(1n * S, undefined, 2n * S, 300n * S)).toBe(0n)
   })
 })
+
+describe("a connection closed for silence (idle)", () => {
+  it.scoped("reconnects at once from the last ack, without backoff and without a failure kind", () => {
+    const rec = newRecorder()
+    return Effect.gen(function* () {
+      const frames: ReadonlyArray<Frame> = [{ seq: 1n, ops: 1 }, { seq: 2n, ops: 1 }]
+      const relay = memoryRelay(frames)
+      let connects = 0
+      // the first session delivers frame 1, then the source reports it went idle
+      const spec: Intake.StreamSpec = {
+        ...relay.spec,
+        connect: (cursor) =>
+          ++connects === 1
+            ? Stream.fromIterable<Intake.SourceItem>([
+              { _tag: "opened" },
+              { _tag: "events", events: eventsOf({ seq: 1n, ops: 1 }), cursor: 1n }
+            ]).pipe(Stream.concat(Stream.fail(new SourceError({ kind: "idle" }))))
+            : relay.spec.connect(cursor)
+      }
+      const runner = yield* Intake.makeStreamRunner(spec, tuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      // no clock time passes: the reconnect does not wait for a backoff
+      yield* until(() => connects === 2 && keys(rec).length === 2, "reconnected and committed")
+      expect(relay.asked).toEqual([1n])
+      const st = yield* Ref.get(runner.state)
+      expect(st.failureKind).toBeUndefined()
+      expect(st.reconnects).toBe(1)
+    }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+})
+

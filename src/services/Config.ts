@@ -227,11 +227,11 @@ const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
   return u.protocol === "http:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
 }
 
-/** Bounds of the `RETENTION_*` variables: durations 1 h .. 365 d, row bounds 1,000 .. 100,000,000. */
+/** Bounds of the `RETENTION_*` variables: durations 1 h .. 365 d, row bounds 1,000 .. 10,000,000 (the row-bound cut is an OFFSET scan that must fit the 30 s statement bound). */
 export const RETENTION_MS_MIN = 3_600_000
 export const RETENTION_MS_MAX = 31_536_000_000
 export const RETENTION_ROWS_MIN = 1_000
-export const RETENTION_ROWS_MAX = 100_000_000
+export const RETENTION_ROWS_MAX = 10_000_000
 
 const DAY_MS = 86_400_000
 

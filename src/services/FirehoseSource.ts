@@ -41,12 +41,13 @@ import { decodeRelayFrame, type RelayDecoded } from "../schemas/RelayFrame.js"
  * - `connect`: the URL was rejected, or the socket did not open (refused, timed out);
  * - `closed`: the socket closed or errored after it was open;
  * - `overflow`: the consumer fell behind the bounded buffer; the socket was closed;
- * - `protocol`: the server sent something no frame decoder can look at (an unexpected data type).
+ * - `protocol`: the server sent something no frame decoder can look at (an unexpected data type);
+ * - `idle`: no frame for `idleTimeoutMs`; the socket was closed (the caller reconnects at once).
  *
  * @since 0.1.0
  */
 export class SourceError extends Data.TaggedError("SourceError")<{
-  readonly kind: "connect" | "closed" | "overflow" | "protocol"
+  readonly kind: "connect" | "closed" | "overflow" | "protocol" | "idle"
 }> {
   override get message(): string {
     return `firehose source: ${this.kind}`
@@ -92,7 +93,7 @@ export interface SourceOptions {
   /** bounded receive buffer, in bytes of raw frames (default 16 MiB, at least `maxBytes`) */
   readonly bufferBytes?: number | undefined
   /**
-   * An open connection that receives no frame for this long is closed (`closed`; the caller
+   * An open connection that receives no frame for this long is closed (`idle`; the caller
    * reconnects from its cursor): a half-open TCP connection (the peer gone without a FIN, a NAT
    * entry dropped) is otherwise never noticed, as browser-style WebSockets cannot send pings.
    * Checked every `idleTimeoutMs`, so it fires between one and two periods of silence. Default 5
@@ -125,6 +126,7 @@ const connectError = new SourceError({ kind: "connect" })
 const closedError = new SourceError({ kind: "closed" })
 const overflowError = new SourceError({ kind: "overflow" })
 const protocolError = new SourceError({ kind: "protocol" })
+const idleError = new SourceError({ kind: "idle" })
 
 // ---------------------------------------------------------------------------------------------
 // URLs
@@ -300,7 +302,7 @@ const openSocket = <A>(spec: SocketSpec<A>): Effect.Effect<FirehoseConnection<A>
           while (!finished) {
             yield* Effect.sleep(Duration.millis(spec.idleTimeoutMs))
             if (finished) return
-            if (received === seen) return finish(closedError, ws)
+            if (received === seen) return finish(idleError, ws)
             seen = received
           }
         })

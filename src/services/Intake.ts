@@ -356,7 +356,13 @@ export const makeStreamRunner = (
               ),
               Effect.map((end): SessionEnd => end ?? { kind: "closed" }),
               Effect.catchAll((e) =>
-                Effect.succeed<SessionEnd>({ kind: e.kind === "connect" ? "connect" : e.kind === "overflow" ? "queue" : "closed" })
+                Effect.succeed<SessionEnd>(
+                  // a connection closed for silence (`idle`) is not a failure: reconnect at once from
+                  // where this process got to, without backoff
+                  e.kind === "idle"
+                    ? { kind: "restart", cursorOverride: undefined }
+                    : { kind: e.kind === "connect" ? "connect" : e.kind === "overflow" ? "queue" : "closed" }
+                )
               ),
               Effect.raceFirst(
                 Deferred.await(signal).pipe(Effect.map((c): SessionEnd => ({ kind: "restart", cursorOverride: c })))
@@ -548,7 +554,8 @@ export const makeStreamRunner = (
               )
               const wait = yield* fullJitter(tuning.backoffBase, tuning.backoffCap, crashes)
               yield* Effect.sleep(wait).pipe(Effect.raceFirst(Deferred.await(stopped)))
-              return yield* runFrom(from, crashes + 1)
+              // resume from this process's position (or the durable cursor), not the first replay point
+              return yield* runFrom(undefined, crashes + 1)
             })
         ),
         Effect.orDie
@@ -683,6 +690,10 @@ export const make = (options: IntakeOptions = {}) =>
                 cursor,
                 stream: name,
                 relay,
+                // a filtered stream (registry: wh records only; direct: a few DIDs) can be quiet for
+                // hours, and each idle reconnect would replay from its last event: only the
+                // unfiltered backlink stream has the idle watchdog
+                ...(filters.wantedCollections === undefined && filters.wantedDids === undefined ? {} : { idleTimeoutMs: 0 }),
                 ...(filters.wantedCollections === undefined ? {} : { wantedCollections: filters.wantedCollections }),
                 ...(filters.wantedDids === undefined ? {} : { wantedDids: filters.wantedDids() })
               })

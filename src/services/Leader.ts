@@ -45,7 +45,18 @@ export const runAsLeader = <E, R>(
         const conn = yield* sql.reserve.pipe(Scope.extend(scope), Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }))
         const rows = yield* conn
           .executeValues("SELECT pg_try_advisory_lock($1)", [options.key])
-          .pipe(Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }))
+          .pipe(
+            Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }),
+            // the lock may have been taken on the server after we stopped waiting: release it on
+            // this connection (queued behind the lock query) before the connection goes back to
+            // the pool, or it would hold the role for nobody
+            Effect.tapError(() =>
+              conn.executeValues("SELECT pg_advisory_unlock($1)", [options.key]).pipe(
+                Effect.timeoutOption("2 seconds"),
+                Effect.ignore
+              )
+            )
+          )
         const ok = rows[0]?.[0] === true
         if (!ok) return false
         yield* Scope.addFinalizer(

@@ -333,6 +333,10 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
             SELECT t.owner_did, t.rkey FROM tombstones t
             WHERE t.deleted_at <= ${first.at}::timestamptz
               AND (t.deleted_at, t.owner_did, t.rkey) <= (${first.at}::timestamptz, ${first.owner_did}, ${first.rkey})
+              -- SPEC §3.4: never while the owner is being reconciled (a crashed scan is marked
+              -- failed by the retry scheduler, so this cannot hold the bound off for ever)
+              AND NOT EXISTS (
+                SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
             ORDER BY t.deleted_at
             LIMIT ${b}
             FOR UPDATE OF t SKIP LOCKED

@@ -60,6 +60,8 @@ export type OwnerFailureKind =
   | "too_many_pages"
   /** "repo not found" from a PDS that is no longer the owner's (a cached identity); retried */
   | "pds_moved"
+  /** a scan found `scanning` past the stale threshold (its process died); set by the retry scheduler's listing */
+  | "scan_crashed"
   | "too_many_records"
   | "too_many_bytes"
   | "too_many_rows"

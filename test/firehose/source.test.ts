@@ -341,7 +341,7 @@ describe("FirehoseSource: connection control", () => {
       expect(yield* conn.send("x").pipe(Effect.flip)).toEqual(new SourceError({ kind: "closed" }))
     }))
 
-  it.scoped("a connection silent for the idle timeout is closed (half-open sockets are noticed); frames keep it open (TestClock)", () =>
+  it.scoped("a connection silent for the idle timeout is closed as `idle` (half-open sockets are noticed); frames keep it open (TestClock)", () =>
     Effect.gen(function*() {
       const serverSawClose = yield* Deferred.make<void>()
       const hello = yield* Deferred.make<WsClient>()
@@ -368,7 +368,7 @@ describe("FirehoseSource: connection control", () => {
       const got = yield* Fiber.join(frames)
       expect(got.length).toBe(2)
       expect(got.map((x) => Either.isRight(x))).toEqual([true, false])
-      expect(got[1]).toEqual(Either.left(new SourceError({ kind: "closed" })))
+      expect(got[1]).toEqual(Either.left(new SourceError({ kind: "idle" })))
       yield* Deferred.await(serverSawClose)
     }))
 
