@@ -1,9 +1,12 @@
 import { describe, expect, it } from "@effect/vitest"
 import { ConfigProvider, Duration, Effect, Either, LogLevel, Option, Redacted } from "effect"
+import * as Backfill from "../src/services/Backfill.js"
 import * as Config from "../src/services/Config.js"
+import * as Identity from "../src/services/Identity.js"
 import * as Intake from "../src/services/Intake.js"
 import * as Maintenance from "../src/services/Maintenance.js"
 import * as Publisher from "../src/services/Publisher.js"
+import * as Reconciler from "../src/services/Reconciler.js"
 import * as RetryScheduler from "../src/services/RetryScheduler.js"
 
 const load = (env: Record<string, string>, isTty = false) =>
@@ -57,7 +60,20 @@ describe("Config", () => {
         plcDirectoryUrl: "https://plc.directory",
         ownerDiscoveryUrl: Option.none(),
         owners: [],
-        concurrency: 2
+        concurrency: 2,
+        pageSize: 50,
+        passMaxOwners: 1000,
+        retryBaseMs: 1000,
+        retryMaxMs: 60000
+      })
+      expect(c.identity).toEqual({ cacheStaleMs: 3_600_000, cacheMaxAgeMs: 86_400_000 })
+      expect(c.reconcile).toEqual({
+        maxConcurrentScans: 8,
+        pageMaxBytes: 524_288,
+        pageRecords: 100,
+        maxPages: 20,
+        maxRecords: 1000,
+        maxBytes: 10_485_760
       })
       expect(c.retryScheduler).toEqual({
         intervalMs: 60000,
@@ -109,6 +125,16 @@ describe("Config", () => {
       expect(Intake.tuningFromConfig(c.intake)).toEqual(Intake.defaultTuning(512, 128))
       // SPEC §5.4
       expect(c.retryScheduler.trackedMax).toBe(RetryScheduler.DEFAULT_TRACKED_MAX)
+      // SPEC §5.1: stale after 1 h, expired after 24 h
+      expect(c.identity.cacheStaleMs).toBe(ms(Identity.DEFAULT_STALE_AFTER))
+      expect(c.identity.cacheMaxAgeMs).toBe(ms(Identity.DEFAULT_EXPIRE_AFTER))
+      // SPEC §5.2 / §5.3: pages of 50 owners, ≤ 1,000 per pass, backoff 1 s → 60 s
+      expect(c.backfill.pageSize).toBe(Backfill.DEFAULT_PAGE_SIZE)
+      expect(c.backfill.passMaxOwners).toBe(Backfill.DEFAULT_MAX_OWNERS_PER_PASS)
+      expect(c.backfill.retryBaseMs).toBe(ms(Backfill.DEFAULT_INFRA_RETRY_BASE))
+      expect(c.backfill.retryMaxMs).toBe(ms(Backfill.DEFAULT_INFRA_RETRY_MAX))
+      // SPEC §5.3: the limits the Reconciler builds from the configuration are its default limits
+      expect(Reconciler.limitsFromConfig(c.reconcile)).toEqual(Reconciler.defaultLimits)
     }))
 
   /** The new numeric knobs: name, range, default, where the value lands, and what else must be set. */
@@ -152,7 +178,61 @@ describe("Config", () => {
       env: { WEBHOOK_INTAKE_BACKOFF_BASE_MS: "100" }
     },
     { name: "WEBHOOK_INTAKE_POISON_BACKOFF_MS", min: 1000, max: 3_600_000, def: 10_000, get: (c) => c.intake.poisonBackoffMs },
-    { name: "RETRY_SCHEDULER_TRACKED_MAX", min: 1, max: 1024, def: 16, get: (c) => c.retryScheduler.trackedMax }
+    { name: "RETRY_SCHEDULER_TRACKED_MAX", min: 1, max: 1024, def: 16, get: (c) => c.retryScheduler.trackedMax },
+    {
+      name: "IDENTITY_CACHE_STALE_MS",
+      min: 60_000,
+      max: 86_400_000,
+      def: 3_600_000,
+      get: (c) => c.identity.cacheStaleMs,
+      env: { IDENTITY_CACHE_MAX_AGE_MS: "604800000" }
+    },
+    {
+      name: "IDENTITY_CACHE_MAX_AGE_MS",
+      min: 60_000,
+      max: 604_800_000,
+      def: 86_400_000,
+      get: (c) => c.identity.cacheMaxAgeMs,
+      env: { IDENTITY_CACHE_STALE_MS: "60000" }
+    },
+    { name: "BACKFILL_PAGE_SIZE", min: 1, max: 1000, def: 50, get: (c) => c.backfill.pageSize },
+    { name: "BACKFILL_PASS_MAX_OWNERS", min: 1, max: 1_000_000, def: 1000, get: (c) => c.backfill.passMaxOwners },
+    {
+      name: "BACKFILL_RETRY_BASE_MS",
+      min: 100,
+      max: 600_000,
+      def: 1000,
+      get: (c) => c.backfill.retryBaseMs,
+      env: { BACKFILL_RETRY_MAX_MS: "3600000" }
+    },
+    {
+      name: "BACKFILL_RETRY_MAX_MS",
+      min: 100,
+      max: 3_600_000,
+      def: 60_000,
+      get: (c) => c.backfill.retryMaxMs,
+      env: { BACKFILL_RETRY_BASE_MS: "100" }
+    },
+    { name: "RECONCILE_MAX_CONCURRENT_SCANS", min: 1, max: 1000, def: 8, get: (c) => c.reconcile.maxConcurrentScans },
+    {
+      name: "RECONCILE_PAGE_MAX_BYTES",
+      min: 65_536,
+      max: 16_777_216,
+      def: 524_288,
+      get: (c) => c.reconcile.pageMaxBytes,
+      env: { RECONCILE_MAX_BYTES: "1073741824" }
+    },
+    { name: "RECONCILE_PAGE_RECORDS", min: 1, max: 100, def: 100, get: (c) => c.reconcile.pageRecords },
+    { name: "RECONCILE_MAX_PAGES", min: 1, max: 1000, def: 20, get: (c) => c.reconcile.maxPages },
+    { name: "RECONCILE_MAX_RECORDS", min: 1, max: 100_000, def: 1000, get: (c) => c.reconcile.maxRecords },
+    {
+      name: "RECONCILE_MAX_BYTES",
+      min: 65_536,
+      max: 1_073_741_824,
+      def: 10_485_760,
+      get: (c) => c.reconcile.maxBytes,
+      env: { RECONCILE_PAGE_MAX_BYTES: "65536" }
+    }
   ]
 
   for (const k of knobs) {
@@ -169,6 +249,21 @@ describe("Config", () => {
     Effect.gen(function* () {
       const c = yield* load({ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "600000", WEBHOOK_INTAKE_BACKOFF_MAX_MS: "600000" })
       expect([c.intake.backoffBaseMs, c.intake.backoffMaxMs]).toEqual([600000, 600000])
+    }))
+
+  it.effect("each at-least rule of §5 accepts equality", () =>
+    Effect.gen(function* () {
+      const c = yield* load({
+        IDENTITY_CACHE_STALE_MS: "86400000",
+        IDENTITY_CACHE_MAX_AGE_MS: "86400000",
+        BACKFILL_RETRY_BASE_MS: "600000",
+        BACKFILL_RETRY_MAX_MS: "600000",
+        RECONCILE_PAGE_MAX_BYTES: "16777216",
+        RECONCILE_MAX_BYTES: "16777216"
+      })
+      expect(c.identity).toEqual({ cacheStaleMs: 86_400_000, cacheMaxAgeMs: 86_400_000 })
+      expect([c.backfill.retryBaseMs, c.backfill.retryMaxMs]).toEqual([600_000, 600_000])
+      expect([c.reconcile.pageMaxBytes, c.reconcile.maxBytes]).toEqual([16_777_216, 16_777_216])
     }))
 
   it.effect("backfill and retry scheduler values are parsed", () =>
@@ -190,7 +285,11 @@ describe("Config", () => {
         plcDirectoryUrl: "https://plc.example",
         ownerDiscoveryUrl: Option.some("https://relay.example"),
         owners: [did, "did:web:example.com"],
-        concurrency: 4
+        concurrency: 4,
+        pageSize: 50,
+        passMaxOwners: 1000,
+        retryBaseMs: 1000,
+        retryMaxMs: 60000
       })
       expect(c.retryScheduler).toEqual({ intervalMs: 1000, baseMs: 100, maxMs: 100, concurrency: 2, staleScanMs: 60000, trackedMax: 2 })
       const dev = yield* load({
@@ -319,7 +418,17 @@ describe("Config", () => {
     // against the default base (1 s)
     [{ WEBHOOK_INTAKE_BACKOFF_MAX_MS: "999" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"],
     // against a default max (5 min)
-    [{ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "300001" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"]
+    [{ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "300001" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"],
+    // SPEC §5: max age ≥ stale, retry max ≥ base, snapshot bytes ≥ page bytes (each also against
+    // the other's default)
+    [{ IDENTITY_CACHE_STALE_MS: "120000", IDENTITY_CACHE_MAX_AGE_MS: "119999" }, "IDENTITY_CACHE_MAX_AGE_MS", "must not be below IDENTITY_CACHE_STALE_MS"],
+    [{ IDENTITY_CACHE_MAX_AGE_MS: "3599999" }, "IDENTITY_CACHE_MAX_AGE_MS", "must not be below IDENTITY_CACHE_STALE_MS"],
+    [{ BACKFILL_RETRY_BASE_MS: "5000", BACKFILL_RETRY_MAX_MS: "4999" }, "BACKFILL_RETRY_MAX_MS", "must not be below BACKFILL_RETRY_BASE_MS"],
+    [{ BACKFILL_RETRY_MAX_MS: "999" }, "BACKFILL_RETRY_MAX_MS", "must not be below BACKFILL_RETRY_BASE_MS"],
+    [{ BACKFILL_RETRY_BASE_MS: "60001" }, "BACKFILL_RETRY_MAX_MS", "must not be below BACKFILL_RETRY_BASE_MS"],
+    [{ RECONCILE_PAGE_MAX_BYTES: "100000", RECONCILE_MAX_BYTES: "99999" }, "RECONCILE_MAX_BYTES", "must not be below RECONCILE_PAGE_MAX_BYTES"],
+    [{ RECONCILE_MAX_BYTES: "524287" }, "RECONCILE_MAX_BYTES", "must not be below RECONCILE_PAGE_MAX_BYTES"],
+    [{ RECONCILE_PAGE_MAX_BYTES: "10485761" }, "RECONCILE_MAX_BYTES", "must not be below RECONCILE_PAGE_MAX_BYTES"]
   ]
 
   for (const [env, variable, ruleFragment] of [...invalid, ...knobInvalid, ...crossField]) {

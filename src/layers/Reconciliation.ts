@@ -2,13 +2,17 @@
  * Backfill and reconciliation (SPEC §5) as two layers for the startup sequence (SPEC §6.1):
  *
  * - {@link identityLayer}: Identity (DID → PDS, cached) over its own SSRF-safe transport (timeouts
- *   and response bounds are set per request: 10 s; 1 MiB, 512 KiB for listRecords pages). Built before intake, so intake can call
+ *   and response bounds are set per request: 10 s; 1 MiB, `RECONCILE_PAGE_MAX_BYTES` (512 KiB) for listRecords pages). Built before intake, so intake can call
  *   `Identity.invalidate(did)` on `#identity` / `#account` events.
  * - {@link reconciliationLayer}: the reconcile store, the Reconciler (swapping completed owners into
  *   the in-memory Registry), the RetryScheduler (its rounds start when the layer is built) and the
  *   Backfill (idle until `Backfill.start`). Built after intake has started. It registers the health
  *   sections `backfill` and `retryScheduler` and the shutdown stages `backfill`, `scheduler-begin`
  *   and `scheduler-await`.
+ *
+ * The SPEC §5 bounds (`IDENTITY_CACHE_*`, `BACKFILL_PAGE_SIZE`, `BACKFILL_PASS_MAX_OWNERS`,
+ * `BACKFILL_RETRY_*`, `RECONCILE_*`) are read from `FirehookConfig` by the services' `make`
+ * (so the CLI's reconciler has them too); options given here win over them.
  */
 import { Layer } from "effect"
 import * as Backfill from "../services/Backfill.js"

@@ -105,6 +105,12 @@ export const infrastructureBackoff = (base: Duration.DurationInput, max: Duratio
   )
 }
 
+/** The SPEC §5.2 / §5.3 defaults of `BACKFILL_PAGE_SIZE`, `BACKFILL_PASS_MAX_OWNERS` and `BACKFILL_RETRY_BASE_MS` / `_MAX_MS`. */
+export const DEFAULT_PAGE_SIZE = 50
+export const DEFAULT_MAX_OWNERS_PER_PASS = 1_000
+export const DEFAULT_INFRA_RETRY_BASE = Duration.seconds(1)
+export const DEFAULT_INFRA_RETRY_MAX = Duration.seconds(60)
+
 const MAX_CURSOR_LENGTH = 2048
 const DISCOVERY_MAX_RESPONSE_BYTES = 1024 * 1024
 const DISCOVERY_TIMEOUT_MS = 10_000
@@ -116,14 +122,19 @@ export const make = (options: BackfillOptions = {}) =>
     const reconciler = yield* Reconciler
     const http = yield* SafeHttp
     const scope = yield* Effect.scope
-    const pageSize = Math.max(1, Math.floor(options.pageSize ?? 50))
-    const maxOwnersPerPass = Math.max(1, Math.floor(options.maxOwnersPerPass ?? 1_000))
+    // `BACKFILL_PAGE_SIZE` / `BACKFILL_PASS_MAX_OWNERS` / `BACKFILL_RETRY_*_MS` (defaults: the
+    // DEFAULT_* above); an explicit option wins
+    const pageSize = Math.max(1, Math.floor(options.pageSize ?? config.backfill.pageSize))
+    const maxOwnersPerPass = Math.max(1, Math.floor(options.maxOwnersPerPass ?? config.backfill.passMaxOwners))
     const busyRetries = Math.max(0, Math.floor(options.busyRetries ?? 10))
     const busyRetryDelay = Duration.decode(options.busyRetryDelay ?? "1 second")
     const repass = options.repassInterval === null ? undefined : Duration.decode(options.repassInterval ?? "24 hours")
     const discoveryMaxPages = Math.max(1, Math.floor(options.discoveryMaxPages ?? 100))
     const discoveryPageLimit = Math.min(2000, Math.max(1, Math.floor(options.discoveryPageLimit ?? 1_000)))
-    const backoff = infrastructureBackoff(options.infraRetryBase ?? "1 second", options.infraRetryMax ?? "60 seconds")
+    const backoff = infrastructureBackoff(
+      options.infraRetryBase ?? Duration.millis(config.backfill.retryBaseMs),
+      options.infraRetryMax ?? Duration.millis(config.backfill.retryMaxMs)
+    )
     const initialDone = yield* Deferred.make<void>()
 
     const state = {

@@ -114,6 +114,33 @@ export interface FirehookConfigShape {
     readonly owners: ReadonlyArray<string>
     /** `BACKFILL_CONCURRENCY` (1..4) */
     readonly concurrency: number
+    /** `BACKFILL_PAGE_SIZE`: owners per keyset page of a pass (SPEC §5.2) */
+    readonly pageSize: number
+    /** `BACKFILL_PASS_MAX_OWNERS`: owners per pass; a capped pass is continued by the next */
+    readonly passMaxOwners: number
+    /** `BACKFILL_RETRY_BASE_MS` / `BACKFILL_RETRY_MAX_MS`: backoff of a pass after an infrastructure failure (SPEC §5.3) */
+    readonly retryBaseMs: number
+    readonly retryMaxMs: number
+  }
+  /** SPEC §5.1: the identity cache */
+  readonly identity: {
+    /** `IDENTITY_CACHE_STALE_MS`: an older entry is served and refreshed in the background */
+    readonly cacheStaleMs: number
+    /** `IDENTITY_CACHE_MAX_AGE_MS` (≥ stale): an older entry is fetched again before answering */
+    readonly cacheMaxAgeMs: number
+  }
+  /** SPEC §5.3: the bounds of one owner's reconciliation (`RECONCILE_*`) */
+  readonly reconcile: {
+    /** `RECONCILE_MAX_CONCURRENT_SCANS`: a scan is refused (busy) when this many other owners are scanning */
+    readonly maxConcurrentScans: number
+    /** `RECONCILE_PAGE_MAX_BYTES`: one listRecords response */
+    readonly pageMaxBytes: number
+    /** `RECONCILE_PAGE_RECORDS`: the `limit` of listRecords and the most records a page may hold */
+    readonly pageRecords: number
+    /** `RECONCILE_MAX_PAGES` / `RECONCILE_MAX_RECORDS` / `RECONCILE_MAX_BYTES` (≥ page bytes): one snapshot */
+    readonly maxPages: number
+    readonly maxRecords: number
+    readonly maxBytes: number
   }
   /** SPEC §5.4 */
   readonly retryScheduler: {
@@ -439,11 +466,57 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       test: (s) => parseDidList(s) !== undefined,
       text: `must be a comma-separated list of at most ${MAX_BACKFILL_OWNERS} canonical DIDs (did:plc:… or did:web:…)`
     })
+    const backfillConcurrency = yield* readInt("BACKFILL_CONCURRENCY", 2, 1, 4)
+    // SPEC §5.2: keyset pages of 50 owners, at most 1,000 owners per pass; §5.3: a pass that failed
+    // for the infrastructure is retried with backoff from 1 s up to 60 s
+    const backfillPageSize = yield* readInt("BACKFILL_PAGE_SIZE", 50, 1, 1000)
+    const backfillPassMaxOwners = yield* readInt("BACKFILL_PASS_MAX_OWNERS", 1000, 1, 1_000_000)
+    const backfillRetryBaseMs = yield* readInt("BACKFILL_RETRY_BASE_MS", 1000, 100, 600_000)
+    const backfillRetryMaxMs = yield* readInt("BACKFILL_RETRY_MAX_MS", 60_000, 100, 3_600_000)
+    if (backfillRetryMaxMs < backfillRetryBaseMs) {
+      return yield* Effect.fail(
+        new ConfigInvalid({ variable: "BACKFILL_RETRY_MAX_MS", rule: "must not be below BACKFILL_RETRY_BASE_MS" })
+      )
+    }
     const backfill = {
       plcDirectoryUrl,
       ownerDiscoveryUrl: discoveryText === "" ? Option.none<string>() : Option.some(stripTrailingSlashes(discoveryText)),
       owners: parseDidList(ownersText) ?? [],
-      concurrency: yield* readInt("BACKFILL_CONCURRENCY", 2, 1, 4)
+      concurrency: backfillConcurrency,
+      pageSize: backfillPageSize,
+      passMaxOwners: backfillPassMaxOwners,
+      retryBaseMs: backfillRetryBaseMs,
+      retryMaxMs: backfillRetryMaxMs
+    }
+    // SPEC §5.1: identity entries are stale after 1 h and expired after 24 h
+    const identityStaleMs = yield* readInt("IDENTITY_CACHE_STALE_MS", 3_600_000, 60_000, 86_400_000)
+    const identityMaxAgeMs = yield* readInt("IDENTITY_CACHE_MAX_AGE_MS", 86_400_000, 60_000, 604_800_000)
+    if (identityMaxAgeMs < identityStaleMs) {
+      return yield* Effect.fail(
+        new ConfigInvalid({ variable: "IDENTITY_CACHE_MAX_AGE_MS", rule: "must not be below IDENTITY_CACHE_STALE_MS" })
+      )
+    }
+    const identity = { cacheStaleMs: identityStaleMs, cacheMaxAgeMs: identityMaxAgeMs }
+    // SPEC §5.3: refused when ≥ 8 other owners are scanning; pages ≤ 512 KiB and ≤ 100 records
+    // (`limit=100`, listRecords' maximum); ≤ 20 pages, ≤ 1,000 records, ≤ 10 MiB per snapshot
+    const reconcileMaxConcurrentScans = yield* readInt("RECONCILE_MAX_CONCURRENT_SCANS", 8, 1, 1000)
+    const reconcilePageMaxBytes = yield* readInt("RECONCILE_PAGE_MAX_BYTES", 524_288, 65_536, 16_777_216)
+    const reconcilePageRecords = yield* readInt("RECONCILE_PAGE_RECORDS", 100, 1, 100)
+    const reconcileMaxPages = yield* readInt("RECONCILE_MAX_PAGES", 20, 1, 1000)
+    const reconcileMaxRecords = yield* readInt("RECONCILE_MAX_RECORDS", 1000, 1, 100_000)
+    const reconcileMaxBytes = yield* readInt("RECONCILE_MAX_BYTES", 10_485_760, 65_536, 1_073_741_824)
+    if (reconcileMaxBytes < reconcilePageMaxBytes) {
+      return yield* Effect.fail(
+        new ConfigInvalid({ variable: "RECONCILE_MAX_BYTES", rule: "must not be below RECONCILE_PAGE_MAX_BYTES" })
+      )
+    }
+    const reconcile = {
+      maxConcurrentScans: reconcileMaxConcurrentScans,
+      pageMaxBytes: reconcilePageMaxBytes,
+      pageRecords: reconcilePageRecords,
+      maxPages: reconcileMaxPages,
+      maxRecords: reconcileMaxRecords,
+      maxBytes: reconcileMaxBytes
     }
     const schedulerBaseMs = yield* readInt("RETRY_SCHEDULER_BASE_MS", 5000, 100, 3_600_000)
     const schedulerMaxMs = yield* readInt("RETRY_SCHEDULER_MAX_MS", 3_600_000, 100, 86_400_000)
@@ -491,6 +564,8 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       maintenanceIntervalMs,
       retention,
       backfill,
+      identity,
+      reconcile,
       retryScheduler
     }
   })

@@ -9,6 +9,7 @@
  *   endpoint must pass the URL rules (SPEC §1.2: https and public; http/loopback only in insecure
  *   development mode), so a document pointing at a private address is refused before any PDS call.
  * - Cache: at most `maxEntries` DIDs (least recently used evicted). An entry older than `staleAfter`
+ *   (`IDENTITY_CACHE_STALE_MS`, default 1 h; `expireAfter`: `IDENTITY_CACHE_MAX_AGE_MS`, default 24 h)
  *   is served and refreshed in the background (one refresh per DID, at most
  *   `maxBackgroundRefreshes` at a time, fibers owned by the layer's scope); older than
  *   `expireAfter` it is fetched again before answering. `invalidate(did)` drops the entry (intake
@@ -55,6 +56,7 @@ export interface IdentityOptions {
   readonly maxResponseBytes?: number
 }
 
+/** The SPEC §5.1 defaults of `IDENTITY_CACHE_STALE_MS` and `IDENTITY_CACHE_MAX_AGE_MS`. */
 export const DEFAULT_STALE_AFTER = Duration.hours(1)
 export const DEFAULT_EXPIRE_AFTER = Duration.hours(24)
 export const DEFAULT_MAX_ENTRIES = 10_000
@@ -123,8 +125,10 @@ export const make = (options: IdentityOptions = {}) =>
     const config = yield* FirehookConfig
     const http = yield* SafeHttp
     const refreshers = yield* FiberSet.make<void, never>()
-    const staleMs = Duration.toMillis(Duration.decode(options.staleAfter ?? DEFAULT_STALE_AFTER))
-    const expireMs = Duration.toMillis(Duration.decode(options.expireAfter ?? DEFAULT_EXPIRE_AFTER))
+    // `IDENTITY_CACHE_STALE_MS` / `IDENTITY_CACHE_MAX_AGE_MS` (defaults DEFAULT_STALE_AFTER /
+    // DEFAULT_EXPIRE_AFTER); an explicit option wins
+    const staleMs = Duration.toMillis(Duration.decode(options.staleAfter ?? Duration.millis(config.identity.cacheStaleMs)))
+    const expireMs = Duration.toMillis(Duration.decode(options.expireAfter ?? Duration.millis(config.identity.cacheMaxAgeMs)))
     const maxEntries = Math.max(1, Math.floor(options.maxEntries ?? DEFAULT_MAX_ENTRIES))
     const maxRefreshes = Math.max(0, Math.floor(options.maxBackgroundRefreshes ?? DEFAULT_MAX_BACKGROUND_REFRESHES))
     const timeoutMs = options.timeoutMs ?? IDENTITY_TIMEOUT_MS

@@ -33,7 +33,7 @@ import { isCanonicalDid, isRkey } from "../schemas/AtUri.js"
 import { isTid, tidFromMicros, tidToMicros } from "../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION } from "../schemas/WhRecord.js"
 import { decodeJsonBody, LatestCommit, ListRecordsPage, XrpcError } from "../schemas/Xrpc.js"
-import { FirehookConfig } from "./Config.js"
+import { FirehookConfig, type FirehookConfigShape } from "./Config.js"
 import { Identity, type IdentityErrorKind } from "./Identity.js"
 import { ReconcileStore } from "./ReconcileStore.js"
 import { Registry, toRow } from "./Registry.js"
@@ -151,6 +151,19 @@ export const defaultLimits: ReconcileLimits = {
   maxFutureRevMs: 5 * 60 * 1000
 }
 
+/**
+ * The limits of a configuration (`RECONCILE_*`; their defaults are those of {@link defaultLimits},
+ * SPEC §5.3); the others are {@link defaultLimits}'.
+ */
+export const limitsFromConfig = (reconcile: FirehookConfigShape["reconcile"]): ReconcileLimits => ({
+  ...defaultLimits,
+  maxOtherScanning: reconcile.maxConcurrentScans,
+  maxPageBytes: reconcile.pageMaxBytes,
+  maxPageRecords: reconcile.pageRecords,
+  maxPages: reconcile.maxPages,
+  maxRecords: reconcile.maxRecords,
+  maxTotalBytes: reconcile.maxBytes
+})
 
 // ---------------------------------------------------------------------------------------------
 // Metrics
@@ -232,7 +245,7 @@ export const make = (options: ReconcilerOptions) =>
     const http = yield* SafeHttp
     const identity = yield* Identity
     const store = yield* ReconcileStore
-    const limits: ReconcileLimits = { ...defaultLimits, ...options.limits }
+    const limits: ReconcileLimits = { ...limitsFromConfig(config.reconcile), ...options.limits }
     const validateOpts = { allowInsecureDev: config.allowInsecureDev }
     const headers = { accept: "application/json", "user-agent": USER_AGENT }
     const stats = { completed: 0, failed: 0, busy: 0, superseded: 0, invalidRecords: 0 }
