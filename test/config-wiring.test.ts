@@ -5,8 +5,9 @@
  * `Intake.make` from the configuration) and `RETRY_SCHEDULER_TRACKED_MAX` (read by
  * `RetryScheduler.make`), and the SPEC §5 bounds read by `Identity.make` (`IDENTITY_CACHE_*`),
  * `Backfill.make` (`BACKFILL_PAGE_SIZE`, `BACKFILL_PASS_MAX_OWNERS`, `BACKFILL_RETRY_*`) and
- * `Reconciler.make` (`RECONCILE_*`). Each test sets values other than the defaults and observes the
- * behaviour they change.
+ * `Reconciler.make` (`RECONCILE_*`), and the SPEC §2.4 prior-reference bounds read by
+ * `Processor.make` (`PRIOR_REFS_TTL_MS`, `PRIOR_REFS_MAX_ROWS`). Each test sets values other than
+ * the defaults and observes the behaviour they change.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it, layer } from "@effect/vitest"
@@ -19,7 +20,7 @@ import * as Identity from "../src/services/Identity.js"
 import * as Intake from "../src/services/Intake.js"
 import * as Lifecycle from "../src/services/Lifecycle.js"
 import * as Maintenance from "../src/services/Maintenance.js"
-import { Processor, type ProcessorShape } from "../src/services/Processor.js"
+import { defaultPriorRefLimits, priorLimitsFromConfig, Processor, type ProcessorShape } from "../src/services/Processor.js"
 import * as Publisher from "../src/services/Publisher.js"
 import { ReconcileStore, type ReconcileStoreShape } from "../src/services/ReconcileStore.js"
 import { limitsFromConfig, Reconciler } from "../src/services/Reconciler.js"
@@ -33,7 +34,7 @@ import { commitFrame, startFakeJetstream } from "./support/fakeJetstream.js"
 import { fakeReconcileStore } from "./support/fakeReconcileStore.js"
 import { fakeRedis } from "./support/fakeRedis.js"
 import { Fakes, reconcileStack } from "./support/reconcile.js"
-import { memoryStack, plc, testConfig, whRecordValue, WH } from "./support/stack.js"
+import { ev, memoryStack, plc, rev, sqlStack, testConfig, whEv, whRecordValue, WH } from "./support/stack.js"
 
 // ---------------------------------------------------------------------------------------------
 // Maintenance: RETENTION_*
@@ -544,4 +545,75 @@ describe("RECONCILE_* reach the reconciler (Reconciler.make reads them from the 
         expect(yield* reconcile(did)).toEqual({ _tag: "busy" })
       }))
   })
+})
+
+// ---------------------------------------------------------------------------------------------
+// Processor: PRIOR_REFS_TTL_MS / PRIOR_REFS_MAX_ROWS
+
+describe("PRIOR_REFS_* reach the processor (Processor.make reads them from the configuration)", () => {
+  const owner = plc(401)
+  const subject = plc(402)
+  const post = `at://${subject}/app.bsky.feed.post/p1`
+  /** A backlink webhook on `subject`, then `n` posts of another DID referencing `subject`'s post (batches of 100). */
+  const referencingPosts = (n: number) =>
+    Effect.gen(function* () {
+      const p = yield* Processor
+      yield* p.processEvents([whEv(owner, "bl", whRecordValue(`at://${subject}`, { backlinks: true }), { rev: rev(1) })], {
+        registryWriter: true
+      })
+      const author = plc(403)
+      for (let start = 0; start < n; start += 100) {
+        const batch = Array.from({ length: Math.min(100, n - start) }, (_, i) =>
+          ev(author, "app.bsky.feed.post", `r${start + i}`, { rev: rev(10 + start + i), record: { ref: post } })
+        )
+        yield* p.processEvents(batch, { registryWriter: true })
+      }
+      const stats = yield* p.stats
+      return { keys: stats.priorRefKeys, refused: stats.priorRefsRefused, complete: stats.priorRefIndexComplete }
+    })
+
+  it("the limits of a configuration map each variable to its field; the defaults are the processor's", () => {
+    expect(priorLimitsFromConfig(testConfig({}).priorRefs)).toEqual(defaultPriorRefLimits)
+    expect(priorLimitsFromConfig(testConfig({ PRIOR_REFS_TTL_MS: "7200500", PRIOR_REFS_MAX_ROWS: "1234" }).priorRefs)).toEqual({
+      ...defaultPriorRefLimits,
+      ttlSeconds: 7200.5,
+      maxRows: 1234
+    })
+  })
+
+  // the webhook record references `subject` too, so it is a key as well: 1,001 keys in all
+  it.effect("1,000 rows: of 1,001 new keys the last one is refused; the default (100,000) stores them all", () =>
+    Effect.gen(function* () {
+      const configured = yield* referencingPosts(1000).pipe(Effect.provide(memoryStack({ env: { PRIOR_REFS_MAX_ROWS: "1000" } })))
+      expect(configured).toEqual({ keys: 1000, refused: 1, complete: true })
+      const byDefault = yield* referencingPosts(1000).pipe(Effect.provide(memoryStack()))
+      expect(byDefault).toEqual({ keys: 1001, refused: 0, complete: true })
+      // an explicit option still wins over the configuration
+      const explicit = yield* referencingPosts(1000).pipe(
+        Effect.provide(memoryStack({ env: { PRIOR_REFS_MAX_ROWS: "1000" }, priorLimits: { ...defaultPriorRefLimits, maxRows: 1001 } }))
+      )
+      expect(explicit).toEqual({ keys: 1001, refused: 0, complete: true })
+    }), { timeout: 60_000 })
+
+  /** Seconds from now to the stored row's expiry, after one referencing post. */
+  const expiresInSeconds = (env: Record<string, string>) =>
+    Effect.gen(function* () {
+      yield* referencingPosts(1)
+      const s = yield* sql
+      const rows = yield* s<{ secs: number }>`
+        SELECT extract(epoch FROM expires_at - now())::float8 AS secs FROM prior_refs WHERE record_uri LIKE ${`at://${plc(403)}/%`}`
+      return rows.map((r) => Number(r.secs))
+    }).pipe(Effect.provide(sqlStack({ env })))
+
+  it.effect("a TTL of 2 h (and half a second) sets the stored row's expiry (what maintenance prunes by); the default is 7 days", () =>
+    Effect.gen(function* () {
+      const configured = yield* expiresInSeconds({ PRIOR_REFS_TTL_MS: "7200500" })
+      expect(configured).toHaveLength(1)
+      expect(configured[0]).toBeGreaterThan(7200.5 - 60)
+      expect(configured[0]).toBeLessThanOrEqual(7200.5)
+      const byDefault = yield* expiresInSeconds({})
+      expect(byDefault).toHaveLength(1)
+      expect(byDefault[0]).toBeGreaterThan(604_800 - 60)
+      expect(byDefault[0]).toBeLessThanOrEqual(604_800)
+    }), { timeout: 120_000 })
 })

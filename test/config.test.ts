@@ -5,6 +5,7 @@ import * as Config from "../src/services/Config.js"
 import * as Identity from "../src/services/Identity.js"
 import * as Intake from "../src/services/Intake.js"
 import * as Maintenance from "../src/services/Maintenance.js"
+import * as Processor from "../src/services/Processor.js"
 import * as Publisher from "../src/services/Publisher.js"
 import * as Reconciler from "../src/services/Reconciler.js"
 import * as RetryScheduler from "../src/services/RetryScheduler.js"
@@ -85,7 +86,7 @@ describe("Config", () => {
       })
     }))
 
-  it.effect("defaults of the SPEC's other numbers (§3.3, §3.4, §4.7, §4.9, §5.4) = the services' own defaults", () =>
+  it.effect("defaults of the SPEC's other numbers (§2.4, §3.3, §3.4, §4.7, §4.9, §5) = the services' own defaults", () =>
     Effect.gen(function* () {
       const c = yield* load({})
       const day = 86_400_000
@@ -135,6 +136,12 @@ describe("Config", () => {
       expect(c.backfill.retryMaxMs).toBe(ms(Backfill.DEFAULT_INFRA_RETRY_MAX))
       // SPEC §5.3: the limits the Reconciler builds from the configuration are its default limits
       expect(Reconciler.limitsFromConfig(c.reconcile)).toEqual(Reconciler.defaultLimits)
+      // SPEC §2.4: TTL 7 days, 100,000 rows; the limits the Processor builds from the configuration
+      // are its default limits
+      expect(c.priorRefs).toEqual({ ttlMs: 7 * day, maxRows: 100_000 })
+      expect(c.priorRefs.ttlMs).toBe(Processor.defaultPriorRefLimits.ttlSeconds * 1000)
+      expect(c.priorRefs.maxRows).toBe(Processor.defaultPriorRefLimits.maxRows)
+      expect(Processor.priorLimitsFromConfig(c.priorRefs)).toEqual(Processor.defaultPriorRefLimits)
     }))
 
   /** The new numeric knobs: name, range, default, where the value lands, and what else must be set. */
@@ -232,7 +239,9 @@ describe("Config", () => {
       def: 10_485_760,
       get: (c) => c.reconcile.maxBytes,
       env: { RECONCILE_PAGE_MAX_BYTES: "65536" }
-    }
+    },
+    { name: "PRIOR_REFS_TTL_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.priorRefs.ttlMs },
+    { name: "PRIOR_REFS_MAX_ROWS", min: 1_000, max: 10_000_000, def: 100_000, get: (c) => c.priorRefs.maxRows }
   ]
 
   for (const k of knobs) {

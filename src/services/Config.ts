@@ -142,6 +142,13 @@ export interface FirehookConfigShape {
     readonly maxRecords: number
     readonly maxBytes: number
   }
+  /** SPEC §2.4: the prior-reference table (`PRIOR_REFS_*`; the per-row bounds, 100 refs and 32 KiB, stay constants) */
+  readonly priorRefs: {
+    /** `PRIOR_REFS_TTL_MS`: a row expires this long after its last write (maintenance deletes it) */
+    readonly ttlMs: number
+    /** `PRIOR_REFS_MAX_ROWS`: the table's row bound, also the bound of the in-memory key index */
+    readonly maxRows: number
+  }
   /** SPEC §5.4 */
   readonly retryScheduler: {
     /** `RETRY_SCHEDULER_INTERVAL_MS`: how often failed / stale owners are listed */
@@ -518,6 +525,12 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       maxRecords: reconcileMaxRecords,
       maxBytes: reconcileMaxBytes
     }
+    // SPEC §2.4: prior references expire after 7 days; the table holds at most 100,000 rows (the same
+    // ranges as the RETENTION_* durations and row bounds)
+    const priorRefs = {
+      ttlMs: yield* readInt("PRIOR_REFS_TTL_MS", 7 * DAY_MS, RETENTION_MS_MIN, RETENTION_MS_MAX),
+      maxRows: yield* readInt("PRIOR_REFS_MAX_ROWS", 100_000, RETENTION_ROWS_MIN, RETENTION_ROWS_MAX)
+    }
     const schedulerBaseMs = yield* readInt("RETRY_SCHEDULER_BASE_MS", 5000, 100, 3_600_000)
     const schedulerMaxMs = yield* readInt("RETRY_SCHEDULER_MAX_MS", 3_600_000, 100, 86_400_000)
     if (schedulerMaxMs < schedulerBaseMs) {
@@ -566,6 +579,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       backfill,
       identity,
       reconcile,
+      priorRefs,
       retryScheduler
     }
   })

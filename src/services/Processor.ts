@@ -27,7 +27,7 @@ import { extractReferences, utf8Length } from "../matching/References.js"
 import { parseScopeUri, type ScopeUri } from "../schemas/AtUri.js"
 import { isWellFormedRecordEvent, type RecordEvent, type StreamEvent } from "../schemas/RecordEvent.js"
 import { sanitizeWhRecordForDelivery, WH_COLLECTION } from "../schemas/WhRecord.js"
-import { FirehookConfig } from "./Config.js"
+import { FirehookConfig, type FirehookConfigShape } from "./Config.js"
 import { Health } from "./Health.js"
 import { labelledCounter } from "./Metrics.js"
 import * as Outbox from "./Outbox.js"
@@ -78,12 +78,28 @@ export interface PriorRefLimits {
   readonly maxRows: number
 }
 
+/**
+ * SPEC §2.4: ≤ 100 refs and ≤ 32 KiB per row (constants: the shape of a row), TTL 7 days and a
+ * table bound of 100,000 rows (the defaults of `PRIOR_REFS_TTL_MS` / `PRIOR_REFS_MAX_ROWS`). The
+ * row bound is also the bound of the in-memory key index (loaded up to it; over it the index is
+ * incomplete and every candidate is read from the table).
+ */
 export const defaultPriorRefLimits: PriorRefLimits = {
   maxRefs: 100,
   maxBytes: 32 * 1024,
   ttlSeconds: 7 * 24 * 3600,
   maxRows: 100_000
 }
+
+/**
+ * The limits of a configuration (`PRIOR_REFS_TTL_MS`, `PRIOR_REFS_MAX_ROWS`; their defaults are
+ * those of {@link defaultPriorRefLimits}); the per-row bounds are {@link defaultPriorRefLimits}'.
+ */
+export const priorLimitsFromConfig = (priorRefs: FirehookConfigShape["priorRefs"]): PriorRefLimits => ({
+  ...defaultPriorRefLimits,
+  ttlSeconds: priorRefs.ttlMs / 1000,
+  maxRows: priorRefs.maxRows
+})
 
 export interface ProcessorShape {
   readonly processEvents: (
@@ -188,9 +204,11 @@ const newShared = (): Shared => ({
   addedKeys: []
 })
 
-export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
+/** `options` win over the configuration's limits ({@link priorLimitsFromConfig}). */
+export const make = (options: Partial<PriorRefLimits> = {}) =>
   Effect.gen(function* () {
     const config = yield* FirehookConfig
+    const priorLimits: PriorRefLimits = { ...priorLimitsFromConfig(config.priorRefs), ...options }
     const registry = yield* Registry
     const priorStore = yield* PriorRefsStore
     const tx = yield* Tx
@@ -697,7 +715,7 @@ export const make = (priorLimits: PriorRefLimits = defaultPriorRefLimits) =>
 
 const toBigInt = (s: string): bigint | undefined => (/^(0|[1-9]\d{0,18})$/.test(s) ? BigInt(s) : undefined)
 
-export const layer = (priorLimits?: PriorRefLimits) =>
+export const layer = (priorLimits?: Partial<PriorRefLimits>) =>
   Layer.scoped(
     Processor,
     Effect.gen(function* () {
