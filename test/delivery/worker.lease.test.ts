@@ -6,7 +6,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, FiberId, Layer, type Redacted, Scope } from "effect"
+import { Deferred, Effect, Exit, Fiber, FiberId, Layer, type Redacted, Scope } from "effect"
 import * as Config from "../../src/services/Config.js"
 import * as Database from "../../src/services/Database.js"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/DeliveryStore.js"
@@ -295,7 +295,7 @@ describe("delivery leases on PostgreSQL", () => {
   )
 
   it.scopedLive(
-    "statements updating many of a worker's rows lock them in one order: opposite input orders never deadlock",
+    "heartbeats over the same rows in opposite orders never deadlock (they do not wait for locks) and both report every row held",
     () =>
       Effect.gen(function* () {
         yield* webhookOnA
@@ -318,6 +318,55 @@ describe("delivery leases on PostgreSQL", () => {
         }
       }).pipe(onStoreStack),
     120_000
+  )
+
+  it.scopedLive(
+    "the heartbeat does not wait for rows another statement holds (a settle in progress): it renews the others and reports those as held",
+    () =>
+      Effect.gen(function* () {
+        yield* webhookOnA
+        yield* run([ev(BOB, POST, "p", { rev: rev(10) })])
+        yield* copyRows(9)
+        const store = yield* DeliveryStore
+        const sql = yield* SqlClient.SqlClient
+        const rows = (yield* store.claim("w", 10, 60_000, { defaultRoom: 10 })).rows
+        expect(rows.length).toBe(10)
+        const leases = rows.map((r) => ({ deliveryId: r.deliveryId, token: r.leaseToken }))
+        const lockedIds = leases.slice(0, 5).map((l) => l.deliveryId)
+        const untilOf = (ids: ReadonlyArray<string>) =>
+          sql<{ t: number }>`SELECT extract(epoch FROM leased_until)::float8 AS t FROM outbox
+            WHERE delivery_id IN ${sql.in(ids)} ORDER BY delivery_id`.pipe(Effect.map((r) => r.map((x) => x.t)))
+        const before = yield* untilOf(leases.map((l) => l.deliveryId))
+        // another transaction holds five of the rows (as a settle batch does while it runs)
+        const locked = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        const holder = yield* Effect.fork(
+          sql.withTransaction(
+            Effect.gen(function* () {
+              yield* sql`SELECT delivery_id FROM outbox WHERE delivery_id IN ${sql.in(lockedIds)} FOR UPDATE`
+              yield* Deferred.succeed(locked, undefined)
+              yield* Deferred.await(release)
+            })
+          )
+        )
+        yield* Deferred.await(locked)
+        // answers while the locks are held (the old statement waited for them)
+        const held = yield* store.heartbeatMany(leases, 120_000).pipe(Effect.timeout("10 seconds"))
+        expect(held.size).toBe(10)
+        const after = yield* untilOf(leases.map((l) => l.deliveryId))
+        const lockedSet = new Set(lockedIds)
+        const sortedIds = leases.map((l) => l.deliveryId).sort()
+        sortedIds.forEach((id, i) => {
+          if (lockedSet.has(id)) expect(after[i]).toBe(before[i])
+          else expect(after[i]).toBeGreaterThan(before[i] ?? Infinity)
+        })
+        yield* Deferred.succeed(release, undefined)
+        yield* Fiber.join(holder)
+        // a lease taken over by another worker is not reported as held
+        yield* sql`UPDATE outbox SET lease_token = 'other:1' WHERE delivery_id = ${lockedIds[0] ?? ""}`
+        expect((yield* store.heartbeatMany(leases, 120_000)).size).toBe(9)
+      }).pipe(onStoreStack),
+    60_000
   )
 
   it.scopedLive(
