@@ -304,6 +304,10 @@ const LOG_LEVELS: Record<string, LogLevel.LogLevel> = {
   none: LogLevel.None
 }
 
+/** A cross-field rule: `upper` (variable `upperName`) must not be below `lower` (`lowerName`). */
+const notBelow = (upperName: string, upper: number, lowerName: string, lower: number): Effect.Effect<void, ConfigInvalid> =>
+  upper < lower ? Effect.fail(new ConfigInvalid({ variable: upperName, rule: `must not be below ${lowerName}` })) : Effect.void
+
 /**
  * Load and validate the whole configuration. `isTty` picks the default log format
  * (`pretty` on a TTY, `json` otherwise).
@@ -363,11 +367,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     const batchRetryBaseMs = yield* readInt("WEBHOOK_INTAKE_BATCH_RETRY_BASE_MS", 250, 1, 60_000)
     const backoffBaseMs = yield* readInt("WEBHOOK_INTAKE_BACKOFF_BASE_MS", 1000, 100, 600_000)
     const backoffMaxMs = yield* readInt("WEBHOOK_INTAKE_BACKOFF_MAX_MS", 300_000, 100, 3_600_000)
-    if (backoffMaxMs < backoffBaseMs) {
-      return yield* Effect.fail(
-        new ConfigInvalid({ variable: "WEBHOOK_INTAKE_BACKOFF_MAX_MS", rule: "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS" })
-      )
-    }
+    yield* notBelow("WEBHOOK_INTAKE_BACKOFF_MAX_MS", backoffMaxMs, "WEBHOOK_INTAKE_BACKOFF_BASE_MS", backoffBaseMs)
     const poisonBackoffMs = yield* readInt("WEBHOOK_INTAKE_POISON_BACKOFF_MS", 10_000, 1000, 3_600_000)
     const insecure = insecureFlag === "1"
     const source = yield* readEnum<"jetstream" | "relay">("FIREHOSE_SOURCE", ["jetstream", "relay"], "jetstream")
@@ -387,11 +387,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     const relayUrl = yield* wsUrl("RELAY_URL", "wss://bsky.network")
     const retryBaseMs = yield* readInt("DELIVERY_RETRY_BASE_MS", 1000, 1, 3_600_000)
     const retryMaxMs = yield* readInt("DELIVERY_RETRY_MAX_MS", 300000, 1, 86_400_000)
-    if (retryMaxMs < retryBaseMs) {
-      return yield* Effect.fail(
-        new ConfigInvalid({ variable: "DELIVERY_RETRY_MAX_MS", rule: "must not be below DELIVERY_RETRY_BASE_MS" })
-      )
-    }
+    yield* notBelow("DELIVERY_RETRY_MAX_MS", retryMaxMs, "DELIVERY_RETRY_BASE_MS", retryBaseMs)
     const allowCidrText = yield* readString("DELIVERY_ALLOW_CIDRS", "", {
       test: (s) => parseCidrList(s) !== undefined,
       text: "must be a comma-separated list of at most 256 CIDRs (e.g. 10.0.0.0/8,fd00::/8)"
@@ -480,11 +476,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     const backfillPassMaxOwners = yield* readInt("BACKFILL_PASS_MAX_OWNERS", 1000, 1, 1_000_000)
     const backfillRetryBaseMs = yield* readInt("BACKFILL_RETRY_BASE_MS", 1000, 100, 600_000)
     const backfillRetryMaxMs = yield* readInt("BACKFILL_RETRY_MAX_MS", 60_000, 100, 3_600_000)
-    if (backfillRetryMaxMs < backfillRetryBaseMs) {
-      return yield* Effect.fail(
-        new ConfigInvalid({ variable: "BACKFILL_RETRY_MAX_MS", rule: "must not be below BACKFILL_RETRY_BASE_MS" })
-      )
-    }
+    yield* notBelow("BACKFILL_RETRY_MAX_MS", backfillRetryMaxMs, "BACKFILL_RETRY_BASE_MS", backfillRetryBaseMs)
     const backfill = {
       plcDirectoryUrl,
       ownerDiscoveryUrl: discoveryText === "" ? Option.none<string>() : Option.some(stripTrailingSlashes(discoveryText)),
@@ -498,11 +490,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     // SPEC §5.1: identity entries are stale after 1 h and expired after 24 h
     const identityStaleMs = yield* readInt("IDENTITY_CACHE_STALE_MS", 3_600_000, 60_000, 86_400_000)
     const identityMaxAgeMs = yield* readInt("IDENTITY_CACHE_MAX_AGE_MS", 86_400_000, 60_000, 604_800_000)
-    if (identityMaxAgeMs < identityStaleMs) {
-      return yield* Effect.fail(
-        new ConfigInvalid({ variable: "IDENTITY_CACHE_MAX_AGE_MS", rule: "must not be below IDENTITY_CACHE_STALE_MS" })
-      )
-    }
+    yield* notBelow("IDENTITY_CACHE_MAX_AGE_MS", identityMaxAgeMs, "IDENTITY_CACHE_STALE_MS", identityStaleMs)
     const identity = { cacheStaleMs: identityStaleMs, cacheMaxAgeMs: identityMaxAgeMs }
     // SPEC §5.3: refused when ≥ 8 other owners are scanning; pages ≤ 512 KiB and ≤ 100 records
     // (`limit=100`, listRecords' maximum); ≤ 20 pages, ≤ 1,000 records, ≤ 10 MiB per snapshot
@@ -512,11 +500,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     const reconcileMaxPages = yield* readInt("RECONCILE_MAX_PAGES", 20, 1, 1000)
     const reconcileMaxRecords = yield* readInt("RECONCILE_MAX_RECORDS", 1000, 1, 100_000)
     const reconcileMaxBytes = yield* readInt("RECONCILE_MAX_BYTES", 10_485_760, 65_536, 1_073_741_824)
-    if (reconcileMaxBytes < reconcilePageMaxBytes) {
-      return yield* Effect.fail(
-        new ConfigInvalid({ variable: "RECONCILE_MAX_BYTES", rule: "must not be below RECONCILE_PAGE_MAX_BYTES" })
-      )
-    }
+    yield* notBelow("RECONCILE_MAX_BYTES", reconcileMaxBytes, "RECONCILE_PAGE_MAX_BYTES", reconcilePageMaxBytes)
     const reconcile = {
       maxConcurrentScans: reconcileMaxConcurrentScans,
       pageMaxBytes: reconcilePageMaxBytes,
@@ -533,11 +517,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     }
     const schedulerBaseMs = yield* readInt("RETRY_SCHEDULER_BASE_MS", 5000, 100, 3_600_000)
     const schedulerMaxMs = yield* readInt("RETRY_SCHEDULER_MAX_MS", 3_600_000, 100, 86_400_000)
-    if (schedulerMaxMs < schedulerBaseMs) {
-      return yield* Effect.fail(
-        new ConfigInvalid({ variable: "RETRY_SCHEDULER_MAX_MS", rule: "must not be below RETRY_SCHEDULER_BASE_MS" })
-      )
-    }
+    yield* notBelow("RETRY_SCHEDULER_MAX_MS", schedulerMaxMs, "RETRY_SCHEDULER_BASE_MS", schedulerBaseMs)
     const retryScheduler = {
       intervalMs: yield* readInt("RETRY_SCHEDULER_INTERVAL_MS", 60000, 1000, 3_600_000),
       baseMs: schedulerBaseMs,

@@ -38,7 +38,7 @@ import type { SqlError } from "@effect/sql/SqlError"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { Operation } from "../schemas/RecordEvent.js"
 import { NOTIFY_CHANNEL, ORIGIN_SQL, originKey, type OutboxRow } from "./Outbox.js"
-import { codeOf, StoreError } from "./Store.js"
+import { codeOf, StoreError, storeOpWithin } from "./Store.js"
 
 export { originKey }
 
@@ -267,13 +267,7 @@ const clampInt = (n: number, min: number, max: number): number =>
   Number.isFinite(n) ? Math.min(max, Math.max(min, Math.floor(n))) : min
 
 /** Map a failure to a `StoreError` and bound the statement's time. */
-const op =
-  (name: string) =>
-  <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, StoreError, R> =>
-    eff.pipe(
-      Effect.mapError((e) => new StoreError({ op: name, code: codeOf(e) })),
-      Effect.timeoutFail({ duration: STATEMENT_TIMEOUT, onTimeout: () => new StoreError({ op: name, code: "timeout" }) })
-    )
+const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
 
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL

@@ -18,10 +18,11 @@
  */
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
-import { Context, Data, Duration, Effect, Either, Layer, Metric, Option, Stream, SubscriptionRef } from "effect"
+import type { Fragment } from "@effect/sql/Statement"
+import { Context, Duration, Effect, Either, Layer, Metric, Option, Stream, SubscriptionRef } from "effect"
 import type { Scope } from "effect"
 import { Health } from "./Health.js"
-import { codeOf, StoreError } from "./Store.js"
+import { codeOf, StoreError, storeOpWithin } from "./Store.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -120,9 +121,6 @@ const ruleFailuresTotal = Metric.counter("firehook_maintenance_rule_failures_tot
   incremental: true
 })
 
-/** A pruning statement that did not finish within `statementTimeout` (it was cancelled). */
-export class StatementTimeout extends Data.TaggedError("StatementTimeout")<{}> {}
-
 // ---------------------------------------------------------------------------------------------
 // One run
 
@@ -177,11 +175,8 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
    * (`pg_cancel_backend`), so a statement stuck behind a lock neither keeps its locks nor its
    * connection.
    */
-  const timed = <A>(statement: Effect.Effect<A, SqlError>): Effect.Effect<A, SqlError | StatementTimeout> =>
-    statement.pipe(
-      Effect.interruptible,
-      Effect.timeoutFail({ duration: o.statementTimeout, onTimeout: () => new StatementTimeout() })
-    )
+  const timed = <A>(statement: Effect.Effect<A, SqlError>): Effect.Effect<A, StoreError> =>
+    storeOpWithin("maintenance", o.statementTimeout)(Effect.interruptible(statement))
 
   /** Terminal outbox rows older than `retention`, with their attempts. */
   const outbox = (status: "delivered" | "dead_letter" | "cancelled", retention: Duration.DurationInput) =>
@@ -300,26 +295,33 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
    * `deleted_at` is now newer) fails the re-check under its row lock and is kept, and one locked
    * by a writer is skipped: pruning never undoes a fence being written.
    */
+  /** One batch of tombstones matching `where`, oldest first; never those of owners being reconciled (SPEC §3.4). */
+  const deleteTombstones = (where: Fragment) =>
+    onlyRows(timed(sql<CountRow>`
+      WITH doomed AS (
+        SELECT t.owner_did, t.rkey FROM tombstones t
+        WHERE ${where}
+          AND NOT EXISTS (
+            SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
+        ORDER BY t.deleted_at
+        LIMIT ${b}
+        FOR UPDATE OF t SKIP LOCKED
+      ), gone AS (
+        DELETE FROM tombstones t USING doomed d
+        WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
+        RETURNING 1
+      )
+      SELECT count(*)::int AS n FROM gone`))
+
   const tombstones = () =>
     Effect.gen(function* () {
       const byAge = yield* batched(
         o,
-        onlyRows(timed(sql<CountRow>`
-          WITH doomed AS (
-            SELECT t.owner_did, t.rkey FROM tombstones t
-            WHERE t.deleted_at < now() - make_interval(secs => ${seconds(o.tombstones)}::double precision)
-              AND NOT EXISTS (
-                SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
-            LIMIT ${b}
-            FOR UPDATE OF t SKIP LOCKED
-          ), gone AS (
-            DELETE FROM tombstones t USING doomed d
-            WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
-            RETURNING 1
-          )
-          SELECT count(*)::int AS n FROM gone`))
+        deleteTombstones(sql`t.deleted_at < now() - make_interval(secs => ${seconds(o.tombstones)}::double precision)`)
       )
-      // the newest tombstone beyond the bound: it and every older one go
+      // the newest tombstone beyond the bound: it and every older one go (an owner being
+      // reconciled keeps its own; a crashed scan is marked failed by the retry scheduler, so this
+      // cannot hold the bound off for ever)
       const cut = yield* timed(sql<TombstoneCutRow>`
         SELECT deleted_at::text AS at, owner_did, rkey FROM tombstones
         ORDER BY deleted_at DESC, owner_did DESC, rkey DESC
@@ -328,24 +330,8 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
       if (first === undefined) return byAge
       const byCount = yield* batched(
         o,
-        onlyRows(timed(sql<CountRow>`
-          WITH doomed AS (
-            SELECT t.owner_did, t.rkey FROM tombstones t
-            WHERE t.deleted_at <= ${first.at}::timestamptz
-              AND (t.deleted_at, t.owner_did, t.rkey) <= (${first.at}::timestamptz, ${first.owner_did}, ${first.rkey})
-              -- SPEC §3.4: never while the owner is being reconciled (a crashed scan is marked
-              -- failed by the retry scheduler, so this cannot hold the bound off for ever)
-              AND NOT EXISTS (
-                SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
-            ORDER BY t.deleted_at
-            LIMIT ${b}
-            FOR UPDATE OF t SKIP LOCKED
-          ), gone AS (
-            DELETE FROM tombstones t USING doomed d
-            WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
-            RETURNING 1
-          )
-          SELECT count(*)::int AS n FROM gone`))
+        deleteTombstones(sql`t.deleted_at <= ${first.at}::timestamptz
+          AND (t.deleted_at, t.owner_did, t.rkey) <= (${first.at}::timestamptz, ${first.owner_did}, ${first.rkey})`)
       )
       return { rows: byAge.rows + byCount.rows, extra: 0 }
     })
@@ -401,14 +387,11 @@ export const runOnce = (
     const step = (
       name: string,
       table: PrunedTable,
-      rule: Effect.Effect<{ readonly rows: number; readonly extra: number }, SqlError | StatementTimeout>,
+      rule: Effect.Effect<{ readonly rows: number; readonly extra: number }, StoreError>,
       extraTable?: PrunedTable
     ) =>
       rule.pipe(
-        Effect.mapError(
-          (e) =>
-            new StoreError({ op: `maintenance.${name}`, code: e._tag === "StatementTimeout" ? "timeout" : codeOf(e) })
-        ),
+        Effect.mapError((e) => new StoreError({ op: `maintenance.${name}`, code: e.code })),
         Effect.matchEffect({
           onFailure: (e) =>
             Effect.gen(function* () {

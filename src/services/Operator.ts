@@ -30,7 +30,7 @@ import type { Fragment } from "@effect/sql/Statement"
 import { Context, Data, Effect, Layer, Option } from "effect"
 import { isCanonicalDid, isRkey } from "../schemas/AtUri.js"
 import { NOTIFY_CHANNEL, type OutboxRow } from "./Outbox.js"
-import { type StoreError, storeOpWithin } from "./Store.js"
+import { type StoreError, storeOp } from "./Store.js"
 
 export const DELIVERY_STATUSES = ["pending", "leased", "delivered", "dead_letter", "cancelled"] as const
 export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number]
@@ -47,8 +47,6 @@ export const MAX_LIST_LIMIT = 1_000
 export const REPLAY_BATCH = 1_000
 /** Attempts shown by `showDelivery` at most (the newest). */
 export const MAX_ATTEMPTS_SHOWN = 1_000
-/** Deadline of one operator statement (SPEC §7: every network call has a timeout). */
-export const STATEMENT_TIMEOUT = "60 seconds"
 
 /** An operator argument broke a rule. Names the field and the rule, never the value. */
 export class InvalidArgument extends Data.TaggedError("InvalidArgument")<{
@@ -266,7 +264,6 @@ const replayStatementBound = (counted: number, batch: number): number => Math.ce
 export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const replayBatch = Math.min(REPLAY_BATCH, Math.max(1, Math.floor(options.replayBatchSize ?? REPLAY_BATCH)))
-  const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
 
   const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }): ReadonlyArray<Fragment> => {
     const out: Array<Fragment> = []
@@ -299,13 +296,13 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
     const rows = yield* sql<OutboxDbRow>`
       SELECT * FROM outbox WHERE ${sql.and(conditions(filter))}
       ORDER BY created_at DESC, delivery_id
-      LIMIT ${limit}`.pipe(op("operator.listDeliveries"))
+      LIMIT ${limit}`.pipe(storeOp("operator.listDeliveries"))
     return rows.map(toDelivery)
   })
 
   const showDelivery = Effect.fn("Operator.showDelivery")(function* (deliveryId: string) {
     const rows = yield* sql<OutboxDbRow>`SELECT * FROM outbox WHERE delivery_id = ${deliveryId}`.pipe(
-      op("operator.showDelivery")
+      storeOp("operator.showDelivery")
     )
     const row = rows[0]
     if (row === undefined) return Option.none<DeliveryDetail>()
@@ -317,12 +314,12 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
         ORDER BY attempt DESC, started_at DESC
         LIMIT ${MAX_ATTEMPTS_SHOWN}
       ) newest
-      ORDER BY attempt, started_at`.pipe(op("operator.showDelivery"))
+      ORDER BY attempt, started_at`.pipe(storeOp("operator.showDelivery"))
     let older = 0
     if (attempts.length >= MAX_ATTEMPTS_SHOWN) {
       const total = yield* sql<{ n: number }>`
         SELECT count(*)::float8 AS n FROM delivery_attempts WHERE delivery_id = ${deliveryId}`.pipe(
-        op("operator.showDelivery")
+        storeOp("operator.showDelivery")
       )
       older = Math.max(0, (total[0]?.n ?? 0) - attempts.length)
     }
@@ -373,7 +370,7 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
           })
         })
       )
-      .pipe(op("operator.redeliver"))
+      .pipe(storeOp("operator.redeliver"))
 
   const redeliver = Effect.fn("Operator.redeliver")(function* (deliveryId: string) {
     // a row that stopped being validly leased between the update and the read is tried again, 3 times at most
@@ -392,7 +389,7 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
     const start = yield* sql<{ started: string; n: number }>`
       SELECT now()::text AS started, count(*)::float8 AS n FROM outbox
       WHERE ${sql.and([sql`status = 'dead_letter'`, sql`updated_at <= now()`, ...conditions(filter)])}`.pipe(
-      op("operator.replayDeadLetters")
+      storeOp("operator.replayDeadLetters")
     )
     const started = start[0]?.started
     const counted = start[0]?.n ?? 0
@@ -430,7 +427,7 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
                (SELECT count(*) FROM upd)::int AS replayed,
                (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
                (SELECT last_created FROM tail) AS last_created,
-               (SELECT last_id FROM tail) AS last_id`.pipe(op("operator.replayDeadLetters"))
+               (SELECT last_id FROM tail) AS last_id`.pipe(storeOp("operator.replayDeadLetters"))
       const r: ReplayBatchRow | undefined = result[0]
       if (r === undefined) break
       replayed += r.replayed
@@ -441,7 +438,7 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
       }
       last = { createdAt: r.last_created, deliveryId: r.last_id }
     }
-    if (replayed > 0) yield* notify.pipe(op("operator.notify"))
+    if (replayed > 0) yield* notify.pipe(storeOp("operator.notify"))
     if (replayed > 0) {
       yield* Effect.logInfo("dead letters replayed").pipe(
         Effect.annotateLogs({ count: replayed, inactiveSubscription: inactive })
@@ -479,7 +476,7 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
       secrets: secrets[0]?.n ?? 0
     }
     return summary
-  }).pipe(op("operator.status"), Effect.withSpan("Operator.status"))
+  }).pipe(storeOp("operator.status"), Effect.withSpan("Operator.status"))
 
   const shape: OperatorShape = { listDeliveries, showDelivery, redeliver, replayDeadLetters, status }
   return shape
