@@ -12,9 +12,9 @@
  *   the rest are plain posts/likes/follows from unwatched DIDs with no references.
  * A warm-up pass runs first, then the timed pass (process.hrtime.bigint).
  */
-import { matchEvent } from "../src/matching/Match.js"
-import { extractReferences } from "../src/matching/References.js"
-import { type ActiveWebhook, makeActiveWebhook, WebhookIndex } from "../src/matching/WebhookIndex.js"
+import { matchEvent } from "../src/services/matching/Match.js"
+import { extractReferences } from "../src/services/matching/References.js"
+import { type ActiveWebhook, makeActiveWebhook, WebhookIndex } from "../src/services/matching/WebhookIndex.js"
 import { parseScopeUri } from "../src/schemas/AtUri.js"
 import type { Operation, RecordEvent } from "../src/schemas/RecordEvent.js"
 import type { WhRecord } from "../src/schemas/WhRecord.js"

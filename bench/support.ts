@@ -9,7 +9,7 @@ import { ConfigProvider, Effect } from "effect"
 import * as Os from "node:os"
 import type { IncomingMessage } from "node:http"
 import { type WebSocket, WebSocketServer } from "ws"
-import * as Config from "../src/services/Config.js"
+import * as Config from "../src/services/platform/Config.js"
 import { plc } from "../test/matching/fixtures.js"
 import { commitFrame } from "../test/support/fakeJetstream.js"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * `npx firehook …`: run the operator CLI (`src/cli.ts`) with the project's Bun, the production
+ * `npx firehook …`: run the operator CLI (`src/cli/main.ts`) with the project's Bun, the production
  * runtime. Same arguments, standard streams, environment and working directory; exits with the
  * CLI's exit code. Bun is looked up in `node_modules/.bin` of this package and of its parents, then
  * on PATH.
@@ -11,7 +11,7 @@ import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)))
-const cli = join(root, "src", "cli.ts")
+const cli = join(root, "src", "cli", "main.ts")
 const exe = process.platform === "win32" ? "bun.exe" : "bun"
 
 const findBun = () => {

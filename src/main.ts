@@ -6,8 +6,8 @@
 import { BunHttpServer, BunRuntime } from "@effect/platform-bun"
 import { Cause, Console, Effect, Exit, Layer, Option } from "effect"
 import * as App from "./layers/App.js"
-import * as Config from "./services/Config.js"
-import * as Logging from "./services/Logging.js"
+import * as Config from "./services/platform/Config.js"
+import * as Logging from "./services/platform/Logging.js"
 
 let uncleanShutdown = false
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Duration, Effect, TestClock } from "effect"
-import { makeCircuitBreaker } from "../../src/delivery/CircuitBreaker.js"
+import { makeCircuitBreaker } from "../../src/services/delivery/CircuitBreaker.js"
 
 const O = "https://receiver.example"
 const fail = (cb: ReturnType<typeof makeCircuitBreaker>, origin: string, times: number, nowMs: number) => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { classifyStatus, failureKinds, isRetryable, parseRetryAfter } from "../../src/delivery/Classify.js"
+import { classifyStatus, failureKinds, isRetryable, parseRetryAfter } from "../../src/services/delivery/Classify.js"
 
 describe("classifyStatus", () => {
   it("2xx is delivered", () => {

@@ -11,7 +11,7 @@ import {
   slackPreset,
   type Transform,
   webhookPreset
-} from "../../src/delivery/Destinations.js"
+} from "../../src/services/delivery/Destinations.js"
 
 // A stored body with non-canonical spacing and key order: it must be sent byte for byte.
 const storedBody = '{"v":1, "event":{"did":"did:plc:ewvi7nxzyoun6zhxrhs64oiz","rkey":"3l_a~b","text":"héllo 🦋"} ,"z":0}'

@@ -1,11 +1,11 @@
 /**
- * The per-attempt read barrier of the delivery worker (src/delivery/FreshReader.ts): every get is
+ * The per-attempt read barrier of the delivery worker (src/services/delivery/FreshReader.ts): every get is
  * answered by a lookup that started after it; gets made together share one lookup; equal keys are
  * looked up once; a failed lookup fails its waiters only; batches are bounded.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Either, Fiber } from "effect"
-import * as FreshReader from "../../src/delivery/FreshReader.js"
+import * as FreshReader from "../../src/services/delivery/FreshReader.js"
 
 /** A store whose lookups wait for the test to open a gate, and which records what they read. */
 const gatedStore = Effect.gen(function* () {

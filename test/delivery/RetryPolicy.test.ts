@@ -1,13 +1,13 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Duration, Effect, Either, Exit, Fiber, Option, Random, Ref, Schedule, TestClock } from "effect"
-import { parseRetryAfter } from "../../src/delivery/Classify.js"
+import { parseRetryAfter } from "../../src/services/delivery/Classify.js"
 import {
   defaultRetryConfig,
   nextDelay,
   type RetryConfig,
   retrySchedule,
   validateRetryConfig
-} from "../../src/delivery/RetryPolicy.js"
+} from "../../src/services/delivery/RetryPolicy.js"
 
 const ms = (o: Option.Option<Duration.Duration>): number | "dead" =>
   Option.match(o, { onNone: () => "dead" as const, onSome: Duration.toMillis })

@@ -15,7 +15,7 @@ import {
   SecretUnavailable,
   tokenFromBytes,
   validateCallerToken
-} from "../../src/delivery/SecretBox.js"
+} from "../../src/services/delivery/SecretBox.js"
 
 const keyA = Uint8Array.from({ length: 32 }, (_, i) => i)
 const keyB = Uint8Array.from({ length: 32 }, (_, i) => 255 - i)

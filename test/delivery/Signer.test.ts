@@ -6,7 +6,7 @@ import {
   standardWebhooksKey,
   standardWebhooksSignature,
   wispSignature
-} from "../../src/delivery/Signer.js"
+} from "../../src/services/delivery/Signer.js"
 
 const body = JSON.stringify({ did: "did:plc:abcdefghijklmnopqrstuvwx", text: "héllo ✓ 🦋", n: 1 })
 const nowSeconds = () => Math.floor(Date.now() / 1000)

@@ -5,8 +5,8 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Either } from "effect"
-import { buildPayload } from "../../src/matching/Canonical.js"
-import { eventMeta } from "../../src/services/Delivery.js"
+import { buildPayload } from "../../src/services/matching/Canonical.js"
+import { eventMeta } from "../../src/services/delivery/Delivery.js"
 import { ev, plc } from "../support/stack.js"
 
 const parsed = (body: string) => {

@@ -9,7 +9,7 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
-import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/DeliveryStore.js"
+import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 import { countWhere, eventually, receiver, run, startWorker } from "./worker-support.js"
 

@@ -7,7 +7,7 @@ import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Tracer } from "effect"
 import packageJson from "../../package.json" with { type: "json" }
-import * as Metrics from "../../src/services/Metrics.js"
+import * as Metrics from "../../src/services/platform/Metrics.js"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
 import { countWhere, eventually, outboxRows, receiver, recordingPublisher, run, startWorker, whsec } from "./worker-support.js"
 

@@ -8,7 +8,7 @@ import pg from "pg"
 import { afterAll, describe, expect, inject, it } from "vitest"
 import { commitFrame, startFakeJetstream, type FakeJetstream } from "../support/fakeJetstream.js"
 import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js"
-import { migrations } from "../../src/services/Migrations.js"
+import { migrations } from "../../src/services/platform/Migrations.js"
 
 const dirs: Array<string> = []
 const tmpDir = () => {

@@ -11,7 +11,7 @@ import {
   sha256Hex,
   subscriptionFingerprint,
   type SubscriptionFingerprintInput
-} from "../../src/matching/Canonical.js"
+} from "../../src/services/matching/Canonical.js"
 import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
 import { event, plc } from "./fixtures.js"
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest"
-import { extractReferences, formatScopeUri, ReferenceLimits, utf8Length } from "../../src/matching/References.js"
+import { extractReferences, formatScopeUri, ReferenceLimits, utf8Length } from "../../src/services/matching/References.js"
 import { plc } from "./fixtures.js"
 
 const A = plc(1)

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest"
-import { makeActiveWebhook, WebhookIndex, webhookKey } from "../../src/matching/WebhookIndex.js"
+import { makeActiveWebhook, WebhookIndex, webhookKey } from "../../src/services/matching/WebhookIndex.js"
 import { plc, REV, scope, webhook, whRecord } from "./fixtures.js"
 
 const O1 = plc(1)

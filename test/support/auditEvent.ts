@@ -1,5 +1,5 @@
 /** A sample audit event for the publisher's tests (`overrides` replace its fields). */
-import type * as Publisher from "../../src/services/Publisher.js"
+import type * as Publisher from "../../src/services/delivery/Publisher.js"
 
 export const auditEvent = (overrides: Partial<Publisher.AuditEvent> = {}): Publisher.AuditEvent => ({
   deliveryId: "whd_v1_abc",

@@ -6,7 +6,7 @@ import { Effect, Layer, Redacted } from "effect"
 import { randomBytes } from "node:crypto"
 import pg from "pg"
 import { inject } from "vitest"
-import * as Database from "../../src/services/Database.js"
+import * as Database from "../../src/services/platform/Database.js"
 
 const adminUrl = (): string => inject("pgAdminUrl")
 

@@ -4,7 +4,7 @@
  */
 import { Effect, Option, Stream, SubscriptionRef } from "effect"
 import * as Net from "node:net"
-import * as Publisher from "../../src/services/Publisher.js"
+import * as Publisher from "../../src/services/delivery/Publisher.js"
 
 export interface FakeState {
   readonly connections: number

@@ -7,8 +7,8 @@ import { Chunk, Effect, Either, Stream } from "effect"
 import { WebSocketServer } from "ws"
 import { decodeJetstreamFrame } from "../../src/schemas/Jetstream.js"
 import { decodeRelayFrame } from "../../src/schemas/RelayFrame.js"
-import { connectJetstream, connectRelay } from "../../src/services/FirehoseSource.js"
-import { commitFrame, jetstreamCreate, richRecord, richRecordJson } from "../firehose/frames.js"
+import { connectJetstream, connectRelay } from "../../src/services/intake/FirehoseSource.js"
+import { commitFrame, jetstreamCreate, richRecord, richRecordJson } from "../intake/frames.js"
 
 const ctx = { stream: "smoke", relay: "wss://relay.example", maxBytes: 1 << 20 }
 const T = 1725911162329308

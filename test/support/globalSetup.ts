@@ -8,7 +8,7 @@ import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import type { TestProject } from "vitest/node"
-import * as EmbeddedPg from "../../src/services/EmbeddedPg.js"
+import * as EmbeddedPg from "../../src/services/platform/EmbeddedPg.js"
 
 declare module "vitest" {
   export interface ProvidedContext {

@@ -4,7 +4,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { Effect } from "effect"
 import * as Path from "node:path"
-import * as EmbeddedPg from "../../src/services/EmbeddedPg.js"
+import * as EmbeddedPg from "../../src/services/platform/EmbeddedPg.js"
 
 export const ROOT = Path.resolve(import.meta.dirname, "../..")
 export const BUN = Path.join(ROOT, "node_modules/.bin/bun")
@@ -80,10 +80,10 @@ export interface CliResult {
   readonly stderr: string
 }
 
-/** Run `bun src/cli.ts <args>` with only `env` (plus PATH/HOME) and collect its output. */
+/** Run `bun src/cli/main.ts <args>` with only `env` (plus PATH/HOME) and collect its output. */
 export const runCli = (args: ReadonlyArray<string>, env: Record<string, string>): Promise<CliResult> =>
   new Promise<CliResult>((resolve) => {
-    const child = spawn(BUN, ["src/cli.ts", ...args], {
+    const child = spawn(BUN, ["src/cli/main.ts", ...args], {
       cwd: ROOT,
       env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
       stdio: ["ignore", "pipe", "pipe"]

@@ -4,10 +4,10 @@
  * on top of the matching pipeline (`sqlStack`) on a fresh database.
  */
 import { Context, Effect, Layer } from "effect"
-import * as Identity from "../../src/services/Identity.js"
-import * as ReconcileStore from "../../src/services/ReconcileStore.js"
-import * as Reconciler from "../../src/services/Reconciler.js"
-import { SafeHttp } from "../../src/services/SafeHttp.js"
+import * as Identity from "../../src/services/reconciliation/Identity.js"
+import * as ReconcileStore from "../../src/services/reconciliation/ReconcileStore.js"
+import * as Reconciler from "../../src/services/reconciliation/Reconciler.js"
+import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import { type FakeRepo, type FakeServer, fakePlc, fakeServer, pdsHandler } from "./fakeAtproto.js"
 import { sqlStack } from "./stack.js"
 

@@ -4,8 +4,8 @@
  */
 import { Deferred, Effect, Layer } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
-import { Processor, type ProcessorShape } from "../../src/services/Processor.js"
-import { StoreError } from "../../src/services/Store.js"
+import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 
 export interface Recorder {
   readonly batches: Array<ReadonlyArray<StreamEvent>>

@@ -13,7 +13,7 @@ import * as Http from "node:http"
 import * as Https from "node:https"
 import type * as Net from "node:net"
 import { Effect, Either, Layer } from "effect"
-import { parseAllowCidrs, Resolver, SafeHttp, type SafeRequest } from "../../src/services/SafeHttp.js"
+import { parseAllowCidrs, Resolver, SafeHttp, type SafeRequest } from "../../src/services/platform/http/SafeHttp.js"
 
 interface Seen {
   readonly host: string | undefined

@@ -1,0 +1,597 @@
+/**
+ * The optional Redis publisher (SPEC §4.7): every terminal outcome's audit event is `PUBLISH`ed as
+ * JSON on a channel (default `webhook:events`).
+ *
+ * Redis never affects delivery or readiness, so the publisher never buffers and never blocks:
+ * `publish` returns at once; a message is dropped (and counted) when it is larger than 8 KiB, when
+ * there is no connection, when 4 messages are already in flight, or when its reply takes more than
+ * 1 s (the connection is then reset: a server that stops answering is usually a half-open socket).
+ * A background fiber, owned by the layer's scope, keeps one connection and reconnects lazily with
+ * full-jitter exponential backoff (base 500 ms, cap 30 s). Connection errors are logged at most
+ * once a minute, with a kind and an errno-like code only: never the URL or the password.
+ *
+ * The RESP2 client is written here (on `node:net` / `node:tls`): it needs only AUTH, SELECT and
+ * PUBLISH, replies are matched to commands in order, and the read buffer is bounded.
+ */
+import {
+  Clock,
+  Context,
+  Data,
+  Deferred,
+  Duration,
+  Effect,
+  Either,
+  Exit,
+  FiberSet,
+  Layer,
+  Metric,
+  Option,
+  Random,
+  Redacted,
+  Ref,
+  Schedule,
+  Stream,
+  SubscriptionRef
+} from "effect"
+import type { Scope } from "effect"
+import * as Net from "node:net"
+import * as Tls from "node:tls"
+import { Health } from "../platform/Health.js"
+
+// ---------------------------------------------------------------------------------------------
+// The event
+
+/** One audit row as published (SPEC §4.7). The URL is never published. */
+export interface AuditEvent {
+  readonly deliveryId: string
+  readonly eventId: string
+  readonly ownerDid: string
+  readonly webhookRkey: string
+  readonly did: string
+  readonly collection: string
+  readonly rkey: string
+  readonly operation: "create" | "update" | "delete"
+  readonly status: "delivered" | "dead_letter" | "cancelled"
+  readonly httpStatus: number | null
+  readonly errorKind: string | null
+  readonly url: "[redacted]"
+  /** ISO 8601 */
+  readonly time: string
+}
+
+/**
+ * The JSON text of an event. Only the known fields are copied (in a fixed order), so a caller's
+ * object carrying more (a URL, a body) can never leak through, and `url` is always `[redacted]`.
+ */
+export const encodeEvent = (e: AuditEvent): string =>
+  JSON.stringify({
+    deliveryId: e.deliveryId,
+    eventId: e.eventId,
+    ownerDid: e.ownerDid,
+    webhookRkey: e.webhookRkey,
+    did: e.did,
+    collection: e.collection,
+    rkey: e.rkey,
+    operation: e.operation,
+    status: e.status,
+    httpStatus: e.httpStatus,
+    errorKind: e.errorKind,
+    url: "[redacted]",
+    time: e.time
+  })
+
+// ---------------------------------------------------------------------------------------------
+// REDIS_URL
+
+export interface RedisTarget {
+  readonly tls: boolean
+  /** host name or IP literal (IPv6 without brackets) */
+  readonly host: string
+  readonly port: number
+  readonly username: string | undefined
+  readonly password: Redacted.Redacted<string> | undefined
+  readonly db: number
+}
+
+/** `REDIS_URL` broke a rule. The rule never contains any part of the value. */
+export class RedisUrlInvalid extends Data.TaggedError("RedisUrlInvalid")<{ readonly rule: string }> {
+  override get message(): string {
+    return `invalid REDIS_URL: ${this.rule}`
+  }
+}
+
+const MAX_URL_LENGTH = 4096
+/** Redis' own upper bound for `databases` is far lower; this only rejects nonsense. */
+const MAX_DB = 65_535
+const DB_PATH = /^(\/(0|[1-9]\d{0,4})?)?$/
+
+const decodePart = (s: string): Either.Either<string, RedisUrlInvalid> =>
+  Either.try({
+    try: () => decodeURIComponent(s),
+    catch: () => new RedisUrlInvalid({ rule: "has badly percent-encoded credentials" })
+  })
+
+/**
+ * Parse `redis://[user[:password]@]host[:port][/db]` (or `rediss://` for TLS). Query strings and
+ * fragments are rejected: nothing here reads them, and silently ignoring an option is worse.
+ */
+export const parseRedisUrl = (input: string): Either.Either<RedisTarget, RedisUrlInvalid> => {
+  const invalid = (rule: string) => Either.left(new RedisUrlInvalid({ rule }))
+  if (input.length === 0 || input.length > MAX_URL_LENGTH) return invalid(`must be 1..${MAX_URL_LENGTH} characters`)
+  if (!URL.canParse(input)) return invalid("must be a URL")
+  const u = new URL(input)
+  if (u.protocol !== "redis:" && u.protocol !== "rediss:") return invalid("must be a redis:// or rediss:// URL")
+  if (u.hostname.length === 0) return invalid("must name a host")
+  if (u.search.length > 0 || u.hash.length > 0) return invalid("must not have a query or a fragment")
+  if (!DB_PATH.test(u.pathname)) return invalid("path must be empty or /<database number>")
+  const db = u.pathname.length > 1 ? Number(u.pathname.slice(1)) : 0
+  if (db > MAX_DB) return invalid(`database number must be in 0..${MAX_DB}`)
+  const port = u.port.length > 0 ? Number(u.port) : 6379
+  if (!Number.isInteger(port) || port < 1 || port > 65_535) return invalid("port must be in 1..65535")
+  const host = u.hostname.startsWith("[") && u.hostname.endsWith("]") ? u.hostname.slice(1, -1) : u.hostname
+  return Either.gen(function* () {
+    const username = u.username.length > 0 ? yield* decodePart(u.username) : undefined
+    const password = u.password.length > 0 ? Redacted.make(yield* decodePart(u.password)) : undefined
+    return { tls: u.protocol === "rediss:", host, port, username, password, db }
+  })
+}
+
+// ---------------------------------------------------------------------------------------------
+// RESP2
+
+export type RespReply =
+  | { readonly _tag: "Simple"; readonly value: string }
+  | { readonly _tag: "Error"; readonly value: string }
+  | { readonly _tag: "Integer"; readonly value: number }
+  | { readonly _tag: "Bulk"; readonly value: string | null }
+  | { readonly _tag: "Array"; readonly value: ReadonlyArray<RespReply> | null }
+
+export type RespParse =
+  | { readonly _tag: "Done"; readonly reply: RespReply; readonly next: number }
+  | { readonly _tag: "Incomplete" }
+  | { readonly _tag: "Invalid"; readonly reason: string }
+
+/** Bounds of the parser: no reply this service reads comes near them. */
+export const RESP_LIMITS = { maxLine: 4096, maxBulk: 1024 * 1024, maxArray: 1024, maxDepth: 4 } as const
+
+const INCOMPLETE: RespParse = { _tag: "Incomplete" }
+const invalidParse = (reason: string): RespParse => ({ _tag: "Invalid", reason })
+const INTEGER_TEXT = /^-?\d{1,15}$/
+
+const readLine = (buf: Buffer, offset: number): { readonly line: string; readonly next: number } | "incomplete" | "invalid" => {
+  const end = buf.indexOf("\r\n", offset, "latin1")
+  if (end < 0) return buf.length - offset > RESP_LIMITS.maxLine ? "invalid" : "incomplete"
+  if (end - offset > RESP_LIMITS.maxLine) return "invalid"
+  return { line: buf.toString("utf8", offset, end), next: end + 2 }
+}
+
+/** Parse one RESP2 reply starting at `offset`. Never throws; bounded in size and depth. */
+export const parseReply = (buf: Buffer, offset = 0, depth = 0): RespParse => {
+  if (offset >= buf.length) return INCOMPLETE
+  if (depth > RESP_LIMITS.maxDepth) return invalidParse("nesting")
+  const type = buf[offset]
+  const header = readLine(buf, offset + 1)
+  if (header === "incomplete") return INCOMPLETE
+  if (header === "invalid") return invalidParse("line")
+  const { line, next } = header
+  switch (type) {
+    case 0x2b: // +
+      return { _tag: "Done", reply: { _tag: "Simple", value: line }, next }
+    case 0x2d: // -
+      return { _tag: "Done", reply: { _tag: "Error", value: line }, next }
+    case 0x3a: // :
+      return INTEGER_TEXT.test(line)
+        ? { _tag: "Done", reply: { _tag: "Integer", value: Number(line) }, next }
+        : invalidParse("integer")
+    case 0x24: {
+      // $
+      if (!INTEGER_TEXT.test(line)) return invalidParse("bulk length")
+      const len = Number(line)
+      if (len === -1) return { _tag: "Done", reply: { _tag: "Bulk", value: null }, next }
+      if (len < 0 || len > RESP_LIMITS.maxBulk) return invalidParse("bulk length")
+      if (buf.length < next + len + 2) return INCOMPLETE
+      if (buf[next + len] !== 0x0d || buf[next + len + 1] !== 0x0a) return invalidParse("bulk terminator")
+      return { _tag: "Done", reply: { _tag: "Bulk", value: buf.toString("utf8", next, next + len) }, next: next + len + 2 }
+    }
+    case 0x2a: {
+      // *
+      if (!INTEGER_TEXT.test(line)) return invalidParse("array length")
+      const len = Number(line)
+      if (len === -1) return { _tag: "Done", reply: { _tag: "Array", value: null }, next }
+      if (len < 0 || len > RESP_LIMITS.maxArray) return invalidParse("array length")
+      const items: Array<RespReply> = []
+      let at = next
+      for (let i = 0; i < len; i++) {
+        const item = parseReply(buf, at, depth + 1)
+        if (item._tag !== "Done") return item
+        items.push(item.reply)
+        at = item.next
+      }
+      return { _tag: "Done", reply: { _tag: "Array", value: items }, next: at }
+    }
+    default:
+      return invalidParse("type")
+  }
+}
+
+/** Encode a command as a RESP2 array of bulk strings. */
+export const encodeCommand = (args: ReadonlyArray<string>): Buffer => {
+  const parts: Array<Buffer> = [Buffer.from(`*${args.length}\r\n`, "latin1")]
+  for (const arg of args) {
+    const bytes = Buffer.from(arg, "utf8")
+    parts.push(Buffer.from(`$${bytes.length}\r\n`, "latin1"), bytes, Buffer.from("\r\n", "latin1"))
+  }
+  return Buffer.concat(parts)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A connection
+
+export type RedisErrorKind = "connect" | "closed" | "timeout" | "protocol" | "auth" | "reply" | "busy"
+
+/** A Redis failure: a kind and an errno-like or Redis error code; never a URL, password or payload. */
+export class RedisError extends Data.TaggedError("RedisError")<{ readonly kind: RedisErrorKind; readonly code: string }> {
+  override get message(): string {
+    return `redis ${this.kind} (${this.code})`
+  }
+}
+
+const errnoCode = (e: unknown): string =>
+  typeof e === "object" && e !== null && "code" in e && typeof e.code === "string" && /^[A-Z0-9_]{1,40}$/.test(e.code)
+    ? e.code
+    : "unknown"
+
+/** The first word of a Redis error reply (`ERR`, `WRONGPASS`, `NOAUTH`, …): the rest may echo input. */
+const replyCode = (text: string): string => {
+  const word = /^[A-Z][A-Z0-9_-]{0,31}/.exec(text)
+  return word?.[0] ?? "unknown"
+}
+
+export interface RespConnection {
+  /** Send a command and wait for its reply (no timeout: callers add theirs). Error replies fail. */
+  readonly command: (args: ReadonlyArray<string>) => Effect.Effect<RespReply, RedisError>
+  /** Completes (with the reason) when the connection is closed, for any reason. */
+  readonly closed: Effect.Effect<RedisError>
+  /** Close now (idempotent, synchronous, so bounded); pending commands fail with `closed`. */
+  readonly destroy: Effect.Effect<void>
+}
+
+export interface ConnectOptions {
+  /** connect + TLS + AUTH + SELECT (default 5 s) */
+  readonly connectTimeout?: Duration.DurationInput
+  /** bytes buffered while waiting for the end of a reply (default 64 KiB) */
+  readonly maxReadBuffer?: number
+  /** commands awaiting a reply (default 16); more fail with `busy` */
+  readonly maxPending?: number
+  /** receives replies nobody asked for (the messages of a SUBSCRIBE); without it they close the connection */
+  readonly onPush?: (reply: RespReply) => void
+}
+
+/**
+ * Open a connection, authenticate and select the database. The socket is destroyed when the scope
+ * closes (or earlier, on any error).
+ */
+export const connect = (
+  target: RedisTarget,
+  options: ConnectOptions = {}
+): Effect.Effect<RespConnection, RedisError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const maxReadBuffer = options.maxReadBuffer ?? 64 * 1024
+    const maxPending = options.maxPending ?? 16
+    const ready = yield* Deferred.make<void, RedisError>()
+    const closed = yield* Deferred.make<RedisError>()
+    const pending: Array<Deferred.Deferred<RespReply, RedisError>> = []
+    let reason: RedisError | undefined = undefined
+    let buffer: Buffer = Buffer.alloc(0)
+    let socket: Net.Socket | undefined = undefined
+
+    const shutdown = (why: RedisError): void => {
+      if (reason !== undefined) return
+      reason = why
+      buffer = Buffer.alloc(0)
+      const waiting = pending.splice(0, pending.length)
+      for (const d of waiting) Deferred.unsafeDone(d, Exit.fail(why))
+      Deferred.unsafeDone(ready, Exit.fail(why))
+      Deferred.unsafeDone(closed, Exit.succeed(why))
+      socket?.destroy()
+    }
+
+    const onData = (chunk: Buffer): void => {
+      if (reason !== undefined) return
+      buffer = buffer.length === 0 ? chunk : Buffer.concat([buffer, chunk])
+      if (buffer.length > maxReadBuffer) return shutdown(new RedisError({ kind: "protocol", code: "read_buffer" }))
+      let offset = 0
+      while (reason === undefined) {
+        const parsed = parseReply(buffer, offset)
+        if (parsed._tag === "Incomplete") break
+        if (parsed._tag === "Invalid") return shutdown(new RedisError({ kind: "protocol", code: parsed.reason }))
+        offset = parsed.next
+        const waiter = pending.shift()
+        if (waiter !== undefined) Deferred.unsafeDone(waiter, Exit.succeed(parsed.reply))
+        else if (options.onPush !== undefined) options.onPush(parsed.reply)
+        else return shutdown(new RedisError({ kind: "protocol", code: "unexpected_reply" }))
+      }
+      if (reason === undefined) buffer = offset >= buffer.length ? Buffer.alloc(0) : buffer.subarray(offset)
+    }
+
+    // The socket is created and every listener attached in one synchronous step, so an early
+    // `error` event can never find the socket without a listener.
+    const open = (): Net.Socket => {
+      const s = target.tls
+        ? Tls.connect({
+            host: target.host,
+            port: target.port,
+            ...(Net.isIP(target.host) === 0 ? { servername: target.host } : {})
+          })
+        : Net.connect({ host: target.host, port: target.port })
+      socket = s
+      s.on("data", onData)
+      s.on("error", (e) => shutdown(new RedisError({ kind: "connect", code: errnoCode(e) })))
+      s.on("close", () => shutdown(new RedisError({ kind: "closed", code: "closed" })))
+      s.once(target.tls ? "secureConnect" : "connect", () => {
+        s.setNoDelay(true)
+        s.setKeepAlive(true, 30_000)
+        Deferred.unsafeDone(ready, Exit.void)
+      })
+      return s
+    }
+    const sock = yield* Effect.acquireRelease(Effect.sync(open), (s) => Effect.sync(() => s.destroy()))
+
+    const command = (args: ReadonlyArray<string>): Effect.Effect<RespReply, RedisError> =>
+      Effect.flatMap(Deferred.make<RespReply, RedisError>(), (d) =>
+        Effect.suspend(() => {
+          if (reason !== undefined) return Effect.fail(reason)
+          if (pending.length >= maxPending) return Effect.fail(new RedisError({ kind: "busy", code: "pending" }))
+          pending.push(d)
+          sock.write(encodeCommand(args))
+          return Deferred.await(d)
+        })
+      ).pipe(
+        Effect.flatMap((reply) =>
+          reply._tag === "Error"
+            ? Effect.fail(new RedisError({ kind: "reply", code: replyCode(reply.value) }))
+            : Effect.succeed(reply)
+        )
+      )
+
+    const conn: RespConnection = {
+      command,
+      closed: Deferred.await(closed),
+      destroy: Effect.sync(() => shutdown(new RedisError({ kind: "closed", code: "local" })))
+    }
+
+    const handshake = Effect.gen(function* () {
+      yield* Deferred.await(ready)
+      if (target.password !== undefined) {
+        const password = Redacted.value(target.password)
+        const args = target.username !== undefined ? ["AUTH", target.username, password] : ["AUTH", password]
+        yield* command(args).pipe(Effect.mapError((e) => (e.kind === "reply" ? new RedisError({ kind: "auth", code: e.code }) : e)))
+      }
+      if (target.db !== 0) yield* command(["SELECT", String(target.db)])
+    })
+    yield* handshake.pipe(
+      Effect.timeoutFail({
+        duration: options.connectTimeout ?? Duration.seconds(5),
+        onTimeout: () => new RedisError({ kind: "timeout", code: "connect" })
+      }),
+      Effect.tapError((e) => Effect.sync(() => shutdown(e)))
+    )
+    return conn
+  })
+
+// ---------------------------------------------------------------------------------------------
+// The service
+
+export interface PublisherStats {
+  readonly configured: boolean
+  readonly connected: boolean
+  readonly dropped: number
+  readonly published: number
+}
+
+export interface PublisherShape {
+  /** Publish an audit event; returns at once, never fails: a message that cannot go out is dropped. */
+  readonly publish: (event: AuditEvent) => Effect.Effect<void>
+  readonly stats: Effect.Effect<PublisherStats>
+}
+
+export class Publisher extends Context.Tag("firehook/Publisher")<Publisher, PublisherShape>() {}
+
+/** What `make` returns: the service plus a way to wait for a state (tests, the CLI). */
+export interface PublisherHandle extends PublisherShape {
+  readonly awaitStats: (predicate: (s: PublisherStats) => boolean) => Effect.Effect<PublisherStats>
+}
+
+export interface PublisherOptions {
+  /** `REDIS_URL`; unset → a no-op publisher (`configured: false`) */
+  readonly url: Redacted.Redacted<string> | undefined
+  /** `WEBHOOK_EVENTS_CHANNEL` (default `webhook:events`) */
+  readonly channel: string
+  readonly maxMessageBytes?: number
+  readonly maxInFlight?: number
+  readonly replyTimeout?: Duration.DurationInput
+  readonly connectTimeout?: Duration.DurationInput
+  readonly backoffBase?: Duration.DurationInput
+  readonly backoffCap?: Duration.DurationInput
+}
+
+export const DEFAULTS = {
+  channel: "webhook:events",
+  maxMessageBytes: 8 * 1024,
+  maxInFlight: 4,
+  replyTimeout: Duration.seconds(1),
+  connectTimeout: Duration.seconds(5),
+  backoffBase: Duration.millis(500),
+  backoffCap: Duration.seconds(30)
+} as const
+
+/** Connection errors are logged at most this often. */
+const LOG_EVERY_MS = 60_000
+
+/**
+ * Full-jitter exponential backoff: the n-th delay is uniform in [0, min(cap, base · 2ⁿ)).
+ * Randomness comes from Effect's `Random`, time from its `Clock`.
+ */
+export const fullJitterBackoff = (base: Duration.DurationInput, cap: Duration.DurationInput) => {
+  const capMs = Duration.toMillis(Duration.decode(cap))
+  return Schedule.exponential(base).pipe(
+    Schedule.modifyDelayEffect((out) =>
+      Effect.map(Random.nextRange(0, Math.min(capMs, Duration.toMillis(out))), (ms) => Duration.millis(Math.floor(ms)))
+    )
+  )
+}
+
+type DropReason = "oversize" | "not_connected" | "in_flight" | "timeout" | "error"
+
+const publishedTotal = Metric.counter("firehook_redis_published_total", {
+  description: "Audit events published to Redis",
+  incremental: true
+})
+const droppedTotal = Metric.counter("firehook_redis_dropped_total", {
+  description: "Audit events not published to Redis, by reason",
+  incremental: true
+})
+
+const healthSection = (stats: Effect.Effect<PublisherStats>) =>
+  Effect.map(stats, (s) => ({ ready: true, body: { configured: s.configured, connected: s.connected, dropped: s.dropped } }))
+
+/**
+ * The publisher, for the lifetime of the calling scope: its connection fiber and in-flight
+ * messages are interrupted, and its socket destroyed, when the scope closes. Registers the `redis`
+ * health section (never gating readiness). Fails only on an invalid URL.
+ */
+export const make = (
+  options: PublisherOptions
+): Effect.Effect<PublisherHandle, RedisUrlInvalid, Health | Scope.Scope> =>
+  Effect.gen(function* () {
+    const health = yield* Health
+    const state = yield* SubscriptionRef.make<PublisherStats>({
+      configured: options.url !== undefined,
+      connected: false,
+      dropped: 0,
+      published: 0
+    })
+    const stats = SubscriptionRef.get(state)
+    const awaitStats = (predicate: (s: PublisherStats) => boolean) =>
+      state.changes.pipe(
+        Stream.filter(predicate),
+        Stream.runHead,
+        Effect.flatMap(Option.match({ onNone: () => stats, onSome: Effect.succeed }))
+      )
+    yield* health.register("redis", healthSection(stats))
+
+    if (options.url === undefined) {
+      return { publish: () => Effect.void, stats, awaitStats }
+    }
+    const target = yield* Either.match(parseRedisUrl(Redacted.value(options.url)), {
+      onLeft: Effect.fail,
+      onRight: Effect.succeed
+    })
+
+    const maxMessageBytes = options.maxMessageBytes ?? DEFAULTS.maxMessageBytes
+    const maxInFlight = options.maxInFlight ?? DEFAULTS.maxInFlight
+    const replyTimeout = options.replyTimeout ?? DEFAULTS.replyTimeout
+    const backoffCapMs = Duration.toMillis(Duration.decode(options.backoffCap ?? DEFAULTS.backoffCap))
+    const channel = options.channel
+
+    const current = yield* Ref.make(Option.none<RespConnection>())
+    const inFlight = yield* Ref.make(0)
+    const fibers = yield* FiberSet.make<void, never>()
+    const lastLog = yield* Ref.make<{ readonly at: number | undefined; readonly suppressed: number }>({
+      at: undefined,
+      suppressed: 0
+    })
+
+    const drop = (reason: DropReason) =>
+      SubscriptionRef.update(state, (s) => ({ ...s, dropped: s.dropped + 1 })).pipe(
+        Effect.zipRight(Metric.increment(Metric.tagged(droppedTotal, "reason", reason)))
+      )
+
+    /** Log a connection problem at most once a minute (kind and code only). */
+    const logProblem = (message: string, e: RedisError) =>
+      Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        const { at, suppressed } = yield* Ref.get(lastLog)
+        if (at !== undefined && now - at < LOG_EVERY_MS) {
+          yield* Ref.set(lastLog, { at, suppressed: suppressed + 1 })
+          return
+        }
+        yield* Ref.set(lastLog, { at: now, suppressed: 0 })
+        yield* Effect.logWarning(message).pipe(Effect.annotateLogs({ kind: e.kind, code: e.code, suppressed }))
+      })
+
+    // One connection at a time; the backoff resets only after a connection that stayed up for a
+    // whole backoff cap, so a server that accepts and then drops at once cannot make us spin.
+    const connection = Effect.gen(function* () {
+      const driver = yield* Schedule.driver(
+        fullJitterBackoff(options.backoffBase ?? DEFAULTS.backoffBase, options.backoffCap ?? DEFAULTS.backoffCap)
+      )
+      const session = Effect.gen(function* () {
+        const conn = yield* connect(target, { connectTimeout: options.connectTimeout ?? DEFAULTS.connectTimeout })
+        const since = yield* Clock.currentTimeMillis
+        yield* Ref.set(current, Option.some(conn))
+        yield* SubscriptionRef.update(state, (s) => ({ ...s, connected: true }))
+        yield* Effect.logDebug("redis connected")
+        const why = yield* conn.closed
+        const uptime = (yield* Clock.currentTimeMillis) - since
+        return { why, uptime }
+      }).pipe(
+        Effect.scoped,
+        Effect.ensuring(
+          Ref.set(current, Option.none()).pipe(
+            Effect.zipRight(SubscriptionRef.update(state, (s) => ({ ...s, connected: false })))
+          )
+        )
+      )
+      while (true) {
+        const result = yield* Effect.either(session)
+        if (Either.isRight(result)) {
+          if (result.right.uptime >= backoffCapMs) yield* driver.reset
+          yield* logProblem("redis connection lost", result.right.why)
+        } else {
+          yield* logProblem("redis connection failed", result.left)
+        }
+        yield* driver.next(undefined).pipe(Effect.ignore)
+      }
+    })
+    yield* Effect.forkScoped(connection)
+
+    const send = (conn: RespConnection, json: string) =>
+      conn.command(["PUBLISH", channel, json]).pipe(
+        Effect.timeoutFail({ duration: replyTimeout, onTimeout: () => new RedisError({ kind: "timeout", code: "reply" }) }),
+        Effect.matchEffect({
+          onSuccess: () =>
+            SubscriptionRef.update(state, (s) => ({ ...s, published: s.published + 1 })).pipe(
+              Effect.zipRight(Metric.increment(publishedTotal))
+            ),
+          onFailure: (e) =>
+            e.kind === "timeout"
+              ? // a server that does not answer within the timeout is treated as gone: reset
+                Effect.zipRight(conn.destroy, drop("timeout"))
+              : drop("error")
+        }),
+        Effect.ensuring(Ref.update(inFlight, (n) => n - 1))
+      )
+
+    const publish = Effect.fn("Publisher.publish")(function* (event: AuditEvent) {
+      const json = encodeEvent(event)
+      if (Buffer.byteLength(json, "utf8") > maxMessageBytes) return yield* drop("oversize")
+      const conn = yield* Ref.get(current)
+      if (Option.isNone(conn)) return yield* drop("not_connected")
+      const slot = yield* Ref.modify(inFlight, (n) => (n < maxInFlight ? [true, n + 1] : [false, n]))
+      if (!slot) return yield* drop("in_flight")
+      yield* FiberSet.run(fibers, send(conn.value, json))
+    })
+
+    return { publish, stats, awaitStats }
+  })
+
+/** The publisher layer (the Tag), for the lifetime of the layer's scope. */
+export const layer = (options: PublisherOptions): Layer.Layer<Publisher, RedisUrlInvalid, Health> =>
+  Layer.scoped(Publisher, make(options))
+
+/** A publisher that publishes nothing and registers no health section (tests, embedding). */
+export const layerNoop: Layer.Layer<Publisher> = Layer.succeed(Publisher, {
+  publish: () => Effect.void,
+  stats: Effect.succeed({ configured: false, connected: false, dropped: 0, published: 0 })
+})

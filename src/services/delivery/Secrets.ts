@@ -1,0 +1,448 @@
+/**
+ * Server-managed signing secrets (SPEC §1.3): `(owner DID, name) → AES-256-GCM envelope`.
+ *
+ * - `create` / `rotate` seal a token under the keyring's current key and store only the envelope;
+ *   the token is returned once and never stored, logged or put in an error. Without a token a fresh
+ *   one is generated (`whsec_` + base64 of 32 random bytes); a caller token must be 32–256 printable
+ *   ASCII characters without whitespace.
+ * - `resolve` is what the delivery worker calls. Every failure (bad owner or name, missing row,
+ *   unknown key id, tampered envelope, database error) is the one generic `SecretUnavailable`.
+ * - The keyring is the configured current key (`WEBHOOK_SECRET_ENCRYPTION_KEY`) plus the decrypt-only
+ *   previous keys (`WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS`). Without a current key nothing can be
+ *   sealed (`no_key`), but envelopes sealed under a previous key still open.
+ *
+ * Cache (decision): successful resolutions are kept in memory for at most 10 s (bounded to 1,024
+ * entries, least recently used evicted first). Failures are never cached, so a secret created a
+ * moment ago resolves at once. `create`/`rotate`/`remove` in this process invalidate the entry at
+ * once; a change made by another process (the CLI) is seen within the TTL. The TTL is short on
+ * purpose: after a rotation the receiver must verify with the new token, and a long cache would
+ * keep signing with the old one.
+ *
+ * Bound (decision): at most 1,000 secrets per owner (`limit_reached`), so `list` is bounded.
+ */
+import { SqlClient } from "@effect/sql"
+import { randomBytes } from "node:crypto"
+import { Clock, Context, Data, Duration, Effect, Either, Layer, Option, Redacted, Ref } from "effect"
+import * as SecretBox from "./SecretBox.js"
+import { SecretUnavailable } from "./SecretBox.js"
+import { isCanonicalDid } from "../../schemas/AtUri.js"
+import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
+import { codeOf } from "../platform/Persistence.js"
+
+export { SecretUnavailable }
+
+/** `secretId` / secret names (SPEC §1). */
+export const SECRET_NAME = /^[A-Za-z0-9._-]{1,64}$/
+
+/** Hard bound on secrets per owner. */
+export const MAX_SECRETS_PER_OWNER = 1_000
+
+export type SecretsErrorReason =
+  | "invalid_owner"
+  | "invalid_name"
+  | "invalid_token"
+  | "already_exists"
+  | "not_found"
+  | "limit_reached"
+  | "no_key"
+  | "invalid_key"
+  | "store"
+
+const MESSAGES: { readonly [R in SecretsErrorReason]: string } = {
+  invalid_owner: "the owner must be a canonical DID (did:plc or did:web)",
+  invalid_name: "the secret name must match ^[A-Za-z0-9._-]{1,64}$",
+  invalid_token: "a caller-supplied token must be 32-256 printable ASCII characters without whitespace",
+  already_exists: "a secret with this name already exists for this owner",
+  not_found: "no secret with this name exists for this owner",
+  limit_reached: `an owner may have at most ${MAX_SECRETS_PER_OWNER} secrets`,
+  no_key: "WEBHOOK_SECRET_ENCRYPTION_KEY is not set: a current encryption key is needed to create or rotate secrets",
+  invalid_key: "the secret encryption keyring is invalid (WEBHOOK_SECRET_ENCRYPTION_KEY / WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS)",
+  store: "the secrets table could not be read or written"
+}
+
+/** A failed secrets operation. Carries a reason (and a SQLSTATE for `store`), never a value. */
+export class SecretsError extends Data.TaggedError("SecretsError")<{
+  readonly reason: SecretsErrorReason
+  readonly code?: string
+}> {
+  override get message(): string {
+    return this.code === undefined ? `secrets: ${MESSAGES[this.reason]}` : `secrets: ${MESSAGES[this.reason]} (${this.code})`
+  }
+}
+
+export interface SecretInfo {
+  readonly name: string
+  readonly createdAt: Date
+  readonly rotatedAt: Date | undefined
+}
+
+export interface SecretsShape {
+  /** The clear token for signing; every failure is the one generic `SecretUnavailable`. */
+  readonly resolve: (ownerDid: string, name: string) => Effect.Effect<string, SecretUnavailable>
+  /** Store a new secret; returns the token (shown once). Fails `already_exists` if it exists. */
+  readonly create: (ownerDid: string, name: string, token?: string) => Effect.Effect<string, SecretsError>
+  /** Replace an existing secret's token; returns the new token. Fails `not_found` if missing. */
+  readonly rotate: (ownerDid: string, name: string, token?: string) => Effect.Effect<string, SecretsError>
+  /** Delete a secret; whether it existed. */
+  readonly remove: (ownerDid: string, name: string) => Effect.Effect<boolean, SecretsError>
+  /** The owner's secrets by name (names and times only). */
+  readonly list: (ownerDid: string) => Effect.Effect<ReadonlyArray<SecretInfo>, SecretsError>
+}
+
+export interface SecretsOptions {
+  /** how long a resolved token may be reused; 0 disables the cache — default 10 s (max 60 s) */
+  readonly cacheTtl?: Duration.DurationInput
+  /** cached entries at most — default 1,024 */
+  readonly cacheCapacity?: number
+}
+
+export const DEFAULT_CACHE_TTL = Duration.seconds(10)
+export const MAX_CACHE_TTL = Duration.seconds(60)
+export const DEFAULT_CACHE_CAPACITY = 1_024
+
+// ---------------------------------------------------------------------------------------------
+// Storage (envelopes only; never a clear token)
+
+export interface StoredSecret {
+  readonly envelope: string
+  readonly createdAt: Date
+  readonly rotatedAt: Date | undefined
+}
+
+/** Raw persistence; errors are SQLSTATE-like codes. */
+export interface SecretsStoreShape {
+  readonly get: (ownerDid: string, name: string) => Effect.Effect<string | undefined, SecretsError>
+  /** `inserted`, or why not */
+  readonly insert: (
+    ownerDid: string,
+    name: string,
+    envelope: string
+  ) => Effect.Effect<"inserted" | "exists" | "limit", SecretsError>
+  /** whether a row was updated */
+  readonly update: (ownerDid: string, name: string, envelope: string) => Effect.Effect<boolean, SecretsError>
+  readonly delete: (ownerDid: string, name: string) => Effect.Effect<boolean, SecretsError>
+  readonly list: (ownerDid: string) => Effect.Effect<ReadonlyArray<SecretInfo>, SecretsError>
+}
+
+const storeError = (e: unknown) => new SecretsError({ reason: "store", code: codeOf(e) })
+
+/** Every secrets statement is bounded (SPEC §7); a read runs inside a delivery attempt's slot. */
+const STORE_TIMEOUT = "15 seconds"
+const bounded = <A, R>(eff: Effect.Effect<A, SecretsError, R>): Effect.Effect<A, SecretsError, R> =>
+  Effect.timeoutFail(eff, { duration: STORE_TIMEOUT, onTimeout: () => new SecretsError({ reason: "store", code: "timeout" }) })
+
+export const makeSqlStore = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const store: SecretsStoreShape = {
+    get: (ownerDid, name) =>
+      sql<{ envelope: string }>`SELECT envelope FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`.pipe(
+        Effect.map((rows) => rows[0]?.envelope),
+        Effect.mapError(storeError), bounded
+      ),
+    insert: (ownerDid, name, envelope) =>
+      Effect.gen(function* () {
+        // One statement: the per-owner bound and the uniqueness check together.
+        const inserted = yield* sql<{ name: string }>`
+          INSERT INTO secrets (owner_did, name, envelope)
+          SELECT ${ownerDid}, ${name}, ${envelope}
+          WHERE (SELECT count(*) FROM secrets WHERE owner_did = ${ownerDid}) < ${MAX_SECRETS_PER_OWNER}
+          ON CONFLICT (owner_did, name) DO NOTHING
+          RETURNING name`
+        if (inserted.length > 0) return "inserted" as const
+        const existing = yield* sql<{ n: number }>`
+          SELECT 1 AS n FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`
+        return existing.length > 0 ? ("exists" as const) : ("limit" as const)
+      }).pipe(Effect.mapError(storeError), bounded),
+    update: (ownerDid, name, envelope) =>
+      sql<{ name: string }>`
+        UPDATE secrets SET envelope = ${envelope}, rotated_at = now()
+        WHERE owner_did = ${ownerDid} AND name = ${name}
+        RETURNING name`.pipe(
+        Effect.map((rows) => rows.length > 0),
+        Effect.mapError(storeError), bounded
+      ),
+    delete: (ownerDid, name) =>
+      sql<{ name: string }>`DELETE FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name} RETURNING name`.pipe(
+        Effect.map((rows) => rows.length > 0),
+        Effect.mapError(storeError), bounded
+      ),
+    list: (ownerDid) =>
+      sql<{ name: string; created_at: Date; rotated_at: Date | null }>`
+        SELECT name, created_at, rotated_at FROM secrets WHERE owner_did = ${ownerDid}
+        ORDER BY name LIMIT ${MAX_SECRETS_PER_OWNER}`.pipe(
+        Effect.map((rows) =>
+          rows.map((r) => ({
+            name: r.name,
+            createdAt: new Date(r.created_at),
+            rotatedAt: r.rotated_at === null ? undefined : new Date(r.rotated_at)
+          }))
+        ),
+        Effect.mapError(storeError), bounded
+      )
+  }
+  return store
+})
+
+/** An in-memory store (tests and embedding); times come from the Effect `Clock`. */
+export const makeMemoryStore = Effect.gen(function* () {
+  const rows = yield* Ref.make<ReadonlyMap<string, StoredSecret & { readonly ownerDid: string; readonly name: string }>>(
+    new Map()
+  )
+  const now = Effect.map(Clock.currentTimeMillis, (ms) => new Date(ms))
+  const store: SecretsStoreShape = {
+    get: (ownerDid, name) => Ref.get(rows).pipe(Effect.map((m) => m.get(cacheKey(ownerDid, name))?.envelope)),
+    insert: (ownerDid, name, envelope) =>
+      Effect.flatMap(now, (createdAt) =>
+        Ref.modify(rows, (m) => {
+          const key = cacheKey(ownerDid, name)
+          if (m.has(key)) return ["exists" as const, m]
+          let owned = 0
+          for (const r of m.values()) if (r.ownerDid === ownerDid) owned++
+          if (owned >= MAX_SECRETS_PER_OWNER) return ["limit" as const, m]
+          return ["inserted" as const, new Map(m).set(key, { ownerDid, name, envelope, createdAt, rotatedAt: undefined })]
+        })
+      ),
+    update: (ownerDid, name, envelope) =>
+      Effect.flatMap(now, (rotatedAt) =>
+        Ref.modify(rows, (m) => {
+          const key = cacheKey(ownerDid, name)
+          const old = m.get(key)
+          if (old === undefined) return [false, m]
+          return [true, new Map(m).set(key, { ...old, envelope, rotatedAt })]
+        })
+      ),
+    delete: (ownerDid, name) =>
+      Ref.modify(rows, (m) => {
+        const key = cacheKey(ownerDid, name)
+        if (!m.has(key)) return [false, m]
+        const next = new Map(m)
+        next.delete(key)
+        return [true, next]
+      }),
+    list: (ownerDid) =>
+      Ref.get(rows).pipe(
+        Effect.map((m) =>
+          [...m.values()]
+            .filter((r) => r.ownerDid === ownerDid)
+            .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+            .map((r) => ({ name: r.name, createdAt: r.createdAt, rotatedAt: r.rotatedAt }))
+        )
+      )
+  }
+  return store
+})
+
+// ---------------------------------------------------------------------------------------------
+// Keyring
+
+/** The keyring of the configuration: current key (may be absent) + previous keys. */
+export const keyringFromConfig = (
+  config: Pick<FirehookConfigShape, "secrets">
+): Either.Either<SecretBox.Keyring, SecretsError> => {
+  const invalid = new SecretsError({ reason: "invalid_key" })
+  let current: Uint8Array | undefined
+  if (Option.isSome(config.secrets.encryptionKey)) {
+    const parsed = SecretBox.parseKey(Redacted.value(config.secrets.encryptionKey.value))
+    if (Either.isLeft(parsed)) return Either.left(invalid)
+    current = parsed.right
+  }
+  let previous: ReadonlyArray<Uint8Array> = []
+  if (Option.isSome(config.secrets.previousKeys)) {
+    const parsed = SecretBox.parseKeyList(Redacted.value(config.secrets.previousKeys.value))
+    if (Either.isLeft(parsed)) return Either.left(invalid)
+    previous = parsed.right
+  }
+  return Either.mapLeft(SecretBox.makeKeyring(current, previous), () => invalid)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The service
+
+const cacheKey = (ownerDid: string, name: string): string => `${ownerDid}\u0000${name}`
+
+const checkIds = (ownerDid: string, name: string): Effect.Effect<void, SecretsError> =>
+  !isCanonicalDid(ownerDid)
+    ? Effect.fail(new SecretsError({ reason: "invalid_owner" }))
+    : !SECRET_NAME.test(name)
+      ? Effect.fail(new SecretsError({ reason: "invalid_name" }))
+      : Effect.void
+
+/** The service over a store and a keyring. */
+export const make = (
+  store: SecretsStoreShape,
+  keyring: SecretBox.Keyring,
+  options: SecretsOptions = {}
+): Effect.Effect<SecretsShape> =>
+  Effect.sync(() => {
+    const ttlMs = Math.min(
+      Duration.toMillis(Duration.decode(options.cacheTtl ?? DEFAULT_CACHE_TTL)),
+      Duration.toMillis(MAX_CACHE_TTL)
+    )
+    const capacity = Math.max(0, Math.floor(options.cacheCapacity ?? DEFAULT_CACHE_CAPACITY))
+    const cacheOn = ttlMs > 0 && capacity > 0
+    // Only touched inside Effect.sync blocks (one JS thread), so no lock is needed.
+    const cache = new Map<string, { readonly token: string; readonly expiresAt: number }>()
+    // Bumped by every local write, so a resolve that raced with it never caches the old token.
+    let generation = 0
+
+    const cacheGet = (key: string, now: number): string | undefined => {
+      const hit = cache.get(key)
+      if (hit === undefined) return undefined
+      cache.delete(key)
+      if (hit.expiresAt <= now) return undefined
+      cache.set(key, hit) // most recently used last
+      return hit.token
+    }
+    const cachePut = (key: string, token: string, now: number, startedAt: number) => {
+      if (!cacheOn || startedAt !== generation) return
+      cache.delete(key)
+      while (cache.size >= capacity) {
+        const oldest = cache.keys().next()
+        if (oldest.done === true) break
+        cache.delete(oldest.value)
+      }
+      cache.set(key, { token, expiresAt: now + ttlMs })
+    }
+    const invalidate = (key: string) =>
+      Effect.sync(() => {
+        generation++
+        cache.delete(key)
+      })
+
+    const sealNew = (token: string | undefined): Effect.Effect<{ token: string; envelope: string }, SecretsError> => {
+      if (token !== undefined && !SecretBox.validateCallerToken(token)) {
+        return Effect.fail(new SecretsError({ reason: "invalid_token" }))
+      }
+      if (keyring.current === undefined) return Effect.fail(new SecretsError({ reason: "no_key" }))
+      return Effect.flatMap(
+        Effect.sync(() => token ?? SecretBox.generateToken()),
+        (t) =>
+          Either.match(SecretBox.sealRandom(keyring, t), {
+            onLeft: () => Effect.fail(new SecretsError({ reason: "no_key" })),
+            onRight: (envelope) => Effect.succeed({ token: t, envelope })
+          })
+      )
+    }
+
+    const resolve = Effect.fn("Secrets.resolve")(function* (ownerDid: string, name: string) {
+      if (!isCanonicalDid(ownerDid) || !SECRET_NAME.test(name)) return yield* Effect.fail(new SecretUnavailable())
+      const key = cacheKey(ownerDid, name)
+      const startedAt = generation
+      if (cacheOn) {
+        const now = yield* Clock.currentTimeMillis
+        const hit = cacheGet(key, now)
+        if (hit !== undefined) return hit
+      }
+      const envelope = yield* store.get(ownerDid, name).pipe(Effect.mapError(() => new SecretUnavailable()))
+      if (envelope === undefined) return yield* Effect.fail(new SecretUnavailable())
+      const token = yield* Either.match(SecretBox.open(keyring, envelope), {
+        onLeft: () => Effect.fail(new SecretUnavailable()),
+        onRight: (t) => Effect.succeed(t)
+      })
+      if (cacheOn) {
+        const now = yield* Clock.currentTimeMillis
+        cachePut(key, token, now, startedAt)
+      }
+      return token
+    })
+
+    const create = Effect.fn("Secrets.create")(function* (ownerDid: string, name: string, token?: string) {
+      yield* checkIds(ownerDid, name)
+      const sealed = yield* sealNew(token)
+      const result = yield* store.insert(ownerDid, name, sealed.envelope)
+      if (result === "exists") return yield* Effect.fail(new SecretsError({ reason: "already_exists" }))
+      if (result === "limit") return yield* Effect.fail(new SecretsError({ reason: "limit_reached" }))
+      yield* invalidate(cacheKey(ownerDid, name))
+      return sealed.token
+    })
+
+    const rotate = Effect.fn("Secrets.rotate")(function* (ownerDid: string, name: string, token?: string) {
+      yield* checkIds(ownerDid, name)
+      const sealed = yield* sealNew(token)
+      const updated = yield* store.update(ownerDid, name, sealed.envelope)
+      yield* invalidate(cacheKey(ownerDid, name))
+      if (!updated) return yield* Effect.fail(new SecretsError({ reason: "not_found" }))
+      return sealed.token
+    })
+
+    const remove = Effect.fn("Secrets.remove")(function* (ownerDid: string, name: string) {
+      yield* checkIds(ownerDid, name)
+      const removed = yield* store.delete(ownerDid, name)
+      yield* invalidate(cacheKey(ownerDid, name))
+      return removed
+    })
+
+    const list = Effect.fn("Secrets.list")(function* (ownerDid: string) {
+      if (!isCanonicalDid(ownerDid)) return yield* Effect.fail(new SecretsError({ reason: "invalid_owner" }))
+      return yield* store.list(ownerDid)
+    })
+
+    const shape: SecretsShape = {
+      resolve,
+      create: (ownerDid, name, token) => create(ownerDid, name, token),
+      rotate: (ownerDid, name, token) => rotate(ownerDid, name, token),
+      remove,
+      list
+    }
+    return shape
+  })
+
+export class Secrets extends Context.Tag("firehook/Secrets")<Secrets, SecretsShape>() {
+  /**
+   * PostgreSQL, keyring from the configuration, default cache. The configuration was validated by
+   * `Config.load`, so an invalid keyring here is a programming error (a defect).
+   */
+  static readonly layerSqlWith = (
+    options: SecretsOptions = {}
+  ): Layer.Layer<Secrets, never, SqlClient.SqlClient | FirehookConfig> =>
+    Layer.effect(
+      Secrets,
+      Effect.gen(function* () {
+        const config = yield* FirehookConfig
+        const keyring = yield* Effect.orDie(keyringFromConfig(config))
+        const store = yield* makeSqlStore
+        return yield* make(store, keyring, options)
+      })
+    )
+
+  /** PostgreSQL, keyring from the configuration (the production layer). */
+  static readonly layerSql: Layer.Layer<Secrets, never, SqlClient.SqlClient | FirehookConfig> = Secrets.layerSqlWith()
+
+  /** PostgreSQL with an explicit keyring (tests, embedding). */
+  static readonly layerSqlWithKeyring = (
+    keyring: SecretBox.Keyring,
+    options: SecretsOptions = {}
+  ): Layer.Layer<Secrets, never, SqlClient.SqlClient> =>
+    Layer.effect(Secrets, Effect.flatMap(makeSqlStore, (store) => make(store, keyring, options)))
+
+  /**
+   * In memory, pre-filled with `entries` (tests and embedding). The entries' tokens are sealed as
+   * given (no caller-token rules, so tests may use short tokens). Without a keyring a fresh random
+   * key is used. Invalid owners or names in `entries` are a programming error (a defect).
+   */
+  static readonly layerMemory = (
+    entries: ReadonlyArray<{ readonly ownerDid: string; readonly name: string; readonly token: string }> = [],
+    options: SecretsOptions & { readonly keyring?: SecretBox.Keyring } = {}
+  ): Layer.Layer<Secrets> =>
+    Layer.effect(
+      Secrets,
+      Effect.gen(function* () {
+        const keyring =
+          options.keyring ??
+          (yield* Effect.orDie(
+            Either.mapLeft(SecretBox.makeKeyring(randomKey(), []), () => new SecretsError({ reason: "invalid_key" }))
+          ))
+        const store = yield* makeMemoryStore
+        for (const e of entries) {
+          yield* Effect.orDie(checkIds(e.ownerDid, e.name))
+          const envelope = yield* Effect.orDie(
+            Either.mapLeft(SecretBox.sealRandom(keyring, e.token), () => new SecretsError({ reason: "no_key" }))
+          )
+          yield* Effect.orDie(store.insert(e.ownerDid, e.name, envelope))
+        }
+        return yield* make(store, keyring, options)
+      })
+    )
+}
+
+const randomKey = (): Uint8Array => Uint8Array.from(randomBytes(SecretBox.KEY_BYTES))

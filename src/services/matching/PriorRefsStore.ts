@@ -1,0 +1,193 @@
+/**
+ * Prior references (SPEC §2.4): for each referencing record, the relevant references it held at
+ * its latest rev, so that an update that removes a reference, or a delete, still matches the
+ * webhooks the old version matched. Writes are monotonic on the referencing record's rev.
+ *
+ * The store works a batch at a time (one statement to read, one to write): the processor reads the
+ * rows a batch may touch, applies the batch's puts and removes to them in memory (so an event sees
+ * what earlier events of its batch wrote), and writes each touched key's final state.
+ */
+import { SqlClient } from "@effect/sql"
+import { Context, Effect, Layer, Ref } from "effect"
+import { type StoreError, storeOp, storeOpWithin } from "../platform/Persistence.js"
+
+export interface PriorRefs {
+  readonly rev: string
+  readonly refs: ReadonlyArray<string>
+}
+
+/** A stored row as read: `live` is false once it has expired (an expired row counts as absent). */
+export interface PriorRefsRow extends PriorRefs {
+  readonly live: boolean
+}
+
+export interface PriorRefsUpsert extends PriorRefs {
+  readonly recordUri: string
+  /** the JSON size of `refs` (bounded by the caller) */
+  readonly bytes: number
+  /**
+   * write whatever is stored (the caller read the row in this transaction and decided); otherwise
+   * only over an older rev, an expired row, or none
+   */
+  readonly force: boolean
+}
+
+export interface PriorRefsDelete {
+  readonly recordUri: string
+  /** delete only when the stored rev is older than this (or expired); undefined = whatever is stored */
+  readonly olderThan: string | undefined
+}
+
+export interface PriorRefsWrite {
+  readonly upserts: ReadonlyArray<PriorRefsUpsert>
+  readonly deletes: ReadonlyArray<PriorRefsDelete>
+  readonly ttlSeconds: number
+}
+
+export interface PriorRefsStoreShape {
+  /** every stored, unexpired key (bounded by `limit`), to build the in-memory key index */
+  readonly keys: (limit: number) => Effect.Effect<ReadonlyArray<string>, StoreError>
+  /** the stored rows of these keys, expired ones included (one statement) */
+  readonly read: (recordUris: ReadonlyArray<string>) => Effect.Effect<ReadonlyMap<string, PriorRefsRow>, StoreError>
+  /**
+   * Delete and upsert (distinct keys, one statement); returns the keys whose upsert was written.
+   */
+  readonly write: (changes: PriorRefsWrite) => Effect.Effect<ReadonlySet<string>, StoreError>
+  readonly count: Effect.Effect<number, StoreError>
+}
+
+export class PriorRefsStore extends Context.Tag("firehook/PriorRefsStore")<PriorRefsStore, PriorRefsStoreShape>() {}
+
+const refsOf = (v: unknown): ReadonlyArray<string> => {
+  const parsed: unknown = typeof v === "string" ? JSON.parse(v) : v
+  return Array.isArray(parsed) ? parsed.filter((x): x is string => typeof x === "string") : []
+}
+
+/**
+ * `write` as two data-modifying CTEs, `prior_deleted` and `prior_written` (the keys whose upsert
+ * was written), for a statement to embed (`WITH <these>, … SELECT …`). The two sets of keys are
+ * disjoint, so the parts never touch the same row.
+ */
+export const writeCtes = (sql: SqlClient.SqlClient, { deletes, ttlSeconds, upserts }: PriorRefsWrite) => {
+  const upUris: Array<string> = []
+  const upRevs: Array<string> = []
+  const upRefs: Array<string> = []
+  const upBytes: Array<number> = []
+  const forced: Array<string> = []
+  for (const u of upserts) {
+    upUris.push(u.recordUri)
+    upRevs.push(u.rev)
+    upRefs.push(JSON.stringify(u.refs))
+    upBytes.push(u.bytes)
+    if (u.force) forced.push(u.recordUri)
+  }
+  const delUris: Array<string> = []
+  const delRevs: Array<string | null> = []
+  for (const d of deletes) {
+    delUris.push(d.recordUri)
+    delRevs.push(d.olderThan ?? null)
+  }
+  return sql`prior_deleted AS (
+      DELETE FROM prior_refs p USING unnest(${delUris}::text[], ${delRevs}::text[]) AS d(uri, rev)
+      WHERE p.record_uri = d.uri AND (d.rev IS NULL OR p.rev < d.rev OR p.expires_at <= now())
+      RETURNING p.record_uri
+    ), prior_written AS (
+      INSERT INTO prior_refs (record_uri, rev, refs, bytes, expires_at)
+      SELECT u.uri, u.rev, u.refs::jsonb, u.bytes, now() + make_interval(secs => ${ttlSeconds})
+      FROM unnest(${upUris}::text[], ${upRevs}::text[], ${upRefs}::text[], ${upBytes}::int[]) AS u(uri, rev, refs, bytes)
+      ON CONFLICT (record_uri) DO UPDATE SET rev = EXCLUDED.rev, refs = EXCLUDED.refs, bytes = EXCLUDED.bytes,
+        expires_at = EXCLUDED.expires_at, updated_at = now()
+      WHERE prior_refs.rev < EXCLUDED.rev OR prior_refs.expires_at <= now()
+        OR EXCLUDED.record_uri = ANY(${forced}::text[])
+      RETURNING record_uri
+    )`
+}
+
+export const makeSql = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const store: PriorRefsStoreShape = {
+    keys: (limit) =>
+      sql<{ record_uri: string }>`SELECT record_uri FROM prior_refs WHERE expires_at > now() LIMIT ${limit}`.pipe(
+        Effect.map((rows) => rows.map((r) => r.record_uri)),
+        // the key index is loaded once at startup (bounded by `limit`)
+        storeOpWithin("priorRefs.keys", "10 minutes")
+      ),
+    read: (recordUris) =>
+      recordUris.length === 0
+        ? Effect.succeed(new Map<string, PriorRefsRow>())
+        : sql<{ record_uri: string; rev: string; refs: unknown; live: boolean }>`
+            SELECT record_uri, rev, refs, expires_at > now() AS live
+            FROM prior_refs WHERE record_uri = ANY(${recordUris}::text[])`.pipe(
+            Effect.map((rows) => {
+              const out = new Map<string, PriorRefsRow>()
+              for (const r of rows) out.set(r.record_uri, { rev: r.rev, refs: refsOf(r.refs), live: r.live })
+              return out
+            }),
+            storeOp("priorRefs.read")
+          ),
+    write: (changes) =>
+      changes.upserts.length === 0 && changes.deletes.length === 0
+        ? Effect.succeed(new Set<string>())
+        : sql<{ record_uri: string }>`WITH ${writeCtes(sql, changes)} SELECT record_uri FROM prior_written`.pipe(
+            Effect.map((rows) => new Set(rows.map((r) => r.record_uri))),
+            storeOp("priorRefs.write")
+          ),
+    count: sql<{ n: string | number }>`SELECT count(*) AS n FROM prior_refs`.pipe(
+      Effect.map((rows) => Number(rows[0]?.n ?? 0)),
+      storeOp("priorRefs.count")
+    )
+  }
+  return store
+})
+
+export const layerSql = Layer.effect(PriorRefsStore, makeSql)
+
+/**
+ * Traffic counters of the in-memory store, for tests that assert on store traffic: keys read,
+ * rows upserted, rows deleted (what was sent to the store, written or not).
+ */
+export interface PriorRefsCalls {
+  get: number
+  put: number
+  remove: number
+}
+
+export const makeMemory = (calls: PriorRefsCalls = { get: 0, put: 0, remove: 0 }) =>
+  Effect.gen(function* () {
+    // rows never expire in memory
+    const rows = yield* Ref.make(new Map<string, PriorRefs>())
+    const store: PriorRefsStoreShape = {
+      keys: (limit) => Ref.get(rows).pipe(Effect.map((m) => [...m.keys()].slice(0, limit))),
+      read: (uris) =>
+        Effect.map(Ref.get(rows), (m) => {
+          calls.get += uris.length
+          const out = new Map<string, PriorRefsRow>()
+          for (const uri of uris) {
+            const r = m.get(uri)
+            if (r !== undefined) out.set(uri, { rev: r.rev, refs: r.refs, live: true })
+          }
+          return out
+        }),
+      write: ({ upserts, deletes }) =>
+        Ref.modify(rows, (m) => {
+          calls.put += upserts.length
+          calls.remove += deletes.length
+          for (const d of deletes) {
+            const prev = m.get(d.recordUri)
+            if (prev !== undefined && (d.olderThan === undefined || prev.rev < d.olderThan)) m.delete(d.recordUri)
+          }
+          const written = new Set<string>()
+          for (const u of upserts) {
+            const prev = m.get(u.recordUri)
+            if (!u.force && prev !== undefined && !(prev.rev < u.rev)) continue
+            m.set(u.recordUri, { rev: u.rev, refs: u.refs })
+            written.add(u.recordUri)
+          }
+          return [written, m]
+        }),
+      count: Ref.get(rows).pipe(Effect.map((m) => m.size))
+    }
+    return store
+  })
+
+export const layerMemory = (calls?: PriorRefsCalls) => Layer.effect(PriorRefsStore, makeMemory(calls))

@@ -1,0 +1,351 @@
+/**
+ * The in-memory index of ACTIVE webhooks (SPEC §2.5): every lookup the matcher and intake need is a
+ * Map lookup keyed by DID or key, never a scan.
+ *
+ * Maintained incrementally:
+ * - `key → webhook`, `owner → webhooks`, `scope DID → webhooks`, `backlink scope DID → webhooks`;
+ * - `wantedDids` = owners ∪ scope DIDs (the Jetstream `direct` stream's `wantedDids`), refcounted;
+ * - `backlinkDids` = scope DIDs of backlink webhooks, refcounted.
+ *
+ * Every mutation is synchronous, so a reader (the matcher) always sees the state before or after a
+ * whole mutation, never half of one, and the next event processed sees it (SPEC §2.5).
+ * The index is not itself an Effect service: the Registry service owns one and serializes writes.
+ *
+ * @since 0.1.0
+ */
+import { compileCollectionGlob, type ScopeUri } from "../../schemas/AtUri.js"
+import type { Operation } from "../../schemas/RecordEvent.js"
+import type { WhRecord } from "../../schemas/WhRecord.js"
+import { subscriptionFingerprint } from "./Canonical.js"
+import { formatScopeUri } from "./References.js"
+
+export type SigningMode = "none" | "record_secret" | "secret_id"
+
+/**
+ * An active (valid, enabled, admitted) webhook, as the matcher and the outbox need it.
+ * Holds no secret value: an inline secret is read from the stored record at delivery time.
+ */
+export interface ActiveWebhook {
+  readonly ownerDid: string
+  readonly rkey: string
+  /** `${ownerDid}/${rkey}` */
+  readonly key: string
+  readonly scope: ScopeUri
+  /** canonical `at://did[/collection[/rkey]]` */
+  readonly scopeUri: string
+  readonly backlinks: boolean
+  /** undefined = all operations */
+  readonly events: ReadonlySet<Operation> | undefined
+  readonly url: string
+  readonly signingMode: SigningMode
+  readonly secretId: string | undefined
+  readonly fingerprint: string
+  /** the repo revision of the wh record this registration reflects */
+  readonly rev: string
+  /** the scope's collection glob (always true for a DID-only scope) */
+  readonly matchesCollection: (collection: string) => boolean
+}
+
+/** `${ownerDid}/${rkey}` */
+export const webhookKey = (ownerDid: string, rkey: string): string => `${ownerDid}/${rkey}`
+
+const always = (): boolean => true
+
+/**
+ * Builds the active form of a validated wh record. The caller has validated the record (and its
+ * scope) and decided it is active: `enabled === false` records must not be indexed.
+ * An `events` list that is empty or names all three operations becomes `undefined` (all).
+ *
+ * @since 0.1.0
+ */
+export const makeActiveWebhook = (
+  ownerDid: string,
+  rkey: string,
+  record: WhRecord,
+  scope: ScopeUri,
+  rev: string
+): ActiveWebhook => {
+  const scopeUri = formatScopeUri(scope)
+  const backlinks = record.scope.backlinks === true
+  const eventList = record.events
+  const events: ReadonlySet<Operation> | undefined =
+    eventList === undefined || eventList.length === 0 ? undefined : new Set(eventList)
+  const hasInlineSecret = record.secret !== undefined
+  const secretId = record.secretId
+  return {
+    ownerDid,
+    rkey,
+    key: webhookKey(ownerDid, rkey),
+    scope,
+    scopeUri,
+    backlinks,
+    events: events !== undefined && events.size >= 3 ? undefined : events,
+    url: record.url,
+    signingMode: hasInlineSecret ? "record_secret" : secretId !== undefined ? "secret_id" : "none",
+    secretId,
+    fingerprint: subscriptionFingerprint({
+      url: record.url,
+      scope: scopeUri,
+      backlinks,
+      events: eventList,
+      enabled: record.enabled !== false,
+      secretId,
+      hasInlineSecret
+    }),
+    rev,
+    matchesCollection: scope.collection === undefined ? always : compileCollectionGlob(scope.collection)
+  }
+}
+
+/** A set of strings with a reference count per member; `members` is a live view. */
+class RefCountedSet {
+  readonly counts = new Map<string, number>()
+  readonly members = new Set<string>()
+  /** bumped whenever membership changes */
+  version = 0
+
+  inc(s: string): void {
+    const n = this.counts.get(s)
+    if (n === undefined) {
+      this.counts.set(s, 1)
+      this.members.add(s)
+      this.version++
+    } else {
+      this.counts.set(s, n + 1)
+    }
+  }
+
+  dec(s: string): void {
+    const n = this.counts.get(s)
+    if (n === undefined) return
+    if (n <= 1) {
+      this.counts.delete(s)
+      this.members.delete(s)
+      this.version++
+    } else {
+      this.counts.set(s, n - 1)
+    }
+  }
+
+  count(s: string): number {
+    return this.counts.get(s) ?? 0
+  }
+}
+
+type Bucket = Map<string, ActiveWebhook>
+
+const addTo = (m: Map<string, Bucket>, did: string, w: ActiveWebhook): void => {
+  const b = m.get(did)
+  if (b === undefined) m.set(did, new Map([[w.key, w]]))
+  else b.set(w.key, w)
+}
+
+const removeFrom = (m: Map<string, Bucket>, did: string, w: ActiveWebhook): void => {
+  const b = m.get(did)
+  if (b === undefined) return
+  // only remove the exact entry (a newer registration of the same key may already be there)
+  if (b.get(w.key) !== w) return
+  b.delete(w.key)
+  if (b.size === 0) m.delete(did)
+}
+
+const EMPTY: ReadonlyArray<ActiveWebhook> = Object.freeze([])
+
+/** Counts after a hypothetical upsert: what admission limits (SPEC §2.6) are checked against. */
+export interface IndexProjection {
+  readonly total: number
+  readonly ownerCount: number
+  readonly wantedDids: number
+  readonly backlinkDids: number
+}
+
+/**
+ * The in-memory index of active webhooks.
+ *
+ * @since 0.1.0
+ */
+export class WebhookIndex {
+  readonly #byKey = new Map<string, ActiveWebhook>()
+  readonly #byOwner = new Map<string, Bucket>()
+  readonly #byScopeDid = new Map<string, Bucket>()
+  readonly #byBacklinkDid = new Map<string, Bucket>()
+  readonly #wanted = new RefCountedSet()
+  readonly #backlink = new RefCountedSet()
+
+  // refcounts are updated separately from the buckets so that a replacement adds the new
+  // references before releasing the old ones: a DID kept by both never leaves the sets, and the
+  // set versions change only when membership really changes.
+
+  #retain(w: ActiveWebhook): void {
+    this.#wanted.inc(w.ownerDid)
+    this.#wanted.inc(w.scope.did)
+    if (w.backlinks) this.#backlink.inc(w.scope.did)
+  }
+
+  #release(w: ActiveWebhook): void {
+    this.#wanted.dec(w.ownerDid)
+    this.#wanted.dec(w.scope.did)
+    if (w.backlinks) this.#backlink.dec(w.scope.did)
+  }
+
+  #link(w: ActiveWebhook): void {
+    this.#byKey.set(w.key, w)
+    addTo(this.#byOwner, w.ownerDid, w)
+    addTo(this.#byScopeDid, w.scope.did, w)
+    if (w.backlinks) addTo(this.#byBacklinkDid, w.scope.did, w)
+  }
+
+  #unlink(w: ActiveWebhook): void {
+    if (this.#byKey.get(w.key) === w) this.#byKey.delete(w.key)
+    removeFrom(this.#byOwner, w.ownerDid, w)
+    removeFrom(this.#byScopeDid, w.scope.did, w)
+    if (w.backlinks) removeFrom(this.#byBacklinkDid, w.scope.did, w)
+  }
+
+  /** Adds or replaces (by key) a webhook; returns the replaced one. */
+  upsert(w: ActiveWebhook): ActiveWebhook | undefined {
+    const old = this.#byKey.get(w.key)
+    this.#retain(w)
+    if (old !== undefined) {
+      this.#release(old)
+      this.#unlink(old)
+    }
+    this.#link(w)
+    return old
+  }
+
+  /** Removes a webhook by key; returns it. */
+  remove(key: string): ActiveWebhook | undefined {
+    const old = this.#byKey.get(key)
+    if (old === undefined) return undefined
+    this.#release(old)
+    this.#unlink(old)
+    return old
+  }
+
+  get(key: string): ActiveWebhook | undefined {
+    return this.#byKey.get(key)
+  }
+
+  /**
+   * Replaces every webhook of one owner with `ws` in one synchronous step (used after reconciling
+   * the owner, SPEC §5.3). Returns false and changes nothing if any of `ws` belongs to another
+   * owner. Duplicate keys in `ws`: the last one wins.
+   */
+  replaceOwner(ownerDid: string, ws: ReadonlyArray<ActiveWebhook>): boolean {
+    for (const w of ws) if (w.ownerDid !== ownerDid) return false
+    const next = new Map<string, ActiveWebhook>()
+    for (const w of ws) next.set(w.key, w)
+    const old = this.#byOwner.get(ownerDid)
+    const oldList = old === undefined ? EMPTY : Array.from(old.values())
+    for (const w of next.values()) this.#retain(w)
+    for (const w of oldList) this.#release(w)
+    for (const w of oldList) this.#unlink(w)
+    for (const w of next.values()) this.#link(w)
+    return true
+  }
+
+  /** A snapshot of one owner's active webhooks. */
+  byOwner(ownerDid: string): ReadonlyArray<ActiveWebhook> {
+    const b = this.#byOwner.get(ownerDid)
+    return b === undefined ? EMPTY : Array.from(b.values())
+  }
+
+  /** owners with at least one active webhook */
+  get ownerTotal(): number {
+    return this.#byOwner.size
+  }
+
+  get size(): number {
+    return this.#byKey.size
+  }
+
+  ownerCount(ownerDid: string): number {
+    return this.#byOwner.get(ownerDid)?.size ?? 0
+  }
+
+  /** Owners ∪ scope DIDs of active webhooks. A live view: copy it to keep a snapshot. */
+  wantedDids(): ReadonlySet<string> {
+    return this.#wanted.members
+  }
+
+  /** Bumped whenever `wantedDids()` membership changes (to coalesce stream reconfiguration). */
+  get wantedDidsVersion(): number {
+    return this.#wanted.version
+  }
+
+  /** Scope DIDs of active backlink webhooks. A live view: copy it to keep a snapshot. */
+  backlinkDids(): ReadonlySet<string> {
+    return this.#backlink.members
+  }
+
+  /** Bumped whenever `backlinkDids()` membership changes. */
+  get backlinkDidsVersion(): number {
+    return this.#backlink.version
+  }
+
+  isBacklinkDid(did: string): boolean {
+    return this.#byBacklinkDid.has(did)
+  }
+
+  hasDirectScopeDid(did: string): boolean {
+    return this.#byScopeDid.has(did)
+  }
+
+  /** Active webhooks whose scope DID is `did` (all of them, backlink or not). */
+  candidatesByScopeDid(did: string): Iterable<ActiveWebhook> {
+    return this.#byScopeDid.get(did)?.values() ?? EMPTY
+  }
+
+  /** Active webhooks with `backlinks: true` whose scope DID is `did`. */
+  candidatesByBacklinkDid(did: string): Iterable<ActiveWebhook> {
+    return this.#byBacklinkDid.get(did)?.values() ?? EMPTY
+  }
+
+  /** Every active webhook (a live iterator: do not mutate the index while iterating). */
+  all(): Iterable<ActiveWebhook> {
+    return this.#byKey.values()
+  }
+
+  /**
+   * The counts the index would have after `upsert(w)`, without changing anything: what the
+   * admission limits of SPEC §2.6 are checked against (a replacement of the same key frees what the
+   * old registration held).
+   */
+  projectUpsert(w: ActiveWebhook): IndexProjection {
+    const old = this.#byKey.get(w.key)
+    const replacing = old !== undefined
+    return {
+      total: this.#byKey.size + (replacing ? 0 : 1),
+      ownerCount: this.ownerCount(w.ownerDid) + (replacing ? 0 : 1),
+      wantedDids: projectSize(
+        this.#wanted,
+        [w.ownerDid, w.scope.did],
+        old === undefined ? [] : [old.ownerDid, old.scope.did]
+      ),
+      backlinkDids: projectSize(
+        this.#backlink,
+        w.backlinks ? [w.scope.did] : [],
+        old !== undefined && old.backlinks ? [old.scope.did] : []
+      )
+    }
+  }
+}
+
+const projectSize = (
+  set: RefCountedSet,
+  added: ReadonlyArray<string>,
+  removed: ReadonlyArray<string>
+): number => {
+  const delta = new Map<string, number>()
+  for (const d of added) delta.set(d, (delta.get(d) ?? 0) + 1)
+  for (const d of removed) delta.set(d, (delta.get(d) ?? 0) - 1)
+  let size = set.members.size
+  for (const [d, n] of delta) {
+    const before = set.count(d)
+    const after = before + n
+    if (before === 0 && after > 0) size++
+    else if (before > 0 && after <= 0) size--
+  }
+  return size
+}

@@ -1,0 +1,561 @@
+/**
+ * Maintenance (SPEC §4.9): prune every table that grows, in bounded batches, on one replica at a
+ * time.
+ *
+ * The runner role is a PostgreSQL session advisory lock held on a dedicated connection
+ * (`sql.reserve`): a replica that dies, or whose connection dies, loses the lock with its session,
+ * and a standby (which retries every interval) takes over. The holder pings its connection every
+ * interval; when the ping fails it gives the role up and competes for it again. When the scope
+ * closes, the lock is released before the connection goes back to the pool.
+ *
+ * Every rule deletes at most `batchSize` rows per statement and at most `maxBatches` statements per
+ * run, so one run is bounded whatever the backlog; the next run continues. Every statement has a
+ * timeout (`statementTimeout`): a statement stuck on a lock is cancelled, its rule fails (code
+ * `timeout`), the other rules still run, and the next run starts afresh. Ages are measured with
+ * the database's `now()`, never the process clock. Rows that another transaction is changing are
+ * skipped (`FOR UPDATE SKIP LOCKED`) and their conditions re-checked under the row lock, so a
+ * replay of a dead letter or a refreshed prior reference is never deleted under its writer.
+ */
+import { SqlClient } from "@effect/sql"
+import type { SqlError } from "@effect/sql/SqlError"
+import type { Fragment } from "@effect/sql/Statement"
+import { Context, Duration, Effect, Either, Layer, Metric, Option, Stream, SubscriptionRef } from "effect"
+import type { Scope } from "effect"
+import { Health } from "../platform/Health.js"
+import { codeOf, StoreError, storeOpWithin } from "../platform/Persistence.js"
+
+/** The tables maintenance prunes (also the `table` label of the pruned metric). */
+export const PRUNED_TABLES = [
+  "outbox",
+  "delivery_attempts",
+  "delivery_events",
+  "audit",
+  "tombstones",
+  "prior_refs",
+  "quarantine"
+] as const
+export type PrunedTable = (typeof PRUNED_TABLES)[number]
+
+/** Rows deleted per table by one run. */
+export type PruneCounts = { readonly [T in PrunedTable]: number }
+
+export interface RetentionOptions {
+  /** outbox rows `delivered` longer than this (by `finished_at`) — default 7 days */
+  readonly delivered: Duration.DurationInput
+  /** outbox rows `dead_letter` — default 30 days */
+  readonly deadLetter: Duration.DurationInput
+  /** outbox rows `cancelled` — default 7 days */
+  readonly cancelled: Duration.DurationInput
+  /** audit rows — default 30 days */
+  readonly audit: Duration.DurationInput
+  /** audit keeps at most this many newest rows — default 100,000 */
+  readonly auditMaxRows: number
+  /** tombstones (except those of owners being reconciled) — default 7 days */
+  readonly tombstones: Duration.DurationInput
+  /**
+   * tombstones keep at most this many newest rows (by `deleted_at`), whoever the owner — default
+   * 100,000 (SPEC §3.4)
+   */
+  readonly tombstonesMaxRows: number
+  /** quarantine rows — default 30 days */
+  readonly quarantine: Duration.DurationInput
+  /** quarantine keeps at most this many newest rows — default 100,000 */
+  readonly quarantineMaxRows: number
+  /** event bodies no outbox row references — default 7 days */
+  readonly deliveryEvents: Duration.DurationInput
+  /** rows per DELETE — default 1,000 */
+  readonly batchSize: number
+  /** DELETE statements per rule per run — default 100 */
+  readonly maxBatches: number
+  /** bound on each statement (SPEC §7); a statement past it is cancelled — default 30 s */
+  readonly statementTimeout: Duration.DurationInput
+}
+
+export const DEFAULT_RETENTION: RetentionOptions = {
+  delivered: Duration.days(7),
+  deadLetter: Duration.days(30),
+  cancelled: Duration.days(7),
+  audit: Duration.days(30),
+  auditMaxRows: 100_000,
+  tombstones: Duration.days(7),
+  tombstonesMaxRows: 100_000,
+  quarantine: Duration.days(30),
+  quarantineMaxRows: 100_000,
+  deliveryEvents: Duration.days(7),
+  batchSize: 1_000,
+  maxBatches: 100,
+  statementTimeout: Duration.seconds(30)
+}
+
+export interface MaintenanceOptions extends Partial<RetentionOptions> {
+  /** time between runs, and between attempts to become the runner — default 60 s */
+  readonly interval?: Duration.DurationInput
+  /** the advisory lock key (a safe integer; default `MAINTENANCE_LOCK_KEY`) */
+  readonly lockKey?: number
+}
+
+/** The advisory lock key of the maintenance runner role (next to `MIGRATION_LOCK_KEY`). */
+export const MAINTENANCE_LOCK_KEY = 7_231_003
+export const DEFAULT_INTERVAL = Duration.seconds(60)
+
+/** Bound on the statements that take, check or release the lock. */
+const LOCK_OP_TIMEOUT = Duration.seconds(10)
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+const prunedTotal = Metric.counter("firehook_maintenance_pruned_total", {
+  description: "Rows deleted by maintenance, by table",
+  incremental: true
+})
+const runsTotal = Metric.counter("firehook_maintenance_runs_total", {
+  description: "Maintenance runs",
+  incremental: true
+})
+const failedRunsTotal = Metric.counter("firehook_maintenance_failed_runs_total", {
+  description: "Maintenance runs in which at least one rule failed",
+  incremental: true
+})
+const ruleFailuresTotal = Metric.counter("firehook_maintenance_rule_failures_total", {
+  description: "Maintenance rules that failed, by rule and kind (timeout: a statement exceeded statementTimeout)",
+  incremental: true
+})
+
+// ---------------------------------------------------------------------------------------------
+// One run
+
+const seconds = (d: Duration.DurationInput): number => Duration.toSeconds(Duration.decode(d))
+
+const resolve = (options: Partial<RetentionOptions>): RetentionOptions => ({ ...DEFAULT_RETENTION, ...options })
+
+interface CountRow {
+  readonly n: number
+}
+interface OutboxRow {
+  readonly n: number
+  readonly attempts: number
+}
+interface CutRow {
+  readonly cut: string
+}
+interface TombstoneCutRow {
+  readonly at: string
+  readonly owner_did: string
+  readonly rkey: string
+}
+
+/** Repeat a batch until it deletes less than a full batch, at most `maxBatches` times. */
+const batched = <E, R>(
+  o: RetentionOptions,
+  batch: Effect.Effect<{ readonly rows: number; readonly extra: number }, E, R>
+): Effect.Effect<{ readonly rows: number; readonly extra: number }, E, R> =>
+  Effect.gen(function* () {
+    let rows = 0
+    let extra = 0
+    for (let i = 0; i < o.maxBatches; i++) {
+      const r = yield* batch
+      rows += r.rows
+      extra += r.extra
+      if (r.rows < o.batchSize) break
+    }
+    return { rows, extra }
+  })
+
+const onlyRows = <E, R>(eff: Effect.Effect<ReadonlyArray<CountRow>, E, R>) =>
+  Effect.map(eff, (rows) => ({ rows: rows[0]?.n ?? 0, extra: 0 }))
+
+/**
+ * The rules, each a bounded loop of batches. Exported for tests; `runOnce` is the entry point.
+ */
+export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
+  const b = o.batchSize
+
+  /**
+   * One statement, bounded by `statementTimeout`. Interrupting a query cancels it on the server
+   * (`pg_cancel_backend`), so a statement stuck behind a lock neither keeps its locks nor its
+   * connection.
+   */
+  const timed = <A>(statement: Effect.Effect<A, SqlError>): Effect.Effect<A, StoreError> =>
+    storeOpWithin("maintenance", o.statementTimeout)(Effect.interruptible(statement))
+
+  /** Terminal outbox rows older than `retention`, with their attempts. */
+  const outbox = (status: "delivered" | "dead_letter" | "cancelled", retention: Duration.DurationInput) =>
+    batched(
+      o,
+      Effect.map(
+        timed(sql<OutboxRow>`
+          WITH doomed AS (
+            SELECT delivery_id FROM outbox
+            WHERE status = ${status}
+              AND finished_at < now() - make_interval(secs => ${seconds(retention)}::double precision)
+            LIMIT ${b}
+            FOR UPDATE SKIP LOCKED
+          ), gone AS (
+            DELETE FROM outbox o USING doomed d
+            WHERE o.delivery_id = d.delivery_id AND o.status = ${status}
+            RETURNING o.delivery_id
+          ), attempts AS (
+            DELETE FROM delivery_attempts a USING gone g
+            WHERE a.delivery_id = g.delivery_id
+            RETURNING 1
+          )
+          SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM attempts)::int AS attempts`),
+        (rows) => ({ rows: rows[0]?.n ?? 0, extra: rows[0]?.attempts ?? 0 })
+      )
+    )
+
+  /**
+   * Attempts whose outbox row is gone (written by anything but this module) and that are older
+   * than the longest outbox retention: keeps the attempts table bounded on its own.
+   */
+  const orphanAttempts = () => {
+    const longest = Math.max(seconds(o.delivered), seconds(o.deadLetter), seconds(o.cancelled))
+    return batched(
+      o,
+      onlyRows(timed(sql<CountRow>`
+        WITH doomed AS (
+          SELECT a.delivery_id, a.attempt FROM delivery_attempts a
+          WHERE a.started_at < now() - make_interval(secs => ${longest}::double precision)
+            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = a.delivery_id)
+          LIMIT ${b}
+          FOR UPDATE OF a SKIP LOCKED
+        ), gone AS (
+          DELETE FROM delivery_attempts a USING doomed d
+          WHERE a.delivery_id = d.delivery_id AND a.attempt = d.attempt
+          RETURNING 1
+        )
+        SELECT count(*)::int AS n FROM gone`))
+    )
+  }
+
+  /** Event bodies older than the retention that no outbox row references. */
+  const deliveryEvents = () =>
+    batched(
+      o,
+      onlyRows(timed(sql<CountRow>`
+        WITH doomed AS (
+          SELECT e.event_id FROM delivery_events e
+          WHERE e.created_at < now() - make_interval(secs => ${seconds(o.deliveryEvents)}::double precision)
+            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = e.event_id)
+          LIMIT ${b}
+          FOR UPDATE OF e SKIP LOCKED
+        ), gone AS (
+          DELETE FROM delivery_events e USING doomed d
+          WHERE e.event_id = d.event_id
+          RETURNING 1
+        )
+        SELECT count(*)::int AS n FROM gone`))
+    )
+
+  /** An append-only table with a bigserial `id` and `created_at`: age first, then the row bound. */
+  const appendOnly = (table: "audit" | "quarantine", retention: Duration.DurationInput, maxRows: number) =>
+    Effect.gen(function* () {
+      const t = sql(table)
+      const byAge = yield* batched(
+        o,
+        onlyRows(timed(sql<CountRow>`
+          WITH gone AS (
+            DELETE FROM ${t} WHERE id IN (
+              SELECT id FROM ${t}
+              WHERE created_at < now() - make_interval(secs => ${seconds(retention)}::double precision)
+              ORDER BY id
+              LIMIT ${b})
+            RETURNING 1
+          )
+          SELECT count(*)::int AS n FROM gone`))
+      )
+      // the newest row beyond the bound: it and every older row go
+      const cut = yield* timed(sql<CutRow>`SELECT id::text AS cut FROM ${t} ORDER BY id DESC OFFSET ${maxRows} LIMIT 1`)
+      const first = cut[0]
+      if (first === undefined) return byAge
+      const byCount = yield* batched(
+        o,
+        onlyRows(timed(sql<CountRow>`
+          WITH gone AS (
+            DELETE FROM ${t} WHERE id IN (
+              SELECT id FROM ${t} WHERE id <= ${first.cut}::bigint ORDER BY id LIMIT ${b})
+            RETURNING 1
+          )
+          SELECT count(*)::int AS n FROM gone`))
+      )
+      return { rows: byAge.rows + byCount.rows, extra: 0 }
+    })
+
+  /**
+   * Tombstones: first those older than the retention, except those of owners being reconciled
+   * (`scanning`); then the row bound, oldest `deleted_at` first, whoever the owner (a bound that an
+   * owner kept `scanning` could escape would be no bound).
+   *
+   * The bound's cut is the newest tombstone beyond the `tombstonesMaxRows` newest, in the order
+   * (`deleted_at`, `owner_did`, `rkey`): `deleted_at` alone has ties (it is the writing
+   * transaction's `now()`, shared by every tombstone a transaction writes), and a bound that
+   * deleted every tie of the cut would prune more fencing than it must. The cut is read once per
+   * run (a backward scan of `tombstones_deleted_at` over `tombstonesMaxRows` entries); each batch
+   * then walks that index from the oldest. A tombstone refreshed since the cut was read (its
+   * `deleted_at` is now newer) fails the re-check under its row lock and is kept, and one locked
+   * by a writer is skipped: pruning never undoes a fence being written.
+   */
+  /** One batch of tombstones matching `where`, oldest first; never those of owners being reconciled (SPEC §3.4). */
+  const deleteTombstones = (where: Fragment) =>
+    onlyRows(timed(sql<CountRow>`
+      WITH doomed AS (
+        SELECT t.owner_did, t.rkey FROM tombstones t
+        WHERE ${where}
+          AND NOT EXISTS (
+            SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
+        ORDER BY t.deleted_at
+        LIMIT ${b}
+        FOR UPDATE OF t SKIP LOCKED
+      ), gone AS (
+        DELETE FROM tombstones t USING doomed d
+        WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
+        RETURNING 1
+      )
+      SELECT count(*)::int AS n FROM gone`))
+
+  const tombstones = () =>
+    Effect.gen(function* () {
+      const byAge = yield* batched(
+        o,
+        deleteTombstones(sql`t.deleted_at < now() - make_interval(secs => ${seconds(o.tombstones)}::double precision)`)
+      )
+      // the newest tombstone beyond the bound: it and every older one go (an owner being
+      // reconciled keeps its own; a crashed scan is marked failed by the retry scheduler, so this
+      // cannot hold the bound off for ever)
+      const cut = yield* timed(sql<TombstoneCutRow>`
+        SELECT deleted_at::text AS at, owner_did, rkey FROM tombstones
+        ORDER BY deleted_at DESC, owner_did DESC, rkey DESC
+        OFFSET ${o.tombstonesMaxRows} LIMIT 1`)
+      const first = cut[0]
+      if (first === undefined) return byAge
+      const byCount = yield* batched(
+        o,
+        deleteTombstones(sql`t.deleted_at <= ${first.at}::timestamptz
+          AND (t.deleted_at, t.owner_did, t.rkey) <= (${first.at}::timestamptz, ${first.owner_did}, ${first.rkey})`)
+      )
+      return { rows: byAge.rows + byCount.rows, extra: 0 }
+    })
+
+  /** Prior references past their TTL. */
+  const priorRefs = () =>
+    batched(
+      o,
+      onlyRows(timed(sql<CountRow>`
+        WITH doomed AS (
+          SELECT record_uri FROM prior_refs
+          WHERE expires_at < now()
+          LIMIT ${b}
+          FOR UPDATE SKIP LOCKED
+        ), gone AS (
+          DELETE FROM prior_refs p USING doomed d
+          WHERE p.record_uri = d.record_uri
+          RETURNING 1
+        )
+        SELECT count(*)::int AS n FROM gone`))
+    )
+
+  return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs }
+}
+
+/** Nothing pruned: every count zero. */
+export const ZERO_PRUNE_COUNTS: PruneCounts = {
+  outbox: 0,
+  delivery_attempts: 0,
+  delivery_events: 0,
+  audit: 0,
+  tombstones: 0,
+  prior_refs: 0,
+  quarantine: 0
+}
+const ZERO = ZERO_PRUNE_COUNTS
+
+/**
+ * One pruning pass over every table (no lock: safe to run beside a runner, e.g. from the CLI).
+ * A failing rule does not stop the others; the run then fails with the first error, after the
+ * other rules have run (their deletions are counted in the metric).
+ */
+export const runOnce = (
+  options: Partial<RetentionOptions> = {}
+): Effect.Effect<PruneCounts, StoreError, SqlClient.SqlClient> =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const o = resolve(options)
+    const rules = makeRules(sql, o)
+    const counts: { [T in PrunedTable]: number } = { ...ZERO }
+    let firstError: Option.Option<StoreError> = Option.none()
+
+    const step = (
+      name: string,
+      table: PrunedTable,
+      rule: Effect.Effect<{ readonly rows: number; readonly extra: number }, StoreError>,
+      extraTable?: PrunedTable
+    ) =>
+      rule.pipe(
+        Effect.mapError((e) => new StoreError({ op: `maintenance.${name}`, code: e.code })),
+        Effect.matchEffect({
+          onFailure: (e) =>
+            Effect.gen(function* () {
+              if (Option.isNone(firstError)) firstError = Option.some(e)
+              const kind = e.code === "timeout" ? "timeout" : "error"
+              yield* Metric.increment(Metric.tagged(Metric.tagged(ruleFailuresTotal, "rule", name), "kind", kind))
+              yield* Effect.logWarning("maintenance rule failed").pipe(
+                Effect.annotateLogs({ rule: name, kind, code: e.code })
+              )
+            }),
+          onSuccess: ({ rows, extra }) =>
+            Effect.gen(function* () {
+              counts[table] += rows
+              if (rows > 0) yield* Metric.incrementBy(Metric.tagged(prunedTotal, "table", table), rows)
+              if (extraTable !== undefined) {
+                counts[extraTable] += extra
+                if (extra > 0) yield* Metric.incrementBy(Metric.tagged(prunedTotal, "table", extraTable), extra)
+              }
+            })
+        })
+      )
+
+    // outbox first: its deletions are what leaves event bodies unreferenced
+    yield* step("outbox.delivered", "outbox", rules.outbox("delivered", o.delivered), "delivery_attempts")
+    yield* step("outbox.dead_letter", "outbox", rules.outbox("dead_letter", o.deadLetter), "delivery_attempts")
+    yield* step("outbox.cancelled", "outbox", rules.outbox("cancelled", o.cancelled), "delivery_attempts")
+    yield* step("delivery_attempts.orphans", "delivery_attempts", rules.orphanAttempts())
+    yield* step("delivery_events", "delivery_events", rules.deliveryEvents())
+    yield* step("audit", "audit", rules.appendOnly("audit", o.audit, o.auditMaxRows))
+    yield* step("tombstones", "tombstones", rules.tombstones())
+    yield* step("prior_refs", "prior_refs", rules.priorRefs())
+    yield* step("quarantine", "quarantine", rules.appendOnly("quarantine", o.quarantine, o.quarantineMaxRows))
+
+    yield* Metric.increment(runsTotal)
+    if (Option.isSome(firstError)) {
+      yield* Metric.increment(failedRunsTotal)
+      return yield* Effect.fail(firstError.value)
+    }
+    const total = PRUNED_TABLES.reduce((n, t) => n + counts[t], 0)
+    yield* (total > 0 ? Effect.logInfo("maintenance pruned") : Effect.logDebug("maintenance pruned")).pipe(
+      Effect.annotateLogs({ ...counts })
+    )
+    return counts
+  }).pipe(Effect.withSpan("Maintenance.runOnce"))
+
+// ---------------------------------------------------------------------------------------------
+// The service
+
+export interface MaintenanceStatus {
+  /** this process holds the runner lock */
+  readonly runner: boolean
+  /** the last run of this process succeeded (true before any run) */
+  readonly lastRunOk: boolean
+  /** runs made by this process as the runner */
+  readonly runs: number
+  /** attempts to take the runner lock */
+  readonly lockAttempts: number
+  /** times the runner lock was taken */
+  readonly acquisitions: number
+}
+
+export interface MaintenanceShape {
+  /** One pruning pass now (whether or not this process is the runner). */
+  readonly runOnce: Effect.Effect<PruneCounts, StoreError>
+  readonly status: Effect.Effect<MaintenanceStatus>
+}
+
+export class Maintenance extends Context.Tag("firehook/Maintenance")<Maintenance, MaintenanceShape>() {}
+
+/** What `make` returns: the service plus a way to wait for a state (tests, the CLI). */
+export interface MaintenanceHandle extends MaintenanceShape {
+  readonly awaitStatus: (predicate: (s: MaintenanceStatus) => boolean) => Effect.Effect<MaintenanceStatus>
+}
+
+const firstRow = (rows: ReadonlyArray<unknown>): Record<string, unknown> => {
+  const row = rows[0]
+  return typeof row === "object" && row !== null ? (row as Record<string, unknown>) : {}
+}
+
+/**
+ * The maintenance loop, for the lifetime of the calling scope: a background fiber competes for the
+ * runner lock every `interval` and, while it holds it, runs `runOnce` every `interval`. Registers
+ * the `maintenance` health section (never gating readiness).
+ */
+export const make = (
+  options: MaintenanceOptions = {}
+): Effect.Effect<MaintenanceHandle, never, SqlClient.SqlClient | Health | Scope.Scope> =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const health = yield* Health
+    const interval = options.interval ?? DEFAULT_INTERVAL
+    const lockKey = options.lockKey ?? MAINTENANCE_LOCK_KEY
+    const run = runOnce(options).pipe(Effect.provideService(SqlClient.SqlClient, sql))
+    const state = yield* SubscriptionRef.make<MaintenanceStatus>({
+      runner: false,
+      lastRunOk: true,
+      runs: 0,
+      lockAttempts: 0,
+      acquisitions: 0
+    })
+    const update = (f: (s: MaintenanceStatus) => MaintenanceStatus) => SubscriptionRef.update(state, f)
+
+    const lockOp = <A>(eff: Effect.Effect<A, SqlError>) =>
+      eff.pipe(Effect.interruptible, Effect.timeoutFail({ duration: LOCK_OP_TIMEOUT, onTimeout: () => "timeout" as const }))
+
+    /** Hold the role while this connection lives; returns when the lock was not taken. */
+    const holdRole = Effect.gen(function* () {
+      // bounded by the pool's connect timeout; not interrupted, so a connection is never leaked
+      const conn = yield* sql.reserve
+      yield* update((s) => ({ ...s, lockAttempts: s.lockAttempts + 1 }))
+      const attempt = yield* Effect.either(
+        lockOp(conn.execute("SELECT pg_try_advisory_lock($1) AS locked", [lockKey], undefined))
+      )
+      const locked = Either.isRight(attempt) ? firstRow(attempt.right)["locked"] : undefined
+      // Released before the connection goes back to the pool (finalizers run in reverse order),
+      // unless the lock was certainly not taken; if the connection is dead, so is the lock.
+      if (locked !== false) {
+        yield* Effect.addFinalizer(() =>
+          lockOp(conn.execute("SELECT pg_advisory_unlock($1)", [lockKey], undefined)).pipe(Effect.ignore)
+        )
+      }
+      if (Either.isLeft(attempt)) return yield* Effect.fail(attempt.left)
+      if (locked !== true) return
+      yield* update((s) => ({ ...s, runner: true, acquisitions: s.acquisitions + 1 }))
+      yield* Effect.addFinalizer(() => update((s) => ({ ...s, runner: false })))
+      yield* Effect.logInfo("maintenance runner role taken")
+      while (true) {
+        const result = yield* Effect.either(run)
+        yield* update((s) => ({ ...s, runs: s.runs + 1, lastRunOk: result._tag === "Right" }))
+        yield* Effect.sleep(interval)
+        // the lock lives as long as this session: a failed ping means it is gone
+        yield* lockOp(conn.execute("SELECT 1", [], undefined))
+      }
+    }).pipe(Effect.scoped)
+
+    const loop = Effect.gen(function* () {
+      while (true) {
+        yield* holdRole.pipe(
+          Effect.catchAll((e) =>
+            Effect.logWarning("maintenance: database connection failed").pipe(
+              Effect.annotateLogs({ code: e === "timeout" ? "timeout" : codeOf(e) })
+            )
+          )
+        )
+        yield* Effect.sleep(interval)
+      }
+    })
+    yield* Effect.forkScoped(loop)
+
+    const status = SubscriptionRef.get(state)
+    yield* health.register(
+      "maintenance",
+      Effect.map(status, (s) => ({ ready: true, body: { runner: s.runner, lastRunOk: s.lastRunOk } }))
+    )
+    const awaitStatus = (predicate: (s: MaintenanceStatus) => boolean) =>
+      state.changes.pipe(
+        Stream.filter(predicate),
+        Stream.runHead,
+        Effect.flatMap(Option.match({ onNone: () => status, onSome: Effect.succeed }))
+      )
+    return { runOnce: run, status, awaitStatus }
+  })
+
+/** The maintenance layer (the Tag): the loop runs for the lifetime of the layer's scope. */
+export const layer = (
+  options: MaintenanceOptions = {}
+): Layer.Layer<Maintenance, never, SqlClient.SqlClient | Health> => Layer.scoped(Maintenance, make(options))

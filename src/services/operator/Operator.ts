@@ -1,0 +1,490 @@
+/**
+ * Operator actions on deliveries (SPEC §4.8): list, show with attempts, redeliver one, replay dead
+ * letters, and a status summary. Used by the CLI (`src/cli.ts`) and by embedding programs.
+ *
+ * - Time filters (`since` inclusive, `until` exclusive) apply to the delivery's `created_at`, the
+ *   moment the event was enqueued: "replay what was enqueued while the receiver was down".
+ * - `redeliver` and `replay` keep the delivery id (receivers dedupe on `webhook-id` /
+ *   `Idempotency-Key`), give the row a fresh attempt budget (`attempt_count = 0`), make it due now,
+ *   clear the lease, the last error and `finished_at`, and wake the workers with one NOTIFY.
+ * - `redeliver` never touches a row whose lease is still valid (a worker is attempting it right
+ *   now). A `leased` row whose lease has EXPIRED was left by a worker that stopped (or stalled): the
+ *   reaper would reclaim it anyway, so it is redelivered like any other row (clearing the lease
+ *   token also fences the old holder: its renewals and settles no longer match). The result says
+ *   what the row was (`pending`, `cancelled`, an expired lease …).
+ * - `replay` takes the dead letters as of the moment it starts (rows last updated before then) and
+ *   pages through them by `(created_at, delivery_id)`, a key that only moves forward, at most 1,000
+ *   rows per statement (each statement its own transaction). A row replayed and dead-lettered again
+ *   while the replay runs is therefore never replayed (or counted) twice, and the number of
+ *   statements is bounded by the number of dead letters counted at the start.
+ * - Replay and redeliver report how many of the rows belong to a subscription that is no longer
+ *   active as enqueued (missing, inactive, disabled, gone, or another URL / fingerprint): the worker
+ *   cancels those without a request (SPEC §4.2). They are replayed all the same.
+ * - `show` returns the newest 1,000 attempts (in attempt order) and how many older ones it left out.
+ * - `status` is counts only (no DIDs, URLs or errors).
+ *
+ * Rows carry the target URL because operators own the database; the CLI hides it unless asked.
+ */
+import { SqlClient } from "@effect/sql"
+import type { Fragment } from "@effect/sql/Statement"
+import { Context, Data, Effect, Layer, Option } from "effect"
+import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"
+import { NOTIFY_CHANNEL, type OutboxRow } from "../matching/Outbox.js"
+import { type StoreError, storeOp } from "../platform/Persistence.js"
+
+export const DELIVERY_STATUSES = ["pending", "leased", "delivered", "dead_letter", "cancelled"] as const
+export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number]
+
+export const RECONCILE_STATUSES = ["unknown", "scanning", "complete", "failed"] as const
+export type ReconcileStatus = (typeof RECONCILE_STATUSES)[number]
+
+export const isDeliveryStatus = (s: string): s is DeliveryStatus => (DELIVERY_STATUSES as ReadonlyArray<string>).includes(s)
+
+/** Default and hard maximum of `listDeliveries`. */
+export const DEFAULT_LIST_LIMIT = 100
+export const MAX_LIST_LIMIT = 1_000
+/** Rows per replay statement. */
+export const REPLAY_BATCH = 1_000
+/** Attempts shown by `showDelivery` at most (the newest). */
+export const MAX_ATTEMPTS_SHOWN = 1_000
+
+/** An operator argument broke a rule. Names the field and the rule, never the value. */
+export class InvalidArgument extends Data.TaggedError("InvalidArgument")<{
+  readonly field: string
+  readonly rule: string
+}> {
+  override get message(): string {
+    return `invalid ${this.field}: ${this.rule}`
+  }
+}
+
+export interface ListFilter {
+  /** owner DID */
+  readonly owner?: string
+  /** webhook record key (with or without `owner`) */
+  readonly webhook?: string
+  readonly status?: DeliveryStatus
+  /** created at or after */
+  readonly since?: Date
+  /** created before */
+  readonly until?: Date
+  /** 1..1,000, default 100 */
+  readonly limit?: number
+}
+
+export interface ReplayFilter {
+  readonly owner?: string
+  readonly webhook?: string
+  readonly since?: Date
+  readonly until?: Date
+}
+
+/** An outbox row as operators see it: the enqueued fields plus its delivery state. */
+export interface Delivery extends Omit<OutboxRow, "fingerprint"> {
+  readonly status: DeliveryStatus
+  readonly attemptCount: number
+  readonly nextAttemptAt: Date
+  readonly leasedUntil: Date | undefined
+  readonly lastErrorKind: string | undefined
+  readonly lastHttpStatus: number | undefined
+  readonly createdAt: Date
+  readonly updatedAt: Date
+  readonly finishedAt: Date | undefined
+}
+
+export interface Attempt {
+  readonly attempt: number
+  readonly startedAt: Date
+  readonly durationMs: number
+  readonly outcome: string
+  readonly errorKind: string | undefined
+  readonly httpStatus: number | undefined
+  readonly responseExcerpt: string | undefined
+}
+
+export interface DeliveryDetail {
+  readonly delivery: Delivery
+  /** the newest {@link MAX_ATTEMPTS_SHOWN} attempts, in attempt order */
+  readonly attempts: ReadonlyArray<Attempt>
+  /** attempts older than those in `attempts`, left out */
+  readonly olderAttemptsNotShown: number
+}
+
+/** The outcome of `redeliver`. */
+export type RedeliverResult =
+  | {
+    readonly _tag: "Redelivered"
+    /** the status the row had (`leased` only when its lease had expired) */
+    readonly previousStatus: DeliveryStatus
+    /** the row was `leased` by a worker whose lease had expired (a stopped or stalled worker) */
+    readonly leaseExpired: boolean
+    /** its subscription is no longer active as enqueued: the worker will cancel it without a request */
+    readonly subscriptionInactive: boolean
+  }
+  /** a worker holds a valid lease on it right now: untouched */
+  | { readonly _tag: "Leased"; readonly leasedUntil: Date | undefined }
+  | { readonly _tag: "Missing" }
+
+/** The outcome of `replayDeadLetters`. */
+export interface ReplayResult {
+  /** distinct dead letters made pending */
+  readonly replayed: number
+  /** of those, rows whose subscription is no longer active as enqueued (cancelled without a request) */
+  readonly inactiveSubscription: number
+  /** false only if the statement bound was reached before the key range was exhausted */
+  readonly complete: boolean
+}
+
+export interface OperatorOptions {
+  /** rows per replay statement (1..{@link REPLAY_BATCH}; default {@link REPLAY_BATCH}) */
+  readonly replayBatchSize?: number
+}
+
+export interface StatusSummary {
+  readonly deliveries: { readonly [S in DeliveryStatus]: number } & { readonly due: number }
+  readonly webhooks: { readonly active: number; readonly total: number; readonly gone: number }
+  readonly owners: { readonly [S in ReconcileStatus]: number }
+  readonly quarantine: number
+  readonly secrets: number
+}
+
+export interface OperatorShape {
+  readonly listDeliveries: (filter: ListFilter) => Effect.Effect<ReadonlyArray<Delivery>, InvalidArgument | StoreError>
+  readonly showDelivery: (deliveryId: string) => Effect.Effect<Option.Option<DeliveryDetail>, StoreError>
+  readonly redeliver: (deliveryId: string) => Effect.Effect<RedeliverResult, StoreError>
+  /** Dead letters made pending (each counted once). */
+  readonly replayDeadLetters: (filter: ReplayFilter) => Effect.Effect<ReplayResult, InvalidArgument | StoreError>
+  readonly status: Effect.Effect<StatusSummary, StoreError>
+}
+
+export class Operator extends Context.Tag("firehook/Operator")<Operator, OperatorShape>() {}
+
+// ---------------------------------------------------------------------------------------------
+
+interface OutboxDbRow {
+  readonly delivery_id: string
+  readonly event_id: string
+  readonly owner_did: string
+  readonly webhook_rkey: string
+  readonly match_kind: Delivery["matchKind"]
+  readonly event_did: string
+  readonly event_collection: string
+  readonly event_rkey: string
+  readonly event_operation: Delivery["eventOperation"]
+  readonly target_url: string
+  readonly signing_mode: Delivery["signingMode"]
+  readonly secret_id: string | null
+  readonly status: DeliveryStatus
+  readonly attempt_count: number
+  readonly next_attempt_at: Date
+  readonly leased_until: Date | null
+  readonly last_error_kind: string | null
+  readonly last_http_status: number | null
+  readonly created_at: Date
+  readonly updated_at: Date
+  readonly finished_at: Date | null
+}
+
+interface AttemptDbRow {
+  readonly attempt: number
+  readonly started_at: Date
+  readonly duration_ms: number
+  readonly outcome: string
+  readonly error_kind: string | null
+  readonly http_status: number | null
+  readonly response_excerpt: string | null
+}
+
+const opt = <A>(a: A | null): A | undefined => (a === null ? undefined : a)
+const date = (d: Date | string): Date => (d instanceof Date ? d : new Date(d))
+const optDate = (d: Date | string | null): Date | undefined => (d === null ? undefined : date(d))
+
+const toDelivery = (r: OutboxDbRow): Delivery => ({
+  deliveryId: r.delivery_id,
+  eventId: r.event_id,
+  ownerDid: r.owner_did,
+  webhookRkey: r.webhook_rkey,
+  matchKind: r.match_kind,
+  eventDid: r.event_did,
+  eventCollection: r.event_collection,
+  eventRkey: r.event_rkey,
+  eventOperation: r.event_operation,
+  targetUrl: r.target_url,
+  signingMode: r.signing_mode,
+  secretId: opt(r.secret_id),
+  status: r.status,
+  attemptCount: r.attempt_count,
+  nextAttemptAt: date(r.next_attempt_at),
+  leasedUntil: optDate(r.leased_until),
+  lastErrorKind: opt(r.last_error_kind),
+  lastHttpStatus: opt(r.last_http_status),
+  createdAt: date(r.created_at),
+  updatedAt: date(r.updated_at),
+  finishedAt: optDate(r.finished_at)
+})
+
+const toAttempt = (r: AttemptDbRow): Attempt => ({
+  attempt: r.attempt,
+  startedAt: date(r.started_at),
+  durationMs: r.duration_ms,
+  outcome: r.outcome,
+  errorKind: opt(r.error_kind),
+  httpStatus: opt(r.http_status),
+  responseExcerpt: opt(r.response_excerpt)
+})
+
+const validDate = (d: Date | undefined): boolean => d === undefined || !Number.isNaN(d.getTime())
+
+const checkFilter = (f: ReplayFilter): Effect.Effect<void, InvalidArgument> => {
+  if (f.owner !== undefined && !isCanonicalDid(f.owner)) {
+    return Effect.fail(new InvalidArgument({ field: "owner", rule: "must be a canonical DID (did:plc or did:web)" }))
+  }
+  if (f.webhook !== undefined && !isRkey(f.webhook)) {
+    return Effect.fail(new InvalidArgument({ field: "webhook", rule: "must be a record key" }))
+  }
+  if (!validDate(f.since)) return Effect.fail(new InvalidArgument({ field: "since", rule: "must be a valid time" }))
+  if (!validDate(f.until)) return Effect.fail(new InvalidArgument({ field: "until", rule: "must be a valid time" }))
+  if (f.since !== undefined && f.until !== undefined && f.since.getTime() >= f.until.getTime()) {
+    return Effect.fail(new InvalidArgument({ field: "since", rule: "must be earlier than until" }))
+  }
+  return Effect.void
+}
+
+interface ReplayBatchRow {
+  readonly selected: number
+  readonly replayed: number
+  readonly inactive: number
+  readonly last_created: string | null
+  readonly last_id: string | null
+}
+
+/** Statements per replay at most, given the dead letters counted at its start. */
+const replayStatementBound = (counted: number, batch: number): number => Math.ceil(counted / batch) + 1
+
+export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const replayBatch = Math.min(REPLAY_BATCH, Math.max(1, Math.floor(options.replayBatchSize ?? REPLAY_BATCH)))
+
+  const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }): ReadonlyArray<Fragment> => {
+    const out: Array<Fragment> = []
+    if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
+    if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
+    if (f.status !== undefined) out.push(sql`status = ${f.status}`)
+    if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
+    if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
+    return out
+  }
+
+  const notify = sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`
+
+  /**
+   * True when the outbox row `o` no longer matches its subscription as enqueued: the worker cancels
+   * it (`subscription_changed`) without a request. The same test as the worker's (Delivery §4.2).
+   */
+  const inactiveSubscription = sql`NOT EXISTS (
+    SELECT 1 FROM webhooks w
+    WHERE w.owner_did = o.owner_did AND w.rkey = o.webhook_rkey
+      AND w.active AND w.enabled AND w.gone_at IS NULL
+      AND w.url = o.target_url AND w.fingerprint = o.fingerprint)`
+
+  const listDeliveries = Effect.fn("Operator.listDeliveries")(function* (filter: ListFilter) {
+    yield* checkFilter(filter)
+    const limit = filter.limit ?? DEFAULT_LIST_LIMIT
+    if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_LIST_LIMIT) {
+      return yield* Effect.fail(new InvalidArgument({ field: "limit", rule: `must be an integer in 1..${MAX_LIST_LIMIT}` }))
+    }
+    const rows = yield* sql<OutboxDbRow>`
+      SELECT * FROM outbox WHERE ${sql.and(conditions(filter))}
+      ORDER BY created_at DESC, delivery_id
+      LIMIT ${limit}`.pipe(storeOp("operator.listDeliveries"))
+    return rows.map(toDelivery)
+  })
+
+  const showDelivery = Effect.fn("Operator.showDelivery")(function* (deliveryId: string) {
+    const rows = yield* sql<OutboxDbRow>`SELECT * FROM outbox WHERE delivery_id = ${deliveryId}`.pipe(
+      storeOp("operator.showDelivery")
+    )
+    const row = rows[0]
+    if (row === undefined) return Option.none<DeliveryDetail>()
+    // the newest attempts (the ones an operator is looking for), shown in attempt order
+    const attempts = yield* sql<AttemptDbRow>`
+      SELECT * FROM (
+        SELECT attempt, started_at, duration_ms, outcome, error_kind, http_status, response_excerpt
+        FROM delivery_attempts WHERE delivery_id = ${deliveryId}
+        ORDER BY attempt DESC, started_at DESC
+        LIMIT ${MAX_ATTEMPTS_SHOWN}
+      ) newest
+      ORDER BY attempt, started_at`.pipe(storeOp("operator.showDelivery"))
+    let older = 0
+    if (attempts.length >= MAX_ATTEMPTS_SHOWN) {
+      const total = yield* sql<{ n: number }>`
+        SELECT count(*)::float8 AS n FROM delivery_attempts WHERE delivery_id = ${deliveryId}`.pipe(
+        storeOp("operator.showDelivery")
+      )
+      older = Math.max(0, (total[0]?.n ?? 0) - attempts.length)
+    }
+    return Option.some<DeliveryDetail>({
+      delivery: toDelivery(row),
+      attempts: attempts.map(toAttempt),
+      olderAttemptsNotShown: older
+    })
+  })
+
+  const RESET = sql`
+    status = 'pending', attempt_count = 0, next_attempt_at = now(), lease_token = NULL, leased_until = NULL,
+    last_error_kind = NULL, last_http_status = NULL, finished_at = NULL, updated_at = now()`
+
+  /** One try: the row reset (unless a worker holds a valid lease), with what it was. */
+  const redeliverOnce = (deliveryId: string) =>
+    sql
+      .withTransaction(
+        Effect.gen(function* () {
+          // FOR UPDATE waits for a worker that is claiming or settling the row, then re-checks it
+          const changed = yield* sql<{ previous_status: DeliveryStatus; inactive: boolean }>`
+            WITH prev AS (
+              SELECT delivery_id, status FROM outbox
+              WHERE delivery_id = ${deliveryId}
+                AND (status <> 'leased' OR leased_until IS NULL OR leased_until < now())
+              FOR UPDATE
+            )
+            UPDATE outbox o SET ${RESET}
+            FROM prev WHERE o.delivery_id = prev.delivery_id
+            RETURNING prev.status AS previous_status, ${inactiveSubscription} AS inactive`
+          const row = changed[0]
+          if (row === undefined) {
+            const current = yield* sql<{ status: DeliveryStatus; leased_until: Date | null }>`
+              SELECT status, leased_until FROM outbox WHERE delivery_id = ${deliveryId}`
+            const c = current[0]
+            if (c === undefined) return Option.some<RedeliverResult>({ _tag: "Missing" })
+            if (c.status === "leased") {
+              return Option.some<RedeliverResult>({ _tag: "Leased", leasedUntil: optDate(c.leased_until) })
+            }
+            return Option.none<RedeliverResult>() // settled meanwhile: try again
+          }
+          yield* notify
+          return Option.some<RedeliverResult>({
+            _tag: "Redelivered",
+            previousStatus: row.previous_status,
+            leaseExpired: row.previous_status === "leased",
+            subscriptionInactive: row.inactive
+          })
+        })
+      )
+      .pipe(storeOp("operator.redeliver"))
+
+  const redeliver = Effect.fn("Operator.redeliver")(function* (deliveryId: string) {
+    // a row that stopped being validly leased between the update and the read is tried again, 3 times at most
+    for (let i = 0; i < 3; i++) {
+      const result = yield* redeliverOnce(deliveryId)
+      if (Option.isSome(result)) return result.value
+    }
+    const fallback: RedeliverResult = { _tag: "Leased", leasedUntil: undefined }
+    return fallback
+  })
+
+  const replayDeadLetters = Effect.fn("Operator.replayDeadLetters")(function* (filter: ReplayFilter) {
+    yield* checkFilter(filter)
+    // the snapshot: dead letters as of now (a row dead-lettered, or replayed and dead-lettered again,
+    // after this moment has updated_at > started and is left alone)
+    const start = yield* sql<{ started: string; n: number }>`
+      SELECT now()::text AS started, count(*)::float8 AS n FROM outbox
+      WHERE ${sql.and([sql`status = 'dead_letter'`, sql`updated_at <= now()`, ...conditions(filter)])}`.pipe(
+      storeOp("operator.replayDeadLetters")
+    )
+    const started = start[0]?.started
+    const counted = start[0]?.n ?? 0
+    if (started === undefined || counted === 0) return { replayed: 0, inactiveSubscription: 0, complete: true }
+    const base = [sql`status = 'dead_letter'`, sql`updated_at <= ${started}::timestamptz`, ...conditions(filter)]
+    const bound = replayStatementBound(counted, replayBatch)
+    let replayed = 0
+    let inactive = 0
+    let complete = false
+    let last: { readonly createdAt: string; readonly deliveryId: string } | undefined = undefined
+    for (let i = 0; i < bound; i++) {
+      const key = last
+      const after: ReadonlyArray<Fragment> = key === undefined
+        ? []
+        : [sql`(created_at, delivery_id) > (${key.createdAt}::timestamptz, ${key.deliveryId})`]
+      // FOR UPDATE (not SKIP LOCKED): a row that maintenance is pruning right now is waited for
+      // and then re-checked. The key (created_at, delivery_id) only moves forward.
+      const result: ReadonlyArray<ReplayBatchRow> = yield* sql<ReplayBatchRow>`
+        WITH batch AS (
+          SELECT delivery_id, created_at FROM outbox WHERE ${sql.and([...base, ...after])}
+          ORDER BY created_at, delivery_id
+          LIMIT ${replayBatch}
+          FOR UPDATE
+        ),
+        upd AS (
+          UPDATE outbox o SET ${RESET}
+          FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
+          RETURNING ${inactiveSubscription} AS inactive
+        ),
+        tail AS (
+          SELECT created_at::text AS last_created, delivery_id AS last_id FROM batch
+          ORDER BY created_at DESC, delivery_id DESC LIMIT 1
+        )
+        SELECT (SELECT count(*) FROM batch)::int AS selected,
+               (SELECT count(*) FROM upd)::int AS replayed,
+               (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
+               (SELECT last_created FROM tail) AS last_created,
+               (SELECT last_id FROM tail) AS last_id`.pipe(storeOp("operator.replayDeadLetters"))
+      const r: ReplayBatchRow | undefined = result[0]
+      if (r === undefined) break
+      replayed += r.replayed
+      inactive += r.inactive
+      if (r.selected < replayBatch || r.last_created === null || r.last_id === null) {
+        complete = true
+        break
+      }
+      last = { createdAt: r.last_created, deliveryId: r.last_id }
+    }
+    if (replayed > 0) yield* notify.pipe(storeOp("operator.notify"))
+    if (replayed > 0) {
+      yield* Effect.logInfo("dead letters replayed").pipe(
+        Effect.annotateLogs({ count: replayed, inactiveSubscription: inactive })
+      )
+    }
+    if (!complete) yield* Effect.logWarning("replay stopped at its statement bound; run it again for the rest")
+    const out: ReplayResult = { replayed, inactiveSubscription: inactive, complete }
+    return out
+  })
+
+  const status = Effect.gen(function* () {
+    const byStatus = yield* sql<{ status: DeliveryStatus; n: number }>`
+      SELECT status, count(*)::float8 AS n FROM outbox GROUP BY status`
+    const due = yield* sql<{ n: number }>`
+      SELECT count(*)::float8 AS n FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()`
+    const webhooks = yield* sql<{ active: number; total: number; gone: number }>`
+      SELECT count(*) FILTER (WHERE active)::float8 AS active, count(*)::float8 AS total,
+             count(*) FILTER (WHERE gone_at IS NOT NULL)::float8 AS gone
+      FROM webhooks`
+    const owners = yield* sql<{ reconcile_status: ReconcileStatus; n: number }>`
+      SELECT reconcile_status, count(*)::float8 AS n FROM owners GROUP BY reconcile_status`
+    const quarantine = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM quarantine`
+    const secrets = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM secrets`
+    const deliveries = { pending: 0, leased: 0, delivered: 0, dead_letter: 0, cancelled: 0, due: due[0]?.n ?? 0 }
+    for (const r of byStatus) if (isDeliveryStatus(r.status)) deliveries[r.status] = r.n
+    const ownerCounts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
+    for (const r of owners) {
+      if ((RECONCILE_STATUSES as ReadonlyArray<string>).includes(r.reconcile_status)) ownerCounts[r.reconcile_status] = r.n
+    }
+    const summary: StatusSummary = {
+      deliveries,
+      webhooks: { active: webhooks[0]?.active ?? 0, total: webhooks[0]?.total ?? 0, gone: webhooks[0]?.gone ?? 0 },
+      owners: ownerCounts,
+      quarantine: quarantine[0]?.n ?? 0,
+      secrets: secrets[0]?.n ?? 0
+    }
+    return summary
+  }).pipe(storeOp("operator.status"), Effect.withSpan("Operator.status"))
+
+  const shape: OperatorShape = { listDeliveries, showDelivery, redeliver, replayDeadLetters, status }
+  return shape
+})
+
+export const make = makeWith()
+
+export const layerWith = (options: OperatorOptions): Layer.Layer<Operator, never, SqlClient.SqlClient> =>
+  Layer.effect(Operator, makeWith(options))
+
+export const layer: Layer.Layer<Operator, never, SqlClient.SqlClient> = Layer.effect(Operator, make)

@@ -1,0 +1,247 @@
+/**
+ * Identity (SPEC §5.1): DID → PDS endpoint, with a bounded cache.
+ *
+ * - `did:plc:<id>` → `GET <PLC_DIRECTORY_URL>/<did>`; `did:web:<host>` →
+ *   `https://<host>/.well-known/did.json`; `did:web:<host>:<p1>:<p2>` → `https://<host>/p1/p2/did.json`.
+ *   Every request goes through {@link SafeHttp} (10 s, 1 MiB).
+ * - The document is decoded with a Schema; its `id` must be the DID asked for. The PDS is the first
+ *   service whose id ends with `#atproto_pds` and whose type is `AtprotoPersonalDataServer`; its
+ *   endpoint must pass the URL rules (SPEC §1.2: https and public; http/loopback only in insecure
+ *   development mode), so a document pointing at a private address is refused before any PDS call.
+ * - Cache: at most `maxEntries` DIDs (least recently used evicted). An entry older than `staleAfter`
+ *   (`IDENTITY_CACHE_STALE_MS`, default 1 h; `expireAfter`: `IDENTITY_CACHE_MAX_AGE_MS`, default 24 h)
+ *   is served and refreshed in the background (one refresh per DID, at most
+ *   `maxBackgroundRefreshes` at a time, fibers owned by the layer's scope); older than
+ *   `expireAfter` it is fetched again before answering. `invalidate(did)` drops the entry (intake
+ *   calls it on `#identity`/`#account` events, the reconciler on "repo not found"); a background
+ *   refresh that started before an invalidation never writes its (possibly stale) answer back.
+ * - Only successful resolutions are cached. Times come from the Effect `Clock`.
+ *
+ * Errors are kinds only ({@link IdentityError}): never the DID document, the endpoint or a URL.
+ */
+import { Clock, Context, Data, Duration, Effect, Either, FiberSet, Layer, Metric } from "effect"
+import { isCanonicalDid } from "../../schemas/AtUri.js"
+import { DidDocument, pdsEndpoint } from "../../schemas/DidDocument.js"
+import { validateWebhookUrl } from "../../schemas/WebhookUrl.js"
+import { decodeJsonBody } from "../../schemas/Xrpc.js"
+import { FirehookConfig } from "../platform/Config.js"
+import { SafeHttp } from "../platform/http/SafeHttp.js"
+
+export type IdentityErrorKind =
+  /** not a canonical did:plc / did:web */
+  | "invalid_did"
+  /** the directory or host says the DID does not exist (404 / 410) */
+  | "did_not_found"
+  /** transport failure, timeout, or another status */
+  | "identity_unavailable"
+  /** not a DID document for this DID */
+  | "identity_invalid"
+  /** no `#atproto_pds` service of type `AtprotoPersonalDataServer` */
+  | "no_pds"
+  /** the PDS endpoint breaks the URL rules (scheme, private address, credentials, query …) */
+  | "pds_unsafe"
+
+export class IdentityError extends Data.TaggedError("IdentityError")<{ readonly kind: IdentityErrorKind }> {
+  override get message(): string {
+    return `identity resolution failed: ${this.kind}`
+  }
+}
+
+export interface IdentityOptions {
+  readonly staleAfter?: Duration.DurationInput
+  readonly expireAfter?: Duration.DurationInput
+  readonly maxEntries?: number
+  readonly maxBackgroundRefreshes?: number
+  readonly timeoutMs?: number
+  readonly maxResponseBytes?: number
+}
+
+/** The SPEC §5.1 defaults of `IDENTITY_CACHE_STALE_MS` and `IDENTITY_CACHE_MAX_AGE_MS`. */
+export const DEFAULT_STALE_AFTER = Duration.hours(1)
+export const DEFAULT_EXPIRE_AFTER = Duration.hours(24)
+export const DEFAULT_MAX_ENTRIES = 10_000
+export const DEFAULT_MAX_BACKGROUND_REFRESHES = 16
+export const IDENTITY_TIMEOUT_MS = 10_000
+export const IDENTITY_MAX_RESPONSE_BYTES = 1024 * 1024
+
+export interface IdentityStats {
+  readonly entries: number
+  readonly hits: number
+  readonly misses: number
+  readonly refreshes: number
+  readonly failures: number
+}
+
+export interface IdentityShape {
+  /** The PDS base URL (`scheme://host[:port][/path]`, no trailing slash) of a DID. */
+  readonly resolvePds: (did: string) => Effect.Effect<string, IdentityError>
+  /** Forget what is cached for `did` (an `#identity` / `#account` event, or "repo not found"). */
+  readonly invalidate: (did: string) => Effect.Effect<void>
+  readonly stats: Effect.Effect<IdentityStats>
+}
+
+export class Identity extends Context.Tag("firehook/Identity")<Identity, IdentityShape>() {}
+
+const lookups = Metric.counter("firehook_identity_lookups_total", {
+  description: "DID → PDS lookups, by result (hit, stale, miss)"
+})
+const fetchFailures = Metric.counter("firehook_identity_failures_total", {
+  description: "DID document fetches that failed, by kind"
+})
+
+interface Entry {
+  readonly pds: string
+  readonly fetchedAt: number
+  refreshing: boolean
+}
+
+/** The document URL of a canonical DID (pure). */
+export const didDocumentUrl = (did: string, plcDirectoryUrl: string): string | undefined => {
+  if (!isCanonicalDid(did)) return undefined
+  if (did.startsWith("did:plc:")) return `${plcDirectoryUrl}/${did}`
+  if (did.startsWith("did:web:")) {
+    const [host, ...path] = did.slice("did:web:".length).split(":")
+    if (host === undefined || host.length === 0) return undefined
+    return path.length === 0 ? `https://${host}/.well-known/did.json` : `https://${host}/${path.join("/")}/did.json`
+  }
+  return undefined
+}
+
+/**
+ * The PDS base URL from an endpoint string, if it passes the URL rules (SPEC §1.2 / §5.1):
+ * origin plus path without trailing slashes; no query.
+ */
+export const normalizePdsEndpoint = (endpoint: string, allowInsecureDev: boolean): string | undefined => {
+  const checked = validateWebhookUrl(endpoint, { allowInsecureDev })
+  if (Either.isLeft(checked)) return undefined
+  const url = checked.right
+  if (url.search.length > 0) return undefined
+  const path = url.pathname.replace(/\/+$/, "")
+  return `${url.origin}${path}`
+}
+
+export const make = (options: IdentityOptions = {}) =>
+  Effect.gen(function* () {
+    const config = yield* FirehookConfig
+    const http = yield* SafeHttp
+    const refreshers = yield* FiberSet.make<void, never>()
+    // `IDENTITY_CACHE_STALE_MS` / `IDENTITY_CACHE_MAX_AGE_MS` (defaults DEFAULT_STALE_AFTER /
+    // DEFAULT_EXPIRE_AFTER); an explicit option wins
+    const staleMs = Duration.toMillis(Duration.decode(options.staleAfter ?? Duration.millis(config.identity.cacheStaleMs)))
+    const expireMs = Duration.toMillis(Duration.decode(options.expireAfter ?? Duration.millis(config.identity.cacheMaxAgeMs)))
+    const maxEntries = Math.max(1, Math.floor(options.maxEntries ?? DEFAULT_MAX_ENTRIES))
+    const maxRefreshes = Math.max(0, Math.floor(options.maxBackgroundRefreshes ?? DEFAULT_MAX_BACKGROUND_REFRESHES))
+    const timeoutMs = options.timeoutMs ?? IDENTITY_TIMEOUT_MS
+    const maxResponseBytes = options.maxResponseBytes ?? IDENTITY_MAX_RESPONSE_BYTES
+    const insecure = config.allowInsecureDev
+
+    const cache = new Map<string, Entry>()
+    let hits = 0
+    let misses = 0
+    let refreshes = 0
+    let failures = 0
+
+    const fail = (kind: IdentityErrorKind) => Effect.fail(new IdentityError({ kind }))
+
+    /** Fetch and validate the document; the PDS base URL. */
+    const fetchPds = (did: string): Effect.Effect<string, IdentityError> =>
+      Effect.gen(function* () {
+        const url = didDocumentUrl(did, config.backfill.plcDirectoryUrl)
+        if (url === undefined) return yield* fail("invalid_did")
+        const response = yield* http
+          .request({
+            url,
+            method: "GET",
+            headers: { accept: "application/did+ld+json, application/json" },
+            timeoutMs,
+            maxResponseBytes
+          })
+          .pipe(Effect.mapError(() => new IdentityError({ kind: "identity_unavailable" })))
+        if (response.status === 404 || response.status === 410) return yield* fail("did_not_found")
+        if (response.status < 200 || response.status > 299) return yield* fail("identity_unavailable")
+        const doc = decodeJsonBody(DidDocument, response.body)
+        if (doc === undefined || doc.id !== did) return yield* fail("identity_invalid")
+        const endpoint = pdsEndpoint(doc)
+        if (endpoint === undefined) return yield* fail("no_pds")
+        const pds = normalizePdsEndpoint(endpoint, insecure)
+        if (pds === undefined) return yield* fail("pds_unsafe")
+        return pds
+      }).pipe(
+        Effect.tapError((e) =>
+          Effect.sync(() => void failures++).pipe(
+            Effect.zipRight(Metric.increment(Metric.tagged(fetchFailures, "kind", e.kind)))
+          )
+        ),
+        Effect.withSpan("Identity.fetch")
+      )
+
+    const store = (did: string, pds: string, fetchedAt: number) => {
+      cache.delete(did)
+      while (cache.size >= maxEntries) {
+        const oldest = cache.keys().next()
+        if (oldest.done === true) break
+        cache.delete(oldest.value)
+      }
+      cache.set(did, { pds, fetchedAt, refreshing: false })
+    }
+
+    /** Background refresh of a stale entry: writes back only if the entry is still the same object. */
+    const refresh = (did: string, entry: Entry) =>
+      fetchPds(did).pipe(
+        Effect.flatMap((pds) =>
+          Effect.flatMap(Clock.currentTimeMillis, (now) =>
+            Effect.sync(() => {
+              refreshes++
+              if (cache.get(did) === entry) store(did, pds, now)
+            })
+          )
+        ),
+        Effect.catchAll(() =>
+          // keep serving the stale entry until it expires; allow another refresh later
+          Effect.sync(() => {
+            entry.refreshing = false
+          })
+        )
+      )
+
+    const resolvePds = (did: string): Effect.Effect<string, IdentityError> =>
+      Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        const entry = cache.get(did)
+        if (entry !== undefined) {
+          const age = now - entry.fetchedAt
+          if (age < expireMs) {
+            // most recently used last
+            cache.delete(did)
+            cache.set(did, entry)
+            hits++
+            if (age >= staleMs && !entry.refreshing && (yield* FiberSet.size(refreshers)) < maxRefreshes) {
+              entry.refreshing = true
+              yield* FiberSet.run(refreshers, refresh(did, entry))
+              yield* Metric.increment(Metric.tagged(lookups, "result", "stale"))
+            } else {
+              yield* Metric.increment(Metric.tagged(lookups, "result", "hit"))
+            }
+            return entry.pds
+          }
+          cache.delete(did)
+        }
+        misses++
+        yield* Metric.increment(Metric.tagged(lookups, "result", "miss"))
+        const pds = yield* fetchPds(did)
+        const fetchedAt = yield* Clock.currentTimeMillis
+        store(did, pds, fetchedAt)
+        return pds
+      }).pipe(Effect.withSpan("Identity.resolvePds"))
+
+    const shape: IdentityShape = {
+      resolvePds,
+      invalidate: (did) => Effect.sync(() => void cache.delete(did)),
+      stats: Effect.sync(() => ({ entries: cache.size, hits, misses, refreshes, failures }))
+    }
+    return shape
+  })
+
+/** The identity service. Requires the configuration and the SSRF-safe transport. */
+export const layer = (options: IdentityOptions = {}): Layer.Layer<Identity, never, FirehookConfig | SafeHttp> =>
+  Layer.scoped(Identity, make(options))

@@ -1,0 +1,366 @@
+/**
+ * RetryScheduler (SPEC §5.4): retries owners whose reconciliation failed or crashed.
+ *
+ * - Every `RETRY_SCHEDULER_INTERVAL_MS` (60 s; the first round one interval after start) it lists up
+ *   to `trackedMax − tracked` owners that are `failed` or `scanning` for longer than
+ *   `RETRY_SCHEDULER_STALE_SCAN_MS` (15 min: a crashed scan), failed first, oldest failure first, and
+ *   tracks each one in its own fiber (at most `RETRY_SCHEDULER_TRACKED_MAX` tracked, default 16).
+ * - Each tracked owner is retried on a full-jitter exponential backoff, as an Effect `Schedule`
+ *   ({@link retryBackoff}): before attempt n it waits `max(100 ms, random × min(cap, base × 2^n))`
+ *   (base 5 s, cap 1 h). Attempts run under a semaphore (`RETRY_SCHEDULER_CONCURRENCY`, 1–2).
+ *   Success (the owner completed here or elsewhere) forgets the owner and its attempt count.
+ * - Decision: an owner rediscovered later starts at attempt `failure_count − 1` (the database's
+ *   consecutive failures), and an owner is released from tracking after a failed attempt at the cap,
+ *   so permanently failing owners rotate (oldest failure first) instead of holding the 16 slots
+ *   forever, without a burst of short delays when they come back.
+ * - Each round also swaps owners completed by another process (another replica, or
+ *   `firehook owners reconcile`) into this process's in-memory registry, under the owner row lock.
+ * - `stop(deadline)`: admits nothing new (no more rounds, sleeping owners are dropped), waits for
+ *   in-flight attempts until `deadline` (Clock millis), then interrupts them (their PDS reads are
+ *   cut; the scans are marked failed), and returns `{ drained }` = whether they finished in time.
+ *
+ * Time and randomness come from `Clock` and `Random`, so the whole scheduler is deterministic under
+ * `TestClock` with `Random.fixed`. Health (`retryScheduler`): ready = running.
+ */
+import { Clock, Context, Deferred, Duration, Effect, Fiber, FiberMap, Layer, Metric, Random, Schedule } from "effect"
+import { FirehookConfig } from "../platform/Config.js"
+import { Health } from "../platform/Health.js"
+import { Lifecycle } from "../platform/Lifecycle.js"
+import { ReconcileStore } from "./ReconcileStore.js"
+import { Reconciler } from "./Reconciler.js"
+import { Registry } from "../registry/Registry.js"
+import { StoreError } from "../platform/Persistence.js"
+
+export interface BackoffOptions {
+  readonly base: Duration.DurationInput
+  readonly cap: Duration.DurationInput
+  /** the smallest delay (default 100 ms) */
+  readonly min?: Duration.DurationInput
+}
+
+/**
+ * Full-jitter exponential backoff as a Schedule: the delay before recurrence n (n = 0, 1, …) is
+ * `max(min, floor(random × min(cap, base × 2^n)))` milliseconds, `random` from the Effect `Random`.
+ *
+ * @since 0.1.0
+ */
+export const retryBackoff = (options: BackoffOptions): Schedule.Schedule<Duration.Duration> => {
+  const capMs = Duration.toMillis(Duration.decode(options.cap))
+  const minMs = Duration.toMillis(Duration.decode(options.min ?? Duration.millis(100)))
+  return Schedule.exponential(options.base, 2).pipe(
+    Schedule.modifyDelayEffect((_, delay) =>
+      Effect.map(Random.next, (r) => Duration.millis(Math.max(minMs, Math.floor(r * Math.min(capMs, Duration.toMillis(delay))))))
+    )
+  )
+}
+
+export interface RetrySchedulerOptions {
+  /** owners tracked at most (default: `RETRY_SCHEDULER_TRACKED_MAX` of the configuration, 16) */
+  readonly trackedMax?: number
+  /** the in-memory swap of owners completed elsewhere (undefined: no swap sync) */
+  readonly swap?: ((did: string) => Effect.Effect<void, StoreError>) | undefined
+  /** completed owners swapped per round at most (default 1,024) */
+  readonly swapSyncMax?: number
+}
+
+/** The SPEC §5.4 default of `RETRY_SCHEDULER_TRACKED_MAX`. */
+export const DEFAULT_TRACKED_MAX = 16
+/** Highest attempt index a rediscovered owner starts at. */
+const MAX_SEED_ATTEMPT = 30
+const SWAP_SYNC_BATCH = 256
+/** The swap sync starts this far before its first round (covers completions around startup). */
+const SWAP_SYNC_MARGIN_MS = 10 * 60 * 1000
+
+export interface TrackedOwner {
+  readonly did: string
+  /** the attempt index of the next attempt (its delay is base × 2^attempt, jittered) */
+  readonly attempt: number
+  readonly inFlight: boolean
+}
+
+export interface RetrySchedulerStats {
+  readonly running: boolean
+  readonly infrastructureHealthy: boolean
+  readonly tracked: number
+  readonly inFlight: number
+  readonly attempts: number
+  readonly recovered: number
+}
+
+export interface RetrySchedulerShape {
+  /** One round: list candidates, track them, swap owners completed elsewhere. */
+  readonly tick: Effect.Effect<void, StoreError>
+  /** Stop: admit nothing new, wait for in-flight attempts until `deadline` (Clock millis), interrupt. */
+  readonly stop: (deadline: number) => Effect.Effect<{ readonly drained: boolean }>
+  readonly tracked: Effect.Effect<ReadonlyArray<TrackedOwner>>
+  readonly stats: Effect.Effect<RetrySchedulerStats>
+}
+
+export class RetryScheduler extends Context.Tag("firehook/RetryScheduler")<RetryScheduler, RetrySchedulerShape>() {}
+
+const attemptsMetric = Metric.counter("firehook_retry_scheduler_attempts_total", {
+  description: "Reconciliation retries, by result (recovered, failed, skipped)"
+})
+
+interface Entry {
+  attempt: number
+  inFlight: boolean
+}
+
+/**
+ * Builds the scheduler and forks its periodic rounds into the current scope. Requires the
+ * configuration, the reconcile store and the reconciler.
+ */
+export const make = (options: RetrySchedulerOptions = {}) =>
+  Effect.gen(function* () {
+    const config = yield* FirehookConfig
+    const store = yield* ReconcileStore
+    const reconciler = yield* Reconciler
+    const scope = yield* Effect.scope
+    const cfg = config.retryScheduler
+    const trackedMax = Math.max(1, Math.floor(options.trackedMax ?? cfg.trackedMax))
+    const swapSyncMax = Math.max(SWAP_SYNC_BATCH, Math.floor(options.swapSyncMax ?? 4 * SWAP_SYNC_BATCH))
+    const permits = yield* Effect.makeSemaphore(cfg.concurrency)
+    const owners = yield* FiberMap.make<string, void, never>()
+    const entries = new Map<string, Entry>()
+    const state = { running: true, stopping: false, infrastructureHealthy: true, attempts: 0, recovered: 0 }
+    let swapCursor: string | undefined
+    let stopResult: Deferred.Deferred<{ readonly drained: boolean }> | undefined
+
+    /** One attempt; true when the owner no longer needs retrying. */
+    const attemptOnce = (did: string, entry: Entry) =>
+      Effect.gen(function* () {
+        const current = yield* store.ownerState(did)
+        if (current === undefined || current.status === "complete" || current.status === "unknown") {
+          yield* Metric.increment(Metric.tagged(attemptsMetric, "result", "skipped"))
+          return true
+        }
+        state.attempts++
+        const outcome = yield* reconciler.reconcile(did)
+        state.infrastructureHealthy = true
+        const done = outcome._tag === "complete" || outcome._tag === "superseded"
+        if (done) state.recovered++
+        yield* Metric.increment(Metric.tagged(attemptsMetric, "result", done ? "recovered" : "failed"))
+        return done
+      }).pipe(
+        Effect.catchAllDefect(() => Effect.logError("retry attempt died unexpectedly").pipe(Effect.as(false))),
+        Effect.catchAll((e) =>
+          Effect.sync(() => {
+            state.infrastructureHealthy = false
+          }).pipe(
+            Effect.zipRight(Effect.logWarning("retry attempt failed").pipe(Effect.annotateLogs({ op: e.op, code: e.code }))),
+            Effect.as(false)
+          )
+        ),
+        Effect.ensuring(
+          Effect.sync(() => {
+            entry.inFlight = false
+          })
+        )
+      )
+
+    const ownerLoop = (did: string, entry: Entry) =>
+      Effect.gen(function* () {
+        const baseMs = cfg.baseMs * Math.pow(2, entry.attempt)
+        const driver = yield* Schedule.driver(retryBackoff({ base: Duration.millis(baseMs), cap: Duration.millis(cfg.maxMs) }))
+        for (;;) {
+          if (state.stopping) return
+          yield* driver.next(undefined).pipe(Effect.ignore)
+          if (state.stopping) return
+          const atCap = cfg.baseMs * Math.pow(2, entry.attempt) >= cfg.maxMs
+          const done = yield* permits.withPermits(1)(
+            Effect.suspend(() => {
+              if (state.stopping) return Effect.succeed(true)
+              entry.inFlight = true
+              return attemptOnce(did, entry)
+            })
+          )
+          if (done) return
+          entry.attempt = Math.min(entry.attempt + 1, 1_000)
+          // released at the cap: rediscovered later (oldest failure first) so others get their turn
+          if (atCap) return
+        }
+      }).pipe(
+        Effect.ensuring(
+          Effect.sync(() => {
+            if (entries.get(did) === entry) entries.delete(did)
+          })
+        )
+      )
+
+    const track = (did: string, failureCount: number) =>
+      Effect.suspend(() => {
+        if (state.stopping || entries.has(did) || entries.size >= trackedMax) return Effect.void
+        const entry: Entry = { attempt: Math.min(MAX_SEED_ATTEMPT, Math.max(0, failureCount - 1)), inFlight: false }
+        entries.set(did, entry)
+        return FiberMap.run(owners, did, ownerLoop(did, entry)).pipe(Effect.asVoid)
+      })
+
+    const swapSync = (swap: (did: string) => Effect.Effect<void, StoreError>) =>
+      Effect.gen(function* () {
+        let cursor = swapCursor ?? (yield* store.completedCursor(SWAP_SYNC_MARGIN_MS))
+        for (let swapped = 0; swapped < swapSyncMax; ) {
+          const batch = yield* store.completedSince(cursor, SWAP_SYNC_BATCH)
+          // under the owner's lock, and only while it is still complete: a scan begun since the
+          // completion was read has written pages that must stay in the database only (SPEC §5.3)
+          for (const did of batch.dids) {
+            yield* store.withOwnerLock(
+              did,
+              Effect.flatMap(store.ownerState(did), (st) => (st?.status === "complete" ? swap(did) : Effect.void))
+            )
+          }
+          swapped += batch.dids.length
+          cursor = batch.cursor
+          swapCursor = cursor
+          if (batch.dids.length < SWAP_SYNC_BATCH) break
+        }
+        swapCursor = cursor
+      })
+
+    const tick: Effect.Effect<void, StoreError> = Effect.gen(function* () {
+      if (state.stopping) return
+      const free = trackedMax - entries.size
+      if (free > 0) {
+        const candidates = yield* store.retryCandidates({
+          limit: free,
+          staleScanMs: cfg.staleScanMs,
+          exclude: [...entries.keys()]
+        })
+        for (const c of candidates) yield* track(c.did, c.failureCount)
+      }
+      if (options.swap !== undefined) yield* swapSync(options.swap)
+      state.infrastructureHealthy = true
+    }).pipe(Effect.withSpan("RetryScheduler.tick"))
+
+    const rounds = Effect.forever(
+      Effect.sleep(Duration.millis(cfg.intervalMs)).pipe(
+        Effect.zipRight(
+          tick.pipe(
+            Effect.catchAllDefect(() =>
+              Effect.logError("retry scheduler round died unexpectedly").pipe(
+                Effect.zipRight(Effect.fail(new StoreError({ op: "retryScheduler.tick", code: "defect" })))
+              )
+            ),
+            Effect.catchAll((e) =>
+              Effect.sync(() => {
+                state.infrastructureHealthy = false
+              }).pipe(
+                Effect.zipRight(
+                  Effect.logWarning("retry scheduler round failed").pipe(Effect.annotateLogs({ op: e.op, code: e.code }))
+                )
+              )
+            )
+          )
+        )
+      )
+    ).pipe(
+      Effect.ensuring(
+        Effect.sync(() => {
+          state.running = false
+        })
+      )
+    )
+    const roundsFiber = yield* Effect.forkIn(rounds, scope)
+
+    const runStop = (deadline: number) =>
+      Effect.gen(function* () {
+        state.stopping = true
+        state.running = false
+        yield* Fiber.interrupt(roundsFiber)
+        // sleeping and waiting owners are dropped at once; in-flight ones get until the deadline
+        for (const [did, entry] of [...entries]) {
+          if (!entry.inFlight) yield* FiberMap.remove(owners, did)
+        }
+        const now = yield* Clock.currentTimeMillis
+        const drained = yield* FiberMap.awaitEmpty(owners).pipe(
+          Effect.as(true),
+          Effect.timeoutTo({
+            duration: Duration.millis(Math.max(0, deadline - now)),
+            onSuccess: (x) => x,
+            onTimeout: () => false
+          })
+        )
+        if (!drained) yield* FiberMap.clear(owners)
+        yield* Effect.logInfo("retry scheduler stopped").pipe(Effect.annotateLogs({ drained }))
+        return { drained }
+      })
+
+    const stop = (deadline: number) =>
+      Effect.suspend(() => {
+        if (stopResult !== undefined) return Deferred.await(stopResult)
+        const result = Deferred.unsafeMake<{ readonly drained: boolean }>(roundsFiber.id())
+        stopResult = result
+        return runStop(deadline).pipe(
+          Effect.tap((r) => Deferred.succeed(result, r)),
+          Effect.onInterrupt(() => Deferred.succeed(result, { drained: false }))
+        )
+      })
+
+    const shape: RetrySchedulerShape = {
+      tick,
+      stop,
+      tracked: Effect.sync(() => [...entries].map(([did, e]) => ({ did, attempt: e.attempt, inFlight: e.inFlight }))),
+      stats: Effect.sync(() => ({
+        running: state.running,
+        infrastructureHealthy: state.infrastructureHealthy,
+        tracked: entries.size,
+        inFlight: [...entries.values()].filter((e) => e.inFlight).length,
+        attempts: state.attempts,
+        recovered: state.recovered
+      }))
+    }
+    return shape
+  })
+
+/** The health section (ready = running). */
+export const healthSection = (scheduler: RetrySchedulerShape) =>
+  Effect.map(scheduler.stats, (s) => ({
+    ready: s.running,
+    body: {
+      running: s.running,
+      infrastructureHealthy: s.infrastructureHealthy,
+      tracked: s.tracked,
+      inFlight: s.inFlight,
+      attempts: s.attempts,
+      recovered: s.recovered
+    }
+  }))
+
+/**
+ * The running scheduler (rounds start when the layer is built), with its health section
+ * (`retryScheduler`) and its shutdown stages: `scheduler-begin` starts `stop` with a deadline of
+ * half the shutdown timeout, `scheduler-await` waits for its result (an undrained stop is logged,
+ * not an unclean shutdown: the interrupted scans are marked failed and retried after restart).
+ */
+export const layer = (
+  options: Omit<RetrySchedulerOptions, "swap"> = {}
+): Layer.Layer<RetryScheduler, never, FirehookConfig | ReconcileStore | Reconciler | Registry | Health | Lifecycle> =>
+  Layer.scoped(
+    RetryScheduler,
+    Effect.gen(function* () {
+      const registry = yield* Registry
+      const config = yield* FirehookConfig
+      const scheduler = yield* make({ ...options, swap: (did) => registry.swapOwner(did) })
+      const health = yield* Health
+      const lifecycle = yield* Lifecycle
+      const scope = yield* Effect.scope
+      const stopped = yield* Deferred.make<{ readonly drained: boolean }>()
+      yield* health.register("retryScheduler", healthSection(scheduler))
+      yield* lifecycle.registerStop(
+        "scheduler-begin",
+        "scheduler-begin",
+        Effect.gen(function* () {
+          const deadline = (yield* Clock.currentTimeMillis) + Math.floor(config.shutdownTimeoutMs / 2)
+          yield* Effect.forkIn(Deferred.complete(stopped, scheduler.stop(deadline)), scope)
+        })
+      )
+      yield* lifecycle.registerStop(
+        "scheduler-await",
+        "scheduler-await",
+        Effect.flatMap(Deferred.await(stopped), ({ drained }) =>
+          drained ? Effect.void : Effect.logWarning("retry scheduler interrupted in-flight reconciliations at its deadline")
+        )
+      )
+      return scheduler
+    })
+  )

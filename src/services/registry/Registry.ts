@@ -1,0 +1,348 @@
+/**
+ * The registry (SPEC §2.5, §2.6, §3.4): the stored webhook records and the in-memory index of the
+ * active ones that the matcher reads.
+ *
+ * - `load` fills the index at startup from the store, re-validating every record under the current
+ *   configuration and applying the admission limits; whatever does not fit is counted (health),
+ *   never a crash.
+ * - `applyWhEvent` is the serialized, fenced live mutation of one `place.wisp.v2.wh` event: a write
+ *   applies only if its rev is strictly greater than the stored row's and the tombstone's; each
+ *   applied write bumps the owner's generation and stamps the row/tombstone with it; an invalid
+ *   record or one over an admission limit revokes the previous registration.
+ * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
+ *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
+ * - `swapOwner` replaces one owner's registrations in one step (reconciliation completion). While an
+ *   owner is scanning or failed, nothing here removes its registrations: they keep matching.
+ */
+import { Context, Effect, Either, Layer, Metric, Option } from "effect"
+import { subscriptionFingerprint } from "../matching/Canonical.js"
+import { type ActiveWebhook, makeActiveWebhook, webhookKey, WebhookIndex } from "../matching/WebhookIndex.js"
+import type { ScopeUri } from "../../schemas/AtUri.js"
+import type { RecordEvent } from "../../schemas/RecordEvent.js"
+import { compareTid } from "../../schemas/Tid.js"
+import { validateWhRecord, WH_COLLECTION, type WhRecord } from "../../schemas/WhRecord.js"
+import { FirehookConfig } from "../platform/Config.js"
+import { Health } from "../platform/Health.js"
+import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
+import type { StoreError } from "../platform/Persistence.js"
+
+export type AdmissionLimit = "total" | "owner" | "direct_dids" | "backlink_dids"
+
+export type WhEventOutcome =
+  | { readonly _tag: "stale" }
+  | { readonly _tag: "deleted"; readonly existed: boolean }
+  | { readonly _tag: "active" }
+  | { readonly _tag: "disabled" }
+  | { readonly _tag: "invalid"; readonly kind: string; readonly revoked: boolean }
+  | { readonly _tag: "rejected"; readonly limit: AdmissionLimit; readonly revoked: boolean }
+
+export interface RegistryStats {
+  readonly active: number
+  readonly owners: number
+  readonly directDids: number
+  readonly backlinkDids: number
+  /** active rows in the store that were not loaded at startup (over a limit or no longer valid) */
+  readonly notLoaded: number
+  readonly rejected: { readonly [K in AdmissionLimit]: number }
+  readonly invalidRecords: number
+}
+
+export interface RegistryShape {
+  readonly index: WebhookIndex
+  readonly load: Effect.Effect<void, StoreError>
+  /** drop the in-memory index and load it again from the store (a replica taking the intake role) */
+  readonly reload: Effect.Effect<void, StoreError>
+  readonly applyWhEvent: (event: RecordEvent) => Effect.Effect<WhEventOutcome, StoreError>
+  readonly transactional: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+  readonly swapOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
+  /**
+   * A delivery marked this registration gone (410, SPEC §4.3): stop matching it until its record
+   * changes (a later write of the record indexes it again). Only the registration with
+   * `fingerprint` is dropped; one that changed in the meantime stays.
+   */
+  readonly forgetGone: (ownerDid: string, rkey: string, fingerprint: string) => Effect.Effect<void>
+  readonly stats: Effect.Effect<RegistryStats>
+}
+
+export class Registry extends Context.Tag("firehook/Registry")<Registry, RegistryShape>() {}
+
+const admissionRejections = Metric.counter("firehook_registry_admission_rejected_total", {
+  description: "Webhook records not activated because an admission limit was reached"
+})
+const invalidRecordsMetric = Metric.counter("firehook_registry_invalid_records_total", {
+  description: "place.wisp.v2.wh records that failed validation"
+})
+const activeGauge = Metric.gauge("firehook_registry_active_webhooks", { description: "Active webhooks in memory" })
+
+/** Build the stored row of a validated record. */
+export const toRow = (
+  ownerDid: string,
+  rkey: string,
+  record: WhRecord,
+  scope: ScopeUri,
+  rev: string,
+  generation: number,
+  cid: string | undefined,
+  active: boolean
+): WebhookRow => {
+  const w = makeActiveWebhook(ownerDid, rkey, record, scope, rev)
+  return {
+    ownerDid,
+    rkey,
+    rev,
+    generation,
+    cid,
+    record,
+    scopeUri: w.scopeUri,
+    scopeDid: scope.did,
+    backlinks: w.backlinks,
+    url: record.url,
+    events: record.events ?? [],
+    enabled: record.enabled !== false,
+    active,
+    signingMode: w.signingMode,
+    secretId: record.secretId,
+    fingerprint: subscriptionFingerprint({
+      url: record.url,
+      scope: w.scopeUri,
+      backlinks: w.backlinks,
+      events: record.events,
+      enabled: record.enabled !== false,
+      secretId: record.secretId,
+      hasInlineSecret: record.secret !== undefined
+    }),
+    gone: false
+  }
+}
+
+interface Journal {
+  readonly undo: Array<() => void>
+  readonly commit: Array<Effect.Effect<void>>
+}
+
+export const make = Effect.gen(function* () {
+  const config = yield* FirehookConfig
+  const store = yield* RegistryStore
+  const limits = config.registry
+  const jetstream = config.intake.source === "jetstream"
+  const validateOpts = { allowInsecureDev: config.allowInsecureDev }
+  const index = new WebhookIndex()
+  let journal: Journal | undefined
+  let notLoaded = 0
+  let invalidRecords = 0
+  const rejected: { [K in AdmissionLimit]: number } = { total: 0, owner: 0, direct_dids: 0, backlink_dids: 0 }
+
+  /** run after the enclosing transaction commits (at once outside one) */
+  const onCommit = (f: Effect.Effect<void>): Effect.Effect<void> =>
+    journal === undefined ? f : Effect.sync(() => void journal?.commit.push(f))
+
+  const setInIndex = (w: ActiveWebhook) => {
+    const prev = index.upsert(w)
+    journal?.undo.push(() => (prev === undefined ? index.remove(w.key) : index.upsert(prev)))
+  }
+  const removeFromIndex = (key: string) => {
+    const prev = index.remove(key)
+    if (prev !== undefined) journal?.undo.push(() => index.upsert(prev))
+    return prev
+  }
+
+  const admission = (w: ActiveWebhook): AdmissionLimit | undefined => {
+    const p = index.projectUpsert(w)
+    if (p.total > limits.activeMax) return "total"
+    if (p.ownerCount > limits.ownerActiveMax) return "owner"
+    // the Jetstream `wantedDids` set (SPEC §2.6): the relay firehose carries every DID, no set to bound
+    if (jetstream && p.wantedDids > limits.directDidsMax) return "direct_dids"
+    if (p.backlinkDids > limits.backlinkDidsMax) return "backlink_dids"
+    return undefined
+  }
+
+  /** The active form of a stored row, if it is still valid under the current configuration. */
+  const activeFromRow = (row: WebhookRow): ActiveWebhook | undefined => {
+    const v = validateWhRecord(row.record, validateOpts)
+    if (Either.isLeft(v)) return undefined
+    if (v.right.record.enabled === false) return undefined
+    return makeActiveWebhook(row.ownerDid, row.rkey, v.right.record, v.right.scope, row.rev)
+  }
+
+  const reload = Effect.gen(function* () {
+    // build the new contents first, then swap: readers never see an empty index in between
+    const keys = [...index.all()].map((w) => w.key)
+    const total = yield* store.countActive
+    const rows = yield* store.loadActive(limits.activeMax * 2 + 1)
+    for (const key of keys) index.remove(key)
+    let loaded = 0
+    for (const row of rows) {
+      if (row.gone) continue
+      const w = activeFromRow(row)
+      if (w === undefined || admission(w) !== undefined) continue
+      index.upsert(w)
+      loaded++
+    }
+    notLoaded = Math.max(0, total - loaded - rows.filter((r) => r.gone).length)
+    yield* Metric.set(activeGauge, index.size)
+    yield* Effect.logInfo("registry loaded").pipe(Effect.annotateLogs({ active: index.size, notLoaded }))
+  }).pipe(Effect.withSpan("Registry.load"))
+  const load = reload
+
+  const applyWhEvent = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
+    Effect.gen(function* () {
+      const ownerDid = event.did
+      const rkey = event.rkey
+      const key = webhookKey(ownerDid, rkey)
+      yield* store.lockOwner(ownerDid)
+      const { row, tombstone } = yield* store.get(ownerDid, rkey)
+      // fencing: strictly greater than both the row's and the tombstone's rev
+      if (row !== undefined && compareTid(event.rev, row.rev) <= 0) return { _tag: "stale" } as const
+      if (tombstone !== undefined && compareTid(event.rev, tombstone.rev) <= 0) return { _tag: "stale" } as const
+      const generation = yield* store.bumpGeneration(ownerDid)
+      const revoke = Effect.gen(function* () {
+        if (row === undefined) return false
+        yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
+        removeFromIndex(key)
+        return true
+      })
+      if (event.operation === "delete") {
+        yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
+        removeFromIndex(key)
+        return { _tag: "deleted", existed: row !== undefined } as const
+      }
+      const validated = validateWhRecord(event.record, validateOpts)
+      if (Either.isLeft(validated)) {
+        const revoked = yield* revoke
+        // an invalid record also fences older replays of valid versions
+        if (!revoked) yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
+        yield* onCommit(
+          Effect.sync(() => invalidRecords++).pipe(Effect.zipRight(Metric.increment(invalidRecordsMetric)))
+        )
+        return { _tag: "invalid", kind: validated.left, revoked } as const
+      }
+      const { record, scope } = validated.right
+      if (record.enabled === false) {
+        yield* store.upsert(toRow(ownerDid, rkey, record, scope, event.rev, generation, event.cid, false))
+        removeFromIndex(key)
+        return { _tag: "disabled" } as const
+      }
+      const candidate = makeActiveWebhook(ownerDid, rkey, record, scope, event.rev)
+      const limit = admission(candidate)
+      if (limit !== undefined) {
+        const revoked = yield* revoke
+        if (!revoked) yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
+        yield* onCommit(
+          Effect.sync(() => rejected[limit]++).pipe(
+            Effect.zipRight(Metric.increment(Metric.tagged(admissionRejections, "limit", limit)))
+          )
+        )
+        return { _tag: "rejected", limit, revoked } as const
+      }
+      yield* store.upsert(toRow(ownerDid, rkey, record, scope, event.rev, generation, event.cid, true))
+      setInIndex(candidate)
+      return { _tag: "active" } as const
+    }).pipe(Effect.withSpan("Registry.applyWhEvent"))
+
+  const transactional = <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+    Effect.suspend(() => {
+      const j: Journal = { undo: [], commit: [] }
+      journal = j
+      return eff.pipe(
+        Effect.onExit((exit) =>
+          Effect.gen(function* () {
+            journal = undefined
+            if (exit._tag === "Success") {
+              for (const f of j.commit) yield* f
+            } else {
+              for (let i = j.undo.length - 1; i >= 0; i--) j.undo[i]?.()
+            }
+            yield* Metric.set(activeGauge, index.size)
+          })
+        )
+      )
+    })
+
+  const swapOwner = (ownerDid: string) =>
+    Effect.gen(function* () {
+      const rows = yield* store.ownerRows(ownerDid)
+      const next: Array<ActiveWebhook> = []
+      for (const row of rows) {
+        if (!row.active || row.gone) continue
+        const w = activeFromRow(row)
+        if (w !== undefined) next.push(w)
+      }
+      // one synchronous step (no fiber can observe a half-swapped owner): clear the owner, then
+      // admit the reconciled set against everyone else's registrations
+      const previous = index.byOwner(ownerDid)
+      index.replaceOwner(ownerDid, [])
+      let admitted = 0
+      for (const w of next) {
+        const limit = admission(w)
+        if (limit !== undefined) {
+          rejected[limit]++
+          continue
+        }
+        index.upsert(w)
+        admitted++
+      }
+      yield* Metric.set(activeGauge, index.size)
+      yield* Effect.logDebug("owner registrations swapped").pipe(
+        Effect.annotateLogs({ before: previous.length, after: admitted })
+      )
+    }).pipe(Effect.withSpan("Registry.swapOwner"))
+
+  const forgetGone = (ownerDid: string, rkey: string, fingerprint: string) =>
+    Effect.suspend(() => {
+      const key = webhookKey(ownerDid, rkey)
+      if (index.get(key)?.fingerprint !== fingerprint) return Effect.void
+      index.remove(key)
+      return Metric.set(activeGauge, index.size)
+    })
+
+  const stats = Effect.sync(
+    (): RegistryStats => ({
+      active: index.size,
+      owners: index.ownerTotal,
+      directDids: index.wantedDids().size,
+      backlinkDids: index.backlinkDids().size,
+      notLoaded,
+      rejected: { ...rejected },
+      invalidRecords
+    })
+  )
+
+  const shape: RegistryShape = { index, load, reload, applyWhEvent, transactional, swapOwner, forgetGone, stats }
+  return shape
+})
+
+
+export const isWhEvent = (e: RecordEvent): boolean => e.collection === WH_COLLECTION
+
+/** The registry, loaded, with its health section. */
+export const layer = Layer.scoped(
+  Registry,
+  Effect.gen(function* () {
+    const registry = yield* make
+    yield* registry.load
+    const health = yield* Effect.serviceOption(Health)
+    if (Option.isSome(health)) {
+      yield* health.value.register(
+        "registry",
+        Effect.map(registry.stats, (s) => ({
+          ready: true,
+          body: {
+            active: s.active,
+            owners: s.owners,
+            directDids: s.directDids,
+            backlinkDids: s.backlinkDids,
+            notLoaded: s.notLoaded,
+            invalidRecords: s.invalidRecords,
+            admission: {
+              rejectedTotal: s.rejected.total,
+              rejectedOwner: s.rejected.owner,
+              rejectedDirectDids: s.rejected.direct_dids,
+              rejectedBacklinkDids: s.rejected.backlink_dids
+            }
+          }
+        }))
+      )
+    }
+    return registry
+  })
+)

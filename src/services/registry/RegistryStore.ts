@@ -1,0 +1,303 @@
+/**
+ * Persistence of webhook records, tombstones and owner generations (SPEC §3.4), behind a Tag with
+ * a PostgreSQL and an in-memory implementation. Every call made inside `Tx.withTransaction` joins
+ * the transaction (PostgreSQL). Reads are by key, never scans, except `loadActive` at startup and
+ * `ownerRows` for one owner.
+ */
+import { SqlClient } from "@effect/sql"
+import { Context, Effect, Layer, Ref } from "effect"
+import type { Operation } from "../../schemas/RecordEvent.js"
+import type { WhRecord } from "../../schemas/WhRecord.js"
+import type { SigningMode } from "../matching/WebhookIndex.js"
+import { type StoreError, storeOp, storeOpWithin } from "../platform/Persistence.js"
+
+/** Loading every active registration at startup (up to 2,000,001 rows) may take a while. */
+const LOAD_TIMEOUT = "10 minutes"
+
+export interface WebhookRow {
+  readonly ownerDid: string
+  readonly rkey: string
+  readonly rev: string
+  readonly generation: number
+  readonly cid: string | undefined
+  readonly record: WhRecord
+  readonly scopeUri: string
+  readonly scopeDid: string
+  readonly backlinks: boolean
+  readonly url: string
+  /** empty = all */
+  readonly events: ReadonlyArray<Operation>
+  readonly enabled: boolean
+  readonly active: boolean
+  readonly signingMode: SigningMode
+  readonly secretId: string | undefined
+  readonly fingerprint: string
+  readonly gone: boolean
+}
+
+export interface Tombstone {
+  readonly rev: string
+  readonly generation: number
+}
+
+export type ReconcileStatus = "unknown" | "scanning" | "complete" | "failed"
+
+export interface OwnerState {
+  readonly did: string
+  readonly generation: number
+  readonly status: ReconcileStatus
+}
+
+export interface RegistryStoreShape {
+  /** the row and tombstone of one record key */
+  readonly get: (
+    ownerDid: string,
+    rkey: string
+  ) => Effect.Effect<{ readonly row: WebhookRow | undefined; readonly tombstone: Tombstone | undefined }, StoreError>
+  /**
+   * lock the owner's row for the rest of the transaction (creating it if needed), so a live write and a
+   * reconciliation completion of the same owner never interleave
+   */
+  readonly lockOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
+  /** bump the owner's generation (creating the owner, marked as seen on the stream); returns the new one */
+  readonly bumpGeneration: (ownerDid: string) => Effect.Effect<number, StoreError>
+  /** write the row (insert or replace) and drop the key's tombstone */
+  readonly upsert: (row: WebhookRow) => Effect.Effect<void, StoreError>
+  /** delete the row (if any) and write a tombstone at `rev` / `generation` */
+  readonly remove: (ownerDid: string, rkey: string, tombstone: Tombstone) => Effect.Effect<void, StoreError>
+  /** active rows in a stable order (oldest first), at most `limit` */
+  readonly loadActive: (limit: number) => Effect.Effect<ReadonlyArray<WebhookRow>, StoreError>
+  /** count of active rows */
+  readonly countActive: Effect.Effect<number, StoreError>
+  /** every row of one owner (for reconciliation swaps) */
+  readonly ownerRows: (ownerDid: string) => Effect.Effect<ReadonlyArray<WebhookRow>, StoreError>
+  readonly owner: (ownerDid: string) => Effect.Effect<OwnerState | undefined, StoreError>
+  /**
+   * Mark the subscription gone (410) until its record changes. Only while the stored registration
+   * still has `fingerprint` (the one the 410 answered): a record changed since the delivery was
+   * enqueued is a new subscription and stays. True when it was marked.
+   */
+  readonly markGone: (ownerDid: string, rkey: string, fingerprint: string) => Effect.Effect<boolean, StoreError>
+}
+
+export class RegistryStore extends Context.Tag("firehook/RegistryStore")<RegistryStore, RegistryStoreShape>() {}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL
+
+interface DbRow {
+  readonly owner_did: string
+  readonly rkey: string
+  readonly rev: string
+  readonly generation: string | number
+  readonly cid: string | null
+  readonly record: unknown
+  readonly scope_uri: string
+  readonly scope_did: string
+  readonly backlinks: boolean
+  readonly url: string
+  readonly events: ReadonlyArray<string>
+  readonly enabled: boolean
+  readonly active: boolean
+  readonly signing_mode: string
+  readonly secret_id: string | null
+  readonly fingerprint: string
+  readonly gone_at: unknown
+}
+
+const OPS: ReadonlySet<string> = new Set(["create", "update", "delete"])
+const isOperation = (s: string): s is Operation => OPS.has(s)
+const toSigningMode = (s: string): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
+const parseJson = (v: unknown): unknown => (typeof v === "string" ? JSON.parse(v) : v)
+
+/** Rows come from our own validated writes; the record column holds the validated clean copy. */
+const fromDb = (r: DbRow): WebhookRow => ({
+  ownerDid: r.owner_did,
+  rkey: r.rkey,
+  rev: r.rev,
+  generation: Number(r.generation),
+  cid: r.cid ?? undefined,
+  record: parseJson(r.record) as WhRecord,
+  scopeUri: r.scope_uri,
+  scopeDid: r.scope_did,
+  backlinks: r.backlinks,
+  url: r.url,
+  events: r.events.filter(isOperation),
+  enabled: r.enabled,
+  active: r.active,
+  signingMode: toSigningMode(r.signing_mode),
+  secretId: r.secret_id ?? undefined,
+  fingerprint: r.fingerprint,
+  gone: r.gone_at !== null && r.gone_at !== undefined
+})
+
+export const makeSql = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const store: RegistryStoreShape = {
+    get: (ownerDid, rkey) =>
+      Effect.gen(function* () {
+        const rows = yield* sql<DbRow>`SELECT * FROM webhooks WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
+        const tombs = yield* sql<{ rev: string; generation: string | number }>`
+          SELECT rev, generation FROM tombstones WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
+        const row = rows[0]
+        const tomb = tombs[0]
+        return {
+          row: row === undefined ? undefined : fromDb(row),
+          tombstone: tomb === undefined ? undefined : { rev: tomb.rev, generation: Number(tomb.generation) }
+        }
+      }).pipe(storeOp("registry.get")),
+    lockOwner: (ownerDid) =>
+      Effect.gen(function* () {
+        yield* sql`INSERT INTO owners (did, from_stream) VALUES (${ownerDid}, true) ON CONFLICT (did) DO NOTHING`
+        yield* sql`SELECT 1 FROM owners WHERE did = ${ownerDid} FOR UPDATE`
+      }).pipe(storeOp("registry.lockOwner")),
+    bumpGeneration: (ownerDid) =>
+      sql<{ generation: string | number }>`
+        INSERT INTO owners (did, generation, from_stream) VALUES (${ownerDid}, 1, true)
+        ON CONFLICT (did) DO UPDATE SET generation = owners.generation + 1, from_stream = true, updated_at = now()
+        RETURNING generation`.pipe(
+        Effect.map((rows) => Number(rows[0]?.generation ?? 0)),
+        storeOp("registry.bumpGeneration")
+      ),
+    upsert: (row) =>
+      Effect.gen(function* () {
+        yield* sql`
+          INSERT INTO webhooks (owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did, backlinks, url,
+            events, enabled, active, signing_mode, secret_id, fingerprint, gone_at)
+          VALUES (${row.ownerDid}, ${row.rkey}, ${row.rev}, ${row.generation}, ${row.cid ?? null},
+            ${JSON.stringify(row.record)}::jsonb, ${row.scopeUri}, ${row.scopeDid}, ${row.backlinks}, ${row.url},
+            string_to_array(${row.events.join(",")}, ','), ${row.enabled}, ${row.active}, ${row.signingMode},
+            ${row.secretId ?? null}, ${row.fingerprint}, NULL)
+          ON CONFLICT (owner_did, rkey) DO UPDATE SET
+            rev = EXCLUDED.rev, generation = EXCLUDED.generation, cid = EXCLUDED.cid, record = EXCLUDED.record,
+            scope_uri = EXCLUDED.scope_uri, scope_did = EXCLUDED.scope_did, backlinks = EXCLUDED.backlinks,
+            url = EXCLUDED.url, events = EXCLUDED.events, enabled = EXCLUDED.enabled, active = EXCLUDED.active,
+            signing_mode = EXCLUDED.signing_mode, secret_id = EXCLUDED.secret_id,
+            fingerprint = EXCLUDED.fingerprint, gone_at = NULL, updated_at = now()`
+        yield* sql`DELETE FROM tombstones WHERE owner_did = ${row.ownerDid} AND rkey = ${row.rkey}`
+      }).pipe(storeOp("registry.upsert")),
+    remove: (ownerDid, rkey, tombstone) =>
+      Effect.gen(function* () {
+        yield* sql`DELETE FROM webhooks WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
+        yield* sql`
+          INSERT INTO tombstones (owner_did, rkey, rev, generation) VALUES (${ownerDid}, ${rkey}, ${tombstone.rev}, ${tombstone.generation})
+          ON CONFLICT (owner_did, rkey) DO UPDATE SET rev = EXCLUDED.rev, generation = EXCLUDED.generation, deleted_at = now()`
+      }).pipe(storeOp("registry.remove")),
+    loadActive: (limit) =>
+      sql<DbRow>`SELECT * FROM webhooks WHERE active ORDER BY created_at, owner_did, rkey LIMIT ${limit}`.pipe(
+        Effect.map((rows) => rows.map(fromDb)),
+        storeOpWithin("registry.loadActive", LOAD_TIMEOUT)
+      ),
+    countActive: sql<{ n: string | number }>`SELECT count(*) AS n FROM webhooks WHERE active`.pipe(
+      Effect.map((rows) => Number(rows[0]?.n ?? 0)),
+      storeOpWithin("registry.countActive", LOAD_TIMEOUT)
+    ),
+    ownerRows: (ownerDid) =>
+      sql<DbRow>`SELECT * FROM webhooks WHERE owner_did = ${ownerDid} ORDER BY rkey`.pipe(
+        Effect.map((rows) => rows.map(fromDb)),
+        storeOp("registry.ownerRows")
+      ),
+    owner: (ownerDid) =>
+      sql<{ did: string; generation: string | number; reconcile_status: string }>`
+        SELECT did, generation, reconcile_status FROM owners WHERE did = ${ownerDid}`.pipe(
+        Effect.map((rows) => {
+          const r = rows[0]
+          if (r === undefined) return undefined
+          const status: ReconcileStatus =
+            r.reconcile_status === "scanning" || r.reconcile_status === "complete" || r.reconcile_status === "failed"
+              ? r.reconcile_status
+              : "unknown"
+          return { did: r.did, generation: Number(r.generation), status }
+        }),
+        storeOp("registry.owner")
+      ),
+    markGone: (ownerDid, rkey, fingerprint) =>
+      sql<{ rkey: string }>`UPDATE webhooks SET gone_at = now()
+        WHERE owner_did = ${ownerDid} AND rkey = ${rkey} AND fingerprint = ${fingerprint}
+        RETURNING rkey`.pipe(
+        Effect.map((rows) => rows.length > 0),
+        storeOpWithin("registry.markGone", "15 seconds")
+      )
+  }
+  return store
+})
+
+export const layerSql = Layer.effect(RegistryStore, makeSql)
+
+// ---------------------------------------------------------------------------------------------
+// In memory (tests and embedding). Counts calls so tests can assert on store traffic.
+
+export interface MemoryRegistryState {
+  readonly rows: Map<string, WebhookRow>
+  readonly tombstones: Map<string, Tombstone>
+  readonly owners: Map<string, OwnerState>
+  readonly order: Map<string, number>
+  seq: number
+}
+
+const k = (ownerDid: string, rkey: string) => `${ownerDid}/${rkey}`
+
+export const makeMemory = Effect.gen(function* () {
+  const state = yield* Ref.make<MemoryRegistryState>({
+    rows: new Map(),
+    tombstones: new Map(),
+    owners: new Map(),
+    order: new Map(),
+    seq: 0
+  })
+  const store: RegistryStoreShape = {
+    get: (ownerDid, rkey) =>
+      Ref.get(state).pipe(
+        Effect.map((s) => ({ row: s.rows.get(k(ownerDid, rkey)), tombstone: s.tombstones.get(k(ownerDid, rkey)) }))
+      ),
+    lockOwner: () => Effect.void,
+    bumpGeneration: (ownerDid) =>
+      Ref.modify(state, (s) => {
+        const prev = s.owners.get(ownerDid)
+        const generation = (prev?.generation ?? 0) + 1
+        s.owners.set(ownerDid, { did: ownerDid, generation, status: prev?.status ?? "unknown" })
+        return [generation, s]
+      }),
+    upsert: (row) =>
+      Ref.update(state, (s) => {
+        const key = k(row.ownerDid, row.rkey)
+        if (!s.order.has(key)) s.order.set(key, s.seq++)
+        s.rows.set(key, { ...row, gone: false })
+        s.tombstones.delete(key)
+        return s
+      }),
+    remove: (ownerDid, rkey, tombstone) =>
+      Ref.update(state, (s) => {
+        const key = k(ownerDid, rkey)
+        s.rows.delete(key)
+        s.order.delete(key)
+        s.tombstones.set(key, tombstone)
+        return s
+      }),
+    loadActive: (limit) =>
+      Ref.get(state).pipe(
+        Effect.map((s) =>
+          [...s.rows.entries()]
+            .filter(([, r]) => r.active)
+            .sort(([a], [b]) => (s.order.get(a) ?? 0) - (s.order.get(b) ?? 0))
+            .slice(0, limit)
+            .map(([, r]) => r)
+        )
+      ),
+    countActive: Ref.get(state).pipe(Effect.map((s) => [...s.rows.values()].filter((r) => r.active).length)),
+    ownerRows: (ownerDid) =>
+      Ref.get(state).pipe(Effect.map((s) => [...s.rows.values()].filter((r) => r.ownerDid === ownerDid))),
+    owner: (ownerDid) => Ref.get(state).pipe(Effect.map((s) => s.owners.get(ownerDid))),
+    markGone: (ownerDid, rkey, fingerprint) =>
+      Ref.modify(state, (s) => {
+        const key = k(ownerDid, rkey)
+        const row = s.rows.get(key)
+        if (row === undefined || row.fingerprint !== fingerprint) return [false, s]
+        s.rows.set(key, { ...row, gone: true })
+        return [true, s]
+      })
+  }
+  return store
+})
+
+export const layerMemory = Layer.effect(RegistryStore, makeMemory)

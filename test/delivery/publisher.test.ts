@@ -1,0 +1,438 @@
+/**
+ * The Redis publisher (SPEC §4.7): against a real Redis (REDIS_URL, else a redis-server spawned on
+ * a free port) and against fake TCP servers on 127.0.0.1 that answer what a test needs (or never
+ * answer). Time-based behaviour (reply timeout, backoff) runs on the TestClock; the tests wait for
+ * states and socket events, never for time.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import {
+  Chunk,
+  Deferred,
+  Duration,
+  Effect,
+  Either,
+  Exit,
+  Logger,
+  Option,
+  Queue,
+  Redacted,
+  Ref,
+  Schedule,
+  Scope,
+  TestClock
+} from "effect"
+import { type ChildProcess, spawn, spawnSync } from "node:child_process"
+import { randomBytes } from "node:crypto"
+import * as Net from "node:net"
+import * as Health from "../../src/services/platform/Health.js"
+import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import * as Publisher from "../../src/services/delivery/Publisher.js"
+import { auditEvent } from "../support/auditEvent.js"
+import { asStrings, fakeRedis } from "../support/fakeRedis.js"
+
+// ---------------------------------------------------------------------------------------------
+// A real Redis
+
+let redisUrl: string | undefined = undefined
+let redisChild: ChildProcess | undefined = undefined
+
+const freePort = (): Promise<number> =>
+  new Promise((resolve, reject) => {
+    const server = Net.createServer()
+    server.once("error", reject)
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address()
+      const port = typeof address === "object" && address !== null ? address.port : 0
+      server.close(() => resolve(port))
+    })
+  })
+
+beforeAll(async () => {
+  const fromEnv = process.env["REDIS_URL"]
+  if (fromEnv !== undefined && fromEnv.length > 0) {
+    redisUrl = fromEnv
+    return
+  }
+  if (spawnSync("sh", ["-c", "command -v redis-server"]).status !== 0) {
+    console.log("Redis tests not run: no REDIS_URL and no redis-server binary")
+    return
+  }
+  const port = await freePort()
+  const child = spawn(
+    "redis-server",
+    ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+    { stdio: ["ignore", "pipe", "pipe"] }
+  )
+  redisChild = child
+  await new Promise<void>((resolve, reject) => {
+    let out = ""
+    child.stdout?.on("data", (d: Buffer) => {
+      out += d.toString()
+      if (out.includes("Ready to accept connections")) resolve()
+    })
+    child.once("exit", (code) => reject(new Error(`redis-server exited (${code})`)))
+  })
+  redisUrl = `redis://127.0.0.1:${port}`
+}, 30_000)
+
+afterAll(() => {
+  redisChild?.kill("SIGTERM")
+})
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+const newHealth = Effect.gen(function* () {
+  const lifecycle = yield* Lifecycle.make({ shutdownTimeout: "5 seconds" })
+  const health = yield* Health.make.pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
+  return { lifecycle, health }
+})
+
+const publisherIn = (health: Health.HealthShape, options: Publisher.PublisherOptions) =>
+  Publisher.make(options).pipe(Effect.provideService(Health.Health, health))
+
+/** Advance the TestClock in `step`s until `done` holds (each step lets socket I/O progress). */
+const driveUntil = (done: Effect.Effect<boolean>, step: Duration.DurationInput, maxSteps = 5_000) =>
+  Effect.gen(function* () {
+    for (let i = 0; i < maxSteps; i++) {
+      if (yield* done) return i
+      yield* TestClock.adjust(step)
+    }
+    return yield* Effect.dieMessage("condition not reached")
+  })
+
+/** The delays a schedule asks for, read off the TestClock's pending sleeps. */
+const sampleDelays = <Out>(schedule: Schedule.Schedule<Out, unknown>, n: number) =>
+  Effect.gen(function* () {
+    const driver = yield* Schedule.driver(schedule)
+    const out: Array<number> = []
+    for (let i = 0; i < n; i++) {
+      const before = yield* TestClock.currentTimeMillis
+      const fiber = yield* Effect.fork(driver.next(undefined))
+      const pending = yield* Effect.repeat(TestClock.sleeps(), {
+        until: (s) => Chunk.size(s) > 0 || fiber.unsafePoll() !== null
+      })
+      const wake = Chunk.head(pending).pipe(Option.getOrElse(() => before))
+      out.push(wake - before)
+      yield* TestClock.adjust(Duration.millis(wake - before))
+      yield* fiber.await
+    }
+    return out
+  })
+
+/** Advance the TestClock `n` times by `step`. */
+const ticks = (step: Duration.DurationInput, n: number) => Effect.repeatN(TestClock.adjust(step), n - 1)
+
+const target = (url: string) =>
+  Either.getOrThrowWith(Publisher.parseRedisUrl(url), (e) => new Error(e.message))
+
+/** A port nothing listens on. */
+const closedPort = Effect.promise(freePort)
+
+/** Capture log lines (message + annotations) of the wrapped effect and the fibers it forks. */
+const captureLogs = Effect.gen(function* () {
+  const lines = yield* Ref.make<ReadonlyArray<string>>([])
+  const logger = Logger.make(({ message, annotations }) => {
+    const text = JSON.stringify({ message, annotations: Object.fromEntries(annotations) })
+    Effect.runSync(Ref.update(lines, (xs) => [...xs, text]))
+  })
+  return { lines: Ref.get(lines), layer: Logger.replace(Logger.defaultLogger, logger) }
+})
+
+// ---------------------------------------------------------------------------------------------
+
+describe("parseRedisUrl", () => {
+  it("accepts redis:// and rediss:// URLs with credentials, port and database", () => {
+    expect(Publisher.parseRedisUrl("redis://localhost")).toEqual(
+      Either.right({ tls: false, host: "localhost", port: 6379, username: undefined, password: undefined, db: 0 })
+    )
+    const t = target("rediss://user:p%40ss@cache.example:6380/2")
+    expect({ ...t, password: t.password === undefined ? undefined : Redacted.value(t.password) }).toEqual({
+      tls: true,
+      host: "cache.example",
+      port: 6380,
+      username: "user",
+      password: "p@ss",
+      db: 2
+    })
+    const v6 = target("redis://:pw@[::1]:7000/")
+    expect(v6.host).toBe("::1")
+    expect(v6.username).toBeUndefined()
+    expect(v6.db).toBe(0)
+  })
+
+  it("rejects anything else with an error that never contains the value", () => {
+    const bad = [
+      "",
+      "http://host:6379",
+      "redis://",
+      "redis://h/abc",
+      "redis://h/1/2",
+      "redis://h/99999999",
+      "redis://h?password=hunter2",
+      "redis://h#hunter2",
+      "redis://u:%E0%A4%Ahunter2@h",
+      "not a url hunter2",
+      `redis://${"a".repeat(5000)}`
+    ]
+    for (const url of bad) {
+      const r = Publisher.parseRedisUrl(url)
+      expect(Either.isLeft(r), url).toBe(true)
+      if (Either.isLeft(r)) {
+        expect(r.left.message).toMatch(/^invalid REDIS_URL: /)
+        expect(r.left.message).not.toContain("hunter2")
+      }
+    }
+  })
+})
+
+describe("RESP2", () => {
+  it("encodes commands as arrays of bulk strings (byte lengths)", () => {
+    expect(Publisher.encodeCommand(["PUBLISH", "ch", "é"]).toString("utf8")).toBe(
+      "*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n$2\r\né\r\n"
+    )
+  })
+
+  it("parses every reply type, waits for incomplete input, rejects bad or oversized input", () => {
+    const p = (s: string) => Publisher.parseReply(Buffer.from(s, "utf8"))
+    expect(p("+OK\r\n")).toEqual({ _tag: "Done", reply: { _tag: "Simple", value: "OK" }, next: 5 })
+    expect(p("-WRONGPASS invalid\r\n")).toMatchObject({ reply: { _tag: "Error", value: "WRONGPASS invalid" } })
+    expect(p(":42\r\n")).toMatchObject({ reply: { _tag: "Integer", value: 42 } })
+    expect(p("$5\r\nhello\r\n")).toMatchObject({ reply: { _tag: "Bulk", value: "hello" }, next: 11 })
+    expect(p("$-1\r\n")).toMatchObject({ reply: { _tag: "Bulk", value: null } })
+    expect(p("*2\r\n$1\r\na\r\n:1\r\n")).toMatchObject({
+      reply: { _tag: "Array", value: [{ _tag: "Bulk", value: "a" }, { _tag: "Integer", value: 1 }] }
+    })
+    expect(p("*-1\r\n")).toMatchObject({ reply: { _tag: "Array", value: null } })
+    for (const partial of ["", "+O", "+OK\r", ":4", "$5\r\nhel", "$5\r\nhello\r", "*2\r\n$1\r\na\r\n"]) {
+      expect(p(partial), partial).toEqual({ _tag: "Incomplete" })
+    }
+    expect(p("?x\r\n")._tag).toBe("Invalid")
+    expect(p(":x\r\n")._tag).toBe("Invalid")
+    expect(p("$3\r\nabcd\r\n")._tag).toBe("Invalid")
+    expect(p(`$${Publisher.RESP_LIMITS.maxBulk + 1}\r\n`)._tag).toBe("Invalid")
+    expect(p(`*${Publisher.RESP_LIMITS.maxArray + 1}\r\n`)._tag).toBe("Invalid")
+    expect(p("*1\r\n".repeat(Publisher.RESP_LIMITS.maxDepth + 2) + ":1\r\n")._tag).toBe("Invalid")
+    expect(p("+" + "x".repeat(Publisher.RESP_LIMITS.maxLine + 1))._tag).toBe("Invalid")
+    // two replies in one buffer: the second starts at `next`
+    const two = Buffer.from("+OK\r\n:7\r\n")
+    const first = Publisher.parseReply(two)
+    expect(first._tag === "Done" && Publisher.parseReply(two, first.next)).toMatchObject({
+      reply: { _tag: "Integer", value: 7 }
+    })
+  })
+
+  it("the event JSON carries only the audit fields, with the URL redacted", () => {
+    const withExtra = { ...auditEvent(), url: "[redacted]" as const, targetUrl: "https://receiver.example/hook?token=x" }
+    const json = Publisher.encodeEvent(withExtra)
+    expect(json).not.toContain("receiver.example")
+    expect(JSON.parse(json)).toEqual(auditEvent())
+  })
+
+  it.effect("full-jitter backoff: the n-th delay is in [0, min(cap, base·2ⁿ))", () =>
+    Effect.gen(function* () {
+      const delays = yield* sampleDelays(Publisher.fullJitterBackoff("500 millis", "30 seconds"), 14)
+      delays.forEach((d, n) => {
+        expect(d).toBeGreaterThanOrEqual(0)
+        expect(d).toBeLessThan(Math.min(30_000, 500 * 2 ** n))
+      })
+      // jittered, not fixed
+      expect(new Set(delays).size).toBeGreaterThan(7)
+    }))
+})
+
+describe("Publisher against a real Redis", () => {
+  it.scoped("a subscriber on the channel receives the event JSON; an oversize event is dropped and counted", () =>
+    Effect.gen(function* () {
+      if (redisUrl === undefined) {
+        console.log("Redis tests not run: no REDIS_URL and no redis-server binary")
+        return
+      }
+      const channel = `webhook:events:test:${randomBytes(6).toString("hex")}`
+      const messages = yield* Queue.unbounded<string>()
+      const subscriber = yield* Publisher.connect(target(redisUrl), {
+        onPush: (reply) => {
+          const parts = asStrings(reply)
+          if (parts[0] === "message" && parts[1] === channel && parts[2] !== undefined) {
+            Queue.unsafeOffer(messages, parts[2])
+          }
+        }
+      })
+      yield* subscriber.command(["SUBSCRIBE", channel])
+
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, { url: Redacted.make(redisUrl), channel })
+      yield* p.awaitStats((s) => s.connected)
+
+      const big = auditEvent({ collection: "x".repeat(9000) })
+      yield* p.publish(big)
+      expect(yield* p.stats).toMatchObject({ dropped: 1, published: 0 })
+      const e = auditEvent({ status: "dead_letter", httpStatus: null, errorKind: "timeout" })
+      yield* p.publish(e)
+      const received = yield* Queue.take(messages)
+      expect(JSON.parse(received)).toEqual(e)
+      expect(received.length).toBeLessThanOrEqual(8 * 1024)
+      yield* p.awaitStats((s) => s.published === 1)
+      expect(yield* p.stats).toEqual({ configured: true, connected: true, dropped: 1, published: 1 })
+      const report = yield* health.report
+      expect(report.body["redis"]).toEqual({ configured: true, connected: true, dropped: 1 })
+      // only one message arrived: the oversize one never went out
+      yield* p.publish(auditEvent({ rkey: "second" }))
+      expect(JSON.parse(yield* Queue.take(messages)).rkey).toBe("second")
+      expect(yield* Queue.size(messages)).toBe(0)
+    }))
+})
+
+describe("Publisher", () => {
+  it.scoped("without a URL: a no-op publisher, configured false, ready", () =>
+    Effect.gen(function* () {
+      const { health, lifecycle } = yield* newHealth
+      yield* lifecycle.setPhase("live")
+      const p = yield* publisherIn(health, { url: undefined, channel: "webhook:events" })
+      yield* p.publish(auditEvent())
+      expect(yield* p.stats).toEqual({ configured: false, connected: false, dropped: 0, published: 0 })
+      const report = yield* health.report
+      expect(report.ready).toBe(true)
+      expect(report.body["redis"]).toEqual({ configured: false, connected: false, dropped: 0 })
+    }))
+
+  it.scoped("an invalid URL fails the layer with a value-free error", () =>
+    Effect.gen(function* () {
+      const { health } = yield* newHealth
+      const r = yield* Effect.either(
+        publisherIn(health, { url: Redacted.make("http://:hunter2@h"), channel: "c" })
+      )
+      expect(Either.isLeft(r) && r.left._tag).toBe("RedisUrlInvalid")
+      expect(Either.isLeft(r) && r.left.message).not.toContain("hunter2")
+    }))
+
+  it.scoped("unreachable Redis: publish returns at once and counts a drop; health connected false, still ready", () =>
+    Effect.gen(function* () {
+      const port = yield* closedPort
+      const { health, lifecycle } = yield* newHealth
+      yield* lifecycle.setPhase("live")
+      const p = yield* publisherIn(health, { url: Redacted.make(`redis://127.0.0.1:${port}`), channel: "c" })
+      for (let i = 0; i < 3; i++) yield* p.publish(auditEvent())
+      expect(yield* p.stats).toEqual({ configured: true, connected: false, dropped: 3, published: 0 })
+      // let it try (and fail) a few connections: still nothing connected, nothing buffered
+      yield* ticks("1 second", 20)
+      yield* p.publish(auditEvent())
+      expect(yield* p.stats).toEqual({ configured: true, connected: false, dropped: 4, published: 0 })
+      const report = yield* health.report
+      expect(report.ready).toBe(true)
+      expect(report.body["redis"]).toEqual({ configured: true, connected: false, dropped: 4 })
+    }))
+
+  it.scoped("over 4 in flight → dropped; a reply slower than 1 s → dropped and the connection reset", () =>
+    Effect.gen(function* () {
+      const fake = yield* fakeRedis(() => undefined) // never answers
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c" })
+      yield* p.awaitStats((s) => s.connected)
+      for (let i = 0; i < 6; i++) yield* p.publish(auditEvent({ rkey: `r${i}` })) // each returns at once
+      expect(yield* p.stats).toMatchObject({ connected: true, dropped: 2, published: 0 })
+      const s = yield* fake.awaitState((x) => x.commands.length === 4)
+      expect(s.commands.map((c) => c[0])).toEqual(["PUBLISH", "PUBLISH", "PUBLISH", "PUBLISH"])
+      expect(s.commands.map((c) => JSON.parse(c[2] ?? "{}").rkey)).toEqual(["r0", "r1", "r2", "r3"])
+      // the four are waiting for replies; a fifth is still refused
+      yield* p.publish(auditEvent())
+      expect((yield* p.stats).dropped).toBe(3)
+      yield* TestClock.adjust("999 millis")
+      expect((yield* p.stats).dropped).toBe(3)
+      yield* driveUntil(Effect.map(p.stats, (x) => x.dropped === 7), "1 millis")
+      // the silent server's connection was reset
+      yield* fake.awaitState((x) => x.closed >= 1)
+      expect((yield* p.stats).published).toBe(0)
+    }))
+
+  it.scoped("reconnects with backoff after the server comes back", () =>
+    Effect.gen(function* () {
+      const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":1\r\n" : "+OK\r\n"))
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "chan" })
+      yield* p.awaitStats((s) => s.connected)
+      yield* p.publish(auditEvent({ rkey: "before" }))
+      yield* p.awaitStats((s) => s.published === 1)
+
+      yield* fake.stop
+      yield* p.awaitStats((s) => !s.connected)
+      yield* p.publish(auditEvent())
+      expect(yield* p.stats).toMatchObject({ connected: false, dropped: 1, published: 1 })
+      expect((yield* health.report).body["redis"]).toEqual({ configured: true, connected: false, dropped: 1 })
+      // while it is down, attempts fail and back off; nothing is buffered
+      yield* ticks("1 second", 10)
+      yield* fake.start
+      yield* driveUntil(Effect.map(p.stats, (s) => s.connected), "100 millis")
+      yield* p.publish(auditEvent({ rkey: "after" }))
+      yield* p.awaitStats((s) => s.published === 2)
+      const commands = (yield* fake.state).commands.filter((c) => c[0] === "PUBLISH")
+      expect(commands.map((c) => [c[1], JSON.parse(c[2] ?? "{}").rkey])).toEqual([
+        ["chan", "before"],
+        ["chan", "after"]
+      ])
+      expect((yield* fake.state).connections).toBeGreaterThanOrEqual(2)
+    }))
+
+  it.scoped("AUTH and SELECT come from the URL", () =>
+    Effect.gen(function* () {
+      const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":0\r\n" : "+OK\r\n"))
+      const { health } = yield* newHealth
+      const url = `redis://alice:s3cret@127.0.0.1:${fake.port}/3`
+      const p = yield* publisherIn(health, { url: Redacted.make(url), channel: "c" })
+      yield* p.awaitStats((s) => s.connected)
+      yield* p.publish(auditEvent())
+      yield* p.awaitStats((s) => s.published === 1)
+      const commands = (yield* fake.state).commands
+      expect(commands.slice(0, 2)).toEqual([["AUTH", "alice", "s3cret"], ["SELECT", "3"]])
+      expect(commands[2]?.[0]).toBe("PUBLISH")
+    }))
+
+  it.scoped("a rejected password: retried with backoff, logged at most once a minute, never with the URL or password", () =>
+    Effect.gen(function* () {
+      const fake = yield* fakeRedis((c) => (c[0] === "AUTH" ? "-WRONGPASS invalid username-password pair\r\n" : "+OK\r\n"))
+      const logs = yield* captureLogs
+      const { health } = yield* newHealth
+      const url = `redis://bob:hunter2@127.0.0.1:${fake.port}`
+      const p = yield* publisherIn(health, { url: Redacted.make(url), channel: "c" }).pipe(Effect.provide(logs.layer))
+      const start = yield* TestClock.currentTimeMillis
+      yield* driveUntil(Effect.map(fake.state, (s) => s.connections >= 6), "100 millis")
+      const elapsed = (yield* TestClock.currentTimeMillis) - start
+      expect((yield* p.stats).connected).toBe(false)
+      const lines = (yield* logs.lines).filter((l) => l.includes("redis connection"))
+      expect(lines.length).toBeGreaterThanOrEqual(1)
+      expect(lines.length).toBeLessThanOrEqual(Math.floor(elapsed / 60_000) + 1)
+      expect(lines[0]).toContain('"kind":"auth"')
+      expect(lines[0]).toContain('"code":"WRONGPASS"')
+      for (const line of yield* logs.lines) {
+        expect(line).not.toContain("hunter2")
+        expect(line).not.toContain("bob")
+        expect(line).not.toContain(String(fake.port))
+        expect(line).not.toContain("redis://")
+      }
+    }))
+
+  it.scoped("closing the scope closes the socket", () =>
+    Effect.gen(function* () {
+      const fake = yield* fakeRedis(() => "+OK\r\n")
+      const { health } = yield* newHealth
+      const scope = yield* Scope.make()
+      const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c" }).pipe(Scope.extend(scope))
+      yield* p.awaitStats((s) => s.connected)
+      yield* fake.awaitState((s) => s.connections === 1)
+      yield* Scope.close(scope, Exit.void)
+      yield* fake.awaitState((s) => s.closed === 1)
+      expect((yield* health.report).body["redis"]).toBeUndefined()
+    }))
+
+  it.scoped("a reply that overflows the read buffer closes the connection", () =>
+    Effect.gen(function* () {
+      const fake = yield* fakeRedis(() => `$${200_000}\r\n${"x".repeat(100_000)}`)
+      const closed = yield* Deferred.make<Publisher.RedisError>()
+      const conn = yield* Publisher.connect(target(fake.url))
+      yield* Effect.fork(Effect.flatMap(conn.closed, (e) => Deferred.succeed(closed, e)))
+      const r = yield* Effect.either(conn.command(["PING"]))
+      expect(Either.isLeft(r) && r.left).toMatchObject({ kind: "protocol", code: "read_buffer" })
+      expect(yield* Deferred.await(closed)).toMatchObject({ kind: "protocol" })
+    }))
+})
+

@@ -1,0 +1,145 @@
+import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
+import { NodeHttpServer } from "@effect/platform-node"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Layer, Metric, MetricBoundaries } from "effect"
+import * as Health from "../../src/services/platform/Health.js"
+import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import * as Metrics from "../../src/services/platform/Metrics.js"
+
+const LifecycleTest = Lifecycle.layer({ shutdownTimeout: "5 seconds" })
+const HealthTest = Health.layer.pipe(Layer.provideMerge(LifecycleTest))
+const ServerTest = HttpServer.serve(Health.router).pipe(
+  Layer.provideMerge(NodeHttpServer.layerTest),
+  Layer.provideMerge(HealthTest)
+)
+
+const get = (path: string) =>
+  Effect.gen(function* () {
+    const client = yield* HttpClient.HttpClient
+    const res = yield* client.execute(HttpClientRequest.get(path))
+    const text = yield* res.text
+    return { status: res.status, text, headers: res.headers }
+  })
+
+const PHASES: ReadonlyArray<readonly [Lifecycle.Phase, number, string, number]> = [
+  // phase, /live status, /live body status, /health status
+  ["starting", 200, "live", 503],
+  ["reconciling-live", 200, "live", 200],
+  ["live", 200, "live", 200],
+  ["failed", 503, "live", 503]
+]
+
+describe("Health HTTP", () => {
+  for (const [phase, liveStatus, liveBody, healthStatus] of PHASES) {
+    it.scoped(`phase ${phase}: /live ${liveStatus}, /health ${healthStatus}`, () =>
+      Effect.gen(function* () {
+        const lifecycle = yield* Lifecycle.Lifecycle
+        yield* lifecycle.setPhase(phase)
+        const live = yield* get("/live")
+        expect(live.status).toBe(liveStatus)
+        expect(JSON.parse(live.text)).toEqual({ status: liveBody })
+        const health = yield* get("/health")
+        expect(health.status).toBe(healthStatus)
+        expect(health.headers["cache-control"]).toBe("no-store")
+        const body = JSON.parse(health.text)
+        expect(body.phase).toBe(phase)
+        expect(body.status).toBe(healthStatus === 200 ? "ok" : "unavailable")
+      }).pipe(Effect.provide(ServerTest)))
+  }
+
+  it.scoped("phases stopping and stopped: /live says stopping, /health 503", () =>
+    Effect.gen(function* () {
+      const lifecycle = yield* Lifecycle.Lifecycle
+      yield* lifecycle.setPhase("live")
+      // a shutdown blocked in a drain keeps the phase at `stopping`
+      const gate = yield* Effect.makeLatch(false)
+      yield* lifecycle.registerStop("delivery", "gate", gate.await)
+      yield* Effect.forkScoped(lifecycle.shutdown)
+      yield* Effect.yieldNow().pipe(Effect.repeatN(10))
+      expect(yield* lifecycle.phase).toBe("stopping")
+      const live = yield* get("/live")
+      expect(live.status).toBe(200)
+      expect(JSON.parse(live.text)).toEqual({ status: "stopping" })
+      expect((yield* get("/health")).status).toBe(503)
+      yield* gate.open
+      yield* lifecycle.shutdown
+      expect(yield* lifecycle.phase).toBe("stopped")
+      expect(JSON.parse((yield* get("/live")).text)).toEqual({ status: "stopping" })
+      expect((yield* get("/health")).status).toBe(503)
+    }).pipe(Effect.provide(ServerTest)))
+
+  it.scoped("registered sections appear, are clamped, and gate readiness", () =>
+    Effect.gen(function* () {
+      const lifecycle = yield* Lifecycle.Lifecycle
+      const health = yield* Health.Health
+      yield* lifecycle.setPhase("live")
+      yield* health.register(
+        "intake",
+        Effect.succeed({ ready: true, body: { connected: true, queued: 5_000_000, lag: -3, kind: "protocol" } })
+      )
+      const ok = yield* get("/health")
+      expect(ok.status).toBe(200)
+      expect(JSON.parse(ok.text).intake).toEqual({ connected: true, queued: 1_000_000, lag: 0, kind: "protocol" })
+      yield* Effect.scoped(
+        Effect.gen(function* () {
+          yield* health.register("backfill", Effect.succeed({ ready: false, body: { healthy: false } }))
+          const down = yield* get("/health")
+          expect(down.status).toBe(503)
+          expect(JSON.parse(down.text).backfill).toEqual({ healthy: false })
+        })
+      )
+      // the section goes away with its scope
+      const again = yield* get("/health")
+      expect(again.status).toBe(200)
+      expect(JSON.parse(again.text).backfill).toBeUndefined()
+    }).pipe(Effect.provide(ServerTest)))
+
+  it.scoped("/metrics is Prometheus text; anything else is 404", () =>
+    Effect.gen(function* () {
+      const counter = Metric.counter("firehook_test_things_total", { description: "things" }).pipe(
+        Metric.tagged("kind", 'we"ird')
+      )
+      yield* Metric.increment(counter)
+      const m = yield* get("/metrics")
+      expect(m.status).toBe(200)
+      expect(m.headers["content-type"]).toContain("text/plain")
+      expect(m.text).toContain("# TYPE firehook_test_things_total counter")
+      expect(m.text).toContain('firehook_test_things_total{kind="we\\"ird"} 1')
+      expect(m.text).toContain("# TYPE firehook_process_resident_memory_bytes gauge")
+      for (const path of ["/nope", "/health/x", "/"]) expect((yield* get(path)).status).toBe(404)
+      const client = yield* HttpClient.HttpClient
+      const post = yield* client.execute(HttpClientRequest.post("/live"))
+      expect(post.status).toBe(404)
+    }).pipe(Effect.provide(ServerTest)))
+})
+
+describe("Metrics.render", () => {
+  it.effect("histograms are cumulative with +Inf, sum and count", () =>
+    Effect.gen(function* () {
+      const h = Metric.histogram("firehook_test_latency_ms", MetricBoundaries.fromIterable([10, 100]), "latency")
+      yield* Metric.update(h, 5)
+      yield* Metric.update(h, 50)
+      yield* Metric.update(h, 500)
+      const text = Metrics.render(yield* Metric.snapshot)
+      expect(text).toContain("# TYPE firehook_test_latency_ms histogram")
+      expect(text).toContain('firehook_test_latency_ms_bucket{le="10"} 1')
+      expect(text).toContain('firehook_test_latency_ms_bucket{le="100"} 2')
+      expect(text).toContain('firehook_test_latency_ms_bucket{le="+Inf"} 3')
+      expect(text).toContain("firehook_test_latency_ms_sum 555")
+      expect(text).toContain("firehook_test_latency_ms_count 3")
+    }))
+
+  it.effect("labelled counters and gauges are the same series as Metric.tagged ones", () =>
+    Effect.gen(function* () {
+      const labelled = Metrics.labelledCounter("firehook_test_labelled_total", { description: "d" }, { stream: "s1" })
+      labelled.unsafeUpdate(1, [])
+      yield* Metric.increment(labelled)
+      // the same name and options as a Metric.counter that is tagged: one series
+      yield* Metric.increment(Metric.tagged(Metric.counter("firehook_test_labelled_total", { description: "d" }), "stream", "s1"))
+      const gauge = Metrics.labelledGauge("firehook_test_labelled_gauge", {}, { stream: "s1" })
+      yield* Metric.set(gauge, 7)
+      const text = Metrics.render(yield* Metric.snapshot)
+      expect(text).toContain('firehook_test_labelled_total{stream="s1"} 3')
+      expect(text).toContain('firehook_test_labelled_gauge{stream="s1"} 7')
+    }))
+})

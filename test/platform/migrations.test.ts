@@ -1,0 +1,96 @@
+import { SqlClient } from "@effect/sql"
+import { PgClient } from "@effect/sql-pg"
+import * as Migrator from "@effect/sql/Migrator"
+import { describe, expect, it } from "@effect/vitest"
+import * as Reactivity from "@effect/experimental/Reactivity"
+import { Effect } from "effect"
+import * as Migrations from "../../src/services/platform/Migrations.js"
+import * as Db from "../support/db.js"
+
+const EXPECTED_TABLES = [
+  "audit",
+  "backfill_state",
+  "cursors",
+  "delivery_attempts",
+  "delivery_events",
+  "firehook_migrations",
+  "outbox",
+  "owners",
+  "prior_refs",
+  "quarantine",
+  "secrets",
+  "tombstones",
+  "webhooks"
+]
+
+const MIGRATION_IDS = Object.keys(Migrations.migrations).map((name) => Number(name.slice(0, 4)))
+
+/** An independent client (its own pool) on the same database. */
+const client = (url: Parameters<typeof PgClient.make>[0]["url"]) =>
+  PgClient.make({ url, maxConnections: 4 }).pipe(Effect.provide(Reactivity.layer))
+
+describe("Migrations", () => {
+  it.scoped("run twice, and concurrently from two clients, without error", () =>
+    Effect.gen(function* () {
+      const { url } = yield* Db.freshDatabase
+      const a = yield* client(url)
+      const b = yield* client(url)
+      const run = (c: PgClient.PgClient) => Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      // concurrently, on an empty database
+      const [ra, rb] = yield* Effect.all([run(a), run(b)], { concurrency: 2 })
+      const applied = [...ra, ...rb]
+      expect(applied.map(([id]) => id).sort()).toEqual(MIGRATION_IDS)
+      // again: a no-op
+      expect(yield* run(a)).toEqual([])
+      expect(yield* run(b)).toEqual([])
+      const tables = yield* a<{ table_name: string }>`
+        SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name`
+      expect(tables.map((t) => t.table_name)).toEqual(EXPECTED_TABLES)
+      const ids = yield* a<{ migration_id: number }>`SELECT migration_id FROM firehook_migrations`
+      expect(ids.map((r) => r.migration_id).sort()).toEqual(MIGRATION_IDS)
+    }))
+
+  it.scoped("five concurrent runners on a fresh database: exactly one applies", () =>
+    Effect.gen(function* () {
+      const { url } = yield* Db.freshDatabase
+      const clients = yield* Effect.all(Array.from({ length: 5 }, () => client(url)))
+      const results = yield* Effect.all(
+        clients.map((c) => Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))),
+        { concurrency: "unbounded" }
+      )
+      // one runner applied every migration, the others found nothing to do
+      expect(results.filter((r) => r.length > 0).length).toBe(1)
+      expect(results.flat().map(([id]) => id).sort()).toEqual(MIGRATION_IDS)
+    }))
+
+  it.scoped("0002 adds outbox.origin to a database created by 0001, keeping its rows (origin NULL)", () =>
+    Effect.gen(function* () {
+      const { url } = yield* Db.freshDatabase
+      const c = yield* client(url)
+      const first = Migrator.make({})({
+        loader: Migrator.fromRecord({ "0001_init": Migrations.migrations["0001_init"] ?? Effect.void }),
+        table: Migrations.MIGRATIONS_TABLE
+      })
+      yield* first.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      yield* c`INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did,
+        event_collection, event_rkey, event_operation, target_url, signing_mode, fingerprint)
+        VALUES ('d1', 'e1', 'did:plc:o', 'w', 'direct', 'did:plc:e', 'c', 'r', 'create', 'https://x.test/h', 'none', 'f')`
+      const applied = yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      expect(applied.map(([id]) => id)).toEqual([2])
+      const rows = yield* c<{ delivery_id: string; origin: string | null }>`SELECT delivery_id, origin FROM outbox`
+      expect(rows).toEqual([{ delivery_id: "d1", origin: null }])
+    }))
+
+  it.layer(Db.layer())("the schema", (it) => {
+    it.effect("has the due-row index the delivery worker needs", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const idx = yield* sql<{ indexname: string }>`
+          SELECT indexname FROM pg_indexes WHERE tablename = 'outbox' ORDER BY indexname`
+        expect(idx.map((i) => i.indexname)).toEqual(
+          expect.arrayContaining(["outbox_due", "outbox_lease_expiry", "outbox_webhook", "outbox_finished"])
+        )
+      }))
+  })
+})
+

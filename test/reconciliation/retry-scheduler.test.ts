@@ -1,0 +1,385 @@
+/**
+ * RetryScheduler (SPEC §5.4) under TestClock with a fixed Random: the backoff Schedule's exact
+ * delays and cap, attempt timing, the tracking bound, success forgetting the attempt count, the
+ * swap of owners completed elsewhere, and `stop` with a deadline (drained or not).
+ * The store and the reconciler are fakes of their Tags.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Chunk, Clock, Deferred, Duration, Effect, Fiber, Layer, Random, Schedule, TestClock } from "effect"
+import * as Config from "../../src/services/platform/Config.js"
+import { ReconcileStore, type ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
+import { type ReconcileOutcome, Reconciler } from "../../src/services/reconciliation/Reconciler.js"
+import type { ReconcileStatus } from "../../src/services/registry/RegistryStore.js"
+import * as RetryScheduler from "../../src/services/reconciliation/RetryScheduler.js"
+import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
+import { plc, testConfig } from "../support/stack.js"
+
+// ---------------------------------------------------------------------------------------------
+// Fakes
+
+interface FakeOwner {
+  status: ReconcileStatus
+  failureCount: number
+  /** order of the last failure (oldest first) */
+  failedSeq: number
+}
+
+type Behaviour = "fail" | "succeed" | "hang" | Deferred.Deferred<void>
+
+interface World {
+  readonly owners: Map<string, FakeOwner>
+  readonly calls: Array<{ readonly did: string; readonly at: number }>
+  readonly behaviour: Map<string, Behaviour>
+  readonly interrupted: Array<string>
+  readonly completed: Array<string>
+  readonly swapped: Array<string>
+  seq: number
+  active: number
+  maxActive: number
+}
+
+const newWorld = (): World => ({
+  owners: new Map(),
+  calls: [],
+  behaviour: new Map(),
+  interrupted: [],
+  completed: [],
+  swapped: [],
+  seq: 0,
+  active: 0,
+  maxActive: 0
+})
+
+const fail = (world: World, did: string, failureCount = 1) =>
+  world.owners.set(did, { status: "failed", failureCount, failedSeq: world.seq++ })
+
+const fakeStore = (world: World): ReconcileStoreShape =>
+  fakeReconcileStore({
+    ownerState: (did) =>
+      Effect.sync(() => {
+        const o = world.owners.get(did)
+        return o === undefined
+          ? undefined
+          : {
+            did,
+            generation: 1,
+            status: o.status,
+            scanGeneration: 1,
+            snapshotRev: undefined,
+            failureCount: o.failureCount,
+            lastFailureKind: undefined,
+            scanStartedAt: undefined,
+            completedAt: undefined,
+            failedAt: undefined
+          }
+      }),
+    retryCandidates: (options) =>
+      Effect.sync(() =>
+        [...world.owners]
+          .filter(([did, o]) => o.status === "failed" && !options.exclude.includes(did))
+          .sort(([, a], [, b]) => a.failedSeq - b.failedSeq)
+          .slice(0, options.limit)
+          .map(([did, o]) => ({ did, status: "failed" as const, failureCount: o.failureCount }))
+      ),
+    completedSince: (cursor) =>
+      Effect.sync(() => {
+        const from = Number(cursor)
+        const dids = world.completed.slice(from)
+        return { dids, cursor: String(world.completed.length) }
+      })
+  })
+
+const fakeReconciler = (world: World) =>
+  Layer.succeed(Reconciler, {
+    reconcile: (did) =>
+      Effect.gen(function* () {
+        world.calls.push({ did, at: yield* Clock.currentTimeMillis })
+        world.active++
+        world.maxActive = Math.max(world.maxActive, world.active)
+        yield* Effect.yieldNow()
+        const b = world.behaviour.get(did) ?? "fail"
+        if (b === "hang") yield* Effect.never
+        if (typeof b === "object") yield* Deferred.await(b)
+        const owner = world.owners.get(did)
+        if (b === "succeed" || typeof b === "object") {
+          if (owner !== undefined) owner.status = "complete"
+          return { _tag: "complete", records: 0, invalid: 0, written: 0, deleted: 0, pages: 1, repoFound: true } as ReconcileOutcome
+        }
+        if (owner !== undefined) {
+          owner.failureCount++
+          owner.failedSeq = world.seq++
+        }
+        return { _tag: "failed", kind: "pds_status" } as ReconcileOutcome
+      }).pipe(
+        Effect.ensuring(Effect.sync(() => void world.active--)),
+        Effect.onInterrupt(() => Effect.sync(() => void world.interrupted.push(did)))
+      ),
+    stats: Effect.succeed({ completed: 0, failed: 0, busy: 0, superseded: 0, invalidRecords: 0 })
+  })
+
+const deps = (world: World, env: Record<string, string> = {}) =>
+  Layer.mergeAll(
+    Layer.succeed(ReconcileStore, fakeStore(world)),
+    fakeReconciler(world),
+    Config.layerValue(testConfig(env))
+  )
+
+/** The scheduler (rounds forked into the test's scope), with a swap that records. */
+const scheduler = (world: World, options: RetryScheduler.RetrySchedulerOptions = {}) =>
+  RetryScheduler.make({ swap: (did) => Effect.sync(() => void world.swapped.push(did)), ...options })
+
+const half = Random.fixed([0.5])
+
+const settle = Effect.gen(function* () {
+  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
+})
+
+/** Advance the clock by `ms` and let woken fibers run. */
+const advance = (ms: number) => Effect.zipRight(TestClock.adjust(Duration.millis(ms)), settle)
+
+const callTimes = (world: World, did: string) => world.calls.filter((c) => c.did === did).map((c) => c.at)
+
+// ---------------------------------------------------------------------------------------------
+
+describe("retryBackoff (the Schedule)", () => {
+  const delays = (random: Random.Random, n: number) =>
+    Schedule.run(Schedule.delays(RetryScheduler.retryBackoff({ base: "5 seconds", cap: "1 hour" })), 0, Array.from({ length: n }, () => undefined)).pipe(
+      Effect.map((c) => Chunk.toReadonlyArray(c).map(Duration.toMillis)),
+      Effect.withRandom(random)
+    )
+
+  it.effect("full jitter: random × min(cap, 5 s × 2^n), exact with a fixed Random", () =>
+    Effect.gen(function* () {
+      expect(yield* delays(half, 14)).toEqual([
+        2_500, 5_000, 10_000, 20_000, 40_000, 80_000, 160_000, 320_000, 640_000, 1_280_000,
+        // 5 s × 2^10 = 5,120 s > the 1 h cap: 0.5 × 3,600 s
+        1_800_000, 1_800_000, 1_800_000, 1_800_000
+      ])
+      expect(yield* delays(Random.fixed([0.999]), 12)).toEqual([
+        4_995, 9_990, 19_980, 39_960, 79_920, 159_840, 319_680, 639_360, 1_278_720, 2_557_440, 3_596_400, 3_596_400
+      ])
+    }))
+
+  it.effect("at least 100 ms", () =>
+    Effect.gen(function* () {
+      expect(yield* delays(Random.fixed([0]), 3)).toEqual([100, 100, 100])
+      expect(yield* delays(Random.fixed([0.01]), 3)).toEqual([100, 100, 200])
+    }))
+})
+
+describe("RetryScheduler", () => {
+  it.scoped("lists failed owners every interval and retries each on the exact backoff", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A)
+    return Effect.gen(function* () {
+      const s = yield* scheduler(world)
+      yield* advance(59_999)
+      expect(yield* s.tracked).toEqual([])
+      yield* advance(1) // the first round, at 60 s
+      expect(yield* s.tracked).toEqual([{ did: A, attempt: 0, inFlight: false }])
+      // attempts 0..4 at +2.5 s, +5 s, +10 s, +20 s, +40 s after the previous one
+      const expected = [62_500, 67_500, 77_500, 97_500, 137_500]
+      for (const [i, at] of expected.entries()) {
+        const prev = i === 0 ? 60_000 : (expected[i - 1] ?? 0)
+        yield* advance(at - prev - 1)
+        expect(callTimes(world, A)).toHaveLength(i)
+        yield* advance(1)
+        expect(callTimes(world, A)).toEqual(expected.slice(0, i + 1))
+      }
+      expect((yield* s.tracked)[0]?.attempt).toBe(5)
+      expect((yield* s.stats).attempts).toBe(5)
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("an owner that failed often starts at its failure count; released after an attempt at the cap", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A, 12) // attempt index 11: 5 s × 2^11 > 1 h
+    return Effect.gen(function* () {
+      const s = yield* scheduler(world)
+      yield* advance(70_000) // rounds every 70 s here, so no round coincides with an attempt
+      expect((yield* s.tracked)[0]?.attempt).toBe(11)
+      yield* advance(1_800_000 - 1)
+      expect(callTimes(world, A)).toEqual([])
+      yield* advance(1)
+      expect(callTimes(world, A)).toEqual([1_870_000])
+      // released at the cap (others may take the slot) and rediscovered by the next round
+      expect(yield* s.tracked).toEqual([])
+      yield* advance(20_000)
+      expect(yield* s.tracked).toEqual([{ did: A, attempt: 12, inFlight: false }])
+      yield* advance(1_800_000)
+      expect(callTimes(world, A)).toEqual([1_870_000, 3_690_000])
+    }).pipe(Effect.provide(deps(world, { RETRY_SCHEDULER_INTERVAL_MS: "70000" })), Effect.withRandom(half))
+  })
+
+  for (const concurrency of [1, 2]) {
+    it.scoped(`at most 16 owners are tracked (oldest failure first); ${concurrency} attempt(s) at a time`, () => {
+      const world = newWorld()
+      const owners = Array.from({ length: 20 }, (_, i) => plc(100 + i))
+      for (const did of owners) fail(world, did)
+      return Effect.gen(function* () {
+        const gate = yield* Deferred.make<void>()
+        for (const did of owners) world.behaviour.set(did, gate)
+        const s = yield* scheduler(world)
+        yield* advance(60_000)
+        const tracked = yield* s.tracked
+        expect(tracked.map((t) => t.did)).toEqual(owners.slice(0, 16))
+        expect((yield* s.stats).tracked).toBe(16)
+        // all 16 are due at +2.5 s; only `concurrency` run, the others wait for a permit
+        yield* advance(2_500)
+        expect(world.calls).toHaveLength(concurrency)
+        expect((yield* s.stats).inFlight).toBe(concurrency)
+        // the next round admits nobody: all 16 slots are taken
+        yield* advance(60_000 - 2_500)
+        expect((yield* s.tracked).map((t) => t.did)).toEqual(owners.slice(0, 16))
+        // they all succeed (one permit at a time) and are forgotten; the next round takes the rest
+        yield* Deferred.succeed(gate, undefined)
+        yield* settle
+        expect(world.calls).toHaveLength(16)
+        expect(world.maxActive).toBe(concurrency)
+        expect(yield* s.tracked).toEqual([])
+        yield* advance(60_000)
+        expect((yield* s.tracked).map((t) => t.did)).toEqual(owners.slice(16))
+      }).pipe(
+        Effect.provide(deps(world, { RETRY_SCHEDULER_CONCURRENCY: String(concurrency) })),
+        Effect.withRandom(half)
+      )
+    })
+  }
+
+  it.scoped("success forgets the owner and its attempt count; a new failure starts over", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const B = plc(2)
+    fail(world, A)
+    return Effect.gen(function* () {
+      const s = yield* scheduler(world)
+      yield* advance(60_000) // tracked
+      yield* advance(2_500) // attempt 0 fails
+      yield* advance(5_000) // attempt 1 fails
+      expect((yield* s.tracked)[0]?.attempt).toBe(2)
+      world.behaviour.set(A, "succeed")
+      yield* advance(10_000) // attempt 2 succeeds
+      expect(callTimes(world, A)).toEqual([62_500, 67_500, 77_500])
+      expect(yield* s.tracked).toEqual([])
+      expect((yield* s.stats).recovered).toBe(1)
+      // a slot freed: another owner can be tracked, and A failing again starts at attempt 0
+      world.behaviour.set(A, "fail")
+      fail(world, A)
+      fail(world, B)
+      yield* advance(120_000 - 77_500)
+      expect(yield* s.tracked).toEqual([
+        { did: A, attempt: 0, inFlight: false },
+        { did: B, attempt: 0, inFlight: false }
+      ])
+      yield* advance(2_500)
+      expect(callTimes(world, A)).toEqual([62_500, 67_500, 77_500, 122_500])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("an owner completed meanwhile is forgotten without a reconciliation", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A)
+    return Effect.gen(function* () {
+      const s = yield* scheduler(world)
+      yield* advance(60_000)
+      const owner = world.owners.get(A)
+      if (owner !== undefined) owner.status = "complete"
+      yield* advance(2_500)
+      expect(world.calls).toEqual([])
+      expect(yield* s.tracked).toEqual([])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
+    const world = newWorld()
+    const complete = (did: string) => {
+      world.owners.set(did, { status: "complete", failureCount: 0, failedSeq: world.seq++ })
+      world.completed.push(did)
+    }
+    return Effect.gen(function* () {
+      yield* scheduler(world)
+      complete(plc(7))
+      complete(plc(8))
+      yield* advance(60_000)
+      expect(world.swapped).toEqual([plc(7), plc(8)])
+      complete(plc(9))
+      // plc(10) completed, then a new scan of it began before the sync read it: its pages stay in
+      // the database until that scan completes (SPEC §5.3)
+      complete(plc(10))
+      world.owners.set(plc(10), { status: "scanning", failureCount: 0, failedSeq: world.seq++ })
+      yield* advance(60_000)
+      expect(world.swapped).toEqual([plc(7), plc(8), plc(9)])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("stop: drained false at the deadline while a PDS read hangs (it is interrupted)", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const B = plc(2)
+    fail(world, A)
+    fail(world, B)
+    world.behaviour.set(A, "hang")
+    return Effect.gen(function* () {
+      const s = yield* scheduler(world)
+      yield* advance(60_000 + 2_500) // A in flight (hangs); B attempted (failed) or waiting for the permit
+      expect((yield* s.stats).inFlight).toBe(1)
+      expect((yield* s.tracked).find((t) => t.inFlight)?.did).toBe(A)
+      const now = yield* Clock.currentTimeMillis
+      const stopping = yield* Effect.fork(s.stop(now + 5_000))
+      yield* settle
+      expect((yield* s.stats).running).toBe(false)
+      // B (not in flight) was dropped at once; A has until the deadline
+      expect((yield* s.tracked).map((t) => t.did)).toEqual([A])
+      yield* advance(4_999)
+      expect(stopping.unsafePoll()).toBeNull()
+      yield* advance(1)
+      expect(yield* Fiber.join(stopping)).toEqual({ drained: false })
+      expect(world.interrupted).toEqual([A])
+      expect(yield* s.tracked).toEqual([])
+      // nothing new is admitted afterwards
+      const calls = world.calls.length
+      fail(world, plc(3))
+      yield* advance(600_000)
+      expect(world.calls.length).toBe(calls)
+      // stop is idempotent
+      expect(yield* s.stop(0)).toEqual({ drained: false })
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("stop: drained true when the in-flight attempt finishes before the deadline", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A)
+    return Effect.gen(function* () {
+      const gate = yield* Deferred.make<void>()
+      world.behaviour.set(A, gate)
+      const s = yield* scheduler(world)
+      yield* advance(62_500)
+      expect((yield* s.stats).inFlight).toBe(1)
+      const now = yield* Clock.currentTimeMillis
+      const stopping = yield* Effect.fork(s.stop(now + 5_000))
+      yield* advance(3_000)
+      expect(stopping.unsafePoll()).toBeNull()
+      yield* Deferred.succeed(gate, undefined)
+      yield* settle
+      expect(yield* Fiber.join(stopping)).toEqual({ drained: true })
+      expect(world.interrupted).toEqual([])
+      expect((yield* s.stats).recovered).toBe(1)
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("stop with nothing in flight drains at once", () => {
+    const world = newWorld()
+    fail(world, plc(1))
+    return Effect.gen(function* () {
+      const s = yield* scheduler(world)
+      yield* advance(60_000) // tracked, sleeping
+      const now = yield* Clock.currentTimeMillis
+      expect(yield* s.stop(now + 5_000)).toEqual({ drained: true })
+      expect(yield* Clock.currentTimeMillis).toBe(now)
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+})

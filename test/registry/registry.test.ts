@@ -1,0 +1,148 @@
+/**
+ * Registry load at startup (SPEC §2.5, §2.6) and the per-owner swap used by reconciliation.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Either, Layer } from "effect"
+import * as Config from "../../src/services/platform/Config.js"
+import * as Health from "../../src/services/platform/Health.js"
+import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import { Registry, toRow } from "../../src/services/registry/Registry.js"
+import * as RegistryMod from "../../src/services/registry/Registry.js"
+import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
+import { validateWhRecord } from "../../src/schemas/WhRecord.js"
+import { plc, rev, testConfig, whRecordValue } from "../support/stack.js"
+
+const ALICE = plc(1)
+const BOB = plc(2)
+
+const row = (owner: string, rkey: string, record: Record<string, unknown>, active = true) => {
+  const v = validateWhRecord(record, { allowInsecureDev: true })
+  if (Either.isLeft(v)) throw new Error(`invalid fixture: ${v.left}`)
+  return toRow(owner, rkey, v.right.record, v.right.scope, rev(1), 1, undefined, active)
+}
+
+/** A registry over a memory store seeded with `rows` (written before the registry loads). */
+const seeded = (rows: ReadonlyArray<RegistryStore.WebhookRow>, env: Record<string, string> = {}) => {
+  const StoreLive = Layer.effect(
+    RegistryStore.RegistryStore,
+    Effect.tap(RegistryStore.makeMemory, (s) => Effect.forEach(rows, (r) => s.upsert(r)))
+  )
+  const LifecycleLive = Lifecycle.layer({ shutdownTimeout: "5 seconds" })
+  return RegistryMod.layer.pipe(
+    Layer.provideMerge(StoreLive),
+    Layer.provideMerge(Health.layer.pipe(Layer.provideMerge(LifecycleLive))),
+    Layer.provideMerge(Config.layerValue(testConfig(env)))
+  )
+}
+
+describe("Registry.load", () => {
+  it.effect("loads active rows; disabled, gone and over-limit rows are not loaded and counted", () =>
+    Effect.gen(function* () {
+      const registry = yield* Registry
+      expect(registry.index.size).toBe(2)
+      const stats = yield* registry.stats
+      expect(stats.active).toBe(2)
+      expect(stats.notLoaded).toBe(1)
+      const lifecycle = yield* Lifecycle.Lifecycle
+      yield* lifecycle.setPhase("live")
+      const report = yield* (yield* Health.Health).report
+      expect(report.ready).toBe(true)
+      expect(report.body["registry"]).toMatchObject({ active: 2, notLoaded: 1 })
+    }).pipe(
+      Effect.provide(
+        seeded(
+          [
+            row(ALICE, "a", whRecordValue(`at://${BOB}`)),
+            row(ALICE, "b", whRecordValue(`at://${BOB}`)),
+            row(ALICE, "c", whRecordValue(`at://${BOB}`)),
+            row(ALICE, "off", whRecordValue(`at://${BOB}`, { enabled: false }), false)
+          ],
+          { REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "2" }
+        )
+      )
+    ))
+
+  it.effect("re-validates stored records under the current configuration (insecure URLs are not loaded in production)", () =>
+    Effect.gen(function* () {
+      const registry = yield* Registry
+      expect([...registry.index.all()].map((w) => w.rkey)).toEqual(["https"])
+      expect((yield* registry.stats).notLoaded).toBe(1)
+    }).pipe(
+      Effect.provide(
+        seeded([
+          row(ALICE, "https", whRecordValue(`at://${BOB}`)),
+          row(ALICE, "http", whRecordValue(`at://${BOB}`, { url: "http://127.0.0.1:9999/hook" }))
+        ])
+      )
+    ))
+})
+
+describe("Registry.swapOwner", () => {
+  it.effect("replaces one owner's registrations with the stored set in one step", () =>
+    Effect.gen(function* () {
+      const registry = yield* Registry
+      const store = yield* RegistryStore.RegistryStore
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey).sort()).toEqual(["a", "b"])
+      // a reconciliation rewrote the owner's rows in the database
+      yield* store.remove(ALICE, "a", { rev: rev(2), generation: 2 })
+      yield* store.upsert(row(ALICE, "z", whRecordValue(`at://${BOB}/app.bsky.feed.post`)))
+      // nothing changes in memory until the swap
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey).sort()).toEqual(["a", "b"])
+      yield* registry.swapOwner(ALICE)
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey).sort()).toEqual(["b", "z"])
+      expect(registry.index.byOwner(BOB).map((w) => w.rkey)).toEqual(["x"])
+    }).pipe(
+      Effect.provide(
+        seeded([
+          row(ALICE, "a", whRecordValue(`at://${BOB}`)),
+          row(ALICE, "b", whRecordValue(`at://${BOB}`)),
+          row(BOB, "x", whRecordValue(`at://${ALICE}`))
+        ])
+      )
+    ))
+})
+
+describe("gone (410): RegistryStore.markGone and Registry.forgetGone", () => {
+  it.effect("only the registration the 410 answered (same fingerprint) is marked gone and dropped from matching", () =>
+    Effect.gen(function* () {
+      const registry = yield* Registry
+      const store = yield* RegistryStore.RegistryStore
+      const a = registry.index.get(`${ALICE}/a`)
+      const b = registry.index.get(`${ALICE}/b`)
+      if (a === undefined || b === undefined) return expect.unreachable("both registrations loaded")
+      // a 410 for an older version of b (its record changed since): b stays
+      expect(yield* store.markGone(ALICE, "b", "an-older-fingerprint")).toBe(false)
+      yield* registry.forgetGone(ALICE, "b", "an-older-fingerprint")
+      expect(registry.index.get(`${ALICE}/b`)).toBeDefined()
+      // a 410 for a as it is: marked, and no longer matched
+      expect(yield* store.markGone(ALICE, "a", a.fingerprint)).toBe(true)
+      yield* registry.forgetGone(ALICE, "a", a.fingerprint)
+      expect(registry.index.get(`${ALICE}/a`)).toBeUndefined()
+      expect([...registry.index.candidatesByScopeDid(BOB)].map((w) => w.rkey)).toEqual(["b"])
+      expect((yield* registry.stats).active).toBe(1)
+      // a reload keeps it out (gone in the store) until its record is written again
+      yield* registry.reload
+      expect(registry.index.get(`${ALICE}/a`)).toBeUndefined()
+      expect((yield* store.ownerRows(ALICE)).filter((r) => r.gone).map((r) => r.rkey)).toEqual(["a"])
+    }).pipe(
+      Effect.provide(seeded([row(ALICE, "a", whRecordValue(`at://${BOB}`)), row(ALICE, "b", whRecordValue(`at://${BOB}`))]))
+    ))
+})
+
+describe("admission: the direct-DIDs limit is Jetstream's (SPEC §2.6)", () => {
+  const rows = [plc(11), plc(12), plc(13)].map((scope, i) => row(ALICE, `r${i}`, whRecordValue(`at://${scope}`)))
+  it.effect("on Jetstream, registrations beyond REGISTRY_DIRECT_SCOPE_DIDS_MAX distinct DIDs are not activated", () =>
+    Effect.gen(function* () {
+      const stats = yield* (yield* Registry).stats
+      // owner + 2 scope DIDs = 3 distinct DIDs: the third scope would make 4
+      expect(stats.active).toBe(2)
+      expect(stats.rejected.direct_dids).toBe(0)
+      expect(stats.notLoaded).toBe(1)
+    }).pipe(Effect.provide(seeded(rows, { REGISTRY_DIRECT_SCOPE_DIDS_MAX: "3" }))))
+  it.effect("on the relay firehose there is no wantedDids set: the limit does not apply", () =>
+    Effect.gen(function* () {
+      const stats = yield* (yield* Registry).stats
+      expect(stats.active).toBe(3)
+      expect(stats.notLoaded).toBe(0)
+    }).pipe(Effect.provide(seeded(rows, { REGISTRY_DIRECT_SCOPE_DIDS_MAX: "3", FIREHOSE_SOURCE: "relay" }))))
+})
