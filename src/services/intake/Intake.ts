@@ -33,6 +33,7 @@ import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
 import { Registry } from "../registry/Registry.js"
 import { sha256Hex } from "../matching/Canonical.js"
+import * as LockKeys from "../platform/LockKeys.js"
 
 // ---------------------------------------------------------------------------------------------
 // Source items: what a session reads, whatever the wire format
@@ -869,7 +870,7 @@ export const healthSection = (
     }
   })
 
-export const INTAKE_LOCK_KEY = 7_231_002
+export const INTAKE_LOCK_KEY = LockKeys.INTAKE
 
 /** Intake under leader election, with health and shutdown registration. */
 export const layer = (options: IntakeOptions = {}) =>

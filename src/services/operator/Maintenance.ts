@@ -23,6 +23,7 @@ import { Context, Duration, Effect, Either, Layer, Metric, Option, Stream, Subsc
 import type { Scope } from "effect"
 import { Health } from "../platform/Health.js"
 import { codeOf, StoreError, storeOpWithin } from "../platform/Persistence.js"
+import * as LockKeys from "../platform/LockKeys.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -95,7 +96,7 @@ export interface MaintenanceOptions extends Partial<RetentionOptions> {
 }
 
 /** The advisory lock key of the maintenance runner role (next to `MIGRATION_LOCK_KEY`). */
-export const MAINTENANCE_LOCK_KEY = 7_231_003
+export const MAINTENANCE_LOCK_KEY = LockKeys.MAINTENANCE
 export const DEFAULT_INTERVAL = Duration.seconds(60)
 
 /** Bound on the statements that take, check or release the lock. */

@@ -13,6 +13,7 @@ import { FirehookConfig } from "./Config.js"
 import * as EmbeddedPg from "./EmbeddedPg.js"
 import { Lifecycle } from "./Lifecycle.js"
 import * as Migrations from "./Migrations.js"
+import * as ErrorCode from "./ErrorCode.js"
 
 export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")<{ readonly reason: string }> {
   override get message(): string {
@@ -21,13 +22,7 @@ export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")
 }
 
 /** A short, value-free description of a driver error (never the URL, credentials or SQL values). */
-export const describeSqlError = (e: unknown): string => {
-  const cause = typeof e === "object" && e !== null && "cause" in e ? e.cause : e
-  if (typeof cause === "object" && cause !== null && "code" in cause && typeof cause.code === "string") {
-    return cause.code
-  }
-  return "unknown error"
-}
+export const describeSqlError = (e: unknown): string => ErrorCode.codeOr(e, "unknown error")
 
 export interface DatabaseOptions {
   readonly maxConnections?: number

@@ -8,6 +8,7 @@
 import * as Migrator from "@effect/sql/Migrator"
 import { SqlClient } from "@effect/sql"
 import { Duration, Effect } from "effect"
+import * as LockKeys from "./LockKeys.js"
 
 const ddl = (text: string) =>
   Effect.gen(function* () {
@@ -219,7 +220,7 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */
-export const MIGRATION_LOCK_KEY = 7_231_001
+export const MIGRATION_LOCK_KEY = LockKeys.MIGRATION
 
 export const MIGRATIONS_TABLE = "firehook_migrations"
 

@@ -7,6 +7,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { Context, Data, type Duration, Effect, Layer } from "effect"
+import * as ErrorCode from "./ErrorCode.js"
 
 /** A persistence failure. `code` is a SQLSTATE/errno-like code; never SQL text or values. */
 export class StoreError extends Data.TaggedError("StoreError")<{ readonly op: string; readonly code: string }> {
@@ -15,11 +16,8 @@ export class StoreError extends Data.TaggedError("StoreError")<{ readonly op: st
   }
 }
 
-export const codeOf = (e: unknown): string => {
-  const cause = typeof e === "object" && e !== null && "cause" in e ? e.cause : e
-  if (typeof cause === "object" && cause !== null && "code" in cause && typeof cause.code === "string") return cause.code
-  return "unknown"
-}
+/** The driver's code behind a failure, or `unknown` (see `ErrorCode.driverCode`). */
+export const codeOf = (e: unknown): string => ErrorCode.codeOr(e)
 
 /**
  * Every store call is bounded (SPEC §7: every network call has a timeout). The default suits one

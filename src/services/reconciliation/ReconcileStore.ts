@@ -23,9 +23,10 @@ import { SqlClient } from "@effect/sql"
 import { Context, Effect, Layer } from "effect"
 import type { ReconcileStatus, WebhookRow } from "../registry/RegistryStore.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
+import * as LockKeys from "../platform/LockKeys.js"
 
 /** Advisory lock serializing reconciliation begins across replicas (next to the other keys). */
-export const RECONCILE_LOCK_KEY = 7_231_004
+export const RECONCILE_LOCK_KEY = LockKeys.RECONCILE
 
 /** The backfill pass name in `backfill_state`. */
 export const INITIAL_PASS = "initial"

@@ -1,0 +1,16 @@
+/**
+ * Every PostgreSQL advisory lock key firehook takes, in one list so that no two roles ever share
+ * one (any 64-bit constants would do; these are consecutive). Session locks are held by `Leader`
+ * for singleton roles; transaction locks serialize short critical sections.
+ *
+ * @since 0.1.0
+ */
+
+/** Transaction lock: serializes migration runners (`Migrations`). */
+export const MIGRATION = 7_231_001
+/** Session lock: the intake leader (`Intake`). */
+export const INTAKE = 7_231_002
+/** Session lock: the maintenance runner (`Maintenance`). */
+export const MAINTENANCE = 7_231_003
+/** Transaction lock: the reconciliation capacity check (`ReconcileStore`). */
+export const RECONCILE = 7_231_004
