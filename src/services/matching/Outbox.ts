@@ -14,7 +14,8 @@ import * as CursorStore from "../intake/CursorStore.js"
 import * as PriorRefsStore from "./PriorRefsStore.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
 
-export const NOTIFY_CHANNEL = "firehook_outbox"
+export { NOTIFY_CHANNEL } from "./OutboxNotify.js"
+import { NOTIFY_CHANNEL, notifyStatement } from "./OutboxNotify.js"
 
 export interface OutboxRow {
   readonly deliveryId: string
@@ -302,7 +303,7 @@ export const makeSql = Effect.gen(function* () {
         ? Effect.void
         : quarantineInsert(sql, rows).pipe(Effect.asVoid, storeOp("outbox.insertQuarantine")),
     // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
-    notify: sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`.pipe(Effect.asVoid, storeOp("outbox.notify")),
+    notify: notifyStatement(sql).pipe(Effect.asVoid, storeOp("outbox.notify")),
     insertBatch: (bodies, rows) =>
       bodies.length === 0
         ? Effect.succeed({ existing: new Map<string, string>(), inserted: 0 })

@@ -45,6 +45,22 @@ export const clamp = (v: HealthValue): HealthValue => {
   return out
 }
 
+/**
+ * A section whose body is the fields `keys` of a stats value, in that order (the one way services
+ * turn their stats into a section instead of copying fields one by one). `ready` decides whether it
+ * allows readiness (default: always).
+ */
+export const statsSection = <S extends { readonly [P in K]: HealthValue }, K extends string>(
+  stats: Effect.Effect<S>,
+  keys: ReadonlyArray<K>,
+  ready: (s: S) => boolean = () => true
+): Effect.Effect<HealthSection> =>
+  Effect.map(stats, (s) => {
+    const body: { [k: string]: HealthValue } = {}
+    for (const k of keys) body[k] = s[k]
+    return { ready: ready(s), body }
+  })
+
 const READY_PHASES: ReadonlySet<Phase> = new Set(["reconciling-live", "live"])
 
 export const make = Effect.gen(function* () {

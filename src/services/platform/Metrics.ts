@@ -32,6 +32,28 @@ export const labelledGauge = (
 ): Metric.Metric.Gauge<number> =>
   Metric.fromMetricKey(MetricKey.taggedWithLabels(MetricKey.gauge(name, options), labelsOf(labels)))
 
+/**
+ * A family of {@link labelledCounter}s of one name: `family(labels)` returns the counter for those
+ * label values, made once and kept (building a labelled key per update is measurable on hot
+ * paths). Callers pass the label keys in one fixed order; the number of distinct label sets is
+ * bounded by the caller's enumerations.
+ */
+export const labelledCounterFamily = (
+  name: string,
+  options: { readonly description?: string; readonly incremental?: boolean }
+) => {
+  const cache = new Map<string, Metric.Metric.Counter<number>>()
+  return (labels: Readonly<Record<string, string>>): Metric.Metric.Counter<number> => {
+    const key = Object.values(labels).join("\u0000")
+    let counter = cache.get(key)
+    if (counter === undefined) {
+      counter = labelledCounter(name, options, labels)
+      cache.set(key, counter)
+    }
+    return counter
+  }
+}
+
 const sanitizeName = (s: string): string => {
   const cleaned = s.replace(/[^a-zA-Z0-9_:]/g, "_")
   return /^[a-zA-Z_:]/.test(cleaned) ? cleaned : `_${cleaned}`
