@@ -4,7 +4,6 @@
  * `NodeHttpServer.layerTest` in tests), so this module never imports a runtime adapter.
  */
 import * as HttpServer from "@effect/platform/HttpServer"
-import type { ServeError } from "@effect/platform/HttpServerError"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
 import * as Reconciliation from "./Reconciliation.js"
 import { Destinations } from "../services/delivery/Destinations.js"
@@ -148,5 +147,3 @@ export const core = (config: FirehookConfigShape) => {
   const HealthLive = Health.layer.pipe(Layer.provide(LifecycleLive))
   return Database.layer().pipe(Layer.provideMerge(Layer.mergeAll(ConfigLive, LifecycleLive, HealthLive)))
 }
-
-export type ServerError = ServeError
