@@ -241,6 +241,22 @@ const report = (breaker: CircuitBreaker, origin: string, s: Settled, sendEnd: nu
 // ---------------------------------------------------------------------------------------------
 // The shell
 
+/** The send: carries out a `Send` through the SSRF-safe transport (bounded by the timeout and {@link MAX_RESPONSE_BYTES}). */
+export const send = (
+  env: WorkerEnv,
+  request: OutgoingRequest
+): Effect.Effect<Either.Either<SafeResponse, SafeHttpError>> =>
+  Effect.either(
+    env.http.request({
+      url: request.url,
+      method: request.method,
+      headers: request.headers,
+      body: request.body,
+      timeoutMs: env.timeoutMs,
+      maxResponseBytes: MAX_RESPONSE_BYTES
+    })
+  )
+
 /** One attempt, in a `Delivery.attempt` span when a tracer is installed. */
 export const attempt = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard: { settling: boolean }) =>
   env.traced
@@ -329,16 +345,7 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
     const sendStart = clock.unsafeCurrentTimeMillis()
     if (row.attemptCount === 0) recordFirstAttemptLatency(row.ageMs + Math.max(0, sendStart - claimedAtMs))
     env.state.attempts++
-    const response = yield* Effect.either(
-      env.http.request({
-        url: request.url,
-        method: request.method,
-        headers: request.headers,
-        body: request.body,
-        timeoutMs: env.timeoutMs,
-        maxResponseBytes: MAX_RESPONSE_BYTES
-      })
-    )
+    const response = yield* send(env, request)
     const sendEnd = clock.unsafeCurrentTimeMillis()
     recordAttemptDuration(Math.max(0, sendEnd - sendStart))
     guard.settling = true
