@@ -4,26 +4,8 @@
  * @since 0.1.0
  */
 
-/** Every way an attempt can fail. Stored as `last_error_kind` and used as a metric label. */
-export type FailureKind =
-  | "http_5xx"
-  | "http_429"
-  | "gone"
-  | "http_4xx"
-  | "redirect"
-  | "invalid_target"
-  | "blocked_target"
-  | "dns"
-  | "timeout"
-  | "network"
-  | "request_too_large"
-  | "response_too_large"
-  | "subscription_unavailable"
-  | "secret_unavailable"
-  | "transform_failed"
-
-/** All failure kinds, in table order. */
-export const failureKinds: ReadonlyArray<FailureKind> = [
+/** All failure kinds, in table order. Stored as `last_error_kind` and used as a metric label. */
+export const failureKinds = [
   "http_5xx",
   "http_429",
   "gone",
@@ -39,7 +21,10 @@ export const failureKinds: ReadonlyArray<FailureKind> = [
   "subscription_unavailable",
   "secret_unavailable",
   "transform_failed"
-]
+] as const
+
+/** Every way an attempt can fail (one of {@link failureKinds}). */
+export type FailureKind = (typeof failureKinds)[number]
 
 const RETRYABLE: ReadonlySet<FailureKind> = new Set<FailureKind>([
   "http_5xx",

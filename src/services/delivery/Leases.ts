@@ -1,0 +1,70 @@
+/**
+ * Leases (SPEC §4.1): lease = max(60 s, timeout + 5 s) (an option overrides it). From the claim on,
+ * one heartbeat fiber renews the leases of all held rows (in flight or waiting) every lease/3, in
+ * one statement per {@link HEARTBEAT_CHUNK} rows. A row whose lease is gone, or that could not be
+ * renewed for 2/3 of a lease, has its attempt interrupted (the row is someone else's now, or soon
+ * will be). Every write is guarded by the lease token.
+ *
+ * @since 0.1.0
+ */
+import { Clock, Duration, Effect, Either, Fiber, FiberSet } from "effect"
+import { forget, release } from "./Admission.js"
+import { countNotAttempted, logRecurring, logStoreError } from "./Telemetry.js"
+import type { RowEntry, WorkerEnv } from "./WorkerState.js"
+
+/** Lease floor and margin over the request timeout (SPEC §4.1). */
+export const MIN_LEASE_MS = 60_000
+export const LEASE_MARGIN_MS = 5_000
+/** Leases renewed per heartbeat statement. */
+export const HEARTBEAT_CHUNK = 1_000
+
+/** The lease of a row held by this worker is gone (or could not be renewed for too long). */
+export const leaseLost = (env: WorkerEnv, entry: RowEntry) =>
+  Effect.gen(function* () {
+    if (entry.settling) return
+    if (entry.started && entry.fiber === undefined) return
+    entry.settling = true
+    countNotAttempted("lease_lost")
+    yield* logRecurring(env, "lease_lost", "delivery lease lost; attempt abandoned", {
+      deliveryId: entry.row.deliveryId
+    })
+    if (entry.fiber !== undefined) {
+      yield* Fiber.interruptFork(entry.fiber)
+      return
+    }
+    // not started: stop waiting; hand it back in case the lease is still ours (renewals failed)
+    const waiting = env.state.waiting
+    const at = waiting.indexOf(entry)
+    if (at >= 0) waiting.splice(at, 1)
+    // in the worker's row set (owned by its scope, like every attempt), not a daemon fiber
+    yield* FiberSet.run(env.rows, Effect.ensuring(release(env, entry.row), forget(env, entry)))
+  })
+
+/** Renews the leases of every held row that is not settling. */
+export const renewAll = (env: WorkerEnv) =>
+  Effect.gen(function* () {
+    const leaseMs = env.leaseMs
+    const held = [...env.state.entries.values()].filter((e) => !e.settling)
+    for (let i = 0; i < held.length; i += HEARTBEAT_CHUNK) {
+      const chunk = held.slice(i, i + HEARTBEAT_CHUNK)
+      const result = yield* Effect.either(
+        env.store.heartbeatMany(chunk.map((e) => ({ deliveryId: e.row.deliveryId, token: e.row.leaseToken })), leaseMs)
+      )
+      const now = yield* Clock.currentTimeMillis
+      if (Either.isRight(result)) {
+        for (const e of chunk) {
+          if (result.right.has(e.row.leaseToken)) e.renewedAt = now
+          else yield* leaseLost(env, e)
+        }
+      } else {
+        yield* logStoreError(env, result.left)
+        for (const e of chunk) if (now - e.renewedAt >= (2 * leaseMs) / 3) yield* leaseLost(env, e)
+      }
+    }
+  })
+
+/** The heartbeat: renews every lease/3, forever. */
+export const heartbeatLoop = (env: WorkerEnv) =>
+  Effect.forever(
+    Effect.zipRight(Effect.sleep(Duration.millis(Math.max(1, Math.floor(env.leaseMs / 3)))), renewAll(env))
+  )

@@ -1,0 +1,195 @@
+/**
+ * The settlement of one claimed row: what an attempt decided ({@link Settlement}, a value), and the
+ * settle path that writes it (guarded by the lease token), counts it and publishes terminal outcomes.
+ *
+ * An attempt answers its settlement while holding a request slot; the caller runs {@link settle}
+ * after freeing the slot, so a slow database never holds a request slot.
+ *
+ * @since 0.1.0
+ */
+import { Data, Duration, Effect, Option, Random } from "effect"
+import { type FailureKind, isRetryable } from "./Classify.js"
+import type { AttemptRecord, ClaimedRow } from "./DeliveryStore.js"
+import type { OutgoingRequest } from "./Destinations.js"
+import type { AuditEvent } from "./Publisher.js"
+import { nextDelay } from "./RetryPolicy.js"
+import type { StoreError } from "../platform/Persistence.js"
+import { countAttempt, countNotAttempted, logStoreError } from "./Telemetry.js"
+import type { WorkerEnv } from "./WorkerState.js"
+
+/** Why an attempt failed: a failure kind, a row without its payload, or a defect. */
+export type Kind = FailureKind | "payload_missing" | "internal"
+
+const retryableKind = (kind: Kind): boolean =>
+  kind === "payload_missing" ? false : kind === "internal" ? true : isRetryable(kind)
+
+/**
+ * What an attempt decided:
+ * - `Defer`: come back after `delayMs` plus up to `jitterMs` at random, no attempt spent;
+ * - `Cancel`: settled `cancelled` without a request;
+ * - `Fail`: a failed attempt (rescheduled with backoff while retryable and within budget, else
+ *   dead-lettered);
+ * - `Deliver`: delivered (`attempt.outcome` `delivered`, or `skipped` when no request was needed);
+ * - `Send`: the request to send to `origin` (the attempt's send turns it into one of the others).
+ */
+export type Settlement = Data.TaggedEnum<{
+  Defer: { readonly delayMs: number; readonly jitterMs: number; readonly reason: string }
+  Cancel: { readonly reason: string }
+  Fail: {
+    readonly kind: Kind
+    readonly httpStatus: number | undefined
+    readonly retryAfterMs: number | undefined
+    readonly startedAtMs: number
+    readonly durationMs: number
+    readonly responseExcerpt: string | undefined
+  }
+  Deliver: { readonly httpStatus: number | undefined; readonly attempt: AttemptRecord }
+  Send: { readonly request: OutgoingRequest; readonly origin: string }
+}>
+
+export const Settlement = Data.taggedEnum<Settlement>()
+
+/** A settlement the settle path writes (every case but `Send`). */
+export type Settled = Exclude<Settlement, { readonly _tag: "Send" }>
+
+// the constructors, read once (each read of the enum's proxy makes a new one)
+export const { Cancel, Defer, Deliver, Fail, Send } = Settlement
+
+/** A failed attempt without a response. */
+export const failure = (kind: Kind, startedAtMs: number, durationMs: number): Settled =>
+  Fail({ kind, httpStatus: undefined, retryAfterMs: undefined, startedAtMs, durationMs, responseExcerpt: undefined })
+
+// ---------------------------------------------------------------------------------------------
+// The settle path
+
+/** Carry out a settlement. Store failures are logged and leave the row leased (reclaimed after the lease). */
+export const settle = (env: WorkerEnv, row: ClaimedRow, s: Settled): Effect.Effect<void> => {
+  switch (s._tag) {
+    case "Defer":
+      return s.jitterMs > 0
+        ? Effect.flatMap(jitter(s.jitterMs), (j) => deferRow(env, row, s.delayMs + j, s.reason))
+        : deferRow(env, row, s.delayMs, s.reason)
+    case "Cancel":
+      return cancelRow(env, row, s.reason)
+    case "Deliver":
+      return delivered(env, row, s.httpStatus, s.attempt)
+    case "Fail":
+      return s.kind === "gone" ? Effect.flatMap(failed(env, row, s), (dead) => dead ? markGone(env, row) : Effect.void) : Effect.asVoid(failed(env, row, s))
+  }
+}
+
+const jitter = (max: number) => Random.nextIntBetween(0, Math.max(1, max))
+
+const publish = (
+  env: WorkerEnv,
+  row: ClaimedRow,
+  status: AuditEvent["status"],
+  httpStatus: number | undefined,
+  errorKind: string | undefined
+) =>
+  Effect.suspend(() =>
+    env.publisher.publish({
+      deliveryId: row.deliveryId,
+      eventId: row.eventId,
+      ownerDid: row.ownerDid,
+      webhookRkey: row.webhookRkey,
+      did: row.eventDid,
+      collection: row.eventCollection,
+      rkey: row.eventRkey,
+      operation: row.eventOperation,
+      status,
+      httpStatus: httpStatus ?? null,
+      errorKind: errorKind ?? null,
+      url: "[redacted]",
+      time: new Date(env.clock.unsafeCurrentTimeMillis()).toISOString()
+    })
+  )
+
+/** Run a guarded settle; a store failure leaves the row leased (reclaimed after the lease). */
+const guarded = (env: WorkerEnv, eff: Effect.Effect<boolean, StoreError>) =>
+  eff.pipe(
+    Effect.catchAll((e) => Effect.as(logStoreError(env, e), false))
+  )
+
+const deferRow = (env: WorkerEnv, row: ClaimedRow, delayMs: number, reason: string) =>
+  Effect.gen(function* () {
+    yield* guarded(env, env.store.defer(row.deliveryId, row.leaseToken, delayMs))
+    countNotAttempted(reason)
+  })
+
+const cancelRow = (env: WorkerEnv, row: ClaimedRow, reason: string) =>
+  Effect.gen(function* () {
+    const applied = yield* guarded(env, env.store.cancel(row.deliveryId, row.leaseToken, reason))
+    countNotAttempted(reason)
+    if (applied) yield* publish(env, row, "cancelled", undefined, reason)
+  })
+
+const delivered = (
+  env: WorkerEnv,
+  row: ClaimedRow,
+  httpStatus: number | undefined,
+  attempt: AttemptRecord
+) =>
+  Effect.flatMap(
+    guarded(env, env.store.markDelivered(row.deliveryId, row.leaseToken, { attemptCount: row.attemptCount + 1, httpStatus, attempt })),
+    (applied) => {
+      countAttempt(attempt.outcome, "none")
+      return applied ? publish(env, row, "delivered", httpStatus, undefined) : Effect.void
+    }
+  )
+
+/**
+ * A failed attempt: reschedule with backoff while retryable and within budget, else dead-letter.
+ * Answers whether it was dead-lettered.
+ */
+const failed = (env: WorkerEnv, row: ClaimedRow, f: Data.TaggedEnum.Value<Settlement, "Fail">) =>
+  Effect.gen(function* () {
+    const { kind, httpStatus } = f
+    const attemptCount = row.attemptCount + 1
+    const delay = retryableKind(kind) ? yield* nextDelay(env.retryConfig, attemptCount, f.retryAfterMs) : Option.none()
+    const record = (outcome: AttemptRecord["outcome"]): AttemptRecord => ({
+      startedAtMs: f.startedAtMs,
+      durationMs: f.durationMs,
+      outcome,
+      errorKind: kind,
+      httpStatus,
+      responseExcerpt: f.responseExcerpt
+    })
+    if (Option.isSome(delay)) {
+      yield* guarded(
+        env,
+        env.store.reschedule(row.deliveryId, row.leaseToken, {
+          attemptCount,
+          delayMs: Duration.toMillis(delay.value),
+          errorKind: kind,
+          httpStatus,
+          attempt: record("retry")
+        })
+      )
+      countAttempt("retry", kind)
+      return false
+    }
+    const applied = yield* guarded(
+      env,
+      env.store.deadLetter(row.deliveryId, row.leaseToken, {
+        attemptCount,
+        errorKind: kind,
+        httpStatus,
+        attempt: record("dead_letter")
+      })
+    )
+    countAttempt("dead_letter", kind)
+    if (applied) yield* publish(env, row, "dead_letter", httpStatus, kind)
+    return applied
+  })
+
+/** A dead-lettered 410: the registration is marked gone (and dropped from this process's matching). */
+const markGone = (env: WorkerEnv, row: ClaimedRow) =>
+  env.registry.markGone(row.ownerDid, row.webhookRkey, row.fingerprint).pipe(
+    Effect.flatMap((marked) =>
+      marked && Option.isSome(env.memoryRegistry)
+        ? env.memoryRegistry.value.forgetGone(row.ownerDid, row.webhookRkey, row.fingerprint)
+        : Effect.void
+    ),
+    Effect.catchAll((e) => logStoreError(env, e))
+  )

@@ -1,0 +1,247 @@
+/**
+ * The delivery worker's loops (SPEC §4.1, §6.3): the claim loop, LISTEN, stop, and what it reports
+ * (stats and the `delivery` health section).
+ *
+ * Claiming. One loop fiber claims rows in batches. It wakes on `LISTEN firehook_outbox`, on a poll
+ * timer (fallback), at once again after a full batch, and when an attempt finishes while more rows
+ * were left due. It only claims as many rows as it can hold (see Admission).
+ *
+ * Shutdown: stop claiming, hand rows that have not started back at once, wait up to the grace
+ * period for running attempts; then (or when the shutdown deadline interrupts it) interrupt them
+ * (their rows stay leased until the lease expires and another worker reclaims them).
+ *
+ * @since 0.1.0
+ */
+import { Clock, Deferred, Duration, Effect, Either, Fiber, FiberSet, Option, Queue, Stream } from "effect"
+import type { Scope } from "effect"
+import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
+import { type DeliveryCounts, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
+import { exponential } from "../platform/Backoff.js"
+import { type HealthSection, statsSection } from "../platform/Health.js"
+import { heartbeatLoop } from "./Leases.js"
+import { logStoreError } from "./Telemetry.js"
+import type { WorkerEnv } from "./WorkerState.js"
+
+/** Poll fallback when no notification arrives. */
+export const DEFAULT_POLL_INTERVAL_MS = 1_000
+/** Largest claim. */
+export const CLAIM_BATCH_MAX = 256
+/** Minimum time between two claims when the previous one was not full. */
+export const MIN_CLAIM_GAP_MS = 10
+/** LISTEN is confirmed by notifying ourselves up to this many times, this often. */
+export const LISTEN_PROBE_TRIES = 50
+export const LISTEN_PROBE_EVERY = Duration.millis(100)
+
+export interface DeliveryStats {
+  readonly workerId: string
+  /** LISTEN is established (a notification has been received on the current connection) */
+  readonly listening: boolean
+  readonly stopping: boolean
+  /** rows claimed and not yet settled (in flight + waiting for a permit) */
+  readonly held: number
+  readonly inFlight: number
+  readonly openCircuits: number
+  readonly claims: number
+  /** total time spent in claim statements, ms */
+  readonly claimMs: number
+  /** requests sent */
+  readonly attempts: number
+}
+
+// ---------------------------------------------------------------------------------------------
+// The claim loop
+
+export const claimLoop = (env: WorkerEnv) =>
+  Effect.gen(function* () {
+    const state = env.state
+    const { concurrency, maxHeld, minBatch, pollIntervalMs } = env
+    let nextPollAt = 0
+    let lastClaimAt = Number.NEGATIVE_INFINITY
+    let lastFull = false
+    let moreDue = false
+    let failures = 0
+    while (!state.stopping) {
+      const now = yield* Clock.currentTimeMillis
+      const capacity = maxHeld - state.held
+      const due = state.notified || now >= nextPollAt || lastFull || (moreDue && state.freed)
+      const canClaim = capacity > 0 && (capacity >= minBatch || state.held < concurrency)
+      if (due && canClaim) {
+        const gap = lastFull ? 0 : lastClaimAt + MIN_CLAIM_GAP_MS - now
+        if (gap > 0) {
+          yield* Effect.sleep(Duration.millis(gap))
+          continue
+        }
+        state.notified = false
+        state.freed = false
+        const limit = Math.min(capacity, CLAIM_BATCH_MAX)
+        state.claiming = true
+        const result = yield* Effect.either(env.store.claim(env.workerId, limit, env.leaseMs, claimOptions(env)))
+        state.claiming = false
+        const claimedAt = yield* Clock.currentTimeMillis
+        state.claimMs += Math.max(0, claimedAt - now)
+        state.claims++
+        lastClaimAt = claimedAt
+        nextPollAt = claimedAt + pollIntervalMs
+        if (Either.isLeft(result)) {
+          failures++
+          lastFull = false
+          moreDue = false
+          yield* logStoreError(env, result.left)
+          yield* Effect.sleep(exponential(100, 5_000, failures))
+          continue
+        }
+        failures = 0
+        for (const row of result.right.rows) dispatch(env, row, claimedAt)
+        yield* Effect.sync(() => pumpNow(env))
+        lastFull = result.right.rows.length >= limit
+        moreDue = result.right.moreDue
+        if (lastFull) continue
+      }
+      const after = yield* Clock.currentTimeMillis
+      const wait = canClaim ? Math.max(1, nextPollAt - after) : pollIntervalMs
+      yield* Queue.take(env.wake).pipe(Effect.timeoutOption(Duration.millis(wait)))
+    }
+  })
+
+// ---------------------------------------------------------------------------------------------
+// LISTEN
+
+const onNotification = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
+  Effect.gen(function* () {
+    const state = env.state
+    state.notified = true
+    if (!state.listening) {
+      state.listening = true
+      yield* Deferred.succeed(listened, undefined)
+    }
+    yield* Queue.offer(env.wake, undefined)
+  })
+
+/** Notify ourselves until the first notification arrives on this LISTEN session. */
+const probe = (env: WorkerEnv) =>
+  Effect.gen(function* () {
+    for (let i = 0; i < LISTEN_PROBE_TRIES && !env.state.listening; i++) {
+      yield* env.store.notify.pipe(Effect.ignore)
+      yield* Effect.sleep(LISTEN_PROBE_EVERY)
+    }
+  })
+
+export const listenLoop = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
+  Effect.gen(function* () {
+    const state = env.state
+    const notified = onNotification(env, listened)
+    let failures = 0
+    while (!state.stopping) {
+      const session = Effect.scoped(
+        Effect.gen(function* () {
+          yield* Effect.forkScoped(probe(env))
+          yield* env.store.wakeups.pipe(Stream.runForEach(() => notified))
+        })
+      )
+      const result = yield* Effect.either(session)
+      // a session that had worked starts the backoff over
+      failures = state.listening ? 1 : failures + 1
+      state.listening = false
+      if (Either.isLeft(result)) yield* logStoreError(env, result.left)
+      yield* Effect.sleep(exponential(250, 30_000, failures))
+    }
+  })
+
+// ---------------------------------------------------------------------------------------------
+// Start, stop, health
+
+/**
+ * Starts the loops for the lifetime of the scope and answers the worker's stop: stop claiming,
+ * hand back rows not started, wait the grace period, interrupt the rest. Idempotent.
+ */
+export const start = (
+  env: WorkerEnv,
+  options: { readonly listen: boolean; readonly listened: Deferred.Deferred<void> }
+): Effect.Effect<Effect.Effect<void>, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const state = env.state
+    const rows = env.rows
+    const stopped = yield* Deferred.make<void>()
+    const loopFiber = yield* Effect.forkScoped(claimLoop(env))
+    yield* Effect.forkScoped(heartbeatLoop(env))
+    const listenFiber = options.listen ? yield* Effect.forkScoped(listenLoop(env, options.listened)) : undefined
+    // runs first when the scope closes (before the fibers above are interrupted): nothing new
+    // starts, and rows that have not started are handed back
+    yield* Effect.addFinalizer(() =>
+      Effect.zipRight(
+        Effect.sync(() => {
+          state.stopping = true
+        }),
+        releaseWaiting(env)
+      )
+    )
+
+    const stop: Effect.Effect<void> = Effect.suspend(() => {
+      if (state.stopStarted) return Deferred.await(stopped)
+      state.stopStarted = true
+      return Effect.gen(function* () {
+        state.stopping = true
+        // a claim in progress is let finish: its rows are dispatched, see `stopping` and go back
+        if (state.claiming) {
+          yield* Queue.offer(env.wake, undefined)
+          yield* Fiber.await(loopFiber).pipe(Effect.timeoutOption(Duration.sum(STATEMENT_TIMEOUT, Duration.seconds(1))))
+        }
+        yield* Fiber.interrupt(loopFiber)
+        if (listenFiber !== undefined) yield* Fiber.interrupt(listenFiber)
+        // rows waiting for a request slot go back at once
+        yield* releaseWaiting(env)
+        const drained = yield* FiberSet.awaitEmpty(rows).pipe(Effect.timeoutOption(Duration.millis(env.graceMs)))
+        if (Option.isNone(drained)) {
+          yield* Effect.logWarning("delivery grace period over; interrupting running attempts").pipe(
+            Effect.annotateLogs({ inFlight: state.inFlight })
+          )
+          yield* FiberSet.clear(rows)
+        }
+      }).pipe(
+        // the shutdown deadline interrupts the drain: interrupt running attempts too (rows stay leased)
+        Effect.onInterrupt(() => FiberSet.clear(rows)),
+        Effect.ensuring(Deferred.succeed(stopped, undefined))
+      )
+    })
+    return stop
+  })
+
+export const stats = (env: WorkerEnv): Effect.Effect<DeliveryStats> =>
+  Effect.map(Clock.currentTimeMillis, (now): DeliveryStats => {
+    const state = env.state
+    return {
+      workerId: env.workerId,
+      listening: state.listening,
+      stopping: state.stopping,
+      held: state.held,
+      inFlight: state.inFlight,
+      openCircuits: env.breaker.openCount(now),
+      claims: state.claims,
+      claimMs: state.claimMs,
+      attempts: state.attempts
+    }
+  })
+
+const HEALTH_KEYS = ["pending", "leased", "deadLetter", "inFlight", "openCircuits"] as const
+
+/** The `delivery` health section: the backlog counts (the last known ones when a count fails) and the worker's load. */
+export const healthSection = (env: WorkerEnv): Effect.Effect<HealthSection> => {
+  let lastCounts: DeliveryCounts = { pending: 0, leased: 0, deadLetter: 0 }
+  return statsSection(
+    Effect.gen(function* () {
+      // a failed count keeps the last known figures (health never fails because of the backlog)
+      const counts = yield* Effect.option(env.store.counts)
+      if (Option.isSome(counts)) lastCounts = counts.value
+      const now = yield* Clock.currentTimeMillis
+      const c = lastCounts
+      return {
+        pending: c.pending,
+        leased: c.leased,
+        deadLetter: c.deadLetter,
+        inFlight: env.state.inFlight,
+        openCircuits: env.breaker.openCount(now)
+      }
+    }),
+    HEALTH_KEYS
+  )
+}

@@ -1,0 +1,132 @@
+/**
+ * The delivery worker's explicit state: the mutable counters and row maps its parts share, and the
+ * services and settings they read ({@link WorkerEnv}, made once by `Delivery.make` and passed to the
+ * module-level functions of Admission, Leases, Attempt, Settlement and Worker).
+ *
+ * Fibers run one at a time on the JS thread and every mutation of the state is a synchronous step,
+ * so no update can interleave with another.
+ *
+ * @since 0.1.0
+ */
+import type { Clock, Effect, Fiber, FiberSet, Option, Queue, Runtime } from "effect"
+import type { CircuitBreaker } from "./CircuitBreaker.js"
+import type { ClaimedRow, DeliveryStoreShape, SubscriptionKey, SubscriptionSnapshot } from "./DeliveryStore.js"
+import type { Transform } from "./Destinations.js"
+import type { FreshReader } from "./FreshReader.js"
+import type { PublisherShape } from "./Publisher.js"
+import type { RetryConfig } from "./RetryPolicy.js"
+import type { SecretsShape } from "./Secrets.js"
+import type { RegistryShape } from "../registry/Registry.js"
+import type { RegistryStoreShape } from "../registry/RegistryStore.js"
+import type { SafeHttpShape } from "../platform/http/SafeHttp.js"
+import type { StoreError } from "../platform/Persistence.js"
+import type { RateLimitedLog } from "../platform/RateLimitedLog.js"
+
+export interface OriginSlot {
+  /** rows of the origin held (waiting or started) */
+  held: number
+  /** rows of the origin holding a request slot (≤ perOriginConcurrency) */
+  active: number
+}
+
+export interface RowEntry {
+  readonly row: ClaimedRow
+  readonly claimedAtMs: number
+  readonly slot: OriginSlot
+  /** last successful lease renewal (the claim counts as one) */
+  renewedAt: number
+  /** has a request slot and runs the attempt (so an interruption must not hand the row back) */
+  started: boolean
+  /** settling (or given up): the heartbeat no longer renews it */
+  settling: boolean
+  fiber: Fiber.RuntimeFiber<void, never> | undefined
+}
+
+/** Mutable worker state. */
+export interface WorkerState {
+  stopping: boolean
+  stopStarted: boolean
+  /** a claim statement is running (stop lets it finish so its rows can be handed back) */
+  claiming: boolean
+  held: number
+  inFlight: number
+  notified: boolean
+  freed: boolean
+  listening: boolean
+  claims: number
+  claimMs: number
+  attempts: number
+  /** origin slots: only origins with claimed rows (bounded by the number of held rows) */
+  readonly origins: Map<string, OriginSlot>
+  /** held rows by lease token */
+  readonly entries: Map<string, RowEntry>
+  /** held rows not started yet, in claim order */
+  readonly waiting: Array<RowEntry>
+}
+
+export const makeState = (): WorkerState => ({
+  stopping: false,
+  stopStarted: false,
+  claiming: false,
+  held: 0,
+  inFlight: 0,
+  notified: false,
+  freed: false,
+  listening: false,
+  claims: 0,
+  claimMs: 0,
+  attempts: 0,
+  origins: new Map(),
+  entries: new Map(),
+  waiting: []
+})
+
+/** The services, settings and state of one worker. */
+export interface WorkerEnv {
+  readonly state: WorkerState
+  readonly workerId: string
+  readonly leaseMs: number
+  readonly pollIntervalMs: number
+  readonly graceMs: number
+  readonly scanningDeferMs: number
+  readonly snapshotMaxAgeMs: number
+  /** request slots */
+  readonly concurrency: number
+  /** request slots per origin */
+  readonly perOrigin: number
+  /** rows held per process at most */
+  readonly maxHeld: number
+  /** rows of one origin held per process at most */
+  readonly perOriginHold: number
+  /** while every request slot is busy, claim only in batches of at least this many rows */
+  readonly minBatch: number
+  /** the request timeout, ms */
+  readonly timeoutMs: number
+  readonly retryConfig: RetryConfig
+  readonly breaker: CircuitBreaker
+  readonly store: DeliveryStoreShape
+  readonly registry: RegistryStoreShape
+  /**
+   * the in-memory registry of this process, when it has one (the service does; a worker embedded
+   * on its own may not): a 410 drops the registration from matching as well as marking it gone
+   */
+  readonly memoryRegistry: Option.Option<RegistryShape>
+  readonly secrets: SecretsShape
+  readonly http: SafeHttpShape
+  readonly publisher: PublisherShape
+  /** the per-attempt subscription check (concurrent attempts share one query) */
+  readonly subscriptions: FreshReader<SubscriptionKey, SubscriptionSnapshot, StoreError>
+  /** the destination transform of a URL (memoised), undefined when it has none */
+  readonly transformFor: (url: string) => Transform | undefined
+  readonly clock: Clock.Clock
+  /** recurring problems are logged at most once a minute per key */
+  readonly log: RateLimitedLog
+  /** wakes the claim loop */
+  readonly wake: Queue.Queue<void>
+  /** the fibers of started rows (and rows being handed back) */
+  readonly rows: FiberSet.FiberSet<void, never>
+  /** forks a row's fiber into `rows` synchronously (no Effect steps in the caller) */
+  readonly runInRows: (effect: Effect.Effect<void>, options?: Runtime.RunForkOptions) => Fiber.RuntimeFiber<void, never>
+  /** one span per attempt (a tracer other than Effect's built-in one is installed) */
+  readonly traced: boolean
+}
