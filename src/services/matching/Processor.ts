@@ -24,8 +24,9 @@ import { Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue }
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import { FirehookConfig } from "../platform/Config.js"
-import { Health } from "../platform/Health.js"
-import { labelledCounter } from "../platform/Metrics.js"
+import { Health, statsSection } from "../platform/Health.js"
+import { labelledCounterFamily } from "../platform/Metrics.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import * as Outbox from "./Outbox.js"
 import type { CursorWrite } from "../intake/CursorStore.js"
 import { PriorRefsStore } from "./PriorRefsStore.js"
@@ -89,21 +90,8 @@ const priorRefsRefusedMetric = Metric.counter("firehook_prior_refs_refused_total
 const EVENTS_QUARANTINED = { description: "Events quarantined, by reason" }
 
 /** labelled counters, created once (building a tagged key per event is measurable on the hot path) */
-const memo = <K extends string, A>(make: (k: K) => A) => {
-  const cache = new Map<K, A>()
-  return (k: K): A => {
-    let v = cache.get(k)
-    if (v === undefined) {
-      v = make(k)
-      cache.set(k, v)
-    }
-    return v
-  }
-}
-const processedBy = memo((outcome: string) => labelledCounter("firehook_events_processed_total", EVENTS_PROCESSED, { outcome }))
-const quarantinedBy = memo((reason: string) =>
-  labelledCounter("firehook_events_quarantined_total", EVENTS_QUARANTINED, { reason })
-)
+const processedBy = labelledCounterFamily("firehook_events_processed_total", EVENTS_PROCESSED)
+const quarantinedBy = labelledCounterFamily("firehook_events_quarantined_total", EVENTS_QUARANTINED)
 
 const emptyKeys: ReadonlySet<string> = new Set()
 
@@ -135,7 +123,8 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     const priorIndex = new PriorRefIndex(yield* priorStore.keys(priorLimits.maxRows + 1), priorLimits.maxRows)
     let tooComplex = 0
     let refused = 0
-    let lastRefusalWarning = Number.NEGATIVE_INFINITY
+    // the table-full warning, at most once a minute
+    const refusalLog = RateLimitedLog.make()
     const planContext: PlanContext = {
       registry,
       index,
@@ -206,15 +195,13 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         yield* Metric.incrementBy(tooComplexMetric, batchTooComplex)
         yield* Metric.incrementBy(Outbox.metrics.inserted, inserted)
         yield* Metric.incrementBy(Outbox.metrics.duplicates, duplicates)
-        for (const [reason, n] of byReason) yield* Metric.incrementBy(quarantinedBy(reason), n)
-        for (const [outcome, n] of byOutcome) yield* Metric.incrementBy(processedBy(outcome), n)
+        for (const [reason, n] of byReason) yield* Metric.incrementBy(quarantinedBy({ reason }), n)
+        for (const [outcome, n] of byOutcome) yield* Metric.incrementBy(processedBy({ outcome }), n)
         if (batchRefused > 0) {
           yield* Metric.incrementBy(priorRefsRefusedMetric, batchRefused)
-          const now = yield* Effect.clockWith((c) => c.currentTimeMillis)
-          if (now - lastRefusalWarning >= 60_000) {
-            lastRefusalWarning = now
-            yield* Effect.logWarning("prior-reference table full: new keys refused").pipe(Effect.annotateLogs({ refused }))
-          }
+          yield* refusalLog.run("refused", () =>
+            Effect.logWarning("prior-reference table full: new keys refused").pipe(Effect.annotateLogs({ refused }))
+          )
         }
       })
 
@@ -329,15 +316,7 @@ export const layer = (priorLimits?: Partial<PriorRefLimits>) =>
       if (Option.isSome(health)) {
         yield* health.value.register(
           "matching",
-          Effect.map(processor.stats, (s) => ({
-            ready: true,
-            body: {
-              tooComplex: s.tooComplex,
-              priorRefsRefused: s.priorRefsRefused,
-              priorRefKeys: s.priorRefKeys,
-              priorRefIndexComplete: s.priorRefIndexComplete
-            }
-          }))
+          statsSection(processor.stats, ["tooComplex", "priorRefsRefused", "priorRefKeys", "priorRefIndexComplete"])
         )
       }
       return processor
