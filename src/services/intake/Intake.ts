@@ -28,7 +28,7 @@ import { runAsLeader } from "../platform/Leader.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
-import { Registry } from "../registry/Registry.js"
+import { admissionSection, Registry } from "../registry/Registry.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import { runJetstream as runJetstreamStreams } from "./JetstreamPlan.js"
 import { canonicalRelay, relayItem, withOpened } from "./Sources.js"
@@ -39,7 +39,7 @@ import { makeStreamRunner } from "./StreamRunner.js"
 // the stream, its reader, batcher and loop, the sources and the Jetstream plan live in their own
 // modules (this one composes them); their names stay exported from here
 export type { FailureKind, IntakeTuning, SourceItem, StreamRunner, StreamSpec, StreamState } from "./StreamModel.js"
-export { defaultTuning, tuningFromConfig } from "./StreamModel.js"
+export { defaultTuning, FAILURE_KINDS, tuningFromConfig } from "./StreamModel.js"
 export { fullJitter, makeStreamRunner } from "./StreamRunner.js"
 export { canonicalRelay, jetstreamItem, relayItem, withOpened } from "./Sources.js"
 export { DIRECT_REPLAY_MAX_EXTRA, directReplayFrom } from "./JetstreamPlan.js"
@@ -181,12 +181,7 @@ export const healthSection = (
         progressing: r === "standby" ? true : progressing,
         queued,
         streams: perStream,
-        admission: {
-          rejectedTotal: reg.rejected["total"] ?? 0,
-          rejectedOwner: reg.rejected["owner"] ?? 0,
-          rejectedDirectDids: reg.rejected["direct_dids"] ?? 0,
-          rejectedBacklinkDids: reg.rejected["backlink_dids"] ?? 0
-        }
+        admission: admissionSection(reg.rejected)
       }
     }
   })

@@ -23,7 +23,9 @@ export type SourceItem =
   /** a relay error frame (`FutureCursor`, `ConsumerTooSlow`, …) */
   | { readonly _tag: "relay_error"; readonly error: string }
 
-export type FailureKind = "protocol" | "queue" | "handler" | "connect"
+/** why a stream failed, as its health reports it */
+export const FAILURE_KINDS = ["protocol", "queue", "handler", "connect"] as const
+export type FailureKind = (typeof FAILURE_KINDS)[number]
 
 export interface StreamSpec {
   readonly name: string

@@ -5,7 +5,9 @@
  * failure, a slower one after a poison frame, at once after a full queue or a restart. A crash of
  * the loop restarts it.
  */
-import { Cause, Clock, Deferred, Duration, Effect, Metric, Random, Ref, Schedule } from "effect"
+import { Cause, Deferred, Duration, Effect, Metric, Ref, Schedule } from "effect"
+import * as Backoff from "../platform/Backoff.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { CursorStore } from "./CursorStore.js"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
@@ -23,12 +25,8 @@ import {
   type StreamState
 } from "./StreamModel.js"
 
-/** Full jitter: a uniform random delay in [0, min(cap, base · 2^n)]. */
-export const fullJitter = (base: Duration.Duration, cap: Duration.Duration, n: number) =>
-  Effect.map(Random.next, (r) => {
-    const ceiling = Math.min(Duration.toMillis(cap), Duration.toMillis(base) * 2 ** Math.min(n, 30))
-    return Duration.millis(Math.floor(r * ceiling))
-  })
+/** Full jitter: a uniform random delay in [0, min(cap, base · 2^n)] (the one of `Backoff`). */
+export const fullJitter = Backoff.fullJitter
 
 /**
  * Where a session connects: live after a `FutureCursor`; without a durable cursor, `override` or
@@ -171,14 +169,10 @@ export const makeStreamRunner = (
     const state = yield* Ref.make<StreamState>(initialState)
     const restartSignal = yield* Ref.make<Deferred.Deferred<bigint | undefined>>(yield* Deferred.make<bigint | undefined>())
     const stopped = yield* Deferred.make<void>()
-    let lastLogAt = Number.NEGATIVE_INFINITY
+    // one limit for all of this stream's warnings: at most one a minute, whichever it is
+    const limiter = RateLimitedLog.make()
     const logLimited = (message: string, annotations: Record<string, unknown>) =>
-      Effect.gen(function* () {
-        const now = yield* Clock.currentTimeMillis
-        if (now - lastLogAt < 60_000) return
-        lastLogAt = now
-        yield* Effect.logWarning(message).pipe(Effect.annotateLogs({ stream: spec.name, ...annotations }))
-      })
+      limiter.run("stream", () => Effect.logWarning(message).pipe(Effect.annotateLogs({ stream: spec.name, ...annotations })))
     const ctx: StreamContext = {
       spec,
       tuning,
