@@ -22,7 +22,7 @@ import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION, type WhRecord } from "../../schemas/WhRecord.js"
 import { FirehookConfig } from "../platform/Config.js"
-import { Health } from "../platform/Health.js"
+import { Health, statsSection } from "../platform/Health.js"
 import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
 import type { StoreError } from "../platform/Persistence.js"
 
@@ -314,6 +314,14 @@ export const make = Effect.gen(function* () {
 
 export const isWhEvent = (e: RecordEvent): boolean => e.collection === WH_COLLECTION
 
+/** The admission part of a health section (the registry's, the intake's): rejections by limit. */
+export const admissionSection = (rejected: { readonly [K in AdmissionLimit]?: number }) => ({
+  rejectedTotal: rejected.total ?? 0,
+  rejectedOwner: rejected.owner ?? 0,
+  rejectedDirectDids: rejected.direct_dids ?? 0,
+  rejectedBacklinkDids: rejected.backlink_dids ?? 0
+})
+
 /** The registry, loaded, with its health section. */
 export const layer = Layer.scoped(
   Registry,
@@ -324,23 +332,10 @@ export const layer = Layer.scoped(
     if (Option.isSome(health)) {
       yield* health.value.register(
         "registry",
-        Effect.map(registry.stats, (s) => ({
-          ready: true,
-          body: {
-            active: s.active,
-            owners: s.owners,
-            directDids: s.directDids,
-            backlinkDids: s.backlinkDids,
-            notLoaded: s.notLoaded,
-            invalidRecords: s.invalidRecords,
-            admission: {
-              rejectedTotal: s.rejected.total,
-              rejectedOwner: s.rejected.owner,
-              rejectedDirectDids: s.rejected.direct_dids,
-              rejectedBacklinkDids: s.rejected.backlink_dids
-            }
-          }
-        }))
+        statsSection(
+          Effect.map(registry.stats, (s) => ({ ...s, admission: admissionSection(s.rejected) })),
+          ["active", "owners", "directDids", "backlinkDids", "notLoaded", "invalidRecords", "admission"]
+        )
       )
     }
     return registry

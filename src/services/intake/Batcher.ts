@@ -1,0 +1,142 @@
+/**
+ * The batcher of a session: takes the session's queue in order and commits its events in batches
+ * (≤ batch limit) through `Processor.processEvents`, the cursor write last in the batch's
+ * transaction; a failing batch is retried in place. A poison frame commits what came before it and
+ * quarantines the stream; a relay error frame ends the session. Only after a commit does the
+ * in-memory cursor move.
+ */
+import { Clock, Duration, Effect, Either, Metric, Queue, Ref } from "effect"
+import type { StreamEvent } from "../../schemas/RecordEvent.js"
+import { sha256Hex } from "../matching/Canonical.js"
+import { metrics, type SessionEnd, type StreamContext } from "./StreamModel.js"
+import { type SessionQueue, weightOf } from "./StreamReader.js"
+
+/** commit one batch (with in-place retries); returns false when the stream must fail */
+export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, cursor: bigint | undefined) => {
+  const { spec, tuning, state, tagged, onIdentity } = ctx
+  return Effect.gen(function* () {
+    const toProcess = spec.skip === undefined ? events : events.filter((e) => !spec.skip?.(e))
+    const start = yield* Clock.currentTimeMillis
+    // the cursor write, as an effect and as data (a batch written by one statement includes it)
+    const attempt = ctx.processor.processEvents(
+      toProcess,
+      cursor === undefined
+        ? { registryWriter: spec.registryWriter }
+        : {
+            registryWriter: spec.registryWriter,
+            finalize: ctx.cursors.save(spec.name, spec.relay, cursor),
+            cursor: { stream: spec.name, relay: spec.relay, cursor }
+          }
+    )
+    let result = yield* Effect.either(attempt)
+    for (let n = 1; n < tuning.batchAttempts && Either.isLeft(result); n++) {
+      yield* Metric.increment(tagged.batchRetries)
+      yield* Effect.sleep(Duration.times(tuning.batchRetryBase, n))
+      result = yield* Effect.either(attempt)
+    }
+    if (Either.isLeft(result)) {
+      yield* ctx.logLimited("batch failed after retries; reconnecting from the durable cursor", {
+        code: result.left.code,
+        op: result.left.op
+      })
+      return false
+    }
+    const now = yield* Clock.currentTimeMillis
+    yield* Metric.update(metrics.batchCommit, now - start)
+    let lastTime: number | undefined
+    for (const e of events) {
+      lastTime = e.timeUs
+      if (onIdentity !== undefined && (e.kind === "identity" || e.kind === "account")) yield* onIdentity(e.did)
+    }
+    yield* Ref.update(state, (s) => ({
+      ...s,
+      durableCursor: cursor === undefined ? s.durableCursor : s.durableCursor === undefined || cursor > s.durableCursor ? cursor : s.durableCursor,
+      position: cursor ?? s.position,
+      lastAckAt: now,
+      lastEventTimeUs: lastTime ?? s.lastEventTimeUs,
+      batches: s.batches + 1
+    }))
+    yield* Metric.incrementBy(tagged.events, events.length)
+    yield* Metric.increment(tagged.batches)
+    if (lastTime !== undefined) {
+      yield* Metric.set(tagged.lag, Math.max(0, now / 1000 - lastTime / 1_000_000))
+    }
+    return true
+  })
+}
+
+/** Commit the session's queue in batches until its end; returns why the session ended. */
+export const runBatcher = (ctx: StreamContext, sq: SessionQueue): Effect.Effect<SessionEnd> => {
+  const { spec, tuning, state } = ctx
+  // events are committed in order; a frame's events may span batches
+  let pending: Array<StreamEvent> = []
+  let pendingCursor: bigint | undefined
+  let lastFullCursor: bigint | undefined
+  const flush = Effect.gen(function* () {
+    while (pending.length > 0) {
+      const batch = pending.slice(0, tuning.batchMax)
+      const rest = pending.slice(tuning.batchMax)
+      const cursorForBatch = rest.length === 0 ? pendingCursor : lastFullCursor
+      const ok = yield* commit(ctx, batch, cursorForBatch)
+      if (!ok) return false
+      yield* Ref.update(state, (s) => ({ ...s, queued: Math.max(0, s.queued - batch.length) }))
+      pending = rest
+      if (rest.length === 0) lastFullCursor = pendingCursor
+    }
+    return true
+  })
+  return Effect.gen(function* () {
+    for (;;) {
+      const items = yield* Queue.takeBetween(sq.queue, 1, tuning.batchMax)
+      let end: SessionEnd | undefined
+      for (const item of items) {
+        if (item._tag === "events") {
+          // the frame leaves the queue's bound as it joins the batch
+          sq.weight -= weightOf(item)
+          for (const e of item.events) pending.push(e)
+          pendingCursor = item.cursor
+          if (item.events.length === 0 && pending.length === 0) lastFullCursor = item.cursor
+          if (pending.length >= tuning.batchMax) {
+            if (!(yield* flush)) return { kind: "handler" } satisfies SessionEnd
+          }
+        } else if (item._tag === "poison") {
+          if (!(yield* flush)) return { kind: "handler" } satisfies SessionEnd
+          yield* ctx.outboxStore
+            .insertQuarantine([
+              {
+                stream: spec.name,
+                relay: spec.relay,
+                reason: "protocol",
+                eventHash: sha256Hex(`${spec.name}|${spec.relay}|${String(lastFullCursor ?? "")}|${item.reason}`),
+                cursor: lastFullCursor
+              }
+            ])
+            .pipe(Effect.ignore)
+          yield* Metric.increment(ctx.tagged.quarantines)
+          yield* ctx.logLimited("poison frame: stream quarantined", { reason: item.reason })
+          return { kind: "protocol" } satisfies SessionEnd
+        } else if (item._tag === "opened") {
+          continue
+        } else if (item._tag === "relay_error") {
+          if (!(yield* flush)) return { kind: "handler" } satisfies SessionEnd
+          yield* ctx.logLimited("relay error frame", { error: item.error })
+          return item.error === "FutureCursor"
+            ? ({ kind: "protocol", cursorOverride: -1n } satisfies SessionEnd)
+            : ({ kind: "closed" } satisfies SessionEnd)
+        } else {
+          end = item.end
+        }
+      }
+      // commit whatever is pending: events that arrived during the last commit form this batch
+      if (!(yield* flush)) return { kind: "handler" } satisfies SessionEnd
+      // frames with no events still advance the cursor
+      if (pending.length === 0 && lastFullCursor !== undefined) {
+        const durable = (yield* Ref.get(state)).durableCursor
+        if (durable === undefined || lastFullCursor > durable) {
+          if (!(yield* commit(ctx, [], lastFullCursor))) return { kind: "handler" } satisfies SessionEnd
+        }
+      }
+      if (end !== undefined) return end
+    }
+  })
+}

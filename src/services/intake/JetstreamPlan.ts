@@ -1,0 +1,240 @@
+/**
+ * The Jetstream plan (SPEC §3.1): three streams and their filters, `registry` (wh records, from
+ * cursor 0 on first start, the only registry writer), `direct` (wantedDids = owners ∪ scope DIDs)
+ * and `backlink` (whole network, only while backlink scopes exist); and the reconfiguration loop
+ * that follows registry changes (coalesced): the direct stream runs only while the direct set is
+ * non-empty and reconnects when it changes, replaying for added DIDs from the replay point
+ * ({@link directReplayFrom}); the backlink stream runs only while backlink scopes exist.
+ */
+import { Duration, Effect, Fiber, Ref, Stream } from "effect"
+import { WH_COLLECTION } from "../../schemas/WhRecord.js"
+import type { WebhookIndex } from "../matching/WebhookIndex.js"
+import * as FirehoseSource from "./FirehoseSource.js"
+import { canonicalRelay, jetstreamItem, withOpened } from "./Sources.js"
+import type { StreamRunner, StreamSpec } from "./StreamModel.js"
+
+/** How much further back than the registry mark the direct stream may replay for a lagging backlink stream. */
+export const DIRECT_REPLAY_MAX_EXTRA = 300_000_000n
+
+/** 2 s of Jetstream `time_us`: the rewind of a loaded cursor, and the replay margin */
+const TWO_SECONDS = 2_000_000n
+
+/**
+ * Where the direct stream replays from after DIDs joined the direct set (Jetstream, `time_us`): the
+ * registry stream's position at the previous check (every DID added since was registered by a later
+ * registry event) and the backlink stream's committed position then (from there on it skipped the
+ * new DIDs' events, as they were in the direct set when it committed), whichever is earlier, less
+ * `margin`; but at most `maxExtra` before the registry mark (a backlink stream far behind would
+ * otherwise replay hours), and never below 0.
+ */
+export const directReplayFrom = (
+  registryMark: bigint,
+  backlinkMark: bigint | undefined,
+  margin: bigint,
+  maxExtra: bigint
+): bigint => {
+  const base = registryMark - margin
+  const lagging = backlinkMark === undefined ? base : backlinkMark - margin
+  const floor = base - maxExtra
+  const from = lagging < base ? (lagging < floor ? floor : lagging) : base
+  return from < 0n ? 0n : from
+}
+
+/**
+ * What the direct stream does when the direct set changed from `known` to `next`: nothing over its
+ * limit (the previous plan stays); stop when it empties, start when it fills; reconnect replaying
+ * (from {@link directReplayFrom}) when DIDs were added, or from its own position when some only left.
+ */
+export type DirectStep =
+  | { readonly _tag: "over_limit" }
+  | { readonly _tag: "stop" }
+  | { readonly _tag: "start" }
+  | { readonly _tag: "replay" }
+  | { readonly _tag: "restart" }
+  | { readonly _tag: "keep" }
+
+export const directStep = (
+  known: ReadonlySet<string>,
+  next: ReadonlySet<string>,
+  running: boolean,
+  max: number
+): DirectStep => {
+  if (next.size > max) return { _tag: "over_limit" }
+  if (next.size === 0 && running) return { _tag: "stop" }
+  if (next.size > 0 && !running) return { _tag: "start" }
+  for (const d of next) if (!known.has(d)) return { _tag: "replay" }
+  if (known.size !== next.size) return { _tag: "restart" }
+  return { _tag: "keep" }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The streams and their filters
+
+export interface JetstreamOptions {
+  readonly url: string
+  /** the source options every connection shares */
+  readonly common: { readonly maxBytes: number; readonly connectTimeoutMs: number; readonly allowInsecure: boolean }
+  readonly index: WebhookIndex
+  readonly directDidsMax: number
+  readonly reconfigureDelay: Duration.Duration
+  readonly makeRunner: (spec: StreamSpec) => Effect.Effect<StreamRunner>
+  /** run a stream (listed while it runs) */
+  readonly start: (r: StreamRunner, from: bigint | undefined) => Effect.Effect<never>
+}
+
+interface Filters {
+  readonly wantedCollections?: ReadonlyArray<string>
+  readonly wantedDids?: () => ReadonlyArray<string>
+}
+
+/** A connection of the stream `name` with `filters` (the direct set is read at each connect). */
+const jetstreamConnect = (o: JetstreamOptions, relay: string, name: string, filters: Filters) =>
+  (cursor: bigint | undefined) =>
+    withOpened(
+      Effect.suspend(() =>
+        FirehoseSource.openJetstream({
+          ...o.common,
+          url: o.url,
+          cursor,
+          stream: name,
+          relay,
+          // a filtered stream (registry: wh records only; direct: a few DIDs) can be quiet for
+          // hours, and each idle reconnect would replay from its last event: only the
+          // unfiltered backlink stream has the idle watchdog
+          ...(filters.wantedCollections === undefined && filters.wantedDids === undefined ? {} : { idleTimeoutMs: 0 }),
+          ...(filters.wantedCollections === undefined ? {} : { wantedCollections: filters.wantedCollections }),
+          ...(filters.wantedDids === undefined ? {} : { wantedDids: filters.wantedDids() })
+        })
+      ).pipe(Effect.map((c) => c.frames.pipe(Stream.map(jetstreamItem))))
+    )
+
+/** The three streams' specs. */
+export const jetstreamSpecs = (o: JetstreamOptions) => {
+  const relay = canonicalRelay(o.url)
+  const index = o.index
+  const sortedWanted = () => [...index.wantedDids()].sort()
+  const registry: StreamSpec = {
+    name: "registry",
+    relay,
+    registryWriter: true,
+    initialCursor: 0n,
+    rewind: TWO_SECONDS,
+    cursorIsTime: true,
+    connect: jetstreamConnect(o, relay, "registry", { wantedCollections: [WH_COLLECTION] })
+  }
+  const direct: StreamSpec = {
+    name: "direct",
+    relay,
+    registryWriter: false,
+    // never run before: every registered DID may have events since its registration, which
+    // lies somewhere in the retained window (its exact source time is not stored)
+    initialCursor: 0n,
+    rewind: TWO_SECONDS,
+    cursorIsTime: true,
+    connect: jetstreamConnect(o, relay, "direct", { wantedDids: sortedWanted }),
+    skip: (e) => e.kind === "commit" && e.collection === WH_COLLECTION
+  }
+  const backlink: StreamSpec = {
+    name: "backlink",
+    relay,
+    registryWriter: false,
+    initialCursor: undefined,
+    rewind: TWO_SECONDS,
+    cursorIsTime: true,
+    connect: jetstreamConnect(o, relay, "backlink", {}),
+    // events from the direct set and wh records are handled by the other streams
+    skip: (e) => e.kind !== "commit" || e.collection === WH_COLLECTION || index.wantedDids().has(e.did)
+  }
+  return { registry, direct, backlink }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reconfiguration
+
+/**
+ * Follow the registry: every `reconfigureDelay`, start, stop or reconnect the direct and backlink
+ * streams (see {@link directStep}); in the caller's scope, for ever.
+ */
+const reconfigure = (o: JetstreamOptions, registryRunner: StreamRunner, directRunner: StreamRunner, backlinkSpec: StreamSpec) =>
+  Effect.gen(function* () {
+    const index = o.index
+    let directFiber: Fiber.RuntimeFiber<never> | undefined
+    let backlinkFiber: Fiber.RuntimeFiber<never> | undefined
+    let wantedVersion = -1
+    let known: ReadonlySet<string> = new Set<string>()
+    let first = true
+    // the registry stream's position at the previous check: every DID added since was
+    // registered by a later registry event, so replaying from it (− 2 s) misses nothing
+    const registryMark = Effect.map(Ref.get(registryRunner.state), (st) =>
+      st.lastEventTimeUs !== undefined ? BigInt(st.lastEventTimeUs) : (st.durableCursor ?? 0n)
+    )
+    let prevMark = 0n
+    // the backlink stream's committed position at the previous check: it skips the events of
+    // DIDs in the direct set as the set is when it commits, so a DID added since was skipped
+    // from about there on, and the direct stream must replay from there too
+    let backlinkRunner: StreamRunner | undefined
+    let prevBacklinkMark: bigint | undefined
+    for (;;) {
+      const markNow = yield* registryMark
+      const backlinkNow = backlinkRunner === undefined
+        ? undefined
+        : yield* Effect.map(Ref.get(backlinkRunner.state), (st) => st.position ?? st.durableCursor)
+      const replayFrom = first ? undefined : directReplayFrom(prevMark, prevBacklinkMark, TWO_SECONDS, DIRECT_REPLAY_MAX_EXTRA)
+      const wanted = index.wantedDids()
+      if (index.wantedDidsVersion !== wantedVersion) {
+        wantedVersion = index.wantedDidsVersion
+        const next = new Set(wanted)
+        const step = directStep(known, next, directFiber !== undefined, o.directDidsMax)
+        switch (step._tag) {
+          case "over_limit":
+            yield* Effect.logWarning("direct set over its limit; keeping the previous plan")
+            break
+          case "stop":
+            if (directFiber !== undefined) yield* Fiber.interrupt(directFiber)
+            directFiber = undefined
+            break
+          case "start":
+            directFiber = yield* Effect.forkScoped(o.start(directRunner, replayFrom))
+            break
+          case "replay":
+            yield* directRunner.restart(replayFrom)
+            break
+          case "restart":
+            yield* directRunner.restart(undefined)
+            break
+          case "keep":
+            break
+        }
+        if (step._tag !== "over_limit") known = next
+      }
+      first = false
+      prevMark = markNow
+      prevBacklinkMark = backlinkNow
+      const wantBacklink = index.backlinkDids().size > 0
+      if (wantBacklink && backlinkFiber === undefined) {
+        const r = yield* o.makeRunner(backlinkSpec)
+        backlinkRunner = r
+        backlinkFiber = yield* Effect.forkScoped(o.start(r, undefined))
+      } else if (!wantBacklink && backlinkFiber !== undefined) {
+        yield* Fiber.interrupt(backlinkFiber)
+        backlinkFiber = undefined
+        backlinkRunner = undefined
+      }
+      yield* Effect.sleep(o.reconfigureDelay)
+    }
+  })
+
+/** Run the Jetstream streams: the registry stream always, the others as the registry asks. */
+export const runJetstream = (o: JetstreamOptions) =>
+  Effect.gen(function* () {
+    const specs = jetstreamSpecs(o)
+    const registryRunner = yield* o.makeRunner(specs.registry)
+    const directRunner = yield* o.makeRunner(specs.direct)
+    yield* Effect.scoped(
+      Effect.gen(function* () {
+        yield* Effect.forkScoped(o.start(registryRunner, undefined))
+        return yield* reconfigure(o, registryRunner, directRunner, specs.backlink)
+      })
+    )
+    return yield* Effect.never
+  })

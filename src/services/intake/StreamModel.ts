@@ -1,0 +1,187 @@
+/**
+ * One intake stream, as data: what a session reads (source items, whatever the wire format), the
+ * stream's specification and state, its tuning, its metrics, and the context its reader, batcher
+ * and loop share (see `StreamRunner`).
+ */
+import { Deferred, Duration, Effect, Metric, MetricBoundaries, Ref, Stream } from "effect"
+import type { StreamEvent } from "../../schemas/RecordEvent.js"
+import type { FirehookConfigShape } from "../platform/Config.js"
+import { labelledCounter, labelledGauge } from "../platform/Metrics.js"
+import type { CursorStoreShape } from "./CursorStore.js"
+import type * as FirehoseSource from "./FirehoseSource.js"
+import type * as Outbox from "../matching/Outbox.js"
+import type { ProcessorShape } from "../matching/Processor.js"
+
+// ---------------------------------------------------------------------------------------------
+// Source items: what a session reads, whatever the wire format
+
+export type SourceItem =
+  /** the socket is open (and the hello sent) */
+  | { readonly _tag: "opened" }
+  | { readonly _tag: "events"; readonly events: ReadonlyArray<StreamEvent>; readonly cursor: bigint }
+  | { readonly _tag: "poison"; readonly reason: string }
+  /** a relay error frame (`FutureCursor`, `ConsumerTooSlow`, …) */
+  | { readonly _tag: "relay_error"; readonly error: string }
+
+/** why a stream failed, as its health reports it */
+export const FAILURE_KINDS = ["protocol", "queue", "handler", "connect"] as const
+export type FailureKind = (typeof FAILURE_KINDS)[number]
+
+export interface StreamSpec {
+  readonly name: string
+  /** canonical relay URL: the cursor key and part of every event id */
+  readonly relay: string
+  readonly registryWriter: boolean
+  /** cursor to use when none is stored (undefined = live) */
+  readonly initialCursor: bigint | undefined
+  /** subtracted from a cursor loaded from the database (2 s of time_us, or a few seqs) */
+  readonly rewind: bigint
+  /** whether cursors are microsecond times (for lag and cursor age) */
+  readonly cursorIsTime: boolean
+  readonly connect: (cursor: bigint | undefined) => Stream.Stream<SourceItem, FirehoseSource.SourceError>
+  /** events of this stream that another stream handles (skipped before processing) */
+  readonly skip?: (e: StreamEvent) => boolean
+}
+
+export interface StreamState {
+  readonly connected: boolean
+  readonly quarantined: boolean
+  readonly failureKind: FailureKind | undefined
+  readonly queued: number
+  readonly durableCursor: bigint | undefined
+  /** the cursor of the last batch this process committed (may be below a loaded cursor while replaying) */
+  readonly position: bigint | undefined
+  /** Clock millis of the last durable ack */
+  readonly lastAckAt: number | undefined
+  /** source time (µs) of the last committed event */
+  readonly lastEventTimeUs: number | undefined
+  readonly reconnects: number
+  readonly batches: number
+}
+
+export const initialState: StreamState = {
+  connected: false,
+  quarantined: false,
+  failureKind: undefined,
+  queued: 0,
+  durableCursor: undefined,
+  position: undefined,
+  lastAckAt: undefined,
+  lastEventTimeUs: undefined,
+  reconnects: 0,
+  batches: 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tuning
+
+export interface IntakeTuning {
+  readonly queueMax: number
+  readonly batchMax: number
+  readonly batchAttempts: number
+  readonly batchRetryBase: Duration.Duration
+  readonly backoffBase: Duration.Duration
+  readonly backoffCap: Duration.Duration
+  /** minimum wait after a poison frame */
+  readonly poisonBackoff: Duration.Duration
+}
+
+export const defaultTuning = (queueMax: number, batchMax: number): IntakeTuning => ({
+  queueMax,
+  batchMax,
+  batchAttempts: 3,
+  batchRetryBase: Duration.millis(250),
+  backoffBase: Duration.seconds(1),
+  backoffCap: Duration.minutes(5),
+  poisonBackoff: Duration.seconds(10)
+})
+
+/**
+ * The tuning of a configuration (`WEBHOOK_INTAKE_*`; their defaults are those of
+ * {@link defaultTuning}, SPEC §3.3).
+ */
+export const tuningFromConfig = (intake: FirehookConfigShape["intake"]): IntakeTuning => ({
+  queueMax: intake.queueMax,
+  batchMax: intake.batchMax,
+  batchAttempts: intake.batchAttempts,
+  batchRetryBase: Duration.millis(intake.batchRetryBaseMs),
+  backoffBase: Duration.millis(intake.backoffBaseMs),
+  backoffCap: Duration.millis(intake.backoffMaxMs),
+  poisonBackoff: Duration.millis(intake.poisonBackoffMs)
+})
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+const METRIC_OPTIONS = {
+  events: { description: "Events committed by intake" },
+  batches: { description: "Batches committed by intake" },
+  batchRetries: { description: "In-place batch retries" },
+  quarantines: { description: "Streams quarantined by a poison frame" },
+  reconnects: { description: "Stream reconnects" },
+  cursorLoadFailures: { description: "Failed reads of the durable cursor at stream start (retried)" },
+  crashes: { description: "Stream runner crashes (defects; the runner restarts)" },
+  lag: { description: "Now minus the source time of the last committed event" }
+}
+
+export const metrics = {
+  batchCommit: Metric.histogram(
+    "firehook_intake_batch_commit_ms",
+    MetricBoundaries.fromIterable([1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000]),
+    "Batch transaction duration in milliseconds"
+  )
+}
+
+/** a stream's metrics, labelled once (labels in the key: `Metric.tagged` builds a key per update) */
+export const streamMetrics = (stream: string) => {
+  const streamLabel = { stream }
+  return {
+    batchRetries: labelledCounter("firehook_intake_batch_retries_total", METRIC_OPTIONS.batchRetries, streamLabel),
+    events: labelledCounter("firehook_intake_events_total", METRIC_OPTIONS.events, streamLabel),
+    batches: labelledCounter("firehook_intake_batches_total", METRIC_OPTIONS.batches, streamLabel),
+    lag: labelledGauge("firehook_intake_lag_seconds", METRIC_OPTIONS.lag, streamLabel),
+    quarantines: labelledCounter("firehook_intake_quarantines_total", METRIC_OPTIONS.quarantines, streamLabel),
+    reconnects: labelledCounter("firehook_intake_reconnects_total", METRIC_OPTIONS.reconnects, streamLabel),
+    cursorLoadFailures: labelledCounter("firehook_intake_cursor_load_failures_total", METRIC_OPTIONS.cursorLoadFailures, streamLabel),
+    crashes: labelledCounter("firehook_intake_runner_crashes_total", METRIC_OPTIONS.crashes, streamLabel)
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A running stream
+
+/** why a session ended */
+export interface SessionEnd {
+  readonly kind: "closed" | "restart" | FailureKind
+  readonly cursorOverride?: bigint | undefined
+}
+
+export interface StreamRunner {
+  readonly spec: StreamSpec
+  readonly state: Ref.Ref<StreamState>
+  /** end the current session and reconnect at once, from min(durable, cursor) when given */
+  readonly restart: (cursor: bigint | undefined) => Effect.Effect<void>
+  /** run forever; the first connection starts at min(durable, `from`) when `from` is given */
+  readonly runFrom: (from: bigint | undefined) => Effect.Effect<never>
+  readonly run: Effect.Effect<never>
+  /** stop reading (close the socket); queued events are still committed */
+  readonly stopReading: Effect.Effect<void>
+}
+
+/** What a stream's reader, batcher and loop share: its spec, services, state and signals. */
+export interface StreamContext {
+  readonly spec: StreamSpec
+  readonly tuning: IntakeTuning
+  readonly onIdentity: ((did: string) => Effect.Effect<void>) | undefined
+  readonly processor: ProcessorShape
+  readonly cursors: CursorStoreShape
+  readonly outboxStore: Outbox.OutboxStoreShape
+  readonly state: Ref.Ref<StreamState>
+  /** completed to end the current session (with the cursor to restart from) */
+  readonly restartSignal: Ref.Ref<Deferred.Deferred<bigint | undefined>>
+  /** completed when the stream stops reading */
+  readonly stopped: Deferred.Deferred<void>
+  readonly tagged: ReturnType<typeof streamMetrics>
+  /** a warning, at most once a minute per stream */
+  readonly logLimited: (message: string, annotations: Record<string, unknown>) => Effect.Effect<void>
+}

@@ -1,0 +1,384 @@
+/**
+ * The plan of a batch: registry mutations for wh-record events (applied as they come, in the
+ * caller's transaction: each is visible to the next event), prior references (read once, applied
+ * in memory to the shared state, so batches planned together see each other's changes as if they
+ * were one batch), every event matched and its outbox rows prepared within the bounds. It writes
+ * nothing else: what to write is the value it returns. Apart from the registry mutations and the
+ * one read of prior references, the steps are pure functions over a draft of the plan.
+ */
+import { Effect, Either } from "effect"
+import { buildPayload, eventId, type CanonicalError } from "./Canonical.js"
+import { matchEvent } from "./Match.js"
+import { extractReferences } from "./References.js"
+import { parseScopeUri, type ScopeUri } from "../../schemas/AtUri.js"
+import { isWellFormedRecordEvent, type RecordEvent, type StreamEvent } from "../../schemas/RecordEvent.js"
+import { sanitizeWhRecordForDelivery, WH_COLLECTION } from "../../schemas/WhRecord.js"
+import * as Outbox from "./Outbox.js"
+import type { CursorWrite } from "../intake/CursorStore.js"
+import type { PriorRefsStoreShape } from "./PriorRefsStore.js"
+import { boundRefs, type PriorRefIndex, type PriorRefLimits, putRow, removeRow, rowOf, type Shared } from "./PriorRefIndex.js"
+import type { RegistryShape, WhEventOutcome } from "../registry/Registry.js"
+import type { WebhookIndex } from "./WebhookIndex.js"
+import type { StoreError } from "../platform/Persistence.js"
+
+export type EventOutcome =
+  | { readonly _tag: "acknowledged" }
+  | { readonly _tag: "malformed" }
+  | { readonly _tag: "no_match"; readonly registry?: WhEventOutcome }
+  | { readonly _tag: "enqueued"; readonly deliveries: number; readonly registry?: WhEventOutcome }
+  | { readonly _tag: "quarantined"; readonly reason: Outbox.QuarantineReason; readonly registry?: WhEventOutcome }
+
+/** A batch's plan: what to write, and how to settle its outcomes once written. */
+export interface Plan {
+  readonly outcomes: ReadonlyArray<EventOutcome>
+  /** the quarantine rows known now (`settle` adds those of corrupt items) */
+  readonly quarantine: ReadonlyArray<Outbox.QuarantineRow>
+  readonly prepared: Outbox.Prepared
+  /** the accepted items' quarantine rows, should their stored body differ */
+  readonly corruption: ReadonlyArray<Outbox.CorruptionCandidate>
+  /** the outcomes once written: a corrupt item is quarantined (by the caller's write) */
+  readonly settle: (enqueued: Outbox.EnqueueResult) => Outbox.EnqueueResult
+  readonly batchTooComplex: number
+  readonly batchRefused: number
+}
+
+/** What planning reads: the registry (and its index), prior references, the limits. */
+export interface PlanContext {
+  readonly registry: RegistryShape
+  readonly index: WebhookIndex
+  readonly isBacklinkDid: (did: string) => boolean
+  readonly priorStore: PriorRefsStoreShape
+  readonly priorIndex: PriorRefIndex
+  readonly priorLimits: PriorRefLimits
+  readonly outboxLimits: Outbox.OutboxLimits
+}
+
+// the outcomes without data, shared (one allocation per event less)
+const ACKNOWLEDGED: EventOutcome = { _tag: "acknowledged" }
+const MALFORMED: EventOutcome = { _tag: "malformed" }
+const NO_MATCH: EventOutcome = { _tag: "no_match" }
+
+const recordUri = (e: RecordEvent) => `at://${e.did}/${e.collection}/${e.rkey}`
+
+const toBigInt = (s: string): bigint | undefined => (/^(0|[1-9]\d{0,18})$/.test(s) ? BigInt(s) : undefined)
+
+/** A plan being made: per event its outcome, record URI (built once, only when needed), validity. */
+class Draft {
+  readonly outcomes: Array<EventOutcome>
+  readonly items: Array<Outbox.EnqueueItem> = []
+  readonly itemIndex: Array<number> = []
+  readonly quarantine: Array<Outbox.QuarantineRow> = []
+  readonly registryOutcomes: Array<WhEventOutcome | undefined>
+  readonly uris: Array<string | undefined>
+  readonly valid: Array<boolean>
+  batchTooComplex = 0
+  batchRefused = 0
+  readonly priorIndex: PriorRefIndex
+  readonly shared: Shared
+
+  constructor(n: number, priorIndex: PriorRefIndex, shared: Shared) {
+    this.outcomes = new Array(n)
+    this.registryOutcomes = new Array(n)
+    this.uris = new Array(n)
+    this.valid = new Array(n)
+    this.priorIndex = priorIndex
+    this.shared = shared
+  }
+
+  quarantineEvent(i: number, e: RecordEvent, reason: Outbox.QuarantineReason): void {
+    this.quarantine.push({
+      stream: e.stream,
+      relay: e.relay,
+      reason,
+      eventHash: eventId(e),
+      cursor: toBigInt(e.cursor)
+    })
+    const registryOutcome = this.registryOutcomes[i]
+    this.outcomes[i] =
+      registryOutcome === undefined
+        ? { _tag: "quarantined", reason }
+        : { _tag: "quarantined", reason, registry: registryOutcome }
+  }
+
+  /** event i's record URI, built once and only when needed */
+  uriAt(i: number, e: RecordEvent): string {
+    const u = this.uris[i]
+    if (u !== undefined) return u
+    const v = recordUri(e)
+    this.uris[i] = v
+    return v
+  }
+
+  // (DID tests first: most events are from DIDs with no stored key, whose record URI is then
+  // neither built nor hashed)
+  mayHavePrior(i: number, e: RecordEvent): boolean {
+    const x = this.priorIndex
+    return !x.complete || (x.keyDids.has(e.did) && x.keys.has(this.uriAt(i, e)))
+  }
+
+  mayHave(i: number, e: RecordEvent): boolean {
+    const s = this.shared
+    return (s.writtenDids.has(e.did) && s.batchWritten.has(this.uriAt(i, e))) || this.mayHavePrior(i, e)
+  }
+}
+
+/**
+ * Prior references, a batch at a time: one read of every stored row this batch may touch (the key
+ * index says which may exist), then the batch's puts and removes are applied to those rows in
+ * memory, in order (the store's rules: monotonic on rev, an expired row counts as absent), and
+ * each touched key's final state is written in one statement at the end. A key the index says is
+ * absent is written with the store's own rev condition instead. Returns the keys to read (and marks
+ * the well-formed commits valid).
+ */
+const priorReadsOf = (d: Draft, batch: ReadonlyArray<StreamEvent>): Array<string> => {
+  const { read, current } = d.shared
+  const toRead: Array<string> = []
+  for (let i = 0; i < batch.length; i++) {
+    const e = batch[i]
+    if (e === undefined || e.kind !== "commit" || !isWellFormedRecordEvent(e)) continue
+    d.valid[i] = true
+    if (d.mayHavePrior(i, e)) {
+      const uri = d.uriAt(i, e)
+      if (!read.has(uri) && !current.has(uri)) {
+        read.add(uri)
+        toRead.push(uri)
+      }
+    }
+  }
+  return toRead
+}
+
+/** One valid commit event, after its registry mutation: references, matching, prior references. */
+const planEvent = (ctx: PlanContext, d: Draft, i: number, e: RecordEvent, isWh: boolean): void => {
+  const { index, priorLimits } = ctx
+  const shared = d.shared
+  const record = e.operation === "delete" ? undefined : isWh ? sanitizeWhRecordForDelivery(e.record) : e.record
+
+  // references: only worth walking when some backlink scope exists
+  let newRefs: ReadonlyArray<{ readonly uri: string } & ScopeUri> = []
+  let eventTooComplex = false
+  if (record !== undefined && index.backlinkDids().size > 0) {
+    const extracted = extractReferences(record, ctx.isBacklinkDid)
+    if (extracted.tooComplex) {
+      d.batchTooComplex++
+      eventTooComplex = true
+    } else newRefs = extracted.refs
+  }
+  // a too-complex event is matched with no references at all, not even its stored prior
+  // ones (SPEC §2.3: backlink matching is skipped); its row is still cleared below (its
+  // new references are the empty set, SPEC §2.4), so a later update or delete does not
+  // match on references the record may no longer hold
+  let refs: ReadonlyArray<ScopeUri> = newRefs
+  if (!eventTooComplex && e.operation !== "create" && d.mayHave(i, e)) {
+    const prior = rowOf(shared, d.uriAt(i, e))
+    if (prior !== null && prior.live && prior.refs.length > 0) {
+      const merged: Array<ScopeUri> = [...newRefs]
+      const seen = new Set(newRefs.map((r) => r.uri))
+      for (const p of prior.refs) {
+        if (seen.has(p)) continue
+        const parsed = parseScopeUri(p)
+        if (parsed !== undefined) merged.push(parsed)
+      }
+      refs = merged
+    }
+  }
+
+  const matches = matchEvent(index, e, refs)
+  if (matches.length > 0) {
+    const payload = buildPayload(e, record)
+    if (Either.isLeft(payload)) {
+      d.quarantineEvent(i, e, payload.left satisfies CanonicalError)
+    } else {
+      d.items.push({ event: e, payload: payload.right, matches })
+      d.itemIndex.push(i)
+    }
+  } else if (d.outcomes[i] === undefined) {
+    const r = d.registryOutcomes[i]
+    d.outcomes[i] = r === undefined ? NO_MATCH : { _tag: "no_match", registry: r }
+  }
+
+  // prior references: monotonic on the record's rev; irrelevant records touch nothing
+  const { batchWritten, writtenDids, addedKeys } = shared
+  if (e.operation === "delete") {
+    if (d.mayHave(i, e) && removeRow(shared, d.uriAt(i, e), e.rev)) {
+      batchWritten.delete(d.uriAt(i, e))
+    }
+  } else if (newRefs.length > 0) {
+    const keys = d.priorIndex.keys
+    const isNew = !keys.has(d.uriAt(i, e)) && !batchWritten.has(d.uriAt(i, e))
+    if (isNew && keys.size + addedKeys.length >= priorLimits.maxRows) {
+      d.batchRefused++
+    } else {
+      const { refs: kept, bytes } = boundRefs(
+        newRefs.map((r) => r.uri),
+        priorLimits
+      )
+      if (putRow(shared, d.uriAt(i, e), e.rev, kept, bytes, priorLimits.ttlSeconds > 0)) {
+        if (isNew) addedKeys.push(d.uriAt(i, e))
+        batchWritten.add(d.uriAt(i, e))
+        writtenDids.add(e.did)
+      }
+    }
+  } else if (d.mayHave(i, e)) {
+    if (removeRow(shared, d.uriAt(i, e), e.rev)) {
+      batchWritten.delete(d.uriAt(i, e))
+    }
+  }
+}
+
+/** The plan of a draft: outbox rows within the bounds; an item over them is quarantined (known before writing). */
+const finish = (ctx: PlanContext, d: Draft): Plan => {
+  const { outcomes, items, itemIndex, quarantine, registryOutcomes } = d
+  const prepared = Outbox.prepare(items, ctx.outboxLimits)
+  const accepted = new Set<number>()
+  for (const x of prepared.accepted) accepted.add(x.index)
+  for (let j = 0; j < items.length; j++) {
+    const i = itemIndex[j]
+    const item = items[j]
+    if (i !== undefined && item !== undefined && !accepted.has(j)) d.quarantineEvent(i, item.event, "fanout_limit")
+  }
+  /** the outcomes once written: a corrupt item is quarantined (by the caller's write) */
+  const settle = (enqueued: Outbox.EnqueueResult) => {
+    for (const x of prepared.accepted) {
+      const i = itemIndex[x.index]
+      const item = items[x.index]
+      const o = enqueued.outcomes[x.index]
+      if (i === undefined || item === undefined || o === undefined) continue
+      if (o._tag === "enqueued") {
+        if (outcomes[i] === undefined) {
+          const r = registryOutcomes[i]
+          outcomes[i] =
+            r === undefined
+              ? { _tag: "enqueued", deliveries: o.rows }
+              : { _tag: "enqueued", deliveries: o.rows, registry: r }
+        }
+      } else {
+        d.quarantineEvent(i, item.event, o._tag)
+      }
+    }
+    return enqueued
+  }
+  const corruption: Array<Outbox.CorruptionCandidate> = []
+  for (const x of prepared.accepted) {
+    const e = items[x.index]?.event
+    if (e === undefined) continue
+    corruption.push({
+      eventId: x.body.eventId,
+      row: { stream: e.stream, relay: e.relay, reason: "corruption", eventHash: eventId(e), cursor: toBigInt(e.cursor) }
+    })
+  }
+  return { outcomes, quarantine, prepared, corruption, settle, batchTooComplex: d.batchTooComplex, batchRefused: d.batchRefused }
+}
+
+/**
+ * Plan a batch: registry mutations (applied here, in the caller's transaction), prior
+ * references (read once, applied in memory to `shared`: batches planned together see each
+ * other's changes as if they were one batch), outbox rows prepared. Writes nothing else.
+ */
+export const plan = (
+  ctx: PlanContext,
+  batch: ReadonlyArray<StreamEvent>,
+  registryWriter: boolean,
+  shared: Shared
+): Effect.Effect<Plan, StoreError> =>
+  Effect.gen(function* () {
+    const d = new Draft(batch.length, ctx.priorIndex, shared)
+    const toRead = priorReadsOf(d, batch)
+    if (toRead.length > 0) for (const [k, v] of yield* ctx.priorStore.read(toRead)) shared.stored.set(k, v)
+    for (let i = 0; i < batch.length; i++) {
+      const e = batch[i]
+      if (e === undefined) continue
+      if (e.kind !== "commit") {
+        d.outcomes[i] = ACKNOWLEDGED
+        continue
+      }
+      if (d.valid[i] !== true) {
+        d.outcomes[i] = MALFORMED
+        continue
+      }
+      const isWh = e.collection === WH_COLLECTION
+      if (isWh && registryWriter) {
+        const r = yield* ctx.registry.applyWhEvent(e)
+        d.registryOutcomes[i] = r
+        if (r._tag === "rejected") {
+          d.quarantineEvent(i, e, "invalid_subscription")
+          // the record is still an event other webhooks may watch: fall through to matching
+        }
+      }
+      planEvent(ctx, d, i, e, isWh)
+    }
+    return finish(ctx, d)
+  })
+
+// ---------------------------------------------------------------------------------------------
+// Plans written together by one statement
+
+/** a plan and what writing it did */
+export interface Done {
+  readonly plan: Plan
+  readonly enqueued: Outbox.EnqueueResult
+}
+
+/**
+ * The one statement's contents for consecutive plans (their bodies once per event id, their rows,
+ * corruption candidates, the quarantine rows known now, the streams' cursors), without the prior
+ * references.
+ */
+export const combine = (plans: ReadonlyArray<Plan>, cursorOf: (k: number) => CursorWrite | undefined) => {
+  const bodies = new Map<string, Outbox.EventBody>()
+  const rows: Array<Outbox.OutboxRow> = []
+  const corruption: Array<Outbox.CorruptionCandidate> = []
+  const quarantine: Array<Outbox.QuarantineRow> = []
+  const cursors: Array<CursorWrite> = []
+  for (let k = 0; k < plans.length; k++) {
+    const p = plans[k]
+    const cursor = cursorOf(k)
+    if (p === undefined) continue
+    for (const b of p.prepared.bodies) if (!bodies.has(b.eventId)) bodies.set(b.eventId, b)
+    for (const r of p.prepared.rows) rows.push(r)
+    for (const c of p.corruption) corruption.push(c)
+    // the quarantine rows known now; corrupt items' rows are inserted by the statement
+    for (const q of p.quarantine) quarantine.push(q)
+    if (cursor !== undefined) cursors.push(cursor)
+  }
+  return { bodies: [...bodies.values()], rows, corruption, quarantine, cursors }
+}
+
+/** Settle plans written by one statement: rows inserted, by plan in order (a row two plans share counts for the first). */
+export const settleTogether = (
+  plans: ReadonlyArray<Plan>,
+  r: { readonly insertedIds: ReadonlySet<string>; readonly existing: ReadonlyMap<string, string> }
+): Array<Done> => {
+  const counted = new Set<string>()
+  const done: Array<Done> = []
+  for (const p of plans) {
+    let inserted = 0
+    for (const row of p.prepared.rows) {
+      if (r.insertedIds.has(row.deliveryId) && !counted.has(row.deliveryId)) {
+        counted.add(row.deliveryId)
+        inserted++
+      }
+    }
+    done.push({ plan: p, enqueued: p.settle(Outbox.finish(p.prepared, { existing: r.existing, inserted })) })
+  }
+  return done
+}
+
+/** What a unit of work's plans add up to (for counters and metrics after commit). */
+export const tally = (done: ReadonlyArray<Done>) => {
+  let batchRefused = 0
+  let inserted = 0
+  let duplicates = 0
+  let batchTooComplex = 0
+  const byReason = new Map<string, number>()
+  const byOutcome = new Map<EventOutcome["_tag"], number>()
+  for (const { enqueued, plan: p } of done) {
+    batchTooComplex += p.batchTooComplex
+    batchRefused += p.batchRefused
+    inserted += enqueued.inserted
+    duplicates += enqueued.duplicates
+    for (const q of p.quarantine) byReason.set(q.reason, (byReason.get(q.reason) ?? 0) + 1)
+    for (const o of p.outcomes) if (o !== undefined) byOutcome.set(o._tag, (byOutcome.get(o._tag) ?? 0) + 1)
+  }
+  return { batchRefused, inserted, duplicates, batchTooComplex, byReason, byOutcome }
+}
