@@ -34,7 +34,6 @@ import type { SqlClient } from "@effect/sql"
 import type { PgClient } from "@effect/sql-pg"
 import { Context, Duration, type Effect, Layer, type Stream } from "effect"
 import type { SigningMode } from "../matching/WebhookIndex.js"
-import type { Operation } from "../../schemas/RecordEvent.js"
 import type { OutboxRow } from "../matching/Outbox.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { makeSql } from "./DeliveryStoreSql.js"
@@ -124,20 +123,6 @@ export interface AttemptRecord {
   readonly responseExcerpt: string | undefined
 }
 
-export interface AuditEntry {
-  readonly deliveryId: string
-  readonly eventId: string
-  readonly ownerDid: string
-  readonly webhookRkey: string
-  readonly eventDid: string
-  readonly eventCollection: string
-  readonly eventRkey: string
-  readonly eventOperation: Operation
-  readonly status: "delivered" | "dead_letter" | "cancelled"
-  readonly httpStatus: number | undefined
-  readonly errorKind: string | undefined
-}
-
 export interface DeliveryCounts {
   readonly pending: number
   readonly leased: number
@@ -196,10 +181,6 @@ export interface DeliveryStoreShape {
   ) => Effect.Effect<boolean, StoreError>
   /** → `cancelled` with `reason` as `last_error_kind` (+ audit). */
   readonly cancel: (deliveryId: string, token: string, reason: string) => Effect.Effect<boolean, StoreError>
-  /** Append one attempt record (outside a settle). */
-  readonly recordAttempt: (deliveryId: string, attempt: AttemptRecord) => Effect.Effect<void, StoreError>
-  /** Append one audit row (outside a settle). The URL is always `[redacted]`. */
-  readonly insertAudit: (entry: AuditEntry) => Effect.Effect<void, StoreError>
   /**
    * The current subscription and owner state of each key, in the order of `keys` (one statement
    * for all of them): the per-attempt check of SPEC §4.2 step 1, batched across attempts.

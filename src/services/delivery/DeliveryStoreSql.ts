@@ -593,23 +593,6 @@ export const makeSql: Effect.Effect<
         terminal: true,
         attempt: undefined
       }),
-    recordAttempt: (deliveryId, a) =>
-      sql`
-        INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error_kind, http_status, response_excerpt)
-        VALUES (${deliveryId},
-          COALESCE((SELECT max(x.attempt) FROM delivery_attempts x WHERE x.delivery_id = ${deliveryId}), 0) + 1,
-          to_timestamp(${a.startedAtMs}::float8 / 1000), ${clampInt(a.durationMs, 0, 2_147_483_647)}::int,
-          ${a.outcome}, ${a.errorKind ?? null}, ${a.httpStatus ?? null}::int, ${boundExcerpt(a.responseExcerpt)})`.pipe(
-        Effect.asVoid,
-        op("delivery.recordAttempt")
-      ),
-    insertAudit: (e) =>
-      sql`
-        INSERT INTO audit (delivery_id, event_id, owner_did, webhook_rkey, event_did, event_collection, event_rkey,
-          event_operation, status, http_status, error_kind, url)
-        VALUES (${e.deliveryId}, ${e.eventId}, ${e.ownerDid}, ${e.webhookRkey}, ${e.eventDid}, ${e.eventCollection},
-          ${e.eventRkey}, ${e.eventOperation}, ${e.status}, ${e.httpStatus ?? null}::int, ${e.errorKind ?? null},
-          '[redacted]')`.pipe(Effect.asVoid, op("delivery.insertAudit")),
     counts: Effect.gen(function* () {
       const now = yield* Clock.currentTimeMillis
       const cached = yield* Ref.get(counts)
