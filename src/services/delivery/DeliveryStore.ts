@@ -123,6 +123,21 @@ export interface AttemptRecord {
   readonly responseExcerpt: string | undefined
 }
 
+/** How a delivered row is settled (`markDelivered`). `attemptCount` is the new total. */
+export interface DeliveredAttempt {
+  readonly attemptCount: number
+  readonly httpStatus: number | undefined
+  readonly attempt?: AttemptRecord | undefined
+}
+
+/** How a failed attempt is settled (`reschedule`, `deadLetter`). `attemptCount` is the new total. */
+export interface FailedAttempt {
+  readonly attemptCount: number
+  readonly errorKind: string
+  readonly httpStatus: number | undefined
+  readonly attempt?: AttemptRecord | undefined
+}
+
 export interface DeliveryCounts {
   readonly pending: number
   readonly leased: number
@@ -145,40 +160,17 @@ export interface DeliveryStoreShape {
     leaseMs: number
   ) => Effect.Effect<ReadonlySet<string>, StoreError>
   /** → `delivered` (+ audit). `attemptCount` is the new total. */
-  readonly markDelivered: (
-    deliveryId: string,
-    token: string,
-    outcome: {
-      readonly attemptCount: number
-      readonly httpStatus: number | undefined
-      readonly attempt?: AttemptRecord | undefined
-    }
-  ) => Effect.Effect<boolean, StoreError>
+  readonly markDelivered: (deliveryId: string, token: string, outcome: DeliveredAttempt) => Effect.Effect<boolean, StoreError>
   /** → `pending` again after `delayMs`, attempt spent, lease cleared. */
   readonly reschedule: (
     deliveryId: string,
     token: string,
-    retry: {
-      readonly attemptCount: number
-      readonly delayMs: number
-      readonly errorKind: string
-      readonly httpStatus: number | undefined
-      readonly attempt?: AttemptRecord | undefined
-    }
+    retry: FailedAttempt & { readonly delayMs: number }
   ) => Effect.Effect<boolean, StoreError>
   /** → `pending` again after `delayMs` WITHOUT spending an attempt (owner scanning, circuit open, release). */
   readonly defer: (deliveryId: string, token: string, delayMs: number) => Effect.Effect<boolean, StoreError>
   /** → `dead_letter` (+ audit). */
-  readonly deadLetter: (
-    deliveryId: string,
-    token: string,
-    failure: {
-      readonly attemptCount: number
-      readonly errorKind: string
-      readonly httpStatus: number | undefined
-      readonly attempt?: AttemptRecord | undefined
-    }
-  ) => Effect.Effect<boolean, StoreError>
+  readonly deadLetter: (deliveryId: string, token: string, failure: FailedAttempt) => Effect.Effect<boolean, StoreError>
   /** → `cancelled` with `reason` as `last_error_kind` (+ audit). */
   readonly cancel: (deliveryId: string, token: string, reason: string) => Effect.Effect<boolean, StoreError>
   /**

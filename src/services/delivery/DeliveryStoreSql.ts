@@ -1,37 +1,43 @@
 /**
  * The PostgreSQL driver of the `DeliveryStore` port (see DeliveryStore.ts for the leases, the
- * per-origin fairness and the settling it implements). Reached through DeliveryStore.ts, which
- * builds `layerSql` from `makeSql`: this module reads the port's limits only when it runs.
+ * per-origin fairness and the settling it implements): its statements, each a module-level
+ * function of the `SqlClient`, and `makeSql`, which holds the claim connection
+ * (ClaimConnection.ts), the settle batcher (SettleBatcher.ts) and the counts cache. Reached
+ * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
+ * limits only when it runs.
  */
-import { SqlClient } from "@effect/sql"
+import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Cause, Clock, Duration, Effect, Exit, Option, Queue, Ref, Scope, Stream } from "effect"
-import type { Connection } from "@effect/sql/SqlConnection"
-import type { SqlError } from "@effect/sql/SqlError"
+import { Clock, Effect, Ref, type Scope, Stream } from "effect"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { Operation } from "../../schemas/RecordEvent.js"
-import { NOTIFY_CHANNEL } from "../matching/OutboxNotify.js"
+import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
 import { ORIGIN_SQL } from "../matching/Origin.js"
-import { codeOf, StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { codeOr } from "../platform/ErrorCode.js"
+import { StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { makeClaimConnection } from "./ClaimConnection.js"
 import {
   type AttemptRecord,
   CANDIDATE_FACTOR,
   CANDIDATE_MAX,
   CLAIM_MAX,
   type ClaimedRow,
+  type ClaimOptions,
   type ClaimResult,
   COUNT_CAP,
   COUNTS_TTL_MS,
+  type DeliveredAttempt,
   type DeliveryCounts,
   type DeliveryStoreShape,
   excerpt,
+  type FailedAttempt,
   RESPONSE_EXCERPT_BYTES,
   SCAN_MAX,
-  SETTLE_BATCH_MAX,
-  SETTLE_FLUSHERS,
   STATEMENT_TIMEOUT,
+  type SubscriptionKey,
   type SubscriptionSnapshot
 } from "./DeliveryStore.js"
+import { makeSettleBatcher } from "./SettleBatcher.js"
 
 const boundExcerpt = (s: string | undefined): string | null => {
   if (s === undefined) return null
@@ -173,111 +179,91 @@ const fromClaim = (r: ClaimDbRow): ClaimedRow | undefined => {
   }
 }
 
-export const makeSql: Effect.Effect<
-  DeliveryStoreShape,
-  never,
-  SqlClient.SqlClient | PgClient.PgClient | Scope.Scope
-> = Effect.gen(function* () {
-  const sql = yield* SqlClient.SqlClient
-  const pg = yield* PgClient.PgClient
-  // the stored origin; computed from the URL for rows enqueued before `outbox.origin` existed
-  const origin = sql.literal(`COALESCE(origin, ${ORIGIN_SQL})`)
-  const DUE_PENDING = sql.literal(`status = 'pending' AND next_attempt_at <= now()`)
-  const SUBSCRIPTION_COLUMNS = sql.literal(`(w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active,
+// ---------------------------------------------------------------------------------------------
+// Fragments
+
+/** The subscription and owner state of a claimed row or of a key (`w` = webhooks, `ow` = owners). */
+const SUBSCRIPTION_COLUMNS = `(w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active,
         w.enabled AS sub_enabled, (w.gone_at IS NOT NULL) AS sub_gone, w.url AS sub_url,
         w.fingerprint AS sub_fingerprint, w.signing_mode AS sub_signing_mode, w.secret_id AS sub_secret_id,
-        w.record->>'secret' AS sub_secret, ow.reconcile_status AS owner_status`)
-  const NO_SUBSCRIPTION_COLUMNS = sql.literal(`false AS sub_exists, NULL::boolean AS sub_active,
+        w.record->>'secret' AS sub_secret, ow.reconcile_status AS owner_status`
+
+/** The fragments the statements share, made once per store. */
+interface Fragments {
+  readonly origin: Statement.Fragment
+  readonly duePending: Statement.Fragment
+  readonly subscriptionColumns: Statement.Fragment
+  readonly noSubscriptionColumns: Statement.Fragment
+  readonly subscriptionJoins: Statement.Fragment
+}
+
+const fragments = (sql: SqlClient.SqlClient): Fragments => ({
+  // the stored origin; computed from the URL for rows enqueued before `outbox.origin` existed
+  origin: sql.literal(`COALESCE(origin, ${ORIGIN_SQL})`),
+  duePending: sql.literal(`status = 'pending' AND next_attempt_at <= now()`),
+  subscriptionColumns: sql.literal(SUBSCRIPTION_COLUMNS),
+  noSubscriptionColumns: sql.literal(`false AS sub_exists, NULL::boolean AS sub_active,
         NULL::boolean AS sub_enabled, NULL::boolean AS sub_gone, NULL::text AS sub_url,
         NULL::text AS sub_fingerprint, NULL::text AS sub_signing_mode, NULL::text AS sub_secret_id,
-        NULL::text AS sub_secret, NULL::text AS owner_status`)
-  const SUBSCRIPTION_JOINS = sql.literal(`LEFT JOIN webhooks w ON w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey
+        NULL::text AS sub_secret, NULL::text AS owner_status`),
+  subscriptionJoins: sql.literal(`LEFT JOIN webhooks w ON w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey
       LEFT JOIN owners ow ON ow.did = u.owner_did`)
+})
 
-  // The claim connection. Plan guard: right after a burst (an event fan-out, a replay of dead
-  // letters) the planner's statistics still describe a small outbox, and it picks a bitmap scan of
-  // EVERY due row plus a sort over the ordered `outbox_due` index scan that the LIMIT needs
-  // (measured: 44 ms instead of ~1 ms per claim at 25,000 due rows, growing with the backlog).
-  // Claims therefore run on one connection reserved from the pool with `enable_bitmapscan = off`
-  // for its session (one round trip per claim; a transaction with `SET LOCAL` costs three more).
-  // Claims of this store take turns on it. After a failed claim the connection is given back
-  // (setting reset first) and the next claim reserves a fresh one; the layer's scope gives it back
-  // at shutdown.
-  const claimLock = yield* Effect.makeSemaphore(1)
-  let claimConn: { readonly conn: Connection; readonly scope: Scope.CloseableScope } | undefined
-  const releaseClaimConn = Effect.suspend(() => {
-    const held = claimConn
-    claimConn = undefined
-    return held === undefined ? Effect.void : Scope.close(held.scope, Exit.void)
-  })
-  yield* Effect.addFinalizer(() => releaseClaimConn)
-  const claimConnection = Effect.suspend(() => {
-    const held = claimConn
-    if (held !== undefined) return Effect.succeed(held.conn)
-    return Effect.flatMap(Scope.make(), (scope) =>
-      Scope.extend(sql.reserve, scope).pipe(
-        Effect.tap((conn) =>
-          Effect.zipRight(
-            conn.executeUnprepared("SET enable_bitmapscan = off", [], undefined),
-            // runs before the pool release added by `reserve` (finalizers run in reverse order)
-            Scope.addFinalizer(
-              scope,
-              conn.executeUnprepared("RESET enable_bitmapscan", [], undefined).pipe(
-                Effect.timeout(Duration.seconds(2)),
-                Effect.ignore
-              )
-            )
-          )
-        ),
-        Effect.tap((conn) => Effect.sync(() => (claimConn = { conn, scope }))),
-        Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause)))
-      )
-    )
-  })
-  // A pool of one connection cannot give one away for good: there the claim runs in a transaction
-  // of its own with `SET LOCAL` (three more round trips per claim, as before the reserved connection).
-  const reserveForClaims = (pg.config.maxConnections ?? 10) >= 2
-  const onClaimConnection = <A>(statement: Effect.Effect<A, SqlError, never>) =>
-    !reserveForClaims
-      ? sql.withTransaction(Effect.zipRight(sql`SET LOCAL enable_bitmapscan = off`, statement))
-      : claimLock.withPermits(1)(
-      Effect.flatMap(claimConnection, (conn) =>
-        Effect.provideService(statement, SqlClient.TransactionConnection, [conn, 0] as const)
-      ).pipe(Effect.onError(() => releaseClaimConn))
-    )
+// ---------------------------------------------------------------------------------------------
+// Claim
 
-  const claim: DeliveryStoreShape["claim"] = (workerId, limit, leaseMs, options = {}) => {
-    const n = clampInt(limit, 0, CLAIM_MAX)
-    if (n === 0) return Effect.succeed({ rows: [], moreDue: false })
-    const scan = Math.min(CANDIDATE_MAX, n * CANDIDATE_FACTOR)
-    const rooms = (options.rooms ?? []).filter((r) => r.room > 0)
-    const full = options.fullOrigins ?? []
-    const defaultRoom = clampInt(options.defaultRoom ?? CLAIM_MAX, 0, CLAIM_MAX)
-    const lease = clampInt(leaseMs, 1, 24 * 3_600_000)
-    const claimStatement = sql<ClaimDbRow>`
+/** A claim's bounds, from its arguments. */
+interface ClaimPlan {
+  readonly workerId: string
+  /** rows at most (> 0) */
+  readonly n: number
+  /** candidate rows read at most, per branch */
+  readonly scan: number
+  readonly rooms: ReadonlyArray<{ readonly origin: string; readonly room: number }>
+  readonly full: ReadonlyArray<string>
+  readonly defaultRoom: number
+  readonly lease: number
+  readonly options: ClaimOptions
+}
+
+/** The claim's bounds; undefined when there is nothing to claim. */
+const claimPlan = (workerId: string, limit: number, leaseMs: number, options: ClaimOptions): ClaimPlan | undefined => {
+  const n = clampInt(limit, 0, CLAIM_MAX)
+  if (n === 0) return undefined
+  const scan = Math.min(CANDIDATE_MAX, n * CANDIDATE_FACTOR)
+  const rooms = (options.rooms ?? []).filter((r) => r.room > 0)
+  const full = options.fullOrigins ?? []
+  const defaultRoom = clampInt(options.defaultRoom ?? CLAIM_MAX, 0, CLAIM_MAX)
+  const lease = clampInt(leaseMs, 1, 24 * 3_600_000)
+  return { workerId, n, scan, rooms, full, defaultRoom, lease, options }
+}
+
+const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
+  sql<ClaimDbRow>`
       WITH cand AS (
         (SELECT p.delivery_id, p.next_attempt_at, p.origin FROM (
-           SELECT delivery_id, next_attempt_at, ${origin} AS origin FROM outbox
-           WHERE ${DUE_PENDING}
+           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin FROM outbox
+           WHERE ${f.duePending}
            ORDER BY next_attempt_at LIMIT ${SCAN_MAX}
-         ) p WHERE p.origin <> ALL(${full}::text[]) LIMIT ${scan})
+         ) p WHERE p.origin <> ALL(${p.full}::text[]) LIMIT ${p.scan})
         UNION ALL
         (SELECT l.delivery_id, l.next_attempt_at, l.origin FROM (
-           SELECT delivery_id, next_attempt_at, ${origin} AS origin FROM outbox
+           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin FROM outbox
            WHERE status = 'leased' AND leased_until < now()
            ORDER BY leased_until LIMIT ${SCAN_MAX}
-         ) l WHERE l.origin <> ALL(${full}::text[]) LIMIT ${scan})
+         ) l WHERE l.origin <> ALL(${p.full}::text[]) LIMIT ${p.scan})
       ),
       ranked AS (
         SELECT c.delivery_id, c.next_attempt_at, c.origin,
           row_number() OVER (PARTITION BY c.origin ORDER BY c.next_attempt_at, c.delivery_id) AS rn,
-          COALESCE(r.room, ${defaultRoom}::int) AS room
+          COALESCE(r.room, ${p.defaultRoom}::int) AS room
         FROM cand c
-        LEFT JOIN unnest(${rooms.map((r) => r.origin)}::text[], ${rooms.map((r) => r.room)}::int[]) AS r(origin, room)
+        LEFT JOIN unnest(${p.rooms.map((r) => r.origin)}::text[], ${p.rooms.map((r) => r.room)}::int[]) AS r(origin, room)
           ON r.origin = c.origin
       ),
       picked AS (
-        SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${n}
+        SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${p.n}
       ),
       locked AS (
         SELECT o.delivery_id FROM outbox o
@@ -288,8 +274,8 @@ export const makeSql: Effect.Effect<
       upd AS (
         UPDATE outbox o SET
           status = 'leased',
-          lease_token = ${workerId} || ':' || gen_random_uuid()::text,
-          leased_until = now() + ${lease}::int * interval '1 millisecond',
+          lease_token = ${p.workerId} || ':' || gen_random_uuid()::text,
+          leased_until = now() + ${p.lease}::int * interval '1 millisecond',
           updated_at = now()
         FROM locked
         WHERE o.delivery_id = locked.delivery_id
@@ -306,42 +292,46 @@ export const makeSql: Effect.Effect<
       SELECT stats.cand_count, stats.over_room, u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey,
         u.match_kind, u.event_did, u.event_collection, u.event_rkey, u.event_operation, u.target_url,
         u.signing_mode, u.secret_id, u.fingerprint, u.attempt_count, u.lease_token, u.origin, u.age_ms, e.body,
-        ${options.withSubscriptions === false ? NO_SUBSCRIPTION_COLUMNS : SUBSCRIPTION_COLUMNS}
+        ${p.options.withSubscriptions === false ? f.noSubscriptionColumns : f.subscriptionColumns}
       FROM stats
       LEFT JOIN upd u ON true
       LEFT JOIN delivery_events e ON e.event_id = u.event_id
-      ${options.withSubscriptions === false ? sql.literal("") : SUBSCRIPTION_JOINS}
+      ${p.options.withSubscriptions === false ? sql.literal("") : f.subscriptionJoins}
       ORDER BY u.next_attempt_at`
-    return onClaimConnection(claimStatement).pipe(
-      Effect.map((dbRows) => {
-        const rows: Array<ClaimedRow> = []
-        let candCount = 0
-        let overRoom = 0
-        for (const r of dbRows) {
-          candCount = Number(r.cand_count)
-          overRoom = Number(r.over_room)
-          const row = fromClaim(r)
-          if (row !== undefined) rows.push(row)
-        }
-        const moreDue = rows.length >= n || candCount >= scan || overRoom > 0
-        const result: ClaimResult = { rows, moreDue }
-        return result
-      }),
-      op("delivery.claim")
-    )
-  }
 
-  // The heartbeat never waits for a row lock: it renews the rows it can lock at once (`SKIP LOCKED`)
-  // and reports the others by reading them (a row locked right now by this worker's settle, or by a
-  // claim taking over an expired lease, still shows its committed state: leased with our token, so
-  // it counts as held this round; a lease really taken over shows another token next round). With
-  // no statement of a worker waiting on another, a settle batch and the heartbeat cannot deadlock
-  // (they did, 40P01, when both locked the shared rows in the order their joins produced), and the
-  // settle needs no separate ordered lock of its rows (about 8 % of PostgreSQL's time per delivery).
-  const heartbeatMany: DeliveryStoreShape["heartbeatMany"] = (leases, leaseMs) =>
-    leases.length === 0
-      ? Effect.succeed(new Set<string>())
-      : sql<{ lease_token: string }>`
+const claimResult = (dbRows: ReadonlyArray<ClaimDbRow>, p: ClaimPlan): ClaimResult => {
+  const rows: Array<ClaimedRow> = []
+  let candCount = 0
+  let overRoom = 0
+  for (const r of dbRows) {
+    candCount = Number(r.cand_count)
+    overRoom = Number(r.over_room)
+    const row = fromClaim(r)
+    if (row !== undefined) rows.push(row)
+  }
+  const moreDue = rows.length >= p.n || candCount >= p.scan || overRoom > 0
+  const result: ClaimResult = { rows, moreDue }
+  return result
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heartbeat
+
+// The heartbeat never waits for a row lock: it renews the rows it can lock at once (`SKIP LOCKED`)
+// and reports the others by reading them (a row locked right now by this worker's settle, or by a
+// claim taking over an expired lease, still shows its committed state: leased with our token, so
+// it counts as held this round; a lease really taken over shows another token next round). With
+// no statement of a worker waiting on another, a settle batch and the heartbeat cannot deadlock
+// (they did, 40P01, when both locked the shared rows in the order their joins produced), and the
+// settle needs no separate ordered lock of its rows (about 8 % of PostgreSQL's time per delivery).
+const heartbeatManyStatement = (
+  sql: SqlClient.SqlClient,
+  leases: ReadonlyArray<{ readonly deliveryId: string; readonly token: string }>,
+  leaseMs: number
+): Effect.Effect<ReadonlySet<string>, StoreError> =>
+  leases.length === 0
+    ? Effect.succeed(new Set<string>())
+    : sql<{ lease_token: string }>`
           WITH v AS (
             SELECT * FROM unnest(${leases.map((l) => l.deliveryId)}::text[], ${leases.map((l) => l.token)}::text[])
               AS v(delivery_id, token)
@@ -367,8 +357,8 @@ export const makeSql: Effect.Effect<
           op("delivery.heartbeatMany")
         )
 
-  const heartbeat: DeliveryStoreShape["heartbeat"] = (deliveryId, token, leaseMs) =>
-    sql<{ delivery_id: string }>`
+const heartbeatStatement = (sql: SqlClient.SqlClient, deliveryId: string, token: string, leaseMs: number) =>
+  sql<{ delivery_id: string }>`
       UPDATE outbox SET leased_until = now() + ${clampInt(leaseMs, 1, 24 * 3_600_000)}::int * interval '1 millisecond',
         updated_at = now()
       WHERE delivery_id = ${deliveryId} AND status = 'leased' AND lease_token = ${token}
@@ -377,15 +367,18 @@ export const makeSql: Effect.Effect<
       op("delivery.heartbeat")
     )
 
-  /**
-   * Settles are batched: concurrent calls are collected and applied by ONE guarded statement per
-   * batch (update + attempt rows + audit rows), so a busy worker pays one round trip and one commit
-   * per batch instead of per row. A batch starts as soon as the flusher is free (no added delay);
-   * batches grow while a statement runs.
-   */
-  const runBatch = (items: ReadonlyArray<Settle>) => {
-    const col = <A>(f: (x: Settle) => A): Array<A> => items.map(f)
-    return sql<{ delivery_id: string; lease_token: string }>`
+// ---------------------------------------------------------------------------------------------
+// Settle
+
+/**
+ * Settles are batched: concurrent calls are collected and applied by ONE guarded statement per
+ * batch (update + attempt rows + audit rows), so a busy worker pays one round trip and one commit
+ * per batch instead of per row. A batch starts as soon as the flusher is free (no added delay);
+ * batches grow while a statement runs.
+ */
+const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>) => {
+  const col = <A>(f: (x: Settle) => A): Array<A> => items.map(f)
+  return sql<{ delivery_id: string; lease_token: string }>`
       WITH v AS (
         SELECT * FROM unnest(
           ${col((x) => x.deliveryId)}::text[], ${col((x) => x.token)}::text[], ${col((x) => x.status)}::text[],
@@ -432,56 +425,85 @@ export const makeSql: Effect.Effect<
         FROM upd u WHERE u.terminal
       )
       SELECT delivery_id, token AS lease_token FROM upd`.pipe(op("delivery.settle"))
-  }
+}
 
-  type Waiter = { readonly item: Settle; readonly resume: (result: Effect.Effect<boolean, StoreError>) => void }
-  const queue: Array<Waiter> = []
-  const work = yield* Queue.sliding<void>(1)
-  const APPLIED = Effect.succeed(true)
-  const NOT_APPLIED = Effect.succeed(false)
-  const flusher = Effect.gen(function* () {
-    while (true) {
-      if (queue.length === 0) {
-        yield* Queue.take(work)
-        continue
-      }
-      const batch = queue.splice(0, SETTLE_BATCH_MAX)
-      // more work left: let another flusher take it while this one runs
-      if (queue.length > 0) yield* Queue.offer(work, undefined)
-      // every outcome, even a defect, completes every waiter of the batch
-      const result = yield* Effect.exit(runBatch(batch.map((b) => b.item)))
-      if (Exit.isSuccess(result)) {
-        const applied = new Set(result.value.map((r) => r.lease_token))
-        for (const b of batch) b.resume(applied.has(b.item.token) ? APPLIED : NOT_APPLIED)
-      } else {
-        const error = Effect.fail(
-          Option.getOrElse(Cause.failureOption(result.cause), () => new StoreError({ op: "delivery.settle", code: "defect" }))
-        )
-        for (const b of batch) b.resume(error)
-      }
-    }
-  })
-  for (let i = 0; i < SETTLE_FLUSHERS; i++) yield* Effect.forkScoped(flusher)
-  // settles still queued when the store's scope closes are answered, not left waiting
-  yield* Effect.addFinalizer(() =>
-    Effect.sync(() => {
-      const left = queue.splice(0, queue.length)
-      const error = Effect.fail(new StoreError({ op: "delivery.settle", code: "shutdown" }))
-      for (const b of left) b.resume(error)
-    })
-  )
+const delayMs = (ms: number) => clampInt(ms, 0, 366 * 24 * 3_600_000)
 
-  /** Queue a settle for the next batch; completes with whether the guarded update applied. */
-  const settle = (item: Settle): Effect.Effect<boolean, StoreError> =>
-    Effect.async<boolean, StoreError>((resume) => {
-      queue.push({ item, resume })
-      work.unsafeOffer(undefined)
-    })
+const delivered = (deliveryId: string, token: string, o: DeliveredAttempt): Settle => ({
+  deliveryId,
+  token,
+  status: "delivered",
+  attemptCount: o.attemptCount,
+  delayMs: undefined,
+  setError: true,
+  errorKind: undefined,
+  setHttp: true,
+  httpStatus: o.httpStatus,
+  terminal: true,
+  attempt: o.attempt
+})
 
-  const delayMs = (ms: number) => clampInt(ms, 0, 366 * 24 * 3_600_000)
+const rescheduled = (deliveryId: string, token: string, r: FailedAttempt & { readonly delayMs: number }): Settle => ({
+  deliveryId,
+  token,
+  status: "pending",
+  attemptCount: r.attemptCount,
+  delayMs: delayMs(r.delayMs),
+  setError: true,
+  errorKind: r.errorKind,
+  setHttp: true,
+  httpStatus: r.httpStatus,
+  terminal: false,
+  attempt: r.attempt
+})
 
-  const counts = yield* Ref.make<{ readonly at: number; readonly value: DeliveryCounts } | undefined>(undefined)
-  const readCounts = sql<{ pending: number; leased: number; dead_letter: number }>`
+const deferred = (deliveryId: string, token: string, ms: number): Settle => ({
+  deliveryId,
+  token,
+  status: "pending",
+  attemptCount: undefined,
+  delayMs: delayMs(ms),
+  setError: false,
+  errorKind: undefined,
+  setHttp: false,
+  httpStatus: undefined,
+  terminal: false,
+  attempt: undefined
+})
+
+const deadLettered = (deliveryId: string, token: string, f: FailedAttempt): Settle => ({
+  deliveryId,
+  token,
+  status: "dead_letter",
+  attemptCount: f.attemptCount,
+  delayMs: undefined,
+  setError: true,
+  errorKind: f.errorKind,
+  setHttp: true,
+  httpStatus: f.httpStatus,
+  terminal: true,
+  attempt: f.attempt
+})
+
+const cancelled = (deliveryId: string, token: string, reason: string): Settle => ({
+  deliveryId,
+  token,
+  status: "cancelled",
+  attemptCount: undefined,
+  delayMs: undefined,
+  setError: true,
+  errorKind: reason,
+  setHttp: false,
+  httpStatus: undefined,
+  terminal: true,
+  attempt: undefined
+})
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+const countsStatement = (sql: SqlClient.SqlClient) =>
+  sql<{ pending: number; leased: number; dead_letter: number }>`
     SELECT
       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'pending' LIMIT ${COUNT_CAP}) s)::int AS pending,
       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'leased' LIMIT ${COUNT_CAP}) s)::int AS leased,
@@ -494,15 +516,16 @@ export const makeSql: Effect.Effect<
     op("delivery.counts")
   )
 
-  const subscriptions: DeliveryStoreShape["subscriptions"] = (keys) =>
-    keys.length === 0
-      ? Effect.succeed([])
-      : sql<SnapshotDbRow & { readonly i: number }>`
+const subscriptionsStatement = (
+  sql: SqlClient.SqlClient,
+  f: Fragments,
+  keys: ReadonlyArray<SubscriptionKey>
+): Effect.Effect<ReadonlyArray<SubscriptionSnapshot>, StoreError> =>
+  keys.length === 0
+    ? Effect.succeed([])
+    : sql<SnapshotDbRow & { readonly i: number }>`
           SELECT k.i::int AS i,
-            (w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active, w.enabled AS sub_enabled,
-            (w.gone_at IS NOT NULL) AS sub_gone, w.url AS sub_url, w.fingerprint AS sub_fingerprint,
-            w.signing_mode AS sub_signing_mode, w.secret_id AS sub_secret_id, w.record->>'secret' AS sub_secret,
-            ow.reconcile_status AS owner_status
+            ${f.subscriptionColumns}
           FROM unnest(${keys.map((k) => k.ownerDid)}::text[], ${keys.map((k) => k.rkey)}::text[])
             WITH ORDINALITY AS k(owner_did, rkey, i)
           LEFT JOIN webhooks w ON w.owner_did = k.owner_did AND w.rkey = k.rkey
@@ -518,81 +541,39 @@ export const makeSql: Effect.Effect<
           op("delivery.subscriptions")
         )
 
+// ---------------------------------------------------------------------------------------------
+// The store
+
+export const makeSql: Effect.Effect<
+  DeliveryStoreShape,
+  never,
+  SqlClient.SqlClient | PgClient.PgClient | Scope.Scope
+> = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const pg = yield* PgClient.PgClient
+  const f = fragments(sql)
+  const onClaimConnection = yield* makeClaimConnection(sql, pg)
+  const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) => settleStatement(sql, items))
+  const counts = yield* Ref.make<{ readonly at: number; readonly value: DeliveryCounts } | undefined>(undefined)
+  const readCounts = countsStatement(sql)
+
   const store: DeliveryStoreShape = {
-    claim,
-    subscriptions,
-    heartbeat,
-    heartbeatMany,
-    markDelivered: (deliveryId, token, o) =>
-      settle({
-        deliveryId,
-        token,
-        status: "delivered",
-        attemptCount: o.attemptCount,
-        delayMs: undefined,
-        setError: true,
-        errorKind: undefined,
-        setHttp: true,
-        httpStatus: o.httpStatus,
-        terminal: true,
-        attempt: o.attempt
-      }),
-    reschedule: (deliveryId, token, r) =>
-      settle({
-        deliveryId,
-        token,
-        status: "pending",
-        attemptCount: r.attemptCount,
-        delayMs: delayMs(r.delayMs),
-        setError: true,
-        errorKind: r.errorKind,
-        setHttp: true,
-        httpStatus: r.httpStatus,
-        terminal: false,
-        attempt: r.attempt
-      }),
-    defer: (deliveryId, token, ms) =>
-      settle({
-        deliveryId,
-        token,
-        status: "pending",
-        attemptCount: undefined,
-        delayMs: delayMs(ms),
-        setError: false,
-        errorKind: undefined,
-        setHttp: false,
-        httpStatus: undefined,
-        terminal: false,
-        attempt: undefined
-      }),
-    deadLetter: (deliveryId, token, f) =>
-      settle({
-        deliveryId,
-        token,
-        status: "dead_letter",
-        attemptCount: f.attemptCount,
-        delayMs: undefined,
-        setError: true,
-        errorKind: f.errorKind,
-        setHttp: true,
-        httpStatus: f.httpStatus,
-        terminal: true,
-        attempt: f.attempt
-      }),
-    cancel: (deliveryId, token, reason) =>
-      settle({
-        deliveryId,
-        token,
-        status: "cancelled",
-        attemptCount: undefined,
-        delayMs: undefined,
-        setError: true,
-        errorKind: reason,
-        setHttp: false,
-        httpStatus: undefined,
-        terminal: true,
-        attempt: undefined
-      }),
+    claim: (workerId, limit, leaseMs, options = {}) => {
+      const p = claimPlan(workerId, limit, leaseMs, options)
+      if (p === undefined) return Effect.succeed({ rows: [], moreDue: false })
+      return onClaimConnection(claimStatement(sql, f, p)).pipe(
+        Effect.map((dbRows) => claimResult(dbRows, p)),
+        op("delivery.claim")
+      )
+    },
+    subscriptions: (keys) => subscriptionsStatement(sql, f, keys),
+    heartbeat: (deliveryId, token, leaseMs) => heartbeatStatement(sql, deliveryId, token, leaseMs),
+    heartbeatMany: (leases, leaseMs) => heartbeatManyStatement(sql, leases, leaseMs),
+    markDelivered: (deliveryId, token, o) => settle(delivered(deliveryId, token, o)),
+    reschedule: (deliveryId, token, r) => settle(rescheduled(deliveryId, token, r)),
+    defer: (deliveryId, token, ms) => settle(deferred(deliveryId, token, ms)),
+    deadLetter: (deliveryId, token, failure) => settle(deadLettered(deliveryId, token, failure)),
+    cancel: (deliveryId, token, reason) => settle(cancelled(deliveryId, token, reason)),
     counts: Effect.gen(function* () {
       const now = yield* Clock.currentTimeMillis
       const cached = yield* Ref.get(counts)
@@ -603,9 +584,10 @@ export const makeSql: Effect.Effect<
     }),
     wakeups: pg.listen(NOTIFY_CHANNEL).pipe(
       Stream.map((): void => undefined),
-      Stream.mapError((e) => new StoreError({ op: "delivery.listen", code: codeOf(e) }))
+      Stream.mapError((e) => new StoreError({ op: "delivery.listen", code: codeOr(e) }))
     ),
-    notify: sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`.pipe(Effect.asVoid, op("delivery.notify"))
+    // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
+    notify: notifyStatement(sql).pipe(Effect.asVoid, op("delivery.notify"))
   }
   return store
 })
