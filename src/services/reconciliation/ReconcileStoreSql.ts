@@ -4,9 +4,10 @@
  * module reads the port's constants only when it runs.
  */
 import { SqlClient } from "@effect/sql"
+import type { SqlError } from "@effect/sql/SqlError"
 import { Effect } from "effect"
-import type { ReconcileStatus, WebhookRow } from "../registry/RegistryStore.js"
-import { storeOp } from "../platform/Persistence.js"
+import { type ReconcileStatus, WEBHOOK_COLUMNS, type WebhookRow } from "../registry/RegistryStore.js"
+import { type StoreError, storeOp } from "../platform/Persistence.js"
 import {
   COMPLETION_SETTLE_MS,
   INITIAL_PASS,
@@ -102,58 +103,74 @@ const pageJson = (rows: ReadonlyArray<WebhookRow>): string =>
     }))
   )
 
-export const makeSql = Effect.gen(function* () {
-  const sql = yield* SqlClient.SqlClient
+// ---------------------------------------------------------------------------------------------
+// Fencing
 
-  /** Lock the owner row if it is still scanning with this token; false = fenced. */
-  const lockScan = (did: string, token: number) =>
-    sql<{ did: string }>`
+/** Lock the owner row if it is still scanning with this token; false = fenced. */
+const lockScan = (sql: SqlClient.SqlClient, did: string, token: number) =>
+  sql<{ did: string }>`
       SELECT did FROM owners
       WHERE did = ${did} AND reconcile_status = 'scanning' AND scan_generation = ${token}
       FOR UPDATE`.pipe(Effect.map((rows) => rows.length > 0))
 
-  const count = (rows: ReadonlyArray<CountRow>): number => Number(rows[0]?.n ?? 0)
+const count = (rows: ReadonlyArray<CountRow>): number => Number(rows[0]?.n ?? 0)
 
-  const store: ReconcileStoreShape = {
-    begin: (did, options) =>
-      sql
-        .withTransaction(
-          Effect.gen(function* () {
-            yield* sql`SELECT pg_advisory_xact_lock(${RECONCILE_LOCK_KEY})`
-            const others = count(
-              yield* sql<CountRow>`
+/**
+ * One write of the scan `token`, in its own transaction that first locks the owner row: the
+ * count `statement` answers, or undefined when the scan is fenced (nothing done).
+ */
+const fencedCount = (
+  sql: SqlClient.SqlClient,
+  did: string,
+  token: number,
+  statement: () => Effect.Effect<ReadonlyArray<CountRow>, SqlError>
+): Effect.Effect<number | undefined, SqlError> =>
+  sql.withTransaction(
+    Effect.gen(function* () {
+      if (!(yield* lockScan(sql, did, token))) return undefined
+      return count(yield* statement())
+    })
+  )
+
+// ---------------------------------------------------------------------------------------------
+// Statements
+
+const begin = (sql: SqlClient.SqlClient, did: string, options: { readonly maxOtherScanning: number; readonly staleScanMs: number }) =>
+  sql
+    .withTransaction(
+      Effect.gen(function* () {
+        yield* sql`SELECT pg_advisory_xact_lock(${RECONCILE_LOCK_KEY})`
+        const others = count(
+          yield* sql<CountRow>`
                 SELECT count(*)::int AS n FROM owners
                 WHERE reconcile_status = 'scanning' AND did <> ${did}
                   AND scan_started_at > now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision)`
-            )
-            if (others >= options.maxOtherScanning) return { _tag: "busy" } as const
-            const rows = yield* sql<{ generation: string | number }>`
+        )
+        if (others >= options.maxOtherScanning) return { _tag: "busy" } as const
+        const rows = yield* sql<{ generation: string | number }>`
               INSERT INTO owners (did, generation, reconcile_status, scan_generation, scan_started_at)
               VALUES (${did}, 1, 'scanning', 1, now())
               ON CONFLICT (did) DO UPDATE SET
                 generation = owners.generation + 1, reconcile_status = 'scanning',
                 scan_generation = owners.generation + 1, scan_started_at = now(), updated_at = now()
               RETURNING generation`
-            return { _tag: "begun", token: Number(rows[0]?.generation ?? 0) } as const
-          })
-        )
-        .pipe(storeOp("reconcile.begin")),
+        return { _tag: "begun", token: Number(rows[0]?.generation ?? 0) } as const
+      })
+    )
+    .pipe(storeOp("reconcile.begin"))
 
-    applyPage: (did, token, snapshotRev, rows) =>
-      sql
-        .withTransaction(
-          Effect.gen(function* () {
-            if (!(yield* lockScan(did, token))) return { fenced: true, written: 0 }
-            if (rows.length === 0) return { fenced: false, written: 0 }
-            const written = count(
-              yield* sql<CountRow>`
+/** Step 3: one page of the snapshot (see the port's module documentation for the rules). */
+const applyPage = (sql: SqlClient.SqlClient, did: string, token: number, snapshotRev: string, rows: ReadonlyArray<WebhookRow>) =>
+  fencedCount(sql, did, token, () =>
+    rows.length === 0
+      ? Effect.succeed([])
+      : sql<CountRow>`
                 WITH input AS (
                   SELECT * FROM jsonb_to_recordset(${pageJson(rows)}::jsonb) AS r(
                     rkey text, cid text, record jsonb, scope_uri text, scope_did text, backlinks boolean,
                     url text, events text, enabled boolean, signing_mode text, secret_id text, fingerprint text)
                 ), upserted AS (
-                  INSERT INTO webhooks (owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did,
-                    backlinks, url, events, enabled, active, signing_mode, secret_id, fingerprint, gone_at)
+                  INSERT INTO webhooks (${sql.literal(WEBHOOK_COLUMNS)})
                   SELECT ${did}, i.rkey, ${snapshotRev}, ${token}, i.cid, i.record, i.scope_uri, i.scope_did,
                     i.backlinks, i.url, string_to_array(i.events, ','), i.enabled, i.enabled, i.signing_mode,
                     i.secret_id, i.fingerprint, NULL
@@ -180,19 +197,15 @@ export const makeSql = Effect.gen(function* () {
                   RETURNING 1
                 )
                 SELECT count(*)::int AS n FROM upserted`
-            )
-            return { fenced: false, written }
-          })
-        )
-        .pipe(storeOp("reconcile.applyPage")),
+  ).pipe(
+    Effect.map((written) => (written === undefined ? { fenced: true, written: 0 } : { fenced: false, written })),
+    storeOp("reconcile.applyPage")
+  )
 
-    deleteOlder: (did, token, snapshotRev, limit) =>
-      sql
-        .withTransaction(
-          Effect.gen(function* () {
-            if (!(yield* lockScan(did, token))) return { fenced: true, deleted: 0 }
-            const deleted = count(
-              yield* sql<CountRow>`
+/** Step 4: rows the snapshot did not contain, each leaving a tombstone at the snapshot's rev. */
+const deleteOlder = (sql: SqlClient.SqlClient, did: string, token: number, snapshotRev: string, limit: number) =>
+  fencedCount(sql, did, token, () =>
+    sql<CountRow>`
                 WITH doomed AS (
                   SELECT rkey FROM webhooks
                   WHERE owner_did = ${did} AND generation < ${token} AND rev <= ${snapshotRev}
@@ -211,19 +224,22 @@ export const makeSql = Effect.gen(function* () {
                   RETURNING 1
                 )
                 SELECT count(*)::int AS n FROM gone`
-            )
-            return { fenced: false, deleted }
-          })
-        )
-        .pipe(storeOp("reconcile.deleteOlder")),
+  ).pipe(
+    Effect.map((deleted) => (deleted === undefined ? { fenced: true, deleted: 0 } : { fenced: false, deleted })),
+    storeOp("reconcile.deleteOlder")
+  )
 
-    pruneTombstones: (did, token, snapshotRev, retentionMs, limit) =>
-      sql
-        .withTransaction(
-          Effect.gen(function* () {
-            if (!(yield* lockScan(did, token))) return { fenced: true, pruned: 0 }
-            const pruned = count(
-              yield* sql<CountRow>`
+/** Step 4: the owner's tombstones older than the snapshot, not this scan's, past the retention. */
+const pruneTombstones = (
+  sql: SqlClient.SqlClient,
+  did: string,
+  token: number,
+  snapshotRev: string,
+  retentionMs: number,
+  limit: number
+) =>
+  fencedCount(sql, did, token, () =>
+    sql<CountRow>`
                 WITH doomed AS (
                   SELECT rkey FROM tombstones
                   WHERE owner_did = ${did} AND rev < ${snapshotRev} AND generation < ${token}
@@ -237,27 +253,110 @@ export const makeSql = Effect.gen(function* () {
                   RETURNING 1
                 )
                 SELECT count(*)::int AS n FROM gone`
-            )
-            return { fenced: false, pruned }
-          })
-        )
-        .pipe(storeOp("reconcile.pruneTombstones")),
+  ).pipe(
+    Effect.map((pruned) => (pruned === undefined ? { fenced: true, pruned: 0 } : { fenced: false, pruned })),
+    storeOp("reconcile.pruneTombstones")
+  )
 
-    complete: (did, token, snapshotRev, whileLocked) =>
-      sql
-        .withTransaction(
-          Effect.gen(function* () {
-            if (!(yield* lockScan(did, token))) return false
-            yield* sql`
+const complete = (sql: SqlClient.SqlClient, did: string, token: number, snapshotRev: string, whileLocked: Effect.Effect<void, StoreError>) =>
+  sql
+    .withTransaction(
+      Effect.gen(function* () {
+        if (!(yield* lockScan(sql, did, token))) return false
+        yield* sql`
               UPDATE owners SET reconcile_status = 'complete', snapshot_rev = ${snapshotRev}, completed_at = now(),
                 failure_count = 0, last_failure_kind = NULL, updated_at = now()
               WHERE did = ${did}`
-            yield* whileLocked
-            return true
-          })
-        )
-        .pipe(storeOp("reconcile.complete")),
+        yield* whileLocked
+        return true
+      })
+    )
+    .pipe(storeOp("reconcile.complete"))
 
+const retryCandidates = (sql: SqlClient.SqlClient, options: Parameters<ReconcileStoreShape["retryCandidates"]>[0]) =>
+  sql`
+        UPDATE owners SET reconcile_status = 'failed', failed_at = now(), failure_count = failure_count + 1,
+          last_failure_kind = 'scan_crashed', updated_at = now()
+        WHERE reconcile_status = 'scanning'
+          AND scan_started_at < now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision)
+          AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))`.pipe(
+    Effect.zipRight(sql<{ did: string; reconcile_status: string; failure_count: number }>`
+        SELECT did, reconcile_status, failure_count FROM owners
+        WHERE (reconcile_status = 'failed'
+            OR (reconcile_status = 'scanning'
+                AND scan_started_at < now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision)))
+          AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))
+        ORDER BY CASE WHEN reconcile_status = 'failed' THEN 0 ELSE 1 END,
+          failed_at ASC NULLS LAST, scan_started_at ASC NULLS LAST, did
+        LIMIT ${options.limit}`),
+    Effect.map((rows) =>
+      rows.map((r) => ({
+        did: r.did,
+        status: r.reconcile_status === "failed" ? ("failed" as const) : ("scanning" as const),
+        failureCount: Number(r.failure_count)
+      }))
+    ),
+    storeOp("reconcile.retryCandidates")
+  )
+
+const completedSince = (sql: SqlClient.SqlClient, cursor: string, limit: number, settleMs = COMPLETION_SETTLE_MS) =>
+  Effect.gen(function* () {
+    const [at, after] = parseCursor(cursor)
+    const rows = yield* sql<{ did: string; at: string }>`
+          SELECT did, completed_at::text AS at FROM owners
+          WHERE reconcile_status = 'complete' AND completed_at IS NOT NULL
+            AND (completed_at, did) > (${at}::timestamptz, ${after})
+            AND completed_at <= now() - make_interval(secs => ${seconds(settleMs)}::double precision)
+          ORDER BY completed_at, did
+          LIMIT ${limit}`
+    const last = rows[rows.length - 1]
+    return {
+      dids: rows.map((r) => r.did),
+      cursor: last === undefined ? cursor : JSON.stringify([last.at, last.did])
+    }
+  }).pipe(storeOp("reconcile.completedSince"))
+
+const summary = (sql: SqlClient.SqlClient, limit: number) =>
+  Effect.gen(function* () {
+    const counts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
+    const rows = yield* sql<{ reconcile_status: string; n: number }>`
+          SELECT reconcile_status, count(*)::int AS n FROM owners GROUP BY reconcile_status`
+    for (const r of rows) counts[toStatus(r.reconcile_status)] += Number(r.n)
+    const failed = yield* sql<OwnerDbRow>`
+          SELECT did, generation, reconcile_status, scan_generation, snapshot_rev, failure_count, last_failure_kind,
+            scan_started_at, completed_at, failed_at
+          FROM owners WHERE reconcile_status = 'failed' ORDER BY failed_at DESC NULLS LAST, did LIMIT ${limit}`
+    const scanning = yield* sql<OwnerDbRow>`
+          SELECT did, generation, reconcile_status, scan_generation, snapshot_rev, failure_count, last_failure_kind,
+            scan_started_at, completed_at, failed_at
+          FROM owners WHERE reconcile_status = 'scanning' ORDER BY scan_started_at NULLS LAST, did LIMIT ${limit}`
+    const pass = yield* sql<PassDbRow>`
+          SELECT pass, continuation_did, owners_done, pass_started_at, pass_completed_at
+          FROM backfill_state WHERE pass = ${INITIAL_PASS}`
+    return {
+      counts,
+      failed: failed.map(ownerFromDb).map((o) => ({
+        did: o.did,
+        failureCount: o.failureCount,
+        lastFailureKind: o.lastFailureKind,
+        failedAt: o.failedAt
+      })),
+      scanning: scanning.map(ownerFromDb).map((o) => ({ did: o.did, scanStartedAt: o.scanStartedAt })),
+      pass: pass[0] === undefined ? undefined : passFromDb(pass[0])
+    }
+  }).pipe(storeOp("reconcile.summary"))
+
+// ---------------------------------------------------------------------------------------------
+// The store
+
+export const makeSql = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const store: ReconcileStoreShape = {
+    begin: (did, options) => begin(sql, did, options),
+    applyPage: (did, token, snapshotRev, rows) => applyPage(sql, did, token, snapshotRev, rows),
+    deleteOlder: (did, token, snapshotRev, limit) => deleteOlder(sql, did, token, snapshotRev, limit),
+    pruneTombstones: (did, token, snapshotRev, retentionMs, limit) => pruneTombstones(sql, did, token, snapshotRev, retentionMs, limit),
+    complete: (did, token, snapshotRev, whileLocked) => complete(sql, did, token, snapshotRev, whileLocked),
     withOwnerLock: (did, eff) =>
       sql
         .withTransaction(
@@ -357,32 +456,7 @@ export const makeSql = Effect.gen(function* () {
           updated_at = now()
         WHERE pass = ${pass}`.pipe(Effect.asVoid, storeOp("reconcile.completePass")),
 
-    retryCandidates: (options) =>
-      sql`
-        UPDATE owners SET reconcile_status = 'failed', failed_at = now(), failure_count = failure_count + 1,
-          last_failure_kind = 'scan_crashed', updated_at = now()
-        WHERE reconcile_status = 'scanning'
-          AND scan_started_at < now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision)
-          AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))`.pipe(
-        Effect.zipRight(sql<{ did: string; reconcile_status: string; failure_count: number }>`
-        SELECT did, reconcile_status, failure_count FROM owners
-        WHERE (reconcile_status = 'failed'
-            OR (reconcile_status = 'scanning'
-                AND scan_started_at < now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision)))
-          AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))
-        ORDER BY CASE WHEN reconcile_status = 'failed' THEN 0 ELSE 1 END,
-          failed_at ASC NULLS LAST, scan_started_at ASC NULLS LAST, did
-        LIMIT ${options.limit}`),
-        Effect.map((rows) =>
-          rows.map((r) => ({
-            did: r.did,
-            status: r.reconcile_status === "failed" ? ("failed" as const) : ("scanning" as const),
-            failureCount: Number(r.failure_count)
-          }))
-        ),
-        storeOp("reconcile.retryCandidates")
-      ),
-
+    retryCandidates: (options) => retryCandidates(sql, options),
     completedCursor: (marginMs) =>
       sql<{ at: string }>`
         SELECT (now() - make_interval(secs => ${seconds(marginMs)}::double precision))::text AS at`.pipe(
@@ -390,52 +464,8 @@ export const makeSql = Effect.gen(function* () {
         storeOp("reconcile.completedCursor")
       ),
 
-    completedSince: (cursor, limit, settleMs = COMPLETION_SETTLE_MS) =>
-      Effect.gen(function* () {
-        const [at, after] = parseCursor(cursor)
-        const rows = yield* sql<{ did: string; at: string }>`
-          SELECT did, completed_at::text AS at FROM owners
-          WHERE reconcile_status = 'complete' AND completed_at IS NOT NULL
-            AND (completed_at, did) > (${at}::timestamptz, ${after})
-            AND completed_at <= now() - make_interval(secs => ${seconds(settleMs)}::double precision)
-          ORDER BY completed_at, did
-          LIMIT ${limit}`
-        const last = rows[rows.length - 1]
-        return {
-          dids: rows.map((r) => r.did),
-          cursor: last === undefined ? cursor : JSON.stringify([last.at, last.did])
-        }
-      }).pipe(storeOp("reconcile.completedSince")),
-
-    summary: (limit) =>
-      Effect.gen(function* () {
-        const counts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
-        const rows = yield* sql<{ reconcile_status: string; n: number }>`
-          SELECT reconcile_status, count(*)::int AS n FROM owners GROUP BY reconcile_status`
-        for (const r of rows) counts[toStatus(r.reconcile_status)] += Number(r.n)
-        const failed = yield* sql<OwnerDbRow>`
-          SELECT did, generation, reconcile_status, scan_generation, snapshot_rev, failure_count, last_failure_kind,
-            scan_started_at, completed_at, failed_at
-          FROM owners WHERE reconcile_status = 'failed' ORDER BY failed_at DESC NULLS LAST, did LIMIT ${limit}`
-        const scanning = yield* sql<OwnerDbRow>`
-          SELECT did, generation, reconcile_status, scan_generation, snapshot_rev, failure_count, last_failure_kind,
-            scan_started_at, completed_at, failed_at
-          FROM owners WHERE reconcile_status = 'scanning' ORDER BY scan_started_at NULLS LAST, did LIMIT ${limit}`
-        const pass = yield* sql<PassDbRow>`
-          SELECT pass, continuation_did, owners_done, pass_started_at, pass_completed_at
-          FROM backfill_state WHERE pass = ${INITIAL_PASS}`
-        return {
-          counts,
-          failed: failed.map(ownerFromDb).map((o) => ({
-            did: o.did,
-            failureCount: o.failureCount,
-            lastFailureKind: o.lastFailureKind,
-            failedAt: o.failedAt
-          })),
-          scanning: scanning.map(ownerFromDb).map((o) => ({ did: o.did, scanStartedAt: o.scanStartedAt })),
-          pass: pass[0] === undefined ? undefined : passFromDb(pass[0])
-        }
-      }).pipe(storeOp("reconcile.summary"))
+    completedSince: (cursor, limit, settleMs) => completedSince(sql, cursor, limit, settleMs),
+    summary: (limit) => summary(sql, limit)
   }
   return store
 })

@@ -85,6 +85,10 @@ export class RegistryStore extends Context.Tag("firehook/RegistryStore")<Registr
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL
 
+/** Every column a webhook row is written with (the registry's and the reconciliation's upserts). */
+export const WEBHOOK_COLUMNS =
+  "owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did, backlinks, url, events, enabled, active, signing_mode, secret_id, fingerprint, gone_at"
+
 interface DbRow {
   readonly owner_did: string
   readonly rkey: string
@@ -133,6 +137,7 @@ const fromDb = (r: DbRow): WebhookRow => ({
 
 export const makeSql = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
+  const columns = sql.literal(WEBHOOK_COLUMNS)
   const store: RegistryStoreShape = {
     get: (ownerDid, rkey) =>
       Effect.gen(function* () {
@@ -162,8 +167,7 @@ export const makeSql = Effect.gen(function* () {
     upsert: (row) =>
       Effect.gen(function* () {
         yield* sql`
-          INSERT INTO webhooks (owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did, backlinks, url,
-            events, enabled, active, signing_mode, secret_id, fingerprint, gone_at)
+          INSERT INTO webhooks (${columns})
           VALUES (${row.ownerDid}, ${row.rkey}, ${row.rev}, ${row.generation}, ${row.cid ?? null},
             ${JSON.stringify(row.record)}::jsonb, ${row.scopeUri}, ${row.scopeDid}, ${row.backlinks}, ${row.url},
             string_to_array(${row.events.join(",")}, ','), ${row.enabled}, ${row.active}, ${row.signingMode},
