@@ -8,7 +8,7 @@ import type { CorruptionCandidate, EventBody, OutboxRow, OutboxStoreShape, Quara
 import * as CursorStore from "../intake/CursorStore.js"
 import * as PriorRefsStore from "./PriorRefsStore.js"
 import { storeOp } from "../platform/Persistence.js"
-import { NOTIFY_CHANNEL, notifyStatement } from "./OutboxNotify.js"
+import { notifyStatement } from "./OutboxNotify.js"
 import { originKey } from "./Origin.js"
 
 interface BatchResultRow {
@@ -90,7 +90,7 @@ const outboxCtes = (
     ), outbox_count AS (
       SELECT count(*)::int AS c FROM outbox_inserted
     ), outbox_notified AS (
-      SELECT pg_notify(${NOTIFY_CHANNEL}, '1') FROM outbox_count WHERE c > 0
+      ${notifyStatement(sql)} FROM outbox_count WHERE c > 0
     ), outbox_corrupt AS (
       INSERT INTO quarantine (stream, relay, reason, event_hash, cursor)
       SELECT q.stream, q.relay, 'corruption', q.event_hash, q.cursor
