@@ -1,8 +1,9 @@
 /**
- * The claim connection. Plan guard: right after a burst (an event fan-out, a replay of dead
- * letters) the planner's statistics still describe a small outbox, and it picks a bitmap scan of
- * EVERY due row plus a sort over the ordered `outbox_due` index scan that the LIMIT needs
- * (measured: 44 ms instead of ~1 ms per claim at 25,000 due rows, growing with the backlog).
+ * The claim connection of the delivery store's SQL driver. Plan guard: right after a burst (an
+ * event fan-out, a replay of dead letters) the planner's statistics still describe a small outbox,
+ * and it picks a bitmap scan of EVERY due row plus a sort over the ordered `outbox_due` index scan
+ * that the LIMIT needs (far slower per claim, growing with the backlog; figures in
+ * docs/benchmarks.md).
  * Claims therefore run on one connection reserved from the pool with `enable_bitmapscan = off`
  * for its session (one round trip per claim; a transaction with `SET LOCAL` costs three more).
  * Claims of this store take turns on it. After a failed claim the connection is given back

@@ -200,9 +200,9 @@ export const CLAIM_MAX = 1000
 /**
  * Candidate rows read per claim: `CANDIDATE_FACTOR × limit`, at most `CANDIDATE_MAX`. Rows of full
  * origins are skipped while reading (they never count), so the window only has to absorb origins
- * whose room is smaller than their due rows; 2 read half as many rows per claim as 4 did
- * (PostgreSQL CPU per delivery 0.29 → 0.27 ms in bench/delivery), and a claim that filled its
- * window reports `moreDue`, so the worker claims again at once.
+ * whose room is smaller than their due rows; 2 read half as many rows per claim as 4 did (less
+ * database work per delivery; figures in docs/benchmarks.md), and a claim that filled its window
+ * reports `moreDue`, so the worker claims again at once.
  */
 export const CANDIDATE_FACTOR = 2
 export const CANDIDATE_MAX = 2000
@@ -212,8 +212,8 @@ export const SCAN_MAX = 4000
 export const SETTLE_BATCH_MAX = 256
 /**
  * Settle statements in flight at once. One: settles that arrive while a statement runs wait for the
- * next one (group commit), so batches grow with the load: 37 rows per statement instead of 9.5
- * with four flushers in bench/delivery (PostgreSQL CPU per delivery 0.41 → 0.30 ms).
+ * next one (group commit), so batches grow with the load: larger batches than with four flushers,
+ * and less database work per delivery (figures in docs/benchmarks.md).
  */
 export const SETTLE_FLUSHERS = 1
 /** Health counts stop counting here (health clamps at 1,000,000 anyway). */
