@@ -9,10 +9,10 @@
 import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Clock, Effect, Ref, type Scope, Stream } from "effect"
-import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { Operation } from "../../schemas/RecordEvent.js"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
 import { ORIGIN_SQL } from "../matching/Origin.js"
+import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"
 import { codeOr } from "../platform/ErrorCode.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { makeClaimConnection } from "./ClaimConnection.js"
@@ -109,7 +109,6 @@ interface Settle {
 }
 
 const toOperation = (s: string | null): Operation => (s === "update" || s === "delete" ? s : "create")
-const toSigningMode = (s: string | null): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
 
 type SnapshotDbRow = Pick<
   ClaimDbRow,
@@ -135,10 +134,7 @@ const snapshotFrom = (r: SnapshotDbRow): SubscriptionSnapshot => ({
   signingMode: toSigningMode(r.sub_signing_mode),
   secretId: r.sub_secret_id ?? undefined,
   recordSecret: r.sub_secret ?? undefined,
-  ownerStatus:
-    r.owner_status === "scanning" || r.owner_status === "complete" || r.owner_status === "failed"
-      ? r.owner_status
-      : "unknown"
+  ownerStatus: toReconcileStatus(r.owner_status)
 })
 
 const MISSING_SUBSCRIPTION: SubscriptionSnapshot = snapshotFrom({
@@ -323,7 +319,8 @@ const claimResult = (dbRows: ReadonlyArray<ClaimDbRow>, p: ClaimPlan): ClaimResu
 // it counts as held this round; a lease really taken over shows another token next round). With
 // no statement of a worker waiting on another, a settle batch and the heartbeat cannot deadlock
 // (they did, 40P01, when both locked the shared rows in the order their joins produced), and the
-// settle needs no separate ordered lock of its rows (about 8 % of PostgreSQL's time per delivery).
+// settle needs no separate ordered lock of its rows (a measurable share of PostgreSQL's time per
+// delivery; figures in docs/benchmarks.md).
 const heartbeatManyStatement = (
   sql: SqlClient.SqlClient,
   leases: ReadonlyArray<{ readonly deliveryId: string; readonly token: string }>,

@@ -6,7 +6,7 @@
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Effect } from "effect"
-import { type ReconcileStatus, WEBHOOK_COLUMNS, type WebhookRow } from "../registry/RegistryStore.js"
+import { toReconcileStatus, WEBHOOK_COLUMNS, type WebhookRow } from "../registry/RegistryStore.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
 import {
   COMPLETION_SETTLE_MS,
@@ -42,16 +42,13 @@ interface CountRow {
   readonly n: number
 }
 
-const toStatus = (s: string): ReconcileStatus =>
-  s === "scanning" || s === "complete" || s === "failed" ? s : "unknown"
-
 const toDate = (v: unknown): Date | undefined =>
   v instanceof Date ? v : typeof v === "string" ? new Date(v) : undefined
 
 const ownerFromDb = (r: OwnerDbRow): OwnerReconcileState => ({
   did: r.did,
   generation: Number(r.generation),
-  status: toStatus(r.reconcile_status),
+  status: toReconcileStatus(r.reconcile_status),
   scanGeneration: r.scan_generation === null ? undefined : Number(r.scan_generation),
   snapshotRev: r.snapshot_rev ?? undefined,
   failureCount: Number(r.failure_count),
@@ -321,7 +318,7 @@ const summary = (sql: SqlClient.SqlClient, limit: number) =>
     const counts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
     const rows = yield* sql<{ reconcile_status: string; n: number }>`
           SELECT reconcile_status, count(*)::int AS n FROM owners GROUP BY reconcile_status`
-    for (const r of rows) counts[toStatus(r.reconcile_status)] += Number(r.n)
+    for (const r of rows) counts[toReconcileStatus(r.reconcile_status)] += Number(r.n)
     const failed = yield* sql<OwnerDbRow>`
           SELECT did, generation, reconcile_status, scan_generation, snapshot_rev, failure_count, last_failure_kind,
             scan_started_at, completed_at, failed_at

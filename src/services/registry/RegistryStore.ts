@@ -42,6 +42,10 @@ export interface Tombstone {
 
 export type ReconcileStatus = "unknown" | "scanning" | "complete" | "failed"
 
+/** A stored `owners.reconcile_status`; anything else (or none) is `unknown`. */
+export const toReconcileStatus = (s: string | null): ReconcileStatus =>
+  s === "scanning" || s === "complete" || s === "failed" ? s : "unknown"
+
 export interface OwnerState {
   readonly did: string
   readonly generation: number
@@ -111,7 +115,8 @@ interface DbRow {
 
 const OPS: ReadonlySet<string> = new Set(["create", "update", "delete"])
 const isOperation = (s: string): s is Operation => OPS.has(s)
-const toSigningMode = (s: string): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
+/** A stored `signing_mode`; anything else (or none) is `none`. */
+export const toSigningMode = (s: string | null): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
 const parseJson = (v: unknown): unknown => (typeof v === "string" ? JSON.parse(v) : v)
 
 /** Rows come from our own validated writes; the record column holds the validated clean copy. */
@@ -207,10 +212,7 @@ export const makeSql = Effect.gen(function* () {
         Effect.map((rows) => {
           const r = rows[0]
           if (r === undefined) return undefined
-          const status: ReconcileStatus =
-            r.reconcile_status === "scanning" || r.reconcile_status === "complete" || r.reconcile_status === "failed"
-              ? r.reconcile_status
-              : "unknown"
+          const status = toReconcileStatus(r.reconcile_status)
           return { did: r.did, generation: Number(r.generation), status }
         }),
         storeOp("registry.owner")
