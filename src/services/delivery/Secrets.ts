@@ -27,7 +27,7 @@ import * as SecretBox from "./SecretBox.js"
 import { SecretUnavailable } from "./SecretBox.js"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
-import { codeOf } from "../platform/Persistence.js"
+import { codeOr } from "../platform/ErrorCode.js"
 
 export { SecretUnavailable }
 
@@ -124,7 +124,7 @@ export interface SecretsStoreShape {
   readonly list: (ownerDid: string) => Effect.Effect<ReadonlyArray<SecretInfo>, SecretsError>
 }
 
-const storeError = (e: unknown) => new SecretsError({ reason: "store", code: codeOf(e) })
+const storeError = (e: unknown) => new SecretsError({ reason: "store", code: codeOr(e) })
 
 /** Every secrets statement is bounded (SPEC §7); a read runs inside a delivery attempt's slot. */
 const STORE_TIMEOUT = "15 seconds"
@@ -256,6 +256,81 @@ export const keyringFromConfig = (
 }
 
 // ---------------------------------------------------------------------------------------------
+// Cache
+
+/**
+ * The resolved tokens of one service: least recently used evicted first, each kept for the TTL.
+ * Only touched inside Effect.sync blocks (one JS thread), so no lock is needed.
+ */
+interface TokenCache {
+  /** false when the TTL or the capacity is 0 */
+  readonly on: boolean
+  /** bumped by every local write, so a resolve that raced with it never caches the old token */
+  readonly generation: () => number
+  readonly get: (key: string, now: number) => string | undefined
+  /** keep `token` unless a local write happened since the resolve started at `startedAt` */
+  readonly put: (key: string, token: string, now: number, startedAt: number) => void
+  readonly invalidate: (key: string) => Effect.Effect<void>
+}
+
+const makeTokenCache = (options: SecretsOptions): TokenCache => {
+  const ttlMs = Math.min(
+    Duration.toMillis(Duration.decode(options.cacheTtl ?? DEFAULT_CACHE_TTL)),
+    Duration.toMillis(MAX_CACHE_TTL)
+  )
+  const capacity = Math.max(0, Math.floor(options.cacheCapacity ?? DEFAULT_CACHE_CAPACITY))
+  const cacheOn = ttlMs > 0 && capacity > 0
+  const cache = new Map<string, { readonly token: string; readonly expiresAt: number }>()
+  let generation = 0
+  return {
+    on: cacheOn,
+    generation: () => generation,
+    get: (key, now) => {
+      const hit = cache.get(key)
+      if (hit === undefined) return undefined
+      cache.delete(key)
+      if (hit.expiresAt <= now) return undefined
+      cache.set(key, hit) // most recently used last
+      return hit.token
+    },
+    put: (key, token, now, startedAt) => {
+      if (!cacheOn || startedAt !== generation) return
+      cache.delete(key)
+      while (cache.size >= capacity) {
+        const oldest = cache.keys().next()
+        if (oldest.done === true) break
+        cache.delete(oldest.value)
+      }
+      cache.set(key, { token, expiresAt: now + ttlMs })
+    },
+    invalidate: (key) =>
+      Effect.sync(() => {
+        generation++
+        cache.delete(key)
+      })
+  }
+}
+
+/** A new envelope for `token` (or a fresh token) under the keyring's current key. */
+const sealNew = (
+  keyring: SecretBox.Keyring,
+  token: string | undefined
+): Effect.Effect<{ token: string; envelope: string }, SecretsError> => {
+  if (token !== undefined && !SecretBox.validateCallerToken(token)) {
+    return Effect.fail(new SecretsError({ reason: "invalid_token" }))
+  }
+  if (keyring.current === undefined) return Effect.fail(new SecretsError({ reason: "no_key" }))
+  return Effect.flatMap(
+    Effect.sync(() => token ?? SecretBox.generateToken()),
+    (t) =>
+      Either.match(SecretBox.sealRandom(keyring, t), {
+        onLeft: () => Effect.fail(new SecretsError({ reason: "no_key" })),
+        onRight: (envelope) => Effect.succeed({ token: t, envelope })
+      })
+  )
+}
+
+// ---------------------------------------------------------------------------------------------
 // The service
 
 const cacheKey = (ownerDid: string, name: string): string => `${ownerDid}\u0000${name}`
@@ -274,63 +349,15 @@ export const make = (
   options: SecretsOptions = {}
 ): Effect.Effect<SecretsShape> =>
   Effect.sync(() => {
-    const ttlMs = Math.min(
-      Duration.toMillis(Duration.decode(options.cacheTtl ?? DEFAULT_CACHE_TTL)),
-      Duration.toMillis(MAX_CACHE_TTL)
-    )
-    const capacity = Math.max(0, Math.floor(options.cacheCapacity ?? DEFAULT_CACHE_CAPACITY))
-    const cacheOn = ttlMs > 0 && capacity > 0
-    // Only touched inside Effect.sync blocks (one JS thread), so no lock is needed.
-    const cache = new Map<string, { readonly token: string; readonly expiresAt: number }>()
-    // Bumped by every local write, so a resolve that raced with it never caches the old token.
-    let generation = 0
-
-    const cacheGet = (key: string, now: number): string | undefined => {
-      const hit = cache.get(key)
-      if (hit === undefined) return undefined
-      cache.delete(key)
-      if (hit.expiresAt <= now) return undefined
-      cache.set(key, hit) // most recently used last
-      return hit.token
-    }
-    const cachePut = (key: string, token: string, now: number, startedAt: number) => {
-      if (!cacheOn || startedAt !== generation) return
-      cache.delete(key)
-      while (cache.size >= capacity) {
-        const oldest = cache.keys().next()
-        if (oldest.done === true) break
-        cache.delete(oldest.value)
-      }
-      cache.set(key, { token, expiresAt: now + ttlMs })
-    }
-    const invalidate = (key: string) =>
-      Effect.sync(() => {
-        generation++
-        cache.delete(key)
-      })
-
-    const sealNew = (token: string | undefined): Effect.Effect<{ token: string; envelope: string }, SecretsError> => {
-      if (token !== undefined && !SecretBox.validateCallerToken(token)) {
-        return Effect.fail(new SecretsError({ reason: "invalid_token" }))
-      }
-      if (keyring.current === undefined) return Effect.fail(new SecretsError({ reason: "no_key" }))
-      return Effect.flatMap(
-        Effect.sync(() => token ?? SecretBox.generateToken()),
-        (t) =>
-          Either.match(SecretBox.sealRandom(keyring, t), {
-            onLeft: () => Effect.fail(new SecretsError({ reason: "no_key" })),
-            onRight: (envelope) => Effect.succeed({ token: t, envelope })
-          })
-      )
-    }
+    const cache = makeTokenCache(options)
 
     const resolve = Effect.fn("Secrets.resolve")(function* (ownerDid: string, name: string) {
       if (!isCanonicalDid(ownerDid) || !SECRET_NAME.test(name)) return yield* Effect.fail(new SecretUnavailable())
       const key = cacheKey(ownerDid, name)
-      const startedAt = generation
-      if (cacheOn) {
+      const startedAt = cache.generation()
+      if (cache.on) {
         const now = yield* Clock.currentTimeMillis
-        const hit = cacheGet(key, now)
+        const hit = cache.get(key, now)
         if (hit !== undefined) return hit
       }
       const envelope = yield* store.get(ownerDid, name).pipe(Effect.mapError(() => new SecretUnavailable()))
@@ -339,28 +366,28 @@ export const make = (
         onLeft: () => Effect.fail(new SecretUnavailable()),
         onRight: (t) => Effect.succeed(t)
       })
-      if (cacheOn) {
+      if (cache.on) {
         const now = yield* Clock.currentTimeMillis
-        cachePut(key, token, now, startedAt)
+        cache.put(key, token, now, startedAt)
       }
       return token
     })
 
     const create = Effect.fn("Secrets.create")(function* (ownerDid: string, name: string, token?: string) {
       yield* checkIds(ownerDid, name)
-      const sealed = yield* sealNew(token)
+      const sealed = yield* sealNew(keyring, token)
       const result = yield* store.insert(ownerDid, name, sealed.envelope)
       if (result === "exists") return yield* Effect.fail(new SecretsError({ reason: "already_exists" }))
       if (result === "limit") return yield* Effect.fail(new SecretsError({ reason: "limit_reached" }))
-      yield* invalidate(cacheKey(ownerDid, name))
+      yield* cache.invalidate(cacheKey(ownerDid, name))
       return sealed.token
     })
 
     const rotate = Effect.fn("Secrets.rotate")(function* (ownerDid: string, name: string, token?: string) {
       yield* checkIds(ownerDid, name)
-      const sealed = yield* sealNew(token)
+      const sealed = yield* sealNew(keyring, token)
       const updated = yield* store.update(ownerDid, name, sealed.envelope)
-      yield* invalidate(cacheKey(ownerDid, name))
+      yield* cache.invalidate(cacheKey(ownerDid, name))
       if (!updated) return yield* Effect.fail(new SecretsError({ reason: "not_found" }))
       return sealed.token
     })
@@ -368,7 +395,7 @@ export const make = (
     const remove = Effect.fn("Secrets.remove")(function* (ownerDid: string, name: string) {
       yield* checkIds(ownerDid, name)
       const removed = yield* store.delete(ownerDid, name)
-      yield* invalidate(cacheKey(ownerDid, name))
+      yield* cache.invalidate(cacheKey(ownerDid, name))
       return removed
     })
 
@@ -444,5 +471,11 @@ export class Secrets extends Context.Tag("firehook/Secrets")<Secrets, SecretsSha
       })
     )
 }
+
+/** The layers of {@link Secrets}, at module level too (see the class for each). */
+export const layerSqlWith = Secrets.layerSqlWith
+export const layerSql = Secrets.layerSql
+export const layerSqlWithKeyring = Secrets.layerSqlWithKeyring
+export const layerMemory = Secrets.layerMemory
 
 const randomKey = (): Uint8Array => Uint8Array.from(randomBytes(SecretBox.KEY_BYTES))

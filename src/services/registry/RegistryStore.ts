@@ -42,6 +42,10 @@ export interface Tombstone {
 
 export type ReconcileStatus = "unknown" | "scanning" | "complete" | "failed"
 
+/** A stored `owners.reconcile_status`; anything else (or none) is `unknown`. */
+export const toReconcileStatus = (s: string | null): ReconcileStatus =>
+  s === "scanning" || s === "complete" || s === "failed" ? s : "unknown"
+
 export interface OwnerState {
   readonly did: string
   readonly generation: number
@@ -85,6 +89,10 @@ export class RegistryStore extends Context.Tag("firehook/RegistryStore")<Registr
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL
 
+/** Every column a webhook row is written with (the registry's and the reconciliation's upserts). */
+export const WEBHOOK_COLUMNS =
+  "owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did, backlinks, url, events, enabled, active, signing_mode, secret_id, fingerprint, gone_at"
+
 interface DbRow {
   readonly owner_did: string
   readonly rkey: string
@@ -107,7 +115,8 @@ interface DbRow {
 
 const OPS: ReadonlySet<string> = new Set(["create", "update", "delete"])
 const isOperation = (s: string): s is Operation => OPS.has(s)
-const toSigningMode = (s: string): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
+/** A stored `signing_mode`; anything else (or none) is `none`. */
+export const toSigningMode = (s: string | null): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
 const parseJson = (v: unknown): unknown => (typeof v === "string" ? JSON.parse(v) : v)
 
 /** Rows come from our own validated writes; the record column holds the validated clean copy. */
@@ -133,6 +142,7 @@ const fromDb = (r: DbRow): WebhookRow => ({
 
 export const makeSql = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
+  const columns = sql.literal(WEBHOOK_COLUMNS)
   const store: RegistryStoreShape = {
     get: (ownerDid, rkey) =>
       Effect.gen(function* () {
@@ -162,8 +172,7 @@ export const makeSql = Effect.gen(function* () {
     upsert: (row) =>
       Effect.gen(function* () {
         yield* sql`
-          INSERT INTO webhooks (owner_did, rkey, rev, generation, cid, record, scope_uri, scope_did, backlinks, url,
-            events, enabled, active, signing_mode, secret_id, fingerprint, gone_at)
+          INSERT INTO webhooks (${columns})
           VALUES (${row.ownerDid}, ${row.rkey}, ${row.rev}, ${row.generation}, ${row.cid ?? null},
             ${JSON.stringify(row.record)}::jsonb, ${row.scopeUri}, ${row.scopeDid}, ${row.backlinks}, ${row.url},
             string_to_array(${row.events.join(",")}, ','), ${row.enabled}, ${row.active}, ${row.signingMode},
@@ -203,10 +212,7 @@ export const makeSql = Effect.gen(function* () {
         Effect.map((rows) => {
           const r = rows[0]
           if (r === undefined) return undefined
-          const status: ReconcileStatus =
-            r.reconcile_status === "scanning" || r.reconcile_status === "complete" || r.reconcile_status === "failed"
-              ? r.reconcile_status
-              : "unknown"
+          const status = toReconcileStatus(r.reconcile_status)
           return { did: r.did, generation: Number(r.generation), status }
         }),
         storeOp("registry.owner")

@@ -1,0 +1,590 @@
+/**
+ * The PostgreSQL driver of the `DeliveryStore` port (see DeliveryStore.ts for the leases, the
+ * per-origin fairness and the settling it implements): its statements, each a module-level
+ * function of the `SqlClient`, and `makeSql`, which holds the claim connection
+ * (ClaimConnection.ts), the settle batcher (SettleBatcher.ts) and the counts cache. Reached
+ * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
+ * limits only when it runs.
+ */
+import { SqlClient, type Statement } from "@effect/sql"
+import { PgClient } from "@effect/sql-pg"
+import { Clock, Effect, Ref, type Scope, Stream } from "effect"
+import type { Operation } from "../../schemas/RecordEvent.js"
+import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
+import { ORIGIN_SQL } from "../matching/Origin.js"
+import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"
+import { codeOr } from "../platform/ErrorCode.js"
+import { StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { makeClaimConnection } from "./ClaimConnection.js"
+import {
+  type AttemptRecord,
+  CANDIDATE_FACTOR,
+  CANDIDATE_MAX,
+  CLAIM_MAX,
+  type ClaimedRow,
+  type ClaimOptions,
+  type ClaimResult,
+  COUNT_CAP,
+  COUNTS_TTL_MS,
+  type DeliveredAttempt,
+  type DeliveryCounts,
+  type DeliveryStoreShape,
+  excerpt,
+  type FailedAttempt,
+  RESPONSE_EXCERPT_BYTES,
+  SCAN_MAX,
+  STATEMENT_TIMEOUT,
+  type SubscriptionKey,
+  type SubscriptionSnapshot
+} from "./DeliveryStore.js"
+import { makeSettleBatcher } from "./SettleBatcher.js"
+
+const boundExcerpt = (s: string | undefined): string | null => {
+  if (s === undefined) return null
+  const bytes = Buffer.from(s, "utf8")
+  return bytes.length <= RESPONSE_EXCERPT_BYTES ? s.replace(/\u0000/g, "") : excerpt(bytes)
+}
+
+const clampInt = (n: number, min: number, max: number): number =>
+  Number.isFinite(n) ? Math.min(max, Math.max(min, Math.floor(n))) : min
+
+/** Map a failure to a `StoreError` and bound the statement's time. */
+const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL
+
+
+interface ClaimDbRow {
+  readonly cand_count: number
+  readonly over_room: number
+  readonly delivery_id: string | null
+  readonly event_id: string | null
+  readonly owner_did: string | null
+  readonly webhook_rkey: string | null
+  readonly match_kind: string | null
+  readonly event_did: string | null
+  readonly event_collection: string | null
+  readonly event_rkey: string | null
+  readonly event_operation: string | null
+  readonly target_url: string | null
+  readonly signing_mode: string | null
+  readonly secret_id: string | null
+  readonly fingerprint: string | null
+  readonly attempt_count: number | null
+  readonly lease_token: string | null
+  readonly origin: string | null
+  readonly age_ms: number | null
+  readonly body: string | null
+  readonly sub_exists: boolean | null
+  readonly sub_active: boolean | null
+  readonly sub_enabled: boolean | null
+  readonly sub_gone: boolean | null
+  readonly sub_url: string | null
+  readonly sub_fingerprint: string | null
+  readonly sub_signing_mode: string | null
+  readonly sub_secret_id: string | null
+  readonly sub_secret: string | null
+  readonly owner_status: string | null
+}
+
+/** One settle request (every settle operation is one of these, applied in batches). */
+interface Settle {
+  readonly deliveryId: string
+  readonly token: string
+  readonly status: "pending" | "delivered" | "dead_letter" | "cancelled"
+  /** new total; undefined = unchanged */
+  readonly attemptCount: number | undefined
+  /** next attempt after this many ms; undefined = unchanged */
+  readonly delayMs: number | undefined
+  /** whether `last_error_kind` is set (to `errorKind`, possibly NULL) */
+  readonly setError: boolean
+  readonly errorKind: string | undefined
+  /** whether `last_http_status` is set (to `httpStatus`, possibly NULL) */
+  readonly setHttp: boolean
+  readonly httpStatus: number | undefined
+  /** terminal: `finished_at` and an audit row */
+  readonly terminal: boolean
+  readonly attempt: AttemptRecord | undefined
+}
+
+const toOperation = (s: string | null): Operation => (s === "update" || s === "delete" ? s : "create")
+
+type SnapshotDbRow = Pick<
+  ClaimDbRow,
+  | "sub_exists"
+  | "sub_active"
+  | "sub_enabled"
+  | "sub_gone"
+  | "sub_url"
+  | "sub_fingerprint"
+  | "sub_signing_mode"
+  | "sub_secret_id"
+  | "sub_secret"
+  | "owner_status"
+>
+
+const snapshotFrom = (r: SnapshotDbRow): SubscriptionSnapshot => ({
+  exists: r.sub_exists === true,
+  active: r.sub_active === true,
+  enabled: r.sub_enabled === true,
+  gone: r.sub_gone === true,
+  url: r.sub_url ?? "",
+  fingerprint: r.sub_fingerprint ?? "",
+  signingMode: toSigningMode(r.sub_signing_mode),
+  secretId: r.sub_secret_id ?? undefined,
+  recordSecret: r.sub_secret ?? undefined,
+  ownerStatus: toReconcileStatus(r.owner_status)
+})
+
+const MISSING_SUBSCRIPTION: SubscriptionSnapshot = snapshotFrom({
+  sub_exists: false,
+  sub_active: null,
+  sub_enabled: null,
+  sub_gone: null,
+  sub_url: null,
+  sub_fingerprint: null,
+  sub_signing_mode: null,
+  sub_secret_id: null,
+  sub_secret: null,
+  owner_status: null
+})
+
+const fromClaim = (r: ClaimDbRow): ClaimedRow | undefined => {
+  if (r.delivery_id === null || r.lease_token === null) return undefined
+  return {
+    deliveryId: r.delivery_id,
+    eventId: r.event_id ?? "",
+    ownerDid: r.owner_did ?? "",
+    webhookRkey: r.webhook_rkey ?? "",
+    matchKind: r.match_kind === "backlink" ? "backlink" : "direct",
+    eventDid: r.event_did ?? "",
+    eventCollection: r.event_collection ?? "",
+    eventRkey: r.event_rkey ?? "",
+    eventOperation: toOperation(r.event_operation),
+    targetUrl: r.target_url ?? "",
+    signingMode: toSigningMode(r.signing_mode),
+    secretId: r.secret_id ?? undefined,
+    fingerprint: r.fingerprint ?? "",
+    attemptCount: Number(r.attempt_count ?? 0),
+    leaseToken: r.lease_token,
+    origin: r.origin ?? "",
+    ageMs: Math.max(0, Number(r.age_ms ?? 0)),
+    body: r.body ?? undefined,
+    snapshot: snapshotFrom(r)
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fragments
+
+/** The subscription and owner state of a claimed row or of a key (`w` = webhooks, `ow` = owners). */
+const SUBSCRIPTION_COLUMNS = `(w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active,
+        w.enabled AS sub_enabled, (w.gone_at IS NOT NULL) AS sub_gone, w.url AS sub_url,
+        w.fingerprint AS sub_fingerprint, w.signing_mode AS sub_signing_mode, w.secret_id AS sub_secret_id,
+        w.record->>'secret' AS sub_secret, ow.reconcile_status AS owner_status`
+
+/** The fragments the statements share, made once per store. */
+interface Fragments {
+  readonly origin: Statement.Fragment
+  readonly duePending: Statement.Fragment
+  readonly subscriptionColumns: Statement.Fragment
+  readonly noSubscriptionColumns: Statement.Fragment
+  readonly subscriptionJoins: Statement.Fragment
+}
+
+const fragments = (sql: SqlClient.SqlClient): Fragments => ({
+  // the stored origin; computed from the URL for rows enqueued before `outbox.origin` existed
+  origin: sql.literal(`COALESCE(origin, ${ORIGIN_SQL})`),
+  duePending: sql.literal(`status = 'pending' AND next_attempt_at <= now()`),
+  subscriptionColumns: sql.literal(SUBSCRIPTION_COLUMNS),
+  noSubscriptionColumns: sql.literal(`false AS sub_exists, NULL::boolean AS sub_active,
+        NULL::boolean AS sub_enabled, NULL::boolean AS sub_gone, NULL::text AS sub_url,
+        NULL::text AS sub_fingerprint, NULL::text AS sub_signing_mode, NULL::text AS sub_secret_id,
+        NULL::text AS sub_secret, NULL::text AS owner_status`),
+  subscriptionJoins: sql.literal(`LEFT JOIN webhooks w ON w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey
+      LEFT JOIN owners ow ON ow.did = u.owner_did`)
+})
+
+// ---------------------------------------------------------------------------------------------
+// Claim
+
+/** A claim's bounds, from its arguments. */
+interface ClaimPlan {
+  readonly workerId: string
+  /** rows at most (> 0) */
+  readonly n: number
+  /** candidate rows read at most, per branch */
+  readonly scan: number
+  readonly rooms: ReadonlyArray<{ readonly origin: string; readonly room: number }>
+  readonly full: ReadonlyArray<string>
+  readonly defaultRoom: number
+  readonly lease: number
+  readonly options: ClaimOptions
+}
+
+/** The claim's bounds; undefined when there is nothing to claim. */
+const claimPlan = (workerId: string, limit: number, leaseMs: number, options: ClaimOptions): ClaimPlan | undefined => {
+  const n = clampInt(limit, 0, CLAIM_MAX)
+  if (n === 0) return undefined
+  const scan = Math.min(CANDIDATE_MAX, n * CANDIDATE_FACTOR)
+  const rooms = (options.rooms ?? []).filter((r) => r.room > 0)
+  const full = options.fullOrigins ?? []
+  const defaultRoom = clampInt(options.defaultRoom ?? CLAIM_MAX, 0, CLAIM_MAX)
+  const lease = clampInt(leaseMs, 1, 24 * 3_600_000)
+  return { workerId, n, scan, rooms, full, defaultRoom, lease, options }
+}
+
+const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
+  sql<ClaimDbRow>`
+      WITH cand AS (
+        (SELECT p.delivery_id, p.next_attempt_at, p.origin FROM (
+           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin FROM outbox
+           WHERE ${f.duePending}
+           ORDER BY next_attempt_at LIMIT ${SCAN_MAX}
+         ) p WHERE p.origin <> ALL(${p.full}::text[]) LIMIT ${p.scan})
+        UNION ALL
+        (SELECT l.delivery_id, l.next_attempt_at, l.origin FROM (
+           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin FROM outbox
+           WHERE status = 'leased' AND leased_until < now()
+           ORDER BY leased_until LIMIT ${SCAN_MAX}
+         ) l WHERE l.origin <> ALL(${p.full}::text[]) LIMIT ${p.scan})
+      ),
+      ranked AS (
+        SELECT c.delivery_id, c.next_attempt_at, c.origin,
+          row_number() OVER (PARTITION BY c.origin ORDER BY c.next_attempt_at, c.delivery_id) AS rn,
+          COALESCE(r.room, ${p.defaultRoom}::int) AS room
+        FROM cand c
+        LEFT JOIN unnest(${p.rooms.map((r) => r.origin)}::text[], ${p.rooms.map((r) => r.room)}::int[]) AS r(origin, room)
+          ON r.origin = c.origin
+      ),
+      picked AS (
+        SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${p.n}
+      ),
+      locked AS (
+        SELECT o.delivery_id FROM outbox o
+        WHERE o.delivery_id IN (SELECT delivery_id FROM picked)
+          AND ((o.status = 'pending' AND o.next_attempt_at <= now()) OR (o.status = 'leased' AND o.leased_until < now()))
+        FOR UPDATE OF o SKIP LOCKED
+      ),
+      upd AS (
+        UPDATE outbox o SET
+          status = 'leased',
+          lease_token = ${p.workerId} || ':' || gen_random_uuid()::text,
+          leased_until = now() + ${p.lease}::int * interval '1 millisecond',
+          updated_at = now()
+        FROM locked
+        WHERE o.delivery_id = locked.delivery_id
+        RETURNING o.delivery_id, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
+          o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id,
+          o.fingerprint, o.attempt_count, o.lease_token, o.next_attempt_at,
+          ${sql.literal(`COALESCE(o.origin, ${ORIGIN_SQL.replace("target_url", "o.target_url")})`)} AS origin,
+          (extract(epoch FROM (now() - o.created_at)) * 1000)::float8 AS age_ms
+      ),
+      stats AS (
+        SELECT (SELECT count(*) FROM cand)::int AS cand_count,
+               (SELECT count(*) FROM ranked WHERE rn > room)::int AS over_room
+      )
+      SELECT stats.cand_count, stats.over_room, u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey,
+        u.match_kind, u.event_did, u.event_collection, u.event_rkey, u.event_operation, u.target_url,
+        u.signing_mode, u.secret_id, u.fingerprint, u.attempt_count, u.lease_token, u.origin, u.age_ms, e.body,
+        ${p.options.withSubscriptions === false ? f.noSubscriptionColumns : f.subscriptionColumns}
+      FROM stats
+      LEFT JOIN upd u ON true
+      LEFT JOIN delivery_events e ON e.event_id = u.event_id
+      ${p.options.withSubscriptions === false ? sql.literal("") : f.subscriptionJoins}
+      ORDER BY u.next_attempt_at`
+
+const claimResult = (dbRows: ReadonlyArray<ClaimDbRow>, p: ClaimPlan): ClaimResult => {
+  const rows: Array<ClaimedRow> = []
+  let candCount = 0
+  let overRoom = 0
+  for (const r of dbRows) {
+    candCount = Number(r.cand_count)
+    overRoom = Number(r.over_room)
+    const row = fromClaim(r)
+    if (row !== undefined) rows.push(row)
+  }
+  const moreDue = rows.length >= p.n || candCount >= p.scan || overRoom > 0
+  const result: ClaimResult = { rows, moreDue }
+  return result
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heartbeat
+
+// The heartbeat never waits for a row lock: it renews the rows it can lock at once (`SKIP LOCKED`)
+// and reports the others by reading them (a row locked right now by this worker's settle, or by a
+// claim taking over an expired lease, still shows its committed state: leased with our token, so
+// it counts as held this round; a lease really taken over shows another token next round). With
+// no statement of a worker waiting on another, a settle batch and the heartbeat cannot deadlock
+// (they did, 40P01, when both locked the shared rows in the order their joins produced), and the
+// settle needs no separate ordered lock of its rows (a measurable share of PostgreSQL's time per
+// delivery; figures in docs/benchmarks.md).
+const heartbeatManyStatement = (
+  sql: SqlClient.SqlClient,
+  leases: ReadonlyArray<{ readonly deliveryId: string; readonly token: string }>,
+  leaseMs: number
+): Effect.Effect<ReadonlySet<string>, StoreError> =>
+  leases.length === 0
+    ? Effect.succeed(new Set<string>())
+    : sql<{ lease_token: string }>`
+          WITH v AS (
+            SELECT * FROM unnest(${leases.map((l) => l.deliveryId)}::text[], ${leases.map((l) => l.token)}::text[])
+              AS v(delivery_id, token)
+          ),
+          lk AS (
+            SELECT o.delivery_id FROM outbox o JOIN v ON v.delivery_id = o.delivery_id
+            WHERE o.status = 'leased' AND o.lease_token = v.token
+            FOR UPDATE OF o SKIP LOCKED
+          ),
+          upd AS (
+            UPDATE outbox o SET leased_until = now() + ${clampInt(leaseMs, 1, 24 * 3_600_000)}::int * interval '1 millisecond',
+              updated_at = now()
+            FROM lk WHERE o.delivery_id = lk.delivery_id
+            RETURNING o.lease_token
+          ),
+          busy AS (
+            SELECT o.lease_token FROM outbox o JOIN v ON v.delivery_id = o.delivery_id
+            WHERE o.status = 'leased' AND o.lease_token = v.token
+              AND o.delivery_id NOT IN (SELECT delivery_id FROM lk)
+          )
+          SELECT lease_token FROM upd UNION ALL SELECT lease_token FROM busy`.pipe(
+          Effect.map((rows): ReadonlySet<string> => new Set(rows.map((r) => r.lease_token))),
+          op("delivery.heartbeatMany")
+        )
+
+const heartbeatStatement = (sql: SqlClient.SqlClient, deliveryId: string, token: string, leaseMs: number) =>
+  sql<{ delivery_id: string }>`
+      UPDATE outbox SET leased_until = now() + ${clampInt(leaseMs, 1, 24 * 3_600_000)}::int * interval '1 millisecond',
+        updated_at = now()
+      WHERE delivery_id = ${deliveryId} AND status = 'leased' AND lease_token = ${token}
+      RETURNING delivery_id`.pipe(
+      Effect.map((rows) => rows.length > 0),
+      op("delivery.heartbeat")
+    )
+
+// ---------------------------------------------------------------------------------------------
+// Settle
+
+/**
+ * Settles are batched: concurrent calls are collected and applied by ONE guarded statement per
+ * batch (update + attempt rows + audit rows), so a busy worker pays one round trip and one commit
+ * per batch instead of per row. A batch starts as soon as the flusher is free (no added delay);
+ * batches grow while a statement runs.
+ */
+const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>) => {
+  const col = <A>(f: (x: Settle) => A): Array<A> => items.map(f)
+  return sql<{ delivery_id: string; lease_token: string }>`
+      WITH v AS (
+        SELECT * FROM unnest(
+          ${col((x) => x.deliveryId)}::text[], ${col((x) => x.token)}::text[], ${col((x) => x.status)}::text[],
+          ${col((x) => x.attemptCount ?? null)}::int[], ${col((x) => x.delayMs ?? null)}::bigint[],
+          ${col((x) => x.setError)}::boolean[], ${col((x) => x.errorKind ?? null)}::text[],
+          ${col((x) => x.setHttp)}::boolean[], ${col((x) => x.httpStatus ?? null)}::int[],
+          ${col((x) => x.terminal)}::boolean[], ${col((x) => x.attempt !== undefined)}::boolean[],
+          ${col((x) => x.attempt?.startedAtMs ?? null)}::float8[],
+          ${col((x) => (x.attempt === undefined ? null : clampInt(x.attempt.durationMs, 0, 2_147_483_647)))}::int[],
+          ${col((x) => x.attempt?.outcome ?? null)}::text[], ${col((x) => x.attempt?.errorKind ?? null)}::text[],
+          ${col((x) => x.attempt?.httpStatus ?? null)}::int[],
+          ${col((x) => boundExcerpt(x.attempt?.responseExcerpt))}::text[]
+        ) AS t(delivery_id, token, status, attempt_count, delay_ms, set_error, error_kind, set_http, http_status,
+               terminal, has_attempt, a_started_ms, a_duration_ms, a_outcome, a_error_kind, a_http_status, a_excerpt)
+      ),
+      upd AS (
+        UPDATE outbox o SET
+          status = v.status,
+          attempt_count = COALESCE(v.attempt_count, o.attempt_count),
+          next_attempt_at = CASE WHEN v.delay_ms IS NULL THEN o.next_attempt_at
+                                 ELSE now() + v.delay_ms * interval '1 millisecond' END,
+          last_error_kind = CASE WHEN v.set_error THEN v.error_kind ELSE o.last_error_kind END,
+          last_http_status = CASE WHEN v.set_http THEN v.http_status ELSE o.last_http_status END,
+          finished_at = CASE WHEN v.terminal THEN now() ELSE o.finished_at END,
+          lease_token = NULL, leased_until = NULL, updated_at = now()
+        FROM v
+        WHERE o.delivery_id = v.delivery_id AND o.status = 'leased' AND o.lease_token = v.token
+        RETURNING o.delivery_id, o.event_id, o.owner_did, o.webhook_rkey, o.event_did, o.event_collection,
+          o.event_rkey, o.event_operation, v.token, v.status, v.error_kind, v.http_status, v.terminal,
+          v.has_attempt, v.a_started_ms, v.a_duration_ms, v.a_outcome, v.a_error_kind, v.a_http_status, v.a_excerpt
+      ),
+      att AS (
+        INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error_kind, http_status, response_excerpt)
+        SELECT u.delivery_id,
+          COALESCE((SELECT max(a.attempt) FROM delivery_attempts a WHERE a.delivery_id = u.delivery_id), 0) + 1,
+          to_timestamp(u.a_started_ms / 1000), u.a_duration_ms, u.a_outcome, u.a_error_kind, u.a_http_status, u.a_excerpt
+        FROM upd u WHERE u.has_attempt
+      ),
+      aud AS (
+        INSERT INTO audit (delivery_id, event_id, owner_did, webhook_rkey, event_did, event_collection, event_rkey,
+          event_operation, status, http_status, error_kind, url)
+        SELECT u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey, u.event_did, u.event_collection, u.event_rkey,
+          u.event_operation, u.status, u.http_status, u.error_kind, '[redacted]'
+        FROM upd u WHERE u.terminal
+      )
+      SELECT delivery_id, token AS lease_token FROM upd`.pipe(op("delivery.settle"))
+}
+
+const delayMs = (ms: number) => clampInt(ms, 0, 366 * 24 * 3_600_000)
+
+const delivered = (deliveryId: string, token: string, o: DeliveredAttempt): Settle => ({
+  deliveryId,
+  token,
+  status: "delivered",
+  attemptCount: o.attemptCount,
+  delayMs: undefined,
+  setError: true,
+  errorKind: undefined,
+  setHttp: true,
+  httpStatus: o.httpStatus,
+  terminal: true,
+  attempt: o.attempt
+})
+
+const rescheduled = (deliveryId: string, token: string, r: FailedAttempt & { readonly delayMs: number }): Settle => ({
+  deliveryId,
+  token,
+  status: "pending",
+  attemptCount: r.attemptCount,
+  delayMs: delayMs(r.delayMs),
+  setError: true,
+  errorKind: r.errorKind,
+  setHttp: true,
+  httpStatus: r.httpStatus,
+  terminal: false,
+  attempt: r.attempt
+})
+
+const deferred = (deliveryId: string, token: string, ms: number): Settle => ({
+  deliveryId,
+  token,
+  status: "pending",
+  attemptCount: undefined,
+  delayMs: delayMs(ms),
+  setError: false,
+  errorKind: undefined,
+  setHttp: false,
+  httpStatus: undefined,
+  terminal: false,
+  attempt: undefined
+})
+
+const deadLettered = (deliveryId: string, token: string, f: FailedAttempt): Settle => ({
+  deliveryId,
+  token,
+  status: "dead_letter",
+  attemptCount: f.attemptCount,
+  delayMs: undefined,
+  setError: true,
+  errorKind: f.errorKind,
+  setHttp: true,
+  httpStatus: f.httpStatus,
+  terminal: true,
+  attempt: f.attempt
+})
+
+const cancelled = (deliveryId: string, token: string, reason: string): Settle => ({
+  deliveryId,
+  token,
+  status: "cancelled",
+  attemptCount: undefined,
+  delayMs: undefined,
+  setError: true,
+  errorKind: reason,
+  setHttp: false,
+  httpStatus: undefined,
+  terminal: true,
+  attempt: undefined
+})
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+const countsStatement = (sql: SqlClient.SqlClient) =>
+  sql<{ pending: number; leased: number; dead_letter: number }>`
+    SELECT
+      (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'pending' LIMIT ${COUNT_CAP}) s)::int AS pending,
+      (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'leased' LIMIT ${COUNT_CAP}) s)::int AS leased,
+      (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'dead_letter' LIMIT ${COUNT_CAP}) s)::int AS dead_letter`.pipe(
+    Effect.map((rows): DeliveryCounts => ({
+      pending: Number(rows[0]?.pending ?? 0),
+      leased: Number(rows[0]?.leased ?? 0),
+      deadLetter: Number(rows[0]?.dead_letter ?? 0)
+    })),
+    op("delivery.counts")
+  )
+
+const subscriptionsStatement = (
+  sql: SqlClient.SqlClient,
+  f: Fragments,
+  keys: ReadonlyArray<SubscriptionKey>
+): Effect.Effect<ReadonlyArray<SubscriptionSnapshot>, StoreError> =>
+  keys.length === 0
+    ? Effect.succeed([])
+    : sql<SnapshotDbRow & { readonly i: number }>`
+          SELECT k.i::int AS i,
+            ${f.subscriptionColumns}
+          FROM unnest(${keys.map((k) => k.ownerDid)}::text[], ${keys.map((k) => k.rkey)}::text[])
+            WITH ORDINALITY AS k(owner_did, rkey, i)
+          LEFT JOIN webhooks w ON w.owner_did = k.owner_did AND w.rkey = k.rkey
+          LEFT JOIN owners ow ON ow.did = k.owner_did`.pipe(
+          Effect.map((rows) => {
+            const out: Array<SubscriptionSnapshot> = keys.map(() => MISSING_SUBSCRIPTION)
+            for (const r of rows) {
+              const at = Number(r.i) - 1
+              if (at >= 0 && at < out.length) out[at] = snapshotFrom(r)
+            }
+            return out
+          }),
+          op("delivery.subscriptions")
+        )
+
+// ---------------------------------------------------------------------------------------------
+// The store
+
+export const makeSql: Effect.Effect<
+  DeliveryStoreShape,
+  never,
+  SqlClient.SqlClient | PgClient.PgClient | Scope.Scope
+> = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const pg = yield* PgClient.PgClient
+  const f = fragments(sql)
+  const onClaimConnection = yield* makeClaimConnection(sql, pg)
+  const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) => settleStatement(sql, items))
+  const counts = yield* Ref.make<{ readonly at: number; readonly value: DeliveryCounts } | undefined>(undefined)
+  const readCounts = countsStatement(sql)
+
+  const store: DeliveryStoreShape = {
+    claim: (workerId, limit, leaseMs, options = {}) => {
+      const p = claimPlan(workerId, limit, leaseMs, options)
+      if (p === undefined) return Effect.succeed({ rows: [], moreDue: false })
+      return onClaimConnection(claimStatement(sql, f, p)).pipe(
+        Effect.map((dbRows) => claimResult(dbRows, p)),
+        op("delivery.claim")
+      )
+    },
+    subscriptions: (keys) => subscriptionsStatement(sql, f, keys),
+    heartbeat: (deliveryId, token, leaseMs) => heartbeatStatement(sql, deliveryId, token, leaseMs),
+    heartbeatMany: (leases, leaseMs) => heartbeatManyStatement(sql, leases, leaseMs),
+    markDelivered: (deliveryId, token, o) => settle(delivered(deliveryId, token, o)),
+    reschedule: (deliveryId, token, r) => settle(rescheduled(deliveryId, token, r)),
+    defer: (deliveryId, token, ms) => settle(deferred(deliveryId, token, ms)),
+    deadLetter: (deliveryId, token, failure) => settle(deadLettered(deliveryId, token, failure)),
+    cancel: (deliveryId, token, reason) => settle(cancelled(deliveryId, token, reason)),
+    counts: Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      const cached = yield* Ref.get(counts)
+      if (cached !== undefined && now - cached.at < COUNTS_TTL_MS) return cached.value
+      const value = yield* readCounts
+      yield* Ref.set(counts, { at: now, value })
+      return value
+    }),
+    wakeups: pg.listen(NOTIFY_CHANNEL).pipe(
+      Stream.map((): void => undefined),
+      Stream.mapError((e) => new StoreError({ op: "delivery.listen", code: codeOr(e) }))
+    ),
+    // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
+    notify: notifyStatement(sql).pipe(Effect.asVoid, op("delivery.notify"))
+  }
+  return store
+})

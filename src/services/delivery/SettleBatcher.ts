@@ -1,0 +1,63 @@
+/**
+ * The settle batcher of the `DeliveryStore` SQL driver (DeliveryStoreSql.ts): concurrent settles
+ * are collected and applied by ONE statement per batch (`run`), at most `SETTLE_BATCH_MAX` at a
+ * time by `SETTLE_FLUSHERS` flushers. A batch starts as soon as a flusher is free (no added
+ * delay); batches grow while a statement runs. Each settle completes with whether its guarded
+ * update applied (its lease token is among those `run` returns).
+ */
+import { Cause, Effect, Exit, Option, Queue, type Scope } from "effect"
+import { StoreError } from "../platform/Persistence.js"
+import { SETTLE_BATCH_MAX, SETTLE_FLUSHERS } from "./DeliveryStore.js"
+
+/** Queue a settle for the next batch; completes with whether the guarded update applied. */
+export type SettleOne<I> = (item: I) => Effect.Effect<boolean, StoreError>
+
+/** The batcher over `run`; its flushers run (and queued settles are answered) in the caller's scope. */
+export const makeSettleBatcher = <I extends { readonly token: string }>(
+  run: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<{ readonly lease_token: string }>, StoreError>
+): Effect.Effect<SettleOne<I>, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    type Waiter = { readonly item: I; readonly resume: (result: Effect.Effect<boolean, StoreError>) => void }
+    const queue: Array<Waiter> = []
+    const work = yield* Queue.sliding<void>(1)
+    const APPLIED = Effect.succeed(true)
+    const NOT_APPLIED = Effect.succeed(false)
+    const flusher = Effect.gen(function* () {
+      while (true) {
+        if (queue.length === 0) {
+          yield* Queue.take(work)
+          continue
+        }
+        const batch = queue.splice(0, SETTLE_BATCH_MAX)
+        // more work left: let another flusher take it while this one runs
+        if (queue.length > 0) yield* Queue.offer(work, undefined)
+        // every outcome, even a defect, completes every waiter of the batch
+        const result = yield* Effect.exit(run(batch.map((b) => b.item)))
+        if (Exit.isSuccess(result)) {
+          const applied = new Set(result.value.map((r) => r.lease_token))
+          for (const b of batch) b.resume(applied.has(b.item.token) ? APPLIED : NOT_APPLIED)
+        } else {
+          const error = Effect.fail(
+            Option.getOrElse(Cause.failureOption(result.cause), () => new StoreError({ op: "delivery.settle", code: "defect" }))
+          )
+          for (const b of batch) b.resume(error)
+        }
+      }
+    })
+    for (let i = 0; i < SETTLE_FLUSHERS; i++) yield* Effect.forkScoped(flusher)
+    // settles still queued when the store's scope closes are answered, not left waiting
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        const left = queue.splice(0, queue.length)
+        const error = Effect.fail(new StoreError({ op: "delivery.settle", code: "shutdown" }))
+        for (const b of left) b.resume(error)
+      })
+    )
+
+    const settle: SettleOne<I> = (item) =>
+      Effect.async<boolean, StoreError>((resume) => {
+        queue.push({ item, resume })
+        work.unsafeOffer(undefined)
+      })
+    return settle
+  })

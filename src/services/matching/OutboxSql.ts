@@ -1,0 +1,240 @@
+/**
+ * The outbox's PostgreSQL driver ({@link OutboxStore}): bodies, rows, quarantine and NOTIFY as
+ * data-modifying CTEs of one statement where they fit.
+ */
+import { SqlClient, type Statement } from "@effect/sql"
+import { Effect } from "effect"
+import type { CorruptionCandidate, EventBody, OutboxRow, OutboxStoreShape, QuarantineRow } from "./Outbox.js"
+import * as CursorStore from "../intake/CursorStore.js"
+import * as PriorRefsStore from "./PriorRefsStore.js"
+import { storeOp } from "../platform/Persistence.js"
+import { notifyStatement } from "./OutboxNotify.js"
+import { originKey } from "./Origin.js"
+
+interface BatchResultRow {
+  readonly inserted: number | string | null
+  readonly existing: unknown
+}
+
+const stringSet = (v: unknown): ReadonlySet<string> => {
+  const out = new Set<string>()
+  const parsed: unknown = typeof v === "string" ? JSON.parse(v) : v
+  if (Array.isArray(parsed)) for (const x of parsed) if (typeof x === "string") out.add(x)
+  return out
+}
+
+const existingOf = (v: unknown): ReadonlyMap<string, string> => {
+  const existing = new Map<string, string>()
+  const pairs: unknown = typeof v === "string" ? JSON.parse(v) : v
+  if (Array.isArray(pairs)) {
+    for (const p of pairs) {
+      if (Array.isArray(p) && typeof p[0] === "string" && typeof p[1] === "string") existing.set(p[0], p[1])
+    }
+  }
+  return existing
+}
+
+const quarantineInsert = (sql: SqlClient.SqlClient, rows: ReadonlyArray<QuarantineRow>) =>
+  sql`INSERT INTO quarantine ${sql.insert(
+    rows.map((r) => ({
+      stream: r.stream,
+      relay: r.relay,
+      reason: r.reason,
+      event_hash: r.eventHash,
+      cursor: r.cursor === undefined ? null : r.cursor.toString()
+    }))
+  )}`
+
+/**
+ * Bodies, rows and NOTIFY as data-modifying CTEs (`outbox_bodies`, `outbox_events`,
+ * `outbox_inserted`, `outbox_count`, `outbox_notified`, `outbox_corrupt`): the body insert touches
+ * an existing body (see `insertEvents`); rows are inserted only for events whose stored body is the
+ * one given; the NOTIFY runs only when a row was inserted; each `corruption` row whose event's
+ * stored body differs is inserted into the quarantine.
+ */
+const outboxCtes = (
+  sql: SqlClient.SqlClient,
+  bodies: ReadonlyArray<EventBody>,
+  rows: ReadonlyArray<OutboxRow>,
+  corruption: ReadonlyArray<CorruptionCandidate>
+) => {
+  const c = columns(rows)
+  const q = {
+    eventId: corruption.map((x) => x.eventId),
+    stream: corruption.map((x) => x.row.stream),
+    relay: corruption.map((x) => x.row.relay),
+    eventHash: corruption.map((x) => x.row.eventHash),
+    cursor: corruption.map((x) => (x.row.cursor === undefined ? null : x.row.cursor.toString()))
+  }
+  return sql`outbox_bodies AS (
+      SELECT * FROM unnest(${bodies.map((x) => x.eventId)}::text[], ${bodies.map((x) => x.body)}::text[],
+        ${bodies.map((x) => x.sha256)}::text[]) AS b(event_id, body, body_sha256)
+    ), outbox_events AS (
+      INSERT INTO delivery_events (event_id, body, body_sha256) SELECT event_id, body, body_sha256 FROM outbox_bodies
+      ON CONFLICT (event_id) DO UPDATE SET created_at = now()
+      RETURNING event_id, body_sha256, (xmax = 0) AS inserted
+    ), outbox_mismatch AS (
+      SELECT e.event_id FROM outbox_events e JOIN outbox_bodies b USING (event_id) WHERE e.body_sha256 <> b.body_sha256
+    ), outbox_inserted AS (
+      INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+        event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
+      SELECT r.* FROM unnest(${c.deliveryId}::text[], ${c.eventId}::text[], ${c.ownerDid}::text[],
+        ${c.webhookRkey}::text[], ${c.matchKind}::text[], ${c.eventDid}::text[], ${c.eventCollection}::text[],
+        ${c.eventRkey}::text[], ${c.eventOperation}::text[], ${c.targetUrl}::text[], ${c.signingMode}::text[],
+        ${c.secretId}::text[], ${c.fingerprint}::text[], ${c.origin}::text[])
+        AS r(delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection, event_rkey,
+          event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
+      WHERE r.event_id NOT IN (SELECT event_id FROM outbox_mismatch)
+      ON CONFLICT (delivery_id) DO NOTHING
+      RETURNING delivery_id
+    ), outbox_count AS (
+      SELECT count(*)::int AS c FROM outbox_inserted
+    ), outbox_notified AS (
+      ${notifyStatement(sql)} FROM outbox_count WHERE c > 0
+    ), outbox_corrupt AS (
+      INSERT INTO quarantine (stream, relay, reason, event_hash, cursor)
+      SELECT q.stream, q.relay, 'corruption', q.event_hash, q.cursor
+      FROM unnest(${q.eventId}::text[], ${q.stream}::text[], ${q.relay}::text[], ${q.eventHash}::text[],
+        ${q.cursor}::bigint[]) WITH ORDINALITY AS q(event_id, stream, relay, event_hash, cursor, n)
+      WHERE q.event_id IN (SELECT event_id FROM outbox_mismatch)
+      ORDER BY q.n
+      RETURNING 1
+    )`
+}
+
+/** The result columns of `outboxCtes` (referencing `outbox_notified` is what runs the NOTIFY). */
+const outboxColumns = (sql: SqlClient.SqlClient) =>
+  sql`(SELECT c FROM outbox_count) AS inserted, (SELECT count(*)::int FROM outbox_notified) AS notified,
+    (SELECT coalesce(json_agg(json_build_array(event_id, body_sha256)), '[]'::json) FROM outbox_events WHERE NOT inserted)
+      AS existing`
+
+export const makeSql = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const store: OutboxStoreShape = {
+    insertEvents: (bodies) =>
+      Effect.gen(function* () {
+        if (bodies.length === 0) return new Map<string, string>()
+        // an existing body is touched (created_at refreshed, row locked until commit) so that
+        // maintenance cannot prune it between this statement and the commit of its outbox rows
+        const rows = yield* sql<{ event_id: string; body_sha256: string; inserted: boolean }>`
+          INSERT INTO delivery_events ${sql.insert(
+            bodies.map((b) => ({ event_id: b.eventId, body: b.body, body_sha256: b.sha256 }))
+          )}
+          ON CONFLICT (event_id) DO UPDATE SET created_at = now()
+          RETURNING event_id, body_sha256, (xmax = 0) AS inserted`
+        const out = new Map<string, string>()
+        for (const r of rows) if (!r.inserted) out.set(r.event_id, r.body_sha256)
+        return out
+      }).pipe(storeOp("outbox.insertEvents")),
+    insertRows: (rows) =>
+      rows.length === 0
+        ? Effect.succeed(0)
+        : sql<{ delivery_id: string }>`
+          INSERT INTO outbox ${sql.insert(
+            rows.map((r) => ({
+              delivery_id: r.deliveryId,
+              event_id: r.eventId,
+              owner_did: r.ownerDid,
+              webhook_rkey: r.webhookRkey,
+              match_kind: r.matchKind,
+              event_did: r.eventDid,
+              event_collection: r.eventCollection,
+              event_rkey: r.eventRkey,
+              event_operation: r.eventOperation,
+              target_url: r.targetUrl,
+              signing_mode: r.signingMode,
+              secret_id: r.secretId ?? null,
+              fingerprint: r.fingerprint,
+              origin: originKey(r.targetUrl)
+            }))
+          )}
+          ON CONFLICT (delivery_id) DO NOTHING RETURNING delivery_id`.pipe(
+            Effect.map((r) => r.length),
+            storeOp("outbox.insertRows")
+          ),
+    insertQuarantine: (rows) =>
+      rows.length === 0
+        ? Effect.void
+        : quarantineInsert(sql, rows).pipe(Effect.asVoid, storeOp("outbox.insertQuarantine")),
+    // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
+    notify: notifyStatement(sql).pipe(Effect.asVoid, storeOp("outbox.notify")),
+    insertBatch: (bodies, rows) =>
+      bodies.length === 0
+        ? Effect.succeed({ existing: new Map<string, string>(), inserted: 0 })
+        : sql<BatchResultRow>`WITH ${outboxCtes(sql, bodies, rows, [])}
+            SELECT ${outboxColumns(sql)}`.pipe(
+            Effect.map((result) => ({ existing: existingOf(result[0]?.existing), inserted: Number(result[0]?.inserted ?? 0) })),
+            storeOp("outbox.insertBatch")
+          ),
+    commitBatch: (c) => {
+      const ctes: Array<Statement.Fragment> = []
+      const withPrior = c.prior !== undefined && (c.prior.upserts.length > 0 || c.prior.deletes.length > 0)
+      if (c.prior !== undefined && withPrior) ctes.push(PriorRefsStore.writeCtes(sql, c.prior))
+      c.cursors.forEach((w, k) => ctes.push(sql`${sql.literal(`cursor_saved_${k}`)} AS (${CursorStore.saveStatement(sql, w)} RETURNING 1)`))
+      if (c.quarantine.length > 0) ctes.push(sql`quarantined AS (${quarantineInsert(sql, c.quarantine)} RETURNING 1)`)
+      const withOutbox = c.bodies.length > 0
+      if (withOutbox) ctes.push(outboxCtes(sql, c.bodies, c.rows, c.corruption))
+      if (ctes.length === 0) {
+        return Effect.succeed({ existing: new Map<string, string>(), inserted: 0, insertedIds: new Set<string>(), priorWritten: new Set<string>() })
+      }
+      return sql<BatchResultRow & { inserted_ids: unknown; prior_written: unknown }>`WITH ${sql.csv(ctes)}
+        SELECT ${withOutbox ? outboxColumns(sql) : sql`0 AS inserted, '[]'::json AS existing`},
+          ${withOutbox ? sql`(SELECT coalesce(json_agg(delivery_id), '[]'::json) FROM outbox_inserted)` : sql`'[]'::json`}
+            AS inserted_ids,
+          ${withPrior ? sql`(SELECT coalesce(json_agg(record_uri), '[]'::json) FROM prior_written)` : sql`'[]'::json`}
+            AS prior_written`.pipe(
+        Effect.map((result) => {
+          const r = result[0]
+          return {
+            existing: existingOf(r?.existing),
+            inserted: Number(r?.inserted ?? 0),
+            insertedIds: stringSet(r?.inserted_ids),
+            priorWritten: stringSet(r?.prior_written)
+          }
+        }),
+        storeOp("outbox.commitBatch")
+      )
+    }
+  }
+  return store
+})
+
+/** rows as column arrays (for `unnest`) */
+const columns = (rows: ReadonlyArray<OutboxRow>) => {
+  const n = rows.length
+  const c = {
+    deliveryId: new Array<string>(n),
+    eventId: new Array<string>(n),
+    ownerDid: new Array<string>(n),
+    webhookRkey: new Array<string>(n),
+    matchKind: new Array<string>(n),
+    eventDid: new Array<string>(n),
+    eventCollection: new Array<string>(n),
+    eventRkey: new Array<string>(n),
+    eventOperation: new Array<string>(n),
+    targetUrl: new Array<string>(n),
+    signingMode: new Array<string>(n),
+    secretId: new Array<string | null>(n),
+    fingerprint: new Array<string>(n),
+    origin: new Array<string>(n)
+  }
+  for (let i = 0; i < n; i++) {
+    const r = rows[i]
+    if (r === undefined) continue
+    c.deliveryId[i] = r.deliveryId
+    c.eventId[i] = r.eventId
+    c.ownerDid[i] = r.ownerDid
+    c.webhookRkey[i] = r.webhookRkey
+    c.matchKind[i] = r.matchKind
+    c.eventDid[i] = r.eventDid
+    c.eventCollection[i] = r.eventCollection
+    c.eventRkey[i] = r.eventRkey
+    c.eventOperation[i] = r.eventOperation
+    c.targetUrl[i] = r.targetUrl
+    c.signingMode[i] = r.signingMode
+    c.secretId[i] = r.secretId ?? null
+    c.fingerprint[i] = r.fingerprint
+    c.origin[i] = originKey(r.targetUrl)
+  }
+  return c
+}
