@@ -7,11 +7,26 @@
  * and the rule it broke — never the value itself, so a secret can never leak through an error.
  * An empty string counts as unset (so `VAR= npm start` falls back to the default).
  */
-import { Config as EffectConfig, Context, Data, Effect, Either, Layer, LogLevel, Option, Redacted } from "effect"
+import { Context, Effect, Either, Layer, LogLevel, Option, Redacted } from "effect"
 import * as SecretBox from "../delivery/SecretBox.js"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { parseCidr } from "../../schemas/Net.js"
 import { parseRedisUrl } from "../delivery/Publisher.js"
+import {
+  ConfigInvalid,
+  HOST,
+  isPostgresUrl,
+  isServiceBaseUrl,
+  isStreamUrl,
+  notBelow,
+  raw,
+  readEnum,
+  readInt,
+  readString,
+  stripTrailingSlashes
+} from "./ConfigRead.js"
+
+export { ConfigInvalid, readEnum, readInt, readString } from "./ConfigRead.js"
 
 export type NodeEnv = "production" | "development" | "test"
 export type LogFormat = "json" | "pretty"
@@ -165,101 +180,7 @@ export interface FirehookConfigShape {
   }
 }
 
-/** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
-export class ConfigInvalid extends Data.TaggedError("ConfigInvalid")<{
-  readonly variable: string
-  readonly rule: string
-}> {
-  override get message(): string {
-    return `invalid configuration: ${this.variable} ${this.rule}`
-  }
-}
-
 export class FirehookConfig extends Context.Tag("firehook/Config")<FirehookConfig, FirehookConfigShape>() {}
-
-// ---------------------------------------------------------------------------------------------
-// Strict readers
-
-const INTEGER = /^(0|[1-9]\d*)$/
-
-/** The raw value of a variable, `None` when unset or empty. Never fails with the value. */
-const raw = (name: string): Effect.Effect<Option.Option<string>, ConfigInvalid> =>
-  EffectConfig.option(EffectConfig.string(name)).pipe(
-    Effect.mapError(() => new ConfigInvalid({ variable: name, rule: "could not be read" })),
-    Effect.map(Option.filter((s) => s.length > 0))
-  )
-
-export const readInt = (name: string, def: number, min: number, max: number) =>
-  raw(name).pipe(
-    Effect.flatMap(
-      Option.match({
-        onNone: () => Effect.succeed(def),
-        onSome: (s) => {
-          const n = INTEGER.test(s) ? Number(s) : Number.NaN
-          return Number.isSafeInteger(n) && n >= min && n <= max
-            ? Effect.succeed(n)
-            : Effect.fail(new ConfigInvalid({ variable: name, rule: `must be an integer in ${min}..${max}` }))
-        }
-      })
-    )
-  )
-
-export const readEnum = <const A extends string>(name: string, values: ReadonlyArray<A>, def: A) =>
-  raw(name).pipe(
-    Effect.flatMap(
-      Option.match({
-        onNone: () => Effect.succeed(def),
-        onSome: (s) => {
-          const found = values.find((v) => v === s)
-          return found !== undefined
-            ? Effect.succeed(found)
-            : Effect.fail(new ConfigInvalid({ variable: name, rule: `must be one of ${values.join(", ")}` }))
-        }
-      })
-    )
-  )
-
-export const readString = (name: string, def: string, rule: { readonly test: (s: string) => boolean; readonly text: string }) =>
-  raw(name).pipe(
-    Effect.flatMap(
-      Option.match({
-        onNone: () => Effect.succeed(def),
-        onSome: (s) =>
-          rule.test(s) ? Effect.succeed(s) : Effect.fail(new ConfigInvalid({ variable: name, rule: rule.text }))
-      })
-    )
-  )
-
-const isPostgresUrl = (s: string): boolean => {
-  if (s.length > 4096) return false
-  if (!URL.canParse(s)) return false
-  const u = new URL(s)
-  return (u.protocol === "postgres:" || u.protocol === "postgresql:") && (u.hostname.length > 0 || u.searchParams.has("host"))
-}
-
-const LOOPBACK_HOSTS: ReadonlySet<string> = new Set(["localhost", "127.0.0.1", "[::1]"])
-
-/** wss:// anywhere; ws:// only to a loopback host and only in insecure development mode. */
-const isStreamUrl = (s: string, insecure: boolean): boolean => {
-  if (s.length > 2048 || !URL.canParse(s)) return false
-  const u = new URL(s)
-  if (u.username !== "" || u.password !== "" || u.hash !== "") return false
-  if (u.protocol === "wss:") return u.hostname.length > 0
-  return u.protocol === "ws:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
-}
-
-/**
- * An HTTP base URL for identity / discovery requests (PLC directory, relay): https:// with a host,
- * no credentials, query or fragment; http:// only to a loopback host in insecure development mode.
- * The transport re-checks every request (public addresses only).
- */
-const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
-  if (s.length > 2048 || !URL.canParse(s) || s.includes("#") || s.includes("?")) return false
-  const u = new URL(s)
-  if (u.username !== "" || u.password !== "" || u.hostname.length === 0) return false
-  if (u.protocol === "https:") return true
-  return u.protocol === "http:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
-}
 
 /** Bounds of the `RETENTION_*` variables: durations 1 h .. 365 d, row bounds 1,000 .. 10,000,000 (the row-bound cut is an OFFSET scan that must fit the 30 s statement bound). */
 export const RETENTION_MS_MIN = 3_600_000
@@ -268,8 +189,6 @@ export const RETENTION_ROWS_MIN = 1_000
 export const RETENTION_ROWS_MAX = 10_000_000
 
 const DAY_MS = 86_400_000
-
-const stripTrailingSlashes = (s: string): string => s.replace(/\/+$/, "")
 
 /** At most this many `BACKFILL_OWNERS` entries. */
 export const MAX_BACKFILL_OWNERS = 10_000
@@ -290,9 +209,6 @@ const parseCidrList = (s: string): ReadonlyArray<string> | undefined => {
   return parts
 }
 
-/** A host name or IP literal to listen on. */
-const HOST = /^[A-Za-z0-9.:_-]{1,253}$/
-
 const LOG_LEVELS: Record<string, LogLevel.LogLevel> = {
   trace: LogLevel.Trace,
   debug: LogLevel.Debug,
@@ -303,10 +219,6 @@ const LOG_LEVELS: Record<string, LogLevel.LogLevel> = {
   fatal: LogLevel.Fatal,
   none: LogLevel.None
 }
-
-/** A cross-field rule: `upper` (variable `upperName`) must not be below `lower` (`lowerName`). */
-const notBelow = (upperName: string, upper: number, lowerName: string, lower: number): Effect.Effect<void, ConfigInvalid> =>
-  upper < lower ? Effect.fail(new ConfigInvalid({ variable: upperName, rule: `must not be below ${lowerName}` })) : Effect.void
 
 /**
  * Load and validate the whole configuration. `isTty` picks the default log format
