@@ -7,7 +7,7 @@
  * and the rule it broke — never the value itself, so a secret can never leak through an error.
  * An empty string counts as unset (so `VAR= npm start` falls back to the default).
  */
-import { Config as EffectConfig, Data, Effect, Option, Redacted } from "effect"
+import { Config as EffectConfig, Data, Effect, Option, Record, Redacted } from "effect"
 
 /** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
 export class ConfigInvalid extends Data.TaggedError("ConfigInvalid")<{
@@ -89,6 +89,42 @@ export const readRedacted = (name: string, test: (s: string) => boolean, rule: s
 /** A cross-field rule: `upper` (variable `upperName`) must not be below `lower` (`lowerName`). */
 export const notBelow = (upperName: string, upper: number, lowerName: string, lower: number): Effect.Effect<void, ConfigInvalid> =>
   upper < lower ? Effect.fail(new ConfigInvalid({ variable: upperName, rule: `must not be below ${lowerName}` })) : Effect.void
+
+// ---------------------------------------------------------------------------------------------
+// Descriptors: a variable's name, default and rule, declared once in its domain's *Config module
+
+/** An integer variable: `env` in `min..max`, `default` when unset. */
+export interface IntVar {
+  readonly env: string
+  readonly default: number
+  readonly min: number
+  readonly max: number
+}
+
+/** A closed enumeration: `env` one of `values`, `default` when unset. */
+export interface EnumVar<A extends string> {
+  readonly env: string
+  readonly default: A
+  readonly values: ReadonlyArray<A>
+}
+
+/** A string variable with a fixed rule. */
+export interface StringVar {
+  readonly env: string
+  readonly default: string
+  readonly rule: { readonly test: (s: string) => boolean; readonly text: string }
+}
+
+export const readIntVar = (v: IntVar): Effect.Effect<number, ConfigInvalid> => readInt(v.env, v.default, v.min, v.max)
+
+export const readEnumVar = <A extends string>(v: EnumVar<A>): Effect.Effect<A, ConfigInvalid> =>
+  readEnum(v.env, v.values, v.default)
+
+export const readStringVar = (v: StringVar): Effect.Effect<string, ConfigInvalid> => readString(v.env, v.default, v.rule)
+
+/** Every integer variable of a section, read one after another in the section's key order. */
+export const readIntVars = <K extends string>(section: { readonly [P in K]: IntVar }) =>
+  Effect.all(Record.map(section, readIntVar))
 
 // ---------------------------------------------------------------------------------------------
 // URL and host rules
