@@ -1,0 +1,166 @@
+/**
+ * The strict readers of configuration (SPEC §6.5), shared by the domains' config descriptors.
+ *
+ * Every value comes from Effect's `ConfigProvider` (the environment in production, `fromMap` in
+ * tests) and is parsed strictly: integers must match `^(0|[1-9]\d*)$` and sit in a range,
+ * enumerations are closed, URLs are parsed. A bad value is a `ConfigInvalid` naming the variable
+ * and the rule it broke — never the value itself, so a secret can never leak through an error.
+ * An empty string counts as unset (so `VAR= npm start` falls back to the default).
+ */
+import { Config as EffectConfig, Data, Effect, Option, Record, Redacted } from "effect"
+
+/** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
+export class ConfigInvalid extends Data.TaggedError("ConfigInvalid")<{
+  readonly variable: string
+  readonly rule: string
+}> {
+  override get message(): string {
+    return `invalid configuration: ${this.variable} ${this.rule}`
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strict readers
+
+const INTEGER = /^(0|[1-9]\d*)$/
+
+/** The raw value of a variable, `None` when unset or empty. Never fails with the value. */
+export const raw = (name: string): Effect.Effect<Option.Option<string>, ConfigInvalid> =>
+  EffectConfig.option(EffectConfig.string(name)).pipe(
+    Effect.mapError(() => new ConfigInvalid({ variable: name, rule: "could not be read" })),
+    Effect.map(Option.filter((s) => s.length > 0))
+  )
+
+export const readInt = (name: string, def: number, min: number, max: number) =>
+  raw(name).pipe(
+    Effect.flatMap(
+      Option.match({
+        onNone: () => Effect.succeed(def),
+        onSome: (s) => {
+          const n = INTEGER.test(s) ? Number(s) : Number.NaN
+          return Number.isSafeInteger(n) && n >= min && n <= max
+            ? Effect.succeed(n)
+            : Effect.fail(new ConfigInvalid({ variable: name, rule: `must be an integer in ${min}..${max}` }))
+        }
+      })
+    )
+  )
+
+export const readEnum = <const A extends string>(name: string, values: ReadonlyArray<A>, def: A) =>
+  raw(name).pipe(
+    Effect.flatMap(
+      Option.match({
+        onNone: () => Effect.succeed(def),
+        onSome: (s) => {
+          const found = values.find((v) => v === s)
+          return found !== undefined
+            ? Effect.succeed(found)
+            : Effect.fail(new ConfigInvalid({ variable: name, rule: `must be one of ${values.join(", ")}` }))
+        }
+      })
+    )
+  )
+
+export const readString = (name: string, def: string, rule: { readonly test: (s: string) => boolean; readonly text: string }) =>
+  raw(name).pipe(
+    Effect.flatMap(
+      Option.match({
+        onNone: () => Effect.succeed(def),
+        onSome: (s) =>
+          rule.test(s) ? Effect.succeed(s) : Effect.fail(new ConfigInvalid({ variable: name, rule: rule.text }))
+      })
+    )
+  )
+
+/** An optional secret: `None` when unset, otherwise the value `Redacted` when it passes `test`. */
+export const readRedacted = (name: string, test: (s: string) => boolean, rule: string) =>
+  raw(name).pipe(
+    Effect.flatMap(
+      Option.match({
+        onNone: () => Effect.succeed(Option.none<Redacted.Redacted<string>>()),
+        onSome: (s) =>
+          test(s)
+            ? Effect.succeed(Option.some(Redacted.make(s)))
+            : Effect.fail(new ConfigInvalid({ variable: name, rule }))
+      })
+    )
+  )
+
+/** A cross-field rule: `upper` (variable `upperName`) must not be below `lower` (`lowerName`). */
+export const notBelow = (upperName: string, upper: number, lowerName: string, lower: number): Effect.Effect<void, ConfigInvalid> =>
+  upper < lower ? Effect.fail(new ConfigInvalid({ variable: upperName, rule: `must not be below ${lowerName}` })) : Effect.void
+
+// ---------------------------------------------------------------------------------------------
+// Descriptors: a variable's name, default and rule, declared once in its domain's *Config module
+
+/** An integer variable: `env` in `min..max`, `default` when unset. */
+export interface IntVar {
+  readonly env: string
+  readonly default: number
+  readonly min: number
+  readonly max: number
+}
+
+/** A closed enumeration: `env` one of `values`, `default` when unset. */
+export interface EnumVar<A extends string> {
+  readonly env: string
+  readonly default: A
+  readonly values: ReadonlyArray<A>
+}
+
+/** A string variable with a fixed rule. */
+export interface StringVar {
+  readonly env: string
+  readonly default: string
+  readonly rule: { readonly test: (s: string) => boolean; readonly text: string }
+}
+
+export const readIntVar = (v: IntVar): Effect.Effect<number, ConfigInvalid> => readInt(v.env, v.default, v.min, v.max)
+
+export const readEnumVar = <A extends string>(v: EnumVar<A>): Effect.Effect<A, ConfigInvalid> =>
+  readEnum(v.env, v.values, v.default)
+
+export const readStringVar = (v: StringVar): Effect.Effect<string, ConfigInvalid> => readString(v.env, v.default, v.rule)
+
+/** Every integer variable of a section, read one after another in the section's key order. */
+export const readIntVars = <K extends string>(section: { readonly [P in K]: IntVar }) =>
+  Effect.all(Record.map(section, readIntVar))
+
+// ---------------------------------------------------------------------------------------------
+// URL and host rules
+
+export const isPostgresUrl = (s: string): boolean => {
+  if (s.length > 4096) return false
+  if (!URL.canParse(s)) return false
+  const u = new URL(s)
+  return (u.protocol === "postgres:" || u.protocol === "postgresql:") && (u.hostname.length > 0 || u.searchParams.has("host"))
+}
+
+const LOOPBACK_HOSTS: ReadonlySet<string> = new Set(["localhost", "127.0.0.1", "[::1]"])
+
+/** wss:// anywhere; ws:// only to a loopback host and only in insecure development mode. */
+export const isStreamUrl = (s: string, insecure: boolean): boolean => {
+  if (s.length > 2048 || !URL.canParse(s)) return false
+  const u = new URL(s)
+  if (u.username !== "" || u.password !== "" || u.hash !== "") return false
+  if (u.protocol === "wss:") return u.hostname.length > 0
+  return u.protocol === "ws:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
+}
+
+/**
+ * An HTTP base URL for identity / discovery requests (PLC directory, relay): https:// with a host,
+ * no credentials, query or fragment; http:// only to a loopback host in insecure development mode.
+ * The transport re-checks every request (public addresses only).
+ */
+export const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
+  if (s.length > 2048 || !URL.canParse(s) || s.includes("#") || s.includes("?")) return false
+  const u = new URL(s)
+  if (u.username !== "" || u.password !== "" || u.hostname.length === 0) return false
+  if (u.protocol === "https:") return true
+  return u.protocol === "http:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
+}
+
+export const stripTrailingSlashes = (s: string): string => s.replace(/\/+$/, "")
+
+/** A host name or IP literal to listen on. */
+export const HOST = /^[A-Za-z0-9.:_-]{1,253}$/

@@ -1,0 +1,118 @@
+/**
+ * The platform's configuration (SPEC §6.5): database, data directory, health listener, shutdown,
+ * logging and the insecure development mode. Each variable's name, default and rule live here once;
+ * `load` reads them in the order `Config.load` always has.
+ */
+import { Effect, LogLevel } from "effect"
+import type { FirehookConfigShape } from "./Config.js"
+import {
+  ConfigInvalid,
+  HOST,
+  isPostgresUrl,
+  readEnum,
+  readEnumVar,
+  readIntVar,
+  readRedacted,
+  readStringVar
+} from "./ConfigRead.js"
+
+export const NODE_ENVS = ["production", "development", "test"] as const
+export type NodeEnv = (typeof NODE_ENVS)[number]
+export const LOG_FORMATS = ["json", "pretty"] as const
+export type LogFormat = (typeof LOG_FORMATS)[number]
+export const LOG_LEVEL_NAMES = ["trace", "debug", "info", "warn", "warning", "error", "fatal", "none"] as const
+export type LogLevelName = (typeof LOG_LEVEL_NAMES)[number]
+
+const LOG_LEVELS: { readonly [K in LogLevelName]: LogLevel.LogLevel } = {
+  trace: LogLevel.Trace,
+  debug: LogLevel.Debug,
+  info: LogLevel.Info,
+  warn: LogLevel.Warning,
+  warning: LogLevel.Warning,
+  error: LogLevel.Error,
+  fatal: LogLevel.Fatal,
+  none: LogLevel.None
+}
+
+/** `DATABASE_URL`: unset → embedded PostgreSQL. */
+export const databaseUrl = { env: "DATABASE_URL", rule: "must be a postgres:// or postgresql:// URL" } as const
+
+export const dataDir = {
+  env: "FIREHOOK_DATA_DIR",
+  default: "./.firehook",
+  rule: { test: (s: string) => s.length <= 1024 && !s.includes("\0"), text: "must be a path of at most 1024 characters" }
+} as const
+
+export const healthHost = {
+  env: "HEALTH_HOST",
+  default: "127.0.0.1",
+  rule: { test: (s: string) => HOST.test(s), text: "must be a host name or IP address" }
+} as const
+
+export const healthPort = { env: "HEALTH_PORT", default: 3003, min: 0, max: 65535 } as const
+
+export const shutdownTimeoutMs = { env: "SHUTDOWN_TIMEOUT_MS", default: 30000, min: 1000, max: 120000 } as const
+
+export const logLevel = { env: "LOG_LEVEL", default: "info", values: LOG_LEVEL_NAMES } as const
+
+/** `LOG_FORMAT`: `defaultTty` on a TTY, `default` otherwise. */
+export const logFormat = { env: "LOG_FORMAT", default: "json", defaultTty: "pretty", values: LOG_FORMATS } as const
+
+export const nodeEnv = { env: "NODE_ENV", default: "production", values: NODE_ENVS } as const
+
+/** `WEBHOOK_ALLOW_INSECURE_DEV=1` is accepted only with NODE_ENV development or test. */
+export const allowInsecureDev = { env: "WEBHOOK_ALLOW_INSECURE_DEV", default: "0", values: ["0", "1"] } as const
+
+/** The platform's part of the configuration (the top-level fields of `FirehookConfigShape`). */
+export type PlatformSection = Pick<
+  FirehookConfigShape,
+  | "databaseUrl"
+  | "dataDir"
+  | "healthHost"
+  | "healthPort"
+  | "shutdownTimeoutMs"
+  | "logLevel"
+  | "logFormat"
+  | "nodeEnv"
+  | "allowInsecureDev"
+>
+
+/**
+ * `NODE_ENV` and the insecure development mode (`WEBHOOK_ALLOW_INSECURE_DEV` ∈ {0, 1}; `1` is
+ * refused with production).
+ */
+export const loadDevMode: Effect.Effect<{ readonly nodeEnv: NodeEnv; readonly allowInsecureDev: boolean }, ConfigInvalid> =
+  Effect.gen(function* () {
+    const env = yield* readEnumVar(nodeEnv)
+    const flag = yield* readEnumVar(allowInsecureDev)
+    if (flag === "1" && env === "production") {
+      return yield* Effect.fail(
+        new ConfigInvalid({ variable: allowInsecureDev.env, rule: "requires NODE_ENV=development or test" })
+      )
+    }
+    return { nodeEnv: env, allowInsecureDev: flag === "1" }
+  })
+
+/** `isTty` picks the default log format (`pretty` on a TTY, `json` otherwise). */
+export const load = (options: { readonly isTty: boolean }): Effect.Effect<PlatformSection, ConfigInvalid> =>
+  Effect.gen(function* () {
+    const url = yield* readRedacted(databaseUrl.env, isPostgresUrl, databaseUrl.rule)
+    const dir = yield* readStringVar(dataDir)
+    const host = yield* readStringVar(healthHost)
+    const port = yield* readIntVar(healthPort)
+    const shutdown = yield* readIntVar(shutdownTimeoutMs)
+    const levelName = yield* readEnumVar(logLevel)
+    const format = yield* readEnum(logFormat.env, logFormat.values, options.isTty ? logFormat.defaultTty : logFormat.default)
+    const devMode = yield* loadDevMode
+    return {
+      databaseUrl: url,
+      dataDir: dir,
+      healthHost: host,
+      healthPort: port,
+      shutdownTimeoutMs: shutdown,
+      logLevel: LOG_LEVELS[levelName],
+      logFormat: format,
+      nodeEnv: devMode.nodeEnv,
+      allowInsecureDev: devMode.allowInsecureDev
+    }
+  })
