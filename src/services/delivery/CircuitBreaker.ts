@@ -27,6 +27,7 @@
  *
  * @since 0.1.0
  */
+import * as DeliveryConfig from "./DeliveryConfig.js"
 
 /** Breaker settings. */
 export interface CircuitBreakerConfig {
@@ -44,8 +45,8 @@ export interface CircuitBreakerConfig {
 
 /** Defaults of SPEC §4.3. */
 export const defaultCircuitBreakerConfig: CircuitBreakerConfig = {
-  threshold: 20,
-  cooldownMs: 60_000,
+  threshold: DeliveryConfig.delivery.circuitThreshold.default,
+  cooldownMs: DeliveryConfig.delivery.circuitCooldownMs.default,
   maxCooldownMs: 1_800_000,
   maxOrigins: 10_000,
   probeTimeoutMs: 60_000

@@ -11,6 +11,7 @@ import type { CursorStoreShape } from "./CursorStore.js"
 import type * as FirehoseSource from "./FirehoseSource.js"
 import type * as Outbox from "../matching/Outbox.js"
 import type { ProcessorShape } from "../matching/Processor.js"
+import * as IntakeConfig from "./IntakeConfig.js"
 
 // ---------------------------------------------------------------------------------------------
 // Source items: what a session reads, whatever the wire format
@@ -89,11 +90,11 @@ export interface IntakeTuning {
 export const defaultTuning = (queueMax: number, batchMax: number): IntakeTuning => ({
   queueMax,
   batchMax,
-  batchAttempts: 3,
-  batchRetryBase: Duration.millis(250),
-  backoffBase: Duration.seconds(1),
-  backoffCap: Duration.minutes(5),
-  poisonBackoff: Duration.seconds(10)
+  batchAttempts: IntakeConfig.intake.batchAttempts.default,
+  batchRetryBase: Duration.millis(IntakeConfig.intake.batchRetryBaseMs.default),
+  backoffBase: Duration.millis(IntakeConfig.intake.backoffBaseMs.default),
+  backoffCap: Duration.millis(IntakeConfig.intake.backoffMaxMs.default),
+  poisonBackoff: Duration.millis(IntakeConfig.intake.poisonBackoffMs.default)
 })
 
 /**

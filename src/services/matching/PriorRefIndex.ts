@@ -7,6 +7,7 @@
 import type { FirehookConfigShape } from "../platform/Config.js"
 import type { PriorRefsDelete, PriorRefsRow, PriorRefsUpsert, PriorRefsWrite } from "./PriorRefsStore.js"
 import { utf8Length } from "./References.js"
+import * as MatchingConfig from "./MatchingConfig.js"
 
 export interface PriorRefLimits {
   readonly maxRefs: number
@@ -24,8 +25,8 @@ export interface PriorRefLimits {
 export const defaultPriorRefLimits: PriorRefLimits = {
   maxRefs: 100,
   maxBytes: 32 * 1024,
-  ttlSeconds: 7 * 24 * 3600,
-  maxRows: 100_000
+  ttlSeconds: MatchingConfig.priorRefs.ttlMs.default / 1000,
+  maxRows: MatchingConfig.priorRefs.maxRows.default
 }
 
 /**
