@@ -26,7 +26,6 @@ import {
   Layer,
   Metric,
   Option,
-  Random,
   Redacted,
   Ref,
   Schedule,
@@ -36,6 +35,7 @@ import {
 import type { Scope } from "effect"
 import * as Net from "node:net"
 import * as Tls from "node:tls"
+import * as Backoff from "../platform/Backoff.js"
 import { Health } from "../platform/Health.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -430,16 +430,10 @@ const LOG_EVERY_MS = 60_000
 
 /**
  * Full-jitter exponential backoff: the n-th delay is uniform in [0, min(cap, base · 2ⁿ)).
- * Randomness comes from Effect's `Random`, time from its `Clock`.
+ * Randomness comes from Effect's `Random`, time from its `Clock` ({@link Backoff.fullJitterSchedule}).
  */
-export const fullJitterBackoff = (base: Duration.DurationInput, cap: Duration.DurationInput) => {
-  const capMs = Duration.toMillis(Duration.decode(cap))
-  return Schedule.exponential(base).pipe(
-    Schedule.modifyDelayEffect((out) =>
-      Effect.map(Random.nextRange(0, Math.min(capMs, Duration.toMillis(out))), (ms) => Duration.millis(Math.floor(ms)))
-    )
-  )
-}
+export const fullJitterBackoff = (base: Duration.DurationInput, cap: Duration.DurationInput) =>
+  Backoff.fullJitterSchedule({ base, cap })
 
 type DropReason = "oversize" | "not_connected" | "in_flight" | "timeout" | "error"
 

@@ -23,10 +23,11 @@
  * Health (`backfill`): `{ running, infrastructureHealthy, initialPassDone, ownersDone, ownersFailed,
  * passes, discoveryFailures }` — counts and booleans only; ready = infrastructureHealthy.
  */
-import { Context, Data, Deferred, Duration, Effect, Fiber, Layer, Metric, Option, Random, Schedule } from "effect"
+import { Context, Data, Deferred, Duration, Effect, Fiber, Layer, Metric, Option, Schedule } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import { decodeJsonBody, ReposByCollectionPage } from "../../schemas/Xrpc.js"
+import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
@@ -95,15 +96,12 @@ const passesMetric = Metric.counter("firehook_backfill_passes_total", {
 
 class DiscoveryFailure extends Data.TaggedError("DiscoveryFailure")<{ readonly reason: string }> {}
 
-/** Exponential backoff from `base`, capped at `max`, with equal jitter (× [0.5, 1.0]), as a Schedule. */
-export const infrastructureBackoff = (base: Duration.DurationInput, max: Duration.DurationInput) => {
-  const maxMs = Duration.toMillis(Duration.decode(max))
-  return Schedule.exponential(base, 2).pipe(
-    Schedule.modifyDelayEffect((_, delay) =>
-      Effect.map(Random.next, (r) => Duration.millis(Math.round(Math.min(maxMs, Duration.toMillis(delay)) * (0.5 + r / 2))))
-    )
-  )
-}
+/**
+ * Exponential backoff from `base`, capped at `max`, with equal jitter (× [0.5, 1.0], rounded), as a
+ * Schedule ({@link Backoff.equalJitterSchedule}).
+ */
+export const infrastructureBackoff = (base: Duration.DurationInput, max: Duration.DurationInput) =>
+  Backoff.equalJitterSchedule({ base, cap: max, rounding: "round" })
 
 /** The SPEC §5.2 / §5.3 defaults of `BACKFILL_PAGE_SIZE`, `BACKFILL_PASS_MAX_OWNERS` and `BACKFILL_RETRY_BASE_MS` / `_MAX_MS`. */
 export const DEFAULT_PAGE_SIZE = 50

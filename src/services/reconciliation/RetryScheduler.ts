@@ -22,7 +22,8 @@
  * Time and randomness come from `Clock` and `Random`, so the whole scheduler is deterministic under
  * `TestClock` with `Random.fixed`. Health (`retryScheduler`): ready = running.
  */
-import { Clock, Context, Deferred, Duration, Effect, Fiber, FiberMap, Layer, Metric, Random, Schedule } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Fiber, FiberMap, Layer, Metric, Schedule } from "effect"
+import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
@@ -38,21 +39,16 @@ export interface BackoffOptions {
   readonly min?: Duration.DurationInput
 }
 
+const RETRY_MIN_DELAY = Duration.millis(100)
+
 /**
  * Full-jitter exponential backoff as a Schedule: the delay before recurrence n (n = 0, 1, …) is
  * `max(min, floor(random × min(cap, base × 2^n)))` milliseconds, `random` from the Effect `Random`.
  *
  * @since 0.1.0
  */
-export const retryBackoff = (options: BackoffOptions): Schedule.Schedule<Duration.Duration> => {
-  const capMs = Duration.toMillis(Duration.decode(options.cap))
-  const minMs = Duration.toMillis(Duration.decode(options.min ?? Duration.millis(100)))
-  return Schedule.exponential(options.base, 2).pipe(
-    Schedule.modifyDelayEffect((_, delay) =>
-      Effect.map(Random.next, (r) => Duration.millis(Math.max(minMs, Math.floor(r * Math.min(capMs, Duration.toMillis(delay))))))
-    )
-  )
-}
+export const retryBackoff = (options: BackoffOptions): Schedule.Schedule<Duration.Duration> =>
+  Backoff.fullJitterSchedule({ base: options.base, cap: options.cap, min: options.min ?? RETRY_MIN_DELAY })
 
 export interface RetrySchedulerOptions {
   /** owners tracked at most (default: `RETRY_SCHEDULER_TRACKED_MAX` of the configuration, 16) */
