@@ -21,9 +21,10 @@ import type { SqlError } from "@effect/sql/SqlError"
 import type { Fragment } from "@effect/sql/Statement"
 import { Context, Duration, Effect, Either, Layer, Metric, Option, Stream, SubscriptionRef } from "effect"
 import type { Scope } from "effect"
-import { Health } from "../platform/Health.js"
+import { Health, statsSection } from "../platform/Health.js"
 import { codeOf, StoreError, storeOpWithin } from "../platform/Persistence.js"
 import * as LockKeys from "../platform/LockKeys.js"
+import type { TerminalStatus } from "./Operator.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -180,7 +181,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
     storeOpWithin("maintenance", o.statementTimeout)(Effect.interruptible(statement))
 
   /** Terminal outbox rows older than `retention`, with their attempts. */
-  const outbox = (status: "delivered" | "dead_letter" | "cancelled", retention: Duration.DurationInput) =>
+  const outbox = (status: TerminalStatus, retention: Duration.DurationInput) =>
     batched(
       o,
       Effect.map(
@@ -543,10 +544,7 @@ export const make = (
     yield* Effect.forkScoped(loop)
 
     const status = SubscriptionRef.get(state)
-    yield* health.register(
-      "maintenance",
-      Effect.map(status, (s) => ({ ready: true, body: { runner: s.runner, lastRunOk: s.lastRunOk } }))
-    )
+    yield* health.register("maintenance", statsSection(status, ["runner", "lastRunOk"]))
     const awaitStatus = (predicate: (s: MaintenanceStatus) => boolean) =>
       state.changes.pipe(
         Stream.filter(predicate),

@@ -29,7 +29,7 @@ import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import { decodeJsonBody, ReposByCollectionPage } from "../../schemas/Xrpc.js"
 import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
-import { Health } from "../platform/Health.js"
+import { Health, statsSection } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import { INITIAL_PASS, ReconcileStore } from "./ReconcileStore.js"
 import { USER_AGENT } from "../platform/Version.js"
@@ -354,18 +354,11 @@ export const make = (options: BackfillOptions = {}) =>
 
 /** The health section of a backfill (ready = infrastructure healthy). */
 export const healthSection = (backfill: BackfillShape) =>
-  Effect.map(backfill.stats, (s) => ({
-    ready: s.infrastructureHealthy,
-    body: {
-      running: s.running,
-      infrastructureHealthy: s.infrastructureHealthy,
-      initialPassDone: s.initialPassDone,
-      ownersDone: s.ownersDone,
-      ownersFailed: s.ownersFailed,
-      passes: s.passes,
-      discoveryFailures: s.discoveryFailures
-    }
-  }))
+  statsSection(
+    backfill.stats,
+    ["running", "infrastructureHealthy", "initialPassDone", "ownersDone", "ownersFailed", "passes", "discoveryFailures"],
+    (s) => s.infrastructureHealthy
+  )
 
 /**
  * The backfill service with its health section (`backfill`) and its shutdown stage (`backfill`).

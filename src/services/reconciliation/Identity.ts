@@ -27,19 +27,22 @@ import { decodeJsonBody } from "../../schemas/Xrpc.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 
-export type IdentityErrorKind =
+/** Why a DID could not be resolved (kinds only). */
+export const IDENTITY_ERROR_KINDS = [
   /** not a canonical did:plc / did:web */
-  | "invalid_did"
+  "invalid_did",
   /** the directory or host says the DID does not exist (404 / 410) */
-  | "did_not_found"
+  "did_not_found",
   /** transport failure, timeout, or another status */
-  | "identity_unavailable"
+  "identity_unavailable",
   /** not a DID document for this DID */
-  | "identity_invalid"
+  "identity_invalid",
   /** no `#atproto_pds` service of type `AtprotoPersonalDataServer` */
-  | "no_pds"
+  "no_pds",
   /** the PDS endpoint breaks the URL rules (scheme, private address, credentials, query …) */
-  | "pds_unsafe"
+  "pds_unsafe"
+] as const
+export type IdentityErrorKind = (typeof IDENTITY_ERROR_KINDS)[number]
 
 export class IdentityError extends Data.TaggedError("IdentityError")<{ readonly kind: IdentityErrorKind }> {
   override get message(): string {

@@ -34,7 +34,7 @@ import { isTid, tidFromMicros, tidToMicros } from "../../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION } from "../../schemas/WhRecord.js"
 import { decodeJsonBody, LatestCommit, ListRecordsPage, XrpcError } from "../../schemas/Xrpc.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
-import { Identity, type IdentityErrorKind } from "./Identity.js"
+import { IDENTITY_ERROR_KINDS, Identity } from "./Identity.js"
 import { ReconcileStore } from "./ReconcileStore.js"
 import { Registry, toRow } from "../registry/Registry.js"
 import type { WebhookRow } from "../registry/RegistryStore.js"
@@ -45,29 +45,31 @@ import type { StoreError } from "../platform/Persistence.js"
 // Outcomes
 
 /** Why an owner's reconciliation failed (stored as `last_failure_kind`; never a detail). */
-export type OwnerFailureKind =
-  | IdentityErrorKind
-  | "pds_timeout"
-  | "pds_network"
-  | "pds_status"
-  | "page_too_large"
-  | "page_invalid"
-  | "page_records"
-  | "record_uri"
-  | "record_cid"
-  | "duplicate_rkey"
-  | "cursor"
-  | "too_many_pages"
+export const OWNER_FAILURE_KINDS = [
+  ...IDENTITY_ERROR_KINDS,
+  "pds_timeout",
+  "pds_network",
+  "pds_status",
+  "page_too_large",
+  "page_invalid",
+  "page_records",
+  "record_uri",
+  "record_cid",
+  "duplicate_rkey",
+  "cursor",
+  "too_many_pages",
   /** "repo not found" from a PDS that is no longer the owner's (a cached identity); retried */
-  | "pds_moved"
+  "pds_moved",
   /** a scan found `scanning` past the stale threshold (its process died); set by the retry scheduler's listing */
-  | "scan_crashed"
-  | "too_many_records"
-  | "too_many_bytes"
-  | "too_many_rows"
-  | "interrupted"
+  "scan_crashed",
+  "too_many_records",
+  "too_many_bytes",
+  "too_many_rows",
+  "interrupted",
   /** an unexpected defect (a bug) while reconciling; logged, never with details */
-  | "internal"
+  "internal"
+] as const
+export type OwnerFailureKind = (typeof OWNER_FAILURE_KINDS)[number]
 
 export type ReconcileOutcome =
   | {

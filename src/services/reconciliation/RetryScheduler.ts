@@ -25,7 +25,7 @@
 import { Clock, Context, Deferred, Duration, Effect, Fiber, FiberMap, Layer, Metric, Schedule } from "effect"
 import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
-import { Health } from "../platform/Health.js"
+import { Health, statsSection } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import { ReconcileStore } from "./ReconcileStore.js"
 import { Reconciler } from "./Reconciler.js"
@@ -310,17 +310,11 @@ export const make = (options: RetrySchedulerOptions = {}) =>
 
 /** The health section (ready = running). */
 export const healthSection = (scheduler: RetrySchedulerShape) =>
-  Effect.map(scheduler.stats, (s) => ({
-    ready: s.running,
-    body: {
-      running: s.running,
-      infrastructureHealthy: s.infrastructureHealthy,
-      tracked: s.tracked,
-      inFlight: s.inFlight,
-      attempts: s.attempts,
-      recovered: s.recovered
-    }
-  }))
+  statsSection(
+    scheduler.stats,
+    ["running", "infrastructureHealthy", "tracked", "inFlight", "attempts", "recovered"],
+    (s) => s.running
+  )
 
 /**
  * The running scheduler (rounds start when the layer is built), with its health section
