@@ -19,10 +19,11 @@
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
 import type { Fragment } from "@effect/sql/Statement"
-import { Context, Duration, Effect, Either, Layer, Metric, Option, Stream, SubscriptionRef } from "effect"
+import { Context, Duration, Effect, Layer, Metric, Option, Ref, Stream, SubscriptionRef } from "effect"
 import type { Scope } from "effect"
 import { Health, statsSection } from "../platform/Health.js"
-import { codeOf, StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { runAsLeader, leaderErrorCode, type Role } from "../platform/Leader.js"
+import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import type { TerminalStatus } from "./Operator.js"
 
@@ -100,7 +101,7 @@ export interface MaintenanceOptions extends Partial<RetentionOptions> {
 export const MAINTENANCE_LOCK_KEY = LockKeys.MAINTENANCE
 export const DEFAULT_INTERVAL = Duration.seconds(60)
 
-/** Bound on the statements that take, check or release the lock. */
+/** Bound on each ping of the runner's lock connection. */
 const LOCK_OP_TIMEOUT = Duration.seconds(10)
 
 // ---------------------------------------------------------------------------------------------
@@ -468,11 +469,6 @@ export interface MaintenanceHandle extends MaintenanceShape {
   readonly awaitStatus: (predicate: (s: MaintenanceStatus) => boolean) => Effect.Effect<MaintenanceStatus>
 }
 
-const firstRow = (rows: ReadonlyArray<unknown>): Record<string, unknown> => {
-  const row = rows[0]
-  return typeof row === "object" && row !== null ? (row as Record<string, unknown>) : {}
-}
-
 /**
  * The maintenance loop, for the lifetime of the calling scope: a background fiber competes for the
  * runner lock every `interval` and, while it holds it, runs `runOnce` every `interval`. Registers
@@ -496,52 +492,39 @@ export const make = (
     })
     const update = (f: (s: MaintenanceStatus) => MaintenanceStatus) => SubscriptionRef.update(state, f)
 
-    const lockOp = <A>(eff: Effect.Effect<A, SqlError>) =>
-      eff.pipe(Effect.interruptible, Effect.timeoutFail({ duration: LOCK_OP_TIMEOUT, onTimeout: () => "timeout" as const }))
-
-    /** Hold the role while this connection lives; returns when the lock was not taken. */
-    const holdRole = Effect.gen(function* () {
-      // bounded by the pool's connect timeout; not interrupted, so a connection is never leaked
-      const conn = yield* sql.reserve
-      yield* update((s) => ({ ...s, lockAttempts: s.lockAttempts + 1 }))
-      const attempt = yield* Effect.either(
-        lockOp(conn.execute("SELECT pg_try_advisory_lock($1) AS locked", [lockKey], undefined))
-      )
-      const locked = Either.isRight(attempt) ? firstRow(attempt.right)["locked"] : undefined
-      // Released before the connection goes back to the pool (finalizers run in reverse order),
-      // unless the lock was certainly not taken; if the connection is dead, so is the lock.
-      if (locked !== false) {
-        yield* Effect.addFinalizer(() =>
-          lockOp(conn.execute("SELECT pg_advisory_unlock($1)", [lockKey], undefined)).pipe(Effect.ignore)
-        )
-      }
-      if (Either.isLeft(attempt)) return yield* Effect.fail(attempt.left)
-      if (locked !== true) return
-      yield* update((s) => ({ ...s, runner: true, acquisitions: s.acquisitions + 1 }))
-      yield* Effect.addFinalizer(() => update((s) => ({ ...s, runner: false })))
-      yield* Effect.logInfo("maintenance runner role taken")
-      while (true) {
+    // the runner role (Leader): a standby competes every interval; the runner pings its lock
+    // connection every interval, runs at once and then every interval
+    const work = Effect.forever(
+      Effect.gen(function* () {
         const result = yield* Effect.either(run)
         yield* update((s) => ({ ...s, runs: s.runs + 1, lastRunOk: result._tag === "Right" }))
         yield* Effect.sleep(interval)
-        // the lock lives as long as this session: a failed ping means it is gone
-        yield* lockOp(conn.execute("SELECT 1", [], undefined))
-      }
-    }).pipe(Effect.scoped)
-
-    const loop = Effect.gen(function* () {
-      while (true) {
-        yield* holdRole.pipe(
-          Effect.catchAll((e) =>
-            Effect.logWarning("maintenance: database connection failed").pipe(
-              Effect.annotateLogs({ code: e === "timeout" ? "timeout" : codeOf(e) })
-            )
-          )
-        )
-        yield* Effect.sleep(interval)
-      }
-    })
-    yield* Effect.forkScoped(loop)
+      })
+    )
+    const connectionFailed = (e: unknown) =>
+      Effect.logWarning("maintenance: database connection failed").pipe(Effect.annotateLogs({ code: leaderErrorCode(e) }))
+    const role = yield* Ref.make<Role>("standby")
+    const leader = runAsLeader(
+      {
+        key: lockKey,
+        name: "maintenance",
+        retryInterval: interval,
+        pingInterval: interval,
+        pingTimeout: LOCK_OP_TIMEOUT,
+        events: {
+          attempt: update((s) => ({ ...s, lockAttempts: s.lockAttempts + 1 })),
+          acquired: update((s) => ({ ...s, runner: true, acquisitions: s.acquisitions + 1 })).pipe(
+            Effect.zipRight(Effect.logInfo("maintenance runner role taken"))
+          ),
+          lost: (reason, e) => (reason === "connection" ? connectionFailed(e) : Effect.void),
+          failed: connectionFailed,
+          ended: update((s) => (s.runner ? { ...s, runner: false } : s))
+        }
+      },
+      role,
+      work
+    )
+    yield* Effect.forkScoped(Effect.provideService(leader, SqlClient.SqlClient, sql))
 
     const status = SubscriptionRef.get(state)
     yield* health.register("maintenance", statsSection(status, ["runner", "lastRunOk"]))
