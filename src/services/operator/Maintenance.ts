@@ -181,6 +181,24 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   const timed = <A>(statement: Effect.Effect<A, SqlError>): Effect.Effect<A, StoreError> =>
     storeOpWithin("maintenance", o.statementTimeout)(Effect.interruptible(statement))
 
+  /**
+   * One batch of rows picked by `doomed` (at most `batchSize`, oldest first where it says so),
+   * locked, skipping rows another transaction holds (`FOR UPDATE [OF lockOf] SKIP LOCKED`), then
+   * deleted from `target` (aliased as in `match`) where `match` still holds under the lock.
+   */
+  const deleteLocked = (doomed: Fragment, lockOf: string | undefined, target: string, match: Fragment) =>
+    onlyRows(timed(sql<CountRow>`
+      WITH doomed AS (
+        ${doomed}
+        LIMIT ${b}
+        FOR UPDATE ${sql.literal(lockOf === undefined ? "" : `OF ${lockOf} `)}SKIP LOCKED
+      ), gone AS (
+        DELETE FROM ${sql.literal(target)} USING doomed d
+        WHERE ${match}
+        RETURNING 1
+      )
+      SELECT count(*)::int AS n FROM gone`))
+
   /** Terminal outbox rows older than `retention`, with their attempts. */
   const outbox = (status: TerminalStatus, retention: Duration.DurationInput) =>
     batched(
@@ -215,19 +233,14 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
     const longest = Math.max(seconds(o.delivered), seconds(o.deadLetter), seconds(o.cancelled))
     return batched(
       o,
-      onlyRows(timed(sql<CountRow>`
-        WITH doomed AS (
-          SELECT a.delivery_id, a.attempt FROM delivery_attempts a
+      deleteLocked(
+        sql`SELECT a.delivery_id, a.attempt FROM delivery_attempts a
           WHERE a.started_at < now() - make_interval(secs => ${longest}::double precision)
-            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = a.delivery_id)
-          LIMIT ${b}
-          FOR UPDATE OF a SKIP LOCKED
-        ), gone AS (
-          DELETE FROM delivery_attempts a USING doomed d
-          WHERE a.delivery_id = d.delivery_id AND a.attempt = d.attempt
-          RETURNING 1
-        )
-        SELECT count(*)::int AS n FROM gone`))
+            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = a.delivery_id)`,
+        "a",
+        "delivery_attempts a",
+        sql`a.delivery_id = d.delivery_id AND a.attempt = d.attempt`
+      )
     )
   }
 
@@ -235,19 +248,14 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   const deliveryEvents = () =>
     batched(
       o,
-      onlyRows(timed(sql<CountRow>`
-        WITH doomed AS (
-          SELECT e.event_id FROM delivery_events e
+      deleteLocked(
+        sql`SELECT e.event_id FROM delivery_events e
           WHERE e.created_at < now() - make_interval(secs => ${seconds(o.deliveryEvents)}::double precision)
-            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = e.event_id)
-          LIMIT ${b}
-          FOR UPDATE OF e SKIP LOCKED
-        ), gone AS (
-          DELETE FROM delivery_events e USING doomed d
-          WHERE e.event_id = d.event_id
-          RETURNING 1
-        )
-        SELECT count(*)::int AS n FROM gone`))
+            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = e.event_id)`,
+        "e",
+        "delivery_events e",
+        sql`e.event_id = d.event_id`
+      )
     )
 
   /** An append-only table with a bigserial `id` and `created_at`: age first, then the row bound. */
@@ -300,21 +308,16 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
    */
   /** One batch of tombstones matching `where`, oldest first; never those of owners being reconciled (SPEC §3.4). */
   const deleteTombstones = (where: Fragment) =>
-    onlyRows(timed(sql<CountRow>`
-      WITH doomed AS (
-        SELECT t.owner_did, t.rkey FROM tombstones t
+    deleteLocked(
+      sql`SELECT t.owner_did, t.rkey FROM tombstones t
         WHERE ${where}
           AND NOT EXISTS (
             SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
-        ORDER BY t.deleted_at
-        LIMIT ${b}
-        FOR UPDATE OF t SKIP LOCKED
-      ), gone AS (
-        DELETE FROM tombstones t USING doomed d
-        WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
-        RETURNING 1
-      )
-      SELECT count(*)::int AS n FROM gone`))
+        ORDER BY t.deleted_at`,
+      "t",
+      "tombstones t",
+      sql`t.owner_did = d.owner_did AND t.rkey = d.rkey`
+    )
 
   const tombstones = () =>
     Effect.gen(function* () {
@@ -343,18 +346,13 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   const priorRefs = () =>
     batched(
       o,
-      onlyRows(timed(sql<CountRow>`
-        WITH doomed AS (
-          SELECT record_uri FROM prior_refs
-          WHERE expires_at < now()
-          LIMIT ${b}
-          FOR UPDATE SKIP LOCKED
-        ), gone AS (
-          DELETE FROM prior_refs p USING doomed d
-          WHERE p.record_uri = d.record_uri
-          RETURNING 1
-        )
-        SELECT count(*)::int AS n FROM gone`))
+      deleteLocked(
+        sql`SELECT record_uri FROM prior_refs
+          WHERE expires_at < now()`,
+        undefined,
+        "prior_refs p",
+        sql`p.record_uri = d.record_uri`
+      )
     )
 
   return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs }
