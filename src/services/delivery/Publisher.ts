@@ -38,6 +38,7 @@ import * as Tls from "node:tls"
 import * as Backoff from "../platform/Backoff.js"
 import * as ErrorCode from "../platform/ErrorCode.js"
 import { Health, statsSection } from "../platform/Health.js"
+import { labelledCounterFamily } from "../platform/Metrics.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -440,7 +441,8 @@ const publishedTotal = Metric.counter("firehook_redis_published_total", {
   description: "Audit events published to Redis",
   incremental: true
 })
-const droppedTotal = Metric.counter("firehook_redis_dropped_total", {
+/** `{ reason }`: a {@link DropReason} */
+const droppedTotal = labelledCounterFamily("firehook_redis_dropped_total", {
   description: "Audit events not published to Redis, by reason",
   incremental: true
 })
@@ -494,7 +496,7 @@ export const make = (
 
     const drop = (reason: DropReason) =>
       SubscriptionRef.update(state, (s) => ({ ...s, dropped: s.dropped + 1 })).pipe(
-        Effect.zipRight(Metric.increment(Metric.tagged(droppedTotal, "reason", reason)))
+        Effect.zipRight(Metric.increment(droppedTotal({ reason })))
       )
 
     /** Log a connection problem at most once a minute (kind and code only). */

@@ -25,6 +25,7 @@ import { Health, statsSection } from "../platform/Health.js"
 import { runAsLeader, leaderErrorCode, type Role } from "../platform/Leader.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import * as LockKeys from "../platform/LockKeys.js"
+import { labelledCounterFamily } from "../platform/Metrics.js"
 import type { TerminalStatus } from "./Operator.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
@@ -107,7 +108,8 @@ const LOCK_OP_TIMEOUT = Duration.seconds(10)
 // ---------------------------------------------------------------------------------------------
 // Metrics
 
-const prunedTotal = Metric.counter("firehook_maintenance_pruned_total", {
+/** `{ table }`: a pruned table */
+const prunedTotal = labelledCounterFamily("firehook_maintenance_pruned_total", {
   description: "Rows deleted by maintenance, by table",
   incremental: true
 })
@@ -119,7 +121,8 @@ const failedRunsTotal = Metric.counter("firehook_maintenance_failed_runs_total",
   description: "Maintenance runs in which at least one rule failed",
   incremental: true
 })
-const ruleFailuresTotal = Metric.counter("firehook_maintenance_rule_failures_total", {
+/** `{ rule, kind }` */
+const ruleFailuresTotal = labelledCounterFamily("firehook_maintenance_rule_failures_total", {
   description: "Maintenance rules that failed, by rule and kind (timeout: a statement exceeded statementTimeout)",
   incremental: true
 })
@@ -398,7 +401,7 @@ export const runOnce = (
             Effect.gen(function* () {
               if (Option.isNone(firstError)) firstError = Option.some(e)
               const kind = e.code === "timeout" ? "timeout" : "error"
-              yield* Metric.increment(Metric.tagged(Metric.tagged(ruleFailuresTotal, "rule", name), "kind", kind))
+              yield* Metric.increment(ruleFailuresTotal({ rule: name, kind }))
               yield* Effect.logWarning("maintenance rule failed").pipe(
                 Effect.annotateLogs({ rule: name, kind, code: e.code })
               )
@@ -406,10 +409,10 @@ export const runOnce = (
           onSuccess: ({ rows, extra }) =>
             Effect.gen(function* () {
               counts[table] += rows
-              if (rows > 0) yield* Metric.incrementBy(Metric.tagged(prunedTotal, "table", table), rows)
+              if (rows > 0) yield* Metric.incrementBy(prunedTotal({ table }), rows)
               if (extraTable !== undefined) {
                 counts[extraTable] += extra
-                if (extra > 0) yield* Metric.incrementBy(Metric.tagged(prunedTotal, "table", extraTable), extra)
+                if (extra > 0) yield* Metric.incrementBy(prunedTotal({ table: extraTable }), extra)
               }
             })
         })

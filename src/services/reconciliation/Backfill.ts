@@ -32,6 +32,7 @@ import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import { INITIAL_PASS, ReconcileStore } from "./ReconcileStore.js"
+import * as Metrics from "./ReconcileMetrics.js"
 import { USER_AGENT } from "../platform/Version.js"
 import { type ReconcileOutcome, Reconciler } from "./Reconciler.js"
 import { SafeHttp, type SafeResponse } from "../platform/http/SafeHttp.js"
@@ -86,13 +87,6 @@ export interface BackfillShape {
 }
 
 export class Backfill extends Context.Tag("firehook/Backfill")<Backfill, BackfillShape>() {}
-
-const ownersMetric = Metric.counter("firehook_backfill_owners_total", {
-  description: "Owners handled by backfill passes, by result (ok, failed)"
-})
-const passesMetric = Metric.counter("firehook_backfill_passes_total", {
-  description: "Backfill passes finished, by result (capped, completed, infrastructure_failure)"
-})
 
 class DiscoveryFailure extends Data.TaggedError("DiscoveryFailure")<{ readonly reason: string }> {}
 
@@ -223,7 +217,7 @@ export const make = (options: BackfillOptions = {}) =>
         }
         state.ownersDone++
         if (failed) state.ownersFailed++
-        yield* Metric.increment(Metric.tagged(ownersMetric, "result", failed ? "failed" : "ok"))
+        yield* Metric.increment(Metrics.backfillOwners({ result: failed ? "failed" : "ok" }))
         return failed
       })
 
@@ -260,11 +254,11 @@ export const make = (options: BackfillOptions = {}) =>
         }
         if (dids.length < limit) {
           yield* store.completePass(INITIAL_PASS, done)
-          yield* Metric.increment(Metric.tagged(passesMetric, "result", "completed"))
+          yield* Metric.increment(Metrics.backfillPasses({ result: "completed" }))
           return { owners, failed, completed: true }
         }
       }
-      yield* Metric.increment(Metric.tagged(passesMetric, "result", "capped"))
+      yield* Metric.increment(Metrics.backfillPasses({ result: "capped" }))
       return { owners, failed, completed: false }
     }).pipe(Effect.withSpan("Backfill.runPass"))
 
@@ -287,7 +281,7 @@ export const make = (options: BackfillOptions = {}) =>
         )
         if (result._tag === "Left") {
           state.infrastructureHealthy = false
-          yield* Metric.increment(Metric.tagged(passesMetric, "result", "infrastructure_failure"))
+          yield* Metric.increment(Metrics.backfillPasses({ result: "infrastructure_failure" }))
           yield* Effect.logWarning("backfill pass failed; retrying from its continuation").pipe(
             Effect.annotateLogs({ op: result.left.op, code: result.left.code })
           )

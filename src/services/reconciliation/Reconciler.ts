@@ -33,6 +33,7 @@ import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { IDENTITY_ERROR_KINDS, Identity } from "./Identity.js"
 import { ReconcileStore } from "./ReconcileStore.js"
+import * as Metrics from "./ReconcileMetrics.js"
 import { Registry } from "../registry/Registry.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
@@ -165,19 +166,6 @@ export const limitsFromConfig = (reconcile: FirehookConfigShape["reconcile"]): R
 })
 
 // ---------------------------------------------------------------------------------------------
-// Metrics
-
-const outcomes = Metric.counter("firehook_reconcile_owners_total", {
-  description: "Owner reconciliations, by outcome (complete, failed, busy, superseded)"
-})
-const failures = Metric.counter("firehook_reconcile_failures_total", {
-  description: "Failed owner reconciliations, by failure kind"
-})
-const invalidRecordsMetric = Metric.counter("firehook_reconcile_invalid_records_total", {
-  description: "Records omitted from PDS snapshots because they failed validation"
-})
-
-// ---------------------------------------------------------------------------------------------
 // Pure helpers (in Snapshot.ts; re-exported here)
 
 export { isRepoNotFound, rkeyOfUri } from "./Snapshot.js"
@@ -208,16 +196,16 @@ export const make = (options: ReconcilerOptions) =>
 
     const count = (outcome: ReconcileOutcome) =>
       Effect.gen(function* () {
-        yield* Metric.increment(Metric.tagged(outcomes, "outcome", outcome._tag))
+        yield* Metric.increment(Metrics.reconcileOwners({ outcome: outcome._tag }))
         switch (outcome._tag) {
           case "complete":
             stats.completed++
             stats.invalidRecords += outcome.invalid
-            if (outcome.invalid > 0) yield* Metric.incrementBy(invalidRecordsMetric, outcome.invalid)
+            if (outcome.invalid > 0) yield* Metric.incrementBy(Metrics.reconcileInvalidRecords, outcome.invalid)
             break
           case "failed":
             stats.failed++
-            yield* Metric.increment(Metric.tagged(failures, "kind", outcome.kind))
+            yield* Metric.increment(Metrics.reconcileFailures({ kind: outcome.kind }))
             break
           case "busy":
             stats.busy++

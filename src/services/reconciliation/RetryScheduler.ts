@@ -28,6 +28,7 @@ import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import { ReconcileStore } from "./ReconcileStore.js"
+import * as Metrics from "./ReconcileMetrics.js"
 import { Reconciler } from "./Reconciler.js"
 import { Registry } from "../registry/Registry.js"
 import { StoreError } from "../platform/Persistence.js"
@@ -94,10 +95,6 @@ export interface RetrySchedulerShape {
 
 export class RetryScheduler extends Context.Tag("firehook/RetryScheduler")<RetryScheduler, RetrySchedulerShape>() {}
 
-const attemptsMetric = Metric.counter("firehook_retry_scheduler_attempts_total", {
-  description: "Reconciliation retries, by result (recovered, failed, skipped)"
-})
-
 interface Entry {
   attempt: number
   inFlight: boolean
@@ -128,7 +125,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
       Effect.gen(function* () {
         const current = yield* store.ownerState(did)
         if (current === undefined || current.status === "complete" || current.status === "unknown") {
-          yield* Metric.increment(Metric.tagged(attemptsMetric, "result", "skipped"))
+          yield* Metric.increment(Metrics.retrySchedulerAttempts({ result: "skipped" }))
           return true
         }
         state.attempts++
@@ -136,7 +133,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         state.infrastructureHealthy = true
         const done = outcome._tag === "complete" || outcome._tag === "superseded"
         if (done) state.recovered++
-        yield* Metric.increment(Metric.tagged(attemptsMetric, "result", done ? "recovered" : "failed"))
+        yield* Metric.increment(Metrics.retrySchedulerAttempts({ result: done ? "recovered" : "failed" }))
         return done
       }).pipe(
         Effect.catchAllDefect(() => Effect.logError("retry attempt died unexpectedly").pipe(Effect.as(false))),

@@ -16,6 +16,7 @@ import type { StoreError } from "../platform/Persistence.js"
 import { toRow } from "../registry/Registry.js"
 import type { WebhookRow } from "../registry/RegistryStore.js"
 import type { IdentityShape } from "./Identity.js"
+import * as Metrics from "./ReconcileMetrics.js"
 import type { ReconcileStoreShape } from "./ReconcileStore.js"
 import type { OwnerFailureKind, ReconcileLimits, ReconcileOutcome } from "./Reconciler.js"
 
@@ -133,10 +134,6 @@ export const nextCursor = (
 // ---------------------------------------------------------------------------------------------
 // The scan
 
-const pagesMetric = Metric.counter("firehook_reconcile_pages_total", {
-  description: "listRecords pages fetched"
-})
-
 /** What a scan uses: the reconciler's services, limits and swap. */
 export interface ScanDeps {
   readonly identity: IdentityShape
@@ -196,7 +193,7 @@ const applyPages = (deps: ScanDeps, pds: string, target: ScanTarget) =>
         Effect.mapError((e) => new OwnerFailure({ kind: httpFailure(e) }))
       )
       pages++
-      yield* Metric.increment(pagesMetric)
+      yield* Metric.increment(Metrics.reconcilePages)
       bytes += res.body.length
       if (bytes > limits.maxTotalBytes) return yield* ownerFail("too_many_bytes")
       if (res.status < 200 || res.status > 299) {
