@@ -26,7 +26,6 @@ import {
   Layer,
   Metric,
   Option,
-  Random,
   Redacted,
   Ref,
   Schedule,
@@ -36,7 +35,11 @@ import {
 import type { Scope } from "effect"
 import * as Net from "node:net"
 import * as Tls from "node:tls"
-import { Health } from "../platform/Health.js"
+import * as Backoff from "../platform/Backoff.js"
+import * as ErrorCode from "../platform/ErrorCode.js"
+import { Health, statsSection } from "../platform/Health.js"
+import { labelledCounterFamily } from "../platform/Metrics.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 
 // ---------------------------------------------------------------------------------------------
 // The event
@@ -227,7 +230,8 @@ export const encodeCommand = (args: ReadonlyArray<string>): Buffer => {
 // ---------------------------------------------------------------------------------------------
 // A connection
 
-export type RedisErrorKind = "connect" | "closed" | "timeout" | "protocol" | "auth" | "reply" | "busy"
+export const REDIS_ERROR_KINDS = ["connect", "closed", "timeout", "protocol", "auth", "reply", "busy"] as const
+export type RedisErrorKind = (typeof REDIS_ERROR_KINDS)[number]
 
 /** A Redis failure: a kind and an errno-like or Redis error code; never a URL, password or payload. */
 export class RedisError extends Data.TaggedError("RedisError")<{ readonly kind: RedisErrorKind; readonly code: string }> {
@@ -236,10 +240,7 @@ export class RedisError extends Data.TaggedError("RedisError")<{ readonly kind: 
   }
 }
 
-const errnoCode = (e: unknown): string =>
-  typeof e === "object" && e !== null && "code" in e && typeof e.code === "string" && /^[A-Z0-9_]{1,40}$/.test(e.code)
-    ? e.code
-    : "unknown"
+const errnoCode = (e: unknown): string => ErrorCode.ownCode(e) ?? "unknown"
 
 /** The first word of a Redis error reply (`ERR`, `WRONGPASS`, `NOAUTH`, …): the rest may echo input. */
 const replyCode = (text: string): string => {
@@ -425,35 +426,28 @@ export const DEFAULTS = {
   backoffCap: Duration.seconds(30)
 } as const
 
-/** Connection errors are logged at most this often. */
-const LOG_EVERY_MS = 60_000
-
 /**
  * Full-jitter exponential backoff: the n-th delay is uniform in [0, min(cap, base · 2ⁿ)).
- * Randomness comes from Effect's `Random`, time from its `Clock`.
+ * Randomness comes from Effect's `Random`, time from its `Clock` ({@link Backoff.fullJitterSchedule}).
  */
-export const fullJitterBackoff = (base: Duration.DurationInput, cap: Duration.DurationInput) => {
-  const capMs = Duration.toMillis(Duration.decode(cap))
-  return Schedule.exponential(base).pipe(
-    Schedule.modifyDelayEffect((out) =>
-      Effect.map(Random.nextRange(0, Math.min(capMs, Duration.toMillis(out))), (ms) => Duration.millis(Math.floor(ms)))
-    )
-  )
-}
+export const fullJitterBackoff = (base: Duration.DurationInput, cap: Duration.DurationInput) =>
+  Backoff.fullJitterSchedule({ base, cap })
 
-type DropReason = "oversize" | "not_connected" | "in_flight" | "timeout" | "error"
+/** Why a message was dropped (the `reason` label of `firehook_redis_dropped_total`). */
+export const DROP_REASONS = ["oversize", "not_connected", "in_flight", "timeout", "error"] as const
+type DropReason = (typeof DROP_REASONS)[number]
 
 const publishedTotal = Metric.counter("firehook_redis_published_total", {
   description: "Audit events published to Redis",
   incremental: true
 })
-const droppedTotal = Metric.counter("firehook_redis_dropped_total", {
+/** `{ reason }`: a {@link DropReason} */
+const droppedTotal = labelledCounterFamily("firehook_redis_dropped_total", {
   description: "Audit events not published to Redis, by reason",
   incremental: true
 })
 
-const healthSection = (stats: Effect.Effect<PublisherStats>) =>
-  Effect.map(stats, (s) => ({ ready: true, body: { configured: s.configured, connected: s.connected, dropped: s.dropped } }))
+const healthSection = (stats: Effect.Effect<PublisherStats>) => statsSection(stats, ["configured", "connected", "dropped"])
 
 /**
  * The publisher, for the lifetime of the calling scope: its connection fiber and in-flight
@@ -497,28 +491,19 @@ export const make = (
     const current = yield* Ref.make(Option.none<RespConnection>())
     const inFlight = yield* Ref.make(0)
     const fibers = yield* FiberSet.make<void, never>()
-    const lastLog = yield* Ref.make<{ readonly at: number | undefined; readonly suppressed: number }>({
-      at: undefined,
-      suppressed: 0
-    })
+    // connection errors are logged at most once a minute
+    const problems = RateLimitedLog.make()
 
     const drop = (reason: DropReason) =>
       SubscriptionRef.update(state, (s) => ({ ...s, dropped: s.dropped + 1 })).pipe(
-        Effect.zipRight(Metric.increment(Metric.tagged(droppedTotal, "reason", reason)))
+        Effect.zipRight(Metric.increment(droppedTotal({ reason })))
       )
 
     /** Log a connection problem at most once a minute (kind and code only). */
     const logProblem = (message: string, e: RedisError) =>
-      Effect.gen(function* () {
-        const now = yield* Clock.currentTimeMillis
-        const { at, suppressed } = yield* Ref.get(lastLog)
-        if (at !== undefined && now - at < LOG_EVERY_MS) {
-          yield* Ref.set(lastLog, { at, suppressed: suppressed + 1 })
-          return
-        }
-        yield* Ref.set(lastLog, { at: now, suppressed: 0 })
-        yield* Effect.logWarning(message).pipe(Effect.annotateLogs({ kind: e.kind, code: e.code, suppressed }))
-      })
+      problems.run("connection", (suppressed) =>
+        Effect.logWarning(message).pipe(Effect.annotateLogs({ kind: e.kind, code: e.code, suppressed }))
+      )
 
     // One connection at a time; the backoff resets only after a connection that stayed up for a
     // whole backoff cap, so a server that accepts and then drops at once cannot make us spin.

@@ -17,6 +17,7 @@
  * @since 0.1.0
  */
 import { Duration, Effect, Either, Option, Random, Schedule } from "effect"
+import * as Backoff from "../platform/Backoff.js"
 
 /** Backoff settings. */
 export interface RetryConfig {
@@ -48,13 +49,16 @@ export const validateRetryConfig = (cfg: RetryConfig): Either.Either<RetryConfig
     ? Either.right(cfg)
     : Either.left("invalid_retry_config")
 
-/** `min(maxMs, baseMs · 2^(attempt − 1))` for attempt ≥ 1, before jitter. */
+/**
+ * `min(maxMs, baseMs · 2^(attempt − 1))` for attempt ≥ 1, before jitter ({@link Backoff.ceilingMillis};
+ * its exponent bound of 30 never binds a valid config: `baseMs · 2³⁰` exceeds every allowed `maxMs`).
+ */
 export const cappedExponentialMs = (cfg: RetryConfig, attempt: number): number =>
-  Math.min(cfg.maxMs, cfg.baseMs * Math.pow(2, Math.max(0, Math.floor(attempt) - 1)))
+  Backoff.ceilingMillis(cfg.baseMs, cfg.maxMs, Math.floor(attempt) - 1)
 
-/** Equal jitter: `floor(ms × (0.5 + 0.5·r))`, one `Random.next` per call. */
+/** Equal jitter: `floor(ms × (0.5 + 0.5·r))`, one `Random.next` per call ({@link Backoff.equalJitterMillis}). */
 export const equalJitter = (ms: number): Effect.Effect<number> =>
-  Effect.map(Random.next, (r) => Math.floor(ms * (0.5 + 0.5 * r)))
+  Effect.map(Random.next, (r) => Backoff.equalJitterMillis(ms, r))
 
 /** The Retry-After override: capped at 1 h, then at `maxMs`; never negative. */
 export const retryAfterDelayMs = (cfg: RetryConfig, retryAfterMs: number): number =>
@@ -84,13 +88,7 @@ export const nextDelay = (
  * recurrence's delay equals `nextDelay(cfg, N, undefined)` for the same random values.
  */
 export const retrySchedule = (cfg: RetryConfig): Schedule.Schedule<Duration.Duration, unknown> =>
-  Schedule.exponential(Duration.millis(cfg.baseMs), 2).pipe(
-    Schedule.modifyDelayEffect((_, delay) =>
-      Effect.map(
-        equalJitter(Math.min(cfg.maxMs, Duration.toMillis(delay))),
-        (ms) => Duration.millis(ms)
-      )
-    ),
+  Backoff.equalJitterSchedule({ base: Duration.millis(cfg.baseMs), cap: Duration.millis(cfg.maxMs) }).pipe(
     Schedule.intersect(Schedule.recurs(Math.max(0, cfg.maxAttempts - 1))),
     Schedule.delays
   )

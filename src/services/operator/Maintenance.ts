@@ -19,11 +19,14 @@
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
 import type { Fragment } from "@effect/sql/Statement"
-import { Context, Duration, Effect, Either, Layer, Metric, Option, Stream, SubscriptionRef } from "effect"
+import { Context, Duration, Effect, Layer, Metric, Option, Ref, Stream, SubscriptionRef } from "effect"
 import type { Scope } from "effect"
-import { Health } from "../platform/Health.js"
-import { codeOf, StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { Health, statsSection } from "../platform/Health.js"
+import { runAsLeader, leaderErrorCode, type Role } from "../platform/Leader.js"
+import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import * as LockKeys from "../platform/LockKeys.js"
+import { labelledCounterFamily } from "../platform/Metrics.js"
+import type { TerminalStatus } from "./Operator.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -99,13 +102,14 @@ export interface MaintenanceOptions extends Partial<RetentionOptions> {
 export const MAINTENANCE_LOCK_KEY = LockKeys.MAINTENANCE
 export const DEFAULT_INTERVAL = Duration.seconds(60)
 
-/** Bound on the statements that take, check or release the lock. */
+/** Bound on each ping of the runner's lock connection. */
 const LOCK_OP_TIMEOUT = Duration.seconds(10)
 
 // ---------------------------------------------------------------------------------------------
 // Metrics
 
-const prunedTotal = Metric.counter("firehook_maintenance_pruned_total", {
+/** `{ table }`: a pruned table */
+const prunedTotal = labelledCounterFamily("firehook_maintenance_pruned_total", {
   description: "Rows deleted by maintenance, by table",
   incremental: true
 })
@@ -117,7 +121,8 @@ const failedRunsTotal = Metric.counter("firehook_maintenance_failed_runs_total",
   description: "Maintenance runs in which at least one rule failed",
   incremental: true
 })
-const ruleFailuresTotal = Metric.counter("firehook_maintenance_rule_failures_total", {
+/** `{ rule, kind }` */
+const ruleFailuresTotal = labelledCounterFamily("firehook_maintenance_rule_failures_total", {
   description: "Maintenance rules that failed, by rule and kind (timeout: a statement exceeded statementTimeout)",
   incremental: true
 })
@@ -179,8 +184,26 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   const timed = <A>(statement: Effect.Effect<A, SqlError>): Effect.Effect<A, StoreError> =>
     storeOpWithin("maintenance", o.statementTimeout)(Effect.interruptible(statement))
 
+  /**
+   * One batch of rows picked by `doomed` (at most `batchSize`, oldest first where it says so),
+   * locked, skipping rows another transaction holds (`FOR UPDATE [OF lockOf] SKIP LOCKED`), then
+   * deleted from `target` (aliased as in `match`) where `match` still holds under the lock.
+   */
+  const deleteLocked = (doomed: Fragment, lockOf: string | undefined, target: string, match: Fragment) =>
+    onlyRows(timed(sql<CountRow>`
+      WITH doomed AS (
+        ${doomed}
+        LIMIT ${b}
+        FOR UPDATE ${sql.literal(lockOf === undefined ? "" : `OF ${lockOf} `)}SKIP LOCKED
+      ), gone AS (
+        DELETE FROM ${sql.literal(target)} USING doomed d
+        WHERE ${match}
+        RETURNING 1
+      )
+      SELECT count(*)::int AS n FROM gone`))
+
   /** Terminal outbox rows older than `retention`, with their attempts. */
-  const outbox = (status: "delivered" | "dead_letter" | "cancelled", retention: Duration.DurationInput) =>
+  const outbox = (status: TerminalStatus, retention: Duration.DurationInput) =>
     batched(
       o,
       Effect.map(
@@ -213,19 +236,14 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
     const longest = Math.max(seconds(o.delivered), seconds(o.deadLetter), seconds(o.cancelled))
     return batched(
       o,
-      onlyRows(timed(sql<CountRow>`
-        WITH doomed AS (
-          SELECT a.delivery_id, a.attempt FROM delivery_attempts a
+      deleteLocked(
+        sql`SELECT a.delivery_id, a.attempt FROM delivery_attempts a
           WHERE a.started_at < now() - make_interval(secs => ${longest}::double precision)
-            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = a.delivery_id)
-          LIMIT ${b}
-          FOR UPDATE OF a SKIP LOCKED
-        ), gone AS (
-          DELETE FROM delivery_attempts a USING doomed d
-          WHERE a.delivery_id = d.delivery_id AND a.attempt = d.attempt
-          RETURNING 1
-        )
-        SELECT count(*)::int AS n FROM gone`))
+            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = a.delivery_id)`,
+        "a",
+        "delivery_attempts a",
+        sql`a.delivery_id = d.delivery_id AND a.attempt = d.attempt`
+      )
     )
   }
 
@@ -233,19 +251,14 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   const deliveryEvents = () =>
     batched(
       o,
-      onlyRows(timed(sql<CountRow>`
-        WITH doomed AS (
-          SELECT e.event_id FROM delivery_events e
+      deleteLocked(
+        sql`SELECT e.event_id FROM delivery_events e
           WHERE e.created_at < now() - make_interval(secs => ${seconds(o.deliveryEvents)}::double precision)
-            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = e.event_id)
-          LIMIT ${b}
-          FOR UPDATE OF e SKIP LOCKED
-        ), gone AS (
-          DELETE FROM delivery_events e USING doomed d
-          WHERE e.event_id = d.event_id
-          RETURNING 1
-        )
-        SELECT count(*)::int AS n FROM gone`))
+            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = e.event_id)`,
+        "e",
+        "delivery_events e",
+        sql`e.event_id = d.event_id`
+      )
     )
 
   /** An append-only table with a bigserial `id` and `created_at`: age first, then the row bound. */
@@ -298,21 +311,16 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
    */
   /** One batch of tombstones matching `where`, oldest first; never those of owners being reconciled (SPEC §3.4). */
   const deleteTombstones = (where: Fragment) =>
-    onlyRows(timed(sql<CountRow>`
-      WITH doomed AS (
-        SELECT t.owner_did, t.rkey FROM tombstones t
+    deleteLocked(
+      sql`SELECT t.owner_did, t.rkey FROM tombstones t
         WHERE ${where}
           AND NOT EXISTS (
             SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
-        ORDER BY t.deleted_at
-        LIMIT ${b}
-        FOR UPDATE OF t SKIP LOCKED
-      ), gone AS (
-        DELETE FROM tombstones t USING doomed d
-        WHERE t.owner_did = d.owner_did AND t.rkey = d.rkey
-        RETURNING 1
-      )
-      SELECT count(*)::int AS n FROM gone`))
+        ORDER BY t.deleted_at`,
+      "t",
+      "tombstones t",
+      sql`t.owner_did = d.owner_did AND t.rkey = d.rkey`
+    )
 
   const tombstones = () =>
     Effect.gen(function* () {
@@ -341,18 +349,13 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
   const priorRefs = () =>
     batched(
       o,
-      onlyRows(timed(sql<CountRow>`
-        WITH doomed AS (
-          SELECT record_uri FROM prior_refs
-          WHERE expires_at < now()
-          LIMIT ${b}
-          FOR UPDATE SKIP LOCKED
-        ), gone AS (
-          DELETE FROM prior_refs p USING doomed d
-          WHERE p.record_uri = d.record_uri
-          RETURNING 1
-        )
-        SELECT count(*)::int AS n FROM gone`))
+      deleteLocked(
+        sql`SELECT record_uri FROM prior_refs
+          WHERE expires_at < now()`,
+        undefined,
+        "prior_refs p",
+        sql`p.record_uri = d.record_uri`
+      )
     )
 
   return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs }
@@ -398,7 +401,7 @@ export const runOnce = (
             Effect.gen(function* () {
               if (Option.isNone(firstError)) firstError = Option.some(e)
               const kind = e.code === "timeout" ? "timeout" : "error"
-              yield* Metric.increment(Metric.tagged(Metric.tagged(ruleFailuresTotal, "rule", name), "kind", kind))
+              yield* Metric.increment(ruleFailuresTotal({ rule: name, kind }))
               yield* Effect.logWarning("maintenance rule failed").pipe(
                 Effect.annotateLogs({ rule: name, kind, code: e.code })
               )
@@ -406,10 +409,10 @@ export const runOnce = (
           onSuccess: ({ rows, extra }) =>
             Effect.gen(function* () {
               counts[table] += rows
-              if (rows > 0) yield* Metric.incrementBy(Metric.tagged(prunedTotal, "table", table), rows)
+              if (rows > 0) yield* Metric.incrementBy(prunedTotal({ table }), rows)
               if (extraTable !== undefined) {
                 counts[extraTable] += extra
-                if (extra > 0) yield* Metric.incrementBy(Metric.tagged(prunedTotal, "table", extraTable), extra)
+                if (extra > 0) yield* Metric.incrementBy(prunedTotal({ table: extraTable }), extra)
               }
             })
         })
@@ -467,11 +470,6 @@ export interface MaintenanceHandle extends MaintenanceShape {
   readonly awaitStatus: (predicate: (s: MaintenanceStatus) => boolean) => Effect.Effect<MaintenanceStatus>
 }
 
-const firstRow = (rows: ReadonlyArray<unknown>): Record<string, unknown> => {
-  const row = rows[0]
-  return typeof row === "object" && row !== null ? (row as Record<string, unknown>) : {}
-}
-
 /**
  * The maintenance loop, for the lifetime of the calling scope: a background fiber competes for the
  * runner lock every `interval` and, while it holds it, runs `runOnce` every `interval`. Registers
@@ -495,58 +493,42 @@ export const make = (
     })
     const update = (f: (s: MaintenanceStatus) => MaintenanceStatus) => SubscriptionRef.update(state, f)
 
-    const lockOp = <A>(eff: Effect.Effect<A, SqlError>) =>
-      eff.pipe(Effect.interruptible, Effect.timeoutFail({ duration: LOCK_OP_TIMEOUT, onTimeout: () => "timeout" as const }))
-
-    /** Hold the role while this connection lives; returns when the lock was not taken. */
-    const holdRole = Effect.gen(function* () {
-      // bounded by the pool's connect timeout; not interrupted, so a connection is never leaked
-      const conn = yield* sql.reserve
-      yield* update((s) => ({ ...s, lockAttempts: s.lockAttempts + 1 }))
-      const attempt = yield* Effect.either(
-        lockOp(conn.execute("SELECT pg_try_advisory_lock($1) AS locked", [lockKey], undefined))
-      )
-      const locked = Either.isRight(attempt) ? firstRow(attempt.right)["locked"] : undefined
-      // Released before the connection goes back to the pool (finalizers run in reverse order),
-      // unless the lock was certainly not taken; if the connection is dead, so is the lock.
-      if (locked !== false) {
-        yield* Effect.addFinalizer(() =>
-          lockOp(conn.execute("SELECT pg_advisory_unlock($1)", [lockKey], undefined)).pipe(Effect.ignore)
-        )
-      }
-      if (Either.isLeft(attempt)) return yield* Effect.fail(attempt.left)
-      if (locked !== true) return
-      yield* update((s) => ({ ...s, runner: true, acquisitions: s.acquisitions + 1 }))
-      yield* Effect.addFinalizer(() => update((s) => ({ ...s, runner: false })))
-      yield* Effect.logInfo("maintenance runner role taken")
-      while (true) {
+    // the runner role (Leader): a standby competes every interval; the runner pings its lock
+    // connection every interval, runs at once and then every interval
+    const work = Effect.forever(
+      Effect.gen(function* () {
         const result = yield* Effect.either(run)
         yield* update((s) => ({ ...s, runs: s.runs + 1, lastRunOk: result._tag === "Right" }))
         yield* Effect.sleep(interval)
-        // the lock lives as long as this session: a failed ping means it is gone
-        yield* lockOp(conn.execute("SELECT 1", [], undefined))
-      }
-    }).pipe(Effect.scoped)
-
-    const loop = Effect.gen(function* () {
-      while (true) {
-        yield* holdRole.pipe(
-          Effect.catchAll((e) =>
-            Effect.logWarning("maintenance: database connection failed").pipe(
-              Effect.annotateLogs({ code: e === "timeout" ? "timeout" : codeOf(e) })
-            )
-          )
-        )
-        yield* Effect.sleep(interval)
-      }
-    })
-    yield* Effect.forkScoped(loop)
+      })
+    )
+    const connectionFailed = (e: unknown) =>
+      Effect.logWarning("maintenance: database connection failed").pipe(Effect.annotateLogs({ code: leaderErrorCode(e) }))
+    const role = yield* Ref.make<Role>("standby")
+    const leader = runAsLeader(
+      {
+        key: lockKey,
+        name: "maintenance",
+        retryInterval: interval,
+        pingInterval: interval,
+        pingTimeout: LOCK_OP_TIMEOUT,
+        events: {
+          attempt: update((s) => ({ ...s, lockAttempts: s.lockAttempts + 1 })),
+          acquired: update((s) => ({ ...s, runner: true, acquisitions: s.acquisitions + 1 })).pipe(
+            Effect.zipRight(Effect.logInfo("maintenance runner role taken"))
+          ),
+          lost: (reason, e) => (reason === "connection" ? connectionFailed(e) : Effect.void),
+          failed: connectionFailed,
+          ended: update((s) => (s.runner ? { ...s, runner: false } : s))
+        }
+      },
+      role,
+      work
+    )
+    yield* Effect.forkScoped(Effect.provideService(leader, SqlClient.SqlClient, sql))
 
     const status = SubscriptionRef.get(state)
-    yield* health.register(
-      "maintenance",
-      Effect.map(status, (s) => ({ ready: true, body: { runner: s.runner, lastRunOk: s.lastRunOk } }))
-    )
+    yield* health.register("maintenance", statsSection(status, ["runner", "lastRunOk"]))
     const awaitStatus = (predicate: (s: MaintenanceStatus) => boolean) =>
       state.changes.pipe(
         Stream.filter(predicate),

@@ -29,10 +29,15 @@ import { SqlClient } from "@effect/sql"
 import type { Fragment } from "@effect/sql/Statement"
 import { Context, Data, Effect, Layer, Option } from "effect"
 import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"
-import { NOTIFY_CHANNEL, type OutboxRow } from "../matching/Outbox.js"
+import type { OutboxRow } from "../matching/Outbox.js"
+import { notifyStatement } from "../matching/OutboxNotify.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
 
-export const DELIVERY_STATUSES = ["pending", "leased", "delivered", "dead_letter", "cancelled"] as const
+/** The statuses an outbox row ends in. */
+export const TERMINAL_STATUSES = ["delivered", "dead_letter", "cancelled"] as const
+export type TerminalStatus = (typeof TERMINAL_STATUSES)[number]
+
+export const DELIVERY_STATUSES = ["pending", "leased", ...TERMINAL_STATUSES] as const
 export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number]
 
 export const RECONCILE_STATUSES = ["unknown", "scanning", "complete", "failed"] as const
@@ -275,7 +280,7 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
     return out
   }
 
-  const notify = sql`SELECT pg_notify(${NOTIFY_CHANNEL}, '1')`
+  const notify = notifyStatement(sql)
 
   /**
    * True when the outbox row `o` no longer matches its subscription as enqueued: the worker cancels

@@ -12,8 +12,35 @@ export type Role = "leader" | "standby"
 
 /** How long one election may wait for a connection and for its lock query. */
 const ELECTION_TIMEOUT = Duration.seconds(10)
-/** Logged as `code: timeout` by the election's error handler (`codeOf`). */
+/** Logged as `code: timeout` by the election's error handler ({@link leaderErrorCode}). */
 const electionTimeout = () => ({ code: "timeout" }) as const
+
+/**
+ * The code of an election or ping failure: `timeout` for the bounds of this module (an election
+ * or a ping that took too long), else the driver's code ({@link codeOf}).
+ */
+export const leaderErrorCode = (e: unknown): string =>
+  e === "timeout" || (typeof e === "object" && e !== null && Reflect.get(e, "code") === "timeout") ? "timeout" : codeOf(e)
+
+/**
+ * What happens at each step of a term, for roles that report their own way (their own state,
+ * their own log lines). Every hook is optional; the defaults are the log lines of this module.
+ */
+export interface LeaderEvents {
+  /** a connection was had and the lock is about to be asked for (default: nothing) */
+  readonly attempt?: Effect.Effect<void>
+  /** the lock was taken, before `work` starts (default: log `role acquired`) */
+  readonly acquired?: Effect.Effect<void>
+  /**
+   * the role was given up: its connection failed (`error`: the ping's) or `work` ended (default:
+   * log `role lost`)
+   */
+  readonly lost?: (reason: "connection" | "worker-ended", error: unknown) => Effect.Effect<void>
+  /** an election failed: no connection, or the lock query failed or timed out (default: log `role election failed`) */
+  readonly failed?: (error: unknown) => Effect.Effect<void>
+  /** the term is over, whichever way, and `role` is back to `standby` (default: nothing) */
+  readonly ended?: Effect.Effect<void>
+}
 
 export interface LeaderOptions {
   readonly key: number
@@ -22,6 +49,10 @@ export interface LeaderOptions {
   readonly retryInterval?: Duration.DurationInput
   /** how often the leader pings its lock connection (default 2 s) */
   readonly pingInterval?: Duration.DurationInput
+  /** bound on one ping (default: the ping interval) */
+  readonly pingTimeout?: Duration.DurationInput
+  /** how the steps of a term are reported (default: the log lines of this module) */
+  readonly events?: LeaderEvents
 }
 
 /**
@@ -37,12 +68,27 @@ export const runAsLeader = <E, R>(
     const sql = yield* SqlClient.SqlClient
     const retry = Duration.decode(options.retryInterval ?? "2 seconds")
     const ping = Duration.decode(options.pingInterval ?? "2 seconds")
+    const pingTimeout = options.pingTimeout === undefined ? ping : Duration.decode(options.pingTimeout)
+    const events = options.events ?? {}
+    const acquiredEvent =
+      events.acquired ?? Effect.logInfo("role acquired").pipe(Effect.annotateLogs({ role: options.name }))
+    const lostEvent =
+      events.lost ??
+      ((reason: "connection" | "worker-ended") =>
+        Effect.logWarning("role lost").pipe(Effect.annotateLogs({ role: options.name, reason })))
+    const failedEvent =
+      events.failed ??
+      ((e: unknown) =>
+        Effect.logWarning("role election failed").pipe(
+          Effect.annotateLogs({ role: options.name, code: leaderErrorCode(e) })
+        ))
     const term = Effect.gen(function* () {
       const scope = yield* Scope.make()
       const acquired = yield* Effect.gen(function* () {
         // bounded (SPEC §7): a connection that cannot be had, or a lock query that hangs, is a
         // failed election, retried after `retry`, never a standby stuck for good
         const conn = yield* sql.reserve.pipe(Scope.extend(scope), Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }))
+        if (events.attempt !== undefined) yield* events.attempt
         const rows = yield* conn
           .executeValues("SELECT pg_try_advisory_lock($1)", [options.key])
           .pipe(
@@ -67,29 +113,24 @@ export const runAsLeader = <E, R>(
           )
         )
         yield* Ref.set(role, "leader")
-        yield* Effect.logInfo("role acquired").pipe(Effect.annotateLogs({ role: options.name }))
+        yield* acquiredEvent
         const worker = yield* Effect.forkIn(work, scope)
         // the watchdog: a failed ping means the lock's connection is gone
         const lost = yield* conn
           .executeValues("SELECT 1", [])
           .pipe(
-            Effect.timeoutFail({ duration: ping, onTimeout: () => "timeout" as const }),
+            Effect.timeoutFail({ duration: pingTimeout, onTimeout: () => "timeout" as const }),
             Effect.repeat(Schedule.spaced(ping)),
             Effect.raceFirst(Fiber.await(worker).pipe(Effect.map(() => "worker-ended" as const))),
             Effect.either
           )
-        yield* Effect.logWarning("role lost").pipe(
-          Effect.annotateLogs({ role: options.name, reason: lost._tag === "Left" ? "connection" : "worker-ended" })
-        )
+        yield* lost._tag === "Left" ? lostEvent("connection", lost.left) : lostEvent("worker-ended", undefined)
         return true
       }).pipe(
-        Effect.catchAll((e) =>
-          Effect.logWarning("role election failed").pipe(
-            Effect.annotateLogs({ role: options.name, code: codeOf(e) }),
-            Effect.as(false)
-          )
+        Effect.catchAll((e) => Effect.as(failedEvent(e), false)),
+        Effect.ensuring(
+          events.ended === undefined ? Ref.set(role, "standby") : Effect.zipRight(Ref.set(role, "standby"), events.ended)
         ),
-        Effect.ensuring(Ref.set(role, "standby")),
         Effect.onExit(() => Scope.close(scope, Exit.void))
       )
       if (!acquired) yield* Effect.sleep(retry)

@@ -23,17 +23,16 @@
  * Health (`backfill`): `{ running, infrastructureHealthy, initialPassDone, ownersDone, ownersFailed,
  * passes, discoveryFailures }` — counts and booleans only; ready = infrastructureHealthy.
  */
-import { Context, Data, Deferred, Duration, Effect, Fiber, Layer, Metric, Option, Random, Schedule } from "effect"
-import { isCanonicalDid } from "../../schemas/AtUri.js"
-import { WH_COLLECTION } from "../../schemas/WhRecord.js"
-import { decodeJsonBody, ReposByCollectionPage } from "../../schemas/Xrpc.js"
+import { Context, Deferred, Duration, Effect, Fiber, Layer, Metric, Option, Schedule } from "effect"
+import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
-import { Health } from "../platform/Health.js"
+import { Health, statsSection } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
+import { discoverPages } from "./Discovery.js"
 import { INITIAL_PASS, ReconcileStore } from "./ReconcileStore.js"
-import { USER_AGENT } from "../platform/Version.js"
+import * as Metrics from "./ReconcileMetrics.js"
 import { type ReconcileOutcome, Reconciler } from "./Reconciler.js"
-import { SafeHttp, type SafeResponse } from "../platform/http/SafeHttp.js"
+import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { StoreError } from "../platform/Persistence.js"
 
 export interface BackfillOptions {
@@ -86,34 +85,18 @@ export interface BackfillShape {
 
 export class Backfill extends Context.Tag("firehook/Backfill")<Backfill, BackfillShape>() {}
 
-const ownersMetric = Metric.counter("firehook_backfill_owners_total", {
-  description: "Owners handled by backfill passes, by result (ok, failed)"
-})
-const passesMetric = Metric.counter("firehook_backfill_passes_total", {
-  description: "Backfill passes finished, by result (capped, completed, infrastructure_failure)"
-})
-
-class DiscoveryFailure extends Data.TaggedError("DiscoveryFailure")<{ readonly reason: string }> {}
-
-/** Exponential backoff from `base`, capped at `max`, with equal jitter (× [0.5, 1.0]), as a Schedule. */
-export const infrastructureBackoff = (base: Duration.DurationInput, max: Duration.DurationInput) => {
-  const maxMs = Duration.toMillis(Duration.decode(max))
-  return Schedule.exponential(base, 2).pipe(
-    Schedule.modifyDelayEffect((_, delay) =>
-      Effect.map(Random.next, (r) => Duration.millis(Math.round(Math.min(maxMs, Duration.toMillis(delay)) * (0.5 + r / 2))))
-    )
-  )
-}
+/**
+ * Exponential backoff from `base`, capped at `max`, with equal jitter (× [0.5, 1.0], rounded), as a
+ * Schedule ({@link Backoff.equalJitterSchedule}).
+ */
+export const infrastructureBackoff = (base: Duration.DurationInput, max: Duration.DurationInput) =>
+  Backoff.equalJitterSchedule({ base, cap: max, rounding: "round" })
 
 /** The SPEC §5.2 / §5.3 defaults of `BACKFILL_PAGE_SIZE`, `BACKFILL_PASS_MAX_OWNERS` and `BACKFILL_RETRY_BASE_MS` / `_MAX_MS`. */
 export const DEFAULT_PAGE_SIZE = 50
 export const DEFAULT_MAX_OWNERS_PER_PASS = 1_000
 export const DEFAULT_INFRA_RETRY_BASE = Duration.seconds(1)
 export const DEFAULT_INFRA_RETRY_MAX = Duration.seconds(60)
-
-const MAX_CURSOR_LENGTH = 2048
-const DISCOVERY_MAX_RESPONSE_BYTES = 1024 * 1024
-const DISCOVERY_TIMEOUT_MS = 10_000
 
 export const make = (options: BackfillOptions = {}) =>
   Effect.gen(function* () {
@@ -150,45 +133,10 @@ export const make = (options: BackfillOptions = {}) =>
     // -------------------------------------------------------------------------------------------
     // Relay discovery (SPEC §5.2)
 
-    const discoverPages = (base: string) =>
-      Effect.gen(function* () {
-        const cursors = new Set<string>()
-        let cursor: string | undefined = undefined
-        for (let page = 0; page < discoveryMaxPages; page++) {
-          const url: string =
-            `${base}/xrpc/com.atproto.sync.listReposByCollection?collection=${encodeURIComponent(WH_COLLECTION)}` +
-            `&limit=${discoveryPageLimit}` +
-            (cursor === undefined ? "" : `&cursor=${encodeURIComponent(cursor)}`)
-          const res: SafeResponse = yield* http
-            .request({
-              url,
-              method: "GET",
-              headers: { accept: "application/json", "user-agent": USER_AGENT },
-              timeoutMs: DISCOVERY_TIMEOUT_MS,
-              maxResponseBytes: DISCOVERY_MAX_RESPONSE_BYTES
-            })
-            .pipe(Effect.mapError((e) => new DiscoveryFailure({ reason: e.kind })))
-          if (res.status < 200 || res.status > 299) return yield* new DiscoveryFailure({ reason: "status" })
-          const body: ReposByCollectionPage | undefined = decodeJsonBody(ReposByCollectionPage, res.body)
-          if (body === undefined || body.repos.length > discoveryPageLimit) {
-            return yield* new DiscoveryFailure({ reason: "invalid" })
-          }
-          const dids = body.repos.map((r) => r.did).filter(isCanonicalDid)
-          yield* store.addOwners(dids, "discovery")
-          if (body.repos.length === 0 || body.cursor === undefined) return
-          const next: string = body.cursor
-          if (next.length === 0 || next.length > MAX_CURSOR_LENGTH || cursors.has(next)) {
-            return yield* new DiscoveryFailure({ reason: "cursor" })
-          }
-          cursors.add(next)
-          cursor = next
-        }
-      })
-
     const discover: Effect.Effect<void, StoreError> = Option.match(config.backfill.ownerDiscoveryUrl, {
       onNone: () => Effect.void,
       onSome: (base) =>
-        discoverPages(base).pipe(
+        discoverPages(http, store, base, { maxPages: discoveryMaxPages, pageLimit: discoveryPageLimit }).pipe(
           Effect.catchTag("DiscoveryFailure", (e) =>
             Effect.sync(() => void state.discoveryFailures++).pipe(
               Effect.zipRight(Effect.logWarning("owner discovery failed").pipe(Effect.annotateLogs({ reason: e.reason })))
@@ -225,7 +173,7 @@ export const make = (options: BackfillOptions = {}) =>
         }
         state.ownersDone++
         if (failed) state.ownersFailed++
-        yield* Metric.increment(Metric.tagged(ownersMetric, "result", failed ? "failed" : "ok"))
+        yield* Metric.increment(Metrics.backfillOwners({ result: failed ? "failed" : "ok" }))
         return failed
       })
 
@@ -262,11 +210,11 @@ export const make = (options: BackfillOptions = {}) =>
         }
         if (dids.length < limit) {
           yield* store.completePass(INITIAL_PASS, done)
-          yield* Metric.increment(Metric.tagged(passesMetric, "result", "completed"))
+          yield* Metric.increment(Metrics.backfillPasses({ result: "completed" }))
           return { owners, failed, completed: true }
         }
       }
-      yield* Metric.increment(Metric.tagged(passesMetric, "result", "capped"))
+      yield* Metric.increment(Metrics.backfillPasses({ result: "capped" }))
       return { owners, failed, completed: false }
     }).pipe(Effect.withSpan("Backfill.runPass"))
 
@@ -289,7 +237,7 @@ export const make = (options: BackfillOptions = {}) =>
         )
         if (result._tag === "Left") {
           state.infrastructureHealthy = false
-          yield* Metric.increment(Metric.tagged(passesMetric, "result", "infrastructure_failure"))
+          yield* Metric.increment(Metrics.backfillPasses({ result: "infrastructure_failure" }))
           yield* Effect.logWarning("backfill pass failed; retrying from its continuation").pipe(
             Effect.annotateLogs({ op: result.left.op, code: result.left.code })
           )
@@ -356,18 +304,11 @@ export const make = (options: BackfillOptions = {}) =>
 
 /** The health section of a backfill (ready = infrastructure healthy). */
 export const healthSection = (backfill: BackfillShape) =>
-  Effect.map(backfill.stats, (s) => ({
-    ready: s.infrastructureHealthy,
-    body: {
-      running: s.running,
-      infrastructureHealthy: s.infrastructureHealthy,
-      initialPassDone: s.initialPassDone,
-      ownersDone: s.ownersDone,
-      ownersFailed: s.ownersFailed,
-      passes: s.passes,
-      discoveryFailures: s.discoveryFailures
-    }
-  }))
+  statsSection(
+    backfill.stats,
+    ["running", "infrastructureHealthy", "initialPassDone", "ownersDone", "ownersFailed", "passes", "discoveryFailures"],
+    (s) => s.infrastructureHealthy
+  )
 
 /**
  * The backfill service with its health section (`backfill`) and its shutdown stage (`backfill`).

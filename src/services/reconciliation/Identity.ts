@@ -26,20 +26,24 @@ import { validateWebhookUrl } from "../../schemas/WebhookUrl.js"
 import { decodeJsonBody } from "../../schemas/Xrpc.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
+import * as Metrics from "./ReconcileMetrics.js"
 
-export type IdentityErrorKind =
+/** Why a DID could not be resolved (kinds only). */
+export const IDENTITY_ERROR_KINDS = [
   /** not a canonical did:plc / did:web */
-  | "invalid_did"
+  "invalid_did",
   /** the directory or host says the DID does not exist (404 / 410) */
-  | "did_not_found"
+  "did_not_found",
   /** transport failure, timeout, or another status */
-  | "identity_unavailable"
+  "identity_unavailable",
   /** not a DID document for this DID */
-  | "identity_invalid"
+  "identity_invalid",
   /** no `#atproto_pds` service of type `AtprotoPersonalDataServer` */
-  | "no_pds"
+  "no_pds",
   /** the PDS endpoint breaks the URL rules (scheme, private address, credentials, query …) */
-  | "pds_unsafe"
+  "pds_unsafe"
+] as const
+export type IdentityErrorKind = (typeof IDENTITY_ERROR_KINDS)[number]
 
 export class IdentityError extends Data.TaggedError("IdentityError")<{ readonly kind: IdentityErrorKind }> {
   override get message(): string {
@@ -81,13 +85,6 @@ export interface IdentityShape {
 }
 
 export class Identity extends Context.Tag("firehook/Identity")<Identity, IdentityShape>() {}
-
-const lookups = Metric.counter("firehook_identity_lookups_total", {
-  description: "DID → PDS lookups, by result (hit, stale, miss)"
-})
-const fetchFailures = Metric.counter("firehook_identity_failures_total", {
-  description: "DID document fetches that failed, by kind"
-})
 
 interface Entry {
   readonly pds: string
@@ -169,7 +166,7 @@ export const make = (options: IdentityOptions = {}) =>
       }).pipe(
         Effect.tapError((e) =>
           Effect.sync(() => void failures++).pipe(
-            Effect.zipRight(Metric.increment(Metric.tagged(fetchFailures, "kind", e.kind)))
+            Effect.zipRight(Metric.increment(Metrics.identityFailures({ kind: e.kind })))
           )
         ),
         Effect.withSpan("Identity.fetch")
@@ -218,16 +215,16 @@ export const make = (options: IdentityOptions = {}) =>
             if (age >= staleMs && !entry.refreshing && (yield* FiberSet.size(refreshers)) < maxRefreshes) {
               entry.refreshing = true
               yield* FiberSet.run(refreshers, refresh(did, entry))
-              yield* Metric.increment(Metric.tagged(lookups, "result", "stale"))
+              yield* Metric.increment(Metrics.identityLookups({ result: "stale" }))
             } else {
-              yield* Metric.increment(Metric.tagged(lookups, "result", "hit"))
+              yield* Metric.increment(Metrics.identityLookups({ result: "hit" }))
             }
             return entry.pds
           }
           cache.delete(did)
         }
         misses++
-        yield* Metric.increment(Metric.tagged(lookups, "result", "miss"))
+        yield* Metric.increment(Metrics.identityLookups({ result: "miss" }))
         const pds = yield* fetchPds(did)
         const fetchedAt = yield* Clock.currentTimeMillis
         store(did, pds, fetchedAt)

@@ -22,11 +22,13 @@
  * Time and randomness come from `Clock` and `Random`, so the whole scheduler is deterministic under
  * `TestClock` with `Random.fixed`. Health (`retryScheduler`): ready = running.
  */
-import { Clock, Context, Deferred, Duration, Effect, Fiber, FiberMap, Layer, Metric, Random, Schedule } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Fiber, FiberMap, Layer, Metric, Schedule } from "effect"
+import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
-import { Health } from "../platform/Health.js"
+import { Health, statsSection } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import { ReconcileStore } from "./ReconcileStore.js"
+import * as Metrics from "./ReconcileMetrics.js"
 import { Reconciler } from "./Reconciler.js"
 import { Registry } from "../registry/Registry.js"
 import { StoreError } from "../platform/Persistence.js"
@@ -38,21 +40,16 @@ export interface BackoffOptions {
   readonly min?: Duration.DurationInput
 }
 
+const RETRY_MIN_DELAY = Duration.millis(100)
+
 /**
  * Full-jitter exponential backoff as a Schedule: the delay before recurrence n (n = 0, 1, …) is
  * `max(min, floor(random × min(cap, base × 2^n)))` milliseconds, `random` from the Effect `Random`.
  *
  * @since 0.1.0
  */
-export const retryBackoff = (options: BackoffOptions): Schedule.Schedule<Duration.Duration> => {
-  const capMs = Duration.toMillis(Duration.decode(options.cap))
-  const minMs = Duration.toMillis(Duration.decode(options.min ?? Duration.millis(100)))
-  return Schedule.exponential(options.base, 2).pipe(
-    Schedule.modifyDelayEffect((_, delay) =>
-      Effect.map(Random.next, (r) => Duration.millis(Math.max(minMs, Math.floor(r * Math.min(capMs, Duration.toMillis(delay))))))
-    )
-  )
-}
+export const retryBackoff = (options: BackoffOptions): Schedule.Schedule<Duration.Duration> =>
+  Backoff.fullJitterSchedule({ base: options.base, cap: options.cap, min: options.min ?? RETRY_MIN_DELAY })
 
 export interface RetrySchedulerOptions {
   /** owners tracked at most (default: `RETRY_SCHEDULER_TRACKED_MAX` of the configuration, 16) */
@@ -98,10 +95,6 @@ export interface RetrySchedulerShape {
 
 export class RetryScheduler extends Context.Tag("firehook/RetryScheduler")<RetryScheduler, RetrySchedulerShape>() {}
 
-const attemptsMetric = Metric.counter("firehook_retry_scheduler_attempts_total", {
-  description: "Reconciliation retries, by result (recovered, failed, skipped)"
-})
-
 interface Entry {
   attempt: number
   inFlight: boolean
@@ -132,7 +125,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
       Effect.gen(function* () {
         const current = yield* store.ownerState(did)
         if (current === undefined || current.status === "complete" || current.status === "unknown") {
-          yield* Metric.increment(Metric.tagged(attemptsMetric, "result", "skipped"))
+          yield* Metric.increment(Metrics.retrySchedulerAttempts({ result: "skipped" }))
           return true
         }
         state.attempts++
@@ -140,7 +133,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         state.infrastructureHealthy = true
         const done = outcome._tag === "complete" || outcome._tag === "superseded"
         if (done) state.recovered++
-        yield* Metric.increment(Metric.tagged(attemptsMetric, "result", done ? "recovered" : "failed"))
+        yield* Metric.increment(Metrics.retrySchedulerAttempts({ result: done ? "recovered" : "failed" }))
         return done
       }).pipe(
         Effect.catchAllDefect(() => Effect.logError("retry attempt died unexpectedly").pipe(Effect.as(false))),
@@ -314,17 +307,11 @@ export const make = (options: RetrySchedulerOptions = {}) =>
 
 /** The health section (ready = running). */
 export const healthSection = (scheduler: RetrySchedulerShape) =>
-  Effect.map(scheduler.stats, (s) => ({
-    ready: s.running,
-    body: {
-      running: s.running,
-      infrastructureHealthy: s.infrastructureHealthy,
-      tracked: s.tracked,
-      inFlight: s.inFlight,
-      attempts: s.attempts,
-      recovered: s.recovered
-    }
-  }))
+  statsSection(
+    scheduler.stats,
+    ["running", "infrastructureHealthy", "tracked", "inFlight", "attempts", "recovered"],
+    (s) => s.running
+  )
 
 /**
  * The running scheduler (rounds start when the layer is built), with its health section

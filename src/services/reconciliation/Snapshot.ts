@@ -1,0 +1,275 @@
+/**
+ * One owner's snapshot scan (SPEC §5.3 steps 2–5, after a successful begin): resolve the PDS, read
+ * the snapshot's rev, fetch and check `listRecords` pages (every bound of the {@link Reconciler}'s
+ * header), apply each page in its own fenced transaction, then complete in small durable
+ * transactions. The checks of a page are pure ({@link pageRows}, {@link nextCursor}); the effects
+ * are thin loops around them. A failure of the owner is an {@link OwnerFailure}; a fence is the
+ * outcome `superseded`.
+ */
+import { Data, Effect, Either, Metric } from "effect"
+import { isRkey } from "../../schemas/AtUri.js"
+import { isTid, tidFromMicros, tidToMicros } from "../../schemas/Tid.js"
+import { validateWhRecord, WH_COLLECTION } from "../../schemas/WhRecord.js"
+import { decodeJsonBody, LatestCommit, ListRecordsPage, XrpcError } from "../../schemas/Xrpc.js"
+import type { SafeHttpError, SafeResponse } from "../platform/http/SafeHttp.js"
+import type { StoreError } from "../platform/Persistence.js"
+import { toRow } from "../registry/Registry.js"
+import type { WebhookRow } from "../registry/RegistryStore.js"
+import type { IdentityShape } from "./Identity.js"
+import * as Metrics from "./ReconcileMetrics.js"
+import type { ReconcileStoreShape } from "./ReconcileStore.js"
+import type { OwnerFailureKind, ReconcileLimits, ReconcileOutcome } from "./Reconciler.js"
+
+// ---------------------------------------------------------------------------------------------
+// Pure helpers
+
+export class OwnerFailure extends Data.TaggedError("OwnerFailure")<{ readonly kind: OwnerFailureKind }> {}
+
+const ownerFail = (kind: OwnerFailureKind) => Effect.fail(new OwnerFailure({ kind }))
+
+const CID = /^[\x21-\x7e]+$/
+
+/** The rkey of a listRecords uri if it is exactly `at://<did>/place.wisp.v2.wh/<rkey>`. */
+export const rkeyOfUri = (uri: string, did: string): string | undefined => {
+  const prefix = `at://${did}/${WH_COLLECTION}/`
+  if (!uri.startsWith(prefix)) return undefined
+  const rkey = uri.slice(prefix.length)
+  return isRkey(rkey) ? rkey : undefined
+}
+
+/** `400 InvalidRequest "Could not find repo: <did>"`, or `RepoNotFound` (400/404): the repo is absent. */
+export const isRepoNotFound = (response: SafeResponse, did: string): boolean => {
+  if (response.status !== 400 && response.status !== 404) return false
+  const body = decodeJsonBody(XrpcError, response.body)
+  if (body === undefined) return false
+  if (body.error === "RepoNotFound") return true
+  return response.status === 400 && body.error === "InvalidRequest" && body.message === `Could not find repo: ${did}`
+}
+
+/**
+ * Whether PostgreSQL can store the row: no NUL and no lone surrogate in any string (JSON.stringify
+ * escapes both; `jsonb` and `text` refuse them). Such a record is omitted like an invalid one.
+ */
+const STORABLE_ESCAPE = /\\u(0000|d[89a-f][0-9a-f]{2})/i
+const isStorable = (row: WebhookRow): boolean => !STORABLE_ESCAPE.test(JSON.stringify(row.record))
+
+const httpFailure = (e: SafeHttpError): OwnerFailureKind => {
+  switch (e.kind) {
+    case "timeout":
+      return "pds_timeout"
+    case "response_too_large":
+      return "page_too_large"
+    case "blocked_target":
+    case "invalid_target":
+      return "pds_unsafe"
+    default:
+      return "pds_network"
+  }
+}
+
+const q = encodeURIComponent
+
+/** What one scan writes with: its owner, its fencing token and its snapshot's rev. */
+export interface ScanTarget {
+  readonly did: string
+  readonly token: number
+  readonly snapshotRev: string
+}
+
+/**
+ * The rows of one page's records, in order, and how many were omitted as invalid; or the kind of
+ * failure of the first record that fails the owner. `seen` holds the rkeys of the pages before
+ * (this page's are added to it).
+ */
+export const pageRows = (
+  records: ListRecordsPage["records"],
+  target: ScanTarget,
+  seen: Set<string>,
+  limits: ReconcileLimits,
+  validateOpts: { readonly allowInsecureDev: boolean }
+): Either.Either<{ readonly rows: ReadonlyArray<WebhookRow>; readonly invalid: number }, OwnerFailureKind> => {
+  const rows: Array<WebhookRow> = []
+  let invalid = 0
+  for (const rec of records) {
+    const rkey = rkeyOfUri(rec.uri, target.did)
+    if (rkey === undefined) return Either.left("record_uri")
+    if (rec.cid.length < 1 || rec.cid.length > limits.maxCidLength || !CID.test(rec.cid)) {
+      return Either.left("record_cid")
+    }
+    if (seen.has(rkey)) return Either.left("duplicate_rkey")
+    seen.add(rkey)
+    const v = validateWhRecord(rec.value, validateOpts)
+    if (Either.isLeft(v)) {
+      invalid++
+      continue
+    }
+    const r = v.right
+    const row = toRow(target.did, rkey, r.record, r.scope, target.snapshotRev, target.token, rec.cid, r.record.enabled !== false)
+    if (!isStorable(row)) {
+      invalid++
+      continue
+    }
+    rows.push(row)
+  }
+  return Either.right({ rows, invalid })
+}
+
+/**
+ * The cursor of the page after this one (`undefined`: this is the last page), or `cursor` when the
+ * page's cursor is unusable (empty, too long, or seen before; `seen` holds the cursors before and
+ * gets this one).
+ */
+export const nextCursor = (
+  page: ListRecordsPage,
+  seen: Set<string>,
+  limits: ReconcileLimits
+): Either.Either<string | undefined, OwnerFailureKind> => {
+  const next = page.cursor
+  if (page.records.length === 0 || next === undefined) return Either.right(undefined)
+  if (next.length === 0 || next.length > limits.maxCursorLength || seen.has(next)) return Either.left("cursor")
+  seen.add(next)
+  return Either.right(next)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scan
+
+/** What a scan uses: the reconciler's services, limits and swap. */
+export interface ScanDeps {
+  readonly identity: IdentityShape
+  readonly store: ReconcileStoreShape
+  readonly limits: ReconcileLimits
+  readonly validateOpts: { readonly allowInsecureDev: boolean }
+  /** a bounded GET through the SSRF-safe transport */
+  readonly get: (url: string, maxResponseBytes: number) => Effect.Effect<SafeResponse, SafeHttpError>
+  /** the in-memory swap run at completion (inside the completing transaction) */
+  readonly swap: (did: string) => Effect.Effect<void, StoreError>
+}
+
+const SUPERSEDED = { _tag: "superseded" } as const
+
+const resolvePds = (deps: ScanDeps, did: string) =>
+  deps.identity.resolvePds(did).pipe(Effect.mapError((e) => new OwnerFailure({ kind: e.kind })))
+
+/**
+ * getLatestCommit's rev, or a TID of the scan's start when the PDS does not answer it (or
+ * answers a rev more than `maxFutureRevMs` ahead of our clock, which would fence the owner's
+ * live changes until then).
+ */
+const snapshotRevOf = (deps: ScanDeps, pds: string, did: string, startMicros: number) =>
+  deps.get(`${pds}/xrpc/com.atproto.sync.getLatestCommit?did=${q(did)}`, deps.limits.maxCommitBytes).pipe(
+    Effect.map((res) => {
+      if (res.status < 200 || res.status > 299) return undefined
+      const commit = decodeJsonBody(LatestCommit, res.body)
+      if (commit === undefined || !isTid(commit.rev)) return undefined
+      const micros = tidToMicros(commit.rev)
+      return micros !== undefined && micros <= startMicros + deps.limits.maxFutureRevMs * 1000 ? commit.rev : undefined
+    }),
+    Effect.catchAll(() => Effect.succeed(undefined)),
+    Effect.map((rev) => rev ?? tidFromMicros(startMicros))
+  )
+
+const listUrl = (limits: ReconcileLimits, pds: string, did: string, cursor: string | undefined) =>
+  `${pds}/xrpc/com.atproto.repo.listRecords?repo=${q(did)}&collection=${q(WH_COLLECTION)}&limit=${limits.maxPageRecords}` +
+  (cursor === undefined ? "" : `&cursor=${q(cursor)}`)
+
+/** Step 2–3: fetch, check and apply every page. */
+const applyPages = (deps: ScanDeps, pds: string, target: ScanTarget) =>
+  Effect.gen(function* () {
+    const { limits, store } = deps
+    const { did, token, snapshotRev } = target
+    const rkeys = new Set<string>()
+    const cursors = new Set<string>()
+    let cursor: string | undefined = undefined
+    let pages = 0
+    let records = 0
+    let bytes = 0
+    let invalid = 0
+    let written = 0
+    let repoFound = true
+    for (;;) {
+      if (pages >= limits.maxPages) return yield* ownerFail("too_many_pages")
+      const res: SafeResponse = yield* deps.get(listUrl(limits, pds, did, cursor), limits.maxPageBytes).pipe(
+        Effect.mapError((e) => new OwnerFailure({ kind: httpFailure(e) }))
+      )
+      pages++
+      yield* Metric.increment(Metrics.reconcilePages)
+      bytes += res.body.length
+      if (bytes > limits.maxTotalBytes) return yield* ownerFail("too_many_bytes")
+      if (res.status < 200 || res.status > 299) {
+        if (pages === 1 && isRepoNotFound(res, did)) {
+          // authoritative only from the owner's current PDS: the one used may come from a cache
+          // (up to 24 h old) and an account that moved is "not found" on its old PDS. Resolve
+          // the DID again; a different PDS fails this scan (retried against the new one)
+          // instead of taking the old PDS's answer as an empty repo and deleting every row
+          yield* deps.identity.invalidate(did)
+          const current = yield* resolvePds(deps, did)
+          if (current !== pds) return yield* ownerFail("pds_moved")
+          repoFound = false
+          break
+        }
+        return yield* ownerFail("pds_status")
+      }
+      const page: ListRecordsPage | undefined = decodeJsonBody(ListRecordsPage, res.body)
+      if (page === undefined) return yield* ownerFail("page_invalid")
+      if (page.records.length > limits.maxPageRecords) return yield* ownerFail("page_records")
+      records += page.records.length
+      if (records > limits.maxRecords) return yield* ownerFail("too_many_records")
+      const checked = pageRows(page.records, target, rkeys, limits, deps.validateOpts)
+      if (Either.isLeft(checked)) return yield* ownerFail(checked.left)
+      invalid += checked.right.invalid
+      const next = nextCursor(page, cursors, limits)
+      if (Either.isLeft(next)) return yield* ownerFail(next.left)
+      const applied = yield* store.applyPage(did, token, snapshotRev, checked.right.rows)
+      if (applied.fenced) return SUPERSEDED
+      written += applied.written
+      if (next.right === undefined) break
+      cursor = next.right
+    }
+    return { _tag: "applied", records, invalid, written, pages, repoFound } as const
+  })
+
+/** Step 4: rows the snapshot did not contain are deleted and old tombstones pruned, in small durable transactions. */
+const deleteOutside = (deps: ScanDeps, target: ScanTarget) =>
+  Effect.gen(function* () {
+    const { limits, store } = deps
+    const { did, token, snapshotRev } = target
+    let deleted = 0
+    for (let batch = 0; ; batch++) {
+      if (batch >= limits.maxBatches) return yield* ownerFail("too_many_rows")
+      const r = yield* store.deleteOlder(did, token, snapshotRev, limits.batchSize)
+      if (r.fenced) return SUPERSEDED
+      deleted += r.deleted
+      if (r.deleted < limits.batchSize) break
+    }
+    for (let batch = 0; ; batch++) {
+      if (batch >= limits.maxBatches) return yield* ownerFail("too_many_rows")
+      const r = yield* store.pruneTombstones(did, token, snapshotRev, limits.tombstoneRetentionMs, limits.batchSize)
+      if (r.fenced) return SUPERSEDED
+      if (r.pruned < limits.batchSize) break
+    }
+    return { _tag: "deleted", deleted } as const
+  })
+
+/** Steps 2–5 after a successful begin. */
+export const scan = (
+  deps: ScanDeps,
+  did: string,
+  token: number,
+  startMicros: number
+): Effect.Effect<ReconcileOutcome, OwnerFailure | StoreError> =>
+  Effect.gen(function* () {
+    const pds = yield* resolvePds(deps, did)
+    const snapshotRev = yield* snapshotRevOf(deps, pds, did, startMicros)
+    const target: ScanTarget = { did, token, snapshotRev }
+    const applied = yield* applyPages(deps, pds, target)
+    if (applied._tag === "superseded") return applied
+    // 4. completion, in small durable transactions
+    const removed = yield* deleteOutside(deps, target)
+    if (removed._tag === "superseded") return removed
+    // 5. complete + the one-step in-memory swap, under the owner row lock
+    const completed = yield* deps.store.complete(did, token, snapshotRev, deps.swap(did))
+    if (!completed) return SUPERSEDED
+    const { records, invalid, written, pages, repoFound } = applied
+    return { _tag: "complete", records, invalid, written, deleted: removed.deleted, pages, repoFound } as const
+  })
