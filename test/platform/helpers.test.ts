@@ -88,6 +88,8 @@ describe("ErrorCode", () => {
     expect(ErrorCode.ownCode({ code: "ECONNREFUSED" })).toBe("ECONNREFUSED")
     expect(ErrorCode.ownCode({ code: "postgres://user:secret@host" })).toBeUndefined()
     expect(ErrorCode.ownCode({ code: 42 })).toBeUndefined()
+    expect(ErrorCode.ownCode({ code: "timeout" })).toBe("timeout")
+    expect(ErrorCode.driverCode({ _tag: "StoreError", op: "secrets.get", code: "defect" })).toBe("defect")
     expect(ErrorCode.ownCode("ECONNREFUSED")).toBeUndefined()
     expect(ErrorCode.driverCode({ code: "X", cause: { code: "57014" } })).toBe("57014")
     expect(ErrorCode.driverCode({ cause: new Error("no code") })).toBeUndefined()

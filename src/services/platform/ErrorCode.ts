@@ -6,8 +6,12 @@
  * @since 0.1.0
  */
 
-/** What a code looks like: `ECONNREFUSED`, `57014`, `ERR_TLS_CERT_ALTNAME_INVALID`. */
-const CODE = /^[A-Z0-9_]{1,40}$/
+/**
+ * What a code looks like: `ECONNREFUSED`, `57014`, `ERR_TLS_CERT_ALTNAME_INVALID`, and firehook's
+ * own lower-case codes (`timeout`, `defect`) carried by `StoreError`. Anything else (a URL, a
+ * sentence, a value) is not a code.
+ */
+const CODE = /^[A-Za-z0-9_-]{1,40}$/
 
 /** The error's own `code`, when it is a well-formed code. */
 export const ownCode = (e: unknown): string | undefined => {
