@@ -40,6 +40,7 @@ import * as ErrorCode from "../platform/ErrorCode.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
+import * as DeliveryConfig from "./DeliveryConfig.js"
 
 // ---------------------------------------------------------------------------------------------
 // The event
@@ -84,60 +85,10 @@ export const encodeEvent = (e: AuditEvent): string =>
   })
 
 // ---------------------------------------------------------------------------------------------
-// REDIS_URL
+// REDIS_URL: parsed in its own module (the configuration reads it too)
 
-export interface RedisTarget {
-  readonly tls: boolean
-  /** host name or IP literal (IPv6 without brackets) */
-  readonly host: string
-  readonly port: number
-  readonly username: string | undefined
-  readonly password: Redacted.Redacted<string> | undefined
-  readonly db: number
-}
-
-/** `REDIS_URL` broke a rule. The rule never contains any part of the value. */
-export class RedisUrlInvalid extends Data.TaggedError("RedisUrlInvalid")<{ readonly rule: string }> {
-  override get message(): string {
-    return `invalid REDIS_URL: ${this.rule}`
-  }
-}
-
-const MAX_URL_LENGTH = 4096
-/** Redis' own upper bound for `databases` is far lower; this only rejects nonsense. */
-const MAX_DB = 65_535
-const DB_PATH = /^(\/(0|[1-9]\d{0,4})?)?$/
-
-const decodePart = (s: string): Either.Either<string, RedisUrlInvalid> =>
-  Either.try({
-    try: () => decodeURIComponent(s),
-    catch: () => new RedisUrlInvalid({ rule: "has badly percent-encoded credentials" })
-  })
-
-/**
- * Parse `redis://[user[:password]@]host[:port][/db]` (or `rediss://` for TLS). Query strings and
- * fragments are rejected: nothing here reads them, and silently ignoring an option is worse.
- */
-export const parseRedisUrl = (input: string): Either.Either<RedisTarget, RedisUrlInvalid> => {
-  const invalid = (rule: string) => Either.left(new RedisUrlInvalid({ rule }))
-  if (input.length === 0 || input.length > MAX_URL_LENGTH) return invalid(`must be 1..${MAX_URL_LENGTH} characters`)
-  if (!URL.canParse(input)) return invalid("must be a URL")
-  const u = new URL(input)
-  if (u.protocol !== "redis:" && u.protocol !== "rediss:") return invalid("must be a redis:// or rediss:// URL")
-  if (u.hostname.length === 0) return invalid("must name a host")
-  if (u.search.length > 0 || u.hash.length > 0) return invalid("must not have a query or a fragment")
-  if (!DB_PATH.test(u.pathname)) return invalid("path must be empty or /<database number>")
-  const db = u.pathname.length > 1 ? Number(u.pathname.slice(1)) : 0
-  if (db > MAX_DB) return invalid(`database number must be in 0..${MAX_DB}`)
-  const port = u.port.length > 0 ? Number(u.port) : 6379
-  if (!Number.isInteger(port) || port < 1 || port > 65_535) return invalid("port must be in 1..65535")
-  const host = u.hostname.startsWith("[") && u.hostname.endsWith("]") ? u.hostname.slice(1, -1) : u.hostname
-  return Either.gen(function* () {
-    const username = u.username.length > 0 ? yield* decodePart(u.username) : undefined
-    const password = u.password.length > 0 ? Redacted.make(yield* decodePart(u.password)) : undefined
-    return { tls: u.protocol === "rediss:", host, port, username, password, db }
-  })
-}
+export { parseRedisUrl, type RedisTarget, RedisUrlInvalid } from "./RedisUrl.js"
+import { parseRedisUrl, type RedisTarget, RedisUrlInvalid } from "./RedisUrl.js"
 
 // ---------------------------------------------------------------------------------------------
 // RESP2
@@ -417,10 +368,10 @@ export interface PublisherOptions {
 }
 
 export const DEFAULTS = {
-  channel: "webhook:events",
-  maxMessageBytes: 8 * 1024,
-  maxInFlight: 4,
-  replyTimeout: Duration.seconds(1),
+  channel: DeliveryConfig.redis.channel.default,
+  maxMessageBytes: DeliveryConfig.redis.publishMaxBytes.default,
+  maxInFlight: DeliveryConfig.redis.publishMaxInFlight.default,
+  replyTimeout: Duration.millis(DeliveryConfig.redis.publishTimeoutMs.default),
   connectTimeout: Duration.seconds(5),
   backoffBase: Duration.millis(500),
   backoffCap: Duration.seconds(30)

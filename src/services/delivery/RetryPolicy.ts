@@ -18,6 +18,7 @@
  */
 import { Duration, Effect, Either, Option, Random, Schedule } from "effect"
 import * as Backoff from "../platform/Backoff.js"
+import * as DeliveryConfig from "./DeliveryConfig.js"
 
 /** Backoff settings. */
 export interface RetryConfig {
@@ -30,11 +31,15 @@ export interface RetryConfig {
 }
 
 /** The defaults of SPEC §4.3 / §6.5. */
-export const defaultRetryConfig: RetryConfig = { baseMs: 1_000, maxMs: 300_000, maxAttempts: 12 }
+export const defaultRetryConfig: RetryConfig = {
+  baseMs: DeliveryConfig.delivery.retryBaseMs.default,
+  maxMs: DeliveryConfig.delivery.retryMaxMs.default,
+  maxAttempts: DeliveryConfig.delivery.maxAttempts.default
+}
 
 /** Hard bounds on `maxAttempts`. */
-export const MIN_ATTEMPTS = 1
-export const MAX_ATTEMPTS = 50
+export const MIN_ATTEMPTS = DeliveryConfig.delivery.maxAttempts.min
+export const MAX_ATTEMPTS = DeliveryConfig.delivery.maxAttempts.max
 /** A Retry-After is never honoured beyond this, before the configured cap applies. */
 export const RETRY_AFTER_CAP_MS = 3_600_000
 

@@ -27,6 +27,7 @@ import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import type { TerminalStatus } from "./Operator.js"
+import * as OperatorConfig from "./OperatorConfig.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -76,16 +77,16 @@ export interface RetentionOptions {
 }
 
 export const DEFAULT_RETENTION: RetentionOptions = {
-  delivered: Duration.days(7),
-  deadLetter: Duration.days(30),
-  cancelled: Duration.days(7),
-  audit: Duration.days(30),
-  auditMaxRows: 100_000,
-  tombstones: Duration.days(7),
-  tombstonesMaxRows: 100_000,
-  quarantine: Duration.days(30),
-  quarantineMaxRows: 100_000,
-  deliveryEvents: Duration.days(7),
+  delivered: Duration.millis(OperatorConfig.retention.deliveredMs.default),
+  deadLetter: Duration.millis(OperatorConfig.retention.deadLetterMs.default),
+  cancelled: Duration.millis(OperatorConfig.retention.cancelledMs.default),
+  audit: Duration.millis(OperatorConfig.retention.auditMs.default),
+  auditMaxRows: OperatorConfig.retention.auditMaxRows.default,
+  tombstones: Duration.millis(OperatorConfig.retention.tombstonesMs.default),
+  tombstonesMaxRows: OperatorConfig.retention.tombstonesMaxRows.default,
+  quarantine: Duration.millis(OperatorConfig.retention.quarantineMs.default),
+  quarantineMaxRows: OperatorConfig.retention.quarantineMaxRows.default,
+  deliveryEvents: Duration.millis(OperatorConfig.retention.eventBodiesMs.default),
   batchSize: 1_000,
   maxBatches: 100,
   statementTimeout: Duration.seconds(30)
@@ -100,7 +101,7 @@ export interface MaintenanceOptions extends Partial<RetentionOptions> {
 
 /** The advisory lock key of the maintenance runner role (next to `MIGRATION_LOCK_KEY`). */
 export const MAINTENANCE_LOCK_KEY = LockKeys.MAINTENANCE
-export const DEFAULT_INTERVAL = Duration.seconds(60)
+export const DEFAULT_INTERVAL = Duration.millis(OperatorConfig.maintenanceIntervalMs.default)
 
 /** Bound on each ping of the runner's lock connection. */
 const LOCK_OP_TIMEOUT = Duration.seconds(10)

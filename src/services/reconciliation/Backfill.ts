@@ -34,6 +34,7 @@ import * as Metrics from "./ReconcileMetrics.js"
 import { type ReconcileOutcome, Reconciler } from "./Reconciler.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { StoreError } from "../platform/Persistence.js"
+import * as ReconciliationConfig from "./ReconciliationConfig.js"
 
 export interface BackfillOptions {
   /** owners per keyset page (default 50) */
@@ -93,10 +94,10 @@ export const infrastructureBackoff = (base: Duration.DurationInput, max: Duratio
   Backoff.equalJitterSchedule({ base, cap: max, rounding: "round" })
 
 /** The SPEC §5.2 / §5.3 defaults of `BACKFILL_PAGE_SIZE`, `BACKFILL_PASS_MAX_OWNERS` and `BACKFILL_RETRY_BASE_MS` / `_MAX_MS`. */
-export const DEFAULT_PAGE_SIZE = 50
-export const DEFAULT_MAX_OWNERS_PER_PASS = 1_000
-export const DEFAULT_INFRA_RETRY_BASE = Duration.seconds(1)
-export const DEFAULT_INFRA_RETRY_MAX = Duration.seconds(60)
+export const DEFAULT_PAGE_SIZE = ReconciliationConfig.backfill.pageSize.default
+export const DEFAULT_MAX_OWNERS_PER_PASS = ReconciliationConfig.backfill.passMaxOwners.default
+export const DEFAULT_INFRA_RETRY_BASE = Duration.millis(ReconciliationConfig.backfill.retryBaseMs.default)
+export const DEFAULT_INFRA_RETRY_MAX = Duration.millis(ReconciliationConfig.backfill.retryMaxMs.default)
 
 export const make = (options: BackfillOptions = {}) =>
   Effect.gen(function* () {

@@ -27,6 +27,7 @@ import { decodeJsonBody } from "../../schemas/Xrpc.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import * as Metrics from "./ReconcileMetrics.js"
+import * as ReconciliationConfig from "./ReconciliationConfig.js"
 
 /** Why a DID could not be resolved (kinds only). */
 export const IDENTITY_ERROR_KINDS = [
@@ -61,8 +62,8 @@ export interface IdentityOptions {
 }
 
 /** The SPEC §5.1 defaults of `IDENTITY_CACHE_STALE_MS` and `IDENTITY_CACHE_MAX_AGE_MS`. */
-export const DEFAULT_STALE_AFTER = Duration.hours(1)
-export const DEFAULT_EXPIRE_AFTER = Duration.hours(24)
+export const DEFAULT_STALE_AFTER = Duration.millis(ReconciliationConfig.identity.cacheStaleMs.default)
+export const DEFAULT_EXPIRE_AFTER = Duration.millis(ReconciliationConfig.identity.cacheMaxAgeMs.default)
 export const DEFAULT_MAX_ENTRIES = 10_000
 export const DEFAULT_MAX_BACKGROUND_REFRESHES = 16
 export const IDENTITY_TIMEOUT_MS = 10_000

@@ -38,6 +38,7 @@ import { Registry } from "../registry/Registry.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { scan, type ScanDeps } from "./Snapshot.js"
+import * as ReconciliationConfig from "./ReconciliationConfig.js"
 
 // ---------------------------------------------------------------------------------------------
 // Outcomes
@@ -134,14 +135,14 @@ export interface ReconcileLimits {
 }
 
 export const defaultLimits: ReconcileLimits = {
-  maxPages: 20,
-  maxRecords: 1_000,
-  maxPageRecords: 100,
-  maxPageBytes: 512 * 1024,
-  maxTotalBytes: 10 * 1024 * 1024,
+  maxPages: ReconciliationConfig.reconcile.maxPages.default,
+  maxRecords: ReconciliationConfig.reconcile.maxRecords.default,
+  maxPageRecords: ReconciliationConfig.reconcile.pageRecords.default,
+  maxPageBytes: ReconciliationConfig.reconcile.pageMaxBytes.default,
+  maxTotalBytes: ReconciliationConfig.reconcile.maxBytes.default,
   maxCursorLength: 2048,
   maxCidLength: 256,
-  maxOtherScanning: 8,
+  maxOtherScanning: ReconciliationConfig.reconcile.maxConcurrentScans.default,
   batchSize: 100,
   maxBatches: 10_000,
   tombstoneRetentionMs: 7 * 24 * 3600 * 1000,

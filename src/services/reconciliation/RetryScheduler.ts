@@ -32,6 +32,7 @@ import * as Metrics from "./ReconcileMetrics.js"
 import { Reconciler } from "./Reconciler.js"
 import { Registry } from "../registry/Registry.js"
 import { StoreError } from "../platform/Persistence.js"
+import * as ReconciliationConfig from "./ReconciliationConfig.js"
 
 export interface BackoffOptions {
   readonly base: Duration.DurationInput
@@ -61,7 +62,7 @@ export interface RetrySchedulerOptions {
 }
 
 /** The SPEC §5.4 default of `RETRY_SCHEDULER_TRACKED_MAX`. */
-export const DEFAULT_TRACKED_MAX = 16
+export const DEFAULT_TRACKED_MAX = ReconciliationConfig.retryScheduler.trackedMax.default
 /** Highest attempt index a rediscovered owner starts at. */
 const MAX_SEED_ATTEMPT = 30
 const SWAP_SYNC_BATCH = 256
