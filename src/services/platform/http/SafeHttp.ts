@@ -31,6 +31,7 @@ import { Clock, Context, Data, Duration, Effect, Either, Layer, Queue } from "ef
 import type { Scope } from "effect"
 import { type Cidr, cidrContains, classifyHost, parseCidr } from "../../../schemas/Net.js"
 import { validateWebhookUrl } from "../../../schemas/WebhookUrl.js"
+import { ownCode } from "../ErrorCode.js"
 
 // ---------------------------------------------------------------------------------------------
 // Limits
@@ -123,14 +124,8 @@ const setOwn = (target: Record<string, string>, name: string, value: string): vo
   }
 }
 
-const errorCode = (e: unknown): string | undefined => {
-  if (typeof e !== "object" || e === null) return undefined
-  const code: unknown = Reflect.get(e, "code")
-  return typeof code === "string" ? code : undefined
-}
-
 const resolveReason = (e: unknown): ResolveError["reason"] => {
-  switch (errorCode(e)) {
+  switch (ownCode(e)) {
     case "ENOTFOUND":
     case "ENODATA":
     case "EAI_NONAME":
@@ -563,7 +558,7 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
   }
 
   const onError = (err: unknown): void => {
-    const code = errorCode(err)
+    const code = ownCode(err)
     if (!isConnected) {
       failWith(
         code !== undefined && CONNECT_ERRORS.has(code)
