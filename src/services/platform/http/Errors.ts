@@ -8,15 +8,22 @@ import { Data, Effect } from "effect"
 // ---------------------------------------------------------------------------------------------
 // Errors
 
-/** Every way a transport request can fail; each maps 1:1 onto a delivery `FailureKind` (SPEC §4.3). */
-export type SafeHttpErrorKind =
-  | "invalid_target"
-  | "blocked_target"
-  | "dns"
-  | "timeout"
-  | "network"
-  | "request_too_large"
-  | "response_too_large"
+/**
+ * Every way a transport request can fail; each maps 1:1 onto a delivery `FailureKind` (SPEC §4.3),
+ * so the delivery's list can take these from here.
+ */
+export const safeHttpErrorKinds = [
+  "invalid_target",
+  "blocked_target",
+  "dns",
+  "timeout",
+  "network",
+  "request_too_large",
+  "response_too_large"
+] as const
+
+/** One of {@link safeHttpErrorKinds}. */
+export type SafeHttpErrorKind = (typeof safeHttpErrorKinds)[number]
 
 /**
  * A failed transport request. Deliberately carries nothing but the kind: no URL, host name, address,

@@ -230,95 +230,108 @@ export const exchangeAll = (
   base: Omit<ExchangeSpec, "address" | "family">,
   deadline: number
 ): Effect.Effect<SafeResponse, SafeHttpError> =>
-  Effect.async<SafeResponse, SafeHttpError>((resume) => {
-    let index = 0
-    let staleRetried = false
-    let lastKind: SafeHttpErrorKind = "network"
-    let current: Exchange | undefined
-    /** bumped per exchange, so a late hook of an abandoned exchange is ignored */
-    let generation = 0
-    let done = false
+  Effect.async<SafeResponse, SafeHttpError>((resume) => runAddresses(deadlines, clock, addresses, base, deadline, resume))
 
-    const finish = (result: Effect.Effect<SafeResponse, SafeHttpError>): void => {
-      if (done) return
-      done = true
-      deadlines.remove(entry)
-      const ex = current
-      current = undefined
-      ex?.release()
-      resume(result)
-    }
-    const failKind = (kind: SafeHttpErrorKind): void => finish(Effect.fail(new SafeHttpError({ kind })))
+/**
+ * The body of {@link exchangeAll}'s `Effect.async`: starts the first exchange, calls `resume` once
+ * with the outcome, and returns the canceller run on interruption.
+ */
+const runAddresses = (
+  deadlines: Deadlines,
+  clock: Clock.Clock,
+  addresses: ReadonlyArray<{ readonly address: string; readonly family: 4 | 6 }>,
+  base: Omit<ExchangeSpec, "address" | "family">,
+  deadline: number,
+  resume: (result: Effect.Effect<SafeResponse, SafeHttpError>) => void
+): Effect.Effect<void> => {
+  let index = 0
+  let staleRetried = false
+  let lastKind: SafeHttpErrorKind = "network"
+  let current: Exchange | undefined
+  /** bumped per exchange, so a late hook of an abandoned exchange is ignored */
+  let generation = 0
+  let done = false
 
-    /** The current exchange failed before it was connected (or its connect budget ran out). */
-    const nextAddress = (kind: "network" | "timeout"): void => {
-      lastKind = kind
-      const ex = current
-      current = undefined
-      ex?.release()
-      index++
-      start()
-    }
+  const finish = (result: Effect.Effect<SafeResponse, SafeHttpError>): void => {
+    if (done) return
+    done = true
+    deadlines.remove(entry)
+    const ex = current
+    current = undefined
+    ex?.release()
+    resume(result)
+  }
+  const failKind = (kind: SafeHttpErrorKind): void => finish(Effect.fail(new SafeHttpError({ kind })))
 
-    const start = (): void => {
-      if (done) return
-      const target = addresses[index]
-      if (target === undefined) return failKind(lastKind)
-      const remaining = addresses.length - index
-      const now = clock.unsafeCurrentTimeMillis()
-      if (now >= deadline) return failKind("timeout")
-      entry.connectDeadline = remaining > 1 ? now + Math.max(0, Math.floor((deadline - now) / remaining)) : undefined
-      const gen = ++generation
-      const spec: ExchangeSpec = { ...base, address: target.address, family: target.family }
-      const ex = startExchange(spec, {
-        connected: () => {
-          if (gen === generation) entry.connectDeadline = undefined
-        },
-        settle: (outcome) => {
-          if (gen !== generation || done) return
-          if (outcome._tag === "Ok") return finish(Effect.succeed(outcome.response))
-          const failure = outcome.failure
-          switch (failure._tag) {
-            case "ConnectFailed":
-              return nextAddress(failure.kind)
-            case "Stale": {
-              if (staleRetried) return failKind("network")
-              staleRetried = true
-              const old = current
-              current = undefined
-              old?.release()
-              return start()
-            }
-            case "Final":
-              return failKind(failure.kind)
-          }
-        }
-      })
-      // the hooks may have run synchronously (and moved on); only keep a live exchange
-      if (gen === generation && !done) current = ex
-      else ex.release()
-    }
-
-    const entry: Pending = {
-      deadline,
-      connectDeadline: undefined,
-      expire: (now) => {
-        if (done) return
-        if (now >= deadline) return failKind("timeout")
-        // the connect budget of this address ran out: next address
-        generation++
-        nextAddress("timeout")
-      }
-    }
-    deadlines.add(entry)
+  /** The current exchange failed before it was connected (or its connect budget ran out). */
+  const nextAddress = (kind: "network" | "timeout"): void => {
+    lastKind = kind
+    const ex = current
+    current = undefined
+    ex?.release()
+    index++
     start()
-    return Effect.sync(() => {
-      if (done) return
-      done = true
-      deadlines.remove(entry)
-      generation++
-      const ex = current
-      current = undefined
-      ex?.release()
+  }
+
+  const start = (): void => {
+    if (done) return
+    const target = addresses[index]
+    if (target === undefined) return failKind(lastKind)
+    const remaining = addresses.length - index
+    const now = clock.unsafeCurrentTimeMillis()
+    if (now >= deadline) return failKind("timeout")
+    entry.connectDeadline = remaining > 1 ? now + Math.max(0, Math.floor((deadline - now) / remaining)) : undefined
+    const gen = ++generation
+    const spec: ExchangeSpec = { ...base, address: target.address, family: target.family }
+    const ex = startExchange(spec, {
+      connected: () => {
+        if (gen === generation) entry.connectDeadline = undefined
+      },
+      settle: (outcome) => {
+        if (gen !== generation || done) return
+        if (outcome._tag === "Ok") return finish(Effect.succeed(outcome.response))
+        const failure = outcome.failure
+        switch (failure._tag) {
+          case "ConnectFailed":
+            return nextAddress(failure.kind)
+          case "Stale": {
+            if (staleRetried) return failKind("network")
+            staleRetried = true
+            const old = current
+            current = undefined
+            old?.release()
+            return start()
+          }
+          case "Final":
+            return failKind(failure.kind)
+        }
+      }
     })
+    // the hooks may have run synchronously (and moved on); only keep a live exchange
+    if (gen === generation && !done) current = ex
+    else ex.release()
+  }
+
+  const entry: Pending = {
+    deadline,
+    connectDeadline: undefined,
+    expire: (now) => {
+      if (done) return
+      if (now >= deadline) return failKind("timeout")
+      // the connect budget of this address ran out: next address
+      generation++
+      nextAddress("timeout")
+    }
+  }
+  deadlines.add(entry)
+  start()
+  return Effect.sync(() => {
+    if (done) return
+    done = true
+    deadlines.remove(entry)
+    generation++
+    const ex = current
+    current = undefined
+    ex?.release()
   })
+}

@@ -8,7 +8,7 @@ import * as Dns from "node:dns"
 import { Context, Data, Effect, Either, Layer } from "effect"
 import { type Cidr, cidrContains, classifyHost, parseCidr } from "../../../schemas/Net.js"
 import { ownCode } from "../ErrorCode.js"
-import { MAX_ALLOW_CIDRS } from "./Limits.js"
+import { MAX_ALLOW_CIDRS, MAX_CONNECT_ADDRESSES } from "./Limits.js"
 
 /** A failed name resolution. Generic for the same reason as {@link SafeHttpError}. */
 export class ResolveError extends Data.TaggedError("ResolveError")<{
@@ -150,4 +150,33 @@ export const formatAddress = (bytes: Uint8Array): string => {
   const groups: Array<string> = []
   for (let i = 0; i < 16; i += 2) groups.push((((bytes[i] ?? 0) << 8) | (bytes[i + 1] ?? 0)).toString(16))
   return groups.join(":")
+}
+
+/** A validated address to connect to. */
+export type Address = { readonly address: string; readonly family: 4 | 6 }
+
+/**
+ * The validated addresses of a name's DNS answers (every answer must pass `policy`; with
+ * `loopbackOnly`, an `http:` name, every one must be loopback), deduplicated, at most
+ * {@link MAX_CONNECT_ADDRESSES}.
+ */
+export const validateAnswers = (
+  answers: ReadonlyArray<ResolvedAddress>,
+  policy: AddressPolicy,
+  loopbackOnly: boolean
+): Either.Either<ReadonlyArray<Address>, "dns" | "blocked_target" | "invalid_target"> => {
+  if (answers.length === 0) return Either.left("dns")
+  const addresses: Array<Address> = []
+  const seen = new Set<string>()
+  for (const answer of answers) {
+    const bytes = allowedAddress(answer.address, policy)
+    if (bytes === undefined) return Either.left("blocked_target")
+    // an http: name (development mode) resolving anywhere but loopback breaks the scheme rule
+    if (loopbackOnly && !isLoopbackBytes(bytes)) return Either.left("invalid_target")
+    const address = formatAddress(bytes)
+    if (seen.has(address)) continue
+    seen.add(address)
+    if (addresses.length < MAX_CONNECT_ADDRESSES) addresses.push({ address, family: bytes.length === 4 ? 4 : 6 })
+  }
+  return Either.right(addresses)
 }

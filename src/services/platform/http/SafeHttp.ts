@@ -27,12 +27,12 @@ import { type Clock, Context, Duration, Effect, Either, Layer } from "effect"
 import type { Cidr } from "../../../schemas/Net.js"
 import { type Agents, makeAgents } from "./Agents.js"
 import { type Deadlines, makeDeadlines } from "./Deadlines.js"
-import { fail, type SafeHttpErrorKind, SafeHttpError } from "./Errors.js"
+import { fail, SafeHttpError } from "./Errors.js"
 import { type ExchangeSpec, exchangeAll } from "./Exchange.js"
 import { buildHeaders } from "./Headers.js"
-import { clampInt, DEFAULT_MAX_REQUEST_BYTES, MAX_CONNECT_ADDRESSES, MAX_TIMEOUT_MS, PLAN_CACHE_MAX } from "./Limits.js"
-import { allowedAddress, formatAddress, isLoopbackBytes, type ResolvedAddress, Resolver, type ResolverShape } from "./Resolver.js"
-import { planTarget, type Target } from "./TargetPlan.js"
+import { clampInt, DEFAULT_MAX_REQUEST_BYTES, MAX_TIMEOUT_MS } from "./Limits.js"
+import { formatAddress, Resolver, type ResolverShape, validateAnswers } from "./Resolver.js"
+import { makePlanner } from "./TargetPlan.js"
 
 export {
   DEFAULT_MAX_REQUEST_BYTES,
@@ -45,7 +45,7 @@ export {
   MAX_TIMEOUT_MS,
   PLAN_CACHE_MAX
 } from "./Limits.js"
-export { SafeHttpError, type SafeHttpErrorKind } from "./Errors.js"
+export { SafeHttpError, type SafeHttpErrorKind, safeHttpErrorKinds } from "./Errors.js"
 export {
   type AddressPolicy,
   allowedAddress,
@@ -110,8 +110,6 @@ export interface SafeHttpOptions {
   readonly tls?: { readonly ca?: string | undefined } | undefined
 }
 
-type Address = { readonly address: string; readonly family: 4 | 6 }
-
 /** Builds the transport over a resolver, a pair of agents and the deadline ticker. */
 const makeWith = (
   resolver: ResolverShape,
@@ -122,39 +120,7 @@ const makeWith = (
 ): SafeHttpShape => {
   const policy = { allowInsecureDev: options.allowInsecureDev, allowCidrs: options.allowCidrs }
   const addressPolicy = { ...policy, loopbackOnly: false }
-
-  /** The validated addresses of a name's DNS answers (every answer must pass). */
-  const validateAnswers = (
-    target: Target,
-    answers: ReadonlyArray<ResolvedAddress>
-  ): Either.Either<ReadonlyArray<Address>, SafeHttpErrorKind> => {
-    if (answers.length === 0) return Either.left("dns")
-    const addresses: Array<Address> = []
-    const seen = new Set<string>()
-    for (const answer of answers) {
-      const bytes = allowedAddress(answer.address, addressPolicy)
-      if (bytes === undefined) return Either.left("blocked_target")
-      // an http: name (development mode) resolving anywhere but loopback breaks the scheme rule
-      if (target.loopbackOnly && !isLoopbackBytes(bytes)) return Either.left("invalid_target")
-      const address = formatAddress(bytes)
-      if (seen.has(address)) continue
-      seen.add(address)
-      if (addresses.length < MAX_CONNECT_ADDRESSES) addresses.push({ address, family: bytes.length === 4 ? 4 : 6 })
-    }
-    return Either.right(addresses)
-  }
-
-  // planTarget is pure and the policy is fixed: plans are memoised per URL (a bounded map, emptied
-  // when full), so a busy receiver's URL is not parsed and validated again on every request
-  const plans = new Map<string, Either.Either<Target, "invalid_target" | "blocked_target">>()
-  const plan = (url: string) => {
-    const known = plans.get(url)
-    if (known !== undefined) return known
-    const planned = planTarget(url, policy)
-    if (plans.size >= PLAN_CACHE_MAX) plans.clear()
-    plans.set(url, planned)
-    return planned
-  }
+  const plan = makePlanner(policy)
 
   const send = (req: SafeRequest, timeoutMs: number): Effect.Effect<SafeResponse, SafeHttpError> => {
     const planned = plan(req.url)
@@ -196,7 +162,7 @@ const makeWith = (
         onTimeout: () => new SafeHttpError({ kind: "timeout" })
       }),
       Effect.flatMap((answers) => {
-        const addresses = validateAnswers(target, answers)
+        const addresses = validateAnswers(answers, addressPolicy, target.loopbackOnly)
         if (Either.isLeft(addresses)) return fail(addresses.left)
         return exchangeAll(deadlines, clock, addresses.right, base, deadline)
       })

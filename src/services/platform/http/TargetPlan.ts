@@ -7,6 +7,7 @@
 import { Either } from "effect"
 import { type Cidr, cidrContains, classifyHost } from "../../../schemas/Net.js"
 import { validateWebhookUrl } from "../../../schemas/WebhookUrl.js"
+import { PLAN_CACHE_MAX } from "./Limits.js"
 import { allowedAddress } from "./Resolver.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -116,4 +117,23 @@ export const planTarget = (
     servername: protocol === "https:" && literal === undefined ? name : undefined,
     loopbackOnly
   })
+}
+
+/**
+ * {@link planTarget} under one fixed policy, memoised per URL. planTarget is pure and the policy is
+ * fixed, so a busy receiver's URL is not parsed and validated again on every request; the map is
+ * bounded ({@link PLAN_CACHE_MAX}) and emptied when full.
+ */
+export const makePlanner = (
+  options: { readonly allowInsecureDev: boolean; readonly allowCidrs: ReadonlyArray<Cidr> }
+): (url: string) => Either.Either<Target, "invalid_target" | "blocked_target"> => {
+  const plans = new Map<string, Either.Either<Target, "invalid_target" | "blocked_target">>()
+  return (url) => {
+    const known = plans.get(url)
+    if (known !== undefined) return known
+    const planned = planTarget(url, options)
+    if (plans.size >= PLAN_CACHE_MAX) plans.clear()
+    plans.set(url, planned)
+    return planned
+  }
 }
