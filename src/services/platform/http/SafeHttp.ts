@@ -216,3 +216,12 @@ export class SafeHttp extends Context.Tag("firehook/SafeHttp")<SafeHttp, SafeHtt
   static readonly layerDefault = (options: SafeHttpOptions): Layer.Layer<SafeHttp> =>
     SafeHttp.layer(options).pipe(Layer.provide(Resolver.layer))
 }
+
+/** {@link SafeHttp.layer}, at module level. */
+export const layer: (options: SafeHttpOptions) => Layer.Layer<SafeHttp, never, Resolver> = SafeHttp.layer
+
+/** {@link SafeHttp.layerDefault}, at module level. */
+export const layerDefault: (options: SafeHttpOptions) => Layer.Layer<SafeHttp> = SafeHttp.layerDefault
+
+/** {@link Resolver.layer} (the system resolver), at module level. */
+export const layerSystemResolver: Layer.Layer<Resolver> = Resolver.layer
