@@ -67,31 +67,19 @@ export const checkDeliveryId = (value: string) =>
 // ---------------------------------------------------------------------------------------------
 // Options shared by commands
 
+/** An optional option with a pseudo-name and a description, as every optional one here is built. */
+export const optional = <A>(option: Options.Options<A>, pseudoName: string, description: string) =>
+  option.pipe(Options.withPseudoName(pseudoName), Options.withDescription(description), Options.optional)
+
 export const json = Options.boolean("json").pipe(Options.withDescription("machine-readable JSON output"))
 export const showUrls = Options.boolean("show-urls").pipe(
   Options.withDescription("show webhook target URLs (hidden by default)")
 )
-export const owner = Options.text("owner").pipe(Options.withPseudoName("DID"), Options.withDescription("owner DID"), Options.optional)
-export const webhook = Options.text("webhook").pipe(Options.withPseudoName("RKEY"), Options.withDescription("webhook record key"), Options.optional)
-export const since = Options.text("since").pipe(
-  Options.withPseudoName("TIME"),
-  Options.withDescription(
-    "enqueue time (created_at) at or after (ISO 8601, or 30m / 12h / 7d ago); earlier than --until"
-  ),
-  Options.optional
-)
-export const until = Options.text("until").pipe(
-  Options.withPseudoName("TIME"),
-  Options.withDescription("enqueue time (created_at) before (ISO 8601, or 30m / 12h / 7d ago)"),
-  Options.optional
-)
+export const owner = optional(Options.text("owner"), "DID", "owner DID")
+export const webhook = optional(Options.text("webhook"), "RKEY", "webhook record key")
+export const since = optional(Options.text("since"), "TIME", "enqueue time (created_at) at or after (ISO 8601, or 30m / 12h / 7d ago); earlier than --until")
+export const until = optional(Options.text("until"), "TIME", "enqueue time (created_at) before (ISO 8601, or 30m / 12h / 7d ago)")
 export const deliveryId = Args.text({ name: "id" }).pipe(Args.withDescription("delivery id (whd_v1_…)"))
 export const didArg = Args.text({ name: "did" }).pipe(Args.withDescription("owner DID"))
 export const nameArg = Args.text({ name: "name" }).pipe(Args.withDescription("secret name (the record's secretId)"))
-export const token = Options.redacted("token").pipe(
-  Options.withPseudoName("TOKEN"),
-  Options.withDescription(
-    "use this token (32-256 printable ASCII characters) instead of a generated one; visible to other local users (ps)"
-  ),
-  Options.optional
-)
+export const token = optional(Options.redacted("token"), "TOKEN", "use this token (32-256 printable ASCII characters) instead of a generated one; visible to other local users (ps)")

@@ -4,7 +4,7 @@
 import { Command, Options } from "@effect/cli"
 import { Effect, Option } from "effect"
 import * as Operator from "../services/operator/Operator.js"
-import { checkDeliveryId, checkDid, checkRkey, deliveryId, json, owner, parseRange, showUrls, since, until, webhook } from "./Arguments.js"
+import { checkDeliveryId, checkDid, checkRkey, deliveryId, json, optional, owner, parseRange, showUrls, since, until, webhook } from "./Arguments.js"
 import { Failed, usage } from "./Failure.js"
 import { cell, iso, out, printJson, REDACTED_URL, table } from "./Output.js"
 import { withServices } from "./Services.js"
@@ -38,6 +38,25 @@ const lastError = (d: Operator.Delivery): string | undefined =>
     ? undefined
     : [d.lastErrorKind, d.lastHttpStatus].filter((x) => x !== undefined).join(" ")
 
+/** The --owner / --webhook filter of `list` and `replay`, checked. */
+const checkOwnerWebhook = (o: { readonly owner: Option.Option<string>; readonly webhook: Option.Option<string> }) =>
+  Effect.gen(function* () {
+    if (Option.isSome(o.owner)) yield* checkDid("--owner", o.owner.value)
+    if (Option.isSome(o.webhook)) yield* checkRkey("--webhook", o.webhook.value)
+  })
+
+/** The filter of `list` and `replay`: the given fields only. */
+const filterOf = (
+  o: { readonly owner: Option.Option<string>; readonly webhook: Option.Option<string> },
+  sinceT: Date | undefined,
+  untilT: Date | undefined
+): Operator.ReplayFilter => ({
+  ...(Option.isSome(o.owner) ? { owner: o.owner.value } : {}),
+  ...(Option.isSome(o.webhook) ? { webhook: o.webhook.value } : {}),
+  ...(sinceT === undefined ? {} : { since: sinceT }),
+  ...(untilT === undefined ? {} : { until: untilT })
+})
+
 // ---------------------------------------------------------------------------------------------
 // deliveries
 
@@ -49,18 +68,13 @@ const deliveriesList = Command.make(
     status: Options.choice("status", Operator.DELIVERY_STATUSES).pipe(Options.optional),
     since,
     until,
-    limit: Options.integer("limit").pipe(
-      Options.withPseudoName("N"),
-      Options.withDescription(`rows at most (1..${Operator.MAX_LIST_LIMIT}, default ${Operator.DEFAULT_LIST_LIMIT})`),
-      Options.optional
-    ),
+    limit: optional(Options.integer("limit"), "N", `rows at most (1..${Operator.MAX_LIST_LIMIT}, default ${Operator.DEFAULT_LIST_LIMIT})`),
     json,
     showUrls
   },
   (o) =>
     Effect.gen(function* () {
-      if (Option.isSome(o.owner)) yield* checkDid("--owner", o.owner.value)
-      if (Option.isSome(o.webhook)) yield* checkRkey("--webhook", o.webhook.value)
+      yield* checkOwnerWebhook(o)
       const limit = Option.getOrElse(o.limit, () => Operator.DEFAULT_LIST_LIMIT)
       if (limit < 1 || limit > Operator.MAX_LIST_LIMIT) {
         return yield* usage(`invalid --limit: must be in 1..${Operator.MAX_LIST_LIMIT}`)
@@ -70,11 +84,8 @@ const deliveriesList = Command.make(
         Effect.flatMap(Operator.Operator, (op) =>
           op.listDeliveries({
             limit,
-            ...(Option.isSome(o.owner) ? { owner: o.owner.value } : {}),
-            ...(Option.isSome(o.webhook) ? { webhook: o.webhook.value } : {}),
-            ...(Option.isSome(o.status) ? { status: o.status.value } : {}),
-            ...(sinceT === undefined ? {} : { since: sinceT }),
-            ...(untilT === undefined ? {} : { until: untilT })
+            ...filterOf(o, sinceT, untilT),
+            ...(Option.isSome(o.status) ? { status: o.status.value } : {})
           })
         )
       )
@@ -210,17 +221,11 @@ const deliveriesReplay = Command.make(
   },
   (o) =>
     Effect.gen(function* () {
-      if (Option.isSome(o.owner)) yield* checkDid("--owner", o.owner.value)
-      if (Option.isSome(o.webhook)) yield* checkRkey("--webhook", o.webhook.value)
+      yield* checkOwnerWebhook(o)
       const { sinceT, untilT } = yield* parseRange(o.since, o.until)
       const result = yield* withServices(
         Effect.flatMap(Operator.Operator, (op) =>
-          op.replayDeadLetters({
-            ...(Option.isSome(o.owner) ? { owner: o.owner.value } : {}),
-            ...(Option.isSome(o.webhook) ? { webhook: o.webhook.value } : {}),
-            ...(sinceT === undefined ? {} : { since: sinceT }),
-            ...(untilT === undefined ? {} : { until: untilT })
-          })
+          op.replayDeadLetters(filterOf(o, sinceT, untilT))
         )
       )
       const { complete, inactiveSubscription: inactive, replayed } = result

@@ -3,7 +3,7 @@
  */
 import { Args, Command, Options } from "@effect/cli"
 import { Effect, Option, Redacted } from "effect"
-import { json, showUrls } from "./Arguments.js"
+import { json, optional, showUrls } from "./Arguments.js"
 import { usage } from "./Failure.js"
 import * as Hooks from "./HookRecords.js"
 import { cell, out, printJson, REDACTED_URL, table } from "./Output.js"
@@ -11,21 +11,9 @@ import { cell, out, printJson, REDACTED_URL, table } from "./Output.js"
 // ---------------------------------------------------------------------------------------------
 // hooks (webhook owners: their own place.wisp.v2.wh records on their PDS; no database)
 
-const pdsOption = Options.text("pds").pipe(
-  Options.withPseudoName("URL"),
-  Options.withDescription(`the PDS (or entryway) to sign in to; default $ATPROTO_PDS, else ${Hooks.DEFAULT_PDS}`),
-  Options.optional
-)
-const identifierOption = Options.text("identifier").pipe(
-  Options.withPseudoName("ID"),
-  Options.withDescription("handle, DID or email to sign in as; default $ATPROTO_IDENTIFIER"),
-  Options.optional
-)
-const passwordOption = Options.redacted("password").pipe(
-  Options.withPseudoName("PASSWORD"),
-  Options.withDescription("app password; prefer $ATPROTO_APP_PASSWORD (arguments are visible to other local users)"),
-  Options.optional
-)
+const pdsOption = optional(Options.text("pds"), "URL", `the PDS (or entryway) to sign in to; default $ATPROTO_PDS, else ${Hooks.DEFAULT_PDS}`)
+const identifierOption = optional(Options.text("identifier"), "ID", "handle, DID or email to sign in as; default $ATPROTO_IDENTIFIER")
+const passwordOption = optional(Options.redacted("password"), "PASSWORD", "app password; prefer $ATPROTO_APP_PASSWORD (arguments are visible to other local users)")
 const connectionOptions = { pds: pdsOption, identifier: identifierOption, password: passwordOption }
 const rkeyArg = Args.text({ name: "rkey" }).pipe(Args.withDescription("the webhook record's key (see hooks list)"))
 
@@ -47,44 +35,20 @@ const withHooks = <A, E>(
 const hooksCreate = Command.make(
   "create",
   {
-    scope: Options.text("scope").pipe(
-      Options.withPseudoName("AT-URI"),
-      Options.withDescription("what to watch: at://<did>[/<collection>[/<rkey>]] (a canonical DID, not a handle)"),
-      Options.optional
-    ),
-    collection: Options.text("collection").pipe(
-      Options.withPseudoName("NSID"),
-      Options.withDescription("shorthand for --scope at://<your did>/<NSID> (a glob like app.bsky.feed.* works)"),
-      Options.optional
-    ),
+    scope: optional(Options.text("scope"), "AT-URI", "what to watch: at://<did>[/<collection>[/<rkey>]] (a canonical DID, not a handle)"),
+    collection: optional(Options.text("collection"), "NSID", "shorthand for --scope at://<your did>/<NSID> (a glob like app.bsky.feed.* works)"),
     backlinks: Options.boolean("backlinks").pipe(
       Options.withDescription("also fire for records in any repo that reference the scope")
     ),
-    events: Options.text("events").pipe(
-      Options.withPseudoName("LIST"),
-      Options.withDescription("comma-separated create,update,delete (default: all)"),
-      Options.optional
-    ),
+    events: optional(Options.text("events"), "LIST", "comma-separated create,update,delete (default: all)"),
     url: Options.text("url").pipe(Options.withPseudoName("URL"), Options.withDescription("the receiver (https://)")),
-    secret: Options.redacted("secret").pipe(
-      Options.withPseudoName("SECRET"),
-      Options.withDescription("inline signing secret (1-256 characters); stored in your public repo"),
-      Options.optional
-    ),
-    secretId: Options.text("secret-id").pipe(
-      Options.withPseudoName("NAME"),
-      Options.withDescription("name of a secret the firehook operator manages for you"),
-      Options.optional
-    ),
+    secret: optional(Options.redacted("secret"), "SECRET", "inline signing secret (1-256 characters); stored in your public repo"),
+    secretId: optional(Options.text("secret-id"), "NAME", "name of a secret the firehook operator manages for you"),
     generateSecret: Options.boolean("generate-secret").pipe(
       Options.withDescription("generate an inline whsec_ secret and print it once")
     ),
     disabled: Options.boolean("disabled").pipe(Options.withDescription("create it paused (enabled: false)")),
-    rkey: Options.text("rkey").pipe(
-      Options.withPseudoName("RKEY"),
-      Options.withDescription("record key (default: a TID chosen by the PDS); never replaces an existing record"),
-      Options.optional
-    ),
+    rkey: optional(Options.text("rkey"), "RKEY", "record key (default: a TID chosen by the PDS); never replaces an existing record"),
     json,
     ...connectionOptions
   },

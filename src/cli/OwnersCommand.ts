@@ -5,7 +5,7 @@ import { Command, Options } from "@effect/cli"
 import { Effect, Option } from "effect"
 import * as ReconcileStore from "../services/reconciliation/ReconcileStore.js"
 import * as Reconciler from "../services/reconciliation/Reconciler.js"
-import { checkDid, didArg, json } from "./Arguments.js"
+import { checkDid, didArg, json, optional } from "./Arguments.js"
 import { Failed, usage } from "./Failure.js"
 import { cell, iso, out, printJson, table } from "./Output.js"
 import { withOwnerServices } from "./Services.js"
@@ -70,11 +70,7 @@ const ownersReconcile = Command.make("reconcile", { did: didArg, json }, (o) =>
 const ownersStatus = Command.make(
   "status",
   {
-    limit: Options.integer("limit").pipe(
-      Options.withPseudoName("N"),
-      Options.withDescription("failed and scanning owners listed at most (1..1000, default 20)"),
-      Options.optional
-    ),
+    limit: optional(Options.integer("limit"), "N", "failed and scanning owners listed at most (1..1000, default 20)"),
     json
   },
   (o) =>

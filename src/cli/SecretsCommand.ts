@@ -23,25 +23,21 @@ const tokenValue = (t: Option.Option<Redacted.Redacted<string>>) =>
     return v
   })
 
-const secretsCreate = Command.make("create", { did: didArg, name: nameArg, token }, (o) =>
-  Effect.gen(function* () {
-    yield* checkDid("<did>", o.did)
-    yield* checkName(o.name)
-    const given = yield* tokenValue(o.token)
-    const created = yield* withServices(Effect.flatMap(Secrets, (s) => s.create(o.did, o.name, given)))
-    yield* out(created)
-  })
-).pipe(Command.withDescription("create a server-managed secret; prints the token once"))
+/** `create` and `rotate`: the same arguments and checks; the new token is the only line on stdout. */
+const secretsIssue = (name: "create" | "rotate", description: string) =>
+  Command.make(name, { did: didArg, name: nameArg, token }, (o) =>
+    Effect.gen(function* () {
+      yield* checkDid("<did>", o.did)
+      yield* checkName(o.name)
+      const given = yield* tokenValue(o.token)
+      const issued = yield* withServices(Effect.flatMap(Secrets, (s) => s[name](o.did, o.name, given)))
+      yield* out(issued)
+    })
+  ).pipe(Command.withDescription(description))
 
-const secretsRotate = Command.make("rotate", { did: didArg, name: nameArg, token }, (o) =>
-  Effect.gen(function* () {
-    yield* checkDid("<did>", o.did)
-    yield* checkName(o.name)
-    const given = yield* tokenValue(o.token)
-    const rotated = yield* withServices(Effect.flatMap(Secrets, (s) => s.rotate(o.did, o.name, given)))
-    yield* out(rotated)
-  })
-).pipe(Command.withDescription("replace a secret's token; prints the new token once"))
+const secretsCreate = secretsIssue("create", "create a server-managed secret; prints the token once")
+
+const secretsRotate = secretsIssue("rotate", "replace a secret's token; prints the new token once")
 
 const secretsDelete = Command.make("delete", { did: didArg, name: nameArg, json }, (o) =>
   Effect.gen(function* () {
