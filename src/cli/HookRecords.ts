@@ -444,6 +444,120 @@ const classify = (op: Operation, host: string, e: unknown): HooksFailed => {
   return failed("pds", `the PDS refused ${op} (${x.status} ${errorName(x.error)})`)
 }
 
+/** A signed-in session: the account, its agent, and the bounded call every request goes through. */
+interface Session {
+  readonly agent: AtpAgent
+  readonly did: string
+  readonly allowInsecureDev: boolean
+  readonly call: <A>(op: Operation, f: (signal: AbortSignal) => Promise<A>) => Effect.Effect<A, HooksFailed>
+}
+
+/** The record `rkey` of the account, with its CID (the swap value of a later write). */
+const getRecordIn = ({ agent, call, did }: Session) => (rkey: string) =>
+  call("getRecord", (signal) => agent.com.atproto.repo.getRecord({ repo: did, collection: WH_COLLECTION, rkey }, { signal })).pipe(
+    Effect.mapError((e) => (e.reason === "not_found" ? failed("not_found", `no webhook record ${rkey}`) : e)),
+    Effect.flatMap((res) => {
+      const cid = res.data.cid
+      return cid === undefined
+        ? Effect.fail(failed("invalid_response", "the PDS sent an invalid response to getRecord"))
+        : Effect.succeed({ uri: res.data.uri, cid, value: res.data.value })
+    })
+  )
+
+const createIn = ({ agent, allowInsecureDev, call, did }: Session) =>
+  Effect.fn("Hooks.create")(function* (draft: Draft) {
+    yield* checkDraft(draft, allowInsecureDev)
+    const generated = draft.signing._tag === "Generate" ? yield* Effect.sync(SecretBox.generateToken) : PLACEHOLDER_SECRET
+    const createdAt = new Date(yield* Clock.currentTimeMillis).toISOString()
+    const { record } = yield* validateDraft(draft, did, createdAt, generated, allowInsecureDev)
+    const written = yield* Option.match(draft.rkey, {
+      onNone: () =>
+        call("createRecord", (signal) =>
+          agent.com.atproto.repo.createRecord({ repo: did, collection: WH_COLLECTION, record: { ...record } }, { signal })
+        ),
+      onSome: (rkey) =>
+        call("putRecord", (signal) =>
+          agent.com.atproto.repo.putRecord(
+            // swapRecord null: only if no record has this key (never replace one)
+            { repo: did, collection: WH_COLLECTION, rkey, record: { ...record }, swapRecord: null },
+            { signal }
+          )
+        ).pipe(
+          Effect.mapError((e) =>
+            e.reason === "conflict" ? failed("exists", `a webhook record ${rkey} already exists; nothing written`) : e
+          )
+        )
+    })
+    return {
+      did,
+      uri: written.data.uri,
+      rkey: rkeyOf(written.data.uri),
+      cid: written.data.cid,
+      secret: draft.signing._tag === "Generate" ? Option.some(Redacted.make(generated)) : Option.none()
+    }
+  })
+
+const listIn = ({ agent, allowInsecureDev, call, did }: Session) =>
+  Effect.gen(function* () {
+    const webhooks: Array<WebhookSummary> = []
+    let cursor: string | undefined
+    for (let page = 0; page < MAX_LIST_PAGES; page++) {
+      const c = cursor
+      const res = yield* call("listRecords", (signal) =>
+        agent.com.atproto.repo.listRecords(
+          { repo: did, collection: WH_COLLECTION, limit: LIST_PAGE_SIZE, ...(c === undefined ? {} : { cursor: c }) },
+          { signal }
+        )
+      )
+      for (const r of res.data.records) webhooks.push(summarize(r, allowInsecureDev))
+      const next = res.data.cursor
+      if (next === undefined || next === cursor || res.data.records.length === 0) return { did, webhooks, truncated: false }
+      cursor = next
+    }
+    return { did, webhooks, truncated: true }
+  }).pipe(Effect.withSpan("Hooks.list"))
+
+const setEnabledIn = (s: Session) => {
+  const { agent, allowInsecureDev, call, did } = s
+  const getRecord = getRecordIn(s)
+  return Effect.fn("Hooks.setEnabled")(function* (rkey: string, enabled: boolean) {
+    yield* checkRkey(rkey)
+    const current = yield* getRecord(rkey)
+    // unknown fields are kept as they are; only `enabled` changes
+    const next: Record<string, unknown> = { ...current.value, enabled }
+    const checked = validateWhRecord(next, { allowInsecureDev })
+    if (Either.isLeft(checked)) {
+      return yield* failed(
+        "invalid_record",
+        `webhook record ${rkey} is not valid for firehook (${checked.left}); nothing written (delete it and create it again)`
+      )
+    }
+    if ((own(current.value, "enabled") !== false) === enabled) {
+      return { uri: current.uri, rkey, enabled, changed: false, cid: current.cid }
+    }
+    const res = yield* call("putRecord", (signal) =>
+      agent.com.atproto.repo.putRecord(
+        { repo: did, collection: WH_COLLECTION, rkey, record: next, swapRecord: current.cid },
+        { signal }
+      )
+    )
+    return { uri: res.data.uri, rkey, enabled, changed: true, cid: res.data.cid }
+  })
+}
+
+const removeIn = (s: Session) => {
+  const { agent, call, did } = s
+  const getRecord = getRecordIn(s)
+  return Effect.fn("Hooks.remove")(function* (rkey: string) {
+    yield* checkRkey(rkey)
+    const current = yield* getRecord(rkey)
+    yield* call("deleteRecord", (signal) =>
+      agent.com.atproto.repo.deleteRecord({ repo: did, collection: WH_COLLECTION, rkey, swapRecord: current.cid }, { signal })
+    )
+    return { uri: current.uri, rkey }
+  })
+}
+
 /**
  * Signs in and returns the service; the session is deleted (best effort, bounded) and in-flight
  * requests are aborted when the scope closes.
@@ -485,102 +599,14 @@ export const make = (conn: Connection, options: HooksOptions): Effect.Effect<Hoo
     const did = agent.session?.did
     if (did === undefined) return yield* failed("invalid_response", "the PDS sent an invalid response to login")
 
-    const getRecord = (rkey: string) =>
-      call("getRecord", (signal) => agent.com.atproto.repo.getRecord({ repo: did, collection: WH_COLLECTION, rkey }, { signal })).pipe(
-        Effect.mapError((e) => (e.reason === "not_found" ? failed("not_found", `no webhook record ${rkey}`) : e)),
-        Effect.flatMap((res) => {
-          const cid = res.data.cid
-          return cid === undefined
-            ? Effect.fail(failed("invalid_response", "the PDS sent an invalid response to getRecord"))
-            : Effect.succeed({ uri: res.data.uri, cid, value: res.data.value })
-        })
-      )
-
-    const create = Effect.fn("Hooks.create")(function* (draft: Draft) {
-      yield* checkDraft(draft, allowInsecureDev)
-      const generated = draft.signing._tag === "Generate" ? yield* Effect.sync(SecretBox.generateToken) : PLACEHOLDER_SECRET
-      const createdAt = new Date(yield* Clock.currentTimeMillis).toISOString()
-      const { record } = yield* validateDraft(draft, did, createdAt, generated, allowInsecureDev)
-      const written = yield* Option.match(draft.rkey, {
-        onNone: () =>
-          call("createRecord", (signal) =>
-            agent.com.atproto.repo.createRecord({ repo: did, collection: WH_COLLECTION, record: { ...record } }, { signal })
-          ),
-        onSome: (rkey) =>
-          call("putRecord", (signal) =>
-            agent.com.atproto.repo.putRecord(
-              // swapRecord null: only if no record has this key (never replace one)
-              { repo: did, collection: WH_COLLECTION, rkey, record: { ...record }, swapRecord: null },
-              { signal }
-            )
-          ).pipe(
-            Effect.mapError((e) =>
-              e.reason === "conflict" ? failed("exists", `a webhook record ${rkey} already exists; nothing written`) : e
-            )
-          )
-      })
-      return {
-        did,
-        uri: written.data.uri,
-        rkey: rkeyOf(written.data.uri),
-        cid: written.data.cid,
-        secret: draft.signing._tag === "Generate" ? Option.some(Redacted.make(generated)) : Option.none()
-      }
-    })
-
-    const list = Effect.gen(function* () {
-      const webhooks: Array<WebhookSummary> = []
-      let cursor: string | undefined
-      for (let page = 0; page < MAX_LIST_PAGES; page++) {
-        const c = cursor
-        const res = yield* call("listRecords", (signal) =>
-          agent.com.atproto.repo.listRecords(
-            { repo: did, collection: WH_COLLECTION, limit: LIST_PAGE_SIZE, ...(c === undefined ? {} : { cursor: c }) },
-            { signal }
-          )
-        )
-        for (const r of res.data.records) webhooks.push(summarize(r, allowInsecureDev))
-        const next = res.data.cursor
-        if (next === undefined || next === cursor || res.data.records.length === 0) return { did, webhooks, truncated: false }
-        cursor = next
-      }
-      return { did, webhooks, truncated: true }
-    }).pipe(Effect.withSpan("Hooks.list"))
-
-    const setEnabled = Effect.fn("Hooks.setEnabled")(function* (rkey: string, enabled: boolean) {
-      yield* checkRkey(rkey)
-      const current = yield* getRecord(rkey)
-      // unknown fields are kept as they are; only `enabled` changes
-      const next: Record<string, unknown> = { ...current.value, enabled }
-      const checked = validateWhRecord(next, { allowInsecureDev })
-      if (Either.isLeft(checked)) {
-        return yield* failed(
-          "invalid_record",
-          `webhook record ${rkey} is not valid for firehook (${checked.left}); nothing written (delete it and create it again)`
-        )
-      }
-      if ((own(current.value, "enabled") !== false) === enabled) {
-        return { uri: current.uri, rkey, enabled, changed: false, cid: current.cid }
-      }
-      const res = yield* call("putRecord", (signal) =>
-        agent.com.atproto.repo.putRecord(
-          { repo: did, collection: WH_COLLECTION, rkey, record: next, swapRecord: current.cid },
-          { signal }
-        )
-      )
-      return { uri: res.data.uri, rkey, enabled, changed: true, cid: res.data.cid }
-    })
-
-    const remove = Effect.fn("Hooks.remove")(function* (rkey: string) {
-      yield* checkRkey(rkey)
-      const current = yield* getRecord(rkey)
-      yield* call("deleteRecord", (signal) =>
-        agent.com.atproto.repo.deleteRecord({ repo: did, collection: WH_COLLECTION, rkey, swapRecord: current.cid }, { signal })
-      )
-      return { uri: current.uri, rkey }
-    })
-
-    return { did, create, list, setEnabled, remove } satisfies HooksShape
+    const session: Session = { agent, did, allowInsecureDev, call }
+    return {
+      did,
+      create: createIn(session),
+      list: listIn(session),
+      setEnabled: setEnabledIn(session),
+      remove: removeIn(session)
+    } satisfies HooksShape
   })
 
 /** The service for one signed-in session (see `make`). */
