@@ -18,48 +18,16 @@
  * @since 0.1.0
  */
 import type { AtpAgent } from "@atproto/api"
-import { Clock, Config as EffectConfig, Context, Data, Duration, Effect, Either, Layer, Option, Redacted } from "effect"
+import { Clock, Config as EffectConfig, Context, Duration, Effect, Either, Layer, Option, Redacted } from "effect"
 import type { Scope } from "effect"
 import * as SecretBox from "../services/delivery/SecretBox.js"
 import { isCollection, isRkey } from "../schemas/AtUri.js"
 import { type UrlErrorKind, validateWebhookUrl } from "../schemas/WebhookUrl.js"
 import { type ValidatedWh, validateWhRecord, WH_COLLECTION, type WhRecordErrorKind } from "../schemas/WhRecord.js"
 import * as Config from "../services/platform/Config.js"
+import { classify, failed, HooksFailed, HooksInvalid, invalid, type Operation, own } from "./HookErrors.js"
 
-// ---------------------------------------------------------------------------------------------
-// Errors
-
-/** Invalid arguments or environment (the CLI's exit code 2). Never carries a secret or a URL. */
-export class HooksInvalid extends Data.TaggedError("HooksInvalid")<{ readonly text: string }> {
-  override get message(): string {
-    return this.text
-  }
-}
-
-export type HooksFailureReason =
-  | "login"
-  | "unreachable"
-  | "timeout"
-  | "rate_limited"
-  | "not_found"
-  | "exists"
-  | "conflict"
-  | "invalid_record"
-  | "invalid_response"
-  | "pds"
-
-/** The operation could not be done (the CLI's exit code 1). Never carries a secret or a URL. */
-export class HooksFailed extends Data.TaggedError("HooksFailed")<{
-  readonly reason: HooksFailureReason
-  readonly text: string
-}> {
-  override get message(): string {
-    return this.text
-  }
-}
-
-const invalid = (text: string) => new HooksInvalid({ text })
-const failed = (reason: HooksFailureReason, text: string) => new HooksFailed({ reason, text })
+export { type HooksFailureReason, HooksFailed, HooksInvalid } from "./HookErrors.js"
 
 // ---------------------------------------------------------------------------------------------
 // Connection and environment
@@ -320,13 +288,6 @@ export interface WebhookSummary {
   readonly validation: "ok" | WhRecordErrorKind
 }
 
-/** an own data property (never a getter, never inherited) */
-const own = (o: unknown, key: string): unknown => {
-  if (typeof o !== "object" || o === null) return undefined
-  const desc = Object.getOwnPropertyDescriptor(o, key)
-  return desc !== undefined && "value" in desc ? desc.value : undefined
-}
-
 const rkeyOf = (uri: string): string => uri.slice(uri.lastIndexOf("/") + 1)
 
 export const summarize = (
@@ -401,48 +362,6 @@ export interface HooksShape {
 }
 
 export class Hooks extends Context.Tag("firehook/Hooks")<Hooks, HooksShape>() {}
-
-interface XrpcLike {
-  readonly status: number
-  readonly error: string
-}
-
-const xrpcOf = (e: unknown): XrpcLike | undefined => {
-  if (typeof e !== "object" || e === null) return undefined
-  const status = own(e, "status")
-  const error = own(e, "error")
-  return typeof status === "number" ? { status, error: typeof error === "string" ? error : "" } : undefined
-}
-
-/** an error name from the PDS, safe to print */
-const errorName = (s: string): string => {
-  const clean = s.replace(/[^A-Za-z0-9_.-]/g, "").slice(0, 64)
-  return clean.length > 0 ? clean : "error"
-}
-
-type Operation = "login" | "logout" | "listRecords" | "getRecord" | "createRecord" | "putRecord" | "deleteRecord"
-
-/** Any failure of a call as one line: status and error name only, never the PDS's free text. */
-const classify = (op: Operation, host: string, e: unknown): HooksFailed => {
-  const x = xrpcOf(e)
-  if (x === undefined || x.status < 100) {
-    if (x?.status === 2) return failed("invalid_response", `the PDS sent an invalid response to ${op}`)
-    return failed("unreachable", `could not reach the PDS at ${host} (${op})`)
-  }
-  if (x.status === 429) return failed("rate_limited", `the PDS rate-limited ${op} (429); try again later`)
-  if (op === "login") {
-    if (x.status === 401) return failed("login", "login failed: invalid identifier or password")
-    if (x.error === "AuthFactorTokenRequired") {
-      return failed("login", "login failed: the account requires a sign-in code; use an app password")
-    }
-    if (x.error === "AccountTakedown") return failed("login", "login failed: the account is taken down")
-    return failed("login", `login failed: the PDS answered ${x.status} ${errorName(x.error)}`)
-  }
-  if (x.error === "RecordNotFound") return failed("not_found", "no such webhook record")
-  if (x.error === "InvalidSwap") return failed("conflict", "the record changed meanwhile (or already exists); nothing written")
-  if (x.status === 401 || x.status === 403) return failed("login", `the PDS refused ${op} (${x.status} ${errorName(x.error)})`)
-  return failed("pds", `the PDS refused ${op} (${x.status} ${errorName(x.error)})`)
-}
 
 /** A signed-in session: the account, its agent, and the bounded call every request goes through. */
 interface Session {
