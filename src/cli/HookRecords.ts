@@ -18,48 +18,16 @@
  * @since 0.1.0
  */
 import type { AtpAgent } from "@atproto/api"
-import { Clock, Config as EffectConfig, Context, Data, Duration, Effect, Either, Layer, Option, Redacted } from "effect"
+import { Clock, Config as EffectConfig, Context, Duration, Effect, Either, Layer, Option, Redacted } from "effect"
 import type { Scope } from "effect"
 import * as SecretBox from "../services/delivery/SecretBox.js"
 import { isCollection, isRkey } from "../schemas/AtUri.js"
 import { type UrlErrorKind, validateWebhookUrl } from "../schemas/WebhookUrl.js"
 import { type ValidatedWh, validateWhRecord, WH_COLLECTION, type WhRecordErrorKind } from "../schemas/WhRecord.js"
 import * as Config from "../services/platform/Config.js"
+import { classify, failed, HooksFailed, HooksInvalid, invalid, type Operation, own } from "./HookErrors.js"
 
-// ---------------------------------------------------------------------------------------------
-// Errors
-
-/** Invalid arguments or environment (the CLI's exit code 2). Never carries a secret or a URL. */
-export class HooksInvalid extends Data.TaggedError("HooksInvalid")<{ readonly text: string }> {
-  override get message(): string {
-    return this.text
-  }
-}
-
-export type HooksFailureReason =
-  | "login"
-  | "unreachable"
-  | "timeout"
-  | "rate_limited"
-  | "not_found"
-  | "exists"
-  | "conflict"
-  | "invalid_record"
-  | "invalid_response"
-  | "pds"
-
-/** The operation could not be done (the CLI's exit code 1). Never carries a secret or a URL. */
-export class HooksFailed extends Data.TaggedError("HooksFailed")<{
-  readonly reason: HooksFailureReason
-  readonly text: string
-}> {
-  override get message(): string {
-    return this.text
-  }
-}
-
-const invalid = (text: string) => new HooksInvalid({ text })
-const failed = (reason: HooksFailureReason, text: string) => new HooksFailed({ reason, text })
+export { type HooksFailureReason, HooksFailed, HooksInvalid } from "./HookErrors.js"
 
 // ---------------------------------------------------------------------------------------------
 // Connection and environment
@@ -320,13 +288,6 @@ export interface WebhookSummary {
   readonly validation: "ok" | WhRecordErrorKind
 }
 
-/** an own data property (never a getter, never inherited) */
-const own = (o: unknown, key: string): unknown => {
-  if (typeof o !== "object" || o === null) return undefined
-  const desc = Object.getOwnPropertyDescriptor(o, key)
-  return desc !== undefined && "value" in desc ? desc.value : undefined
-}
-
 const rkeyOf = (uri: string): string => uri.slice(uri.lastIndexOf("/") + 1)
 
 export const summarize = (
@@ -402,46 +363,118 @@ export interface HooksShape {
 
 export class Hooks extends Context.Tag("firehook/Hooks")<Hooks, HooksShape>() {}
 
-interface XrpcLike {
-  readonly status: number
-  readonly error: string
+/** A signed-in session: the account, its agent, and the bounded call every request goes through. */
+interface Session {
+  readonly agent: AtpAgent
+  readonly did: string
+  readonly allowInsecureDev: boolean
+  readonly call: <A>(op: Operation, f: (signal: AbortSignal) => Promise<A>) => Effect.Effect<A, HooksFailed>
 }
 
-const xrpcOf = (e: unknown): XrpcLike | undefined => {
-  if (typeof e !== "object" || e === null) return undefined
-  const status = own(e, "status")
-  const error = own(e, "error")
-  return typeof status === "number" ? { status, error: typeof error === "string" ? error : "" } : undefined
-}
+/** The record `rkey` of the account, with its CID (the swap value of a later write). */
+const getRecordIn = ({ agent, call, did }: Session) => (rkey: string) =>
+  call("getRecord", (signal) => agent.com.atproto.repo.getRecord({ repo: did, collection: WH_COLLECTION, rkey }, { signal })).pipe(
+    Effect.mapError((e) => (e.reason === "not_found" ? failed("not_found", `no webhook record ${rkey}`) : e)),
+    Effect.flatMap((res) => {
+      const cid = res.data.cid
+      return cid === undefined
+        ? Effect.fail(failed("invalid_response", "the PDS sent an invalid response to getRecord"))
+        : Effect.succeed({ uri: res.data.uri, cid, value: res.data.value })
+    })
+  )
 
-/** an error name from the PDS, safe to print */
-const errorName = (s: string): string => {
-  const clean = s.replace(/[^A-Za-z0-9_.-]/g, "").slice(0, 64)
-  return clean.length > 0 ? clean : "error"
-}
-
-type Operation = "login" | "logout" | "listRecords" | "getRecord" | "createRecord" | "putRecord" | "deleteRecord"
-
-/** Any failure of a call as one line: status and error name only, never the PDS's free text. */
-const classify = (op: Operation, host: string, e: unknown): HooksFailed => {
-  const x = xrpcOf(e)
-  if (x === undefined || x.status < 100) {
-    if (x?.status === 2) return failed("invalid_response", `the PDS sent an invalid response to ${op}`)
-    return failed("unreachable", `could not reach the PDS at ${host} (${op})`)
-  }
-  if (x.status === 429) return failed("rate_limited", `the PDS rate-limited ${op} (429); try again later`)
-  if (op === "login") {
-    if (x.status === 401) return failed("login", "login failed: invalid identifier or password")
-    if (x.error === "AuthFactorTokenRequired") {
-      return failed("login", "login failed: the account requires a sign-in code; use an app password")
+const createIn = ({ agent, allowInsecureDev, call, did }: Session) =>
+  Effect.fn("Hooks.create")(function* (draft: Draft) {
+    yield* checkDraft(draft, allowInsecureDev)
+    const generated = draft.signing._tag === "Generate" ? yield* Effect.sync(SecretBox.generateToken) : PLACEHOLDER_SECRET
+    const createdAt = new Date(yield* Clock.currentTimeMillis).toISOString()
+    const { record } = yield* validateDraft(draft, did, createdAt, generated, allowInsecureDev)
+    const written = yield* Option.match(draft.rkey, {
+      onNone: () =>
+        call("createRecord", (signal) =>
+          agent.com.atproto.repo.createRecord({ repo: did, collection: WH_COLLECTION, record: { ...record } }, { signal })
+        ),
+      onSome: (rkey) =>
+        call("putRecord", (signal) =>
+          agent.com.atproto.repo.putRecord(
+            // swapRecord null: only if no record has this key (never replace one)
+            { repo: did, collection: WH_COLLECTION, rkey, record: { ...record }, swapRecord: null },
+            { signal }
+          )
+        ).pipe(
+          Effect.mapError((e) =>
+            e.reason === "conflict" ? failed("exists", `a webhook record ${rkey} already exists; nothing written`) : e
+          )
+        )
+    })
+    return {
+      did,
+      uri: written.data.uri,
+      rkey: rkeyOf(written.data.uri),
+      cid: written.data.cid,
+      secret: draft.signing._tag === "Generate" ? Option.some(Redacted.make(generated)) : Option.none()
     }
-    if (x.error === "AccountTakedown") return failed("login", "login failed: the account is taken down")
-    return failed("login", `login failed: the PDS answered ${x.status} ${errorName(x.error)}`)
-  }
-  if (x.error === "RecordNotFound") return failed("not_found", "no such webhook record")
-  if (x.error === "InvalidSwap") return failed("conflict", "the record changed meanwhile (or already exists); nothing written")
-  if (x.status === 401 || x.status === 403) return failed("login", `the PDS refused ${op} (${x.status} ${errorName(x.error)})`)
-  return failed("pds", `the PDS refused ${op} (${x.status} ${errorName(x.error)})`)
+  })
+
+const listIn = ({ agent, allowInsecureDev, call, did }: Session) =>
+  Effect.gen(function* () {
+    const webhooks: Array<WebhookSummary> = []
+    let cursor: string | undefined
+    for (let page = 0; page < MAX_LIST_PAGES; page++) {
+      const c = cursor
+      const res = yield* call("listRecords", (signal) =>
+        agent.com.atproto.repo.listRecords(
+          { repo: did, collection: WH_COLLECTION, limit: LIST_PAGE_SIZE, ...(c === undefined ? {} : { cursor: c }) },
+          { signal }
+        )
+      )
+      for (const r of res.data.records) webhooks.push(summarize(r, allowInsecureDev))
+      const next = res.data.cursor
+      if (next === undefined || next === cursor || res.data.records.length === 0) return { did, webhooks, truncated: false }
+      cursor = next
+    }
+    return { did, webhooks, truncated: true }
+  }).pipe(Effect.withSpan("Hooks.list"))
+
+const setEnabledIn = (s: Session) => {
+  const { agent, allowInsecureDev, call, did } = s
+  const getRecord = getRecordIn(s)
+  return Effect.fn("Hooks.setEnabled")(function* (rkey: string, enabled: boolean) {
+    yield* checkRkey(rkey)
+    const current = yield* getRecord(rkey)
+    // unknown fields are kept as they are; only `enabled` changes
+    const next: Record<string, unknown> = { ...current.value, enabled }
+    const checked = validateWhRecord(next, { allowInsecureDev })
+    if (Either.isLeft(checked)) {
+      return yield* failed(
+        "invalid_record",
+        `webhook record ${rkey} is not valid for firehook (${checked.left}); nothing written (delete it and create it again)`
+      )
+    }
+    if ((own(current.value, "enabled") !== false) === enabled) {
+      return { uri: current.uri, rkey, enabled, changed: false, cid: current.cid }
+    }
+    const res = yield* call("putRecord", (signal) =>
+      agent.com.atproto.repo.putRecord(
+        { repo: did, collection: WH_COLLECTION, rkey, record: next, swapRecord: current.cid },
+        { signal }
+      )
+    )
+    return { uri: res.data.uri, rkey, enabled, changed: true, cid: res.data.cid }
+  })
+}
+
+const removeIn = (s: Session) => {
+  const { agent, call, did } = s
+  const getRecord = getRecordIn(s)
+  return Effect.fn("Hooks.remove")(function* (rkey: string) {
+    yield* checkRkey(rkey)
+    const current = yield* getRecord(rkey)
+    yield* call("deleteRecord", (signal) =>
+      agent.com.atproto.repo.deleteRecord({ repo: did, collection: WH_COLLECTION, rkey, swapRecord: current.cid }, { signal })
+    )
+    return { uri: current.uri, rkey }
+  })
 }
 
 /**
@@ -485,102 +518,14 @@ export const make = (conn: Connection, options: HooksOptions): Effect.Effect<Hoo
     const did = agent.session?.did
     if (did === undefined) return yield* failed("invalid_response", "the PDS sent an invalid response to login")
 
-    const getRecord = (rkey: string) =>
-      call("getRecord", (signal) => agent.com.atproto.repo.getRecord({ repo: did, collection: WH_COLLECTION, rkey }, { signal })).pipe(
-        Effect.mapError((e) => (e.reason === "not_found" ? failed("not_found", `no webhook record ${rkey}`) : e)),
-        Effect.flatMap((res) => {
-          const cid = res.data.cid
-          return cid === undefined
-            ? Effect.fail(failed("invalid_response", "the PDS sent an invalid response to getRecord"))
-            : Effect.succeed({ uri: res.data.uri, cid, value: res.data.value })
-        })
-      )
-
-    const create = Effect.fn("Hooks.create")(function* (draft: Draft) {
-      yield* checkDraft(draft, allowInsecureDev)
-      const generated = draft.signing._tag === "Generate" ? yield* Effect.sync(SecretBox.generateToken) : PLACEHOLDER_SECRET
-      const createdAt = new Date(yield* Clock.currentTimeMillis).toISOString()
-      const { record } = yield* validateDraft(draft, did, createdAt, generated, allowInsecureDev)
-      const written = yield* Option.match(draft.rkey, {
-        onNone: () =>
-          call("createRecord", (signal) =>
-            agent.com.atproto.repo.createRecord({ repo: did, collection: WH_COLLECTION, record: { ...record } }, { signal })
-          ),
-        onSome: (rkey) =>
-          call("putRecord", (signal) =>
-            agent.com.atproto.repo.putRecord(
-              // swapRecord null: only if no record has this key (never replace one)
-              { repo: did, collection: WH_COLLECTION, rkey, record: { ...record }, swapRecord: null },
-              { signal }
-            )
-          ).pipe(
-            Effect.mapError((e) =>
-              e.reason === "conflict" ? failed("exists", `a webhook record ${rkey} already exists; nothing written`) : e
-            )
-          )
-      })
-      return {
-        did,
-        uri: written.data.uri,
-        rkey: rkeyOf(written.data.uri),
-        cid: written.data.cid,
-        secret: draft.signing._tag === "Generate" ? Option.some(Redacted.make(generated)) : Option.none()
-      }
-    })
-
-    const list = Effect.gen(function* () {
-      const webhooks: Array<WebhookSummary> = []
-      let cursor: string | undefined
-      for (let page = 0; page < MAX_LIST_PAGES; page++) {
-        const c = cursor
-        const res = yield* call("listRecords", (signal) =>
-          agent.com.atproto.repo.listRecords(
-            { repo: did, collection: WH_COLLECTION, limit: LIST_PAGE_SIZE, ...(c === undefined ? {} : { cursor: c }) },
-            { signal }
-          )
-        )
-        for (const r of res.data.records) webhooks.push(summarize(r, allowInsecureDev))
-        const next = res.data.cursor
-        if (next === undefined || next === cursor || res.data.records.length === 0) return { did, webhooks, truncated: false }
-        cursor = next
-      }
-      return { did, webhooks, truncated: true }
-    }).pipe(Effect.withSpan("Hooks.list"))
-
-    const setEnabled = Effect.fn("Hooks.setEnabled")(function* (rkey: string, enabled: boolean) {
-      yield* checkRkey(rkey)
-      const current = yield* getRecord(rkey)
-      // unknown fields are kept as they are; only `enabled` changes
-      const next: Record<string, unknown> = { ...current.value, enabled }
-      const checked = validateWhRecord(next, { allowInsecureDev })
-      if (Either.isLeft(checked)) {
-        return yield* failed(
-          "invalid_record",
-          `webhook record ${rkey} is not valid for firehook (${checked.left}); nothing written (delete it and create it again)`
-        )
-      }
-      if ((own(current.value, "enabled") !== false) === enabled) {
-        return { uri: current.uri, rkey, enabled, changed: false, cid: current.cid }
-      }
-      const res = yield* call("putRecord", (signal) =>
-        agent.com.atproto.repo.putRecord(
-          { repo: did, collection: WH_COLLECTION, rkey, record: next, swapRecord: current.cid },
-          { signal }
-        )
-      )
-      return { uri: res.data.uri, rkey, enabled, changed: true, cid: res.data.cid }
-    })
-
-    const remove = Effect.fn("Hooks.remove")(function* (rkey: string) {
-      yield* checkRkey(rkey)
-      const current = yield* getRecord(rkey)
-      yield* call("deleteRecord", (signal) =>
-        agent.com.atproto.repo.deleteRecord({ repo: did, collection: WH_COLLECTION, rkey, swapRecord: current.cid }, { signal })
-      )
-      return { uri: current.uri, rkey }
-    })
-
-    return { did, create, list, setEnabled, remove } satisfies HooksShape
+    const session: Session = { agent, did, allowInsecureDev, call }
+    return {
+      did,
+      create: createIn(session),
+      list: listIn(session),
+      setEnabled: setEnabledIn(session),
+      remove: removeIn(session)
+    } satisfies HooksShape
   })
 
 /** The service for one signed-in session (see `make`). */

@@ -1,0 +1,182 @@
+/**
+ * Name resolution for the transport (SafeHttp) and the checks every address passes before a
+ * connection is made to it: the operator allow-list, the address policy, the canonical address text.
+ *
+ * @since 0.1.0
+ */
+import * as Dns from "node:dns"
+import { Context, Data, Effect, Either, Layer } from "effect"
+import { type Cidr, cidrContains, classifyHost, parseCidr } from "../../../schemas/Net.js"
+import { ownCode } from "../ErrorCode.js"
+import { MAX_ALLOW_CIDRS, MAX_CONNECT_ADDRESSES } from "./Limits.js"
+
+/** A failed name resolution. Generic for the same reason as {@link SafeHttpError}. */
+export class ResolveError extends Data.TaggedError("ResolveError")<{
+  readonly reason: "not_found" | "temporary" | "failed"
+}> {
+  override get message(): string {
+    return `name resolution failed: ${this.reason}`
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolver
+
+export interface ResolvedAddress {
+  readonly address: string
+  readonly family: 4 | 6
+}
+
+export interface ResolverShape {
+  /** All addresses of a host name, in resolver order. */
+  readonly lookup: (hostname: string) => Effect.Effect<ReadonlyArray<ResolvedAddress>, ResolveError>
+}
+
+const resolveReason = (e: unknown): ResolveError["reason"] => {
+  switch (ownCode(e)) {
+    case "ENOTFOUND":
+    case "ENODATA":
+    case "EAI_NONAME":
+    case "EAI_NODATA":
+    case "ENONAME":
+      return "not_found"
+    case "EAI_AGAIN":
+    case "ETIMEOUT":
+    case "ESERVFAIL":
+    case "ECONNREFUSED":
+      return "temporary"
+    default:
+      return "failed"
+  }
+}
+
+/**
+ * The system resolver (`getaddrinfo` through `dns.promises.lookup`, so `/etc/hosts` and nsswitch
+ * apply). A lookup cannot be cancelled; callers bound it with their deadline (the transport does),
+ * and an abandoned lookup only finishes in the background.
+ */
+const systemLookup = (hostname: string): Effect.Effect<ReadonlyArray<ResolvedAddress>, ResolveError> =>
+  Effect.tryPromise({
+    try: () => Dns.promises.lookup(hostname, { all: true, verbatim: true }),
+    catch: (e) => new ResolveError({ reason: resolveReason(e) })
+  }).pipe(
+    Effect.map((answers) => {
+      const out: Array<ResolvedAddress> = []
+      for (const a of answers) {
+        if (a.family === 4 || a.family === 6) out.push({ address: a.address, family: a.family })
+      }
+      return out
+    })
+  )
+
+/**
+ * Host name resolution for the transport. Swap the layer to inject answers in tests.
+ *
+ * @since 0.1.0
+ */
+export class Resolver extends Context.Tag("firehook/Resolver")<Resolver, ResolverShape>() {
+  /** The system resolver. */
+  static readonly layer: Layer.Layer<Resolver> = Layer.succeed(this, { lookup: systemLookup })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operator allow-list
+
+/**
+ * Parses `DELIVERY_ALLOW_CIDRS`: comma-separated CIDR blocks (`10.0.0.0/8, fd00::/8`), whitespace
+ * around entries ignored, an empty or blank string = none. Strict: an empty entry (`a,,b`, a trailing
+ * comma), a block with host bits set, or more than {@link MAX_ALLOW_CIDRS} entries is `invalid_cidr`.
+ *
+ * @since 0.1.0
+ */
+export const parseAllowCidrs = (s: string): Either.Either<ReadonlyArray<Cidr>, "invalid_cidr"> => {
+  if (s.trim().length === 0) return Either.right([])
+  const parts = s.split(",")
+  if (parts.length > MAX_ALLOW_CIDRS) return Either.left("invalid_cidr")
+  const out: Array<Cidr> = []
+  for (const part of parts) {
+    const cidr = parseCidr(part.trim())
+    if (cidr === undefined) return Either.left("invalid_cidr")
+    out.push(cidr)
+  }
+  return Either.right(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Address policy
+
+/** What a connection target may be. */
+export interface AddressPolicy {
+  readonly allowInsecureDev: boolean
+  readonly allowCidrs: ReadonlyArray<Cidr>
+  /** `http:` targets (insecure development mode only): every address must be loopback. */
+  readonly loopbackOnly: boolean
+}
+
+export const isLoopbackBytes = (bytes: Uint8Array): boolean => {
+  if (bytes.length === 4) return bytes[0] === 127
+  if (bytes.length !== 16) return false
+  for (let i = 0; i < 15; i++) if (bytes[i] !== 0) return false
+  return bytes[15] === 1
+}
+
+/**
+ * The decision for one address (an IP literal of the URL or one DNS answer), as a bare address string
+ * (`203.0.113.7`, `2001:db8::1`; no brackets, no zone id). Returns the address bytes when a
+ * connection to it is allowed:
+ * - `loopbackOnly` (an `http:` target in insecure development mode): 127.0.0.0/8 or ::1 only;
+ * - otherwise: a public address (SPEC §4.6), an address inside an operator allow-list CIDR, or, in
+ *   insecure development mode, a loopback address.
+ * Anything that does not parse as a strict IP literal (zone ids, `127.1`, names) is refused.
+ *
+ * @since 0.1.0
+ */
+export const allowedAddress = (address: string, policy: AddressPolicy): Uint8Array | undefined => {
+  if (address.charCodeAt(0) === 91 /* [ */) return undefined
+  const c = classifyHost(address)
+  if (c.kind !== "ipv4" && c.kind !== "ipv6") return undefined
+  if (policy.loopbackOnly) return policy.allowInsecureDev && isLoopbackBytes(c.bytes) ? c.bytes : undefined
+  if (c.public) return c.bytes
+  if (policy.allowInsecureDev && isLoopbackBytes(c.bytes)) return c.bytes
+  for (const cidr of policy.allowCidrs) {
+    if (cidrContains(cidr, c.bytes)) return c.bytes
+  }
+  return undefined
+}
+
+/** The canonical text of validated address bytes, so the socket connects to exactly what was checked. */
+export const formatAddress = (bytes: Uint8Array): string => {
+  if (bytes.length === 4) return `${bytes[0]}.${bytes[1]}.${bytes[2]}.${bytes[3]}`
+  const groups: Array<string> = []
+  for (let i = 0; i < 16; i += 2) groups.push((((bytes[i] ?? 0) << 8) | (bytes[i + 1] ?? 0)).toString(16))
+  return groups.join(":")
+}
+
+/** A validated address to connect to. */
+export type Address = { readonly address: string; readonly family: 4 | 6 }
+
+/**
+ * The validated addresses of a name's DNS answers (every answer must pass `policy`; with
+ * `loopbackOnly`, an `http:` name, every one must be loopback), deduplicated, at most
+ * {@link MAX_CONNECT_ADDRESSES}.
+ */
+export const validateAnswers = (
+  answers: ReadonlyArray<ResolvedAddress>,
+  policy: AddressPolicy,
+  loopbackOnly: boolean
+): Either.Either<ReadonlyArray<Address>, "dns" | "blocked_target" | "invalid_target"> => {
+  if (answers.length === 0) return Either.left("dns")
+  const addresses: Array<Address> = []
+  const seen = new Set<string>()
+  for (const answer of answers) {
+    const bytes = allowedAddress(answer.address, policy)
+    if (bytes === undefined) return Either.left("blocked_target")
+    // an http: name (development mode) resolving anywhere but loopback breaks the scheme rule
+    if (loopbackOnly && !isLoopbackBytes(bytes)) return Either.left("invalid_target")
+    const address = formatAddress(bytes)
+    if (seen.has(address)) continue
+    seen.add(address)
+    if (addresses.length < MAX_CONNECT_ADDRESSES) addresses.push({ address, family: bytes.length === 4 ? 4 : 6 })
+  }
+  return Either.right(addresses)
+}
