@@ -3,6 +3,7 @@
  *
  * @since 0.1.0
  */
+import { safeHttpErrorKinds } from "../platform/http/Errors.js"
 
 /** All failure kinds, in table order. Stored as `last_error_kind` and used as a metric label. */
 export const failureKinds = [
@@ -11,13 +12,8 @@ export const failureKinds = [
   "gone",
   "http_4xx",
   "redirect",
-  "invalid_target",
-  "blocked_target",
-  "dns",
-  "timeout",
-  "network",
-  "request_too_large",
-  "response_too_large",
+  // the transport's own failures (SafeHttp), in their order
+  ...safeHttpErrorKinds,
   "subscription_unavailable",
   "secret_unavailable",
   "transform_failed"

@@ -6,6 +6,7 @@
  * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
  * limits only when it runs.
  */
+import type { TerminalStatus } from "../matching/OutboxStatus.js"
 import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Clock, Effect, Ref, type Scope, Stream } from "effect"
@@ -92,7 +93,7 @@ interface ClaimDbRow {
 interface Settle {
   readonly deliveryId: string
   readonly token: string
-  readonly status: "pending" | "delivered" | "dead_letter" | "cancelled"
+  readonly status: "pending" | TerminalStatus
   /** new total; undefined = unchanged */
   readonly attemptCount: number | undefined
   /** next attempt after this many ms; undefined = unchanged */

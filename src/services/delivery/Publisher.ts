@@ -13,6 +13,7 @@
  * The RESP2 client is written here (on `node:net` / `node:tls`): it needs only AUTH, SELECT and
  * PUBLISH, replies are matched to commands in order, and the read buffer is bounded.
  */
+import type { TerminalStatus } from "../matching/OutboxStatus.js"
 import {
   Clock,
   Context,
@@ -55,7 +56,7 @@ export interface AuditEvent {
   readonly collection: string
   readonly rkey: string
   readonly operation: "create" | "update" | "delete"
-  readonly status: "delivered" | "dead_letter" | "cancelled"
+  readonly status: TerminalStatus
   readonly httpStatus: number | null
   readonly errorKind: string | null
   readonly url: "[redacted]"

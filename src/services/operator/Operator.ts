@@ -33,12 +33,13 @@ import type { OutboxRow } from "../matching/Outbox.js"
 import { notifyStatement } from "../matching/OutboxNotify.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
 
-/** The statuses an outbox row ends in. */
-export const TERMINAL_STATUSES = ["delivered", "dead_letter", "cancelled"] as const
-export type TerminalStatus = (typeof TERMINAL_STATUSES)[number]
-
-export const DELIVERY_STATUSES = ["pending", "leased", ...TERMINAL_STATUSES] as const
-export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number]
+export {
+  DELIVERY_STATUSES,
+  type DeliveryStatus,
+  TERMINAL_STATUSES,
+  type TerminalStatus
+} from "../matching/OutboxStatus.js"
+import { DELIVERY_STATUSES, type DeliveryStatus } from "../matching/OutboxStatus.js"
 
 export const RECONCILE_STATUSES = ["unknown", "scanning", "complete", "failed"] as const
 export type ReconcileStatus = (typeof RECONCILE_STATUSES)[number]
