@@ -38,26 +38,26 @@ import * as Inspector from "node:inspector"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import { Worker } from "node:worker_threads"
-import { Destinations } from "../src/services/delivery/Destinations.js"
-import { signatureHeaders } from "../src/services/delivery/Signer.js"
-import * as Config from "../src/services/platform/Config.js"
-import * as Database from "../src/services/platform/Database.js"
+import type { RecordEvent } from "../src/schemas/RecordEvent.js"
+import { tidFromMicros } from "../src/schemas/Tid.js"
 import * as Delivery from "../src/services/delivery/Delivery.js"
 import * as DeliveryStore from "../src/services/delivery/DeliveryStore.js"
-import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
-import * as Health from "../src/services/platform/Health.js"
-import * as Lifecycle from "../src/services/platform/Lifecycle.js"
+import { Destinations } from "../src/services/delivery/Destinations.js"
+import * as Publisher from "../src/services/delivery/Publisher.js"
+import { Secrets } from "../src/services/delivery/Secrets.js"
+import { signatureHeaders } from "../src/services/delivery/Signer.js"
 import * as Outbox from "../src/services/matching/Outbox.js"
 import * as PriorRefsStore from "../src/services/matching/PriorRefsStore.js"
 import * as Processor from "../src/services/matching/Processor.js"
-import * as Publisher from "../src/services/delivery/Publisher.js"
+import * as Config from "../src/services/platform/Config.js"
+import * as Database from "../src/services/platform/Database.js"
+import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
+import * as Health from "../src/services/platform/Health.js"
+import { parseAllowCidrs, SafeHttp } from "../src/services/platform/http/SafeHttp.js"
+import * as Lifecycle from "../src/services/platform/Lifecycle.js"
+import { Tx } from "../src/services/platform/Persistence.js"
 import * as Registry from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
-import { parseAllowCidrs, SafeHttp } from "../src/services/platform/http/SafeHttp.js"
-import { Secrets } from "../src/services/delivery/Secrets.js"
-import { Tx } from "../src/services/platform/Persistence.js"
-import type { RecordEvent } from "../src/schemas/RecordEvent.js"
-import { tidFromMicros } from "../src/schemas/Tid.js"
 import { plc } from "./support.js"
 
 const DELIVERIES = Number(process.argv[2] ?? 100_000)
@@ -66,7 +66,9 @@ const RATE = Number(process.argv[4] ?? 500)
 const STEADY_SECONDS = Number(process.argv[5] ?? 20)
 const RECEIVERS = Number(process.env["RECEIVERS"] ?? 4)
 const CONCURRENCY = Number(process.env["DELIVERY_CONCURRENCY"] ?? 64)
-const PER_ORIGIN = Number(process.env["DELIVERY_PER_ORIGIN_CONCURRENCY"] ?? Math.max(1, Math.ceil(CONCURRENCY / RECEIVERS)))
+const PER_ORIGIN = Number(
+  process.env["DELIVERY_PER_ORIGIN_CONCURRENCY"] ?? Math.max(1, Math.ceil(CONCURRENCY / RECEIVERS))
+)
 /** BENCH_STUB_TRANSPORT=1: the worker's SafeHttp answers 204 at once (the worker and database alone). */
 const STUB_TRANSPORT = process.env["BENCH_STUB_TRANSPORT"] === "1"
 const FANOUT = 10
@@ -177,10 +179,15 @@ const workerOn = (url: Redacted.Redacted<string>) =>
 // phases
 
 const percentile = (sorted: ReadonlyArray<number>, p: number): number =>
-  sorted.length === 0 ? Number.NaN : (sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN)
+  sorted.length === 0
+    ? Number.NaN
+    : (sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN)
 
 const count = (where: string) =>
-  Effect.flatMap(SqlClient.SqlClient, (sql) => sql.unsafe<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE ${where}`)).pipe(
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql.unsafe<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE ${where}`)
+  ).pipe(
     Effect.map((r) => Number(r[0]?.n ?? 0))
   )
 
@@ -189,8 +196,14 @@ const count = (where: string) =>
  * count of the outbox every 100 ms would cost the database as much as a tenth of the deliveries):
  * the count runs only once the worker has made `attempts` requests and holds no row.
  */
-const waitUntil = (where: string, target: number, timeout: Duration.Duration, worker: Delivery.DeliveryShape, attempts: number) =>
-  Effect.gen(function* () {
+const waitUntil = (
+  where: string,
+  target: number,
+  timeout: Duration.Duration,
+  worker: Delivery.DeliveryShape,
+  attempts: number
+) =>
+  Effect.gen(function*() {
     while (true) {
       const st = yield* worker.stats
       if (st.attempts >= attempts && st.held === 0 && (yield* count(where)) >= target) return
@@ -227,7 +240,7 @@ const postgresCpuMs = (): number | undefined => {
 let eventSeq = 0
 /** Enqueue `events` events (× FANOUT deliveries) through processEvents, in batches. */
 const enqueueEvents = (events: number) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const processor = yield* Processor.Processor
     const scopes = Math.max(1, Math.floor(WEBHOOKS / FANOUT))
     for (let start = 0; start < events; start += BATCH_EVENTS) {
@@ -260,42 +273,43 @@ const timed = (requests: number, body: () => Promise<void>): Promise<Loop> => {
 const bareLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: number) =>
   Effect.promise(
     () =>
-      timed(requests, () => new Promise<void>((resolve) => {
-        const agent = new Http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
-        const body = Buffer.alloc(bodyBytes, 0x61)
-        let started = 0
-        let done = 0
-        const one = (): void => {
-          if (started >= requests) return
-          const i = started++
-          const req = Http.request(
-            {
-              agent,
-              host: "127.0.0.1",
-              port: ports[i % ports.length],
-              method: "POST",
-              path: `/h/${i % WEBHOOKS}`,
-              headers: { "content-type": "application/json", "content-length": body.length }
-            },
-            (res) => {
-              res.resume()
-              res.on("end", () => {
-                done++
-                if (done === requests) {
-                  agent.destroy()
-                  resolve()
-                } else one()
-              })
-            }
-          )
-          req.on("error", () => {
-            done++
-            one()
-          })
-          req.end(body)
-        }
-        for (let k = 0; k < CONCURRENCY; k++) one()
-      }))
+      timed(requests, () =>
+        new Promise<void>((resolve) => {
+          const agent = new Http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
+          const body = Buffer.alloc(bodyBytes, 0x61)
+          let started = 0
+          let done = 0
+          const one = (): void => {
+            if (started >= requests) return
+            const i = started++
+            const req = Http.request(
+              {
+                agent,
+                host: "127.0.0.1",
+                port: ports[i % ports.length],
+                method: "POST",
+                path: `/h/${i % WEBHOOKS}`,
+                headers: { "content-type": "application/json", "content-length": body.length }
+              },
+              (res) => {
+                res.resume()
+                res.on("end", () => {
+                  done++
+                  if (done === requests) {
+                    agent.destroy()
+                    resolve()
+                  } else one()
+                })
+              }
+            )
+            req.on("error", () => {
+              done++
+              one()
+            })
+            req.end(body)
+          }
+          for (let k = 0; k < CONCURRENCY; k++) one()
+        }))
   )
 
 /** The issue's "plain fetch loop": the runtime's `fetch`, same concurrency, bodies and receivers. */
@@ -332,7 +346,7 @@ const FLOOR_BATCH = 256
  * can be read, else wall time (one backend busy, an upper bound of its CPU).
  */
 const postgresFloor = (sql: SqlClient.SqlClient) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* sql.unsafe(`DROP TABLE IF EXISTS floor_outbox, floor_attempts, floor_audit`)
     yield* sql.unsafe(`CREATE TABLE floor_outbox (LIKE outbox INCLUDING ALL)`)
     yield* sql.unsafe(`CREATE TABLE floor_attempts (LIKE delivery_attempts INCLUDING ALL)`)
@@ -381,7 +395,7 @@ const postgresFloor = (sql: SqlClient.SqlClient) =>
     return { rows, cpu, ms: (cpu ? cpu1 - cpu0 : wall) / Math.max(1, rows) }
   })
 
-const program = Effect.gen(function* () {
+const program = Effect.gen(function*() {
   const external = process.env["DATABASE_URL"]
   let url: Redacted.Redacted<string>
   if (external !== undefined && external.length > 0) {
@@ -399,7 +413,11 @@ const program = Effect.gen(function* () {
   yield* sql`TRUNCATE outbox, delivery_events, delivery_attempts, audit, webhooks, tombstones, owners, prior_refs, quarantine`
   const events = Math.ceil(DELIVERIES / FANOUT)
   yield* print(
-    `delivery bench: ${events * FANOUT} deliveries, ${WEBHOOKS} webhooks, ${RECEIVERS} receivers, concurrency ${CONCURRENCY} (per origin ${PER_ORIGIN}), ${process.versions["bun"] === undefined ? `node ${process.version}` : `bun ${process.versions["bun"]}`}, ${Os.cpus().length} CPUs`
+    `delivery bench: ${
+      events * FANOUT
+    } deliveries, ${WEBHOOKS} webhooks, ${RECEIVERS} receivers, concurrency ${CONCURRENCY} (per origin ${PER_ORIGIN}), ${
+      process.versions["bun"] === undefined ? `node ${process.version}` : `bun ${process.versions["bun"]}`
+    }, ${Os.cpus().length} CPUs`
   )
 
   // webhooks: WEBHOOKS owners, FANOUT per scope DID, spread over the receivers
@@ -425,16 +443,25 @@ const program = Effect.gen(function* () {
   let t = performance.now()
   yield* Effect.provide(enqueueEvents(events), pipeline)
   const total = yield* Effect.provide(count("true"), pipeline)
-  yield* print(`enqueued ${total} deliveries in ${((performance.now() - t) / 1000).toFixed(1)} s (processEvents → outbox)`)
+  yield* print(
+    `enqueued ${total} deliveries in ${((performance.now() - t) / 1000).toFixed(1)} s (processEvents → outbox)`
+  )
   let peakRss = 0
   const sampler = yield* Effect.forkScoped(
-    Effect.forever(Effect.zipRight(Effect.sync(() => (peakRss = Math.max(peakRss, process.memoryUsage().rss))), Effect.sleep(Duration.millis(100))))
+    Effect.forever(
+      Effect.zipRight(
+        Effect.sync(() => (peakRss = Math.max(peakRss, process.memoryUsage().rss))),
+        Effect.sleep(Duration.millis(100))
+      )
+    )
   )
   const profile = process.env["BENCH_PROFILE"]
   const session = profile === undefined ? undefined : new Inspector.Session()
   if (session !== undefined) {
     session.connect()
-    yield* Effect.promise(() => new Promise<void>((ok) => session.post("Profiler.enable", () => session.post("Profiler.start", () => ok()))))
+    yield* Effect.promise(() =>
+      new Promise<void>((ok) => session.post("Profiler.enable", () => session.post("Profiler.start", () => ok())))
+    )
   }
   t = performance.now()
   const cpu0 = process.cpuUsage()
@@ -454,8 +481,7 @@ const program = Effect.gen(function* () {
             occupancy.samples++
             occupancy.held += st.held
             occupancy.inFlight += st.inFlight
-          })
-        ),
+          })),
         Effect.sleep(Duration.millis(50))
       )
     )
@@ -464,10 +490,11 @@ const program = Effect.gen(function* () {
   const seconds = (performance.now() - t) / 1000
   const cpu = process.cpuUsage(cpu0)
   const pgCpu1 = postgresCpuMs()
-  const pgCpuText =
-    pgCpu0 === undefined || pgCpu1 === undefined
-      ? ""
-      : `; PostgreSQL server processes on this machine ${(((pgCpu1 - pgCpu0) / 1000 / seconds) * 100).toFixed(0)}% CPU (${((pgCpu1 - pgCpu0) / total).toFixed(2)} ms/delivery)`
+  const pgCpuText = pgCpu0 === undefined || pgCpu1 === undefined
+    ? ""
+    : `; PostgreSQL server processes on this machine ${(((pgCpu1 - pgCpu0) / 1000 / seconds) * 100).toFixed(0)}% CPU (${
+      ((pgCpu1 - pgCpu0) / total).toFixed(2)
+    } ms/delivery)`
   const elu = hasElu ? performance.eventLoopUtilization(elu0).utilization : Number.NaN
   if (session !== undefined && profile !== undefined) {
     yield* Effect.promise(
@@ -487,7 +514,15 @@ const program = Effect.gen(function* () {
   const avgHeld = occupancy.held / Math.max(1, occupancy.samples)
   const avgInFlight = occupancy.inFlight / Math.max(1, occupancy.samples)
   yield* print(
-    `phase 1: ${total} delivered in ${seconds.toFixed(1)} s = ${throughput.toFixed(0)} deliveries/s; worker process CPU ${(((cpu.user + cpu.system) / 1e6 / seconds) * 100).toFixed(0)}% (${((cpu.user + cpu.system) / 1000 / total).toFixed(2)} ms/delivery), event loop ${Number.isNaN(elu) ? "n/a" : `${(elu * 100).toFixed(0)}%`} busy, ${claims} claims (${(claimMs / Math.max(1, claims)).toFixed(1)} ms each), on average ${avgHeld.toFixed(0)} rows held / ${avgInFlight.toFixed(0)} requests in flight; peak RSS ${mib(peakRss)} MiB${pgCpuText}`
+    `phase 1: ${total} delivered in ${seconds.toFixed(1)} s = ${
+      throughput.toFixed(0)
+    } deliveries/s; worker process CPU ${(((cpu.user + cpu.system) / 1e6 / seconds) * 100).toFixed(0)}% (${
+      ((cpu.user + cpu.system) / 1000 / total).toFixed(2)
+    } ms/delivery), event loop ${Number.isNaN(elu) ? "n/a" : `${(elu * 100).toFixed(0)}%`} busy, ${claims} claims (${
+      (claimMs / Math.max(1, claims)).toFixed(1)
+    } ms each), on average ${avgHeld.toFixed(0)} rows held / ${avgInFlight.toFixed(0)} requests in flight; peak RSS ${
+      mib(peakRss)
+    } MiB${pgCpuText}`
   )
 
   if (process.env["BENCH_PHASE1_ONLY"] === "1") return
@@ -504,7 +539,10 @@ const program = Effect.gen(function* () {
     yield* Effect.provide(enqueueEvents(eventsPerTick), pipeline)
   }
   const offered = (yield* Effect.provide(count("true"), pipeline)) - before
-  yield* Effect.provide(waitUntil("status = 'delivered'", before + offered, Duration.minutes(5), worker, before + offered), pipeline)
+  yield* Effect.provide(
+    waitUntil("status = 'delivered'", before + offered, Duration.minutes(5), worker, before + offered),
+    pipeline
+  )
   const lat = yield* sql<{ ms: number }>`
     SELECT (extract(epoch FROM a.started_at - o.created_at) * 1000)::float8 AS ms
     FROM outbox o JOIN delivery_attempts a ON a.delivery_id = o.delivery_id AND a.attempt = 1
@@ -512,7 +550,11 @@ const program = Effect.gen(function* () {
     ORDER BY 1`
   const sorted = lat.map((r) => r.ms)
   yield* print(
-    `phase 2: ${offered} deliveries offered at ${(offered / ((performance.now() - start) / 1000)).toFixed(0)}/s (target ${RATE}/s): enqueue → first attempt p50 ${percentile(sorted, 50).toFixed(1)} ms, p99 ${percentile(sorted, 99).toFixed(1)} ms, max ${(sorted[sorted.length - 1] ?? Number.NaN).toFixed(1)} ms; RSS ${mib(process.memoryUsage().rss)} MiB`
+    `phase 2: ${offered} deliveries offered at ${
+      (offered / ((performance.now() - start) / 1000)).toFixed(0)
+    }/s (target ${RATE}/s): enqueue → first attempt p50 ${percentile(sorted, 50).toFixed(1)} ms, p99 ${
+      percentile(sorted, 99).toFixed(1)
+    } ms, max ${(sorted[sorted.length - 1] ?? Number.NaN).toFixed(1)} ms; RSS ${mib(process.memoryUsage().rss)} MiB`
   )
 
   // 3. bare limits: a node:http keep-alive loop (what SafeHttp is built on) and a plain fetch loop
@@ -523,7 +565,11 @@ const program = Effect.gen(function* () {
   const bareFetch = yield* fetchLimit(ports, Math.min(total, 100_000), bodyBytes)
   const bare = Math.max(bareHttp.rate, bareFetch.rate)
   yield* print(
-    `phase 3: bare loops, concurrency ${CONCURRENCY}, ${bodyBytes}-byte bodies: node:http ${bareHttp.rate.toFixed(0)} requests/s (${bareHttp.cpuMs.toFixed(3)} ms CPU per request, client and receivers), fetch ${bareFetch.rate.toFixed(0)} requests/s (${bareFetch.cpuMs.toFixed(3)} ms); worker/bare = ${(throughput / bare).toFixed(2)}`
+    `phase 3: bare loops, concurrency ${CONCURRENCY}, ${bodyBytes}-byte bodies: node:http ${
+      bareHttp.rate.toFixed(0)
+    } requests/s (${bareHttp.cpuMs.toFixed(3)} ms CPU per request, client and receivers), fetch ${
+      bareFetch.rate.toFixed(0)
+    } requests/s (${bareFetch.cpuMs.toFixed(3)} ms); worker/bare = ${(throughput / bare).toFixed(2)}`
   )
   // 4. the transport alone: SafeHttp with signed requests, same concurrency, same receivers
   const transport = yield* Effect.provide(
@@ -543,7 +589,12 @@ const program = Effect.gen(function* () {
           method: "POST",
           headers: {
             "Content-Type": "application/json",
-            ...signatureHeaders({ secret: `bench-secret-${i}`, deliveryId: `whd_${i}`, timestampSeconds: 1_800_000_000, body: sample })
+            ...signatureHeaders({
+              secret: `bench-secret-${i}`,
+              deliveryId: `whd_${i}`,
+              timestampSeconds: 1_800_000_000,
+              body: sample
+            })
           },
           body: sample,
           timeoutMs: 10_000,
@@ -555,7 +606,11 @@ const program = Effect.gen(function* () {
   const safeHttpRate = requests / ((performance.now() - t4) / 1000)
   const safeHttpCpu = process.cpuUsage(cpu4)
   yield* print(
-    `phase 4: SafeHttp alone (signed, concurrency ${CONCURRENCY}, no database): ${safeHttpRate.toFixed(0)} requests/s (${((safeHttpCpu.user + safeHttpCpu.system) / 1000 / requests).toFixed(3)} ms CPU per request); worker/SafeHttp = ${(throughput / safeHttpRate).toFixed(2)}`
+    `phase 4: SafeHttp alone (signed, concurrency ${CONCURRENCY}, no database): ${
+      safeHttpRate.toFixed(0)
+    } requests/s (${
+      ((safeHttpCpu.user + safeHttpCpu.system) / 1000 / requests).toFixed(3)
+    } ms CPU per request); worker/SafeHttp = ${(throughput / safeHttpRate).toFixed(2)}`
   )
 
   // 5. the floor under the ratio target: what one delivery must cost at least, against what the
@@ -563,7 +618,12 @@ const program = Effect.gen(function* () {
   const signN = 20_000
   const tSign = performance.now()
   for (let i = 0; i < signN; i++) {
-    signatureHeaders({ secret: `bench-secret-${i % 1000}`, deliveryId: `whd_${i}`, timestampSeconds: 1_800_000_000, body: sample })
+    signatureHeaders({
+      secret: `bench-secret-${i % 1000}`,
+      deliveryId: `whd_${i}`,
+      timestampSeconds: 1_800_000_000,
+      body: sample
+    })
   }
   const signMs = (performance.now() - tSign) / signN
   const floor = yield* postgresFloor(sql)
@@ -574,10 +634,26 @@ const program = Effect.gen(function* () {
   const workerMs = (cpu.user + cpu.system) / 1000 / total
   const pgMs = pgCpu0 === undefined || pgCpu1 === undefined ? Number.NaN : (pgCpu1 - pgCpu0) / total
   yield* print(
-    `phase 5: PostgreSQL's writes for one delivery (lease update, settle update, attempt row, audit row; batches of ${FLOOR_BATCH} in one PL/pgSQL loop, no client): ${floor.ms.toFixed(3)} ms ${floor.cpu ? "CPU" : "wall"} per delivery over ${floor.rows} rows. At 30 % of the bare loop (${(0.3 * bare).toFixed(0)}/s) ${cores} cores give ${budgetMs.toFixed(3)} ms CPU per delivery; the floor is ${floorMs.toFixed(3)} ms (HTTP exchange ${httpMs.toFixed(3)} + signatures ${signMs.toFixed(3)} + PostgreSQL ${floor.ms.toFixed(3)}); this run spent ${(workerMs + pgMs).toFixed(3)} ms (worker process ${workerMs.toFixed(3)} + PostgreSQL ${pgMs.toFixed(3)})`
+    `phase 5: PostgreSQL's writes for one delivery (lease update, settle update, attempt row, audit row; batches of ${FLOOR_BATCH} in one PL/pgSQL loop, no client): ${
+      floor.ms.toFixed(3)
+    } ms ${floor.cpu ? "CPU" : "wall"} per delivery over ${floor.rows} rows. At 30 % of the bare loop (${
+      (0.3 * bare).toFixed(0)
+    }/s) ${cores} cores give ${budgetMs.toFixed(3)} ms CPU per delivery; the floor is ${
+      floorMs.toFixed(3)
+    } ms (HTTP exchange ${httpMs.toFixed(3)} + signatures ${signMs.toFixed(3)} + PostgreSQL ${
+      floor.ms.toFixed(3)
+    }); this run spent ${(workerMs + pgMs).toFixed(3)} ms (worker process ${workerMs.toFixed(3)} + PostgreSQL ${
+      pgMs.toFixed(3)
+    })`
   )
   yield* print(
-    `summary: deliveries/s ${throughput.toFixed(0)} | p50 ${percentile(sorted, 50).toFixed(1)} ms | p99 ${percentile(sorted, 99).toFixed(1)} ms | peak RSS ${mib(peakRss)} MiB | bare ${bare.toFixed(0)}/s | ratio ${(throughput / bare).toFixed(2)} | SafeHttp alone ${safeHttpRate.toFixed(0)}/s | budget at 0.30 ${budgetMs.toFixed(3)} ms | floor ${floorMs.toFixed(3)} ms | spent ${(workerMs + pgMs).toFixed(3)} ms`
+    `summary: deliveries/s ${throughput.toFixed(0)} | p50 ${percentile(sorted, 50).toFixed(1)} ms | p99 ${
+      percentile(sorted, 99).toFixed(1)
+    } ms | peak RSS ${mib(peakRss)} MiB | bare ${bare.toFixed(0)}/s | ratio ${
+      (throughput / bare).toFixed(2)
+    } | SafeHttp alone ${safeHttpRate.toFixed(0)}/s | budget at 0.30 ${budgetMs.toFixed(3)} ms | floor ${
+      floorMs.toFixed(3)
+    } ms | spent ${(workerMs + pgMs).toFixed(3)} ms`
   )
   yield* Fiber.interrupt(sampler)
 })

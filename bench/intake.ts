@@ -42,10 +42,22 @@
  *   while timed, one line each to stderr;
  * - `BENCH_HEAPSNAPSHOT=<file>` (Node): a heap snapshot after the timed part, after a full GC.
  */
-import { SqlClient } from "@effect/sql"
 import * as Socket from "@effect/platform/Socket"
-import { Context, Duration, Effect, Layer, Logger, LogLevel, Metric, type MetricPair, MetricState, Redacted, Tracer } from "effect"
-import { fork, type ChildProcess } from "node:child_process"
+import { SqlClient } from "@effect/sql"
+import {
+  Context,
+  Duration,
+  Effect,
+  Layer,
+  Logger,
+  LogLevel,
+  Metric,
+  type MetricPair,
+  MetricState,
+  Redacted,
+  Tracer
+} from "effect"
+import { type ChildProcess, fork } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
@@ -55,25 +67,25 @@ import * as V8 from "node:v8"
 import pg from "pg"
 import { WebSocket as WsClient } from "ws"
 import * as App from "../src/layers/App.js"
-import * as Config from "../src/services/platform/Config.js"
-import { FirehookConfig } from "../src/services/platform/Config.js"
+import { validateWhRecord } from "../src/schemas/WhRecord.js"
 import * as CursorStore from "../src/services/intake/CursorStore.js"
-import * as Database from "../src/services/platform/Database.js"
-import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
 import * as Intake from "../src/services/intake/Intake.js"
 import * as Outbox from "../src/services/matching/Outbox.js"
 import * as PriorRefsStore from "../src/services/matching/PriorRefsStore.js"
 import * as ProcessorModule from "../src/services/matching/Processor.js"
 import { Processor, type ProcessorShape } from "../src/services/matching/Processor.js"
+import * as Config from "../src/services/platform/Config.js"
+import { FirehookConfig } from "../src/services/platform/Config.js"
+import * as Database from "../src/services/platform/Database.js"
+import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
+import { Tx } from "../src/services/platform/Persistence.js"
 import { Registry, toRow } from "../src/services/registry/Registry.js"
 import * as RegistryModule from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
 import type { WebhookRow } from "../src/services/registry/RegistryStore.js"
-import { Tx } from "../src/services/platform/Persistence.js"
-import { validateWhRecord } from "../src/schemas/WhRecord.js"
 import {
-  type FrameSet,
   benchConfig,
+  type FrameSet,
   machine,
   makeFrames,
   makeWebhooks,
@@ -155,8 +167,7 @@ const runChild = async (params: ChildParams): Promise<void> => {
     send({
       type: "subscribed",
       subs: server.subscribed().map((s) => ({ collections: s.collections ?? null, dids: s.dids ?? null }))
-    })
-  )
+    }))
   process.on("message", (m: ToChild) => {
     if (m.type === "release") server.release(m.upTo)
     else if (m.type === "seed") {
@@ -267,7 +278,7 @@ const withAdmin = <A>(adminUrl: string, f: (c: pg.Client) => Promise<A>) =>
   })
 
 /** A fresh database on DATABASE_URL's server (dropped afterwards), or an embedded PostgreSQL. */
-const benchDatabase = Effect.gen(function* () {
+const benchDatabase = Effect.gen(function*() {
   const name = `fh_bench_${randomBytes(6).toString("hex")}`
   const external = process.env["DATABASE_URL"]
   if (external !== undefined && external.length > 0) {
@@ -338,7 +349,9 @@ const seedRows = async (url: string, rows: ReadonlyArray<WebhookRow>): Promise<n
         [JSON.stringify(chunk)]
       )
     }
-    await client.query(`INSERT INTO owners (did, generation) SELECT DISTINCT owner_did, 1 FROM webhooks ON CONFLICT DO NOTHING`)
+    await client.query(
+      `INSERT INTO owners (did, generation) SELECT DISTINCT owner_did, 1 FROM webhooks ON CONFLICT DO NOTHING`
+    )
     return rows.length
   } finally {
     await client.end()
@@ -445,17 +458,29 @@ const startMemLog = (): Effect.Effect<() => void> =>
   Effect.promise(async () => {
     const every = Number(process.env["BENCH_MEMLOG"] ?? 0)
     if (!(every > 0)) return () => {}
-    type JscStats = { readonly heapSize: number; readonly heapCapacity: number; readonly extraMemorySize: number; readonly objectCount: number }
-    const jsc: (() => JscStats) | undefined =
-      process.versions["bun"] === undefined ? undefined : ((await import("bun:jsc" as string)) as { heapStats: () => JscStats }).heapStats
+    type JscStats = {
+      readonly heapSize: number
+      readonly heapCapacity: number
+      readonly extraMemorySize: number
+      readonly objectCount: number
+    }
+    const jsc: (() => JscStats) | undefined = process.versions["bun"] === undefined
+      ? undefined
+      : ((await import("bun:jsc" as string)) as { heapStats: () => JscStats }).heapStats
     const t0 = performance.now()
     const timer = setInterval(() => {
       const m = process.memoryUsage()
       const j = jsc?.()
       process.stderr.write(
-        `mem ${((performance.now() - t0) / 1000).toFixed(1)}s rss ${mib(m.rss)} heapUsed ${mib(m.heapUsed)} heapTotal ${mib(m.heapTotal)} ` +
+        `mem ${((performance.now() - t0) / 1000).toFixed(1)}s rss ${mib(m.rss)} heapUsed ${mib(m.heapUsed)} heapTotal ${
+          mib(m.heapTotal)
+        } ` +
           `external ${mib(m.external)} arrayBuffers ${mib(m.arrayBuffers)}` +
-          (j === undefined ? "" : ` jsc heap ${mib(j.heapSize)} capacity ${mib(j.heapCapacity)} extra ${mib(j.extraMemorySize)} objects ${j.objectCount}`) +
+          (j === undefined
+            ? ""
+            : ` jsc heap ${mib(j.heapSize)} capacity ${mib(j.heapCapacity)} extra ${
+              mib(j.extraMemorySize)
+            } objects ${j.objectCount}`) +
           "\n"
       )
     }, every)
@@ -497,13 +522,21 @@ const stage = (name: string) =>
       for (const line of Fs.readFileSync("/proc/self/smaps", "utf8").split("\n")) {
         const head = /^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$/.exec(line)
         if (head !== null) current = head[1] === undefined || head[1] === "" ? "[anon]" : head[1]
-        else if (line.startsWith("Rss:")) sizes.set(current, (sizes.get(current) ?? 0) + Number(line.split(/\s+/)[1]) * 1024)
+        else if (line.startsWith("Rss:")) {
+          sizes.set(current, (sizes.get(current) ?? 0) + Number(line.split(/\s+/)[1]) * 1024)
+        }
       }
-      console.log(`  smaps: ${[...sizes.entries()].sort((a, b) => b[1] - a[1]).slice(0, 6).map(([k, v]) => `${k} ${mib(v)}`).join(", ")}`)
+      console.log(`  smaps: ${
+        [...sizes.entries()].sort((a, b) => b[1] - a[1]).slice(0, 6).map(([k, v]) =>
+          `${k} ${mib(v)}`
+        ).join(", ")
+      }`)
     }
     const h = V8.getHeapStatistics()
     console.log(
-      `stage ${name}: rss ${mib(m.rss)} MiB, heap used ${mib(m.heapUsed)} of ${mib(m.heapTotal)} MiB, external ${mib(m.external)} MiB, ` +
+      `stage ${name}: rss ${mib(m.rss)} MiB, heap used ${mib(m.heapUsed)} of ${mib(m.heapTotal)} MiB, external ${
+        mib(m.external)
+      } MiB, ` +
         `v8 malloced ${mib(h.malloced_memory)} (peak ${mib(h.peak_malloced_memory)}) MiB`
     )
   })
@@ -533,7 +566,7 @@ interface Backend {
 
 /** PostgreSQL: seed the webhook rows, then build the real matching layer (the registry loads). */
 const sqlBackend = (child: ChildHandle, url: string, where: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const version = (yield* sql<{ server_version: string }>`SHOW server_version`)[0]?.server_version ?? "?"
     yield* stage("database connected")
@@ -557,13 +590,13 @@ const sqlBackend = (child: ChildHandle, url: string, where: string) =>
         return r === undefined
           ? undefined
           : {
-              outbox: Number(r.outbox),
-              direct: Number(r.direct),
-              backlink: Number(r.backlink),
-              bodies: Number(r.bodies),
-              prior: Number(r.prior),
-              quarantine: Number(r.quarantine)
-            }
+            outbox: Number(r.outbox),
+            direct: Number(r.direct),
+            backlink: Number(r.backlink),
+            bodies: Number(r.bodies),
+            prior: Number(r.prior),
+            quarantine: Number(r.quarantine)
+          }
       }),
       Effect.orDie
     )
@@ -578,7 +611,7 @@ const sqlBackend = (child: ChildHandle, url: string, where: string) =>
 
 /** BENCH_STORES=memory: the same pipeline on the in-memory stores (no PostgreSQL at all). */
 const memoryBackend = (population: WebhookPopulation) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const seedStart = performance.now()
     const store = yield* RegistryStore.makeMemory
     for (const row of webhookRows(population)) yield* store.upsert(row)
@@ -599,7 +632,15 @@ const memoryBackend = (population: WebhookPopulation) =>
       )
     )
     const loadMs = performance.now() - loadStart
-    const backend: Backend = { where: "none: in-memory stores (BENCH_STORES=memory)", version: "-", seedMs, loadMs, matching, counts: Effect.succeed(undefined), serverPids: Effect.succeed([]) }
+    const backend: Backend = {
+      where: "none: in-memory stores (BENCH_STORES=memory)",
+      version: "-",
+      seedMs,
+      loadMs,
+      matching,
+      counts: Effect.succeed(undefined),
+      serverPids: Effect.succeed([])
+    }
     return backend
   })
 
@@ -610,15 +651,22 @@ const noopProcessor = (real: ProcessorShape): ProcessorShape => ({
     (options.finalize ?? Effect.void).pipe(Effect.as({ outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }))
 })
 
-const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookConfigShape, rss: ReturnType<typeof startRssSampler>) =>
-  Effect.gen(function* () {
+const measure = (
+  backend: Backend,
+  child: ChildHandle,
+  config: Config.FirehookConfigShape,
+  rss: ReturnType<typeof startRssSampler>
+) =>
+  Effect.gen(function*() {
     const ready = child.ready
     const window = config.intake.queueMax
     const { matching } = backend
     const registry = Context.get(matching, Registry)
     const regStats = yield* registry.stats
     if (regStats.active !== ready.webhooks) {
-      return yield* Effect.dieMessage(`registry loaded ${regStats.active} of ${ready.webhooks} webhooks (${JSON.stringify(regStats)})`)
+      return yield* Effect.dieMessage(
+        `registry loaded ${regStats.active} of ${ready.webhooks} webhooks (${JSON.stringify(regStats)})`
+      )
     }
 
     // time every batch as the intake sees it
@@ -638,7 +686,13 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
           return real.processEvents(batch, options).pipe(
             Effect.tap(() =>
               Effect.sync(() => {
-                if (timing) timings.push({ ms: performance.now() - start, events: batch.length, stream: batch[0]?.stream ?? options.cursor?.stream ?? "-" })
+                if (timing) {
+                  timings.push({
+                    ms: performance.now() - start,
+                    events: batch.length,
+                    stream: batch[0]?.stream ?? options.cursor?.stream ?? "-"
+                  })
+                }
                 if (options.cursor?.stream === "backlink") onBacklinkCommit(options.cursor.cursor)
                 else if (options.cursor?.stream === "direct") onDirectCommit(options.cursor.cursor)
               })
@@ -650,16 +704,18 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
       Effect.provide(Context.add(matching, Processor, timed)),
       Effect.provideService(FirehookConfig, config)
     )
-    const run =
-      typeof globalThis.WebSocket === "function"
-        ? intake.run
-        : intake.run.pipe(
-            Effect.provideService(Socket.WebSocketConstructor, (url) => new WsClient(url) as unknown as globalThis.WebSocket)
-          )
+    const run = typeof globalThis.WebSocket === "function"
+      ? intake.run
+      : intake.run.pipe(
+        Effect.provideService(
+          Socket.WebSocketConstructor,
+          (url) => new WsClient(url) as unknown as globalThis.WebSocket
+        )
+      )
     yield* Effect.forkScoped(run)
 
     // the three streams subscribed (their hello reached the server)
-    for (let i = 0; ; i++) {
+    for (let i = 0;; i++) {
       const subs = child.subs()
       const registryS = subs.some((s) => s.collections === 1)
       const directS = subs.some((s) => (s.dids ?? 0) > 0)
@@ -673,7 +729,8 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     const rssBeforeTiming = rss.sample()
     const lastTimeUs = BigInt(ready.t0 + (ready.events - 1) * ready.stepUs)
     const lastDirect = ready.lastDirectTimeUs === null ? undefined : BigInt(ready.lastDirectTimeUs)
-    const cursorOf = (s: Intake.IntakeStats, name: string) => s.streams.find((x) => x.name === name)?.state.durableCursor
+    const cursorOf = (s: Intake.IntakeStats, name: string) =>
+      s.streams.find((x) => x.name === name)?.state.durableCursor
     const statsBefore = yield* intake.stats
     const batchesBefore = statsBefore.streams.reduce((n, x) => n + x.state.batches, 0)
     const loadAtStart = Os.loadavg()[0]?.toFixed(2) ?? "?"
@@ -692,7 +749,9 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     let backlinkDoneAt: number | undefined
     let directDoneAt: number | undefined = lastDirect === undefined ? start : undefined
     let backlinkCursor = -1n
-    const committedOf = (cursor: bigint) => (cursor < BigInt(ready.t0) ? 0 : Number(cursor - BigInt(ready.t0)) / ready.stepUs + 1)
+    const committedOf = (
+      cursor: bigint
+    ) => (cursor < BigInt(ready.t0) ? 0 : Number(cursor - BigInt(ready.t0)) / ready.stepUs + 1)
     const releaseFor = (cursor: bigint) => {
       if (cursor <= backlinkCursor) return
       backlinkCursor = cursor
@@ -707,7 +766,9 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     }
     onBacklinkCommit = releaseFor
     onDirectCommit = (cursor) => {
-      if (directDoneAt === undefined && lastDirect !== undefined && cursor >= lastDirect) directDoneAt = performance.now()
+      if (directDoneAt === undefined && lastDirect !== undefined && cursor >= lastDirect) {
+        directDoneAt = performance.now()
+      }
     }
     // a watchdog: the durable cursors (in case a commit came without a cursor) and stalls
     for (;;) {
@@ -718,7 +779,9 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
       if (di !== undefined) onDirectCommit(di)
       if (backlinkDoneAt !== undefined && directDoneAt !== undefined) break
       if (performance.now() - lastProgressAt > 60_000) {
-        return yield* Effect.dieMessage(`no progress for 60 s: ${JSON.stringify(s, (_, v) => (typeof v === "bigint" ? v.toString() : v))}`)
+        return yield* Effect.dieMessage(
+          `no progress for 60 s: ${JSON.stringify(s, (_, v) => (typeof v === "bigint" ? v.toString() : v))}`
+        )
       }
       yield* Effect.sleep(Duration.millis(10))
     }
@@ -749,7 +812,10 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     const pairs = yield* Metric.snapshot
     const committedByStream = counterByTag(pairs, "firehook_intake_events_total", "stream")
     const outcomes = counterByTag(pairs, "firehook_events_processed_total", "outcome")
-    const insertedMetric = Object.values(counterByTag(pairs, "firehook_outbox_rows_inserted_total", "-")).reduce((a, b) => a + b, 0)
+    const insertedMetric = Object.values(counterByTag(pairs, "firehook_outbox_rows_inserted_total", "-")).reduce(
+      (a, b) => a + b,
+      0
+    )
     const outboxRows = counts?.outbox ?? insertedMetric
 
     const ms = timings.map((t) => t.ms)
@@ -779,15 +845,23 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
       (runtimeFlags.length === 0 ? "" : ` [${runtimeFlags.join(" ")}]`)
     const mode = noop ? " [BENCH_PROCESSOR=noop]" : ""
 
-    console.log(`machine:        ${machine()}; 1-min load average ${loadAtStart} when timing started (other work on the machine skews the figures)`)
+    console.log(
+      `machine:        ${machine()}; 1-min load average ${loadAtStart} when timing started (other work on the machine skews the figures)`
+    )
     console.log(`postgresql:     ${backend.version} (${backend.where})`)
     console.log(
       `webhooks:       ${regStats.active} active (${ready.owners} owners), ${regStats.directDids} wanted DIDs, ` +
-        `${regStats.backlinkDids} backlink DIDs; seeded in ${backend.seedMs.toFixed(0)} ms, registry loaded in ${backend.loadMs.toFixed(0)} ms`
+        `${regStats.backlinkDids} backlink DIDs; seeded in ${backend.seedMs.toFixed(0)} ms, registry loaded in ${
+          backend.loadMs.toFixed(0)
+        } ms`
     )
     console.log(
-      `workload:       ${ready.events} commit frames (${mib(ready.bytes)} MiB of JSON, generated in ${ready.generateMs.toFixed(0)} ms ` +
-        `before timing): direct ${pct(c.direct)}, with references ${pct(c.withRefs)} (${c.refsToBacklinkScopes} to backlink scopes); ` +
+      `workload:       ${ready.events} commit frames (${mib(ready.bytes)} MiB of JSON, generated in ${
+        ready.generateMs.toFixed(0)
+      } ms ` +
+        `before timing): direct ${pct(c.direct)}, with references ${
+          pct(c.withRefs)
+        } (${c.refsToBacklinkScopes} to backlink scopes); ` +
         `create ${c.creates} / update ${c.updates} / delete ${c.deletes} (${c.deletesOfReferencingRecords} of referencing records)`
     )
     console.log(
@@ -796,21 +870,27 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     )
     console.log(
       `time:           ${sec.toFixed(2)} s until the backlink and direct durable cursors reached their last frames ` +
-        `(the backlink stream's at ${backlinkDoneAt === undefined ? "-" : ((backlinkDoneAt - start) / 1000).toFixed(2)} s)`
+        `(the backlink stream's at ${
+          backlinkDoneAt === undefined ? "-" : ((backlinkDoneAt - start) / 1000).toFixed(2)
+        } s)`
     )
     console.log(
       `throughput:     ${eventsPerSec} events/s, ${batchesPerSec} batches/s ` +
-        `(${byStream("backlink").length} backlink, ${byStream("direct").length} direct batches; mean ${meanSize.toFixed(1)} events/batch)`
+        `(${byStream("backlink").length} backlink, ${byStream("direct").length} direct batches; mean ${
+          meanSize.toFixed(1)
+        } events/batch)`
     )
     console.log(
-      `batch commit:   p50 ${p50.toFixed(2)} ms, p99 ${p99.toFixed(2)} ms, max ${max.toFixed(2)} ms; direct stream max ${directMax.toFixed(0)} ms ` +
+      `batch commit:   p50 ${p50.toFixed(2)} ms, p99 ${p99.toFixed(2)} ms, max ${
+        max.toFixed(2)
+      } ms; direct stream max ${directMax.toFixed(0)} ms ` +
         `(Processor.processEvents incl. its lock wait, ${ms.length} batches)`
     )
     console.log(
       counts === undefined
         ? `outbox:         ${outboxRows} rows (firehook_outbox_rows_inserted_total), ${rowsPerSec} rows/s`
         : `outbox:         ${outboxRows} rows (direct ${counts.direct}, backlink ${counts.backlink}), ${rowsPerSec} rows/s; ` +
-            `${counts.bodies} event bodies, ${counts.prior} prior-ref rows, ${counts.quarantine} quarantined`
+          `${counts.bodies} event bodies, ${counts.prior} prior-ref rows, ${counts.quarantine} quarantined`
     )
     console.log(
       `committed:      ${Object.entries(committedByStream).map(([k, v]) => `${k} ${v}`).join(", ")} events ` +
@@ -821,16 +901,22 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
       `cpu:            firehook ${((cpu.user + cpu.system) / 1000 / elapsedMs).toFixed(2)} cores ` +
         `(${((cpu.user + cpu.system) / ready.events).toFixed(1)} µs of CPU per event), ` +
         `jetstream child ${(childCpu / elapsedMs).toFixed(2)} cores` +
-        (pgCpu === undefined ? "" : `, postgres (this database's backends + background) ${(pgCpu / elapsedMs).toFixed(2)} cores`) +
+        (pgCpu === undefined
+          ? ""
+          : `, postgres (this database's backends + background) ${(pgCpu / elapsedMs).toFixed(2)} cores`) +
         ` (of ${cores})`
     )
     console.log(
-      `memory:         rss peak ${mib(peak)} MiB (${mib(rssBeforeTiming)} MiB before timing, ${mib(windowRss)} MiB peak while timed), ` +
+      `memory:         rss peak ${mib(peak)} MiB (${mib(rssBeforeTiming)} MiB before timing, ${
+        mib(windowRss)
+      } MiB peak while timed), ` +
         `heap used now ${mib(mem.heapUsed)} of ${mib(mem.heapTotal)} MiB, external ${mib(mem.external)} MiB`
     )
     console.log(`reconnects:     ${reconnects}`)
     const met = (ok: boolean) => (ok ? "met" : "MISSED")
-    console.log(`targets:        ≥ 20,000 events/s ${met(eventsPerSec >= 20_000)}; rss < 300 MiB ${met(peak < 300 * 1024 * 1024)}`)
+    console.log(
+      `targets:        ≥ 20,000 events/s ${met(eventsPerSec >= 20_000)}; rss < 300 MiB ${met(peak < 300 * 1024 * 1024)}`
+    )
     if (process.env["BENCH_DEBUG"] === "1") {
       const slow = timings.map((t, i) => ({ ...t, i })).sort((a, b) => b.ms - a.ms).slice(0, 8)
       console.log("slowest batches:", slow.map((t) => `#${t.i} ${t.stream}:${t.events}:${t.ms.toFixed(1)}ms`).join(" "))
@@ -838,7 +924,11 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
     if (spanTotals.size > 0) {
       console.log(`spans (BENCH_TRACE, ms summed over the timed ${elapsedMs.toFixed(0)} ms; nested spans overlap):`)
       for (const [k, v] of [...spanTotals.entries()].sort((a, b) => b[1].ms - a[1].ms)) {
-        console.log(`  ${v.ms.toFixed(0).padStart(7)} ms ${String(v.n).padStart(7)}× ${(v.ms / v.n).toFixed(3).padStart(8)} ms  ${k}`)
+        console.log(
+          `  ${v.ms.toFixed(0).padStart(7)} ms ${String(v.n).padStart(7)}× ${
+            (v.ms / v.n).toFixed(3).padStart(8)
+          } ms  ${k}`
+        )
       }
     }
     console.log(
@@ -849,7 +939,7 @@ const measure = (backend: Backend, child: ChildHandle, config: Config.FirehookCo
   })
 
 const bench = (events: number, refsShare: number) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* stage("modules loaded")
     const rss = startRssSampler(20)
     yield* Effect.addFinalizer(() => Effect.sync(() => rss.stop()))
@@ -861,13 +951,20 @@ const bench = (events: number, refsShare: number) =>
       const v = process.env[k]
       if (v !== undefined && v.length > 0) tuning[k] = v
     }
-    const config = benchConfig({ ...tuning, NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: child.ready.url })
+    const config = benchConfig({
+      ...tuning,
+      NODE_ENV: "test",
+      WEBHOOK_ALLOW_INSECURE_DEV: "1",
+      JETSTREAM_URL: child.ready.url
+    })
     if (process.env["BENCH_STORES"] === "memory") {
-      const backend = yield* memoryBackend(makeWebhooks(WEBHOOKS, SEED)).pipe(Effect.provideService(FirehookConfig, config))
+      const backend = yield* memoryBackend(makeWebhooks(WEBHOOKS, SEED)).pipe(
+        Effect.provideService(FirehookConfig, config)
+      )
       return yield* measure(backend, child, config, rss)
     }
     const db = yield* benchDatabase
-    return yield* Effect.gen(function* () {
+    return yield* Effect.gen(function*() {
       const backend = yield* sqlBackend(child, Redacted.value(db.url), db.where)
       return yield* measure(backend, child, config, rss)
     }).pipe(Effect.provide(Layer.merge(Database.layerUrl(db.url), Config.layerValue(config))))

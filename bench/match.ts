@@ -12,12 +12,12 @@
  *   the rest are plain posts/likes/follows from unwatched DIDs with no references.
  * A warm-up pass runs first, then the timed pass (process.hrtime.bigint).
  */
-import { matchEvent } from "../src/services/matching/Match.js"
-import { extractReferences } from "../src/services/matching/References.js"
-import { type ActiveWebhook, makeActiveWebhook, WebhookIndex } from "../src/services/matching/WebhookIndex.js"
 import { parseScopeUri } from "../src/schemas/AtUri.js"
 import type { Operation, RecordEvent } from "../src/schemas/RecordEvent.js"
 import type { WhRecord } from "../src/schemas/WhRecord.js"
+import { matchEvent } from "../src/services/matching/Match.js"
+import { extractReferences } from "../src/services/matching/References.js"
+import { type ActiveWebhook, makeActiveWebhook, WebhookIndex } from "../src/services/matching/WebhookIndex.js"
 import { plc } from "./support.js"
 
 const mib = (n: number): string => (n / 1024 / 1024).toFixed(1)
@@ -84,14 +84,13 @@ for (let i = 0; i < WEBHOOKS; i++) {
   const r = rand()
   const collection = pick(COLLECTIONS)
   const rkey = tid(5_000_000 + i)
-  const aturi =
-    r < 0.4
-      ? `at://${scopeDid}`
-      : r < 0.65
-      ? `at://${scopeDid}/${collection}`
-      : r < 0.8
-      ? `at://${scopeDid}/${pick(GLOBS)}`
-      : `at://${scopeDid}/${collection}/${rkey}`
+  const aturi = r < 0.4
+    ? `at://${scopeDid}`
+    : r < 0.65
+    ? `at://${scopeDid}/${collection}`
+    : r < 0.8
+    ? `at://${scopeDid}/${pick(GLOBS)}`
+    : `at://${scopeDid}/${collection}/${rkey}`
   const backlinks = rand() < 0.1
   const record: WhRecord = {
     $type: "place.wisp.v2.wh",
@@ -178,7 +177,11 @@ const referencingRecord = (n: number): unknown => {
       createdAt: "2024-05-01T12:00:00.000Z"
     }
   }
-  return { $type: "app.bsky.feed.like", subject: { uri: subjectUri, cid: "bafysubject" }, createdAt: "2024-05-01T12:00:00.000Z" }
+  return {
+    $type: "app.bsky.feed.like",
+    subject: { uri: subjectUri, cid: "bafysubject" },
+    createdAt: "2024-05-01T12:00:00.000Z"
+  }
 }
 
 const events: Array<RecordEvent> = []
@@ -256,7 +259,9 @@ console.log(
     `index heap ≈ ${mib(indexHeap)} MiB${gc === undefined ? " (approximate: run with --expose-gc)" : ""}`
 )
 console.log(`events:          ${events.length} (warm-up + 3 timed passes; best and median shown)`)
-console.log(`time:            best ${(Number(r.ns) / 1e6).toFixed(1)} ms, median ${(Number(median.ns) / 1e6).toFixed(1)} ms`)
+console.log(
+  `time:            best ${(Number(r.ns) / 1e6).toFixed(1)} ms, median ${(Number(median.ns) / 1e6).toFixed(1)} ms`
+)
 console.log(`throughput:      best ${rate(r)} events/s, median ${rate(median)} events/s`)
 console.log(
   `matches:         ${r.matches} (direct ${r.direct}, backlink ${r.backlink}) in ${r.eventsWithMatch} events; ` +

@@ -30,13 +30,15 @@ const benches = ["match.ts", "intake.ts", "delivery.ts"].filter((f) => Fs.exists
 const run = (file: string) =>
   new Promise<{ readonly code: number | null; readonly output: string }>((resolve) => {
     const script = [Path.join(dir, file), ...(n !== undefined && file !== "match.ts" ? [n] : [])]
-    const child =
-      runtime === "bun"
-        ? spawn(bun, script, {
-          stdio: ["ignore", "pipe", "inherit"],
-          env: { BUN_JSC_heapGrowthMaxIncrease: "1", ...process.env }
-        })
-        : spawn(process.execPath, ["--import", "tsx", ...script], { stdio: ["ignore", "pipe", "inherit"], env: process.env })
+    const child = runtime === "bun"
+      ? spawn(bun, script, {
+        stdio: ["ignore", "pipe", "inherit"],
+        env: { BUN_JSC_heapGrowthMaxIncrease: "1", ...process.env }
+      })
+      : spawn(process.execPath, ["--import", "tsx", ...script], {
+        stdio: ["ignore", "pipe", "inherit"],
+        env: process.env
+      })
     let output = ""
     child.stdout.on("data", (d: Buffer) => {
       process.stdout.write(d)
@@ -95,7 +97,9 @@ const machine = [
   `${cpu.length} × ${cpu[0]?.model.trim() ?? "unknown CPU"}`,
   `${(Os.totalmem() / 2 ** 30).toFixed(0)} GiB RAM`,
   `${Os.type()} ${Os.release()}`,
-  runtime === "bun" ? `bun (${bunVersion()}, BUN_JSC_heapGrowthMaxIncrease=1 as in npm start)` : `node ${process.version} with tsx`,
+  runtime === "bun"
+    ? `bun (${bunVersion()}, BUN_JSC_heapGrowthMaxIncrease=1 as in npm start)`
+    : `node ${process.version} with tsx`,
   process.env["DATABASE_URL"] === undefined ? "embedded PostgreSQL" : "PostgreSQL from DATABASE_URL"
 ].join(", ")
 
@@ -103,22 +107,40 @@ const report = [
   BEGIN,
   "## Latest `npm run bench`",
   "",
-  `- Date: ${started.toISOString().slice(0, 16).replace("T", " ")} UTC; command: \`npm run bench${n === undefined ? "" : ` -- ${n}`}\``,
+  `- Date: ${started.toISOString().slice(0, 16).replace("T", " ")} UTC; command: \`npm run bench${
+    n === undefined ? "" : ` -- ${n}`
+  }\``,
   `- Machine: ${machine}`,
-  `- Load average (1 min) at start / end: ${startLoad.toFixed(1)} / ${endLoad.toFixed(1)} (other work on the machine lowers every figure)`,
+  `- Load average (1 min) at start / end: ${startLoad.toFixed(1)} / ${
+    endLoad.toFixed(1)
+  } (other work on the machine lowers every figure)`,
   failed === 0 ? "- Every benchmark completed." : `- ${failed} benchmark(s) failed; their figures are missing.`,
   "",
   "| figure | this run | target | |",
   "|---|---|---|---|",
   `| match: events/s against 10,000 webhooks, in memory | ${fmt(matchRate)} | – | |`,
-  `| intake: events/s (Jetstream → outbox, PostgreSQL) | ${fmt(intakeRate)} | ≥ 20,000 | ${verdict(intakeRate === undefined ? undefined : intakeRate >= 20_000)} |`,
-  `| intake: peak RSS | ${fmt(intakeRss, 1)} MiB | < 300 MiB | ${verdict(intakeRss === undefined ? undefined : intakeRss < 300)} |`,
-  `| delivery: deliveries/s | ${fmt(deliveryRate)} | ≥ 3,000 | ${verdict(deliveryRate === undefined ? undefined : deliveryRate >= 3_000)} |`,
-  `| delivery: bare loop, same concurrency (the faster of node:http and fetch; the limit) | ${fmt(bare)} requests/s | – | |`,
-  `| delivery: ratio to the bare loop | ${fmt(ratio, 2)} | ≥ 0.30 | ${verdict(ratio === undefined ? undefined : ratio >= 0.3)} |`,
-  `| delivery: p99 enqueue → first attempt at 500/s | ${fmt(deliveryP99, 1)} ms | < 100 ms | ${verdict(deliveryP99 === undefined ? undefined : deliveryP99 < 100)} |`,
+  `| intake: events/s (Jetstream → outbox, PostgreSQL) | ${fmt(intakeRate)} | ≥ 20,000 | ${
+    verdict(intakeRate === undefined ? undefined : intakeRate >= 20_000)
+  } |`,
+  `| intake: peak RSS | ${fmt(intakeRss, 1)} MiB | < 300 MiB | ${
+    verdict(intakeRss === undefined ? undefined : intakeRss < 300)
+  } |`,
+  `| delivery: deliveries/s | ${fmt(deliveryRate)} | ≥ 3,000 | ${
+    verdict(deliveryRate === undefined ? undefined : deliveryRate >= 3_000)
+  } |`,
+  `| delivery: bare loop, same concurrency (the faster of node:http and fetch; the limit) | ${
+    fmt(bare)
+  } requests/s | – | |`,
+  `| delivery: ratio to the bare loop | ${fmt(ratio, 2)} | ≥ 0.30 | ${
+    verdict(ratio === undefined ? undefined : ratio >= 0.3)
+  } |`,
+  `| delivery: p99 enqueue → first attempt at 500/s | ${fmt(deliveryP99, 1)} ms | < 100 ms | ${
+    verdict(deliveryP99 === undefined ? undefined : deliveryP99 < 100)
+  } |`,
   `| delivery: CPU per delivery the cores allow at ratio 0.30 | ${fmt(budget, 3)} ms | – | |`,
-  `| delivery: its floor (bare HTTP exchange + signatures + PostgreSQL's writes without a client) | ${fmt(floor, 3)} ms | – | |`,
+  `| delivery: its floor (bare HTTP exchange + signatures + PostgreSQL's writes without a client) | ${
+    fmt(floor, 3)
+  } ms | – | |`,
   `| delivery: CPU per delivery spent in this run (worker process + PostgreSQL) | ${fmt(spent, 3)} ms | – | |`,
   "",
   "Summary lines as printed:",
@@ -138,10 +160,9 @@ if (process.env["BENCH_NO_REPORT"] !== "1") {
   else {
     // first report: after the introduction, before the first benchmark section
     const firstSection = current.indexOf("\n## ")
-    next =
-      firstSection < 0
-        ? `${current.trimEnd()}\n\n${report}\n`
-        : `${current.slice(0, firstSection + 1)}${report}\n\n${current.slice(firstSection + 1)}`
+    next = firstSection < 0
+      ? `${current.trimEnd()}\n\n${report}\n`
+      : `${current.slice(0, firstSection + 1)}${report}\n\n${current.slice(firstSection + 1)}`
   }
   Fs.writeFileSync(reportFile, next)
   console.log(`\nreport written to docs/benchmarks.md`)

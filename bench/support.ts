@@ -6,8 +6,8 @@
  * Jetstream child) build the same webhooks without exchanging them.
  */
 import { ConfigProvider, Effect } from "effect"
-import * as Os from "node:os"
 import type { IncomingMessage } from "node:http"
+import * as Os from "node:os"
 import { type WebSocket, WebSocketServer } from "ws"
 import * as Config from "../src/services/platform/Config.js"
 import { plc } from "../test/matching/fixtures.js"
@@ -28,7 +28,7 @@ export const benchConfig = (env: Record<string, string>): Config.FirehookConfigS
 // randomness and identifiers
 
 /** mulberry32: a small seeded PRNG returning floats in [0, 1). */
-export const makeRng = (seed: number): (() => number) => {
+export const makeRng = (seed: number): () => number => {
   let s = seed | 0
   return () => {
     s = (s + 0x6d2b79f5) | 0
@@ -299,7 +299,9 @@ export const makeFrames = (population: WebhookPopulation, o: WorkloadOptions): F
       const target = toScope ? pick(targets) : undefined
       const targetDid = target?.scopeDid ?? plc(60_000_000 + n)
       const subjectCollection = target?.collections?.[0] ?? "app.bsky.feed.post"
-      const subject = target?.scopeRkey !== undefined ? target.aturi : `at://${targetDid}/${subjectCollection}/${tidN(n)}`
+      const subject = target?.scopeRkey !== undefined
+        ? target.aturi
+        : `at://${targetDid}/${subjectCollection}/${tidN(n)}`
       rkey = tidN(30_000_000 + n)
       const shape = rand()
       if (shape < 0.5) {
@@ -330,7 +332,9 @@ export const makeFrames = (population: WebhookPopulation, o: WorkloadOptions): F
       const op = rand()
       if (op < 0.05) {
         operation = "delete"
-        const prior = referencing.length > 0 && rand() < 0.25 ? referencing.splice(Math.floor(rand() * referencing.length), 1)[0] : undefined
+        const prior = referencing.length > 0 && rand() < 0.25
+          ? referencing.splice(Math.floor(rand() * referencing.length), 1)[0]
+          : undefined
         if (prior !== undefined) {
           did = prior.did
           collection = prior.collection
@@ -398,7 +402,9 @@ export interface BenchJetstream {
   /** make frames [0, upTo) available: sent to matching live connections, replayable by cursor */
   readonly release: (upTo: number) => void
   /** the filters of the connections that sent their hello */
-  readonly subscribed: () => ReadonlyArray<{ readonly collections: number | undefined; readonly dids: number | undefined }>
+  readonly subscribed: () => ReadonlyArray<
+    { readonly collections: number | undefined; readonly dids: number | undefined }
+  >
   readonly connections: () => number
   readonly close: () => Promise<void>
 }
@@ -421,7 +427,12 @@ export const startBenchJetstream = (frames: FrameSet, onChange?: () => void): Pr
       (f.collections === undefined || f.collections.has(frames.collections[i] ?? "")) &&
       (f.dids === undefined || f.dids.has(frames.dids[i] ?? ""))
     const indexOf = (cursor: number): number => Math.max(0, Math.ceil((cursor - frames.t0) / frames.stepUs))
-    const wss = new WebSocketServer({ host: "127.0.0.1", port: 0, perMessageDeflate: false, maxPayload: 16 * 1024 * 1024 })
+    const wss = new WebSocketServer({
+      host: "127.0.0.1",
+      port: 0,
+      perMessageDeflate: false,
+      maxPayload: 16 * 1024 * 1024
+    })
     wss.on("connection", (socket: WebSocket, req: IncomingMessage) => {
       const url = new URL(req.url ?? "/", "ws://127.0.0.1")
       const raw = url.searchParams.get("cursor")
@@ -437,7 +448,10 @@ export const startBenchJetstream = (frames: FrameSet, onChange?: () => void): Pr
         const payload: unknown = "payload" in msg ? msg.payload : {}
         const p = typeof payload === "object" && payload !== null ? (payload as Record<string, unknown>) : {}
         const first = conn.filters === undefined
-        const filters: Filters = { collections: asStringSet(p["wantedCollections"]), dids: asStringSet(p["wantedDids"]) }
+        const filters: Filters = {
+          collections: asStringSet(p["wantedCollections"]),
+          dids: asStringSet(p["wantedDids"])
+        }
         conn.filters = filters
         if (first && conn.cursor !== undefined) {
           for (let i = indexOf(conn.cursor); i < released; i++) {

@@ -15,7 +15,7 @@ const cli = join(root, "src", "cli", "main.ts")
 const exe = process.platform === "win32" ? "bun.exe" : "bun"
 
 const findBun = () => {
-  for (let dir = root; ; dir = dirname(dir)) {
+  for (let dir = root;; dir = dirname(dir)) {
     const candidate = join(dir, "node_modules", ".bin", exe)
     if (existsSync(candidate)) return candidate
     if (dirname(dir) === dir) return "bun"
@@ -34,7 +34,9 @@ for (const signal of ["SIGTERM", "SIGHUP"]) {
 }
 
 child.on("error", (err) => {
-  process.stderr.write(`firehook: could not start bun (${err.code ?? "unknown error"}); install the project's dependencies\n`)
+  process.stderr.write(
+    `firehook: could not start bun (${err.code ?? "unknown error"}); install the project's dependencies\n`
+  )
   process.exit(1)
 })
 

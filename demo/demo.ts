@@ -11,6 +11,7 @@
  *
  * Runs under Node ≥ 22 (`node demo/demo.ts`; the `node` devDependency when started by npm).
  */
+import { AtpAgent } from "@atproto/api"
 import { type ChildProcess, spawn } from "node:child_process"
 import { createHmac, randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
@@ -18,7 +19,6 @@ import * as Http from "node:http"
 import * as Net from "node:net"
 import * as Os from "node:os"
 import * as Path from "node:path"
-import { AtpAgent } from "@atproto/api"
 import { Webhook } from "standardwebhooks"
 
 const ROOT = Path.resolve(import.meta.dirname, "..")
@@ -139,7 +139,8 @@ const startReceiver = async (secret: string) => {
     } catch {
       standard = false
     }
-    const wisp = d.headers["x-webhook-signature"] === `sha256=${createHmac("sha256", secret).update(d.body).digest("hex")}`
+    const wisp =
+      d.headers["x-webhook-signature"] === `sha256=${createHmac("sha256", secret).update(d.body).digest("hex")}`
     return { standard, wisp }
   }
   return { url: `http://127.0.0.1:${port}/hook`, got, verify }
@@ -193,7 +194,9 @@ const startFirehook = async (pds: string, plc: string) => {
     exitedEarly
   ])
   const activeWebhooks = async (): Promise<number> => {
-    const body = (await (await fetch(health, { signal: AbortSignal.timeout(2000) })).json()) as { registry?: { active?: number } }
+    const body = (await (await fetch(health, { signal: AbortSignal.timeout(2000) })).json()) as {
+      registry?: { active?: number }
+    }
     return body.registry?.active ?? 0
   }
   return { health, dataDir, activeWebhooks, output: () => output }
@@ -215,7 +218,11 @@ const main = async () => {
   say(`firehook is live: ${firehook.health}`)
 
   const agent = new AtpAgent({ service: net.pds })
-  const account = await agent.createAccount({ handle: "alice.test", email: "alice@example.com", password: "demo-password-0123" })
+  const account = await agent.createAccount({
+    handle: "alice.test",
+    email: "alice@example.com",
+    password: "demo-password-0123"
+  })
   const did = account.data.did
   say(`created account alice.test (${did})`)
 
@@ -227,10 +234,18 @@ const main = async () => {
     secret,
     createdAt: new Date().toISOString()
   }
-  const wh = await agent.com.atproto.repo.createRecord({ repo: did, collection: "place.wisp.v2.wh", rkey: "demo", record: webhook })
+  const wh = await agent.com.atproto.repo.createRecord({
+    repo: did,
+    collection: "place.wisp.v2.wh",
+    rkey: "demo",
+    record: webhook
+  })
   say(`wrote the webhook record ${wh.data.uri}`)
   process.stdout.write(indent(JSON.stringify({ ...webhook, secret: "<redacted>" }, null, 2)) + "\n")
-  await until("firehook to register the webhook", async () => ((await firehook.activeWebhooks()) >= 1 ? true : undefined))
+  await until(
+    "firehook to register the webhook",
+    async () => ((await firehook.activeWebhooks()) >= 1 ? true : undefined)
+  )
   say("firehook registered the webhook (seen on the PDS firehose)")
 
   const posted = await agent.post({ text: "hello from the firehook demo", createdAt: new Date().toISOString() })
@@ -239,9 +254,23 @@ const main = async () => {
   const delivery = await until("the delivery", async () => receiver.got[0])
   const verified = receiver.verify(delivery)
   say("the receiver got:")
-  const shown = ["content-type", "user-agent", "idempotency-key", "webhook-id", "webhook-timestamp", "webhook-signature", "x-webhook-signature", "x-firehook-webhook", "x-firehook-match"]
-  const headerLines = shown.filter((h) => delivery.headers[h] !== undefined).map((h) => `${h}: ${String(delivery.headers[h])}`)
-  process.stdout.write(indent(`POST /hook\n${headerLines.join("\n")}\n\n${JSON.stringify(JSON.parse(delivery.body), null, 2)}`) + "\n")
+  const shown = [
+    "content-type",
+    "user-agent",
+    "idempotency-key",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "x-webhook-signature",
+    "x-firehook-webhook",
+    "x-firehook-match"
+  ]
+  const headerLines = shown.filter((h) => delivery.headers[h] !== undefined).map((h) =>
+    `${h}: ${String(delivery.headers[h])}`
+  )
+  process.stdout.write(
+    indent(`POST /hook\n${headerLines.join("\n")}\n\n${JSON.stringify(JSON.parse(delivery.body), null, 2)}`) + "\n"
+  )
   say(
     `signatures: Standard Webhooks (webhook-signature) ${verified.standard ? "verified" : "INVALID"}, ` +
       `wisp (X-Webhook-Signature) ${verified.wisp ? "verified" : "INVALID"}`

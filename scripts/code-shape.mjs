@@ -44,8 +44,10 @@ const nameOf = (n) => {
 /** Climb from a function through the call chain it is an argument of (`Effect.gen(…).pipe(…)`). */
 const holderOf = (fn) => {
   let q = fn
-  while (q.parent && (ts.isCallExpression(q.parent) || ts.isPropertyAccessExpression(q.parent) ||
-    ts.isParenthesizedExpression(q.parent) || ts.isAsExpression(q.parent))) q = q.parent
+  while (
+    q.parent && (ts.isCallExpression(q.parent) || ts.isPropertyAccessExpression(q.parent) ||
+      ts.isParenthesizedExpression(q.parent) || ts.isAsExpression(q.parent))
+  ) q = q.parent
   return q === fn ? undefined : { top: q, holder: q.parent }
 }
 
@@ -60,7 +62,10 @@ const bodyKind = (fn) => {
   const h = holderOf(fn)
   if (!h || !h.holder) return undefined
   if (ts.isArrowFunction(h.holder) && h.holder.body === h.top) return "own"
-  if (ts.isReturnStatement(h.holder) && h.holder.parent && ts.isBlock(h.holder.parent) && h.holder.parent.parent && isFn(h.holder.parent.parent)) return "own"
+  if (
+    ts.isReturnStatement(h.holder) && h.holder.parent && ts.isBlock(h.holder.parent) && h.holder.parent.parent &&
+    isFn(h.holder.parent.parent)
+  ) return "own"
   if (ts.isVariableDeclaration(h.holder) && ts.isIdentifier(h.holder.name)) return "named"
   if (ts.isPropertyAssignment(h.holder) && ts.isIdentifier(h.holder.name)) return "named"
   return undefined

@@ -60,7 +60,9 @@ if (nodedir === undefined) {
 log(`rebuilding better-sqlite3 against node ${nodeVersion} headers (about a minute)`)
 const rebuilt = spawnSync("npm", ["rebuild", "better-sqlite3", `--nodedir=${nodedir}`], { cwd: root, stdio: "inherit" })
 if (rebuilt.status !== 0 || !loads()) {
-  process.stderr.write("firehook postinstall: better-sqlite3 could not be rebuilt for Node 22; the end-to-end tests and `npm run demo` need it\n")
+  process.stderr.write(
+    "firehook postinstall: better-sqlite3 could not be rebuilt for Node 22; the end-to-end tests and `npm run demo` need it\n"
+  )
   process.exit(1)
 }
 log("better-sqlite3 rebuilt")

@@ -25,14 +25,14 @@ const oneLine = (cause: Cause.Cause<unknown>): string => {
     return `firehook: startup failed (unexpected ${name})`
   }
   const err: unknown = failure.value
-  const text =
-    typeof err === "object" && err !== null && "message" in err && typeof err.message === "string" && err.message.length > 0
-      ? err.message
-      : "startup failed"
+  const text = typeof err === "object" && err !== null && "message" in err && typeof err.message === "string" &&
+      err.message.length > 0
+    ? err.message
+    : "startup failed"
   return `firehook: ${text.replace(/\s+/g, " ").slice(0, 500)}`
 }
 
-const main = Effect.gen(function* () {
+const main = Effect.gen(function*() {
   const config = yield* Config.load({ isTty: process.stdout.isTTY === true })
   const server = BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort })
   const app = App.service(server, {
@@ -40,11 +40,16 @@ const main = Effect.gen(function* () {
       Effect.sync(() => {
         uncleanShutdown = !report.clean
       })
-  }).pipe(Layer.provide(App.core(config)), Layer.provide(Logging.layer({ format: config.logFormat, level: config.logLevel })))
+  }).pipe(
+    Layer.provide(App.core(config)),
+    Layer.provide(Logging.layer({ format: config.logFormat, level: config.logLevel }))
+  )
   return yield* Layer.launch(app)
 }).pipe(
   Effect.catchAllCause((cause) =>
-    Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : Console.error(oneLine(cause)).pipe(Effect.zipRight(Effect.failCause(cause)))
+    Cause.isInterruptedOnly(cause)
+      ? Effect.failCause(cause)
+      : Console.error(oneLine(cause)).pipe(Effect.zipRight(Effect.failCause(cause)))
   )
 )
 

@@ -6,7 +6,7 @@ import { Args, Options } from "@effect/cli"
 import { Clock, Effect, Option } from "effect"
 import { isCanonicalDid, isRkey } from "../schemas/AtUri.js"
 import { SECRET_NAME } from "../services/delivery/Secrets.js"
-import { type UsageError, usage } from "./Failure.js"
+import { usage, type UsageError } from "./Failure.js"
 
 // ---------------------------------------------------------------------------------------------
 // Argument parsing beyond @effect/cli
@@ -20,7 +20,7 @@ const ISO_TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2
  * offset = UTC), or a duration before now (`30m`, `12h`, `7d`).
  */
 const parseTime = (flag: string, value: Option.Option<string>): Effect.Effect<Date | undefined, UsageError> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     if (Option.isNone(value)) return undefined
     const s = value.value.trim()
     const rel = RELATIVE.exec(s)
@@ -30,17 +30,23 @@ const parseTime = (flag: string, value: Option.Option<string>): Effect.Effect<Da
       const now = yield* Clock.currentTimeMillis
       return new Date(now - n * unit)
     }
-    const text = ISO_DATE.test(s) ? `${s}T00:00:00Z` : ISO_TIME.test(s) ? (/(Z|[+-]\d{2}:\d{2})$/.test(s) ? s : `${s}Z`) : ""
+    const text = ISO_DATE.test(s)
+      ? `${s}T00:00:00Z`
+      : ISO_TIME.test(s)
+      ? (/(Z|[+-]\d{2}:\d{2})$/.test(s) ? s : `${s}Z`)
+      : ""
     const ms = text === "" ? Number.NaN : Date.parse(text)
     if (Number.isNaN(ms)) {
-      return yield* usage(`invalid --${flag}: expected an ISO 8601 time (2026-01-02, 2026-01-02T03:04:05Z) or a duration ago (30m, 12h, 7d)`)
+      return yield* usage(
+        `invalid --${flag}: expected an ISO 8601 time (2026-01-02, 2026-01-02T03:04:05Z) or a duration ago (30m, 12h, 7d)`
+      )
     }
     return new Date(ms)
   })
 
 /** `--since` and `--until` (the enqueue time, created_at): a range [since, until) that is not empty. */
 export const parseRange = (sinceArg: Option.Option<string>, untilArg: Option.Option<string>) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sinceT = yield* parseTime("since", sinceArg)
     const untilT = yield* parseTime("until", untilArg)
     if (sinceT !== undefined && untilT !== undefined && sinceT.getTime() >= untilT.getTime()) {
@@ -77,9 +83,21 @@ export const showUrls = Options.boolean("show-urls").pipe(
 )
 export const owner = optional(Options.text("owner"), "DID", "owner DID")
 export const webhook = optional(Options.text("webhook"), "RKEY", "webhook record key")
-export const since = optional(Options.text("since"), "TIME", "enqueue time (created_at) at or after (ISO 8601, or 30m / 12h / 7d ago); earlier than --until")
-export const until = optional(Options.text("until"), "TIME", "enqueue time (created_at) before (ISO 8601, or 30m / 12h / 7d ago)")
+export const since = optional(
+  Options.text("since"),
+  "TIME",
+  "enqueue time (created_at) at or after (ISO 8601, or 30m / 12h / 7d ago); earlier than --until"
+)
+export const until = optional(
+  Options.text("until"),
+  "TIME",
+  "enqueue time (created_at) before (ISO 8601, or 30m / 12h / 7d ago)"
+)
 export const deliveryId = Args.text({ name: "id" }).pipe(Args.withDescription("delivery id (whd_v1_…)"))
 export const didArg = Args.text({ name: "did" }).pipe(Args.withDescription("owner DID"))
 export const nameArg = Args.text({ name: "name" }).pipe(Args.withDescription("secret name (the record's secretId)"))
-export const token = optional(Options.redacted("token"), "TOKEN", "use this token (32-256 printable ASCII characters) instead of a generated one; visible to other local users (ps)")
+export const token = optional(
+  Options.redacted("token"),
+  "TOKEN",
+  "use this token (32-256 printable ASCII characters) instead of a generated one; visible to other local users (ps)"
+)

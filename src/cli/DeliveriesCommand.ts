@@ -4,7 +4,20 @@
 import { Command, Options } from "@effect/cli"
 import { Effect, Option } from "effect"
 import * as Operator from "../services/operator/Operator.js"
-import { checkDeliveryId, checkDid, checkRkey, deliveryId, json, optional, owner, parseRange, showUrls, since, until, webhook } from "./Arguments.js"
+import {
+  checkDeliveryId,
+  checkDid,
+  checkRkey,
+  deliveryId,
+  json,
+  optional,
+  owner,
+  parseRange,
+  showUrls,
+  since,
+  until,
+  webhook
+} from "./Arguments.js"
 import { Failed, usage } from "./Failure.js"
 import { cell, iso, out, printJson, REDACTED_URL, table } from "./Output.js"
 import { withServices } from "./Services.js"
@@ -40,7 +53,7 @@ const lastError = (d: Operator.Delivery): string | undefined =>
 
 /** The --owner / --webhook filter of `list` and `replay`, checked. */
 const checkOwnerWebhook = (o: { readonly owner: Option.Option<string>; readonly webhook: Option.Option<string> }) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     if (Option.isSome(o.owner)) yield* checkDid("--owner", o.owner.value)
     if (Option.isSome(o.webhook)) yield* checkRkey("--webhook", o.webhook.value)
   })
@@ -68,12 +81,16 @@ const deliveriesList = Command.make(
     status: Options.choice("status", Operator.DELIVERY_STATUSES).pipe(Options.optional),
     since,
     until,
-    limit: optional(Options.integer("limit"), "N", `rows at most (1..${Operator.MAX_LIST_LIMIT}, default ${Operator.DEFAULT_LIST_LIMIT})`),
+    limit: optional(
+      Options.integer("limit"),
+      "N",
+      `rows at most (1..${Operator.MAX_LIST_LIMIT}, default ${Operator.DEFAULT_LIST_LIMIT})`
+    ),
     json,
     showUrls
   },
   (o) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* checkOwnerWebhook(o)
       const limit = Option.getOrElse(o.limit, () => Operator.DEFAULT_LIST_LIMIT)
       if (limit < 1 || limit > Operator.MAX_LIST_LIMIT) {
@@ -86,8 +103,7 @@ const deliveriesList = Command.make(
             limit,
             ...filterOf(o, sinceT, untilT),
             ...(Option.isSome(o.status) ? { status: o.status.value } : {})
-          })
-        )
+          }))
       )
       if (o.json) return yield* printJson(rows.map((d) => deliveryJson(d, o.showUrls)))
       if (rows.length === 0) return yield* out("no deliveries")
@@ -115,7 +131,7 @@ const deliveriesList = Command.make(
 ).pipe(Command.withDescription("list deliveries, newest first (time filters: the enqueue time, created_at)"))
 
 const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, (o) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* checkDeliveryId(o.id)
     const found = yield* withServices(Effect.flatMap(Operator.Operator, (op) => op.showDelivery(o.id)))
     if (Option.isNone(found)) return yield* Effect.fail(new Failed({ text: "no such delivery" }))
@@ -130,7 +146,11 @@ const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, 
       responseExcerpt: a.responseExcerpt ?? null
     }))
     if (o.json) {
-      return yield* printJson({ delivery: deliveryJson(delivery, o.showUrls), attempts: attemptsJson, olderAttemptsNotShown })
+      return yield* printJson({
+        delivery: deliveryJson(delivery, o.showUrls),
+        attempts: attemptsJson,
+        olderAttemptsNotShown
+      })
     }
     const d = deliveryJson(delivery, o.showUrls)
     const fields: ReadonlyArray<[string, string | number | null]> = Object.entries(d)
@@ -140,7 +160,9 @@ const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, 
     if (attempts.length === 0) return yield* out("no attempts")
     if (olderAttemptsNotShown > 0) {
       yield* out(
-        `${olderAttemptsNotShown} older ${olderAttemptsNotShown === 1 ? "attempt" : "attempts"} not shown (the newest ${attempts.length} follow)`
+        `${olderAttemptsNotShown} older ${
+          olderAttemptsNotShown === 1 ? "attempt" : "attempts"
+        } not shown (the newest ${attempts.length} follow)`
       )
     }
     yield* out(
@@ -159,13 +181,13 @@ const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, 
         )
       )
     )
-  })
-).pipe(Command.withDescription("show one delivery with its newest 1,000 attempts"))
+  })).pipe(Command.withDescription("show one delivery with its newest 1,000 attempts"))
 
-const INACTIVE_NOTE = "belongs to a subscription that is no longer active as enqueued and will be cancelled without a request"
+const INACTIVE_NOTE =
+  "belongs to a subscription that is no longer active as enqueued and will be cancelled without a request"
 
 const deliveriesRedeliver = Command.make("redeliver", { id: deliveryId, json }, (o) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* checkDeliveryId(o.id)
     const result = yield* withServices(Effect.flatMap(Operator.Operator, (op) => op.redeliver(o.id)))
     switch (result._tag) {
@@ -194,18 +216,17 @@ const deliveriesRedeliver = Command.make("redeliver", { id: deliveryId, json }, 
     const was = result.leaseExpired
       ? "it was leased by a worker that stopped (its lease had expired); that worker can no longer settle it"
       : result.previousStatus === "pending"
-        ? "it was pending: its next attempt is now due, and its earlier attempts no longer count"
-        : result.previousStatus === "cancelled"
-          ? "it was cancelled"
-          : `it was ${result.previousStatus}`
+      ? "it was pending: its next attempt is now due, and its earlier attempts no longer count"
+      : result.previousStatus === "cancelled"
+      ? "it was cancelled"
+      : `it was ${result.previousStatus}`
     yield* out(`redelivering ${o.id} (pending, fresh attempt budget; ${was})`)
     if (result.subscriptionInactive) yield* out(`note: this delivery ${INACTIVE_NOTE}`)
-  })
-).pipe(
-  Command.withDescription(
-    "deliver one delivery again (same delivery id, fresh attempt budget); refused while a worker holds a valid lease on it"
+  })).pipe(
+    Command.withDescription(
+      "deliver one delivery again (same delivery id, fresh attempt budget); refused while a worker holds a valid lease on it"
+    )
   )
-)
 
 const deliveriesReplay = Command.make(
   "replay",
@@ -220,17 +241,19 @@ const deliveriesReplay = Command.make(
     json
   },
   (o) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* checkOwnerWebhook(o)
       const { sinceT, untilT } = yield* parseRange(o.since, o.until)
       const result = yield* withServices(
-        Effect.flatMap(Operator.Operator, (op) =>
-          op.replayDeadLetters(filterOf(o, sinceT, untilT))
-        )
+        Effect.flatMap(Operator.Operator, (op) => op.replayDeadLetters(filterOf(o, sinceT, untilT)))
       )
       const { complete, inactiveSubscription: inactive, replayed } = result
       if (o.json) return yield* printJson({ replayed, inactiveSubscription: inactive, complete })
-      const of = inactive === 0 ? "" : ` (${inactive} of them ${inactive === 1 ? "belongs" : "belong"} to a subscription that is no longer active as enqueued and will be cancelled without a request)`
+      const of = inactive === 0
+        ? ""
+        : ` (${inactive} of them ${
+          inactive === 1 ? "belongs" : "belong"
+        } to a subscription that is no longer active as enqueued and will be cancelled without a request)`
       yield* out(`replayed ${replayed} dead-lettered ${replayed === 1 ? "delivery" : "deliveries"}${of}`)
       if (!complete) yield* out("(stopped at its statement bound; run the same command again for the rest)")
     })
@@ -240,8 +263,10 @@ const deliveriesReplay = Command.make(
   )
 )
 
-export const deliveries = Command.make("deliveries", {}, () =>
-  usage("missing subcommand: list, show, redeliver or replay")
+export const deliveries = Command.make(
+  "deliveries",
+  {},
+  () => usage("missing subcommand: list, show, redeliver or replay")
 ).pipe(
   Command.withDescription("inspect, redeliver and replay deliveries"),
   Command.withSubcommands([deliveriesList, deliveriesShow, deliveriesRedeliver, deliveriesReplay])

@@ -66,7 +66,9 @@ export const redactArgs = (text: string, argv: ReadonlyArray<string>): string =>
 export const describeFailure = (cause: Cause.Cause<unknown>): { readonly code: number; readonly line: string } => {
   const failure = Cause.failureOption(cause)
   if (Option.isNone(failure)) {
-    return Cause.isInterruptedOnly(cause) ? { code: 130, line: "interrupted" } : { code: 1, line: "unexpected internal error" }
+    return Cause.isInterruptedOnly(cause)
+      ? { code: 130, line: "interrupted" }
+      : { code: 1, line: "unexpected internal error" }
   }
   const e = failure.value
   if (ValidationError.isValidationError(e)) {

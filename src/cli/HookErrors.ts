@@ -85,7 +85,11 @@ export const classify = (op: Operation, host: string, e: unknown): HooksFailed =
     return failed("login", `login failed: the PDS answered ${x.status} ${errorName(x.error)}`)
   }
   if (x.error === "RecordNotFound") return failed("not_found", "no such webhook record")
-  if (x.error === "InvalidSwap") return failed("conflict", "the record changed meanwhile (or already exists); nothing written")
-  if (x.status === 401 || x.status === 403) return failed("login", `the PDS refused ${op} (${x.status} ${errorName(x.error)})`)
+  if (x.error === "InvalidSwap") {
+    return failed("conflict", "the record changed meanwhile (or already exists); nothing written")
+  }
+  if (x.status === 401 || x.status === 403) {
+    return failed("login", `the PDS refused ${op} (${x.status} ${errorName(x.error)})`)
+  }
   return failed("pds", `the PDS refused ${op} (${x.status} ${errorName(x.error)})`)
 }

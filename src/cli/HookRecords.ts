@@ -20,14 +20,14 @@
 import type { AtpAgent } from "@atproto/api"
 import { Clock, Config as EffectConfig, Context, Duration, Effect, Either, Layer, Option, Redacted } from "effect"
 import type { Scope } from "effect"
-import * as SecretBox from "../services/delivery/SecretBox.js"
 import { isCollection, isRkey } from "../schemas/AtUri.js"
 import { type UrlErrorKind, validateWebhookUrl } from "../schemas/WebhookUrl.js"
 import { type ValidatedWh, validateWhRecord, WH_COLLECTION, type WhRecordErrorKind } from "../schemas/WhRecord.js"
+import * as SecretBox from "../services/delivery/SecretBox.js"
 import * as Config from "../services/platform/Config.js"
 import { classify, failed, HooksFailed, HooksInvalid, invalid, type Operation, own } from "./HookErrors.js"
 
-export { type HooksFailureReason, HooksFailed, HooksInvalid } from "./HookErrors.js"
+export { HooksFailed, type HooksFailureReason, HooksInvalid } from "./HookErrors.js"
 
 // ---------------------------------------------------------------------------------------------
 // Connection and environment
@@ -69,11 +69,16 @@ const parseUrl = (s: string): URL | undefined => {
  */
 export const parsePdsUrl = (s: string): Either.Either<string, HooksInvalid> => {
   const u = /[\s\u0000-\u001f\u007f]/.test(s) ? undefined : parseUrl(s)
-  const rule = "invalid --pds: must be an https:// URL (http:// only to localhost or 127.0.0.1) without credentials, query or fragment"
-  if (u === undefined || u.hostname === "" || u.username !== "" || u.password !== "" || u.search !== "" || u.hash !== "") {
+  const rule =
+    "invalid --pds: must be an https:// URL (http:// only to localhost or 127.0.0.1) without credentials, query or fragment"
+  if (
+    u === undefined || u.hostname === "" || u.username !== "" || u.password !== "" || u.search !== "" || u.hash !== ""
+  ) {
     return Either.left(invalid(rule))
   }
-  if (u.protocol === "https:" || (u.protocol === "http:" && isLoopbackHost(u.hostname))) return Either.right(u.toString())
+  if (u.protocol === "https:" || (u.protocol === "http:" && isLoopbackHost(u.hostname))) {
+    return Either.right(u.toString())
+  }
   return Either.left(invalid(rule))
 }
 
@@ -93,14 +98,22 @@ export const connection = (given: {
   readonly identifier: Option.Option<string>
   readonly password: Option.Option<Redacted.Redacted<string>>
 }): Effect.Effect<Connection, HooksInvalid> =>
-  Effect.gen(function* () {
-    const pdsText = Option.isSome(given.pds) ? given.pds.value : Option.getOrElse(yield* env("ATPROTO_PDS"), () => DEFAULT_PDS)
+  Effect.gen(function*() {
+    const pdsText = Option.isSome(given.pds)
+      ? given.pds.value
+      : Option.getOrElse(yield* env("ATPROTO_PDS"), () => DEFAULT_PDS)
     const pds = yield* parsePdsUrl(pdsText)
-    const identifier = Option.isSome(given.identifier) ? Option.some(given.identifier.value) : yield* env("ATPROTO_IDENTIFIER")
-    if (Option.isNone(identifier)) return yield* invalid("missing --identifier (or ATPROTO_IDENTIFIER): the handle, DID or email to sign in as")
+    const identifier = Option.isSome(given.identifier)
+      ? Option.some(given.identifier.value)
+      : yield* env("ATPROTO_IDENTIFIER")
+    if (Option.isNone(identifier)) {
+      return yield* invalid("missing --identifier (or ATPROTO_IDENTIFIER): the handle, DID or email to sign in as")
+    }
     const id = identifier.value
     if (id.length === 0 || id.length > MAX_IDENTIFIER_LENGTH || /[\s\u0000-\u001f\u007f]/.test(id)) {
-      return yield* invalid(`invalid --identifier: must be a handle, DID or email of 1-${MAX_IDENTIFIER_LENGTH} characters without spaces`)
+      return yield* invalid(
+        `invalid --identifier: must be a handle, DID or email of 1-${MAX_IDENTIFIER_LENGTH} characters without spaces`
+      )
     }
     const password = Option.isSome(given.password)
       ? Option.some(given.password.value)
@@ -116,12 +129,19 @@ export const connection = (given: {
  * `WEBHOOK_ALLOW_INSECURE_DEV` ∈ {0, 1}, `NODE_ENV` ∈ {production, development, test} (default
  * production), and `1` is refused with production.
  */
-export const allowInsecureDevFromEnv: Effect.Effect<boolean, HooksInvalid> = Effect.gen(function* () {
-  const nodeEnv = yield* Config.readEnum<Config.NodeEnv>("NODE_ENV", ["production", "development", "test"], "production")
+export const allowInsecureDevFromEnv: Effect.Effect<boolean, HooksInvalid> = Effect.gen(function*() {
+  const nodeEnv = yield* Config.readEnum<Config.NodeEnv>(
+    "NODE_ENV",
+    ["production", "development", "test"],
+    "production"
+  )
   const flag = yield* Config.readEnum("WEBHOOK_ALLOW_INSECURE_DEV", ["0", "1"], "0")
   if (flag === "1" && nodeEnv === "production") {
     return yield* Effect.fail(
-      new Config.ConfigInvalid({ variable: "WEBHOOK_ALLOW_INSECURE_DEV", rule: "requires NODE_ENV=development or test" })
+      new Config.ConfigInvalid({
+        variable: "WEBHOOK_ALLOW_INSECURE_DEV",
+        rule: "requires NODE_ENV=development or test"
+      })
     )
   }
   return flag === "1"
@@ -206,7 +226,12 @@ const draftInvalid = (draft: Draft, kind: WhRecordErrorKind, allowInsecureDev: b
 }
 
 /** The record value a draft stands for (before validation). */
-const recordOf = (draft: Draft, ownDid: string, createdAt: string, secret: string | undefined): Record<string, unknown> => {
+const recordOf = (
+  draft: Draft,
+  ownDid: string,
+  createdAt: string,
+  secret: string | undefined
+): Record<string, unknown> => {
   const aturi = draft.scope._tag === "AtUri" ? draft.scope.aturi : `at://${ownDid}/${draft.scope.collection}`
   return {
     $type: WH_COLLECTION,
@@ -255,7 +280,10 @@ export const checkDraft = (draft: Draft, allowInsecureDev: boolean): Either.Eith
   if (Option.isSome(draft.rkey) && !isRkey(draft.rkey.value)) {
     return Either.left(invalid("invalid --rkey: must be a record key ([A-Za-z0-9._~:@+-], 1-512 characters)"))
   }
-  return Either.map(validateDraft(draft, PLACEHOLDER_DID, PLACEHOLDER_CREATED_AT, PLACEHOLDER_SECRET, allowInsecureDev), () => undefined)
+  return Either.map(
+    validateDraft(draft, PLACEHOLDER_DID, PLACEHOLDER_CREATED_AT, PLACEHOLDER_SECRET, allowInsecureDev),
+    () => undefined
+  )
 }
 
 /** `--events create,update`: the list as given (the record validation judges it). */
@@ -358,7 +386,9 @@ export interface HooksShape {
   readonly create: (draft: Draft) => Effect.Effect<Created, HooksInvalid | HooksFailed>
   readonly list: Effect.Effect<ListResult, HooksFailed>
   readonly setEnabled: (rkey: string, enabled: boolean) => Effect.Effect<Toggled, HooksInvalid | HooksFailed>
-  readonly remove: (rkey: string) => Effect.Effect<{ readonly uri: string; readonly rkey: string }, HooksInvalid | HooksFailed>
+  readonly remove: (
+    rkey: string
+  ) => Effect.Effect<{ readonly uri: string; readonly rkey: string }, HooksInvalid | HooksFailed>
 }
 
 export class Hooks extends Context.Tag("firehook/Hooks")<Hooks, HooksShape>() {}
@@ -373,7 +403,10 @@ interface Session {
 
 /** The record `rkey` of the account, with its CID (the swap value of a later write). */
 const getRecordIn = ({ agent, call, did }: Session) => (rkey: string) =>
-  call("getRecord", (signal) => agent.com.atproto.repo.getRecord({ repo: did, collection: WH_COLLECTION, rkey }, { signal })).pipe(
+  call(
+    "getRecord",
+    (signal) => agent.com.atproto.repo.getRecord({ repo: did, collection: WH_COLLECTION, rkey }, { signal })
+  ).pipe(
     Effect.mapError((e) => (e.reason === "not_found" ? failed("not_found", `no webhook record ${rkey}`) : e)),
     Effect.flatMap((res) => {
       const cid = res.data.cid
@@ -384,15 +417,21 @@ const getRecordIn = ({ agent, call, did }: Session) => (rkey: string) =>
   )
 
 const createIn = ({ agent, allowInsecureDev, call, did }: Session) =>
-  Effect.fn("Hooks.create")(function* (draft: Draft) {
+  Effect.fn("Hooks.create")(function*(draft: Draft) {
     yield* checkDraft(draft, allowInsecureDev)
-    const generated = draft.signing._tag === "Generate" ? yield* Effect.sync(SecretBox.generateToken) : PLACEHOLDER_SECRET
+    const generated = draft.signing._tag === "Generate"
+      ? yield* Effect.sync(SecretBox.generateToken)
+      : PLACEHOLDER_SECRET
     const createdAt = new Date(yield* Clock.currentTimeMillis).toISOString()
     const { record } = yield* validateDraft(draft, did, createdAt, generated, allowInsecureDev)
     const written = yield* Option.match(draft.rkey, {
       onNone: () =>
-        call("createRecord", (signal) =>
-          agent.com.atproto.repo.createRecord({ repo: did, collection: WH_COLLECTION, record: { ...record } }, { signal })
+        call(
+          "createRecord",
+          (signal) =>
+            agent.com.atproto.repo.createRecord({ repo: did, collection: WH_COLLECTION, record: { ...record } }, {
+              signal
+            })
         ),
       onSome: (rkey) =>
         call("putRecord", (signal) =>
@@ -400,12 +439,11 @@ const createIn = ({ agent, allowInsecureDev, call, did }: Session) =>
             // swapRecord null: only if no record has this key (never replace one)
             { repo: did, collection: WH_COLLECTION, rkey, record: { ...record }, swapRecord: null },
             { signal }
+          )).pipe(
+            Effect.mapError((e) =>
+              e.reason === "conflict" ? failed("exists", `a webhook record ${rkey} already exists; nothing written`) : e
+            )
           )
-        ).pipe(
-          Effect.mapError((e) =>
-            e.reason === "conflict" ? failed("exists", `a webhook record ${rkey} already exists; nothing written`) : e
-          )
-        )
     })
     return {
       did,
@@ -417,7 +455,7 @@ const createIn = ({ agent, allowInsecureDev, call, did }: Session) =>
   })
 
 const listIn = ({ agent, allowInsecureDev, call, did }: Session) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const webhooks: Array<WebhookSummary> = []
     let cursor: string | undefined
     for (let page = 0; page < MAX_LIST_PAGES; page++) {
@@ -426,11 +464,12 @@ const listIn = ({ agent, allowInsecureDev, call, did }: Session) =>
         agent.com.atproto.repo.listRecords(
           { repo: did, collection: WH_COLLECTION, limit: LIST_PAGE_SIZE, ...(c === undefined ? {} : { cursor: c }) },
           { signal }
-        )
-      )
+        ))
       for (const r of res.data.records) webhooks.push(summarize(r, allowInsecureDev))
       const next = res.data.cursor
-      if (next === undefined || next === cursor || res.data.records.length === 0) return { did, webhooks, truncated: false }
+      if (next === undefined || next === cursor || res.data.records.length === 0) {
+        return { did, webhooks, truncated: false }
+      }
       cursor = next
     }
     return { did, webhooks, truncated: true }
@@ -439,7 +478,7 @@ const listIn = ({ agent, allowInsecureDev, call, did }: Session) =>
 const setEnabledIn = (s: Session) => {
   const { agent, allowInsecureDev, call, did } = s
   const getRecord = getRecordIn(s)
-  return Effect.fn("Hooks.setEnabled")(function* (rkey: string, enabled: boolean) {
+  return Effect.fn("Hooks.setEnabled")(function*(rkey: string, enabled: boolean) {
     yield* checkRkey(rkey)
     const current = yield* getRecord(rkey)
     // unknown fields are kept as they are; only `enabled` changes
@@ -458,8 +497,7 @@ const setEnabledIn = (s: Session) => {
       agent.com.atproto.repo.putRecord(
         { repo: did, collection: WH_COLLECTION, rkey, record: next, swapRecord: current.cid },
         { signal }
-      )
-    )
+      ))
     return { uri: res.data.uri, rkey, enabled, changed: true, cid: res.data.cid }
   })
 }
@@ -467,11 +505,15 @@ const setEnabledIn = (s: Session) => {
 const removeIn = (s: Session) => {
   const { agent, call, did } = s
   const getRecord = getRecordIn(s)
-  return Effect.fn("Hooks.remove")(function* (rkey: string) {
+  return Effect.fn("Hooks.remove")(function*(rkey: string) {
     yield* checkRkey(rkey)
     const current = yield* getRecord(rkey)
-    yield* call("deleteRecord", (signal) =>
-      agent.com.atproto.repo.deleteRecord({ repo: did, collection: WH_COLLECTION, rkey, swapRecord: current.cid }, { signal })
+    yield* call(
+      "deleteRecord",
+      (signal) =>
+        agent.com.atproto.repo.deleteRecord({ repo: did, collection: WH_COLLECTION, rkey, swapRecord: current.cid }, {
+          signal
+        })
     )
     return { uri: current.uri, rkey }
   })
@@ -482,7 +524,7 @@ const removeIn = (s: Session) => {
  * requests are aborted when the scope closes.
  */
 export const make = (conn: Connection, options: HooksOptions): Effect.Effect<HooksShape, HooksFailed, Scope.Scope> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const timeout = Duration.decode(options.callTimeout ?? DEFAULT_CALL_TIMEOUT)
     const seconds = Math.round(Duration.toMillis(timeout) / 100) / 10
     const allowInsecureDev = options.allowInsecureDev
@@ -514,7 +556,9 @@ export const make = (conn: Connection, options: HooksOptions): Effect.Effect<Hoo
 
     yield* call("login", () => agent.login({ identifier: conn.identifier, password: Redacted.value(conn.password) }))
     // the session is not kept: delete it on the way out (best effort, bounded)
-    yield* Effect.addFinalizer(() => call("logout", () => agent.logout()).pipe(Effect.timeout(LOGOUT_TIMEOUT), Effect.ignore))
+    yield* Effect.addFinalizer(() =>
+      call("logout", () => agent.logout()).pipe(Effect.timeout(LOGOUT_TIMEOUT), Effect.ignore)
+    )
     const did = agent.session?.did
     if (did === undefined) return yield* failed("invalid_response", "the PDS sent an invalid response to login")
 

@@ -11,9 +11,21 @@ import { cell, out, printJson, REDACTED_URL, table } from "./Output.js"
 // ---------------------------------------------------------------------------------------------
 // hooks (webhook owners: their own place.wisp.v2.wh records on their PDS; no database)
 
-const pdsOption = optional(Options.text("pds"), "URL", `the PDS (or entryway) to sign in to; default $ATPROTO_PDS, else ${Hooks.DEFAULT_PDS}`)
-const identifierOption = optional(Options.text("identifier"), "ID", "handle, DID or email to sign in as; default $ATPROTO_IDENTIFIER")
-const passwordOption = optional(Options.redacted("password"), "PASSWORD", "app password; prefer $ATPROTO_APP_PASSWORD (arguments are visible to other local users)")
+const pdsOption = optional(
+  Options.text("pds"),
+  "URL",
+  `the PDS (or entryway) to sign in to; default $ATPROTO_PDS, else ${Hooks.DEFAULT_PDS}`
+)
+const identifierOption = optional(
+  Options.text("identifier"),
+  "ID",
+  "handle, DID or email to sign in as; default $ATPROTO_IDENTIFIER"
+)
+const passwordOption = optional(
+  Options.redacted("password"),
+  "PASSWORD",
+  "app password; prefer $ATPROTO_APP_PASSWORD (arguments are visible to other local users)"
+)
 const connectionOptions = { pds: pdsOption, identifier: identifierOption, password: passwordOption }
 const rkeyArg = Args.text({ name: "rkey" }).pipe(Args.withDescription("the webhook record's key (see hooks list)"))
 
@@ -26,7 +38,7 @@ const withHooks = <A, E>(
   },
   f: (hooks: Hooks.HooksShape) => Effect.Effect<A, E>
 ) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const allowInsecureDev = yield* Hooks.allowInsecureDevFromEnv
     const conn = yield* Hooks.connection(given)
     return yield* Effect.provide(Effect.flatMap(Hooks.Hooks, f), Hooks.layer(conn, { allowInsecureDev }))
@@ -35,28 +47,48 @@ const withHooks = <A, E>(
 const hooksCreate = Command.make(
   "create",
   {
-    scope: optional(Options.text("scope"), "AT-URI", "what to watch: at://<did>[/<collection>[/<rkey>]] (a canonical DID, not a handle)"),
-    collection: optional(Options.text("collection"), "NSID", "shorthand for --scope at://<your did>/<NSID> (a glob like app.bsky.feed.* works)"),
+    scope: optional(
+      Options.text("scope"),
+      "AT-URI",
+      "what to watch: at://<did>[/<collection>[/<rkey>]] (a canonical DID, not a handle)"
+    ),
+    collection: optional(
+      Options.text("collection"),
+      "NSID",
+      "shorthand for --scope at://<your did>/<NSID> (a glob like app.bsky.feed.* works)"
+    ),
     backlinks: Options.boolean("backlinks").pipe(
       Options.withDescription("also fire for records in any repo that reference the scope")
     ),
     events: optional(Options.text("events"), "LIST", "comma-separated create,update,delete (default: all)"),
     url: Options.text("url").pipe(Options.withPseudoName("URL"), Options.withDescription("the receiver (https://)")),
-    secret: optional(Options.redacted("secret"), "SECRET", "inline signing secret (1-256 characters); stored in your public repo"),
+    secret: optional(
+      Options.redacted("secret"),
+      "SECRET",
+      "inline signing secret (1-256 characters); stored in your public repo"
+    ),
     secretId: optional(Options.text("secret-id"), "NAME", "name of a secret the firehook operator manages for you"),
     generateSecret: Options.boolean("generate-secret").pipe(
       Options.withDescription("generate an inline whsec_ secret and print it once")
     ),
     disabled: Options.boolean("disabled").pipe(Options.withDescription("create it paused (enabled: false)")),
-    rkey: optional(Options.text("rkey"), "RKEY", "record key (default: a TID chosen by the PDS); never replaces an existing record"),
+    rkey: optional(
+      Options.text("rkey"),
+      "RKEY",
+      "record key (default: a TID chosen by the PDS); never replaces an existing record"
+    ),
     json,
     ...connectionOptions
   },
   (o) =>
-    Effect.gen(function* () {
-      const signingFlags = [Option.isSome(o.secret), Option.isSome(o.secretId), o.generateSecret].filter((b) => b).length
+    Effect.gen(function*() {
+      const signingFlags = [Option.isSome(o.secret), Option.isSome(o.secretId), o.generateSecret].filter((b) =>
+        b
+      ).length
       if (signingFlags > 1) return yield* usage("choose at most one of --secret, --secret-id, --generate-secret")
-      if (Option.isSome(o.scope) === Option.isSome(o.collection)) return yield* usage("give exactly one of --scope, --collection")
+      if (Option.isSome(o.scope) === Option.isSome(o.collection)) {
+        return yield* usage("give exactly one of --scope, --collection")
+      }
       const draft: Hooks.Draft = {
         scope: Option.isSome(o.scope)
           ? { _tag: "AtUri", aturi: o.scope.value }
@@ -67,10 +99,10 @@ const hooksCreate = Command.make(
         signing: Option.isSome(o.secret)
           ? { _tag: "Secret", secret: o.secret.value }
           : Option.isSome(o.secretId)
-            ? { _tag: "SecretId", name: o.secretId.value }
-            : o.generateSecret
-              ? { _tag: "Generate" }
-              : { _tag: "None" },
+          ? { _tag: "SecretId", name: o.secretId.value }
+          : o.generateSecret
+          ? { _tag: "Generate" }
+          : { _tag: "None" },
         enabled: !o.disabled,
         rkey: o.rkey
       }
@@ -110,7 +142,7 @@ const summaryJson = (w: Hooks.WebhookSummary, showUrls: boolean) => ({
 })
 
 const hooksList = Command.make("list", { json, showUrls, ...connectionOptions }, (o) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const listed = yield* withHooks(o, (h) => h.list)
     if (o.json) {
       return yield* printJson({
@@ -138,35 +170,46 @@ const hooksList = Command.make("list", { json, showUrls, ...connectionOptions },
       )
     )
     if (listed.truncated) yield* out(`(the first ${listed.webhooks.length} records; more exist)`)
-  })
-).pipe(Command.withDescription("list your webhook records (never the secrets; URLs only with --show-urls)"))
+  })).pipe(Command.withDescription("list your webhook records (never the secrets; URLs only with --show-urls)"))
 
 const hooksToggle = (name: "enable" | "disable", enabled: boolean) =>
   Command.make(name, { rkey: rkeyArg, json, ...connectionOptions }, (o) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* Hooks.checkRkey(o.rkey)
       const t = yield* withHooks(o, (h) => h.setEnabled(o.rkey, enabled))
-      if (o.json) return yield* printJson({ rkey: t.rkey, uri: t.uri, cid: t.cid, enabled: t.enabled, changed: t.changed })
+      if (o.json) {
+        return yield* printJson({ rkey: t.rkey, uri: t.uri, cid: t.cid, enabled: t.enabled, changed: t.changed })
+      }
       yield* out(t.changed ? `${name}d webhook ${t.rkey}` : `webhook ${t.rkey} is already ${name}d`)
-    })
-  ).pipe(
-    Command.withDescription(
-      enabled ? "resume a paused webhook (enabled: true)" : "pause a webhook (enabled: false; kept, never matched)"
+    })).pipe(
+      Command.withDescription(
+        enabled ? "resume a paused webhook (enabled: true)" : "pause a webhook (enabled: false; kept, never matched)"
+      )
     )
-  )
 
-const hooksDelete = Command.make("delete", { rkey: rkeyArg, json, ...connectionOptions }, (o) =>
-  Effect.gen(function* () {
-    yield* Hooks.checkRkey(o.rkey)
-    const d = yield* withHooks(o, (h) => h.remove(o.rkey))
-    if (o.json) return yield* printJson({ rkey: d.rkey, uri: d.uri, deleted: true })
-    yield* out(`deleted webhook ${d.rkey}`)
-  })
+const hooksDelete = Command.make(
+  "delete",
+  { rkey: rkeyArg, json, ...connectionOptions },
+  (o) =>
+    Effect.gen(function*() {
+      yield* Hooks.checkRkey(o.rkey)
+      const d = yield* withHooks(o, (h) => h.remove(o.rkey))
+      if (o.json) return yield* printJson({ rkey: d.rkey, uri: d.uri, deleted: true })
+      yield* out(`deleted webhook ${d.rkey}`)
+    })
 ).pipe(Command.withDescription("delete a webhook record"))
 
-export const hooks = Command.make("hooks", {}, () =>
-  usage("missing subcommand: create, list, enable, disable or delete")
+export const hooks = Command.make(
+  "hooks",
+  {},
+  () => usage("missing subcommand: create, list, enable, disable or delete")
 ).pipe(
   Command.withDescription("your own webhook records (place.wisp.v2.wh) on your PDS; needs no firehook database"),
-  Command.withSubcommands([hooksCreate, hooksList, hooksToggle("enable", true), hooksToggle("disable", false), hooksDelete])
+  Command.withSubcommands([
+    hooksCreate,
+    hooksList,
+    hooksToggle("enable", true),
+    hooksToggle("disable", false),
+    hooksDelete
+  ])
 )

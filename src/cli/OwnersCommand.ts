@@ -3,8 +3,8 @@
  */
 import { Command, Options } from "@effect/cli"
 import { Effect, Option } from "effect"
-import * as ReconcileStore from "../services/reconciliation/ReconcileStore.js"
 import * as Reconciler from "../services/reconciliation/Reconciler.js"
+import * as ReconcileStore from "../services/reconciliation/ReconcileStore.js"
 import { checkDid, didArg, json, optional } from "./Arguments.js"
 import { Failed, usage } from "./Failure.js"
 import { cell, iso, out, printJson, table } from "./Output.js"
@@ -14,13 +14,12 @@ import { withOwnerServices } from "./Services.js"
 // owners
 
 const ownersAdd = Command.make("add", { did: didArg, json }, (o) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* checkDid("<did>", o.did)
     yield* withOwnerServices(Effect.flatMap(ReconcileStore.ReconcileStore, (s) => s.addOwners([o.did], "operator")))
     if (o.json) return yield* printJson({ did: o.did, added: true })
     yield* out(`added ${o.did} (reconciled by every backfill pass)`)
-  })
-).pipe(Command.withDescription("add an owner to the operator list (reconciled by every backfill pass)"))
+  })).pipe(Command.withDescription("add an owner to the operator list (reconciled by every backfill pass)"))
 
 const outcomeJson = (did: string, outcome: Reconciler.ReconcileOutcome) => {
   switch (outcome._tag) {
@@ -43,7 +42,7 @@ const outcomeJson = (did: string, outcome: Reconciler.ReconcileOutcome) => {
 }
 
 const ownersReconcile = Command.make("reconcile", { did: didArg, json }, (o) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* checkDid("<did>", o.did)
     const outcome = yield* withOwnerServices(Effect.flatMap(Reconciler.Reconciler, (r) => r.reconcile(o.did)))
     if (o.json) yield* printJson(outcomeJson(o.did, outcome))
@@ -60,12 +59,13 @@ const ownersReconcile = Command.make("reconcile", { did: didArg, json }, (o) =>
       case "failed":
         return yield* Effect.fail(new Failed({ text: `reconciliation failed: ${outcome.kind}` }))
       case "busy":
-        return yield* Effect.fail(new Failed({ text: "too many owners are being reconciled right now; try again later" }))
+        return yield* Effect.fail(
+          new Failed({ text: "too many owners are being reconciled right now; try again later" })
+        )
       case "superseded":
         return yield* Effect.fail(new Failed({ text: "another reconciliation of this owner started meanwhile" }))
     }
-  })
-).pipe(Command.withDescription("reconcile one owner against its PDS now and print the outcome"))
+  })).pipe(Command.withDescription("reconcile one owner against its PDS now and print the outcome"))
 
 const ownersStatus = Command.make(
   "status",
@@ -74,19 +74,18 @@ const ownersStatus = Command.make(
     json
   },
   (o) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const limit = Option.getOrElse(o.limit, () => 20)
       if (limit < 1 || limit > 1000) return yield* usage("invalid --limit: must be in 1..1000")
       const s = yield* withOwnerServices(Effect.flatMap(ReconcileStore.ReconcileStore, (st) => st.summary(limit)))
-      const pass =
-        s.pass === undefined
-          ? null
-          : {
-            continuation: s.pass.continuation ?? null,
-            ownersDone: s.pass.ownersDone,
-            startedAt: iso(s.pass.startedAt) ?? null,
-            completedAt: iso(s.pass.completedAt) ?? null
-          }
+      const pass = s.pass === undefined
+        ? null
+        : {
+          continuation: s.pass.continuation ?? null,
+          ownersDone: s.pass.ownersDone,
+          startedAt: iso(s.pass.startedAt) ?? null,
+          completedAt: iso(s.pass.completedAt) ?? null
+        }
       if (o.json) {
         return yield* printJson({
           counts: s.counts,
@@ -106,8 +105,8 @@ const ownersStatus = Command.make(
         pass === null
           ? "backfill  no pass yet"
           : pass.completedAt !== null
-            ? `backfill  last pass completed ${pass.completedAt} (${pass.ownersDone} owners)`
-            : `backfill  pass in progress since ${cell(pass.startedAt ?? undefined)} (${pass.ownersDone} owners done)`
+          ? `backfill  last pass completed ${pass.completedAt} (${pass.ownersDone} owners)`
+          : `backfill  pass in progress since ${cell(pass.startedAt ?? undefined)} (${pass.ownersDone} owners done)`
       ]
       yield* out(lines.join("\n"))
       if (s.failed.length > 0) {

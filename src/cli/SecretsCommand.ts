@@ -14,7 +14,7 @@ import { withServices } from "./Services.js"
 // secrets
 
 const tokenValue = (t: Option.Option<Redacted.Redacted<string>>) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     if (Option.isNone(t)) return undefined
     const v = Redacted.value(t.value)
     if (!SecretBox.validateCallerToken(v)) {
@@ -26,32 +26,30 @@ const tokenValue = (t: Option.Option<Redacted.Redacted<string>>) =>
 /** `create` and `rotate`: the same arguments and checks; the new token is the only line on stdout. */
 const secretsIssue = (name: "create" | "rotate", description: string) =>
   Command.make(name, { did: didArg, name: nameArg, token }, (o) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* checkDid("<did>", o.did)
       yield* checkName(o.name)
       const given = yield* tokenValue(o.token)
       const issued = yield* withServices(Effect.flatMap(Secrets, (s) => s[name](o.did, o.name, given)))
       yield* out(issued)
-    })
-  ).pipe(Command.withDescription(description))
+    })).pipe(Command.withDescription(description))
 
 const secretsCreate = secretsIssue("create", "create a server-managed secret; prints the token once")
 
 const secretsRotate = secretsIssue("rotate", "replace a secret's token; prints the new token once")
 
 const secretsDelete = Command.make("delete", { did: didArg, name: nameArg, json }, (o) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* checkDid("<did>", o.did)
     yield* checkName(o.name)
     const removed = yield* withServices(Effect.flatMap(Secrets, (s) => s.remove(o.did, o.name)))
     if (!removed) return yield* Effect.fail(new Failed({ text: "no such secret" }))
     if (o.json) return yield* printJson({ deleted: true })
     yield* out(`deleted secret ${o.name}`)
-  })
-).pipe(Command.withDescription("delete a secret"))
+  })).pipe(Command.withDescription("delete a secret"))
 
 const secretsList = Command.make("list", { did: didArg, json }, (o) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* checkDid("<did>", o.did)
     const rows = yield* withServices(Effect.flatMap(Secrets, (s) => s.list(o.did)))
     if (o.json) {
@@ -66,10 +64,10 @@ const secretsList = Command.make("list", { did: didArg, json }, (o) =>
         rows.map((r) => [r.name, r.createdAt.toISOString(), iso(r.rotatedAt)].map(cell))
       )
     )
-  })
-).pipe(Command.withDescription("list an owner's secrets (names and times, never tokens)"))
+  })).pipe(Command.withDescription("list an owner's secrets (names and times, never tokens)"))
 
-export const secrets = Command.make("secrets", {}, () => usage("missing subcommand: create, rotate, delete or list")).pipe(
-  Command.withDescription("manage server-managed signing secrets"),
-  Command.withSubcommands([secretsCreate, secretsRotate, secretsDelete, secretsList])
-)
+export const secrets = Command.make("secrets", {}, () => usage("missing subcommand: create, rotate, delete or list"))
+  .pipe(
+    Command.withDescription("manage server-managed signing secrets"),
+    Command.withSubcommands([secretsCreate, secretsRotate, secretsDelete, secretsList])
+  )

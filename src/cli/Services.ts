@@ -9,8 +9,8 @@ import * as Config from "../services/platform/Config.js"
 import * as Database from "../services/platform/Database.js"
 import { SafeHttp } from "../services/platform/http/SafeHttp.js"
 import * as Identity from "../services/reconciliation/Identity.js"
-import * as ReconcileStore from "../services/reconciliation/ReconcileStore.js"
 import * as Reconciler from "../services/reconciliation/Reconciler.js"
+import * as ReconcileStore from "../services/reconciliation/ReconcileStore.js"
 
 // ---------------------------------------------------------------------------------------------
 // Services (built only when a command runs, so --help needs neither configuration nor database)
@@ -28,7 +28,7 @@ export const withServices = <A, E>(eff: Effect.Effect<A, E, Operator.Operator | 
  * Reconciliation from the command line: the reconcile store, and a reconciler that writes the
  * database only (a running service swaps the owner into its memory within one retry round).
  */
-const ownerServices = Effect.gen(function* () {
+const ownerServices = Effect.gen(function*() {
   const config = yield* Config.load({ isTty: false })
   return Reconciler.layerWithoutRegistry().pipe(
     Layer.provideMerge(Identity.layer()),
@@ -39,5 +39,6 @@ const ownerServices = Effect.gen(function* () {
   )
 })
 
-export const withOwnerServices = <A, E>(eff: Effect.Effect<A, E, ReconcileStore.ReconcileStore | Reconciler.Reconciler>) =>
-  Effect.flatMap(ownerServices, (layer) => Effect.provide(eff, layer))
+export const withOwnerServices = <A, E>(
+  eff: Effect.Effect<A, E, ReconcileStore.ReconcileStore | Reconciler.Reconciler>
+) => Effect.flatMap(ownerServices, (layer) => Effect.provide(eff, layer))

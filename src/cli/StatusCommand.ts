@@ -95,7 +95,9 @@ const healthLines = (h: ServiceHealth): ReadonlyArray<string> => {
   const body = asObject(h.health)
   if (!h.reachable || body === undefined) return [`service: not reachable at ${h.address}`]
   const lines = [
-    `${label("service")} ${h.address}  status ${hv(body["status"])}  ready ${h.ready === true ? "yes" : "no"}  phase ${hv(body["phase"])}`
+    `${label("service")} ${h.address}  status ${hv(body["status"])}  ready ${h.ready === true ? "yes" : "no"}  phase ${
+      hv(body["phase"])
+    }`
   ]
   const intake = asObject(body["intake"])
   if (intake !== undefined) {
@@ -104,13 +106,17 @@ const healthLines = (h: ServiceHealth): ReadonlyArray<string> => {
     for (const name of Object.keys(streams).slice(0, 32)) {
       const st = asObject(streams[name]) ?? {}
       lines.push(
-        `  stream ${cell(name)}  ${scalars(st, ["connected", "quarantined", "failureKind", "cursorAgeSeconds", "queued"])}`
+        `  stream ${cell(name)}  ${
+          scalars(st, ["connected", "quarantined", "failureKind", "cursorAgeSeconds", "queued"])
+        }`
       )
     }
   }
   const delivery = asObject(body["delivery"])
   if (delivery !== undefined) {
-    lines.push(`${label("delivery")} ${scalars(delivery, ["pending", "leased", "deadLetter", "inFlight", "openCircuits"])}`)
+    lines.push(
+      `${label("delivery")} ${scalars(delivery, ["pending", "leased", "deadLetter", "inFlight", "openCircuits"])}`
+    )
   }
   const redis = asObject(body["redis"])
   if (redis !== undefined) lines.push(`${label("redis")} ${scalars(redis, ["configured", "connected", "dropped"])}`)
@@ -124,7 +130,7 @@ const healthLines = (h: ServiceHealth): ReadonlyArray<string> => {
 }
 
 export const status = Command.make("status", { json }, (o) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const config = yield* Config.load({ isTty: false })
     const [s, service] = yield* Effect.all(
       [
@@ -146,9 +152,8 @@ export const status = Command.make("status", { json }, (o) =>
         `secrets     ${s.secrets}`
       ].join("\n")
     )
-  })
-).pipe(
-  Command.withDescription(
-    "health summary: the service's /health (phase, readiness, intake, delivery, redis; 2 s timeout) and the database counts"
+  })).pipe(
+    Command.withDescription(
+      "health summary: the service's /health (phase, readiness, intake, delivery, redis; 2 s timeout) and the database counts"
+    )
   )
-)

@@ -61,8 +61,10 @@ import { status } from "./StatusCommand.js"
 // ---------------------------------------------------------------------------------------------
 // the app
 
-const firehook = Command.make("firehook", {}, () =>
-  usage("missing command: deliveries, secrets, owners, status or hooks")
+const firehook = Command.make(
+  "firehook",
+  {},
+  () => usage("missing command: deliveries, secrets, owners, status or hooks")
 ).pipe(
   Command.withDescription("operate a firehook deployment; manage your own webhook records (hooks)"),
   Command.withSubcommands([deliveries, secrets, owners, status, hooks])
@@ -83,7 +85,7 @@ const stderrLogger = Logger.map(Logger.logfmtLogger, (line) => {
 })
 
 const program = (argv: ReadonlyArray<string>) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const console = yield* quietConsole
     const exit = yield* cli(argv).pipe(Effect.withConsole(console), Effect.exit)
     const result = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)

@@ -5,29 +5,29 @@
  */
 import * as HttpServer from "@effect/platform/HttpServer"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
-import * as Reconciliation from "./Reconciliation.js"
-import { Destinations } from "../services/delivery/Destinations.js"
 import { parseCidr } from "../schemas/Net.js"
-import { FirehookConfig, type FirehookConfigShape } from "../services/platform/Config.js"
 import * as Delivery from "../services/delivery/Delivery.js"
 import * as DeliveryStore from "../services/delivery/DeliveryStore.js"
-import * as Maintenance from "../services/operator/Maintenance.js"
+import { Destinations } from "../services/delivery/Destinations.js"
 import * as Publisher from "../services/delivery/Publisher.js"
-import { SafeHttp } from "../services/platform/http/SafeHttp.js"
 import { Secrets } from "../services/delivery/Secrets.js"
-import * as Config from "../services/platform/Config.js"
-import * as Database from "../services/platform/Database.js"
-import * as Health from "../services/platform/Health.js"
-import * as Backfill from "../services/reconciliation/Backfill.js"
 import * as CursorStore from "../services/intake/CursorStore.js"
 import * as Intake from "../services/intake/Intake.js"
-import * as Lifecycle from "../services/platform/Lifecycle.js"
 import * as Outbox from "../services/matching/Outbox.js"
 import * as PriorRefsStore from "../services/matching/PriorRefsStore.js"
 import * as Processor from "../services/matching/Processor.js"
+import * as Maintenance from "../services/operator/Maintenance.js"
+import { FirehookConfig, type FirehookConfigShape } from "../services/platform/Config.js"
+import * as Config from "../services/platform/Config.js"
+import * as Database from "../services/platform/Database.js"
+import * as Health from "../services/platform/Health.js"
+import { SafeHttp } from "../services/platform/http/SafeHttp.js"
+import * as Lifecycle from "../services/platform/Lifecycle.js"
+import { Tx } from "../services/platform/Persistence.js"
+import * as Backfill from "../services/reconciliation/Backfill.js"
 import * as Registry from "../services/registry/Registry.js"
 import * as RegistryStore from "../services/registry/RegistryStore.js"
-import { Tx } from "../services/platform/Persistence.js"
+import * as Reconciliation from "./Reconciliation.js"
 
 /** The PostgreSQL stores behind the matching pipeline. */
 export const sqlStores = Layer.mergeAll(
@@ -95,18 +95,20 @@ export interface ServiceOptions {
 /** Start the parts in order and register their drains. Requires the core services. */
 export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, options: ServiceOptions = {}) =>
   Layer.scopedDiscard(
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const lifecycle = yield* Lifecycle.Lifecycle
       const config = yield* FirehookConfig
       const scope = yield* Effect.scope
-      const startup = Effect.gen(function* () {
+      const startup = Effect.gen(function*() {
         // 3. the health server, in a scope of its own so that shutdown can stop it at its stage
         const httpScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
         const httpContext = yield* Layer.buildWithScope(
           HttpServer.serve(Health.router).pipe(Layer.provideMerge(server)),
           httpScope
         )
-        const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(Effect.provide(httpContext))
+        const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(
+          Effect.provide(httpContext)
+        )
         yield* Effect.logInfo("health server listening").pipe(Effect.annotateLogs({ address }))
         yield* lifecycle.registerStop("http", "http", Scope.close(httpScope, Exit.void))
         // 4. the registry, loaded into memory (bounded), and the matching pipeline

@@ -15,13 +15,13 @@
  * (so the CLI's reconciler has them too); options given here win over them.
  */
 import { Layer } from "effect"
-import * as Backfill from "../services/reconciliation/Backfill.js"
 import type { FirehookConfigShape } from "../services/platform/Config.js"
-import * as Identity from "../services/reconciliation/Identity.js"
-import * as ReconcileStore from "../services/reconciliation/ReconcileStore.js"
-import * as Reconciler from "../services/reconciliation/Reconciler.js"
-import * as RetryScheduler from "../services/reconciliation/RetryScheduler.js"
 import { SafeHttp } from "../services/platform/http/SafeHttp.js"
+import * as Backfill from "../services/reconciliation/Backfill.js"
+import * as Identity from "../services/reconciliation/Identity.js"
+import * as Reconciler from "../services/reconciliation/Reconciler.js"
+import * as ReconcileStore from "../services/reconciliation/ReconcileStore.js"
+import * as RetryScheduler from "../services/reconciliation/RetryScheduler.js"
 
 /**
  * Identity and the transport it uses (also used by the reconciler and owner discovery). Requires

@@ -132,8 +132,7 @@ export const utf8LengthExceeds = (s: string, max: number): boolean => {
 }
 
 /** A non-null, non-array object (anything `JSON.parse` makes is otherwise plain). */
-const isObject = (u: unknown): u is Record<string, unknown> =>
-  typeof u === "object" && u !== null && !Array.isArray(u)
+const isObject = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
 
 /** A Jetstream kind token: 1–32 chars of `[a-z]` (v1 sends `commit`, `identity`, `account`). */
 const isKindToken = (s: string): boolean => {

@@ -19,7 +19,7 @@ import * as Car from "@atcute/car"
 import * as Cbor from "@atcute/cbor"
 import { Either } from "effect"
 import { isCanonicalDid, isNsidStrict, isRkey } from "./AtUri.js"
-import { frameError, type FrameContext, type FrameError, type FrameErrorReason } from "./Jetstream.js"
+import { type FrameContext, type FrameError, frameError, type FrameErrorReason } from "./Jetstream.js"
 import { MAX_CID_LENGTH, type RecordEvent, type StreamEvent } from "./RecordEvent.js"
 import { isTid } from "./Tid.js"
 
@@ -84,8 +84,8 @@ const digitsAt = (s: string, at: number, n: number): number => {
 const daysInMonth = (y: number, m: number): number =>
   m === 2 ? ((y % 4 === 0 && y % 100 !== 0) || y % 400 === 0 ? 29 : 28) : m === 4 || m === 6 || m === 9 ||
       m === 11
-  ? 30
-  : 31
+    ? 30
+    : 31
 
 /**
  * Parses an RFC 3339 datetime `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` into microseconds since

@@ -10,9 +10,9 @@ import { randomBytes } from "node:crypto"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as App from "../../src/layers/App.js"
+import { Processor } from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Database from "../../src/services/platform/Database.js"
-import { Processor } from "../../src/services/matching/Processor.js"
 import * as Db from "../support/db.js"
 import { type CliResult, runCli } from "../support/proc.js"
 import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
@@ -46,7 +46,7 @@ const seedLayer = (url: Redacted.Redacted<string>) =>
  * Through the real processor: ALICE's webhook w1 and CAROL's w2, both on BOB's records, then two
  * posts of BOB's: four outbox rows (pending).
  */
-const seedFourDeliveries = Effect.gen(function* () {
+const seedFourDeliveries = Effect.gen(function*() {
   const processor = yield* Processor
   yield* processor.processEvents(
     [
@@ -74,164 +74,193 @@ const healthServer = (status: number, body: unknown) =>
           res.writeHead(404).end()
         }
       })
-      server.listen(0, "127.0.0.1", () => resume(Effect.succeed(Object.assign(server, { port: (server.address() as AddressInfo).port }))))
+      server.listen(0, "127.0.0.1", () =>
+        resume(Effect.succeed(Object.assign(server, { port: (server.address() as AddressInfo).port }))))
     }),
-    (server) => Effect.async<void>((resume) => void server.close(() => resume(Effect.void)))
+    (server) =>
+      Effect.async<void>((resume) =>
+        void server.close(() => resume(Effect.void))
+      )
   )
 
 /** A loopback port nothing listens on (it was free a moment ago). */
 const closedPort = Effect.scoped(Effect.map(healthServer(200, {}), (s) => s.port))
 
 describe("firehook CLI", () => {
-  it.live("invalid arguments: exit 2, one line on stderr, nothing on stdout, no database touched", () =>
-    Effect.gen(function* () {
-      // an unreachable database: argument errors must be reported before any connection attempt
-      const env = { DATABASE_URL: "postgres://firehook@127.0.0.1:1/none" }
-      const cases: ReadonlyArray<ReadonlyArray<string>> = [
-        ["deliveries", "list", "--limit", "abc"],
-        ["deliveries", "list", "--limit", "5000"],
-        ["deliveries", "list", "--since", "yesterday"],
-        ["deliveries", "list", "--owner", "alice.bsky.social"],
-        ["deliveries", "replay", "--status", "pending"],
-        ["deliveries", "replay", "--owner", ALICE],
-        ["deliveries", "show"],
-        // inverted or empty ranges of the enqueue time
-        ["deliveries", "list", "--since", "2026-01-03", "--until", "2026-01-02"],
-        ["deliveries", "list", "--since", "2026-01-02", "--until", "2026-01-02"],
-        ["deliveries", "replay", "--status", "dead_letter", "--since", "1h", "--until", "2h"],
-        ["secrets", "create", "not-a-did", "main"],
-        ["secrets", "create", ALICE, "bad/name"],
-        ["secrets", "create", ALICE, "main", "--token", "short"],
-        ["nosuchcommand"],
-        []
-      ]
-      const results = yield* Effect.forEach(cases, (args) => cli(args, env), { concurrency: 4 })
-      results.forEach((r) => expectOneLineError(r, 2))
-      // a token given by mistake is never echoed back
-      const token = `tok_${randomBytes(24).toString("hex")}`
-      const echoed = yield* cli(["secrets", "create", ALICE, "main", token], env)
-      expectOneLineError(echoed, 2)
-      expect(echoed.stderr).not.toContain(token)
-      const badToken = yield* cli(["secrets", "create", ALICE, "main", "--token", `${token} with spaces`], env)
-      expectOneLineError(badToken, 2)
-      expect(badToken.stderr).not.toContain(token)
-    }), { timeout: 60_000 })
+  it.live(
+    "invalid arguments: exit 2, one line on stderr, nothing on stdout, no database touched",
+    () =>
+      Effect.gen(function*() {
+        // an unreachable database: argument errors must be reported before any connection attempt
+        const env = { DATABASE_URL: "postgres://firehook@127.0.0.1:1/none" }
+        const cases: ReadonlyArray<ReadonlyArray<string>> = [
+          ["deliveries", "list", "--limit", "abc"],
+          ["deliveries", "list", "--limit", "5000"],
+          ["deliveries", "list", "--since", "yesterday"],
+          ["deliveries", "list", "--owner", "alice.bsky.social"],
+          ["deliveries", "replay", "--status", "pending"],
+          ["deliveries", "replay", "--owner", ALICE],
+          ["deliveries", "show"],
+          // inverted or empty ranges of the enqueue time
+          ["deliveries", "list", "--since", "2026-01-03", "--until", "2026-01-02"],
+          ["deliveries", "list", "--since", "2026-01-02", "--until", "2026-01-02"],
+          ["deliveries", "replay", "--status", "dead_letter", "--since", "1h", "--until", "2h"],
+          ["secrets", "create", "not-a-did", "main"],
+          ["secrets", "create", ALICE, "bad/name"],
+          ["secrets", "create", ALICE, "main", "--token", "short"],
+          ["nosuchcommand"],
+          []
+        ]
+        const results = yield* Effect.forEach(cases, (args) => cli(args, env), { concurrency: 4 })
+        results.forEach((r) => expectOneLineError(r, 2))
+        // a token given by mistake is never echoed back
+        const token = `tok_${randomBytes(24).toString("hex")}`
+        const echoed = yield* cli(["secrets", "create", ALICE, "main", token], env)
+        expectOneLineError(echoed, 2)
+        expect(echoed.stderr).not.toContain(token)
+        const badToken = yield* cli(["secrets", "create", ALICE, "main", "--token", `${token} with spaces`], env)
+        expectOneLineError(badToken, 2)
+        expect(badToken.stderr).not.toContain(token)
+      }),
+    { timeout: 60_000 }
+  )
 
   it.live("an unreachable database is an operational failure: exit 1, one line", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const r = yield* cli(["status"], { DATABASE_URL: "postgres://firehook:pw@127.0.0.1:1/none" })
       expectOneLineError(r, 1)
       expect(r.stderr).not.toContain("pw@")
     }), { timeout: 60_000 })
 
-  it.scopedLive("secrets, replay, list, show, redeliver and status against a fresh database", () =>
-    Effect.gen(function* () {
-      const db = yield* Db.freshDatabase
-      // nothing listens on the health port: status prints the counts all the same
-      const env = {
-        DATABASE_URL: Redacted.value(db.url),
-        WEBHOOK_SECRET_ENCRYPTION_KEY: KEY,
-        HEALTH_PORT: String(yield* closedPort)
-      }
+  it.scopedLive(
+    "secrets, replay, list, show, redeliver and status against a fresh database",
+    () =>
+      Effect.gen(function*() {
+        const db = yield* Db.freshDatabase
+        // nothing listens on the health port: status prints the counts all the same
+        const env = {
+          DATABASE_URL: Redacted.value(db.url),
+          WEBHOOK_SECRET_ENCRYPTION_KEY: KEY,
+          HEALTH_PORT: String(yield* closedPort)
+        }
 
-      // --- secrets: the token once, alone on stdout
-      const created = yield* cli(["secrets", "create", ALICE, "main"], env)
-      expect(created.code, created.stderr).toBe(0)
-      expect(created.stderr).toBe("")
-      expect(lines(created.stdout)).toHaveLength(1)
-      const token = created.stdout.trim()
-      expect(token).toMatch(/^whsec_[A-Za-z0-9+/]{43}=$/)
-      expect(created.stdout).toBe(`${token}\n`)
-      const again = yield* cli(["secrets", "create", ALICE, "main"], env)
-      expectOneLineError(again, 1)
-      const noKey = yield* cli(["secrets", "create", ALICE, "other"], { DATABASE_URL: env.DATABASE_URL })
-      expectOneLineError(noKey, 1)
-      expect(noKey.stderr).toContain("WEBHOOK_SECRET_ENCRYPTION_KEY")
-      const given = "G".repeat(40)
-      const rotated = yield* cli(["secrets", "rotate", ALICE, "main", "--token", given], env)
-      expect(rotated.code).toBe(0)
-      expect(rotated.stdout).toBe(`${given}\n`)
-      const listed = yield* cli(["secrets", "list", ALICE, "--json"], env)
-      expect(listed.code).toBe(0)
-      const secrets = JSON.parse(listed.stdout) as Array<{ name: string; createdAt: string; rotatedAt: string | null }>
-      expect(secrets.map((s) => s.name)).toEqual(["main"])
-      expect(secrets[0]?.rotatedAt).not.toBeNull()
-      expect(listed.stdout).not.toContain(token)
-      expect(listed.stdout).not.toContain(given)
-      const table = yield* cli(["secrets", "list", ALICE], env)
-      expect(lines(table.stdout)[0]).toMatch(/^NAME\s+CREATED\s+ROTATED$/)
-      expect((yield* cli(["secrets", "delete", ALICE, "main"], env)).code).toBe(0)
-      expectOneLineError(yield* cli(["secrets", "delete", ALICE, "main"], env), 1)
+        // --- secrets: the token once, alone on stdout
+        const created = yield* cli(["secrets", "create", ALICE, "main"], env)
+        expect(created.code, created.stderr).toBe(0)
+        expect(created.stderr).toBe("")
+        expect(lines(created.stdout)).toHaveLength(1)
+        const token = created.stdout.trim()
+        expect(token).toMatch(/^whsec_[A-Za-z0-9+/]{43}=$/)
+        expect(created.stdout).toBe(`${token}\n`)
+        const again = yield* cli(["secrets", "create", ALICE, "main"], env)
+        expectOneLineError(again, 1)
+        const noKey = yield* cli(["secrets", "create", ALICE, "other"], { DATABASE_URL: env.DATABASE_URL })
+        expectOneLineError(noKey, 1)
+        expect(noKey.stderr).toContain("WEBHOOK_SECRET_ENCRYPTION_KEY")
+        const given = "G".repeat(40)
+        const rotated = yield* cli(["secrets", "rotate", ALICE, "main", "--token", given], env)
+        expect(rotated.code).toBe(0)
+        expect(rotated.stdout).toBe(`${given}\n`)
+        const listed = yield* cli(["secrets", "list", ALICE, "--json"], env)
+        expect(listed.code).toBe(0)
+        const secrets = JSON.parse(listed.stdout) as Array<
+          { name: string; createdAt: string; rotatedAt: string | null }
+        >
+        expect(secrets.map((s) => s.name)).toEqual(["main"])
+        expect(secrets[0]?.rotatedAt).not.toBeNull()
+        expect(listed.stdout).not.toContain(token)
+        expect(listed.stdout).not.toContain(given)
+        const table = yield* cli(["secrets", "list", ALICE], env)
+        expect(lines(table.stdout)[0]).toMatch(/^NAME\s+CREATED\s+ROTATED$/)
+        expect((yield* cli(["secrets", "delete", ALICE, "main"], env)).code).toBe(0)
+        expectOneLineError(yield* cli(["secrets", "delete", ALICE, "main"], env), 1)
 
-      // --- outbox rows through the real processor, then dead-lettered
-      yield* Effect.gen(function* () {
-        yield* seedFourDeliveries
-        const sql = yield* SqlClient.SqlClient
-        yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, last_error_kind = 'http_5xx',
+        // --- outbox rows through the real processor, then dead-lettered
+        yield* Effect.gen(function*() {
+          yield* seedFourDeliveries
+          const sql = yield* SqlClient.SqlClient
+          yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, last_error_kind = 'http_5xx',
                      last_http_status = 503, finished_at = now()`
-      }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
 
-      // --- replay: the count, and only the owner's rows
-      const replay = yield* cli(["deliveries", "replay", "--status", "dead_letter", "--owner", ALICE], env)
-      expect(replay.code, replay.stderr).toBe(0)
-      expect(replay.stdout).toBe("replayed 2 dead-lettered deliveries\n")
-      const replayJson = yield* cli(["deliveries", "replay", "--status", "dead_letter", "--owner", CAROL, "--since", "1h", "--json"], env)
-      expect(replayJson.code).toBe(0)
-      expect(JSON.parse(replayJson.stdout)).toEqual({ replayed: 2, inactiveSubscription: 0, complete: true })
-      expect(JSON.parse((yield* cli(["deliveries", "replay", "--status", "dead_letter", "--json"], env)).stdout)).toEqual({
-        replayed: 0,
-        inactiveSubscription: 0,
-        complete: true
-      })
+        // --- replay: the count, and only the owner's rows
+        const replay = yield* cli(["deliveries", "replay", "--status", "dead_letter", "--owner", ALICE], env)
+        expect(replay.code, replay.stderr).toBe(0)
+        expect(replay.stdout).toBe("replayed 2 dead-lettered deliveries\n")
+        const replayJson = yield* cli([
+          "deliveries",
+          "replay",
+          "--status",
+          "dead_letter",
+          "--owner",
+          CAROL,
+          "--since",
+          "1h",
+          "--json"
+        ], env)
+        expect(replayJson.code).toBe(0)
+        expect(JSON.parse(replayJson.stdout)).toEqual({ replayed: 2, inactiveSubscription: 0, complete: true })
+        expect(JSON.parse((yield* cli(["deliveries", "replay", "--status", "dead_letter", "--json"], env)).stdout))
+          .toEqual({
+            replayed: 0,
+            inactiveSubscription: 0,
+            complete: true
+          })
 
-      // --- status --json parses and counts
-      const status = yield* cli(["status", "--json"], env)
-      expect(status.code, status.stderr).toBe(0)
-      const summary = JSON.parse(status.stdout) as { deliveries: Record<string, number>; webhooks: Record<string, number> }
-      expect(summary.deliveries).toMatchObject({ pending: 4, dead_letter: 0 })
-      expect(summary.webhooks).toMatchObject({ active: 2 })
-      const human = yield* cli(["status"], env)
-      expect(human.code).toBe(0)
-      expect(human.stdout).toContain("pending 4")
+        // --- status --json parses and counts
+        const status = yield* cli(["status", "--json"], env)
+        expect(status.code, status.stderr).toBe(0)
+        const summary = JSON.parse(status.stdout) as {
+          deliveries: Record<string, number>
+          webhooks: Record<string, number>
+        }
+        expect(summary.deliveries).toMatchObject({ pending: 4, dead_letter: 0 })
+        expect(summary.webhooks).toMatchObject({ active: 2 })
+        const human = yield* cli(["status"], env)
+        expect(human.code).toBe(0)
+        expect(human.stdout).toContain("pending 4")
 
-      // --- list: URLs hidden unless --show-urls
-      const list = yield* cli(["deliveries", "list", "--owner", ALICE], env)
-      expect(list.code).toBe(0)
-      expect(lines(list.stdout)).toHaveLength(3)
-      expect(lines(list.stdout)[0]).toMatch(/^DELIVERY\s+STATUS\s+ATTEMPTS/)
-      expect(list.stdout).not.toContain("alice.example")
-      const listJson = JSON.parse((yield* cli(["deliveries", "list", "--json"], env)).stdout) as Array<{
-        deliveryId: string
-        targetUrl: string
-        status: string
-        attemptCount: number
-      }>
-      expect(listJson).toHaveLength(4)
-      expect(listJson.every((d) => d.targetUrl === "[redacted]" && d.status === "pending" && d.attemptCount === 0)).toBe(true)
-      const withUrls = yield* cli(["deliveries", "list", "--owner", ALICE, "--show-urls"], env)
-      expect(withUrls.stdout).toContain("https://alice.example/hook")
+        // --- list: URLs hidden unless --show-urls
+        const list = yield* cli(["deliveries", "list", "--owner", ALICE], env)
+        expect(list.code).toBe(0)
+        expect(lines(list.stdout)).toHaveLength(3)
+        expect(lines(list.stdout)[0]).toMatch(/^DELIVERY\s+STATUS\s+ATTEMPTS/)
+        expect(list.stdout).not.toContain("alice.example")
+        const listJson = JSON.parse((yield* cli(["deliveries", "list", "--json"], env)).stdout) as Array<{
+          deliveryId: string
+          targetUrl: string
+          status: string
+          attemptCount: number
+        }>
+        expect(listJson).toHaveLength(4)
+        expect(listJson.every((d) => d.targetUrl === "[redacted]" && d.status === "pending" && d.attemptCount === 0))
+          .toBe(true)
+        const withUrls = yield* cli(["deliveries", "list", "--owner", ALICE, "--show-urls"], env)
+        expect(withUrls.stdout).toContain("https://alice.example/hook")
 
-      // --- show and redeliver
-      const id = listJson[0]?.deliveryId ?? ""
-      const show = yield* cli(["deliveries", "show", id], env)
-      expect(show.code).toBe(0)
-      expect(show.stdout).toContain(id)
-      expect(show.stdout).toContain("[redacted]")
-      expect(show.stdout).toContain("no attempts")
-      const showJson = JSON.parse((yield* cli(["deliveries", "show", id, "--json"], env)).stdout) as {
-        delivery: { deliveryId: string }
-        attempts: Array<unknown>
-        olderAttemptsNotShown: number
-      }
-      expect(showJson.delivery.deliveryId).toBe(id)
-      expect(showJson.attempts).toEqual([])
-      expect(showJson.olderAttemptsNotShown).toBe(0)
-      expectOneLineError(yield* cli(["deliveries", "show", "whd_v1_missing"], env), 1)
-      const redeliver = yield* cli(["deliveries", "redeliver", id], env)
-      expect(redeliver.code).toBe(0)
-      expect(redeliver.stdout).toContain(id)
-      expectOneLineError(yield* cli(["deliveries", "redeliver", "whd_v1_missing"], env), 1)
-    }), { timeout: 120_000 })
+        // --- show and redeliver
+        const id = listJson[0]?.deliveryId ?? ""
+        const show = yield* cli(["deliveries", "show", id], env)
+        expect(show.code).toBe(0)
+        expect(show.stdout).toContain(id)
+        expect(show.stdout).toContain("[redacted]")
+        expect(show.stdout).toContain("no attempts")
+        const showJson = JSON.parse((yield* cli(["deliveries", "show", id, "--json"], env)).stdout) as {
+          delivery: { deliveryId: string }
+          attempts: Array<unknown>
+          olderAttemptsNotShown: number
+        }
+        expect(showJson.delivery.deliveryId).toBe(id)
+        expect(showJson.attempts).toEqual([])
+        expect(showJson.olderAttemptsNotShown).toBe(0)
+        expectOneLineError(yield* cli(["deliveries", "show", "whd_v1_missing"], env), 1)
+        const redeliver = yield* cli(["deliveries", "redeliver", id], env)
+        expect(redeliver.code).toBe(0)
+        expect(redeliver.stdout).toContain(id)
+        expectOneLineError(yield* cli(["deliveries", "redeliver", "whd_v1_missing"], env), 1)
+      }),
+    { timeout: 120_000 }
+  )
 })
 
 describe("firehook CLI (operator defects)", () => {
@@ -254,125 +283,146 @@ describe("firehook CLI (operator defects)", () => {
     redis: { configured: true, connected: false, dropped: 7 }
   }
 
-  it.scopedLive("status: the service's /health when it answers (2 s timeout), 'not reachable' when nothing listens", () =>
-    Effect.gen(function* () {
-      const db = yield* Db.freshDatabase
-      const server = yield* healthServer(200, HEALTH)
-      const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_HOST: "127.0.0.1", HEALTH_PORT: String(server.port) }
-      const human = yield* cli(["status"], env)
-      expect(human.code, human.stderr).toBe(0)
-      const out = lines(human.stdout)
-      expect(out[0]).toMatch(new RegExp(`^service\\s+127\\.0\\.0\\.1:${server.port}\\s+status ok\\s+ready yes\\s+phase live$`))
-      expect(human.stdout).toMatch(/intake\s+role leader {2}connected yes {2}progressing yes {2}queued 3/)
-      expect(human.stdout).toContain("stream direct  connected yes  quarantined no  failureKind -  cursorAgeSeconds 4")
-      expect(human.stdout).toContain("stream registry  connected no  quarantined no  failureKind network  cursorAgeSeconds 97")
-      expect(human.stdout).toMatch(/delivery\s+pending 5 {2}leased 1 {2}deadLetter 2 {2}inFlight 1 {2}openCircuits 0/)
-      expect(human.stdout).toMatch(/redis\s+configured yes {2}connected no {2}dropped 7/)
-      expect(human.stdout).toMatch(/backfill\s+running yes {2}passes 2/)
-      expect(human.stdout).toMatch(/^deliveries\s+pending 0/m)
-      const json = yield* cli(["status", "--json"], env)
-      expect(json.code, json.stderr).toBe(0)
-      const parsed = JSON.parse(json.stdout) as {
-        deliveries: Record<string, number>
-        service: { reachable: boolean; address: string; httpStatus: number; ready: boolean; health: unknown }
-      }
-      expect(parsed.deliveries).toMatchObject({ pending: 0 })
-      expect(parsed.service).toEqual({
-        reachable: true,
-        address: `127.0.0.1:${server.port}`,
-        httpStatus: 200,
-        ready: true,
-        health: HEALTH
-      })
+  it.scopedLive(
+    "status: the service's /health when it answers (2 s timeout), 'not reachable' when nothing listens",
+    () =>
+      Effect.gen(function*() {
+        const db = yield* Db.freshDatabase
+        const server = yield* healthServer(200, HEALTH)
+        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_HOST: "127.0.0.1", HEALTH_PORT: String(server.port) }
+        const human = yield* cli(["status"], env)
+        expect(human.code, human.stderr).toBe(0)
+        const out = lines(human.stdout)
+        expect(out[0]).toMatch(
+          new RegExp(`^service\\s+127\\.0\\.0\\.1:${server.port}\\s+status ok\\s+ready yes\\s+phase live$`)
+        )
+        expect(human.stdout).toMatch(/intake\s+role leader {2}connected yes {2}progressing yes {2}queued 3/)
+        expect(human.stdout).toContain(
+          "stream direct  connected yes  quarantined no  failureKind -  cursorAgeSeconds 4"
+        )
+        expect(human.stdout).toContain(
+          "stream registry  connected no  quarantined no  failureKind network  cursorAgeSeconds 97"
+        )
+        expect(human.stdout).toMatch(/delivery\s+pending 5 {2}leased 1 {2}deadLetter 2 {2}inFlight 1 {2}openCircuits 0/)
+        expect(human.stdout).toMatch(/redis\s+configured yes {2}connected no {2}dropped 7/)
+        expect(human.stdout).toMatch(/backfill\s+running yes {2}passes 2/)
+        expect(human.stdout).toMatch(/^deliveries\s+pending 0/m)
+        const json = yield* cli(["status", "--json"], env)
+        expect(json.code, json.stderr).toBe(0)
+        const parsed = JSON.parse(json.stdout) as {
+          deliveries: Record<string, number>
+          service: { reachable: boolean; address: string; httpStatus: number; ready: boolean; health: unknown }
+        }
+        expect(parsed.deliveries).toMatchObject({ pending: 0 })
+        expect(parsed.service).toEqual({
+          reachable: true,
+          address: `127.0.0.1:${server.port}`,
+          httpStatus: 200,
+          ready: true,
+          health: HEALTH
+        })
 
-      // a service that is up but not ready answers 503 with the same body
-      const starting = yield* healthServer(503, { ...HEALTH, status: "unavailable", phase: "starting" })
-      const notReady = yield* cli(["status"], { ...env, HEALTH_PORT: String(starting.port) })
-      expect(notReady.code, notReady.stderr).toBe(0)
-      expect(lines(notReady.stdout)[0]).toMatch(/status unavailable\s+ready no\s+phase starting$/)
+        // a service that is up but not ready answers 503 with the same body
+        const starting = yield* healthServer(503, { ...HEALTH, status: "unavailable", phase: "starting" })
+        const notReady = yield* cli(["status"], { ...env, HEALTH_PORT: String(starting.port) })
+        expect(notReady.code, notReady.stderr).toBe(0)
+        expect(lines(notReady.stdout)[0]).toMatch(/status unavailable\s+ready no\s+phase starting$/)
 
-      // nothing listening: said so, the counts all the same
-      const port = yield* closedPort
-      const down = yield* cli(["status"], { ...env, HEALTH_PORT: String(port) })
-      expect(down.code, down.stderr).toBe(0)
-      expect(lines(down.stdout)[0]).toBe(`service: not reachable at 127.0.0.1:${port}`)
-      expect(down.stdout).toMatch(/^deliveries\s+pending 0/m)
-      const downJson = JSON.parse((yield* cli(["status", "--json"], { ...env, HEALTH_PORT: String(port) })).stdout) as {
-        service: unknown
-        deliveries: unknown
-      }
-      expect(downJson.service).toEqual({ reachable: false, address: `127.0.0.1:${port}` })
-      expect(downJson.deliveries).toBeDefined()
-    }), { timeout: 60_000 })
+        // nothing listening: said so, the counts all the same
+        const port = yield* closedPort
+        const down = yield* cli(["status"], { ...env, HEALTH_PORT: String(port) })
+        expect(down.code, down.stderr).toBe(0)
+        expect(lines(down.stdout)[0]).toBe(`service: not reachable at 127.0.0.1:${port}`)
+        expect(down.stdout).toMatch(/^deliveries\s+pending 0/m)
+        const downJson = JSON.parse(
+          (yield* cli(["status", "--json"], { ...env, HEALTH_PORT: String(port) })).stdout
+        ) as {
+          service: unknown
+          deliveries: unknown
+        }
+        expect(downJson.service).toEqual({ reachable: false, address: `127.0.0.1:${port}` })
+        expect(downJson.deliveries).toBeDefined()
+      }),
+    { timeout: 60_000 }
+  )
 
-  it.scopedLive("replay, redeliver and show say what they did: inactive subscriptions, expired leases, older attempts", () =>
-    Effect.gen(function* () {
-      const db = yield* Db.freshDatabase
-      const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
-      yield* Effect.gen(function* () {
-        yield* seedFourDeliveries
-        const sql = yield* SqlClient.SqlClient
-        yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now()`
-        // CAROL's webhook is disabled since: her two rows would be cancelled without a request
-        yield* sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${CAROL}`
-      }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+  it.scopedLive(
+    "replay, redeliver and show say what they did: inactive subscriptions, expired leases, older attempts",
+    () =>
+      Effect.gen(function*() {
+        const db = yield* Db.freshDatabase
+        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
+        yield* Effect.gen(function*() {
+          yield* seedFourDeliveries
+          const sql = yield* SqlClient.SqlClient
+          yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now()`
+          // CAROL's webhook is disabled since: her two rows would be cancelled without a request
+          yield* sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${CAROL}`
+        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
 
-      const replay = yield* cli(["deliveries", "replay", "--status", "dead_letter"], env)
-      expect(replay.code, replay.stderr).toBe(0)
-      expect(replay.stdout).toBe(
-        "replayed 4 dead-lettered deliveries (2 of them belong to a subscription that is no longer active as enqueued and will be cancelled without a request)\n"
-      )
+        const replay = yield* cli(["deliveries", "replay", "--status", "dead_letter"], env)
+        expect(replay.code, replay.stderr).toBe(0)
+        expect(replay.stdout).toBe(
+          "replayed 4 dead-lettered deliveries (2 of them belong to a subscription that is no longer active as enqueued and will be cancelled without a request)\n"
+        )
 
-      const list = JSON.parse((yield* cli(["deliveries", "list", "--owner", ALICE, "--json"], env)).stdout) as Array<{ deliveryId: string }>
-      const [a, b] = list.map((d) => d.deliveryId)
-      if (a === undefined || b === undefined) return expect.unreachable()
-      const carol = (JSON.parse((yield* cli(["deliveries", "list", "--owner", CAROL, "--json"], env)).stdout) as Array<{ deliveryId: string }>)[0]?.deliveryId ?? ""
+        const list = JSON.parse((yield* cli(["deliveries", "list", "--owner", ALICE, "--json"], env)).stdout) as Array<
+          { deliveryId: string }
+        >
+        const [a, b] = list.map((d) => d.deliveryId)
+        if (a === undefined || b === undefined) return expect.unreachable()
+        const carol =
+          (JSON.parse((yield* cli(["deliveries", "list", "--owner", CAROL, "--json"], env)).stdout) as Array<
+            { deliveryId: string }
+          >)[0]?.deliveryId ?? ""
 
-      yield* Effect.gen(function* () {
-        const sql = yield* SqlClient.SqlClient
-        // a: left leased by a worker that stopped (its lease expired); b: leased right now
-        yield* sql`UPDATE outbox SET status = 'leased', lease_token = 'gone:1', leased_until = now() - interval '2 minutes' WHERE delivery_id = ${a}`
-        yield* sql`UPDATE outbox SET status = 'leased', lease_token = 'w:1', leased_until = now() + interval '5 minutes' WHERE delivery_id = ${b}`
-        yield* sql`UPDATE outbox SET status = 'cancelled', finished_at = now() WHERE delivery_id = ${carol}`
-        yield* sql`
+        yield* Effect.gen(function*() {
+          const sql = yield* SqlClient.SqlClient
+          // a: left leased by a worker that stopped (its lease expired); b: leased right now
+          yield* sql`UPDATE outbox SET status = 'leased', lease_token = 'gone:1', leased_until = now() - interval '2 minutes' WHERE delivery_id = ${a}`
+          yield* sql`UPDATE outbox SET status = 'leased', lease_token = 'w:1', leased_until = now() + interval '5 minutes' WHERE delivery_id = ${b}`
+          yield* sql`UPDATE outbox SET status = 'cancelled', finished_at = now() WHERE delivery_id = ${carol}`
+          yield* sql`
           INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error_kind, http_status)
           SELECT ${a}, g, now() - make_interval(secs => 2000 - g), 1, 'failed', 'http_5xx', 503 FROM generate_series(1, 1003) g`
-      }).pipe(Effect.provide(Database.layerUrl(db.url)), Effect.scoped)
+        }).pipe(Effect.provide(Database.layerUrl(db.url)), Effect.scoped)
 
-      const expired = yield* cli(["deliveries", "redeliver", a], env)
-      expect(expired.code, expired.stderr).toBe(0)
-      expect(expired.stdout).toContain("lease had expired")
-      expect(expired.stdout).not.toContain("being attempted")
-      const leased = yield* cli(["deliveries", "redeliver", b], env)
-      expectOneLineError(leased, 1)
-      expect(leased.stderr).toMatch(/being attempted right now \(leased until \d{4}-/)
-      const pending = yield* cli(["deliveries", "redeliver", a, "--json"], env)
-      expect(JSON.parse(pending.stdout)).toEqual({
-        deliveryId: a,
-        redelivered: true,
-        previousStatus: "pending",
-        leaseExpired: false,
-        subscriptionInactive: false
-      })
-      expect((yield* cli(["deliveries", "redeliver", a], env)).stdout).toContain("it was pending")
-      const cancelled = yield* cli(["deliveries", "redeliver", carol], env)
-      expect(cancelled.code).toBe(0)
-      expect(lines(cancelled.stdout)).toEqual([
-        `redelivering ${carol} (pending, fresh attempt budget; it was cancelled)`,
-        "note: this delivery belongs to a subscription that is no longer active as enqueued and will be cancelled without a request"
-      ])
+        const expired = yield* cli(["deliveries", "redeliver", a], env)
+        expect(expired.code, expired.stderr).toBe(0)
+        expect(expired.stdout).toContain("lease had expired")
+        expect(expired.stdout).not.toContain("being attempted")
+        const leased = yield* cli(["deliveries", "redeliver", b], env)
+        expectOneLineError(leased, 1)
+        expect(leased.stderr).toMatch(/being attempted right now \(leased until \d{4}-/)
+        const pending = yield* cli(["deliveries", "redeliver", a, "--json"], env)
+        expect(JSON.parse(pending.stdout)).toEqual({
+          deliveryId: a,
+          redelivered: true,
+          previousStatus: "pending",
+          leaseExpired: false,
+          subscriptionInactive: false
+        })
+        expect((yield* cli(["deliveries", "redeliver", a], env)).stdout).toContain("it was pending")
+        const cancelled = yield* cli(["deliveries", "redeliver", carol], env)
+        expect(cancelled.code).toBe(0)
+        expect(lines(cancelled.stdout)).toEqual([
+          `redelivering ${carol} (pending, fresh attempt budget; it was cancelled)`,
+          "note: this delivery belongs to a subscription that is no longer active as enqueued and will be cancelled without a request"
+        ])
 
-      const show = yield* cli(["deliveries", "show", a], env)
-      expect(show.code, show.stderr).toBe(0)
-      expect(show.stdout).toContain("3 older attempts not shown (the newest 1000 follow)")
-      expect(show.stdout).toMatch(/^4\s+\d{4}-/m)
-      expect(show.stdout).toMatch(/^1003\s/m)
-      expect(show.stdout).not.toMatch(/^3\s+\d{4}-/m)
-      const showJson = JSON.parse((yield* cli(["deliveries", "show", a, "--json"], env)).stdout) as {
-        attempts: Array<{ attempt: number }>
-        olderAttemptsNotShown: number
-      }
-      expect(showJson.olderAttemptsNotShown).toBe(3)
-      expect(showJson.attempts.map((x) => x.attempt)).toEqual(Array.from({ length: 1000 }, (_, i) => i + 4))
-    }), { timeout: 120_000 })
+        const show = yield* cli(["deliveries", "show", a], env)
+        expect(show.code, show.stderr).toBe(0)
+        expect(show.stdout).toContain("3 older attempts not shown (the newest 1000 follow)")
+        expect(show.stdout).toMatch(/^4\s+\d{4}-/m)
+        expect(show.stdout).toMatch(/^1003\s/m)
+        expect(show.stdout).not.toMatch(/^3\s+\d{4}-/m)
+        const showJson = JSON.parse((yield* cli(["deliveries", "show", a, "--json"], env)).stdout) as {
+          attempts: Array<{ attempt: number }>
+          olderAttemptsNotShown: number
+        }
+        expect(showJson.olderAttemptsNotShown).toBe(3)
+        expect(showJson.attempts.map((x) => x.attempt)).toEqual(Array.from({ length: 1000 }, (_, i) => i + 4))
+      }),
+    { timeout: 120_000 }
+  )
 })

@@ -9,11 +9,20 @@
  * a delivery is proven without sleeping: a second webhook on the same collection is the sentinel
  * (the stream is ordered, and a webhook's outbox rows are written with the event's batch).
  */
-import { randomBytes } from "node:crypto"
 import { Effect, Exit, Scope } from "effect"
+import { randomBytes } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type Received, type Receiver, receiver } from "../delivery/worker-support.js"
-import { type Account, createAccount, createRecord, type Devnet, devnetFirehookEnv, nowIso, startDevnet, WH } from "../support/devnet.js"
+import {
+  type Account,
+  createAccount,
+  createRecord,
+  type Devnet,
+  devnetFirehookEnv,
+  nowIso,
+  startDevnet,
+  WH
+} from "../support/devnet.js"
 import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
 import { type CliResult, exitWithin, runCli, waitFor } from "../support/proc.js"
 
@@ -38,7 +47,9 @@ beforeAll(async () => {
 }, 120_000)
 
 afterAll(async () => {
-  if (firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null) {
+  if (
+    firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null
+  ) {
     firehook.running.child.kill("SIGTERM")
     expect((await exitWithin(firehook.running, 15_000)).code).toBe(0)
   }
@@ -89,7 +100,8 @@ const owner = async (name: string): Promise<Owner> => {
   }
 }
 
-const hooks = (o: Owner, args: ReadonlyArray<string>, env: Record<string, string> = o.env) => runCli(["hooks", ...args], env)
+const hooks = (o: Owner, args: ReadonlyArray<string>, env: Record<string, string> = o.env) =>
+  runCli(["hooks", ...args], env)
 
 interface Listed {
   readonly did: string
@@ -131,7 +143,10 @@ const waitWebhook = (o: Owner, rkey: string, ok: (row: WebhookRow | undefined) =
   waitUntil(
     async () =>
       ok(
-        (await query<WebhookRow>(db, "SELECT cid, enabled, active FROM webhooks WHERE owner_did = $1 AND rkey = $2", [o.account.did, rkey]))[0]
+        (await query<WebhookRow>(db, "SELECT cid, enabled, active FROM webhooks WHERE owner_did = $1 AND rkey = $2", [
+          o.account.did,
+          rkey
+        ]))[0]
       ),
     30_000,
     what,
@@ -146,10 +161,14 @@ const post = (o: Owner, text: string) => createRecord(o.account, "app.bsky.feed.
 
 const outboxRkeys = async (o: Owner, webhookRkey: string): Promise<ReadonlyArray<string>> =>
   (
-    await query<{ event_rkey: string }>(db, "SELECT event_rkey FROM outbox WHERE owner_did = $1 AND webhook_rkey = $2", [
-      o.account.did,
-      webhookRkey
-    ])
+    await query<{ event_rkey: string }>(
+      db,
+      "SELECT event_rkey FROM outbox WHERE owner_did = $1 AND webhook_rkey = $2",
+      [
+        o.account.did,
+        webhookRkey
+      ]
+    )
   ).map((r) => r.event_rkey)
 
 // ---------------------------------------------------------------------------------------------
@@ -163,7 +182,18 @@ describe("firehook hooks (webhook owners' CLI) on a real PDS", () => {
       expect(r.stdout).toContain("--identifier")
     }
     const create = await runCli(["hooks", "create", "--help"], {})
-    for (const flag of ["--scope", "--collection", "--url", "--events", "--secret-id", "--generate-secret", "--pds", "--identifier"]) {
+    for (
+      const flag of [
+        "--scope",
+        "--collection",
+        "--url",
+        "--events",
+        "--secret-id",
+        "--generate-secret",
+        "--pds",
+        "--identifier"
+      ]
+    ) {
       expect(create.stdout).toContain(flag)
     }
     // no subcommand: a usage error, one line
@@ -226,10 +256,14 @@ describe("firehook hooks (webhook owners' CLI) on a real PDS", () => {
     const viaFlag = await hooks(erin, ["list", "--password", wrong], { ...erin.env, ATPROTO_APP_PASSWORD: "" })
     expectOneLineError(viaFlag, 1)
     expect(viaFlag.stderr).toBe("firehook: login failed: invalid identifier or password\n")
-    const viaEnv = await hooks(erin, ["create", "--collection", "app.bsky.feed.post", "--url", "https://example.com/h"], {
-      ...erin.env,
-      ATPROTO_APP_PASSWORD: wrong
-    })
+    const viaEnv = await hooks(
+      erin,
+      ["create", "--collection", "app.bsky.feed.post", "--url", "https://example.com/h"],
+      {
+        ...erin.env,
+        ATPROTO_APP_PASSWORD: wrong
+      }
+    )
     expectOneLineError(viaEnv, 1)
     expect(viaEnv.stderr).not.toContain(wrong)
     expect(await pdsRecords(erin)).toEqual([])
@@ -239,136 +273,172 @@ describe("firehook hooks (webhook owners' CLI) on a real PDS", () => {
     expect(down.stderr).toContain("could not reach the PDS")
   }, 60_000)
 
-  it("create → list → firehook delivers → disable → no deliveries → enable → delete → no deliveries → list empty", async () => {
-    const frank = await owner("frank")
-    const did = frank.account.did
+  it(
+    "create → list → firehook delivers → disable → no deliveries → enable → delete → no deliveries → list empty",
+    async () => {
+      const frank = await owner("frank")
+      const did = frank.account.did
 
-    // A: the webhook under test, on Frank's posts, with a generated secret (printed once)
-    const createdA = await hooks(frank, ["create", "--collection", "app.bsky.feed.post", "--url", `${rx.url}/hook-a`, "--generate-secret", "--json"])
-    expectOk(createdA)
-    const a = JSON.parse(createdA.stdout) as { did: string; uri: string; rkey: string; cid: string; enabled: boolean; secret: string }
-    expect(a.did).toBe(did)
-    expect(a.uri).toBe(`at://${did}/${WH}/${a.rkey}`)
-    expect(a.enabled).toBe(true)
-    expect(a.secret).toMatch(/^whsec_[A-Za-z0-9+/]{43}=$/)
-    secrets.set(a.uri, a.secret)
+      // A: the webhook under test, on Frank's posts, with a generated secret (printed once)
+      const createdA = await hooks(frank, [
+        "create",
+        "--collection",
+        "app.bsky.feed.post",
+        "--url",
+        `${rx.url}/hook-a`,
+        "--generate-secret",
+        "--json"
+      ])
+      expectOk(createdA)
+      const a = JSON.parse(createdA.stdout) as {
+        did: string
+        uri: string
+        rkey: string
+        cid: string
+        enabled: boolean
+        secret: string
+      }
+      expect(a.did).toBe(did)
+      expect(a.uri).toBe(`at://${did}/${WH}/${a.rkey}`)
+      expect(a.enabled).toBe(true)
+      expect(a.secret).toMatch(/^whsec_[A-Za-z0-9+/]{43}=$/)
+      secrets.set(a.uri, a.secret)
 
-    // B: the sentinel, same collection, a caller-given secret and record key (human output)
-    const secretB = `sentinel-${randomBytes(16).toString("hex")}`
-    const createdB = await hooks(frank, [
-      "create",
-      "--scope",
-      `at://${did}/app.bsky.feed.post`,
-      "--url",
-      `${rx.url}/hook-b`,
-      "--secret",
-      secretB,
-      "--events",
-      "create",
-      "--rkey",
-      "sentinel"
-    ])
-    expectOk(createdB)
-    expect(lines(createdB.stdout)).toEqual([`created webhook sentinel: at://${did}/${WH}/sentinel`])
-    expect(createdB.stdout).not.toContain(secretB)
-    secrets.set(`at://${did}/${WH}/sentinel`, secretB)
-    // an existing record key is never replaced
-    const again = await hooks(frank, ["create", "--collection", "app.bsky.feed.post", "--url", `${rx.url}/other`, "--rkey", "sentinel"])
-    expectOneLineError(again, 1)
-    expect(again.stderr).toContain("already exists")
+      // B: the sentinel, same collection, a caller-given secret and record key (human output)
+      const secretB = `sentinel-${randomBytes(16).toString("hex")}`
+      const createdB = await hooks(frank, [
+        "create",
+        "--scope",
+        `at://${did}/app.bsky.feed.post`,
+        "--url",
+        `${rx.url}/hook-b`,
+        "--secret",
+        secretB,
+        "--events",
+        "create",
+        "--rkey",
+        "sentinel"
+      ])
+      expectOk(createdB)
+      expect(lines(createdB.stdout)).toEqual([`created webhook sentinel: at://${did}/${WH}/sentinel`])
+      expect(createdB.stdout).not.toContain(secretB)
+      secrets.set(`at://${did}/${WH}/sentinel`, secretB)
+      // an existing record key is never replaced
+      const again = await hooks(frank, [
+        "create",
+        "--collection",
+        "app.bsky.feed.post",
+        "--url",
+        `${rx.url}/other`,
+        "--rkey",
+        "sentinel"
+      ])
+      expectOneLineError(again, 1)
+      expect(again.stderr).toContain("already exists")
 
-    // list shows both: no secret, no URL unless asked
-    const listed = await list(frank)
-    expect(listed.did).toBe(did)
-    expect(listed.truncated).toBe(false)
-    const byRkey = new Map(listed.webhooks.map((w) => [w.rkey, w] as const))
-    expect([...byRkey.keys()].sort()).toEqual([a.rkey, "sentinel"].sort())
-    expect(byRkey.get(a.rkey)).toEqual({
-      rkey: a.rkey,
-      uri: a.uri,
-      cid: a.cid,
-      scope: `at://${did}/app.bsky.feed.post`,
-      backlinks: false,
-      events: ["create", "update", "delete"],
-      enabled: true,
-      signing: "secret",
-      secretId: null,
-      createdAt: expect.any(String),
-      url: "[redacted]",
-      accepted: true,
-      invalid: null
-    })
-    expect(byRkey.get("sentinel")).toMatchObject({ events: ["create"], signing: "secret", accepted: true })
-    const json = JSON.stringify(listed)
-    expect(json).not.toContain(a.secret)
-    expect(json).not.toContain(secretB)
-    expect(json).not.toContain(rx.url)
-    const withUrls = await list(frank, ["--show-urls"])
-    expect(new Set(withUrls.webhooks.map((w) => w.url))).toEqual(new Set([`${rx.url}/hook-a`, `${rx.url}/hook-b`]))
-    const table = await hooks(frank, ["list"])
-    expectOk(table)
-    expect(table.stdout).toContain(a.rkey)
-    expect(table.stdout).toContain("accepted")
-    expect(table.stdout).not.toContain(rx.url)
-    expect(table.stdout).not.toContain(a.secret)
+      // list shows both: no secret, no URL unless asked
+      const listed = await list(frank)
+      expect(listed.did).toBe(did)
+      expect(listed.truncated).toBe(false)
+      const byRkey = new Map(listed.webhooks.map((w) => [w.rkey, w] as const))
+      expect([...byRkey.keys()].sort()).toEqual([a.rkey, "sentinel"].sort())
+      expect(byRkey.get(a.rkey)).toEqual({
+        rkey: a.rkey,
+        uri: a.uri,
+        cid: a.cid,
+        scope: `at://${did}/app.bsky.feed.post`,
+        backlinks: false,
+        events: ["create", "update", "delete"],
+        enabled: true,
+        signing: "secret",
+        secretId: null,
+        createdAt: expect.any(String),
+        url: "[redacted]",
+        accepted: true,
+        invalid: null
+      })
+      expect(byRkey.get("sentinel")).toMatchObject({ events: ["create"], signing: "secret", accepted: true })
+      const json = JSON.stringify(listed)
+      expect(json).not.toContain(a.secret)
+      expect(json).not.toContain(secretB)
+      expect(json).not.toContain(rx.url)
+      const withUrls = await list(frank, ["--show-urls"])
+      expect(new Set(withUrls.webhooks.map((w) => w.url))).toEqual(new Set([`${rx.url}/hook-a`, `${rx.url}/hook-b`]))
+      const table = await hooks(frank, ["list"])
+      expectOk(table)
+      expect(table.stdout).toContain(a.rkey)
+      expect(table.stdout).toContain("accepted")
+      expect(table.stdout).not.toContain(rx.url)
+      expect(table.stdout).not.toContain(a.secret)
 
-    // firehook registers both and delivers a post to both, signed with the CLI's secrets
-    await waitWebhook(frank, a.rkey, (row) => row?.cid === a.cid && row.active, "webhook A registered")
-    await waitWebhook(frank, "sentinel", (row) => row?.active === true, "webhook B registered")
-    const p1 = await post(frank, "one")
-    await waitUntil(() => got("/hook-a", p1.rkey) && got("/hook-b", p1.rkey), 30_000, "p1 delivered to A and B")
-    for (const r of [...at("/hook-a"), ...at("/hook-b")]) expect(r.verified).toEqual({ standard: true, wisp: true })
-    expect(at("/hook-a")[0]?.headers["x-firehook-webhook"]).toBe(a.uri)
+      // firehook registers both and delivers a post to both, signed with the CLI's secrets
+      await waitWebhook(frank, a.rkey, (row) => row?.cid === a.cid && row.active, "webhook A registered")
+      await waitWebhook(frank, "sentinel", (row) => row?.active === true, "webhook B registered")
+      const p1 = await post(frank, "one")
+      await waitUntil(() => got("/hook-a", p1.rkey) && got("/hook-b", p1.rkey), 30_000, "p1 delivered to A and B")
+      for (const r of [...at("/hook-a"), ...at("/hook-b")]) expect(r.verified).toEqual({ standard: true, wisp: true })
+      expect(at("/hook-a")[0]?.headers["x-firehook-webhook"]).toBe(a.uri)
 
-    // disable A: firehook stops matching it; B (the sentinel) proves the next post was processed
-    const disabled = await hooks(frank, ["disable", a.rkey])
-    expectOk(disabled)
-    expect(lines(disabled.stdout)).toEqual([`disabled webhook ${a.rkey}`])
-    const disabledAgain = await hooks(frank, ["disable", a.rkey, "--json"])
-    expectOk(disabledAgain)
-    expect(JSON.parse(disabledAgain.stdout)).toMatchObject({ rkey: a.rkey, enabled: false, changed: false })
-    const afterDisable = (await list(frank)).webhooks.find((w) => w.rkey === a.rkey)
-    expect(afterDisable).toMatchObject({ enabled: false, accepted: true, signing: "secret" })
-    // the record kept everything else (the PDS's copy)
-    const stored = (await pdsRecords(frank)).find((r) => r.uri === a.uri)?.value
-    expect(stored).toMatchObject({ enabled: false, secret: a.secret, url: `${rx.url}/hook-a`, scope: { aturi: `at://${did}/app.bsky.feed.post` } })
-    await waitWebhook(frank, a.rkey, (row) => row?.enabled === false && row.active === false, "webhook A disabled")
-    const p2 = await post(frank, "two")
-    await waitUntil(() => got("/hook-b", p2.rkey), 30_000, "p2 delivered to the sentinel")
-    expect(got("/hook-a", p2.rkey)).toBe(false)
-    expect(await outboxRkeys(frank, a.rkey)).not.toContain(p2.rkey)
-    expect(await outboxRkeys(frank, "sentinel")).toContain(p2.rkey)
+      // disable A: firehook stops matching it; B (the sentinel) proves the next post was processed
+      const disabled = await hooks(frank, ["disable", a.rkey])
+      expectOk(disabled)
+      expect(lines(disabled.stdout)).toEqual([`disabled webhook ${a.rkey}`])
+      const disabledAgain = await hooks(frank, ["disable", a.rkey, "--json"])
+      expectOk(disabledAgain)
+      expect(JSON.parse(disabledAgain.stdout)).toMatchObject({ rkey: a.rkey, enabled: false, changed: false })
+      const afterDisable = (await list(frank)).webhooks.find((w) => w.rkey === a.rkey)
+      expect(afterDisable).toMatchObject({ enabled: false, accepted: true, signing: "secret" })
+      // the record kept everything else (the PDS's copy)
+      const stored = (await pdsRecords(frank)).find((r) => r.uri === a.uri)?.value
+      expect(stored).toMatchObject({
+        enabled: false,
+        secret: a.secret,
+        url: `${rx.url}/hook-a`,
+        scope: { aturi: `at://${did}/app.bsky.feed.post` }
+      })
+      await waitWebhook(frank, a.rkey, (row) => row?.enabled === false && row.active === false, "webhook A disabled")
+      const p2 = await post(frank, "two")
+      await waitUntil(() => got("/hook-b", p2.rkey), 30_000, "p2 delivered to the sentinel")
+      expect(got("/hook-a", p2.rkey)).toBe(false)
+      expect(await outboxRkeys(frank, a.rkey)).not.toContain(p2.rkey)
+      expect(await outboxRkeys(frank, "sentinel")).toContain(p2.rkey)
 
-    // enable A again: deliveries resume
-    const enabled = await hooks(frank, ["enable", a.rkey, "--json"])
-    expectOk(enabled)
-    expect(JSON.parse(enabled.stdout)).toMatchObject({ rkey: a.rkey, uri: a.uri, enabled: true, changed: true })
-    await waitWebhook(frank, a.rkey, (row) => row?.enabled === true && row.active, "webhook A re-enabled")
-    const p3 = await post(frank, "three")
-    await waitUntil(() => got("/hook-a", p3.rkey), 30_000, "p3 delivered to A")
+      // enable A again: deliveries resume
+      const enabled = await hooks(frank, ["enable", a.rkey, "--json"])
+      expectOk(enabled)
+      expect(JSON.parse(enabled.stdout)).toMatchObject({ rkey: a.rkey, uri: a.uri, enabled: true, changed: true })
+      await waitWebhook(frank, a.rkey, (row) => row?.enabled === true && row.active, "webhook A re-enabled")
+      const p3 = await post(frank, "three")
+      await waitUntil(() => got("/hook-a", p3.rkey), 30_000, "p3 delivered to A")
 
-    // delete A: gone from the PDS and from firehook; the next post reaches only the sentinel
-    const deleted = await hooks(frank, ["delete", a.rkey])
-    expectOk(deleted)
-    expect(lines(deleted.stdout)).toEqual([`deleted webhook ${a.rkey}`])
-    const deletedAgain = await hooks(frank, ["delete", a.rkey])
-    expectOneLineError(deletedAgain, 1)
-    expect(deletedAgain.stderr).toContain("no webhook record")
-    expectOneLineError(await hooks(frank, ["enable", a.rkey]), 1)
-    await waitWebhook(frank, a.rkey, (row) => row === undefined, "webhook A removed")
-    const p4 = await post(frank, "four")
-    await waitUntil(() => got("/hook-b", p4.rkey), 30_000, "p4 delivered to the sentinel")
-    expect(got("/hook-a", p4.rkey)).toBe(false)
-    expect(at("/hook-a").map(rkeyOfBody)).toEqual([p1.rkey, p3.rkey])
+      // delete A: gone from the PDS and from firehook; the next post reaches only the sentinel
+      const deleted = await hooks(frank, ["delete", a.rkey])
+      expectOk(deleted)
+      expect(lines(deleted.stdout)).toEqual([`deleted webhook ${a.rkey}`])
+      const deletedAgain = await hooks(frank, ["delete", a.rkey])
+      expectOneLineError(deletedAgain, 1)
+      expect(deletedAgain.stderr).toContain("no webhook record")
+      expectOneLineError(await hooks(frank, ["enable", a.rkey]), 1)
+      await waitWebhook(frank, a.rkey, (row) => row === undefined, "webhook A removed")
+      const p4 = await post(frank, "four")
+      await waitUntil(() => got("/hook-b", p4.rkey), 30_000, "p4 delivered to the sentinel")
+      expect(got("/hook-a", p4.rkey)).toBe(false)
+      expect(at("/hook-a").map(rkeyOfBody)).toEqual([p1.rkey, p3.rkey])
 
-    // delete the sentinel: the list is empty
-    const deletedB = await hooks(frank, ["delete", "sentinel", "--json"])
-    expectOk(deletedB)
-    expect(JSON.parse(deletedB.stdout)).toEqual({ rkey: "sentinel", uri: `at://${did}/${WH}/sentinel`, deleted: true })
-    expect((await list(frank)).webhooks).toEqual([])
-    expect(await pdsRecords(frank)).toEqual([])
-    const empty = await hooks(frank, ["list"])
-    expectOk(empty)
-    expect(lines(empty.stdout)).toEqual([`no webhooks in ${did}`])
-  }, 180_000)
+      // delete the sentinel: the list is empty
+      const deletedB = await hooks(frank, ["delete", "sentinel", "--json"])
+      expectOk(deletedB)
+      expect(JSON.parse(deletedB.stdout)).toEqual({
+        rkey: "sentinel",
+        uri: `at://${did}/${WH}/sentinel`,
+        deleted: true
+      })
+      expect((await list(frank)).webhooks).toEqual([])
+      expect(await pdsRecords(frank)).toEqual([])
+      const empty = await hooks(frank, ["list"])
+      expectOk(empty)
+      expect(lines(empty.stdout)).toEqual([`no webhooks in ${did}`])
+    },
+    180_000
+  )
 })

@@ -4,8 +4,8 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Redacted } from "effect"
-import { didDoc, fakePlc, fakeServer, type FakeRepo, pdsHandler } from "../support/fakeAtproto.js"
 import * as Db from "../support/db.js"
+import { didDoc, fakePlc, type FakeRepo, fakeServer, pdsHandler } from "../support/fakeAtproto.js"
 import { type CliResult, runCli } from "../support/proc.js"
 import { plc, rev, whRecordValue } from "../support/stack.js"
 
@@ -22,7 +22,7 @@ const CAROL = plc(3)
 
 describe("firehook owners", () => {
   it.scopedLive("add, reconcile and status", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const db = yield* Db.freshDatabase
       const docs = new Map<string, unknown>()
       const repos = new Map<string, FakeRepo>()

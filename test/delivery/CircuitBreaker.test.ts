@@ -16,7 +16,13 @@ describe("CircuitBreaker", () => {
     cb.onTransientFailure(O, 1_000)
     expect(cb.canAttempt(O, 1_000)).toBe("open")
     expect(cb.openCount(1_000)).toBe(1)
-    expect(cb.get(O)).toEqual({ consecutiveFailures: 20, openUntilMs: 61_000, cooldownMs: 60_000, probing: false, probeStartedMs: 0 })
+    expect(cb.get(O)).toEqual({
+      consecutiveFailures: 20,
+      openUntilMs: 61_000,
+      cooldownMs: 60_000,
+      probing: false,
+      probeStartedMs: 0
+    })
     // other origins are unaffected
     expect(cb.canAttempt("https://other.example", 1_000)).toBe("closed")
   })

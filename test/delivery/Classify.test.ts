@@ -46,7 +46,18 @@ describe("isRetryable", () => {
       ["dns", "http_429", "http_5xx", "network", "secret_unavailable", "subscription_unavailable", "timeout"].sort()
     )
     expect(failureKinds).toHaveLength(15)
-    for (const k of ["gone", "http_4xx", "redirect", "invalid_target", "blocked_target", "request_too_large", "response_too_large", "transform_failed"] as const) {
+    for (
+      const k of [
+        "gone",
+        "http_4xx",
+        "redirect",
+        "invalid_target",
+        "blocked_target",
+        "request_too_large",
+        "response_too_large",
+        "transform_failed"
+      ] as const
+    ) {
       expect(isRetryable(k)).toBe(false)
     }
   })
@@ -84,24 +95,26 @@ describe("parseRetryAfter", () => {
   })
 
   it("absent or unparseable is undefined", () => {
-    for (const v of [
-      undefined,
-      "",
-      "   ",
-      "-5",
-      "1.5",
-      "+10",
-      "soon",
-      "10s",
-      "Thu, 15 Jan 2026 12:01:30 UTC",
-      "Thu, 15 Jan 2026 12:01:30",
-      "Thu, 32 Jan 2026 12:00:00 GMT",
-      "Thu, 29 Feb 2026 12:00:00 GMT",
-      "Thu, 15 Foo 2026 12:00:00 GMT",
-      "Thu, 15 Jan 2026 24:00:00 GMT",
-      "Xyz, 15 Jan 2026 12:00:00 GMT",
-      "2026-01-15T12:01:30Z"
-    ]) {
+    for (
+      const v of [
+        undefined,
+        "",
+        "   ",
+        "-5",
+        "1.5",
+        "+10",
+        "soon",
+        "10s",
+        "Thu, 15 Jan 2026 12:01:30 UTC",
+        "Thu, 15 Jan 2026 12:01:30",
+        "Thu, 32 Jan 2026 12:00:00 GMT",
+        "Thu, 29 Feb 2026 12:00:00 GMT",
+        "Thu, 15 Foo 2026 12:00:00 GMT",
+        "Thu, 15 Jan 2026 24:00:00 GMT",
+        "Xyz, 15 Jan 2026 12:00:00 GMT",
+        "2026-01-15T12:01:30Z"
+      ]
+    ) {
       expect(parseRetryAfter(v, now)).toBeUndefined()
     }
   })

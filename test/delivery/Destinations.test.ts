@@ -1,6 +1,6 @@
-import { createHmac } from "node:crypto"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either } from "effect"
+import { createHmac } from "node:crypto"
 import { Webhook } from "standardwebhooks"
 import {
   type DeliveryInput,
@@ -14,7 +14,8 @@ import {
 } from "../../src/services/delivery/Destinations.js"
 
 // A stored body with non-canonical spacing and key order: it must be sent byte for byte.
-const storedBody = '{"v":1, "event":{"did":"did:plc:ewvi7nxzyoun6zhxrhs64oiz","rkey":"3l_a~b","text":"héllo 🦋"} ,"z":0}'
+const storedBody =
+  "{\"v\":1, \"event\":{\"did\":\"did:plc:ewvi7nxzyoun6zhxrhs64oiz\",\"rkey\":\"3l_a~b\",\"text\":\"héllo 🦋\"} ,\"z\":0}"
 
 const input = (over: Partial<DeliveryInput> = {}): DeliveryInput => ({
   deliveryId: "0190f3a1-7c2e-7b1a-9d4e-1f2a3b4c5d6e",
@@ -129,7 +130,9 @@ describe("slackPreset", () => {
     const r = request(slackPreset, i)
     expect(r.url).toBe("https://hooks.slack.com/services/T0/B0/x")
     expect(r.body).toBe(
-      JSON.stringify({ text: "create app.bsky.feed.post `at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/app.bsky.feed.post/3l_a~b`" })
+      JSON.stringify({
+        text: "create app.bsky.feed.post `at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/app.bsky.feed.post/3l_a~b`"
+      })
     )
     expect(r.headers).toEqual({
       "Content-Type": "application/json",

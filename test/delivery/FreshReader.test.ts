@@ -8,13 +8,13 @@ import { Deferred, Effect, Either, Fiber } from "effect"
 import * as FreshReader from "../../src/services/delivery/FreshReader.js"
 
 /** A store whose lookups wait for the test to open a gate, and which records what they read. */
-const gatedStore = Effect.gen(function* () {
+const gatedStore = Effect.gen(function*() {
   const state = { version: 0, fail: false }
   const lookups: Array<{ readonly keys: ReadonlyArray<string>; readonly version: number }> = []
   let gate = yield* Deferred.make<void>()
   const started = { count: 0 }
   const lookup = (keys: ReadonlyArray<string>) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       // the value is read when the lookup starts, like a statement's snapshot
       const version = state.version
       const fail = state.fail
@@ -24,7 +24,7 @@ const gatedStore = Effect.gen(function* () {
       if (fail) return yield* Effect.fail("db down" as const)
       return keys.map((k) => `${k}@${version}`)
     })
-  const open = Effect.gen(function* () {
+  const open = Effect.gen(function*() {
     const g = gate
     gate = yield* Deferred.make<void>()
     yield* Deferred.succeed(g, undefined)
@@ -33,14 +33,14 @@ const gatedStore = Effect.gen(function* () {
 })
 
 const waitFor = (cond: () => boolean) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     for (let i = 0; i < 1_000 && !cond(); i++) yield* Effect.yieldNow()
     expect(cond()).toBe(true)
   })
 
 describe("FreshReader", () => {
   it.scoped("a get made while a lookup runs is answered by the next lookup, which sees the change", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* gatedStore
       const reader = yield* FreshReader.make({ lookup: store.lookup, keyOf: (k: string) => k, maxBatch: 10 })
       const first = yield* Effect.fork(reader.get("a"))
@@ -58,7 +58,7 @@ describe("FreshReader", () => {
     }))
 
   it.scoped("gets made together share one lookup; equal keys are looked up once; answers keep their order", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* gatedStore
       const reader = yield* FreshReader.make({ lookup: store.lookup, keyOf: (k: string) => k, maxBatch: 10 })
       const fibers = yield* Effect.forEach(["a", "b", "a", "c"], (k) => Effect.fork(reader.get(k)))
@@ -71,7 +71,7 @@ describe("FreshReader", () => {
     }))
 
   it.scoped("a lookup reads at most maxBatch distinct keys; the rest go to the next lookup", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* gatedStore
       const reader = yield* FreshReader.make({ lookup: store.lookup, keyOf: (k: string) => k, maxBatch: 2 })
       const fibers = yield* Effect.forEach(["a", "b", "a", "c", "d"], (k) => Effect.fork(reader.get(k)))
@@ -85,7 +85,7 @@ describe("FreshReader", () => {
     }))
 
   it.scoped("a failed lookup fails its own waiters only", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* gatedStore
       const reader = yield* FreshReader.make({ lookup: store.lookup, keyOf: (k: string) => k, maxBatch: 10 })
       store.state.fail = true
@@ -103,10 +103,10 @@ describe("FreshReader", () => {
     }))
 
   it.effect("waiters are interrupted when the reader's scope closes", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* gatedStore
       const result = yield* Effect.scoped(
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           const reader = yield* FreshReader.make({ lookup: store.lookup, keyOf: (k: string) => k, maxBatch: 10 })
           const fiber = yield* Effect.forkDaemon(reader.get("a"))
           yield* waitFor(() => store.started.count === 1)

@@ -90,12 +90,14 @@ describe("nextDelay", () => {
 describe("retrySchedule", () => {
   const sequence: [number, ...Array<number>] = [0.13, 0.97, 0.5, 0, 1, 0.42, 0.77, 0.01, 0.66, 0.3, 0.88, 0.21]
 
-  for (const cfg of [
-    defaultRetryConfig,
-    { baseMs: 300, maxMs: 20_000, maxAttempts: 9 },
-    { baseMs: 1_000, maxMs: 300_000, maxAttempts: 1 },
-    { baseMs: 2_000, maxMs: 3_600_000, maxAttempts: 20 }
-  ] satisfies ReadonlyArray<RetryConfig>) {
+  for (
+    const cfg of [
+      defaultRetryConfig,
+      { baseMs: 300, maxMs: 20_000, maxAttempts: 9 },
+      { baseMs: 1_000, maxMs: 300_000, maxAttempts: 1 },
+      { baseMs: 2_000, maxMs: 3_600_000, maxAttempts: 20 }
+    ] satisfies ReadonlyArray<RetryConfig>
+  ) {
     it.effect(`agrees with nextDelay (base ${cfg.baseMs}, cap ${cfg.maxMs}, attempts ${cfg.maxAttempts})`, () =>
       Effect.gen(function*() {
         const fromSchedule = yield* Schedule.run(
@@ -115,8 +117,10 @@ describe("retrySchedule", () => {
     Effect.gen(function*() {
       const cfg = defaultRetryConfig
       const attempts = yield* Ref.make<ReadonlyArray<number>>([])
-      const failing = Effect.flatMap(Clock.currentTimeMillis, (t) =>
-        Effect.zipRight(Ref.update(attempts, (a) => [...a, t]), Effect.fail("boom" as const)))
+      const failing = Effect.flatMap(
+        Clock.currentTimeMillis,
+        (t) => Effect.zipRight(Ref.update(attempts, (a) => [...a, t]), Effect.fail("boom" as const))
+      )
       const fiber = yield* Effect.fork(Effect.retry(failing, retrySchedule(cfg)))
       // not done before the clock moves: the first retry waits 750 ms
       yield* TestClock.adjust(Duration.millis(749))
@@ -148,15 +152,19 @@ describe("retrySchedule", () => {
 describe("validateRetryConfig", () => {
   it("accepts the defaults and the documented ranges, rejects the rest", () => {
     expect(validateRetryConfig(defaultRetryConfig)).toEqual(Either.right(defaultRetryConfig))
-    for (const maxAttempts of [1, 50]) expect(Either.isRight(validateRetryConfig({ ...defaultRetryConfig, maxAttempts }))).toBe(true)
-    for (const bad of [
-      { ...defaultRetryConfig, maxAttempts: 0 },
-      { ...defaultRetryConfig, maxAttempts: 51 },
-      { ...defaultRetryConfig, maxAttempts: 2.5 },
-      { ...defaultRetryConfig, baseMs: 0 },
-      { ...defaultRetryConfig, baseMs: 400_000 }, // above the cap
-      { ...defaultRetryConfig, maxMs: 86_400_001 }
-    ]) {
+    for (const maxAttempts of [1, 50]) {
+      expect(Either.isRight(validateRetryConfig({ ...defaultRetryConfig, maxAttempts }))).toBe(true)
+    }
+    for (
+      const bad of [
+        { ...defaultRetryConfig, maxAttempts: 0 },
+        { ...defaultRetryConfig, maxAttempts: 51 },
+        { ...defaultRetryConfig, maxAttempts: 2.5 },
+        { ...defaultRetryConfig, baseMs: 0 },
+        { ...defaultRetryConfig, baseMs: 400_000 }, // above the cap
+        { ...defaultRetryConfig, maxMs: 86_400_001 }
+      ]
+    ) {
       expect(validateRetryConfig(bad)).toEqual(Either.left("invalid_retry_config"))
     }
   })

@@ -1,11 +1,11 @@
-import { createCipheriv, createHash, randomBytes } from "node:crypto"
 import { describe, expect, it } from "@effect/vitest"
 import { Either } from "effect"
+import { createCipheriv, createHash, randomBytes } from "node:crypto"
 import {
   emptyKeyring,
   generateToken,
-  type Keyring,
   keyId,
+  type Keyring,
   makeKeyring,
   open,
   parseKey,
@@ -25,7 +25,8 @@ const SECRET = "whsec_c3VwZXItc2VjcmV0LXRva2VuLXZhbHVlLTEyMzQ1Njc4OQ=="
 const ring = (current: Uint8Array | undefined, previous: ReadonlyArray<Uint8Array> = []): Keyring =>
   Either.getOrThrow(makeKeyring(current, previous))
 
-const sealed = (k: Keyring, plaintext: string, n: Uint8Array = nonce): string => Either.getOrThrow(seal(k, plaintext, n))
+const sealed = (k: Keyring, plaintext: string, n: Uint8Array = nonce): string =>
+  Either.getOrThrow(seal(k, plaintext, n))
 
 /** Replaces part `index` of an envelope. */
 const withPart = (envelope: string, index: number, value: string): string => {
@@ -95,7 +96,9 @@ describe("keys", () => {
     const b = Buffer.from(keyB).toString("hex")
     const parsed = parseKeyList(` ${a}, ,${b},`)
     expect(Either.isRight(parsed)).toBe(true)
-    if (Either.isRight(parsed)) expect(parsed.right.map((k) => Buffer.from(k))).toEqual([Buffer.from(keyA), Buffer.from(keyB)])
+    if (Either.isRight(parsed)) {
+      expect(parsed.right.map((k) => Buffer.from(k))).toEqual([Buffer.from(keyA), Buffer.from(keyB)])
+    }
     expect(parseKeyList("")).toEqual(Either.right([]))
     expect(parseKeyList(`${a},nope`)).toEqual(Either.left("invalid_key"))
   })
@@ -130,7 +133,13 @@ describe("seal / open", () => {
     const cipher = createCipheriv("aes-256-gcm", keyA, nonce, { authTagLength: 16 })
     cipher.setAAD(Buffer.from(`wse1.${id}`, "utf8"))
     const ct = Buffer.concat([cipher.update(SECRET, "utf8"), cipher.final()])
-    const expected = ["wse1", id, Buffer.from(nonce).toString("base64url"), ct.toString("base64url"), cipher.getAuthTag().toString("base64url")].join(".")
+    const expected = [
+      "wse1",
+      id,
+      Buffer.from(nonce).toString("base64url"),
+      ct.toString("base64url"),
+      cipher.getAuthTag().toString("base64url")
+    ].join(".")
     expect(sealed(ring(keyA), SECRET)).toBe(expected)
   })
 
@@ -187,7 +196,13 @@ describe("seal / open", () => {
     const cipher = createCipheriv("aes-256-gcm", keyA, nonce, { authTagLength: 16 })
     cipher.setAAD(Buffer.from(`wse0.${id}`, "utf8"))
     const ct = Buffer.concat([cipher.update(SECRET, "utf8"), cipher.final()])
-    const forged = ["wse1", id, Buffer.from(nonce).toString("base64url"), ct.toString("base64url"), cipher.getAuthTag().toString("base64url")].join(".")
+    const forged = [
+      "wse1",
+      id,
+      Buffer.from(nonce).toString("base64url"),
+      ct.toString("base64url"),
+      cipher.getAuthTag().toString("base64url")
+    ].join(".")
     expectGeneric(open(ring(keyA), forged))
   })
 
@@ -232,7 +247,15 @@ describe("seal / open", () => {
           JSON.stringify(f.left),
           JSON.stringify(Object.entries(f.left))
         ].join("\n")
-        for (const needle of [SECRET, "c3VwZXItc2VjcmV0", env, Buffer.from(keyA).toString("base64"), Buffer.from(keyA).toString("hex")]) {
+        for (
+          const needle of [
+            SECRET,
+            "c3VwZXItc2VjcmV0",
+            env,
+            Buffer.from(keyA).toString("base64"),
+            Buffer.from(keyA).toString("hex")
+          ]
+        ) {
           expect(rendered).not.toContain(needle)
         }
       }

@@ -1,5 +1,5 @@
-import { createHmac, randomBytes } from "node:crypto"
 import { describe, expect, it } from "@effect/vitest"
+import { createHmac, randomBytes } from "node:crypto"
 import { Webhook } from "standardwebhooks"
 import {
   signatureHeaders,
@@ -61,7 +61,12 @@ describe("standardWebhooksSignature", () => {
     const ts = 1614265330
     const lib = new Webhook(secret).sign("msg_p5jXN8AQM9LWM0D4loKWxJek", new Date(ts * 1000), "{\"test\": 2432232314}")
     expect(
-      standardWebhooksSignature(standardWebhooksKey(secret), "msg_p5jXN8AQM9LWM0D4loKWxJek", ts, "{\"test\": 2432232314}")
+      standardWebhooksSignature(
+        standardWebhooksKey(secret),
+        "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        ts,
+        "{\"test\": 2432232314}"
+      )
     ).toBe(lib)
     // the published Standard Webhooks test vector
     expect(lib).toBe("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")

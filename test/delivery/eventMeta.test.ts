@@ -5,8 +5,8 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Either } from "effect"
-import { buildPayload } from "../../src/services/matching/Canonical.js"
 import { eventMeta } from "../../src/services/delivery/Delivery.js"
+import { buildPayload } from "../../src/services/matching/Canonical.js"
 import { ev, plc } from "../support/stack.js"
 
 const parsed = (body: string) => {
@@ -28,10 +28,15 @@ describe("eventMeta", () => {
       bodyOf(ev(plc(1), "app.bsky.feed.post", "p3", { operation: "delete" })),
       bodyOf(
         ev(plc(1), "x.y.z", "p4", {
-          record: { timestamp: "not-this-one", cid: "nor-this", nested: { timestamp: "deep" }, text: "t".repeat(100_000) }
+          record: {
+            timestamp: "not-this-one",
+            cid: "nor-this",
+            nested: { timestamp: "deep" },
+            text: "t".repeat(100_000)
+          }
         })
       ),
-      bodyOf(ev(plc(1), "x.y.z", "p5", { record: { text: 'quotes " and \\ backslashes }"' } }))
+      bodyOf(ev(plc(1), "x.y.z", "p5", { record: { text: "quotes \" and \\ backslashes }\"" } }))
     ]
     for (const body of bodies) expect(eventMeta(body)).toEqual(parsed(body))
     expect(eventMeta(bodies[2] ?? "").cid).toBeUndefined()
@@ -39,9 +44,9 @@ describe("eventMeta", () => {
   })
 
   it("falls back to a parse for bodies that are not canonical, and never throws", () => {
-    const spaced = '{ "timestamp": "2026-01-01T00:00:00.000Z", "cid": "bafyx" }'
+    const spaced = "{ \"timestamp\": \"2026-01-01T00:00:00.000Z\", \"cid\": \"bafyx\" }"
     expect(eventMeta(spaced)).toEqual({ cid: "bafyx", timestamp: "2026-01-01T00:00:00.000Z" })
-    expect(eventMeta('{"cid":"esc\\"aped","timestamp":"t"}')).toEqual({ cid: 'esc"aped', timestamp: "t" })
+    expect(eventMeta("{\"cid\":\"esc\\\"aped\",\"timestamp\":\"t\"}")).toEqual({ cid: "esc\"aped", timestamp: "t" })
     expect(eventMeta("not json")).toEqual({ cid: undefined, timestamp: "" })
     expect(eventMeta("[]")).toEqual({ cid: undefined, timestamp: "" })
   })

@@ -24,9 +24,9 @@ import {
 import { type ChildProcess, spawn, spawnSync } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import * as Net from "node:net"
+import * as Publisher from "../../src/services/delivery/Publisher.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import * as Publisher from "../../src/services/delivery/Publisher.js"
 import { auditEvent } from "../support/auditEvent.js"
 import { asStrings, fakeRedis } from "../support/fakeRedis.js"
 
@@ -82,7 +82,7 @@ afterAll(() => {
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-const newHealth = Effect.gen(function* () {
+const newHealth = Effect.gen(function*() {
   const lifecycle = yield* Lifecycle.make({ shutdownTimeout: "5 seconds" })
   const health = yield* Health.make.pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
   return { lifecycle, health }
@@ -93,7 +93,7 @@ const publisherIn = (health: Health.HealthShape, options: Publisher.PublisherOpt
 
 /** Advance the TestClock in `step`s until `done` holds (each step lets socket I/O progress). */
 const driveUntil = (done: Effect.Effect<boolean>, step: Duration.DurationInput, maxSteps = 5_000) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     for (let i = 0; i < maxSteps; i++) {
       if (yield* done) return i
       yield* TestClock.adjust(step)
@@ -103,7 +103,7 @@ const driveUntil = (done: Effect.Effect<boolean>, step: Duration.DurationInput, 
 
 /** The delays a schedule asks for, read off the TestClock's pending sleeps. */
 const sampleDelays = <Out>(schedule: Schedule.Schedule<Out, unknown>, n: number) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const driver = yield* Schedule.driver(schedule)
     const out: Array<number> = []
     for (let i = 0; i < n; i++) {
@@ -123,14 +123,13 @@ const sampleDelays = <Out>(schedule: Schedule.Schedule<Out, unknown>, n: number)
 /** Advance the TestClock `n` times by `step`. */
 const ticks = (step: Duration.DurationInput, n: number) => Effect.repeatN(TestClock.adjust(step), n - 1)
 
-const target = (url: string) =>
-  Either.getOrThrowWith(Publisher.parseRedisUrl(url), (e) => new Error(e.message))
+const target = (url: string) => Either.getOrThrowWith(Publisher.parseRedisUrl(url), (e) => new Error(e.message))
 
 /** A port nothing listens on. */
 const closedPort = Effect.promise(freePort)
 
 /** Capture log lines (message + annotations) of the wrapped effect and the fibers it forks. */
-const captureLogs = Effect.gen(function* () {
+const captureLogs = Effect.gen(function*() {
   const lines = yield* Ref.make<ReadonlyArray<string>>([])
   const logger = Logger.make(({ message, annotations }) => {
     const text = JSON.stringify({ message, annotations: Object.fromEntries(annotations) })
@@ -223,14 +222,18 @@ describe("RESP2", () => {
   })
 
   it("the event JSON carries only the audit fields, with the URL redacted", () => {
-    const withExtra = { ...auditEvent(), url: "[redacted]" as const, targetUrl: "https://receiver.example/hook?token=x" }
+    const withExtra = {
+      ...auditEvent(),
+      url: "[redacted]" as const,
+      targetUrl: "https://receiver.example/hook?token=x"
+    }
     const json = Publisher.encodeEvent(withExtra)
     expect(json).not.toContain("receiver.example")
     expect(JSON.parse(json)).toEqual(auditEvent())
   })
 
   it.effect("full-jitter backoff: the n-th delay is in [0, min(cap, base·2ⁿ))", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const delays = yield* sampleDelays(Publisher.fullJitterBackoff("500 millis", "30 seconds"), 14)
       delays.forEach((d, n) => {
         expect(d).toBeGreaterThanOrEqual(0)
@@ -243,7 +246,7 @@ describe("RESP2", () => {
 
 describe("Publisher against a real Redis", () => {
   it.scoped("a subscriber on the channel receives the event JSON; an oversize event is dropped and counted", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       if (redisUrl === undefined) {
         console.log("Redis tests not run: no REDIS_URL and no redis-server binary")
         return
@@ -285,7 +288,7 @@ describe("Publisher against a real Redis", () => {
 
 describe("Publisher", () => {
   it.scoped("without a URL: a no-op publisher, configured false, ready", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const { health, lifecycle } = yield* newHealth
       yield* lifecycle.setPhase("live")
       const p = yield* publisherIn(health, { url: undefined, channel: "webhook:events" })
@@ -297,7 +300,7 @@ describe("Publisher", () => {
     }))
 
   it.scoped("an invalid URL fails the layer with a value-free error", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const { health } = yield* newHealth
       const r = yield* Effect.either(
         publisherIn(health, { url: Redacted.make("http://:hunter2@h"), channel: "c" })
@@ -307,7 +310,7 @@ describe("Publisher", () => {
     }))
 
   it.scoped("unreachable Redis: publish returns at once and counts a drop; health connected false, still ready", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const port = yield* closedPort
       const { health, lifecycle } = yield* newHealth
       yield* lifecycle.setPhase("live")
@@ -324,7 +327,7 @@ describe("Publisher", () => {
     }))
 
   it.scoped("over 4 in flight → dropped; a reply slower than 1 s → dropped and the connection reset", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const fake = yield* fakeRedis(() => undefined) // never answers
       const { health } = yield* newHealth
       const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c" })
@@ -346,7 +349,7 @@ describe("Publisher", () => {
     }))
 
   it.scoped("reconnects with backoff after the server comes back", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":1\r\n" : "+OK\r\n"))
       const { health } = yield* newHealth
       const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "chan" })
@@ -374,7 +377,7 @@ describe("Publisher", () => {
     }))
 
   it.scoped("AUTH and SELECT come from the URL", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":0\r\n" : "+OK\r\n"))
       const { health } = yield* newHealth
       const url = `redis://alice:s3cret@127.0.0.1:${fake.port}/3`
@@ -388,8 +391,10 @@ describe("Publisher", () => {
     }))
 
   it.scoped("a rejected password: retried with backoff, logged at most once a minute, never with the URL or password", () =>
-    Effect.gen(function* () {
-      const fake = yield* fakeRedis((c) => (c[0] === "AUTH" ? "-WRONGPASS invalid username-password pair\r\n" : "+OK\r\n"))
+    Effect.gen(function*() {
+      const fake = yield* fakeRedis((
+        c
+      ) => (c[0] === "AUTH" ? "-WRONGPASS invalid username-password pair\r\n" : "+OK\r\n"))
       const logs = yield* captureLogs
       const { health } = yield* newHealth
       const url = `redis://bob:hunter2@127.0.0.1:${fake.port}`
@@ -401,8 +406,8 @@ describe("Publisher", () => {
       const lines = (yield* logs.lines).filter((l) => l.includes("redis connection"))
       expect(lines.length).toBeGreaterThanOrEqual(1)
       expect(lines.length).toBeLessThanOrEqual(Math.floor(elapsed / 60_000) + 1)
-      expect(lines[0]).toContain('"kind":"auth"')
-      expect(lines[0]).toContain('"code":"WRONGPASS"')
+      expect(lines[0]).toContain("\"kind\":\"auth\"")
+      expect(lines[0]).toContain("\"code\":\"WRONGPASS\"")
       for (const line of yield* logs.lines) {
         expect(line).not.toContain("hunter2")
         expect(line).not.toContain("bob")
@@ -412,7 +417,7 @@ describe("Publisher", () => {
     }))
 
   it.scoped("closing the scope closes the socket", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const fake = yield* fakeRedis(() => "+OK\r\n")
       const { health } = yield* newHealth
       const scope = yield* Scope.make()
@@ -425,7 +430,7 @@ describe("Publisher", () => {
     }))
 
   it.scoped("a reply that overflows the read buffer closes the connection", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const fake = yield* fakeRedis(() => `$${200_000}\r\n${"x".repeat(100_000)}`)
       const closed = yield* Deferred.make<Publisher.RedisError>()
       const conn = yield* Publisher.connect(target(fake.url))
@@ -435,4 +440,3 @@ describe("Publisher", () => {
       expect(yield* Deferred.await(closed)).toMatchObject({ kind: "protocol" })
     }))
 })
-

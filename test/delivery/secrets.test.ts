@@ -8,8 +8,8 @@ import { describe, expect, it } from "@effect/vitest"
 import { Cause, Effect, Either, Exit, Layer, TestClock } from "effect"
 import { randomBytes } from "node:crypto"
 import * as SecretBox from "../../src/services/delivery/SecretBox.js"
-import * as Config from "../../src/services/platform/Config.js"
 import { Secrets, SecretsError } from "../../src/services/delivery/Secrets.js"
+import * as Config from "../../src/services/platform/Config.js"
 import * as Db from "../support/db.js"
 import { plc, testConfig } from "../support/stack.js"
 
@@ -20,7 +20,9 @@ const TOKEN = /^whsec_[A-Za-z0-9+/]{43}=$/
 const newKey = (): string => randomBytes(32).toString("base64")
 const keyring = (current: string | undefined, previous: ReadonlyArray<string> = []): SecretBox.Keyring => {
   const parse = (k: string) => Either.getOrThrow(SecretBox.parseKey(k))
-  return Either.getOrThrow(SecretBox.makeKeyring(current === undefined ? undefined : parse(current), previous.map(parse)))
+  return Either.getOrThrow(
+    SecretBox.makeKeyring(current === undefined ? undefined : parse(current), previous.map(parse))
+  )
 }
 
 /** The configured layer (keyring from the environment), on the test database. */
@@ -28,10 +30,12 @@ const configured = (env: Record<string, string>) =>
   Secrets.layerSql.pipe(Layer.provide(Config.layerValue(testConfig(env))))
 
 const envelopeOf = (owner: string, name: string) =>
-  Effect.flatMap(SqlClient.SqlClient, (sql) =>
-    sql<{ envelope: string }>`SELECT envelope FROM secrets WHERE owner_did = ${owner} AND name = ${name}`.pipe(
-      Effect.map((r) => r[0]?.envelope)
-    )
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<{ envelope: string }>`SELECT envelope FROM secrets WHERE owner_did = ${owner} AND name = ${name}`.pipe(
+        Effect.map((r) => r[0]?.envelope)
+      )
   )
 
 const clearTable = Effect.flatMap(SqlClient.SqlClient, (sql) => sql`TRUNCATE secrets`)
@@ -43,12 +47,14 @@ const rendered = <A, E>(exit: Exit.Exit<A, E>): string =>
     : "success"
 
 const reasonOf = <A>(exit: Exit.Exit<A, SecretsError>): string | undefined =>
-  Exit.isFailure(exit) ? Cause.failureOption(exit.cause).pipe((o) => (o._tag === "Some" ? o.value.reason : undefined)) : undefined
+  Exit.isFailure(exit)
+    ? Cause.failureOption(exit.cause).pipe((o) => (o._tag === "Some" ? o.value.reason : undefined))
+    : undefined
 
 describe("Secrets on PostgreSQL", () => {
   it.layer(Db.layer())((it) => {
     it.effect("create shows a generated token once; the table holds only a wse1 envelope; resolve round-trips", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* clearTable
         const secrets = yield* Secrets
         const token = yield* secrets.create(ALICE, "main")
@@ -71,7 +77,7 @@ describe("Secrets on PostgreSQL", () => {
       }).pipe(Effect.provide(Secrets.layerSqlWithKeyring(keyring(newKey())))))
 
     it.effect("create fails when it exists, rotate when it is missing; rotate replaces the token; remove", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* clearTable
         const secrets = yield* Secrets
         const first = yield* secrets.create(ALICE, "k")
@@ -93,7 +99,7 @@ describe("Secrets on PostgreSQL", () => {
     it.effect("encryption-key rotation: sealed under A, current B with previous [A] still resolves", () => {
       const a = newKey()
       const b = newKey()
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         yield* clearTable
         const token = yield* Effect.flatMap(Secrets, (s) => s.create(ALICE, "rot")).pipe(
           Effect.provide(configured({ WEBHOOK_SECRET_ENCRYPTION_KEY: a }))
@@ -124,7 +130,7 @@ describe("Secrets on PostgreSQL", () => {
 
     it.effect("without a current key nothing is sealed (no_key names the variable); previous keys still open", () => {
       const a = newKey()
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         yield* clearTable
         const token = yield* Effect.flatMap(Secrets, (s) => s.create(ALICE, "old")).pipe(
           Effect.provide(configured({ WEBHOOK_SECRET_ENCRYPTION_KEY: a }))
@@ -136,16 +142,25 @@ describe("Secrets on PostgreSQL", () => {
         )
         expect(reasonOf(noKey)).toBe("no_key")
         expect(rendered(noKey)).toContain("WEBHOOK_SECRET_ENCRYPTION_KEY")
-        expect(reasonOf(yield* Effect.flatMap(Secrets, (s) => s.rotate(ALICE, "old")).pipe(Effect.provide(decryptOnly), Effect.exit))).toBe("no_key")
+        expect(
+          reasonOf(
+            yield* Effect.flatMap(Secrets, (s) => s.rotate(ALICE, "old")).pipe(Effect.provide(decryptOnly), Effect.exit)
+          )
+        ).toBe("no_key")
         expect(yield* envelopeOf(ALICE, "new")).toBeUndefined()
-        expect(yield* Effect.flatMap(Secrets, (s) => s.resolve(ALICE, "old")).pipe(Effect.provide(decryptOnly))).toBe(token)
-        const none = yield* Effect.flatMap(Secrets, (s) => s.create(ALICE, "x")).pipe(Effect.provide(configured({})), Effect.exit)
+        expect(yield* Effect.flatMap(Secrets, (s) => s.resolve(ALICE, "old")).pipe(Effect.provide(decryptOnly))).toBe(
+          token
+        )
+        const none = yield* Effect.flatMap(Secrets, (s) => s.create(ALICE, "x")).pipe(
+          Effect.provide(configured({})),
+          Effect.exit
+        )
         expect(reasonOf(none)).toBe("no_key")
       })
     })
 
     it.effect("caller tokens: 32-256 printable ASCII, no whitespace; owner and name are validated", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* clearTable
         const secrets = yield* Secrets
         const ok32 = "A".repeat(31) + "!"
@@ -154,7 +169,14 @@ describe("Secrets on PostgreSQL", () => {
         expect(yield* secrets.resolve(ALICE, "t32")).toBe(ok32)
         expect(yield* secrets.create(ALICE, "t256", ok256)).toBe(ok256)
         expect(yield* secrets.rotate(ALICE, "t256", ok32)).toBe(ok32)
-        const bad = ["A".repeat(31), "B".repeat(257), `${"C".repeat(20)} ${"C".repeat(20)}`, `${"D".repeat(40)}\n`, `${"é".repeat(40)}`, `${"E".repeat(40)}\t`]
+        const bad = [
+          "A".repeat(31),
+          "B".repeat(257),
+          `${"C".repeat(20)} ${"C".repeat(20)}`,
+          `${"D".repeat(40)}\n`,
+          `${"é".repeat(40)}`,
+          `${"E".repeat(40)}\t`
+        ]
         for (const t of bad) {
           const exit = yield* Effect.exit(secrets.create(ALICE, "bad", t))
           expect(reasonOf(exit)).toBe("invalid_token")
@@ -164,7 +186,9 @@ describe("Secrets on PostgreSQL", () => {
         expect(yield* envelopeOf(ALICE, "bad")).toBeUndefined()
         expect(yield* secrets.resolve(ALICE, "t32")).toBe(ok32)
         expect(reasonOf(yield* Effect.exit(secrets.create("alice.bsky.social", "n")))).toBe("invalid_owner")
-        expect(reasonOf(yield* Effect.exit(secrets.create("did:plc:UPPERCASEUPPERCASEUPPERC", "n")))).toBe("invalid_owner")
+        expect(reasonOf(yield* Effect.exit(secrets.create("did:plc:UPPERCASEUPPERCASEUPPERC", "n")))).toBe(
+          "invalid_owner"
+        )
         expect(reasonOf(yield* Effect.exit(secrets.create(ALICE, "")))).toBe("invalid_name")
         expect(reasonOf(yield* Effect.exit(secrets.create(ALICE, "a/b")))).toBe("invalid_name")
         expect(reasonOf(yield* Effect.exit(secrets.create(ALICE, "x".repeat(65))))).toBe("invalid_name")
@@ -173,7 +197,7 @@ describe("Secrets on PostgreSQL", () => {
       }).pipe(Effect.provide(Secrets.layerSqlWithKeyring(keyring(newKey())))))
 
     it.effect("errors never contain the token", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* clearTable
         const secrets = yield* Secrets
         const token = `tok_${randomBytes(24).toString("hex")}`
@@ -194,7 +218,7 @@ describe("Secrets on PostgreSQL", () => {
 
     it.effect("resolve: one generic SecretUnavailable for a missing row, an unknown key id, a tampered envelope, bad ids", () => {
       const kr = keyring(newKey())
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         yield* clearTable
         const sql = yield* SqlClient.SqlClient
         const secrets = yield* Secrets
@@ -210,7 +234,9 @@ describe("Secrets on PostgreSQL", () => {
           ["garbage", "not an envelope"],
           ["wrong-version", envelope.replace(/^wse1/, "wse2")]
         ]
-        for (const [name, env] of rows) yield* sql`INSERT INTO secrets (owner_did, name, envelope) VALUES (${ALICE}, ${name}, ${env})`
+        for (const [name, env] of rows) {
+          yield* sql`INSERT INTO secrets (owner_did, name, envelope) VALUES (${ALICE}, ${name}, ${env})`
+        }
         const expected = Exit.fail(new SecretBox.SecretUnavailable())
         for (const [name] of rows) expect(yield* Effect.exit(secrets.resolve(ALICE, name))).toStrictEqual(expected)
         expect(yield* Effect.exit(secrets.resolve(ALICE, "missing"))).toStrictEqual(expected)
@@ -224,7 +250,7 @@ describe("Secrets on PostgreSQL", () => {
 
     it.effect("resolve caches a token for at most the TTL; local writes invalidate at once; failures are not cached", () => {
       const kr = keyring(newKey())
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         yield* clearTable
         const sql = yield* SqlClient.SqlClient
         const secrets = yield* Secrets
@@ -251,7 +277,7 @@ describe("Secrets on PostgreSQL", () => {
 
     it.effect("the cache is bounded and can be turned off", () => {
       const kr = keyring(newKey())
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         yield* clearTable
         const sql = yield* SqlClient.SqlClient
         const secrets = yield* Secrets
@@ -271,7 +297,7 @@ describe("Secrets on PostgreSQL", () => {
 
 describe("Secrets in memory", () => {
   it.effect("layerMemory resolves its entries and behaves like the SQL store", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const secrets = yield* Secrets
       expect(yield* secrets.resolve(ALICE, "given")).toBe("short-test-token")
       expect(Exit.isFailure(yield* Effect.exit(secrets.resolve(ALICE, "missing")))).toBe(true)

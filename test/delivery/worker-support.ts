@@ -3,27 +3,27 @@
  * signature (the `standardwebhooks` library, plus an independent recomputation of the wisp
  * `sha256=` header), the worker layer over a database, and bounded database polling.
  */
-import { createHmac } from "node:crypto"
-import * as Http from "node:http"
-import type * as Net from "node:net"
 import { SqlClient } from "@effect/sql"
 import type { PgClient } from "@effect/sql-pg"
 import { Context, Data, Duration, Effect, Either, Layer, type Redacted } from "effect"
 import type { Scope } from "effect"
+import { createHmac } from "node:crypto"
+import * as Http from "node:http"
+import type * as Net from "node:net"
 import { Webhook } from "standardwebhooks"
-import { Destinations } from "../../src/services/delivery/Destinations.js"
-import { FirehookConfig, type FirehookConfigShape, layerValue } from "../../src/services/platform/Config.js"
-import * as Database from "../../src/services/platform/Database.js"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as Delivery from "../../src/services/delivery/Delivery.js"
 import * as DeliveryStore from "../../src/services/delivery/DeliveryStore.js"
-import * as Health from "../../src/services/platform/Health.js"
-import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import { Processor } from "../../src/services/matching/Processor.js"
+import { Destinations } from "../../src/services/delivery/Destinations.js"
 import { type AuditEvent, Publisher } from "../../src/services/delivery/Publisher.js"
-import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
-import { parseAllowCidrs, SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import { Secrets } from "../../src/services/delivery/Secrets.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import { Processor } from "../../src/services/matching/Processor.js"
+import { FirehookConfig, type FirehookConfigShape, layerValue } from "../../src/services/platform/Config.js"
+import * as Database from "../../src/services/platform/Database.js"
+import * as Health from "../../src/services/platform/Health.js"
+import { parseAllowCidrs, SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
+import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 
 // ---------------------------------------------------------------------------------------------
 // Receivers
@@ -50,7 +50,11 @@ export interface Receiver {
 }
 
 /** What a request gets: a status, headers and a body; or `"hang"` (never answered). */
-export type Reply = { readonly status: number; readonly headers?: Record<string, string>; readonly body?: string | Buffer } | "hang"
+export type Reply = {
+  readonly status: number
+  readonly headers?: Record<string, string>
+  readonly body?: string | Buffer
+} | "hang"
 
 /**
  * The default replies by path: `/status/<code>`, `/retry-after/<seconds>` (503 + Retry-After),
@@ -167,8 +171,7 @@ const safeHttpFromConfig = Layer.unwrapEffect(
     SafeHttp.layerDefault({
       allowInsecureDev: c.allowInsecureDev,
       allowCidrs: Either.getOrElse(parseAllowCidrs(c.delivery.allowCidrs.join(",")), () => [])
-    })
-  )
+    }))
 )
 
 export interface WorkerSetup {
@@ -228,8 +231,9 @@ export const eventually = <A, E, R>(
   until: (a: A) => boolean,
   timeoutMs = 10_000
 ): Effect.Effect<A, E | TimedOut, R> => {
-  const loop: Effect.Effect<A, E, R> = Effect.flatMap(eff, (a) =>
-    until(a) ? Effect.succeed(a) : Effect.zipRight(Effect.sleep(Duration.millis(25)), Effect.suspend(() => loop))
+  const loop: Effect.Effect<A, E, R> = Effect.flatMap(
+    eff,
+    (a) => until(a) ? Effect.succeed(a) : Effect.zipRight(Effect.sleep(Duration.millis(25)), Effect.suspend(() => loop))
   )
   return loop.pipe(
     Effect.timeoutFail({ duration: Duration.millis(timeoutMs), onTimeout: () => new TimedOut({ what }) })
@@ -256,12 +260,12 @@ export const outboxRows = Effect.flatMap(SqlClient.SqlClient, (sql) =>
     SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind, last_http_status, lease_token, finished_at,
       extract(epoch FROM next_attempt_at - updated_at)::float8 AS delay_s,
       extract(epoch FROM next_attempt_at - now())::float8 AS due_in_s
-    FROM outbox ORDER BY webhook_rkey, delivery_id`
-).pipe(Effect.orDie)
+    FROM outbox ORDER BY webhook_rkey, delivery_id`).pipe(Effect.orDie)
 
 export const countWhere = (table: string, where: string) =>
-  Effect.flatMap(SqlClient.SqlClient, (sql) =>
-    sql.unsafe<{ n: number }>(`SELECT count(*)::int AS n FROM ${table} WHERE ${where}`)
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql.unsafe<{ n: number }>(`SELECT count(*)::int AS n FROM ${table} WHERE ${where}`)
   ).pipe(
     Effect.map((r) => Number(r[0]?.n ?? 0)),
     Effect.orDie

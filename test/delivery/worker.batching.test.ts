@@ -31,24 +31,27 @@ const rowsById = Effect.flatMap(SqlClient.SqlClient, (sql) =>
   sql<Row>`
     SELECT delivery_id, status, attempt_count, last_error_kind, last_http_status, lease_token,
       (finished_at IS NOT NULL) AS finished, extract(epoch FROM next_attempt_at - now())::float8 AS due_in_s
-    FROM outbox`
-).pipe(
-  Effect.map((rows) => new Map(rows.map((r) => [r.delivery_id, r]))),
-  Effect.orDie
-)
+    FROM outbox`).pipe(
+    Effect.map((rows) => new Map(rows.map((r) => [r.delivery_id, r]))),
+    Effect.orDie
+  )
 
 describe("delivery: batched settles and admission", () => {
   it.scopedLive(
     "concurrent settles share statements, yet each row gets its own outcome",
     () =>
-      Effect.gen(function* () {
-        yield* run([whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: "https://receiver.example/hook" }), { rev: rev(1) })])
+      Effect.gen(function*() {
+        yield* run([
+          whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: "https://receiver.example/hook" }), { rev: rev(1) })
+        ])
         yield* run(Array.from({ length: 6 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
         const store = yield* DeliveryStore
         const claimed = yield* store.claim("w", 10, 60_000)
         expect(claimed.rows.length).toBe(6)
         const [a, b, c, d, e, f] = claimed.rows
-        if (a === undefined || b === undefined || c === undefined || d === undefined || e === undefined || f === undefined) return
+        if (
+          a === undefined || b === undefined || c === undefined || d === undefined || e === undefined || f === undefined
+        ) return
         const attempt = (outcome: "delivered" | "retry" | "dead_letter", httpStatus: number) => ({
           startedAtMs: 1_700_000_000_000,
           durationMs: 7,
@@ -60,7 +63,11 @@ describe("delivery: batched settles and admission", () => {
         // all at once: the store applies them in as few statements as its flushers allow
         const results = yield* Effect.all(
           [
-            store.markDelivered(a.deliveryId, a.leaseToken, { attemptCount: 1, httpStatus: 204, attempt: attempt("delivered", 204) }),
+            store.markDelivered(a.deliveryId, a.leaseToken, {
+              attemptCount: 1,
+              httpStatus: 204,
+              attempt: attempt("delivered", 204)
+            }),
             store.reschedule(b.deliveryId, b.leaseToken, {
               attemptCount: 1,
               delayMs: 3_600_000,
@@ -83,18 +90,57 @@ describe("delivery: batched settles and admission", () => {
         )
         expect(results).toEqual([true, true, true, true, true, false])
         const rows = yield* rowsById
-        expect(rows.get(a.deliveryId)).toMatchObject({ status: "delivered", attempt_count: 1, last_http_status: 204, last_error_kind: null, lease_token: null, finished: true })
-        expect(rows.get(b.deliveryId)).toMatchObject({ status: "pending", attempt_count: 1, last_http_status: 503, last_error_kind: "http_5xx", lease_token: null, finished: false })
+        expect(rows.get(a.deliveryId)).toMatchObject({
+          status: "delivered",
+          attempt_count: 1,
+          last_http_status: 204,
+          last_error_kind: null,
+          lease_token: null,
+          finished: true
+        })
+        expect(rows.get(b.deliveryId)).toMatchObject({
+          status: "pending",
+          attempt_count: 1,
+          last_http_status: 503,
+          last_error_kind: "http_5xx",
+          lease_token: null,
+          finished: false
+        })
         expect(rows.get(b.deliveryId)?.due_in_s).toBeGreaterThan(3_000)
         expect(rows.get(b.deliveryId)?.due_in_s).toBeLessThan(4_000)
-        expect(rows.get(c.deliveryId)).toMatchObject({ status: "pending", attempt_count: 0, last_http_status: null, last_error_kind: null, lease_token: null, finished: false })
+        expect(rows.get(c.deliveryId)).toMatchObject({
+          status: "pending",
+          attempt_count: 0,
+          last_http_status: null,
+          last_error_kind: null,
+          lease_token: null,
+          finished: false
+        })
         expect(rows.get(c.deliveryId)?.due_in_s).toBeGreaterThan(7_000)
-        expect(rows.get(d.deliveryId)).toMatchObject({ status: "dead_letter", attempt_count: 1, last_http_status: 404, last_error_kind: "http_4xx", finished: true })
-        expect(rows.get(e.deliveryId)).toMatchObject({ status: "cancelled", attempt_count: 0, last_error_kind: "subscription_changed", finished: true })
-        expect(rows.get(f.deliveryId)).toMatchObject({ status: "leased", attempt_count: 0, lease_token: f.leaseToken, finished: false })
+        expect(rows.get(d.deliveryId)).toMatchObject({
+          status: "dead_letter",
+          attempt_count: 1,
+          last_http_status: 404,
+          last_error_kind: "http_4xx",
+          finished: true
+        })
+        expect(rows.get(e.deliveryId)).toMatchObject({
+          status: "cancelled",
+          attempt_count: 0,
+          last_error_kind: "subscription_changed",
+          finished: true
+        })
+        expect(rows.get(f.deliveryId)).toMatchObject({
+          status: "leased",
+          attempt_count: 0,
+          lease_token: f.leaseToken,
+          finished: false
+        })
         // audit rows for the three terminal outcomes only, each with its own status
         const sql = yield* SqlClient.SqlClient
-        const audit = yield* sql<{ delivery_id: string; status: string; http_status: number | null; error_kind: string | null }>`
+        const audit = yield* sql<
+          { delivery_id: string; status: string; http_status: number | null; error_kind: string | null }
+        >`
           SELECT delivery_id, status, http_status, error_kind FROM audit ORDER BY status`
         expect(audit.map((r) => [r.delivery_id, r.status, r.http_status, r.error_kind]).sort()).toEqual(
           [
@@ -104,15 +150,18 @@ describe("delivery: batched settles and admission", () => {
           ].sort()
         )
         // attempt records for the three settles that carried one, each on its own row
-        const attempts = yield* sql<{ delivery_id: string; attempt: number; outcome: string; http_status: number; response_excerpt: string }>`
+        const attempts = yield* sql<
+          { delivery_id: string; attempt: number; outcome: string; http_status: number; response_excerpt: string }
+        >`
           SELECT delivery_id, attempt, outcome, http_status, response_excerpt FROM delivery_attempts`
-        expect(attempts.map((r) => [r.delivery_id, r.attempt, r.outcome, r.http_status, r.response_excerpt]).sort()).toEqual(
-          [
-            [a.deliveryId, 1, "delivered", 204, "r204"],
-            [b.deliveryId, 1, "retry", 503, "r503"],
-            [d.deliveryId, 1, "dead_letter", 404, "r404"]
-          ].sort()
-        )
+        expect(attempts.map((r) => [r.delivery_id, r.attempt, r.outcome, r.http_status, r.response_excerpt]).sort())
+          .toEqual(
+            [
+              [a.deliveryId, 1, "delivered", 204, "r204"],
+              [b.deliveryId, 1, "retry", 503, "r503"],
+              [d.deliveryId, 1, "dead_letter", 404, "r404"]
+            ].sort()
+          )
       }).pipe(Effect.scoped, Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack()))),
     60_000
   )
@@ -120,7 +169,7 @@ describe("delivery: batched settles and admission", () => {
   it.scopedLive(
     "a busy origin gets at most its cap of request slots; another origin is delivered meanwhile",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         // the busy receiver never answers: its requests hold their slots until the test ends
         const busy = yield* receiver({ reply: () => "hang" })
         const quiet = yield* receiver()

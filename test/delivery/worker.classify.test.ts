@@ -7,7 +7,16 @@ import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
-import { closedPort, countWhere, eventually, outboxRows, receiver, recordingPublisher, run, startWorker } from "./worker-support.js"
+import {
+  closedPort,
+  countWhere,
+  eventually,
+  outboxRows,
+  receiver,
+  recordingPublisher,
+  run,
+  startWorker
+} from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
@@ -52,13 +61,22 @@ describe("delivery worker: classification through real responses", () => {
   it.scopedLive(
     "every class settles as SPEC §4.3 says",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver({ secretFor: () => SECRET })
         const refused = yield* closedPort
         const publisher = recordingPublisher()
         const registrations = [
-          ...CASES.map((c) => whEv(OWNER, c.rkey, whRecordValue(`at://${BOB}`, { url: `${rx.url}${c.path}`, secret: SECRET }), { rev: rev(1) })),
-          whEv(OWNER, "refused", whRecordValue(`at://${BOB}`, { url: `http://127.0.0.1:${refused}/hook`, secret: SECRET }), { rev: rev(1) })
+          ...CASES.map((c) =>
+            whEv(OWNER, c.rkey, whRecordValue(`at://${BOB}`, { url: `${rx.url}${c.path}`, secret: SECRET }), {
+              rev: rev(1)
+            })
+          ),
+          whEv(
+            OWNER,
+            "refused",
+            whRecordValue(`at://${BOB}`, { url: `http://127.0.0.1:${refused}/hook`, secret: SECRET }),
+            { rev: rev(1) }
+          )
         ]
         yield* run(registrations)
         yield* startWorker({ options: { pollIntervalMs: 100 }, publisher: publisher.layer })
@@ -74,12 +92,13 @@ describe("delivery worker: classification through real responses", () => {
         const byRkey = new Map(rows.map((x) => [x.webhook_rkey, x]))
         for (const c of CASES) {
           const row = byRkey.get(c.rkey)
-          expect({ rkey: c.rkey, status: row?.status, kind: row?.last_error_kind, http: row?.last_http_status }).toEqual({
-            rkey: c.rkey,
-            status: c.status,
-            kind: c.kind,
-            http: c.http
-          })
+          expect({ rkey: c.rkey, status: row?.status, kind: row?.last_error_kind, http: row?.last_http_status })
+            .toEqual({
+              rkey: c.rkey,
+              status: c.status,
+              kind: c.kind,
+              http: c.http
+            })
           if (c.status === "pending") {
             if (c.rkey === "ra120") {
               // Retry-After: 120 (seconds) overrides the backoff exactly
@@ -108,11 +127,20 @@ describe("delivery worker: classification through real responses", () => {
 
         // attempts recorded with their class; audit and publishing only for terminal outcomes
         expect(yield* countWhere("delivery_attempts", "attempt = 1")).toBe(CASES.length + 1)
-        expect(yield* countWhere("delivery_attempts", "outcome = 'retry' AND error_kind = 'timeout' AND http_status IS NULL")).toBe(1)
-        expect(yield* countWhere("delivery_attempts", "response_excerpt IS NOT NULL AND octet_length(response_excerpt) > 1024")).toBe(0)
+        expect(
+          yield* countWhere("delivery_attempts", "outcome = 'retry' AND error_kind = 'timeout' AND http_status IS NULL")
+        ).toBe(1)
+        expect(
+          yield* countWhere(
+            "delivery_attempts",
+            "response_excerpt IS NOT NULL AND octet_length(response_excerpt) > 1024"
+          )
+        ).toBe(0)
         const terminal = CASES.filter((c) => c.status !== "pending").length
         expect(yield* countWhere("audit", "true")).toBe(terminal)
-        expect(yield* countWhere("audit", "status = 'dead_letter' AND error_kind = 'gone' AND http_status = 410")).toBe(1)
+        expect(yield* countWhere("audit", "status = 'dead_letter' AND error_kind = 'gone' AND http_status = 410")).toBe(
+          1
+        )
         yield* eventually("published", Effect.sync(() => publisher.events.length), (n) => n >= terminal)
         expect(publisher.events.filter((e) => e.status === "dead_letter").map((e) => e.errorKind).sort()).toEqual(
           ["gone", "http_4xx", "http_4xx", "redirect", "response_too_large"]
@@ -124,8 +152,14 @@ describe("delivery worker: classification through real responses", () => {
         expect(later.inserted).toBe(CASES.length)
         expect(yield* countWhere("outbox", `webhook_rkey = 's410'`)).toBe(1)
         // until its record changes: written again, it matches and is delivered to its new path
-        yield* run([whEv(OWNER, "s410", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/200`, secret: SECRET }), { rev: rev(12) })])
-        expect(yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM webhooks WHERE gone_at IS NOT NULL`).toEqual([{ n: 0 }])
+        yield* run([
+          whEv(OWNER, "s410", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/200`, secret: SECRET }), {
+            rev: rev(12)
+          })
+        ])
+        expect(yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM webhooks WHERE gone_at IS NOT NULL`).toEqual([{
+          n: 0
+        }])
         const again = yield* run([ev(BOB, POST, "p3", { rev: rev(13) })])
         expect(again.inserted).toBe(CASES.length + 1)
         yield* eventually(
@@ -135,7 +169,8 @@ describe("delivery worker: classification through real responses", () => {
           20_000
         )
         expect(rx.received.filter((q) => q.path === "/status/410").length).toBe(1)
-        expect(rx.received.every((q) => String(q.headers["x-firehook-webhook"]).startsWith(`at://${OWNER}/${WH}/`))).toBe(true)
+        expect(rx.received.every((q) => String(q.headers["x-firehook-webhook"]).startsWith(`at://${OWNER}/${WH}/`)))
+          .toBe(true)
       }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))),
     60_000
   )
@@ -143,7 +178,7 @@ describe("delivery worker: classification through real responses", () => {
   it.scopedLive(
     "attempts are capped at DELIVERY_MAX_ATTEMPTS, then dead-lettered",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver()
         yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/500` }), { rev: rev(1) })])
         yield* startWorker({ options: { pollIntervalMs: 20 } })

@@ -9,7 +9,16 @@ import { Duration, Effect, Tracer } from "effect"
 import packageJson from "../../package.json" with { type: "json" }
 import * as Metrics from "../../src/services/platform/Metrics.js"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, outboxRows, receiver, recordingPublisher, run, startWorker, whsec } from "./worker-support.js"
+import {
+  countWhere,
+  eventually,
+  outboxRows,
+  receiver,
+  recordingPublisher,
+  run,
+  startWorker,
+  whsec
+} from "./worker-support.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
@@ -46,14 +55,35 @@ describe("delivery worker end to end", () => {
   it.scopedLive(
     "delivers signed requests within tens of milliseconds of the enqueue (NOTIFY, not the 30 s poll)",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver({ secretFor: (uri) => SECRETS[uri] })
         const publisher = recordingPublisher()
         yield* run([
-          whEv(ALICE, "a", whRecordValue(`at://${BOB}`, { url: `${rx.url}/hooks/alice`, secret: whsec(7) }), { rev: rev(1) }),
-          whEv(CAROL, "c", whRecordValue(`at://${BOB}/${POST}`, { url: `${rx.url}/hooks/carol`, secret: SECRETS[`at://${CAROL}/${WH}/c`] ?? "" }), { rev: rev(1) }),
-          whEv(EVE, "e", whRecordValue(`at://${BOB}`, { url: `${rx.url}/hooks/eve`, secretId: "main" }), { rev: rev(1) }),
-          whEv(DAVE, "d", whRecordValue(`at://${BOB}`, { url: `${rx.url}/hooks/dave`, backlinks: true, secret: "dave-secret-0123456789" }), { rev: rev(1) })
+          whEv(ALICE, "a", whRecordValue(`at://${BOB}`, { url: `${rx.url}/hooks/alice`, secret: whsec(7) }), {
+            rev: rev(1)
+          }),
+          whEv(
+            CAROL,
+            "c",
+            whRecordValue(`at://${BOB}/${POST}`, {
+              url: `${rx.url}/hooks/carol`,
+              secret: SECRETS[`at://${CAROL}/${WH}/c`] ?? ""
+            }),
+            { rev: rev(1) }
+          ),
+          whEv(EVE, "e", whRecordValue(`at://${BOB}`, { url: `${rx.url}/hooks/eve`, secretId: "main" }), {
+            rev: rev(1)
+          }),
+          whEv(
+            DAVE,
+            "d",
+            whRecordValue(`at://${BOB}`, {
+              url: `${rx.url}/hooks/dave`,
+              backlinks: true,
+              secret: "dave-secret-0123456789"
+            }),
+            { rev: rev(1) }
+          )
         ])
         const worker = yield* startWorker({
           options: { pollIntervalMs: 30_000 },
@@ -64,10 +94,16 @@ describe("delivery worker end to end", () => {
 
         const t0 = performance.now()
         const result = yield* run([
-          ev(BOB, POST, "p1", { rev: rev(10), record: { $type: POST, text: "hello ✓ \u2028 world", createdAt: "2026-01-01T00:00:00Z" } }),
+          ev(BOB, POST, "p1", {
+            rev: rev(10),
+            record: { $type: POST, text: "hello ✓ \u2028 world", createdAt: "2026-01-01T00:00:00Z" }
+          }),
           ev(FRANK, "app.bsky.feed.like", "l1", {
             rev: rev(11),
-            record: { $type: "app.bsky.feed.like", subject: { uri: `at://${BOB}/${POST}/p1`, cid: "bafyreib2rxk3rh6kzwq" } }
+            record: {
+              $type: "app.bsky.feed.like",
+              subject: { uri: `at://${BOB}/${POST}/p1`, cid: "bafyreib2rxk3rh6kzwq" }
+            }
           })
         ])
         expect(result.inserted).toBe(5)
@@ -115,7 +151,8 @@ describe("delivery worker end to end", () => {
           expect(r).toMatchObject({ attempt_count: 1, last_http_status: 200, last_error_kind: null, lease_token: null })
           expect(r.finished_at).not.toBeNull()
         }
-        expect(yield* countWhere("delivery_attempts", "outcome = 'delivered' AND http_status = 200 AND attempt = 1")).toBe(5)
+        expect(yield* countWhere("delivery_attempts", "outcome = 'delivered' AND http_status = 200 AND attempt = 1"))
+          .toBe(5)
         expect(yield* countWhere("audit", "status = 'delivered' AND url = '[redacted]'")).toBe(5)
         expect(yield* countWhere("audit", "url <> '[redacted]'")).toBe(0)
         yield* eventually("published", Effect.sync(() => publisher.events.length), (n) => n >= 5)
@@ -134,7 +171,7 @@ describe("delivery worker end to end", () => {
   it.scopedLive(
     "a Lifecycle shutdown stops claiming: a row enqueued afterwards is left to another worker",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver()
         yield* run([whEv(ALICE, "a", whRecordValue(`at://${BOB}`, { url: `${rx.url}/x` }), { rev: rev(1) })])
         const first = yield* startWorker({ options: { pollIntervalMs: 50, workerId: "first" } })
@@ -161,7 +198,7 @@ describe("delivery worker end to end", () => {
   it.scopedLive(
     "shutdown: rows not started go back at once; a running attempt gets the grace period, then is interrupted and its row stays leased",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver()
         yield* run([whEv(ALICE, "a", whRecordValue(`at://${BOB}`, { url: `${rx.url}/hang` }), { rev: rev(1) })])
         yield* run([ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })])
@@ -186,13 +223,15 @@ describe("delivery worker end to end", () => {
         expect((yield* worker.delivery.stats).inFlight).toBe(0)
         // the metrics of the worker are exposed
         const text = yield* Metrics.exposition
-        for (const name of [
-          "firehook_delivery_attempts_total",
-          "firehook_delivery_first_attempt_latency_ms_bucket",
-          "firehook_delivery_attempt_duration_ms_bucket",
-          "firehook_delivery_in_flight",
-          "firehook_delivery_open_circuits"
-        ]) {
+        for (
+          const name of [
+            "firehook_delivery_attempts_total",
+            "firehook_delivery_first_attempt_latency_ms_bucket",
+            "firehook_delivery_attempt_duration_ms_bucket",
+            "firehook_delivery_in_flight",
+            "firehook_delivery_open_circuits"
+          ]
+        ) {
           expect(text).toContain(name)
         }
       }).pipe(
@@ -205,7 +244,7 @@ describe("delivery worker end to end", () => {
   it.scopedLive(
     "with a tracer installed (an embedder's OpenTelemetry layer, say) every attempt is one Delivery.attempt span",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const builtIn = yield* Effect.tracer
         const names: Array<string> = []
         const recording = Tracer.make({
@@ -219,7 +258,10 @@ describe("delivery worker end to end", () => {
         yield* run([whEv(ALICE, "a", whRecordValue(`at://${BOB}`, { url: `${rx.url}/x` }), { rev: rev(1) })])
         yield* startWorker({ options: { pollIntervalMs: 50 } }).pipe(Effect.withTracer(recording))
         yield* run([ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })])
-        yield* eventually("delivered", outboxRows, (rows) => rows.length === 2 && rows.every((r) => r.status === "delivered"))
+        yield* eventually("delivered", outboxRows, (rows) =>
+          rows.length === 2 && rows.every((r) =>
+            r.status === "delivered"
+          ))
         expect(names.filter((n) => n === "Delivery.attempt").length).toBe(2)
       }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))),
     60_000

@@ -8,9 +8,9 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
+import type { Scope } from "effect"
 import * as Http from "node:http"
 import type * as Net from "node:net"
-import type { Scope } from "effect"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 import { countWhere, eventually, outboxRows, run, startWorker } from "./worker-support.js"
 
@@ -33,7 +33,9 @@ const gatedReceiver: Effect.Effect<
   never,
   Scope.Scope
 > = Effect.acquireRelease(
-  Effect.async<{ url: string; paths: Array<string>; release: Effect.Effect<void>; server: Http.Server; sockets: Set<Net.Socket> }>(
+  Effect.async<
+    { url: string; paths: Array<string>; release: Effect.Effect<void>; server: Http.Server; sockets: Set<Net.Socket> }
+  >(
     (resume) => {
       const paths: Array<string> = []
       const held: Array<Http.ServerResponse> = []
@@ -73,11 +75,10 @@ const statusOf = (rkey: string) =>
     Effect.map(
       sql<{ status: string }>`SELECT status FROM outbox WHERE webhook_rkey = ${rkey}`,
       (rows) => rows[0]?.status ?? "none"
-    )
-  )
+    ))
 
 /** A's row is in flight (held by the receiver) and B's row is claimed and waiting for the origin. */
-const heldWithBClaimed = Effect.gen(function* () {
+const heldWithBClaimed = Effect.gen(function*() {
   const rx = yield* gatedReceiver
   yield* run([
     whEv(OWNER_A, "a", whRecordValue(`at://${BOB}`, { url: `${rx.url}/held` }), { rev: rev(1) }),
@@ -95,11 +96,16 @@ const heldWithBClaimed = Effect.gen(function* () {
 
 describe("the subscription is checked when the attempt starts", () => {
   it.scopedLive("disabled after the claim, before the attempt → cancelled, no request", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const rx = yield* heldWithBClaimed
-      yield* run([whEv(OWNER_B, "b", whRecordValue(`at://${CAROL}`, { url: `${rx.url}/b`, enabled: false }), { rev: rev(2) })])
+      yield* run([
+        whEv(OWNER_B, "b", whRecordValue(`at://${CAROL}`, { url: `${rx.url}/b`, enabled: false }), { rev: rev(2) })
+      ])
       yield* rx.release
-      const rows = yield* eventually("both settled", outboxRows, (rs) => rs.length === 2 && rs.every((r) => r.lease_token === null && r.status !== "pending"))
+      const rows = yield* eventually("both settled", outboxRows, (rs) =>
+        rs.length === 2 && rs.every((r) =>
+          r.lease_token === null && r.status !== "pending"
+        ))
       const byStatus = rows.map((r) => r.status).sort()
       expect(byStatus).toEqual(["cancelled", "delivered"])
       expect(rows.find((r) => r.status === "cancelled")?.last_error_kind).toBe("subscription_changed")
@@ -108,7 +114,7 @@ describe("the subscription is checked when the attempt starts", () => {
     }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))))
 
   it.scopedLive("URL changed after the claim → cancelled, nothing sent to either URL", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const rx = yield* heldWithBClaimed
       yield* run([whEv(OWNER_B, "b", whRecordValue(`at://${CAROL}`, { url: `${rx.url}/b2` }), { rev: rev(2) })])
       yield* rx.release
@@ -118,12 +124,16 @@ describe("the subscription is checked when the attempt starts", () => {
     }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))))
 
   it.scopedLive("owner reconciliation started after the claim → deferred without spending an attempt", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const rx = yield* heldWithBClaimed
       const sql = yield* SqlClient.SqlClient
       yield* sql`UPDATE owners SET reconcile_status = 'scanning' WHERE did = ${OWNER_B}`
       yield* rx.release
-      const rows = yield* eventually("B deferred", outboxRows, (rs) => rs.length === 2 && rs.every((r) => r.lease_token === null))
+      const rows = yield* eventually(
+        "B deferred",
+        outboxRows,
+        (rs) => rs.length === 2 && rs.every((r) => r.lease_token === null)
+      )
       const b = rows.find((r) => r.status === "pending")
       expect(b).toMatchObject({ attempt_count: 0, last_error_kind: null })
       expect(rows.filter((r) => r.status === "delivered").length).toBe(1)

@@ -7,18 +7,27 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, FiberId, Layer, type Redacted, Scope } from "effect"
-import * as Config from "../../src/services/platform/Config.js"
-import * as Database from "../../src/services/platform/Database.js"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
 import * as ProcessorModule from "../../src/services/matching/Processor.js"
+import * as Config from "../../src/services/platform/Config.js"
+import * as Database from "../../src/services/platform/Database.js"
+import { Tx } from "../../src/services/platform/Persistence.js"
 import * as Registry from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
-import { Tx } from "../../src/services/platform/Persistence.js"
 import * as Db from "../support/db.js"
 import { ev, plc, rev, sqlStack, testConfig, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, outboxRows, receiver, type Reply, run, startWorkerOn, whsec } from "./worker-support.js"
+import {
+  countWhere,
+  eventually,
+  outboxRows,
+  receiver,
+  type Reply,
+  run,
+  startWorkerOn,
+  whsec
+} from "./worker-support.js"
 
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
@@ -38,7 +47,8 @@ const stackOn = (url: Redacted.Redacted<string>, config: Config.FirehookConfigSh
  * their `origin` is NULL, as for rows enqueued before migration 0002).
  */
 const copyRows = (times: number) =>
-  Effect.flatMap(SqlClient.SqlClient, (sql) => sql`
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql`
     INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
       event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint)
     SELECT o.delivery_id || '_' || g, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
@@ -46,7 +56,9 @@ const copyRows = (times: number) =>
     FROM outbox o CROSS JOIN generate_series(1, ${times}) g`)
 
 /** One webhook (owner plc(1), rkey `a`) watching BOB, delivering to https://a.example/hook. */
-const webhookOnA = run([whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })])
+const webhookOnA = run([
+  whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })
+])
 
 /** A test of the store itself on a fresh test stack. */
 const onStoreStack = <A, E, R>(eff: Effect.Effect<A, E, R>) =>
@@ -55,9 +67,10 @@ const onStoreStack = <A, E, R>(eff: Effect.Effect<A, E, R>) =>
 /** Run `eff` against a fresh database whose URL it also gets (to start more "processes" on it). */
 const onFreshDatabase = <A, E>(
   config: Config.FirehookConfigShape,
-  eff: (url: Redacted.Redacted<string>) => Effect.Effect<A, E, Layer.Layer.Success<ReturnType<typeof stackOn>> | Scope.Scope>
-) =>
-  Effect.flatMap(Db.freshDatabase, ({ url }) => Effect.provide(Effect.scoped(eff(url)), stackOn(url, config)))
+  eff: (
+    url: Redacted.Redacted<string>
+  ) => Effect.Effect<A, E, Layer.Layer.Success<ReturnType<typeof stackOn>> | Scope.Scope>
+) => Effect.flatMap(Db.freshDatabase, ({ url }) => Effect.provide(Effect.scoped(eff(url)), stackOn(url, config)))
 
 describe("delivery leases on PostgreSQL", () => {
   const config = testConfig({
@@ -73,11 +86,13 @@ describe("delivery leases on PostgreSQL", () => {
     "two workers on one table: 10,000 rows, each delivered exactly once",
     () =>
       onFreshDatabase(config, (url) =>
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           const secret = whsec(3)
           const rx = yield* receiver({ secretFor: () => secret })
           const owners = Array.from({ length: 10 }, (_, i) => plc(100 + i))
-          yield* run(owners.map((o) => whEv(o, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secret }), { rev: rev(1) })))
+          yield* run(owners.map((o) =>
+            whEv(o, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secret }), { rev: rev(1) })
+          ))
           const r = yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
           expect(r.inserted).toBe(10)
           // 9,990 more rows for the same subscriptions (distinct delivery ids), straight into the table
@@ -91,7 +106,8 @@ describe("delivery leases on PostgreSQL", () => {
           yield* eventually(
             "10,000 delivered",
             countWhere("outbox", "status = 'delivered'"),
-            (n) => n === 10_000,
+            (n) =>
+              n === 10_000,
             240_000
           )
           // Every row was sent once per attempt the database recorded for it, and no row was ever in
@@ -102,7 +118,9 @@ describe("delivery leases on PostgreSQL", () => {
             SELECT o.delivery_id, o.attempt_count, (SELECT count(*)::int FROM delivery_attempts a WHERE a.delivery_id = o.delivery_id) AS recorded
             FROM outbox o`
           expect(perRow.length).toBe(10_000)
-          const mismatched = perRow.filter((r) => rx.hits.get(r.delivery_id) !== r.attempt_count || r.recorded !== r.attempt_count)
+          const mismatched = perRow.filter((r) =>
+            rx.hits.get(r.delivery_id) !== r.attempt_count || r.recorded !== r.attempt_count
+          )
           expect(mismatched).toEqual([])
           const firstTry = perRow.filter((r) => r.attempt_count === 1).length
           // on an idle machine every row is delivered by its first attempt; a loaded CI machine may
@@ -119,8 +137,7 @@ describe("delivery leases on PostgreSQL", () => {
           expect(yield* countWhere("delivery_attempts", "outcome = 'delivered'")).toBe(10_000)
           expect(yield* countWhere("audit", "status = 'delivered'")).toBe(10_000)
           expect(yield* countWhere("outbox", "lease_token IS NOT NULL OR leased_until IS NOT NULL")).toBe(0)
-        })
-      ),
+        })),
     // about 20 s on an idle 2-CPU machine; the margin is for a loaded one (CI runs two files at once)
     300_000
   )
@@ -129,7 +146,7 @@ describe("delivery leases on PostgreSQL", () => {
     "an interrupted worker leaves its row leased; another worker reclaims it after the lease and delivers it",
     () =>
       onFreshDatabase(config, (url) =>
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           const seen = new Set<string>()
           // the first request of each delivery hangs; later ones succeed
           const reply = (_: string, req: { readonly headers: Record<string, unknown> }): Reply => {
@@ -139,7 +156,11 @@ describe("delivery leases on PostgreSQL", () => {
             return "hang"
           }
           const rx = yield* receiver({ reply })
-          yield* run([whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secret: "s3cr3t-for-lease-test" }), { rev: rev(1) })])
+          yield* run([
+            whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secret: "s3cr3t-for-lease-test" }), {
+              rev: rev(1)
+            })
+          ])
           yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
           const sql = yield* SqlClient.SqlClient
           const leaseOf = sql<{ lease_token: string | null; status: string; attempt_count: number; until_ms: number }>`
@@ -150,14 +171,24 @@ describe("delivery leases on PostgreSQL", () => {
           )
 
           const scopeA = yield* Scope.make()
-          yield* startWorkerOn(url, config, { options: { workerId: "worker-a", leaseMs: 1_500, pollIntervalMs: 100 } }, scopeA)
+          yield* startWorkerOn(
+            url,
+            config,
+            { options: { workerId: "worker-a", leaseMs: 1_500, pollIntervalMs: 100 } },
+            scopeA
+          )
           yield* eventually("the hanging request", Effect.sync(() => rx.received.length), (n) => n === 1)
           const first = yield* leaseOf
           expect(first?.lease_token?.startsWith("worker-a:")).toBe(true)
 
           // worker B runs alongside and must not take the row while A keeps renewing its lease
           const scopeB = yield* Effect.scope
-          yield* startWorkerOn(url, config, { options: { workerId: "worker-b", leaseMs: 1_500, pollIntervalMs: 100 } }, scopeB)
+          yield* startWorkerOn(
+            url,
+            config,
+            { options: { workerId: "worker-b", leaseMs: 1_500, pollIntervalMs: 100 } },
+            scopeB
+          )
           const renewed = yield* eventually(
             "two renewals by A",
             leaseOf,
@@ -181,16 +212,17 @@ describe("delivery leases on PostgreSQL", () => {
           expect(audit[0]?.at_ms ?? 0).toBeGreaterThanOrEqual(orphan?.until_ms ?? Number.POSITIVE_INFINITY)
           expect(yield* countWhere("delivery_attempts", "true")).toBe(1)
           expect((yield* outboxRows)[0]).toMatchObject({ attempt_count: 1, last_http_status: 200 })
-        })
-      ),
+        })),
     60_000
   )
 
   it.scopedLive(
     "a worker that lost its lease cannot settle or renew the row",
     () =>
-      Effect.gen(function* () {
-        yield* run([whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: "https://receiver.example/hook" }), { rev: rev(1) })])
+      Effect.gen(function*() {
+        yield* run([
+          whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: "https://receiver.example/hook" }), { rev: rev(1) })
+        ])
         yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
         const store = yield* DeliveryStore
         const old = yield* store.claim("w1", 10, 200)
@@ -212,12 +244,19 @@ describe("delivery leases on PostgreSQL", () => {
         const t = stale.leaseToken
         expect(yield* store.heartbeat(id, t, 60_000)).toBe(false)
         expect(yield* store.markDelivered(id, t, { attemptCount: 1, httpStatus: 200 })).toBe(false)
-        expect(yield* store.reschedule(id, t, { attemptCount: 1, delayMs: 1000, errorKind: "http_5xx", httpStatus: 500 })).toBe(false)
+        expect(
+          yield* store.reschedule(id, t, { attemptCount: 1, delayMs: 1000, errorKind: "http_5xx", httpStatus: 500 })
+        ).toBe(false)
         expect(yield* store.defer(id, t, 1000)).toBe(false)
         expect(yield* store.deadLetter(id, t, { attemptCount: 1, errorKind: "http_4xx", httpStatus: 400 })).toBe(false)
         expect(yield* store.cancel(id, t, "subscription_changed")).toBe(false)
         const [row] = yield* outboxRows
-        expect(row).toMatchObject({ status: "leased", lease_token: mine.leaseToken, attempt_count: 0, last_error_kind: null })
+        expect(row).toMatchObject({
+          status: "leased",
+          lease_token: mine.leaseToken,
+          attempt_count: 0,
+          last_error_kind: null
+        })
         expect(yield* countWhere("audit", "true")).toBe(0)
 
         // the current holder can
@@ -226,7 +265,14 @@ describe("delivery leases on PostgreSQL", () => {
           yield* store.markDelivered(id, mine.leaseToken, {
             attemptCount: 1,
             httpStatus: 200,
-            attempt: { startedAtMs: 1_700_000_000_000, durationMs: 5, outcome: "delivered", errorKind: undefined, httpStatus: 200, responseExcerpt: "x".repeat(5000) }
+            attempt: {
+              startedAtMs: 1_700_000_000_000,
+              durationMs: 5,
+              outcome: "delivered",
+              errorKind: undefined,
+              httpStatus: 200,
+              responseExcerpt: "x".repeat(5000)
+            }
           })
         ).toBe(true)
         expect(yield* store.markDelivered(id, mine.leaseToken, { attemptCount: 2, httpStatus: 200 })).toBe(false)
@@ -240,7 +286,7 @@ describe("delivery leases on PostgreSQL", () => {
   it.scopedLive(
     "the claim takes at most the given room per origin and skips full origins",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([
           whEv(plc(1), "a", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) }),
           whEv(plc(1), "b", whRecordValue(`at://${BOB}`, { url: "https://B.example:8443/x?y" }), { rev: rev(1) })
@@ -251,11 +297,23 @@ describe("delivery leases on PostgreSQL", () => {
         expect(first.rows.length).toBe(4)
         expect(first.moreDue).toBe(true)
         const origins = first.rows.map((r) => r.origin).sort()
-        expect(origins).toEqual(["https://a.example", "https://a.example", "https://b.example:8443", "https://b.example:8443"])
+        expect(origins).toEqual([
+          "https://a.example",
+          "https://a.example",
+          "https://b.example:8443",
+          "https://b.example:8443"
+        ])
         expect(first.rows.every((r) => r.body !== undefined && r.ageMs >= 0 && r.attemptCount === 0)).toBe(true)
         const second = yield* store.claim("w", 10, 60_000, { fullOrigins: ["https://a.example"], defaultRoom: 10 })
-        expect(second.rows.map((r) => r.origin)).toEqual(["https://b.example:8443", "https://b.example:8443", "https://b.example:8443"])
-        const third = yield* store.claim("w", 10, 60_000, { rooms: [{ origin: "https://a.example", room: 1 }], defaultRoom: 0 })
+        expect(second.rows.map((r) => r.origin)).toEqual([
+          "https://b.example:8443",
+          "https://b.example:8443",
+          "https://b.example:8443"
+        ])
+        const third = yield* store.claim("w", 10, 60_000, {
+          rooms: [{ origin: "https://a.example", room: 1 }],
+          defaultRoom: 0
+        })
         expect(third.rows.map((r) => r.origin)).toEqual(["https://a.example"])
         const counts = yield* store.counts
         expect(counts).toEqual({ pending: 2, leased: 8, deadLetter: 0 })
@@ -266,7 +324,7 @@ describe("delivery leases on PostgreSQL", () => {
   it.scopedLive(
     "claims run on one reserved connection without bitmap scans; a lost claim connection is replaced",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* webhookOnA
         yield* run(Array.from({ length: 3 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
         const store = yield* DeliveryStore
@@ -297,7 +355,7 @@ describe("delivery leases on PostgreSQL", () => {
   it.scopedLive(
     "heartbeats over the same rows in opposite orders never deadlock (they do not wait for locks) and both report every row held",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* webhookOnA
         yield* run([ev(BOB, POST, "p", { rev: rev(10) })])
         yield* copyRows(1999)
@@ -310,7 +368,10 @@ describe("delivery leases on PostgreSQL", () => {
         const descending = [...ascending].reverse()
         for (let round = 0; round < 5; round++) {
           const [a, b] = yield* Effect.all(
-            [Effect.either(store.heartbeatMany(ascending, 60_000)), Effect.either(store.heartbeatMany(descending, 60_000))],
+            [
+              Effect.either(store.heartbeatMany(ascending, 60_000)),
+              Effect.either(store.heartbeatMany(descending, 60_000))
+            ],
             { concurrency: 2 }
           )
           expect(a._tag === "Right" ? a.right.size : a.left.code).toBe(2000)
@@ -323,7 +384,7 @@ describe("delivery leases on PostgreSQL", () => {
   it.scopedLive(
     "the heartbeat does not wait for rows another statement holds (a settle in progress): it renews the others and reports those as held",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* webhookOnA
         yield* run([ev(BOB, POST, "p", { rev: rev(10) })])
         yield* copyRows(9)
@@ -342,7 +403,7 @@ describe("delivery leases on PostgreSQL", () => {
         const release = yield* Deferred.make<void>()
         const holder = yield* Effect.fork(
           sql.withTransaction(
-            Effect.gen(function* () {
+            Effect.gen(function*() {
               yield* sql`SELECT delivery_id FROM outbox WHERE delivery_id IN ${sql.in(lockedIds)} FOR UPDATE`
               yield* Deferred.succeed(locked, undefined)
               yield* Deferred.await(release)
@@ -372,7 +433,7 @@ describe("delivery leases on PostgreSQL", () => {
   it.scopedLive(
     "with a pool of one connection claims run in their own transactions and settles still get through",
     () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
         yield* sql`
           INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
@@ -387,14 +448,24 @@ describe("delivery leases on PostgreSQL", () => {
             yield* store.markDelivered(r.deliveryId, r.leaseToken, {
               attemptCount: 1,
               httpStatus: 204,
-              attempt: { startedAtMs: 0, durationMs: 1, outcome: "delivered", errorKind: undefined, httpStatus: 204, responseExcerpt: undefined }
+              attempt: {
+                startedAtMs: 0,
+                durationMs: 1,
+                outcome: "delivered",
+                errorKind: undefined,
+                httpStatus: 204,
+                responseExcerpt: undefined
+              }
             })
           ).toBe(true)
         }
         expect((yield* store.claim("w", 10, 60_000)).rows.length).toBe(3)
         expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0 })
       }).pipe(
-        Effect.timeoutFail({ duration: "20 seconds", onTimeout: () => new Error("the store hung on a one-connection pool") }),
+        Effect.timeoutFail({
+          duration: "20 seconds",
+          onTimeout: () => new Error("the store hung on a one-connection pool")
+        }),
         Effect.provide(Layer.provideMerge(deliveryStoreSql, Db.layer({ maxConnections: 1 })))
       ),
     60_000

@@ -35,13 +35,17 @@ for (const mode of MODES) {
     const options = { pollIntervalMs: 100, snapshotMaxAgeMs: mode.snapshotMaxAgeMs }
 
     it.scopedLive("URL changed between enqueue and attempt → cancelled, no request", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver({ secretFor: () => SECRET })
         const publisher = recordingPublisher()
-        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/old`, secret: SECRET }), { rev: rev(1) })])
+        yield* run([
+          whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/old`, secret: SECRET }), { rev: rev(1) })
+        ])
         yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
         // the record changes (new URL) before any worker runs
-        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/new`, secret: SECRET }), { rev: rev(2) })])
+        yield* run([
+          whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/new`, secret: SECRET }), { rev: rev(2) })
+        ])
         yield* startWorker({ options, publisher: publisher.layer })
         const [row] = yield* eventually("cancelled", outboxRows, (rs) => rs[0]?.status === "cancelled")
         expect(row).toMatchObject({ last_error_kind: "subscription_changed", attempt_count: 0, lease_token: null })
@@ -50,7 +54,11 @@ for (const mode of MODES) {
         expect(yield* countWhere("delivery_attempts", "true")).toBe(0)
         expect(yield* countWhere("audit", "status = 'cancelled' AND error_kind = 'subscription_changed'")).toBe(1)
         yield* eventually("published", Effect.sync(() => publisher.events.length), (n) => n === 1)
-        expect(publisher.events[0]).toMatchObject({ status: "cancelled", errorKind: "subscription_changed", url: "[redacted]" })
+        expect(publisher.events[0]).toMatchObject({
+          status: "cancelled",
+          errorKind: "subscription_changed",
+          url: "[redacted]"
+        })
 
         // a new event for the changed subscription goes to the new URL
         yield* run([ev(BOB, POST, "p2", { rev: rev(11) })])
@@ -60,7 +68,7 @@ for (const mode of MODES) {
       }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))))
 
     it.scopedLive("record deleted → cancelled; record disabled → cancelled", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver()
         yield* run([
           whEv(OWNER, "gone", whRecordValue(`at://${BOB}`, { url: `${rx.url}/gone` }), { rev: rev(1) }),
@@ -72,13 +80,16 @@ for (const mode of MODES) {
           whEv(OWNER, "off", whRecordValue(`at://${BOB}`, { url: `${rx.url}/off`, enabled: false }), { rev: rev(2) })
         ])
         yield* startWorker({ options })
-        const rows = yield* eventually("both cancelled", outboxRows, (rs) => rs.length === 2 && rs.every((r) => r.status === "cancelled"))
+        const rows = yield* eventually("both cancelled", outboxRows, (rs) =>
+          rs.length === 2 && rs.every((r) =>
+            r.status === "cancelled"
+          ))
         expect(rows.map((r) => r.last_error_kind)).toEqual(["subscription_changed", "subscription_changed"])
         expect(rx.received.length).toBe(0)
       }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))))
 
     it.scopedLive("owner under reconciliation → deferred without spending an attempt, delivered after the scan", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver()
         yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in` }), { rev: rev(1) })])
         const sql = yield* SqlClient.SqlClient
@@ -101,11 +112,16 @@ for (const mode of MODES) {
       }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))))
 
     it.scopedLive("secretId that cannot be resolved → retried as secret_unavailable, nothing sent unsigned", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rx = yield* receiver()
-        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secretId: "missing" }), { rev: rev(1) })])
+        yield* run([
+          whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secretId: "missing" }), { rev: rev(1) })
+        ])
         yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
-        yield* startWorker({ options, secrets: [{ ownerDid: BOB, name: "missing", token: "belongs-to-someone-else-000000000" }] })
+        yield* startWorker({
+          options,
+          secrets: [{ ownerDid: BOB, name: "missing", token: "belongs-to-someone-else-000000000" }]
+        })
         const [row] = yield* eventually(
           "one failed attempt",
           outboxRows,
@@ -114,14 +130,16 @@ for (const mode of MODES) {
         expect(row).toMatchObject({ status: "pending", last_error_kind: "secret_unavailable", last_http_status: null })
         expect(row?.delay_s).toBeGreaterThanOrEqual(299.9)
         expect(rx.received.length).toBe(0)
-        expect(yield* countWhere("delivery_attempts", "outcome = 'retry' AND error_kind = 'secret_unavailable'")).toBe(1)
+        expect(yield* countWhere("delivery_attempts", "outcome = 'retry' AND error_kind = 'secret_unavailable'")).toBe(
+          1
+        )
       }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))))
   })
 }
 
 describe("circuit breaker", () => {
   it.scopedLive("after N consecutive failures the origin's rows are rescheduled without a request", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const rx = yield* receiver()
       yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/503` }), { rev: rev(1) })])
       yield* run(Array.from({ length: 6 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))

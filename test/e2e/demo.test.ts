@@ -19,7 +19,9 @@ it("npm run demo prints a verified delivery and exits 0", async () => {
   const code = await new Promise<number | null>((resolve) => child.on("exit", (c) => resolve(c)))
   expect(out).toContain("firehook registered the webhook")
   expect(out).toMatch(/"text": "hello from the firehook demo"/)
-  expect(out).toContain("signatures: Standard Webhooks (webhook-signature) verified, wisp (X-Webhook-Signature) verified")
+  expect(out).toContain(
+    "signatures: Standard Webhooks (webhook-signature) verified, wisp (X-Webhook-Signature) verified"
+  )
   // the webhook record is shown with its secret redacted
   expect(out).toMatch(/"secret": "<redacted>"/)
   expect(out).not.toMatch(/"secret": "demo-/)

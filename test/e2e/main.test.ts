@@ -6,9 +6,9 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import pg from "pg"
 import { afterAll, describe, expect, inject, it } from "vitest"
-import { commitFrame, startFakeJetstream, type FakeJetstream } from "../support/fakeJetstream.js"
-import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js"
 import { migrations } from "../../src/services/platform/Migrations.js"
+import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
+import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js"
 
 const dirs: Array<string> = []
 const tmpDir = () => {
@@ -46,7 +46,12 @@ const adminQuery = async <T extends pg.QueryResultRow>(url: string, q: string) =
  */
 const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise<void>, repeatSignal = false) => {
   const port = await freePort()
-  const running = startFirehook({ HEALTH_PORT: String(port), SHUTDOWN_TIMEOUT_MS: "10000", ...(await devEnv()), ...env })
+  const running = startFirehook({
+    HEALTH_PORT: String(port),
+    SHUTDOWN_TIMEOUT_MS: "10000",
+    ...(await devEnv()),
+    ...env
+  })
   try {
     let body: Record<string, unknown> = {}
     for (let i = 0; i < 100; i++) {
@@ -72,7 +77,9 @@ const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise
     running.child.kill("SIGTERM")
   }
   if (repeatSignal) {
-    for (let i = 0; i < 500 && !running.stdout().includes("shutdown started"); i++) await new Promise((r) => setTimeout(r, 10))
+    for (let i = 0; i < 500 && !running.stdout().includes("shutdown started"); i++) {
+      await new Promise((r) => setTimeout(r, 10))
+    }
     expect(running.stdout()).toContain("shutdown started")
     expect(running.stdout()).not.toContain("shutdown complete")
     running.child.kill("SIGTERM")

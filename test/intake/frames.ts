@@ -107,8 +107,7 @@ export const accountFrame = (seq: number, did: string = DID): Uint8Array =>
 export const infoFrame = (name: string): Uint8Array =>
   frame({ op: 1, t: "#info" }, { name, message: "cursor older than the window" })
 
-export const errorFrame = (error: string): Uint8Array =>
-  frame({ op: -1 }, { error, message: "Cursor in the future." })
+export const errorFrame = (error: string): Uint8Array => frame({ op: -1 }, { error, message: "Cursor in the future." })
 
 /** An image blob ref and some raw bytes: the record shapes that need the JSON data model. */
 export const richRecord = (): Record<string, unknown> => {

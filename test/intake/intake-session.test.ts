@@ -6,13 +6,13 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Deferred, Effect, Layer, Ref, Scheduler, Stream, TestClock } from "effect"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
+import { SourceError } from "../../src/services/intake/FirehoseSource.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
-import { SourceError } from "../../src/services/intake/FirehoseSource.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
 
 const RELAY = "wss://relay.test"
@@ -71,7 +71,7 @@ const memoryRelay = (frames: ReadonlyArray<Frame>) => {
 
 /** let the other fibers run (macrotask turns, no clock time), until `cond` holds (bounded) */
 const until = (cond: () => boolean, what: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     for (let i = 0; i < 2_000; i++) {
       if (cond()) return
       yield* Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
@@ -81,12 +81,13 @@ const until = (cond: () => boolean, what: string) =>
 
 /** let the other fibers run for `n` macrotask turns (no clock time passes) */
 const turns = (n: number) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     for (let i = 0; i < n; i++) yield* Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
   })
 
 const keys = (rec: Recorder) => rec.batches.flat().map((e) => (e.kind === "commit" ? e.rkey : e.kind))
-const allKeys = (frames: ReadonlyArray<Frame>) => frames.flatMap((f) => eventsOf(f).map((e) => (e.kind === "commit" ? e.rkey : e.kind)))
+const allKeys = (frames: ReadonlyArray<Frame>) =>
+  frames.flatMap((f) => eventsOf(f).map((e) => (e.kind === "commit" ? e.rkey : e.kind)))
 
 describe("durable cursor at stream start", () => {
   it.scoped("a failing cursor read is retried with backoff (never taken for 'no cursor'); the stream then resumes from the stored cursor", () => {
@@ -94,17 +95,20 @@ describe("durable cursor at stream start", () => {
     const STORED = 5_000n
     const FAILURES = 6
     let loads = 0
-    const flakyCursors = Layer.succeed(CursorStore.CursorStore, {
-      load: () =>
-        Effect.suspend(() => {
-          loads++
-          return loads <= FAILURES
-            ? Effect.fail(new StoreError({ op: "cursors.load", code: "57P01" }))
-            : Effect.succeed<bigint | undefined>(STORED)
-        }),
-      save: () => Effect.void
-    } satisfies CursorStore.CursorStoreShape)
-    return Effect.gen(function* () {
+    const flakyCursors = Layer.succeed(
+      CursorStore.CursorStore,
+      {
+        load: () =>
+          Effect.suspend(() => {
+            loads++
+            return loads <= FAILURES
+              ? Effect.fail(new StoreError({ op: "cursors.load", code: "57P01" }))
+              : Effect.succeed<bigint | undefined>(STORED)
+          }),
+        save: () => Effect.void
+      } satisfies CursorStore.CursorStoreShape
+    )
+    return Effect.gen(function*() {
       const relay = memoryRelay([{ seq: STORED + 1n, ops: 1 }])
       const runner = yield* Intake.makeStreamRunner(relay.spec, tuning(512, 128))
       yield* Effect.forkScoped(runner.run)
@@ -138,7 +142,7 @@ describe("queue bound counts events", () => {
    * transaction, once the others have had 20 turns to run; `release` lets every batch through.
    */
   const startHeld = (rec: Recorder, frames: ReadonlyArray<Frame>) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const relay = memoryRelay(frames)
       const gate = yield* Deferred.make<void>()
       rec.gate = gate
@@ -154,7 +158,7 @@ describe("queue bound counts events", () => {
 
   it.scoped("relay frames with many operations: at most queueMax events are queued, then backpressure; all commit in order", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       // 6 frames of 4 operations = 24 events against a bound of 8 events
       const frames = Array.from({ length: 6 }, (_, i): Frame => ({ seq: BigInt(i + 1), ops: 4 }))
       const { relay, runner, release } = yield* startHeld(rec, frames)
@@ -179,7 +183,7 @@ describe("queue bound counts events", () => {
 
   it.scoped("a frame heavier than the whole bound is admitted into an empty queue (the stream never stalls on it)", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const frames: ReadonlyArray<Frame> = [
         { seq: 1n, ops: 2 },
         { seq: 2n, ops: 20 },
@@ -200,7 +204,7 @@ describe("queue bound counts events", () => {
 
   it.scoped("one event per frame (Jetstream): the bound is exactly queueMax frames", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const frames = Array.from({ length: 12 }, (_, i): Frame => ({ seq: BigInt(i + 1), ops: 1 }))
       const { relay, runner, release } = yield* startHeld(rec, frames)
       // (the frame count it replaces read `Queue.size`, which is −1 while the batcher waits in a
@@ -217,7 +221,7 @@ describe("queue bound counts events", () => {
 describe("a crash of the stream runner", () => {
   it.scoped("a defect restarts the runner after a backoff from where it was (the stream never gives up)", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const frames: ReadonlyArray<Frame> = [
         { seq: 1n, ops: 1 },
         { seq: 2n, ops: 1 }
@@ -250,20 +254,23 @@ describe("a crash of the stream runner", () => {
   it.scoped("a defect in the batch handler is a handler failure: the stream backs off and resumes from the durable cursor", () => {
     const rec = newRecorder()
     let calls = 0
-    const dyingOnce = Layer.succeed(Processor, {
-      processEvents: (batch, options) =>
-        Effect.suspend(() => {
-          calls++
-          if (calls === 1) return Effect.dieMessage("a bug in the handler")
-          return Effect.gen(function* () {
-            if (options.finalize !== undefined) yield* options.finalize
-            rec.batches.push(batch)
-            return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
-          })
-        }),
-      stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
-    } satisfies ProcessorShape)
-    return Effect.gen(function* () {
+    const dyingOnce = Layer.succeed(
+      Processor,
+      {
+        processEvents: (batch, options) =>
+          Effect.suspend(() => {
+            calls++
+            if (calls === 1) return Effect.dieMessage("a bug in the handler")
+            return Effect.gen(function*() {
+              if (options.finalize !== undefined) yield* options.finalize
+              rec.batches.push(batch)
+              return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
+            })
+          }),
+        stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
+      } satisfies ProcessorShape
+    )
+    return Effect.gen(function*() {
       const frames: ReadonlyArray<Frame> = [
         { seq: 1n, ops: 1 },
         { seq: 2n, ops: 1 }
@@ -304,7 +311,7 @@ describe("directReplayFrom (Jetstream direct stream after DIDs were added)", () 
 describe("a connection closed for silence (idle)", () => {
   it.scoped("reconnects at once from the last ack, without backoff and without a failure kind", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const frames: ReadonlyArray<Frame> = [{ seq: 1n, ops: 1 }, { seq: 2n, ops: 1 }]
       const relay = memoryRelay(frames)
       let connects = 0
@@ -330,4 +337,3 @@ describe("a connection closed for silence (idle)", () => {
     }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
   })
 })
-

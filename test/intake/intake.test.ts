@@ -4,14 +4,14 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Layer, Ref, Stream } from "effect"
+import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as FirehoseSource from "../../src/services/intake/FirehoseSource.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
+import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
-import { Registry, toRow } from "../../src/services/registry/Registry.js"
-import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
 import { memoryStack, plc, testConfig, whRecordValue } from "../support/stack.js"
 
@@ -57,7 +57,7 @@ const posts = (n: number, from = 0) =>
 
 /** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
 const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     for (let i = 0; i < 400; i++) {
       if (yield* cond) return
       yield* Effect.sleep("25 millis")
@@ -65,20 +65,24 @@ const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
     return yield* Effect.dieMessage(`never happened: ${what}`)
   })
 
-const runnerStack = (rec: Recorder) => Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)
+const runnerStack = (rec: Recorder) =>
+  Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)
 
 const processedKeys = (rec: Recorder) => rec.batches.flat().map((e) => (e.kind === "commit" ? e.rkey : e.kind))
 
 describe("stream runner", () => {
   it.scopedLive("the cursor moves only after the batch commits; events arriving during a commit form the next batch; batches never exceed the limit", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const fake = yield* fakeJetstream
       const cursors = yield* CursorStore.CursorStore
       rec.gate = yield* Deferred.make<void>()
       const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 4))
       yield* Effect.forkScoped(runner.run)
-      yield* eventually(Effect.sync(() => fake.connections.length === 1 && fake.connections[0]!.options.length === 1), "connected")
+      yield* eventually(
+        Effect.sync(() => fake.connections.length === 1 && fake.connections[0]!.options.length === 1),
+        "connected"
+      )
       fake.publish(posts(1))
       yield* eventually(Effect.sync(() => rec.calls === 1), "first batch started")
       // the first batch is blocked in its transaction: nothing is durable yet
@@ -97,7 +101,7 @@ describe("stream runner", () => {
 
   it.scopedLive("a transient failure is retried in place; beyond the attempts the stream reconnects with cursor = last durable (rewound)", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const fake = yield* fakeJetstream
       const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 128))
       yield* Effect.forkScoped(runner.run)
@@ -121,7 +125,7 @@ describe("stream runner", () => {
 
   it.scopedLive("a malformed frame quarantines the stream: earlier events commit, later frames are ignored, then replayed after reconnect", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const fake = yield* fakeJetstream
       const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 128))
       yield* Effect.forkScoped(runner.run)
@@ -129,7 +133,7 @@ describe("stream runner", () => {
       rec.gate = yield* Deferred.make<void>()
       fake.publish(posts(2))
       // a corrupt frame on the wire only (a relay glitch), then more valid frames
-      fake.connections[0]!.socket.send('{"did":"not a did","time_us":1,"kind":"commit"}')
+      fake.connections[0]!.socket.send("{\"did\":\"not a did\",\"time_us\":1,\"kind\":\"commit\"}")
       fake.publish(posts(2, 2))
       yield* eventually(Effect.sync(() => rec.calls >= 1), "batch started")
       yield* Deferred.succeed(rec.gate, undefined)
@@ -149,14 +153,17 @@ describe("stream runner", () => {
 
   it.scopedLive("a full queue closes the socket; the queue is drained in order; the stream reconnects from the last ack", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const fake = yield* fakeJetstream
       const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(4, 2))
       yield* Effect.forkScoped(runner.run)
       yield* eventually(Effect.sync(() => fake.connections[0]?.options.length === 1), "connected")
       rec.gate = yield* Deferred.make<void>()
       fake.publish(posts(20))
-      yield* eventually(Effect.sync(() => fake.connections[0]?.socket.readyState === 3), "socket closed by backpressure")
+      yield* eventually(
+        Effect.sync(() => fake.connections[0]?.socket.readyState === 3),
+        "socket closed by backpressure"
+      )
       // at most the queue (4) plus the batch in flight were read before the socket closed
       expect(rec.calls).toBe(1)
       yield* Deferred.succeed(rec.gate, undefined)
@@ -181,7 +188,7 @@ describe("stream runner", () => {
 describe("cursor loading", () => {
   it.scopedLive("a cursor loaded from the database is rewound 2 s; the first start of the registry stream is from 0", () => {
     const rec = newRecorder()
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const fake = yield* fakeJetstream
       const fresh = yield* Intake.makeStreamRunner(specFor(fake, "registry"), fastTuning(64, 8))
       yield* Effect.forkScoped(fresh.run)
@@ -189,7 +196,10 @@ describe("cursor loading", () => {
       expect(fake.connections[0]?.cursor).toBe(0n)
       const cursors = yield* CursorStore.CursorStore
       yield* cursors.save("direct", "ws://127.0.0.1", BigInt(T0 + 9_000_000))
-      const loaded = yield* Intake.makeStreamRunner({ ...specFor(fake, "direct"), initialCursor: undefined }, fastTuning(64, 8))
+      const loaded = yield* Intake.makeStreamRunner(
+        { ...specFor(fake, "direct"), initialCursor: undefined },
+        fastTuning(64, 8)
+      )
       yield* Effect.forkScoped(loaded.run)
       yield* eventually(Effect.sync(() => fake.connections.length === 2), "second connection")
       expect(fake.connections[1]?.cursor).toBe(BigInt(T0 + 9_000_000) - 2_000_000n)
@@ -207,12 +217,12 @@ describe("Intake on Jetstream (real Registry and Processor on memory stores)", (
     body: (fake: FakeJetstream, intake: Intake.IntakeShape) => Effect.Effect<A, E, R>,
     options: { readonly seed?: ReadonlyArray<readonly [string, string]>; readonly env?: Record<string, string> } = {}
   ) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const fake = yield* fakeJetstream
       const config = testConfig({ ...insecure, JETSTREAM_URL: fake.url, ...options.env })
       const seededStore = Layer.effect(
         RegistryStore.RegistryStore,
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           const store = yield* RegistryStore.makeMemory
           for (const [o, scopeDid] of options.seed ?? []) {
             const v = validateWhRecord(whRecordValue(`at://${scopeDid}`), { allowInsecureDev: false })
@@ -222,115 +232,158 @@ describe("Intake on Jetstream (real Registry and Processor on memory stores)", (
           return store
         })
       )
-      return yield* Effect.gen(function* () {
+      return yield* Effect.gen(function*() {
         const intake = yield* Intake.make({ reconfigureDelay: "50 millis", tuning: fastTuning(512, 128) })
         yield* Effect.forkScoped(intake.run)
         return yield* body(fake, intake)
       }).pipe(Effect.provide(memoryStack({ config, registryStore: seededStore })))
     })
 
-  it.scopedLive("10,000 direct DIDs go in options_update (never the URL); the 10,001st is refused by admission and counted", () =>
-    withIntake(
-      (fake) =>
-        Effect.gen(function* () {
+  it.scopedLive(
+    "10,000 direct DIDs go in options_update (never the URL); the 10,001st is refused by admission and counted",
+    () =>
+      withIntake(
+        (fake) =>
+          Effect.gen(function*() {
+            yield* eventually(
+              Effect.sync(() => fake.connections.some((c) => Array.isArray(c.options[0]?.["wantedDids"]))),
+              "direct connected"
+            )
+            const direct = fake.connections.find((c) => Array.isArray(c.options[0]?.["wantedDids"]))!
+            expect((direct.options[0]?.["wantedDids"] as Array<string>).length).toBe(10_000)
+            expect(fake.connections.every((c) => !c.url.search.includes("wanted"))).toBe(true)
+            expect(direct.url.search).toMatch(/^\?requireHello=true(&cursor=\d+)?$/)
+            const registry = fake.connections.find((c) => Array.isArray(c.options[0]?.["wantedCollections"]))!
+            expect(registry.cursor).toBe(0n)
+            expect(registry.options[0]?.["wantedCollections"]).toEqual(["place.wisp.v2.wh"])
+            // an existing owner adds a webhook on a new DID: the 10,001st DID
+            fake.publish([
+              commitFrame(plc(1000), T0 + 1000, WH, "extra", "create", whRecordValue(`at://${plc(99_999)}`))
+            ])
+            const reg = yield* Registry
+            yield* eventually(Effect.map(reg.stats, (s) => s.rejected.direct_dids === 1), "rejected")
+            expect(reg.index.size).toBe(5_000)
+            expect(reg.index.wantedDids().size).toBe(10_000)
+          }),
+        { seed: Array.from({ length: 5_000 }, (_, i) => [plc(1000 + i), plc(50_000 + i)] as const) }
+      ),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "a newly registered DID makes the direct stream replay from its registration time (− 2 s)",
+    () =>
+      withIntake((fake) =>
+        Effect.gen(function*() {
+          const A = plc(1)
+          const B = plc(2)
+          const OWNER = plc(3)
+          // a first webhook: the direct stream starts
+          fake.publish([commitFrame(OWNER, T0 + 1_000_000, WH, "wa", "create", whRecordValue(`at://${A}`))])
           yield* eventually(
             Effect.sync(() => fake.connections.some((c) => Array.isArray(c.options[0]?.["wantedDids"]))),
-            "direct connected"
+            "direct"
           )
-          const direct = fake.connections.find((c) => Array.isArray(c.options[0]?.["wantedDids"]))!
-          expect((direct.options[0]?.["wantedDids"] as Array<string>).length).toBe(10_000)
-          expect(fake.connections.every((c) => !c.url.search.includes("wanted"))).toBe(true)
-          expect(direct.url.search).toMatch(/^\?requireHello=true(&cursor=\d+)?$/)
-          const registry = fake.connections.find((c) => Array.isArray(c.options[0]?.["wantedCollections"]))!
-          expect(registry.cursor).toBe(0n)
-          expect(registry.options[0]?.["wantedCollections"]).toEqual(["place.wisp.v2.wh"])
-          // an existing owner adds a webhook on a new DID: the 10,001st DID
-          fake.publish([commitFrame(plc(1000), T0 + 1000, WH, "extra", "create", whRecordValue(`at://${plc(99_999)}`))])
-          const reg = yield* Registry
-          yield* eventually(Effect.map(reg.stats, (s) => s.rejected.direct_dids === 1), "rejected")
-          expect(reg.index.size).toBe(5_000)
-          expect(reg.index.wantedDids().size).toBe(10_000)
-        }),
-      { seed: Array.from({ length: 5_000 }, (_, i) => [plc(1000 + i), plc(50_000 + i)] as const) }
-    ), { timeout: 60_000 })
-
-  it.scopedLive("a newly registered DID makes the direct stream replay from its registration time (− 2 s)", () =>
-    withIntake((fake) =>
-      Effect.gen(function* () {
-        const A = plc(1)
-        const B = plc(2)
-        const OWNER = plc(3)
-        // a first webhook: the direct stream starts
-        fake.publish([commitFrame(OWNER, T0 + 1_000_000, WH, "wa", "create", whRecordValue(`at://${A}`))])
-        yield* eventually(Effect.sync(() => fake.connections.some((c) => Array.isArray(c.options[0]?.["wantedDids"]))), "direct")
-        const directs = () => fake.connections.filter((c) => Array.isArray(c.options[0]?.["wantedDids"]))
-        const before = directs().length
-        // a registration for B and, right after it, a post by B that the current direct filter misses
-        fake.publish([
-          commitFrame(OWNER, T0 + 5_000_000, WH, "wb", "create", whRecordValue(`at://${B}`)),
-          commitFrame(B, T0 + 5_000_500, POST, "bpost", "create")
-        ])
-        yield* eventually(Effect.sync(() => directs().length > before), "direct reconnected")
-        const latest = directs().at(-1)!
-        expect(latest.cursor).toBeDefined()
-        expect(latest.cursor! <= BigInt(T0 + 5_000_000) - 2_000_000n).toBe(true)
-        expect(latest.options[0]?.["wantedDids"]).toEqual([A, B, OWNER].sort())
-        const outbox = yield* Outbox.MemoryOutboxState
-        yield* eventually(
-          Effect.map(Ref.get(outbox), (s) => [...s.rows.values()].some((r) => r.eventRkey === "bpost" && r.webhookRkey === "wb")),
-          "B's post delivered"
-        )
-      })
-    ), { timeout: 60_000 })
+          const directs = () => fake.connections.filter((c) => Array.isArray(c.options[0]?.["wantedDids"]))
+          const before = directs().length
+          // a registration for B and, right after it, a post by B that the current direct filter misses
+          fake.publish([
+            commitFrame(OWNER, T0 + 5_000_000, WH, "wb", "create", whRecordValue(`at://${B}`)),
+            commitFrame(B, T0 + 5_000_500, POST, "bpost", "create")
+          ])
+          yield* eventually(Effect.sync(() => directs().length > before), "direct reconnected")
+          const latest = directs().at(-1)!
+          expect(latest.cursor).toBeDefined()
+          expect(latest.cursor! <= BigInt(T0 + 5_000_000) - 2_000_000n).toBe(true)
+          expect(latest.options[0]?.["wantedDids"]).toEqual([A, B, OWNER].sort())
+          const outbox = yield* Outbox.MemoryOutboxState
+          yield* eventually(
+            Effect.map(
+              Ref.get(outbox),
+              (s) => [...s.rows.values()].some((r) => r.eventRkey === "bpost" && r.webhookRkey === "wb")
+            ),
+            "B's post delivered"
+          )
+        })
+      ),
+    { timeout: 60_000 }
+  )
 })
 
 describe("Intake on the relay firehose (subscribeRepos)", () => {
-  it.scopedLive("one `relay` stream writes the registry and matches everything; cursor = seq; FutureCursor resets to live", () =>
-    Effect.gen(function* () {
-      const { WebSocketServer } = yield* Effect.promise(() => import("ws"))
-      const frames = yield* Effect.promise(() => import("./frames.js"))
-      const OWNER = frames.DID
-      const connections: Array<{ cursor: string | null; send: (b: Uint8Array) => void }> = []
-      const wss = yield* Effect.acquireRelease(
-        Effect.async<InstanceType<typeof WebSocketServer>>((resume) => {
-          const server = new WebSocketServer({ host: "127.0.0.1", port: 0 })
-          server.on("connection", (socket, req) => {
-            const url = new URL(req.url ?? "/", "ws://x")
-            expect(url.pathname).toBe("/xrpc/com.atproto.sync.subscribeRepos")
-            connections.push({ cursor: url.searchParams.get("cursor"), send: (b) => socket.send(b) })
-          })
-          server.once("listening", () => resume(Effect.succeed(server)))
-        }),
-        (server) => Effect.async<void>((resume) => {
-          for (const c of server.clients) c.terminate()
-          server.close(() => resume(Effect.void))
-        })
-      )
-      const addr = wss.address()
-      const port = typeof addr === "object" && addr !== null ? addr.port : 0
-      const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", FIREHOSE_SOURCE: "relay", RELAY_URL: `ws://127.0.0.1:${port}` })
-      yield* Effect.gen(function* () {
-        const intake = yield* Intake.make({ tuning: fastTuning(512, 128) })
-        yield* Effect.forkScoped(intake.run)
-        yield* eventually(Effect.sync(() => connections.length === 1), "connected")
-        expect(connections[0]?.cursor).toBeNull()
-        const wh = whRecordValue(`at://${OWNER}/app.bsky.feed.post`)
-        connections[0]!.send(frames.commitFrame({ seq: 10, rev: "3l3qo2vutsw2b", ops: [{ action: "create", path: `${WH}/hook`, record: wh }] }))
-        connections[0]!.send(
-          frames.commitFrame({ seq: 11, rev: "3l3qo2vutsw2c", ops: [{ action: "create", path: "app.bsky.feed.post/p1", record: { $type: "app.bsky.feed.post", text: "hi" } }] })
+  it.scopedLive(
+    "one `relay` stream writes the registry and matches everything; cursor = seq; FutureCursor resets to live",
+    () =>
+      Effect.gen(function*() {
+        const { WebSocketServer } = yield* Effect.promise(() => import("ws"))
+        const frames = yield* Effect.promise(() => import("./frames.js"))
+        const OWNER = frames.DID
+        const connections: Array<{ cursor: string | null; send: (b: Uint8Array) => void }> = []
+        const wss = yield* Effect.acquireRelease(
+          Effect.async<InstanceType<typeof WebSocketServer>>((resume) => {
+            const server = new WebSocketServer({ host: "127.0.0.1", port: 0 })
+            server.on("connection", (socket, req) => {
+              const url = new URL(req.url ?? "/", "ws://x")
+              expect(url.pathname).toBe("/xrpc/com.atproto.sync.subscribeRepos")
+              connections.push({ cursor: url.searchParams.get("cursor"), send: (b) => socket.send(b) })
+            })
+            server.once("listening", () => resume(Effect.succeed(server)))
+          }),
+          (server) =>
+            Effect.async<void>((resume) => {
+              for (const c of server.clients) c.terminate()
+              server.close(() => resume(Effect.void))
+            })
         )
-        const outbox = yield* Outbox.MemoryOutboxState
-        yield* eventually(Effect.map(Ref.get(outbox), (s) => [...s.rows.values()].some((r) => r.eventRkey === "p1")), "post enqueued")
-        const cursors = yield* CursorStore.CursorStore
-        expect(yield* cursors.load("relay", `ws://127.0.0.1:${port}`)).toBe(11n)
-        // the relay drops us; we come back from seq 11 exactly (this process's position)
-        for (const c of wss.clients) c.terminate()
-        yield* eventually(Effect.sync(() => connections.length === 2), "reconnected")
-        expect(connections[1]?.cursor).toBe("11")
-        // FutureCursor: the next connection is live (no cursor)
-        connections[1]!.send(frames.errorFrame("FutureCursor"))
-        yield* eventually(Effect.sync(() => connections.length === 3), "reconnected after FutureCursor")
-        expect(connections[2]?.cursor).toBeNull()
-      }).pipe(Effect.provide(memoryStack({ config })))
-    }), { timeout: 60_000 })
+        const addr = wss.address()
+        const port = typeof addr === "object" && addr !== null ? addr.port : 0
+        const config = testConfig({
+          NODE_ENV: "test",
+          WEBHOOK_ALLOW_INSECURE_DEV: "1",
+          FIREHOSE_SOURCE: "relay",
+          RELAY_URL: `ws://127.0.0.1:${port}`
+        })
+        yield* Effect.gen(function*() {
+          const intake = yield* Intake.make({ tuning: fastTuning(512, 128) })
+          yield* Effect.forkScoped(intake.run)
+          yield* eventually(Effect.sync(() => connections.length === 1), "connected")
+          expect(connections[0]?.cursor).toBeNull()
+          const wh = whRecordValue(`at://${OWNER}/app.bsky.feed.post`)
+          connections[0]!.send(
+            frames.commitFrame({
+              seq: 10,
+              rev: "3l3qo2vutsw2b",
+              ops: [{ action: "create", path: `${WH}/hook`, record: wh }]
+            })
+          )
+          connections[0]!.send(
+            frames.commitFrame({
+              seq: 11,
+              rev: "3l3qo2vutsw2c",
+              ops: [{
+                action: "create",
+                path: "app.bsky.feed.post/p1",
+                record: { $type: "app.bsky.feed.post", text: "hi" }
+              }]
+            })
+          )
+          const outbox = yield* Outbox.MemoryOutboxState
+          yield* eventually(
+            Effect.map(Ref.get(outbox), (s) => [...s.rows.values()].some((r) => r.eventRkey === "p1")),
+            "post enqueued"
+          )
+          const cursors = yield* CursorStore.CursorStore
+          expect(yield* cursors.load("relay", `ws://127.0.0.1:${port}`)).toBe(11n)
+          // the relay drops us; we come back from seq 11 exactly (this process's position)
+          for (const c of wss.clients) c.terminate()
+          yield* eventually(Effect.sync(() => connections.length === 2), "reconnected")
+          expect(connections[1]?.cursor).toBe("11")
+          // FutureCursor: the next connection is live (no cursor)
+          connections[1]!.send(frames.errorFrame("FutureCursor"))
+          yield* eventually(Effect.sync(() => connections.length === 3), "reconnected after FutureCursor")
+          expect(connections[2]?.cursor).toBeNull()
+        }).pipe(Effect.provide(memoryStack({ config })))
+      }),
+    { timeout: 60_000 }
+  )
 })

@@ -119,7 +119,9 @@ describe("decodeRelayFrame: #commit", () => {
       ops: [{
         action: "create",
         path: `${POST}/k`,
-        record: JSON.parse("{\"__proto__\":{\"x\":{\"$link\":\"bafyreidwaivazkwu67xztlmuobx35hs2lnfh3kolmgfmucldvhd3sgzcqi\"}}}")
+        record: JSON.parse(
+          "{\"__proto__\":{\"x\":{\"$link\":\"bafyreidwaivazkwu67xztlmuobx35hs2lnfh3kolmgfmucldvhd3sgzcqi\"}}}"
+        )
       }]
     }))
     const record = (e as RecordEvent).record as Record<string, unknown>
@@ -170,17 +172,37 @@ describe("decodeRelayFrame: other messages", () => {
     expect(ok(identityFrame(1))).toEqual({
       kind: "events",
       seq: 1n,
-      events: [{ kind: "identity", did: DID, timeUs: TIME_US, stream: "relay", relay: "wss://bsky.network", cursor: "1" }]
+      events: [{
+        kind: "identity",
+        did: DID,
+        timeUs: TIME_US,
+        stream: "relay",
+        relay: "wss://bsky.network",
+        cursor: "1"
+      }]
     })
     expect(ok(accountFrame(2))).toEqual({
       kind: "events",
       seq: 2n,
-      events: [{ kind: "account", did: DID, timeUs: TIME_US, stream: "relay", relay: "wss://bsky.network", cursor: "2" }]
+      events: [{
+        kind: "account",
+        did: DID,
+        timeUs: TIME_US,
+        stream: "relay",
+        relay: "wss://bsky.network",
+        cursor: "2"
+      }]
     })
   })
 
   it("#sync → acknowledged, no events", () => {
-    const bytes = frame({ op: 1, t: "#sync" }, { seq: 4, did: DID, time: TIME, rev: REV, blocks: Cbor.toBytes(car([], [])) })
+    const bytes = frame({ op: 1, t: "#sync" }, {
+      seq: 4,
+      did: DID,
+      time: TIME,
+      rev: REV,
+      blocks: Cbor.toBytes(car([], []))
+    })
     expect(ok(bytes)).toEqual({ kind: "events", seq: 4n, events: [] })
   })
 
@@ -210,7 +232,15 @@ describe("decodeRelayFrame: FrameError reasons", () => {
       ops: [{ action: "delete", path: `${POST}/k`, cid: null, ...o }]
     })
   const body = (b: Record<string, unknown>) =>
-    frame({ op: 1, t: "#commit" }, { seq: 7, repo: DID, time: TIME, rev: REV, blocks: Cbor.toBytes(car([], [])), ops: [], ...b })
+    frame({ op: 1, t: "#commit" }, {
+      seq: 7,
+      repo: DID,
+      time: TIME,
+      rev: REV,
+      blocks: Cbor.toBytes(car([], [])),
+      ops: [],
+      ...b
+    })
 
   const cases: ReadonlyArray<readonly [string, Uint8Array, FrameErrorReason]> = [
     ["truncated frame", good.subarray(0, good.length - 10), "json"],
@@ -239,10 +269,26 @@ describe("decodeRelayFrame: FrameError reasons", () => {
     ["bad collection", op({ path: "app.bsky.feed.*/k" }), "collection"],
     ["path without rkey", op({ path: POST }), "rkey"],
     ["bad rkey", op({ path: `${POST}/a/b` }), "rkey"],
-    ["create without cid link", op({ action: "create", cid: "bafyreidwaivazkwu67xztlmuobx35hs2lnfh3kolmgfmucldvhd3sgzcqi" }), "cid"],
-    ["create whose block is missing", commitFrame({ seq: 7, omitBlocks: true, ops: [{ action: "create", path: `${POST}/k`, record: { a: 1 } }] }), "record"],
-    ["record block not a map", commitFrame({ seq: 7, ops: [{ action: "create", path: `${POST}/k`, record: [1, 2] }] }), "record"],
-    ["create whose cid is not among the blocks", op({ action: "create", cid: new Cbor.CidLinkWrapper(cidBytes(Uint8Array.from([1]))) }), "record"],
+    [
+      "create without cid link",
+      op({ action: "create", cid: "bafyreidwaivazkwu67xztlmuobx35hs2lnfh3kolmgfmucldvhd3sgzcqi" }),
+      "cid"
+    ],
+    [
+      "create whose block is missing",
+      commitFrame({ seq: 7, omitBlocks: true, ops: [{ action: "create", path: `${POST}/k`, record: { a: 1 } }] }),
+      "record"
+    ],
+    [
+      "record block not a map",
+      commitFrame({ seq: 7, ops: [{ action: "create", path: `${POST}/k`, record: [1, 2] }] }),
+      "record"
+    ],
+    [
+      "create whose cid is not among the blocks",
+      op({ action: "create", cid: new Cbor.CidLinkWrapper(cidBytes(Uint8Array.from([1]))) }),
+      "record"
+    ],
     ["#sync with bad rev", frame({ op: 1, t: "#sync" }, { seq: 4, did: DID, time: TIME, rev: "x" }), "rev"]
   ]
   for (const [name, bytes, reason] of cases) {

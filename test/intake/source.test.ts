@@ -120,7 +120,12 @@ describe("FirehoseSource: URL rules", () => {
   it.scopedLive("a rejected URL fails with connect before any connection is made", () =>
     Effect.gen(function*() {
       const srv = yield* wsServer(() => {})
-      const r = yield* connectJetstream({ ...base, url: `ws://127.0.0.1:${srv.port}/subscribe`, allowInsecure: false, cursor: undefined }).pipe(
+      const r = yield* connectJetstream({
+        ...base,
+        url: `ws://127.0.0.1:${srv.port}/subscribe`,
+        allowInsecure: false,
+        cursor: undefined
+      }).pipe(
         Stream.runCollect,
         Effect.flip
       )
@@ -203,10 +208,11 @@ describe("FirehoseSource: Jetstream", () => {
         })
         socket.on("close", (code) => Deferred.unsafeDone(serverSawClose, Effect.succeed(code)))
       })
-      const got = yield* connectJetstream({ ...base, url: `ws://127.0.0.1:${srv.port}/subscribe`, cursor: undefined }).pipe(
-        Stream.take(2),
-        Stream.runCollect
-      )
+      const got = yield* connectJetstream({ ...base, url: `ws://127.0.0.1:${srv.port}/subscribe`, cursor: undefined })
+        .pipe(
+          Stream.take(2),
+          Stream.runCollect
+        )
       expect(Chunk.size(got)).toBe(2)
       const code = yield* Deferred.await(serverSawClose).pipe(Effect.timeout("5 seconds"))
       expect(code).toBe(1000)
@@ -220,10 +226,11 @@ describe("FirehoseSource: Jetstream", () => {
         socket.once("message", () => Deferred.unsafeDone(serverGotHello, Effect.void))
         socket.on("close", () => Deferred.unsafeDone(serverSawClose, Effect.void))
       })
-      const fiber = yield* connectJetstream({ ...base, url: `ws://127.0.0.1:${srv.port}/subscribe`, cursor: undefined }).pipe(
-        Stream.runDrain,
-        Effect.fork
-      )
+      const fiber = yield* connectJetstream({ ...base, url: `ws://127.0.0.1:${srv.port}/subscribe`, cursor: undefined })
+        .pipe(
+          Stream.runDrain,
+          Effect.fork
+        )
       yield* Deferred.await(serverGotHello).pipe(Effect.timeout("5 seconds"))
       yield* Fiber.interrupt(fiber)
       yield* Deferred.await(serverSawClose).pipe(Effect.timeout("5 seconds"))
@@ -248,10 +255,12 @@ describe("FirehoseSource: Jetstream", () => {
       yield* Deferred.await(serverSawClose).pipe(Effect.timeout("5 seconds"))
       const items = yield* collectAll(conn.frames)
       expect(items).toHaveLength(5)
-      expect(items.slice(0, 4).map((i) => {
-        const d = Either.getOrThrow(i)
-        return Either.isRight(d) ? d.right.cursor : undefined
-      })).toEqual([1n, 2n, 3n, 4n].map((n) => BigInt(T0) + n))
+      expect(
+        items.slice(0, 4).map((i) => {
+          const d = Either.getOrThrow(i)
+          return Either.isRight(d) ? d.right.cursor : undefined
+        })
+      ).toEqual([1n, 2n, 3n, 4n].map((n) => BigInt(T0) + n))
       expect(items[4]).toEqual(Either.left(new SourceError({ kind: "overflow" })))
     }))
 
@@ -286,14 +295,22 @@ describe("FirehoseSource: Jetstream", () => {
           })
         })
       )
-      const refused = yield* connectJetstream({ ...base, url: `ws://127.0.0.1:${closedPort}/subscribe`, cursor: undefined }).pipe(
+      const refused = yield* connectJetstream({
+        ...base,
+        url: `ws://127.0.0.1:${closedPort}/subscribe`,
+        cursor: undefined
+      }).pipe(
         Stream.runCollect,
         Effect.flip
       )
       expect(refused).toEqual(new SourceError({ kind: "connect" }))
 
       const rejecting = yield* wsServer(() => {}, { verifyClient: () => false })
-      const rejected = yield* connectJetstream({ ...base, url: `ws://127.0.0.1:${rejecting.port}/subscribe`, cursor: undefined }).pipe(
+      const rejected = yield* connectJetstream({
+        ...base,
+        url: `ws://127.0.0.1:${rejecting.port}/subscribe`,
+        cursor: undefined
+      }).pipe(
         Stream.runCollect,
         Effect.flip
       )
@@ -312,7 +329,12 @@ describe("FirehoseSource: Jetstream", () => {
       const a = silent.address()
       const port = typeof a === "object" && a !== null ? a.port : 1
       const started = Date.now()
-      const timedOut = yield* connectJetstream({ ...base, url: `ws://127.0.0.1:${port}/subscribe`, cursor: undefined, connectTimeoutMs: 300 }).pipe(
+      const timedOut = yield* connectJetstream({
+        ...base,
+        url: `ws://127.0.0.1:${port}/subscribe`,
+        cursor: undefined,
+        connectTimeoutMs: 300
+      }).pipe(
         Stream.runCollect,
         Effect.flip
       )
@@ -379,18 +401,26 @@ describe("FirehoseSource: connection control", () => {
         socket.send(identityFrame(9))
         socket.close(1000)
       })
-      const items = yield* collectAll(connectRelay({ ...base, url: `ws://127.0.0.1:${srv.port}`, cursor: undefined })).pipe(
-        Effect.provideService(Socket.WebSocketConstructor, (url) => {
-          constructed++
-          return new WsClient(url) as unknown as globalThis.WebSocket
-        })
-      )
+      const items = yield* collectAll(connectRelay({ ...base, url: `ws://127.0.0.1:${srv.port}`, cursor: undefined }))
+        .pipe(
+          Effect.provideService(Socket.WebSocketConstructor, (url) => {
+            constructed++
+            return new WsClient(url) as unknown as globalThis.WebSocket
+          })
+        )
       expect(constructed).toBe(1)
       expect(items).toHaveLength(2)
       expect(items[0]).toEqual(Either.right(Either.right({
         kind: "events",
         seq: 9n,
-        events: [{ kind: "identity", did: DID, timeUs: expect.any(Number), stream: "direct", relay: base.relay, cursor: "9" }]
+        events: [{
+          kind: "identity",
+          did: DID,
+          timeUs: expect.any(Number),
+          stream: "direct",
+          relay: base.relay,
+          cursor: "9"
+        }]
       })))
     }))
 })
@@ -426,7 +456,11 @@ describe("FirehoseSource: relay (subscribeRepos)", () => {
       expect(items).toHaveLength(7)
       const d = items.slice(0, 6).map((i) => Either.getOrThrow(i)) as ReadonlyArray<RelayItem>
       const r0 = d[0]
-      expect(r0 && Either.isRight(r0) && r0.right).toMatchObject({ kind: "events", seq: 5n, events: [{ kind: "identity", did: DID }] })
+      expect(r0 && Either.isRight(r0) && r0.right).toMatchObject({
+        kind: "events",
+        seq: 5n,
+        events: [{ kind: "identity", did: DID }]
+      })
       const r1 = d[1]
       if (!r1 || Either.isLeft(r1) || r1.right.kind !== "events") throw new Error("commit not decoded")
       expect(r1.right.seq).toBe(6n)

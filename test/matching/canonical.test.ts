@@ -1,6 +1,7 @@
 import { Either } from "effect"
 import { createHash } from "node:crypto"
 import { describe, expect, it } from "vitest"
+import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
 import {
   buildPayload,
   canonicalJson,
@@ -12,7 +13,6 @@ import {
   subscriptionFingerprint,
   type SubscriptionFingerprintInput
 } from "../../src/services/matching/Canonical.js"
-import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
 import { event, plc } from "./fixtures.js"
 
 const ok = (u: unknown): string => {
@@ -28,13 +28,13 @@ const left = (u: unknown): string | undefined => {
 describe("canonicalJson", () => {
   it("sorts keys recursively by UTF-16 code unit order", () => {
     expect(ok({ b: 1, a: { z: [3, { y: 1, x: 2 }], B: null }, "": true })).toBe(
-      '{"":true,"a":{"B":null,"z":[3,{"x":2,"y":1}]},"b":1}'
+      "{\"\":true,\"a\":{\"B\":null,\"z\":[3,{\"x\":2,\"y\":1}]},\"b\":1}"
     )
     // UTF-16 order, not code point order: U+FF5E sorts after U+1F600 (surrogates 0xD83D...)
     const k1 = "\uff5e"
     const k2 = "😀"
     expect(ok({ [k1]: 1, [k2]: 2 })).toBe(`{"${k2}":2,"${k1}":1}`)
-    expect(ok({ b: 1, a: 2, aa: 3, A: 4, _: 5 })).toBe('{"A":4,"_":5,"a":2,"aa":3,"b":1}')
+    expect(ok({ b: 1, a: 2, aa: 3, A: 4, _: 5 })).toBe("{\"A\":4,\"_\":5,\"a\":2,\"aa\":3,\"b\":1}")
   })
 
   it("is independent of insertion order and matches JSON.stringify for sorted input", () => {
@@ -54,8 +54,8 @@ describe("canonicalJson", () => {
 
   it("accepts null-prototype objects and top-level primitives", () => {
     const o = Object.assign(Object.create(null) as object, { b: 2, a: 1 })
-    expect(ok(o)).toBe('{"a":1,"b":2}')
-    expect(ok("x")).toBe('"x"')
+    expect(ok(o)).toBe("{\"a\":1,\"b\":2}")
+    expect(ok("x")).toBe("\"x\"")
     expect(ok(null)).toBe("null")
     expect(ok([])).toBe("[]")
     expect(ok({})).toBe("{}")
@@ -97,7 +97,7 @@ describe("canonicalJson", () => {
     expect(left(arr)).toBe("payload_invalid")
     // a shared (acyclic) sub-object is fine
     const shared = { s: 1 }
-    expect(ok({ a: shared, b: shared })).toBe('{"a":{"s":1},"b":{"s":1}}')
+    expect(ok({ a: shared, b: shared })).toBe("{\"a\":{\"s\":1},\"b\":{\"s\":1}}")
   })
 
   it("payload_too_large: depth over 64", () => {

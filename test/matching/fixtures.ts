@@ -1,7 +1,7 @@
 import type { ScopeUri } from "../../src/schemas/AtUri.js"
+import { parseScopeUri } from "../../src/schemas/AtUri.js"
 import type { Operation, RecordEvent } from "../../src/schemas/RecordEvent.js"
 import type { WhRecord } from "../../src/schemas/WhRecord.js"
-import { parseScopeUri } from "../../src/schemas/AtUri.js"
 import { type ActiveWebhook, makeActiveWebhook } from "../../src/services/matching/WebhookIndex.js"
 
 const B32 = "abcdefghijklmnopqrstuvwxyz234567"

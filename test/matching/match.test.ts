@@ -1,9 +1,9 @@
 import { describe, expect, it } from "vitest"
+import type { ScopeUri } from "../../src/schemas/AtUri.js"
+import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
 import { matchEvent, type MatchResult } from "../../src/services/matching/Match.js"
 import { extractReferences } from "../../src/services/matching/References.js"
 import { type ActiveWebhook, WebhookIndex } from "../../src/services/matching/WebhookIndex.js"
-import type { ScopeUri } from "../../src/schemas/AtUri.js"
-import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
 import { event, plc, webhook } from "./fixtures.js"
 
 const OWNER = plc(1)
@@ -84,7 +84,11 @@ describe("self-exclusion of wh records", () => {
     const idx = indexOf(self, sibling, watcher)
     expect(run(idx, event(OWNER, "place.wisp.v2.wh", "self"))).toEqual(["sibling:direct", "watcher:direct"])
     expect(run(idx, event(OWNER, "place.wisp.v2.wh", "sibling"))).toEqual(["self:direct", "watcher:direct"])
-    expect(run(idx, event(OWNER, "place.wisp.v2.wh", "other"))).toEqual(["self:direct", "sibling:direct", "watcher:direct"])
+    expect(run(idx, event(OWNER, "place.wisp.v2.wh", "other"))).toEqual([
+      "self:direct",
+      "sibling:direct",
+      "watcher:direct"
+    ])
   })
 
   it("self-exclusion also applies to backlink matches (a wh record references its own scope)", () => {
@@ -123,7 +127,10 @@ describe("backlink matching", () => {
     const post = {
       $type: "app.bsky.feed.post",
       text: "hey @alice",
-      facets: [{ index: { byteStart: 4, byteEnd: 10 }, features: [{ $type: "app.bsky.richtext.facet#mention", did: ALICE }] }]
+      facets: [{
+        index: { byteStart: 4, byteEnd: 10 },
+        features: [{ $type: "app.bsky.richtext.facet#mention", did: ALICE }]
+      }]
     }
     expect(run(idx, event(BOB, "app.bsky.feed.post", "p1", { record: post }))).toEqual(["didScope:backlink"])
   })
@@ -164,18 +171,28 @@ describe("backlink matching", () => {
     const i2 = indexOf(onlyDelete)
     const rec = { subject: `at://${ALICE}` }
     expect(run(i2, event(BOB, "x.y.z", "k", { record: rec }))).toEqual([])
-    expect(run(i2, event(BOB, "x.y.z", "k", { operation: "delete" }), extractReferences(rec).refs)).toEqual(["del:backlink"])
+    expect(run(i2, event(BOB, "x.y.z", "k", { operation: "delete" }), extractReferences(rec).refs)).toEqual([
+      "del:backlink"
+    ])
   })
 
   it("prior references: an update removing the reference still matches via the refs passed in", () => {
-    const before = { $type: "app.bsky.feed.post", text: "x", reply: { parent: { uri: `at://${ALICE}/app.bsky.feed.post/3kabc` } } }
+    const before = {
+      $type: "app.bsky.feed.post",
+      text: "x",
+      reply: { parent: { uri: `at://${ALICE}/app.bsky.feed.post/3kabc` } }
+    }
     const after = { $type: "app.bsky.feed.post", text: "x (edited, no reply)" }
     const prior = extractReferences(before).refs
     const fresh = extractReferences(after).refs
     expect(fresh).toEqual([])
     const upd = event(BOB, "app.bsky.feed.post", "p7", { operation: "update", record: after })
     expect(run(idx, upd, fresh)).toEqual([])
-    expect(run(idx, upd, [...prior, ...fresh])).toEqual(["collScope:backlink", "didScope:backlink", "rkeyScope:backlink"])
+    expect(run(idx, upd, [...prior, ...fresh])).toEqual([
+      "collScope:backlink",
+      "didScope:backlink",
+      "rkeyScope:backlink"
+    ])
     // and a delete (no record at all) matches through the prior refs only
     const del = event(BOB, "app.bsky.feed.post", "p7", { operation: "delete" })
     expect(run(idx, del, prior)).toEqual(["collScope:backlink", "didScope:backlink", "rkeyScope:backlink"])
@@ -197,7 +214,10 @@ describe("backlink matching", () => {
     const x = extractReferences(deep)
     expect(x.tooComplex).toBe(true)
     expect(run(idx, event(BOB, "x.y.z", "k", { record: deep }), x.refs)).toEqual([])
-    expect(run(idx, event(ALICE, "x.y.z", "k", { record: deep }), x.refs)).toEqual(["didScope:direct", "noBacklinks:direct"])
+    expect(run(idx, event(ALICE, "x.y.z", "k", { record: deep }), x.refs)).toEqual([
+      "didScope:direct",
+      "noBacklinks:direct"
+    ])
   })
 
   it("sees index mutations on the next event", () => {

@@ -129,7 +129,7 @@ describe("write sends body chunks within the byte bound", () => {
       oneChunk: Outbox.fitsOneChunk(bodies, [], l),
       limits: l
     }
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       expect(prepared.oneChunk).toBe(false)
       yield* Outbox.write(prepared)
       expect(sent.map((c) => c.length)).toEqual(Array.from({ length: 10 }, () => 1))

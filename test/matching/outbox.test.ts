@@ -6,15 +6,15 @@ import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Deferred, Effect, Fiber, Layer, Option, Stream } from "effect"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import { buildPayload } from "../../src/services/matching/Canonical.js"
 import { matchEvent } from "../../src/services/matching/Match.js"
-import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor } from "../../src/services/matching/Processor.js"
+import { StoreError, Tx } from "../../src/services/platform/Persistence.js"
 import { Registry } from "../../src/services/registry/Registry.js"
 import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
-import { StoreError, Tx } from "../../src/services/platform/Persistence.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
@@ -24,26 +24,33 @@ const DAVE = plc(4)
 const POST = "app.bsky.feed.post"
 
 const run = (batch: ReadonlyArray<StreamEvent>, finalize?: Effect.Effect<void, StoreError>) =>
-  Effect.flatMap(Processor, (p) =>
-    p.processEvents(batch, finalize === undefined ? { registryWriter: true } : { registryWriter: true, finalize })
+  Effect.flatMap(
+    Processor,
+    (p) =>
+      p.processEvents(batch, finalize === undefined ? { registryWriter: true } : { registryWriter: true, finalize })
   )
 
 const count = (table: string) =>
-  Effect.flatMap(SqlClient.SqlClient, (sql) =>
-    sql<{ n: string }>`SELECT count(*)::text AS n FROM ${sql(table)}`.pipe(Effect.map((r) => Number(r[0]?.n ?? 0)))
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<{ n: string }>`SELECT count(*)::text AS n FROM ${sql(table)}`.pipe(Effect.map((r) => Number(r[0]?.n ?? 0)))
   )
 
 /** Register n webhooks (one per owner) watching `scopeDid`, in batches. */
 const registerMany = (n: number, scopeDid: string, offset = 100) =>
-  Effect.gen(function* () {
-    const events = Array.from({ length: n }, (_, i) => whEv(plc(offset + i), "w", whRecordValue(`at://${scopeDid}`), { rev: rev(1) }))
-    for (let i = 0; i < events.length; i += 128) yield* run(events.slice(i, i + 128))
+  Effect.gen(function*() {
+    const events = Array.from({ length: n }, (_, i) =>
+      whEv(plc(offset + i), "w", whRecordValue(`at://${scopeDid}`), { rev: rev(1) }))
+    for (let i = 0; i < events.length; i += 128) {
+      yield* run(events.slice(i, i + 128))
+    }
   })
 
 describe("outbox on PostgreSQL", () => {
   it.layer(sqlStack())("dedupe", (it) => {
     it.effect("replaying the same batch twice adds zero rows and counts the duplicates", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
         const batch = [
           ev(BOB, POST, "p1", { rev: rev(10), timeUs: 1_700_000_000_000_001 }),
@@ -72,7 +79,7 @@ describe("outbox on PostgreSQL", () => {
         }
       }))
     )
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       yield* registerMany(1001, BOB)
       chunks.length = 0
       const r = yield* run([ev(BOB, POST, "hot", { rev: rev(50) })])
@@ -86,7 +93,7 @@ describe("outbox on PostgreSQL", () => {
 
   it.layer(sqlStack())("bounds and corruption", (it) => {
     it.effect("an event whose fan-out exceeds the limit writes nothing; the rest of the call is enqueued", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* registerMany(3, BOB)
         yield* run([whEv(ALICE, "solo", whRecordValue(`at://${ALICE}`), { rev: rev(1) })])
         const registry = yield* Registry
@@ -111,7 +118,7 @@ describe("outbox on PostgreSQL", () => {
       }))
 
     it.effect("an existing event id with a different body is corruption: quarantined, no rows", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([whEv(ALICE, "c", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
         const e = ev(BOB, POST, "c1", { rev: rev(70), timeUs: 1_700_000_000_123_456 })
         const payload = buildPayload(e, e.record)
@@ -127,12 +134,14 @@ describe("outbox on PostgreSQL", () => {
       }))
 
     it.effect("a payload over 512 KiB is quarantined as payload_too_large", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([whEv(ALICE, "big", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
         const r = yield* run([ev(BOB, POST, "huge", { rev: rev(80), record: { text: "x".repeat(600 * 1024) } })])
         expect(r.outcomes[0]).toMatchObject({ _tag: "quarantined", reason: "payload_too_large" })
         const sql = yield* SqlClient.SqlClient
-        const q = yield* sql<{ row: string }>`SELECT row_to_json(q)::text AS row FROM quarantine q WHERE reason = 'payload_too_large'`
+        const q = yield* sql<
+          { row: string }
+        >`SELECT row_to_json(q)::text AS row FROM quarantine q WHERE reason = 'payload_too_large'`
         expect(q.length).toBe(1)
         expect(q[0]?.row).not.toContain("xxxx")
       }))
@@ -140,7 +149,7 @@ describe("outbox on PostgreSQL", () => {
 
   it.layer(sqlStack())("what rows hold", (it) => {
     it.effect("outbox rows never contain payloads or secrets; signing mode and fingerprint are stored", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([
           whEv(ALICE, "inline", whRecordValue(`at://${BOB}`, { secret: "INLINE-SECRET-123" }), { rev: rev(1) }),
           whEv(ALICE, "managed", whRecordValue(`at://${BOB}`, { secretId: "prod-key" }), { rev: rev(1) }),
@@ -168,7 +177,9 @@ describe("outbox on PostgreSQL", () => {
           expect(row.origin).toMatch(/^https?:\/\/[^/]+$/)
         }
         // the body is stored once for the three rows
-        const bodies = yield* sql<{ body: string }>`SELECT body FROM delivery_events WHERE body LIKE '%RECORD-BODY-TEXT%'`
+        const bodies = yield* sql<
+          { body: string }
+        >`SELECT body FROM delivery_events WHERE body LIKE '%RECORD-BODY-TEXT%'`
         expect(bodies.length).toBe(1)
         expect(Object.keys(JSON.parse(bodies[0]?.body ?? "{}"))).toEqual([
           "cid",
@@ -185,7 +196,7 @@ describe("outbox on PostgreSQL", () => {
 
   it.layer(sqlStack())("transaction boundary", (it) => {
     it.effect("a failing finalize rolls back the rows, the registry writes and the in-memory index", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const registry = yield* Registry
         const r = yield* Effect.either(
           run(
@@ -204,8 +215,8 @@ describe("outbox on PostgreSQL", () => {
       }))
   })
 
-it.scopedLive("a NOTIFY reaches listeners when rows are enqueued", () =>
-    Effect.gen(function* () {
+  it.scopedLive("a NOTIFY reaches listeners when rows are enqueued", () =>
+    Effect.gen(function*() {
       const pg = yield* PgClient.PgClient
       const listener = yield* pg.listen(Outbox.NOTIFY_CHANNEL).pipe(Stream.take(1), Stream.runCollect, Effect.fork)
       yield* Effect.sleep("200 millis")
@@ -231,7 +242,7 @@ it.scopedLive("a NOTIFY reaches listeners when rows are enqueued", () =>
     })
 
     it.effect("prior references, bodies, rows, NOTIFY and the cursor commit together, or not at all", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([
           whEv(CAROL, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) }),
           whEv(CAROL, "direct", whRecordValue(`at://${BOB}`), { rev: rev(1) })
@@ -262,7 +273,7 @@ it.scopedLive("a NOTIFY reaches listeners when rows are enqueued", () =>
       }))
 
     it.effect("a batch with a wh record and a registry writer runs in a transaction with its finalize", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const processor = yield* Processor
         const saved: Array<bigint> = []
         yield* processor.processEvents([whEv(DAVE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })], {
@@ -296,21 +307,26 @@ it.scopedLive("a NOTIFY reaches listeners when rows are enqueued", () =>
       cursor: { stream, relay: "wss://relay.test", cursor }
     })
     /** hold the processor in a transaction until `open`, so that the next batches queue up */
-    const holdProcessor = Effect.gen(function* () {
+    const holdProcessor = Effect.gen(function*() {
       const gate = yield* Deferred.make<void>()
       const processor = yield* Processor
-      const held = yield* Effect.fork(processor.processEvents([], { registryWriter: false, finalize: Deferred.await(gate) }))
+      const held = yield* Effect.fork(
+        processor.processEvents([], { registryWriter: false, finalize: Deferred.await(gate) })
+      )
       return { open: Deferred.succeed(gate, undefined).pipe(Effect.zipRight(Fiber.join(held))) }
     })
 
     it.live("are written by one statement, each seeing what the one before it changed", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([whEv(CAROL, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
         const processor = yield* Processor
         const hold = yield* holdProcessor
         yield* Effect.sleep("50 millis")
         commits.length = 0
-        const create = ev(ALICE, POST, "t1", { rev: rev(120), record: { text: "x", reply: { parent: { uri: bobPost } } } })
+        const create = ev(ALICE, POST, "t1", {
+          rev: rev(120),
+          record: { text: "x", reply: { parent: { uri: bobPost } } }
+        })
         const update = ev(ALICE, POST, "t1", { rev: rev(121), operation: "update", record: { text: "no ref" } })
         const a = yield* Effect.fork(processor.processEvents([create], at("direct", 500n)))
         yield* Effect.sleep("50 millis")
@@ -329,40 +345,52 @@ it.scopedLive("a NOTIFY reaches listeners when rows are enqueued", () =>
         expect((yield* processor.stats).priorRefKeys).toBe(1) // the wh record's own
       }).pipe(Effect.provide(sqlStack({ outbox: CountingOutbox }))), 30_000)
 
-    it.live("if their statement fails, they are retried one by one: only the failing batch fails", () =>
-      Effect.gen(function* () {
-        yield* run([whEv(CAROL, "d", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
-        const processor = yield* Processor
-        const hold = yield* holdProcessor
-        yield* Effect.sleep("50 millis")
-        commits.length = 0
-        const a = yield* Effect.fork(processor.processEvents([ev(BOB, POST, "ok1", { rev: rev(130) })], at("direct", 700n)))
-        yield* Effect.sleep("50 millis")
-        // a cursor beyond bigint: its statement fails
-        const b = yield* Effect.fork(
-          Effect.either(processor.processEvents([ev(BOB, POST, "bad1", { rev: rev(131) })], at("backlink", 2n ** 70n)))
-        )
-        yield* Effect.sleep("50 millis")
-        yield* hold.open
-        const ra = yield* Fiber.join(a)
-        const rb = yield* Fiber.join(b)
-        expect(commits).toEqual([2, 1, 1])
-        expect(ra.inserted).toBe(1)
-        expect(rb._tag).toBe("Left")
-        expect(yield* cursorOf("direct")).toBe(700n)
-        expect(yield* cursorOf("backlink")).toBeUndefined()
-        const sql = yield* SqlClient.SqlClient
-        const rows = yield* sql<{ event_rkey: string }>`SELECT event_rkey FROM outbox WHERE event_rkey IN ('ok1', 'bad1')`
-        expect(rows.map((r) => r.event_rkey)).toEqual(["ok1"])
-      }).pipe(Effect.provide(sqlStack({ outbox: CountingOutbox }))), 30_000)
+    it.live(
+      "if their statement fails, they are retried one by one: only the failing batch fails",
+      () =>
+        Effect.gen(function*() {
+          yield* run([whEv(CAROL, "d", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
+          const processor = yield* Processor
+          const hold = yield* holdProcessor
+          yield* Effect.sleep("50 millis")
+          commits.length = 0
+          const a = yield* Effect.fork(
+            processor.processEvents([ev(BOB, POST, "ok1", { rev: rev(130) })], at("direct", 700n))
+          )
+          yield* Effect.sleep("50 millis")
+          // a cursor beyond bigint: its statement fails
+          const b = yield* Effect.fork(
+            Effect.either(
+              processor.processEvents([ev(BOB, POST, "bad1", { rev: rev(131) })], at("backlink", 2n ** 70n))
+            )
+          )
+          yield* Effect.sleep("50 millis")
+          yield* hold.open
+          const ra = yield* Fiber.join(a)
+          const rb = yield* Fiber.join(b)
+          expect(commits).toEqual([2, 1, 1])
+          expect(ra.inserted).toBe(1)
+          expect(rb._tag).toBe("Left")
+          expect(yield* cursorOf("direct")).toBe(700n)
+          expect(yield* cursorOf("backlink")).toBeUndefined()
+          const sql = yield* SqlClient.SqlClient
+          const rows = yield* sql<
+            { event_rkey: string }
+          >`SELECT event_rkey FROM outbox WHERE event_rkey IN ('ok1', 'bad1')`
+          expect(rows.map((r) => r.event_rkey)).toEqual(["ok1"])
+        }).pipe(Effect.provide(sqlStack({ outbox: CountingOutbox }))),
+      30_000
+    )
   })
 
   it.layer(sqlStack())("fencing through the SQL store", (it) => {
     it.effect("replays never undo newer state; the registry reloads the same from the database", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([whEv(ALICE, "f", whRecordValue(`at://${BOB}`), { rev: rev(5) })])
         yield* run([whEv(ALICE, "f", undefined, { rev: rev(6), operation: "delete" })])
-        const replay = yield* run([whEv(ALICE, "f", whRecordValue(`at://${BOB}`), { rev: rev(5), timeUs: 1_900_000_000_000_000 })])
+        const replay = yield* run([
+          whEv(ALICE, "f", whRecordValue(`at://${BOB}`), { rev: rev(5), timeUs: 1_900_000_000_000_000 })
+        ])
         expect(replay.outcomes[0]).toMatchObject({ registry: { _tag: "stale" } })
         yield* run([whEv(ALICE, "g", whRecordValue(`at://${BOB}`, { events: ["create"] }), { rev: rev(5) })])
         const store = yield* RegistryStore

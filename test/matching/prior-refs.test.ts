@@ -7,11 +7,11 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, type Layer, Ref } from "effect"
-import * as Outbox from "../../src/services/matching/Outbox.js"
-import { PriorRefsStore } from "../../src/services/matching/PriorRefsStore.js"
-import { Processor, type ProcessOptions } from "../../src/services/matching/Processor.js"
 import type { RecordEvent, StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { eventId } from "../../src/services/matching/Canonical.js"
+import * as Outbox from "../../src/services/matching/Outbox.js"
+import { PriorRefsStore } from "../../src/services/matching/PriorRefsStore.js"
+import { type ProcessOptions, Processor } from "../../src/services/matching/Processor.js"
 import { ev, memoryStack, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
@@ -28,7 +28,7 @@ const run = (batch: ReadonlyArray<StreamEvent>) => Effect.flatMap(Processor, (p)
 
 /** the event ids delivered to BOB's backlink webhook for one of ALICE's records (sorted) */
 const deliveries = (rkey: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* Effect.serviceOption(SqlClient.SqlClient)
     if (sql._tag === "Some") {
       const rows = yield* sql.value<{ event_id: string }>`
@@ -48,13 +48,12 @@ const deliveries = (rkey: string) =>
   })
 const ids = (events: ReadonlyArray<RecordEvent>) => events.map((e) => eventId(e)).sort()
 
-const stored = (uri: string) =>
-  Effect.flatMap(PriorRefsStore, (s) => s.read([uri])).pipe(Effect.map((m) => m.get(uri)))
+const stored = (uri: string) => Effect.flatMap(PriorRefsStore, (s) => s.read([uri])).pipe(Effect.map((m) => m.get(uri)))
 
 const scenarios = (name: string, stack: () => Layer.Layer<Processor | PriorRefsStore, unknown>) =>
   describe(`${name}: several events of one batch on the same key`, () => {
     it.effect("create, update without the reference, update with another, update without, delete", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
         const batch = [
           ev(ALICE, LIKE, "r1", { rev: rev(10), record: likeOf(bobPost) }),
@@ -78,7 +77,7 @@ const scenarios = (name: string, stack: () => Layer.Layer<Processor | PriorRefsS
       }).pipe(Effect.provide(stack())))
 
     it.effect("a stored key: a stale replay, a delete and a re-create in one batch; the next batch sees the re-creation", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
         const first = ev(ALICE, POST, "r3", { rev: rev(20), record: { text: "x", r: bobPost } })
         yield* run([first])
@@ -99,7 +98,7 @@ const scenarios = (name: string, stack: () => Layer.Layer<Processor | PriorRefsS
       }).pipe(Effect.provide(stack())))
 
     it.effect("too-complex updates: never a backlink match on stored references; a newer one clears them, a stale one does not", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
         let deep: Record<string, unknown> = { r: bobPost2 }
         for (let i = 0; i < 40; i++) deep = { nested: deep }
@@ -131,12 +130,16 @@ scenarios("PostgreSQL", () => sqlStack())
 
 describe("PostgreSQL: expired rows count as absent", () => {
   const expire = (uri: string, to: string) =>
-    Effect.flatMap(SqlClient.SqlClient, (sql) =>
-      sql`UPDATE prior_refs SET expires_at = now() - interval '1 second', rev = ${to} WHERE record_uri = ${uri}`.pipe(Effect.orDie)
+    Effect.flatMap(
+      SqlClient.SqlClient,
+      (sql) =>
+        sql`UPDATE prior_refs SET expires_at = now() - interval '1 second', rev = ${to} WHERE record_uri = ${uri}`.pipe(
+          Effect.orDie
+        )
     )
 
   it.effect("an expired row matches nothing, is removed by any rev, and is overwritten by any rev", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
       const created = ev(ALICE, POST, "r4", { rev: rev(30), record: { r: bobPost } })
       yield* run([created, ev(ALICE, POST, "r5", { rev: rev(40), record: { r: bobPost } })])

@@ -4,11 +4,11 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Ref } from "effect"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
-import { Processor, type ProcessOptions } from "../../src/services/matching/Processor.js"
+import { type ProcessOptions, Processor } from "../../src/services/matching/Processor.js"
 import { Registry } from "../../src/services/registry/Registry.js"
 import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { ev, memoryStack, plc, rev, WH, whEv, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
@@ -23,7 +23,7 @@ const W = { registryWriter: true } satisfies ProcessOptions
 const run = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions = W) =>
   Effect.flatMap(Processor, (p) => p.processEvents(batch, options))
 
-const outboxRows = Effect.gen(function* () {
+const outboxRows = Effect.gen(function*() {
   const s = yield* Ref.get(yield* Outbox.MemoryOutboxState)
   return [...s.rows.values()]
 })
@@ -35,7 +35,7 @@ const register = (owner: string, rkey: string, record: Record<string, unknown>, 
 
 describe("matching through processEvents", () => {
   it.effect("DID-only, collection, glob and rkey scopes", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(ALICE, "did", whRecordValue(`at://${BOB}`))
       yield* register(ALICE, "coll", whRecordValue(`at://${BOB}/${POST}`))
       yield* register(ALICE, "glob", whRecordValue(`at://${BOB}/app.bsky.feed.*`))
@@ -56,7 +56,7 @@ describe("matching through processEvents", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("the events filter", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(ALICE, "w", whRecordValue(`at://${BOB}/${POST}`, { events: ["delete"] }))
       yield* run([
         ev(BOB, POST, "p", { rev: rev(10) }),
@@ -67,7 +67,7 @@ describe("matching through processEvents", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("disabled records are stored, never matched, and re-enabling activates them", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const r = yield* register(ALICE, "w", whRecordValue(`at://${BOB}`, { enabled: false }))
       expect(r.outcomes[0]).toMatchObject({ registry: { _tag: "disabled" } })
       const stored = yield* (yield* RegistryStore).get(ALICE, "w")
@@ -80,14 +80,14 @@ describe("matching through processEvents", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("self-exclusion: a webhook never gets its own record's event; others watching wh records do, without the secret", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(BOB, "watcher", whRecordValue(`at://${ALICE}/${WH}`))
       yield* register(ALICE, "self", whRecordValue(`at://${ALICE}`, { secret: "inline-secret-value" }), 2)
       const rows = yield* outboxRows
       expect(rows.map((r) => `${r.ownerDid}/${r.webhookRkey}`)).toEqual([`${BOB}/watcher`])
       const bodies = (yield* Ref.get(yield* Outbox.MemoryOutboxState)).events
       const body = [...bodies.values()][0]?.body ?? ""
-      expect(body).toContain('"rkey":"self"')
+      expect(body).toContain("\"rkey\":\"self\"")
       expect(body).not.toContain("inline-secret-value")
       expect(JSON.parse(body).record.secret).toBeUndefined()
       // the self webhook (DID scope on Alice) still gets Alice's other records
@@ -96,7 +96,7 @@ describe("matching through processEvents", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("one delivery per (event, webhook) even when it matches directly and by backlink", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(ALICE, "w", whRecordValue(`at://${BOB}`, { backlinks: true }))
       const r = yield* run([
         ev(BOB, POST, "p", { rev: rev(10), record: { text: "self ref", subject: `at://${BOB}/${POST}/x` } })
@@ -111,7 +111,7 @@ describe("backlinks and prior references", () => {
   const likeOf = (uri: string) => ({ $type: LIKE, subject: { uri, cid: "bafyx" }, createdAt: "2026-01-01T00:00:00Z" })
 
   it.effect("an AT-URI string (trailing punctuation allowed) and a mention facet are references; prose and `did` fields are not", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
       yield* run([
         ev(ALICE, LIKE, "l1", { rev: rev(10), record: likeOf(bobPost) }),
@@ -131,7 +131,7 @@ describe("backlinks and prior references", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("backlinks:false never matches by reference; a collection-scoped backlink needs the collection", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(CAROL, "nobl", whRecordValue(`at://${BOB}`))
       yield* register(CAROL, "postsonly", whRecordValue(`at://${BOB}/${POST}`, { backlinks: true }), 2)
       yield* run([
@@ -144,7 +144,7 @@ describe("backlinks and prior references", () => {
 
   it.effect("an update that removes the reference, and a delete, still match through prior references", () => {
     const calls = { get: 0, put: 0, remove: 0 }
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
       const base = { ...calls }
       yield* run([
@@ -154,7 +154,8 @@ describe("backlinks and prior references", () => {
       expect(calls.put - base.put).toBe(2)
       yield* run([ev(ALICE, POST, "r1", { rev: rev(11), operation: "update", record: { text: "edited, no ref" } })])
       yield* run([ev(ALICE, LIKE, "r2", { rev: rev(11), operation: "delete" })])
-      const got = (yield* deliveriesTo(BOB, "bl")).map((r) => `${r.eventRkey}:${r.eventOperation}:${r.matchKind}`).sort()
+      const got = (yield* deliveriesTo(BOB, "bl")).map((r) => `${r.eventRkey}:${r.eventOperation}:${r.matchKind}`)
+        .sort()
       expect(got).toEqual(["r1:create:backlink", "r1:update:backlink", "r2:create:backlink", "r2:delete:backlink"])
       // the update cleared r1's stored refs and the delete removed r2's: later events no longer match
       yield* run([
@@ -169,16 +170,18 @@ describe("backlinks and prior references", () => {
       // the batch read r3's row (rev 20): the older update is not even sent to the store
       expect(calls.put).toBe(putsBefore)
       yield* run([ev(ALICE, POST, "r3", { rev: rev(21), operation: "update", record: { text: "none" } })])
-      expect((yield* deliveriesTo(BOB, "bl")).filter((r) => r.eventRkey === "r3").map((r) => r.eventOperation)).toEqual([
-        "create",
-        "update",
-        "update"
-      ])
+      expect((yield* deliveriesTo(BOB, "bl")).filter((r) => r.eventRkey === "r3").map((r) => r.eventOperation)).toEqual(
+        [
+          "create",
+          "update",
+          "update"
+        ]
+      )
     }).pipe(Effect.provide(memoryStack({ calls })))
   })
 
   it.effect("a referencing record created and deleted in the same batch matches both times", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
       yield* run([
         ev(ALICE, LIKE, "quick", { rev: rev(10), record: likeOf(bobPost) }),
@@ -192,7 +195,7 @@ describe("backlinks and prior references", () => {
 
   it.effect("an irrelevant record costs zero prior-reference reads and writes", () => {
     const calls = { get: 0, put: 0, remove: 0 }
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
       // (the wh record itself references at://bob, so registering stored one row)
       calls.get = 0
@@ -210,7 +213,7 @@ describe("backlinks and prior references", () => {
   })
 
   it.effect("a too-complex record skips backlink matching (counted) but still matches directly", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
       yield* register(CAROL, "direct", whRecordValue(`at://${ALICE}`), 2)
       let deep: Record<string, unknown> = { uri: bobPost }
@@ -222,7 +225,7 @@ describe("backlinks and prior references", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("a too-complex update ignores the stored prior references too (no backlink match), still matches directly, and clears them", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
       yield* register(CAROL, "direct", whRecordValue(`at://${ALICE}`), 2)
       yield* run([ev(ALICE, LIKE, "r", { rev: rev(10), record: likeOf(bobPost) })])
@@ -254,7 +257,7 @@ describe("backlinks and prior references", () => {
 
   it.effect("a full prior-reference table refuses new keys but keeps existing ones updatable", () => {
     const calls = { get: 0, put: 0, remove: 0 }
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
       calls.put = 0
       yield* run([
@@ -273,7 +276,7 @@ describe("backlinks and prior references", () => {
 
 describe("fencing (SPEC §3.4)", () => {
   it.effect("an older replayed create after a newer delete is ignored, even with a later relay time", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(5), timeUs: 1_000 })])
       yield* run([whEv(ALICE, "w", undefined, { rev: rev(6), operation: "delete", timeUs: 2_000 })])
       const replay = yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(5), timeUs: 9_000 })])
@@ -285,15 +288,17 @@ describe("fencing (SPEC §3.4)", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("an equal rev changes nothing", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`, { url: "https://a.example/1" }), { rev: rev(5) })])
-      const r = yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`, { url: "https://a.example/2" }), { rev: rev(5) })])
+      const r = yield* run([
+        whEv(ALICE, "w", whRecordValue(`at://${BOB}`, { url: "https://a.example/2" }), { rev: rev(5) })
+      ])
       expect(r.outcomes[0]).toMatchObject({ registry: { _tag: "stale" } })
       expect((yield* Registry).index.get(`${ALICE}/w`)?.url).toBe("https://a.example/1")
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("a delete leaves a tombstone that blocks an older upsert of a record never seen before", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* run([whEv(ALICE, "w", undefined, { rev: rev(4), operation: "delete" })])
       const r = yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(3) })])
       expect(r.outcomes[0]).toMatchObject({ registry: { _tag: "stale" } })
@@ -304,7 +309,7 @@ describe("fencing (SPEC §3.4)", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("each applied write bumps the owner's generation and stamps the row", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* RegistryStore
       yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
       yield* run([whEv(ALICE, "w", whRecordValue(`at://${CAROL}`), { rev: rev(2), operation: "update" })])
@@ -315,9 +320,14 @@ describe("fencing (SPEC §3.4)", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("an invalid record revokes the previous registration and fences older valid replays", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
-      const r = yield* run([whEv(ALICE, "w", { ...whRecordValue(`at://${BOB}`), url: "http://10.0.0.1/x" }, { rev: rev(2), operation: "update" })])
+      const r = yield* run([
+        whEv(ALICE, "w", { ...whRecordValue(`at://${BOB}`), url: "http://10.0.0.1/x" }, {
+          rev: rev(2),
+          operation: "update"
+        })
+      ])
       expect(r.outcomes[0]).toMatchObject({ registry: { _tag: "invalid", kind: "url", revoked: true } })
       expect((yield* Registry).index.size).toBe(0)
       const replay = yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
@@ -326,7 +336,7 @@ describe("fencing (SPEC §3.4)", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("the relay firehose and direct streams do not write the registry unless they are the writer", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const r = yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })], { registryWriter: false })
       expect(r.outcomes[0]?._tag).toBe("no_match")
       expect((yield* Registry).index.size).toBe(0)
@@ -335,18 +345,24 @@ describe("fencing (SPEC §3.4)", () => {
 
 describe("admission (SPEC §2.6)", () => {
   it.effect("the 101st active record of one owner is rejected (counted, quarantined); 500 disabled ones use no capacity", () =>
-    Effect.gen(function* () {
-      const disabled = Array.from({ length: 500 }, (_, i) =>
-        whEv(ALICE, `off${i}`, whRecordValue(`at://${BOB}`, { enabled: false }), { rev: rev(1) })
+    Effect.gen(function*() {
+      const disabled = Array.from(
+        { length: 500 },
+        (_, i) => whEv(ALICE, `off${i}`, whRecordValue(`at://${BOB}`, { enabled: false }), { rev: rev(1) })
       )
       for (let i = 0; i < disabled.length; i += 100) yield* run(disabled.slice(i, i + 100))
-      const active = Array.from({ length: 101 }, (_, i) =>
-        whEv(ALICE, `on${String(i).padStart(3, "0")}`, whRecordValue(`at://${BOB}`), { rev: rev(2) })
+      const active = Array.from(
+        { length: 101 },
+        (_, i) => whEv(ALICE, `on${String(i).padStart(3, "0")}`, whRecordValue(`at://${BOB}`), { rev: rev(2) })
       )
       const r1 = yield* run(active.slice(0, 100))
       expect(r1.outcomes.every((o) => "registry" in o && o.registry?._tag === "active")).toBe(true)
       const r2 = yield* run(active.slice(100))
-      expect(r2.outcomes[0]).toMatchObject({ _tag: "quarantined", reason: "invalid_subscription", registry: { _tag: "rejected", limit: "owner" } })
+      expect(r2.outcomes[0]).toMatchObject({
+        _tag: "quarantined",
+        reason: "invalid_subscription",
+        registry: { _tag: "rejected", limit: "owner" }
+      })
       const registry = yield* Registry
       expect(registry.index.size).toBe(100)
       expect((yield* registry.stats).rejected.owner).toBe(1)
@@ -356,7 +372,7 @@ describe("admission (SPEC §2.6)", () => {
     }).pipe(Effect.provide(memoryStack())))
 
   it.effect("a rejected update revokes the previous registration", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* run([whEv(ALICE, "w1", whRecordValue(`at://${ALICE}`), { rev: rev(1) })])
       yield* run([whEv(BOB, "w2", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
       const registry = yield* Registry
@@ -371,7 +387,7 @@ describe("admission (SPEC §2.6)", () => {
     }).pipe(Effect.provide(memoryStack({ env: { REGISTRY_DIRECT_SCOPE_DIDS_MAX: "2" } }))))
 
   it.effect("the backlink scope DID limit", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* run([whEv(ALICE, "b1", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
       const r = yield* run([whEv(ALICE, "b2", whRecordValue(`at://${CAROL}`, { backlinks: true }), { rev: rev(1) })])
       expect(r.outcomes[0]).toMatchObject({ registry: { _tag: "rejected", limit: "backlink_dids" } })

@@ -1,5 +1,10 @@
 import { describe, expect, it } from "vitest"
-import { extractReferences, formatScopeUri, ReferenceLimits, utf8Length } from "../../src/services/matching/References.js"
+import {
+  extractReferences,
+  formatScopeUri,
+  ReferenceLimits,
+  utf8Length
+} from "../../src/services/matching/References.js"
 import { plc } from "./fixtures.js"
 
 const A = plc(1)
@@ -234,7 +239,18 @@ describe("extractReferences: bounds make a record too complex", () => {
 
 describe("helpers", () => {
   it("utf8Length equals TextEncoder's byte length", () => {
-    const samples = ["", "abc", "é", "€", "😀", "a😀b", "\ud800", "\udc00x", "\ud800\ud800", "\u0000\u007f\u0080\u07ff\u0800\uffff"]
+    const samples = [
+      "",
+      "abc",
+      "é",
+      "€",
+      "😀",
+      "a😀b",
+      "\ud800",
+      "\udc00x",
+      "\ud800\ud800",
+      "\u0000\u007f\u0080\u07ff\u0800\uffff"
+    ]
     const enc = new TextEncoder()
     for (const s of samples) expect(utf8Length(s)).toBe(enc.encode(s).length)
   })

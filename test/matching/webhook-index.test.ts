@@ -9,7 +9,11 @@ const T = plc(11)
 
 describe("makeActiveWebhook", () => {
   it("derives key, scope, events, signing mode and fingerprint", () => {
-    const w = webhook(O1, "w1", `at://${S}/app.bsky.feed.*`, { backlinks: true, events: ["create", "update"], secret: "s3cret" })
+    const w = webhook(O1, "w1", `at://${S}/app.bsky.feed.*`, {
+      backlinks: true,
+      events: ["create", "update"],
+      secret: "s3cret"
+    })
     expect(w.key).toBe(`${O1}/w1`)
     expect(webhookKey(O1, "w1")).toBe(w.key)
     expect(w.scopeUri).toBe(`at://${S}/app.bsky.feed.*`)

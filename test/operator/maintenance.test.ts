@@ -20,9 +20,9 @@ import {
   TestClock,
   TestServices
 } from "effect"
+import * as Maintenance from "../../src/services/operator/Maintenance.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import * as Maintenance from "../../src/services/operator/Maintenance.js"
 import * as Db from "../support/db.js"
 
 /** A Health of its own per runner, as separate replicas have. */
@@ -31,24 +31,23 @@ const newHealth = Health.make.pipe(Effect.provide(Lifecycle.layer({ shutdownTime
 const runnerIn = (scope: Scope.Scope, health: Health.HealthShape, options: Maintenance.MaintenanceOptions) =>
   Maintenance.make(options).pipe(Effect.provideService(Health.Health, health), Scope.extend(scope))
 
-const maintenanceBody = (health: Health.HealthShape) =>
-  Effect.map(health.report, (r) => r.body["maintenance"])
+const maintenanceBody = (health: Health.HealthShape) => Effect.map(health.report, (r) => r.body["maintenance"])
 
-const reset = Effect.gen(function* () {
+const reset = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   yield* sql`TRUNCATE outbox, delivery_attempts, delivery_events, audit, tombstones, prior_refs, quarantine, owners`
 })
 
 /** The keys of a table, sorted; `key` is a fixed SQL expression written in this file. */
 const ids = (table: string, key: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const rows = yield* sql.unsafe<{ k: string }>(`SELECT (${key})::text AS k FROM ${table} ORDER BY 1`)
     return rows.map((r) => r.k)
   })
 
 const count = (table: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const rows = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM ${sql(table)}`
     return rows[0]?.n ?? 0
@@ -58,7 +57,8 @@ const count = (table: string) =>
 const outbox = (id: string, eventId: string, status: string, finishedDays: number | null) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
                           event_rkey, event_operation, target_url, signing_mode, fingerprint, status, created_at,
                           finished_at)
@@ -71,7 +71,8 @@ const outbox = (id: string, eventId: string, status: string, finishedDays: numbe
 const attempt = (deliveryId: string, n: number, days: number) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome)
       VALUES (${deliveryId}, ${n}, now() - make_interval(days => ${days}), 12, 'failed')`
   )
@@ -79,7 +80,8 @@ const attempt = (deliveryId: string, n: number, days: number) =>
 const event = (id: string, days: number) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       INSERT INTO delivery_events (event_id, body, body_sha256, created_at)
       VALUES (${id}, '{}', 'sha', now() - make_interval(days => ${days}))`
   )
@@ -87,7 +89,8 @@ const event = (id: string, days: number) =>
 const audit = (n: number, days: number) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       INSERT INTO audit (delivery_id, event_id, owner_did, webhook_rkey, event_did, event_collection, event_rkey,
                          event_operation, status, created_at)
       SELECT 'd' || g, 'e' || g, 'did:plc:owner', 'w1', 'did:plc:subject', 'app.bsky.feed.post', 'p' || g,
@@ -98,19 +101,24 @@ const audit = (n: number, days: number) =>
 const quarantine = (n: number, days: number) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       INSERT INTO quarantine (stream, relay, reason, event_hash, created_at)
       SELECT 'direct', 'wss://relay.invalid', 'payload_invalid', 'h' || g, now() - make_interval(days => ${days})
       FROM generate_series(1, ${n}) AS g`
   )
 
 const owner = (did: string, status: string) =>
-  Effect.flatMap(SqlClient.SqlClient, (sql) => sql`INSERT INTO owners (did, reconcile_status) VALUES (${did}, ${status})`)
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql`INSERT INTO owners (did, reconcile_status) VALUES (${did}, ${status})`
+  )
 
 const tombstone = (did: string, rkey: string, days: number) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       INSERT INTO tombstones (owner_did, rkey, rev, generation, deleted_at)
       VALUES (${did}, ${rkey}, '3kabc', 1, now() - make_interval(days => ${days}))`
   )
@@ -119,13 +127,14 @@ const tombstone = (did: string, rkey: string, days: number) =>
 const tombstoneMinutesAgo = (did: string, rkey: string, minutes: number) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       INSERT INTO tombstones (owner_did, rkey, rev, generation, deleted_at)
       VALUES (${did}, ${rkey}, '3kabc', 1, now() - make_interval(mins => ${minutes}))`
   )
 
 /** Sessions of this database waiting for a lock on `tombstones`. */
-const waitingOnTombstones = Effect.gen(function* () {
+const waitingOnTombstones = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const rows = yield* sql<{ n: number }>`
     SELECT count(*)::int AS n FROM pg_locks
@@ -153,8 +162,9 @@ const ruleFailures = (rule: string, kind: string) =>
         tags.get("kind") === kind &&
         "count" in p.metricState &&
         typeof p.metricState.count === "number"
-      )
+      ) {
         return p.metricState.count
+      }
     }
     return 0
   })
@@ -166,7 +176,7 @@ const ruleFailures = (rule: string, kind: string) =>
  * be the only sleep.
  */
 const untilIntervalSleep = (interval: number) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const at = (yield* Clock.currentTimeMillis) + interval
     yield* Effect.repeat(TestClock.sleeps(), { until: (s) => Chunk.toReadonlyArray(s).includes(at) })
     return at
@@ -176,7 +186,8 @@ const untilIntervalSleep = (interval: number) =>
 const priorRef = (uri: string, seconds: number) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       INSERT INTO prior_refs (record_uri, rev, refs, bytes, expires_at)
       VALUES (${uri}, '3kabc', '[]'::jsonb, 2, now() + make_interval(secs => ${seconds}))`
   )
@@ -188,7 +199,7 @@ const ZERO = Maintenance.ZERO_PRUNE_COUNTS
 describe("Maintenance", () => {
   it.layer(Db.layer())("on PostgreSQL", (it) => {
     it.effect("prunes exactly the rows each rule names, and nothing else", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         // outbox, by status and finished_at
         yield* outbox("d-old", "ev-shared-old", "delivered", 8)
@@ -264,7 +275,7 @@ describe("Maintenance", () => {
       }))
 
     it.effect("audit and quarantine keep at most the newest 100,000 rows", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         yield* audit(100_050, 1)
         yield* quarantine(100_020, 1)
@@ -283,7 +294,7 @@ describe("Maintenance", () => {
       }))
 
     it.effect("a run is bounded: batchSize rows per statement, maxBatches statements per rule", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         yield* audit(75, 31)
         for (let i = 0; i < 25; i++) yield* outbox(`d-${i}`, `ev-${i}`, "delivered", 8)
@@ -302,7 +313,7 @@ describe("Maintenance", () => {
       }))
 
     it.effect("tombstones keep at most tombstonesMaxRows: the oldest deleted_at go first, ties by key", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         const sql = yield* SqlClient.SqlClient
         yield* owner("did:plc:scanning", "scanning")
@@ -336,7 +347,7 @@ describe("Maintenance", () => {
       }))
 
     it.effect("the tombstone row bound is bounded per run (batchSize, maxBatches) and skips locked rows", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         for (let i = 1; i <= 10; i++) yield* tombstoneMinutesAgo("did:plc:a", `t${String(i).padStart(2, "0")}`, 100 - i)
         const options = { tombstonesMaxRows: 3, batchSize: 2, maxBatches: 2 }
@@ -365,7 +376,7 @@ describe("Maintenance", () => {
       }))
 
     it.scoped("a statement stuck on a lock times out, cancelled; the other rules run; the next run proceeds (TestClock)", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         yield* tombstone("did:plc:complete", "old", 8)
         yield* quarantine(2, 31)
@@ -405,7 +416,7 @@ describe("Maintenance", () => {
       }))
 
     it.effect("retention values come from the options", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         yield* outbox("d-2d", "e1", "delivered", 2)
         yield* audit(2, 2)
@@ -415,7 +426,7 @@ describe("Maintenance", () => {
       }))
 
     it.scoped("the loop runs as soon as it holds the lock, then every interval (TestClock)", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         yield* audit(5, 31)
         const health = yield* newHealth
@@ -438,7 +449,7 @@ describe("Maintenance", () => {
       }))
 
     it.scoped("two runners on one database: one holds the lock; when its scope closes the other takes over", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         const options = { interval: "100 millis" } as const
         const healthA = yield* newHealth
@@ -473,7 +484,7 @@ describe("Maintenance", () => {
       }).pipe(TestServices.provideLive))
 
     it.scoped("when the runner's connection dies, its lock is gone and the role is taken again", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         const health = yield* newHealth
         const scope = yield* Effect.scope
@@ -491,12 +502,14 @@ describe("Maintenance", () => {
       }).pipe(TestServices.provideLive))
 
     it.scoped("a failing run is reported in health (lastRunOk: false) and the loop goes on", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* reset
         const sql = yield* SqlClient.SqlClient
         // make one rule fail: a table it needs is briefly renamed
         yield* sql`ALTER TABLE prior_refs RENAME TO prior_refs_hidden`
-        yield* Effect.addFinalizer(() => sql`ALTER TABLE IF EXISTS prior_refs_hidden RENAME TO prior_refs`.pipe(Effect.orDie))
+        yield* Effect.addFinalizer(() =>
+          sql`ALTER TABLE IF EXISTS prior_refs_hidden RENAME TO prior_refs`.pipe(Effect.orDie)
+        )
         yield* audit(3, 31)
         const health = yield* newHealth
         const scope = yield* Effect.scope

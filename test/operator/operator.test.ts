@@ -7,10 +7,10 @@ import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Option, Ref, Schedule, Stream } from "effect"
-import * as Operator from "../../src/services/operator/Operator.js"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor } from "../../src/services/matching/Processor.js"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import * as Operator from "../../src/services/operator/Operator.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
@@ -44,7 +44,8 @@ interface Row {
 
 const rows = Effect.flatMap(
   SqlClient.SqlClient,
-  (sql) => sql<Row>`
+  (sql) =>
+    sql<Row>`
     SELECT delivery_id, owner_did, webhook_rkey, event_rkey, status, attempt_count, lease_token, leased_until,
            last_error_kind, last_http_status, finished_at, next_attempt_at <= now() AS due
     FROM outbox ORDER BY owner_did, event_rkey`
@@ -61,7 +62,8 @@ const rowOf = (owner: string, eventRkey: string) =>
 const settle = (owner: string | undefined, eventRkey: string | undefined, status: string, attempts = 12) =>
   Effect.flatMap(
     SqlClient.SqlClient,
-    (sql) => sql`
+    (sql) =>
+      sql`
       UPDATE outbox SET status = ${status}, attempt_count = ${attempts},
         last_error_kind = CASE WHEN ${status} = 'dead_letter' THEN 'http_5xx' ELSE NULL END,
         last_http_status = CASE WHEN ${status} = 'dead_letter' THEN 503 WHEN ${status} = 'delivered' THEN 200 ELSE NULL END,
@@ -75,7 +77,7 @@ const settle = (owner: string | undefined, eventRkey: string | undefined, status
  * ALICE/w1 and CAROL/w2 both watch BOB; BOB posts p1, p2, p3 (enqueued at T1, T2, T3): six
  * deliveries through the real processor.
  */
-const seed = Effect.gen(function* () {
+const seed = Effect.gen(function*() {
   yield* run([
     whEv(ALICE, "w1", whRecordValue(`at://${BOB}`, { url: "https://alice.example/hook" }), { rev: rev(1) }),
     whEv(CAROL, "w2", whRecordValue(`at://${BOB}`, { url: "https://carol.example/hook" }), { rev: rev(1) })
@@ -97,7 +99,7 @@ const invalid = <A, E>(exit: Exit.Exit<A, E>) =>
 
 describe("Operator", () => {
   it.effect("listDeliveries filters by owner, webhook, status and time; newest first; bounded limit", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       yield* settle(ALICE, "p2", "dead_letter")
       const op = yield* Operator.Operator
@@ -117,20 +119,28 @@ describe("Operator", () => {
         [ALICE, "p2", 12, "http_5xx", 503]
       ])
       expect(dead[0]?.finishedAt).toBeInstanceOf(Date)
-      expect((yield* op.listDeliveries({ status: "pending" })).map((d) => d.eventRkey).sort()).toEqual(["p1", "p1", "p2", "p3", "p3"])
+      expect((yield* op.listDeliveries({ status: "pending" })).map((d) => d.eventRkey).sort()).toEqual([
+        "p1",
+        "p1",
+        "p2",
+        "p3",
+        "p3"
+      ])
       expect((yield* op.listDeliveries({ since: T2 })).map((d) => d.eventRkey)).toEqual(["p3", "p3", "p2", "p2"])
       expect((yield* op.listDeliveries({ until: T2 })).map((d) => d.eventRkey)).toEqual(["p1", "p1"])
       expect((yield* op.listDeliveries({ since: T2, until: T3, owner: CAROL })).map((d) => d.eventRkey)).toEqual(["p2"])
       expect(yield* op.listDeliveries({ limit: 2 })).toHaveLength(2)
       expect(yield* op.listDeliveries({ limit: 1000 })).toHaveLength(6)
-      for (const limit of [0, 1001, 1.5, -1]) expect(invalid(yield* Effect.exit(op.listDeliveries({ limit })))).toBe(true)
+      for (const limit of [0, 1001, 1.5, -1]) {
+        expect(invalid(yield* Effect.exit(op.listDeliveries({ limit })))).toBe(true)
+      }
       expect(invalid(yield* Effect.exit(op.listDeliveries({ owner: "alice.example" })))).toBe(true)
       expect(invalid(yield* Effect.exit(op.listDeliveries({ webhook: "a/b" })))).toBe(true)
       expect(invalid(yield* Effect.exit(op.listDeliveries({ since: new Date(Number.NaN) })))).toBe(true)
     }).pipe(Effect.provide(stack())))
 
   it.effect("showDelivery returns the row and its attempts in order; unknown id → none", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       const sql = yield* SqlClient.SqlClient
       const op = yield* Operator.Operator
@@ -138,7 +148,9 @@ describe("Operator", () => {
       for (const n of [2, 3, 1]) {
         yield* sql`
           INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error_kind, http_status, response_excerpt)
-          VALUES (${target.delivery_id}, ${n}, now() - make_interval(mins => ${10 - n}), ${n * 10}, 'failed', 'http_5xx', 503, ${`oops ${n}`})`
+          VALUES (${target.delivery_id}, ${n}, now() - make_interval(mins => ${10 - n}), ${
+          n * 10
+        }, 'failed', 'http_5xx', 503, ${`oops ${n}`})`
       }
       const shown = yield* op.showDelivery(target.delivery_id)
       expect(Option.isSome(shown)).toBe(true)
@@ -146,7 +158,11 @@ describe("Operator", () => {
       expect(shown.value.delivery.deliveryId).toBe(target.delivery_id)
       expect(shown.value.delivery.ownerDid).toBe(ALICE)
       expect(shown.value.delivery.matchKind).toBe("direct")
-      expect(shown.value.attempts.map((a) => [a.attempt, a.durationMs, a.outcome, a.errorKind, a.httpStatus, a.responseExcerpt])).toEqual([
+      expect(
+        shown.value.attempts.map((
+          a
+        ) => [a.attempt, a.durationMs, a.outcome, a.errorKind, a.httpStatus, a.responseExcerpt])
+      ).toEqual([
         [1, 10, "failed", "http_5xx", 503, "oops 1"],
         [2, 20, "failed", "http_5xx", 503, "oops 2"],
         [3, 30, "failed", "http_5xx", 503, "oops 3"]
@@ -157,7 +173,7 @@ describe("Operator", () => {
     }).pipe(Effect.provide(stack())))
 
   it.effect("replay by owner and time range: same ids, pending, attempt_count 0; other owners untouched", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       yield* settle(undefined, undefined, "dead_letter")
       const op = yield* Operator.Operator
@@ -199,7 +215,7 @@ describe("Operator", () => {
     }).pipe(Effect.provide(stack())))
 
   it.effect("replay goes through more than one batch of 1,000 and counts every row", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* run([whEv(ALICE, "many", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
       const n = 2_345
       const events = Array.from({ length: n }, (_, i) => ev(BOB, POST, `m${i}`, { rev: rev(100 + i) }))
@@ -208,14 +224,18 @@ describe("Operator", () => {
       const ids = (yield* rows).map((r) => r.delivery_id)
       expect(ids).toHaveLength(n)
       const op = yield* Operator.Operator
-      expect(yield* op.replayDeadLetters({ owner: ALICE })).toEqual({ replayed: n, inactiveSubscription: 0, complete: true })
+      expect(yield* op.replayDeadLetters({ owner: ALICE })).toEqual({
+        replayed: n,
+        inactiveSubscription: 0,
+        complete: true
+      })
       const after = yield* rows
       expect(after.map((r) => r.delivery_id)).toEqual(ids)
       expect(after.every((r) => r.status === "pending" && r.attempt_count === 0)).toBe(true)
     }).pipe(Effect.provide(stack())), { timeout: 120_000 })
 
   it.effect("redeliver makes a delivered (or cancelled, dead, pending) row pending again; never a leased one", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       const sql = yield* SqlClient.SqlClient
       const op = yield* Operator.Operator
@@ -257,36 +277,40 @@ describe("Operator", () => {
       expect(yield* op.redeliver("whd_v1_unknown")).toEqual({ _tag: "Missing" })
     }).pipe(Effect.provide(stack())))
 
-  it.scopedLive("redeliver and replay wake the workers with one NOTIFY each (none when nothing changed)", () =>
-    Effect.gen(function* () {
-      yield* seed
-      yield* settle(undefined, undefined, "dead_letter")
-      const pg = yield* PgClient.PgClient
-      const op = yield* Operator.Operator
-      const seen = yield* Ref.make<ReadonlyArray<string>>([])
-      yield* pg.listen(Outbox.NOTIFY_CHANNEL).pipe(
-        Stream.runForEach((payload) => Ref.update(seen, (s) => [...s, payload])),
-        Effect.forkScoped
-      )
-      yield* Effect.sleep("300 millis") // LISTEN is in place
-      const waitFor = (n: number) =>
-        Ref.get(seen).pipe(
-          Effect.repeat({ until: (s) => s.length >= n, schedule: Schedule.spaced("20 millis") }),
-          Effect.timeout("10 seconds")
+  it.scopedLive(
+    "redeliver and replay wake the workers with one NOTIFY each (none when nothing changed)",
+    () =>
+      Effect.gen(function*() {
+        yield* seed
+        yield* settle(undefined, undefined, "dead_letter")
+        const pg = yield* PgClient.PgClient
+        const op = yield* Operator.Operator
+        const seen = yield* Ref.make<ReadonlyArray<string>>([])
+        yield* pg.listen(Outbox.NOTIFY_CHANNEL).pipe(
+          Stream.runForEach((payload) => Ref.update(seen, (s) => [...s, payload])),
+          Effect.forkScoped
         )
-      expect((yield* op.redeliver((yield* rowOf(ALICE, "p1")).delivery_id))._tag).toBe("Redelivered")
-      yield* waitFor(1)
-      expect(yield* Ref.get(seen)).toEqual(["1"])
-      expect((yield* op.replayDeadLetters({ owner: CAROL })).replayed).toBe(3)
-      yield* waitFor(2)
-      expect((yield* op.redeliver("whd_v1_unknown"))._tag).toBe("Missing")
-      expect((yield* op.replayDeadLetters({ owner: CAROL })).replayed).toBe(0)
-      yield* Effect.sleep("500 millis")
-      expect(yield* Ref.get(seen)).toEqual(["1", "1"])
-    }).pipe(Effect.provide(stack())), { timeout: 60_000 })
+        yield* Effect.sleep("300 millis") // LISTEN is in place
+        const waitFor = (n: number) =>
+          Ref.get(seen).pipe(
+            Effect.repeat({ until: (s) => s.length >= n, schedule: Schedule.spaced("20 millis") }),
+            Effect.timeout("10 seconds")
+          )
+        expect((yield* op.redeliver((yield* rowOf(ALICE, "p1")).delivery_id))._tag).toBe("Redelivered")
+        yield* waitFor(1)
+        expect(yield* Ref.get(seen)).toEqual(["1"])
+        expect((yield* op.replayDeadLetters({ owner: CAROL })).replayed).toBe(3)
+        yield* waitFor(2)
+        expect((yield* op.redeliver("whd_v1_unknown"))._tag).toBe("Missing")
+        expect((yield* op.replayDeadLetters({ owner: CAROL })).replayed).toBe(0)
+        yield* Effect.sleep("500 millis")
+        expect(yield* Ref.get(seen)).toEqual(["1", "1"])
+      }).pipe(Effect.provide(stack())),
+    { timeout: 60_000 }
+  )
 
   it.effect("status: counts by status, webhooks, owners, quarantine", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       const sql = yield* SqlClient.SqlClient
       yield* settle(ALICE, "p1", "delivered", 1)
@@ -313,7 +337,7 @@ describe("Operator", () => {
  * pending go back to `dead_letter` (once each), as a worker's settle would write them.
  */
 const reDeadLetterBetweenBatches = Effect.flatMap(SqlClient.SqlClient, (sql) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* sql`CREATE TABLE replay_log (delivery_id text PRIMARY KEY, tx bigint NOT NULL, redone boolean NOT NULL DEFAULT false)`
     yield* sql.unsafe(`
       CREATE FUNCTION log_replay() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -340,33 +364,38 @@ const reDeadLetterBetweenBatches = Effect.flatMap(SqlClient.SqlClient, (sql) =>
     yield* sql.unsafe(
       `CREATE TRIGGER redo_dead_letters AFTER UPDATE ON outbox FOR EACH STATEMENT EXECUTE FUNCTION redo_dead_letters()`
     )
-  })
-)
+  }))
 
 describe("Operator (operator CLI defects)", () => {
-  it.effect("replay pages forward: rows dead-lettered again while it runs are not replayed twice, and it ends", () =>
-    Effect.gen(function* () {
-      yield* run([whEv(ALICE, "many", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
-      const n = 9
-      yield* run(Array.from({ length: n }, (_, i) => ev(BOB, POST, `r${i}`, { rev: rev(100 + i) })))
-      yield* settle(undefined, undefined, "dead_letter")
-      const sql = yield* SqlClient.SqlClient
-      // two rows share one created_at: the key is (created_at, delivery_id), not created_at alone
-      yield* sql`UPDATE outbox SET created_at = ${T1} WHERE event_rkey IN ('r0', 'r1')`
-      yield* reDeadLetterBetweenBatches
-      const op = yield* Operator.Operator
-      const result = yield* op.replayDeadLetters({ owner: ALICE }).pipe(Effect.timeout("20 seconds"))
-      expect(result).toEqual({ replayed: n, inactiveSubscription: 0, complete: true })
-      // every row was replayed exactly once (the rows of earlier statements were dead-lettered again)
-      const log = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM replay_log`
-      expect(log[0]?.n).toBe(n)
-      const statuses = yield* sql<{ status: string; n: number }>`SELECT status, count(*)::int AS n FROM outbox GROUP BY status`
-      // the simulation did happen: all but the last statement's row are dead letters again
-      expect(Object.fromEntries(statuses.map((r) => [r.status, r.n]))).toEqual({ dead_letter: n - 1, pending: 1 })
-    }).pipe(Effect.provide(Operator.layerWith({ replayBatchSize: 2 }).pipe(Layer.provideMerge(sqlStack())))), { timeout: 60_000 })
+  it.effect(
+    "replay pages forward: rows dead-lettered again while it runs are not replayed twice, and it ends",
+    () =>
+      Effect.gen(function*() {
+        yield* run([whEv(ALICE, "many", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
+        const n = 9
+        yield* run(Array.from({ length: n }, (_, i) => ev(BOB, POST, `r${i}`, { rev: rev(100 + i) })))
+        yield* settle(undefined, undefined, "dead_letter")
+        const sql = yield* SqlClient.SqlClient
+        // two rows share one created_at: the key is (created_at, delivery_id), not created_at alone
+        yield* sql`UPDATE outbox SET created_at = ${T1} WHERE event_rkey IN ('r0', 'r1')`
+        yield* reDeadLetterBetweenBatches
+        const op = yield* Operator.Operator
+        const result = yield* op.replayDeadLetters({ owner: ALICE }).pipe(Effect.timeout("20 seconds"))
+        expect(result).toEqual({ replayed: n, inactiveSubscription: 0, complete: true })
+        // every row was replayed exactly once (the rows of earlier statements were dead-lettered again)
+        const log = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM replay_log`
+        expect(log[0]?.n).toBe(n)
+        const statuses = yield* sql<
+          { status: string; n: number }
+        >`SELECT status, count(*)::int AS n FROM outbox GROUP BY status`
+        // the simulation did happen: all but the last statement's row are dead letters again
+        expect(Object.fromEntries(statuses.map((r) => [r.status, r.n]))).toEqual({ dead_letter: n - 1, pending: 1 })
+      }).pipe(Effect.provide(Operator.layerWith({ replayBatchSize: 2 }).pipe(Layer.provideMerge(sqlStack())))),
+    { timeout: 60_000 }
+  )
 
   it.effect("an inverted or empty time range is an invalid argument (list and replay)", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       yield* settle(undefined, undefined, "dead_letter")
       const op = yield* Operator.Operator
@@ -378,7 +407,7 @@ describe("Operator (operator CLI defects)", () => {
     }).pipe(Effect.provide(stack())))
 
   it.effect("redeliver: an expired lease (a stopped worker) is redelivered and said so; a valid lease is refused", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       const sql = yield* SqlClient.SqlClient
       const op = yield* Operator.Operator
@@ -391,7 +420,12 @@ describe("Operator (operator CLI defects)", () => {
         leaseExpired: true,
         subscriptionInactive: false
       })
-      expect(yield* rowOf(ALICE, "p1")).toMatchObject({ status: "pending", attempt_count: 0, lease_token: null, leased_until: null })
+      expect(yield* rowOf(ALICE, "p1")).toMatchObject({
+        status: "pending",
+        attempt_count: 0,
+        lease_token: null,
+        leased_until: null
+      })
       const live = yield* rowOf(ALICE, "p2")
       yield* sql`UPDATE outbox SET status = 'leased', lease_token = 'w:1',
                    leased_until = now() + interval '1 minute' WHERE delivery_id = ${live.delivery_id}`
@@ -402,7 +436,7 @@ describe("Operator (operator CLI defects)", () => {
     }).pipe(Effect.provide(stack())))
 
   it.effect("show: the newest 1,000 attempts in attempt order, and how many older ones are not shown", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       const sql = yield* SqlClient.SqlClient
       const op = yield* Operator.Operator
@@ -423,7 +457,7 @@ describe("Operator (operator CLI defects)", () => {
     }).pipe(Effect.provide(stack())))
 
   it.effect("replay and redeliver report rows whose subscription is no longer active as enqueued (and still replay them)", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       yield* seed
       yield* settle(undefined, undefined, "dead_letter")
       const sql = yield* SqlClient.SqlClient
@@ -433,9 +467,12 @@ describe("Operator (operator CLI defects)", () => {
       expect(yield* op.replayDeadLetters({})).toEqual({ replayed: 6, inactiveSubscription: 3, complete: true })
       expect((yield* rows).every((r) => r.status === "pending")).toBe(true)
       // each way a subscription stops matching its rows (undone after each, deleting last)
-      const [w] = yield* sql<{ url: string; fingerprint: string }>`SELECT url, fingerprint FROM webhooks WHERE owner_did = ${ALICE}`
+      const [w] = yield* sql<
+        { url: string; fingerprint: string }
+      >`SELECT url, fingerprint FROM webhooks WHERE owner_did = ${ALICE}`
       if (w === undefined) return expect.unreachable()
-      const restore = sql`UPDATE webhooks SET fingerprint = ${w.fingerprint}, url = ${w.url}, gone_at = NULL WHERE owner_did = ${ALICE}`
+      const restore =
+        sql`UPDATE webhooks SET fingerprint = ${w.fingerprint}, url = ${w.url}, gone_at = NULL WHERE owner_did = ${ALICE}`
       const cases: ReadonlyArray<readonly [string, Effect.Effect<unknown, unknown>]> = [
         ["fingerprint", sql`UPDATE webhooks SET fingerprint = 'other' WHERE owner_did = ${ALICE}`],
         ["gone", sql`UPDATE webhooks SET gone_at = now() WHERE owner_did = ${ALICE}`],

@@ -1,12 +1,12 @@
 import { describe, expect, it } from "@effect/vitest"
 import { ConfigProvider, Duration, Effect, Either, LogLevel, Option, Redacted } from "effect"
-import * as Backfill from "../../src/services/reconciliation/Backfill.js"
-import * as Config from "../../src/services/platform/Config.js"
-import * as Identity from "../../src/services/reconciliation/Identity.js"
-import * as Intake from "../../src/services/intake/Intake.js"
-import * as Maintenance from "../../src/services/operator/Maintenance.js"
-import * as Processor from "../../src/services/matching/Processor.js"
 import * as Publisher from "../../src/services/delivery/Publisher.js"
+import * as Intake from "../../src/services/intake/Intake.js"
+import * as Processor from "../../src/services/matching/Processor.js"
+import * as Maintenance from "../../src/services/operator/Maintenance.js"
+import * as Config from "../../src/services/platform/Config.js"
+import * as Backfill from "../../src/services/reconciliation/Backfill.js"
+import * as Identity from "../../src/services/reconciliation/Identity.js"
 import * as Reconciler from "../../src/services/reconciliation/Reconciler.js"
 import * as RetryScheduler from "../../src/services/reconciliation/RetryScheduler.js"
 
@@ -17,7 +17,7 @@ const SECRET = "s3cr3t-pa55word"
 
 describe("Config", () => {
   it.effect("defaults (SPEC §6.5)", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const c = yield* load({})
       expect(Option.isNone(c.databaseUrl)).toBe(true)
       expect(c.dataDir).toBe("./.firehook")
@@ -87,7 +87,7 @@ describe("Config", () => {
     }))
 
   it.effect("defaults of the SPEC's other numbers (§2.4, §3.3, §3.4, §4.7, §4.9, §5) = the services' own defaults", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const c = yield* load({})
       const day = 86_400_000
       // SPEC §4.9 / §3.4
@@ -153,21 +153,87 @@ describe("Config", () => {
     readonly get: (c: Config.FirehookConfigShape) => number
     readonly env?: Record<string, string>
   }> = [
-    { name: "RETENTION_DELIVERED_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.retention.deliveredMs },
-    { name: "RETENTION_DEAD_LETTER_MS", min: 3_600_000, max: 31_536_000_000, def: 2_592_000_000, get: (c) => c.retention.deadLetterMs },
-    { name: "RETENTION_CANCELLED_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.retention.cancelledMs },
-    { name: "RETENTION_AUDIT_MS", min: 3_600_000, max: 31_536_000_000, def: 2_592_000_000, get: (c) => c.retention.auditMs },
-    { name: "RETENTION_AUDIT_MAX_ROWS", min: 1_000, max: 10_000_000, def: 100_000, get: (c) => c.retention.auditMaxRows },
-    { name: "RETENTION_TOMBSTONES_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.retention.tombstonesMs },
-    { name: "RETENTION_TOMBSTONES_MAX_ROWS", min: 1_000, max: 10_000_000, def: 100_000, get: (c) => c.retention.tombstonesMaxRows },
-    { name: "RETENTION_QUARANTINE_MS", min: 3_600_000, max: 31_536_000_000, def: 2_592_000_000, get: (c) => c.retention.quarantineMs },
-    { name: "RETENTION_QUARANTINE_MAX_ROWS", min: 1_000, max: 10_000_000, def: 100_000, get: (c) => c.retention.quarantineMaxRows },
-    { name: "RETENTION_EVENT_BODIES_MS", min: 3_600_000, max: 31_536_000_000, def: 604_800_000, get: (c) => c.retention.eventBodiesMs },
+    {
+      name: "RETENTION_DELIVERED_MS",
+      min: 3_600_000,
+      max: 31_536_000_000,
+      def: 604_800_000,
+      get: (c) => c.retention.deliveredMs
+    },
+    {
+      name: "RETENTION_DEAD_LETTER_MS",
+      min: 3_600_000,
+      max: 31_536_000_000,
+      def: 2_592_000_000,
+      get: (c) => c.retention.deadLetterMs
+    },
+    {
+      name: "RETENTION_CANCELLED_MS",
+      min: 3_600_000,
+      max: 31_536_000_000,
+      def: 604_800_000,
+      get: (c) => c.retention.cancelledMs
+    },
+    {
+      name: "RETENTION_AUDIT_MS",
+      min: 3_600_000,
+      max: 31_536_000_000,
+      def: 2_592_000_000,
+      get: (c) => c.retention.auditMs
+    },
+    {
+      name: "RETENTION_AUDIT_MAX_ROWS",
+      min: 1_000,
+      max: 10_000_000,
+      def: 100_000,
+      get: (c) => c.retention.auditMaxRows
+    },
+    {
+      name: "RETENTION_TOMBSTONES_MS",
+      min: 3_600_000,
+      max: 31_536_000_000,
+      def: 604_800_000,
+      get: (c) => c.retention.tombstonesMs
+    },
+    {
+      name: "RETENTION_TOMBSTONES_MAX_ROWS",
+      min: 1_000,
+      max: 10_000_000,
+      def: 100_000,
+      get: (c) => c.retention.tombstonesMaxRows
+    },
+    {
+      name: "RETENTION_QUARANTINE_MS",
+      min: 3_600_000,
+      max: 31_536_000_000,
+      def: 2_592_000_000,
+      get: (c) => c.retention.quarantineMs
+    },
+    {
+      name: "RETENTION_QUARANTINE_MAX_ROWS",
+      min: 1_000,
+      max: 10_000_000,
+      def: 100_000,
+      get: (c) => c.retention.quarantineMaxRows
+    },
+    {
+      name: "RETENTION_EVENT_BODIES_MS",
+      min: 3_600_000,
+      max: 31_536_000_000,
+      def: 604_800_000,
+      get: (c) => c.retention.eventBodiesMs
+    },
     { name: "REDIS_PUBLISH_MAX_BYTES", min: 1024, max: 1_048_576, def: 8192, get: (c) => c.redis.publishMaxBytes },
     { name: "REDIS_PUBLISH_MAX_IN_FLIGHT", min: 1, max: 1024, def: 4, get: (c) => c.redis.publishMaxInFlight },
     { name: "REDIS_PUBLISH_TIMEOUT_MS", min: 100, max: 60_000, def: 1000, get: (c) => c.redis.publishTimeoutMs },
     { name: "WEBHOOK_INTAKE_BATCH_ATTEMPTS", min: 1, max: 20, def: 3, get: (c) => c.intake.batchAttempts },
-    { name: "WEBHOOK_INTAKE_BATCH_RETRY_BASE_MS", min: 1, max: 60_000, def: 250, get: (c) => c.intake.batchRetryBaseMs },
+    {
+      name: "WEBHOOK_INTAKE_BATCH_RETRY_BASE_MS",
+      min: 1,
+      max: 60_000,
+      def: 250,
+      get: (c) => c.intake.batchRetryBaseMs
+    },
     {
       name: "WEBHOOK_INTAKE_BACKOFF_BASE_MS",
       min: 100,
@@ -184,7 +250,13 @@ describe("Config", () => {
       get: (c) => c.intake.backoffMaxMs,
       env: { WEBHOOK_INTAKE_BACKOFF_BASE_MS: "100" }
     },
-    { name: "WEBHOOK_INTAKE_POISON_BACKOFF_MS", min: 1000, max: 3_600_000, def: 10_000, get: (c) => c.intake.poisonBackoffMs },
+    {
+      name: "WEBHOOK_INTAKE_POISON_BACKOFF_MS",
+      min: 1000,
+      max: 3_600_000,
+      def: 10_000,
+      get: (c) => c.intake.poisonBackoffMs
+    },
     { name: "RETRY_SCHEDULER_TRACKED_MAX", min: 1, max: 1024, def: 16, get: (c) => c.retryScheduler.trackedMax },
     {
       name: "IDENTITY_CACHE_STALE_MS",
@@ -246,7 +318,7 @@ describe("Config", () => {
 
   for (const k of knobs) {
     it.effect(`${k.name}: default ${k.def}, accepts ${k.min} and ${k.max}`, () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         expect(k.get(yield* load({ ...k.env }))).toBe(k.def)
         expect(k.get(yield* load({ ...k.env, [k.name]: "" }))).toBe(k.def)
         expect(k.get(yield* load({ ...k.env, [k.name]: String(k.min) }))).toBe(k.min)
@@ -255,13 +327,13 @@ describe("Config", () => {
   }
 
   it.effect("WEBHOOK_INTAKE_BACKOFF_MAX_MS may equal WEBHOOK_INTAKE_BACKOFF_BASE_MS", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const c = yield* load({ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "600000", WEBHOOK_INTAKE_BACKOFF_MAX_MS: "600000" })
       expect([c.intake.backoffBaseMs, c.intake.backoffMaxMs]).toEqual([600000, 600000])
     }))
 
   it.effect("each at-least rule of §5 accepts equality", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const c = yield* load({
         IDENTITY_CACHE_STALE_MS: "86400000",
         IDENTITY_CACHE_MAX_AGE_MS: "86400000",
@@ -276,7 +348,7 @@ describe("Config", () => {
     }))
 
   it.effect("backfill and retry scheduler values are parsed", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const did = "did:plc:abcdefghijklmnopqrstuvwx"
       const c = yield* load({
         PLC_DIRECTORY_URL: "https://plc.example/",
@@ -300,7 +372,14 @@ describe("Config", () => {
         retryBaseMs: 1000,
         retryMaxMs: 60000
       })
-      expect(c.retryScheduler).toEqual({ intervalMs: 1000, baseMs: 100, maxMs: 100, concurrency: 2, staleScanMs: 60000, trackedMax: 2 })
+      expect(c.retryScheduler).toEqual({
+        intervalMs: 1000,
+        baseMs: 100,
+        maxMs: 100,
+        concurrency: 2,
+        staleScanMs: 60000,
+        trackedMax: 2
+      })
       const dev = yield* load({
         NODE_ENV: "test",
         WEBHOOK_ALLOW_INSECURE_DEV: "1",
@@ -312,13 +391,13 @@ describe("Config", () => {
     }))
 
   it.effect("pretty logs by default on a TTY", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       expect((yield* load({}, true)).logFormat).toBe("pretty")
       expect((yield* load({ LOG_FORMAT: "json" }, true)).logFormat).toBe("json")
     }))
 
   it.effect("valid values are parsed", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const c = yield* load({
         DATABASE_URL: `postgres://u:${SECRET}@db.example:5432/x`,
         HEALTH_PORT: "0",
@@ -344,7 +423,7 @@ describe("Config", () => {
     }))
 
   it.effect("an empty string counts as unset", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const c = yield* load({ HEALTH_PORT: "", DATABASE_URL: "" })
       expect(c.healthPort).toBe(3003)
       expect(Option.isNone(c.databaseUrl)).toBe(true)
@@ -387,17 +466,29 @@ describe("Config", () => {
     [{ DELIVERY_TIMEOUT_MS: "99" }, "DELIVERY_TIMEOUT_MS", "100..30000"],
     [{ DELIVERY_TIMEOUT_MS: "30001" }, "DELIVERY_TIMEOUT_MS", "100..30000"],
     [{ DELIVERY_MAX_ATTEMPTS: "51" }, "DELIVERY_MAX_ATTEMPTS", "1..50"],
-    [{ DELIVERY_RETRY_BASE_MS: "5000", DELIVERY_RETRY_MAX_MS: "4000" }, "DELIVERY_RETRY_MAX_MS", "DELIVERY_RETRY_BASE_MS"],
+    [
+      { DELIVERY_RETRY_BASE_MS: "5000", DELIVERY_RETRY_MAX_MS: "4000" },
+      "DELIVERY_RETRY_MAX_MS",
+      "DELIVERY_RETRY_BASE_MS"
+    ],
     [{ DELIVERY_ALLOW_CIDRS: "10.0.0.0/8,nonsense" }, "DELIVERY_ALLOW_CIDRS", "CIDR"],
     [{ DELIVERY_ALLOW_CIDRS: "10.1.0.0/8" }, "DELIVERY_ALLOW_CIDRS", "CIDR"],
     [{ WEBHOOK_SECRET_ENCRYPTION_KEY: SECRET }, "WEBHOOK_SECRET_ENCRYPTION_KEY", "32-byte"],
-    [{ WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS: `${"a".repeat(64)},${SECRET}` }, "WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS", "at most 8"],
+    [
+      { WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS: `${"a".repeat(64)},${SECRET}` },
+      "WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS",
+      "at most 8"
+    ],
     [{ REDIS_URL: `http://:${SECRET}@redis` }, "REDIS_URL", "redis://"],
     [{ WEBHOOK_EVENTS_CHANNEL: "has space" }, "WEBHOOK_EVENTS_CHANNEL", "printable"],
     [{ MAINTENANCE_INTERVAL_MS: "999" }, "MAINTENANCE_INTERVAL_MS", "1000..86400000"],
     [{ PLC_DIRECTORY_URL: "http://plc.example" }, "PLC_DIRECTORY_URL", "https://"],
     [{ PLC_DIRECTORY_URL: "http://127.0.0.1:2582" }, "PLC_DIRECTORY_URL", "https://"],
-    [{ PLC_DIRECTORY_URL: "http://plc.example", NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1" }, "PLC_DIRECTORY_URL", "loopback"],
+    [
+      { PLC_DIRECTORY_URL: "http://plc.example", NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1" },
+      "PLC_DIRECTORY_URL",
+      "loopback"
+    ],
     [{ PLC_DIRECTORY_URL: `https://u:${SECRET}@plc.example` }, "PLC_DIRECTORY_URL", "credentials"],
     [{ PLC_DIRECTORY_URL: "https://plc.example/?x=1" }, "PLC_DIRECTORY_URL", "query"],
     [{ OWNER_DISCOVERY_URL: "wss://relay.example" }, "OWNER_DISCOVERY_URL", "https://"],
@@ -409,7 +500,11 @@ describe("Config", () => {
     [{ RETRY_SCHEDULER_INTERVAL_MS: "999" }, "RETRY_SCHEDULER_INTERVAL_MS", "1000..3600000"],
     [{ RETRY_SCHEDULER_BASE_MS: "99" }, "RETRY_SCHEDULER_BASE_MS", "100..3600000"],
     [{ RETRY_SCHEDULER_MAX_MS: "86400001" }, "RETRY_SCHEDULER_MAX_MS", "100..86400000"],
-    [{ RETRY_SCHEDULER_BASE_MS: "6000", RETRY_SCHEDULER_MAX_MS: "5000" }, "RETRY_SCHEDULER_MAX_MS", "RETRY_SCHEDULER_BASE_MS"],
+    [
+      { RETRY_SCHEDULER_BASE_MS: "6000", RETRY_SCHEDULER_MAX_MS: "5000" },
+      "RETRY_SCHEDULER_MAX_MS",
+      "RETRY_SCHEDULER_BASE_MS"
+    ],
     [{ RETRY_SCHEDULER_CONCURRENCY: "3" }, "RETRY_SCHEDULER_CONCURRENCY", "1..2"],
     [{ RETRY_SCHEDULER_STALE_SCAN_MS: "59999" }, "RETRY_SCHEDULER_STALE_SCAN_MS", "60000..86400000"]
   ]
@@ -418,31 +513,60 @@ describe("Config", () => {
   // any cross-field rule, so nothing else needs setting)
   const knobInvalid: ReadonlyArray<readonly [Record<string, string>, string, string]> = knobs.flatMap((k) => {
     const range = `${k.min}..${k.max}`
-    return [String(k.min - 1), String(k.max + 1), `${k.def}.0`, `+${k.def}`, `0${k.def}`, `${k.def}ms`, `-${k.def}`].map(
-      (value) => [{ [k.name]: value }, k.name, range] as const
-    )
+    return [String(k.min - 1), String(k.max + 1), `${k.def}.0`, `+${k.def}`, `0${k.def}`, `${k.def}ms`, `-${k.def}`]
+      .map(
+        (value) => [{ [k.name]: value }, k.name, range] as const
+      )
   })
   const crossField: ReadonlyArray<readonly [Record<string, string>, string, string]> = [
-    [{ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "5000", WEBHOOK_INTAKE_BACKOFF_MAX_MS: "4999" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"],
+    [
+      { WEBHOOK_INTAKE_BACKOFF_BASE_MS: "5000", WEBHOOK_INTAKE_BACKOFF_MAX_MS: "4999" },
+      "WEBHOOK_INTAKE_BACKOFF_MAX_MS",
+      "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"
+    ],
     // against the default base (1 s)
-    [{ WEBHOOK_INTAKE_BACKOFF_MAX_MS: "999" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"],
+    [
+      { WEBHOOK_INTAKE_BACKOFF_MAX_MS: "999" },
+      "WEBHOOK_INTAKE_BACKOFF_MAX_MS",
+      "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"
+    ],
     // against a default max (5 min)
-    [{ WEBHOOK_INTAKE_BACKOFF_BASE_MS: "300001" }, "WEBHOOK_INTAKE_BACKOFF_MAX_MS", "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"],
+    [
+      { WEBHOOK_INTAKE_BACKOFF_BASE_MS: "300001" },
+      "WEBHOOK_INTAKE_BACKOFF_MAX_MS",
+      "must not be below WEBHOOK_INTAKE_BACKOFF_BASE_MS"
+    ],
     // SPEC §5: max age ≥ stale, retry max ≥ base, snapshot bytes ≥ page bytes (each also against
     // the other's default)
-    [{ IDENTITY_CACHE_STALE_MS: "120000", IDENTITY_CACHE_MAX_AGE_MS: "119999" }, "IDENTITY_CACHE_MAX_AGE_MS", "must not be below IDENTITY_CACHE_STALE_MS"],
-    [{ IDENTITY_CACHE_MAX_AGE_MS: "3599999" }, "IDENTITY_CACHE_MAX_AGE_MS", "must not be below IDENTITY_CACHE_STALE_MS"],
-    [{ BACKFILL_RETRY_BASE_MS: "5000", BACKFILL_RETRY_MAX_MS: "4999" }, "BACKFILL_RETRY_MAX_MS", "must not be below BACKFILL_RETRY_BASE_MS"],
+    [
+      { IDENTITY_CACHE_STALE_MS: "120000", IDENTITY_CACHE_MAX_AGE_MS: "119999" },
+      "IDENTITY_CACHE_MAX_AGE_MS",
+      "must not be below IDENTITY_CACHE_STALE_MS"
+    ],
+    [
+      { IDENTITY_CACHE_MAX_AGE_MS: "3599999" },
+      "IDENTITY_CACHE_MAX_AGE_MS",
+      "must not be below IDENTITY_CACHE_STALE_MS"
+    ],
+    [
+      { BACKFILL_RETRY_BASE_MS: "5000", BACKFILL_RETRY_MAX_MS: "4999" },
+      "BACKFILL_RETRY_MAX_MS",
+      "must not be below BACKFILL_RETRY_BASE_MS"
+    ],
     [{ BACKFILL_RETRY_MAX_MS: "999" }, "BACKFILL_RETRY_MAX_MS", "must not be below BACKFILL_RETRY_BASE_MS"],
     [{ BACKFILL_RETRY_BASE_MS: "60001" }, "BACKFILL_RETRY_MAX_MS", "must not be below BACKFILL_RETRY_BASE_MS"],
-    [{ RECONCILE_PAGE_MAX_BYTES: "100000", RECONCILE_MAX_BYTES: "99999" }, "RECONCILE_MAX_BYTES", "must not be below RECONCILE_PAGE_MAX_BYTES"],
+    [
+      { RECONCILE_PAGE_MAX_BYTES: "100000", RECONCILE_MAX_BYTES: "99999" },
+      "RECONCILE_MAX_BYTES",
+      "must not be below RECONCILE_PAGE_MAX_BYTES"
+    ],
     [{ RECONCILE_MAX_BYTES: "524287" }, "RECONCILE_MAX_BYTES", "must not be below RECONCILE_PAGE_MAX_BYTES"],
     [{ RECONCILE_PAGE_MAX_BYTES: "10485761" }, "RECONCILE_MAX_BYTES", "must not be below RECONCILE_PAGE_MAX_BYTES"]
   ]
 
   for (const [env, variable, ruleFragment] of [...invalid, ...knobInvalid, ...crossField]) {
     it.effect(`rejects ${variable}=${JSON.stringify(Object.values(env).at(-1)).replace(SECRET, "…")}`, () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const result = yield* Effect.either(load(env))
         expect(Either.isLeft(result)).toBe(true)
         if (Either.isLeft(result)) {

@@ -14,7 +14,7 @@ const ServerTest = HttpServer.serve(Health.router).pipe(
 )
 
 const get = (path: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const client = yield* HttpClient.HttpClient
     const res = yield* client.execute(HttpClientRequest.get(path))
     const text = yield* res.text
@@ -32,7 +32,7 @@ const PHASES: ReadonlyArray<readonly [Lifecycle.Phase, number, string, number]> 
 describe("Health HTTP", () => {
   for (const [phase, liveStatus, liveBody, healthStatus] of PHASES) {
     it.scoped(`phase ${phase}: /live ${liveStatus}, /health ${healthStatus}`, () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const lifecycle = yield* Lifecycle.Lifecycle
         yield* lifecycle.setPhase(phase)
         const live = yield* get("/live")
@@ -48,7 +48,7 @@ describe("Health HTTP", () => {
   }
 
   it.scoped("phases stopping and stopped: /live says stopping, /health 503", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const lifecycle = yield* Lifecycle.Lifecycle
       yield* lifecycle.setPhase("live")
       // a shutdown blocked in a drain keeps the phase at `stopping`
@@ -69,7 +69,7 @@ describe("Health HTTP", () => {
     }).pipe(Effect.provide(ServerTest)))
 
   it.scoped("registered sections appear, are clamped, and gate readiness", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const lifecycle = yield* Lifecycle.Lifecycle
       const health = yield* Health.Health
       yield* lifecycle.setPhase("live")
@@ -81,7 +81,7 @@ describe("Health HTTP", () => {
       expect(ok.status).toBe(200)
       expect(JSON.parse(ok.text).intake).toEqual({ connected: true, queued: 1_000_000, lag: 0, kind: "protocol" })
       yield* Effect.scoped(
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           yield* health.register("backfill", Effect.succeed({ ready: false, body: { healthy: false } }))
           const down = yield* get("/health")
           expect(down.status).toBe(503)
@@ -95,16 +95,16 @@ describe("Health HTTP", () => {
     }).pipe(Effect.provide(ServerTest)))
 
   it.scoped("/metrics is Prometheus text; anything else is 404", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const counter = Metric.counter("firehook_test_things_total", { description: "things" }).pipe(
-        Metric.tagged("kind", 'we"ird')
+        Metric.tagged("kind", "we\"ird")
       )
       yield* Metric.increment(counter)
       const m = yield* get("/metrics")
       expect(m.status).toBe(200)
       expect(m.headers["content-type"]).toContain("text/plain")
       expect(m.text).toContain("# TYPE firehook_test_things_total counter")
-      expect(m.text).toContain('firehook_test_things_total{kind="we\\"ird"} 1')
+      expect(m.text).toContain("firehook_test_things_total{kind=\"we\\\"ird\"} 1")
       expect(m.text).toContain("# TYPE firehook_process_resident_memory_bytes gauge")
       for (const path of ["/nope", "/health/x", "/"]) expect((yield* get(path)).status).toBe(404)
       const client = yield* HttpClient.HttpClient
@@ -115,31 +115,33 @@ describe("Health HTTP", () => {
 
 describe("Metrics.render", () => {
   it.effect("histograms are cumulative with +Inf, sum and count", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const h = Metric.histogram("firehook_test_latency_ms", MetricBoundaries.fromIterable([10, 100]), "latency")
       yield* Metric.update(h, 5)
       yield* Metric.update(h, 50)
       yield* Metric.update(h, 500)
       const text = Metrics.render(yield* Metric.snapshot)
       expect(text).toContain("# TYPE firehook_test_latency_ms histogram")
-      expect(text).toContain('firehook_test_latency_ms_bucket{le="10"} 1')
-      expect(text).toContain('firehook_test_latency_ms_bucket{le="100"} 2')
-      expect(text).toContain('firehook_test_latency_ms_bucket{le="+Inf"} 3')
+      expect(text).toContain("firehook_test_latency_ms_bucket{le=\"10\"} 1")
+      expect(text).toContain("firehook_test_latency_ms_bucket{le=\"100\"} 2")
+      expect(text).toContain("firehook_test_latency_ms_bucket{le=\"+Inf\"} 3")
       expect(text).toContain("firehook_test_latency_ms_sum 555")
       expect(text).toContain("firehook_test_latency_ms_count 3")
     }))
 
   it.effect("labelled counters and gauges are the same series as Metric.tagged ones", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const labelled = Metrics.labelledCounter("firehook_test_labelled_total", { description: "d" }, { stream: "s1" })
       labelled.unsafeUpdate(1, [])
       yield* Metric.increment(labelled)
       // the same name and options as a Metric.counter that is tagged: one series
-      yield* Metric.increment(Metric.tagged(Metric.counter("firehook_test_labelled_total", { description: "d" }), "stream", "s1"))
+      yield* Metric.increment(
+        Metric.tagged(Metric.counter("firehook_test_labelled_total", { description: "d" }), "stream", "s1")
+      )
       const gauge = Metrics.labelledGauge("firehook_test_labelled_gauge", {}, { stream: "s1" })
       yield* Metric.set(gauge, 7)
       const text = Metrics.render(yield* Metric.snapshot)
-      expect(text).toContain('firehook_test_labelled_total{stream="s1"} 3')
-      expect(text).toContain('firehook_test_labelled_gauge{stream="s1"} 7')
+      expect(text).toContain("firehook_test_labelled_total{stream=\"s1\"} 3")
+      expect(text).toContain("firehook_test_labelled_gauge{stream=\"s1\"} 7")
     }))
 })

@@ -33,33 +33,42 @@ describe("Backoff", () => {
   })
 
   it.effect("delays draw one Random.next each (Random.fixed makes them exact)", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const full = yield* Backoff.fullJitter("100 millis", "1 second", 2)
       const equal = yield* Backoff.equalJitter("100 millis", "1 second", 2)
       expect(Duration.toMillis(full)).toBe(100) // 0.25 × 400
       expect(Duration.toMillis(equal)).toBe(250) // 400 × (0.5 + 0.125)
-    }).pipe(Effect.withRandom(Random.fixed([0.25])))
-  )
+    }).pipe(Effect.withRandom(Random.fixed([0.25]))))
 
   it.effect("schedules: full jitter with a floor, equal jitter, both capped", () =>
-    Effect.gen(function* () {
-      expect(yield* delays(Backoff.fullJitterSchedule({ base: "100 millis", cap: "1 second", min: "30 millis" }), 6)).toEqual([
-        50, 100, 200, 400, 500, 500
-      ])
+    Effect.gen(function*() {
+      expect(yield* delays(Backoff.fullJitterSchedule({ base: "100 millis", cap: "1 second", min: "30 millis" }), 6))
+        .toEqual([
+          50,
+          100,
+          200,
+          400,
+          500,
+          500
+        ])
       expect(yield* delays(Backoff.fullJitterSchedule({ base: "100 millis", cap: "1 second" }), 1)).toEqual([50])
       expect(yield* delays(Backoff.equalJitterSchedule({ base: "100 millis", cap: "1 second" }), 5)).toEqual([
-        75, 150, 300, 600, 750
+        75,
+        150,
+        300,
+        600,
+        750
       ])
-    }).pipe(Effect.withRandom(Random.fixed([0.5])))
-  )
+    }).pipe(Effect.withRandom(Random.fixed([0.5]))))
 })
 
 describe("RateLimitedLog", () => {
   it.effect("lets a key through once per interval and counts what it held back", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const lines: Array<string> = []
       const limiter = RateLimitedLog.make({ everyMs: 60_000 })
-      const log = (key: string) => limiter.run(key, (suppressed) => Effect.sync(() => void lines.push(`${key} suppressed=${suppressed}`)))
+      const log = (key: string) =>
+        limiter.run(key, (suppressed) => Effect.sync(() => void lines.push(`${key} suppressed=${suppressed}`)))
       yield* log("a")
       yield* log("a")
       yield* log("b")
@@ -68,19 +77,17 @@ describe("RateLimitedLog", () => {
       yield* TestClock.adjust("1 second")
       yield* log("a")
       expect(lines).toEqual(["a suppressed=0", "b suppressed=0", "a suppressed=2"])
-    })
-  )
+    }))
 
   it.effect("its memory of keys is bounded", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const lines: Array<string> = []
       const limiter = RateLimitedLog.make({ maxKeys: 2 })
       const log = (key: string) => limiter.run(key, () => Effect.sync(() => void lines.push(key)))
       for (const k of ["a", "b", "c", "d", "a"]) yield* log(k)
       // past the bound the memory is cleared, so `a` is let through again at once
       expect(lines).toEqual(["a", "b", "c", "d", "a"])
-    })
-  )
+    }))
 })
 
 describe("ErrorCode", () => {
@@ -107,7 +114,7 @@ describe("LockKeys", () => {
 
 describe("Metrics.labelledCounterFamily", () => {
   it.effect("one counter per label set, made once", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const family = Metrics.labelledCounterFamily("firehook_test_family_total", { incremental: true })
       expect(family({ outcome: "ok" })).toBe(family({ outcome: "ok" }))
       expect(family({ outcome: "ok" })).not.toBe(family({ outcome: "failed" }))
@@ -115,19 +122,17 @@ describe("Metrics.labelledCounterFamily", () => {
       yield* Metric.increment(family({ outcome: "ok" }))
       const state = yield* Metric.value(family({ outcome: "ok" }))
       expect(state.count).toBe(2)
-    })
-  )
+    }))
 })
 
 describe("Health.statsSection", () => {
   it.effect("copies the named fields in order and asks `ready`", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const stats = Effect.succeed({ connected: true, dropped: 3, secret: "x" })
       const section = yield* Health.statsSection(stats, ["dropped", "connected"], (s) => s.connected)
       expect(section).toEqual({ ready: true, body: { dropped: 3, connected: true } })
       expect(Object.keys(section.body)).toEqual(["dropped", "connected"])
       const always = yield* Health.statsSection(Effect.succeed({ connected: false }), ["connected"])
       expect(always.ready).toBe(true)
-    })
-  )
+    }))
 })

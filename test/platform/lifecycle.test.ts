@@ -4,7 +4,7 @@ import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 
 describe("Lifecycle", () => {
   it.effect("starts in `starting` and moves through the phases", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const l = yield* Lifecycle.make({ shutdownTimeout: "30 seconds" })
       expect(yield* l.phase).toBe("starting")
       yield* l.setPhase("reconciling-live")
@@ -21,9 +21,11 @@ describe("Lifecycle", () => {
   it.effect("a phase the guard refuses (during or after shutdown) is not logged as the new phase", () => {
     const phases: Array<unknown> = []
     const capture = Logger.make(({ annotations, message }) => {
-      if (Array.isArray(message) ? message[0] === "phase" : message === "phase") phases.push(HashMap.get(annotations, "phase").pipe(Option.getOrUndefined))
+      if (Array.isArray(message) ? message[0] === "phase" : message === "phase") {
+        phases.push(HashMap.get(annotations, "phase").pipe(Option.getOrUndefined))
+      }
     })
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const l = yield* Lifecycle.make({ shutdownTimeout: "30 seconds" })
       yield* l.setPhase("live")
       yield* l.shutdown
@@ -33,7 +35,7 @@ describe("Lifecycle", () => {
   })
 
   it.effect("runs the stages in the order of SPEC §6.3, whatever the registration order", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const l = yield* Lifecycle.make({ shutdownTimeout: "30 seconds" })
       const order = yield* Ref.make<ReadonlyArray<string>>([])
       const mark = (name: string) => Ref.update(order, (xs) => [...xs, name])
@@ -59,11 +61,15 @@ describe("Lifecycle", () => {
     }))
 
   it.effect("a hung drain is cut at the deadline (TestClock) and the shutdown is not clean", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const l = yield* Lifecycle.make({ shutdownTimeout: "5 seconds" })
       const interrupted = yield* Deferred.make<void>()
       const sharedClosed = yield* Ref.make(false)
-      yield* l.registerStop("delivery", "hung", Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined))))
+      yield* l.registerStop(
+        "delivery",
+        "hung",
+        Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
+      )
       yield* l.registerStop("shared-clients", "db", Ref.set(sharedClosed, true))
       const fiber = yield* Effect.fork(l.shutdown)
       yield* TestClock.adjust(Duration.seconds(4))
@@ -80,7 +86,7 @@ describe("Lifecycle", () => {
     }))
 
   it.effect("the deadline is shared: later parts get only what is left", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const l = yield* Lifecycle.make({ shutdownTimeout: "10 seconds" })
       yield* l.registerStop("http", "slow", Effect.sleep("8 seconds"))
       yield* l.registerStop("delivery", "slower", Effect.sleep("3 seconds"))
@@ -91,17 +97,21 @@ describe("Lifecycle", () => {
     }))
 
   it.effect("a failing drain makes the shutdown unclean", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const l = yield* Lifecycle.make({ shutdownTimeout: "10 seconds" })
       yield* l.registerStop("intake-stop", "broken", Effect.fail("boom"))
       expect((yield* l.shutdown).clean).toBe(false)
     }))
 
   it.effect("shutdown is idempotent: concurrent and repeated calls share one run", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const l = yield* Lifecycle.make({ shutdownTimeout: "10 seconds" })
       const runs = yield* Ref.make(0)
-      yield* l.registerStop("http", "counted", Ref.update(runs, (n) => n + 1).pipe(Effect.zipRight(Effect.sleep("1 second"))))
+      yield* l.registerStop(
+        "http",
+        "counted",
+        Ref.update(runs, (n) => n + 1).pipe(Effect.zipRight(Effect.sleep("1 second")))
+      )
       const a = yield* Effect.fork(l.shutdown)
       const b = yield* Effect.fork(l.shutdown)
       yield* TestClock.adjust(Duration.seconds(1))

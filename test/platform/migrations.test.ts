@@ -1,8 +1,8 @@
+import * as Reactivity from "@effect/experimental/Reactivity"
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import * as Migrator from "@effect/sql/Migrator"
 import { describe, expect, it } from "@effect/vitest"
-import * as Reactivity from "@effect/experimental/Reactivity"
 import { Effect } from "effect"
 import * as Migrations from "../../src/services/platform/Migrations.js"
 import * as Db from "../support/db.js"
@@ -31,7 +31,7 @@ const client = (url: Parameters<typeof PgClient.make>[0]["url"]) =>
 
 describe("Migrations", () => {
   it.scoped("run twice, and concurrently from two clients, without error", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const { url } = yield* Db.freshDatabase
       const a = yield* client(url)
       const b = yield* client(url)
@@ -51,7 +51,7 @@ describe("Migrations", () => {
     }))
 
   it.scoped("five concurrent runners on a fresh database: exactly one applies", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const { url } = yield* Db.freshDatabase
       const clients = yield* Effect.all(Array.from({ length: 5 }, () => client(url)))
       const results = yield* Effect.all(
@@ -64,7 +64,7 @@ describe("Migrations", () => {
     }))
 
   it.scoped("0002 adds outbox.origin to a database created by 0001, keeping its rows (origin NULL)", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const { url } = yield* Db.freshDatabase
       const c = yield* client(url)
       const first = Migrator.make({})({
@@ -83,7 +83,7 @@ describe("Migrations", () => {
 
   it.layer(Db.layer())("the schema", (it) => {
     it.effect("has the due-row index the delivery worker needs", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
         const idx = yield* sql<{ indexname: string }>`
           SELECT indexname FROM pg_indexes WHERE tablename = 'outbox' ORDER BY indexname`
@@ -93,4 +93,3 @@ describe("Migrations", () => {
       }))
   })
 })
-

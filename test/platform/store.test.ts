@@ -7,7 +7,7 @@ import { STORE_TIMEOUT, StoreError, storeOp, storeOpWithin } from "../../src/ser
 
 describe("storeOp / storeOpWithin", () => {
   it.effect("a failure becomes StoreError with the driver's code and nothing else", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const exit = yield* Effect.exit(
         Effect.fail({ cause: { code: "40P01", detail: "value 'secret'" } }).pipe(storeOp("outbox.claim"))
       )
@@ -15,7 +15,7 @@ describe("storeOp / storeOpWithin", () => {
     }))
 
   it.effect("a call that does not answer fails as a timeout at its deadline, not before", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const fiber = yield* Effect.fork(Effect.never.pipe(storeOpWithin("registry.markGone", "15 seconds")))
       yield* TestClock.adjust("14999 millis")
       expect(fiber.unsafePoll()).toBeNull()
@@ -25,12 +25,12 @@ describe("storeOp / storeOpWithin", () => {
     }))
 
   it.effect("an answer within the deadline passes through", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       expect(yield* Effect.succeed(7).pipe(storeOpWithin("x", "1 second"))).toBe(7)
     }))
 
   it.effect("storeOp itself is bounded by STORE_TIMEOUT (60 s)", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       expect(STORE_TIMEOUT).toBe("60 seconds")
       const fiber = yield* Effect.fork(Effect.never.pipe(storeOp("cursors.save")))
       yield* TestClock.adjust("59 seconds")

@@ -7,23 +7,27 @@
  */
 import { describe, expect, layer } from "@effect/vitest"
 import { Deferred, Effect, Either, Fiber, Layer } from "effect"
-import * as Backfill from "../../src/services/reconciliation/Backfill.js"
+import { validateWhRecord } from "../../src/schemas/WhRecord.js"
+import { Processor } from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
+import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import { INITIAL_PASS, ReconcileStore, type ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
-import * as ReconcileStoreMod from "../../src/services/reconciliation/ReconcileStore.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
+import * as Backfill from "../../src/services/reconciliation/Backfill.js"
 import { type ReconcileOutcome, Reconciler } from "../../src/services/reconciliation/Reconciler.js"
+import {
+  INITIAL_PASS,
+  ReconcileStore,
+  type ReconcileStoreShape
+} from "../../src/services/reconciliation/ReconcileStore.js"
+import * as ReconcileStoreMod from "../../src/services/reconciliation/ReconcileStore.js"
 import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
-import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
-import { StoreError } from "../../src/services/platform/Persistence.js"
-import { validateWhRecord } from "../../src/schemas/WhRecord.js"
-import { didDoc, fakeServer } from "../support/fakeAtproto.js"
 import * as Db from "../support/db.js"
+import { didDoc, fakeServer } from "../support/fakeAtproto.js"
 import { Fakes, reconcileStack, waitFor } from "../support/reconcile.js"
 import { plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
-import { Processor } from "../../src/services/matching/Processor.js"
 
 // ---------------------------------------------------------------------------------------------
 // Fakes
@@ -35,14 +39,22 @@ interface Recon {
   hook: (did: string) => Effect.Effect<void>
 }
 
-const COMPLETE: ReconcileOutcome = { _tag: "complete", records: 0, invalid: 0, written: 0, deleted: 0, pages: 1, repoFound: true }
+const COMPLETE: ReconcileOutcome = {
+  _tag: "complete",
+  records: 0,
+  invalid: 0,
+  written: 0,
+  deleted: 0,
+  pages: 1,
+  repoFound: true
+}
 
 const newRecon = (): Recon => ({ calls: [], outcome: () => COMPLETE, hook: () => Effect.void })
 
 const fakeReconciler = (recon: Recon) =>
   Layer.succeed(Reconciler, {
     reconcile: (did) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         recon.calls.push(did)
         yield* recon.hook(did)
         return recon.outcome(did)
@@ -114,7 +126,7 @@ describe("Backfill passes", () => {
     it.scoped("1,001 owners with a pass cap of 1,000: the continuation is stored and the next pass finishes", () => {
       const recon = newRecon()
       const owners = dids(10_000, 1_001)
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         yield* addOwners(owners)
         const b = yield* Backfill.make(FAST)
         const first = yield* b.runPass
@@ -140,7 +152,7 @@ describe("Backfill passes", () => {
 
     it.scoped("a crash during page k+1 resumes at page k+1", () => {
       const recon = newRecon()
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         const all = yield* Effect.flatMap(store, (s) => s.ownersPage(undefined, 2_000))
         const gate = yield* Deferred.make<void>()
         const pages = [all.slice(0, 50), all.slice(50, 100), all.slice(100, 150)]
@@ -166,7 +178,7 @@ describe("Backfill passes", () => {
 
     it.scoped("owner failures are counted and the pass goes on; a busy owner is left to the RetryScheduler", () => {
       const recon = newRecon()
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         // finish whatever pass is in progress, then a pass over all owners
         const b = yield* Backfill.make(FAST)
         let r = yield* b.runPass
@@ -199,7 +211,7 @@ describe("Backfill passes", () => {
     it.scoped("stored records ∪ the stream ∪ the relay's listReposByCollection (paged) ∪ the operator list", () => {
       const recon = newRecon()
       const [stored, streamed, relay1, relay2, relay3, operator, cli, unknown] = dids(20_000, 8)
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         // a stored record (no owners row) and an owner seen on the stream
         const v = validateWhRecord(whRecordValue(`at://${plc(1)}`), { allowInsecureDev: false })
         if (Either.isLeft(v)) return yield* Effect.die("fixture")
@@ -207,8 +219,7 @@ describe("Backfill passes", () => {
           Effect.zipRight(
             s.upsert(toRow(stored ?? "", "w", v.right.record, v.right.scope, rev(1), 1, undefined, true)),
             s.bumpGeneration(streamed ?? "")
-          )
-        )
+          ))
         yield* Effect.flatMap(store, (s) => s.addOwners([cli ?? ""], "operator"))
         // an owner row that came from nowhere listed (e.g. a scan) is not a known owner
         yield* Effect.flatMap(store, (s) => s.begin(unknown ?? "", { maxOtherScanning: 8, staleScanMs: 900_000 }))
@@ -232,9 +243,9 @@ describe("Backfill passes", () => {
 
     it.scoped("a relay that fails is counted; the pass goes on with the owners it knows", () => {
       const recon = newRecon()
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         const relay = yield* fakeServer(() => ({ status: 503, body: "{}" }))
-        const stats = yield* Effect.gen(function* () {
+        const stats = yield* Effect.gen(function*() {
           const b = yield* Backfill.make(FAST)
           const r = yield* b.runPass
           expect(r.completed).toBe(true)
@@ -246,77 +257,80 @@ describe("Backfill passes", () => {
     })
   })
 
-  layer(Db.layer(), { timeout: "120 seconds", excludeTestServices: true })("the database goes down during the pass", (it) => {
-    it.scoped("infrastructure unhealthy and not ready while down; the pass resumes from its continuation", () => {
-      const recon = newRecon()
-      const down = { value: false }
-      const owners = dids(30_000, 120)
-      const lifecycleLayer = Lifecycle.layer({ shutdownTimeout: "5 seconds" })
-      const layers = Backfill.layer(FAST).pipe(
-        Layer.provideMerge(Health.layer),
-        Layer.provideMerge(lifecycleLayer),
-        Layer.provideMerge(downable(down)),
-        Layer.provideMerge(env(recon))
-      )
-      return Effect.gen(function* () {
-        yield* addOwners(owners)
-        const lifecycle = yield* Lifecycle.Lifecycle
-        const health = yield* Health.Health
-        const backfill = yield* Backfill.Backfill
-        yield* lifecycle.setPhase("reconciling-live")
-        expect((yield* health.report).ready).toBe(true)
-        // the database dies while page 2 is being reconciled
-        const crashAt = owners[60] ?? ""
-        recon.hook = (did) => Effect.sync(() => void (did === crashAt && (down.value = true)))
-        yield* backfill.start
-        yield* waitFor(() => recon.calls.includes(crashAt))
-        yield* Effect.promise(() => new Promise((r) => setTimeout(r, 50)))
-        const report = yield* health.report
-        expect(report.ready).toBe(false)
-        expect(report.body["backfill"]).toMatchObject({ infrastructureHealthy: false, initialPassDone: false })
-        // it comes back: the pass resumes from page 2 (page 1 is not redone)
-        recon.hook = () => Effect.void
-        const before = recon.calls.length
-        down.value = false
-        yield* backfill.awaitInitialPass
-        const after = recon.calls.slice(before)
-        expect(after.slice(0, 50)).toEqual(owners.slice(50, 100))
-        expect(after).not.toContain(owners[0])
-        expect(new Set(recon.calls)).toEqual(new Set(owners))
-        const healthy = yield* health.report
-        expect(healthy.ready).toBe(true)
-        expect(healthy.body["backfill"]).toMatchObject({
-          running: false,
-          infrastructureHealthy: true,
-          initialPassDone: true
-        })
-        // no DID in the health body
-        expect(JSON.stringify(healthy.body)).not.toContain("did:")
-      }).pipe(Effect.provide(layers))
-    }, 60_000)
+  layer(Db.layer(), { timeout: "120 seconds", excludeTestServices: true })(
+    "the database goes down during the pass",
+    (it) => {
+      it.scoped("infrastructure unhealthy and not ready while down; the pass resumes from its continuation", () => {
+        const recon = newRecon()
+        const down = { value: false }
+        const owners = dids(30_000, 120)
+        const lifecycleLayer = Lifecycle.layer({ shutdownTimeout: "5 seconds" })
+        const layers = Backfill.layer(FAST).pipe(
+          Layer.provideMerge(Health.layer),
+          Layer.provideMerge(lifecycleLayer),
+          Layer.provideMerge(downable(down)),
+          Layer.provideMerge(env(recon))
+        )
+        return Effect.gen(function*() {
+          yield* addOwners(owners)
+          const lifecycle = yield* Lifecycle.Lifecycle
+          const health = yield* Health.Health
+          const backfill = yield* Backfill.Backfill
+          yield* lifecycle.setPhase("reconciling-live")
+          expect((yield* health.report).ready).toBe(true)
+          // the database dies while page 2 is being reconciled
+          const crashAt = owners[60] ?? ""
+          recon.hook = (did) => Effect.sync(() => void (did === crashAt && (down.value = true)))
+          yield* backfill.start
+          yield* waitFor(() => recon.calls.includes(crashAt))
+          yield* Effect.promise(() => new Promise((r) => setTimeout(r, 50)))
+          const report = yield* health.report
+          expect(report.ready).toBe(false)
+          expect(report.body["backfill"]).toMatchObject({ infrastructureHealthy: false, initialPassDone: false })
+          // it comes back: the pass resumes from page 2 (page 1 is not redone)
+          recon.hook = () => Effect.void
+          const before = recon.calls.length
+          down.value = false
+          yield* backfill.awaitInitialPass
+          const after = recon.calls.slice(before)
+          expect(after.slice(0, 50)).toEqual(owners.slice(50, 100))
+          expect(after).not.toContain(owners[0])
+          expect(new Set(recon.calls)).toEqual(new Set(owners))
+          const healthy = yield* health.report
+          expect(healthy.ready).toBe(true)
+          expect(healthy.body["backfill"]).toMatchObject({
+            running: false,
+            infrastructureHealthy: true,
+            initialPassDone: true
+          })
+          // no DID in the health body
+          expect(JSON.stringify(healthy.body)).not.toContain("did:")
+        }).pipe(Effect.provide(layers))
+      }, 60_000)
 
-    it.scoped("stop interrupts the running pass (the Lifecycle stage `backfill`)", () => {
-      const recon = newRecon()
-      const layers = Backfill.layer(FAST).pipe(
-        Layer.provideMerge(Health.layer),
-        Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: "5 seconds" })),
-        Layer.provideMerge(ReconcileStoreMod.layerSql),
-        Layer.provideMerge(env(recon))
-      )
-      return Effect.gen(function* () {
-        yield* addOwners(dids(40_000, 3))
-        const interrupted = yield* Deferred.make<void>()
-        recon.hook = () => Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
-        const backfill = yield* Backfill.Backfill
-        yield* backfill.start
-        yield* waitFor(() => recon.calls.length > 0)
-        const report = yield* (yield* Lifecycle.Lifecycle).shutdown
-        expect(report.clean).toBe(true)
-        yield* Deferred.await(interrupted)
-        expect((yield* backfill.stats).running).toBe(false)
-      }).pipe(Effect.provide(layers))
-    })
-  })
+      it.scoped("stop interrupts the running pass (the Lifecycle stage `backfill`)", () => {
+        const recon = newRecon()
+        const layers = Backfill.layer(FAST).pipe(
+          Layer.provideMerge(Health.layer),
+          Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: "5 seconds" })),
+          Layer.provideMerge(ReconcileStoreMod.layerSql),
+          Layer.provideMerge(env(recon))
+        )
+        return Effect.gen(function*() {
+          yield* addOwners(dids(40_000, 3))
+          const interrupted = yield* Deferred.make<void>()
+          recon.hook = () => Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
+          const backfill = yield* Backfill.Backfill
+          yield* backfill.start
+          yield* waitFor(() => recon.calls.length > 0)
+          const report = yield* (yield* Lifecycle.Lifecycle).shutdown
+          expect(report.clean).toBe(true)
+          yield* Deferred.await(interrupted)
+          expect((yield* backfill.stats).running).toBe(false)
+        }).pipe(Effect.provide(layers))
+      })
+    }
+  )
 })
 
 describe("Backfill with the real Reconciler", () => {
@@ -329,21 +343,23 @@ describe("Backfill with the real Reconciler", () => {
     { timeout: "120 seconds", excludeTestServices: true }
   )("against a fake PDS", (it) => {
     it.effect("the initial pass reconciles every known owner and swaps them into memory", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const fakes = yield* Fakes
         const [a, b, c] = dids(50_000, 3)
         const hook = (n: number) => whRecordValue(`at://${plc(n)}`)
         for (const did of [a, b]) fakes.docs.set(did ?? "", didDoc(did ?? "", fakes.pds.url))
         fakes.docs.set(c ?? "", didDoc(c ?? "", "http://169.254.169.254"))
-        fakes.repos.set(a ?? "", { rev: rev(100), records: [{ rkey: "x", value: hook(1) }, { rkey: "y", value: hook(2) }] })
+        fakes.repos.set(a ?? "", {
+          rev: rev(100),
+          records: [{ rkey: "x", value: hook(1) }, { rkey: "y", value: hook(2) }]
+        })
         fakes.repos.set(b ?? "", { rev: rev(100), records: [] })
         // c's PDS fails: counted, the pass goes on, c keeps its registration
         yield* Effect.flatMap(Processor, (p) =>
           p.processEvents(
             [whEv(b ?? "", "old", hook(3), { rev: rev(1) }), whEv(c ?? "", "kept", hook(4), { rev: rev(1) })],
             { registryWriter: true }
-          )
-        )
+          ))
         yield* Effect.flatMap(store, (s) => s.addOwners([a ?? ""], "operator"))
         const backfill = yield* Backfill.Backfill
         yield* backfill.start

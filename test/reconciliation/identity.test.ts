@@ -6,8 +6,13 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Either, Layer, TestClock } from "effect"
 import * as Config from "../../src/services/platform/Config.js"
+import {
+  SafeHttp,
+  SafeHttpError,
+  type SafeRequest,
+  type SafeResponse
+} from "../../src/services/platform/http/SafeHttp.js"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
-import { SafeHttp, SafeHttpError, type SafeRequest, type SafeResponse } from "../../src/services/platform/http/SafeHttp.js"
 import { didDoc } from "../support/fakeAtproto.js"
 import { plc, testConfig } from "../support/stack.js"
 
@@ -35,7 +40,7 @@ const response = (status: number, value: unknown): SafeResponse => ({
 const fakeHttpLayer = (fake: FakeHttp) =>
   Layer.succeed(SafeHttp, {
     request: (req: SafeRequest) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         fake.requests.push(req.url)
         if (fake.gate !== undefined) yield* Deferred.await(fake.gate)
         if (fake.fail) return yield* Effect.fail(new SafeHttpError({ kind: "network" }))
@@ -60,7 +65,7 @@ const resolve = (did: string) => Effect.flatMap(Identity.Identity, (i) => i.reso
 const resolveEither = (did: string) => Effect.either(resolve(did))
 
 /** Let forked fibers (the background refresh) run. */
-const settle = Effect.gen(function* () {
+const settle = Effect.gen(function*() {
   for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
 })
 
@@ -76,7 +81,9 @@ describe("Identity: document URLs and validation", () => {
 
   it("PDS endpoint URL rules", () => {
     expect(Identity.normalizePdsEndpoint("https://pds.example.com/", false)).toBe("https://pds.example.com")
-    expect(Identity.normalizePdsEndpoint("https://pds.example.com:8443/base/", false)).toBe("https://pds.example.com:8443/base")
+    expect(Identity.normalizePdsEndpoint("https://pds.example.com:8443/base/", false)).toBe(
+      "https://pds.example.com:8443/base"
+    )
     expect(Identity.normalizePdsEndpoint("http://pds.example.com", false)).toBeUndefined()
     expect(Identity.normalizePdsEndpoint("http://127.0.0.1:2583", false)).toBeUndefined()
     expect(Identity.normalizePdsEndpoint("http://127.0.0.1:2583", true)).toBe("http://127.0.0.1:2583")
@@ -113,10 +120,11 @@ describe("Identity: document URLs and validation", () => {
     fake.answers.set(url(d(7)), { status: 200, raw: "{not json" })
     fake.answers.set(url(d(8)), { id: d(8), service: Array.from({ length: 65 }, () => ({})) })
     fake.answers.set(url(d(9)), didDoc(d(9), "ftp://pds.example"))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       expect(yield* resolve(d(0))).toBe("https://first.example")
-      const kinds = yield* Effect.forEach(dids.slice(1, 11), (did) =>
-        Effect.map(resolveEither(did), (r) => (Either.isLeft(r) ? r.left.kind : "ok"))
+      const kinds = yield* Effect.forEach(
+        dids.slice(1, 11),
+        (did) => Effect.map(resolveEither(did), (r) => (Either.isLeft(r) ? r.left.kind : "ok"))
       )
       expect(kinds).toEqual([
         "identity_invalid",
@@ -143,7 +151,7 @@ describe("Identity: document URLs and validation", () => {
   it.effect("insecure development mode allows a loopback http PDS", () => {
     const fake = newFake()
     fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "http://127.0.0.1:2583"))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       expect(yield* resolve(ALICE)).toBe("http://127.0.0.1:2583")
     }).pipe(Effect.provide(identityLayer(fake, {}, { NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1" })))
   })
@@ -153,7 +161,7 @@ describe("Identity: the cache under TestClock", () => {
   it.scoped("fresh entries are served from the cache", () => {
     const fake = newFake()
     fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://one.example"))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       expect(yield* resolve(ALICE)).toBe("https://one.example")
       yield* TestClock.adjust("59 minutes")
       expect(yield* resolve(ALICE)).toBe("https://one.example")
@@ -164,7 +172,7 @@ describe("Identity: the cache under TestClock", () => {
   it.scoped("a stale entry is served at once and refreshed in the background (once)", () => {
     const fake = newFake()
     fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://one.example"))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       expect(yield* resolve(ALICE)).toBe("https://one.example")
       fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://two.example"))
       fake.gate = yield* Deferred.make<void>()
@@ -186,7 +194,7 @@ describe("Identity: the cache under TestClock", () => {
   it.scoped("a failed background refresh keeps serving the stale entry until it expires", () => {
     const fake = newFake()
     fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://one.example"))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       yield* resolve(ALICE)
       fake.fail = true
       yield* TestClock.adjust("2 hours")
@@ -205,7 +213,7 @@ describe("Identity: the cache under TestClock", () => {
   it.scoped("an expired entry is refetched before answering", () => {
     const fake = newFake()
     fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://one.example"))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       yield* resolve(ALICE)
       fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://two.example"))
       yield* TestClock.adjust("24 hours")
@@ -217,7 +225,7 @@ describe("Identity: the cache under TestClock", () => {
   it.scoped("#identity invalidates: the next lookup fetches; a refresh begun before never writes back", () => {
     const fake = newFake()
     fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://one.example"))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const identity = yield* Identity.Identity
       yield* resolve(ALICE)
       yield* identity.invalidate(ALICE)
@@ -243,7 +251,7 @@ describe("Identity: the cache under TestClock", () => {
   it.scoped("the cache is bounded: the least recently used entry is evicted", () => {
     const fake = newFake()
     for (const did of [ALICE, BOB, CAROL]) fake.answers.set(`${PLC}/${did}`, didDoc(did, "https://pds.example"))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       yield* resolve(ALICE)
       yield* resolve(BOB)
       yield* resolve(ALICE) // ALICE is now the most recently used

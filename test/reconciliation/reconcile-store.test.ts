@@ -5,7 +5,7 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
-import { ReconcileStore, layerSql } from "../../src/services/reconciliation/ReconcileStore.js"
+import { layerSql, ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
 import * as Db from "../support/db.js"
 import { plc } from "../support/stack.js"
 
@@ -18,7 +18,7 @@ const completeAt = (did: string, secondsAgo: number) =>
 
 describe("ReconcileStore.completedSince", () => {
   it.scopedLive("a completion whose transaction started earlier but committed later is not skipped", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* ReconcileStore
       const start = yield* store.completedCursor(10 * 60_000)
       // Y completed 30 s ago: within the settle time (35 s here), not read yet
@@ -38,7 +38,7 @@ describe("ReconcileStore.completedSince", () => {
     }).pipe(Effect.provide(stack)))
 
   it.scopedLive("the default settle time is 90 s", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* ReconcileStore
       const start = yield* store.completedCursor(10 * 60_000)
       yield* completeAt(plc(3), 80)
@@ -49,7 +49,7 @@ describe("ReconcileStore.completedSince", () => {
 
 describe("ReconcileStore.retryCandidates", () => {
   it.scopedLive("a crashed scan (scanning past staleScanMs) is marked failed, even when failed owners fill every slot", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const store = yield* ReconcileStore
       const sql = yield* SqlClient.SqlClient
       for (let i = 0; i < 20; i++) {
@@ -63,7 +63,11 @@ describe("ReconcileStore.retryCandidates", () => {
       const got = yield* store.retryCandidates({ limit: 16, staleScanMs: 15 * 60_000, exclude: [] })
       expect(got.map((c) => c.did)).toEqual(Array.from({ length: 16 }, (_, i) => plc(100 + i)))
       // the crashed scan no longer defers its owner's deliveries; it waits its turn as a failure
-      expect(yield* store.ownerState(plc(200))).toMatchObject({ status: "failed", lastFailureKind: "scan_crashed", failureCount: 1 })
+      expect(yield* store.ownerState(plc(200))).toMatchObject({
+        status: "failed",
+        lastFailureKind: "scan_crashed",
+        failureCount: 1
+      })
       // a scan that is merely running stays
       expect((yield* store.ownerState(plc(201)))?.status).toBe("scanning")
     }).pipe(Effect.provide(stack)))

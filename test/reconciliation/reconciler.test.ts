@@ -6,14 +6,22 @@
  */
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
-import { Processor } from "../../src/services/matching/Processor.js"
-import { ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
-import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
-import { Registry } from "../../src/services/registry/Registry.js"
-import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { tidFromMicros, tidToMicros } from "../../src/schemas/Tid.js"
-import { didDoc, type FakeRecord, type FakeRepo, type FakeResponse, fakeServer, listRecordsRequests, pdsHandler } from "../support/fakeAtproto.js"
+import { Processor } from "../../src/services/matching/Processor.js"
+import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
+import { ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
+import { Registry } from "../../src/services/registry/Registry.js"
+import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
+import {
+  didDoc,
+  type FakeRecord,
+  type FakeRepo,
+  type FakeResponse,
+  fakeServer,
+  listRecordsRequests,
+  pdsHandler
+} from "../support/fakeAtproto.js"
 import { Fakes, reconcileStack, waitFor } from "../support/reconcile.js"
 import { ev, plc, rev, whEv, whRecordValue } from "../support/stack.js"
 
@@ -24,7 +32,7 @@ const hook = (url = "https://receiver.example/hook") => whRecordValue(`at://${BO
 
 /** Publish `did`'s DID document (PDS = the fake PDS unless given) and its repo. */
 const setup = (did: string, records: ReadonlyArray<FakeRecord>, options: { rev?: string; pds?: string } = {}) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const fakes = yield* Fakes
     fakes.docs.set(did, didDoc(did, options.pds ?? fakes.pds.url))
     fakes.repos.set(did, { rev: options.rev, records: [...records] })
@@ -57,7 +65,7 @@ const postBy = (scope: string) => ev(scope, POST, `p${++postN}`, { rev: rev(5_00
 describe("Reconciler", () => {
   layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })("snapshots", (it) => {
     it.effect("pages with the cursor URL-encoded; invalid and unsafe-URL records omitted; absent rows deleted with tombstones", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const did = plc(1)
         const fakes = yield* Fakes
         // stored before: one record the PDS no longer has, one it still has
@@ -112,7 +120,7 @@ describe("Reconciler", () => {
       }))
 
     it.effect("without getLatestCommit the snapshot rev is a TID of the scan's start", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const did = plc(2)
         yield* setup(did, [{ rkey: "a", value: hook() }])
         const before = Date.now() * 1000
@@ -125,7 +133,7 @@ describe("Reconciler", () => {
       }))
 
     it.effect("a getLatestCommit rev far in the future is not trusted", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const did = plc(5)
         const future = tidFromMicros((Date.now() + 3_600_000) * 1000)
         yield* setup(did, [{ rkey: "a", value: hook() }], { rev: future })
@@ -136,7 +144,7 @@ describe("Reconciler", () => {
       }))
 
     it.effect("'Could not find repo' on the first page: an empty snapshot deletes the owner's rows; identity invalidated", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const did = plc(3)
         const fakes = yield* Fakes
         yield* live([whEv(did, "w1", hook(), { rev: rev(1) }), whEv(did, "w2", hook(), { rev: rev(2) })])
@@ -159,7 +167,7 @@ describe("Reconciler", () => {
       }))
 
     it.effect("'not found' from a cached PDS the account has left: the scan fails (pds_moved), nothing is deleted, the next one reads the new PDS", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const did = plc(6)
         const fakes = yield* Fakes
         yield* setup(did, [{ rkey: "a", value: hook() }, { rkey: "b", value: hook() }])
@@ -167,11 +175,14 @@ describe("Reconciler", () => {
         expect(yield* memoryRkeys(did)).toEqual(["a", "b"])
         // the account moves to another PDS; the old one no longer has the repo; our cache still
         // points at the old one
-        const otherRepos = new Map<string, FakeRepo>([[did, { rev: undefined, records: [
-          { rkey: "a", value: hook() },
-          { rkey: "b", value: hook() },
-          { rkey: "c", value: hook() }
-        ] }]])
+        const otherRepos = new Map<string, FakeRepo>([[did, {
+          rev: undefined,
+          records: [
+            { rkey: "a", value: hook() },
+            { rkey: "b", value: hook() },
+            { rkey: "c", value: hook() }
+          ]
+        }]])
         const other = yield* fakeServer(pdsHandler(otherRepos))
         fakes.docs.set(did, didDoc(did, other.url))
         fakes.repos.delete(did)
@@ -184,7 +195,7 @@ describe("Reconciler", () => {
       }).pipe(Effect.scoped))
 
     it.effect("a private PDS endpoint in the DID document is rejected before any PDS call", () =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const did = plc(4)
         const fakes = yield* Fakes
         yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
@@ -193,7 +204,11 @@ describe("Reconciler", () => {
         expect(yield* reconcile(did)).toEqual({ _tag: "failed", kind: "pds_unsafe" })
         expect(fakes.pds.requests.length).toBe(before)
         expect(yield* storedRkeys(did)).toEqual(["w"])
-        expect(yield* ownerState(did)).toMatchObject({ status: "failed", lastFailureKind: "pds_unsafe", failureCount: 1 })
+        expect(yield* ownerState(did)).toMatchObject({
+          status: "failed",
+          lastFailureKind: "pds_unsafe",
+          failureCount: 1
+        })
         // https to a private address is refused the same way
         fakes.docs.set(did, didDoc(did, "https://10.0.0.8"))
         expect(yield* reconcile(did)).toEqual({ _tag: "failed", kind: "pds_unsafe" })
@@ -203,214 +218,243 @@ describe("Reconciler", () => {
       }))
   })
 
-  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })("every listed failure fails the owner and keeps its registrations", (it) => {
-    /** Serve `respond(request index)` for `did`'s listRecords; the default PDS otherwise. */
-    const failing = (n: number, kind: string, respond: (i: number, did: string) => FakeResponse) =>
-      it.effect(`${kind}`, () =>
-        Effect.gen(function* () {
-          const did = plc(100 + n)
+  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
+    "every listed failure fails the owner and keeps its registrations",
+    (it) => {
+      /** Serve `respond(request index)` for `did`'s listRecords; the default PDS otherwise. */
+      const failing = (n: number, kind: string, respond: (i: number, did: string) => FakeResponse) =>
+        it.effect(`${kind}`, () =>
+          Effect.gen(function*() {
+            const did = plc(100 + n)
+            const fakes = yield* Fakes
+            yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
+            yield* setup(did, [], { rev: rev(100) })
+            let i = 0
+            fakes.pds.handler = (req) =>
+              req.path === "/xrpc/com.atproto.repo.listRecords" && req.query.get("repo") === did
+                ? respond(i++, did)
+                : fakes.defaultPds(req)
+            const outcome = yield* reconcile(did).pipe(
+              Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
+            )
+            expect(outcome).toEqual({ _tag: "failed", kind })
+            const state = yield* ownerState(did)
+            expect(state).toMatchObject({ status: "failed", lastFailureKind: kind, failureCount: 1 })
+            // the last known-good registrations are kept (pages already read landed in the database
+            // only; nothing was deleted) and memory is unchanged
+            expect(yield* storedRkeys(did)).toContain("known")
+            expect(yield* memoryRkeys(did)).toEqual(["known"])
+          }))
+
+      failing(1, "record_uri", () =>
+        json(200, {
+          records: [{ uri: `at://${plc(7_777)}/place.wisp.v2.wh/x`, cid: "bafyx", value: hook() }],
+          cursor: "x"
+        }))
+      failing(2, "duplicate_rkey", (i, did) => (i === 0 ? page(did, ["a", "b"], "b") : page(did, ["a"], "a")))
+      failing(3, "cursor", (i, did) => (i === 0 ? page(did, ["a"], "c1") : page(did, ["b"], "c1")))
+      failing(4, "too_many_pages", (i, did) => page(did, [`k${String(1000 - i).padStart(4, "0")}`], `c${i}`))
+      failing(5, "too_many_records", (i, did) =>
+        page(
+          did,
+          Array.from({ length: 100 }, (_, j) => `r${String(i * 100 + j).padStart(5, "0")}`),
+          `c${i}`
+        ))
+      failing(
+        6,
+        "page_too_large",
+        (_, did) => page(did, ["big"], undefined, { ...hook(), padding: "x".repeat(600 * 1024) })
+      )
+      failing(7, "pds_status", () => json(500, { error: "InternalServerError" }))
+      failing(8, "page_invalid", () => ({ status: 200, body: "{not json" }))
+      failing(9, "page_records", (_, did) =>
+        page(
+          did,
+          Array.from({ length: 101 }, (_, j) => `r${j}`),
+          "c"
+        ))
+      failing(
+        10,
+        "record_cid",
+        (_, did) =>
+          json(200, { records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid: "", value: hook() }], cursor: "a" })
+      )
+      failing(11, "cursor", (_, did) => page(did, ["a"], "x".repeat(2049)))
+      failing(12, "pds_status", (i, did) => (i === 0 ? page(did, ["a"], "a") : json(400, { error: "RepoNotFound" })))
+
+      it.effect("exactly 20 pages are read before too_many_pages", () =>
+        Effect.gen(function*() {
           const fakes = yield* Fakes
-          yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
-          yield* setup(did, [], { rev: rev(100) })
-          let i = 0
-          fakes.pds.handler = (req) =>
-            req.path === "/xrpc/com.atproto.repo.listRecords" && req.query.get("repo") === did
-              ? respond(i++, did)
-              : fakes.defaultPds(req)
-          const outcome = yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds))))
-          expect(outcome).toEqual({ _tag: "failed", kind })
-          const state = yield* ownerState(did)
-          expect(state).toMatchObject({ status: "failed", lastFailureKind: kind, failureCount: 1 })
-          // the last known-good registrations are kept (pages already read landed in the database
-          // only; nothing was deleted) and memory is unchanged
-          expect(yield* storedRkeys(did)).toContain("known")
-          expect(yield* memoryRkeys(did)).toEqual(["known"])
+          const lists = listRecordsRequests(fakes.pds).filter((r) => r.query.get("repo") === plc(104))
+          expect(lists).toHaveLength(20)
+        }))
+    }
+  )
+
+  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
+    "fencing against live events",
+    (it) => {
+      /** Hold `did`'s listRecords until `release()`; returns the release function. */
+      const holdPds = (did: string) =>
+        Effect.gen(function*() {
+          const fakes = yield* Fakes
+          let release: () => void = () => undefined
+          const gate = new Promise<void>((resolve) => (release = resolve))
+          fakes.pds.handler = async (req) => {
+            if (req.path === "/xrpc/com.atproto.repo.listRecords" && req.query.get("repo") === did) await gate
+            return fakes.defaultPds(req)
+          }
+          return () => {
+            release()
+            fakes.pds.handler = fakes.defaultPds
+          }
+        })
+
+      const scanning = (did: string) =>
+        Effect.gen(function*() {
+          const fakes = yield* Fakes
+          yield* waitFor(() => listRecordsRequests(fakes.pds).some((r) => r.query.get("repo") === did))
+          expect((yield* ownerState(did))?.status).toBe("scanning")
+        })
+
+      it.effect("a live create during the scan survives the snapshot's completion", () =>
+        Effect.gen(function*() {
+          const did = plc(201)
+          yield* live([whEv(did, "old", hook(), { rev: rev(1) })])
+          yield* setup(did, [{ rkey: "old", value: hook() }], { rev: rev(100) })
+          const release = yield* holdPds(did)
+          const fiber = yield* Effect.fork(reconcile(did))
+          yield* scanning(did)
+          // created after the snapshot was taken: not in the PDS pages
+          yield* live([whEv(did, "fresh", hook("https://fresh.example/hook"), { rev: rev(150) })])
+          release()
+          expect((yield* Fiber.join(fiber))._tag).toBe("complete")
+          expect(yield* storedRkeys(did)).toEqual(["fresh", "old"])
+          expect(yield* memoryRkeys(did)).toEqual(["fresh", "old"])
+          const { row } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "fresh"))
+          expect(row?.rev).toBe(rev(150))
         }))
 
-    failing(1, "record_uri", () =>
-      json(200, { records: [{ uri: `at://${plc(7_777)}/place.wisp.v2.wh/x`, cid: "bafyx", value: hook() }], cursor: "x" })
-    )
-    failing(2, "duplicate_rkey", (i, did) => (i === 0 ? page(did, ["a", "b"], "b") : page(did, ["a"], "a")))
-    failing(3, "cursor", (i, did) => (i === 0 ? page(did, ["a"], "c1") : page(did, ["b"], "c1")))
-    failing(4, "too_many_pages", (i, did) => page(did, [`k${String(1000 - i).padStart(4, "0")}`], `c${i}`))
-    failing(5, "too_many_records", (i, did) =>
-      page(did, Array.from({ length: 100 }, (_, j) => `r${String(i * 100 + j).padStart(5, "0")}`), `c${i}`)
-    )
-    failing(6, "page_too_large", (_, did) =>
-      page(did, ["big"], undefined, { ...hook(), padding: "x".repeat(600 * 1024) })
-    )
-    failing(7, "pds_status", () => json(500, { error: "InternalServerError" }))
-    failing(8, "page_invalid", () => ({ status: 200, body: "{not json" }))
-    failing(9, "page_records", (_, did) => page(did, Array.from({ length: 101 }, (_, j) => `r${j}`), "c"))
-    failing(10, "record_cid", (_, did) =>
-      json(200, { records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid: "", value: hook() }], cursor: "a" })
-    )
-    failing(11, "cursor", (_, did) => page(did, ["a"], "x".repeat(2049)))
-    failing(12, "pds_status", (i, did) => (i === 0 ? page(did, ["a"], "a") : json(400, { error: "RepoNotFound" })))
+      it.effect("a live delete during the scan is not resurrected by the snapshot", () =>
+        Effect.gen(function*() {
+          const did = plc(202)
+          yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
+          // the snapshot still lists w (its rev is older than the delete)
+          yield* setup(did, [{ rkey: "w", value: hook() }], { rev: rev(100) })
+          const release = yield* holdPds(did)
+          const fiber = yield* Effect.fork(reconcile(did))
+          yield* scanning(did)
+          yield* live([whEv(did, "w", undefined, { operation: "delete", rev: rev(150) })])
+          release()
+          expect((yield* Fiber.join(fiber))._tag).toBe("complete")
+          expect(yield* storedRkeys(did)).toEqual([])
+          expect(yield* memoryRkeys(did)).toEqual([])
+          const { tombstone } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "w"))
+          expect(tombstone?.rev).toBe(rev(150))
+        }))
 
-    it.effect("exactly 20 pages are read before too_many_pages", () =>
-      Effect.gen(function* () {
-        const fakes = yield* Fakes
-        const lists = listRecordsRequests(fakes.pds).filter((r) => r.query.get("repo") === plc(104))
-        expect(lists).toHaveLength(20)
-      }))
-  })
+      it.effect("a live delete during the scan is not resurrected even when the snapshot's rev is newer (TID fallback)", () =>
+        Effect.gen(function*() {
+          const did = plc(205)
+          yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
+          // no getLatestCommit: the snapshot's rev is a TID of now, newer than the delete's rev
+          yield* setup(did, [{ rkey: "w", value: hook() }])
+          const release = yield* holdPds(did)
+          const fiber = yield* Effect.fork(reconcile(did))
+          yield* scanning(did)
+          yield* live([whEv(did, "w", undefined, { operation: "delete", rev: rev(150) })])
+          release()
+          expect((yield* Fiber.join(fiber))._tag).toBe("complete")
+          expect(yield* storedRkeys(did)).toEqual([])
+          expect(yield* memoryRkeys(did)).toEqual([])
+        }))
 
-  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })("fencing against live events", (it) => {
-    /** Hold `did`'s listRecords until `release()`; returns the release function. */
-    const holdPds = (did: string) =>
-      Effect.gen(function* () {
-        const fakes = yield* Fakes
-        let release: () => void = () => undefined
-        const gate = new Promise<void>((resolve) => (release = resolve))
-        fakes.pds.handler = async (req) => {
-          if (req.path === "/xrpc/com.atproto.repo.listRecords" && req.query.get("repo") === did) await gate
-          return fakes.defaultPds(req)
-        }
-        return () => {
+      it.effect("a webhook deleted while firehook was down is not brought back by a replay of its old create", () =>
+        Effect.gen(function*() {
+          const did = plc(203)
+          const created = whEv(did, "w", hook(), { rev: rev(1) })
+          yield* live([created])
+          // the owner deleted it meanwhile: the PDS no longer has it
+          yield* setup(did, [], { rev: rev(100) })
+          expect((yield* reconcile(did))._tag).toBe("complete")
+          expect(yield* storedRkeys(did)).toEqual([])
+          // the stream replays the old create (and the delete)
+          const replay = yield* live([
+            whEv(did, "w", hook(), { rev: rev(1) }),
+            whEv(did, "w", undefined, { operation: "delete", rev: rev(50) })
+          ])
+          expect(replay.outcomes.map((o) => (o._tag === "no_match" ? o.registry?._tag : o._tag))).toEqual([
+            "stale",
+            "stale"
+          ])
+          expect(yield* storedRkeys(did)).toEqual([])
+          expect(yield* memoryRkeys(did)).toEqual([])
+        }))
+
+      it.effect("a newer scan fences an older one: the older one's writes stop", () =>
+        Effect.gen(function*() {
+          const did = plc(204)
+          yield* setup(did, [{ rkey: "a", value: hook() }], { rev: rev(100) })
+          const release = yield* holdPds(did)
+          const first = yield* Effect.fork(reconcile(did))
+          yield* scanning(did)
+          release()
+          const second = yield* reconcile(did)
+          const firstOutcome = yield* Fiber.join(first)
+          expect([firstOutcome._tag, second._tag].sort()).toEqual(["complete", "superseded"])
+          expect(yield* storedRkeys(did)).toEqual(["a"])
+        }))
+    }
+  )
+
+  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
+    "no loss while an owner is scanning or failed",
+    (it) => {
+      it.effect("events for a scanning owner match its pre-scan registrations", () =>
+        Effect.gen(function*() {
+          const did = plc(301)
+          const scope = plc(8_001)
+          const h = whRecordValue(`at://${scope}`)
+          const fakes = yield* Fakes
+          yield* live([whEv(did, "kept", h, { rev: rev(1) }), whEv(did, "removed", h, { rev: rev(1) })])
+          yield* setup(did, [{ rkey: "kept", value: h }], { rev: rev(100) })
+          let release: () => void = () => undefined
+          const gate = new Promise<void>((resolve) => (release = resolve))
+          fakes.pds.handler = async (req) => {
+            if (req.path === "/xrpc/com.atproto.repo.listRecords") await gate
+            return fakes.defaultPds(req)
+          }
+          const fiber = yield* Effect.fork(reconcile(did))
+          yield* waitFor(() => listRecordsRequests(fakes.pds).some((r) => r.query.get("repo") === did))
+          expect((yield* Effect.flatMap(RegistryStore, (s) => s.owner(did)))?.status).toBe("scanning")
+          // matched against both pre-scan registrations: nothing dropped because the PDS is slow
+          const during = yield* live([postBy(scope)])
+          expect(during.outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 2 })
           release()
           fakes.pds.handler = fakes.defaultPds
-        }
-      })
+          expect((yield* Fiber.join(fiber))._tag).toBe("complete")
+          // after the scan only the webhook the snapshot kept matches
+          expect(yield* memoryRkeys(did)).toEqual(["kept"])
+          const after = yield* live([postBy(scope)])
+          expect(after.outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 1 })
+        }))
 
-    const scanning = (did: string) =>
-      Effect.gen(function* () {
-        const fakes = yield* Fakes
-        yield* waitFor(() => listRecordsRequests(fakes.pds).some((r) => r.query.get("repo") === did))
-        expect((yield* ownerState(did))?.status).toBe("scanning")
-      })
-
-    it.effect("a live create during the scan survives the snapshot's completion", () =>
-      Effect.gen(function* () {
-        const did = plc(201)
-        yield* live([whEv(did, "old", hook(), { rev: rev(1) })])
-        yield* setup(did, [{ rkey: "old", value: hook() }], { rev: rev(100) })
-        const release = yield* holdPds(did)
-        const fiber = yield* Effect.fork(reconcile(did))
-        yield* scanning(did)
-        // created after the snapshot was taken: not in the PDS pages
-        yield* live([whEv(did, "fresh", hook("https://fresh.example/hook"), { rev: rev(150) })])
-        release()
-        expect((yield* Fiber.join(fiber))._tag).toBe("complete")
-        expect(yield* storedRkeys(did)).toEqual(["fresh", "old"])
-        expect(yield* memoryRkeys(did)).toEqual(["fresh", "old"])
-        const { row } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "fresh"))
-        expect(row?.rev).toBe(rev(150))
-      }))
-
-    it.effect("a live delete during the scan is not resurrected by the snapshot", () =>
-      Effect.gen(function* () {
-        const did = plc(202)
-        yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
-        // the snapshot still lists w (its rev is older than the delete)
-        yield* setup(did, [{ rkey: "w", value: hook() }], { rev: rev(100) })
-        const release = yield* holdPds(did)
-        const fiber = yield* Effect.fork(reconcile(did))
-        yield* scanning(did)
-        yield* live([whEv(did, "w", undefined, { operation: "delete", rev: rev(150) })])
-        release()
-        expect((yield* Fiber.join(fiber))._tag).toBe("complete")
-        expect(yield* storedRkeys(did)).toEqual([])
-        expect(yield* memoryRkeys(did)).toEqual([])
-        const { tombstone } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "w"))
-        expect(tombstone?.rev).toBe(rev(150))
-      }))
-
-    it.effect("a live delete during the scan is not resurrected even when the snapshot's rev is newer (TID fallback)", () =>
-      Effect.gen(function* () {
-        const did = plc(205)
-        yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
-        // no getLatestCommit: the snapshot's rev is a TID of now, newer than the delete's rev
-        yield* setup(did, [{ rkey: "w", value: hook() }])
-        const release = yield* holdPds(did)
-        const fiber = yield* Effect.fork(reconcile(did))
-        yield* scanning(did)
-        yield* live([whEv(did, "w", undefined, { operation: "delete", rev: rev(150) })])
-        release()
-        expect((yield* Fiber.join(fiber))._tag).toBe("complete")
-        expect(yield* storedRkeys(did)).toEqual([])
-        expect(yield* memoryRkeys(did)).toEqual([])
-      }))
-
-    it.effect("a webhook deleted while firehook was down is not brought back by a replay of its old create", () =>
-      Effect.gen(function* () {
-        const did = plc(203)
-        const created = whEv(did, "w", hook(), { rev: rev(1) })
-        yield* live([created])
-        // the owner deleted it meanwhile: the PDS no longer has it
-        yield* setup(did, [], { rev: rev(100) })
-        expect((yield* reconcile(did))._tag).toBe("complete")
-        expect(yield* storedRkeys(did)).toEqual([])
-        // the stream replays the old create (and the delete)
-        const replay = yield* live([
-          whEv(did, "w", hook(), { rev: rev(1) }),
-          whEv(did, "w", undefined, { operation: "delete", rev: rev(50) })
-        ])
-        expect(replay.outcomes.map((o) => (o._tag === "no_match" ? o.registry?._tag : o._tag))).toEqual(["stale", "stale"])
-        expect(yield* storedRkeys(did)).toEqual([])
-        expect(yield* memoryRkeys(did)).toEqual([])
-      }))
-
-    it.effect("a newer scan fences an older one: the older one's writes stop", () =>
-      Effect.gen(function* () {
-        const did = plc(204)
-        yield* setup(did, [{ rkey: "a", value: hook() }], { rev: rev(100) })
-        const release = yield* holdPds(did)
-        const first = yield* Effect.fork(reconcile(did))
-        yield* scanning(did)
-        release()
-        const second = yield* reconcile(did)
-        const firstOutcome = yield* Fiber.join(first)
-        expect([firstOutcome._tag, second._tag].sort()).toEqual(["complete", "superseded"])
-        expect(yield* storedRkeys(did)).toEqual(["a"])
-      }))
-  })
-
-  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })("no loss while an owner is scanning or failed", (it) => {
-    it.effect("events for a scanning owner match its pre-scan registrations", () =>
-      Effect.gen(function* () {
-        const did = plc(301)
-        const scope = plc(8_001)
-        const h = whRecordValue(`at://${scope}`)
-        const fakes = yield* Fakes
-        yield* live([whEv(did, "kept", h, { rev: rev(1) }), whEv(did, "removed", h, { rev: rev(1) })])
-        yield* setup(did, [{ rkey: "kept", value: h }], { rev: rev(100) })
-        let release: () => void = () => undefined
-        const gate = new Promise<void>((resolve) => (release = resolve))
-        fakes.pds.handler = async (req) => {
-          if (req.path === "/xrpc/com.atproto.repo.listRecords") await gate
-          return fakes.defaultPds(req)
-        }
-        const fiber = yield* Effect.fork(reconcile(did))
-        yield* waitFor(() => listRecordsRequests(fakes.pds).some((r) => r.query.get("repo") === did))
-        expect((yield* Effect.flatMap(RegistryStore, (s) => s.owner(did)))?.status).toBe("scanning")
-        // matched against both pre-scan registrations: nothing dropped because the PDS is slow
-        const during = yield* live([postBy(scope)])
-        expect(during.outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 2 })
-        release()
-        fakes.pds.handler = fakes.defaultPds
-        expect((yield* Fiber.join(fiber))._tag).toBe("complete")
-        // after the scan only the webhook the snapshot kept matches
-        expect(yield* memoryRkeys(did)).toEqual(["kept"])
-        const after = yield* live([postBy(scope)])
-        expect(after.outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 1 })
-      }))
-
-    it.effect("an owner whose PDS is down keeps matching its known webhooks", () =>
-      Effect.gen(function* () {
-        const did = plc(302)
-        const scope = plc(8_002)
-        const fakes = yield* Fakes
-        yield* live([whEv(did, "w", whRecordValue(`at://${scope}`), { rev: rev(1) })])
-        yield* setup(did, [], { rev: rev(100) })
-        fakes.pds.handler = (req) =>
-          req.query.get("repo") === did || req.query.get("did") === did ? json(503, {}) : fakes.defaultPds(req)
-        const outcome = yield* reconcile(did)
-        fakes.pds.handler = fakes.defaultPds
-        expect(outcome).toEqual({ _tag: "failed", kind: "pds_status" })
-        const r = yield* live([postBy(scope)])
-        expect(r.outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 1 })
-        expect(yield* memoryRkeys(did)).toEqual(["w"])
-      }))
-  })
+      it.effect("an owner whose PDS is down keeps matching its known webhooks", () =>
+        Effect.gen(function*() {
+          const did = plc(302)
+          const scope = plc(8_002)
+          const fakes = yield* Fakes
+          yield* live([whEv(did, "w", whRecordValue(`at://${scope}`), { rev: rev(1) })])
+          yield* setup(did, [], { rev: rev(100) })
+          fakes.pds.handler = (req) =>
+            req.query.get("repo") === did || req.query.get("did") === did ? json(503, {}) : fakes.defaultPds(req)
+          const outcome = yield* reconcile(did)
+          fakes.pds.handler = fakes.defaultPds
+          expect(outcome).toEqual({ _tag: "failed", kind: "pds_status" })
+          const r = yield* live([postBy(scope)])
+          expect(r.outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 1 })
+          expect(yield* memoryRkeys(did)).toEqual(["w"])
+        }))
+    }
+  )
 })

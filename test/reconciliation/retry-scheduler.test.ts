@@ -7,10 +7,10 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Clock, Deferred, Duration, Effect, Fiber, Layer, Random, Schedule, TestClock } from "effect"
 import * as Config from "../../src/services/platform/Config.js"
-import { ReconcileStore, type ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
 import { type ReconcileOutcome, Reconciler } from "../../src/services/reconciliation/Reconciler.js"
-import type { ReconcileStatus } from "../../src/services/registry/RegistryStore.js"
+import { ReconcileStore, type ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
 import * as RetryScheduler from "../../src/services/reconciliation/RetryScheduler.js"
+import type { ReconcileStatus } from "../../src/services/registry/RegistryStore.js"
 import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
 import { plc, testConfig } from "../support/stack.js"
 
@@ -92,7 +92,7 @@ const fakeStore = (world: World): ReconcileStoreShape =>
 const fakeReconciler = (world: World) =>
   Layer.succeed(Reconciler, {
     reconcile: (did) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         world.calls.push({ did, at: yield* Clock.currentTimeMillis })
         world.active++
         world.maxActive = Math.max(world.maxActive, world.active)
@@ -103,7 +103,15 @@ const fakeReconciler = (world: World) =>
         const owner = world.owners.get(did)
         if (b === "succeed" || typeof b === "object") {
           if (owner !== undefined) owner.status = "complete"
-          return { _tag: "complete", records: 0, invalid: 0, written: 0, deleted: 0, pages: 1, repoFound: true } as ReconcileOutcome
+          return {
+            _tag: "complete",
+            records: 0,
+            invalid: 0,
+            written: 0,
+            deleted: 0,
+            pages: 1,
+            repoFound: true
+          } as ReconcileOutcome
         }
         if (owner !== undefined) {
           owner.failureCount++
@@ -130,7 +138,7 @@ const scheduler = (world: World, options: RetryScheduler.RetrySchedulerOptions =
 
 const half = Random.fixed([0.5])
 
-const settle = Effect.gen(function* () {
+const settle = Effect.gen(function*() {
   for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
 })
 
@@ -143,25 +151,52 @@ const callTimes = (world: World, did: string) => world.calls.filter((c) => c.did
 
 describe("retryBackoff (the Schedule)", () => {
   const delays = (random: Random.Random, n: number) =>
-    Schedule.run(Schedule.delays(RetryScheduler.retryBackoff({ base: "5 seconds", cap: "1 hour" })), 0, Array.from({ length: n }, () => undefined)).pipe(
+    Schedule.run(
+      Schedule.delays(RetryScheduler.retryBackoff({ base: "5 seconds", cap: "1 hour" })),
+      0,
+      Array.from({ length: n }, () => undefined)
+    ).pipe(
       Effect.map((c) => Chunk.toReadonlyArray(c).map(Duration.toMillis)),
       Effect.withRandom(random)
     )
 
   it.effect("full jitter: random × min(cap, 5 s × 2^n), exact with a fixed Random", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       expect(yield* delays(half, 14)).toEqual([
-        2_500, 5_000, 10_000, 20_000, 40_000, 80_000, 160_000, 320_000, 640_000, 1_280_000,
+        2_500,
+        5_000,
+        10_000,
+        20_000,
+        40_000,
+        80_000,
+        160_000,
+        320_000,
+        640_000,
+        1_280_000,
         // 5 s × 2^10 = 5,120 s > the 1 h cap: 0.5 × 3,600 s
-        1_800_000, 1_800_000, 1_800_000, 1_800_000
+        1_800_000,
+        1_800_000,
+        1_800_000,
+        1_800_000
       ])
       expect(yield* delays(Random.fixed([0.999]), 12)).toEqual([
-        4_995, 9_990, 19_980, 39_960, 79_920, 159_840, 319_680, 639_360, 1_278_720, 2_557_440, 3_596_400, 3_596_400
+        4_995,
+        9_990,
+        19_980,
+        39_960,
+        79_920,
+        159_840,
+        319_680,
+        639_360,
+        1_278_720,
+        2_557_440,
+        3_596_400,
+        3_596_400
       ])
     }))
 
   it.effect("at least 100 ms", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       expect(yield* delays(Random.fixed([0]), 3)).toEqual([100, 100, 100])
       expect(yield* delays(Random.fixed([0.01]), 3)).toEqual([100, 100, 200])
     }))
@@ -172,7 +207,7 @@ describe("RetryScheduler", () => {
     const world = newWorld()
     const A = plc(1)
     fail(world, A)
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const s = yield* scheduler(world)
       yield* advance(59_999)
       expect(yield* s.tracked).toEqual([])
@@ -196,7 +231,7 @@ describe("RetryScheduler", () => {
     const world = newWorld()
     const A = plc(1)
     fail(world, A, 12) // attempt index 11: 5 s × 2^11 > 1 h
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const s = yield* scheduler(world)
       yield* advance(70_000) // rounds every 70 s here, so no round coincides with an attempt
       expect((yield* s.tracked)[0]?.attempt).toBe(11)
@@ -218,7 +253,7 @@ describe("RetryScheduler", () => {
       const world = newWorld()
       const owners = Array.from({ length: 20 }, (_, i) => plc(100 + i))
       for (const did of owners) fail(world, did)
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         const gate = yield* Deferred.make<void>()
         for (const did of owners) world.behaviour.set(did, gate)
         const s = yield* scheduler(world)
@@ -253,7 +288,7 @@ describe("RetryScheduler", () => {
     const A = plc(1)
     const B = plc(2)
     fail(world, A)
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const s = yield* scheduler(world)
       yield* advance(60_000) // tracked
       yield* advance(2_500) // attempt 0 fails
@@ -282,7 +317,7 @@ describe("RetryScheduler", () => {
     const world = newWorld()
     const A = plc(1)
     fail(world, A)
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const s = yield* scheduler(world)
       yield* advance(60_000)
       const owner = world.owners.get(A)
@@ -299,7 +334,7 @@ describe("RetryScheduler", () => {
       world.owners.set(did, { status: "complete", failureCount: 0, failedSeq: world.seq++ })
       world.completed.push(did)
     }
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       yield* scheduler(world)
       complete(plc(7))
       complete(plc(8))
@@ -322,7 +357,7 @@ describe("RetryScheduler", () => {
     fail(world, A)
     fail(world, B)
     world.behaviour.set(A, "hang")
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const s = yield* scheduler(world)
       yield* advance(60_000 + 2_500) // A in flight (hangs); B attempted (failed) or waiting for the permit
       expect((yield* s.stats).inFlight).toBe(1)
@@ -353,7 +388,7 @@ describe("RetryScheduler", () => {
     const world = newWorld()
     const A = plc(1)
     fail(world, A)
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const gate = yield* Deferred.make<void>()
       world.behaviour.set(A, gate)
       const s = yield* scheduler(world)
@@ -374,7 +409,7 @@ describe("RetryScheduler", () => {
   it.scoped("stop with nothing in flight drains at once", () => {
     const world = newWorld()
     fail(world, plc(1))
-    return Effect.gen(function* () {
+    return Effect.gen(function*() {
       const s = yield* scheduler(world)
       yield* advance(60_000) // tracked, sleeping
       const now = yield* Clock.currentTimeMillis

@@ -3,13 +3,13 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Layer } from "effect"
+import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryMod from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
-import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import { plc, rev, testConfig, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
@@ -37,7 +37,7 @@ const seeded = (rows: ReadonlyArray<RegistryStore.WebhookRow>, env: Record<strin
 
 describe("Registry.load", () => {
   it.effect("loads active rows; disabled, gone and over-limit rows are not loaded and counted", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const registry = yield* Registry
       expect(registry.index.size).toBe(2)
       const stats = yield* registry.stats
@@ -63,7 +63,7 @@ describe("Registry.load", () => {
     ))
 
   it.effect("re-validates stored records under the current configuration (insecure URLs are not loaded in production)", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const registry = yield* Registry
       expect([...registry.index.all()].map((w) => w.rkey)).toEqual(["https"])
       expect((yield* registry.stats).notLoaded).toBe(1)
@@ -79,7 +79,7 @@ describe("Registry.load", () => {
 
 describe("Registry.swapOwner", () => {
   it.effect("replaces one owner's registrations with the stored set in one step", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const registry = yield* Registry
       const store = yield* RegistryStore.RegistryStore
       expect(registry.index.byOwner(ALICE).map((w) => w.rkey).sort()).toEqual(["a", "b"])
@@ -104,7 +104,7 @@ describe("Registry.swapOwner", () => {
 
 describe("gone (410): RegistryStore.markGone and Registry.forgetGone", () => {
   it.effect("only the registration the 410 answered (same fingerprint) is marked gone and dropped from matching", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const registry = yield* Registry
       const store = yield* RegistryStore.RegistryStore
       const a = registry.index.get(`${ALICE}/a`)
@@ -125,14 +125,16 @@ describe("gone (410): RegistryStore.markGone and Registry.forgetGone", () => {
       expect(registry.index.get(`${ALICE}/a`)).toBeUndefined()
       expect((yield* store.ownerRows(ALICE)).filter((r) => r.gone).map((r) => r.rkey)).toEqual(["a"])
     }).pipe(
-      Effect.provide(seeded([row(ALICE, "a", whRecordValue(`at://${BOB}`)), row(ALICE, "b", whRecordValue(`at://${BOB}`))]))
+      Effect.provide(
+        seeded([row(ALICE, "a", whRecordValue(`at://${BOB}`)), row(ALICE, "b", whRecordValue(`at://${BOB}`))])
+      )
     ))
 })
 
 describe("admission: the direct-DIDs limit is Jetstream's (SPEC §2.6)", () => {
   const rows = [plc(11), plc(12), plc(13)].map((scope, i) => row(ALICE, `r${i}`, whRecordValue(`at://${scope}`)))
   it.effect("on Jetstream, registrations beyond REGISTRY_DIRECT_SCOPE_DIDS_MAX distinct DIDs are not activated", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const stats = yield* (yield* Registry).stats
       // owner + 2 scope DIDs = 3 distinct DIDs: the third scope would make 4
       expect(stats.active).toBe(2)
@@ -140,7 +142,7 @@ describe("admission: the direct-DIDs limit is Jetstream's (SPEC §2.6)", () => {
       expect(stats.notLoaded).toBe(1)
     }).pipe(Effect.provide(seeded(rows, { REGISTRY_DIRECT_SCOPE_DIDS_MAX: "3" }))))
   it.effect("on the relay firehose there is no wantedDids set: the limit does not apply", () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const stats = yield* (yield* Registry).stats
       expect(stats.active).toBe(3)
       expect(stats.notLoaded).toBe(0)

@@ -39,14 +39,16 @@ describe("isTid", () => {
 })
 
 describe("compareTid", () => {
-  it.each([
-    ["3jzfcijpj2z2a", "3jzfcijpj2z2b", -1],
-    ["3jzfcijpj2z2b", "3jzfcijpj2z2a", 1],
-    ["3jzfcijpj2z2a", "3jzfcijpj2z2a", 0],
-    ["2222222222222", "3222222222222", -1],
-    ["7zzzzzzzzzzzz", "a222222222222", -1], // '7' < 'a' in the alphabet and in code units
-    ["jzzzzzzzzzzzz", "bzzzzzzzzzzzz", 1]
-  ] as const)("%s vs %s → %s", (a, b, expected) => {
+  it.each(
+    [
+      ["3jzfcijpj2z2a", "3jzfcijpj2z2b", -1],
+      ["3jzfcijpj2z2b", "3jzfcijpj2z2a", 1],
+      ["3jzfcijpj2z2a", "3jzfcijpj2z2a", 0],
+      ["2222222222222", "3222222222222", -1],
+      ["7zzzzzzzzzzzz", "a222222222222", -1], // '7' < 'a' in the alphabet and in code units
+      ["jzzzzzzzzzzzz", "bzzzzzzzzzzzz", 1]
+    ] as const
+  )("%s vs %s → %s", (a, b, expected) => {
     expect(compareTid(a, b)).toBe(expected)
   })
 
@@ -64,15 +66,17 @@ describe("compareTid", () => {
 })
 
 describe("tidFromMicros / tidToMicros", () => {
-  it.each([
-    [0, 0, "2222222222222"],
-    [0, 1, "2222222222223"],
-    [0, 31, "222222222222z"],
-    [0, 32, "2222222222232"],
-    [0, 1023, "22222222222zz"],
-    [1, 0, "2222222222322"],
-    [MAX_TID_MICROS, 1023, "bzzzzzzzzzzzz"]
-  ] as const)("(%s, %s) → %s", (micros, clock, expected) => {
+  it.each(
+    [
+      [0, 0, "2222222222222"],
+      [0, 1, "2222222222223"],
+      [0, 31, "222222222222z"],
+      [0, 32, "2222222222232"],
+      [0, 1023, "22222222222zz"],
+      [1, 0, "2222222222322"],
+      [MAX_TID_MICROS, 1023, "bzzzzzzzzzzzz"]
+    ] as const
+  )("(%s, %s) → %s", (micros, clock, expected) => {
     expect(tidFromMicros(micros, clock)).toBe(expected)
   })
 

@@ -38,99 +38,101 @@ describe("validateWebhookUrl: accepted", () => {
 })
 
 describe("validateWebhookUrl: error kinds", () => {
-  it.each([
-    // not_string
-    [undefined, "not_string"],
-    [null, "not_string"],
-    [42, "not_string"],
-    [{ href: "https://example.com/" }, "not_string"],
-    [new URL("https://example.com/"), "not_string"],
-    [["https://example.com/"], "not_string"],
-    // too_long
-    ["https://example.com/" + "a".repeat(2049 - "https://example.com/".length), "too_long"],
-    ["x".repeat(10_000), "too_long"],
-    // unparseable
-    ["", "unparseable"],
-    ["example.com/hook", "unparseable"],
-    ["/relative/path", "unparseable"],
-    ["https://", "unparseable"],
-    ["https://exa mple.com/", "unparseable"],
-    [" https://example.com/", "unparseable"],
-    ["https://example.com/ ", "unparseable"],
-    ["https://exam\tple.com/", "unparseable"],
-    ["https://example.com/\npath", "unparseable"],
-    ["https://example.com/\u0000", "unparseable"],
-    ["https://example.com/\u007f", "unparseable"],
-    ["https://[::1/", "unparseable"],
-    ["https://[fe80::1%25eth0]/", "unparseable"],
-    ["https://1.2.3.4.5/", "unparseable"],
-    ["https://999.1.1.1/", "unparseable"],
-    ["https://foo.123/", "unparseable"],
-    // no_host
-    ["mailto:hooks@example.com", "no_host"],
-    ["data:text/plain,hello", "no_host"],
-    ["file:///etc/passwd", "no_host"],
-    ["urn:isbn:0451450523", "no_host"],
-    // credentials
-    ["https://user:pass@example.com/", "credentials"],
-    ["https://user@example.com/", "credentials"],
-    ["https://:pass@example.com/", "credentials"],
-    ["https://user:pass@127.0.0.1/", "credentials"],
-    // fragment
-    ["https://example.com/#frag", "fragment"],
-    ["https://example.com/#", "fragment"],
-    ["https://example.com#", "fragment"],
-    ["https://example.com/path?q=1#", "fragment"],
-    // scheme
-    ["http://example.com/", "scheme"],
-    ["ftp://example.com/", "scheme"],
-    ["ws://example.com/", "scheme"],
-    ["wss://example.com/", "scheme"],
-    ["javascript://example.com/%0aalert(1)", "scheme"],
-    ["gopher://example.com/", "scheme"],
-    ["http://localhost/", "scheme"],
-    ["http://127.0.0.1/", "scheme"],
-    ["http://[::1]/", "scheme"],
-    // blocked_host
-    ["https://localhost/", "blocked_host"],
-    ["https://LOCALHOST/", "blocked_host"],
-    ["https://localhost./", "blocked_host"],
-    ["https://localhost../", "blocked_host"],
-    ["https://localhost:8443/", "blocked_host"],
-    ["https://foo.localhost/", "blocked_host"],
-    ["https://a.b.LocalHost./", "blocked_host"],
-    ["https://metadata.google.internal/computeMetadata/v1/", "blocked_host"],
-    ["https://METADATA.GOOGLE.INTERNAL/", "blocked_host"],
-    ["https://metadata.google.internal./", "blocked_host"],
-    // non_public_ip (the URL parser canonicalizes IPv4 numbers first)
-    ["https://127.0.0.1/", "non_public_ip"],
-    ["https://127.1/", "non_public_ip"],
-    ["https://0x7f.1/", "non_public_ip"],
-    ["https://0x7f000001/", "non_public_ip"],
-    ["https://2130706433/", "non_public_ip"],
-    ["https://017700000001/", "non_public_ip"],
-    ["https://0/", "non_public_ip"],
-    ["https://0.0.0.0/", "non_public_ip"],
-    ["https://10.0.0.1/", "non_public_ip"],
-    ["https://169.254.169.254/latest/meta-data/", "non_public_ip"],
-    ["https://172.16.0.1/", "non_public_ip"],
-    ["https://192.168.1.1/", "non_public_ip"],
-    ["https://100.64.0.1/", "non_public_ip"],
-    ["https://224.0.0.1/", "non_public_ip"],
-    ["https://255.255.255.255/", "non_public_ip"],
-    ["https://[::1]/", "non_public_ip"],
-    ["https://[::]/", "non_public_ip"],
-    ["https://[fe80::1]/", "non_public_ip"],
-    ["https://[fd00::1]/", "non_public_ip"],
-    ["https://[::ffff:127.0.0.1]/", "non_public_ip"],
-    ["https://[::ffff:8.8.8.8]/", "non_public_ip"],
-    ["https://[::ffff:7f00:1]/", "non_public_ip"],
-    ["https://[::7f00:1]/", "non_public_ip"],
-    ["https://[::127.0.0.1]/", "non_public_ip"],
-    ["https://[64:ff9b::7f00:1]/", "non_public_ip"],
-    ["https://[2001:db8::1]/", "non_public_ip"],
-    ["https://[2002:7f00:1::1]/", "non_public_ip"]
-  ] as const)("%j → %s", (input, expected) => {
+  it.each(
+    [
+      // not_string
+      [undefined, "not_string"],
+      [null, "not_string"],
+      [42, "not_string"],
+      [{ href: "https://example.com/" }, "not_string"],
+      [new URL("https://example.com/"), "not_string"],
+      [["https://example.com/"], "not_string"],
+      // too_long
+      ["https://example.com/" + "a".repeat(2049 - "https://example.com/".length), "too_long"],
+      ["x".repeat(10_000), "too_long"],
+      // unparseable
+      ["", "unparseable"],
+      ["example.com/hook", "unparseable"],
+      ["/relative/path", "unparseable"],
+      ["https://", "unparseable"],
+      ["https://exa mple.com/", "unparseable"],
+      [" https://example.com/", "unparseable"],
+      ["https://example.com/ ", "unparseable"],
+      ["https://exam\tple.com/", "unparseable"],
+      ["https://example.com/\npath", "unparseable"],
+      ["https://example.com/\u0000", "unparseable"],
+      ["https://example.com/\u007f", "unparseable"],
+      ["https://[::1/", "unparseable"],
+      ["https://[fe80::1%25eth0]/", "unparseable"],
+      ["https://1.2.3.4.5/", "unparseable"],
+      ["https://999.1.1.1/", "unparseable"],
+      ["https://foo.123/", "unparseable"],
+      // no_host
+      ["mailto:hooks@example.com", "no_host"],
+      ["data:text/plain,hello", "no_host"],
+      ["file:///etc/passwd", "no_host"],
+      ["urn:isbn:0451450523", "no_host"],
+      // credentials
+      ["https://user:pass@example.com/", "credentials"],
+      ["https://user@example.com/", "credentials"],
+      ["https://:pass@example.com/", "credentials"],
+      ["https://user:pass@127.0.0.1/", "credentials"],
+      // fragment
+      ["https://example.com/#frag", "fragment"],
+      ["https://example.com/#", "fragment"],
+      ["https://example.com#", "fragment"],
+      ["https://example.com/path?q=1#", "fragment"],
+      // scheme
+      ["http://example.com/", "scheme"],
+      ["ftp://example.com/", "scheme"],
+      ["ws://example.com/", "scheme"],
+      ["wss://example.com/", "scheme"],
+      ["javascript://example.com/%0aalert(1)", "scheme"],
+      ["gopher://example.com/", "scheme"],
+      ["http://localhost/", "scheme"],
+      ["http://127.0.0.1/", "scheme"],
+      ["http://[::1]/", "scheme"],
+      // blocked_host
+      ["https://localhost/", "blocked_host"],
+      ["https://LOCALHOST/", "blocked_host"],
+      ["https://localhost./", "blocked_host"],
+      ["https://localhost../", "blocked_host"],
+      ["https://localhost:8443/", "blocked_host"],
+      ["https://foo.localhost/", "blocked_host"],
+      ["https://a.b.LocalHost./", "blocked_host"],
+      ["https://metadata.google.internal/computeMetadata/v1/", "blocked_host"],
+      ["https://METADATA.GOOGLE.INTERNAL/", "blocked_host"],
+      ["https://metadata.google.internal./", "blocked_host"],
+      // non_public_ip (the URL parser canonicalizes IPv4 numbers first)
+      ["https://127.0.0.1/", "non_public_ip"],
+      ["https://127.1/", "non_public_ip"],
+      ["https://0x7f.1/", "non_public_ip"],
+      ["https://0x7f000001/", "non_public_ip"],
+      ["https://2130706433/", "non_public_ip"],
+      ["https://017700000001/", "non_public_ip"],
+      ["https://0/", "non_public_ip"],
+      ["https://0.0.0.0/", "non_public_ip"],
+      ["https://10.0.0.1/", "non_public_ip"],
+      ["https://169.254.169.254/latest/meta-data/", "non_public_ip"],
+      ["https://172.16.0.1/", "non_public_ip"],
+      ["https://192.168.1.1/", "non_public_ip"],
+      ["https://100.64.0.1/", "non_public_ip"],
+      ["https://224.0.0.1/", "non_public_ip"],
+      ["https://255.255.255.255/", "non_public_ip"],
+      ["https://[::1]/", "non_public_ip"],
+      ["https://[::]/", "non_public_ip"],
+      ["https://[fe80::1]/", "non_public_ip"],
+      ["https://[fd00::1]/", "non_public_ip"],
+      ["https://[::ffff:127.0.0.1]/", "non_public_ip"],
+      ["https://[::ffff:8.8.8.8]/", "non_public_ip"],
+      ["https://[::ffff:7f00:1]/", "non_public_ip"],
+      ["https://[::7f00:1]/", "non_public_ip"],
+      ["https://[::127.0.0.1]/", "non_public_ip"],
+      ["https://[64:ff9b::7f00:1]/", "non_public_ip"],
+      ["https://[2001:db8::1]/", "non_public_ip"],
+      ["https://[2002:7f00:1::1]/", "non_public_ip"]
+    ] as const
+  )("%j → %s", (input, expected) => {
     expect(kindOf(input)).toBe(expected)
   })
 })
@@ -151,20 +153,22 @@ describe("validateWebhookUrl: insecure development mode", () => {
     expect(kindOf(url, DEV)).toBe("ok")
   })
 
-  it.each([
-    ["http://example.com/", "scheme"],
-    ["http://10.0.0.1/", "scheme"],
-    ["http://192.168.1.1/", "scheme"],
-    ["http://foo.localhost/", "scheme"],
-    ["http://[::ffff:127.0.0.1]/", "scheme"],
-    ["http://0.0.0.0/", "scheme"],
-    ["https://foo.localhost/", "blocked_host"],
-    ["https://10.0.0.1/", "non_public_ip"],
-    ["https://[::ffff:127.0.0.1]/", "non_public_ip"],
-    ["http://user:pw@localhost/", "credentials"],
-    ["http://localhost/#x", "fragment"],
-    ["ftp://localhost/", "scheme"]
-  ] as const)("still rejects %s → %s", (url, expected) => {
+  it.each(
+    [
+      ["http://example.com/", "scheme"],
+      ["http://10.0.0.1/", "scheme"],
+      ["http://192.168.1.1/", "scheme"],
+      ["http://foo.localhost/", "scheme"],
+      ["http://[::ffff:127.0.0.1]/", "scheme"],
+      ["http://0.0.0.0/", "scheme"],
+      ["https://foo.localhost/", "blocked_host"],
+      ["https://10.0.0.1/", "non_public_ip"],
+      ["https://[::ffff:127.0.0.1]/", "non_public_ip"],
+      ["http://user:pw@localhost/", "credentials"],
+      ["http://localhost/#x", "fragment"],
+      ["ftp://localhost/", "scheme"]
+    ] as const
+  )("still rejects %s → %s", (url, expected) => {
     expect(kindOf(url, DEV)).toBe(expected)
   })
 

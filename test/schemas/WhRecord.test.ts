@@ -167,12 +167,16 @@ const ERROR_CASES: ReadonlyArray<readonly [string, unknown, WhRecordErrorKind]> 
   ["array", [base()], "not_object"],
   ["Map", new Map(Object.entries(base())), "not_object"],
   ["Date", new Date(0), "not_object"],
-  ["class instance", new (class Wh {
-    $type = "place.wisp.v2.wh"
-    scope = { aturi: `at://${PLC}` }
-    url = "https://example.com/hook"
-    createdAt = "2024-05-01T12:34:56Z"
-  })(), "not_object"],
+  [
+    "class instance",
+    new (class Wh {
+      $type = "place.wisp.v2.wh"
+      scope = { aturi: `at://${PLC}` }
+      url = "https://example.com/hook"
+      createdAt = "2024-05-01T12:34:56Z"
+    })(),
+    "not_object"
+  ],
   ["Object.create(proto) with inherited fields", Object.create(base()) as unknown, "not_object"],
   ["function", () => base(), "not_object"],
   // type
@@ -186,9 +190,16 @@ const ERROR_CASES: ReadonlyArray<readonly [string, unknown, WhRecordErrorKind]> 
   ["scope string", withField("scope", `at://${PLC}`), "scope"],
   ["scope null", withField("scope", null), "scope"],
   ["scope array", withField("scope", [{ aturi: `at://${PLC}` }]), "scope"],
-  ["scope class instance", withField("scope", new (class S {
-    aturi = `at://${PLC}`
-  })()), "scope"],
+  [
+    "scope class instance",
+    withField(
+      "scope",
+      new (class S {
+        aturi = `at://${PLC}`
+      })()
+    ),
+    "scope"
+  ],
   ["scope inherited aturi", withField("scope", Object.create({ aturi: `at://${PLC}` }) as unknown), "scope"],
   ["scope aturi missing", withField("scope", {}), "scope"],
   ["scope aturi not string", withField("scope", { aturi: 1 }), "scope"],
@@ -303,16 +314,18 @@ describe("validateWhRecord: accessors and prototypes", () => {
     return spy
   }
 
-  it.each([
-    ["$type", "place.wisp.v2.wh", "type"],
-    ["scope", { aturi: `at://${PLC}` }, "scope"],
-    ["url", "https://example.com/hook", "url"],
-    ["events", ["create"], "events"],
-    ["secret", "s3cret", "secret"],
-    ["secretId", "key", "secret_id"],
-    ["enabled", true, "enabled"],
-    ["createdAt", "2024-05-01T12:34:56Z", "created_at"]
-  ] as const)("a getter for %s is never called and makes the field invalid", (key, value, expected) => {
+  it.each(
+    [
+      ["$type", "place.wisp.v2.wh", "type"],
+      ["scope", { aturi: `at://${PLC}` }, "scope"],
+      ["url", "https://example.com/hook", "url"],
+      ["events", ["create"], "events"],
+      ["secret", "s3cret", "secret"],
+      ["secretId", "key", "secret_id"],
+      ["enabled", true, "enabled"],
+      ["createdAt", "2024-05-01T12:34:56Z", "created_at"]
+    ] as const
+  )("a getter for %s is never called and makes the field invalid", (key, value, expected) => {
     const input = base()
     delete input[key]
     const spy = spyGetter(input, key, value)

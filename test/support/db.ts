@@ -29,7 +29,7 @@ export const urlFor = (database: string): string => {
 
 /** Create an empty database; dropped (with FORCE) when the scope closes. */
 export const freshDatabase = Effect.acquireRelease(
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const name = `fh_test_${randomBytes(6).toString("hex")}`
     yield* withAdmin((c) => c.query(`CREATE DATABASE ${name}`))
     return { name, url: Redacted.make(urlFor(name)) }

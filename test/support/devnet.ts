@@ -2,9 +2,9 @@
  * The real local atproto network for end-to-end tests: `devnet/network.ts` (`@atproto/dev-env`, a
  * real PDS and PLC) in a Node 22 child process, and `@atproto/api` clients for its accounts.
  */
+import { AtpAgent } from "@atproto/api"
 import { type ChildProcess, spawn } from "node:child_process"
 import * as Path from "node:path"
-import { AtpAgent } from "@atproto/api"
 import { ROOT } from "./proc.js"
 
 export const NODE22 = Path.join(ROOT, "node_modules/.bin/node")
@@ -160,7 +160,11 @@ export const nowIso = (): string => new Date().toISOString()
  * firehook's configuration for a deployment on the devnet: the PDS firehose as its relay, the test
  * PLC, insecure development mode (loopback receivers and `ws://`), short retry delays.
  */
-export const devnetFirehookEnv = (devnet: Devnet, databaseUrl: string, extra: Record<string, string> = {}): Record<string, string> => ({
+export const devnetFirehookEnv = (
+  devnet: Devnet,
+  databaseUrl: string,
+  extra: Record<string, string> = {}
+): Record<string, string> => ({
   DATABASE_URL: databaseUrl,
   NODE_ENV: "test",
   WEBHOOK_ALLOW_INSECURE_DEV: "1",

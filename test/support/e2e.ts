@@ -48,7 +48,11 @@ export const e2eResources = () => {
   }
 }
 
-export const query = async <T extends pg.QueryResultRow>(url: string, q: string, params: Array<unknown> = []): Promise<Array<T>> => {
+export const query = async <T extends pg.QueryResultRow>(
+  url: string,
+  q: string,
+  params: Array<unknown> = []
+): Promise<Array<T>> => {
   const c = new pg.Client({ connectionString: url })
   await c.connect()
   try {
@@ -59,7 +63,12 @@ export const query = async <T extends pg.QueryResultRow>(url: string, q: string,
 }
 
 /** Poll `cond` every 50 ms until it holds; fail after `ms` with `what` and the optional debug text. */
-export const waitUntil = async (cond: () => Promise<boolean> | boolean, ms: number, what: string, debug?: () => Promise<string> | string) => {
+export const waitUntil = async (
+  cond: () => Promise<boolean> | boolean,
+  ms: number,
+  what: string,
+  debug?: () => Promise<string> | string
+) => {
   const until = Date.now() + ms
   for (let i = 0; i < 100_000 && Date.now() < until; i++) {
     if (await cond()) return

@@ -50,7 +50,10 @@ export const fakeServer = (initial: Handler) =>
           .then(
             (out) => {
               const body = typeof out.body === "string" ? Buffer.from(out.body, "utf8") : Buffer.from(out.body)
-              res.writeHead(out.status, { "content-type": out.contentType ?? "application/json", "content-length": body.length })
+              res.writeHead(out.status, {
+                "content-type": out.contentType ?? "application/json",
+                "content-length": body.length
+              })
               res.end(body)
             },
             () => {
@@ -105,36 +108,34 @@ export interface FakeRepo {
 }
 
 /** The reference behaviour over `repos` (did → repo). */
-export const pdsHandler =
-  (repos: Map<string, FakeRepo>): Handler =>
-  (req) => {
-    if (req.path === "/xrpc/com.atproto.sync.getLatestCommit") {
-      const repo = repos.get(req.query.get("did") ?? "")
-      if (repo === undefined) return json(400, { error: "RepoNotFound", message: "Could not find repo" })
-      if (repo.rev === undefined) return json(501, { error: "MethodNotImplemented" })
-      return json(200, { cid: "bafycommit", rev: repo.rev })
-    }
-    if (req.path === "/xrpc/com.atproto.repo.listRecords") {
-      const did = req.query.get("repo") ?? ""
-      const repo = repos.get(did)
-      if (repo === undefined) return json(400, { error: "InvalidRequest", message: `Could not find repo: ${did}` })
-      const limit = Number(req.query.get("limit") ?? "50")
-      const cursor = req.query.get("cursor")
-      const sorted = [...repo.records].sort((a, b) => (a.rkey < b.rkey ? 1 : a.rkey > b.rkey ? -1 : 0))
-      const from = cursor === null ? sorted : sorted.filter((r) => r.rkey < cursor)
-      const page = from.slice(0, limit)
-      const last = page[page.length - 1]
-      return json(200, {
-        records: page.map((r) => ({
-          uri: `at://${did}/place.wisp.v2.wh/${r.rkey}`,
-          cid: r.cid ?? `bafy${r.rkey.replace(/[^a-z0-9]/gi, "")}`,
-          value: r.value
-        })),
-        ...(last === undefined ? {} : { cursor: last.rkey })
-      })
-    }
-    return json(404, { error: "MethodNotImplemented" })
+export const pdsHandler = (repos: Map<string, FakeRepo>): Handler => (req) => {
+  if (req.path === "/xrpc/com.atproto.sync.getLatestCommit") {
+    const repo = repos.get(req.query.get("did") ?? "")
+    if (repo === undefined) return json(400, { error: "RepoNotFound", message: "Could not find repo" })
+    if (repo.rev === undefined) return json(501, { error: "MethodNotImplemented" })
+    return json(200, { cid: "bafycommit", rev: repo.rev })
   }
+  if (req.path === "/xrpc/com.atproto.repo.listRecords") {
+    const did = req.query.get("repo") ?? ""
+    const repo = repos.get(did)
+    if (repo === undefined) return json(400, { error: "InvalidRequest", message: `Could not find repo: ${did}` })
+    const limit = Number(req.query.get("limit") ?? "50")
+    const cursor = req.query.get("cursor")
+    const sorted = [...repo.records].sort((a, b) => (a.rkey < b.rkey ? 1 : a.rkey > b.rkey ? -1 : 0))
+    const from = cursor === null ? sorted : sorted.filter((r) => r.rkey < cursor)
+    const page = from.slice(0, limit)
+    const last = page[page.length - 1]
+    return json(200, {
+      records: page.map((r) => ({
+        uri: `at://${did}/place.wisp.v2.wh/${r.rkey}`,
+        cid: r.cid ?? `bafy${r.rkey.replace(/[^a-z0-9]/gi, "")}`,
+        value: r.value
+      })),
+      ...(last === undefined ? {} : { cursor: last.rkey })
+    })
+  }
+  return json(404, { error: "MethodNotImplemented" })
+}
 
 export const listRecordsRequests = (fake: FakeServer) =>
   fake.requests.filter((r) => r.path === "/xrpc/com.atproto.repo.listRecords")

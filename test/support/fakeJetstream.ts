@@ -66,7 +66,9 @@ const wants = (c: Connection, e: LogEntry): boolean => {
   if (opts === undefined) return false
   const cols = opts["wantedCollections"]
   const dids = opts["wantedDids"]
-  if (Array.isArray(cols) && cols.length > 0 && (e.collection === undefined || !cols.includes(e.collection))) return false
+  if (Array.isArray(cols) && cols.length > 0 && (e.collection === undefined || !cols.includes(e.collection))) {
+    return false
+  }
   if (Array.isArray(dids) && dids.length > 0 && !dids.includes(e.did)) return false
   return true
 }

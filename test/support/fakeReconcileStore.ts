@@ -4,8 +4,8 @@
  * `overrides` supply the operations a test observes (e.g. `retryCandidates`).
  */
 import { Effect } from "effect"
-import type { ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
 import type { StoreError } from "../../src/services/platform/Persistence.js"
+import type { ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
 
 const unused = () => Effect.die("not used by this test")
 

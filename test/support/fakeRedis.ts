@@ -23,7 +23,7 @@ export const asStrings = (reply: Publisher.RespReply): ReadonlyArray<string> =>
  * the same port.
  */
 export const fakeRedis = (answer: (command: ReadonlyArray<string>) => string | undefined) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const state = yield* SubscriptionRef.make<FakeState>({ connections: 0, closed: 0, commands: [] })
     const bump = (f: (s: FakeState) => FakeState) => Effect.runSync(SubscriptionRef.update(state, f))
     const sockets = new Set<Net.Socket>()

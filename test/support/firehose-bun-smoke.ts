@@ -39,7 +39,10 @@ check(Either.isRight(relay), "relay frame decodes")
 if (Either.isRight(relay) && relay.right.kind === "events") {
   const e = relay.right.events[0]
   check(relay.right.seq === 7n, "relay seq")
-  check(e !== undefined && e.kind === "commit" && same(e.record, richRecordJson()), "relay record in the JSON data model")
+  check(
+    e !== undefined && e.kind === "commit" && same(e.record, richRecordJson()),
+    "relay record in the JSON data model"
+  )
 } else {
   check(false, "relay frame kind")
 }
@@ -63,7 +66,9 @@ wss.on("connection", (socket, req) => {
       socket.close(1000)
     })
   } else {
-    socket.send(commitFrame({ seq: 8, ops: [{ action: "create", path: "app.bsky.feed.post/k", record: richRecord() }] }))
+    socket.send(
+      commitFrame({ seq: 8, ops: [{ action: "create", path: "app.bsky.feed.post/k", record: richRecord() }] })
+    )
     socket.close(1000)
   }
 })
@@ -72,7 +77,11 @@ const port = typeof address === "object" && address !== null ? address.port : 0
 const common = { ...ctx, connectTimeoutMs: 5000, allowInsecure: true, cursor: 5n }
 
 const program = Effect.gen(function*() {
-  const jsItems = yield* connectJetstream({ ...common, url: `ws://127.0.0.1:${port}/subscribe`, wantedDids: ["did:plc:eygmaihciaxprqvxpfvl6flk"] })
+  const jsItems = yield* connectJetstream({
+    ...common,
+    url: `ws://127.0.0.1:${port}/subscribe`,
+    wantedDids: ["did:plc:eygmaihciaxprqvxpfvl6flk"]
+  })
     .pipe(Stream.either, Stream.runCollect, Effect.map(Chunk.toReadonlyArray))
   check(jsItems.length === 3, `jetstream over a socket: ${jsItems.length} items`)
   const relayItems = yield* connectRelay({ ...common, url: `ws://127.0.0.1:${port}` })
@@ -80,8 +89,12 @@ const program = Effect.gen(function*() {
   check(relayItems.length === 2, `relay over a socket: ${relayItems.length} items`)
   const first = relayItems[0]
   check(
-    first !== undefined && Either.isRight(first) && Either.isRight(first.right) && first.right.right.kind === "events" &&
-      same(first.right.right.events[0]?.kind === "commit" ? first.right.right.events[0].record : undefined, richRecordJson()),
+    first !== undefined && Either.isRight(first) && Either.isRight(first.right) &&
+      first.right.right.kind === "events" &&
+      same(
+        first.right.right.events[0]?.kind === "commit" ? first.right.right.events[0].record : undefined,
+        richRecordJson()
+      ),
     "relay record over a socket"
   )
 })

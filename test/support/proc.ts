@@ -1,8 +1,8 @@
 /**
  * Run firehook (`bun src/main.ts`, as in production) as a child process for end-to-end tests.
  */
-import { type ChildProcess, spawn } from "node:child_process"
 import { Effect } from "effect"
+import { type ChildProcess, spawn } from "node:child_process"
 import * as Path from "node:path"
 import * as EmbeddedPg from "../../src/services/platform/EmbeddedPg.js"
 
@@ -58,7 +58,11 @@ export const waitFor = async (url: string, status: number, running: Running, tim
     }
     await new Promise((r) => setTimeout(r, 100))
   }
-  throw new Error(`${url} did not answer ${status}; stderr: ${running.stderr().slice(0, 2000)}; stdout: ${running.stdout().slice(-2000)}`)
+  throw new Error(
+    `${url} did not answer ${status}; stderr: ${running.stderr().slice(0, 2000)}; stdout: ${
+      running.stdout().slice(-2000)
+    }`
+  )
 }
 
 /** Wait for exit with a bound; kill -9 and fail if it does not come. */

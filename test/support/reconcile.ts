@@ -4,11 +4,11 @@
  * on top of the matching pipeline (`sqlStack`) on a fresh database.
  */
 import { Context, Effect, Layer } from "effect"
-import * as Identity from "../../src/services/reconciliation/Identity.js"
-import * as ReconcileStore from "../../src/services/reconciliation/ReconcileStore.js"
-import * as Reconciler from "../../src/services/reconciliation/Reconciler.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
-import { type FakeRepo, type FakeServer, fakePlc, fakeServer, pdsHandler } from "./fakeAtproto.js"
+import * as Identity from "../../src/services/reconciliation/Identity.js"
+import * as Reconciler from "../../src/services/reconciliation/Reconciler.js"
+import * as ReconcileStore from "../../src/services/reconciliation/ReconcileStore.js"
+import { fakePlc, type FakeRepo, type FakeServer, fakeServer, pdsHandler } from "./fakeAtproto.js"
 import { sqlStack } from "./stack.js"
 
 export interface FakesShape {
@@ -26,7 +26,7 @@ export const reconcileStack = (
   options: { readonly limits?: Partial<Reconciler.ReconcileLimits>; readonly env?: Record<string, string> } = {}
 ) =>
   Layer.unwrapScoped(
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const docs = new Map<string, unknown>()
       const repos = new Map<string, FakeRepo>()
       const plc = yield* fakePlc(docs)
@@ -45,7 +45,7 @@ export const reconcileStack = (
 
 /** Poll (live clock) until `cond` holds; fails after `timeoutMs`. */
 export const waitFor = (cond: () => boolean, timeoutMs = 10_000) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     for (let waited = 0; waited < timeoutMs; waited += 10) {
       if (cond()) return
       yield* Effect.sleep("10 millis")

@@ -17,18 +17,21 @@ export interface Recorder {
 export const newRecorder = (): Recorder => ({ batches: [], gate: undefined, failures: 0, calls: 0 })
 
 export const recordingProcessor = (rec: Recorder) =>
-  Layer.succeed(Processor, {
-    processEvents: (batch, options) =>
-      Effect.gen(function* () {
-        rec.calls++
-        if (rec.gate !== undefined) yield* Deferred.await(rec.gate)
-        if (rec.failures > 0) {
-          rec.failures--
-          return yield* Effect.fail(new StoreError({ op: "test", code: "XX000" }))
-        }
-        if (options.finalize !== undefined) yield* options.finalize
-        rec.batches.push(batch)
-        return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
-      }),
-    stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
-  } satisfies ProcessorShape)
+  Layer.succeed(
+    Processor,
+    {
+      processEvents: (batch, options) =>
+        Effect.gen(function*() {
+          rec.calls++
+          if (rec.gate !== undefined) yield* Deferred.await(rec.gate)
+          if (rec.failures > 0) {
+            rec.failures--
+            return yield* Effect.fail(new StoreError({ op: "test", code: "XX000" }))
+          }
+          if (options.finalize !== undefined) yield* options.finalize
+          rec.batches.push(batch)
+          return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
+        }),
+      stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
+    } satisfies ProcessorShape
+  )

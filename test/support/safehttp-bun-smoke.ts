@@ -8,11 +8,11 @@
  * HTTPS checks run when SMOKE_CERT / SMOKE_KEY name a certificate for `receiver.test`
  * (test/safehttp.test.ts passes them).
  */
+import { Effect, Either, Layer } from "effect"
 import { readFileSync } from "node:fs"
 import * as Http from "node:http"
 import * as Https from "node:https"
 import type * as Net from "node:net"
-import { Effect, Either, Layer } from "effect"
 import { parseAllowCidrs, Resolver, SafeHttp, type SafeRequest } from "../../src/services/platform/http/SafeHttp.js"
 
 interface Seen {
@@ -42,7 +42,12 @@ const main = async (): Promise<void> => {
     req.setEncoding("utf8")
     req.on("data", (c: string) => (body += c))
     req.on("end", () => {
-      seen.push({ host: req.headers.host, remote: req.socket.remoteAddress, sni: Reflect.get(req.socket, "servername"), body })
+      seen.push({
+        host: req.headers.host,
+        remote: req.socket.remoteAddress,
+        sni: Reflect.get(req.socket, "servername"),
+        body
+      })
       if (req.url === "/redirect") {
         res.writeHead(302, { location: "http://elsewhere.test/" })
         res.end()

@@ -3,16 +3,16 @@
  */
 import type { SqlClient } from "@effect/sql"
 import { ConfigProvider, Effect, Layer } from "effect"
-import * as Config from "../../src/services/platform/Config.js"
+import type { Operation, RecordEvent } from "../../src/schemas/RecordEvent.js"
+import { tidFromMicros } from "../../src/schemas/Tid.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
 import * as Processor from "../../src/services/matching/Processor.js"
+import * as Config from "../../src/services/platform/Config.js"
+import { Tx } from "../../src/services/platform/Persistence.js"
 import * as Registry from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
-import { Tx } from "../../src/services/platform/Persistence.js"
-import { tidFromMicros } from "../../src/schemas/Tid.js"
-import type { Operation, RecordEvent } from "../../src/schemas/RecordEvent.js"
 import * as Db from "./db.js"
 
 export const testConfig = (env: Record<string, string> = {}): Config.FirehookConfigShape =>

@@ -11,12 +11,12 @@
  * @since 0.1.0
  */
 import { Clock, Effect, Either, Option } from "effect"
+import type { SafeHttpError, SafeHttpErrorKind, SafeResponse } from "../platform/http/SafeHttp.js"
 import { USER_AGENT } from "../platform/Version.js"
 import type { CircuitBreaker } from "./CircuitBreaker.js"
 import { classifyStatus, type FailureKind, parseRetryAfter } from "./Classify.js"
 import { type ClaimedRow, excerpt, originKey, type SubscriptionSnapshot } from "./DeliveryStore.js"
 import type { DeliveryInput, OutgoingRequest, Transform } from "./Destinations.js"
-import type { SafeHttpError, SafeHttpErrorKind, SafeResponse } from "../platform/http/SafeHttp.js"
 import { Cancel, Defer, Deliver, Fail, failure, Send, type Settled, type Settlement } from "./Settlement.js"
 import {
   logRecurring,
@@ -52,8 +52,8 @@ const CANONICAL_TIMESTAMP = /"timestamp":"([^"\\]*)"\}$/
 export const eventMeta = (body: string): { readonly cid: string | undefined; readonly timestamp: string } => {
   const ts = CANONICAL_TIMESTAMP.exec(body.length > 256 ? body.slice(-256) : body)
   if (ts !== null) {
-    const cid = body.startsWith('{"cid":') ? CANONICAL_CID.exec(body.slice(0, 256)) : null
-    if (cid !== null || !body.startsWith('{"cid":')) return { cid: cid?.[1], timestamp: ts[1] ?? "" }
+    const cid = body.startsWith("{\"cid\":") ? CANONICAL_CID.exec(body.slice(0, 256)) : null
+    if (cid !== null || !body.startsWith("{\"cid\":")) return { cid: cid?.[1], timestamp: ts[1] ?? "" }
   }
   const parsed = Either.try(() => JSON.parse(body) as unknown)
   if (Either.isLeft(parsed) || typeof parsed.right !== "object" || parsed.right === null) {
@@ -71,7 +71,7 @@ export const eventMeta = (body: string): { readonly cid: string | undefined; rea
  * The transform of a URL (presets are chosen by URL, SPEC §4.4), memoised per URL string (a bounded
  * map, emptied when full): a busy subscription's URL is not parsed on every attempt.
  */
-export const memoTransforms = (resolve: (url: URL) => Transform): ((url: string) => Transform | undefined) => {
+export const memoTransforms = (resolve: (url: URL) => Transform): (url: string) => Transform | undefined => {
   const transforms = new Map<string, Transform | null>()
   return (url) => {
     const known = transforms.get(url)
@@ -272,7 +272,7 @@ export const attemptSafe = (
 ): Effect.Effect<Settled> =>
   attempt(env, row, claimedAtMs, guard).pipe(
     Effect.catchAllDefect(() =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* logRecurring(env, "defect", "delivery attempt failed unexpectedly", { deliveryId: row.deliveryId })
         guard.settling = true
         const now = yield* Clock.currentTimeMillis
@@ -282,7 +282,7 @@ export const attemptSafe = (
   )
 
 const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard: { settling: boolean }) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const clock = env.clock
     const startedAtMs = clock.unsafeCurrentTimeMillis()
 

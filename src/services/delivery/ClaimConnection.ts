@@ -26,7 +26,7 @@ export const makeClaimConnection = (
   sql: SqlClient.SqlClient,
   pg: PgClient.PgClient
 ): Effect.Effect<OnClaimConnection, never, Scope.Scope> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const claimLock = yield* Effect.makeSemaphore(1)
     let claimConn: { readonly conn: Connection; readonly scope: Scope.CloseableScope } | undefined
     const releaseClaimConn = Effect.suspend(() => {
@@ -55,8 +55,7 @@ export const makeClaimConnection = (
           ),
           Effect.tap((conn) => Effect.sync(() => (claimConn = { conn, scope }))),
           Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause)))
-        )
-      )
+        ))
     })
     // A pool of one connection cannot give one away for good: there the claim runs in a transaction
     // of its own with `SET LOCAL` (three more round trips per claim, as before the reserved connection).
@@ -65,9 +64,10 @@ export const makeClaimConnection = (
       !reserveForClaims
         ? sql.withTransaction(Effect.zipRight(sql`SET LOCAL enable_bitmapscan = off`, statement))
         : claimLock.withPermits(1)(
-        Effect.flatMap(claimConnection, (conn) =>
-          Effect.provideService(statement, SqlClient.TransactionConnection, [conn, 0] as const)
-        ).pipe(Effect.onError(() => releaseClaimConn))
-      )
+          Effect.flatMap(
+            claimConnection,
+            (conn) => Effect.provideService(statement, SqlClient.TransactionConnection, [conn, 0] as const)
+          ).pipe(Effect.onError(() => releaseClaimConn))
+        )
     return onClaimConnection
   })

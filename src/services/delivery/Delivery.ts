@@ -48,9 +48,17 @@
  * (renewal, loss), Attempt (the decision answering a Settlement, and the send), Settlement (the
  * settle path), over the state and settings of WorkerState; Telemetry holds the metrics and logs.
  */
-import * as Os from "node:os"
 import { Context, Deferred, Effect, FiberSet, Layer, Queue, Random } from "effect"
 import type { Scope } from "effect"
+import * as Os from "node:os"
+import { FirehookConfig } from "../platform/Config.js"
+import { Health } from "../platform/Health.js"
+import { SafeHttp } from "../platform/http/SafeHttp.js"
+import { Lifecycle } from "../platform/Lifecycle.js"
+import type { StoreError } from "../platform/Persistence.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
+import { Registry } from "../registry/Registry.js"
+import { RegistryStore } from "../registry/RegistryStore.js"
 import { HOLD_FACTOR, ORIGIN_HOLD_FACTOR } from "./Admission.js"
 import { memoTransforms } from "./Attempt.js"
 import { makeCircuitBreaker } from "./CircuitBreaker.js"
@@ -63,14 +71,6 @@ import { Secrets } from "./Secrets.js"
 import * as Worker from "./Worker.js"
 import type { DeliveryStats } from "./Worker.js"
 import { makeState, type WorkerEnv } from "./WorkerState.js"
-import { FirehookConfig } from "../platform/Config.js"
-import { Health } from "../platform/Health.js"
-import { SafeHttp } from "../platform/http/SafeHttp.js"
-import { Lifecycle } from "../platform/Lifecycle.js"
-import type { StoreError } from "../platform/Persistence.js"
-import * as RateLimitedLog from "../platform/RateLimitedLog.js"
-import { Registry } from "../registry/Registry.js"
-import { RegistryStore } from "../registry/RegistryStore.js"
 
 export { HOLD_FACTOR, ORIGIN_HOLD_FACTOR, RELEASE_TIMEOUT } from "./Admission.js"
 export { CIRCUIT_MIN_DEFER_MS, DEFER_JITTER_MS, eventMeta, MAX_RESPONSE_BYTES, TRANSFORM_CACHE_MAX } from "./Attempt.js"
@@ -163,7 +163,7 @@ export const make = (
   | Health
   | Lifecycle
 > =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const config = yield* FirehookConfig
     const store = yield* DeliveryStore
     const destinations = yield* Destinations

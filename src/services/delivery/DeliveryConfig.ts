@@ -7,7 +7,14 @@
 import { Effect, Either } from "effect"
 import { parseCidr } from "../../schemas/Net.js"
 import type { FirehookConfigShape } from "../platform/Config.js"
-import { type ConfigInvalid, notBelow, readIntVar, readRedacted, readString, readStringVar } from "../platform/ConfigRead.js"
+import {
+  type ConfigInvalid,
+  notBelow,
+  readIntVar,
+  readRedacted,
+  readString,
+  readStringVar
+} from "../platform/ConfigRead.js"
 import { parseRedisUrl } from "./RedisUrl.js"
 import * as SecretBox from "./SecretBox.js"
 
@@ -48,14 +55,17 @@ export const redis = {
   channel: {
     env: "WEBHOOK_EVENTS_CHANNEL",
     default: "webhook:events",
-    rule: { test: (s: string) => /^[\x21-\x7e]{1,256}$/.test(s), text: "must be 1-256 printable characters without spaces" }
+    rule: {
+      test: (s: string) => /^[\x21-\x7e]{1,256}$/.test(s),
+      text: "must be 1-256 printable characters without spaces"
+    }
   },
   publishMaxBytes: { env: "REDIS_PUBLISH_MAX_BYTES", default: 8192, min: 1024, max: 1_048_576 },
   publishMaxInFlight: { env: "REDIS_PUBLISH_MAX_IN_FLIGHT", default: 4, min: 1, max: 1024 },
   publishTimeoutMs: { env: "REDIS_PUBLISH_TIMEOUT_MS", default: 1000, min: 100, max: 60_000 }
 } as const
 
-const loadDelivery: Effect.Effect<FirehookConfigShape["delivery"], ConfigInvalid> = Effect.gen(function* () {
+const loadDelivery: Effect.Effect<FirehookConfigShape["delivery"], ConfigInvalid> = Effect.gen(function*() {
   const retryBaseMs = yield* readIntVar(delivery.retryBaseMs)
   const retryMaxMs = yield* readIntVar(delivery.retryMaxMs)
   yield* notBelow(delivery.retryMaxMs.env, retryMaxMs, delivery.retryBaseMs.env, retryBaseMs)
@@ -76,7 +86,7 @@ const loadDelivery: Effect.Effect<FirehookConfigShape["delivery"], ConfigInvalid
   }
 })
 
-const loadSecrets: Effect.Effect<FirehookConfigShape["secrets"], ConfigInvalid> = Effect.gen(function* () {
+const loadSecrets: Effect.Effect<FirehookConfigShape["secrets"], ConfigInvalid> = Effect.gen(function*() {
   const encryptionKey = yield* readRedacted(
     secrets.encryptionKey.env,
     (s) => Either.isRight(SecretBox.parseKey(s)),
@@ -90,7 +100,7 @@ const loadSecrets: Effect.Effect<FirehookConfigShape["secrets"], ConfigInvalid> 
   return { encryptionKey, previousKeys }
 })
 
-const loadRedis: Effect.Effect<FirehookConfigShape["redis"], ConfigInvalid> = Effect.gen(function* () {
+const loadRedis: Effect.Effect<FirehookConfigShape["redis"], ConfigInvalid> = Effect.gen(function*() {
   const url = yield* readRedacted(
     redis.url.env,
     (s) => s.length <= 2048 && Either.isRight(parseRedisUrl(s)),
@@ -103,11 +113,12 @@ const loadRedis: Effect.Effect<FirehookConfigShape["redis"], ConfigInvalid> = Ef
   return { url, channel, publishMaxBytes, publishMaxInFlight, publishTimeoutMs }
 })
 
-export const load: Effect.Effect<Pick<FirehookConfigShape, "delivery" | "secrets" | "redis">, ConfigInvalid> = Effect.gen(
-  function* () {
-    const d = yield* loadDelivery
-    const s = yield* loadSecrets
-    const r = yield* loadRedis
-    return { delivery: d, secrets: s, redis: r }
-  }
-)
+export const load: Effect.Effect<Pick<FirehookConfigShape, "delivery" | "secrets" | "redis">, ConfigInvalid> = Effect
+  .gen(
+    function*() {
+      const d = yield* loadDelivery
+      const s = yield* loadSecrets
+      const r = yield* loadRedis
+      return { delivery: d, secrets: s, redis: r }
+    }
+  )

@@ -33,8 +33,8 @@
 import type { SqlClient } from "@effect/sql"
 import type { PgClient } from "@effect/sql-pg"
 import { Context, Duration, type Effect, Layer, type Stream } from "effect"
-import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { OutboxRow } from "../matching/Outbox.js"
+import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { makeSql } from "./DeliveryStoreSql.js"
 
@@ -160,7 +160,11 @@ export interface DeliveryStoreShape {
     leaseMs: number
   ) => Effect.Effect<ReadonlySet<string>, StoreError>
   /** → `delivered` (+ audit). `attemptCount` is the new total. */
-  readonly markDelivered: (deliveryId: string, token: string, outcome: DeliveredAttempt) => Effect.Effect<boolean, StoreError>
+  readonly markDelivered: (
+    deliveryId: string,
+    token: string,
+    outcome: DeliveredAttempt
+  ) => Effect.Effect<boolean, StoreError>
   /** → `pending` again after `delayMs`, attempt spent, lease cleared. */
   readonly reschedule: (
     deliveryId: string,

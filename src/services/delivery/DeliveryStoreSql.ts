@@ -6,16 +6,16 @@
  * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
  * limits only when it runs.
  */
-import type { TerminalStatus } from "../matching/OutboxStatus.js"
 import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Clock, Effect, Ref, type Scope, Stream } from "effect"
 import type { Operation } from "../../schemas/RecordEvent.js"
-import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
 import { ORIGIN_SQL } from "../matching/Origin.js"
-import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"
+import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
+import type { TerminalStatus } from "../matching/OutboxStatus.js"
 import { codeOr } from "../platform/ErrorCode.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"
 import { makeClaimConnection } from "./ClaimConnection.js"
 import {
   type AttemptRecord,
@@ -54,7 +54,6 @@ const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
 
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL
-
 
 interface ClaimDbRow {
   readonly cand_count: number
@@ -256,7 +255,9 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
           row_number() OVER (PARTITION BY c.origin ORDER BY c.next_attempt_at, c.delivery_id) AS rn,
           COALESCE(r.room, ${p.defaultRoom}::int) AS room
         FROM cand c
-        LEFT JOIN unnest(${p.rooms.map((r) => r.origin)}::text[], ${p.rooms.map((r) => r.room)}::int[]) AS r(origin, room)
+        LEFT JOIN unnest(${p.rooms.map((r) => r.origin)}::text[], ${
+    p.rooms.map((r) => r.room)
+  }::int[]) AS r(origin, room)
           ON r.origin = c.origin
       ),
       picked AS (
@@ -340,7 +341,9 @@ const heartbeatManyStatement = (
             FOR UPDATE OF o SKIP LOCKED
           ),
           upd AS (
-            UPDATE outbox o SET leased_until = now() + ${clampInt(leaseMs, 1, 24 * 3_600_000)}::int * interval '1 millisecond',
+            UPDATE outbox o SET leased_until = now() + ${
+      clampInt(leaseMs, 1, 24 * 3_600_000)
+    }::int * interval '1 millisecond',
               updated_at = now()
             FROM lk WHERE o.delivery_id = lk.delivery_id
             RETURNING o.lease_token
@@ -351,9 +354,9 @@ const heartbeatManyStatement = (
               AND o.delivery_id NOT IN (SELECT delivery_id FROM lk)
           )
           SELECT lease_token FROM upd UNION ALL SELECT lease_token FROM busy`.pipe(
-          Effect.map((rows): ReadonlySet<string> => new Set(rows.map((r) => r.lease_token))),
-          op("delivery.heartbeatMany")
-        )
+      Effect.map((rows): ReadonlySet<string> => new Set(rows.map((r) => r.lease_token))),
+      op("delivery.heartbeatMany")
+    )
 
 const heartbeatStatement = (sql: SqlClient.SqlClient, deliveryId: string, token: string, leaseMs: number) =>
   sql<{ delivery_id: string }>`
@@ -361,9 +364,9 @@ const heartbeatStatement = (sql: SqlClient.SqlClient, deliveryId: string, token:
         updated_at = now()
       WHERE delivery_id = ${deliveryId} AND status = 'leased' AND lease_token = ${token}
       RETURNING delivery_id`.pipe(
-      Effect.map((rows) => rows.length > 0),
-      op("delivery.heartbeat")
-    )
+    Effect.map((rows) => rows.length > 0),
+    op("delivery.heartbeat")
+  )
 
 // ---------------------------------------------------------------------------------------------
 // Settle
@@ -505,14 +508,15 @@ const countsStatement = (sql: SqlClient.SqlClient) =>
     SELECT
       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'pending' LIMIT ${COUNT_CAP}) s)::int AS pending,
       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'leased' LIMIT ${COUNT_CAP}) s)::int AS leased,
-      (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'dead_letter' LIMIT ${COUNT_CAP}) s)::int AS dead_letter`.pipe(
-    Effect.map((rows): DeliveryCounts => ({
-      pending: Number(rows[0]?.pending ?? 0),
-      leased: Number(rows[0]?.leased ?? 0),
-      deadLetter: Number(rows[0]?.dead_letter ?? 0)
-    })),
-    op("delivery.counts")
-  )
+      (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'dead_letter' LIMIT ${COUNT_CAP}) s)::int AS dead_letter`
+    .pipe(
+      Effect.map((rows): DeliveryCounts => ({
+        pending: Number(rows[0]?.pending ?? 0),
+        leased: Number(rows[0]?.leased ?? 0),
+        deadLetter: Number(rows[0]?.dead_letter ?? 0)
+      })),
+      op("delivery.counts")
+    )
 
 const subscriptionsStatement = (
   sql: SqlClient.SqlClient,
@@ -528,16 +532,16 @@ const subscriptionsStatement = (
             WITH ORDINALITY AS k(owner_did, rkey, i)
           LEFT JOIN webhooks w ON w.owner_did = k.owner_did AND w.rkey = k.rkey
           LEFT JOIN owners ow ON ow.did = k.owner_did`.pipe(
-          Effect.map((rows) => {
-            const out: Array<SubscriptionSnapshot> = keys.map(() => MISSING_SUBSCRIPTION)
-            for (const r of rows) {
-              const at = Number(r.i) - 1
-              if (at >= 0 && at < out.length) out[at] = snapshotFrom(r)
-            }
-            return out
-          }),
-          op("delivery.subscriptions")
-        )
+      Effect.map((rows) => {
+        const out: Array<SubscriptionSnapshot> = keys.map(() => MISSING_SUBSCRIPTION)
+        for (const r of rows) {
+          const at = Number(r.i) - 1
+          if (at >= 0 && at < out.length) out[at] = snapshotFrom(r)
+        }
+        return out
+      }),
+      op("delivery.subscriptions")
+    )
 
 // ---------------------------------------------------------------------------------------------
 // The store
@@ -546,7 +550,7 @@ export const makeSql: Effect.Effect<
   DeliveryStoreShape,
   never,
   SqlClient.SqlClient | PgClient.PgClient | Scope.Scope
-> = Effect.gen(function* () {
+> = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const pg = yield* PgClient.PgClient
   const f = fragments(sql)
@@ -572,7 +576,7 @@ export const makeSql: Effect.Effect<
     defer: (deliveryId, token, ms) => settle(deferred(deliveryId, token, ms)),
     deadLetter: (deliveryId, token, failure) => settle(deadLettered(deliveryId, token, failure)),
     cancel: (deliveryId, token, reason) => settle(cancelled(deliveryId, token, reason)),
-    counts: Effect.gen(function* () {
+    counts: Effect.gen(function*() {
       const now = yield* Clock.currentTimeMillis
       const cached = yield* Ref.get(counts)
       if (cached !== undefined && now - cached.at < COUNTS_TTL_MS) return cached.value

@@ -103,8 +103,7 @@ export const selectPreset = (url: URL): PresetName =>
   isSlackUrl(url) ? "slack" : isDiscordUrl(url) ? "discord" : "webhook"
 
 /** `at://<did>/<collection>/<rkey>` of the event's record. */
-export const eventUri = (event: DeliveryInput["event"]): string =>
-  `at://${event.did}/${event.collection}/${event.rkey}`
+export const eventUri = (event: DeliveryInput["event"]): string => `at://${event.did}/${event.collection}/${event.rkey}`
 
 /** `at://<owner>/place.wisp.v2.wh/<rkey>` of the webhook record. */
 export const webhookUri = (subscription: DeliveryInput["subscription"]): string =>

@@ -34,8 +34,10 @@ interface Waiter<K, A, E> {
   readonly resume: (effect: Effect.Effect<A, E>) => void
 }
 
-export const make = <K, A, E>(options: FreshReaderOptions<K, A, E>): Effect.Effect<FreshReader<K, A, E>, never, Scope.Scope> =>
-  Effect.gen(function* () {
+export const make = <K, A, E>(
+  options: FreshReaderOptions<K, A, E>
+): Effect.Effect<FreshReader<K, A, E>, never, Scope.Scope> =>
+  Effect.gen(function*() {
     const maxBatch = Math.max(1, Math.floor(options.maxBatch))
     const wake = yield* Queue.sliding<void>(1)
     let pending: Array<Waiter<K, A, E>> = []
@@ -66,7 +68,7 @@ export const make = <K, A, E>(options: FreshReaderOptions<K, A, E>): Effect.Effe
       return { batch, keys, slots }
     }
 
-    const loop = Effect.gen(function* () {
+    const loop = Effect.gen(function*() {
       while (true) {
         if (pending.length === 0) {
           yield* Queue.take(wake)

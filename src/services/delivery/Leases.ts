@@ -20,7 +20,7 @@ export const HEARTBEAT_CHUNK = 1_000
 
 /** The lease of a row held by this worker is gone (or could not be renewed for too long). */
 export const leaseLost = (env: WorkerEnv, entry: RowEntry) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     if (entry.settling) return
     if (entry.started && entry.fiber === undefined) return
     entry.settling = true
@@ -42,7 +42,7 @@ export const leaseLost = (env: WorkerEnv, entry: RowEntry) =>
 
 /** Renews the leases of every held row that is not settling. */
 export const renewAll = (env: WorkerEnv) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const leaseMs = env.leaseMs
     const held = [...env.state.entries.values()].filter((e) => !e.settling)
     for (let i = 0; i < held.length; i += HEARTBEAT_CHUNK) {

@@ -13,7 +13,6 @@
  * The RESP2 client is written here (on `node:net` / `node:tls`): it needs only AUTH, SELECT and
  * PUBLISH, replies are matched to commands in order, and the read buffer is bounded.
  */
-import type { TerminalStatus } from "../matching/OutboxStatus.js"
 import {
   Clock,
   Context,
@@ -36,6 +35,7 @@ import {
 import type { Scope } from "effect"
 import * as Net from "node:net"
 import * as Tls from "node:tls"
+import type { TerminalStatus } from "../matching/OutboxStatus.js"
 import * as Backoff from "../platform/Backoff.js"
 import * as ErrorCode from "../platform/ErrorCode.js"
 import { Health, statsSection } from "../platform/Health.js"
@@ -113,7 +113,10 @@ const INCOMPLETE: RespParse = { _tag: "Incomplete" }
 const invalidParse = (reason: string): RespParse => ({ _tag: "Invalid", reason })
 const INTEGER_TEXT = /^-?\d{1,15}$/
 
-const readLine = (buf: Buffer, offset: number): { readonly line: string; readonly next: number } | "incomplete" | "invalid" => {
+const readLine = (
+  buf: Buffer,
+  offset: number
+): { readonly line: string; readonly next: number } | "incomplete" | "invalid" => {
   const end = buf.indexOf("\r\n", offset, "latin1")
   if (end < 0) return buf.length - offset > RESP_LIMITS.maxLine ? "invalid" : "incomplete"
   if (end - offset > RESP_LIMITS.maxLine) return "invalid"
@@ -146,7 +149,11 @@ export const parseReply = (buf: Buffer, offset = 0, depth = 0): RespParse => {
       if (len < 0 || len > RESP_LIMITS.maxBulk) return invalidParse("bulk length")
       if (buf.length < next + len + 2) return INCOMPLETE
       if (buf[next + len] !== 0x0d || buf[next + len + 1] !== 0x0a) return invalidParse("bulk terminator")
-      return { _tag: "Done", reply: { _tag: "Bulk", value: buf.toString("utf8", next, next + len) }, next: next + len + 2 }
+      return {
+        _tag: "Done",
+        reply: { _tag: "Bulk", value: buf.toString("utf8", next, next + len) },
+        next: next + len + 2
+      }
     }
     case 0x2a: {
       // *
@@ -186,7 +193,9 @@ export const REDIS_ERROR_KINDS = ["connect", "closed", "timeout", "protocol", "a
 export type RedisErrorKind = (typeof REDIS_ERROR_KINDS)[number]
 
 /** A Redis failure: a kind and an errno-like or Redis error code; never a URL, password or payload. */
-export class RedisError extends Data.TaggedError("RedisError")<{ readonly kind: RedisErrorKind; readonly code: string }> {
+export class RedisError
+  extends Data.TaggedError("RedisError")<{ readonly kind: RedisErrorKind; readonly code: string }>
+{
   override get message(): string {
     return `redis ${this.kind} (${this.code})`
   }
@@ -228,7 +237,7 @@ export const connect = (
   target: RedisTarget,
   options: ConnectOptions = {}
 ): Effect.Effect<RespConnection, RedisError, Scope.Scope> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const maxReadBuffer = options.maxReadBuffer ?? 64 * 1024
     const maxPending = options.maxPending ?? 16
     const ready = yield* Deferred.make<void, RedisError>()
@@ -272,10 +281,10 @@ export const connect = (
     const open = (): Net.Socket => {
       const s = target.tls
         ? Tls.connect({
-            host: target.host,
-            port: target.port,
-            ...(Net.isIP(target.host) === 0 ? { servername: target.host } : {})
-          })
+          host: target.host,
+          port: target.port,
+          ...(Net.isIP(target.host) === 0 ? { servername: target.host } : {})
+        })
         : Net.connect({ host: target.host, port: target.port })
       socket = s
       s.on("data", onData)
@@ -298,14 +307,13 @@ export const connect = (
           pending.push(d)
           sock.write(encodeCommand(args))
           return Deferred.await(d)
-        })
-      ).pipe(
-        Effect.flatMap((reply) =>
-          reply._tag === "Error"
-            ? Effect.fail(new RedisError({ kind: "reply", code: replyCode(reply.value) }))
-            : Effect.succeed(reply)
+        })).pipe(
+          Effect.flatMap((reply) =>
+            reply._tag === "Error"
+              ? Effect.fail(new RedisError({ kind: "reply", code: replyCode(reply.value) }))
+              : Effect.succeed(reply)
+          )
         )
-      )
 
     const conn: RespConnection = {
       command,
@@ -313,12 +321,14 @@ export const connect = (
       destroy: Effect.sync(() => shutdown(new RedisError({ kind: "closed", code: "local" })))
     }
 
-    const handshake = Effect.gen(function* () {
+    const handshake = Effect.gen(function*() {
       yield* Deferred.await(ready)
       if (target.password !== undefined) {
         const password = Redacted.value(target.password)
         const args = target.username !== undefined ? ["AUTH", target.username, password] : ["AUTH", password]
-        yield* command(args).pipe(Effect.mapError((e) => (e.kind === "reply" ? new RedisError({ kind: "auth", code: e.code }) : e)))
+        yield* command(args).pipe(
+          Effect.mapError((e) => (e.kind === "reply" ? new RedisError({ kind: "auth", code: e.code }) : e))
+        )
       }
       if (target.db !== 0) yield* command(["SELECT", String(target.db)])
     })
@@ -399,7 +409,8 @@ const droppedTotal = labelledCounterFamily("firehook_redis_dropped_total", {
   incremental: true
 })
 
-const healthSection = (stats: Effect.Effect<PublisherStats>) => statsSection(stats, ["configured", "connected", "dropped"])
+const healthSection = (stats: Effect.Effect<PublisherStats>) =>
+  statsSection(stats, ["configured", "connected", "dropped"])
 
 /**
  * The publisher, for the lifetime of the calling scope: its connection fiber and in-flight
@@ -409,7 +420,7 @@ const healthSection = (stats: Effect.Effect<PublisherStats>) => statsSection(sta
 export const make = (
   options: PublisherOptions
 ): Effect.Effect<PublisherHandle, RedisUrlInvalid, Health | Scope.Scope> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const health = yield* Health
     const state = yield* SubscriptionRef.make<PublisherStats>({
       configured: options.url !== undefined,
@@ -454,16 +465,15 @@ export const make = (
     /** Log a connection problem at most once a minute (kind and code only). */
     const logProblem = (message: string, e: RedisError) =>
       problems.run("connection", (suppressed) =>
-        Effect.logWarning(message).pipe(Effect.annotateLogs({ kind: e.kind, code: e.code, suppressed }))
-      )
+        Effect.logWarning(message).pipe(Effect.annotateLogs({ kind: e.kind, code: e.code, suppressed })))
 
     // One connection at a time; the backoff resets only after a connection that stayed up for a
     // whole backoff cap, so a server that accepts and then drops at once cannot make us spin.
-    const connection = Effect.gen(function* () {
+    const connection = Effect.gen(function*() {
       const driver = yield* Schedule.driver(
         fullJitterBackoff(options.backoffBase ?? DEFAULTS.backoffBase, options.backoffCap ?? DEFAULTS.backoffCap)
       )
-      const session = Effect.gen(function* () {
+      const session = Effect.gen(function*() {
         const conn = yield* connect(target, { connectTimeout: options.connectTimeout ?? DEFAULTS.connectTimeout })
         const since = yield* Clock.currentTimeMillis
         yield* Ref.set(current, Option.some(conn))
@@ -483,7 +493,9 @@ export const make = (
       while (true) {
         const result = yield* Effect.either(session)
         if (Either.isRight(result)) {
-          if (result.right.uptime >= backoffCapMs) yield* driver.reset
+          if (result.right.uptime >= backoffCapMs) {
+            yield* driver.reset
+          }
           yield* logProblem("redis connection lost", result.right.why)
         } else {
           yield* logProblem("redis connection failed", result.left)
@@ -495,7 +507,11 @@ export const make = (
 
     const send = (conn: RespConnection, json: string) =>
       conn.command(["PUBLISH", channel, json]).pipe(
-        Effect.timeoutFail({ duration: replyTimeout, onTimeout: () => new RedisError({ kind: "timeout", code: "reply" }) }),
+        Effect.timeoutFail({
+          duration: replyTimeout,
+          onTimeout: () =>
+            new RedisError({ kind: "timeout", code: "reply" })
+        }),
         Effect.matchEffect({
           onSuccess: () =>
             SubscriptionRef.update(state, (s) => ({ ...s, published: s.published + 1 })).pipe(
@@ -503,14 +519,14 @@ export const make = (
             ),
           onFailure: (e) =>
             e.kind === "timeout"
-              ? // a server that does not answer within the timeout is treated as gone: reset
-                Effect.zipRight(conn.destroy, drop("timeout"))
+              // a server that does not answer within the timeout is treated as gone: reset
+              ? Effect.zipRight(conn.destroy, drop("timeout"))
               : drop("error")
         }),
         Effect.ensuring(Ref.update(inFlight, (n) => n - 1))
       )
 
-    const publish = Effect.fn("Publisher.publish")(function* (event: AuditEvent) {
+    const publish = Effect.fn("Publisher.publish")(function*(event: AuditEvent) {
       const json = encodeEvent(event)
       if (Buffer.byteLength(json, "utf8") > maxMessageBytes) return yield* drop("oversize")
       const conn = yield* Ref.get(current)

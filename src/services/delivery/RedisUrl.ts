@@ -51,7 +51,7 @@ export const parseRedisUrl = (input: string): Either.Either<RedisTarget, RedisUr
   const port = u.port.length > 0 ? Number(u.port) : 6379
   if (!Number.isInteger(port) || port < 1 || port > 65_535) return invalid("port must be in 1..65535")
   const host = u.hostname.startsWith("[") && u.hostname.endsWith("]") ? u.hostname.slice(1, -1) : u.hostname
-  return Either.gen(function* () {
+  return Either.gen(function*() {
     const username = u.username.length > 0 ? yield* decodePart(u.username) : undefined
     const password = u.password.length > 0 ? Redacted.make(yield* decodePart(u.password)) : undefined
     return { tls: u.protocol === "rediss:", host, port, username, password, db }

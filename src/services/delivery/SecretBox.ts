@@ -19,8 +19,8 @@
  *
  * @since 0.1.0
  */
-import { createCipheriv, createDecipheriv, createHash, randomBytes } from "node:crypto"
 import { Data, Either } from "effect"
+import { createCipheriv, createDecipheriv, createHash, randomBytes } from "node:crypto"
 
 /** Envelope version tag. */
 export const ENVELOPE_VERSION = "wse1"

@@ -21,13 +21,13 @@
  * Bound (decision): at most 1,000 secrets per owner (`limit_reached`), so `list` is bounded.
  */
 import { SqlClient } from "@effect/sql"
-import { randomBytes } from "node:crypto"
 import { Clock, Context, Data, Duration, Effect, Either, Layer, Option, Redacted, Ref } from "effect"
-import * as SecretBox from "./SecretBox.js"
-import { SecretUnavailable } from "./SecretBox.js"
+import { randomBytes } from "node:crypto"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { codeOr } from "../platform/ErrorCode.js"
+import * as SecretBox from "./SecretBox.js"
+import { SecretUnavailable } from "./SecretBox.js"
 
 export { SecretUnavailable }
 
@@ -56,7 +56,8 @@ const MESSAGES: { readonly [R in SecretsErrorReason]: string } = {
   not_found: "no secret with this name exists for this owner",
   limit_reached: `an owner may have at most ${MAX_SECRETS_PER_OWNER} secrets`,
   no_key: "WEBHOOK_SECRET_ENCRYPTION_KEY is not set: a current encryption key is needed to create or rotate secrets",
-  invalid_key: "the secret encryption keyring is invalid (WEBHOOK_SECRET_ENCRYPTION_KEY / WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS)",
+  invalid_key:
+    "the secret encryption keyring is invalid (WEBHOOK_SECRET_ENCRYPTION_KEY / WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS)",
   store: "the secrets table could not be read or written"
 }
 
@@ -66,7 +67,9 @@ export class SecretsError extends Data.TaggedError("SecretsError")<{
   readonly code?: string
 }> {
   override get message(): string {
-    return this.code === undefined ? `secrets: ${MESSAGES[this.reason]}` : `secrets: ${MESSAGES[this.reason]} (${this.code})`
+    return this.code === undefined
+      ? `secrets: ${MESSAGES[this.reason]}`
+      : `secrets: ${MESSAGES[this.reason]} (${this.code})`
   }
 }
 
@@ -129,18 +132,22 @@ const storeError = (e: unknown) => new SecretsError({ reason: "store", code: cod
 /** Every secrets statement is bounded (SPEC §7); a read runs inside a delivery attempt's slot. */
 const STORE_TIMEOUT = "15 seconds"
 const bounded = <A, R>(eff: Effect.Effect<A, SecretsError, R>): Effect.Effect<A, SecretsError, R> =>
-  Effect.timeoutFail(eff, { duration: STORE_TIMEOUT, onTimeout: () => new SecretsError({ reason: "store", code: "timeout" }) })
+  Effect.timeoutFail(eff, {
+    duration: STORE_TIMEOUT,
+    onTimeout: () => new SecretsError({ reason: "store", code: "timeout" })
+  })
 
-export const makeSqlStore = Effect.gen(function* () {
+export const makeSqlStore = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const store: SecretsStoreShape = {
     get: (ownerDid, name) =>
       sql<{ envelope: string }>`SELECT envelope FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`.pipe(
         Effect.map((rows) => rows[0]?.envelope),
-        Effect.mapError(storeError), bounded
+        Effect.mapError(storeError),
+        bounded
       ),
     insert: (ownerDid, name, envelope) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         // One statement: the per-owner bound and the uniqueness check together.
         const inserted = yield* sql<{ name: string }>`
           INSERT INTO secrets (owner_did, name, envelope)
@@ -159,12 +166,14 @@ export const makeSqlStore = Effect.gen(function* () {
         WHERE owner_did = ${ownerDid} AND name = ${name}
         RETURNING name`.pipe(
         Effect.map((rows) => rows.length > 0),
-        Effect.mapError(storeError), bounded
+        Effect.mapError(storeError),
+        bounded
       ),
     delete: (ownerDid, name) =>
       sql<{ name: string }>`DELETE FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name} RETURNING name`.pipe(
         Effect.map((rows) => rows.length > 0),
-        Effect.mapError(storeError), bounded
+        Effect.mapError(storeError),
+        bounded
       ),
     list: (ownerDid) =>
       sql<{ name: string; created_at: Date; rotated_at: Date | null }>`
@@ -177,15 +186,18 @@ export const makeSqlStore = Effect.gen(function* () {
             rotatedAt: r.rotated_at === null ? undefined : new Date(r.rotated_at)
           }))
         ),
-        Effect.mapError(storeError), bounded
+        Effect.mapError(storeError),
+        bounded
       )
   }
   return store
 })
 
 /** An in-memory store (tests and embedding); times come from the Effect `Clock`. */
-export const makeMemoryStore = Effect.gen(function* () {
-  const rows = yield* Ref.make<ReadonlyMap<string, StoredSecret & { readonly ownerDid: string; readonly name: string }>>(
+export const makeMemoryStore = Effect.gen(function*() {
+  const rows = yield* Ref.make<
+    ReadonlyMap<string, StoredSecret & { readonly ownerDid: string; readonly name: string }>
+  >(
     new Map()
   )
   const now = Effect.map(Clock.currentTimeMillis, (ms) => new Date(ms))
@@ -199,9 +211,11 @@ export const makeMemoryStore = Effect.gen(function* () {
           let owned = 0
           for (const r of m.values()) if (r.ownerDid === ownerDid) owned++
           if (owned >= MAX_SECRETS_PER_OWNER) return ["limit" as const, m]
-          return ["inserted" as const, new Map(m).set(key, { ownerDid, name, envelope, createdAt, rotatedAt: undefined })]
-        })
-      ),
+          return [
+            "inserted" as const,
+            new Map(m).set(key, { ownerDid, name, envelope, createdAt, rotatedAt: undefined })
+          ]
+        })),
     update: (ownerDid, name, envelope) =>
       Effect.flatMap(now, (rotatedAt) =>
         Ref.modify(rows, (m) => {
@@ -209,8 +223,7 @@ export const makeMemoryStore = Effect.gen(function* () {
           const old = m.get(key)
           if (old === undefined) return [false, m]
           return [true, new Map(m).set(key, { ...old, envelope, rotatedAt })]
-        })
-      ),
+        })),
     delete: (ownerDid, name) =>
       Ref.modify(rows, (m) => {
         const key = cacheKey(ownerDid, name)
@@ -339,8 +352,8 @@ const checkIds = (ownerDid: string, name: string): Effect.Effect<void, SecretsEr
   !isCanonicalDid(ownerDid)
     ? Effect.fail(new SecretsError({ reason: "invalid_owner" }))
     : !SECRET_NAME.test(name)
-      ? Effect.fail(new SecretsError({ reason: "invalid_name" }))
-      : Effect.void
+    ? Effect.fail(new SecretsError({ reason: "invalid_name" }))
+    : Effect.void
 
 /** The service over a store and a keyring. */
 export const make = (
@@ -351,7 +364,7 @@ export const make = (
   Effect.sync(() => {
     const cache = makeTokenCache(options)
 
-    const resolve = Effect.fn("Secrets.resolve")(function* (ownerDid: string, name: string) {
+    const resolve = Effect.fn("Secrets.resolve")(function*(ownerDid: string, name: string) {
       if (!isCanonicalDid(ownerDid) || !SECRET_NAME.test(name)) return yield* Effect.fail(new SecretUnavailable())
       const key = cacheKey(ownerDid, name)
       const startedAt = cache.generation()
@@ -373,7 +386,7 @@ export const make = (
       return token
     })
 
-    const create = Effect.fn("Secrets.create")(function* (ownerDid: string, name: string, token?: string) {
+    const create = Effect.fn("Secrets.create")(function*(ownerDid: string, name: string, token?: string) {
       yield* checkIds(ownerDid, name)
       const sealed = yield* sealNew(keyring, token)
       const result = yield* store.insert(ownerDid, name, sealed.envelope)
@@ -383,7 +396,7 @@ export const make = (
       return sealed.token
     })
 
-    const rotate = Effect.fn("Secrets.rotate")(function* (ownerDid: string, name: string, token?: string) {
+    const rotate = Effect.fn("Secrets.rotate")(function*(ownerDid: string, name: string, token?: string) {
       yield* checkIds(ownerDid, name)
       const sealed = yield* sealNew(keyring, token)
       const updated = yield* store.update(ownerDid, name, sealed.envelope)
@@ -392,14 +405,14 @@ export const make = (
       return sealed.token
     })
 
-    const remove = Effect.fn("Secrets.remove")(function* (ownerDid: string, name: string) {
+    const remove = Effect.fn("Secrets.remove")(function*(ownerDid: string, name: string) {
       yield* checkIds(ownerDid, name)
       const removed = yield* store.delete(ownerDid, name)
       yield* cache.invalidate(cacheKey(ownerDid, name))
       return removed
     })
 
-    const list = Effect.fn("Secrets.list")(function* (ownerDid: string) {
+    const list = Effect.fn("Secrets.list")(function*(ownerDid: string) {
       if (!isCanonicalDid(ownerDid)) return yield* Effect.fail(new SecretsError({ reason: "invalid_owner" }))
       return yield* store.list(ownerDid)
     })
@@ -424,7 +437,7 @@ export class Secrets extends Context.Tag("firehook/Secrets")<Secrets, SecretsSha
   ): Layer.Layer<Secrets, never, SqlClient.SqlClient | FirehookConfig> =>
     Layer.effect(
       Secrets,
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const config = yield* FirehookConfig
         const keyring = yield* Effect.orDie(keyringFromConfig(config))
         const store = yield* makeSqlStore
@@ -453,9 +466,8 @@ export class Secrets extends Context.Tag("firehook/Secrets")<Secrets, SecretsSha
   ): Layer.Layer<Secrets> =>
     Layer.effect(
       Secrets,
-      Effect.gen(function* () {
-        const keyring =
-          options.keyring ??
+      Effect.gen(function*() {
+        const keyring = options.keyring ??
           (yield* Effect.orDie(
             Either.mapLeft(SecretBox.makeKeyring(randomKey(), []), () => new SecretsError({ reason: "invalid_key" }))
           ))

@@ -16,13 +16,13 @@ export type SettleOne<I> = (item: I) => Effect.Effect<boolean, StoreError>
 export const makeSettleBatcher = <I extends { readonly token: string }>(
   run: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<{ readonly lease_token: string }>, StoreError>
 ): Effect.Effect<SettleOne<I>, never, Scope.Scope> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     type Waiter = { readonly item: I; readonly resume: (result: Effect.Effect<boolean, StoreError>) => void }
     const queue: Array<Waiter> = []
     const work = yield* Queue.sliding<void>(1)
     const APPLIED = Effect.succeed(true)
     const NOT_APPLIED = Effect.succeed(false)
-    const flusher = Effect.gen(function* () {
+    const flusher = Effect.gen(function*() {
       while (true) {
         if (queue.length === 0) {
           yield* Queue.take(work)
@@ -38,19 +38,26 @@ export const makeSettleBatcher = <I extends { readonly token: string }>(
           for (const b of batch) b.resume(applied.has(b.item.token) ? APPLIED : NOT_APPLIED)
         } else {
           const error = Effect.fail(
-            Option.getOrElse(Cause.failureOption(result.cause), () => new StoreError({ op: "delivery.settle", code: "defect" }))
+            Option.getOrElse(Cause.failureOption(result.cause), () =>
+              new StoreError({ op: "delivery.settle", code: "defect" }))
           )
-          for (const b of batch) b.resume(error)
+          for (const b of batch) {
+            b.resume(error)
+          }
         }
       }
     })
-    for (let i = 0; i < SETTLE_FLUSHERS; i++) yield* Effect.forkScoped(flusher)
+    for (let i = 0; i < SETTLE_FLUSHERS; i++) {
+      yield* Effect.forkScoped(flusher)
+    }
     // settles still queued when the store's scope closes are answered, not left waiting
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
         const left = queue.splice(0, queue.length)
         const error = Effect.fail(new StoreError({ op: "delivery.settle", code: "shutdown" }))
-        for (const b of left) b.resume(error)
+        for (const b of left) {
+          b.resume(error)
+        }
       })
     )
 

@@ -8,12 +8,12 @@
  * @since 0.1.0
  */
 import { Data, Duration, Effect, Option, Random } from "effect"
+import type { StoreError } from "../platform/Persistence.js"
 import { type FailureKind, isRetryable } from "./Classify.js"
 import type { AttemptRecord, ClaimedRow } from "./DeliveryStore.js"
 import type { OutgoingRequest } from "./Destinations.js"
 import type { AuditEvent } from "./Publisher.js"
 import { nextDelay } from "./RetryPolicy.js"
-import type { StoreError } from "../platform/Persistence.js"
 import { countAttempt, countNotAttempted, logStoreError } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
@@ -74,7 +74,9 @@ export const settle = (env: WorkerEnv, row: ClaimedRow, s: Settled): Effect.Effe
     case "Deliver":
       return delivered(env, row, s.httpStatus, s.attempt)
     case "Fail":
-      return s.kind === "gone" ? Effect.flatMap(failed(env, row, s), (dead) => dead ? markGone(env, row) : Effect.void) : Effect.asVoid(failed(env, row, s))
+      return s.kind === "gone"
+        ? Effect.flatMap(failed(env, row, s), (dead) => dead ? markGone(env, row) : Effect.void)
+        : Effect.asVoid(failed(env, row, s))
   }
 }
 
@@ -112,13 +114,13 @@ const guarded = (env: WorkerEnv, eff: Effect.Effect<boolean, StoreError>) =>
   )
 
 const deferRow = (env: WorkerEnv, row: ClaimedRow, delayMs: number, reason: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     yield* guarded(env, env.store.defer(row.deliveryId, row.leaseToken, delayMs))
     countNotAttempted(reason)
   })
 
 const cancelRow = (env: WorkerEnv, row: ClaimedRow, reason: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const applied = yield* guarded(env, env.store.cancel(row.deliveryId, row.leaseToken, reason))
     countNotAttempted(reason)
     if (applied) yield* publish(env, row, "cancelled", undefined, reason)
@@ -131,7 +133,14 @@ const delivered = (
   attempt: AttemptRecord
 ) =>
   Effect.flatMap(
-    guarded(env, env.store.markDelivered(row.deliveryId, row.leaseToken, { attemptCount: row.attemptCount + 1, httpStatus, attempt })),
+    guarded(
+      env,
+      env.store.markDelivered(row.deliveryId, row.leaseToken, {
+        attemptCount: row.attemptCount + 1,
+        httpStatus,
+        attempt
+      })
+    ),
     (applied) => {
       countAttempt(attempt.outcome, "none")
       return applied ? publish(env, row, "delivered", httpStatus, undefined) : Effect.void
@@ -143,7 +152,7 @@ const delivered = (
  * Answers whether it was dead-lettered.
  */
 const failed = (env: WorkerEnv, row: ClaimedRow, f: Data.TaggedEnum.Value<Settlement, "Fail">) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const { kind, httpStatus } = f
     const attemptCount = row.attemptCount + 1
     const delay = retryableKind(kind) ? yield* nextDelay(env.retryConfig, attemptCount, f.retryAfterMs) : Option.none()

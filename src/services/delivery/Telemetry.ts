@@ -9,9 +9,9 @@
  */
 import { Effect, Metric, MetricBoundaries } from "effect"
 import type { MetricLabel } from "effect"
-import type { AttemptRecord } from "./DeliveryStore.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import type { StoreError } from "../platform/Persistence.js"
+import type { AttemptRecord } from "./DeliveryStore.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
 // ---------------------------------------------------------------------------------------------

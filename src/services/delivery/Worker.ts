@@ -14,10 +14,10 @@
  */
 import { Clock, Deferred, Duration, Effect, Either, Fiber, FiberSet, Option, Queue, Stream } from "effect"
 import type { Scope } from "effect"
-import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
-import { type DeliveryCounts, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
 import { exponential } from "../platform/Backoff.js"
 import { type HealthSection, statsSection } from "../platform/Health.js"
+import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
+import { type DeliveryCounts, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
 import { heartbeatLoop } from "./Leases.js"
 import { logStoreError } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
@@ -52,7 +52,7 @@ export interface DeliveryStats {
 // The claim loop
 
 export const claimLoop = (env: WorkerEnv) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const state = env.state
     const { concurrency, maxHeld, minBatch, pollIntervalMs } = env
     let nextPollAt = 0
@@ -107,7 +107,7 @@ export const claimLoop = (env: WorkerEnv) =>
 // LISTEN
 
 const onNotification = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const state = env.state
     state.notified = true
     if (!state.listening) {
@@ -119,7 +119,7 @@ const onNotification = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
 
 /** Notify ourselves until the first notification arrives on this LISTEN session. */
 const probe = (env: WorkerEnv) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     for (let i = 0; i < LISTEN_PROBE_TRIES && !env.state.listening; i++) {
       yield* env.store.notify.pipe(Effect.ignore)
       yield* Effect.sleep(LISTEN_PROBE_EVERY)
@@ -127,13 +127,13 @@ const probe = (env: WorkerEnv) =>
   })
 
 export const listenLoop = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const state = env.state
     const notified = onNotification(env, listened)
     let failures = 0
     while (!state.stopping) {
       const session = Effect.scoped(
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           yield* Effect.forkScoped(probe(env))
           yield* env.store.wakeups.pipe(Stream.runForEach(() => notified))
         })
@@ -158,7 +158,7 @@ export const start = (
   env: WorkerEnv,
   options: { readonly listen: boolean; readonly listened: Deferred.Deferred<void> }
 ): Effect.Effect<Effect.Effect<void>, never, Scope.Scope> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const state = env.state
     const rows = env.rows
     const stopped = yield* Deferred.make<void>()
@@ -179,7 +179,7 @@ export const start = (
     const stop: Effect.Effect<void> = Effect.suspend(() => {
       if (state.stopStarted) return Deferred.await(stopped)
       state.stopStarted = true
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         state.stopping = true
         // a claim in progress is let finish: its rows are dispatched, see `stopping` and go back
         if (state.claiming) {
@@ -228,7 +228,7 @@ const HEALTH_KEYS = ["pending", "leased", "deadLetter", "inFlight", "openCircuit
 export const healthSection = (env: WorkerEnv): Effect.Effect<HealthSection> => {
   let lastCounts: DeliveryCounts = { pending: 0, leased: 0, deadLetter: 0 }
   return statsSection(
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       // a failed count keeps the last known figures (health never fails because of the backlog)
       const counts = yield* Effect.option(env.store.counts)
       if (Option.isSome(counts)) lastCounts = counts.value

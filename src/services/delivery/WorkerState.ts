@@ -9,6 +9,11 @@
  * @since 0.1.0
  */
 import type { Clock, Effect, Fiber, FiberSet, Option, Queue, Runtime } from "effect"
+import type { SafeHttpShape } from "../platform/http/SafeHttp.js"
+import type { StoreError } from "../platform/Persistence.js"
+import type { RateLimitedLog } from "../platform/RateLimitedLog.js"
+import type { RegistryShape } from "../registry/Registry.js"
+import type { RegistryStoreShape } from "../registry/RegistryStore.js"
 import type { CircuitBreaker } from "./CircuitBreaker.js"
 import type { ClaimedRow, DeliveryStoreShape, SubscriptionKey, SubscriptionSnapshot } from "./DeliveryStore.js"
 import type { Transform } from "./Destinations.js"
@@ -16,11 +21,6 @@ import type { FreshReader } from "./FreshReader.js"
 import type { PublisherShape } from "./Publisher.js"
 import type { RetryConfig } from "./RetryPolicy.js"
 import type { SecretsShape } from "./Secrets.js"
-import type { RegistryShape } from "../registry/Registry.js"
-import type { RegistryStoreShape } from "../registry/RegistryStore.js"
-import type { SafeHttpShape } from "../platform/http/SafeHttp.js"
-import type { StoreError } from "../platform/Persistence.js"
-import type { RateLimitedLog } from "../platform/RateLimitedLog.js"
 
 export interface OriginSlot {
   /** rows of the origin held (waiting or started) */

@@ -14,7 +14,7 @@ import { type SessionQueue, weightOf } from "./StreamReader.js"
 /** commit one batch (with in-place retries); returns false when the stream must fail */
 export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, cursor: bigint | undefined) => {
   const { spec, tuning, state, tagged, onIdentity } = ctx
-  return Effect.gen(function* () {
+  return Effect.gen(function*() {
     const toProcess = spec.skip === undefined ? events : events.filter((e) => !spec.skip?.(e))
     const start = yield* Clock.currentTimeMillis
     // the cursor write, as an effect and as data (a batch written by one statement includes it)
@@ -23,10 +23,10 @@ export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, c
       cursor === undefined
         ? { registryWriter: spec.registryWriter }
         : {
-            registryWriter: spec.registryWriter,
-            finalize: ctx.cursors.save(spec.name, spec.relay, cursor),
-            cursor: { stream: spec.name, relay: spec.relay, cursor }
-          }
+          registryWriter: spec.registryWriter,
+          finalize: ctx.cursors.save(spec.name, spec.relay, cursor),
+          cursor: { stream: spec.name, relay: spec.relay, cursor }
+        }
     )
     let result = yield* Effect.either(attempt)
     for (let n = 1; n < tuning.batchAttempts && Either.isLeft(result); n++) {
@@ -50,7 +50,11 @@ export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, c
     }
     yield* Ref.update(state, (s) => ({
       ...s,
-      durableCursor: cursor === undefined ? s.durableCursor : s.durableCursor === undefined || cursor > s.durableCursor ? cursor : s.durableCursor,
+      durableCursor: cursor === undefined
+        ? s.durableCursor
+        : s.durableCursor === undefined || cursor > s.durableCursor
+        ? cursor
+        : s.durableCursor,
       position: cursor ?? s.position,
       lastAckAt: now,
       lastEventTimeUs: lastTime ?? s.lastEventTimeUs,
@@ -72,7 +76,7 @@ export const runBatcher = (ctx: StreamContext, sq: SessionQueue): Effect.Effect<
   let pending: Array<StreamEvent> = []
   let pendingCursor: bigint | undefined
   let lastFullCursor: bigint | undefined
-  const flush = Effect.gen(function* () {
+  const flush = Effect.gen(function*() {
     while (pending.length > 0) {
       const batch = pending.slice(0, tuning.batchMax)
       const rest = pending.slice(tuning.batchMax)
@@ -85,7 +89,7 @@ export const runBatcher = (ctx: StreamContext, sq: SessionQueue): Effect.Effect<
     }
     return true
   })
-  return Effect.gen(function* () {
+  return Effect.gen(function*() {
     for (;;) {
       const items = yield* Queue.takeBetween(sq.queue, 1, tuning.batchMax)
       let end: SessionEnd | undefined

@@ -33,11 +33,13 @@ export const saveStatement = (sql: SqlClient.SqlClient, w: CursorWrite) =>
 
 export const layerSql = Layer.effect(
   CursorStore,
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const store: CursorStoreShape = {
       load: (stream, relay) =>
-        sql<{ cursor: string }>`SELECT cursor::text AS cursor FROM cursors WHERE stream = ${stream} AND relay = ${relay}`.pipe(
+        sql<
+          { cursor: string }
+        >`SELECT cursor::text AS cursor FROM cursors WHERE stream = ${stream} AND relay = ${relay}`.pipe(
           Effect.map((rows) => (rows[0] === undefined ? undefined : BigInt(rows[0].cursor))),
           storeOp("cursors.load")
         ),
@@ -50,7 +52,7 @@ export const layerSql = Layer.effect(
 
 export const layerMemory = Layer.effect(
   CursorStore,
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const cursors = yield* Ref.make(new Map<string, bigint>())
     const key = (stream: string, relay: string) => `${stream} ${relay}`
     const store: CursorStoreShape = {

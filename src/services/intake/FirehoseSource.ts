@@ -23,13 +23,13 @@
 import * as Socket from "@effect/platform/Socket"
 import { Chunk, Data, Deferred, Duration, Effect, Either, Exit, Mailbox, Option, type Scope, Stream } from "effect"
 import {
-  decodeJetstreamFrame,
   type DecodedFrame,
-  frameError,
+  decodeJetstreamFrame,
   type FrameContext,
   type FrameError,
-  jetstreamUrl,
+  frameError,
   type JetstreamOptions,
+  jetstreamUrl,
   optionsUpdate
 } from "../../schemas/Jetstream.js"
 import { classifyHost } from "../../schemas/Net.js"

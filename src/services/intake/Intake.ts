@@ -19,17 +19,17 @@
  * `relay` carrying everything).
  */
 import { Clock, Context, Duration, Effect, Fiber, Layer, Option, Ref, Stream } from "effect"
-import { FirehookConfig } from "../platform/Config.js"
-import { CursorStore } from "./CursorStore.js"
-import * as FirehoseSource from "./FirehoseSource.js"
-import { Health } from "../platform/Health.js"
-import { Identity } from "../reconciliation/Identity.js"
-import { runAsLeader } from "../platform/Leader.js"
-import { Lifecycle } from "../platform/Lifecycle.js"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
-import { admissionSection, Registry } from "../registry/Registry.js"
+import { FirehookConfig } from "../platform/Config.js"
+import { Health } from "../platform/Health.js"
+import { runAsLeader } from "../platform/Leader.js"
+import { Lifecycle } from "../platform/Lifecycle.js"
 import * as LockKeys from "../platform/LockKeys.js"
+import { Identity } from "../reconciliation/Identity.js"
+import { admissionSection, Registry } from "../registry/Registry.js"
+import { CursorStore } from "./CursorStore.js"
+import * as FirehoseSource from "./FirehoseSource.js"
 import { runJetstream as runJetstreamStreams } from "./JetstreamPlan.js"
 import { canonicalRelay, relayItem, withOpened } from "./Sources.js"
 import type { IntakeTuning, StreamRunner, StreamSpec, StreamState } from "./StreamModel.js"
@@ -38,11 +38,11 @@ import { makeStreamRunner } from "./StreamRunner.js"
 
 // the stream, its reader, batcher and loop, the sources and the Jetstream plan live in their own
 // modules (this one composes them); their names stay exported from here
+export { DIRECT_REPLAY_MAX_EXTRA, directReplayFrom } from "./JetstreamPlan.js"
+export { canonicalRelay, jetstreamItem, relayItem, withOpened } from "./Sources.js"
 export type { FailureKind, IntakeTuning, SourceItem, StreamRunner, StreamSpec, StreamState } from "./StreamModel.js"
 export { defaultTuning, FAILURE_KINDS, tuningFromConfig } from "./StreamModel.js"
 export { fullJitter, makeStreamRunner } from "./StreamRunner.js"
-export { canonicalRelay, jetstreamItem, relayItem, withOpened } from "./Sources.js"
-export { DIRECT_REPLAY_MAX_EXTRA, directReplayFrom } from "./JetstreamPlan.js"
 
 // ---------------------------------------------------------------------------------------------
 // The service
@@ -71,7 +71,7 @@ export interface IntakeOptions {
 }
 
 export const make = (options: IntakeOptions = {}) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const config = yield* FirehookConfig
     const registry = yield* Registry
     const index = registry.index
@@ -86,7 +86,8 @@ export const make = (options: IntakeOptions = {}) =>
     const running = yield* Ref.make(false)
     const ctx = yield* Effect.context<Processor | CursorStore | Outbox.OutboxStore>()
 
-    const makeRunner = (spec: StreamSpec) => makeStreamRunner(spec, tuning, options.onIdentity).pipe(Effect.provide(ctx))
+    const makeRunner = (spec: StreamSpec) =>
+      makeStreamRunner(spec, tuning, options.onIdentity).pipe(Effect.provide(ctx))
     /** run a stream; it is listed (health, shutdown) only while it runs */
     const start = (r: StreamRunner, from: bigint | undefined) =>
       Effect.acquireUseRelease(
@@ -95,7 +96,7 @@ export const make = (options: IntakeOptions = {}) =>
         () => Ref.update(runners, (xs) => xs.filter((x) => x !== r))
       )
 
-    const runRelay = Effect.gen(function* () {
+    const runRelay = Effect.gen(function*() {
       const relay = canonicalRelay(config.intake.relayUrl)
       const r = yield* makeRunner({
         name: "relay",
@@ -125,19 +126,22 @@ export const make = (options: IntakeOptions = {}) =>
       start
     })
 
-    const run = Effect.gen(function* () {
+    const run = Effect.gen(function*() {
       yield* Ref.set(running, true)
       return yield* config.intake.source === "relay" ? runRelay : runJetstream
     }).pipe(Effect.ensuring(Ref.set(running, false).pipe(Effect.zipRight(Ref.set(runners, [])))))
 
-    const stats = Effect.gen(function* () {
+    const stats = Effect.gen(function*() {
       const rs = yield* Ref.get(runners)
       const streams: Array<{ name: string; state: StreamState }> = []
       for (const r of rs) streams.push({ name: r.spec.name, state: yield* Ref.get(r.state) })
       return { running: yield* Ref.get(running), streams }
     })
 
-    const stopAccepting = Effect.flatMap(Ref.get(runners), (rs) => Effect.forEach(rs, (r) => r.stopReading, { discard: true }))
+    const stopAccepting = Effect.flatMap(
+      Ref.get(runners),
+      (rs) => Effect.forEach(rs, (r) => r.stopReading, { discard: true })
+    )
     const shape: IntakeShape = { run: run as Effect.Effect<never>, stats, stopAccepting }
     return shape
   })
@@ -149,12 +153,15 @@ export const healthSection = (
   registry: Effect.Effect<{ readonly rejected: Readonly<Record<string, number>> }>,
   progressWindowMs = 60_000
 ) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const now = yield* Clock.currentTimeMillis
     const stats = yield* intake.stats
     const r = yield* role
     const reg = yield* registry
-    const perStream: Record<string, { connected: boolean; quarantined: boolean; failureKind: string | null; cursorAgeSeconds: number; queued: number }> = {}
+    const perStream: Record<
+      string,
+      { connected: boolean; quarantined: boolean; failureKind: string | null; cursorAgeSeconds: number; queued: number }
+    > = {}
     let progressing = true
     let connected = stats.streams.length > 0
     let queued = 0
@@ -167,7 +174,9 @@ export const healthSection = (
         connected: state.connected,
         quarantined: state.quarantined,
         failureKind: state.failureKind ?? null,
-        cursorAgeSeconds: state.lastEventTimeUs === undefined ? 0 : Math.max(0, Math.floor(now / 1000 - state.lastEventTimeUs / 1_000_000)),
+        cursorAgeSeconds: state.lastEventTimeUs === undefined
+          ? 0
+          : Math.max(0, Math.floor(now / 1000 - state.lastEventTimeUs / 1_000_000)),
         queued: state.queued
       }
     }
@@ -191,7 +200,7 @@ export const INTAKE_LOCK_KEY = LockKeys.INTAKE
 /** Intake under leader election, with health and shutdown registration. */
 export const layer = (options: IntakeOptions = {}) =>
   Layer.scopedDiscard(
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const identity = yield* Effect.serviceOption(Identity)
       const intake = yield* make({
         ...options,
@@ -211,7 +220,7 @@ export const layer = (options: IntakeOptions = {}) =>
         "intake-drain",
         "intake-drain",
         // queued events are committed by the sessions after the sockets close; then stop the runners
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           for (let i = 0; i < 600; i++) {
             const s = yield* intake.stats
             if (s.streams.every((x) => x.state.queued === 0)) break

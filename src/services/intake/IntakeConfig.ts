@@ -45,7 +45,7 @@ export const load = (options: {
   readonly allowInsecureDev: boolean
   readonly registry: FirehookConfigShape["registry"]
 }): Effect.Effect<FirehookConfigShape["intake"], ConfigInvalid> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const queueMax = yield* readIntVar(intake.queueMax)
     const batchMax = yield* readIntVar(intake.batchMax)
     if (batchMax > queueMax) {

@@ -88,8 +88,8 @@ interface Filters {
 }
 
 /** A connection of the stream `name` with `filters` (the direct set is read at each connect). */
-const jetstreamConnect = (o: JetstreamOptions, relay: string, name: string, filters: Filters) =>
-  (cursor: bigint | undefined) =>
+const jetstreamConnect =
+  (o: JetstreamOptions, relay: string, name: string, filters: Filters) => (cursor: bigint | undefined) =>
     withOpened(
       Effect.suspend(() =>
         FirehoseSource.openJetstream({
@@ -155,8 +155,13 @@ export const jetstreamSpecs = (o: JetstreamOptions) => {
  * Follow the registry: every `reconfigureDelay`, start, stop or reconnect the direct and backlink
  * streams (see {@link directStep}); in the caller's scope, for ever.
  */
-const reconfigure = (o: JetstreamOptions, registryRunner: StreamRunner, directRunner: StreamRunner, backlinkSpec: StreamSpec) =>
-  Effect.gen(function* () {
+const reconfigure = (
+  o: JetstreamOptions,
+  registryRunner: StreamRunner,
+  directRunner: StreamRunner,
+  backlinkSpec: StreamSpec
+) =>
+  Effect.gen(function*() {
     const index = o.index
     let directFiber: Fiber.RuntimeFiber<never> | undefined
     let backlinkFiber: Fiber.RuntimeFiber<never> | undefined
@@ -166,8 +171,7 @@ const reconfigure = (o: JetstreamOptions, registryRunner: StreamRunner, directRu
     // the registry stream's position at the previous check: every DID added since was
     // registered by a later registry event, so replaying from it (− 2 s) misses nothing
     const registryMark = Effect.map(Ref.get(registryRunner.state), (st) =>
-      st.lastEventTimeUs !== undefined ? BigInt(st.lastEventTimeUs) : (st.durableCursor ?? 0n)
-    )
+      st.lastEventTimeUs !== undefined ? BigInt(st.lastEventTimeUs) : (st.durableCursor ?? 0n))
     let prevMark = 0n
     // the backlink stream's committed position at the previous check: it skips the events of
     // DIDs in the direct set as the set is when it commits, so a DID added since was skipped
@@ -178,8 +182,11 @@ const reconfigure = (o: JetstreamOptions, registryRunner: StreamRunner, directRu
       const markNow = yield* registryMark
       const backlinkNow = backlinkRunner === undefined
         ? undefined
-        : yield* Effect.map(Ref.get(backlinkRunner.state), (st) => st.position ?? st.durableCursor)
-      const replayFrom = first ? undefined : directReplayFrom(prevMark, prevBacklinkMark, TWO_SECONDS, DIRECT_REPLAY_MAX_EXTRA)
+        : yield* Effect.map(Ref.get(backlinkRunner.state), (st) =>
+          st.position ?? st.durableCursor)
+      const replayFrom = first
+        ? undefined
+        : directReplayFrom(prevMark, prevBacklinkMark, TWO_SECONDS, DIRECT_REPLAY_MAX_EXTRA)
       const wanted = index.wantedDids()
       if (index.wantedDidsVersion !== wantedVersion) {
         wantedVersion = index.wantedDidsVersion
@@ -226,12 +233,12 @@ const reconfigure = (o: JetstreamOptions, registryRunner: StreamRunner, directRu
 
 /** Run the Jetstream streams: the registry stream always, the others as the registry asks. */
 export const runJetstream = (o: JetstreamOptions) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const specs = jetstreamSpecs(o)
     const registryRunner = yield* o.makeRunner(specs.registry)
     const directRunner = yield* o.makeRunner(specs.direct)
     yield* Effect.scoped(
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* Effect.forkScoped(o.start(registryRunner, undefined))
         return yield* reconfigure(o, registryRunner, directRunner, specs.backlink)
       })

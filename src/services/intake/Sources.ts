@@ -26,9 +26,15 @@ export const relayItem = (item: FirehoseSource.RelayItem): Option.Option<SourceI
 
 /** A stream that opens a connection in its scope and emits `opened` before the frames. */
 export const withOpened = <R>(
-  open: Effect.Effect<Stream.Stream<SourceItem, FirehoseSource.SourceError>, FirehoseSource.SourceError, R | Scope.Scope>
+  open: Effect.Effect<
+    Stream.Stream<SourceItem, FirehoseSource.SourceError>,
+    FirehoseSource.SourceError,
+    R | Scope.Scope
+  >
 ): Stream.Stream<SourceItem, FirehoseSource.SourceError, Exclude<R, Scope.Scope>> =>
-  Stream.unwrapScoped(Effect.map(open, (frames) => Stream.concat(Stream.succeed<SourceItem>({ _tag: "opened" }), frames)))
+  Stream.unwrapScoped(
+    Effect.map(open, (frames) => Stream.concat(Stream.succeed<SourceItem>({ _tag: "opened" }), frames))
+  )
 
 /** The canonical form of a relay URL (used in cursor keys and event ids). */
 export const canonicalRelay = (url: string): string => {

@@ -5,12 +5,12 @@
  */
 import { Deferred, Duration, Effect, Metric, MetricBoundaries, Ref, Stream } from "effect"
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
+import type * as Outbox from "../matching/Outbox.js"
+import type { ProcessorShape } from "../matching/Processor.js"
 import type { FirehookConfigShape } from "../platform/Config.js"
 import { labelledCounter, labelledGauge } from "../platform/Metrics.js"
 import type { CursorStoreShape } from "./CursorStore.js"
 import type * as FirehoseSource from "./FirehoseSource.js"
-import type * as Outbox from "../matching/Outbox.js"
-import type { ProcessorShape } from "../matching/Processor.js"
 import * as IntakeConfig from "./IntakeConfig.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -143,7 +143,11 @@ export const streamMetrics = (stream: string) => {
     lag: labelledGauge("firehook_intake_lag_seconds", METRIC_OPTIONS.lag, streamLabel),
     quarantines: labelledCounter("firehook_intake_quarantines_total", METRIC_OPTIONS.quarantines, streamLabel),
     reconnects: labelledCounter("firehook_intake_reconnects_total", METRIC_OPTIONS.reconnects, streamLabel),
-    cursorLoadFailures: labelledCounter("firehook_intake_cursor_load_failures_total", METRIC_OPTIONS.cursorLoadFailures, streamLabel),
+    cursorLoadFailures: labelledCounter(
+      "firehook_intake_cursor_load_failures_total",
+      METRIC_OPTIONS.cursorLoadFailures,
+      streamLabel
+    ),
     crashes: labelledCounter("firehook_intake_runner_crashes_total", METRIC_OPTIONS.crashes, streamLabel)
   }
 }

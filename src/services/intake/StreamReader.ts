@@ -8,7 +8,8 @@ import type { StreamEvent } from "../../schemas/RecordEvent.js"
 import type { SessionEnd, SourceItem, StreamContext } from "./StreamModel.js"
 
 /** a frame's weight against the queue bound (SPEC §3.3 counts events): its events, at least 1 */
-export const weightOf = (item: { readonly events: ReadonlyArray<StreamEvent> }): number => Math.max(1, item.events.length)
+export const weightOf = (item: { readonly events: ReadonlyArray<StreamEvent> }): number =>
+  Math.max(1, item.events.length)
 
 /** resume after the tasks already queued (socket events): a yield scheduled as a macrotask */
 const afterPendingTasks = Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
@@ -45,7 +46,7 @@ export const readSession = (
   const { spec, tuning, state } = ctx
   const queue = sq.queue
   let lastSingle = false
-  return Effect.gen(function* () {
+  return Effect.gen(function*() {
     const endOf = yield* spec.connect(cursor).pipe(
       // one step per chunk of frames: one offer and one state update per chunk, not per frame
       Stream.chunks,
@@ -53,7 +54,7 @@ export const readSession = (
         undefined as SessionEnd | undefined,
         (end) => end === undefined,
         (_, chunk) =>
-          Effect.gen(function* () {
+          Effect.gen(function*() {
             const toOffer: Array<SourceItem> = []
             let events = 0
             let opened = false
@@ -114,7 +115,7 @@ export const readSession = (
     // `handler` failure, so the loop backs off and reconnects from the last ack; without
     // this the reader fiber died alone and the batcher waited for its queue for ever
     Effect.catchAllDefect(() =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* Metric.increment(ctx.tagged.crashes)
         yield* ctx.logLimited("stream reader crashed; reconnecting", { kind: "defect" })
         yield* Ref.update(state, (s) => ({ ...s, connected: false }))

@@ -6,13 +6,12 @@
  * the loop restarts it.
  */
 import { Cause, Deferred, Duration, Effect, Metric, Ref, Schedule } from "effect"
-import * as Backoff from "../platform/Backoff.js"
-import * as RateLimitedLog from "../platform/RateLimitedLog.js"
-import { CursorStore } from "./CursorStore.js"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
+import * as Backoff from "../platform/Backoff.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { runBatcher } from "./Batcher.js"
-import { makeSessionQueue, readSession } from "./StreamReader.js"
+import { CursorStore } from "./CursorStore.js"
 import {
   type FailureKind,
   initialState,
@@ -24,6 +23,7 @@ import {
   type StreamSpec,
   type StreamState
 } from "./StreamModel.js"
+import { makeSessionQueue, readSession } from "./StreamReader.js"
 
 /** Full jitter: a uniform random delay in [0, min(cap, base · 2^n)] (the one of `Backoff`). */
 export const fullJitter = Backoff.fullJitter
@@ -52,7 +52,7 @@ export const resumeCursor = (
 /** One connection: read into the queue, commit batches; returns why it ended. */
 const session = (ctx: StreamContext, cursor: bigint | undefined) =>
   Effect.scoped(
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const sq = yield* makeSessionQueue(ctx.tuning.queueMax)
       const signal = yield* Ref.get(ctx.restartSignal)
       // a new session has a new (empty) queue
@@ -79,12 +79,14 @@ const loadCursor = (ctx: StreamContext) =>
         ctx.logLimited("cursor load failed; retrying before connecting", { code: e.code, op: e.op })
       )
     ),
-    Effect.retry(Schedule.addDelayEffect(Schedule.forever, (n) => fullJitter(ctx.tuning.backoffBase, ctx.tuning.backoffCap, n)))
+    Effect.retry(
+      Schedule.addDelayEffect(Schedule.forever, (n) => fullJitter(ctx.tuning.backoffBase, ctx.tuning.backoffCap, n))
+    )
   )
 
 const loopFrom = (ctx: StreamContext, from: bigint | undefined) => {
   const { spec, tuning, state, stopped, tagged } = ctx
-  return Effect.gen(function* () {
+  return Effect.gen(function*() {
     const stored = yield* loadCursor(ctx)
     yield* Ref.update(state, (s) => ({ ...s, durableCursor: stored }))
     let failures = 0
@@ -142,7 +144,7 @@ const runFrom = (ctx: StreamContext, from: bigint | undefined, crashes = 0): Eff
     Effect.catchAllCause((c) =>
       Cause.isInterruptedOnly(c)
         ? Effect.failCause(c)
-        : Effect.gen(function* () {
+        : Effect.gen(function*() {
           yield* Metric.increment(ctx.tagged.crashes)
           yield* Ref.update(ctx.state, (x) => ({ ...x, connected: false, failureKind: "handler" as const }))
           yield* Effect.logError("stream runner crashed; restarting").pipe(
@@ -162,17 +164,20 @@ export const makeStreamRunner = (
   tuning: IntakeTuning,
   onIdentity?: (did: string) => Effect.Effect<void>
 ) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const processor = yield* Processor
     const cursors = yield* CursorStore
     const outboxStore = yield* Outbox.OutboxStore
     const state = yield* Ref.make<StreamState>(initialState)
-    const restartSignal = yield* Ref.make<Deferred.Deferred<bigint | undefined>>(yield* Deferred.make<bigint | undefined>())
+    const restartSignal = yield* Ref.make<Deferred.Deferred<bigint | undefined>>(
+      yield* Deferred.make<bigint | undefined>()
+    )
     const stopped = yield* Deferred.make<void>()
     // one limit for all of this stream's warnings: at most one a minute, whichever it is
     const limiter = RateLimitedLog.make()
     const logLimited = (message: string, annotations: Record<string, unknown>) =>
-      limiter.run("stream", () => Effect.logWarning(message).pipe(Effect.annotateLogs({ stream: spec.name, ...annotations })))
+      limiter.run("stream", () =>
+        Effect.logWarning(message).pipe(Effect.annotateLogs({ stream: spec.name, ...annotations })))
     const ctx: StreamContext = {
       spec,
       tuning,
@@ -190,7 +195,8 @@ export const makeStreamRunner = (
     const runner: StreamRunner = {
       spec,
       state,
-      restart: (cursor) => Effect.flatMap(Ref.get(restartSignal), (d) => Deferred.succeed(d, cursor)),
+      restart: (cursor) =>
+        Effect.flatMap(Ref.get(restartSignal), (d) => Deferred.succeed(d, cursor)),
       runFrom: (from) => runFrom(ctx, from),
       run: runFrom(ctx, undefined),
       stopReading: Deferred.succeed(stopped, undefined).pipe(Effect.asVoid)

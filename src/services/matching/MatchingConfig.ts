@@ -4,9 +4,15 @@
  * range live here once.
  */
 import type { Effect } from "effect"
+import {
+  DAY_MS,
+  RETENTION_MS_MAX,
+  RETENTION_MS_MIN,
+  RETENTION_ROWS_MAX,
+  RETENTION_ROWS_MIN
+} from "../operator/OperatorConfig.js"
 import type { FirehookConfigShape } from "../platform/Config.js"
 import { type ConfigInvalid, readIntVars } from "../platform/ConfigRead.js"
-import { DAY_MS, RETENTION_MS_MAX, RETENTION_MS_MIN, RETENTION_ROWS_MAX, RETENTION_ROWS_MIN } from "../operator/OperatorConfig.js"
 
 // SPEC §2.4: prior references expire after 7 days; the table holds at most 100,000 rows (the same
 // ranges as the RETENTION_* durations and row bounds)

@@ -5,20 +5,20 @@
  * transaction that wakes the delivery workers on commit.
  */
 import { Context, Effect, Layer, Metric } from "effect"
-import { deliveryId, sha256Hex, type Payload } from "./Canonical.js"
-import type { MatchResult } from "./Match.js"
-import type { SigningMode } from "./WebhookIndex.js"
 import type { Operation, RecordEvent } from "../../schemas/RecordEvent.js"
 import type * as CursorStore from "../intake/CursorStore.js"
-import type * as PriorRefsStore from "./PriorRefsStore.js"
 import type { StoreError } from "../platform/Persistence.js"
-import { makeSql } from "./OutboxSql.js"
+import { deliveryId, type Payload, sha256Hex } from "./Canonical.js"
+import type { MatchResult } from "./Match.js"
 import { layerState, makeMemory } from "./OutboxMemory.js"
+import { makeSql } from "./OutboxSql.js"
+import type * as PriorRefsStore from "./PriorRefsStore.js"
+import type { SigningMode } from "./WebhookIndex.js"
 
-export { NOTIFY_CHANNEL } from "./OutboxNotify.js"
 export { ORIGIN_SQL, originKey } from "./Origin.js"
-export { makeSql } from "./OutboxSql.js"
 export { type MemoryOutbox, MemoryOutboxState } from "./OutboxMemory.js"
+export { NOTIFY_CHANNEL } from "./OutboxNotify.js"
+export { makeSql } from "./OutboxSql.js"
 
 export interface OutboxRow {
   readonly deliveryId: string
@@ -208,7 +208,9 @@ export const metrics = {
 export interface Prepared {
   readonly items: ReadonlyArray<EnqueueItem>
   /** index into `items`, the item's rows and its body, for items within the bounds */
-  readonly accepted: ReadonlyArray<{ readonly index: number; readonly rows: ReadonlyArray<OutboxRow>; readonly body: EventBody }>
+  readonly accepted: ReadonlyArray<
+    { readonly index: number; readonly rows: ReadonlyArray<OutboxRow>; readonly body: EventBody }
+  >
   /** the accepted items' bodies, one per event id */
   readonly bodies: ReadonlyArray<EventBody>
   /** every accepted item's rows */
@@ -285,20 +287,20 @@ const isCorrupt = (a: Prepared["accepted"][number], existing: ReadonlyMap<string
  * statement per chunk). Must run inside the batch's transaction.
  */
 export const write = (p: Prepared) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const store = yield* OutboxStore
     if (p.oneChunk) return yield* store.insertBatch(p.bodies, p.rows)
     // bodies: one insert per chunk; an existing id with another body is corruption
     const existing = new Map<string, string>()
-    for (let start = 0; start < p.bodies.length; ) {
+    for (let start = 0; start < p.bodies.length;) {
       const end = chunkEnd(p.bodies, start, p.limits, bodySize)
       for (const [id, sha] of yield* store.insertEvents(p.bodies.slice(start, end))) existing.set(id, sha)
       start = end
     }
     const rows: Array<OutboxRow> = []
-    for (const a of p.accepted) if (!isCorrupt(a, existing)) for (const r of a.rows) rows.push(r)
+    for (const a of p.accepted) if (!isCorrupt(a, existing)) { for (const r of a.rows) rows.push(r) }
     let inserted = 0
-    for (let start = 0; start < rows.length; ) {
+    for (let start = 0; start < rows.length;) {
       const end = chunkEnd(rows, start, p.limits, rowBytes)
       inserted += yield* store.insertRows(rows.slice(start, end))
       start = end

@@ -17,9 +17,8 @@ export class MemoryOutboxState extends Context.Tag("firehook/MemoryOutboxState")
   Ref.Ref<MemoryOutbox>
 >() {}
 
-
 /** The store over the {@link MemoryOutboxState} it is given. */
-export const makeMemory = Effect.gen(function* () {
+export const makeMemory = Effect.gen(function*() {
   const state = yield* MemoryOutboxState
   const store: OutboxStoreShape = {
     insertEvents: (bodies) =>

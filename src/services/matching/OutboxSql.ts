@@ -4,12 +4,12 @@
  */
 import { SqlClient, type Statement } from "@effect/sql"
 import { Effect } from "effect"
-import type { CorruptionCandidate, EventBody, OutboxRow, OutboxStoreShape, QuarantineRow } from "./Outbox.js"
 import * as CursorStore from "../intake/CursorStore.js"
-import * as PriorRefsStore from "./PriorRefsStore.js"
 import { storeOp } from "../platform/Persistence.js"
-import { notifyStatement } from "./OutboxNotify.js"
 import { originKey } from "./Origin.js"
+import type { CorruptionCandidate, EventBody, OutboxRow, OutboxStoreShape, QuarantineRow } from "./Outbox.js"
+import { notifyStatement } from "./OutboxNotify.js"
+import * as PriorRefsStore from "./PriorRefsStore.js"
 
 interface BatchResultRow {
   readonly inserted: number | string | null
@@ -19,7 +19,7 @@ interface BatchResultRow {
 const stringSet = (v: unknown): ReadonlySet<string> => {
   const out = new Set<string>()
   const parsed: unknown = typeof v === "string" ? JSON.parse(v) : v
-  if (Array.isArray(parsed)) for (const x of parsed) if (typeof x === "string") out.add(x)
+  if (Array.isArray(parsed)) { for (const x of parsed) if (typeof x === "string") out.add(x) }
   return out
 }
 
@@ -35,15 +35,17 @@ const existingOf = (v: unknown): ReadonlyMap<string, string> => {
 }
 
 const quarantineInsert = (sql: SqlClient.SqlClient, rows: ReadonlyArray<QuarantineRow>) =>
-  sql`INSERT INTO quarantine ${sql.insert(
-    rows.map((r) => ({
-      stream: r.stream,
-      relay: r.relay,
-      reason: r.reason,
-      event_hash: r.eventHash,
-      cursor: r.cursor === undefined ? null : r.cursor.toString()
-    }))
-  )}`
+  sql`INSERT INTO quarantine ${
+    sql.insert(
+      rows.map((r) => ({
+        stream: r.stream,
+        relay: r.relay,
+        reason: r.reason,
+        event_hash: r.eventHash,
+        cursor: r.cursor === undefined ? null : r.cursor.toString()
+      }))
+    )
+  }`
 
 /**
  * Bodies, rows and NOTIFY as data-modifying CTEs (`outbox_bodies`, `outbox_events`,
@@ -108,18 +110,20 @@ const outboxColumns = (sql: SqlClient.SqlClient) =>
     (SELECT coalesce(json_agg(json_build_array(event_id, body_sha256)), '[]'::json) FROM outbox_events WHERE NOT inserted)
       AS existing`
 
-export const makeSql = Effect.gen(function* () {
+export const makeSql = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const store: OutboxStoreShape = {
     insertEvents: (bodies) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         if (bodies.length === 0) return new Map<string, string>()
         // an existing body is touched (created_at refreshed, row locked until commit) so that
         // maintenance cannot prune it between this statement and the commit of its outbox rows
         const rows = yield* sql<{ event_id: string; body_sha256: string; inserted: boolean }>`
-          INSERT INTO delivery_events ${sql.insert(
+          INSERT INTO delivery_events ${
+          sql.insert(
             bodies.map((b) => ({ event_id: b.eventId, body: b.body, body_sha256: b.sha256 }))
-          )}
+          )
+        }
           ON CONFLICT (event_id) DO UPDATE SET created_at = now()
           RETURNING event_id, body_sha256, (xmax = 0) AS inserted`
         const out = new Map<string, string>()
@@ -130,7 +134,8 @@ export const makeSql = Effect.gen(function* () {
       rows.length === 0
         ? Effect.succeed(0)
         : sql<{ delivery_id: string }>`
-          INSERT INTO outbox ${sql.insert(
+          INSERT INTO outbox ${
+          sql.insert(
             rows.map((r) => ({
               delivery_id: r.deliveryId,
               event_id: r.eventId,
@@ -147,11 +152,12 @@ export const makeSql = Effect.gen(function* () {
               fingerprint: r.fingerprint,
               origin: originKey(r.targetUrl)
             }))
-          )}
+          )
+        }
           ON CONFLICT (delivery_id) DO NOTHING RETURNING delivery_id`.pipe(
-            Effect.map((r) => r.length),
-            storeOp("outbox.insertRows")
-          ),
+          Effect.map((r) => r.length),
+          storeOp("outbox.insertRows")
+        ),
     insertQuarantine: (rows) =>
       rows.length === 0
         ? Effect.void
@@ -163,23 +169,35 @@ export const makeSql = Effect.gen(function* () {
         ? Effect.succeed({ existing: new Map<string, string>(), inserted: 0 })
         : sql<BatchResultRow>`WITH ${outboxCtes(sql, bodies, rows, [])}
             SELECT ${outboxColumns(sql)}`.pipe(
-            Effect.map((result) => ({ existing: existingOf(result[0]?.existing), inserted: Number(result[0]?.inserted ?? 0) })),
-            storeOp("outbox.insertBatch")
-          ),
+          Effect.map((result) => ({
+            existing: existingOf(result[0]?.existing),
+            inserted: Number(result[0]?.inserted ?? 0)
+          })),
+          storeOp("outbox.insertBatch")
+        ),
     commitBatch: (c) => {
       const ctes: Array<Statement.Fragment> = []
       const withPrior = c.prior !== undefined && (c.prior.upserts.length > 0 || c.prior.deletes.length > 0)
       if (c.prior !== undefined && withPrior) ctes.push(PriorRefsStore.writeCtes(sql, c.prior))
-      c.cursors.forEach((w, k) => ctes.push(sql`${sql.literal(`cursor_saved_${k}`)} AS (${CursorStore.saveStatement(sql, w)} RETURNING 1)`))
+      c.cursors.forEach((w, k) =>
+        ctes.push(sql`${sql.literal(`cursor_saved_${k}`)} AS (${CursorStore.saveStatement(sql, w)} RETURNING 1)`)
+      )
       if (c.quarantine.length > 0) ctes.push(sql`quarantined AS (${quarantineInsert(sql, c.quarantine)} RETURNING 1)`)
       const withOutbox = c.bodies.length > 0
       if (withOutbox) ctes.push(outboxCtes(sql, c.bodies, c.rows, c.corruption))
       if (ctes.length === 0) {
-        return Effect.succeed({ existing: new Map<string, string>(), inserted: 0, insertedIds: new Set<string>(), priorWritten: new Set<string>() })
+        return Effect.succeed({
+          existing: new Map<string, string>(),
+          inserted: 0,
+          insertedIds: new Set<string>(),
+          priorWritten: new Set<string>()
+        })
       }
       return sql<BatchResultRow & { inserted_ids: unknown; prior_written: unknown }>`WITH ${sql.csv(ctes)}
         SELECT ${withOutbox ? outboxColumns(sql) : sql`0 AS inserted, '[]'::json AS existing`},
-          ${withOutbox ? sql`(SELECT coalesce(json_agg(delivery_id), '[]'::json) FROM outbox_inserted)` : sql`'[]'::json`}
+          ${
+        withOutbox ? sql`(SELECT coalesce(json_agg(delivery_id), '[]'::json) FROM outbox_inserted)` : sql`'[]'::json`
+      }
             AS inserted_ids,
           ${withPrior ? sql`(SELECT coalesce(json_agg(record_uri), '[]'::json) FROM prior_written)` : sql`'[]'::json`}
             AS prior_written`.pipe(

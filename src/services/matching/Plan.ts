@@ -7,19 +7,27 @@
  * one read of prior references, the steps are pure functions over a draft of the plan.
  */
 import { Effect, Either } from "effect"
-import { buildPayload, eventId, type CanonicalError } from "./Canonical.js"
-import { matchEvent } from "./Match.js"
-import { extractReferences } from "./References.js"
 import { parseScopeUri, type ScopeUri } from "../../schemas/AtUri.js"
 import { isWellFormedRecordEvent, type RecordEvent, type StreamEvent } from "../../schemas/RecordEvent.js"
 import { sanitizeWhRecordForDelivery, WH_COLLECTION } from "../../schemas/WhRecord.js"
-import * as Outbox from "./Outbox.js"
 import type { CursorWrite } from "../intake/CursorStore.js"
-import type { PriorRefsStoreShape } from "./PriorRefsStore.js"
-import { boundRefs, type PriorRefIndex, type PriorRefLimits, putRow, removeRow, rowOf, type Shared } from "./PriorRefIndex.js"
-import type { RegistryShape, WhEventOutcome } from "../registry/Registry.js"
-import type { WebhookIndex } from "./WebhookIndex.js"
 import type { StoreError } from "../platform/Persistence.js"
+import type { RegistryShape, WhEventOutcome } from "../registry/Registry.js"
+import { buildPayload, type CanonicalError, eventId } from "./Canonical.js"
+import { matchEvent } from "./Match.js"
+import * as Outbox from "./Outbox.js"
+import {
+  boundRefs,
+  type PriorRefIndex,
+  type PriorRefLimits,
+  putRow,
+  removeRow,
+  rowOf,
+  type Shared
+} from "./PriorRefIndex.js"
+import type { PriorRefsStoreShape } from "./PriorRefsStore.js"
+import { extractReferences } from "./References.js"
+import type { WebhookIndex } from "./WebhookIndex.js"
 
 export type EventOutcome =
   | { readonly _tag: "acknowledged" }
@@ -94,10 +102,9 @@ class Draft {
       cursor: toBigInt(e.cursor)
     })
     const registryOutcome = this.registryOutcomes[i]
-    this.outcomes[i] =
-      registryOutcome === undefined
-        ? { _tag: "quarantined", reason }
-        : { _tag: "quarantined", reason, registry: registryOutcome }
+    this.outcomes[i] = registryOutcome === undefined
+      ? { _tag: "quarantined", reason }
+      : { _tag: "quarantined", reason, registry: registryOutcome }
   }
 
   /** event i's record URI, built once and only when needed */
@@ -247,10 +254,9 @@ const finish = (ctx: PlanContext, d: Draft): Plan => {
       if (o._tag === "enqueued") {
         if (outcomes[i] === undefined) {
           const r = registryOutcomes[i]
-          outcomes[i] =
-            r === undefined
-              ? { _tag: "enqueued", deliveries: o.rows }
-              : { _tag: "enqueued", deliveries: o.rows, registry: r }
+          outcomes[i] = r === undefined
+            ? { _tag: "enqueued", deliveries: o.rows }
+            : { _tag: "enqueued", deliveries: o.rows, registry: r }
         }
       } else {
         d.quarantineEvent(i, item.event, o._tag)
@@ -267,7 +273,15 @@ const finish = (ctx: PlanContext, d: Draft): Plan => {
       row: { stream: e.stream, relay: e.relay, reason: "corruption", eventHash: eventId(e), cursor: toBigInt(e.cursor) }
     })
   }
-  return { outcomes, quarantine, prepared, corruption, settle, batchTooComplex: d.batchTooComplex, batchRefused: d.batchRefused }
+  return {
+    outcomes,
+    quarantine,
+    prepared,
+    corruption,
+    settle,
+    batchTooComplex: d.batchTooComplex,
+    batchRefused: d.batchRefused
+  }
 }
 
 /**
@@ -281,10 +295,10 @@ export const plan = (
   registryWriter: boolean,
   shared: Shared
 ): Effect.Effect<Plan, StoreError> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const d = new Draft(batch.length, ctx.priorIndex, shared)
     const toRead = priorReadsOf(d, batch)
-    if (toRead.length > 0) for (const [k, v] of yield* ctx.priorStore.read(toRead)) shared.stored.set(k, v)
+    if (toRead.length > 0) { for (const [k, v] of yield* ctx.priorStore.read(toRead)) shared.stored.set(k, v) }
     for (let i = 0; i < batch.length; i++) {
       const e = batch[i]
       if (e === undefined) continue

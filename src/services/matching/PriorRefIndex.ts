@@ -5,9 +5,9 @@
  * order (the store's rules), and each touched key's final state as one write.
  */
 import type { FirehookConfigShape } from "../platform/Config.js"
+import * as MatchingConfig from "./MatchingConfig.js"
 import type { PriorRefsDelete, PriorRefsRow, PriorRefsUpsert, PriorRefsWrite } from "./PriorRefsStore.js"
 import { utf8Length } from "./References.js"
-import * as MatchingConfig from "./MatchingConfig.js"
 
 export interface PriorRefLimits {
   readonly maxRefs: number
@@ -40,7 +40,10 @@ export const priorLimitsFromConfig = (priorRefs: FirehookConfigShape["priorRefs"
 })
 
 /** Fit the relevant refs to the row bounds (≤ maxRefs, ≤ maxBytes of JSON). */
-export const boundRefs = (uris: ReadonlyArray<string>, limits: PriorRefLimits): { refs: Array<string>; bytes: number } => {
+export const boundRefs = (
+  uris: ReadonlyArray<string>,
+  limits: PriorRefLimits
+): { refs: Array<string>; bytes: number } => {
   const refs: Array<string> = []
   let bytes = 2
   for (const u of uris) {
@@ -144,7 +147,14 @@ export const rowOf = (shared: Shared, uri: string): BatchRow | null => {
 }
 
 /** the store's put: write over an older rev, an expired row, or none */
-export const putRow = (shared: Shared, uri: string, rev: string, refs: ReadonlyArray<string>, bytes: number, live: boolean): boolean => {
+export const putRow = (
+  shared: Shared,
+  uri: string,
+  rev: string,
+  refs: ReadonlyArray<string>,
+  bytes: number,
+  live: boolean
+): boolean => {
   const r = rowOf(shared, uri)
   if (r !== null && r.live && !(r.rev < rev)) return false
   shared.current.set(uri, { rev, refs, bytes, live })

@@ -103,7 +103,7 @@ export const writeCtes = (sql: SqlClient.SqlClient, { deletes, ttlSeconds, upser
     )`
 }
 
-export const makeSql = Effect.gen(function* () {
+export const makeSql = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const store: PriorRefsStoreShape = {
     keys: (limit) =>
@@ -118,20 +118,20 @@ export const makeSql = Effect.gen(function* () {
         : sql<{ record_uri: string; rev: string; refs: unknown; live: boolean }>`
             SELECT record_uri, rev, refs, expires_at > now() AS live
             FROM prior_refs WHERE record_uri = ANY(${recordUris}::text[])`.pipe(
-            Effect.map((rows) => {
-              const out = new Map<string, PriorRefsRow>()
-              for (const r of rows) out.set(r.record_uri, { rev: r.rev, refs: refsOf(r.refs), live: r.live })
-              return out
-            }),
-            storeOp("priorRefs.read")
-          ),
+          Effect.map((rows) => {
+            const out = new Map<string, PriorRefsRow>()
+            for (const r of rows) out.set(r.record_uri, { rev: r.rev, refs: refsOf(r.refs), live: r.live })
+            return out
+          }),
+          storeOp("priorRefs.read")
+        ),
     write: (changes) =>
       changes.upserts.length === 0 && changes.deletes.length === 0
         ? Effect.succeed(new Set<string>())
         : sql<{ record_uri: string }>`WITH ${writeCtes(sql, changes)} SELECT record_uri FROM prior_written`.pipe(
-            Effect.map((rows) => new Set(rows.map((r) => r.record_uri))),
-            storeOp("priorRefs.write")
-          ),
+          Effect.map((rows) => new Set(rows.map((r) => r.record_uri))),
+          storeOp("priorRefs.write")
+        ),
     count: sql<{ n: string | number }>`SELECT count(*) AS n FROM prior_refs`.pipe(
       Effect.map((rows) => Number(rows[0]?.n ?? 0)),
       storeOp("priorRefs.count")
@@ -153,7 +153,7 @@ export interface PriorRefsCalls {
 }
 
 export const makeMemory = (calls: PriorRefsCalls = { get: 0, put: 0, remove: 0 }) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     // rows never expire in memory
     const rows = yield* Ref.make(new Map<string, PriorRefs>())
     const store: PriorRefsStoreShape = {

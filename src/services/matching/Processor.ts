@@ -23,17 +23,26 @@
 import { Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
+import type { CursorWrite } from "../intake/CursorStore.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
-import * as RateLimitedLog from "../platform/RateLimitedLog.js"
-import * as Outbox from "./Outbox.js"
-import type { CursorWrite } from "../intake/CursorStore.js"
-import { PriorRefsStore } from "./PriorRefsStore.js"
-import { Registry } from "../registry/Registry.js"
 import { type StoreError, Tx } from "../platform/Persistence.js"
-import { combine, type Done, type EventOutcome, plan, type Plan, type PlanContext, settleTogether, tally } from "./Plan.js"
-import { newShared, PriorRefIndex, type PriorRefLimits, priorLimitsFromConfig, priorWriteOf } from "./PriorRefIndex.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
+import { Registry } from "../registry/Registry.js"
+import * as Outbox from "./Outbox.js"
+import {
+  combine,
+  type Done,
+  type EventOutcome,
+  type Plan,
+  plan,
+  type PlanContext,
+  settleTogether,
+  tally
+} from "./Plan.js"
+import { newShared, priorLimitsFromConfig, PriorRefIndex, type PriorRefLimits, priorWriteOf } from "./PriorRefIndex.js"
+import { PriorRefsStore } from "./PriorRefsStore.js"
 
 // the plan and the prior-reference index live in their own modules (this one is the queue and
 // its worker); their names stay exported from here
@@ -110,7 +119,7 @@ interface UnitDone {
 
 /** `options` win over the configuration's limits ({@link priorLimitsFromConfig}). */
 export const make = (options: Partial<PriorRefLimits> = {}) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const config = yield* FirehookConfig
     const priorLimits: PriorRefLimits = { ...priorLimitsFromConfig(config.priorRefs), ...options }
     const registry = yield* Registry
@@ -138,7 +147,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     /** one batch in one transaction: separate statements, then `finalize` */
     const inTransaction = (req: Request): Effect.Effect<UnitDone, StoreError> => {
       const shared = newShared()
-      return Effect.gen(function* () {
+      return Effect.gen(function*() {
         const p = yield* plan(planContext, req.batch, req.options.registryWriter, shared)
         const { prior, removedKeys } = priorWriteOf(shared, priorLimits.ttlSeconds)
         const written = prior === undefined ? emptyKeys : yield* priorStore.write(prior)
@@ -170,7 +179,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
      * group does not fit one statement.
      */
     const inOneStatement = (reqs: ReadonlyArray<Request>): Effect.Effect<UnitDone | undefined, StoreError> =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         if (commitBatch === undefined) return undefined
         const shared = newShared()
         const plans: Array<Plan> = []
@@ -187,7 +196,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
 
     /** after commit: key index, counters, metrics */
     const account = (unit: UnitDone) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         priorIndex.follow(unit.removedKeys, unit.written)
         const { batchRefused, inserted, duplicates, batchTooComplex, byReason, byOutcome } = tally(unit.done)
         tooComplex += batchTooComplex
@@ -199,8 +208,10 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         for (const [outcome, n] of byOutcome) yield* Metric.incrementBy(processedBy({ outcome }), n)
         if (batchRefused > 0) {
           yield* Metric.incrementBy(priorRefsRefusedMetric, batchRefused)
-          yield* refusalLog.run("refused", () =>
-            Effect.logWarning("prior-reference table full: new keys refused").pipe(Effect.annotateLogs({ refused }))
+          yield* refusalLog.run(
+            "refused",
+            () =>
+              Effect.logWarning("prior-reference table full: new keys refused").pipe(Effect.annotateLogs({ refused }))
           )
         }
       })
@@ -214,7 +225,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
 
     /** run a unit of work (registry changes undone if it fails), account for it, answer its batches */
     const settleUnit = (reqs: ReadonlyArray<Request>, unit: Effect.Effect<UnitDone, StoreError>) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const exit = yield* Effect.exit(
           unit.pipe(
             registry.transactional,
@@ -249,7 +260,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     // one statement are written together by one statement; if that fails, one by one.
     const requests = yield* Queue.bounded<Request>(64)
     const inProgress = new Set<Request>()
-    const worker = Effect.gen(function* () {
+    const worker = Effect.gen(function*() {
       // taken, not yet committed (in arrival order)
       const pending: Array<Request> = []
       for (;;) {
@@ -280,7 +291,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
       }
     }).pipe(
       Effect.onInterrupt(() =>
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           for (const r of inProgress) yield* Deferred.interrupt(r.result)
           for (const r of yield* Queue.takeAll(requests)) yield* Deferred.interrupt(r.result)
         })
@@ -289,7 +300,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     yield* Effect.forkScoped(worker)
 
     const processEvents = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const result = yield* Deferred.make<BatchResult, StoreError>()
         yield* Queue.offer(requests, { batch, options, result })
         return yield* Deferred.await(result)
@@ -310,7 +321,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
 export const layer = (priorLimits?: Partial<PriorRefLimits>) =>
   Layer.scoped(
     Processor,
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const processor = yield* make(priorLimits)
       const health = yield* Effect.serviceOption(Health)
       if (Option.isSome(health)) {

@@ -68,8 +68,9 @@ export const makeActiveWebhook = (
   const scopeUri = formatScopeUri(scope)
   const backlinks = record.scope.backlinks === true
   const eventList = record.events
-  const events: ReadonlySet<Operation> | undefined =
-    eventList === undefined || eventList.length === 0 ? undefined : new Set(eventList)
+  const events: ReadonlySet<Operation> | undefined = eventList === undefined || eventList.length === 0
+    ? undefined
+    : new Set(eventList)
   const hasInlineSecret = record.secret !== undefined
   const secretId = record.secretId
   return {

@@ -22,10 +22,10 @@ import type { Fragment } from "@effect/sql/Statement"
 import { Context, Duration, Effect, Layer, Metric, Option, Ref, Stream, SubscriptionRef } from "effect"
 import type { Scope } from "effect"
 import { Health, statsSection } from "../platform/Health.js"
-import { runAsLeader, leaderErrorCode, type Role } from "../platform/Leader.js"
-import { StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { leaderErrorCode, type Role, runAsLeader } from "../platform/Leader.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
+import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import type { TerminalStatus } from "./Operator.js"
 import * as OperatorConfig from "./OperatorConfig.js"
 
@@ -156,7 +156,7 @@ const batched = <E, R>(
   o: RetentionOptions,
   batch: Effect.Effect<{ readonly rows: number; readonly extra: number }, E, R>
 ): Effect.Effect<{ readonly rows: number; readonly extra: number }, E, R> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     let rows = 0
     let extra = 0
     for (let i = 0; i < o.maxBatches; i++) {
@@ -264,7 +264,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
 
   /** An append-only table with a bigserial `id` and `created_at`: age first, then the row bound. */
   const appendOnly = (table: "audit" | "quarantine", retention: Duration.DurationInput, maxRows: number) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const t = sql(table)
       const byAge = yield* batched(
         o,
@@ -324,7 +324,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
     )
 
   const tombstones = () =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const byAge = yield* batched(
         o,
         deleteTombstones(sql`t.deleted_at < now() - make_interval(secs => ${seconds(o.tombstones)}::double precision)`)
@@ -382,7 +382,7 @@ const ZERO = ZERO_PRUNE_COUNTS
 export const runOnce = (
   options: Partial<RetentionOptions> = {}
 ): Effect.Effect<PruneCounts, StoreError, SqlClient.SqlClient> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const o = resolve(options)
     const rules = makeRules(sql, o)
@@ -399,7 +399,7 @@ export const runOnce = (
         Effect.mapError((e) => new StoreError({ op: `maintenance.${name}`, code: e.code })),
         Effect.matchEffect({
           onFailure: (e) =>
-            Effect.gen(function* () {
+            Effect.gen(function*() {
               if (Option.isNone(firstError)) firstError = Option.some(e)
               const kind = e.code === "timeout" ? "timeout" : "error"
               yield* Metric.increment(ruleFailuresTotal({ rule: name, kind }))
@@ -408,7 +408,7 @@ export const runOnce = (
               )
             }),
           onSuccess: ({ rows, extra }) =>
-            Effect.gen(function* () {
+            Effect.gen(function*() {
               counts[table] += rows
               if (rows > 0) yield* Metric.incrementBy(prunedTotal({ table }), rows)
               if (extraTable !== undefined) {
@@ -479,7 +479,7 @@ export interface MaintenanceHandle extends MaintenanceShape {
 export const make = (
   options: MaintenanceOptions = {}
 ): Effect.Effect<MaintenanceHandle, never, SqlClient.SqlClient | Health | Scope.Scope> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const health = yield* Health
     const interval = options.interval ?? DEFAULT_INTERVAL
@@ -497,14 +497,16 @@ export const make = (
     // the runner role (Leader): a standby competes every interval; the runner pings its lock
     // connection every interval, runs at once and then every interval
     const work = Effect.forever(
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const result = yield* Effect.either(run)
         yield* update((s) => ({ ...s, runs: s.runs + 1, lastRunOk: result._tag === "Right" }))
         yield* Effect.sleep(interval)
       })
     )
     const connectionFailed = (e: unknown) =>
-      Effect.logWarning("maintenance: database connection failed").pipe(Effect.annotateLogs({ code: leaderErrorCode(e) }))
+      Effect.logWarning("maintenance: database connection failed").pipe(
+        Effect.annotateLogs({ code: leaderErrorCode(e) })
+      )
     const role = yield* Ref.make<Role>("standby")
     const leader = runAsLeader(
       {

@@ -44,7 +44,8 @@ import { DELIVERY_STATUSES, type DeliveryStatus } from "../matching/OutboxStatus
 export const RECONCILE_STATUSES = ["unknown", "scanning", "complete", "failed"] as const
 export type ReconcileStatus = (typeof RECONCILE_STATUSES)[number]
 
-export const isDeliveryStatus = (s: string): s is DeliveryStatus => (DELIVERY_STATUSES as ReadonlyArray<string>).includes(s)
+export const isDeliveryStatus = (s: string): s is DeliveryStatus =>
+  (DELIVERY_STATUSES as ReadonlyArray<string>).includes(s)
 
 /** Default and hard maximum of `listDeliveries`. */
 export const DEFAULT_LIST_LIMIT = 100
@@ -267,53 +268,56 @@ interface ReplayBatchRow {
 /** Statements per replay at most, given the dead letters counted at its start. */
 const replayStatementBound = (counted: number, batch: number): number => Math.ceil(counted / batch) + 1
 
-export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* () {
-  const sql = yield* SqlClient.SqlClient
-  const replayBatch = Math.min(REPLAY_BATCH, Math.max(1, Math.floor(options.replayBatchSize ?? REPLAY_BATCH)))
+export const makeWith = (options: OperatorOptions = {}) =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    const replayBatch = Math.min(REPLAY_BATCH, Math.max(1, Math.floor(options.replayBatchSize ?? REPLAY_BATCH)))
 
-  const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }): ReadonlyArray<Fragment> => {
-    const out: Array<Fragment> = []
-    if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
-    if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
-    if (f.status !== undefined) out.push(sql`status = ${f.status}`)
-    if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
-    if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
-    return out
-  }
+    const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }): ReadonlyArray<Fragment> => {
+      const out: Array<Fragment> = []
+      if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
+      if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
+      if (f.status !== undefined) out.push(sql`status = ${f.status}`)
+      if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
+      if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
+      return out
+    }
 
-  const notify = notifyStatement(sql)
+    const notify = notifyStatement(sql)
 
-  /**
-   * True when the outbox row `o` no longer matches its subscription as enqueued: the worker cancels
-   * it (`subscription_changed`) without a request. The same test as the worker's (Delivery §4.2).
-   */
-  const inactiveSubscription = sql`NOT EXISTS (
+    /**
+     * True when the outbox row `o` no longer matches its subscription as enqueued: the worker cancels
+     * it (`subscription_changed`) without a request. The same test as the worker's (Delivery §4.2).
+     */
+    const inactiveSubscription = sql`NOT EXISTS (
     SELECT 1 FROM webhooks w
     WHERE w.owner_did = o.owner_did AND w.rkey = o.webhook_rkey
       AND w.active AND w.enabled AND w.gone_at IS NULL
       AND w.url = o.target_url AND w.fingerprint = o.fingerprint)`
 
-  const listDeliveries = Effect.fn("Operator.listDeliveries")(function* (filter: ListFilter) {
-    yield* checkFilter(filter)
-    const limit = filter.limit ?? DEFAULT_LIST_LIMIT
-    if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_LIST_LIMIT) {
-      return yield* Effect.fail(new InvalidArgument({ field: "limit", rule: `must be an integer in 1..${MAX_LIST_LIMIT}` }))
-    }
-    const rows = yield* sql<OutboxDbRow>`
+    const listDeliveries = Effect.fn("Operator.listDeliveries")(function*(filter: ListFilter) {
+      yield* checkFilter(filter)
+      const limit = filter.limit ?? DEFAULT_LIST_LIMIT
+      if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_LIST_LIMIT) {
+        return yield* Effect.fail(
+          new InvalidArgument({ field: "limit", rule: `must be an integer in 1..${MAX_LIST_LIMIT}` })
+        )
+      }
+      const rows = yield* sql<OutboxDbRow>`
       SELECT * FROM outbox WHERE ${sql.and(conditions(filter))}
       ORDER BY created_at DESC, delivery_id
       LIMIT ${limit}`.pipe(storeOp("operator.listDeliveries"))
-    return rows.map(toDelivery)
-  })
+      return rows.map(toDelivery)
+    })
 
-  const showDelivery = Effect.fn("Operator.showDelivery")(function* (deliveryId: string) {
-    const rows = yield* sql<OutboxDbRow>`SELECT * FROM outbox WHERE delivery_id = ${deliveryId}`.pipe(
-      storeOp("operator.showDelivery")
-    )
-    const row = rows[0]
-    if (row === undefined) return Option.none<DeliveryDetail>()
-    // the newest attempts (the ones an operator is looking for), shown in attempt order
-    const attempts = yield* sql<AttemptDbRow>`
+    const showDelivery = Effect.fn("Operator.showDelivery")(function*(deliveryId: string) {
+      const rows = yield* sql<OutboxDbRow>`SELECT * FROM outbox WHERE delivery_id = ${deliveryId}`.pipe(
+        storeOp("operator.showDelivery")
+      )
+      const row = rows[0]
+      if (row === undefined) return Option.none<DeliveryDetail>()
+      // the newest attempts (the ones an operator is looking for), shown in attempt order
+      const attempts = yield* sql<AttemptDbRow>`
       SELECT * FROM (
         SELECT attempt, started_at, duration_ms, outcome, error_kind, http_status, response_excerpt
         FROM delivery_attempts WHERE delivery_id = ${deliveryId}
@@ -321,32 +325,32 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
         LIMIT ${MAX_ATTEMPTS_SHOWN}
       ) newest
       ORDER BY attempt, started_at`.pipe(storeOp("operator.showDelivery"))
-    let older = 0
-    if (attempts.length >= MAX_ATTEMPTS_SHOWN) {
-      const total = yield* sql<{ n: number }>`
+      let older = 0
+      if (attempts.length >= MAX_ATTEMPTS_SHOWN) {
+        const total = yield* sql<{ n: number }>`
         SELECT count(*)::float8 AS n FROM delivery_attempts WHERE delivery_id = ${deliveryId}`.pipe(
-        storeOp("operator.showDelivery")
-      )
-      older = Math.max(0, (total[0]?.n ?? 0) - attempts.length)
-    }
-    return Option.some<DeliveryDetail>({
-      delivery: toDelivery(row),
-      attempts: attempts.map(toAttempt),
-      olderAttemptsNotShown: older
+          storeOp("operator.showDelivery")
+        )
+        older = Math.max(0, (total[0]?.n ?? 0) - attempts.length)
+      }
+      return Option.some<DeliveryDetail>({
+        delivery: toDelivery(row),
+        attempts: attempts.map(toAttempt),
+        olderAttemptsNotShown: older
+      })
     })
-  })
 
-  const RESET = sql`
+    const RESET = sql`
     status = 'pending', attempt_count = 0, next_attempt_at = now(), lease_token = NULL, leased_until = NULL,
     last_error_kind = NULL, last_http_status = NULL, finished_at = NULL, updated_at = now()`
 
-  /** One try: the row reset (unless a worker holds a valid lease), with what it was. */
-  const redeliverOnce = (deliveryId: string) =>
-    sql
-      .withTransaction(
-        Effect.gen(function* () {
-          // FOR UPDATE waits for a worker that is claiming or settling the row, then re-checks it
-          const changed = yield* sql<{ previous_status: DeliveryStatus; inactive: boolean }>`
+    /** One try: the row reset (unless a worker holds a valid lease), with what it was. */
+    const redeliverOnce = (deliveryId: string) =>
+      sql
+        .withTransaction(
+          Effect.gen(function*() {
+            // FOR UPDATE waits for a worker that is claiming or settling the row, then re-checks it
+            const changed = yield* sql<{ previous_status: DeliveryStatus; inactive: boolean }>`
             WITH prev AS (
               SELECT delivery_id, status FROM outbox
               WHERE delivery_id = ${deliveryId}
@@ -356,64 +360,64 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
             UPDATE outbox o SET ${RESET}
             FROM prev WHERE o.delivery_id = prev.delivery_id
             RETURNING prev.status AS previous_status, ${inactiveSubscription} AS inactive`
-          const row = changed[0]
-          if (row === undefined) {
-            const current = yield* sql<{ status: DeliveryStatus; leased_until: Date | null }>`
+            const row = changed[0]
+            if (row === undefined) {
+              const current = yield* sql<{ status: DeliveryStatus; leased_until: Date | null }>`
               SELECT status, leased_until FROM outbox WHERE delivery_id = ${deliveryId}`
-            const c = current[0]
-            if (c === undefined) return Option.some<RedeliverResult>({ _tag: "Missing" })
-            if (c.status === "leased") {
-              return Option.some<RedeliverResult>({ _tag: "Leased", leasedUntil: optDate(c.leased_until) })
+              const c = current[0]
+              if (c === undefined) return Option.some<RedeliverResult>({ _tag: "Missing" })
+              if (c.status === "leased") {
+                return Option.some<RedeliverResult>({ _tag: "Leased", leasedUntil: optDate(c.leased_until) })
+              }
+              return Option.none<RedeliverResult>() // settled meanwhile: try again
             }
-            return Option.none<RedeliverResult>() // settled meanwhile: try again
-          }
-          yield* notify
-          return Option.some<RedeliverResult>({
-            _tag: "Redelivered",
-            previousStatus: row.previous_status,
-            leaseExpired: row.previous_status === "leased",
-            subscriptionInactive: row.inactive
+            yield* notify
+            return Option.some<RedeliverResult>({
+              _tag: "Redelivered",
+              previousStatus: row.previous_status,
+              leaseExpired: row.previous_status === "leased",
+              subscriptionInactive: row.inactive
+            })
           })
-        })
-      )
-      .pipe(storeOp("operator.redeliver"))
+        )
+        .pipe(storeOp("operator.redeliver"))
 
-  const redeliver = Effect.fn("Operator.redeliver")(function* (deliveryId: string) {
-    // a row that stopped being validly leased between the update and the read is tried again, 3 times at most
-    for (let i = 0; i < 3; i++) {
-      const result = yield* redeliverOnce(deliveryId)
-      if (Option.isSome(result)) return result.value
-    }
-    const fallback: RedeliverResult = { _tag: "Leased", leasedUntil: undefined }
-    return fallback
-  })
+    const redeliver = Effect.fn("Operator.redeliver")(function*(deliveryId: string) {
+      // a row that stopped being validly leased between the update and the read is tried again, 3 times at most
+      for (let i = 0; i < 3; i++) {
+        const result = yield* redeliverOnce(deliveryId)
+        if (Option.isSome(result)) return result.value
+      }
+      const fallback: RedeliverResult = { _tag: "Leased", leasedUntil: undefined }
+      return fallback
+    })
 
-  const replayDeadLetters = Effect.fn("Operator.replayDeadLetters")(function* (filter: ReplayFilter) {
-    yield* checkFilter(filter)
-    // the snapshot: dead letters as of now (a row dead-lettered, or replayed and dead-lettered again,
-    // after this moment has updated_at > started and is left alone)
-    const start = yield* sql<{ started: string; n: number }>`
+    const replayDeadLetters = Effect.fn("Operator.replayDeadLetters")(function*(filter: ReplayFilter) {
+      yield* checkFilter(filter)
+      // the snapshot: dead letters as of now (a row dead-lettered, or replayed and dead-lettered again,
+      // after this moment has updated_at > started and is left alone)
+      const start = yield* sql<{ started: string; n: number }>`
       SELECT now()::text AS started, count(*)::float8 AS n FROM outbox
       WHERE ${sql.and([sql`status = 'dead_letter'`, sql`updated_at <= now()`, ...conditions(filter)])}`.pipe(
-      storeOp("operator.replayDeadLetters")
-    )
-    const started = start[0]?.started
-    const counted = start[0]?.n ?? 0
-    if (started === undefined || counted === 0) return { replayed: 0, inactiveSubscription: 0, complete: true }
-    const base = [sql`status = 'dead_letter'`, sql`updated_at <= ${started}::timestamptz`, ...conditions(filter)]
-    const bound = replayStatementBound(counted, replayBatch)
-    let replayed = 0
-    let inactive = 0
-    let complete = false
-    let last: { readonly createdAt: string; readonly deliveryId: string } | undefined = undefined
-    for (let i = 0; i < bound; i++) {
-      const key = last
-      const after: ReadonlyArray<Fragment> = key === undefined
-        ? []
-        : [sql`(created_at, delivery_id) > (${key.createdAt}::timestamptz, ${key.deliveryId})`]
-      // FOR UPDATE (not SKIP LOCKED): a row that maintenance is pruning right now is waited for
-      // and then re-checked. The key (created_at, delivery_id) only moves forward.
-      const result: ReadonlyArray<ReplayBatchRow> = yield* sql<ReplayBatchRow>`
+        storeOp("operator.replayDeadLetters")
+      )
+      const started = start[0]?.started
+      const counted = start[0]?.n ?? 0
+      if (started === undefined || counted === 0) return { replayed: 0, inactiveSubscription: 0, complete: true }
+      const base = [sql`status = 'dead_letter'`, sql`updated_at <= ${started}::timestamptz`, ...conditions(filter)]
+      const bound = replayStatementBound(counted, replayBatch)
+      let replayed = 0
+      let inactive = 0
+      let complete = false
+      let last: { readonly createdAt: string; readonly deliveryId: string } | undefined = undefined
+      for (let i = 0; i < bound; i++) {
+        const key = last
+        const after: ReadonlyArray<Fragment> = key === undefined
+          ? []
+          : [sql`(created_at, delivery_id) > (${key.createdAt}::timestamptz, ${key.deliveryId})`]
+        // FOR UPDATE (not SKIP LOCKED): a row that maintenance is pruning right now is waited for
+        // and then re-checked. The key (created_at, delivery_id) only moves forward.
+        const result: ReadonlyArray<ReplayBatchRow> = yield* sql<ReplayBatchRow>`
         WITH batch AS (
           SELECT delivery_id, created_at FROM outbox WHERE ${sql.and([...base, ...after])}
           ORDER BY created_at, delivery_id
@@ -434,59 +438,61 @@ export const makeWith = (options: OperatorOptions = {}) => Effect.gen(function* 
                (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
                (SELECT last_created FROM tail) AS last_created,
                (SELECT last_id FROM tail) AS last_id`.pipe(storeOp("operator.replayDeadLetters"))
-      const r: ReplayBatchRow | undefined = result[0]
-      if (r === undefined) break
-      replayed += r.replayed
-      inactive += r.inactive
-      if (r.selected < replayBatch || r.last_created === null || r.last_id === null) {
-        complete = true
-        break
+        const r: ReplayBatchRow | undefined = result[0]
+        if (r === undefined) break
+        replayed += r.replayed
+        inactive += r.inactive
+        if (r.selected < replayBatch || r.last_created === null || r.last_id === null) {
+          complete = true
+          break
+        }
+        last = { createdAt: r.last_created, deliveryId: r.last_id }
       }
-      last = { createdAt: r.last_created, deliveryId: r.last_id }
-    }
-    if (replayed > 0) yield* notify.pipe(storeOp("operator.notify"))
-    if (replayed > 0) {
-      yield* Effect.logInfo("dead letters replayed").pipe(
-        Effect.annotateLogs({ count: replayed, inactiveSubscription: inactive })
-      )
-    }
-    if (!complete) yield* Effect.logWarning("replay stopped at its statement bound; run it again for the rest")
-    const out: ReplayResult = { replayed, inactiveSubscription: inactive, complete }
-    return out
-  })
+      if (replayed > 0) yield* notify.pipe(storeOp("operator.notify"))
+      if (replayed > 0) {
+        yield* Effect.logInfo("dead letters replayed").pipe(
+          Effect.annotateLogs({ count: replayed, inactiveSubscription: inactive })
+        )
+      }
+      if (!complete) yield* Effect.logWarning("replay stopped at its statement bound; run it again for the rest")
+      const out: ReplayResult = { replayed, inactiveSubscription: inactive, complete }
+      return out
+    })
 
-  const status = Effect.gen(function* () {
-    const byStatus = yield* sql<{ status: DeliveryStatus; n: number }>`
+    const status = Effect.gen(function*() {
+      const byStatus = yield* sql<{ status: DeliveryStatus; n: number }>`
       SELECT status, count(*)::float8 AS n FROM outbox GROUP BY status`
-    const due = yield* sql<{ n: number }>`
+      const due = yield* sql<{ n: number }>`
       SELECT count(*)::float8 AS n FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()`
-    const webhooks = yield* sql<{ active: number; total: number; gone: number }>`
+      const webhooks = yield* sql<{ active: number; total: number; gone: number }>`
       SELECT count(*) FILTER (WHERE active)::float8 AS active, count(*)::float8 AS total,
              count(*) FILTER (WHERE gone_at IS NOT NULL)::float8 AS gone
       FROM webhooks`
-    const owners = yield* sql<{ reconcile_status: ReconcileStatus; n: number }>`
+      const owners = yield* sql<{ reconcile_status: ReconcileStatus; n: number }>`
       SELECT reconcile_status, count(*)::float8 AS n FROM owners GROUP BY reconcile_status`
-    const quarantine = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM quarantine`
-    const secrets = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM secrets`
-    const deliveries = { pending: 0, leased: 0, delivered: 0, dead_letter: 0, cancelled: 0, due: due[0]?.n ?? 0 }
-    for (const r of byStatus) if (isDeliveryStatus(r.status)) deliveries[r.status] = r.n
-    const ownerCounts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
-    for (const r of owners) {
-      if ((RECONCILE_STATUSES as ReadonlyArray<string>).includes(r.reconcile_status)) ownerCounts[r.reconcile_status] = r.n
-    }
-    const summary: StatusSummary = {
-      deliveries,
-      webhooks: { active: webhooks[0]?.active ?? 0, total: webhooks[0]?.total ?? 0, gone: webhooks[0]?.gone ?? 0 },
-      owners: ownerCounts,
-      quarantine: quarantine[0]?.n ?? 0,
-      secrets: secrets[0]?.n ?? 0
-    }
-    return summary
-  }).pipe(storeOp("operator.status"), Effect.withSpan("Operator.status"))
+      const quarantine = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM quarantine`
+      const secrets = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM secrets`
+      const deliveries = { pending: 0, leased: 0, delivered: 0, dead_letter: 0, cancelled: 0, due: due[0]?.n ?? 0 }
+      for (const r of byStatus) if (isDeliveryStatus(r.status)) deliveries[r.status] = r.n
+      const ownerCounts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
+      for (const r of owners) {
+        if ((RECONCILE_STATUSES as ReadonlyArray<string>).includes(r.reconcile_status)) {
+          ownerCounts[r.reconcile_status] = r.n
+        }
+      }
+      const summary: StatusSummary = {
+        deliveries,
+        webhooks: { active: webhooks[0]?.active ?? 0, total: webhooks[0]?.total ?? 0, gone: webhooks[0]?.gone ?? 0 },
+        owners: ownerCounts,
+        quarantine: quarantine[0]?.n ?? 0,
+        secrets: secrets[0]?.n ?? 0
+      }
+      return summary
+    }).pipe(storeOp("operator.status"), Effect.withSpan("Operator.status"))
 
-  const shape: OperatorShape = { listDeliveries, showDelivery, redeliver, replayDeadLetters, status }
-  return shape
-})
+    const shape: OperatorShape = { listDeliveries, showDelivery, redeliver, replayDeadLetters, status }
+    return shape
+  })
 
 export const make = makeWith()
 

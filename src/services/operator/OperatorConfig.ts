@@ -22,7 +22,12 @@ const retentionMs = <const E extends string>(env: E, days: number) =>
 const retentionRows = <const E extends string>(env: E) =>
   ({ env, default: 100_000, min: RETENTION_ROWS_MIN, max: RETENTION_ROWS_MAX }) as const
 
-export const maintenanceIntervalMs = { env: "MAINTENANCE_INTERVAL_MS", default: 60000, min: 1000, max: 86_400_000 } as const
+export const maintenanceIntervalMs = {
+  env: "MAINTENANCE_INTERVAL_MS",
+  default: 60000,
+  min: 1000,
+  max: 86_400_000
+} as const
 
 // SPEC §4.9 and §3.4
 export const retention = {
@@ -39,7 +44,7 @@ export const retention = {
 } as const
 
 export const load: Effect.Effect<Pick<FirehookConfigShape, "maintenanceIntervalMs" | "retention">, ConfigInvalid> =
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const interval = yield* readIntVar(maintenanceIntervalMs)
     return { maintenanceIntervalMs: interval, retention: yield* readIntVars(retention) }
   })

@@ -63,8 +63,9 @@ export const fullJitterSchedule = (options: ScheduleOptions): Schedule.Schedule<
   const minMs = options.min === undefined ? 0 : toMillis(options.min)
   return Schedule.exponential(options.base, 2).pipe(
     Schedule.modifyDelayEffect((_, delay) =>
-      Effect.map(Random.next, (r) =>
-        Duration.millis(Math.max(minMs, fullJitterMillis(Math.min(capMs, Duration.toMillis(delay)), r)))
+      Effect.map(
+        Random.next,
+        (r) => Duration.millis(Math.max(minMs, fullJitterMillis(Math.min(capMs, Duration.toMillis(delay)), r)))
       )
     )
   )
@@ -77,8 +78,10 @@ export const equalJitterSchedule = (options: ScheduleOptions): Schedule.Schedule
   const rounding = options.rounding ?? "floor"
   return Schedule.exponential(options.base, 2).pipe(
     Schedule.modifyDelayEffect((_, delay) =>
-      Effect.map(Random.next, (r) =>
-        Duration.millis(Math.max(minMs, equalJitterMillis(Math.min(capMs, Duration.toMillis(delay)), r, rounding)))
+      Effect.map(
+        Random.next,
+        (r) =>
+          Duration.millis(Math.max(minMs, equalJitterMillis(Math.min(capMs, Duration.toMillis(delay)), r, rounding)))
       )
     )
   )

@@ -25,10 +25,15 @@ import type { ConfigInvalid } from "./ConfigRead.js"
 import * as PlatformConfig from "./PlatformConfig.js"
 import type { LogFormat, NodeEnv } from "./PlatformConfig.js"
 
+export {
+  RETENTION_MS_MAX,
+  RETENTION_MS_MIN,
+  RETENTION_ROWS_MAX,
+  RETENTION_ROWS_MIN
+} from "../operator/OperatorConfig.js"
+export { MAX_BACKFILL_OWNERS } from "../reconciliation/ReconciliationConfig.js"
 export { ConfigInvalid, readEnum, readInt, readString } from "./ConfigRead.js"
 export type { LogFormat, NodeEnv } from "./PlatformConfig.js"
-export { RETENTION_MS_MAX, RETENTION_MS_MIN, RETENTION_ROWS_MAX, RETENTION_ROWS_MIN } from "../operator/OperatorConfig.js"
-export { MAX_BACKFILL_OWNERS } from "../reconciliation/ReconciliationConfig.js"
 
 export interface FirehookConfigShape {
   /** `DATABASE_URL`; `None` → embedded PostgreSQL. */
@@ -186,7 +191,7 @@ export class FirehookConfig extends Context.Tag("firehook/Config")<FirehookConfi
  * (`pretty` on a TTY, `json` otherwise).
  */
 export const load = (options: { readonly isTty: boolean }): Effect.Effect<FirehookConfigShape, ConfigInvalid> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const platform = yield* PlatformConfig.load(options)
     const insecure = { allowInsecureDev: platform.allowInsecureDev }
     const registry = yield* RegistryConfig.load
@@ -227,4 +232,5 @@ export const layer = (options: { readonly isTty: boolean }): Layer.Layer<Firehoo
   Layer.effect(FirehookConfig, load(options))
 
 /** A fixed configuration (tests and embedding programs). */
-export const layerValue = (value: FirehookConfigShape): Layer.Layer<FirehookConfig> => Layer.succeed(FirehookConfig, value)
+export const layerValue = (value: FirehookConfigShape): Layer.Layer<FirehookConfig> =>
+  Layer.succeed(FirehookConfig, value)

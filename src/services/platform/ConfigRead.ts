@@ -61,7 +61,11 @@ export const readEnum = <const A extends string>(name: string, values: ReadonlyA
     )
   )
 
-export const readString = (name: string, def: string, rule: { readonly test: (s: string) => boolean; readonly text: string }) =>
+export const readString = (
+  name: string,
+  def: string,
+  rule: { readonly test: (s: string) => boolean; readonly text: string }
+) =>
   raw(name).pipe(
     Effect.flatMap(
       Option.match({
@@ -87,8 +91,15 @@ export const readRedacted = (name: string, test: (s: string) => boolean, rule: s
   )
 
 /** A cross-field rule: `upper` (variable `upperName`) must not be below `lower` (`lowerName`). */
-export const notBelow = (upperName: string, upper: number, lowerName: string, lower: number): Effect.Effect<void, ConfigInvalid> =>
-  upper < lower ? Effect.fail(new ConfigInvalid({ variable: upperName, rule: `must not be below ${lowerName}` })) : Effect.void
+export const notBelow = (
+  upperName: string,
+  upper: number,
+  lowerName: string,
+  lower: number
+): Effect.Effect<void, ConfigInvalid> =>
+  upper < lower
+    ? Effect.fail(new ConfigInvalid({ variable: upperName, rule: `must not be below ${lowerName}` }))
+    : Effect.void
 
 // ---------------------------------------------------------------------------------------------
 // Descriptors: a variable's name, default and rule, declared once in its domain's *Config module
@@ -120,7 +131,8 @@ export const readIntVar = (v: IntVar): Effect.Effect<number, ConfigInvalid> => r
 export const readEnumVar = <A extends string>(v: EnumVar<A>): Effect.Effect<A, ConfigInvalid> =>
   readEnum(v.env, v.values, v.default)
 
-export const readStringVar = (v: StringVar): Effect.Effect<string, ConfigInvalid> => readString(v.env, v.default, v.rule)
+export const readStringVar = (v: StringVar): Effect.Effect<string, ConfigInvalid> =>
+  readString(v.env, v.default, v.rule)
 
 /** Every integer variable of a section, read one after another in the section's key order. */
 export const readIntVars = <K extends string>(section: { readonly [P in K]: IntVar }) =>
@@ -133,7 +145,8 @@ export const isPostgresUrl = (s: string): boolean => {
   if (s.length > 4096) return false
   if (!URL.canParse(s)) return false
   const u = new URL(s)
-  return (u.protocol === "postgres:" || u.protocol === "postgresql:") && (u.hostname.length > 0 || u.searchParams.has("host"))
+  return (u.protocol === "postgres:" || u.protocol === "postgresql:") &&
+    (u.hostname.length > 0 || u.searchParams.has("host"))
 }
 
 const LOOPBACK_HOSTS: ReadonlySet<string> = new Set(["localhost", "127.0.0.1", "[::1]"])

@@ -6,14 +6,14 @@
  * unclean shutdown in-flight work may still hold connections, and the process exits anyway.
  */
 import * as Reactivity from "@effect/experimental/Reactivity"
-import { PgClient } from "@effect/sql-pg"
 import { SqlClient } from "@effect/sql"
+import { PgClient } from "@effect/sql-pg"
 import { Context, Data, Duration, Effect, Exit, Layer, Option, Redacted, Scope } from "effect"
 import { FirehookConfig } from "./Config.js"
 import * as EmbeddedPg from "./EmbeddedPg.js"
+import * as ErrorCode from "./ErrorCode.js"
 import { Lifecycle } from "./Lifecycle.js"
 import * as Migrations from "./Migrations.js"
-import * as ErrorCode from "./ErrorCode.js"
 
 export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")<{ readonly reason: string }> {
   override get message(): string {
@@ -31,7 +31,7 @@ export interface DatabaseOptions {
 
 const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =>
   Layer.scopedContext(
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const lifecycle = yield* Effect.serviceOption(Lifecycle)
       const poolScope = yield* Scope.make()
       const client = yield* PgClient.make({
@@ -74,7 +74,7 @@ export const layerUrl = (url: Redacted.Redacted<string>, options: DatabaseOption
  */
 export const layer = (options: DatabaseOptions = {}) =>
   Layer.unwrapScoped(
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const config = yield* FirehookConfig
       if (Option.isSome(config.databaseUrl)) return layerUrl(config.databaseUrl.value, options)
       const embedded = yield* EmbeddedPg.start({ dataDir: config.dataDir }).pipe(

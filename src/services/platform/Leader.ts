@@ -20,7 +20,9 @@ const electionTimeout = () => ({ code: "timeout" }) as const
  * or a ping that took too long), else the driver's code ({@link codeOf}).
  */
 export const leaderErrorCode = (e: unknown): string =>
-  e === "timeout" || (typeof e === "object" && e !== null && Reflect.get(e, "code") === "timeout") ? "timeout" : codeOf(e)
+  e === "timeout" || (typeof e === "object" && e !== null && Reflect.get(e, "code") === "timeout")
+    ? "timeout"
+    : codeOf(e)
 
 /**
  * What happens at each step of a term, for roles that report their own way (their own state,
@@ -64,30 +66,31 @@ export const runAsLeader = <E, R>(
   role: Ref.Ref<Role>,
   work: Effect.Effect<void, E, R>
 ): Effect.Effect<never, never, R | SqlClient.SqlClient> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const retry = Duration.decode(options.retryInterval ?? "2 seconds")
     const ping = Duration.decode(options.pingInterval ?? "2 seconds")
     const pingTimeout = options.pingTimeout === undefined ? ping : Duration.decode(options.pingTimeout)
     const events = options.events ?? {}
-    const acquiredEvent =
-      events.acquired ?? Effect.logInfo("role acquired").pipe(Effect.annotateLogs({ role: options.name }))
-    const lostEvent =
-      events.lost ??
+    const acquiredEvent = events.acquired ??
+      Effect.logInfo("role acquired").pipe(Effect.annotateLogs({ role: options.name }))
+    const lostEvent = events.lost ??
       ((reason: "connection" | "worker-ended") =>
         Effect.logWarning("role lost").pipe(Effect.annotateLogs({ role: options.name, reason })))
-    const failedEvent =
-      events.failed ??
+    const failedEvent = events.failed ??
       ((e: unknown) =>
         Effect.logWarning("role election failed").pipe(
           Effect.annotateLogs({ role: options.name, code: leaderErrorCode(e) })
         ))
-    const term = Effect.gen(function* () {
+    const term = Effect.gen(function*() {
       const scope = yield* Scope.make()
-      const acquired = yield* Effect.gen(function* () {
+      const acquired = yield* Effect.gen(function*() {
         // bounded (SPEC §7): a connection that cannot be had, or a lock query that hangs, is a
         // failed election, retried after `retry`, never a standby stuck for good
-        const conn = yield* sql.reserve.pipe(Scope.extend(scope), Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }))
+        const conn = yield* sql.reserve.pipe(
+          Scope.extend(scope),
+          Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout })
+        )
         if (events.attempt !== undefined) yield* events.attempt
         const rows = yield* conn
           .executeValues("SELECT pg_try_advisory_lock($1)", [options.key])
@@ -129,7 +132,9 @@ export const runAsLeader = <E, R>(
       }).pipe(
         Effect.catchAll((e) => Effect.as(failedEvent(e), false)),
         Effect.ensuring(
-          events.ended === undefined ? Ref.set(role, "standby") : Effect.zipRight(Ref.set(role, "standby"), events.ended)
+          events.ended === undefined
+            ? Ref.set(role, "standby")
+            : Effect.zipRight(Ref.set(role, "standby"), events.ended)
         ),
         Effect.onExit(() => Scope.close(scope, Exit.void))
       )

@@ -53,7 +53,7 @@ interface Registered {
 }
 
 export const make = (options: { readonly shutdownTimeout: Duration.DurationInput }) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const phases = yield* SubscriptionRef.make<Phase>("starting")
     const registered = yield* Ref.make<ReadonlyArray<Registered>>([])
     const started = yield* Ref.make(false)
@@ -61,7 +61,7 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
     const clean = yield* Ref.make(true)
     const timeoutMs = Duration.toMillis(Duration.decode(options.shutdownTimeout))
 
-    const runStages = Effect.gen(function* () {
+    const runStages = Effect.gen(function*() {
       yield* SubscriptionRef.set(phases, "stopping")
       yield* Effect.logInfo("shutdown started").pipe(Effect.annotateLogs({ timeoutMs }))
       const deadline = (yield* Clock.currentTimeMillis) + timeoutMs
@@ -95,7 +95,7 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
       return report
     })
 
-    const shutdown = Effect.gen(function* () {
+    const shutdown = Effect.gen(function*() {
       const first = yield* Ref.getAndSet(started, true)
       if (!first) {
         const report = yield* runStages
@@ -111,14 +111,17 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
         SubscriptionRef.modify(phases, (current) =>
           // once stopping, only the shutdown itself moves the phase on (and the log says so: a late
           // `setPhase("live")` during a shutdown logged `phase: live`)
-          current === "stopping" || current === "stopped" ? [false, current] : [true, phase]
-        ).pipe(
-          Effect.flatMap((applied) => (applied ? Effect.logInfo("phase").pipe(Effect.annotateLogs({ phase })) : Effect.void))
-        ),
+          current === "stopping" || current === "stopped" ? [false, current] : [true, phase]).pipe(
+            Effect.flatMap((
+              applied
+            ) => (applied ? Effect.logInfo("phase").pipe(Effect.annotateLogs({ phase })) : Effect.void))
+          ),
       registerStop: (stage, name, drain) => Ref.update(registered, (xs) => [...xs, { stage, name, drain }]),
       shutdown,
       isClean: Ref.get(clean),
-      report: Deferred.poll(done).pipe(Effect.flatMap(Option.match({ onNone: () => Effect.succeedNone, onSome: Effect.asSome })))
+      report: Deferred.poll(done).pipe(
+        Effect.flatMap(Option.match({ onNone: () => Effect.succeedNone, onSome: Effect.asSome }))
+      )
     }
     return shape
   })

@@ -62,7 +62,7 @@ const sanitizeLabel = (s: string): string => {
   const cleaned = s.replace(/[^a-zA-Z0-9_]/g, "_")
   return /^[a-zA-Z_]/.test(cleaned) ? cleaned : `_${cleaned}`
 }
-const escapeValue = (s: string): string => s.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/"/g, '\\"')
+const escapeValue = (s: string): string => s.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/"/g, "\\\"")
 const escapeHelp = (s: string): string => s.replace(/\\/g, "\\\\").replace(/\n/g, "\\n")
 
 const num = (n: number | bigint): string => {
@@ -142,7 +142,7 @@ const residentMemory = Metric.gauge("firehook_process_resident_memory_bytes", {
 const heapUsed = Metric.gauge("firehook_process_heap_used_bytes", { description: "JavaScript heap in use, bytes" })
 
 /** Sample process gauges, then render every metric. */
-export const exposition: Effect.Effect<string> = Effect.gen(function* () {
+export const exposition: Effect.Effect<string> = Effect.gen(function*() {
   const mem = process.memoryUsage()
   yield* Metric.set(residentMemory, mem.rss)
   yield* Metric.set(heapUsed, mem.heapUsed)

@@ -5,13 +5,13 @@
  * Several processes may start at once: the whole run is serialized by a transaction-scoped
  * advisory lock, so the second runner waits and then finds nothing to do.
  */
-import * as Migrator from "@effect/sql/Migrator"
 import { SqlClient } from "@effect/sql"
+import * as Migrator from "@effect/sql/Migrator"
 import { Duration, Effect } from "effect"
 import * as LockKeys from "./LockKeys.js"
 
 const ddl = (text: string) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     yield* sql.unsafe(text)
   })
@@ -211,7 +211,10 @@ CREATE TABLE backfill_state (
  * the delivery claim does not evaluate a regular expression per candidate row. Nullable, so adding
  * it does not rewrite the table; rows enqueued before it are NULL and the claim computes theirs.
  */
-const outboxOrigin = Effect.flatMap(SqlClient.SqlClient, (sql) => sql`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS origin text`)
+const outboxOrigin = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) => sql`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS origin text`
+)
 
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
@@ -233,7 +236,7 @@ export const MIGRATIONS_TABLE = "firehook_migrations"
 /** The longest startup waits for the migrations (its own or another replica's). */
 export const MIGRATIONS_TIMEOUT = Duration.minutes(10)
 
-export const run = Effect.gen(function* () {
+export const run = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   yield* sql.withTransaction(
     Effect.zipRight(

@@ -30,10 +30,8 @@ export const STORE_TIMEOUT: Duration.DurationInput = "60 seconds"
  * Map any SQL failure of `op` to a `StoreError`, and bound the call by {@link STORE_TIMEOUT}: past
  * it the call is interrupted (the driver cancels the query) and fails with code `timeout`.
  */
-export const storeOp =
-  (op: string) =>
-  <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, StoreError, R> =>
-    storeOpWithin(op, STORE_TIMEOUT)(eff)
+export const storeOp = (op: string) => <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, StoreError, R> =>
+  storeOpWithin(op, STORE_TIMEOUT)(eff)
 
 /**
  * `storeOp` with a deadline (SPEC §7: every network call has a timeout): past `within` the call is
@@ -56,13 +54,16 @@ export interface TxShape {
 export class Tx extends Context.Tag("firehook/Tx")<Tx, TxShape>() {
   static readonly layerSql = Layer.effect(
     Tx,
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
       return {
         withTransaction: <A, E, R>(eff: Effect.Effect<A, E, R>) =>
           sql.withTransaction(eff).pipe(
             // its statements are bounded one by one; this also bounds BEGIN/COMMIT (SPEC §7)
-            Effect.timeoutFail({ duration: TX_TIMEOUT, onTimeout: () => new StoreError({ op: "transaction", code: "timeout" }) }),
+            Effect.timeoutFail({
+              duration: TX_TIMEOUT,
+              onTimeout: () => new StoreError({ op: "transaction", code: "timeout" })
+            }),
             Effect.catchIf(
               (e): e is Extract<typeof e, { readonly _tag: "SqlError" }> =>
                 typeof e === "object" && e !== null && "_tag" in e && e._tag === "SqlError",
@@ -75,7 +76,7 @@ export class Tx extends Context.Tag("firehook/Tx")<Tx, TxShape>() {
 
   static readonly layerMemory = Layer.effect(
     Tx,
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const lock = yield* Effect.makeSemaphore(1)
       return { withTransaction: <A, E, R>(eff: Effect.Effect<A, E, R>) => lock.withPermits(1)(eff) }
     })

@@ -40,7 +40,10 @@ export const databaseUrl = { env: "DATABASE_URL", rule: "must be a postgres:// o
 export const dataDir = {
   env: "FIREHOOK_DATA_DIR",
   default: "./.firehook",
-  rule: { test: (s: string) => s.length <= 1024 && !s.includes("\0"), text: "must be a path of at most 1024 characters" }
+  rule: {
+    test: (s: string) => s.length <= 1024 && !s.includes("\0"),
+    text: "must be a path of at most 1024 characters"
+  }
 } as const
 
 export const healthHost = {
@@ -81,28 +84,34 @@ export type PlatformSection = Pick<
  * `NODE_ENV` and the insecure development mode (`WEBHOOK_ALLOW_INSECURE_DEV` ∈ {0, 1}; `1` is
  * refused with production).
  */
-export const loadDevMode: Effect.Effect<{ readonly nodeEnv: NodeEnv; readonly allowInsecureDev: boolean }, ConfigInvalid> =
-  Effect.gen(function* () {
-    const env = yield* readEnumVar(nodeEnv)
-    const flag = yield* readEnumVar(allowInsecureDev)
-    if (flag === "1" && env === "production") {
-      return yield* Effect.fail(
-        new ConfigInvalid({ variable: allowInsecureDev.env, rule: "requires NODE_ENV=development or test" })
-      )
-    }
-    return { nodeEnv: env, allowInsecureDev: flag === "1" }
-  })
+export const loadDevMode: Effect.Effect<
+  { readonly nodeEnv: NodeEnv; readonly allowInsecureDev: boolean },
+  ConfigInvalid
+> = Effect.gen(function*() {
+  const env = yield* readEnumVar(nodeEnv)
+  const flag = yield* readEnumVar(allowInsecureDev)
+  if (flag === "1" && env === "production") {
+    return yield* Effect.fail(
+      new ConfigInvalid({ variable: allowInsecureDev.env, rule: "requires NODE_ENV=development or test" })
+    )
+  }
+  return { nodeEnv: env, allowInsecureDev: flag === "1" }
+})
 
 /** `isTty` picks the default log format (`pretty` on a TTY, `json` otherwise). */
 export const load = (options: { readonly isTty: boolean }): Effect.Effect<PlatformSection, ConfigInvalid> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const url = yield* readRedacted(databaseUrl.env, isPostgresUrl, databaseUrl.rule)
     const dir = yield* readStringVar(dataDir)
     const host = yield* readStringVar(healthHost)
     const port = yield* readIntVar(healthPort)
     const shutdown = yield* readIntVar(shutdownTimeoutMs)
     const levelName = yield* readEnumVar(logLevel)
-    const format = yield* readEnum(logFormat.env, logFormat.values, options.isTty ? logFormat.defaultTty : logFormat.default)
+    const format = yield* readEnum(
+      logFormat.env,
+      logFormat.values,
+      options.isTty ? logFormat.defaultTty : logFormat.default
+    )
     const devMode = yield* loadDevMode
     return {
       databaseUrl: url,

@@ -18,7 +18,10 @@ export interface RateLimitedLog {
    * Run `log(suppressed)` when `key` was not let through in the last interval (`suppressed`: how
    * many calls for the key were held back since it last was); otherwise count one more held back.
    */
-  readonly run: <R>(key: string, log: (suppressed: number) => Effect.Effect<void, never, R>) => Effect.Effect<void, never, R>
+  readonly run: <R>(
+    key: string,
+    log: (suppressed: number) => Effect.Effect<void, never, R>
+  ) => Effect.Effect<void, never, R>
 }
 
 export interface RateLimitedLogOptions {

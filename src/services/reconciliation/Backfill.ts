@@ -27,13 +27,13 @@ import { Context, Deferred, Duration, Effect, Fiber, Layer, Metric, Option, Sche
 import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
+import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
+import { StoreError } from "../platform/Persistence.js"
 import { discoverPages } from "./Discovery.js"
-import { INITIAL_PASS, ReconcileStore } from "./ReconcileStore.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import { type ReconcileOutcome, Reconciler } from "./Reconciler.js"
-import { SafeHttp } from "../platform/http/SafeHttp.js"
-import { StoreError } from "../platform/Persistence.js"
+import { INITIAL_PASS, ReconcileStore } from "./ReconcileStore.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
 
 export interface BackfillOptions {
@@ -100,7 +100,7 @@ export const DEFAULT_INFRA_RETRY_BASE = Duration.millis(ReconciliationConfig.bac
 export const DEFAULT_INFRA_RETRY_MAX = Duration.millis(ReconciliationConfig.backfill.retryMaxMs.default)
 
 export const make = (options: BackfillOptions = {}) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const config = yield* FirehookConfig
     const store = yield* ReconcileStore
     const reconciler = yield* Reconciler
@@ -140,9 +140,10 @@ export const make = (options: BackfillOptions = {}) =>
         discoverPages(http, store, base, { maxPages: discoveryMaxPages, pageLimit: discoveryPageLimit }).pipe(
           Effect.catchTag("DiscoveryFailure", (e) =>
             Effect.sync(() => void state.discoveryFailures++).pipe(
-              Effect.zipRight(Effect.logWarning("owner discovery failed").pipe(Effect.annotateLogs({ reason: e.reason })))
-            )
-          )
+              Effect.zipRight(
+                Effect.logWarning("owner discovery failed").pipe(Effect.annotateLogs({ reason: e.reason }))
+              )
+            ))
         )
     })
 
@@ -160,7 +161,7 @@ export const make = (options: BackfillOptions = {}) =>
       )
 
     const reconcileOwner = (did: string) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         let outcome = yield* reconcileOnce(did)
         for (let i = 0; i < busyRetries && outcome._tag === "busy"; i++) {
           yield* Effect.sleep(busyRetryDelay)
@@ -181,7 +182,7 @@ export const make = (options: BackfillOptions = {}) =>
     // -------------------------------------------------------------------------------------------
     // One pass
 
-    const runPass: Effect.Effect<PassResult, StoreError> = Effect.gen(function* () {
+    const runPass: Effect.Effect<PassResult, StoreError> = Effect.gen(function*() {
       const stored = yield* store.passState(INITIAL_PASS)
       let after: string | undefined
       let done: number
@@ -223,7 +224,7 @@ export const make = (options: BackfillOptions = {}) =>
     // Sweeps
 
     /** Passes until one reaches the last owner; infrastructure failures retried from the continuation. */
-    const sweep = Effect.gen(function* () {
+    const sweep = Effect.gen(function*() {
       const driver = yield* Schedule.driver(backoff)
       for (;;) {
         const result = yield* Effect.either(
@@ -249,7 +250,11 @@ export const make = (options: BackfillOptions = {}) =>
         state.passes++
         yield* driver.reset
         yield* Effect.logInfo("backfill pass finished").pipe(
-          Effect.annotateLogs({ owners: result.right.owners, failed: result.right.failed, completed: result.right.completed })
+          Effect.annotateLogs({
+            owners: result.right.owners,
+            failed: result.right.failed,
+            completed: result.right.completed
+          })
         )
         if (result.right.completed) return
       }
@@ -267,7 +272,7 @@ export const make = (options: BackfillOptions = {}) =>
         )
       )
 
-    const main = Effect.gen(function* () {
+    const main = Effect.gen(function*() {
       yield* withRunning(sweep)
       yield* Deferred.succeed(initialDone, undefined)
       yield* Effect.logInfo("initial backfill complete")
@@ -295,7 +300,7 @@ export const make = (options: BackfillOptions = {}) =>
       runPass,
       awaitInitialPass: Deferred.await(initialDone),
       stop: Effect.suspend(() => (fiber === undefined ? Effect.void : Fiber.interrupt(fiber).pipe(Effect.asVoid))),
-      stats: Effect.gen(function* () {
+      stats: Effect.gen(function*() {
         const initialPassDone = yield* Deferred.isDone(initialDone)
         return { ...state, initialPassDone }
       })
@@ -307,7 +312,15 @@ export const make = (options: BackfillOptions = {}) =>
 export const healthSection = (backfill: BackfillShape) =>
   statsSection(
     backfill.stats,
-    ["running", "infrastructureHealthy", "initialPassDone", "ownersDone", "ownersFailed", "passes", "discoveryFailures"],
+    [
+      "running",
+      "infrastructureHealthy",
+      "initialPassDone",
+      "ownersDone",
+      "ownersFailed",
+      "passes",
+      "discoveryFailures"
+    ],
     (s) => s.infrastructureHealthy
   )
 
@@ -320,7 +333,7 @@ export const layer = (
 ): Layer.Layer<Backfill, never, FirehookConfig | ReconcileStore | Reconciler | SafeHttp | Health | Lifecycle> =>
   Layer.scoped(
     Backfill,
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const backfill = yield* make(options)
       const health = yield* Health
       const lifecycle = yield* Lifecycle
@@ -329,4 +342,3 @@ export const layer = (
       return backfill
     })
   )
-

@@ -33,7 +33,7 @@ export const discoverPages = (
   base: string,
   options: DiscoveryOptions
 ) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const cursors = new Set<string>()
     let cursor: string | undefined = undefined
     for (let page = 0; page < options.maxPages; page++) {

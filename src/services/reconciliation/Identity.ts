@@ -119,14 +119,18 @@ export const normalizePdsEndpoint = (endpoint: string, allowInsecureDev: boolean
 }
 
 export const make = (options: IdentityOptions = {}) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const config = yield* FirehookConfig
     const http = yield* SafeHttp
     const refreshers = yield* FiberSet.make<void, never>()
     // `IDENTITY_CACHE_STALE_MS` / `IDENTITY_CACHE_MAX_AGE_MS` (defaults DEFAULT_STALE_AFTER /
     // DEFAULT_EXPIRE_AFTER); an explicit option wins
-    const staleMs = Duration.toMillis(Duration.decode(options.staleAfter ?? Duration.millis(config.identity.cacheStaleMs)))
-    const expireMs = Duration.toMillis(Duration.decode(options.expireAfter ?? Duration.millis(config.identity.cacheMaxAgeMs)))
+    const staleMs = Duration.toMillis(
+      Duration.decode(options.staleAfter ?? Duration.millis(config.identity.cacheStaleMs))
+    )
+    const expireMs = Duration.toMillis(
+      Duration.decode(options.expireAfter ?? Duration.millis(config.identity.cacheMaxAgeMs))
+    )
     const maxEntries = Math.max(1, Math.floor(options.maxEntries ?? DEFAULT_MAX_ENTRIES))
     const maxRefreshes = Math.max(0, Math.floor(options.maxBackgroundRefreshes ?? DEFAULT_MAX_BACKGROUND_REFRESHES))
     const timeoutMs = options.timeoutMs ?? IDENTITY_TIMEOUT_MS
@@ -143,7 +147,7 @@ export const make = (options: IdentityOptions = {}) =>
 
     /** Fetch and validate the document; the PDS base URL. */
     const fetchPds = (did: string): Effect.Effect<string, IdentityError> =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const url = didDocumentUrl(did, config.backfill.plcDirectoryUrl)
         if (url === undefined) return yield* fail("invalid_did")
         const response = yield* http
@@ -191,8 +195,7 @@ export const make = (options: IdentityOptions = {}) =>
             Effect.sync(() => {
               refreshes++
               if (cache.get(did) === entry) store(did, pds, now)
-            })
-          )
+            }))
         ),
         Effect.catchAll(() =>
           // keep serving the stale entry until it expires; allow another refresh later
@@ -203,7 +206,7 @@ export const make = (options: IdentityOptions = {}) =>
       )
 
     const resolvePds = (did: string): Effect.Effect<string, IdentityError> =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const now = yield* Clock.currentTimeMillis
         const entry = cache.get(did)
         if (entry !== undefined) {

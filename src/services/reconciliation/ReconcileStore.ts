@@ -21,9 +21,9 @@
  */
 import type { SqlClient } from "@effect/sql"
 import { Context, type Effect, Layer } from "effect"
-import type { ReconcileStatus, WebhookRow } from "../registry/RegistryStore.js"
-import type { StoreError } from "../platform/Persistence.js"
 import * as LockKeys from "../platform/LockKeys.js"
+import type { StoreError } from "../platform/Persistence.js"
+import type { ReconcileStatus, WebhookRow } from "../registry/RegistryStore.js"
 import { makeSql } from "./ReconcileStoreSql.js"
 
 export { makeSql } from "./ReconcileStoreSql.js"
@@ -170,7 +170,11 @@ export interface ReconcileStoreShape {
    * now: `completed_at` is the completing transaction's start, and a transaction that started
    * earlier than a row already read may commit later; the cursor must never pass it.
    */
-  readonly completedSince: (cursor: string, limit: number, settleMs?: number) => Effect.Effect<CompletedOwners, StoreError>
+  readonly completedSince: (
+    cursor: string,
+    limit: number,
+    settleMs?: number
+  ) => Effect.Effect<CompletedOwners, StoreError>
   /** For `owners status`: counts, failed and scanning owners (≤ `limit` each), the pass. */
   readonly summary: (limit: number) => Effect.Effect<OwnersSummary, StoreError>
 }

@@ -6,8 +6,8 @@
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Effect } from "effect"
-import { toReconcileStatus, WEBHOOK_COLUMNS, type WebhookRow } from "../registry/RegistryStore.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
+import { toReconcileStatus, WEBHOOK_COLUMNS, type WebhookRow } from "../registry/RegistryStore.js"
 import {
   COMPLETION_SETTLE_MS,
   INITIAL_PASS,
@@ -42,8 +42,7 @@ interface CountRow {
   readonly n: number
 }
 
-const toDate = (v: unknown): Date | undefined =>
-  v instanceof Date ? v : typeof v === "string" ? new Date(v) : undefined
+const toDate = (v: unknown): Date | undefined => v instanceof Date ? v : typeof v === "string" ? new Date(v) : undefined
 
 const ownerFromDb = (r: OwnerDbRow): OwnerReconcileState => ({
   did: r.did,
@@ -123,7 +122,7 @@ const fencedCount = (
   statement: () => Effect.Effect<ReadonlyArray<CountRow>, SqlError>
 ): Effect.Effect<number | undefined, SqlError> =>
   sql.withTransaction(
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       if (!(yield* lockScan(sql, did, token))) return undefined
       return count(yield* statement())
     })
@@ -132,16 +131,22 @@ const fencedCount = (
 // ---------------------------------------------------------------------------------------------
 // Statements
 
-const begin = (sql: SqlClient.SqlClient, did: string, options: { readonly maxOtherScanning: number; readonly staleScanMs: number }) =>
+const begin = (
+  sql: SqlClient.SqlClient,
+  did: string,
+  options: { readonly maxOtherScanning: number; readonly staleScanMs: number }
+) =>
   sql
     .withTransaction(
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* sql`SELECT pg_advisory_xact_lock(${RECONCILE_LOCK_KEY})`
         const others = count(
           yield* sql<CountRow>`
                 SELECT count(*)::int AS n FROM owners
                 WHERE reconcile_status = 'scanning' AND did <> ${did}
-                  AND scan_started_at > now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision)`
+                  AND scan_started_at > now() - make_interval(secs => ${
+            seconds(options.staleScanMs)
+          }::double precision)`
         )
         if (others >= options.maxOtherScanning) return { _tag: "busy" } as const
         const rows = yield* sql<{ generation: string | number }>`
@@ -157,7 +162,13 @@ const begin = (sql: SqlClient.SqlClient, did: string, options: { readonly maxOth
     .pipe(storeOp("reconcile.begin"))
 
 /** Step 3: one page of the snapshot (see the port's module documentation for the rules). */
-const applyPage = (sql: SqlClient.SqlClient, did: string, token: number, snapshotRev: string, rows: ReadonlyArray<WebhookRow>) =>
+const applyPage = (
+  sql: SqlClient.SqlClient,
+  did: string,
+  token: number,
+  snapshotRev: string,
+  rows: ReadonlyArray<WebhookRow>
+) =>
   fencedCount(sql, did, token, () =>
     rows.length === 0
       ? Effect.succeed([])
@@ -193,11 +204,10 @@ const applyPage = (sql: SqlClient.SqlClient, did: string, token: number, snapsho
                   WHERE t.owner_did = ${did} AND t.rkey = u.rkey
                   RETURNING 1
                 )
-                SELECT count(*)::int AS n FROM upserted`
-  ).pipe(
-    Effect.map((written) => (written === undefined ? { fenced: true, written: 0 } : { fenced: false, written })),
-    storeOp("reconcile.applyPage")
-  )
+                SELECT count(*)::int AS n FROM upserted`).pipe(
+      Effect.map((written) => (written === undefined ? { fenced: true, written: 0 } : { fenced: false, written })),
+      storeOp("reconcile.applyPage")
+    )
 
 /** Step 4: rows the snapshot did not contain, each leaving a tombstone at the snapshot's rev. */
 const deleteOlder = (sql: SqlClient.SqlClient, did: string, token: number, snapshotRev: string, limit: number) =>
@@ -220,11 +230,10 @@ const deleteOlder = (sql: SqlClient.SqlClient, did: string, token: number, snaps
                     rev = EXCLUDED.rev, generation = EXCLUDED.generation, deleted_at = now()
                   RETURNING 1
                 )
-                SELECT count(*)::int AS n FROM gone`
-  ).pipe(
-    Effect.map((deleted) => (deleted === undefined ? { fenced: true, deleted: 0 } : { fenced: false, deleted })),
-    storeOp("reconcile.deleteOlder")
-  )
+                SELECT count(*)::int AS n FROM gone`).pipe(
+      Effect.map((deleted) => (deleted === undefined ? { fenced: true, deleted: 0 } : { fenced: false, deleted })),
+      storeOp("reconcile.deleteOlder")
+    )
 
 /** Step 4: the owner's tombstones older than the snapshot, not this scan's, past the retention. */
 const pruneTombstones = (
@@ -249,16 +258,21 @@ const pruneTombstones = (
                   WHERE t.owner_did = ${did} AND t.rkey = d.rkey
                   RETURNING 1
                 )
-                SELECT count(*)::int AS n FROM gone`
-  ).pipe(
-    Effect.map((pruned) => (pruned === undefined ? { fenced: true, pruned: 0 } : { fenced: false, pruned })),
-    storeOp("reconcile.pruneTombstones")
-  )
+                SELECT count(*)::int AS n FROM gone`).pipe(
+      Effect.map((pruned) => (pruned === undefined ? { fenced: true, pruned: 0 } : { fenced: false, pruned })),
+      storeOp("reconcile.pruneTombstones")
+    )
 
-const complete = (sql: SqlClient.SqlClient, did: string, token: number, snapshotRev: string, whileLocked: Effect.Effect<void, StoreError>) =>
+const complete = (
+  sql: SqlClient.SqlClient,
+  did: string,
+  token: number,
+  snapshotRev: string,
+  whileLocked: Effect.Effect<void, StoreError>
+) =>
   sql
     .withTransaction(
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         if (!(yield* lockScan(sql, did, token))) return false
         yield* sql`
               UPDATE owners SET reconcile_status = 'complete', snapshot_rev = ${snapshotRev}, completed_at = now(),
@@ -297,7 +311,7 @@ const retryCandidates = (sql: SqlClient.SqlClient, options: Parameters<Reconcile
   )
 
 const completedSince = (sql: SqlClient.SqlClient, cursor: string, limit: number, settleMs = COMPLETION_SETTLE_MS) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const [at, after] = parseCursor(cursor)
     const rows = yield* sql<{ did: string; at: string }>`
           SELECT did, completed_at::text AS at FROM owners
@@ -314,7 +328,7 @@ const completedSince = (sql: SqlClient.SqlClient, cursor: string, limit: number,
   }).pipe(storeOp("reconcile.completedSince"))
 
 const summary = (sql: SqlClient.SqlClient, limit: number) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const counts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
     const rows = yield* sql<{ reconcile_status: string; n: number }>`
           SELECT reconcile_status, count(*)::int AS n FROM owners GROUP BY reconcile_status`
@@ -346,13 +360,14 @@ const summary = (sql: SqlClient.SqlClient, limit: number) =>
 // ---------------------------------------------------------------------------------------------
 // The store
 
-export const makeSql = Effect.gen(function* () {
+export const makeSql = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const store: ReconcileStoreShape = {
     begin: (did, options) => begin(sql, did, options),
     applyPage: (did, token, snapshotRev, rows) => applyPage(sql, did, token, snapshotRev, rows),
     deleteOlder: (did, token, snapshotRev, limit) => deleteOlder(sql, did, token, snapshotRev, limit),
-    pruneTombstones: (did, token, snapshotRev, retentionMs, limit) => pruneTombstones(sql, did, token, snapshotRev, retentionMs, limit),
+    pruneTombstones: (did, token, snapshotRev, retentionMs, limit) =>
+      pruneTombstones(sql, did, token, snapshotRev, retentionMs, limit),
     complete: (did, token, snapshotRev, whileLocked) => complete(sql, did, token, snapshotRev, whileLocked),
     withOwnerLock: (did, eff) =>
       sql
@@ -395,14 +410,13 @@ export const makeSql = Effect.gen(function* () {
     addOwners: (dids, source) => {
       if (dids.length === 0) return Effect.void
       const list = JSON.stringify(dids)
-      const query =
-        source === "operator"
-          ? sql`
+      const query = source === "operator"
+        ? sql`
               INSERT INTO owners (did, from_operator)
               SELECT d, true FROM jsonb_array_elements_text(${list}::jsonb) AS d
               ON CONFLICT (did) DO UPDATE SET from_operator = true, updated_at = now()
               WHERE NOT owners.from_operator`
-          : sql`
+        : sql`
               INSERT INTO owners (did, from_discovery)
               SELECT d, true FROM jsonb_array_elements_text(${list}::jsonb) AS d
               ON CONFLICT (did) DO UPDATE SET from_discovery = true, updated_at = now()

@@ -27,18 +27,18 @@
  * retries from its continuation); the owner may stay `scanning` until a later scan supersedes it.
  * Logs carry the DID at debug level only, and never URLs or record bodies.
  */
-import { USER_AGENT } from "../platform/Version.js"
 import { Clock, Context, Duration, Effect, Layer, Metric } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
-import { IDENTITY_ERROR_KINDS, Identity } from "./Identity.js"
-import { ReconcileStore } from "./ReconcileStore.js"
-import * as Metrics from "./ReconcileMetrics.js"
-import { Registry } from "../registry/Registry.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
-import { scan, type ScanDeps } from "./Snapshot.js"
+import { USER_AGENT } from "../platform/Version.js"
+import { Registry } from "../registry/Registry.js"
+import { Identity, IDENTITY_ERROR_KINDS } from "./Identity.js"
+import * as Metrics from "./ReconcileMetrics.js"
+import { ReconcileStore } from "./ReconcileStore.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
+import { scan, type ScanDeps } from "./Snapshot.js"
 
 // ---------------------------------------------------------------------------------------------
 // Outcomes
@@ -181,7 +181,7 @@ export interface ReconcilerOptions {
 }
 
 export const make = (options: ReconcilerOptions) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const config = yield* FirehookConfig
     const http = yield* SafeHttp
     const identity = yield* Identity
@@ -196,7 +196,7 @@ export const make = (options: ReconcilerOptions) =>
     const deps: ScanDeps = { identity, store, limits, validateOpts, get, swap: options.swap }
 
     const count = (outcome: ReconcileOutcome) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* Metric.increment(Metrics.reconcileOwners({ outcome: outcome._tag }))
         switch (outcome._tag) {
           case "complete":
@@ -218,7 +218,7 @@ export const make = (options: ReconcilerOptions) =>
       })
 
     const reconcile = (did: string): Effect.Effect<ReconcileOutcome, StoreError> =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         if (!isCanonicalDid(did)) return { _tag: "failed", kind: "invalid_did" } as const
         const startMicros = (yield* Clock.currentTimeMillis) * 1000
         const begun = yield* store.begin(did, {
@@ -232,8 +232,9 @@ export const make = (options: ReconcilerOptions) =>
           Effect.ignore
         )
         const result: ReconcileOutcome = yield* scan(deps, did, token, startMicros).pipe(
-          Effect.catchTag("OwnerFailure", (e) =>
-            store.markFailed(did, token, e.kind).pipe(Effect.as({ _tag: "failed", kind: e.kind } as const))
+          Effect.catchTag(
+            "OwnerFailure",
+            (e) => store.markFailed(did, token, e.kind).pipe(Effect.as({ _tag: "failed", kind: e.kind } as const))
           ),
           Effect.onInterrupt(() => markInterrupted)
         )

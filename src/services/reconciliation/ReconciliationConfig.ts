@@ -87,7 +87,7 @@ const baseUrlRule = (insecure: boolean) => ({
 export const loadBackfill = (options: {
   readonly allowInsecureDev: boolean
 }): Effect.Effect<FirehookConfigShape["backfill"], ConfigInvalid> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const urlRule = baseUrlRule(options.allowInsecureDev)
     const plcDirectoryUrl = stripTrailingSlashes(
       yield* readString(backfill.plcDirectoryUrl.env, backfill.plcDirectoryUrl.default, urlRule)
@@ -105,7 +105,9 @@ export const loadBackfill = (options: {
     yield* notBelow(backfill.retryMaxMs.env, retryMaxMs, backfill.retryBaseMs.env, retryBaseMs)
     return {
       plcDirectoryUrl,
-      ownerDiscoveryUrl: discoveryText === "" ? Option.none<string>() : Option.some(stripTrailingSlashes(discoveryText)),
+      ownerDiscoveryUrl: discoveryText === ""
+        ? Option.none<string>()
+        : Option.some(stripTrailingSlashes(discoveryText)),
       owners: parseDidList(ownersText) ?? [],
       concurrency,
       pageSize,
@@ -119,12 +121,13 @@ export const loadIdentity: Effect.Effect<FirehookConfigShape["identity"], Config
   Effect.tap((i) => notBelow(identity.cacheMaxAgeMs.env, i.cacheMaxAgeMs, identity.cacheStaleMs.env, i.cacheStaleMs))
 )
 
-export const loadReconcile: Effect.Effect<FirehookConfigShape["reconcile"], ConfigInvalid> = readIntVars(reconcile).pipe(
-  Effect.tap((r) => notBelow(reconcile.maxBytes.env, r.maxBytes, reconcile.pageMaxBytes.env, r.pageMaxBytes))
-)
+export const loadReconcile: Effect.Effect<FirehookConfigShape["reconcile"], ConfigInvalid> = readIntVars(reconcile)
+  .pipe(
+    Effect.tap((r) => notBelow(reconcile.maxBytes.env, r.maxBytes, reconcile.pageMaxBytes.env, r.pageMaxBytes))
+  )
 
 export const loadRetryScheduler: Effect.Effect<FirehookConfigShape["retryScheduler"], ConfigInvalid> = Effect.gen(
-  function* () {
+  function*() {
     const baseMs = yield* readIntVar(retryScheduler.baseMs)
     const maxMs = yield* readIntVar(retryScheduler.maxMs)
     yield* notBelow(retryScheduler.maxMs.env, maxMs, retryScheduler.baseMs.env, baseMs)

@@ -27,11 +27,11 @@ import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
-import { ReconcileStore } from "./ReconcileStore.js"
+import { StoreError } from "../platform/Persistence.js"
+import { Registry } from "../registry/Registry.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import { Reconciler } from "./Reconciler.js"
-import { Registry } from "../registry/Registry.js"
-import { StoreError } from "../platform/Persistence.js"
+import { ReconcileStore } from "./ReconcileStore.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
 
 export interface BackoffOptions {
@@ -106,7 +106,7 @@ interface Entry {
  * configuration, the reconcile store and the reconciler.
  */
 export const make = (options: RetrySchedulerOptions = {}) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const config = yield* FirehookConfig
     const store = yield* ReconcileStore
     const reconciler = yield* Reconciler
@@ -123,7 +123,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
 
     /** One attempt; true when the owner no longer needs retrying. */
     const attemptOnce = (did: string, entry: Entry) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const current = yield* store.ownerState(did)
         if (current === undefined || current.status === "complete" || current.status === "unknown") {
           yield* Metric.increment(Metrics.retrySchedulerAttempts({ result: "skipped" }))
@@ -142,7 +142,9 @@ export const make = (options: RetrySchedulerOptions = {}) =>
           Effect.sync(() => {
             state.infrastructureHealthy = false
           }).pipe(
-            Effect.zipRight(Effect.logWarning("retry attempt failed").pipe(Effect.annotateLogs({ op: e.op, code: e.code }))),
+            Effect.zipRight(
+              Effect.logWarning("retry attempt failed").pipe(Effect.annotateLogs({ op: e.op, code: e.code }))
+            ),
             Effect.as(false)
           )
         ),
@@ -154,9 +156,11 @@ export const make = (options: RetrySchedulerOptions = {}) =>
       )
 
     const ownerLoop = (did: string, entry: Entry) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const baseMs = cfg.baseMs * Math.pow(2, entry.attempt)
-        const driver = yield* Schedule.driver(retryBackoff({ base: Duration.millis(baseMs), cap: Duration.millis(cfg.maxMs) }))
+        const driver = yield* Schedule.driver(
+          retryBackoff({ base: Duration.millis(baseMs), cap: Duration.millis(cfg.maxMs) })
+        )
         for (;;) {
           if (state.stopping) return
           yield* driver.next(undefined).pipe(Effect.ignore)
@@ -191,9 +195,9 @@ export const make = (options: RetrySchedulerOptions = {}) =>
       })
 
     const swapSync = (swap: (did: string) => Effect.Effect<void, StoreError>) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         let cursor = swapCursor ?? (yield* store.completedCursor(SWAP_SYNC_MARGIN_MS))
-        for (let swapped = 0; swapped < swapSyncMax; ) {
+        for (let swapped = 0; swapped < swapSyncMax;) {
           const batch = yield* store.completedSince(cursor, SWAP_SYNC_BATCH)
           // under the owner's lock, and only while it is still complete: a scan begun since the
           // completion was read has written pages that must stay in the database only (SPEC §5.3)
@@ -211,7 +215,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         swapCursor = cursor
       })
 
-    const tick: Effect.Effect<void, StoreError> = Effect.gen(function* () {
+    const tick: Effect.Effect<void, StoreError> = Effect.gen(function*() {
       if (state.stopping) return
       const free = trackedMax - entries.size
       if (free > 0) {
@@ -240,7 +244,9 @@ export const make = (options: RetrySchedulerOptions = {}) =>
                 state.infrastructureHealthy = false
               }).pipe(
                 Effect.zipRight(
-                  Effect.logWarning("retry scheduler round failed").pipe(Effect.annotateLogs({ op: e.op, code: e.code }))
+                  Effect.logWarning("retry scheduler round failed").pipe(
+                    Effect.annotateLogs({ op: e.op, code: e.code })
+                  )
                 )
               )
             )
@@ -257,7 +263,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
     const roundsFiber = yield* Effect.forkIn(rounds, scope)
 
     const runStop = (deadline: number) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         state.stopping = true
         state.running = false
         yield* Fiber.interrupt(roundsFiber)
@@ -325,7 +331,7 @@ export const layer = (
 ): Layer.Layer<RetryScheduler, never, FirehookConfig | ReconcileStore | Reconciler | Registry | Health | Lifecycle> =>
   Layer.scoped(
     RetryScheduler,
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const registry = yield* Registry
       const config = yield* FirehookConfig
       const scheduler = yield* make({ ...options, swap: (did) => registry.swapOwner(did) })
@@ -337,7 +343,7 @@ export const layer = (
       yield* lifecycle.registerStop(
         "scheduler-begin",
         "scheduler-begin",
-        Effect.gen(function* () {
+        Effect.gen(function*() {
           const deadline = (yield* Clock.currentTimeMillis) + Math.floor(config.shutdownTimeoutMs / 2)
           yield* Effect.forkIn(Deferred.complete(stopped, scheduler.stop(deadline)), scope)
         })
@@ -345,8 +351,12 @@ export const layer = (
       yield* lifecycle.registerStop(
         "scheduler-await",
         "scheduler-await",
-        Effect.flatMap(Deferred.await(stopped), ({ drained }) =>
-          drained ? Effect.void : Effect.logWarning("retry scheduler interrupted in-flight reconciliations at its deadline")
+        Effect.flatMap(
+          Deferred.await(stopped),
+          ({ drained }) =>
+            drained
+              ? Effect.void
+              : Effect.logWarning("retry scheduler interrupted in-flight reconciliations at its deadline")
         )
       )
       return scheduler

@@ -17,8 +17,8 @@ import { toRow } from "../registry/Registry.js"
 import type { WebhookRow } from "../registry/RegistryStore.js"
 import type { IdentityShape } from "./Identity.js"
 import * as Metrics from "./ReconcileMetrics.js"
-import type { ReconcileStoreShape } from "./ReconcileStore.js"
 import type { OwnerFailureKind, ReconcileLimits, ReconcileOutcome } from "./Reconciler.js"
+import type { ReconcileStoreShape } from "./ReconcileStore.js"
 
 // ---------------------------------------------------------------------------------------------
 // Pure helpers
@@ -104,7 +104,16 @@ export const pageRows = (
       continue
     }
     const r = v.right
-    const row = toRow(target.did, rkey, r.record, r.scope, target.snapshotRev, target.token, rec.cid, r.record.enabled !== false)
+    const row = toRow(
+      target.did,
+      rkey,
+      r.record,
+      r.scope,
+      target.snapshotRev,
+      target.token,
+      rec.cid,
+      r.record.enabled !== false
+    )
     if (!isStorable(row)) {
       invalid++
       continue
@@ -170,12 +179,14 @@ const snapshotRevOf = (deps: ScanDeps, pds: string, did: string, startMicros: nu
   )
 
 const listUrl = (limits: ReconcileLimits, pds: string, did: string, cursor: string | undefined) =>
-  `${pds}/xrpc/com.atproto.repo.listRecords?repo=${q(did)}&collection=${q(WH_COLLECTION)}&limit=${limits.maxPageRecords}` +
+  `${pds}/xrpc/com.atproto.repo.listRecords?repo=${q(did)}&collection=${
+    q(WH_COLLECTION)
+  }&limit=${limits.maxPageRecords}` +
   (cursor === undefined ? "" : `&cursor=${q(cursor)}`)
 
 /** Step 2–3: fetch, check and apply every page. */
 const applyPages = (deps: ScanDeps, pds: string, target: ScanTarget) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const { limits, store } = deps
     const { did, token, snapshotRev } = target
     const rkeys = new Set<string>()
@@ -231,18 +242,18 @@ const applyPages = (deps: ScanDeps, pds: string, target: ScanTarget) =>
 
 /** Step 4: rows the snapshot did not contain are deleted and old tombstones pruned, in small durable transactions. */
 const deleteOutside = (deps: ScanDeps, target: ScanTarget) =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const { limits, store } = deps
     const { did, token, snapshotRev } = target
     let deleted = 0
-    for (let batch = 0; ; batch++) {
+    for (let batch = 0;; batch++) {
       if (batch >= limits.maxBatches) return yield* ownerFail("too_many_rows")
       const r = yield* store.deleteOlder(did, token, snapshotRev, limits.batchSize)
       if (r.fenced) return SUPERSEDED
       deleted += r.deleted
       if (r.deleted < limits.batchSize) break
     }
-    for (let batch = 0; ; batch++) {
+    for (let batch = 0;; batch++) {
       if (batch >= limits.maxBatches) return yield* ownerFail("too_many_rows")
       const r = yield* store.pruneTombstones(did, token, snapshotRev, limits.tombstoneRetentionMs, limits.batchSize)
       if (r.fenced) return SUPERSEDED
@@ -258,7 +269,7 @@ export const scan = (
   token: number,
   startMicros: number
 ): Effect.Effect<ReconcileOutcome, OwnerFailure | StoreError> =>
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const pds = yield* resolvePds(deps, did)
     const snapshotRev = yield* snapshotRevOf(deps, pds, did, startMicros)
     const target: ScanTarget = { did, token, snapshotRev }

@@ -15,16 +15,16 @@
  *   owner is scanning or failed, nothing here removes its registrations: they keep matching.
  */
 import { Context, Effect, Either, Layer, Metric, Option } from "effect"
-import { subscriptionFingerprint } from "../matching/Canonical.js"
-import { type ActiveWebhook, makeActiveWebhook, webhookKey, WebhookIndex } from "../matching/WebhookIndex.js"
 import type { ScopeUri } from "../../schemas/AtUri.js"
 import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION, type WhRecord } from "../../schemas/WhRecord.js"
+import { subscriptionFingerprint } from "../matching/Canonical.js"
+import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
-import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
 import type { StoreError } from "../platform/Persistence.js"
+import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
 
 export type AdmissionLimit = "total" | "owner" | "direct_dids" | "backlink_dids"
 
@@ -120,7 +120,7 @@ interface Journal {
   readonly commit: Array<Effect.Effect<void>>
 }
 
-export const make = Effect.gen(function* () {
+export const make = Effect.gen(function*() {
   const config = yield* FirehookConfig
   const store = yield* RegistryStore
   const limits = config.registry
@@ -164,7 +164,7 @@ export const make = Effect.gen(function* () {
     return makeActiveWebhook(row.ownerDid, row.rkey, v.right.record, v.right.scope, row.rev)
   }
 
-  const reload = Effect.gen(function* () {
+  const reload = Effect.gen(function*() {
     // build the new contents first, then swap: readers never see an empty index in between
     const keys = [...index.all()].map((w) => w.key)
     const total = yield* store.countActive
@@ -185,7 +185,7 @@ export const make = Effect.gen(function* () {
   const load = reload
 
   const applyWhEvent = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const ownerDid = event.did
       const rkey = event.rkey
       const key = webhookKey(ownerDid, rkey)
@@ -195,7 +195,7 @@ export const make = Effect.gen(function* () {
       if (row !== undefined && compareTid(event.rev, row.rev) <= 0) return { _tag: "stale" } as const
       if (tombstone !== undefined && compareTid(event.rev, tombstone.rev) <= 0) return { _tag: "stale" } as const
       const generation = yield* store.bumpGeneration(ownerDid)
-      const revoke = Effect.gen(function* () {
+      const revoke = Effect.gen(function*() {
         if (row === undefined) return false
         yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
         removeFromIndex(key)
@@ -245,7 +245,7 @@ export const make = Effect.gen(function* () {
       journal = j
       return eff.pipe(
         Effect.onExit((exit) =>
-          Effect.gen(function* () {
+          Effect.gen(function*() {
             journal = undefined
             if (exit._tag === "Success") {
               for (const f of j.commit) yield* f
@@ -259,7 +259,7 @@ export const make = Effect.gen(function* () {
     })
 
   const swapOwner = (ownerDid: string) =>
-    Effect.gen(function* () {
+    Effect.gen(function*() {
       const rows = yield* store.ownerRows(ownerDid)
       const next: Array<ActiveWebhook> = []
       for (const row of rows) {
@@ -311,7 +311,6 @@ export const make = Effect.gen(function* () {
   return shape
 })
 
-
 export const isWhEvent = (e: RecordEvent): boolean => e.collection === WH_COLLECTION
 
 /** The admission part of a health section (the registry's, the intake's): rejections by limit. */
@@ -325,7 +324,7 @@ export const admissionSection = (rejected: { readonly [K in AdmissionLimit]?: nu
 /** The registry, loaded, with its health section. */
 export const layer = Layer.scoped(
   Registry,
-  Effect.gen(function* () {
+  Effect.gen(function*() {
     const registry = yield* make
     yield* registry.load
     const health = yield* Effect.serviceOption(Health)

@@ -116,7 +116,9 @@ interface DbRow {
 const OPS: ReadonlySet<string> = new Set(["create", "update", "delete"])
 const isOperation = (s: string): s is Operation => OPS.has(s)
 /** A stored `signing_mode`; anything else (or none) is `none`. */
-export const toSigningMode = (s: string | null): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
+export const toSigningMode = (
+  s: string | null
+): SigningMode => (s === "record_secret" || s === "secret_id" ? s : "none")
 const parseJson = (v: unknown): unknown => (typeof v === "string" ? JSON.parse(v) : v)
 
 /** Rows come from our own validated writes; the record column holds the validated clean copy. */
@@ -140,12 +142,12 @@ const fromDb = (r: DbRow): WebhookRow => ({
   gone: r.gone_at !== null && r.gone_at !== undefined
 })
 
-export const makeSql = Effect.gen(function* () {
+export const makeSql = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const columns = sql.literal(WEBHOOK_COLUMNS)
   const store: RegistryStoreShape = {
     get: (ownerDid, rkey) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         const rows = yield* sql<DbRow>`SELECT * FROM webhooks WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
         const tombs = yield* sql<{ rev: string; generation: string | number }>`
           SELECT rev, generation FROM tombstones WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
@@ -157,7 +159,7 @@ export const makeSql = Effect.gen(function* () {
         }
       }).pipe(storeOp("registry.get")),
     lockOwner: (ownerDid) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* sql`INSERT INTO owners (did, from_stream) VALUES (${ownerDid}, true) ON CONFLICT (did) DO NOTHING`
         yield* sql`SELECT 1 FROM owners WHERE did = ${ownerDid} FOR UPDATE`
       }).pipe(storeOp("registry.lockOwner")),
@@ -170,7 +172,7 @@ export const makeSql = Effect.gen(function* () {
         storeOp("registry.bumpGeneration")
       ),
     upsert: (row) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* sql`
           INSERT INTO webhooks (${columns})
           VALUES (${row.ownerDid}, ${row.rkey}, ${row.rev}, ${row.generation}, ${row.cid ?? null},
@@ -186,7 +188,7 @@ export const makeSql = Effect.gen(function* () {
         yield* sql`DELETE FROM tombstones WHERE owner_did = ${row.ownerDid} AND rkey = ${row.rkey}`
       }).pipe(storeOp("registry.upsert")),
     remove: (ownerDid, rkey, tombstone) =>
-      Effect.gen(function* () {
+      Effect.gen(function*() {
         yield* sql`DELETE FROM webhooks WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
         yield* sql`
           INSERT INTO tombstones (owner_did, rkey, rev, generation) VALUES (${ownerDid}, ${rkey}, ${tombstone.rev}, ${tombstone.generation})
@@ -243,7 +245,7 @@ export interface MemoryRegistryState {
 
 const k = (ownerDid: string, rkey: string) => `${ownerDid}/${rkey}`
 
-export const makeMemory = Effect.gen(function* () {
+export const makeMemory = Effect.gen(function*() {
   const state = yield* Ref.make<MemoryRegistryState>({
     rows: new Map(),
     tombstones: new Map(),

@@ -1,6 +1,8 @@
 /**
  * SafeHttp (SPEC §4.6): real HTTP/HTTPS servers on 127.0.0.1, a fake Resolver.
  */
+import { afterAll, describe, expect, it } from "@effect/vitest"
+import { Cause, type Context, Duration, Effect, Either, Fiber, Layer } from "effect"
 import { execFile, execFileSync } from "node:child_process"
 import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import * as Http from "node:http"
@@ -8,8 +10,6 @@ import * as Https from "node:https"
 import * as Net from "node:net"
 import { tmpdir } from "node:os"
 import * as Path from "node:path"
-import { afterAll, describe, expect, it } from "@effect/vitest"
-import { Cause, type Context, Duration, Effect, Either, Fiber, Layer } from "effect"
 import { parseCidr } from "../../../src/schemas/Net.js"
 import {
   allowedAddress,
@@ -36,9 +36,23 @@ const CERT_PATH = Path.join(certDir, "cert.pem")
 execFileSync(
   "openssl",
   [
-    "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-    "-keyout", KEY_PATH, "-out", CERT_PATH, "-days", "2", "-subj", "/CN=receiver.test",
-    "-addext", "subjectAltName=DNS:receiver.test,IP:127.0.0.1"
+    "req",
+    "-x509",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+    "-keyout",
+    KEY_PATH,
+    "-out",
+    CERT_PATH,
+    "-days",
+    "2",
+    "-subj",
+    "/CN=receiver.test",
+    "-addext",
+    "subjectAltName=DNS:receiver.test,IP:127.0.0.1"
   ],
   { stdio: "ignore" }
 )
@@ -76,7 +90,10 @@ const ok: Handler = (_req, res) => {
   res.end("thanks")
 }
 
-const startServer = (handler: Handler, options?: { readonly tls?: boolean; readonly host?: string; readonly port?: number }) =>
+const startServer = (
+  handler: Handler,
+  options?: { readonly tls?: boolean; readonly host?: string; readonly port?: number }
+) =>
   Effect.acquireRelease(
     Effect.async<{ readonly server: Http.Server; readonly api: TestServer }>((resume) => {
       const seen: Array<Seen> = []
@@ -87,7 +104,15 @@ const startServer = (handler: Handler, options?: { readonly tls?: boolean; reado
         req.on("data", (c: Buffer) => chunks.push(c))
         req.on("end", () => {
           const body = Buffer.concat(chunks).toString("utf8")
-          seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, rawHeaders: req.rawHeaders, body, remoteAddress: req.socket.remoteAddress, sni: Reflect.get(req.socket, "servername") })
+          seen.push({
+            method: req.method ?? "",
+            url: req.url ?? "",
+            headers: req.headers,
+            rawHeaders: req.rawHeaders,
+            body,
+            remoteAddress: req.socket.remoteAddress,
+            sni: Reflect.get(req.socket, "servername")
+          })
           handler(req, res, body)
         })
       }
@@ -103,7 +128,9 @@ const startServer = (handler: Handler, options?: { readonly tls?: boolean; reado
       server.listen(options?.port ?? 0, options?.host ?? "127.0.0.1", () => {
         const a = server.address()
         const port = typeof a === "object" && a !== null ? a.port : 0
-        resume(Effect.succeed({ server, api: { port, seen, connections: () => connections, open: () => sockets.size } }))
+        resume(
+          Effect.succeed({ server, api: { port, seen, connections: () => connections, open: () => sockets.size } })
+        )
       })
     }),
     ({ server }) =>
@@ -149,8 +176,7 @@ const fakeResolver = (answer: (host: string) => Effect.Effect<ReadonlyArray<Reso
   return { calls, layer }
 }
 
-const answers = (...addresses: ReadonlyArray<string>) =>
-  fakeResolver(() => Effect.succeed(addresses.map(fam)))
+const answers = (...addresses: ReadonlyArray<string>) => fakeResolver(() => Effect.succeed(addresses.map(fam)))
 
 const DEV: SafeHttpOptions = { allowInsecureDev: true, allowCidrs: [] }
 const PROD: SafeHttpOptions = { allowInsecureDev: false, allowCidrs: [] }
@@ -243,7 +269,12 @@ describe("SafeHttp: blocked targets (no resolution, no connection)", () => {
       const resolver = answers("1.1.1.1")
       for (const lit of LITERALS) {
         const url = `https://${lit}:${server.port}/hook`
-        yield* expectKind(send(PROD, resolver, post(url)), "blocked_target", [lit, lit.replace(/[[\]]/g, ""), String(server.port), "/hook"])
+        yield* expectKind(send(PROD, resolver, post(url)), "blocked_target", [
+          lit,
+          lit.replace(/[[\]]/g, ""),
+          String(server.port),
+          "/hook"
+        ])
       }
       // insecure development mode only opens loopback (127/8, ::1); everything else stays blocked
       for (const lit of LITERALS.filter((l) => l !== "127.0.0.1" && l !== "[::1]")) {
@@ -257,7 +288,15 @@ describe("SafeHttp: blocked targets (no resolution, no connection)", () => {
   it.scopedLive("blocked host names are blocked_target without a lookup", () =>
     Effect.gen(function*() {
       const resolver = answers("1.1.1.1")
-      for (const host of ["localhost", "LOCALHOST.", "a.b.localhost", "metadata.google.internal", "metadata.google.internal."]) {
+      for (
+        const host of [
+          "localhost",
+          "LOCALHOST.",
+          "a.b.localhost",
+          "metadata.google.internal",
+          "metadata.google.internal."
+        ]
+      ) {
         yield* expectKind(send(PROD, resolver, post(`https://${host}/x`)), "blocked_target", [host.toLowerCase()])
       }
       // in insecure development mode, http: to a *.localhost or the metadata host is still blocked
@@ -270,7 +309,19 @@ describe("SafeHttp: blocked targets (no resolution, no connection)", () => {
   it.scopedLive("syntax errors and http: outside development mode are invalid_target", () =>
     Effect.gen(function*() {
       const resolver = answers("1.1.1.1")
-      for (const url of ["not a url", "ftp://receiver.test/", "https://u:p@receiver.test/", "https://receiver.test/#f", "http://receiver.test/", "http://1.1.1.1/", "https://", "https://[::1/", `https://receiver.test/${"a".repeat(2100)}`]) {
+      for (
+        const url of [
+          "not a url",
+          "ftp://receiver.test/",
+          "https://u:p@receiver.test/",
+          "https://receiver.test/#f",
+          "http://receiver.test/",
+          "http://1.1.1.1/",
+          "https://",
+          "https://[::1/",
+          `https://receiver.test/${"a".repeat(2100)}`
+        ]
+      ) {
         yield* expectKind(send(PROD, resolver, post(url)), "invalid_target", ["receiver.test", "1.1.1.1"])
       }
       // development mode: http: only to loopback; a public literal is still a scheme error
@@ -319,7 +370,9 @@ describe("SafeHttp: DNS answers", () => {
   it.scopedLive("a lookup that never answers is a timeout within the deadline", () =>
     Effect.gen(function*() {
       const hanging = fakeResolver(() => Effect.never)
-      yield* expectKind(send(PROD, hanging, post("https://receiver.test/hook", { timeoutMs: 200 })), "timeout", ["receiver.test"])
+      yield* expectKind(send(PROD, hanging, post("https://receiver.test/hook", { timeoutMs: 200 })), "timeout", [
+        "receiver.test"
+      ])
     }))
 
   it.scopedLive("the system resolver answers for localhost and fails generically for .invalid", () =>
@@ -339,14 +392,17 @@ describe("SafeHttp: connecting to the validated address", () => {
   it.scopedLive("layerDefault (system resolver): http://localhost in development mode reaches the 127.0.0.1 server", () =>
     Effect.gen(function*() {
       const server = yield* startServer(ok)
-      const res = yield* Effect.flatMap(SafeHttp, (http) => http.request(post(`http://localhost:${server.port}/sys`))).pipe(
-        Effect.provide(SafeHttp.layerDefault(DEV))
-      )
+      const res = yield* Effect.flatMap(SafeHttp, (http) => http.request(post(`http://localhost:${server.port}/sys`)))
+        .pipe(
+          Effect.provide(SafeHttp.layerDefault(DEV))
+        )
       expect(res.status).toBe(200)
       expect(server.seen[0]!.headers.host).toBe(`localhost:${server.port}`)
       // and a name that does not exist is a dns failure
       yield* expectKind(
-        Effect.flatMap(SafeHttp, (http) => http.request(post("https://no-such-host.invalid/x"))).pipe(Effect.provide(SafeHttp.layerDefault(PROD))),
+        Effect.flatMap(SafeHttp, (http) => http.request(post("https://no-such-host.invalid/x"))).pipe(
+          Effect.provide(SafeHttp.layerDefault(PROD))
+        ),
         "dns",
         ["no-such-host"]
       )
@@ -356,9 +412,20 @@ describe("SafeHttp: connecting to the validated address", () => {
     Effect.gen(function*() {
       const server = yield* startServer(ok)
       const resolver = answers("127.0.0.1")
-      const res = yield* send(DEV, resolver, post(`http://receiver.test:${server.port}/hook?x=1&y=%20`, {
-        headers: { "Content-Type": "application/json", "Idempotency-Key": "d-1", Host: "evil.example", "Content-Length": "1", "Transfer-Encoding": "chunked", Connection: "close" }
-      }))
+      const res = yield* send(
+        DEV,
+        resolver,
+        post(`http://receiver.test:${server.port}/hook?x=1&y=%20`, {
+          headers: {
+            "Content-Type": "application/json",
+            "Idempotency-Key": "d-1",
+            Host: "evil.example",
+            "Content-Length": "1",
+            "Transfer-Encoding": "chunked",
+            Connection: "close"
+          }
+        })
+      )
       expect(res.status).toBe(200)
       expect(res.truncated).toBe(false)
       expect(text(res.body)).toBe("thanks")
@@ -383,8 +450,15 @@ describe("SafeHttp: connecting to the validated address", () => {
     Effect.gen(function*() {
       const server = yield* startServer(ok)
       const url = `http://receiver.test:${server.port}/hook`
-      yield* expectKind(send(DEV, answers("127.0.0.1", "1.1.1.1"), post(url)), "invalid_target", ["receiver.test", "1.1.1.1"])
-      yield* expectKind(send({ ...DEV, allowCidrs: cidrs("10.0.0.0/8") }, answers("10.0.0.1"), post(url)), "invalid_target", ["10.0.0.1"])
+      yield* expectKind(send(DEV, answers("127.0.0.1", "1.1.1.1"), post(url)), "invalid_target", [
+        "receiver.test",
+        "1.1.1.1"
+      ])
+      yield* expectKind(
+        send({ ...DEV, allowCidrs: cidrs("10.0.0.0/8") }, answers("10.0.0.1"), post(url)),
+        "invalid_target",
+        ["10.0.0.1"]
+      )
       yield* expectKind(send(DEV, answers("127.0.0.1", "192.168.0.1"), post(url)), "blocked_target", ["192.168.0.1"])
       expect(server.connections()).toBe(0)
       // a loopback literal and "localhost" work as before
@@ -458,11 +532,15 @@ describe("SafeHttp: connecting to the validated address", () => {
         if (req.url !== "/hang") ok(req, res, "")
       })
       const second = yield* startServer(ok, { host: "127.0.0.3", port: first.port })
-      const resolver = fakeResolver((host) => Effect.succeed(host === "receiver.test" ? [fam("127.0.0.1"), fam("127.0.0.3")] : []))
+      const resolver = fakeResolver((host) =>
+        Effect.succeed(host === "receiver.test" ? [fam("127.0.0.1"), fam("127.0.0.3")] : [])
+      )
       yield* Effect.gen(function*() {
         const http = yield* SafeHttp
         // the only socket allowed to 127.0.0.1:port is held by a request that never gets an answer
-        const hanging = yield* Effect.fork(http.request(post(`http://127.0.0.1:${first.port}/hang`, { timeoutMs: 10_000 })))
+        const hanging = yield* Effect.fork(
+          http.request(post(`http://127.0.0.1:${first.port}/hang`, { timeoutMs: 10_000 }))
+        )
         yield* eventually(() => first.seen.length === 1, "hanging request arrived")
         const res = yield* http.request(post(`http://receiver.test:${first.port}/hook`, { timeoutMs: 2_000 }))
         expect(res.status).toBe(200)
@@ -504,12 +582,14 @@ describe("SafeHttp: connecting to the validated address", () => {
             resume(Effect.succeed({ server, port: typeof a === "object" && a !== null ? a.port : 0 }))
           })
         }),
-        ({ server }) => Effect.async<void>((resume) => {
-          server.close(() => resume(Effect.void))
-        })
+        ({ server }) =>
+          Effect.async<void>((resume) => {
+            server.close(() => resume(Effect.void))
+          })
       ).pipe(Effect.map(({ port }) => port))
-      const res = yield* Effect.flatMap(SafeHttp, (http) =>
-        Effect.forEach([1, 2], () => http.request(post(`http://receiver.test:${port}/hook`)))
+      const res = yield* Effect.flatMap(
+        SafeHttp,
+        (http) => Effect.forEach([1, 2], () => http.request(post(`http://receiver.test:${port}/hook`)))
       ).pipe(Effect.provide(SafeHttp.layer(DEV).pipe(Layer.provide(answers("127.0.0.1").layer))))
       expect(res.map((r) => [r.status, text(r.body)])).toEqual([[200, "ok"], [200, "ok"]])
       expect(requests).toBe(3)
@@ -519,9 +599,21 @@ describe("SafeHttp: connecting to the validated address", () => {
   it.scopedLive("connection refused on the only address is network", () =>
     Effect.gen(function*() {
       const port = yield* closedPort
-      yield* expectKind(send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${port}/hook`)), "network", ["receiver.test", "127.0.0.1", String(port), "ECONNREFUSED"])
-      yield* expectKind(send(DEV, answers("127.0.0.2", "127.0.0.3"), post(`http://receiver.test:${port}/hook`)), "network", ["127.0.0.2", "127.0.0.3", String(port)])
-      yield* expectKind(send(DEV, answers(), post(`http://127.0.0.1:${port}/hook`)), "network", ["127.0.0.1", String(port)])
+      yield* expectKind(send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${port}/hook`)), "network", [
+        "receiver.test",
+        "127.0.0.1",
+        String(port),
+        "ECONNREFUSED"
+      ])
+      yield* expectKind(
+        send(DEV, answers("127.0.0.2", "127.0.0.3"), post(`http://receiver.test:${port}/hook`)),
+        "network",
+        ["127.0.0.2", "127.0.0.3", String(port)]
+      )
+      yield* expectKind(send(DEV, answers(), post(`http://127.0.0.1:${port}/hook`)), "network", [
+        "127.0.0.1",
+        String(port)
+      ])
     }))
 
   it.scopedLive("keep-alive: sequential requests to one receiver reuse one connection", () =>
@@ -529,9 +621,13 @@ describe("SafeHttp: connecting to the validated address", () => {
       const server = yield* startServer(ok)
       const resolver = answers("127.0.0.1")
       const res = yield* Effect.flatMap(SafeHttp, (http) =>
-        Effect.forEach([1, 2, 3, 4, 5], (i) => http.request(post(`http://receiver.test:${server.port}/hook/${i}`)))
-      ).pipe(Effect.provide(SafeHttp.layer(DEV).pipe(Layer.provide(resolver.layer))))
-      expect(res.map((r) => r.status)).toEqual([200, 200, 200, 200, 200])
+        Effect.forEach([1, 2, 3, 4, 5], (i) =>
+          http.request(post(`http://receiver.test:${server.port}/hook/${i}`)))).pipe(
+          Effect.provide(SafeHttp.layer(DEV).pipe(Layer.provide(resolver.layer)))
+        )
+      expect(res.map((r) =>
+        r.status
+      )).toEqual([200, 200, 200, 200, 200])
       expect(server.seen).toHaveLength(5)
       expect(server.connections()).toBe(1)
       // closing the layer's scope destroys the agents and their pooled sockets
@@ -543,8 +639,11 @@ describe("SafeHttp: connecting to the validated address", () => {
       const server = yield* startServer((_req, res) => setTimeout(() => ok(_req, res, ""), 100))
       const resolver = answers("127.0.0.1")
       const res = yield* Effect.flatMap(SafeHttp, (http) =>
-        Effect.forEach(Array.from({ length: 6 }, (_, i) => i), (i) => http.request(post(`http://receiver.test:${server.port}/p/${i}`)), { concurrency: "unbounded" })
-      ).pipe(Effect.provide(SafeHttp.layer({ ...DEV, maxSocketsPerHost: 2 }).pipe(Layer.provide(resolver.layer))))
+        Effect.forEach(
+          Array.from({ length: 6 }, (_, i) => i),
+          (i) => http.request(post(`http://receiver.test:${server.port}/p/${i}`)),
+          { concurrency: "unbounded" }
+        )).pipe(Effect.provide(SafeHttp.layer({ ...DEV, maxSocketsPerHost: 2 }).pipe(Layer.provide(resolver.layer))))
       expect(res.every((r) => r.status === 200)).toBe(true)
       expect(server.connections()).toBe(2)
     }))
@@ -553,9 +652,21 @@ describe("SafeHttp: connecting to the validated address", () => {
     Effect.gen(function*() {
       const server = yield* startServer(ok)
       const url = `http://receiver.test:${server.port}/hook`
-      yield* expectKind(send(DEV, answers("127.0.0.1"), post(url, { headers: { "X-A": "line\r\nInjected: 1" } })), "invalid_target", ["Injected", "receiver.test"])
-      yield* expectKind(send(DEV, answers("127.0.0.1"), post(url, { headers: { "Bad Name": "v" } })), "invalid_target", ["Bad Name"])
-      yield* expectKind(send(DEV, answers("127.0.0.1"), post(url, { headers: { "X-Big": "v".repeat(70 * 1024) } })), "request_too_large", ["vvvv"])
+      yield* expectKind(
+        send(DEV, answers("127.0.0.1"), post(url, { headers: { "X-A": "line\r\nInjected: 1" } })),
+        "invalid_target",
+        ["Injected", "receiver.test"]
+      )
+      yield* expectKind(
+        send(DEV, answers("127.0.0.1"), post(url, { headers: { "Bad Name": "v" } })),
+        "invalid_target",
+        ["Bad Name"]
+      )
+      yield* expectKind(
+        send(DEV, answers("127.0.0.1"), post(url, { headers: { "X-Big": "v".repeat(70 * 1024) } })),
+        "request_too_large",
+        ["vvvv"]
+      )
       expect(server.connections()).toBe(0)
     }))
 })
@@ -568,7 +679,11 @@ describe("SafeHttp: HTTPS (SNI and certificate checked against the name)", () =>
       const server = yield* startServer(ok)
       const resolver = answers("127.0.0.1")
       yield* expectKind(
-        send({ allowInsecureDev: false, allowCidrs: cidrs("127.0.0.0/8"), tls: TLS }, resolver, post(`http://receiver.test:${server.port}/hook`)),
+        send(
+          { allowInsecureDev: false, allowCidrs: cidrs("127.0.0.0/8"), tls: TLS },
+          resolver,
+          post(`http://receiver.test:${server.port}/hook`)
+        ),
         "invalid_target",
         ["receiver.test", "127.0.0.1"]
       )
@@ -581,12 +696,23 @@ describe("SafeHttp: HTTPS (SNI and certificate checked against the name)", () =>
       const server = yield* startServer(ok, { tls: true })
       const url = `https://receiver.test:${server.port}/hook`
       const blocked = answers("127.0.0.1")
-      yield* expectKind(send({ ...PROD, tls: TLS }, blocked, post(url)), "blocked_target", ["receiver.test", "127.0.0.1"])
-      yield* expectKind(send({ ...PROD, allowCidrs: cidrs("10.0.0.0/8, fd00::/8"), tls: TLS }, answers("127.0.0.1"), post(url)), "blocked_target", ["127.0.0.1"])
+      yield* expectKind(send({ ...PROD, tls: TLS }, blocked, post(url)), "blocked_target", [
+        "receiver.test",
+        "127.0.0.1"
+      ])
+      yield* expectKind(
+        send({ ...PROD, allowCidrs: cidrs("10.0.0.0/8, fd00::/8"), tls: TLS }, answers("127.0.0.1"), post(url)),
+        "blocked_target",
+        ["127.0.0.1"]
+      )
       expect(server.connections()).toBe(0)
 
       const resolver = answers("127.0.0.1")
-      const res = yield* send({ allowInsecureDev: false, allowCidrs: cidrs("10.0.0.0/8, 127.0.0.0/8"), tls: TLS }, resolver, post(url))
+      const res = yield* send(
+        { allowInsecureDev: false, allowCidrs: cidrs("10.0.0.0/8, 127.0.0.0/8"), tls: TLS },
+        resolver,
+        post(url)
+      )
       expect(res.status).toBe(200)
       expect(text(res.body)).toBe("thanks")
       expect(resolver.calls).toEqual(["receiver.test"])
@@ -649,7 +775,9 @@ describe("SafeHttp: HTTPS (SNI and certificate checked against the name)", () =>
             else process.env["NODE_TLS_REJECT_UNAUTHORIZED"] = before
           })
       )
-      yield* expectKind(send(DEV, answers("127.0.0.1"), post(`https://receiver.test:${server.port}/hook`)), "network", ["receiver.test"])
+      yield* expectKind(send(DEV, answers("127.0.0.1"), post(`https://receiver.test:${server.port}/hook`)), "network", [
+        "receiver.test"
+      ])
       expect(server.seen).toHaveLength(0)
     }))
 })
@@ -695,7 +823,11 @@ describe("SafeHttp: responses", () => {
       })
       yield* withHttp(DEV, answers("127.0.0.1"), (http) =>
         Effect.gen(function*() {
-          yield* expectKind(http.request(post(`http://receiver.test:${server.port}/hook`, { timeoutMs: 300 })), "timeout", ["receiver.test"])
+          yield* expectKind(
+            http.request(post(`http://receiver.test:${server.port}/hook`, { timeoutMs: 300 })),
+            "timeout",
+            ["receiver.test"]
+          )
           yield* eventually(() => server.open() === 0, "the stalled connection closed")
         }))
     }))
@@ -705,7 +837,9 @@ describe("SafeHttp: responses", () => {
       const server = yield* startServer(() => undefined)
       yield* withHttp(DEV, answers("127.0.0.1"), (http) =>
         Effect.gen(function*() {
-          const fiber = yield* Effect.fork(http.request(post(`http://receiver.test:${server.port}/hook`, { timeoutMs: 30_000 })))
+          const fiber = yield* Effect.fork(
+            http.request(post(`http://receiver.test:${server.port}/hook`, { timeoutMs: 30_000 }))
+          )
           yield* eventually(() => server.seen.length === 1, "request arrived")
           expect(server.open()).toBe(1)
           yield* Fiber.interrupt(fiber)
@@ -726,8 +860,16 @@ describe("SafeHttp: responses", () => {
       })
       yield* withHttp(DEV, answers("127.0.0.1"), (http) =>
         Effect.gen(function*() {
-          yield* expectKind(http.request(post(`http://receiver.test:${declared.port}/`, { maxResponseBytes: 1000 })), "response_too_large", ["receiver.test"])
-          yield* expectKind(http.request(post(`http://receiver.test:${streamed.port}/`, { maxResponseBytes: 1000 })), "response_too_large", ["receiver.test"])
+          yield* expectKind(
+            http.request(post(`http://receiver.test:${declared.port}/`, { maxResponseBytes: 1000 })),
+            "response_too_large",
+            ["receiver.test"]
+          )
+          yield* expectKind(
+            http.request(post(`http://receiver.test:${streamed.port}/`, { maxResponseBytes: 1000 })),
+            "response_too_large",
+            ["receiver.test"]
+          )
           yield* eventually(() => streamed.open() === 0 && declared.open() === 0, "the oversized responses were cut")
           const exact = yield* http.request(post(`http://receiver.test:${declared.port}/`, { maxResponseBytes: 2000 }))
           expect(exact.body.length).toBe(2000)
@@ -741,12 +883,20 @@ describe("SafeHttp: responses", () => {
         res.writeHead(500, { "content-length": "5000", "retry-after": "7" })
         res.end("z".repeat(5000))
       })
-      const res = yield* send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${server.port}/`, { maxResponseBytes: 1024, onResponseOverflow: "truncate" }))
+      const res = yield* send(
+        DEV,
+        answers("127.0.0.1"),
+        post(`http://receiver.test:${server.port}/`, { maxResponseBytes: 1024, onResponseOverflow: "truncate" })
+      )
       expect(res.status).toBe(500)
       expect(res.truncated).toBe(true)
       expect(res.body.length).toBe(1024)
       expect(res.headers["retry-after"]).toBe("7")
-      const none = yield* send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${server.port}/`, { maxResponseBytes: 0, onResponseOverflow: "truncate" }))
+      const none = yield* send(
+        DEV,
+        answers("127.0.0.1"),
+        post(`http://receiver.test:${server.port}/`, { maxResponseBytes: 0, onResponseOverflow: "truncate" })
+      )
       expect(none.body.length).toBe(0)
       expect(none.truncated).toBe(true)
     }))
@@ -756,9 +906,15 @@ describe("SafeHttp: responses", () => {
       const server = yield* startServer(ok)
       const resolver = answers("127.0.0.1")
       const url = `http://receiver.test:${server.port}/hook`
-      yield* expectKind(send(DEV, resolver, post(url, { body: "a".repeat(DEFAULT_MAX_REQUEST_BYTES + 1) })), "request_too_large", ["receiver.test", "aaaa"])
+      yield* expectKind(
+        send(DEV, resolver, post(url, { body: "a".repeat(DEFAULT_MAX_REQUEST_BYTES + 1) })),
+        "request_too_large",
+        ["receiver.test", "aaaa"]
+      )
       // bytes, not characters: 6 × "é" is 12 bytes
-      yield* expectKind(send(DEV, resolver, post(url, { body: "éééééé", maxRequestBytes: 11 })), "request_too_large", ["é"])
+      yield* expectKind(send(DEV, resolver, post(url, { body: "éééééé", maxRequestBytes: 11 })), "request_too_large", [
+        "é"
+      ])
       expect(resolver.calls).toEqual([])
       expect(server.connections()).toBe(0)
       const atCap = yield* send(DEV, resolver, post(url, { body: "éééééé", maxRequestBytes: 12 }))
@@ -772,7 +928,10 @@ describe("SafeHttp: responses", () => {
         res.writeHead(200, { "content-length": "100" })
         res.write("partial", () => req.socket.destroy())
       })
-      yield* expectKind(send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${server.port}/hook`)), "network", ["receiver.test", "127.0.0.1"])
+      yield* expectKind(send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${server.port}/hook`)), "network", [
+        "receiver.test",
+        "127.0.0.1"
+      ])
     }))
 })
 
@@ -782,7 +941,18 @@ describe("SafeHttp: pure parts", () => {
     expect(parseAllowCidrs("   ")).toEqual(Either.right([]))
     const two = parseAllowCidrs(" 10.0.0.0/8 ,fd00::/8")
     expect(Either.isRight(two) && two.right.map((c) => [c.family, c.prefix])).toEqual([[4, 8], [6, 8]])
-    for (const bad of ["10.0.0.0/8,", ",10.0.0.0/8", "10.0.0.0/8,,fd00::/8", "10.0.0.1/8", "10.0.0.0", "10.0.0.0/33", "fe80::1%eth0/64", "example.com/8"]) {
+    for (
+      const bad of [
+        "10.0.0.0/8,",
+        ",10.0.0.0/8",
+        "10.0.0.0/8,,fd00::/8",
+        "10.0.0.1/8",
+        "10.0.0.0",
+        "10.0.0.0/33",
+        "fe80::1%eth0/64",
+        "example.com/8"
+      ]
+    ) {
       expect(parseAllowCidrs(bad)).toEqual(Either.left("invalid_cidr"))
     }
     const many = (n: number) => Array.from({ length: n }, (_, i) => `10.${i >> 8}.${i & 255}.0/24`).join(",")
@@ -818,7 +988,16 @@ describe("SafeHttp: pure parts", () => {
   it("planTarget: Host header, port, path, SNI", () => {
     const opts = { allowInsecureDev: false, allowCidrs: [] }
     const t = Either.getOrThrow(planTarget("https://Example.COM./a/b?c=d%20e", opts))
-    expect(t).toMatchObject({ protocol: "https:", hostname: "example.com.", hostHeader: "example.com.", port: 443, path: "/a/b?c=d%20e", servername: "example.com", loopbackOnly: false, literal: undefined })
+    expect(t).toMatchObject({
+      protocol: "https:",
+      hostname: "example.com.",
+      hostHeader: "example.com.",
+      port: 443,
+      path: "/a/b?c=d%20e",
+      servername: "example.com",
+      loopbackOnly: false,
+      literal: undefined
+    })
     const p = Either.getOrThrow(planTarget("https://example.com:8443", opts))
     expect(p).toMatchObject({ hostHeader: "example.com:8443", port: 8443, path: "/" })
     const v6 = Either.getOrThrow(planTarget("https://[2606:4700::1111]:444/x", opts))
@@ -829,14 +1008,31 @@ describe("SafeHttp: pure parts", () => {
     expect(planTarget("https://127.1/", opts)).toEqual(Either.left("blocked_target"))
     expect(planTarget("https://[fe80::1%25eth0]/", opts)).toSatisfy(Either.isLeft)
     const dev = { allowInsecureDev: true, allowCidrs: [] }
-    expect(Either.getOrThrow(planTarget("http://receiver.test:8080/h", dev))).toMatchObject({ protocol: "http:", loopbackOnly: true, servername: undefined, port: 8080 })
+    expect(Either.getOrThrow(planTarget("http://receiver.test:8080/h", dev))).toMatchObject({
+      protocol: "http:",
+      loopbackOnly: true,
+      servername: undefined,
+      port: 8080
+    })
     expect(planTarget("http://u:p@receiver.test/", dev)).toEqual(Either.left("invalid_target"))
     expect(planTarget("http://receiver.test/#x", dev)).toEqual(Either.left("invalid_target"))
-    expect(planTarget("http://10.0.0.1/", { ...dev, allowCidrs: cidrs("10.0.0.0/8") })).toEqual(Either.left("invalid_target"))
+    expect(planTarget("http://10.0.0.1/", { ...dev, allowCidrs: cidrs("10.0.0.0/8") })).toEqual(
+      Either.left("invalid_target")
+    )
   })
 
   it("errors render generically", () => {
-    for (const kind of ["invalid_target", "blocked_target", "dns", "timeout", "network", "request_too_large", "response_too_large"] as const) {
+    for (
+      const kind of [
+        "invalid_target",
+        "blocked_target",
+        "dns",
+        "timeout",
+        "network",
+        "request_too_large",
+        "response_too_large"
+      ] as const
+    ) {
       const e = new SafeHttpError({ kind })
       expect(String(e)).toBe(`SafeHttpError: delivery failed: ${kind}`)
       expect(JSON.parse(JSON.stringify(e))).toEqual({ _tag: "SafeHttpError", kind })
@@ -850,8 +1046,18 @@ describe("SafeHttp under Bun", () => {
       execFile(
         BUN,
         [Path.join(ROOT, "test/support/safehttp-bun-smoke.ts")],
-        { cwd: ROOT, timeout: 60_000, env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", SMOKE_CERT: CERT_PATH, SMOKE_KEY: KEY_PATH } },
-        (error, stdout, stderr) => resolve({ stdout, stderr, code: error === null ? 0 : typeof error.code === "number" ? error.code : -1 })
+        {
+          cwd: ROOT,
+          timeout: 60_000,
+          env: {
+            PATH: process.env["PATH"] ?? "",
+            HOME: process.env["HOME"] ?? "/tmp",
+            SMOKE_CERT: CERT_PATH,
+            SMOKE_KEY: KEY_PATH
+          }
+        },
+        (error, stdout, stderr) =>
+          resolve({ stdout, stderr, code: error === null ? 0 : typeof error.code === "number" ? error.code : -1 })
       )
     })
     expect(out.stderr).toBe("")

@@ -5,7 +5,7 @@
  */
 import * as Http from "node:http"
 import * as Https from "node:https"
-import { DEFAULT_MAX_SOCKETS_PER_HOST, IDLE_SOCKET_TIMEOUT_MS, MAX_SOCKETS_PER_HOST_LIMIT, clampInt } from "./Limits.js"
+import { clampInt, DEFAULT_MAX_SOCKETS_PER_HOST, IDLE_SOCKET_TIMEOUT_MS, MAX_SOCKETS_PER_HOST_LIMIT } from "./Limits.js"
 import type { SafeHttpOptions } from "./SafeHttp.js"
 
 export interface Agents {

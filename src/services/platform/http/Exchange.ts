@@ -5,10 +5,10 @@
  *
  * @since 0.1.0
  */
+import { type Clock, Effect } from "effect"
 import * as Http from "node:http"
 import * as Https from "node:https"
 import type * as Net from "node:net"
-import { type Clock, Effect } from "effect"
 import { ownCode } from "../ErrorCode.js"
 import type { Agents } from "./Agents.js"
 import type { Deadlines, Pending } from "./Deadlines.js"
@@ -230,7 +230,9 @@ export const exchangeAll = (
   base: Omit<ExchangeSpec, "address" | "family">,
   deadline: number
 ): Effect.Effect<SafeResponse, SafeHttpError> =>
-  Effect.async<SafeResponse, SafeHttpError>((resume) => runAddresses(deadlines, clock, addresses, base, deadline, resume))
+  Effect.async<SafeResponse, SafeHttpError>((resume) =>
+    runAddresses(deadlines, clock, addresses, base, deadline, resume)
+  )
 
 /**
  * The body of {@link exchangeAll}'s `Effect.async`: starts the first exchange, calls `resume` once

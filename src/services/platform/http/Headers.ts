@@ -4,8 +4,8 @@
  *
  * @since 0.1.0
  */
-import type * as Http from "node:http"
 import { Either } from "effect"
+import type * as Http from "node:http"
 import { MAX_REQUEST_HEADER_BYTES } from "./Limits.js"
 
 /**

@@ -4,8 +4,8 @@
  *
  * @since 0.1.0
  */
-import * as Dns from "node:dns"
 import { Context, Data, Effect, Either, Layer } from "effect"
+import * as Dns from "node:dns"
 import { type Cidr, cidrContains, classifyHost, parseCidr } from "../../../schemas/Net.js"
 import { ownCode } from "../ErrorCode.js"
 import { MAX_ALLOW_CIDRS, MAX_CONNECT_ADDRESSES } from "./Limits.js"

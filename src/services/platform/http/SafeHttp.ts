@@ -28,12 +28,14 @@ import type { Cidr } from "../../../schemas/Net.js"
 import { type Agents, makeAgents } from "./Agents.js"
 import { type Deadlines, makeDeadlines } from "./Deadlines.js"
 import { fail, SafeHttpError } from "./Errors.js"
-import { type ExchangeSpec, exchangeAll } from "./Exchange.js"
+import { exchangeAll, type ExchangeSpec } from "./Exchange.js"
 import { buildHeaders } from "./Headers.js"
 import { clampInt, DEFAULT_MAX_REQUEST_BYTES, MAX_TIMEOUT_MS } from "./Limits.js"
 import { formatAddress, Resolver, type ResolverShape, validateAnswers } from "./Resolver.js"
 import { makePlanner } from "./TargetPlan.js"
 
+export { DEADLINE_TICK_MS } from "./Deadlines.js"
+export { SafeHttpError, type SafeHttpErrorKind, safeHttpErrorKinds } from "./Errors.js"
 export {
   DEFAULT_MAX_REQUEST_BYTES,
   DEFAULT_MAX_SOCKETS_PER_HOST,
@@ -45,7 +47,6 @@ export {
   MAX_TIMEOUT_MS,
   PLAN_CACHE_MAX
 } from "./Limits.js"
-export { SafeHttpError, type SafeHttpErrorKind, safeHttpErrorKinds } from "./Errors.js"
 export {
   type AddressPolicy,
   allowedAddress,
@@ -56,7 +57,6 @@ export {
   type ResolverShape
 } from "./Resolver.js"
 export { planTarget, type Target } from "./TargetPlan.js"
-export { DEADLINE_TICK_MS } from "./Deadlines.js"
 
 // ---------------------------------------------------------------------------------------------
 // The service
@@ -127,14 +127,21 @@ const makeWith = (
     if (Either.isLeft(planned)) return fail(planned.left)
     const target = planned.right
 
-    const maxRequestBytes = clampInt(req.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES, 0, Number.MAX_SAFE_INTEGER, DEFAULT_MAX_REQUEST_BYTES)
+    const maxRequestBytes = clampInt(
+      req.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES,
+      0,
+      Number.MAX_SAFE_INTEGER,
+      DEFAULT_MAX_REQUEST_BYTES
+    )
     // The body stays a string: node:http then writes the head and the body in ONE write (a Buffer
     // body costs a copy here and a two-buffer writev there). Its UTF-8 length is measured without
     // encoding it; Node encodes it exactly so (lone surrogates as U+FFFD, like Buffer.from).
     const body = req.body
     const contentLength = body !== undefined
       ? Buffer.byteLength(body, "utf8")
-      : req.method === "POST" ? 0 : undefined
+      : req.method === "POST"
+      ? 0
+      : undefined
     if (contentLength !== undefined && contentLength > maxRequestBytes) return fail("request_too_large")
     const headers = buildHeaders(req.headers, target.hostHeader, contentLength)
     if (Either.isLeft(headers)) return fail(headers.left)
@@ -152,7 +159,13 @@ const makeWith = (
     const deadline = clock.unsafeCurrentTimeMillis() + timeoutMs
     if (target.literal !== undefined) {
       const literal = target.literal
-      return exchangeAll(deadlines, clock, [{ address: formatAddress(literal), family: literal.length === 4 ? 4 : 6 }], base, deadline)
+      return exchangeAll(
+        deadlines,
+        clock,
+        [{ address: formatAddress(literal), family: literal.length === 4 ? 4 : 6 }],
+        base,
+        deadline
+      )
     }
     // a name: resolved ONCE, within the same deadline
     return resolver.lookup(target.hostname).pipe(

@@ -84,7 +84,9 @@ export const planTarget = (
         // every rule but the scheme, on the same URL as https:
         const again = validateWebhookUrl(`https:${parsed.href.slice("http:".length)}`, { allowInsecureDev: false })
         if (Either.isLeft(again)) {
-          return Either.left(again.left === "blocked_host" || again.left === "non_public_ip" ? "blocked_target" : "invalid_target")
+          return Either.left(
+            again.left === "blocked_host" || again.left === "non_public_ip" ? "blocked_target" : "invalid_target"
+          )
         }
         url = parsed
         loopbackOnly = true
