@@ -10,6 +10,7 @@ import type { FirehookConfigShape } from "../platform/Config.js"
 import {
   type ConfigInvalid,
   notBelow,
+  parseCommaList,
   readIntVar,
   readRedacted,
   readString,
@@ -22,12 +23,8 @@ import * as SecretBox from "./SecretBox.js"
 export const MAX_ALLOW_CIDRS = 256
 
 /** Comma-separated CIDRs (empty = none), at most {@link MAX_ALLOW_CIDRS}; undefined when any entry is invalid. */
-const parseCidrList = (s: string): ReadonlyArray<string> | undefined => {
-  const parts = s.split(",").map((p) => p.trim()).filter((p) => p.length > 0)
-  if (parts.length > MAX_ALLOW_CIDRS) return undefined
-  for (const p of parts) if (parseCidr(p) === undefined) return undefined
-  return parts
-}
+const parseCidrList = (s: string): ReadonlyArray<string> | undefined =>
+  parseCommaList(s, MAX_ALLOW_CIDRS, (p) => parseCidr(p) !== undefined)
 
 export const delivery = {
   concurrency: { env: "DELIVERY_CONCURRENCY", default: 64, min: 1, max: 1024 },

@@ -173,6 +173,21 @@ export const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
   return u.protocol === "http:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
 }
 
+/**
+ * A comma-separated list (entries trimmed, empty entries dropped; empty = none) of at most `max`
+ * entries, each passing `valid`; undefined when one does not or when there are too many.
+ */
+export const parseCommaList = (
+  s: string,
+  max: number,
+  valid: (entry: string) => boolean
+): ReadonlyArray<string> | undefined => {
+  const parts = s.split(",").map((p) => p.trim()).filter((p) => p.length > 0)
+  if (parts.length > max) return undefined
+  for (const p of parts) if (!valid(p)) return undefined
+  return parts
+}
+
 export const stripTrailingSlashes = (s: string): string => s.replace(/\/+$/, "")
 
 /** A host name or IP literal to listen on. */

@@ -12,6 +12,7 @@ import {
   type ConfigInvalid,
   isServiceBaseUrl,
   notBelow,
+  parseCommaList,
   readIntVar,
   readIntVars,
   readString,
@@ -23,10 +24,8 @@ export const MAX_BACKFILL_OWNERS = 10_000
 
 /** Comma-separated canonical DIDs (empty = none); undefined when any entry is invalid or too many. */
 const parseDidList = (s: string): ReadonlyArray<string> | undefined => {
-  const parts = s.split(",").map((p) => p.trim()).filter((p) => p.length > 0)
-  if (parts.length > MAX_BACKFILL_OWNERS) return undefined
-  for (const p of parts) if (!isCanonicalDid(p)) return undefined
-  return [...new Set(parts)]
+  const parts = parseCommaList(s, MAX_BACKFILL_OWNERS, isCanonicalDid)
+  return parts === undefined ? undefined : [...new Set(parts)]
 }
 
 // SPEC §5.2: keyset pages of 50 owners, at most 1,000 owners per pass; §5.3: a pass that failed
