@@ -225,3 +225,8 @@ export class Destinations extends Context.Tag("firehook/Destinations")<
   static readonly layerWith = (extra: ReadonlyArray<CustomDestination>): Layer.Layer<Destinations> =>
     Layer.succeed(this, { resolve: makeResolver(extra) })
 }
+
+/** {@link Destinations.layer} at module level. */
+export const layer = Destinations.layer
+/** {@link Destinations.layerWith} at module level. */
+export const layerWith = Destinations.layerWith

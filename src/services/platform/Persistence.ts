@@ -82,3 +82,8 @@ export class Tx extends Context.Tag("firehook/Tx")<Tx, TxShape>() {
     })
   )
 }
+
+/** {@link Tx.layerSql} at module level. */
+export const layerSql = Tx.layerSql
+/** {@link Tx.layerMemory} at module level. */
+export const layerMemory = Tx.layerMemory

@@ -180,3 +180,6 @@ export const validateAnswers = (
   }
   return Either.right(addresses)
 }
+
+/** {@link Resolver.layer} (the system resolver) at module level. */
+export const layer = Resolver.layer
