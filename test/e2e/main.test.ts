@@ -169,6 +169,31 @@ describe("bun src/main.ts", () => {
     }
   }, 120_000)
 
+  it("SPEC §6.5: a stream URL with a query, or a listen host that is a name, is a startup error", async () => {
+    // an unreachable database: a configuration that passed would fail later, on the database
+    const port = await freePort()
+    const database = `postgres://nobody@127.0.0.1:${port}/db`
+    const cases: ReadonlyArray<readonly [Record<string, string>, string]> = [
+      [
+        { JETSTREAM_URL: "wss://jetstream.example/subscribe?wantedDids=did:plc:abcdefghijklmnopqrstuvwx" },
+        "JETSTREAM_URL must not have a query or a fragment"
+      ],
+      [
+        { FIREHOSE_SOURCE: "relay", RELAY_URL: "wss://relay.example/?cursor=1" },
+        "RELAY_URL must not have a query or a fragment"
+      ],
+      [{ HEALTH_HOST: "eth0" }, "HEALTH_HOST must be an IP literal or localhost"]
+    ]
+    for (const [env, text] of cases) {
+      const running = startFirehook({ DATABASE_URL: database, FIREHOOK_DATA_DIR: tmpDir(), ...env })
+      const exit = await exitWithin(running, 30_000)
+      expect(exit.code).toBe(1)
+      const lines = running.stderr().trim().split("\n")
+      expect(lines).toHaveLength(1)
+      expect(lines[0]).toContain(`invalid configuration: ${text}`)
+    }
+  }, 120_000)
+
   it("an unreachable database: exit 1 with one line and no password", async () => {
     const secret = "pw-that-must-not-leak"
     const port = await freePort()

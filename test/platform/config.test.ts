@@ -422,6 +422,26 @@ describe("Config", () => {
       expect(c.allowInsecureDev).toBe(true)
     }))
 
+  it.effect("HEALTH_HOST: IP literals (v4, v6) and localhost are accepted (SPEC §6.5)", () =>
+    Effect.gen(function*() {
+      for (const host of ["127.0.0.1", "0.0.0.0", "10.1.2.3", "::", "::1", "fe80::1", "2001:db8::8", "localhost"]) {
+        expect((yield* load({ HEALTH_HOST: host })).healthHost).toBe(host)
+      }
+    }))
+
+  it.effect("JETSTREAM_URL / RELAY_URL without a query are taken as given", () =>
+    Effect.gen(function*() {
+      const c = yield* load({
+        FIREHOSE_SOURCE: "relay",
+        JETSTREAM_URL: "wss://jetstream.example/subscribe",
+        RELAY_URL: "wss://relay.example:8443/"
+      })
+      expect([c.intake.jetstreamUrl, c.intake.relayUrl]).toEqual([
+        "wss://jetstream.example/subscribe",
+        "wss://relay.example:8443/"
+      ])
+    }))
+
   it.effect("an empty string counts as unset", () =>
     Effect.gen(function*() {
       const c = yield* load({ HEALTH_PORT: "", DATABASE_URL: "" })
@@ -506,7 +526,38 @@ describe("Config", () => {
       "RETRY_SCHEDULER_BASE_MS"
     ],
     [{ RETRY_SCHEDULER_CONCURRENCY: "3" }, "RETRY_SCHEDULER_CONCURRENCY", "1..2"],
-    [{ RETRY_SCHEDULER_STALE_SCAN_MS: "59999" }, "RETRY_SCHEDULER_STALE_SCAN_MS", "60000..86400000"]
+    [{ RETRY_SCHEDULER_STALE_SCAN_MS: "59999" }, "RETRY_SCHEDULER_STALE_SCAN_MS", "60000..86400000"],
+    // SPEC §6.5: a query of the stream URL would be dropped silently; a startup error instead
+    [
+      { JETSTREAM_URL: "wss://jetstream.example/subscribe?wantedDids=did:plc:abcdefghijklmnopqrstuvwx" },
+      "JETSTREAM_URL",
+      "must not have a query or a fragment"
+    ],
+    [{ JETSTREAM_URL: "wss://jetstream.example/subscribe?" }, "JETSTREAM_URL", "must not have a query or a fragment"],
+    [{ JETSTREAM_URL: "wss://jetstream.example/subscribe#x" }, "JETSTREAM_URL", "must not have a query or a fragment"],
+    [
+      {
+        NODE_ENV: "test",
+        WEBHOOK_ALLOW_INSECURE_DEV: "1",
+        JETSTREAM_URL: "ws://127.0.0.1:6008/subscribe?wantedCollections=app.bsky.feed.post"
+      },
+      "JETSTREAM_URL",
+      "must not have a query or a fragment"
+    ],
+    [{ RELAY_URL: "wss://relay.example?cursor=5" }, "RELAY_URL", "must not have a query or a fragment"],
+    [
+      { FIREHOSE_SOURCE: "relay", RELAY_URL: "wss://relay.example/?x=1" },
+      "RELAY_URL",
+      "must not have a query or a fragment"
+    ],
+    [{ RELAY_URL: "wss://relay.example/#" }, "RELAY_URL", "must not have a query or a fragment"],
+    // SPEC §6.5: HEALTH_HOST is an IP literal or localhost, never another name
+    [{ HEALTH_HOST: "eth0" }, "HEALTH_HOST", "must be an IP literal or localhost"],
+    [{ HEALTH_HOST: "example.com" }, "HEALTH_HOST", "must be an IP literal or localhost"],
+    [{ HEALTH_HOST: "localhost.localdomain" }, "HEALTH_HOST", "must be an IP literal or localhost"],
+    [{ HEALTH_HOST: "127.1" }, "HEALTH_HOST", "must be an IP literal or localhost"],
+    [{ HEALTH_HOST: "256.0.0.1" }, "HEALTH_HOST", "must be an IP literal or localhost"],
+    [{ HEALTH_HOST: "[::1]" }, "HEALTH_HOST", "must be an IP literal or localhost"]
   ]
 
   // the new knobs: below the range, above it, not a plain decimal (the range is checked before

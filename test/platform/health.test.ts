@@ -26,7 +26,8 @@ const PHASES: ReadonlyArray<readonly [Lifecycle.Phase, number, string, number]> 
   ["starting", 200, "live", 503],
   ["reconciling-live", 200, "live", 200],
   ["live", 200, "live", 200],
-  ["failed", 503, "live", 503]
+  // SPEC §6.2: 503 {"status":"failed"} only when failed (issue 14 item 11; was {"status":"live"})
+  ["failed", 503, "failed", 503]
 ]
 
 describe("Health HTTP", () => {

@@ -225,7 +225,7 @@ export const make = (
     const listened = yield* Deferred.make<void>()
     const stop = yield* Worker.start(env, { listen: options.listen !== false, listened })
     yield* lifecycle.registerStop("delivery", "delivery", stop)
-    yield* health.register("delivery", Worker.healthSection(env))
+    yield* health.register("delivery", yield* Worker.healthSection(env))
 
     yield* Effect.logInfo("delivery worker started").pipe(
       Effect.annotateLogs({ concurrency, perOrigin, leaseMs, pollIntervalMs })

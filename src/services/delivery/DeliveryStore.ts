@@ -184,7 +184,11 @@ export interface DeliveryStoreShape {
   readonly subscriptions: (
     keys: ReadonlyArray<SubscriptionKey>
   ) => Effect.Effect<ReadonlyArray<SubscriptionSnapshot>, StoreError>
-  /** Row counts for health (cached for a few seconds; each count stops at 1,000,001). */
+  /**
+   * Row counts for health: one statement bounded by {@link COUNTS_TIMEOUT}, each count stopping at
+   * 1,000,001. Not cached here: the worker's health section reads them in the background
+   * (CountsCache.ts), so a health request never waits on this.
+   */
   readonly counts: Effect.Effect<DeliveryCounts, StoreError>
   /** One element per outbox notification (`LISTEN firehook_outbox`). */
   readonly wakeups: Stream.Stream<void, StoreError>
@@ -222,8 +226,10 @@ export const SETTLE_BATCH_MAX = 256
 export const SETTLE_FLUSHERS = 1
 /** Health counts stop counting here (health clamps at 1,000,000 anyway). */
 export const COUNT_CAP = 1_000_001
-/** How long health counts are cached. */
+/** SPEC §6.2: health counts older than this (from the start of their query) are marked stale. */
 export const COUNTS_TTL_MS = 5_000
+/** The counts statement is abandoned after this long (its query is cancelled). */
+export const COUNTS_TIMEOUT = Duration.millis(2_500)
 /** Every statement of this store is abandoned after this long. */
 export const STATEMENT_TIMEOUT = Duration.seconds(15)
 

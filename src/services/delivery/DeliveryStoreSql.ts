@@ -2,13 +2,13 @@
  * The PostgreSQL driver of the `DeliveryStore` port (see DeliveryStore.ts for the leases, the
  * per-origin fairness and the settling it implements): its statements, each a module-level
  * function of the `SqlClient`, and `makeSql`, which holds the claim connection
- * (ClaimConnection.ts), the settle batcher (SettleBatcher.ts) and the counts cache. Reached
+ * (ClaimConnection.ts) and the settle batcher (SettleBatcher.ts). Reached
  * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
  * limits only when it runs.
  */
 import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Clock, Effect, Ref, type Scope, Stream } from "effect"
+import { Effect, type Scope, Stream } from "effect"
 import type { Operation } from "../../schemas/RecordEvent.js"
 import { ORIGIN_SQL } from "../matching/Origin.js"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
@@ -26,7 +26,7 @@ import {
   type ClaimOptions,
   type ClaimResult,
   COUNT_CAP,
-  COUNTS_TTL_MS,
+  COUNTS_TIMEOUT,
   type DeliveredAttempt,
   type DeliveryCounts,
   type DeliveryStoreShape,
@@ -515,7 +515,7 @@ const countsStatement = (sql: SqlClient.SqlClient) =>
         leased: Number(rows[0]?.leased ?? 0),
         deadLetter: Number(rows[0]?.dead_letter ?? 0)
       })),
-      op("delivery.counts")
+      storeOpWithin("delivery.counts", COUNTS_TIMEOUT)
     )
 
 const subscriptionsStatement = (
@@ -556,8 +556,6 @@ export const makeSql: Effect.Effect<
   const f = fragments(sql)
   const onClaimConnection = yield* makeClaimConnection(sql, pg)
   const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) => settleStatement(sql, items))
-  const counts = yield* Ref.make<{ readonly at: number; readonly value: DeliveryCounts } | undefined>(undefined)
-  const readCounts = countsStatement(sql)
 
   const store: DeliveryStoreShape = {
     claim: (workerId, limit, leaseMs, options = {}) => {
@@ -576,14 +574,7 @@ export const makeSql: Effect.Effect<
     defer: (deliveryId, token, ms) => settle(deferred(deliveryId, token, ms)),
     deadLetter: (deliveryId, token, failure) => settle(deadLettered(deliveryId, token, failure)),
     cancel: (deliveryId, token, reason) => settle(cancelled(deliveryId, token, reason)),
-    counts: Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      const cached = yield* Ref.get(counts)
-      if (cached !== undefined && now - cached.at < COUNTS_TTL_MS) return cached.value
-      const value = yield* readCounts
-      yield* Ref.set(counts, { at: now, value })
-      return value
-    }),
+    counts: countsStatement(sql),
     wakeups: pg.listen(NOTIFY_CHANNEL).pipe(
       Stream.map((): void => undefined),
       Stream.mapError((e) => new StoreError({ op: "delivery.listen", code: codeOr(e) }))

@@ -62,11 +62,11 @@ export const updateOpenCircuits = (env: WorkerEnv): void =>
 
 /** Log a recurring problem at most once a minute per key (kind and code only, never values). */
 export const logRecurring = (
-  env: WorkerEnv,
+  env: Pick<WorkerEnv, "log">,
   key: string,
   message: string,
   annotations: Record<string, string | number>
 ): Effect.Effect<void> => env.log.run(key, () => Effect.logWarning(message).pipe(Effect.annotateLogs(annotations)))
 
-export const logStoreError = (env: WorkerEnv, e: StoreError): Effect.Effect<void> =>
+export const logStoreError = (env: Pick<WorkerEnv, "log">, e: StoreError): Effect.Effect<void> =>
   logRecurring(env, `store:${e.op}`, "delivery store operation failed", { op: e.op, code: e.code })

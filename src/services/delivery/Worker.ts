@@ -1,6 +1,6 @@
 /**
  * The delivery worker's loops (SPEC §4.1, §6.3): the claim loop, LISTEN, stop, and what it reports
- * (stats and the `delivery` health section).
+ * (stats and the `delivery` health section, whose backlog counts are cached: CountsCache.ts).
  *
  * Claiming. One loop fiber claims rows in batches. It wakes on `LISTEN firehook_outbox`, on a poll
  * timer (fallback), at once again after a full batch, and when an attempt finishes while more rows
@@ -17,7 +17,8 @@ import type { Scope } from "effect"
 import { exponential } from "../platform/Backoff.js"
 import { type HealthSection, statsSection } from "../platform/Health.js"
 import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
-import { type DeliveryCounts, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
+import * as CountsCache from "./CountsCache.js"
+import { STATEMENT_TIMEOUT } from "./DeliveryStore.js"
 import { heartbeatLoop } from "./Leases.js"
 import { logStoreError } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
@@ -222,26 +223,39 @@ export const stats = (env: WorkerEnv): Effect.Effect<DeliveryStats> =>
     }
   })
 
-const HEALTH_KEYS = ["pending", "leased", "deadLetter", "inFlight", "openCircuits"] as const
+const HEALTH_KEYS = ["pending", "leased", "deadLetter", "inFlight", "openCircuits", "stale"] as const
 
-/** The `delivery` health section: the backlog counts (the last known ones when a count fails) and the worker's load. */
-export const healthSection = (env: WorkerEnv): Effect.Effect<HealthSection> => {
-  let lastCounts: DeliveryCounts = { pending: 0, leased: 0, deadLetter: 0 }
-  return statsSection(
-    Effect.gen(function*() {
-      // a failed count keeps the last known figures (health never fails because of the backlog)
-      const counts = yield* Effect.option(env.store.counts)
-      if (Option.isSome(counts)) lastCounts = counts.value
-      const now = yield* Clock.currentTimeMillis
-      const c = lastCounts
-      return {
-        pending: c.pending,
-        leased: c.leased,
-        deadLetter: c.deadLetter,
-        inFlight: env.state.inFlight,
-        openCircuits: env.breaker.openCount(now)
-      }
-    }),
-    HEALTH_KEYS
-  )
+/** What the `delivery` health section reads of a worker. */
+export type HealthEnv = Pick<WorkerEnv, "state" | "breaker" | "log"> & {
+  readonly store: Pick<WorkerEnv["store"], "counts">
 }
+
+/**
+ * The `delivery` health section, for the lifetime of the scope: the backlog counts from a cache
+ * refreshed in the background (CountsCache: a health request never waits on the database; `stale`
+ * when the counts are older than 5 s) and the worker's load (in memory).
+ */
+export const healthSection = (env: HealthEnv): Effect.Effect<Effect.Effect<HealthSection>, never, Scope.Scope> =>
+  Effect.map(
+    CountsCache.make({
+      counts: env.store.counts,
+      stopped: () => env.state.stopping,
+      onError: (e) => logStoreError(env, e)
+    }),
+    (cache) =>
+      statsSection(
+        Effect.gen(function*() {
+          const { counts, stale } = yield* cache.read
+          const now = yield* Clock.currentTimeMillis
+          return {
+            pending: counts.pending,
+            leased: counts.leased,
+            deadLetter: counts.deadLetter,
+            inFlight: env.state.inFlight,
+            openCircuits: env.breaker.openCount(now),
+            stale
+          }
+        }),
+        HEALTH_KEYS
+      )
+  )

@@ -5,7 +5,16 @@
  */
 import { Effect } from "effect"
 import type { FirehookConfigShape } from "../platform/Config.js"
-import { ConfigInvalid, isStreamUrl, notBelow, readEnumVar, readIntVar, readString } from "../platform/ConfigRead.js"
+import {
+  ConfigInvalid,
+  isStreamUrl,
+  noQueryOrFragment,
+  notBelow,
+  readEnumVar,
+  readIntVar,
+  readStringAll,
+  type StringRule
+} from "../platform/ConfigRead.js"
 import * as RegistryConfig from "../registry/RegistryConfig.js"
 
 export const SOURCES = ["jetstream", "relay"] as const
@@ -33,12 +42,19 @@ export const intake = {
 } as const
 
 /** The stream URL rule: wss:// anywhere; ws:// only to a loopback host in insecure development mode. */
-const streamUrlRule = (insecure: boolean) => ({
+const streamUrlRule = (insecure: boolean): StringRule => ({
   test: (s: string) => isStreamUrl(s, insecure),
   text: insecure
     ? "must be a wss:// URL (ws:// only to a loopback host)"
     : "must be a wss:// URL (ws:// needs WEBHOOK_ALLOW_INSECURE_DEV=1 and a loopback host)"
 })
+
+/**
+ * `JETSTREAM_URL` / `RELAY_URL`: no query and no fragment first (SPEC §6.5: a query would be dropped
+ * silently), then the stream URL rule.
+ */
+const readStreamUrl = (v: { readonly env: string; readonly default: string }, insecure: boolean) =>
+  readStringAll(v.env, v.default, [noQueryOrFragment, streamUrlRule(insecure)])
 
 /** `registry` is checked against the source (Jetstream takes at most {@link JETSTREAM_ACTIVE_MAX} subscriptions). */
 export const load = (options: {
@@ -69,9 +85,8 @@ export const load = (options: {
         })
       )
     }
-    const urlRule = streamUrlRule(options.allowInsecureDev)
-    const jetstreamUrl = yield* readString(intake.jetstreamUrl.env, intake.jetstreamUrl.default, urlRule)
-    const relayUrl = yield* readString(intake.relayUrl.env, intake.relayUrl.default, urlRule)
+    const jetstreamUrl = yield* readStreamUrl(intake.jetstreamUrl, options.allowInsecureDev)
+    const relayUrl = yield* readStreamUrl(intake.relayUrl, options.allowInsecureDev)
     return {
       queueMax,
       batchMax,

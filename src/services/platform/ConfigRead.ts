@@ -8,6 +8,7 @@
  * An empty string counts as unset (so `VAR= npm start` falls back to the default).
  */
 import { Config as EffectConfig, Data, Effect, Option, Record, Redacted } from "effect"
+import * as Net from "node:net"
 
 /** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
 export class ConfigInvalid extends Data.TaggedError("ConfigInvalid")<{
@@ -61,17 +62,26 @@ export const readEnum = <const A extends string>(name: string, values: ReadonlyA
     )
   )
 
-export const readString = (
-  name: string,
-  def: string,
-  rule: { readonly test: (s: string) => boolean; readonly text: string }
-) =>
+/** A rule a string value must pass, and the text `ConfigInvalid` names when it does not. */
+export interface StringRule {
+  readonly test: (s: string) => boolean
+  readonly text: string
+}
+
+export const readString = (name: string, def: string, rule: StringRule) => readStringAll(name, def, [rule])
+
+/** A string that must pass every one of `rules`; the first one it breaks is the error. */
+export const readStringAll = (name: string, def: string, rules: ReadonlyArray<StringRule>) =>
   raw(name).pipe(
     Effect.flatMap(
       Option.match({
         onNone: () => Effect.succeed(def),
-        onSome: (s) =>
-          rule.test(s) ? Effect.succeed(s) : Effect.fail(new ConfigInvalid({ variable: name, rule: rule.text }))
+        onSome: (s) => {
+          const broken = rules.find((rule) => !rule.test(s))
+          return broken === undefined
+            ? Effect.succeed(s)
+            : Effect.fail(new ConfigInvalid({ variable: name, rule: broken.text }))
+        }
       })
     )
   )
@@ -123,7 +133,7 @@ export interface EnumVar<A extends string> {
 export interface StringVar {
   readonly env: string
   readonly default: string
-  readonly rule: { readonly test: (s: string) => boolean; readonly text: string }
+  readonly rule: StringRule
 }
 
 export const readIntVar = (v: IntVar): Effect.Effect<number, ConfigInvalid> => readInt(v.env, v.default, v.min, v.max)
@@ -190,5 +200,26 @@ export const parseCommaList = (
 
 export const stripTrailingSlashes = (s: string): string => s.replace(/\/+$/, "")
 
-/** A host name or IP literal to listen on. */
-export const HOST = /^[A-Za-z0-9.:_-]{1,253}$/
+/**
+ * SPEC §6.5: `JETSTREAM_URL` and `RELAY_URL` carry no query and no fragment (`?` or `#` anywhere,
+ * even empty): firehook sets `cursor`, `requireHello` and the filters itself, so a query of the
+ * operator's would be dropped silently.
+ */
+export const noQueryOrFragment: StringRule = {
+  test: (s) => !s.includes("?") && !s.includes("#"),
+  text: "must not have a query or a fragment"
+}
+
+/**
+ * SPEC §6.5: an address to listen on (`HEALTH_HOST`, `API_HOST`) is an IPv4 or IPv6 literal
+ * (without brackets) or `localhost`; any other name (`eth0`, a DNS name) is refused at startup
+ * instead of failing, or binding somewhere unexpected, when the listener starts.
+ */
+export const listenHost: StringRule = {
+  test: (s) => s === "localhost" || (s.length <= 64 && Net.isIP(s) !== 0),
+  text: "must be an IP literal or localhost"
+}
+
+/** A listen address variable (`HEALTH_HOST`, `API_HOST`): {@link listenHost}, `default` when unset. */
+export const readListenHost = (v: { readonly env: string; readonly default: string }) =>
+  readString(v.env, v.default, listenHost)

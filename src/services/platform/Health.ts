@@ -100,14 +100,20 @@ export const layer = Layer.effect(Health, make)
 
 const NO_STORE = { "cache-control": "no-store" } as const
 
+/** SPEC §6.2: `/live` says `live`, `stopping` from the moment shutdown begins, `failed` (503) only when failed. */
+export const liveStatus = (phase: Phase): "live" | "stopping" | "failed" =>
+  phase === "failed" ? "failed" : phase === "stopping" || phase === "stopped" ? "stopping" : "live"
+
 /** The router served on HEALTH_HOST:HEALTH_PORT. */
 export const router = HttpRouter.empty.pipe(
   HttpRouter.get(
     "/live",
     Effect.gen(function*() {
       const phase = yield* (yield* Lifecycle).phase
-      const status = phase === "stopping" || phase === "stopped" ? "stopping" : "live"
-      return HttpServerResponse.unsafeJson({ status }, { status: phase === "failed" ? 503 : 200, headers: NO_STORE })
+      return HttpServerResponse.unsafeJson({ status: liveStatus(phase) }, {
+        status: phase === "failed" ? 503 : 200,
+        headers: NO_STORE
+      })
     })
   ),
   HttpRouter.get(

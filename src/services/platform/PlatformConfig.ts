@@ -7,11 +7,12 @@ import { Effect, LogLevel } from "effect"
 import type { FirehookConfigShape } from "./Config.js"
 import {
   ConfigInvalid,
-  HOST,
   isPostgresUrl,
+  listenHost,
   readEnum,
   readEnumVar,
   readIntVar,
+  readListenHost,
   readRedacted,
   readStringVar
 } from "./ConfigRead.js"
@@ -46,11 +47,8 @@ export const dataDir = {
   }
 } as const
 
-export const healthHost = {
-  env: "HEALTH_HOST",
-  default: "127.0.0.1",
-  rule: { test: (s: string) => HOST.test(s), text: "must be a host name or IP address" }
-} as const
+/** `HEALTH_HOST`: an IP literal or `localhost` (the rule `API_HOST` shares, in ConfigRead). */
+export const healthHost = { env: "HEALTH_HOST", default: "127.0.0.1", rule: listenHost } as const
 
 export const healthPort = { env: "HEALTH_PORT", default: 3003, min: 0, max: 65535 } as const
 
@@ -103,7 +101,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Platfo
   Effect.gen(function*() {
     const url = yield* readRedacted(databaseUrl.env, isPostgresUrl, databaseUrl.rule)
     const dir = yield* readStringVar(dataDir)
-    const host = yield* readStringVar(healthHost)
+    const host = yield* readListenHost(healthHost)
     const port = yield* readIntVar(healthPort)
     const shutdown = yield* readIntVar(shutdownTimeoutMs)
     const levelName = yield* readEnumVar(logLevel)
