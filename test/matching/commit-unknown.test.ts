@@ -7,7 +7,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Layer } from "effect"
+import { Cause, Effect, Either, FiberId, Layer } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
@@ -172,5 +172,21 @@ describe("a commit whose outcome is unknown to the client", () => {
       yield* run([ev(ALICE, POST, "p2", { rev: rev(21), operation: "delete" })])
       expect(yield* delivered(BOB, "bl", "p2")).toEqual(["create", "delete"])
     }).pipe(Effect.provide(stack(faults)))
+  })
+})
+
+describe("mayHaveCommitted", () => {
+  const fail = (code: string) => Cause.fail(new StoreError({ op: "transaction", code }))
+  it("the server's answer to a statement means rolled back; anything else may hide a commit", () => {
+    // the server answered: the transaction was rolled back
+    for (const code of ["22003", "23505", "40001", "40P01", "42P01", "53300"]) {
+      expect(Registry.mayHaveCommitted(fail(code))).toBe(false)
+    }
+    // a lost connection, a server going away, a timeout, a local error: unknown
+    for (const code of ["08006", "08003", "57P01", "57014", "58030", "XX000", "EPIPE", "ECONNRESET", "timeout"]) {
+      expect(Registry.mayHaveCommitted(fail(code))).toBe(true)
+    }
+    expect(Registry.mayHaveCommitted(Cause.interrupt(FiberId.none))).toBe(true)
+    expect(Registry.mayHaveCommitted(Cause.die("a bug"))).toBe(true)
   })
 })

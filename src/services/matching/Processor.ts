@@ -26,7 +26,7 @@
  * `reload` (a replica taking the intake role, SPEC §6.4) loads the registry and the prior-reference
  * key index again, between two units of work.
  */
-import { Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
+import { type Cause, Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import type { CursorWrite } from "../intake/CursorStore.js"
@@ -35,7 +35,7 @@ import { Health, statsSection } from "../platform/Health.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import { type StoreError, Tx } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
-import { Registry } from "../registry/Registry.js"
+import { mayHaveCommitted, Registry } from "../registry/Registry.js"
 import * as Outbox from "./Outbox.js"
 import {
   combine,
@@ -170,9 +170,11 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
      * `PriorRefIndex.mayHaveWritten`), or a later update or delete of such a record would not
      * look its stored references up.
      */
-    const unknownOutcome = (prior: PriorRefsWrite | undefined) =>
+    const unknownOutcome = (prior: PriorRefsWrite | undefined, cause: Cause.Cause<StoreError>) =>
       Effect.sync(() => {
-        if (prior !== undefined) priorIndex.mayHaveWritten(prior.upserts.map((u) => u.recordUri))
+        if (prior !== undefined && mayHaveCommitted(cause)) {
+          priorIndex.mayHaveWritten(prior.upserts.map((u) => u.recordUri))
+        }
       })
 
     /** one batch in one transaction: separate statements, then `finalize` */
@@ -190,7 +192,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         if (req.options.finalize !== undefined) yield* req.options.finalize
         const unit: UnitDone = { done: [{ plan: p, enqueued }], removedKeys, written }
         return unit
-      }).pipe(tx.withTransaction, Effect.onError(() => Effect.suspend(() => unknownOutcome(attempted))))
+      }).pipe(tx.withTransaction, Effect.onError((cause) => Effect.suspend(() => unknownOutcome(attempted, cause))))
     }
 
     const commitBatch = outboxStore.commitBatch
@@ -221,7 +223,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         const { bodies, rows, corruption, quarantine, cursors } = combine(plans, (k) => reqs[k]?.options.cursor)
         if (!Outbox.fitsOneChunk(bodies, rows, outboxLimits)) return undefined
         const r = yield* commitBatch({ prior, bodies, rows, corruption, quarantine, cursors }).pipe(
-          Effect.onError(() => unknownOutcome(prior))
+          Effect.onError((cause) => unknownOutcome(prior, cause))
         )
         // rows inserted, by batch in order (a row two batches share counts for the first)
         const done = settleTogether(plans, r)

@@ -16,7 +16,7 @@
  * - `swapOwner` replaces one owner's registrations in one step (reconciliation completion). While an
  *   owner is scanning or failed, nothing here removes its registrations: they keep matching.
  */
-import { Context, Effect, Either, Layer, Metric, Option } from "effect"
+import { Cause, Context, Effect, Either, Layer, Metric, Option } from "effect"
 import type { ScopeUri } from "../../schemas/AtUri.js"
 import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
@@ -25,7 +25,7 @@ import { subscriptionFingerprint } from "../matching/Canonical.js"
 import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
-import type { StoreError } from "../platform/Persistence.js"
+import { StoreError } from "../platform/Persistence.js"
 import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
 
 export type AdmissionLimit = "total" | "owner" | "direct_dids" | "backlink_dids"
@@ -56,8 +56,9 @@ export interface RegistryShape {
   readonly reload: Effect.Effect<void, StoreError>
   readonly applyWhEvent: (event: RecordEvent) => Effect.Effect<WhEventOutcome, StoreError>
   /**
-   * Run a unit of work: its index changes are undone if it fails, and the owners it touched are
-   * then reloaded from the store (the failure may have come after the commit). A reload that
+   * Run a unit of work: its index changes are undone if it fails, and when the failure may have
+   * come after the commit ({@link mayHaveCommitted}) the owners it touched are then reloaded from
+   * the store. A reload that
    * fails is retried before the next unit, which fails with it (nothing goes on before memory
    * matches the database again).
    */
@@ -121,6 +122,20 @@ export const toRow = (
     }),
     gone: false
   }
+}
+
+/**
+ * Whether a unit of work that failed with `cause` may have been committed all the same: anything
+ * but the server's own answer to a statement (a SQLSTATE outside the classes of a lost connection
+ * or a server going away: 08, 57, 58, XX), after which PostgreSQL has rolled the transaction
+ * back. A dropped connection, a timeout, an interruption or a defect leave the outcome unknown.
+ */
+export const mayHaveCommitted = (cause: Cause.Cause<unknown>): boolean => {
+  if (Cause.isInterrupted(cause) || Cause.isDie(cause)) return true
+  const failure = Cause.failureOption(cause)
+  if (Option.isNone(failure) || !(failure.value instanceof StoreError)) return true
+  const code = failure.value.code
+  return !/^[0-9A-DF-Z][0-9A-Z]{4}$/.test(code) || /^(08|57|58|XX)/.test(code)
 }
 
 interface Journal {
@@ -282,14 +297,14 @@ export const make = Effect.gen(function*() {
               for (let i = j.undo.length - 1; i >= 0; i--) j.undo[i]?.()
               // the store may have kept what was undone here: reload those owners now (or, if the
               // store does not answer, before the next unit)
-              for (const did of j.owners) unsynced.add(did)
+              if (mayHaveCommitted(exit.cause)) { for (const did of j.owners) unsynced.add(did) }
             }
             yield* Metric.set(activeGauge, index.size)
           })
         ),
         // outside the finalizer, so an interruption (shutdown) does not wait for the store
-        Effect.tapErrorCause(() =>
-          j.owners.size === 0 ? Effect.void : resync.pipe(
+        Effect.tapErrorCause((cause) =>
+          j.owners.size === 0 || !mayHaveCommitted(cause) ? Effect.void : resync.pipe(
             Effect.catchAll((e) =>
               Effect.logWarning("registry owners not reloaded after a failed batch").pipe(
                 Effect.annotateLogs({ owners: unsynced.size, code: e.code })
