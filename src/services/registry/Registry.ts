@@ -58,9 +58,8 @@ export interface RegistryShape {
   /**
    * Run a unit of work: its index changes are undone if it fails, and when the failure may have
    * come after the commit ({@link mayHaveCommitted}) the owners it touched are then reloaded from
-   * the store. A reload that
-   * fails is retried before the next unit, which fails with it (nothing goes on before memory
-   * matches the database again).
+   * the store. A reload that fails is retried before the next unit, which fails with it (nothing
+   * goes on before memory matches the database again).
    */
   readonly transactional: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E | StoreError, R>
   readonly swapOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
@@ -155,7 +154,8 @@ export const make = Effect.gen(function*() {
   let journal: Journal | undefined
   /**
    * Owners whose in-memory registrations may differ from the store: a unit of work that touched
-   * them failed, and its outcome is unknown (at most the owners of the failed units' wh events).
+   * them failed with an outcome unknown to this process (at most the owners of such units' wh
+   * events; emptied by a reload).
    */
   const unsynced = new Set<string>()
   let notLoaded = 0
