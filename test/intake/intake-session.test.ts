@@ -267,6 +267,7 @@ describe("a crash of the stream runner", () => {
               return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
             })
           }),
+        reload: Effect.void,
         stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
       } satisfies ProcessorShape
     )

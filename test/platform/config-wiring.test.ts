@@ -307,6 +307,7 @@ describe("WEBHOOK_INTAKE_* reach intake (Intake.make reads them from the configu
                 yield* Deferred.succeed(committed, undefined)
                 return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
               }),
+            reload: Effect.void,
             stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
           } satisfies ProcessorShape
         )

@@ -32,6 +32,7 @@ export const recordingProcessor = (rec: Recorder) =>
           rec.batches.push(batch)
           return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
         }),
+      reload: Effect.void,
       stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
     } satisfies ProcessorShape
   )

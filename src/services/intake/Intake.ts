@@ -208,11 +208,13 @@ export const layer = (options: IntakeOptions = {}) =>
       })
       const role = yield* Ref.make<"leader" | "standby">("standby")
       const registry = yield* Registry
+      const processor = yield* Processor
       const health = yield* Health
       const lifecycle = yield* Lifecycle
-      // a replica taking the role reloads the registry first: while it stood by, the leader's
-      // intake changed the database but not this process's in-memory index
-      const work = Effect.zipRight(Effect.orDie(registry.reload), intake.run)
+      // a replica taking the role reloads what intake keeps in memory first (SPEC §6.4), the
+      // registry and the prior-reference key index: while it stood by, the leader's intake changed
+      // the database but not this process's memory
+      const work = Effect.zipRight(Effect.orDie(processor.reload), intake.run)
       const fiber = yield* Effect.forkScoped(runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake" }, role, work))
       yield* health.register("intake", healthSection(intake, Ref.get(role), registry.stats))
       yield* lifecycle.registerStop("intake-stop", "intake-stop", intake.stopAccepting)

@@ -74,8 +74,20 @@ export class PriorRefIndex {
 
   constructor(stored: Iterable<string>, maxRows: number) {
     this.maxRows = maxRows
+    this.complete = true
+    this.reload(stored)
+  }
+
+  /**
+   * Replace the contents with the keys stored now (as read, up to `maxRows + 1`): at startup, and
+   * when this replica takes the intake role (SPEC §6.4: the old leader wrote keys this index
+   * never saw).
+   */
+  reload(stored: Iterable<string>): void {
+    this.keys.clear()
+    this.keyDids.clear()
     for (const k of stored) this.add(k)
-    this.complete = this.keys.size <= maxRows
+    this.complete = this.keys.size <= this.maxRows
   }
 
   add(uri: string): void {
@@ -91,6 +103,17 @@ export class PriorRefIndex {
     const n = (this.keyDids.get(did) ?? 1) - 1
     if (n <= 0) this.keyDids.delete(did)
     else this.keyDids.set(did, n)
+  }
+
+  /**
+   * After a unit of work failed with an outcome unknown to this process (the server may have
+   * committed it): the keys it may have written are taken as stored. A key in the index that
+   * has no row costs one read and is otherwise harmless; a stored key missing from it would
+   * hide its references from the record's update or delete.
+   */
+  mayHaveWritten(keys: Iterable<string>): void {
+    for (const k of keys) this.add(k)
+    if (this.keys.size > this.maxRows) this.complete = false
   }
 
   /** after commit: the index follows the final states (a key removed and written again stays) */

@@ -18,9 +18,15 @@
  * the next event processed. One-statement batches that are waiting together (typically one per
  * stream) are planned as if they were one batch and written by one statement; if that fails, they
  * are retried one by one, so each caller sees its own batch's outcome. If a unit fails, the
- * in-memory changes it made are undone.
+ * in-memory changes it made are undone; since its outcome may be unknown (the server may have
+ * committed before the call failed), the registrations of the owners it touched are reloaded from
+ * the database before the next unit (`Registry.transactional`), and the prior-reference keys it may
+ * have written are taken into the key index.
+ *
+ * `reload` (a replica taking the intake role, SPEC §6.4) loads the registry and the prior-reference
+ * key index again, between two units of work.
  */
-import { Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
+import { type Cause, Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import type { CursorWrite } from "../intake/CursorStore.js"
@@ -29,7 +35,7 @@ import { Health, statsSection } from "../platform/Health.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import { type StoreError, Tx } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
-import { Registry } from "../registry/Registry.js"
+import { mayHaveCommitted, Registry } from "../registry/Registry.js"
 import * as Outbox from "./Outbox.js"
 import {
   combine,
@@ -42,7 +48,7 @@ import {
   tally
 } from "./Plan.js"
 import { newShared, priorLimitsFromConfig, PriorRefIndex, type PriorRefLimits, priorWriteOf } from "./PriorRefIndex.js"
-import { PriorRefsStore } from "./PriorRefsStore.js"
+import { PriorRefsStore, type PriorRefsWrite } from "./PriorRefsStore.js"
 
 // the plan and the prior-reference index live in their own modules (this one is the queue and
 // its worker); their names stay exported from here
@@ -77,6 +83,13 @@ export interface ProcessorShape {
     batch: ReadonlyArray<StreamEvent>,
     options: ProcessOptions
   ) => Effect.Effect<BatchResult, StoreError>
+  /**
+   * Load what matching keeps in memory again from the database, between two units of work: the
+   * registry and the prior-reference key index (bounded as at startup). A replica taking the
+   * intake role runs it before it reads a frame (SPEC §6.4): while it stood by, the leader wrote
+   * registrations and prior references that this process never saw.
+   */
+  readonly reload: Effect.Effect<void, StoreError>
   readonly stats: Effect.Effect<ProcessorStats>
 }
 
@@ -105,9 +118,16 @@ const quarantinedBy = labelledCounterFamily("firehook_events_quarantined_total",
 const emptyKeys: ReadonlySet<string> = new Set()
 
 interface Request {
+  readonly _tag: "batch"
   readonly batch: ReadonlyArray<StreamEvent>
   readonly options: ProcessOptions
   readonly result: Deferred.Deferred<BatchResult, StoreError>
+}
+
+/** `reload`, in line with the batches (never in the middle of a unit of work) */
+interface Reload {
+  readonly _tag: "reload"
+  readonly result: Deferred.Deferred<void, StoreError>
 }
 
 /** what a unit of work (one transaction, or one statement for a group of batches) wrote */
@@ -144,12 +164,27 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
       outboxLimits
     }
 
+    /**
+     * A unit that failed may have been committed all the same (the connection dropped after the
+     * server committed): the keys it may have written go into the key index (see
+     * `PriorRefIndex.mayHaveWritten`), or a later update or delete of such a record would not
+     * look its stored references up.
+     */
+    const unknownOutcome = (prior: PriorRefsWrite | undefined, cause: Cause.Cause<StoreError>) =>
+      Effect.sync(() => {
+        if (prior !== undefined && mayHaveCommitted(cause)) {
+          priorIndex.mayHaveWritten(prior.upserts.map((u) => u.recordUri))
+        }
+      })
+
     /** one batch in one transaction: separate statements, then `finalize` */
     const inTransaction = (req: Request): Effect.Effect<UnitDone, StoreError> => {
       const shared = newShared()
+      let attempted: PriorRefsWrite | undefined
       return Effect.gen(function*() {
         const p = yield* plan(planContext, req.batch, req.options.registryWriter, shared)
         const { prior, removedKeys } = priorWriteOf(shared, priorLimits.ttlSeconds)
+        attempted = prior
         const written = prior === undefined ? emptyKeys : yield* priorStore.write(prior)
         const w = yield* Outbox.write(p.prepared).pipe(Effect.provideService(Outbox.OutboxStore, outboxStore))
         const enqueued = p.settle(Outbox.finish(p.prepared, w))
@@ -157,7 +192,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         if (req.options.finalize !== undefined) yield* req.options.finalize
         const unit: UnitDone = { done: [{ plan: p, enqueued }], removedKeys, written }
         return unit
-      }).pipe(tx.withTransaction)
+      }).pipe(tx.withTransaction, Effect.onError((cause) => Effect.suspend(() => unknownOutcome(attempted, cause))))
     }
 
     const commitBatch = outboxStore.commitBatch
@@ -187,7 +222,9 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         const { prior, removedKeys } = priorWriteOf(shared, priorLimits.ttlSeconds)
         const { bodies, rows, corruption, quarantine, cursors } = combine(plans, (k) => reqs[k]?.options.cursor)
         if (!Outbox.fitsOneChunk(bodies, rows, outboxLimits)) return undefined
-        const r = yield* commitBatch({ prior, bodies, rows, corruption, quarantine, cursors })
+        const r = yield* commitBatch({ prior, bodies, rows, corruption, quarantine, cursors }).pipe(
+          Effect.onError((cause) => unknownOutcome(prior, cause))
+        )
         // rows inserted, by batch in order (a row two batches share counts for the first)
         const done = settleTogether(plans, r)
         const unit: UnitDone = { done, removedKeys, written: r.priorWritten }
@@ -258,11 +295,20 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     // Batches are committed by one worker, in arrival order (first come, first served: a busy
     // stream cannot starve the others). Batches that arrived together and can each be written by
     // one statement are written together by one statement; if that fails, one by one.
-    const requests = yield* Queue.bounded<Request>(64)
-    const inProgress = new Set<Request>()
+    /** `reload`'s work (in the worker) */
+    const reloadNow = Effect.gen(function*() {
+      yield* registry.reload
+      priorIndex.reload(yield* priorStore.keys(priorLimits.maxRows + 1))
+      yield* Effect.logInfo("prior-reference keys loaded").pipe(
+        Effect.annotateLogs({ keys: priorIndex.keys.size, complete: priorIndex.complete })
+      )
+    }).pipe(Effect.withSpan("Processor.reload"))
+
+    const requests = yield* Queue.bounded<Request | Reload>(64)
+    const inProgress = new Set<Request | Reload>()
     const worker = Effect.gen(function*() {
       // taken, not yet committed (in arrival order)
-      const pending: Array<Request> = []
+      const pending: Array<Request | Reload> = []
       for (;;) {
         if (pending.length === 0) {
           pending.push(yield* Queue.take(requests))
@@ -271,12 +317,20 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         }
         for (const r of yield* Queue.takeAll(requests)) pending.push(r)
         for (const r of pending) inProgress.add(r)
-        // the head of the line, alone or with the one-statement batches right behind it
-        let n = 0
-        while (n < pending.length && oneStatement(pending[n] as Request)) n++
-        const group = pending.splice(0, Math.max(1, n))
-        const head = group[0]
+        const head = pending.shift()
         if (head === undefined) continue
+        if (head._tag === "reload") {
+          yield* Effect.exit(reloadNow).pipe(Effect.flatMap((exit) => Deferred.done(head.result, exit)))
+          inProgress.delete(head)
+          continue
+        }
+        // the head of the line, alone or with the one-statement batches right behind it
+        const group: Array<Request> = [head]
+        for (let next = pending[0]; next !== undefined && next._tag === "batch"; next = pending[0]) {
+          if (!oneStatement(head) || !oneStatement(next)) break
+          group.push(next)
+          pending.shift()
+        }
         if (group.length === 1) {
           yield* alone(head)
         } else {
@@ -292,8 +346,10 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     }).pipe(
       Effect.onInterrupt(() =>
         Effect.gen(function*() {
-          for (const r of inProgress) yield* Deferred.interrupt(r.result)
-          for (const r of yield* Queue.takeAll(requests)) yield* Deferred.interrupt(r.result)
+          const interrupt = (r: Request | Reload) =>
+            r._tag === "batch" ? Deferred.interrupt(r.result) : Deferred.interrupt(r.result)
+          for (const r of inProgress) yield* interrupt(r)
+          for (const r of yield* Queue.takeAll(requests)) yield* interrupt(r)
         })
       )
     )
@@ -302,9 +358,15 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     const processEvents = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
       Effect.gen(function*() {
         const result = yield* Deferred.make<BatchResult, StoreError>()
-        yield* Queue.offer(requests, { batch, options, result })
+        yield* Queue.offer(requests, { _tag: "batch", batch, options, result })
         return yield* Deferred.await(result)
       })
+
+    const reload = Effect.gen(function*() {
+      const result = yield* Deferred.make<void, StoreError>()
+      yield* Queue.offer(requests, { _tag: "reload", result })
+      return yield* Deferred.await(result)
+    })
 
     const stats = Effect.sync(
       (): ProcessorStats => ({
@@ -314,7 +376,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         priorRefIndexComplete: priorIndex.complete
       })
     )
-    const shape: ProcessorShape = { processEvents, stats }
+    const shape: ProcessorShape = { processEvents, reload, stats }
     return shape
   })
 

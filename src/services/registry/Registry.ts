@@ -11,10 +11,12 @@
  *   record or one over an admission limit revokes the previous registration.
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
  *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
+ *   A failure may hide a commit (the connection dropped after the server committed), so the owners
+ *   the unit touched are then reloaded from the store, before the next unit at the latest.
  * - `swapOwner` replaces one owner's registrations in one step (reconciliation completion). While an
  *   owner is scanning or failed, nothing here removes its registrations: they keep matching.
  */
-import { Context, Effect, Either, Layer, Metric, Option } from "effect"
+import { Cause, Context, Effect, Either, Layer, Metric, Option } from "effect"
 import type { ScopeUri } from "../../schemas/AtUri.js"
 import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
@@ -23,7 +25,7 @@ import { subscriptionFingerprint } from "../matching/Canonical.js"
 import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
-import type { StoreError } from "../platform/Persistence.js"
+import { StoreError } from "../platform/Persistence.js"
 import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
 
 export type AdmissionLimit = "total" | "owner" | "direct_dids" | "backlink_dids"
@@ -53,7 +55,13 @@ export interface RegistryShape {
   /** drop the in-memory index and load it again from the store (a replica taking the intake role) */
   readonly reload: Effect.Effect<void, StoreError>
   readonly applyWhEvent: (event: RecordEvent) => Effect.Effect<WhEventOutcome, StoreError>
-  readonly transactional: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+  /**
+   * Run a unit of work: its index changes are undone if it fails, and when the failure may have
+   * come after the commit ({@link mayHaveCommitted}) the owners it touched are then reloaded from
+   * the store. A reload that fails is retried before the next unit, which fails with it (nothing
+   * goes on before memory matches the database again).
+   */
+  readonly transactional: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E | StoreError, R>
   readonly swapOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
   /**
    * A delivery marked this registration gone (410, SPEC §4.3): stop matching it until its record
@@ -115,9 +123,25 @@ export const toRow = (
   }
 }
 
+/**
+ * Whether a unit of work that failed with `cause` may have been committed all the same: anything
+ * but the server's own answer to a statement (a SQLSTATE outside the classes of a lost connection
+ * or a server going away: 08, 57, 58, XX), after which PostgreSQL has rolled the transaction
+ * back. A dropped connection, a timeout, an interruption or a defect leave the outcome unknown.
+ */
+export const mayHaveCommitted = (cause: Cause.Cause<unknown>): boolean => {
+  if (Cause.isInterrupted(cause) || Cause.isDie(cause)) return true
+  const failure = Cause.failureOption(cause)
+  if (Option.isNone(failure) || !(failure.value instanceof StoreError)) return true
+  const code = failure.value.code
+  return !/^[0-9A-DF-Z][0-9A-Z]{4}$/.test(code) || /^(08|57|58|XX)/.test(code)
+}
+
 interface Journal {
   readonly undo: Array<() => void>
   readonly commit: Array<Effect.Effect<void>>
+  /** the owners whose registrations the unit may have changed */
+  readonly owners: Set<string>
 }
 
 export const make = Effect.gen(function*() {
@@ -128,6 +152,12 @@ export const make = Effect.gen(function*() {
   const validateOpts = { allowInsecureDev: config.allowInsecureDev }
   const index = new WebhookIndex()
   let journal: Journal | undefined
+  /**
+   * Owners whose in-memory registrations may differ from the store: a unit of work that touched
+   * them failed with an outcome unknown to this process (at most the owners of such units' wh
+   * events; emptied by a reload).
+   */
+  const unsynced = new Set<string>()
   let notLoaded = 0
   let invalidRecords = 0
   const rejected: { [K in AdmissionLimit]: number } = { total: 0, owner: 0, direct_dids: 0, backlink_dids: 0 }
@@ -179,6 +209,8 @@ export const make = Effect.gen(function*() {
       loaded++
     }
     notLoaded = Math.max(0, total - loaded - rows.filter((r) => r.gone).length)
+    // every owner is as the store has it now
+    unsynced.clear()
     yield* Metric.set(activeGauge, index.size)
     yield* Effect.logInfo("registry loaded").pipe(Effect.annotateLogs({ active: index.size, notLoaded }))
   }).pipe(Effect.withSpan("Registry.load"))
@@ -189,6 +221,7 @@ export const make = Effect.gen(function*() {
       const ownerDid = event.did
       const rkey = event.rkey
       const key = webhookKey(ownerDid, rkey)
+      journal?.owners.add(ownerDid)
       yield* store.lockOwner(ownerDid)
       const { row, tombstone } = yield* store.get(ownerDid, rkey)
       // fencing: strictly greater than both the row's and the tombstone's rev
@@ -239,11 +272,22 @@ export const make = Effect.gen(function*() {
       return { _tag: "active" } as const
     }).pipe(Effect.withSpan("Registry.applyWhEvent"))
 
-  const transactional = <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  /** reload the unsynced owners from the store (each leaves the set once reloaded) */
+  const resync = Effect.suspend(() =>
+    Effect.forEach(
+      [...unsynced],
+      (did) => Effect.zipRight(swapOwner(did), Effect.sync(() => unsynced.delete(did))),
+      { discard: true }
+    )
+  ).pipe(Effect.withSpan("Registry.resync"))
+
+  const transactional = <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E | StoreError, R> =>
     Effect.suspend(() => {
-      const j: Journal = { undo: [], commit: [] }
-      journal = j
-      return eff.pipe(
+      const j: Journal = { undo: [], commit: [], owners: new Set() }
+      const unit = Effect.suspend(() => {
+        journal = j
+        return eff
+      }).pipe(
         Effect.onExit((exit) =>
           Effect.gen(function*() {
             journal = undefined
@@ -251,11 +295,25 @@ export const make = Effect.gen(function*() {
               for (const f of j.commit) yield* f
             } else {
               for (let i = j.undo.length - 1; i >= 0; i--) j.undo[i]?.()
+              // the store may have kept what was undone here: reload those owners now (or, if the
+              // store does not answer, before the next unit)
+              if (mayHaveCommitted(exit.cause)) { for (const did of j.owners) unsynced.add(did) }
             }
             yield* Metric.set(activeGauge, index.size)
           })
+        ),
+        // outside the finalizer, so an interruption (shutdown) does not wait for the store
+        Effect.tapErrorCause((cause) =>
+          j.owners.size === 0 || !mayHaveCommitted(cause) ? Effect.void : resync.pipe(
+            Effect.catchAll((e) =>
+              Effect.logWarning("registry owners not reloaded after a failed batch").pipe(
+                Effect.annotateLogs({ owners: unsynced.size, code: e.code })
+              )
+            )
+          )
         )
       )
+      return unsynced.size === 0 ? unit : Effect.zipRight(resync, unit)
     })
 
   const swapOwner = (ownerDid: string) =>
