@@ -11,9 +11,11 @@
  *    {@link SafeHttp} with every bound: 2xx; ≤ 512 KiB; Schema-valid; ≤ 100 records; each uri exactly
  *    `at://<did>/place.wisp.v2.wh/<rkey>`; cid 1–256 printable characters; no rkey twice within or
  *    across pages; a cursor non-empty, ≤ 2048 characters and never repeated; ≤ 20 pages; ≤ 1,000
- *    records; ≤ 10 MiB. Records that fail `validateWhRecord` are omitted (counted); `400 InvalidRequest
- *    "Could not find repo: <did>"` or `RepoNotFound` on the first page is an empty snapshot (and the
- *    identity is invalidated: the account may have moved). Anything else fails the owner.
+ *    records; ≤ 10 MiB. Only a page without a cursor ends the snapshot: an empty page with a cursor
+ *    is followed (and counts toward the 20). Records that fail `validateWhRecord` are omitted
+ *    (counted); `400 InvalidRequest "Could not find repo: <did>"` or `RepoNotFound` on the first
+ *    page is an empty snapshot (and the identity is invalidated: the account may have moved).
+ *    Anything else fails the owner.
  * 3. Each page is applied in its own fenced transaction ({@link ReconcileStore.applyPage}).
  * 4. Completion in small durable transactions: rows the snapshot did not contain are deleted (≤ 100
  *    per transaction) leaving tombstones at the snapshot's rev; tombstones older than the snapshot and
