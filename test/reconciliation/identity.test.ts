@@ -1,10 +1,11 @@
 /**
  * Identity (SPEC §5.1): DID document URLs, document validation and the PDS endpoint rules, and the
  * bounded cache under TestClock (stale → served and refreshed in the background, expired →
- * refetched, invalidation, eviction). The transport is a fake SafeHttp answering from a map.
+ * refetched, invalidation, also of a lookup in flight, eviction). The transport is a fake SafeHttp
+ * answering from a map.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Either, Layer, TestClock } from "effect"
+import { Deferred, Effect, Either, Fiber, Layer, TestClock } from "effect"
 import * as Config from "../../src/services/platform/Config.js"
 import {
   SafeHttp,
@@ -245,6 +246,33 @@ describe("Identity: the cache under TestClock", () => {
       yield* settle
       expect((yield* identity.stats).entries).toBe(0)
       expect(yield* resolve(ALICE)).toBe("https://three.example")
+    }).pipe(Effect.provide(identityLayer(fake)))
+  })
+
+  it.scoped("a foreground lookup begun before an invalidation answers its caller but does not cache its answer", () => {
+    const fake = newFake()
+    fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://one.example"))
+    return Effect.gen(function*() {
+      const identity = yield* Identity.Identity
+      // a miss: the fetch is held open across an `#identity` event
+      const gate = yield* Deferred.make<void>()
+      fake.gate = gate
+      const lookup = yield* Effect.fork(resolve(ALICE))
+      yield* settle
+      expect(fake.requests).toHaveLength(1)
+      yield* identity.invalidate(ALICE)
+      fake.gate = undefined
+      yield* Deferred.succeed(gate, undefined)
+      // its caller gets what it fetched (the document from before the event); the cache keeps
+      // nothing of it
+      expect(yield* Fiber.join(lookup)).toBe("https://one.example")
+      expect((yield* identity.stats).entries).toBe(0)
+      fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://two.example"))
+      expect(yield* resolve(ALICE)).toBe("https://two.example")
+      expect(fake.requests).toHaveLength(2)
+      // a lookup begun after the invalidation is cached as before
+      expect(yield* resolve(ALICE)).toBe("https://two.example")
+      expect(fake.requests).toHaveLength(2)
     }).pipe(Effect.provide(identityLayer(fake)))
   })
 

@@ -216,6 +216,41 @@ describe("Reconciler", () => {
         expect(yield* ownerState(did)).toMatchObject({ status: "failed", failureCount: 2 })
         expect(yield* memoryRkeys(did)).toEqual(["w"])
       }))
+
+    it.effect("a page with no records but a cursor is not the end: the cursor is followed (SPEC §5.3)", () =>
+      Effect.gen(function*() {
+        const did = plc(7)
+        const fakes = yield* Fakes
+        yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
+        yield* setup(did, [], { rev: rev(100) })
+        // page 1: empty with a cursor (e.g. every record of the page filtered by the PDS); page 2
+        // holds the hook, and no cursor (the end)
+        fakes.pds.handler = (req) => {
+          if (req.path !== "/xrpc/com.atproto.repo.listRecords" || req.query.get("repo") !== did) {
+            return fakes.defaultPds(req)
+          }
+          return req.query.get("cursor") === null ? json(200, { records: [], cursor: "c1" }) : page(did, ["w"])
+        }
+        const outcome = yield* reconcile(did).pipe(
+          Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
+        )
+        expect(outcome).toEqual({
+          _tag: "complete",
+          records: 1,
+          invalid: 0,
+          written: 1,
+          deleted: 0,
+          pages: 2,
+          repoFound: true
+        })
+        const lists = listRecordsRequests(fakes.pds).filter((r) => r.query.get("repo") === did)
+        expect(lists.map((r) => r.query.get("cursor"))).toEqual([null, "c1"])
+        // the hook stays: stored, in memory, and no tombstone
+        expect(yield* storedRkeys(did)).toEqual(["w"])
+        expect(yield* memoryRkeys(did)).toEqual(["w"])
+        const { tombstone } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "w"))
+        expect(tombstone).toBeUndefined()
+      }))
   })
 
   layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
@@ -281,6 +316,10 @@ describe("Reconciler", () => {
       )
       failing(11, "cursor", (_, did) => page(did, ["a"], "x".repeat(2049)))
       failing(12, "pds_status", (i, did) => (i === 0 ? page(did, ["a"], "a") : json(400, { error: "RepoNotFound" })))
+      // empty pages with a cursor are followed, and count toward the page bound; their cursors too
+      // must never repeat
+      failing(13, "too_many_pages", (i) => json(200, { records: [], cursor: `e${i}` }))
+      failing(14, "cursor", (i) => json(200, { records: [], cursor: i < 3 ? `e${i}` : "e0" }))
 
       it.effect("exactly 20 pages are read before too_many_pages", () =>
         Effect.gen(function*() {

@@ -1,7 +1,8 @@
 /**
  * RetryScheduler (SPEC §5.4) under TestClock with a fixed Random: the backoff Schedule's exact
- * delays and cap, attempt timing, the tracking bound, success forgetting the attempt count, the
- * swap of owners completed elsewhere, and `stop` with a deadline (drained or not).
+ * delays and cap, the first round at start, attempt timing, the tracking bound, success forgetting
+ * the attempt count, the swap of owners completed elsewhere, and `stop` (in-flight attempts
+ * interrupted at once; drained or not by the deadline).
  * The store and the reconciler are fakes of their Tags.
  */
 import { describe, expect, it } from "@effect/vitest"
@@ -24,7 +25,11 @@ interface FakeOwner {
   failedSeq: number
 }
 
-type Behaviour = "fail" | "succeed" | "hang" | Deferred.Deferred<void>
+/**
+ * `hang`: the PDS read never answers; `hangSlowMark`: the same, and the interrupted scan's failure
+ * mark takes 10 s (a slow database); a Deferred: answers (success) when it is completed.
+ */
+type Behaviour = "fail" | "succeed" | "hang" | "hangSlowMark" | Deferred.Deferred<void>
 
 interface World {
   readonly owners: Map<string, FakeOwner>
@@ -99,6 +104,7 @@ const fakeReconciler = (world: World) =>
         yield* Effect.yieldNow()
         const b = world.behaviour.get(did) ?? "fail"
         if (b === "hang") yield* Effect.never
+        if (b === "hangSlowMark") yield* Effect.never.pipe(Effect.onInterrupt(() => Effect.sleep("10 seconds")))
         if (typeof b === "object") yield* Deferred.await(b)
         const owner = world.owners.get(did)
         if (b === "succeed" || typeof b === "object") {
@@ -132,15 +138,20 @@ const deps = (world: World, env: Record<string, string> = {}) =>
     Config.layerValue(testConfig(env))
   )
 
-/** The scheduler (rounds forked into the test's scope), with a swap that records. */
-const scheduler = (world: World, options: RetryScheduler.RetrySchedulerOptions = {}) =>
-  RetryScheduler.make({ swap: (did) => Effect.sync(() => void world.swapped.push(did)), ...options })
-
-const half = Random.fixed([0.5])
-
 const settle = Effect.gen(function*() {
   for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
 })
+
+/**
+ * The scheduler (rounds forked into the test's scope), with a swap that records; its first round
+ * (at start) has run when this returns.
+ */
+const scheduler = (world: World, options: RetryScheduler.RetrySchedulerOptions = {}) =>
+  RetryScheduler.make({ swap: (did) => Effect.sync(() => void world.swapped.push(did)), ...options }).pipe(
+    Effect.tap(() => settle)
+  )
+
+const half = Random.fixed([0.5])
 
 /** Advance the clock by `ms` and let woken fibers run. */
 const advance = (ms: number) => Effect.zipRight(TestClock.adjust(Duration.millis(ms)), settle)
@@ -203,15 +214,31 @@ describe("retryBackoff (the Schedule)", () => {
 })
 
 describe("RetryScheduler", () => {
-  it.scoped("lists failed owners every interval and retries each on the exact backoff", () => {
+  it.scoped("the first round runs at start: an owner failed before start is retried without waiting an interval", () => {
     const world = newWorld()
     const A = plc(1)
     fail(world, A)
     return Effect.gen(function*() {
       const s = yield* scheduler(world)
+      // no clock adjustment: the round at start has tracked it
+      expect(yield* Clock.currentTimeMillis).toBe(0)
+      expect(yield* s.tracked).toEqual([{ did: A, attempt: 0, inFlight: false }])
+      yield* advance(2_499)
+      expect(callTimes(world, A)).toEqual([])
+      yield* advance(1)
+      expect(callTimes(world, A)).toEqual([2_500])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("lists failed owners every interval and retries each on the exact backoff", () => {
+    const world = newWorld()
+    const A = plc(1)
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world) // the round at start: nobody has failed yet
+      fail(world, A)
       yield* advance(59_999)
       expect(yield* s.tracked).toEqual([])
-      yield* advance(1) // the first round, at 60 s
+      yield* advance(1) // the next round, at 60 s
       expect(yield* s.tracked).toEqual([{ did: A, attempt: 0, inFlight: false }])
       // attempts 0..4 at +2.5 s, +5 s, +10 s, +20 s, +40 s after the previous one
       const expected = [62_500, 67_500, 77_500, 97_500, 137_500]
@@ -230,9 +257,9 @@ describe("RetryScheduler", () => {
   it.scoped("an owner that failed often starts at its failure count; released after an attempt at the cap", () => {
     const world = newWorld()
     const A = plc(1)
-    fail(world, A, 12) // attempt index 11: 5 s × 2^11 > 1 h
     return Effect.gen(function*() {
-      const s = yield* scheduler(world)
+      const s = yield* scheduler(world) // the round at start: nobody has failed yet
+      fail(world, A, 12) // attempt index 11: 5 s × 2^11 > 1 h
       yield* advance(70_000) // rounds every 70 s here, so no round coincides with an attempt
       expect((yield* s.tracked)[0]?.attempt).toBe(11)
       yield* advance(1_800_000 - 1)
@@ -252,11 +279,11 @@ describe("RetryScheduler", () => {
     it.scoped(`at most 16 owners are tracked (oldest failure first); ${concurrency} attempt(s) at a time`, () => {
       const world = newWorld()
       const owners = Array.from({ length: 20 }, (_, i) => plc(100 + i))
-      for (const did of owners) fail(world, did)
       return Effect.gen(function*() {
         const gate = yield* Deferred.make<void>()
         for (const did of owners) world.behaviour.set(did, gate)
-        const s = yield* scheduler(world)
+        const s = yield* scheduler(world) // the round at start: nobody has failed yet
+        for (const did of owners) fail(world, did)
         yield* advance(60_000)
         const tracked = yield* s.tracked
         expect(tracked.map((t) => t.did)).toEqual(owners.slice(0, 16))
@@ -287,9 +314,9 @@ describe("RetryScheduler", () => {
     const world = newWorld()
     const A = plc(1)
     const B = plc(2)
-    fail(world, A)
     return Effect.gen(function*() {
-      const s = yield* scheduler(world)
+      const s = yield* scheduler(world) // the round at start: nobody has failed yet
+      fail(world, A)
       yield* advance(60_000) // tracked
       yield* advance(2_500) // attempt 0 fails
       yield* advance(5_000) // attempt 1 fails
@@ -318,8 +345,7 @@ describe("RetryScheduler", () => {
     const A = plc(1)
     fail(world, A)
     return Effect.gen(function*() {
-      const s = yield* scheduler(world)
-      yield* advance(60_000)
+      const s = yield* scheduler(world) // tracked by the round at start
       const owner = world.owners.get(A)
       if (owner !== undefined) owner.status = "complete"
       yield* advance(2_500)
@@ -350,7 +376,7 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
-  it.scoped("stop: drained false at the deadline while a PDS read hangs (it is interrupted)", () => {
+  it.scoped("stop interrupts an in-flight PDS read at once (it does not wait for the deadline)", () => {
     const world = newWorld()
     const A = plc(1)
     const B = plc(2)
@@ -359,32 +385,30 @@ describe("RetryScheduler", () => {
     world.behaviour.set(A, "hang")
     return Effect.gen(function*() {
       const s = yield* scheduler(world)
-      yield* advance(60_000 + 2_500) // A in flight (hangs); B attempted (failed) or waiting for the permit
+      yield* advance(2_500) // A in flight (hangs); B attempted (failed) or waiting for the permit
       expect((yield* s.stats).inFlight).toBe(1)
       expect((yield* s.tracked).find((t) => t.inFlight)?.did).toBe(A)
       const now = yield* Clock.currentTimeMillis
       const stopping = yield* Effect.fork(s.stop(now + 5_000))
       yield* settle
-      expect((yield* s.stats).running).toBe(false)
-      // B (not in flight) was dropped at once; A has until the deadline
-      expect((yield* s.tracked).map((t) => t.did)).toEqual([A])
-      yield* advance(4_999)
-      expect(stopping.unsafePoll()).toBeNull()
-      yield* advance(1)
-      expect(yield* Fiber.join(stopping)).toEqual({ drained: false })
+      // done without the clock moving: A's read was interrupted at once, B dropped
+      expect(stopping.unsafePoll()).not.toBeNull()
+      expect(yield* Fiber.join(stopping)).toEqual({ drained: true })
+      expect(yield* Clock.currentTimeMillis).toBe(now)
       expect(world.interrupted).toEqual([A])
       expect(yield* s.tracked).toEqual([])
+      expect((yield* s.stats).running).toBe(false)
       // nothing new is admitted afterwards
       const calls = world.calls.length
       fail(world, plc(3))
       yield* advance(600_000)
       expect(world.calls.length).toBe(calls)
       // stop is idempotent
-      expect(yield* s.stop(0)).toEqual({ drained: false })
+      expect(yield* s.stop(0)).toEqual({ drained: true })
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
-  it.scoped("stop: drained true when the in-flight attempt finishes before the deadline", () => {
+  it.scoped("stop does not wait for an in-flight attempt that would finish before the deadline: it is interrupted", () => {
     const world = newWorld()
     const A = plc(1)
     fail(world, A)
@@ -392,17 +416,43 @@ describe("RetryScheduler", () => {
       const gate = yield* Deferred.make<void>()
       world.behaviour.set(A, gate)
       const s = yield* scheduler(world)
-      yield* advance(62_500)
+      yield* advance(2_500)
       expect((yield* s.stats).inFlight).toBe(1)
       const now = yield* Clock.currentTimeMillis
       const stopping = yield* Effect.fork(s.stop(now + 5_000))
-      yield* advance(3_000)
-      expect(stopping.unsafePoll()).toBeNull()
+      yield* settle
+      expect(stopping.unsafePoll()).not.toBeNull()
+      expect(yield* Fiber.join(stopping)).toEqual({ drained: true })
+      expect(yield* Clock.currentTimeMillis).toBe(now)
+      expect(world.interrupted).toEqual([A])
+      // the attempt's answer arrives too late to count
       yield* Deferred.succeed(gate, undefined)
       yield* settle
-      expect(yield* Fiber.join(stopping)).toEqual({ drained: true })
-      expect(world.interrupted).toEqual([])
-      expect((yield* s.stats).recovered).toBe(1)
+      expect((yield* s.stats).recovered).toBe(0)
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("stop: drained false when an interrupted scan's failure mark outlasts the deadline", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A)
+    world.behaviour.set(A, "hangSlowMark")
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      yield* advance(2_500)
+      const now = yield* Clock.currentTimeMillis
+      const stopping = yield* Effect.fork(s.stop(now + 5_000))
+      yield* settle
+      expect(stopping.unsafePoll()).toBeNull()
+      yield* advance(4_999)
+      expect(stopping.unsafePoll()).toBeNull()
+      yield* advance(1)
+      expect(stopping.unsafePoll()).not.toBeNull()
+      expect(yield* Fiber.join(stopping)).toEqual({ drained: false })
+      // the mark finishes later (the layer's scope awaits it at the latest)
+      yield* advance(5_000)
+      expect(world.interrupted).toEqual([A])
+      expect(yield* s.tracked).toEqual([])
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
@@ -410,8 +460,7 @@ describe("RetryScheduler", () => {
     const world = newWorld()
     fail(world, plc(1))
     return Effect.gen(function*() {
-      const s = yield* scheduler(world)
-      yield* advance(60_000) // tracked, sleeping
+      const s = yield* scheduler(world) // tracked, sleeping
       const now = yield* Clock.currentTimeMillis
       expect(yield* s.stop(now + 5_000)).toEqual({ drained: true })
       expect(yield* Clock.currentTimeMillis).toBe(now)

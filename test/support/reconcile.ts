@@ -5,6 +5,7 @@
  */
 import { Context, Effect, Layer } from "effect"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
 import * as Reconciler from "../../src/services/reconciliation/Reconciler.js"
 import * as ReconcileStore from "../../src/services/reconciliation/ReconcileStore.js"
@@ -22,8 +23,46 @@ export interface FakesShape {
 
 export class Fakes extends Context.Tag("test/Fakes")<Fakes, FakesShape>() {}
 
+/**
+ * The PostgreSQL store failing every call with a StoreError while `down.value` is true (the
+ * database unreachable).
+ */
+export const downableStore = (
+  real: ReconcileStore.ReconcileStoreShape,
+  down: { value: boolean }
+): ReconcileStore.ReconcileStoreShape => {
+  const g = <A>(eff: Effect.Effect<A, StoreError>): Effect.Effect<A, StoreError> =>
+    Effect.suspend(() => (down.value ? Effect.fail(new StoreError({ op: "test", code: "57P01" })) : eff))
+  return {
+    begin: (did, o) => g(real.begin(did, o)),
+    applyPage: (did, t, r, rows) => g(real.applyPage(did, t, r, rows)),
+    deleteOlder: (did, t, r, l) => g(real.deleteOlder(did, t, r, l)),
+    pruneTombstones: (did, t, r, ms, l) => g(real.pruneTombstones(did, t, r, ms, l)),
+    complete: (did, t, r, e) => g(real.complete(did, t, r, e)),
+    withOwnerLock: (did, e) => g(real.withOwnerLock(did, e)),
+    markFailed: (did, t, k) => g(real.markFailed(did, t, k)),
+    markFailedIdle: (did, k) => g(real.markFailedIdle(did, k)),
+    ownerState: (did) => g(real.ownerState(did)),
+    addOwners: (dids, s) => g(real.addOwners(dids, s)),
+    ownersPage: (after, limit) => g(real.ownersPage(after, limit)),
+    passState: (p) => g(real.passState(p)),
+    startPass: (p) => g(real.startPass(p)),
+    savePass: (p, c, n) => g(real.savePass(p, c, n)),
+    completePass: (p, n) => g(real.completePass(p, n)),
+    retryCandidates: (o) => g(real.retryCandidates(o)),
+    completedCursor: (m) => g(real.completedCursor(m)),
+    completedSince: (c, l, ms) => g(real.completedSince(c, l, ms)),
+    summary: (l) => g(real.summary(l))
+  }
+}
+
 export const reconcileStack = (
-  options: { readonly limits?: Partial<Reconciler.ReconcileLimits>; readonly env?: Record<string, string> } = {}
+  options: {
+    readonly limits?: Partial<Reconciler.ReconcileLimits>
+    readonly env?: Record<string, string>
+    /** wraps the PostgreSQL store the reconciler uses (e.g. {@link downableStore}) */
+    readonly wrapStore?: (real: ReconcileStore.ReconcileStoreShape) => ReconcileStore.ReconcileStoreShape
+  } = {}
 ) =>
   Layer.unwrapScoped(
     Effect.gen(function*() {
@@ -33,9 +72,13 @@ export const reconcileStack = (
       const defaultPds = pdsHandler(repos)
       const pds = yield* fakeServer(defaultPds)
       const env = { WEBHOOK_ALLOW_INSECURE_DEV: "1", PLC_DIRECTORY_URL: plc.url, ...options.env }
+      const wrap = options.wrapStore
+      const store = wrap === undefined
+        ? ReconcileStore.layerSql
+        : Layer.effect(ReconcileStore.ReconcileStore, Effect.map(ReconcileStore.makeSql, wrap))
       return Reconciler.layer(options.limits).pipe(
         Layer.provideMerge(Identity.layer()),
-        Layer.provideMerge(ReconcileStore.layerSql),
+        Layer.provideMerge(store),
         Layer.provideMerge(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] })),
         Layer.provideMerge(sqlStack({ env })),
         Layer.merge(Layer.succeed(Fakes, { plc, pds, docs, repos, defaultPds }))

@@ -13,8 +13,9 @@
  *   is served and refreshed in the background (one refresh per DID, at most
  *   `maxBackgroundRefreshes` at a time, fibers owned by the layer's scope); older than
  *   `expireAfter` it is fetched again before answering. `invalidate(did)` drops the entry (intake
- *   calls it on `#identity`/`#account` events, the reconciler on "repo not found"); a background
- *   refresh that started before an invalidation never writes its (possibly stale) answer back.
+ *   calls it on `#identity`/`#account` events, the reconciler on "repo not found"); a lookup that
+ *   started before an invalidation, in the background or in the foreground, never writes its
+ *   (possibly stale) answer back (a foreground one still answers its own caller).
  * - Only successful resolutions are cached. Times come from the Effect `Clock`.
  *
  * Errors are kinds only ({@link IdentityError}): never the DID document, the endpoint or a URL.
@@ -93,6 +94,11 @@ interface Entry {
   refreshing: boolean
 }
 
+/** A foreground lookup in flight; `invalidated` once its DID is invalidated after it started. */
+interface Lookup {
+  invalidated: boolean
+}
+
 /** The document URL of a canonical DID (pure). */
 export const didDocumentUrl = (did: string, plcDirectoryUrl: string): string | undefined => {
   if (!isCanonicalDid(did)) return undefined
@@ -138,6 +144,8 @@ export const make = (options: IdentityOptions = {}) =>
     const insecure = config.allowInsecureDev
 
     const cache = new Map<string, Entry>()
+    // foreground lookups in flight, per DID (bounded by the callers in flight; emptied as they end)
+    const lookups = new Map<string, Set<Lookup>>()
     let hits = 0
     let misses = 0
     let refreshes = 0
@@ -205,6 +213,31 @@ export const make = (options: IdentityOptions = {}) =>
         )
       )
 
+    /** A foreground fetch, cached unless `did` was invalidated while it ran. */
+    const lookup = (did: string): Effect.Effect<string, IdentityError> =>
+      Effect.acquireUseRelease(
+        Effect.sync(() => {
+          const mine: Lookup = { invalidated: false }
+          const set = lookups.get(did) ?? new Set<Lookup>()
+          set.add(mine)
+          lookups.set(did, set)
+          return mine
+        }),
+        (mine) =>
+          Effect.gen(function*() {
+            const pds = yield* fetchPds(did)
+            const fetchedAt = yield* Clock.currentTimeMillis
+            if (!mine.invalidated) store(did, pds, fetchedAt)
+            return pds
+          }),
+        (mine) =>
+          Effect.sync(() => {
+            const set = lookups.get(did)
+            set?.delete(mine)
+            if (set?.size === 0) lookups.delete(did)
+          })
+      )
+
     const resolvePds = (did: string): Effect.Effect<string, IdentityError> =>
       Effect.gen(function*() {
         const now = yield* Clock.currentTimeMillis
@@ -229,15 +262,18 @@ export const make = (options: IdentityOptions = {}) =>
         }
         misses++
         yield* Metric.increment(Metrics.identityLookups({ result: "miss" }))
-        const pds = yield* fetchPds(did)
-        const fetchedAt = yield* Clock.currentTimeMillis
-        store(did, pds, fetchedAt)
-        return pds
+        return yield* lookup(did)
       }).pipe(Effect.withSpan("Identity.resolvePds"))
+
+    const invalidate = (did: string) =>
+      Effect.sync(() => {
+        cache.delete(did)
+        for (const l of lookups.get(did) ?? []) l.invalidated = true
+      })
 
     const shape: IdentityShape = {
       resolvePds,
-      invalidate: (did) => Effect.sync(() => void cache.delete(did)),
+      invalidate,
       stats: Effect.sync(() => ({ entries: cache.size, hits, misses, refreshes, failures }))
     }
     return shape

@@ -11,9 +11,11 @@
  *    {@link SafeHttp} with every bound: 2xx; ≤ 512 KiB; Schema-valid; ≤ 100 records; each uri exactly
  *    `at://<did>/place.wisp.v2.wh/<rkey>`; cid 1–256 printable characters; no rkey twice within or
  *    across pages; a cursor non-empty, ≤ 2048 characters and never repeated; ≤ 20 pages; ≤ 1,000
- *    records; ≤ 10 MiB. Records that fail `validateWhRecord` are omitted (counted); `400 InvalidRequest
- *    "Could not find repo: <did>"` or `RepoNotFound` on the first page is an empty snapshot (and the
- *    identity is invalidated: the account may have moved). Anything else fails the owner.
+ *    records; ≤ 10 MiB. Only a page without a cursor ends the snapshot: an empty page with a cursor
+ *    is followed (and counts toward the 20). Records that fail `validateWhRecord` are omitted
+ *    (counted); `400 InvalidRequest "Could not find repo: <did>"` or `RepoNotFound` on the first
+ *    page is an empty snapshot (and the identity is invalidated: the account may have moved).
+ *    Anything else fails the owner.
  * 3. Each page is applied in its own fenced transaction ({@link ReconcileStore.applyPage}).
  * 4. Completion in small durable transactions: rows the snapshot did not contain are deleted (≤ 100
  *    per transaction) leaving tombstones at the snapshot's rev; tombstones older than the snapshot and
@@ -21,10 +23,13 @@
  *    the owner row lock, so no live write of the owner interleaves), the owner's in-memory
  *    registrations are swapped for the reconciled set in one step.
  * 5. A failure marks the owner `failed` (count and kind): its registrations stay as they were, and
- *    the RetryScheduler tries again. An interrupted scan is marked failed (`interrupted`), best effort.
+ *    the RetryScheduler tries again. An interrupted scan is marked failed (`interrupted`, within
+ *    2 s).
  *
  * A `StoreError` is an infrastructure failure: it is returned to the caller (the backfill pass
- * retries from its continuation); the owner may stay `scanning` until a later scan supersedes it.
+ * retries from its continuation). A scan it ended is marked failed (`database_error`) once the
+ * database answers again ({@link FailureMarks}), as is an interrupted scan whose mark could not be
+ * written in time: the owner does not stay `scanning` (its deliveries deferred) until a rescan.
  * Logs carry the DID at debug level only, and never URLs or record bodies.
  */
 import { Clock, Context, Duration, Effect, Layer, Metric } from "effect"
@@ -34,6 +39,7 @@ import { SafeHttp } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { USER_AGENT } from "../platform/Version.js"
 import { Registry } from "../registry/Registry.js"
+import * as FailureMarks from "./FailureMarks.js"
 import { Identity, IDENTITY_ERROR_KINDS } from "./Identity.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import { ReconcileStore } from "./ReconcileStore.js"
@@ -65,6 +71,8 @@ export const OWNER_FAILURE_KINDS = [
   "too_many_bytes",
   "too_many_rows",
   "interrupted",
+  /** the database failed mid-scan (written once it answers again) */
+  "database_error",
   /** an unexpected defect (a bug) while reconciling; logged, never with details */
   "internal"
 ] as const
@@ -132,6 +140,12 @@ export interface ReconcileLimits {
   readonly interruptMarkTimeoutMs: number
   /** a getLatestCommit rev further ahead of our clock than this is not trusted */
   readonly maxFutureRevMs: number
+  /** a failure mark the database did not take is retried from this delay … */
+  readonly failureMarkRetryBaseMs: number
+  /** … to this one (jittered, for at most the stale-scan threshold) */
+  readonly failureMarkRetryMaxMs: number
+  /** owners whose failure mark waits for the database, at most */
+  readonly failureMarksMax: number
 }
 
 export const defaultLimits: ReconcileLimits = {
@@ -149,7 +163,10 @@ export const defaultLimits: ReconcileLimits = {
   timeoutMs: 10_000,
   maxCommitBytes: 1024 * 1024,
   interruptMarkTimeoutMs: 2_000,
-  maxFutureRevMs: 5 * 60 * 1000
+  maxFutureRevMs: 5 * 60 * 1000,
+  failureMarkRetryBaseMs: 1_000,
+  failureMarkRetryMaxMs: 60_000,
+  failureMarksMax: 1_024
 }
 
 /**
@@ -194,6 +211,12 @@ export const make = (options: ReconcilerOptions) =>
     const get = (url: string, maxResponseBytes: number) =>
       http.request({ url, method: "GET", headers, timeoutMs: limits.timeoutMs, maxResponseBytes })
     const deps: ScanDeps = { identity, store, limits, validateOpts, get, swap: options.swap }
+    const lateMarks = yield* FailureMarks.make(store, {
+      baseMs: limits.failureMarkRetryBaseMs,
+      capMs: limits.failureMarkRetryMaxMs,
+      giveUpAfterMs: config.retryScheduler.staleScanMs,
+      maxPending: limits.failureMarksMax
+    })
 
     const count = (outcome: ReconcileOutcome) =>
       Effect.gen(function*() {
@@ -227,15 +250,20 @@ export const make = (options: ReconcilerOptions) =>
         })
         if (begun._tag === "busy") return begun
         const token = begun.token
+        // bounded; when the database does not take it in time, written once it answers again
         const markInterrupted = Effect.interruptible(store.markFailed(did, token, "interrupted")).pipe(
-          Effect.timeoutOption(Duration.millis(limits.interruptMarkTimeoutMs)),
-          Effect.ignore
+          Effect.timeoutFail({ duration: Duration.millis(limits.interruptMarkTimeoutMs), onTimeout: () => "timeout" }),
+          Effect.catchAll(() => lateMarks.defer(did, token, "interrupted"))
         )
         const result: ReconcileOutcome = yield* scan(deps, did, token, startMicros).pipe(
-          Effect.catchTag(
-            "OwnerFailure",
-            (e) => store.markFailed(did, token, e.kind).pipe(Effect.as({ _tag: "failed", kind: e.kind } as const))
-          ),
+          // the database failed mid-scan: the owner must not stay `scanning`; the error still goes
+          // to the caller (an infrastructure failure)
+          Effect.tapErrorTag("StoreError", () => lateMarks.defer(did, token, "database_error")),
+          Effect.catchTag("OwnerFailure", (e) =>
+            store.markFailed(did, token, e.kind).pipe(
+              Effect.tapError(() => lateMarks.defer(did, token, e.kind)),
+              Effect.as({ _tag: "failed", kind: e.kind } as const)
+            )),
           Effect.onInterrupt(() => markInterrupted)
         )
         return result
@@ -266,7 +294,7 @@ export const make = (options: ReconcilerOptions) =>
 export const layer = (
   limits: Partial<ReconcileLimits> = {}
 ): Layer.Layer<Reconciler, never, FirehookConfig | SafeHttp | Identity | ReconcileStore | Registry> =>
-  Layer.effect(
+  Layer.scoped(
     Reconciler,
     Effect.flatMap(Registry, (registry) => make({ limits, swap: (did) => registry.swapOwner(did) }))
   )
@@ -278,4 +306,4 @@ export const layer = (
 export const layerWithoutRegistry = (
   limits: Partial<ReconcileLimits> = {}
 ): Layer.Layer<Reconciler, never, FirehookConfig | SafeHttp | Identity | ReconcileStore> =>
-  Layer.effect(Reconciler, make({ limits, swap: () => Effect.void }))
+  Layer.scoped(Reconciler, make({ limits, swap: () => Effect.void }))

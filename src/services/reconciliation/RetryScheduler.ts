@@ -1,8 +1,8 @@
 /**
  * RetryScheduler (SPEC §5.4): retries owners whose reconciliation failed or crashed.
  *
- * - Every `RETRY_SCHEDULER_INTERVAL_MS` (60 s; the first round one interval after start) it lists up
- *   to `trackedMax − tracked` owners that are `failed` or `scanning` for longer than
+ * - At start and then every `RETRY_SCHEDULER_INTERVAL_MS` (60 s) it lists up to
+ *   `trackedMax − tracked` owners that are `failed` or `scanning` for longer than
  *   `RETRY_SCHEDULER_STALE_SCAN_MS` (15 min: a crashed scan), failed first, oldest failure first, and
  *   tracks each one in its own fiber (at most `RETRY_SCHEDULER_TRACKED_MAX` tracked, default 16).
  * - Each tracked owner is retried on a full-jitter exponential backoff, as an Effect `Schedule`
@@ -15,9 +15,11 @@
  *   forever, without a burst of short delays when they come back.
  * - Each round also swaps owners completed by another process (another replica, or
  *   `firehook owners reconcile`) into this process's in-memory registry, under the owner row lock.
- * - `stop(deadline)`: admits nothing new (no more rounds, sleeping owners are dropped), waits for
- *   in-flight attempts until `deadline` (Clock millis), then interrupts them (their PDS reads are
- *   cut; the scans are marked failed), and returns `{ drained }` = whether they finished in time.
+ * - `stop(deadline)`: admits nothing new (no more rounds), drops sleeping owners and interrupts
+ *   in-flight attempts at once (their PDS reads are cut, never awaited; each interrupted scan marks
+ *   its owner failed, `interrupted`, within its own 2 s bound, so it is retried after a restart),
+ *   and returns `{ drained }` = whether every attempt had ended, its mark written, by `deadline`
+ *   (Clock millis).
  *
  * Time and randomness come from `Clock` and `Random`, so the whole scheduler is deterministic under
  * `TestClock` with `Random.fixed`. Health (`retryScheduler`): ready = running.
@@ -88,7 +90,10 @@ export interface RetrySchedulerStats {
 export interface RetrySchedulerShape {
   /** One round: list candidates, track them, swap owners completed elsewhere. */
   readonly tick: Effect.Effect<void, StoreError>
-  /** Stop: admit nothing new, wait for in-flight attempts until `deadline` (Clock millis), interrupt. */
+  /**
+   * Stop: admit nothing new, interrupt in-flight attempts at once; `drained` = every attempt ended
+   * (interrupted scans marked failed) by `deadline` (Clock millis).
+   */
   readonly stop: (deadline: number) => Effect.Effect<{ readonly drained: boolean }>
   readonly tracked: Effect.Effect<ReadonlyArray<TrackedOwner>>
   readonly stats: Effect.Effect<RetrySchedulerStats>
@@ -230,30 +235,25 @@ export const make = (options: RetrySchedulerOptions = {}) =>
       state.infrastructureHealthy = true
     }).pipe(Effect.withSpan("RetryScheduler.tick"))
 
-    const rounds = Effect.forever(
-      Effect.sleep(Duration.millis(cfg.intervalMs)).pipe(
-        Effect.zipRight(
-          tick.pipe(
-            Effect.catchAllDefect(() =>
-              Effect.logError("retry scheduler round died unexpectedly").pipe(
-                Effect.zipRight(Effect.fail(new StoreError({ op: "retryScheduler.tick", code: "defect" })))
-              )
-            ),
-            Effect.catchAll((e) =>
-              Effect.sync(() => {
-                state.infrastructureHealthy = false
-              }).pipe(
-                Effect.zipRight(
-                  Effect.logWarning("retry scheduler round failed").pipe(
-                    Effect.annotateLogs({ op: e.op, code: e.code })
-                  )
-                )
-              )
-            )
+    const round = tick.pipe(
+      Effect.catchAllDefect(() =>
+        Effect.logError("retry scheduler round died unexpectedly").pipe(
+          Effect.zipRight(Effect.fail(new StoreError({ op: "retryScheduler.tick", code: "defect" })))
+        )
+      ),
+      Effect.catchAll((e) =>
+        Effect.sync(() => {
+          state.infrastructureHealthy = false
+        }).pipe(
+          Effect.zipRight(
+            Effect.logWarning("retry scheduler round failed").pipe(Effect.annotateLogs({ op: e.op, code: e.code }))
           )
         )
       )
-    ).pipe(
+    )
+    // the first round at start (owners failed or crashed before this process started are not left
+    // waiting a whole interval), then one every interval
+    const rounds = Effect.forever(round.pipe(Effect.zipRight(Effect.sleep(Duration.millis(cfg.intervalMs))))).pipe(
       Effect.ensuring(
         Effect.sync(() => {
           state.running = false
@@ -267,10 +267,11 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         state.stopping = true
         state.running = false
         yield* Fiber.interrupt(roundsFiber)
-        // sleeping and waiting owners are dropped at once; in-flight ones get until the deadline
-        for (const [did, entry] of [...entries]) {
-          if (!entry.inFlight) yield* FiberMap.remove(owners, did)
-        }
+        // every owner fiber is interrupted at once, in-flight attempts too (their PDS reads are cut,
+        // not awaited); an interrupted scan marks itself failed (`interrupted`, bounded), and that
+        // is what the deadline bounds
+        const interrupted = [...entries.values()].filter((e) => e.inFlight).length
+        yield* Effect.forEach([...owners].map(([, fiber]) => fiber), Fiber.interruptFork, { discard: true })
         const now = yield* Clock.currentTimeMillis
         const drained = yield* FiberMap.awaitEmpty(owners).pipe(
           Effect.as(true),
@@ -280,8 +281,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
             onTimeout: () => false
           })
         )
-        if (!drained) yield* FiberMap.clear(owners)
-        yield* Effect.logInfo("retry scheduler stopped").pipe(Effect.annotateLogs({ drained }))
+        yield* Effect.logInfo("retry scheduler stopped").pipe(Effect.annotateLogs({ drained, interrupted }))
         return { drained }
       })
 
@@ -324,7 +324,8 @@ export const healthSection = (scheduler: RetrySchedulerShape) =>
  * The running scheduler (rounds start when the layer is built), with its health section
  * (`retryScheduler`) and its shutdown stages: `scheduler-begin` starts `stop` with a deadline of
  * half the shutdown timeout, `scheduler-await` waits for its result (an undrained stop is logged,
- * not an unclean shutdown: the interrupted scans are marked failed and retried after restart).
+ * not an unclean shutdown: a scan whose `interrupted` mark is still unwritten at exit stays
+ * `scanning` until a restarted scheduler lists it as crashed).
  */
 export const layer = (
   options: Omit<RetrySchedulerOptions, "swap"> = {}
@@ -356,7 +357,7 @@ export const layer = (
           ({ drained }) =>
             drained
               ? Effect.void
-              : Effect.logWarning("retry scheduler interrupted in-flight reconciliations at its deadline")
+              : Effect.logWarning("retry scheduler interrupted reconciliations still unfinished at its deadline")
         )
       )
       return scheduler

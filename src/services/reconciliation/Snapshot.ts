@@ -126,7 +126,8 @@ export const pageRows = (
 /**
  * The cursor of the page after this one (`undefined`: this is the last page), or `cursor` when the
  * page's cursor is unusable (empty, too long, or seen before; `seen` holds the cursors before and
- * gets this one).
+ * gets this one). Only a page without a cursor is the last: a page with no records but a cursor
+ * is followed (SPEC §5.3; it counts toward the page bound like any other).
  */
 export const nextCursor = (
   page: ListRecordsPage,
@@ -134,7 +135,7 @@ export const nextCursor = (
   limits: ReconcileLimits
 ): Either.Either<string | undefined, OwnerFailureKind> => {
   const next = page.cursor
-  if (page.records.length === 0 || next === undefined) return Either.right(undefined)
+  if (next === undefined) return Either.right(undefined)
   if (next.length === 0 || next.length > limits.maxCursorLength || seen.has(next)) return Either.left("cursor")
   seen.add(next)
   return Either.right(next)
