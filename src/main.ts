@@ -4,9 +4,11 @@
  * (reported as one line on stderr, never with a secret in it).
  */
 import { BunHttpServer, BunRuntime } from "@effect/platform-bun"
-import { Cause, Console, Effect, Exit, Layer, Option } from "effect"
+import { Cause, Console, Duration, Effect, ExecutionStrategy, Exit, Fiber, Layer, Option, Scope } from "effect"
 import * as App from "./layers/App.js"
 import * as Config from "./services/platform/Config.js"
+import * as ErrorCode from "./services/platform/ErrorCode.js"
+import * as Lifecycle from "./services/platform/Lifecycle.js"
 import * as Logging from "./services/platform/Logging.js"
 
 let uncleanShutdown = false
@@ -14,16 +16,12 @@ let uncleanShutdown = false
 /**
  * One line describing a startup failure: a typed failure's own message (firehook's errors say what
  * is wrong without values), never a stack or a value dump. A defect (a bug, or a library's error)
- * is named by its error class only: its message is uncontrolled text that could carry a URL or a
- * value.
+ * is named by its error class and code only: its message is uncontrolled text that could carry a
+ * URL or a value.
  */
 const oneLine = (cause: Cause.Cause<unknown>): string => {
   const failure = Cause.failureOption(cause)
-  if (Option.isNone(failure)) {
-    const defect: unknown = Cause.squash(cause)
-    const name = defect instanceof Error && /^[A-Za-z][A-Za-z0-9_]{0,63}$/.test(defect.name) ? defect.name : "unknown"
-    return `firehook: startup failed (unexpected ${name})`
-  }
+  if (Option.isNone(failure)) return `firehook: startup failed (unexpected ${describeDefect(Cause.squash(cause))})`
   const err: unknown = failure.value
   const text = typeof err === "object" && err !== null && "message" in err && typeof err.message === "string" &&
       err.message.length > 0
@@ -32,19 +30,67 @@ const oneLine = (cause: Cause.Cause<unknown>): string => {
   return `firehook: ${text.replace(/\s+/g, " ").slice(0, 500)}`
 }
 
+/**
+ * A defect named without its message: the error class, and a Node error's `code` and `syscall`
+ * when they look like ones (`Error EACCES posix_spawn`).
+ */
+const describeDefect = (defect: unknown): string => {
+  const name = defect instanceof Error && /^[A-Za-z][A-Za-z0-9_]{0,63}$/.test(defect.name) ? defect.name : "error"
+  const code = ErrorCode.ownCode(defect)
+  const syscall: unknown = typeof defect === "object" && defect !== null ? Reflect.get(defect, "syscall") : undefined
+  return [name, code, typeof syscall === "string" && /^[a-z_]{1,32}$/.test(syscall) ? syscall : undefined]
+    .filter((x) => x !== undefined).join(" ")
+}
+
+// A library's error thrown outside any fiber (an `error` event nobody listens to, a promise nobody
+// awaits) would end the process with a stack trace: one line and exit 1 instead (SPEC §6.1).
+const crashed = (e: unknown): void => {
+  process.stderr.write(`firehook: stopped by an unexpected ${describeDefect(e)}\n`)
+  process.exit(1)
+}
+process.on("uncaughtException", crashed)
+process.on("unhandledRejection", crashed)
+
+/**
+ * Start the service (SPEC §6.1) so that SIGINT/SIGTERM at any moment, during startup too, runs the
+ * ordered, deadline-bound shutdown of §6.3 over the parts started so far:
+ * - the lifecycle is made first, outside the parts;
+ * - the parts are built into `parts`, a scope that closes only after the shutdown below;
+ * - the startup runs in a fiber of its own scope, which the shutdown's first stage (`startup`)
+ *   closes within the deadline (a startup step that cannot be interrupted in time makes the
+ *   shutdown unclean: exit 1).
+ * A startup failure (not a signal) skips the ordered shutdown: the phase is `failed`, the parts
+ * close in reverse order, and main reports the failure.
+ */
+const launch = (config: Config.FirehookConfigShape) =>
+  Effect.scoped(Effect.gen(function*() {
+    const lifecycle = yield* Lifecycle.make({ shutdownTimeout: Duration.millis(config.shutdownTimeoutMs) })
+    const scope = yield* Effect.scope
+    const parts = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+    // added after `parts`, so it runs before `parts` closes
+    yield* Effect.addFinalizer((exit) =>
+      Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause)
+        ? Effect.void
+        : lifecycle.shutdown.pipe(Effect.flatMap((report) =>
+          Effect.sync(() => {
+            uncleanShutdown = !report.clean
+          })
+        ))
+    )
+    const startupScope = yield* Scope.make()
+    yield* lifecycle.registerStop("startup", "startup", Scope.close(startupScope, Exit.void))
+    const server = BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort })
+    const app = App.service(server).pipe(Layer.provide(App.core(config, lifecycle)))
+    const startup = yield* Layer.buildWithScope(app, parts).pipe(Effect.forkIn(startupScope))
+    yield* Fiber.join(startup)
+    return yield* Effect.never
+  }))
+
 const main = Effect.gen(function*() {
   const config = yield* Config.load({ isTty: process.stdout.isTTY === true })
-  const server = BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort })
-  const app = App.service(server, {
-    onShutdown: (report) =>
-      Effect.sync(() => {
-        uncleanShutdown = !report.clean
-      })
-  }).pipe(
-    Layer.provide(App.core(config)),
-    Layer.provide(Logging.layer({ format: config.logFormat, level: config.logLevel }))
+  return yield* launch(config).pipe(
+    Effect.provide(Logging.layer({ format: config.logFormat, level: config.logLevel }))
   )
-  return yield* Layer.launch(app)
 }).pipe(
   Effect.catchAllCause((cause) =>
     Cause.isInterruptedOnly(cause)

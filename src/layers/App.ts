@@ -142,10 +142,15 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
     })
   )
 
-/** The core services every part needs: lifecycle, health, database (with migrations). */
-export const core = (config: FirehookConfigShape) => {
+/**
+ * The core services every part needs: lifecycle, health, database (with migrations). `lifecycle`:
+ * one made beforehand (main makes it first, so that a signal during startup reaches its shutdown).
+ */
+export const core = (config: FirehookConfigShape, lifecycle?: Lifecycle.LifecycleShape) => {
   const ConfigLive = Config.layerValue(config)
-  const LifecycleLive = Lifecycle.layer({ shutdownTimeout: Duration.millis(config.shutdownTimeoutMs) })
+  const LifecycleLive = lifecycle === undefined
+    ? Lifecycle.layer({ shutdownTimeout: Duration.millis(config.shutdownTimeoutMs) })
+    : Layer.succeed(Lifecycle.Lifecycle, lifecycle)
   const HealthLive = Health.layer.pipe(Layer.provide(LifecycleLive))
   return Database.layer().pipe(Layer.provideMerge(Layer.mergeAll(ConfigLive, LifecycleLive, HealthLive)))
 }

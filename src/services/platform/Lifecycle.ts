@@ -11,8 +11,13 @@ import { Clock, Context, Deferred, Duration, Effect, Layer, Option, Ref, Subscri
 
 export type Phase = "starting" | "reconciling-live" | "live" | "stopping" | "stopped" | "failed"
 
-/** Shutdown stages, in the order they run (SPEC §6.3). */
+/**
+ * Shutdown stages, in the order they run (SPEC §6.3). `startup` first: a signal that arrives while
+ * the service is still starting stops the startup (within the same deadline), then the parts it
+ * started so far stop in the order below (SPEC §6.1).
+ */
 export const STOP_STAGES = [
+  "startup",
   "backfill",
   "scheduler-begin",
   "http",
@@ -63,7 +68,7 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
 
     const runStages = Effect.gen(function*() {
       yield* SubscriptionRef.set(phases, "stopping")
-      yield* Effect.logInfo("shutdown started").pipe(Effect.annotateLogs({ timeoutMs }))
+      yield* Effect.logInfo("shutdown started").pipe(Effect.annotateLogs({ phase: "stopping", timeoutMs }))
       const deadline = (yield* Clock.currentTimeMillis) + timeoutMs
       const parts = yield* Ref.get(registered)
       const unclean: Array<string> = []

