@@ -25,6 +25,8 @@ export interface WhRecord {
   readonly scope: {
     readonly aturi: string
     readonly backlinks?: boolean
+    /** `true`: only backlink matches, never the scope's own records (implies `backlinks`) */
+    readonly backlinksOnly?: boolean
     readonly $type?: "place.wisp.v2.wh#atUri"
   }
   readonly url: string
@@ -215,6 +217,11 @@ const readEvents = (u: unknown): ReadonlyArray<WhOperation> | undefined => {
 
 type ScopeResult = { readonly clean: WhRecord["scope"]; readonly parsed: ScopeUri }
 
+/**
+ * `scope`: a plain object with a canonical `aturi`, optional booleans `backlinks` and
+ * `backlinksOnly` (wisp.place's newest validator; `backlinksOnly: true` with `backlinks: false` is
+ * invalid, SPEC §1) and an optional `$type`; anything else in it is dropped.
+ */
 const readScope = (u: Own): ScopeResult | undefined => {
   if (!isPlainObject(u)) return undefined
   const aturi = readOwn(u, "aturi")
@@ -226,6 +233,12 @@ const readScope = (u: Own): ScopeResult | undefined => {
   if (backlinks !== ABSENT) {
     if (typeof backlinks !== "boolean") return undefined
     clean.backlinks = backlinks
+  }
+  const backlinksOnly = readOwn(u, "backlinksOnly")
+  if (backlinksOnly !== ABSENT) {
+    if (typeof backlinksOnly !== "boolean") return undefined
+    if (backlinksOnly && backlinks === false) return undefined
+    clean.backlinksOnly = backlinksOnly
   }
   const type = readOwn(u, "$type")
   if (type !== ABSENT) {
@@ -250,7 +263,9 @@ const readScope = (u: Own): ScopeResult | undefined => {
  * - an empty `events` array is normalized away: the clean copy has no `events` (= all operations);
  * - `secret` and `secretId` together → `"secret"` (after each has passed its own rule);
  * - `null` is not "absent": an optional field set to `null` is invalid;
- * - `enabled` is kept in the clean copy when present (true or false).
+ * - `enabled` is kept in the clean copy when present (true or false);
+ * - `scope.backlinks` and `scope.backlinksOnly` are kept as written (`backlinksOnly: true` is not
+ *   rewritten into `backlinks: true`; the active-webhook index reads the pair).
  *
  * @since 0.1.0
  */

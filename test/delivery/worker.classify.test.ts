@@ -1,7 +1,7 @@
 /**
  * Failure classification (SPEC §4.3) through real responses from a real receiver: which answers are
  * retried (and when), which are dead-lettered, 410 marking the subscription gone, timeouts,
- * refused connections, oversized responses and Retry-After.
+ * refused connections, large responses (truncated, classified by status) and Retry-After.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
@@ -14,6 +14,7 @@ import {
   outboxRows,
   receiver,
   recordingPublisher,
+  routeByPath,
   run,
   startWorker
 } from "./worker-support.js"
@@ -45,7 +46,8 @@ const CASES: ReadonlyArray<{
   { rkey: "s410", path: "/status/410", status: "dead_letter", kind: "gone", http: 410 },
   { rkey: "s302", path: "/redirect", status: "dead_letter", kind: "redirect", http: 302 },
   { rkey: "hang", path: "/hang", status: "pending", kind: "timeout", http: null },
-  { rkey: "big", path: "/big", status: "dead_letter", kind: "response_too_large", http: null },
+  // a body over 64 KiB is truncated, never a failure by itself (SPEC §4.3)
+  { rkey: "big", path: "/big", status: "delivered", kind: null, http: 200 },
   { rkey: "ra120", path: "/retry-after/120", status: "pending", kind: "http_5xx", http: 503 }
 ]
 
@@ -143,7 +145,7 @@ describe("delivery worker: classification through real responses", () => {
         )
         yield* eventually("published", Effect.sync(() => publisher.events.length), (n) => n >= terminal)
         expect(publisher.events.filter((e) => e.status === "dead_letter").map((e) => e.errorKind).sort()).toEqual(
-          ["gone", "http_4xx", "http_4xx", "redirect", "response_too_large"]
+          ["gone", "http_4xx", "http_4xx", "redirect"]
         )
 
         // a later event no longer matches the gone subscription (it left the in-memory registry):
@@ -172,6 +174,73 @@ describe("delivery worker: classification through real responses", () => {
         expect(rx.received.every((q) => String(q.headers["x-firehook-webhook"]).startsWith(`at://${OWNER}/${WH}/`)))
           .toBe(true)
       }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: ENV }))),
+    60_000
+  )
+
+  it.scopedLive(
+    "a large response body is truncated: the status alone classifies (200 delivered, 503 retried, 410 gone)",
+    () =>
+      Effect.gen(function*() {
+        // 100 KiB: "x", then two-byte characters, so the 1 KiB excerpt ends inside one
+        const large = Buffer.from("x" + "é".repeat(50 * 1024), "utf8")
+        const rx = yield* receiver({
+          secretFor: () => SECRET,
+          reply: (path) => {
+            const m = /^\/large\/(chunked|declared)\/(\d{3})$/.exec(path)
+            if (m === null) return routeByPath(path)
+            // chunked: no Content-Length, the body streams; declared: Content-Length 102401
+            const headers: Record<string, string> = m[1] === "chunked" ? { "transfer-encoding": "chunked" } : {}
+            return { status: Number(m[2]), headers, body: large }
+          }
+        })
+        const cases = [
+          { rkey: "d200", path: "/large/declared/200", status: "delivered", kind: null, http: 200 },
+          { rkey: "c200", path: "/large/chunked/200", status: "delivered", kind: null, http: 200 },
+          { rkey: "d503", path: "/large/declared/503", status: "pending", kind: "http_5xx", http: 503 },
+          { rkey: "c503", path: "/large/chunked/503", status: "pending", kind: "http_5xx", http: 503 },
+          { rkey: "d410", path: "/large/declared/410", status: "dead_letter", kind: "gone", http: 410 },
+          { rkey: "c410", path: "/large/chunked/410", status: "dead_letter", kind: "gone", http: 410 }
+        ] as const
+        yield* run(
+          cases.map((c) =>
+            whEv(OWNER, c.rkey, whRecordValue(`at://${BOB}`, { url: `${rx.url}${c.path}`, secret: SECRET }), {
+              rev: rev(1)
+            })
+          )
+        )
+        yield* startWorker({ options: { pollIntervalMs: 100 } })
+        expect((yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])).inserted).toBe(cases.length)
+        const rows = yield* eventually(
+          "every delivery attempted once",
+          outboxRows,
+          (rs) => rs.length === cases.length && rs.every((x) => x.lease_token === null && x.attempt_count === 1),
+          20_000
+        )
+        const byRkey = new Map(rows.map((x) => [x.webhook_rkey, x]))
+        for (const c of cases) {
+          const row = byRkey.get(c.rkey)
+          expect({ rkey: c.rkey, status: row?.status, kind: row?.last_error_kind, http: row?.last_http_status })
+            .toEqual({ rkey: c.rkey, status: c.status, kind: c.kind, http: c.http })
+        }
+        const sql = yield* SqlClient.SqlClient
+        // the subscription is marked gone right after its row settles
+        const gone = yield* eventually(
+          "both 410 subscriptions marked gone",
+          sql<{ rkey: string }>`SELECT rkey FROM webhooks WHERE gone_at IS NOT NULL ORDER BY rkey`.pipe(Effect.orDie),
+          (rs) => rs.length >= 2
+        )
+        expect(gone.map((g) => g.rkey)).toEqual(["c410", "d410"])
+        // every attempt keeps the first 1 KiB as its excerpt (as UTF-8: the cut character is dropped)
+        const attempts = yield* sql<{ excerpt: string | null; bytes: number | null }>`
+          SELECT response_excerpt AS excerpt, octet_length(response_excerpt) AS bytes FROM delivery_attempts`
+        expect(attempts.length).toBe(cases.length)
+        for (const a of attempts) {
+          expect(a.bytes).toBe(1023)
+          expect(a.excerpt).toBe("x" + "é".repeat(511))
+        }
+        expect(rx.received.length).toBe(cases.length)
+        // no hanging receiver here: a generous timeout, so a loaded machine cannot turn a case into a timeout
+      }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: { ...ENV, DELIVERY_TIMEOUT_MS: "5000" } }))),
     60_000
   )
 

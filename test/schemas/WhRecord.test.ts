@@ -543,3 +543,55 @@ describe("sanitizeWhRecordForDelivery", () => {
     expect(sanitizeWhRecordForDelivery(base())).toEqual(base())
   })
 })
+
+describe("validateWhRecord: scope.backlinksOnly (SPEC §1, wisp.place's newest validator)", () => {
+  const scopeWith = (extra: Record<string, unknown>) => withField("scope", { aturi: `at://${PLC}`, ...extra })
+
+  it.each([
+    [{ backlinksOnly: true }],
+    [{ backlinksOnly: true, backlinks: true }],
+    [{ backlinksOnly: false }],
+    [{ backlinksOnly: false, backlinks: false }],
+    [{ backlinksOnly: false, backlinks: true }],
+    [{ backlinksOnly: true, $type: "place.wisp.v2.wh#atUri" }]
+  ])("%j is accepted and kept in the clean copy as written", (extra) => {
+    const { record } = valid(scopeWith(extra))
+    expect(record.scope).toEqual({ aturi: `at://${PLC}`, ...extra })
+  })
+
+  it.each([
+    ["with backlinks: false", { backlinksOnly: true, backlinks: false }],
+    ["with backlinks: false, in the other key order", { backlinks: false, backlinksOnly: true }],
+    ["a string", { backlinksOnly: "true" }],
+    ["a number", { backlinksOnly: 1 }],
+    ["null", { backlinksOnly: null }],
+    ["undefined", { backlinksOnly: undefined }]
+  ])("backlinksOnly %s → scope", (_name, extra) => {
+    expect(kindOf(scopeWith(extra))).toBe("scope")
+  })
+
+  it("a getter for scope.backlinksOnly is never called and makes scope invalid", () => {
+    const scope: Record<string, unknown> = { aturi: `at://${PLC}` }
+    let calls = 0
+    Object.defineProperty(scope, "backlinksOnly", {
+      get() {
+        calls++
+        return true
+      },
+      enumerable: true
+    })
+    expect(kindOf(withField("scope", scope))).toBe("scope")
+    expect(calls).toBe(0)
+  })
+
+  it("an inherited backlinksOnly is never read", () => {
+    const polluted = Object.prototype as Record<string, unknown>
+    polluted["backlinksOnly"] = true
+    try {
+      const { record } = valid(withField("scope", { aturi: `at://${PLC}`, backlinks: false }))
+      expect(record.scope).toEqual({ aturi: `at://${PLC}`, backlinks: false })
+    } finally {
+      delete polluted["backlinksOnly"]
+    }
+  })
+})

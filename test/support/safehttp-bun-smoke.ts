@@ -2,8 +2,8 @@
  * SafeHttp smoke test for the production runtime: `bun test/support/safehttp-bun-smoke.ts`.
  * Prints `ok` (and exits 0) when Bun's node:http/node:https honour what the transport relies on:
  * `host: <address>` with a name in `Host`, TLS `servername` (SNI + certificate check), a custom CA,
- * no redirect following, next-address fallback, destroying the request on timeout, and the system
- * resolver (`node:dns` lookup).
+ * no redirect following, next-address fallback, destroying the request on timeout, truncated
+ * reads (deliveries), and the system resolver (`node:dns` lookup).
  *
  * HTTPS checks run when SMOKE_CERT / SMOKE_KEY name a certificate for `receiver.test`
  * (test/safehttp.test.ts passes them).
@@ -53,6 +53,12 @@ const main = async (): Promise<void> => {
         res.end()
       } else if (req.url === "/hang") {
         // never answer
+      } else if (req.url === "/large") {
+        res.writeHead(503)
+        res.end(Buffer.alloc(100 * 1024, 0x61))
+      } else if (req.url === "/stall") {
+        res.writeHead(200, { "content-length": "100" })
+        res.write("partial")
       } else {
         res.writeHead(200, { "X-Reply": "yes" })
         res.end("thanks")
@@ -113,6 +119,19 @@ const main = async (): Promise<void> => {
 
     const t = yield* Effect.flip(http.request(req(`http://receiver.test:${port}/hang`, { timeoutMs: 300 })))
     check(t.kind === "timeout", "timeout kind")
+
+    // deliveries' reads (onResponseOverflow: truncate): a body within the cap ends cleanly; a larger
+    // one gives its status and first bytes; a body that stalls after the head ends at the deadline
+    const truncating = { onResponseOverflow: "truncate", keepResponseBytes: 1024 } as const
+    const small = yield* http.request(req(`http://receiver.test:${port}/hook`, truncating))
+    check(small.status === 200 && Buffer.from(small.body).toString() === "thanks", "truncate: small body")
+    check(!small.truncated, "truncate: a small body is whole")
+    const large = yield* http.request(req(`http://receiver.test:${port}/large`, truncating))
+    check(large.status === 503 && large.truncated && large.body.length === 1024, "truncate: large body")
+    const large2 = yield* Effect.flip(http.request(req(`http://receiver.test:${port}/large`)))
+    check(large2.kind === "response_too_large", "without truncate: response_too_large")
+    const stalled = yield* http.request(req(`http://receiver.test:${port}/stall`, { ...truncating, timeoutMs: 300 }))
+    check(stalled.status === 200 && stalled.truncated, "truncate: a stalled body ends at the deadline")
 
     if (tlsServer !== undefined) {
       const s = yield* http.request(req(`https://receiver.test:${tlsPort}/hook`))

@@ -15,7 +15,13 @@ import type { SafeHttpError, SafeHttpErrorKind, SafeResponse } from "../platform
 import { USER_AGENT } from "../platform/Version.js"
 import type { CircuitBreaker } from "./CircuitBreaker.js"
 import { classifyStatus, type FailureKind, parseRetryAfter } from "./Classify.js"
-import { type ClaimedRow, excerpt, originKey, type SubscriptionSnapshot } from "./DeliveryStore.js"
+import {
+  type ClaimedRow,
+  excerpt,
+  originKey,
+  RESPONSE_EXCERPT_BYTES,
+  type SubscriptionSnapshot
+} from "./DeliveryStore.js"
 import type { DeliveryInput, OutgoingRequest, Transform } from "./Destinations.js"
 import { Cancel, Defer, Deliver, Fail, failure, Send, type Settled, type Settlement } from "./Settlement.js"
 import {
@@ -27,7 +33,10 @@ import {
 } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
-/** Response bytes read at most (SPEC §4.5); more is `response_too_large`. */
+/**
+ * Response bytes read at most (SPEC §4.5); the rest is cancelled, never a failure: the status alone
+ * classifies a response (§4.3). Of what is read, the first `RESPONSE_EXCERPT_BYTES` are kept.
+ */
 export const MAX_RESPONSE_BYTES = 64 * 1024
 /** Random extra delay added to deferrals, so deferred rows do not come back in one burst. */
 export const DEFER_JITTER_MS = 1_000
@@ -222,8 +231,7 @@ export const judge = (
 
 /**
  * What a sent attempt tells the origin's breaker: a transient failure (dns, timeout, network, 5xx,
- * 429), a sign of health (any other answer, and `response_too_large`), or nothing (the request did
- * not reach the origin).
+ * 429), a sign of health (any other answer), or nothing (the request did not reach the origin).
  */
 const report = (breaker: CircuitBreaker, origin: string, s: Settled, sendEnd: number): void => {
   if (s._tag !== "Fail") {
@@ -233,15 +241,17 @@ const report = (breaker: CircuitBreaker, origin: string, s: Settled, sendEnd: nu
     else breaker.onSuccess(origin)
   } else if (TRANSIENT_TRANSPORT.has(s.kind)) {
     breaker.onTransientFailure(origin, sendEnd)
-  } else if (s.kind === "response_too_large") {
-    breaker.onSuccess(origin)
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The shell
 
-/** The send: carries out a `Send` through the SSRF-safe transport (bounded by the timeout and {@link MAX_RESPONSE_BYTES}). */
+/**
+ * The send: carries out a `Send` through the SSRF-safe transport, bounded by the timeout and
+ * {@link MAX_RESPONSE_BYTES}. A larger body is truncated (`onResponseOverflow: "truncate"`), and
+ * only the excerpt's bytes are kept.
+ */
 export const send = (
   env: WorkerEnv,
   request: OutgoingRequest
@@ -253,7 +263,9 @@ export const send = (
       headers: request.headers,
       body: request.body,
       timeoutMs: env.timeoutMs,
-      maxResponseBytes: MAX_RESPONSE_BYTES
+      maxResponseBytes: MAX_RESPONSE_BYTES,
+      onResponseOverflow: "truncate",
+      keepResponseBytes: RESPONSE_EXCERPT_BYTES
     })
   )
 

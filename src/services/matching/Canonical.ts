@@ -205,6 +205,8 @@ export interface SubscriptionFingerprintInput {
   /** the canonical scope AT-URI */
   readonly scope: string
   readonly backlinks: boolean
+  /** `scope.backlinksOnly`; only `true` enters the hash (absent and false hash as before it existed) */
+  readonly backlinksOnly?: boolean | undefined
   /** missing or empty = all operations */
   readonly events: ReadonlyArray<Operation> | undefined
   readonly enabled: boolean
@@ -216,7 +218,9 @@ const ALL_OPERATIONS: ReadonlyArray<Operation> = ["create", "delete", "update"]
 
 /**
  * The subscription fingerprint (SPEC §3.5): lowercase hex sha256 of the canonical JSON of
- * `{v: 1, url, scope, backlinks, events, enabled, secretId | null, hasInlineSecret}`.
+ * `{v: 1, url, scope, backlinks, events, enabled, secretId | null, hasInlineSecret}`, plus
+ * `backlinksOnly: true` for such a scope (a webhook without it keeps the fingerprint it always had,
+ * so an upgrade cancels no pending delivery; turning it on changes what is delivered, so it cancels).
  * Never includes a secret value. `events` is normalized to its meaning: deduplicated and sorted,
  * and missing, empty and all three operations are the same set (all), so a change that does not
  * change what is delivered does not cancel pending deliveries.
@@ -226,18 +230,18 @@ const ALL_OPERATIONS: ReadonlyArray<Operation> = ["create", "delete", "update"]
 export const subscriptionFingerprint = (s: SubscriptionFingerprintInput): string => {
   const ops = s.events === undefined || s.events.length === 0 ? ALL_OPERATIONS : s.events
   const events = ALL_OPERATIONS.filter((op) => ops.includes(op)).join(",")
-  return sha256Hex(
-    canonicalFlat({
-      v: 1,
-      url: s.url,
-      scope: s.scope,
-      backlinks: s.backlinks,
-      events,
-      enabled: s.enabled,
-      secretId: s.secretId ?? null,
-      hasInlineSecret: s.hasInlineSecret
-    })
-  )
+  const fields: Record<string, string | number | boolean | null> = {
+    v: 1,
+    url: s.url,
+    scope: s.scope,
+    backlinks: s.backlinks,
+    events,
+    enabled: s.enabled,
+    secretId: s.secretId ?? null,
+    hasInlineSecret: s.hasInlineSecret
+  }
+  if (s.backlinksOnly === true) fields["backlinksOnly"] = true
+  return sha256Hex(canonicalFlat(fields))
 }
 
 /**

@@ -61,6 +61,8 @@ export const referenceMatchesScope = (w: ActiveWebhook, ref: ScopeUri): boolean 
  * - A malformed event (SPEC §2.2 step 1) matches nothing; this is checked only once a candidate
  *   exists, so events nobody watches cost no validation.
  * - Disabled and invalid webhooks are never in the index.
+ * - `backlinksOnly` webhooks (SPEC §2.2 step 4) are not among the scope DID's candidates, so they
+ *   get backlink matches only, and the direct loop costs the others nothing more.
  * - One result per webhook: a direct match wins over a backlink match. Results list direct matches
  *   first (index order), then backlink matches in reference order.
  *

@@ -3,7 +3,8 @@
  * Map lookup keyed by DID or key, never a scan.
  *
  * Maintained incrementally:
- * - `key → webhook`, `owner → webhooks`, `scope DID → webhooks`, `backlink scope DID → webhooks`;
+ * - `key → webhook`, `owner → webhooks`, `scope DID → webhooks` (those that match directly: all but
+ *   `backlinksOnly` ones), `backlink scope DID → webhooks`;
  * - `wantedDids` = owners ∪ scope DIDs (the Jetstream `direct` stream's `wantedDids`), refcounted;
  * - `backlinkDids` = scope DIDs of backlink webhooks, refcounted.
  *
@@ -33,7 +34,13 @@ export interface ActiveWebhook {
   readonly scope: ScopeUri
   /** canonical `at://did[/collection[/rkey]]` */
   readonly scopeUri: string
+  /** backlink matches are made: `scope.backlinks` or `scope.backlinksOnly` (which implies it) */
   readonly backlinks: boolean
+  /**
+   * `scope.backlinksOnly`: never a direct match (SPEC §2.2 step 4). Such a webhook is not in the
+   * scope DID → webhooks map, so the direct loop of the matcher never sees it.
+   */
+  readonly backlinksOnly: boolean
   /** undefined = all operations */
   readonly events: ReadonlySet<Operation> | undefined
   readonly url: string
@@ -66,7 +73,8 @@ export const makeActiveWebhook = (
   rev: string
 ): ActiveWebhook => {
   const scopeUri = formatScopeUri(scope)
-  const backlinks = record.scope.backlinks === true
+  const backlinksOnly = record.scope.backlinksOnly === true
+  const backlinks = backlinksOnly || record.scope.backlinks === true
   const eventList = record.events
   const events: ReadonlySet<Operation> | undefined = eventList === undefined || eventList.length === 0
     ? undefined
@@ -80,6 +88,7 @@ export const makeActiveWebhook = (
     scope,
     scopeUri,
     backlinks,
+    backlinksOnly,
     events: events !== undefined && events.size >= 3 ? undefined : events,
     url: record.url,
     signingMode: hasInlineSecret ? "record_secret" : secretId !== undefined ? "secret_id" : "none",
@@ -88,6 +97,7 @@ export const makeActiveWebhook = (
       url: record.url,
       scope: scopeUri,
       backlinks,
+      backlinksOnly,
       events: eventList,
       enabled: record.enabled !== false,
       secretId,
@@ -192,14 +202,14 @@ export class WebhookIndex {
   #link(w: ActiveWebhook): void {
     this.#byKey.set(w.key, w)
     addTo(this.#byOwner, w.ownerDid, w)
-    addTo(this.#byScopeDid, w.scope.did, w)
+    if (!w.backlinksOnly) addTo(this.#byScopeDid, w.scope.did, w)
     if (w.backlinks) addTo(this.#byBacklinkDid, w.scope.did, w)
   }
 
   #unlink(w: ActiveWebhook): void {
     if (this.#byKey.get(w.key) === w) this.#byKey.delete(w.key)
     removeFrom(this.#byOwner, w.ownerDid, w)
-    removeFrom(this.#byScopeDid, w.scope.did, w)
+    if (!w.backlinksOnly) removeFrom(this.#byScopeDid, w.scope.did, w)
     if (w.backlinks) removeFrom(this.#byBacklinkDid, w.scope.did, w)
   }
 
@@ -293,12 +303,15 @@ export class WebhookIndex {
     return this.#byScopeDid.has(did)
   }
 
-  /** Active webhooks whose scope DID is `did` (all of them, backlink or not). */
+  /**
+   * Active webhooks whose scope DID is `did` and that can match directly: all of them, backlink
+   * or not, except `backlinksOnly` ones (SPEC §2.2 step 4).
+   */
   candidatesByScopeDid(did: string): Iterable<ActiveWebhook> {
     return this.#byScopeDid.get(did)?.values() ?? EMPTY
   }
 
-  /** Active webhooks with `backlinks: true` whose scope DID is `did`. */
+  /** Active webhooks with backlink matching (`backlinks` or `backlinksOnly`) whose scope DID is `did`. */
   candidatesByBacklinkDid(did: string): Iterable<ActiveWebhook> {
     return this.#byBacklinkDid.get(did)?.values() ?? EMPTY
   }

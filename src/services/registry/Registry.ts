@@ -21,7 +21,6 @@ import type { ScopeUri } from "../../schemas/AtUri.js"
 import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION, type WhRecord } from "../../schemas/WhRecord.js"
-import { subscriptionFingerprint } from "../matching/Canonical.js"
 import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
@@ -110,15 +109,8 @@ export const toRow = (
     active,
     signingMode: w.signingMode,
     secretId: record.secretId,
-    fingerprint: subscriptionFingerprint({
-      url: record.url,
-      scope: w.scopeUri,
-      backlinks: w.backlinks,
-      events: record.events,
-      enabled: record.enabled !== false,
-      secretId: record.secretId,
-      hasInlineSecret: record.secret !== undefined
-    }),
+    // the active form's (same inputs: url, scope, backlinks, backlinksOnly, events, enabled, secretId)
+    fingerprint: w.fingerprint,
     gone: false
   }
 }

@@ -901,6 +901,100 @@ describe("SafeHttp: responses", () => {
       expect(none.truncated).toBe(true)
     }))
 
+  it.scopedLive("truncate (deliveries): a large body gives its status and first bytes; the rest is cut, never a failure", () =>
+    Effect.gen(function*() {
+      const big = Buffer.alloc(100 * 1024, 0x61)
+      big.write("first bytes ", 0)
+      const declared = yield* startServer((_req, res) => {
+        res.writeHead(200, { "content-length": String(big.length) })
+        res.end(big)
+      })
+      const chunked = yield* startServer((_req, res) => {
+        res.writeHead(503, { "retry-after": "3" }) // no length announced
+        for (let at = 0; at < big.length; at += 10 * 1024) res.write(big.subarray(at, at + 10 * 1024))
+        res.end()
+      })
+      const small = yield* startServer((_req, res) => {
+        res.writeHead(410, { "content-length": "2000" })
+        res.end("g".repeat(2000))
+      })
+      const truncating = {
+        maxResponseBytes: 64 * 1024,
+        onResponseOverflow: "truncate",
+        keepResponseBytes: 1024
+      } as const
+      yield* withHttp(DEV, answers("127.0.0.1"), (http) =>
+        Effect.gen(function*() {
+          for (const [server, status] of [[declared, 200], [chunked, 503]] as const) {
+            const res = yield* http.request(post(`http://receiver.test:${server.port}/`, truncating))
+            expect(res.status).toBe(status)
+            expect(res.truncated).toBe(true)
+            expect(res.body.length).toBe(1024)
+            expect(text(res.body)).toBe(big.subarray(0, 1024).toString("utf8"))
+          }
+          expect(
+            (yield* http.request(post(`http://receiver.test:${chunked.port}/`, truncating))).headers["retry-after"]
+          )
+            .toBe("3")
+          yield* eventually(() => declared.open() === 0 && chunked.open() === 0, "the large responses were cut")
+          // a body within the cap is read to its end (only the first bytes kept): the connection stays
+          for (let i = 0; i < 2; i++) {
+            const res = yield* http.request(post(`http://receiver.test:${small.port}/`, truncating))
+            expect(res.status).toBe(410)
+            expect(res.truncated).toBe(true)
+            expect(text(res.body)).toBe("g".repeat(1024))
+          }
+          expect(small.connections()).toBe(1)
+          const whole = yield* http.request(
+            post(`http://receiver.test:${small.port}/`, { ...truncating, keepResponseBytes: undefined })
+          )
+          expect(whole.truncated).toBe(false)
+          expect(whole.body.length).toBe(2000)
+          // the same large body without truncate (DID documents, PDS calls): still response_too_large
+          yield* expectKind(
+            http.request(post(`http://receiver.test:${chunked.port}/`, { maxResponseBytes: 64 * 1024 })),
+            "response_too_large",
+            ["receiver.test"]
+          )
+        }))
+    }))
+
+  it.scopedLive("truncate: once the head arrived, a stalled or broken body ends the read with the status", () =>
+    Effect.gen(function*() {
+      const stalled = yield* startServer((_req, res) => {
+        res.writeHead(200, { "content-length": "100" })
+        res.write("partial")
+      })
+      const broken = yield* startServer((_req, res) => {
+        res.writeHead(503, { "content-length": "100" })
+        res.write("partial", () => setTimeout(() => res.socket?.destroy(), 20))
+      })
+      const silent = yield* startServer(() => undefined)
+      const truncating = { timeoutMs: 300, onResponseOverflow: "truncate" } as const
+      yield* withHttp(DEV, answers("127.0.0.1"), (http) =>
+        Effect.gen(function*() {
+          const late = yield* http.request(post(`http://receiver.test:${stalled.port}/`, truncating))
+          expect(late).toMatchObject({ status: 200, truncated: true })
+          expect(text(late.body)).toBe("partial")
+          yield* eventually(() => stalled.open() === 0, "the stalled connection closed")
+          const cut = yield* http.request(
+            post(`http://receiver.test:${broken.port}/`, { ...truncating, timeoutMs: 5_000 })
+          )
+          expect(cut).toMatchObject({ status: 503, truncated: true })
+          expect(text(cut.body)).toBe("partial")
+          // no head: still a timeout
+          yield* expectKind(http.request(post(`http://receiver.test:${silent.port}/`, truncating)), "timeout", [
+            "receiver.test"
+          ])
+          // without truncate, a stalled body is a timeout (as before)
+          yield* expectKind(
+            http.request(post(`http://receiver.test:${stalled.port}/`, { timeoutMs: 300 })),
+            "timeout",
+            ["receiver.test"]
+          )
+        }))
+    }))
+
   it.scopedLive("a request body over the cap is request_too_large without resolving or connecting", () =>
     Effect.gen(function*() {
       const server = yield* startServer(ok)

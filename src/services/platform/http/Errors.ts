@@ -19,6 +19,8 @@ export const safeHttpErrorKinds = [
   "timeout",
   "network",
   "request_too_large",
+  // only for a request that needs the whole body (`onResponseOverflow: "fail"`: DID documents, PDS
+  // calls); a delivery reads with "truncate" and never fails so (SPEC §4.3)
   "response_too_large"
 ] as const
 

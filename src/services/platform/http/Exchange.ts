@@ -61,6 +61,11 @@ interface ExchangeHooks {
 interface Exchange {
   /** Destroys the request, response and socket unless the exchange finished cleanly. */
   readonly release: () => void
+  /**
+   * The deadline passed: with `truncate`, once the response head has arrived, settle with the
+   * status and the body read so far (`truncated: true`) and answer true; otherwise false.
+   */
+  readonly cutShort: () => boolean
 }
 
 export interface ExchangeSpec {
@@ -73,10 +78,18 @@ export interface ExchangeSpec {
   /** sent as UTF-8 (Content-Length is its UTF-8 length) */
   readonly body: string | undefined
   readonly maxResponseBytes: number
+  /**
+   * Over `maxResponseBytes`: false → `response_too_large`; true → the response as read so far
+   * (`truncated: true`), the rest cancelled. Also, once the head has arrived, a body that fails
+   * (reset, error) or outlasts the deadline ends the read instead of failing the request: the
+   * status is the answer.
+   */
   readonly truncate: boolean
+  /** With `truncate`: body bytes kept (the first ones, ≤ `maxResponseBytes`); the rest read is dropped. */
+  readonly keepResponseBytes: number
 }
 
-const NOOP_EXCHANGE: Exchange = { release: () => undefined }
+const NOOP_EXCHANGE: Exchange = { release: () => undefined, cutShort: () => false }
 
 /**
  * Starts one HTTP exchange against one address. Node callbacks only call the two hooks (each at most
@@ -90,6 +103,14 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
   let clean = false
   let req: Http.ClientRequest | undefined
   let res: Http.IncomingMessage | undefined
+  /** the response head, once it arrived */
+  let head: { readonly status: number; readonly headers: Record<string, string> } | undefined
+  /** the body bytes kept (at most `keepMax`), and how many were read */
+  const chunks: Array<Uint8Array> = []
+  let kept = 0
+  let total = 0
+  const max = spec.maxResponseBytes
+  const keepMax = spec.truncate ? Math.min(max, spec.keepResponseBytes) : max
 
   const markConnected = (): void => {
     if (isConnected || finished) return
@@ -107,6 +128,33 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
     res?.destroy()
     req?.destroy()
   }
+  const keep = (bytes: Uint8Array): void => {
+    const room = keepMax - kept
+    if (room <= 0) return
+    const part = bytes.length > room ? bytes.subarray(0, room) : bytes
+    chunks.push(part)
+    kept += part.length
+  }
+  /** Settles with the response read so far; `cut`: the body did not end cleanly (or was cut at the cap). */
+  const succeed = (cut: boolean): void => {
+    if (head === undefined || finished) return
+    const body = new Uint8Array(kept)
+    let at = 0
+    for (const c of chunks) {
+      body.set(c, at)
+      at += c.length
+    }
+    chunks.length = 0
+    settle({
+      _tag: "Ok",
+      response: { status: head.status, headers: head.headers, body, truncated: cut || kept < total }
+    })
+  }
+  /** The body failed after the head arrived: with `truncate` the status stands, else a network error. */
+  const bodyFailed = (kind: SafeHttpErrorKind): void => {
+    if (spec.truncate && head !== undefined) succeed(true)
+    else failWith(final(kind))
+  }
 
   const onError = (err: unknown): void => {
     const code = ownCode(err)
@@ -122,41 +170,28 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
       failWith(STALE)
       return
     }
-    failWith(final(code === "ETIMEDOUT" ? "timeout" : "network"))
+    bodyFailed(code === "ETIMEDOUT" ? "timeout" : "network")
   }
 
   const onResponse = (response: Http.IncomingMessage): void => {
     res = response
     responded = true
     markConnected()
-    response.on("error", () => failWith(final("network")))
-    const max = spec.maxResponseBytes
+    response.on("error", () => bodyFailed("network"))
     const declared = response.headers["content-length"]
     if (!spec.truncate && declared !== undefined && DECIMAL.test(declared) && Number(declared) > max) {
       failWith(final("response_too_large"))
       destroy()
       return
     }
-    const status = response.statusCode ?? 0
-    const headers = lowerHeaders(response.headers)
-    const chunks: Array<Uint8Array> = []
-    let total = 0
-    const succeed = (truncated: boolean): void => {
-      const body = new Uint8Array(total)
-      let at = 0
-      for (const c of chunks) {
-        body.set(c, at)
-        at += c.length
-      }
-      settle({ _tag: "Ok", response: { status, headers, body, truncated } })
-    }
+    head = { status: response.statusCode ?? 0, headers: lowerHeaders(response.headers) }
     response.on("data", (chunk: Uint8Array | string) => {
       if (finished) return
       const bytes = typeof chunk === "string" ? Buffer.from(chunk, "utf8") : chunk
       const room = max - total
       if (bytes.length > room) {
         if (spec.truncate) {
-          if (room > 0) chunks.push(bytes.subarray(0, room))
+          if (room > 0) keep(bytes.subarray(0, room))
           total = max
           succeed(true)
         } else {
@@ -165,7 +200,7 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
         destroy()
         return
       }
-      chunks.push(bytes)
+      keep(bytes)
       total += bytes.length
     })
     response.on("end", () => {
@@ -173,7 +208,7 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
       clean = true
       succeed(false)
     })
-    response.on("close", () => failWith(final("network")))
+    response.on("close", () => bodyFailed("network"))
   }
 
   const mod = spec.target.protocol === "https:" ? Https : Http
@@ -211,6 +246,11 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
   return {
     release: () => {
       if (!clean) destroy()
+    },
+    cutShort: () => {
+      if (finished || !spec.truncate || head === undefined) return false
+      succeed(true)
+      return true
     }
   }
 }
@@ -319,7 +359,11 @@ const runAddresses = (
     connectDeadline: undefined,
     expire: (now) => {
       if (done) return
-      if (now >= deadline) return failKind("timeout")
+      if (now >= deadline) {
+        // a truncating read whose head arrived ends with that status (cutShort settles it)
+        if (current?.cutShort() === true) return
+        return failKind("timeout")
+      }
       // the connect budget of this address ran out: next address
       generation++
       nextAddress("timeout")

@@ -16,7 +16,8 @@
  *    one Clock-driven ticker fiber per transport ({@link DEADLINE_TICK_MS} granularity), not by a
  *    timer race per request.
  * 6. Redirects are never followed (a 3xx is returned as a response). At most `maxResponseBytes` of
- *    the response body are read.
+ *    the response body are read; more is `response_too_large`, or, with `onResponseOverflow:
+ *    "truncate"` (deliveries), the response as read so far with the rest cancelled.
  *
  * Errors are generic ({@link SafeHttpError}): a kind, nothing else. They never carry the URL, the
  * host name, DNS answers, addresses, headers or an underlying error (whose message would).
@@ -75,12 +76,20 @@ export interface SafeRequest {
   /** Request body bound (default {@link DEFAULT_MAX_REQUEST_BYTES}). */
   readonly maxRequestBytes?: number | undefined
   /**
-   * What a response body larger than `maxResponseBytes` is: `"fail"` (default) →
-   * `response_too_large`; `"truncate"` → the first `maxResponseBytes` bytes are returned with
-   * `truncated: true` and the connection is closed (SPEC §4.5: a webhook response body is only
-   * logged, "read at most 64 KiB, then cancel").
+   * What a response body larger than `maxResponseBytes` is: `"fail"` (default; for callers that
+   * need the whole body: DID documents, PDS calls) → `response_too_large`; `"truncate"` (webhook
+   * deliveries: SPEC §4.3, §4.5, the status alone classifies a response) → the response with the
+   * body read so far and `truncated: true`, the rest cancelled (the connection is closed). With
+   * `"truncate"`, once the response head has arrived, a body that breaks off (reset, error) or
+   * outlasts the deadline also ends the read with `truncated: true` instead of failing.
    */
   readonly onResponseOverflow?: "fail" | "truncate" | undefined
+  /**
+   * With `"truncate"`: body bytes kept and returned, the first ones (default and at most
+   * `maxResponseBytes`). The bytes after them, up to `maxResponseBytes`, are read and dropped, so a
+   * body that ends within the cap still ends cleanly (and its keep-alive connection is reused).
+   */
+  readonly keepResponseBytes?: number | undefined
 }
 
 export interface SafeResponse {
@@ -88,7 +97,11 @@ export interface SafeResponse {
   /** Lowercased names; repeated headers joined with `, `. */
   readonly headers: Readonly<Record<string, string>>
   readonly body: Uint8Array
-  /** true only with `onResponseOverflow: "truncate"` when more than `maxResponseBytes` arrived. */
+  /**
+   * true only with `onResponseOverflow: "truncate"`, when `body` is not the whole response body:
+   * more than `maxResponseBytes` arrived, more than `keepResponseBytes` were kept, or the body
+   * broke off after the head.
+   */
   readonly truncated: boolean
 }
 
@@ -145,14 +158,16 @@ const makeWith = (
     if (contentLength !== undefined && contentLength > maxRequestBytes) return fail("request_too_large")
     const headers = buildHeaders(req.headers, target.hostHeader, contentLength)
     if (Either.isLeft(headers)) return fail(headers.left)
+    const maxResponseBytes = clampInt(req.maxResponseBytes, 0, Number.MAX_SAFE_INTEGER, 0)
     const base: Omit<ExchangeSpec, "address" | "family"> = {
       agents,
       target,
       method: req.method,
       headers: headers.right,
       body,
-      maxResponseBytes: clampInt(req.maxResponseBytes, 0, Number.MAX_SAFE_INTEGER, 0),
-      truncate: req.onResponseOverflow === "truncate"
+      maxResponseBytes,
+      truncate: req.onResponseOverflow === "truncate",
+      keepResponseBytes: clampInt(req.keepResponseBytes ?? maxResponseBytes, 0, maxResponseBytes, maxResponseBytes)
     }
 
     // `send` runs when the request effect runs (inside `request`'s suspend): the deadline starts now
