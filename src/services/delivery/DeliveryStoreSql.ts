@@ -14,6 +14,7 @@ import { ORIGIN_SQL } from "../matching/Origin.js"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
 import type { TerminalStatus } from "../matching/OutboxStatus.js"
 import { codeOr } from "../platform/ErrorCode.js"
+import { WORKER_ALIVE } from "../platform/LockKeys.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"
 import { makeClaimConnection } from "./ClaimConnection.js"
@@ -32,6 +33,8 @@ import {
   type DeliveryStoreShape,
   excerpt,
   type FailedAttempt,
+  RECLAIM_MAX,
+  RECLAIM_TIMEOUT,
   RESPONSE_EXCERPT_BYTES,
   SCAN_MAX,
   STATEMENT_TIMEOUT,
@@ -313,6 +316,50 @@ const claimResult = (dbRows: ReadonlyArray<ClaimDbRow>, p: ClaimPlan): ClaimResu
 }
 
 // ---------------------------------------------------------------------------------------------
+// Reclaim (rows of workers known dead)
+
+/**
+ * Expires the valid leases of rows whose worker's liveness mark is not held by any session of this
+ * database (SPEC §4.1), so that the next claim takes them. The worker id is the lease token up to
+ * its last `:` (a worker id may itself contain `:`; the uuid does not). A hash collision only makes
+ * a dead worker look alive (its rows then wait for their lease to expire). The leases of `workerId`
+ * itself are never touched. Rows locked right now (being settled or claimed) are skipped.
+ */
+const reclaimStatement = (sql: SqlClient.SqlClient, workerId: string) =>
+  sql<{ readonly n: number }>`
+    WITH live AS MATERIALIZED (
+      SELECT l.objid FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = ${WORKER_ALIVE}::oid
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    ),
+    leased AS (
+      SELECT o.delivery_id,
+        left(o.lease_token, length(o.lease_token) - strpos(reverse(o.lease_token), ':')) AS owner
+      FROM outbox o
+      WHERE o.status = 'leased' AND o.leased_until > now() AND o.lease_token IS NOT NULL
+    ),
+    dead AS (
+      SELECT o.delivery_id FROM outbox o
+      WHERE o.delivery_id IN (
+          SELECT d.delivery_id FROM leased d
+          WHERE d.owner <> ${workerId}
+            AND NOT EXISTS (SELECT 1 FROM live WHERE live.objid = hashtext(d.owner)::oid)
+          LIMIT ${RECLAIM_MAX}
+        )
+        AND o.status = 'leased' AND o.leased_until > now()
+      FOR UPDATE OF o SKIP LOCKED
+    ),
+    upd AS (
+      UPDATE outbox o SET leased_until = now(), updated_at = now()
+      FROM dead WHERE o.delivery_id = dead.delivery_id
+      RETURNING 1
+    )
+    SELECT count(*)::int AS n FROM upd`.pipe(
+    Effect.map((rows) => Number(rows[0]?.n ?? 0)),
+    storeOpWithin("delivery.reclaim", RECLAIM_TIMEOUT)
+  )
+
+// ---------------------------------------------------------------------------------------------
 // Heartbeat
 
 // The heartbeat never waits for a row lock: it renews the rows it can lock at once (`SKIP LOCKED`)
@@ -554,7 +601,7 @@ export const makeSql: Effect.Effect<
   const sql = yield* SqlClient.SqlClient
   const pg = yield* PgClient.PgClient
   const f = fragments(sql)
-  const onClaimConnection = yield* makeClaimConnection(sql, pg)
+  const claimConnection = yield* makeClaimConnection(sql, pg)
   const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) => settleStatement(sql, items))
   const counts = yield* Ref.make<{ readonly at: number; readonly value: DeliveryCounts } | undefined>(undefined)
   const readCounts = countsStatement(sql)
@@ -563,11 +610,19 @@ export const makeSql: Effect.Effect<
     claim: (workerId, limit, leaseMs, options = {}) => {
       const p = claimPlan(workerId, limit, leaseMs, options)
       if (p === undefined) return Effect.succeed({ rows: [], moreDue: false })
-      return onClaimConnection(claimStatement(sql, f, p)).pipe(
+      return claimConnection.run(workerId, claimStatement(sql, f, p)).pipe(
         Effect.map((dbRows) => claimResult(dbRows, p)),
         op("delivery.claim")
       )
     },
+    reclaimAbandoned: (workerId) =>
+      Effect.gen(function*() {
+        const held = yield* claimConnection.holdMark(workerId).pipe(op("delivery.mark"))
+        const freed = yield* reclaimStatement(sql, workerId)
+        // the freed rows are due now: every worker's claim loop is woken (as by an enqueue)
+        if (freed > 0) yield* notifyStatement(sql).pipe(op("delivery.notify"))
+        return { held, freed }
+      }),
     subscriptions: (keys) => subscriptionsStatement(sql, f, keys),
     heartbeat: (deliveryId, token, leaseMs) => heartbeatStatement(sql, deliveryId, token, leaseMs),
     heartbeatMany: (leases, leaseMs) => heartbeatManyStatement(sql, leases, leaseMs),

@@ -17,9 +17,9 @@ import type { Scope } from "effect"
 import { exponential } from "../platform/Backoff.js"
 import { type HealthSection, statsSection } from "../platform/Health.js"
 import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
-import { type DeliveryCounts, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
+import { type DeliveryCounts, RECLAIM_INTERVAL_MS, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
 import { heartbeatLoop } from "./Leases.js"
-import { logStoreError } from "./Telemetry.js"
+import { logRecurring, logStoreError } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
 /** Poll fallback when no notification arrives. */
@@ -104,6 +104,29 @@ export const claimLoop = (env: WorkerEnv) =>
   })
 
 // ---------------------------------------------------------------------------------------------
+// Liveness and reclaim (SPEC §4.1)
+
+/**
+ * At start and every {@link RECLAIM_INTERVAL_MS}: hold this worker's liveness mark (re-taken on a
+ * new claim connection after the old one was lost) and free the rows of workers whose mark is gone,
+ * so that rows of a dead process are claimed within seconds instead of after their lease.
+ */
+export const reclaimLoop = (env: WorkerEnv) =>
+  Effect.forever(
+    Effect.zipRight(
+      env.store.reclaimAbandoned(env.workerId).pipe(
+        Effect.flatMap(({ held }) =>
+          held
+            ? Effect.void
+            : logRecurring(env, "mark_not_held", "delivery liveness mark held elsewhere; leases only", {})
+        ),
+        Effect.catchAll((e) => logStoreError(env, e))
+      ),
+      Effect.sleep(Duration.millis(RECLAIM_INTERVAL_MS))
+    )
+  )
+
+// ---------------------------------------------------------------------------------------------
 // LISTEN
 
 const onNotification = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
@@ -164,6 +187,7 @@ export const start = (
     const stopped = yield* Deferred.make<void>()
     const loopFiber = yield* Effect.forkScoped(claimLoop(env))
     yield* Effect.forkScoped(heartbeatLoop(env))
+    yield* Effect.forkScoped(reclaimLoop(env))
     const listenFiber = options.listen ? yield* Effect.forkScoped(listenLoop(env, options.listened)) : undefined
     // runs first when the scope closes (before the fibers above are interrupted): nothing new
     // starts, and rows that have not started are handed back

@@ -10,27 +10,12 @@ import { SqlClient } from "@effect/sql"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { Duration, Effect, Exit, Fiber, Option, Ref, Schedule, Scope } from "effect"
 import { codeOf } from "./Persistence.js"
+import { endClient } from "./PooledConnection.js"
 
 export type Role = "leader" | "standby"
 
 /** How long an unlock, and each step of discarding a connection, may take. */
 const UNLOCK_TIMEOUT = Duration.seconds(2)
-
-/**
- * Ends the client of a reserved connection, so that the pool drops it on release instead of
- * handing it out again (pg-pool removes a client that is ending). `@effect/sql-pg`'s Connection
- * does not expose its client but keeps it as `pg`; when it is not there, nothing happens.
- */
-export const endClient = (conn: Connection): Effect.Effect<void> =>
-  Effect.sync(() => {
-    const client: unknown = Reflect.get(conn, "pg")
-    if (typeof client !== "object" || client === null) return
-    const end: unknown = Reflect.get(client, "end")
-    if (typeof end !== "function") return
-    // a client with a query running is ended by destroying its socket (pg's Client.end)
-    const ended: unknown = Reflect.apply(end, client, [])
-    if (ended instanceof Promise) ended.catch(() => undefined)
-  })
 
 /**
  * Gives the session lock `key` back on `conn`, bounded. When that fails or times out, the
