@@ -1,14 +1,18 @@
 /**
- * The delivery worker's loops (SPEC §4.1, §6.3): the claim loop, LISTEN, stop, and what it reports
- * (stats and the `delivery` health section).
+ * The delivery worker's loops (SPEC §4.1, §6.3): the claim loop, LISTEN, the reclaim loop, stop,
+ * and what it reports (stats and the `delivery` health section).
  *
  * Claiming. One loop fiber claims rows in batches. It wakes on `LISTEN firehook_outbox`, on a poll
  * timer (fallback), at once again after a full batch, and when an attempt finishes while more rows
  * were left due. It only claims as many rows as it can hold (see Admission).
  *
+ * Reclaim. Every 2 s the worker confirms its liveness mark and frees the rows of workers whose mark
+ * is gone (dead processes), so they are claimed within seconds (see DeliveryStore).
+ *
  * Shutdown: stop claiming, hand rows that have not started back at once, wait up to the grace
  * period for running attempts; then (or when the shutdown deadline interrupts it) interrupt them
- * (their rows stay leased until the lease expires and another worker reclaims them).
+ * (their rows stay leased until the lease expires, or until this process's liveness mark is gone
+ * with its connections, and another worker reclaims them).
  *
  * @since 0.1.0
  */
