@@ -13,6 +13,7 @@ import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
 import * as ProcessorModule from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Database from "../../src/services/platform/Database.js"
+import { WORKER_ALIVE } from "../../src/services/platform/LockKeys.js"
 import { Tx } from "../../src/services/platform/Persistence.js"
 import * as Registry from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
@@ -170,6 +171,13 @@ describe("delivery leases on PostgreSQL", () => {
             Effect.orDie
           )
 
+          // A's liveness mark stays held after A is interrupted (as for a process that hangs but lives):
+          // the test holds it in A's place, so only the lease expiry frees the row (a worker whose mark
+          // is gone has its rows freed sooner: worker.reclaim.test.ts)
+          const markConn = yield* sql.reserve.pipe(Effect.orDie)
+          yield* markConn.executeValues("SELECT pg_advisory_lock($1, hashtext($2))", [WORKER_ALIVE, "worker-a"]).pipe(
+            Effect.orDie
+          )
           const scopeA = yield* Scope.make()
           yield* startWorkerOn(
             url,

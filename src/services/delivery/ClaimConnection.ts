@@ -10,6 +10,15 @@
  * (setting reset first) and the next claim reserves a fresh one; the layer's scope gives it back
  * at shutdown.
  *
+ * Liveness marks (SPEC §4.1). The claim connection also holds the liveness mark of each worker
+ * claiming through it: the session advisory lock `(WORKER_ALIVE, hashtext(workerId))`, taken
+ * before the worker's first claim on each claim connection (a set lookup per claim afterwards) and
+ * confirmed every few seconds by `holdMark` (the worker's reclaim loop), which re-takes it on a
+ * fresh connection after the old one was lost. The mark dies with the connection, so with the
+ * process. The connection is given back with its setting reset and its marks released; when that
+ * fails or times out it is discarded (it could still hold a mark). With a pool of one connection
+ * the mark is held by that connection (confirmed every few seconds, since the pool may replace it).
+ *
  * Part of the SQL driver of the `DeliveryStore` port (DeliveryStoreSql.ts).
  */
 import { SqlClient } from "@effect/sql"
@@ -17,57 +26,138 @@ import type { PgClient } from "@effect/sql-pg"
 import type { Connection } from "@effect/sql/SqlConnection"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Duration, Effect, Exit, Scope } from "effect"
+import { WORKER_ALIVE } from "../platform/LockKeys.js"
+import { endClient } from "../platform/PooledConnection.js"
 
-/** Runs a claim statement on the claim connection (or, with a pool of one, in a transaction). */
-export type OnClaimConnection = <A>(statement: Effect.Effect<A, SqlError, never>) => Effect.Effect<A, SqlError, never>
+/** Runs a claim statement of `workerId` on the claim connection (or, with a pool of one, in a transaction). */
+export type OnClaimConnection = <A>(
+  workerId: string,
+  statement: Effect.Effect<A, SqlError, never>
+) => Effect.Effect<A, SqlError, never>
+
+export interface ClaimConnection {
+  readonly run: OnClaimConnection
+  /**
+   * Takes, or confirms, the liveness mark of `workerId` on the claim connection (one round trip):
+   * true when it holds it; false when another session does (another process whose worker id hashes
+   * alike: this worker then looks alive as long as that one is, and falls back to lease expiry).
+   */
+  readonly holdMark: (workerId: string) => Effect.Effect<boolean, SqlError, never>
+}
+
+/** How long giving the connection back (reset, marks released) may take before it is discarded. */
+const GIVE_BACK_TIMEOUT = Duration.seconds(2)
+
+/** Takes the mark unless this session holds it already (session locks stack; this one never does). */
+const markStatement = (sql: SqlClient.SqlClient, workerId: string) =>
+  sql<{ readonly held: boolean }>`
+    SELECT CASE WHEN EXISTS (
+        SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted AND l.objsubid = 2
+          AND l.classid = ${WORKER_ALIVE}::oid AND l.objid = hashtext(${workerId})::oid
+      ) THEN true ELSE pg_try_advisory_lock(${WORKER_ALIVE}::int, hashtext(${workerId})) END AS held`.pipe(
+    Effect.map((rows) => rows[0]?.held === true)
+  )
 
 /** The claim connection of one store; given back when the store's scope closes. */
 export const makeClaimConnection = (
   sql: SqlClient.SqlClient,
   pg: PgClient.PgClient
-): Effect.Effect<OnClaimConnection, never, Scope.Scope> =>
+): Effect.Effect<ClaimConnection, never, Scope.Scope> =>
   Effect.gen(function*() {
     const claimLock = yield* Effect.makeSemaphore(1)
-    let claimConn: { readonly conn: Connection; readonly scope: Scope.CloseableScope } | undefined
+    let claimConn:
+      | {
+        readonly conn: Connection
+        readonly scope: Scope.CloseableScope
+        /** workers whose mark this connection was asked to take */
+        readonly marks: Set<string>
+      }
+      | undefined
     const releaseClaimConn = Effect.suspend(() => {
       const held = claimConn
       claimConn = undefined
       return held === undefined ? Effect.void : Scope.close(held.scope, Exit.void)
     })
-    yield* Effect.addFinalizer(() => releaseClaimConn)
+    // With a pool of one connection: the workers whose mark was asked for (on that connection).
+    const poolMarks = new Set<string>()
+    yield* Effect.addFinalizer(() =>
+      Effect.zipRight(
+        releaseClaimConn,
+        Effect.forEach(poolMarks, (id) =>
+          sql`SELECT pg_advisory_unlock(${WORKER_ALIVE}::int, hashtext(${id}))`.pipe(
+            Effect.interruptible,
+            Effect.timeoutOption(GIVE_BACK_TIMEOUT),
+            Effect.ignore
+          ), { discard: true })
+      )
+    )
     const claimConnection = Effect.suspend(() => {
       const held = claimConn
-      if (held !== undefined) return Effect.succeed(held.conn)
+      if (held !== undefined) return Effect.succeed(held)
       return Effect.flatMap(Scope.make(), (scope) =>
         Scope.extend(sql.reserve, scope).pipe(
           Effect.tap((conn) =>
             Effect.zipRight(
               conn.executeUnprepared("SET enable_bitmapscan = off", [], undefined),
-              // runs before the pool release added by `reserve` (finalizers run in reverse order)
+              // runs before the pool release added by `reserve` (finalizers run in reverse order);
+              // interruptible, or the timeout could not end a hung statement inside the finalizer
               Scope.addFinalizer(
                 scope,
-                conn.executeUnprepared("RESET enable_bitmapscan", [], undefined).pipe(
-                  Effect.timeout(Duration.seconds(2)),
-                  Effect.ignore
+                Effect.zipRight(
+                  conn.executeUnprepared("RESET enable_bitmapscan", [], undefined),
+                  conn.executeUnprepared("SELECT pg_advisory_unlock_all()", [], undefined)
+                ).pipe(
+                  Effect.interruptible,
+                  Effect.timeoutOption(GIVE_BACK_TIMEOUT),
+                  // not given back in a known state (it may still hold marks): discarded
+                  Effect.matchEffect({
+                    onFailure: () => endClient(conn),
+                    onSuccess: (done) => (done._tag === "Some" ? Effect.void : endClient(conn))
+                  })
                 )
               )
             )
           ),
-          Effect.tap((conn) => Effect.sync(() => (claimConn = { conn, scope }))),
+          Effect.map((conn) => {
+            const fresh = { conn, scope, marks: new Set<string>() }
+            claimConn = fresh
+            return fresh
+          }),
           Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause)))
         ))
     })
     // A pool of one connection cannot give one away for good: there the claim runs in a transaction
     // of its own with `SET LOCAL` (three more round trips per claim, as before the reserved connection).
     const reserveForClaims = (pg.config.maxConnections ?? 10) >= 2
-    const onClaimConnection: OnClaimConnection = <A>(statement: Effect.Effect<A, SqlError, never>) =>
+    const onConn = <A>(
+      use: (
+        held: { readonly conn: Connection; readonly marks: Set<string> }
+      ) => Effect.Effect<A, SqlError, never>
+    ) =>
+      claimLock.withPermits(1)(
+        Effect.flatMap(
+          claimConnection,
+          (held) => Effect.provideService(use(held), SqlClient.TransactionConnection, [held.conn, 0] as const)
+        ).pipe(Effect.onError(() => releaseClaimConn))
+      )
+    const markOnce = (marks: Set<string>, workerId: string) =>
+      marks.has(workerId)
+        ? Effect.void
+        : Effect.tap(markStatement(sql, workerId), () => Effect.sync(() => marks.add(workerId)))
+    const run: OnClaimConnection = <A>(workerId: string, statement: Effect.Effect<A, SqlError, never>) =>
       !reserveForClaims
-        ? sql.withTransaction(Effect.zipRight(sql`SET LOCAL enable_bitmapscan = off`, statement))
-        : claimLock.withPermits(1)(
-          Effect.flatMap(
-            claimConnection,
-            (conn) => Effect.provideService(statement, SqlClient.TransactionConnection, [conn, 0] as const)
-          ).pipe(Effect.onError(() => releaseClaimConn))
+        ? sql.withTransaction(
+          Effect.zipRight(
+            markOnce(poolMarks, workerId),
+            Effect.zipRight(sql`SET LOCAL enable_bitmapscan = off`, statement)
+          )
         )
-    return onClaimConnection
+        : onConn((held) => Effect.zipRight(markOnce(held.marks, workerId), statement))
+    const holdMark = (workerId: string) =>
+      !reserveForClaims
+        ? Effect.tap(markStatement(sql, workerId), () => Effect.sync(() => poolMarks.add(workerId)))
+        : onConn((held) => Effect.tap(markStatement(sql, workerId), () => Effect.sync(() => held.marks.add(workerId))))
+    const shape: ClaimConnection = { run, holdMark }
+    return shape
   })

@@ -11,6 +11,14 @@
  * `status = 'leased' AND lease_token = <mine>` and answers whether it applied: a worker that lost
  * its lease (expired and reclaimed) can never overwrite the row.
  *
+ * Dead workers. Each worker holds a liveness mark in PostgreSQL: a session advisory lock keyed by
+ * its worker id on the store's claim connection (ClaimConnection.ts), taken before its first claim.
+ * `reclaimAbandoned`, run by every worker every {@link RECLAIM_INTERVAL_MS}, expires the leases of
+ * rows whose worker's mark is gone (the process died, so did its connections), so they are claimed
+ * within seconds, not after a whole lease. A live worker that lost its claim connection re-takes the
+ * mark on the next one within the interval; if its rows were taken meanwhile, its settles are
+ * refused (the token is no longer its) and the new holder retries them under the same delivery id.
+ *
  * Per-origin fairness. The claim is told how many more rows of each URL origin the worker may hold
  * (`rooms`; `defaultRoom` for origins it holds none of) and which origins are full (`fullOrigins`,
  * skipped while reading candidates, within a bounded read of `scanMax` rows). Rows over an origin's
@@ -152,6 +160,15 @@ export interface DeliveryStoreShape {
     leaseMs: number,
     options?: ClaimOptions
   ) => Effect.Effect<ClaimResult, StoreError>
+  /**
+   * Holds (takes, or confirms) the liveness mark of `workerId`, then expires the leases of rows
+   * whose worker holds no mark (it is dead: SPEC §4.1), so that they are claimed at once, and
+   * wakes the claims when it freed any. `held`: whether this store holds the worker's mark (false:
+   * another session holds one under the same hash). Run every few seconds by each worker.
+   */
+  readonly reclaimAbandoned: (
+    workerId: string
+  ) => Effect.Effect<{ readonly held: boolean; readonly freed: number }, StoreError>
   /** Extend my lease to now + `leaseMs`; false when the lease is no longer mine. */
   readonly heartbeat: (deliveryId: string, token: string, leaseMs: number) => Effect.Effect<boolean, StoreError>
   /** `heartbeat` for many rows in one statement; answers the tokens whose lease was extended. */
@@ -230,6 +247,12 @@ export const COUNT_CAP = 1_000_001
 export const COUNTS_TTL_MS = 5_000
 /** The counts statement is abandoned after this long (its query is cancelled). */
 export const COUNTS_TIMEOUT = Duration.millis(2_500)
+/** Rows whose lease one reclaim statement expires at most. */
+export const RECLAIM_MAX = 5_000
+/** The bound on one reclaim statement (it runs every {@link RECLAIM_INTERVAL_MS}). */
+export const RECLAIM_TIMEOUT = Duration.seconds(5)
+/** How often a worker confirms its liveness mark and reclaims the rows of dead workers. */
+export const RECLAIM_INTERVAL_MS = 2_000
 /** Every statement of this store is abandoned after this long. */
 export const STATEMENT_TIMEOUT = Duration.seconds(15)
 

@@ -1,7 +1,7 @@
 /**
  * The PostgreSQL driver of the `DeliveryStore` port (see DeliveryStore.ts for the leases, the
  * per-origin fairness and the settling it implements): its statements, each a module-level
- * function of the `SqlClient`, and `makeSql`, which holds the claim connection
+ * function of the `SqlClient` (the lease statements in LeaseSql.ts), and `makeSql`, which holds the claim connection
  * (ClaimConnection.ts) and the settle batcher (SettleBatcher.ts). Reached
  * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
  * limits only when it runs.
@@ -38,6 +38,7 @@ import {
   type SubscriptionKey,
   type SubscriptionSnapshot
 } from "./DeliveryStore.js"
+import { heartbeatManyStatement, heartbeatStatement, reclaimStatement } from "./LeaseSql.js"
 import { makeSettleBatcher } from "./SettleBatcher.js"
 
 const boundExcerpt = (s: string | undefined): string | null => {
@@ -313,62 +314,6 @@ const claimResult = (dbRows: ReadonlyArray<ClaimDbRow>, p: ClaimPlan): ClaimResu
 }
 
 // ---------------------------------------------------------------------------------------------
-// Heartbeat
-
-// The heartbeat never waits for a row lock: it renews the rows it can lock at once (`SKIP LOCKED`)
-// and reports the others by reading them (a row locked right now by this worker's settle, or by a
-// claim taking over an expired lease, still shows its committed state: leased with our token, so
-// it counts as held this round; a lease really taken over shows another token next round). With
-// no statement of a worker waiting on another, a settle batch and the heartbeat cannot deadlock
-// (they did, 40P01, when both locked the shared rows in the order their joins produced), and the
-// settle needs no separate ordered lock of its rows (a measurable share of PostgreSQL's time per
-// delivery; figures in docs/benchmarks.md).
-const heartbeatManyStatement = (
-  sql: SqlClient.SqlClient,
-  leases: ReadonlyArray<{ readonly deliveryId: string; readonly token: string }>,
-  leaseMs: number
-): Effect.Effect<ReadonlySet<string>, StoreError> =>
-  leases.length === 0
-    ? Effect.succeed(new Set<string>())
-    : sql<{ lease_token: string }>`
-          WITH v AS (
-            SELECT * FROM unnest(${leases.map((l) => l.deliveryId)}::text[], ${leases.map((l) => l.token)}::text[])
-              AS v(delivery_id, token)
-          ),
-          lk AS (
-            SELECT o.delivery_id FROM outbox o JOIN v ON v.delivery_id = o.delivery_id
-            WHERE o.status = 'leased' AND o.lease_token = v.token
-            FOR UPDATE OF o SKIP LOCKED
-          ),
-          upd AS (
-            UPDATE outbox o SET leased_until = now() + ${
-      clampInt(leaseMs, 1, 24 * 3_600_000)
-    }::int * interval '1 millisecond',
-              updated_at = now()
-            FROM lk WHERE o.delivery_id = lk.delivery_id
-            RETURNING o.lease_token
-          ),
-          busy AS (
-            SELECT o.lease_token FROM outbox o JOIN v ON v.delivery_id = o.delivery_id
-            WHERE o.status = 'leased' AND o.lease_token = v.token
-              AND o.delivery_id NOT IN (SELECT delivery_id FROM lk)
-          )
-          SELECT lease_token FROM upd UNION ALL SELECT lease_token FROM busy`.pipe(
-      Effect.map((rows): ReadonlySet<string> => new Set(rows.map((r) => r.lease_token))),
-      op("delivery.heartbeatMany")
-    )
-
-const heartbeatStatement = (sql: SqlClient.SqlClient, deliveryId: string, token: string, leaseMs: number) =>
-  sql<{ delivery_id: string }>`
-      UPDATE outbox SET leased_until = now() + ${clampInt(leaseMs, 1, 24 * 3_600_000)}::int * interval '1 millisecond',
-        updated_at = now()
-      WHERE delivery_id = ${deliveryId} AND status = 'leased' AND lease_token = ${token}
-      RETURNING delivery_id`.pipe(
-    Effect.map((rows) => rows.length > 0),
-    op("delivery.heartbeat")
-  )
-
-// ---------------------------------------------------------------------------------------------
 // Settle
 
 /**
@@ -554,18 +499,26 @@ export const makeSql: Effect.Effect<
   const sql = yield* SqlClient.SqlClient
   const pg = yield* PgClient.PgClient
   const f = fragments(sql)
-  const onClaimConnection = yield* makeClaimConnection(sql, pg)
+  const claimConnection = yield* makeClaimConnection(sql, pg)
   const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) => settleStatement(sql, items))
 
   const store: DeliveryStoreShape = {
     claim: (workerId, limit, leaseMs, options = {}) => {
       const p = claimPlan(workerId, limit, leaseMs, options)
       if (p === undefined) return Effect.succeed({ rows: [], moreDue: false })
-      return onClaimConnection(claimStatement(sql, f, p)).pipe(
+      return claimConnection.run(workerId, claimStatement(sql, f, p)).pipe(
         Effect.map((dbRows) => claimResult(dbRows, p)),
         op("delivery.claim")
       )
     },
+    reclaimAbandoned: (workerId) =>
+      Effect.gen(function*() {
+        const held = yield* claimConnection.holdMark(workerId).pipe(op("delivery.mark"))
+        const freed = yield* reclaimStatement(sql, workerId)
+        // the freed rows are due now: every worker's claim loop is woken (as by an enqueue)
+        if (freed > 0) yield* notifyStatement(sql).pipe(op("delivery.notify"))
+        return { held, freed }
+      }),
     subscriptions: (keys) => subscriptionsStatement(sql, f, keys),
     heartbeat: (deliveryId, token, leaseMs) => heartbeatStatement(sql, deliveryId, token, leaseMs),
     heartbeatMany: (leases, leaseMs) => heartbeatManyStatement(sql, leases, leaseMs),

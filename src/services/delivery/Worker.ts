@@ -1,14 +1,19 @@
 /**
- * The delivery worker's loops (SPEC §4.1, §6.3): the claim loop, LISTEN, stop, and what it reports
- * (stats and the `delivery` health section, whose backlog counts are cached: CountsCache.ts).
+ * The delivery worker's loops (SPEC §4.1, §6.3): the claim loop, LISTEN, the reclaim loop, stop,
+ * and what it reports (stats and the `delivery` health section, whose backlog counts are cached:
+ * CountsCache.ts).
  *
  * Claiming. One loop fiber claims rows in batches. It wakes on `LISTEN firehook_outbox`, on a poll
  * timer (fallback), at once again after a full batch, and when an attempt finishes while more rows
  * were left due. It only claims as many rows as it can hold (see Admission).
  *
+ * Reclaim. Every 2 s the worker confirms its liveness mark and frees the rows of workers whose mark
+ * is gone (dead processes), so they are claimed within seconds (see DeliveryStore).
+ *
  * Shutdown: stop claiming, hand rows that have not started back at once, wait up to the grace
  * period for running attempts; then (or when the shutdown deadline interrupts it) interrupt them
- * (their rows stay leased until the lease expires and another worker reclaims them).
+ * (their rows stay leased until the lease expires, or until this process's liveness mark is gone
+ * with its connections, and another worker reclaims them).
  *
  * @since 0.1.0
  */
@@ -18,9 +23,9 @@ import { exponential } from "../platform/Backoff.js"
 import { type HealthSection, statsSection } from "../platform/Health.js"
 import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
 import * as CountsCache from "./CountsCache.js"
-import { STATEMENT_TIMEOUT } from "./DeliveryStore.js"
+import { RECLAIM_INTERVAL_MS, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
 import { heartbeatLoop } from "./Leases.js"
-import { logStoreError } from "./Telemetry.js"
+import { logRecurring, logStoreError } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
 /** Poll fallback when no notification arrives. */
@@ -105,6 +110,29 @@ export const claimLoop = (env: WorkerEnv) =>
   })
 
 // ---------------------------------------------------------------------------------------------
+// Liveness and reclaim (SPEC §4.1)
+
+/**
+ * At start and every {@link RECLAIM_INTERVAL_MS}: hold this worker's liveness mark (re-taken on a
+ * new claim connection after the old one was lost) and free the rows of workers whose mark is gone,
+ * so that rows of a dead process are claimed within seconds instead of after their lease.
+ */
+export const reclaimLoop = (env: WorkerEnv) =>
+  Effect.forever(
+    Effect.zipRight(
+      env.store.reclaimAbandoned(env.workerId).pipe(
+        Effect.flatMap(({ held }) =>
+          held
+            ? Effect.void
+            : logRecurring(env, "mark_not_held", "delivery liveness mark held elsewhere; leases only", {})
+        ),
+        Effect.catchAll((e) => logStoreError(env, e))
+      ),
+      Effect.sleep(Duration.millis(RECLAIM_INTERVAL_MS))
+    )
+  )
+
+// ---------------------------------------------------------------------------------------------
 // LISTEN
 
 const onNotification = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
@@ -165,6 +193,7 @@ export const start = (
     const stopped = yield* Deferred.make<void>()
     const loopFiber = yield* Effect.forkScoped(claimLoop(env))
     yield* Effect.forkScoped(heartbeatLoop(env))
+    yield* Effect.forkScoped(reclaimLoop(env))
     const listenFiber = options.listen ? yield* Effect.forkScoped(listenLoop(env, options.listened)) : undefined
     // runs first when the scope closes (before the fibers above are interrupted): nothing new
     // starts, and rows that have not started are handed back

@@ -2,13 +2,54 @@
  * Singleton roles across replicas (SPEC §6.4): a role is held by the replica that holds a
  * PostgreSQL session advisory lock on a dedicated (reserved) connection. Standbys retry every few
  * seconds; the leader pings its connection and gives the role up when the connection fails (its
- * lock is gone with it), so a standby takes over within seconds of the leader's death.
+ * lock is gone with it), so a standby takes over within seconds of the leader's death. A lock
+ * whose unlock fails or times out dies with its connection, which is discarded
+ * ({@link unlockOrDiscard}), never given back to the pool holding the lock.
  */
 import { SqlClient } from "@effect/sql"
-import { Duration, Effect, Exit, Fiber, Ref, Schedule, Scope } from "effect"
+import type { Connection } from "@effect/sql/SqlConnection"
+import { Duration, Effect, Exit, Fiber, Option, Ref, Schedule, Scope } from "effect"
 import { codeOf } from "./Persistence.js"
+import { endClient } from "./PooledConnection.js"
 
 export type Role = "leader" | "standby"
+
+/** How long an unlock, and each step of discarding a connection, may take. */
+const UNLOCK_TIMEOUT = Duration.seconds(2)
+
+/**
+ * Gives the session lock `key` back on `conn`, bounded. When that fails or times out, the
+ * connection may still hold the lock: it is discarded (SPEC §6.4), never returned to the pool
+ * holding it (no replica could lead again): its client is ended, and the server session that holds
+ * the lock (`pid`, when known) is terminated from another connection.
+ */
+export const unlockOrDiscard = (
+  sql: SqlClient.SqlClient,
+  conn: Connection,
+  key: number,
+  pid: number | undefined
+): Effect.Effect<void> => {
+  const terminate = pid === undefined ? Effect.void : sql`
+        SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.pid = ${pid} AND l.granted AND l.objsubid = 1
+          AND l.classid = (${key}::bigint >> 32)::oid AND l.objid = (${key}::bigint & 4294967295)::oid
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`.pipe(
+    Effect.interruptible,
+    Effect.timeoutOption(UNLOCK_TIMEOUT),
+    Effect.ignore
+  )
+  const discard = Effect.zipRight(endClient(conn), terminate)
+  // interruptible: this runs in finalizers (uninterruptible), where a timeout could not end a hung query
+  return conn.executeValues("SELECT pg_advisory_unlock($1)", [key]).pipe(
+    Effect.interruptible,
+    Effect.timeoutOption(UNLOCK_TIMEOUT),
+    Effect.matchEffect({
+      onFailure: () => discard,
+      // answered (true, or false when the lock was never taken): the session holds it no more
+      onSuccess: (done) => (Option.isSome(done) ? Effect.void : discard)
+    })
+  )
+}
 
 /** How long one election may wait for a connection and for its lock query. */
 const ELECTION_TIMEOUT = Duration.seconds(10)
@@ -93,27 +134,21 @@ export const runAsLeader = <E, R>(
         )
         if (events.attempt !== undefined) yield* events.attempt
         const rows = yield* conn
-          .executeValues("SELECT pg_try_advisory_lock($1)", [options.key])
+          .executeValues("SELECT pg_try_advisory_lock($1), pg_backend_pid()", [options.key])
           .pipe(
             Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }),
             // the lock may have been taken on the server after we stopped waiting: release it on
             // this connection (queued behind the lock query) before the connection goes back to
-            // the pool, or it would hold the role for nobody
-            Effect.tapError(() =>
-              conn.executeValues("SELECT pg_advisory_unlock($1)", [options.key]).pipe(
-                Effect.timeoutOption("2 seconds"),
-                Effect.ignore
-              )
-            )
+            // the pool, or it would hold the role for nobody (and when that fails too, the
+            // connection is discarded)
+            Effect.tapError(() => unlockOrDiscard(sql, conn, options.key, undefined))
           )
         const ok = rows[0]?.[0] === true
         if (!ok) return false
+        const pid = Number(rows[0]?.[1])
         yield* Scope.addFinalizer(
           scope,
-          conn.executeValues("SELECT pg_advisory_unlock($1)", [options.key]).pipe(
-            Effect.timeoutOption("2 seconds"),
-            Effect.ignore
-          )
+          unlockOrDiscard(sql, conn, options.key, Number.isFinite(pid) ? pid : undefined)
         )
         yield* Ref.set(role, "leader")
         yield* acquiredEvent

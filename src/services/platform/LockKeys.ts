@@ -14,3 +14,10 @@ export const INTAKE = 7_231_002
 export const MAINTENANCE = 7_231_003
 /** Transaction lock: the reconciliation capacity check (`ReconcileStore`). */
 export const RECONCILE = 7_231_004
+/**
+ * Session lock namespace (the first key of the two-key form): the liveness mark of a delivery
+ * worker, `pg_try_advisory_lock(WORKER_ALIVE, hashtext(workerId))`, held on its claim connection
+ * for its lifetime (`DeliveryStore`, SPEC §4.1). Two-key locks never collide with the one-key
+ * locks above (PostgreSQL tells them apart by `objsubid`).
+ */
+export const WORKER_ALIVE = 7_231_005

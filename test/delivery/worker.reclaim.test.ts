@@ -1,0 +1,151 @@
+/**
+ * Rows of a dead worker (SPEC §4.1): each worker holds a liveness mark in PostgreSQL (a session
+ * advisory lock on its claim connection); rows leased by a worker whose mark is gone are claimable
+ * within 5 s, not after their whole lease. A live worker that lost its mark connection takes the
+ * mark again.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it } from "@effect/vitest"
+import { Clock, Duration, Effect, Exit, FiberId, Layer, type Redacted, Scope } from "effect"
+import { layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
+import * as Outbox from "../../src/services/matching/Outbox.js"
+import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
+import * as ProcessorModule from "../../src/services/matching/Processor.js"
+import * as Config from "../../src/services/platform/Config.js"
+import * as Database from "../../src/services/platform/Database.js"
+import { WORKER_ALIVE } from "../../src/services/platform/LockKeys.js"
+import { Tx } from "../../src/services/platform/Persistence.js"
+import * as Registry from "../../src/services/registry/Registry.js"
+import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
+import * as Db from "../support/db.js"
+import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
+import { countWhere, eventually, receiver, type Reply, run, startWorkerOn } from "./worker-support.js"
+
+const BOB = plc(2)
+const POST = "app.bsky.feed.post"
+const ROWS = 5
+
+/** The matching pipeline on the database at `url` (the "intake" side of the test). */
+const stackOn = (url: Redacted.Redacted<string>, config: Config.FirehookConfigShape) =>
+  ProcessorModule.layer().pipe(
+    Layer.provideMerge(Registry.layer),
+    Layer.provideMerge(
+      Layer.mergeAll(RegistryStore.layerSql, PriorRefsStore.layerSql, Outbox.layerSql, Tx.layerSql, deliveryStoreSql)
+    ),
+    Layer.provideMerge(Layer.mergeAll(Database.layerUrl(url), Config.layerValue(config)))
+  )
+
+const onFreshDatabase = <A, E>(
+  config: Config.FirehookConfigShape,
+  eff: (
+    url: Redacted.Redacted<string>
+  ) => Effect.Effect<A, E, Layer.Layer.Success<ReturnType<typeof stackOn>> | Scope.Scope>
+) => Effect.flatMap(Db.freshDatabase, ({ url }) => Effect.provide(Effect.scoped(eff(url)), stackOn(url, config)))
+
+/** The first request of each delivery hangs; later ones succeed. */
+const firstHangs = () => {
+  const seen = new Set<string>()
+  return (_: string, req: { readonly headers: Record<string, unknown> }): Reply => {
+    const id = String(req.headers["webhook-id"])
+    if (seen.has(id)) return { status: 200 }
+    seen.add(id)
+    return "hang"
+  }
+}
+
+/** Backends of this database holding the liveness mark of `workerId`. */
+const markHolders = (workerId: string) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql<{ pid: number }>`
+      SELECT l.pid FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = ${WORKER_ALIVE}::oid
+        AND l.objid = hashtext(${workerId})::oid
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`).pipe(
+      Effect.map((rows) => rows.map((r) => Number(r.pid))),
+      Effect.orDie
+    )
+
+const leasedBy = (prefix: string) => countWhere("outbox", `status = 'leased' AND lease_token LIKE '${prefix}:%'`)
+
+describe("rows of a dead worker", () => {
+  // lease = max(60 s, timeout + 5 s) = 60 s: without the liveness mark, the rows would wait a minute
+  const config = testConfig({
+    WEBHOOK_ALLOW_INSECURE_DEV: "1",
+    DELIVERY_PER_ORIGIN_CONCURRENCY: "8",
+    DELIVERY_TIMEOUT_MS: "30000",
+    DELIVERY_RETRY_BASE_MS: "100"
+  })
+
+  it.scopedLive(
+    "a crashed worker's leased rows are delivered by another worker within 5 s (its lease is a minute)",
+    () =>
+      onFreshDatabase(config, (url) =>
+        Effect.gen(function*() {
+          const rx = yield* receiver({ reply: firstHangs() })
+          yield* run([
+            whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secret: "s3cr3t-for-reclaim" }), {
+              rev: rev(1)
+            })
+          ])
+          yield* run(Array.from({ length: ROWS }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
+
+          const scopeA = yield* Scope.make()
+          yield* startWorkerOn(url, config, { options: { workerId: "host:1:worker-a", pollIntervalMs: 100 } }, scopeA)
+          yield* eventually("A's hanging requests", Effect.sync(() => rx.received.length), (n) => n === ROWS)
+          expect(yield* leasedBy("host:1:worker-a")).toBe(ROWS)
+
+          // B runs alongside: while A lives (its mark held), A's rows stay A's
+          const scopeB = yield* Effect.scope
+          yield* startWorkerOn(url, config, { options: { workerId: "host:2:worker-b", pollIntervalMs: 100 } }, scopeB)
+          const watchUntil = (yield* Clock.currentTimeMillis) + 2_500
+          while ((yield* Clock.currentTimeMillis) < watchUntil) {
+            expect(yield* leasedBy("host:1:worker-a")).toBe(ROWS)
+            yield* Effect.sleep(Duration.millis(100))
+          }
+          expect(rx.received.length).toBe(ROWS)
+
+          // A dies (its pool closes with it, nothing is handed back, nothing settled)
+          yield* Scope.close(scopeA, Exit.interrupt(FiberId.none))
+          expect(yield* leasedBy("host:1:worker-a")).toBe(ROWS)
+          const diedAt = yield* Clock.currentTimeMillis
+          yield* eventually("delivered by B", countWhere("outbox", "status = 'delivered'"), (n) => n === ROWS, 5_000)
+          const took = (yield* Clock.currentTimeMillis) - diedAt
+          expect(took).toBeLessThan(5_000)
+          expect(rx.received.length).toBe(2 * ROWS)
+          // the reclaim spent no attempt: each row was delivered by its first recorded attempt
+          expect(yield* countWhere("outbox", "attempt_count = 1 AND last_http_status = 200")).toBe(ROWS)
+        })),
+    60_000
+  )
+
+  it.scopedLive(
+    "a live worker whose mark connection was terminated takes its mark again, and keeps its rows",
+    () =>
+      onFreshDatabase(config, (url) =>
+        Effect.gen(function*() {
+          const rx = yield* receiver({ reply: () => "hang" })
+          yield* run([
+            whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secret: "s3cr3t-for-reclaim" }), {
+              rev: rev(1)
+            })
+          ])
+          yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+          const scope = yield* Effect.scope
+          yield* startWorkerOn(url, config, { options: { workerId: "worker-a", pollIntervalMs: 100 } }, scope)
+          yield* eventually("A's hanging request", Effect.sync(() => rx.received.length), (n) => n === 1)
+          const [pid] = yield* markHolders("worker-a")
+          expect(pid).toBeDefined()
+          const sql = yield* SqlClient.SqlClient
+          yield* sql`SELECT pg_terminate_backend(${pid ?? 0})`.pipe(Effect.orDie)
+          const again = yield* eventually(
+            "the mark taken again",
+            markHolders("worker-a"),
+            (pids) => pids.length === 1 && pids[0] !== pid,
+            5_000
+          )
+          expect(again.length).toBe(1)
+          expect(yield* leasedBy("worker-a")).toBe(1)
+        })),
+    60_000
+  )
+})

@@ -1,0 +1,88 @@
+/**
+ * Leadership on real PostgreSQL (SPEC §6.4): a leader whose ping and then unlock both time out
+ * must not give its connection back to the pool still holding the advisory lock (no replica could
+ * lead again); it discards the connection, so the lock dies with it and another replica takes it.
+ */
+import { SqlClient } from "@effect/sql"
+import type { Connection } from "@effect/sql/SqlConnection"
+import { describe, expect, it } from "@effect/vitest"
+import { Clock, Deferred, Duration, Effect, Fiber, Redacted, Ref } from "effect"
+import pg from "pg"
+import * as Database from "../../src/services/platform/Database.js"
+import { type Role, runAsLeader } from "../../src/services/platform/Leader.js"
+import * as Db from "../support/db.js"
+
+const KEY = 7_239_901
+
+/** The real client, except that `executeValues` hangs on every connection it reserved once `hang` is set. */
+const hangingClient = (real: SqlClient.SqlClient, hang: Ref.Ref<boolean>): SqlClient.SqlClient => {
+  const wrap = (conn: Connection): Connection =>
+    new Proxy(conn, {
+      get: (target, p) =>
+        p === "executeValues"
+          ? (sql: string, params: ReadonlyArray<unknown>) =>
+            Effect.flatMap(Ref.get(hang), (h) => (h ? Effect.never : target.executeValues(sql, params)))
+          : Reflect.get(target, p)
+    })
+  const reserve = Effect.map(real.reserve, wrap)
+  return new Proxy(real, { get: (target, p) => (p === "reserve" ? reserve : Reflect.get(target, p)) })
+}
+
+/** Whether a session of its own (another "replica") can take the lock right now (and gives it back). */
+const otherReplicaTakes = (url: string) =>
+  Effect.promise(async () => {
+    const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 10_000 })
+    await client.connect()
+    try {
+      const r = await client.query<{ ok: boolean }>("SELECT pg_try_advisory_lock($1) AS ok", [KEY])
+      return r.rows[0]?.ok === true
+    } finally {
+      await client.end()
+    }
+  })
+
+describe("leader on PostgreSQL", () => {
+  it.scopedLive(
+    "a leader whose ping and unlock time out discards its connection: another replica can lead",
+    () =>
+      Effect.flatMap(Db.freshDatabase, ({ url }) =>
+        Effect.gen(function*() {
+          const real = yield* SqlClient.SqlClient
+          const hang = yield* Ref.make(false)
+          const role = yield* Ref.make<Role>("standby")
+          const acquired = yield* Deferred.make<void>()
+          const ended = yield* Deferred.make<void>()
+          const leader = yield* runAsLeader(
+            {
+              key: KEY,
+              name: "test",
+              pingInterval: Duration.millis(100),
+              pingTimeout: Duration.millis(200),
+              retryInterval: Duration.seconds(60),
+              events: {
+                acquired: Deferred.succeed(acquired, undefined).pipe(Effect.asVoid),
+                ended: Deferred.succeed(ended, undefined).pipe(Effect.asVoid)
+              }
+            },
+            role,
+            Effect.never
+          ).pipe(Effect.provideService(SqlClient.SqlClient, hangingClient(real, hang)), Effect.forkScoped)
+          yield* Deferred.await(acquired)
+          expect(yield* otherReplicaTakes(Redacted.value(url))).toBe(false)
+          // the lock's connection stops answering: the ping times out, then the unlock does
+          yield* Ref.set(hang, true)
+          yield* Deferred.await(ended)
+          expect(yield* Ref.get(role)).toBe("standby")
+          // this replica is a standby now (its retry is a minute away); another replica can lead
+          const deadline = (yield* Clock.currentTimeMillis) + 5_000
+          let taken = false
+          while (!taken && (yield* Clock.currentTimeMillis) < deadline) {
+            taken = yield* otherReplicaTakes(Redacted.value(url))
+            if (!taken) yield* Effect.sleep(Duration.millis(50))
+          }
+          expect(taken).toBe(true)
+          yield* Fiber.interrupt(leader)
+        }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
+    30_000
+  )
+})
