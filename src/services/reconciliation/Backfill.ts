@@ -9,6 +9,10 @@
  * - A sweep visits the owners in ascending DID order in keyset pages of 50; each pass handles at most
  *   1,000 owners, and after every page the continuation (the page's last DID) is stored in
  *   `backfill_state`, so a crash replays at most one page and a capped pass is continued by the next.
+ * - Replicas share the continuation (SPEC §6.4): it only moves forward (an older one is not stored),
+ *   and after each page the pass re-reads it and goes on from a newer one another replica stored, so
+ *   it does not scan the owners that replica already scanned; when another replica finished the sweep
+ *   (or started a new one) the pass ends as completed.
  * - Owners of a page are reconciled with bounded concurrency (`BACKFILL_CONCURRENCY`, 1–4). An
  *   owner failure is counted and the pass goes on. An owner refused for capacity (≥ 8 others
  *   scanning) is retried a few times, then marked failed (`busy`) for the RetryScheduler.
@@ -99,6 +103,9 @@ export const DEFAULT_MAX_OWNERS_PER_PASS = ReconciliationConfig.backfill.passMax
 export const DEFAULT_INFRA_RETRY_BASE = Duration.millis(ReconciliationConfig.backfill.retryBaseMs.default)
 export const DEFAULT_INFRA_RETRY_MAX = Duration.millis(ReconciliationConfig.backfill.retryMaxMs.default)
 
+/** The same sweep: its `pass_started_at` did not change (another replica did not start a new one). */
+const sameStart = (a: Date | undefined, b: Date | undefined) => a?.getTime() === b?.getTime()
+
 export const make = (options: BackfillOptions = {}) =>
   Effect.gen(function*() {
     const config = yield* FirehookConfig
@@ -186,9 +193,11 @@ export const make = (options: BackfillOptions = {}) =>
       const stored = yield* store.passState(INITIAL_PASS)
       let after: string | undefined
       let done: number
+      let startedAt: Date | undefined
       if (stored === undefined || stored.startedAt === undefined || stored.completedAt !== undefined) {
         // a new sweep: record the operator's owners and the relay's, then start from the beginning
         yield* store.startPass(INITIAL_PASS)
+        startedAt = (yield* store.passState(INITIAL_PASS))?.startedAt
         yield* store.addOwners(config.backfill.owners, "operator")
         yield* discover
         after = undefined
@@ -196,6 +205,7 @@ export const make = (options: BackfillOptions = {}) =>
       } else {
         after = stored.continuation
         done = stored.ownersDone
+        startedAt = stored.startedAt
       }
       let owners = 0
       let failed = 0
@@ -208,7 +218,19 @@ export const make = (options: BackfillOptions = {}) =>
           owners += dids.length
           done += dids.length
           after = dids[dids.length - 1]
-          if (after !== undefined) yield* store.savePass(INITIAL_PASS, after, done)
+          if (after !== undefined) {
+            yield* store.savePass(INITIAL_PASS, after, done)
+            // another replica's pass may be further on (or have finished the sweep): go on from there
+            const now = yield* store.passState(INITIAL_PASS)
+            if (now !== undefined && (now.completedAt !== undefined || !sameStart(now.startedAt, startedAt))) {
+              yield* Metric.increment(Metrics.backfillPasses({ result: "completed" }))
+              return { owners, failed, completed: true }
+            }
+            if (now?.continuation !== undefined && now.continuation > after) {
+              after = now.continuation
+              done = now.ownersDone
+            }
+          }
         }
         if (dids.length < limit) {
           yield* store.completePass(INITIAL_PASS, done)

@@ -148,6 +148,10 @@ export interface ReconcileStoreShape {
   readonly passState: (pass: string) => Effect.Effect<PassState | undefined, StoreError>
   /** Start a new pass: no continuation, nothing done. */
   readonly startPass: (pass: string) => Effect.Effect<void, StoreError>
+  /**
+   * Store the continuation of a running pass. Fenced (SPEC §6.4): only forward (a continuation not
+   * greater than the stored one is ignored) and never into a completed pass; the caller re-reads.
+   */
   readonly savePass: (pass: string, continuation: string, ownersDone: number) => Effect.Effect<void, StoreError>
   readonly completePass: (pass: string, ownersDone: number) => Effect.Effect<void, StoreError>
   /**

@@ -459,7 +459,11 @@ export const makeSql = Effect.gen(function*() {
     savePass: (pass, continuation, ownersDone) =>
       sql`
         UPDATE backfill_state SET continuation_did = ${continuation}, owners_done = ${ownersDone}, updated_at = now()
-        WHERE pass = ${pass}`.pipe(Effect.asVoid, storeOp("reconcile.savePass")),
+        WHERE pass = ${pass} AND pass_completed_at IS NULL
+          AND (continuation_did IS NULL OR continuation_did < ${continuation})`.pipe(
+        Effect.asVoid,
+        storeOp("reconcile.savePass")
+      ),
 
     completePass: (pass, ownersDone) =>
       sql`
