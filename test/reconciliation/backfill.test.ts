@@ -13,20 +13,15 @@ import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Backfill from "../../src/services/reconciliation/Backfill.js"
 import { type ReconcileOutcome, Reconciler } from "../../src/services/reconciliation/Reconciler.js"
-import {
-  INITIAL_PASS,
-  ReconcileStore,
-  type ReconcileStoreShape
-} from "../../src/services/reconciliation/ReconcileStore.js"
+import { INITIAL_PASS, ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
 import * as ReconcileStoreMod from "../../src/services/reconciliation/ReconcileStore.js"
 import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import * as Db from "../support/db.js"
 import { didDoc, fakeServer } from "../support/fakeAtproto.js"
-import { Fakes, reconcileStack, waitFor } from "../support/reconcile.js"
+import { downableStore, Fakes, reconcileStack, waitFor } from "../support/reconcile.js"
 import { plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -64,34 +59,7 @@ const fakeReconciler = (recon: Recon) =>
 
 /** The PostgreSQL store, failing every call with a StoreError while `down.value` is true. */
 const downable = (down: { value: boolean }) =>
-  Layer.effect(
-    ReconcileStore,
-    Effect.map(ReconcileStoreMod.makeSql, (real): ReconcileStoreShape => {
-      const g = <A>(eff: Effect.Effect<A, StoreError>): Effect.Effect<A, StoreError> =>
-        Effect.suspend(() => (down.value ? Effect.fail(new StoreError({ op: "test", code: "57P01" })) : eff))
-      return {
-        begin: (did, o) => g(real.begin(did, o)),
-        applyPage: (did, t, r, rows) => g(real.applyPage(did, t, r, rows)),
-        deleteOlder: (did, t, r, l) => g(real.deleteOlder(did, t, r, l)),
-        pruneTombstones: (did, t, r, ms, l) => g(real.pruneTombstones(did, t, r, ms, l)),
-        complete: (did, t, r, e) => g(real.complete(did, t, r, e)),
-        withOwnerLock: (did, e) => g(real.withOwnerLock(did, e)),
-        markFailed: (did, t, k) => g(real.markFailed(did, t, k)),
-        markFailedIdle: (did, k) => g(real.markFailedIdle(did, k)),
-        ownerState: (did) => g(real.ownerState(did)),
-        addOwners: (dids, s) => g(real.addOwners(dids, s)),
-        ownersPage: (after, limit) => g(real.ownersPage(after, limit)),
-        passState: (p) => g(real.passState(p)),
-        startPass: (p) => g(real.startPass(p)),
-        savePass: (p, c, n) => g(real.savePass(p, c, n)),
-        completePass: (p, n) => g(real.completePass(p, n)),
-        retryCandidates: (o) => g(real.retryCandidates(o)),
-        completedCursor: (m) => g(real.completedCursor(m)),
-        completedSince: (c, l) => g(real.completedSince(c, l)),
-        summary: (l) => g(real.summary(l))
-      }
-    })
-  )
+  Layer.effect(ReconcileStore, Effect.map(ReconcileStoreMod.makeSql, (real) => downableStore(real, down)))
 
 const FAST: Backfill.BackfillOptions = {
   repassInterval: null,
