@@ -44,7 +44,9 @@ export const labelledCounterFamily = (
 ) => {
   const cache = new Map<string, Metric.Metric.Counter<number>>()
   return (labels: Readonly<Record<string, string>>): Metric.Metric.Counter<number> => {
-    const key = Object.values(labels).join("\u0000")
+    // called per update on hot paths (every delivery attempt): a key without an intermediate array
+    let key = ""
+    for (const k in labels) key += `${labels[k]}\u0000`
     let counter = cache.get(key)
     if (counter === undefined) {
       counter = labelledCounter(name, options, labels)
