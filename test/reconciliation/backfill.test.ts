@@ -186,7 +186,7 @@ describe("Backfill passes", () => {
         yield* Effect.flatMap(RegistryStore.RegistryStore, (s) =>
           Effect.zipRight(
             s.upsert(toRow(stored ?? "", "w", v.right.record, v.right.scope, rev(1), 1, undefined, true)),
-            s.bumpGeneration(streamed ?? "")
+            s.bumpGeneration(streamed ?? "", rev(1))
           ))
         yield* Effect.flatMap(store, (s) => s.addOwners([cli ?? ""], "operator"))
         // an owner row that came from nowhere listed (e.g. a scan) is not a known owner

@@ -392,16 +392,22 @@ describe("Reconciler", () => {
           expect(tombstone?.rev).toBe(rev(150))
         }))
 
-      it.effect("a live delete during the scan is not resurrected even when the snapshot's rev is newer (TID fallback)", () =>
+      it.effect("with the TID fallback, a live delete during the scan is fenced by the snapshot's rev; a newer one is not resurrected", () =>
         Effect.gen(function*() {
           const did = plc(205)
           yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
-          // no getLatestCommit: the snapshot's rev is a TID of now, newer than the delete's rev
+          // no getLatestCommit: the snapshot's rev is a TID of the scan's start
           yield* setup(did, [{ rkey: "w", value: hook() }])
           const release = yield* holdPds(did)
           const fiber = yield* Effect.fork(reconcile(did))
           yield* scanning(did)
-          yield* live([whEv(did, "w", undefined, { operation: "delete", rev: rev(150) })])
+          // not newer than the snapshot's rev: ignored (SPEC §3.4; issue 14 item 4 changed this)
+          const older = yield* live([whEv(did, "w", undefined, { operation: "delete", rev: rev(150) })])
+          expect(older.outcomes[0]).toMatchObject({ registry: { _tag: "stale" } })
+          // newer than the snapshot's rev (ahead of the scan's start): applied, and the snapshot,
+          // which still lists w, does not bring it back
+          const newer = tidFromMicros((Date.now() + 60_000) * 1000)
+          yield* live([whEv(did, "w", undefined, { operation: "delete", rev: newer })])
           release()
           expect((yield* Fiber.join(fiber))._tag).toBe("complete")
           expect(yield* storedRkeys(did)).toEqual([])

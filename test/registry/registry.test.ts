@@ -1,8 +1,10 @@
 /**
- * Registry load at startup (SPEC §2.5, §2.6) and the per-owner swap used by reconciliation.
+ * Registry load at startup (SPEC §2.5, §2.6), the per-owner swap used by reconciliation, and the
+ * snapshot-rev fence of live writes on the memory store (SPEC §3.4; the PostgreSQL store's is in
+ * test/reconciliation/snapshot-fence.test.ts).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Layer } from "effect"
+import { Effect, Either, Layer, Ref } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
@@ -10,7 +12,7 @@ import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryMod from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
-import { plc, rev, testConfig, whRecordValue } from "../support/stack.js"
+import { plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
@@ -147,4 +149,47 @@ describe("admission: the direct-DIDs limit is Jetstream's (SPEC §2.6)", () => {
       expect(stats.active).toBe(3)
       expect(stats.notLoaded).toBe(0)
     }).pipe(Effect.provide(seeded(rows, { REGISTRY_DIRECT_SCOPE_DIDS_MAX: "3", FIREHOSE_SOURCE: "relay" }))))
+})
+
+describe("the owner's snapshot rev fences live writes (SPEC §3.4), memory store", () => {
+  /** ALICE was reconciled at rev 100 (generation 3) */
+  const fenced = () => {
+    const state = RegistryStore.emptyMemoryState()
+    state.owners.set(ALICE, { did: ALICE, generation: 3, status: "complete", snapshotRev: rev(100) })
+    const StoreLive = Layer.effect(
+      RegistryStore.RegistryStore,
+      Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
+    )
+    return RegistryMod.layer.pipe(
+      Layer.provideMerge(StoreLive),
+      Layer.provideMerge(Config.layerValue(testConfig()))
+    )
+  }
+
+  it.effect("a write not newer than the snapshot rev changes nothing (store, generation, index); a newer one applies", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const store = yield* RegistryStore.RegistryStore
+      const hook = whRecordValue(`at://${BOB}`)
+      const outcomes = yield* Effect.forEach([
+        whEv(ALICE, "w", hook, { rev: rev(1) }),
+        whEv(ALICE, "x", undefined, { operation: "delete", rev: rev(50) }),
+        whEv(ALICE, "y", { $type: "place.wisp.v2.wh", url: 42 }, { rev: rev(60) }),
+        whEv(ALICE, "z", hook, { rev: rev(100) })
+      ], registry.applyWhEvent)
+      expect(outcomes.map((o) => o._tag)).toEqual(["stale", "stale", "stale", "stale"])
+      for (const rkey of ["w", "x", "y", "z"]) {
+        expect(yield* store.get(ALICE, rkey)).toEqual({ row: undefined, tombstone: undefined })
+      }
+      expect((yield* store.owner(ALICE))?.generation).toBe(3)
+      expect(registry.index.byOwner(ALICE)).toEqual([])
+      // newer than the snapshot: applied
+      expect((yield* registry.applyWhEvent(whEv(ALICE, "w", hook, { rev: rev(101) })))._tag).toBe("active")
+      expect((yield* store.get(ALICE, "w")).row?.rev).toBe(rev(101))
+      expect(yield* store.owner(ALICE)).toMatchObject({ generation: 4, snapshotRev: rev(100) })
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey)).toEqual(["w"])
+      // an owner never scanned has no fence
+      expect((yield* registry.applyWhEvent(whEv(BOB, "old", whRecordValue(`at://${ALICE}`), { rev: rev(1) })))._tag)
+        .toBe("active")
+    }).pipe(Effect.provide(fenced())))
 })

@@ -11,6 +11,7 @@ const unused = () => Effect.die("not used by this test")
 
 export const fakeReconcileStore = (overrides: Partial<ReconcileStoreShape>): ReconcileStoreShape => ({
   begin: unused,
+  saveSnapshotRev: unused,
   applyPage: unused,
   deleteOlder: unused,
   pruneTombstones: unused,

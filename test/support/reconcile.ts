@@ -35,6 +35,7 @@ export const downableStore = (
     Effect.suspend(() => (down.value ? Effect.fail(new StoreError({ op: "test", code: "57P01" })) : eff))
   return {
     begin: (did, o) => g(real.begin(did, o)),
+    saveSnapshotRev: (did, t, r) => g(real.saveSnapshotRev(did, t, r)),
     applyPage: (did, t, r, rows) => g(real.applyPage(did, t, r, rows)),
     deleteOlder: (did, t, r, l) => g(real.deleteOlder(did, t, r, l)),
     pruneTombstones: (did, t, r, ms, l) => g(real.pruneTombstones(did, t, r, ms, l)),
@@ -94,4 +95,23 @@ export const waitFor = (cond: () => boolean, timeoutMs = 10_000) =>
       yield* Effect.sleep("10 millis")
     }
     return yield* Effect.dieMessage("condition not reached in time")
+  })
+
+/**
+ * Hold the fake PDS's answers to `path` for `did` (the `repo` or `did` parameter) until the returned
+ * function is called (which also restores the default PDS); the requests are logged at once.
+ */
+export const holdPdsPath = (path: string, did: string) =>
+  Effect.gen(function*() {
+    const fakes = yield* Fakes
+    let release: () => void = () => undefined
+    const gate = new Promise<void>((resolve) => (release = resolve))
+    fakes.pds.handler = async (req) => {
+      if (req.path === path && (req.query.get("repo") ?? req.query.get("did")) === did) await gate
+      return fakes.defaultPds(req)
+    }
+    return () => {
+      release()
+      fakes.pds.handler = fakes.defaultPds
+    }
   })

@@ -8,6 +8,13 @@
  *   newer scan (a new `begin`) or a completed/failed mark fences every older scan's writes. The same
  *   row lock is taken by every live registry write (`bumpGeneration`), so a live write and a page
  *   of the snapshot never interleave for one owner;
+ * - the snapshot's rev is stored with the owner as soon as it is read (`saveSnapshotRev`), and
+ *   stays (a scan that fails later keeps it; the next one stores its own): from then on a live
+ *   write applies only if its rev is strictly greater (`RegistryStore.bumpGeneration`, SPEC §3.4).
+ *   Live writes that landed between `begin` and that moment with a rev not newer than the snapshot
+ *   are restamped to a generation below the token: the PDS had them when it answered the rev, so
+ *   the snapshot decides their keys (a replayed old create in that window is deleted like one that
+ *   landed before `begin`);
  * - a snapshot row is written only where no live event touched the key since `begin` (stored
  *   generation ≤ token, tombstone generation ≤ token) and nothing newer than the snapshot is stored
  *   (stored rev ≤ snapshot rev, tombstone rev < snapshot rev); it carries the snapshot's rev and the
@@ -92,6 +99,12 @@ export interface ReconcileStoreShape {
     did: string,
     options: { readonly maxOtherScanning: number; readonly staleScanMs: number }
   ) => Effect.Effect<BeginResult, StoreError>
+  /**
+   * Step 2: store the snapshot's rev with the owner (the live-write fence), and hand the keys live
+   * writes touched since `begin` with a rev not newer than it to the snapshot (see above).
+   * false = fenced (nothing done).
+   */
+  readonly saveSnapshotRev: (did: string, token: number, snapshotRev: string) => Effect.Effect<boolean, StoreError>
   /** Step 3: write one page of the snapshot (fenced). `written` = rows inserted or replaced. */
   readonly applyPage: (
     did: string,

@@ -161,6 +161,27 @@ const begin = (
     )
     .pipe(storeOp("reconcile.begin"))
 
+/**
+ * Step 2: the snapshot's rev, stored with the owner; live writes since begin that are not newer
+ * than it are restamped below the token (the snapshot decides their keys). Revs compare bytewise.
+ */
+const saveSnapshotRev = (sql: SqlClient.SqlClient, did: string, token: number, snapshotRev: string) =>
+  sql
+    .withTransaction(
+      Effect.gen(function*() {
+        if (!(yield* lockScan(sql, did, token))) return false
+        yield* sql`UPDATE owners SET snapshot_rev = ${snapshotRev}, updated_at = now() WHERE did = ${did}`
+        yield* sql`
+              UPDATE webhooks SET generation = ${token - 1}
+              WHERE owner_did = ${did} AND generation > ${token} AND rev COLLATE "C" <= ${snapshotRev}`
+        yield* sql`
+              UPDATE tombstones SET generation = ${token - 1}
+              WHERE owner_did = ${did} AND generation > ${token} AND rev COLLATE "C" <= ${snapshotRev}`
+        return true
+      })
+    )
+    .pipe(storeOp("reconcile.saveSnapshotRev"))
+
 /** Step 3: one page of the snapshot (see the port's module documentation for the rules). */
 const applyPage = (
   sql: SqlClient.SqlClient,
@@ -364,6 +385,7 @@ export const makeSql = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const store: ReconcileStoreShape = {
     begin: (did, options) => begin(sql, did, options),
+    saveSnapshotRev: (did, token, snapshotRev) => saveSnapshotRev(sql, did, token, snapshotRev),
     applyPage: (did, token, snapshotRev, rows) => applyPage(sql, did, token, snapshotRev, rows),
     deleteOlder: (did, token, snapshotRev, limit) => deleteOlder(sql, did, token, snapshotRev, limit),
     pruneTombstones: (did, token, snapshotRev, retentionMs, limit) =>

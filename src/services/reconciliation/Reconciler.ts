@@ -7,8 +7,10 @@
  *    keeps the owner's pre-scan registrations: snapshot pages land in the database only.
  * 2. Resolve the PDS ({@link Identity}; a private or non-https endpoint fails here, before any PDS
  *    call). The snapshot's rev is `getLatestCommit`'s `rev`, or a TID of the scan's start when the PDS
- *    does not answer it. Pages of `listRecords` (limit 100, the cursor URL-encoded) are fetched through
- *    {@link SafeHttp} with every bound: 2xx; ≤ 512 KiB; Schema-valid; ≤ 100 records; each uri exactly
+ *    does not answer it; it is stored with the owner at once ({@link ReconcileStore.saveSnapshotRev})
+ *    and from then on a live write of the owner applies only if its rev is newer (SPEC §3.4). Pages
+ *    of `listRecords` (limit 100, the cursor URL-encoded) are fetched through {@link SafeHttp} with
+ *    every bound: 2xx; ≤ 512 KiB; Schema-valid; ≤ 100 records; each uri exactly
  *    `at://<did>/place.wisp.v2.wh/<rkey>`; cid 1–256 printable characters; no rkey twice within or
  *    across pages; a cursor non-empty, ≤ 2048 characters and never repeated; ≤ 20 pages; ≤ 1,000
  *    records; ≤ 10 MiB. Only a page without a cursor ends the snapshot: an empty page with a cursor

@@ -1,8 +1,8 @@
 /**
  * One owner's snapshot scan (SPEC §5.3 steps 2–5, after a successful begin): resolve the PDS, read
- * the snapshot's rev, fetch and check `listRecords` pages (every bound of the {@link Reconciler}'s
- * header), apply each page in its own fenced transaction, then complete in small durable
- * transactions. The checks of a page are pure ({@link pageRows}, {@link nextCursor}); the effects
+ * the snapshot's rev and store it with the owner (it fences live writes from then on), fetch and
+ * check `listRecords` pages (every bound of the {@link Reconciler}'s header), apply each page in its
+ * own fenced transaction, then complete in small durable transactions. The checks of a page are pure ({@link pageRows}, {@link nextCursor}); the effects
  * are thin loops around them. A failure of the owner is an {@link OwnerFailure}; a fence is the
  * outcome `superseded`.
  */
@@ -273,6 +273,8 @@ export const scan = (
   Effect.gen(function*() {
     const pds = yield* resolvePds(deps, did)
     const snapshotRev = yield* snapshotRevOf(deps, pds, did, startMicros)
+    // stored at once: from now on it fences the owner's live writes (SPEC §3.4)
+    if (!(yield* deps.store.saveSnapshotRev(did, token, snapshotRev))) return SUPERSEDED
     const target: ScanTarget = { did, token, snapshotRev }
     const applied = yield* applyPages(deps, pds, target)
     if (applied._tag === "superseded") return applied

@@ -6,9 +6,11 @@
  *   configuration and applying the admission limits; whatever does not fit is counted (health),
  *   never a crash.
  * - `applyWhEvent` is the serialized, fenced live mutation of one `place.wisp.v2.wh` event: a write
- *   applies only if its rev is strictly greater than the stored row's and the tombstone's; each
- *   applied write bumps the owner's generation and stamps the row/tombstone with it; an invalid
- *   record or one over an admission limit revokes the previous registration.
+ *   applies only if its rev is strictly greater than the stored row's and the tombstone's, and than
+ *   the owner's snapshot rev (checked by the generation bump's own statement); each applied write
+ *   bumps the owner's generation and stamps the row/tombstone with it; an invalid record or one over
+ *   an admission limit revokes the previous registration. A fenced write (`stale`) changes nothing,
+ *   in the store or in memory.
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
  *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
  *   A failure may hide a commit (the connection dropped after the server committed), so the owners
@@ -219,7 +221,10 @@ export const make = Effect.gen(function*() {
       // fencing: strictly greater than both the row's and the tombstone's rev
       if (row !== undefined && compareTid(event.rev, row.rev) <= 0) return { _tag: "stale" } as const
       if (tombstone !== undefined && compareTid(event.rev, tombstone.rev) <= 0) return { _tag: "stale" } as const
-      const generation = yield* store.bumpGeneration(ownerDid)
+      // and strictly greater than the owner's snapshot rev (SPEC §3.4): the snapshot already holds
+      // the owner's records as of that rev; nothing was written, nothing in memory changes
+      const generation = yield* store.bumpGeneration(ownerDid, event.rev)
+      if (generation === undefined) return { _tag: "stale" } as const
       const revoke = Effect.gen(function*() {
         if (row === undefined) return false
         yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })

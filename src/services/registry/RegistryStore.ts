@@ -3,10 +3,16 @@
  * a PostgreSQL and an in-memory implementation. Every call made inside `Tx.withTransaction` joins
  * the transaction (PostgreSQL). Reads are by key, never scans, except `loadActive` at startup and
  * `ownerRows` for one owner.
+ *
+ * The owner's snapshot rev (SPEC §3.4, §5.3 step 2: the rev of its latest snapshot, completed or in
+ * progress, stored by reconciliation) fences live writes in `bumpGeneration`, the statement that
+ * already touches the owner row: a write whose rev is not strictly greater bumps nothing and is
+ * ignored by the caller.
  */
 import { SqlClient } from "@effect/sql"
 import { Context, Effect, Layer, Ref } from "effect"
 import type { Operation } from "../../schemas/RecordEvent.js"
+import { compareTid } from "../../schemas/Tid.js"
 import type { WhRecord } from "../../schemas/WhRecord.js"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import { type StoreError, storeOp, storeOpWithin } from "../platform/Persistence.js"
@@ -50,6 +56,8 @@ export interface OwnerState {
   readonly did: string
   readonly generation: number
   readonly status: ReconcileStatus
+  /** the rev of the owner's latest snapshot, completed or in progress (none: never scanned) */
+  readonly snapshotRev: string | undefined
 }
 
 export interface RegistryStoreShape {
@@ -63,8 +71,12 @@ export interface RegistryStoreShape {
    * reconciliation completion of the same owner never interleave
    */
   readonly lockOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
-  /** bump the owner's generation (creating the owner, marked as seen on the stream); returns the new one */
-  readonly bumpGeneration: (ownerDid: string) => Effect.Effect<number, StoreError>
+  /**
+   * Bump the owner's generation (creating the owner, marked as seen on the stream) for a live write
+   * at `rev`, and return the new one; or, when `rev` is not strictly greater than the owner's
+   * snapshot rev, change nothing and return `undefined` (the write is fenced: SPEC §3.4).
+   */
+  readonly bumpGeneration: (ownerDid: string, rev: string) => Effect.Effect<number | undefined, StoreError>
   /** write the row (insert or replace) and drop the key's tombstone */
   readonly upsert: (row: WebhookRow) => Effect.Effect<void, StoreError>
   /** delete the row (if any) and write a tombstone at `rev` / `generation` */
@@ -163,12 +175,13 @@ export const makeSql = Effect.gen(function*() {
         yield* sql`INSERT INTO owners (did, from_stream) VALUES (${ownerDid}, true) ON CONFLICT (did) DO NOTHING`
         yield* sql`SELECT 1 FROM owners WHERE did = ${ownerDid} FOR UPDATE`
       }).pipe(storeOp("registry.lockOwner")),
-    bumpGeneration: (ownerDid) =>
+    bumpGeneration: (ownerDid, rev) =>
       sql<{ generation: string | number }>`
         INSERT INTO owners (did, generation, from_stream) VALUES (${ownerDid}, 1, true)
         ON CONFLICT (did) DO UPDATE SET generation = owners.generation + 1, from_stream = true, updated_at = now()
+        WHERE owners.snapshot_rev IS NULL OR owners.snapshot_rev COLLATE "C" < ${rev}
         RETURNING generation`.pipe(
-        Effect.map((rows) => Number(rows[0]?.generation ?? 0)),
+        Effect.map((rows) => (rows[0] === undefined ? undefined : Number(rows[0].generation))),
         storeOp("registry.bumpGeneration")
       ),
     upsert: (row) =>
@@ -209,13 +222,13 @@ export const makeSql = Effect.gen(function*() {
         storeOp("registry.ownerRows")
       ),
     owner: (ownerDid) =>
-      sql<{ did: string; generation: string | number; reconcile_status: string }>`
-        SELECT did, generation, reconcile_status FROM owners WHERE did = ${ownerDid}`.pipe(
+      sql<{ did: string; generation: string | number; reconcile_status: string; snapshot_rev: string | null }>`
+        SELECT did, generation, reconcile_status, snapshot_rev FROM owners WHERE did = ${ownerDid}`.pipe(
         Effect.map((rows) => {
           const r = rows[0]
           if (r === undefined) return undefined
           const status = toReconcileStatus(r.reconcile_status)
-          return { did: r.did, generation: Number(r.generation), status }
+          return { did: r.did, generation: Number(r.generation), status, snapshotRev: r.snapshot_rev ?? undefined }
         }),
         storeOp("registry.owner")
       ),
@@ -238,32 +251,38 @@ export const layerSql = Layer.effect(RegistryStore, makeSql)
 export interface MemoryRegistryState {
   readonly rows: Map<string, WebhookRow>
   readonly tombstones: Map<string, Tombstone>
+  /** an owner's `snapshotRev` is set by whoever reconciles in memory (e.g. a test) */
   readonly owners: Map<string, OwnerState>
   readonly order: Map<string, number>
   seq: number
 }
 
+/** A new, empty in-memory state. */
+export const emptyMemoryState = (): MemoryRegistryState => ({
+  rows: new Map(),
+  tombstones: new Map(),
+  owners: new Map(),
+  order: new Map(),
+  seq: 0
+})
+
 const k = (ownerDid: string, rkey: string) => `${ownerDid}/${rkey}`
 
-export const makeMemory = Effect.gen(function*() {
-  const state = yield* Ref.make<MemoryRegistryState>({
-    rows: new Map(),
-    tombstones: new Map(),
-    owners: new Map(),
-    order: new Map(),
-    seq: 0
-  })
+/** The in-memory store over `state` (which a test may read or seed). */
+export const makeMemoryOver = (state: Ref.Ref<MemoryRegistryState>): RegistryStoreShape => {
   const store: RegistryStoreShape = {
     get: (ownerDid, rkey) =>
       Ref.get(state).pipe(
         Effect.map((s) => ({ row: s.rows.get(k(ownerDid, rkey)), tombstone: s.tombstones.get(k(ownerDid, rkey)) }))
       ),
     lockOwner: () => Effect.void,
-    bumpGeneration: (ownerDid) =>
+    bumpGeneration: (ownerDid, rev) =>
       Ref.modify(state, (s) => {
         const prev = s.owners.get(ownerDid)
+        const snapshotRev = prev?.snapshotRev
+        if (snapshotRev !== undefined && compareTid(rev, snapshotRev) <= 0) return [undefined, s]
         const generation = (prev?.generation ?? 0) + 1
-        s.owners.set(ownerDid, { did: ownerDid, generation, status: prev?.status ?? "unknown" })
+        s.owners.set(ownerDid, { did: ownerDid, generation, status: prev?.status ?? "unknown", snapshotRev })
         return [generation, s]
       }),
     upsert: (row) =>
@@ -306,6 +325,8 @@ export const makeMemory = Effect.gen(function*() {
       })
   }
   return store
-})
+}
+
+export const makeMemory = Effect.map(Effect.suspend(() => Ref.make(emptyMemoryState())), makeMemoryOver)
 
 export const layerMemory = Layer.effect(RegistryStore, makeMemory)

@@ -1,0 +1,187 @@
+/**
+ * Issue 14 item 4 (SPEC §3.4, §5.3 step 2): a live write applies only if its rev is strictly greater
+ * than the owner's snapshot rev, which is stored as soon as the scan reads it. So on a fresh
+ * database, an old create that the stream replays (the owner deleted the webhook since; only the
+ * stream's history still has it) never brings the webhook back, whether it lands before, during or
+ * after the owner's scan, or after a scan that failed; a genuinely newer live write still applies.
+ * A real PostgreSQL, a fake PLC and PDS (real HTTP servers on loopback).
+ */
+import { describe, expect, layer } from "@effect/vitest"
+import { Effect, Fiber } from "effect"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import { Processor } from "../../src/services/matching/Processor.js"
+import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
+import { ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
+import { Registry } from "../../src/services/registry/Registry.js"
+import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
+import { didDoc, type FakeRecord } from "../support/fakeAtproto.js"
+import { Fakes, holdPdsPath, reconcileStack, waitFor } from "../support/reconcile.js"
+import { plc, rev, whEv, whRecordValue } from "../support/stack.js"
+
+const BOB = plc(9_998)
+const hook = (url = "https://receiver.example/hook") => whRecordValue(`at://${BOB}`, { url })
+
+/** the replayed create of the webhook the owner has since deleted (its rkey is `w`) */
+const OLD = rev(1)
+/** the repo's rev when the owner is scanned (getLatestCommit) */
+const SNAP = rev(100)
+/** a create made after the snapshot */
+const NEW = rev(150)
+
+const LATEST_COMMIT = "/xrpc/com.atproto.sync.getLatestCommit"
+const LIST_RECORDS = "/xrpc/com.atproto.repo.listRecords"
+
+/** The PDS has only `keep` (the webhook `w` was deleted there), at rev SNAP. */
+const setup = (did: string, records: ReadonlyArray<FakeRecord> = [{ rkey: "keep", value: hook() }]) =>
+  Effect.gen(function*() {
+    const fakes = yield* Fakes
+    fakes.docs.set(did, didDoc(did, fakes.pds.url))
+    fakes.repos.set(did, { rev: SNAP, records: [...records] })
+  })
+
+/** Process events as the registry stream's batch; the registry outcome of each. */
+const live = (events: ReadonlyArray<StreamEvent>) =>
+  Effect.flatMap(Processor, (p) => p.processEvents(events, { registryWriter: true })).pipe(
+    Effect.map((r) => r.outcomes.map((o) => (o._tag === "no_match" ? o.registry?._tag : o._tag)))
+  )
+
+const replayOldCreate = (did: string) => live([whEv(did, "w", hook("https://old.example/hook"), { rev: OLD })])
+
+const reconcile = (did: string) => Effect.flatMap(Reconciler, (r) => r.reconcile(did))
+const ownerState = (did: string) => Effect.flatMap(ReconcileStore, (s) => s.ownerState(did))
+const stored = (did: string, rkey: string) => Effect.flatMap(RegistryStore, (s) => s.get(did, rkey))
+const memoryRkeys = (did: string) => Effect.map(Registry, (r) => r.index.byOwner(did).map((w) => w.rkey).sort())
+
+/** `w` is deleted: no row, the tombstone at `tombstoneRev` (or none), not in memory. */
+const expectGone = (did: string, tombstoneRev: string | undefined) =>
+  Effect.gen(function*() {
+    const { row, tombstone } = yield* stored(did, "w")
+    expect(row).toBeUndefined()
+    expect(tombstone?.rev).toBe(tombstoneRev)
+    expect(yield* memoryRkeys(did)).not.toContain("w")
+  })
+
+/** A create newer than the snapshot applies: stored at its rev and matched. */
+const expectNewerApplies = (did: string) =>
+  Effect.gen(function*() {
+    expect(yield* live([whEv(did, "w", hook("https://new.example/hook"), { rev: NEW })])).toEqual(["active"])
+    const { row, tombstone } = yield* stored(did, "w")
+    expect(row?.rev).toBe(NEW)
+    expect(row?.url).toBe("https://new.example/hook")
+    expect(tombstone).toBeUndefined()
+    expect(yield* memoryRkeys(did)).toContain("w")
+  })
+
+/** Wait until the fake PDS got `path` for `did`. */
+const requested = (path: string, did: string) =>
+  Effect.flatMap(
+    Fakes,
+    (fakes) =>
+      waitFor(() =>
+        fakes.pds.requests.some((r) => r.path === path && (r.query.get("repo") ?? r.query.get("did")) === did)
+      )
+  )
+
+describe("snapshots beat old replays (issue 14 item 4)", () => {
+  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })("a replayed old create", (it) => {
+    it.effect("lands before the scan: applied (no snapshot yet), then deleted by the scan; replayed again, ignored", () =>
+      Effect.gen(function*() {
+        const did = plc(401)
+        yield* setup(did)
+        // never scanned: no snapshot rev, no fence
+        expect(yield* replayOldCreate(did)).toEqual(["active"])
+        expect(yield* memoryRkeys(did)).toEqual(["w"])
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        yield* expectGone(did, SNAP)
+        expect(yield* replayOldCreate(did)).toEqual(["stale"])
+        yield* expectGone(did, SNAP)
+        yield* expectNewerApplies(did)
+      }))
+
+    it.effect("lands during the scan, after begin but before the snapshot's rev is read: the snapshot deletes it", () =>
+      Effect.gen(function*() {
+        const did = plc(402)
+        // the PDS also has `n`, created (rev 90) just before the snapshot's rev was read
+        yield* setup(did, [{ rkey: "keep", value: hook() }, { rkey: "n", value: hook() }])
+        const release = yield* holdPdsPath(LATEST_COMMIT, did)
+        const fiber = yield* Effect.fork(reconcile(did))
+        yield* requested(LATEST_COMMIT, did)
+        expect((yield* ownerState(did))?.status).toBe("scanning")
+        // no snapshot rev yet: the writes apply (and bump the generation past the scan's token)
+        expect(yield* replayOldCreate(did)).toEqual(["active"])
+        expect(yield* live([whEv(did, "n", hook(), { rev: rev(90) })])).toEqual(["active"])
+        release()
+        expect((yield* Fiber.join(fiber))._tag).toBe("complete")
+        // not newer than the snapshot: the snapshot decides their keys; it has `n` but no `w`
+        yield* expectGone(did, SNAP)
+        expect((yield* stored(did, "n")).row?.rev).toBe(SNAP)
+        expect(yield* memoryRkeys(did)).toEqual(["keep", "n"])
+        yield* expectNewerApplies(did)
+      }))
+
+    it.effect("lands during the scan, after the snapshot's rev is stored: ignored", () =>
+      Effect.gen(function*() {
+        const did = plc(403)
+        yield* setup(did)
+        const release = yield* holdPdsPath(LIST_RECORDS, did)
+        const fiber = yield* Effect.fork(reconcile(did))
+        yield* requested(LIST_RECORDS, did)
+        expect(yield* ownerState(did)).toMatchObject({ status: "scanning", snapshotRev: SNAP })
+        expect(yield* replayOldCreate(did)).toEqual(["stale"])
+        yield* expectGone(did, undefined)
+        release()
+        expect((yield* Fiber.join(fiber))._tag).toBe("complete")
+        yield* expectGone(did, undefined)
+        expect(yield* memoryRkeys(did)).toEqual(["keep"])
+        yield* expectNewerApplies(did)
+      }))
+
+    it.effect("lands after the scan: ignored; so are a replayed delete and an invalid record, and the generation stays", () =>
+      Effect.gen(function*() {
+        const did = plc(404)
+        yield* setup(did)
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        expect((yield* ownerState(did))?.snapshotRev).toBe(SNAP)
+        const generation = (yield* ownerState(did))?.generation
+        expect(yield* replayOldCreate(did)).toEqual(["stale"])
+        expect(
+          yield* live([
+            whEv(did, "x", undefined, { operation: "delete", rev: rev(50) }),
+            whEv(did, "y", { $type: "place.wisp.v2.wh", url: 42 }, { rev: rev(60) }),
+            // the snapshot's own commit: equal is not newer
+            whEv(did, "z", hook(), { rev: SNAP })
+          ])
+        ).toEqual(["stale", "stale", "stale"])
+        yield* expectGone(did, undefined)
+        for (const rkey of ["x", "y", "z"]) {
+          const { row, tombstone } = yield* stored(did, rkey)
+          expect(row).toBeUndefined()
+          expect(tombstone).toBeUndefined()
+        }
+        expect((yield* ownerState(did))?.generation).toBe(generation)
+        expect(yield* memoryRkeys(did)).toEqual(["keep"])
+        yield* expectNewerApplies(did)
+      }))
+
+    it.effect("lands after a scan that failed once its rev was stored: ignored; the retry completes", () =>
+      Effect.gen(function*() {
+        const did = plc(405)
+        const fakes = yield* Fakes
+        yield* setup(did)
+        fakes.pds.handler = (req) =>
+          req.path === LIST_RECORDS && req.query.get("repo") === did
+            ? { status: 503, body: "{}" }
+            : fakes.defaultPds(req)
+        expect(yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))))
+          .toEqual({ _tag: "failed", kind: "pds_status" })
+        // the rev stays: the retry reads the same or a newer one
+        expect(yield* ownerState(did)).toMatchObject({ status: "failed", snapshotRev: SNAP })
+        expect(yield* replayOldCreate(did)).toEqual(["stale"])
+        yield* expectGone(did, undefined)
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        yield* expectGone(did, undefined)
+        expect(yield* memoryRkeys(did)).toEqual(["keep"])
+        yield* expectNewerApplies(did)
+      }))
+  })
+})
