@@ -89,20 +89,21 @@ describe("Backfill passes of two replicas", () => {
           // replica A starts the sweep and is slow on its first page
           const fiberA = yield* Effect.fork(replicaA.runPass)
           yield* waitFor(() => a.calls.includes(owners[0] ?? ""))
-          // replica B meanwhile scans three pages (a capped pass)
+          // replica B meanwhile scans three pages (a capped pass): not A's page, which A claimed
           expect(yield* replicaB.runPass).toEqual({ owners: 30, failed: 0, completed: false })
-          expect(b.calls).toEqual(owners.slice(0, 30))
-          expect(yield* passState).toMatchObject({ continuation: owners[29], ownersDone: 30 })
-          // A finishes its first page: its older continuation must not overwrite B's
+          expect(b.calls).toEqual(owners.slice(10, 40))
+          // the frontier is B's last page; done through nothing yet (A's first page is not finished)
+          expect(yield* passState).toMatchObject({ continuation: undefined, frontier: owners[39], ownersDone: 30 })
+          // A finishes its first page: the frontier stays where B left it
           yield* Deferred.succeed(gate, undefined)
           const resultA = yield* Fiber.join(fiberA)
           expect(resultA).toEqual({ owners: 20, failed: 0, completed: false })
-          // A went on from B's continuation, not over the owners B had scanned
-          expect(a.calls).toEqual([...owners.slice(0, 10), ...owners.slice(30, 40)])
-          expect(yield* passState).toMatchObject({ continuation: owners[39], ownersDone: 40, completedAt: undefined })
+          // A went on from the frontier, not over the owners B had scanned
+          expect(a.calls).toEqual([...owners.slice(0, 10), ...owners.slice(40, 50)])
+          expect(yield* passState).toMatchObject({ continuation: owners[49], ownersDone: 50, completedAt: undefined })
           // the sweep still finishes, and a finished sweep starts over from the beginning
-          expect(yield* replicaB.runPass).toEqual({ owners: 20, failed: 0, completed: true })
-          expect(b.calls.slice(30)).toEqual(owners.slice(40))
+          expect(yield* replicaB.runPass).toEqual({ owners: 10, failed: 0, completed: true })
+          expect(b.calls.slice(30)).toEqual(owners.slice(50))
           const done = yield* passState
           expect(done).toMatchObject({ continuation: undefined, ownersDone: 60 })
           expect(done?.completedAt).toBeInstanceOf(Date)
