@@ -20,8 +20,9 @@
  *   owner failure is counted and the pass goes on. An owner refused for capacity (≥ 8 others
  *   scanning) is retried a few times, then marked failed (`busy`) for the RetryScheduler.
  * - An infrastructure failure (a `StoreError`: the database is down) aborts the pass; it is retried
- *   from the sweep's state (the aborted pass's page first) with jittered exponential backoff (1 s → 60 s) while intake keeps
- *   running; the health section reports `infrastructureHealthy: false` (not ready) meanwhile.
+ *   from the sweep's state (the aborted pass's page first) with jittered exponential backoff
+ *   (1 s → 60 s) while intake keeps running; the health section reports
+ *   `infrastructureHealthy: false` (not ready) meanwhile.
  * - `start` forks the initial sweep into the layer's scope (once); `awaitInitialPass` completes when
  *   it has visited every owner (the lead switches the phase `reconciling-live` → `live` then).
  *   Afterwards a new sweep runs every `repassInterval` (default 24 h). `stop` interrupts the work
