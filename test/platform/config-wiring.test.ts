@@ -36,7 +36,7 @@ import { auditEvent } from "../support/auditEvent.js"
 import * as Db from "../support/db.js"
 import { didDoc, listRecordsRequests } from "../support/fakeAtproto.js"
 import { commitFrame, startFakeJetstream } from "../support/fakeJetstream.js"
-import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
+import { fakeReconcileStore, memoryPassState } from "../support/fakeReconcileStore.js"
 import { fakeRedis } from "../support/fakeRedis.js"
 import { Fakes, reconcileStack } from "../support/reconcile.js"
 import { ev, memoryStack, plc, rev, sqlStack, testConfig, WH, whEv, whRecordValue } from "../support/stack.js"
@@ -480,11 +480,8 @@ describe("BACKFILL_* reach the backfill (Backfill.make reads them from the confi
     Effect.gen(function*() {
       const limits: Array<number> = []
       const store = fakeReconcileStore({
-        passState: () => Effect.succeed(undefined),
-        startPass: () => Effect.void,
+        ...memoryPassState(),
         addOwners: () => Effect.void,
-        savePass: () => Effect.void,
-        completePass: () => Effect.void,
         ownersPage: (after, limit) =>
           Effect.sync(() => {
             limits.push(limit)

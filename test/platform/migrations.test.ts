@@ -76,9 +76,26 @@ describe("Migrations", () => {
         event_collection, event_rkey, event_operation, target_url, signing_mode, fingerprint)
         VALUES ('d1', 'e1', 'did:plc:o', 'w', 'direct', 'did:plc:e', 'c', 'r', 'create', 'https://x.test/h', 'none', 'f')`
       const applied = yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
-      expect(applied.map(([id]) => id)).toEqual([2])
+      expect(applied.map(([id]) => id)).toEqual(MIGRATION_IDS.filter((id) => id > 1))
       const rows = yield* c<{ delivery_id: string; origin: string | null }>`SELECT delivery_id, origin FROM outbox`
       expect(rows).toEqual([{ delivery_id: "d1", origin: null }])
+    }))
+
+  it.scoped("0005 gives a pass row of an older version sweep 0 and no claimed pages, keeping its continuation", () =>
+    Effect.gen(function*() {
+      const { url } = yield* Db.freshDatabase
+      const c = yield* client(url)
+      const first = Migrator.make({})({
+        loader: Migrator.fromRecord({ "0001_init": Migrations.migrations["0001_init"] ?? Effect.void }),
+        table: Migrations.MIGRATIONS_TABLE
+      })
+      yield* first.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      yield* c`INSERT INTO backfill_state (pass, continuation_did, owners_done, pass_started_at)
+        VALUES ('initial', 'did:plc:m', 50, now())`
+      yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      const rows = yield* c<{ continuation_did: string; owners_done: number; sweep: string; claims: unknown }>`
+        SELECT continuation_did, owners_done, sweep, claims FROM backfill_state`
+      expect(rows).toEqual([{ continuation_did: "did:plc:m", owners_done: 50, sweep: "0", claims: [] }])
     }))
 
   it.layer(Db.layer())("the schema", (it) => {

@@ -1,18 +1,23 @@
 /**
  * Backfill passes of two replicas on one PostgreSQL (SPEC §6.4): the shared continuation only moves
- * forward, and a pass whose page was overtaken continues from the newer stored value instead of
- * scanning the owners the other replica already scanned (issue 14 item 12).
+ * forward, a replica claims a page before scanning it so two replicas never scan the same page at
+ * once, a page claimed by a replica that died is rescanned by another within the bound, and a
+ * replica still in an old sweep cannot write into a newer one (issue 14 item 12).
  */
-import { describe, expect, layer } from "@effect/vitest"
-import { Deferred, Effect, Fiber, Layer } from "effect"
+import { describe, expect, it, layer } from "@effect/vitest"
+import { Clock, Deferred, Duration, Effect, Fiber, Layer, Option, TestClock, TestContext } from "effect"
 import * as Config from "../../src/services/platform/Config.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import * as Backfill from "../../src/services/reconciliation/Backfill.js"
 import { type ReconcileOutcome, Reconciler } from "../../src/services/reconciliation/Reconciler.js"
-import { INITIAL_PASS, ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
+import {
+  INITIAL_PASS,
+  ReconcileStore,
+  type ReconcileStoreShape
+} from "../../src/services/reconciliation/ReconcileStore.js"
 import * as ReconcileStoreMod from "../../src/services/reconciliation/ReconcileStore.js"
 import * as Db from "../support/db.js"
-import { waitFor } from "../support/reconcile.js"
+import { downableStore, liveClockStore, waitFor, wrapStore } from "../support/reconcile.js"
 import { plc, testConfig } from "../support/stack.js"
 
 const COMPLETE: ReconcileOutcome = {
@@ -48,6 +53,10 @@ const replica = (recon: Recon) =>
     Config.layerValue(testConfig({ WEBHOOK_ALLOW_INSECURE_DEV: "1" }))
   )
 
+/** A replica with its own view of the shared store (a wrapper: live clock, failures, pauses). */
+const replicaWith = (recon: Recon, store: ReconcileStoreShape) =>
+  Layer.merge(replica(recon), Layer.succeed(ReconcileStore, store))
+
 const options = (maxOwnersPerPass: number): Backfill.BackfillOptions => ({
   repassInterval: null,
   infraRetryBase: "10 millis",
@@ -80,20 +89,21 @@ describe("Backfill passes of two replicas", () => {
           // replica A starts the sweep and is slow on its first page
           const fiberA = yield* Effect.fork(replicaA.runPass)
           yield* waitFor(() => a.calls.includes(owners[0] ?? ""))
-          // replica B meanwhile scans three pages (a capped pass)
+          // replica B meanwhile scans three pages (a capped pass): not A's page, which A claimed
           expect(yield* replicaB.runPass).toEqual({ owners: 30, failed: 0, completed: false })
-          expect(b.calls).toEqual(owners.slice(0, 30))
-          expect(yield* passState).toMatchObject({ continuation: owners[29], ownersDone: 30 })
-          // A finishes its first page: its older continuation must not overwrite B's
+          expect(b.calls).toEqual(owners.slice(10, 40))
+          // the frontier is B's last page; done through nothing yet (A's first page is not finished)
+          expect(yield* passState).toMatchObject({ continuation: undefined, frontier: owners[39], ownersDone: 30 })
+          // A finishes its first page: the frontier stays where B left it
           yield* Deferred.succeed(gate, undefined)
           const resultA = yield* Fiber.join(fiberA)
           expect(resultA).toEqual({ owners: 20, failed: 0, completed: false })
-          // A went on from B's continuation, not over the owners B had scanned
-          expect(a.calls).toEqual([...owners.slice(0, 10), ...owners.slice(30, 40)])
-          expect(yield* passState).toMatchObject({ continuation: owners[39], ownersDone: 40, completedAt: undefined })
+          // A went on from the frontier, not over the owners B had scanned
+          expect(a.calls).toEqual([...owners.slice(0, 10), ...owners.slice(40, 50)])
+          expect(yield* passState).toMatchObject({ continuation: owners[49], ownersDone: 50, completedAt: undefined })
           // the sweep still finishes, and a finished sweep starts over from the beginning
-          expect(yield* replicaB.runPass).toEqual({ owners: 20, failed: 0, completed: true })
-          expect(b.calls.slice(30)).toEqual(owners.slice(40))
+          expect(yield* replicaB.runPass).toEqual({ owners: 10, failed: 0, completed: true })
+          expect(b.calls.slice(30)).toEqual(owners.slice(50))
           const done = yield* passState
           expect(done).toMatchObject({ continuation: undefined, ownersDone: 60 })
           expect(done?.completedAt).toBeInstanceOf(Date)
@@ -106,4 +116,266 @@ describe("Backfill passes of two replicas", () => {
       60_000
     )
   })
+})
+
+// ---------------------------------------------------------------------------------------------
+// Page claims (SPEC §6.4): each test on its own database
+
+const onDatabase = <A, E, R>(eff: Effect.Effect<A, E, R>) =>
+  Effect.provide(eff, ReconcileStoreMod.layerSql.pipe(Layer.provideMerge(Db.layer())))
+
+/** The claim timings of the TestClock tests: a beat every second, abandoned after 5 s, a poll every second. */
+const HEARTBEAT_MS = 1_000
+const ABANDONED_MS = 5_000
+const POLL_MS = 1_000
+
+const claimOptions = (maxOwnersPerPass: number, heartbeatMs = HEARTBEAT_MS): Backfill.BackfillOptions => ({
+  ...options(maxOwnersPerPass),
+  claimHeartbeat: Duration.millis(heartbeatMs),
+  claimAbandonedAfter: Duration.millis(ABANDONED_MS),
+  claimPollInterval: Duration.millis(POLL_MS)
+})
+
+const live = Clock.make()
+
+/** Poll on the live clock (bounded) until `cond` holds: the replicas' I/O is real, their clock is not. */
+const eventually = (cond: Effect.Effect<boolean>) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 2_000; i++) {
+      if (yield* cond) return
+      yield* Effect.withClock(Effect.sleep("5 millis"), live)
+    }
+    return yield* Effect.dieMessage("condition not reached in time")
+  })
+
+const ended = (fiber: Fiber.Fiber<unknown, unknown>) => Effect.map(Fiber.poll(fiber), Option.isSome)
+
+/**
+ * A replica's view of the store that counts each operation's completed calls (its progress seen
+ * from outside) and the TestClock time of the first call of each.
+ */
+const observed = (store: ReconcileStoreShape) => {
+  const done = new Map<string, number>()
+  const firstAt = new Map<string, number>()
+  const wrapped = wrapStore(store, (op, eff) =>
+    Clock.currentTimeMillis.pipe(
+      Effect.tap((t) => Effect.sync(() => void (firstAt.has(op) || firstAt.set(op, t)))),
+      Effect.zipRight(eff),
+      Effect.tap(() => Effect.sync(() => void done.set(op, (done.get(op) ?? 0) + 1)))
+    ))
+  return { store: wrapped, count: (op: string) => done.get(op) ?? 0, firstAt: (op: string) => firstAt.get(op) }
+}
+
+/**
+ * Advance the TestClock by `ms` and wait until every counter in `woke` has moved (each replica
+ * asleep on the clock woke and did its store call; it is asleep again right after) or `fiber`
+ * ended.
+ */
+const step = (ms: number, woke: ReadonlyArray<() => number>, fiber: Fiber.Fiber<unknown, unknown>) =>
+  Effect.gen(function*() {
+    const before = woke.map((n) => n())
+    yield* TestClock.adjust(Duration.millis(ms))
+    yield* eventually(
+      Effect.map(ended(fiber), (end) => end || woke.every((n, i) => n() > (before[i] ?? 0)))
+    )
+  })
+
+const scanCounts = (calls: ReadonlyArray<string>) => {
+  const counts = new Map<string, number>()
+  for (const did of calls) counts.set(did, (counts.get(did) ?? 0) + 1)
+  return counts
+}
+
+describe("Backfill page claims of two replicas (SPEC §6.4)", () => {
+  it.scopedLive("two replicas started at the same instant scan every owner exactly once per sweep", () => {
+    const a = newRecon()
+    const b = newRecon()
+    const owners = Array.from({ length: 60 }, (_, i) => plc(700 + i)).sort()
+    return Effect.gen(function*() {
+      const store = yield* ReconcileStore
+      yield* store.addOwners(owners, "operator")
+      const opts: Backfill.BackfillOptions = { ...options(1_000), pageSize: 5, claimPollInterval: "10 millis" }
+      const replicaA = yield* Backfill.make(opts).pipe(Effect.provide(replica(a)))
+      const replicaB = yield* Backfill.make(opts).pipe(Effect.provide(replica(b)))
+      for (let sweep = 1; sweep <= 2; sweep++) {
+        a.calls.length = 0
+        b.calls.length = 0
+        // each replica's first owner waits until both are inside a page
+        const go = yield* Deferred.make<void>()
+        const hold = (entered: Deferred.Deferred<void>) => {
+          let first = true
+          return (): Effect.Effect<void> => {
+            if (!first) return Effect.void
+            first = false
+            return Deferred.succeed(entered, undefined).pipe(Effect.zipRight(Deferred.await(go)))
+          }
+        }
+        const inA = yield* Deferred.make<void>()
+        const inB = yield* Deferred.make<void>()
+        a.hook = hold(inA)
+        b.hook = hold(inB)
+        const fa = yield* Effect.fork(replicaA.runPass)
+        const fb = yield* Effect.fork(replicaB.runPass)
+        yield* Deferred.await(inA)
+        yield* Deferred.await(inB)
+        // both are scanning now, not the same page
+        expect(a.calls.filter((d) => b.calls.includes(d))).toEqual([])
+        yield* Deferred.succeed(go, undefined)
+        const ra = yield* Fiber.join(fa)
+        const rb = yield* Fiber.join(fb)
+        expect([ra.completed, rb.completed]).toEqual([true, true])
+        expect(ra.owners + rb.owners).toBe(60)
+        const counts = scanCounts([...a.calls, ...b.calls])
+        expect([...counts.entries()].filter(([, n]) => n !== 1)).toEqual([])
+        expect([...counts.keys()].sort()).toEqual(owners)
+        const done = yield* passState
+        expect(done).toMatchObject({ continuation: undefined, ownersDone: 60 })
+        expect(done?.completedAt).toBeInstanceOf(Date)
+      }
+    }).pipe(onDatabase)
+  }, 60_000)
+
+  it.scopedLive("a replica still in an old sweep cannot complete a newer sweep", () => {
+    const a = newRecon()
+    const b = newRecon()
+    const owners = Array.from({ length: 25 }, (_, i) => plc(800 + i)).sort()
+    return Effect.gen(function*() {
+      const store = yield* ReconcileStore
+      yield* store.addOwners(owners, "operator")
+      // A's completion of the sweep is held between its decision and the database
+      const paused = yield* Deferred.make<void>()
+      const resume = yield* Deferred.make<void>()
+      let completions = 0
+      const pausing = wrapStore(store, (op, eff) =>
+        op === "completePass" && completions++ === 0
+          ? Deferred.succeed(paused, undefined).pipe(Effect.zipRight(Deferred.await(resume)), Effect.zipRight(eff))
+          : eff)
+      const replicaA = yield* Backfill.make(options(1_000)).pipe(Effect.provide(replicaWith(a, pausing)))
+      const replicaB = yield* Backfill.make(options(10)).pipe(Effect.provide(replica(b)))
+      const fa = yield* Effect.fork(replicaA.runPass)
+      yield* Deferred.await(paused)
+      expect(a.calls).toEqual(owners)
+      // meanwhile B completes that sweep and starts the next one
+      expect(yield* replicaB.runPass).toMatchObject({ owners: 0, completed: true })
+      expect(yield* replicaB.runPass).toEqual({ owners: 10, failed: 0, completed: false })
+      expect(b.calls).toEqual(owners.slice(0, 10))
+      const next = yield* passState
+      expect(next).toMatchObject({ continuation: owners[9], ownersDone: 10, completedAt: undefined })
+      // A's completion of the old sweep lands now: it does not complete the new one
+      yield* Deferred.succeed(resume, undefined)
+      expect(yield* Fiber.join(fa)).toEqual({ owners: 25, failed: 0, completed: true })
+      const after = yield* passState
+      expect(after).toMatchObject({ continuation: owners[9], ownersDone: 10, completedAt: undefined })
+      expect(after?.startedAt).toEqual(next?.startedAt)
+    }).pipe(onDatabase)
+  }, 60_000)
+
+  it.scopedLive("a replica still in an old sweep cannot move a newer sweep's continuation", () => {
+    const a = newRecon()
+    const b = newRecon()
+    const owners = Array.from({ length: 25 }, (_, i) => plc(900 + i)).sort()
+    return Effect.gen(function*() {
+      const store = yield* ReconcileStore
+      yield* store.addOwners(owners, "operator")
+      const entered = yield* Deferred.make<void>()
+      const gate = yield* Deferred.make<void>()
+      a.hook = (did) =>
+        did === owners[20]
+          ? Deferred.succeed(entered, undefined).pipe(Effect.zipRight(Deferred.await(gate)))
+          : Effect.void
+      // A stalls in its third page and does not beat (a heartbeat of a day); B gives up on it fast
+      const replicaA = yield* Backfill.make({ ...options(1_000), claimHeartbeat: "1 day" }).pipe(
+        Effect.provide(replica(a))
+      )
+      const replicaB = yield* Backfill.make({
+        ...options(10),
+        claimAbandonedAfter: "50 millis",
+        claimPollInterval: "10 millis"
+      }).pipe(Effect.provide(replica(b)))
+      const fa = yield* Effect.fork(replicaA.runPass)
+      yield* Deferred.await(entered)
+      expect(a.calls.slice(0, 20)).toEqual(owners.slice(0, 20))
+      // B rescans A's page (abandoned: no beat), completes the sweep, and starts the next one
+      expect(yield* replicaB.runPass).toEqual({ owners: 5, failed: 0, completed: true })
+      expect(b.calls).toEqual(owners.slice(20))
+      expect(yield* replicaB.runPass).toEqual({ owners: 10, failed: 0, completed: false })
+      const next = yield* passState
+      expect(next).toMatchObject({ continuation: owners[9], ownersDone: 10, completedAt: undefined })
+      // A wakes up and finishes its page of the old sweep: the new sweep does not move
+      yield* Deferred.succeed(gate, undefined)
+      expect(yield* Fiber.join(fa)).toEqual({ owners: 25, failed: 0, completed: true })
+      const after = yield* passState
+      expect(after).toMatchObject({ continuation: owners[9], ownersDone: 10, completedAt: undefined })
+      expect(after?.startedAt).toEqual(next?.startedAt)
+    }).pipe(onDatabase)
+  }, 60_000)
+
+  /**
+   * A holds the first of three pages (its scan never ends) while B scans the other two and waits;
+   * then A ends, `dies` says how. Returns the TestClock time from A's end to B's taking the page.
+   */
+  const holdThenEnd = (dies: boolean) => {
+    const a = newRecon()
+    const b = newRecon()
+    const owners = Array.from({ length: 30 }, (_, i) => plc((dies ? 1_000 : 1_100) + i)).sort()
+    return Effect.gen(function*() {
+      const store = yield* ReconcileStore
+      yield* store.addOwners(owners, "operator")
+      const down = { value: false }
+      const viewA = observed(downableStore(liveClockStore(store), down))
+      const viewB = observed(liveClockStore(store))
+      const entered = yield* Deferred.make<void>()
+      a.hook = (
+        did
+      ) => (did === owners[0] ? Deferred.succeed(entered, undefined).pipe(Effect.zipRight(Effect.never)) : Effect.void)
+      const replicaA = yield* Backfill.make(claimOptions(1_000)).pipe(Effect.provide(replicaWith(a, viewA.store)))
+      const replicaB = yield* Backfill.make(claimOptions(1_000)).pipe(Effect.provide(replicaWith(b, viewB.store)))
+      const fa = yield* Effect.fork(replicaA.runPass)
+      yield* Deferred.await(entered)
+      const fb = yield* Effect.fork(replicaB.runPass)
+      // B scans the other two pages, finds no more, and waits for A's
+      yield* eventually(Effect.map(ended(fb), (end) => end || viewB.count("ownersPage") >= 3))
+      expect(b.calls).toEqual(owners.slice(10))
+      // A's page stays A's while A is alive (it beats), however long its scan takes
+      for (let i = 0; i < (3 * ABANDONED_MS) / POLL_MS; i++) {
+        yield* step(POLL_MS, [() => viewA.count("beatClaim"), () => viewB.count("passState")], fb)
+      }
+      expect(b.calls).toEqual(owners.slice(10))
+      expect(yield* ended(fb)).toBe(false)
+      // A ends: killed (its connection gone first, so it cannot give the page back), or stopped
+      if (dies) down.value = true
+      yield* Fiber.interrupt(fa)
+      const endedAt = yield* Clock.currentTimeMillis
+      for (let i = 0; i < 20 && !(yield* ended(fb)); i++) yield* step(POLL_MS, [() => viewB.count("passState")], fb)
+      expect(yield* Fiber.join(fb)).toEqual({ owners: 30, failed: 0, completed: true })
+      expect(b.calls).toEqual([...owners.slice(10), ...owners.slice(0, 10)])
+      const done = yield* passState
+      expect(done).toMatchObject({ continuation: undefined, ownersDone: 30 })
+      expect(done?.completedAt).toBeInstanceOf(Date)
+      return (viewB.firstAt("takeClaim") ?? Number.POSITIVE_INFINITY) - endedAt
+    }).pipe(Effect.provide(TestContext.TestContext), onDatabase)
+  }
+
+  it.scopedLive(
+    "a replica killed while holding a page: the other rescans it within the bound",
+    () =>
+      Effect.gen(function*() {
+        const waited = yield* holdThenEnd(true)
+        // abandoned after 5 s without a beat (its last beat was at most one beat before its death),
+        // seen at a poll (every second) of the waiting replica
+        expect(waited).toBeGreaterThanOrEqual(ABANDONED_MS - HEARTBEAT_MS)
+        expect(waited).toBeLessThanOrEqual(ABANDONED_MS + 2 * POLL_MS)
+      }),
+    60_000
+  )
+
+  it.scopedLive(
+    "a replica stopped while holding a page gives it back: the other takes it at its next poll",
+    () =>
+      Effect.gen(function*() {
+        const waited = yield* holdThenEnd(false)
+        expect(waited).toBeLessThanOrEqual(POLL_MS)
+      }),
+    60_000
+  )
 })

@@ -3,7 +3,7 @@
  * SafeHttp in insecure development mode, Identity, the PostgreSQL ReconcileStore and the Reconciler
  * on top of the matching pipeline (`sqlStack`) on a fresh database.
  */
-import { Context, Effect, Layer } from "effect"
+import { Clock, Context, Effect, Layer } from "effect"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
@@ -23,6 +23,43 @@ export interface FakesShape {
 
 export class Fakes extends Context.Tag("test/Fakes")<Fakes, FakesShape>() {}
 
+/** The port's operations, by name (a wrapper may single one out). */
+export type StoreOp = keyof ReconcileStore.ReconcileStoreShape
+
+/**
+ * `real` with every call passed through `around` (the one list of the port's operations the test
+ * wrappers share).
+ */
+export const wrapStore = (
+  real: ReconcileStore.ReconcileStoreShape,
+  around: <A>(op: StoreOp, eff: Effect.Effect<A, StoreError>) => Effect.Effect<A, StoreError>
+): ReconcileStore.ReconcileStoreShape => ({
+  begin: (did, o) => around("begin", real.begin(did, o)),
+  saveSnapshotRev: (did, t, r) => around("saveSnapshotRev", real.saveSnapshotRev(did, t, r)),
+  applyPage: (did, t, r, rows) => around("applyPage", real.applyPage(did, t, r, rows)),
+  deleteOlder: (did, t, r, l) => around("deleteOlder", real.deleteOlder(did, t, r, l)),
+  pruneTombstones: (did, t, r, ms, l) => around("pruneTombstones", real.pruneTombstones(did, t, r, ms, l)),
+  complete: (did, t, r, e) => around("complete", real.complete(did, t, r, e)),
+  withOwnerLock: (did, e) => around("withOwnerLock", real.withOwnerLock(did, e)),
+  markFailed: (did, t, k) => around("markFailed", real.markFailed(did, t, k)),
+  markFailedIdle: (did, k) => around("markFailedIdle", real.markFailedIdle(did, k)),
+  ownerState: (did) => around("ownerState", real.ownerState(did)),
+  addOwners: (dids, s) => around("addOwners", real.addOwners(dids, s)),
+  ownersPage: (after, limit) => around("ownersPage", real.ownersPage(after, limit)),
+  passState: (p) => around("passState", real.passState(p)),
+  startPass: (p, seen) => around("startPass", real.startPass(p, seen)),
+  claimPage: (ref, after, dids, holder) => around("claimPage", real.claimPage(ref, after, dids, holder)),
+  beatClaim: (ref, last, holder) => around("beatClaim", real.beatClaim(ref, last, holder)),
+  takeClaim: (ref, seen, holder) => around("takeClaim", real.takeClaim(ref, seen, holder)),
+  finishPage: (ref, last, holder) => around("finishPage", real.finishPage(ref, last, holder)),
+  releaseClaim: (ref, last, holder) => around("releaseClaim", real.releaseClaim(ref, last, holder)),
+  completePass: (ref, frontier) => around("completePass", real.completePass(ref, frontier)),
+  retryCandidates: (o) => around("retryCandidates", real.retryCandidates(o)),
+  completedCursor: (m) => around("completedCursor", real.completedCursor(m)),
+  completedSince: (c, l, ms) => around("completedSince", real.completedSince(c, l, ms)),
+  summary: (l) => around("summary", real.summary(l))
+})
+
 /**
  * The PostgreSQL store failing every call with a StoreError while `down.value` is true (the
  * database unreachable).
@@ -30,31 +67,19 @@ export class Fakes extends Context.Tag("test/Fakes")<Fakes, FakesShape>() {}
 export const downableStore = (
   real: ReconcileStore.ReconcileStoreShape,
   down: { value: boolean }
-): ReconcileStore.ReconcileStoreShape => {
-  const g = <A>(eff: Effect.Effect<A, StoreError>): Effect.Effect<A, StoreError> =>
-    Effect.suspend(() => (down.value ? Effect.fail(new StoreError({ op: "test", code: "57P01" })) : eff))
-  return {
-    begin: (did, o) => g(real.begin(did, o)),
-    saveSnapshotRev: (did, t, r) => g(real.saveSnapshotRev(did, t, r)),
-    applyPage: (did, t, r, rows) => g(real.applyPage(did, t, r, rows)),
-    deleteOlder: (did, t, r, l) => g(real.deleteOlder(did, t, r, l)),
-    pruneTombstones: (did, t, r, ms, l) => g(real.pruneTombstones(did, t, r, ms, l)),
-    complete: (did, t, r, e) => g(real.complete(did, t, r, e)),
-    withOwnerLock: (did, e) => g(real.withOwnerLock(did, e)),
-    markFailed: (did, t, k) => g(real.markFailed(did, t, k)),
-    markFailedIdle: (did, k) => g(real.markFailedIdle(did, k)),
-    ownerState: (did) => g(real.ownerState(did)),
-    addOwners: (dids, s) => g(real.addOwners(dids, s)),
-    ownersPage: (after, limit) => g(real.ownersPage(after, limit)),
-    passState: (p) => g(real.passState(p)),
-    startPass: (p) => g(real.startPass(p)),
-    savePass: (p, c, n) => g(real.savePass(p, c, n)),
-    completePass: (p, n) => g(real.completePass(p, n)),
-    retryCandidates: (o) => g(real.retryCandidates(o)),
-    completedCursor: (m) => g(real.completedCursor(m)),
-    completedSince: (c, l, ms) => g(real.completedSince(c, l, ms)),
-    summary: (l) => g(real.summary(l))
-  }
+): ReconcileStore.ReconcileStoreShape =>
+  wrapStore(
+    real,
+    (_op, eff) => Effect.suspend(() => (down.value ? Effect.fail(new StoreError({ op: "test", code: "57P01" })) : eff))
+  )
+
+/**
+ * The store with every call on the live clock, for a caller that runs under `TestClock`: the
+ * calls' own timeouts (`storeOp`) stay real, and only the caller's sleeps wait for the test.
+ */
+export const liveClockStore = (real: ReconcileStore.ReconcileStoreShape): ReconcileStore.ReconcileStoreShape => {
+  const live = Clock.make()
+  return wrapStore(real, (_op, eff) => Effect.withClock(eff, live))
 }
 
 export const reconcileStack = (

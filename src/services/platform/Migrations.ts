@@ -216,10 +216,23 @@ const outboxOrigin = Effect.flatMap(
   (sql) => sql`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS origin text`
 )
 
+/**
+ * 0005: `backfill_state.sweep` (the sweep's number, which fences every write of a pass) and
+ * `backfill_state.claims` (the pages claimed and not finished, SPEC §6.4). A pass row of an older
+ * version is sweep 0 with no claims: a sweep in progress goes on from its continuation.
+ */
+const backfillClaims = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) =>
+    sql`ALTER TABLE backfill_state ADD COLUMN IF NOT EXISTS sweep bigint NOT NULL DEFAULT 0,
+      ADD COLUMN IF NOT EXISTS claims jsonb NOT NULL DEFAULT '[]'::jsonb`
+)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
-  "0002_outbox_origin": outboxOrigin
+  "0002_outbox_origin": outboxOrigin,
+  "0005_backfill_claims": backfillClaims
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */

@@ -7,18 +7,22 @@
  *   `from_discovery`) ∪ the operator's list (`BACKFILL_OWNERS` and `firehook owners add`;
  *   `from_operator`). Discovery and the operator list are (re)recorded when a sweep starts.
  * - A sweep visits the owners in ascending DID order in keyset pages of 50; each pass handles at most
- *   1,000 owners, and after every page the continuation (the page's last DID) is stored in
- *   `backfill_state`, so a crash replays at most one page and a capped pass is continued by the next.
- * - Replicas share the continuation (SPEC §6.4): it only moves forward (an older one is not stored),
- *   and after each page the pass re-reads it and goes on from a newer one another replica stored, so
- *   it does not scan the owners that replica already scanned; when another replica finished the sweep
- *   (or started a new one) the pass ends as completed.
+ *   1,000 owners, and a capped pass is continued by the next from the sweep's state in
+ *   `backfill_state`.
+ * - Replicas share the sweep (SPEC §6.4; BackfillPass.ts): a pass claims each page before it scans
+ *   it (a compare-and-swap on the frontier, which only moves forward), so two replicas never scan
+ *   the same page at once; the page of a pass that stopped or died is taken over and rescanned (a
+ *   crash replays at most one page), within `claimAbandonedAfter` (30 s) of its last heartbeat when
+ *   its replica died; a sweep completes once all its pages are finished, and every write is fenced by
+ *   the sweep's number, so a replica still in an older sweep changes nothing. A pass that finds its
+ *   sweep completed or restarted elsewhere ends as completed.
  * - Owners of a page are reconciled with bounded concurrency (`BACKFILL_CONCURRENCY`, 1–4). An
  *   owner failure is counted and the pass goes on. An owner refused for capacity (≥ 8 others
  *   scanning) is retried a few times, then marked failed (`busy`) for the RetryScheduler.
  * - An infrastructure failure (a `StoreError`: the database is down) aborts the pass; it is retried
- *   from the stored continuation with jittered exponential backoff (1 s → 60 s) while intake keeps
- *   running; the health section reports `infrastructureHealthy: false` (not ready) meanwhile.
+ *   from the sweep's state (the aborted pass's page first) with jittered exponential backoff
+ *   (1 s → 60 s) while intake keeps running; the health section reports
+ *   `infrastructureHealthy: false` (not ready) meanwhile.
  * - `start` forks the initial sweep into the layer's scope (once); `awaitInitialPass` completes when
  *   it has visited every owner (the lead switches the phase `reconciling-live` → `live` then).
  *   Afterwards a new sweep runs every `repassInterval` (default 24 h). `stop` interrupts the work
@@ -34,11 +38,20 @@ import { Health, statsSection } from "../platform/Health.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import { StoreError } from "../platform/Persistence.js"
+import {
+  type ClaimTimings,
+  DEFAULT_CLAIM_TIMINGS,
+  makeReplica,
+  type PassResult,
+  runPass as runPassWith
+} from "./BackfillPass.js"
 import { discoverPages } from "./Discovery.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import { type ReconcileOutcome, Reconciler } from "./Reconciler.js"
-import { INITIAL_PASS, ReconcileStore } from "./ReconcileStore.js"
+import { ReconcileStore } from "./ReconcileStore.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
+
+export type { PassResult } from "./BackfillPass.js"
 
 export interface BackfillOptions {
   /** owners per keyset page (default 50) */
@@ -56,14 +69,14 @@ export interface BackfillOptions {
   /** relay discovery: pages per sweep (default 100) and repos per page (default 1,000) */
   readonly discoveryMaxPages?: number
   readonly discoveryPageLimit?: number
-}
-
-export interface PassResult {
-  /** owners handled by this pass */
-  readonly owners: number
-  readonly failed: number
-  /** true when the sweep reached the last owner (false: capped, continuation stored) */
-  readonly completed: boolean
+  /**
+   * Page claims shared with other replicas (SPEC §6.4): the holder's heartbeat (default 5 s), the
+   * time without a beat after which another pass takes the page over (default 30 s), and how often a
+   * pass waiting for claimed pages looks again (default 5 s).
+   */
+  readonly claimHeartbeat?: Duration.DurationInput
+  readonly claimAbandonedAfter?: Duration.DurationInput
+  readonly claimPollInterval?: Duration.DurationInput
 }
 
 export interface BackfillStats {
@@ -103,9 +116,6 @@ export const DEFAULT_MAX_OWNERS_PER_PASS = ReconciliationConfig.backfill.passMax
 export const DEFAULT_INFRA_RETRY_BASE = Duration.millis(ReconciliationConfig.backfill.retryBaseMs.default)
 export const DEFAULT_INFRA_RETRY_MAX = Duration.millis(ReconciliationConfig.backfill.retryMaxMs.default)
 
-/** The same sweep: its `pass_started_at` did not change (another replica did not start a new one). */
-const sameStart = (a: Date | undefined, b: Date | undefined) => a?.getTime() === b?.getTime()
-
 export const make = (options: BackfillOptions = {}) =>
   Effect.gen(function*() {
     const config = yield* FirehookConfig
@@ -126,6 +136,11 @@ export const make = (options: BackfillOptions = {}) =>
       options.infraRetryBase ?? Duration.millis(config.backfill.retryBaseMs),
       options.infraRetryMax ?? Duration.millis(config.backfill.retryMaxMs)
     )
+    const timings: ClaimTimings = {
+      heartbeat: Duration.decode(options.claimHeartbeat ?? DEFAULT_CLAIM_TIMINGS.heartbeat),
+      abandonedAfter: Duration.decode(options.claimAbandonedAfter ?? DEFAULT_CLAIM_TIMINGS.abandonedAfter),
+      pollInterval: Duration.decode(options.claimPollInterval ?? DEFAULT_CLAIM_TIMINGS.pollInterval)
+    }
     const initialDone = yield* Deferred.make<void>()
 
     const state = {
@@ -187,60 +202,18 @@ export const make = (options: BackfillOptions = {}) =>
       })
 
     // -------------------------------------------------------------------------------------------
-    // One pass
+    // One pass (BackfillPass: claimed pages shared with other replicas)
 
-    const runPass: Effect.Effect<PassResult, StoreError> = Effect.gen(function*() {
-      const stored = yield* store.passState(INITIAL_PASS)
-      let after: string | undefined
-      let done: number
-      let startedAt: Date | undefined
-      if (stored === undefined || stored.startedAt === undefined || stored.completedAt !== undefined) {
-        // a new sweep: record the operator's owners and the relay's, then start from the beginning
-        yield* store.startPass(INITIAL_PASS)
-        startedAt = (yield* store.passState(INITIAL_PASS))?.startedAt
-        yield* store.addOwners(config.backfill.owners, "operator")
-        yield* discover
-        after = undefined
-        done = 0
-      } else {
-        after = stored.continuation
-        done = stored.ownersDone
-        startedAt = stored.startedAt
-      }
-      let owners = 0
-      let failed = 0
-      while (owners < maxOwnersPerPass) {
-        const limit = Math.min(pageSize, maxOwnersPerPass - owners)
-        const dids = yield* store.ownersPage(after, limit)
-        if (dids.length > 0) {
-          const results = yield* Effect.forEach(dids, reconcileOwner, { concurrency: config.backfill.concurrency })
-          failed += results.filter((f) => f).length
-          owners += dids.length
-          done += dids.length
-          after = dids[dids.length - 1]
-          if (after !== undefined) {
-            yield* store.savePass(INITIAL_PASS, after, done)
-            // another replica's pass may be further on (or have finished the sweep): go on from there
-            const now = yield* store.passState(INITIAL_PASS)
-            if (now !== undefined && (now.completedAt !== undefined || !sameStart(now.startedAt, startedAt))) {
-              yield* Metric.increment(Metrics.backfillPasses({ result: "completed" }))
-              return { owners, failed, completed: true }
-            }
-            if (now?.continuation !== undefined && now.continuation > after) {
-              after = now.continuation
-              done = now.ownersDone
-            }
-          }
-        }
-        if (dids.length < limit) {
-          yield* store.completePass(INITIAL_PASS, done)
-          yield* Metric.increment(Metrics.backfillPasses({ result: "completed" }))
-          return { owners, failed, completed: true }
-        }
-      }
-      yield* Metric.increment(Metrics.backfillPasses({ result: "capped" }))
-      return { owners, failed, completed: false }
-    }).pipe(Effect.withSpan("Backfill.runPass"))
+    const replica = yield* makeReplica
+    const runPass = runPassWith({
+      store,
+      reconcileOwner,
+      concurrency: config.backfill.concurrency,
+      pageSize,
+      maxOwnersPerPass,
+      timings,
+      beforeSweep: store.addOwners(config.backfill.owners, "operator").pipe(Effect.zipRight(discover))
+    }, replica)
 
     // -------------------------------------------------------------------------------------------
     // Sweeps

@@ -49,6 +49,10 @@ export const backfillOwners = labelledCounterFamily("firehook_backfill_owners_to
 export const backfillPasses = labelledCounterFamily("firehook_backfill_passes_total", {
   description: "Backfill passes finished, by result (capped, completed, infrastructure_failure)"
 })
+/** `{ reason }`: given_back, own, abandoned */
+export const backfillPageTakeovers = labelledCounterFamily("firehook_backfill_page_takeovers_total", {
+  description: "Claimed backfill pages taken over by another pass, by reason (given_back, own, abandoned)"
+})
 
 // ---------------------------------------------------------------------------------------------
 // Retry scheduler

@@ -22,6 +22,10 @@
  * - completion deletes what the snapshot did not contain: rows of older generations whose rev is
  *   not newer than the snapshot, in batches, each leaving a tombstone at the snapshot's rev.
  *
+ * The backfill pass state (SPEC §6.4) is shared by the passes of every replica: its writes are
+ * fenced by the sweep's number, a page is claimed by a compare-and-swap on the frontier and taken
+ * over by one on its holder and beat (BackfillStateSql.ts; BackfillPass.ts uses them).
+ *
  * The PostgreSQL implementation is the only one: reconciliation is an integration concern, tested
  * against a real database; services that only need a few of these calls are tested with partial
  * fakes of the Tag.
@@ -59,12 +63,61 @@ export interface OwnerReconcileState {
   readonly failedAt: Date | undefined
 }
 
+/**
+ * A page of owners claimed by one pass in a sweep (SPEC §6.4): only its holder scans it; it is
+ * finished (its owners counted, the claim dropped) when the scan ends, given back when the pass
+ * stops first, and taken over by another pass when its holder is known to have ended or its beat
+ * has stopped moving.
+ */
+export interface PageClaim {
+  /** the page's last owner DID: its key within the sweep */
+  readonly last: string
+  /** the frontier it was claimed from (undefined: the sweep's beginning) */
+  readonly after: string | undefined
+  /** its owners, as claimed */
+  readonly dids: ReadonlyArray<string>
+  /** the pass scanning it; undefined: given back, anyone may take it at once */
+  readonly holder: string | undefined
+  /** bumped by the holder while it scans, and by every take */
+  readonly beat: number
+}
+
 export interface PassState {
   readonly pass: string
+  /**
+   * Every owner up to this DID has been scanned in the current sweep (undefined: none yet, or the
+   * sweep is complete): the frontier, or where the earliest unfinished page begins.
+   */
   readonly continuation: string | undefined
+  /** the last owner DID of the last page claimed: the next page begins after it */
+  readonly frontier: string | undefined
+  /** owners of the sweep's finished pages */
   readonly ownersDone: number
   readonly startedAt: Date | undefined
   readonly completedAt: Date | undefined
+  /** the sweep's number: every write of a pass is fenced by it */
+  readonly sweep: number
+  /** pages claimed and not finished */
+  readonly claims: ReadonlyArray<PageClaim>
+}
+
+/** A sweep of a pass: what every claim write is fenced by. */
+export interface SweepRef {
+  readonly pass: string
+  readonly sweep: number
+}
+
+/**
+ * {@link PassState.continuation}: the frontier when no page is claimed, else where the earliest
+ * claimed page begins (undefined when one begins at the sweep's start).
+ */
+export const doneThrough = (frontier: string | undefined, claims: ReadonlyArray<PageClaim>): string | undefined => {
+  let through = frontier
+  for (const c of claims) {
+    if (c.after === undefined) return undefined
+    if (through === undefined || c.after < through) through = c.after
+  }
+  return through
 }
 
 export interface RetryCandidate {
@@ -159,14 +212,45 @@ export interface ReconcileStoreShape {
    */
   readonly ownersPage: (after: string | undefined, limit: number) => Effect.Effect<ReadonlyArray<string>, StoreError>
   readonly passState: (pass: string) => Effect.Effect<PassState | undefined, StoreError>
-  /** Start a new pass: no continuation, nothing done. */
-  readonly startPass: (pass: string) => Effect.Effect<void, StoreError>
   /**
-   * Store the continuation of a running pass. Fenced (SPEC §6.4): only forward (a continuation not
-   * greater than the stored one is ignored) and never into a completed pass; the caller re-reads.
+   * Start sweep `seen + 1` when sweep `seen` is complete, or when there is none (`seen` = 0): no
+   * frontier, nothing done, no claims. A no-op when another pass started it first (the
+   * compare-and-swap on `seen`). Returns the state after, and whether this call started it.
    */
-  readonly savePass: (pass: string, continuation: string, ownersDone: number) => Effect.Effect<void, StoreError>
-  readonly completePass: (pass: string, ownersDone: number) => Effect.Effect<void, StoreError>
+  readonly startPass: (
+    pass: string,
+    seen: number
+  ) => Effect.Effect<{ readonly started: boolean; readonly state: PassState }, StoreError>
+  /**
+   * Claim `dids`, the page after `after`, for `holder`: the frontier moves to the page's last DID.
+   * A compare-and-swap: only while the sweep is `ref`, unfinished, with its frontier at `after`
+   * (so the frontier only moves forward and no two passes claim one page); false = not claimed.
+   */
+  readonly claimPage: (
+    ref: SweepRef,
+    after: string | undefined,
+    dids: ReadonlyArray<string>,
+    holder: string
+  ) => Effect.Effect<boolean, StoreError>
+  /** The holder's heartbeat on its page `last`; false: the page is no longer its own. */
+  readonly beatClaim: (ref: SweepRef, last: string, holder: string) => Effect.Effect<boolean, StoreError>
+  /**
+   * Take over the page `seen.last` for `holder`: only while its holder and beat are still those
+   * seen (a compare-and-swap); false = not taken.
+   */
+  readonly takeClaim: (ref: SweepRef, seen: PageClaim, holder: string) => Effect.Effect<boolean, StoreError>
+  /**
+   * The holder scanned its page `last`: the claim is dropped and its owners counted. False (nothing
+   * done): the page was taken over, or the sweep is no longer `ref`.
+   */
+  readonly finishPage: (ref: SweepRef, last: string, holder: string) => Effect.Effect<boolean, StoreError>
+  /** The holder stops before finishing its page `last`: any pass may take it at once. */
+  readonly releaseClaim: (ref: SweepRef, last: string, holder: string) => Effect.Effect<boolean, StoreError>
+  /**
+   * Complete the sweep `ref`: only while it is unfinished, its frontier is still `frontier` (the
+   * caller found no owner after it) and no page is claimed; false = not completed.
+   */
+  readonly completePass: (ref: SweepRef, frontier: string | undefined) => Effect.Effect<boolean, StoreError>
   /**
    * SPEC §5.4: failed owners (oldest failure first), then owners scanning for longer than
    * `staleScanMs` (crashed scans). A crashed scan is also marked `failed` (kind `scan_crashed`)

@@ -8,11 +8,11 @@ import type { SqlError } from "@effect/sql/SqlError"
 import { Effect } from "effect"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
 import { toReconcileStatus, WEBHOOK_COLUMNS, type WebhookRow } from "../registry/RegistryStore.js"
+import { backfillState, passState } from "./BackfillStateSql.js"
 import {
   COMPLETION_SETTLE_MS,
   INITIAL_PASS,
   type OwnerReconcileState,
-  type PassState,
   RECONCILE_LOCK_KEY,
   type ReconcileStoreShape
 } from "./ReconcileStore.js"
@@ -28,14 +28,6 @@ interface OwnerDbRow {
   readonly scan_started_at: Date | null
   readonly completed_at: Date | null
   readonly failed_at: Date | null
-}
-
-interface PassDbRow {
-  readonly pass: string
-  readonly continuation_did: string | null
-  readonly owners_done: number
-  readonly pass_started_at: Date | null
-  readonly pass_completed_at: Date | null
 }
 
 interface CountRow {
@@ -55,14 +47,6 @@ const ownerFromDb = (r: OwnerDbRow): OwnerReconcileState => ({
   scanStartedAt: toDate(r.scan_started_at),
   completedAt: toDate(r.completed_at),
   failedAt: toDate(r.failed_at)
-})
-
-const passFromDb = (r: PassDbRow): PassState => ({
-  pass: r.pass,
-  continuation: r.continuation_did ?? undefined,
-  ownersDone: Number(r.owners_done),
-  startedAt: toDate(r.pass_started_at),
-  completedAt: toDate(r.pass_completed_at)
 })
 
 /** The `[completedAt, did]` keyset of `completedSince`; the beginning when unreadable. */
@@ -362,9 +346,7 @@ const summary = (sql: SqlClient.SqlClient, limit: number) =>
           SELECT did, generation, reconcile_status, scan_generation, snapshot_rev, failure_count, last_failure_kind,
             scan_started_at, completed_at, failed_at
           FROM owners WHERE reconcile_status = 'scanning' ORDER BY scan_started_at NULLS LAST, did LIMIT ${limit}`
-    const pass = yield* sql<PassDbRow>`
-          SELECT pass, continuation_did, owners_done, pass_started_at, pass_completed_at
-          FROM backfill_state WHERE pass = ${INITIAL_PASS}`
+    const pass = yield* passState(sql, INITIAL_PASS)
     return {
       counts,
       failed: failed.map(ownerFromDb).map((o) => ({
@@ -374,7 +356,7 @@ const summary = (sql: SqlClient.SqlClient, limit: number) =>
         failedAt: o.failedAt
       })),
       scanning: scanning.map(ownerFromDb).map((o) => ({ did: o.did, scanStartedAt: o.scanStartedAt })),
-      pass: pass[0] === undefined ? undefined : passFromDb(pass[0])
+      pass
     }
   }).pipe(storeOp("reconcile.summary"))
 
@@ -463,35 +445,7 @@ export const makeSql = Effect.gen(function*() {
         storeOp("reconcile.ownersPage")
       ),
 
-    passState: (pass) =>
-      sql<PassDbRow>`
-        SELECT pass, continuation_did, owners_done, pass_started_at, pass_completed_at
-        FROM backfill_state WHERE pass = ${pass}`.pipe(
-        Effect.map((rows) => (rows[0] === undefined ? undefined : passFromDb(rows[0]))),
-        storeOp("reconcile.passState")
-      ),
-
-    startPass: (pass) =>
-      sql`
-        INSERT INTO backfill_state (pass, continuation_did, owners_done, pass_started_at, pass_completed_at)
-        VALUES (${pass}, NULL, 0, now(), NULL)
-        ON CONFLICT (pass) DO UPDATE SET continuation_did = NULL, owners_done = 0, pass_started_at = now(),
-          pass_completed_at = NULL, updated_at = now()`.pipe(Effect.asVoid, storeOp("reconcile.startPass")),
-
-    savePass: (pass, continuation, ownersDone) =>
-      sql`
-        UPDATE backfill_state SET continuation_did = ${continuation}, owners_done = ${ownersDone}, updated_at = now()
-        WHERE pass = ${pass} AND pass_completed_at IS NULL
-          AND (continuation_did IS NULL OR continuation_did < ${continuation})`.pipe(
-        Effect.asVoid,
-        storeOp("reconcile.savePass")
-      ),
-
-    completePass: (pass, ownersDone) =>
-      sql`
-        UPDATE backfill_state SET continuation_did = NULL, owners_done = ${ownersDone}, pass_completed_at = now(),
-          updated_at = now()
-        WHERE pass = ${pass}`.pipe(Effect.asVoid, storeOp("reconcile.completePass")),
+    ...backfillState(sql),
 
     retryCandidates: (options) => retryCandidates(sql, options),
     completedCursor: (marginMs) =>
