@@ -27,9 +27,10 @@ import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from 
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { StoreError } from "../platform/Persistence.js"
+import type { AdmissionLimit } from "./RegistryConfig.js"
 import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
 
-export type AdmissionLimit = "total" | "owner" | "direct_dids" | "backlink_dids"
+export type { AdmissionLimit }
 
 export type WhEventOutcome =
   | { readonly _tag: "stale" }
