@@ -26,6 +26,7 @@ import { leaderErrorCode, type Role, runAsLeader } from "../platform/Leader.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { REJECTED_LIMITS } from "../registry/RejectedStore.js"
 import type { TerminalStatus } from "./Operator.js"
 import * as OperatorConfig from "./OperatorConfig.js"
 
@@ -37,7 +38,8 @@ export const PRUNED_TABLES = [
   "audit",
   "tombstones",
   "prior_refs",
-  "quarantine"
+  "quarantine",
+  "rejected_records"
 ] as const
 export type PrunedTable = (typeof PRUNED_TABLES)[number]
 
@@ -62,10 +64,12 @@ export interface RetentionOptions {
    * 100,000 (SPEC §3.4)
    */
   readonly tombstonesMaxRows: number
-  /** quarantine rows — default 30 days */
+  /** quarantine rows, and refused-record entries (by last sighting) — default 30 days */
   readonly quarantine: Duration.DurationInput
   /** quarantine keeps at most this many newest rows — default 100,000 */
   readonly quarantineMaxRows: number
+  /** refused-record entries keep at most this many newest rows — default 1,000,000 */
+  readonly rejectedMaxRows: number
   /** event bodies no outbox row references — default 7 days */
   readonly deliveryEvents: Duration.DurationInput
   /** rows per DELETE — default 1,000 */
@@ -86,6 +90,7 @@ export const DEFAULT_RETENTION: RetentionOptions = {
   tombstonesMaxRows: OperatorConfig.retention.tombstonesMaxRows.default,
   quarantine: Duration.millis(OperatorConfig.retention.quarantineMs.default),
   quarantineMaxRows: OperatorConfig.retention.quarantineMaxRows.default,
+  rejectedMaxRows: REJECTED_LIMITS.maxRows,
   deliveryEvents: Duration.millis(OperatorConfig.retention.eventBodiesMs.default),
   batchSize: 1_000,
   maxBatches: 100,
@@ -310,8 +315,8 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
    * by a writer is skipped: pruning never undoes a write in progress.
    */
   const agedThenBounded = (
-    table: "tombstones",
-    at: "deleted_at",
+    table: "tombstones" | "rejected_records",
+    at: "deleted_at" | "last_seen_at",
     retention: Duration.DurationInput,
     maxRows: number,
     batch: (where: Fragment) => Effect.Effect<{ readonly rows: number; readonly extra: number }, StoreError>
@@ -357,6 +362,19 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
         sql`t.owner_did = d.owner_did AND t.rkey = d.rkey`
       ))
 
+  /**
+   * The owners' refused records (SPEC §8.5): last seen longer ago than the quarantine's retention,
+   * then beyond `rejectedMaxRows` (each owner's newest 100 are kept by their writers).
+   */
+  const rejectedRecords = () =>
+    agedThenBounded("rejected_records", "last_seen_at", o.quarantine, o.rejectedMaxRows, (where) =>
+      deleteLocked(
+        sql`SELECT t.owner_did, t.rkey FROM rejected_records t WHERE ${where} ORDER BY t.last_seen_at`,
+        "t",
+        "rejected_records t",
+        sql`t.owner_did = d.owner_did AND t.rkey = d.rkey`
+      ))
+
   /** Prior references past their TTL. */
   const priorRefs = () =>
     batched(
@@ -370,7 +388,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
       )
     )
 
-  return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs }
+  return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs, rejectedRecords }
 }
 
 /** Nothing pruned: every count zero. */
@@ -381,7 +399,8 @@ export const ZERO_PRUNE_COUNTS: PruneCounts = {
   audit: 0,
   tombstones: 0,
   prior_refs: 0,
-  quarantine: 0
+  quarantine: 0,
+  rejected_records: 0
 }
 const ZERO = ZERO_PRUNE_COUNTS
 
@@ -440,6 +459,7 @@ export const runOnce = (
     yield* step("tombstones", "tombstones", rules.tombstones())
     yield* step("prior_refs", "prior_refs", rules.priorRefs())
     yield* step("quarantine", "quarantine", rules.appendOnly("quarantine", o.quarantine, o.quarantineMaxRows))
+    yield* step("rejected_records", "rejected_records", rules.rejectedRecords())
 
     yield* Metric.increment(runsTotal)
     if (Option.isSome(firstError)) {
