@@ -36,7 +36,7 @@ export const downableStore = (
   return {
     begin: (did, o) => g(real.begin(did, o)),
     saveSnapshotRev: (did, t, r) => g(real.saveSnapshotRev(did, t, r)),
-    applyPage: (did, t, r, rows) => g(real.applyPage(did, t, r, rows)),
+    applyPage: (did, t, r, rows, refused) => g(real.applyPage(did, t, r, rows, refused)),
     deleteOlder: (did, t, r, l) => g(real.deleteOlder(did, t, r, l)),
     pruneTombstones: (did, t, r, ms, l) => g(real.pruneTombstones(did, t, r, ms, l)),
     complete: (did, t, r, e) => g(real.complete(did, t, r, e)),
