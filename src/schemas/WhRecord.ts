@@ -37,16 +37,20 @@ export interface WhRecord {
   readonly createdAt: string
 }
 
-export type WhRecordErrorKind =
-  | "not_object"
-  | "type"
-  | "scope"
-  | "url"
-  | "events"
-  | "secret"
-  | "secret_id"
-  | "enabled"
-  | "created_at"
+/** The error kinds of an invalid record (SPEC §1), in the order the fields are checked. */
+export const WH_RECORD_ERROR_KINDS = [
+  "not_object",
+  "type",
+  "scope",
+  "url",
+  "events",
+  "secret",
+  "secret_id",
+  "enabled",
+  "created_at"
+] as const
+
+export type WhRecordErrorKind = (typeof WH_RECORD_ERROR_KINDS)[number]
 
 export interface ValidatedWh {
   /** the clean copy: known fields only, optional fields absent rather than undefined */

@@ -253,7 +253,8 @@ describe("Maintenance", () => {
           audit: 3,
           tombstones: 3,
           prior_refs: 2,
-          quarantine: 4
+          quarantine: 4,
+          rejected_records: 0
         })
         expect(yield* ids("outbox", "delivery_id")).toEqual(["c-new", "d-new", "dl-mid", "l-old", "p-old"])
         expect(yield* ids("delivery_attempts", "delivery_id")).toEqual(["d-new", "ghost-new", "p-old"])

@@ -18,6 +18,7 @@ const EXPECTED_TABLES = [
   "owners",
   "prior_refs",
   "quarantine",
+  "rejected_records",
   "secrets",
   "tombstones",
   "webhooks"
@@ -76,12 +77,13 @@ describe("Migrations", () => {
         event_collection, event_rkey, event_operation, target_url, signing_mode, fingerprint)
         VALUES ('d1', 'e1', 'did:plc:o', 'w', 'direct', 'did:plc:e', 'c', 'r', 'create', 'https://x.test/h', 'none', 'f')`
       const applied = yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      // 0002 and every later migration
       expect(applied.map(([id]) => id)).toEqual(MIGRATION_IDS.filter((id) => id > 1))
       const rows = yield* c<{ delivery_id: string; origin: string | null }>`SELECT delivery_id, origin FROM outbox`
       expect(rows).toEqual([{ delivery_id: "d1", origin: null }])
     }))
 
-  it.scoped("0005 gives a pass row of an older version sweep 0 and no claimed pages, keeping its continuation", () =>
+  it.scoped("0003 gives a pass row of an older version sweep 0 and no claimed pages, keeping its continuation", () =>
     Effect.gen(function*() {
       const { url } = yield* Db.freshDatabase
       const c = yield* client(url)

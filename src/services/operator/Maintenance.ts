@@ -26,6 +26,7 @@ import { leaderErrorCode, type Role, runAsLeader } from "../platform/Leader.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { REJECTED_LIMITS } from "../registry/RejectedStore.js"
 import type { TerminalStatus } from "./Operator.js"
 import * as OperatorConfig from "./OperatorConfig.js"
 
@@ -37,7 +38,8 @@ export const PRUNED_TABLES = [
   "audit",
   "tombstones",
   "prior_refs",
-  "quarantine"
+  "quarantine",
+  "rejected_records"
 ] as const
 export type PrunedTable = (typeof PRUNED_TABLES)[number]
 
@@ -62,10 +64,12 @@ export interface RetentionOptions {
    * 100,000 (SPEC §3.4)
    */
   readonly tombstonesMaxRows: number
-  /** quarantine rows — default 30 days */
+  /** quarantine rows, and refused-record entries (by last sighting) — default 30 days */
   readonly quarantine: Duration.DurationInput
   /** quarantine keeps at most this many newest rows — default 100,000 */
   readonly quarantineMaxRows: number
+  /** refused-record entries keep at most this many newest rows — default 1,000,000 */
+  readonly rejectedMaxRows: number
   /** event bodies no outbox row references — default 7 days */
   readonly deliveryEvents: Duration.DurationInput
   /** rows per DELETE — default 1,000 */
@@ -86,6 +90,7 @@ export const DEFAULT_RETENTION: RetentionOptions = {
   tombstonesMaxRows: OperatorConfig.retention.tombstonesMaxRows.default,
   quarantine: Duration.millis(OperatorConfig.retention.quarantineMs.default),
   quarantineMaxRows: OperatorConfig.retention.quarantineMaxRows.default,
+  rejectedMaxRows: REJECTED_LIMITS.maxRows,
   deliveryEvents: Duration.millis(OperatorConfig.retention.eventBodiesMs.default),
   batchSize: 1_000,
   maxBatches: 100,
@@ -145,7 +150,7 @@ interface OutboxRow {
 interface CutRow {
   readonly cut: string
 }
-interface TombstoneCutRow {
+interface KeyedCutRow {
   readonly at: string
   readonly owner_did: string
   readonly rkey: string
@@ -297,54 +302,78 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
     })
 
   /**
-   * Tombstones: first those older than the retention, except those of owners being reconciled
-   * (`scanning`); then the row bound, oldest `deleted_at` first, whoever the owner (a bound that an
-   * owner kept `scanning` could escape would be no bound).
+   * A table keyed by (`owner_did`, `rkey`) with a time column `at`: first the rows older than
+   * `retention`, then the row bound, oldest first, in batches of `batch(where)` (over the table
+   * aliased `t`, oldest first).
    *
-   * The bound's cut is the newest tombstone beyond the `tombstonesMaxRows` newest, in the order
-   * (`deleted_at`, `owner_did`, `rkey`): `deleted_at` alone has ties (it is the writing
-   * transaction's `now()`, shared by every tombstone a transaction writes), and a bound that
-   * deleted every tie of the cut would prune more fencing than it must. The cut is read once per
-   * run (a backward scan of `tombstones_deleted_at` over `tombstonesMaxRows` entries); each batch
-   * then walks that index from the oldest. A tombstone refreshed since the cut was read (its
-   * `deleted_at` is now newer) fails the re-check under its row lock and is kept, and one locked
-   * by a writer is skipped: pruning never undoes a fence being written.
+   * The bound's cut is the newest row beyond the `maxRows` newest, in the order (`at`, `owner_did`,
+   * `rkey`): `at` alone has ties (it is the writing transaction's `now()`, shared by every row a
+   * transaction writes), and a bound that deleted every tie of the cut would prune more than it
+   * must. The cut is read once per run (a backward scan of the table's `at` index over `maxRows`
+   * entries); each batch then walks that index from the oldest. A row refreshed since the cut was
+   * read (its `at` is now newer) fails the re-check under its row lock and is kept, and one locked
+   * by a writer is skipped: pruning never undoes a write in progress.
    */
-  /** One batch of tombstones matching `where`, oldest first; never those of owners being reconciled (SPEC §3.4). */
-  const deleteTombstones = (where: Fragment) =>
-    deleteLocked(
-      sql`SELECT t.owner_did, t.rkey FROM tombstones t
-        WHERE ${where}
-          AND NOT EXISTS (
-            SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
-        ORDER BY t.deleted_at`,
-      "t",
-      "tombstones t",
-      sql`t.owner_did = d.owner_did AND t.rkey = d.rkey`
-    )
-
-  const tombstones = () =>
+  const agedThenBounded = (
+    table: "tombstones" | "rejected_records",
+    at: "deleted_at" | "last_seen_at",
+    retention: Duration.DurationInput,
+    maxRows: number,
+    batch: (where: Fragment) => Effect.Effect<{ readonly rows: number; readonly extra: number }, StoreError>
+  ) =>
     Effect.gen(function*() {
+      const col = sql(at)
       const byAge = yield* batched(
         o,
-        deleteTombstones(sql`t.deleted_at < now() - make_interval(secs => ${seconds(o.tombstones)}::double precision)`)
+        batch(sql`t.${col} < now() - make_interval(secs => ${seconds(retention)}::double precision)`)
       )
-      // the newest tombstone beyond the bound: it and every older one go (an owner being
-      // reconciled keeps its own; a crashed scan is marked failed by the retry scheduler, so this
-      // cannot hold the bound off for ever)
-      const cut = yield* timed(sql<TombstoneCutRow>`
-        SELECT deleted_at::text AS at, owner_did, rkey FROM tombstones
-        ORDER BY deleted_at DESC, owner_did DESC, rkey DESC
-        OFFSET ${o.tombstonesMaxRows} LIMIT 1`)
+      // the newest row beyond the bound: it and every older one go
+      const cut = yield* timed(sql<KeyedCutRow>`
+        SELECT ${col}::text AS at, owner_did, rkey FROM ${sql(table)}
+        ORDER BY ${col} DESC, owner_did DESC, rkey DESC
+        OFFSET ${maxRows} LIMIT 1`)
       const first = cut[0]
       if (first === undefined) return byAge
       const byCount = yield* batched(
         o,
-        deleteTombstones(sql`t.deleted_at <= ${first.at}::timestamptz
-          AND (t.deleted_at, t.owner_did, t.rkey) <= (${first.at}::timestamptz, ${first.owner_did}, ${first.rkey})`)
+        batch(sql`t.${col} <= ${first.at}::timestamptz
+          AND (t.${col}, t.owner_did, t.rkey) <= (${first.at}::timestamptz, ${first.owner_did}, ${first.rkey})`)
       )
       return { rows: byAge.rows + byCount.rows, extra: 0 }
     })
+
+  /**
+   * Tombstones: first those older than the retention, then the row bound, oldest `deleted_at`
+   * first, whoever the owner (a bound that an owner kept `scanning` could escape would be no
+   * bound), never those of owners being reconciled (`scanning`, SPEC §3.4): the table may exceed
+   * the bound by theirs while their scans run (a crashed scan is marked failed by the retry
+   * scheduler, so this cannot hold the bound off for ever).
+   */
+  const tombstones = () =>
+    agedThenBounded("tombstones", "deleted_at", o.tombstones, o.tombstonesMaxRows, (where) =>
+      deleteLocked(
+        sql`SELECT t.owner_did, t.rkey FROM tombstones t
+        WHERE ${where}
+          AND NOT EXISTS (
+            SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
+        ORDER BY t.deleted_at`,
+        "t",
+        "tombstones t",
+        sql`t.owner_did = d.owner_did AND t.rkey = d.rkey`
+      ))
+
+  /**
+   * The owners' refused records (SPEC §8.5): last seen longer ago than the quarantine's retention,
+   * then beyond `rejectedMaxRows` (each owner's newest 100 are kept by their writers).
+   */
+  const rejectedRecords = () =>
+    agedThenBounded("rejected_records", "last_seen_at", o.quarantine, o.rejectedMaxRows, (where) =>
+      deleteLocked(
+        sql`SELECT t.owner_did, t.rkey FROM rejected_records t WHERE ${where} ORDER BY t.last_seen_at`,
+        "t",
+        "rejected_records t",
+        sql`t.owner_did = d.owner_did AND t.rkey = d.rkey`
+      ))
 
   /** Prior references past their TTL. */
   const priorRefs = () =>
@@ -359,7 +388,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
       )
     )
 
-  return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs }
+  return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs, rejectedRecords }
 }
 
 /** Nothing pruned: every count zero. */
@@ -370,7 +399,8 @@ export const ZERO_PRUNE_COUNTS: PruneCounts = {
   audit: 0,
   tombstones: 0,
   prior_refs: 0,
-  quarantine: 0
+  quarantine: 0,
+  rejected_records: 0
 }
 const ZERO = ZERO_PRUNE_COUNTS
 
@@ -429,6 +459,7 @@ export const runOnce = (
     yield* step("tombstones", "tombstones", rules.tombstones())
     yield* step("prior_refs", "prior_refs", rules.priorRefs())
     yield* step("quarantine", "quarantine", rules.appendOnly("quarantine", o.quarantine, o.quarantineMaxRows))
+    yield* step("rejected_records", "rejected_records", rules.rejectedRecords())
 
     yield* Metric.increment(runsTotal)
     if (Option.isSome(firstError)) {

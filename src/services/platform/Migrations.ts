@@ -217,7 +217,7 @@ const outboxOrigin = Effect.flatMap(
 )
 
 /**
- * 0005: `backfill_state.sweep` (the sweep's number, which fences every write of a pass) and
+ * 0003: `backfill_state.sweep` (the sweep's number, which fences every write of a pass) and
  * `backfill_state.claims` (the pages claimed and not finished, SPEC §6.4). A pass row of an older
  * version is sweep 0 with no claims: a sweep in progress goes on from its continuation.
  */
@@ -228,11 +228,32 @@ const backfillClaims = Effect.flatMap(
       ADD COLUMN IF NOT EXISTS claims jsonb NOT NULL DEFAULT '[]'::jsonb`
 )
 
+/**
+ * 0004: `rejected_records`, the records firehook saw and refused, per owner (SPEC §8.5; see
+ * `registry/RejectedStore`). Revs compare bytewise (`COLLATE "C"`: TIDs sort in time order).
+ */
+const rejectedRecords = ddl(`
+CREATE TABLE rejected_records (
+  owner_did      text        NOT NULL,
+  rkey           text        NOT NULL,
+  rev            text        COLLATE "C" NOT NULL,
+  cid            text,
+  reason         text        NOT NULL,
+  source         text        NOT NULL CHECK (source IN ('stream', 'reconciliation')),
+  first_seen_at  timestamptz NOT NULL DEFAULT now(),
+  last_seen_at   timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (owner_did, rkey)
+);
+CREATE INDEX rejected_records_owner_newest ON rejected_records (owner_did, last_seen_at DESC, rev DESC, rkey DESC);
+CREATE INDEX rejected_records_last_seen ON rejected_records (last_seen_at, owner_did, rkey);
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
   "0002_outbox_origin": outboxOrigin,
-  "0005_backfill_claims": backfillClaims
+  "0003_backfill_claims": backfillClaims,
+  "0004_rejected_records": rejectedRecords
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */

@@ -21,6 +21,10 @@
  *   token as its generation; `active` = `enabled` (admission is applied in memory, at the swap);
  * - completion deletes what the snapshot did not contain: rows of older generations whose rev is
  *   not newer than the snapshot, in batches, each leaving a tombstone at the snapshot's rev.
+ * - the owner's refused records (`RejectedStore`, SPEC §8.5): a page records its invalid records at
+ *   the snapshot's rev under the same guard as its rows (no live write since begin, nothing newer
+ *   stored for the key) and clears the entries of the keys it wrote; completion clears the
+ *   entries older than the snapshot (their keys are no longer refused by it).
  *
  * The backfill pass state (SPEC §6.4) is shared by the passes of every replica: its writes are
  * fenced by the sweep's number, a page is claimed by a compare-and-swap on the frontier and taken
@@ -35,6 +39,7 @@ import { Context, type Effect, Layer } from "effect"
 import * as LockKeys from "../platform/LockKeys.js"
 import type { StoreError } from "../platform/Persistence.js"
 import type { ReconcileStatus, WebhookRow } from "../registry/RegistryStore.js"
+import type { RefusedVersion } from "../registry/RejectedStore.js"
 import { makeSql } from "./ReconcileStoreSql.js"
 
 export { makeSql } from "./ReconcileStoreSql.js"
@@ -158,12 +163,16 @@ export interface ReconcileStoreShape {
    * false = fenced (nothing done).
    */
   readonly saveSnapshotRev: (did: string, token: number, snapshotRev: string) => Effect.Effect<boolean, StoreError>
-  /** Step 3: write one page of the snapshot (fenced). `written` = rows inserted or replaced. */
+  /**
+   * Step 3: write one page of the snapshot (fenced): its rows, and the records it omitted as
+   * `refused`. `written` = rows inserted or replaced.
+   */
   readonly applyPage: (
     did: string,
     token: number,
     snapshotRev: string,
-    rows: ReadonlyArray<WebhookRow>
+    rows: ReadonlyArray<WebhookRow>,
+    refused: ReadonlyArray<RefusedVersion>
   ) => Effect.Effect<{ readonly fenced: boolean; readonly written: number }, StoreError>
   /** Step 4: delete ≤ `limit` rows the snapshot did not contain, leaving tombstones (fenced). */
   readonly deleteOlder: (
@@ -184,8 +193,9 @@ export interface ReconcileStoreShape {
     limit: number
   ) => Effect.Effect<{ readonly fenced: boolean; readonly pruned: number }, StoreError>
   /**
-   * Step 4–5: mark `complete` and run `whileLocked` (the in-memory swap) inside the same
-   * transaction, holding the owner row lock so no live write of this owner interleaves.
+   * Step 4–5: mark `complete`, clear the owner's refused-record entries older than the snapshot,
+   * and run `whileLocked` (the in-memory swap) inside the same transaction, holding the owner row
+   * lock so no live write of this owner interleaves.
    * false = fenced (nothing done).
    */
   readonly complete: (

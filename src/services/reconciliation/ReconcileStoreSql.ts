@@ -8,6 +8,7 @@ import type { SqlError } from "@effect/sql/SqlError"
 import { Effect } from "effect"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
 import { toReconcileStatus, WEBHOOK_COLUMNS, type WebhookRow } from "../registry/RegistryStore.js"
+import { clearOlderStatement, recordCtes, type RefusedVersion } from "../registry/RejectedStore.js"
 import { backfillState, passState } from "./BackfillStateSql.js"
 import {
   COMPLETION_SETTLE_MS,
@@ -166,16 +167,21 @@ const saveSnapshotRev = (sql: SqlClient.SqlClient, did: string, token: number, s
     )
     .pipe(storeOp("reconcile.saveSnapshotRev"))
 
-/** Step 3: one page of the snapshot (see the port's module documentation for the rules). */
+/**
+ * Step 3: one page of the snapshot (see the port's module documentation for the rules): its rows,
+ * the refused-record entries of their keys cleared, and its refused records recorded at the
+ * snapshot's rev where no newer state of the key is stored (the rows' guard).
+ */
 const applyPage = (
   sql: SqlClient.SqlClient,
   did: string,
   token: number,
   snapshotRev: string,
-  rows: ReadonlyArray<WebhookRow>
+  rows: ReadonlyArray<WebhookRow>,
+  refused: ReadonlyArray<RefusedVersion>
 ) =>
   fencedCount(sql, did, token, () =>
-    rows.length === 0
+    rows.length === 0 && refused.length === 0
       ? Effect.succeed([])
       : sql<CountRow>`
                 WITH input AS (
@@ -208,7 +214,27 @@ const applyPage = (
                   DELETE FROM tombstones t USING upserted u
                   WHERE t.owner_did = ${did} AND t.rkey = u.rkey
                   RETURNING 1
-                )
+                ), refusals_cleared AS (
+                  DELETE FROM rejected_records r USING upserted u
+                  WHERE r.owner_did = ${did} AND r.rkey = u.rkey AND r.rev <= ${snapshotRev}
+                  RETURNING 1
+                ), ${
+        recordCtes(
+          sql,
+          did,
+          snapshotRev,
+          "reconciliation",
+          refused,
+          sql`NOT EXISTS (
+                    SELECT 1 FROM tombstones t
+                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey
+                      AND (t.generation > ${token} OR t.rev >= ${snapshotRev}))
+                  AND NOT EXISTS (
+                    SELECT 1 FROM webhooks w
+                    WHERE w.owner_did = ${did} AND w.rkey = i.rkey
+                      AND (w.generation > ${token} OR w.rev > ${snapshotRev}))`
+        )
+      }
                 SELECT count(*)::int AS n FROM upserted`).pipe(
       Effect.map((written) => (written === undefined ? { fenced: true, written: 0 } : { fenced: false, written })),
       storeOp("reconcile.applyPage")
@@ -283,6 +309,7 @@ const complete = (
               UPDATE owners SET reconcile_status = 'complete', snapshot_rev = ${snapshotRev}, completed_at = now(),
                 failure_count = 0, last_failure_kind = NULL, updated_at = now()
               WHERE did = ${did}`
+        yield* clearOlderStatement(sql, did, snapshotRev)
         yield* whileLocked
         return true
       })
@@ -368,7 +395,7 @@ export const makeSql = Effect.gen(function*() {
   const store: ReconcileStoreShape = {
     begin: (did, options) => begin(sql, did, options),
     saveSnapshotRev: (did, token, snapshotRev) => saveSnapshotRev(sql, did, token, snapshotRev),
-    applyPage: (did, token, snapshotRev, rows) => applyPage(sql, did, token, snapshotRev, rows),
+    applyPage: (did, token, snapshotRev, rows, refused) => applyPage(sql, did, token, snapshotRev, rows, refused),
     deleteOlder: (did, token, snapshotRev, limit) => deleteOlder(sql, did, token, snapshotRev, limit),
     pruneTombstones: (did, token, snapshotRev, retentionMs, limit) =>
       pruneTombstones(sql, did, token, snapshotRev, retentionMs, limit),

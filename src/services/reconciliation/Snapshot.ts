@@ -15,6 +15,7 @@ import type { SafeHttpError, SafeResponse } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { toRow } from "../registry/Registry.js"
 import type { WebhookRow } from "../registry/RegistryStore.js"
+import type { RefusedVersion } from "../registry/RejectedStore.js"
 import type { IdentityShape } from "./Identity.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import type { OwnerFailureKind, ReconcileLimits, ReconcileOutcome } from "./Reconciler.js"
@@ -77,9 +78,9 @@ export interface ScanTarget {
 }
 
 /**
- * The rows of one page's records, in order, and how many were omitted as invalid; or the kind of
- * failure of the first record that fails the owner. `seen` holds the rkeys of the pages before
- * (this page's are added to it).
+ * The rows of one page's records, in order, and the records omitted as invalid (`refused`: rkey,
+ * cid and why; `invalid` counts them); or the kind of failure of the first record that fails the
+ * owner. `seen` holds the rkeys of the pages before (this page's are added to it).
  */
 export const pageRows = (
   records: ListRecordsPage["records"],
@@ -87,9 +88,16 @@ export const pageRows = (
   seen: Set<string>,
   limits: ReconcileLimits,
   validateOpts: { readonly allowInsecureDev: boolean }
-): Either.Either<{ readonly rows: ReadonlyArray<WebhookRow>; readonly invalid: number }, OwnerFailureKind> => {
+): Either.Either<
+  {
+    readonly rows: ReadonlyArray<WebhookRow>
+    readonly refused: ReadonlyArray<RefusedVersion>
+    readonly invalid: number
+  },
+  OwnerFailureKind
+> => {
   const rows: Array<WebhookRow> = []
-  let invalid = 0
+  const refused: Array<RefusedVersion> = []
   for (const rec of records) {
     const rkey = rkeyOfUri(rec.uri, target.did)
     if (rkey === undefined) return Either.left("record_uri")
@@ -100,7 +108,7 @@ export const pageRows = (
     seen.add(rkey)
     const v = validateWhRecord(rec.value, validateOpts)
     if (Either.isLeft(v)) {
-      invalid++
+      refused.push({ rkey, cid: rec.cid, reason: v.left })
       continue
     }
     const r = v.right
@@ -115,12 +123,12 @@ export const pageRows = (
       r.record.enabled !== false
     )
     if (!isStorable(row)) {
-      invalid++
+      refused.push({ rkey, cid: rec.cid, reason: "unstorable" })
       continue
     }
     rows.push(row)
   }
-  return Either.right({ rows, invalid })
+  return Either.right({ rows, refused, invalid: refused.length })
 }
 
 /**
@@ -232,7 +240,7 @@ const applyPages = (deps: ScanDeps, pds: string, target: ScanTarget) =>
       invalid += checked.right.invalid
       const next = nextCursor(page, cursors, limits)
       if (Either.isLeft(next)) return yield* ownerFail(next.left)
-      const applied = yield* store.applyPage(did, token, snapshotRev, checked.right.rows)
+      const applied = yield* store.applyPage(did, token, snapshotRev, checked.right.rows, checked.right.refused)
       if (applied.fenced) return SUPERSEDED
       written += applied.written
       if (next.right === undefined) break

@@ -9,8 +9,9 @@
  *   applies only if its rev is strictly greater than the stored row's and the tombstone's, and than
  *   the owner's snapshot rev (checked by the generation bump's own statement); each applied write
  *   bumps the owner's generation and stamps the row/tombstone with it; an invalid record or one over
- *   an admission limit revokes the previous registration. A fenced write (`stale`) changes nothing,
- *   in the store or in memory.
+ *   an admission limit revokes the previous registration and is remembered among the owner's
+ *   refused records (its cid, rev and reason; `RejectedStore`), which a valid version or a delete
+ *   clears. A fenced write (`stale`) changes nothing, in the store or in memory.
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
  *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
  *   A failure may hide a commit (the connection dropped after the server committed), so the owners
@@ -27,9 +28,11 @@ import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from 
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { StoreError } from "../platform/Persistence.js"
+import type { AdmissionLimit } from "./RegistryConfig.js"
 import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
+import { admissionReason, type RefusedVersion } from "./RejectedStore.js"
 
-export type AdmissionLimit = "total" | "owner" | "direct_dids" | "backlink_dids"
+export type { AdmissionLimit }
 
 export type WhEventOutcome =
   | { readonly _tag: "stale" }
@@ -225,12 +228,18 @@ export const make = Effect.gen(function*() {
       // the owner's records as of that rev; nothing was written, nothing in memory changes
       const generation = yield* store.bumpGeneration(ownerDid, event.rev)
       if (generation === undefined) return { _tag: "stale" } as const
-      const revoke = Effect.gen(function*() {
-        if (row === undefined) return false
-        yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
-        removeFromIndex(key)
-        return true
-      })
+      /**
+       * revoke the key (a row, if any, and its registration) for a refused version, leaving a
+       * tombstone (an invalid or refused version also fences older replays of valid ones) and the
+       * refusal; true when a row was revoked
+       */
+      const refuse = (reason: RefusedVersion["reason"]) =>
+        Effect.gen(function*() {
+          yield* store.remove(ownerDid, rkey, { rev: event.rev, generation }, { cid: event.cid, reason })
+          if (row === undefined) return false
+          removeFromIndex(key)
+          return true
+        })
       if (event.operation === "delete") {
         yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
         removeFromIndex(key)
@@ -238,9 +247,7 @@ export const make = Effect.gen(function*() {
       }
       const validated = validateWhRecord(event.record, validateOpts)
       if (Either.isLeft(validated)) {
-        const revoked = yield* revoke
-        // an invalid record also fences older replays of valid versions
-        if (!revoked) yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
+        const revoked = yield* refuse(validated.left)
         yield* onCommit(
           Effect.sync(() => invalidRecords++).pipe(Effect.zipRight(Metric.increment(invalidRecordsMetric)))
         )
@@ -255,8 +262,7 @@ export const make = Effect.gen(function*() {
       const candidate = makeActiveWebhook(ownerDid, rkey, record, scope, event.rev)
       const limit = admission(candidate)
       if (limit !== undefined) {
-        const revoked = yield* revoke
-        if (!revoked) yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
+        const revoked = yield* refuse(admissionReason(limit))
         yield* onCommit(
           Effect.sync(() => rejected[limit]++).pipe(
             Effect.zipRight(Metric.increment(Metric.tagged(admissionRejections, "limit", limit)))

@@ -13,4 +13,8 @@ export const registry = {
   backlinkDidsMax: { env: "REGISTRY_BACKLINK_SCOPE_DIDS_MAX", default: 1024, min: 1, max: 10000 }
 } as const
 
+/** The admission limits of SPEC §2.6, by name (the `limit` label of the rejection metric). */
+export const ADMISSION_LIMITS = ["total", "owner", "direct_dids", "backlink_dids"] as const
+export type AdmissionLimit = (typeof ADMISSION_LIMITS)[number]
+
 export const load: Effect.Effect<FirehookConfigShape["registry"], ConfigInvalid> = readIntVars(registry)

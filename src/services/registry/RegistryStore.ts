@@ -8,14 +8,27 @@
  * progress, stored by reconciliation) fences live writes in `bumpGeneration`, the statement that
  * already touches the owner row: a write whose rev is not strictly greater bumps nothing and is
  * ignored by the caller.
+ *
+ * The key's entry among the owner's refused records (`RejectedStore`, SPEC §8.5) is kept by the
+ * same writes, inside statements they run anyway (no extra round trip): `upsert` (a valid version)
+ * and `remove` (a delete) clear it, `remove` with a refusal (an invalid version, or one over an
+ * admission limit) records it. The in-memory store keeps the entries in its state (`rejected`).
  */
 import { SqlClient } from "@effect/sql"
-import { Context, Effect, Layer, Ref } from "effect"
+import { Clock, Context, Effect, Layer, Ref } from "effect"
 import type { Operation } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
 import type { WhRecord } from "../../schemas/WhRecord.js"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import { type StoreError, storeOp, storeOpWithin } from "../platform/Persistence.js"
+import {
+  clearCte,
+  memoryClear,
+  memoryRecord,
+  type MemoryRejected,
+  recordCtes,
+  type RefusedVersion
+} from "./RejectedStore.js"
 
 /** Loading every active registration at startup (up to 2,000,001 rows) may take a while. */
 const LOAD_TIMEOUT = "10 minutes"
@@ -77,10 +90,22 @@ export interface RegistryStoreShape {
    * snapshot rev, change nothing and return `undefined` (the write is fenced: SPEC §3.4).
    */
   readonly bumpGeneration: (ownerDid: string, rev: string) => Effect.Effect<number | undefined, StoreError>
-  /** write the row (insert or replace) and drop the key's tombstone */
+  /**
+   * write the row (insert or replace), drop the key's tombstone, and clear the key's refused-record
+   * entry if it is not newer than the row
+   */
   readonly upsert: (row: WebhookRow) => Effect.Effect<void, StoreError>
-  /** delete the row (if any) and write a tombstone at `rev` / `generation` */
-  readonly remove: (ownerDid: string, rkey: string, tombstone: Tombstone) => Effect.Effect<void, StoreError>
+  /**
+   * delete the row (if any) and write a tombstone at `rev` / `generation`; then record `refused`
+   * (the version refused at that rev, seen on the stream), or without it clear the key's
+   * refused-record entry if it is not newer
+   */
+  readonly remove: (
+    ownerDid: string,
+    rkey: string,
+    tombstone: Tombstone,
+    refused?: Omit<RefusedVersion, "rkey">
+  ) => Effect.Effect<void, StoreError>
   /** active rows in a stable order (oldest first), at most `limit` */
   readonly loadActive: (limit: number) => Effect.Effect<ReadonlyArray<WebhookRow>, StoreError>
   /** count of active rows */
@@ -198,12 +223,18 @@ export const makeSql = Effect.gen(function*() {
             url = EXCLUDED.url, events = EXCLUDED.events, enabled = EXCLUDED.enabled, active = EXCLUDED.active,
             signing_mode = EXCLUDED.signing_mode, secret_id = EXCLUDED.secret_id,
             fingerprint = EXCLUDED.fingerprint, gone_at = NULL, updated_at = now()`
-        yield* sql`DELETE FROM tombstones WHERE owner_did = ${row.ownerDid} AND rkey = ${row.rkey}`
+        yield* sql`
+          WITH ${clearCte(sql, row.ownerDid, row.rkey, row.rev)}
+          DELETE FROM tombstones WHERE owner_did = ${row.ownerDid} AND rkey = ${row.rkey}`
       }).pipe(storeOp("registry.upsert")),
-    remove: (ownerDid, rkey, tombstone) =>
+    remove: (ownerDid, rkey, tombstone, refused) =>
       Effect.gen(function*() {
         yield* sql`DELETE FROM webhooks WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
+        const rejected = refused === undefined
+          ? clearCte(sql, ownerDid, rkey, tombstone.rev)
+          : recordCtes(sql, ownerDid, tombstone.rev, "stream", [{ ...refused, rkey }])
         yield* sql`
+          WITH ${rejected}
           INSERT INTO tombstones (owner_did, rkey, rev, generation) VALUES (${ownerDid}, ${rkey}, ${tombstone.rev}, ${tombstone.generation})
           ON CONFLICT (owner_did, rkey) DO UPDATE SET rev = EXCLUDED.rev, generation = EXCLUDED.generation, deleted_at = now()`
       }).pipe(storeOp("registry.remove")),
@@ -255,6 +286,8 @@ export interface MemoryRegistryState {
   readonly owners: Map<string, OwnerState>
   readonly order: Map<string, number>
   seq: number
+  /** the refused-record entries (`RejectedStore.makeMemoryOver(state.rejected)` reads them) */
+  readonly rejected: MemoryRejected
 }
 
 /** A new, empty in-memory state. */
@@ -263,7 +296,8 @@ export const emptyMemoryState = (): MemoryRegistryState => ({
   tombstones: new Map(),
   owners: new Map(),
   order: new Map(),
-  seq: 0
+  seq: 0,
+  rejected: new Map()
 })
 
 const k = (ownerDid: string, rkey: string) => `${ownerDid}/${rkey}`
@@ -291,16 +325,24 @@ export const makeMemoryOver = (state: Ref.Ref<MemoryRegistryState>): RegistrySto
         if (!s.order.has(key)) s.order.set(key, s.seq++)
         s.rows.set(key, { ...row, gone: false })
         s.tombstones.delete(key)
+        memoryClear(s.rejected, row.ownerDid, row.rkey, row.rev)
         return s
       }),
-    remove: (ownerDid, rkey, tombstone) =>
-      Ref.update(state, (s) => {
-        const key = k(ownerDid, rkey)
-        s.rows.delete(key)
-        s.order.delete(key)
-        s.tombstones.set(key, tombstone)
-        return s
-      }),
+    remove: (ownerDid, rkey, tombstone, refused) =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) =>
+        Ref.update(state, (s) => {
+          const key = k(ownerDid, rkey)
+          s.rows.delete(key)
+          s.order.delete(key)
+          s.tombstones.set(key, tombstone)
+          if (refused === undefined) memoryClear(s.rejected, ownerDid, rkey, tombstone.rev)
+          else {memoryRecord(
+              s.rejected,
+              { ...refused, ownerDid, rkey, rev: tombstone.rev, source: "stream" },
+              new Date(now)
+            )}
+          return s
+        })),
     loadActive: (limit) =>
       Ref.get(state).pipe(
         Effect.map((s) =>

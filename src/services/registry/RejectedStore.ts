@@ -1,0 +1,264 @@
+/**
+ * The records firehook saw and refused, per owner (SPEC §8.5 `list`, state `rejected`), so that an
+ * owner can learn why a webhook never fires. One entry per record key (owner DID, rkey): what was
+ * refused (the version's cid and the repo rev it was seen at; never the record body, its URL or a
+ * secret), why ({@link REJECTION_REASONS}: a record error kind of SPEC §1, or the admission limit
+ * of §2.6 that refused it), where it was seen (the registry stream or a reconciliation snapshot)
+ * and when (first and last seen).
+ *
+ * Rules, in every driver:
+ * - Fenced by rev like the registry's writes: a refusal at rev R replaces the key's entry only if
+ *   the entry is not newer (entry rev ≤ R); a clear at R (an accepted version, a delete, a snapshot
+ *   that no longer holds the key) drops the entry only if it is not newer than R. An older replay
+ *   never overwrites a newer state.
+ * - `first_seen_at` stays while the key's entry lives (the key has been refused since then, even
+ *   if by another version or for another reason); `last_seen_at` is the latest sighting.
+ * - Bounded: an owner keeps its newest {@link REJECTED_LIMITS}`.perOwner` entries (newest = last
+ *   seen, then rev, then rkey); a write beyond drops the oldest in the same statement. The table
+ *   as a whole is bounded by maintenance (age and `maxRows`).
+ *
+ * The writers fold these statements into statements they run anyway, so recording costs no extra
+ * round trip on the stream and clearing none at all: the registry stream's writes
+ * (`RegistryStore.upsert` clears, `RegistryStore.remove` records or clears, inside the intake
+ * batch's transaction) and reconciliation's (`ReconcileStore.applyPage` records and clears a page,
+ * `complete` clears what the snapshot no longer holds). `record` and `clear` run them alone.
+ */
+import { SqlClient } from "@effect/sql"
+import type { Fragment } from "@effect/sql/Statement"
+import { Clock, Context, Effect, Layer } from "effect"
+import { WH_RECORD_ERROR_KINDS } from "../../schemas/WhRecord.js"
+import { type StoreError, storeOp } from "../platform/Persistence.js"
+import { ADMISSION_LIMITS, type AdmissionLimit } from "./RegistryConfig.js"
+
+/** The reason of a refusal that an admission limit made: `limit_<limit>`. */
+export type AdmissionReason = `limit_${AdmissionLimit}`
+export const admissionReason = (limit: AdmissionLimit): AdmissionReason => `limit_${limit}`
+
+/**
+ * Why a record was refused: a record error kind (SPEC §1), an admission limit (SPEC §2.6,
+ * `limit_*`), or `unstorable` (a valid record PostgreSQL cannot store: a NUL or a lone surrogate
+ * in a string, which reconciliation omits).
+ */
+export const REJECTION_REASONS = [
+  ...WH_RECORD_ERROR_KINDS,
+  ...ADMISSION_LIMITS.map(admissionReason),
+  "unstorable"
+] as const
+export type RejectionReason = (typeof REJECTION_REASONS)[number]
+
+/** Where a refusal was seen. */
+export const REJECTION_SOURCES = ["stream", "reconciliation"] as const
+export type RejectionSource = (typeof REJECTION_SOURCES)[number]
+
+export const REJECTED_LIMITS = {
+  /** entries kept per owner (SPEC §8.5: the newest 100) */
+  perOwner: 100,
+  /** the table's row bound, kept by maintenance */
+  maxRows: 1_000_000
+} as const
+
+/** One refused version of one key, without its owner (a page's refusals share it). */
+export interface RefusedVersion {
+  readonly rkey: string
+  readonly cid: string | undefined
+  readonly reason: RejectionReason
+}
+
+/** A refusal as written. */
+export interface Refusal extends RefusedVersion {
+  readonly ownerDid: string
+  /**
+   * The repo rev the refused version was seen at: the commit's rev on the stream, the snapshot's
+   * rev in reconciliation (the repo held the version at that rev). It fences the entry.
+   */
+  readonly rev: string
+  readonly source: RejectionSource
+}
+
+/** An entry as read. */
+export interface RejectedRecord {
+  readonly ownerDid: string
+  readonly rkey: string
+  readonly rev: string
+  readonly cid: string | undefined
+  /** one of {@link REJECTION_REASONS} (a newer version of firehook may have written another) */
+  readonly reason: string
+  readonly source: RejectionSource
+  readonly firstSeenAt: Date
+  readonly lastSeenAt: Date
+}
+
+export interface RejectedStoreShape {
+  /** The owner's entries, newest first, at most `limit` (1..perOwner, default perOwner). */
+  readonly list: (ownerDid: string, limit?: number) => Effect.Effect<ReadonlyArray<RejectedRecord>, StoreError>
+  /** Record a refusal (fenced; keeps the owner's newest entries). False = an entry newer than it stays. */
+  readonly record: (refusal: Refusal) => Effect.Effect<boolean, StoreError>
+  /** Drop the key's entry if it is not newer than `rev` (the owner fixed or deleted the record). */
+  readonly clear: (ownerDid: string, rkey: string, rev: string) => Effect.Effect<boolean, StoreError>
+}
+
+export class RejectedStore extends Context.Tag("firehook/RejectedStore")<RejectedStore, RejectedStoreShape>() {}
+
+const clampLimit = (limit: number | undefined): number =>
+  Math.max(1, Math.min(REJECTED_LIMITS.perOwner, Math.floor(limit ?? REJECTED_LIMITS.perOwner)))
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL: statement parts that other statements embed (one home for this table's SQL)
+
+/**
+ * Data-modifying CTEs (`rejected_input`, `rejected_written`, `rejected_trimmed`) that record
+ * `refused` (one owner, one rev, one source): the fenced upsert, then the owner's oldest entries
+ * beyond the bound. `guard`, if given, is a condition on the input row `i` (e.g. "no newer state of
+ * the key is stored"); a refusal failing it is not written.
+ */
+export const recordCtes = (
+  sql: SqlClient.SqlClient,
+  ownerDid: string,
+  rev: string,
+  source: RejectionSource,
+  refused: ReadonlyArray<RefusedVersion>,
+  guard?: Fragment
+) =>
+  sql`rejected_input AS (
+      SELECT * FROM jsonb_to_recordset(${
+    JSON.stringify(refused.map((r) => ({ rkey: r.rkey, cid: r.cid ?? null, reason: r.reason })))
+  }::jsonb) AS i(rkey text, cid text, reason text)
+    ), rejected_written AS (
+      INSERT INTO rejected_records (owner_did, rkey, rev, cid, reason, source)
+      SELECT ${ownerDid}, i.rkey, ${rev}, i.cid, i.reason, ${source} FROM rejected_input i
+      WHERE ${guard ?? sql`true`}
+      ON CONFLICT (owner_did, rkey) DO UPDATE SET
+        rev = EXCLUDED.rev, cid = EXCLUDED.cid, reason = EXCLUDED.reason, source = EXCLUDED.source,
+        last_seen_at = now()
+      WHERE rejected_records.rev <= EXCLUDED.rev
+      RETURNING rkey
+    ), rejected_trimmed AS (
+      DELETE FROM rejected_records r
+      WHERE r.owner_did = ${ownerDid} AND r.rkey IN (
+        SELECT x.rkey FROM rejected_records x
+        WHERE x.owner_did = ${ownerDid} AND x.rkey NOT IN (SELECT rkey FROM rejected_written)
+        ORDER BY x.last_seen_at DESC, x.rev DESC, x.rkey DESC
+        OFFSET GREATEST(0, ${REJECTED_LIMITS.perOwner} - (SELECT count(*) FROM rejected_written)))
+      RETURNING 1
+    )`
+
+/** A data-modifying CTE (`rejected_cleared`) dropping the key's entry if it is not newer than `rev`. */
+export const clearCte = (sql: SqlClient.SqlClient, ownerDid: string, rkey: string, rev: string) =>
+  sql`rejected_cleared AS (
+      DELETE FROM rejected_records WHERE owner_did = ${ownerDid} AND rkey = ${rkey} AND rev <= ${rev}
+      RETURNING 1
+    )`
+
+/**
+ * The owner's entries older than `rev` (a completed snapshot at `rev` no longer holds their keys:
+ * the ones it still refused were recorded again at `rev`). At most `perOwner` rows.
+ */
+export const clearOlderStatement = (sql: SqlClient.SqlClient, ownerDid: string, rev: string) =>
+  sql`DELETE FROM rejected_records WHERE owner_did = ${ownerDid} AND rev < ${rev}`
+
+interface DbRow {
+  readonly owner_did: string
+  readonly rkey: string
+  readonly rev: string
+  readonly cid: string | null
+  readonly reason: string
+  readonly source: string
+  readonly first_seen_at: Date | string
+  readonly last_seen_at: Date | string
+}
+
+const toDate = (v: Date | string): Date => (v instanceof Date ? v : new Date(v))
+
+const fromDb = (r: DbRow): RejectedRecord => ({
+  ownerDid: r.owner_did,
+  rkey: r.rkey,
+  rev: r.rev,
+  cid: r.cid ?? undefined,
+  reason: r.reason,
+  source: r.source === "reconciliation" ? "reconciliation" : "stream",
+  firstSeenAt: toDate(r.first_seen_at),
+  lastSeenAt: toDate(r.last_seen_at)
+})
+
+export const makeSql = Effect.gen(function*() {
+  const sql = yield* SqlClient.SqlClient
+  const store: RejectedStoreShape = {
+    list: (ownerDid, limit) =>
+      sql<DbRow>`
+        SELECT owner_did, rkey, rev, cid, reason, source, first_seen_at, last_seen_at FROM rejected_records
+        WHERE owner_did = ${ownerDid}
+        ORDER BY last_seen_at DESC, rev DESC, rkey DESC
+        LIMIT ${clampLimit(limit)}`.pipe(Effect.map((rows) => rows.map(fromDb)), storeOp("rejected.list")),
+    record: (r) =>
+      sql<{ n: number }>`
+        WITH ${recordCtes(sql, r.ownerDid, r.rev, r.source, [r])}
+        SELECT count(*)::int AS n FROM rejected_written`.pipe(
+        Effect.map((rows) => (rows[0]?.n ?? 0) > 0),
+        storeOp("rejected.record")
+      ),
+    clear: (ownerDid, rkey, rev) =>
+      sql<{ n: number }>`
+        WITH ${clearCte(sql, ownerDid, rkey, rev)}
+        SELECT count(*)::int AS n FROM rejected_cleared`.pipe(
+        Effect.map((rows) => (rows[0]?.n ?? 0) > 0),
+        storeOp("rejected.clear")
+      )
+  }
+  return store
+})
+
+export const layerSql = Layer.effect(RejectedStore, makeSql)
+
+// ---------------------------------------------------------------------------------------------
+// In memory: the same rules over a Map (key `<owner> <rkey>`), which the in-memory RegistryStore
+// shares (its writes record and clear entries as the PostgreSQL statements do)
+
+export type MemoryRejected = Map<string, RejectedRecord>
+
+const memoryKey = (ownerDid: string, rkey: string) => `${ownerDid} ${rkey}`
+
+/** Newest first: last seen, then rev, then rkey (descending), as the PostgreSQL order. */
+const newestFirst = (a: RejectedRecord, b: RejectedRecord): number =>
+  b.lastSeenAt.getTime() - a.lastSeenAt.getTime() || (a.rev < b.rev ? 1 : a.rev > b.rev ? -1 : 0) ||
+  (a.rkey < b.rkey ? 1 : a.rkey > b.rkey ? -1 : 0)
+
+const ownerEntries = (m: MemoryRejected, ownerDid: string): Array<RejectedRecord> =>
+  [...m.values()].filter((e) => e.ownerDid === ownerDid).sort(newestFirst)
+
+/** Record `r` seen at `now` (see the module's rules); false = an entry newer than it stays. */
+export const memoryRecord = (m: MemoryRejected, r: Refusal, now: Date): boolean => {
+  const k = memoryKey(r.ownerDid, r.rkey)
+  const prev = m.get(k)
+  if (prev !== undefined && prev.rev > r.rev) return false
+  m.set(k, {
+    ownerDid: r.ownerDid,
+    rkey: r.rkey,
+    rev: r.rev,
+    cid: r.cid,
+    reason: r.reason,
+    source: r.source,
+    firstSeenAt: prev?.firstSeenAt ?? now,
+    lastSeenAt: now
+  })
+  for (const old of ownerEntries(m, r.ownerDid).slice(REJECTED_LIMITS.perOwner)) {
+    m.delete(memoryKey(old.ownerDid, old.rkey))
+  }
+  return true
+}
+
+/** Drop the key's entry if it is not newer than `rev`. */
+export const memoryClear = (m: MemoryRejected, ownerDid: string, rkey: string, rev: string): boolean => {
+  const k = memoryKey(ownerDid, rkey)
+  const prev = m.get(k)
+  if (prev === undefined || prev.rev > rev) return false
+  return m.delete(k)
+}
+
+/** The store over `m` (shared with the in-memory RegistryStore's state, or a fresh Map). */
+export const makeMemoryOver = (m: MemoryRejected): RejectedStoreShape => ({
+  list: (ownerDid, limit) => Effect.sync(() => ownerEntries(m, ownerDid).slice(0, clampLimit(limit))),
+  record: (r) => Effect.map(Clock.currentTimeMillis, (now) => memoryRecord(m, r, new Date(now))),
+  clear: (ownerDid, rkey, rev) => Effect.sync(() => memoryClear(m, ownerDid, rkey, rev))
+})
+
+export const layerMemory = Layer.sync(RejectedStore, () => makeMemoryOver(new Map()))
