@@ -28,6 +28,8 @@ import { Lifecycle } from "../platform/Lifecycle.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import { Identity } from "../reconciliation/Identity.js"
 import { admissionSection, Registry } from "../registry/Registry.js"
+import { RegistryChanges } from "../registry/RegistryChanges.js"
+import * as RegistrySync from "../registry/RegistrySync.js"
 import { CursorStore } from "./CursorStore.js"
 import * as FirehoseSource from "./FirehoseSource.js"
 import { runJetstream as runJetstreamStreams } from "./JetstreamPlan.js"
@@ -213,8 +215,21 @@ export const layer = (options: IntakeOptions = {}) =>
       const lifecycle = yield* Lifecycle
       // a replica taking the role reloads what intake keeps in memory first (SPEC §6.4), the
       // registry and the prior-reference key index: while it stood by, the leader's intake changed
-      // the database but not this process's memory
-      const work = Effect.zipRight(Effect.orDie(processor.reload), intake.run)
+      // the database but not this process's memory. With the change feed (RegistryChanges), the
+      // leader then follows what other processes change in the registry (RegistrySync), from a
+      // horizon taken before the reload.
+      const changes = yield* Effect.serviceOption(RegistryChanges)
+      const reload = Effect.orDie(processor.reload)
+      const work = Option.match(changes, {
+        onNone: () => Effect.zipRight(reload, intake.run),
+        onSome: (feed) =>
+          Effect.gen(function*() {
+            const from = yield* Effect.orDie(feed.horizon)
+            yield* reload
+            const sync = RegistrySync.follow({ from, registry, reloadAll: processor.reload })
+            return yield* Effect.raceFirst(intake.run, Effect.provideService(sync, RegistryChanges, feed))
+          })
+      })
       const fiber = yield* Effect.forkScoped(runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake" }, role, work))
       yield* health.register("intake", healthSection(intake, Ref.get(role), registry.stats))
       yield* lifecycle.registerStop("intake-stop", "intake-stop", intake.stopAccepting)
