@@ -115,7 +115,11 @@ describe("FIREHOOK_ROLES", () => {
       expect(rx.total()).toBe(0)
       // no delivery worker anywhere: no liveness mark, no LISTEN on the outbox channel
       expect(
-        await query(db, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = 7231005 AND objsubid = 2")
+        await query(
+          db,
+          `SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = 7231005 AND objsubid = 2
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+        )
       ).toEqual([])
       expect(
         await query(

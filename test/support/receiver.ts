@@ -1,5 +1,6 @@
 /**
- * A webhook receiver on 127.0.0.1 for end-to-end tests of several processes: per `webhook-id` it
+ * A webhook receiver on 127.0.0.1 for end-to-end tests of several processes: per delivery id
+ * (`webhook-id`, or `Idempotency-Key` on unsigned requests) it
  * counts requests and the most requests in flight at once (a request is in flight from its first
  * byte until it is answered or its connection closes, e.g. when the sending process is killed).
  * `answer` decides each response (status, after how long).
@@ -14,9 +15,9 @@ export interface Answer {
 
 export interface Receiver {
   readonly url: string
-  /** requests per webhook-id */
+  /** requests per delivery id */
   readonly hits: Map<string, number>
-  /** the most requests of one webhook-id in flight at once */
+  /** the most requests of one delivery id in flight at once */
   readonly maxInFlight: Map<string, number>
   /** requests in total */
   readonly total: () => number
@@ -32,7 +33,8 @@ export const startReceiver = (answer: (id: string, n: number) => Answer = () => 
     const sockets = new Set<Net.Socket>()
     let total = 0
     const server = Http.createServer((req, res) => {
-      const id = String(req.headers["webhook-id"])
+      // the delivery id: `webhook-id` on signed requests, `Idempotency-Key` on every one (SPEC §4.5)
+      const id = String(req.headers["webhook-id"] ?? req.headers["idempotency-key"])
       const n = (hits.get(id) ?? 0) + 1
       hits.set(id, n)
       total++
