@@ -7,10 +7,12 @@
  * What each role starts (besides the health server, which every process runs):
  * - `intake`: the registry loaded in memory, the matching Processor, Intake under leader election
  *   (whose leader follows the registry changes other processes make, RegistrySync), and the
- *   invalidation of the process's identity cache on `#identity`/`#account` events when it has one;
+ *   invalidation of identity caches on `#identity`/`#account` events: its own when it has one, and
+ *   every other process's through a notification (IdentityInvalidations);
  * - `delivery`: the worker with its store, SafeHttp, secrets, destinations and publisher (no
  *   registry in memory: every attempt reads its subscription from the store);
- * - `reconcile`: identity, the reconciler, the retry scheduler, the backfill;
+ * - `reconcile`: identity (following the invalidations intake sends), the reconciler, the retry
+ *   scheduler, the backfill;
  * - `maintenance`: maintenance (one runner across replicas);
  * - `api`: the owners' XRPC listener (not merged yet: starts nothing).
  */
@@ -37,7 +39,8 @@ import * as Lifecycle from "../services/platform/Lifecycle.js"
 import { Tx } from "../services/platform/Persistence.js"
 import * as RolesConfig from "../services/platform/RolesConfig.js"
 import * as Backfill from "../services/reconciliation/Backfill.js"
-import type { Identity } from "../services/reconciliation/Identity.js"
+import { Identity } from "../services/reconciliation/Identity.js"
+import * as IdentityInvalidations from "../services/reconciliation/IdentityInvalidations.js"
 import * as Registry from "../services/registry/Registry.js"
 import * as RegistryChanges from "../services/registry/RegistryChanges.js"
 import * as RegistryStore from "../services/registry/RegistryStore.js"
@@ -146,9 +149,10 @@ const startMatching = (scope: Scope.Scope) =>
  * 4. The parts of step 4 that the roles ask for, in the order of SPEC §6.1: the registry and the
  * matching pipeline (`intake`), the delivery worker (`delivery`, before intake), maintenance
  * (`maintenance`, one runner across replicas), identity (`reconcile`: the reconciler's DID → PDS
- * cache, built before intake, which invalidates it on `#identity`/`#account` events), intake under
- * leader election (`intake`; its tuning, `WEBHOOK_INTAKE_*`, is read by Intake itself). Returns
- * the identity context, for step 5.
+ * cache, built before intake, which invalidates it on `#identity`/`#account` events; it also
+ * follows the events other processes' intake forwards), intake under leader election (`intake`; its
+ * tuning, `WEBHOOK_INTAKE_*`, is read by Intake itself; it forwards `#identity`/`#account` events to
+ * every process's identity cache). Returns the identity context, for step 5.
  */
 const startParts = (config: FirehookConfigShape, scope: Scope.Scope) =>
   Effect.gen(function*() {
@@ -161,9 +165,15 @@ const startParts = (config: FirehookConfigShape, scope: Scope.Scope) =>
     const identity = runs("reconcile")
       ? Option.some(yield* Layer.buildWithScope(Reconciliation.identityLayer(config), scope))
       : Option.none()
+    // every identity cache follows the `#identity`/`#account` events intake commits, whichever
+    // process runs intake (IdentityInvalidations)
+    if (Option.isSome(identity)) {
+      yield* Effect.forkIn(IdentityInvalidations.follow(Context.get(identity.value, Identity)), scope)
+    }
     if (Option.isSome(matching)) {
       const withIdentity: Context.Context<never> = Option.getOrElse(identity, () => Context.empty())
-      yield* Layer.buildWithScope(Intake.layer(), scope).pipe(
+      const forward = yield* IdentityInvalidations.publisher.pipe(Scope.extend(scope))
+      yield* Layer.buildWithScope(Intake.layer({ onIdentity: forward }), scope).pipe(
         Effect.provide(Context.merge(matching.value, withIdentity))
       )
     }

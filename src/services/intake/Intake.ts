@@ -65,7 +65,10 @@ export interface IntakeShape {
 export class Intake extends Context.Tag("firehook/Intake")<Intake, IntakeShape>() {}
 
 export interface IntakeOptions {
-  /** called for every committed `#identity` / `#account` event (identity cache invalidation) */
+  /**
+   * called for every committed `#identity` / `#account` event (identity cache invalidation); the
+   * layer adds the invalidation of the context's Identity, when there is one
+   */
   readonly onIdentity?: (did: string) => Effect.Effect<void>
   /** how long direct-set changes are coalesced before reconfiguring (default 1 s) */
   readonly reconfigureDelay?: Duration.DurationInput
@@ -203,10 +206,18 @@ export const INTAKE_LOCK_KEY = LockKeys.INTAKE
 export const layer = (options: IntakeOptions = {}) =>
   Layer.scopedDiscard(
     Effect.gen(function*() {
+      // `#identity`/`#account` events: this process's identity cache (when it has one), and the
+      // caller's hook (the service forwards them to the other processes' caches)
       const identity = yield* Effect.serviceOption(Identity)
+      const hooks = [
+        ...(Option.isSome(identity) ? [(did: string) => identity.value.invalidate(did)] : []),
+        ...(options.onIdentity === undefined ? [] : [options.onIdentity])
+      ]
       const intake = yield* make({
         ...options,
-        ...(Option.isSome(identity) ? { onIdentity: (did: string) => identity.value.invalidate(did) } : {})
+        ...(hooks.length === 0
+          ? {}
+          : { onIdentity: (did: string) => Effect.forEach(hooks, (hook) => hook(did), { discard: true }) })
       })
       const role = yield* Ref.make<"leader" | "standby">("standby")
       const registry = yield* Registry
