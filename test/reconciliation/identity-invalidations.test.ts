@@ -10,11 +10,11 @@ import * as IdentityInvalidations from "../../src/services/reconciliation/Identi
 import * as Db from "../support/db.js"
 import { plc } from "../support/stack.js"
 
-/** Until this database has a session whose last statement is the LISTEN on the channel. */
+/** Until this database has a session whose last statement, finished, is the LISTEN on the channel. */
 const listening = Effect.flatMap(SqlClient.SqlClient, (sql) =>
   sql<{ n: number }>`
     SELECT count(*)::int AS n FROM pg_stat_activity
-    WHERE datname = current_database() AND query = 'LISTEN "firehook_identity"'`.pipe(
+    WHERE datname = current_database() AND state = 'idle' AND query = 'LISTEN "firehook_identity"'`.pipe(
     Effect.repeat({ until: (rows) => (rows[0]?.n ?? 0) > 0, times: 10_000 })
   ))
 
