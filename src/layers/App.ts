@@ -1,7 +1,20 @@
 /**
- * The service: composes the parts in the startup order of SPEC §6.1 and registers their drains for
- * the shutdown order of §6.3. The HTTP server layer is a parameter (Bun in production,
- * `NodeHttpServer.layerTest` in tests), so this module never imports a runtime adapter.
+ * The service: composes the parts of the process's roles (SPEC §6.4) in the startup order of
+ * §6.1 and registers their drains for the shutdown order of §6.3. The HTTP server layer is a
+ * parameter (Bun in production, `NodeHttpServer.layerTest` in tests), so this module never imports
+ * a runtime adapter.
+ *
+ * What each role starts (besides the health server, which every process runs):
+ * - `intake`: the registry loaded in memory, the matching Processor, Intake under leader election
+ *   (whose leader follows the registry changes other processes make, RegistrySync), and the
+ *   invalidation of identity caches on `#identity`/`#account` events: its own when it has one, and
+ *   every other process's through a notification (IdentityInvalidations);
+ * - `delivery`: the worker with its store, SafeHttp, secrets, destinations and publisher (no
+ *   registry in memory: every attempt reads its subscription from the store);
+ * - `reconcile`: identity (following the invalidations intake sends), the reconciler, the retry
+ *   scheduler, the backfill;
+ * - `maintenance`: maintenance (one runner across replicas);
+ * - `api`: the owners' XRPC listener (not merged yet: starts nothing).
  */
 import * as HttpServer from "@effect/platform/HttpServer"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
@@ -24,8 +37,12 @@ import * as Health from "../services/platform/Health.js"
 import { SafeHttp } from "../services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../services/platform/Lifecycle.js"
 import { Tx } from "../services/platform/Persistence.js"
+import * as RolesConfig from "../services/platform/RolesConfig.js"
 import * as Backfill from "../services/reconciliation/Backfill.js"
+import { Identity } from "../services/reconciliation/Identity.js"
+import * as IdentityInvalidations from "../services/reconciliation/IdentityInvalidations.js"
 import * as Registry from "../services/registry/Registry.js"
+import * as RegistryChanges from "../services/registry/RegistryChanges.js"
 import * as RegistryStore from "../services/registry/RegistryStore.js"
 import * as Reconciliation from "./Reconciliation.js"
 
@@ -65,7 +82,10 @@ export const maintenanceOptions = (config: FirehookConfigShape): Maintenance.Mai
   }
 }
 
-/** The delivery worker and what it needs, from the configuration. */
+/**
+ * The delivery worker and what it needs, from the configuration. It uses the in-memory `Registry`
+ * when the context has one (a 410 then drops the webhook from this process's matching at once).
+ */
 export const deliveryLayer = (config: FirehookConfigShape) => {
   const allowCidrs = config.delivery.allowCidrs.flatMap((c) => {
     const parsed = parseCidr(c)
@@ -75,6 +95,7 @@ export const deliveryLayer = (config: FirehookConfigShape) => {
     Layer.provide(
       Layer.mergeAll(
         DeliveryStore.layerSql,
+        RegistryStore.layerSql,
         Secrets.layerSql,
         SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs }),
         Destinations.layer,
@@ -84,55 +105,129 @@ export const deliveryLayer = (config: FirehookConfigShape) => {
   )
 }
 
-/** Registry (loaded) + Processor on the PostgreSQL stores. Requires config, health, SqlClient. */
-export const matchingLayer = Processor.layer().pipe(Layer.provideMerge(Registry.layer), Layer.provideMerge(sqlStores))
+/**
+ * Registry (loaded) + Processor on the PostgreSQL stores, with the registry's change feed (which
+ * intake's leader follows, RegistrySync). Requires config, health, SqlClient, PgClient.
+ */
+export const matchingLayer = Processor.layer().pipe(
+  Layer.provideMerge(Registry.layer),
+  Layer.provideMerge(RegistryChanges.layerSql),
+  Layer.provideMerge(sqlStores)
+)
 
 export interface ServiceOptions {
   /** called once with the shutdown report (main uses it for the exit code) */
   readonly onShutdown?: (report: Lifecycle.ShutdownReport) => Effect.Effect<void>
 }
 
-/** Start the parts in order and register their drains. Requires the core services. */
+/** 3. The health server, in a scope of its own so that shutdown can stop it at its stage (`http`). */
+const startHealthServer = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, scope: Scope.Scope) =>
+  Effect.gen(function*() {
+    const lifecycle = yield* Lifecycle.Lifecycle
+    const httpScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+    const httpContext = yield* Layer.buildWithScope(
+      HttpServer.serve(Health.router).pipe(Layer.provideMerge(server)),
+      httpScope
+    )
+    const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(
+      Effect.provide(httpContext)
+    )
+    yield* Effect.logInfo("health server listening").pipe(Effect.annotateLogs({ address }))
+    yield* lifecycle.registerStop("http", "http", Scope.close(httpScope, Exit.void))
+  })
+
+/** 4. The registry, loaded into memory (bounded), and the matching pipeline (role `intake`). */
+const startMatching = (scope: Scope.Scope) =>
+  Effect.gen(function*() {
+    const matching = yield* Layer.buildWithScope(matchingLayer, scope)
+    const registryStats = yield* Effect.flatMap(Registry.Registry, (r) => r.stats).pipe(Effect.provide(matching))
+    yield* Effect.logInfo("registry ready").pipe(Effect.annotateLogs({ active: registryStats.active }))
+    return matching
+  })
+
+/**
+ * 4. The parts of step 4 that the roles ask for, in the order of SPEC §6.1: the registry and the
+ * matching pipeline (`intake`), the delivery worker (`delivery`, before intake), maintenance
+ * (`maintenance`, one runner across replicas), identity (`reconcile`: the reconciler's DID → PDS
+ * cache, built before intake, which invalidates it on `#identity`/`#account` events; it also
+ * follows the events other processes' intake forwards), intake under leader election (`intake`; its
+ * tuning, `WEBHOOK_INTAKE_*`, is read by Intake itself; it forwards `#identity`/`#account` events to
+ * every process's identity cache). Returns the identity context, for step 5.
+ */
+const startParts = (config: FirehookConfigShape, scope: Scope.Scope) =>
+  Effect.gen(function*() {
+    const runs = (role: RolesConfig.Role) => RolesConfig.runs(config.roles, role)
+    const matching = runs("intake") ? Option.some(yield* startMatching(scope)) : Option.none()
+    // what the later parts use when this process has it (the registry in memory), typed as nothing
+    const optional: Context.Context<never> = Option.getOrElse(matching, () => Context.empty())
+    if (runs("delivery")) yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(Effect.provide(optional))
+    if (runs("maintenance")) yield* Layer.buildWithScope(Maintenance.layer(maintenanceOptions(config)), scope)
+    const identity = runs("reconcile")
+      ? Option.some(yield* Layer.buildWithScope(Reconciliation.identityLayer(config), scope))
+      : Option.none()
+    // every identity cache follows the `#identity`/`#account` events intake commits, whichever
+    // process runs intake (IdentityInvalidations)
+    if (Option.isSome(identity)) {
+      yield* Effect.forkIn(IdentityInvalidations.follow(Context.get(identity.value, Identity)), scope)
+    }
+    if (Option.isSome(matching)) {
+      const withIdentity: Context.Context<never> = Option.getOrElse(identity, () => Context.empty())
+      const forward = yield* IdentityInvalidations.publisher.pipe(Scope.extend(scope))
+      yield* Layer.buildWithScope(Intake.layer({ onIdentity: forward }), scope).pipe(
+        Effect.provide(Context.merge(matching.value, withIdentity))
+      )
+    }
+    return { identity, optional }
+  })
+
+/**
+ * 5. Role `reconcile`: the retry scheduler, then the initial backfill in the background:
+ * `reconciling-live` until the first pass completes, then `live`.
+ */
+const startReconciliation = (
+  scope: Scope.Scope,
+  identity: Context.Context<Identity | SafeHttp>,
+  optional: Context.Context<never>
+) =>
+  Effect.gen(function*() {
+    const lifecycle = yield* Lifecycle.Lifecycle
+    const recon = yield* Layer.buildWithScope(Reconciliation.reconciliationLayer(), scope).pipe(
+      Effect.provide(Context.merge(identity, optional))
+    )
+    yield* lifecycle.setPhase("reconciling-live")
+    const backfill = Context.get(recon, Backfill.Backfill)
+    yield* backfill.start
+    yield* Effect.forkIn(backfill.awaitInitialPass.pipe(Effect.zipRight(lifecycle.setPhase("live"))), scope)
+  })
+
+/**
+ * Start the parts of the process's roles (`FIREHOOK_ROLES`, SPEC §6.4) in the startup order of
+ * §6.1 and register their drains: the shutdown of §6.3 covers what was started (a part that is not
+ * started registers no drain). The health server runs in every process, with a `roles` section.
+ * Without `reconcile` there is no initial backfill: the phase goes to `live` once the parts are
+ * started. Requires the core services.
+ */
 export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, options: ServiceOptions = {}) =>
   Layer.scopedDiscard(
     Effect.gen(function*() {
       const lifecycle = yield* Lifecycle.Lifecycle
       const config = yield* FirehookConfig
+      const health = yield* Health.Health
       const scope = yield* Effect.scope
+      yield* health.register("roles", Effect.succeed({ ready: true, body: RolesConfig.rolesBody(config.roles) }))
+      yield* Effect.logInfo("roles").pipe(Effect.annotateLogs({ roles: config.roles.join(",") }))
       const startup = Effect.gen(function*() {
-        // 3. the health server, in a scope of its own so that shutdown can stop it at its stage
-        const httpScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-        const httpContext = yield* Layer.buildWithScope(
-          HttpServer.serve(Health.router).pipe(Layer.provideMerge(server)),
-          httpScope
-        )
-        const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(
-          Effect.provide(httpContext)
-        )
-        yield* Effect.logInfo("health server listening").pipe(Effect.annotateLogs({ address }))
-        yield* lifecycle.registerStop("http", "http", Scope.close(httpScope, Exit.void))
-        // 4. the registry, loaded into memory (bounded), and the matching pipeline
-        const matching = yield* Layer.buildWithScope(matchingLayer, scope)
-        const registryStats = yield* Effect.flatMap(Registry.Registry, (r) => r.stats).pipe(Effect.provide(matching))
-        yield* Effect.logInfo("registry ready").pipe(Effect.annotateLogs({ active: registryStats.active }))
-        // the delivery worker (before intake, SPEC §6.1), with its transport, secrets and publisher
-        yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(Effect.provide(matching))
-        // maintenance (one runner across replicas)
-        yield* Layer.buildWithScope(Maintenance.layer(maintenanceOptions(config)), scope)
-        // identity (DID → PDS, cached) before intake: `#identity`/`#account` events invalidate it
-        const identity = yield* Layer.buildWithScope(Reconciliation.identityLayer(config), scope)
-        // intake, under leader election (one intake leader across replicas); its tuning
-        // (`WEBHOOK_INTAKE_*`) is read from the configuration by Intake itself
-        yield* Layer.buildWithScope(Intake.layer(), scope).pipe(Effect.provide(Context.merge(matching, identity)))
-        // 5. the retry scheduler, then the initial backfill in the background: `reconciling-live`
-        //    until the first pass completes, then `live`
-        const recon = yield* Layer.buildWithScope(Reconciliation.reconciliationLayer(), scope).pipe(
-          Effect.provide(Context.merge(matching, identity))
-        )
-        yield* lifecycle.setPhase("reconciling-live")
-        const backfill = Context.get(recon, Backfill.Backfill)
-        yield* backfill.start
-        yield* Effect.forkIn(backfill.awaitInitialPass.pipe(Effect.zipRight(lifecycle.setPhase("live"))), scope)
+        // 3. the health server (every process)
+        yield* startHealthServer(server, scope)
+        // 3b. role `api`: the owners' XRPC listener on API_HOST:API_PORT (SPEC §8.1), started right
+        //     after the health listener and stopped at its stage (`http`). Its layer is being built
+        //     in src/services/api/; until it is merged here, the role is accepted and shown in
+        //     /health and starts nothing.
+        // 4. the registry and matching, the delivery worker, maintenance, identity, intake
+        const parts = yield* startParts(config, scope)
+        // 5. the retry scheduler and the initial backfill (`reconcile`), or `live` at once
+        if (Option.isSome(parts.identity)) yield* startReconciliation(scope, parts.identity.value, parts.optional)
+        else yield* lifecycle.setPhase("live")
       })
       yield* startup.pipe(Effect.tapErrorCause(() => lifecycle.setPhase("failed")))
       // Added last, so it runs first when the scope closes: the ordered, deadline-bound shutdown.
@@ -151,6 +246,9 @@ export const core = (config: FirehookConfigShape, lifecycle?: Lifecycle.Lifecycl
   const LifecycleLive = lifecycle === undefined
     ? Lifecycle.layer({ shutdownTimeout: Duration.millis(config.shutdownTimeoutMs) })
     : Layer.succeed(Lifecycle.Lifecycle, lifecycle)
-  const HealthLive = Health.layer.pipe(Layer.provide(LifecycleLive))
+  // readiness follows the roles: the sections of the parts this process runs (SPEC §6.2, §6.4)
+  const HealthLive = Health.layerWith({ required: RolesConfig.requiredSections(config.roles) }).pipe(
+    Layer.provide(LifecycleLive)
+  )
   return Database.layer().pipe(Layer.provideMerge(Layer.mergeAll(ConfigLive, LifecycleLive, HealthLive)))
 }

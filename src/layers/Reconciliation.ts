@@ -5,7 +5,7 @@
  *   and response bounds are set per request: 10 s; 1 MiB, `RECONCILE_PAGE_MAX_BYTES` (512 KiB) for listRecords pages). Built before intake, so intake can call
  *   `Identity.invalidate(did)` on `#identity` / `#account` events.
  * - {@link reconciliationLayer}: the reconcile store, the Reconciler (swapping completed owners into
- *   the in-memory Registry), the RetryScheduler (its rounds start when the layer is built) and the
+ *   the in-memory Registry, when the process has one), the RetryScheduler (its rounds start when the layer is built) and the
  *   Backfill (idle until `Backfill.start`). Built after intake has started. It registers the health
  *   sections `backfill` and `retryScheduler` and the shutdown stages `backfill`, `scheduler-begin`
  *   and `scheduler-await`.
@@ -36,8 +36,9 @@ export const identityLayer = (config: FirehookConfigShape) =>
 
 /**
  * Backfill + RetryScheduler (+ Reconciler, ReconcileStore). Requires `FirehookConfig`, `SqlClient`,
- * `Registry`, `Health`, `Lifecycle`, `Identity` and `SafeHttp` (the last two from
- * {@link identityLayer}).
+ * `Health`, `Lifecycle`, `Identity` and `SafeHttp` (the last two from {@link identityLayer}); uses
+ * the in-memory `Registry` when the context has one (the process runs intake: completed owners are
+ * swapped into it), else completion writes the store only (a `reconcile` process, SPEC §6.4).
  */
 export const reconciliationLayer = (
   options: { readonly backfill?: Backfill.BackfillOptions; readonly limits?: Partial<Reconciler.ReconcileLimits> } = {}

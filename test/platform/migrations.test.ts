@@ -19,6 +19,7 @@ const EXPECTED_TABLES = [
   "prior_refs",
   "quarantine",
   "rejected_records",
+  "registry_changes",
   "secrets",
   "tombstones",
   "webhooks"
@@ -77,7 +78,7 @@ describe("Migrations", () => {
         event_collection, event_rkey, event_operation, target_url, signing_mode, fingerprint)
         VALUES ('d1', 'e1', 'did:plc:o', 'w', 'direct', 'did:plc:e', 'c', 'r', 'create', 'https://x.test/h', 'none', 'f')`
       const applied = yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
-      // 0002 and every later migration
+      // 0002 and every later migration (0005 added registry_changes)
       expect(applied.map(([id]) => id)).toEqual(MIGRATION_IDS.filter((id) => id > 1))
       const rows = yield* c<{ delivery_id: string; origin: string | null }>`SELECT delivery_id, origin FROM outbox`
       expect(rows).toEqual([{ delivery_id: "d1", origin: null }])

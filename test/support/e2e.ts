@@ -7,7 +7,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import pg from "pg"
 import { inject } from "vitest"
-import { freePort, type Running, startFirehook } from "./proc.js"
+import { freePort, killAllChildren, type Running, startFirehook } from "./proc.js"
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
@@ -39,6 +39,8 @@ export const e2eResources = () => {
       return dir
     },
     cleanup: async () => {
+      // processes a failed test left running (it stopped before their SIGTERM)
+      killAllChildren()
       if (admin !== undefined) {
         for (const d of dbs) await admin.query(`DROP DATABASE IF EXISTS ${d} WITH (FORCE)`)
         await admin.end()

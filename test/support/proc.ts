@@ -18,9 +18,11 @@ export interface Running {
 
 /** every child still running when the test process exits is killed (a failed test must not leak one) */
 const children = new Set<ChildProcess>()
-process.once("exit", () => {
+/** SIGKILL every child still running (a test file's cleanup: vitest may end its worker without `exit`) */
+export const killAllChildren = (): void => {
   for (const c of children) c.kill("SIGKILL")
-})
+}
+process.once("exit", killAllChildren)
 
 export const startFirehook = (env: Record<string, string>): Running => {
   const child = spawn(BUN, ["src/main.ts"], {

@@ -28,6 +28,8 @@ import { Lifecycle } from "../platform/Lifecycle.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import { Identity } from "../reconciliation/Identity.js"
 import { admissionSection, Registry } from "../registry/Registry.js"
+import { RegistryChanges } from "../registry/RegistryChanges.js"
+import * as RegistrySync from "../registry/RegistrySync.js"
 import { CursorStore } from "./CursorStore.js"
 import * as FirehoseSource from "./FirehoseSource.js"
 import { runJetstream as runJetstreamStreams } from "./JetstreamPlan.js"
@@ -63,7 +65,10 @@ export interface IntakeShape {
 export class Intake extends Context.Tag("firehook/Intake")<Intake, IntakeShape>() {}
 
 export interface IntakeOptions {
-  /** called for every committed `#identity` / `#account` event (identity cache invalidation) */
+  /**
+   * called for every committed `#identity` / `#account` event (identity cache invalidation); the
+   * layer adds the invalidation of the context's Identity, when there is one
+   */
   readonly onIdentity?: (did: string) => Effect.Effect<void>
   /** how long direct-set changes are coalesced before reconfiguring (default 1 s) */
   readonly reconfigureDelay?: Duration.DurationInput
@@ -201,10 +206,18 @@ export const INTAKE_LOCK_KEY = LockKeys.INTAKE
 export const layer = (options: IntakeOptions = {}) =>
   Layer.scopedDiscard(
     Effect.gen(function*() {
+      // `#identity`/`#account` events: this process's identity cache (when it has one), and the
+      // caller's hook (the service forwards them to the other processes' caches)
       const identity = yield* Effect.serviceOption(Identity)
+      const hooks = [
+        ...(Option.isSome(identity) ? [(did: string) => identity.value.invalidate(did)] : []),
+        ...(options.onIdentity === undefined ? [] : [options.onIdentity])
+      ]
       const intake = yield* make({
         ...options,
-        ...(Option.isSome(identity) ? { onIdentity: (did: string) => identity.value.invalidate(did) } : {})
+        ...(hooks.length === 0
+          ? {}
+          : { onIdentity: (did: string) => Effect.forEach(hooks, (hook) => hook(did), { discard: true }) })
       })
       const role = yield* Ref.make<"leader" | "standby">("standby")
       const registry = yield* Registry
@@ -213,8 +226,21 @@ export const layer = (options: IntakeOptions = {}) =>
       const lifecycle = yield* Lifecycle
       // a replica taking the role reloads what intake keeps in memory first (SPEC §6.4), the
       // registry and the prior-reference key index: while it stood by, the leader's intake changed
-      // the database but not this process's memory
-      const work = Effect.zipRight(Effect.orDie(processor.reload), intake.run)
+      // the database but not this process's memory. With the change feed (RegistryChanges), the
+      // leader then follows what other processes change in the registry (RegistrySync), from a
+      // horizon taken before the reload.
+      const changes = yield* Effect.serviceOption(RegistryChanges)
+      const reload = Effect.orDie(processor.reload)
+      const work = Option.match(changes, {
+        onNone: () => Effect.zipRight(reload, intake.run),
+        onSome: (feed) =>
+          Effect.gen(function*() {
+            const from = yield* Effect.orDie(feed.horizon)
+            yield* reload
+            const sync = RegistrySync.follow({ from, registry, reloadAll: processor.reload })
+            return yield* Effect.raceFirst(intake.run, Effect.provideService(sync, RegistryChanges, feed))
+          })
+      })
       const fiber = yield* Effect.forkScoped(runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake" }, role, work))
       yield* health.register("intake", healthSection(intake, Ref.get(role), registry.stats))
       yield* lifecycle.registerStop("intake-stop", "intake-stop", intake.stopAccepting)

@@ -24,6 +24,7 @@ import * as RegistryConfig from "../registry/RegistryConfig.js"
 import type { ConfigInvalid } from "./ConfigRead.js"
 import * as PlatformConfig from "./PlatformConfig.js"
 import type { LogFormat, NodeEnv } from "./PlatformConfig.js"
+import type { Roles } from "./RolesConfig.js"
 
 export {
   RETENTION_MS_MAX,
@@ -48,6 +49,8 @@ export interface FirehookConfigShape {
   readonly nodeEnv: NodeEnv
   /** `WEBHOOK_ALLOW_INSECURE_DEV=1` together with NODE_ENV development/test. */
   readonly allowInsecureDev: boolean
+  /** `FIREHOOK_ROLES` (default `all`): the roles this process runs, in `RolesConfig.ROLES` order (SPEC §6.4) */
+  readonly roles: Roles
   readonly registry: {
     readonly activeMax: number
     readonly ownerActiveMax: number
@@ -213,6 +216,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       logFormat: platform.logFormat,
       nodeEnv: platform.nodeEnv,
       allowInsecureDev: platform.allowInsecureDev,
+      roles: platform.roles,
       registry,
       intake,
       delivery: delivery.delivery,

@@ -3,8 +3,11 @@
  *
  * Health never imports the services it reports on: each service registers a section (a name and
  * an effect producing `{ ready, body }`) for the lifetime of its scope. `/health` is ready when the
- * phase is `reconciling-live` or `live` and every section that gates readiness is ready. Bodies hold
- * counts, booleans and fixed enumerations only; every number is clamped to 0..1,000,000.
+ * phase is `reconciling-live` or `live`, every registered section is ready, and every section the
+ * process's roles require is registered ({@link ready}; `required` comes from
+ * `RolesConfig.requiredSections`): a part a process does not run registers nothing and gates
+ * nothing, a part it runs gates readiness from its start. Bodies hold counts, booleans and fixed
+ * enumerations only; every number is clamped to 0..1,000,000.
  */
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
@@ -63,40 +66,64 @@ export const statsSection = <S extends { readonly [P in K]: HealthValue }, K ext
 
 const READY_PHASES: ReadonlySet<Phase> = new Set(["reconciling-live", "live"])
 
-export const make = Effect.gen(function*() {
-  const lifecycle = yield* Lifecycle
-  const sections = yield* Ref.make<ReadonlyMap<string, Effect.Effect<HealthSection>>>(new Map())
-  const shape: HealthShape = {
-    register: (name, section) =>
-      Effect.acquireRelease(
-        Ref.update(sections, (m) => new Map(m).set(name, section)),
-        () =>
-          Ref.update(sections, (m) => {
-            const next = new Map(m)
-            next.delete(name)
-            return next
-          })
-      ),
-    report: Effect.gen(function*() {
-      const phase = yield* lifecycle.phase
-      const current = yield* Ref.get(sections)
-      let ready = READY_PHASES.has(phase)
-      const body: { [k: string]: HealthValue } = {}
-      const names = [...current.keys()].sort()
-      for (const name of names) {
-        const get = current.get(name)
-        if (get === undefined) continue
-        const section = yield* get
-        ready = ready && section.ready
-        body[name] = clamp(section.body)
-      }
-      return { ready, body: { status: ready ? "ok" : "unavailable", phase, ...body } }
-    })
-  }
-  return shape
-})
+/**
+ * The readiness rule (SPEC §6.2, §6.4): the phase is `reconciling-live` or `live`, every registered
+ * section is ready (`sections`: name → ready), and every `required` section is registered.
+ */
+export const ready = (
+  phase: Phase,
+  sections: ReadonlyMap<string, boolean>,
+  required: ReadonlyArray<string>
+): boolean =>
+  READY_PHASES.has(phase) && [...sections.values()].every((r) => r) && required.every((name) => sections.has(name))
+
+export interface HealthOptions {
+  /** sections that must be registered (and ready) for readiness (default none) */
+  readonly required?: ReadonlyArray<string>
+}
+
+export const makeWith = (options: HealthOptions) =>
+  Effect.gen(function*() {
+    const lifecycle = yield* Lifecycle
+    const required = options.required ?? []
+    const sections = yield* Ref.make<ReadonlyMap<string, Effect.Effect<HealthSection>>>(new Map())
+    const shape: HealthShape = {
+      register: (name, section) =>
+        Effect.acquireRelease(
+          Ref.update(sections, (m) => new Map(m).set(name, section)),
+          () =>
+            Ref.update(sections, (m) => {
+              const next = new Map(m)
+              next.delete(name)
+              return next
+            })
+        ),
+      report: Effect.gen(function*() {
+        const phase = yield* lifecycle.phase
+        const current = yield* Ref.get(sections)
+        const readiness = new Map<string, boolean>()
+        const body: { [k: string]: HealthValue } = {}
+        const names = [...current.keys()].sort()
+        for (const name of names) {
+          const get = current.get(name)
+          if (get === undefined) continue
+          const section = yield* get
+          readiness.set(name, section.ready)
+          body[name] = clamp(section.body)
+        }
+        const isReady = ready(phase, readiness, required)
+        return { ready: isReady, body: { status: isReady ? "ok" : "unavailable", phase, ...body } }
+      })
+    }
+    return shape
+  })
+
+export const make = makeWith({})
 
 export const layer = Layer.effect(Health, make)
+
+/** Health with `options` (main: the sections the process's roles require). */
+export const layerWith = (options: HealthOptions) => Layer.effect(Health, makeWith(options))
 
 const NO_STORE = { "cache-control": "no-store" } as const
 

@@ -248,12 +248,49 @@ CREATE INDEX rejected_records_owner_newest ON rejected_records (owner_did, last_
 CREATE INDEX rejected_records_last_seen ON rejected_records (last_seen_at, owner_did, rkey);
 `)
 
+/**
+ * 0005: `registry_changes`, the owners whose registrations another process changed (a completed
+ * reconciliation, a webhook marked or cleared `gone`), so that the intake leader's in-memory
+ * registry follows them (SPEC §6.4, registry/RegistrySync.ts): one row per owner (its latest change:
+ * the writing transaction's id and time), written by triggers in the writer's own transaction, each
+ * with a `pg_notify('firehook_registry', <owner DID>)` sent at its commit. The leader reloads an owner
+ * on the notification and reads the rows again every few seconds from a transaction-id horizon, in
+ * case a notification was missed. Bounded by the number of owners; nothing to prune.
+ */
+const registryChanges = ddl(`
+CREATE TABLE registry_changes (
+  owner_did   text        PRIMARY KEY,
+  xid         xid8        NOT NULL,
+  changed_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX registry_changes_xid ON registry_changes (xid);
+
+CREATE FUNCTION firehook_registry_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  owner text := to_jsonb(NEW) ->> TG_ARGV[0];
+BEGIN
+  INSERT INTO registry_changes (owner_did, xid, changed_at) VALUES (owner, pg_current_xact_id(), now())
+  ON CONFLICT (owner_did) DO UPDATE SET xid = EXCLUDED.xid, changed_at = EXCLUDED.changed_at;
+  PERFORM pg_notify('firehook_registry', owner);
+  RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER owners_registry_changed AFTER UPDATE OF reconcile_status ON owners
+  FOR EACH ROW WHEN (NEW.reconcile_status = 'complete')
+  EXECUTE FUNCTION firehook_registry_changed('did');
+CREATE TRIGGER webhooks_registry_changed AFTER UPDATE OF gone_at ON webhooks
+  FOR EACH ROW WHEN (OLD.gone_at IS DISTINCT FROM NEW.gone_at)
+  EXECUTE FUNCTION firehook_registry_changed('owner_did');
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
   "0002_outbox_origin": outboxOrigin,
   "0003_backfill_claims": backfillClaims,
-  "0004_rejected_records": rejectedRecords
+  "0004_rejected_records": rejectedRecords,
+  "0005_registry_changes": registryChanges
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */

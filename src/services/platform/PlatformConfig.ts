@@ -1,6 +1,6 @@
 /**
  * The platform's configuration (SPEC §6.5): database, data directory, health listener, shutdown,
- * logging and the insecure development mode. Each variable's name, default and rule live here once;
+ * logging, the insecure development mode and the process's roles (`FIREHOOK_ROLES`, RolesConfig). Each variable's name, default and rule live here once;
  * `load` reads them in the order `Config.load` always has.
  */
 import { Effect, LogLevel } from "effect"
@@ -16,6 +16,7 @@ import {
   readRedacted,
   readStringVar
 } from "./ConfigRead.js"
+import * as RolesConfig from "./RolesConfig.js"
 
 export const NODE_ENVS = ["production", "development", "test"] as const
 export type NodeEnv = (typeof NODE_ENVS)[number]
@@ -76,6 +77,7 @@ export type PlatformSection = Pick<
   | "logFormat"
   | "nodeEnv"
   | "allowInsecureDev"
+  | "roles"
 >
 
 /**
@@ -111,6 +113,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Platfo
       options.isTty ? logFormat.defaultTty : logFormat.default
     )
     const devMode = yield* loadDevMode
+    const roles = yield* RolesConfig.load
     return {
       databaseUrl: url,
       dataDir: dir,
@@ -120,6 +123,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Platfo
       logLevel: LOG_LEVELS[levelName],
       logFormat: format,
       nodeEnv: devMode.nodeEnv,
-      allowInsecureDev: devMode.allowInsecureDev
+      allowInsecureDev: devMode.allowInsecureDev,
+      roles
     }
   })

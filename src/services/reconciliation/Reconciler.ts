@@ -34,7 +34,7 @@
  * written in time: the owner does not stay `scanning` (its deliveries deferred) until a rescan.
  * Logs carry the DID at debug level only, and never URLs or record bodies.
  */
-import { Clock, Context, Duration, Effect, Layer, Metric } from "effect"
+import { Clock, Context, Duration, Effect, Layer, Metric, Option } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
@@ -292,13 +292,21 @@ export const make = (options: ReconcilerOptions) =>
     return shape
   })
 
-/** The reconciler, swapping completed owners into the in-memory {@link Registry}. */
+/**
+ * The reconciler, swapping completed owners into the in-memory {@link Registry} when the process
+ * has one (it runs intake). Without one (a `reconcile` process, SPEC §6.4) completion writes the
+ * store only, and the intake leader follows it (RegistrySync).
+ */
 export const layer = (
   limits: Partial<ReconcileLimits> = {}
-): Layer.Layer<Reconciler, never, FirehookConfig | SafeHttp | Identity | ReconcileStore | Registry> =>
+): Layer.Layer<Reconciler, never, FirehookConfig | SafeHttp | Identity | ReconcileStore> =>
   Layer.scoped(
     Reconciler,
-    Effect.flatMap(Registry, (registry) => make({ limits, swap: (did) => registry.swapOwner(did) }))
+    Effect.flatMap(Effect.serviceOption(Registry), (registry) =>
+      make({
+        limits,
+        swap: Option.isSome(registry) ? (did) => registry.value.swapOwner(did) : () => Effect.void
+      }))
   )
 
 /**

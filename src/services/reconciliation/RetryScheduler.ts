@@ -14,7 +14,9 @@
  *   so permanently failing owners rotate (oldest failure first) instead of holding the 16 slots
  *   forever, without a burst of short delays when they come back.
  * - Each round also swaps owners completed by another process (another replica, or
- *   `firehook owners reconcile`) into this process's in-memory registry, under the owner row lock.
+ *   `firehook owners reconcile`) into this process's in-memory registry, under the owner row lock
+ *   (when the process has one: it runs intake; the intake leader also follows them at once,
+ *   RegistrySync).
  * - `stop(deadline)`: admits nothing new (no more rounds), drops sleeping owners and interrupts
  *   in-flight attempts at once (their PDS reads are cut, never awaited; each interrupted scan marks
  *   its owner failed, `interrupted`, within its own 2 s bound, so it is retried after a restart),
@@ -24,7 +26,7 @@
  * Time and randomness come from `Clock` and `Random`, so the whole scheduler is deterministic under
  * `TestClock` with `Random.fixed`. Health (`retryScheduler`): ready = running.
  */
-import { Clock, Context, Deferred, Duration, Effect, Fiber, FiberMap, Layer, Metric, Schedule } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Fiber, FiberMap, Layer, Metric, Option, Schedule } from "effect"
 import * as Backoff from "../platform/Backoff.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
@@ -329,13 +331,18 @@ export const healthSection = (scheduler: RetrySchedulerShape) =>
  */
 export const layer = (
   options: Omit<RetrySchedulerOptions, "swap"> = {}
-): Layer.Layer<RetryScheduler, never, FirehookConfig | ReconcileStore | Reconciler | Registry | Health | Lifecycle> =>
+): Layer.Layer<RetryScheduler, never, FirehookConfig | ReconcileStore | Reconciler | Health | Lifecycle> =>
   Layer.scoped(
     RetryScheduler,
     Effect.gen(function*() {
-      const registry = yield* Registry
+      // the swap sync needs an in-memory registry: without one (no intake here) there is none to
+      // keep in step (the intake leader follows completions itself, RegistrySync)
+      const registry = yield* Effect.serviceOption(Registry)
       const config = yield* FirehookConfig
-      const scheduler = yield* make({ ...options, swap: (did) => registry.swapOwner(did) })
+      const scheduler = yield* make({
+        ...options,
+        swap: Option.isSome(registry) ? (did) => registry.value.swapOwner(did) : undefined
+      })
       const health = yield* Health
       const lifecycle = yield* Lifecycle
       const scope = yield* Effect.scope

@@ -18,6 +18,8 @@
  *   the unit touched are then reloaded from the store, before the next unit at the latest.
  * - `swapOwner` replaces one owner's registrations in one step (reconciliation completion). While an
  *   owner is scanning or failed, nothing here removes its registrations: they keep matching.
+ * - `syncOwner` follows a change another process made to an owner (RegistrySync: the intake leader
+ *   of a deployment whose roles are split over several processes).
  */
 import { Cause, Context, Effect, Either, Layer, Metric, Option } from "effect"
 import type { ScopeUri } from "../../schemas/AtUri.js"
@@ -73,6 +75,14 @@ export interface RegistryShape {
    * `fingerprint` is dropped; one that changed in the meantime stays.
    */
   readonly forgetGone: (ownerDid: string, rkey: string, fingerprint: string) => Effect.Effect<void>
+  /**
+   * Another process changed this owner's registrations in the store (its reconciliation completed,
+   * a delivery marked one gone; SPEC §6.4): follow it. Run it holding the owner's row lock (see
+   * RegistrySync). An owner that is scanning or failed keeps its pre-scan registrations (SPEC
+   * §5.3), less those marked gone since; any other owner's are swapped for the store's
+   * ({@link swapOwner}).
+   */
+  readonly syncOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
   readonly stats: Effect.Effect<RegistryStats>
 }
 
@@ -356,6 +366,16 @@ export const make = Effect.gen(function*() {
       return Metric.set(activeGauge, index.size)
     })
 
+  const syncOwner = (ownerDid: string) =>
+    Effect.gen(function*() {
+      const owner = yield* store.owner(ownerDid)
+      if (owner?.status !== "scanning" && owner?.status !== "failed") return yield* swapOwner(ownerDid)
+      // snapshot pages of a scan stay in the store until it completes; only a gone mark applies now
+      for (const row of yield* store.ownerRows(ownerDid)) {
+        if (row.gone) yield* forgetGone(ownerDid, row.rkey, row.fingerprint)
+      }
+    }).pipe(Effect.withSpan("Registry.syncOwner"))
+
   const stats = Effect.sync(
     (): RegistryStats => ({
       active: index.size,
@@ -368,7 +388,17 @@ export const make = Effect.gen(function*() {
     })
   )
 
-  const shape: RegistryShape = { index, load, reload, applyWhEvent, transactional, swapOwner, forgetGone, stats }
+  const shape: RegistryShape = {
+    index,
+    load,
+    reload,
+    applyWhEvent,
+    transactional,
+    swapOwner,
+    forgetGone,
+    syncOwner,
+    stats
+  }
   return shape
 })
 

@@ -1,0 +1,50 @@
+/**
+ * `#identity`/`#account` events reach every process's identity cache (SPEC §5.1, §6.4, issue 16):
+ * the intake side's publisher batches the DIDs into `pg_notify('firehook_identity', …)` and every
+ * process with an identity cache invalidates them, on a real PostgreSQL database.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Fiber, Queue } from "effect"
+import * as IdentityInvalidations from "../../src/services/reconciliation/IdentityInvalidations.js"
+import * as Db from "../support/db.js"
+import { plc } from "../support/stack.js"
+
+/** Until this database has a session whose last statement, finished, is the LISTEN on the channel. */
+const listening = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  sql<{ n: number }>`
+    SELECT count(*)::int AS n FROM pg_stat_activity
+    WHERE datname = current_database() AND state = 'idle' AND query = 'LISTEN "firehook_identity"'`.pipe(
+    Effect.repeat({ until: (rows) => (rows[0]?.n ?? 0) > 0, times: 10_000 })
+  ))
+
+describe("IdentityInvalidations", () => {
+  it("payloads: space-separated, each under the byte bound; parsing keeps canonical DIDs only", () => {
+    const dids = Array.from({ length: 10 }, (_, i) => plc(i + 1))
+    const out = IdentityInvalidations.payloads(dids, 100)
+    expect(out.every((p) => p.length <= 100)).toBe(true)
+    expect(out.flatMap((p) => p.split(" "))).toEqual(dids)
+    expect(IdentityInvalidations.parsePayload(`${plc(1)} not-a-did  did:web:example.com ${plc(2)}`)).toEqual([
+      plc(1),
+      "did:web:example.com",
+      plc(2)
+    ])
+  })
+
+  it.layer(Db.layer(), { timeout: 60_000 })("on PostgreSQL", (it) => {
+    it.scoped("DIDs offered by intake are invalidated by another process's follower", () =>
+      Effect.gen(function*() {
+        const invalidated = yield* Queue.unbounded<string>()
+        const follower = yield* Effect.fork(
+          IdentityInvalidations.follow({ invalidate: (did) => Queue.offer(invalidated, did).pipe(Effect.asVoid) })
+        )
+        yield* listening
+        const offer = yield* IdentityInvalidations.publisher
+        for (const did of [plc(1), plc(2), plc(1), plc(3)]) yield* offer(did)
+        const got = new Set<string>()
+        while (got.size < 3) got.add(yield* Queue.take(invalidated))
+        expect([...got].sort()).toEqual([plc(1), plc(2), plc(3)].sort())
+        yield* Fiber.interrupt(follower)
+      }))
+  })
+})
