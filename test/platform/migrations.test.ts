@@ -18,8 +18,8 @@ const EXPECTED_TABLES = [
   "owners",
   "prior_refs",
   "quarantine",
-  "rejected_records",
   "registry_changes",
+  "rejected_records",
   "secrets",
   "tombstones",
   "webhooks"
