@@ -89,12 +89,12 @@ describe("replay cache", () => {
 describe("client address", () => {
   const peer = Option.some("10.0.0.9")
   it("the socket peer, or the first X-Forwarded-For hop only when the proxy is trusted", () => {
-    const headers = { "x-forwarded-for": " 203.0.113.7 , 10.0.0.1" }
-    expect(clientAddress(peer, headers, false)).toBe("10.0.0.9")
-    expect(clientAddress(peer, headers, true)).toBe("203.0.113.7")
-    expect(clientAddress(peer, { "x-forwarded-for": "junk, 1.2.3.4" }, true)).toBe("10.0.0.9")
-    expect(clientAddress(peer, {}, true)).toBe("10.0.0.9")
-    expect(clientAddress(Option.none(), {}, false)).toBe("unknown")
+    const xff = " 203.0.113.7 , 10.0.0.1"
+    expect(clientAddress(peer, xff, false)).toBe("10.0.0.9")
+    expect(clientAddress(peer, xff, true)).toBe("203.0.113.7")
+    expect(clientAddress(peer, "junk, 1.2.3.4", true)).toBe("10.0.0.9")
+    expect(clientAddress(peer, undefined, true)).toBe("10.0.0.9")
+    expect(clientAddress(Option.none(), undefined, false)).toBe("unknown")
   })
 
   it("keys: IPv4 as is, IPv4-mapped as IPv4, IPv6 by /64", () => {

@@ -7,18 +7,17 @@
  *
  * @since 0.1.0
  */
-import type * as Headers from "@effect/platform/Headers"
 import { Option } from "effect"
 import { parseIpv4, parseIpv6 } from "../../schemas/Net.js"
 
-/** The address a request comes from (an IP literal as given, or `unknown`). */
+/** The address a request comes from (an IP literal as given, or `unknown`); `forwardedFor`: the `X-Forwarded-For` header. */
 export const clientAddress = (
   peer: Option.Option<string>,
-  headers: Headers.Headers,
+  forwardedFor: string | undefined,
   trustProxy: boolean
 ): string => {
   if (trustProxy) {
-    const xff = headers["x-forwarded-for"]
+    const xff = forwardedFor
     const first = xff === undefined ? "" : (xff.split(",")[0] ?? "").trim()
     if (first.length > 0 && first.length <= 64 && addressKey(first) !== "unknown") return first
   }
