@@ -100,3 +100,29 @@ export const takeAll = (
   for (const [b, key] of pairs) b.take(key, now)
   return ALLOWED
 }
+
+// ---------------------------------------------------------------------------------------------
+// The limits of SPEC §8.2
+
+const MINUTE = 60_000
+
+export interface ApiLimits {
+  /** failed authentications per client address — 30/min */
+  readonly failedAuthPerAddress: Rate
+  /** calls per caller DID — 120/min */
+  readonly callsPerCaller: Rate
+  /** extra per-caller limits of single methods, by NSID — `test` 10/min, `replay` 2/min */
+  readonly methodRates: { readonly [nsid: string]: Rate }
+  /** keys tracked per limiter — 100,000 */
+  readonly maxKeys: number
+}
+
+export const DEFAULT_LIMITS: ApiLimits = {
+  failedAuthPerAddress: { limit: 30, perMs: MINUTE },
+  callsPerCaller: { limit: 120, perMs: MINUTE },
+  methodRates: {
+    "dev.firehook.webhook.test": { limit: 10, perMs: MINUTE },
+    "dev.firehook.webhook.replay": { limit: 2, perMs: MINUTE }
+  },
+  maxKeys: 100_000
+}
