@@ -95,17 +95,23 @@ export const method = <P, I, O, R>(
 /** A subscription: the handler answers the WebSocket upgrade for the verified caller. */
 export const subscription = <P, O, R>(
   contract: XrpcContract<P, undefined, O>,
-  handler: (
-    call: Call<P, undefined>
-  ) => Effect.Effect<
-    HttpServerResponse.HttpServerResponse,
-    XrpcFailure,
-    R | HttpServerRequest.HttpServerRequest | Scope.Scope
-  >
-): ApiMethod<R> => ({
+  handler: (call: Call<P, undefined>) => Effect.Effect<HttpServerResponse.HttpServerResponse, XrpcFailure, R>
+): ApiMethod<Exclude<R, HttpServerRequest.HttpServerRequest | Scope.Scope>> => ({
   contract,
   prepare: (raw) =>
     Effect.map(decode(contract.params, "parameter", raw), (params) => ({
-      respond: (caller) => handler({ caller, params, input: undefined })
+      respond: (caller) => upgradeContext(handler({ caller, params, input: undefined }))
     }))
 })
+
+/**
+ * `R` is always within `Exclude<R, HttpServerRequest | Scope> | HttpServerRequest | Scope`; the
+ * compiler cannot see it for a generic `R`, so the requirement type is restated here, once.
+ */
+const upgradeContext = <A, E, R>(
+  effect: Effect.Effect<A, E, R>
+): Effect.Effect<
+  A,
+  E,
+  Exclude<R, HttpServerRequest.HttpServerRequest | Scope.Scope> | HttpServerRequest.HttpServerRequest | Scope.Scope
+> => effect as Effect.Effect<A, E, never>

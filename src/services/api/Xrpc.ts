@@ -41,6 +41,8 @@ export const CALL_DEADLINE = Duration.seconds(10)
 /** Query strings longer than this are refused unread. */
 export const MAX_QUERY_LENGTH = 8192
 export const MAX_PARAMS = 64
+/** A body over the bound is read and dropped up to this many more bytes (then the connection is cut). */
+export const DRAIN_MAX_BYTES = 1024 * 1024
 
 /** Counts for health (SPEC §8.1): monotonic, counts only. */
 export interface ApiCounters {
@@ -124,13 +126,20 @@ const readJsonBody = (request: HttpServerRequest.HttpServerRequest, max: number)
     if (length !== undefined && (!/^\d{1,15}$/.test(length) || Number(length) > max)) {
       return yield* Effect.fail(invalidRequest(`the body must be at most ${max} bytes`))
     }
+    // Past the bound the rest is read and dropped (up to DRAIN_MAX_BYTES), so that the client gets
+    // its 400: stopping the stream early would close the connection before the answer is written.
     const chunks = yield* request.stream.pipe(
       Stream.mapError(() => invalidRequest("the body could not be read")),
-      Stream.runFoldEffect({ size: 0, chunks: Chunk.empty<Uint8Array>() }, (acc, chunk) =>
-        acc.size + chunk.length > max
-          ? Effect.fail(invalidRequest(`the body must be at most ${max} bytes`))
-          : Effect.succeed({ size: acc.size + chunk.length, chunks: Chunk.append(acc.chunks, chunk) }))
+      Stream.runFoldEffect({ size: 0, chunks: Chunk.empty<Uint8Array>() }, (acc, chunk) => {
+        const size = acc.size + chunk.length
+        if (size > max + DRAIN_MAX_BYTES) return Effect.fail(invalidRequest(`the body must be at most ${max} bytes`))
+        return Effect.succeed({
+          size,
+          chunks: size > max ? Chunk.empty<Uint8Array>() : Chunk.append(acc.chunks, chunk)
+        })
+      })
     )
+    if (chunks.size > max) return yield* Effect.fail(invalidRequest(`the body must be at most ${max} bytes`))
     const bytes = new Uint8Array(chunks.size)
     let offset = 0
     for (const c of chunks.chunks) {
@@ -226,8 +235,10 @@ const xrpc = <R>(deps: PipelineDeps<R>, request: HttpServerRequest.HttpServerReq
     )
     const blocked = deps.limiters.failedAuth.peek(address, yield* Clock.currentTimeMillis)
     if (!blocked.allowed) return yield* Effect.fail(refused(blocked, deps.counters))
+    // the platform runs a request uninterruptibly: the call itself is made interruptible, so that
+    // the deadline can stop it
     const deadline = <A, E, Q>(eff: Effect.Effect<A, E, Q>) =>
-      Effect.timeoutFail(eff, {
+      Effect.timeoutFail(Effect.interruptible(eff), {
         duration: deps.deadline,
         onTimeout: () =>
           new XrpcFailure({ status: 504, error: "UpstreamTimeout", message: "the call did not finish in time" })
