@@ -4,31 +4,13 @@
  * encodes with accept only values the lexicon accepts (checked with atproto's own validator,
  * `@atproto/lexicon`, over values generated from the Schemas).
  */
-import { type LexiconDoc, Lexicons, parseLexiconDoc } from "@atproto/lexicon"
+import { Lexicons } from "@atproto/lexicon"
 import { describe, expect, it } from "@effect/vitest"
 import { Arbitrary, FastCheck, Schema } from "effect"
-import * as Fs from "node:fs"
-import * as Path from "node:path"
 import { SECRET_CONTRACTS } from "../../src/schemas/SecretLexicon.js"
 import { WEBHOOK_CONTRACTS } from "../../src/schemas/WebhookLexicon.js"
 import type { AnyContract } from "../../src/schemas/XrpcContract.js"
-import { ROOT } from "../support/proc.js"
-
-const DIR = Path.join(ROOT, "lexicons")
-
-const walk = (d: string): Array<string> =>
-  Fs.readdirSync(d, { withFileTypes: true }).flatMap((e) =>
-    e.isDirectory() ? walk(Path.join(d, e.name)) : e.name.endsWith(".json") ? [Path.join(d, e.name)] : []
-  )
-
-/** Every lexicon document, parsed by atproto's own schema of lexicon documents. */
-export const lexiconDocs = (): Array<LexiconDoc> =>
-  walk(DIR).map((file) => {
-    const doc = parseLexiconDoc(JSON.parse(Fs.readFileSync(file, "utf8")))
-    // the file's path is its NSID
-    expect(Path.relative(DIR, file).replace(/\.json$/, "").split(Path.sep).join(".")).toBe(doc.id)
-    return doc
-  })
+import { lexiconDocs } from "./support.js"
 
 const ALL: ReadonlyArray<AnyContract> = [...SECRET_CONTRACTS, ...WEBHOOK_CONTRACTS]
 

@@ -8,11 +8,15 @@ import type { PrivateKey } from "@atcute/crypto"
 import { P256PrivateKeyExportable, Secp256k1PrivateKeyExportable } from "@atcute/crypto"
 import type { Did, Nsid } from "@atcute/lexicons"
 import { createServiceJwt } from "@atcute/xrpc-server/auth"
+import { type LexiconDoc, parseLexiconDoc } from "@atproto/lexicon"
 import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import { Effect, Layer } from "effect"
 import { randomBytes } from "node:crypto"
+import * as Fs from "node:fs"
 import * as Http from "node:http"
+import * as Path from "node:path"
+import { expect } from "vitest"
 import * as Api from "../../src/services/api/Api.js"
 import type { MethodTable } from "../../src/services/api/Methods.js"
 import { Secrets } from "../../src/services/delivery/Secrets.js"
@@ -23,6 +27,7 @@ import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
 import * as Db from "../support/db.js"
 import { fakePlc, type FakeServer } from "../support/fakeAtproto.js"
+import { ROOT } from "../support/proc.js"
 import { testConfig } from "../support/stack.js"
 
 export const SERVICE_DID = "did:web:firehook.test"
@@ -254,3 +259,22 @@ export const unfinishedPost = (
 export const healthApi = Effect.flatMap(Health.Health, (h) => h.report).pipe(
   Effect.map((r) => r.body["api"])
 )
+
+// ---------------------------------------------------------------------------------------------
+// Lexicons
+
+const LEXICONS = Path.join(ROOT, "lexicons")
+
+const walk = (d: string): Array<string> =>
+  Fs.readdirSync(d, { withFileTypes: true }).flatMap((e) =>
+    e.isDirectory() ? walk(Path.join(d, e.name)) : e.name.endsWith(".json") ? [Path.join(d, e.name)] : []
+  )
+
+/** Every lexicon document in `lexicons/`, parsed by atproto's own schema of lexicon documents. */
+export const lexiconDocs = (): Array<LexiconDoc> =>
+  walk(LEXICONS).map((file) => {
+    const doc = parseLexiconDoc(JSON.parse(Fs.readFileSync(file, "utf8")))
+    // the file's path is its NSID
+    expect(Path.relative(LEXICONS, file).replace(/\.json$/, "").split(Path.sep).join(".")).toBe(doc.id)
+    return doc
+  })
