@@ -6,6 +6,7 @@
 import * as HttpServer from "@effect/platform/HttpServer"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
 import { parseCidr } from "../schemas/Net.js"
+import * as Api from "../services/api/Api.js"
 import * as Delivery from "../services/delivery/Delivery.js"
 import * as DeliveryStore from "../services/delivery/DeliveryStore.js"
 import { Destinations } from "../services/delivery/Destinations.js"
@@ -87,13 +88,18 @@ export const deliveryLayer = (config: FirehookConfigShape) => {
 /** Registry (loaded) + Processor on the PostgreSQL stores. Requires config, health, SqlClient. */
 export const matchingLayer = Processor.layer().pipe(Layer.provideMerge(Registry.layer), Layer.provideMerge(sqlStores))
 
-export interface ServiceOptions {
+export interface ServiceOptions<E = never, R = never> {
   /** called once with the shutdown report (main uses it for the exit code) */
   readonly onShutdown?: (report: Lifecycle.ShutdownReport) => Effect.Effect<void>
+  /** the owners' API listener (SPEC §8.1, `API_HOST:API_PORT`); none: the API is not served */
+  readonly api?: Layer.Layer<HttpServer.HttpServer, E, R>
 }
 
 /** Start the parts in order and register their drains. Requires the core services. */
-export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, options: ServiceOptions = {}) =>
+export const service = <E, R>(
+  server: Layer.Layer<HttpServer.HttpServer, E, R>,
+  options: ServiceOptions<E, R> = {}
+) =>
   Layer.scopedDiscard(
     Effect.gen(function*() {
       const lifecycle = yield* Lifecycle.Lifecycle
@@ -111,6 +117,9 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
         )
         yield* Effect.logInfo("health server listening").pipe(Effect.annotateLogs({ address }))
         yield* lifecycle.registerStop("http", "http", Scope.close(httpScope, Exit.void))
+        // 3b. the owners' API listener (SPEC §8.1): a scope of its own, stopped at the health
+        //     listener's stage
+        if (options.api !== undefined) yield* Api.start(options.api, scope)
         // 4. the registry, loaded into memory (bounded), and the matching pipeline
         const matching = yield* Layer.buildWithScope(matchingLayer, scope)
         const registryStats = yield* Effect.flatMap(Registry.Registry, (r) => r.stats).pipe(Effect.provide(matching))
