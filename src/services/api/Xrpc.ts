@@ -32,7 +32,15 @@ import { addressKey, clientAddress } from "./ClientAddress.js"
 import type { ApiMethod } from "./Methods.js"
 import { type Buckets, type Decision, retryAfterSeconds, takeAll } from "./RateLimiter.js"
 import type { ServiceAuthShape } from "./ServiceAuth.js"
-import { internal, invalidRequest, methodNotImplemented, notConfigured, rateLimited, XrpcFailure } from "./XrpcError.js"
+import {
+  internal,
+  invalidRequest,
+  methodNotImplemented,
+  notConfigured,
+  rateLimited,
+  wrongVerb,
+  XrpcFailure
+} from "./XrpcError.js"
 
 /** SPEC §8.3: procedure bodies at most 64 KiB. */
 export const MAX_BODY_BYTES = 64 * 1024
@@ -84,7 +92,7 @@ export const failureResponse = (f: XrpcFailure): HttpServerResponse.HttpServerRe
   const headers: Record<string, string> = { ...NO_STORE }
   if (f.retryAfter !== undefined) headers["retry-after"] = String(f.retryAfter)
   if (f.status === 401) headers["www-authenticate"] = `Bearer error="${f.error}"`
-  if (f.status === 405) headers["allow"] = f.message.startsWith("use POST") ? "POST" : "GET"
+  if (f.allow !== undefined) headers["allow"] = f.allow
   return HttpServerResponse.unsafeJson({ error: f.error, message: f.message }, { status: f.status, headers })
 }
 
@@ -227,9 +235,7 @@ const xrpc = <R>(deps: PipelineDeps<R>, request: HttpServerRequest.HttpServerReq
     const m = deps.methods.get(nsid)
     if (m === undefined) return yield* Effect.fail(methodNotImplemented())
     const verb = VERB[m.contract.kind]
-    if (request.method !== verb) {
-      return yield* Effect.fail(new XrpcFailure({ status: 405, error: "InvalidRequest", message: `use ${verb}` }))
-    }
+    if (request.method !== verb) return yield* Effect.fail(wrongVerb(verb))
     const address = addressKey(
       clientAddress(request.remoteAddress, request.headers["x-forwarded-for"], deps.trustProxy)
     )

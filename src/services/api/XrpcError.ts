@@ -13,7 +13,9 @@ export class XrpcFailure extends Schema.TaggedError<XrpcFailure>()("XrpcFailure"
   error: Schema.String,
   message: Schema.String,
   /** 429: the wait before the next call is allowed, in whole seconds */
-  retryAfter: Schema.optional(Schema.Int)
+  retryAfter: Schema.optional(Schema.Int),
+  /** 405: the HTTP method the call needs */
+  allow: Schema.optional(Schema.String)
 }) {}
 
 const failure = (status: number, error: string, message: string) => new XrpcFailure({ status, error, message })
@@ -24,5 +26,7 @@ export const declared = (error: string, message: string) => failure(400, error, 
 export const notConfigured = (message: string) => failure(503, "NotConfigured", message)
 export const internal = () => failure(500, "InternalServerError", "internal error")
 export const methodNotImplemented = () => failure(501, "MethodNotImplemented", "no such method")
+export const wrongVerb = (allow: string) =>
+  new XrpcFailure({ status: 405, error: "InvalidRequest", message: `use ${allow}`, allow })
 export const rateLimited = (retryAfter: number) =>
   new XrpcFailure({ status: 429, error: "RateLimitExceeded", message: "too many calls", retryAfter })
