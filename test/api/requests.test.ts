@@ -8,8 +8,8 @@
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as Socket from "@effect/platform/Socket"
-import { describe, expect, layer } from "@effect/vitest"
-import { Deferred, Effect, Fiber, Schema, TestClock } from "effect"
+import { describe, expect, it, layer } from "@effect/vitest"
+import { Deferred, Effect, Exit, Fiber, Layer, Schema, Scope, TestClock } from "effect"
 import * as Http from "node:http"
 import WebSocket from "ws"
 import * as WebhookLexicon from "../../src/schemas/WebhookLexicon.js"
@@ -75,7 +75,19 @@ const tail = subscription(
     })
 )
 
-const METHODS = [...Api.SERVED_METHODS, slow, deliveries, broken, tail]
+/** A subscription that stays open until the client or the server ends it. */
+const forever = subscription(
+  contract({ nsid: "dev.firehook.test.forever", kind: "subscription", params: NoParams, output: Schema.Unknown }),
+  () =>
+    Effect.gen(function*() {
+      const socket = yield* HttpServerRequest.upgrade.pipe(Effect.mapError(() => invalidRequest("not an upgrade")))
+      const write = yield* socket.writer
+      yield* socket.runRaw(() => Effect.void, { onOpen: Effect.orDie(write("open")) }).pipe(Effect.ignore)
+      return HttpServerResponse.empty()
+    })
+)
+
+const METHODS = [...Api.SERVED_METHODS, slow, deliveries, broken, tail, forever]
 
 /** Open a WebSocket to `nsid`; the first message, or the HTTP status of a refused upgrade. */
 const websocket = (port: number, nsid: string, token: string | undefined) =>
@@ -245,6 +257,30 @@ describe("requests", () => {
         expect(api.authFailures).toBe(2)
       }))
   })
+})
+
+describe("shutdown", () => {
+  it.live("an open subscription does not hold the listener's shutdown", () =>
+    Effect.gen(function*() {
+      const scope = yield* Scope.make()
+      const context = yield* Layer.buildWithScope(apiLayer({ methods: METHODS }), scope)
+      const owner = yield* newOwner()
+      const nsid = "dev.firehook.test.forever"
+      const port = yield* serverPort.pipe(Effect.provide(context))
+      const token = yield* mint(owner, nsid)
+      const closed = yield* Deferred.make<number>()
+      const opened = yield* Deferred.make<string>()
+      const ws = new WebSocket(`ws://127.0.0.1:${port}/xrpc/${nsid}`, { headers: { authorization: `Bearer ${token}` } })
+      ws.on("message", (d: Buffer) => Effect.runSync(Deferred.succeed(opened, d.toString("utf8"))))
+      ws.on("close", (code: number) => Effect.runSync(Deferred.succeed(closed, code)))
+      ws.on("error", () => {})
+      expect(yield* Deferred.await(opened)).toBe("open")
+      const stopped = yield* Scope.close(scope, Exit.void).pipe(Effect.timeout("10 seconds"), Effect.option)
+      expect(stopped._tag).toBe("Some")
+      expect(yield* Deferred.await(closed).pipe(Effect.timeout("5 seconds"), Effect.option)).not.toEqual(
+        { _tag: "None" }
+      )
+    }))
 })
 
 describe("not configured (no SERVICE_DID, no PUBLIC_URL)", () => {

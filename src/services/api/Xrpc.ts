@@ -250,8 +250,9 @@ const xrpc = <R>(deps: PipelineDeps<R>, request: HttpServerRequest.HttpServerReq
           new XrpcFailure({ status: 504, error: "UpstreamTimeout", message: "the call did not finish in time" })
       })
     if (m.contract.kind === "subscription") {
+      // no deadline on the connection itself; interruptible, so that a shutdown can end it
       const call = yield* deadline(authorize(deps, auth, m, request, address))
-      return yield* call.prepared.respond(call.caller)
+      return yield* Effect.interruptible(call.prepared.respond(call.caller))
     }
     return yield* deadline(
       Effect.flatMap(authorize(deps, auth, m, request, address), (call) => call.prepared.respond(call.caller))
