@@ -29,7 +29,8 @@ import {
 
 const CREATE = "place.wisp.v2.secret.create"
 const LIST = "place.wisp.v2.secret.list"
-const wallClock = TestClock.setTime(Date.now())
+/** the TestClock set to the wall clock now (the verifier library reads the wall clock) */
+const wallClock = Effect.suspend(() => TestClock.setTime(Date.now()))
 
 /** A refused call of secret.create whose body never arrives: the 401 comes anyway. */
 const refusedUnread = (token: string | undefined, error: string, what = "") =>

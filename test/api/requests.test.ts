@@ -19,7 +19,8 @@ import { method, subscription } from "../../src/services/api/Methods.js"
 import { invalidRequest } from "../../src/services/api/XrpcError.js"
 import { apiLayer, call, callAs, healthApi, mint, newOwner, serverPort } from "./support.js"
 
-const wallClock = TestClock.setTime(Date.now())
+/** the TestClock set to the wall clock now (the verifier library reads the wall clock) */
+const wallClock = Effect.suspend(() => TestClock.setTime(Date.now()))
 
 /** A procedure whose handler waits until released (the deadline test). */
 let entered: Deferred.Deferred<void> | undefined
