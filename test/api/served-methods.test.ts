@@ -63,6 +63,7 @@ describe("served methods", () => {
             ? params.map(() => undefined)
             : FastCheck.sample(Arbitrary.make(m.contract.input), { numRuns: 20, seed: SEED })
           for (let i = 0; i < params.length; i++) {
+            yield* wallClock
             const input = inputs[i]
             const options: CallOptions = {
               token: yield* mint(owner, nsid),

@@ -11,7 +11,7 @@ import { createServiceJwt } from "@atcute/xrpc-server/auth"
 import { type LexiconDoc, parseLexiconDoc } from "@atproto/lexicon"
 import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
-import { Effect, Layer } from "effect"
+import { Clock, Effect, Layer } from "effect"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
 import * as Http from "node:http"
@@ -69,22 +69,27 @@ export const newOwner = (kind: "k256" | "p256" = "k256"): Effect.Effect<Owner> =
     return { did, key }
   })
 
-/** A genuine token of `owner` for `lxm` (the library's own creator: typ JWT, a fresh jti). */
+/**
+ * A genuine token of `owner` for `lxm` (the library's own creator: typ JWT, a fresh jti), issued
+ * at the Effect Clock's time (under TestClock, the service's time; tests set it to the wall clock,
+ * which the verifier library reads).
+ */
 export const mint = (
   owner: Owner,
   lxm: string,
   options: { readonly aud?: string; readonly expiresIn?: number; readonly issuedAt?: number } = {}
 ): Effect.Effect<string> =>
-  Effect.promise(() =>
-    createServiceJwt({
-      keypair: owner.key,
-      issuer: owner.did as Did,
-      audience: (options.aud ?? SERVICE_DID) as Did,
-      lxm: lxm as Nsid,
-      ...(options.expiresIn === undefined ? {} : { expiresIn: options.expiresIn }),
-      ...(options.issuedAt === undefined ? {} : { issuedAt: options.issuedAt })
-    })
-  )
+  Effect.flatMap(Clock.currentTimeMillis, (now) =>
+    Effect.promise(() =>
+      createServiceJwt({
+        keypair: owner.key,
+        issuer: owner.did as Did,
+        audience: (options.aud ?? SERVICE_DID) as Did,
+        lxm: lxm as Nsid,
+        issuedAt: options.issuedAt ?? Math.floor(now / 1000),
+        ...(options.expiresIn === undefined ? {} : { expiresIn: options.expiresIn })
+      })
+    ))
 
 const b64 = (v: unknown) => Buffer.from(JSON.stringify(v), "utf8").toString("base64url")
 
