@@ -165,6 +165,8 @@ const startFirehook = async (pds: string, plc: string) => {
     FIREHOOK_DATA_DIR: dataDir,
     HEALTH_HOST: "127.0.0.1",
     HEALTH_PORT: String(port),
+    // the owners' API on a port of its own choosing (the demo does not call it yet)
+    API_PORT: "0",
     LOG_LEVEL: "warn",
     LOG_FORMAT: "json",
     SHUTDOWN_TIMEOUT_MS: "5000"

@@ -80,7 +80,9 @@ const launch = (config: Config.FirehookConfigShape) =>
     const startupScope = yield* Scope.make()
     yield* lifecycle.registerStop("startup", "startup", Scope.close(startupScope, Exit.void))
     const server = BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort })
-    const app = App.service(server).pipe(Layer.provide(App.core(config, lifecycle)))
+    // the owners' API (SPEC §8.1); Bun's own body bound is a backstop above the API's 64 KiB
+    const api = BunHttpServer.layer({ hostname: config.api.host, port: config.api.port, maxRequestBodySize: 1 << 20 })
+    const app = App.service(server, { api }).pipe(Layer.provide(App.core(config, lifecycle)))
     const startup = yield* Layer.buildWithScope(app, parts).pipe(Effect.forkIn(startupScope))
     yield* Fiber.join(startup)
     return yield* Effect.never

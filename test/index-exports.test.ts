@@ -10,6 +10,17 @@ import * as Index from "../src/index.js"
 
 /** Tags, layers and constructors under each namespace: never removed. */
 const CORE: Record<string, ReadonlyArray<string>> = {
+  // added with the owners' API (issue 15)
+  Api: ["Api", "layer", "layerSql", "make"],
+  ApiConfig: [],
+  ApiMethods: [],
+  SecretLexicon: [],
+  ServiceAuth: ["make"],
+  ServiceJwt: [],
+  WebhookLexicon: [],
+  XrpcContract: [],
+  XrpcError: [],
+  // at 0fee1b7
   App: ["matchingLayer", "sqlStores"],
   AtUri: [],
   Backfill: ["Backfill", "layer", "make"],

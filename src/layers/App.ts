@@ -19,6 +19,7 @@
 import * as HttpServer from "@effect/platform/HttpServer"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
 import { parseCidr } from "../schemas/Net.js"
+import * as Api from "../services/api/Api.js"
 import * as Delivery from "../services/delivery/Delivery.js"
 import * as DeliveryStore from "../services/delivery/DeliveryStore.js"
 import { Destinations } from "../services/delivery/Destinations.js"
@@ -115,9 +116,11 @@ export const matchingLayer = Processor.layer().pipe(
   Layer.provideMerge(sqlStores)
 )
 
-export interface ServiceOptions {
+export interface ServiceOptions<E = never, R = never> {
   /** called once with the shutdown report (main uses it for the exit code) */
   readonly onShutdown?: (report: Lifecycle.ShutdownReport) => Effect.Effect<void>
+  /** the owners' API listener (SPEC §8.1, `API_HOST:API_PORT`); none: the API is not served */
+  readonly api?: Layer.Layer<HttpServer.HttpServer, E, R>
 }
 
 /** 3. The health server, in a scope of its own so that shutdown can stop it at its stage (`http`). */
@@ -207,7 +210,10 @@ const startReconciliation = (
  * Without `reconcile` there is no initial backfill: the phase goes to `live` once the parts are
  * started. Requires the core services.
  */
-export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, options: ServiceOptions = {}) =>
+export const service = <E, R>(
+  server: Layer.Layer<HttpServer.HttpServer, E, R>,
+  options: ServiceOptions<E, R> = {}
+) =>
   Layer.scopedDiscard(
     Effect.gen(function*() {
       const lifecycle = yield* Lifecycle.Lifecycle
@@ -219,10 +225,9 @@ export const service = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, 
       const startup = Effect.gen(function*() {
         // 3. the health server (every process)
         yield* startHealthServer(server, scope)
-        // 3b. role `api`: the owners' XRPC listener on API_HOST:API_PORT (SPEC §8.1), started right
-        //     after the health listener and stopped at its stage (`http`). Its layer is being built
-        //     in src/services/api/; until it is merged here, the role is accepted and shown in
-        //     /health and starts nothing.
+        // 3b. role `api`: the owners' XRPC listener on API_HOST:API_PORT (SPEC §8.1), in a scope
+        //     of its own, started right after the health listener and stopped at its stage (`http`)
+        if (RolesConfig.runs(config.roles, "api") && options.api !== undefined) yield* Api.start(options.api, scope)
         // 4. the registry and matching, the delivery worker, maintenance, identity, intake
         const parts = yield* startParts(config, scope)
         // 5. the retry scheduler and the initial backfill (`reconcile`), or `live` at once

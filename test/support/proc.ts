@@ -24,10 +24,21 @@ export const killAllChildren = (): void => {
 }
 process.once("exit", killAllChildren)
 
+/**
+ * Run `bun src/main.ts` with only `env` (plus PATH/HOME and JSON logs). The owners' API listens on
+ * a port of the system's choosing unless `env` names one (`API_PORT`), so that several deployments
+ * (and several test runs on one machine) never contend for the default 3004.
+ */
 export const startFirehook = (env: Record<string, string>): Running => {
   const child = spawn(BUN, ["src/main.ts"], {
     cwd: ROOT,
-    env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", LOG_FORMAT: "json", ...env },
+    env: {
+      PATH: process.env["PATH"] ?? "",
+      HOME: process.env["HOME"] ?? "/tmp",
+      LOG_FORMAT: "json",
+      API_PORT: "0",
+      ...env
+    },
     stdio: ["ignore", "pipe", "pipe"]
   })
   let out = ""

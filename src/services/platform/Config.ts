@@ -3,7 +3,7 @@
  *
  * Each domain declares its variables once — name, default, range or rule — in its own descriptor
  * module (`PlatformConfig`, `RegistryConfig`, `IntakeConfig`, `DeliveryConfig`, `OperatorConfig`,
- * `ReconciliationConfig`, `MatchingConfig`), read with the strict readers of `ConfigRead`; services
+ * `ReconciliationConfig`, `MatchingConfig`, `ApiConfig`), read with the strict readers of `ConfigRead`; services
  * take their defaults from there. `load` reads the sections in a fixed order, so the first invalid
  * variable reported is always the same one.
  *
@@ -15,6 +15,7 @@
  */
 import { Context, Effect, Layer } from "effect"
 import type { LogLevel, Option, Redacted } from "effect"
+import * as ApiConfig from "../api/ApiConfig.js"
 import * as DeliveryConfig from "../delivery/DeliveryConfig.js"
 import * as IntakeConfig from "../intake/IntakeConfig.js"
 import * as MatchingConfig from "../matching/MatchingConfig.js"
@@ -185,6 +186,8 @@ export interface FirehookConfigShape {
     /** `RETRY_SCHEDULER_TRACKED_MAX`: owners tracked at once */
     readonly trackedMax: number
   }
+  /** SPEC §8.1: the owners' API (`API_HOST`, `API_PORT`, `PUBLIC_URL`, `SERVICE_DID`, `API_TRUST_PROXY`) */
+  readonly api: ApiConfig.ApiSection
 }
 
 export class FirehookConfig extends Context.Tag("firehook/Config")<FirehookConfig, FirehookConfigShape>() {}
@@ -206,6 +209,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     const reconcile = yield* ReconciliationConfig.loadReconcile
     const priorRefs = yield* MatchingConfig.load
     const retryScheduler = yield* ReconciliationConfig.loadRetryScheduler
+    const api = yield* ApiConfig.load(insecure)
     return {
       databaseUrl: platform.databaseUrl,
       dataDir: platform.dataDir,
@@ -228,7 +232,8 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       identity,
       reconcile,
       priorRefs,
-      retryScheduler
+      retryScheduler,
+      api
     }
   })
 

@@ -1,5 +1,6 @@
 /**
- * Identity (SPEC §5.1): DID → PDS endpoint, with a bounded cache.
+ * Identity (SPEC §5.1): DID → PDS endpoint and `#atproto` signing key (SPEC §8.2), with a bounded
+ * cache of the validated parts of DID documents.
  *
  * - `did:plc:<id>` → `GET <PLC_DIRECTORY_URL>/<did>`; `did:web:<host>` →
  *   `https://<host>/.well-known/did.json`; `did:web:<host>:<p1>:<p2>` → `https://<host>/p1/p2/did.json`.
@@ -8,6 +9,8 @@
  *   service whose id ends with `#atproto_pds` and whose type is `AtprotoPersonalDataServer`; its
  *   endpoint must pass the URL rules (SPEC §1.2: https and public; http/loopback only in insecure
  *   development mode), so a document pointing at a private address is refused before any PDS call.
+ *   The signing key is the first `#atproto` verification method with a multibase key
+ *   ({@link atprotoSigningKey}); the owners' API verifies service tokens with it.
  * - Cache: at most `maxEntries` DIDs (least recently used evicted). An entry older than `staleAfter`
  *   (`IDENTITY_CACHE_STALE_MS`, default 1 h; `expireAfter`: `IDENTITY_CACHE_MAX_AGE_MS`, default 24 h)
  *   is served and refreshed in the background (one refresh per DID, at most
@@ -16,13 +19,20 @@
  *   calls it on `#identity`/`#account` events, the reconciler on "repo not found"); a lookup that
  *   started before an invalidation, in the background or in the foreground, never writes its
  *   (possibly stale) answer back (a foreground one still answers its own caller).
- * - Only successful resolutions are cached. Times come from the Effect `Clock`.
+ * - What is cached is a fetched, valid document's parts: its PDS (or why it has none usable:
+ *   `no_pds` / `pds_unsafe`, answered from the cache like the PDS itself) and its signing key.
+ *   A failed fetch is never cached. Times come from the Effect `Clock`.
+ * - `resolveSigningKey(did, { fresh: true })` is the verifier's "fetch once more" after a signature
+ *   failed with the cached key (the owner may have rotated it): it fetches the document again, in
+ *   the foreground, unless this DID's document was fetched (or such a refetch began) within the
+ *   last {@link FRESH_REFETCH_MIN_INTERVAL_MS}, so forged tokens cannot make firehook hammer a
+ *   PLC directory or a did:web host.
  *
  * Errors are kinds only ({@link IdentityError}): never the DID document, the endpoint or a URL.
  */
 import { Clock, Context, Data, Duration, Effect, Either, FiberSet, Layer, Metric } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
-import { DidDocument, pdsEndpoint } from "../../schemas/DidDocument.js"
+import { atprotoSigningKey, DidDocument, pdsEndpoint, type SigningKey } from "../../schemas/DidDocument.js"
 import { validateWebhookUrl } from "../../schemas/WebhookUrl.js"
 import { decodeJsonBody } from "../../schemas/Xrpc.js"
 import { FirehookConfig } from "../platform/Config.js"
@@ -68,6 +78,8 @@ export const DEFAULT_EXPIRE_AFTER = Duration.millis(ReconciliationConfig.identit
 export const DEFAULT_MAX_ENTRIES = 10_000
 export const DEFAULT_MAX_BACKGROUND_REFRESHES = 16
 export const IDENTITY_TIMEOUT_MS = 10_000
+/** A forced refetch (`fresh`) within this long of the last fetch of the DID serves the cache. */
+export const FRESH_REFETCH_MIN_INTERVAL_MS = 10_000
 export const IDENTITY_MAX_RESPONSE_BYTES = 1024 * 1024
 
 export interface IdentityStats {
@@ -81,6 +93,14 @@ export interface IdentityStats {
 export interface IdentityShape {
   /** The PDS base URL (`scheme://host[:port][/path]`, no trailing slash) of a DID. */
   readonly resolvePds: (did: string) => Effect.Effect<string, IdentityError>
+  /**
+   * The `#atproto` signing key of a DID (`undefined`: its document publishes none). `fresh`: fetch
+   * the document once more (after a signature failed with the cached key).
+   */
+  readonly resolveSigningKey: (
+    did: string,
+    options?: { readonly fresh?: boolean }
+  ) => Effect.Effect<SigningKey | undefined, IdentityError>
   /** Forget what is cached for `did` (an `#identity` / `#account` event, or "repo not found"). */
   readonly invalidate: (did: string) => Effect.Effect<void>
   readonly stats: Effect.Effect<IdentityStats>
@@ -88,10 +108,19 @@ export interface IdentityShape {
 
 export class Identity extends Context.Tag("firehook/Identity")<Identity, IdentityShape>() {}
 
+/** The parts of one fetched, valid DID document that firehook uses. */
+interface Resolved {
+  /** the PDS base URL, or why the document has none usable */
+  readonly pds: Either.Either<string, "no_pds" | "pds_unsafe">
+  readonly key: SigningKey | undefined
+}
+
 interface Entry {
-  readonly pds: string
+  readonly resolved: Resolved
   readonly fetchedAt: number
   refreshing: boolean
+  /** when a forced refetch of this DID began (`fresh`) */
+  forcedAt: number | undefined
 }
 
 /** A foreground lookup in flight; `invalidated` once its DID is invalidated after it started. */
@@ -152,9 +181,11 @@ export const make = (options: IdentityOptions = {}) =>
     let failures = 0
 
     const fail = (kind: IdentityErrorKind) => Effect.fail(new IdentityError({ kind }))
+    const countFailure = (kind: IdentityErrorKind) =>
+      Effect.sync(() => void failures++).pipe(Effect.zipRight(Metric.increment(Metrics.identityFailures({ kind }))))
 
-    /** Fetch and validate the document; the PDS base URL. */
-    const fetchPds = (did: string): Effect.Effect<string, IdentityError> =>
+    /** Fetch and validate the document: its PDS (or why not) and its signing key. */
+    const fetchDocument = (did: string): Effect.Effect<Resolved, IdentityError> =>
       Effect.gen(function*() {
         const url = didDocumentUrl(did, config.backfill.plcDirectoryUrl)
         if (url === undefined) return yield* fail("invalid_did")
@@ -172,37 +203,40 @@ export const make = (options: IdentityOptions = {}) =>
         const doc = decodeJsonBody(DidDocument, response.body)
         if (doc === undefined || doc.id !== did) return yield* fail("identity_invalid")
         const endpoint = pdsEndpoint(doc)
-        if (endpoint === undefined) return yield* fail("no_pds")
-        const pds = normalizePdsEndpoint(endpoint, insecure)
-        if (pds === undefined) return yield* fail("pds_unsafe")
-        return pds
+        const pds = endpoint === undefined ? undefined : normalizePdsEndpoint(endpoint, insecure)
+        const resolved: Resolved = {
+          pds: endpoint === undefined
+            ? Either.left("no_pds")
+            : pds === undefined
+            ? Either.left("pds_unsafe")
+            : Either.right(pds),
+          key: atprotoSigningKey(doc)
+        }
+        if (Either.isLeft(resolved.pds)) yield* countFailure(resolved.pds.left)
+        return resolved
       }).pipe(
-        Effect.tapError((e) =>
-          Effect.sync(() => void failures++).pipe(
-            Effect.zipRight(Metric.increment(Metrics.identityFailures({ kind: e.kind })))
-          )
-        ),
+        Effect.tapError((e) => countFailure(e.kind)),
         Effect.withSpan("Identity.fetch")
       )
 
-    const store = (did: string, pds: string, fetchedAt: number) => {
+    const store = (did: string, resolved: Resolved, fetchedAt: number) => {
       cache.delete(did)
       while (cache.size >= maxEntries) {
         const oldest = cache.keys().next()
         if (oldest.done === true) break
         cache.delete(oldest.value)
       }
-      cache.set(did, { pds, fetchedAt, refreshing: false })
+      cache.set(did, { resolved, fetchedAt, refreshing: false, forcedAt: undefined })
     }
 
     /** Background refresh of a stale entry: writes back only if the entry is still the same object. */
     const refresh = (did: string, entry: Entry) =>
-      fetchPds(did).pipe(
-        Effect.flatMap((pds) =>
+      fetchDocument(did).pipe(
+        Effect.flatMap((resolved) =>
           Effect.flatMap(Clock.currentTimeMillis, (now) =>
             Effect.sync(() => {
               refreshes++
-              if (cache.get(did) === entry) store(did, pds, now)
+              if (cache.get(did) === entry) store(did, resolved, now)
             }))
         ),
         Effect.catchAll(() =>
@@ -214,7 +248,7 @@ export const make = (options: IdentityOptions = {}) =>
       )
 
     /** A foreground fetch, cached unless `did` was invalidated while it ran. */
-    const lookup = (did: string): Effect.Effect<string, IdentityError> =>
+    const lookup = (did: string): Effect.Effect<Resolved, IdentityError> =>
       Effect.acquireUseRelease(
         Effect.sync(() => {
           const mine: Lookup = { invalidated: false }
@@ -225,10 +259,10 @@ export const make = (options: IdentityOptions = {}) =>
         }),
         (mine) =>
           Effect.gen(function*() {
-            const pds = yield* fetchPds(did)
+            const resolved = yield* fetchDocument(did)
             const fetchedAt = yield* Clock.currentTimeMillis
-            if (!mine.invalidated) store(did, pds, fetchedAt)
-            return pds
+            if (!mine.invalidated) store(did, resolved, fetchedAt)
+            return resolved
           }),
         (mine) =>
           Effect.sync(() => {
@@ -238,7 +272,8 @@ export const make = (options: IdentityOptions = {}) =>
           })
       )
 
-    const resolvePds = (did: string): Effect.Effect<string, IdentityError> =>
+    /** The cached (or fetched) parts of a DID's document. */
+    const resolve = (did: string): Effect.Effect<Resolved, IdentityError> =>
       Effect.gen(function*() {
         const now = yield* Clock.currentTimeMillis
         const entry = cache.get(did)
@@ -256,14 +291,43 @@ export const make = (options: IdentityOptions = {}) =>
             } else {
               yield* Metric.increment(Metrics.identityLookups({ result: "hit" }))
             }
-            return entry.pds
+            return entry.resolved
           }
           cache.delete(did)
         }
         misses++
         yield* Metric.increment(Metrics.identityLookups({ result: "miss" }))
         return yield* lookup(did)
-      }).pipe(Effect.withSpan("Identity.resolvePds"))
+      })
+
+    const resolvePds = (did: string): Effect.Effect<string, IdentityError> =>
+      resolve(did).pipe(
+        Effect.flatMap((r) =>
+          Either.match(r.pds, { onLeft: (kind) => fail(kind), onRight: (pds) => Effect.succeed(pds) })
+        ),
+        Effect.withSpan("Identity.resolvePds")
+      )
+
+    /** A forced refetch, unless this DID's document was fetched, or one began, within the interval. */
+    const refetch = (did: string): Effect.Effect<Resolved, IdentityError> =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        const entry = cache.get(did)
+        if (entry !== undefined) {
+          const recent = Math.max(entry.fetchedAt, entry.forcedAt ?? entry.fetchedAt)
+          if (now - recent < FRESH_REFETCH_MIN_INTERVAL_MS) return entry.resolved
+          entry.forcedAt = now
+        }
+        misses++
+        yield* Metric.increment(Metrics.identityLookups({ result: "miss" }))
+        return yield* lookup(did)
+      })
+
+    const resolveSigningKey = (did: string, options: { readonly fresh?: boolean } = {}) =>
+      (options.fresh === true ? refetch(did) : resolve(did)).pipe(
+        Effect.map((r) => r.key),
+        Effect.withSpan("Identity.resolveSigningKey")
+      )
 
     const invalidate = (did: string) =>
       Effect.sync(() => {
@@ -273,6 +337,7 @@ export const make = (options: IdentityOptions = {}) =>
 
     const shape: IdentityShape = {
       resolvePds,
+      resolveSigningKey,
       invalidate,
       stats: Effect.sync(() => ({ entries: cache.size, hits, misses, refreshes, failures }))
     }

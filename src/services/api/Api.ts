@@ -1,0 +1,153 @@
+/**
+ * The owners' API (SPEC §8): the service that holds the pipeline's state (the verifier with its
+ * replay cache, the rate limiters, the counters), registers the `api` health section
+ * (`configured`, `calls`, `authFailures`, `rateLimited`: counts only), and serves the HTTP app
+ * ({@link Xrpc.app}) on its own listener (`API_HOST:API_PORT`), which stops at the shutdown stage
+ * of the health listener (`http`, SPEC §6.3).
+ *
+ * The method table is a parameter: {@link SERVED_METHODS} is what firehook serves; a method is
+ * added by adding its entry (`Methods.method(contract, handler)`), and every generic test (the
+ * lexicon check, the random-input property test) covers it from then on.
+ */
+import * as HttpServer from "@effect/platform/HttpServer"
+import type * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import type { SqlClient } from "@effect/sql"
+import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
+import { Secrets } from "../delivery/Secrets.js"
+import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
+import { Health, statsSection } from "../platform/Health.js"
+import { SafeHttp } from "../platform/http/SafeHttp.js"
+import { Lifecycle } from "../platform/Lifecycle.js"
+import * as IdentityService from "../reconciliation/Identity.js"
+import { didWebOf } from "./ApiConfig.js"
+import type { ApiMethod, MethodTable } from "./Methods.js"
+import { type ApiLimits, DEFAULT_LIMITS, makeBuckets } from "./RateLimiter.js"
+import { SECRET_METHODS } from "./SecretMethods.js"
+import * as ServiceAuth from "./ServiceAuth.js"
+import * as Xrpc from "./Xrpc.js"
+
+/** The methods firehook serves today (SPEC §8.4; the §8.5 methods join this table). */
+export const SERVED_METHODS: MethodTable<Secrets> = [...SECRET_METHODS]
+
+export interface ApiStats {
+  readonly configured: boolean
+  readonly calls: number
+  readonly authFailures: number
+  readonly rateLimited: number
+}
+
+export interface ApiShape {
+  /** the HTTP app of the API listener */
+  readonly app: Effect.Effect<
+    HttpServerResponse.HttpServerResponse,
+    never,
+    HttpServerRequest.HttpServerRequest | Scope.Scope
+  >
+  readonly stats: Effect.Effect<ApiStats>
+}
+
+export class Api extends Context.Tag("firehook/Api")<Api, ApiShape>() {}
+
+export interface ApiOptions {
+  /** the rate limits (default SPEC §8.2's) */
+  readonly limits?: Partial<ApiLimits>
+  /** per call — default 10 s */
+  readonly deadline?: Duration.DurationInput
+  /** procedure bodies — default 64 KiB */
+  readonly maxBodyBytes?: number
+  /** jti replay cache entries — default 100,000 */
+  readonly replayCapacity?: number
+}
+
+/** `/.well-known/did.json` (SPEC §8.1), when the service DID is the did:web of `PUBLIC_URL`. */
+export const didDocumentOf = (api: FirehookConfigShape["api"]): unknown => {
+  if (Option.isNone(api.publicUrl) || Option.isNone(api.serviceDid)) return undefined
+  if (didWebOf(api.publicUrl.value) !== api.serviceDid.value) return undefined
+  return {
+    "@context": ["https://www.w3.org/ns/did/v1"],
+    id: api.serviceDid.value,
+    service: [{ id: `#${ServiceAuth.SERVICE_ID}`, type: "FirehookService", serviceEndpoint: api.publicUrl.value }]
+  }
+}
+
+export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
+  Effect.gen(function*() {
+    const config = yield* FirehookConfig
+    const health = yield* Health
+    const context = yield* Effect.context<R>()
+    const limits: ApiLimits = { ...DEFAULT_LIMITS, ...options.limits }
+    const auth = Option.isSome(config.api.serviceDid)
+      ? yield* ServiceAuth.make({
+        serviceDid: config.api.serviceDid.value,
+        ...(options.replayCapacity === undefined ? {} : { replayCapacity: options.replayCapacity })
+      })
+      : undefined
+    const counters: Xrpc.ApiCounters = { calls: 0, authFailures: 0, rateLimited: 0 }
+    const byNsid = new Map<string, ApiMethod<R>>()
+    for (const m of methods) byNsid.set(m.contract.nsid, m)
+    const deps: Xrpc.PipelineDeps<R> = {
+      methods: byNsid,
+      auth,
+      trustProxy: config.api.trustProxy,
+      didDocument: didDocumentOf(config.api),
+      limiters: {
+        failedAuth: makeBuckets(limits.failedAuthPerAddress, limits.maxKeys),
+        calls: makeBuckets(limits.callsPerCaller, limits.maxKeys),
+        methods: new Map(
+          Object.entries(limits.methodRates).map(([nsid, rate]) => [nsid, makeBuckets(rate, limits.maxKeys)])
+        )
+      },
+      counters,
+      deadline: Duration.decode(options.deadline ?? Xrpc.CALL_DEADLINE),
+      maxBodyBytes: options.maxBodyBytes ?? Xrpc.MAX_BODY_BYTES
+    }
+    const stats = Effect.sync((): ApiStats => ({ configured: auth !== undefined, ...counters }))
+    yield* health.register("api", statsSection(stats, ["configured", "calls", "authFailures", "rateLimited"]))
+    const shape: ApiShape = { app: Effect.provide(Xrpc.app(deps), context), stats }
+    return shape
+  })
+
+/** The API over `methods`. Requires what the methods need, the configuration, health and Identity. */
+export const layer = <R>(methods: MethodTable<R>, options: ApiOptions = {}) => Layer.scoped(Api, make(methods, options))
+
+/**
+ * The served API with its production dependencies: the secret store on PostgreSQL (keyring from
+ * the configuration) and an Identity of its own (its own cache, over its own SSRF-safe transport).
+ */
+export const layerSql = (
+  config: FirehookConfigShape,
+  options: ApiOptions = {}
+): Layer.Layer<Api, never, FirehookConfig | Health | SqlClient.SqlClient> =>
+  layer(SERVED_METHODS, options).pipe(
+    Layer.provide(
+      Layer.mergeAll(
+        Secrets.layerSql,
+        IdentityService.layer().pipe(
+          Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs: [] }))
+        )
+      )
+    )
+  )
+
+/** Serve the {@link Api} on `server`. */
+export const serve = <A, E, R>(server: Layer.Layer<A | HttpServer.HttpServer, E, R>) =>
+  Layer.unwrapEffect(Effect.map(Api, (api) => HttpServer.serve(api.app))).pipe(Layer.provideMerge(server))
+
+/**
+ * Start the API listener (SPEC §8.1) on `server`, in a scope of its own forked from `scope`, and
+ * register its stop at the `http` stage of the shutdown (with the health listener). Requires the
+ * core services (configuration, health, lifecycle, database).
+ */
+export const start = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, scope: Scope.Scope) =>
+  Effect.gen(function*() {
+    const config = yield* FirehookConfig
+    const lifecycle = yield* Lifecycle
+    const apiScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+    const context = yield* Layer.buildWithScope(serve(server).pipe(Layer.provide(layerSql(config))), apiScope)
+    const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(Effect.provide(context))
+    yield* Effect.logInfo("api server listening").pipe(
+      Effect.annotateLogs({ address, configured: Option.isSome(config.api.serviceDid) })
+    )
+    yield* lifecycle.registerStop("http", "api-http", Scope.close(apiScope, Exit.void))
+  })

@@ -1,0 +1,117 @@
+/**
+ * The method table of the owners' API: NSID → a contract (kind and Effect Schemas, from
+ * `schemas/*Lexicon`) and a handler that receives the authenticated caller DID. `method` ties a
+ * typed handler to its contract and returns an entry the pipeline (`Xrpc.ts`) runs without knowing
+ * its types: it decodes the parameters and the body (a failure is `InvalidRequest`), runs the
+ * handler, and encodes its output (an output the Schema refuses is a bug: 500).
+ *
+ * A subscription's handler gets the caller at the WebSocket upgrade (the token was verified from
+ * the upgrade request's `Authorization` header) and answers the upgrade itself
+ * (`HttpServerRequest.upgrade`); the pipeline applies no deadline to it.
+ */
+import type * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import { Effect, ParseResult, Schema } from "effect"
+import type { Scope } from "effect"
+import type { XrpcContract } from "../../schemas/XrpcContract.js"
+import type { AnyContract, RawParams } from "../../schemas/XrpcContract.js"
+import { internal, invalidRequest, type XrpcFailure } from "./XrpcError.js"
+
+/** What a handler receives. `caller` is the only owner the call can see or act on. */
+export interface Call<P, I> {
+  readonly caller: string
+  readonly params: P
+  readonly input: I
+}
+
+/** A decoded call, ready to run for its caller. */
+export interface Prepared<R> {
+  readonly respond: (
+    caller: string
+  ) => Effect.Effect<
+    HttpServerResponse.HttpServerResponse,
+    XrpcFailure,
+    R | HttpServerRequest.HttpServerRequest | Scope.Scope
+  >
+}
+
+export interface ApiMethod<R> {
+  readonly contract: AnyContract
+  /** Decode the query parameters and (for a procedure) the JSON body. */
+  readonly prepare: (params: RawParams, body: unknown) => Effect.Effect<Prepared<R>, XrpcFailure>
+}
+
+export type MethodTable<R> = ReadonlyArray<ApiMethod<R>>
+
+/** The first schema issue as a short text (the path and the rule, never the value). */
+const describe = (e: ParseResult.ParseError): string => {
+  const issue = ParseResult.ArrayFormatter.formatErrorSync(e)[0]
+  if (issue === undefined) return "invalid"
+  const path = issue.path.length === 0 ? "" : `${issue.path.map(String).join(".")}: `
+  return `${path}${
+    issue._tag === "Missing" ? "is missing" : issue._tag === "Unexpected" ? "is not allowed" : "is invalid"
+  }`
+}
+
+const decode = <A>(schema: Schema.Schema<A, unknown>, what: string, value: unknown) =>
+  Schema.decodeUnknown(schema)(value).pipe(Effect.mapError((e) => invalidRequest(`${what} ${describe(e)}`)))
+
+const NO_STORE = { "cache-control": "no-store" } as const
+
+/** A query or procedure: the handler's output, encoded by the contract, as the JSON response. */
+export const method = <P, I, O, R>(
+  contract: XrpcContract<P, I, O>,
+  handler: (call: Call<P, I>) => Effect.Effect<O, XrpcFailure, R>
+): ApiMethod<R> => {
+  const encode = Schema.encode(contract.output)
+  return {
+    contract,
+    prepare: (raw, body) =>
+      Effect.gen(function*() {
+        const params = yield* decode(contract.params, "parameter", raw)
+        const input = contract.input === undefined
+          ? (undefined as I)
+          : yield* decode(contract.input, "input", body)
+        return {
+          respond: (caller) =>
+            handler({ caller, params, input }).pipe(
+              Effect.flatMap((out) =>
+                encode(out).pipe(
+                  Effect.tapError(() =>
+                    Effect.logError("api: a handler's output does not match its lexicon").pipe(
+                      Effect.annotateLogs({ nsid: contract.nsid })
+                    )
+                  ),
+                  Effect.mapError(() => internal())
+                )
+              ),
+              Effect.map((json) => HttpServerResponse.unsafeJson(json, { headers: NO_STORE }))
+            )
+        }
+      })
+  }
+}
+
+/** A subscription: the handler answers the WebSocket upgrade for the verified caller. */
+export const subscription = <P, O, R>(
+  contract: XrpcContract<P, undefined, O>,
+  handler: (call: Call<P, undefined>) => Effect.Effect<HttpServerResponse.HttpServerResponse, XrpcFailure, R>
+): ApiMethod<Exclude<R, HttpServerRequest.HttpServerRequest | Scope.Scope>> => ({
+  contract,
+  prepare: (raw) =>
+    Effect.map(decode(contract.params, "parameter", raw), (params) => ({
+      respond: (caller) => upgradeContext(handler({ caller, params, input: undefined }))
+    }))
+})
+
+/**
+ * `R` is always within `Exclude<R, HttpServerRequest | Scope> | HttpServerRequest | Scope`; the
+ * compiler cannot see it for a generic `R`, so the requirement type is restated here, once.
+ */
+const upgradeContext = <A, E, R>(
+  effect: Effect.Effect<A, E, R>
+): Effect.Effect<
+  A,
+  E,
+  Exclude<R, HttpServerRequest.HttpServerRequest | Scope.Scope> | HttpServerRequest.HttpServerRequest | Scope.Scope
+> => effect as Effect.Effect<A, E, never>

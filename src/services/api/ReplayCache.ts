@@ -1,0 +1,74 @@
+/**
+ * The replay cache of service tokens (SPEC §8.2): each `(iss, jti)` is accepted once while the
+ * token lives. An entry is kept until its expiry (the token's `exp` plus the clock leeway, when
+ * the verifier would refuse the token anyway) and never forgotten earlier: at `capacity` entries
+ * (100,000 by default) a new token is refused as `full` (the API answers 503) instead of evicting
+ * a live entry, which would let that token be replayed.
+ *
+ * Expired entries are dropped as time passes: entries are indexed by the second they expire in,
+ * and every check first drops the seconds that have ended (amortized O(1) per entry). Time is
+ * passed in (the service reads the Effect `Clock`).
+ *
+ * @since 0.1.0
+ */
+
+export type ReplayVerdict = "fresh" | "replayed" | "full"
+
+export interface ReplayCache {
+  /** Record `(iss, jti)` until `expiresAtMs`, unless it is already there (or the cache is full). */
+  readonly check: (iss: string, jti: string, expiresAtMs: number, now: number) => ReplayVerdict
+  readonly size: () => number
+}
+
+export const DEFAULT_REPLAY_CAPACITY = 100_000
+
+export const makeReplayCache = (capacity: number = DEFAULT_REPLAY_CAPACITY): ReplayCache => {
+  /** key → expiry (ms) */
+  const entries = new Map<string, number>()
+  /** expiry second → keys expiring in it */
+  const bySecond = new Map<number, Array<string>>()
+  /** every second before this one has been dropped */
+  let prunedTo = Number.NEGATIVE_INFINITY
+
+  const dropSecond = (s: number) => {
+    const keys = bySecond.get(s)
+    if (keys === undefined) return
+    bySecond.delete(s)
+    for (const k of keys) {
+      const exp = entries.get(k)
+      if (exp !== undefined && Math.floor(exp / 1000) === s) entries.delete(k)
+    }
+  }
+
+  /** Drop every second that ended before `now` (an entry expiring at t is gone once now ≥ its second's end). */
+  const prune = (now: number) => {
+    const nowSec = Math.floor(now / 1000)
+    if (nowSec <= prunedTo) return
+    if (bySecond.size > 0) {
+      if (nowSec - prunedTo <= bySecond.size) {
+        for (let s = prunedTo; s < nowSec; s++) dropSecond(s)
+      } else {
+        for (const s of [...bySecond.keys()]) if (s < nowSec) dropSecond(s)
+      }
+    }
+    prunedTo = nowSec
+  }
+
+  return {
+    check: (iss, jti, expiresAtMs, now) => {
+      prune(now)
+      const key = `${iss}\u0000${jti}`
+      if (entries.has(key)) return "replayed"
+      // already past its expiry: the verifier refuses the token whatever the cache says
+      if (Math.floor(expiresAtMs / 1000) < Math.floor(now / 1000)) return "fresh"
+      if (entries.size >= capacity) return "full"
+      entries.set(key, expiresAtMs)
+      const s = Math.floor(expiresAtMs / 1000)
+      const list = bySecond.get(s)
+      if (list === undefined) bySecond.set(s, [key])
+      else list.push(key)
+      return "fresh"
+    },
+    size: () => entries.size
+  }
+}

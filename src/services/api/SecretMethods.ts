@@ -1,0 +1,89 @@
+/**
+ * wisp.place's secret methods (SPEC §8.4) over firehook's secret store (`delivery/Secrets`, the
+ * same store as the operator CLI `firehook secrets …`), for the caller only:
+ * - `create {name}` → `{name, token, createdAt}`: a generated `whsec_` token, shown only here;
+ * - `rotate {name}` → `{name, token, rotatedAt}`: the old token stops signing (the delivery
+ *   worker's token cache keeps it at most 10 s);
+ * - `list` → `{secrets: [{name, createdAt, lastRotatedAt?}]}`, never tokens;
+ * - `delete {name}` → `{}`.
+ * At most 1,000 secrets per owner (`LimitExceeded`); without `WEBHOOK_SECRET_ENCRYPTION_KEY`,
+ * create and rotate answer 503 `NotConfigured`. The times are the store's own (the database's
+ * `created_at` / `rotated_at`), read back after the write.
+ */
+import { Clock, Effect } from "effect"
+import * as SecretLexicon from "../../schemas/SecretLexicon.js"
+import { MAX_SECRETS_PER_OWNER, Secrets, type SecretsError } from "../delivery/Secrets.js"
+import { method } from "./Methods.js"
+import { declared, internal, invalidRequest, notConfigured, type XrpcFailure } from "./XrpcError.js"
+
+/** The XRPC error of a store failure; an unexpected one is logged (reason and code only) and is a 500. */
+export const secretsFailure = (e: SecretsError): Effect.Effect<never, XrpcFailure> => {
+  switch (e.reason) {
+    case "already_exists":
+      return Effect.fail(declared("AlreadyExists", "a secret with this name already exists"))
+    case "not_found":
+      return Effect.fail(declared("NotFound", "no secret with this name"))
+    case "limit_reached":
+      return Effect.fail(declared("LimitExceeded", `an owner may have at most ${MAX_SECRETS_PER_OWNER} secrets`))
+    case "no_key":
+      return Effect.fail(notConfigured("this service cannot store secrets (no encryption key is configured)"))
+    case "invalid_name":
+    case "invalid_token":
+      return Effect.fail(invalidRequest("invalid secret name"))
+    default:
+      return Effect.logWarning("api: the secret store failed").pipe(
+        Effect.annotateLogs({ reason: e.reason, code: e.code ?? "" }),
+        Effect.zipRight(Effect.fail(internal()))
+      )
+  }
+}
+
+/** The stored times of one secret (read back after a write; now if it vanished meanwhile). */
+const timesOf = (owner: string, name: string) =>
+  Effect.gen(function*() {
+    const secrets = yield* Secrets
+    const all = yield* secrets.list(owner)
+    const row = all.find((r) => r.name === name)
+    const now = new Date(yield* Clock.currentTimeMillis)
+    return { createdAt: row?.createdAt ?? now, rotatedAt: row?.rotatedAt ?? now }
+  })
+
+export const create = method(SecretLexicon.create, ({ caller, input }) =>
+  Effect.gen(function*() {
+    const secrets = yield* Secrets
+    const token = yield* secrets.create(caller, input.name)
+    const times = yield* timesOf(caller, input.name)
+    return { name: input.name, token, createdAt: times.createdAt.toISOString() }
+  }).pipe(Effect.catchTag("SecretsError", secretsFailure)))
+
+export const rotate = method(SecretLexicon.rotate, ({ caller, input }) =>
+  Effect.gen(function*() {
+    const secrets = yield* Secrets
+    const token = yield* secrets.rotate(caller, input.name)
+    const times = yield* timesOf(caller, input.name)
+    return { name: input.name, token, rotatedAt: times.rotatedAt.toISOString() }
+  }).pipe(Effect.catchTag("SecretsError", secretsFailure)))
+
+export const list = method(SecretLexicon.list, ({ caller }) =>
+  Effect.gen(function*() {
+    const secrets = yield* Secrets
+    const rows = yield* secrets.list(caller)
+    return {
+      secrets: rows.map((r) => ({
+        name: r.name,
+        createdAt: r.createdAt.toISOString(),
+        ...(r.rotatedAt === undefined ? {} : { lastRotatedAt: r.rotatedAt.toISOString() })
+      }))
+    }
+  }).pipe(Effect.catchTag("SecretsError", secretsFailure)))
+
+export const remove = method(SecretLexicon.remove, ({ caller, input }) =>
+  Effect.gen(function*() {
+    const secrets = yield* Secrets
+    const removed = yield* secrets.remove(caller, input.name)
+    if (!removed) return yield* Effect.fail(declared("NotFound", "no secret with this name"))
+    return {}
+  }).pipe(Effect.catchTag("SecretsError", secretsFailure)))
+
+/** The secret methods, as the API serves them. */
+export const SECRET_METHODS = [create, rotate, list, remove] as const

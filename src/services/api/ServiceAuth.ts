@@ -1,0 +1,221 @@
+/**
+ * Service-auth verification of the owners' API (SPEC §8.2). A caller is the DID whose PDS minted
+ * (or, proxying, forwarded) the bearer token; there are no firehook accounts.
+ *
+ * The token is verified by a kept library, `@atcute/xrpc-server`'s `ServiceJwtVerifier` (with
+ * `@atcute/crypto`): it parses the token, refuses `at+jwt` / `refresh+jwt` / `dpop+jwt` and a `kid`
+ * other than `#atproto`, checks `exp` (with the clock leeway) and `exp` at most `maxAge` ahead,
+ * `aud` ∈ the accepted audiences, `lxm` = the called method, requires `jti`, verifies the signature
+ * against the issuer's `#atproto` key (an `alg` that is not the key's own fails), asks again with
+ * `noCache` after a failed signature (key rotation), and consults the replay store only for a
+ * token whose signature verified. firehook supplies its two hooks:
+ * - the resolver: {@link Identity} (SPEC §5.1, cached; `noCache` = `resolveSigningKey(did,
+ *   { fresh: true })`), turned into the DID document the library reads;
+ * - the replay store: a bounded {@link ReplayCache} of `(iss, jti)` kept until the token's `exp`
+ *   plus the leeway (the library passes no expiry, so each verification gets a store that knows its
+ *   token's `exp`); full → 503.
+ *
+ * Before the library runs, firehook reads the token's header and claims with a Schema
+ * (`schemas/ServiceJwt`, no cryptography) and applies the rules of §8.2 the library does not, plus
+ * cheap ones it does, so a bad token is refused without any DID resolution: `alg` ES256K or ES256
+ * only; `typ` absent or `JWT`; `iss` a canonical DID (no fragment); `aud`, `lxm` present and equal
+ * to the method; `jti` present and ≤ 128 printable characters; `exp` not past (30 s leeway) and
+ * at most 1 h ahead; `iat`, if present, at most 30 s ahead. These use the Effect `Clock`; the
+ * library reads the wall clock for its own `exp` checks (in production they agree).
+ *
+ * Outcomes: {@link AuthFailure} (401, one of the four error names of §8.2, with a reason for
+ * metrics and debug logs, never the token) or {@link AuthUnavailable} (firehook cannot decide now:
+ * the issuer's DID document could not be fetched, or the replay cache is full).
+ */
+import type { DidDocument as AtcuteDidDocument } from "@atcute/identity"
+import type { DidDocumentResolver } from "@atcute/identity-resolver"
+import type { Did, Nsid } from "@atcute/lexicons"
+import { type AtprotoAudience, isDid, isNsid } from "@atcute/lexicons/syntax"
+import { AuthRequiredError } from "@atcute/xrpc-server"
+import { ServiceJwtVerifier } from "@atcute/xrpc-server/auth"
+import { Clock, Data, Effect, Either, Runtime } from "effect"
+import { isCanonicalDid } from "../../schemas/AtUri.js"
+import type { SigningKey } from "../../schemas/DidDocument.js"
+import { type JwtClaims, readServiceJwt, type ServiceJwtParts } from "../../schemas/ServiceJwt.js"
+import { Identity, type IdentityErrorKind } from "../reconciliation/Identity.js"
+import { DEFAULT_REPLAY_CAPACITY, makeReplayCache, type ReplayVerdict } from "./ReplayCache.js"
+
+/** The 401 error names of SPEC §8.2. */
+export const AUTH_ERRORS = ["AuthenticationRequired", "InvalidToken", "BadJwtSignature", "ExpiredToken"] as const
+export type AuthError = (typeof AUTH_ERRORS)[number]
+
+/** The token does not authenticate the call (401). `reason` is a fixed code, never token data. */
+export class AuthFailure extends Data.TaggedError("AuthFailure")<{
+  readonly error: AuthError
+  readonly reason: string
+}> {}
+
+/** firehook cannot decide now (503 / 502): the issuer's identity is unreachable, or the replay cache is full. */
+export class AuthUnavailable extends Data.TaggedError("AuthUnavailable")<{
+  readonly reason: "identity_unavailable" | "replay_cache_full"
+}> {}
+
+export const ALGORITHMS: ReadonlyArray<string> = ["ES256K", "ES256"]
+/** SPEC §8.2: `exp` at most 1 h ahead. */
+export const MAX_AGE_SECONDS = 3600
+/** SPEC §8.2: 30 s of clock skew for `exp` and `iat`. */
+export const CLOCK_LEEWAY_SECONDS = 30
+export const MAX_JTI_LENGTH = 128
+/** The service id in `aud` (`<SERVICE_DID>#firehook`) and in `/.well-known/did.json`. */
+export const SERVICE_ID = "firehook"
+
+export interface ServiceAuthOptions {
+  /** the service DID: tokens must be addressed to it or to `<it>#firehook` */
+  readonly serviceDid: string
+  /** `(iss, jti)` pairs kept at most — default 100,000 */
+  readonly replayCapacity?: number
+}
+
+export interface Verified {
+  /** the caller: the only owner this call can see or act on */
+  readonly did: string
+}
+
+export interface ServiceAuthShape {
+  /** Verify the `Authorization` header of a call of `nsid`. */
+  readonly verify: (
+    authorization: string | undefined,
+    nsid: string
+  ) => Effect.Effect<Verified, AuthFailure | AuthUnavailable>
+  /** `(iss, jti)` pairs held by the replay cache */
+  readonly replayEntries: Effect.Effect<number>
+}
+
+const refuse = (error: AuthError, reason: string) => Either.left(new AuthFailure({ error, reason }))
+
+/** The bearer token of an `Authorization` header (scheme case-insensitive), or undefined. */
+export const bearerToken = (authorization: string | undefined): string | undefined => {
+  if (authorization === undefined) return undefined
+  const m = /^bearer +(\S+) *$/i.exec(authorization)
+  return m?.[1]
+}
+
+/**
+ * The rules of SPEC §8.2 that need no key (pure; `nowMs` from the Clock). Right: the claims, for
+ * the library to verify.
+ */
+export const checkClaims = (
+  parts: ServiceJwtParts,
+  context: { readonly nowMs: number; readonly nsid: string; readonly audiences: ReadonlyArray<string> }
+): Either.Either<JwtClaims, AuthFailure> => {
+  const { header, claims } = parts
+  const now = context.nowMs / 1000
+  if (!ALGORITHMS.includes(header.alg)) return refuse("InvalidToken", "alg")
+  if (header.typ !== undefined && header.typ !== "JWT") return refuse("InvalidToken", "typ")
+  if (!isCanonicalDid(claims.iss)) return refuse("InvalidToken", "iss")
+  if (!context.audiences.includes(claims.aud)) return refuse("InvalidToken", "aud")
+  if (claims.lxm === undefined) return refuse("InvalidToken", "lxm_missing")
+  if (claims.lxm !== context.nsid) return refuse("InvalidToken", "lxm")
+  if (claims.jti === undefined || !/^[\x21-\x7e]{1,128}$/.test(claims.jti)) return refuse("InvalidToken", "jti")
+  if (claims.exp + CLOCK_LEEWAY_SECONDS < now) return refuse("ExpiredToken", "expired")
+  if (claims.exp - now > MAX_AGE_SECONDS) return refuse("InvalidToken", "exp_too_far")
+  if (claims.iat !== undefined && claims.iat > now + CLOCK_LEEWAY_SECONDS) return refuse("InvalidToken", "iat_future")
+  return Either.right(claims)
+}
+
+/** The DID document the library reads: the issuer and its `#atproto` key, if it has one. */
+const documentOf = (did: Did, key: SigningKey | undefined): AtcuteDidDocument => ({
+  "@context": ["https://www.w3.org/ns/did/v1"],
+  id: did,
+  verificationMethod: key === undefined
+    ? []
+    : [{ id: `${did}#atproto`, type: key.type, controller: did, publicKeyMultibase: key.publicKeyMultibase }]
+})
+
+/** The library's refusal code, from the `WWW-Authenticate` challenge of its error. */
+const libraryCode = (e: unknown): string | undefined => {
+  if (!(e instanceof AuthRequiredError) || !(e.headers instanceof Headers)) return undefined
+  const challenge = e.headers.get("www-authenticate")
+  if (challenge === null) return undefined
+  return /error="([A-Za-z]{1,64})"/.exec(challenge)?.[1] ?? "none"
+}
+
+/** The §8.2 error name of a library refusal. */
+const fromLibrary = (code: string | undefined): AuthFailure => {
+  if (code === "none" || code === "MissingBearer") {
+    return new AuthFailure({ error: "AuthenticationRequired", reason: "missing" })
+  }
+  if (code === "JwtExpired") return new AuthFailure({ error: "ExpiredToken", reason: "expired" })
+  if (code === "BadJwtSignature") return new AuthFailure({ error: "BadJwtSignature", reason: "signature" })
+  return new AuthFailure({ error: "InvalidToken", reason: code === undefined ? "verifier" : code.toLowerCase() })
+}
+
+export const make = (options: ServiceAuthOptions) =>
+  Effect.gen(function*() {
+    const identity = yield* Identity
+    const runtime = yield* Effect.runtime<never>()
+    const replay = makeReplayCache(options.replayCapacity ?? DEFAULT_REPLAY_CAPACITY)
+    const serviceDid = options.serviceDid
+    const audiences: Array<Did | AtprotoAudience> = []
+    const fragment = `${serviceDid}#${SERVICE_ID}`
+    if (isDid(serviceDid)) audiences.push(serviceDid)
+    if (isDid(serviceDid) && isCanonicalDid(serviceDid)) audiences.push(fragment as AtprotoAudience)
+
+    /** Ask the library; what the hooks saw decides between a refusal and "cannot decide now". */
+    const library = (token: string, nsid: Nsid, claims: JwtClaims, nowMs: number) => {
+      const seen: { resolution?: IdentityErrorKind; replay?: ReplayVerdict } = {}
+      const resolver: DidDocumentResolver = {
+        resolve: (did, opts) =>
+          Runtime.runPromise(runtime)(
+            identity.resolveSigningKey(did, { fresh: opts?.noCache === true }).pipe(
+              Effect.map((key) => documentOf(did, key)),
+              Effect.tapError((e) => Effect.sync(() => void (seen.resolution = e.kind)))
+            ),
+            opts?.signal === undefined ? {} : { signal: opts.signal }
+          )
+      }
+      const expiresAtMs = (claims.exp + CLOCK_LEEWAY_SECONDS + 1) * 1000
+      const verifier = new ServiceJwtVerifier({
+        acceptAudiences: audiences,
+        resolver,
+        maxAge: MAX_AGE_SECONDS,
+        clockLeeway: CLOCK_LEEWAY_SECONDS,
+        replayStore: {
+          check: (key) => {
+            seen.replay = replay.check(key.iss, key.jti, expiresAtMs, nowMs)
+            return Promise.resolve(seen.replay === "fresh")
+          }
+        }
+      })
+      const request = new Request(`https://${SERVICE_ID}.invalid/xrpc/${nsid}`, {
+        headers: { authorization: `Bearer ${token}` }
+      })
+      return Effect.tryPromise({
+        try: (signal) => verifier.verifyRequest(request, { lxm: nsid, signal }),
+        catch: (e): AuthFailure | AuthUnavailable =>
+          seen.replay === "full"
+            ? new AuthUnavailable({ reason: "replay_cache_full" })
+            : seen.resolution === "identity_unavailable"
+            ? new AuthUnavailable({ reason: "identity_unavailable" })
+            : fromLibrary(libraryCode(e))
+      })
+    }
+
+    const verify = (authorization: string | undefined, nsid: string) =>
+      Effect.gen(function*() {
+        const token = bearerToken(authorization)
+        if (token === undefined) {
+          return yield* Effect.fail(new AuthFailure({ error: "AuthenticationRequired", reason: "missing" }))
+        }
+        const parts = readServiceJwt(token)
+        if (parts === undefined) {
+          return yield* Effect.fail(new AuthFailure({ error: "InvalidToken", reason: "malformed" }))
+        }
+        if (!isNsid(nsid)) return yield* Effect.fail(new AuthFailure({ error: "InvalidToken", reason: "lxm" }))
+        const nowMs = yield* Clock.currentTimeMillis
+        const claims = yield* checkClaims(parts, { nowMs, nsid, audiences })
+        const verified = yield* library(token, nsid, claims, nowMs)
+        if (verified.issuer !== claims.iss || verified.lxm !== nsid) {
+          return yield* Effect.fail(new AuthFailure({ error: "InvalidToken", reason: "verifier" }))
+        }
+        return { did: claims.iss }
+      }).pipe(Effect.withSpan("ServiceAuth.verify"))
+
+    const shape: ServiceAuthShape = { verify, replayEntries: Effect.sync(() => replay.size()) }
+    return shape
+  })

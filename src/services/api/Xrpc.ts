@@ -1,0 +1,297 @@
+/**
+ * The owners' API request pipeline (SPEC §8.1–8.3), the one place every call goes through:
+ *
+ *   route → configured? → method/verb → failed-auth limit (client address) → auth → per-caller
+ *   limits → parameters → body → decode → handler → encode → error mapping
+ *
+ * - Routes: `/xrpc/<nsid>` and `GET /.well-known/did.json` (only when the service DID is the
+ *   did:web of `PUBLIC_URL`); anything else 404. Unknown methods 501 `MethodNotImplemented`; a
+ *   query or subscription needs GET, a procedure POST (else 405).
+ * - Not configured (no service DID): every `/xrpc/` call is 503 `NotConfigured`.
+ * - Authentication comes first (SPEC §8.2: "before anything else is read"): a refused token is a
+ *   401 before the query string is decoded or one byte of the body is read, and no handler runs.
+ *   A client address with 30 failed authentications in the last minute is refused (429) before
+ *   its token is even looked at.
+ * - Per caller DID: 120 calls/min, and per method the extra limits of {@link METHOD_RATES};
+ *   refused → 429 with `Retry-After`.
+ * - Procedure bodies: `Content-Type: application/json`, at most 64 KiB (a larger
+ *   `Content-Length` is refused unread; a body without one is read up to the bound), UTF-8 JSON.
+ *   Bad input → 400 `InvalidRequest`.
+ * - A 10 s deadline covers a call from authentication to its encoded response (a subscription's
+ *   up to its upgrade): 504 `UpstreamTimeout`.
+ * - Every error is `{error, message}`; a defect is a 500 with a fixed message (and a log line
+ *   naming the method, never a value).
+ */
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import { Cause, Chunk, Clock, Duration, Effect, Either, Metric, Schema, Stream } from "effect"
+import type { Scope } from "effect"
+import type { RawParams } from "../../schemas/XrpcContract.js"
+import { labelledCounterFamily } from "../platform/Metrics.js"
+import { addressKey, clientAddress } from "./ClientAddress.js"
+import type { ApiMethod } from "./Methods.js"
+import { type Buckets, type Decision, retryAfterSeconds, takeAll } from "./RateLimiter.js"
+import type { ServiceAuthShape } from "./ServiceAuth.js"
+import {
+  internal,
+  invalidRequest,
+  methodNotImplemented,
+  notConfigured,
+  rateLimited,
+  wrongVerb,
+  XrpcFailure
+} from "./XrpcError.js"
+
+/** SPEC §8.3: procedure bodies at most 64 KiB. */
+export const MAX_BODY_BYTES = 64 * 1024
+/** SPEC §8.3: a 10 s deadline per call. */
+export const CALL_DEADLINE = Duration.seconds(10)
+/** Query strings longer than this are refused unread. */
+export const MAX_QUERY_LENGTH = 8192
+export const MAX_PARAMS = 64
+/** A body over the bound is read and dropped up to this many more bytes (then the connection is cut). */
+export const DRAIN_MAX_BYTES = 1024 * 1024
+
+/** Counts for health (SPEC §8.1): monotonic, counts only. */
+export interface ApiCounters {
+  calls: number
+  authFailures: number
+  rateLimited: number
+}
+
+export interface Limiters {
+  /** failed authentications per client address */
+  readonly failedAuth: Buckets
+  /** calls per caller DID */
+  readonly calls: Buckets
+  /** extra limits per caller DID of single methods, by NSID */
+  readonly methods: ReadonlyMap<string, Buckets>
+}
+
+export interface PipelineDeps<R> {
+  readonly methods: ReadonlyMap<string, ApiMethod<R>>
+  /** undefined: the API is not configured */
+  readonly auth: ServiceAuthShape | undefined
+  readonly trustProxy: boolean
+  /** what `/.well-known/did.json` serves (undefined: 404) */
+  readonly didDocument: unknown
+  readonly limiters: Limiters
+  readonly counters: ApiCounters
+  readonly deadline: Duration.Duration
+  readonly maxBodyBytes: number
+}
+
+const apiCalls = labelledCounterFamily("firehook_api_calls_total", {
+  description: "Owners' API calls, by method (unknown for any other path under /xrpc/) and HTTP status"
+})
+
+const NO_STORE = { "cache-control": "no-store" } as const
+
+/** The response of a failure: `{error, message}`, with `Retry-After` (429) or a Bearer challenge (401). */
+export const failureResponse = (f: XrpcFailure): HttpServerResponse.HttpServerResponse => {
+  const headers: Record<string, string> = { ...NO_STORE }
+  if (f.retryAfter !== undefined) headers["retry-after"] = String(f.retryAfter)
+  if (f.status === 401) headers["www-authenticate"] = `Bearer error="${f.error}"`
+  if (f.allow !== undefined) headers["allow"] = f.allow
+  return HttpServerResponse.unsafeJson({ error: f.error, message: f.message }, { status: f.status, headers })
+}
+
+const AUTH_MESSAGES: { readonly [error: string]: string } = {
+  AuthenticationRequired: "a service token is required (Authorization: Bearer …)",
+  InvalidToken: "the service token is not valid for this call",
+  BadJwtSignature: "the service token's signature could not be verified",
+  ExpiredToken: "the service token has expired"
+}
+
+/** The query parameters of a URL (repeated names become arrays), or a failure when unbounded. */
+export const queryParams = (url: string): Either.Either<RawParams, XrpcFailure> => {
+  const q = url.indexOf("?")
+  if (q < 0) return Either.right({})
+  const query = url.slice(q + 1)
+  if (query.length > MAX_QUERY_LENGTH) return Either.left(invalidRequest("the query string is too long"))
+  const out: { [k: string]: string | Array<string> } = {}
+  let n = 0
+  for (const [k, v] of new URLSearchParams(query)) {
+    if (++n > MAX_PARAMS) return Either.left(invalidRequest("too many parameters"))
+    const prev = out[k]
+    out[k] = prev === undefined ? v : Array.isArray(prev) ? [...prev, v] : [prev, v]
+  }
+  return Either.right(out)
+}
+
+const isJson = (contentType: string | undefined): boolean =>
+  contentType !== undefined && (contentType.split(";")[0] ?? "").trim().toLowerCase() === "application/json"
+
+const JsonText = Schema.parseJson()
+
+/** A procedure's JSON body, at most `max` bytes, read only after the call is authorized. */
+const readJsonBody = (request: HttpServerRequest.HttpServerRequest, max: number) =>
+  Effect.gen(function*() {
+    if (!isJson(request.headers["content-type"])) {
+      return yield* Effect.fail(invalidRequest("the body must be application/json"))
+    }
+    const length = request.headers["content-length"]
+    if (length !== undefined && (!/^\d{1,15}$/.test(length) || Number(length) > max)) {
+      return yield* Effect.fail(invalidRequest(`the body must be at most ${max} bytes`))
+    }
+    // Past the bound the rest is read and dropped (up to DRAIN_MAX_BYTES), so that the client gets
+    // its 400: stopping the stream early would close the connection before the answer is written.
+    const chunks = yield* request.stream.pipe(
+      Stream.mapError(() => invalidRequest("the body could not be read")),
+      Stream.runFoldEffect({ size: 0, chunks: Chunk.empty<Uint8Array>() }, (acc, chunk) => {
+        const size = acc.size + chunk.length
+        if (size > max + DRAIN_MAX_BYTES) return Effect.fail(invalidRequest(`the body must be at most ${max} bytes`))
+        return Effect.succeed({
+          size,
+          chunks: size > max ? Chunk.empty<Uint8Array>() : Chunk.append(acc.chunks, chunk)
+        })
+      })
+    )
+    if (chunks.size > max) return yield* Effect.fail(invalidRequest(`the body must be at most ${max} bytes`))
+    const bytes = new Uint8Array(chunks.size)
+    let offset = 0
+    for (const c of chunks.chunks) {
+      bytes.set(c, offset)
+      offset += c.length
+    }
+    const text = Either.try(() => new TextDecoder("utf-8", { fatal: true }).decode(bytes))
+    if (Either.isLeft(text)) return yield* Effect.fail(invalidRequest("the body is not UTF-8"))
+    return yield* Schema.decodeUnknown(JsonText)(text.right).pipe(
+      Effect.mapError(() => invalidRequest("the body is not JSON"))
+    )
+  })
+
+const refused = (d: Decision, counters: ApiCounters): XrpcFailure => {
+  counters.rateLimited++
+  return rateLimited(retryAfterSeconds(d.retryAfterMs))
+}
+
+/** One authorized, decoded call of `m`, for the verified caller. */
+const authorize = <R>(
+  deps: PipelineDeps<R>,
+  auth: ServiceAuthShape,
+  m: ApiMethod<R>,
+  request: HttpServerRequest.HttpServerRequest,
+  address: string
+) =>
+  Effect.gen(function*() {
+    const nsid = m.contract.nsid
+    const verified = yield* auth.verify(request.headers["authorization"], nsid).pipe(
+      Effect.catchTags({
+        AuthFailure: (e) =>
+          Effect.gen(function*() {
+            deps.counters.authFailures++
+            deps.limiters.failedAuth.take(address, yield* Clock.currentTimeMillis)
+            yield* Effect.logDebug("api: authentication refused").pipe(
+              Effect.annotateLogs({ nsid, error: e.error, reason: e.reason })
+            )
+            return yield* Effect.fail(
+              new XrpcFailure({ status: 401, error: e.error, message: AUTH_MESSAGES[e.error] ?? "unauthorized" })
+            )
+          }),
+        AuthUnavailable: (e) =>
+          Effect.logWarning("api: a token could not be verified now").pipe(
+            Effect.annotateLogs({ nsid, reason: e.reason }),
+            Effect.zipRight(Effect.fail(
+              e.reason === "replay_cache_full"
+                ? new XrpcFailure({ status: 503, error: "NotEnoughResources", message: "too many live tokens; retry" })
+                : new XrpcFailure({
+                  status: 502,
+                  error: "UpstreamFailure",
+                  message: "the caller's identity is unreachable"
+                })
+            ))
+          )
+      })
+    )
+    const perMethod = deps.limiters.methods.get(nsid)
+    const decision = takeAll(
+      perMethod === undefined
+        ? [[deps.limiters.calls, verified.did]]
+        : [[deps.limiters.calls, verified.did], [perMethod, verified.did]],
+      yield* Clock.currentTimeMillis
+    )
+    if (!decision.allowed) return yield* Effect.fail(refused(decision, deps.counters))
+    const params = yield* queryParams(request.url)
+    const body = m.contract.input === undefined ? undefined : yield* readJsonBody(request, deps.maxBodyBytes)
+    const prepared = yield* m.prepare(params, body)
+    return { caller: verified.did, prepared }
+  })
+
+const VERB: { readonly [K in ApiMethod<never>["contract"]["kind"]]: string } = {
+  query: "GET",
+  procedure: "POST",
+  subscription: "GET"
+}
+
+/** A call of `/xrpc/<nsid>`. */
+const xrpc = <R>(deps: PipelineDeps<R>, request: HttpServerRequest.HttpServerRequest, nsid: string) =>
+  Effect.gen(function*() {
+    deps.counters.calls++
+    const auth = deps.auth
+    if (auth === undefined) {
+      return yield* Effect.fail(notConfigured("this service has no service DID (SERVICE_DID / PUBLIC_URL)"))
+    }
+    const m = deps.methods.get(nsid)
+    if (m === undefined) return yield* Effect.fail(methodNotImplemented())
+    const verb = VERB[m.contract.kind]
+    if (request.method !== verb) return yield* Effect.fail(wrongVerb(verb))
+    const address = addressKey(
+      clientAddress(request.remoteAddress, request.headers["x-forwarded-for"], deps.trustProxy)
+    )
+    const blocked = deps.limiters.failedAuth.peek(address, yield* Clock.currentTimeMillis)
+    if (!blocked.allowed) return yield* Effect.fail(refused(blocked, deps.counters))
+    // the platform runs a request uninterruptibly: the call itself is made interruptible, so that
+    // the deadline can stop it
+    const deadline = <A, E, Q>(eff: Effect.Effect<A, E, Q>) =>
+      Effect.timeoutFail(Effect.interruptible(eff), {
+        duration: deps.deadline,
+        onTimeout: () =>
+          new XrpcFailure({ status: 504, error: "UpstreamTimeout", message: "the call did not finish in time" })
+      })
+    if (m.contract.kind === "subscription") {
+      // no deadline on the connection itself; interruptible, so that a shutdown can end it
+      const call = yield* deadline(authorize(deps, auth, m, request, address))
+      return yield* Effect.interruptible(call.prepared.respond(call.caller))
+    }
+    return yield* deadline(
+      Effect.flatMap(authorize(deps, auth, m, request, address), (call) => call.prepared.respond(call.caller))
+    )
+  })
+
+const notFound = HttpServerResponse.unsafeJson({ error: "NotFound", message: "not found" }, {
+  status: 404,
+  headers: NO_STORE
+})
+
+/** The API as an HTTP app: every request answered, never a failure. */
+export const app = <R>(
+  deps: PipelineDeps<R>
+): Effect.Effect<HttpServerResponse.HttpServerResponse, never, R | HttpServerRequest.HttpServerRequest | Scope.Scope> =>
+  Effect.gen(function*() {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    const q = request.url.indexOf("?")
+    const path = q < 0 ? request.url : request.url.slice(0, q)
+    if (path === "/.well-known/did.json" && request.method === "GET" && deps.didDocument !== undefined) {
+      return HttpServerResponse.unsafeJson(deps.didDocument)
+    }
+    if (!path.startsWith("/xrpc/")) return notFound
+    const nsid = path.slice("/xrpc/".length)
+    const label = deps.methods.has(nsid) ? nsid : "unknown"
+    const started = yield* Clock.currentTimeMillis
+    const response = yield* xrpc(deps, request, nsid).pipe(
+      Effect.catchAll((f) => Effect.succeed(failureResponse(f))),
+      Effect.catchAllCause((cause) =>
+        Cause.isInterruptedOnly(cause)
+          ? Effect.failCause(cause)
+          : Effect.logError("api: a call failed unexpectedly").pipe(
+            Effect.annotateLogs({ nsid: label }),
+            Effect.as(failureResponse(internal()))
+          )
+      )
+    )
+    const ms = (yield* Clock.currentTimeMillis) - started
+    yield* Metric.increment(apiCalls({ method: label, status: String(response.status) }))
+    yield* Effect.logDebug("api call").pipe(Effect.annotateLogs({ nsid: label, status: response.status, ms }))
+    return response
+  })

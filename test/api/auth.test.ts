@@ -1,0 +1,181 @@
+/**
+ * Service auth of the owners' API (SPEC §8.2), over real HTTP: every refusal answers 401 with the
+ * §8.2 error name and a generic message, before the body is read (the request's body never
+ * completes, yet the answer comes) and without running the method (the owner has no secret
+ * afterwards). Tokens are minted with @atcute/crypto keypairs and the library's creator or forged;
+ * the DID documents come from a fake PLC through firehook's own Identity.
+ */
+import { describe, expect, layer } from "@effect/vitest"
+import { Effect, TestClock } from "effect"
+import { FRESH_REFETCH_MIN_INTERVAL_MS } from "../../src/services/reconciliation/Identity.js"
+import {
+  apiLayer,
+  call,
+  callAs,
+  claims,
+  didDocument,
+  docs,
+  forge,
+  keypair,
+  mint,
+  newDid,
+  newOwner,
+  type Owner,
+  Plc,
+  serverPort,
+  SERVICE_DID,
+  unfinishedPost
+} from "./support.js"
+
+const CREATE = "place.wisp.v2.secret.create"
+const LIST = "place.wisp.v2.secret.list"
+/** the TestClock set to the wall clock now (the verifier library reads the wall clock) */
+const wallClock = Effect.suspend(() => TestClock.setTime(Date.now()))
+
+/** A refused call of secret.create whose body never arrives: the 401 comes anyway. */
+const refusedUnread = (token: string | undefined, error: string, what = "") =>
+  Effect.gen(function*() {
+    const port = yield* serverPort
+    const answer = yield* unfinishedPost(port, CREATE, token === undefined ? {} : { authorization: `Bearer ${token}` })
+    expect([what, answer === "no answer" ? answer : answer.status]).toEqual([what, 401])
+    if (answer === "no answer") return
+    const body = JSON.parse(answer.body) as { error: string; message: string }
+    expect([what, body.error]).toEqual([what, error])
+    expect(body.message.length).toBeGreaterThan(0)
+    // the message is generic: nothing of the token
+    if (token !== undefined) expect(answer.body).not.toContain(token.slice(0, 20))
+  })
+
+const noSecrets = (owner: Owner) =>
+  Effect.gen(function*() {
+    const list = yield* callAs(owner, LIST)
+    expect(list.status).toBe(200)
+    expect(list.body).toEqual({ secrets: [] })
+  })
+
+const HEADER = { alg: "ES256K", typ: "JWT" }
+
+describe("service auth", () => {
+  layer(apiLayer({ api: { limits: { failedAuthPerAddress: { limit: 10_000, perMs: 60_000 } } } }))((it) => {
+    it.effect("a genuine token of the PDS's kind is accepted (ES256K and ES256)", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        for (const kind of ["k256", "p256"] as const) {
+          const owner = yield* newOwner(kind)
+          const created = yield* callAs(owner, CREATE, { body: { name: "main" } })
+          expect(created.status).toBe(200)
+          // audience with the service id, as a PDS proxy addresses it
+          const token = yield* mint(owner, LIST, { aud: `${SERVICE_DID}#firehook` })
+          const listed = yield* call(LIST, { token })
+          expect(listed.status).toBe(200)
+          expect(listed.body).toMatchObject({ secrets: [{ name: "main" }] })
+          // typ may be absent; the scheme's case does not matter
+          const alg = kind === "k256" ? "ES256K" : "ES256"
+          const untyped = yield* forge(owner.key, { alg }, claims(owner, LIST))
+          expect((yield* call(LIST, { headers: { authorization: `bearer ${untyped}` } })).status).toBe(200)
+        }
+      }))
+
+    it.effect("refusals: each 401, body unread, nothing done", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const alice = yield* newOwner()
+        const bob = yield* newOwner()
+        const stranger = yield* keypair()
+        const c = (extra: object = {}) => claims(alice, CREATE, extra)
+        const cases: ReadonlyArray<readonly [string, Effect.Effect<string | undefined>, string]> = [
+          ["no token", Effect.succeed(undefined), "AuthenticationRequired"],
+          ["malformed token", Effect.succeed("not.a-token"), "InvalidToken"],
+          ["not a JWT at all", Effect.succeed("garbage"), "InvalidToken"],
+          ["alg: none", forge(alice.key, { alg: "none", typ: "JWT" }, c()), "InvalidToken"],
+          ["alg: HS256", forge(alice.key, { alg: "HS256", typ: "JWT" }, c()), "InvalidToken"],
+          ["a key that is not the issuer's", forge(stranger, HEADER, c()), "BadJwtSignature"],
+          ["another DID's key", forge(bob.key, HEADER, c()), "BadJwtSignature"],
+          ["aud of another service", forge(alice.key, HEADER, c({ aud: "did:web:other.example" })), "InvalidToken"],
+          ["missing lxm", forge(alice.key, HEADER, { ...c(), lxm: undefined }), "InvalidToken"],
+          ["lxm of another method", forge(alice.key, HEADER, c({ lxm: LIST })), "InvalidToken"],
+          ["expired", forge(alice.key, HEADER, c({ iat: nowS() - 600, exp: nowS() - 120 })), "ExpiredToken"],
+          ["exp more than 1 h ahead", forge(alice.key, HEADER, c({ exp: nowS() + 3700 })), "InvalidToken"],
+          ["iat in the future", forge(alice.key, HEADER, c({ iat: nowS() + 120, exp: nowS() + 300 })), "InvalidToken"],
+          ["typ at+jwt (an access token)", forge(alice.key, { alg: "ES256K", typ: "at+jwt" }, c()), "InvalidToken"],
+          ["typ refresh+jwt", forge(alice.key, { alg: "ES256K", typ: "refresh+jwt" }, c()), "InvalidToken"],
+          ["typ dpop+jwt", forge(alice.key, { alg: "ES256K", typ: "dpop+jwt" }, c()), "InvalidToken"],
+          ["typ JOSE (only JWT or none)", forge(alice.key, { alg: "ES256K", typ: "JOSE" }, c()), "InvalidToken"],
+          ["kid of another key", forge(alice.key, { ...HEADER, kid: "#atproto_label" }, c()), "InvalidToken"],
+          ["ES256 header on a secp256k1 key", forge(alice.key, { alg: "ES256", typ: "JWT" }, c()), "InvalidToken"],
+          ["no jti", forge(alice.key, HEADER, { ...c(), jti: undefined }), "InvalidToken"],
+          ["iss with a fragment", forge(alice.key, HEADER, c({ iss: `${alice.did}#atproto_pds` })), "InvalidToken"],
+          ["iss of an unknown DID", forge(alice.key, HEADER, c({ iss: newDid() })), "InvalidToken"]
+        ]
+        for (const [what, token, error] of cases) {
+          const t = yield* token
+          yield* refusedUnread(t, error, what)
+        }
+        // a Basic scheme is no bearer token
+        const basic = yield* call(LIST, { headers: { authorization: "Basic YWxpY2U6cHc=" } })
+        expect([basic.status, basic.body["error"]]).toEqual([401, "AuthenticationRequired"])
+        expect(basic.headers["www-authenticate"]).toBe("Bearer error=\"AuthenticationRequired\"")
+        yield* noSecrets(alice)
+      }))
+
+    it.effect("a replayed jti is refused (401), the first use is not", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const token = yield* mint(owner, LIST)
+        expect((yield* call(LIST, { token })).status).toBe(200)
+        const again = yield* call(LIST, { token })
+        expect([again.status, again.body["error"]]).toEqual([401, "InvalidToken"])
+        // the same jti from another issuer is another token
+        const other = yield* newOwner()
+        const jti = "shared-jti-0123456789"
+        const first = yield* forge(owner.key, HEADER, claims(owner, LIST, { jti }))
+        const second = yield* forge(other.key, HEADER, claims(other, LIST, { jti }))
+        expect((yield* call(LIST, { token: first })).status).toBe(200)
+        expect((yield* call(LIST, { token: second })).status).toBe(200)
+        // control: an accepted token's call does wait for its body (so an answer without it means unread)
+        const replayed = yield* forge(owner.key, HEADER, claims(owner, CREATE, { jti: "replayed-create" }))
+        const port = yield* serverPort
+        expect(yield* unfinishedPost(port, CREATE, { authorization: `Bearer ${replayed}` }, { waitMs: 1000 })).toBe(
+          "no answer"
+        )
+        yield* refusedUnread(replayed, "InvalidToken")
+      }))
+
+    it.effect("key rotation: after a failed signature the document is fetched once more", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        expect((yield* callAs(owner, LIST)).status).toBe(200) // the document (old key) is cached
+        const rotated = yield* keypair()
+        docs.set(owner.did, didDocument(owner.did, rotated.multikey))
+        const signed = (key: typeof rotated) => forge(key, HEADER, claims(owner, LIST))
+        // within 10 s of the last fetch the cache is trusted (forged tokens cannot force fetches)
+        const early = yield* call(LIST, { token: yield* signed(rotated) })
+        expect([early.status, early.body["error"]]).toEqual([401, "BadJwtSignature"])
+        yield* TestClock.adjust(FRESH_REFETCH_MIN_INTERVAL_MS)
+        expect((yield* call(LIST, { token: yield* signed(rotated) })).status).toBe(200)
+        // the old key no longer verifies
+        const old = yield* call(LIST, { token: yield* forge(owner.key, HEADER, claims(owner, LIST)) })
+        expect([old.status, old.body["error"]]).toEqual([401, "BadJwtSignature"])
+      }))
+
+    it.effect("an issuer whose document is not one is refused (401); an unreachable directory is 502", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        docs.set(owner.did, "not a document")
+        const invalid = yield* callAs(owner, LIST)
+        expect([invalid.status, invalid.body["error"]]).toEqual([401, "InvalidToken"])
+        const other = yield* newOwner()
+        const plc = yield* Plc
+        const handler = plc.handler
+        plc.handler = (req) =>
+          req.path.includes(other.did) ? { status: 500, body: "{\"error\":\"InternalServerError\"}" } : handler(req)
+        const down = yield* callAs(other, LIST).pipe(Effect.ensuring(Effect.sync(() => (plc.handler = handler))))
+        expect([down.status, down.body["error"]]).toEqual([502, "UpstreamFailure"])
+      }))
+  })
+})
+
+const nowS = () => Math.floor(Date.now() / 1000)

@@ -1,0 +1,122 @@
+/**
+ * The rate limits of the owners' API (SPEC §8.2) under TestClock: failed authentications per
+ * client address (30/min; the first X-Forwarded-For hop only with API_TRUST_PROXY=1), calls per
+ * caller DID (120/min) and per method; each refusal is 429 with Retry-After.
+ */
+import { describe, expect, it, layer } from "@effect/vitest"
+import { Effect, TestClock } from "effect"
+import { DEFAULT_LIMITS } from "../../src/services/api/RateLimiter.js"
+import { apiLayer, call, healthApi, mint, newOwner } from "./support.js"
+
+const LIST = "place.wisp.v2.secret.list"
+const CREATE = "place.wisp.v2.secret.create"
+/** the TestClock set to the wall clock now (the verifier library reads the wall clock) */
+const wallClock = Effect.suspend(() => TestClock.setTime(Date.now()))
+/** tokens that outlive the TestClock's jumps (at most 1 h ahead, SPEC §8.2) */
+const longMint = (owner: Parameters<typeof mint>[0], lxm: string) => mint(owner, lxm, { expiresIn: 3000 })
+
+describe("rate limits behind a trusted proxy", () => {
+  layer(apiLayer({ env: { API_TRUST_PROXY: "1" } }))((it) => {
+    it.effect("30 failed authentications per client address per minute, then 429 for anything from it", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const from = (ip: string) => ({ "x-forwarded-for": `${ip}, 10.0.0.1` })
+        for (let i = 0; i < 30; i++) {
+          const r = yield* call(LIST, { token: "garbage", headers: from("203.0.113.5") })
+          expect(r.status).toBe(401)
+        }
+        const refused = yield* call(LIST, { token: "garbage", headers: from("203.0.113.5") })
+        expect([refused.status, refused.body["error"], refused.headers["retry-after"]]).toEqual([
+          429,
+          "RateLimitExceeded",
+          "2"
+        ])
+        // a good token from that address is refused too (its token is not even looked at)
+        const good = yield* call(LIST, { token: yield* longMint(owner, LIST), headers: from("203.0.113.5") })
+        expect(good.status).toBe(429)
+        // the proxy's own address is not the client; another client is not affected
+        expect((yield* call(LIST, { token: yield* longMint(owner, LIST), headers: from("203.0.113.6") })).status)
+          .toBe(200)
+        // one token comes back every 2 s
+        yield* TestClock.adjust("2 seconds")
+        expect((yield* call(LIST, { token: yield* longMint(owner, LIST), headers: from("203.0.113.5") })).status)
+          .toBe(200)
+        expect((yield* call(LIST, { token: "garbage", headers: from("203.0.113.5") })).status).toBe(401)
+        expect((yield* call(LIST, { token: "garbage", headers: from("203.0.113.5") })).status).toBe(429)
+        yield* TestClock.adjust("1 minute")
+        expect((yield* call(LIST, { token: "garbage", headers: from("203.0.113.5") })).status).toBe(401)
+        // IPv6 clients count by /64
+        for (let i = 0; i < 30; i++) {
+          yield* call(LIST, { token: "garbage", headers: from(`2001:db8:1:2::${i.toString(16)}`) })
+        }
+        expect((yield* call(LIST, { token: "garbage", headers: from("2001:db8:1:2:ffff::1") })).status).toBe(429)
+        expect((yield* call(LIST, { token: "garbage", headers: from("2001:db8:1:3::1") })).status).toBe(401)
+      }))
+
+    it.effect("120 calls per caller DID per minute, then 429 with Retry-After; other callers unaffected", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const a = yield* newOwner()
+        const b = yield* newOwner()
+        for (let i = 0; i < 120; i++) {
+          const r = yield* call(LIST, { token: yield* longMint(a, LIST) })
+          expect(r.status).toBe(200)
+        }
+        const refused = yield* call(CREATE, { token: yield* longMint(a, CREATE), body: { name: "x" } })
+        expect([refused.status, refused.body["error"], refused.headers["retry-after"]]).toEqual([
+          429,
+          "RateLimitExceeded",
+          "1"
+        ])
+        expect((yield* call(LIST, { token: yield* longMint(b, LIST) })).status).toBe(200)
+        yield* TestClock.adjust("500 millis")
+        expect((yield* call(LIST, { token: yield* longMint(a, LIST) })).status).toBe(200)
+        expect((yield* call(LIST, { token: yield* longMint(a, LIST) })).status).toBe(429)
+        const api = (yield* healthApi) as { rateLimited: number }
+        expect(api.rateLimited).toBeGreaterThanOrEqual(2)
+      }))
+  })
+})
+
+describe("per-method limits", () => {
+  it("SPEC §8.2: dev.firehook.webhook.test 10/min, replay 2/min", () => {
+    expect(DEFAULT_LIMITS.methodRates).toEqual({
+      "dev.firehook.webhook.test": { limit: 10, perMs: 60_000 },
+      "dev.firehook.webhook.replay": { limit: 2, perMs: 60_000 }
+    })
+    expect(DEFAULT_LIMITS.callsPerCaller).toEqual({ limit: 120, perMs: 60_000 })
+    expect(DEFAULT_LIMITS.failedAuthPerAddress).toEqual({ limit: 30, perMs: 60_000 })
+  })
+
+  layer(apiLayer({ api: { limits: { methodRates: { [LIST]: { limit: 2, perMs: 60_000 } } } } }))((it) => {
+    it.effect("a method's own limit counts within the caller's overall one", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        expect((yield* call(LIST, { token: yield* longMint(owner, LIST) })).status).toBe(200)
+        expect((yield* call(LIST, { token: yield* longMint(owner, LIST) })).status).toBe(200)
+        const refused = yield* call(LIST, { token: yield* longMint(owner, LIST) })
+        expect([refused.status, refused.headers["retry-after"]]).toEqual([429, "30"])
+        // other methods of the caller still go through
+        expect((yield* call(CREATE, { token: yield* longMint(owner, CREATE), body: { name: "y" } })).status).toBe(200)
+        yield* TestClock.adjust("30 seconds")
+        expect((yield* call(LIST, { token: yield* longMint(owner, LIST) })).status).toBe(200)
+      }))
+  })
+})
+
+describe("without API_TRUST_PROXY", () => {
+  layer(apiLayer({ api: { limits: { failedAuthPerAddress: { limit: 3, perMs: 60_000 } } } }))((it) => {
+    it.effect("X-Forwarded-For is ignored: the socket peer is the client", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        for (let i = 0; i < 3; i++) {
+          const r = yield* call(LIST, { token: "garbage", headers: { "x-forwarded-for": `198.51.100.${i}` } })
+          expect(r.status).toBe(401)
+        }
+        const r = yield* call(LIST, { token: "garbage", headers: { "x-forwarded-for": "198.51.100.99" } })
+        expect([r.status, r.headers["retry-after"]]).toEqual([429, "20"])
+      }))
+  })
+})
