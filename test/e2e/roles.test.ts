@@ -9,7 +9,7 @@
  */
 import * as Net from "node:net"
 import { afterAll, describe, expect, it } from "vitest"
-import { e2eResources, query, sleep, startDeployment, waitUntil } from "../support/e2e.js"
+import { e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
 import { commitFrame, startFakeJetstream } from "../support/fakeJetstream.js"
 import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js"
 import { startReceiver } from "../support/receiver.js"
@@ -108,11 +108,9 @@ describe("FIREHOOK_ROLES", () => {
         maintenance: false,
         api: true
       })
-      expect(sections(apiBody)).toEqual(["roles"])
-      // a delivery worker would have claimed within tens of milliseconds (LISTEN) or 1 s (poll)
-      await sleep(3_000)
-      expect(await count(db, "status = 'pending'")).toBe(ROWS)
-      expect(rx.total()).toBe(0)
+      expect(sections(apiBody)).toEqual(["api", "roles"])
+      // the owners' API listener answers (NotConfigured: no SERVICE_DID/PUBLIC_URL here)
+      expect((await fetch(`http://127.0.0.1:${apiPort}/xrpc/place.wisp.v2.secret.list`)).status).toBe(503)
       // no delivery worker anywhere: no liveness mark, no LISTEN on the outbox channel
       expect(
         await query(
@@ -127,6 +125,8 @@ describe("FIREHOOK_ROLES", () => {
           "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%firehook_outbox%'"
         )
       ).toEqual([])
+      expect(await count(db, "status = 'pending'")).toBe(ROWS)
+      expect(rx.total()).toBe(0)
       expect(js.connections.length).toBe(streams)
 
       // delivery: no stream, no API listener, ready without intake or backfill; delivers the rows
