@@ -568,12 +568,15 @@ export const make = (conn: Connection, options: HooksOptions): Effect.Effect<Hoo
 
     const session: Session = { agent, did, allowInsecureDev, call }
     const serviceToken = (aud: string, lxm: string) =>
-      Effect.flatMap(Clock.currentTimeMillis, (now) =>
-        call("getServiceAuth", (signal) =>
-          agent.com.atproto.server.getServiceAuth(
-            { aud, lxm, exp: Math.floor(now / 1000) + SERVICE_TOKEN_TTL_SECONDS },
-            { signal }
-          ))).pipe(Effect.map((res) => Redacted.make(res.data.token)))
+      Effect.flatMap(
+        Clock.currentTimeMillis,
+        (now) =>
+          call("getServiceAuth", (signal) =>
+            agent.com.atproto.server.getServiceAuth(
+              { aud, lxm, exp: Math.floor(now / 1000) + SERVICE_TOKEN_TTL_SECONDS },
+              { signal }
+            ))
+      ).pipe(Effect.map((res) => Redacted.make(res.data.token)))
     return {
       did,
       create: createIn(session),

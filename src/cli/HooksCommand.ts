@@ -8,6 +8,7 @@ import { usage } from "./Failure.js"
 import { connectionOptions, rkeyArg, withHooks } from "./HookOptions.js"
 import * as Hooks from "./HookRecords.js"
 import { cell, out, printJson, REDACTED_URL, table } from "./Output.js"
+import { ownerApiCommands } from "./OwnerApiCommand.js"
 
 // ---------------------------------------------------------------------------------------------
 // hooks (webhook owners: their own place.wisp.v2.wh records on their PDS; no database)
@@ -170,14 +171,20 @@ const hooksDelete = Command.make(
 export const hooks = Command.make(
   "hooks",
   {},
-  () => usage("missing subcommand: create, list, enable, disable or delete")
+  () =>
+    usage(
+      "missing subcommand: create, list, enable, disable, delete, status, deliveries, show, redeliver, replay, test, resume, tail or secrets"
+    )
 ).pipe(
-  Command.withDescription("your own webhook records (place.wisp.v2.wh) on your PDS; needs no firehook database"),
+  Command.withDescription(
+    "your own webhook records (place.wisp.v2.wh) on your PDS, and (with --service) what a firehook service did with them"
+  ),
   Command.withSubcommands([
     hooksCreate,
     hooksList,
     hooksToggle("enable", true),
     hooksToggle("disable", false),
-    hooksDelete
+    hooksDelete,
+    ...ownerApiCommands
   ])
 )
