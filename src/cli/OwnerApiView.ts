@@ -119,5 +119,6 @@ export const tailLine = (frame: TailFrame): string => {
   const detail = o.httpStatus !== undefined
     ? `${o.httpStatus}${o.errorKind === undefined ? "" : ` ${o.errorKind}`}`
     : o.errorKind
-  return [o.at, o.status.padEnd(11), o.rkey, o.event.padEnd(6), o.id, detail].map(cell).join("  ").trimEnd()
+  return [o.at, o.status.padEnd(11), o.rkey, o.event.padEnd(6), o.id, detail].filter((v) => v !== undefined).map(cell)
+    .join("  ").trimEnd()
 }
