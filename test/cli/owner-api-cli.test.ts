@@ -380,7 +380,7 @@ describe("firehook hooks: the owners' API commands", () => {
       expect(shown.stdout).toMatch(/^status: +dead_letter$/m)
       expect(shown.stdout).toMatch(/^N\s+STARTED\s+MS\s+OUTCOME\s+HTTP\s+ERROR\s+RESPONSE$/m)
       expect(shown.stdout).toMatch(/^1\s+2026-11-20T10:00:00.000Z\s+12\s+retry\s+500\s+-\s+boom \[31m red$/m)
-      expect(shown.stdout).toMatch(/^2\s+2026-11-20T10:00:01.500Z\s+7\s+dead_letter\s+-\s+timeout$/m)
+      expect(shown.stdout).toMatch(/^2\s+2026-11-20T10:00:01.500Z\s+7\s+dead_letter\s+-\s+timeout\s+-$/m)
       expect(shown.stdout).toContain(`"text": "hello"`)
       expect(shown.stdout).not.toContain("\u001b")
       const shownJson = await hooks(env, ["show", delivery.id, "--json"])
