@@ -5,11 +5,15 @@
  * sections. The real process side (`ChildProcess.spawn`) with a real `node` child.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Exit, Fiber, Option, Ref, Scope, TestClock } from "effect"
+import { ConfigProvider, Deferred, Duration, Effect, Either, Exit, Fiber, Option, Ref, Scope, TestClock } from "effect"
+import * as Http from "node:http"
 import * as ChildProcess from "../../src/services/platform/ChildProcess.js"
+import * as DeliveryChild from "../../src/services/platform/DeliveryChild.js"
 import * as DeliveryProcess from "../../src/services/platform/DeliveryProcess.js"
+import * as DeliveryProcessConfig from "../../src/services/platform/DeliveryProcessConfig.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import * as RolesConfig from "../../src/services/platform/RolesConfig.js"
 
 type OnSigterm = "exit0" | "exit1" | "ignore"
 
@@ -85,6 +89,51 @@ const setup = (pollInterval: Duration.DurationInput = "1 second") =>
     const section = Effect.map(health.report, (r) => r.body["deliveryProcess"])
     return { lifecycle, health, gaveUp, fake, section }
   })
+
+describe("DeliveryProcessConfig", () => {
+  const load = (env: Record<string, string>) =>
+    Effect.runSync(
+      DeliveryProcessConfig.load.pipe(
+        Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env)))),
+        Effect.either
+      )
+    )
+  const all = RolesConfig.ROLES
+
+  it("DELIVERY_PROCESS: auto by default; inline, child; anything else is a startup error", () => {
+    expect(load({})).toEqual(Either.right({ mode: "auto", isChild: false }))
+    expect(load({ DELIVERY_PROCESS: "inline", FIREHOOK_DELIVERY_CHILD: "1" })).toEqual(
+      Either.right({ mode: "inline", isChild: true })
+    )
+    const bad = load({ DELIVERY_PROCESS: "worker" })
+    expect(Either.isLeft(bad) && bad.left.message).toBe(
+      "invalid configuration: DELIVERY_PROCESS must be one of auto, inline, child"
+    )
+  })
+
+  it("auto: a child with ≥ 2 cores and delivery beside another role; never in a child or without delivery", () => {
+    const auto = { mode: "auto", isChild: false } as const
+    expect(DeliveryProcessConfig.runsChild(auto, all, 2)).toBe(true)
+    expect(DeliveryProcessConfig.runsChild(auto, all, 1)).toBe(false)
+    expect(DeliveryProcessConfig.runsChild(auto, ["intake", "delivery"], 8)).toBe(true)
+    expect(DeliveryProcessConfig.runsChild(auto, ["delivery"], 8)).toBe(false)
+    expect(DeliveryProcessConfig.runsChild(auto, ["intake", "api"], 8)).toBe(false)
+    expect(DeliveryProcessConfig.runsChild({ mode: "child", isChild: false }, ["delivery"], 1)).toBe(true)
+    expect(DeliveryProcessConfig.runsChild({ mode: "child", isChild: true }, all, 8)).toBe(false)
+    expect(DeliveryProcessConfig.runsChild({ mode: "inline", isChild: false }, all, 8)).toBe(false)
+  })
+
+  it("the child's environment: delivery only, inline, the marker, loopback health, the parent's database", () => {
+    expect(DeliveryChild.childEnv({ healthPort: 4567, databaseUrl: "postgresql://u@127.0.0.1:5/db" })).toEqual({
+      FIREHOOK_ROLES: "delivery",
+      DELIVERY_PROCESS: "inline",
+      FIREHOOK_DELIVERY_CHILD: "1",
+      HEALTH_HOST: "127.0.0.1",
+      HEALTH_PORT: "4567",
+      DATABASE_URL: "postgresql://u@127.0.0.1:5/db"
+    })
+  })
+})
 
 describe("DeliveryProcess.decide", () => {
   const policy = DeliveryProcess.defaultPolicy
@@ -306,4 +355,56 @@ describe("ChildProcess.spawn (a real node process)", () => {
       }).pipe(Effect.scoped, Effect.flip)
       expect(result._tag).toBe("SpawnFailed")
     }))
+})
+
+describe("DeliveryChild.probe (a real loopback listener)", () => {
+  it.live(
+    "reads readiness and sections; a hung or non-JSON answer is None within the timeout",
+    () =>
+      Effect.gen(function*() {
+        let mode: "ok" | "unavailable" | "hang" | "text" = "ok"
+        const server = Http.createServer((_req, res) => {
+          if (mode === "hang") return
+          if (mode === "text") {
+            res.writeHead(200, { "content-type": "text/plain" })
+            res.end("hello")
+            return
+          }
+          res.writeHead(mode === "ok" ? 200 : 503, { "content-type": "application/json" })
+          res.end(
+            JSON.stringify({
+              status: mode,
+              phase: "live",
+              delivery: { pending: 2, stale: false },
+              roles: { delivery: true }
+            })
+          )
+        })
+        yield* Effect.acquireRelease(
+          Effect.async<void>((resume) => {
+            server.listen(0, "127.0.0.1", () => resume(Effect.void))
+          }),
+          () =>
+            Effect.sync(() => server.closeAllConnections()).pipe(
+              Effect.zipRight(Effect.async<void>((resume) => {
+                server.close(() => resume(Effect.void))
+              }))
+            )
+        )
+        const addr = server.address()
+        const port = typeof addr === "object" && addr !== null ? addr.port : 0
+        expect(yield* DeliveryChild.probe(port)).toEqual(
+          Option.some({ ready: true, sections: { delivery: { pending: 2, stale: false }, roles: { delivery: true } } })
+        )
+        mode = "unavailable"
+        expect(Option.map(yield* DeliveryChild.probe(port), (a) => a.ready)).toEqual(Option.some(false))
+        mode = "text"
+        expect(yield* DeliveryChild.probe(port)).toEqual(Option.none())
+        mode = "hang"
+        const started = Date.now()
+        expect(yield* DeliveryChild.probe(port)).toEqual(Option.none())
+        expect(Date.now() - started).toBeLessThan(5000)
+      }).pipe(Effect.scoped),
+    20_000
+  )
 })
