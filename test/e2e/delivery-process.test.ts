@@ -115,6 +115,7 @@ const sampleLeaseHolders = (db: string) => {
 const baseEnv = async (js: FakeJetstream) => ({
   DATABASE_URL: await res.freshDb(),
   NODE_ENV: "test",
+  DELIVERY_PROCESS: "auto",
   WEBHOOK_ALLOW_INSECURE_DEV: "1",
   JETSTREAM_URL: js.url,
   DELIVERY_RETRY_BASE_MS: "100",

@@ -49,6 +49,7 @@ const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise
   const running = startFirehook({
     HEALTH_PORT: String(port),
     SHUTDOWN_TIMEOUT_MS: "10000",
+    DELIVERY_PROCESS: "auto", // the production default: a delivery child on two or more cores
     ...(await devEnv()),
     ...env
   })
