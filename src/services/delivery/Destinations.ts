@@ -22,6 +22,7 @@
  * @since 0.1.0
  */
 import { Context, Either, Layer } from "effect"
+import type { OutboxOperation } from "../matching/OutboxStatus.js"
 import { signatureHeaders } from "./Signer.js"
 
 /** Everything a transform may read. */
@@ -34,7 +35,8 @@ export interface DeliveryInput {
     readonly did: string
     readonly collection: string
     readonly rkey: string
-    readonly operation: "create" | "update" | "delete"
+    /** `test`: an owner's test delivery (SPEC §8.5) */
+    readonly operation: OutboxOperation
     readonly cid?: string
     readonly timestamp: string
   }
