@@ -151,6 +151,8 @@ export interface DeliveryDetail {
   readonly attempts: ReadonlyArray<Attempt>
   /** attempts older than those in `attempts`, left out */
   readonly olderAttemptsNotShown: number
+  /** the stored payload body, while it is retained (SPEC §4.9 prunes unreferenced bodies) */
+  readonly body: string | undefined
 }
 
 /** The outcome of `redeliver`. */
@@ -376,8 +378,9 @@ export const makeWith = (options: OperatorOptions = {}) =>
 
     const showDelivery = Effect.fn("Operator.showDelivery")(function*(deliveryId: string, options?: ShowOptions) {
       const shown = Math.min(MAX_ATTEMPTS_SHOWN, Math.max(1, Math.floor(options?.maxAttempts ?? MAX_ATTEMPTS_SHOWN)))
-      const rows = yield* sql<OutboxDbRow>`
-      SELECT * FROM outbox WHERE delivery_id = ${deliveryId} AND ${ownedBy(options)}`.pipe(
+      const rows = yield* sql<OutboxDbRow & { readonly event_body: string | null }>`
+      SELECT o.*, e.body AS event_body FROM outbox o LEFT JOIN delivery_events e ON e.event_id = o.event_id
+      WHERE o.delivery_id = ${deliveryId} AND ${ownedBy(options)}`.pipe(
         storeOp("operator.showDelivery")
       )
       const row = rows[0]
@@ -402,7 +405,8 @@ export const makeWith = (options: OperatorOptions = {}) =>
       return Option.some<DeliveryDetail>({
         delivery: toDelivery(row),
         attempts: attempts.map(toAttempt),
-        olderAttemptsNotShown: older
+        olderAttemptsNotShown: older,
+        body: opt(row.event_body)
       })
     })
 
