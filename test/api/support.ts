@@ -10,9 +10,9 @@ import type { Did, Nsid } from "@atcute/lexicons"
 import { createServiceJwt } from "@atcute/xrpc-server/auth"
 import { type LexiconDoc, parseLexiconDoc } from "@atproto/lexicon"
 import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
+import { NodeHttpServer } from "@effect/platform-node"
 import type { SqlClient } from "@effect/sql"
 import type { PgClient } from "@effect/sql-pg"
-import { NodeHttpServer } from "@effect/platform-node"
 import { Clock, Effect, Layer } from "effect"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
@@ -119,17 +119,19 @@ export const claims = (owner: Owner, lxm: string, extra: object = {}) => {
 // ---------------------------------------------------------------------------------------------
 // The API on a real server
 
-export interface ApiTestOptions<A = never> {
+export interface ApiTestOptions {
   readonly env?: Record<string, string>
   readonly methods?: MethodTable<Api.ServedRequirements>
   readonly api?: Api.ApiOptions
-  /** more services over the same database and configuration (a worker, the intake's processor …) */
-  readonly extra?: Layer.Layer<
-    A,
-    never,
-    Config.FirehookConfig | SqlClient.SqlClient | PgClient.PgClient | Health.Health | Lifecycle.Lifecycle
-  >
 }
+
+/** What {@link apiLayerWith}'s extra services may use: the API's database, configuration and core. */
+export type CoreServices =
+  | Config.FirehookConfig
+  | SqlClient.SqlClient
+  | PgClient.PgClient
+  | Health.Health
+  | Lifecycle.Lifecycle
 
 /** The fake PLC, shared by every API test layer of a file. */
 export class Plc extends Effect.Tag("test/Plc")<Plc, FakeServer>() {}
@@ -139,7 +141,10 @@ export class Plc extends Effect.Tag("test/Plc")<Plc, FakeServer>() {}
  * SSRF-safe transport in insecure development mode to the fake PLC) served on a Node test server,
  * with health and the HttpClient of the server.
  */
-export const apiLayer = <A = never>(options: ApiTestOptions<A> = {}) =>
+export const apiLayer = (options: ApiTestOptions = {}) => apiLayerWith(Layer.empty, options)
+
+/** {@link apiLayer} with `extra` services over the same database and configuration (the intake's processor …). */
+export const apiLayerWith = <A, E>(extra: Layer.Layer<A, E, CoreServices>, options: ApiTestOptions = {}) =>
   Layer.unwrapScoped(
     Effect.gen(function*() {
       const plc = yield* fakePlc(docs)
@@ -163,9 +168,7 @@ export const apiLayer = <A = never>(options: ApiTestOptions<A> = {}) =>
       )
       return Api.serve(NodeHttpServer.layerTest).pipe(
         Layer.provideMerge(api),
-        Layer.provideMerge(
-          options.extra === undefined ? core : options.extra.pipe(Layer.provideMerge(core))
-        ),
+        Layer.provideMerge(extra.pipe(Layer.provideMerge(core))),
         Layer.merge(Layer.succeed(Plc, plc))
       )
     })

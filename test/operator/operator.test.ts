@@ -465,7 +465,12 @@ describe("Operator (operator CLI defects)", () => {
       const op = yield* Operator.Operator
       // CAROL/w2 disabled: her three rows would be cancelled; ALICE/w1 unchanged
       yield* sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${CAROL}`
-      expect(yield* op.replayDeadLetters({})).toEqual({ replayed: 6, inactiveSubscription: 3, complete: true, truncated: false })
+      expect(yield* op.replayDeadLetters({})).toEqual({
+        replayed: 6,
+        inactiveSubscription: 3,
+        complete: true,
+        truncated: false
+      })
       expect((yield* rows).every((r) => r.status === "pending")).toBe(true)
       // each way a subscription stops matching its rows (undone after each, deleting last)
       const [w] = yield* sql<

@@ -15,7 +15,7 @@
 import { Clock, Data, Effect, Either, Random } from "effect"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import { buildTestPayload, sha256Hex } from "../matching/Canonical.js"
-import { OutboxStore, type OutboxRow } from "../matching/Outbox.js"
+import { type OutboxRow, OutboxStore } from "../matching/Outbox.js"
 import { RegistryStore } from "../registry/RegistryStore.js"
 
 export type TestDeliveryResult = Data.TaggedEnum<{
