@@ -37,6 +37,8 @@ const queryOf = (m: ApiMethod<Api.ServedRequirements>, params: unknown): string 
 }
 
 const SEED = 20261115
+/** every served method is called ~100 times per test: minutes on a loaded 2-core machine */
+const GENERATED_CALLS_TIMEOUT = 240_000
 
 describe("served methods", () => {
   layer(apiLayer({ api: { limits: { callsPerCaller: HIGH, failedAuthPerAddress: HIGH } } }))((it) => {
@@ -91,69 +93,73 @@ describe("served methods", () => {
             expect([m.contract.nsid, ok.get(m.contract.nsid) ?? 0]).not.toEqual([m.contract.nsid, 0])
           }
         }
-      }))
+      }), GENERATED_CALLS_TIMEOUT)
 
-    it.effect("property: random bytes, JSON, query strings and tokens at every method; the listener keeps answering", () =>
-      Effect.gen(function*() {
-        yield* wallClock
-        const owner = yield* newOwner()
-        const runtime = yield* Effect.runtime<Effect.Effect.Context<ReturnType<typeof call>>>()
-        const run = Runtime.runPromise(runtime)
-        const wellFormed = (r: { status: number; body: { readonly [k: string]: unknown } }) =>
-          r.status === 200 ||
-          (r.status >= 400 && r.status < 500 && typeof r.body["error"] === "string" &&
-            typeof r.body["message"] === "string")
-        const body = FastCheck.oneof(
-          FastCheck.uint8Array({ maxLength: 4096 }),
-          FastCheck.jsonValue({ maxDepth: 4 }).map((v) => new TextEncoder().encode(JSON.stringify(v))),
-          FastCheck.record({ name: FastCheck.string({ maxLength: 80 }) }).map((v) =>
-            new TextEncoder().encode(JSON.stringify(v))
-          )
-        )
-        const query = FastCheck.oneof(
-          FastCheck.string({ maxLength: 200 }).map((s) => encodeURIComponent(s)),
-          FastCheck.dictionary(FastCheck.string({ maxLength: 10 }), FastCheck.string({ maxLength: 20 })).map((d) =>
-            new URLSearchParams(d).toString()
-          )
-        )
-        for (const m of Api.SERVED_METHODS) {
-          const nsid = m.contract.nsid
-          yield* wallClock // a slow machine must not age the TestClock past the tokens' iat
-          yield* Effect.promise(() =>
-            FastCheck.assert(
-              FastCheck.asyncProperty(body, query, FastCheck.boolean(), async (bytes, q, post) => {
-                const token = await run(mint(owner, nsid))
-                const r = await run(call(nsid, {
-                  token,
-                  query: q,
-                  ...(post ? { raw: bytes } : {}),
-                  method: post ? "POST" : "GET"
-                }))
-                return wellFormed(r)
-              }),
-              { numRuns: 60, seed: SEED }
+    it.effect(
+      "property: random bytes, JSON, query strings and tokens at every method; the listener keeps answering",
+      () =>
+        Effect.gen(function*() {
+          yield* wallClock
+          const owner = yield* newOwner()
+          const runtime = yield* Effect.runtime<Effect.Effect.Context<ReturnType<typeof call>>>()
+          const run = Runtime.runPromise(runtime)
+          const wellFormed = (r: { status: number; body: { readonly [k: string]: unknown } }) =>
+            r.status === 200 ||
+            (r.status >= 400 && r.status < 500 && typeof r.body["error"] === "string" &&
+              typeof r.body["message"] === "string")
+          const body = FastCheck.oneof(
+            FastCheck.uint8Array({ maxLength: 4096 }),
+            FastCheck.jsonValue({ maxDepth: 4 }).map((v) => new TextEncoder().encode(JSON.stringify(v))),
+            FastCheck.record({ name: FastCheck.string({ maxLength: 80 }) }).map((v) =>
+              new TextEncoder().encode(JSON.stringify(v))
             )
           )
-          // random tokens: always a 401 refusal
-          yield* Effect.promise(() =>
-            FastCheck.assert(
-              FastCheck.asyncProperty(FastCheck.string({ minLength: 1, maxLength: 300 }), async (t) => {
-                const r = await run(call(nsid, {
-                  headers: { authorization: `Bearer ${encodeURIComponent(t)}` },
-                  method: m.contract.kind === "procedure" ? "POST" : "GET"
-                }))
-                return r.status === 401 && typeof r.body["error"] === "string"
-              }),
-              { numRuns: 30, seed: SEED }
+          const query = FastCheck.oneof(
+            FastCheck.string({ maxLength: 200 }).map((s) => encodeURIComponent(s)),
+            FastCheck.dictionary(FastCheck.string({ maxLength: 10 }), FastCheck.string({ maxLength: 20 })).map((d) =>
+              new URLSearchParams(d).toString()
             )
           )
-        }
-        // still serving
-        yield* wallClock
-        const after = yield* call("place.wisp.v2.secret.list", {
-          token: yield* mint(owner, "place.wisp.v2.secret.list")
-        })
-        expect(after.status).toBe(200)
-      }))
+          for (const m of Api.SERVED_METHODS) {
+            const nsid = m.contract.nsid
+            yield* wallClock // a slow machine must not age the TestClock past the tokens' iat
+            yield* Effect.promise(() =>
+              FastCheck.assert(
+                FastCheck.asyncProperty(body, query, FastCheck.boolean(), async (bytes, q, post) => {
+                  const token = await run(mint(owner, nsid))
+                  const r = await run(call(nsid, {
+                    token,
+                    query: q,
+                    ...(post ? { raw: bytes } : {}),
+                    method: post ? "POST" : "GET"
+                  }))
+                  return wellFormed(r)
+                }),
+                { numRuns: 60, seed: SEED }
+              )
+            )
+            // random tokens: always a 401 refusal
+            yield* Effect.promise(() =>
+              FastCheck.assert(
+                FastCheck.asyncProperty(FastCheck.string({ minLength: 1, maxLength: 300 }), async (t) => {
+                  const r = await run(call(nsid, {
+                    headers: { authorization: `Bearer ${encodeURIComponent(t)}` },
+                    method: m.contract.kind === "procedure" ? "POST" : "GET"
+                  }))
+                  return r.status === 401 && typeof r.body["error"] === "string"
+                }),
+                { numRuns: 30, seed: SEED }
+              )
+            )
+          }
+          // still serving
+          yield* wallClock
+          const after = yield* call("place.wisp.v2.secret.list", {
+            token: yield* mint(owner, "place.wisp.v2.secret.list")
+          })
+          expect(after.status).toBe(200)
+        }),
+      GENERATED_CALLS_TIMEOUT
+    )
   })
 })
