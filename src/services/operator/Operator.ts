@@ -36,6 +36,7 @@ import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"
 import type { OutboxRow } from "../matching/Outbox.js"
 import { notifyStatement } from "../matching/OutboxNotify.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
+import { type AttemptDbRow, opt, optDate, type OutboxDbRow, toAttempt, toDelivery } from "./OperatorRows.js"
 
 export {
   DELIVERY_STATUSES,
@@ -216,78 +217,6 @@ export class Operator extends Context.Tag("firehook/Operator")<Operator, Operato
 
 // ---------------------------------------------------------------------------------------------
 
-interface OutboxDbRow {
-  readonly delivery_id: string
-  readonly event_id: string
-  readonly owner_did: string
-  readonly webhook_rkey: string
-  readonly match_kind: Delivery["matchKind"]
-  readonly event_did: string
-  readonly event_collection: string
-  readonly event_rkey: string
-  readonly event_operation: Delivery["eventOperation"]
-  readonly target_url: string
-  readonly signing_mode: Delivery["signingMode"]
-  readonly secret_id: string | null
-  readonly status: DeliveryStatus
-  readonly attempt_count: number
-  readonly next_attempt_at: Date
-  readonly leased_until: Date | null
-  readonly last_error_kind: string | null
-  readonly last_http_status: number | null
-  readonly created_at: Date
-  readonly updated_at: Date
-  readonly finished_at: Date | null
-}
-
-interface AttemptDbRow {
-  readonly attempt: number
-  readonly started_at: Date
-  readonly duration_ms: number
-  readonly outcome: string
-  readonly error_kind: string | null
-  readonly http_status: number | null
-  readonly response_excerpt: string | null
-}
-
-const opt = <A>(a: A | null): A | undefined => (a === null ? undefined : a)
-const date = (d: Date | string): Date => (d instanceof Date ? d : new Date(d))
-const optDate = (d: Date | string | null): Date | undefined => (d === null ? undefined : date(d))
-
-const toDelivery = (r: OutboxDbRow): Delivery => ({
-  deliveryId: r.delivery_id,
-  eventId: r.event_id,
-  ownerDid: r.owner_did,
-  webhookRkey: r.webhook_rkey,
-  matchKind: r.match_kind,
-  eventDid: r.event_did,
-  eventCollection: r.event_collection,
-  eventRkey: r.event_rkey,
-  eventOperation: r.event_operation,
-  targetUrl: r.target_url,
-  signingMode: r.signing_mode,
-  secretId: opt(r.secret_id),
-  status: r.status,
-  attemptCount: r.attempt_count,
-  nextAttemptAt: date(r.next_attempt_at),
-  leasedUntil: optDate(r.leased_until),
-  lastErrorKind: opt(r.last_error_kind),
-  lastHttpStatus: opt(r.last_http_status),
-  createdAt: date(r.created_at),
-  updatedAt: date(r.updated_at),
-  finishedAt: optDate(r.finished_at)
-})
-
-const toAttempt = (r: AttemptDbRow): Attempt => ({
-  attempt: r.attempt,
-  startedAt: date(r.started_at),
-  durationMs: r.duration_ms,
-  outcome: r.outcome,
-  errorKind: opt(r.error_kind),
-  httpStatus: opt(r.http_status),
-  responseExcerpt: opt(r.response_excerpt)
-})
-
 const validDate = (d: Date | undefined): boolean => d === undefined || !Number.isNaN(d.getTime())
 
 const checkFilter = (f: ReplayFilter): Effect.Effect<void, InvalidArgument> => {
@@ -316,20 +245,60 @@ interface ReplayBatchRow {
 /** Statements per replay at most, given the dead letters counted at its start. */
 const replayStatementBound = (counted: number, batch: number): number => Math.ceil(counted / batch) + 1
 
+/** The WHERE conditions of a filter. */
+const filterConditions = (
+  sql: SqlClient.SqlClient,
+  f: ReplayFilter & { readonly status?: DeliveryStatus }
+): ReadonlyArray<Fragment> => {
+  const out: Array<Fragment> = []
+  if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
+  if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
+  if (f.status !== undefined) out.push(sql`status = ${f.status}`)
+  if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
+  if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
+  return out
+}
+
+/**
+ * One replay statement: the next `take` rows matching `where` in key order, locked (FOR UPDATE, not
+ * SKIP LOCKED: a row that maintenance is pruning right now is waited for and then re-checked),
+ * reset with `reset`, counted, and the key of the last one.
+ */
+const replayBatchStatement = (
+  sql: SqlClient.SqlClient,
+  where: ReadonlyArray<Fragment>,
+  take: number,
+  reset: Fragment,
+  inactive: Fragment
+) =>
+  sql<ReplayBatchRow>`
+  WITH batch AS (
+    SELECT delivery_id, created_at FROM outbox WHERE ${sql.and(where)}
+    ORDER BY created_at, delivery_id
+    LIMIT ${take}
+    FOR UPDATE
+  ),
+  upd AS (
+    UPDATE outbox o SET ${reset}
+    FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
+    RETURNING ${inactive} AS inactive
+  ),
+  tail AS (
+    SELECT created_at::text AS last_created, delivery_id AS last_id FROM batch
+    ORDER BY created_at DESC, delivery_id DESC LIMIT 1
+  )
+  SELECT (SELECT count(*) FROM batch)::int AS selected,
+         (SELECT count(*) FROM upd)::int AS replayed,
+         (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
+         (SELECT last_created FROM tail) AS last_created,
+         (SELECT last_id FROM tail) AS last_id`
+
 export const makeWith = (options: OperatorOptions = {}) =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const replayBatch = Math.min(REPLAY_BATCH, Math.max(1, Math.floor(options.replayBatchSize ?? REPLAY_BATCH)))
 
-    const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }): ReadonlyArray<Fragment> => {
-      const out: Array<Fragment> = []
-      if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
-      if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
-      if (f.status !== undefined) out.push(sql`status = ${f.status}`)
-      if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
-      if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
-      return out
-    }
+    const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }) => filterConditions(sql, f)
 
     const notify = notifyStatement(sql)
 
@@ -493,29 +462,14 @@ export const makeWith = (options: OperatorOptions = {}) =>
       for (let i = 0; i < bound; i++) {
         const after = afterKey(last)
         const take = Math.min(replayBatch, max - selected)
-        // FOR UPDATE (not SKIP LOCKED): a row that maintenance is pruning right now is waited for
-        // and then re-checked. The key (created_at, delivery_id) only moves forward.
-        const result: ReadonlyArray<ReplayBatchRow> = yield* sql<ReplayBatchRow>`
-        WITH batch AS (
-          SELECT delivery_id, created_at FROM outbox WHERE ${sql.and([...base, ...after])}
-          ORDER BY created_at, delivery_id
-          LIMIT ${take}
-          FOR UPDATE
-        ),
-        upd AS (
-          UPDATE outbox o SET ${RESET}
-          FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
-          RETURNING ${inactiveSubscription} AS inactive
-        ),
-        tail AS (
-          SELECT created_at::text AS last_created, delivery_id AS last_id FROM batch
-          ORDER BY created_at DESC, delivery_id DESC LIMIT 1
-        )
-        SELECT (SELECT count(*) FROM batch)::int AS selected,
-               (SELECT count(*) FROM upd)::int AS replayed,
-               (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
-               (SELECT last_created FROM tail) AS last_created,
-               (SELECT last_id FROM tail) AS last_id`.pipe(storeOp("operator.replayDeadLetters"))
+        // the key (created_at, delivery_id) only moves forward
+        const result: ReadonlyArray<ReplayBatchRow> = yield* replayBatchStatement(
+          sql,
+          [...base, ...after],
+          take,
+          RESET,
+          inactiveSubscription
+        ).pipe(storeOp("operator.replayDeadLetters"))
         const r: ReplayBatchRow | undefined = result[0]
         if (r === undefined) break
         replayed += r.replayed
