@@ -9,10 +9,9 @@
 import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, type Scope, Stream } from "effect"
-import type { Operation } from "../../schemas/RecordEvent.js"
 import { ORIGIN_SQL } from "../matching/Origin.js"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
-import type { TerminalStatus } from "../matching/OutboxStatus.js"
+import type { OutboxOperation, TerminalStatus } from "../matching/OutboxStatus.js"
 import { codeOr } from "../platform/ErrorCode.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"
@@ -109,7 +108,8 @@ interface Settle {
   readonly attempt: AttemptRecord | undefined
 }
 
-const toOperation = (s: string | null): Operation => (s === "update" || s === "delete" ? s : "create")
+const toOperation = (s: string | null): OutboxOperation =>
+  s === "update" || s === "delete" || s === "test" ? s : "create"
 
 type SnapshotDbRow = Pick<
   ClaimDbRow,
