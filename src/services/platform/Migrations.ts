@@ -284,13 +284,25 @@ CREATE TRIGGER webhooks_registry_changed AFTER UPDATE OF gone_at ON webhooks
   EXECUTE FUNCTION firehook_registry_changed('owner_did');
 `)
 
+/**
+ * 0006: `outbox_origin_due`, the pending rows of one origin in due order, so that an open
+ * circuit's rows are moved past its cool-down in bulk by an index range scan (SPEC §4.3,
+ * delivery/ParkSql.ts). Rows with a NULL origin (enqueued before 0002) are not in it.
+ */
+const outboxOriginDue = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) =>
+    sql`CREATE INDEX IF NOT EXISTS outbox_origin_due ON outbox (origin, next_attempt_at) WHERE status = 'pending'`
+)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
   "0002_outbox_origin": outboxOrigin,
   "0003_backfill_claims": backfillClaims,
   "0004_rejected_records": rejectedRecords,
-  "0005_registry_changes": registryChanges
+  "0005_registry_changes": registryChanges,
+  "0006_outbox_origin_due": outboxOriginDue
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */
