@@ -178,6 +178,8 @@ export interface WorkerSetup {
   readonly options?: Delivery.DeliveryOptions
   readonly secrets?: ReadonlyArray<{ readonly ownerDid: string; readonly name: string; readonly token: string }>
   readonly publisher?: Layer.Layer<Publisher>
+  /** the delivery store (default: the PostgreSQL one), e.g. a wrapper that records claims */
+  readonly store?: Layer.Layer<DeliveryStore.DeliveryStore, never, SqlClient.SqlClient | PgClient.PgClient>
 }
 
 /**
@@ -188,7 +190,7 @@ export const workerLayer = (setup: WorkerSetup = {}) =>
   Delivery.layer(setup.options).pipe(
     Layer.provideMerge(
       Layer.mergeAll(
-        DeliveryStore.layerSql,
+        setup.store ?? DeliveryStore.layerSql,
         RegistryStore.layerSql,
         Secrets.layerMemory(setup.secrets ?? []),
         safeHttpFromConfig,
