@@ -6,7 +6,9 @@
  *   taken by the next claim;
  * - a worker with real HTTP receivers: once a hanging origin's circuit opens, no claim takes its rows
  *   any more, the healthy origins' rows enqueued after it are taken by the next claim and delivered,
- *   and the hanging origin's rows wait, pending, with their next attempt in the future.
+ *   and the hanging origin's rows wait, pending, with their next attempt in the future;
+ * - an origin that recovers: the rows parked while its probe ran are due again as soon as the probe
+ *   succeeds (not at the probe's deadline), and are delivered without any attempt spent meanwhile.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
@@ -166,7 +168,7 @@ describe("an open circuit costs the other origins nothing", () => {
           }))
         )
         const worker = yield* startWorker({ store: recording })
-        // the hanging origin's requests time out (1 s) until its circuit opens (3 in a row)
+        // the hanging origin's requests time out (3 s) until its circuit opens (3 in a row)
         yield* eventually("circuit open", worker.delivery.stats, (s) => s.openCircuits === 1, 60_000)
         state.open = true
         const before = claims.length
@@ -212,7 +214,9 @@ describe("an open circuit costs the other origins nothing", () => {
             env: {
               WEBHOOK_ALLOW_INSECURE_DEV: "1",
               DELIVERY_PER_ORIGIN_CONCURRENCY: "4",
-              DELIVERY_TIMEOUT_MS: "1000",
+              // short enough for the hanging origin to open soon, long enough for a healthy receiver
+              // on a loaded machine not to time out 3 times in a row
+              DELIVERY_TIMEOUT_MS: "3000",
               DELIVERY_RETRY_BASE_MS: "100",
               DELIVERY_CIRCUIT_THRESHOLD: "3",
               DELIVERY_CIRCUIT_COOLDOWN_MS: "600000"
@@ -221,5 +225,52 @@ describe("an open circuit costs the other origins nothing", () => {
         )
       ),
     180_000
+  )
+
+  it.scopedLive(
+    "an origin that recovers: rows parked during its probe are delivered as soon as the probe succeeds",
+    () =>
+      Effect.gen(function*() {
+        let requests = 0
+        // three 503s open the circuit (threshold 3); the probe after the 1 s cool-down answers 200
+        // after 3 s (the mover parks the rest until the probe's deadline meanwhile); then 200s
+        const rx = yield* receiver({
+          reply: () => {
+            requests++
+            return requests <= 3 ? { status: 503 } : requests === 4 ? { status: 200, delayMs: 3_000 } : { status: 200 }
+          }
+        })
+        yield* run([whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in` }), { rev: rev(1) })])
+        yield* run(Array.from({ length: 50 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
+        const worker = yield* startWorker()
+        // the probe's deadline is 60 s away: the rows parked to it are delivered well before
+        yield* eventually("all delivered", countWhere("outbox", "status = 'delivered'"), (n) => n === 50, 40_000)
+        const stats = yield* worker.delivery.stats
+        expect(stats.parkedRows).toBeGreaterThan(0)
+        expect(stats.unparkedRows).toBeGreaterThan(0)
+        expect(stats.openCircuits).toBe(0)
+        // attempts were spent only by requests: none while parked
+        const spent = yield* Effect.flatMap(
+          SqlClient.SqlClient,
+          (sql) => sql<{ n: number }>`SELECT sum(attempt_count)::int AS n FROM outbox`
+        ).pipe(Effect.orDie)
+        expect(Number(spent[0]?.n)).toBe(rx.received.length)
+        expect(rx.received.length).toBe(53)
+      }).pipe(
+        Effect.scoped,
+        Effect.provide(
+          sqlStack({
+            env: {
+              WEBHOOK_ALLOW_INSECURE_DEV: "1",
+              DELIVERY_PER_ORIGIN_CONCURRENCY: "1",
+              DELIVERY_TIMEOUT_MS: "10000",
+              DELIVERY_RETRY_BASE_MS: "100",
+              DELIVERY_CIRCUIT_THRESHOLD: "3",
+              DELIVERY_CIRCUIT_COOLDOWN_MS: "1000"
+            }
+          })
+        )
+      ),
+    120_000
   )
 })

@@ -66,6 +66,7 @@ export const parkPass = (env: WorkerEnv) =>
     }
     if (parked > 0 || unparked > 0) {
       state.parkedRows += parked
+      state.unparkedRows += unparked
       // the window the parked rows held is free (or unparked rows are due): claim now
       state.notified = true
       yield* Queue.offer(env.wake, undefined)

@@ -53,6 +53,8 @@ export interface DeliveryStats {
   readonly openCircuits: number
   /** rows the mover rescheduled in bulk (open circuits) since start */
   readonly parkedRows: number
+  /** parked rows made due again early (their origin recovered before the time they were parked to) */
+  readonly unparkedRows: number
   readonly claims: number
   /** total time spent in claim statements, ms */
   readonly claimMs: number
@@ -254,6 +256,7 @@ export const stats = (env: WorkerEnv): Effect.Effect<DeliveryStats> =>
       inFlight: state.inFlight,
       openCircuits: env.breaker.openCount(now),
       parkedRows: state.parkedRows,
+      unparkedRows: state.unparkedRows,
       claims: state.claims,
       claimMs: state.claimMs,
       attempts: state.attempts

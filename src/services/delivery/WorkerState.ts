@@ -66,6 +66,8 @@ export interface WorkerState {
   readonly parked: Map<string, number>
   /** rows the mover rescheduled in bulk since start */
   parkedRows: number
+  /** parked rows the mover made due again because their origin recovered early */
+  unparkedRows: number
 }
 
 export const makeState = (): WorkerState => ({
@@ -84,7 +86,8 @@ export const makeState = (): WorkerState => ({
   entries: new Map(),
   waiting: [],
   parked: new Map(),
-  parkedRows: 0
+  parkedRows: 0,
+  unparkedRows: 0
 })
 
 /** The services, settings and state of one worker. */
