@@ -191,8 +191,8 @@ const program = Effect.gen(function*() {
       process.versions["bun"] === undefined ? `node ${process.version}` : `bun ${process.versions["bun"]}`
     }, ${Os.cpus().length} CPUs`
   )
-  // webhook rkeys say which receiver: h<i>, hanging, failing
-  const rkeyOf = (i: number) => (MODES[i] === "healthy" ? `h${i}` : MODES[i] ?? "x")
+  // webhook rkeys say which receiver: ok<i>, hanging, failing
+  const rkeyOf = (i: number) => (MODES[i] === "healthy" ? `ok${i}` : MODES[i] ?? "x")
   yield* processor.processEvents(
     MODES.map((_, i) =>
       event(plc(20_000 + i), "place.wisp.v2.wh", rkeyOf(i), {
@@ -231,13 +231,13 @@ const program = Effect.gen(function*() {
   const offered = ticks * HEALTHY_PER_TICK
   // every healthy delivery attempted (bounded)
   const attempted = sql<{ n: number }>`
-    SELECT count(*)::int AS n FROM outbox WHERE webhook_rkey LIKE 'h%' AND created_at >= ${startedAt}
+    SELECT count(*)::int AS n FROM outbox WHERE webhook_rkey LIKE 'ok%' AND created_at >= ${startedAt}
       AND status = 'delivered'`.pipe(Effect.map((r) => Number(r[0]?.n ?? 0)))
   yield* Effect.gen(function*() {
     while ((yield* attempted) < offered) yield* Effect.sleep(Duration.millis(200))
   }).pipe(Effect.timeoutOption(Duration.seconds(60)))
-  const all = yield* latencies(sql, startedAt, "h")
-  const after = openedAt === undefined ? [] : yield* latencies(sql, openedAt, "h")
+  const all = yield* latencies(sql, startedAt, "ok")
+  const after = openedAt === undefined ? [] : yield* latencies(sql, openedAt, "ok")
   const stats = yield* worker.stats
   const pending = yield* sql<{ rkey: string; n: number; future: number }>`
     SELECT webhook_rkey AS rkey, count(*)::int AS n,
