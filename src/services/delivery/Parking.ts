@@ -12,7 +12,8 @@
  * `nudge`, from the attempt) and every {@link PARK_INTERVAL_MS} while any origin is held or parked.
  * When the cool-down ends the rows are due again on their own; when an origin recovers before the
  * time its rows were parked to (its probe, or an attempt started before the trip, succeeded), the
- * rows at exactly that time are made due now (`unpark`).
+ * rows at exactly that time are made due now (`unpark`), and so are they when it is held again
+ * until an earlier time (then parked to that time in the same pass).
  *
  * Each process has its own breaker; parking is idempotent (a row already at or after the time is not
  * touched), so several workers parking one origin do not fight.
@@ -52,6 +53,12 @@ export const parkPass = (env: WorkerEnv) =>
       if (wanted.has(origin)) continue
       state.parked.delete(origin)
       if (untilMs > now) recovered.push({ origin, untilMs })
+    }
+    // held again until an earlier time than its rows were parked to (a failed probe re-opened it with
+    // a cool-down shorter than the probe's deadline): those rows come back, then are parked anew
+    for (const h of held) {
+      const before = state.parked.get(h.origin)
+      if (before !== undefined && before > h.untilMs) recovered.push({ origin: h.origin, untilMs: before })
     }
     let unparked = 0
     if (recovered.length > 0) unparked = yield* env.store.unpark(recovered)
