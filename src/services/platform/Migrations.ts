@@ -301,6 +301,17 @@ ALTER TABLE outbox ADD CONSTRAINT outbox_event_operation_check
 CREATE INDEX outbox_owner_created ON outbox (owner_did, created_at DESC, delivery_id DESC);
 `)
 
+/**
+ * 0007: `outbox_origin_due`, the pending rows of one origin in due order, so that an open
+ * circuit's rows are moved past its cool-down in bulk by an index range scan (SPEC §4.3,
+ * delivery/ParkSql.ts). Rows with a NULL origin (enqueued before 0002) are not in it.
+ */
+const outboxOriginDue = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) =>
+    sql`CREATE INDEX IF NOT EXISTS outbox_origin_due ON outbox (origin, next_attempt_at) WHERE status = 'pending'`
+)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -308,7 +319,8 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0003_backfill_claims": backfillClaims,
   "0004_rejected_records": rejectedRecords,
   "0005_registry_changes": registryChanges,
-  "0006_owner_log": ownerLog
+  "0006_owner_log": ownerLog,
+  "0007_outbox_origin_due": outboxOriginDue
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */
