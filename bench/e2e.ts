@@ -29,6 +29,9 @@
  * 3. The bare loops (bench/loops.ts) from this process to the same receivers, same concurrency and
  *    body size: the ratio is taken against the faster one.
  * Peak RSS: VmHWM of every firehook process (and of the receivers and this process, for reference).
+ *
+ * `BENCH_E2E_PROFILE=<dir>`: firehook runs with `bun --cpu-prof-md --cpu-prof-dir=<dir>` (a
+ * markdown CPU profile of the whole run, written when it exits after SIGTERM).
  */
 import { Effect, Exit, Redacted, Scope } from "effect"
 import { type ChildProcess, spawn } from "node:child_process"
@@ -180,7 +183,9 @@ interface Service {
 
 const startService = async (env: Record<string, string>, dataDir: string): Promise<Service> => {
   const port = await freePort()
-  const child = spawn(BUN, ["src/main.ts"], {
+  const profileDir = process.env["BENCH_E2E_PROFILE"]
+  const flags = profileDir === undefined ? [] : ["--cpu-prof-md", `--cpu-prof-dir=${profileDir}`]
+  const child = spawn(BUN, [...flags, "src/main.ts"], {
     cwd: ROOT,
     env: {
       PATH: process.env["PATH"] ?? "",
@@ -445,7 +450,7 @@ const main = async () => {
     const bodyBytes = Number(body[0]?.n ?? 300)
     const loop = {
       ports: rx.ports,
-      requests: Math.min(target, 100_000),
+      requests: Math.min(target, 20_000),
       bodyBytes,
       concurrency: CONCURRENCY,
       paths: WEBHOOKS

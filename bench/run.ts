@@ -131,7 +131,7 @@ const report = [
   "## Latest `npm run bench`",
   "",
   `- Date: ${started.toISOString().slice(0, 16).replace("T", " ")} UTC; command: \`npm run bench${
-    n === undefined ? "" : ` -- ${n}`
+    args.length === 0 ? "" : ` -- ${args.join(" ")}`
   }\``,
   `- Machine: ${machine}`,
   `- Load average (1 min) at start / end: ${startLoad.toFixed(1)} / ${
