@@ -312,7 +312,7 @@ const main = async () => {
         const r = await fetch(service.health, { signal: AbortSignal.timeout(2_000) }).catch(() => undefined)
         return r?.status === 200
       },
-      120_000,
+      300_000,
       "firehook ready",
       250
     )
@@ -349,7 +349,7 @@ const main = async () => {
         })
         return n === WEBHOOKS && subscribed
       },
-      120_000,
+      300_000,
       "webhooks registered and the direct stream subscribed",
       250
     )
