@@ -15,20 +15,32 @@ import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import type { SqlClient } from "@effect/sql"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
 import { Secrets } from "../delivery/Secrets.js"
+import * as Outbox from "../matching/Outbox.js"
+import type { OutboxStore } from "../matching/Outbox.js"
+import * as Operator from "../operator/Operator.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import * as IdentityService from "../reconciliation/Identity.js"
+import * as RegistryStore from "../registry/RegistryStore.js"
 import { didWebOf } from "./ApiConfig.js"
+import { DELIVERY_METHODS } from "./DeliveryMethods.js"
 import type { ApiMethod, MethodTable } from "./Methods.js"
 import { type ApiLimits, DEFAULT_LIMITS, makeBuckets } from "./RateLimiter.js"
 import { SECRET_METHODS } from "./SecretMethods.js"
 import * as ServiceAuth from "./ServiceAuth.js"
 import * as Xrpc from "./Xrpc.js"
 
+/** What the served methods need (their production drivers: {@link methodsLayerSql}). */
+export type ServedRequirements = Secrets | Operator.Operator | OutboxStore | RegistryStore.RegistryStore
+
 /** The methods firehook serves today (SPEC §8.4; the §8.5 methods join this table). */
-export const SERVED_METHODS: MethodTable<Secrets> = [...SECRET_METHODS]
+export const SERVED_METHODS: MethodTable<ServedRequirements> = [...SECRET_METHODS, ...DELIVERY_METHODS]
+
+/** The stores the served methods use, on PostgreSQL (the secret store's keyring from the configuration). */
+export const methodsLayerSql: Layer.Layer<ServedRequirements, never, FirehookConfig | SqlClient.SqlClient> = Layer
+  .mergeAll(Secrets.layerSql, Operator.layer, Outbox.layerSql, RegistryStore.layerSql)
 
 export interface ApiStats {
   readonly configured: boolean
@@ -122,7 +134,7 @@ export const layerSql = (
   layer(SERVED_METHODS, options).pipe(
     Layer.provide(
       Layer.mergeAll(
-        Secrets.layerSql,
+        methodsLayerSql,
         IdentityService.layer().pipe(
           Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs: [] }))
         )

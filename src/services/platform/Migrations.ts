@@ -284,13 +284,43 @@ CREATE TRIGGER webhooks_registry_changed AFTER UPDATE OF gone_at ON webhooks
   EXECUTE FUNCTION firehook_registry_changed('owner_did');
 `)
 
+/**
+ * 0006: the owners' delivery log and test deliveries (SPEC §8.5).
+ * - `outbox.event_operation` also allows `test` (an owner's test delivery; no record event has it).
+ * - `outbox_owner_created (owner_did, created_at DESC, delivery_id DESC)`: `listDeliveries` pages
+ *   one owner's rows newest first by that key (an index scan, no sort). Without it (EXPLAIN on 400k
+ *   rows) the planner walks `outbox_created_at` backwards and filters by owner: cheap for a busy
+ *   owner, most of the table for a quiet one. With an rkey, `outbox_webhook` serves it either way.
+ * Both block writes to the outbox while they scan it (the check) and build the index: seconds for
+ * a million rows (docs/operations.md).
+ */
+const ownerLog = ddl(`
+ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_event_operation_check;
+ALTER TABLE outbox ADD CONSTRAINT outbox_event_operation_check
+  CHECK (event_operation IN ('create', 'update', 'delete', 'test'));
+CREATE INDEX outbox_owner_created ON outbox (owner_did, created_at DESC, delivery_id DESC);
+`)
+
+/**
+ * 0007: `outbox_origin_due`, the pending rows of one origin in due order, so that an open
+ * circuit's rows are moved past its cool-down in bulk by an index range scan (SPEC §4.3,
+ * delivery/ParkSql.ts). Rows with a NULL origin (enqueued before 0002) are not in it.
+ */
+const outboxOriginDue = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) =>
+    sql`CREATE INDEX IF NOT EXISTS outbox_origin_due ON outbox (origin, next_attempt_at) WHERE status = 'pending'`
+)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
   "0002_outbox_origin": outboxOrigin,
   "0003_backfill_claims": backfillClaims,
   "0004_rejected_records": rejectedRecords,
-  "0005_registry_changes": registryChanges
+  "0005_registry_changes": registryChanges,
+  "0006_owner_log": ownerLog,
+  "0007_outbox_origin_due": outboxOriginDue
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */
