@@ -8,12 +8,23 @@
  * Bad arguments exit 2 before signing in (the PDS given is unreachable: a sign-in would exit 1);
  * refusals exit 1 with the XRPC error name and message on one line; tokens are never printed.
  */
+import { Effect, Exit, Scope } from "effect"
 import { type ChildProcess, spawn } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as WebhookLexicon from "../../src/schemas/WebhookLexicon.js"
-import { type Account, createAccount, type Devnet, devnetFirehookEnv, startDevnet, WH } from "../support/devnet.js"
-import { type Deployment, e2eResources, startDeployment, waitUntil } from "../support/e2e.js"
+import { type Receiver, receiver } from "../delivery/worker-support.js"
+import {
+  type Account,
+  createAccount,
+  createRecord,
+  type Devnet,
+  devnetFirehookEnv,
+  nowIso,
+  startDevnet,
+  WH
+} from "../support/devnet.js"
+import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
 import { BUN, type CliResult, exitWithin, freePort, ROOT, runCli, waitFor } from "../support/proc.js"
 import { cborFrame, checked, FAKE_DID, type FakeXrpc, startFake } from "./owner-api-fake.js"
 
@@ -22,10 +33,14 @@ let devnet: Devnet
 let firehook: Deployment
 let service: string
 let fake: FakeXrpc
+let db: string
+let rx: Receiver
+const scope = Effect.runSync(Scope.make())
 
 beforeAll(async () => {
   devnet = await startDevnet(180_000)
-  const db = await res.freshDb()
+  db = await res.freshDb()
+  rx = await Effect.runPromise(Scope.extend(receiver(), scope))
   const apiPort = await freePort()
   service = `http://127.0.0.1:${apiPort}`
   firehook = await startService(db, apiPort)
@@ -52,6 +67,7 @@ afterAll(async () => {
   }
   await fake?.close()
   await devnet?.close()
+  await Effect.runPromise(Scope.close(scope, Exit.void))
   await res.cleanup()
 }, 60_000)
 
@@ -270,6 +286,65 @@ describe("firehook hooks: the owners' API commands", () => {
     expect(logs).toContain("api call")
     for (const s of [token, r.token]) expect(logs).not.toContain(s)
   }, 300_000)
+
+  it("deliveries and show against the running firehook: the delivery, its attempt, the receiver's answer", async () => {
+    const erin = await owner("erin")
+    const frank = await owner("frank")
+    const ref = await createRecord(erin.account, WH, {
+      scope: { aturi: `at://${erin.account.did}/app.bsky.feed.post` },
+      url: `${rx.url}/erin`,
+      secret: "erin-inline-secret-0123456789",
+      createdAt: nowIso()
+    }, "hook")
+    await waitUntil(
+      async () =>
+        (await query<{ cid: string }>(db, "SELECT cid FROM webhooks WHERE owner_did = $1 AND rkey = 'hook'", [
+          erin.account.did
+        ]))[0]?.cid === ref.cid,
+      60_000,
+      "erin's hook registered"
+    )
+    const posted = await createRecord(erin.account, "app.bsky.feed.post", { text: "to the log", createdAt: nowIso() })
+    await waitUntil(() => rx.received.some((r) => r.path === "/erin"), 60_000, "the delivery to erin's receiver")
+    type Listed = { deliveries: Array<{ id: string; status: string; event: { rkey: string } }> }
+    let listed: Listed = { deliveries: [] }
+    await waitUntil(
+      async () => {
+        const r = await hooks(erin.env, ["deliveries", "hook", "--json"])
+        listed = r.code === 0 ? (JSON.parse(r.stdout) as Listed) : listed
+        return listed.deliveries.some((d) => d.status === "delivered")
+      },
+      90_000,
+      "the delivery recorded as delivered"
+    )
+    const d = listed.deliveries.find((x) => x.event.rkey === posted.rkey)
+    expect(d).toMatchObject({ status: "delivered", event: { rkey: posted.rkey } })
+    const id = String(d?.id)
+    const table = await hooks(erin.env, ["deliveries"])
+    expectOk(table)
+    expect(table.stdout).toMatch(
+      new RegExp(
+        `^${id}\\s+\\S+\\s+hook\\s+create app\\.bsky\\.feed\\.post/${posted.rkey}\\s+delivered\\s+1\\s+-$`,
+        "m"
+      )
+    )
+    const shown = await hooks(erin.env, ["show", id])
+    expectOk(shown)
+    expect(shown.stdout).toMatch(/^1\s+\S+\s+\d+\s+delivered\s+200\s+-\s+ok$/m)
+    const json = await hooks(erin.env, ["show", id, "--json"])
+    expectOk(json)
+    expect((JSON.parse(json.stdout) as { attempts: unknown }).attempts).toEqual([
+      expect.objectContaining({ n: 1, outcome: "delivered", httpStatus: 200, responseExcerpt: "ok" })
+    ])
+    // another owner: NotFound, exit 1
+    const other = await hooks(frank.env, ["show", id])
+    expectOneLineError(other, 1)
+    expect(other.stderr).toMatch(/^firehook: NotFound/)
+    // the receiver's URL and secret never reached the service's logs
+    const logs = firehook.running.stdout() + firehook.running.stderr()
+    expect(logs).not.toContain(rx.url)
+    expect(logs).not.toContain("erin-inline-secret-0123456789")
+  }, 400_000)
 
   it(
     "status, deliveries, show, redeliver, replay, test, resume (lexicon-conformant server): human and --json",
