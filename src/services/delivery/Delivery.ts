@@ -66,6 +66,7 @@ import { DeliveryStore, type SubscriptionKey, type SubscriptionSnapshot } from "
 import { Destinations } from "./Destinations.js"
 import * as FreshReader from "./FreshReader.js"
 import { LEASE_MARGIN_MS, MIN_LEASE_MS } from "./Leases.js"
+import { DeliveryOutcomes } from "./DeliveryOutcomes.js"
 import { Publisher } from "./Publisher.js"
 import { Secrets } from "./Secrets.js"
 import * as Worker from "./Worker.js"
@@ -208,6 +209,7 @@ export const make = (
       secrets: yield* Secrets,
       http: yield* SafeHttp,
       publisher: yield* Publisher,
+      outcomes: yield* Effect.serviceOption(DeliveryOutcomes),
       subscriptions,
       transformFor: memoTransforms(destinations.resolve),
       clock: yield* Effect.clock,

@@ -17,6 +17,7 @@ import type { RegistryStoreShape } from "../registry/RegistryStore.js"
 import type { CircuitBreaker } from "./CircuitBreaker.js"
 import type { ClaimedRow, DeliveryStoreShape, SubscriptionKey, SubscriptionSnapshot } from "./DeliveryStore.js"
 import type { Transform } from "./Destinations.js"
+import type { DeliveryOutcomesShape } from "./DeliveryOutcomes.js"
 import type { FreshReader } from "./FreshReader.js"
 import type { PublisherShape } from "./Publisher.js"
 import type { RetryConfig } from "./RetryPolicy.js"
@@ -114,6 +115,8 @@ export interface WorkerEnv {
   readonly secrets: SecretsShape
   readonly http: SafeHttpShape
   readonly publisher: PublisherShape
+  /** the live tail's feed of terminal outcomes, when the process has one (never waited for) */
+  readonly outcomes: Option.Option<DeliveryOutcomesShape>
   /** the per-attempt subscription check (concurrent attempts share one query) */
   readonly subscriptions: FreshReader<SubscriptionKey, SubscriptionSnapshot, StoreError>
   /** the destination transform of a URL (memoised), undefined when it has none */
