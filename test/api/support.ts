@@ -19,6 +19,9 @@ import * as Path from "node:path"
 import { expect } from "vitest"
 import * as Api from "../../src/services/api/Api.js"
 import type { MethodTable } from "../../src/services/api/Methods.js"
+import * as TailHub from "../../src/services/api/Tail.js"
+import type { Tail } from "../../src/services/api/Tail.js"
+import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import { Secrets } from "../../src/services/delivery/Secrets.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
@@ -120,8 +123,9 @@ export const claims = (owner: Owner, lxm: string, extra: object = {}) => {
 
 export interface ApiTestOptions {
   readonly env?: Record<string, string>
-  readonly methods?: MethodTable<Secrets>
+  readonly methods?: MethodTable<Secrets | Tail>
   readonly api?: Api.ApiOptions
+  readonly tail?: TailHub.TailOptions
 }
 
 /** The fake PLC, shared by every API test layer of a file. */
@@ -151,8 +155,9 @@ export const apiLayer = (options: ApiTestOptions = {}) =>
       const identity = Identity.layer().pipe(
         Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] }))
       )
+      const tail = TailHub.layer(options.tail).pipe(Layer.provideMerge(DeliveryOutcomes.layerMemory))
       const api = Api.layer(options.methods ?? Api.SERVED_METHODS, options.api).pipe(
-        Layer.provideMerge(Layer.mergeAll(Secrets.layerSql, identity))
+        Layer.provideMerge(Layer.mergeAll(Secrets.layerSql, identity, tail))
       )
       return Api.serve(NodeHttpServer.layerTest).pipe(
         Layer.provideMerge(api),

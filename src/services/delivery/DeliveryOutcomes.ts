@@ -98,7 +98,9 @@ const Row = Schema.Tuple(
   Schema.NullOr(Schema.String.pipe(Schema.maxLength(64))),
   Schema.Int
 )
-const Payload = Schema.parseJson(Schema.Struct({ o: Schema.String, d: Schema.Array(Row).pipe(Schema.maxItems(BATCH_MAX)) }))
+const Payload = Schema.parseJson(
+  Schema.Struct({ o: Schema.String, d: Schema.Array(Row).pipe(Schema.maxItems(BATCH_MAX)) })
+)
 const decodePayload = Schema.decodeUnknownEither(Payload)
 
 const rowOf = (o: Outcome): typeof Row.Type => [
@@ -120,7 +122,10 @@ export const encodePayloads = (
   origin: string,
   outcomes: Iterable<Outcome>,
   maxBytes = PAYLOAD_MAX_BYTES
-): { readonly payloads: ReadonlyArray<{ readonly text: string; readonly count: number }>; readonly skipped: number } => {
+): {
+  readonly payloads: ReadonlyArray<{ readonly text: string; readonly count: number }>
+  readonly skipped: number
+} => {
   const head = `{"o":${JSON.stringify(origin)},"d":[`
   const out: Array<{ readonly text: string; readonly count: number }> = []
   let parts: Array<string> = []

@@ -284,13 +284,29 @@ CREATE TRIGGER webhooks_registry_changed AFTER UPDATE OF gone_at ON webhooks
   EXECUTE FUNCTION firehook_registry_changed('owner_did');
 `)
 
+/**
+ * 0006: the replay store of the owners' API shared by its replicas (SPEC §8.2, api/JtiStore.ts):
+ * a service token's `(iss, jti)` until its expiry; a row that cannot be inserted is a replay.
+ * Expired rows are pruned by the API processes (bounded statements, every minute).
+ */
+const apiJti = ddl(`
+CREATE TABLE api_jti (
+  iss         text        NOT NULL,
+  jti         text        NOT NULL,
+  expires_at  timestamptz NOT NULL,
+  PRIMARY KEY (iss, jti)
+);
+CREATE INDEX api_jti_expires_at ON api_jti (expires_at);
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
   "0002_outbox_origin": outboxOrigin,
   "0003_backfill_claims": backfillClaims,
   "0004_rejected_records": rejectedRecords,
-  "0005_registry_changes": registryChanges
+  "0005_registry_changes": registryChanges,
+  "0006_api_jti": apiJti
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */
