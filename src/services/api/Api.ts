@@ -115,7 +115,14 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
     }
     const stats = Effect.sync((): ApiStats => ({ configured: auth !== undefined, ...counters }))
     yield* health.register("api", statsSection(stats, ["configured", "calls", "authFailures", "rateLimited"]))
-    const shape: ApiShape = { app: Effect.provide(Xrpc.app(deps), context), stats }
+    // the request's own services win over the layer's: above all its Scope (the layer's context
+    // holds the layer's scope, and what a call acquires must be released when the call ends)
+    const app = Xrpc.app(deps).pipe(
+      Effect.mapInputContext((request: Context.Context<HttpServerRequest.HttpServerRequest | Scope.Scope>) =>
+        Context.merge(context, request)
+      )
+    )
+    const shape: ApiShape = { app, stats }
     return shape
   })
 

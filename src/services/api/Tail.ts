@@ -11,7 +11,7 @@
  * - {@link pump} serves one connection until it has lived {@link MAX_LIFETIME} (24 h, on the
  *   Effect Clock) or the hub closes (the API listener's scope: shutdown).
  */
-import { Context, Data, Duration, Effect, Layer, Metric, Queue } from "effect"
+import { Context, Data, Duration, Effect, Layer, Metric, Option, Queue } from "effect"
 import type { Scope } from "effect"
 import { DeliveryOutcomes, type Outcome } from "../delivery/DeliveryOutcomes.js"
 
@@ -163,7 +163,8 @@ export const make = (options: TailOptions = {}): Effect.Effect<TailShape, never,
         Effect.map((entry): Connection => ({
           take: Effect.map(Queue.takeBetween(entry.queue, 1, capacity), (chunk) => {
             const frames: Array<Frame> = [...chunk]
-            if (entry.dropped > 0) {
+            // the count follows every frame kept before the drops
+            if (entry.dropped > 0 && Option.getOrElse(entry.queue.unsafeSize(), () => 0) === 0) {
               frames.push(infoFrame(entry.dropped))
               entry.dropped = 0
             }
