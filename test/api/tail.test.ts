@@ -14,26 +14,13 @@ import { Tail } from "../../src/services/api/Tail.js"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import type { Outcome } from "../../src/services/delivery/DeliveryOutcomes.js"
 import { apiLayer, lexiconDocs, mint, newOwner, serverPort } from "./support.js"
-import { close, openTail, openTailOrDie, until, untilEffect } from "./tailClient.js"
+import { close, openTail, openTailOrDie, outcome, until, untilEffect } from "./tailClient.js"
 
 const NSID = "dev.firehook.webhook.subscribeDeliveries"
 const lex = new Lexicons(lexiconDocs())
 const wallClock = Effect.suspend(() => TestClock.setTime(Date.now()))
 const HIGH = { limit: 1_000_000, perMs: 60_000 }
 const BUFFER = 8
-
-let seq = 0
-export const outcome = (owner: string, extra: Partial<Outcome> = {}): Outcome => ({
-  id: `01TAIL${String(++seq).padStart(8, "0")}`,
-  owner,
-  rkey: "hook1",
-  event: "create",
-  status: "delivered",
-  httpStatus: 200,
-  errorKind: undefined,
-  atMs: Date.now(),
-  ...extra
-})
 
 const publish = (outcomes: ReadonlyArray<Outcome>) =>
   Effect.flatMap(DeliveryOutcomes.DeliveryOutcomes, (o) => Effect.forEach(outcomes, o.publish, { discard: true }))

@@ -4,6 +4,7 @@
  */
 import { Effect } from "effect"
 import WebSocket from "ws"
+import type { Outcome } from "../../src/services/delivery/DeliveryOutcomes.js"
 
 export interface TailClient {
   readonly ws: WebSocket
@@ -74,3 +75,17 @@ export const untilEffect = <R>(what: string, cond: Effect.Effect<boolean, never,
     }
     return yield* Effect.dieMessage(`timed out waiting: ${what}`)
   })
+
+/** An outcome of `owner` (a fresh id; delivered with 200 unless `extra` says otherwise). */
+let seq = 0
+export const outcome = (owner: string, extra: Partial<Outcome> = {}): Outcome => ({
+  id: `01TAIL${String(++seq).padStart(8, "0")}`,
+  owner,
+  rkey: "hook1",
+  event: "create",
+  status: "delivered",
+  httpStatus: 200,
+  errorKind: undefined,
+  atMs: Date.now(),
+  ...extra
+})
