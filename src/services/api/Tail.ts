@@ -192,6 +192,7 @@ export const pump = <E, R>(
   write: (frames: ReadonlyArray<Frame>) => Effect.Effect<void, E, R>,
   lifetime: Duration.DurationInput = MAX_LIFETIME
 ): Effect.Effect<"lifetime", E, R> =>
-  Effect.forever(Effect.flatMap(connection.take, write)).pipe(
+  // interruptible whatever the caller's region (the HTTP server runs a request uninterruptibly)
+  Effect.interruptible(Effect.forever(Effect.flatMap(connection.take, write))).pipe(
     Effect.timeoutTo({ duration: lifetime, onSuccess: (never) => never, onTimeout: () => "lifetime" as const })
   )
