@@ -312,6 +312,21 @@ const outboxOriginDue = Effect.flatMap(
     sql`CREATE INDEX IF NOT EXISTS outbox_origin_due ON outbox (origin, next_attempt_at) WHERE status = 'pending'`
 )
 
+/**
+ * 0008: the replay store of the owners' API shared by its replicas (SPEC §8.2, api/JtiStore.ts):
+ * a service token's `(iss, jti)` until its expiry; a row that cannot be inserted is a replay.
+ * Expired rows are pruned by the API processes (bounded statements, every minute).
+ */
+const apiJti = ddl(`
+CREATE TABLE api_jti (
+  iss         text        NOT NULL,
+  jti         text        NOT NULL,
+  expires_at  timestamptz NOT NULL,
+  PRIMARY KEY (iss, jti)
+);
+CREATE INDEX api_jti_expires_at ON api_jti (expires_at);
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -320,7 +335,8 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0004_rejected_records": rejectedRecords,
   "0005_registry_changes": registryChanges,
   "0006_owner_log": ownerLog,
-  "0007_outbox_origin_due": outboxOriginDue
+  "0007_outbox_origin_due": outboxOriginDue,
+  "0008_api_jti": apiJti
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */
