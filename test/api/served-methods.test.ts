@@ -11,7 +11,6 @@ import { describe, expect, layer } from "@effect/vitest"
 import { Arbitrary, Effect, FastCheck, Runtime, Schema, TestClock } from "effect"
 import * as Api from "../../src/services/api/Api.js"
 import type { ApiMethod } from "../../src/services/api/Methods.js"
-import type { Secrets } from "../../src/services/delivery/Secrets.js"
 import { apiLayer, call, type CallOptions, lexiconDocs, mint, newOwner } from "./support.js"
 
 const lex = new Lexicons(lexiconDocs())
@@ -26,7 +25,7 @@ const declaredErrors = (nsid: string): ReadonlyArray<string> => {
 }
 
 /** The query string of a params value (encoded by the method's Schema). */
-const queryOf = (m: ApiMethod<Secrets>, params: unknown): string => {
+const queryOf = (m: ApiMethod<Api.ServedRequirements>, params: unknown): string => {
   const raw = Schema.encodeSync(m.contract.params)(params) as Record<string, string | ReadonlyArray<string> | undefined>
   const q = new URLSearchParams()
   for (const [k, v] of Object.entries(raw)) {

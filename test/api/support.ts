@@ -19,7 +19,6 @@ import * as Path from "node:path"
 import { expect } from "vitest"
 import * as Api from "../../src/services/api/Api.js"
 import type { MethodTable } from "../../src/services/api/Methods.js"
-import { Secrets } from "../../src/services/delivery/Secrets.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
@@ -120,7 +119,7 @@ export const claims = (owner: Owner, lxm: string, extra: object = {}) => {
 
 export interface ApiTestOptions {
   readonly env?: Record<string, string>
-  readonly methods?: MethodTable<Secrets>
+  readonly methods?: MethodTable<Api.ServedRequirements>
   readonly api?: Api.ApiOptions
 }
 
@@ -152,7 +151,7 @@ export const apiLayer = (options: ApiTestOptions = {}) =>
         Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] }))
       )
       const api = Api.layer(options.methods ?? Api.SERVED_METHODS, options.api).pipe(
-        Layer.provideMerge(Layer.mergeAll(Secrets.layerSql, identity))
+        Layer.provideMerge(Layer.mergeAll(Api.methodStoresSql, identity))
       )
       return Api.serve(NodeHttpServer.layerTest).pipe(
         Layer.provideMerge(api),

@@ -15,6 +15,9 @@ import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import type { SqlClient } from "@effect/sql"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
 import { Secrets } from "../delivery/Secrets.js"
+import * as WebhookState from "../operator/WebhookState.js"
+import * as RejectedStoreModule from "../registry/RejectedStore.js"
+import type { RejectedStore } from "../registry/RejectedStore.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
@@ -24,11 +27,25 @@ import { didWebOf } from "./ApiConfig.js"
 import type { ApiMethod, MethodTable } from "./Methods.js"
 import { type ApiLimits, DEFAULT_LIMITS, makeBuckets } from "./RateLimiter.js"
 import { SECRET_METHODS } from "./SecretMethods.js"
+import { WEBHOOK_METHODS } from "./WebhookMethods.js"
 import * as ServiceAuth from "./ServiceAuth.js"
 import * as Xrpc from "./Xrpc.js"
 
 /** The methods firehook serves today (SPEC §8.4; the §8.5 methods join this table). */
-export const SERVED_METHODS: MethodTable<Secrets> = [...SECRET_METHODS]
+export const SERVED_METHODS: MethodTable<ServedRequirements> = [
+  ...SECRET_METHODS,
+  ...WEBHOOK_METHODS
+]
+
+/** What the served methods need. */
+export type ServedRequirements = Secrets | WebhookState.WebhookStateStore | RejectedStore | FirehookConfig
+
+/** The stores the served methods use, on PostgreSQL (the configuration comes from the caller). */
+export const methodStoresSql: Layer.Layer<
+  Exclude<ServedRequirements, FirehookConfig>,
+  never,
+  SqlClient.SqlClient | FirehookConfig
+> = Layer.mergeAll(Secrets.layerSql, WebhookState.layerSql, RejectedStoreModule.layerSql)
 
 export interface ApiStats {
   readonly configured: boolean
@@ -122,7 +139,7 @@ export const layerSql = (
   layer(SERVED_METHODS, options).pipe(
     Layer.provide(
       Layer.mergeAll(
-        Secrets.layerSql,
+        methodStoresSql,
         IdentityService.layer().pipe(
           Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs: [] }))
         )
