@@ -7,10 +7,12 @@
  * keeps answering, never with a 500.
  */
 import { Lexicons } from "@atproto/lexicon"
+import type { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
 import { Arbitrary, Effect, FastCheck, Runtime, Schema, TestClock } from "effect"
 import * as Api from "../../src/services/api/Api.js"
 import type { ApiMethod } from "../../src/services/api/Methods.js"
+import { insertWebhook } from "../support/webhookRows.js"
 import { apiLayer, call, type CallOptions, lexiconDocs, mint, newOwner } from "./support.js"
 
 const lex = new Lexicons(lexiconDocs())
@@ -36,6 +38,19 @@ const queryOf = (m: ApiMethod<Api.ServedRequirements>, params: unknown): string 
 }
 
 const SEED = 20261115
+
+/**
+ * What a method needs to exist before a generated call can succeed, by NSID (a method whose
+ * generated calls would all be `NotFound` for a new owner): written for the owner and the input.
+ */
+const PREREQUISITES: {
+  readonly [nsid: string]: (ownerDid: string, input: unknown) => Effect.Effect<void, never, SqlClient.SqlClient>
+} = {
+  "dev.firehook.webhook.resume": (ownerDid, input) => {
+    const rkey = (input as { readonly rkey: string }).rkey
+    return insertWebhook(ownerDid, rkey).pipe(Effect.catchAllDefect(() => Effect.void))
+  }
+}
 
 describe("served methods", () => {
   layer(apiLayer({ api: { limits: { callsPerCaller: HIGH, failedAuthPerAddress: HIGH } } }))((it) => {
@@ -64,6 +79,8 @@ describe("served methods", () => {
           for (let i = 0; i < params.length; i++) {
             yield* wallClock
             const input = inputs[i]
+            const prerequisite = PREREQUISITES[nsid]
+            if (prerequisite !== undefined) yield* prerequisite(owner.did, input)
             const options: CallOptions = {
               token: yield* mint(owner, nsid),
               query: queryOf(m, params[i]),
