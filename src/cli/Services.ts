@@ -24,8 +24,7 @@ export const servicesFor = (config: Config.FirehookConfigShape) =>
 
 export const withServices = <A, E>(
   eff: Effect.Effect<A, E, Operator.Operator | Secrets | WebhookState.WebhookStateStore>
-) =>
-  Effect.flatMap(Config.load({ isTty: false }), (config) => Effect.provide(eff, servicesFor(config)))
+) => Effect.flatMap(Config.load({ isTty: false }), (config) => Effect.provide(eff, servicesFor(config)))
 
 /**
  * Reconciliation from the command line: the reconcile store, and a reconciler that writes the

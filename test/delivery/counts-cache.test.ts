@@ -144,18 +144,30 @@ describe("delivery health counts (SPEC §6.2)", () => {
             errors.push(`${e.op} ${e.code}`)
           })
       })
-      expect(yield* atOnce(cache.read)).toEqual({ counts: { pending: 0, leased: 0, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 }, stale: true })
+      expect(yield* atOnce(cache.read)).toEqual({
+        counts: { pending: 0, leased: 0, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 },
+        stale: true
+      })
       yield* TestClock.adjust(Duration.millis(TIMEOUT))
       expect(errors).toEqual(["delivery.counts timeout"])
       fake.answer({ pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 })
       yield* TestClock.adjust(Duration.millis(REFRESH))
-      expect(yield* atOnce(cache.read)).toEqual({ counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 }, stale: false })
+      expect(yield* atOnce(cache.read)).toEqual({
+        counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 },
+        stale: false
+      })
       fake.fail()
       yield* TestClock.adjust(Duration.millis(REFRESH))
       expect(errors).toEqual(["delivery.counts timeout", "delivery.counts 57P01"])
-      expect(yield* atOnce(cache.read)).toEqual({ counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 }, stale: false })
+      expect(yield* atOnce(cache.read)).toEqual({
+        counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 },
+        stale: false
+      })
       yield* TestClock.adjust(Duration.millis(COUNTS_TTL_MS - REFRESH + 1))
-      expect(yield* atOnce(cache.read)).toEqual({ counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 }, stale: true })
+      expect(yield* atOnce(cache.read)).toEqual({
+        counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 },
+        stale: true
+      })
     }))
 
   it.effect("the refresh is owned by its scope and ends when the worker stops", () =>

@@ -30,23 +30,31 @@ interface Row {
 }
 
 const rowsOf = (eventRkey: string) =>
-  Effect.flatMap(SqlClient.SqlClient, (sql) =>
-    sql<Row>`SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind FROM outbox
-      WHERE event_rkey = ${eventRkey} ORDER BY webhook_rkey`).pipe(Effect.orDie)
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<Row>`SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind FROM outbox
+      WHERE event_rkey = ${eventRkey} ORDER BY webhook_rkey`
+  ).pipe(Effect.orDie)
 
 const stateOf = (rkey: string) =>
-  Effect.flatMap(SqlClient.SqlClient, (sql) =>
-    sql<{ auto: boolean; failed_attempts: number; parked: number; success: boolean }>`
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<{ auto: boolean; failed_attempts: number; parked: number; success: boolean }>`
       SELECT auto_disabled_at IS NOT NULL AS auto, failed_attempts, parked, last_success_at IS NOT NULL AS success
-      FROM webhooks WHERE owner_did = ${OWNER} AND rkey = ${rkey}`).pipe(
-      Effect.map((r) => r[0]),
-      Effect.orDie
-    )
+      FROM webhooks WHERE owner_did = ${OWNER} AND rkey = ${rkey}`
+  ).pipe(
+    Effect.map((r) => r[0]),
+    Effect.orDie
+  )
 
 const register = (url: (rkey: string) => string) =>
-  run(["down", "flaky"].map((rkey) =>
-    whEv(OWNER, rkey, whRecordValue(`at://${BOB}`, { url: url(rkey), secret: SECRET }), { rev: rev(1) })
-  ))
+  run(
+    ["down", "flaky"].map((rkey) =>
+      whEv(OWNER, rkey, whRecordValue(`at://${BOB}`, { url: url(rkey), secret: SECRET }), { rev: rev(1) })
+    )
+  )
 
 /** Claim the due rows and settle each as the worker does after an attempt that took 50 ms. */
 const attemptAll = (answer: (rkey: string) => number) =>
@@ -75,32 +83,36 @@ const attemptAll = (answer: (rkey: string) => number) =>
   })
 
 describe("auto-disable", () => {
-  it.scoped("the rule under the TestClock: 5 days and ≥ 20 failures; a 2xx within the period restarts it", () =>
-    Effect.gen(function*() {
-      yield* TestClock.setTime(Date.now())
-      yield* register((rkey) => `https://${rkey}.example/hook`)
-      // 24 events 6 hours apart: "down" always answers 503; "flaky" answers 200 once, at event 12
-      for (let i = 0; i < 24; i++) {
-        yield* run([ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })])
-        expect(yield* attemptAll((rkey) => (rkey === "flaky" && i === 12 ? 200 : 503))).toBe(2)
-        // the 21st failure (i = 20) is 120 h after the first: disabled there, not earlier
-        expect((yield* stateOf("down"))?.auto).toBe(i >= 20)
-        yield* TestClock.adjust(Duration.hours(6))
-      }
-      expect(yield* stateOf("down")).toEqual({ auto: true, failed_attempts: 24, parked: 0, success: false })
-      // flaky's streak restarted at its 2xx (event 12): 11 failures over 66 h since, not disabled
-      expect(yield* stateOf("flaky")).toEqual({ auto: false, failed_attempts: 11, parked: 0, success: true })
-      // a new record version (new fingerprint) is a new registration: the state is cleared
-      yield* run([
-        whEv(OWNER, "down", whRecordValue(`at://${BOB}`, { url: "https://down.example/v2", secret: SECRET }), {
-          rev: rev(2)
-        })
-      ])
-      expect(yield* stateOf("down")).toEqual({ auto: false, failed_attempts: 0, parked: 0, success: false })
-    }).pipe(
-      Effect.provide(DeliveryStore.layerSql),
-      Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
-    ), 240_000)
+  it.scoped(
+    "the rule under the TestClock: 5 days and ≥ 20 failures; a 2xx within the period restarts it",
+    () =>
+      Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        yield* register((rkey) => `https://${rkey}.example/hook`)
+        // 24 events 6 hours apart: "down" always answers 503; "flaky" answers 200 once, at event 12
+        for (let i = 0; i < 24; i++) {
+          yield* run([ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })])
+          expect(yield* attemptAll((rkey) => (rkey === "flaky" && i === 12 ? 200 : 503))).toBe(2)
+          // the 21st failure (i = 20) is 120 h after the first: disabled there, not earlier
+          expect((yield* stateOf("down"))?.auto).toBe(i >= 20)
+          yield* TestClock.adjust(Duration.hours(6))
+        }
+        expect(yield* stateOf("down")).toEqual({ auto: true, failed_attempts: 24, parked: 0, success: false })
+        // flaky's streak restarted at its 2xx (event 12): 11 failures over 66 h since, not disabled
+        expect(yield* stateOf("flaky")).toEqual({ auto: false, failed_attempts: 11, parked: 0, success: true })
+        // a new record version (new fingerprint) is a new registration: the state is cleared
+        yield* run([
+          whEv(OWNER, "down", whRecordValue(`at://${BOB}`, { url: "https://down.example/v2", secret: SECRET }), {
+            rev: rev(2)
+          })
+        ])
+        expect(yield* stateOf("down")).toEqual({ auto: false, failed_attempts: 0, parked: 0, success: false })
+      }).pipe(
+        Effect.provide(DeliveryStore.layerSql),
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
+      ),
+    240_000
+  )
 
   it.scopedLive(
     "parked without a request while auto-disabled; resume with replay delivers them under their ids",
@@ -121,7 +133,9 @@ describe("auto-disable", () => {
 
         yield* run([ev(BOB, POST, "late", { rev: rev(100) })])
         const late = yield* eventually("settled", rowsOf("late"), (rs) =>
-          rs.length === 2 && rs.every((r) => r.status !== "pending" && r.status !== "leased"))
+          rs.length === 2 && rs.every((r) =>
+            r.status !== "pending" && r.status !== "leased"
+          ))
         expect(late.map((r) => [r.webhook_rkey, r.status, r.last_error_kind, r.attempt_count])).toEqual([
           ["down", "dead_letter", "webhook_disabled", 0],
           ["flaky", "delivered", null, 1]

@@ -136,7 +136,9 @@ const toRow = (c: Change): Row => {
 const statement = (sql: SqlClient.SqlClient, rows: ReadonlyArray<Row>, afterMs: number) => {
   const col = <A>(f: (r: Row) => A): Array<A> => rows.map(f)
   const at = (column: string) => sql.literal(`to_timestamp(h.${column} / 1000.0)`)
-  const lastFailure = sql`h.fail_ms IS NOT NULL AND (w.last_failure_at IS NULL OR ${at("fail_ms")} >= w.last_failure_at)`
+  const lastFailure = sql`h.fail_ms IS NOT NULL AND (w.last_failure_at IS NULL OR ${
+    at("fail_ms")
+  } >= w.last_failure_at)`
   return sql<{ owner_did: string; rkey: string }>`
     WITH h AS (
       SELECT * FROM unnest(
@@ -180,94 +182,98 @@ const statement = (sql: SqlClient.SqlClient, rows: ReadonlyArray<Row>, afterMs: 
     SELECT owner_did, rkey FROM upd WHERE disabled_now`
 }
 
+/** Per webhook: when this process last wrote a 2xx, or `failing` after it saw a failure. */
+type Written = Map<string, number | "failing">
+
+/** What a batch changes: the rows of the statement, and the parked and dropped counts. */
+const collect = <I extends HealthInput>(
+  items: ReadonlyArray<I>,
+  applied: ReadonlyArray<SettledRow>,
+  written: Written
+): { readonly rows: ReadonlyArray<Row>; readonly parked: number; readonly dropped: number } => {
+  const byToken = new Map<string, SettledRow>()
+  for (const r of applied) byToken.set(r.lease_token, r)
+  const changes = new Map<string, Change>()
+  const changeOf = (r: SettledRow, key: string): Change => {
+    const known = changes.get(key)
+    if (known !== undefined) return known
+    const c: Change = {
+      ownerDid: r.owner_did,
+      rkey: r.webhook_rkey,
+      fingerprint: r.fingerprint,
+      okMs: undefined,
+      failures: [],
+      parked: 0,
+      dropped: 0
+    }
+    changes.set(key, c)
+    return c
+  }
+  const remember = (key: string, value: number | "failing") => {
+    if (written.size >= THROTTLE_MAX) written.clear()
+    written.set(key, value)
+  }
+  let parked = 0
+  let dropped = 0
+  for (const item of items) {
+    const r = byToken.get(item.token)
+    if (r === undefined) continue
+    const key = `${r.owner_did} ${r.webhook_rkey} ${r.fingerprint}`
+    const a = item.attempt
+    if (item.park) {
+      if (r.status === "dead_letter") {
+        changeOf(r, key).parked++
+        parked++
+      } else {
+        changeOf(r, key).dropped++
+        dropped++
+      }
+    } else if (a !== undefined && a.outcome === "delivered" && a.httpStatus !== undefined) {
+      const last = written.get(key)
+      const ms = endOf(a)
+      if (last !== undefined && last !== "failing" && ms - last < SUCCESS_WRITE_EVERY_MS) continue
+      const c = changeOf(r, key)
+      c.okMs = Math.max(c.okMs ?? ms, ms)
+      remember(key, ms)
+    } else if (
+      a !== undefined && (a.outcome === "retry" || a.outcome === "dead_letter") && a.errorKind !== undefined &&
+      RECEIVER_FAILURES.has(a.errorKind)
+    ) {
+      changeOf(r, key).failures.push({ ms: endOf(a), kind: a.errorKind, http: a.httpStatus })
+      remember(key, "failing")
+    }
+  }
+  return { rows: [...changes.values()].map(toRow), parked, dropped }
+}
+
 /**
  * The recorder of one store: `record(items, applied)` after each settle batch (never fails).
  * `afterMs` = `DELIVERY_AUTO_DISABLE_AFTER_MS` (0 = never).
  */
 export const makeRecorder = (sql: SqlClient.SqlClient, afterMs: number) => {
-  /** per webhook: when this process last wrote a 2xx, or `failing` after it saw a failure */
-  const written = new Map<string, number | "failing">()
+  const written: Written = new Map()
   const log = RateLimitedLog.make({ everyMs: 60_000 })
+  const disabled = (d: { readonly owner_did: string; readonly rkey: string }) =>
+    Effect.zipRight(
+      Effect.sync(() => autoDisabledTotal.unsafeUpdate(1, NO_TAGS)),
+      Effect.logWarning("webhook auto-disabled: no 2xx for the auto-disable period").pipe(
+        Effect.annotateLogs({ ownerDid: d.owner_did, rkey: d.rkey, afterMs })
+      )
+    )
   return <I extends HealthInput>(items: ReadonlyArray<I>, applied: ReadonlyArray<SettledRow>): Effect.Effect<void> =>
     Effect.suspend(() => {
-      const byToken = new Map<string, SettledRow>()
-      for (const r of applied) byToken.set(r.lease_token, r)
-      const changes = new Map<string, Change>()
-      const changeOf = (r: SettledRow): Change => {
-        const key = `${r.owner_did} ${r.webhook_rkey} ${r.fingerprint}`
-        let c = changes.get(key)
-        if (c === undefined) {
-          c = {
-            ownerDid: r.owner_did,
-            rkey: r.webhook_rkey,
-            fingerprint: r.fingerprint,
-            okMs: undefined,
-            failures: [],
-            parked: 0,
-            dropped: 0
-          }
-          changes.set(key, c)
-        }
-        return c
-      }
-      let parked = 0
-      let dropped = 0
-      for (const item of items) {
-        const r = byToken.get(item.token)
-        if (r === undefined) continue
-        const key = `${r.owner_did} ${r.webhook_rkey} ${r.fingerprint}`
-        if (item.park) {
-          if (r.status === "dead_letter") {
-            changeOf(r).parked++
-            parked++
-          } else {
-            changeOf(r).dropped++
-            dropped++
-          }
-          continue
-        }
-        const a = item.attempt
-        if (a === undefined) continue
-        if (a.outcome === "delivered" && a.httpStatus !== undefined) {
-          const last = written.get(key)
-          const ms = endOf(a)
-          if (last !== undefined && last !== "failing" && ms - last < SUCCESS_WRITE_EVERY_MS) continue
-          const c = changeOf(r)
-          c.okMs = Math.max(c.okMs ?? ms, ms)
-          if (written.size >= THROTTLE_MAX) written.clear()
-          written.set(key, ms)
-        } else if (
-          (a.outcome === "retry" || a.outcome === "dead_letter") && a.errorKind !== undefined &&
-          RECEIVER_FAILURES.has(a.errorKind)
-        ) {
-          changeOf(r).failures.push({ ms: endOf(a), kind: a.errorKind, http: a.httpStatus })
-          if (written.size >= THROTTLE_MAX) written.clear()
-          written.set(key, "failing")
-        }
-      }
+      const { dropped, parked, rows } = collect(items, applied, written)
       if (parked > 0) parkedTotal.unsafeUpdate(parked, NO_TAGS)
       if (dropped > 0) parkDroppedTotal.unsafeUpdate(dropped, NO_TAGS)
-      if (changes.size === 0) return Effect.void
-      const rows = [...changes.values()].map(toRow)
+      if (rows.length === 0) return Effect.void
       return statement(sql, rows, afterMs).pipe(
         storeOpWithin("delivery.webhookState", "15 seconds"),
-        Effect.flatMap((disabled) =>
-          Effect.forEach(disabled, (d) =>
-            Effect.zipRight(
-              Effect.sync(() => autoDisabledTotal.unsafeUpdate(1, NO_TAGS)),
-              Effect.logWarning("webhook auto-disabled: no 2xx for the auto-disable period").pipe(
-                Effect.annotateLogs({ ownerDid: d.owner_did, rkey: d.rkey, afterMs })
-              )
-            ), { discard: true })
-        ),
+        Effect.flatMap((transitions) => Effect.forEach(transitions, disabled, { discard: true })),
         Effect.catchAll((e) =>
-          log.run(
-            `webhookState:${e.code}`,
-            () =>
-              Effect.logWarning("delivery: the webhook state update failed").pipe(
-                Effect.annotateLogs({ op: e.op, code: e.code })
-              )
-          )
+          log.run(`webhookState:${e.code}`, () =>
+            Effect.logWarning("delivery: the webhook state update failed").pipe(
+              Effect.annotateLogs({ op: e.op, code: e.code })
+            ))
         )
       )
     })
