@@ -6,6 +6,9 @@
  *
  * Arguments after `--` are passed as the event count to intake and delivery, e.g.
  * `npm run bench -- 20000` for a quick run. `BENCH_NO_REPORT=1` prints without writing the report.
+ * `--only <names>` (comma-separated: match, intake, delivery, noisy) runs only those benchmarks,
+ * e.g. `npm run bench -- --only noisy`; the report is then printed, not written (the figures of the
+ * others would be missing from it).
  *
  * Runtime: the benchmarks run on Bun, the production runtime, with the environment `npm start`
  * gives the service (`BUN_JSC_heapGrowthMaxIncrease=1`); `BENCH_RUNTIME=node` runs them on Node 22
@@ -21,15 +24,23 @@ const reportFile = Path.join(dir, "..", "docs", "benchmarks.md")
 const BEGIN = "<!-- bench:report:begin (written by `npm run bench`; edits here are replaced) -->"
 const END = "<!-- bench:report:end -->"
 
-const n = process.argv[2]
+const args = process.argv.slice(2)
+const onlyAt = args.findIndex((a) => a === "--only" || a.startsWith("--only="))
+const onlyArg = onlyAt < 0 ? undefined : args[onlyAt]?.startsWith("--only=") ? args[onlyAt]?.slice(7) : args[onlyAt + 1]
+const only = onlyArg === undefined ? undefined : new Set(onlyArg.split(",").map((s) => `${s.trim()}.ts`))
+const n = args.find((a, i) => !a.startsWith("--") && (onlyAt < 0 || (i !== onlyAt && i !== onlyAt + 1)))
 const runtime = process.env["BENCH_RUNTIME"] === "node" ? "node" : "bun"
 const bun = Path.join(dir, "..", "node_modules", ".bin", "bun")
-const benches = ["match.ts", "intake.ts", "delivery.ts"].filter((f) => Fs.existsSync(Path.join(dir, f)))
+const benches = ["match.ts", "intake.ts", "delivery.ts", "noisy.ts"].filter((f) =>
+  Fs.existsSync(Path.join(dir, f)) && (only === undefined || only.has(f))
+)
+/** the benchmarks that take the event count */
+const counted = new Set(["intake.ts", "delivery.ts"])
 
 /** Run one benchmark, echoing its output, and return it with its exit code. */
 const run = (file: string) =>
   new Promise<{ readonly code: number | null; readonly output: string }>((resolve) => {
-    const script = [Path.join(dir, file), ...(n !== undefined && file !== "match.ts" ? [n] : [])]
+    const script = [Path.join(dir, file), ...(n !== undefined && counted.has(file) ? [n] : [])]
     const child = runtime === "bun"
       ? spawn(bun, script, {
         stdio: ["ignore", "pipe", "inherit"],
@@ -67,7 +78,7 @@ for (const file of benches) {
   const { code, output } = await run(file)
   if (code !== 0) failed++
   for (const line of output.split("\n")) {
-    const m = /^(match|intake|delivery|summary): /.exec(line)
+    const m = /^(match|intake|delivery|noisy|summary): /.exec(line)
     if (m !== null) lines.set(m[1] === "summary" ? "delivery" : (m[1] ?? ""), line.trim())
   }
 }
@@ -76,6 +87,8 @@ const endLoad = Os.loadavg()[0] ?? 0
 const match = lines.get("match")
 const intake = lines.get("intake")
 const delivery = lines.get("delivery")
+const noisy = lines.get("noisy")
+const noisyP99 = num(noisy, /^noisy: healthy p99 ([\d.]+) ms/)
 const matchRate = num(match, /^match: (\d+) events\/s/)
 const intakeRate = num(intake, /^intake: (\d+) events\/s/)
 const intakeRss = num(intake, /peak rss ([\d.]+) MiB/)
@@ -108,7 +121,7 @@ const report = [
   "## Latest `npm run bench`",
   "",
   `- Date: ${started.toISOString().slice(0, 16).replace("T", " ")} UTC; command: \`npm run bench${
-    n === undefined ? "" : ` -- ${n}`
+    args.length === 0 ? "" : ` -- ${args.join(" ")}`
   }\``,
   `- Machine: ${machine}`,
   `- Load average (1 min) at start / end: ${startLoad.toFixed(1)} / ${
@@ -142,16 +155,19 @@ const report = [
     fmt(floor, 3)
   } ms | – | |`,
   `| delivery: CPU per delivery spent in this run (worker process + PostgreSQL) | ${fmt(spent, 3)} ms | – | |`,
+  `| noisy neighbours: healthy p99 enqueue → first attempt beside a hanging and a 503 origin | ${
+    fmt(noisyP99, 1)
+  } ms | < 100 ms | ${verdict(noisyP99 === undefined ? undefined : noisyP99 < 100)} |`,
   "",
   "Summary lines as printed:",
   "",
   "```",
-  ...[match, intake, delivery].filter((l): l is string => l !== undefined),
+  ...[match, intake, delivery, noisy].filter((l): l is string => l !== undefined),
   "```",
   END
 ].join("\n")
 
-if (process.env["BENCH_NO_REPORT"] !== "1") {
+if (process.env["BENCH_NO_REPORT"] !== "1" && only === undefined) {
   const current = Fs.existsSync(reportFile) ? Fs.readFileSync(reportFile, "utf8") : "# Benchmarks\n"
   const b = current.indexOf(BEGIN)
   const e = current.indexOf(END)

@@ -4,14 +4,34 @@
  * (reported as one line on stderr, never with a secret in it).
  */
 import { BunHttpServer, BunRuntime } from "@effect/platform-bun"
-import { Cause, Console, Duration, Effect, ExecutionStrategy, Exit, Fiber, Layer, Option, Scope } from "effect"
+import {
+  Cause,
+  Console,
+  Deferred,
+  Duration,
+  Effect,
+  ExecutionStrategy,
+  Exit,
+  Fiber,
+  Layer,
+  Option,
+  Scope
+} from "effect"
+import * as Os from "node:os"
+import { fileURLToPath } from "node:url"
 import * as App from "./layers/App.js"
 import * as Config from "./services/platform/Config.js"
+import * as Database from "./services/platform/Database.js"
+import * as DeliveryChild from "./services/platform/DeliveryChild.js"
+import * as DeliveryProcess from "./services/platform/DeliveryProcess.js"
+import * as DeliveryProcessConfig from "./services/platform/DeliveryProcessConfig.js"
 import * as ErrorCode from "./services/platform/ErrorCode.js"
 import * as Lifecycle from "./services/platform/Lifecycle.js"
 import * as Logging from "./services/platform/Logging.js"
 
 let uncleanShutdown = false
+/** why the running service gave up (the delivery child kept exiting): one line on stderr, exit 1 */
+let gaveUp: string | undefined
 
 /**
  * One line describing a startup failure: a typed failure's own message (firehook's errors say what
@@ -61,6 +81,11 @@ process.on("unhandledRejection", crashed)
  *   shutdown unclean: exit 1).
  * A startup failure (not a signal) skips the ordered shutdown: the phase is `failed`, the parts
  * close in reverse order, and main reports the failure.
+ *
+ * Delivery on its own core (DELIVERY_PROCESS, issue 16 item 2): when the delivery role runs in a
+ * child, the parent supervises it (DeliveryProcess); if the child keeps exiting, the supervisor
+ * gives up and the parent runs the same ordered shutdown, then reports one line and exits 1. A
+ * child (FIREHOOK_DELIVERY_CHILD=1) shuts itself down when its parent is gone.
  */
 const launch = (config: Config.FirehookConfigShape) =>
   Effect.scoped(Effect.gen(function*() {
@@ -77,22 +102,46 @@ const launch = (config: Config.FirehookConfigShape) =>
           })
         ))
     )
+    const fatal = yield* Deferred.make<string>()
+    if (config.deliveryProcess.isChild) yield* Effect.forkScoped(DeliveryChild.followParent)
     const startupScope = yield* Scope.make()
     yield* lifecycle.registerStop("startup", "startup", Scope.close(startupScope, Exit.void))
     const server = BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort })
     // the owners' API (SPEC §8.1); Bun's own body bound is a backstop above the API's 64 KiB
     const api = BunHttpServer.layer({ hostname: config.api.host, port: config.api.port, maxRequestBodySize: 1 << 20 })
-    const app = App.service(server, { api }).pipe(Layer.provide(App.core(config, lifecycle)))
+    const child = DeliveryProcessConfig.runsChild(config.deliveryProcess, config.roles, Os.availableParallelism())
+    const deliveryProcess = child ? supervisor(config, (line) => Deferred.succeed(fatal, line)) : undefined
+    const app = App.service(server, { api, ...(deliveryProcess === undefined ? {} : { deliveryProcess }) }).pipe(
+      Layer.provide(App.core(config, lifecycle))
+    )
     const startup = yield* Layer.buildWithScope(app, parts).pipe(Effect.forkIn(startupScope))
     yield* Fiber.join(startup)
-    return yield* Effect.never
+    // runs until a signal interrupts it, or the delivery child's supervisor gives up
+    gaveUp = yield* Deferred.await(fatal)
   }))
+
+/** The delivery child's supervisor: this runtime, this entry point, this environment, this database. */
+const supervisor = (config: Config.FirehookConfigShape, onGiveUp: (line: string) => Effect.Effect<unknown>) =>
+  Effect.gen(function*() {
+    const databaseUrl = yield* Database.DatabaseUrl
+    const spawner = DeliveryChild.spawner({
+      command: process.execPath,
+      args: [...process.execArgv, fileURLToPath(import.meta.url)],
+      env: process.env,
+      databaseUrl,
+      stopGrace: Duration.millis(config.shutdownTimeoutMs)
+    })
+    yield* DeliveryProcess.supervise({ spawner, onGiveUp: (line) => Effect.asVoid(onGiveUp(line)) })
+  })
 
 const main = Effect.gen(function*() {
   const config = yield* Config.load({ isTty: process.stdout.isTTY === true })
-  return yield* launch(config).pipe(
+  yield* launch(config).pipe(
+    // a delivery child's log lines are told apart from its parent's (they share stdout)
+    config.deliveryProcess.isChild ? Effect.annotateLogs("process", "delivery-child") : (x) => x,
     Effect.provide(Logging.layer({ format: config.logFormat, level: config.logLevel }))
   )
+  if (gaveUp !== undefined) yield* Console.error(`firehook: ${gaveUp}`)
 }).pipe(
   Effect.catchAllCause((cause) =>
     Cause.isInterruptedOnly(cause)
@@ -114,6 +163,6 @@ BunRuntime.runMain(main, {
   disablePrettyLogger: true,
   teardown: (exit, onExit) => {
     const failed = Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause)
-    onExit(failed || uncleanShutdown ? 1 : 0)
+    onExit(failed || uncleanShutdown || gaveUp !== undefined ? 1 : 0)
   }
 })

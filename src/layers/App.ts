@@ -10,11 +10,12 @@
  *   invalidation of identity caches on `#identity`/`#account` events: its own when it has one, and
  *   every other process's through a notification (IdentityInvalidations);
  * - `delivery`: the worker with its store, SafeHttp, secrets, destinations and publisher (no
- *   registry in memory: every attempt reads its subscription from the store);
+ *   registry in memory: every attempt reads its subscription from the store); or, when main passes
+ *   `deliveryProcess` (DELIVERY_PROCESS), the supervisor of a child process that runs it;
  * - `reconcile`: identity (following the invalidations intake sends), the reconciler, the retry
  *   scheduler, the backfill;
  * - `maintenance`: maintenance (one runner across replicas);
- * - `api`: the owners' XRPC listener (not merged yet: starts nothing).
+ * - `api`: the owners' XRPC listener.
  */
 import * as HttpServer from "@effect/platform/HttpServer"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
@@ -121,6 +122,15 @@ export interface ServiceOptions<E = never, R = never> {
   readonly onShutdown?: (report: Lifecycle.ShutdownReport) => Effect.Effect<void>
   /** the owners' API listener (SPEC §8.1, `API_HOST:API_PORT`); none: the API is not served */
   readonly api?: Layer.Layer<HttpServer.HttpServer, E, R>
+  /**
+   * role `delivery` in a child process (issue 16 item 2): the supervisor main builds
+   * (`DeliveryProcess.supervise`) run in place of the worker; none: the worker runs in this process
+   */
+  readonly deliveryProcess?: Effect.Effect<
+    void,
+    never,
+    Lifecycle.Lifecycle | Health.Health | Database.DatabaseUrl | Scope.Scope
+  >
 }
 
 /** 3. The health server, in a scope of its own so that shutdown can stop it at its stage (`http`). */
@@ -150,20 +160,23 @@ const startMatching = (scope: Scope.Scope) =>
 
 /**
  * 4. The parts of step 4 that the roles ask for, in the order of SPEC §6.1: the registry and the
- * matching pipeline (`intake`), the delivery worker (`delivery`, before intake), maintenance
+ * matching pipeline (`intake`), the delivery worker or its child process (`delivery`, before intake), maintenance
  * (`maintenance`, one runner across replicas), identity (`reconcile`: the reconciler's DID → PDS
  * cache, built before intake, which invalidates it on `#identity`/`#account` events; it also
  * follows the events other processes' intake forwards), intake under leader election (`intake`; its
  * tuning, `WEBHOOK_INTAKE_*`, is read by Intake itself; it forwards `#identity`/`#account` events to
  * every process's identity cache). Returns the identity context, for step 5.
  */
-const startParts = (config: FirehookConfigShape, scope: Scope.Scope) =>
+const startParts = <E, R>(config: FirehookConfigShape, scope: Scope.Scope, options: ServiceOptions<E, R>) =>
   Effect.gen(function*() {
     const runs = (role: RolesConfig.Role) => RolesConfig.runs(config.roles, role)
     const matching = runs("intake") ? Option.some(yield* startMatching(scope)) : Option.none()
     // what the later parts use when this process has it (the registry in memory), typed as nothing
     const optional: Context.Context<never> = Option.getOrElse(matching, () => Context.empty())
-    if (runs("delivery")) yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(Effect.provide(optional))
+    if (runs("delivery")) {
+      if (options.deliveryProcess !== undefined) yield* options.deliveryProcess.pipe(Scope.extend(scope))
+      else yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(Effect.provide(optional))
+    }
     if (runs("maintenance")) yield* Layer.buildWithScope(Maintenance.layer(maintenanceOptions(config)), scope)
     const identity = runs("reconcile")
       ? Option.some(yield* Layer.buildWithScope(Reconciliation.identityLayer(config), scope))
@@ -229,7 +242,7 @@ export const service = <E, R>(
         //     of its own, started right after the health listener and stopped at its stage (`http`)
         if (RolesConfig.runs(config.roles, "api") && options.api !== undefined) yield* Api.start(options.api, scope)
         // 4. the registry and matching, the delivery worker, maintenance, identity, intake
-        const parts = yield* startParts(config, scope)
+        const parts = yield* startParts(config, scope, options)
         // 5. the retry scheduler and the initial backfill (`reconcile`), or `live` at once
         if (Option.isSome(parts.identity)) yield* startReconciliation(scope, parts.identity.value, parts.optional)
         else yield* lifecycle.setPhase("live")

@@ -78,9 +78,9 @@ export const WebhookView = Schema.Struct({
 })
 export type WebhookView = typeof WebhookView.Type
 
-/** `#eventRef`: the record event a delivery carries. */
+/** `#eventRef`: the record event a delivery carries (`test`: an owner's test delivery, §8.5 `test`). */
 export const EventRef = Schema.Struct({
-  operation: Schema.Literal(...OPERATIONS),
+  operation: Schema.Literal(...OUTCOME_EVENTS),
   did: Did,
   collection: Token(253),
   rkey: RecordKey,

@@ -11,6 +11,8 @@ import { createServiceJwt } from "@atcute/xrpc-server/auth"
 import { type LexiconDoc, parseLexiconDoc } from "@atproto/lexicon"
 import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
+import type { SqlClient } from "@effect/sql"
+import type { PgClient } from "@effect/sql-pg"
 import { Clock, Effect, Layer } from "effect"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
@@ -123,15 +125,26 @@ export interface ApiTestOptions {
   readonly api?: Api.ApiOptions
 }
 
+/** What {@link apiLayerWith}'s extra services may use: the API's database, configuration and core. */
+export type CoreServices =
+  | Config.FirehookConfig
+  | SqlClient.SqlClient
+  | PgClient.PgClient
+  | Health.Health
+  | Lifecycle.Lifecycle
+
 /** The fake PLC, shared by every API test layer of a file. */
 export class Plc extends Effect.Tag("test/Plc")<Plc, FakeServer>() {}
 
 /**
- * The API (its methods over the real Secrets on a fresh database, the real Identity over the
+ * The API (its methods over their real stores on a fresh database, the real Identity over the
  * SSRF-safe transport in insecure development mode to the fake PLC) served on a Node test server,
  * with health and the HttpClient of the server.
  */
-export const apiLayer = (options: ApiTestOptions = {}) =>
+export const apiLayer = (options: ApiTestOptions = {}) => apiLayerWith(Layer.empty, options)
+
+/** {@link apiLayer} with `extra` services over the same database and configuration (the intake's processor …). */
+export const apiLayerWith = <A, E>(extra: Layer.Layer<A, E, CoreServices>, options: ApiTestOptions = {}) =>
   Layer.unwrapScoped(
     Effect.gen(function*() {
       const plc = yield* fakePlc(docs)
@@ -151,11 +164,11 @@ export const apiLayer = (options: ApiTestOptions = {}) =>
         Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] }))
       )
       const api = Api.layer(options.methods ?? Api.SERVED_METHODS, options.api).pipe(
-        Layer.provideMerge(Layer.mergeAll(Api.methodStoresSql, identity))
+        Layer.provideMerge(Layer.mergeAll(Api.methodsLayerSql, identity))
       )
       return Api.serve(NodeHttpServer.layerTest).pipe(
         Layer.provideMerge(api),
-        Layer.provideMerge(core),
+        Layer.provideMerge(extra.pipe(Layer.provideMerge(core))),
         Layer.merge(Layer.succeed(Plc, plc))
       )
     })

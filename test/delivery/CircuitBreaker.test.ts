@@ -27,6 +27,24 @@ describe("CircuitBreaker", () => {
     expect(cb.canAttempt("https://other.example", 1_000)).toBe("closed")
   })
 
+  it("held: open origins until the cool-down's end, probing ones until the probe's deadline, not the others", () => {
+    const cb = makeCircuitBreaker({ threshold: 2, cooldownMs: 10_000, probeTimeoutMs: 5_000 })
+    fail(cb, O, 2, 1_000)
+    fail(cb, "https://counting.example", 1, 1_000)
+    expect(cb.held(1_000)).toEqual([{ origin: O, untilMs: 11_000 }])
+    // cool-down over, no probe yet: its next row is the probe, so it is not held
+    expect(cb.held(11_000)).toEqual([])
+    expect(cb.canAttempt(O, 12_000)).toBe("probe")
+    expect(cb.held(12_000)).toEqual([{ origin: O, untilMs: 17_000 }])
+    // a probe that never reports back is forgotten at its deadline
+    expect(cb.held(17_000)).toEqual([])
+    // the probe's failure re-opens it for twice the cool-down
+    cb.onTransientFailure(O, 13_000)
+    expect(cb.held(13_000)).toEqual([{ origin: O, untilMs: 33_000 }])
+    cb.onSuccess(O)
+    expect(cb.held(13_000)).toEqual([])
+  })
+
   it("a success resets the consecutive count", () => {
     const cb = makeCircuitBreaker({ threshold: 3 })
     fail(cb, O, 2, 0)

@@ -47,6 +47,27 @@ const request = (t: Transform, i: DeliveryInput): OutgoingRequest => {
   return r.right
 }
 
+describe("test deliveries (SPEC §8.5)", () => {
+  it("the webhook preset adds X-Firehook-Test: 1 to a test delivery only, signed as any other", () => {
+    const base = input()
+    const test = input({ event: { ...base.event, operation: "test" } })
+    const r = request(webhookPreset, test)
+    expect(r.headers["X-Firehook-Test"]).toBe("1")
+    expect(r.headers["webhook-signature"]).toMatch(/^v1,/)
+    expect(r.body).toBe(storedBody)
+    expect(request(webhookPreset, base).headers["X-Firehook-Test"]).toBeUndefined()
+  })
+
+  it("slack and discord get their summary of a test, without the header", () => {
+    const test = input({ event: { ...input().event, operation: "test" } })
+    for (const preset of [slackPreset, discordPreset]) {
+      const r = request(preset, test)
+      expect(r.body).toContain("test app.bsky.feed.post")
+      expect(r.headers["X-Firehook-Test"]).toBeUndefined()
+    }
+  })
+})
+
 describe("webhookPreset", () => {
   it("sends exactly the SPEC §4.5 header set, with the stored body unchanged", () => {
     const i = input()

@@ -49,11 +49,12 @@ export interface Receiver {
   readonly hits: Map<string, number>
 }
 
-/** What a request gets: a status, headers and a body; or `"hang"` (never answered). */
+/** What a request gets: a status, headers and a body (after `delayMs`, default at once); or `"hang"` (never answered). */
 export type Reply = {
   readonly status: number
   readonly headers?: Record<string, string>
   readonly body?: string | Buffer
+  readonly delayMs?: number
 } | "hang"
 
 /**
@@ -116,8 +117,13 @@ export const receiver = (options: {
           if (typeof id === "string") hits.set(id, (hits.get(id) ?? 0) + 1)
           const reply = (options.reply ?? ((p: string) => routeByPath(p)))(entry.path, entry)
           if (reply === "hang") return
-          res.writeHead(reply.status, reply.headers ?? {})
-          res.end(reply.body ?? "")
+          const answer = () => {
+            if (res.destroyed) return
+            res.writeHead(reply.status, reply.headers ?? {})
+            res.end(reply.body ?? "")
+          }
+          if (reply.delayMs === undefined || reply.delayMs <= 0) answer()
+          else setTimeout(answer, reply.delayMs)
         })
       })
       server.keepAliveTimeout = 5_000
@@ -178,6 +184,8 @@ export interface WorkerSetup {
   readonly options?: Delivery.DeliveryOptions
   readonly secrets?: ReadonlyArray<{ readonly ownerDid: string; readonly name: string; readonly token: string }>
   readonly publisher?: Layer.Layer<Publisher>
+  /** the delivery store (default: the PostgreSQL one), e.g. a wrapper that records claims */
+  readonly store?: Layer.Layer<DeliveryStore.DeliveryStore, never, SqlClient.SqlClient | PgClient.PgClient>
 }
 
 /**
@@ -188,7 +196,7 @@ export const workerLayer = (setup: WorkerSetup = {}) =>
   Delivery.layer(setup.options).pipe(
     Layer.provideMerge(
       Layer.mergeAll(
-        DeliveryStore.layerSql,
+        setup.store ?? DeliveryStore.layerSql,
         RegistryStore.layerSql,
         Secrets.layerMemory(setup.secrets ?? []),
         safeHttpFromConfig,

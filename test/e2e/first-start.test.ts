@@ -29,6 +29,7 @@ const runOnce = async (dataDir: string) => {
     HEALTH_PORT: String(port),
     SHUTDOWN_TIMEOUT_MS: "10000",
     NODE_ENV: "test",
+    DELIVERY_PROCESS: "auto", // the production default, as a newcomer's `npm start` runs
     WEBHOOK_ALLOW_INSECURE_DEV: "1",
     JETSTREAM_URL: jetstream.url
   })

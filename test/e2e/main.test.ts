@@ -49,13 +49,14 @@ const runOnce = async (env: Record<string, string>, whileRunning?: () => Promise
   const running = startFirehook({
     HEALTH_PORT: String(port),
     SHUTDOWN_TIMEOUT_MS: "10000",
+    DELIVERY_PROCESS: "auto", // the production default: a delivery child on two or more cores
     ...(await devEnv()),
     ...env
   })
   try {
     let body: Record<string, unknown> = {}
     for (let i = 0; i < 100; i++) {
-      const health = await waitFor(`http://127.0.0.1:${port}/health`, 200, running, 60_000)
+      const health = await waitFor(`http://127.0.0.1:${port}/health`, 200, running, 120_000)
       expect(health.headers.get("cache-control")).toBe("no-store")
       body = (await health.json()) as Record<string, unknown>
       // a standby is ready too, and so is `reconciling-live`: wait for the intake role and the
@@ -102,7 +103,7 @@ describe("bun src/main.ts", () => {
     expect(second.stdout()).not.toContain("initialised")
     // every log line is one JSON object
     for (const line of second.stdout().trim().split("\n")) expect(() => JSON.parse(line)).not.toThrow()
-  }, 120_000)
+  }, 300_000)
 
   it("DATABASE_URL: starts on the given database, migrations are a no-op the second time", async () => {
     const admin = inject("pgAdminUrl")
@@ -149,7 +150,7 @@ describe("bun src/main.ts", () => {
     } finally {
       await adminQuery(admin, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
     }
-  }, 120_000)
+  }, 300_000)
 
   it("invalid configuration: exit 1 with one line naming the variable, no secret", async () => {
     const secret = "hunter2-very-secret"

@@ -70,6 +70,9 @@ describe("recovery after a crash", () => {
         WEBHOOK_ALLOW_INSECURE_DEV: "1",
         JETSTREAM_URL: js.url,
         FIREHOOK_ROLES: "intake,delivery",
+        // one process that dies whole (delivery on its own core would leave the child running
+        // after the parent's SIGKILL, to stop itself in order: test/e2e/delivery-process.test.ts)
+        DELIVERY_PROCESS: "inline",
         // lease = max(60 s, timeout + 5 s) = 60 s
         DELIVERY_TIMEOUT_MS: "30000"
       }

@@ -4,6 +4,7 @@ import { describe, expect, it } from "vitest"
 import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
 import {
   buildPayload,
+  buildTestPayload,
   canonicalJson,
   CanonicalLimits,
   deliveryId,
@@ -298,5 +299,34 @@ describe("buildPayload", () => {
     expect(formatTimestamp(Number.MAX_SAFE_INTEGER + 1)).toBeUndefined()
     expect(formatTimestamp(1.5)).toBeUndefined()
     expect(formatTimestamp(-1)).toBeUndefined()
+  })
+})
+
+describe("buildTestPayload (SPEC §8.5 test)", () => {
+  const owner = plc(7)
+  const t = { ownerDid: owner, rkey: "hook", timeUs: 1_767_225_600_123_456, nonce: "00ff" }
+
+  it("is the canonical body of the webhook record with event test and record null", () => {
+    const p = Either.getOrThrow(buildTestPayload(t))
+    expect(p.body).toBe(
+      `{"collection":"place.wisp.v2.wh","did":"${owner}","event":"test","id":"${p.eventId}","record":null,` +
+        `"rkey":"hook","timestamp":"2026-01-01T00:00:00.123Z"}`
+    )
+    expect(Either.getOrThrow(canonicalJson(JSON.parse(p.body)))).toBe(p.body)
+    expect(p.eventId).toMatch(/^whe_v1_[0-9a-f]{64}$/)
+    expect(p.deliveryId).toMatch(/^whd_v1_[0-9a-f]{64}$/)
+  })
+
+  it("a new nonce or time is a new delivery; the same inputs the same ids", () => {
+    const a = Either.getOrThrow(buildTestPayload(t))
+    expect(Either.getOrThrow(buildTestPayload(t))).toEqual(a)
+    const b = Either.getOrThrow(buildTestPayload({ ...t, nonce: "0100" }))
+    const c = Either.getOrThrow(buildTestPayload({ ...t, timeUs: t.timeUs + 1 }))
+    expect(new Set([a.deliveryId, b.deliveryId, c.deliveryId]).size).toBe(3)
+    expect(new Set([a.eventId, b.eventId, c.eventId]).size).toBe(3)
+  })
+
+  it("an unformattable time is payload_invalid", () => {
+    expect(buildTestPayload({ ...t, timeUs: -1 })).toEqual(Either.left("payload_invalid"))
   })
 })

@@ -181,7 +181,7 @@ describe("Operator", () => {
       expect(before.every((r) => r.status === "dead_letter" && r.attempt_count === 12)).toBe(true)
 
       const count = yield* op.replayDeadLetters({ owner: ALICE, since: T2, until: new Date(T3.getTime() + 1000) })
-      expect(count).toEqual({ replayed: 2, inactiveSubscription: 0, complete: true })
+      expect(count).toEqual({ replayed: 2, inactiveSubscription: 0, complete: true, truncated: false })
       const after = yield* rows
       expect(after.map((r) => r.delivery_id)).toEqual(before.map((r) => r.delivery_id))
       for (const r of after) {
@@ -227,7 +227,8 @@ describe("Operator", () => {
       expect(yield* op.replayDeadLetters({ owner: ALICE })).toEqual({
         replayed: n,
         inactiveSubscription: 0,
-        complete: true
+        complete: true,
+        truncated: false
       })
       const after = yield* rows
       expect(after.map((r) => r.delivery_id)).toEqual(ids)
@@ -381,7 +382,7 @@ describe("Operator (operator CLI defects)", () => {
         yield* reDeadLetterBetweenBatches
         const op = yield* Operator.Operator
         const result = yield* op.replayDeadLetters({ owner: ALICE }).pipe(Effect.timeout("20 seconds"))
-        expect(result).toEqual({ replayed: n, inactiveSubscription: 0, complete: true })
+        expect(result).toEqual({ replayed: n, inactiveSubscription: 0, complete: true, truncated: false })
         // every row was replayed exactly once (the rows of earlier statements were dead-lettered again)
         const log = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM replay_log`
         expect(log[0]?.n).toBe(n)
@@ -464,7 +465,12 @@ describe("Operator (operator CLI defects)", () => {
       const op = yield* Operator.Operator
       // CAROL/w2 disabled: her three rows would be cancelled; ALICE/w1 unchanged
       yield* sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${CAROL}`
-      expect(yield* op.replayDeadLetters({})).toEqual({ replayed: 6, inactiveSubscription: 3, complete: true })
+      expect(yield* op.replayDeadLetters({})).toEqual({
+        replayed: 6,
+        inactiveSubscription: 3,
+        complete: true,
+        truncated: false
+      })
       expect((yield* rows).every((r) => r.status === "pending")).toBe(true)
       // each way a subscription stops matching its rows (undone after each, deleting last)
       const [w] = yield* sql<

@@ -27,7 +27,8 @@ process.once("exit", killAllChildren)
 /**
  * Run `bun src/main.ts` with only `env` (plus PATH/HOME and JSON logs). The owners' API listens on
  * a port of the system's choosing unless `env` names one (`API_PORT`), so that several deployments
- * (and several test runs on one machine) never contend for the default 3004.
+ * (and several test runs on one machine) never contend for the default 3004. Delivery runs inline
+ * (`DELIVERY_PROCESS=inline`) unless `env` says otherwise.
  */
 export const startFirehook = (env: Record<string, string>): Running => {
   const child = spawn(BUN, ["src/main.ts"], {
@@ -37,6 +38,9 @@ export const startFirehook = (env: Record<string, string>): Running => {
       HOME: process.env["HOME"] ?? "/tmp",
       LOG_FORMAT: "json",
       API_PORT: "0",
+      // one process unless a test is about the production default (DELIVERY_PROCESS=auto: a
+      // delivery child on two or more cores), which it then names: half the processes per test
+      DELIVERY_PROCESS: "inline",
       ...env
     },
     stdio: ["ignore", "pipe", "pipe"]

@@ -45,6 +45,21 @@ export const memoryStack = (
     Layer.provideMerge(Config.layerValue(options.config ?? testConfig(options.env)))
   )
 
+/** The matching pipeline's services on PostgreSQL, over a database and a configuration given. */
+export const sqlServices = (outbox?: Layer.Layer<Outbox.OutboxStore, never, SqlClient.SqlClient>) =>
+  Processor.layer().pipe(
+    Layer.provideMerge(Registry.layer),
+    Layer.provideMerge(
+      Layer.mergeAll(
+        RegistryStore.layerSql,
+        PriorRefsStore.layerSql,
+        outbox ?? Outbox.layerSql,
+        CursorStore.layerSql,
+        Tx.layerSql
+      )
+    )
+  )
+
 /** The same on a fresh migrated PostgreSQL database (optionally with another outbox store). */
 export const sqlStack = (
   options: {
@@ -52,17 +67,7 @@ export const sqlStack = (
     readonly outbox?: Layer.Layer<Outbox.OutboxStore, never, SqlClient.SqlClient>
   } = {}
 ) =>
-  Processor.layer().pipe(
-    Layer.provideMerge(Registry.layer),
-    Layer.provideMerge(
-      Layer.mergeAll(
-        RegistryStore.layerSql,
-        PriorRefsStore.layerSql,
-        options.outbox ?? Outbox.layerSql,
-        CursorStore.layerSql,
-        Tx.layerSql
-      )
-    ),
+  sqlServices(options.outbox).pipe(
     Layer.provideMerge(Layer.mergeAll(Db.layer(), Config.layerValue(testConfig(options.env))))
   )
 

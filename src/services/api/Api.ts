@@ -15,15 +15,20 @@ import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import type { SqlClient } from "@effect/sql"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
 import { Secrets } from "../delivery/Secrets.js"
+import * as Outbox from "../matching/Outbox.js"
+import type { OutboxStore } from "../matching/Outbox.js"
+import * as Operator from "../operator/Operator.js"
 import * as WebhookState from "../operator/WebhookState.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import * as IdentityService from "../reconciliation/Identity.js"
+import * as RegistryStore from "../registry/RegistryStore.js"
 import * as RejectedStoreModule from "../registry/RejectedStore.js"
 import type { RejectedStore } from "../registry/RejectedStore.js"
 import { didWebOf } from "./ApiConfig.js"
+import { DELIVERY_METHODS } from "./DeliveryMethods.js"
 import type { ApiMethod, MethodTable } from "./Methods.js"
 import { type ApiLimits, DEFAULT_LIMITS, makeBuckets } from "./RateLimiter.js"
 import { SECRET_METHODS } from "./SecretMethods.js"
@@ -31,21 +36,39 @@ import * as ServiceAuth from "./ServiceAuth.js"
 import { WEBHOOK_METHODS } from "./WebhookMethods.js"
 import * as Xrpc from "./Xrpc.js"
 
-/** The methods firehook serves today (SPEC §8.4; the §8.5 methods join this table). */
+/** What the served methods need (their production drivers: {@link methodsLayerSql}). */
+export type ServedRequirements =
+  | Secrets
+  | Operator.Operator
+  | OutboxStore
+  | RegistryStore.RegistryStore
+  | WebhookState.WebhookStateStore
+  | RejectedStore
+  | FirehookConfig
+
+/** The methods firehook serves today (SPEC §8.4, §8.5). */
 export const SERVED_METHODS: MethodTable<ServedRequirements> = [
   ...SECRET_METHODS,
+  ...DELIVERY_METHODS,
   ...WEBHOOK_METHODS
 ]
 
-/** What the served methods need. */
-export type ServedRequirements = Secrets | WebhookState.WebhookStateStore | RejectedStore | FirehookConfig
-
-/** The stores the served methods use, on PostgreSQL (the configuration comes from the caller). */
-export const methodStoresSql: Layer.Layer<
+/**
+ * The stores the served methods use, on PostgreSQL (the secret store's keyring from the
+ * configuration, which the caller provides).
+ */
+export const methodsLayerSql: Layer.Layer<
   Exclude<ServedRequirements, FirehookConfig>,
   never,
-  SqlClient.SqlClient | FirehookConfig
-> = Layer.mergeAll(Secrets.layerSql, WebhookState.layerSql, RejectedStoreModule.layerSql)
+  FirehookConfig | SqlClient.SqlClient
+> = Layer.mergeAll(
+  Secrets.layerSql,
+  Operator.layer,
+  Outbox.layerSql,
+  RegistryStore.layerSql,
+  WebhookState.layerSql,
+  RejectedStoreModule.layerSql
+)
 
 export interface ApiStats {
   readonly configured: boolean
@@ -139,7 +162,7 @@ export const layerSql = (
   layer(SERVED_METHODS, options).pipe(
     Layer.provide(
       Layer.mergeAll(
-        methodStoresSql,
+        methodsLayerSql,
         IdentityService.layer().pipe(
           Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs: [] }))
         )

@@ -45,7 +45,7 @@ export const dispatch = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number): 
   state.waiting.push(entry)
 }
 
-/** What the next claim may take: room per origin held, and the origins that are full. */
+/** What the next claim may take: room per origin held, the origins that are full, and those open. */
 export const claimOptions = (env: WorkerEnv) => {
   const rooms: Array<{ origin: string; room: number }> = []
   const fullOrigins: Array<string> = []
@@ -54,7 +54,15 @@ export const claimOptions = (env: WorkerEnv) => {
     if (room > 0) rooms.push({ origin, room })
     else fullOrigins.push(origin)
   }
-  return { rooms, fullOrigins, defaultRoom: env.perOriginHold, withSubscriptions: env.snapshotMaxAgeMs > 0 }
+  // open circuits (and outstanding probes): none of their rows is claimed (Parking.ts moves them)
+  const openOrigins = env.breaker.held(env.clock.unsafeCurrentTimeMillis()).map((h) => h.origin)
+  return {
+    rooms,
+    fullOrigins,
+    openOrigins,
+    defaultRoom: env.perOriginHold,
+    withSubscriptions: env.snapshotMaxAgeMs > 0
+  }
 }
 
 /** Hands a row back at once (no attempt spent). */

@@ -23,6 +23,7 @@ import {
   type SubscriptionSnapshot
 } from "./DeliveryStore.js"
 import type { DeliveryInput, OutgoingRequest, Transform } from "./Destinations.js"
+import { nudge } from "./Parking.js"
 import { Cancel, Defer, Deliver, Fail, failure, Park, Send, type Settled, type Settlement } from "./Settlement.js"
 import {
   logRecurring,
@@ -347,6 +348,7 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
     const { origin, request } = prepared
     const breaker = env.breaker
     const admission = breaker.canAttempt(origin, startedAtMs)
+    if (admission === "probe") nudge(env, origin, startedAtMs, admission)
     const deferred = admit(admission, admission === "open" ? breaker.get(origin)?.openUntilMs ?? 0 : 0, startedAtMs)
     if (deferred !== undefined) {
       guard.settling = true
@@ -364,6 +366,7 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
     guard.settling = true
     const settled = judge(response, request, startedAtMs, sendEnd)
     report(breaker, origin, settled, sendEnd)
+    nudge(env, origin, sendEnd)
     updateOpenCircuits(env)
     return settled
   })

@@ -4,7 +4,7 @@
  * - closed: attempts go through; transient failures are counted. `threshold` consecutive transient
  *   failures (default 20) open the circuit for `cooldownMs` (default 60 s).
  * - open: `canAttempt` answers `"open"` until the cool-down ends; due rows are rescheduled without an
- *   attempt.
+ *   attempt (in bulk, by the worker's mover: Parking.ts, from `held`).
  * - half-open: the first `canAttempt` after the cool-down answers `"probe"` (exactly one caller gets it);
  *   everyone else still sees `"open"`. The probe's success closes the circuit (and resets the cool-down);
  *   its transient failure re-opens it with the cool-down doubled, up to `maxCooldownMs` (default 30 min).
@@ -77,6 +77,12 @@ export interface CircuitBreakerStats {
   readonly halfOpen: number
 }
 
+/** An origin whose rows are kept out of claims until `untilMs` (epoch ms). */
+export interface HeldOrigin {
+  readonly origin: string
+  readonly untilMs: number
+}
+
 /** The breaker. */
 export interface CircuitBreaker {
   readonly canAttempt: (origin: string, nowMs: number) => Admission
@@ -87,6 +93,12 @@ export interface CircuitBreaker {
   readonly stats: (nowMs: number) => CircuitBreakerStats
   /** The state of one origin (undefined = closed with no recorded failures). */
   readonly get: (origin: string) => OriginState | undefined
+  /**
+   * The origins none of whose rows may be attempted now, with until when: open (cooling down: the
+   * cool-down's end) and half-open with a probe outstanding (the probe's deadline). A half-open
+   * origin waiting for its probe is not listed (its next row is the probe). At most `maxOrigins`.
+   */
+  readonly held: (nowMs: number) => ReadonlyArray<HeldOrigin>
 }
 
 interface MutableState {
@@ -179,6 +191,17 @@ export const makeCircuitBreaker = (config: Partial<CircuitBreakerConfig> = {}): 
 
   const snapshot = (s: MutableState): OriginState => ({ ...s })
 
+  const held = (nowMs: number): ReadonlyArray<HeldOrigin> => {
+    const out: Array<HeldOrigin> = []
+    for (const [origin, s] of tripped) {
+      if (nowMs < s.openUntilMs) out.push({ origin, untilMs: s.openUntilMs })
+      else if (s.probing && nowMs - s.probeStartedMs < cfg.probeTimeoutMs) {
+        out.push({ origin, untilMs: s.probeStartedMs + cfg.probeTimeoutMs })
+      }
+    }
+    return out
+  }
+
   return {
     canAttempt,
     onSuccess,
@@ -188,6 +211,7 @@ export const makeCircuitBreaker = (config: Partial<CircuitBreakerConfig> = {}): 
     get: (origin) => {
       const s = lookup(origin)
       return s === undefined ? undefined : snapshot(s)
-    }
+    },
+    held
   }
 }

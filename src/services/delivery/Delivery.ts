@@ -32,7 +32,9 @@
  *    never sent unsigned);
  * 3. the destination transform (`null` → delivered without a request; failure → `transform_failed`);
  * 4. the origin's circuit breaker (open → defer without an attempt; half-open → one probe), then the
- *    SSRF-safe transport;
+ *    SSRF-safe transport. While an origin's circuit is open, the mover (Parking.ts) moves its
+ *    pending rows to the end of the cool-down in bulk and the claim skips it, so an open origin's
+ *    backlog costs the other origins nothing;
  * 5. classification (§4.3) and the settle. Terminal outcomes write an audit row in the same
  *    statement and are published.
  *
@@ -213,6 +215,7 @@ export const make = (
       clock: yield* Effect.clock,
       log: RateLimitedLog.make({ everyMs: LOG_EVERY_MS }),
       wake: yield* Queue.sliding<void>(1),
+      parkWake: yield* Queue.sliding<void>(1),
       rows,
       runInRows: yield* FiberSet.runtime(rows)<never>(),
       // One span per attempt (like `Effect.fn("Delivery.attempt")`, without its per-call stack

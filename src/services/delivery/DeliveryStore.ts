@@ -24,6 +24,11 @@
  * skipped while reading candidates, within a bounded read of `scanMax` rows). Rows over an origin's
  * room are left pending for later claims, so one busy origin cannot fill a worker's pool.
  *
+ * Open circuits (SPEC §4.3). An origin whose circuit is open costs the others nothing: the worker
+ * moves its pending rows past the cool-down in bulk (`park`, an index range scan on
+ * `outbox_origin_due`), so they never fill the claim's bounded candidate window, and the claim skips
+ * the origins it is told are open (`openOrigins`) for the rows that became due since.
+ *
  * The claim also returns, per row, the subscription and owner state it read in the same statement
  * ({@link SubscriptionSnapshot}), so a worker that attempts the row right away needs no extra
  * round trip to check that the subscription is unchanged.
@@ -101,6 +106,12 @@ export interface ClaimOptions {
   readonly rooms?: ReadonlyArray<{ readonly origin: string; readonly room: number }>
   /** origins the worker may take no more rows of */
   readonly fullOrigins?: ReadonlyArray<string>
+  /**
+   * origins whose circuit is open (or whose probe is outstanding): none of their rows is taken.
+   * Matched against the stored `outbox.origin` only: rows enqueued before it existed (NULL) are
+   * claimed as before. Their pending rows are moved out of the due set in bulk by `park`.
+   */
+  readonly openOrigins?: ReadonlyArray<string>
   /** how many rows of an origin not listed above may be taken (default: no limit) */
   readonly defaultRoom?: number
   /**
@@ -146,6 +157,12 @@ export interface FailedAttempt {
   readonly errorKind: string
   readonly httpStatus: number | undefined
   readonly attempt?: AttemptRecord | undefined
+}
+
+/** An origin whose pending rows are (to be) parked until `untilMs` (epoch ms). */
+export interface ParkedOrigin {
+  readonly origin: string
+  readonly untilMs: number
 }
 
 export interface DeliveryCounts {
@@ -196,6 +213,21 @@ export interface DeliveryStoreShape {
   ) => Effect.Effect<boolean, StoreError>
   /** → `pending` again after `delayMs` WITHOUT spending an attempt (owner scanning, circuit open, release). */
   readonly defer: (deliveryId: string, token: string, delayMs: number) => Effect.Effect<boolean, StoreError>
+  /**
+   * Reschedules, without an attempt and in ONE statement, the pending rows of each origin whose
+   * `next_attempt_at` is before the origin's `untilMs` (epoch ms, the worker's clock) to exactly
+   * `untilMs` (SPEC §4.3: an open circuit's rows go to the end of its cool-down in bulk, never
+   * claimed and deferred row by row). At most {@link PARK_CHUNK} rows per call; answers how many
+   * moved (the caller repeats while a call moves a whole chunk). Idempotent: a row already at or
+   * after `untilMs` is not touched. Rows with no stored origin (enqueued before 0002) are not moved.
+   */
+  readonly park: (origins: ReadonlyArray<ParkedOrigin>) => Effect.Effect<number, StoreError>
+  /**
+   * Undoes `park` for origins that recovered before `untilMs` (a probe or a late attempt
+   * succeeded): their pending rows at exactly `untilMs` are due now. At most {@link PARK_CHUNK}
+   * rows per call; answers how many.
+   */
+  readonly unpark: (origins: ReadonlyArray<ParkedOrigin>) => Effect.Effect<number, StoreError>
   /** → `dead_letter` (+ audit). */
   readonly deadLetter: (deliveryId: string, token: string, failure: FailedAttempt) => Effect.Effect<boolean, StoreError>
   /**
@@ -203,7 +235,7 @@ export interface DeliveryStoreShape {
    * `webhook_disabled`, no attempt spent (+ audit), while the webhook has fewer than 10,000 parked
    * rows; beyond, → `cancelled` (dropped, counted). Answers whether it applied.
    */
-  readonly park: (deliveryId: string, token: string) => Effect.Effect<boolean, StoreError>
+  readonly parkDisabled: (deliveryId: string, token: string) => Effect.Effect<boolean, StoreError>
   /** → `cancelled` with `reason` as `last_error_kind` (+ audit). */
   readonly cancel: (deliveryId: string, token: string, reason: string) => Effect.Effect<boolean, StoreError>
   /**
@@ -245,6 +277,10 @@ export const CANDIDATE_FACTOR = 2
 export const CANDIDATE_MAX = 2000
 /** Rows read at most, per branch, while skipping the rows of full origins. */
 export const SCAN_MAX = 4000
+/** Rows one `park` / `unpark` statement moves at most. */
+export const PARK_CHUNK = 10_000
+/** Origins one `park` / `unpark` statement covers at most (the caller passes the rest next time). */
+export const PARK_ORIGINS_MAX = 1_000
 /** Settles applied by one statement at most. */
 export const SETTLE_BATCH_MAX = 256
 /**

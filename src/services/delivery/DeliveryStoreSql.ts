@@ -1,7 +1,7 @@
 /**
  * The PostgreSQL driver of the `DeliveryStore` port (see DeliveryStore.ts for the leases, the
  * per-origin fairness and the settling it implements): its statements, each a module-level
- * function of the `SqlClient` (the lease statements in LeaseSql.ts), and `makeSql`, which holds the claim connection
+ * function of the `SqlClient` (the lease statements in LeaseSql.ts, the park statements in ParkSql.ts), and `makeSql`, which holds the claim connection
  * (ClaimConnection.ts) and the settle batcher (SettleBatcher.ts). Reached
  * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
  * limits only when it runs.
@@ -9,10 +9,9 @@
 import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Option, type Scope, Stream } from "effect"
-import type { Operation } from "../../schemas/RecordEvent.js"
 import { ORIGIN_SQL } from "../matching/Origin.js"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
-import type { TerminalStatus } from "../matching/OutboxStatus.js"
+import type { OutboxOperation, TerminalStatus } from "../matching/OutboxStatus.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { codeOr } from "../platform/ErrorCode.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
@@ -34,6 +33,7 @@ import {
   type DeliveryStoreShape,
   excerpt,
   type FailedAttempt,
+  PARK_ORIGINS_MAX,
   RESPONSE_EXCERPT_BYTES,
   SCAN_MAX,
   STATEMENT_TIMEOUT,
@@ -41,6 +41,7 @@ import {
   type SubscriptionSnapshot
 } from "./DeliveryStore.js"
 import { heartbeatManyStatement, heartbeatStatement, reclaimStatement } from "./LeaseSql.js"
+import { parkStatement, unparkStatement } from "./ParkSql.js"
 import { makeSettleBatcher } from "./SettleBatcher.js"
 import { makeRecorder, PARK_MAX, PARKED_KIND, type SettledRow } from "./WebhookHealthSql.js"
 
@@ -114,7 +115,8 @@ interface Settle {
   readonly attempt: AttemptRecord | undefined
 }
 
-const toOperation = (s: string | null): Operation => (s === "update" || s === "delete" ? s : "create")
+const toOperation = (s: string | null): OutboxOperation =>
+  s === "update" || s === "delete" || s === "test" ? s : "create"
 
 type SnapshotDbRow = Pick<
   ClaimDbRow,
@@ -229,6 +231,8 @@ interface ClaimPlan {
   readonly scan: number
   readonly rooms: ReadonlyArray<{ readonly origin: string; readonly room: number }>
   readonly full: ReadonlyArray<string>
+  /** origins whose circuit is open: none of their rows (stored origin) is read */
+  readonly open: ReadonlyArray<string>
   readonly defaultRoom: number
   readonly lease: number
   readonly options: ClaimOptions
@@ -241,25 +245,28 @@ const claimPlan = (workerId: string, limit: number, leaseMs: number, options: Cl
   const scan = Math.min(CANDIDATE_MAX, n * CANDIDATE_FACTOR)
   const rooms = (options.rooms ?? []).filter((r) => r.room > 0)
   const full = options.fullOrigins ?? []
+  const open = (options.openOrigins ?? []).slice(0, PARK_ORIGINS_MAX)
   const defaultRoom = clampInt(options.defaultRoom ?? CLAIM_MAX, 0, CLAIM_MAX)
   const lease = clampInt(leaseMs, 1, 24 * 3_600_000)
-  return { workerId, n, scan, rooms, full, defaultRoom, lease, options }
+  return { workerId, n, scan, rooms, full, open, defaultRoom, lease, options }
 }
 
 const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
   sql<ClaimDbRow>`
       WITH cand AS (
         (SELECT p.delivery_id, p.next_attempt_at, p.origin FROM (
-           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin FROM outbox
+           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin, origin AS stored FROM outbox
            WHERE ${f.duePending}
            ORDER BY next_attempt_at LIMIT ${SCAN_MAX}
-         ) p WHERE p.origin <> ALL(${p.full}::text[]) LIMIT ${p.scan})
+         ) p WHERE p.origin <> ALL(${p.full}::text[]) AND (p.stored IS NULL OR p.stored <> ALL(${p.open}::text[]))
+         LIMIT ${p.scan})
         UNION ALL
         (SELECT l.delivery_id, l.next_attempt_at, l.origin FROM (
-           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin FROM outbox
+           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin, origin AS stored FROM outbox
            WHERE status = 'leased' AND leased_until < now()
            ORDER BY leased_until LIMIT ${SCAN_MAX}
-         ) l WHERE l.origin <> ALL(${p.full}::text[]) LIMIT ${p.scan})
+         ) l WHERE l.origin <> ALL(${p.full}::text[]) AND (l.stored IS NULL OR l.stored <> ALL(${p.open}::text[]))
+         LIMIT ${p.scan})
       ),
       ranked AS (
         SELECT c.delivery_id, c.next_attempt_at, c.origin,
@@ -577,9 +584,11 @@ export const makeSql: Effect.Effect<
     markDelivered: (deliveryId, token, o) => settle(delivered(deliveryId, token, o)),
     reschedule: (deliveryId, token, r) => settle(rescheduled(deliveryId, token, r)),
     defer: (deliveryId, token, ms) => settle(deferred(deliveryId, token, ms)),
+    park: (origins) => parkStatement(sql, origins),
+    unpark: (origins) => unparkStatement(sql, origins),
     deadLetter: (deliveryId, token, failure) => settle(deadLettered(deliveryId, token, failure)),
     cancel: (deliveryId, token, reason) => settle(cancelled(deliveryId, token, reason)),
-    park: (deliveryId, token) => settle(parked(deliveryId, token)),
+    parkDisabled: (deliveryId, token) => settle(parked(deliveryId, token)),
     counts: countsStatement(sql),
     wakeups: pg.listen(NOTIFY_CHANNEL).pipe(
       Stream.map((): void => undefined),

@@ -15,6 +15,11 @@
  * The summary is `<operation> <collection> \`at://<did>/<collection>/<rkey>\`` (the AT-URI in inline
  * code so rkey characters such as `_` or `~` are not read as markdown).
  *
+ * A test delivery (operation `test`, SPEC §8.5) is the same request; the `webhook` preset adds
+ * `X-Firehook-Test: 1`. Slack and Discord get their usual one-line summary, which then reads
+ * ``test place.wisp.v2.wh `at://<owner>/place.wisp.v2.wh/<rkey>` ``: the owner sees the message
+ * arrive in the channel, which is what a test of those destinations is for.
+ *
  * Decision: Slack and Discord requests carry `Content-Type`, `User-Agent` and `Idempotency-Key` but no
  * signature and no `X-Firehook-*` headers: those receivers authenticate by the secret URL and ignore
  * extra headers, and their bodies are not the stored payload anyway.
@@ -22,6 +27,7 @@
  * @since 0.1.0
  */
 import { Context, Either, Layer } from "effect"
+import type { OutboxOperation } from "../matching/OutboxStatus.js"
 import { signatureHeaders } from "./Signer.js"
 
 /** Everything a transform may read. */
@@ -34,7 +40,8 @@ export interface DeliveryInput {
     readonly did: string
     readonly collection: string
     readonly rkey: string
-    readonly operation: "create" | "update" | "delete"
+    /** `test`: an owner's test delivery (SPEC §8.5) */
+    readonly operation: OutboxOperation
     readonly cid?: string
     readonly timestamp: string
   }
@@ -137,7 +144,8 @@ export const webhookPreset: Transform = (input) =>
           body: input.body
         })),
       "X-Firehook-Webhook": webhookUri(input.subscription),
-      "X-Firehook-Match": input.subscription.match
+      "X-Firehook-Match": input.subscription.match,
+      ...(input.event.operation === "test" ? { "X-Firehook-Test": "1" } : {})
     },
     body: input.body
   })

@@ -35,7 +35,7 @@ import {
 import type { Scope } from "effect"
 import * as Net from "node:net"
 import * as Tls from "node:tls"
-import type { TerminalStatus } from "../matching/OutboxStatus.js"
+import type { OutboxOperation, TerminalStatus } from "../matching/OutboxStatus.js"
 import * as Backoff from "../platform/Backoff.js"
 import * as ErrorCode from "../platform/ErrorCode.js"
 import { Health, statsSection } from "../platform/Health.js"
@@ -55,7 +55,7 @@ export interface AuditEvent {
   readonly did: string
   readonly collection: string
   readonly rkey: string
-  readonly operation: "create" | "update" | "delete"
+  readonly operation: OutboxOperation
   readonly status: TerminalStatus
   readonly httpStatus: number | null
   readonly errorKind: string | null

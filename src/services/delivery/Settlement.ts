@@ -134,7 +134,7 @@ const cancelRow = (env: WorkerEnv, row: ClaimedRow, reason: string) =>
 
 const parkRow = (env: WorkerEnv, row: ClaimedRow) =>
   Effect.gen(function*() {
-    const applied = yield* guarded(env, env.store.park(row.deliveryId, row.leaseToken))
+    const applied = yield* guarded(env, env.store.parkDisabled(row.deliveryId, row.leaseToken))
     countNotAttempted(PARKED_KIND)
     if (applied) yield* publish(env, row, "dead_letter", undefined, PARKED_KIND)
   })

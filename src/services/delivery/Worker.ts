@@ -7,6 +7,9 @@
  * timer (fallback), at once again after a full batch, and when an attempt finishes while more rows
  * were left due. It only claims as many rows as it can hold (see Admission).
  *
+ * Open circuits. The mover (Parking.ts) moves an open origin's pending rows past its cool-down in
+ * bulk, and the claim skips open origins, so their backlog never stalls the others (SPEC §4.3).
+ *
  * Reclaim. Every 2 s the worker confirms its liveness mark and frees the rows of workers whose mark
  * is gone (dead processes), so they are claimed within seconds (see DeliveryStore).
  *
@@ -25,6 +28,7 @@ import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
 import * as CountsCache from "./CountsCache.js"
 import { RECLAIM_INTERVAL_MS, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
 import { heartbeatLoop } from "./Leases.js"
+import { parkLoop } from "./Parking.js"
 import { logRecurring, logStoreError } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
@@ -47,6 +51,10 @@ export interface DeliveryStats {
   readonly held: number
   readonly inFlight: number
   readonly openCircuits: number
+  /** rows the mover rescheduled in bulk (open circuits) since start */
+  readonly parkedRows: number
+  /** parked rows made due again early (their origin recovered before the time they were parked to) */
+  readonly unparkedRows: number
   readonly claims: number
   /** total time spent in claim statements, ms */
   readonly claimMs: number
@@ -194,6 +202,7 @@ export const start = (
     const loopFiber = yield* Effect.forkScoped(claimLoop(env))
     yield* Effect.forkScoped(heartbeatLoop(env))
     yield* Effect.forkScoped(reclaimLoop(env))
+    yield* Effect.forkScoped(parkLoop(env))
     const listenFiber = options.listen ? yield* Effect.forkScoped(listenLoop(env, options.listened)) : undefined
     // runs first when the scope closes (before the fibers above are interrupted): nothing new
     // starts, and rows that have not started are handed back
@@ -246,6 +255,8 @@ export const stats = (env: WorkerEnv): Effect.Effect<DeliveryStats> =>
       held: state.held,
       inFlight: state.inFlight,
       openCircuits: env.breaker.openCount(now),
+      parkedRows: state.parkedRows,
+      unparkedRows: state.unparkedRows,
       claims: state.claims,
       claimMs: state.claimMs,
       attempts: state.attempts

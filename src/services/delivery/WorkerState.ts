@@ -62,6 +62,12 @@ export interface WorkerState {
   readonly entries: Map<string, RowEntry>
   /** held rows not started yet, in claim order */
   readonly waiting: Array<RowEntry>
+  /** origins whose pending rows the mover parked, with the time they were parked to (Parking.ts) */
+  readonly parked: Map<string, number>
+  /** rows the mover rescheduled in bulk since start */
+  parkedRows: number
+  /** parked rows the mover made due again because their origin recovered early */
+  unparkedRows: number
 }
 
 export const makeState = (): WorkerState => ({
@@ -78,7 +84,10 @@ export const makeState = (): WorkerState => ({
   attempts: 0,
   origins: new Map(),
   entries: new Map(),
-  waiting: []
+  waiting: [],
+  parked: new Map(),
+  parkedRows: 0,
+  unparkedRows: 0
 })
 
 /** The services, settings and state of one worker. */
@@ -123,6 +132,8 @@ export interface WorkerEnv {
   readonly log: RateLimitedLog
   /** wakes the claim loop */
   readonly wake: Queue.Queue<void>
+  /** wakes the mover (Parking.ts) */
+  readonly parkWake: Queue.Queue<void>
   /** the fibers of started rows (and rows being handed back) */
   readonly rows: FiberSet.FiberSet<void, never>
   /** forks a row's fiber into `rows` synchronously (no Effect steps in the caller) */

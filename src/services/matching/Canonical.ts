@@ -13,6 +13,7 @@
 import { Either } from "effect"
 import { createHash } from "node:crypto"
 import type { Operation, RecordEvent } from "../../schemas/RecordEvent.js"
+import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import { utf8Length } from "./References.js"
 
 /** Bounds of a canonical JSON value (SPEC §3.5). */
@@ -165,7 +166,12 @@ const canonicalFlat = (o: Readonly<Record<string, string | number | boolean | nu
   return out + "}"
 }
 
-const idFields = (e: RecordEvent): Record<string, string | number | null> => ({
+/** What the ids hash: a record event's identity (or a test delivery's, {@link buildTestPayload}). */
+type IdSource = Pick<RecordEvent, "relay" | "timeUs" | "rev" | "did" | "collection" | "rkey" | "cid"> & {
+  readonly operation: string
+}
+
+const idFields = (e: IdSource): Record<string, string | number | null> => ({
   version: 1,
   relay: e.relay,
   time: e.timeUs,
@@ -185,7 +191,9 @@ const idFields = (e: RecordEvent): Record<string, string | number | null> => ({
  *
  * @since 0.1.0
  */
-export const eventId = (e: RecordEvent): string => "whe_v1_" + sha256Hex(canonicalFlat(idFields(e)))
+export const eventId = (e: RecordEvent): string => eventIdOf(e)
+
+const eventIdOf = (e: IdSource): string => "whe_v1_" + sha256Hex(canonicalFlat(idFields(e)))
 
 /**
  * The delivery id: `whd_v1_` + sha256 of the event id's object plus `ownerDid` and `webhookRkey`
@@ -193,7 +201,10 @@ export const eventId = (e: RecordEvent): string => "whe_v1_" + sha256Hex(canonic
  *
  * @since 0.1.0
  */
-export const deliveryId = (e: RecordEvent, ownerDid: string, webhookRkey: string): string => {
+export const deliveryId = (e: RecordEvent, ownerDid: string, webhookRkey: string): string =>
+  deliveryIdOf(e, ownerDid, webhookRkey)
+
+const deliveryIdOf = (e: IdSource, ownerDid: string, webhookRkey: string): string => {
   const o = idFields(e)
   o["ownerDid"] = ownerDid
   o["webhookRkey"] = webhookRkey
@@ -296,4 +307,48 @@ export const buildPayload = (
     body["record"] = record
   }
   return Either.map(canonicalJson(body), (json): Payload => ({ eventId: id, body: json }))
+}
+
+/** The relay a test delivery's ids name (no relay produced it). */
+export const TEST_RELAY = "firehook:test"
+
+export interface TestEvent {
+  readonly ownerDid: string
+  readonly rkey: string
+  /** the send time in microseconds (the payload's `timestamp`) */
+  readonly timeUs: number
+  /** a random value that makes each test delivery's ids new */
+  readonly nonce: string
+}
+
+/**
+ * An owner's test delivery (SPEC §8.5 `dev.firehook.webhook.test`): the canonical body of a real
+ * delivery with `event: "test"` and `record: null`, about the webhook record itself:
+ * `{collection: "place.wisp.v2.wh", did: <owner>, event: "test", id, record: null, rkey: <webhook rkey>,
+ * timestamp}` (no `cid`). Its ids follow the formulas of {@link eventId} / {@link deliveryId} with
+ * `relay` {@link TEST_RELAY}, `operation` `test` and the nonce as `rev`, so every test is a new
+ * delivery and never collides with a record event's.
+ */
+export const buildTestPayload = (
+  t: TestEvent
+): Either.Either<Payload & { readonly deliveryId: string }, CanonicalError> => {
+  const timestamp = formatTimestamp(t.timeUs)
+  if (timestamp === undefined) return Either.left("payload_invalid")
+  const source: IdSource = {
+    relay: TEST_RELAY,
+    timeUs: t.timeUs,
+    rev: t.nonce,
+    operation: "test",
+    did: t.ownerDid,
+    collection: WH_COLLECTION,
+    rkey: t.rkey,
+    cid: undefined
+  }
+  const id = eventIdOf(source)
+  const body = { collection: WH_COLLECTION, did: t.ownerDid, event: "test", id, record: null, rkey: t.rkey, timestamp }
+  return Either.map(canonicalJson(body), (json) => ({
+    eventId: id,
+    body: json,
+    deliveryId: deliveryIdOf(source, t.ownerDid, t.rkey)
+  }))
 }

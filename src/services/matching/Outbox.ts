@@ -5,13 +5,14 @@
  * transaction that wakes the delivery workers on commit.
  */
 import { Context, Effect, Layer, Metric } from "effect"
-import type { Operation, RecordEvent } from "../../schemas/RecordEvent.js"
+import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import type * as CursorStore from "../intake/CursorStore.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { deliveryId, type Payload, sha256Hex } from "./Canonical.js"
 import type { MatchResult } from "./Match.js"
 import { layerState, makeMemory } from "./OutboxMemory.js"
 import { makeSql } from "./OutboxSql.js"
+import type { OutboxOperation } from "./OutboxStatus.js"
 import type * as PriorRefsStore from "./PriorRefsStore.js"
 import type { SigningMode } from "./WebhookIndex.js"
 
@@ -29,7 +30,8 @@ export interface OutboxRow {
   readonly eventDid: string
   readonly eventCollection: string
   readonly eventRkey: string
-  readonly eventOperation: Operation
+  /** `test` only for an owner's test delivery (never from a record event) */
+  readonly eventOperation: OutboxOperation
   readonly targetUrl: string
   readonly signingMode: SigningMode
   readonly secretId: string | undefined

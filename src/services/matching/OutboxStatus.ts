@@ -11,3 +11,10 @@ export type TerminalStatus = (typeof TERMINAL_STATUSES)[number]
 /** Every status of an outbox row. */
 export const DELIVERY_STATUSES = ["pending", "leased", ...TERMINAL_STATUSES] as const
 export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number]
+
+/**
+ * The `event_operation` of an outbox row: a record operation, or `test` (an owner's test delivery,
+ * SPEC §8.5 `dev.firehook.webhook.test`, which no record event produces).
+ */
+export const OUTBOX_OPERATIONS = ["create", "update", "delete", "test"] as const
+export type OutboxOperation = (typeof OUTBOX_OPERATIONS)[number]

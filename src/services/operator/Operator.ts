@@ -21,6 +21,10 @@
  *   active as enqueued (missing, inactive, disabled, gone, or another URL / fingerprint): the worker
  *   cancels those without a request (SPEC §4.2). They are replayed all the same.
  * - `show` returns the newest 1,000 attempts (in attempt order) and how many older ones it left out.
+ * - Owner-limited variants (the owners' API, SPEC §8.5) are the same statements with
+ *   `owner_did = <caller>` added: `show` / `redeliver` with `{owner}` treat another owner's id
+ *   exactly as an unknown one; `listPage` pages newest first by `(created_at, delivery_id)`;
+ *   `replayDeadLetters` with `{max}` stops after that many rows and says whether more were left.
  * - `status` is counts only (no DIDs, URLs or errors).
  *
  * Rows carry the target URL because operators own the database; the CLI hides it unless asked.
@@ -32,6 +36,7 @@ import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"
 import type { OutboxRow } from "../matching/Outbox.js"
 import { notifyStatement } from "../matching/OutboxNotify.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
+import { type AttemptDbRow, opt, optDate, type OutboxDbRow, toAttempt, toDelivery } from "./OperatorRows.js"
 
 export {
   DELIVERY_STATUSES,
@@ -77,6 +82,38 @@ export interface ListFilter {
   readonly until?: Date
   /** 1..1,000, default 100 */
   readonly limit?: number
+  /** only rows strictly older than this key (the `next` of the previous page) */
+  readonly before?: ListKey
+}
+
+/**
+ * The position of a row in the newest-first order: its `created_at` as the database writes it
+ * (full microsecond precision, read back with `::timestamptz`) and its delivery id.
+ */
+export interface ListKey {
+  readonly createdAt: string
+  readonly deliveryId: string
+}
+
+/** One page of {@link OperatorShape.listPage}: `next` is set when older rows remain. */
+export interface DeliveryPage {
+  readonly deliveries: ReadonlyArray<Delivery>
+  readonly next: ListKey | undefined
+}
+
+/** Limits the read or action to one owner's rows (another owner's id is then unknown). */
+export interface OwnerScope {
+  readonly owner?: string
+}
+
+export interface ShowOptions extends OwnerScope {
+  /** attempts shown at most (1..{@link MAX_ATTEMPTS_SHOWN}; default {@link MAX_ATTEMPTS_SHOWN}) */
+  readonly maxAttempts?: number
+}
+
+export interface ReplayOptions {
+  /** dead letters replayed at most by this call (default: all, within the statement bound) */
+  readonly max?: number
 }
 
 export interface ReplayFilter {
@@ -117,6 +154,8 @@ export interface DeliveryDetail {
   readonly attempts: ReadonlyArray<Attempt>
   /** attempts older than those in `attempts`, left out */
   readonly olderAttemptsNotShown: number
+  /** the stored payload body, while it is retained (SPEC §4.9 prunes unreferenced bodies) */
+  readonly body: string | undefined
 }
 
 /** The outcome of `redeliver`. */
@@ -142,6 +181,8 @@ export interface ReplayResult {
   readonly inactiveSubscription: number
   /** false only if the statement bound was reached before the key range was exhausted */
   readonly complete: boolean
+  /** `max` was reached and dead letters of the filter remain (a later call replays them) */
+  readonly truncated: boolean
 }
 
 export interface OperatorOptions {
@@ -159,88 +200,24 @@ export interface StatusSummary {
 
 export interface OperatorShape {
   readonly listDeliveries: (filter: ListFilter) => Effect.Effect<ReadonlyArray<Delivery>, InvalidArgument | StoreError>
-  readonly showDelivery: (deliveryId: string) => Effect.Effect<Option.Option<DeliveryDetail>, StoreError>
-  readonly redeliver: (deliveryId: string) => Effect.Effect<RedeliverResult, StoreError>
+  /** {@link listDeliveries} with the key of the next page. */
+  readonly listPage: (filter: ListFilter) => Effect.Effect<DeliveryPage, InvalidArgument | StoreError>
+  readonly showDelivery: (
+    deliveryId: string,
+    options?: ShowOptions
+  ) => Effect.Effect<Option.Option<DeliveryDetail>, StoreError>
+  readonly redeliver: (deliveryId: string, options?: OwnerScope) => Effect.Effect<RedeliverResult, StoreError>
   /** Dead letters made pending (each counted once). */
-  readonly replayDeadLetters: (filter: ReplayFilter) => Effect.Effect<ReplayResult, InvalidArgument | StoreError>
+  readonly replayDeadLetters: (
+    filter: ReplayFilter,
+    options?: ReplayOptions
+  ) => Effect.Effect<ReplayResult, InvalidArgument | StoreError>
   readonly status: Effect.Effect<StatusSummary, StoreError>
 }
 
 export class Operator extends Context.Tag("firehook/Operator")<Operator, OperatorShape>() {}
 
 // ---------------------------------------------------------------------------------------------
-
-interface OutboxDbRow {
-  readonly delivery_id: string
-  readonly event_id: string
-  readonly owner_did: string
-  readonly webhook_rkey: string
-  readonly match_kind: Delivery["matchKind"]
-  readonly event_did: string
-  readonly event_collection: string
-  readonly event_rkey: string
-  readonly event_operation: Delivery["eventOperation"]
-  readonly target_url: string
-  readonly signing_mode: Delivery["signingMode"]
-  readonly secret_id: string | null
-  readonly status: DeliveryStatus
-  readonly attempt_count: number
-  readonly next_attempt_at: Date
-  readonly leased_until: Date | null
-  readonly last_error_kind: string | null
-  readonly last_http_status: number | null
-  readonly created_at: Date
-  readonly updated_at: Date
-  readonly finished_at: Date | null
-}
-
-interface AttemptDbRow {
-  readonly attempt: number
-  readonly started_at: Date
-  readonly duration_ms: number
-  readonly outcome: string
-  readonly error_kind: string | null
-  readonly http_status: number | null
-  readonly response_excerpt: string | null
-}
-
-const opt = <A>(a: A | null): A | undefined => (a === null ? undefined : a)
-const date = (d: Date | string): Date => (d instanceof Date ? d : new Date(d))
-const optDate = (d: Date | string | null): Date | undefined => (d === null ? undefined : date(d))
-
-const toDelivery = (r: OutboxDbRow): Delivery => ({
-  deliveryId: r.delivery_id,
-  eventId: r.event_id,
-  ownerDid: r.owner_did,
-  webhookRkey: r.webhook_rkey,
-  matchKind: r.match_kind,
-  eventDid: r.event_did,
-  eventCollection: r.event_collection,
-  eventRkey: r.event_rkey,
-  eventOperation: r.event_operation,
-  targetUrl: r.target_url,
-  signingMode: r.signing_mode,
-  secretId: opt(r.secret_id),
-  status: r.status,
-  attemptCount: r.attempt_count,
-  nextAttemptAt: date(r.next_attempt_at),
-  leasedUntil: optDate(r.leased_until),
-  lastErrorKind: opt(r.last_error_kind),
-  lastHttpStatus: opt(r.last_http_status),
-  createdAt: date(r.created_at),
-  updatedAt: date(r.updated_at),
-  finishedAt: optDate(r.finished_at)
-})
-
-const toAttempt = (r: AttemptDbRow): Attempt => ({
-  attempt: r.attempt,
-  startedAt: date(r.started_at),
-  durationMs: r.duration_ms,
-  outcome: r.outcome,
-  errorKind: opt(r.error_kind),
-  httpStatus: opt(r.http_status),
-  responseExcerpt: opt(r.response_excerpt)
-})
 
 const validDate = (d: Date | undefined): boolean => d === undefined || !Number.isNaN(d.getTime())
 
@@ -270,21 +247,61 @@ interface ReplayBatchRow {
 /** Statements per replay at most, given the dead letters counted at its start. */
 const replayStatementBound = (counted: number, batch: number): number => Math.ceil(counted / batch) + 1
 
+/** The WHERE conditions of a filter. */
+const filterConditions = (
+  sql: SqlClient.SqlClient,
+  f: ReplayFilter & { readonly status?: DeliveryStatus }
+): ReadonlyArray<Fragment> => {
+  const out: Array<Fragment> = []
+  if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
+  if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
+  if (f.status !== undefined) out.push(sql`status = ${f.status}`)
+  if (f.errorKind !== undefined) out.push(sql`last_error_kind = ${f.errorKind}`)
+  if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
+  if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
+  return out
+}
+
+/**
+ * One replay statement: the next `take` rows matching `where` in key order, locked (FOR UPDATE, not
+ * SKIP LOCKED: a row that maintenance is pruning right now is waited for and then re-checked),
+ * reset with `reset`, counted, and the key of the last one.
+ */
+const replayBatchStatement = (
+  sql: SqlClient.SqlClient,
+  where: ReadonlyArray<Fragment>,
+  take: number,
+  reset: Fragment,
+  inactive: Fragment
+) =>
+  sql<ReplayBatchRow>`
+  WITH batch AS (
+    SELECT delivery_id, created_at FROM outbox WHERE ${sql.and(where)}
+    ORDER BY created_at, delivery_id
+    LIMIT ${take}
+    FOR UPDATE
+  ),
+  upd AS (
+    UPDATE outbox o SET ${reset}
+    FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
+    RETURNING ${inactive} AS inactive
+  ),
+  tail AS (
+    SELECT created_at::text AS last_created, delivery_id AS last_id FROM batch
+    ORDER BY created_at DESC, delivery_id DESC LIMIT 1
+  )
+  SELECT (SELECT count(*) FROM batch)::int AS selected,
+         (SELECT count(*) FROM upd)::int AS replayed,
+         (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
+         (SELECT last_created FROM tail) AS last_created,
+         (SELECT last_id FROM tail) AS last_id`
+
 export const makeWith = (options: OperatorOptions = {}) =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const replayBatch = Math.min(REPLAY_BATCH, Math.max(1, Math.floor(options.replayBatchSize ?? REPLAY_BATCH)))
 
-    const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }): ReadonlyArray<Fragment> => {
-      const out: Array<Fragment> = []
-      if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
-      if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
-      if (f.status !== undefined) out.push(sql`status = ${f.status}`)
-      if (f.errorKind !== undefined) out.push(sql`last_error_kind = ${f.errorKind}`)
-      if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
-      if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
-      return out
-    }
+    const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }) => filterConditions(sql, f)
 
     const notify = notifyStatement(sql)
 
@@ -298,7 +315,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
       AND w.active AND w.enabled AND w.gone_at IS NULL
       AND w.url = o.target_url AND w.fingerprint = o.fingerprint)`
 
-    const listDeliveries = Effect.fn("Operator.listDeliveries")(function*(filter: ListFilter) {
+    const listPage = Effect.fn("Operator.listPage")(function*(filter: ListFilter) {
       yield* checkFilter(filter)
       const limit = filter.limit ?? DEFAULT_LIST_LIMIT
       if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_LIST_LIMIT) {
@@ -306,15 +323,36 @@ export const makeWith = (options: OperatorOptions = {}) =>
           new InvalidArgument({ field: "limit", rule: `must be an integer in 1..${MAX_LIST_LIMIT}` })
         )
       }
-      const rows = yield* sql<OutboxDbRow>`
-      SELECT * FROM outbox WHERE ${sql.and(conditions(filter))}
-      ORDER BY created_at DESC, delivery_id
-      LIMIT ${limit}`.pipe(storeOp("operator.listDeliveries"))
-      return rows.map(toDelivery)
+      const before = filter.before === undefined
+        ? []
+        : [sql`(created_at, delivery_id) < (${filter.before.createdAt}::timestamptz, ${filter.before.deliveryId})`]
+      // one row more than asked: whether an older page exists
+      const rows = yield* sql<OutboxDbRow & { readonly created_key: string }>`
+      SELECT *, created_at::text AS created_key FROM outbox WHERE ${sql.and([...conditions(filter), ...before])}
+      ORDER BY created_at DESC, delivery_id DESC
+      LIMIT ${limit + 1}`.pipe(storeOp("operator.listDeliveries"))
+      const page = rows.slice(0, limit)
+      const last = page[page.length - 1]
+      const out: DeliveryPage = {
+        deliveries: page.map(toDelivery),
+        next: rows.length > limit && last !== undefined
+          ? { createdAt: last.created_key, deliveryId: last.delivery_id }
+          : undefined
+      }
+      return out
     })
 
-    const showDelivery = Effect.fn("Operator.showDelivery")(function*(deliveryId: string) {
-      const rows = yield* sql<OutboxDbRow>`SELECT * FROM outbox WHERE delivery_id = ${deliveryId}`.pipe(
+    const listDeliveries = (filter: ListFilter) =>
+      Effect.map(listPage(filter), (page) => page.deliveries).pipe(Effect.withSpan("Operator.listDeliveries"))
+
+    const ownedBy = (scope: OwnerScope | undefined): Fragment =>
+      scope?.owner === undefined ? sql`TRUE` : sql`owner_did = ${scope.owner}`
+
+    const showDelivery = Effect.fn("Operator.showDelivery")(function*(deliveryId: string, options?: ShowOptions) {
+      const shown = Math.min(MAX_ATTEMPTS_SHOWN, Math.max(1, Math.floor(options?.maxAttempts ?? MAX_ATTEMPTS_SHOWN)))
+      const rows = yield* sql<OutboxDbRow & { readonly event_body: string | null }>`
+      SELECT o.*, e.body AS event_body FROM outbox o LEFT JOIN delivery_events e ON e.event_id = o.event_id
+      WHERE o.delivery_id = ${deliveryId} AND ${ownedBy(options)}`.pipe(
         storeOp("operator.showDelivery")
       )
       const row = rows[0]
@@ -325,11 +363,11 @@ export const makeWith = (options: OperatorOptions = {}) =>
         SELECT attempt, started_at, duration_ms, outcome, error_kind, http_status, response_excerpt
         FROM delivery_attempts WHERE delivery_id = ${deliveryId}
         ORDER BY attempt DESC, started_at DESC
-        LIMIT ${MAX_ATTEMPTS_SHOWN}
+        LIMIT ${shown}
       ) newest
       ORDER BY attempt, started_at`.pipe(storeOp("operator.showDelivery"))
       let older = 0
-      if (attempts.length >= MAX_ATTEMPTS_SHOWN) {
+      if (attempts.length >= shown) {
         const total = yield* sql<{ n: number }>`
         SELECT count(*)::float8 AS n FROM delivery_attempts WHERE delivery_id = ${deliveryId}`.pipe(
           storeOp("operator.showDelivery")
@@ -339,7 +377,8 @@ export const makeWith = (options: OperatorOptions = {}) =>
       return Option.some<DeliveryDetail>({
         delivery: toDelivery(row),
         attempts: attempts.map(toAttempt),
-        olderAttemptsNotShown: older
+        olderAttemptsNotShown: older,
+        body: opt(row.event_body)
       })
     })
 
@@ -348,7 +387,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
     last_error_kind = NULL, last_http_status = NULL, finished_at = NULL, updated_at = now()`
 
     /** One try: the row reset (unless a worker holds a valid lease), with what it was. */
-    const redeliverOnce = (deliveryId: string) =>
+    const redeliverOnce = (deliveryId: string, scope: OwnerScope | undefined) =>
       sql
         .withTransaction(
           Effect.gen(function*() {
@@ -356,7 +395,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
             const changed = yield* sql<{ previous_status: DeliveryStatus; inactive: boolean }>`
             WITH prev AS (
               SELECT delivery_id, status FROM outbox
-              WHERE delivery_id = ${deliveryId}
+              WHERE delivery_id = ${deliveryId} AND ${ownedBy(scope)}
                 AND (status <> 'leased' OR leased_until IS NULL OR leased_until < now())
               FOR UPDATE
             )
@@ -366,7 +405,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
             const row = changed[0]
             if (row === undefined) {
               const current = yield* sql<{ status: DeliveryStatus; leased_until: Date | null }>`
-              SELECT status, leased_until FROM outbox WHERE delivery_id = ${deliveryId}`
+              SELECT status, leased_until FROM outbox WHERE delivery_id = ${deliveryId} AND ${ownedBy(scope)}`
               const c = current[0]
               if (c === undefined) return Option.some<RedeliverResult>({ _tag: "Missing" })
               if (c.status === "leased") {
@@ -385,18 +424,22 @@ export const makeWith = (options: OperatorOptions = {}) =>
         )
         .pipe(storeOp("operator.redeliver"))
 
-    const redeliver = Effect.fn("Operator.redeliver")(function*(deliveryId: string) {
+    const redeliver = Effect.fn("Operator.redeliver")(function*(deliveryId: string, scope?: OwnerScope) {
       // a row that stopped being validly leased between the update and the read is tried again, 3 times at most
       for (let i = 0; i < 3; i++) {
-        const result = yield* redeliverOnce(deliveryId)
+        const result = yield* redeliverOnce(deliveryId, scope)
         if (Option.isSome(result)) return result.value
       }
       const fallback: RedeliverResult = { _tag: "Leased", leasedUntil: undefined }
       return fallback
     })
 
-    const replayDeadLetters = Effect.fn("Operator.replayDeadLetters")(function*(filter: ReplayFilter) {
+    const replayDeadLetters = Effect.fn("Operator.replayDeadLetters")(function*(
+      filter: ReplayFilter,
+      options?: ReplayOptions
+    ) {
       yield* checkFilter(filter)
+      const max = options?.max === undefined ? Infinity : Math.max(1, Math.floor(options.max))
       // the snapshot: dead letters as of now (a row dead-lettered, or replayed and dead-lettered again,
       // after this moment has updated_at > started and is left alone)
       const start = yield* sql<{ started: string; n: number }>`
@@ -406,50 +449,50 @@ export const makeWith = (options: OperatorOptions = {}) =>
       )
       const started = start[0]?.started
       const counted = start[0]?.n ?? 0
-      if (started === undefined || counted === 0) return { replayed: 0, inactiveSubscription: 0, complete: true }
+      if (started === undefined || counted === 0) {
+        return { replayed: 0, inactiveSubscription: 0, complete: true, truncated: false }
+      }
       const base = [sql`status = 'dead_letter'`, sql`updated_at <= ${started}::timestamptz`, ...conditions(filter)]
       const bound = replayStatementBound(counted, replayBatch)
       let replayed = 0
       let inactive = 0
       let complete = false
+      let truncated = false
+      let selected = 0
       let last: { readonly createdAt: string; readonly deliveryId: string } | undefined = undefined
+      const afterKey = (key: typeof last): ReadonlyArray<Fragment> =>
+        key === undefined ? [] : [sql`(created_at, delivery_id) > (${key.createdAt}::timestamptz, ${key.deliveryId})`]
       for (let i = 0; i < bound; i++) {
-        const key = last
-        const after: ReadonlyArray<Fragment> = key === undefined
-          ? []
-          : [sql`(created_at, delivery_id) > (${key.createdAt}::timestamptz, ${key.deliveryId})`]
-        // FOR UPDATE (not SKIP LOCKED): a row that maintenance is pruning right now is waited for
-        // and then re-checked. The key (created_at, delivery_id) only moves forward.
-        const result: ReadonlyArray<ReplayBatchRow> = yield* sql<ReplayBatchRow>`
-        WITH batch AS (
-          SELECT delivery_id, created_at FROM outbox WHERE ${sql.and([...base, ...after])}
-          ORDER BY created_at, delivery_id
-          LIMIT ${replayBatch}
-          FOR UPDATE
-        ),
-        upd AS (
-          UPDATE outbox o SET ${RESET}
-          FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
-          RETURNING ${inactiveSubscription} AS inactive
-        ),
-        tail AS (
-          SELECT created_at::text AS last_created, delivery_id AS last_id FROM batch
-          ORDER BY created_at DESC, delivery_id DESC LIMIT 1
-        )
-        SELECT (SELECT count(*) FROM batch)::int AS selected,
-               (SELECT count(*) FROM upd)::int AS replayed,
-               (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
-               (SELECT last_created FROM tail) AS last_created,
-               (SELECT last_id FROM tail) AS last_id`.pipe(storeOp("operator.replayDeadLetters"))
+        const after = afterKey(last)
+        const take = Math.min(replayBatch, max - selected)
+        // the key (created_at, delivery_id) only moves forward
+        const result: ReadonlyArray<ReplayBatchRow> = yield* replayBatchStatement(
+          sql,
+          [...base, ...after],
+          take,
+          RESET,
+          inactiveSubscription
+        ).pipe(storeOp("operator.replayDeadLetters"))
         const r: ReplayBatchRow | undefined = result[0]
         if (r === undefined) break
         replayed += r.replayed
         inactive += r.inactive
-        if (r.selected < replayBatch || r.last_created === null || r.last_id === null) {
+        selected += r.selected
+        if (r.selected < take || r.last_created === null || r.last_id === null) {
           complete = true
           break
         }
         last = { createdAt: r.last_created, deliveryId: r.last_id }
+        if (selected >= max) {
+          // the call's bound: whether dead letters of the filter remain after the last one taken
+          const more = yield* sql<{ more: boolean }>`
+          SELECT EXISTS (SELECT 1 FROM outbox WHERE ${sql.and([...base, ...afterKey(last)])}) AS more`.pipe(
+            storeOp("operator.replayDeadLetters")
+          )
+          truncated = more[0]?.more === true
+          complete = !truncated
+          break
+        }
       }
       if (replayed > 0) yield* notify.pipe(storeOp("operator.notify"))
       if (replayed > 0) {
@@ -457,8 +500,10 @@ export const makeWith = (options: OperatorOptions = {}) =>
           Effect.annotateLogs({ count: replayed, inactiveSubscription: inactive })
         )
       }
-      if (!complete) yield* Effect.logWarning("replay stopped at its statement bound; run it again for the rest")
-      const out: ReplayResult = { replayed, inactiveSubscription: inactive, complete }
+      if (!complete && !truncated) {
+        yield* Effect.logWarning("replay stopped at its statement bound; run it again for the rest")
+      }
+      const out: ReplayResult = { replayed, inactiveSubscription: inactive, complete, truncated }
       return out
     })
 
@@ -493,7 +538,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
       return summary
     }).pipe(storeOp("operator.status"), Effect.withSpan("Operator.status"))
 
-    const shape: OperatorShape = { listDeliveries, showDelivery, redeliver, replayDeadLetters, status }
+    const shape: OperatorShape = { listDeliveries, listPage, showDelivery, redeliver, replayDeadLetters, status }
     return shape
   })
 

@@ -23,6 +23,7 @@ import * as OperatorConfig from "../operator/OperatorConfig.js"
 import * as ReconciliationConfig from "../reconciliation/ReconciliationConfig.js"
 import * as RegistryConfig from "../registry/RegistryConfig.js"
 import type { ConfigInvalid } from "./ConfigRead.js"
+import type { DeliveryProcessSection } from "./DeliveryProcessConfig.js"
 import * as PlatformConfig from "./PlatformConfig.js"
 import type { LogFormat, NodeEnv } from "./PlatformConfig.js"
 import type { Roles } from "./RolesConfig.js"
@@ -52,6 +53,8 @@ export interface FirehookConfigShape {
   readonly allowInsecureDev: boolean
   /** `FIREHOOK_ROLES` (default `all`): the roles this process runs, in `RolesConfig.ROLES` order (SPEC §6.4) */
   readonly roles: Roles
+  /** `DELIVERY_PROCESS` (default `auto`) and whether this process is a supervised delivery child (issue 16 item 2) */
+  readonly deliveryProcess: DeliveryProcessSection
   readonly registry: {
     readonly activeMax: number
     readonly ownerActiveMax: number
@@ -223,6 +226,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       nodeEnv: platform.nodeEnv,
       allowInsecureDev: platform.allowInsecureDev,
       roles: platform.roles,
+      deliveryProcess: platform.deliveryProcess,
       registry,
       intake,
       delivery: delivery.delivery,

@@ -21,6 +21,12 @@ export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")
   }
 }
 
+/**
+ * The URL the process's database client connects to: `DATABASE_URL`, or the embedded PostgreSQL's
+ * (a supervised delivery child is given it, so that it uses the same database; issue 16 item 2).
+ */
+export class DatabaseUrl extends Context.Tag("firehook/DatabaseUrl")<DatabaseUrl, Redacted.Redacted<string>>() {}
+
 /** A short, value-free description of a driver error (never the URL, credentials or SQL values). */
 export const describeSqlError = (e: unknown): string => ErrorCode.codeOr(e, "unknown error")
 
@@ -64,10 +70,13 @@ export const migrate = Migrations.run.pipe(
 )
 
 /**
- * The database for a known URL, with migrations applied.
+ * The database for a known URL, with migrations applied (and the URL, {@link DatabaseUrl}).
  */
 export const layerUrl = (url: Redacted.Redacted<string>, options: DatabaseOptions = {}) =>
-  Layer.effectDiscard(migrate).pipe(Layer.provideMerge(clientLayer(url, options)))
+  Layer.effectDiscard(migrate).pipe(
+    Layer.provideMerge(clientLayer(url, options)),
+    Layer.merge(Layer.succeed(DatabaseUrl, url))
+  )
 
 /**
  * The production database: `DATABASE_URL`, or the embedded PostgreSQL in `FIREHOOK_DATA_DIR/pg`.

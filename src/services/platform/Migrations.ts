@@ -285,7 +285,35 @@ CREATE TRIGGER webhooks_registry_changed AFTER UPDATE OF gone_at ON webhooks
 `)
 
 /**
- * 0006: the delivery state of each registration (SPEC §4.3 auto-disable, §8.5 `list`), on its
+ * 0006: the owners' delivery log and test deliveries (SPEC §8.5).
+ * - `outbox.event_operation` also allows `test` (an owner's test delivery; no record event has it).
+ * - `outbox_owner_created (owner_did, created_at DESC, delivery_id DESC)`: `listDeliveries` pages
+ *   one owner's rows newest first by that key (an index scan, no sort). Without it (EXPLAIN on 400k
+ *   rows) the planner walks `outbox_created_at` backwards and filters by owner: cheap for a busy
+ *   owner, most of the table for a quiet one. With an rkey, `outbox_webhook` serves it either way.
+ * Both block writes to the outbox while they scan it (the check) and build the index: seconds for
+ * a million rows (docs/operations.md).
+ */
+const ownerLog = ddl(`
+ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_event_operation_check;
+ALTER TABLE outbox ADD CONSTRAINT outbox_event_operation_check
+  CHECK (event_operation IN ('create', 'update', 'delete', 'test'));
+CREATE INDEX outbox_owner_created ON outbox (owner_did, created_at DESC, delivery_id DESC);
+`)
+
+/**
+ * 0007: `outbox_origin_due`, the pending rows of one origin in due order, so that an open
+ * circuit's rows are moved past its cool-down in bulk by an index range scan (SPEC §4.3,
+ * delivery/ParkSql.ts). Rows with a NULL origin (enqueued before 0002) are not in it.
+ */
+const outboxOriginDue = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) =>
+    sql`CREATE INDEX IF NOT EXISTS outbox_origin_due ON outbox (origin, next_attempt_at) WHERE status = 'pending'`
+)
+
+/**
+ * 0008: the delivery state of each registration (SPEC §4.3 auto-disable, §8.5 `list`), on its
  * `webhooks` row, kept by the settle path (delivery/WebhookHealthSql.ts) with times from the
  * workers' Clock: the current failure streak (`failing_since`, `failed_attempts`: failed attempts
  * since the last 2xx), the last success and failure, `auto_disabled_at`, and the rows parked while
@@ -333,7 +361,9 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0003_backfill_claims": backfillClaims,
   "0004_rejected_records": rejectedRecords,
   "0005_registry_changes": registryChanges,
-  "0006_webhook_state": webhookState
+  "0006_owner_log": ownerLog,
+  "0007_outbox_origin_due": outboxOriginDue,
+  "0008_webhook_state": webhookState
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */

@@ -1,6 +1,7 @@
 /**
  * The platform's configuration (SPEC §6.5): database, data directory, health listener, shutdown,
- * logging, the insecure development mode and the process's roles (`FIREHOOK_ROLES`, RolesConfig). Each variable's name, default and rule live here once;
+ * logging, the insecure development mode, the process's roles (`FIREHOOK_ROLES`, RolesConfig) and
+ * where delivery runs (`DELIVERY_PROCESS`, DeliveryProcessConfig). Each variable's name, default and rule live here once;
  * `load` reads them in the order `Config.load` always has.
  */
 import { Effect, LogLevel } from "effect"
@@ -16,6 +17,7 @@ import {
   readRedacted,
   readStringVar
 } from "./ConfigRead.js"
+import * as DeliveryProcessConfig from "./DeliveryProcessConfig.js"
 import * as RolesConfig from "./RolesConfig.js"
 
 export const NODE_ENVS = ["production", "development", "test"] as const
@@ -78,6 +80,7 @@ export type PlatformSection = Pick<
   | "nodeEnv"
   | "allowInsecureDev"
   | "roles"
+  | "deliveryProcess"
 >
 
 /**
@@ -114,6 +117,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Platfo
     )
     const devMode = yield* loadDevMode
     const roles = yield* RolesConfig.load
+    const deliveryProcess = yield* DeliveryProcessConfig.load
     return {
       databaseUrl: url,
       dataDir: dir,
@@ -124,6 +128,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Platfo
       logFormat: format,
       nodeEnv: devMode.nodeEnv,
       allowInsecureDev: devMode.allowInsecureDev,
-      roles
+      roles,
+      deliveryProcess
     }
   })

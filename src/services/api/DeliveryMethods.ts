@@ -1,0 +1,209 @@
+/**
+ * firehook's delivery log and delivery actions for owners (SPEC §8.5), over the operator's own
+ * statements (`operator/Operator`) limited to the caller, and the owner's test delivery
+ * (`operator/TestDelivery`):
+ * - `listDeliveries {rkey?, status?, since?, until?, limit, cursor?}` → `{deliveries, cursor?}`: the
+ *   caller's outbox rows, newest first (by `created_at`, then delivery id), `since` inclusive and
+ *   `until` exclusive on `created_at`; the cursor is opaque (the last row's key);
+ * - `getDelivery {id}` → `{delivery, payload?, attempts, olderAttempts}`: the newest 100 attempts
+ *   (attempt order) and the stored body parsed as JSON while it is retained;
+ * - `redeliver {id}` → `{id, previousStatus}` (`InProgress` while a worker holds a valid lease);
+ * - `replay {rkey?, since?, until?}` → `{replayed, truncated}`: the caller's dead letters, at most
+ *   {@link WebhookLexicon.REPLAY_MAX} per call;
+ * - `test {rkey}` → `{id}`: a test delivery through the outbox.
+ * Another owner's delivery id is `NotFound` exactly as an unknown one (the same statement with the
+ * caller's DID in it answers nothing); no response carries a URL.
+ */
+import { Effect, Either, Option } from "effect"
+import * as WebhookLexicon from "../../schemas/WebhookLexicon.js"
+import { type Delivery, type ListKey, Operator } from "../operator/Operator.js"
+import * as TestDelivery from "../operator/TestDelivery.js"
+import type { StoreError } from "../platform/Persistence.js"
+import { method } from "./Methods.js"
+import { declared, internal, invalidRequest, type XrpcFailure } from "./XrpcError.js"
+
+/** A store failure: logged (operation and driver code only), a 500. */
+const storeFailure = (e: StoreError): Effect.Effect<never, XrpcFailure> =>
+  Effect.logWarning("api: the delivery store failed").pipe(
+    Effect.annotateLogs({ op: e.op, code: e.code }),
+    Effect.zipRight(Effect.fail(internal()))
+  )
+
+const notFound = () => declared("NotFound", "no delivery with this id")
+
+// ---------------------------------------------------------------------------------------------
+// Cursors
+
+/** `created_at::text` as PostgreSQL writes it (ISO DateStyle), the only key text a cursor may hold. */
+const CREATED_KEY = /^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(\.\d{1,6})?[+-]\d{2}(:\d{2}){0,2}$/
+const DELIVERY_ID = /^[\x21-\x7e]{1,128}$/
+
+/** The opaque cursor of a list key: base64url of `[createdAt, deliveryId]`. */
+export const encodeCursor = (key: ListKey): string =>
+  Buffer.from(JSON.stringify([key.createdAt, key.deliveryId]), "utf8").toString("base64url")
+
+/** The list key of a cursor, or undefined when it is not one this service wrote. */
+export const decodeCursor = (cursor: string): ListKey | undefined => {
+  const parsed = Either.try(() => JSON.parse(Buffer.from(cursor, "base64url").toString("utf8")) as unknown)
+  if (Either.isLeft(parsed) || !Array.isArray(parsed.right) || parsed.right.length !== 2) return undefined
+  const [createdAt, deliveryId]: ReadonlyArray<unknown> = parsed.right
+  if (typeof createdAt !== "string" || !CREATED_KEY.test(createdAt)) return undefined
+  if (typeof deliveryId !== "string" || !DELIVERY_ID.test(deliveryId)) return undefined
+  return { createdAt, deliveryId }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views
+
+const iso = (d: Date): string => d.toISOString()
+
+/** The JSON object of a stored body, or undefined (pruned, or not an object). */
+const payloadOf = (body: string | undefined): { readonly [k: string]: unknown } | undefined => {
+  if (body === undefined) return undefined
+  const parsed = Either.try(() => JSON.parse(body) as unknown)
+  if (Either.isLeft(parsed)) return undefined
+  const v = parsed.right
+  return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as { readonly [k: string]: unknown }) : undefined
+}
+
+/** `#deliveryView` of an outbox row (the target URL is never part of it). */
+export const deliveryView = (d: Delivery, cid?: string): WebhookLexicon.DeliveryView => ({
+  id: d.deliveryId,
+  eventId: d.eventId,
+  rkey: d.webhookRkey,
+  match: d.matchKind,
+  event: {
+    operation: d.eventOperation,
+    did: d.eventDid,
+    collection: d.eventCollection,
+    rkey: d.eventRkey,
+    ...(cid === undefined ? {} : { cid })
+  },
+  status: d.status,
+  attempts: d.attemptCount,
+  createdAt: iso(d.createdAt),
+  ...(d.status === "pending" ? { nextAttemptAt: iso(d.nextAttemptAt) } : {}),
+  ...(d.status === "delivered" && d.finishedAt !== undefined ? { deliveredAt: iso(d.finishedAt) } : {}),
+  ...(d.lastErrorKind === undefined
+    ? {}
+    : {
+      lastError: {
+        kind: d.lastErrorKind,
+        ...(d.lastHttpStatus === undefined ? {} : { httpStatus: d.lastHttpStatus })
+      }
+    })
+})
+
+const dateOf = (s: string | undefined): Date | undefined => (s === undefined ? undefined : new Date(s))
+
+// ---------------------------------------------------------------------------------------------
+// Methods
+
+export const listDeliveries = method(WebhookLexicon.listDeliveries, ({ caller, params }) =>
+  Effect.gen(function*() {
+    const before = params.cursor === undefined ? undefined : decodeCursor(params.cursor)
+    if (params.cursor !== undefined && before === undefined) return yield* Effect.fail(invalidRequest("bad cursor"))
+    const op = yield* Operator
+    const since = dateOf(params.since)
+    const until = dateOf(params.until)
+    const page = yield* op.listPage({
+      owner: caller,
+      limit: params.limit,
+      ...(params.rkey === undefined ? {} : { webhook: params.rkey }),
+      ...(params.status === undefined ? {} : { status: params.status }),
+      ...(since === undefined ? {} : { since }),
+      ...(until === undefined ? {} : { until }),
+      ...(before === undefined ? {} : { before })
+    })
+    return {
+      deliveries: page.deliveries.map((d) => deliveryView(d)),
+      ...(page.next === undefined ? {} : { cursor: encodeCursor(page.next) })
+    }
+  }).pipe(
+    Effect.catchTags({
+      InvalidArgument: (e) => Effect.fail(invalidRequest(`${e.field} ${e.rule}`)),
+      StoreError: storeFailure
+    })
+  ))
+
+export const getDelivery = method(WebhookLexicon.getDelivery, ({ caller, params }) =>
+  Effect.gen(function*() {
+    const op = yield* Operator
+    const shown = yield* op.showDelivery(params.id, {
+      owner: caller,
+      maxAttempts: WebhookLexicon.MAX_ATTEMPTS_SHOWN
+    })
+    if (Option.isNone(shown)) return yield* Effect.fail(notFound())
+    const { attempts, body, delivery, olderAttemptsNotShown } = shown.value
+    const payload = payloadOf(body)
+    const cid = payload?.["cid"]
+    return {
+      delivery: deliveryView(delivery, typeof cid === "string" ? cid : undefined),
+      ...(payload === undefined ? {} : { payload }),
+      attempts: attempts.map((a) => ({
+        n: a.attempt,
+        startedAt: iso(a.startedAt),
+        durationMs: a.durationMs,
+        outcome: a.outcome,
+        ...(a.httpStatus === undefined ? {} : { httpStatus: a.httpStatus }),
+        ...(a.errorKind === undefined ? {} : { errorKind: a.errorKind }),
+        ...(a.responseExcerpt === undefined ? {} : { responseExcerpt: a.responseExcerpt })
+      })),
+      olderAttempts: olderAttemptsNotShown
+    }
+  }).pipe(Effect.catchTag("StoreError", storeFailure)))
+
+export const redeliver = method(WebhookLexicon.redeliver, ({ caller, input }) =>
+  Effect.gen(function*() {
+    const op = yield* Operator
+    const result = yield* op.redeliver(input.id, { owner: caller })
+    switch (result._tag) {
+      case "Redelivered":
+        return { id: input.id, previousStatus: result.previousStatus }
+      case "Leased":
+        return yield* Effect.fail(declared("InProgress", "a worker is attempting this delivery right now"))
+      case "Missing":
+        return yield* Effect.fail(notFound())
+    }
+  }).pipe(Effect.catchTag("StoreError", storeFailure)))
+
+export const replay = method(WebhookLexicon.replay, ({ caller, input }) =>
+  Effect.gen(function*() {
+    const op = yield* Operator
+    const since = dateOf(input.since)
+    const until = dateOf(input.until)
+    const result = yield* op.replayDeadLetters({
+      owner: caller,
+      ...(input.rkey === undefined ? {} : { webhook: input.rkey }),
+      ...(since === undefined ? {} : { since }),
+      ...(until === undefined ? {} : { until })
+    }, { max: WebhookLexicon.REPLAY_MAX })
+    return { replayed: result.replayed, truncated: result.truncated || !result.complete }
+  }).pipe(
+    Effect.catchTags({
+      InvalidArgument: (e) => Effect.fail(invalidRequest(`${e.field} ${e.rule}`)),
+      StoreError: storeFailure
+    })
+  ))
+
+export const test = method(WebhookLexicon.test, ({ caller, input }) =>
+  Effect.gen(function*() {
+    const result = yield* TestDelivery.enqueue(caller, input.rkey)
+    switch (result._tag) {
+      case "Enqueued":
+        return { id: result.deliveryId }
+      case "NotFound":
+        return yield* Effect.fail(declared("NotFound", "no webhook with this record key"))
+      case "Inactive":
+        return yield* Effect.fail(
+          invalidRequest(
+            result.reason === "gone"
+              ? "the webhook is marked gone (its receiver answered 410): change the record or resume it first"
+              : "the webhook is disabled"
+          )
+        )
+    }
+  }).pipe(Effect.catchTag("StoreError", storeFailure)))
+
+/** The delivery methods, as the API serves them. */
+export const DELIVERY_METHODS = [listDeliveries, getDelivery, redeliver, replay, test] as const

@@ -1,0 +1,85 @@
+/**
+ * The park statements of the PostgreSQL driver of the `DeliveryStore` port (see DeliveryStore.ts,
+ * "Open circuits"): moving an open origin's pending rows to the end of its cool-down in bulk
+ * (`park`) and back to now when it recovered early (`unpark`). Each is ONE statement over every
+ * origin passed, reading `outbox_origin_due (origin, next_attempt_at) WHERE status = 'pending'`,
+ * at most `PARK_CHUNK` rows; rows locked right now (being claimed or settled) are skipped, and
+ * the next pass moves them. Used by DeliveryStoreSql.ts.
+ */
+import type { SqlClient } from "@effect/sql"
+import { Effect } from "effect"
+import { type StoreError, storeOpWithin } from "../platform/Persistence.js"
+import { PARK_CHUNK, PARK_ORIGINS_MAX, type ParkedOrigin, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
+
+/** The origins of one statement: finite times, at most PARK_ORIGINS_MAX. */
+const columns = (origins: ReadonlyArray<ParkedOrigin>) => {
+  const kept = origins.filter((o) => o.origin !== "" && Number.isFinite(o.untilMs)).slice(0, PARK_ORIGINS_MAX)
+  return { names: kept.map((o) => o.origin), untils: kept.map((o) => Math.floor(o.untilMs)) }
+}
+
+const count = (rows: ReadonlyArray<{ readonly n: number }>): number => Number(rows[0]?.n ?? 0)
+
+/**
+ * Every pending row of each origin due before its `untilMs` gets `next_attempt_at = untilMs`
+ * (no attempt spent; `attempt_count` and the last error are kept). Idempotent.
+ */
+export const parkStatement = (
+  sql: SqlClient.SqlClient,
+  origins: ReadonlyArray<ParkedOrigin>
+): Effect.Effect<number, StoreError> => {
+  const { names, untils } = columns(origins)
+  if (names.length === 0) return Effect.succeed(0)
+  return sql<{ readonly n: number }>`
+    WITH u AS (
+      SELECT u.origin, to_timestamp(u.until_ms / 1000) AS until_at
+      FROM unnest(${names}::text[], ${untils}::float8[]) AS u(origin, until_ms)
+    ),
+    picked AS (
+      SELECT x.delivery_id, u.until_at FROM u
+      CROSS JOIN LATERAL (
+        SELECT o.delivery_id FROM outbox o
+        WHERE o.status = 'pending' AND o.origin = u.origin AND o.next_attempt_at < u.until_at
+        LIMIT ${PARK_CHUNK}
+        FOR UPDATE OF o SKIP LOCKED
+      ) x
+      LIMIT ${PARK_CHUNK}
+    ),
+    moved AS (
+      UPDATE outbox o SET next_attempt_at = picked.until_at, updated_at = now()
+      FROM picked
+      WHERE o.delivery_id = picked.delivery_id AND o.status = 'pending'
+      RETURNING 1
+    )
+    SELECT count(*)::int AS n FROM moved`.pipe(Effect.map(count), storeOpWithin("delivery.park", STATEMENT_TIMEOUT))
+}
+
+/** Every pending row of each origin at exactly its `untilMs` (parked there) is due now. */
+export const unparkStatement = (
+  sql: SqlClient.SqlClient,
+  origins: ReadonlyArray<ParkedOrigin>
+): Effect.Effect<number, StoreError> => {
+  const { names, untils } = columns(origins)
+  if (names.length === 0) return Effect.succeed(0)
+  return sql<{ readonly n: number }>`
+    WITH u AS (
+      SELECT u.origin, to_timestamp(u.until_ms / 1000) AS until_at
+      FROM unnest(${names}::text[], ${untils}::float8[]) AS u(origin, until_ms)
+    ),
+    picked AS (
+      SELECT x.delivery_id FROM u
+      CROSS JOIN LATERAL (
+        SELECT o.delivery_id FROM outbox o
+        WHERE o.status = 'pending' AND o.origin = u.origin AND o.next_attempt_at = u.until_at
+        LIMIT ${PARK_CHUNK}
+        FOR UPDATE OF o SKIP LOCKED
+      ) x
+      LIMIT ${PARK_CHUNK}
+    ),
+    moved AS (
+      UPDATE outbox o SET next_attempt_at = now(), updated_at = now()
+      FROM picked
+      WHERE o.delivery_id = picked.delivery_id AND o.status = 'pending'
+      RETURNING 1
+    )
+    SELECT count(*)::int AS n FROM moved`.pipe(Effect.map(count), storeOpWithin("delivery.unpark", STATEMENT_TIMEOUT))
+}

@@ -1,0 +1,107 @@
+/**
+ * The production side of the delivery child (issue 16 item 2): how the parent starts it and looks
+ * at its health, and how the child follows its parent.
+ *
+ * - {@link spawner}: `<runtime> <entry>` (main passes Bun and `src/main.ts`) with the parent's
+ *   environment plus {@link childEnv}: the delivery role only, the marker, a health listener on
+ *   127.0.0.1 at a free port (never the parent's ports; no API role), the parent's database URL
+ *   (the embedded PostgreSQL's when the parent started it).
+ * - {@link probe}: GET the child's `/health` on loopback with a 1 s timeout, at most 64 KiB read.
+ * - {@link followParent}: in the child, when the parent is gone (stdin closed, re-parented), a
+ *   SIGTERM to itself: the same ordered shutdown as an operator's signal.
+ */
+import { Duration, Effect, Option, Redacted, Schema } from "effect"
+import type { Scope } from "effect"
+import * as ChildProcess from "./ChildProcess.js"
+import * as DeliveryProcess from "./DeliveryProcess.js"
+import * as DeliveryProcessConfig from "./DeliveryProcessConfig.js"
+import * as EmbeddedPg from "./EmbeddedPg.js"
+import type { HealthValue } from "./Health.js"
+import * as PlatformConfig from "./PlatformConfig.js"
+import * as RolesConfig from "./RolesConfig.js"
+
+/**
+ * The variables the parent sets in its child's environment (the rest is the parent's own):
+ * `FIREHOOK_ROLES=delivery`, `DELIVERY_PROCESS=inline`, the marker, `HEALTH_HOST=127.0.0.1`,
+ * `HEALTH_PORT`, `DATABASE_URL`.
+ */
+export const childEnv = (options: {
+  readonly healthPort: number
+  readonly databaseUrl: string
+}): Readonly<Record<string, string>> => ({
+  [RolesConfig.roles.env]: "delivery",
+  [DeliveryProcessConfig.deliveryProcess.env]: "inline",
+  [DeliveryProcessConfig.childMarker.env]: "1",
+  [PlatformConfig.healthHost.env]: "127.0.0.1",
+  [PlatformConfig.healthPort.env]: String(options.healthPort),
+  [PlatformConfig.databaseUrl.env]: options.databaseUrl
+})
+
+const PROBE_TIMEOUT = Duration.seconds(1)
+const PROBE_MAX_BYTES = 64 * 1024
+
+const HealthValueSchema: Schema.Schema<HealthValue> = Schema.Union(
+  Schema.Number,
+  Schema.Boolean,
+  Schema.String,
+  Schema.Null,
+  Schema.Record({ key: Schema.String, value: Schema.suspend(() => HealthValueSchema) })
+)
+const HealthBody = Schema.Record({ key: Schema.String, value: HealthValueSchema })
+const decodeBody = Schema.decodeUnknownOption(Schema.parseJson(HealthBody))
+
+/** One look at the child's `/health` on 127.0.0.1:`port`; `None` when it does not answer in time. */
+export const probe = (port: number): Effect.Effect<Option.Option<DeliveryProcess.HealthAnswer>> =>
+  Effect.tryPromise({
+    try: async (signal) => {
+      const res = await fetch(`http://127.0.0.1:${port}/health`, { signal, redirect: "manual" })
+      const text = await res.text()
+      return { status: res.status, text: text.slice(0, PROBE_MAX_BYTES) }
+    },
+    catch: () => "unreachable" as const
+  }).pipe(
+    Effect.timeout(PROBE_TIMEOUT),
+    Effect.map(({ status, text }) =>
+      Option.map(decodeBody(text), (body) => {
+        const { phase: _phase, status: _status, ...sections } = body
+        return { ready: status === 200, sections }
+      })
+    ),
+    Effect.orElseSucceed(() => Option.none())
+  )
+
+export interface SpawnerOptions {
+  /** the runtime (`process.execPath`) and its arguments (the entry point) */
+  readonly command: string
+  readonly args: ReadonlyArray<string>
+  /** the parent's environment */
+  readonly env: Readonly<Record<string, string | undefined>>
+  readonly databaseUrl: Redacted.Redacted<string>
+  /** when the child's scope closes with it running (not the ordered shutdown): SIGTERM, this, SIGKILL */
+  readonly stopGrace: Duration.DurationInput
+}
+
+/** Start `command args` as the delivery child on a free loopback health port. */
+export const spawner = (options: SpawnerOptions): DeliveryProcess.Spawner => ({
+  spawn: Effect.gen(function*() {
+    const port = yield* EmbeddedPg.freePort.pipe(
+      Effect.mapError(() => new ChildProcess.SpawnFailed({ reason: "no free port" }))
+    )
+    const env: Record<string, string> = {}
+    for (const [k, v] of Object.entries(options.env)) if (v !== undefined) env[k] = v
+    const handle = yield* ChildProcess.spawn({
+      command: options.command,
+      args: options.args,
+      env: { ...env, ...childEnv({ healthPort: port, databaseUrl: Redacted.value(options.databaseUrl) }) },
+      stopGrace: options.stopGrace
+    })
+    return { handle, health: probe(port) }
+  }) satisfies Effect.Effect<DeliveryProcess.Spawned, ChildProcess.SpawnFailed, Scope.Scope>
+})
+
+/** In the child: when the parent is gone, log it and SIGTERM itself (fork in the process's scope). */
+export const followParent: Effect.Effect<void> = ChildProcess.watchParent(
+  Effect.logWarning("the parent process is gone: shutting down").pipe(
+    Effect.zipRight(Effect.sync(() => process.kill(process.pid, "SIGTERM")))
+  )
+)

@@ -1,0 +1,319 @@
+/**
+ * The supervisor of the delivery child (issue 16 item 2; DELIVERY_PROCESS, DeliveryProcessConfig):
+ * the parent process runs its other roles itself and the delivery role in one child process, which
+ * it starts, watches, restarts and stops.
+ *
+ * - Start: one child (a {@link Spawner} starts it: `bun src/main.ts` with `FIREHOOK_ROLES=delivery`
+ *   in production, DeliveryChild). Its `/health` is polled every second (1 s timeout each).
+ * - Crash (the child exits while the parent is not stopping): logged, then restarted after
+ *   `min(maxDelay, baseDelay · 2ⁿ)` (n = earlier exits within the window); the exit that would be
+ *   restart `maxRestarts + 1` within `window` gives up: `onGiveUp` gets one line (main then stops
+ *   the process with exit code 1).
+ * - Shutdown: the drain of stage `delivery` (SPEC §6.3) sends the child SIGTERM and waits for its
+ *   exit (its own ordered shutdown runs the delivery grace); clean only when it exits with code 0.
+ *   The Lifecycle cuts the wait at the shutdown deadline: the child then gets SIGKILL (unclean).
+ *   A SIGTERM/SIGINT that reaches the parent marks it stopping at once, so a child that got the
+ *   same signal (sent to the process group) and exits first is not restarted.
+ * - Health: a `deliveryProcess` section `{mode, state, pid, restarts}`, ready only while the child
+ *   runs and answers ready; the child's `delivery` and `redis` sections mirrored (marked `stale`
+ *   when the last answer is older than 5 s), as a single process would show them.
+ */
+import { Clock, Data, Duration, Effect, Fiber, Option, Ref, Schedule } from "effect"
+import type { Scope } from "effect"
+import * as Backoff from "./Backoff.js"
+import type * as ChildProcess from "./ChildProcess.js"
+import { Health, type HealthValue } from "./Health.js"
+import { Lifecycle } from "./Lifecycle.js"
+
+export const STATES = ["starting", "running", "unresponsive", "backoff", "stopping", "stopped", "failed"] as const
+export type State = (typeof STATES)[number]
+
+/** What the child's `/health` answered: its readiness and its sections (`status`, `phase` removed). */
+export interface HealthAnswer {
+  readonly ready: boolean
+  readonly sections: { readonly [k: string]: HealthValue }
+}
+
+export interface Spawned {
+  readonly handle: ChildProcess.ChildHandle
+  /** one bounded look at the child's `/health`; `None` when it did not answer */
+  readonly health: Effect.Effect<Option.Option<HealthAnswer>>
+}
+
+/** Starts one delivery child, owned by the scope (a running child is stopped when it closes). */
+export interface Spawner {
+  readonly spawn: Effect.Effect<Spawned, ChildProcess.SpawnFailed, Scope.Scope>
+}
+
+export interface RestartPolicy {
+  /** restarts allowed within `window`; the exit after them gives up */
+  readonly maxRestarts: number
+  readonly window: Duration.DurationInput
+  readonly baseDelay: Duration.DurationInput
+  readonly maxDelay: Duration.DurationInput
+}
+
+/** 5 restarts within 10 minutes, after 1, 2, 4, 8, 16 s. */
+export const defaultPolicy: RestartPolicy = {
+  maxRestarts: 5,
+  window: Duration.minutes(10),
+  baseDelay: Duration.seconds(1),
+  maxDelay: Duration.seconds(30)
+}
+
+export type Decision = Data.TaggedEnum<{
+  /** restart after `delayMs`; `recent` = the exits within the window, this one included */
+  Restart: { readonly delayMs: number; readonly recent: ReadonlyArray<number> }
+  GiveUp: { readonly recent: ReadonlyArray<number> }
+}>
+export const Decision = Data.taggedEnum<Decision>()
+
+const millis = (d: Duration.DurationInput): number => Duration.toMillis(Duration.decode(d))
+
+/** The decision after an exit at `now`, given the earlier exits' times. */
+export const decide = (policy: RestartPolicy, earlier: ReadonlyArray<number>, now: number): Decision => {
+  const windowMs = millis(policy.window)
+  const recent = [...earlier.filter((t) => now - t < windowMs), now]
+  if (recent.length > policy.maxRestarts) return Decision.GiveUp({ recent })
+  const delayMs = Backoff.ceilingMillis(millis(policy.baseDelay), millis(policy.maxDelay), recent.length - 1)
+  return Decision.Restart({ delayMs, recent })
+}
+
+/** The child stopped at shutdown with something other than exit code 0. */
+export class ChildUnclean extends Data.TaggedError("ChildUnclean")<{
+  readonly code: number | null
+  readonly signal: string | null
+}> {}
+
+export interface SuperviseOptions {
+  readonly spawner: Spawner
+  readonly policy?: RestartPolicy
+  /** between two looks at the child's `/health` (default 1 s) */
+  readonly pollInterval?: Duration.DurationInput
+  /** failed looks in a row after which a running child counts as unresponsive (default 3) */
+  readonly unresponsiveAfter?: number
+  /** called once with the one-line reason when the restarts are exhausted */
+  readonly onGiveUp: (line: string) => Effect.Effect<void>
+}
+
+interface Status {
+  readonly state: State
+  readonly pid: Option.Option<number>
+  readonly restarts: number
+  readonly misses: number
+  readonly answer: Option.Option<HealthAnswer>
+  readonly answeredAt: number
+}
+
+/** how old the mirrored sections may be before they are marked stale (as the delivery counts are) */
+const STALE_AFTER_MS = 5000
+const MIRRORED = ["delivery", "redis"] as const
+
+const describeExit = (exit: ChildProcess.ChildExit): string =>
+  exit.signal !== null ? `signal ${exit.signal}` : exit.code !== null ? `exit code ${exit.code}` : "not started"
+
+/** the child's own one-line failure, only when it is one of firehook's (`firehook: …`) */
+const ownLine = (line: Option.Option<string>): Option.Option<string> =>
+  Option.flatMap(
+    line,
+    (l) =>
+      l.startsWith("firehook: ")
+        ? Option.some(l.slice("firehook: ".length).replace(/\s+/g, " ").slice(0, 200))
+        : Option.none()
+  )
+
+/** the next state after a look at the child's `/health` (only starting/running/unresponsive move) */
+const afterLook = (s: Status, answer: Option.Option<HealthAnswer>, now: number, limit: number): Status => {
+  if (s.state !== "starting" && s.state !== "running" && s.state !== "unresponsive") return s
+  const ok = Option.isSome(answer) && answer.value.ready
+  const misses = ok ? 0 : s.misses + 1
+  const state: State = ok ? "running" : s.state === "starting" ? "starting" : misses >= limit ? "unresponsive" : s.state
+  return Option.isSome(answer)
+    ? { ...s, state, misses, answer, answeredAt: now }
+    : { ...s, state, misses }
+}
+
+const mirrored = (s: Status, name: string, now: number): { readonly [k: string]: HealthValue } => {
+  const section = Option.flatMap(s.answer, (a) => Option.fromNullable(a.sections[name]))
+  const body = Option.getOrUndefined(section)
+  const stale = Option.isNone(section) || now - s.answeredAt > STALE_AFTER_MS
+  if (body === undefined || body === null || typeof body !== "object") return { stale: true }
+  return stale ? { ...body, stale: true } : body
+}
+
+/**
+ * Supervise the delivery child for the life of the scope: start it, watch it, restart it, register
+ * its health sections and its drain (stage `delivery`). Returns once the first child is started.
+ */
+export const supervise = (options: SuperviseOptions): Effect.Effect<void, never, Lifecycle | Health | Scope.Scope> =>
+  Effect.gen(function*() {
+    const lifecycle = yield* Lifecycle
+    const health = yield* Health
+    const policy = options.policy ?? defaultPolicy
+    const limit = options.unresponsiveAfter ?? 3
+    const status = yield* Ref.make<Status>({
+      state: "starting",
+      pid: Option.none(),
+      restarts: 0,
+      misses: 0,
+      answer: Option.none(),
+      answeredAt: 0
+    })
+    const current = yield* Ref.make<Option.Option<ChildProcess.ChildHandle>>(Option.none())
+    /** set by the drain, or at once by a SIGTERM/SIGINT reaching this process */
+    const stopping = yield* Ref.make(false)
+    /** the exit of a child that ended while the parent was stopping (before the drain) */
+    const finalExit = yield* Ref.make<Option.Option<ChildProcess.ChildExit>>(Option.none())
+    const lock = yield* Effect.makeSemaphore(1)
+    const setState = (state: State) => Ref.update(status, (s) => ({ ...s, state }))
+
+    yield* Effect.acquireRelease(
+      Effect.sync(() => {
+        const onSignal = () => Effect.runSync(Ref.set(stopping, true))
+        process.on("SIGTERM", onSignal)
+        process.on("SIGINT", onSignal)
+        return onSignal
+      }),
+      (onSignal) =>
+        Effect.sync(() => {
+          process.off("SIGTERM", onSignal)
+          process.off("SIGINT", onSignal)
+        })
+    )
+
+    const isStopping = Effect.zipWith(
+      Ref.get(stopping),
+      lifecycle.phase,
+      (flag, phase) => flag || phase === "stopping" || phase === "stopped" || phase === "failed"
+    )
+
+    /** one child's life: started (unless stopping), looked at every poll interval, until it exits */
+    const runOnce: Effect.Effect<
+      Option.Option<{ exit: ChildProcess.ChildExit; pid: number; error: Option.Option<string> }>
+    > = Effect.scoped(Effect.gen(function*() {
+      const started = yield* lock.withPermits(1)(Effect.gen(function*() {
+        if (yield* isStopping) return Option.none()
+        const spawned = yield* options.spawner.spawn
+        yield* Ref.set(current, Option.some(spawned.handle))
+        yield* Ref.update(
+          status,
+          (s) => ({ ...s, state: "starting" as const, pid: Option.some(spawned.handle.pid), misses: 0 })
+        )
+        yield* Effect.logInfo("delivery process started").pipe(Effect.annotateLogs({ pid: spawned.handle.pid }))
+        return Option.some(spawned)
+      }))
+      if (Option.isNone(started)) return Option.none()
+      const { handle } = started.value
+      const look = Effect.gen(function*() {
+        const answer = yield* started.value.health
+        const now = yield* Clock.currentTimeMillis
+        yield* Ref.update(status, (s) => afterLook(s, answer, now, limit))
+      })
+      yield* Effect.forkScoped(look.pipe(Effect.repeat(Schedule.spaced(options.pollInterval ?? Duration.seconds(1)))))
+      const exit = yield* handle.exit
+      yield* Ref.set(current, Option.none())
+      return Option.some({ exit, pid: handle.pid, error: yield* handle.lastError })
+    })).pipe(
+      Effect.catchTag("SpawnFailed", (e) =>
+        Effect.logWarning("the delivery process could not be started").pipe(
+          Effect.annotateLogs({ reason: e.reason }),
+          Effect.as(Option.some({ exit: { code: null, signal: null }, pid: 0, error: Option.none<string>() }))
+        ))
+    )
+
+    /** one turn: run a child; after a crash decide and wait; `done` once stopping or given up */
+    const turn = (earlier: ReadonlyArray<number>) =>
+      Effect.gen(function*() {
+        const ended = yield* runOnce
+        if (Option.isNone(ended)) return { earlier, done: true }
+        const { error, exit, pid } = ended.value
+        if (yield* isStopping) {
+          yield* Ref.set(finalExit, Option.some(exit))
+          return { earlier, done: true }
+        }
+        const decision = decide(policy, earlier, yield* Clock.currentTimeMillis)
+        const reason = ownLine(error)
+        yield* Effect.logWarning("the delivery process exited").pipe(
+          Effect.annotateLogs({
+            pid,
+            code: exit.code ?? "none",
+            signal: exit.signal ?? "none",
+            exitsInWindow: decision.recent.length,
+            ...(Option.isSome(reason) ? { childError: reason.value } : {}),
+            ...(decision._tag === "Restart" ? { restartInMs: decision.delayMs } : {})
+          })
+        )
+        if (decision._tag === "GiveUp") {
+          yield* setState("failed")
+          const line = `the delivery process exited ${decision.recent.length} times within ${
+            Math.round(millis(policy.window) / 60_000)
+          } min; giving up (last: ${describeExit(exit)}${Option.isSome(reason) ? `: ${reason.value}` : ""})`
+          yield* Effect.logError("the delivery process keeps exiting: giving up").pipe(
+            Effect.annotateLogs({ exitsInWindow: decision.recent.length })
+          )
+          yield* options.onGiveUp(line)
+          return { earlier: decision.recent, done: true }
+        }
+        yield* Ref.update(status, (s) => ({ ...s, state: "backoff" as const, pid: Option.none(), misses: 0 }))
+        yield* Effect.sleep(Duration.millis(decision.delayMs))
+        yield* Ref.update(status, (s) => ({ ...s, restarts: s.restarts + 1 }))
+        return { earlier: decision.recent, done: false }
+      })
+
+    // a turn is bounded: each either ends the loop or follows a crash, and crashes are rate-limited
+    // by the policy (at most maxRestarts + 1 within the window)
+    const loop = yield* Effect.iterate({ earlier: [] as ReadonlyArray<number>, done: false }, {
+      while: (s) => !s.done,
+      body: (s) => turn(s.earlier)
+    }).pipe(Effect.forkScoped)
+
+    const stop = Effect.gen(function*() {
+      const handle = yield* lock.withPermits(1)(
+        Ref.set(stopping, true).pipe(Effect.zipRight(Ref.get(current)))
+      )
+      const before = (yield* Ref.get(status)).state
+      if (before !== "failed") yield* setState("stopping")
+      const exit = Option.isSome(handle)
+        ? Option.some(
+          yield* handle.value.kill("SIGTERM").pipe(
+            Effect.zipRight(handle.value.exit),
+            Effect.onInterrupt(() => handle.value.kill("SIGKILL"))
+          )
+        )
+        : yield* Ref.get(finalExit)
+      yield* Fiber.interrupt(loop)
+      const clean = Option.match(exit, { onNone: () => true, onSome: (e) => e.code === 0 })
+      if (before !== "failed") yield* setState(clean ? "stopped" : "failed")
+      yield* Effect.logInfo("delivery process stopped").pipe(
+        Effect.annotateLogs({ clean, ...(Option.isSome(exit) ? { exit: describeExit(exit.value) } : {}) })
+      )
+      if (!clean && Option.isSome(exit)) {
+        return yield* Effect.fail(new ChildUnclean({ code: exit.value.code, signal: exit.value.signal }))
+      }
+    })
+    yield* lifecycle.registerStop("delivery", "delivery-process", stop)
+
+    yield* health.register(
+      "deliveryProcess",
+      Effect.map(Ref.get(status), (s) => ({
+        ready: s.state === "running",
+        body: {
+          mode: "child",
+          state: s.state,
+          // a string: health clamps numbers to 1,000,000 and pids go higher
+          pid: Option.match(s.pid, { onNone: () => null, onSome: String }),
+          restarts: s.restarts
+        }
+      }))
+    )
+    for (const name of MIRRORED) {
+      yield* health.register(
+        name,
+        Effect.zipWith(
+          Ref.get(status),
+          Clock.currentTimeMillis,
+          (s, now) => ({ ready: true, body: mirrored(s, name, now) })
+        )
+      )
+    }
+  })
