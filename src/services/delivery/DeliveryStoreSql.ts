@@ -8,16 +8,14 @@
  */
 import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Effect, Option, type Scope, Stream } from "effect"
+import { Effect, type Scope, Stream } from "effect"
 import { ORIGIN_SQL } from "../matching/Origin.js"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
 import type { OutboxOperation, TerminalStatus } from "../matching/OutboxStatus.js"
-import { FirehookConfig } from "../platform/Config.js"
 import { codeOr } from "../platform/ErrorCode.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"
 import { makeClaimConnection } from "./ClaimConnection.js"
-import * as DeliveryConfig from "./DeliveryConfig.js"
 import {
   type AttemptRecord,
   CANDIDATE_FACTOR,
@@ -43,7 +41,7 @@ import {
 import { heartbeatManyStatement, heartbeatStatement, reclaimStatement } from "./LeaseSql.js"
 import { parkStatement, unparkStatement } from "./ParkSql.js"
 import { makeSettleBatcher } from "./SettleBatcher.js"
-import { makeRecorder, PARK_MAX, PARKED_KIND, type SettledRow } from "./WebhookHealthSql.js"
+import { PARK_MAX, PARKED_KIND, recorderFor, type SettledRow } from "./WebhookHealthSql.js"
 
 const boundExcerpt = (s: string | undefined): string | null => {
   if (s === undefined) return null
@@ -545,14 +543,7 @@ export const makeSql: Effect.Effect<
   const pg = yield* PgClient.PgClient
   const f = fragments(sql)
   const claimConnection = yield* makeClaimConnection(sql, pg)
-  const config = yield* Effect.serviceOption(FirehookConfig)
-  const recordHealth = makeRecorder(
-    sql,
-    Option.match(config, {
-      onNone: () => DeliveryConfig.delivery.autoDisableAfterMs.default,
-      onSome: (c) => c.delivery.autoDisableAfterMs
-    })
-  )
+  const recordHealth = yield* recorderFor(sql)
   // the webhook state follows each batch (its own statement; its failure never fails the settles)
   const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) =>
     Effect.tap(

@@ -25,11 +25,13 @@
  * @since 0.1.0
  */
 import type { SqlClient } from "@effect/sql"
-import { Effect, Metric } from "effect"
+import { Effect, Metric, Option } from "effect"
 import type { MetricLabel } from "effect"
+import { FirehookConfig } from "../platform/Config.js"
 import { safeHttpErrorKinds } from "../platform/http/Errors.js"
 import { storeOpWithin } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
+import * as DeliveryConfig from "./DeliveryConfig.js"
 import type { AttemptRecord } from "./DeliveryStore.js"
 
 /** SPEC §4.3: failed attempts a streak needs before it can auto-disable. */
@@ -278,3 +280,17 @@ export const makeRecorder = (sql: SqlClient.SqlClient, afterMs: number) => {
       )
     })
 }
+
+/**
+ * The recorder with `DELIVERY_AUTO_DISABLE_AFTER_MS` from the context's configuration (its default
+ * when the store is built without one).
+ */
+export const recorderFor = (sql: SqlClient.SqlClient) =>
+  Effect.map(Effect.serviceOption(FirehookConfig), (config) =>
+    makeRecorder(
+      sql,
+      Option.match(config, {
+        onNone: () => DeliveryConfig.delivery.autoDisableAfterMs.default,
+        onSome: (c) => c.delivery.autoDisableAfterMs
+      })
+    ))
