@@ -33,7 +33,6 @@
 import { SqlClient } from "@effect/sql"
 import { ConfigProvider, Context, Duration, Effect, Either, Fiber, Layer, Logger, LogLevel, Redacted } from "effect"
 import * as Fs from "node:fs"
-import * as Http from "node:http"
 import * as Inspector from "node:inspector"
 import * as Os from "node:os"
 import * as Path from "node:path"
@@ -58,6 +57,7 @@ import * as Lifecycle from "../src/services/platform/Lifecycle.js"
 import { Tx } from "../src/services/platform/Persistence.js"
 import * as Registry from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
+import { bareHttpLoop, fetchLoop } from "./loops.js"
 import { plc } from "./support.js"
 
 const DELIVERIES = Number(process.argv[2] ?? 100_000)
@@ -259,81 +259,18 @@ const enqueueEvents = (events: number) =>
     }
   })
 
-/** A loop's requests/s and the process CPU (this thread and the receivers' thread) per request. */
-type Loop = { readonly rate: number; readonly cpuMs: number }
-const timed = (requests: number, body: () => Promise<void>): Promise<Loop> => {
-  const cpu0 = process.cpuUsage()
-  const t0 = performance.now()
-  return body().then(() => {
-    const cpu = process.cpuUsage(cpu0)
-    return { rate: requests / ((performance.now() - t0) / 1000), cpuMs: (cpu.user + cpu.system) / 1000 / requests }
-  })
-}
-
+const loopOptions = (ports: ReadonlyArray<number>, requests: number, bodyBytes: number) => ({
+  ports,
+  requests,
+  bodyBytes,
+  concurrency: CONCURRENCY,
+  paths: WEBHOOKS
+})
 const bareLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: number) =>
-  Effect.promise(
-    () =>
-      timed(requests, () =>
-        new Promise<void>((resolve) => {
-          const agent = new Http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
-          const body = Buffer.alloc(bodyBytes, 0x61)
-          let started = 0
-          let done = 0
-          const one = (): void => {
-            if (started >= requests) return
-            const i = started++
-            const req = Http.request(
-              {
-                agent,
-                host: "127.0.0.1",
-                port: ports[i % ports.length],
-                method: "POST",
-                path: `/h/${i % WEBHOOKS}`,
-                headers: { "content-type": "application/json", "content-length": body.length }
-              },
-              (res) => {
-                res.resume()
-                res.on("end", () => {
-                  done++
-                  if (done === requests) {
-                    agent.destroy()
-                    resolve()
-                  } else one()
-                })
-              }
-            )
-            req.on("error", () => {
-              done++
-              one()
-            })
-            req.end(body)
-          }
-          for (let k = 0; k < CONCURRENCY; k++) one()
-        }))
-  )
-
+  Effect.promise(() => bareHttpLoop(loopOptions(ports, requests, bodyBytes)))
 /** The issue's "plain fetch loop": the runtime's `fetch`, same concurrency, bodies and receivers. */
 const fetchLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: number) =>
-  Effect.promise(() => {
-    const body = "a".repeat(bodyBytes)
-    let started = 0
-    const lane = async (): Promise<void> => {
-      while (started < requests) {
-        const i = started++
-        try {
-          const res = await fetch(`http://127.0.0.1:${ports[i % ports.length]}/h/${i % WEBHOOKS}`, {
-            method: "POST",
-            headers: { "content-type": "application/json" },
-            body
-          })
-          await res.arrayBuffer()
-        } catch {
-          // counted like the http loop: an error ends that request
-        }
-      }
-    }
-    return timed(requests, () => Promise.all(Array.from({ length: CONCURRENCY }, lane)).then(() => undefined))
-  })
+  Effect.promise(() => fetchLoop(loopOptions(ports, requests, bodyBytes)))
 
 const FLOOR_BATCH = 256
 

@@ -4,11 +4,11 @@
  * run's date, command, machine, summary lines and a table of the figures against their targets and
  * the bare limits. The hand-written analysis around it is left alone.
  *
- * Arguments after `--` are passed as the event count to intake and delivery, e.g.
- * `npm run bench -- 20000` for a quick run. `BENCH_NO_REPORT=1` prints without writing the report.
- * `--only <names>` (comma-separated: match, intake, delivery, noisy) runs only those benchmarks,
- * e.g. `npm run bench -- --only noisy`; the report is then printed, not written (the figures of the
- * others would be missing from it).
+ * Arguments after `--`: a number is passed as the event count to intake, delivery and e2e, e.g.
+ * `npm run bench -- 20000` for a quick run; names select benchmarks (`npm run bench -- e2e`,
+ * `npm run bench -- delivery,e2e`, `npm run bench -- noisy`; `--only <names>` is the same; with a
+ * number too: `npm run bench -- e2e 2000`, the e2e phase's event count). A selection prints its report without writing it (the other figures would be
+ * missing); `BENCH_NO_REPORT=1` does the same for a full run.
  *
  * Runtime: the benchmarks run on Bun, the production runtime, with the environment `npm start`
  * gives the service (`BUN_JSC_heapGrowthMaxIncrease=1`); `BENCH_RUNTIME=node` runs them on Node 22
@@ -25,17 +25,22 @@ const BEGIN = "<!-- bench:report:begin (written by `npm run bench`; edits here a
 const END = "<!-- bench:report:end -->"
 
 const args = process.argv.slice(2)
-const onlyAt = args.findIndex((a) => a === "--only" || a.startsWith("--only="))
-const onlyArg = onlyAt < 0 ? undefined : args[onlyAt]?.startsWith("--only=") ? args[onlyAt]?.slice(7) : args[onlyAt + 1]
-const only = onlyArg === undefined ? undefined : new Set(onlyArg.split(",").map((s) => `${s.trim()}.ts`))
-const n = args.find((a, i) => !a.startsWith("--") && (onlyAt < 0 || (i !== onlyAt && i !== onlyAt + 1)))
+const n = args.find((a) => /^[0-9]+$/.test(a))
+const ALL = ["match", "intake", "delivery", "noisy", "e2e"]
+const selection = args.filter((a) => !/^[0-9]+$/.test(a) && a !== "--only")
+  .map((a) => a.replace(/^--only=/, "")).flatMap((a) => a.split(",")).filter((a) => a.length > 0)
+const unknown = selection.filter((a) => !ALL.includes(a))
+if (unknown.length > 0) {
+  console.error(`unknown benchmark(s): ${unknown.join(", ")} (choose from ${ALL.join(", ")})`)
+  process.exit(2)
+}
 const runtime = process.env["BENCH_RUNTIME"] === "node" ? "node" : "bun"
 const bun = Path.join(dir, "..", "node_modules", ".bin", "bun")
-const benches = ["match.ts", "intake.ts", "delivery.ts", "noisy.ts"].filter((f) =>
-  Fs.existsSync(Path.join(dir, f)) && (only === undefined || only.has(f))
-)
+const benches = (selection.length === 0 ? ALL : ALL.filter((b) => selection.includes(b)))
+  .map((b) => `${b}.ts`)
+  .filter((f) => Fs.existsSync(Path.join(dir, f)))
 /** the benchmarks that take the event count */
-const counted = new Set(["intake.ts", "delivery.ts"])
+const counted = new Set(["intake.ts", "delivery.ts", "e2e.ts"])
 
 /** Run one benchmark, echoing its output, and return it with its exit code. */
 const run = (file: string) =>
@@ -78,7 +83,7 @@ for (const file of benches) {
   const { code, output } = await run(file)
   if (code !== 0) failed++
   for (const line of output.split("\n")) {
-    const m = /^(match|intake|delivery|noisy|summary): /.exec(line)
+    const m = /^(match|intake|delivery|noisy|summary|e2e): /.exec(line)
     if (m !== null) lines.set(m[1] === "summary" ? "delivery" : (m[1] ?? ""), line.trim())
   }
 }
@@ -99,6 +104,16 @@ const ratio = num(delivery, /ratio ([\d.]+)/)
 const budget = num(delivery, /budget at 0\.30 ([\d.]+) ms/)
 const floor = num(delivery, /floor ([\d.]+) ms/)
 const spent = num(delivery, /spent ([\d.]+) ms/)
+
+const e2e = lines.get("e2e")
+const e2eRate = num(e2e, /^e2e: deliveries\/s (\d+)/)
+const e2eBare = num(e2e, /\| bare (\d+)\/s/)
+const e2eRatio = num(e2e, /\| ratio ([\d.]+)/)
+const e2eFh = num(e2e, /cpu firehook ([\d.]+) ms/)
+const e2ePg = num(e2e, /\+ postgres ([\d.]+) ms/)
+const e2eCpu = num(e2e, /= ([\d.]+) ms\/delivery/)
+const e2eP99 = num(e2e, /\| p99 ([\d.]+) ms/)
+const e2eRss = num(e2e, /peak rss (\d+) MiB/)
 
 const bunVersion = () => {
   const r = spawnSync(bun, ["--version"], { encoding: "utf8" })
@@ -158,16 +173,32 @@ const report = [
   `| noisy neighbours: healthy p99 enqueue → first attempt beside a hanging and a 503 origin | ${
     fmt(noisyP99, 1)
   } ms | < 100 ms | ${verdict(noisyP99 === undefined ? undefined : noisyP99 < 100)} |`,
+  `| e2e: deliveries/s (Jetstream → \`bun src/main.ts\` → receivers) | ${fmt(e2eRate)} | – | |`,
+  `| e2e: bare loop to the same receivers, same run | ${fmt(e2eBare)} requests/s | – | |`,
+  `| e2e: ratio to the bare loop | ${fmt(e2eRatio, 3)} | ≥ 0.15 | ${
+    verdict(e2eRatio === undefined ? undefined : e2eRatio >= 0.15)
+  } |`,
+  `| e2e: CPU per delivery, firehook + PostgreSQL | ${fmt(e2eFh, 3)} + ${fmt(e2ePg, 3)} = ${
+    fmt(e2eCpu, 3)
+  } ms | ≤ 2 × floor (${fmt(floor === undefined ? undefined : 2 * floor, 3)} ms) | ${
+    verdict(e2eCpu === undefined || floor === undefined ? undefined : e2eCpu <= 2 * floor)
+  } |`,
+  `| e2e: p99 enqueue → first attempt at 500/s | ${fmt(e2eP99, 1)} ms | < 25 ms | ${
+    verdict(e2eP99 === undefined ? undefined : e2eP99 < 25)
+  } |`,
+  `| e2e: peak RSS of the largest firehook process | ${fmt(e2eRss)} MiB | < 300 MiB | ${
+    verdict(e2eRss === undefined ? undefined : e2eRss < 300)
+  } |`,
   "",
   "Summary lines as printed:",
   "",
   "```",
-  ...[match, intake, delivery, noisy].filter((l): l is string => l !== undefined),
+  ...[match, intake, delivery, noisy, e2e].filter((l): l is string => l !== undefined),
   "```",
   END
 ].join("\n")
 
-if (process.env["BENCH_NO_REPORT"] !== "1" && only === undefined) {
+if (process.env["BENCH_NO_REPORT"] !== "1" && selection.length === 0) {
   const current = Fs.existsSync(reportFile) ? Fs.readFileSync(reportFile, "utf8") : "# Benchmarks\n"
   const b = current.indexOf(BEGIN)
   const e = current.indexOf(END)

@@ -235,7 +235,8 @@ export const subscribeDeliveries = contract({
   nsid: "dev.firehook.webhook.subscribeDeliveries",
   kind: "subscription",
   params: NoParams,
-  output: Schema.Union(OutcomeFrame, InfoFrame)
+  output: Schema.Union(OutcomeFrame, InfoFrame),
+  errors: ["TooManyConnections"]
 })
 
 /** Every method of SPEC §8.5. */

@@ -1,6 +1,7 @@
 /**
  * The settlement of one claimed row: what an attempt decided ({@link Settlement}, a value), and the
- * settle path that writes it (guarded by the lease token), counts it and publishes terminal outcomes.
+ * settle path that writes it (guarded by the lease token), counts it and publishes terminal outcomes
+ * (the Redis audit publisher, and the live tail's `DeliveryOutcomes` when the process has one).
  *
  * An attempt answers its settlement while holding a request slot; the caller runs {@link settle}
  * after freeing the slot, so a slow database never holds a request slot.
@@ -95,8 +96,9 @@ const publish = (
   httpStatus: number | undefined,
   errorKind: string | undefined
 ) =>
-  Effect.suspend(() =>
-    env.publisher.publish({
+  Effect.suspend(() => {
+    const atMs = env.clock.unsafeCurrentTimeMillis()
+    const audit = env.publisher.publish({
       deliveryId: row.deliveryId,
       eventId: row.eventId,
       ownerDid: row.ownerDid,
@@ -109,9 +111,24 @@ const publish = (
       httpStatus: httpStatus ?? null,
       errorKind: errorKind ?? null,
       url: "[redacted]",
-      time: new Date(env.clock.unsafeCurrentTimeMillis()).toISOString()
+      time: new Date(atMs).toISOString()
     })
-  )
+    if (Option.isNone(env.outcomes)) return audit
+    // the live tail (SPEC §8.5): never waits
+    return Effect.zipRight(
+      audit,
+      env.outcomes.value.publish({
+        id: row.deliveryId,
+        owner: row.ownerDid,
+        rkey: row.webhookRkey,
+        event: row.eventOperation,
+        status,
+        httpStatus,
+        errorKind,
+        atMs
+      })
+    )
+  })
 
 /** Run a guarded settle; a store failure leaves the row leased (reclaimed after the lease). */
 const guarded = (env: WorkerEnv, eff: Effect.Effect<boolean, StoreError>) =>

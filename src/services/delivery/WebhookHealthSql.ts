@@ -1,7 +1,7 @@
 /**
  * The delivery state of each registration (SPEC §4.3 auto-disable, §8.5 `list`), kept from the
  * settle path of the SQL `DeliveryStore` driver: after a settle batch, ONE statement updates the
- * `webhooks` rows (migration 0008) of the registrations whose state the batch changed, when it
+ * `webhooks` rows (migration 0009) of the registrations whose state the batch changed, when it
  * changed any (a healthy busy webhook costs one such statement a minute, not one per batch).
  *
  * - Failure streak: `failing_since` (the first failed attempt after the last 2xx) and

@@ -1,6 +1,6 @@
 /**
  * The state of an owner's registrations as owners and operators see it (SPEC §4.3, §8.5): each
- * webhook row with its delivery state (migration 0008, kept by delivery/WebhookHealthSql.ts) and
+ * webhook row with its delivery state (migration 0009, kept by delivery/WebhookHealthSql.ts) and
  * its delivery counts, and `resume`, which clears `gone` / `autoDisabled` (the owner's
  * `dev.firehook.webhook.resume`, the operator's `firehook webhooks resume`).
  *

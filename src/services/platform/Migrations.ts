@@ -313,7 +313,22 @@ const outboxOriginDue = Effect.flatMap(
 )
 
 /**
- * 0008: the delivery state of each registration (SPEC §4.3 auto-disable, §8.5 `list`), on its
+ * 0008: the replay store of the owners' API shared by its replicas (SPEC §8.2, api/JtiStore.ts):
+ * a service token's `(iss, jti)` until its expiry; a row that cannot be inserted is a replay.
+ * Expired rows are pruned by the API processes (bounded statements, every minute).
+ */
+const apiJti = ddl(`
+CREATE TABLE api_jti (
+  iss         text        NOT NULL,
+  jti         text        NOT NULL,
+  expires_at  timestamptz NOT NULL,
+  PRIMARY KEY (iss, jti)
+);
+CREATE INDEX api_jti_expires_at ON api_jti (expires_at);
+`)
+
+/**
+ * 0009: the delivery state of each registration (SPEC §4.3 auto-disable, §8.5 `list`), on its
  * `webhooks` row, kept by the settle path (delivery/WebhookHealthSql.ts) with times from the
  * workers' Clock: the current failure streak (`failing_since`, `failed_attempts`: failed attempts
  * since the last 2xx), the last success and failure, `auto_disabled_at`, and the rows parked while
@@ -363,7 +378,8 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0005_registry_changes": registryChanges,
   "0006_owner_log": ownerLog,
   "0007_outbox_origin_due": outboxOriginDue,
-  "0008_webhook_state": webhookState
+  "0008_api_jti": apiJti,
+  "0009_webhook_state": webhookState
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */

@@ -1,0 +1,493 @@
+/**
+ * End to end: a local Jetstream → firehook as `npm start` runs it → HTTP receivers, all on
+ * loopback, each in its own process.
+ *
+ *   bun bench/e2e.ts [deliveries=40000] [webhooks=1000] [rate=500] [steadySeconds=20]
+ *   npm run bench -- e2e            (this phase alone, through bench/run.ts)
+ *
+ * - Database: `DATABASE_URL` names a server on which a database `fh_bench_e2e_<random>` is created
+ *   (dropped afterwards); unset: an embedded PostgreSQL in a temporary directory.
+ * - firehook: `bun src/main.ts` with `BUN_JSC_heapGrowthMaxIncrease=1` (what `npm start` runs), every
+ *   role (`FIREHOOK_ROLES` unset), `NODE_ENV=test` + `WEBHOOK_ALLOW_INSECURE_DEV=1` (a ws:// Jetstream
+ *   and http:// receivers on loopback), `DELIVERY_ALLOW_CIDRS=127.0.0.0/8`, `DELIVERY_CONCURRENCY` 64,
+ *   per origin 64 / receivers. It migrates the fresh database itself.
+ * - Jetstream: test/support/fakeJetstream.ts in this process (requireHello, cursor, filters).
+ * - Receivers: bench/e2e-receivers.ts in a child process, 4 node:http servers answering 204.
+ * - Webhooks: `webhooks` owners each create one `place.wisp.v2.wh` record through the stream (the
+ *   registry stream, as owners do), `webhooks / 10` scope DIDs watched by 10 webhooks each, every one
+ *   with an inline secret (every request signed); each event fans out to 10 deliveries.
+ *
+ * Phases:
+ * 1. Throughput: `deliveries / 10` posts from the scope DIDs published at `BENCH_E2E_PUBLISH_RATE` events/s
+ *    (default 1,000, i.e. 10,000 deliveries/s offered, above what delivery does on 2 cores);
+ *    deliveries/s = distinct deliveries received / (last arrival − first publish). CPU per delivery:
+ *    /proc utime + stime of the firehook process and its descendants (`cutime` of the root counts the
+ *    reaped ones), and of the PostgreSQL processes serving the bench database plus the server's
+ *    background processes (pg_stat_activity), over the same window.
+ * 2. Latency: `rate` deliveries/s offered for `steadySeconds` (one publish every 100 ms);
+ *    enqueue → first attempt = `delivery_attempts.started_at − outbox.created_at` (attempt 1).
+ * 3. The bare loops (bench/loops.ts) from this process to the same receivers, same concurrency and
+ *    body size: the ratio is taken against the faster one.
+ * Peak RSS: VmHWM of every firehook process (and of the receivers and this process, for reference).
+ *
+ * `BENCH_E2E_PROFILE=<dir>`: firehook runs with `bun --cpu-prof-md --cpu-prof-dir=<dir>` (a
+ * markdown CPU profile of the whole run, written when it exits after SIGTERM).
+ */
+import { Effect, Exit, Redacted, Scope } from "effect"
+import { type ChildProcess, spawn } from "node:child_process"
+import * as Fs from "node:fs"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import pg from "pg"
+import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
+import { commitFrame, startFakeJetstream } from "../test/support/fakeJetstream.js"
+import { bareHttpLoop, fetchLoop } from "./loops.js"
+import { percentile, plc } from "./support.js"
+
+const WEBHOOKS = Number(process.argv[3] ?? 1_000)
+const RATE = Number(process.argv[4] ?? 500)
+const STEADY_SECONDS = Number(process.argv[5] ?? 20)
+const PUBLISH_RATE = Number(process.env["BENCH_E2E_PUBLISH_RATE"] ?? 1_000)
+const RECEIVERS = 4
+const CONCURRENCY = 64
+const FANOUT = 10
+const EVENTS = Math.max(1, Math.ceil(Number(process.argv[2] ?? 40_000) / FANOUT))
+const WH = "place.wisp.v2.wh"
+const ROOT = Path.resolve(import.meta.dirname, "..")
+const BUN = Path.join(ROOT, "node_modules", ".bin", "bun")
+const TICK = 1000 / 100 // USER_HZ
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+const mib = (kib: number) => (kib / 1024).toFixed(0)
+const say = (s: string) => process.stdout.write(s + "\n")
+
+/** Poll `cond` every `every` ms until it holds; throw after `ms`. */
+const until = async (cond: () => Promise<boolean> | boolean, ms: number, what: string, every = 100) => {
+  const end = Date.now() + ms
+  for (let i = 0; i < 1_000_000 && Date.now() < end; i++) {
+    if (await cond()) return
+    await sleep(every)
+  }
+  throw new Error(`timed out: ${what}`)
+}
+
+// ---------------------------------------------------------------------------------------------
+// /proc
+
+const readStat = (pid: number): ReadonlyArray<string> | undefined => {
+  try {
+    const s = Fs.readFileSync(`/proc/${pid}/stat`, "utf8")
+    return s.slice(s.lastIndexOf(")") + 2).split(" ")
+  } catch {
+    return undefined
+  }
+}
+
+/** utime + stime (+ cutime + cstime when `reaped`) in ms; 0 for a process that is gone. */
+const cpuMs = (pid: number, reaped = false): number => {
+  const f = readStat(pid)
+  if (f === undefined) return 0
+  const own = Number(f[11]) + Number(f[12])
+  return (reaped ? own + Number(f[13]) + Number(f[14]) : own) * TICK
+}
+
+/** `root` and every process below it. */
+const tree = (root: number): ReadonlyArray<number> => {
+  const children = new Map<number, Array<number>>()
+  for (const name of Fs.readdirSync("/proc")) {
+    if (!/^[0-9]+$/.test(name)) continue
+    const ppid = Number(readStat(Number(name))?.[1])
+    if (!Number.isFinite(ppid)) continue
+    const list = children.get(ppid) ?? []
+    list.push(Number(name))
+    children.set(ppid, list)
+  }
+  const out: Array<number> = []
+  const queue = [root]
+  for (let i = 0; i < queue.length && i < 10_000; i++) {
+    const pid = queue[i] ?? 0
+    out.push(pid)
+    queue.push(...(children.get(pid) ?? []))
+  }
+  return out
+}
+
+/** CPU ms per pid; the root's includes its reaped children. */
+type CpuSnapshot = ReadonlyMap<number, number>
+const snapshot = (pids: ReadonlyArray<number>, root?: number): CpuSnapshot =>
+  new Map(pids.map((p) => [p, cpuMs(p, p === root)]))
+const spent = (a: CpuSnapshot, b: CpuSnapshot): number => {
+  let total = 0
+  for (const [pid, ms] of b) total += ms - (a.get(pid) ?? 0)
+  return total
+}
+
+const vmHwmKib = (pid: number): number => {
+  try {
+    const m = /VmHWM:\s+(\d+) kB/.exec(Fs.readFileSync(`/proc/${pid}/status`, "utf8"))
+    return Number(m?.[1] ?? 0)
+  } catch {
+    return 0
+  }
+}
+
+const processName = (pid: number): string => {
+  try {
+    return Fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter((s) => s.length > 0).map((s) =>
+      Path.basename(s)
+    ).slice(0, 3).join(" ")
+  } catch {
+    return "?"
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// processes
+
+interface Receivers {
+  readonly child: ChildProcess
+  readonly ports: ReadonlyArray<number>
+  readonly stats: () => Promise<{ requests: number; distinct: number; first: number; last: number }>
+  readonly reset: () => Promise<void>
+}
+
+const startReceivers = (): Promise<Receivers> =>
+  new Promise((resolve, reject) => {
+    const file = Path.join(import.meta.dirname, "e2e-receivers.ts")
+    const child = process.versions["bun"] !== undefined
+      ? spawn(process.execPath, [file, String(RECEIVERS)], { stdio: ["pipe", "pipe", "inherit"] })
+      : spawn(process.execPath, ["--import", "tsx", file, String(RECEIVERS)], { stdio: ["pipe", "pipe", "inherit"] })
+    let out = ""
+    const timer = setTimeout(() => reject(new Error("receivers did not start")), 30_000)
+    child.stdout?.on("data", (d: Buffer) => {
+      out += d.toString("utf8")
+      const line = out.split("\n")[0]
+      if (!out.includes("\n") || line === undefined) return
+      clearTimeout(timer)
+      const { ports, stats } = JSON.parse(line) as { ports: Array<number>; stats: number }
+      const get = (path: string) =>
+        fetch(`http://127.0.0.1:${stats}${path}`, { signal: AbortSignal.timeout(5_000) }).then((r) =>
+          r.json() as Promise<{ requests: number; distinct: number; first: number; last: number }>
+        )
+      resolve({ child, ports, stats: () => get("/"), reset: () => get("/reset").then(() => undefined) })
+    })
+  })
+
+const freePort = () => Effect.runPromise(EmbeddedPg.freePort)
+
+interface Service {
+  readonly child: ChildProcess
+  readonly health: string
+  readonly stderr: () => string
+}
+
+const startService = async (env: Record<string, string>, dataDir: string): Promise<Service> => {
+  const port = await freePort()
+  const profileDir = process.env["BENCH_E2E_PROFILE"]
+  const flags = profileDir === undefined ? [] : ["--cpu-prof-md", `--cpu-prof-dir=${profileDir}`]
+  const child = spawn(BUN, [...flags, "src/main.ts"], {
+    cwd: ROOT,
+    env: {
+      PATH: process.env["PATH"] ?? "",
+      HOME: process.env["HOME"] ?? "/tmp",
+      BUN_JSC_heapGrowthMaxIncrease: "1",
+      LOG_FORMAT: "json",
+      LOG_LEVEL: "warn",
+      HEALTH_PORT: String(port),
+      API_PORT: "0",
+      FIREHOOK_DATA_DIR: dataDir,
+      ...env
+    },
+    stdio: ["ignore", "ignore", "pipe"]
+  })
+  let err = ""
+  child.stderr?.on("data", (d: Buffer) => (err = (err + d.toString("utf8")).slice(-20_000)))
+  return { child, health: `http://127.0.0.1:${port}/health`, stderr: () => err }
+}
+
+const stopService = (s: Service) =>
+  new Promise<number | null>((resolve) => {
+    if (s.child.exitCode !== null) return resolve(s.child.exitCode)
+    const timer = setTimeout(() => s.child.kill("SIGKILL"), 20_000)
+    s.child.once("exit", (code) => {
+      clearTimeout(timer)
+      resolve(code)
+    })
+    s.child.kill("SIGTERM")
+  })
+
+// ---------------------------------------------------------------------------------------------
+// database
+
+const database = async (): Promise<{ url: string; drop: () => Promise<void> }> => {
+  const external = process.env["DATABASE_URL"]
+  if (external !== undefined && external.length > 0) {
+    const name = `fh_bench_e2e_${Math.random().toString(36).slice(2, 10)}`
+    const admin = new pg.Client({ connectionString: external, connectionTimeoutMillis: 10_000 })
+    await admin.connect()
+    await admin.query(`CREATE DATABASE ${name}`)
+    const u = new URL(external)
+    u.pathname = `/${name}`
+    return {
+      url: u.toString(),
+      drop: async () => {
+        await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+        await admin.end()
+      }
+    }
+  }
+  const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-bench-e2e-"))
+  Fs.chmodSync(dir, 0o755)
+  const scope = Effect.runSync(Scope.make())
+  const embedded = await Effect.runPromise(
+    EmbeddedPg.start({ dataDir: dir, database: "firehook_bench" }).pipe(Scope.extend(scope))
+  )
+  return {
+    url: Redacted.value(embedded.url),
+    drop: async () => {
+      await Effect.runPromise(Scope.close(scope, Exit.void))
+      Fs.rmSync(dir, { recursive: true, force: true })
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the run
+
+const scopeDid = (j: number) => plc(1_000_000 + j)
+const scopes = Math.max(1, Math.floor(WEBHOOKS / FANOUT))
+let timeUs = Date.now() * 1000
+let seq = 0
+const post = () => {
+  const n = seq++
+  timeUs += 1
+  return commitFrame(scopeDid(n % scopes), timeUs, "app.bsky.feed.post", `p${n}`, "create", {
+    $type: "app.bsky.feed.post",
+    text: `benchmark post number ${n} with a little text so the body looks like a real one`,
+    createdAt: "2026-01-01T00:00:00Z"
+  })
+}
+
+const main = async () => {
+  const cleanups: Array<() => Promise<unknown>> = []
+  const cleanup = async () => {
+    for (const c of cleanups.reverse()) await c().catch(() => undefined)
+  }
+  try {
+    const db = await database()
+    cleanups.push(db.drop)
+    const client = new pg.Client({ connectionString: db.url, connectionTimeoutMillis: 10_000 })
+    await client.connect()
+    cleanups.push(() => client.end())
+    const q = async <T extends pg.QueryResultRow>(text: string, params: Array<unknown> = []) =>
+      (await client.query<T>(text, params)).rows
+    const rx = await startReceivers()
+    cleanups.push(async () => {
+      rx.child.stdin?.end()
+      rx.child.kill("SIGTERM")
+    })
+    const js = await startFakeJetstream()
+    cleanups.push(() => js.close())
+    const dataDir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-bench-e2e-data-"))
+    cleanups.push(async () => Fs.rmSync(dataDir, { recursive: true, force: true }))
+    const service = await startService({
+      DATABASE_URL: db.url,
+      NODE_ENV: "test",
+      WEBHOOK_ALLOW_INSECURE_DEV: "1",
+      JETSTREAM_URL: js.url,
+      DELIVERY_ALLOW_CIDRS: "127.0.0.0/8",
+      DELIVERY_CONCURRENCY: String(CONCURRENCY),
+      DELIVERY_PER_ORIGIN_CONCURRENCY: String(Math.ceil(CONCURRENCY / RECEIVERS)),
+      // owners' DIDs are not resolvable here: reconciliation fails fast on a closed port
+      PLC_DIRECTORY_URL: `http://127.0.0.1:${await freePort()}`
+    }, dataDir)
+    cleanups.push(async () => {
+      const code = await stopService(service)
+      if (code !== 0) say(`firehook exited with ${code}; stderr tail: ${service.stderr().slice(-2000)}`)
+    })
+    const root = service.child.pid ?? 0
+    await until(
+      async () => {
+        if (service.child.exitCode !== null) throw new Error(`firehook exited: ${service.stderr().slice(-2000)}`)
+        const r = await fetch(service.health, { signal: AbortSignal.timeout(2_000) }).catch(() => undefined)
+        return r?.status === 200
+      },
+      300_000,
+      "firehook ready",
+      250
+    )
+    say(
+      `e2e bench: ${
+        EVENTS * FANOUT
+      } deliveries (phase 1), ${WEBHOOKS} webhooks, ${RECEIVERS} receivers, concurrency ${CONCURRENCY}, ${
+        process.versions["bun"] === undefined ? `node ${process.version}` : `bun ${process.versions["bun"]}`
+      } (firehook: bun src/main.ts), ${Os.cpus().length} CPUs, load average ${Os.loadavg()[0]?.toFixed(1)} at start`
+    )
+
+    // webhooks through the registry stream
+    const registrations = Array.from({ length: WEBHOOKS }, (_, i) => {
+      timeUs += 1
+      return commitFrame(plc(10_000 + i), timeUs, WH, "w", "create", {
+        $type: WH,
+        scope: { aturi: `at://${scopeDid(i % scopes)}` },
+        url: `http://127.0.0.1:${rx.ports[i % rx.ports.length]}/h/${i}`,
+        secret: `bench-secret-${i}-0123456789abcdef`,
+        createdAt: "2026-01-01T00:00:00Z"
+      })
+    })
+    for (let i = 0; i < registrations.length; i += 200) {
+      js.publish(registrations.slice(i, i + 200))
+      await sleep(50)
+    }
+    const wanted = Array.from({ length: scopes }, (_, j) => scopeDid(j))
+    await until(
+      async () => {
+        const n = Number((await q<{ n: string }>(`SELECT count(*)::text AS n FROM webhooks WHERE active`))[0]?.n)
+        const subscribed = js.connections.some((c) => {
+          const dids = c.options.at(-1)?.["wantedDids"]
+          return c.socket.readyState === 1 && Array.isArray(dids) && wanted.every((d) => dids.includes(d))
+        })
+        return n === WEBHOOKS && subscribed
+      },
+      300_000,
+      "webhooks registered and the direct stream subscribed",
+      250
+    )
+    // warm up: one event per scope
+    for (let j = 0; j < scopes; j++) js.publish([post()])
+    await until(async () => (await rx.stats()).distinct >= scopes * FANOUT, 60_000, "warm-up delivered")
+    await rx.reset()
+
+    // 1. throughput
+    const pgPids = async () =>
+      (await q<{ pid: number }>(
+        `SELECT pid FROM pg_stat_activity
+         WHERE (datname = current_database() AND pid <> pg_backend_pid()) OR backend_type <> 'client backend'`
+      )).map((r) => Number(r.pid))
+    const fhPids0 = tree(root)
+    const pg0 = await pgPids()
+    const fhCpu0 = snapshot(fhPids0, root)
+    const pgCpu0 = snapshot(pg0)
+    const target = EVENTS * FANOUT
+    const t0 = Date.now()
+    const perTick = Math.max(1, Math.round(PUBLISH_RATE / 20))
+    for (let published = 0, k = 0; published < EVENTS; k++) {
+      const wait = t0 + k * 50 - Date.now()
+      if (wait > 0) await sleep(wait)
+      const n = Math.min(perTick, EVENTS - published)
+      js.publish(Array.from({ length: n }, post))
+      published += n
+    }
+    const publishedMs = Date.now() - t0
+    let last = { requests: 0, distinct: 0, first: 0, last: 0 }
+    await until(async () => (last = await rx.stats()).distinct >= target, 600_000, "phase 1 delivered")
+    const fhPids1 = tree(root)
+    const fhCpu1 = snapshot([...new Set([...fhPids0, ...fhPids1])], root)
+    const pgCpu1 = snapshot([...new Set([...pg0, ...(await pgPids())])])
+    const seconds = (last.last - t0) / 1000
+    const rate = target / seconds
+    const fhMs = spent(fhCpu0, fhCpu1)
+    const pgMs = spent(pgCpu0, pgCpu1)
+    say(
+      `phase 1: ${target} deliveries (${last.requests} requests) in ${seconds.toFixed(1)} s from the first publish = ${
+        rate.toFixed(0)
+      } deliveries/s end to end (${EVENTS} events published in ${
+        (publishedMs / 1000).toFixed(1)
+      } s); CPU: firehook ${fhPids1.length} process(es) ${((fhMs / 1000 / seconds) * 100).toFixed(0)}% (${
+        (fhMs / target).toFixed(3)
+      } ms/delivery), PostgreSQL ${((pgMs / 1000 / seconds) * 100).toFixed(0)}% (${
+        (pgMs / target).toFixed(3)
+      } ms/delivery)`
+    )
+
+    // 2. steady offered load
+    await rx.reset()
+    const steadyStart = (await q<{ now: Date }>(`SELECT now() AS now`))[0]?.now ?? new Date(0)
+    const eventsPerTick = Math.max(1, Math.round(RATE / FANOUT / 10))
+    const ticks = Math.max(1, Math.round(STEADY_SECONDS * 10))
+    const fhCpu2 = snapshot(tree(root), root)
+    const s0 = Date.now()
+    for (let k = 0; k < ticks; k++) {
+      const wait = s0 + k * 100 - Date.now()
+      if (wait > 0) await sleep(wait)
+      js.publish(Array.from({ length: eventsPerTick }, post))
+    }
+    const offered = ticks * eventsPerTick * FANOUT
+    const steadySeconds = (Date.now() - s0) / 1000
+    await until(async () => (await rx.stats()).distinct >= offered, 300_000, "phase 2 delivered")
+    const fhSteadyMs = spent(fhCpu2, snapshot(tree(root), root))
+    let lat: Array<number> = []
+    await until(
+      async () => {
+        lat = (await q<{ ms: number }>(
+          `SELECT (extract(epoch FROM a.started_at - o.created_at) * 1000)::float8 AS ms
+           FROM outbox o JOIN delivery_attempts a ON a.delivery_id = o.delivery_id AND a.attempt = 1
+           WHERE o.created_at >= $1`,
+          [steadyStart]
+        )).map((r) => Number(r.ms))
+        return lat.length >= offered
+      },
+      60_000,
+      "phase 2 attempts recorded",
+      250
+    )
+    const p50 = percentile(lat, 50)
+    const p99 = percentile(lat, 99)
+    say(
+      `phase 2: ${offered} deliveries offered at ${
+        (offered / steadySeconds).toFixed(0)
+      }/s (target ${RATE}/s): enqueue → first attempt p50 ${p50.toFixed(1)} ms, p99 ${p99.toFixed(1)} ms, max ${
+        Math.max(...lat).toFixed(1)
+      } ms; firehook CPU ${((fhSteadyMs / 1000 / steadySeconds) * 100).toFixed(0)}% of a core`
+    )
+
+    // peak RSS (before the bare loops, which run in this process)
+    const rss = tree(root).map((pid) => `${processName(pid)} [${pid}] ${mib(vmHwmKib(pid))} MiB`)
+    const fhPeak = Math.max(...tree(root).map(vmHwmKib))
+
+    // 3. bare loops to the same receivers
+    const body = await q<{ n: number }>(`SELECT avg(octet_length(body))::int AS n FROM delivery_events`)
+    const bodyBytes = Number(body[0]?.n ?? 300)
+    const loop = {
+      ports: rx.ports,
+      requests: Math.min(target, 20_000),
+      bodyBytes,
+      concurrency: CONCURRENCY,
+      paths: WEBHOOKS
+    }
+    const bareHttp = await bareHttpLoop(loop)
+    const bareFetch = await fetchLoop(loop)
+    const bare = Math.max(bareHttp.rate, bareFetch.rate)
+    say(
+      `phase 3: bare loops from this process, concurrency ${CONCURRENCY}, ${bodyBytes}-byte bodies: node:http ${
+        bareHttp.rate.toFixed(0)
+      } requests/s (${bareHttp.cpuMs.toFixed(3)} ms CPU per request, client only), fetch ${
+        bareFetch.rate.toFixed(0)
+      } requests/s (${bareFetch.cpuMs.toFixed(3)} ms); end to end / bare = ${(rate / bare).toFixed(3)}`
+    )
+    say(
+      `peak RSS (VmHWM): firehook ${rss.join(", ")}; receivers ${mib(vmHwmKib(rx.child.pid ?? 0))} MiB; bench ${
+        mib(vmHwmKib(process.pid))
+      } MiB; load average ${Os.loadavg()[0]?.toFixed(1)} at end`
+    )
+    say(
+      `e2e: deliveries/s ${rate.toFixed(0)} | bare ${bare.toFixed(0)}/s | ratio ${
+        (rate / bare).toFixed(3)
+      } | cpu firehook ${(fhMs / target).toFixed(3)} ms + postgres ${(pgMs / target).toFixed(3)} ms = ${
+        ((fhMs + pgMs) / target).toFixed(3)
+      } ms/delivery | p50 ${p50.toFixed(1)} ms | p99 ${p99.toFixed(1)} ms at ${RATE}/s | peak rss ${mib(fhPeak)} MiB (${
+        tree(root).length
+      } firehook process(es))`
+    )
+  } finally {
+    await cleanup()
+  }
+}
+
+main().then(
+  () => process.exit(0),
+  (e: unknown) => {
+    process.stderr.write(`bench failed: ${e instanceof Error ? e.message : String(e)}\n`)
+    process.exit(1)
+  }
+)
