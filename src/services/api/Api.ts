@@ -20,6 +20,7 @@ import { Secrets } from "../delivery/Secrets.js"
 import * as Outbox from "../matching/Outbox.js"
 import type { OutboxStore } from "../matching/Outbox.js"
 import * as Operator from "../operator/Operator.js"
+import * as WebhookState from "../operator/WebhookState.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
@@ -27,6 +28,8 @@ import { Lifecycle } from "../platform/Lifecycle.js"
 import * as IdentityService from "../reconciliation/Identity.js"
 import * as IdentityInvalidations from "../reconciliation/IdentityInvalidations.js"
 import * as RegistryStore from "../registry/RegistryStore.js"
+import * as RejectedStoreModule from "../registry/RejectedStore.js"
+import type { RejectedStore } from "../registry/RejectedStore.js"
 import { didWebOf } from "./ApiConfig.js"
 import { DELIVERY_METHODS } from "./DeliveryMethods.js"
 import * as Jti from "./JtiStore.js"
@@ -38,23 +41,44 @@ import * as ServiceAuth from "./ServiceAuth.js"
 import * as TailHub from "./Tail.js"
 import { Tail } from "./Tail.js"
 import { TAIL_METHODS } from "./TailMethods.js"
+import { WEBHOOK_METHODS } from "./WebhookMethods.js"
 import * as Xrpc from "./Xrpc.js"
 
 /** What the served methods need (their production drivers: {@link methodsLayerSql}). */
-export type ServedRequirements = Secrets | Operator.Operator | OutboxStore | RegistryStore.RegistryStore | Tail
+export type ServedRequirements =
+  | Secrets
+  | Operator.Operator
+  | OutboxStore
+  | RegistryStore.RegistryStore
+  | Tail
+  | WebhookState.WebhookStateStore
+  | RejectedStore
+  | FirehookConfig
 
-/** The methods firehook serves today (SPEC §8.4; the §8.5 methods join this table). */
-export const SERVED_METHODS: MethodTable<ServedRequirements> = [...SECRET_METHODS, ...DELIVERY_METHODS, ...TAIL_METHODS]
+/** The methods firehook serves today (SPEC §8.4, §8.5). */
+export const SERVED_METHODS: MethodTable<ServedRequirements> = [
+  ...SECRET_METHODS,
+  ...DELIVERY_METHODS,
+  ...TAIL_METHODS,
+  ...WEBHOOK_METHODS
+]
 
 /**
  * The stores the served methods use, on PostgreSQL (the secret store's keyring from the
- * configuration); the live tail's hub (`Tail`) is the API layer's own.
+ * configuration, which the caller provides); the live tail's hub (`Tail`) is the API layer's own.
  */
 export const methodsLayerSql: Layer.Layer<
-  Exclude<ServedRequirements, Tail>,
+  Exclude<ServedRequirements, Tail | FirehookConfig>,
   never,
   FirehookConfig | SqlClient.SqlClient
-> = Layer.mergeAll(Secrets.layerSql, Operator.layer, Outbox.layerSql, RegistryStore.layerSql)
+> = Layer.mergeAll(
+  Secrets.layerSql,
+  Operator.layer,
+  Outbox.layerSql,
+  RegistryStore.layerSql,
+  WebhookState.layerSql,
+  RejectedStoreModule.layerSql
+)
 
 export interface ApiStats {
   readonly configured: boolean

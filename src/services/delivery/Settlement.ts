@@ -16,6 +16,7 @@ import type { OutgoingRequest } from "./Destinations.js"
 import type { AuditEvent } from "./Publisher.js"
 import { nextDelay } from "./RetryPolicy.js"
 import { countAttempt, countNotAttempted, logStoreError } from "./Telemetry.js"
+import { PARKED_KIND } from "./WebhookHealthSql.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
 /** Why an attempt failed: a failure kind, a row without its payload, or a defect. */
@@ -28,6 +29,8 @@ const retryableKind = (kind: Kind): boolean =>
  * What an attempt decided:
  * - `Defer`: come back after `delayMs` plus up to `jitterMs` at random, no attempt spent;
  * - `Cancel`: settled `cancelled` without a request;
+ * - `Park`: the webhook is auto-disabled or gone (SPEC §4.3): parked as a `dead_letter` of kind
+ *   `webhook_disabled` without a request, for a later replay (dropped beyond 10,000 per webhook);
  * - `Fail`: a failed attempt (rescheduled with backoff while retryable and within budget, else
  *   dead-lettered);
  * - `Deliver`: delivered (`attempt.outcome` `delivered`, or `skipped` when no request was needed);
@@ -36,6 +39,7 @@ const retryableKind = (kind: Kind): boolean =>
 export type Settlement = Data.TaggedEnum<{
   Defer: { readonly delayMs: number; readonly jitterMs: number; readonly reason: string }
   Cancel: { readonly reason: string }
+  Park: {}
   Fail: {
     readonly kind: Kind
     readonly httpStatus: number | undefined
@@ -54,7 +58,7 @@ export const Settlement = Data.taggedEnum<Settlement>()
 export type Settled = Exclude<Settlement, { readonly _tag: "Send" }>
 
 // the constructors, read once (each read of the enum's proxy makes a new one)
-export const { Cancel, Defer, Deliver, Fail, Send } = Settlement
+export const { Cancel, Defer, Deliver, Fail, Park, Send } = Settlement
 
 /** A failed attempt without a response. */
 export const failure = (kind: Kind, startedAtMs: number, durationMs: number): Settled =>
@@ -72,6 +76,8 @@ export const settle = (env: WorkerEnv, row: ClaimedRow, s: Settled): Effect.Effe
         : deferRow(env, row, s.delayMs, s.reason)
     case "Cancel":
       return cancelRow(env, row, s.reason)
+    case "Park":
+      return parkRow(env, row)
     case "Deliver":
       return delivered(env, row, s.httpStatus, s.attempt)
     case "Fail":
@@ -141,6 +147,13 @@ const cancelRow = (env: WorkerEnv, row: ClaimedRow, reason: string) =>
     const applied = yield* guarded(env, env.store.cancel(row.deliveryId, row.leaseToken, reason))
     countNotAttempted(reason)
     if (applied) yield* publish(env, row, "cancelled", undefined, reason)
+  })
+
+const parkRow = (env: WorkerEnv, row: ClaimedRow) =>
+  Effect.gen(function*() {
+    const applied = yield* guarded(env, env.store.parkDisabled(row.deliveryId, row.leaseToken))
+    countNotAttempted(PARKED_KIND)
+    if (applied) yield* publish(env, row, "dead_letter", undefined, PARKED_KIND)
   })
 
 const delivered = (
