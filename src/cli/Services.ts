@@ -5,6 +5,7 @@
 import { Effect, Layer } from "effect"
 import { Secrets } from "../services/delivery/Secrets.js"
 import * as Operator from "../services/operator/Operator.js"
+import * as WebhookState from "../services/operator/WebhookState.js"
 import * as Config from "../services/platform/Config.js"
 import * as Database from "../services/platform/Database.js"
 import { SafeHttp } from "../services/platform/http/SafeHttp.js"
@@ -16,13 +17,14 @@ import * as ReconcileStore from "../services/reconciliation/ReconcileStore.js"
 // Services (built only when a command runs, so --help needs neither configuration nor database)
 
 export const servicesFor = (config: Config.FirehookConfigShape) =>
-  Layer.mergeAll(Operator.layer, Secrets.layerSql).pipe(
+  Layer.mergeAll(Operator.layer, Secrets.layerSql, WebhookState.layerSql).pipe(
     Layer.provideMerge(Database.layer({ maxConnections: 2, applicationName: "firehook-cli" })),
     Layer.provideMerge(Config.layerValue(config))
   )
 
-export const withServices = <A, E>(eff: Effect.Effect<A, E, Operator.Operator | Secrets>) =>
-  Effect.flatMap(Config.load({ isTty: false }), (config) => Effect.provide(eff, servicesFor(config)))
+export const withServices = <A, E>(
+  eff: Effect.Effect<A, E, Operator.Operator | Secrets | WebhookState.WebhookStateStore>
+) => Effect.flatMap(Config.load({ isTty: false }), (config) => Effect.provide(eff, servicesFor(config)))
 
 /**
  * Reconciliation from the command line: the reconcile store, and a reconciler that writes the

@@ -66,6 +66,7 @@ import { flush, write } from "./Output.js"
 import { owners } from "./OwnersCommand.js"
 import { secrets } from "./SecretsCommand.js"
 import { status } from "./StatusCommand.js"
+import { webhooks } from "./WebhooksCommand.js"
 
 // ---------------------------------------------------------------------------------------------
 // the app
@@ -73,10 +74,10 @@ import { status } from "./StatusCommand.js"
 const firehook = Command.make(
   "firehook",
   {},
-  () => usage("missing command: deliveries, secrets, owners, status or hooks")
+  () => usage("missing command: deliveries, webhooks, secrets, owners, status or hooks")
 ).pipe(
   Command.withDescription("operate a firehook deployment; manage your own webhook records (hooks)"),
-  Command.withSubcommands([deliveries, secrets, owners, status, hooks])
+  Command.withSubcommands([deliveries, webhooks, secrets, owners, status, hooks])
 )
 
 const cli = Command.run(firehook, { name: "firehook", version: pkg.version })

@@ -15,13 +15,18 @@
  * - `reconcile`: identity (following the invalidations intake sends), the reconciler, the retry
  *   scheduler, the backfill;
  * - `maintenance`: maintenance (one runner across replicas);
- * - `api`: the owners' XRPC listener.
+ * - `api`: the owners' XRPC listener, its identity cache following the invalidations, its live
+ *   tail fed by the outcomes of this process's worker and (PostgreSQL LISTEN) every other's.
+ *
+ * `delivery` and `api` share the process's `DeliveryOutcomes` (the live tail's feed): a `delivery`
+ * process NOTIFYs the outcomes it settles on `firehook_outcomes`, an `api` process LISTENs.
  */
 import * as HttpServer from "@effect/platform/HttpServer"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
 import { parseCidr } from "../schemas/Net.js"
 import * as Api from "../services/api/Api.js"
 import * as Delivery from "../services/delivery/Delivery.js"
+import * as DeliveryOutcomes from "../services/delivery/DeliveryOutcomes.js"
 import * as DeliveryStore from "../services/delivery/DeliveryStore.js"
 import { Destinations } from "../services/delivery/Destinations.js"
 import * as Publisher from "../services/delivery/Publisher.js"
@@ -167,15 +172,26 @@ const startMatching = (scope: Scope.Scope) =>
  * tuning, `WEBHOOK_INTAKE_*`, is read by Intake itself; it forwards `#identity`/`#account` events to
  * every process's identity cache). Returns the identity context, for step 5.
  */
-const startParts = <E, R>(config: FirehookConfigShape, scope: Scope.Scope, options: ServiceOptions<E, R>) =>
+const startParts = <E, R>(
+  config: FirehookConfigShape,
+  scope: Scope.Scope,
+  options: ServiceOptions<E, R>,
+  outcomes: Context.Context<never>
+) =>
   Effect.gen(function*() {
     const runs = (role: RolesConfig.Role) => RolesConfig.runs(config.roles, role)
     const matching = runs("intake") ? Option.some(yield* startMatching(scope)) : Option.none()
     // what the later parts use when this process has it (the registry in memory), typed as nothing
     const optional: Context.Context<never> = Option.getOrElse(matching, () => Context.empty())
     if (runs("delivery")) {
+      // the worker publishes its terminal outcomes to the live tail's feed (DeliveryOutcomes); with
+      // a delivery child (DELIVERY_PROCESS), the child's own feed NOTIFYs them
       if (options.deliveryProcess !== undefined) yield* options.deliveryProcess.pipe(Scope.extend(scope))
-      else yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(Effect.provide(optional))
+      else {
+        yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(
+          Effect.provide(Context.merge(optional, outcomes))
+        )
+      }
     }
     if (runs("maintenance")) yield* Layer.buildWithScope(Maintenance.layer(maintenanceOptions(config)), scope)
     const identity = runs("reconcile")
@@ -238,11 +254,20 @@ export const service = <E, R>(
       const startup = Effect.gen(function*() {
         // 3. the health server (every process)
         yield* startHealthServer(server, scope)
+        // the live tail's feed, shared by the worker (NOTIFY) and the API (LISTEN) of this process
+        const serveApi = RolesConfig.runs(config.roles, "api") && options.api !== undefined
+        const notify = RolesConfig.runs(config.roles, "delivery") && options.deliveryProcess === undefined
+        const outcomes = serveApi || notify
+          ? Option.some(yield* Layer.buildWithScope(DeliveryOutcomes.layerSql({ notify, listen: serveApi }), scope))
+          : Option.none()
         // 3b. role `api`: the owners' XRPC listener on API_HOST:API_PORT (SPEC §8.1), in a scope
         //     of its own, started right after the health listener and stopped at its stage (`http`)
-        if (RolesConfig.runs(config.roles, "api") && options.api !== undefined) yield* Api.start(options.api, scope)
+        if (serveApi && options.api !== undefined && Option.isSome(outcomes)) {
+          yield* Api.start(options.api, scope).pipe(Effect.provide(outcomes.value))
+        }
         // 4. the registry and matching, the delivery worker, maintenance, identity, intake
-        const parts = yield* startParts(config, scope, options)
+        const withOutcomes: Context.Context<never> = Option.getOrElse(outcomes, () => Context.empty())
+        const parts = yield* startParts(config, scope, options, withOutcomes)
         // 5. the retry scheduler and the initial backfill (`reconcile`), or `live` at once
         if (Option.isSome(parts.identity)) yield* startReconciliation(scope, parts.identity.value, parts.optional)
         else yield* lifecycle.setPhase("live")

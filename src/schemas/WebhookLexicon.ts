@@ -60,7 +60,8 @@ export const Counts = Schema.Struct({
 export const WebhookView = Schema.Struct({
   uri: Schema.String.pipe(Schema.maxLength(MAX_URL_LENGTH)),
   rkey: RecordKey,
-  cid: Cid,
+  /** empty for a refused record whose version firehook did not learn */
+  cid: Schema.String.pipe(Schema.maxLength(256)),
   scope: Scope,
   events: Schema.Array(Schema.Literal(...OPERATIONS)).pipe(Schema.maxItems(3)),
   enabled: Schema.Boolean,
@@ -234,7 +235,8 @@ export const subscribeDeliveries = contract({
   nsid: "dev.firehook.webhook.subscribeDeliveries",
   kind: "subscription",
   params: NoParams,
-  output: Schema.Union(OutcomeFrame, InfoFrame)
+  output: Schema.Union(OutcomeFrame, InfoFrame),
+  errors: ["TooManyConnections"]
 })
 
 /** Every method of SPEC §8.5. */

@@ -21,6 +21,8 @@ import * as Path from "node:path"
 import { expect } from "vitest"
 import * as Api from "../../src/services/api/Api.js"
 import type { MethodTable } from "../../src/services/api/Methods.js"
+import * as TailHub from "../../src/services/api/Tail.js"
+import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
@@ -123,6 +125,7 @@ export interface ApiTestOptions {
   readonly env?: Record<string, string>
   readonly methods?: MethodTable<Api.ServedRequirements>
   readonly api?: Api.ApiOptions
+  readonly tail?: TailHub.TailOptions
 }
 
 /** What {@link apiLayerWith}'s extra services may use: the API's database, configuration and core. */
@@ -163,8 +166,9 @@ export const apiLayerWith = <A, E>(extra: Layer.Layer<A, E, CoreServices>, optio
       const identity = Identity.layer().pipe(
         Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] }))
       )
+      const tail = TailHub.layer(options.tail).pipe(Layer.provideMerge(DeliveryOutcomes.layerMemory))
       const api = Api.layer(options.methods ?? Api.SERVED_METHODS, options.api).pipe(
-        Layer.provideMerge(Layer.mergeAll(Api.methodsLayerSql, identity))
+        Layer.provideMerge(Layer.mergeAll(Api.methodsLayerSql, identity, tail))
       )
       return Api.serve(NodeHttpServer.layerTest).pipe(
         Layer.provideMerge(api),

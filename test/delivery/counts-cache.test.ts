@@ -23,7 +23,7 @@ const TIMEOUT = Duration.toMillis(COUNTS_TIMEOUT)
 const fakeCounts = () => {
   const calls = { started: 0, interrupted: 0 }
   let mode: "answer" | "hang" | "fail" = "answer"
-  let value: DeliveryCounts = { pending: 3, leased: 2, deadLetter: 1 }
+  let value: DeliveryCounts = { pending: 3, leased: 2, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 }
   const counts: Effect.Effect<DeliveryCounts, StoreError> = Effect.suspend(() => {
     calls.started++
     if (mode === "answer") return Effect.succeed(value)
@@ -86,6 +86,8 @@ describe("delivery health counts (SPEC §6.2)", () => {
         deadLetter: 1,
         inFlight: 0,
         openCircuits: 0,
+        autoDisabledWebhooks: 0,
+        goneWebhooks: 0,
         stale: false
       })
       expect(fake.calls.started).toBe(1)
@@ -112,10 +114,12 @@ describe("delivery health counts (SPEC §6.2)", () => {
         deadLetter: 1,
         inFlight: 0,
         openCircuits: 0,
+        autoDisabledWebhooks: 0,
+        goneWebhooks: 0,
         stale: true
       })
       // the database answers again: the next read (t = 6.5 s) refreshes the counts
-      fake.answer({ pending: 7, leased: 0, deadLetter: 4 })
+      fake.answer({ pending: 7, leased: 0, deadLetter: 4, autoDisabledWebhooks: 0, goneWebhooks: 0 })
       yield* TestClock.adjust(Duration.millis(2 * REFRESH + TIMEOUT - COUNTS_TTL_MS - 1))
       yield* settle
       expect(fake.calls.started).toBe(3)
@@ -140,18 +144,30 @@ describe("delivery health counts (SPEC §6.2)", () => {
             errors.push(`${e.op} ${e.code}`)
           })
       })
-      expect(yield* atOnce(cache.read)).toEqual({ counts: { pending: 0, leased: 0, deadLetter: 0 }, stale: true })
+      expect(yield* atOnce(cache.read)).toEqual({
+        counts: { pending: 0, leased: 0, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 },
+        stale: true
+      })
       yield* TestClock.adjust(Duration.millis(TIMEOUT))
       expect(errors).toEqual(["delivery.counts timeout"])
-      fake.answer({ pending: 1, leased: 1, deadLetter: 1 })
+      fake.answer({ pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 })
       yield* TestClock.adjust(Duration.millis(REFRESH))
-      expect(yield* atOnce(cache.read)).toEqual({ counts: { pending: 1, leased: 1, deadLetter: 1 }, stale: false })
+      expect(yield* atOnce(cache.read)).toEqual({
+        counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 },
+        stale: false
+      })
       fake.fail()
       yield* TestClock.adjust(Duration.millis(REFRESH))
       expect(errors).toEqual(["delivery.counts timeout", "delivery.counts 57P01"])
-      expect(yield* atOnce(cache.read)).toEqual({ counts: { pending: 1, leased: 1, deadLetter: 1 }, stale: false })
+      expect(yield* atOnce(cache.read)).toEqual({
+        counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 },
+        stale: false
+      })
       yield* TestClock.adjust(Duration.millis(COUNTS_TTL_MS - REFRESH + 1))
-      expect(yield* atOnce(cache.read)).toEqual({ counts: { pending: 1, leased: 1, deadLetter: 1 }, stale: true })
+      expect(yield* atOnce(cache.read)).toEqual({
+        counts: { pending: 1, leased: 1, deadLetter: 1, autoDisabledWebhooks: 0, goneWebhooks: 0 },
+        stale: true
+      })
     }))
 
   it.effect("the refresh is owned by its scope and ends when the worker stops", () =>

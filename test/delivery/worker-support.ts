@@ -13,6 +13,7 @@ import type * as Net from "node:net"
 import { Webhook } from "standardwebhooks"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as Delivery from "../../src/services/delivery/Delivery.js"
+import type { DeliveryOutcomes } from "../../src/services/delivery/DeliveryOutcomes.js"
 import * as DeliveryStore from "../../src/services/delivery/DeliveryStore.js"
 import { Destinations } from "../../src/services/delivery/Destinations.js"
 import { type AuditEvent, Publisher } from "../../src/services/delivery/Publisher.js"
@@ -186,6 +187,8 @@ export interface WorkerSetup {
   readonly publisher?: Layer.Layer<Publisher>
   /** the delivery store (default: the PostgreSQL one), e.g. a wrapper that records claims */
   readonly store?: Layer.Layer<DeliveryStore.DeliveryStore, never, SqlClient.SqlClient | PgClient.PgClient>
+  /** the live tail's feed the worker publishes terminal outcomes to (none: the worker has none) */
+  readonly outcomes?: Layer.Layer<DeliveryOutcomes>
 }
 
 /**
@@ -202,6 +205,7 @@ export const workerLayer = (setup: WorkerSetup = {}) =>
         safeHttpFromConfig,
         Destinations.layer,
         setup.publisher ?? recordingPublisher().layer,
+        setup.outcomes ?? Layer.empty,
         Health.layer.pipe(Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: Duration.seconds(10) })))
       )
     )

@@ -5,7 +5,8 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Layer, Queue } from "effect"
+import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
 import {
   closedPort,
@@ -53,7 +54,9 @@ const CASES: ReadonlyArray<{
 
 const ENV = {
   WEBHOOK_ALLOW_INSECURE_DEV: "1",
-  DELIVERY_TIMEOUT_MS: "300",
+  // long enough for every answering receiver on a loaded machine (300 ms timed out a 204 under
+  // load); the hanging one still times out well within the wait below
+  DELIVERY_TIMEOUT_MS: "3000",
   // retries must not come back during the test
   DELIVERY_RETRY_BASE_MS: "600000",
   DELIVERY_RETRY_MAX_MS: "3600000"
@@ -81,7 +84,14 @@ describe("delivery worker: classification through real responses", () => {
           )
         ]
         yield* run(registrations)
-        yield* startWorker({ options: { pollIntervalMs: 100 }, publisher: publisher.layer })
+        // the live tail's feed (SPEC §8.5): subscribed before the worker settles anything
+        const outcomes = yield* DeliveryOutcomes.make()
+        const feed = yield* outcomes.subscribe
+        yield* startWorker({
+          options: { pollIntervalMs: 100 },
+          publisher: publisher.layer,
+          outcomes: Layer.succeed(DeliveryOutcomes.DeliveryOutcomes, outcomes)
+        })
         const r = yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
         expect(r.inserted).toBe(CASES.length + 1)
 
@@ -147,6 +157,23 @@ describe("delivery worker: classification through real responses", () => {
         expect(publisher.events.filter((e) => e.status === "dead_letter").map((e) => e.errorKind).sort()).toEqual(
           ["gone", "http_4xx", "http_4xx", "redirect"]
         )
+        // the same terminal outcomes, once each, reach the live tail's feed: never a retry
+        const fed = [...(yield* Queue.takeAll(feed))]
+        const byId = new Map(rows.map((x) => [x.delivery_id, x]))
+        expect(fed.length).toBe(terminal)
+        expect(new Set(fed.map((o) => o.id)).size).toBe(terminal)
+        for (const o of fed) {
+          const row = byId.get(o.id)
+          expect({ owner: o.owner, rkey: o.rkey, status: o.status, kind: o.errorKind, http: o.httpStatus ?? null })
+            .toEqual({
+              owner: OWNER,
+              rkey: row?.webhook_rkey,
+              status: row?.status,
+              kind: o.status === "delivered" ? undefined : row?.last_error_kind,
+              http: row?.last_http_status
+            })
+          expect(o.event).toBe("create")
+        }
 
         // a later event no longer matches the gone subscription (it left the in-memory registry):
         // no outbox row, no request, no audit row; the others still match

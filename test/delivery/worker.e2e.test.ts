@@ -160,7 +160,16 @@ describe("delivery worker end to end", () => {
 
         // health: counts only, never gating readiness (the counts are refreshed in the background,
         // every 2 s: the first report after the deliveries may still show them pending)
-        const idle = { pending: 0, leased: 0, deadLetter: 0, inFlight: 0, openCircuits: 0, stale: false }
+        const idle = {
+          pending: 0,
+          leased: 0,
+          deadLetter: 0,
+          inFlight: 0,
+          openCircuits: 0,
+          autoDisabledWebhooks: 0,
+          goneWebhooks: 0,
+          stale: false
+        }
         const report = yield* eventually(
           "health counts refreshed",
           worker.health.report,

@@ -53,6 +53,8 @@ describe("delivery health counts on PostgreSQL", () => {
           deadLetter: 0,
           inFlight: 0,
           openCircuits: 0,
+          autoDisabledWebhooks: 0,
+          goneWebhooks: 0,
           stale: true
         })
         yield* Deferred.succeed(release, undefined)

@@ -51,7 +51,8 @@ describe("Config", () => {
         retryMaxMs: 300000,
         allowCidrs: [],
         circuitThreshold: 20,
-        circuitCooldownMs: 60000
+        circuitCooldownMs: 60000,
+        autoDisableAfterMs: 432000000
       })
       expect(Option.isNone(c.secrets.encryptionKey)).toBe(true)
       expect(Option.isNone(c.redis.url)).toBe(true)

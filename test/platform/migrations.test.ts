@@ -8,6 +8,7 @@ import * as Migrations from "../../src/services/platform/Migrations.js"
 import * as Db from "../support/db.js"
 
 const EXPECTED_TABLES = [
+  "api_jti",
   "audit",
   "backfill_state",
   "cursors",

@@ -13,34 +13,72 @@ import * as HttpServer from "@effect/platform/HttpServer"
 import type * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import type { SqlClient } from "@effect/sql"
+import type { PgClient } from "@effect/sql-pg"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
+import type { DeliveryOutcomes } from "../delivery/DeliveryOutcomes.js"
 import { Secrets } from "../delivery/Secrets.js"
 import * as Outbox from "../matching/Outbox.js"
 import type { OutboxStore } from "../matching/Outbox.js"
 import * as Operator from "../operator/Operator.js"
+import * as WebhookState from "../operator/WebhookState.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import * as IdentityService from "../reconciliation/Identity.js"
+import * as IdentityInvalidations from "../reconciliation/IdentityInvalidations.js"
 import * as RegistryStore from "../registry/RegistryStore.js"
+import * as RejectedStoreModule from "../registry/RejectedStore.js"
+import type { RejectedStore } from "../registry/RejectedStore.js"
 import { didWebOf } from "./ApiConfig.js"
 import { DELIVERY_METHODS } from "./DeliveryMethods.js"
+import * as Jti from "./JtiStore.js"
+import { JtiStore } from "./JtiStore.js"
 import type { ApiMethod, MethodTable } from "./Methods.js"
 import { type ApiLimits, DEFAULT_LIMITS, makeBuckets } from "./RateLimiter.js"
 import { SECRET_METHODS } from "./SecretMethods.js"
 import * as ServiceAuth from "./ServiceAuth.js"
+import * as TailHub from "./Tail.js"
+import { Tail } from "./Tail.js"
+import { TAIL_METHODS } from "./TailMethods.js"
+import { WEBHOOK_METHODS } from "./WebhookMethods.js"
 import * as Xrpc from "./Xrpc.js"
 
 /** What the served methods need (their production drivers: {@link methodsLayerSql}). */
-export type ServedRequirements = Secrets | Operator.Operator | OutboxStore | RegistryStore.RegistryStore
+export type ServedRequirements =
+  | Secrets
+  | Operator.Operator
+  | OutboxStore
+  | RegistryStore.RegistryStore
+  | Tail
+  | WebhookState.WebhookStateStore
+  | RejectedStore
+  | FirehookConfig
 
-/** The methods firehook serves today (SPEC §8.4; the §8.5 methods join this table). */
-export const SERVED_METHODS: MethodTable<ServedRequirements> = [...SECRET_METHODS, ...DELIVERY_METHODS]
+/** The methods firehook serves today (SPEC §8.4, §8.5). */
+export const SERVED_METHODS: MethodTable<ServedRequirements> = [
+  ...SECRET_METHODS,
+  ...DELIVERY_METHODS,
+  ...TAIL_METHODS,
+  ...WEBHOOK_METHODS
+]
 
-/** The stores the served methods use, on PostgreSQL (the secret store's keyring from the configuration). */
-export const methodsLayerSql: Layer.Layer<ServedRequirements, never, FirehookConfig | SqlClient.SqlClient> = Layer
-  .mergeAll(Secrets.layerSql, Operator.layer, Outbox.layerSql, RegistryStore.layerSql)
+/**
+ * The stores the served methods use, on PostgreSQL (the secret store's keyring from the
+ * configuration, which the caller provides); the live tail's hub (`Tail`) is the API layer's own.
+ */
+export const methodsLayerSql: Layer.Layer<
+  Exclude<ServedRequirements, Tail | FirehookConfig>,
+  never,
+  FirehookConfig | SqlClient.SqlClient
+> = Layer.mergeAll(
+  Secrets.layerSql,
+  Operator.layer,
+  Outbox.layerSql,
+  RegistryStore.layerSql,
+  WebhookState.layerSql,
+  RejectedStoreModule.layerSql
+)
 
 export interface ApiStats {
   readonly configured: boolean
@@ -89,10 +127,13 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
     const health = yield* Health
     const context = yield* Effect.context<R>()
     const limits: ApiLimits = { ...DEFAULT_LIMITS, ...options.limits }
+    // the replay store shared by the replicas, when the process has one (layerSql)
+    const shared = yield* Effect.serviceOption(JtiStore)
     const auth = Option.isSome(config.api.serviceDid)
       ? yield* ServiceAuth.make({
         serviceDid: config.api.serviceDid.value,
-        ...(options.replayCapacity === undefined ? {} : { replayCapacity: options.replayCapacity })
+        ...(options.replayCapacity === undefined ? {} : { replayCapacity: options.replayCapacity }),
+        ...(Option.isSome(shared) ? { sharedReplay: shared.value } : {})
       })
       : undefined
     const counters: Xrpc.ApiCounters = { calls: 0, authFailures: 0, rateLimited: 0 }
@@ -116,7 +157,14 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
     }
     const stats = Effect.sync((): ApiStats => ({ configured: auth !== undefined, ...counters }))
     yield* health.register("api", statsSection(stats, ["configured", "calls", "authFailures", "rateLimited"]))
-    const shape: ApiShape = { app: Effect.provide(Xrpc.app(deps), context), stats }
+    // the request's own services win over the layer's: above all its Scope (the layer's context
+    // holds the layer's scope, and what a call acquires must be released when the call ends)
+    const app = Xrpc.app(deps).pipe(
+      Effect.mapInputContext((request: Context.Context<HttpServerRequest.HttpServerRequest | Scope.Scope>) =>
+        Context.merge(context, request)
+      )
+    )
+    const shape: ApiShape = { app, stats }
     return shape
   })
 
@@ -125,22 +173,30 @@ export const layer = <R>(methods: MethodTable<R>, options: ApiOptions = {}) => L
 
 /**
  * The served API with its production dependencies: the secret store on PostgreSQL (keyring from
- * the configuration) and an Identity of its own (its own cache, over its own SSRF-safe transport).
+ * the configuration), the replay store shared by the replicas (`api_jti`), the live tail's hub over
+ * the process's `DeliveryOutcomes`, and an Identity of its own (its own cache, over its own
+ * SSRF-safe transport) that follows the identity invalidations intake sends (`firehook_identity`).
  */
 export const layerSql = (
   config: FirehookConfigShape,
   options: ApiOptions = {}
-): Layer.Layer<Api, never, FirehookConfig | Health | SqlClient.SqlClient> =>
-  layer(SERVED_METHODS, options).pipe(
+): Layer.Layer<
+  Api,
+  never,
+  FirehookConfig | Health | SqlClient.SqlClient | PgClient.PgClient | DeliveryOutcomes
+> => {
+  const identity = IdentityService.layer().pipe(
+    Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs: [] }))
+  )
+  const following = Layer.scopedDiscard(
+    Effect.flatMap(IdentityService.Identity, (id) => Effect.forkScoped(IdentityInvalidations.follow(id)))
+  )
+  return layer(SERVED_METHODS, options).pipe(
     Layer.provide(
-      Layer.mergeAll(
-        methodsLayerSql,
-        IdentityService.layer().pipe(
-          Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs: [] }))
-        )
-      )
+      Layer.mergeAll(methodsLayerSql, Jti.layerSql, TailHub.layer(), following.pipe(Layer.provideMerge(identity)))
     )
   )
+}
 
 /** Serve the {@link Api} on `server`. */
 export const serve = <A, E, R>(server: Layer.Layer<A | HttpServer.HttpServer, E, R>) =>
@@ -148,8 +204,9 @@ export const serve = <A, E, R>(server: Layer.Layer<A | HttpServer.HttpServer, E,
 
 /**
  * Start the API listener (SPEC §8.1) on `server`, in a scope of its own forked from `scope`, and
- * register its stop at the `http` stage of the shutdown (with the health listener). Requires the
- * core services (configuration, health, lifecycle, database).
+ * register its stop at the `http` stage of the shutdown (with the health listener): open live
+ * tails are closed with it. Requires the core services (configuration, health, lifecycle,
+ * database) and the process's `DeliveryOutcomes`.
  */
 export const start = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, scope: Scope.Scope) =>
   Effect.gen(function*() {

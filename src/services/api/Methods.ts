@@ -94,7 +94,7 @@ export const method = <P, I, O, R>(
 
 /** A subscription: the handler answers the WebSocket upgrade for the verified caller. */
 export const subscription = <P, O, R>(
-  contract: XrpcContract<P, undefined, O>,
+  contract: XrpcContract<P, unknown, O>,
   handler: (call: Call<P, undefined>) => Effect.Effect<HttpServerResponse.HttpServerResponse, XrpcFailure, R>
 ): ApiMethod<Exclude<R, HttpServerRequest.HttpServerRequest | Scope.Scope>> => ({
   contract,

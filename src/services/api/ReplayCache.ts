@@ -17,6 +17,8 @@ export type ReplayVerdict = "fresh" | "replayed" | "full"
 export interface ReplayCache {
   /** Record `(iss, jti)` until `expiresAtMs`, unless it is already there (or the cache is full). */
   readonly check: (iss: string, jti: string, expiresAtMs: number, now: number) => ReplayVerdict
+  /** Forget `(iss, jti)` (its check could not be completed: the token was not accepted). */
+  readonly forget: (iss: string, jti: string) => void
   readonly size: () => number
 }
 
@@ -69,6 +71,8 @@ export const makeReplayCache = (capacity: number = DEFAULT_REPLAY_CAPACITY): Rep
       else list.push(key)
       return "fresh"
     },
+    // its index entry stays until its second ends (dropSecond skips keys no longer there)
+    forget: (iss, jti) => void entries.delete(`${iss}\u0000${jti}`),
     size: () => entries.size
   }
 }

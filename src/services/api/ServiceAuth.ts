@@ -13,7 +13,10 @@
  *   { fresh: true })`), turned into the DID document the library reads;
  * - the replay store: a bounded {@link ReplayCache} of `(iss, jti)` kept until the token's `exp`
  *   plus the leeway (the library passes no expiry, so each verification gets a store that knows its
- *   token's `exp`); full → 503.
+ *   token's `exp`); full → 503. With a shared store (`JtiStore`, PostgreSQL, every replica), a
+ *   token fresh to this process is then claimed there too: already claimed (by another replica) →
+ *   replayed; the database cannot answer → 503 (the process forgets the `jti`, which was not
+ *   accepted, so the same token can be retried).
  *
  * Before the library runs, firehook reads the token's header and claims with a Schema
  * (`schemas/ServiceJwt`, no cryptography) and applies the rules of §8.2 the library does not, plus
@@ -38,6 +41,7 @@ import { isCanonicalDid } from "../../schemas/AtUri.js"
 import type { SigningKey } from "../../schemas/DidDocument.js"
 import { type JwtClaims, readServiceJwt, type ServiceJwtParts } from "../../schemas/ServiceJwt.js"
 import { Identity, type IdentityErrorKind } from "../reconciliation/Identity.js"
+import type { JtiStoreShape } from "./JtiStore.js"
 import { DEFAULT_REPLAY_CAPACITY, makeReplayCache, type ReplayVerdict } from "./ReplayCache.js"
 
 /** The 401 error names of SPEC §8.2. */
@@ -52,7 +56,7 @@ export class AuthFailure extends Data.TaggedError("AuthFailure")<{
 
 /** firehook cannot decide now (503 / 502): the issuer's identity is unreachable, or the replay cache is full. */
 export class AuthUnavailable extends Data.TaggedError("AuthUnavailable")<{
-  readonly reason: "identity_unavailable" | "replay_cache_full"
+  readonly reason: "identity_unavailable" | "replay_cache_full" | "replay_store_unavailable"
 }> {}
 
 export const ALGORITHMS: ReadonlyArray<string> = ["ES256K", "ES256"]
@@ -69,6 +73,8 @@ export interface ServiceAuthOptions {
   readonly serviceDid: string
   /** `(iss, jti)` pairs kept at most — default 100,000 */
   readonly replayCapacity?: number
+  /** the replay store shared by the replicas (checked after this process's cache) */
+  readonly sharedReplay?: JtiStoreShape
 }
 
 export interface Verified {
@@ -158,7 +164,7 @@ export const make = (options: ServiceAuthOptions) =>
 
     /** Ask the library; what the hooks saw decides between a refusal and "cannot decide now". */
     const library = (token: string, nsid: Nsid, claims: JwtClaims, nowMs: number) => {
-      const seen: { resolution?: IdentityErrorKind; replay?: ReplayVerdict } = {}
+      const seen: { resolution?: IdentityErrorKind; replay?: ReplayVerdict | "unavailable" } = {}
       const resolver: DidDocumentResolver = {
         resolve: (did, opts) =>
           Runtime.runPromise(runtime)(
@@ -178,7 +184,27 @@ export const make = (options: ServiceAuthOptions) =>
         replayStore: {
           check: (key) => {
             seen.replay = replay.check(key.iss, key.jti, expiresAtMs, nowMs)
-            return Promise.resolve(seen.replay === "fresh")
+            const shared = options.sharedReplay
+            if (seen.replay !== "fresh" || shared === undefined) return Promise.resolve(seen.replay === "fresh")
+            return Runtime.runPromise(runtime)(
+              shared.claim(key.iss, key.jti, expiresAtMs).pipe(
+                Effect.map((fresh) => {
+                  if (!fresh) seen.replay = "replayed"
+                  return fresh
+                }),
+                Effect.catchAll((e) =>
+                  Effect.sync(() => {
+                    replay.forget(key.iss, key.jti)
+                    seen.replay = "unavailable"
+                    return false
+                  }).pipe(Effect.tap(() =>
+                    Effect.logWarning("api: the shared replay store could not be checked").pipe(
+                      Effect.annotateLogs({ code: e.code })
+                    )
+                  ))
+                )
+              )
+            )
           }
         }
       })
@@ -190,6 +216,8 @@ export const make = (options: ServiceAuthOptions) =>
         catch: (e): AuthFailure | AuthUnavailable =>
           seen.replay === "full"
             ? new AuthUnavailable({ reason: "replay_cache_full" })
+            : seen.replay === "unavailable"
+            ? new AuthUnavailable({ reason: "replay_store_unavailable" })
             : seen.resolution === "identity_unavailable"
             ? new AuthUnavailable({ reason: "identity_unavailable" })
             : fromLibrary(libraryCode(e))

@@ -195,6 +195,12 @@ const authorize = <R>(
             Effect.zipRight(Effect.fail(
               e.reason === "replay_cache_full"
                 ? new XrpcFailure({ status: 503, error: "NotEnoughResources", message: "too many live tokens; retry" })
+                : e.reason === "replay_store_unavailable"
+                ? new XrpcFailure({
+                  status: 503,
+                  error: "ServiceUnavailable",
+                  message: "the token cannot be checked now; retry"
+                })
                 : new XrpcFailure({
                   status: 502,
                   error: "UpstreamFailure",

@@ -24,7 +24,7 @@ import {
 } from "./DeliveryStore.js"
 import type { DeliveryInput, OutgoingRequest, Transform } from "./Destinations.js"
 import { nudge } from "./Parking.js"
-import { Cancel, Defer, Deliver, Fail, failure, Send, type Settled, type Settlement } from "./Settlement.js"
+import { Cancel, Defer, Deliver, Fail, failure, Park, Send, type Settled, type Settlement } from "./Settlement.js"
 import {
   logRecurring,
   logStoreError,
@@ -98,8 +98,9 @@ export const memoTransforms = (resolve: (url: URL) => Transform): (url: string) 
 
 /**
  * Step 1, the subscription as the attempt sees it: owner `scanning` → defer without spending an
- * attempt; missing, inactive, gone, URL or fingerprint changed → cancel (`subscription_changed`);
- * otherwise undefined (go on).
+ * attempt; missing, inactive, URL or fingerprint changed → cancel (`subscription_changed`); gone or
+ * auto-disabled → park (SPEC §4.3: a dead letter `webhook_disabled`, no request); otherwise
+ * undefined (go on).
  */
 export const screen = (row: ClaimedRow, sub: SubscriptionSnapshot, scanningDeferMs: number): Settled | undefined => {
   if (sub.ownerStatus === "scanning") {
@@ -109,12 +110,12 @@ export const screen = (row: ClaimedRow, sub: SubscriptionSnapshot, scanningDefer
     !sub.exists ||
     !sub.active ||
     !sub.enabled ||
-    sub.gone ||
     sub.url !== row.targetUrl ||
     sub.fingerprint !== row.fingerprint
   ) {
     return Cancel({ reason: "subscription_changed" })
   }
+  if (sub.gone || sub.autoDisabled) return Park()
   return undefined
 }
 

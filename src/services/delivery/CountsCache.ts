@@ -34,7 +34,7 @@ export interface CountsCache {
   readonly read: Effect.Effect<CountsReading>
 }
 
-const UNKNOWN: DeliveryCounts = { pending: 0, leased: 0, deadLetter: 0 }
+const UNKNOWN: DeliveryCounts = { pending: 0, leased: 0, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 }
 
 export const make = (options: {
   /** the counts query (bounded here by `COUNTS_TIMEOUT` too, whatever its own bound) */

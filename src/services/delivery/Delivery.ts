@@ -64,6 +64,7 @@ import { RegistryStore } from "../registry/RegistryStore.js"
 import { HOLD_FACTOR, ORIGIN_HOLD_FACTOR } from "./Admission.js"
 import { memoTransforms } from "./Attempt.js"
 import { makeCircuitBreaker } from "./CircuitBreaker.js"
+import { DeliveryOutcomes } from "./DeliveryOutcomes.js"
 import { DeliveryStore, type SubscriptionKey, type SubscriptionSnapshot } from "./DeliveryStore.js"
 import { Destinations } from "./Destinations.js"
 import * as FreshReader from "./FreshReader.js"
@@ -210,6 +211,7 @@ export const make = (
       secrets: yield* Secrets,
       http: yield* SafeHttp,
       publisher: yield* Publisher,
+      outcomes: yield* Effect.serviceOption(DeliveryOutcomes),
       subscriptions,
       transformFor: memoTransforms(destinations.resolve),
       clock: yield* Effect.clock,

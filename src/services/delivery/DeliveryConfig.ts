@@ -36,7 +36,9 @@ export const delivery = {
   retryMaxMs: { env: "DELIVERY_RETRY_MAX_MS", default: 300000, min: 1, max: 86_400_000 },
   allowCidrs: { env: "DELIVERY_ALLOW_CIDRS", default: "" },
   circuitThreshold: { env: "DELIVERY_CIRCUIT_THRESHOLD", default: 20, min: 1, max: 10000 },
-  circuitCooldownMs: { env: "DELIVERY_CIRCUIT_COOLDOWN_MS", default: 60000, min: 1000, max: 1_800_000 }
+  circuitCooldownMs: { env: "DELIVERY_CIRCUIT_COOLDOWN_MS", default: 60000, min: 1000, max: 1_800_000 },
+  /** SPEC §4.3 auto-disable: no 2xx for this long (with ≥ 20 failed attempts) → autoDisabled; 0 = never */
+  autoDisableAfterMs: { env: "DELIVERY_AUTO_DISABLE_AFTER_MS", default: 432_000_000, min: 0, max: 31_536_000_000 }
 } as const
 
 /** Both unset by default (secrets then cannot be stored). */
@@ -79,7 +81,8 @@ const loadDelivery: Effect.Effect<FirehookConfigShape["delivery"], ConfigInvalid
     retryMaxMs,
     allowCidrs: parseCidrList(allowCidrText) ?? [],
     circuitThreshold: yield* readIntVar(delivery.circuitThreshold),
-    circuitCooldownMs: yield* readIntVar(delivery.circuitCooldownMs)
+    circuitCooldownMs: yield* readIntVar(delivery.circuitCooldownMs),
+    autoDisableAfterMs: yield* readIntVar(delivery.autoDisableAfterMs)
   }
 })
 

@@ -83,6 +83,8 @@ export interface SubscriptionSnapshot {
   readonly active: boolean
   readonly enabled: boolean
   readonly gone: boolean
+  /** auto-disabled (SPEC §4.3): its rows are parked, not sent */
+  readonly autoDisabled: boolean
   readonly url: string
   readonly fingerprint: string
   readonly signingMode: SigningMode
@@ -167,6 +169,10 @@ export interface DeliveryCounts {
   readonly pending: number
   readonly leased: number
   readonly deadLetter: number
+  /** webhooks auto-disabled (SPEC §4.3) */
+  readonly autoDisabledWebhooks: number
+  /** webhooks marked gone (410) */
+  readonly goneWebhooks: number
 }
 
 export interface DeliveryStoreShape {
@@ -224,6 +230,12 @@ export interface DeliveryStoreShape {
   readonly unpark: (origins: ReadonlyArray<ParkedOrigin>) => Effect.Effect<number, StoreError>
   /** → `dead_letter` (+ audit). */
   readonly deadLetter: (deliveryId: string, token: string, failure: FailedAttempt) => Effect.Effect<boolean, StoreError>
+  /**
+   * Parks the row of a disabled or gone webhook (SPEC §4.3): → `dead_letter` with kind
+   * `webhook_disabled`, no attempt spent (+ audit), while the webhook has fewer than 10,000 parked
+   * rows; beyond, → `cancelled` (dropped, counted). Answers whether it applied.
+   */
+  readonly parkDisabled: (deliveryId: string, token: string) => Effect.Effect<boolean, StoreError>
   /** → `cancelled` with `reason` as `last_error_kind` (+ audit). */
   readonly cancel: (deliveryId: string, token: string, reason: string) => Effect.Effect<boolean, StoreError>
   /**

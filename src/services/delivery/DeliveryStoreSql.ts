@@ -41,6 +41,7 @@ import {
 import { heartbeatManyStatement, heartbeatStatement, reclaimStatement } from "./LeaseSql.js"
 import { parkStatement, unparkStatement } from "./ParkSql.js"
 import { makeSettleBatcher } from "./SettleBatcher.js"
+import { PARK_MAX, PARKED_KIND, recorderFor, type SettledRow } from "./WebhookHealthSql.js"
 
 const boundExcerpt = (s: string | undefined): string | null => {
   if (s === undefined) return null
@@ -82,6 +83,7 @@ interface ClaimDbRow {
   readonly sub_active: boolean | null
   readonly sub_enabled: boolean | null
   readonly sub_gone: boolean | null
+  readonly sub_auto_disabled: boolean | null
   readonly sub_url: string | null
   readonly sub_fingerprint: string | null
   readonly sub_signing_mode: string | null
@@ -94,7 +96,8 @@ interface ClaimDbRow {
 interface Settle {
   readonly deliveryId: string
   readonly token: string
-  readonly status: "pending" | TerminalStatus
+  /** `park`: `dead_letter` (`webhook_disabled`) while the webhook has room, else `cancelled` (SPEC §4.3) */
+  readonly status: "pending" | TerminalStatus | "park"
   /** new total; undefined = unchanged */
   readonly attemptCount: number | undefined
   /** next attempt after this many ms; undefined = unchanged */
@@ -119,6 +122,7 @@ type SnapshotDbRow = Pick<
   | "sub_active"
   | "sub_enabled"
   | "sub_gone"
+  | "sub_auto_disabled"
   | "sub_url"
   | "sub_fingerprint"
   | "sub_signing_mode"
@@ -132,6 +136,7 @@ const snapshotFrom = (r: SnapshotDbRow): SubscriptionSnapshot => ({
   active: r.sub_active === true,
   enabled: r.sub_enabled === true,
   gone: r.sub_gone === true,
+  autoDisabled: r.sub_auto_disabled === true,
   url: r.sub_url ?? "",
   fingerprint: r.sub_fingerprint ?? "",
   signingMode: toSigningMode(r.sub_signing_mode),
@@ -145,6 +150,7 @@ const MISSING_SUBSCRIPTION: SubscriptionSnapshot = snapshotFrom({
   sub_active: null,
   sub_enabled: null,
   sub_gone: null,
+  sub_auto_disabled: null,
   sub_url: null,
   sub_fingerprint: null,
   sub_signing_mode: null,
@@ -183,7 +189,8 @@ const fromClaim = (r: ClaimDbRow): ClaimedRow | undefined => {
 
 /** The subscription and owner state of a claimed row or of a key (`w` = webhooks, `ow` = owners). */
 const SUBSCRIPTION_COLUMNS = `(w.owner_did IS NOT NULL) AS sub_exists, w.active AS sub_active,
-        w.enabled AS sub_enabled, (w.gone_at IS NOT NULL) AS sub_gone, w.url AS sub_url,
+        w.enabled AS sub_enabled, (w.gone_at IS NOT NULL) AS sub_gone,
+        (w.auto_disabled_at IS NOT NULL) AS sub_auto_disabled, w.url AS sub_url,
         w.fingerprint AS sub_fingerprint, w.signing_mode AS sub_signing_mode, w.secret_id AS sub_secret_id,
         w.record->>'secret' AS sub_secret, ow.reconcile_status AS owner_status`
 
@@ -202,7 +209,8 @@ const fragments = (sql: SqlClient.SqlClient): Fragments => ({
   duePending: sql.literal(`status = 'pending' AND next_attempt_at <= now()`),
   subscriptionColumns: sql.literal(SUBSCRIPTION_COLUMNS),
   noSubscriptionColumns: sql.literal(`false AS sub_exists, NULL::boolean AS sub_active,
-        NULL::boolean AS sub_enabled, NULL::boolean AS sub_gone, NULL::text AS sub_url,
+        NULL::boolean AS sub_enabled, NULL::boolean AS sub_gone,
+        NULL::boolean AS sub_auto_disabled, NULL::text AS sub_url,
         NULL::text AS sub_fingerprint, NULL::text AS sub_signing_mode, NULL::text AS sub_secret_id,
         NULL::text AS sub_secret, NULL::text AS owner_status`),
   subscriptionJoins: sql.literal(`LEFT JOIN webhooks w ON w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey
@@ -331,7 +339,7 @@ const claimResult = (dbRows: ReadonlyArray<ClaimDbRow>, p: ClaimPlan): ClaimResu
  */
 const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>) => {
   const col = <A>(f: (x: Settle) => A): Array<A> => items.map(f)
-  return sql<{ delivery_id: string; lease_token: string }>`
+  return sql<SettledRow & { readonly delivery_id: string }>`
       WITH v AS (
         SELECT * FROM unnest(
           ${col((x) => x.deliveryId)}::text[], ${col((x) => x.token)}::text[], ${col((x) => x.status)}::text[],
@@ -347,9 +355,17 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
         ) AS t(delivery_id, token, status, attempt_count, delay_ms, set_error, error_kind, set_http, http_status,
                terminal, has_attempt, a_started_ms, a_duration_ms, a_outcome, a_error_kind, a_http_status, a_excerpt)
       ),
+      pk AS (
+        SELECT v.delivery_id, COALESCE(w.parked, 0)
+          + row_number() OVER (PARTITION BY o.owner_did, o.webhook_rkey ORDER BY v.delivery_id) AS n
+        FROM v JOIN outbox o ON o.delivery_id = v.delivery_id
+        LEFT JOIN webhooks w ON w.owner_did = o.owner_did AND w.rkey = o.webhook_rkey
+        WHERE v.status = 'park'
+      ),
       upd AS (
         UPDATE outbox o SET
-          status = v.status,
+          status = CASE WHEN v.status <> 'park' THEN v.status
+                        WHEN pk.n <= ${PARK_MAX} THEN 'dead_letter' ELSE 'cancelled' END,
           attempt_count = COALESCE(v.attempt_count, o.attempt_count),
           next_attempt_at = CASE WHEN v.delay_ms IS NULL THEN o.next_attempt_at
                                  ELSE now() + v.delay_ms * interval '1 millisecond' END,
@@ -357,10 +373,10 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
           last_http_status = CASE WHEN v.set_http THEN v.http_status ELSE o.last_http_status END,
           finished_at = CASE WHEN v.terminal THEN now() ELSE o.finished_at END,
           lease_token = NULL, leased_until = NULL, updated_at = now()
-        FROM v
+        FROM v LEFT JOIN pk ON pk.delivery_id = v.delivery_id
         WHERE o.delivery_id = v.delivery_id AND o.status = 'leased' AND o.lease_token = v.token
-        RETURNING o.delivery_id, o.event_id, o.owner_did, o.webhook_rkey, o.event_did, o.event_collection,
-          o.event_rkey, o.event_operation, v.token, v.status, v.error_kind, v.http_status, v.terminal,
+        RETURNING o.delivery_id, o.event_id, o.owner_did, o.webhook_rkey, o.fingerprint, o.event_did, o.event_collection,
+          o.event_rkey, o.event_operation, v.token, o.status, v.error_kind, v.http_status, v.terminal,
           v.has_attempt, v.a_started_ms, v.a_duration_ms, v.a_outcome, v.a_error_kind, v.a_http_status, v.a_excerpt
       ),
       att AS (
@@ -377,7 +393,9 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
           u.event_operation, u.status, u.http_status, u.error_kind, '[redacted]'
         FROM upd u WHERE u.terminal
       )
-      SELECT delivery_id, token AS lease_token FROM upd`.pipe(op("delivery.settle"))
+      SELECT delivery_id, token AS lease_token, owner_did, webhook_rkey, fingerprint, status FROM upd`.pipe(
+    op("delivery.settle")
+  )
 }
 
 const delayMs = (ms: number) => clampInt(ms, 0, 366 * 24 * 3_600_000)
@@ -438,6 +456,20 @@ const deadLettered = (deliveryId: string, token: string, f: FailedAttempt): Sett
   attempt: f.attempt
 })
 
+const parked = (deliveryId: string, token: string): Settle => ({
+  deliveryId,
+  token,
+  status: "park",
+  attemptCount: undefined,
+  delayMs: undefined,
+  setError: true,
+  errorKind: PARKED_KIND,
+  setHttp: false,
+  httpStatus: undefined,
+  terminal: true,
+  attempt: undefined
+})
+
 const cancelled = (deliveryId: string, token: string, reason: string): Settle => ({
   deliveryId,
   token,
@@ -456,8 +488,10 @@ const cancelled = (deliveryId: string, token: string, reason: string): Settle =>
 // Reads
 
 const countsStatement = (sql: SqlClient.SqlClient) =>
-  sql<{ pending: number; leased: number; dead_letter: number }>`
+  sql<{ pending: number; leased: number; dead_letter: number; auto_disabled: number; gone: number }>`
     SELECT
+      (SELECT count(*) FROM webhooks WHERE auto_disabled_at IS NOT NULL)::int AS auto_disabled,
+      (SELECT count(*) FROM webhooks WHERE gone_at IS NOT NULL)::int AS gone,
       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'pending' LIMIT ${COUNT_CAP}) s)::int AS pending,
       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'leased' LIMIT ${COUNT_CAP}) s)::int AS leased,
       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'dead_letter' LIMIT ${COUNT_CAP}) s)::int AS dead_letter`
@@ -465,7 +499,9 @@ const countsStatement = (sql: SqlClient.SqlClient) =>
       Effect.map((rows): DeliveryCounts => ({
         pending: Number(rows[0]?.pending ?? 0),
         leased: Number(rows[0]?.leased ?? 0),
-        deadLetter: Number(rows[0]?.dead_letter ?? 0)
+        deadLetter: Number(rows[0]?.dead_letter ?? 0),
+        autoDisabledWebhooks: Number(rows[0]?.auto_disabled ?? 0),
+        goneWebhooks: Number(rows[0]?.gone ?? 0)
       })),
       storeOpWithin("delivery.counts", COUNTS_TIMEOUT)
     )
@@ -507,7 +543,14 @@ export const makeSql: Effect.Effect<
   const pg = yield* PgClient.PgClient
   const f = fragments(sql)
   const claimConnection = yield* makeClaimConnection(sql, pg)
-  const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) => settleStatement(sql, items))
+  const recordHealth = yield* recorderFor(sql)
+  // the webhook state follows each batch (its own statement; its failure never fails the settles)
+  const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) =>
+    Effect.tap(
+      settleStatement(sql, items),
+      (rows) => recordHealth(items.map((i) => ({ ...i, park: i.status === "park" })), rows)
+    )
+  )
 
   const store: DeliveryStoreShape = {
     claim: (workerId, limit, leaseMs, options = {}) => {
@@ -536,6 +579,7 @@ export const makeSql: Effect.Effect<
     unpark: (origins) => unparkStatement(sql, origins),
     deadLetter: (deliveryId, token, failure) => settle(deadLettered(deliveryId, token, failure)),
     cancel: (deliveryId, token, reason) => settle(cancelled(deliveryId, token, reason)),
+    parkDisabled: (deliveryId, token) => settle(parked(deliveryId, token)),
     counts: countsStatement(sql),
     wakeups: pg.listen(NOTIFY_CHANNEL).pipe(
       Stream.map((): void => undefined),

@@ -1,6 +1,7 @@
 /**
  * The settlement of one claimed row: what an attempt decided ({@link Settlement}, a value), and the
- * settle path that writes it (guarded by the lease token), counts it and publishes terminal outcomes.
+ * settle path that writes it (guarded by the lease token), counts it and publishes terminal outcomes
+ * (the Redis audit publisher, and the live tail's `DeliveryOutcomes` when the process has one).
  *
  * An attempt answers its settlement while holding a request slot; the caller runs {@link settle}
  * after freeing the slot, so a slow database never holds a request slot.
@@ -15,6 +16,7 @@ import type { OutgoingRequest } from "./Destinations.js"
 import type { AuditEvent } from "./Publisher.js"
 import { nextDelay } from "./RetryPolicy.js"
 import { countAttempt, countNotAttempted, logStoreError } from "./Telemetry.js"
+import { PARKED_KIND } from "./WebhookHealthSql.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
 /** Why an attempt failed: a failure kind, a row without its payload, or a defect. */
@@ -27,6 +29,8 @@ const retryableKind = (kind: Kind): boolean =>
  * What an attempt decided:
  * - `Defer`: come back after `delayMs` plus up to `jitterMs` at random, no attempt spent;
  * - `Cancel`: settled `cancelled` without a request;
+ * - `Park`: the webhook is auto-disabled or gone (SPEC §4.3): parked as a `dead_letter` of kind
+ *   `webhook_disabled` without a request, for a later replay (dropped beyond 10,000 per webhook);
  * - `Fail`: a failed attempt (rescheduled with backoff while retryable and within budget, else
  *   dead-lettered);
  * - `Deliver`: delivered (`attempt.outcome` `delivered`, or `skipped` when no request was needed);
@@ -35,6 +39,7 @@ const retryableKind = (kind: Kind): boolean =>
 export type Settlement = Data.TaggedEnum<{
   Defer: { readonly delayMs: number; readonly jitterMs: number; readonly reason: string }
   Cancel: { readonly reason: string }
+  Park: {}
   Fail: {
     readonly kind: Kind
     readonly httpStatus: number | undefined
@@ -53,7 +58,7 @@ export const Settlement = Data.taggedEnum<Settlement>()
 export type Settled = Exclude<Settlement, { readonly _tag: "Send" }>
 
 // the constructors, read once (each read of the enum's proxy makes a new one)
-export const { Cancel, Defer, Deliver, Fail, Send } = Settlement
+export const { Cancel, Defer, Deliver, Fail, Park, Send } = Settlement
 
 /** A failed attempt without a response. */
 export const failure = (kind: Kind, startedAtMs: number, durationMs: number): Settled =>
@@ -71,6 +76,8 @@ export const settle = (env: WorkerEnv, row: ClaimedRow, s: Settled): Effect.Effe
         : deferRow(env, row, s.delayMs, s.reason)
     case "Cancel":
       return cancelRow(env, row, s.reason)
+    case "Park":
+      return parkRow(env, row)
     case "Deliver":
       return delivered(env, row, s.httpStatus, s.attempt)
     case "Fail":
@@ -89,8 +96,9 @@ const publish = (
   httpStatus: number | undefined,
   errorKind: string | undefined
 ) =>
-  Effect.suspend(() =>
-    env.publisher.publish({
+  Effect.suspend(() => {
+    const atMs = env.clock.unsafeCurrentTimeMillis()
+    const audit = env.publisher.publish({
       deliveryId: row.deliveryId,
       eventId: row.eventId,
       ownerDid: row.ownerDid,
@@ -103,9 +111,24 @@ const publish = (
       httpStatus: httpStatus ?? null,
       errorKind: errorKind ?? null,
       url: "[redacted]",
-      time: new Date(env.clock.unsafeCurrentTimeMillis()).toISOString()
+      time: new Date(atMs).toISOString()
     })
-  )
+    if (Option.isNone(env.outcomes)) return audit
+    // the live tail (SPEC §8.5): never waits
+    return Effect.zipRight(
+      audit,
+      env.outcomes.value.publish({
+        id: row.deliveryId,
+        owner: row.ownerDid,
+        rkey: row.webhookRkey,
+        event: row.eventOperation,
+        status,
+        httpStatus,
+        errorKind,
+        atMs
+      })
+    )
+  })
 
 /** Run a guarded settle; a store failure leaves the row leased (reclaimed after the lease). */
 const guarded = (env: WorkerEnv, eff: Effect.Effect<boolean, StoreError>) =>
@@ -124,6 +147,13 @@ const cancelRow = (env: WorkerEnv, row: ClaimedRow, reason: string) =>
     const applied = yield* guarded(env, env.store.cancel(row.deliveryId, row.leaseToken, reason))
     countNotAttempted(reason)
     if (applied) yield* publish(env, row, "cancelled", undefined, reason)
+  })
+
+const parkRow = (env: WorkerEnv, row: ClaimedRow) =>
+  Effect.gen(function*() {
+    const applied = yield* guarded(env, env.store.parkDisabled(row.deliveryId, row.leaseToken))
+    countNotAttempted(PARKED_KIND)
+    if (applied) yield* publish(env, row, "dead_letter", undefined, PARKED_KIND)
   })
 
 const delivered = (

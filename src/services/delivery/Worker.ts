@@ -263,7 +263,16 @@ export const stats = (env: WorkerEnv): Effect.Effect<DeliveryStats> =>
     }
   })
 
-const HEALTH_KEYS = ["pending", "leased", "deadLetter", "inFlight", "openCircuits", "stale"] as const
+const HEALTH_KEYS = [
+  "pending",
+  "leased",
+  "deadLetter",
+  "inFlight",
+  "openCircuits",
+  "autoDisabledWebhooks",
+  "goneWebhooks",
+  "stale"
+] as const
 
 /** What the `delivery` health section reads of a worker. */
 export type HealthEnv = Pick<WorkerEnv, "state" | "breaker" | "log"> & {
@@ -293,6 +302,8 @@ export const healthSection = (env: HealthEnv): Effect.Effect<Effect.Effect<Healt
             deadLetter: counts.deadLetter,
             inFlight: env.state.inFlight,
             openCircuits: env.breaker.openCount(now),
+            autoDisabledWebhooks: counts.autoDisabledWebhooks,
+            goneWebhooks: counts.goneWebhooks,
             stale
           }
         }),

@@ -15,6 +15,7 @@ import type { RateLimitedLog } from "../platform/RateLimitedLog.js"
 import type { RegistryShape } from "../registry/Registry.js"
 import type { RegistryStoreShape } from "../registry/RegistryStore.js"
 import type { CircuitBreaker } from "./CircuitBreaker.js"
+import type { DeliveryOutcomesShape } from "./DeliveryOutcomes.js"
 import type { ClaimedRow, DeliveryStoreShape, SubscriptionKey, SubscriptionSnapshot } from "./DeliveryStore.js"
 import type { Transform } from "./Destinations.js"
 import type { FreshReader } from "./FreshReader.js"
@@ -123,6 +124,8 @@ export interface WorkerEnv {
   readonly secrets: SecretsShape
   readonly http: SafeHttpShape
   readonly publisher: PublisherShape
+  /** the live tail's feed of terminal outcomes, when the process has one (never waited for) */
+  readonly outcomes: Option.Option<DeliveryOutcomesShape>
   /** the per-attempt subscription check (concurrent attempts share one query) */
   readonly subscriptions: FreshReader<SubscriptionKey, SubscriptionSnapshot, StoreError>
   /** the destination transform of a URL (memoised), undefined when it has none */

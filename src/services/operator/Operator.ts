@@ -119,6 +119,8 @@ export interface ReplayOptions {
 export interface ReplayFilter {
   readonly owner?: string
   readonly webhook?: string
+  /** only the dead letters of this `last_error_kind` (resume's replay: `webhook_disabled`) */
+  readonly errorKind?: string
   readonly since?: Date
   readonly until?: Date
 }
@@ -254,6 +256,7 @@ const filterConditions = (
   if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
   if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
   if (f.status !== undefined) out.push(sql`status = ${f.status}`)
+  if (f.errorKind !== undefined) out.push(sql`last_error_kind = ${f.errorKind}`)
   if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
   if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
   return out

@@ -92,6 +92,8 @@ export interface FirehookConfigShape {
     readonly allowCidrs: ReadonlyArray<string>
     readonly circuitThreshold: number
     readonly circuitCooldownMs: number
+    /** `DELIVERY_AUTO_DISABLE_AFTER_MS` (SPEC §4.3): 0 = never auto-disable */
+    readonly autoDisableAfterMs: number
   }
   readonly secrets: {
     /** `WEBHOOK_SECRET_ENCRYPTION_KEY` (32 bytes: base64, base64url or 64 hex) */

@@ -312,6 +312,63 @@ const outboxOriginDue = Effect.flatMap(
     sql`CREATE INDEX IF NOT EXISTS outbox_origin_due ON outbox (origin, next_attempt_at) WHERE status = 'pending'`
 )
 
+/**
+ * 0008: the replay store of the owners' API shared by its replicas (SPEC §8.2, api/JtiStore.ts):
+ * a service token's `(iss, jti)` until its expiry; a row that cannot be inserted is a replay.
+ * Expired rows are pruned by the API processes (bounded statements, every minute).
+ */
+const apiJti = ddl(`
+CREATE TABLE api_jti (
+  iss         text        NOT NULL,
+  jti         text        NOT NULL,
+  expires_at  timestamptz NOT NULL,
+  PRIMARY KEY (iss, jti)
+);
+CREATE INDEX api_jti_expires_at ON api_jti (expires_at);
+`)
+
+/**
+ * 0009: the delivery state of each registration (SPEC §4.3 auto-disable, §8.5 `list`), on its
+ * `webhooks` row, kept by the settle path (delivery/WebhookHealthSql.ts) with times from the
+ * workers' Clock: the current failure streak (`failing_since`, `failed_attempts`: failed attempts
+ * since the last 2xx), the last success and failure, `auto_disabled_at`, and the rows parked while
+ * disabled or gone (`parked`, at most 10,000; `parked_dropped` beyond). A new fingerprint (a new
+ * version of the record) is a new registration: a trigger resets the state.
+ */
+const webhookState = ddl(`
+ALTER TABLE webhooks
+  ADD COLUMN failing_since      timestamptz,
+  ADD COLUMN failed_attempts    integer     NOT NULL DEFAULT 0,
+  ADD COLUMN last_success_at    timestamptz,
+  ADD COLUMN last_failure_at    timestamptz,
+  ADD COLUMN last_failure_kind  text,
+  ADD COLUMN last_failure_http  integer,
+  ADD COLUMN auto_disabled_at   timestamptz,
+  ADD COLUMN parked             integer     NOT NULL DEFAULT 0,
+  ADD COLUMN parked_dropped     bigint      NOT NULL DEFAULT 0;
+CREATE INDEX webhooks_disabled ON webhooks (owner_did, rkey) WHERE auto_disabled_at IS NOT NULL OR gone_at IS NOT NULL;
+
+CREATE FUNCTION firehook_webhook_state_reset() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.fingerprint IS DISTINCT FROM OLD.fingerprint THEN
+    NEW.failing_since := NULL;
+    NEW.failed_attempts := 0;
+    NEW.last_success_at := NULL;
+    NEW.last_failure_at := NULL;
+    NEW.last_failure_kind := NULL;
+    NEW.last_failure_http := NULL;
+    NEW.auto_disabled_at := NULL;
+    NEW.parked := 0;
+    NEW.parked_dropped := 0;
+  END IF;
+  RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER webhooks_state_reset BEFORE UPDATE OF fingerprint ON webhooks
+  FOR EACH ROW EXECUTE FUNCTION firehook_webhook_state_reset();
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -320,7 +377,9 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0004_rejected_records": rejectedRecords,
   "0005_registry_changes": registryChanges,
   "0006_owner_log": ownerLog,
-  "0007_outbox_origin_due": outboxOriginDue
+  "0007_outbox_origin_due": outboxOriginDue,
+  "0008_api_jti": apiJti,
+  "0009_webhook_state": webhookState
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */

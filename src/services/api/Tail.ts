@@ -1,0 +1,198 @@
+/**
+ * The live tail's hub (SPEC §8.5 `subscribeDeliveries`): one subscription to the process's
+ * {@link DeliveryOutcomes} (this process's settles and, over PostgreSQL LISTEN, every other
+ * replica's), fanned out to the connections of each outcome's owner, and to nobody else.
+ *
+ * - At most {@link MAX_CONNECTIONS_PER_DID} open connections per caller DID in this process
+ *   (the fifth is refused: `TooManyConnections`).
+ * - Each connection has a bounded buffer ({@link BUFFER_FRAMES} outcome frames): a reader that
+ *   does not keep up loses the newest outcomes, counted, and gets one `#info` frame
+ *   (`DeliveriesDropped`, `dropped: n`) after the frames it kept. Never unbounded memory.
+ * - {@link pump} serves one connection until it has lived {@link MAX_LIFETIME} (24 h, on the
+ *   Effect Clock) or the hub closes (the API listener's scope: shutdown).
+ */
+import { Context, Data, Duration, Effect, Layer, Metric, Option, Queue } from "effect"
+import type { Scope } from "effect"
+import { DeliveryOutcomes, type Outcome } from "../delivery/DeliveryOutcomes.js"
+
+export const MAX_CONNECTIONS_PER_DID = 4
+export const BUFFER_FRAMES = 256
+export const MAX_LIFETIME = Duration.hours(24)
+
+export const OUTCOME_TYPE = "dev.firehook.webhook.subscribeDeliveries#outcome" as const
+export const INFO_TYPE = "dev.firehook.webhook.subscribeDeliveries#info" as const
+
+export interface OutcomeFrame {
+  readonly $type: typeof OUTCOME_TYPE
+  readonly id: string
+  readonly rkey: string
+  readonly event: Outcome["event"]
+  readonly status: Outcome["status"]
+  readonly httpStatus?: number
+  readonly errorKind?: string
+  readonly at: string
+}
+
+export interface InfoFrame {
+  readonly $type: typeof INFO_TYPE
+  readonly name: "DeliveriesDropped"
+  readonly message?: string
+  readonly dropped: number
+}
+
+export type Frame = OutcomeFrame | InfoFrame
+
+/** The frame of an outcome (the owner is not in it: a connection only ever sees its own). */
+export const frameOf = (o: Outcome): OutcomeFrame => ({
+  $type: OUTCOME_TYPE,
+  id: o.id,
+  rkey: o.rkey,
+  event: o.event,
+  status: o.status,
+  ...(o.httpStatus === undefined ? {} : { httpStatus: o.httpStatus }),
+  ...(o.errorKind === undefined ? {} : { errorKind: o.errorKind.slice(0, 64) }),
+  at: new Date(o.atMs).toISOString()
+})
+
+export const infoFrame = (dropped: number): InfoFrame => ({
+  $type: INFO_TYPE,
+  name: "DeliveriesDropped",
+  message: "the connection's buffer was full",
+  dropped
+})
+
+export class TooManyConnections extends Data.TaggedError("TooManyConnections")<{}> {}
+
+/** One open connection of a caller. */
+export interface Connection {
+  /** The next frames (at least one); interrupted when the hub closes. */
+  readonly take: Effect.Effect<ReadonlyArray<Frame>>
+}
+
+export interface TailStats {
+  readonly connections: number
+  readonly dropped: number
+}
+
+export interface TailShape {
+  /** Open a connection for `owner` for the scope (refused past the per-DID limit). */
+  readonly connect: (owner: string) => Effect.Effect<Connection, TooManyConnections, Scope.Scope>
+  readonly stats: Effect.Effect<TailStats>
+}
+
+export class Tail extends Context.Tag("firehook/Tail")<Tail, TailShape>() {}
+
+export interface TailOptions {
+  readonly maxConnectionsPerDid?: number
+  readonly bufferFrames?: number
+}
+
+const droppedFrames = Metric.counter("firehook_tail_frames_dropped_total", {
+  description: "Live tail outcome frames dropped because a connection's reader was slow"
+})
+
+interface Entry {
+  readonly queue: Queue.Queue<OutcomeFrame>
+  dropped: number
+}
+
+export const make = (options: TailOptions = {}): Effect.Effect<TailShape, never, DeliveryOutcomes | Scope.Scope> =>
+  Effect.gen(function*() {
+    const outcomes = yield* DeliveryOutcomes
+    const maxPerDid = options.maxConnectionsPerDid ?? MAX_CONNECTIONS_PER_DID
+    const capacity = options.bufferFrames ?? BUFFER_FRAMES
+    const byOwner = new Map<string, Set<Entry>>()
+    let connections = 0
+    let droppedTotal = 0
+
+    const deliver = (o: Outcome) => {
+      const entries = byOwner.get(o.owner)
+      if (entries === undefined) return 0
+      const frame = frameOf(o)
+      let lost = 0
+      for (const e of entries) {
+        if (!e.queue.unsafeOffer(frame)) {
+          e.dropped++
+          lost++
+        }
+      }
+      return lost
+    }
+
+    const feed = yield* outcomes.subscribe
+    yield* Effect.forkScoped(Effect.forever(
+      Effect.gen(function*() {
+        const batch = yield* Queue.takeBetween(feed, 1, 1024)
+        let lost = 0
+        for (const o of batch) lost += deliver(o)
+        if (lost > 0) {
+          droppedTotal += lost
+          yield* Metric.incrementBy(droppedFrames, lost)
+        }
+      })
+    ))
+
+    // the hub closing (the API listener's scope) ends every connection
+    yield* Effect.addFinalizer(() =>
+      Effect.forEach([...byOwner.values()].flatMap((s) => [...s]), (e) => Queue.shutdown(e.queue), { discard: true })
+    )
+
+    const connect = (owner: string) =>
+      Effect.acquireRelease(
+        Effect.suspend(() => {
+          const set = byOwner.get(owner) ?? new Set<Entry>()
+          if (set.size >= maxPerDid) return Effect.fail(new TooManyConnections())
+          return Effect.map(Queue.dropping<OutcomeFrame>(capacity), (queue) => {
+            const entry: Entry = { queue, dropped: 0 }
+            set.add(entry)
+            byOwner.set(owner, set)
+            connections++
+            return entry
+          })
+        }),
+        (entry) =>
+          Effect.suspend(() => {
+            const set = byOwner.get(owner)
+            if (set !== undefined && set.delete(entry)) {
+              connections--
+              if (set.size === 0) byOwner.delete(owner)
+            }
+            return Queue.shutdown(entry.queue)
+          })
+      ).pipe(
+        Effect.map((entry): Connection => ({
+          take: Effect.map(Queue.takeBetween(entry.queue, 1, capacity), (chunk) => {
+            const frames: Array<Frame> = [...chunk]
+            // the count follows every frame kept before the drops
+            if (entry.dropped > 0 && Option.getOrElse(entry.queue.unsafeSize(), () => 0) === 0) {
+              frames.push(infoFrame(entry.dropped))
+              entry.dropped = 0
+            }
+            return frames
+          })
+        }))
+      )
+
+    const shape: TailShape = {
+      connect,
+      stats: Effect.sync(() => ({ connections, dropped: droppedTotal }))
+    }
+    return shape
+  })
+
+export const layer = (options: TailOptions = {}): Layer.Layer<Tail, never, DeliveryOutcomes> =>
+  Layer.scoped(Tail, make(options))
+
+/**
+ * Serve `connection` through `write` until it has lived `lifetime` (then `"lifetime"`) or the hub
+ * closes (interrupted). A write that fails ends it (the caller's socket is gone).
+ */
+export const pump = <E, R>(
+  connection: Connection,
+  write: (frames: ReadonlyArray<Frame>) => Effect.Effect<void, E, R>,
+  lifetime: Duration.DurationInput = MAX_LIFETIME
+): Effect.Effect<"lifetime", E, R> =>
+  // interruptible whatever the caller's region (the HTTP server runs a request uninterruptibly)
+  Effect.interruptible(Effect.forever(Effect.flatMap(connection.take, write))).pipe(
+    Effect.timeoutTo({ duration: lifetime, onSuccess: (never) => never, onTimeout: () => "lifetime" as const })
+  )

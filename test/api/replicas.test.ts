@@ -1,0 +1,178 @@
+/**
+ * Several replicas on one PostgreSQL database, in one test process (separate service layers, each
+ * with its own database pool, HTTP server, caches and hub):
+ * - the live tail: an outcome settled by replica A (NOTIFY `firehook_outcomes`) reaches a tail
+ *   served by replica B (LISTEN), for its owner only; B's own outcomes reach its tails once
+ *   (in process), never a second time through its own notification;
+ * - the jti replay store: a token accepted by one API replica is refused (401) by another; when
+ *   the shared store cannot answer the call is 503, and the same token is accepted once it can.
+ */
+import { HttpServer } from "@effect/platform"
+import { NodeHttpServer } from "@effect/platform-node"
+import { describe, expect, it } from "@effect/vitest"
+import { Context, Effect, Layer, Redacted } from "effect"
+import pg from "pg"
+import * as Api from "../../src/services/api/Api.js"
+import * as Jti from "../../src/services/api/JtiStore.js"
+import * as TailHub from "../../src/services/api/Tail.js"
+import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
+import * as Config from "../../src/services/platform/Config.js"
+import * as Database from "../../src/services/platform/Database.js"
+import * as Health from "../../src/services/platform/Health.js"
+import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
+import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
+import * as Identity from "../../src/services/reconciliation/Identity.js"
+import * as Db from "../support/db.js"
+import { fakePlc } from "../support/fakeAtproto.js"
+import { testConfig } from "../support/stack.js"
+import { docs, KEY, mint, newOwner, SERVICE_DID } from "./support.js"
+import { openTailOrDie, outcome, until } from "./tailClient.js"
+
+const TAIL = "dev.firehook.webhook.subscribeDeliveries"
+const LIST = "place.wisp.v2.secret.list"
+
+interface ReplicaOptions {
+  readonly outcomes: DeliveryOutcomes.SqlOptions
+  readonly jti?: Layer.Layer<Jti.JtiStore, never, never>
+}
+
+/** One API replica on the database at `url`: its own pool, identity cache, hub and HTTP server. */
+const replica = (url: Redacted.Redacted<string>, plcUrl: string, options: ReplicaOptions) =>
+  Effect.gen(function*() {
+    const config = testConfig({
+      WEBHOOK_ALLOW_INSECURE_DEV: "1",
+      PLC_DIRECTORY_URL: plcUrl,
+      SERVICE_DID,
+      WEBHOOK_SECRET_ENCRYPTION_KEY: KEY
+    })
+    const core = Layer.mergeAll(
+      Config.layerValue(config),
+      Health.layer.pipe(Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: "5 seconds" }))),
+      Database.layerUrl(url)
+    )
+    const identity = Identity.layer().pipe(
+      Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] }))
+    )
+    const tail = TailHub.layer().pipe(Layer.provideMerge(DeliveryOutcomes.layerSql(options.outcomes)))
+    const api = Api.layer(Api.SERVED_METHODS).pipe(
+      Layer.provideMerge(Layer.mergeAll(Api.methodsLayerSql, identity, tail, options.jti ?? Jti.layerSql))
+    )
+    const ctx = yield* Layer.build(
+      Api.serve(NodeHttpServer.layerTest).pipe(Layer.provideMerge(api), Layer.provideMerge(core))
+    )
+    const server = Context.get(ctx, HttpServer.HttpServer)
+    return {
+      port: server.address._tag === "TcpAddress" ? server.address.port : 0,
+      outcomes: Context.get(ctx, DeliveryOutcomes.DeliveryOutcomes)
+    }
+  })
+
+/** A process that only settles deliveries: its outcomes are notified, nothing is served. */
+const settler = (url: Redacted.Redacted<string>) =>
+  Effect.map(
+    Layer.build(DeliveryOutcomes.layerSql({ notify: true, listen: false }).pipe(Layer.provide(Database.layerUrl(url)))),
+    (ctx) => Context.get(ctx, DeliveryOutcomes.DeliveryOutcomes)
+  )
+
+const get = (port: number, nsid: string, token: string) =>
+  Effect.promise(async () => {
+    const res = await fetch(`http://127.0.0.1:${port}/xrpc/${nsid}`, { headers: { authorization: `Bearer ${token}` } })
+    return { status: res.status, body: (await res.json()) as { readonly [k: string]: unknown } }
+  })
+
+/** Every `firehook_outcomes` payload, seen by a plain LISTEN of the test's own. */
+const listenAll = (url: Redacted.Redacted<string>) =>
+  Effect.acquireRelease(
+    Effect.promise(async () => {
+      const client = new pg.Client({ connectionString: Redacted.value(url) })
+      await client.connect()
+      const seen: Array<string> = []
+      client.on("notification", (n) => seen.push(n.payload ?? ""))
+      await client.query(`LISTEN ${DeliveryOutcomes.CHANNEL}`)
+      return { client, seen }
+    }),
+    ({ client }) => Effect.promise(() => client.end())
+  )
+
+describe("replicas on one database", () => {
+  it.scopedLive(
+    "an outcome settled by replica A reaches the tail served by replica B (LISTEN), its owner's only",
+    () =>
+      Effect.gen(function*() {
+        const plc = yield* fakePlc(docs)
+        const { url } = yield* Db.freshDatabase
+        const a = yield* settler(url)
+        const b = yield* replica(url, plc.url, { outcomes: { notify: true, listen: true } })
+        const raw = yield* listenAll(url)
+        const owner = yield* newOwner()
+        const other = yield* newOwner()
+        const tail = yield* openTailOrDie(b.port, yield* mint(owner, TAIL))
+
+        const fromA = outcome(owner.did, { status: "dead_letter", httpStatus: 503, errorKind: "http_5xx" })
+        yield* a.publish(outcome(other.did))
+        yield* a.publish(fromA)
+        yield* until("A's outcome at B", () => tail.frames.length >= 1)
+        expect(tail.frames[0]).toMatchObject({
+          id: fromA.id,
+          status: "dead_letter",
+          httpStatus: 503,
+          errorKind: "http_5xx"
+        })
+
+        // B's own: once, in process; its notification (seen on the channel) is not delivered again
+        const fromB = outcome(owner.did)
+        yield* b.outcomes.publish(fromB)
+        yield* until("B's own", () => tail.frames.length >= 2)
+        yield* until("B's notification on the channel", () => raw.seen.some((p) => p.includes(fromB.id)))
+        const marker = outcome(owner.did)
+        yield* a.publish(marker)
+        yield* until("the marker", () => tail.frames.some((f) => f["id"] === marker.id))
+        expect(tail.frames.map((f) => f["id"])).toEqual([fromA.id, fromB.id, marker.id])
+        // the payloads carry no URL or body: ids, owner, rkey, event, status, codes, time
+        for (const p of raw.seen) expect(p.length).toBeLessThan(8000)
+        tail.ws.close(1000)
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "jti: a token accepted by one API replica is refused by another; store down → 503, then accepted",
+    () =>
+      Effect.gen(function*() {
+        const plc = yield* fakePlc(docs)
+        const { url } = yield* Db.freshDatabase
+        const b = yield* replica(url, plc.url, { outcomes: { notify: false, listen: true } })
+        const c = yield* replica(url, plc.url, { outcomes: { notify: false, listen: true } })
+        const owner = yield* newOwner()
+        const token = yield* mint(owner, LIST)
+        expect((yield* get(b.port, LIST, token)).status).toBe(200)
+        const replayed = yield* get(c.port, LIST, token)
+        expect([replayed.status, replayed.body["error"]]).toEqual([401, "InvalidToken"])
+        // and on the first replica too (its own cache)
+        expect((yield* get(b.port, LIST, token)).status).toBe(401)
+
+        // a replica whose shared store cannot answer: 503, never an unchecked token
+        let up = false
+        const real = yield* Effect.provide(Jti.makeSql, yield* Layer.build(Database.layerUrl(url)))
+        const flaky: Jti.JtiStoreShape = {
+          claim: (iss, jti, exp) =>
+            up ? real.claim(iss, jti, exp) : Effect.fail(new StoreError({ op: "api.jti.claim", code: "08006" })),
+          prune: real.prune
+        }
+        const d = yield* replica(url, plc.url, {
+          outcomes: { notify: false, listen: false },
+          jti: Layer.succeed(Jti.JtiStore, flaky)
+        })
+        const fresh = yield* mint(owner, LIST)
+        const down = yield* get(d.port, LIST, fresh)
+        expect([down.status, down.body["error"]]).toEqual([503, "ServiceUnavailable"])
+        up = true
+        expect((yield* get(d.port, LIST, fresh)).status).toBe(200)
+        expect((yield* get(b.port, LIST, fresh)).status).toBe(401)
+        // expired rows are pruned
+        expect(yield* real.prune).toBe(0)
+      }),
+    { timeout: 60_000 }
+  )
+})

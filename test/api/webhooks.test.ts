@@ -1,0 +1,176 @@
+/**
+ * The owner's webhooks (SPEC §8.5 `list`, `resume`) over the real stores on PostgreSQL: every field
+ * of `list` (state, reason and time of `gone` / `autoDisabled` / `disabled`, the derived circuit,
+ * bounded counts, last success and failure), the caller's refused records as `rejected`, `resume`
+ * clearing the state and replaying the parked rows with their ids, and isolation between owners.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, layer } from "@effect/vitest"
+import { Effect, TestClock } from "effect"
+import { RejectedStore } from "../../src/services/registry/RejectedStore.js"
+import { insertDelivery, insertWebhook } from "../support/webhookRows.js"
+import { apiLayer, callAs, newOwner } from "./support.js"
+
+const W = "dev.firehook.webhook"
+/** the TestClock set to the wall clock now (the verifier library reads the wall clock) */
+const wallClock = Effect.suspend(() => TestClock.setTime(Date.now()))
+const ISO = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/
+
+type View = { readonly [k: string]: unknown }
+const byRkey = (body: { readonly [k: string]: unknown }): Map<string, View> =>
+  new Map((body["webhooks"] as ReadonlyArray<View>).map((w) => [w["rkey"] as string, w]))
+
+describe("webhook methods", () => {
+  layer(apiLayer())((it) => {
+    it.effect("list: every field of SPEC §8.5, rejected records, the caller's own only", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const a = yield* newOwner()
+        const b = yield* newOwner()
+        yield* insertWebhook(a.did, "ok", { state: { last_success_at: "now() - interval '1 hour'" } })
+        yield* insertWebhook(a.did, "down", {
+          state: {
+            auto_disabled_at: "now() - interval '1 minute'",
+            failing_since: "now() - interval '6 days'",
+            failed_attempts: "40",
+            last_failure_at: "now() - interval '1 minute'",
+            last_failure_kind: "'http_5xx'",
+            last_failure_http: "503",
+            last_success_at: "now() - interval '7 days'"
+          }
+        })
+        yield* insertWebhook(a.did, "gone", { state: { gone_at: "now() - interval '2 minutes'" } })
+        yield* insertWebhook(a.did, "off", { enabled: false })
+        yield* insertWebhook(b.did, "theirs")
+        // counts of "ok": 2 pending (one leased), 1 delivered today, 1 delivered two days ago, 1 failed
+        // today, 1 parked (a dead letter, not a failure)
+        yield* insertDelivery(a.did, "ok", "d1", { status: "pending" })
+        yield* insertDelivery(a.did, "ok", "d2", { status: "leased" })
+        yield* insertDelivery(a.did, "ok", "d3", { status: "delivered", httpStatus: 200 })
+        yield* insertDelivery(a.did, "ok", "d4", { status: "delivered", httpStatus: 200, finishedAgo: "2 days" })
+        yield* insertDelivery(a.did, "ok", "d5", { status: "dead_letter", errorKind: "http_4xx", httpStatus: 400 })
+        yield* insertDelivery(a.did, "ok", "d6", { status: "dead_letter", errorKind: "webhook_disabled" })
+        yield* insertDelivery(b.did, "theirs", "d7", { status: "pending" })
+        const rejected = yield* RejectedStore
+        yield* rejected.record({
+          ownerDid: a.did,
+          rkey: "bad",
+          rev: "3l2aaaaaaab22",
+          cid: "bafyreibad",
+          reason: "url",
+          source: "stream"
+        })
+
+        const listed = yield* callAs(a, `${W}.list`)
+        expect(listed.status).toBe(200)
+        const hooks = byRkey(listed.body)
+        expect([...hooks.keys()].sort()).toEqual(["bad", "down", "gone", "off", "ok"])
+
+        const ok = hooks.get("ok") ?? {}
+        expect(ok).toMatchObject({
+          uri: `at://${a.did}/place.wisp.v2.wh/ok`,
+          rkey: "ok",
+          cid: "bafyreicid",
+          scope: { aturi: `at://${a.did}`, backlinks: true },
+          events: ["create", "update"],
+          enabled: true,
+          signing: "secretId",
+          url: "https://receiver.example/hook",
+          state: "active",
+          circuit: "closed",
+          counts: { pending: 2, deadLetters: 2, delivered24h: 1, failed24h: 1 }
+        })
+        expect(ok["lastSuccessAt"]).toMatch(ISO)
+        expect(ok["stateReason"]).toBeUndefined()
+        expect(ok["lastError"]).toBeUndefined()
+
+        const down = hooks.get("down") ?? {}
+        expect(down).toMatchObject({
+          state: "autoDisabled",
+          stateReason: "http_5xx",
+          lastError: { kind: "http_5xx", httpStatus: 503 },
+          circuit: "open",
+          counts: { pending: 0, deadLetters: 0, delivered24h: 0, failed24h: 0 }
+        })
+        expect(down["stateSince"]).toMatch(ISO)
+        expect(down["lastFailureAt"]).toMatch(ISO)
+        expect(Date.parse(down["lastSuccessAt"] as string)).toBeLessThan(Date.now() - 6 * 86_400_000)
+
+        expect(hooks.get("gone")).toMatchObject({ state: "gone", stateReason: "gone", circuit: "closed" })
+        expect(hooks.get("gone")?.["stateSince"]).toMatch(ISO)
+        expect(hooks.get("off")).toMatchObject({ state: "disabled", enabled: false })
+        expect(hooks.get("bad")).toMatchObject({
+          uri: `at://${a.did}/place.wisp.v2.wh/bad`,
+          cid: "bafyreibad",
+          state: "rejected",
+          stateReason: "url",
+          url: "",
+          counts: { pending: 0, deadLetters: 0, delivered24h: 0, failed24h: 0 }
+        })
+        expect(hooks.get("bad")?.["stateSince"]).toMatch(ISO)
+
+        // isolation: B sees its own webhook only, and none of A's counts
+        const theirs = yield* callAs(b, `${W}.list`)
+        expect([...byRkey(theirs.body).keys()]).toEqual(["theirs"])
+        expect(byRkey(theirs.body).get("theirs")?.["counts"]).toEqual({
+          pending: 1,
+          deadLetters: 0,
+          delivered24h: 0,
+          failed24h: 0
+        })
+        expect(theirs.text).not.toContain(a.did)
+        // an owner with nothing
+        const nobody = yield* newOwner()
+        expect((yield* callAs(nobody, `${W}.list`)).body).toEqual({ webhooks: [] })
+      }))
+
+    it.effect("resume: clears autoDisabled and gone, replays the parked rows with their ids; NotFound across owners", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const sql = yield* SqlClient.SqlClient
+        const a = yield* newOwner()
+        const b = yield* newOwner()
+        const disabled = {
+          auto_disabled_at: "now()",
+          failing_since: "now() - interval '5 days'",
+          failed_attempts: "25",
+          parked: "2",
+          last_failure_kind: "'timeout'"
+        }
+        yield* insertWebhook(a.did, "down", { state: disabled })
+        yield* insertWebhook(a.did, "gone", { state: { gone_at: "now()" } })
+        yield* insertDelivery(a.did, "down", "p1", { status: "dead_letter", errorKind: "webhook_disabled" })
+        yield* insertDelivery(a.did, "down", "p2", { status: "dead_letter", errorKind: "webhook_disabled" })
+        // a dead letter of another kind is not a parked row: resume leaves it
+        yield* insertDelivery(a.did, "down", "x1", { status: "dead_letter", errorKind: "http_4xx", httpStatus: 400 })
+
+        // B cannot resume A's webhook: the same NotFound as an unknown rkey; nothing changes
+        const foreign = yield* callAs(b, `${W}.resume`, { body: { rkey: "down", replay: true } })
+        expect([foreign.status, foreign.body["error"]]).toEqual([400, "NotFound"])
+        const unknown = yield* callAs(a, `${W}.resume`, { body: { rkey: "nope" } })
+        expect([unknown.status, unknown.body["error"]]).toEqual([400, "NotFound"])
+        expect(foreign.body["message"]).toBe(unknown.body["message"])
+        expect(byRkey((yield* callAs(a, `${W}.list`)).body).get("down")?.["state"]).toBe("autoDisabled")
+
+        const resumed = yield* callAs(a, `${W}.resume`, { body: { rkey: "down", replay: true } })
+        expect([resumed.status, resumed.body]).toEqual([200, { state: "active", replayed: 2 }])
+        const rows = yield* sql<{ delivery_id: string; status: string; attempt_count: number }>`
+          SELECT delivery_id, status, attempt_count FROM outbox WHERE owner_did = ${a.did} ORDER BY delivery_id`
+        expect(rows.map((r) => [r.delivery_id, r.status, r.attempt_count])).toEqual([
+          ["p1", "pending", 0],
+          ["p2", "pending", 0],
+          ["x1", "dead_letter", 1]
+        ])
+        const state = yield* sql<{ auto: Date | null; failed_attempts: number; parked: number }>`
+          SELECT auto_disabled_at AS auto, failed_attempts, parked FROM webhooks
+          WHERE owner_did = ${a.did} AND rkey = 'down'`
+        expect(state[0]).toEqual({ auto: null, failed_attempts: 0, parked: 0 })
+
+        // gone, without replay
+        const gone = yield* callAs(a, `${W}.resume`, { body: { rkey: "gone" } })
+        expect([gone.status, gone.body]).toEqual([200, { state: "active", replayed: 0 }])
+        const after = byRkey((yield* callAs(a, `${W}.list`)).body)
+        expect([after.get("down")?.["state"], after.get("gone")?.["state"]]).toEqual(["active", "active"])
+      }))
+  })
+})

@@ -1,0 +1,173 @@
+/**
+ * Auto-disable (SPEC §4.3) on PostgreSQL:
+ * - the rule, under the TestClock (it reads the workers' Clock): the settle path of the SQL
+ *   `DeliveryStore` is driven directly (claim, then settle each row as the worker would, with the
+ *   attempt's Clock time): a receiver failing for 5 days (≥ 20 failed attempts, no 2xx) is
+ *   auto-disabled exactly when the period is reached; one answering 2xx once within the period is not;
+ * - parking and resume, through the real worker and a real receiver: a new event for the disabled
+ *   webhook is parked as a dead letter (`webhook_disabled`) without a request; `resume` with
+ *   `replay` delivers it under its original id.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it } from "@effect/vitest"
+import { Clock, Duration, Effect, Option, TestClock } from "effect"
+import * as DeliveryStore from "../../src/services/delivery/DeliveryStore.js"
+import * as WebhookState from "../../src/services/operator/WebhookState.js"
+import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
+import { countWhere, eventually, receiver, run, startWorker } from "./worker-support.js"
+
+const OWNER = plc(1)
+const BOB = plc(2)
+const POST = "app.bsky.feed.post"
+const SECRET = "auto-disable-secret-0123456789"
+
+interface Row {
+  readonly delivery_id: string
+  readonly webhook_rkey: string
+  readonly status: string
+  readonly attempt_count: number
+  readonly last_error_kind: string | null
+}
+
+const rowsOf = (eventRkey: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<Row>`SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind FROM outbox
+      WHERE event_rkey = ${eventRkey} ORDER BY webhook_rkey`
+  ).pipe(Effect.orDie)
+
+const stateOf = (rkey: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<{ auto: boolean; failed_attempts: number; parked: number; success: boolean }>`
+      SELECT auto_disabled_at IS NOT NULL AS auto, failed_attempts, parked, last_success_at IS NOT NULL AS success
+      FROM webhooks WHERE owner_did = ${OWNER} AND rkey = ${rkey}`
+  ).pipe(
+    Effect.map((r) => r[0]),
+    Effect.orDie
+  )
+
+const register = (url: (rkey: string) => string) =>
+  run(
+    ["down", "flaky"].map((rkey) =>
+      whEv(OWNER, rkey, whRecordValue(`at://${BOB}`, { url: url(rkey), secret: SECRET }), { rev: rev(1) })
+    )
+  )
+
+/** Claim the due rows and settle each as the worker does after an attempt that took 50 ms. */
+const attemptAll = (answer: (rkey: string) => number) =>
+  Effect.gen(function*() {
+    const store = yield* DeliveryStore.DeliveryStore
+    const claimed = yield* store.claim("test-worker", 100, 60_000)
+    for (const row of claimed.rows) {
+      const startedAtMs = yield* Clock.currentTimeMillis
+      const status = answer(row.webhookRkey)
+      const attempt = { startedAtMs, durationMs: 50, errorKind: undefined, responseExcerpt: undefined }
+      const applied = status < 300
+        ? yield* store.markDelivered(row.deliveryId, row.leaseToken, {
+          attemptCount: 1,
+          httpStatus: status,
+          attempt: { ...attempt, outcome: "delivered", httpStatus: status }
+        })
+        : yield* store.deadLetter(row.deliveryId, row.leaseToken, {
+          attemptCount: 1,
+          errorKind: "http_5xx",
+          httpStatus: status,
+          attempt: { ...attempt, outcome: "dead_letter", errorKind: "http_5xx", httpStatus: status }
+        })
+      expect(applied).toBe(true)
+    }
+    return claimed.rows.length
+  })
+
+describe("auto-disable", () => {
+  it.scoped(
+    "the rule under the TestClock: 5 days and ≥ 20 failures; a 2xx within the period restarts it",
+    () =>
+      Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        yield* register((rkey) => `https://${rkey}.example/hook`)
+        // 24 events 6 hours apart: "down" always answers 503; "flaky" answers 200 once, at event 12
+        for (let i = 0; i < 24; i++) {
+          yield* run([ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })])
+          expect(yield* attemptAll((rkey) => (rkey === "flaky" && i === 12 ? 200 : 503))).toBe(2)
+          // the 21st failure (i = 20) is 120 h after the first: disabled there, not earlier
+          expect((yield* stateOf("down"))?.auto).toBe(i >= 20)
+          yield* TestClock.adjust(Duration.hours(6))
+        }
+        expect(yield* stateOf("down")).toEqual({ auto: true, failed_attempts: 24, parked: 0, success: false })
+        // flaky's streak restarted at its 2xx (event 12): 11 failures over 66 h since, not disabled
+        expect(yield* stateOf("flaky")).toEqual({ auto: false, failed_attempts: 11, parked: 0, success: true })
+        // a new record version (new fingerprint) is a new registration: the state is cleared
+        yield* run([
+          whEv(OWNER, "down", whRecordValue(`at://${BOB}`, { url: "https://down.example/v2", secret: SECRET }), {
+            rev: rev(2)
+          })
+        ])
+        expect(yield* stateOf("down")).toEqual({ auto: false, failed_attempts: 0, parked: 0, success: false })
+      }).pipe(
+        Effect.provide(DeliveryStore.layerSql),
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
+      ),
+    240_000
+  )
+
+  it.scopedLive(
+    "parked without a request while auto-disabled; resume with replay delivers them under their ids",
+    () =>
+      Effect.gen(function*() {
+        let downOk = false
+        const rx = yield* receiver({
+          secretFor: () => SECRET,
+          reply: (path) => ({ status: path === "/down" && !downOk ? 503 : 200 })
+        })
+        yield* register((rkey) => `${rx.url}/${rkey}`)
+        const sql = yield* SqlClient.SqlClient
+        // as the rule left it (see above)
+        yield* sql`UPDATE webhooks SET auto_disabled_at = now(), failing_since = now() - interval '5 days',
+          failed_attempts = 21, last_failure_kind = 'http_5xx', last_failure_http = 503
+          WHERE owner_did = ${OWNER} AND rkey = 'down'`
+        yield* startWorker({ options: { pollIntervalMs: 100 } })
+
+        yield* run([ev(BOB, POST, "late", { rev: rev(100) })])
+        const late = yield* eventually("settled", rowsOf("late"), (rs) =>
+          rs.length === 2 && rs.every((r) =>
+            r.status !== "pending" && r.status !== "leased"
+          ))
+        expect(late.map((r) => [r.webhook_rkey, r.status, r.last_error_kind, r.attempt_count])).toEqual([
+          ["down", "dead_letter", "webhook_disabled", 0],
+          ["flaky", "delivered", null, 1]
+        ])
+        const parkedId = late[0]?.delivery_id ?? ""
+        expect(rx.received.filter((r) => r.path === "/down")).toHaveLength(0)
+        expect(rx.hits.get(parkedId)).toBeUndefined()
+        expect(yield* countWhere("delivery_attempts", `delivery_id = '${parkedId}'`)).toBe(0)
+        expect(yield* countWhere("audit", `delivery_id = '${parkedId}' AND error_kind = 'webhook_disabled'`)).toBe(1)
+        yield* eventually("parked counted", stateOf("down"), (s) => s?.parked === 1)
+
+        // the receiver is fixed; resume with replay: the parked row is delivered under its id
+        downOk = true
+        const states = yield* WebhookState.WebhookStateStore
+        const resumed = yield* states.resume(OWNER, "down", { replay: true })
+        expect(Option.map(resumed, (r) => [r.cleared, r.replayed])).toEqual(Option.some([true, 1]))
+        const after = yield* eventually(
+          "parked row delivered",
+          rowsOf("late"),
+          (rs) => rs.find((r) => r.webhook_rkey === "down")?.status === "delivered"
+        )
+        expect(after.find((r) => r.webhook_rkey === "down")?.delivery_id).toBe(parkedId)
+        expect(rx.hits.get(parkedId)).toBe(1)
+        const sent = rx.received.filter((r) => r.path === "/down")
+        expect(sent).toHaveLength(1)
+        expect(sent[0]?.headers["webhook-id"]).toBe(parkedId)
+        expect(sent[0]?.verified).toEqual({ standard: true, wisp: true })
+        expect(yield* stateOf("down")).toMatchObject({ auto: false, failed_attempts: 0, parked: 0 })
+      }).pipe(
+        Effect.provide(WebhookState.layerSql),
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
+      ),
+    120_000
+  )
+})
