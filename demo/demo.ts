@@ -7,7 +7,10 @@
  *    directory, reading the PDS's firehose and resolving DIDs through the local PLC;
  * 4. creates an account, writes a `place.wisp.v2.wh` record (webhook: "POST my posts to the
  *    receiver, signed with this secret") and a post;
- * 5. prints the verified delivery, then shuts everything down and exits 0 (1 on any failure).
+ * 5. prints the verified delivery;
+ * 6. prints the owner's delivery log as the owner reads it: `firehook hooks deliveries` through the
+ *    owners' API, with a service token from the demo PDS; then shuts everything down and exits 0
+ *    (1 on any failure).
  *
  * Runs under Node ≥ 22 (`node demo/demo.ts`; the `node` devDependency when started by npm).
  */
@@ -24,6 +27,7 @@ import { Webhook } from "standardwebhooks"
 const ROOT = Path.resolve(import.meta.dirname, "..")
 const BIN = Path.join(ROOT, "node_modules", ".bin")
 const LIMIT_MS = 55_000
+const PASSWORD = "demo-password-0123"
 const t0 = performance.now()
 
 const stamp = () => `[${((performance.now() - t0) / 1000).toFixed(1).padStart(4)}s]`
@@ -73,6 +77,22 @@ const stopChild = async (child: ChildProcess, ms: number) => {
   await exited(child)
   clearTimeout(timer)
 }
+
+/** `bun src/cli/main.ts <args>` with `env` only; its exit code and output. */
+const runCli = (args: ReadonlyArray<string>, env: Record<string, string>) =>
+  new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
+    const child = spawn(Path.join(BIN, "bun"), ["src/cli/main.ts", ...args], {
+      cwd: ROOT,
+      env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? Os.tmpdir(), ...env },
+      stdio: ["ignore", "pipe", "pipe"]
+    })
+    children.push(child)
+    let stdout = ""
+    let stderr = ""
+    child.stdout?.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
+    child.stderr?.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
+    child.on("close", (code) => resolve({ code, stdout, stderr }))
+  })
 
 // ---------------------------------------------------------------------------------------------
 // 1. the atproto network
@@ -154,6 +174,7 @@ const startFirehook = async (pds: string, plc: string) => {
   // as root, the embedded PostgreSQL runs as a separate `postgres` user that must traverse this
   Fs.chmodSync(dataDir, 0o755)
   const port = await freePort()
+  const apiPort = await freePort()
   const env: Record<string, string> = {
     PATH: process.env["PATH"] ?? "",
     HOME: process.env["HOME"] ?? Os.tmpdir(),
@@ -165,8 +186,9 @@ const startFirehook = async (pds: string, plc: string) => {
     FIREHOOK_DATA_DIR: dataDir,
     HEALTH_HOST: "127.0.0.1",
     HEALTH_PORT: String(port),
-    // the owners' API on a port of its own choosing (the demo does not call it yet)
-    API_PORT: "0",
+    // the owners' API; its service DID is did:web:localhost%3A<port>, published at /.well-known/did.json
+    API_PORT: String(apiPort),
+    PUBLIC_URL: `http://localhost:${apiPort}`,
     LOG_LEVEL: "warn",
     LOG_FORMAT: "json",
     SHUTDOWN_TIMEOUT_MS: "5000"
@@ -201,7 +223,7 @@ const startFirehook = async (pds: string, plc: string) => {
     }
     return body.registry?.active ?? 0
   }
-  return { health, dataDir, activeWebhooks, output: () => output }
+  return { health, api: `http://127.0.0.1:${apiPort}`, dataDir, activeWebhooks, output: () => output }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -223,7 +245,7 @@ const main = async () => {
   const account = await agent.createAccount({
     handle: "alice.test",
     email: "alice@example.com",
-    password: "demo-password-0123"
+    password: PASSWORD
   })
   const did = account.data.did
   say(`created account alice.test (${did})`)
@@ -278,6 +300,31 @@ const main = async () => {
       `wisp (X-Webhook-Signature) ${verified.wisp ? "verified" : "INVALID"}`
   )
   if (!verified.standard || !verified.wisp) throw new Error("signature verification failed")
+
+  // 6. the owner's side: the delivery log through the owners' API, with a token from alice's PDS
+  const serviceDid = `did:web:localhost%3A${new URL(firehook.api).port}`
+  await until("the delivery to be recorded as delivered", async () => {
+    const token = await agent.com.atproto.server.getServiceAuth({
+      aud: serviceDid,
+      lxm: "dev.firehook.webhook.listDeliveries",
+      exp: Math.floor(Date.now() / 1000) + 60
+    })
+    const res = await fetch(`${firehook.api}/xrpc/dev.firehook.webhook.listDeliveries?rkey=demo`, {
+      headers: { authorization: `Bearer ${token.data.token}` },
+      signal: AbortSignal.timeout(5000)
+    })
+    const body = (await res.json()) as { deliveries?: Array<{ status?: string }> }
+    return body.deliveries?.some((d) => d.status === "delivered") === true ? true : undefined
+  })
+  say("alice reads her delivery log: firehook hooks deliveries demo (owners' API, a service token from her PDS)")
+  const log = await runCli(["hooks", "deliveries", "demo"], {
+    ATPROTO_PDS: net.pds,
+    ATPROTO_IDENTIFIER: "alice.test",
+    ATPROTO_APP_PASSWORD: PASSWORD,
+    FIREHOOK_SERVICE_URL: firehook.api
+  })
+  if (log.code !== 0) throw new Error(`firehook hooks deliveries failed: ${log.stderr.trim()}`)
+  process.stdout.write(indent(log.stdout.trimEnd()) + "\n")
 }
 
 const shutdown = async () => {

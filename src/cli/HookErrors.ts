@@ -66,7 +66,15 @@ const errorName = (s: string): string => {
   return clean.length > 0 ? clean : "error"
 }
 
-export type Operation = "login" | "logout" | "listRecords" | "getRecord" | "createRecord" | "putRecord" | "deleteRecord"
+export type Operation =
+  | "login"
+  | "logout"
+  | "listRecords"
+  | "getRecord"
+  | "createRecord"
+  | "putRecord"
+  | "deleteRecord"
+  | "getServiceAuth"
 
 /** Any failure of a call as one line: status and error name only, never the PDS's free text. */
 export const classify = (op: Operation, host: string, e: unknown): HooksFailed => {

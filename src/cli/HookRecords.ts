@@ -33,6 +33,8 @@ export { HooksFailed, type HooksFailureReason, HooksInvalid } from "./HookErrors
 // Connection and environment
 
 export const DEFAULT_PDS = "https://bsky.social"
+/** a service token lives this long (`getServiceAuth`'s `exp`, SPEC §8.6) */
+export const SERVICE_TOKEN_TTL_SECONDS = 60
 /** every PDS call is bounded by this */
 export const DEFAULT_CALL_TIMEOUT = Duration.seconds(20)
 /** `listRecords` page size and page bound: at most 5000 records are listed */
@@ -389,6 +391,8 @@ export interface HooksShape {
   readonly remove: (
     rkey: string
   ) => Effect.Effect<{ readonly uri: string; readonly rkey: string }, HooksInvalid | HooksFailed>
+  /** a service token from the PDS for one call of `lxm` at `aud` (SPEC §8.6: 60 s) */
+  readonly serviceToken: (aud: string, lxm: string) => Effect.Effect<Redacted.Redacted<string>, HooksFailed>
 }
 
 export class Hooks extends Context.Tag("firehook/Hooks")<Hooks, HooksShape>() {}
@@ -563,12 +567,23 @@ export const make = (conn: Connection, options: HooksOptions): Effect.Effect<Hoo
     if (did === undefined) return yield* failed("invalid_response", "the PDS sent an invalid response to login")
 
     const session: Session = { agent, did, allowInsecureDev, call }
+    const serviceToken = (aud: string, lxm: string) =>
+      Effect.flatMap(
+        Clock.currentTimeMillis,
+        (now) =>
+          call("getServiceAuth", (signal) =>
+            agent.com.atproto.server.getServiceAuth(
+              { aud, lxm, exp: Math.floor(now / 1000) + SERVICE_TOKEN_TTL_SECONDS },
+              { signal }
+            ))
+      ).pipe(Effect.map((res) => Redacted.make(res.data.token)))
     return {
       did,
       create: createIn(session),
       list: listIn(session),
       setEnabled: setEnabledIn(session),
-      remove: removeIn(session)
+      remove: removeIn(session),
+      serviceToken
     } satisfies HooksShape
   })
 

@@ -1,48 +1,17 @@
 /**
  * `firehook hooks …`: a webhook owner's own records on their PDS (no database).
  */
-import { Args, Command, Options } from "@effect/cli"
+import { Command, Options } from "@effect/cli"
 import { Effect, Option, Redacted } from "effect"
 import { json, optional, showUrls } from "./Arguments.js"
 import { usage } from "./Failure.js"
+import { connectionOptions, rkeyArg, withHooks } from "./HookOptions.js"
 import * as Hooks from "./HookRecords.js"
 import { cell, out, printJson, REDACTED_URL, table } from "./Output.js"
+import { ownerApiCommands } from "./OwnerApiCommand.js"
 
 // ---------------------------------------------------------------------------------------------
 // hooks (webhook owners: their own place.wisp.v2.wh records on their PDS; no database)
-
-const pdsOption = optional(
-  Options.text("pds"),
-  "URL",
-  `the PDS (or entryway) to sign in to; default $ATPROTO_PDS, else ${Hooks.DEFAULT_PDS}`
-)
-const identifierOption = optional(
-  Options.text("identifier"),
-  "ID",
-  "handle, DID or email to sign in as; default $ATPROTO_IDENTIFIER"
-)
-const passwordOption = optional(
-  Options.redacted("password"),
-  "PASSWORD",
-  "app password; prefer $ATPROTO_APP_PASSWORD (arguments are visible to other local users)"
-)
-const connectionOptions = { pds: pdsOption, identifier: identifierOption, password: passwordOption }
-const rkeyArg = Args.text({ name: "rkey" }).pipe(Args.withDescription("the webhook record's key (see hooks list)"))
-
-/** Connection, insecure-development flag, sign-in, then `f` with the signed-in service. */
-const withHooks = <A, E>(
-  given: {
-    readonly pds: Option.Option<string>
-    readonly identifier: Option.Option<string>
-    readonly password: Option.Option<Redacted.Redacted<string>>
-  },
-  f: (hooks: Hooks.HooksShape) => Effect.Effect<A, E>
-) =>
-  Effect.gen(function*() {
-    const allowInsecureDev = yield* Hooks.allowInsecureDevFromEnv
-    const conn = yield* Hooks.connection(given)
-    return yield* Effect.provide(Effect.flatMap(Hooks.Hooks, f), Hooks.layer(conn, { allowInsecureDev }))
-  })
 
 const hooksCreate = Command.make(
   "create",
@@ -202,14 +171,20 @@ const hooksDelete = Command.make(
 export const hooks = Command.make(
   "hooks",
   {},
-  () => usage("missing subcommand: create, list, enable, disable or delete")
+  () =>
+    usage(
+      "missing subcommand: create, list, enable, disable, delete, status, deliveries, show, redeliver, replay, test, resume, tail or secrets"
+    )
 ).pipe(
-  Command.withDescription("your own webhook records (place.wisp.v2.wh) on your PDS; needs no firehook database"),
+  Command.withDescription(
+    "your own webhook records (place.wisp.v2.wh) on your PDS, and (with --service) what a firehook service did with them"
+  ),
   Command.withSubcommands([
     hooksCreate,
     hooksList,
     hooksToggle("enable", true),
     hooksToggle("disable", false),
-    hooksDelete
+    hooksDelete,
+    ...ownerApiCommands
   ])
 )

@@ -30,6 +30,15 @@
  *                         [--disabled] [--rkey RKEY] [--json]
  *   firehook hooks list [--json] [--show-urls]
  *   firehook hooks enable <rkey> | disable <rkey> | delete <rkey> [--json]
+ *   firehook hooks status [--json] [--show-urls]
+ *   firehook hooks deliveries [rkey] [--status S] [--since T] [--until T] [--limit N] [--cursor C] [--json]
+ *   firehook hooks show <id> | redeliver <id> | test <rkey> | resume <rkey> [--replay] [--json]
+ *   firehook hooks replay [--rkey RKEY] [--since T] [--until T] [--json]
+ *   firehook hooks tail [--json]            (one line per outcome until Ctrl-C / SIGTERM: exit 130)
+ *   firehook hooks secrets create <name> | rotate <name> | list | delete <name> [--json]
+ *   these call the owners' API of a firehook service: [--service URL] [--service-did DID], defaults
+ *   FIREHOOK_SERVICE_URL, FIREHOOK_SERVICE_DID (else read from <service>/.well-known/did.json), with a
+ *   service token from the owner's PDS per call (getServiceAuth, 60 s); never printed.
  *   every hooks command: [--pds URL] [--identifier ID] [--password P]; defaults from ATPROTO_PDS
  *   (else https://bsky.social), ATPROTO_IDENTIFIER, ATPROTO_APP_PASSWORD (preferred to --password).
  *   Records are checked with the service's validation (WEBHOOK_ALLOW_INSECURE_DEV and NODE_ENV as
@@ -48,7 +57,7 @@
  */
 import { Command } from "@effect/cli"
 import { BunContext, BunRuntime } from "@effect/platform-bun"
-import { Console, Effect, Exit, Layer, Logger, LogLevel } from "effect"
+import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel } from "effect"
 import pkg from "../../package.json" with { type: "json" }
 import { deliveries } from "./DeliveriesCommand.js"
 import { describeFailure, redactArgs, usage } from "./Failure.js"
@@ -107,5 +116,13 @@ const program = (argv: ReadonlyArray<string>) =>
 BunRuntime.runMain(program(process.argv), {
   disableErrorReporting: true,
   disablePrettyLogger: true,
-  teardown: (exit, onExit) => onExit(Exit.isSuccess(exit) && typeof exit.value === "number" ? exit.value : 1)
+  // Ctrl-C / SIGTERM interrupt the program (how `hooks tail` ends): 130, as a shell reports SIGINT
+  teardown: (exit, onExit) =>
+    onExit(
+      Exit.isSuccess(exit) && typeof exit.value === "number"
+        ? exit.value
+        : Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause)
+        ? 130
+        : 1
+    )
 })

@@ -4,6 +4,7 @@
  * (`com.atproto.server.getServiceAuth`, aud = the service DID, lxm = the method) for real accounts.
  * An owner creates a secret over XRPC, writes a hook with that `secretId`, a post is delivered
  * signed with it (both signatures verified: the `standardwebhooks` library and an HMAC check),
+ * the owner reads the delivery in its log with the attempt's receiver status and response excerpt,
  * rotates it, and the next deliveries verify with the new token only. The service's whole log
  * output (at debug level) holds no token, no secret value and no receiver URL.
  */
@@ -78,9 +79,16 @@ const serviceToken = async (account: Account, lxm: string): Promise<string> => {
   return r.data.token
 }
 
-const xrpc = async (account: Account, nsid: string, body?: unknown, token?: string) => {
+const xrpc = async (
+  account: Account,
+  nsid: string,
+  body?: unknown,
+  token?: string,
+  params?: Record<string, string>
+) => {
   const t = token ?? (await serviceToken(account, nsid))
-  const r = await fetch(`${api}/xrpc/${nsid}`, {
+  const query = params === undefined ? "" : `?${new URLSearchParams(params).toString()}`
+  const r = await fetch(`${api}/xrpc/${nsid}${query}`, {
     method: body === undefined ? "GET" : "POST",
     headers: { authorization: `Bearer ${t}`, ...(body === undefined ? {} : { "content-type": "application/json" }) },
     ...(body === undefined ? {} : { body: JSON.stringify(body) })
@@ -147,6 +155,40 @@ describe("the owners' API on a real atproto network", () => {
       expect(rkeyOf(d1)).toBe(before.rkey)
       expect(d1.verified).toEqual({ standard: true, wisp: true })
       expect(verifiesWith(d1, first)).toEqual({ standard: true, wisp: true })
+
+      // the owner's delivery log: the delivery, and its attempt with the receiver's status and answer
+      const listDeliveries = (who: Account) =>
+        xrpc(who, "dev.firehook.webhook.listDeliveries", undefined, undefined, { rkey: "hook" })
+      await waitUntil(
+        async () => {
+          const l = (await listDeliveries(alice)).body["deliveries"] as Array<{ status: string }> | undefined
+          return l?.some((d) => d.status === "delivered") === true
+        },
+        30_000,
+        "the delivery recorded as delivered"
+      )
+      const logged = await listDeliveries(alice)
+      expect(logged.status).toBe(200)
+      const rows = logged.body["deliveries"] as Array<{ id: string; event: { rkey: string } }>
+      const row = rows.find((d) => d.event.rkey === before.rkey)
+      expect(row).toMatchObject({
+        rkey: "hook",
+        status: "delivered",
+        attempts: 1,
+        event: { operation: "create", did: alice.did, collection: "app.bsky.feed.post", rkey: before.rkey }
+      })
+      const id = String(row?.id)
+      const detail = await xrpc(alice, "dev.firehook.webhook.getDelivery", undefined, undefined, { id })
+      expect(detail.status).toBe(200)
+      expect(detail.body["attempts"]).toEqual([
+        expect.objectContaining({ n: 1, outcome: "delivered", httpStatus: 200, responseExcerpt: "ok" })
+      ])
+      // bob: alice's delivery id answers exactly as an unknown one, and his log is empty
+      const bobShows = await xrpc(bob, "dev.firehook.webhook.getDelivery", undefined, undefined, { id })
+      const unknown = await xrpc(bob, "dev.firehook.webhook.getDelivery", undefined, undefined, { id: "whd_v1_x" })
+      expect(bobShows).toEqual(unknown)
+      expect([bobShows.status, bobShows.body["error"]]).toEqual([400, "NotFound"])
+      expect(await listDeliveries(bob)).toEqual({ status: 200, body: { deliveries: [] } })
 
       // isolation: bob sees and touches nothing of alice's
       expect(await xrpc(bob, "place.wisp.v2.secret.list")).toEqual({ status: 200, body: { secrets: [] } })

@@ -1,6 +1,7 @@
 /**
  * `npm run demo` keeps working: it starts the local atproto network, a receiver and firehook, and
- * must print a delivery whose two signatures verified, then exit 0 (offline, well under a minute).
+ * must print a delivery whose two signatures verified, then the owner's delivery log read through the
+ * owners' API (`firehook hooks deliveries`), then exit 0 (offline, well under a minute).
  */
 import { spawn } from "node:child_process"
 import { expect, it } from "vitest"
@@ -22,6 +23,10 @@ it("npm run demo prints a verified delivery and exits 0", async () => {
   expect(out).toContain(
     "signatures: Standard Webhooks (webhook-signature) verified, wisp (X-Webhook-Signature) verified"
   )
+  // the owner's side: the delivery log read through the owners' API with a token from the demo PDS
+  expect(out).toContain("alice reads her delivery log: firehook hooks deliveries demo")
+  expect(out).toMatch(/ID\s+CREATED\s+WEBHOOK\s+EVENT\s+STATUS\s+ATTEMPTS\s+LAST-ERROR/)
+  expect(out).toMatch(/whd_\S+\s+\S+\s+demo\s+create app\.bsky\.feed\.post\/\S+\s+delivered\s+1/)
   // the webhook record is shown with its secret redacted
   expect(out).toMatch(/"secret": "<redacted>"/)
   expect(out).not.toMatch(/"secret": "demo-/)
