@@ -66,7 +66,12 @@ describe("delivery worker: a gone webhook's new matches are parked, not dropped"
 
         // the 410: dead-lettered as gone, and the webhook marked gone
         yield* run([ev(BOB, POST, "first", { rev: rev(10) })])
-        const first = yield* eventually("first settled", rowsOf("first"), (rs) => rs.length === 2 && settled(rs), 20_000)
+        const first = yield* eventually(
+          "first settled",
+          rowsOf("first"),
+          (rs) => rs.length === 2 && settled(rs),
+          20_000
+        )
         expect(first.map((r) => [r.webhook_rkey, r.status, r.last_error_kind])).toEqual([
           ["gone", "dead_letter", "gone"],
           ["ok", "delivered", null]
@@ -76,7 +81,12 @@ describe("delivery worker: a gone webhook's new matches are parked, not dropped"
         // a new event still matches the gone webhook: enqueued, then parked with no request
         const later = yield* run([ev(BOB, POST, "later", { rev: rev(11) })])
         expect(later.inserted).toBe(2)
-        const parked = yield* eventually("later settled", rowsOf("later"), (rs) => rs.length === 2 && settled(rs), 20_000)
+        const parked = yield* eventually(
+          "later settled",
+          rowsOf("later"),
+          (rs) => rs.length === 2 && settled(rs),
+          20_000
+        )
         expect(parked.map((r) => [r.webhook_rkey, r.status, r.last_error_kind, r.attempt_count])).toEqual([
           ["gone", "dead_letter", "webhook_disabled", 0],
           ["ok", "delivered", null, 1]
