@@ -128,7 +128,7 @@ describe("delivery worker: classification through real responses", () => {
         }
         expect(byRkey.get("refused")).toMatchObject({ status: "pending", last_error_kind: "network", attempt_count: 1 })
 
-        // 410: the subscription is marked gone (no more deliveries until its record changes)
+        // 410: the subscription is marked gone (no more requests until it is resumed or its record changes)
         const sql = yield* SqlClient.SqlClient
         const gone = yield* sql<{ rkey: string }>`SELECT rkey FROM webhooks WHERE gone_at IS NOT NULL`
         expect(gone.map((g) => g.rkey)).toEqual(["s410"])
@@ -175,11 +175,20 @@ describe("delivery worker: classification through real responses", () => {
           expect(o.event).toBe("create")
         }
 
-        // a later event no longer matches the gone subscription (it left the in-memory registry):
-        // no outbox row, no request, no audit row; the others still match
+        // a later event still matches the gone subscription (SPEC §4.3): its row is enqueued and
+        // parked as a dead letter (webhook_disabled) without a request, so a replay recovers it
         const later = yield* run([ev(BOB, POST, "p2", { rev: rev(11) })])
-        expect(later.inserted).toBe(CASES.length)
-        expect(yield* countWhere("outbox", `webhook_rkey = 's410'`)).toBe(1)
+        expect(later.inserted).toBe(CASES.length + 1)
+        yield* eventually(
+          "the gone subscription's new row parked",
+          countWhere(
+            "outbox",
+            `webhook_rkey = 's410' AND event_rkey = 'p2' AND status = 'dead_letter'
+              AND last_error_kind = 'webhook_disabled' AND attempt_count = 0`
+          ),
+          (n) => n === 1,
+          20_000
+        )
         // until its record changes: written again, it matches and is delivered to its new path
         yield* run([
           whEv(OWNER, "s410", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/200`, secret: SECRET }), {

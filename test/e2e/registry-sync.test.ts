@@ -6,8 +6,9 @@
  * elsewhere) is an hour apart here, so only the cross-process sync can make these pass in time.
  * - The reconcile process completes an owner whose webhook exists only on its PDS: the intake
  *   process matches that webhook within seconds.
- * - A receiver answers 410 to the delivery process: the intake leader stops matching that webhook
- *   (the other webhook of the same owner goes on).
+ * - A receiver answers 410 to the delivery process: the webhook is marked gone but stays in the
+ *   intake leader's matching; its new matches are parked (`webhook_disabled`, no request) so that
+ *   a replay after `resume` recovers them (the other webhook of the same owner goes on).
  */
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -92,7 +93,7 @@ const hook = (did: string, timeUs: number, rkey: string, url: string) =>
 
 describe("registry sync across processes", () => {
   it(
-    "a completion by the reconcile process and a 410 seen by the delivery process reach the intake leader's matching",
+    "a completion by the reconcile process reaches the intake leader's matching; a 410 parks the hook's new matches",
     async () => {
       const ok = await startReceiver()
       const gone = await startReceiver(() => ({ status: 410 }))
@@ -151,12 +152,25 @@ describe("registry sync across processes", () => {
         30_000,
         "g1 marked gone"
       )
-      await waitUntil(async () => (await registryActive(intake.health)) === 2, 10_000, "the intake leader dropped g1")
+      // gone only affects delivery (SPEC §4.3): g1 stays in the intake leader's matching, and its
+      // new match is enqueued and parked as a dead letter (webhook_disabled) without a request
+      expect(await registryActive(intake.health)).toBe(3)
       js.publish([commitFrame(BOB, T0 + 4_000_000, POST, "bp2", "create")])
       await waitUntil(() => ok.total() === 3, 30_000, "Bob's second post delivered to k1")
+      await waitUntil(
+        async () =>
+          (await query(
+            db,
+            `SELECT 1 FROM outbox WHERE owner_did = $1 AND event_rkey = 'bp2' AND webhook_rkey = 'g1'
+              AND status = 'dead_letter' AND last_error_kind = 'webhook_disabled' AND attempt_count = 0`,
+            [BOB]
+          )).length === 1,
+        30_000,
+        "Bob's second post parked for g1"
+      )
       expect(
-        await query(db, "SELECT webhook_rkey FROM outbox WHERE owner_did = $1 AND event_rkey = 'bp2'", [BOB])
-      ).toEqual([{ webhook_rkey: "k1" }])
+        await query(db, "SELECT webhook_rkey FROM outbox WHERE owner_did = $1 AND event_rkey = 'bp2' ORDER BY 1", [BOB])
+      ).toEqual([{ webhook_rkey: "g1" }, { webhook_rkey: "k1" }])
       expect(gone.total()).toBe(1)
 
       for (const d of [reconcile, delivery, intake]) {

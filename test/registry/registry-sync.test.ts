@@ -91,9 +91,16 @@ const completeScan = (sql: SqlClient.SqlClient, did: string) =>
 const markGone = (sql: SqlClient.SqlClient, did: string, rkey: string) =>
   sql`UPDATE webhooks SET gone_at = now() WHERE owner_did = ${did} AND rkey = ${rkey}`
 
+/**
+ * A store change another process could make that a sync makes visible: the row is deactivated, and
+ * its gone mark notifies (the `gone_at` trigger). A gone mark alone changes no matching (SPEC §4.3).
+ */
+const deactivate = (sql: SqlClient.SqlClient, did: string, rkey: string) =>
+  sql`UPDATE webhooks SET active = false, gone_at = now() WHERE owner_did = ${did} AND rkey = ${rkey}`
+
 describe("RegistrySync", () => {
   it.layer(TestLayer, { timeout: 60_000 })("on PostgreSQL", (it) => {
-    it.effect("a notification: a completed owner is swapped in, a gone webhook dropped, at once", () =>
+    it.effect("a notification: a completed owner is swapped in at once; a gone webhook stays matched", () =>
       Effect.gen(function*() {
         const { registry, sql, synced, fiber } = yield* setup([row(BOB, "b1"), row(BOB, "b2")], {
           [ALICE]: "scanning",
@@ -106,18 +113,23 @@ describe("RegistrySync", () => {
         yield* completeScan(sql, ALICE)
         expect(yield* Queue.take(synced)).toEqual(["notification", ALICE])
         expect(rkeys(registry, ALICE)).toEqual(["a1"])
-        // another process's delivery got a 410 for Bob's b2
+        // another process's delivery got a 410 for Bob's b2: followed, and b2 stays in matching (its
+        // new matches are enqueued and parked as webhook_disabled until it is resumed)
         yield* markGone(sql, BOB, "b2")
         expect(yield* Queue.take(synced)).toEqual(["notification", BOB])
-        expect(rkeys(registry, BOB)).toEqual(["b1"])
+        expect(rkeys(registry, BOB)).toEqual(["b1", "b2"])
         // intake's own kind of write (a new version of the record clears gone_at) notifies too
         yield* Effect.flatMap(RegistryStore.RegistryStore, (s) => s.upsert({ ...row(BOB, "b2"), rev: rev(2) }))
         expect(yield* Queue.take(synced)).toEqual(["notification", BOB])
         expect(rkeys(registry, BOB)).toEqual(["b1", "b2"])
+        const b2 = (yield* Effect.flatMap(RegistryStore.RegistryStore, (s) => s.ownerRows(BOB))).find((r) =>
+          r.rkey === "b2"
+        )
+        expect(b2?.gone).toBe(false)
         yield* Fiber.interrupt(fiber)
       }))
 
-    it.effect("a scanning or failed owner keeps its pre-scan registrations; only a gone mark applies", () =>
+    it.effect("a scanning or failed owner keeps its pre-scan registrations; a gone mark changes no matching", () =>
       Effect.gen(function*() {
         const { registry, sql, synced, fiber } = yield* setup([row(ALICE, "a1"), row(ALICE, "a2"), row(BOB, "b1")], {
           [ALICE]: "scanning",
@@ -128,14 +140,14 @@ describe("RegistrySync", () => {
         yield* Effect.flatMap(RegistryStore.RegistryStore, (s) => s.upsert(row(ALICE, "page")))
         yield* markGone(sql, ALICE, "a2")
         expect(yield* Queue.take(synced)).toEqual(["notification", ALICE])
-        expect(rkeys(registry, ALICE)).toEqual(["a1"])
+        expect(rkeys(registry, ALICE)).toEqual(["a1", "a2"])
         yield* markGone(sql, BOB, "b1")
         expect(yield* Queue.take(synced)).toEqual(["notification", BOB])
-        expect(rkeys(registry, BOB)).toEqual([])
-        // the scan completes: the reconciled set, less the gone webhook
+        expect(rkeys(registry, BOB)).toEqual(["b1"])
+        // the scan completes: the reconciled set, the gone webhook included (it is parked, not dropped)
         yield* completeScan(sql, ALICE)
         expect(yield* Queue.take(synced)).toEqual(["notification", ALICE])
-        expect(rkeys(registry, ALICE)).toEqual(["a1", "page"])
+        expect(rkeys(registry, ALICE)).toEqual(["a1", "a2", "page"])
         yield* Fiber.interrupt(fiber)
       }))
 
@@ -144,14 +156,14 @@ describe("RegistrySync", () => {
         const { registry, sql, synced, fiber } = yield* setup([row(ALICE, "a1"), row(BOB, "b1")], {}, {
           listen: false
         })
-        yield* markGone(sql, ALICE, "a1")
+        yield* deactivate(sql, ALICE, "a1")
         expect(rkeys(registry, ALICE)).toEqual(["a1"])
         yield* TestClock.adjust("5 seconds")
         expect(yield* Queue.take(synced)).toEqual(["catch_up", ALICE])
         expect(rkeys(registry, ALICE)).toEqual([])
         // the next round has nothing new (Alice's change is not synced again), the one after Bob's
         yield* TestClock.adjust("5 seconds")
-        yield* markGone(sql, BOB, "b1")
+        yield* deactivate(sql, BOB, "b1")
         yield* TestClock.adjust("5 seconds")
         expect(yield* Queue.take(synced)).toEqual(["catch_up", BOB])
         expect(rkeys(registry, BOB)).toEqual([])
@@ -167,7 +179,7 @@ describe("RegistrySync", () => {
           { listen: false, maxPerRound: 2 }
         )
         for (const did of [ALICE, BOB, CAROL]) {
-          yield* markGone(sql, did, did === ALICE ? "a1" : did === BOB ? "b1" : "c1")
+          yield* deactivate(sql, did, did === ALICE ? "a1" : did === BOB ? "b1" : "c1")
         }
         yield* TestClock.adjust("5 seconds")
         expect(yield* Queue.take(synced)).toEqual(["reload", undefined])

@@ -59,7 +59,6 @@ import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import type { StoreError } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
-import { Registry } from "../registry/Registry.js"
 import { RegistryStore } from "../registry/RegistryStore.js"
 import { HOLD_FACTOR, ORIGIN_HOLD_FACTOR } from "./Admission.js"
 import { memoTransforms } from "./Attempt.js"
@@ -207,7 +206,6 @@ export const make = (
       breaker: makeCircuitBreaker({ threshold: d.circuitThreshold, cooldownMs: d.circuitCooldownMs }),
       store,
       registry: yield* RegistryStore,
-      memoryRegistry: yield* Effect.serviceOption(Registry),
       secrets: yield* Secrets,
       http: yield* SafeHttp,
       publisher: yield* Publisher,

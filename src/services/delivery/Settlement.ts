@@ -222,13 +222,12 @@ const failed = (env: WorkerEnv, row: ClaimedRow, f: Data.TaggedEnum.Value<Settle
     return applied
   })
 
-/** A dead-lettered 410: the registration is marked gone (and dropped from this process's matching). */
+/**
+ * A dead-lettered 410: the registration is marked gone. It stays in matching (SPEC §4.3): its new
+ * matches are enqueued and parked by the worker (`webhook_disabled`) until it is resumed.
+ */
 const markGone = (env: WorkerEnv, row: ClaimedRow) =>
   env.registry.markGone(row.ownerDid, row.webhookRkey, row.fingerprint).pipe(
-    Effect.flatMap((marked) =>
-      marked && Option.isSome(env.memoryRegistry)
-        ? env.memoryRegistry.value.forgetGone(row.ownerDid, row.webhookRkey, row.fingerprint)
-        : Effect.void
-    ),
+    Effect.asVoid,
     Effect.catchAll((e) => logStoreError(env, e))
   )

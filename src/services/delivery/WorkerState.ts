@@ -12,7 +12,6 @@ import type { Clock, Effect, Fiber, FiberSet, Option, Queue, Runtime } from "eff
 import type { SafeHttpShape } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
 import type { RateLimitedLog } from "../platform/RateLimitedLog.js"
-import type { RegistryShape } from "../registry/Registry.js"
 import type { RegistryStoreShape } from "../registry/RegistryStore.js"
 import type { CircuitBreaker } from "./CircuitBreaker.js"
 import type { DeliveryOutcomesShape } from "./DeliveryOutcomes.js"
@@ -116,11 +115,6 @@ export interface WorkerEnv {
   readonly breaker: CircuitBreaker
   readonly store: DeliveryStoreShape
   readonly registry: RegistryStoreShape
-  /**
-   * the in-memory registry of this process, when it has one (the service does; a worker embedded
-   * on its own may not): a 410 drops the registration from matching as well as marking it gone
-   */
-  readonly memoryRegistry: Option.Option<RegistryShape>
   readonly secrets: SecretsShape
   readonly http: SafeHttpShape
   readonly publisher: PublisherShape

@@ -70,17 +70,12 @@ export interface RegistryShape {
   readonly transactional: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E | StoreError, R>
   readonly swapOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
   /**
-   * A delivery marked this registration gone (410, SPEC §4.3): stop matching it until its record
-   * changes (a later write of the record indexes it again). Only the registration with
-   * `fingerprint` is dropped; one that changed in the meantime stays.
-   */
-  readonly forgetGone: (ownerDid: string, rkey: string, fingerprint: string) => Effect.Effect<void>
-  /**
    * Another process changed this owner's registrations in the store (its reconciliation completed,
-   * a delivery marked one gone; SPEC §6.4): follow it. Run it holding the owner's row lock (see
-   * RegistrySync). An owner that is scanning or failed keeps its pre-scan registrations (SPEC
-   * §5.3), less those marked gone since; any other owner's are swapped for the store's
-   * ({@link swapOwner}).
+   * a delivery marked one gone or it was resumed; SPEC §6.4): follow it. Run it holding the owner's
+   * row lock (see RegistrySync). An owner that is scanning or failed keeps its pre-scan
+   * registrations (SPEC §5.3); any other owner's are swapped for the store's ({@link swapOwner}).
+   * A gone registration stays indexed: gone only affects delivery (its new matches are enqueued and
+   * the worker parks them as `webhook_disabled`, SPEC §4.3), so a replay after `resume` recovers them.
    */
   readonly syncOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
   readonly stats: Effect.Effect<RegistryStats>
@@ -209,13 +204,12 @@ export const make = Effect.gen(function*() {
     for (const key of keys) index.remove(key)
     let loaded = 0
     for (const row of rows) {
-      if (row.gone) continue
       const w = activeFromRow(row)
       if (w === undefined || admission(w) !== undefined) continue
       index.upsert(w)
       loaded++
     }
-    notLoaded = Math.max(0, total - loaded - rows.filter((r) => r.gone).length)
+    notLoaded = Math.max(0, total - loaded)
     // every owner is as the store has it now
     unsynced.clear()
     yield* Metric.set(activeGauge, index.size)
@@ -334,7 +328,7 @@ export const make = Effect.gen(function*() {
       const rows = yield* store.ownerRows(ownerDid)
       const next: Array<ActiveWebhook> = []
       for (const row of rows) {
-        if (!row.active || row.gone) continue
+        if (!row.active) continue
         const w = activeFromRow(row)
         if (w !== undefined) next.push(w)
       }
@@ -358,22 +352,11 @@ export const make = Effect.gen(function*() {
       )
     }).pipe(Effect.withSpan("Registry.swapOwner"))
 
-  const forgetGone = (ownerDid: string, rkey: string, fingerprint: string) =>
-    Effect.suspend(() => {
-      const key = webhookKey(ownerDid, rkey)
-      if (index.get(key)?.fingerprint !== fingerprint) return Effect.void
-      index.remove(key)
-      return Metric.set(activeGauge, index.size)
-    })
-
   const syncOwner = (ownerDid: string) =>
     Effect.gen(function*() {
       const owner = yield* store.owner(ownerDid)
+      // snapshot pages of a scan stay in the store until it completes (a gone mark changes no matching)
       if (owner?.status !== "scanning" && owner?.status !== "failed") return yield* swapOwner(ownerDid)
-      // snapshot pages of a scan stay in the store until it completes; only a gone mark applies now
-      for (const row of yield* store.ownerRows(ownerDid)) {
-        if (row.gone) yield* forgetGone(ownerDid, row.rkey, row.fingerprint)
-      }
     }).pipe(Effect.withSpan("Registry.syncOwner"))
 
   const stats = Effect.sync(
@@ -395,7 +378,6 @@ export const make = Effect.gen(function*() {
     applyWhEvent,
     transactional,
     swapOwner,
-    forgetGone,
     syncOwner,
     stats
   }

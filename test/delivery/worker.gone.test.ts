@@ -1,0 +1,123 @@
+/**
+ * Gone (410, SPEC §4.3) on PostgreSQL, through the real worker and a real receiver: a 410 marks the
+ * webhook gone, but it stays in matching. A new matching event is enqueued and parked as a dead
+ * letter (`webhook_disabled`) without a request; `resume` with `replay` clears gone and delivers it
+ * under its original id.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Option } from "effect"
+import * as WebhookState from "../../src/services/operator/WebhookState.js"
+import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
+import { countWhere, eventually, receiver, run, startWorker } from "./worker-support.js"
+
+const OWNER = plc(1)
+const BOB = plc(2)
+const POST = "app.bsky.feed.post"
+const SECRET = "gone-webhook-secret-0123456789"
+
+interface Row {
+  readonly delivery_id: string
+  readonly webhook_rkey: string
+  readonly status: string
+  readonly attempt_count: number
+  readonly last_error_kind: string | null
+}
+
+const rowsOf = (eventRkey: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<Row>`SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind FROM outbox
+      WHERE event_rkey = ${eventRkey} ORDER BY webhook_rkey`
+  ).pipe(Effect.orDie)
+
+const settled = (rs: ReadonlyArray<Row>) => rs.every((r) => r.status !== "pending" && r.status !== "leased")
+
+const goneOf = (rkey: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<{ gone: boolean; parked: number }>`
+      SELECT gone_at IS NOT NULL AS gone, parked FROM webhooks WHERE owner_did = ${OWNER} AND rkey = ${rkey}`
+  ).pipe(
+    Effect.map((r) => r[0]),
+    Effect.orDie
+  )
+
+describe("delivery worker: a gone webhook's new matches are parked, not dropped", () => {
+  it.scopedLive(
+    "after a 410, a new matching event is enqueued and parked without a request; resume with replay delivers it",
+    () =>
+      Effect.gen(function*() {
+        let gone = true
+        const rx = yield* receiver({
+          secretFor: () => SECRET,
+          reply: (path) => ({ status: path === "/gone" && gone ? 410 : 200 })
+        })
+        yield* run(
+          ["gone", "ok"].map((rkey) =>
+            whEv(OWNER, rkey, whRecordValue(`at://${BOB}`, { url: `${rx.url}/${rkey}`, secret: SECRET }), {
+              rev: rev(1)
+            })
+          )
+        )
+        yield* startWorker({ options: { pollIntervalMs: 100 } })
+
+        // the 410: dead-lettered as gone, and the webhook marked gone
+        yield* run([ev(BOB, POST, "first", { rev: rev(10) })])
+        const first = yield* eventually(
+          "first settled",
+          rowsOf("first"),
+          (rs) => rs.length === 2 && settled(rs),
+          20_000
+        )
+        expect(first.map((r) => [r.webhook_rkey, r.status, r.last_error_kind])).toEqual([
+          ["gone", "dead_letter", "gone"],
+          ["ok", "delivered", null]
+        ])
+        yield* eventually("marked gone", goneOf("gone"), (s) => s?.gone === true)
+
+        // a new event still matches the gone webhook: enqueued, then parked with no request
+        const later = yield* run([ev(BOB, POST, "later", { rev: rev(11) })])
+        expect(later.inserted).toBe(2)
+        const parked = yield* eventually(
+          "later settled",
+          rowsOf("later"),
+          (rs) => rs.length === 2 && settled(rs),
+          20_000
+        )
+        expect(parked.map((r) => [r.webhook_rkey, r.status, r.last_error_kind, r.attempt_count])).toEqual([
+          ["gone", "dead_letter", "webhook_disabled", 0],
+          ["ok", "delivered", null, 1]
+        ])
+        const parkedId = parked[0]?.delivery_id ?? ""
+        expect(rx.hits.get(parkedId)).toBeUndefined()
+        expect(rx.received.filter((r) => r.path === "/gone")).toHaveLength(1)
+        expect(yield* countWhere("delivery_attempts", `delivery_id = '${parkedId}'`)).toBe(0)
+        yield* eventually("parked counted", goneOf("gone"), (s) => s?.parked === 1)
+
+        // the receiver is back; resume with replay clears gone and delivers the parked row under its id
+        gone = false
+        const states = yield* WebhookState.WebhookStateStore
+        const resumed = yield* states.resume(OWNER, "gone", { replay: true })
+        expect(Option.map(resumed, (r) => [r.cleared, r.replayed])).toEqual(Option.some([true, 1]))
+        const after = yield* eventually(
+          "parked row delivered",
+          rowsOf("later"),
+          (rs) => rs.find((r) => r.webhook_rkey === "gone")?.status === "delivered",
+          20_000
+        )
+        expect(after.find((r) => r.webhook_rkey === "gone")?.delivery_id).toBe(parkedId)
+        expect(rx.hits.get(parkedId)).toBe(1)
+        const sent = rx.received.filter((r) => r.path === "/gone")
+        expect(sent).toHaveLength(2)
+        expect(sent[1]?.headers["webhook-id"]).toBe(parkedId)
+        expect(yield* goneOf("gone")).toEqual({ gone: false, parked: 0 })
+      }).pipe(
+        Effect.provide(WebhookState.layerSql),
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
+      ),
+    120_000
+  )
+})
