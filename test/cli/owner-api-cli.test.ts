@@ -1,9 +1,11 @@
 /**
  * `firehook hooks status|deliveries|show|redeliver|replay|test|resume|tail|secrets` (the owners' API
  * from the command line, SPEC §8.6) with a real local PDS (`@atproto/dev-env`) minting the service
- * tokens: against a running firehook (`bun src/main.ts`, the methods it serves) and against a
- * tiny XRPC server on a real socket (./owner-api-fake.ts) that answers per the lexicons, which
- * also checks that every call carries a token for its own method and the service's DID.
+ * tokens: against a running firehook (`bun src/main.ts`: every command, a receiver on a real socket
+ * getting the deliveries and the test send, the live tail over a real WebSocket) and against a tiny
+ * XRPC server on a real socket (./owner-api-fake.ts) that answers per the lexicons with fixed
+ * views (the states, errors and frames a fresh deployment does not produce), which also checks that
+ * every call carries a token for its own method and the service's DID.
  *
  * Bad arguments exit 2 before signing in (the PDS given is unreachable: a sign-in would exit 1);
  * refusals exit 1 with the XRPC error name and message on one line; tokens are never printed.
