@@ -1,9 +1,11 @@
 /**
  * `firehook hooks status|deliveries|show|redeliver|replay|test|resume|tail|secrets` (the owners' API
  * from the command line, SPEC §8.6) with a real local PDS (`@atproto/dev-env`) minting the service
- * tokens: against a running firehook (`bun src/main.ts`, the methods it serves) and against a
- * tiny XRPC server on a real socket (./owner-api-fake.ts) that answers per the lexicons, which
- * also checks that every call carries a token for its own method and the service's DID.
+ * tokens: against a running firehook (`bun src/main.ts`: every command, a receiver on a real socket
+ * getting the deliveries and the test send, the live tail over a real WebSocket) and against a tiny
+ * XRPC server on a real socket (./owner-api-fake.ts) that answers per the lexicons with fixed
+ * views (the states, errors and frames a fresh deployment does not produce), which also checks that
+ * every call carries a token for its own method and the service's DID.
  *
  * Bad arguments exit 2 before signing in (the PDS given is unreachable: a sign-in would exit 1);
  * refusals exit 1 with the XRPC error name and message on one line; tokens are never printed.
@@ -344,6 +346,96 @@ describe("firehook hooks: the owners' API commands", () => {
     const logs = firehook.running.stdout() + firehook.running.stderr()
     expect(logs).not.toContain(rx.url)
     expect(logs).not.toContain("erin-inline-secret-0123456789")
+  }, 400_000)
+
+  it("status, test, tail, redeliver, replay, resume against the running firehook", async () => {
+    const gina = await owner("gina")
+    const ref = await createRecord(gina.account, WH, {
+      scope: { aturi: `at://${gina.account.did}/app.bsky.feed.post` },
+      url: `${rx.url}/gina`,
+      secret: "gina-inline-secret-0123456789",
+      createdAt: nowIso()
+    }, "hook")
+    await waitUntil(
+      async () =>
+        (await query<{ cid: string }>(db, "SELECT cid FROM webhooks WHERE owner_did = $1 AND rkey = 'hook'", [
+          gina.account.did
+        ]))[0]?.cid === ref.cid,
+      60_000,
+      "gina's hook registered"
+    )
+
+    // status: the webhook, active
+    const status = await hooks(gina.env, ["status"])
+    expectOk(status)
+    expect(lines(status.stdout)[0]).toMatch(/^RKEY\s+STATE\s+CIRCUIT\s+/)
+    expect(status.stdout).toMatch(/^hook\s+active\s+closed\s+/m)
+    expect(status.stdout).not.toContain(rx.url)
+    const statusJson = await hooks(gina.env, ["status", "--json"])
+    expectOk(statusJson)
+    const listed = JSON.parse(statusJson.stdout) as { webhooks: Array<{ rkey: string; state: string; url: string }> }
+    expect(listed.webhooks).toEqual([
+      expect.objectContaining({ rkey: "hook", state: "active", url: "[redacted]", uri: ref.uri })
+    ])
+
+    // a tail started before the test send prints that delivery's outcome. Nothing tells when its
+    // subscription is open, so: send a test, wait (bounded) for its line; at most a few sends.
+    const tailing = spawnCli(["hooks", "tail", "--json"], gina.env)
+    type Outcome = { $type: string; id: string; rkey: string; event: string; status: string; httpStatus?: number }
+    const outcomes = () => lines(tailing.stdout()).map((l) => JSON.parse(l) as Outcome)
+    let testId = ""
+    for (let attempt = 0; attempt < 5 && testId === ""; attempt++) {
+      const tested = await hooks(gina.env, ["test", "hook", "--json"])
+      expectOk(tested)
+      const { id } = JSON.parse(tested.stdout) as { id: string }
+      expect(id).toMatch(/^whd_/)
+      const seen = await waitUntil(() => outcomes().some((o) => o.id === id), 20_000, "the test outcome on the tail")
+        .then(() => true, () => false)
+      if (seen) testId = id
+    }
+    expect(testId, `tail stdout: ${tailing.stdout()} stderr: ${tailing.stderr()}`).not.toBe("")
+    expect(outcomes().filter((o) => o.id === testId)).toEqual([
+      {
+        $type: "dev.firehook.webhook.subscribeDeliveries#outcome",
+        id: testId,
+        rkey: "hook",
+        event: "test",
+        status: "delivered",
+        httpStatus: 200,
+        at: expect.any(String)
+      }
+    ])
+    // the receiver got the test send, marked as a test
+    const testSends = rx.received.filter((r) => r.path === "/gina" && r.headers["x-firehook-test"] === "1")
+    expect(testSends.length).toBeGreaterThanOrEqual(1)
+    tailing.child.kill("SIGTERM")
+    expect(await tailing.exit).toBe(130)
+
+    // the actions, each answered by the running firehook
+    const sendsBefore = rx.received.filter((r) => r.path === "/gina").length
+    const redelivered = await hooks(gina.env, ["redeliver", testId])
+    expectOk(redelivered)
+    expect(lines(redelivered.stdout)).toEqual([`redelivering ${testId} (was delivered)`])
+    await waitUntil(
+      () => rx.received.filter((r) => r.path === "/gina").length > sendsBefore,
+      60_000,
+      "the redelivery reached the receiver"
+    )
+    const replayed = await hooks(gina.env, ["replay", "--json"])
+    expectOk(replayed)
+    expect(JSON.parse(replayed.stdout)).toEqual({ replayed: 0, truncated: false })
+    const resumed = await hooks(gina.env, ["resume", "hook", "--json"])
+    expectOk(resumed)
+    expect(JSON.parse(resumed.stdout)).toEqual({ state: "active", replayed: 0 })
+    // another owner's rkey: NotFound
+    const other = await owner("hank")
+    const notHis = await hooks(other.env, ["test", "hook"])
+    expectOneLineError(notHis, 1)
+    expect(notHis.stderr).toMatch(/^firehook: NotFound/)
+
+    const logs = firehook.running.stdout() + firehook.running.stderr()
+    expect(logs).not.toContain(rx.url)
+    expect(logs).not.toContain("gina-inline-secret-0123456789")
   }, 400_000)
 
   it(
