@@ -254,7 +254,7 @@ export interface ReconcileStoreShape {
    * done): the page was taken over, or the sweep is no longer `ref`.
    */
   readonly finishPage: (ref: SweepRef, last: string, holder: string) => Effect.Effect<boolean, StoreError>
-  /** The holder stops before finishing its page `last`: any pass may take it at once. */
+  /** The holder stops before finishing its page `last`: another pass may take it at once. */
   readonly releaseClaim: (ref: SweepRef, last: string, holder: string) => Effect.Effect<boolean, StoreError>
   /**
    * Complete the sweep `ref`: only while it is unfinished, its frontier is still `frontier` (the
