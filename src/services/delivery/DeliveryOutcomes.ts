@@ -27,7 +27,7 @@ import { randomBytes } from "node:crypto"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { OUTCOME_EVENTS } from "../../schemas/WebhookLexicon.js"
 import { TERMINAL_STATUSES, type TerminalStatus } from "../matching/OutboxStatus.js"
-import * as Backoff from "../platform/Backoff.js"
+import * as ListenLoop from "../platform/ListenLoop.js"
 import { codeOf } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 
@@ -232,21 +232,11 @@ export const make = (transport: OutcomesTransport = {}): Effect.Effect<DeliveryO
           yield* Metric.incrementBy(received, parsed.outcomes.length)
         })
       yield* Effect.forkScoped(
-        transport.listen.pipe(
-          Stream.runForEach(onPayload),
-          Effect.zipRight(Effect.fail({ code: "ended" })),
-          Effect.tapError((e) =>
-            Effect.zipRight(
-              Metric.increment(failures),
-              log.run("listen", (suppressed) =>
-                Effect.logWarning("delivery outcomes: LISTEN failed; reopening").pipe(
-                  Effect.annotateLogs({ code: codeOf(e), suppressed })
-                ))
-            )
-          ),
-          Effect.retry(Backoff.fullJitterSchedule({ base: "1 second", cap: "30 seconds" })),
-          Effect.catchAll(() => Effect.never)
-        )
+        ListenLoop.follow(transport.listen, onPayload, {
+          failures,
+          log,
+          message: "delivery outcomes: LISTEN failed; reopening"
+        })
       )
     }
 

@@ -15,10 +15,10 @@
  */
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Chunk, Duration, Effect, Metric, Queue, Stream } from "effect"
+import { Chunk, Duration, Effect, Metric, Queue } from "effect"
 import type { Scope } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
-import * as Backoff from "../platform/Backoff.js"
+import * as ListenLoop from "../platform/ListenLoop.js"
 import { codeOf } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import type { IdentityShape } from "./Identity.js"
@@ -105,19 +105,9 @@ export const follow = (identity: Pick<IdentityShape, "invalidate">): Effect.Effe
         for (const did of dids) yield* identity.invalidate(did)
         yield* Metric.incrementBy(received, dids.length)
       })
-    return yield* pg.listen(CHANNEL).pipe(
-      Stream.runForEach(onPayload),
-      Effect.zipRight(Effect.fail({ code: "ended" })),
-      Effect.tapError((e) =>
-        Effect.zipRight(
-          Metric.increment(failures),
-          log.run("listen", (suppressed) =>
-            Effect.logWarning("identity invalidations: LISTEN failed; reopening").pipe(
-              Effect.annotateLogs({ code: codeOf(e), suppressed })
-            ))
-        )
-      ),
-      Effect.retry(Backoff.fullJitterSchedule({ base: "1 second", cap: "30 seconds" })),
-      Effect.catchAll(() => Effect.never)
-    )
+    return yield* ListenLoop.follow(pg.listen(CHANNEL), onPayload, {
+      failures,
+      log,
+      message: "identity invalidations: LISTEN failed; reopening"
+    })
   })

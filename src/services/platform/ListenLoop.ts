@@ -1,0 +1,41 @@
+/**
+ * A PostgreSQL `LISTEN` followed for as long as its fiber lives: every payload goes to
+ * `onPayload`; when the stream fails or ends (a dropped connection), the failure is counted, logged
+ * (rate-limited, the error's code only: never a payload) and the `LISTEN` is opened again with
+ * full-jitter backoff, 1 s → 30 s. Never fails and never ends: interrupt it (its Scope) to stop.
+ */
+import type { Metric } from "effect"
+import { Effect, Metric as M, Stream } from "effect"
+import * as Backoff from "./Backoff.js"
+import { codeOf } from "./Persistence.js"
+import type * as RateLimitedLog from "./RateLimitedLog.js"
+
+export interface ListenLoopOptions {
+  /** counted once per failure or end of the stream */
+  readonly failures: Metric.Metric.Counter<number>
+  /** the rate-limited log the warnings go through */
+  readonly log: RateLimitedLog.RateLimitedLog
+  /** the warning (a constant text: it names the channel's purpose, nothing else) */
+  readonly message: string
+}
+
+export const follow = <E, R1, R2>(
+  listen: Stream.Stream<string, E, R1>,
+  onPayload: (payload: string) => Effect.Effect<void, never, R2>,
+  options: ListenLoopOptions
+): Effect.Effect<never, never, R1 | R2> =>
+  listen.pipe(
+    Stream.runForEach(onPayload),
+    Effect.zipRight(Effect.fail({ code: "ended" })),
+    Effect.tapError((e) =>
+      Effect.zipRight(
+        M.increment(options.failures),
+        options.log.run(
+          "listen",
+          (suppressed) => Effect.logWarning(options.message).pipe(Effect.annotateLogs({ code: codeOf(e), suppressed }))
+        )
+      )
+    ),
+    Effect.retry(Backoff.fullJitterSchedule({ base: "1 second", cap: "30 seconds" })),
+    Effect.catchAll(() => Effect.never)
+  )
