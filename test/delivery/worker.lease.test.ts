@@ -324,7 +324,7 @@ describe("delivery leases on PostgreSQL", () => {
         })
         expect(third.rows.map((r) => r.origin)).toEqual(["https://a.example"])
         const counts = yield* store.counts
-        expect(counts).toEqual({ pending: 2, leased: 8, deadLetter: 0 })
+        expect(counts).toEqual({ pending: 2, leased: 8, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 })
       }).pipe(onStoreStack),
     60_000
   )
@@ -355,7 +355,7 @@ describe("delivery leases on PostgreSQL", () => {
         const rows = after._tag === "Right" ? after.right.rows : (yield* store.claim("w", 1, 60_000)).rows
         expect(rows.length).toBe(1)
         expect((yield* store.claim("w", 5, 60_000)).rows.length).toBe(1)
-        expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0 })
+        expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 })
       }).pipe(onStoreStack),
     60_000
   )
@@ -468,7 +468,7 @@ describe("delivery leases on PostgreSQL", () => {
           ).toBe(true)
         }
         expect((yield* store.claim("w", 10, 60_000)).rows.length).toBe(3)
-        expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0 })
+        expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 })
       }).pipe(
         Effect.timeoutFail({
           duration: "20 seconds",
