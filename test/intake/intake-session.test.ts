@@ -69,10 +69,13 @@ const memoryRelay = (frames: ReadonlyArray<Frame>) => {
   return { spec, asked }
 }
 
-/** let the other fibers run (macrotask turns, no clock time), until `cond` holds (bounded) */
+/**
+ * let the other fibers run (macrotask turns, no clock time), until `cond` holds (bounded: 20,000
+ * turns; 2,000 were once not enough on a loaded CI machine)
+ */
 const until = (cond: () => boolean, what: string) =>
   Effect.gen(function*() {
-    for (let i = 0; i < 2_000; i++) {
+    for (let i = 0; i < 20_000; i++) {
       if (cond()) return
       yield* Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
     }
