@@ -355,7 +355,13 @@ describe("delivery leases on PostgreSQL", () => {
         const rows = after._tag === "Right" ? after.right.rows : (yield* store.claim("w", 1, 60_000)).rows
         expect(rows.length).toBe(1)
         expect((yield* store.claim("w", 5, 60_000)).rows.length).toBe(1)
-        expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 })
+        expect(yield* store.counts).toEqual({
+          pending: 0,
+          leased: 3,
+          deadLetter: 0,
+          autoDisabledWebhooks: 0,
+          goneWebhooks: 0
+        })
       }).pipe(onStoreStack),
     60_000
   )
@@ -468,7 +474,13 @@ describe("delivery leases on PostgreSQL", () => {
           ).toBe(true)
         }
         expect((yield* store.claim("w", 10, 60_000)).rows.length).toBe(3)
-        expect(yield* store.counts).toEqual({ pending: 0, leased: 3, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 })
+        expect(yield* store.counts).toEqual({
+          pending: 0,
+          leased: 3,
+          deadLetter: 0,
+          autoDisabledWebhooks: 0,
+          goneWebhooks: 0
+        })
       }).pipe(
         Effect.timeoutFail({
           duration: "20 seconds",
