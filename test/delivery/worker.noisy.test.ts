@@ -205,7 +205,10 @@ describe("an open circuit costs the other origins nothing", () => {
         const stats = yield* worker.delivery.stats
         // all but the rows the worker held when it opened (8 × 4 per origin: deferred one by one)
         expect(stats.parkedRows).toBeGreaterThanOrEqual(10_000 - 32)
-        // attempts were spent only by the requests sent before the circuit opened
+        // attempts were spent only by the requests sent before the circuit opened (counted once the
+        // ones still hanging when it opened have timed out and settled: received, not yet counted)
+        yield* eventually("in-flight attempts settled", originCount(noisyOrigin, "status = 'leased'"), (n) =>
+          n === 0, 60_000)
         expect(yield* originCount(noisyOrigin, "attempt_count > 0")).toBe(hanging.received.length)
       }).pipe(
         Effect.scoped,
