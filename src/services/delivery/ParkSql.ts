@@ -20,15 +20,20 @@ const columns = (origins: ReadonlyArray<ParkedOrigin>) => {
 const count = (rows: ReadonlyArray<{ readonly n: number }>): number => Number(rows[0]?.n ?? 0)
 
 /**
- * Every pending row of each origin due before its `untilMs` gets `next_attempt_at = untilMs`
- * (no attempt spent; `attempt_count` and the last error are kept). Idempotent.
+ * One statement over every origin passed: its pending rows that `pick` selects (at most
+ * PARK_CHUNK, locked rows skipped) get `next_attempt_at = set`; the number moved.
  */
-export const parkStatement = (
+const move = (
   sql: SqlClient.SqlClient,
-  origins: ReadonlyArray<ParkedOrigin>
+  origins: ReadonlyArray<ParkedOrigin>,
+  op: "delivery.park" | "delivery.unpark"
 ): Effect.Effect<number, StoreError> => {
   const { names, untils } = columns(origins)
   if (names.length === 0) return Effect.succeed(0)
+  // park: the rows due before the cool-down end go to it; unpark: the rows parked at exactly that
+  // time are due now
+  const pick = op === "delivery.park" ? sql.literal("<") : sql.literal("=")
+  const set = op === "delivery.park" ? sql.literal("picked.until_at") : sql.literal("now()")
   return sql<{ readonly n: number }>`
     WITH u AS (
       SELECT u.origin, to_timestamp(u.until_ms / 1000) AS until_at
@@ -38,48 +43,32 @@ export const parkStatement = (
       SELECT x.delivery_id, u.until_at FROM u
       CROSS JOIN LATERAL (
         SELECT o.delivery_id FROM outbox o
-        WHERE o.status = 'pending' AND o.origin = u.origin AND o.next_attempt_at < u.until_at
+        WHERE o.status = 'pending' AND o.origin = u.origin AND o.next_attempt_at ${pick} u.until_at
         LIMIT ${PARK_CHUNK}
         FOR UPDATE OF o SKIP LOCKED
       ) x
       LIMIT ${PARK_CHUNK}
     ),
     moved AS (
-      UPDATE outbox o SET next_attempt_at = picked.until_at, updated_at = now()
+      UPDATE outbox o SET next_attempt_at = ${set}, updated_at = now()
       FROM picked
       WHERE o.delivery_id = picked.delivery_id AND o.status = 'pending'
       RETURNING 1
     )
-    SELECT count(*)::int AS n FROM moved`.pipe(Effect.map(count), storeOpWithin("delivery.park", STATEMENT_TIMEOUT))
+    SELECT count(*)::int AS n FROM moved`.pipe(Effect.map(count), storeOpWithin(op, STATEMENT_TIMEOUT))
 }
+
+/**
+ * Every pending row of each origin due before its `untilMs` gets `next_attempt_at = untilMs`
+ * (no attempt spent; `attempt_count` and the last error are kept). Idempotent.
+ */
+export const parkStatement = (
+  sql: SqlClient.SqlClient,
+  origins: ReadonlyArray<ParkedOrigin>
+): Effect.Effect<number, StoreError> => move(sql, origins, "delivery.park")
 
 /** Every pending row of each origin at exactly its `untilMs` (parked there) is due now. */
 export const unparkStatement = (
   sql: SqlClient.SqlClient,
   origins: ReadonlyArray<ParkedOrigin>
-): Effect.Effect<number, StoreError> => {
-  const { names, untils } = columns(origins)
-  if (names.length === 0) return Effect.succeed(0)
-  return sql<{ readonly n: number }>`
-    WITH u AS (
-      SELECT u.origin, to_timestamp(u.until_ms / 1000) AS until_at
-      FROM unnest(${names}::text[], ${untils}::float8[]) AS u(origin, until_ms)
-    ),
-    picked AS (
-      SELECT x.delivery_id FROM u
-      CROSS JOIN LATERAL (
-        SELECT o.delivery_id FROM outbox o
-        WHERE o.status = 'pending' AND o.origin = u.origin AND o.next_attempt_at = u.until_at
-        LIMIT ${PARK_CHUNK}
-        FOR UPDATE OF o SKIP LOCKED
-      ) x
-      LIMIT ${PARK_CHUNK}
-    ),
-    moved AS (
-      UPDATE outbox o SET next_attempt_at = now(), updated_at = now()
-      FROM picked
-      WHERE o.delivery_id = picked.delivery_id AND o.status = 'pending'
-      RETURNING 1
-    )
-    SELECT count(*)::int AS n FROM moved`.pipe(Effect.map(count), storeOpWithin("delivery.unpark", STATEMENT_TIMEOUT))
-}
+): Effect.Effect<number, StoreError> => move(sql, origins, "delivery.unpark")
