@@ -14,8 +14,8 @@
  *
  * @since 0.1.0
  */
-import * as Cbor from "@atcute/cbor"
-import { Deferred, Duration, Effect, Option, Queue, Redacted, Schema, Stream } from "effect"
+import { Deferred, Duration, Effect, Either, Option, Queue, Redacted, Schema, Stream } from "effect"
+import { splitFrame } from "../schemas/RelayFrame.js"
 import * as WebhookLexicon from "../schemas/WebhookLexicon.js"
 import type { HooksFailed } from "./HookRecords.js"
 import { ApiFailed, type OwnerApiShape, printable } from "./OwnerApi.js"
@@ -53,16 +53,9 @@ const typed = (type: string, body: unknown): Decoded => {
 }
 
 const fromCbor = (bytes: Uint8Array): Decoded => {
-  let header: unknown
-  let body: unknown
-  try {
-    const [h, rest] = Cbor.decodeFirst(bytes)
-    header = h
-    body = Cbor.decode(rest)
-  } catch {
-    return INVALID
-  }
-  if (!isObject(header) || !isObject(body)) return INVALID
+  const split = splitFrame(bytes)
+  if (Either.isLeft(split)) return INVALID
+  const { body, header } = split.right
   if (header["op"] === -1) {
     return {
       _tag: "Error",

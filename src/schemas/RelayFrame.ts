@@ -48,6 +48,30 @@ const isObject = (u: unknown): u is Record<string, unknown> =>
   typeof u === "object" && u !== null && !Array.isArray(u) && !(u instanceof Cbor.CidLinkWrapper) &&
   !(u instanceof Cbor.BytesWrapper)
 
+/**
+ * An event-stream frame's two DAG-CBOR objects (atproto's subscription framing): the header, then
+ * the body. `json`: the bytes do not decode; `shape`: either is not an object.
+ *
+ * @since 0.1.0
+ */
+export const splitFrame = (
+  bytes: Uint8Array
+): Either.Either<
+  { readonly header: Record<string, unknown>; readonly body: Record<string, unknown> },
+  "json" | "shape"
+> => {
+  let header: unknown
+  let body: unknown
+  try {
+    const [h, rest] = Cbor.decodeFirst(bytes)
+    header = h
+    body = Cbor.decode(rest)
+  } catch {
+    return Either.left("json")
+  }
+  return isObject(header) && isObject(body) ? Either.right({ header, body }) : Either.left("shape")
+}
+
 /** A relay message or error name: `[A-Za-z0-9_.-]{1,128}` (e.g. `FutureCursor`, `OutdatedCursor`). */
 const isNameToken = (u: unknown): u is string => {
   if (typeof u !== "string") return false
@@ -324,16 +348,9 @@ export const decodeRelayFrame = (
   ctx: FrameContext
 ): Either.Either<RelayDecoded, FrameError> => {
   if (bytes.length > ctx.maxBytes) return fail("too_large")
-  let header: unknown
-  let body: unknown
-  try {
-    const [h, rest] = Cbor.decodeFirst(bytes)
-    header = h
-    body = Cbor.decode(rest)
-  } catch {
-    return fail("json")
-  }
-  if (!isObject(header) || !isObject(body)) return fail("shape")
+  const split = splitFrame(bytes)
+  if (Either.isLeft(split)) return fail(split.left)
+  const { body, header } = split.right
   const op = header["op"]
   if (op === -1) {
     const error = body["error"]
