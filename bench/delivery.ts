@@ -36,9 +36,7 @@ import * as Fs from "node:fs"
 import * as Inspector from "node:inspector"
 import * as Os from "node:os"
 import * as Path from "node:path"
-import { Worker } from "node:worker_threads"
 import type { RecordEvent } from "../src/schemas/RecordEvent.js"
-import { tidFromMicros } from "../src/schemas/Tid.js"
 import * as Delivery from "../src/services/delivery/Delivery.js"
 import * as DeliveryStore from "../src/services/delivery/DeliveryStore.js"
 import { Destinations } from "../src/services/delivery/Destinations.js"
@@ -58,7 +56,7 @@ import { Tx } from "../src/services/platform/Persistence.js"
 import * as Registry from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
 import { bareHttpLoop, fetchLoop } from "./loops.js"
-import { plc } from "./support.js"
+import { plc, recordEvents, startReceiverThread } from "./support.js"
 
 const DELIVERIES = Number(process.argv[2] ?? 100_000)
 const WEBHOOKS = Number(process.argv[3] ?? 1_000)
@@ -98,35 +96,12 @@ for (let i = 0; i < workerData.count; i++) {
 }
 `
 
-const startReceivers = Effect.acquireRelease(
-  Effect.async<{ worker: Worker; ports: ReadonlyArray<number> }>((resume) => {
-    const worker = new Worker(RECEIVER_SOURCE, { eval: true, workerData: { count: RECEIVERS } })
-    worker.once("message", (ports: ReadonlyArray<number>) => resume(Effect.succeed({ worker, ports })))
-  }),
-  ({ worker }) => Effect.promise(() => worker.terminate())
-)
+const startReceivers = startReceiverThread(RECEIVER_SOURCE, { count: RECEIVERS })
 
 // ---------------------------------------------------------------------------------------------
 // ids and events
 
-let clock = 1_700_000_000_000_000
-const event = (did: string, collection: string, rkey: string, record: unknown): RecordEvent => {
-  clock += 1000
-  return {
-    kind: "commit",
-    did,
-    collection,
-    rkey,
-    operation: "create",
-    rev: tidFromMicros(clock),
-    cid: "bafyreib2rxk3rh6kzwq",
-    record,
-    timeUs: clock,
-    stream: "registry",
-    relay: "wss://relay.bench",
-    cursor: String(clock)
-  }
-}
+const event = recordEvents()
 const scopeDid = (j: number) => plc(1_000_000 + j)
 
 // ---------------------------------------------------------------------------------------------

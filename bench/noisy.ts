@@ -21,9 +21,7 @@ import { Context, Duration, Effect, Either, Layer, Logger, LogLevel, Redacted } 
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
-import { Worker } from "node:worker_threads"
 import type { RecordEvent } from "../src/schemas/RecordEvent.js"
-import { tidFromMicros } from "../src/schemas/Tid.js"
 import * as Delivery from "../src/services/delivery/Delivery.js"
 import * as DeliveryStore from "../src/services/delivery/DeliveryStore.js"
 import { Destinations } from "../src/services/delivery/Destinations.js"
@@ -41,7 +39,7 @@ import * as Lifecycle from "../src/services/platform/Lifecycle.js"
 import { Tx } from "../src/services/platform/Persistence.js"
 import * as Registry from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
-import { benchConfig, percentile, plc } from "./support.js"
+import { benchConfig, percentile, plc, recordEvents, startReceiverThread } from "./support.js"
 
 const SECONDS = Number(process.argv[2] ?? 90)
 const HEALTHY = 20
@@ -80,35 +78,12 @@ modes.forEach((mode, i) => {
 type Mode = "healthy" | "hanging" | "failing"
 const MODES: ReadonlyArray<Mode> = [...Array.from({ length: HEALTHY }, (): Mode => "healthy"), "hanging", "failing"]
 
-const startReceivers = Effect.acquireRelease(
-  Effect.async<{ worker: Worker; ports: ReadonlyArray<number> }>((resume) => {
-    const worker = new Worker(RECEIVER_SOURCE, { eval: true, workerData: { modes: MODES } })
-    worker.once("message", (ports: ReadonlyArray<number>) => resume(Effect.succeed({ worker, ports })))
-  }),
-  ({ worker }) => Effect.promise(() => worker.terminate())
-)
+const startReceivers = startReceiverThread(RECEIVER_SOURCE, { modes: MODES })
 
 // ---------------------------------------------------------------------------------------------
 // events: receiver i's webhook watches scope DID i
 
-let clock = 1_700_000_000_000_000
-const event = (did: string, collection: string, rkey: string, record: unknown): RecordEvent => {
-  clock += 1000
-  return {
-    kind: "commit",
-    did,
-    collection,
-    rkey,
-    operation: "create",
-    rev: tidFromMicros(clock),
-    cid: "bafyreib2rxk3rh6kzwq",
-    record,
-    timeUs: clock,
-    stream: "registry",
-    relay: "wss://relay.bench",
-    cursor: String(clock)
-  }
-}
+const event = recordEvents()
 const scopeDid = (i: number) => plc(2_000_000 + i)
 let seq = 0
 const post = (receiver: number) => {

@@ -8,7 +8,10 @@
 import { ConfigProvider, Effect } from "effect"
 import type { IncomingMessage } from "node:http"
 import * as Os from "node:os"
+import { Worker } from "node:worker_threads"
 import { type WebSocket, WebSocketServer } from "ws"
+import type { RecordEvent } from "../src/schemas/RecordEvent.js"
+import { tidFromMicros } from "../src/schemas/Tid.js"
 import * as Config from "../src/services/platform/Config.js"
 import { plc } from "../test/matching/fixtures.js"
 import { commitFrame } from "../test/support/fakeJetstream.js"
@@ -533,4 +536,42 @@ export const machine = (): string => {
   const bun = process.versions["bun"]
   const runtime = bun === undefined ? `node ${process.version}` : `bun ${bun}`
   return `${cpus.length} cores (${model}), ${mib(Os.totalmem())} MiB RAM, ${runtime}, ${Os.platform()} ${Os.release()}`
+}
+
+/**
+ * Receivers in a worker thread of their own (`source`, evaluated, posts its ports when listening):
+ * their ports; the thread ends with the scope.
+ */
+export const startReceiverThread = (source: string, workerData: unknown) =>
+  Effect.acquireRelease(
+    Effect.async<{ worker: Worker; ports: ReadonlyArray<number> }>((resume) => {
+      const worker = new Worker(source, { eval: true, workerData })
+      worker.once("message", (ports: ReadonlyArray<number>) => resume(Effect.succeed({ worker, ports })))
+    }),
+    ({ worker }) => Effect.promise(() => worker.terminate())
+  )
+
+/**
+ * A maker of registry-stream create events on a clock of its own (1 ms apart, from a fixed
+ * start): each call's rev, time and cursor come after the last one's.
+ */
+export const recordEvents = () => {
+  let clock = 1_700_000_000_000_000
+  return (did: string, collection: string, rkey: string, record: unknown): RecordEvent => {
+    clock += 1000
+    return {
+      kind: "commit",
+      did,
+      collection,
+      rkey,
+      operation: "create",
+      rev: tidFromMicros(clock),
+      cid: "bafyreib2rxk3rh6kzwq",
+      record,
+      timeUs: clock,
+      stream: "registry",
+      relay: "wss://relay.bench",
+      cursor: String(clock)
+    }
+  }
 }
