@@ -274,6 +274,24 @@ export const outboxRows = Effect.flatMap(SqlClient.SqlClient, (sql) =>
       extract(epoch FROM next_attempt_at - now())::float8 AS due_in_s
     FROM outbox ORDER BY webhook_rkey, delivery_id`).pipe(Effect.orDie)
 
+/** An outbox row as the parking tests read it. */
+export interface EventRow {
+  readonly delivery_id: string
+  readonly webhook_rkey: string
+  readonly status: string
+  readonly attempt_count: number
+  readonly last_error_kind: string | null
+}
+
+/** The outbox rows of the event with record key `eventRkey`, by webhook. */
+export const rowsOfEvent = (eventRkey: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql<EventRow>`SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind FROM outbox
+      WHERE event_rkey = ${eventRkey} ORDER BY webhook_rkey`
+  ).pipe(Effect.orDie)
+
 export const countWhere = (table: string, where: string) =>
   Effect.flatMap(
     SqlClient.SqlClient,

@@ -14,28 +14,12 @@ import { Clock, Duration, Effect, Option, TestClock } from "effect"
 import * as DeliveryStore from "../../src/services/delivery/DeliveryStore.js"
 import * as WebhookState from "../../src/services/operator/WebhookState.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, receiver, run, startWorker } from "./worker-support.js"
+import { countWhere, eventually, receiver, rowsOfEvent, run, startWorker } from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
 const SECRET = "auto-disable-secret-0123456789"
-
-interface Row {
-  readonly delivery_id: string
-  readonly webhook_rkey: string
-  readonly status: string
-  readonly attempt_count: number
-  readonly last_error_kind: string | null
-}
-
-const rowsOf = (eventRkey: string) =>
-  Effect.flatMap(
-    SqlClient.SqlClient,
-    (sql) =>
-      sql<Row>`SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind FROM outbox
-      WHERE event_rkey = ${eventRkey} ORDER BY webhook_rkey`
-  ).pipe(Effect.orDie)
 
 const stateOf = (rkey: string) =>
   Effect.flatMap(
@@ -132,7 +116,7 @@ describe("auto-disable", () => {
         yield* startWorker({ options: { pollIntervalMs: 100 } })
 
         yield* run([ev(BOB, POST, "late", { rev: rev(100) })])
-        const late = yield* eventually("settled", rowsOf("late"), (rs) =>
+        const late = yield* eventually("settled", rowsOfEvent("late"), (rs) =>
           rs.length === 2 && rs.every((r) =>
             r.status !== "pending" && r.status !== "leased"
           ))
@@ -154,7 +138,7 @@ describe("auto-disable", () => {
         expect(Option.map(resumed, (r) => [r.cleared, r.replayed])).toEqual(Option.some([true, 1]))
         const after = yield* eventually(
           "parked row delivered",
-          rowsOf("late"),
+          rowsOfEvent("late"),
           (rs) => rs.find((r) => r.webhook_rkey === "down")?.status === "delivered"
         )
         expect(after.find((r) => r.webhook_rkey === "down")?.delivery_id).toBe(parkedId)

@@ -9,30 +9,14 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Option } from "effect"
 import * as WebhookState from "../../src/services/operator/WebhookState.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, receiver, run, startWorker } from "./worker-support.js"
+import { countWhere, type EventRow, eventually, receiver, rowsOfEvent, run, startWorker } from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
 const SECRET = "gone-webhook-secret-0123456789"
 
-interface Row {
-  readonly delivery_id: string
-  readonly webhook_rkey: string
-  readonly status: string
-  readonly attempt_count: number
-  readonly last_error_kind: string | null
-}
-
-const rowsOf = (eventRkey: string) =>
-  Effect.flatMap(
-    SqlClient.SqlClient,
-    (sql) =>
-      sql<Row>`SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind FROM outbox
-      WHERE event_rkey = ${eventRkey} ORDER BY webhook_rkey`
-  ).pipe(Effect.orDie)
-
-const settled = (rs: ReadonlyArray<Row>) => rs.every((r) => r.status !== "pending" && r.status !== "leased")
+const settled = (rs: ReadonlyArray<EventRow>) => rs.every((r) => r.status !== "pending" && r.status !== "leased")
 
 const goneOf = (rkey: string) =>
   Effect.flatMap(
@@ -68,7 +52,7 @@ describe("delivery worker: a gone webhook's new matches are parked, not dropped"
         yield* run([ev(BOB, POST, "first", { rev: rev(10) })])
         const first = yield* eventually(
           "first settled",
-          rowsOf("first"),
+          rowsOfEvent("first"),
           (rs) => rs.length === 2 && settled(rs),
           20_000
         )
@@ -83,7 +67,7 @@ describe("delivery worker: a gone webhook's new matches are parked, not dropped"
         expect(later.inserted).toBe(2)
         const parked = yield* eventually(
           "later settled",
-          rowsOf("later"),
+          rowsOfEvent("later"),
           (rs) => rs.length === 2 && settled(rs),
           20_000
         )
@@ -104,7 +88,7 @@ describe("delivery worker: a gone webhook's new matches are parked, not dropped"
         expect(Option.map(resumed, (r) => [r.cleared, r.replayed])).toEqual(Option.some([true, 1]))
         const after = yield* eventually(
           "parked row delivered",
-          rowsOf("later"),
+          rowsOfEvent("later"),
           (rs) => rs.find((r) => r.webhook_rkey === "gone")?.status === "delivered",
           20_000
         )
