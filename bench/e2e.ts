@@ -388,6 +388,12 @@ const main = async () => {
     const rate = target / seconds
     const fhMs = spent(fhCpu0, fhCpu1)
     const pgMs = spent(pgCpu0, pgCpu1)
+    // the split between firehook's processes: the root (intake, api, … and, inline, delivery) and
+    // each process below it (the delivery child by default on 2+ cores)
+    const perProcess = [...fhCpu1.keys()].map((pid) => {
+      const ms = (fhCpu1.get(pid) ?? 0) - (fhCpu0.get(pid) ?? 0)
+      return `${pid === root ? "root" : `child ${pid}`} ${(ms / target).toFixed(3)} ms`
+    })
     say(
       `phase 1: ${target} deliveries (${last.requests} requests) in ${seconds.toFixed(1)} s from the first publish = ${
         rate.toFixed(0)
@@ -397,7 +403,7 @@ const main = async () => {
         (fhMs / target).toFixed(3)
       } ms/delivery), PostgreSQL ${((pgMs / 1000 / seconds) * 100).toFixed(0)}% (${
         (pgMs / target).toFixed(3)
-      } ms/delivery)`
+      } ms/delivery); per firehook process: ${perProcess.join(", ")}`
     )
 
     // 2. steady offered load
