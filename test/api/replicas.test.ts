@@ -27,7 +27,7 @@ import * as Db from "../support/db.js"
 import { fakePlc } from "../support/fakeAtproto.js"
 import { testConfig } from "../support/stack.js"
 import { docs, KEY, mint, newOwner, SERVICE_DID } from "./support.js"
-import { openTailOrDie, outcome, until } from "./tailClient.js"
+import { openTailOrDie, outcome, until, untilEffect } from "./tailClient.js"
 
 const TAIL = "dev.firehook.webhook.subscribeDeliveries"
 const LIST = "place.wisp.v2.secret.list"
@@ -107,7 +107,13 @@ describe("replicas on one database", () => {
         const raw = yield* listenAll(url)
         const owner = yield* newOwner()
         const other = yield* newOwner()
+        // before any tail is open, A's outcomes are not notified (nobody wants them)
+        const unwanted = outcome(owner.did)
+        yield* a.publish(unwanted)
+        expect(yield* a.notifying).toBe(false)
         const tail = yield* openTailOrDie(b.port, yield* mint(owner, TAIL))
+        // the open tail's demand reaches A (NOTIFY firehook_tail_demand)
+        yield* untilEffect("A hears B's tail demand", a.notifying)
 
         const fromA = outcome(owner.did, { status: "dead_letter", httpStatus: 503, errorKind: "http_5xx" })
         yield* a.publish(outcome(other.did))
@@ -120,7 +126,12 @@ describe("replicas on one database", () => {
           errorKind: "http_5xx"
         })
 
-        // B's own: once, in process; its notification (seen on the channel) is not delivered again
+        // B's own: once, in process; its notification (seen on the channel) is not delivered again.
+        // B notifies only while another process demands: the test's own client does
+        yield* Effect.promise(() =>
+          raw.client.query("SELECT pg_notify($1, 'another-process')", [DeliveryOutcomes.DEMAND_CHANNEL])
+        )
+        yield* untilEffect("B hears the other demand", b.outcomes.notifying)
         const fromB = outcome(owner.did)
         yield* b.outcomes.publish(fromB)
         yield* until("B's own", () => tail.frames.length >= 2)
@@ -131,6 +142,8 @@ describe("replicas on one database", () => {
         expect(tail.frames.map((f) => f["id"])).toEqual([fromA.id, fromB.id, marker.id])
         // the payloads carry no URL or body: ids, owner, rkey, event, status, codes, time
         for (const p of raw.seen) expect(p.length).toBeLessThan(8000)
+        // the outcome published while no tail was open never went on the channel
+        expect(raw.seen.some((p) => p.includes(unwanted.id))).toBe(false)
         tail.ws.close(1000)
       }),
     { timeout: 60_000 }

@@ -8,6 +8,8 @@
  * - Each connection has a bounded buffer ({@link BUFFER_FRAMES} outcome frames): a reader that
  *   does not keep up loses the newest outcomes, counted, and gets one `#info` frame
  *   (`DeliveriesDropped`, `dropped: n`) after the frames it kept. Never unbounded memory.
+ * - Each open connection holds the process's outcome demand ({@link DeliveryOutcomes}): the
+ *   other processes notify their outcomes only while some process has a connection open.
  * - {@link pump} serves one connection until it has lived {@link MAX_LIFETIME} (24 h, on the
  *   Effect Clock) or the hub closes (the API listener's scope: shutdown).
  */
@@ -160,6 +162,8 @@ export const make = (options: TailOptions = {}): Effect.Effect<TailShape, never,
             return Queue.shutdown(entry.queue)
           })
       ).pipe(
+        // while the connection is open, the other processes are asked to notify their outcomes
+        Effect.tap(() => outcomes.demand),
         Effect.map((entry): Connection => ({
           take: Effect.map(Queue.takeBetween(entry.queue, 1, capacity), (chunk) => {
             const frames: Array<Frame> = [...chunk]

@@ -15,13 +15,22 @@
  * - `listen` (the processes that serve the API): `LISTEN firehook_outcomes`, payloads of other
  *   origins are published to the local PubSub (this process's own are already there: deduped by
  *   origin). A LISTEN that fails is opened again with backoff (1 s → 30 s).
+ * - Demand (`OutcomesTransport.demand`; the PostgreSQL layer has it). Outcomes are notified only
+ *   while some other process wants them: a process whose tail has an open connection
+ *   ({@link DeliveryOutcomesShape.demand}) sends `pg_notify('firehook_tail_demand', <origin>)` at
+ *   once and every {@link DEMAND_EVERY_MS}; a notifying process that heard another origin's demand
+ *   within {@link DEMAND_TTL_MS} notifies its outcomes, and otherwise sends nothing. Without it
+ *   every settle of every delivery process cost a JSON encoding, a share of a `pg_notify`, and a
+ *   decode in every API process, whether anybody tailed or not (a fifth of the end-to-end
+ *   throughput: docs/benchmarks.md). An outcome settled in the moment between a tail's first
+ *   connection and its demand reaching the other processes is not on that tail (best effort).
  *
  * Best effort by design: a notification lost (LISTEN down, a full queue) is a missed tail frame,
  * never a missed delivery.
  */
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Chunk, Context, Duration, Effect, Either, Layer, Metric, PubSub, Queue, Schema, Stream } from "effect"
+import { Chunk, Clock, Context, Duration, Effect, Either, Layer, Metric, PubSub, Queue, Schema, Stream } from "effect"
 import type { Scope } from "effect"
 import { randomBytes } from "node:crypto"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
@@ -41,6 +50,12 @@ export const BATCH_MAX = 256
 /** A notification's payload at most (PostgreSQL's limit is 8,000 bytes). */
 export const PAYLOAD_MAX_BYTES = 7_000
 const NOTIFY_TIMEOUT = Duration.seconds(5)
+/** The channel on which processes with open tails say that they want the others' outcomes. */
+export const DEMAND_CHANNEL = "firehook_tail_demand"
+/** A process with open tails repeats its demand this often. */
+export const DEMAND_EVERY_MS = 1_000
+/** A demand heard this long ago or less keeps this process notifying. */
+export const DEMAND_TTL_MS = 3_000
 
 export type OutcomeEvent = (typeof OUTCOME_EVENTS)[number]
 
@@ -64,6 +79,13 @@ export interface DeliveryOutcomesShape {
   readonly publish: (outcome: Outcome) => Effect.Effect<void>
   /** Every outcome from now on (this process's and, with `listen`, the other processes'), for the scope. */
   readonly subscribe: Effect.Effect<Queue.Dequeue<Outcome>, never, Scope.Scope>
+  /**
+   * For as long as the scope is open, this process wants the other processes' outcomes (the tail
+   * hub holds one per open connection): with a demand transport, they are asked to notify them.
+   */
+  readonly demand: Effect.Effect<void, never, Scope.Scope>
+  /** Whether this process's outcomes are currently sent to the other processes. */
+  readonly notifying: Effect.Effect<boolean>
 }
 
 export class DeliveryOutcomes extends Context.Tag("firehook/DeliveryOutcomes")<
@@ -180,6 +202,15 @@ export interface OutcomesTransport {
   readonly send?: (payload: string) => Effect.Effect<void, unknown>
   /** the payloads the other processes send (LISTEN); it ends or fails when the connection does */
   readonly listen?: Stream.Stream<string, unknown>
+  /**
+   * The demand channel. Without it, `send` sends every outcome (as if always wanted). With it, a
+   * process with `send` notifies only while another process's demand is fresh (it follows
+   * `demand.listen`), and a process with `listen` sends its demand while it has any.
+   */
+  readonly demand?: {
+    readonly send: (origin: string) => Effect.Effect<void, unknown>
+    readonly listen: Stream.Stream<string, unknown>
+  }
 }
 
 /** The service over a transport (none: this process only). Its fibers live in the scope. */
@@ -191,6 +222,14 @@ export const make = (transport: OutcomesTransport = {}): Effect.Effect<DeliveryO
     const log = RateLimitedLog.make()
     const local = (o: Outcome) =>
       Effect.flatMap(PubSub.publish(pubsub, o), (ok) => ok ? Effect.void : Metric.increment(dropped))
+
+    // demand: when another origin last asked for outcomes (epoch ms), and how many scopes here ask
+    const demandTransport = transport.demand
+    let demandHeardAt = Number.NEGATIVE_INFINITY
+    let demanders = 0
+    const wanted: Effect.Effect<boolean> = demandTransport === undefined
+      ? Effect.succeed(true)
+      : Effect.map(Clock.currentTimeMillis, (now) => now - demandHeardAt <= DEMAND_TTL_MS)
 
     let toNotify: Queue.Queue<Outcome> | undefined
     if (transport.send !== undefined) {
@@ -240,11 +279,68 @@ export const make = (transport: OutcomesTransport = {}): Effect.Effect<DeliveryO
       )
     }
 
+    // the demand: heard by the processes that notify, sent by the ones that listen
+    const demandWake = yield* Queue.sliding<void>(1)
+    if (demandTransport !== undefined && transport.send !== undefined) {
+      yield* Effect.forkScoped(
+        ListenLoop.follow(
+          demandTransport.listen,
+          (from) =>
+            from === origin ? Effect.void : Effect.map(Clock.currentTimeMillis, (now) => {
+              demandHeardAt = now
+            }),
+          { failures, log, message: "delivery outcomes: LISTEN for tail demand failed; reopening" }
+        )
+      )
+    }
+    if (demandTransport !== undefined && transport.listen !== undefined) {
+      const sendDemand = demandTransport.send(origin).pipe(
+        Effect.timeoutFail({ duration: NOTIFY_TIMEOUT, onTimeout: () => ({ code: "timeout" }) }),
+        Effect.catchAll((e) =>
+          Effect.zipRight(
+            Metric.increment(failures),
+            log.run("demand", (suppressed) =>
+              Effect.logWarning("delivery outcomes: tail demand not sent").pipe(
+                Effect.annotateLogs({ code: codeOf(e), suppressed })
+              ))
+          )
+        )
+      )
+      // while anything here demands: at once, then every DEMAND_EVERY_MS; otherwise wait for a demand
+      yield* Effect.forkScoped(Effect.forever(
+        Effect.suspend(() =>
+          demanders > 0
+            ? Queue.takeAll(demandWake).pipe(
+              Effect.zipRight(sendDemand),
+              Effect.zipRight(Queue.take(demandWake).pipe(Effect.timeoutOption(Duration.millis(DEMAND_EVERY_MS))))
+            )
+            : Queue.take(demandWake)
+        )
+      ))
+    }
+    const demand: Effect.Effect<void, never, Scope.Scope> = Effect.acquireRelease(
+      Effect.sync(() => {
+        demanders++
+        if (demanders === 1) demandWake.unsafeOffer(undefined)
+      }),
+      () =>
+        Effect.sync(() => {
+          demanders--
+        })
+    )
+
     const notify = toNotify
     const shape: DeliveryOutcomesShape = {
       publish: (o) =>
-        notify === undefined ? local(o) : Effect.zipRight(local(o), Queue.offer(notify, o)).pipe(Effect.asVoid),
-      subscribe: PubSub.subscribe(pubsub)
+        notify === undefined
+          ? local(o)
+          : Effect.zipRight(
+            local(o),
+            Effect.flatMap(wanted, (w) => w ? Queue.offer(notify, o) : Effect.succeed(false))
+          ).pipe(Effect.asVoid),
+      subscribe: PubSub.subscribe(pubsub),
+      demand,
+      notifying: notify === undefined ? Effect.succeed(false) : wanted
     }
     return shape
   })
@@ -270,7 +366,11 @@ export const layerSql = (
       const pg = yield* PgClient.PgClient
       return yield* make({
         ...(options.notify ? { send: (payload: string) => sql`SELECT pg_notify(${CHANNEL}, ${payload})` } : {}),
-        ...(options.listen ? { listen: pg.listen(CHANNEL) } : {})
+        ...(options.listen ? { listen: pg.listen(CHANNEL) } : {}),
+        demand: {
+          send: (origin: string) => sql`SELECT pg_notify(${DEMAND_CHANNEL}, ${origin})`,
+          listen: pg.listen(DEMAND_CHANNEL)
+        }
       })
     })
   )
