@@ -37,7 +37,6 @@ import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { OUTCOME_EVENTS } from "../../schemas/WebhookLexicon.js"
 import { TERMINAL_STATUSES, type TerminalStatus } from "../matching/OutboxStatus.js"
 import * as ListenLoop from "../platform/ListenLoop.js"
-import { codeOf } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 
 export const CHANNEL = "firehook_outcomes"
@@ -49,7 +48,6 @@ export const QUEUE_MAX = 4_096
 export const BATCH_MAX = 256
 /** A notification's payload at most (PostgreSQL's limit is 8,000 bytes). */
 export const PAYLOAD_MAX_BYTES = 7_000
-const NOTIFY_TIMEOUT = Duration.seconds(5)
 /** The channel on which processes with open tails say that they want the others' outcomes. */
 export const DEMAND_CHANNEL = "firehook_tail_demand"
 /** A process with open tails repeats its demand this often. */
@@ -237,19 +235,12 @@ export const make = (transport: OutcomesTransport = {}): Effect.Effect<DeliveryO
       const queue = yield* Queue.sliding<Outcome>(QUEUE_MAX)
       toNotify = queue
       const sendOne = (payload: string, n: number) =>
-        send(payload).pipe(
-          Effect.timeoutFail({ duration: NOTIFY_TIMEOUT, onTimeout: () => ({ code: "timeout" }) }),
-          Effect.zipRight(Metric.incrementBy(notified, n)),
-          Effect.catchAll((e) =>
-            Effect.zipRight(
-              Metric.increment(failures),
-              log.run("send", (suppressed) =>
-                Effect.logWarning("delivery outcomes not notified").pipe(
-                  Effect.annotateLogs({ code: codeOf(e), suppressed })
-                ))
-            )
-          )
-        )
+        ListenLoop.notifyBestEffort(Effect.zipRight(send(payload), Metric.incrementBy(notified, n)), {
+          failures,
+          log,
+          key: "send",
+          message: "delivery outcomes not notified"
+        })
       yield* Effect.forkScoped(Effect.forever(
         Effect.gen(function*() {
           const batch = Chunk.toReadonlyArray(yield* Queue.takeBetween(queue, 1, BATCH_MAX))
@@ -294,18 +285,12 @@ export const make = (transport: OutcomesTransport = {}): Effect.Effect<DeliveryO
       )
     }
     if (demandTransport !== undefined && transport.listen !== undefined) {
-      const sendDemand = demandTransport.send(origin).pipe(
-        Effect.timeoutFail({ duration: NOTIFY_TIMEOUT, onTimeout: () => ({ code: "timeout" }) }),
-        Effect.catchAll((e) =>
-          Effect.zipRight(
-            Metric.increment(failures),
-            log.run("demand", (suppressed) =>
-              Effect.logWarning("delivery outcomes: tail demand not sent").pipe(
-                Effect.annotateLogs({ code: codeOf(e), suppressed })
-              ))
-          )
-        )
-      )
+      const sendDemand = ListenLoop.notifyBestEffort(demandTransport.send(origin), {
+        failures,
+        log,
+        key: "demand",
+        message: "delivery outcomes: tail demand not sent"
+      })
       // while anything here demands: at once, then every DEMAND_EVERY_MS; otherwise wait for a demand
       yield* Effect.forkScoped(Effect.forever(
         Effect.suspend(() =>

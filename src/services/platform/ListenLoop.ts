@@ -5,7 +5,7 @@
  * full-jitter backoff, 1 s → 30 s. Never fails and never ends: interrupt it (its Scope) to stop.
  */
 import type { Metric } from "effect"
-import { Effect, Metric as M, Stream } from "effect"
+import { Duration, Effect, Metric as M, Stream } from "effect"
 import * as Backoff from "./Backoff.js"
 import { codeOf } from "./Persistence.js"
 import type * as RateLimitedLog from "./RateLimitedLog.js"
@@ -38,4 +38,30 @@ export const follow = <E, R1, R2>(
     ),
     Effect.retry(Backoff.fullJitterSchedule({ base: "1 second", cap: "30 seconds" })),
     Effect.catchAll(() => Effect.never)
+  )
+
+/** The bound on one best-effort notification: its sender never waits longer. */
+export const NOTIFY_TIMEOUT = Duration.seconds(5)
+
+/**
+ * The sending side's counterpart: one best-effort `send` (a `pg_notify`), bounded by
+ * {@link NOTIFY_TIMEOUT}; a failure or timeout is counted, logged under `key` (rate-limited, the
+ * error's code only) and swallowed.
+ */
+export const notifyBestEffort = <A, E, R>(
+  send: Effect.Effect<A, E, R>,
+  options: ListenLoopOptions & { readonly key: string }
+): Effect.Effect<void, never, R> =>
+  send.pipe(
+    Effect.timeoutFail({ duration: NOTIFY_TIMEOUT, onTimeout: () => ({ code: "timeout" }) }),
+    Effect.asVoid,
+    Effect.catchAll((e) =>
+      Effect.zipRight(
+        M.increment(options.failures),
+        options.log.run(
+          options.key,
+          (suppressed) => Effect.logWarning(options.message).pipe(Effect.annotateLogs({ code: codeOf(e), suppressed }))
+        )
+      )
+    )
   )

@@ -15,11 +15,10 @@
  */
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Chunk, Duration, Effect, Metric, Queue } from "effect"
+import { Chunk, Effect, Metric, Queue } from "effect"
 import type { Scope } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import * as ListenLoop from "../platform/ListenLoop.js"
-import { codeOf } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import type { IdentityShape } from "./Identity.js"
 
@@ -30,7 +29,6 @@ export const QUEUE_MAX = 4_096
 export const BATCH_MAX = 256
 /** A notification's payload at most (PostgreSQL's limit is 8,000 bytes). */
 const PAYLOAD_MAX_BYTES = 7_000
-const NOTIFY_TIMEOUT = Duration.seconds(5)
 
 const sent = Metric.counter("firehook_identity_invalidations_sent_total", {
   description: "DIDs of identity/account events sent to the other processes' identity caches"
@@ -71,18 +69,12 @@ export const publisher: Effect.Effect<(did: string) => Effect.Effect<void>, neve
     const queue = yield* Queue.sliding<string>(QUEUE_MAX)
     const log = RateLimitedLog.make()
     const send = (payload: string) =>
-      sql`SELECT pg_notify(${CHANNEL}, ${payload})`.pipe(
-        Effect.timeoutFail({ duration: NOTIFY_TIMEOUT, onTimeout: () => ({ code: "timeout" }) }),
-        Effect.catchAll((e) =>
-          Effect.zipRight(
-            Metric.increment(failures),
-            log.run("send", (suppressed) =>
-              Effect.logWarning("identity invalidations not sent").pipe(
-                Effect.annotateLogs({ code: codeOf(e), suppressed })
-              ))
-          )
-        )
-      )
+      ListenLoop.notifyBestEffort(sql`SELECT pg_notify(${CHANNEL}, ${payload})`, {
+        failures,
+        log,
+        key: "send",
+        message: "identity invalidations not sent"
+      })
     const drain = Effect.forever(
       Effect.gen(function*() {
         const dids = new Set(Chunk.toReadonlyArray(yield* Queue.takeBetween(queue, 1, BATCH_MAX)))
