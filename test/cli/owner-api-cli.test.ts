@@ -58,7 +58,10 @@ const startService = (db: string, apiPort: number) =>
       // the service DID comes from PUBLIC_URL (did:web:localhost%3A<port>), published in did.json
       PUBLIC_URL: `http://localhost:${apiPort}`,
       API_PORT: String(apiPort),
-      LOG_LEVEL: "debug"
+      LOG_LEVEL: "debug",
+      // the production topology: the API in the root process, delivery in its child, so the
+      // tail's outcomes cross processes (NOTIFY, on the tail's demand)
+      DELIVERY_PROCESS: "child"
     })
   )
 
@@ -377,6 +380,12 @@ describe("firehook hooks: the owners' API commands", () => {
     expect(listed.webhooks).toEqual([
       expect.objectContaining({ rkey: "hook", state: "active", url: "[redacted]", uri: ref.uri })
     ])
+
+    // the deployment delivers in its child process: the outcome below crosses processes
+    const deployed = (await (await fetch(firehook.health, { signal: AbortSignal.timeout(2000) })).json()) as {
+      deliveryProcess?: { mode: string; state: string }
+    }
+    expect(deployed.deliveryProcess).toMatchObject({ mode: "child", state: "running" })
 
     // a tail started before the test send prints that delivery's outcome. Nothing tells when its
     // subscription is open, so: send a test, wait (bounded) for its line; at most a few sends.
