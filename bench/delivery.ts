@@ -35,7 +35,6 @@ import { ConfigProvider, Context, Duration, Effect, Either, Fiber, Layer, Logger
 import * as Fs from "node:fs"
 import * as Inspector from "node:inspector"
 import * as Os from "node:os"
-import * as Path from "node:path"
 import type { RecordEvent } from "../src/schemas/RecordEvent.js"
 import * as Delivery from "../src/services/delivery/Delivery.js"
 import * as DeliveryStore from "../src/services/delivery/DeliveryStore.js"
@@ -48,7 +47,6 @@ import * as PriorRefsStore from "../src/services/matching/PriorRefsStore.js"
 import * as Processor from "../src/services/matching/Processor.js"
 import * as Config from "../src/services/platform/Config.js"
 import * as Database from "../src/services/platform/Database.js"
-import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
 import * as Health from "../src/services/platform/Health.js"
 import { parseAllowCidrs, SafeHttp } from "../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../src/services/platform/Lifecycle.js"
@@ -56,7 +54,7 @@ import { Tx } from "../src/services/platform/Persistence.js"
 import * as Registry from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
 import { bareHttpLoop, fetchLoop } from "./loops.js"
-import { plc, recordEvents, startReceiverThread } from "./support.js"
+import { benchDatabaseUrl, plc, recordEvents, startReceiverThread } from "./support.js"
 
 const DELIVERIES = Number(process.argv[2] ?? 100_000)
 const WEBHOOKS = Number(process.argv[3] ?? 1_000)
@@ -308,17 +306,7 @@ const postgresFloor = (sql: SqlClient.SqlClient) =>
   })
 
 const program = Effect.gen(function*() {
-  const external = process.env["DATABASE_URL"]
-  let url: Redacted.Redacted<string>
-  if (external !== undefined && external.length > 0) {
-    url = Redacted.make(external)
-  } else {
-    const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-bench-delivery-"))
-    Fs.chmodSync(dir, 0o755)
-    yield* Effect.addFinalizer(() => Effect.sync(() => Fs.rmSync(dir, { recursive: true, force: true })))
-    const pg = yield* EmbeddedPg.start({ dataDir: dir, database: "firehook_bench" })
-    url = pg.url
-  }
+  const url = yield* benchDatabaseUrl("delivery")
   const { ports } = yield* startReceivers
   const pipeline = yield* Layer.build(pipelineOn(url))
   const sql = Context.get(pipeline, SqlClient.SqlClient)

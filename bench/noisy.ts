@@ -18,9 +18,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { Context, Duration, Effect, Either, Layer, Logger, LogLevel, Redacted } from "effect"
-import * as Fs from "node:fs"
 import * as Os from "node:os"
-import * as Path from "node:path"
 import type { RecordEvent } from "../src/schemas/RecordEvent.js"
 import * as Delivery from "../src/services/delivery/Delivery.js"
 import * as DeliveryStore from "../src/services/delivery/DeliveryStore.js"
@@ -32,14 +30,13 @@ import * as PriorRefsStore from "../src/services/matching/PriorRefsStore.js"
 import * as Processor from "../src/services/matching/Processor.js"
 import * as Config from "../src/services/platform/Config.js"
 import * as Database from "../src/services/platform/Database.js"
-import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
 import * as Health from "../src/services/platform/Health.js"
 import { parseAllowCidrs, SafeHttp } from "../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../src/services/platform/Lifecycle.js"
 import { Tx } from "../src/services/platform/Persistence.js"
 import * as Registry from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
-import { benchConfig, percentile, plc, recordEvents, startReceiverThread } from "./support.js"
+import { benchConfig, benchDatabaseUrl, percentile, plc, recordEvents, startReceiverThread } from "./support.js"
 
 const SECONDS = Number(process.argv[2] ?? 90)
 const HEALTHY = 20
@@ -140,17 +137,7 @@ const describeLatency = (ms: ReadonlyArray<number>) =>
   } ms over ${ms.length}`
 
 const program = Effect.gen(function*() {
-  const external = process.env["DATABASE_URL"]
-  let url: Redacted.Redacted<string>
-  if (external !== undefined && external.length > 0) {
-    url = Redacted.make(external)
-  } else {
-    const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-bench-noisy-"))
-    Fs.chmodSync(dir, 0o755)
-    yield* Effect.addFinalizer(() => Effect.sync(() => Fs.rmSync(dir, { recursive: true, force: true })))
-    const pg = yield* EmbeddedPg.start({ dataDir: dir, database: "firehook_bench" })
-    url = pg.url
-  }
+  const url = yield* benchDatabaseUrl("noisy")
   const { ports } = yield* startReceivers
   const pipeline = yield* Layer.build(pipelineOn(url))
   const sql = Context.get(pipeline, SqlClient.SqlClient)

@@ -5,14 +5,17 @@
  * The workload generators are deterministic (seeded), so two processes (the benchmark and its
  * Jetstream child) build the same webhooks without exchanging them.
  */
-import { ConfigProvider, Effect } from "effect"
+import { ConfigProvider, Effect, Redacted } from "effect"
+import * as Fs from "node:fs"
 import type { IncomingMessage } from "node:http"
 import * as Os from "node:os"
+import * as Path from "node:path"
 import { Worker } from "node:worker_threads"
 import { type WebSocket, WebSocketServer } from "ws"
 import type { RecordEvent } from "../src/schemas/RecordEvent.js"
 import { tidFromMicros } from "../src/schemas/Tid.js"
 import * as Config from "../src/services/platform/Config.js"
+import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
 import { plc } from "../test/matching/fixtures.js"
 import { commitFrame } from "../test/support/fakeJetstream.js"
 
@@ -575,3 +578,18 @@ export const recordEvents = () => {
     }
   }
 }
+
+/**
+ * The database a benchmark runs on: `DATABASE_URL` when set, else an embedded PostgreSQL in a
+ * temporary directory (named after `tag`) that lives, and is removed, with the scope.
+ */
+export const benchDatabaseUrl = (tag: string) =>
+  Effect.gen(function*() {
+    const external = process.env["DATABASE_URL"]
+    if (external !== undefined && external.length > 0) return Redacted.make(external)
+    const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), `firehook-bench-${tag}-`))
+    Fs.chmodSync(dir, 0o755)
+    yield* Effect.addFinalizer(() => Effect.sync(() => Fs.rmSync(dir, { recursive: true, force: true })))
+    const pg = yield* EmbeddedPg.start({ dataDir: dir, database: "firehook_bench" })
+    return pg.url
+  })
