@@ -16,6 +16,7 @@ import * as Database from "../../src/services/platform/Database.js"
 import * as Db from "../support/db.js"
 import { type CliResult, runCli } from "../support/proc.js"
 import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
+import { expectOneLineError, lines } from "./cli-expect.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
@@ -27,16 +28,6 @@ type Result = CliResult
 
 const cli = (args: ReadonlyArray<string>, env: Record<string, string>): Effect.Effect<Result> =>
   Effect.promise(() => runCli(args, env))
-
-const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)
-
-/** One line on stderr, nothing on stdout. */
-const expectOneLineError = (r: Result, code: number) => {
-  expect(r.code, r.stderr).toBe(code)
-  expect(r.stdout).toBe("")
-  expect(lines(r.stderr)).toHaveLength(1)
-  expect(r.stderr).toMatch(/^firehook: \S/)
-}
 
 /** The matching pipeline on the database at `url` (to make outbox rows with the real processor). */
 const seedLayer = (url: Redacted.Redacted<string>) =>

@@ -24,7 +24,8 @@ import {
   WH
 } from "../support/devnet.js"
 import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
-import { type CliResult, exitWithin, runCli, waitFor } from "../support/proc.js"
+import { exitWithin, runCli, waitFor } from "../support/proc.js"
+import { expectOk, expectOneLineError, lines } from "./cli-expect.js"
 
 const res = e2eResources()
 const scope = Effect.runSync(Scope.make())
@@ -59,21 +60,6 @@ afterAll(async () => {
 }, 60_000)
 
 // ---------------------------------------------------------------------------------------------
-
-const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)
-
-/** One line on stderr, nothing on stdout. */
-const expectOneLineError = (r: CliResult, code: number) => {
-  expect(r.code, r.stderr).toBe(code)
-  expect(r.stdout).toBe("")
-  expect(lines(r.stderr)).toHaveLength(1)
-  expect(r.stderr).toMatch(/^firehook: \S/)
-}
-
-const expectOk = (r: CliResult) => {
-  expect(r.code, r.stderr).toBe(0)
-  expect(r.stderr).toBe("")
-}
 
 /** The owner's environment: the PDS, the identifier, an app password; no firehook configuration. */
 interface Owner {

@@ -28,6 +28,7 @@ import {
 } from "../support/devnet.js"
 import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
 import { BUN, type CliResult, exitWithin, freePort, ROOT, runCli, waitFor } from "../support/proc.js"
+import { expectOk, expectOneLineError, lines } from "./cli-expect.js"
 import { cborFrame, checked, FAKE_DID, type FakeXrpc, startFake } from "./owner-api-fake.js"
 
 const res = e2eResources()
@@ -77,20 +78,6 @@ afterAll(async () => {
 }, 60_000)
 
 // ---------------------------------------------------------------------------------------------
-
-const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)
-
-const expectOneLineError = (r: CliResult, code: number) => {
-  expect(r.code, r.stderr).toBe(code)
-  expect(r.stdout).toBe("")
-  expect(lines(r.stderr)).toHaveLength(1)
-  expect(r.stderr).toMatch(/^firehook: \S/)
-}
-
-const expectOk = (r: CliResult) => {
-  expect(r.code, r.stderr).toBe(0)
-  expect(r.stderr).toBe("")
-}
 
 interface Owner {
   readonly account: Account

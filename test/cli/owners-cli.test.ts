@@ -8,13 +8,12 @@ import * as Db from "../support/db.js"
 import { didDoc, fakePlc, type FakeRepo, fakeServer, pdsHandler } from "../support/fakeAtproto.js"
 import { type CliResult, runCli } from "../support/proc.js"
 import { plc, rev, whRecordValue } from "../support/stack.js"
+import { lines } from "./cli-expect.js"
 
 type Result = CliResult
 
 const cli = (args: ReadonlyArray<string>, env: Record<string, string>): Effect.Effect<Result> =>
   Effect.promise(() => runCli(args, env))
-
-const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)
 
 const ALICE = plc(1)
 const BOB = plc(2)

@@ -11,12 +11,12 @@ import * as Db from "../support/db.js"
 import { runCli } from "../support/proc.js"
 import { plc } from "../support/stack.js"
 import { insertDelivery, insertWebhook } from "../support/webhookRows.js"
+import { lines } from "./cli-expect.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
 
 const cli = (args: ReadonlyArray<string>, env: Record<string, string>) => Effect.promise(() => runCli(args, env))
-const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)
 
 describe("firehook webhooks resume", () => {
   it.scopedLive(
