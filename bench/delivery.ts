@@ -42,19 +42,15 @@ import { Destinations } from "../src/services/delivery/Destinations.js"
 import * as Publisher from "../src/services/delivery/Publisher.js"
 import { Secrets } from "../src/services/delivery/Secrets.js"
 import { signatureHeaders } from "../src/services/delivery/Signer.js"
-import * as Outbox from "../src/services/matching/Outbox.js"
-import * as PriorRefsStore from "../src/services/matching/PriorRefsStore.js"
 import * as Processor from "../src/services/matching/Processor.js"
 import * as Config from "../src/services/platform/Config.js"
 import * as Database from "../src/services/platform/Database.js"
 import * as Health from "../src/services/platform/Health.js"
 import { parseAllowCidrs, SafeHttp } from "../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../src/services/platform/Lifecycle.js"
-import { Tx } from "../src/services/platform/Persistence.js"
-import * as Registry from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
 import { bareHttpLoop, fetchLoop } from "./loops.js"
-import { benchDatabaseUrl, plc, recordEvents, startReceiverThread } from "./support.js"
+import { benchDatabaseUrl, benchPipeline, plc, recordEvents, startReceiverThread } from "./support.js"
 
 const DELIVERIES = Number(process.argv[2] ?? 100_000)
 const WEBHOOKS = Number(process.argv[3] ?? 1_000)
@@ -117,12 +113,7 @@ const config = Effect.runSync(
   Config.load({ isTty: false }).pipe(Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env)))))
 )
 
-const pipelineOn = (url: Redacted.Redacted<string>) =>
-  Processor.layer().pipe(
-    Layer.provideMerge(Registry.layer),
-    Layer.provideMerge(Layer.mergeAll(RegistryStore.layerSql, PriorRefsStore.layerSql, Outbox.layerSql, Tx.layerSql)),
-    Layer.provideMerge(Layer.mergeAll(Database.layerUrl(url, { maxConnections: 8 }), Config.layerValue(config)))
-  )
+const pipelineOn = (url: Redacted.Redacted<string>) => benchPipeline(url, config)
 
 const workerOn = (url: Redacted.Redacted<string>) =>
   Delivery.layer({ workerId: "bench" }).pipe(

@@ -5,7 +5,7 @@
  * The workload generators are deterministic (seeded), so two processes (the benchmark and its
  * Jetstream child) build the same webhooks without exchanging them.
  */
-import { ConfigProvider, Effect, Redacted } from "effect"
+import { ConfigProvider, Effect, Layer, Redacted } from "effect"
 import * as Fs from "node:fs"
 import type { IncomingMessage } from "node:http"
 import * as Os from "node:os"
@@ -14,8 +14,15 @@ import { Worker } from "node:worker_threads"
 import { type WebSocket, WebSocketServer } from "ws"
 import type { RecordEvent } from "../src/schemas/RecordEvent.js"
 import { tidFromMicros } from "../src/schemas/Tid.js"
+import * as Outbox from "../src/services/matching/Outbox.js"
+import * as PriorRefsStore from "../src/services/matching/PriorRefsStore.js"
+import * as Processor from "../src/services/matching/Processor.js"
 import * as Config from "../src/services/platform/Config.js"
+import * as Database from "../src/services/platform/Database.js"
 import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
+import { Tx } from "../src/services/platform/Persistence.js"
+import * as Registry from "../src/services/registry/Registry.js"
+import * as RegistryStore from "../src/services/registry/RegistryStore.js"
 import { plc } from "../test/matching/fixtures.js"
 import { commitFrame } from "../test/support/fakeJetstream.js"
 
@@ -593,3 +600,11 @@ export const benchDatabaseUrl = (tag: string) =>
     const pg = yield* EmbeddedPg.start({ dataDir: dir, database: "firehook_bench" })
     return pg.url
   })
+
+/** The matching pipeline (registry, processor, outbox) on the database at `url`: what enqueues. */
+export const benchPipeline = (url: Redacted.Redacted<string>, config: Config.FirehookConfigShape) =>
+  Processor.layer().pipe(
+    Layer.provideMerge(Registry.layer),
+    Layer.provideMerge(Layer.mergeAll(RegistryStore.layerSql, PriorRefsStore.layerSql, Outbox.layerSql, Tx.layerSql)),
+    Layer.provideMerge(Layer.mergeAll(Database.layerUrl(url, { maxConnections: 8 }), Config.layerValue(config)))
+  )
