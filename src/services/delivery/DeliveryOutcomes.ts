@@ -203,7 +203,7 @@ export interface OutcomesTransport {
   /**
    * The demand channel. Without it, `send` sends every outcome (as if always wanted). With it, a
    * process with `send` notifies only while another process's demand is fresh (it follows
-   * `demand.listen`), and a process with `listen` sends its demand while it has any.
+   * `demand.listen`), and a process with `listen` sends its demand while one of its scopes holds it.
    */
   readonly demand?: {
     readonly send: (origin: string) => Effect.Effect<void, unknown>
