@@ -5,7 +5,8 @@
  */
 import { SqlClient } from "@effect/sql"
 import type { PgClient } from "@effect/sql-pg"
-import { Context, Data, Duration, Effect, Either, Layer, type Redacted } from "effect"
+import { expect } from "@effect/vitest"
+import { Context, Data, Duration, Effect, Either, Layer, Option, type Redacted } from "effect"
 import type { Scope } from "effect"
 import { createHmac } from "node:crypto"
 import * as Http from "node:http"
@@ -19,6 +20,7 @@ import { Destinations } from "../../src/services/delivery/Destinations.js"
 import { type AuditEvent, Publisher } from "../../src/services/delivery/Publisher.js"
 import { Secrets } from "../../src/services/delivery/Secrets.js"
 import { Processor } from "../../src/services/matching/Processor.js"
+import * as WebhookState from "../../src/services/operator/WebhookState.js"
 import { FirehookConfig, type FirehookConfigShape, layerValue } from "../../src/services/platform/Config.js"
 import * as Database from "../../src/services/platform/Database.js"
 import * as Health from "../../src/services/platform/Health.js"
@@ -291,6 +293,24 @@ export const rowsOfEvent = (eventRkey: string) =>
       sql<EventRow>`SELECT delivery_id, webhook_rkey, status, attempt_count, last_error_kind FROM outbox
       WHERE event_rkey = ${eventRkey} ORDER BY webhook_rkey`
   ).pipe(Effect.orDie)
+
+/**
+ * Resume the webhook `rkey` with replay: it is cleared and its one parked row is replayed, and that
+ * row (of the event `eventRkey`, still `parkedId`) is then delivered.
+ */
+export const resumeReplaysParked = (owner: string, rkey: string, eventRkey: string, parkedId: string) =>
+  Effect.gen(function*() {
+    const states = yield* WebhookState.WebhookStateStore
+    const resumed = yield* states.resume(owner, rkey, { replay: true })
+    expect(Option.map(resumed, (r) => [r.cleared, r.replayed])).toEqual(Option.some([true, 1]))
+    const after = yield* eventually(
+      "parked row delivered",
+      rowsOfEvent(eventRkey),
+      (rs) => rs.find((r) => r.webhook_rkey === rkey)?.status === "delivered",
+      20_000
+    )
+    expect(after.find((r) => r.webhook_rkey === rkey)?.delivery_id).toBe(parkedId)
+  })
 
 export const countWhere = (table: string, where: string) =>
   Effect.flatMap(

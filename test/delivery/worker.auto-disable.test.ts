@@ -10,11 +10,19 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Duration, Effect, Option, TestClock } from "effect"
+import { Clock, Duration, Effect, TestClock } from "effect"
 import * as DeliveryStore from "../../src/services/delivery/DeliveryStore.js"
 import * as WebhookState from "../../src/services/operator/WebhookState.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, receiver, rowsOfEvent, run, startWorker } from "./worker-support.js"
+import {
+  countWhere,
+  eventually,
+  receiver,
+  resumeReplaysParked,
+  rowsOfEvent,
+  run,
+  startWorker
+} from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
@@ -133,15 +141,7 @@ describe("auto-disable", () => {
 
         // the receiver is fixed; resume with replay: the parked row is delivered under its id
         downOk = true
-        const states = yield* WebhookState.WebhookStateStore
-        const resumed = yield* states.resume(OWNER, "down", { replay: true })
-        expect(Option.map(resumed, (r) => [r.cleared, r.replayed])).toEqual(Option.some([true, 1]))
-        const after = yield* eventually(
-          "parked row delivered",
-          rowsOfEvent("late"),
-          (rs) => rs.find((r) => r.webhook_rkey === "down")?.status === "delivered"
-        )
-        expect(after.find((r) => r.webhook_rkey === "down")?.delivery_id).toBe(parkedId)
+        yield* resumeReplaysParked(OWNER, "down", "late", parkedId)
         expect(rx.hits.get(parkedId)).toBe(1)
         const sent = rx.received.filter((r) => r.path === "/down")
         expect(sent).toHaveLength(1)

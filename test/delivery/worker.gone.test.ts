@@ -6,10 +6,19 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Option } from "effect"
+import { Effect } from "effect"
 import * as WebhookState from "../../src/services/operator/WebhookState.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, type EventRow, eventually, receiver, rowsOfEvent, run, startWorker } from "./worker-support.js"
+import {
+  countWhere,
+  type EventRow,
+  eventually,
+  receiver,
+  resumeReplaysParked,
+  rowsOfEvent,
+  run,
+  startWorker
+} from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
@@ -83,16 +92,7 @@ describe("delivery worker: a gone webhook's new matches are parked, not dropped"
 
         // the receiver is back; resume with replay clears gone and delivers the parked row under its id
         gone = false
-        const states = yield* WebhookState.WebhookStateStore
-        const resumed = yield* states.resume(OWNER, "gone", { replay: true })
-        expect(Option.map(resumed, (r) => [r.cleared, r.replayed])).toEqual(Option.some([true, 1]))
-        const after = yield* eventually(
-          "parked row delivered",
-          rowsOfEvent("later"),
-          (rs) => rs.find((r) => r.webhook_rkey === "gone")?.status === "delivered",
-          20_000
-        )
-        expect(after.find((r) => r.webhook_rkey === "gone")?.delivery_id).toBe(parkedId)
+        yield* resumeReplaysParked(OWNER, "gone", "later", parkedId)
         expect(rx.hits.get(parkedId)).toBe(1)
         const sent = rx.received.filter((r) => r.path === "/gone")
         expect(sent).toHaveLength(2)

@@ -33,6 +33,15 @@ import {
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
 
+/** The store's counts with this many pending, leased and dead-lettered rows (no disabled or gone webhooks). */
+const backlog = (pending: number, leased: number, deadLetter: number) => ({
+  pending,
+  leased,
+  deadLetter,
+  autoDisabledWebhooks: 0,
+  goneWebhooks: 0
+})
+
 /** The matching pipeline on the database at `url` (the "intake" side of the test). */
 const stackOn = (url: Redacted.Redacted<string>, config: Config.FirehookConfigShape) =>
   ProcessorModule.layer().pipe(
@@ -324,7 +333,7 @@ describe("delivery leases on PostgreSQL", () => {
         })
         expect(third.rows.map((r) => r.origin)).toEqual(["https://a.example"])
         const counts = yield* store.counts
-        expect(counts).toEqual({ pending: 2, leased: 8, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 })
+        expect(counts).toEqual(backlog(2, 8, 0))
       }).pipe(onStoreStack),
     60_000
   )
@@ -355,13 +364,7 @@ describe("delivery leases on PostgreSQL", () => {
         const rows = after._tag === "Right" ? after.right.rows : (yield* store.claim("w", 1, 60_000)).rows
         expect(rows.length).toBe(1)
         expect((yield* store.claim("w", 5, 60_000)).rows.length).toBe(1)
-        expect(yield* store.counts).toEqual({
-          pending: 0,
-          leased: 3,
-          deadLetter: 0,
-          autoDisabledWebhooks: 0,
-          goneWebhooks: 0
-        })
+        expect(yield* store.counts).toEqual(backlog(0, 3, 0))
       }).pipe(onStoreStack),
     60_000
   )
@@ -474,13 +477,7 @@ describe("delivery leases on PostgreSQL", () => {
           ).toBe(true)
         }
         expect((yield* store.claim("w", 10, 60_000)).rows.length).toBe(3)
-        expect(yield* store.counts).toEqual({
-          pending: 0,
-          leased: 3,
-          deadLetter: 0,
-          autoDisabledWebhooks: 0,
-          goneWebhooks: 0
-        })
+        expect(yield* store.counts).toEqual(backlog(0, 3, 0))
       }).pipe(
         Effect.timeoutFail({
           duration: "20 seconds",
