@@ -30,6 +30,7 @@
  *    body size: the ratio is taken against the faster one.
  * Peak RSS: VmHWM of every firehook process (and of the receivers and this process, for reference).
  *
+ * `DATABASE_PREPARED_STATEMENTS` is passed on to firehook when set (A/B runs of the prepared statements).
  * `BENCH_E2E_PROFILE=<dir>`: firehook runs with `bun --cpu-prof-md --cpu-prof-dir=<dir>` (a
  * markdown CPU profile of the whole run, written when it exits after SIGTERM).
  */
@@ -184,6 +185,7 @@ interface Service {
 const startService = async (env: Record<string, string>, dataDir: string): Promise<Service> => {
   const port = await freePort()
   const profileDir = process.env["BENCH_E2E_PROFILE"]
+  const prepared = process.env["DATABASE_PREPARED_STATEMENTS"]
   const flags = profileDir === undefined ? [] : ["--cpu-prof-md", `--cpu-prof-dir=${profileDir}`]
   const child = spawn(BUN, [...flags, "src/main.ts"], {
     cwd: ROOT,
@@ -196,6 +198,7 @@ const startService = async (env: Record<string, string>, dataDir: string): Promi
       HEALTH_PORT: String(port),
       API_PORT: "0",
       FIREHOOK_DATA_DIR: dataDir,
+      ...(prepared === undefined ? {} : { DATABASE_PREPARED_STATEMENTS: prepared }),
       ...env
     },
     stdio: ["ignore", "ignore", "pipe"]

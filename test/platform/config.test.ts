@@ -20,6 +20,7 @@ describe("Config", () => {
     Effect.gen(function*() {
       const c = yield* load({})
       expect(Option.isNone(c.databaseUrl)).toBe(true)
+      expect(c.databasePreparedStatements).toBe(true)
       expect(c.dataDir).toBe("./.firehook")
       expect(c.healthHost).toBe("127.0.0.1")
       expect(c.healthPort).toBe(3003)
@@ -423,6 +424,12 @@ describe("Config", () => {
       expect(c.allowInsecureDev).toBe(true)
     }))
 
+  it.effect("DATABASE_PREPARED_STATEMENTS=0 turns named prepared statements off", () =>
+    Effect.gen(function*() {
+      expect((yield* load({ DATABASE_PREPARED_STATEMENTS: "0" })).databasePreparedStatements).toBe(false)
+      expect((yield* load({ DATABASE_PREPARED_STATEMENTS: "1" })).databasePreparedStatements).toBe(true)
+    }))
+
   it.effect("HEALTH_HOST: IP literals (v4, v6) and localhost are accepted (SPEC §6.5)", () =>
     Effect.gen(function*() {
       for (const host of ["127.0.0.1", "0.0.0.0", "10.1.2.3", "::", "::1", "fe80::1", "2001:db8::8", "localhost"]) {
@@ -467,6 +474,7 @@ describe("Config", () => {
     [{ LOG_FORMAT: "xml" }, "LOG_FORMAT", "json, pretty"],
     [{ NODE_ENV: "staging" }, "NODE_ENV", "production, development, test"],
     [{ WEBHOOK_ALLOW_INSECURE_DEV: "yes" }, "WEBHOOK_ALLOW_INSECURE_DEV", "0, 1"],
+    [{ DATABASE_PREPARED_STATEMENTS: "off" }, "DATABASE_PREPARED_STATEMENTS", "0, 1"],
     [{ WEBHOOK_ALLOW_INSECURE_DEV: "1" }, "WEBHOOK_ALLOW_INSECURE_DEV", "NODE_ENV"],
     [{ WEBHOOK_ALLOW_INSECURE_DEV: "1", NODE_ENV: "production" }, "WEBHOOK_ALLOW_INSECURE_DEV", "NODE_ENV"],
     [{ REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "0" }, "REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX", "1..1000000"],

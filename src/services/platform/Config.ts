@@ -41,6 +41,8 @@ export type { LogFormat, NodeEnv } from "./PlatformConfig.js"
 export interface FirehookConfigShape {
   /** `DATABASE_URL`; `None` → embedded PostgreSQL. */
   readonly databaseUrl: Option.Option<Redacted.Redacted<string>>
+  /** `DATABASE_PREPARED_STATEMENTS` (default `1`): frequent statements go as named prepared statements */
+  readonly databasePreparedStatements: boolean
   /** `FIREHOOK_DATA_DIR` (default `./.firehook`). The embedded database lives in `<dir>/pg`. */
   readonly dataDir: string
   readonly healthHost: string
@@ -217,6 +219,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     const api = yield* ApiConfig.load(insecure)
     return {
       databaseUrl: platform.databaseUrl,
+      databasePreparedStatements: platform.databasePreparedStatements,
       dataDir: platform.dataDir,
       healthHost: platform.healthHost,
       healthPort: platform.healthPort,

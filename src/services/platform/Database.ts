@@ -8,12 +8,15 @@
 import * as Reactivity from "@effect/experimental/Reactivity"
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
+import { SqlError } from "@effect/sql/SqlError"
 import { Context, Data, Duration, Effect, Exit, Layer, Option, Redacted, Scope } from "effect"
+import Pg from "pg"
 import { FirehookConfig } from "./Config.js"
 import * as EmbeddedPg from "./EmbeddedPg.js"
 import * as ErrorCode from "./ErrorCode.js"
 import { Lifecycle } from "./Lifecycle.js"
 import * as Migrations from "./Migrations.js"
+import * as PreparedStatements from "./PreparedStatements.js"
 
 export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")<{ readonly reason: string }> {
   override get message(): string {
@@ -33,18 +36,58 @@ export const describeSqlError = (e: unknown): string => ErrorCode.codeOr(e, "unk
 export interface DatabaseOptions {
   readonly maxConnections?: number
   readonly applicationName?: string
+  /** Named prepared statements (`DATABASE_PREPARED_STATEMENTS`, default on; PreparedStatements.ts). */
+  readonly preparedStatements?: boolean
 }
+
+const CONNECT_TIMEOUT = Duration.seconds(10)
+const IDLE_TIMEOUT = Duration.seconds(60)
+const poolSize = (options: DatabaseOptions): number => options.maxConnections ?? 20
+/** How long ending the pool at shutdown may take (the layer's finalizer bounds it too). */
+const END_TIMEOUT = Duration.seconds(1)
+
+/**
+ * The `pg` pool (what `PgClient.make` builds, with the same settings), its connections made by
+ * {@link PreparedStatements.preparingClient} unless `preparedStatements` is false, and checked with
+ * one `SELECT 1` within the connect timeout; ended when the scope closes.
+ */
+const openPool = (url: Redacted.Redacted<string>, options: DatabaseOptions) =>
+  Effect.acquireRelease(
+    Effect.suspend(() => {
+      const pool = new Pg.Pool({
+        connectionString: Redacted.value(url),
+        connectionTimeoutMillis: Duration.toMillis(CONNECT_TIMEOUT),
+        idleTimeoutMillis: Duration.toMillis(IDLE_TIMEOUT),
+        max: poolSize(options),
+        application_name: options.applicationName ?? "firehook",
+        ...(options.preparedStatements === false
+          ? {}
+          : { Client: PreparedStatements.preparingClient(new PreparedStatements.StatementNames()) })
+      })
+      pool.on("error", () => {})
+      return Effect.tryPromise({
+        try: () => pool.query("SELECT 1"),
+        catch: (cause) => new SqlError({ cause, message: "PgClient: Failed to connect" })
+      }).pipe(
+        Effect.timeoutFail({
+          duration: CONNECT_TIMEOUT,
+          onTimeout: () =>
+            new SqlError({ cause: new Error("Connection timed out"), message: "PgClient: Connection timed out" })
+        }),
+        Effect.tapError(() => Effect.promise(() => pool.end()).pipe(Effect.timeoutOption(END_TIMEOUT))),
+        Effect.as(pool)
+      )
+    }),
+    (pool) => Effect.promise(() => pool.end()).pipe(Effect.interruptible, Effect.timeoutOption(END_TIMEOUT))
+  )
 
 const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =>
   Layer.scopedContext(
     Effect.gen(function*() {
       const lifecycle = yield* Effect.serviceOption(Lifecycle)
       const poolScope = yield* Scope.make()
-      const client = yield* PgClient.make({
-        url,
-        maxConnections: options.maxConnections ?? 20,
-        connectTimeout: Duration.seconds(10),
-        idleTimeout: Duration.seconds(60),
+      const client = yield* PgClient.fromPool({
+        acquire: openPool(url, options),
         applicationName: options.applicationName ?? "firehook"
       }).pipe(
         Scope.extend(poolScope),
@@ -60,6 +103,16 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
           )
         )
       )
+      // `fromPool` describes the pool without its size and timeouts; readers of `config` (the claim
+      // connection reserves one only from a pool of two or more) see what `PgClient.make` would give
+      Object.assign(client, {
+        config: {
+          ...client.config,
+          maxConnections: poolSize(options),
+          connectTimeout: CONNECT_TIMEOUT,
+          idleTimeout: IDLE_TIMEOUT
+        }
+      })
       return Context.make(PgClient.PgClient, client).pipe(Context.add(SqlClient.SqlClient, client))
     })
   )
@@ -85,10 +138,11 @@ export const layer = (options: DatabaseOptions = {}) =>
   Layer.unwrapScoped(
     Effect.gen(function*() {
       const config = yield* FirehookConfig
-      if (Option.isSome(config.databaseUrl)) return layerUrl(config.databaseUrl.value, options)
+      const withConfig = { preparedStatements: config.databasePreparedStatements, ...options }
+      if (Option.isSome(config.databaseUrl)) return layerUrl(config.databaseUrl.value, withConfig)
       const embedded = yield* EmbeddedPg.start({ dataDir: config.dataDir }).pipe(
         Effect.mapError((e) => new DatabaseUnavailable({ reason: e.message }))
       )
-      return layerUrl(embedded.url, options)
+      return layerUrl(embedded.url, withConfig)
     })
   )

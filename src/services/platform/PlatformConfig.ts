@@ -41,6 +41,16 @@ const LOG_LEVELS: { readonly [K in LogLevelName]: LogLevel.LogLevel } = {
 /** `DATABASE_URL`: unset → embedded PostgreSQL. */
 export const databaseUrl = { env: "DATABASE_URL", rule: "must be a postgres:// or postgresql:// URL" } as const
 
+/**
+ * `DATABASE_PREPARED_STATEMENTS` ∈ {0, 1}: `1` (default) sends frequent statements as named prepared
+ * statements (PreparedStatements.ts); `0` for a pooler in transaction mode that cannot keep them.
+ */
+export const databasePreparedStatements = {
+  env: "DATABASE_PREPARED_STATEMENTS",
+  default: "1",
+  values: ["0", "1"]
+} as const
+
 export const dataDir = {
   env: "FIREHOOK_DATA_DIR",
   default: "./.firehook",
@@ -71,6 +81,7 @@ export const allowInsecureDev = { env: "WEBHOOK_ALLOW_INSECURE_DEV", default: "0
 export type PlatformSection = Pick<
   FirehookConfigShape,
   | "databaseUrl"
+  | "databasePreparedStatements"
   | "dataDir"
   | "healthHost"
   | "healthPort"
@@ -105,6 +116,7 @@ export const loadDevMode: Effect.Effect<
 export const load = (options: { readonly isTty: boolean }): Effect.Effect<PlatformSection, ConfigInvalid> =>
   Effect.gen(function*() {
     const url = yield* readRedacted(databaseUrl.env, isPostgresUrl, databaseUrl.rule)
+    const prepared = yield* readEnumVar(databasePreparedStatements)
     const dir = yield* readStringVar(dataDir)
     const host = yield* readListenHost(healthHost)
     const port = yield* readIntVar(healthPort)
@@ -120,6 +132,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Platfo
     const deliveryProcess = yield* DeliveryProcessConfig.load
     return {
       databaseUrl: url,
+      databasePreparedStatements: prepared === "1",
       dataDir: dir,
       healthHost: host,
       healthPort: port,
