@@ -136,7 +136,13 @@ const workerOn = (url: Redacted.Redacted<string>) =>
         Health.layer.pipe(Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: Duration.seconds(30) })))
       )
     ),
-    Layer.provide(Layer.mergeAll(Database.layerUrl(url, { maxConnections: 24 }), Config.layerValue(config)))
+    Layer.provide(Layer.mergeAll(
+      Database.layerUrl(url, {
+        maxConnections: 24,
+        preparedStatements: process.env["DATABASE_PREPARED_STATEMENTS"] !== "0"
+      }),
+      Config.layerValue(config)
+    ))
   )
 
 // ---------------------------------------------------------------------------------------------
