@@ -112,6 +112,34 @@ const sampleLeaseHolders = (db: string) => {
   }
 }
 
+/** `command args` in a process group of its own (so a test can signal the group), firehook's env */
+const spawnDetached = (command: string, args: Array<string>, port: number, env: Record<string, string>): Running => {
+  const child = spawn(command, args, {
+    cwd: ROOT,
+    detached: true,
+    env: {
+      PATH: process.env["PATH"] ?? "",
+      HOME: process.env["HOME"] ?? "/tmp",
+      LOG_FORMAT: "json",
+      LOG_LEVEL: "warn",
+      API_PORT: "0",
+      HEALTH_PORT: String(port),
+      FIREHOOK_DATA_DIR: res.tempDir(),
+      SHUTDOWN_TIMEOUT_MS: "5000",
+      ...env
+    },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let out = ""
+  let err = ""
+  child.stdout.on("data", (b: Buffer) => (out += b.toString("utf8")))
+  child.stderr.on("data", (b: Buffer) => (err += b.toString("utf8")))
+  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on("exit", (code, signal) => resolve({ code, signal }))
+  )
+  return { child, stdout: () => out, stderr: () => err, exit }
+}
+
 const baseEnv = async (js: FakeJetstream) => ({
   DATABASE_URL: await res.freshDb(),
   NODE_ENV: "test",
@@ -213,40 +241,51 @@ describe.runIf(Os.availableParallelism() >= 2)("DELIVERY_PROCESS (two or more co
       const js = await startFakeJetstream()
       const env = await baseEnv(js)
       const port = await freePort()
-      const child = spawn(BUN, ["src/main.ts"], {
-        cwd: ROOT,
-        detached: true,
-        env: {
-          PATH: process.env["PATH"] ?? "",
-          HOME: process.env["HOME"] ?? "/tmp",
-          LOG_FORMAT: "json",
-          LOG_LEVEL: "warn",
-          API_PORT: "0",
-          HEALTH_PORT: String(port),
-          FIREHOOK_DATA_DIR: res.tempDir(),
-          SHUTDOWN_TIMEOUT_MS: "5000",
-          ...env
-        },
-        stdio: ["ignore", "pipe", "pipe"]
-      })
-      let out = ""
-      let err = ""
-      child.stdout.on("data", (b: Buffer) => (out += b.toString("utf8")))
-      child.stderr.on("data", (b: Buffer) => (err += b.toString("utf8")))
-      const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-        child.on("exit", (code, signal) => resolve({ code, signal }))
-      )
-      const running: Running = { child, stdout: () => out, stderr: () => err, exit }
+      const running = spawnDetached(BUN, ["src/main.ts"], port, env)
+      const child = running.child
+      const err = running.stderr
       try {
         const url = `http://127.0.0.1:${port}/health`
         const body = await runningChild(url, running)
         process.kill(-child.pid!, "SIGTERM")
         expect((await exitWithin(running, 45_000)).code).toBe(0)
         await waitUntil(() => !alive(Number(body.pid)), 10_000, "the child gone")
-        expect(err).toBe("")
+        expect(err()).toBe("")
       } finally {
         try {
           process.kill(-child.pid!, "SIGKILL")
+        } catch {
+          // already gone
+        }
+        await js.close()
+      }
+    },
+    180_000
+  )
+
+  it(
+    "`npm start` (the README's command): SIGTERM to npm alone, as `docker stop` sends it: exit 0, firehook and its child gone",
+    async () => {
+      const js = await startFakeJetstream()
+      const port = await freePort()
+      const running = spawnDetached("npm", ["start"], port, { ...(await baseEnv(js)), LOG_LEVEL: "info" })
+      try {
+        const body = await runningChild(`http://127.0.0.1:${port}/health`, running)
+        const childPid = Number(body.pid)
+        const firehookPid = parentOf(childPid)!
+        expect(firehookPid).not.toBe(running.child.pid)
+        running.child.kill("SIGTERM")
+        expect((await exitWithin(running, 45_000)).code).toBe(0)
+        await waitUntil(
+          () => !alive(firehookPid) && !alive(childPid),
+          10_000,
+          "firehook and its child gone",
+          () => running.stderr().slice(0, 1000)
+        )
+        expect(running.stdout()).toContain("\"message\":\"shutdown complete\"")
+      } finally {
+        try {
+          process.kill(-running.child.pid!, "SIGKILL")
         } catch {
           // already gone
         }
