@@ -11,13 +11,12 @@
  * - a child that keeps dying: after 5 restarts the parent exits 1 with one line on stderr;
  * - `DELIVERY_PROCESS=inline`: one process, as before.
  */
-import { spawn } from "node:child_process"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import { afterAll, describe, expect, it } from "vitest"
 import { e2eResources, query, sleep, startDeployment, waitUntil } from "../support/e2e.js"
 import { commitFrame, type FakeJetstream, type LogEntry, startFakeJetstream } from "../support/fakeJetstream.js"
-import { BUN, exitWithin, freePort, ROOT, type Running, waitFor } from "../support/proc.js"
+import { BUN, exitWithin, freePort, type Running, startFirehook, waitFor } from "../support/proc.js"
 import { type Receiver, startReceiver } from "../support/receiver.js"
 
 const OWNER = "did:plc:dlvprocdlvprocdlvprocdlv"
@@ -112,33 +111,15 @@ const sampleLeaseHolders = (db: string) => {
   }
 }
 
-/** `command args` in a process group of its own (so a test can signal the group), firehook's env */
-const spawnDetached = (command: string, args: Array<string>, port: number, env: Record<string, string>): Running => {
-  const child = spawn(command, args, {
-    cwd: ROOT,
-    detached: true,
-    env: {
-      PATH: process.env["PATH"] ?? "",
-      HOME: process.env["HOME"] ?? "/tmp",
-      LOG_FORMAT: "json",
-      LOG_LEVEL: "warn",
-      API_PORT: "0",
-      HEALTH_PORT: String(port),
-      FIREHOOK_DATA_DIR: res.tempDir(),
-      SHUTDOWN_TIMEOUT_MS: "5000",
-      ...env
-    },
-    stdio: ["ignore", "pipe", "pipe"]
-  })
-  let out = ""
-  let err = ""
-  child.stdout.on("data", (b: Buffer) => (out += b.toString("utf8")))
-  child.stderr.on("data", (b: Buffer) => (err += b.toString("utf8")))
-  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    child.on("exit", (code, signal) => resolve({ code, signal }))
-  )
-  return { child, stdout: () => out, stderr: () => err, exit }
-}
+/** `command args` in a process group of its own (so a test can signal the group) */
+const spawnDetached = (command: string, args: Array<string>, port: number, env: Record<string, string>): Running =>
+  startFirehook({
+    LOG_LEVEL: "warn",
+    HEALTH_PORT: String(port),
+    FIREHOOK_DATA_DIR: res.tempDir(),
+    SHUTDOWN_TIMEOUT_MS: "5000",
+    ...env
+  }, { command, args, detached: true })
 
 const baseEnv = async (js: FakeJetstream) => ({
   DATABASE_URL: await res.freshDb(),

@@ -30,9 +30,17 @@ process.once("exit", killAllChildren)
  * (and several test runs on one machine) never contend for the default 3004. Delivery runs inline
  * (`DELIVERY_PROCESS=inline`) unless `env` says otherwise.
  */
-export const startFirehook = (env: Record<string, string>): Running => {
-  const child = spawn(BUN, ["src/main.ts"], {
+export const startFirehook = (
+  env: Record<string, string>,
+  /** another command line that starts it (`npm start`), in a process group of its own (`detached`) */
+  how: { readonly command: string; readonly args: ReadonlyArray<string>; readonly detached?: boolean } = {
+    command: BUN,
+    args: ["src/main.ts"]
+  }
+): Running => {
+  const child = spawn(how.command, how.args, {
     cwd: ROOT,
+    detached: how.detached === true,
     env: {
       PATH: process.env["PATH"] ?? "",
       HOME: process.env["HOME"] ?? "/tmp",
