@@ -6,6 +6,7 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Fiber, Queue } from "effect"
+import * as TestServices from "effect/TestServices"
 import * as IdentityInvalidations from "../../src/services/reconciliation/IdentityInvalidations.js"
 import * as Db from "../support/db.js"
 import { plc } from "../support/stack.js"
@@ -40,9 +41,17 @@ describe("IdentityInvalidations", () => {
         )
         yield* listening
         const offer = yield* IdentityInvalidations.publisher
-        for (const did of [plc(1), plc(2), plc(1), plc(3)]) yield* offer(did)
+        // offered again every 500 ms until seen: @effect/sql-pg attaches its notification handler only
+        // after the LISTEN answered, so a notification in that moment is lost (best effort by design)
+        const offering = yield* Effect.fork(
+          Effect.forEach([plc(1), plc(2), plc(1), plc(3)], offer, { discard: true }).pipe(
+            Effect.zipRight(TestServices.provideLive(Effect.sleep("500 millis"))),
+            Effect.repeat({ times: 100 })
+          )
+        )
         const got = new Set<string>()
         while (got.size < 3) got.add(yield* Queue.take(invalidated))
+        yield* Fiber.interrupt(offering)
         expect([...got].sort()).toEqual([plc(1), plc(2), plc(3)].sort())
         yield* Fiber.interrupt(follower)
       }))
