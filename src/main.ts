@@ -71,8 +71,7 @@ const crashed = (e: unknown): void => {
 process.on("uncaughtException", crashed)
 process.on("unhandledRejection", crashed)
 // stderr is the one-line failure report's (SPEC §6.1): a library's deprecation notice must not reach
-// it. Known one: pg 8's notice for a query queued on a busy client, which @effect/sql-pg's shared
-// LISTEN connection meets when two channels are listened to at once (docs/decisions.md).
+// it (the one that prompted this, from @effect/sql-pg's LISTEN, is gone: docs/decisions.md).
 process.noDeprecation = true
 
 /**

@@ -184,6 +184,34 @@ describe("delivery worker end to end", () => {
   )
 
   it.scopedLive(
+    "a LISTEN connection that PostgreSQL drops is opened again: the next enqueue is delivered by NOTIFY, not the poll",
+    () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const rx = yield* receiver()
+        yield* run([whEv(ALICE, "a", whRecordValue(`at://${BOB}`, { url: `${rx.url}/x` }), { rev: rev(1) })])
+        const worker = yield* startWorker({ options: { pollIntervalMs: 30_000 } })
+        yield* worker.delivery.awaitListening.pipe(Effect.timeout(Duration.seconds(10)))
+        const listeners = sql<{ readonly pid: number }>`
+          SELECT pid FROM pg_stat_activity
+          WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`
+        const before = (yield* listeners).map((r) => r.pid)
+        expect(before.length).toBe(1)
+        yield* sql`SELECT pg_terminate_backend(pid) FROM unnest(${before}::int[]) AS t(pid)`
+
+        // the worker sees the loss, listens on a new connection and hears its own probe again
+        yield* eventually(
+          "listening again",
+          Effect.zip(listeners, worker.delivery.stats),
+          ([rows, stats]) => rows.length === 1 && rows[0]?.pid !== before[0] && stats.listening
+        )
+        yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+        yield* eventually("delivered", Effect.sync(() => rx.received.length), (n) => n >= 1, 10_000)
+      }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))),
+    60_000
+  )
+
+  it.scopedLive(
     "a Lifecycle shutdown stops claiming: a row enqueued afterwards is left to another worker",
     () =>
       Effect.gen(function*() {

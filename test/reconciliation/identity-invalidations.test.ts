@@ -41,8 +41,8 @@ describe("IdentityInvalidations", () => {
         )
         yield* listening
         const offer = yield* IdentityInvalidations.publisher
-        // offered again every 500 ms until seen: @effect/sql-pg attaches its notification handler only
-        // after the LISTEN answered, so a notification in that moment is lost (best effort by design)
+        // offered again every 500 ms until seen: the follower's LISTEN may not be in place yet when the
+        // first offer is sent (best effort by design)
         const offering = yield* Effect.fork(
           Effect.forEach([plc(1), plc(2), plc(1), plc(3)], offer, { discard: true }).pipe(
             Effect.zipRight(TestServices.provideLive(Effect.sleep("500 millis"))),

@@ -585,7 +585,7 @@ export const makeSql: Effect.Effect<
       Stream.map((): void => undefined),
       Stream.mapError((e) => new StoreError({ op: "delivery.listen", code: codeOr(e) }))
     ),
-    // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
+    // a non-empty payload: listen() (PgListen.ts) drops notifications whose payload is empty
     notify: notifyStatement(sql).pipe(Effect.asVoid, op("delivery.notify"))
   }
   return store

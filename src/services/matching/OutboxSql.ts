@@ -162,7 +162,7 @@ export const makeSql = Effect.gen(function*() {
       rows.length === 0
         ? Effect.void
         : quarantineInsert(sql, rows).pipe(Effect.asVoid, storeOp("outbox.insertQuarantine")),
-    // a non-empty payload: @effect/sql-pg's listen() drops notifications whose payload is empty
+    // a non-empty payload: listen() (PgListen.ts) drops notifications whose payload is empty
     notify: notifyStatement(sql).pipe(Effect.asVoid, storeOp("outbox.notify")),
     insertBatch: (bodies, rows) =>
       bodies.length === 0

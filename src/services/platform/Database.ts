@@ -1,6 +1,7 @@
 /**
  * The database: an `@effect/sql-pg` client on `DATABASE_URL`, or on the embedded PostgreSQL when
- * it is unset; migrations run before the layer is built.
+ * it is unset; migrations run before the layer is built. Its `listen` is firehook's own
+ * (PgListen.ts): `@effect/sql-pg`'s never sees its connection drop.
  *
  * The pool is closed at shutdown only when every part stopped cleanly (SPEC §6.3): after an
  * unclean shutdown in-flight work may still hold connections, and the process exits anyway.
@@ -16,6 +17,7 @@ import * as EmbeddedPg from "./EmbeddedPg.js"
 import * as ErrorCode from "./ErrorCode.js"
 import { Lifecycle } from "./Lifecycle.js"
 import * as Migrations from "./Migrations.js"
+import * as PgListen from "./PgListen.js"
 import * as PreparedStatements from "./PreparedStatements.js"
 
 export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")<{ readonly reason: string }> {
@@ -103,9 +105,15 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
           )
         )
       )
+      // LISTEN on a connection of firehook's own, which sees a lost connection (PgListen.ts)
+      const listen = yield* PgListen.make({
+        connectionString: Redacted.value(url),
+        application_name: options.applicationName ?? "firehook"
+      })
       // `fromPool` describes the pool without its size and timeouts; readers of `config` (the claim
       // connection reserves one only from a pool of two or more) see what `PgClient.make` would give
       Object.assign(client, {
+        listen,
         config: {
           ...client.config,
           maxConnections: poolSize(options),
