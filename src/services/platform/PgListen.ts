@@ -58,6 +58,8 @@ interface Connection {
 }
 
 const lost = (cause: unknown, message: string) => new SqlError({ cause, message })
+const gone = () => lost(new Error("connection lost"), "LISTEN connection lost")
+const timedOut = () => lost(new Error("timed out"), "LISTEN timed out")
 
 /**
  * A `listen` on connections made with `config` (a `pg` client's settings), for the life of the
@@ -95,17 +97,20 @@ export const make = (
         )
       )
 
+    /** Mark `conn` closed (failing whatever still listens on it) and end it. */
+    const close = (conn: Connection) => Effect.zipRight(Effect.sync(() => kill(conn, lost(null, "closed"))), end(conn))
+
     /** One command on `conn`, bounded; a failure or timeout ends the connection for every stream. */
     const command = (conn: Connection, text: string) =>
       Effect.suspend(() =>
         conn.dead
-          ? Effect.fail(lost(new Error("connection lost"), "LISTEN connection lost"))
+          ? Effect.fail(gone())
           : Effect.tryPromise({ try: () => conn.client.query(text), catch: (e) => lost(e, "LISTEN command failed") })
       ).pipe(
         // commands run inside acquireRelease's uninterruptible steps too: the timeout must be able to
         // abandon the promise there, or a silent peer would hold them forever
         Effect.interruptible,
-        Effect.timeoutFail({ duration: timeout, onTimeout: () => lost(new Error("timed out"), "LISTEN timed out") }),
+        Effect.timeoutFail({ duration: timeout, onTimeout: timedOut }),
         Effect.tapError((e) => Effect.sync(() => kill(conn, e))),
         commands.withPermits(1)
       )
@@ -131,8 +136,8 @@ export const make = (
       yield* Effect.tryPromise({ try: () => client.connect(), catch: (e) => lost(e, "LISTEN could not connect") })
         .pipe(
           Effect.interruptible,
-          Effect.timeoutFail({ duration: timeout, onTimeout: () => lost(new Error("timed out"), "LISTEN timed out") }),
-          Effect.tapError(() => Effect.zipRight(Effect.sync(() => kill(conn, lost(null, "closed"))), end(conn)))
+          Effect.timeoutFail({ duration: timeout, onTimeout: timedOut }),
+          Effect.tapError(() => close(conn))
         )
       // `open` runs in acquireRelease's uninterruptible acquire, which a forked fiber would inherit:
       // the probe must stay interruptible, or closing its scope would wait for it forever
@@ -148,24 +153,15 @@ export const make = (
     const release = (conn: Connection) =>
       opening.withPermits(1)(Effect.suspend(() => {
         conn.users--
-        if (conn.users > 0) return Effect.void
-        kill(conn, lost(null, "closed"))
-        return end(conn)
+        return conn.users > 0 ? Effect.void : close(conn)
       }))
 
     // a closing scope ends whatever is still open (its streams are gone by then)
-    yield* Effect.addFinalizer(() =>
-      Effect.suspend(() => {
-        const conn = current
-        if (conn === undefined) return Effect.void
-        kill(conn, lost(null, "closed"))
-        return end(conn)
-      })
-    )
+    yield* Effect.addFinalizer(() => Effect.suspend(() => (current === undefined ? Effect.void : close(current))))
 
     const subscribe = (conn: Connection, channel: string, emit: Emit) =>
       Effect.suspend(() => {
-        if (conn.dead) return Effect.fail(lost(new Error("connection lost"), "LISTEN connection lost"))
+        if (conn.dead) return Effect.fail(gone())
         const set = conn.channels.get(channel)
         if (set !== undefined) {
           set.add(emit)
@@ -187,10 +183,9 @@ export const make = (
         (emit) =>
           Effect.gen(function*() {
             const conn = yield* Effect.acquireRelease(acquire, release)
-            yield* Effect.acquireRelease(
-              subscribe(conn, channel, emit),
-              () => unsubscribe(conn, channel, emit)
-            ).pipe(Effect.onError(() => Effect.sync(() => conn.channels.get(channel)?.delete(emit))))
+            // a failed subscribe leaves nothing behind: a dead connection adds nothing, and a failed
+            // LISTEN ends the connection, clearing every channel (`kill`)
+            yield* Effect.acquireRelease(subscribe(conn, channel, emit), () => unsubscribe(conn, channel, emit))
           }),
         { bufferSize: BUFFER, strategy: "dropping" }
       )
