@@ -47,13 +47,15 @@ export const renewAll = (env: WorkerEnv) =>
     const held = [...env.state.entries.values()].filter((e) => !e.settling)
     for (let i = 0; i < held.length; i += HEARTBEAT_CHUNK) {
       const chunk = held.slice(i, i + HEARTBEAT_CHUNK)
+      // a renewed lease runs from the statement's start (its now()), not from its answer
+      const sentAt = yield* Clock.currentTimeMillis
       const result = yield* Effect.either(
         env.store.heartbeatMany(chunk.map((e) => ({ deliveryId: e.row.deliveryId, token: e.row.leaseToken })), leaseMs)
       )
       const now = yield* Clock.currentTimeMillis
       if (Either.isRight(result)) {
         for (const e of chunk) {
-          if (result.right.has(e.row.leaseToken)) e.renewedAt = now
+          if (result.right.has(e.row.leaseToken)) e.renewedAt = sentAt
           else yield* leaseLost(env, e)
         }
       } else {

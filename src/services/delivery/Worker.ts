@@ -111,7 +111,9 @@ export const claimLoop = (env: WorkerEnv) =>
           continue
         }
         failures = 0
-        for (const row of result.right.rows) dispatch(env, row, claimedAt)
+        // a row's times count from the claim's start, as the database's do: its lease runs from the
+        // claim transaction's now(), its age (ageMs) and the subscription snapshot were read then
+        for (const row of result.right.rows) dispatch(env, row, now)
         yield* Effect.sync(() => pumpNow(env))
         lastFull = result.right.rows.length >= limit
         moreDue = result.right.moreDue

@@ -31,6 +31,7 @@ export interface OriginSlot {
 
 export interface RowEntry {
   readonly row: ClaimedRow
+  /** when the claim that took the row started (its lease, age and snapshot date from then) */
   readonly claimedAtMs: number
   readonly slot: OriginSlot
   /** last successful lease renewal (the claim counts as one) */

@@ -1,0 +1,71 @@
+/**
+ * The heartbeat's renewals (Leases.renewAll) against a fake store, on the TestClock: a renewed lease
+ * runs from when its statement was sent (the database's `now()`), so a slow renewal does not make
+ * the worker believe its lease is younger than it is; once renewals have failed for 2/3 of a lease,
+ * counted from there, the row's attempt is abandoned.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Duration, Effect, Fiber, FiberSet, TestClock } from "effect"
+import type { ClaimedRow, DeliveryStoreShape } from "../../src/services/delivery/DeliveryStore.js"
+import { renewAll } from "../../src/services/delivery/Leases.js"
+import { makeState, type RowEntry, type WorkerEnv } from "../../src/services/delivery/WorkerState.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
+import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
+
+const LEASE_MS = 3_000
+
+describe("Leases.renewAll", () => {
+  it.scoped("a slow renewal counts from its start: failures then abandon the row 2/3 of a lease after it", () =>
+    Effect.gen(function*() {
+      // the first renewal answers after 1.5 s (renewed), every later one fails at once
+      let calls = 0
+      const store = {
+        heartbeatMany: (leases: ReadonlyArray<{ readonly token: string }>) => {
+          calls++
+          return calls === 1
+            ? Effect.as(Effect.sleep(Duration.millis(1_500)), new Set(leases.map((l) => l.token)))
+            : Effect.fail(new StoreError({ op: "delivery.heartbeat", code: "connection" }))
+        }
+      }
+      // renewAll reads only these parts of the worker
+      const env = {
+        state: makeState(),
+        leaseMs: LEASE_MS,
+        store: store as unknown as DeliveryStoreShape,
+        log: RateLimitedLog.make(),
+        rows: yield* FiberSet.make<void, never>()
+      } as unknown as WorkerEnv
+      // one row, its attempt running
+      const running = yield* Effect.fork(Effect.never)
+      const entry: RowEntry = {
+        row: { deliveryId: "d1", leaseToken: "t1" } as unknown as ClaimedRow,
+        claimedAtMs: 0,
+        slot: { held: 1, active: 1 },
+        renewedAt: 0,
+        started: true,
+        settling: false,
+        fiber: running
+      }
+      env.state.entries.set("t1", entry)
+
+      // renewal sent at 0, answered at 1.5 s: the lease runs from 0
+      const first = yield* Effect.fork(renewAll(env))
+      yield* TestClock.adjust(Duration.millis(1_500))
+      yield* Fiber.join(first)
+      expect(entry.renewedAt).toBe(0)
+      expect(entry.settling).toBe(false)
+
+      // a failed renewal at 1.9 s: the lease (until 3 s) is not yet 2/3 spent
+      yield* TestClock.adjust(Duration.millis(400))
+      yield* renewAll(env)
+      expect(entry.settling).toBe(false)
+
+      // a failed renewal at 2 s: 2/3 of the lease since the last renewal was sent: abandoned
+      yield* TestClock.adjust(Duration.millis(100))
+      yield* renewAll(env)
+      expect(entry.settling).toBe(true)
+      const exit = yield* Fiber.await(running)
+      expect(exit._tag).toBe("Failure")
+      expect(calls).toBe(3)
+    }))
+})
