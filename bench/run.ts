@@ -11,7 +11,7 @@
  * missing); `BENCH_NO_REPORT=1` does the same for a full run.
  *
  * Runtime: the benchmarks run on Bun, the production runtime, with the environment `npm start`
- * gives the service (`BUN_JSC_heapGrowthMaxIncrease=1`); `BENCH_RUNTIME=node` runs them on Node 22
+ * gives the service (`BUN_JSC_heapGrowthMaxIncrease=1 MIMALLOC_PURGE_DELAY=1000`); `BENCH_RUNTIME=node` runs them on Node 22
  * with tsx instead.
  */
 import { spawn, spawnSync } from "node:child_process"
@@ -49,7 +49,7 @@ const run = (file: string) =>
     const child = runtime === "bun"
       ? spawn(bun, script, {
         stdio: ["ignore", "pipe", "inherit"],
-        env: { BUN_JSC_heapGrowthMaxIncrease: "1", ...process.env }
+        env: { BUN_JSC_heapGrowthMaxIncrease: "1", MIMALLOC_PURGE_DELAY: "1000", ...process.env }
       })
       : spawn(process.execPath, ["--import", "tsx", ...script], {
         stdio: ["ignore", "pipe", "inherit"],
@@ -126,7 +126,7 @@ const machine = [
   `${(Os.totalmem() / 2 ** 30).toFixed(0)} GiB RAM`,
   `${Os.type()} ${Os.release()}`,
   runtime === "bun"
-    ? `bun (${bunVersion()}, BUN_JSC_heapGrowthMaxIncrease=1 as in npm start)`
+    ? `bun (${bunVersion()}, BUN_JSC_heapGrowthMaxIncrease=1 MIMALLOC_PURGE_DELAY=1000 as in npm start)`
     : `node ${process.version} with tsx`,
   process.env["DATABASE_URL"] === undefined ? "embedded PostgreSQL" : "PostgreSQL from DATABASE_URL"
 ].join(", ")

@@ -255,6 +255,13 @@ describe.runIf(Os.availableParallelism() >= 2)("DELIVERY_PROCESS (two or more co
         const childPid = Number(body.pid)
         const firehookPid = parentOf(childPid)!
         expect(firehookPid).not.toBe(running.child.pid)
+        // the runtime settings of the script reach firehook and its delivery child (docs/operations.md, Memory)
+        for (const pid of [firehookPid, childPid]) {
+          const environ = Fs.readFileSync(`/proc/${pid}/environ`, "utf8").split("\0")
+          expect(environ).toEqual(
+            expect.arrayContaining(["BUN_JSC_heapGrowthMaxIncrease=1", "MIMALLOC_PURGE_DELAY=1000"])
+          )
+        }
         running.child.kill("SIGTERM")
         expect((await exitWithin(running, 45_000)).code).toBe(0)
         await waitUntil(
