@@ -177,6 +177,17 @@ describe.runIf(Os.availableParallelism() >= 2)("DELIVERY_PROCESS (two or more co
       )
       await holders.stop()
       expect([...holders.pids]).toEqual([String(childPid)])
+      // the parent's /metrics carries the child's series, labelled (the attempts are counted there)
+      const metrics = await (await fetch(d.health.replace(/\/health$/, "/metrics"))).text()
+      const attempts = metrics.split("\n").filter((l) => l.startsWith("firehook_delivery_attempts_total{"))
+      expect(attempts.length).toBeGreaterThan(0)
+      expect(attempts.every((l) => l.startsWith("firehook_delivery_attempts_total{process=\"delivery-child\",")))
+        .toBe(true)
+      expect(attempts.reduce((n, l) => n + Number(l.slice(l.lastIndexOf(" ") + 1)), 0)).toBe(20)
+      expect(metrics).toMatch(/^firehook_process_resident_memory_bytes \d+$/m)
+      expect(metrics).toMatch(/^firehook_process_resident_memory_bytes\{process="delivery-child"\} \d+$/m)
+      const types = metrics.split("\n").filter((l) => l.startsWith("# TYPE "))
+      expect(new Set(types).size).toBe(types.length)
 
       // (b) SIGKILL of the child mid-load: restarted, and every row is delivered
       rx.answer = () => ({ status: 200, delayMs: 1500 })

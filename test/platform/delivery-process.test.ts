@@ -53,7 +53,13 @@ const makeFake = Effect.gen(function*() {
           }),
         lastError: Effect.succeed(Option.some("firehook: database: could not connect (ECONNREFUSED)"))
       }
-      return { handle, health: Ref.get(answer) }
+      // a counter whose value is the child's pid, as the child's own /metrics would render it
+      const metrics = Effect.succeed(
+        Option.some(
+          `# HELP fake_child_total the child\n# TYPE fake_child_total counter\nfake_child_total ${child.pid}\n`
+        )
+      )
+      return { handle, health: Ref.get(answer), metrics }
     })
   }
   return {
@@ -307,6 +313,21 @@ describe("DeliveryProcess.supervise", () => {
       expect(report3.body["deliveryProcess"]).toMatchObject({ state: "unresponsive" })
       yield* TestClock.adjust("3 seconds")
       expect((yield* health.report).body["delivery"]).toEqual({ pending: 3, leased: 1, stale: true })
+    }))
+
+  it.scoped("metrics: the running child's series on the parent's /metrics, labelled; none between a crash and the restart", () =>
+    Effect.gen(function*() {
+      const { fake, health } = yield* setup()
+      const childLine = (text: string) => text.split("\n").filter((l) => l.startsWith("fake_child_total"))
+      expect(childLine(yield* health.metrics)).toEqual(["fake_child_total{process=\"delivery-child\"} 1000"])
+      // the parent's own metrics are there too, unlabelled
+      expect(yield* health.metrics).toMatch(/^firehook_process_resident_memory_bytes \d+$/m)
+      yield* fake.crash(0)
+      yield* settle
+      expect(childLine(yield* health.metrics)).toEqual([])
+      yield* TestClock.adjust("1 second")
+      yield* settle
+      expect(childLine(yield* health.metrics)).toEqual(["fake_child_total{process=\"delivery-child\"} 1001"])
     }))
 })
 

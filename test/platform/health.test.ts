@@ -1,7 +1,7 @@
 import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer, Metric, MetricBoundaries } from "effect"
+import { Effect, Fiber, Layer, Metric, MetricBoundaries, Option, TestClock } from "effect"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as Metrics from "../../src/services/platform/Metrics.js"
@@ -144,5 +144,98 @@ describe("Metrics.render", () => {
       const text = Metrics.render(yield* Metric.snapshot)
       expect(text).toContain("firehook_test_labelled_total{stream=\"s1\"} 3")
       expect(text).toContain("firehook_test_labelled_gauge{stream=\"s1\"} 7")
+    }))
+})
+
+describe("Metrics.merge (another process's metrics on this process's /metrics)", () => {
+  const FOREIGN = [
+    "# HELP firehook_test_merge_total things\\nsecond line",
+    "# TYPE firehook_test_merge_total counter",
+    "firehook_test_merge_total 4",
+    "firehook_test_merge_total{kind=\"a {b} c\"} 5",
+    "# HELP firehook_test_merge_ms latency",
+    "# TYPE firehook_test_merge_ms histogram",
+    "firehook_test_merge_ms_bucket{le=\"10\"} 1",
+    "firehook_test_merge_ms_bucket{le=\"+Inf\"} 2",
+    "firehook_test_merge_ms_sum 30",
+    "firehook_test_merge_ms_count 2",
+    "# HELP firehook_test_merge_only_child gauge of the child alone",
+    "# TYPE firehook_test_merge_only_child gauge",
+    "firehook_test_merge_only_child 7",
+    "# HELP firehook_test_merge_clash declared otherwise here",
+    "# TYPE firehook_test_merge_clash gauge",
+    "firehook_test_merge_clash 9",
+    "# HELP firehook_test_merge_odd a type Prometheus 0.0.4 does not have here",
+    "# TYPE firehook_test_merge_odd untyped",
+    "firehook_test_merge_odd 1",
+    ""
+  ].join("\n")
+
+  it.effect("one family per name, the foreign samples labelled, clashing or unknown families left out", () =>
+    Effect.gen(function*() {
+      yield* Metric.incrementBy(Metric.counter("firehook_test_merge_total", { description: "things" }), 2)
+      yield* Metric.increment(Metric.counter("firehook_test_merge_clash", { description: "a counter here" }))
+      const text = Metrics.merge(yield* Metric.snapshot, [{ text: FOREIGN, labels: { process: "delivery-child" } }])
+      const lines = text.split("\n")
+      // every family once, in order
+      const types = lines.filter((l) => l.startsWith("# TYPE "))
+      expect(new Set(types).size).toBe(types.length)
+      const family = (name: string) => {
+        const start = lines.indexOf(
+          `# TYPE ${name} ${name.endsWith("_ms") ? "histogram" : name.endsWith("child") ? "gauge" : "counter"}`
+        )
+        expect(start).toBeGreaterThan(0)
+        const end = lines.findIndex((l, i) => i > start && l.startsWith("# "))
+        return lines.slice(start + 1, end < 0 ? undefined : end)
+      }
+      expect(family("firehook_test_merge_total")).toEqual([
+        "firehook_test_merge_total 2",
+        "firehook_test_merge_total{process=\"delivery-child\"} 4",
+        "firehook_test_merge_total{process=\"delivery-child\",kind=\"a {b} c\"} 5"
+      ])
+      expect(family("firehook_test_merge_ms")).toEqual([
+        "firehook_test_merge_ms_bucket{process=\"delivery-child\",le=\"10\"} 1",
+        "firehook_test_merge_ms_bucket{process=\"delivery-child\",le=\"+Inf\"} 2",
+        "firehook_test_merge_ms_sum{process=\"delivery-child\"} 30",
+        "firehook_test_merge_ms_count{process=\"delivery-child\"} 2"
+      ])
+      expect(family("firehook_test_merge_only_child")).toEqual([
+        "firehook_test_merge_only_child{process=\"delivery-child\"} 7"
+      ])
+      // this process's help is kept; a family of the child alone keeps the child's (escaped as it came)
+      expect(lines).toContain("# HELP firehook_test_merge_total things")
+      expect(lines).toContain("# HELP firehook_test_merge_only_child gauge of the child alone")
+      expect(lines).toContain("# HELP firehook_test_merge_ms latency")
+      // a family whose type differs from this process's: only this process's samples
+      expect(family("firehook_test_merge_clash")).toEqual(["firehook_test_merge_clash 1"])
+      expect(text).not.toContain("firehook_test_merge_odd")
+    }))
+
+  it.effect("a help text with an escaped newline or backslash comes back escaped the same way", () =>
+    Effect.gen(function*() {
+      const foreign =
+        "# HELP firehook_test_merge_help a\\\\b\\nc\n# TYPE firehook_test_merge_help gauge\nfirehook_test_merge_help 1\n"
+      const text = Metrics.merge(yield* Metric.snapshot, [{ text: foreign, labels: {} }])
+      expect(text).toContain(
+        "# HELP firehook_test_merge_help a\\\\b\\nc\n# TYPE firehook_test_merge_help gauge\nfirehook_test_merge_help 1\n"
+      )
+    }))
+
+  it.scoped("Health.metrics: registered sources are merged; one that does not answer is left out after 2 s", () =>
+    Effect.gen(function*() {
+      const lifecycle = yield* Lifecycle.make({ shutdownTimeout: "5 seconds" })
+      const health = yield* Health.makeWith({}).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
+      const answer =
+        "# HELP firehook_test_src_total s\n# TYPE firehook_test_src_total counter\nfirehook_test_src_total 3\n"
+      yield* health.registerMetrics(Effect.succeed(Option.some({ text: answer, labels: { process: "p1" } })))
+      yield* health.registerMetrics(Effect.succeed(Option.none()))
+      yield* health.registerMetrics(Effect.never)
+      const scrape = yield* Effect.fork(health.metrics)
+      yield* TestClock.adjust("2 seconds")
+      const text = yield* Fiber.join(scrape)
+      expect(text.split("\n").filter((l) => l.startsWith("firehook_test_src_total"))).toEqual([
+        "firehook_test_src_total{process=\"p1\"} 3"
+      ])
+      expect(text).toContain("# TYPE firehook_process_resident_memory_bytes gauge")
     }))
 })

@@ -7,6 +7,8 @@
  *   127.0.0.1 at a free port (never the parent's ports; no API role), the parent's database URL
  *   (the embedded PostgreSQL's when the parent started it).
  * - {@link probe}: GET the child's `/health` on loopback with a 1 s timeout, at most 64 KiB read.
+ * - {@link metrics}: GET the child's `/metrics` the same way (at most 4 MiB), for the parent's own
+ *   `/metrics` (DeliveryProcess registers it with Health).
  * - {@link followParent}: in the child, when the parent is gone (stdin closed, re-parented), a
  *   SIGTERM to itself: the same ordered shutdown as an operator's signal.
  */
@@ -70,6 +72,26 @@ export const probe = (port: number): Effect.Effect<Option.Option<DeliveryProcess
     Effect.orElseSucceed(() => Option.none())
   )
 
+/** The child's `/metrics` is read up to this size; a larger answer is left out. */
+const METRICS_MAX_BYTES = 4 * 1024 * 1024
+
+/**
+ * The text of the child's `/metrics` on 127.0.0.1:`port`; `None` when it does not answer in time,
+ * answers other than 200, or answers more than {@link METRICS_MAX_BYTES}.
+ */
+export const metrics = (port: number): Effect.Effect<Option.Option<string>> =>
+  Effect.tryPromise({
+    try: async (signal) => {
+      const res = await fetch(`http://127.0.0.1:${port}/metrics`, { signal, redirect: "manual" })
+      const text = await res.text()
+      return res.status === 200 && text.length <= METRICS_MAX_BYTES ? Option.some(text) : Option.none()
+    },
+    catch: () => "unreachable" as const
+  }).pipe(
+    Effect.timeout(PROBE_TIMEOUT),
+    Effect.orElseSucceed(() => Option.none())
+  )
+
 export interface SpawnerOptions {
   /** the runtime (`process.execPath`) and its arguments (the entry point) */
   readonly command: string
@@ -95,7 +117,7 @@ export const spawner = (options: SpawnerOptions): DeliveryProcess.Spawner => ({
       env: { ...env, ...childEnv({ healthPort: port, databaseUrl: Redacted.value(options.databaseUrl) }) },
       stopGrace: options.stopGrace
     })
-    return { handle, health: probe(port) }
+    return { handle, health: probe(port), metrics: metrics(port) }
   }) satisfies Effect.Effect<DeliveryProcess.Spawned, ChildProcess.SpawnFailed, Scope.Scope>
 })
 

@@ -17,6 +17,8 @@
  * - Health: a `deliveryProcess` section `{mode, state, pid, restarts}`, ready only while the child
  *   runs and answers ready; the child's `delivery` and `redis` sections mirrored (marked `stale`
  *   when the last answer is older than 5 s), as a single process would show them.
+ * - Metrics: the parent's `/metrics` carries the child's too, read at each scrape (1 s bound), each
+ *   series labelled `process="delivery-child"`; while the child does not answer they are left out.
  */
 import { Clock, Data, Duration, Effect, Fiber, Option, Ref, Schedule } from "effect"
 import type { Scope } from "effect"
@@ -38,6 +40,8 @@ export interface Spawned {
   readonly handle: ChildProcess.ChildHandle
   /** one bounded look at the child's `/health`; `None` when it did not answer */
   readonly health: Effect.Effect<Option.Option<HealthAnswer>>
+  /** one bounded read of the child's `/metrics` (Prometheus text); `None` when it did not answer */
+  readonly metrics: Effect.Effect<Option.Option<string>>
 }
 
 /** Starts one delivery child, owned by the scope (a running child is stopped when it closes). */
@@ -108,6 +112,8 @@ interface Status {
 /** how old the mirrored sections may be before they are marked stale (as the delivery counts are) */
 const STALE_AFTER_MS = 5000
 const MIRRORED = ["delivery", "redis"] as const
+/** the label the child's series carry on the parent's `/metrics` (its log lines carry the same value) */
+export const CHILD_METRIC_LABELS = { process: "delivery-child" } as const
 
 const describeExit = (exit: ChildProcess.ChildExit): string =>
   exit.signal !== null ? `signal ${exit.signal}` : exit.code !== null ? `exit code ${exit.code}` : "not started"
@@ -160,6 +166,8 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
       answeredAt: 0
     })
     const current = yield* Ref.make<Option.Option<ChildProcess.ChildHandle>>(Option.none())
+    /** the running child's `/metrics`, for the parent's */
+    const childMetrics = yield* Ref.make<Option.Option<Spawned["metrics"]>>(Option.none())
     /** set by the drain, or at once by a SIGTERM/SIGINT reaching this process */
     const stopping = yield* Ref.make(false)
     /** the exit of a child that ended while the parent was stopping (before the drain) */
@@ -195,6 +203,7 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
         if (yield* isStopping) return Option.none()
         const spawned = yield* options.spawner.spawn
         yield* Ref.set(current, Option.some(spawned.handle))
+        yield* Ref.set(childMetrics, Option.some(spawned.metrics))
         yield* Ref.update(
           status,
           (s) => ({ ...s, state: "starting" as const, pid: Option.some(spawned.handle.pid), misses: 0 })
@@ -212,6 +221,7 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
       yield* Effect.forkScoped(look.pipe(Effect.repeat(Schedule.spaced(options.pollInterval ?? Duration.seconds(1)))))
       const exit = yield* handle.exit
       yield* Ref.set(current, Option.none())
+      yield* Ref.set(childMetrics, Option.none())
       return Option.some({ exit, pid: handle.pid, error: yield* handle.lastError })
     })).pipe(
       Effect.catchTag("SpawnFailed", (e) =>
@@ -305,6 +315,14 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
           restarts: s.restarts
         }
       }))
+    )
+    // the child's metrics on this process's `/metrics`, each series labelled process="delivery-child"
+    yield* health.registerMetrics(
+      Effect.flatMap(Ref.get(childMetrics), (read) =>
+        Option.match(read, {
+          onNone: () => Effect.succeed(Option.none()),
+          onSome: (get) => Effect.map(get, Option.map((text) => ({ text, labels: CHILD_METRIC_LABELS })))
+        }))
     )
     for (const name of MIRRORED) {
       yield* health.register(

@@ -11,7 +11,7 @@
  */
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Context, Effect, Layer, Ref } from "effect"
+import { Context, Duration, Effect, Layer, Option, Ref } from "effect"
 import type { Scope } from "effect"
 import { Lifecycle, type Phase } from "./Lifecycle.js"
 import * as Metrics from "./Metrics.js"
@@ -33,6 +33,16 @@ export interface HealthShape {
   /** Add a section for as long as the calling scope is open. */
   readonly register: (name: string, section: Effect.Effect<HealthSection>) => Effect.Effect<void, never, Scope.Scope>
   readonly report: Effect.Effect<HealthReport>
+  /**
+   * Serve another process's metrics with this one's on `/metrics` for as long as the calling scope
+   * is open (the delivery child's: DeliveryProcess). `source` is asked at each scrape; `None` (it
+   * did not answer in time) leaves its series out of that scrape.
+   */
+  readonly registerMetrics: (
+    source: Effect.Effect<Option.Option<Metrics.ForeignExposition>>
+  ) => Effect.Effect<void, never, Scope.Scope>
+  /** `/metrics`: this process's metrics and those of every registered source. */
+  readonly metrics: Effect.Effect<string>
 }
 
 export class Health extends Context.Tag("firehook/Health")<Health, HealthShape>() {}
@@ -77,6 +87,9 @@ export const ready = (
 ): boolean =>
   READY_PHASES.has(phase) && [...sections.values()].every((r) => r) && required.every((name) => sections.has(name))
 
+/** The longest a scrape waits for another process's metrics. */
+const SOURCE_TIMEOUT = Duration.seconds(2)
+
 export interface HealthOptions {
   /** sections that must be registered (and ready) for readiness (default none) */
   readonly required?: ReadonlyArray<string>
@@ -87,7 +100,24 @@ export const makeWith = (options: HealthOptions) =>
     const lifecycle = yield* Lifecycle
     const required = options.required ?? []
     const sections = yield* Ref.make<ReadonlyMap<string, Effect.Effect<HealthSection>>>(new Map())
+    const metricSources = yield* Ref.make<ReadonlyArray<Effect.Effect<Option.Option<Metrics.ForeignExposition>>>>([])
     const shape: HealthShape = {
+      registerMetrics: (source) =>
+        Effect.acquireRelease(
+          Ref.update(metricSources, (all) => [...all, source]),
+          () => Ref.update(metricSources, (all) => all.filter((s) => s !== source))
+        ),
+      metrics: Effect.gen(function*() {
+        const sources = yield* Ref.get(metricSources)
+        // each source bounds its own wait; this bound only keeps a scrape from hanging on one that does not
+        const answers = yield* Effect.all(
+          sources.map((source) =>
+            source.pipe(Effect.timeoutTo({ duration: SOURCE_TIMEOUT, onTimeout: Option.none, onSuccess: (a) => a }))
+          ),
+          { concurrency: "unbounded" }
+        )
+        return yield* Metrics.exposeWith(answers.flatMap((a) => Option.isSome(a) ? [a.value] : []))
+      }),
       register: (name, section) =>
         Effect.acquireRelease(
           Ref.update(sections, (m) => new Map(m).set(name, section)),
@@ -152,7 +182,7 @@ export const router = HttpRouter.empty.pipe(
   ),
   HttpRouter.get(
     "/metrics",
-    Effect.map(Metrics.exposition, (text) =>
+    Effect.map(Effect.flatMap(Health, (h) => h.metrics), (text) =>
       HttpServerResponse.text(text, {
         contentType: "text/plain; version=0.0.4; charset=utf-8",
         headers: NO_STORE

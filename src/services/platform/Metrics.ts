@@ -78,14 +78,19 @@ const num = (n: number | bigint): string => {
 const labels = (pairs: ReadonlyArray<readonly [string, string]>): string =>
   pairs.length === 0 ? "" : `{${pairs.map(([k, v]) => `${sanitizeLabel(k)}="${escapeValue(v)}"`).join(",")}}`
 
+const FAMILY_TYPES = ["counter", "gauge", "histogram", "summary"] as const
+
 interface Family {
-  type: "counter" | "gauge" | "histogram" | "summary"
+  type: (typeof FAMILY_TYPES)[number]
   help: string
   lines: Array<string>
 }
 
 /** Render metric pairs as Prometheus text. Exported for tests. */
-export const render = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>): string => {
+export const render = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>): string => renderFamilies(familiesOf(pairs))
+
+/** The metric families of `pairs`, by name. */
+const familiesOf = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>): Map<string, Family> => {
   const families = new Map<string, Family>()
   const family = (name: string, type: Family["type"], help: string): Family => {
     let f = families.get(name)
@@ -129,6 +134,11 @@ export const render = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>): str
       }
     }
   }
+  return families
+}
+
+/** Families as Prometheus text, by name; each family's `# HELP` and `# TYPE` once, then its samples. */
+const renderFamilies = (families: ReadonlyMap<string, Family>): string => {
   const out: Array<string> = []
   for (const [name, f] of [...families.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
     out.push(`# HELP ${name} ${escapeHelp(f.help)}`)
@@ -138,16 +148,100 @@ export const render = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>): str
   return out.join("\n") + "\n"
 }
 
+/**
+ * Another process's exposition (made by {@link render}: the delivery child's) to serve with this
+ * process's own, each of its samples given `labels` (e.g. `process="delivery-child"`), so that no
+ * series of the two processes share a name and labels.
+ */
+export interface ForeignExposition {
+  readonly text: string
+  readonly labels: Readonly<Record<string, string>>
+}
+
+/**
+ * The families of an exposition made by {@link render}: `# HELP` starts a family, `# TYPE` gives
+ * its type, the sample lines that follow are its own. Anything else (a sample before any family, a
+ * family of unknown type) is dropped.
+ */
+const parseFamilies = (text: string): Map<string, Family> => {
+  const families = new Map<string, Family>()
+  let current: { readonly name: string; readonly family: Family } | undefined = undefined
+  for (const line of text.split("\n")) {
+    if (line.startsWith("# HELP ")) {
+      const rest = line.slice("# HELP ".length)
+      const space = rest.indexOf(" ")
+      const name = space < 0 ? rest : rest.slice(0, space)
+      current = {
+        name,
+        family: { type: "gauge", help: unescapeHelp(space < 0 ? "" : rest.slice(space + 1)), lines: [] }
+      }
+      families.delete(name)
+    } else if (line.startsWith("# TYPE ") && current !== undefined) {
+      const [name, type] = line.slice("# TYPE ".length).split(" ")
+      const known = FAMILY_TYPES.find((t) => t === type)
+      if (name === current.name && known !== undefined) {
+        current.family.type = known
+        families.set(current.name, current.family)
+      }
+    } else if (line.length > 0 && !line.startsWith("#") && current !== undefined && families.has(current.name)) {
+      current.family.lines.push(line)
+    }
+  }
+  return families
+}
+
+const unescapeHelp = (s: string): string => s.replace(/\\(\\|n)/g, (_, c: string) => (c === "n" ? "\n" : "\\"))
+
+/** A sample line (`name{…} value` or `name value`) with `extra` (rendered labels) first in its label set. */
+const withLabels = (line: string, extra: string): string => {
+  // a metric name holds neither `{` nor a space, so the first of them ends it
+  const brace = line.indexOf("{")
+  const space = line.indexOf(" ")
+  if (brace >= 0 && (space < 0 || brace < space)) {
+    const rest = line.slice(brace + 1)
+    return `${line.slice(0, brace)}{${extra}${rest.startsWith("}") ? "" : ","}${rest}`
+  }
+  return space < 0 ? line : `${line.slice(0, space)}{${extra}}${line.slice(space)}`
+}
+
+/**
+ * This process's metrics with other processes' expositions merged in: one family per name (this
+ * process's help and type; a foreign family whose type differs is left out), the foreign samples
+ * labelled as their {@link ForeignExposition} says.
+ */
+export const merge = (
+  pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>,
+  others: ReadonlyArray<ForeignExposition>
+): string => {
+  const families = familiesOf(pairs)
+  for (const other of others) {
+    const pairsOfLabels = Object.entries(other.labels).map(([k, v]) => [k, v] as const)
+    const extra = labels(pairsOfLabels).slice(1, -1)
+    for (const [name, foreign] of parseFamilies(other.text)) {
+      const own = families.get(name)
+      if (own !== undefined && own.type !== foreign.type) continue
+      const target = own ?? { type: foreign.type, help: foreign.help, lines: [] }
+      for (const line of foreign.lines) target.lines.push(extra.length === 0 ? line : withLabels(line, extra))
+      families.set(name, target)
+    }
+  }
+  return renderFamilies(families)
+}
+
 const residentMemory = Metric.gauge("firehook_process_resident_memory_bytes", {
   description: "Resident set size of the process in bytes"
 })
 const heapUsed = Metric.gauge("firehook_process_heap_used_bytes", { description: "JavaScript heap in use, bytes" })
 
-/** Sample process gauges, then render every metric. */
-export const exposition: Effect.Effect<string> = Effect.gen(function*() {
-  const mem = process.memoryUsage()
-  yield* Metric.set(residentMemory, mem.rss)
-  yield* Metric.set(heapUsed, mem.heapUsed)
-  const pairs = yield* Metric.snapshot
-  return render(pairs)
-})
+/** {@link exposition} with other processes' expositions merged in ({@link merge}). */
+export const exposeWith = (others: ReadonlyArray<ForeignExposition>): Effect.Effect<string> =>
+  Effect.gen(function*() {
+    const mem = process.memoryUsage()
+    yield* Metric.set(residentMemory, mem.rss)
+    yield* Metric.set(heapUsed, mem.heapUsed)
+    const pairs = yield* Metric.snapshot
+    return merge(pairs, others)
+  })
+
+/** Sample process gauges, then render every metric of this process. */
+export const exposition: Effect.Effect<string> = exposeWith([])
