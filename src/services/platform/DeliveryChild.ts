@@ -52,24 +52,33 @@ const HealthValueSchema: Schema.Schema<HealthValue> = Schema.Union(
 const HealthBody = Schema.Record({ key: Schema.String, value: HealthValueSchema })
 const decodeBody = Schema.decodeUnknownOption(Schema.parseJson(HealthBody))
 
-/** One look at the child's `/health` on 127.0.0.1:`port`; `None` when it does not answer in time. */
-export const probe = (port: number): Effect.Effect<Option.Option<DeliveryProcess.HealthAnswer>> =>
+/**
+ * One GET of `path` on the child's loopback listener: its status and text, `None` when it does not
+ * answer within {@link PROBE_TIMEOUT}.
+ */
+const get = (port: number, path: string): Effect.Effect<Option.Option<{ status: number; text: string }>> =>
   Effect.tryPromise({
     try: async (signal) => {
-      const res = await fetch(`http://127.0.0.1:${port}/health`, { signal, redirect: "manual" })
-      const text = await res.text()
-      return { status: res.status, text: text.slice(0, PROBE_MAX_BYTES) }
+      const res = await fetch(`http://127.0.0.1:${port}${path}`, { signal, redirect: "manual" })
+      return { status: res.status, text: await res.text() }
     },
     catch: () => "unreachable" as const
   }).pipe(
     Effect.timeout(PROBE_TIMEOUT),
-    Effect.map(({ status, text }) =>
-      Option.map(decodeBody(text), (body) => {
-        const { phase: _phase, status: _status, ...sections } = body
-        return { ready: status === 200, sections }
-      })
-    ),
+    Effect.map(Option.some),
     Effect.orElseSucceed(() => Option.none())
+  )
+
+/** One look at the child's `/health` on 127.0.0.1:`port`; `None` when it does not answer in time. */
+export const probe = (port: number): Effect.Effect<Option.Option<DeliveryProcess.HealthAnswer>> =>
+  Effect.map(
+    get(port, "/health"),
+    (answer) =>
+      Option.flatMap(answer, ({ status, text }) =>
+        Option.map(decodeBody(text.slice(0, PROBE_MAX_BYTES)), (body) => {
+          const { phase: _phase, status: _status, ...sections } = body
+          return { ready: status === 200, sections }
+        }))
   )
 
 /** The child's `/metrics` is read up to this size; a larger answer is left out. */
@@ -80,17 +89,11 @@ const METRICS_MAX_BYTES = 4 * 1024 * 1024
  * answers other than 200, or answers more than {@link METRICS_MAX_BYTES}.
  */
 export const metrics = (port: number): Effect.Effect<Option.Option<string>> =>
-  Effect.tryPromise({
-    try: async (signal) => {
-      const res = await fetch(`http://127.0.0.1:${port}/metrics`, { signal, redirect: "manual" })
-      const text = await res.text()
-      return res.status === 200 && text.length <= METRICS_MAX_BYTES ? Option.some(text) : Option.none()
-    },
-    catch: () => "unreachable" as const
-  }).pipe(
-    Effect.timeout(PROBE_TIMEOUT),
-    Effect.orElseSucceed(() => Option.none())
-  )
+  Effect.map(get(port, "/metrics"), (answer) =>
+    Option.flatMap(
+      answer,
+      ({ status, text }) => status === 200 && text.length <= METRICS_MAX_BYTES ? Option.some(text) : Option.none()
+    ))
 
 export interface SpawnerOptions {
   /** the runtime (`process.execPath`) and its arguments (the entry point) */
