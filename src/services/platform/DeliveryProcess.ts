@@ -165,9 +165,8 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
       answer: Option.none(),
       answeredAt: 0
     })
-    const current = yield* Ref.make<Option.Option<ChildProcess.ChildHandle>>(Option.none())
-    /** the running child's `/metrics`, for the parent's */
-    const childMetrics = yield* Ref.make<Option.Option<Spawned["metrics"]>>(Option.none())
+    /** the running child (its handle for the stop, its `/metrics` for the parent's) */
+    const current = yield* Ref.make<Option.Option<Spawned>>(Option.none())
     /** set by the drain, or at once by a SIGTERM/SIGINT reaching this process */
     const stopping = yield* Ref.make(false)
     /** the exit of a child that ended while the parent was stopping (before the drain) */
@@ -202,8 +201,7 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
       const started = yield* lock.withPermits(1)(Effect.gen(function*() {
         if (yield* isStopping) return Option.none()
         const spawned = yield* options.spawner.spawn
-        yield* Ref.set(current, Option.some(spawned.handle))
-        yield* Ref.set(childMetrics, Option.some(spawned.metrics))
+        yield* Ref.set(current, Option.some(spawned))
         yield* Ref.update(
           status,
           (s) => ({ ...s, state: "starting" as const, pid: Option.some(spawned.handle.pid), misses: 0 })
@@ -221,7 +219,6 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
       yield* Effect.forkScoped(look.pipe(Effect.repeat(Schedule.spaced(options.pollInterval ?? Duration.seconds(1)))))
       const exit = yield* handle.exit
       yield* Ref.set(current, Option.none())
-      yield* Ref.set(childMetrics, Option.none())
       return Option.some({ exit, pid: handle.pid, error: yield* handle.lastError })
     })).pipe(
       Effect.catchTag("SpawnFailed", (e) =>
@@ -279,7 +276,7 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
 
     const stop = Effect.gen(function*() {
       const handle = yield* lock.withPermits(1)(
-        Ref.set(stopping, true).pipe(Effect.zipRight(Ref.get(current)))
+        Ref.set(stopping, true).pipe(Effect.zipRight(Effect.map(Ref.get(current), Option.map((s) => s.handle))))
       )
       const before = (yield* Ref.get(status)).state
       if (before !== "failed") yield* setState("stopping")
@@ -318,10 +315,10 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
     )
     // the child's metrics on this process's `/metrics`, each series labelled process="delivery-child"
     yield* health.registerMetrics(
-      Effect.flatMap(Ref.get(childMetrics), (read) =>
-        Option.match(read, {
+      Effect.flatMap(Ref.get(current), (running) =>
+        Option.match(running, {
           onNone: () => Effect.succeed(Option.none()),
-          onSome: (get) => Effect.map(get, Option.map((text) => ({ text, labels: CHILD_METRIC_LABELS })))
+          onSome: (s) => Effect.map(s.metrics, Option.map((text) => ({ text, labels: CHILD_METRIC_LABELS })))
         }))
     )
     for (const name of MIRRORED) {
