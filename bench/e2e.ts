@@ -7,7 +7,7 @@
  *
  * - Database: `DATABASE_URL` names a server on which a database `fh_bench_e2e_<random>` is created
  *   (dropped afterwards); unset: an embedded PostgreSQL in a temporary directory.
- * - firehook: `bun src/main.ts` with `BUN_JSC_heapGrowthMaxIncrease=1 MIMALLOC_PURGE_DELAY=1000` (what `npm start` runs), every
+ * - firehook: `bun src/main.ts` with the variables of `npm start` (start-env.ts), every
  *   role (`FIREHOOK_ROLES` unset), `NODE_ENV=test` + `WEBHOOK_ALLOW_INSECURE_DEV=1` (a ws:// Jetstream
  *   and http:// receivers on loopback), `DELIVERY_ALLOW_CIDRS=127.0.0.0/8`, `DELIVERY_CONCURRENCY` 64,
  *   per origin 64 / receivers. It migrates the fresh database itself.
@@ -43,6 +43,7 @@ import pg from "pg"
 import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
 import { commitFrame, startFakeJetstream } from "../test/support/fakeJetstream.js"
 import { bareHttpLoop, fetchLoop } from "./loops.js"
+import { startEnv } from "./start-env.js"
 import { percentile, plc } from "./support.js"
 
 const WEBHOOKS = Number(process.argv[3] ?? 1_000)
@@ -192,8 +193,7 @@ const startService = async (env: Record<string, string>, dataDir: string): Promi
     env: {
       PATH: process.env["PATH"] ?? "",
       HOME: process.env["HOME"] ?? "/tmp",
-      BUN_JSC_heapGrowthMaxIncrease: "1",
-      MIMALLOC_PURGE_DELAY: "1000",
+      ...startEnv(),
       LOG_FORMAT: "json",
       LOG_LEVEL: "warn",
       HEALTH_PORT: String(port),

@@ -11,13 +11,14 @@
  * missing); `BENCH_NO_REPORT=1` does the same for a full run.
  *
  * Runtime: the benchmarks run on Bun, the production runtime, with the environment `npm start`
- * gives the service (`BUN_JSC_heapGrowthMaxIncrease=1 MIMALLOC_PURGE_DELAY=1000`); `BENCH_RUNTIME=node` runs them on Node 22
+ * gives the service (read from its script: start-env.ts); `BENCH_RUNTIME=node` runs them on Node 22
  * with tsx instead.
  */
 import { spawn, spawnSync } from "node:child_process"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
+import { startEnv, startEnvText } from "./start-env.js"
 
 const dir = import.meta.dirname
 const reportFile = Path.join(dir, "..", "docs", "benchmarks.md")
@@ -49,7 +50,7 @@ const run = (file: string) =>
     const child = runtime === "bun"
       ? spawn(bun, script, {
         stdio: ["ignore", "pipe", "inherit"],
-        env: { BUN_JSC_heapGrowthMaxIncrease: "1", MIMALLOC_PURGE_DELAY: "1000", ...process.env }
+        env: { ...startEnv(), ...process.env }
       })
       : spawn(process.execPath, ["--import", "tsx", ...script], {
         stdio: ["ignore", "pipe", "inherit"],
@@ -126,7 +127,7 @@ const machine = [
   `${(Os.totalmem() / 2 ** 30).toFixed(0)} GiB RAM`,
   `${Os.type()} ${Os.release()}`,
   runtime === "bun"
-    ? `bun (${bunVersion()}, BUN_JSC_heapGrowthMaxIncrease=1 MIMALLOC_PURGE_DELAY=1000 as in npm start)`
+    ? `bun (${bunVersion()}, ${startEnvText()} as in npm start)`
     : `node ${process.version} with tsx`,
   process.env["DATABASE_URL"] === undefined ? "embedded PostgreSQL" : "PostgreSQL from DATABASE_URL"
 ].join(", ")
