@@ -6,7 +6,7 @@
 import { describe, expect, it, layer } from "@effect/vitest"
 import { Effect, TestClock } from "effect"
 import { DEFAULT_LIMITS } from "../../src/services/api/RateLimiter.js"
-import { apiLayer, call, healthApi, mint, newOwner } from "./support.js"
+import { apiLayer, call, healthApi, mint, newOwner, Plc } from "./support.js"
 
 const LIST = "place.wisp.v2.secret.list"
 const CREATE = "place.wisp.v2.secret.create"
@@ -117,6 +117,28 @@ describe("without API_TRUST_PROXY", () => {
         }
         const r = yield* call(LIST, { token: "garbage", headers: { "x-forwarded-for": "198.51.100.99" } })
         expect([r.status, r.headers["retry-after"]]).toEqual([429, "20"])
+      }))
+
+    it.effect("an issuer whose directory does not answer counts as a failed authentication (no unbounded fetches)", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        yield* TestClock.adjust("1 minute")
+        const plc = yield* Plc
+        const handler = plc.handler
+        const fetched = () => plc.requests.length
+        const before = fetched()
+        plc.handler = () => ({ status: 503, body: "{\"error\":\"Unavailable\"}" })
+        const answers = yield* Effect.forEach(
+          Array.from({ length: 5 }, () => newOwner()),
+          (owner) =>
+            Effect.flatMap(owner, (o) => longMint(o, LIST)).pipe(
+              Effect.flatMap((token) => call(LIST, { token })),
+              Effect.map((r) => r.status)
+            )
+        ).pipe(Effect.ensuring(Effect.sync(() => (plc.handler = handler))))
+        // three 502s use up the address's failed authentications; then nothing is fetched
+        expect(answers).toEqual([502, 502, 502, 429, 429])
+        expect(fetched() - before).toBe(3)
       }))
   })
 })

@@ -190,24 +190,35 @@ const authorize = <R>(
             )
           }),
         AuthUnavailable: (e) =>
-          Effect.logWarning("api: a token could not be verified now").pipe(
-            Effect.annotateLogs({ nsid, reason: e.reason }),
-            Effect.zipRight(Effect.fail(
-              e.reason === "replay_cache_full"
-                ? new XrpcFailure({ status: 503, error: "NotEnoughResources", message: "too many live tokens; retry" })
-                : e.reason === "replay_store_unavailable"
-                ? new XrpcFailure({
-                  status: 503,
-                  error: "ServiceUnavailable",
-                  message: "the token cannot be checked now; retry"
-                })
-                : new XrpcFailure({
-                  status: 502,
-                  error: "UpstreamFailure",
-                  message: "the caller's identity is unreachable"
-                })
-            ))
-          )
+          // an unreachable issuer counts as a failed authentication: the claims are read before any
+          // signature, so a forged token names any DID (and, with did:web, any host), and without
+          // the limit each one would make firehook fetch a DID document
+          Effect.flatMap(Clock.currentTimeMillis, (now) =>
+            Effect.sync(() => {
+              if (e.reason === "identity_unavailable") deps.limiters.failedAuth.take(address, now)
+            })).pipe(
+              Effect.zipRight(Effect.logWarning("api: a token could not be verified now")),
+              Effect.annotateLogs({ nsid, reason: e.reason }),
+              Effect.zipRight(Effect.fail(
+                e.reason === "replay_cache_full"
+                  ? new XrpcFailure({
+                    status: 503,
+                    error: "NotEnoughResources",
+                    message: "too many live tokens; retry"
+                  })
+                  : e.reason === "replay_store_unavailable"
+                  ? new XrpcFailure({
+                    status: 503,
+                    error: "ServiceUnavailable",
+                    message: "the token cannot be checked now; retry"
+                  })
+                  : new XrpcFailure({
+                    status: 502,
+                    error: "UpstreamFailure",
+                    message: "the caller's identity is unreachable"
+                  })
+              ))
+            )
       })
     )
     const perMethod = deps.limiters.methods.get(nsid)
