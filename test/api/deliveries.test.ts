@@ -8,11 +8,12 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, FastCheck } from "effect"
 import { WH_COLLECTION } from "../../src/schemas/WhRecord.js"
+import { KEY_TEXT_FORMAT, normalizeKeyTime } from "../../src/services/operator/ListKey.js"
 import { eventually, receiver, run, startWorker, whsec } from "../delivery/worker-support.js"
 import { ev, plc, rev, sqlServices, whEv, whRecordValue } from "../support/stack.js"
-import { apiLayerWith, callAs, newOwner, type Owner } from "./support.js"
+import { apiLayer, apiLayerWith, callAs, newOwner, type Owner } from "./support.js"
 
 const W = "dev.firehook.webhook"
 /** each test's webhooks watch an author of their own (no test enqueues for another's webhooks) */
@@ -61,6 +62,21 @@ const listAll = (owner: Owner, query: string) =>
     }
     return ids
   })
+
+/** A cursor as a client may send it: base64url of `[createdAt, deliveryId]`. */
+const cursorOf = (createdAt: string, deliveryId: string) =>
+  Buffer.from(JSON.stringify([createdAt, deliveryId]), "utf8").toString("base64url")
+
+/** Outbox rows of `owner` created at `times` (ids `whd_t_<tag>_<n>`, n from 1), as intake would write them. */
+const outboxRows = (owner: string, tag: string, times: ReadonlyArray<string>, eventRkey = "p") =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql`
+    INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+      event_rkey, event_operation, target_url, signing_mode, fingerprint, next_attempt_at, created_at)
+    SELECT 'whd_t_' || ${tag} || '_' || n, 'whe_t_' || ${tag} || '_' || n, ${owner}, 'w1', 'direct', ${BOB},
+      ${POST}, ${eventRkey}, 'create', 'http://127.0.0.1:9/hook', 'none', 'fp', now() + interval '1 day',
+      t::timestamptz
+    FROM unnest(${times}::text[]) WITH ORDINALITY AS x(t, n)`)
 
 describe("delivery methods", () => {
   layer(apiLayerWith(sqlServices(), { env }), { excludeTestServices: true, timeout: "60 seconds" })((it) => {
@@ -131,6 +147,107 @@ describe("delivery methods", () => {
         expect((yield* list(bob, "rkey=w1")).deliveries).toEqual([])
         expect((yield* list(bob, `cursor=${encodeURIComponent(page.cursor)}`)).deliveries).toEqual([])
         yield* sql`DELETE FROM outbox WHERE owner_did = ${alice.did}`
+      }))
+
+    it.effect("listDeliveries: a cursor that is not a real time is InvalidRequest (never a 500); µs keys page exactly", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        // same second, 1 µs apart, and a tie on created_at (broken by the delivery id)
+        yield* outboxRows(alice.did, "cur", [
+          "2026-03-01 10:00:00.000001+00",
+          "2026-03-01 10:00:00.000002+00",
+          "2026-03-01 10:00:00.000002+00",
+          "2026-03-01 10:00:00.999999+00",
+          "2026-02-28 23:59:59+00"
+        ])
+        const expected = (yield* sql<{ delivery_id: string }>`
+          SELECT delivery_id FROM outbox WHERE owner_did = ${alice.did}
+          ORDER BY created_at DESC, delivery_id DESC`).map((r) => r.delivery_id)
+
+        // tampered: shaped like a key, but no real time (or no sane offset) → 400, not the cast's 500
+        for (
+          const createdAt of [
+            "2026-13-45 99:00:00+00",
+            "0000-01-01 00:00:00+00",
+            "2026-01-01 00:00:00+99",
+            "2026-01-01 00:00:00+16",
+            "2026-01-01 00:00:00+15:60",
+            "2025-02-29 00:00:00+00",
+            "2026-04-31T00:00:00.000000Z",
+            "2026-01-01 24:00:00+00",
+            "2026-01-01 23:59:60+00",
+            "0001-01-01 00:00:00+01",
+            "9999-12-31 23:59:59-01",
+            "2026-01-01T00:00:00.0000001Z",
+            "2026-01-01T00:00:00",
+            "today",
+            ""
+          ]
+        ) {
+          const r = yield* callAs(alice, `${W}.listDeliveries`, {
+            query: `cursor=${cursorOf(createdAt, expected[0] ?? "")}`
+          })
+          expect([createdAt, r.status, r.body["error"]]).toEqual([createdAt, 400, "InvalidRequest"])
+        }
+        for (const c of [cursorOf("2026-03-01T10:00:00.000002Z", "a b"), cursorOf("2026-03-01T10:00:00.000002Z", "")]) {
+          const r = yield* callAs(alice, `${W}.listDeliveries`, { query: `cursor=${c}` })
+          expect([r.status, r.body["error"]]).toEqual([400, "InvalidRequest"])
+        }
+
+        // its own cursors: UTC, every µs, in order
+        expect(yield* listAll(alice, "limit=1")).toEqual(expected)
+        expect(yield* listAll(alice, "limit=2")).toEqual(expected)
+        const first = yield* list(alice, "limit=2")
+        expect(JSON.parse(Buffer.from(first.cursor ?? "", "base64url").toString("utf8"))).toEqual([
+          "2026-03-01T10:00:00.000002Z",
+          expected[1]
+        ])
+
+        // the cursor form of earlier versions (created_at::text, ISO DateStyle) still pages
+        const old = yield* list(alice, `cursor=${cursorOf("2026-03-01 11:00:00.000002+01", expected[1] ?? "")}`)
+        expect(old.deliveries.map((d) => d["id"])).toEqual(expected.slice(2))
+        const offset = yield* list(alice, `cursor=${cursorOf("2026-03-01 05:30:00.999999-04:30", "whd_t_cur_9")}`)
+        expect(offset.deliveries.map((d) => d["id"])).toEqual(expected)
+        yield* sql`DELETE FROM outbox WHERE owner_did = ${alice.did}`
+      }))
+
+    it.effect("a key time accepted by normalizeKeyTime always casts, to the instant PostgreSQL reads in it", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const two = (max: number) => FastCheck.integer({ min: 0, max }).map((n) => String(n).padStart(2, "0"))
+        const candidate = FastCheck.tuple(
+          FastCheck.integer({ min: 0, max: 9999 }).map((n) => String(n).padStart(4, "0")),
+          two(13),
+          two(32),
+          FastCheck.constantFrom("T", " "),
+          two(25),
+          two(60),
+          two(61),
+          FastCheck.option(FastCheck.stringMatching(/^\.\d{1,6}$/), { nil: "" }),
+          FastCheck.oneof(
+            FastCheck.constant("Z"),
+            FastCheck.tuple(FastCheck.constantFrom("+", "-"), two(17), FastCheck.option(two(60), { nil: undefined }))
+              .map(([sign, h, m]) => `${sign}${h}${m === undefined ? "" : `:${m}`}`)
+          )
+        ).map(([y, mo, d, sep, h, mi, s, f, z]) => `${y}-${mo}-${d}${sep}${h}:${mi}:${s}${f}${z}`)
+        const texts = FastCheck.sample(candidate, { numRuns: 3000, seed: 42 })
+        const accepted = texts.flatMap((t) => {
+          const n = normalizeKeyTime(t)
+          return n === undefined ? [] : [[t, n] as const]
+        })
+        // a fair share of both
+        expect(accepted.length).toBeGreaterThan(300)
+        expect(accepted.length).toBeLessThan(texts.length - 300)
+        const rows = yield* sql<{ original: string; normalized: string; same: boolean }>`
+          SELECT to_char(o::timestamptz AT TIME ZONE 'UTC', ${KEY_TEXT_FORMAT}) AS original,
+                 to_char(n::timestamptz AT TIME ZONE 'UTC', ${KEY_TEXT_FORMAT}) AS normalized,
+                 o::timestamptz = n::timestamptz AS same
+          FROM unnest(${accepted.map(([t]) => t)}::text[], ${accepted.map(([, n]) => n)}::text[]) AS x(o, n)`
+        expect(rows).toHaveLength(accepted.length)
+        for (const [i, r] of rows.entries()) {
+          expect([accepted[i]?.[0], r.same, r.normalized]).toEqual([accepted[i]?.[0], true, accepted[i]?.[1]])
+        }
       }))
 
     it.effect(
@@ -340,6 +457,35 @@ describe("delivery methods", () => {
         const third = yield* callAs(alice, `${W}.replay`, { body: {} })
         expect([third.status, third.body["error"]]).toEqual([429, "RateLimitExceeded"])
         yield* sql`DELETE FROM outbox WHERE owner_did IN (${alice.did}, ${bob.did})`
+      }))
+  })
+})
+
+describe("delivery methods under another DateStyle and TimeZone", () => {
+  const settings = { DateStyle: "SQL, DMY", TimeZone: "America/St_Johns" }
+  layer(apiLayer({ databaseSettings: settings }), { excludeTestServices: true })((it) => {
+    it.effect("listDeliveries pages by its own cursors: the key does not depend on the session's DateStyle", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const style = yield* sql<{ datestyle: string }>`SELECT current_setting('DateStyle') AS datestyle`
+        expect(style[0]?.datestyle).toBe("SQL, DMY")
+        const alice = yield* newOwner()
+        yield* outboxRows(alice.did, "ds", [
+          "2026-01-02 03:04:05.000001+00",
+          "2026-01-02 03:04:05.000002+00",
+          "2026-02-01 03:04:05.5+00",
+          "2026-02-01 03:04:05.5+00",
+          "2026-12-31 23:59:59.999999+00"
+        ])
+        const expected = (yield* sql<{ delivery_id: string }>`
+          SELECT delivery_id FROM outbox WHERE owner_did = ${alice.did}
+          ORDER BY created_at DESC, delivery_id DESC`).map((r) => r.delivery_id)
+        expect(yield* listAll(alice, "limit=1")).toEqual(expected)
+        expect(yield* listAll(alice, "limit=2")).toEqual(expected)
+        const first = yield* list(alice, "limit=1")
+        expect(JSON.parse(Buffer.from(first.cursor ?? "", "base64url").toString("utf8"))[0]).toBe(
+          "2026-12-31T23:59:59.999999Z"
+        )
       }))
   })
 })

@@ -13,17 +13,19 @@ import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import type { SqlClient } from "@effect/sql"
 import type { PgClient } from "@effect/sql-pg"
-import { Clock, Effect, Layer } from "effect"
+import { Clock, Effect, Layer, Redacted } from "effect"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
 import * as Http from "node:http"
 import * as Path from "node:path"
+import pg from "pg"
 import { expect } from "vitest"
 import * as Api from "../../src/services/api/Api.js"
 import type { MethodTable } from "../../src/services/api/Methods.js"
 import * as TailHub from "../../src/services/api/Tail.js"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import * as Config from "../../src/services/platform/Config.js"
+import * as Database from "../../src/services/platform/Database.js"
 import * as Health from "../../src/services/platform/Health.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
@@ -126,7 +128,30 @@ export interface ApiTestOptions {
   readonly methods?: MethodTable<Api.ServedRequirements>
   readonly api?: Api.ApiOptions
   readonly tail?: TailHub.TailOptions
+  /**
+   * Session defaults of the fresh database (`ALTER DATABASE … SET name = 'value'`, before anything
+   * connects to it): `{ DateStyle: "SQL, DMY" }` …
+   */
+  readonly databaseSettings?: Record<string, string>
 }
+
+/** A fresh migrated database whose sessions start with `settings`. */
+const databaseWith = (settings: Record<string, string>) =>
+  Layer.unwrapScoped(Effect.gen(function*() {
+    const { name, url } = yield* Db.freshDatabase
+    yield* Effect.promise(async () => {
+      const client = new pg.Client({ connectionString: Redacted.value(url) })
+      await client.connect()
+      try {
+        for (const [k, v] of Object.entries(settings)) {
+          await client.query(`ALTER DATABASE ${name} SET ${k} = ${client.escapeLiteral(v)}`)
+        }
+      } finally {
+        await client.end()
+      }
+    })
+    return Database.layerUrl(url)
+  }))
 
 /** What {@link apiLayerWith}'s extra services may use: the API's database, configuration and core. */
 export type CoreServices =
@@ -161,7 +186,7 @@ export const apiLayerWith = <A, E>(extra: Layer.Layer<A, E, CoreServices>, optio
       const core = Layer.mergeAll(
         Config.layerValue(config),
         Health.layer.pipe(Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: "5 seconds" }))),
-        Db.layer()
+        options.databaseSettings === undefined ? Db.layer() : databaseWith(options.databaseSettings)
       )
       const identity = Identity.layer().pipe(
         Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] }))

@@ -16,6 +16,7 @@
  */
 import { Effect, Either, Option } from "effect"
 import * as WebhookLexicon from "../../schemas/WebhookLexicon.js"
+import { normalizeKeyTime } from "../operator/ListKey.js"
 import { type Delivery, type ListKey, Operator } from "../operator/Operator.js"
 import * as TestDelivery from "../operator/TestDelivery.js"
 import type { StoreError } from "../platform/Persistence.js"
@@ -34,22 +35,29 @@ const notFound = () => declared("NotFound", "no delivery with this id")
 // ---------------------------------------------------------------------------------------------
 // Cursors
 
-/** `created_at::text` as PostgreSQL writes it (ISO DateStyle), the only key text a cursor may hold. */
-const CREATED_KEY = /^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(\.\d{1,6})?[+-]\d{2}(:\d{2}){0,2}$/
 const DELIVERY_ID = /^[\x21-\x7e]{1,128}$/
 
-/** The opaque cursor of a list key: base64url of `[createdAt, deliveryId]`. */
+/**
+ * The opaque cursor of a list key: base64url of `[createdAt, deliveryId]`, `createdAt` in the
+ * UTC form of `operator/ListKey` (`2026-05-01T10:00:00.123456Z`).
+ */
 export const encodeCursor = (key: ListKey): string =>
   Buffer.from(JSON.stringify([key.createdAt, key.deliveryId]), "utf8").toString("base64url")
 
-/** The list key of a cursor, or undefined when it is not one this service wrote. */
+/**
+ * The list key of a cursor (its time normalized to UTC), or undefined when it is not one: a time
+ * that is not a real calendar time in years 0001–9999 with a sane offset (`ListKey.normalizeKeyTime`)
+ * is refused here, never at the database. Cursors of earlier versions (`created_at::text` of the
+ * ISO DateStyle, `2026-05-01 10:00:00.123456+00`) are still accepted.
+ */
 export const decodeCursor = (cursor: string): ListKey | undefined => {
   const parsed = Either.try(() => JSON.parse(Buffer.from(cursor, "base64url").toString("utf8")) as unknown)
   if (Either.isLeft(parsed) || !Array.isArray(parsed.right) || parsed.right.length !== 2) return undefined
   const [createdAt, deliveryId]: ReadonlyArray<unknown> = parsed.right
-  if (typeof createdAt !== "string" || !CREATED_KEY.test(createdAt)) return undefined
+  const at = typeof createdAt === "string" ? normalizeKeyTime(createdAt) : undefined
+  if (at === undefined) return undefined
   if (typeof deliveryId !== "string" || !DELIVERY_ID.test(deliveryId)) return undefined
-  return { createdAt, deliveryId }
+  return { createdAt: at, deliveryId }
 }
 
 // ---------------------------------------------------------------------------------------------

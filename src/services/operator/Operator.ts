@@ -36,6 +36,7 @@ import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"
 import type { OutboxRow } from "../matching/Outbox.js"
 import { notifyStatement } from "../matching/OutboxNotify.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
+import { KEY_TEXT_FORMAT, normalizeKeyTime } from "./ListKey.js"
 import { type AttemptDbRow, opt, optDate, type OutboxDbRow, toAttempt, toDelivery } from "./OperatorRows.js"
 
 export {
@@ -87,8 +88,9 @@ export interface ListFilter {
 }
 
 /**
- * The position of a row in the newest-first order: its `created_at` as the database writes it
- * (full microsecond precision, read back with `::timestamptz`) and its delivery id.
+ * The position of a row in the newest-first order: its `created_at` as UTC text with full
+ * microsecond precision (`ListKey.ts`: written with an explicit format, whatever the session's
+ * `DateStyle`; read back with `::timestamptz`) and its delivery id.
  */
 export interface ListKey {
   readonly createdAt: string
@@ -244,6 +246,25 @@ interface ReplayBatchRow {
   readonly last_id: string | null
 }
 
+/** `column` as list-key text (`ListKey.ts`), the same under every `DateStyle` and `TimeZone`. */
+const keyText = (sql: SqlClient.SqlClient, column: "created_at" | "now()"): Fragment =>
+  sql`to_char(${sql.literal(column)} AT TIME ZONE 'UTC', ${KEY_TEXT_FORMAT})`
+
+/**
+ * The condition of a page after `key` (rows strictly older), none without one. An untrusted key (a
+ * client's cursor) never reaches the cast unless its time is a real one (`ListKey.ts`).
+ */
+const olderThan = (
+  sql: SqlClient.SqlClient,
+  key: ListKey | undefined
+): Effect.Effect<ReadonlyArray<Fragment>, InvalidArgument> => {
+  if (key === undefined) return Effect.succeed([])
+  const at = normalizeKeyTime(key.createdAt)
+  return at === undefined
+    ? Effect.fail(new InvalidArgument({ field: "before", rule: "must be a list key" }))
+    : Effect.succeed([sql`(created_at, delivery_id) < (${at}::timestamptz, ${key.deliveryId})`])
+}
+
 /** Statements per replay at most, given the dead letters counted at its start. */
 const replayStatementBound = (counted: number, batch: number): number => Math.ceil(counted / batch) + 1
 
@@ -287,7 +308,7 @@ const replayBatchStatement = (
     RETURNING ${inactive} AS inactive
   ),
   tail AS (
-    SELECT created_at::text AS last_created, delivery_id AS last_id FROM batch
+    SELECT ${keyText(sql, "created_at")} AS last_created, delivery_id AS last_id FROM batch
     ORDER BY created_at DESC, delivery_id DESC LIMIT 1
   )
   SELECT (SELECT count(*) FROM batch)::int AS selected,
@@ -323,12 +344,10 @@ export const makeWith = (options: OperatorOptions = {}) =>
           new InvalidArgument({ field: "limit", rule: `must be an integer in 1..${MAX_LIST_LIMIT}` })
         )
       }
-      const before = filter.before === undefined
-        ? []
-        : [sql`(created_at, delivery_id) < (${filter.before.createdAt}::timestamptz, ${filter.before.deliveryId})`]
+      const where = sql.and([...conditions(filter), ...yield* olderThan(sql, filter.before)])
       // one row more than asked: whether an older page exists
       const rows = yield* sql<OutboxDbRow & { readonly created_key: string }>`
-      SELECT *, created_at::text AS created_key FROM outbox WHERE ${sql.and([...conditions(filter), ...before])}
+      SELECT *, ${keyText(sql, "created_at")} AS created_key FROM outbox WHERE ${where}
       ORDER BY created_at DESC, delivery_id DESC
       LIMIT ${limit + 1}`.pipe(storeOp("operator.listDeliveries"))
       const page = rows.slice(0, limit)
@@ -443,7 +462,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
       // the snapshot: dead letters as of now (a row dead-lettered, or replayed and dead-lettered again,
       // after this moment has updated_at > started and is left alone)
       const start = yield* sql<{ started: string; n: number }>`
-      SELECT now()::text AS started, count(*)::float8 AS n FROM outbox
+      SELECT ${keyText(sql, "now()")} AS started, count(*)::float8 AS n FROM outbox
       WHERE ${sql.and([sql`status = 'dead_letter'`, sql`updated_at <= now()`, ...conditions(filter)])}`.pipe(
         storeOp("operator.replayDeadLetters")
       )

@@ -1,0 +1,59 @@
+/**
+ * The text of a delivery's `created_at` in a list key (the owners' API cursor, the replay's paging
+ * key): UTC, `YYYY-MM-DDTHH:MM:SS.ffffffZ`, full microsecond precision, so that ordering and
+ * equality are exact. The database writes it with an explicit format ({@link KEY_TEXT_FORMAT}),
+ * never `created_at::text`, whose form follows the session's `DateStyle` and `TimeZone`; it is
+ * read back with `::timestamptz`, which parses ISO 8601 with a zone the same way under every
+ * `DateStyle`.
+ *
+ * A key that comes back from a client is untrusted: {@link normalizeKeyTime} accepts only a real
+ * calendar time in years 0001–9999 (UTC) with a sane zone offset, so whatever it returns never
+ * fails the cast (a 500) and always names the instant the client was given. It also accepts the
+ * ISO-`DateStyle` `created_at::text` form older cursors carry (`2026-05-01 10:00:00.123456+00`,
+ * offsets up to ±15:59:59), normalized to the UTC form.
+ *
+ * @since 0.1.0
+ */
+
+/** `to_char` format of a key (applied to `created_at AT TIME ZONE 'UTC'`). */
+export const KEY_TEXT_FORMAT = "YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\""
+
+const KEY_TIME =
+  /^(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?(Z|([+-])(\d{2})(?::(\d{2}))?(?::(\d{2}))?)$/
+
+/** The largest zone offset PostgreSQL writes or reads, in seconds (15:59:59). */
+const MAX_OFFSET_SECONDS = 15 * 3600 + 59 * 60 + 59
+
+const isLeap = (y: number): boolean => (y % 4 === 0 && y % 100 !== 0) || y % 400 === 0
+
+const daysIn = (y: number, m: number): number =>
+  m === 2 ? (isLeap(y) ? 29 : 28) : m === 4 || m === 6 || m === 9 || m === 11 ? 30 : 31
+
+const pad = (n: number, width: number): string => String(n).padStart(width, "0")
+
+/**
+ * A key time in the canonical UTC form, or undefined when `text` is not a real calendar time in
+ * years 0001–9999 (before and after applying its offset), or its offset exceeds ±15:59:59.
+ */
+export const normalizeKeyTime = (text: string): string | undefined => {
+  const m = KEY_TIME.exec(text)
+  if (m === null) return undefined
+  const field = (i: number): number => Number(m[i] ?? "0")
+  const [year, month, day, hour, minute, second] = [field(1), field(2), field(3), field(4), field(5), field(6)]
+  if (year < 1 || month < 1 || month > 12 || day < 1 || day > daysIn(year, month)) return undefined
+  if (hour > 23 || minute > 59 || second > 59) return undefined
+  if (field(11) > 59 || field(12) > 59) return undefined
+  const offset = (m[9] === "-" ? -1 : 1) * (field(10) * 3600 + field(11) * 60 + field(12))
+  if (Math.abs(offset) > MAX_OFFSET_SECONDS) return undefined
+  // whole seconds (the offset has no fraction), through a Date set field by field: Date.UTC would
+  // read years 0–99 as 1900–1999
+  const t = new Date(0)
+  t.setUTCFullYear(year, month - 1, day)
+  t.setUTCHours(hour, minute, second - offset, 0)
+  const y = t.getUTCFullYear()
+  if (y < 1 || y > 9999) return undefined
+  const fraction = (m[7] ?? "").padEnd(6, "0")
+  return `${pad(y, 4)}-${pad(t.getUTCMonth() + 1, 2)}-${pad(t.getUTCDate(), 2)}T${pad(t.getUTCHours(), 2)}:${
+    pad(t.getUTCMinutes(), 2)
+  }:${pad(t.getUTCSeconds(), 2)}.${fraction}Z`
+}
