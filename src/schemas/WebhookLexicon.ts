@@ -11,6 +11,7 @@
  */
 import { Schema } from "effect"
 import { DELIVERY_STATUSES, TERMINAL_STATUSES } from "../services/matching/OutboxStatus.js"
+import { MAX_CID_LENGTH } from "./RecordEvent.js"
 import { contract, Count, Datetime, HttpStatus, IntParam, NoParams, RecordKey, Token } from "./XrpcContract.js"
 
 export const WEBHOOK_STATES = ["active", "disabled", "gone", "autoDisabled", "rejected"] as const
@@ -23,6 +24,8 @@ export const OUTCOME_EVENTS = [...OPERATIONS, "test"] as const
 
 /** Bounds shared with the lexicons. */
 export const MAX_URL_LENGTH = 2048
+/** `#webhookView.uri`: `at://<DID ≤ 2048>/place.wisp.v2.wh/<rkey ≤ 512>` fits (the lexicon's bound) */
+export const MAX_URI_LENGTH = 8192
 export const MAX_CURSOR_LENGTH = 512
 export const MAX_DELIVERY_ID_LENGTH = 128
 export const MAX_EXCERPT_LENGTH = 4096
@@ -36,7 +39,15 @@ export const LIST_LIMIT_MAX = 100
 const DeliveryId = Token(MAX_DELIVERY_ID_LENGTH)
 const Kind = Token(64)
 const Did = Token(2048)
-const Cid = Token(256)
+/**
+ * A record's CID as intake took it: 1–512 characters of any kind (a Jetstream `cid` is checked for
+ * its length only, `RecordEvent.MAX_CID_LENGTH`), so that a stored one is always a valid output.
+ */
+const Cid = Schema.String.pipe(
+  Schema.minLength(1),
+  Schema.maxLength(MAX_CID_LENGTH),
+  Schema.annotations({ arbitrary: () => (fc) => fc.stringMatching(/^[A-Za-z0-9]{1,64}$/) })
+)
 
 /** `#errorInfo`: why the last attempt failed (a kind of SPEC §4.3, and the receiver's status). */
 export const ErrorInfo = Schema.Struct({ kind: Kind, httpStatus: Schema.optional(HttpStatus) })
@@ -58,10 +69,10 @@ export const Counts = Schema.Struct({
 
 /** `#webhookView`: one of the owner's webhook records and firehook's state for it. */
 export const WebhookView = Schema.Struct({
-  uri: Schema.String.pipe(Schema.maxLength(MAX_URL_LENGTH)),
+  uri: Schema.String.pipe(Schema.maxLength(MAX_URI_LENGTH)),
   rkey: RecordKey,
   /** empty for a refused record whose version firehook did not learn */
-  cid: Schema.String.pipe(Schema.maxLength(256)),
+  cid: Schema.String.pipe(Schema.maxLength(MAX_CID_LENGTH)),
   scope: Scope,
   events: Schema.Array(Schema.Literal(...OPERATIONS)).pipe(Schema.maxItems(3)),
   enabled: Schema.Boolean,

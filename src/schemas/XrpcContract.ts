@@ -12,6 +12,7 @@
  * @since 0.1.0
  */
 import { Schema } from "effect"
+import { isRkey } from "./AtUri.js"
 import { isRfc3339DateTime } from "./WhRecord.js"
 
 /** The kinds of XRPC methods (the lexicon `main` def types). */
@@ -111,10 +112,16 @@ export const SecretName = Schema.String.pipe(
   })
 )
 
-/** A record key (`place.wisp.v2.wh` rkeys): the lexicon `record-key` format, ≤ 512 characters. */
+/**
+ * A record key (`place.wisp.v2.wh` rkeys, event rkeys): SPEC §1.1's grammar, the one intake accepts
+ * (`AtUri.isRkey`: `[A-Za-z0-9._~:%@+-]{1,512}`, not `.` or `..`), so that every key firehook can
+ * store is a valid output and every webhook it can register a valid argument. atproto's
+ * `record-key` format is the narrower `[A-Za-z0-9._~:-]` (no `%@+`): keys in it are what PDSs write
+ * and what the arbitrary generates; a lexicon that declares `format: record-key` for these fields
+ * understates what firehook may answer with.
+ */
 export const RecordKey = Schema.String.pipe(
-  Schema.pattern(/^[A-Za-z0-9._~:-]{1,512}$/),
-  Schema.filter((s) => s !== "." && s !== "..", { message: () => "must not be . or .." }),
+  Schema.filter(isRkey, { message: () => "must be a record key: [A-Za-z0-9._~:%@+-]{1,512}, not . or .." }),
   Schema.annotations({
     identifier: "RecordKey",
     arbitrary: () => (fc) => fc.stringMatching(/^[A-Za-z0-9_~:-][A-Za-z0-9._~:-]{0,31}$/)

@@ -20,6 +20,7 @@ const W = "dev.firehook.webhook"
 const BOB = plc(2)
 const CAROL = plc(3)
 const DAN = plc(4)
+const ERIN = plc(5)
 const POST = "app.bsky.feed.post"
 const ISO = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/
 
@@ -68,13 +69,13 @@ const cursorOf = (createdAt: string, deliveryId: string) =>
   Buffer.from(JSON.stringify([createdAt, deliveryId]), "utf8").toString("base64url")
 
 /** Outbox rows of `owner` created at `times` (ids `whd_t_<tag>_<n>`, n from 1), as intake would write them. */
-const outboxRows = (owner: string, tag: string, times: ReadonlyArray<string>, eventRkey = "p") =>
+const outboxRows = (owner: string, tag: string, times: ReadonlyArray<string>) =>
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
     sql`
     INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
       event_rkey, event_operation, target_url, signing_mode, fingerprint, next_attempt_at, created_at)
     SELECT 'whd_t_' || ${tag} || '_' || n, 'whe_t_' || ${tag} || '_' || n, ${owner}, 'w1', 'direct', ${BOB},
-      ${POST}, ${eventRkey}, 'create', 'http://127.0.0.1:9/hook', 'none', 'fp', now() + interval '1 day',
+      ${POST}, 'p', 'create', 'http://127.0.0.1:9/hook', 'none', 'fp', now() + interval '1 day',
       t::timestamptz
     FROM unnest(${times}::text[]) WITH ORDINALITY AS x(t, n)`)
 
@@ -248,6 +249,52 @@ describe("delivery methods", () => {
         for (const [i, r] of rows.entries()) {
           expect([accepted[i]?.[0], r.same, r.normalized]).toEqual([accepted[i]?.[0], true, accepted[i]?.[1]])
         }
+      }))
+
+    it.effect("record keys (%@+) and cids (any 1–512 chars) that intake accepts: listed, shown and taken as input", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        const HOOK = "w@1+x%2F~"
+        const POST_RKEY = "a@b"
+        // cids as a Jetstream may send them: neither printable ASCII nor ≤ 256 characters
+        const HOOK_CID = "é".repeat(300)
+        const POST_CID = `bafy\u0000${"x".repeat(505)}`
+        expect(POST_CID).toHaveLength(510)
+        yield* run([
+          ev(alice.did, WH_COLLECTION, HOOK, {
+            record: whRecordValue(`at://${ERIN}`, { url: "https://alice-odd.example/hook" }),
+            cid: HOOK_CID,
+            rev: rev(n++)
+          })
+        ])
+        yield* run([ev(ERIN, POST, POST_RKEY, { cid: POST_CID, rev: rev(n++) })])
+
+        const listed = yield* list(alice, "")
+        expect(listed.deliveries).toHaveLength(1)
+        const d = listed.deliveries[0] ?? {}
+        expect(d["rkey"]).toBe(HOOK)
+        expect(d["event"]).toEqual({ operation: "create", did: ERIN, collection: POST, rkey: POST_RKEY })
+        const shown = yield* callAs(alice, `${W}.getDelivery`, { query: `id=${String(d["id"])}` })
+        expect(shown.status, shown.text).toBe(200)
+        expect((shown.body["delivery"] as { event: unknown }).event).toMatchObject({ rkey: POST_RKEY, cid: POST_CID })
+        const hooks = yield* callAs(alice, `${W}.list`)
+        expect(hooks.status, hooks.text).toBe(200)
+        expect(hooks.body["webhooks"]).toMatchObject([{
+          rkey: HOOK,
+          cid: HOOK_CID,
+          uri: `at://${alice.did}/${WH_COLLECTION}/${HOOK}`
+        }])
+
+        // and the webhook's rkey is a valid argument of every method that takes one
+        expect((yield* list(alice, `rkey=${encodeURIComponent(HOOK)}`)).deliveries).toHaveLength(1)
+        const tested = yield* callAs(alice, `${W}.test`, { body: { rkey: HOOK } })
+        expect(tested.status, tested.text).toBe(200)
+        const replayed = yield* callAs(alice, `${W}.replay`, { body: { rkey: HOOK } })
+        expect([replayed.status, replayed.body]).toEqual([200, { replayed: 0, truncated: false }])
+        const resumed = yield* callAs(alice, `${W}.resume`, { body: { rkey: HOOK } })
+        expect([resumed.status, resumed.body]).toEqual([200, { state: "active", replayed: 0 }])
+        yield* sql`DELETE FROM outbox WHERE owner_did = ${alice.did}`
       }))
 
     it.effect(
