@@ -14,7 +14,7 @@ import { decodeJsonBody, LatestCommit, ListRecordsPage, XrpcError } from "../../
 import type { SafeHttpError, SafeResponse } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { toRow } from "../registry/Registry.js"
-import type { WebhookRow } from "../registry/RegistryStore.js"
+import { isStorableRow, type WebhookRow } from "../registry/RegistryStore.js"
 import type { RefusedVersion } from "../registry/RejectedStore.js"
 import type { IdentityShape } from "./Identity.js"
 import * as Metrics from "./ReconcileMetrics.js"
@@ -46,13 +46,6 @@ export const isRepoNotFound = (response: SafeResponse, did: string): boolean => 
   if (body.error === "RepoNotFound") return true
   return response.status === 400 && body.error === "InvalidRequest" && body.message === `Could not find repo: ${did}`
 }
-
-/**
- * Whether PostgreSQL can store the row: no NUL and no lone surrogate in any string (JSON.stringify
- * escapes both; `jsonb` and `text` refuse them). Such a record is omitted like an invalid one.
- */
-const STORABLE_ESCAPE = /\\u(0000|d[89a-f][0-9a-f]{2})/i
-const isStorable = (row: WebhookRow): boolean => !STORABLE_ESCAPE.test(JSON.stringify(row.record))
 
 const httpFailure = (e: SafeHttpError): OwnerFailureKind => {
   switch (e.kind) {
@@ -122,7 +115,8 @@ export const pageRows = (
       rec.cid,
       r.record.enabled !== false
     )
-    if (!isStorable(row)) {
+    // valid, but PostgreSQL cannot store it (the registry stream's check): omitted like an invalid one
+    if (!isStorableRow(row)) {
       refused.push({ rkey, cid: rec.cid, reason: "unstorable" })
       continue
     }

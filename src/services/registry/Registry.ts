@@ -4,14 +4,18 @@
  *
  * - `load` fills the index at startup from the store, re-validating every record under the current
  *   configuration and applying the admission limits; whatever does not fit is counted (health),
- *   never a crash.
+ *   never a crash. It reads the store's load order (oldest first) in bounded pages, each owner's
+ *   first `ownerActiveMax` active rows only, until the index is full or the rows run out, so that
+ *   what it admits never depends on how many rows other owners hold beyond their limit; `swapOwner`
+ *   takes an owner's candidates by the same rule.
  * - `applyWhEvent` is the serialized, fenced live mutation of one `place.wisp.v2.wh` event: a write
  *   applies only if its rev is strictly greater than the stored row's and the tombstone's, and than
  *   the owner's snapshot rev (checked by the generation bump's own statement); each applied write
- *   bumps the owner's generation and stamps the row/tombstone with it; an invalid record or one over
- *   an admission limit revokes the previous registration and is remembered among the owner's
- *   refused records (its cid, rev and reason; `RejectedStore`), which a valid version or a delete
- *   clears. A fenced write (`stale`) changes nothing, in the store or in memory.
+ *   bumps the owner's generation and stamps the row/tombstone with it; an invalid record, a valid
+ *   one PostgreSQL cannot store (`unstorable`: a NUL or a lone surrogate, as reconciliation refuses
+ *   it) or one over an admission limit revokes the previous registration and is remembered among
+ *   the owner's refused records (its cid, rev and reason; `RejectedStore`), which a valid version or
+ *   a delete clears. A fenced write (`stale`) changes nothing, in the store or in memory.
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
  *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
  *   A failure may hide a commit (the connection dropped after the server committed), so the owners
@@ -27,11 +31,19 @@ import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION, type WhRecord } from "../../schemas/WhRecord.js"
 import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
-import { FirehookConfig } from "../platform/Config.js"
+import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { StoreError } from "../platform/Persistence.js"
 import type { AdmissionLimit } from "./RegistryConfig.js"
-import { RegistryStore, type WebhookRow } from "./RegistryStore.js"
+import {
+  isStorableRow,
+  isStorableText,
+  type LoadedRow,
+  type LoadPosition,
+  RegistryStore,
+  type RegistryStoreShape,
+  type WebhookRow
+} from "./RegistryStore.js"
 import { admissionReason, type RefusedVersion } from "./RejectedStore.js"
 
 export type { AdmissionLimit }
@@ -146,12 +158,64 @@ interface Journal {
   readonly owners: Set<string>
 }
 
+/** What admission and the load go by: the limits, the source (Jetstream or not), the URL rules. */
+interface Rules {
+  readonly limits: FirehookConfigShape["registry"]
+  readonly jetstream: boolean
+  readonly validateOpts: { readonly allowInsecureDev: boolean }
+}
+
+/** The limit `w` would exceed in `into` (the live index, or the one a load builds), if any. */
+const admissionIn = (rules: Rules, into: WebhookIndex, w: ActiveWebhook): AdmissionLimit | undefined => {
+  const { limits } = rules
+  const p = into.projectUpsert(w)
+  if (p.total > limits.activeMax) return "total"
+  if (p.ownerCount > limits.ownerActiveMax) return "owner"
+  // the Jetstream `wantedDids` set (SPEC §2.6): the relay firehose carries every DID, no set to bound
+  if (rules.jetstream && p.wantedDids > limits.directDidsMax) return "direct_dids"
+  if (p.backlinkDids > limits.backlinkDidsMax) return "backlink_dids"
+  return undefined
+}
+
+/** The active form of a stored row, if it is still valid under the current configuration. */
+const activeFromRow = (rules: Rules, row: WebhookRow): ActiveWebhook | undefined => {
+  const v = validateWhRecord(row.record, rules.validateOpts)
+  if (Either.isLeft(v)) return undefined
+  if (v.right.record.enabled === false) return undefined
+  return makeActiveWebhook(row.ownerDid, row.rkey, v.right.record, v.right.scope, row.rev)
+}
+
+/**
+ * The registrations a load admits, in a new index: the store's active rows in the load order
+ * (oldest first), each owner's first `ownerActiveMax` only, admitted one by one; read in pages of
+ * a full index and one row more (one page in the common case) until the index is full (a full
+ * index admits nothing more) or the rows run out. Memory: one page and the index.
+ */
+const loadIndex = (store: RegistryStoreShape, rules: Rules) =>
+  Effect.gen(function*() {
+    const page = rules.limits.activeMax + 1
+    const loaded = new WebhookIndex()
+    let after: LoadPosition | undefined = undefined
+    for (;;) {
+      const rows: ReadonlyArray<LoadedRow> = yield* store.loadActive(page, {
+        ownerMax: rules.limits.ownerActiveMax,
+        after
+      })
+      for (const row of rows) {
+        const w = activeFromRow(rules, row)
+        if (w !== undefined && admissionIn(rules, loaded, w) === undefined) loaded.upsert(w)
+      }
+      const last = rows[rows.length - 1]
+      if (last === undefined || rows.length < page || loaded.size >= rules.limits.activeMax) return loaded
+      after = last.position
+    }
+  })
+
 export const make = Effect.gen(function*() {
   const config = yield* FirehookConfig
   const store = yield* RegistryStore
   const limits = config.registry
   const jetstream = config.intake.source === "jetstream"
-  const validateOpts = { allowInsecureDev: config.allowInsecureDev }
   const index = new WebhookIndex()
   let journal: Journal | undefined
   /**
@@ -178,38 +242,16 @@ export const make = Effect.gen(function*() {
     return prev
   }
 
-  const admission = (w: ActiveWebhook): AdmissionLimit | undefined => {
-    const p = index.projectUpsert(w)
-    if (p.total > limits.activeMax) return "total"
-    if (p.ownerCount > limits.ownerActiveMax) return "owner"
-    // the Jetstream `wantedDids` set (SPEC §2.6): the relay firehose carries every DID, no set to bound
-    if (jetstream && p.wantedDids > limits.directDidsMax) return "direct_dids"
-    if (p.backlinkDids > limits.backlinkDidsMax) return "backlink_dids"
-    return undefined
-  }
-
-  /** The active form of a stored row, if it is still valid under the current configuration. */
-  const activeFromRow = (row: WebhookRow): ActiveWebhook | undefined => {
-    const v = validateWhRecord(row.record, validateOpts)
-    if (Either.isLeft(v)) return undefined
-    if (v.right.record.enabled === false) return undefined
-    return makeActiveWebhook(row.ownerDid, row.rkey, v.right.record, v.right.scope, row.rev)
-  }
+  const rules: Rules = { limits, jetstream, validateOpts: { allowInsecureDev: config.allowInsecureDev } }
+  const admission = (w: ActiveWebhook) => admissionIn(rules, index, w)
 
   const reload = Effect.gen(function*() {
-    // build the new contents first, then swap: readers never see an empty index in between
-    const keys = [...index.all()].map((w) => w.key)
     const total = yield* store.countActive
-    const rows = yield* store.loadActive(limits.activeMax * 2 + 1)
-    for (const key of keys) index.remove(key)
-    let loaded = 0
-    for (const row of rows) {
-      const w = activeFromRow(row)
-      if (w === undefined || admission(w) !== undefined) continue
-      index.upsert(w)
-      loaded++
-    }
-    notLoaded = Math.max(0, total - loaded)
+    // built aside, then swapped in one synchronous step: readers never see an empty or partial index
+    const loaded = yield* loadIndex(store, rules)
+    for (const w of [...index.all()]) index.remove(w.key)
+    for (const w of loaded.all()) index.upsert(w)
+    notLoaded = Math.max(0, total - loaded.size)
     // every owner is as the store has it now
     unsynced.clear()
     yield* Metric.set(activeGauge, index.size)
@@ -232,6 +274,8 @@ export const make = Effect.gen(function*() {
       // the owner's records as of that rev; nothing was written, nothing in memory changes
       const generation = yield* store.bumpGeneration(ownerDid, event.rev)
       if (generation === undefined) return { _tag: "stale" } as const
+      // a refusal keeps the version's cid only if it can be stored (Jetstream's is any string)
+      const cid = event.cid !== undefined && isStorableText(event.cid) ? event.cid : undefined
       /**
        * revoke the key (a row, if any, and its registration) for a refused version, leaving a
        * tombstone (an invalid or refused version also fences older replays of valid ones) and the
@@ -239,7 +283,7 @@ export const make = Effect.gen(function*() {
        */
       const refuse = (reason: RefusedVersion["reason"]) =>
         Effect.gen(function*() {
-          yield* store.remove(ownerDid, rkey, { rev: event.rev, generation }, { cid: event.cid, reason })
+          yield* store.remove(ownerDid, rkey, { rev: event.rev, generation }, { cid, reason })
           if (row === undefined) return false
           removeFromIndex(key)
           return true
@@ -249,17 +293,23 @@ export const make = Effect.gen(function*() {
         removeFromIndex(key)
         return { _tag: "deleted", existed: row !== undefined } as const
       }
-      const validated = validateWhRecord(event.record, validateOpts)
-      if (Either.isLeft(validated)) {
-        const revoked = yield* refuse(validated.left)
-        yield* onCommit(
-          Effect.sync(() => invalidRecords++).pipe(Effect.zipRight(Metric.increment(invalidRecordsMetric)))
-        )
-        return { _tag: "invalid", kind: validated.left, revoked } as const
-      }
+      const invalid = (kind: RefusedVersion["reason"]) =>
+        Effect.gen(function*() {
+          const revoked = yield* refuse(kind)
+          yield* onCommit(
+            Effect.sync(() => invalidRecords++).pipe(Effect.zipRight(Metric.increment(invalidRecordsMetric)))
+          )
+          return { _tag: "invalid", kind, revoked } as const
+        })
+      const validated = validateWhRecord(event.record, rules.validateOpts)
+      if (Either.isLeft(validated)) return yield* invalid(validated.left)
       const { record, scope } = validated.right
-      if (record.enabled === false) {
-        yield* store.upsert(toRow(ownerDid, rkey, record, scope, event.rev, generation, event.cid, false))
+      const enabled = record.enabled !== false
+      const version = toRow(ownerDid, rkey, record, scope, event.rev, generation, event.cid, enabled)
+      // valid, but PostgreSQL cannot store it: refused like an invalid version (as reconciliation does)
+      if (!isStorableRow(version)) return yield* invalid("unstorable")
+      if (!enabled) {
+        yield* store.upsert(version)
         removeFromIndex(key)
         return { _tag: "disabled" } as const
       }
@@ -274,7 +324,7 @@ export const make = Effect.gen(function*() {
         )
         return { _tag: "rejected", limit, revoked } as const
       }
-      yield* store.upsert(toRow(ownerDid, rkey, record, scope, event.rev, generation, event.cid, true))
+      yield* store.upsert(version)
       setInIndex(candidate)
       return { _tag: "active" } as const
     }).pipe(Effect.withSpan("Registry.applyWhEvent"))
@@ -325,11 +375,11 @@ export const make = Effect.gen(function*() {
 
   const swapOwner = (ownerDid: string) =>
     Effect.gen(function*() {
-      const rows = yield* store.ownerRows(ownerDid)
+      // the owner's candidates, as the load takes them: its first ownerActiveMax active rows
+      const rows = (yield* store.ownerRows(ownerDid)).filter((r) => r.active).slice(0, limits.ownerActiveMax)
       const next: Array<ActiveWebhook> = []
       for (const row of rows) {
-        if (!row.active) continue
-        const w = activeFromRow(row)
+        const w = activeFromRow(rules, row)
         if (w !== undefined) next.push(w)
       }
       // one synchronous step (no fiber can observe a half-swapped owner): clear the owner, then

@@ -13,6 +13,16 @@
  * same writes, inside statements they run anyway (no extra round trip): `upsert` (a valid version)
  * and `remove` (a delete) clear it, `remove` with a refusal (an invalid version, or one over an
  * admission limit) records it. The in-memory store keeps the entries in its state (`rejected`).
+ *
+ * What a row can hold ({@link isStorableRow}): PostgreSQL refuses a NUL in `text` and `jsonb`, and a
+ * lone surrogate in `jsonb` (`JSON.stringify` escapes it; a `text` parameter would silently become
+ * U+FFFD). Its writers (the registry stream, reconciliation) check a row before they write it and
+ * refuse one that fails as `unstorable`, so that such a record is a refusal, never a failed write.
+ *
+ * The load order ({@link RegistryStoreShape.loadActive}): active rows by `(created_at, owner_did,
+ * rkey)`, oldest first; an owner's candidates are its first `ownerMax` active rows in that order
+ * (`created_at`, then `rkey`), the rest are never read, so one owner's excess cannot push other
+ * owners' rows out of a bounded load. `ownerRows` reads an owner's rows in the same order.
  */
 import { SqlClient } from "@effect/sql"
 import { Clock, Context, Effect, Layer, Ref } from "effect"
@@ -30,8 +40,30 @@ import {
   type RefusedVersion
 } from "./RejectedStore.js"
 
-/** Loading every active registration at startup (up to 2,000,001 rows) may take a while. */
+/** Loading a page of active registrations at startup (up to 1,000,001 rows) may take a while. */
 const LOAD_TIMEOUT = "10 minutes"
+
+/** A NUL, or a surrogate that is not half of a pair (the regex reads UTF-16 code units). */
+const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
+
+/** Whether PostgreSQL can store the string in `text` and `jsonb` unchanged: no NUL, no lone surrogate. */
+export const isStorableText = (s: string): boolean => !UNSTORABLE.test(s)
+
+/** Every string of a JSON value (keys too) {@link isStorableText}. */
+const isStorableJson = (v: unknown): boolean => {
+  if (typeof v === "string") return isStorableText(v)
+  if (Array.isArray(v)) return v.every(isStorableJson)
+  if (typeof v !== "object" || v === null) return true
+  return Object.entries(v).every(([key, value]) => isStorableText(key) && isStorableJson(value))
+}
+
+/**
+ * Whether PostgreSQL can store the row: no NUL and no lone surrogate in any string of its record
+ * (the columns derived from it too: url, scope, secret id) or in its cid. The one check of both
+ * writers (the registry stream and reconciliation), which refuse such a version as `unstorable`.
+ */
+export const isStorableRow = (row: WebhookRow): boolean =>
+  isStorableJson(row.record) && (row.cid === undefined || isStorableText(row.cid))
 
 export interface WebhookRow {
   readonly ownerDid: string
@@ -57,6 +89,25 @@ export interface WebhookRow {
 export interface Tombstone {
   readonly rev: string
   readonly generation: number
+}
+
+/** Where a load page ended (opaque: the next page starts after it). */
+export interface LoadPosition {
+  readonly at: string
+  readonly ownerDid: string
+  readonly rkey: string
+}
+
+/** A row as the load reads it, with its place in the load order. */
+export interface LoadedRow extends WebhookRow {
+  readonly position: LoadPosition
+}
+
+export interface LoadOptions {
+  /** read only each owner's first `ownerMax` active rows (created_at, rkey) */
+  readonly ownerMax?: number | undefined
+  /** start after this row (the position of the previous page's last row) */
+  readonly after?: LoadPosition | undefined
 }
 
 export type ReconcileStatus = "unknown" | "scanning" | "complete" | "failed"
@@ -106,11 +157,15 @@ export interface RegistryStoreShape {
     tombstone: Tombstone,
     refused?: Omit<RefusedVersion, "rkey">
   ) => Effect.Effect<void, StoreError>
-  /** active rows in a stable order (oldest first), at most `limit` */
-  readonly loadActive: (limit: number) => Effect.Effect<ReadonlyArray<WebhookRow>, StoreError>
+  /**
+   * Active rows in the load order (oldest first: `created_at`, owner, rkey), at most `limit`; with
+   * `ownerMax`, only each owner's first `ownerMax` active rows (ranked among all of the owner's
+   * active rows, whatever page they fall on); with `after`, the rows after that position.
+   */
+  readonly loadActive: (limit: number, options?: LoadOptions) => Effect.Effect<ReadonlyArray<LoadedRow>, StoreError>
   /** count of active rows */
   readonly countActive: Effect.Effect<number, StoreError>
-  /** every row of one owner (for reconciliation swaps) */
+  /** every row of one owner, in the load order (`created_at`, rkey; for reconciliation swaps) */
   readonly ownerRows: (ownerDid: string) => Effect.Effect<ReadonlyArray<WebhookRow>, StoreError>
   readonly owner: (ownerDid: string) => Effect.Effect<OwnerState | undefined, StoreError>
   /**
@@ -238,17 +293,37 @@ export const makeSql = Effect.gen(function*() {
           INSERT INTO tombstones (owner_did, rkey, rev, generation) VALUES (${ownerDid}, ${rkey}, ${tombstone.rev}, ${tombstone.generation})
           ON CONFLICT (owner_did, rkey) DO UPDATE SET rev = EXCLUDED.rev, generation = EXCLUDED.generation, deleted_at = now()`
       }).pipe(storeOp("registry.remove")),
-    loadActive: (limit) =>
-      sql<DbRow>`SELECT * FROM webhooks WHERE active ORDER BY created_at, owner_did, rkey LIMIT ${limit}`.pipe(
-        Effect.map((rows) => rows.map(fromDb)),
+    loadActive: (limit, options = {}) => {
+      const after = options.after
+      const ranked = options.ownerMax === undefined
+        ? sql`SELECT * FROM webhooks WHERE active`
+        : sql`SELECT *, ROW_NUMBER() OVER (PARTITION BY owner_did ORDER BY created_at, rkey) AS owner_rank
+            FROM webhooks WHERE active`
+      return sql<DbRow & { readonly load_at: string }>`
+        SELECT *, created_at::text AS load_at FROM (${ranked}) w
+        WHERE ${options.ownerMax === undefined ? sql`true` : sql`w.owner_rank <= ${options.ownerMax}`}
+          AND ${
+        after === undefined
+          ? sql`true`
+          : sql`(w.created_at, w.owner_did, w.rkey) > (${after.at}::timestamptz, ${after.ownerDid}, ${after.rkey})`
+      }
+        ORDER BY w.created_at, w.owner_did, w.rkey
+        LIMIT ${limit}`.pipe(
+        Effect.map((rows) =>
+          rows.map((r): LoadedRow => ({
+            ...fromDb(r),
+            position: { at: r.load_at, ownerDid: r.owner_did, rkey: r.rkey }
+          }))
+        ),
         storeOpWithin("registry.loadActive", LOAD_TIMEOUT)
-      ),
+      )
+    },
     countActive: sql<{ n: string | number }>`SELECT count(*) AS n FROM webhooks WHERE active`.pipe(
       Effect.map((rows) => Number(rows[0]?.n ?? 0)),
       storeOpWithin("registry.countActive", LOAD_TIMEOUT)
     ),
     ownerRows: (ownerDid) =>
-      sql<DbRow>`SELECT * FROM webhooks WHERE owner_did = ${ownerDid} ORDER BY rkey`.pipe(
+      sql<DbRow>`SELECT * FROM webhooks WHERE owner_did = ${ownerDid} ORDER BY created_at, rkey`.pipe(
         Effect.map((rows) => rows.map(fromDb)),
         storeOp("registry.ownerRows")
       ),
@@ -302,6 +377,10 @@ export const emptyMemoryState = (): MemoryRegistryState => ({
 
 const k = (ownerDid: string, rkey: string) => `${ownerDid}/${rkey}`
 
+/** The rows in insertion order (the memory store's created_at). */
+const inLoadOrder = (s: MemoryRegistryState): Array<[string, WebhookRow]> =>
+  [...s.rows.entries()].sort(([a], [b]) => (s.order.get(a) ?? 0) - (s.order.get(b) ?? 0))
+
 /** The in-memory store over `state` (which a test may read or seed). */
 export const makeMemoryOver = (state: Ref.Ref<MemoryRegistryState>): RegistryStoreShape => {
   const store: RegistryStoreShape = {
@@ -343,19 +422,30 @@ export const makeMemoryOver = (state: Ref.Ref<MemoryRegistryState>): RegistrySto
             )}
           return s
         })),
-    loadActive: (limit) =>
+    loadActive: (limit, options = {}) =>
       Ref.get(state).pipe(
-        Effect.map((s) =>
-          [...s.rows.entries()]
-            .filter(([, r]) => r.active)
-            .sort(([a], [b]) => (s.order.get(a) ?? 0) - (s.order.get(b) ?? 0))
-            .slice(0, limit)
-            .map(([, r]) => r)
-        )
+        Effect.map((s) => {
+          // the insertion sequence stands for created_at (kept by an update, as the column is)
+          const after = options.after === undefined ? -1 : Number(options.after.at)
+          const ranks = new Map<string, number>()
+          const out: Array<LoadedRow> = []
+          for (const [key, r] of inLoadOrder(s)) {
+            if (!r.active) continue
+            const rank = (ranks.get(r.ownerDid) ?? 0) + 1
+            ranks.set(r.ownerDid, rank)
+            const seq = s.order.get(key) ?? 0
+            if ((options.ownerMax !== undefined && rank > options.ownerMax) || seq <= after) continue
+            if (out.length >= limit) break
+            out.push({ ...r, position: { at: String(seq), ownerDid: r.ownerDid, rkey: r.rkey } })
+          }
+          return out
+        })
       ),
     countActive: Ref.get(state).pipe(Effect.map((s) => [...s.rows.values()].filter((r) => r.active).length)),
     ownerRows: (ownerDid) =>
-      Ref.get(state).pipe(Effect.map((s) => [...s.rows.values()].filter((r) => r.ownerDid === ownerDid))),
+      Ref.get(state).pipe(
+        Effect.map((s) => inLoadOrder(s).filter(([, r]) => r.ownerDid === ownerDid).map(([, r]) => r))
+      ),
     owner: (ownerDid) => Ref.get(state).pipe(Effect.map((s) => s.owners.get(ownerDid))),
     markGone: (ownerDid, rkey, fingerprint) =>
       Ref.modify(state, (s) => {
