@@ -179,3 +179,130 @@ describe("service auth", () => {
 })
 
 const nowS = () => Math.floor(Date.now() / 1000)
+
+// A did:web with a port: atproto's audience grammar (and so the verifier library's token parser) has
+// no port outside localhost, but SPEC §8.2 accepts `<SERVICE_DID>#firehook` for every service DID.
+const PORT_DID = "did:web:hooks.example.com%3A8443"
+
+describe("service auth, a did:web service DID with a port", () => {
+  layer(
+    apiLayer({
+      env: { SERVICE_DID: "", PUBLIC_URL: "https://hooks.example.com:8443" },
+      api: { limits: { failedAuthPerAddress: { limit: 10_000, perMs: 60_000 } } }
+    })
+  )((it) => {
+    it.effect("aud = SERVICE_DID and aud = SERVICE_DID#firehook are both accepted (ES256K and ES256)", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        for (const kind of ["k256", "p256"] as const) {
+          const owner = yield* newOwner(kind)
+          const bare = yield* call(LIST, { token: yield* mint(owner, LIST, { aud: PORT_DID }) })
+          expect([kind, bare.status]).toEqual([kind, 200])
+          const fragment = yield* call(LIST, { token: yield* mint(owner, LIST, { aud: `${PORT_DID}#firehook` }) })
+          expect([kind, fragment.status, fragment.text]).toEqual([kind, 200, "{\"secrets\":[]}"])
+          // the method runs as the caller
+          const token = yield* mint(owner, CREATE, { aud: `${PORT_DID}#firehook` })
+          expect((yield* call(CREATE, { token, body: { name: "main" } })).status).toBe(200)
+          const listed = yield* call(LIST, { token: yield* mint(owner, LIST, { aud: `${PORT_DID}#firehook` }) })
+          expect(listed.body).toMatchObject({ secrets: [{ name: "main" }] })
+        }
+      }))
+
+    it.effect("with that audience every other rule still holds: each refusal 401, body unread, nothing done", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const alice = yield* newOwner()
+        const bob = yield* newOwner()
+        const stranger = yield* keypair()
+        const aud = `${PORT_DID}#firehook`
+        const c = (extra: object = {}) => claims(alice, CREATE, { aud, ...extra })
+        const cases: ReadonlyArray<readonly [string, Effect.Effect<string>, string]> = [
+          ["a key that is not the issuer's", forge(stranger, HEADER, c()), "BadJwtSignature"],
+          ["another DID's key", forge(bob.key, HEADER, c()), "BadJwtSignature"],
+          ["a tampered payload", Effect.map(forge(alice.key, HEADER, c()), tamper), "BadJwtSignature"],
+          [
+            "no signature bytes",
+            Effect.map(forge(alice.key, HEADER, c()), (t) => `${t.slice(0, t.lastIndexOf("."))}.AA`),
+            "BadJwtSignature"
+          ],
+          ["another service id", forge(alice.key, HEADER, c({ aud: `${PORT_DID}#other` })), "InvalidToken"],
+          [
+            "another port",
+            forge(alice.key, HEADER, c({ aud: "did:web:hooks.example.com%3A8444#firehook" })),
+            "InvalidToken"
+          ],
+          ["lxm of another method", forge(alice.key, HEADER, c({ lxm: LIST })), "InvalidToken"],
+          ["expired", forge(alice.key, HEADER, c({ iat: nowS() - 600, exp: nowS() - 120 })), "ExpiredToken"],
+          ["exp more than 1 h ahead", forge(alice.key, HEADER, c({ exp: nowS() + 3700 })), "InvalidToken"],
+          [
+            "iat more than 1 h ago",
+            forge(alice.key, HEADER, c({ iat: nowS() - 3700, exp: nowS() + 60 })),
+            "InvalidToken"
+          ],
+          ["nbf in the future", forge(alice.key, HEADER, c({ nbf: nowS() + 120 })), "InvalidToken"],
+          ["exp not after iat", forge(alice.key, HEADER, c({ iat: nowS() + 20, exp: nowS() + 20 })), "InvalidToken"],
+          ["typ at+jwt", forge(alice.key, { alg: "ES256K", typ: "at+jwt" }, c()), "InvalidToken"],
+          ["kid of another key", forge(alice.key, { ...HEADER, kid: "#atproto_label" }, c()), "InvalidToken"],
+          ["ES256 header on a secp256k1 key", forge(alice.key, { alg: "ES256", typ: "JWT" }, c()), "InvalidToken"],
+          ["no jti", forge(alice.key, HEADER, { ...c(), jti: undefined }), "InvalidToken"],
+          ["iss of an unknown DID", forge(alice.key, HEADER, c({ iss: newDid() })), "InvalidToken"]
+        ]
+        for (const [what, token, error] of cases) {
+          yield* refusedUnread(yield* token, error, what)
+        }
+        const listed = yield* call(LIST, { token: yield* mint(alice, LIST, { aud }) })
+        expect([listed.status, listed.body]).toEqual([200, { secrets: [] }])
+      }))
+
+    it.effect("a replayed jti is refused; a rotated key is fetched once more", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const aud = `${PORT_DID}#firehook`
+        const token = yield* mint(owner, LIST, { aud })
+        expect((yield* call(LIST, { token })).status).toBe(200)
+        const again = yield* call(LIST, { token })
+        expect([again.status, again.body["error"]]).toEqual([401, "InvalidToken"])
+        // the same jti under the bare DID is the same token id of the same issuer: refused too
+        const jti = "port-did-jti-0123456789"
+        expect(
+          (yield* call(LIST, { token: yield* forge(owner.key, HEADER, claims(owner, LIST, { aud, jti })) })).status
+        )
+          .toBe(200)
+        const bare = yield* forge(owner.key, HEADER, claims(owner, LIST, { aud: PORT_DID, jti }))
+        expect((yield* call(LIST, { token: bare })).status).toBe(401)
+
+        const rotated = yield* keypair()
+        docs.set(owner.did, didDocument(owner.did, rotated.multikey))
+        const signed = (key: typeof rotated) => forge(key, HEADER, claims(owner, LIST, { aud }))
+        const early = yield* call(LIST, { token: yield* signed(rotated) })
+        expect([early.status, early.body["error"]]).toEqual([401, "BadJwtSignature"])
+        yield* TestClock.adjust(FRESH_REFETCH_MIN_INTERVAL_MS)
+        expect((yield* call(LIST, { token: yield* signed(rotated) })).status).toBe(200)
+        const old = yield* call(LIST, { token: yield* forge(owner.key, HEADER, claims(owner, LIST, { aud })) })
+        expect([old.status, old.body["error"]]).toEqual([401, "BadJwtSignature"])
+      }))
+
+    it.effect("an unreachable directory is 502, as on the library's path", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const plc = yield* Plc
+        const handler = plc.handler
+        plc.handler = (req) =>
+          req.path.includes(owner.did) ? { status: 500, body: "{\"error\":\"InternalServerError\"}" } : handler(req)
+        const down = yield* call(LIST, { token: yield* mint(owner, LIST, { aud: `${PORT_DID}#firehook` }) }).pipe(
+          Effect.ensuring(Effect.sync(() => (plc.handler = handler)))
+        )
+        expect([down.status, down.body["error"]]).toEqual([502, "UpstreamFailure"])
+      }))
+  })
+})
+
+/** The token with one character of its payload changed (its signature no longer matches). */
+const tamper = (token: string): string => {
+  const [h = "", p = "", s = ""] = token.split(".")
+  const claims = JSON.parse(Buffer.from(p, "base64url").toString("utf8")) as Record<string, unknown>
+  const changed = Buffer.from(JSON.stringify({ ...claims, jti: `${String(claims["jti"])}x` })).toString("base64url")
+  return `${h}.${changed}.${s}`
+}

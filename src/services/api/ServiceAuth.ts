@@ -26,21 +26,30 @@
  * at most 1 h ahead; `iat`, if present, at most 30 s ahead. These use the Effect `Clock`; the
  * library reads the wall clock for its own `exp` checks (in production they agree).
  *
+ * One audience the library cannot read: `<SERVICE_DID>#firehook` when the service DID is a did:web
+ * with a port (`did:web:host%3A8443`, which atproto's audience grammar allows only for `localhost`;
+ * its token parser refuses the whole token). SPEC §8.2 accepts it, so for that audience firehook
+ * takes the library's remaining steps itself ({@link verifyOwn}), in the same order and with the same
+ * outcomes: `kid`, `nbf`, `iat` age, the issuer's key through the same resolver (fetched once more
+ * after a failed signature), `alg` = the key's, the signature (`@atcute/crypto`'s `verifySig`, as
+ * the library calls it), then the same replay stores.
+ *
  * Outcomes: {@link AuthFailure} (401, one of the four error names of §8.2, with a reason for
  * metrics and debug logs, never the token) or {@link AuthUnavailable} (firehook cannot decide now:
  * the issuer's DID document could not be fetched, or the replay cache is full).
  */
-import type { DidDocument as AtcuteDidDocument } from "@atcute/identity"
+import { type FoundPublicKey, getPublicKeyFromDidController, verifySig } from "@atcute/crypto"
+import { type DidDocument as AtcuteDidDocument, isAtprotoAudience } from "@atcute/identity"
 import type { DidDocumentResolver } from "@atcute/identity-resolver"
 import type { Did, Nsid } from "@atcute/lexicons"
 import { type AtprotoAudience, isDid, isNsid } from "@atcute/lexicons/syntax"
 import { AuthRequiredError } from "@atcute/xrpc-server"
 import { ServiceJwtVerifier } from "@atcute/xrpc-server/auth"
-import { Clock, Data, Effect, Either, Runtime } from "effect"
+import { Clock, Data, Effect, Either, Encoding, Runtime } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
-import type { SigningKey } from "../../schemas/DidDocument.js"
+import { ATPROTO_KEY_ID_SUFFIX, type SigningKey } from "../../schemas/DidDocument.js"
 import { type JwtClaims, readServiceJwt, type ServiceJwtParts } from "../../schemas/ServiceJwt.js"
-import { Identity, type IdentityErrorKind } from "../reconciliation/Identity.js"
+import { Identity, type IdentityErrorKind, type IdentityShape } from "../reconciliation/Identity.js"
 import type { JtiStoreShape } from "./JtiStore.js"
 import { DEFAULT_REPLAY_CAPACITY, makeReplayCache, type ReplayVerdict } from "./ReplayCache.js"
 
@@ -151,6 +160,81 @@ const fromLibrary = (code: string | undefined): AuthFailure => {
   return new AuthFailure({ error: "InvalidToken", reason: code === undefined ? "verifier" : code.toLowerCase() })
 }
 
+/** What the library's token parser reads as an audience (else: {@link verifyOwn}). */
+const libraryReadsAudience = (aud: string): boolean => isAtprotoAudience(aud) || isDid(aud)
+
+/** The replay check of a token whose signature verified: this process's cache, then the shared store. */
+type ReplayCheck = (
+  iss: string,
+  jti: string,
+  expiresAtMs: number,
+  nowMs: number
+) => Effect.Effect<ReplayVerdict | "unavailable">
+
+const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => a.length === b.length && a.every((x, i) => x === b[i])
+
+/**
+ * The library's steps after its parser, for a token whose `aud` the parser refuses (see the module
+ * documentation); `checkClaims` has already passed it (alg, typ, iss, aud, lxm, jti, exp, iat).
+ * Failures carry the library's codes, so they map to the same §8.2 names.
+ */
+const verifyOwn = (
+  identity: IdentityShape,
+  replayCheck: ReplayCheck,
+  token: string,
+  parts: ServiceJwtParts,
+  nowMs: number
+): Effect.Effect<{ readonly issuer: string; readonly lxm: string | undefined }, AuthFailure | AuthUnavailable> =>
+  Effect.gen(function*() {
+    const { claims, header } = parts
+    const refused = (code: string) => Effect.fail(fromLibrary(code))
+    const now = Math.floor(nowMs / 1000)
+    if ((header.kid ?? ATPROTO_KEY_ID_SUFFIX) !== ATPROTO_KEY_ID_SUFFIX) return yield* refused("BadJwtIssuer")
+    if (claims.iat !== undefined && claims.exp <= claims.iat) return yield* refused("BadJwt")
+    if (claims.nbf !== undefined && now < claims.nbf - CLOCK_LEEWAY_SECONDS) return yield* refused("JwtNotYetValid")
+    if (claims.iat !== undefined && now - claims.iat > MAX_AGE_SECONDS) return yield* refused("JwtTooOld")
+    const [head = "", payload = "", sig = ""] = token.split(".")
+    const signature = Encoding.decodeBase64Url(sig)
+    if (Either.isLeft(signature)) return yield* refused("BadJwt")
+    const message = new TextEncoder().encode(`${head}.${payload}`)
+    const keyOf = (fresh: boolean): Effect.Effect<FoundPublicKey, AuthFailure | AuthUnavailable> =>
+      identity.resolveSigningKey(claims.iss, { fresh }).pipe(
+        Effect.mapError((e) =>
+          e.kind === "identity_unavailable"
+            ? new AuthUnavailable({ reason: "identity_unavailable" })
+            : fromLibrary("DidResolutionFailed")
+        ),
+        Effect.flatMap((key) => {
+          const found = key === undefined
+            ? Either.left(undefined)
+            : Either.try(() => getPublicKeyFromDidController(key))
+          return Either.isRight(found) ? Effect.succeed(found.right) : refused("BadJwtIssuer")
+        })
+      )
+    const verifies = (key: FoundPublicKey) =>
+      Effect.tryPromise({
+        try: () => verifySig(key, new Uint8Array(signature.right), message, { allowMalleableSig: true }),
+        catch: () => fromLibrary("BadJwtSignature")
+      })
+    const key = yield* keyOf(false)
+    let valid = key.jwtAlg === header.alg ? yield* verifies(key) : false
+    if (!valid) {
+      // the owner may have rotated its key: once more, fresh
+      const fresh = yield* keyOf(true)
+      if (fresh.jwtAlg !== header.alg) return yield* refused("BadJwtIssuer")
+      if (!sameBytes(fresh.publicKeyBytes, key.publicKeyBytes)) valid = yield* verifies(fresh)
+    }
+    if (!valid) return yield* refused("BadJwtSignature")
+    const jti = claims.jti ?? ""
+    const verdict = yield* replayCheck(claims.iss, jti, (claims.exp + CLOCK_LEEWAY_SECONDS + 1) * 1000, nowMs)
+    if (verdict === "full") return yield* Effect.fail(new AuthUnavailable({ reason: "replay_cache_full" }))
+    if (verdict === "unavailable") {
+      return yield* Effect.fail(new AuthUnavailable({ reason: "replay_store_unavailable" }))
+    }
+    if (verdict === "replayed") return yield* refused("NonceNotUnique")
+    return { issuer: claims.iss, lxm: claims.lxm }
+  })
+
 export const make = (options: ServiceAuthOptions) =>
   Effect.gen(function*() {
     const identity = yield* Identity
@@ -158,9 +242,34 @@ export const make = (options: ServiceAuthOptions) =>
     const replay = makeReplayCache(options.replayCapacity ?? DEFAULT_REPLAY_CAPACITY)
     const serviceDid = options.serviceDid
     const audiences: Array<Did | AtprotoAudience> = []
-    const fragment = `${serviceDid}#${SERVICE_ID}`
-    if (isDid(serviceDid)) audiences.push(serviceDid)
-    if (isDid(serviceDid) && isCanonicalDid(serviceDid)) audiences.push(fragment as AtprotoAudience)
+    if (isDid(serviceDid)) {
+      // both forms of §8.2, also for a did:web with a port (its fragment form is verified by verifyOwn)
+      audiences.push(serviceDid, `${serviceDid}#${SERVICE_ID}` as AtprotoAudience)
+    }
+
+    /**
+     * A verified token's `(iss, jti)`: this process's cache, then the shared store (already claimed
+     * there → replayed; cannot be checked → unavailable, and the process forgets the `jti`, which was
+     * not accepted, so the same token can be retried).
+     */
+    const replayCheck: ReplayCheck = (iss, jti, expiresAtMs, nowMs) => {
+      const local = replay.check(iss, jti, expiresAtMs, nowMs)
+      const shared = options.sharedReplay
+      if (local !== "fresh" || shared === undefined) return Effect.succeed(local)
+      return shared.claim(iss, jti, expiresAtMs).pipe(
+        Effect.map((fresh): ReplayVerdict => (fresh ? "fresh" : "replayed")),
+        Effect.catchAll((e) =>
+          Effect.sync(() => replay.forget(iss, jti)).pipe(
+            Effect.zipRight(
+              Effect.logWarning("api: the shared replay store could not be checked").pipe(
+                Effect.annotateLogs({ code: e.code })
+              )
+            ),
+            Effect.as("unavailable" as const)
+          )
+        )
+      )
+    }
 
     /** Ask the library; what the hooks saw decides between a refusal and "cannot decide now". */
     const library = (token: string, nsid: Nsid, claims: JwtClaims, nowMs: number) => {
@@ -182,30 +291,13 @@ export const make = (options: ServiceAuthOptions) =>
         maxAge: MAX_AGE_SECONDS,
         clockLeeway: CLOCK_LEEWAY_SECONDS,
         replayStore: {
-          check: (key) => {
-            seen.replay = replay.check(key.iss, key.jti, expiresAtMs, nowMs)
-            const shared = options.sharedReplay
-            if (seen.replay !== "fresh" || shared === undefined) return Promise.resolve(seen.replay === "fresh")
-            return Runtime.runPromise(runtime)(
-              shared.claim(key.iss, key.jti, expiresAtMs).pipe(
-                Effect.map((fresh) => {
-                  if (!fresh) seen.replay = "replayed"
-                  return fresh
-                }),
-                Effect.catchAll((e) =>
-                  Effect.sync(() => {
-                    replay.forget(key.iss, key.jti)
-                    seen.replay = "unavailable"
-                    return false
-                  }).pipe(Effect.tap(() =>
-                    Effect.logWarning("api: the shared replay store could not be checked").pipe(
-                      Effect.annotateLogs({ code: e.code })
-                    )
-                  ))
-                )
-              )
+          check: (key) =>
+            Runtime.runPromise(runtime)(
+              Effect.map(replayCheck(key.iss, key.jti, expiresAtMs, nowMs), (verdict) => {
+                seen.replay = verdict
+                return verdict === "fresh"
+              })
             )
-          }
         }
       })
       const request = new Request(`https://${SERVICE_ID}.invalid/xrpc/${nsid}`, {
@@ -237,7 +329,9 @@ export const make = (options: ServiceAuthOptions) =>
         if (!isNsid(nsid)) return yield* Effect.fail(new AuthFailure({ error: "InvalidToken", reason: "lxm" }))
         const nowMs = yield* Clock.currentTimeMillis
         const claims = yield* checkClaims(parts, { nowMs, nsid, audiences })
-        const verified = yield* library(token, nsid, claims, nowMs)
+        const verified = yield* (libraryReadsAudience(claims.aud)
+          ? library(token, nsid, claims, nowMs)
+          : verifyOwn(identity, replayCheck, token, parts, nowMs))
         if (verified.issuer !== claims.iss || verified.lxm !== nsid) {
           return yield* Effect.fail(new AuthFailure({ error: "InvalidToken", reason: "verifier" }))
         }
