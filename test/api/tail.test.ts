@@ -4,13 +4,20 @@
  * Outcomes are published to the process's `DeliveryOutcomes` as the settle path does. Covered: a
  * caller sees its own outcomes only; frames valid under the lexicon; the 401 of an upgrade without
  * a valid token; the fifth connection of a DID refused; a slow reader's bounded buffer and its
- * `#info` drop count; the 24 h lifetime under TestClock; and the hub's own rules in a unit.
+ * `#info` drop count; the 24 h lifetime under TestClock; and the hub's own rules in a unit. The
+ * socket's own bound: `TailSocket.room` in a unit, and that Node's server shows the socket's
+ * buffered bytes (a slow reader under Bun, the production runtime: test/api/tail-bun.test.ts).
  */
 import { Lexicons } from "@atproto/lexicon"
+import { NodeHttpServer } from "@effect/platform-node"
+import * as HttpServer from "@effect/platform/HttpServer"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { describe, expect, it, layer } from "@effect/vitest"
-import { Duration, Effect, Exit, Fiber, Layer, Scope, TestClock } from "effect"
+import { Deferred, Duration, Effect, Exit, Fiber, Layer, Ref, Scope, TestClock } from "effect"
+import * as Http from "node:http"
 import * as TailHub from "../../src/services/api/Tail.js"
 import { Tail } from "../../src/services/api/Tail.js"
+import * as TailSocket from "../../src/services/api/TailSocket.js"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import type { Outcome } from "../../src/services/delivery/DeliveryOutcomes.js"
 import { apiLayer, lexiconDocs, mint, newOwner, serverPort } from "./support.js"
@@ -238,5 +245,53 @@ describe("Tail hub (unit)", () => {
       const f = TailHub.frameOf(outcome("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", { errorKind: "x".repeat(100) }))
       expect(JSON.stringify(f)).not.toContain("did:plc")
       expect(f.errorKind?.length).toBe(64)
+    }))
+})
+
+describe("TailSocket", () => {
+  it.effect("room: at once under the bound; polls while over; SlowReader after the deadline (TestClock)", () =>
+    Effect.gen(function*() {
+      const bytes = yield* Ref.make(0)
+      const room = TailSocket.room(Ref.get(bytes), 1_000, "30 seconds")
+      // at the bound: at once, on a clock that does not move
+      yield* Ref.set(bytes, 1_000)
+      yield* room
+      // over it: waits until the socket drains under it
+      yield* Ref.set(bytes, 1_001)
+      const waiting = yield* Effect.fork(room)
+      yield* TestClock.adjust(Duration.seconds(29))
+      expect(waiting.unsafePoll()).toBeNull()
+      yield* Ref.set(bytes, 10)
+      yield* TestClock.adjust(TailSocket.DRAIN_POLL_MAX)
+      expect(Exit.isSuccess(yield* Fiber.await(waiting))).toBe(true)
+      // over it for the whole deadline: SlowReader
+      yield* Ref.set(bytes, 5_000)
+      const stuck = yield* Effect.fork(room)
+      yield* TestClock.adjust(Duration.seconds(29))
+      expect(stuck.unsafePoll()).toBeNull()
+      yield* TestClock.adjust(Duration.seconds(1))
+      expect((yield* Effect.flip(Fiber.join(stuck)))._tag).toBe("SlowReader")
+      // unknown: at once
+      yield* TailSocket.room(undefined)
+    }))
+
+  it.scoped("upgrade on Node's HTTP server shows the socket's buffered bytes", () =>
+    Effect.gen(function*() {
+      const seen = yield* Deferred.make<number | undefined>()
+      const app = Effect.gen(function*() {
+        const { buffered, socket } = yield* TailSocket.upgrade
+        // Node's server upgrades when the socket is run
+        yield* socket.runRaw(() => Effect.void, {
+          onOpen: Deferred.complete(seen, buffered ?? Effect.succeed(undefined))
+        })
+        return HttpServerResponse.empty()
+      }).pipe(Effect.catchAll(() => Effect.succeed(HttpServerResponse.text("no", { status: 400 }))))
+      const server = yield* Layer.build(
+        HttpServer.serve(app).pipe(Layer.provideMerge(NodeHttpServer.layer(() => Http.createServer(), { port: 0 })))
+      )
+      const address = (yield* Effect.provide(HttpServer.HttpServer, server)).address
+      const client = yield* openTailOrDie(address._tag === "TcpAddress" ? address.port : 0, "unused")
+      expect(yield* Deferred.await(seen)).toBeTypeOf("number")
+      client.ws.terminate()
     }))
 })

@@ -1,9 +1,20 @@
 /**
  * A WebSocket client of the live tail for tests (the `ws` package, which sends the upgrade's
  * `Authorization` header), and a bounded poll on an observable condition.
+ *
+ * Run by Bun (`bun test/api/tailClient.ts`, as test/api/tail-bun.test.ts does), this file is also
+ * the live tail served on BunHttpServer, the production runtime, for a client in the test's process
+ * (see {@link serveUnderBun}).
  */
-import { Effect } from "effect"
+import { BunHttpServer } from "@effect/platform-bun"
+import * as HttpServer from "@effect/platform/HttpServer"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import { Context, Deferred, Duration, Effect, Layer, TestClock, TestContext } from "effect"
 import WebSocket from "ws"
+import * as TailHub from "../../src/services/api/Tail.js"
+import { subscribeDeliveries } from "../../src/services/api/TailMethods.js"
+import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import type { Outcome } from "../../src/services/delivery/DeliveryOutcomes.js"
 
 export interface TailClient {
@@ -89,3 +100,118 @@ export const outcome = (owner: string, extra: Partial<Outcome> = {}): Outcome =>
   atMs: Date.now(),
   ...extra
 })
+
+// ---------------------------------------------------------------------------------------------
+// Under Bun: the live tail on BunHttpServer, driven over HTTP by the test's process
+
+/** The caller of every tail {@link serveUnderBun} serves. */
+export const BUN_OWNER = "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb"
+
+/** What `GET /stats` of {@link serveUnderBun} answers. */
+export interface BunTailStats extends TailHub.TailStats {
+  readonly published: number
+  /** the bytes Bun holds for the newest tail's socket, not yet taken by its client (-1: none) */
+  readonly buffered: number
+}
+
+/**
+ * A view of `request` on which @effect/platform-bun's upgrade hands the `data` it gives Bun's
+ * `server.upgrade` to `opened`, whose `deferred` the library completes with the ServerWebSocket:
+ * the test reads Bun's buffered amount itself, not through the code under test.
+ */
+const observed = (request: HttpServerRequest.HttpServerRequest, opened: Array<unknown>) => {
+  const server: unknown = Reflect.get(request, "bunServer")
+  const upgrade: unknown = typeof server === "object" && server !== null ? Reflect.get(server, "upgrade") : undefined
+  if (typeof upgrade !== "function") return request
+  const spy = {
+    upgrade: (source: unknown, options: { readonly data?: unknown }) => {
+      opened.push(options.data)
+      return Reflect.apply(upgrade, server, [source, options])
+    }
+  }
+  return new Proxy(request, {
+    get: (target, key, receiver) => key === "bunServer" ? spy : Reflect.get(target, key, receiver)
+  })
+}
+
+const bufferedOf = (data: unknown): Effect.Effect<number> => {
+  const deferred: unknown = typeof data === "object" && data !== null ? Reflect.get(data, "deferred") : undefined
+  if (typeof deferred !== "object" || deferred === null || !(Deferred.DeferredTypeId in deferred)) {
+    return Effect.succeed(-1)
+  }
+  return Deferred.await(deferred as Deferred.Deferred<unknown, unknown>).pipe(
+    Effect.map((ws) => {
+      const get: unknown = typeof ws === "object" && ws !== null ? Reflect.get(ws, "getBufferedAmount") : undefined
+      const n: unknown = typeof get === "function" ? Reflect.apply(get, ws, []) : undefined
+      return typeof n === "number" ? n : -1
+    }),
+    Effect.orElseSucceed(() => -1)
+  )
+}
+
+/**
+ * Serve on BunHttpServer (127.0.0.1, a free port, printed on stdout as `{"port":n}`), on the
+ * TestClock, until killed:
+ * - `/xrpc/dev.firehook.webhook.subscribeDeliveries`: the real method's handler (TailMethods) for
+ *   {@link BUN_OWNER}, without the XRPC pipeline's authentication;
+ * - `POST /publish?n=`: publish `n` outcomes of {@link BUN_OWNER}, one at a time, letting the hub
+ *   and the tails run between them;
+ * - `GET /stats`: {@link BunTailStats};
+ * - `POST /advance?ms=`: `TestClock.adjust`.
+ */
+export const serveUnderBun = Effect.gen(function*() {
+  const opened: Array<unknown> = []
+  let published = 0
+  const app = Effect.gen(function*() {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    const url = new URL(request.url, "http://localhost")
+    const n = Number(url.searchParams.get("n") ?? url.searchParams.get("ms") ?? "0")
+    switch (url.pathname) {
+      case "/xrpc/dev.firehook.webhook.subscribeDeliveries": {
+        const prepared = yield* subscribeDeliveries.prepare({}, undefined)
+        return yield* prepared.respond(BUN_OWNER).pipe(
+          Effect.provideService(HttpServerRequest.HttpServerRequest, observed(request, opened))
+        )
+      }
+      case "/publish": {
+        const outcomes = yield* DeliveryOutcomes.DeliveryOutcomes
+        for (let i = 0; i < n; i++) {
+          yield* outcomes.publish(outcome(BUN_OWNER))
+          published++
+          yield* Effect.yieldNow()
+        }
+        return HttpServerResponse.empty()
+      }
+      case "/stats": {
+        const stats = yield* Effect.flatMap(TailHub.Tail, (t) => t.stats)
+        const last = opened.at(-1)
+        const body: BunTailStats = {
+          ...stats,
+          published,
+          buffered: last === undefined ? -1 : yield* bufferedOf(last)
+        }
+        return yield* HttpServerResponse.json(body)
+      }
+      case "/advance": {
+        yield* TestClock.adjust(Duration.millis(n))
+        return HttpServerResponse.empty()
+      }
+    }
+    return HttpServerResponse.text("not found", { status: 404 })
+  }).pipe(
+    Effect.interruptible,
+    Effect.catchAll((e) => Effect.succeed(HttpServerResponse.text(e._tag, { status: 400 })))
+  )
+  const ctx = yield* Layer.build(
+    HttpServer.serve(app).pipe(
+      Layer.provideMerge(BunHttpServer.layer({ port: 0, hostname: "127.0.0.1" })),
+      Layer.provideMerge(TailHub.layer()),
+      Layer.provideMerge(DeliveryOutcomes.layerMemory)
+    )
+  )
+  const address = Context.get(ctx, HttpServer.HttpServer).address
+  console.log(JSON.stringify({ port: address._tag === "TcpAddress" ? address.port : 0 }))
+  return yield* Effect.never
+}).pipe(Effect.scoped, Effect.provide(TestContext.TestContext))
+
+if (import.meta.main) Effect.runFork(serveUnderBun)

@@ -7,7 +7,9 @@
  *   (the fifth is refused: `TooManyConnections`).
  * - Each connection has a bounded buffer ({@link BUFFER_FRAMES} outcome frames): a reader that
  *   does not keep up loses the newest outcomes, counted, and gets one `#info` frame
- *   (`DeliveriesDropped`, `dropped: n`) after the frames it kept. Never unbounded memory.
+ *   (`DeliveriesDropped`, `dropped: n`) after the frames it kept. Never unbounded memory: {@link pump}
+ *   takes frames only when its `room` allows (the socket's own buffer is under its bound:
+ *   `TailSocket.room`), so a slow reader's frames wait here, not in the runtime's socket buffer.
  * - Each open connection holds the process's outcome demand ({@link DeliveryOutcomes}): the
  *   other processes notify their outcomes only while some process has a connection open.
  * - {@link pump} serves one connection until it has lived {@link MAX_LIFETIME} (24 h, on the
@@ -189,14 +191,17 @@ export const layer = (options: TailOptions = {}): Layer.Layer<Tail, never, Deliv
 
 /**
  * Serve `connection` through `write` until it has lived `lifetime` (then `"lifetime"`) or the hub
- * closes (interrupted). A write that fails ends it (the caller's socket is gone).
+ * closes (interrupted). Before taking the next frames it waits for `room` (the socket's buffer
+ * under its bound), so frames that cannot be sent wait in the connection's bounded queue. A write
+ * or a `room` that fails ends it (the caller's socket is gone, or its reader took nothing for too long).
  */
-export const pump = <E, R>(
+export const pump = <E, R, E2 = never, R2 = never>(
   connection: Connection,
   write: (frames: ReadonlyArray<Frame>) => Effect.Effect<void, E, R>,
-  lifetime: Duration.DurationInput = MAX_LIFETIME
-): Effect.Effect<"lifetime", E, R> =>
+  lifetime: Duration.DurationInput = MAX_LIFETIME,
+  room: Effect.Effect<void, E2, R2> = Effect.void
+): Effect.Effect<"lifetime", E | E2, R | R2> =>
   // interruptible whatever the caller's region (the HTTP server runs a request uninterruptibly)
-  Effect.interruptible(Effect.forever(Effect.flatMap(connection.take, write))).pipe(
+  Effect.interruptible(Effect.forever(room.pipe(Effect.zipRight(connection.take), Effect.flatMap(write)))).pipe(
     Effect.timeoutTo({ duration: lifetime, onSuccess: (never) => never, onTimeout: () => "lifetime" as const })
   )

@@ -8,6 +8,11 @@
  * of the caller's deliveries until the connection has lived 24 h (closed with 1000 `lifetime`),
  * the hub closes (API shutdown) or the client goes away.
  *
+ * A slow reader: frames are handed to the socket only while the runtime holds at most
+ * `TailSocket.SOCKET_BUFFER_BYTES` for it; meanwhile they wait in the hub's bounded queue, which
+ * drops and counts (the `#info` frame). A socket that stays over that bound for
+ * `TailSocket.DRAIN_DEADLINE` (30 s) is closed with 1008 `slow reader`.
+ *
  * Frames are JSON text messages, each an object of the lexicon's message union with its `$type`:
  * `{"$type":"dev.firehook.webhook.subscribeDeliveries#outcome","id",…}` and
  * `{"$type":"dev.firehook.webhook.subscribeDeliveries#info","name":"DeliveriesDropped","dropped":n}`
@@ -15,13 +20,13 @@
  * stream carries no CIDs or bytes, and a JSON reader is all a client needs. The stream is one way:
  * a message from the client closes the connection.
  */
-import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as Socket from "@effect/platform/Socket"
 import { Duration, Effect, Schema } from "effect"
 import * as WebhookLexicon from "../../schemas/WebhookLexicon.js"
 import { subscription } from "./Methods.js"
 import { type Frame, MAX_LIFETIME, pump, Tail } from "./Tail.js"
+import * as TailSocket from "./TailSocket.js"
 import { invalidRequest, XrpcFailure } from "./XrpcError.js"
 
 /** After the closing frame, the client has this long to close its side. */
@@ -46,8 +51,7 @@ export const subscribeDeliveries = subscription(
             })
           ))
       )
-      const request = yield* HttpServerRequest.HttpServerRequest
-      const socket = yield* request.upgrade.pipe(
+      const { buffered, socket } = yield* TailSocket.upgrade.pipe(
         Effect.mapError(() => invalidRequest("a WebSocket upgrade is required"))
       )
       const write = yield* socket.writer
@@ -58,12 +62,20 @@ export const subscribeDeliveries = subscription(
             // a frame the lexicon refuses is a bug: skipped, logged without its values
             Effect.catchTag("ParseError", () => Effect.logError("api: a tail frame does not match its lexicon"))
           ), { discard: true })
-      const serve = pump(connection, send, MAX_LIFETIME).pipe(
-        Effect.zipRight(write(new Socket.CloseEvent(1000, "lifetime"))),
-        Effect.zipRight(Effect.sleep(CLOSE_GRACE))
+      // the service's close, then the client's turn to close its side
+      const closeWith = (code: number, reason: string) =>
+        write(new Socket.CloseEvent(code, reason)).pipe(Effect.zipRight(Effect.sleep(CLOSE_GRACE)))
+      const serve = pump(connection, send, MAX_LIFETIME, TailSocket.room(buffered)).pipe(
+        Effect.zipRight(closeWith(1000, "lifetime")),
+        Effect.catchTag("SlowReader", (e) =>
+          closeWith(TailSocket.SLOW_READER_CLOSE.code, TailSocket.SLOW_READER_CLOSE.reason).pipe(
+            Effect.zipRight(Effect.fail(e))
+          ))
       )
       // the socket ends when the client closes it (or sends anything: the stream is one way)
-      const read = socket.runRaw(() => Effect.fail(new ClientMessage()))
+      const read = socket.runRaw(() =>
+        Effect.fail(new ClientMessage())
+      )
       yield* Effect.raceFirst(read, serve).pipe(
         Effect.catchAll((e) => Effect.logDebug("api: tail closed").pipe(Effect.annotateLogs({ reason: e._tag })))
       )
