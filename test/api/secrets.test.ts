@@ -3,9 +3,13 @@
  * as §8.4 gives them, the token shown once, errors, the per-owner bound, NotConfigured without an
  * encryption key, and isolation: an owner sees and touches only its own secrets.
  */
+import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
-import { Effect, TestClock } from "effect"
+import { Clock, Effect, Either, Fiber, Redacted, TestClock } from "effect"
+import pg from "pg"
 import { Secrets } from "../../src/services/delivery/Secrets.js"
+import { DatabaseUrl } from "../../src/services/platform/Database.js"
+import { eventually } from "../delivery/worker-support.js"
 import { apiLayer, callAs, healthApi, newOwner } from "./support.js"
 
 const S = "place.wisp.v2.secret"
@@ -121,6 +125,50 @@ describe("secret methods", () => {
         const listed = yield* callAs(owner, `${S}.list`)
         expect((listed.body["secrets"] as Array<unknown>).length).toBe(1000)
       }))
+
+    it.effect("the bound holds for concurrent creates: 995 stored, 12 at once → exactly 5 more (real PostgreSQL)", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const secrets = yield* Secrets
+        const url = yield* DatabaseUrl
+        const owner = yield* newOwner()
+        yield* sql`INSERT INTO secrets (owner_did, name, envelope)
+          SELECT ${owner.did}, 'pre' || g, 'x' FROM generate_series(1, 995) g`
+        const names = Array.from({ length: 12 }, (_, i) => `race${i}`)
+        // Another session holds the 12 names, uncommitted. A create that has counted the owner's
+        // secrets then waits for it at its insert, so every create can be in flight at once: the
+        // worst interleaving, made certain (no timing), before the holder rolls back.
+        const holder = yield* Effect.acquireRelease(
+          Effect.promise(async () => {
+            const c = new pg.Client({ connectionString: Redacted.value(url) })
+            await c.connect()
+            await c.query("BEGIN")
+            await c.query(
+              "INSERT INTO secrets (owner_did, name, envelope) SELECT $1, unnest($2::text[]), 'held'",
+              [owner.did, names]
+            )
+            return c
+          }),
+          (c) => Effect.promise(() => c.end())
+        )
+        const creates = yield* Effect.fork(
+          Effect.forEach(names, (name) => Effect.either(secrets.create(owner.did, name)), { concurrency: "unbounded" })
+        )
+        yield* eventually(
+          "every create waiting (on the holder, or on the owner's turn)",
+          sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
+            WHERE datname = current_database() AND wait_event_type = 'Lock'`,
+          (r) => r[0]?.n === names.length
+        ).pipe(Effect.withClock(Clock.make())) // polled on the wall clock, not the TestClock
+        yield* Effect.promise(() => holder.query("ROLLBACK"))
+        const results = yield* Fiber.join(creates)
+        expect(results.filter(Either.isRight)).toHaveLength(5)
+        expect(results.flatMap((r) => (Either.isLeft(r) ? [r.left.reason] : []))).toEqual(
+          Array.from({ length: 7 }, () => "limit_reached")
+        )
+        const rows = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM secrets WHERE owner_did = ${owner.did}`
+        expect(rows[0]?.n).toBe(1000)
+      }).pipe(Effect.scoped))
 
     it.effect("health counts the calls", () =>
       Effect.gen(function*() {

@@ -26,6 +26,7 @@ import { randomBytes } from "node:crypto"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { codeOr } from "../platform/ErrorCode.js"
+import { SECRETS_OWNER } from "../platform/LockKeys.js"
 import * as SecretBox from "./SecretBox.js"
 import { SecretUnavailable } from "./SecretBox.js"
 
@@ -148,7 +149,11 @@ export const makeSqlStore = Effect.gen(function*() {
       ),
     insert: (ownerDid, name, envelope) =>
       Effect.gen(function*() {
-        // One statement: the per-owner bound and the uniqueness check together.
+        // One owner's creates one at a time, until commit (another owner whose DID hashes alike
+        // waits too, harmlessly): the INSERT's snapshot, taken after the lock (READ COMMITTED, the
+        // default), counts every create committed before it, so concurrent creates cannot pass the
+        // bound together. The INSERT checks the bound and uniqueness in one statement.
+        yield* sql`SELECT pg_advisory_xact_lock(${SECRETS_OWNER}::int, hashtext(${ownerDid}))`
         const inserted = yield* sql<{ name: string }>`
           INSERT INTO secrets (owner_did, name, envelope)
           SELECT ${ownerDid}, ${name}, ${envelope}
@@ -159,7 +164,7 @@ export const makeSqlStore = Effect.gen(function*() {
         const existing = yield* sql<{ n: number }>`
           SELECT 1 AS n FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`
         return existing.length > 0 ? ("exists" as const) : ("limit" as const)
-      }).pipe(Effect.mapError(storeError), bounded),
+      }).pipe(sql.withTransaction, Effect.mapError(storeError), bounded),
     update: (ownerDid, name, envelope) =>
       sql<{ name: string }>`
         UPDATE secrets SET envelope = ${envelope}, rotated_at = now()

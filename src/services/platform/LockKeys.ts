@@ -21,3 +21,8 @@ export const RECONCILE = 7_231_004
  * locks above (PostgreSQL tells them apart by `objsubid`).
  */
 export const WORKER_ALIVE = 7_231_005
+/**
+ * Transaction lock namespace (two-key form): one owner's secret creates, one at a time,
+ * `pg_advisory_xact_lock(SECRETS_OWNER, hashtext(ownerDid))` (`Secrets`: the per-owner bound).
+ */
+export const SECRETS_OWNER = 7_231_006
