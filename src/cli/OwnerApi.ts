@@ -3,7 +3,9 @@
  *
  * - The service is `--service URL` / `FIREHOOK_SERVICE_URL` (an origin: https://, or http:// to a
  *   loopback host); its DID is `--service-did` / `FIREHOOK_SERVICE_DID`, else read from the
- *   service's `/.well-known/did.json` (before signing in: a wrong service costs no password use).
+ *   service's `/.well-known/did.json` (before signing in: a wrong service costs no password use),
+ *   and then only the did:web of the URL's host and port is taken: a service that names another
+ *   DID there would get tokens addressed to that other service (`ServiceDidMismatch`, exit 1).
  * - Every call gets its own service token from the owner's PDS (`getServiceAuth`, aud = the service
  *   DID, lxm = the method, 60 s), sent as `Authorization: Bearer` and never printed or logged.
  * - Parameters and bodies are checked with the method's Effect Schema (the lexicon) BEFORE signing
@@ -17,7 +19,7 @@
 import { Data, Duration, Effect, Option, ParseResult, Redacted, Schema } from "effect"
 import { DidDocument } from "../schemas/DidDocument.js"
 import type { XrpcContract } from "../schemas/XrpcContract.js"
-import { isServiceDid, parsePublicUrl } from "../services/api/ApiConfig.js"
+import { didWebOf, isServiceDid, parsePublicUrl } from "../services/api/ApiConfig.js"
 import { type HooksInvalid, invalid } from "./HookErrors.js"
 import type { HooksFailed, HooksShape } from "./HookRecords.js"
 
@@ -169,9 +171,27 @@ const exchange = (
   )
 }
 
+const LOOPBACK = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/
+
 /**
- * The service DID: as given, else the `id` of `<service>/.well-known/did.json` (a canonical DID,
- * or a did:web with a port).
+ * The DIDs a service at `url` (an origin) may name itself in its `/.well-known/did.json`: the
+ * did:web of its host and port (what firehook publishes: the did:web of its `PUBLIC_URL`), and for
+ * a loopback URL also `did:web:localhost[%3A<port>]` (a service whose `PUBLIC_URL` is
+ * `http://localhost:<port>`, reached at 127.0.0.1: the same machine and port).
+ */
+export const ownServiceDids = (url: string): ReadonlyArray<string> => {
+  const own = didWebOf(url)
+  const u = new URL(url)
+  const local = LOOPBACK.test(u.hostname)
+    ? didWebOf(`${u.protocol}//localhost${u.port === "" ? "" : `:${u.port}`}`)
+    : undefined
+  return [...new Set([own, local].filter((d): d is string => d !== undefined))]
+}
+
+/**
+ * The service DID: as given, else the `id` of `<service>/.well-known/did.json`, which must be the
+ * did:web of the service's URL ({@link ownServiceDids}); any other DID there is refused, since the
+ * owner's PDS would mint tokens addressed to it (`--service-did` names another DID deliberately).
  */
 export const serviceDid = (s: Service, timeout: Duration.DurationInput = DEFAULT_API_TIMEOUT) =>
   Option.match(s.did, {
@@ -187,7 +207,20 @@ export const serviceDid = (s: Service, timeout: Duration.DurationInput = DEFAULT
         Effect.flatMap(({ json, status }) => {
           const doc = Schema.decodeUnknownOption(DidDocument)(json)
           if (status === 200 && Option.isSome(doc) && isServiceDid(doc.value.id)) {
-            return Effect.succeed(doc.value.id)
+            const id = doc.value.id
+            const expected = ownServiceDids(s.url)
+            if (expected.includes(id)) return Effect.succeed(id)
+            return Effect.fail(
+              apiFailed(
+                "ServiceDidMismatch",
+                status,
+                `the service at ${new URL(s.url).host} names itself ${
+                  printable(id, 2048)
+                } in /.well-known/did.json, not ${
+                  expected[0] ?? "the did:web of its host"
+                }: refusing to get a token addressed to another service (give --service-did or FIREHOOK_SERVICE_DID to name it deliberately)`
+              )
+            )
           }
           return Effect.fail(
             apiFailed(
