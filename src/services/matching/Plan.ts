@@ -211,9 +211,11 @@ const planEvent = (ctx: PlanContext, d: Draft, i: number, e: RecordEvent, isWh: 
       batchWritten.delete(d.uriAt(i, e))
     }
   } else if (newRefs.length > 0) {
-    const keys = d.priorIndex.keys
+    // the table's bound (SPEC §2.4): the index holds a key for every row (see `PriorRefIndex`);
+    // an incomplete one does not, and admits no new key until a reload finds the table within it
+    const { keys, complete } = d.priorIndex
     const isNew = !keys.has(d.uriAt(i, e)) && !batchWritten.has(d.uriAt(i, e))
-    if (isNew && keys.size + addedKeys.length >= priorLimits.maxRows) {
+    if (isNew && (!complete || keys.size + addedKeys.length >= priorLimits.maxRows)) {
       d.batchRefused++
     } else {
       const { refs: kept, bytes } = boundRefs(

@@ -1,12 +1,22 @@
 /**
  * Prior references in the processor (SPEC §2.4): the limits of a row and of the table, the
- * in-memory index of the stored keys (with the count of keys per DID), and the prior-reference
- * state of batches planned together: the rows they read, the puts and removes applied to them in
- * order (the store's rules), and each touched key's final state as one write.
+ * in-memory index of the stored keys (with the count of keys per DID, and when each may expire:
+ * it forgets the keys whose rows expired), and the prior-reference state of batches planned
+ * together: the rows they read, the puts and removes applied to them in order (the store's rules),
+ * and each touched key's final state as one write.
  */
+import { Clock, Effect } from "effect"
 import type { FirehookConfigShape } from "../platform/Config.js"
+import type * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import * as MatchingConfig from "./MatchingConfig.js"
-import type { PriorRefsDelete, PriorRefsRow, PriorRefsUpsert, PriorRefsWrite } from "./PriorRefsStore.js"
+import type {
+  PriorRefsDelete,
+  PriorRefsRow,
+  PriorRefsStoreShape,
+  PriorRefsUpsert,
+  PriorRefsWrite,
+  StoredKey
+} from "./PriorRefsStore.js"
 import { utf8Length } from "./References.js"
 
 export interface PriorRefLimits {
@@ -20,7 +30,8 @@ export interface PriorRefLimits {
  * SPEC §2.4: ≤ 100 refs and ≤ 32 KiB per row (constants: the shape of a row), TTL 7 days and a
  * table bound of 100,000 rows (the defaults of `PRIOR_REFS_TTL_MS` / `PRIOR_REFS_MAX_ROWS`). The
  * row bound is also the bound of the in-memory key index (loaded up to it; over it the index is
- * incomplete and every candidate is read from the table).
+ * incomplete and every candidate is read from the table), which forgets a key once its row has
+ * expired and left the table (see {@link PriorRefIndex}).
  */
 export const defaultPriorRefLimits: PriorRefLimits = {
   maxRefs: 100,
@@ -62,42 +73,67 @@ export const boundRefs = (
 const didOf = (uri: string) => uri.slice(5, uri.indexOf("/", 5))
 
 /**
+ * When the key index asks the table about keys past their expiry (SPEC §2.4 TTL): at most once a
+ * minute and 1,000 keys at a time (maintenance's cadence and batch, SPEC §4.9); at once, while
+ * the index is full or the previous check left due keys unasked.
+ */
+export const EXPIRY_CHECK = { intervalMs: 60_000, maxKeys: 1_000 } as const
+
+/**
  * The in-memory index of prior-reference keys, with the count of keys per DID (most events are
  * from DIDs with none: their record URI is then never looked up). Loaded up to `maxRows` keys; over
  * it, it is incomplete (`complete` false) and every candidate is read from the table.
+ *
+ * Each key carries the Clock time from which its row may have expired (its last write + TTL), and
+ * the keys are in that order (a write moves its key to the end). Invariant: every live row of the
+ * table has its key here, and a key leaves only when its row has left the table: when a commit
+ * removed the row, or when the table answered, in the statement that deletes the row if it has
+ * expired (`PriorRefsStore.expire`), that it has none. So the index never holds fewer keys than the
+ * table holds rows written or loaded by this process, and admitting a new key only while the index
+ * holds fewer than `maxRows` keys keeps the table within its bound. The Clock only decides when to
+ * ask; the table's `now()` decides what has expired (a skewed clock costs a question, never a row).
  */
 export class PriorRefIndex {
-  readonly keys = new Set<string>()
+  /** key → Clock millis from which its row may have expired, in that order */
+  readonly keys = new Map<string, number>()
   readonly keyDids = new Map<string, number>()
-  complete: boolean
+  complete = true
   readonly maxRows: number
+  readonly ttlMs: number
+  /** no periodic check before this (Clock millis) */
+  private nextCheckAt = 0
+  /** the previous check left due keys unasked */
+  private backlog = false
 
-  constructor(stored: Iterable<string>, maxRows: number) {
+  constructor(maxRows: number, ttlMs: number) {
     this.maxRows = maxRows
-    this.complete = true
-    this.reload(stored)
+    this.ttlMs = ttlMs
   }
 
   /**
-   * Replace the contents with the keys stored now (as read, up to `maxRows + 1`): at startup, and
-   * when this replica takes the intake role (SPEC §6.4: the old leader wrote keys this index
-   * never saw).
+   * Replace the contents with the keys stored now (as read, up to `maxRows + 1`, with their time
+   * left): at startup, and when this replica takes the intake role (SPEC §6.4: the old leader
+   * wrote keys this index never saw); while the index is incomplete, at each check.
    */
-  reload(stored: Iterable<string>): void {
+  reload(stored: Iterable<StoredKey>, now: number): void {
     this.keys.clear()
     this.keyDids.clear()
-    for (const k of stored) this.add(k)
+    for (const k of [...stored].sort((a, b) => a.ttlMs - b.ttlMs)) this.add(k.recordUri, now + k.ttlMs)
     this.complete = this.keys.size <= this.maxRows
+    this.nextCheckAt = now + EXPIRY_CHECK.intervalMs
+    this.backlog = false
   }
 
-  add(uri: string): void {
-    if (this.keys.has(uri)) return
-    this.keys.add(uri)
-    const did = didOf(uri)
-    this.keyDids.set(did, (this.keyDids.get(did) ?? 0) + 1)
+  /** (re)written at `at`: moved to the end */
+  private add(uri: string, at: number): void {
+    if (!this.keys.delete(uri)) {
+      const did = didOf(uri)
+      this.keyDids.set(did, (this.keyDids.get(did) ?? 0) + 1)
+    }
+    this.keys.set(uri, at)
   }
 
-  delete(uri: string): void {
+  private forget(uri: string): void {
     if (!this.keys.delete(uri)) return
     const did = didOf(uri)
     const n = (this.keyDids.get(did) ?? 1) - 1
@@ -107,21 +143,94 @@ export class PriorRefIndex {
 
   /**
    * After a unit of work failed with an outcome unknown to this process (the server may have
-   * committed it): the keys it may have written are taken as stored. A key in the index that
-   * has no row costs one read and is otherwise harmless; a stored key missing from it would
-   * hide its references from the record's update or delete.
+   * committed it): the keys it may have written are taken as stored (and as written now). A key
+   * in the index that has no row costs one read and is forgotten at its expiry check; a stored
+   * key missing from it would hide its references from the record's update or delete.
    */
-  mayHaveWritten(keys: Iterable<string>): void {
-    for (const k of keys) this.add(k)
+  mayHaveWritten(keys: Iterable<string>, now: number): void {
+    for (const k of keys) this.add(k, now + this.ttlMs)
     if (this.keys.size > this.maxRows) this.complete = false
   }
 
-  /** after commit: the index follows the final states (a key removed and written again stays) */
-  follow(removedKeys: Iterable<string>, written: Iterable<string>): void {
-    for (const k of removedKeys) this.delete(k)
-    for (const k of written) this.add(k)
+  /** after commit (at `now`): the index follows the final states (a key removed and written again stays) */
+  follow(removedKeys: Iterable<string>, written: Iterable<string>, now: number): void {
+    for (const k of removedKeys) this.forget(k)
+    for (const k of written) this.add(k, now + this.ttlMs)
     if (this.keys.size > this.maxRows) this.complete = false
   }
+
+  /**
+   * What to do about expiry now: `reload` (incomplete: a reload may find the table back within
+   * its bound), `check` the keys past their expiry (oldest first, at most `maxKeys`), or nothing.
+   * See {@link EXPIRY_CHECK} for when.
+   */
+  expiryStep(now: number): { readonly _tag: "none" } | { readonly _tag: "reload" } | {
+    readonly _tag: "check"
+    readonly keys: ReadonlyArray<string>
+  } {
+    const urgent = this.backlog || this.keys.size >= this.maxRows
+    if (!this.complete) {
+      if (now < this.nextCheckAt) return { _tag: "none" }
+      this.nextCheckAt = now + EXPIRY_CHECK.intervalMs
+      return { _tag: "reload" }
+    }
+    const first = this.keys.values().next()
+    if (first.done === true || first.value > now || (now < this.nextCheckAt && !urgent)) return { _tag: "none" }
+    const keys: Array<string> = []
+    for (const [k, at] of this.keys) {
+      if (at > now || keys.length >= EXPIRY_CHECK.maxKeys) break
+      keys.push(k)
+    }
+    this.nextCheckAt = now + EXPIRY_CHECK.intervalMs
+    this.backlog = keys.length >= EXPIRY_CHECK.maxKeys
+    return { _tag: "check", keys }
+  }
+
+  /**
+   * The table's answer about `asked` (see `PriorRefsStore.expire`): a key without a row is
+   * forgotten; one whose row is still there is asked about again when the table says it expires
+   * (it keeps its place: the keys behind it were written later).
+   */
+  expired(asked: ReadonlyArray<string>, left: ReadonlyMap<string, number>, now: number): void {
+    for (const k of asked) {
+      const ms = left.get(k)
+      if (ms === undefined) this.forget(k)
+      else if (this.keys.has(k)) this.keys.set(k, now + ms)
+    }
+  }
+}
+
+/**
+ * The index's traffic with the table, for the processor's worker: `load` the stored keys (at
+ * startup, on `reload`); `checkExpiry`, between two units of work, carries out the index's
+ * {@link PriorRefIndex.expiryStep}: ask the table about the keys past their expiry (it deletes
+ * their rows if they have expired; the index forgets the keys whose rows are gone), or, while the
+ * index is incomplete, load the keys again. A failed check is logged (`log`, at most once a minute)
+ * and changes nothing; the next one asks again.
+ */
+export const indexUpkeep = (index: PriorRefIndex, store: PriorRefsStoreShape, log: RateLimitedLog.RateLimitedLog) => {
+  const load = Effect.flatMap(
+    store.keys(index.maxRows + 1),
+    (stored) => Effect.map(Clock.currentTimeMillis, (now) => index.reload(stored, now))
+  )
+  const checkExpiry = Effect.gen(function*() {
+    const step = index.expiryStep(yield* Clock.currentTimeMillis)
+    if (step._tag === "reload") yield* load
+    else if (step._tag === "check") {
+      const left = yield* store.expire(step.keys)
+      index.expired(step.keys, left, yield* Clock.currentTimeMillis)
+    }
+  }).pipe(
+    Effect.catchAll((e) =>
+      log.run(
+        "expiry",
+        () =>
+          Effect.logWarning("prior-reference expiry check failed").pipe(Effect.annotateLogs({ code: e.code, op: e.op }))
+      )
+    ),
+    Effect.withSpan("Processor.checkExpiry")
+  )
+  return { load, checkExpiry }
 }
 
 // ---------------------------------------------------------------------------------------------

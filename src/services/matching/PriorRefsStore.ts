@@ -8,7 +8,7 @@
  * what earlier events of its batch wrote), and writes each touched key's final state.
  */
 import { SqlClient } from "@effect/sql"
-import { Context, Effect, Layer, Ref } from "effect"
+import { Clock, Context, Effect, Layer, Ref } from "effect"
 import { type StoreError, storeOp, storeOpWithin } from "../platform/Persistence.js"
 
 export interface PriorRefs {
@@ -44,15 +44,30 @@ export interface PriorRefsWrite {
   readonly ttlSeconds: number
 }
 
+/** A stored, unexpired key and the time its row has left to live (milliseconds). */
+export interface StoredKey {
+  readonly recordUri: string
+  readonly ttlMs: number
+}
+
 export interface PriorRefsStoreShape {
-  /** every stored, unexpired key (bounded by `limit`), to build the in-memory key index */
-  readonly keys: (limit: number) => Effect.Effect<ReadonlyArray<string>, StoreError>
+  /**
+   * every stored, unexpired key (bounded by `limit`) with its time left, soonest to expire first,
+   * to build the in-memory key index
+   */
+  readonly keys: (limit: number) => Effect.Effect<ReadonlyArray<StoredKey>, StoreError>
   /** the stored rows of these keys, expired ones included (one statement) */
   readonly read: (recordUris: ReadonlyArray<string>) => Effect.Effect<ReadonlyMap<string, PriorRefsRow>, StoreError>
   /**
    * Delete and upsert (distinct keys, one statement); returns the keys whose upsert was written.
    */
   readonly write: (changes: PriorRefsWrite) => Effect.Effect<ReadonlySet<string>, StoreError>
+  /**
+   * Of these keys, delete the rows that have expired (one statement); returns the time left of
+   * every row still there (0 for an expired row this statement could not take: another
+   * transaction holds it). A key absent from the answer has no row now.
+   */
+  readonly expire: (recordUris: ReadonlyArray<string>) => Effect.Effect<ReadonlyMap<string, number>, StoreError>
   readonly count: Effect.Effect<number, StoreError>
 }
 
@@ -107,8 +122,10 @@ export const makeSql = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const store: PriorRefsStoreShape = {
     keys: (limit) =>
-      sql<{ record_uri: string }>`SELECT record_uri FROM prior_refs WHERE expires_at > now() LIMIT ${limit}`.pipe(
-        Effect.map((rows) => rows.map((r) => r.record_uri)),
+      sql<{ record_uri: string; ttl_ms: number }>`
+        SELECT record_uri, (extract(epoch FROM expires_at - now()) * 1000)::float8 AS ttl_ms
+        FROM prior_refs WHERE expires_at > now() ORDER BY expires_at LIMIT ${limit}`.pipe(
+        Effect.map((rows) => rows.map((r): StoredKey => ({ recordUri: r.record_uri, ttlMs: Number(r.ttl_ms) }))),
         // the key index is loaded once at startup (bounded by `limit`)
         storeOpWithin("priorRefs.keys", "10 minutes")
       ),
@@ -132,6 +149,27 @@ export const makeSql = Effect.gen(function*() {
           Effect.map((rows) => new Set(rows.map((r) => r.record_uri))),
           storeOp("priorRefs.write")
         ),
+    // the rows it deletes are locked first, skipping those another transaction holds (maintenance
+    // deleting them): such a row is reported as still there, so its key is asked about again
+    expire: (recordUris) =>
+      recordUris.length === 0
+        ? Effect.succeed(new Map<string, number>())
+        : sql<{ record_uri: string; ttl_ms: number }>`
+            WITH asked AS (SELECT unnest(${recordUris}::text[]) AS uri),
+            doomed AS (
+              SELECT p.record_uri FROM prior_refs p JOIN asked a ON p.record_uri = a.uri
+              WHERE p.expires_at <= now()
+              FOR UPDATE OF p SKIP LOCKED
+            ), gone AS (
+              DELETE FROM prior_refs p USING doomed d WHERE p.record_uri = d.record_uri
+              RETURNING p.record_uri
+            )
+            SELECT p.record_uri, greatest(0, extract(epoch FROM p.expires_at - now()) * 1000)::float8 AS ttl_ms
+            FROM prior_refs p JOIN asked a ON p.record_uri = a.uri
+            WHERE NOT EXISTS (SELECT 1 FROM gone g WHERE g.record_uri = p.record_uri)`.pipe(
+          Effect.map((rows) => new Map(rows.map((r) => [r.record_uri, Number(r.ttl_ms)]))),
+          storeOp("priorRefs.expire")
+        ),
     count: sql<{ n: string | number }>`SELECT count(*) AS n FROM prior_refs`.pipe(
       Effect.map((rows) => Number(rows[0]?.n ?? 0)),
       storeOp("priorRefs.count")
@@ -154,36 +192,58 @@ export interface PriorRefsCalls {
 
 export const makeMemory = (calls: PriorRefsCalls = { get: 0, put: 0, remove: 0 }) =>
   Effect.gen(function*() {
-    // rows never expire in memory
-    const rows = yield* Ref.make(new Map<string, PriorRefs>())
+    // rows expire by the Effect Clock (the TestClock in tests), as by `now()` in PostgreSQL
+    const rows = yield* Ref.make(new Map<string, PriorRefs & { readonly expiresAt: number }>())
+    const withNow = <A>(f: (now: number, m: Map<string, PriorRefs & { readonly expiresAt: number }>) => A) =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.map(Ref.get(rows), (m) => f(now, m)))
     const store: PriorRefsStoreShape = {
-      keys: (limit) => Ref.get(rows).pipe(Effect.map((m) => [...m.keys()].slice(0, limit))),
+      keys: (limit) =>
+        withNow((now, m) =>
+          [...m]
+            .filter(([, r]) => r.expiresAt > now)
+            .sort(([, a], [, b]) => a.expiresAt - b.expiresAt)
+            .slice(0, limit)
+            .map(([recordUri, r]): StoredKey => ({ recordUri, ttlMs: r.expiresAt - now }))
+        ),
       read: (uris) =>
-        Effect.map(Ref.get(rows), (m) => {
+        withNow((now, m) => {
           calls.get += uris.length
           const out = new Map<string, PriorRefsRow>()
           for (const uri of uris) {
             const r = m.get(uri)
-            if (r !== undefined) out.set(uri, { rev: r.rev, refs: r.refs, live: true })
+            if (r !== undefined) out.set(uri, { rev: r.rev, refs: r.refs, live: r.expiresAt > now })
           }
           return out
         }),
-      write: ({ upserts, deletes }) =>
-        Ref.modify(rows, (m) => {
+      write: ({ deletes, ttlSeconds, upserts }) =>
+        withNow((now, m) => {
           calls.put += upserts.length
           calls.remove += deletes.length
           for (const d of deletes) {
             const prev = m.get(d.recordUri)
-            if (prev !== undefined && (d.olderThan === undefined || prev.rev < d.olderThan)) m.delete(d.recordUri)
+            if (
+              prev !== undefined && (d.olderThan === undefined || prev.rev < d.olderThan || prev.expiresAt <= now)
+            ) m.delete(d.recordUri)
           }
           const written = new Set<string>()
           for (const u of upserts) {
             const prev = m.get(u.recordUri)
-            if (!u.force && prev !== undefined && !(prev.rev < u.rev)) continue
-            m.set(u.recordUri, { rev: u.rev, refs: u.refs })
+            if (!u.force && prev !== undefined && prev.expiresAt > now && !(prev.rev < u.rev)) continue
+            m.set(u.recordUri, { rev: u.rev, refs: u.refs, expiresAt: now + ttlSeconds * 1000 })
             written.add(u.recordUri)
           }
-          return [written, m]
+          return written
+        }),
+      expire: (uris) =>
+        withNow((now, m) => {
+          const left = new Map<string, number>()
+          for (const uri of uris) {
+            const r = m.get(uri)
+            if (r === undefined) continue
+            if (r.expiresAt <= now) m.delete(uri)
+            else left.set(uri, r.expiresAt - now)
+          }
+          return left
         }),
       count: Ref.get(rows).pipe(Effect.map((m) => m.size))
     }

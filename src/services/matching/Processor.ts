@@ -24,9 +24,11 @@
  * have written are taken into the key index.
  *
  * `reload` (a replica taking the intake role, SPEC §6.4) loads the registry and the prior-reference
- * key index again, between two units of work.
+ * key index again, between two units of work. Between two units too, the key index forgets the
+ * keys whose rows expired (`PriorRefIndex.expiryStep`: the table deletes them and answers), so a
+ * full table admits new keys again once rows pass their TTL, whether or not maintenance runs here.
  */
-import { type Cause, Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
+import { type Cause, Clock, Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import type { CursorWrite } from "../intake/CursorStore.js"
@@ -47,7 +49,14 @@ import {
   settleTogether,
   tally
 } from "./Plan.js"
-import { newShared, priorLimitsFromConfig, PriorRefIndex, type PriorRefLimits, priorWriteOf } from "./PriorRefIndex.js"
+import {
+  indexUpkeep,
+  newShared,
+  priorLimitsFromConfig,
+  PriorRefIndex,
+  type PriorRefLimits,
+  priorWriteOf
+} from "./PriorRefIndex.js"
 import { PriorRefsStore, type PriorRefsWrite } from "./PriorRefsStore.js"
 
 // the plan and the prior-reference index live in their own modules (this one is the queue and
@@ -149,11 +158,13 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     const index = registry.index
     const outboxLimits = Outbox.defaultLimits(config.registry.activeMax)
     // the in-memory index of prior-reference keys (SPEC §2.4)
-    const priorIndex = new PriorRefIndex(yield* priorStore.keys(priorLimits.maxRows + 1), priorLimits.maxRows)
+    const priorIndex = new PriorRefIndex(priorLimits.maxRows, priorLimits.ttlSeconds * 1000)
+    // the prior-reference warnings (table full, expiry check failed), each at most once a minute
+    const priorLog = RateLimitedLog.make()
+    const { checkExpiry, load: loadPriorKeys } = indexUpkeep(priorIndex, priorStore, priorLog)
+    yield* loadPriorKeys
     let tooComplex = 0
     let refused = 0
-    // the table-full warning, at most once a minute
-    const refusalLog = RateLimitedLog.make()
     const planContext: PlanContext = {
       registry,
       index,
@@ -171,9 +182,9 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
      * look its stored references up.
      */
     const unknownOutcome = (prior: PriorRefsWrite | undefined, cause: Cause.Cause<StoreError>) =>
-      Effect.sync(() => {
+      Effect.map(Clock.currentTimeMillis, (now) => {
         if (prior !== undefined && mayHaveCommitted(cause)) {
-          priorIndex.mayHaveWritten(prior.upserts.map((u) => u.recordUri))
+          priorIndex.mayHaveWritten(prior.upserts.map((u) => u.recordUri), now)
         }
       })
 
@@ -234,7 +245,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     /** after commit: key index, counters, metrics */
     const account = (unit: UnitDone) =>
       Effect.gen(function*() {
-        priorIndex.follow(unit.removedKeys, unit.written)
+        priorIndex.follow(unit.removedKeys, unit.written, yield* Clock.currentTimeMillis)
         const { batchRefused, inserted, duplicates, batchTooComplex, byReason, byOutcome } = tally(unit.done)
         tooComplex += batchTooComplex
         refused += batchRefused
@@ -245,7 +256,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         for (const [outcome, n] of byOutcome) yield* Metric.incrementBy(processedBy({ outcome }), n)
         if (batchRefused > 0) {
           yield* Metric.incrementBy(priorRefsRefusedMetric, batchRefused)
-          yield* refusalLog.run(
+          yield* priorLog.run(
             "refused",
             () =>
               Effect.logWarning("prior-reference table full: new keys refused").pipe(Effect.annotateLogs({ refused }))
@@ -298,7 +309,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     /** `reload`'s work (in the worker) */
     const reloadNow = Effect.gen(function*() {
       yield* registry.reload
-      priorIndex.reload(yield* priorStore.keys(priorLimits.maxRows + 1))
+      yield* loadPriorKeys
       yield* Effect.logInfo("prior-reference keys loaded").pipe(
         Effect.annotateLogs({ keys: priorIndex.keys.size, complete: priorIndex.complete })
       )
@@ -324,6 +335,8 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
           inProgress.delete(head)
           continue
         }
+        // between two units: the key index forgets the keys whose rows expired
+        yield* checkExpiry
         // the head of the line, alone or with the one-statement batches right behind it
         const group: Array<Request> = [head]
         for (let next = pending[0]; next !== undefined && next._tag === "batch"; next = pending[0]) {
