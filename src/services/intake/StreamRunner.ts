@@ -4,8 +4,14 @@
  * commits batches (`Batcher`); when it ends, the loop reconnects, with full-jitter backoff after a
  * failure, a slower one after a poison frame, at once after a full queue or a restart. A crash of
  * the loop restarts it.
+ *
+ * A replay point asked for (`restart(cursor)`, `runFrom(from)`; SPEC §3.1: a newly watched DID's
+ * stream resumes from before its registration) is kept, the earliest of those asked, until a
+ * session that connected from it has committed a batch: a session that was already ending for
+ * another reason (closed socket, full queue, failed batch), a failed connection or a crash of the
+ * loop does not lose it.
  */
-import { Cause, Deferred, Duration, Effect, Metric, Ref, Schedule } from "effect"
+import { Cause, Deferred, Duration, Effect, Exit, Metric, Ref, Schedule } from "effect"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
 import * as Backoff from "../platform/Backoff.js"
@@ -49,6 +55,10 @@ export const resumeCursor = (
   return override !== undefined && override < base ? override : base
 }
 
+/** the earlier of two replay points (undefined: none asked) */
+export const earlierReplay = (a: bigint | undefined, b: bigint | undefined): bigint | undefined =>
+  a === undefined ? b : b === undefined || a <= b ? a : b
+
 /** One connection: read into the queue, commit batches; returns why it ended. */
 const session = (ctx: StreamContext, cursor: bigint | undefined) =>
   Effect.scoped(
@@ -84,31 +94,50 @@ const loadCursor = (ctx: StreamContext) =>
     )
   )
 
-const loopFrom = (ctx: StreamContext, from: bigint | undefined) => {
-  const { spec, tuning, state, stopped, tagged } = ctx
+/**
+ * A session from the replay point asked for (taken from `replay`), which goes back to `replay`
+ * (the earliest of it and any asked for since) unless the session committed a batch, or the relay
+ * said the cursor is in its future (nothing to replay: the stream goes live).
+ */
+const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, live: boolean) =>
+  Effect.gen(function*() {
+    const requested = yield* Ref.getAndSet(replay, undefined)
+    const before = yield* Ref.get(ctx.state)
+    const cursor = resumeCursor(ctx.spec, live && requested === undefined, before, requested)
+    return yield* session(ctx, cursor).pipe(
+      Effect.catchAllCause((cause) =>
+        Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : Effect.succeed<SessionEnd>({ kind: "handler" })
+      ),
+      Effect.onExit((exit) =>
+        requested === undefined || (Exit.isSuccess(exit) && exit.value.cursorOverride === -1n)
+          ? Effect.void
+          : Effect.flatMap(
+            Ref.get(ctx.state),
+            (after) =>
+              after.batches > before.batches ? Effect.void : Ref.update(replay, (p) => earlierReplay(p, requested))
+          )
+      )
+    )
+  })
+
+const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
+  const { state, stopped, tagged, tuning } = ctx
   return Effect.gen(function*() {
     const stored = yield* loadCursor(ctx)
     yield* Ref.update(state, (s) => ({ ...s, durableCursor: stored }))
     let failures = 0
-    let override: bigint | undefined = from
     let live = false
     for (;;) {
-      const cursor = resumeCursor(spec, live, yield* Ref.get(state), override)
-      override = undefined
-      live = false
       const acksBefore = (yield* Ref.get(state)).batches
-      const end = yield* session(ctx, cursor).pipe(
-        Effect.catchAllCause((cause) =>
-          Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : Effect.succeed<SessionEnd>({ kind: "handler" })
-        )
-      )
+      const end = yield* sessionFrom(ctx, replay, live)
+      live = false
       if (yield* Deferred.isDone(stopped)) return yield* Effect.never
       yield* Ref.set(ctx.restartSignal, yield* Deferred.make<bigint | undefined>())
       const s = yield* Ref.get(state)
       if (s.batches > acksBefore) failures = 0
       yield* Metric.increment(tagged.reconnects)
       if (end.kind === "restart") {
-        override = end.cursorOverride
+        // the replay point it asked for (if any) is in `replay`
         yield* Ref.update(state, (x) => ({ ...x, reconnects: x.reconnects + 1 }))
         continue
       }
@@ -139,8 +168,8 @@ const loopFrom = (ctx: StreamContext, from: bigint | undefined) => {
  * a persistent bug cannot spin. The stream never gives up (SPEC §3.3). Logged by kind only: a
  * cause could carry values.
  */
-const runFrom = (ctx: StreamContext, from: bigint | undefined, crashes = 0): Effect.Effect<never> =>
-  loopFrom(ctx, from).pipe(
+const runFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, crashes = 0): Effect.Effect<never> =>
+  loopFrom(ctx, replay).pipe(
     Effect.catchAllCause((c) =>
       Cause.isInterruptedOnly(c)
         ? Effect.failCause(c)
@@ -152,8 +181,9 @@ const runFrom = (ctx: StreamContext, from: bigint | undefined, crashes = 0): Eff
           )
           const wait = yield* fullJitter(ctx.tuning.backoffBase, ctx.tuning.backoffCap, crashes)
           yield* Effect.sleep(wait).pipe(Effect.raceFirst(Deferred.await(ctx.stopped)))
-          // resume from this process's position (or the durable cursor), not the first replay point
-          return yield* runFrom(ctx, undefined, crashes + 1)
+          // resume from this process's position (or the durable cursor), or a replay point asked
+          // for and not yet replayed
+          return yield* runFrom(ctx, replay, crashes + 1)
         })
     ),
     Effect.orDie
@@ -173,6 +203,11 @@ export const makeStreamRunner = (
       yield* Deferred.make<bigint | undefined>()
     )
     const stopped = yield* Deferred.make<void>()
+    // the replay point asked for and not yet replayed (see `sessionFrom`)
+    const replay = yield* Ref.make<bigint | undefined>(undefined)
+    /** ask for a replay from `cursor` (the earliest asked wins), kept until replayed */
+    const askReplay = (cursor: bigint | undefined) =>
+      cursor === undefined ? Effect.void : Ref.update(replay, (p) => earlierReplay(p, cursor))
     // one limit for all of this stream's warnings: at most one a minute, whichever it is
     const limiter = RateLimitedLog.make()
     const logLimited = (message: string, annotations: Record<string, unknown>) =>
@@ -195,10 +230,16 @@ export const makeStreamRunner = (
     const runner: StreamRunner = {
       spec,
       state,
+      // the replay point first: a session that ends (for whatever reason) before the signal
+      // reaches it still finds the point at its reconnect
       restart: (cursor) =>
-        Effect.flatMap(Ref.get(restartSignal), (d) => Deferred.succeed(d, cursor)),
-      runFrom: (from) => runFrom(ctx, from),
-      run: runFrom(ctx, undefined),
+        Effect.zipRight(
+          askReplay(cursor),
+          Effect.flatMap(Ref.get(restartSignal), (d) =>
+            Deferred.succeed(d, cursor))
+        ),
+      runFrom: (from) => Effect.zipRight(askReplay(from), runFrom(ctx, replay)),
+      run: runFrom(ctx, replay),
       stopReading: Deferred.succeed(stopped, undefined).pipe(Effect.asVoid)
     }
     return runner
