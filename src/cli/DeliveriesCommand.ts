@@ -184,7 +184,7 @@ const deliveriesShow = Command.make("show", { id: deliveryId, json, showUrls }, 
   })).pipe(Command.withDescription("show one delivery with its newest 1,000 attempts"))
 
 const INACTIVE_NOTE =
-  "belongs to a subscription that is no longer active as enqueued and will be cancelled without a request"
+  "belongs to a subscription that is no longer active as enqueued (or is gone or auto-disabled) and will not be sent"
 
 const deliveriesRedeliver = Command.make("redeliver", { id: deliveryId, json }, (o) =>
   Effect.gen(function*() {
@@ -253,7 +253,7 @@ const deliveriesReplay = Command.make(
         ? ""
         : ` (${inactive} of them ${
           inactive === 1 ? "belongs" : "belong"
-        } to a subscription that is no longer active as enqueued and will be cancelled without a request)`
+        } to a subscription that is no longer active as enqueued, or gone or auto-disabled, and will not be sent)`
       yield* out(`replayed ${replayed} dead-lettered ${replayed === 1 ? "delivery" : "deliveries"}${of}`)
       if (!complete) yield* out("(stopped at its statement bound; run the same command again for the rest)")
     })

@@ -124,6 +124,28 @@ describe("webhook methods", () => {
         expect((yield* callAs(nobody, `${W}.list`)).body).toEqual({ webhooks: [] })
       }))
 
+    it.effect("test: an auto-disabled webhook is refused (its row would be parked unsent) until it is resumed", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const sql = yield* SqlClient.SqlClient
+        const a = yield* newOwner()
+        yield* insertWebhook(a.did, "down", {
+          state: { auto_disabled_at: "now()", failing_since: "now() - interval '5 days'", failed_attempts: "25" }
+        })
+        const refused = yield* callAs(a, `${W}.test`, { body: { rkey: "down" } })
+        expect([refused.status, refused.body["error"]]).toEqual([400, "InvalidRequest"])
+        expect(refused.body["message"]).toContain("resume it first")
+        const queued = () =>
+          sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox WHERE owner_did = ${a.did}`.pipe(
+            Effect.map((r) => r[0]?.n)
+          )
+        expect(yield* queued()).toBe(0)
+        expect((yield* callAs(a, `${W}.resume`, { body: { rkey: "down" } })).status).toBe(200)
+        const sent = yield* callAs(a, `${W}.test`, { body: { rkey: "down" } })
+        expect([sent.status, typeof sent.body["id"]]).toEqual([200, "string"])
+        expect(yield* queued()).toBe(1)
+      }))
+
     it.effect("resume: clears autoDisabled and gone, replays the parked rows with their ids; NotFound across owners", () =>
       Effect.gen(function*() {
         yield* wallClock

@@ -354,7 +354,7 @@ describe("firehook CLI (operator defects)", () => {
         const replay = yield* cli(["deliveries", "replay", "--status", "dead_letter"], env)
         expect(replay.code, replay.stderr).toBe(0)
         expect(replay.stdout).toBe(
-          "replayed 4 dead-lettered deliveries (2 of them belong to a subscription that is no longer active as enqueued and will be cancelled without a request)\n"
+          "replayed 4 dead-lettered deliveries (2 of them belong to a subscription that is no longer active as enqueued, or gone or auto-disabled, and will not be sent)\n"
         )
 
         const list = JSON.parse((yield* cli(["deliveries", "list", "--owner", ALICE, "--json"], env)).stdout) as Array<
@@ -398,7 +398,7 @@ describe("firehook CLI (operator defects)", () => {
         expect(cancelled.code).toBe(0)
         expect(lines(cancelled.stdout)).toEqual([
           `redelivering ${carol} (pending, fresh attempt budget; it was cancelled)`,
-          "note: this delivery belongs to a subscription that is no longer active as enqueued and will be cancelled without a request"
+          "note: this delivery belongs to a subscription that is no longer active as enqueued (or is gone or auto-disabled) and will not be sent"
         ])
 
         const show = yield* cli(["deliveries", "show", a], env)

@@ -478,10 +478,13 @@ describe("Operator (operator CLI defects)", () => {
       >`SELECT url, fingerprint FROM webhooks WHERE owner_did = ${ALICE}`
       if (w === undefined) return expect.unreachable()
       const restore =
-        sql`UPDATE webhooks SET fingerprint = ${w.fingerprint}, url = ${w.url}, gone_at = NULL WHERE owner_did = ${ALICE}`
+        sql`UPDATE webhooks SET fingerprint = ${w.fingerprint}, url = ${w.url}, gone_at = NULL, auto_disabled_at = NULL
+            WHERE owner_did = ${ALICE}`
       const cases: ReadonlyArray<readonly [string, Effect.Effect<unknown, unknown>]> = [
         ["fingerprint", sql`UPDATE webhooks SET fingerprint = 'other' WHERE owner_did = ${ALICE}`],
         ["gone", sql`UPDATE webhooks SET gone_at = now() WHERE owner_did = ${ALICE}`],
+        // parked again unsent (SPEC §4.3) while auto-disabled
+        ["autoDisabled", sql`UPDATE webhooks SET auto_disabled_at = now() WHERE owner_did = ${ALICE}`],
         ["url", sql`UPDATE webhooks SET url = 'https://elsewhere.example/' WHERE owner_did = ${ALICE}`],
         ["disabled", sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${ALICE}`],
         ["deleted", sql`DELETE FROM webhooks WHERE owner_did = ${ALICE}`]

@@ -207,6 +207,8 @@ export const test = method(WebhookLexicon.test, ({ caller, input }) =>
           invalidRequest(
             result.reason === "gone"
               ? "the webhook is marked gone (its receiver answered 410): change the record or resume it first"
+              : result.reason === "auto_disabled"
+              ? "the webhook is auto-disabled (its receiver kept failing): resume it first"
               : "the webhook is disabled"
           )
         )

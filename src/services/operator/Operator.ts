@@ -18,8 +18,9 @@
  *   while the replay runs is therefore never replayed (or counted) twice, and the number of
  *   statements is bounded by the number of dead letters counted at the start.
  * - Replay and redeliver report how many of the rows belong to a subscription that is no longer
- *   active as enqueued (missing, inactive, disabled, gone, or another URL / fingerprint): the worker
- *   cancels those without a request (SPEC §4.2). They are replayed all the same.
+ *   active as enqueued (missing, inactive, disabled, gone, auto-disabled, or another URL /
+ *   fingerprint): the worker cancels those (SPEC §4.2), or parks them again while the webhook is
+ *   auto-disabled or gone (§4.3), without a request. They are replayed all the same.
  * - `show` returns the newest 1,000 attempts (in attempt order) and how many older ones it left out.
  * - Owner-limited variants (the owners' API, SPEC §8.5) are the same statements with
  *   `owner_did = <caller>` added: `show` / `redeliver` with `{owner}` treat another owner's id
@@ -327,13 +328,14 @@ export const makeWith = (options: OperatorOptions = {}) =>
     const notify = notifyStatement(sql)
 
     /**
-     * True when the outbox row `o` no longer matches its subscription as enqueued: the worker cancels
-     * it (`subscription_changed`) without a request. The same test as the worker's (Delivery §4.2).
+     * True when the outbox row `o` no longer matches its subscription as enqueued, or its webhook is
+     * gone or auto-disabled: the worker cancels it (`subscription_changed`) or parks it again
+     * (`webhook_disabled`) without a request. The same tests as the worker's (SPEC §4.2, §4.3).
      */
     const inactiveSubscription = sql`NOT EXISTS (
     SELECT 1 FROM webhooks w
     WHERE w.owner_did = o.owner_did AND w.rkey = o.webhook_rkey
-      AND w.active AND w.enabled AND w.gone_at IS NULL
+      AND w.active AND w.enabled AND w.gone_at IS NULL AND w.auto_disabled_at IS NULL
       AND w.url = o.target_url AND w.fingerprint = o.fingerprint)`
 
     const listPage = Effect.fn("Operator.listPage")(function*(filter: ListFilter) {

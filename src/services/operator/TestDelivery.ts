@@ -7,8 +7,9 @@
  * so the worker's subscription check passes while the record stays as it is.
  *
  * A record firehook does not hold for the owner is `NotFound`; a disabled record (the worker would
- * cancel the row without a request) or one marked gone (410, until its record changes or it is
- * resumed) is `Inactive`, and nothing is enqueued.
+ * cancel the row without a request), one marked gone (410, until its record changes or it is
+ * resumed) or one auto-disabled by its failure streak (SPEC §4.3: the worker would park the row as a
+ * dead letter without a request, until it is resumed) is `Inactive`, and nothing is enqueued.
  *
  * @since 0.1.0
  */
@@ -21,7 +22,7 @@ import { RegistryStore } from "../registry/RegistryStore.js"
 export type TestDeliveryResult = Data.TaggedEnum<{
   Enqueued: { readonly deliveryId: string }
   NotFound: {}
-  Inactive: { readonly reason: "disabled" | "gone" }
+  Inactive: { readonly reason: "disabled" | "gone" | "auto_disabled" }
 }>
 export const TestDeliveryResult = Data.taggedEnum<TestDeliveryResult>()
 
@@ -38,6 +39,7 @@ export const enqueue = Effect.fn("TestDelivery.enqueue")(function*(owner: string
   const { row } = yield* registry.get(owner, rkey)
   if (row === undefined) return TestDeliveryResult.NotFound()
   if (row.gone) return TestDeliveryResult.Inactive({ reason: "gone" })
+  if (row.autoDisabled === true) return TestDeliveryResult.Inactive({ reason: "auto_disabled" })
   if (!row.active || !row.enabled) return TestDeliveryResult.Inactive({ reason: "disabled" })
   const timeUs = (yield* Clock.currentTimeMillis) * 1000
   const payload = buildTestPayload({ ownerDid: owner, rkey, timeUs, nonce: yield* nonce })

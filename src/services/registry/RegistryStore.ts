@@ -84,6 +84,11 @@ export interface WebhookRow {
   readonly secretId: string | undefined
   readonly fingerprint: string
   readonly gone: boolean
+  /**
+   * Auto-disabled by its failure streak (SPEC §4.3; `webhooks.auto_disabled_at`, written by the
+   * delivery workers): set by the PostgreSQL store's reads only, absent elsewhere.
+   */
+  readonly autoDisabled?: boolean
 }
 
 export interface Tombstone {
@@ -203,6 +208,8 @@ interface DbRow {
   readonly secret_id: string | null
   readonly fingerprint: string
   readonly gone_at: unknown
+  /** read by `SELECT *` (migration 0009); not one of {@link WEBHOOK_COLUMNS} */
+  readonly auto_disabled_at?: unknown
 }
 
 const OPS: ReadonlySet<string> = new Set(["create", "update", "delete"])
@@ -231,7 +238,8 @@ const fromDb = (r: DbRow): WebhookRow => ({
   signingMode: toSigningMode(r.signing_mode),
   secretId: r.secret_id ?? undefined,
   fingerprint: r.fingerprint,
-  gone: r.gone_at !== null && r.gone_at !== undefined
+  gone: r.gone_at !== null && r.gone_at !== undefined,
+  ...(r.auto_disabled_at !== null && r.auto_disabled_at !== undefined ? { autoDisabled: true } : {})
 })
 
 export const makeSql = Effect.gen(function*() {
