@@ -46,7 +46,7 @@ const Did = Token(2048)
 const Cid = Schema.String.pipe(
   Schema.minLength(1),
   Schema.maxLength(MAX_CID_LENGTH),
-  Schema.annotations({ arbitrary: () => (fc) => fc.stringMatching(/^[A-Za-z0-9]{1,64}$/) })
+  Schema.annotations({ arbitrary: () => (fc) => fc.string({ unit: "grapheme", minLength: 1, maxLength: 64 }) })
 )
 
 /** `#errorInfo`: why the last attempt failed (a kind of SPEC §4.3, and the receiver's status). */

@@ -116,15 +116,15 @@ export const SecretName = Schema.String.pipe(
  * A record key (`place.wisp.v2.wh` rkeys, event rkeys): SPEC §1.1's grammar, the one intake accepts
  * (`AtUri.isRkey`: `[A-Za-z0-9._~:%@+-]{1,512}`, not `.` or `..`), so that every key firehook can
  * store is a valid output and every webhook it can register a valid argument. atproto's
- * `record-key` format is the narrower `[A-Za-z0-9._~:-]` (no `%@+`): keys in it are what PDSs write
- * and what the arbitrary generates; a lexicon that declares `format: record-key` for these fields
- * understates what firehook may answer with.
+ * `record-key` format is the narrower `[A-Za-z0-9._~:-]` (no `%@+`), so firehook's lexicons
+ * declare these fields as bounded strings (1–512) with the grammar in their description, and the
+ * arbitrary generates the wider grammar.
  */
 export const RecordKey = Schema.String.pipe(
   Schema.filter(isRkey, { message: () => "must be a record key: [A-Za-z0-9._~:%@+-]{1,512}, not . or .." }),
   Schema.annotations({
     identifier: "RecordKey",
-    arbitrary: () => (fc) => fc.stringMatching(/^[A-Za-z0-9_~:-][A-Za-z0-9._~:-]{0,31}$/)
+    arbitrary: () => (fc) => fc.stringMatching(/^[A-Za-z0-9_~:%@+-][A-Za-z0-9._~:%@+-]{0,31}$/)
   })
 )
 
