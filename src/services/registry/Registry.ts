@@ -99,7 +99,7 @@ const admissionRejections = Metric.counter("firehook_registry_admission_rejected
   description: "Webhook records not activated because an admission limit was reached"
 })
 const invalidRecordsMetric = Metric.counter("firehook_registry_invalid_records_total", {
-  description: "place.wisp.v2.wh records that failed validation"
+  description: "place.wisp.v2.wh records that failed validation or that PostgreSQL cannot store (unstorable)"
 })
 const activeGauge = Metric.gauge("firehook_registry_active_webhooks", { description: "Active webhooks in memory" })
 
