@@ -276,6 +276,43 @@ describe("Identity: the cache under TestClock", () => {
     }).pipe(Effect.provide(identityLayer(fake)))
   })
 
+  it.scoped("concurrent lookups of one DID share one fetch; one begun after an invalidation fetches anew", () => {
+    const fake = newFake()
+    fake.answers.set(`${PLC}/${ALICE}`, didDoc(ALICE, "https://one.example"))
+    return Effect.gen(function*() {
+      const identity = yield* Identity.Identity
+      const gate = yield* Deferred.make<void>()
+      fake.gate = gate
+      const burst = yield* Effect.fork(Effect.all(Array.from({ length: 5 }, () => resolve(ALICE)), { concurrency: 5 }))
+      yield* settle
+      expect(fake.requests).toHaveLength(1)
+      // a caller that gives up does not cancel the fetch the others wait for
+      const quitter = yield* Effect.fork(resolve(ALICE))
+      yield* settle
+      yield* Fiber.interrupt(quitter)
+      // after an invalidation, a new caller does not join the fetch begun before it
+      yield* identity.invalidate(ALICE)
+      const after = yield* Effect.fork(resolve(ALICE))
+      yield* settle
+      expect(fake.requests).toHaveLength(2)
+      fake.gate = undefined
+      yield* Deferred.succeed(gate, undefined)
+      expect(yield* Fiber.join(burst)).toEqual(Array.from({ length: 5 }, () => "https://one.example"))
+      expect(yield* Fiber.join(after)).toBe("https://one.example")
+      expect(yield* resolve(ALICE)).toBe("https://one.example")
+      expect(fake.requests).toHaveLength(2)
+      // a failed fetch is shared too, and not cached
+      fake.fail = true
+      const failed = yield* Effect.all(Array.from({ length: 3 }, () => Effect.either(resolve(BOB))), {
+        concurrency: 3
+      })
+      expect(failed.map((e) => Either.isLeft(e) && e.left.kind)).toEqual(
+        Array.from({ length: 3 }, () => "identity_unavailable")
+      )
+      expect(fake.requests).toHaveLength(3)
+    }).pipe(Effect.provide(identityLayer(fake)))
+  })
+
   it.scoped("the cache is bounded: the least recently used entry is evicted", () => {
     const fake = newFake()
     for (const did of [ALICE, BOB, CAROL]) fake.answers.set(`${PLC}/${did}`, didDoc(did, "https://pds.example"))

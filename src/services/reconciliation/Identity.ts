@@ -19,6 +19,10 @@
  *   calls it on `#identity`/`#account` events, the reconciler on "repo not found"); a lookup that
  *   started before an invalidation, in the background or in the foreground, never writes its
  *   (possibly stale) answer back (a foreground one still answers its own caller).
+ * - Concurrent foreground lookups of one DID share one fetch (its callers wait for the same answer,
+ *   success or failure); the fetch runs in a fiber of the layer's scope, so a caller that gives up
+ *   does not cancel it for the others (the transport's timeout bounds it). A lookup begun after an
+ *   invalidation does not join a fetch begun before it.
  * - What is cached is a fetched, valid document's parts: its PDS (or why it has none usable:
  *   `no_pds` / `pds_unsafe`, answered from the cache like the PDS itself) and its signing key.
  *   A failed fetch is never cached. Times come from the Effect `Clock`.
@@ -30,7 +34,7 @@
  *
  * Errors are kinds only ({@link IdentityError}): never the DID document, the endpoint or a URL.
  */
-import { Clock, Context, Data, Duration, Effect, Either, FiberSet, Layer, Metric } from "effect"
+import { Clock, Context, Data, Deferred, Duration, Effect, Either, FiberSet, Layer, Metric } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { atprotoSigningKey, DidDocument, pdsEndpoint, type SigningKey } from "../../schemas/DidDocument.js"
 import { validateWebhookUrl } from "../../schemas/WebhookUrl.js"
@@ -123,8 +127,13 @@ interface Entry {
   forcedAt: number | undefined
 }
 
-/** A foreground lookup in flight; `invalidated` once its DID is invalidated after it started. */
-interface Lookup {
+/**
+ * A foreground fetch in flight, shared by every caller that asks for its DID meanwhile;
+ * `invalidated` once its DID is invalidated after it started (its answer is then not cached, and a
+ * later caller starts a fetch of its own).
+ */
+interface Flight {
+  readonly answer: Deferred.Deferred<Resolved, IdentityError>
   invalidated: boolean
 }
 
@@ -158,6 +167,9 @@ export const make = (options: IdentityOptions = {}) =>
     const config = yield* FirehookConfig
     const http = yield* SafeHttp
     const refreshers = yield* FiberSet.make<void, never>()
+    // foreground fetches: owned by the layer's scope, so a caller that gives up (its deadline) does
+    // not cancel a fetch that other callers share; each is bounded by the transport's timeout
+    const fetchers = yield* FiberSet.make<void, never>()
     // `IDENTITY_CACHE_STALE_MS` / `IDENTITY_CACHE_MAX_AGE_MS` (defaults DEFAULT_STALE_AFTER /
     // DEFAULT_EXPIRE_AFTER); an explicit option wins
     const staleMs = Duration.toMillis(
@@ -173,8 +185,8 @@ export const make = (options: IdentityOptions = {}) =>
     const insecure = config.allowInsecureDev
 
     const cache = new Map<string, Entry>()
-    // foreground lookups in flight, per DID (bounded by the callers in flight; emptied as they end)
-    const lookups = new Map<string, Set<Lookup>>()
+    // foreground fetches in flight, one per DID (emptied as they end)
+    const flights = new Map<string, Flight>()
     let hits = 0
     let misses = 0
     let refreshes = 0
@@ -247,30 +259,38 @@ export const make = (options: IdentityOptions = {}) =>
         )
       )
 
-    /** A foreground fetch, cached unless `did` was invalidated while it ran. */
+    /**
+     * A foreground fetch, cached unless `did` was invalidated while it ran. Concurrent callers for
+     * one DID share one fetch (a burst of calls from a new owner is one request to its directory).
+     */
     const lookup = (did: string): Effect.Effect<Resolved, IdentityError> =>
-      Effect.acquireUseRelease(
-        Effect.sync(() => {
-          const mine: Lookup = { invalidated: false }
-          const set = lookups.get(did) ?? new Set<Lookup>()
-          set.add(mine)
-          lookups.set(did, set)
-          return mine
-        }),
-        (mine) =>
-          Effect.gen(function*() {
-            const resolved = yield* fetchDocument(did)
-            const fetchedAt = yield* Clock.currentTimeMillis
-            if (!mine.invalidated) store(did, resolved, fetchedAt)
-            return resolved
-          }),
-        (mine) =>
-          Effect.sync(() => {
-            const set = lookups.get(did)
-            set?.delete(mine)
-            if (set?.size === 0) lookups.delete(did)
-          })
-      )
+      Effect.gen(function*() {
+        const current = flights.get(did)
+        if (current !== undefined && !current.invalidated) return yield* Deferred.await(current.answer)
+        const flight: Flight = { answer: yield* Deferred.make<Resolved, IdentityError>(), invalidated: false }
+        flights.set(did, flight)
+        yield* FiberSet.run(
+          fetchers,
+          fetchDocument(did).pipe(
+            Effect.tap((resolved) =>
+              Effect.flatMap(Clock.currentTimeMillis, (fetchedAt) =>
+                Effect.sync(() => {
+                  if (!flight.invalidated) store(did, resolved, fetchedAt)
+                }))
+            ),
+            Effect.onExit((exit) =>
+              Effect.zipRight(
+                Effect.sync(() => {
+                  if (flights.get(did) === flight) flights.delete(did)
+                }),
+                Deferred.done(flight.answer, exit)
+              )
+            ),
+            Effect.ignore
+          )
+        )
+        return yield* Deferred.await(flight.answer)
+      })
 
     /** The cached (or fetched) parts of a DID's document. */
     const resolve = (did: string): Effect.Effect<Resolved, IdentityError> =>
@@ -332,7 +352,11 @@ export const make = (options: IdentityOptions = {}) =>
     const invalidate = (did: string) =>
       Effect.sync(() => {
         cache.delete(did)
-        for (const l of lookups.get(did) ?? []) l.invalidated = true
+        const flight = flights.get(did)
+        if (flight !== undefined) {
+          flight.invalidated = true
+          flights.delete(did)
+        }
       })
 
     const shape: IdentityShape = {
