@@ -6,6 +6,7 @@
 import { BunHttpServer, BunRuntime } from "@effect/platform-bun"
 import {
   Cause,
+  Clock,
   Console,
   Deferred,
   Duration,
@@ -15,6 +16,7 @@ import {
   Fiber,
   Layer,
   Option,
+  Ref,
   Scope
 } from "effect"
 import * as Os from "node:os"
@@ -93,17 +95,40 @@ process.noDeprecation = true
 const launch = (config: Config.FirehookConfigShape) =>
   Effect.scoped(Effect.gen(function*() {
     const lifecycle = yield* Lifecycle.make({ shutdownTimeout: Duration.millis(config.shutdownTimeoutMs) })
-    const scope = yield* Effect.scope
-    const parts = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-    // added after `parts`, so it runs before `parts` closes
+    const parts = yield* Scope.make(ExecutionStrategy.sequential)
+    /** when the shutdown (or, after a startup failure, the teardown) began */
+    const stopping = yield* Ref.make(Option.none<number>())
+    const stoppingAt = Clock.currentTimeMillis.pipe(
+      Effect.flatMap((now) =>
+        Ref.modify(stopping, (at) => Option.isSome(at) ? [at.value, at] : [now, Option.some(now)])
+      )
+    )
+    // SPEC §6.3: the parts close within what is left of the deadline plus TEARDOWN_GRACE, whatever
+    // the database does; past that the process exits (code 1) and its exit ends the connections
+    yield* Effect.addFinalizer((exit) =>
+      Effect.gen(function*() {
+        const deadline = (yield* stoppingAt) + config.shutdownTimeoutMs
+        const left = Math.max(0, deadline - (yield* Clock.currentTimeMillis))
+        const bound = Duration.sum(Duration.millis(left), Lifecycle.TEARDOWN_GRACE)
+        if (yield* Lifecycle.closeWithin(parts, exit, bound)) return
+        uncleanShutdown = true
+        yield* Effect.logError("the parts did not close in time after the shutdown: exiting").pipe(
+          Effect.annotateLogs({ boundMs: Duration.toMillis(bound) })
+        )
+      })
+    )
+    // added after the parts' close, so it runs before it
     yield* Effect.addFinalizer((exit) =>
       Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause)
         ? Effect.void
-        : lifecycle.shutdown.pipe(Effect.flatMap((report) =>
-          Effect.sync(() => {
-            uncleanShutdown = !report.clean
-          })
-        ))
+        : stoppingAt.pipe(
+          Effect.zipRight(lifecycle.shutdown),
+          Effect.flatMap((report) =>
+            Effect.sync(() => {
+              uncleanShutdown = !report.clean
+            })
+          )
+        )
     )
     const fatal = yield* Deferred.make<string>()
     if (config.deliveryProcess.isChild) yield* Effect.forkScoped(DeliveryChild.followParent)

@@ -16,7 +16,8 @@
  * confirmed every few seconds by `holdMark` (the worker's reclaim loop), which re-takes it on a
  * fresh connection after the old one was lost. The mark dies with the connection, so with the
  * process. The connection is given back with its setting reset and its marks released; when that
- * fails or times out it is discarded (it could still hold a mark). With a pool of one connection
+ * fails or times out it is discarded (it could still hold a mark); after a shutdown that was not
+ * clean (Lifecycle.tidyDatabase) it is discarded at once, with no statement sent. With a pool of one connection
  * the mark is held by that connection (confirmed every few seconds, since the pool may replace it).
  *
  * Part of the SQL driver of the `DeliveryStore` port (DeliveryStoreSql.ts).
@@ -26,6 +27,7 @@ import type { PgClient } from "@effect/sql-pg"
 import type { Connection } from "@effect/sql/SqlConnection"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Duration, Effect, Exit, Scope } from "effect"
+import * as Lifecycle from "../platform/Lifecycle.js"
 import { WORKER_ALIVE } from "../platform/LockKeys.js"
 import { endClient } from "../platform/PooledConnection.js"
 
@@ -66,6 +68,8 @@ export const makeClaimConnection = (
 ): Effect.Effect<ClaimConnection, never, Scope.Scope> =>
   Effect.gen(function*() {
     const claimLock = yield* Effect.makeSemaphore(1)
+    // after an unclean shutdown: no reset, no unlock; the connection is ended (its marks die with it)
+    const tidy = Lifecycle.tidyDatabase(yield* Effect.serviceOption(Lifecycle.Lifecycle))
     let claimConn:
       | {
         readonly conn: Connection
@@ -84,12 +88,13 @@ export const makeClaimConnection = (
     yield* Effect.addFinalizer(() =>
       Effect.zipRight(
         releaseClaimConn,
-        Effect.forEach(poolMarks, (id) =>
-          sql`SELECT pg_advisory_unlock(${WORKER_ALIVE}::int, hashtext(${id}))`.pipe(
-            Effect.interruptible,
-            Effect.timeoutOption(GIVE_BACK_TIMEOUT),
-            Effect.ignore
-          ), { discard: true })
+        Effect.flatMap(tidy, (yes) =>
+          Effect.forEach(yes ? poolMarks : [], (id) =>
+            sql`SELECT pg_advisory_unlock(${WORKER_ALIVE}::int, hashtext(${id}))`.pipe(
+              Effect.interruptible,
+              Effect.timeoutOption(GIVE_BACK_TIMEOUT),
+              Effect.ignore
+            ), { discard: true }))
       )
     )
     const claimConnection = Effect.suspend(() => {
@@ -104,18 +109,19 @@ export const makeClaimConnection = (
               // interruptible, or the timeout could not end a hung statement inside the finalizer
               Scope.addFinalizer(
                 scope,
-                Effect.zipRight(
-                  conn.executeUnprepared("RESET enable_bitmapscan", [], undefined),
-                  conn.executeUnprepared("SELECT pg_advisory_unlock_all()", [], undefined)
-                ).pipe(
-                  Effect.interruptible,
-                  Effect.timeoutOption(GIVE_BACK_TIMEOUT),
-                  // not given back in a known state (it may still hold marks): discarded
-                  Effect.matchEffect({
-                    onFailure: () => endClient(conn),
-                    onSuccess: (done) => (done._tag === "Some" ? Effect.void : endClient(conn))
-                  })
-                )
+                Effect.flatMap(tidy, (yes) =>
+                  !yes ? endClient(conn) : Effect.zipRight(
+                    conn.executeUnprepared("RESET enable_bitmapscan", [], undefined),
+                    conn.executeUnprepared("SELECT pg_advisory_unlock_all()", [], undefined)
+                  ).pipe(
+                    Effect.interruptible,
+                    Effect.timeoutOption(GIVE_BACK_TIMEOUT),
+                    // not given back in a known state (it may still hold marks): discarded
+                    Effect.matchEffect({
+                      onFailure: () => endClient(conn),
+                      onSuccess: (done) => (done._tag === "Some" ? Effect.void : endClient(conn))
+                    })
+                  ))
               )
             )
           ),

@@ -4,11 +4,13 @@
  * seconds; the leader pings its connection and gives the role up when the connection fails (its
  * lock is gone with it), so a standby takes over within seconds of the leader's death. A lock
  * whose unlock fails or times out dies with its connection, which is discarded
- * ({@link unlockOrDiscard}), never given back to the pool holding the lock.
+ * ({@link unlockOrDiscard}), never given back to the pool holding the lock. After a shutdown that
+ * was not clean the connection is ended without an unlock (the lock dies with it).
  */
 import { SqlClient } from "@effect/sql"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { Duration, Effect, Exit, Fiber, Option, Ref, Schedule, Scope } from "effect"
+import * as Lifecycle from "./Lifecycle.js"
 import { codeOf } from "./Persistence.js"
 import { endClient } from "./PooledConnection.js"
 
@@ -27,7 +29,9 @@ export const unlockOrDiscard = (
   sql: SqlClient.SqlClient,
   conn: Connection,
   key: number,
-  pid: number | undefined
+  pid: number | undefined,
+  /** false after an unclean shutdown (Lifecycle.tidyDatabase): the connection is ended at once */
+  tidy: Effect.Effect<boolean> = Effect.succeed(true)
 ): Effect.Effect<void> => {
   const terminate = pid === undefined ? Effect.void : sql`
         SELECT pg_terminate_backend(l.pid) FROM pg_locks l
@@ -40,7 +44,7 @@ export const unlockOrDiscard = (
   )
   const discard = Effect.zipRight(endClient(conn), terminate)
   // interruptible: this runs in finalizers (uninterruptible), where a timeout could not end a hung query
-  return conn.executeValues("SELECT pg_advisory_unlock($1)", [key]).pipe(
+  const unlock = conn.executeValues("SELECT pg_advisory_unlock($1)", [key]).pipe(
     Effect.interruptible,
     Effect.timeoutOption(UNLOCK_TIMEOUT),
     Effect.matchEffect({
@@ -49,6 +53,9 @@ export const unlockOrDiscard = (
       onSuccess: (done) => (Option.isSome(done) ? Effect.void : discard)
     })
   )
+  // after an unclean shutdown the database may be what hung: the lock dies with the ended client
+  // (no unlock, no terminate from another connection, each of which could wait out its bound)
+  return Effect.flatMap(tidy, (yes) => (yes ? unlock : endClient(conn)))
 }
 
 /** How long one election may wait for a connection and for its lock query. */
@@ -109,6 +116,7 @@ export const runAsLeader = <E, R>(
 ): Effect.Effect<never, never, R | SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
+    const tidy = Lifecycle.tidyDatabase(yield* Effect.serviceOption(Lifecycle.Lifecycle))
     const retry = Duration.decode(options.retryInterval ?? "2 seconds")
     const ping = Duration.decode(options.pingInterval ?? "2 seconds")
     const pingTimeout = options.pingTimeout === undefined ? ping : Duration.decode(options.pingTimeout)
@@ -148,7 +156,7 @@ export const runAsLeader = <E, R>(
         const pid = Number(rows[0]?.[1])
         yield* Scope.addFinalizer(
           scope,
-          unlockOrDiscard(sql, conn, options.key, Number.isFinite(pid) ? pid : undefined)
+          unlockOrDiscard(sql, conn, options.key, Number.isFinite(pid) ? pid : undefined, tidy)
         )
         yield* Ref.set(role, "leader")
         yield* acquiredEvent

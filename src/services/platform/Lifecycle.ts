@@ -7,7 +7,8 @@
  * interrupted and the shutdown is reported as not clean. Shared clients (Redis, the database) are
  * closed only when every part stopped cleanly; `isClean` is what their finalizers consult.
  */
-import { Clock, Context, Deferred, Duration, Effect, Layer, Option, Ref, SubscriptionRef } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Layer, Option, Ref, Scope, SubscriptionRef } from "effect"
+import type { Exit } from "effect"
 
 export type Phase = "starting" | "reconciling-live" | "live" | "stopping" | "stopped" | "failed"
 
@@ -133,3 +134,39 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
 
 export const layer = (options: { readonly shutdownTimeout: Duration.DurationInput }) =>
   Layer.effect(Lifecycle, make(options))
+
+/**
+ * Whether a finalizer may tidy the database (UNLISTEN, an advisory unlock, a setting reset) before
+ * it ends a connection: yes, unless a shutdown of `lifecycle` was not clean. After an unclean
+ * shutdown the database may be what hung; ending the connection releases the same (a session's
+ * locks and LISTENs die with it), so the finalizer ends it at once instead of waiting on statements.
+ * Without a Lifecycle (a library embedding, a test), always.
+ */
+export const tidyDatabase = (lifecycle: Option.Option<LifecycleShape>): Effect.Effect<boolean> =>
+  Option.match(lifecycle, { onNone: () => Effect.succeed(true), onSome: (l) => l.isClean })
+
+/**
+ * After the ordered shutdown, the parts' scope closes within what is left of the shutdown deadline
+ * plus this (SPEC §6.3: the runtime enforces the deadline). It leaves room for the two finalizers
+ * that run outside SHUTDOWN_TIMEOUT_MS: the pool's close after a clean shutdown (≤ 10 s) and the
+ * embedded PostgreSQL's stop (≤ 15 s).
+ */
+export const TEARDOWN_GRACE = Duration.seconds(25)
+
+/**
+ * Closes `scope` within `bound`, whatever its finalizers do: the close runs disconnected, so a
+ * finalizer still waiting at the bound (a statement on a database that stopped answering) is left
+ * behind, not waited for (the process is about to exit, which ends its connections). Returns
+ * false when the close did not finish in time.
+ */
+export const closeWithin = (
+  scope: Scope.CloseableScope,
+  exit: Exit.Exit<unknown, unknown>,
+  bound: Duration.DurationInput
+): Effect.Effect<boolean> =>
+  Scope.close(scope, exit).pipe(
+    Effect.disconnect,
+    Effect.interruptible,
+    Effect.timeoutOption(bound),
+    Effect.map(Option.isSome)
+  )

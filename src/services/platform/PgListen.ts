@@ -22,12 +22,15 @@
  *   worker) open them again with their backoff, on a new connection, and cover the gap as they
  *   already do (polling, catch-up, TTLs): a notification is a hint, never the record;
  * - each stream buffers at most {@link BUFFER} payloads (dropping beyond), and notifications with
- *   an empty payload are not delivered (as before).
+ *   an empty payload are not delivered (as before);
+ * - after a shutdown that was not clean (Lifecycle.tidyDatabase) a stream's end sends no `UNLISTEN`
+ *   (the database may be what hung): the connection is ended, which ends its `LISTEN`s.
  */
 import { SqlError } from "@effect/sql/SqlError"
 import { Duration, Effect, ExecutionStrategy, Exit, Scope, Stream } from "effect"
 import type { StreamEmit } from "effect"
 import Pg from "pg"
+import * as Lifecycle from "./Lifecycle.js"
 
 /** How often an idle connection is asked `SELECT 1`. */
 export const PROBE_EVERY = Duration.seconds(30)
@@ -73,6 +76,8 @@ export const make = (
     const probeEvery = Duration.decode(options.probeEvery ?? PROBE_EVERY)
     const timeout = Duration.decode(options.queryTimeout ?? QUERY_TIMEOUT)
     const outer = yield* Effect.scope
+    // after an unclean shutdown no UNLISTEN is sent: ending the connection ends its LISTENs
+    const tidy = Lifecycle.tidyDatabase(yield* Effect.serviceOption(Lifecycle.Lifecycle))
     // one connection is opened or closed at a time; one command is sent on it at a time
     const opening = yield* Effect.makeSemaphore(1)
     const commands = yield* Effect.makeSemaphore(1)
@@ -175,7 +180,10 @@ export const make = (
         const set = conn.channels.get(channel)
         if (set === undefined || !set.delete(emit) || set.size > 0) return Effect.void
         conn.channels.delete(channel)
-        return command(conn, `UNLISTEN ${Pg.escapeIdentifier(channel)}`).pipe(Effect.ignore)
+        return Effect.flatMap(
+          tidy,
+          (yes) => yes ? command(conn, `UNLISTEN ${Pg.escapeIdentifier(channel)}`).pipe(Effect.ignore) : Effect.void
+        )
       })
 
     return (channel: string) =>

@@ -1,0 +1,135 @@
+/**
+ * SPEC §6.3: the shutdown deadline is enforced by the runtime, whatever the database does. The
+ * database is reached through a TCP proxy that the test freezes (nothing forwarded either way, new
+ * connections accepted and held: a database that stopped answering) right before SIGTERM. The
+ * process must exit with code 1 within SHUTDOWN_TIMEOUT_MS + Lifecycle.TEARDOWN_GRACE (plus slack
+ * for a loaded machine); before the bound existed it took about 46 s past a 3 s deadline.
+ */
+import { Duration } from "effect"
+import * as Fs from "node:fs"
+import * as net from "node:net"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import pg from "pg"
+import { afterAll, describe, expect, inject, it } from "vitest"
+import { TEARDOWN_GRACE } from "../../src/services/platform/Lifecycle.js"
+import { startFakeJetstream } from "../support/fakeJetstream.js"
+import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js"
+
+const dirs: Array<string> = []
+afterAll(() => {
+  for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
+})
+const tmpDir = () => {
+  const d = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-e2e-"))
+  dirs.push(d)
+  return d
+}
+
+const adminQuery = async (url: string, q: string) => {
+  const c = new pg.Client({ connectionString: url })
+  await c.connect()
+  try {
+    await c.query(q)
+  } finally {
+    await c.end()
+  }
+}
+
+/**
+ * A TCP proxy to `target` on a free loopback port. `freeze()` stops it forwarding in both directions
+ * without closing anything, and connections made afterwards are accepted and held, never forwarded.
+ */
+const freezableProxy = (target: URL) =>
+  new Promise<{ port: number; freeze: () => void; close: () => Promise<void> }>((resolve) => {
+    const sockets = new Set<net.Socket>()
+    let frozen = false
+    const hold = (s: net.Socket) => {
+      sockets.add(s)
+      s.on("error", () => s.destroy())
+    }
+    const server = net.createServer((client) => {
+      hold(client)
+      if (frozen) return client.pause()
+      const upstream = net.connect(Number(target.port || 5432), target.hostname)
+      hold(upstream)
+      client.pipe(upstream)
+      upstream.pipe(client)
+      client.on("close", () => upstream.destroy())
+      upstream.on("close", () => client.destroy())
+    })
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address()
+      resolve({
+        port: typeof address === "object" && address !== null ? address.port : 0,
+        freeze: () => {
+          frozen = true
+          for (const s of sockets) {
+            s.unpipe()
+            s.pause()
+          }
+        },
+        close: () =>
+          new Promise<void>((done) => {
+            for (const s of sockets) s.destroy()
+            server.close(() => done())
+          })
+      })
+    })
+  })
+
+const SHUTDOWN_TIMEOUT_MS = 3000
+/** a loaded machine's slack on top of the bound (process start-up of the signal handling, logs) */
+const SLACK_MS = 4000
+
+describe("the shutdown deadline with a database that stopped answering", () => {
+  it(
+    "SIGTERM after the database froze: exit 1 within SHUTDOWN_TIMEOUT_MS + TEARDOWN_GRACE",
+    async () => {
+      const admin = inject("pgAdminUrl")
+      const name = `fh_e2e_td_${Date.now().toString(36)}`
+      await adminQuery(admin, `CREATE DATABASE ${name}`)
+      const direct = new URL(admin)
+      direct.pathname = `/${name}`
+      const proxy = await freezableProxy(direct)
+      const js = await startFakeJetstream()
+      const viaProxy = new URL(direct)
+      viaProxy.host = `127.0.0.1:${proxy.port}`
+      try {
+        const port = await freePort()
+        const running = startFirehook({
+          DATABASE_URL: viaProxy.toString(),
+          FIREHOOK_DATA_DIR: tmpDir(),
+          HEALTH_PORT: String(port),
+          SHUTDOWN_TIMEOUT_MS: String(SHUTDOWN_TIMEOUT_MS),
+          NODE_ENV: "test",
+          WEBHOOK_ALLOW_INSECURE_DEV: "1",
+          JETSTREAM_URL: js.url
+        })
+        await waitFor(`http://127.0.0.1:${port}/health`, 200, running)
+        // the singleton roles hold their locks (their unlock is one of the finalizers that waited)
+        for (let i = 0; i < 600 && !running.stdout().includes("maintenance runner role taken"); i++) {
+          await new Promise((r) => setTimeout(r, 50))
+        }
+        expect(running.stdout()).toContain("role acquired")
+
+        proxy.freeze()
+        const t0 = Date.now()
+        running.child.kill("SIGTERM")
+        const bound = SHUTDOWN_TIMEOUT_MS + Duration.toMillis(TEARDOWN_GRACE)
+        const exit = await exitWithin(running, bound + SLACK_MS)
+        const tookMs = Date.now() - t0
+        console.log(`exit ${JSON.stringify(exit)} ${tookMs} ms after SIGTERM (deadline ${SHUTDOWN_TIMEOUT_MS} ms)`)
+        expect(exit, running.stdout().slice(-3000)).toEqual({ code: 1, signal: null })
+        expect(tookMs).toBeLessThan(bound + SLACK_MS)
+        expect(running.stdout()).toContain("shutdown was not clean")
+        expect(running.stderr()).toBe("")
+      } finally {
+        await proxy.close()
+        await js.close()
+        await adminQuery(admin, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+      }
+    },
+    120_000
+  )
+})
