@@ -316,6 +316,34 @@ export const classifyHost = (host: string): HostClass => {
 }
 
 /**
+ * true if the 4 or 16 bytes are a loopback address: IPv4 127.0.0.0/8 or IPv6 `::1` (an
+ * IPv4-mapped `::ffff:127.0.0.1` is not: it is refused like every mapped form).
+ *
+ * @since 0.1.0
+ */
+export const isLoopbackBytes = (bytes: Uint8Array): boolean => {
+  if (bytes.length === 4) return bytes[0] === 127
+  if (bytes.length !== 16) return false
+  for (let i = 0; i < 15; i++) if (bytes[i] !== 0) return false
+  return bytes[15] === 1
+}
+
+/**
+ * true if a URL hostname is a loopback host (insecure development mode, SPEC §1.2 and §6.5):
+ * exactly `localhost`, an IPv4 literal in 127.0.0.0/8, or `[::1]` (`::1`). Never a DNS name that
+ * merely starts with `127.` (`127.evil.example`) or ends in `.localhost`: those resolve anywhere.
+ * A WHATWG URL's hostname is already lowercased and its IPv4 forms normalized (`127.1` →
+ * `127.0.0.1`).
+ *
+ * @since 0.1.0
+ */
+export const isLoopbackHost = (hostname: string): boolean => {
+  if (hostname === "localhost") return true
+  const c = classifyHost(hostname)
+  return (c.kind === "ipv4" || c.kind === "ipv6") && isLoopbackBytes(c.bytes)
+}
+
+/**
  * Parses a CIDR block: `10.0.0.0/8`, `fd00::/8`. The prefix length is required, decimal without
  * leading zeros, ≤ 32 (IPv4) or ≤ 128 (IPv6). Host bits must be zero (`10.1.0.0/8` is rejected
  * as ambiguous). IPv6 zone ids are rejected.

@@ -7,7 +7,7 @@
  * @since 0.1.0
  */
 import { Either } from "effect"
-import { classifyHost } from "./Net.js"
+import { classifyHost, isLoopbackHost } from "./Net.js"
 
 export type UrlErrorKind =
   | "not_string"
@@ -46,16 +46,8 @@ const stripTrailingDot = (name: string): string => {
   return end === name.length ? name : name.slice(0, end)
 }
 
-const isLoopback = (hostname: string): boolean => {
-  if (stripTrailingDot(hostname) === "localhost") return true
-  const c = classifyHost(hostname)
-  if (c.kind === "ipv4") return c.bytes[0] === 127
-  if (c.kind === "ipv6") {
-    for (let i = 0; i < 15; i++) if (c.bytes[i] !== 0) return false
-    return c.bytes[15] === 1
-  }
-  return false
-}
+/** {@link isLoopbackHost}, where `localhost.` (a trailing dot) is `localhost` too. */
+const isLoopback = (hostname: string): boolean => isLoopbackHost(stripTrailingDot(hostname))
 
 const parseUrl = (s: string): URL | undefined => {
   try {

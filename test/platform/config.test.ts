@@ -457,6 +457,57 @@ describe("Config", () => {
       expect(Option.isNone(c.databaseUrl)).toBe(true)
     }))
 
+  // SPEC §1.2 / §6.5: insecure development mode allows ws:// and http:// to a loopback host only:
+  // exactly `localhost`, an IPv4 literal in 127.0.0.0/8, or [::1]; a DNS name that starts with
+  // `127.` resolves wherever its owner points it
+  describe("insecure development mode: loopback means 127.0.0.0/8, [::1] or localhost, never a look-alike name", () => {
+    const DEV = { NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1" }
+    const loopback = ["127.0.0.1:6008", "127.5.6.7", "localhost:2470", "LOCALHOST", "[::1]:2582", "[0:0:0:0:0:0:0:1]"]
+    const forged = [
+      "127.evil.example",
+      "127.0.0.1.evil.example",
+      "127.0.0.1.nip.io:6008",
+      "127-0-0-1.evil.example",
+      "localhost.evil.example",
+      "evil.localhost",
+      "localhost.",
+      "[::ffff:127.0.0.1]",
+      "[::2]",
+      "128.0.0.1",
+      "10.0.0.1"
+    ]
+    for (const host of loopback) {
+      it.effect(`accepts ${host}`, () =>
+        Effect.gen(function*() {
+          const c = yield* load({
+            ...DEV,
+            JETSTREAM_URL: `ws://${host}/subscribe`,
+            RELAY_URL: `ws://${host}`,
+            PLC_DIRECTORY_URL: `http://${host}`,
+            OWNER_DISCOVERY_URL: `http://${host}/`
+          })
+          expect(c.intake.jetstreamUrl).toBe(`ws://${host}/subscribe`)
+        }))
+    }
+    const vars: ReadonlyArray<readonly [string, (host: string) => string]> = [
+      ["JETSTREAM_URL", (h) => `ws://${h}/subscribe`],
+      ["RELAY_URL", (h) => `ws://${h}/`],
+      ["PLC_DIRECTORY_URL", (h) => `http://${h}`],
+      ["OWNER_DISCOVERY_URL", (h) => `http://${h}/`]
+    ]
+    for (const host of forged) {
+      for (const [variable, url] of vars) {
+        it.effect(`refuses ${variable}=${url(host)}`, () =>
+          Effect.gen(function*() {
+            const result = yield* Effect.either(load({ ...DEV, [variable]: url(host) }))
+            if (Either.isRight(result)) return expect.fail(`${variable}=${url(host)} was accepted as loopback`)
+            expect(result.left.variable).toBe(variable)
+            expect(result.left.message).toContain("loopback")
+          }))
+      }
+    }
+  })
+
   const invalid: ReadonlyArray<readonly [Record<string, string>, string, string]> = [
     [{ DATABASE_URL: `mysql://root:${SECRET}@h/db` }, "DATABASE_URL", "postgres"],
     [{ DATABASE_URL: `not a url ${SECRET}` }, "DATABASE_URL", "postgres"],

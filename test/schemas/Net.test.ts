@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest"
 import {
   cidrContains,
   classifyHost,
+  isLoopbackHost,
   isPublicIpv4,
   isPublicIpv6,
   NON_PUBLIC_IPV4,
@@ -463,5 +464,30 @@ describe("parseCidr / cidrContains", () => {
     ] as const
   )("%s contains %s: %s", (cidr, addr, expected) => {
     expect(contains(cidr, addr)).toBe(expected)
+  })
+})
+
+describe("isLoopbackHost (insecure development mode, SPEC §1.2 / §6.5)", () => {
+  it.each(["localhost", "127.0.0.1", "127.255.255.254", "127.1.2.3", "[::1]", "::1"])("%s is loopback", (host) => {
+    expect(isLoopbackHost(host)).toBe(true)
+  })
+  it.each([
+    "127.evil.example",
+    "127.0.0.1.evil.example",
+    "127.0.0.1.nip.io",
+    "localhost.evil.example",
+    "evil.localhost",
+    "localhost.",
+    "127.1",
+    "0x7f.0.0.1",
+    "[::ffff:127.0.0.1]",
+    "[::ffff:7f00:1]",
+    "[::2]",
+    "[::1%lo]",
+    "128.0.0.1",
+    "0.0.0.0",
+    ""
+  ])("%s is not", (host) => {
+    expect(isLoopbackHost(host)).toBe(false)
   })
 })

@@ -9,6 +9,7 @@
  */
 import { Config as EffectConfig, Data, Effect, Option, Record, Redacted } from "effect"
 import * as Net from "node:net"
+import { isLoopbackHost } from "../../schemas/Net.js"
 
 /** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
 export class ConfigInvalid extends Data.TaggedError("ConfigInvalid")<{
@@ -159,20 +160,19 @@ export const isPostgresUrl = (s: string): boolean => {
     (u.hostname.length > 0 || u.searchParams.has("host"))
 }
 
-const LOOPBACK_HOSTS: ReadonlySet<string> = new Set(["localhost", "127.0.0.1", "[::1]"])
-
-/** wss:// anywhere; ws:// only to a loopback host and only in insecure development mode. */
+/** wss:// anywhere; ws:// only to a loopback host ({@link isLoopbackHost}) and only in insecure development mode. */
 export const isStreamUrl = (s: string, insecure: boolean): boolean => {
   if (s.length > 2048 || !URL.canParse(s)) return false
   const u = new URL(s)
   if (u.username !== "" || u.password !== "" || u.hash !== "") return false
   if (u.protocol === "wss:") return u.hostname.length > 0
-  return u.protocol === "ws:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
+  return u.protocol === "ws:" && insecure && isLoopbackHost(u.hostname)
 }
 
 /**
  * An HTTP base URL for identity / discovery requests (PLC directory, relay): https:// with a host,
- * no credentials, query or fragment; http:// only to a loopback host in insecure development mode.
+ * no credentials, query or fragment; http:// only to a loopback host ({@link isLoopbackHost}) in
+ * insecure development mode.
  * The transport re-checks every request (public addresses only).
  */
 export const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
@@ -180,7 +180,7 @@ export const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
   const u = new URL(s)
   if (u.username !== "" || u.password !== "" || u.hostname.length === 0) return false
   if (u.protocol === "https:") return true
-  return u.protocol === "http:" && insecure && (LOOPBACK_HOSTS.has(u.hostname) || u.hostname.startsWith("127."))
+  return u.protocol === "http:" && insecure && isLoopbackHost(u.hostname)
 }
 
 /**
