@@ -457,6 +457,50 @@ describe("Config", () => {
       expect(Option.isNone(c.databaseUrl)).toBe(true)
     }))
 
+  // SPEC §6.5 (strict parsing): WHATWG URL ignores leading / trailing spaces and controls and every
+  // tab and newline, so these parsed, started, and failed every request later (a stray space after
+  // PLC_DIRECTORY_URL broke every did:plc owner; DATABASE_URL said "could not connect (ENOTFOUND)")
+  describe("URL variables with whitespace or a control character are refused at startup", () => {
+    const DEV = { NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1" }
+    const urls: ReadonlyArray<readonly [string, string, string]> = [
+      // variable, a valid value, a fragment of the rule the broken value is refused with
+      ["DATABASE_URL", `postgresql://postgres:${SECRET}@127.0.0.1:5432/postgres`, "whitespace or control characters"],
+      ["PLC_DIRECTORY_URL", "http://127.0.0.1:18091", "https://"],
+      ["OWNER_DISCOVERY_URL", "https://relay.example", "https://"],
+      ["JETSTREAM_URL", "ws://127.0.0.1:6008/subscribe", "wss://"],
+      ["RELAY_URL", "wss://relay.example", "wss://"]
+    ]
+    const breaks: ReadonlyArray<readonly [string, (s: string) => string]> = [
+      ["a trailing space", (s) => `${s} `],
+      ["a leading space", (s) => ` ${s}`],
+      ["a trailing newline", (s) => `${s}\n`],
+      ["a carriage return", (s) => `${s}\r`],
+      ["a tab inside", (s) => s.replace("://", "://\t")],
+      ["a newline inside", (s) => s.replace("127.0.0", "127.0\n.0").replace("relay.", "relay\n.")],
+      ["a NUL", (s) => `${s}\u0000`],
+      ["a no-break space", (s) => `${s}\u00a0`],
+      ["a zero-width space", (s) => `${s}\u200b`],
+      ["a byte-order mark", (s) => `\ufeff${s}`]
+    ]
+    for (const [variable, valid, ruleFragment] of urls) {
+      it.effect(`${variable}: the valid value loads`, () =>
+        Effect.gen(function*() {
+          yield* load({ ...DEV, [variable]: valid })
+        }))
+      for (const [what, broken] of breaks) {
+        it.effect(`${variable} with ${what}`, () =>
+          Effect.gen(function*() {
+            const result = yield* Effect.either(load({ ...DEV, [variable]: broken(valid) }))
+            if (Either.isRight(result)) return expect.fail(`${variable} with ${what} was accepted`)
+            expect(result.left.variable).toBe(variable)
+            expect(result.left.message).toContain(ruleFragment)
+            expect(result.left.message).not.toContain(SECRET)
+            expect(result.left.message).not.toContain("\n")
+          }))
+      }
+    }
+  })
+
   // SPEC §1.2 / §6.5: insecure development mode allows ws:// and http:// to a loopback host only:
   // exactly `localhost`, an IPv4 literal in 127.0.0.0/8, or [::1]; a DNS name that starts with
   // `127.` resolves wherever its owner points it
@@ -510,7 +554,8 @@ describe("Config", () => {
 
   const invalid: ReadonlyArray<readonly [Record<string, string>, string, string]> = [
     [{ DATABASE_URL: `mysql://root:${SECRET}@h/db` }, "DATABASE_URL", "postgres"],
-    [{ DATABASE_URL: `not a url ${SECRET}` }, "DATABASE_URL", "postgres"],
+    [{ DATABASE_URL: `not a url ${SECRET}` }, "DATABASE_URL", "whitespace"],
+    [{ DATABASE_URL: `not-a-url-${SECRET}` }, "DATABASE_URL", "postgres"],
     [{ DATABASE_URL: `postgres://:${SECRET}@/` }, "DATABASE_URL", "postgres"],
     [{ HEALTH_PORT: "65536" }, "HEALTH_PORT", "0..65535"],
     [{ HEALTH_PORT: "-1" }, "HEALTH_PORT", "integer"],

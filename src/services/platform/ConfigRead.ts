@@ -89,14 +89,20 @@ export const readStringAll = (name: string, def: string, rules: ReadonlyArray<St
 
 /** An optional secret: `None` when unset, otherwise the value `Redacted` when it passes `test`. */
 export const readRedacted = (name: string, test: (s: string) => boolean, rule: string) =>
+  readRedactedAll(name, [{ test, text: rule }])
+
+/** An optional secret that must pass every one of `rules`; the first one it breaks is the error. */
+export const readRedactedAll = (name: string, rules: ReadonlyArray<StringRule>) =>
   raw(name).pipe(
     Effect.flatMap(
       Option.match({
         onNone: () => Effect.succeed(Option.none<Redacted.Redacted<string>>()),
-        onSome: (s) =>
-          test(s)
+        onSome: (s) => {
+          const broken = rules.find((rule) => !rule.test(s))
+          return broken === undefined
             ? Effect.succeed(Option.some(Redacted.make(s)))
-            : Effect.fail(new ConfigInvalid({ variable: name, rule }))
+            : Effect.fail(new ConfigInvalid({ variable: name, rule: broken.text }))
+        }
       })
     )
   )
@@ -152,32 +158,54 @@ export const readIntVars = <K extends string>(section: { readonly [P in K]: IntV
 // ---------------------------------------------------------------------------------------------
 // URL and host rules
 
+const SPACE_OR_CONTROL = /[\s\p{Cc}\p{Cf}]/u
+
+/**
+ * Whether `s` holds whitespace (ASCII or Unicode), a control character or an invisible format
+ * character (zero-width space, BOM, soft hyphen) anywhere. WHATWG URL drops leading and trailing
+ * spaces and controls and every tab and newline, so `URL.canParse("https://plc.directory ")` is true,
+ * but a URL variable is kept as written and joined to paths later, where the space breaks it.
+ */
+export const hasSpaceOrControl = (s: string): boolean => SPACE_OR_CONTROL.test(s)
+
+/**
+ * SPEC §6.5 (strict parsing): every URL variable (`DATABASE_URL`, `JETSTREAM_URL`, `RELAY_URL`,
+ * `PLC_DIRECTORY_URL`, `OWNER_DISCOVERY_URL`, `REDIS_URL`, `PUBLIC_URL`) is refused at startup when it
+ * holds whitespace or a control character anywhere (a stray space from a copied `.env` line), instead
+ * of starting and failing each request later. Checked before the variable's own rule.
+ */
+export const urlText: StringRule = {
+  test: (s) => !hasSpaceOrControl(s),
+  text: "must not contain whitespace or control characters"
+}
+
+/** A URL that parses and holds no whitespace or control character ({@link urlText}). */
+const parseStrictUrl = (s: string, maxLength: number): URL | undefined =>
+  s.length <= maxLength && !hasSpaceOrControl(s) && URL.canParse(s) ? new URL(s) : undefined
+
 export const isPostgresUrl = (s: string): boolean => {
-  if (s.length > 4096) return false
-  if (!URL.canParse(s)) return false
-  const u = new URL(s)
-  return (u.protocol === "postgres:" || u.protocol === "postgresql:") &&
+  const u = parseStrictUrl(s, 4096)
+  return u !== undefined && (u.protocol === "postgres:" || u.protocol === "postgresql:") &&
     (u.hostname.length > 0 || u.searchParams.has("host"))
 }
 
 /** wss:// anywhere; ws:// only to a loopback host ({@link isLoopbackHost}) and only in insecure development mode. */
 export const isStreamUrl = (s: string, insecure: boolean): boolean => {
-  if (s.length > 2048 || !URL.canParse(s)) return false
-  const u = new URL(s)
-  if (u.username !== "" || u.password !== "" || u.hash !== "") return false
+  const u = parseStrictUrl(s, 2048)
+  if (u === undefined || u.username !== "" || u.password !== "" || u.hash !== "") return false
   if (u.protocol === "wss:") return u.hostname.length > 0
   return u.protocol === "ws:" && insecure && isLoopbackHost(u.hostname)
 }
 
 /**
  * An HTTP base URL for identity / discovery requests (PLC directory, relay): https:// with a host,
- * no credentials, query or fragment; http:// only to a loopback host ({@link isLoopbackHost}) in
- * insecure development mode.
+ * no credentials, query or fragment, no whitespace or control character; http:// only to a loopback
+ * host ({@link isLoopbackHost}) in insecure development mode.
  * The transport re-checks every request (public addresses only).
  */
 export const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
-  if (s.length > 2048 || !URL.canParse(s) || s.includes("#") || s.includes("?")) return false
-  const u = new URL(s)
+  const u = parseStrictUrl(s, 2048)
+  if (u === undefined || s.includes("#") || s.includes("?")) return false
   if (u.username !== "" || u.password !== "" || u.hostname.length === 0) return false
   if (u.protocol === "https:") return true
   return u.protocol === "http:" && insecure && isLoopbackHost(u.hostname)

@@ -14,8 +14,9 @@ import {
   readEnumVar,
   readIntVar,
   readListenHost,
-  readRedacted,
-  readStringVar
+  readRedactedAll,
+  readStringVar,
+  urlText
 } from "./ConfigRead.js"
 import * as DeliveryProcessConfig from "./DeliveryProcessConfig.js"
 import * as RolesConfig from "./RolesConfig.js"
@@ -38,8 +39,17 @@ const LOG_LEVELS: { readonly [K in LogLevelName]: LogLevel.LogLevel } = {
   none: LogLevel.None
 }
 
-/** `DATABASE_URL`: unset → embedded PostgreSQL. */
-export const databaseUrl = { env: "DATABASE_URL", rule: "must be a postgres:// or postgresql:// URL" } as const
+/**
+ * `DATABASE_URL`: unset → embedded PostgreSQL. No whitespace or control character, then a
+ * postgres:// or postgresql:// URL.
+ */
+export const databaseUrl = {
+  env: "DATABASE_URL",
+  rules: [
+    urlText,
+    { test: isPostgresUrl, text: "must be a postgres:// or postgresql:// URL" }
+  ]
+} as const
 
 /**
  * `DATABASE_PREPARED_STATEMENTS` ∈ {0, 1}: `1` (default) sends frequent statements as named prepared
@@ -115,7 +125,7 @@ export const loadDevMode: Effect.Effect<
 /** `isTty` picks the default log format (`pretty` on a TTY, `json` otherwise). */
 export const load = (options: { readonly isTty: boolean }): Effect.Effect<PlatformSection, ConfigInvalid> =>
   Effect.gen(function*() {
-    const url = yield* readRedacted(databaseUrl.env, isPostgresUrl, databaseUrl.rule)
+    const url = yield* readRedactedAll(databaseUrl.env, databaseUrl.rules)
     const prepared = yield* readEnumVar(databasePreparedStatements)
     const dir = yield* readStringVar(dataDir)
     const host = yield* readListenHost(healthHost)
