@@ -556,6 +556,10 @@ describe("Config", () => {
     [{ DATABASE_URL: `mysql://root:${SECRET}@h/db` }, "DATABASE_URL", "postgres"],
     [{ DATABASE_URL: `not a url ${SECRET}` }, "DATABASE_URL", "whitespace"],
     [{ DATABASE_URL: `not-a-url-${SECRET}` }, "DATABASE_URL", "postgres"],
+    // pg ignores an sslmode it does not know (libpq's `allow`, a typo): refused instead (DatabaseSsl.ts)
+    [{ DATABASE_URL: `postgresql://u:${SECRET}@db.example/x?sslmode=allow` }, "DATABASE_URL", "sslmode must be one of"],
+    [{ DATABASE_URL: "postgresql://db.example/x?sslmode=requir" }, "DATABASE_URL", "sslmode must be one of"],
+    [{ DATABASE_URL: "postgresql://db.example/x?sslmode=REQUIRE" }, "DATABASE_URL", "sslmode must be one of"],
     [{ DATABASE_URL: `postgres://:${SECRET}@/` }, "DATABASE_URL", "postgres"],
     [{ HEALTH_PORT: "65536" }, "HEALTH_PORT", "0..65535"],
     [{ HEALTH_PORT: "-1" }, "HEALTH_PORT", "integer"],

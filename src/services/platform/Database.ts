@@ -1,7 +1,8 @@
 /**
  * The database: an `@effect/sql-pg` client on `DATABASE_URL`, or on the embedded PostgreSQL when
  * it is unset; migrations run before the layer is built. Its `listen` is firehook's own
- * (PgListen.ts): `@effect/sql-pg`'s never sees its connection drop.
+ * (PgListen.ts): `@effect/sql-pg`'s never sees its connection drop. Both connect with
+ * `DatabaseSsl.driverConnectionString` (what `sslmode` means for firehook, without pg's warning).
  *
  * The pool is closed at shutdown only when every part stopped cleanly (SPEC §6.3): after an
  * unclean shutdown in-flight work may still hold connections, and the process exits anyway.
@@ -13,6 +14,7 @@ import { SqlError } from "@effect/sql/SqlError"
 import { Context, Data, Duration, Effect, Exit, Layer, Option, Redacted, Scope } from "effect"
 import Pg from "pg"
 import { FirehookConfig } from "./Config.js"
+import * as DatabaseSsl from "./DatabaseSsl.js"
 import * as EmbeddedPg from "./EmbeddedPg.js"
 import * as ErrorCode from "./ErrorCode.js"
 import { Lifecycle } from "./Lifecycle.js"
@@ -57,7 +59,7 @@ const openPool = (url: Redacted.Redacted<string>, options: DatabaseOptions) =>
   Effect.acquireRelease(
     Effect.suspend(() => {
       const pool = new Pg.Pool({
-        connectionString: Redacted.value(url),
+        connectionString: DatabaseSsl.driverConnectionString(Redacted.value(url)),
         connectionTimeoutMillis: Duration.toMillis(CONNECT_TIMEOUT),
         idleTimeoutMillis: Duration.toMillis(IDLE_TIMEOUT),
         max: poolSize(options),
@@ -107,7 +109,7 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
       )
       // LISTEN on a connection of firehook's own, which sees a lost connection (PgListen.ts)
       const listen = yield* PgListen.make({
-        connectionString: Redacted.value(url),
+        connectionString: DatabaseSsl.driverConnectionString(Redacted.value(url)),
         application_name: options.applicationName ?? "firehook"
       })
       // `fromPool` describes the pool without its size and timeouts; readers of `config` (the claim

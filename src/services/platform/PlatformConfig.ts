@@ -18,6 +18,7 @@ import {
   readStringVar,
   urlText
 } from "./ConfigRead.js"
+import * as DatabaseSsl from "./DatabaseSsl.js"
 import * as DeliveryProcessConfig from "./DeliveryProcessConfig.js"
 import * as RolesConfig from "./RolesConfig.js"
 
@@ -40,14 +41,15 @@ const LOG_LEVELS: { readonly [K in LogLevelName]: LogLevel.LogLevel } = {
 }
 
 /**
- * `DATABASE_URL`: unset → embedded PostgreSQL. No whitespace or control character, then a
- * postgres:// or postgresql:// URL.
+ * `DATABASE_URL`: unset → embedded PostgreSQL. No whitespace or control character, a postgres://
+ * or postgresql:// URL, and a known `sslmode` (DatabaseSsl.ts), in that order.
  */
 export const databaseUrl = {
   env: "DATABASE_URL",
   rules: [
     urlText,
-    { test: isPostgresUrl, text: "must be a postgres:// or postgresql:// URL" }
+    { test: isPostgresUrl, text: "must be a postgres:// or postgresql:// URL" },
+    DatabaseSsl.sslModeRule
   ]
 } as const
 
