@@ -103,13 +103,15 @@ const launch = (config: Config.FirehookConfigShape) =>
         Ref.modify(stopping, (at) => Option.isSome(at) ? [at.value, at] : [now, Option.some(now)])
       )
     )
-    // SPEC §6.3: the parts close within what is left of the deadline plus TEARDOWN_GRACE, whatever
-    // the database does; past that the process exits (code 1) and its exit ends the connections
+    // SPEC §6.3: the parts close within what is left of the deadline plus TEARDOWN_GRACE (after an
+    // unclean shutdown UNCLEAN_TEARDOWN_GRACE), whatever the database does; past that the process
+    // exits (code 1) and its exit ends the connections
     yield* Effect.addFinalizer((exit) =>
       Effect.gen(function*() {
         const deadline = (yield* stoppingAt) + config.shutdownTimeoutMs
         const left = Math.max(0, deadline - (yield* Clock.currentTimeMillis))
-        const bound = Duration.sum(Duration.millis(left), Lifecycle.TEARDOWN_GRACE)
+        const grace = uncleanShutdown ? Lifecycle.UNCLEAN_TEARDOWN_GRACE : Lifecycle.TEARDOWN_GRACE
+        const bound = Duration.sum(Duration.millis(left), grace)
         if (yield* Lifecycle.closeWithin(parts, exit, bound)) return
         uncleanShutdown = true
         yield* Effect.logError("the parts did not close in time after the shutdown: exiting").pipe(

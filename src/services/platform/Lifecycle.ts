@@ -154,6 +154,14 @@ export const tidyDatabase = (lifecycle: Option.Option<LifecycleShape>): Effect.E
 export const TEARDOWN_GRACE = Duration.seconds(25)
 
 /**
+ * The same after a shutdown that was not clean: the pool is left open (nothing to close), and what
+ * else waits then is a statement on a database that may be what hung (an interrupted query's
+ * `pg_cancel_backend`, up to 5 s each in @effect/sql-pg), which the process's exit ends anyway.
+ * An embedded PostgreSQL whose stop is cut by it keeps running and is adopted by the next start.
+ */
+export const UNCLEAN_TEARDOWN_GRACE = Duration.seconds(10)
+
+/**
  * Closes `scope` within `bound`, whatever its finalizers do: the close runs disconnected, so a
  * finalizer still waiting at the bound (a statement on a database that stopped answering) is left
  * behind, not waited for (the process is about to exit, which ends its connections). Returns
