@@ -2,6 +2,7 @@ import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Fiber, Layer, Metric, MetricBoundaries, Option, TestClock } from "effect"
+import * as Http from "node:http"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as Metrics from "../../src/services/platform/Metrics.js"
@@ -111,6 +112,66 @@ describe("Health HTTP", () => {
       const client = yield* HttpClient.HttpClient
       const post = yield* client.execute(HttpClientRequest.post("/live"))
       expect(post.status).toBe(404)
+    }).pipe(Effect.provide(ServerTest)))
+})
+
+// SPEC §6.2 "anything else → 404": the path as received, case-sensitive (the router's defaults
+// answered /LIVE, /live/ and //live with 200). Raw requests: an HTTP client would rewrite some of
+// these paths (`//live` is a protocol-relative URL to it).
+describe("Health routing is exact", () => {
+  const raw = (method: string, path: string) =>
+    Effect.gen(function*() {
+      const server = yield* HttpServer.HttpServer
+      const address = server.address
+      if (address._tag !== "TcpAddress") return yield* Effect.die("not a TCP server")
+      return yield* Effect.async<{ readonly status: number; readonly body: string }>((resume) => {
+        const req = Http.request({ host: "127.0.0.1", port: address.port, method, path }, (res) => {
+          let body = ""
+          res.setEncoding("utf8")
+          res.on("data", (d: string) => (body += d))
+          res.on("end", () => resume(Effect.succeed({ status: res.statusCode ?? 0, body })))
+        })
+        req.on("error", (e) => resume(Effect.die(e)))
+        req.end()
+      })
+    })
+
+  it.scoped("only /live, /health and /metrics, exactly, answer", () =>
+    Effect.gen(function*() {
+      yield* (yield* Lifecycle.Lifecycle).setPhase("live")
+      for (const path of ["/live", "/health", "/metrics", "/live?x=1"]) {
+        expect({ path, status: (yield* raw("GET", path)).status }).toEqual({ path, status: 200 })
+      }
+      const notFound = [
+        "/LIVE",
+        "/Live",
+        "/live/",
+        "//live",
+        "/live//",
+        "///live",
+        "/HEALTH",
+        "/health/",
+        "//health",
+        "/Metrics",
+        "/metrics/",
+        "//metrics",
+        "/live.json",
+        "/live/x"
+      ]
+      for (const path of notFound) {
+        const res = yield* raw("GET", path)
+        expect({ path, status: res.status }).toEqual({ path, status: 404 })
+        expect(JSON.parse(res.body)).toEqual({ error: "not_found" })
+      }
+    }).pipe(Effect.provide(ServerTest)))
+
+  // docs/decisions.md: methods other than GET are 404 (HEAD too: the catch-all route takes it first)
+  it.scoped("methods other than GET, HEAD too, stay 404", () =>
+    Effect.gen(function*() {
+      yield* (yield* Lifecycle.Lifecycle).setPhase("live")
+      for (const method of ["HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]) {
+        expect({ method, status: (yield* raw(method, "/live")).status }).toEqual({ method, status: 404 })
+      }
     }).pipe(Effect.provide(ServerTest)))
 })
 

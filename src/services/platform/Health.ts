@@ -161,8 +161,16 @@ const NO_STORE = { "cache-control": "no-store" } as const
 export const liveStatus = (phase: Phase): "live" | "stopping" | "failed" =>
   phase === "failed" ? "failed" : phase === "stopping" || phase === "stopped" ? "stopping" : "live"
 
-/** The router served on HEALTH_HOST:HEALTH_PORT. */
-export const router = HttpRouter.empty.pipe(
+/**
+ * SPEC §6.2 "anything else → 404": paths match exactly as received, case-sensitive, without the
+ * router's defaults of ignoring a trailing slash and repeated slashes (`/LIVE`, `/live/`, `//live`
+ * answered 200). Only GET: any other method, HEAD too, is 404 (docs/decisions.md). Dot
+ * segments (`/x/../live`) are resolved by the server's URL parser (Bun's WHATWG URL) before any
+ * handler sees the path: to HTTP that is the same path (RFC 3986 §6.2.2.3).
+ */
+const EXACT_PATHS = { caseSensitive: true, ignoreTrailingSlash: false, ignoreDuplicateSlashes: false } as const
+
+const routes = HttpRouter.empty.pipe(
   HttpRouter.get(
     "/live",
     Effect.gen(function*() {
@@ -190,3 +198,9 @@ export const router = HttpRouter.empty.pipe(
   ),
   HttpRouter.all("*", Effect.succeed(HttpServerResponse.unsafeJson({ error: "not_found" }, { status: 404 })))
 )
+
+/**
+ * The app served on HEALTH_HOST:HEALTH_PORT. The router reads its matching rules when it is first
+ * run and keeps them, so it is run only here, with {@link EXACT_PATHS}.
+ */
+export const router = HttpRouter.withRouterConfig(routes, EXACT_PATHS)
