@@ -3,6 +3,9 @@
  * SIGINT/SIGTERM. Exit code 0 after a clean shutdown, 1 after an unclean one or a startup failure
  * (reported as one line on stderr, never with a secret in it).
  */
+// first (evaluated before every other module): a signal while the modules below load ends the
+// process with exit 0, since nothing has started yet
+import "./services/platform/LifecycleSignals.js"
 import { BunHttpServer, BunRuntime } from "@effect/platform-bun"
 import {
   Cause,
@@ -29,6 +32,7 @@ import * as DeliveryProcess from "./services/platform/DeliveryProcess.js"
 import * as DeliveryProcessConfig from "./services/platform/DeliveryProcessConfig.js"
 import * as ErrorCode from "./services/platform/ErrorCode.js"
 import * as Lifecycle from "./services/platform/Lifecycle.js"
+import * as LifecycleSignals from "./services/platform/LifecycleSignals.js"
 import * as Logging from "./services/platform/Logging.js"
 
 let uncleanShutdown = false
@@ -180,13 +184,9 @@ const main = Effect.gen(function*() {
   )
 )
 
-// SPEC §6.3: shutdown is idempotent. The runtime's own handler removes itself at the first
-// SIGINT/SIGTERM (and interrupts the main fiber, which runs the ordered shutdown); with no listener
-// left, the runtime would restore the default action and a second signal would kill the process in
-// the middle of that shutdown. These listeners stay, so a repeated signal changes nothing.
-const alreadyStopping = (): void => {}
-process.on("SIGINT", alreadyStopping)
-process.on("SIGTERM", alreadyStopping)
+// until here a signal ended the process at once (nothing had started); from here the runtime's
+// handler runs the ordered shutdown, and a repeated signal changes nothing (LifecycleSignals)
+LifecycleSignals.handOver()
 
 BunRuntime.runMain(main, {
   disableErrorReporting: true,

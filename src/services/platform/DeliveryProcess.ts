@@ -10,7 +10,8 @@
  *   restart `maxRestarts + 1` within `window` gives up: `onGiveUp` gets one line (main then stops
  *   the process with exit code 1).
  * - Shutdown: the drain of stage `delivery` (SPEC §6.3) sends the child SIGTERM and waits for its
- *   exit (its own ordered shutdown runs the delivery grace); clean only when it exits with code 0.
+ *   exit (its own ordered shutdown runs the delivery grace); clean when it exits with code 0, or
+ *   dies of that signal while still loading its modules (it had started nothing: {@link stoppedCleanly}).
  *   The Lifecycle cuts the wait at the shutdown deadline: the child then gets SIGKILL (unclean).
  *   A SIGTERM/SIGINT that reaches the parent marks it stopping at once, so a child that got the
  *   same signal (sent to the process group) and exits first is not restarted.
@@ -83,7 +84,18 @@ export const decide = (policy: RestartPolicy, earlier: ReadonlyArray<number>, no
   return Decision.Restart({ delayMs, recent })
 }
 
-/** The child stopped at shutdown with something other than exit code 0. */
+/**
+ * Whether a child that exited during the shutdown stopped cleanly (left no leased row behind): exit
+ * code 0 (its ordered shutdown was clean), or death by SIGTERM/SIGINT. A child that dies of those
+ * had not installed its signal listeners (LifecycleSignals: from the first module evaluated on, a
+ * signal exits 0 or runs the ordered shutdown, never the default action), so it was still loading
+ * its modules: it had started nothing (no connection, no claim). This happens when the shutdown (or
+ * a Ctrl-C to the process group) comes right after the child was spawned.
+ */
+export const stoppedCleanly = (exit: ChildProcess.ChildExit): boolean =>
+  exit.code === 0 || exit.signal === "SIGTERM" || exit.signal === "SIGINT"
+
+/** The child stopped at shutdown without {@link stoppedCleanly}. */
 export class ChildUnclean extends Data.TaggedError("ChildUnclean")<{
   readonly code: number | null
   readonly signal: string | null
@@ -289,7 +301,7 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
         )
         : yield* Ref.get(finalExit)
       yield* Fiber.interrupt(loop)
-      const clean = Option.match(exit, { onNone: () => true, onSome: (e) => e.code === 0 })
+      const clean = Option.match(exit, { onNone: () => true, onSome: stoppedCleanly })
       if (before !== "failed") yield* setState(clean ? "stopped" : "failed")
       yield* Effect.logInfo("delivery process stopped").pipe(
         Effect.annotateLogs({ clean, ...(Option.isSome(exit) ? { exit: describeExit(exit.value) } : {}) })
