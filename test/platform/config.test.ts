@@ -552,6 +552,51 @@ describe("Config", () => {
     }
   })
 
+  // SPEC §6.5: HEALTH_PORT = API_PORT on the same address was a bind error after startup
+  // (`startup failed (unexpected Error EADDRINUSE listen)`); a configuration error up front instead
+  describe("the API listener may not take the health listener's address", () => {
+    const collide: ReadonlyArray<Record<string, string>> = [
+      { HEALTH_PORT: "4000", API_PORT: "4000" },
+      { API_PORT: "3003" },
+      { HEALTH_PORT: "3004" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "0.0.0.0", API_HOST: "127.0.0.1" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "10.0.0.1", API_HOST: "::" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "localhost", API_HOST: "127.0.0.1" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "::1", API_HOST: "localhost" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "localhost", API_HOST: "localhost" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "::ffff:127.0.0.1", API_HOST: "127.0.0.1" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "0:0::0:1", API_HOST: "::1" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", FIREHOOK_ROLES: "api" }
+    ]
+    for (const env of collide) {
+      it.effect(`refuses ${JSON.stringify(env)}`, () =>
+        Effect.gen(function*() {
+          const result = yield* Effect.either(load(env))
+          if (Either.isRight(result)) return expect.fail("the colliding listeners were accepted")
+          expect(result.left.variable).toBe("API_PORT")
+          expect(result.left.message).toBe(
+            "invalid configuration: API_PORT must differ from HEALTH_PORT when both listen on the same address"
+          )
+        }))
+    }
+    const apart: ReadonlyArray<Record<string, string>> = [
+      { HEALTH_PORT: "0", API_PORT: "0" },
+      { HEALTH_PORT: "4000", API_PORT: "4001" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "10.0.0.1", API_HOST: "10.0.0.2" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "localhost", API_HOST: "10.0.0.2" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "127.0.0.1", API_HOST: "::1" },
+      // the API listener runs only with the api role
+      { HEALTH_PORT: "4000", API_PORT: "4000", FIREHOOK_ROLES: "intake,delivery" }
+    ]
+    for (const env of apart) {
+      it.effect(`accepts ${JSON.stringify(env)}`, () =>
+        Effect.gen(function*() {
+          const c = yield* load(env)
+          expect(c.healthPort).toBe(Number(env["HEALTH_PORT"]))
+        }))
+    }
+  })
+
   const invalid: ReadonlyArray<readonly [Record<string, string>, string, string]> = [
     [{ DATABASE_URL: `mysql://root:${SECRET}@h/db` }, "DATABASE_URL", "postgres"],
     [{ DATABASE_URL: `not a url ${SECRET}` }, "DATABASE_URL", "whitespace"],

@@ -22,10 +22,11 @@ import * as MatchingConfig from "../matching/MatchingConfig.js"
 import * as OperatorConfig from "../operator/OperatorConfig.js"
 import * as ReconciliationConfig from "../reconciliation/ReconciliationConfig.js"
 import * as RegistryConfig from "../registry/RegistryConfig.js"
-import type { ConfigInvalid } from "./ConfigRead.js"
+import { ConfigInvalid, listenersCollide } from "./ConfigRead.js"
 import type { DeliveryProcessSection } from "./DeliveryProcessConfig.js"
 import * as PlatformConfig from "./PlatformConfig.js"
 import type { LogFormat, NodeEnv } from "./PlatformConfig.js"
+import * as RolesConfig from "./RolesConfig.js"
 import type { Roles } from "./RolesConfig.js"
 
 export {
@@ -217,6 +218,7 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
     const priorRefs = yield* MatchingConfig.load
     const retryScheduler = yield* ReconciliationConfig.loadRetryScheduler
     const api = yield* ApiConfig.load(insecure)
+    yield* checkListeners(platform, api)
     return {
       databaseUrl: platform.databaseUrl,
       databasePreparedStatements: platform.databasePreparedStatements,
@@ -245,6 +247,25 @@ export const load = (options: { readonly isTty: boolean }): Effect.Effect<Fireho
       api
     }
   })
+
+/**
+ * SPEC §6.5: the API listener (when this process runs the `api` role) must not take the health
+ * listener's address: a startup error naming `API_PORT`, instead of a bind error once the health
+ * listener is up.
+ */
+const checkListeners = (
+  platform: PlatformConfig.PlatformSection,
+  api: ApiConfig.ApiSection
+): Effect.Effect<void, ConfigInvalid> =>
+  RolesConfig.runs(platform.roles, "api") &&
+    listenersCollide({ host: platform.healthHost, port: platform.healthPort }, { host: api.host, port: api.port })
+    ? Effect.fail(
+      new ConfigInvalid({
+        variable: ApiConfig.apiPort.env,
+        rule: `must differ from ${PlatformConfig.healthPort.env} when both listen on the same address`
+      })
+    )
+    : Effect.void
 
 export const layer = (options: { readonly isTty: boolean }): Layer.Layer<FirehookConfig, ConfigInvalid> =>
   Layer.effect(FirehookConfig, load(options))

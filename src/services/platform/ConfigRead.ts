@@ -9,7 +9,7 @@
  */
 import { Config as EffectConfig, Data, Effect, Option, Record, Redacted } from "effect"
 import * as Net from "node:net"
-import { isLoopbackHost } from "../../schemas/Net.js"
+import { isLoopbackBytes, isLoopbackHost, parseIpv4, parseIpv6 } from "../../schemas/Net.js"
 
 /** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
 export class ConfigInvalid extends Data.TaggedError("ConfigInvalid")<{
@@ -246,6 +246,38 @@ export const noQueryOrFragment: StringRule = {
 export const listenHost: StringRule = {
   test: (s) => s === "localhost" || (s.length <= 64 && Net.isIP(s) !== 0),
   text: "must be an IP literal or localhost"
+}
+
+/** A listen host's address bytes (an IPv4-mapped IPv6 address as its IPv4), `undefined` for `localhost`. */
+const listenBytes = (host: string): Uint8Array | undefined => {
+  const v4 = parseIpv4(host)
+  if (v4 !== undefined) return v4
+  const v6 = parseIpv6(host)
+  const mapped = v6 !== undefined && v6.subarray(0, 10).every((b) => b === 0) && v6[10] === 0xff && v6[11] === 0xff
+  return mapped ? v6.subarray(12) : v6
+}
+
+/**
+ * Whether two listeners on the same port would take the same address (SPEC §6.5: the health and
+ * the API listener): the same address, either one a wildcard (`0.0.0.0`, `::`), or `localhost`
+ * against itself or a loopback address (it resolves to 127.0.0.1 or ::1). Port 0 never collides
+ * (each listener gets a free port).
+ */
+export const listenersCollide = (
+  a: { readonly host: string; readonly port: number },
+  b: { readonly host: string; readonly port: number }
+): boolean => {
+  if (a.port !== b.port || a.port === 0) return false
+  if (a.host === b.host) return true
+  const ba = listenBytes(a.host)
+  const bb = listenBytes(b.host)
+  const wildcard = (x: Uint8Array | undefined) => x !== undefined && x.every((byte) => byte === 0)
+  if (wildcard(ba) || wildcard(bb)) return true
+  if (ba === undefined || bb === undefined) {
+    const other = ba ?? bb
+    return other === undefined ? a.host === "localhost" && b.host === "localhost" : isLoopbackBytes(other)
+  }
+  return ba.length === bb.length && ba.every((byte, i) => byte === bb[i])
 }
 
 /** A listen address variable (`HEALTH_HOST`, `API_HOST`): {@link listenHost}, `default` when unset. */
