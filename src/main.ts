@@ -33,6 +33,7 @@ import * as DeliveryProcessConfig from "./services/platform/DeliveryProcessConfi
 import * as ErrorCode from "./services/platform/ErrorCode.js"
 import * as Lifecycle from "./services/platform/Lifecycle.js"
 import * as LifecycleSignals from "./services/platform/LifecycleSignals.js"
+import * as Listener from "./services/platform/Listener.js"
 import * as Logging from "./services/platform/Logging.js"
 
 let uncleanShutdown = false
@@ -140,9 +141,17 @@ const launch = (config: Config.FirehookConfigShape) =>
     if (config.deliveryProcess.isChild) yield* Effect.forkScoped(DeliveryChild.followParent)
     const startupScope = yield* Scope.make()
     yield* lifecycle.registerStop("startup", "startup", Scope.close(startupScope, Exit.void))
-    const server = BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort })
+    const server = Listener.guard(BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort }), {
+      hostVariable: "HEALTH_HOST",
+      portVariable: "HEALTH_PORT",
+      host: config.healthHost,
+      port: config.healthPort
+    })
     // the owners' API (SPEC §8.1); Bun's own body bound is a backstop above the API's 64 KiB
-    const api = BunHttpServer.layer({ hostname: config.api.host, port: config.api.port, maxRequestBodySize: 1 << 20 })
+    const api = Listener.guard(
+      BunHttpServer.layer({ hostname: config.api.host, port: config.api.port, maxRequestBodySize: 1 << 20 }),
+      { hostVariable: "API_HOST", portVariable: "API_PORT", host: config.api.host, port: config.api.port }
+    )
     const child = DeliveryProcessConfig.runsChild(config.deliveryProcess, config.roles, Os.availableParallelism())
     const deliveryProcess = child ? supervisor(config, (line) => Deferred.succeed(fatal, line)) : undefined
     const app = App.service(server, { api, ...(deliveryProcess === undefined ? {} : { deliveryProcess }) }).pipe(
