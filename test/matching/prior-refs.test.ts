@@ -82,7 +82,7 @@ const scenarios = (name: string, stack: () => Layer.Layer<Processor | PriorRefsS
         const first = ev(ALICE, POST, "r3", { rev: rev(20), record: { text: "x", r: bobPost } })
         yield* run([first])
         const batch = [
-          // older than the stored row: matches (its own and the stored references), writes nothing
+          // older than the stored row: matches on its own references only, writes nothing
           ev(ALICE, POST, "r3", { rev: rev(19), operation: "update", record: { text: "old", r: bobPost2 } }),
           ev(ALICE, POST, "r3", { rev: rev(21), operation: "delete" }),
           ev(ALICE, POST, "r3", { rev: rev(22), record: { text: "again", r: bobPost2 } })
@@ -95,6 +95,28 @@ const scenarios = (name: string, stack: () => Layer.Layer<Processor | PriorRefsS
         expect(yield* deliveries("r3")).toEqual(ids([first, ...batch, last]))
         expect(yield* stored(uriOf(POST, "r3"))).toBeUndefined()
         expect((yield* (yield* Processor).stats).priorRefKeys).toBe(1)
+      }).pipe(Effect.provide(stack())))
+
+    it.effect("a replayed older update or delete never matches on the references of a newer stored version", () =>
+      Effect.gen(function*() {
+        yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
+        const created = ev(ALICE, POST, "r9", { rev: rev(70), record: { text: "x" } })
+        const unrelated = ev(ALICE, POST, "r9", { rev: rev(71), operation: "update", record: { text: "y" } })
+        const referencing = ev(ALICE, POST, "r9", { rev: rev(72), operation: "update", record: { r: bobPost } })
+        yield* run([created, unrelated, referencing])
+        expect(yield* deliveries("r9")).toEqual(ids([referencing]))
+        // the stream rewinds: the version at rev 71 never referenced Bob, so it delivers nothing now
+        yield* run([unrelated])
+        expect(yield* deliveries("r9")).toEqual(ids([referencing]))
+        // a record without references deleted, then created again with one: a replay of the delete
+        // (which matched nothing) is older than the stored row
+        const plain = ev(ALICE, POST, "r10", { rev: rev(80), record: { text: "x" } })
+        const deleted = ev(ALICE, POST, "r10", { rev: rev(81), operation: "delete" })
+        const again = ev(ALICE, POST, "r10", { rev: rev(82), record: { r: bobPost2 } })
+        yield* run([plain, deleted, again])
+        expect(yield* deliveries("r10")).toEqual(ids([again]))
+        yield* run([deleted])
+        expect(yield* deliveries("r10")).toEqual(ids([again]))
       }).pipe(Effect.provide(stack())))
 
     it.effect("too-complex updates: never a backlink match on stored references; a newer one clears them, a stale one does not", () =>

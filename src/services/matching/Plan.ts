@@ -174,11 +174,13 @@ const planEvent = (ctx: PlanContext, d: Draft, i: number, e: RecordEvent, isWh: 
   // a too-complex event is matched with no references at all, not even its stored prior
   // ones (SPEC §2.3: backlink matching is skipped); its row is still cleared below (its
   // new references are the empty set, SPEC §2.4), so a later update or delete does not
-  // match on references the record may no longer hold
+  // match on references the record may no longer hold. Only a stored row older than the event
+  // is the version it replaced (SPEC §2.4's "old stored refs"): a replayed older event (a rewind,
+  // a direct-stream replay) must not match on the references of a version written after it
   let refs: ReadonlyArray<ScopeUri> = newRefs
   if (!eventTooComplex && e.operation !== "create" && d.mayHave(i, e)) {
     const prior = rowOf(shared, d.uriAt(i, e))
-    if (prior !== null && prior.live && prior.refs.length > 0) {
+    if (prior !== null && prior.live && prior.rev < e.rev && prior.refs.length > 0) {
       const merged: Array<ScopeUri> = [...newRefs]
       const seen = new Set(newRefs.map((r) => r.uri))
       for (const p of prior.refs) {
