@@ -85,4 +85,47 @@ describe("leader on PostgreSQL", () => {
         }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
     30_000
   )
+
+  it.scopedLive(
+    "the lock's server session gets TCP keepalives, so a dead or cut-off leader's lock is released within seconds",
+    () =>
+      Effect.flatMap(Db.freshDatabase, ({ url }) =>
+        Effect.gen(function*() {
+          const real = yield* SqlClient.SqlClient
+          const reserved: Array<Connection> = []
+          const recording = new Proxy(real, {
+            get: (target, p) =>
+              p === "reserve"
+                ? Effect.tap(real.reserve, (conn) => Effect.sync(() => reserved.push(conn)))
+                : Reflect.get(target, p)
+          })
+          const role = yield* Ref.make<Role>("standby")
+          const acquired = yield* Deferred.make<void>()
+          const leader = yield* runAsLeader(
+            { key: KEY, name: "test", events: { acquired: Deferred.succeed(acquired, undefined).pipe(Effect.asVoid) } },
+            role,
+            Effect.never
+          ).pipe(Effect.provideService(SqlClient.SqlClient, recording), Effect.forkScoped)
+          yield* Deferred.await(acquired)
+          const conn = reserved[0]
+          if (conn === undefined) return expect.unreachable()
+          const show = (name: string) =>
+            Effect.map(conn.executeValues(`SELECT current_setting('${name}')`, []), (rows) => String(rows[0]?.[0]))
+          const viaTcp = yield* Effect.map(
+            conn.executeValues("SELECT inet_server_addr() IS NOT NULL", []),
+            (rows) => rows[0]?.[0] === true
+          )
+          if (viaTcp) {
+            expect([
+              yield* show("tcp_keepalives_idle"),
+              yield* show("tcp_keepalives_interval"),
+              yield* show("tcp_keepalives_count"),
+              yield* show("tcp_user_timeout")
+            ]).toEqual(["10", "5", "3", "20000"])
+          }
+          expect(yield* Ref.get(role)).toBe("leader")
+          yield* Fiber.interrupt(leader)
+        }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
+    30_000
+  )
 })

@@ -110,6 +110,8 @@ export const DEFAULT_INTERVAL = Duration.millis(OperatorConfig.maintenanceInterv
 
 /** Bound on each ping of the runner's lock connection. */
 const LOCK_OP_TIMEOUT = Duration.seconds(10)
+/** How often the runner pings its lock's connection (at most: never less often than the interval). */
+const RUNNER_PING_INTERVAL = Duration.seconds(2)
 
 // ---------------------------------------------------------------------------------------------
 // Metrics
@@ -544,7 +546,9 @@ export const make = (
         key: lockKey,
         name: "maintenance",
         retryInterval: interval,
-        pingInterval: interval,
+        // the runner sees a lost lock within seconds, not after a whole interval in which a standby
+        // may already run too (SPEC §4.9: one runner at a time)
+        pingInterval: Duration.min(Duration.decode(interval), RUNNER_PING_INTERVAL),
         pingTimeout: LOCK_OP_TIMEOUT,
         events: {
           attempt: update((s) => ({ ...s, lockAttempts: s.lockAttempts + 1 })),

@@ -6,6 +6,11 @@
  * whose unlock fails or times out dies with its connection, which is discarded
  * ({@link unlockOrDiscard}), never given back to the pool holding the lock. After a shutdown that
  * was not clean the connection is ended without an unlock (the lock dies with it).
+ *
+ * The lock's server session detects a dead or cut-off leader by TCP keepalives set on it before
+ * the lock is asked for ({@link LOCK_SESSION_KEEPALIVE}): the server's defaults (first probe after
+ * 2 h) would let an orphaned session keep the role for about 2 h 11 min after its host died or was
+ * partitioned, with no replica able to lead; with these, within about 30 s of the last answer.
  */
 import { SqlClient } from "@effect/sql"
 import type { Connection } from "@effect/sql/SqlConnection"
@@ -57,6 +62,15 @@ export const unlockOrDiscard = (
   // (no unlock, no terminate from another connection, each of which could wait out its bound)
   return Effect.flatMap(tidy, (yes) => (yes ? unlock : endClient(conn)))
 }
+
+/**
+ * Server-side TCP settings of a lock session (session-level, set by the session itself: no
+ * privilege needed; ignored on a Unix-domain socket): first keepalive probe after 10 s idle, then
+ * every 5 s, the session ends after 3 unanswered; and data unacknowledged for 20 s ends it too.
+ */
+export const LOCK_SESSION_KEEPALIVE = `SELECT set_config('tcp_keepalives_idle', '10', false),
+  set_config('tcp_keepalives_interval', '5', false), set_config('tcp_keepalives_count', '3', false),
+  set_config('tcp_user_timeout', '20000', false)`
 
 /** How long one election may wait for a connection and for its lock query. */
 const ELECTION_TIMEOUT = Duration.seconds(10)
@@ -141,6 +155,12 @@ export const runAsLeader = <E, R>(
           Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout })
         )
         if (events.attempt !== undefined) yield* events.attempt
+        // best effort: a server that refuses the settings still elects (with its own keepalives);
+        // one that does not answer in time fails the election, as the lock query would
+        yield* conn.executeValues(LOCK_SESSION_KEEPALIVE, []).pipe(
+          Effect.either,
+          Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout })
+        )
         const rows = yield* conn
           .executeValues("SELECT pg_try_advisory_lock($1), pg_backend_pid()", [options.key])
           .pipe(
