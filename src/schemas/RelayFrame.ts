@@ -9,6 +9,7 @@
  * holding the records of its creates and updates. Records are turned into the JSON data model, the
  * way Jetstream presents them: CID links → `{"$link": "<cid>"}`, bytes → `{"$bytes": "<base64>"}`
  * (unpadded, as atproto JSON writes them), so both sources feed the matcher the same values.
+ * Integers outside ±(2^53 − 1) (valid DAG-CBOR) become `bigint`, as on Jetstream.
  *
  * Like Jetstream, nothing here is verified cryptographically (signatures are optional and off by
  * default, SPEC §3.1); block CIDs are trusted as sent.
@@ -17,6 +18,7 @@
  */
 import * as Car from "@atcute/car"
 import * as Cbor from "@atcute/cbor"
+import * as Cborg from "cborg"
 import { Either } from "effect"
 import { isCanonicalDid, isNsidStrict, isRkey } from "./AtUri.js"
 import { type FrameContext, type FrameError, frameError, type FrameErrorReason } from "./Jetstream.js"
@@ -186,17 +188,21 @@ const jsonForm = (v: unknown): unknown => {
  * Rewrites a freshly decoded DAG-CBOR value in place so it is plain JSON data: CID links become
  * `{$link}` objects and byte strings `{$bytes}` objects. Iterative (an explicit stack), so deeply
  * nested records cannot exhaust the call stack. The value must be owned by the caller (it is, right
- * after decoding).
+ * after decoding). Returns whether the value holds a `bigint` (an integer outside ±(2^53 − 1)).
  *
  * @since 0.1.0
  */
-export const toJsonDataModel = (root: Container): void => {
+export const toJsonDataModel = (root: Container): boolean => {
+  let wide = false
   const stack: Array<Container> = [root]
   for (let node = stack.pop(); node !== undefined; node = stack.pop()) {
     if (Array.isArray(node)) {
       for (let i = 0; i < node.length; i++) {
         const v = node[i]
-        if (typeof v !== "object" || v === null) continue
+        if (typeof v !== "object" || v === null) {
+          if (typeof v === "bigint") wide = true
+          continue
+        }
         const j = jsonForm(v)
         if (j !== undefined) node[i] = j
         else stack.push(v as Container)
@@ -206,7 +212,10 @@ export const toJsonDataModel = (root: Container): void => {
       for (let i = 0; i < keys.length; i++) {
         const k = keys[i] as string
         const v = node[k]
-        if (typeof v !== "object" || v === null) continue
+        if (typeof v !== "object" || v === null) {
+          if (typeof v === "bigint") wide = true
+          continue
+        }
         const j = jsonForm(v)
         if (j !== undefined) {
           Object.defineProperty(node, k, { value: j, enumerable: true, writable: true, configurable: true })
@@ -216,6 +225,7 @@ export const toJsonDataModel = (root: Container): void => {
       }
     }
   }
+  return wide
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -245,13 +255,87 @@ const readBlocks = (car: Uint8Array): ReadonlyArray<Block> | undefined => {
   }
 }
 
-/** Decodes a record block into a JSON-model plain object, or `undefined`. */
+/** A DAG-CBOR CID link's tag-42 content: 0x00, then CIDv1 dag-cbor/raw sha2-256 (as @atcute/cid accepts). */
+const isCidContent = (u: unknown): u is Uint8Array =>
+  u instanceof Uint8Array && u.length === 37 && u[0] === 0x00 && u[1] === 0x01 &&
+  (u[2] === 0x71 || u[2] === 0x55) && u[3] === 0x12 && u[4] === 0x20
+
+/**
+ * Decodes a record block with cborg under the DAG-CBOR rules (strict minimal encoding, no
+ * indefinite lengths, no undefined / NaN / ±Infinity, string map keys only, no duplicate keys,
+ * tag 42 only): integers outside ±(2^53 − 1) become `bigint`, CID links `CidLinkWrapper`s, byte
+ * strings `BytesWrapper`s (the shapes `@atcute/cbor` gives). `undefined` when it does not decode.
+ */
+const decodeWideRecord = (bytes: Uint8Array): unknown => {
+  let badCid = false
+  const tags: Array<Cborg.TagDecoder> = []
+  tags[42] = (inner: unknown) => {
+    if (!isCidContent(inner)) {
+      badCid = true
+      return null
+    }
+    return new Cbor.CidLinkWrapper(inner.slice(1))
+  }
+  let value: unknown
+  try {
+    value = Cborg.decode(bytes, {
+      allowIndefinite: false,
+      allowUndefined: false,
+      allowNaN: false,
+      allowInfinity: false,
+      allowBigInt: true,
+      strict: true,
+      useMaps: false,
+      rejectDuplicateMapKeys: true,
+      tags
+    })
+  } catch {
+    return undefined
+  }
+  return badCid ? undefined : wrapBytes(value)
+}
+
+/** Byte strings (`Uint8Array`, as cborg decodes them) replaced in place by `BytesWrapper`s. */
+const wrapBytes = (root: unknown): unknown => {
+  if (root instanceof Uint8Array) return new Cbor.BytesWrapper(root)
+  if (typeof root !== "object" || root === null) return root
+  const stack: Array<Container> = [root as Container]
+  for (let node = stack.pop(); node !== undefined; node = stack.pop()) {
+    const keys = Object.keys(node)
+    for (let i = 0; i < keys.length; i++) {
+      const k = keys[i] as string
+      const v: unknown = (node as Record<string, unknown>)[k]
+      if (v instanceof Uint8Array) {
+        Object.defineProperty(node, k, {
+          value: new Cbor.BytesWrapper(v),
+          enumerable: true,
+          writable: true,
+          configurable: true
+        })
+      } else if (typeof v === "object" && v !== null && !(v instanceof Cbor.CidLinkWrapper)) {
+        stack.push(v as Container)
+      }
+    }
+  }
+  return root
+}
+
+/**
+ * Decodes a record block into a JSON-model plain object, or `undefined`.
+ *
+ * The fast path is `@atcute/cbor`, which refuses integers outside ±(2^53 − 1); those are valid
+ * DAG-CBOR (and anyone can write such a record), so a block it refuses is decoded again with cborg
+ * ({@link decodeWideRecord}) and kept only when that finds a `bigint` in it. Any other block
+ * `@atcute/cbor` refuses stays refused.
+ */
 const decodeRecord = (bytes: Uint8Array): Record<string, unknown> | undefined => {
   let value: unknown
   try {
     value = Cbor.decode(bytes)
   } catch {
-    return undefined
+    value = decodeWideRecord(bytes)
+    if (!isObject(value) || !toJsonDataModel(value)) return undefined
+    return value
   }
   if (!isObject(value)) return undefined
   toJsonDataModel(value)

@@ -53,10 +53,38 @@ export const car = (roots: ReadonlyArray<Uint8Array>, blocks: ReadonlyArray<Bloc
   return concat(parts)
 }
 
+/**
+ * `Cbor.encode(record)` with each placeholder integer 2^32 (`1b 00000001 00000000`) or −2^32 − 1
+ * (`3b 00000001 00000000`), in encoding order, replaced by the next of `values`: DAG-CBOR integers
+ * outside ±(2^53 − 1) (up to 2^64 − 1 and down to −2^64), which `@atcute/cbor` cannot encode.
+ */
+export const wideIntBlock = (record: unknown, values: ReadonlyArray<bigint>): Uint8Array => {
+  const data = Cbor.encode(record)
+  const dv = new DataView(data.buffer, data.byteOffset, data.byteLength)
+  let at = 0
+  for (const v of values) {
+    const i = data.findIndex((b, k) =>
+      k >= at && k + 9 <= data.length && (b === 0x1b || b === 0x3b) && dv.getUint32(k + 1) === 1 &&
+      dv.getUint32(k + 5) === 0
+    )
+    if (i < 0) throw new Error("wideIntBlock: no placeholder left")
+    data[i] = v < 0n ? 0x3b : 0x1b
+    dv.setBigUint64(i + 1, v < 0n ? -1n - v : v)
+    at = i + 9
+  }
+  return data
+}
+
 export const frame = (header: unknown, body: unknown): Uint8Array => concat([Cbor.encode(header), Cbor.encode(body)])
 
 export type OpSpec =
-  | { readonly action: "create" | "update"; readonly path: string; readonly record: unknown }
+  | {
+    readonly action: "create" | "update"
+    readonly path: string
+    readonly record: unknown
+    /** the record block's exact bytes (instead of `Cbor.encode(record)`) */
+    readonly block?: Uint8Array
+  }
   | { readonly action: "delete"; readonly path: string }
 
 export interface CommitSpec {
@@ -75,7 +103,7 @@ export const commitFrame = (c: CommitSpec): Uint8Array => {
   const blocks: Array<Block> = []
   const ops = c.ops.map((op) => {
     if (op.action === "delete") return { action: op.action, path: op.path, cid: null }
-    const data = Cbor.encode(op.record)
+    const data = op.block ?? Cbor.encode(op.record)
     const cid = cidBytes(data)
     if (c.omitBlocks !== true) blocks.push({ cid, data })
     return { action: op.action, path: op.path, cid: new Cbor.CidLinkWrapper(cid) }

@@ -20,7 +20,8 @@ import {
   richRecord,
   richRecordJson,
   TIME,
-  TIME_US
+  TIME_US,
+  wideIntBlock
 } from "./frames.js"
 
 const ctx = { stream: "relay", relay: "wss://bsky.network", maxBytes: 1 << 20 }
@@ -345,4 +346,66 @@ describe("parseTimeUs", () => {
       ]
     ) expect(parseTimeUs(s), s).toBeUndefined()
   })
+})
+
+describe("decodeRelayFrame: integers outside ±(2^53 − 1) (valid DAG-CBOR)", () => {
+  // m, n (1-char keys) come before `list` in DAG-CBOR key order: the placeholders in that order
+  const record = { ...richRecord(), m: -4294967297, n: 4294967296, list: [1, 4294967296] }
+  const M = -(2n ** 63n) - 5n
+  const N = 2n ** 53n + 2n
+  const L = 2n ** 64n - 1n
+  const block = wideIntBlock(record, [M, N, L])
+
+  it("decode as exact bigints (on @atcute/cbor's refusal); links and bytes still become {$link} / {$bytes}", () => {
+    const [e] = eventsOf(commitFrame({
+      seq: 9,
+      ops: [{ action: "create", path: `${POST}/k`, record, block }]
+    })) as ReadonlyArray<RecordEvent>
+    const r = e?.record as Record<string, unknown>
+    expect(r["m"]).toBe(M)
+    expect(r["n"]).toBe(N)
+    expect(r["list"]).toEqual([1, L])
+    const rich = richRecordJson()
+    expect(r["embed"]).toEqual(rich["embed"])
+    expect(r["raw"]).toEqual(rich["raw"])
+    expect(allPlain(r)).toBe(true)
+    expect(isWellFormedRecordEvent(e as RecordEvent)).toBe(true)
+  })
+
+  it("±(2^53 − 1) itself stays on the fast path as a number", () => {
+    const [e] = eventsOf(commitFrame({
+      seq: 9,
+      ops: [{ action: "create", path: `${POST}/k`, record: { a: Number.MAX_SAFE_INTEGER, b: Number.MIN_SAFE_INTEGER } }]
+    })) as ReadonlyArray<RecordEvent>
+    expect(e?.record).toEqual({ a: Number.MAX_SAFE_INTEGER, b: Number.MIN_SAFE_INTEGER })
+  })
+
+  const refused: ReadonlyArray<readonly [string, Uint8Array]> = [
+    // {a: 1.0 as float16}: cborg reads it, @atcute/cbor does not, no wide integer → still refused
+    ["a block only the wide decoder reads, without a wide integer", Uint8Array.from([0xa1, 0x61, 0x61, 0xf9, 0x3c, 0])],
+    // {a: tag 42(h'0102'), b: 2^61 + 2}: not a CID
+    [
+      "a wide integer next to a malformed CID link",
+      Uint8Array.from([0xa2, 0x61, 0x61, 0xd8, 0x2a, 0x42, 1, 2, 0x61, 0x62, 0x1b, 0x20, 0, 0, 0, 0, 0, 0, 2])
+    ],
+    // {a: 2^61 + 2, a: 1}
+    [
+      "a wide integer and a duplicate key",
+      Uint8Array.from([0xa2, 0x61, 0x61, 0x1b, 0x20, 0, 0, 0, 0, 0, 0, 2, 0x61, 0x61, 0x01])
+    ],
+    // {a: 2^61 + 2, b: undefined}
+    [
+      "a wide integer and undefined",
+      Uint8Array.from([0xa2, 0x61, 0x61, 0x1b, 0x20, 0, 0, 0, 0, 0, 0, 2, 0x61, 0x62, 0xf7])
+    ],
+    // [2^61 + 2]
+    ["a wide integer in a block that is not a map", Uint8Array.from([0x81, 0x1b, 0x20, 0, 0, 0, 0, 0, 0, 2])]
+  ]
+  for (const [name, bytes] of refused) {
+    it(`${name} → record`, () =>
+      expect(
+        reasonOf(commitFrame({ seq: 9, ops: [{ action: "create", path: `${POST}/k`, record: {}, block: bytes }] }))
+      )
+        .toBe("record"))
+  }
 })

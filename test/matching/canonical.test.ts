@@ -62,8 +62,16 @@ describe("canonicalJson", () => {
     expect(ok({})).toBe("{}")
   })
 
-  it("payload_invalid: non-finite numbers, undefined, functions, symbols, bigint", () => {
-    for (const v of [NaN, Infinity, -Infinity, undefined, () => 1, Symbol("s"), 10n]) {
+  it("a bigint (an integer outside ±(2^53 − 1) from a record) is written as its exact digits", () => {
+    expect(ok({ n: 1152921504606846978n, m: -9007199254740993n, s: 10n })).toBe(
+      "{\"m\":-9007199254740993,\"n\":1152921504606846978,\"s\":10}"
+    )
+    expect(ok([18446744073709551615n])).toBe("[18446744073709551615]")
+    expect(ok(2n ** 64n * 3n)).toBe("55340232221128654848")
+  })
+
+  it("payload_invalid: non-finite numbers, undefined, functions, symbols", () => {
+    for (const v of [NaN, Infinity, -Infinity, undefined, () => 1, Symbol("s")]) {
       expect(left(v)).toBe("payload_invalid")
       expect(left({ a: v })).toBe("payload_invalid")
       expect(left([1, v])).toBe("payload_invalid")

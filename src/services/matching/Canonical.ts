@@ -5,7 +5,7 @@
  * Canonical JSON here means: object keys sorted recursively by UTF-16 code unit order (the default
  * order of `Array.prototype.sort`), no whitespace, strings escaped exactly as `JSON.stringify` escapes
  * them (well-formed: lone surrogates become `\uXXXX`), numbers formatted as `JSON.stringify` formats
- * them. The same value always gives the same bytes, so the body can be stored once, signed and sent
+ * them, a `bigint` (an integer outside ±(2^53 − 1) decoded from a record) as its exact decimal digits. The same value always gives the same bytes, so the body can be stored once, signed and sent
  * byte for byte, and hashed into ids.
  *
  * @since 0.1.0
@@ -33,7 +33,7 @@ export const CanonicalLimits = {
 /**
  * `payload_too_large`: a size bound was hit (depth, keys per object, key length, string length, body).
  * `payload_invalid`: the value is not JSON data (non-finite number, undefined, function, symbol,
- * bigint, non-plain object, accessor property, array hole, cycle).
+ * non-plain object, accessor property, array hole, cycle). A `bigint` is JSON data (exact digits).
  */
 export type CanonicalError = "payload_too_large" | "payload_invalid"
 
@@ -77,10 +77,16 @@ class Writer {
       }
       case "boolean":
         return v ? this.push("true", 4) : this.push("false", 5)
+      case "bigint": {
+        // an integer outside ±(2^53 − 1) from a record: its exact decimal digits (JSON numbers have
+        // no range; `JSON.stringify` would refuse it, a `number` would round it)
+        const s = v.toString()
+        return this.push(s, s.length)
+      }
       case "object":
         break
       default:
-        // undefined, function, symbol, bigint
+        // undefined, function, symbol
         return this.fail("payload_invalid")
     }
     if (v === null) return this.push("null", 4)
