@@ -15,7 +15,9 @@
  *   one PostgreSQL cannot store (`unstorable`: a NUL or a lone surrogate, as reconciliation refuses
  *   it) or one over an admission limit revokes the previous registration and is remembered among
  *   the owner's refused records (its cid, rev and reason; `RejectedStore`), which a valid version or
- *   a delete clears. A fenced write (`stale`) changes nothing, in the store or in memory.
+ *   a delete clears. A fenced write (`stale`) changes nothing in the store; in memory, only a replay
+ *   of the key's stored version (same rev: committed by another leader, or by this process before a
+ *   restart) changes anything: the index then takes the stored state of that key (`settle`).
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
  *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
  *   A failure may hide a commit (the connection dropped after the server committed), so the owners
@@ -211,6 +213,42 @@ const loadIndex = (store: RegistryStoreShape, rules: Rules) =>
     }
   })
 
+/** The key's stored version: the newer of its row and its tombstone (the tombstone on a tie). */
+const storedVersion = (
+  row: WebhookRow | undefined,
+  tombstone: { readonly rev: string } | undefined
+): { readonly rev: string; readonly row: WebhookRow | undefined } | undefined => {
+  if (row !== undefined && (tombstone === undefined || compareTid(row.rev, tombstone.rev) > 0)) {
+    return { rev: row.rev, row }
+  }
+  return tombstone === undefined ? undefined : { rev: tombstone.rev, row: undefined }
+}
+
+type Settlement =
+  | { readonly _tag: "keep" }
+  | { readonly _tag: "set"; readonly w: ActiveWebhook }
+  | { readonly _tag: "unregister" }
+  | { readonly _tag: "over"; readonly limit: AdmissionLimit }
+
+/**
+ * What the index of `key` becomes when a replayed event is the key's stored version (`stored`: its
+ * row, undefined for a tombstone). The write was committed by another process (a leader that lost
+ * the intake lock while its batch was in flight, SPEC §6.4) or by this one before a restart,
+ * possibly after `into` was loaded. Nothing is written (no generation bump); the index takes the
+ * stored state, as a load would: an active row valid under the current configuration is
+ * registered if admitted; a tombstone, a disabled or inactive row, a version no longer valid or
+ * over a limit is unregistered (not counted: a load may have counted it). `keep`: already so.
+ */
+const settlement = (rules: Rules, into: WebhookIndex, key: string, stored: WebhookRow | undefined): Settlement => {
+  const w = stored?.active === true ? activeFromRow(rules, stored) : undefined
+  const current = into.get(key)
+  if (w === undefined) return current === undefined ? { _tag: "keep" } : { _tag: "unregister" }
+  if (current !== undefined && current.rev === w.rev && current.fingerprint === w.fingerprint) return { _tag: "keep" }
+  const limit = admissionIn(rules, into, w)
+  if (limit === undefined) return { _tag: "set", w }
+  return current === undefined ? { _tag: "keep" } : { _tag: "over", limit }
+}
+
 export const make = Effect.gen(function*() {
   const config = yield* FirehookConfig
   const store = yield* RegistryStore
@@ -259,6 +297,18 @@ export const make = Effect.gen(function*() {
   }).pipe(Effect.withSpan("Registry.load"))
   const load = reload
 
+  /** a replay of the key's stored version: the index takes the stored state ({@link settlement}) */
+  const settle = (key: string, stored: WebhookRow | undefined): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      const s = settlement(rules, index, key, stored)
+      if (s._tag === "keep") return Effect.void
+      if (s._tag === "set") setInIndex(s.w)
+      else removeFromIndex(key)
+      return Effect.logInfo("registry: replayed write committed elsewhere, index follows the store").pipe(
+        Effect.annotateLogs({ key, result: s._tag === "over" ? `over ${s.limit} limit` : s._tag })
+      )
+    })
+
   const applyWhEvent = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
     Effect.gen(function*() {
       const ownerDid = event.did
@@ -268,8 +318,12 @@ export const make = Effect.gen(function*() {
       yield* store.lockOwner(ownerDid)
       const { row, tombstone } = yield* store.get(ownerDid, rkey)
       // fencing: strictly greater than both the row's and the tombstone's rev
-      if (row !== undefined && compareTid(event.rev, row.rev) <= 0) return { _tag: "stale" } as const
-      if (tombstone !== undefined && compareTid(event.rev, tombstone.rev) <= 0) return { _tag: "stale" } as const
+      const stored = storedVersion(row, tombstone)
+      if (stored !== undefined && compareTid(event.rev, stored.rev) <= 0) {
+        // this very version, committed elsewhere (another leader, this process before a restart)
+        if (compareTid(event.rev, stored.rev) === 0) yield* settle(key, stored.row)
+        return { _tag: "stale" } as const
+      }
       // and strictly greater than the owner's snapshot rev (SPEC §3.4): the snapshot already holds
       // the owner's records as of that rev; nothing was written, nothing in memory changes
       const generation = yield* store.bumpGeneration(ownerDid, event.rev)
