@@ -145,10 +145,48 @@ const isKindToken = (s: string): boolean => {
   return true
 }
 
+/**
+ * `text` has a run of ≥ 17 digits, or of 16 digits starting with `9`: the only spellings of an
+ * integer outside ±(2^53 − 1) = ±9007199254740991 (without an exponent). A cheap precheck, so the
+ * reviver below runs only on the rare frames that may need it (`time_us`, 16 digits starting with
+ * `1`, does not trigger it).
+ */
+const UNSAFE_INTEGER_RUN = /9[0-9]{15}|[0-9]{17}/
+const mayHoldUnsafeInteger = (text: string): boolean => UNSAFE_INTEGER_RUN.test(text)
+
+/** The parse context a `JSON.parse` reviver receives (JSON.parse source text access). */
+interface ReviverContext {
+  readonly source?: string | undefined
+}
+
+/** A plain decimal integer literal: `-?[0-9]+` (no fraction, no exponent). */
+const isIntegerLiteral = (s: string): boolean => {
+  const len = s.length
+  let i = s.charCodeAt(0) === 45 /* - */ ? 1 : 0
+  if (i >= len) return false
+  for (; i < len; i++) {
+    const c = s.charCodeAt(i)
+    if (c < 48 || c > 57) return false
+  }
+  return true
+}
+
+/**
+ * A `JSON.parse` reviver: an integer literal outside ±(2^53 − 1), which `JSON.parse` would round,
+ * becomes the exact `bigint` of its source text (as the relay decoder gives it), so the delivered
+ * body keeps its digits. Everything else is returned as parsed.
+ */
+const exactIntegers = (_key: string, value: unknown, context?: ReviverContext): unknown => {
+  if (typeof value !== "number" || Number.isSafeInteger(value) || !Number.isInteger(value)) return value
+  const source = context?.source
+  return source !== undefined && isIntegerLiteral(source) ? BigInt(source) : value
+}
+
 const isOperation = (u: unknown): u is Operation => u === "create" || u === "update" || u === "delete"
 
 /**
- * Decodes and validates one Jetstream JSON frame (SPEC §3.2). Order of checks (the first failure
+ * Decodes and validates one Jetstream JSON frame (SPEC §3.2). An integer in the record outside
+ * ±(2^53 − 1) is kept exact as a `bigint` (as on the relay), not rounded. Order of checks (the first failure
  * wins): size, JSON, envelope object, `did`, `time_us` (a positive safe integer), `kind`, then for
  * commits `commit` object, `rev` (TID), `operation`, `collection`, `rkey`, and for create/update a
  * plain-object `record` and an optional `cid` of 1–512 chars.
@@ -166,7 +204,7 @@ export const decodeJetstreamFrame = (
   if (utf8LengthExceeds(text, ctx.maxBytes)) return fail("too_large")
   let json: unknown
   try {
-    json = JSON.parse(text)
+    json = mayHoldUnsafeInteger(text) ? JSON.parse(text, exactIntegers) : JSON.parse(text)
   } catch {
     return fail("json")
   }

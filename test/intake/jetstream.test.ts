@@ -8,6 +8,7 @@ import {
   utf8LengthExceeds
 } from "../../src/schemas/Jetstream.js"
 import { isWellFormedRecordEvent, type RecordEvent } from "../../src/schemas/RecordEvent.js"
+import { buildPayload } from "../../src/services/matching/Canonical.js"
 import { DID, DID2, jetstreamCommit, REV } from "./frames.js"
 
 const ctx = { stream: "direct", relay: "wss://jetstream2.us-east.bsky.network/subscribe", maxBytes: 4096 }
@@ -120,6 +121,40 @@ describe("decodeJetstreamFrame: accepted frames", () => {
   })
 })
 
+describe("decodeJetstreamFrame: integers outside ±(2^53 − 1) stay exact", () => {
+  const withRecord = (recordJson: string): string =>
+    jetstreamCommit(T, commit({ record: { $type: "com.example.counter", n: 0 } })).replace(
+      "{\"$type\":\"com.example.counter\",\"n\":0}",
+      recordJson
+    )
+
+  it("JSON.parse would round them: they become the bigint of their digits, and the body keeps them", () => {
+    const e = recordEvent(withRecord(
+      "{\"$type\":\"com.example.counter\",\"n\":1152921504606846978,\"m\":-9007199254740993,\"k\":9007199254740992," +
+        "\"safe\":9007199254740991,\"l\":[18446744073709551615],\"f\":1.5e300,\"g\":9007199254740993.0}"
+    ))
+    const r = e.record as Record<string, unknown>
+    expect(r["n"]).toBe(1152921504606846978n)
+    expect(r["m"]).toBe(-9007199254740993n)
+    expect(r["k"]).toBe(9007199254740992n)
+    expect(r["l"]).toEqual([18446744073709551615n])
+    // not integer literals: left as JSON.parse reads them
+    expect(r["safe"]).toBe(9007199254740991)
+    expect(r["f"]).toBe(1.5e300)
+    expect(r["g"]).toBe(9007199254740992)
+    expect(e.timeUs).toBe(T)
+    const body = Either.getOrThrow(buildPayload(e, e.record)).body
+    expect(body).toContain("\"n\":1152921504606846978")
+    expect(body).toContain("\"m\":-9007199254740993")
+    expect(body).toContain("\"l\":[18446744073709551615]")
+  })
+
+  it("long digit runs inside strings change nothing", () => {
+    const e = recordEvent(withRecord("{\"$type\":\"x.y.z\",\"s\":\"99999999999999999999\",\"n\":12}"))
+    expect(e.record).toEqual({ $type: "x.y.z", s: "99999999999999999999", n: 12 })
+  })
+})
+
 describe("decodeJetstreamFrame: every FrameError reason", () => {
   const cases: ReadonlyArray<readonly [string, string, FrameErrorReason]> = [
     ["not JSON", "{\"did\":", "json"],
@@ -150,6 +185,11 @@ describe("decodeJetstreamFrame: every FrameError reason", () => {
     ["bad collection", jetstreamCommit(T, commit({ collection: "app.bsky.feed.*" })), "collection"],
     ["collection with a slash", jetstreamCommit(T, commit({ collection: "a/b" })), "collection"],
     ["collection too long", jetstreamCommit(T, commit({ collection: "a".repeat(254) })), "collection"],
+    [
+      "time_us unsafe, with a record",
+      `{"did":"${DID}","time_us":9007199254740993,"kind":"commit","commit":{}}`,
+      "time"
+    ],
     ["bad rkey", jetstreamCommit(T, commit({ rkey: "a/b" })), "rkey"],
     ["rkey ..", jetstreamCommit(T, commit({ rkey: ".." })), "rkey"],
     ["rkey empty", jetstreamCommit(T, commit({ rkey: "" })), "rkey"],

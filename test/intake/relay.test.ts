@@ -4,6 +4,7 @@ import { describe, expect, it } from "vitest"
 import { decodeJetstreamFrame, type FrameErrorReason } from "../../src/schemas/Jetstream.js"
 import { isWellFormedRecordEvent, type RecordEvent, type StreamEvent } from "../../src/schemas/RecordEvent.js"
 import { decodeRelayFrame, parseTimeUs, type RelayDecoded } from "../../src/schemas/RelayFrame.js"
+import { buildPayload, canonicalJson } from "../../src/services/matching/Canonical.js"
 import {
   accountFrame,
   car,
@@ -370,6 +371,28 @@ describe("decodeRelayFrame: integers outside ±(2^53 − 1) (valid DAG-CBOR)", (
     expect(r["raw"]).toEqual(rich["raw"])
     expect(allPlain(r)).toBe(true)
     expect(isWellFormedRecordEvent(e as RecordEvent)).toBe(true)
+  })
+
+  it("the delivered body has the exact digits, byte for byte the same as Jetstream's for the record", () => {
+    const [e] = eventsOf(commitFrame({
+      seq: 9,
+      ops: [{ action: "create", path: `${POST}/k`, record, block }]
+    })) as ReadonlyArray<RecordEvent>
+    const json = JSON.stringify({ ...richRecordJson(), m: 1, n: 2, list: [1, 3] })
+      .replace("\"m\":1", `"m":${M}`).replace("\"n\":2", `"n":${N}`).replace("[1,3]", `[1,${L}]`)
+    const j = decodeJetstreamFrame(
+      `{"did":"${DID}","time_us":${TIME_US},"kind":"commit","commit":{"rev":"${REV}","operation":"create",` +
+        `"collection":"${POST}","rkey":"k","cid":"${e?.cid}","record":${json}}}`,
+      ctx
+    )
+    if (Either.isLeft(j) || j.right.event?.kind !== "commit") throw new Error("jetstream rejected")
+    const relayBody = Either.getOrThrow(canonicalJson(e?.record))
+    expect(relayBody).toContain(`"m":-9223372036854775813`)
+    expect(relayBody).toContain(`"n":9007199254740994`)
+    expect(relayBody).toContain(`"list":[1,18446744073709551615]`)
+    expect(Either.getOrThrow(canonicalJson(j.right.event.record))).toBe(relayBody)
+    const payload = Either.getOrThrow(buildPayload(e as RecordEvent, e?.record))
+    expect(payload.body).toContain(`"n":9007199254740994`)
   })
 
   it("±(2^53 − 1) itself stays on the fast path as a number", () => {
