@@ -19,6 +19,11 @@ export interface ScopeUri {
 export const MAX_SCOPE_URI_LENGTH = 2048
 export const MAX_DID_LENGTH = 2048
 export const MAX_COLLECTION_LENGTH = 253
+/**
+ * atproto's NSID length limit (a 253-char domain authority plus a 63-char name): the bound on an
+ * EVENT's collection. A scope collection keeps the SPEC §1.1 limit, `MAX_COLLECTION_LENGTH`.
+ */
+const MAX_NSID_LENGTH = 317
 export const MAX_RKEY_LENGTH = 512
 
 const PLC_PREFIX = "did:plc:"
@@ -101,10 +106,10 @@ const isCanonicalDidAt = (s: string, start: number, end: number): boolean => {
  */
 export const isCanonicalDid = (s: string): boolean => isCanonicalDidAt(s, 0, s.length)
 
-/** [A-Za-z0-9.-] plus `*` when `glob` */
-const isCollectionAt = (s: string, start: number, end: number, glob: boolean): boolean => {
+/** [A-Za-z0-9.-]{1,max} plus `*` when `glob` */
+const isCollectionAt = (s: string, start: number, end: number, glob: boolean, max: number): boolean => {
   const len = end - start
-  if (len < 1 || len > MAX_COLLECTION_LENGTH) return false
+  if (len < 1 || len > max) return false
   for (let i = start; i < end; i++) {
     const c = s.charCodeAt(i)
     if (isAlnum(c) || c === 46 || c === 45) continue
@@ -119,15 +124,17 @@ const isCollectionAt = (s: string, start: number, end: number, glob: boolean): b
  *
  * @since 0.1.0
  */
-export const isCollection = (s: string): boolean => isCollectionAt(s, 0, s.length, true)
+export const isCollection = (s: string): boolean => isCollectionAt(s, 0, s.length, true, MAX_COLLECTION_LENGTH)
 
 /**
- * An event collection: `[A-Za-z0-9.-]{1,253}` (the scope charset without `*`). Only the character
- * set and length are checked, not the NSID segment structure.
+ * An event collection: `[A-Za-z0-9.-]{1,317}` (the scope charset without `*`, up to atproto's NSID
+ * length). Only the character set and length are checked, not the NSID segment structure, so every
+ * valid atproto NSID passes: a frame carrying one must never be rejected (a rejected frame stalls
+ * its stream, SPEC §3.2). A collection longer than a scope's 253 simply matches no collection scope.
  *
  * @since 0.1.0
  */
-export const isNsidStrict = (s: string): boolean => isCollectionAt(s, 0, s.length, false)
+export const isNsidStrict = (s: string): boolean => isCollectionAt(s, 0, s.length, false, MAX_NSID_LENGTH)
 
 /** [A-Za-z0-9._~:%@+-] */
 const isRkeyChar = (c: number): boolean =>
@@ -172,7 +179,7 @@ export const parseScopeUri = (s: string): ScopeUri | undefined => {
   const colStart = s1 + 1
   const s2 = s.indexOf("/", colStart)
   const colEnd = s2 < 0 ? len : s2
-  if (!isCollectionAt(s, colStart, colEnd, true)) return undefined
+  if (!isCollectionAt(s, colStart, colEnd, true, MAX_COLLECTION_LENGTH)) return undefined
   if (s2 < 0) {
     return { did: s.slice(didStart, didEnd), collection: s.slice(colStart, colEnd), rkey: undefined }
   }

@@ -44,8 +44,8 @@ export const MAX_CID_LENGTH = 512
 
 /**
  * SPEC §2.2 step 1: an event that is not well-formed matches nothing.
- * Checks: canonical DID, collection `isNsidStrict`, `isRkey` rkey, a known operation, `isTid` rev,
- * `cid` 1–512 chars when present, `record` present (not undefined) unless the operation is a delete.
+ * Checks: canonical DID, collection `isNsidStrict` (≤ 317 chars, atproto's NSID length), `isRkey`
+ * rkey, a known operation, `isTid` rev, `cid` 1–512 chars when present, `record` present (not undefined) unless the operation is a delete.
  * A delete may carry neither `cid` nor `record`; if it does carry them they are not inspected beyond
  * the `cid` length rule.
  *

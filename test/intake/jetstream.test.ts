@@ -115,6 +115,19 @@ describe("decodeJetstreamFrame: accepted frames", () => {
     )
   })
 
+  it("a valid atproto NSID longer than a scope's 253 chars (up to 317) is accepted as the collection", () => {
+    const seg = "a".repeat(63)
+    const collection = `com.${seg}.${seg}.${seg}.${"b".repeat(60)}.record` // 263 chars
+    const e = decodeJetstreamFrame(
+      jetstreamCommit(T, commit({ collection, record: { $type: collection } })),
+      { ...ctx, maxBytes: 1 << 20 }
+    )
+    if (Either.isLeft(e)) throw new Error(`rejected: ${e.left.reason}`)
+    const ev = e.right.event as RecordEvent
+    expect(ev.collection).toBe(collection)
+    expect(isWellFormedRecordEvent(ev)).toBe(true)
+  })
+
   it("v2 extras (a `cursor` field) are ignored", () => {
     const text = JSON.stringify({ did: DID, time_us: T, kind: "commit", cursor: 12345, commit: commit() })
     expect(recordEvent(text).cursor).toBe(String(T))
@@ -184,7 +197,7 @@ describe("decodeJetstreamFrame: every FrameError reason", () => {
     ["operation missing", jetstreamCommit(T, commit({ operation: undefined })), "operation"],
     ["bad collection", jetstreamCommit(T, commit({ collection: "app.bsky.feed.*" })), "collection"],
     ["collection with a slash", jetstreamCommit(T, commit({ collection: "a/b" })), "collection"],
-    ["collection too long", jetstreamCommit(T, commit({ collection: "a".repeat(254) })), "collection"],
+    ["collection too long", jetstreamCommit(T, commit({ collection: "a".repeat(318) })), "collection"],
     [
       "time_us unsafe, with a record",
       `{"did":"${DID}","time_us":9007199254740993,"kind":"commit","commit":{}}`,

@@ -143,6 +143,22 @@ describe("decodeRelayFrame: #commit", () => {
     expect(v).toEqual({ leaf: { $bytes: "AQ" } })
   })
 
+  it("a valid atproto NSID longer than a scope's 253 chars (up to 317) is accepted as the collection", () => {
+    const seg = "a".repeat(63)
+    const collection = `com.${seg}.${seg}.${seg}.${"b".repeat(60)}.record` // 263 chars
+    const [e] = eventsOf(commitFrame({
+      seq: 3,
+      ops: [{ action: "create", path: `${collection}/k`, record: { $type: collection } }, {
+        action: "delete",
+        path: `${collection}/j`
+      }]
+    })) as ReadonlyArray<RecordEvent>
+    expect(e?.collection).toBe(collection)
+    expect(isWellFormedRecordEvent(e as RecordEvent)).toBe(true)
+    expect(reasonOf(commitFrame({ seq: 3, ops: [{ action: "delete", path: `${"a".repeat(318)}/k` }] })))
+      .toBe("collection")
+  })
+
   it("a commit with no ops (a fresh repo) is acknowledged with no events", () => {
     expect(ok(commitFrame({ seq: 3, ops: [] }))).toEqual({ kind: "events", seq: 3n, events: [] })
   })

@@ -101,13 +101,31 @@ describe("isCollection / isNsidStrict", () => {
     expect(isNsidStrict(c)).toBe(false)
   })
 
-  it.each(["", "x".repeat(254), "app/bsky", "app bsky", "app_bsky", "app.bsky.feed.post#x", "app?x", "äpp", "a:b"])(
+  it.each(["", "x".repeat(318), "app/bsky", "app bsky", "app_bsky", "app.bsky.feed.post#x", "app?x", "äpp", "a:b"])(
     "both reject %j",
     (c) => {
       expect(isCollection(c)).toBe(false)
       expect(isNsidStrict(c)).toBe(false)
     }
   )
+})
+
+describe("event collections longer than a scope's 253 (atproto NSIDs go up to 317)", () => {
+  // 4 + 3 × 64 + 61 + 6 = 263 chars: a valid atproto NSID (253-char authority max, 63-char name)
+  const seg = "a".repeat(63)
+  const long263 = `com.${seg}.${seg}.${seg}.${"b".repeat(60)}.record`
+  const long317 = `${`${"a".repeat(63)}.`.repeat(3)}${"a".repeat(61)}.${"n".repeat(63)}`
+
+  it("an event accepts them; a scope does not", () => {
+    expect(long263.length).toBe(263)
+    expect(long317.length).toBe(317)
+    for (const c of [long263, long317, "x".repeat(254)]) {
+      expect(isNsidStrict(c)).toBe(true)
+      expect(isCollection(c)).toBe(false)
+      expect(parseScopeUri(`at://did:plc:eygmaihciaxprqvxpfvl6flk/${c}`)).toBeUndefined()
+    }
+    expect(isNsidStrict(`${long317}x`)).toBe(false)
+  })
 })
 
 describe("isRkey", () => {

@@ -40,7 +40,7 @@ describe("isWellFormedRecordEvent", () => {
     ["glob collection", event({ collection: "app.bsky.feed.*" })],
     ["empty collection", event({ collection: "" })],
     ["collection with slash", event({ collection: "app/bsky" })],
-    ["collection too long", event({ collection: "a".repeat(254) })],
+    ["collection too long", event({ collection: "a".repeat(318) })],
     ["empty rkey", event({ rkey: "" })],
     ["rkey dot", event({ rkey: "." })],
     ["rkey dotdot", event({ rkey: ".." })],
