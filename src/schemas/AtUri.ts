@@ -23,7 +23,7 @@ export const MAX_COLLECTION_LENGTH = 253
  * atproto's NSID length limit (a 253-char domain authority plus a 63-char name): the bound on an
  * EVENT's collection. A scope collection keeps the SPEC §1.1 limit, `MAX_COLLECTION_LENGTH`.
  */
-const MAX_NSID_LENGTH = 317
+export const MAX_NSID_LENGTH = 317
 export const MAX_RKEY_LENGTH = 512
 
 const PLC_PREFIX = "did:plc:"

@@ -11,6 +11,7 @@
  */
 import { Schema } from "effect"
 import { DELIVERY_STATUSES, TERMINAL_STATUSES } from "../services/matching/OutboxStatus.js"
+import { MAX_NSID_LENGTH } from "./AtUri.js"
 import { MAX_CID_LENGTH } from "./RecordEvent.js"
 import { contract, Count, Datetime, HttpStatus, IntParam, NoParams, RecordKey, Token } from "./XrpcContract.js"
 
@@ -93,7 +94,7 @@ export type WebhookView = typeof WebhookView.Type
 export const EventRef = Schema.Struct({
   operation: Schema.Literal(...OUTCOME_EVENTS),
   did: Did,
-  collection: Token(253),
+  collection: Token(MAX_NSID_LENGTH),
   rkey: RecordKey,
   cid: Schema.optional(Cid)
 })
