@@ -164,7 +164,7 @@ export const liveStatus = (phase: Phase): "live" | "stopping" | "failed" =>
 /**
  * SPEC §6.2 "anything else → 404": paths match exactly as received, case-sensitive, without the
  * router's defaults of ignoring a trailing slash and repeated slashes (`/LIVE`, `/live/`, `//live`
- * answered 200). Only GET: any other method, HEAD too, is 404 (docs/decisions.md). Dot
+ * answered 200). Only GET: every other method, HEAD too, is 404 (docs/decisions.md). Dot
  * segments (`/x/../live`) are resolved by the server's URL parser (Bun's WHATWG URL) before any
  * handler sees the path: to HTTP that is the same path (RFC 3986 §6.2.2.3).
  */
