@@ -32,7 +32,7 @@ import {
   jetstreamUrl,
   optionsUpdate
 } from "../../schemas/Jetstream.js"
-import { classifyHost } from "../../schemas/Net.js"
+import { isLoopbackHost } from "../../schemas/Net.js"
 import { decodeRelayFrame, type RelayDecoded } from "../../schemas/RelayFrame.js"
 
 /**
@@ -130,17 +130,6 @@ const idleError = new SourceError({ kind: "idle" })
 
 // ---------------------------------------------------------------------------------------------
 // URLs
-
-const isLoopbackHost = (hostname: string): boolean => {
-  if (hostname === "localhost") return true
-  const h = classifyHost(hostname)
-  if (h.kind === "ipv4") return h.bytes[0] === 127
-  if (h.kind === "ipv6") {
-    for (let i = 0; i < 15; i++) if (h.bytes[i] !== 0) return false
-    return h.bytes[15] === 1
-  }
-  return false
-}
 
 /**
  * Checks a firehose endpoint: an absolute `wss:` URL with a host, no credentials, no fragment;

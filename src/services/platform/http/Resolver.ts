@@ -6,7 +6,7 @@
  */
 import { Context, Data, Effect, Either, Layer } from "effect"
 import * as Dns from "node:dns"
-import { type Cidr, cidrContains, classifyHost, parseCidr } from "../../../schemas/Net.js"
+import { type Cidr, cidrContains, classifyHost, isLoopbackBytes, parseCidr } from "../../../schemas/Net.js"
 import { ownCode } from "../ErrorCode.js"
 import { MAX_ALLOW_CIDRS, MAX_CONNECT_ADDRESSES } from "./Limits.js"
 
@@ -113,12 +113,7 @@ export interface AddressPolicy {
   readonly loopbackOnly: boolean
 }
 
-export const isLoopbackBytes = (bytes: Uint8Array): boolean => {
-  if (bytes.length === 4) return bytes[0] === 127
-  if (bytes.length !== 16) return false
-  for (let i = 0; i < 15; i++) if (bytes[i] !== 0) return false
-  return bytes[15] === 1
-}
+export { isLoopbackBytes } from "../../../schemas/Net.js"
 
 /**
  * The decision for one address (an IP literal of the URL or one DNS answer), as a bare address string
