@@ -7,35 +7,15 @@
  * (delivery inline; 46 s with the delivery child).
  */
 import { Duration } from "effect"
-import * as Fs from "node:fs"
 import * as net from "node:net"
-import * as Os from "node:os"
-import * as Path from "node:path"
-import pg from "pg"
-import { afterAll, describe, expect, inject, it } from "vitest"
+import { afterAll, describe, expect, it } from "vitest"
 import { UNCLEAN_TEARDOWN_GRACE } from "../../src/services/platform/Lifecycle.js"
+import { e2eResources } from "../support/e2e.js"
 import { startFakeJetstream } from "../support/fakeJetstream.js"
 import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js"
 
-const dirs: Array<string> = []
-afterAll(() => {
-  for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
-})
-const tmpDir = () => {
-  const d = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-e2e-"))
-  dirs.push(d)
-  return d
-}
-
-const adminQuery = async (url: string, q: string) => {
-  const c = new pg.Client({ connectionString: url })
-  await c.connect()
-  try {
-    await c.query(q)
-  } finally {
-    await c.end()
-  }
-}
+const res = e2eResources()
+afterAll(() => res.cleanup())
 
 /**
  * A TCP proxy to `target` on a free loopback port. `freeze()` stops it forwarding in both directions
@@ -87,11 +67,7 @@ describe("the shutdown deadline with a database that stopped answering", () => {
   it(
     "SIGTERM after the database froze: exit 1 within SHUTDOWN_TIMEOUT_MS + UNCLEAN_TEARDOWN_GRACE",
     async () => {
-      const admin = inject("pgAdminUrl")
-      const name = `fh_e2e_td_${Date.now().toString(36)}`
-      await adminQuery(admin, `CREATE DATABASE ${name}`)
-      const direct = new URL(admin)
-      direct.pathname = `/${name}`
+      const direct = new URL(await res.freshDb())
       const proxy = await freezableProxy(direct)
       const js = await startFakeJetstream()
       const viaProxy = new URL(direct)
@@ -100,7 +76,7 @@ describe("the shutdown deadline with a database that stopped answering", () => {
         const port = await freePort()
         const running = startFirehook({
           DATABASE_URL: viaProxy.toString(),
-          FIREHOOK_DATA_DIR: tmpDir(),
+          FIREHOOK_DATA_DIR: res.tempDir(),
           HEALTH_PORT: String(port),
           SHUTDOWN_TIMEOUT_MS: String(SHUTDOWN_TIMEOUT_MS),
           NODE_ENV: "test",
@@ -128,7 +104,6 @@ describe("the shutdown deadline with a database that stopped answering", () => {
       } finally {
         await proxy.close()
         await js.close()
-        await adminQuery(admin, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
       }
     },
     120_000
