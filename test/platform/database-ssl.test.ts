@@ -4,10 +4,13 @@
  * never reaches stderr (SPEC §6.1: stderr carries only the one-line failure); `no-verify` and
  * `uselibpqcompat=true` are the operator's explicit choices and pass unchanged.
  */
+import { SqlError } from "@effect/sql/SqlError"
 import { spawnSync } from "node:child_process"
+import * as Net from "node:net"
 import * as Path from "node:path"
 import Pg from "pg"
 import { describe, expect, it } from "vitest"
+import * as Database from "../../src/services/platform/Database.js"
 import * as DatabaseSsl from "../../src/services/platform/DatabaseSsl.js"
 import { urlFor } from "../support/db.js"
 
@@ -96,8 +99,35 @@ describe("no library warning on stderr (under Bun, a process each)", () => {
       const r = child("database", url(query))
       expect(r.stderr).toBe("")
       expect(r.stdout).toMatch(/^failed database: could not connect \([^\n]*\)\n$/)
+      expect(r.stdout).not.toContain("unknown error")
       expect(r.status).toBe(0)
     },
     90_000
   )
+})
+
+describe("Database.describeSqlError", () => {
+  it("a server that answers SSLRequest with 'N' (no TLS) is named, not 'unknown error'", async () => {
+    // what a PostgreSQL server without TLS answers: the single byte 'N'
+    const server = Net.createServer((socket) => {
+      socket.once("data", () => socket.end("N"))
+    })
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+    const address = server.address()
+    const port = typeof address === "object" && address !== null ? address.port : 0
+    const client = new Pg.Client({ host: "127.0.0.1", port, user: "u", database: "d", ssl: true })
+    const error = await client.connect().then(() => undefined, (e: unknown) => e)
+    server.close()
+    const expected = "the server does not support SSL; see sslmode in DATABASE_URL"
+    expect(Database.describeSqlError(error)).toBe(expected)
+    expect(Database.describeSqlError(new SqlError({ cause: error, message: "PgClient: Failed to connect" }))).toBe(
+      expected
+    )
+  })
+
+  it("a code wins; any other message is never read", () => {
+    expect(Database.describeSqlError(Object.assign(new Error("x"), { code: "3D000" }))).toBe("3D000")
+    const leaky = new Error("connect to postgresql://u:secret@db.example/app failed")
+    expect(Database.describeSqlError(new SqlError({ cause: leaky, message: "m" }))).toBe("unknown error")
+  })
 })

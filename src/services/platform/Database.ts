@@ -34,8 +34,24 @@ export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")
  */
 export class DatabaseUrl extends Context.Tag("firehook/DatabaseUrl")<DatabaseUrl, Redacted.Redacted<string>>() {}
 
+/**
+ * The errors `pg` raises without a code, each with a fixed text of its own (no URL, credential or
+ * value in it), said in firehook's words. Only an exact match is used; any other message is never read.
+ */
+const PG_FIXED_MESSAGES: ReadonlyMap<string, string> = new Map([
+  ["The server does not support SSL connections", "the server does not support SSL; see sslmode in DATABASE_URL"],
+  ["Connection terminated unexpectedly", "connection terminated"],
+  ["Connection terminated due to connection timeout", "connection timed out"],
+  ["Connection timed out", "connection timed out"]
+])
+
+const fixedMessage = (e: unknown): string | undefined => {
+  const cause: unknown = typeof e === "object" && e !== null && "cause" in e ? e.cause : e
+  return cause instanceof Error ? PG_FIXED_MESSAGES.get(cause.message) : undefined
+}
+
 /** A short, value-free description of a driver error (never the URL, credentials or SQL values). */
-export const describeSqlError = (e: unknown): string => ErrorCode.codeOr(e, "unknown error")
+export const describeSqlError = (e: unknown): string => ErrorCode.driverCode(e) ?? fixedMessage(e) ?? "unknown error"
 
 export interface DatabaseOptions {
   readonly maxConnections?: number
