@@ -24,7 +24,8 @@
  *    /proc utime + stime of the firehook process and its descendants (`cutime` of the root counts the
  *    reaped ones), and of the PostgreSQL processes serving the bench database plus the server's
  *    background processes (pg_stat_activity), over the same window.
- * 2. Latency: `rate` deliveries/s offered for `steadySeconds` (one publish every 100 ms);
+ * 2. Latency: `rate` deliveries/s offered for `steadySeconds` (one event every 1000 × 10 / rate ms:
+ *    20 ms at 500/s; `BENCH_E2E_STEADY_TICK_MS` sets another tick, the events of a tick published together);
  *    enqueue → first attempt = `delivery_attempts.started_at − outbox.created_at` (attempt 1).
  * 3. The bare loops (bench/loops.ts) from this process to the same receivers, same concurrency and
  *    body size: the ratio is taken against the faster one.
@@ -53,6 +54,13 @@ const PUBLISH_RATE = Number(process.env["BENCH_E2E_PUBLISH_RATE"] ?? 1_000)
 const RECEIVERS = 4
 const CONCURRENCY = 64
 const FANOUT = 10
+/**
+ * Phase 2's pacing: one event (FANOUT deliveries) every `1000 × FANOUT / rate` ms, i.e. 20 ms at
+ * 500/s, so the offered load is steady at the grain of one event. `BENCH_E2E_STEADY_TICK_MS=100`
+ * is the pacing of the runs before 3 December 2026 (the events of 100 ms published together: at
+ * 500/s, 50 deliveries at once every 100 ms).
+ */
+const STEADY_TICK_MS = Number(process.env["BENCH_E2E_STEADY_TICK_MS"] ?? (1000 * FANOUT) / RATE)
 const EVENTS = Math.max(1, Math.ceil(Number(process.argv[2] ?? 40_000) / FANOUT))
 const WH = "place.wisp.v2.wh"
 const ROOT = Path.resolve(import.meta.dirname, "..")
@@ -413,12 +421,12 @@ const main = async () => {
     // 2. steady offered load
     await rx.reset()
     const steadyStart = (await q<{ now: Date }>(`SELECT now() AS now`))[0]?.now ?? new Date(0)
-    const eventsPerTick = Math.max(1, Math.round(RATE / FANOUT / 10))
-    const ticks = Math.max(1, Math.round(STEADY_SECONDS * 10))
+    const eventsPerTick = Math.max(1, Math.round((RATE / FANOUT) * (STEADY_TICK_MS / 1000)))
+    const ticks = Math.max(1, Math.round((STEADY_SECONDS * 1000) / STEADY_TICK_MS))
     const fhCpu2 = snapshot(tree(root), root)
     const s0 = Date.now()
     for (let k = 0; k < ticks; k++) {
-      const wait = s0 + k * 100 - Date.now()
+      const wait = s0 + k * STEADY_TICK_MS - Date.now()
       if (wait > 0) await sleep(wait)
       js.publish(Array.from({ length: eventsPerTick }, post))
     }
