@@ -27,6 +27,20 @@ export const urlFor = (database: string): string => {
   return u.toString()
 }
 
+/**
+ * Create an empty database (`createOptions`: more of `CREATE DATABASE`, e.g. another default
+ * collation); dropped (with FORCE) when the scope closes.
+ */
+export const freshDatabaseWith = (createOptions: string) =>
+  Effect.acquireRelease(
+    Effect.gen(function*() {
+      const name = `fh_test_${randomBytes(6).toString("hex")}`
+      yield* withAdmin((c) => c.query(`CREATE DATABASE ${name} ${createOptions}`))
+      return { name, url: Redacted.make(urlFor(name)) }
+    }),
+    ({ name }) => withAdmin((c) => c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)).pipe(Effect.orDie)
+  )
+
 /** Create an empty database; dropped (with FORCE) when the scope closes. */
 export const freshDatabase = Effect.acquireRelease(
   Effect.gen(function*() {
@@ -40,3 +54,7 @@ export const freshDatabase = Effect.acquireRelease(
 /** A migrated fresh database as a layer (PgClient + SqlClient). */
 export const layer = (options: Database.DatabaseOptions = {}) =>
   Layer.unwrapScoped(Effect.map(freshDatabase, ({ url }) => Database.layerUrl(url, options)))
+
+/** {@link layer} on a database created with `createOptions` ({@link freshDatabaseWith}). */
+export const layerWith = (createOptions: string, options: Database.DatabaseOptions = {}) =>
+  Layer.unwrapScoped(Effect.map(freshDatabaseWith(createOptions), ({ url }) => Database.layerUrl(url, options)))

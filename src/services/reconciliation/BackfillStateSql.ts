@@ -138,13 +138,16 @@ export const backfillState = (
 
   claimPage: (ref, after, dids, holder) => {
     const last = dids[dids.length - 1]
-    if (last === undefined || (after !== undefined && last <= after)) return Effect.succeed(false)
+    if (last === undefined) return Effect.succeed(false)
     const claim = { last, after: after ?? null, dids, holder, beat: 0 }
+    // forward only, in the database's order (that of `ownersPage`), not JavaScript's: under a
+    // default collation that is not bytewise (ICU, en_US) the two disagree on some did:web DIDs
     return sql`
       UPDATE backfill_state SET continuation_did = ${last}, claims = claims || ${JSON.stringify([claim])}::jsonb,
         updated_at = now()
       WHERE pass = ${ref.pass} AND sweep = ${ref.sweep} AND pass_completed_at IS NULL
         AND continuation_did IS NOT DISTINCT FROM ${after ?? null}::text
+        AND (${after ?? null}::text IS NULL OR ${last}::text > ${after ?? null}::text)
       RETURNING pass`.pipe(Effect.map(updated), storeOp("reconcile.claimPage"))
   },
 

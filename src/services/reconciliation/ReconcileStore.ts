@@ -114,15 +114,13 @@ export interface SweepRef {
 
 /**
  * {@link PassState.continuation}: the frontier when no page is claimed, else where the earliest
- * claimed page begins (undefined when one begins at the sweep's start).
+ * claimed page begins (undefined when one begins at the sweep's start). Claims are kept in the
+ * order they were made, and each began at the frontier of its time, which only moves forward: the
+ * first one began earliest (in the database's DID order, which need not be JavaScript's).
  */
 export const doneThrough = (frontier: string | undefined, claims: ReadonlyArray<PageClaim>): string | undefined => {
-  let through = frontier
-  for (const c of claims) {
-    if (c.after === undefined) return undefined
-    if (through === undefined || c.after < through) through = c.after
-  }
-  return through
+  const first = claims[0]
+  return first === undefined ? frontier : first.after
 }
 
 export interface RetryCandidate {
