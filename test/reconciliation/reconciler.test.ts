@@ -320,6 +320,11 @@ describe("Reconciler", () => {
       // must never repeat
       failing(13, "too_many_pages", (i) => json(200, { records: [], cursor: `e${i}` }))
       failing(14, "cursor", (i) => json(200, { records: [], cursor: i < 3 ? `e${i}` : "e0" }))
+      // a cursor that is not well-formed UTF-16 (a lone surrogate, `\ud800` in the JSON) cannot be
+      // put in a URL: the owner fails as `cursor` (it used to die on encodeURIComponent's URIError,
+      // leaving the owner `scanning`)
+      failing(15, "cursor", (_, did) => page(did, ["a"], "a\ud800"))
+      failing(16, "cursor", () => json(200, { records: [], cursor: "\udc00z" }))
 
       it.effect("exactly 20 pages are read before too_many_pages", () =>
         Effect.gen(function*() {

@@ -125,11 +125,15 @@ export const pageRows = (
   return Either.right({ rows, refused, invalid: refused.length })
 }
 
+/** A surrogate that is not half of a pair (the regex reads UTF-16 code units). */
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
+
 /**
  * The cursor of the page after this one (`undefined`: this is the last page), or `cursor` when the
- * page's cursor is unusable (empty, too long, or seen before; `seen` holds the cursors before and
- * gets this one). Only a page without a cursor is the last: a page with no records but a cursor
- * is followed (SPEC §5.3; it counts toward the page bound like any other).
+ * page's cursor is unusable (empty, too long, seen before, or not well-formed UTF-16, which no URL
+ * can carry; `seen` holds the cursors before and gets this one). Only a page without a cursor is
+ * the last: a page with no records but a cursor is followed (SPEC §5.3; it counts toward the page
+ * bound like any other).
  */
 export const nextCursor = (
   page: ListRecordsPage,
@@ -138,7 +142,9 @@ export const nextCursor = (
 ): Either.Either<string | undefined, OwnerFailureKind> => {
   const next = page.cursor
   if (next === undefined) return Either.right(undefined)
-  if (next.length === 0 || next.length > limits.maxCursorLength || seen.has(next)) return Either.left("cursor")
+  if (
+    next.length === 0 || next.length > limits.maxCursorLength || seen.has(next) || LONE_SURROGATE.test(next)
+  ) return Either.left("cursor")
   seen.add(next)
   return Either.right(next)
 }
