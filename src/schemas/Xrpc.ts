@@ -42,6 +42,17 @@ export const ReposByCollectionPage = Schema.Struct({
 })
 export type ReposByCollectionPage = typeof ReposByCollectionPage.Type
 
+/** A surrogate that is not half of a pair (the regex reads UTF-16 code units). */
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
+
+/**
+ * Whether a string is well-formed UTF-16 (no lone surrogate), so that it can be put in a URL: a
+ * JSON string may hold a lone surrogate (`"\ud800"`), on which `encodeURIComponent` throws.
+ *
+ * @since 0.1.0
+ */
+export const isWellFormedText = (s: string): boolean => !LONE_SURROGATE.test(s)
+
 /** An XRPC error body: `{ error, message? }`. */
 export const XrpcError = Schema.Struct({
   error: Schema.String.pipe(Schema.maxLength(MAX_STRING)),

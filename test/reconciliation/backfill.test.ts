@@ -209,6 +209,28 @@ describe("Backfill passes", () => {
       })
     })
 
+    it.scoped("a relay cursor that is not well-formed UTF-16 ends discovery as a failure; the pass goes on", () => {
+      const recon = newRecon()
+      const [first] = dids(30_000, 1)
+      return Effect.gen(function*() {
+        // "\ud800" in the JSON: a lone surrogate, which no URL can carry
+        const relay = yield* fakeServer(() => ({
+          status: 200,
+          body: JSON.stringify({ repos: [{ did: first }], cursor: "p\ud800" })
+        }))
+        const stats = yield* Effect.gen(function*() {
+          const b = yield* Backfill.make(FAST)
+          const r = yield* b.runPass
+          expect(r.completed).toBe(true)
+          return yield* b.stats
+        }).pipe(Effect.provide(env(recon, { OWNER_DISCOVERY_URL: relay.url })))
+        expect(stats.discoveryFailures).toBe(1)
+        expect(relay.requests).toHaveLength(1)
+        // the page's owners were recorded before its cursor was refused
+        expect(recon.calls).toContain(first)
+      })
+    })
+
     it.scoped("a relay that fails is counted; the pass goes on with the owners it knows", () => {
       const recon = newRecon()
       return Effect.gen(function*() {

@@ -2,13 +2,13 @@
  * Relay discovery of owners (SPEC §5.2): the relay's `com.atproto.sync.listReposByCollection` for
  * `place.wisp.v2.wh`, paged (at most `maxPages` pages of `pageLimit` repos), every page's
  * canonical DIDs recorded as owners (`from_discovery`) as it arrives. A page that is not a 2xx, not
- * valid, too large, or whose cursor is empty, too long or seen before ends discovery with a
- * {@link DiscoveryFailure} (a reason only); a `StoreError` is the caller's.
+ * valid, too large, or whose cursor is empty, too long, seen before or not well-formed UTF-16 ends
+ * discovery with a {@link DiscoveryFailure} (a reason only); a `StoreError` is the caller's.
  */
 import { Data, Effect } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
-import { decodeJsonBody, ReposByCollectionPage } from "../../schemas/Xrpc.js"
+import { decodeJsonBody, isWellFormedText, ReposByCollectionPage } from "../../schemas/Xrpc.js"
 import type { SafeHttpShape, SafeResponse } from "../platform/http/SafeHttp.js"
 import { USER_AGENT } from "../platform/Version.js"
 import type { ReconcileStoreShape } from "./ReconcileStore.js"
@@ -59,7 +59,8 @@ export const discoverPages = (
       yield* store.addOwners(dids, "discovery")
       if (body.repos.length === 0 || body.cursor === undefined) return
       const next: string = body.cursor
-      if (next.length === 0 || next.length > MAX_CURSOR_LENGTH || cursors.has(next)) {
+      // a lone surrogate cannot be put in the next URL (encodeURIComponent would throw)
+      if (next.length === 0 || next.length > MAX_CURSOR_LENGTH || cursors.has(next) || !isWellFormedText(next)) {
         return yield* new DiscoveryFailure({ reason: "cursor" })
       }
       cursors.add(next)

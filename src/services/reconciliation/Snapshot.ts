@@ -10,7 +10,7 @@ import { Data, Effect, Either, Metric } from "effect"
 import { isRkey } from "../../schemas/AtUri.js"
 import { isTid, tidFromMicros, tidToMicros } from "../../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION } from "../../schemas/WhRecord.js"
-import { decodeJsonBody, LatestCommit, ListRecordsPage, XrpcError } from "../../schemas/Xrpc.js"
+import { decodeJsonBody, isWellFormedText, LatestCommit, ListRecordsPage, XrpcError } from "../../schemas/Xrpc.js"
 import type { SafeHttpError, SafeResponse } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { toRow } from "../registry/Registry.js"
@@ -125,9 +125,6 @@ export const pageRows = (
   return Either.right({ rows, refused, invalid: refused.length })
 }
 
-/** A surrogate that is not half of a pair (the regex reads UTF-16 code units). */
-const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
-
 /**
  * The cursor of the page after this one (`undefined`: this is the last page), or `cursor` when the
  * page's cursor is unusable (empty, too long, seen before, or not well-formed UTF-16, which no URL
@@ -143,7 +140,7 @@ export const nextCursor = (
   const next = page.cursor
   if (next === undefined) return Either.right(undefined)
   if (
-    next.length === 0 || next.length > limits.maxCursorLength || seen.has(next) || LONE_SURROGATE.test(next)
+    next.length === 0 || next.length > limits.maxCursorLength || seen.has(next) || !isWellFormedText(next)
   ) return Either.left("cursor")
   seen.add(next)
   return Either.right(next)
