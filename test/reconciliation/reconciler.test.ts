@@ -22,7 +22,7 @@ import {
   listRecordsRequests,
   pdsHandler
 } from "../support/fakeAtproto.js"
-import { Fakes, reconcileStack, waitFor } from "../support/reconcile.js"
+import { Fakes, reconcileStack, waitFor, wrapStore } from "../support/reconcile.js"
 import { ev, plc, rev, whEv, whRecordValue } from "../support/stack.js"
 
 const BOB = plc(9_999)
@@ -507,4 +507,34 @@ describe("Reconciler", () => {
         }))
     }
   )
+})
+
+describe("Reconciler: a scan that dies", () => {
+  /** `deleteOlder` dies (a bug's defect) for the DIDs listed. */
+  const dying = new Set<string>()
+  layer(
+    reconcileStack({
+      wrapStore: (real) =>
+        wrapStore(
+          real,
+          (op, eff) => Effect.suspend(() => (op === "deleteOlder" && dying.size > 0 ? Effect.dieMessage("a bug") : eff))
+        )
+    }),
+    { timeout: "120 seconds", excludeTestServices: true }
+  )("defects", (it) => {
+    it.effect("fails its owner (internal) instead of leaving it scanning; its registrations are kept", () =>
+      Effect.gen(function*() {
+        const did = plc(300)
+        yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
+        yield* setup(did, [], { rev: rev(100) })
+        dying.add(did)
+        const outcome = yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(() => dying.clear())))
+        expect(outcome).toEqual({ _tag: "failed", kind: "internal" })
+        expect(yield* ownerState(did)).toMatchObject({ status: "failed", lastFailureKind: "internal", failureCount: 1 })
+        expect(yield* memoryRkeys(did)).toEqual(["known"])
+        // the retry completes
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        expect(yield* ownerState(did)).toMatchObject({ status: "complete" })
+      }))
+  })
 })

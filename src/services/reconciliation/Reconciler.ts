@@ -26,7 +26,7 @@
  *    registrations are swapped for the reconciled set in one step.
  * 5. A failure marks the owner `failed` (count and kind): its registrations stay as they were, and
  *    the RetryScheduler tries again. An interrupted scan is marked failed (`interrupted`, within
- *    2 s).
+ *    2 s); a scan that dies (a defect) is marked failed (`internal`).
  *
  * A `StoreError` is an infrastructure failure: it is returned to the caller (the backfill pass
  * retries from its continuation). A scan it ended is marked failed (`database_error`) once the
@@ -266,6 +266,16 @@ export const make = (options: ReconcilerOptions) =>
               Effect.tapError(() => lateMarks.defer(did, token, e.kind)),
               Effect.as({ _tag: "failed", kind: e.kind } as const)
             )),
+          // a defect (a bug, or input nothing checked) fails the owner like any failure (SPEC §5.3
+          // step 5) instead of leaving it `scanning` (its deliveries deferred, a scan slot taken)
+          // until the stale-scan check
+          Effect.catchAllDefect(() =>
+            Effect.logError("owner reconciliation died unexpectedly").pipe(
+              Effect.zipRight(store.markFailed(did, token, "internal")),
+              Effect.tapError(() => lateMarks.defer(did, token, "internal")),
+              Effect.as({ _tag: "failed", kind: "internal" } as const)
+            )
+          ),
           Effect.onInterrupt(() => markInterrupted)
         )
         return result
