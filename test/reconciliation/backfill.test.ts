@@ -273,8 +273,12 @@ describe("Backfill passes", () => {
           recon.hook = (did) => Effect.sync(() => void (did === crashAt && (down.value = true)))
           yield* backfill.start
           yield* waitFor(() => recon.calls.includes(crashAt))
-          yield* Effect.promise(() => new Promise((r) => setTimeout(r, 50)))
-          const report = yield* health.report
+          // the pass fails on its next store call: wait for health to say so (bounded), not a fixed time
+          let report = yield* health.report
+          for (let waited = 0; report.ready && waited < 10_000; waited += 10) {
+            yield* Effect.sleep("10 millis")
+            report = yield* health.report
+          }
           expect(report.ready).toBe(false)
           expect(report.body["backfill"]).toMatchObject({ infrastructureHealthy: false, initialPassDone: false })
           // it comes back: the pass resumes from page 2 (page 1 is not redone)
