@@ -166,6 +166,30 @@ describe("Reconciler", () => {
         expect(fakes.plc.requests.length).toBe(plcMid)
       }))
 
+    it.effect("an account 'not found' at one scan (deactivated) and back at the next gets its webhooks back without a new commit", () =>
+      Effect.gen(function*() {
+        const did = plc(60)
+        const fakes = yield* Fakes
+        yield* setup(did, [{ rkey: "w", value: hook() }], { rev: rev(100) })
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", written: 1 })
+        // deactivated (the reference PDS answers "Could not find repo" to listRecords, and
+        // getLatestCommit fails: the snapshot's rev is a TID of the scan's start, far ahead of rev(100))
+        fakes.repos.delete(did)
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", repoFound: false, deleted: 1 })
+        expect(yield* memoryRkeys(did)).toEqual([])
+        // reactivated: the same repo, no commit since (its rev is still rev(100))
+        yield* setup(did, [{ rkey: "w", value: hook() }], { rev: rev(100) })
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", records: 1, written: 1 })
+        expect(yield* storedRkeys(did)).toEqual(["w"])
+        expect(yield* memoryRkeys(did)).toEqual(["w"])
+        const { tombstone } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "w"))
+        expect(tombstone).toBeUndefined()
+        // a replayed old delete is still fenced by the snapshot's rev
+        const replay = yield* live([whEv(did, "w", undefined, { operation: "delete", rev: rev(50) })])
+        expect(replay.outcomes[0]).toMatchObject({ registry: { _tag: "stale" } })
+        expect(yield* storedRkeys(did)).toEqual(["w"])
+      }))
+
     it.effect("'not found' from a cached PDS the account has left: the scan fails (pds_moved), nothing is deleted, the next one reads the new PDS", () =>
       Effect.gen(function*() {
         const did = plc(6)

@@ -16,9 +16,11 @@
  *   the snapshot decides their keys (a replayed old create in that window is deleted like one that
  *   landed before `begin`);
  * - a snapshot row is written only where no live event touched the key since `begin` (stored
- *   generation ≤ token, tombstone generation ≤ token) and nothing newer than the snapshot is stored
- *   (stored rev ≤ snapshot rev, tombstone rev < snapshot rev); it carries the snapshot's rev and the
- *   token as its generation; `active` = `enabled` (admission is applied in memory, at the swap);
+ *   generation ≤ token, tombstone generation ≤ token) and no newer row is stored (stored rev ≤
+ *   snapshot rev); an older tombstone does not hold it back whatever its rev (the PDS lists the
+ *   record now: a tombstone an earlier scan wrote at its scan-start TID, for an account deactivated
+ *   then, may be ahead of every rev of the PDS); it carries the snapshot's rev and the token as its
+ *   generation; `active` = `enabled` (admission is applied in memory, at the swap);
  * - completion deletes what the snapshot did not contain: rows of older generations whose rev is
  *   not newer than the snapshot, in batches, each leaving a tombstone at the snapshot's rev.
  * - the owner's refused records (`RejectedStore`, SPEC §8.5): a page records its invalid records at

@@ -170,7 +170,11 @@ const saveSnapshotRev = (sql: SqlClient.SqlClient, did: string, token: number, s
 /**
  * Step 3: one page of the snapshot (see the port's module documentation for the rules): its rows,
  * the refused-record entries of their keys cleared, and its refused records recorded at the
- * snapshot's rev where no newer state of the key is stored (the rows' guard).
+ * snapshot's rev where no newer state of the key is stored (the rows' guard). A tombstone holds a
+ * listed key back only when a live delete wrote it since begin (generation > token): an older
+ * tombstone cannot outrank a record the PDS lists now, whatever its rev (one an earlier scan wrote
+ * at its scan-start TID, for an account that was deactivated then, is ahead of the PDS's revs
+ * until the owner commits again).
  */
 const applyPage = (
   sql: SqlClient.SqlClient,
@@ -196,8 +200,7 @@ const applyPage = (
                   FROM input i
                   WHERE NOT EXISTS (
                     SELECT 1 FROM tombstones t
-                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey
-                      AND (t.generation > ${token} OR t.rev >= ${snapshotRev}))
+                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey AND t.generation > ${token})
                   ON CONFLICT (owner_did, rkey) DO UPDATE SET
                     rev = EXCLUDED.rev, generation = EXCLUDED.generation, cid = EXCLUDED.cid,
                     record = EXCLUDED.record, scope_uri = EXCLUDED.scope_uri, scope_did = EXCLUDED.scope_did,
@@ -227,8 +230,7 @@ const applyPage = (
           refused,
           sql`NOT EXISTS (
                     SELECT 1 FROM tombstones t
-                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey
-                      AND (t.generation > ${token} OR t.rev >= ${snapshotRev}))
+                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey AND t.generation > ${token})
                   AND NOT EXISTS (
                     SELECT 1 FROM webhooks w
                     WHERE w.owner_did = ${did} AND w.rkey = i.rkey
