@@ -16,6 +16,20 @@ const ISO_DATE = /^\d{4}-\d{2}-\d{2}$/
 const ISO_TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})?$/
 
 /**
+ * Whether the date and hour as written exist (`2026-02-30`, `2026-04-31`, `T24:00` do not):
+ * `Date.parse` rolls them over to the next day or month instead of refusing them.
+ */
+const isRealDateTime = (s: string): boolean => {
+  const year = Number(s.slice(0, 4))
+  const month = Number(s.slice(5, 7))
+  const day = Number(s.slice(8, 10))
+  const hour = s.length > 10 ? Number(s.slice(11, 13)) : 0
+  const leap = year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0)
+  const last = month === 2 ? (leap ? 29 : 28) : month === 4 || month === 6 || month === 9 || month === 11 ? 30 : 31
+  return month >= 1 && month <= 12 && day >= 1 && day <= last && hour <= 23
+}
+
+/**
  * A time argument: RFC 3339 / ISO 8601 (`2026-01-02`, `2026-01-02T03:04:05Z`, an offset, or no
  * offset = UTC), or a duration before now (`30m`, `12h`, `7d`).
  */
@@ -35,7 +49,7 @@ const parseTime = (flag: string, value: Option.Option<string>): Effect.Effect<Da
       : ISO_TIME.test(s)
       ? (/(Z|[+-]\d{2}:\d{2})$/.test(s) ? s : `${s}Z`)
       : ""
-    const ms = text === "" ? Number.NaN : Date.parse(text)
+    const ms = text === "" || !isRealDateTime(s) ? Number.NaN : Date.parse(text)
     if (Number.isNaN(ms)) {
       return yield* usage(
         `invalid --${flag}: expected an ISO 8601 time (2026-01-02, 2026-01-02T03:04:05Z) or a duration ago (30m, 12h, 7d)`

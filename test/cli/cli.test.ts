@@ -96,6 +96,11 @@ describe("firehook CLI", () => {
           ["deliveries", "list", "--since", "2026-01-03", "--until", "2026-01-02"],
           ["deliveries", "list", "--since", "2026-01-02", "--until", "2026-01-02"],
           ["deliveries", "replay", "--status", "dead_letter", "--since", "1h", "--until", "2h"],
+          // dates that do not exist (Date.parse would roll them over to the next day or month)
+          ["deliveries", "list", "--since", "2026-02-30"],
+          ["deliveries", "list", "--since", "2026-02-29T10:00:00Z"],
+          ["deliveries", "replay", "--status", "dead_letter", "--until", "2026-04-31T12:00:00Z"],
+          ["deliveries", "list", "--since", "2026-01-01T24:00Z"],
           ["secrets", "create", "not-a-did", "main"],
           ["secrets", "create", ALICE, "bad/name"],
           ["secrets", "create", ALICE, "main", "--token", "short"],
