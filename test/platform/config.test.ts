@@ -468,7 +468,9 @@ describe("Config", () => {
       ["PLC_DIRECTORY_URL", "http://127.0.0.1:18091", "https://"],
       ["OWNER_DISCOVERY_URL", "https://relay.example", "https://"],
       ["JETSTREAM_URL", "ws://127.0.0.1:6008/subscribe", "wss://"],
-      ["RELAY_URL", "wss://relay.example", "wss://"]
+      ["RELAY_URL", "wss://relay.example", "wss://"],
+      ["PUBLIC_URL", "https://relay.example", "whitespace or control characters"],
+      ["REDIS_URL", `redis://:${SECRET}@127.0.0.1:6379/0`, "whitespace or control characters"]
     ]
     const breaks: ReadonlyArray<readonly [string, (s: string) => string]> = [
       ["a trailing space", (s) => `${s} `],

@@ -23,7 +23,9 @@ import {
   readIntVar,
   readListenHost,
   readString,
-  type StringRule
+  readStringAll,
+  type StringRule,
+  urlText
 } from "../platform/ConfigRead.js"
 
 export const apiHost = { env: "API_HOST", default: "127.0.0.1", rule: listenHost } as const
@@ -103,10 +105,13 @@ export const load = (options: { readonly allowInsecureDev: boolean }): Effect.Ef
   Effect.gen(function*() {
     const host = yield* readListenHost(apiHost)
     const port = yield* readIntVar(apiPort)
-    const urlText = yield* readString(publicUrl.env, publicUrl.default, publicUrlRule(options.allowInsecureDev))
+    const urlValue = yield* readStringAll(publicUrl.env, publicUrl.default, [
+      urlText,
+      publicUrlRule(options.allowInsecureDev)
+    ])
     const didText = yield* readString(serviceDid.env, serviceDid.default, serviceDidRule)
     const trust = yield* readEnumVar(trustProxy)
-    const url = urlText === "" ? undefined : parsePublicUrl(urlText, options.allowInsecureDev)
+    const url = urlValue === "" ? undefined : parsePublicUrl(urlValue, options.allowInsecureDev)
     let did: string | undefined = didText === "" ? undefined : didText
     if (did === undefined && url !== undefined) {
       did = didWebOf(url)

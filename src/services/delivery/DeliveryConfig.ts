@@ -13,8 +13,10 @@ import {
   parseCommaList,
   readIntVar,
   readRedacted,
+  readRedactedAll,
   readString,
-  readStringVar
+  readStringVar,
+  urlText
 } from "../platform/ConfigRead.js"
 import { parseRedisUrl } from "./RedisUrl.js"
 import * as SecretBox from "./SecretBox.js"
@@ -101,11 +103,10 @@ const loadSecrets: Effect.Effect<FirehookConfigShape["secrets"], ConfigInvalid> 
 })
 
 const loadRedis: Effect.Effect<FirehookConfigShape["redis"], ConfigInvalid> = Effect.gen(function*() {
-  const url = yield* readRedacted(
-    redis.url.env,
-    (s) => s.length <= 2048 && Either.isRight(parseRedisUrl(s)),
-    "must be a redis:// or rediss:// URL"
-  )
+  const url = yield* readRedactedAll(redis.url.env, [
+    urlText,
+    { test: (s) => s.length <= 2048 && Either.isRight(parseRedisUrl(s)), text: "must be a redis:// or rediss:// URL" }
+  ])
   const channel = yield* readStringVar(redis.channel)
   const publishMaxBytes = yield* readIntVar(redis.publishMaxBytes)
   const publishMaxInFlight = yield* readIntVar(redis.publishMaxInFlight)
