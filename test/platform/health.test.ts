@@ -139,7 +139,7 @@ describe("Health routing is exact", () => {
   it.scoped("only /live, /health and /metrics, exactly, answer", () =>
     Effect.gen(function*() {
       yield* (yield* Lifecycle.Lifecycle).setPhase("live")
-      for (const path of ["/live", "/health", "/metrics", "/live?x=1"]) {
+      for (const path of ["/live", "/health", "/metrics", "/live?x=1", "/live?x=a;b"]) {
         expect({ path, status: (yield* raw("GET", path)).status }).toEqual({ path, status: 200 })
       }
       const notFound = [
@@ -156,7 +156,12 @@ describe("Health routing is exact", () => {
         "/metrics/",
         "//metrics",
         "/live.json",
-        "/live/x"
+        "/live/x",
+        // the router cuts a path at ';' as if it began a query
+        "/live;x",
+        "/health;jsessionid=1",
+        "/metrics;",
+        "/live;x?y=1"
       ]
       for (const path of notFound) {
         const res = yield* raw("GET", path)

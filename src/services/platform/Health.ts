@@ -10,6 +10,7 @@
  * enumerations only; every number is clamped to 0..1,000,000.
  */
 import * as HttpRouter from "@effect/platform/HttpRouter"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Context, Duration, Effect, Layer, Option, Ref } from "effect"
 import type { Scope } from "effect"
@@ -170,33 +171,48 @@ export const liveStatus = (phase: Phase): "live" | "stopping" | "failed" =>
  */
 const EXACT_PATHS = { caseSensitive: true, ignoreTrailingSlash: false, ignoreDuplicateSlashes: false } as const
 
+const NOT_FOUND = HttpServerResponse.unsafeJson({ error: "not_found" }, { status: 404 })
+
+/**
+ * The router (find-my-way) also cuts a path at `;` (`/live;x` matched `/live`), a rule of its own
+ * that no option turns off: a path holding `;` before its query is another path, so 404.
+ */
+const exactly = <E, R>(
+  handler: Effect.Effect<HttpServerResponse.HttpServerResponse, E, R>
+): Effect.Effect<HttpServerResponse.HttpServerResponse, E, R | HttpServerRequest.HttpServerRequest> =>
+  Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) => {
+    const query = request.url.indexOf("?")
+    const path = query < 0 ? request.url : request.url.slice(0, query)
+    return path.includes(";") ? Effect.succeed(NOT_FOUND) : handler
+  })
+
 const routes = HttpRouter.empty.pipe(
   HttpRouter.get(
     "/live",
-    Effect.gen(function*() {
+    exactly(Effect.gen(function*() {
       const phase = yield* (yield* Lifecycle).phase
       return HttpServerResponse.unsafeJson({ status: liveStatus(phase) }, {
         status: phase === "failed" ? 503 : 200,
         headers: NO_STORE
       })
-    })
+    }))
   ),
   HttpRouter.get(
     "/health",
-    Effect.gen(function*() {
+    exactly(Effect.gen(function*() {
       const report = yield* (yield* Health).report
       return HttpServerResponse.unsafeJson(report.body, { status: report.ready ? 200 : 503, headers: NO_STORE })
-    })
+    }))
   ),
   HttpRouter.get(
     "/metrics",
-    Effect.map(Effect.flatMap(Health, (h) => h.metrics), (text) =>
+    exactly(Effect.map(Effect.flatMap(Health, (h) => h.metrics), (text) =>
       HttpServerResponse.text(text, {
         contentType: "text/plain; version=0.0.4; charset=utf-8",
         headers: NO_STORE
-      }))
+      })))
   ),
-  HttpRouter.all("*", Effect.succeed(HttpServerResponse.unsafeJson({ error: "not_found" }, { status: 404 })))
+  HttpRouter.all("*", Effect.succeed(NOT_FOUND))
 )
 
 /**
