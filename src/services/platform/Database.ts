@@ -67,6 +67,18 @@ const poolSize = (options: DatabaseOptions): number => options.maxConnections ??
 const END_TIMEOUT = Duration.seconds(1)
 
 /**
+ * A connection that did not complete within {@link CONNECT_TIMEOUT} (a server that accepts the TCP
+ * connection and never answers), with the code `timeout`, so that the startup line says
+ * `could not connect (timeout)` instead of `(unknown error)`: neither pg-pool's error nor ours had a code.
+ */
+const connectTimedOut = (): Error => Object.assign(new Error("Connection timed out"), { code: "timeout" })
+
+/** pg-pool's error when `connectionTimeoutMillis` passed (it has no code; this message is a constant of pg-pool). */
+const isPoolConnectTimeout = (e: unknown): boolean =>
+  e instanceof Error && ErrorCode.ownCode(e) === undefined &&
+  e.message === "Connection terminated due to connection timeout"
+
+/**
  * The `pg` pool (what `PgClient.make` builds, with the same settings), its connections made by
  * {@link PreparedStatements.preparingClient} unless `preparedStatements` is false, and checked with
  * one `SELECT 1` within the connect timeout; ended when the scope closes.
@@ -87,12 +99,15 @@ const openPool = (url: Redacted.Redacted<string>, options: DatabaseOptions) =>
       pool.on("error", () => {})
       return Effect.tryPromise({
         try: () => pool.query("SELECT 1"),
-        catch: (cause) => new SqlError({ cause, message: "PgClient: Failed to connect" })
+        catch: (cause) =>
+          new SqlError({
+            cause: isPoolConnectTimeout(cause) ? connectTimedOut() : cause,
+            message: "PgClient: Failed to connect"
+          })
       }).pipe(
         Effect.timeoutFail({
           duration: CONNECT_TIMEOUT,
-          onTimeout: () =>
-            new SqlError({ cause: new Error("Connection timed out"), message: "PgClient: Connection timed out" })
+          onTimeout: () => new SqlError({ cause: connectTimedOut(), message: "PgClient: Connection timed out" })
         }),
         Effect.tapError(() => Effect.promise(() => pool.end()).pipe(Effect.timeoutOption(END_TIMEOUT))),
         Effect.as(pool)
