@@ -81,6 +81,12 @@ describe("Listener.guard under Bun", () => {
     )
   }, 90_000)
 
+  it("an IPv6 zone that names no interface names HEALTH_HOST", () => {
+    expect(child("fe80::1%nosuch0", port)).toBe(
+      `ListenerUnavailable HEALTH_HOST [fe80::1%nosuch0]:${port} cannot be listened on (an IPv6 zone that names no interface?) (EINVAL)\n`
+    )
+  }, 90_000)
+
   it("a free port listens", () => {
     expect(child("127.0.0.1", 0)).toBe("listening\n")
   }, 90_000)

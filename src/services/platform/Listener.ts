@@ -23,7 +23,9 @@ export interface ListenerAddress {
 const BIND_ERRORS = {
   EADDRINUSE: { blame: "port", says: "is in use" },
   EADDRNOTAVAIL: { blame: "host", says: "is not an address of this machine" },
-  EACCES: { blame: "port", says: "may not be listened on by this user" }
+  EACCES: { blame: "port", says: "may not be listened on by this user" },
+  // an IPv6 address whose zone names no interface of this machine (`fe80::1%nosuch`)
+  EINVAL: { blame: "host", says: "cannot be listened on (an IPv6 zone that names no interface?)" }
 } as const
 type BindCode = keyof typeof BIND_ERRORS
 const isBindCode = (code: string): code is BindCode => Object.hasOwn(BIND_ERRORS, code)
