@@ -41,8 +41,8 @@ export class DatabaseUrl extends Context.Tag("firehook/DatabaseUrl")<DatabaseUrl
 const PG_FIXED_MESSAGES: ReadonlyMap<string, string> = new Map([
   ["The server does not support SSL connections", "the server does not support SSL; see sslmode in DATABASE_URL"],
   ["Connection terminated unexpectedly", "connection terminated"],
-  ["Connection terminated due to connection timeout", "connection timed out"],
-  ["Connection timed out", "connection timed out"]
+  ["Connection terminated due to connection timeout", "timeout"],
+  ["Connection timed out", "timeout"]
 ])
 
 const fixedMessage = (e: unknown): string | undefined => {
