@@ -211,6 +211,17 @@ describe("Metrics.render", () => {
       expect(text).toContain("firehook_test_labelled_total{stream=\"s1\"} 3")
       expect(text).toContain("firehook_test_labelled_gauge{stream=\"s1\"} 7")
     }))
+
+  it.effect("Effect's effect_fiber_active, a counter that goes down, is typed gauge", () =>
+    Effect.gen(function*() {
+      // the name and kind of Effect's own runtime metric (fibers alive now)
+      const active = Metric.counter("effect_fiber_active")
+      yield* Metric.incrementBy(active, 3)
+      yield* Metric.incrementBy(active, -1)
+      const text = Metrics.render(yield* Metric.snapshot)
+      expect(text).toContain("# TYPE effect_fiber_active gauge")
+      expect(text).not.toContain("# TYPE effect_fiber_active counter")
+    }))
 })
 
 describe("Metrics.merge (another process's metrics on this process's /metrics)", () => {

@@ -89,6 +89,12 @@ interface Family {
 /** Render metric pairs as Prometheus text. Exported for tests. */
 export const render = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>): string => renderFamilies(familiesOf(pairs))
 
+/**
+ * Effect's counters that are decremented as well as incremented (`effect_fiber_active`: the fibers
+ * alive now), exposed as the gauges they are, so that nobody takes their `rate()`.
+ */
+const COUNTERS_THAT_GO_DOWN: ReadonlySet<string> = new Set(["effect_fiber_active"])
+
 /** The metric families of `pairs`, by name. */
 const familiesOf = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>): Map<string, Family> => {
   const families = new Map<string, Family>()
@@ -107,7 +113,9 @@ const familiesOf = (pairs: ReadonlyArray<MetricPair.MetricPair.Untyped>): Map<st
     const tags = key.tags.map((t) => [t.key, t.value] as const)
     const state: unknown = pair.metricState
     if (MetricState.isCounterState(state)) {
-      family(name, "counter", help).lines.push(`${name}${labels(tags)} ${num(state.count)}`)
+      family(name, COUNTERS_THAT_GO_DOWN.has(name) ? "gauge" : "counter", help).lines.push(
+        `${name}${labels(tags)} ${num(state.count)}`
+      )
     } else if (MetricState.isGaugeState(state)) {
       family(name, "gauge", help).lines.push(`${name}${labels(tags)} ${num(state.value)}`)
     } else if (MetricState.isHistogramState(state)) {
