@@ -61,7 +61,8 @@ const parseUrl = (s: string): URL | undefined => {
  * Validates a webhook URL (SPEC §1.2). Returns the parsed WHATWG `URL` or an error kind.
  *
  * Order of checks (the first failure wins): `not_string`, `too_long` (> 2048 UTF-16 units),
- * `unparseable` (also for whitespace or a control character anywhere in the input), `no_host`,
+ * `unparseable` (also for whitespace or a control character anywhere in the input), `no_host` (also
+ * for a host of dots only),
  * `credentials`, `fragment` (any `#`, even an empty trailing one), `scheme`, `blocked_host`,
  * `non_public_ip`.
  *
@@ -77,7 +78,8 @@ export const validateWebhookUrl = (
   const url = parseUrl(input)
   if (url === undefined) return Either.left("unparseable")
   const hostname = url.hostname
-  if (hostname.length === 0) return Either.left("no_host")
+  // a host of dots only (`https://./`, `https://%2e%2e/`) names nothing: the transport refuses it
+  if (stripTrailingDot(hostname).length === 0) return Either.left("no_host")
   if (url.username.length > 0 || url.password.length > 0) return Either.left("credentials")
   // `#` can only start a fragment; URL drops an empty one ("https://x/#"), so look at the input
   if (url.hash.length > 0 || input.indexOf("#") >= 0) return Either.left("fragment")

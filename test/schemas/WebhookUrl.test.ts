@@ -72,6 +72,12 @@ describe("validateWebhookUrl: error kinds", () => {
       ["data:text/plain,hello", "no_host"],
       ["file:///etc/passwd", "no_host"],
       ["urn:isbn:0451450523", "no_host"],
+      // a host of dots only is no host name (the transport has nothing to resolve)
+      ["https://./", "no_host"],
+      ["https://../hook", "no_host"],
+      ["https://%2e/", "no_host"],
+      ["https://%2E%2E./", "no_host"],
+      ["https://。/", "no_host"],
       // credentials
       ["https://user:pass@example.com/", "credentials"],
       ["https://user@example.com/", "credentials"],
