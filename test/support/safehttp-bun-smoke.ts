@@ -51,6 +51,8 @@ const main = async (): Promise<void> => {
       if (req.url === "/redirect") {
         res.writeHead(302, { location: "http://elsewhere.test/" })
         res.end()
+      } else if (req.url === "/switch") {
+        req.socket.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
       } else if (req.url === "/hang") {
         // never answer
       } else if (req.url === "/large") {
@@ -113,6 +115,9 @@ const main = async (): Promise<void> => {
 
     const r = yield* http.request(req(`http://receiver.test:${port}/redirect`))
     check(r.status === 302, "302 returned, not followed")
+
+    const sw = yield* http.request(req(`http://receiver.test:${port}/switch`))
+    check(sw.status === 101, "101 Switching Protocols is the response")
 
     const f = yield* http.request(req(`http://fallback.test:${port}/hook`))
     check(f.status === 200 && seen.at(-1)?.host === `fallback.test:${port}`, "next address after ECONNREFUSED")

@@ -1016,6 +1016,28 @@ describe("SafeHttp: responses", () => {
       expect(server.seen[0]!.body).toBe("éééééé")
     }))
 
+  it.scopedLive("a 101 Switching Protocols is the response (SPEC §4.3: 1xx → redirect), not a network error", () =>
+    Effect.gen(function*() {
+      const server = yield* startServer((req) => {
+        // answered on the raw socket: node's ServerResponse would not send a 101 to a plain POST
+        req.socket.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nraw")
+      })
+      yield* withHttp(DEV, answers("127.0.0.1"), (http) =>
+        Effect.gen(function*() {
+          const res = yield* http.request(post(`http://receiver.test:${server.port}/hook`))
+          expect(res.status).toBe(101)
+          expect(res.headers["upgrade"]).toBe("websocket")
+          expect(res.body).toHaveLength(0)
+          expect(res.truncated).toBe(false)
+          // the switched connection is never used again: closed, and the next request opens another
+          yield* eventually(() => server.open() === 0, "the 101 connection is closed")
+          const again = yield* http.request(post(`http://receiver.test:${server.port}/hook`))
+          expect(again.status).toBe(101)
+          expect(server.connections()).toBe(2)
+          expect(server.seen).toHaveLength(2)
+        }))
+    }))
+
   it.scopedLive("a server that resets the connection mid-response is network", () =>
     Effect.gen(function*() {
       const server = yield* startServer((req, res) => {

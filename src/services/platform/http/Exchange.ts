@@ -211,6 +211,21 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
     response.on("close", () => bodyFailed("network"))
   }
 
+  /**
+   * A 101 (Switching Protocols) ends the exchange: node:http hands the connection to an `upgrade`
+   * listener and, without one, destroys it before any `response` (which read as a `network` error,
+   * retried). The status is the answer (SPEC §4.3: 1xx → `redirect`); the switched connection is
+   * closed, never used or pooled.
+   */
+  const onUpgrade = (response: Http.IncomingMessage, socket: Net.Socket): void => {
+    socket.destroy()
+    res = response
+    responded = true
+    markConnected()
+    head = { status: response.statusCode ?? 0, headers: lowerHeaders(response.headers) }
+    succeed(false)
+  }
+
   const mod = spec.target.protocol === "https:" ? Https : Http
   const options: Https.RequestOptions = {
     agent: spec.target.protocol === "https:" ? spec.agents.https : spec.agents.http,
@@ -233,6 +248,7 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
   }
   req.on("error", onError)
   req.on("response", onResponse)
+  req.on("upgrade", onUpgrade)
   req.once("socket", (socket: Net.Socket) => {
     if (!socket.connecting) markConnected()
     else socket.once("connect", markConnected)
