@@ -3,7 +3,7 @@
  * Prints `ok` (and exits 0) when Bun's node:http/node:https honour what the transport relies on:
  * `host: <address>` with a name in `Host`, TLS `servername` (SNI + certificate check), a custom CA,
  * no redirect following, next-address fallback, destroying the request on timeout, truncated
- * reads (deliveries), and the system resolver (`node:dns` lookup).
+ * reads (deliveries), and the system resolver (`Bun.dns.lookup`, c-ares backend).
  *
  * HTTPS checks run when SMOKE_CERT / SMOKE_KEY name a certificate for `receiver.test`
  * (test/safehttp.test.ts passes them).
@@ -13,6 +13,7 @@ import { readFileSync } from "node:fs"
 import * as Http from "node:http"
 import * as Https from "node:https"
 import type * as Net from "node:net"
+import { bunLookup } from "../../src/services/platform/http/Resolver.js"
 import { parseAllowCidrs, Resolver, SafeHttp, type SafeRequest } from "../../src/services/platform/http/SafeHttp.js"
 
 interface Seen {
@@ -159,7 +160,8 @@ const main = async (): Promise<void> => {
     )
   )
 
-  // the system resolver (node:dns lookup under Bun)
+  // the system resolver: Bun.dns.lookup with the c-ares backend (hosts file, then DNS)
+  check(bunLookup(Reflect.get(globalThis, "Bun")) !== undefined, "Bun.dns.lookup is the system resolver")
   const sys = await Effect.runPromise(
     Effect.flatMap(SafeHttp, (http) => http.request(req(`http://localhost:${port}/hook`))).pipe(
       Effect.provide(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] }))

@@ -11,6 +11,7 @@ import * as Net from "node:net"
 import { tmpdir } from "node:os"
 import * as Path from "node:path"
 import { parseCidr } from "../../../src/schemas/Net.js"
+import { bunLookup, makeLookup } from "../../../src/services/platform/http/Resolver.js"
 import {
   allowedAddress,
   DEFAULT_MAX_REQUEST_BYTES,
@@ -385,6 +386,44 @@ describe("SafeHttp: DNS answers", () => {
       expect(error).toBeInstanceOf(ResolveError)
       expect(String(error)).not.toContain("no-such-host")
       expect(JSON.stringify(error)).not.toContain("no-such-host")
+    }))
+
+  it.effect("under Bun the system resolver is Bun.dns.lookup with the c-ares backend (no thread per lookup)", () =>
+    Effect.gen(function*() {
+      const calls: Array<[string, unknown]> = []
+      const fakeBun = {
+        dns: {
+          lookup(this: unknown, hostname: string, options: unknown) {
+            calls.push([hostname, options])
+            if (this !== fakeBun.dns) return Promise.reject(new Error("called without its receiver"))
+            if (hostname === "gone.test") {
+              return Promise.reject(Object.assign(new Error("x"), { code: "DNS_ENOTFOUND" }))
+            }
+            if (hostname === "slow.test") return Promise.reject(Object.assign(new Error("x"), { code: "DNS_ETIMEOUT" }))
+            return Promise.resolve([
+              { address: "203.0.113.7", family: 4, ttl: 60 },
+              { address: "2001:db8::7", family: 6, ttl: 60 },
+              { address: "bogus", family: "IPv4" },
+              null
+            ])
+          }
+        }
+      }
+      const look = bunLookup(fakeBun)
+      expect(look).toBeDefined()
+      if (look === undefined) return
+      const lookup = makeLookup(look)
+      expect(yield* lookup("receiver.test")).toEqual([
+        { address: "203.0.113.7", family: 4 },
+        { address: "2001:db8::7", family: 6 }
+      ])
+      expect(calls).toEqual([["receiver.test", { backend: "c-ares" }]])
+      expect((yield* Effect.flip(lookup("gone.test"))).reason).toBe("not_found")
+      expect((yield* Effect.flip(lookup("slow.test"))).reason).toBe("temporary")
+      // not Bun (Node, the tests' runtime): node:dns
+      expect(bunLookup(undefined)).toBeUndefined()
+      expect(bunLookup({})).toBeUndefined()
+      expect(bunLookup({ dns: {} })).toBeUndefined()
     }))
 })
 

@@ -33,7 +33,9 @@ export interface ResolverShape {
 }
 
 const resolveReason = (e: unknown): ResolveError["reason"] => {
-  switch (ownCode(e)) {
+  const code = ownCode(e)
+  // Bun's resolver names its codes `DNS_<c-ares code>` (`DNS_ENOTFOUND`, `DNS_ETIMEOUT`)
+  switch (code !== undefined && code.startsWith("DNS_") ? code.slice(4) : code) {
     case "ENOTFOUND":
     case "ENODATA":
     case "EAI_NONAME":
@@ -50,24 +52,59 @@ const resolveReason = (e: unknown): ResolveError["reason"] => {
   }
 }
 
+/** The answers' own `address` (a string) and `family` (4 or 6); anything else is dropped. */
+const toAnswers = (answers: unknown): ReadonlyArray<ResolvedAddress> => {
+  const out: Array<ResolvedAddress> = []
+  if (!Array.isArray(answers)) return out
+  for (const a of answers) {
+    if (typeof a !== "object" || a === null) continue
+    const address: unknown = Reflect.get(a, "address")
+    const family: unknown = Reflect.get(a, "family")
+    if (typeof address === "string" && (family === 4 || family === 6)) out.push({ address, family })
+  }
+  return out
+}
+
+/** `lookup(hostname)` of a resolver that returns `{address, family}[]`. */
+export type LookupAll = (hostname: string) => Promise<unknown>
+
 /**
- * The system resolver (`getaddrinfo` through `dns.promises.lookup`, so `/etc/hosts` and nsswitch
- * apply). A lookup cannot be cancelled; callers bound it with their deadline (the transport does),
- * and an abandoned lookup only finishes in the background.
+ * Under Bun: `Bun.dns.lookup(name, { backend: "c-ares" })` (the backend Bun's own `fetch` uses on
+ * Linux). Like `getaddrinfo` it reads `/etc/hosts` and applies the resolv.conf search domains, but
+ * it runs on the event loop: a query that is never answered costs a timer, not a thread.
+ * Bun's `node:dns` `lookup` runs `getaddrinfo` on a small pool of threads, and an abandoned lookup
+ * keeps its thread until the C library gives up (resolv.conf timeout × attempts × names tried), so a
+ * few webhook hosts whose name servers drop queries held every thread, and every other lookup
+ * (every delivery to a name, DID documents, PDS calls) waited 10 s and more behind them.
+ * `undefined` when not running under Bun.
  */
-const systemLookup = (hostname: string): Effect.Effect<ReadonlyArray<ResolvedAddress>, ResolveError> =>
+export const bunLookup = (bun: unknown): LookupAll | undefined => {
+  if (typeof bun !== "object" || bun === null) return undefined
+  const dns: unknown = Reflect.get(bun, "dns")
+  if (typeof dns !== "object" || dns === null) return undefined
+  const lookup: unknown = Reflect.get(dns, "lookup")
+  if (typeof lookup !== "function") return undefined
+  return (hostname) => {
+    const answers: unknown = Reflect.apply(lookup, dns, [hostname, { backend: "c-ares" }])
+    return Promise.resolve(answers)
+  }
+}
+
+/** Node: `getaddrinfo` through `dns.promises.lookup` (`/etc/hosts` and nsswitch apply). */
+const nodeLookup: LookupAll = (hostname) => Dns.promises.lookup(hostname, { all: true, verbatim: true })
+
+/**
+ * A resolver over `lookup`. A lookup cannot be cancelled; callers bound it with their deadline (the
+ * transport does), and an abandoned lookup only finishes in the background.
+ */
+export const makeLookup = (lookup: LookupAll): ResolverShape["lookup"] => (hostname) =>
   Effect.tryPromise({
-    try: () => Dns.promises.lookup(hostname, { all: true, verbatim: true }),
+    try: () => lookup(hostname),
     catch: (e) => new ResolveError({ reason: resolveReason(e) })
-  }).pipe(
-    Effect.map((answers) => {
-      const out: Array<ResolvedAddress> = []
-      for (const a of answers) {
-        if (a.family === 4 || a.family === 6) out.push({ address: a.address, family: a.family })
-      }
-      return out
-    })
-  )
+  }).pipe(Effect.map(toAnswers))
+
+/** The system resolver: {@link bunLookup} under Bun, Node's `getaddrinfo` otherwise. */
+const systemLookup = makeLookup(bunLookup(Reflect.get(globalThis, "Bun")) ?? nodeLookup)
 
 /**
  * Host name resolution for the transport. Swap the layer to inject answers in tests.
