@@ -23,7 +23,7 @@
  */
 import * as HttpServer from "@effect/platform/HttpServer"
 import { Context, Duration, Effect, ExecutionStrategy, Exit, Layer, Option, Scope } from "effect"
-import { parseCidr } from "../schemas/Net.js"
+import { parseCidrs } from "../schemas/Net.js"
 import * as Api from "../services/api/Api.js"
 import * as Delivery from "../services/delivery/Delivery.js"
 import * as DeliveryOutcomes from "../services/delivery/DeliveryOutcomes.js"
@@ -94,10 +94,7 @@ export const maintenanceOptions = (config: FirehookConfigShape): Maintenance.Mai
  * when the context has one (a 410 then drops the webhook from this process's matching at once).
  */
 export const deliveryLayer = (config: FirehookConfigShape) => {
-  const allowCidrs = config.delivery.allowCidrs.flatMap((c) => {
-    const parsed = parseCidr(c)
-    return parsed === undefined ? [] : [parsed]
-  })
+  const allowCidrs = parseCidrs(config.delivery.allowCidrs)
   return Delivery.layer().pipe(
     Layer.provide(
       Layer.mergeAll(

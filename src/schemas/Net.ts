@@ -375,6 +375,18 @@ export const parseCidr = (s: string): Cidr | undefined => {
 }
 
 /**
+ * The blocks of a list whose every entry the configuration already checked (`DELIVERY_ALLOW_CIDRS`);
+ * an entry that does not parse is left out.
+ *
+ * @since 0.1.0
+ */
+export const parseCidrs = (list: ReadonlyArray<string>): ReadonlyArray<Cidr> =>
+  list.flatMap((c) => {
+    const parsed = parseCidr(c)
+    return parsed === undefined ? [] : [parsed]
+  })
+
+/**
  * true if the address bytes lie inside the block. Families never mix: an IPv4 block does not
  * contain an IPv4-mapped IPv6 address.
  *

@@ -7,7 +7,7 @@
  * @since 0.1.0
  */
 import { Either } from "effect"
-import { classifyHost, isLoopbackHost } from "./Net.js"
+import { type Cidr, cidrContains, classifyHost, isLoopbackHost } from "./Net.js"
 
 export type UrlErrorKind =
   | "not_string"
@@ -26,6 +26,12 @@ export interface WebhookUrlOptions {
    * (`localhost`, 127.0.0.0/8, `[::1]`) over `http:` as well as `https:`.
    */
   readonly allowInsecureDev: boolean
+  /**
+   * The operator's allow-list (`DELIVERY_ALLOW_CIDRS`, SPEC §4.6: "for self-hosters with internal
+   * receivers"): an `https:` IP literal inside one of these blocks is accepted although it is not
+   * public. Absent or empty: none is.
+   */
+  readonly allowCidrs?: ReadonlyArray<Cidr>
 }
 
 export const MAX_WEBHOOK_URL_LENGTH = 2048
@@ -91,7 +97,9 @@ export const validateWebhookUrl = (
   switch (host.kind) {
     case "ipv4":
     case "ipv6":
-      return host.public ? Either.right(url) : Either.left("non_public_ip")
+      return host.public || (opts.allowCidrs ?? []).some((cidr) => cidrContains(cidr, host.bytes))
+        ? Either.right(url)
+        : Either.left("non_public_ip")
     case "invalid":
       return Either.left("non_public_ip")
     case "name": {

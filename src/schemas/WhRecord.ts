@@ -13,6 +13,7 @@
  */
 import { Either } from "effect"
 import { parseScopeUri, type ScopeUri } from "./AtUri.js"
+import type { Cidr } from "./Net.js"
 import { validateWebhookUrl } from "./WebhookUrl.js"
 
 export const WH_COLLECTION = "place.wisp.v2.wh"
@@ -62,6 +63,8 @@ export interface ValidatedWh {
 export interface WhRecordOptions {
   /** passed to the URL rules (SPEC §1.2); see `WebhookUrlOptions` */
   readonly allowInsecureDev: boolean
+  /** passed to the URL rules: the operator's allow-list; see `WebhookUrlOptions` */
+  readonly allowCidrs?: ReadonlyArray<Cidr>
 }
 
 export const MAX_SECRET_LENGTH = 256

@@ -79,6 +79,26 @@ describe("Registry.load", () => {
     ))
 })
 
+describe("Registry: the operator's allow-list (DELIVERY_ALLOW_CIDRS)", () => {
+  const internal = whRecordValue(`at://${BOB}`, { url: "https://10.0.0.5/hook" })
+
+  it.effect("a record whose URL is an allow-listed internal IP literal becomes active", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const outcome = yield* registry.applyWhEvent(whEv(ALICE, "internal", internal, { rev: rev(2) }))
+      expect(outcome._tag).toBe("active")
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey)).toEqual(["internal"])
+    }).pipe(Effect.provide(seeded([], { DELIVERY_ALLOW_CIDRS: "10.0.0.0/8" }))))
+
+  it.effect("without the allow-list the same record is refused (url)", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const outcome = yield* registry.applyWhEvent(whEv(ALICE, "internal", internal, { rev: rev(2) }))
+      expect(outcome._tag).not.toBe("active")
+      expect(registry.index.byOwner(ALICE)).toEqual([])
+    }).pipe(Effect.provide(seeded([]))))
+})
+
 describe("Registry.swapOwner", () => {
   it.effect("replaces one owner's registrations with the stored set in one step", () =>
     Effect.gen(function*() {

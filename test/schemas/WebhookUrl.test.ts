@@ -1,5 +1,6 @@
 import { Either } from "effect"
 import { describe, expect, it } from "vitest"
+import { parseCidrs } from "../../src/schemas/Net.js"
 import { type UrlErrorKind, validateWebhookUrl } from "../../src/schemas/WebhookUrl.js"
 
 const PROD = { allowInsecureDev: false }
@@ -182,6 +183,30 @@ describe("validateWebhookUrl: insecure development mode", () => {
     expect(kindOf("http://localhost:3000/hook")).toBe("scheme")
     expect(kindOf("http://127.0.0.1/")).toBe("scheme")
     expect(kindOf("https://127.0.0.1/")).toBe("non_public_ip")
+  })
+})
+
+describe("validateWebhookUrl: the operator's allow-list (DELIVERY_ALLOW_CIDRS, SPEC §4.6)", () => {
+  const ALLOWED = { allowInsecureDev: false, allowCidrs: parseCidrs(["10.0.0.0/8", "fd00::/8"]) }
+
+  it.each(["https://10.0.0.5/hook", "https://10.255.1.2:8443/x", "https://[fd00::5]/hook"])(
+    "an https: literal inside a block is accepted: %s",
+    (url) => {
+      expect(kindOf(url, ALLOWED)).toBe("ok")
+      expect(kindOf(url)).toBe("non_public_ip")
+    }
+  )
+
+  it.each(
+    [
+      ["https://192.168.1.1/", "non_public_ip"],
+      ["https://127.0.0.1/", "non_public_ip"],
+      ["https://[::ffff:10.0.0.5]/", "non_public_ip"],
+      ["http://10.0.0.5/", "scheme"],
+      ["https://localhost/", "blocked_host"]
+    ] as const
+  )("anything else keeps its rule: %s → %s", (url, expected) => {
+    expect(kindOf(url, ALLOWED)).toBe(expected)
   })
 })
 

@@ -36,6 +36,7 @@
  */
 import { Clock, Context, Duration, Effect, Layer, Metric, Option } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
+import { parseCidrs } from "../../schemas/Net.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
@@ -206,7 +207,10 @@ export const make = (options: ReconcilerOptions) =>
     const identity = yield* Identity
     const store = yield* ReconcileStore
     const limits: ReconcileLimits = { ...limitsFromConfig(config.reconcile), ...options.limits }
-    const validateOpts = { allowInsecureDev: config.allowInsecureDev }
+    const validateOpts = {
+      allowInsecureDev: config.allowInsecureDev,
+      allowCidrs: parseCidrs(config.delivery.allowCidrs)
+    }
     const headers = { accept: "application/json", "user-agent": USER_AGENT }
     const stats = { completed: 0, failed: 0, busy: 0, superseded: 0, invalidRecords: 0 }
 

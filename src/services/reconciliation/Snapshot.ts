@@ -9,7 +9,7 @@
 import { Data, Effect, Either, Metric } from "effect"
 import { isRkey } from "../../schemas/AtUri.js"
 import { isTid, tidFromMicros, tidToMicros } from "../../schemas/Tid.js"
-import { validateWhRecord, WH_COLLECTION } from "../../schemas/WhRecord.js"
+import { validateWhRecord, WH_COLLECTION, type WhRecordOptions } from "../../schemas/WhRecord.js"
 import { decodeJsonBody, isWellFormedText, LatestCommit, ListRecordsPage, XrpcError } from "../../schemas/Xrpc.js"
 import type { SafeHttpError, SafeResponse } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
@@ -80,7 +80,7 @@ export const pageRows = (
   target: ScanTarget,
   seen: Set<string>,
   limits: ReconcileLimits,
-  validateOpts: { readonly allowInsecureDev: boolean }
+  validateOpts: WhRecordOptions
 ): Either.Either<
   {
     readonly rows: ReadonlyArray<WebhookRow>
@@ -154,7 +154,7 @@ export interface ScanDeps {
   readonly identity: IdentityShape
   readonly store: ReconcileStoreShape
   readonly limits: ReconcileLimits
-  readonly validateOpts: { readonly allowInsecureDev: boolean }
+  readonly validateOpts: WhRecordOptions
   /** a bounded GET through the SSRF-safe transport */
   readonly get: (url: string, maxResponseBytes: number) => Effect.Effect<SafeResponse, SafeHttpError>
   /** the in-memory swap run at completion (inside the completing transaction) */

@@ -29,9 +29,10 @@
  */
 import { Cause, Context, Effect, Either, Layer, Metric, Option } from "effect"
 import type { ScopeUri } from "../../schemas/AtUri.js"
+import { parseCidrs } from "../../schemas/Net.js"
 import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
-import { validateWhRecord, WH_COLLECTION, type WhRecord } from "../../schemas/WhRecord.js"
+import { validateWhRecord, WH_COLLECTION, type WhRecord, type WhRecordOptions } from "../../schemas/WhRecord.js"
 import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
@@ -164,7 +165,7 @@ interface Journal {
 interface Rules {
   readonly limits: FirehookConfigShape["registry"]
   readonly jetstream: boolean
-  readonly validateOpts: { readonly allowInsecureDev: boolean }
+  readonly validateOpts: WhRecordOptions
 }
 
 /** The limit `w` would exceed in `into` (the live index, or the one a load builds), if any. */
@@ -280,7 +281,8 @@ export const make = Effect.gen(function*() {
     return prev
   }
 
-  const rules: Rules = { limits, jetstream, validateOpts: { allowInsecureDev: config.allowInsecureDev } }
+  const validateOpts = { allowInsecureDev: config.allowInsecureDev, allowCidrs: parseCidrs(config.delivery.allowCidrs) }
+  const rules: Rules = { limits, jetstream, validateOpts }
   const admission = (w: ActiveWebhook) => admissionIn(rules, index, w)
 
   const reload = Effect.gen(function*() {
