@@ -348,6 +348,26 @@ describe("Publisher", () => {
       expect((yield* p.stats).published).toBe(0)
     }))
 
+  // live clock: nothing here is timed; the deadline only bounds the wait for the 40 commands
+  it.scopedLive("REDIS_PUBLISH_MAX_IN_FLIGHT above 16: that many messages await their replies on the connection", () =>
+    Effect.gen(function*() {
+      const fake = yield* fakeRedis(() => undefined) // never answers
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, {
+        url: Redacted.make(fake.url),
+        channel: "c",
+        maxInFlight: 40,
+        replyTimeout: "1 hour"
+      })
+      yield* p.awaitStats((s) => s.connected)
+      for (let i = 0; i < 41; i++) yield* p.publish(auditEvent({ rkey: `r${i}` }))
+      yield* fake.awaitState((x) => x.commands.length >= 40).pipe(Effect.timeout("10 seconds"), Effect.ignore)
+      const rkeys = (yield* fake.state).commands.map((c) => JSON.parse(c[2] ?? "{}").rkey)
+      expect(rkeys).toEqual(Array.from({ length: 40 }, (_, i) => `r${i}`))
+      // only the 41st was dropped (in flight); none on a bound of the connection's own
+      expect(yield* p.stats).toMatchObject({ connected: true, dropped: 1, published: 0 })
+    }))
+
   it.scoped("reconnects with backoff after the server comes back", () =>
     Effect.gen(function*() {
       const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":1\r\n" : "+OK\r\n"))

@@ -474,7 +474,12 @@ export const make = (
         fullJitterBackoff(options.backoffBase ?? DEFAULTS.backoffBase, options.backoffCap ?? DEFAULTS.backoffCap)
       )
       const session = Effect.gen(function*() {
-        const conn = yield* connect(target, { connectTimeout: options.connectTimeout ?? DEFAULTS.connectTimeout })
+        // the connection's own bound on commands awaiting a reply is the publisher's in-flight bound
+        // (its default, 16, would refuse messages 17.. of a larger REDIS_PUBLISH_MAX_IN_FLIGHT)
+        const conn = yield* connect(target, {
+          connectTimeout: options.connectTimeout ?? DEFAULTS.connectTimeout,
+          maxPending: maxInFlight
+        })
         const since = yield* Clock.currentTimeMillis
         yield* Ref.set(current, Option.some(conn))
         yield* SubscriptionRef.update(state, (s) => ({ ...s, connected: true }))
