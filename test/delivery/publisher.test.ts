@@ -436,6 +436,26 @@ describe("Publisher", () => {
       }
     }))
 
+  it.scoped("no password in the URL but the server requires one: not connected, logged as auth NOAUTH, retried", () =>
+    Effect.gen(function*() {
+      const fake = yield* fakeRedis(() => "-NOAUTH Authentication required.\r\n", {
+        ping: "-NOAUTH Authentication required.\r\n"
+      })
+      const logs = yield* captureLogs
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c" }).pipe(
+        Effect.provide(logs.layer)
+      )
+      yield* driveUntil(Effect.map(fake.state, (s) => s.connections >= 3), "100 millis")
+      yield* p.publish(auditEvent())
+      expect(yield* p.stats).toEqual({ configured: true, connected: false, dropped: 1, published: 0 })
+      expect((yield* fake.state).commands).toEqual([])
+      const lines = (yield* logs.lines).filter((l) => l.includes("redis connection failed"))
+      expect(lines.length).toBe(1)
+      expect(lines[0]).toContain("\"kind\":\"auth\"")
+      expect(lines[0]).toContain("\"code\":\"NOAUTH\"")
+    }))
+
   it.scoped("closing the scope closes the socket", () =>
     Effect.gen(function*() {
       const fake = yield* fakeRedis(() => "+OK\r\n")
@@ -455,7 +475,7 @@ describe("Publisher", () => {
       const closed = yield* Deferred.make<Publisher.RedisError>()
       const conn = yield* Publisher.connect(target(fake.url))
       yield* Effect.fork(Effect.flatMap(conn.closed, (e) => Deferred.succeed(closed, e)))
-      const r = yield* Effect.either(conn.command(["PING"]))
+      const r = yield* Effect.either(conn.command(["ECHO", "x"]))
       expect(Either.isLeft(r) && r.left).toMatchObject({ kind: "protocol", code: "read_buffer" })
       expect(yield* Deferred.await(closed)).toMatchObject({ kind: "protocol" })
     }))

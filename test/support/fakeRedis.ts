@@ -19,10 +19,14 @@ export const asStrings = (reply: Publisher.RespReply): ReadonlyArray<string> =>
 
 /**
  * A fake Redis on 127.0.0.1: records every command; `answer` says what to write back (nothing:
- * the command hangs). `stop` closes the listener and every connection; `start` listens again on
+ * the command hangs). A PING (the connection's access check when the URL has no password) is
+ * answered `options.ping` (default `+PONG`) and not recorded. `stop` closes the listener and every connection; `start` listens again on
  * the same port.
  */
-export const fakeRedis = (answer: (command: ReadonlyArray<string>) => string | undefined) =>
+export const fakeRedis = (
+  answer: (command: ReadonlyArray<string>) => string | undefined,
+  options: { readonly ping?: string } = {}
+) =>
   Effect.gen(function*() {
     const state = yield* SubscriptionRef.make<FakeState>({ connections: 0, closed: 0, commands: [] })
     const bump = (f: (s: FakeState) => FakeState) => Effect.runSync(SubscriptionRef.update(state, f))
@@ -46,6 +50,10 @@ export const fakeRedis = (answer: (command: ReadonlyArray<string>) => string | u
               if (parsed._tag !== "Done") break
               buf = buf.subarray(parsed.next)
               const command = asStrings(parsed.reply)
+              if (command.length === 1 && command[0] === "PING") {
+                socket.write(options.ping ?? "+PONG\r\n")
+                continue
+              }
               bump((x) => ({ ...x, commands: [...x.commands, command] }))
               const reply = answer(command)
               if (reply !== undefined) socket.write(reply)

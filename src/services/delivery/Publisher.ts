@@ -230,7 +230,8 @@ export interface ConnectOptions {
 }
 
 /**
- * Open a connection, authenticate and select the database. The socket is destroyed when the scope
+ * Open a connection, authenticate (AUTH with the URL's password; without one, a PING that a server
+ * requiring a password refuses) and select the database. The socket is destroyed when the scope
  * closes (or earlier, on any error).
  */
 export const connect = (
@@ -328,6 +329,14 @@ export const connect = (
         const args = target.username !== undefined ? ["AUTH", target.username, password] : ["AUTH", password]
         yield* command(args).pipe(
           Effect.mapError((e) => (e.kind === "reply" ? new RedisError({ kind: "auth", code: e.code }) : e))
+        )
+      } else {
+        // without a password nothing has asked the server yet whether it lets us in: one that
+        // requires a password answers every command with NOAUTH, so the connection fails here
+        // (logged, retried with backoff) instead of counting as connected while each PUBLISH fails
+        const refused = (e: RedisError) => e.kind === "reply" && e.code === "NOAUTH"
+        yield* command(["PING"]).pipe(
+          Effect.mapError((e) => (refused(e) ? new RedisError({ kind: "auth", code: e.code }) : e))
         )
       }
       if (target.db !== 0) yield* command(["SELECT", String(target.db)])
