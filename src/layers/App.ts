@@ -119,7 +119,12 @@ export const matchingLayer = Processor.layer().pipe(
   Layer.provideMerge(sqlStores)
 )
 
-export interface ServiceOptions<E = never, R = never> {
+/**
+ * `E`, `R`: the API listener's error and requirements; `D`: what the delivery supervisor needs
+ * beyond the core services (main's needs `Database.DatabaseUrl`); nothing when there is none, so a
+ * program that provides its own `SqlClient` / `PgClient` need not provide a URL.
+ */
+export interface ServiceOptions<E = never, R = never, D = never> {
   /** called once with the shutdown report (main uses it for the exit code) */
   readonly onShutdown?: (report: Lifecycle.ShutdownReport) => Effect.Effect<void>
   /** the owners' API listener (SPEC §8.1, `API_HOST:API_PORT`); none: the API is not served */
@@ -128,11 +133,7 @@ export interface ServiceOptions<E = never, R = never> {
    * role `delivery` in a child process (issue 16 item 2): the supervisor main builds
    * (`DeliveryProcess.supervise`) run in place of the worker; none: the worker runs in this process
    */
-  readonly deliveryProcess?: Effect.Effect<
-    void,
-    never,
-    Lifecycle.Lifecycle | Health.Health | Database.DatabaseUrl | Scope.Scope
-  >
+  readonly deliveryProcess?: Effect.Effect<void, never, Lifecycle.Lifecycle | Health.Health | Scope.Scope | D>
 }
 
 /** 3. The health server, in a scope of its own so that shutdown can stop it at its stage (`http`). */
@@ -169,10 +170,10 @@ const startMatching = (scope: Scope.Scope) =>
  * tuning, `WEBHOOK_INTAKE_*`, is read by Intake itself; it forwards `#identity`/`#account` events to
  * every process's identity cache). Returns the identity context, for step 5.
  */
-const startParts = <E, R>(
+const startParts = <E, R, D>(
   config: FirehookConfigShape,
   scope: Scope.Scope,
-  options: ServiceOptions<E, R>,
+  options: ServiceOptions<E, R, D>,
   outcomes: Context.Context<never>
 ) =>
   Effect.gen(function*() {
@@ -236,9 +237,9 @@ const startReconciliation = (
  * Without `reconcile` there is no initial backfill: the phase goes to `live` once the parts are
  * started. Requires the core services.
  */
-export const service = <E, R>(
+export const service = <E, R, D = never>(
   server: Layer.Layer<HttpServer.HttpServer, E, R>,
-  options: ServiceOptions<E, R> = {}
+  options: ServiceOptions<E, R, D> = {}
 ) =>
   Layer.scopedDiscard(
     Effect.gen(function*() {
