@@ -54,6 +54,9 @@ const main = async (): Promise<void> => {
         res.end()
       } else if (req.url === "/switch") {
         req.socket.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+      } else if (req.url === "/bighead") {
+        res.writeHead(200, { "x-padding": "a".repeat(20_000) })
+        res.end("thanks")
       } else if (req.url === "/hang") {
         // never answer
       } else if (req.url === "/large") {
@@ -119,6 +122,9 @@ const main = async (): Promise<void> => {
 
     const sw = yield* http.request(req(`http://receiver.test:${port}/switch`))
     check(sw.status === 101, "101 Switching Protocols is the response")
+
+    const big = yield* http.request(req(`http://receiver.test:${port}/bighead`))
+    check(big.status === 200, "a 20 KB response head is the response (over node:http's default 16 KiB)")
 
     const f = yield* http.request(req(`http://fallback.test:${port}/hook`))
     check(f.status === 200 && seen.at(-1)?.host === `fallback.test:${port}`, "next address after ECONNREFUSED")

@@ -1077,6 +1077,25 @@ describe("SafeHttp: responses", () => {
         }))
     }))
 
+  it.scopedLive("a response head of 20 KB (over node:http's default 16 KiB) is the response; over 64 KiB is network", () =>
+    Effect.gen(function*() {
+      const server = yield* startServer((req, res) => {
+        const size = req.url === "/huge" ? 70_000 : 20_000
+        res.writeHead(200, { "x-padding": "a".repeat(size), "content-length": "2" })
+        res.end("ok")
+      })
+      yield* withHttp(DEV, answers("127.0.0.1"), (http) =>
+        Effect.gen(function*() {
+          const res = yield* http.request(post(`http://receiver.test:${server.port}/hook`))
+          expect(res.status).toBe(200)
+          expect(res.headers["x-padding"]).toHaveLength(20_000)
+        }))
+      yield* expectKind(send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${server.port}/huge`)), "network", [
+        "receiver.test",
+        "127.0.0.1"
+      ])
+    }))
+
   it.scopedLive("a server that resets the connection mid-response is network", () =>
     Effect.gen(function*() {
       const server = yield* startServer((req, res) => {

@@ -40,6 +40,9 @@ type AttemptFailure =
   | { readonly _tag: "Stale" }
   | { readonly _tag: "Final"; readonly kind: SafeHttpErrorKind }
 
+/** The largest response head (status line and headers) read: 64 KiB, the response body's cap too. */
+const MAX_RESPONSE_HEAD_BYTES = 64 * 1024
+
 const connectFailed = (kind: "network" | "timeout"): AttemptFailure => ({ _tag: "ConnectFailed", kind })
 const STALE: AttemptFailure = { _tag: "Stale" }
 const final = (kind: SafeHttpErrorKind): AttemptFailure => ({ _tag: "Final", kind })
@@ -236,7 +239,10 @@ const startExchange = (spec: ExchangeSpec, hooks: ExchangeHooks): Exchange => {
     method: spec.method,
     headers: spec.headers,
     setHost: false,
-    insecureHTTPParser: false
+    insecureHTTPParser: false,
+    // the status alone classifies (SPEC §4.3): a receiver's 2xx with a head over node:http's default
+    // 16 KiB must not read as a network error (retried, a duplicate); larger heads still are
+    maxHeaderSize: MAX_RESPONSE_HEAD_BYTES
   }
   if (spec.target.servername !== undefined) options.servername = spec.target.servername
   try {
