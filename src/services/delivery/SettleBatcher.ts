@@ -4,10 +4,26 @@
  * time by `SETTLE_FLUSHERS` flushers. A batch starts as soon as a flusher is free (no added
  * delay); batches grow while a statement runs. Each settle completes with whether its guarded
  * update applied (its lease token is among those `run` returns).
+ *
+ * A batch whose statement failed (a connection reset, a server restart) is run again, at most
+ * `SETTLE_RETRIES` more times, `SETTLE_RETRY_BASE` apart and doubling, unless it timed out (a
+ * statement bound is 15 s: retrying it would outlast the lease). This is safe because every settle
+ * is guarded by its lease token: when the server committed the first statement before the failure
+ * reached us, the second one applies nothing (the token was cleared), and its settles answer
+ * "not applied". Without it, one dropped connection left every row of the batch leased, forgotten
+ * by the worker, until its lease expired: each was sent again a lease later (60 s), although its
+ * receiver had already answered, and that answer was never recorded.
  */
-import { Cause, Effect, Exit, Option, Queue, type Scope } from "effect"
+import { Cause, Effect, Exit, Option, Queue, Schedule, type Scope } from "effect"
 import { StoreError } from "../platform/Persistence.js"
-import { SETTLE_BATCH_MAX, SETTLE_FLUSHERS } from "./DeliveryStore.js"
+import { SETTLE_BATCH_MAX, SETTLE_FLUSHERS, SETTLE_RETRIES, SETTLE_RETRY_BASE } from "./DeliveryStore.js"
+
+/** The retry of a failed settle statement (see the module documentation); made when a batcher is. */
+const retryFailed = () => ({
+  times: SETTLE_RETRIES,
+  schedule: Schedule.exponential(SETTLE_RETRY_BASE),
+  while: (e: StoreError) => e.code !== "timeout"
+})
 
 /** Queue a settle for the next batch; completes with whether the guarded update applied. */
 export type SettleOne<I> = (item: I) => Effect.Effect<boolean, StoreError>
@@ -20,6 +36,7 @@ export const makeSettleBatcher = <I extends { readonly token: string }>(
     type Waiter = { readonly item: I; readonly resume: (result: Effect.Effect<boolean, StoreError>) => void }
     const queue: Array<Waiter> = []
     const work = yield* Queue.sliding<void>(1)
+    const retry = retryFailed()
     const APPLIED = Effect.succeed(true)
     const NOT_APPLIED = Effect.succeed(false)
     const flusher = Effect.gen(function*() {
@@ -32,7 +49,8 @@ export const makeSettleBatcher = <I extends { readonly token: string }>(
         // more work left: let another flusher take it while this one runs
         if (queue.length > 0) yield* Queue.offer(work, undefined)
         // every outcome, even a defect, completes every waiter of the batch
-        const result = yield* Effect.exit(run(batch.map((b) => b.item)))
+        const items = batch.map((b) => b.item)
+        const result = yield* Effect.exit(Effect.retry(run(items), retry))
         if (Exit.isSuccess(result)) {
           const applied = new Set(result.value.map((r) => r.lease_token))
           for (const b of batch) b.resume(applied.has(b.item.token) ? APPLIED : NOT_APPLIED)
