@@ -2,12 +2,12 @@
  * Rows of a dead worker (SPEC §4.1): each worker holds a liveness mark in PostgreSQL (a session
  * advisory lock on its claim connection); rows leased by a worker whose mark is gone are claimable
  * within 5 s, not after their whole lease. A live worker that lost its mark connection takes the
- * mark again.
+ * mark again; one whose claim failed keeps it.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Duration, Effect, Exit, FiberId, Layer, type Redacted, Scope } from "effect"
-import { layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
+import { Clock, Context, Duration, Effect, Exit, Fiber, FiberId, Layer, type Redacted, Scope } from "effect"
+import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
 import * as ProcessorModule from "../../src/services/matching/Processor.js"
@@ -145,6 +145,51 @@ describe("rows of a dead worker", () => {
           )
           expect(again.length).toBe(1)
           expect(yield* leasedBy("worker-a")).toBe(1)
+        })),
+    60_000
+  )
+
+  it.scopedLive(
+    "a claim that fails on a healthy connection (cancelled) does not let the worker look dead: no row is freed",
+    () =>
+      onFreshDatabase(config, (url) =>
+        Effect.gen(function*() {
+          yield* run([
+            whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: "http://127.0.0.1:9/in" }), { rev: rev(1) })
+          ])
+          yield* run([ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })])
+          const scope = yield* Effect.scope
+          const storeOn = (name: string) =>
+            Effect.map(
+              Layer.buildWithScope(
+                deliveryStoreSql.pipe(Layer.provide(Database.layerUrl(url, { applicationName: name }))),
+                scope
+              ),
+              (ctx) => Context.get(ctx, DeliveryStore)
+            )
+          const a = yield* storeOn("fh-store-a")
+          const b = yield* storeOn("fh-store-b")
+          expect((yield* a.claim("worker-a", 1, 60_000)).rows.length).toBe(1)
+          const sql = yield* SqlClient.SqlClient
+          // A's next claim waits behind a table lock and is cancelled: it fails, its connection is fine
+          const failed = yield* sql.withTransaction(Effect.gen(function*() {
+            yield* sql`LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`
+            const claim = yield* Effect.fork(Effect.either(a.claim("worker-a", 1, 60_000)))
+            const waiting = yield* eventually(
+              "A's claim waiting",
+              sql<{ pid: number }>`SELECT pid FROM pg_stat_activity
+                WHERE application_name = 'fh-store-a' AND wait_event_type = 'Lock'`,
+              (rows) => rows.length === 1
+            )
+            yield* sql`SELECT pg_cancel_backend(${waiting[0]?.pid ?? 0})`
+            return yield* Fiber.join(claim)
+          })).pipe(Effect.orDie)
+          expect(failed._tag).toBe("Left")
+          // A is alive: B's reclaim frees none of its rows, and A's mark is held by one session
+          expect((yield* b.reclaimAbandoned("worker-b")).freed).toBe(0)
+          expect(yield* leasedBy("worker-a")).toBe(1)
+          expect((yield* markHolders("worker-a")).length).toBe(1)
+          expect((yield* a.claim("worker-a", 1, 60_000)).rows.length).toBe(1)
         })),
     60_000
   )

@@ -15,8 +15,11 @@
  * before the worker's first claim on each claim connection (a set lookup per claim afterwards) and
  * confirmed every few seconds by `holdMark` (the worker's reclaim loop), which re-takes it on a
  * fresh connection after the old one was lost. The mark dies with the connection, so with the
- * process. The connection is given back with its setting reset and its marks released; when that
- * fails or times out it is discarded (it could still hold a mark); after a shutdown that was not
+ * process. A claim (or confirmation) that fails replaces the connection, and the marks it held are
+ * taken again on the new one at once (reserved before the old one is given back), so a live worker
+ * never waits for its next claim without its marks (other processes would free its rows). The
+ * connection is given back with its setting reset and its marks released; when that fails or
+ * times out it is discarded (it could still hold a mark); after a shutdown that was not
  * clean (Lifecycle.tidyDatabase) it is discarded at once, with no statement sent. With a pool of one connection
  * the mark is held by that connection (confirmed every few seconds, since the pool may replace it).
  *
@@ -49,6 +52,8 @@ export interface ClaimConnection {
 
 /** How long giving the connection back (reset, marks released) may take before it is discarded. */
 const GIVE_BACK_TIMEOUT = Duration.seconds(2)
+/** How long taking the marks again on a new connection after a failed statement may take. */
+const MARK_AGAIN_TIMEOUT = Duration.seconds(5)
 
 /** Takes the mark unless this session holds it already (session locks stack; this one never does). */
 const markStatement = (sql: SqlClient.SqlClient, workerId: string) =>
@@ -136,21 +141,52 @@ export const makeClaimConnection = (
     // A pool of one connection cannot give one away for good: there the claim runs in a transaction
     // of its own with `SET LOCAL` (three more round trips per claim, as before the reserved connection).
     const reserveForClaims = (pg.config.maxConnections ?? 10) >= 2
+    const onHeld = <A>(
+      held: { readonly conn: Connection },
+      statement: Effect.Effect<A, SqlError, never>
+    ) => Effect.provideService(statement, SqlClient.TransactionConnection, [held.conn, 0] as const)
+    const markOnce = (marks: Set<string>, workerId: string) =>
+      marks.has(workerId)
+        ? Effect.void
+        : Effect.tap(markStatement(sql, workerId), () => Effect.sync(() => marks.add(workerId)))
+    /**
+     * After a failed statement the connection is replaced, and the marks it held are taken again
+     * at once on the new one, reserved before the old one lets them go: a claim that failed on a
+     * healthy connection (timed out, cancelled) used to release its worker's marks until the next
+     * claim or `holdMark` (0.2–2 s later), and in that gap another process's reclaim freed the
+     * rows this live worker was sending. Best effort and bounded: what is not done here the next
+     * claim does (it takes the mark before claiming).
+     */
+    const replaceClaimConn = Effect.suspend(() => {
+      const old = claimConn
+      const ids = old === undefined ? [] : [...old.marks]
+      if (ids.length === 0) return releaseClaimConn
+      claimConn = undefined
+      return Effect.gen(function*() {
+        const fresh = yield* Effect.either(claimConnection)
+        if (old !== undefined) yield* Scope.close(old.scope, Exit.void)
+        if (fresh._tag === "Left") return
+        yield* Effect.forEach(ids, (id) => onHeld(fresh.right, markOnce(fresh.right.marks, id)), { discard: true })
+      }).pipe(
+        Effect.onError(() => releaseClaimConn),
+        Effect.interruptible,
+        Effect.timeoutOption(MARK_AGAIN_TIMEOUT),
+        Effect.ignore,
+        // the old connection is given back whatever happened above
+        Effect.ensuring(old === undefined ? Effect.void : Scope.close(old.scope, Exit.void))
+      )
+    })
     const onConn = <A>(
       use: (
         held: { readonly conn: Connection; readonly marks: Set<string> }
       ) => Effect.Effect<A, SqlError, never>
     ) =>
       claimLock.withPermits(1)(
-        Effect.flatMap(
-          claimConnection,
-          (held) => Effect.provideService(use(held), SqlClient.TransactionConnection, [held.conn, 0] as const)
-        ).pipe(Effect.onError(() => releaseClaimConn))
+        Effect.flatMap(claimConnection, (held) => onHeld(held, use(held))).pipe(
+          // after an unclean shutdown nothing is asked of the database: the connection is ended
+          Effect.onError(() => Effect.flatMap(tidy, (yes) => (yes ? replaceClaimConn : releaseClaimConn)))
+        )
       )
-    const markOnce = (marks: Set<string>, workerId: string) =>
-      marks.has(workerId)
-        ? Effect.void
-        : Effect.tap(markStatement(sql, workerId), () => Effect.sync(() => marks.add(workerId)))
     const run: OnClaimConnection = <A>(workerId: string, statement: Effect.Effect<A, SqlError, never>) =>
       !reserveForClaims
         ? sql.withTransaction(
