@@ -8,10 +8,12 @@ import { PgClient } from "@effect/sql-pg"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Option, Ref, Schedule, Stream } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor } from "../../src/services/matching/Processor.js"
 import * as Operator from "../../src/services/operator/Operator.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
+import { insertWebhook } from "../support/webhookRows.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
@@ -501,4 +503,65 @@ describe("Operator (operator CLI defects)", () => {
       }
       expect(yield* op.redeliver(p1)).toMatchObject({ _tag: "Redelivered", subscriptionInactive: true })
     }).pipe(Effect.provide(stack())))
+})
+
+/**
+ * Parked rows (SPEC §4.3: an auto-disabled or gone webhook's rows are parked as dead letters, at
+ * most 10,000 per webhook, beyond that dropped) replayed or redelivered while the webhook is still
+ * disabled are parked again: the replay gives their parking room back, so none is dropped.
+ */
+describe("Operator: parked rows replayed while their webhook is still disabled", () => {
+  const OWNER = "did:plc:ownerownerownerownerowne"
+  const ROWS = 6_000
+  /** Claim every due row and park it, as the worker does for a disabled webhook. */
+  const parkDue = Effect.gen(function*() {
+    const store = yield* DeliveryStore
+    for (let i = 0; i < 20; i++) {
+      const claimed = yield* store.claim("worker", 1_000, 60_000, { defaultRoom: 1_000 })
+      if (claimed.rows.length === 0) return
+      yield* Effect.forEach(claimed.rows, (r) => store.parkDisabled(r.deliveryId, r.leaseToken), {
+        concurrency: 64,
+        discard: true
+      })
+    }
+  })
+  const state = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    Effect.all({
+      statuses: sql<{ status: string; n: number }>`SELECT status, count(*)::int AS n FROM outbox GROUP BY status
+        ORDER BY status`,
+      parked: Effect.map(sql<{ parked: number }>`SELECT parked FROM webhooks`, (r) => r[0]?.parked)
+    }))
+
+  it.effect(
+    "replay of 6,000 parked rows parks them again; none is dropped; redeliver gives its room back too",
+    () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
+        yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
+        yield* sql`
+        INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+          event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
+        SELECT 'd' || g, 'ev', ${OWNER}, 'w', 'direct', ${OWNER}, 'app.bsky.feed.post', 'p' || g, 'create',
+          'https://receiver.example/hook', 'secret_id', 'main', 'fp-w', 'https://receiver.example'
+        FROM generate_series(1, ${ROWS}) g`
+        yield* parkDue
+        expect(yield* state).toEqual({ statuses: [{ status: "dead_letter", n: ROWS }], parked: ROWS })
+
+        const op = yield* Operator.Operator
+        const replayed = yield* op.replayDeadLetters({ owner: OWNER, webhook: "w" })
+        expect([replayed.replayed, replayed.inactiveSubscription]).toEqual([ROWS, ROWS])
+        expect((yield* state).parked).toBe(0)
+        yield* parkDue
+        // old code: 4,000 dead letters and 2,000 cancelled (10,000 counted)
+        expect(yield* state).toEqual({ statuses: [{ status: "dead_letter", n: ROWS }], parked: ROWS })
+
+        const one = yield* op.redeliver("d1")
+        expect(one._tag).toBe("Redelivered")
+        expect((yield* state).parked).toBe(ROWS - 1)
+        yield* parkDue
+        expect(yield* state).toEqual({ statuses: [{ status: "dead_letter", n: ROWS }], parked: ROWS })
+      }).pipe(Effect.provide(Layer.mergeAll(deliveryStoreSql, Operator.layer).pipe(Layer.provideMerge(sqlStack())))),
+    120_000
+  )
 })

@@ -34,6 +34,7 @@ import { SqlClient } from "@effect/sql"
 import type { Fragment } from "@effect/sql/Statement"
 import { Context, Data, Effect, Layer, Option } from "effect"
 import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"
+import { PARKED_KIND } from "../delivery/WebhookHealthSql.js"
 import type { OutboxRow } from "../matching/Outbox.js"
 import { notifyStatement } from "../matching/OutboxNotify.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
@@ -285,9 +286,41 @@ const filterConditions = (
 }
 
 /**
+ * Data-modifying CTEs that give back the parking room (SPEC §4.3: 10,000 parked rows per webhook)
+ * of the parked dead letters (`webhook_disabled`) that `source` made pending again: `webhooks.parked`
+ * counts the rows parked since the webhook was last resumed (or changed), and the settle statement
+ * parks a row only while that count is under the bound. A replayed row that is parked again (its
+ * webhook is still gone or auto-disabled) is counted again; without this, replaying 6,000 parked
+ * rows of a still-disabled webhook parked 4,000 of them again and dropped the other 2,000
+ * (`cancelled`, no longer a dead letter any replay would find). Only rows of the webhook's current
+ * fingerprint count (a new fingerprint starts its count afresh). The webhook rows are locked in key
+ * order first (as the settle path's state update does), so two writers cannot deadlock on them.
+ * `source` has `owner_did`, `webhook_rkey`, `fingerprint` and `was_parked`.
+ */
+const unparkCtes = (sql: SqlClient.SqlClient, source: string): Fragment =>
+  sql.literal(`unparked AS (
+    SELECT owner_did, webhook_rkey, fingerprint, count(*)::int AS n FROM ${source}
+    WHERE was_parked GROUP BY owner_did, webhook_rkey, fingerprint
+  ),
+  unparked_lock AS (
+    SELECT w.owner_did, w.rkey FROM webhooks w
+    JOIN unparked u ON w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey AND w.fingerprint = u.fingerprint
+    ORDER BY w.owner_did, w.rkey
+    FOR UPDATE OF w
+  ),
+  unparked_room AS (
+    UPDATE webhooks w SET parked = GREATEST(0, w.parked - u.n)
+    FROM unparked u, unparked_lock l
+    WHERE w.owner_did = u.owner_did AND w.rkey = u.webhook_rkey AND w.fingerprint = u.fingerprint
+      AND l.owner_did = w.owner_did AND l.rkey = w.rkey
+    RETURNING 1
+  )`)
+
+/**
  * One replay statement: the next `take` rows matching `where` in key order, locked (FOR UPDATE, not
  * SKIP LOCKED: a row that maintenance is pruning right now is waited for and then re-checked),
- * reset with `reset`, counted, and the key of the last one.
+ * reset with `reset`, counted, and the key of the last one. Parked rows give their parking room
+ * back ({@link unparkCtes}).
  */
 const replayBatchStatement = (
   sql: SqlClient.SqlClient,
@@ -298,7 +331,7 @@ const replayBatchStatement = (
 ) =>
   sql<ReplayBatchRow>`
   WITH batch AS (
-    SELECT delivery_id, created_at FROM outbox WHERE ${sql.and(where)}
+    SELECT delivery_id, created_at, last_error_kind FROM outbox WHERE ${sql.and(where)}
     ORDER BY created_at, delivery_id
     LIMIT ${take}
     FOR UPDATE
@@ -306,8 +339,10 @@ const replayBatchStatement = (
   upd AS (
     UPDATE outbox o SET ${reset}
     FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
-    RETURNING ${inactive} AS inactive
+    RETURNING ${inactive} AS inactive, o.owner_did, o.webhook_rkey, o.fingerprint,
+      (batch.last_error_kind IS NOT DISTINCT FROM ${PARKED_KIND}) AS was_parked
   ),
+  ${unparkCtes(sql, "upd")},
   tail AS (
     SELECT ${keyText(sql, "created_at")} AS last_created, delivery_id AS last_id FROM batch
     ORDER BY created_at DESC, delivery_id DESC LIMIT 1
@@ -415,14 +450,20 @@ export const makeWith = (options: OperatorOptions = {}) =>
             // FOR UPDATE waits for a worker that is claiming or settling the row, then re-checks it
             const changed = yield* sql<{ previous_status: DeliveryStatus; inactive: boolean }>`
             WITH prev AS (
-              SELECT delivery_id, status FROM outbox
+              SELECT delivery_id, status, last_error_kind FROM outbox
               WHERE delivery_id = ${deliveryId} AND ${ownedBy(scope)}
                 AND (status <> 'leased' OR leased_until IS NULL OR leased_until < now())
               FOR UPDATE
-            )
-            UPDATE outbox o SET ${RESET}
-            FROM prev WHERE o.delivery_id = prev.delivery_id
-            RETURNING prev.status AS previous_status, ${inactiveSubscription} AS inactive`
+            ),
+            upd AS (
+              UPDATE outbox o SET ${RESET}
+              FROM prev WHERE o.delivery_id = prev.delivery_id
+              RETURNING prev.status AS previous_status, ${inactiveSubscription} AS inactive,
+                o.owner_did, o.webhook_rkey, o.fingerprint,
+                (prev.status = 'dead_letter' AND prev.last_error_kind IS NOT DISTINCT FROM ${PARKED_KIND}) AS was_parked
+            ),
+            ${unparkCtes(sql, "upd")}
+            SELECT previous_status, inactive FROM upd`
             const row = changed[0]
             if (row === undefined) {
               const current = yield* sql<{ status: DeliveryStatus; leased_until: Date | null }>`
