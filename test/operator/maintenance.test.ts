@@ -24,6 +24,7 @@ import * as Maintenance from "../../src/services/operator/Maintenance.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as Db from "../support/db.js"
+import { insertWebhook } from "../support/webhookRows.js"
 
 /** A Health of its own per runner, as separate replicas have. */
 const newHealth = Health.make.pipe(Effect.provide(Lifecycle.layer({ shutdownTimeout: "5 seconds" })))
@@ -414,6 +415,31 @@ describe("Maintenance", () => {
         yield* Fiber.join(holder)
         expect(yield* Maintenance.runOnce()).toEqual({ ...ZERO, tombstones: 1 })
         expect(Duration.toMillis(Maintenance.DEFAULT_RETENTION.statementTimeout)).toBe(30_000)
+      }))
+
+    it.effect("pruned parked dead letters give their webhook's parking room back (SPEC §4.3: 10,000 parked)", () =>
+      Effect.gen(function*() {
+        yield* reset
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`DELETE FROM webhooks`
+        yield* insertWebhook("did:plc:owner", "w1", {
+          fingerprint: "fp",
+          state: { auto_disabled_at: "now()", parked: "3" }
+        })
+        yield* outbox("parked-old-1", "ev-1", "dead_letter", 31)
+        yield* outbox("parked-old-2", "ev-2", "dead_letter", 31)
+        yield* outbox("parked-new", "ev-3", "dead_letter", 5)
+        yield* outbox("failed-old", "ev-4", "dead_letter", 31)
+        yield* sql`UPDATE outbox SET last_error_kind = CASE WHEN delivery_id LIKE 'parked%'
+          THEN 'webhook_disabled' ELSE 'http_5xx' END`
+        const counts = yield* Maintenance.runOnce()
+        expect(counts.outbox).toBe(3)
+        expect(yield* ids("outbox", "delivery_id")).toEqual(["parked-new"])
+        // old code: 3 (the pruned rows kept their room, so a webhook gone for longer than the
+        // dead-letter retention parked nothing any more while none of its parked rows was left)
+        const parked = yield* sql<{ parked: number }>`SELECT parked FROM webhooks`
+        expect(parked[0]?.parked).toBe(1)
+        yield* sql`DELETE FROM webhooks`
       }))
 
     it.effect("retention values come from the options", () =>

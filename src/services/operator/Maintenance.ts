@@ -21,6 +21,7 @@ import type { SqlError } from "@effect/sql/SqlError"
 import type { Fragment } from "@effect/sql/Statement"
 import { Context, Duration, Effect, Layer, Metric, Option, Ref, Stream, SubscriptionRef } from "effect"
 import type { Scope } from "effect"
+import { PARKED_KIND } from "../delivery/WebhookHealthSql.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { leaderErrorCode, type Role, runAsLeader } from "../platform/Leader.js"
 import * as LockKeys from "../platform/LockKeys.js"
@@ -29,6 +30,7 @@ import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { REJECTED_LIMITS } from "../registry/RejectedStore.js"
 import type { TerminalStatus } from "./Operator.js"
 import * as OperatorConfig from "./OperatorConfig.js"
+import { unparkCtes } from "./ParkedRoom.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -210,7 +212,11 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
       )
       SELECT count(*)::int AS n FROM gone`))
 
-  /** Terminal outbox rows older than `retention`, with their attempts. */
+  /**
+   * Terminal outbox rows older than `retention`, with their attempts. Pruned parked dead letters
+   * (`webhook_disabled`) give their webhook's parking room back ({@link unparkCtes}): the 10,000
+   * rows a gone or auto-disabled webhook may keep parked are those a replay can still find.
+   */
   const outbox = (status: TerminalStatus, retention: Duration.DurationInput) =>
     batched(
       o,
@@ -225,8 +231,9 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
           ), gone AS (
             DELETE FROM outbox o USING doomed d
             WHERE o.delivery_id = d.delivery_id AND o.status = ${status}
-            RETURNING o.delivery_id
-          ), attempts AS (
+            RETURNING o.delivery_id, o.owner_did, o.webhook_rkey, o.fingerprint,
+              (o.status = 'dead_letter' AND o.last_error_kind IS NOT DISTINCT FROM ${PARKED_KIND}) AS was_parked
+          ), ${unparkCtes(sql, "gone")}, attempts AS (
             DELETE FROM delivery_attempts a USING gone g
             WHERE a.delivery_id = g.delivery_id
             RETURNING 1
