@@ -3,11 +3,12 @@
  * unparks as an origin's circuit opens, probes, re-opens and closes.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Queue, TestClock } from "effect"
+import { Duration, Effect, Either, Queue, TestClock } from "effect"
 import { makeCircuitBreaker } from "../../src/services/delivery/CircuitBreaker.js"
-import type { DeliveryStoreShape, ParkedOrigin } from "../../src/services/delivery/DeliveryStore.js"
+import { type DeliveryStoreShape, PARK_CHUNK, type ParkedOrigin } from "../../src/services/delivery/DeliveryStore.js"
 import { parkPass } from "../../src/services/delivery/Parking.js"
 import { makeState, type WorkerEnv } from "../../src/services/delivery/WorkerState.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 
 const O = "https://bad.example"
 
@@ -91,6 +92,57 @@ describe("Parking.parkPass", () => {
       yield* TestClock.adjust(Duration.millis(1_000))
       yield* parkPass(env)
       expect(calls).toEqual(["park"])
+      expect(env.state.parked.size).toBe(0)
+    }))
+
+  /**
+   * An origin that recovered early (parked to 1 s, closed at 0.5 s), against a store whose
+   * `unpark` answers `answers` in turn (a number of rows moved, or "fail").
+   */
+  const recoveredEarly = (answers: Array<number | "fail">) =>
+    Effect.gen(function*() {
+      const unparks: Array<ReadonlyArray<ParkedOrigin>> = []
+      const store = {
+        park: () => Effect.succeed(3),
+        unpark: (origins: ReadonlyArray<ParkedOrigin>) =>
+          Effect.suspend(() => {
+            unparks.push(origins)
+            const a = answers.shift() ?? 0
+            return a === "fail"
+              ? Effect.fail(new StoreError({ op: "delivery.unpark", code: "57P01" }))
+              : Effect.succeed(a)
+          })
+      }
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
+      const env = {
+        state: makeState(),
+        breaker,
+        store: store as unknown as DeliveryStoreShape,
+        wake: yield* Queue.sliding<void>(1)
+      } as unknown as WorkerEnv
+      breaker.onTransientFailure(O, 0)
+      yield* parkPass(env)
+      yield* TestClock.adjust(Duration.millis(500))
+      breaker.onSuccess(O)
+      return { env, unparks }
+    })
+
+  it.effect("an origin that recovers early gets every parked row back, beyond one statement's chunk", () =>
+    Effect.gen(function*() {
+      const { env, unparks } = yield* recoveredEarly([PARK_CHUNK, 7])
+      // old code: one statement (10,000 rows), the rest left parked until the cool-down's end
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: PARK_CHUNK + 7 })
+      expect(unparks).toEqual([[{ origin: O, untilMs: 1_000 }], [{ origin: O, untilMs: 1_000 }]])
+      expect(env.state.parked.size).toBe(0)
+    }))
+
+  it.effect("a failed unpark is tried again by the next pass", () =>
+    Effect.gen(function*() {
+      const { env, unparks } = yield* recoveredEarly(["fail", 5])
+      expect(Either.isLeft(yield* Effect.either(parkPass(env)))).toBe(true)
+      // old code: the origin was already forgotten; no second unpark, its rows parked until 1 s
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: 5 })
+      expect(unparks).toEqual([[{ origin: O, untilMs: 1_000 }], [{ origin: O, untilMs: 1_000 }]])
       expect(env.state.parked.size).toBe(0)
     }))
 })

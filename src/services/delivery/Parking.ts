@@ -49,9 +49,10 @@ export const parkPass = (env: WorkerEnv) =>
     if (held.length === 0 && state.parked.size === 0) return { parked: 0, unparked: 0 }
     const wanted = new Set(held.map((h) => h.origin))
     const recovered: Array<ParkedOrigin> = []
+    const released: Array<string> = []
     for (const [origin, untilMs] of state.parked) {
       if (wanted.has(origin)) continue
-      state.parked.delete(origin)
+      released.push(origin)
       if (untilMs > now) recovered.push({ origin, untilMs })
     }
     // held again until an earlier time than its rows were parked to (a failed probe re-opened it with
@@ -60,8 +61,20 @@ export const parkPass = (env: WorkerEnv) =>
       const before = state.parked.get(h.origin)
       if (before !== undefined && before > h.untilMs) recovered.push({ origin: h.origin, untilMs: before })
     }
+    // every row parked at those times is made due (one statement moves at most PARK_CHUNK); the
+    // origins are forgotten only then, so a failed or unfinished unpark goes on at the next pass
+    // (before, one statement's 10,000 rows came back and the rest waited for the cool-down's end)
     let unparked = 0
-    if (recovered.length > 0) unparked = yield* env.store.unpark(recovered)
+    let unparkDone = true
+    if (recovered.length > 0) {
+      unparkDone = false
+      for (let i = 0; i < PARK_CHUNKS_PER_PASS && !unparkDone; i++) {
+        const n = yield* env.store.unpark(recovered)
+        unparked += n
+        unparkDone = n < PARK_CHUNK
+      }
+    }
+    if (unparkDone) { for (const origin of released) state.parked.delete(origin) }
     let parked = 0
     if (held.length > 0) {
       for (let i = 0; i < PARK_CHUNKS_PER_PASS; i++) {
