@@ -12,6 +12,7 @@ import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor } from "../../src/services/matching/Processor.js"
 import * as Operator from "../../src/services/operator/Operator.js"
+import * as WebhookState from "../../src/services/operator/WebhookState.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 import { insertWebhook } from "../support/webhookRows.js"
 
@@ -563,5 +564,46 @@ describe("Operator: parked rows replayed while their webhook is still disabled",
         expect(yield* state).toEqual({ statuses: [{ status: "dead_letter", n: ROWS }], parked: ROWS })
       }).pipe(Effect.provide(Layer.mergeAll(deliveryStoreSql, Operator.layer).pipe(Layer.provideMerge(sqlStack())))),
     120_000
+  )
+
+  it.effect(
+    "a row whose attempt saw the webhook disabled, settled after a resume --replay, is pending again (not parked behind the replay)",
+    () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
+        yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
+        yield* sql`
+        INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+          event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
+        VALUES ('d1', 'ev', ${OWNER}, 'w', 'direct', ${OWNER}, 'app.bsky.feed.post', 'p1', 'create',
+          'https://receiver.example/hook', 'secret_id', 'main', 'fp-w', 'https://receiver.example')`
+        const store = yield* DeliveryStore
+        // the attempt has claimed the row and read the webhook as auto-disabled (it is in flight)
+        const [row] = (yield* store.claim("worker", 1, 60_000)).rows
+        expect(row).toBeDefined()
+        // the owner resumes it with replay meanwhile: nothing parked yet, nothing to replay
+        const resumed = yield* (yield* WebhookState.WebhookStateStore).resume(OWNER, "w", { replay: true })
+        expect(Option.map(resumed, (r) => [r.cleared, r.replayed])).toEqual(Option.some([true, 0]))
+        // then the attempt settles its decision: the row is due again, not a dead letter of an active webhook
+        expect(yield* store.parkDisabled("d1", row?.leaseToken ?? "")).toBe(false)
+        const after = yield* sql<
+          { status: string; kind: string | null; finished: boolean; due: boolean; audits: number }
+        >`
+        SELECT status, last_error_kind AS kind, finished_at IS NOT NULL AS finished, next_attempt_at <= now() AS due,
+          (SELECT count(*)::int FROM audit) AS audits
+        FROM outbox`
+        // old code: [{ status: 'dead_letter', kind: 'webhook_disabled', finished: true, … audits: 1 }]
+        expect(after).toEqual([{ status: "pending", kind: null, finished: false, due: true, audits: 0 }])
+        expect((yield* state).parked).toBe(0)
+      }).pipe(
+        Effect.provide(
+          Layer.mergeAll(deliveryStoreSql, WebhookState.layerSql).pipe(
+            Layer.provideMerge(Operator.layer),
+            Layer.provideMerge(sqlStack())
+          )
+        )
+      ),
+    60_000
   )
 })

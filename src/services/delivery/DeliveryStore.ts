@@ -233,7 +233,10 @@ export interface DeliveryStoreShape {
   /**
    * Parks the row of a disabled or gone webhook (SPEC §4.3): → `dead_letter` with kind
    * `webhook_disabled`, no attempt spent (+ audit), while the webhook has fewer than 10,000 parked
-   * rows; beyond, → `cancelled` (dropped, counted). Answers whether it applied.
+   * rows; beyond, → `cancelled` (dropped, counted). Answers whether it applied. A webhook that is
+   * no longer gone or auto-disabled (same fingerprint) when this runs (resumed since the attempt read
+   * it) gets the row back as `pending`, due now, and the answer is false: parked after a resume, it
+   * would stay a dead letter that the resume's replay had already passed.
    */
   readonly parkDisabled: (deliveryId: string, token: string) => Effect.Effect<boolean, StoreError>
   /** → `cancelled` with `reason` as `last_error_kind` (+ audit). */

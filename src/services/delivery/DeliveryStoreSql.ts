@@ -96,7 +96,12 @@ interface ClaimDbRow {
 interface Settle {
   readonly deliveryId: string
   readonly token: string
-  /** `park`: `dead_letter` (`webhook_disabled`) while the webhook has room, else `cancelled` (SPEC §4.3) */
+  /**
+   * `park`: `dead_letter` (`webhook_disabled`) while the webhook has room, else `cancelled` (SPEC §4.3);
+   * `pending` and due now, answered as not applied, when the webhook (same fingerprint) is no longer
+   * gone or auto-disabled when the statement runs (resumed since the attempt read it: a `resume
+   * --replay` running meanwhile would not find the row among the dead letters)
+   */
   readonly status: "pending" | TerminalStatus | "park"
   /** new total; undefined = unchanged */
   readonly attemptCount: number | undefined
@@ -357,26 +362,29 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
       ),
       pk AS (
         SELECT v.delivery_id, COALESCE(w.parked, 0)
-          + row_number() OVER (PARTITION BY o.owner_did, o.webhook_rkey ORDER BY v.delivery_id) AS n
+          + row_number() OVER (PARTITION BY o.owner_did, o.webhook_rkey ORDER BY v.delivery_id) AS n,
+          (w.fingerprint = o.fingerprint AND w.gone_at IS NULL AND w.auto_disabled_at IS NULL) AS cleared
         FROM v JOIN outbox o ON o.delivery_id = v.delivery_id
         LEFT JOIN webhooks w ON w.owner_did = o.owner_did AND w.rkey = o.webhook_rkey
         WHERE v.status = 'park'
       ),
       upd AS (
         UPDATE outbox o SET
-          status = CASE WHEN v.status <> 'park' THEN v.status
+          status = CASE WHEN v.status <> 'park' THEN v.status WHEN pk.cleared THEN 'pending'
                         WHEN pk.n <= ${PARK_MAX} THEN 'dead_letter' ELSE 'cancelled' END,
           attempt_count = COALESCE(v.attempt_count, o.attempt_count),
-          next_attempt_at = CASE WHEN v.delay_ms IS NULL THEN o.next_attempt_at
+          next_attempt_at = CASE WHEN pk.cleared THEN now() WHEN v.delay_ms IS NULL THEN o.next_attempt_at
                                  ELSE now() + v.delay_ms * interval '1 millisecond' END,
-          last_error_kind = CASE WHEN v.set_error THEN v.error_kind ELSE o.last_error_kind END,
+          last_error_kind = CASE WHEN pk.cleared THEN o.last_error_kind
+                                 WHEN v.set_error THEN v.error_kind ELSE o.last_error_kind END,
           last_http_status = CASE WHEN v.set_http THEN v.http_status ELSE o.last_http_status END,
-          finished_at = CASE WHEN v.terminal THEN now() ELSE o.finished_at END,
+          finished_at = CASE WHEN v.terminal AND pk.cleared IS NOT TRUE THEN now() ELSE o.finished_at END,
           lease_token = NULL, leased_until = NULL, updated_at = now()
         FROM v LEFT JOIN pk ON pk.delivery_id = v.delivery_id
         WHERE o.delivery_id = v.delivery_id AND o.status = 'leased' AND o.lease_token = v.token
         RETURNING o.delivery_id, o.event_id, o.owner_did, o.webhook_rkey, o.fingerprint, o.event_did, o.event_collection,
-          o.event_rkey, o.event_operation, v.token, o.status, v.error_kind, v.http_status, v.terminal,
+          o.event_rkey, o.event_operation, v.token, o.status, v.error_kind, v.http_status,
+          (v.terminal AND pk.cleared IS NOT TRUE) AS terminal, (pk.cleared IS TRUE) AS unparked,
           v.has_attempt, v.a_started_ms, v.a_duration_ms, v.a_outcome, v.a_error_kind, v.a_http_status, v.a_excerpt
       ),
       att AS (
@@ -393,7 +401,8 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
           u.event_operation, u.status, u.http_status, u.error_kind, '[redacted]'
         FROM upd u WHERE u.terminal
       )
-      SELECT delivery_id, token AS lease_token, owner_did, webhook_rkey, fingerprint, status FROM upd`.pipe(
+      SELECT delivery_id, token AS lease_token, owner_did, webhook_rkey, fingerprint, status FROM upd
+      WHERE NOT unparked`.pipe(
     op("delivery.settle")
   )
 }
