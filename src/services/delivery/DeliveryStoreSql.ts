@@ -1,7 +1,7 @@
 /**
  * The PostgreSQL driver of the `DeliveryStore` port (see DeliveryStore.ts for the leases, the
  * per-origin fairness and the settling it implements): its statements, each a module-level
- * function of the `SqlClient` (the lease statements in LeaseSql.ts, the park statements in ParkSql.ts), and `makeSql`, which holds the claim connection
+ * function of the `SqlClient` (the lease statements in LeaseSql.ts, the park statements in ParkSql.ts, the settle requests in SettleRequests.ts), and `makeSql`, which holds the claim connection
  * (ClaimConnection.ts) and the settle batcher (SettleBatcher.ts). Reached
  * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
  * limits only when it runs.
@@ -11,13 +11,12 @@ import { PgClient } from "@effect/sql-pg"
 import { Effect, type Scope, Stream } from "effect"
 import { ORIGIN_SQL } from "../matching/Origin.js"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
-import type { OutboxOperation, TerminalStatus } from "../matching/OutboxStatus.js"
+import type { OutboxOperation } from "../matching/OutboxStatus.js"
 import { codeOr } from "../platform/ErrorCode.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"
 import { makeClaimConnection } from "./ClaimConnection.js"
 import {
-  type AttemptRecord,
   CANDIDATE_FACTOR,
   CANDIDATE_MAX,
   CLAIM_MAX,
@@ -26,11 +25,9 @@ import {
   type ClaimResult,
   COUNT_CAP,
   COUNTS_TIMEOUT,
-  type DeliveredAttempt,
   type DeliveryCounts,
   type DeliveryStoreShape,
   excerpt,
-  type FailedAttempt,
   PARK_ORIGINS_MAX,
   RESPONSE_EXCERPT_BYTES,
   SCAN_MAX,
@@ -41,16 +38,23 @@ import {
 import { heartbeatManyStatement, heartbeatStatement, reclaimStatement } from "./LeaseSql.js"
 import { parkStatement, unparkStatement } from "./ParkSql.js"
 import { makeSettleBatcher } from "./SettleBatcher.js"
-import { PARK_MAX, PARKED_KIND, recorderFor, type SettledRow } from "./WebhookHealthSql.js"
+import {
+  cancelled,
+  clampInt,
+  deadLettered,
+  deferred,
+  delivered,
+  parked,
+  rescheduled,
+  type Settle
+} from "./SettleRequests.js"
+import { PARK_MAX, recorderFor, type SettledRow } from "./WebhookHealthSql.js"
 
 const boundExcerpt = (s: string | undefined): string | null => {
   if (s === undefined) return null
   const bytes = Buffer.from(s, "utf8")
   return bytes.length <= RESPONSE_EXCERPT_BYTES ? s.replace(/\u0000/g, "") : excerpt(bytes)
 }
-
-const clampInt = (n: number, min: number, max: number): number =>
-  Number.isFinite(n) ? Math.min(max, Math.max(min, Math.floor(n))) : min
 
 /** Map a failure to a `StoreError` and bound the statement's time. */
 const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
@@ -90,32 +94,6 @@ interface ClaimDbRow {
   readonly sub_secret_id: string | null
   readonly sub_secret: string | null
   readonly owner_status: string | null
-}
-
-/** One settle request (every settle operation is one of these, applied in batches). */
-interface Settle {
-  readonly deliveryId: string
-  readonly token: string
-  /**
-   * `park`: `dead_letter` (`webhook_disabled`) while the webhook has room, else `cancelled` (SPEC §4.3);
-   * `pending` and due now, answered as not applied, when the webhook (same fingerprint) is no longer
-   * gone or auto-disabled when the statement runs (resumed since the attempt read it: a `resume
-   * --replay` running meanwhile would not find the row among the dead letters)
-   */
-  readonly status: "pending" | TerminalStatus | "park"
-  /** new total; undefined = unchanged */
-  readonly attemptCount: number | undefined
-  /** next attempt after this many ms; undefined = unchanged */
-  readonly delayMs: number | undefined
-  /** whether `last_error_kind` is set (to `errorKind`, possibly NULL) */
-  readonly setError: boolean
-  readonly errorKind: string | undefined
-  /** whether `last_http_status` is set (to `httpStatus`, possibly NULL) */
-  readonly setHttp: boolean
-  readonly httpStatus: number | undefined
-  /** terminal: `finished_at` and an audit row */
-  readonly terminal: boolean
-  readonly attempt: AttemptRecord | undefined
 }
 
 const toOperation = (s: string | null): OutboxOperation =>
@@ -406,92 +384,6 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
     op("delivery.settle")
   )
 }
-
-const delayMs = (ms: number) => clampInt(ms, 0, 366 * 24 * 3_600_000)
-
-const delivered = (deliveryId: string, token: string, o: DeliveredAttempt): Settle => ({
-  deliveryId,
-  token,
-  status: "delivered",
-  attemptCount: o.attemptCount,
-  delayMs: undefined,
-  setError: true,
-  errorKind: undefined,
-  setHttp: true,
-  httpStatus: o.httpStatus,
-  terminal: true,
-  attempt: o.attempt
-})
-
-const rescheduled = (deliveryId: string, token: string, r: FailedAttempt & { readonly delayMs: number }): Settle => ({
-  deliveryId,
-  token,
-  status: "pending",
-  attemptCount: r.attemptCount,
-  delayMs: delayMs(r.delayMs),
-  setError: true,
-  errorKind: r.errorKind,
-  setHttp: true,
-  httpStatus: r.httpStatus,
-  terminal: false,
-  attempt: r.attempt
-})
-
-const deferred = (deliveryId: string, token: string, ms: number): Settle => ({
-  deliveryId,
-  token,
-  status: "pending",
-  attemptCount: undefined,
-  delayMs: delayMs(ms),
-  setError: false,
-  errorKind: undefined,
-  setHttp: false,
-  httpStatus: undefined,
-  terminal: false,
-  attempt: undefined
-})
-
-const deadLettered = (deliveryId: string, token: string, f: FailedAttempt): Settle => ({
-  deliveryId,
-  token,
-  status: "dead_letter",
-  attemptCount: f.attemptCount,
-  delayMs: undefined,
-  setError: true,
-  errorKind: f.errorKind,
-  setHttp: true,
-  httpStatus: f.httpStatus,
-  terminal: true,
-  attempt: f.attempt
-})
-
-const parked = (deliveryId: string, token: string): Settle => ({
-  deliveryId,
-  token,
-  status: "park",
-  attemptCount: undefined,
-  delayMs: undefined,
-  setError: true,
-  errorKind: PARKED_KIND,
-  setHttp: false,
-  httpStatus: undefined,
-  terminal: true,
-  attempt: undefined
-})
-
-const cancelled = (deliveryId: string, token: string, reason: string): Settle => ({
-  deliveryId,
-  token,
-  status: "cancelled",
-  attemptCount: undefined,
-  delayMs: undefined,
-  setError: true,
-  errorKind: reason,
-  setHttp: false,
-  httpStatus: undefined,
-  terminal: true,
-  attempt: undefined
-})
 
 // ---------------------------------------------------------------------------------------------
 // Reads
