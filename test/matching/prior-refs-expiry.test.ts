@@ -155,6 +155,33 @@ describe("an index over its bound at load (the bound was lowered)", () => {
     ))
 })
 
+describe("an index over its bound at load: a stored key it did not load stays updatable", () => {
+  // SPEC §2.4: "when the table is full, new keys are refused … while existing keys stay updatable".
+  // An incomplete index reads every candidate from the table, so it knows the key has a row.
+  it.scoped("an update of a stored record whose key is not in the index is written, not refused", () =>
+    Effect.gen(function*() {
+      yield* fill(4)
+      const limits = { maxRefs: 100, maxBytes: 32 * 1024, ttlSeconds: 3600, maxRows: 2 }
+      const lowered = yield* makeProcessor(limits)
+      // it loads 3 keys of the 4 (its bound + 1): incomplete, old3's key is not among them
+      expect(yield* lowered.stats).toMatchObject({ priorRefKeys: 3, priorRefIndexComplete: false })
+      const other = `at://${SUBJECT}/${POST}/3kotherpost22`
+      const update = ev(AUTHOR, POST, "old3", {
+        rev: rev(nextRev++),
+        operation: "update",
+        record: { reply: { parent: { uri: other } } }
+      })
+      const r = yield* lowered.processEvents([update], { registryWriter: true })
+      expect(r.outcomes[0]?._tag).toBe("enqueued")
+      expect((yield* lowered.stats).priorRefsRefused).toBe(0)
+      const stored = yield* Effect.flatMap(PriorRefsStore, (s) => s.read([`at://${AUTHOR}/${POST}/old3`]))
+      expect(stored.get(`at://${AUTHOR}/${POST}/old3`)).toMatchObject({ rev: update.rev, refs: [other] })
+      expect(yield* rows).toBe(4)
+    }).pipe(
+      Effect.provide(memoryStack({ priorLimits: { maxRefs: 100, maxBytes: 32 * 1024, ttlSeconds: 3600, maxRows: 4 } }))
+    ))
+})
+
 describe("PriorRefIndex: when it asks the table, and what it does with the answer (time passed in)", () => {
   const HOUR = 3_600_000
   const uri = (i: number) => `at://${AUTHOR}/${POST}/k${i}`

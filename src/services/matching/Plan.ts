@@ -214,9 +214,11 @@ const planEvent = (ctx: PlanContext, d: Draft, i: number, e: RecordEvent, isWh: 
     }
   } else if (newRefs.length > 0) {
     // the table's bound (SPEC §2.4): the index holds a key for every row (see `PriorRefIndex`);
-    // an incomplete one does not, and admits no new key until a reload finds the table within it
+    // an incomplete one does not, and admits no new key until a reload finds the table within it;
+    // a key it lacks whose row was read (an incomplete index reads every candidate) is not new:
+    // the table's existing keys stay updatable
     const { keys, complete } = d.priorIndex
-    const isNew = !keys.has(d.uriAt(i, e)) && !batchWritten.has(d.uriAt(i, e))
+    const isNew = !keys.has(d.uriAt(i, e)) && !batchWritten.has(d.uriAt(i, e)) && !shared.stored.has(d.uriAt(i, e))
     if (isNew && (!complete || keys.size + addedKeys.length >= priorLimits.maxRows)) {
       d.batchRefused++
     } else {
