@@ -230,3 +230,55 @@ describe("backlink matching", () => {
     expect(run(i2, e)).toEqual([])
   })
 })
+
+describe("candidate selection looks only at scopes that can match (SPEC §2.5)", () => {
+  // 1,000 webhooks on one scope DID (100 owners × 10, say, watching posts of one popular account),
+  // each on its own record, backlinks on; each webhook counts how often the matcher tests it
+  const tested = { n: 0 }
+  const counted = (w: ActiveWebhook): ActiveWebhook => ({
+    ...w,
+    matchesCollection: (c: string) => {
+      tested.n++
+      return w.matchesCollection(c)
+    }
+  })
+  const many = Array.from(
+    { length: 1000 },
+    (_, i) =>
+      counted(webhook(plc(100 + (i % 100)), `w${i}`, `at://${ALICE}/app.bsky.feed.post/p${i}`, { backlinks: true }))
+  )
+  const glob = counted(webhook(OWNER, "glob", `at://${ALICE}/app.bsky.feed.*`))
+  const didOnly = counted(webhook(OWNER, "did", `at://${ALICE}`, { backlinks: true }))
+  const idx = indexOf(...many, glob, didOnly)
+
+  it("a direct event tests the webhooks of its record, its collection, the DID-only and glob scopes, not the other 999", () => {
+    tested.n = 0
+    expect(run(idx, event(ALICE, "app.bsky.feed.post", "p7"))).toEqual(["did:direct", "glob:direct", "w7:direct"])
+    expect(tested.n).toBeLessThanOrEqual(3)
+  })
+
+  it("a reference tests the webhooks of the record it names; a DID-only reference only the DID-only scopes", () => {
+    tested.n = 0
+    const like = event(BOB, "app.bsky.feed.like", "l1", {
+      record: { subject: { uri: `at://${ALICE}/app.bsky.feed.post/p42`, cid: "bafy" } }
+    })
+    expect(run(idx, like)).toEqual(["did:backlink", "w42:backlink"])
+    expect(tested.n).toBeLessThanOrEqual(3)
+    tested.n = 0
+    const mention = event(BOB, "app.bsky.feed.post", "m1", {
+      record: { facets: [{ features: [{ $type: "app.bsky.richtext.facet#mention", did: ALICE }] }] }
+    })
+    expect(run(idx, mention)).toEqual(["did:backlink"])
+    expect(tested.n).toBeLessThanOrEqual(1)
+  })
+
+  it("a webhook replaced or removed leaves its old scope's lookup", () => {
+    const i2 = indexOf(...many.slice(0, 3))
+    i2.upsert(webhook(plc(100), "w0", `at://${ALICE}/app.bsky.feed.post/moved`, { backlinks: true }))
+    i2.remove(many[1]?.key ?? "")
+    expect(run(i2, event(ALICE, "app.bsky.feed.post", "p0"))).toEqual([])
+    expect(run(i2, event(ALICE, "app.bsky.feed.post", "p1"))).toEqual([])
+    expect(run(i2, event(ALICE, "app.bsky.feed.post", "moved"))).toEqual(["w0:direct"])
+    expect(run(i2, event(ALICE, "app.bsky.feed.post", "p2"))).toEqual(["w2:direct"])
+  })
+})

@@ -76,15 +76,17 @@ export const matchEvent = (
   let out: Array<MatchResult> | undefined = undefined
   let checked = false
 
-  for (const w of index.candidatesByScopeDid(event.did)) {
-    if (!wantsOperation(w, event) || !isDirect(w, event) || isOwnRecord(w, event)) continue
-    if (!checked) {
-      if (!isWellFormedRecordEvent(event)) return NO_MATCHES
-      checked = true
+  for (const bucket of index.directCandidates(event.did, event.collection, event.rkey)) {
+    for (const w of bucket.values()) {
+      if (!wantsOperation(w, event) || !isDirect(w, event) || isOwnRecord(w, event)) continue
+      if (!checked) {
+        if (!isWellFormedRecordEvent(event)) return NO_MATCHES
+        checked = true
+      }
+      const r: MatchResult = { webhook: w, match: "direct" }
+      if (out === undefined) out = [r]
+      else out.push(r)
     }
-    const r: MatchResult = { webhook: w, match: "direct" }
-    if (out === undefined) out = [r]
-    else out.push(r)
   }
 
   const nRefs = refs.length
@@ -94,22 +96,24 @@ export const matchEvent = (
   let taken: Set<ActiveWebhook> | undefined = undefined
   for (let i = 0; i < nRefs; i++) {
     const ref = refs[i] as ScopeUri
-    for (const w of index.candidatesByBacklinkDid(ref.did)) {
-      if (!w.backlinks || !wantsOperation(w, event) || !referenceMatchesScope(w, ref)) continue
-      if (isOwnRecord(w, event)) continue
-      if (out !== undefined) {
-        if (taken === undefined) taken = new Set(out.map((m) => m.webhook))
-        if (taken.has(w)) continue
+    for (const bucket of index.backlinkCandidates(ref)) {
+      for (const w of bucket.values()) {
+        if (!w.backlinks || !wantsOperation(w, event) || !referenceMatchesScope(w, ref)) continue
+        if (isOwnRecord(w, event)) continue
+        if (out !== undefined) {
+          if (taken === undefined) taken = new Set(out.map((m) => m.webhook))
+          if (taken.has(w)) continue
+        }
+        if (!checked) {
+          if (!isWellFormedRecordEvent(event)) return NO_MATCHES
+          checked = true
+        }
+        const r: MatchResult = { webhook: w, match: "backlink" }
+        if (out === undefined) out = [r]
+        else out.push(r)
+        if (taken !== undefined) taken.add(w)
+        else taken = new Set([w])
       }
-      if (!checked) {
-        if (!isWellFormedRecordEvent(event)) return NO_MATCHES
-        checked = true
-      }
-      const r: MatchResult = { webhook: w, match: "backlink" }
-      if (out === undefined) out = [r]
-      else out.push(r)
-      if (taken !== undefined) taken.add(w)
-      else taken = new Set([w])
     }
   }
   return out ?? NO_MATCHES

@@ -162,6 +162,108 @@ const removeFrom = (m: Map<string, Bucket>, did: string, w: ActiveWebhook): void
 
 const EMPTY: ReadonlyArray<ActiveWebhook> = Object.freeze([])
 
+/**
+ * One scope DID's webhooks split by the shape of their scope (SPEC §2.5), so that an event or a
+ * reference looks up only the webhooks that can match it, not every webhook on the DID: a DID-only
+ * scope; an exact collection (no `*`) with or without an rkey; a glob with or without an rkey.
+ * Only globs without an rkey are scanned (each is tested against the collection).
+ */
+class ScopeShapes {
+  size = 0
+  readonly didOnly: Bucket = new Map()
+  /** exact collection → rkey (`""`: the collection-only scopes; an rkey is never empty) → webhooks */
+  readonly exact = new Map<string, Map<string, Bucket>>()
+  /** rkey (`""`: no rkey) → glob webhooks */
+  readonly globs = new Map<string, Bucket>()
+
+  #bucketOf(w: ActiveWebhook, create: boolean): Bucket | undefined {
+    const { collection, rkey } = w.scope
+    if (collection === undefined) return this.didOnly
+    const byRkey = collection.includes("*") ? this.globs : this.#exactOf(collection, create)
+    if (byRkey === undefined) return undefined
+    const r = rkey ?? ""
+    let b = byRkey.get(r)
+    if (b === undefined && create) {
+      b = new Map()
+      byRkey.set(r, b)
+    }
+    return b
+  }
+
+  #exactOf(collection: string, create: boolean): Map<string, Bucket> | undefined {
+    let m = this.exact.get(collection)
+    if (m === undefined && create) {
+      m = new Map()
+      this.exact.set(collection, m)
+    }
+    return m
+  }
+
+  add(w: ActiveWebhook): void {
+    const b = this.#bucketOf(w, true)
+    if (b === undefined) return // (never: created on demand)
+    if (!b.has(w.key)) this.size++
+    b.set(w.key, w)
+  }
+
+  /** removes exactly `w` (a newer registration of the same key may be there instead) */
+  remove(w: ActiveWebhook): void {
+    const b = this.#bucketOf(w, false)
+    if (b === undefined || b.get(w.key) !== w) return
+    b.delete(w.key)
+    this.size--
+    if (b.size > 0 || b === this.didOnly) return
+    const { collection, rkey } = w.scope
+    if (collection === undefined) return
+    const byRkey = collection.includes("*") ? this.globs : this.exact.get(collection)
+    if (byRkey === undefined) return
+    byRkey.delete(rkey ?? "")
+    if (byRkey.size === 0 && byRkey !== this.globs) this.exact.delete(collection)
+  }
+
+  /**
+   * The buckets whose webhooks can match a record or reference of this collection and rkey
+   * (either may be absent for a reference): a superset of the matches, tested by the caller.
+   */
+  candidates(collection: string | undefined, rkey: string | undefined): ReadonlyArray<Bucket> {
+    const out: Array<Bucket> = []
+    if (this.didOnly.size > 0) out.push(this.didOnly)
+    if (collection === undefined) return out
+    const exact = this.exact.get(collection)
+    if (exact !== undefined) {
+      const any = exact.get("")
+      if (any !== undefined) out.push(any)
+      const one = rkey === undefined ? undefined : exact.get(rkey)
+      if (one !== undefined) out.push(one)
+    }
+    if (this.globs.size > 0) {
+      const any = this.globs.get("")
+      if (any !== undefined) out.push(any)
+      const one = rkey === undefined ? undefined : this.globs.get(rkey)
+      if (one !== undefined) out.push(one)
+    }
+    return out
+  }
+}
+
+const NO_BUCKETS: ReadonlyArray<Bucket> = Object.freeze([])
+
+const addShape = (m: Map<string, ScopeShapes>, w: ActiveWebhook): void => {
+  let s = m.get(w.scope.did)
+  if (s === undefined) {
+    s = new ScopeShapes()
+    m.set(w.scope.did, s)
+  }
+  s.add(w)
+}
+
+const removeShape = (m: Map<string, ScopeShapes>, w: ActiveWebhook): void => {
+  const s = m.get(w.scope.did)
+  if (s === undefined) return
+  s.remove(w)
+  if (s.size === 0) m.delete(w.scope.did)
+}
+
 /** Counts after a hypothetical upsert: what admission limits (SPEC §2.6) are checked against. */
 export interface IndexProjection {
   readonly total: number
@@ -180,6 +282,9 @@ export class WebhookIndex {
   readonly #byOwner = new Map<string, Bucket>()
   readonly #byScopeDid = new Map<string, Bucket>()
   readonly #byBacklinkDid = new Map<string, Bucket>()
+  // the same webhooks as the two maps above, split by scope shape (what the matcher looks up)
+  readonly #directShapes = new Map<string, ScopeShapes>()
+  readonly #backlinkShapes = new Map<string, ScopeShapes>()
   readonly #wanted = new RefCountedSet()
   readonly #backlink = new RefCountedSet()
 
@@ -202,15 +307,27 @@ export class WebhookIndex {
   #link(w: ActiveWebhook): void {
     this.#byKey.set(w.key, w)
     addTo(this.#byOwner, w.ownerDid, w)
-    if (!w.backlinksOnly) addTo(this.#byScopeDid, w.scope.did, w)
-    if (w.backlinks) addTo(this.#byBacklinkDid, w.scope.did, w)
+    if (!w.backlinksOnly) {
+      addTo(this.#byScopeDid, w.scope.did, w)
+      addShape(this.#directShapes, w)
+    }
+    if (w.backlinks) {
+      addTo(this.#byBacklinkDid, w.scope.did, w)
+      addShape(this.#backlinkShapes, w)
+    }
   }
 
   #unlink(w: ActiveWebhook): void {
     if (this.#byKey.get(w.key) === w) this.#byKey.delete(w.key)
     removeFrom(this.#byOwner, w.ownerDid, w)
-    if (!w.backlinksOnly) removeFrom(this.#byScopeDid, w.scope.did, w)
-    if (w.backlinks) removeFrom(this.#byBacklinkDid, w.scope.did, w)
+    if (!w.backlinksOnly) {
+      removeFrom(this.#byScopeDid, w.scope.did, w)
+      removeShape(this.#directShapes, w)
+    }
+    if (w.backlinks) {
+      removeFrom(this.#byBacklinkDid, w.scope.did, w)
+      removeShape(this.#backlinkShapes, w)
+    }
   }
 
   /** Adds or replaces (by key) a webhook; returns the replaced one. */
@@ -314,6 +431,24 @@ export class WebhookIndex {
   /** Active webhooks with backlink matching (`backlinks` or `backlinksOnly`) whose scope DID is `did`. */
   candidatesByBacklinkDid(did: string): Iterable<ActiveWebhook> {
     return this.#byBacklinkDid.get(did)?.values() ?? EMPTY
+  }
+
+  /**
+   * The direct candidates of a record event (SPEC §2.5): of the webhooks `candidatesByScopeDid`
+   * gives, only the buckets whose scope shape can match this collection and rkey (every DID-only
+   * and glob scope, the exact collection's, the exact collection-and-rkey's). A superset of the
+   * direct matches: the matcher tests each.
+   */
+  directCandidates(did: string, collection: string, rkey: string): ReadonlyArray<ReadonlyMap<string, ActiveWebhook>> {
+    return this.#directShapes.get(did)?.candidates(collection, rkey) ?? NO_BUCKETS
+  }
+
+  /**
+   * The backlink candidates of a reference (SPEC §2.5), as `directCandidates` for
+   * `candidatesByBacklinkDid`: a DID-only reference gets only the DID-only scopes.
+   */
+  backlinkCandidates(ref: ScopeUri): ReadonlyArray<ReadonlyMap<string, ActiveWebhook>> {
+    return this.#backlinkShapes.get(ref.did)?.candidates(ref.collection, ref.rkey) ?? NO_BUCKETS
   }
 
   /** Every active webhook (a live iterator: do not mutate the index while iterating). */
