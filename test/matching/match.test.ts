@@ -272,6 +272,18 @@ describe("candidate selection looks only at scopes that can match (SPEC §2.5)",
     expect(tested.n).toBeLessThanOrEqual(1)
   })
 
+  it("many webhooks with one glob on the DID: the pattern is tested once for an event it does not match", () => {
+    const same = Array.from(
+      { length: 500 },
+      (_, i) => counted(webhook(plc(100 + (i % 100)), `g${i}`, `at://${ALICE}/app.bsky.feed.*`))
+    )
+    const i2 = indexOf(...same)
+    tested.n = 0
+    expect(run(i2, event(ALICE, "app.bsky.graph.follow", "f1"))).toEqual([])
+    expect(tested.n).toBeLessThanOrEqual(1)
+    expect(run(i2, event(ALICE, "app.bsky.feed.like", "l1"))).toHaveLength(500)
+  })
+
   it("a webhook replaced or removed leaves its old scope's lookup", () => {
     const i2 = indexOf(...many.slice(0, 3))
     i2.upsert(webhook(plc(100), "w0", `at://${ALICE}/app.bsky.feed.post/moved`, { backlinks: true }))

@@ -165,32 +165,28 @@ const EMPTY: ReadonlyArray<ActiveWebhook> = Object.freeze([])
 /**
  * One scope DID's webhooks split by the shape of their scope (SPEC §2.5), so that an event or a
  * reference looks up only the webhooks that can match it, not every webhook on the DID: a DID-only
- * scope; an exact collection (no `*`) with or without an rkey; a glob with or without an rkey.
- * Only globs without an rkey are scanned (each is tested against the collection).
+ * scope; an exact collection (no `*`) or a glob, each with or without an rkey. Each distinct glob
+ * pattern on the DID is tested once against the collection (not once per webhook).
  */
 class ScopeShapes {
   size = 0
   readonly didOnly: Bucket = new Map()
   /** exact collection → rkey (`""`: the collection-only scopes; an rkey is never empty) → webhooks */
   readonly exact = new Map<string, Map<string, Bucket>>()
-  /** rkey (`""`: no rkey) → glob webhooks */
-  readonly globs = new Map<string, Bucket>()
+  /** glob pattern → its test, and rkey (`""`: no rkey) → webhooks */
+  readonly globs = new Map<string, GlobGroup>()
 
-  #bucketOf(w: ActiveWebhook, create: boolean): Bucket | undefined {
-    const { collection, rkey } = w.scope
-    if (collection === undefined) return this.didOnly
-    const byRkey = collection.includes("*") ? this.globs : this.#exactOf(collection, create)
-    if (byRkey === undefined) return undefined
-    const r = rkey ?? ""
-    let b = byRkey.get(r)
-    if (b === undefined && create) {
-      b = new Map()
-      byRkey.set(r, b)
+  #byRkeyOf(w: ActiveWebhook, create: boolean): Map<string, Bucket> | undefined {
+    const collection = w.scope.collection
+    if (collection === undefined) return undefined
+    if (collection.includes("*")) {
+      let g = this.globs.get(collection)
+      if (g === undefined && create) {
+        g = { test: w.matchesCollection, byRkey: new Map() }
+        this.globs.set(collection, g)
+      }
+      return g?.byRkey
     }
-    return b
-  }
-
-  #exactOf(collection: string, create: boolean): Map<string, Bucket> | undefined {
     let m = this.exact.get(collection)
     if (m === undefined && create) {
       m = new Map()
@@ -200,25 +196,35 @@ class ScopeShapes {
   }
 
   add(w: ActiveWebhook): void {
-    const b = this.#bucketOf(w, true)
-    if (b === undefined) return // (never: created on demand)
+    let b: Bucket | undefined = this.didOnly
+    if (w.scope.collection !== undefined) {
+      const byRkey = this.#byRkeyOf(w, true)
+      if (byRkey === undefined) return // (never: created on demand)
+      const r = w.scope.rkey ?? ""
+      b = byRkey.get(r)
+      if (b === undefined) {
+        b = new Map()
+        byRkey.set(r, b)
+      }
+    }
     if (!b.has(w.key)) this.size++
     b.set(w.key, w)
   }
 
   /** removes exactly `w` (a newer registration of the same key may be there instead) */
   remove(w: ActiveWebhook): void {
-    const b = this.#bucketOf(w, false)
+    const collection = w.scope.collection
+    const byRkey = collection === undefined ? undefined : this.#byRkeyOf(w, false)
+    const r = w.scope.rkey ?? ""
+    const b = collection === undefined ? this.didOnly : byRkey?.get(r)
     if (b === undefined || b.get(w.key) !== w) return
     b.delete(w.key)
     this.size--
-    if (b.size > 0 || b === this.didOnly) return
-    const { collection, rkey } = w.scope
-    if (collection === undefined) return
-    const byRkey = collection.includes("*") ? this.globs : this.exact.get(collection)
-    if (byRkey === undefined) return
-    byRkey.delete(rkey ?? "")
-    if (byRkey.size === 0 && byRkey !== this.globs) this.exact.delete(collection)
+    if (b.size > 0 || byRkey === undefined || collection === undefined) return
+    byRkey.delete(r)
+    if (byRkey.size > 0) return
+    if (collection.includes("*")) this.globs.delete(collection)
+    else this.exact.delete(collection)
   }
 
   /**
@@ -230,20 +236,23 @@ class ScopeShapes {
     if (this.didOnly.size > 0) out.push(this.didOnly)
     if (collection === undefined) return out
     const exact = this.exact.get(collection)
-    if (exact !== undefined) {
-      const any = exact.get("")
-      if (any !== undefined) out.push(any)
-      const one = rkey === undefined ? undefined : exact.get(rkey)
-      if (one !== undefined) out.push(one)
-    }
-    if (this.globs.size > 0) {
-      const any = this.globs.get("")
-      if (any !== undefined) out.push(any)
-      const one = rkey === undefined ? undefined : this.globs.get(rkey)
-      if (one !== undefined) out.push(one)
-    }
+    if (exact !== undefined) pushRkeyBuckets(out, exact, rkey)
+    for (const g of this.globs.values()) if (g.test(collection)) pushRkeyBuckets(out, g.byRkey, rkey)
     return out
   }
+}
+
+interface GlobGroup {
+  readonly test: (collection: string) => boolean
+  readonly byRkey: Map<string, Bucket>
+}
+
+/** the collection-only bucket and, for an rkey, that rkey's */
+const pushRkeyBuckets = (out: Array<Bucket>, byRkey: Map<string, Bucket>, rkey: string | undefined): void => {
+  const any = byRkey.get("")
+  if (any !== undefined) out.push(any)
+  const one = rkey === undefined ? undefined : byRkey.get(rkey)
+  if (one !== undefined) out.push(one)
 }
 
 const NO_BUCKETS: ReadonlyArray<Bucket> = Object.freeze([])
