@@ -2,8 +2,11 @@
  * The per-event matcher (SPEC §2.2) as a pure function over the active-webhook index.
  *
  * Candidates come only from the index maps (scope DID → webhooks for direct matches, backlink
- * scope DID → webhooks for each reference), so the cost per event is a couple of Map lookups when
- * nothing matches, and nothing is allocated for a non-matching event.
+ * scope DID → webhooks for each reference), and within a DID only the webhooks whose scope shape
+ * can match (DID-only, the exact collection, the collection and rkey, the glob patterns that match
+ * the collection: `WebhookIndex.directCandidates` / `backlinkCandidates`), so the cost per event
+ * is a couple of Map lookups when nothing matches, whatever the number of webhooks on the DID
+ * (distinct glob patterns on one DID are each tested once).
  *
  * @since 0.1.0
  */
@@ -64,7 +67,7 @@ export const referenceMatchesScope = (w: ActiveWebhook, ref: ScopeUri): boolean 
  * - `backlinksOnly` webhooks (SPEC §2.2 step 4) are not among the scope DID's candidates, so they
  *   get backlink matches only, and the direct loop costs the others nothing more.
  * - One result per webhook: a direct match wins over a backlink match. Results list direct matches
- *   first (index order), then backlink matches in reference order.
+ *   first (by scope shape, then registration order), then backlink matches in reference order.
  *
  * @since 0.1.0
  */

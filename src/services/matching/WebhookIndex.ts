@@ -4,7 +4,8 @@
  *
  * Maintained incrementally:
  * - `key → webhook`, `owner → webhooks`, `scope DID → webhooks` (those that match directly: all but
- *   `backlinksOnly` ones), `backlink scope DID → webhooks`;
+ *   `backlinksOnly` ones), `backlink scope DID → webhooks`; the last two also split by scope
+ *   shape within the DID (`ScopeShapes`), which is what the matcher looks up;
  * - `wantedDids` = owners ∪ scope DIDs (the Jetstream `direct` stream's `wantedDids`), refcounted;
  * - `backlinkDids` = scope DIDs of backlink webhooks, refcounted.
  *
