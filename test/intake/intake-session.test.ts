@@ -341,3 +341,47 @@ describe("a connection closed for silence (idle)", () => {
     }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
   })
 })
+
+describe("health: cursor age of a stream that has committed nothing yet", () => {
+  it.scoped("is the age of its loaded time cursor (a Jetstream stream stalled on a poison frame since startup is not 'fresh')", () => {
+    const rec = newRecorder()
+    // the stored cursor: a Jetstream time_us one hour before now
+    const STORED = 1_800_000_000_000_000n
+    let connects = 0
+    const spec: Intake.StreamSpec = {
+      name: "registry",
+      relay: RELAY,
+      registryWriter: true,
+      initialCursor: 0n,
+      rewind: 2_000_000n,
+      cursorIsTime: true,
+      // every connection meets the same poison frame right after the cursor: nothing ever commits
+      connect: () =>
+        Stream.suspend(() => {
+          connects++
+          return Stream.fromIterable<Intake.SourceItem>([{ _tag: "opened" }, { _tag: "poison", reason: "did" }])
+        })
+    }
+    return Effect.gen(function*() {
+      yield* TestClock.setTime(Number(STORED / 1000n) + 3_600_000)
+      const cursors = yield* CursorStore.CursorStore
+      yield* cursors.save("registry", RELAY, STORED)
+      const runner = yield* Intake.makeStreamRunner(spec, tuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => connects === 1, "connected once")
+      yield* turns(20)
+      expect(rec.batches).toEqual([])
+      expect((yield* Ref.get(runner.state)).durableCursor).toBe(STORED)
+      const intake: Intake.IntakeShape = {
+        run: Effect.never,
+        stats: Effect.map(
+          Ref.get(runner.state),
+          (state) => ({ running: true, streams: [{ name: "registry", state }] })
+        ),
+        stopAccepting: Effect.void
+      }
+      const h = yield* Intake.healthSection(intake, Effect.succeed("leader" as const), Effect.succeed({ rejected: {} }))
+      expect(h.body.streams["registry"]).toMatchObject({ quarantined: true, cursorAgeSeconds: 3600 })
+    }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+})

@@ -124,7 +124,18 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
   const { state, stopped, tagged, tuning } = ctx
   return Effect.gen(function*() {
     const stored = yield* loadCursor(ctx)
-    yield* Ref.update(state, (s) => ({ ...s, durableCursor: stored }))
+    // a time cursor (Jetstream `time_us`) is the source time of the last event committed before
+    // this process: the stream's cursor age (health) counts from it until this process commits
+    // one, so a stream that never gets past its stored cursor (a poison frame right after it)
+    // does not report a fresh cursor
+    yield* Ref.update(state, (s) => ({
+      ...s,
+      durableCursor: stored,
+      lastEventTimeUs: s.lastEventTimeUs ??
+        (ctx.spec.cursorIsTime && stored !== undefined && stored <= BigInt(Number.MAX_SAFE_INTEGER)
+          ? Number(stored)
+          : undefined)
+    }))
     let failures = 0
     let live = false
     for (;;) {
