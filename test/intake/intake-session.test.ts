@@ -385,3 +385,37 @@ describe("health: cursor age of a stream that has committed nothing yet", () => 
     }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
   })
 })
+
+describe("a session ended by a poison frame", () => {
+  it.scoped("leaves the stream not connected while it waits to reconnect (health: not progressing, not ready)", () => {
+    const rec = newRecorder()
+    let connects = 0
+    const spec: Intake.StreamSpec = {
+      ...memoryRelay([]).spec,
+      // every connection meets a poison frame first: nothing ever commits
+      connect: () =>
+        Stream.suspend(() => {
+          connects++
+          return Stream.fromIterable<Intake.SourceItem>([{ _tag: "opened" }, { _tag: "poison", reason: "json" }])
+        })
+    }
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, tuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => connects === 1, "connected once")
+      yield* turns(20)
+      const st = yield* Ref.get(runner.state)
+      // the loop waits for its (poison) backoff on the TestClock: no second connection yet
+      expect(connects).toBe(1)
+      expect(st).toMatchObject({ quarantined: true, failureKind: "protocol", connected: false, batches: 0 })
+      const intake: Intake.IntakeShape = {
+        run: Effect.never,
+        stats: Effect.map(Ref.get(runner.state), (state) => ({ running: true, streams: [{ name: "relay", state }] })),
+        stopAccepting: Effect.void
+      }
+      const h = yield* Intake.healthSection(intake, Effect.succeed("leader" as const), Effect.succeed({ rejected: {} }))
+      expect(h.body).toMatchObject({ connected: false, progressing: false })
+      expect(h.ready).toBe(false)
+    }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+})

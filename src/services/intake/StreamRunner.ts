@@ -142,6 +142,10 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
       const acksBefore = (yield* Ref.get(state)).batches
       const end = yield* sessionFrom(ctx, replay, live)
       live = false
+      // the session's scope is closed, so is its connection: its reader may have been
+      // interrupted (the batcher ended the session on a poison or relay error frame) before it
+      // marked the stream disconnected, which left health reporting a waiting stream connected
+      yield* Ref.update(state, (x) => (x.connected ? { ...x, connected: false } : x))
       if (yield* Deferred.isDone(stopped)) return yield* Effect.never
       yield* Ref.set(ctx.restartSignal, yield* Deferred.make<bigint | undefined>())
       const s = yield* Ref.get(state)
