@@ -419,3 +419,31 @@ describe("a session ended by a poison frame", () => {
     }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
   })
 })
+
+describe("the quarantine row of a poison frame met first in a session", () => {
+  it.scoped("carries the cursor the stream had committed through (not null), so an operator can see where it is stalled", () => {
+    const rec = newRecorder()
+    const STORED = 7_000n
+    let connects = 0
+    const spec: Intake.StreamSpec = {
+      ...memoryRelay([]).spec,
+      connect: () =>
+        Stream.suspend(() => {
+          connects++
+          return Stream.fromIterable<Intake.SourceItem>([{ _tag: "opened" }, { _tag: "poison", reason: "did" }])
+        })
+    }
+    return Effect.gen(function*() {
+      const cursors = yield* CursorStore.CursorStore
+      yield* cursors.save("relay", RELAY, STORED)
+      const runner = yield* Intake.makeStreamRunner(spec, tuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      const outbox = yield* Outbox.MemoryOutboxState
+      yield* until(() => connects === 1, "connected once")
+      yield* turns(20)
+      const rows = (yield* Ref.get(outbox)).quarantine
+      expect(rows).toHaveLength(1)
+      expect(rows[0]).toMatchObject({ stream: "relay", reason: "protocol", cursor: STORED })
+    }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+})

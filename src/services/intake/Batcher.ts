@@ -105,14 +105,21 @@ export const runBatcher = (ctx: StreamContext, sq: SessionQueue): Effect.Effect<
           }
         } else if (item._tag === "poison") {
           if (!(yield* flush)) return { kind: "handler" } satisfies SessionEnd
+          // where the stream is stalled: the last frame committed before the poison one, or (a
+          // poison frame first in its session) the cursor the stream had committed through
+          let at = lastFullCursor
+          if (at === undefined) {
+            const st = yield* Ref.get(state)
+            at = st.position ?? st.durableCursor
+          }
           yield* ctx.outboxStore
             .insertQuarantine([
               {
                 stream: spec.name,
                 relay: spec.relay,
                 reason: "protocol",
-                eventHash: sha256Hex(`${spec.name}|${spec.relay}|${String(lastFullCursor ?? "")}|${item.reason}`),
-                cursor: lastFullCursor
+                eventHash: sha256Hex(`${spec.name}|${spec.relay}|${String(at ?? "")}|${item.reason}`),
+                cursor: at
               }
             ])
             .pipe(Effect.ignore)
