@@ -3,7 +3,7 @@
  * quarantine, backpressure, the direct set and its reconfiguration.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Layer, Ref, Stream } from "effect"
+import { Deferred, Duration, Effect, HashMap, Layer, Logger, Option, Ref, Stream } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as FirehoseSource from "../../src/services/intake/FirehoseSource.js"
@@ -311,6 +311,63 @@ describe("Intake on Jetstream (real Registry and Processor on memory stores)", (
 })
 
 describe("Intake on the relay firehose (subscribeRepos)", () => {
+  it.scopedLive(
+    "an #info frame (OutdatedCursor: events before the relay's window were missed) is logged with its name, rate-limited; the stream goes on",
+    () =>
+      Effect.gen(function*() {
+        const { WebSocketServer } = yield* Effect.promise(() => import("ws"))
+        const frames = yield* Effect.promise(() => import("./frames.js"))
+        const sockets: Array<(b: Uint8Array) => void> = []
+        const wss = yield* Effect.acquireRelease(
+          Effect.async<InstanceType<typeof WebSocketServer>>((resume) => {
+            const server = new WebSocketServer({ host: "127.0.0.1", port: 0 })
+            server.on("connection", (socket) => sockets.push((b) => socket.send(b)))
+            server.once("listening", () => resume(Effect.succeed(server)))
+          }),
+          (server) =>
+            Effect.async<void>((resume) => {
+              for (const c of server.clients) c.terminate()
+              server.close(() => resume(Effect.void))
+            })
+        )
+        const addr = wss.address()
+        const port = typeof addr === "object" && addr !== null ? addr.port : 0
+        const lines = yield* Ref.make<ReadonlyArray<{ message: unknown; name: unknown }>>([])
+        const logger = Logger.make(({ annotations, message }) => {
+          Effect.runSync(
+            Ref.update(
+              lines,
+              (xs) => [...xs, { message, name: HashMap.get(annotations, "name").pipe(Option.getOrUndefined) }]
+            )
+          )
+        })
+        const config = testConfig({
+          NODE_ENV: "test",
+          WEBHOOK_ALLOW_INSECURE_DEV: "1",
+          FIREHOSE_SOURCE: "relay",
+          RELAY_URL: `ws://127.0.0.1:${port}`
+        })
+        yield* Effect.gen(function*() {
+          const intake = yield* Intake.make({ tuning: fastTuning(512, 128) })
+          yield* Effect.forkScoped(intake.run)
+          yield* eventually(Effect.sync(() => sockets.length === 1), "connected")
+          sockets[0]!(frames.infoFrame("OutdatedCursor"))
+          sockets[0]!(frames.infoFrame("OutdatedCursor"))
+          sockets[0]!(frames.identityFrame(5))
+          const cursors = yield* CursorStore.CursorStore
+          yield* eventually(
+            Effect.map(cursors.load("relay", `ws://127.0.0.1:${port}`), (c) => c === 5n),
+            "the next frame committed"
+          )
+          const infos = (yield* Ref.get(lines)).filter((l) => l.name === "OutdatedCursor")
+          expect(infos).toHaveLength(1)
+          expect(String(infos[0]?.message)).toContain("info")
+        }).pipe(
+          Effect.provide(Layer.merge(memoryStack({ config }), Logger.replace(Logger.defaultLogger, logger)))
+        )
+      }),
+    { timeout: 60_000 }
+  )
   it.scopedLive(
     "one `relay` stream writes the registry and matches everything; cursor = seq; FutureCursor resets to live",
     () =>

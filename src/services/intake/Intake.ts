@@ -18,7 +18,7 @@
  * `backlink` (whole network, only while backlink scopes exist)); or the relay firehose (one stream
  * `relay` carrying everything).
  */
-import { Clock, Context, Duration, Effect, Fiber, Layer, Option, Ref, Stream } from "effect"
+import { Chunk, Clock, Context, Duration, Effect, Either, Fiber, Layer, Option, Ref, Stream } from "effect"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
 import { FirehookConfig } from "../platform/Config.js"
@@ -26,6 +26,7 @@ import { Health } from "../platform/Health.js"
 import { runAsLeader } from "../platform/Leader.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import * as LockKeys from "../platform/LockKeys.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { Identity } from "../reconciliation/Identity.js"
 import { admissionSection, Registry } from "../registry/Registry.js"
 import { RegistryChanges } from "../registry/RegistryChanges.js"
@@ -103,6 +104,26 @@ export const make = (options: IntakeOptions = {}) =>
 
     const runRelay = Effect.gen(function*() {
       const relay = canonicalRelay(config.intake.relayUrl)
+      // `#info` frames are not sequenced and carry no events, but an operator must hear of them:
+      // `OutdatedCursor` says the cursor was older than the relay's window, i.e. the events
+      // between the cursor and the window's start were missed. Logged by name (a validated token),
+      // at most once a minute per name
+      const infoLog = RateLimitedLog.make()
+      const logInfo = (name: string) =>
+        infoLog.run(name, (suppressed) =>
+          Effect.logWarning("relay info frame").pipe(
+            Effect.annotateLogs({ stream: "relay", name, suppressed })
+          ))
+      const toSourceItems = (chunk: Chunk.Chunk<FirehoseSource.RelayItem>) => {
+        let info: string | undefined
+        const items = Chunk.filterMap(chunk, (item) => {
+          if (Either.isRight(item) && item.right.kind === "info") {
+            info = item.right.name
+          }
+          return relayItem(item)
+        })
+        return info === undefined ? Effect.succeed(items) : Effect.as(logInfo(info), items)
+      }
       const r = yield* makeRunner({
         name: "relay",
         relay,
@@ -114,7 +135,7 @@ export const make = (options: IntakeOptions = {}) =>
           withOpened(
             Effect.map(
               FirehoseSource.openRelay({ ...common, url: config.intake.relayUrl, cursor, stream: "relay", relay }),
-              (c) => c.frames.pipe(Stream.filterMap(relayItem))
+              (c) => c.frames.pipe(Stream.mapChunksEffect(toSourceItems))
             )
           )
       })
