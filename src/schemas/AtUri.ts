@@ -106,6 +106,32 @@ const isCanonicalDidAt = (s: string, start: number, end: number): boolean => {
  */
 export const isCanonicalDid = (s: string): boolean => isCanonicalDidAt(s, 0, s.length)
 
+/**
+ * atproto's DID syntax (`did:<lowercase method>:<[A-Za-z0-9._:%-]*>`, not ending in `:` or `%`,
+ * ≤ 2048 chars): what a relay or Jetstream may carry. Wider than {@link isCanonicalDid}
+ * (`did:web:Example.com`, `did:web:localhost%3A2583`, other methods): a frame with such a DID is
+ * well-formed input whose events match nothing (SPEC §2.2 step 1), not poison that would stop the
+ * stream at it for good.
+ *
+ * @since 0.1.0
+ */
+export const isAtprotoDidSyntax = (s: string): boolean => {
+  if (s.length > MAX_DID_LENGTH || !s.startsWith("did:")) return false
+  let i = 4
+  for (; i < s.length; i++) {
+    const c = s.charCodeAt(i)
+    if (c === 58 /* : */) break
+    if (!isLowerAlpha(c)) return false
+  }
+  if (i === 4 || i >= s.length - 1) return false
+  for (let j = i + 1; j < s.length; j++) {
+    const c = s.charCodeAt(j)
+    if (!(isAlnum(c) || c === 46 || c === 95 || c === 58 || c === 37 || c === 45)) return false
+  }
+  const last = s.charCodeAt(s.length - 1)
+  return last !== 58 && last !== 37
+}
+
 /** [A-Za-z0-9.-]{1,max} plus `*` when `glob` */
 const isCollectionAt = (s: string, start: number, end: number, glob: boolean, max: number): boolean => {
   const len = end - start

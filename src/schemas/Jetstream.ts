@@ -19,7 +19,7 @@
  * @since 0.1.0
  */
 import { Either } from "effect"
-import { isCanonicalDid, isNsidStrict, isRkey } from "./AtUri.js"
+import { isAtprotoDidSyntax, isNsidStrict, isRkey } from "./AtUri.js"
 import { MAX_CID_LENGTH, type Operation, type RecordEvent, type StreamEvent } from "./RecordEvent.js"
 import { isTid } from "./Tid.js"
 
@@ -210,7 +210,7 @@ export const decodeJetstreamFrame = (
   }
   if (!isObject(json)) return fail("shape")
   const did = json["did"]
-  if (typeof did !== "string" || !isCanonicalDid(did)) return fail("did")
+  if (typeof did !== "string" || !isAtprotoDidSyntax(did)) return fail("did")
   const timeUs = json["time_us"]
   if (typeof timeUs !== "number" || !Number.isSafeInteger(timeUs) || timeUs <= 0) return fail("time")
   const kind = json["kind"]

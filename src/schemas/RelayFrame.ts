@@ -20,7 +20,7 @@ import * as Car from "@atcute/car"
 import * as Cbor from "@atcute/cbor"
 import * as Cborg from "cborg"
 import { Either } from "effect"
-import { isCanonicalDid, isNsidStrict, isRkey } from "./AtUri.js"
+import { isAtprotoDidSyntax, isNsidStrict, isRkey } from "./AtUri.js"
 import { type FrameContext, type FrameError, frameError, type FrameErrorReason } from "./Jetstream.js"
 import { MAX_CID_LENGTH, type RecordEvent, type StreamEvent } from "./RecordEvent.js"
 import { isTid } from "./Tid.js"
@@ -352,7 +352,7 @@ const decodeCommit = (
   ctx: FrameContext
 ): Either.Either<RelayDecoded, FrameError> => {
   const did = body["repo"]
-  if (typeof did !== "string" || !isCanonicalDid(did)) return fail("did")
+  if (typeof did !== "string" || !isAtprotoDidSyntax(did)) return fail("did")
   const rev = body["rev"]
   if (typeof rev !== "string" || !isTid(rev)) return fail("rev")
   const seqBig = BigInt(seq)
@@ -457,7 +457,7 @@ export const decodeRelayFrame = (
   if (timeUs === undefined) return fail("time")
   if (t === "#commit") return decodeCommit(body, seq, timeUs, ctx)
   const did = body["did"]
-  if (typeof did !== "string" || !isCanonicalDid(did)) return fail("did")
+  if (typeof did !== "string" || !isAtprotoDidSyntax(did)) return fail("did")
   if (t === "#sync") {
     // A repo state reset: nothing to match (reconciliation is the backfill's job). Acknowledged.
     const rev = body["rev"]

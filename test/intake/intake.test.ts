@@ -151,6 +151,24 @@ describe("stream runner", () => {
     }).pipe(Effect.provide(runnerStack(rec)))
   })
 
+  it.scopedLive("a frame whose DID is atproto syntax but not canonical (did:web:Example.com) is not poison: the stream goes on", () => {
+    const rec = newRecorder()
+    return Effect.gen(function*() {
+      const fake = yield* fakeJetstream
+      const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 128))
+      yield* Effect.forkScoped(runner.run)
+      yield* eventually(Effect.sync(() => fake.connections[0]?.options.length === 1), "connected")
+      fake.publish(posts(1))
+      fake.publish([commitFrame("did:web:Example.com", T0 + 1500, WH, "odd", "create")])
+      fake.publish(posts(1, 1))
+      yield* eventually(Effect.sync(() => processedKeys(rec).includes("p1")), "the frame after it committed")
+      expect(processedKeys(rec)).toEqual(["p0", "odd", "p1"])
+      expect(fake.connections.length).toBe(1)
+      expect((yield* Ref.get(yield* Outbox.MemoryOutboxState)).quarantine).toEqual([])
+      expect((yield* Ref.get(runner.state)).failureKind).toBeUndefined()
+    }).pipe(Effect.provide(runnerStack(rec)))
+  })
+
   it.scopedLive("a full queue closes the socket; the queue is drained in order; the stream reconnects from the last ack", () => {
     const rec = newRecorder()
     return Effect.gen(function*() {

@@ -174,10 +174,11 @@ describe("decodeJetstreamFrame: every FrameError reason", () => {
     ["empty", "", "json"],
     ["JSON but an array", "[1,2]", "shape"],
     ["JSON null", "null", "shape"],
-    ["bad DID", jetstreamCommit(T, commit(), "did:plc:short"), "did"],
+    ["DID with an empty method-specific id", jetstreamCommit(T, commit(), "did:plc:"), "did"],
     ["handle as DID", jetstreamCommit(T, commit(), "alice.bsky.social"), "did"],
     ["uppercase DID", jetstreamCommit(T, commit(), DID.toUpperCase()), "did"],
-    ["other DID method", jetstreamCommit(T, commit(), "did:key:z6Mkabc"), "did"],
+    ["DID ending in ':'", jetstreamCommit(T, commit(), "did:plc:abc:"), "did"],
+    ["DID with a space", jetstreamCommit(T, commit(), "did:web:a b.example"), "did"],
     ["missing did", JSON.stringify({ time_us: T, kind: "commit", commit: commit() }), "did"],
     ["time_us missing", JSON.stringify({ did: DID, kind: "commit", commit: commit() }), "time"],
     ["time_us a string", JSON.stringify({ did: DID, time_us: String(T), kind: "commit", commit: commit() }), "time"],
@@ -220,6 +221,17 @@ describe("decodeJetstreamFrame: every FrameError reason", () => {
   for (const [name, text, reason] of cases) {
     it(`${name} → ${reason}`, () => expect(reasonOf(text)).toBe(reason))
   }
+
+  // atproto DID syntax, not canonical (SPEC §1.1): a relay may carry them; poison would stop the
+  // stream at such a frame for good, so the frame decodes and its event matches nothing
+  it.each(["did:plc:short", "did:key:z6Mkabc", "did:web:Example.com", "did:web:localhost%3A2583", "did:plc:UPPER"])(
+    "a non-canonical DID in atproto syntax is not poison; its event is not well-formed: %s",
+    (did) => {
+      const e = recordEvent(jetstreamCommit(T, commit(), did))
+      expect(e.did).toBe(did)
+      expect(isWellFormedRecordEvent(e)).toBe(false)
+    }
+  )
 
   it("a cid of exactly 512 chars is accepted", () => {
     expect(recordEvent(jetstreamCommit(T, commit({ cid: "b".repeat(512) }))).cid).toHaveLength(512)

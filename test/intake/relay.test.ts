@@ -278,7 +278,7 @@ describe("decodeRelayFrame: FrameError reasons", () => {
     ["time missing", body({ time: undefined }), "time"],
     ["time malformed", body({ time: "yesterday" }), "time"],
     ["time with an impossible date", body({ time: "2024-02-30T00:00:00Z" }), "time"],
-    ["bad repo DID", body({ repo: "did:plc:UPPER" }), "did"],
+    ["bad repo DID", body({ repo: "did:plc:abc%" }), "did"],
     ["handle as repo", body({ repo: "alice.bsky.social" }), "did"],
     ["identity with a handle as DID", identityFrame(1, "alice.test"), "did"],
     ["non-TID rev", body({ rev: "2024-09-05" }), "rev"],
