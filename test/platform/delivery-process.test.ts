@@ -315,6 +315,34 @@ describe("DeliveryProcess.supervise", () => {
       expect((yield* health.report).body["delivery"]).toEqual({ pending: 3, leased: 1, stale: true })
     }))
 
+  it.scoped("a hung child (no answer for 30 looks after it was ready) is killed and restarted; a 503 is not hung", () =>
+    Effect.gen(function*() {
+      const { fake, section } = yield* setup()
+      expect(yield* section).toMatchObject({ state: "running", pid: "1000" })
+      // a child that answers, but not ready (503), is alive: never killed
+      yield* Ref.set(fake.answer, Option.some({ ready: false, sections: {} }))
+      yield* TestClock.adjust("2 minutes")
+      yield* settle
+      expect(yield* section).toMatchObject({ state: "unresponsive", pid: "1000" })
+      expect(fake.children[0]!.signals).toEqual([])
+      // no answer at all (event loop stuck, process stopped): killed at the 30th silent look
+      yield* Ref.set(fake.answer, Option.none())
+      yield* TestClock.adjust("29 seconds")
+      yield* settle
+      expect(fake.children[0]!.signals).toEqual([])
+      yield* TestClock.adjust("1 second")
+      yield* settle
+      expect(fake.children[0]!.signals).toEqual(["SIGKILL"])
+      expect(yield* section).toMatchObject({ state: "backoff", pid: null })
+      // replaced after the backoff, as after any crash
+      yield* Ref.set(fake.answer, Option.some(READY))
+      yield* TestClock.adjust("1 second")
+      yield* settle
+      expect(fake.children).toHaveLength(2)
+      yield* TestClock.adjust("1 second")
+      expect(yield* section).toMatchObject({ state: "running", pid: "1001", restarts: 1 })
+    }))
+
   it.scoped("metrics: the running child's series on the parent's /metrics, labelled; none between a crash and the restart", () =>
     Effect.gen(function*() {
       const { fake, health } = yield* setup()

@@ -15,6 +15,10 @@
  *   The Lifecycle cuts the wait at the shutdown deadline: the child then gets SIGKILL (unclean).
  *   A SIGTERM/SIGINT that reaches the parent marks it stopping at once, so a child that got the
  *   same signal (sent to the process group) and exits first is not restarted.
+ * - Hung child: a child that was running and then leaves {@link SuperviseOptions.killAfter} looks in a
+ *   row without any answer (its event loop stuck, or the process stopped) is sent SIGKILL, so the
+ *   restart policy replaces it (its rows are freed with its connections) instead of delivery
+ *   stopping for good behind a `/live` that still answers.
  * - Health: a `deliveryProcess` section `{mode, state, pid, restarts}`, ready only while the child
  *   runs and answers ready; the child's `delivery` and `redis` sections mirrored (marked `stale`
  *   when the last answer is older than 5 s), as a single process would show them.
@@ -108,6 +112,12 @@ export interface SuperviseOptions {
   readonly pollInterval?: Duration.DurationInput
   /** failed looks in a row after which a running child counts as unresponsive (default 3) */
   readonly unresponsiveAfter?: number
+  /**
+   * looks in a row without any answer after which a child that had answered ready is killed
+   * (SIGKILL) and restarted by the policy (default 30: about a minute, each look waiting out its 1 s
+   * timeout)
+   */
+  readonly killAfter?: number
   /** called once with the one-line reason when the restarts are exhausted */
   readonly onGiveUp: (line: string) => Effect.Effect<void>
 }
@@ -117,6 +127,8 @@ interface Status {
   readonly pid: Option.Option<number>
   readonly restarts: number
   readonly misses: number
+  /** looks in a row without any answer (a 503 is an answer) */
+  readonly silent: number
   readonly answer: Option.Option<HealthAnswer>
   readonly answeredAt: number
 }
@@ -145,10 +157,11 @@ const afterLook = (s: Status, answer: Option.Option<HealthAnswer>, now: number, 
   if (s.state !== "starting" && s.state !== "running" && s.state !== "unresponsive") return s
   const ok = Option.isSome(answer) && answer.value.ready
   const misses = ok ? 0 : s.misses + 1
+  const silent = Option.isSome(answer) ? 0 : s.silent + 1
   const state: State = ok ? "running" : s.state === "starting" ? "starting" : misses >= limit ? "unresponsive" : s.state
   return Option.isSome(answer)
-    ? { ...s, state, misses, answer, answeredAt: now }
-    : { ...s, state, misses }
+    ? { ...s, state, misses, silent, answer, answeredAt: now }
+    : { ...s, state, misses, silent }
 }
 
 const mirrored = (s: Status, name: string, now: number): { readonly [k: string]: HealthValue } => {
@@ -169,11 +182,13 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
     const health = yield* Health
     const policy = options.policy ?? defaultPolicy
     const limit = options.unresponsiveAfter ?? 3
+    const killAfter = options.killAfter ?? 30
     const status = yield* Ref.make<Status>({
       state: "starting",
       pid: Option.none(),
       restarts: 0,
       misses: 0,
+      silent: 0,
       answer: Option.none(),
       answeredAt: 0
     })
@@ -216,17 +231,25 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
         yield* Ref.set(current, Option.some(spawned))
         yield* Ref.update(
           status,
-          (s) => ({ ...s, state: "starting" as const, pid: Option.some(spawned.handle.pid), misses: 0 })
+          (s) => ({ ...s, state: "starting" as const, pid: Option.some(spawned.handle.pid), misses: 0, silent: 0 })
         )
         yield* Effect.logInfo("delivery process started").pipe(Effect.annotateLogs({ pid: spawned.handle.pid }))
         return Option.some(spawned)
       }))
       if (Option.isNone(started)) return Option.none()
       const { handle } = started.value
+      const killed = yield* Ref.make(false)
       const look = Effect.gen(function*() {
         const answer = yield* started.value.health
         const now = yield* Clock.currentTimeMillis
-        yield* Ref.update(status, (s) => afterLook(s, answer, now, limit))
+        const after = yield* Ref.updateAndGet(status, (s) => afterLook(s, answer, now, limit))
+        // a hung child (it had answered ready, then nothing for killAfter looks) is replaced
+        if (after.state !== "unresponsive" || after.silent < killAfter || (yield* isStopping)) return
+        if (yield* Ref.getAndSet(killed, true)) return
+        yield* Effect.logWarning("the delivery process does not answer: killing it").pipe(
+          Effect.annotateLogs({ pid: handle.pid, looks: after.silent })
+        )
+        yield* handle.kill("SIGKILL")
       })
       yield* Effect.forkScoped(look.pipe(Effect.repeat(Schedule.spaced(options.pollInterval ?? Duration.seconds(1)))))
       const exit = yield* handle.exit
@@ -273,7 +296,10 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
           yield* options.onGiveUp(line)
           return { earlier: decision.recent, done: true }
         }
-        yield* Ref.update(status, (s) => ({ ...s, state: "backoff" as const, pid: Option.none(), misses: 0 }))
+        yield* Ref.update(
+          status,
+          (s) => ({ ...s, state: "backoff" as const, pid: Option.none(), misses: 0, silent: 0 })
+        )
         yield* Effect.sleep(Duration.millis(decision.delayMs))
         yield* Ref.update(status, (s) => ({ ...s, restarts: s.restarts + 1 }))
         return { earlier: decision.recent, done: false }
