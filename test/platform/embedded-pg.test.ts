@@ -4,7 +4,7 @@
  * enter that home: its binaries and its data must live where that user can reach them, and a
  * second start must find the same data.
  */
-import { Effect, Redacted } from "effect"
+import { Effect, Exit, Redacted, Scope } from "effect"
 import * as Fs from "node:fs"
 import { createRequire } from "node:module"
 import * as Os from "node:os"
@@ -88,4 +88,41 @@ describe.skipIf(!isRoot)("embedded PostgreSQL as root in a home of mode 0700", (
     })))
     expect(rows).toEqual([{ n: 42 }])
   }, 180_000)
+
+  it(
+    "the process that started the server leaves it running while another local process that adopted it is up",
+    async () => {
+      const dataDir = tmp("firehook-adopt-", 0o755)
+      const options = { dataDir, sharedDir: tmp("firehook-shared-", 0o755), stopTimeout: "20 seconds" as const }
+      const ownerScope = await Effect.runPromise(Scope.make())
+      const adopterScope = await Effect.runPromise(Scope.make())
+      const owner = await Effect.runPromise(EmbeddedPg.start(options).pipe(Scope.extend(ownerScope)))
+      const adopter = await Effect.runPromise(EmbeddedPg.start(options).pipe(Scope.extend(adopterScope)))
+      expect([owner.owned, adopter.owned]).toEqual([true, false])
+      const pid = Number(Fs.readFileSync(Path.join(owner.pgDir, "postmaster.pid"), "utf8").split("\n")[0])
+      try {
+        // the first process stops: the second one's database stays up
+        await Effect.runPromise(Scope.close(ownerScope, Exit.void))
+        expect(await query(adopter.url, "SELECT 1 AS n")).toEqual([{ n: 1 }])
+        await Effect.runPromise(Scope.close(adopterScope, Exit.void))
+        // left running for the next start, which adopts it
+        const next = await Effect.runPromise(Effect.scoped(Effect.gen(function*() {
+          const db = yield* EmbeddedPg.start(options)
+          return { owned: db.owned, rows: yield* Effect.promise(() => query(db.url, "SELECT 2 AS n")) }
+        })))
+        expect(next).toEqual({ owned: false, rows: [{ n: 2 }] })
+      } finally {
+        // the server this test left running (none when the first process stopped it)
+        try {
+          process.kill(pid, "SIGINT")
+        } catch {
+          // already gone
+        }
+        for (let i = 0; i < 200 && Fs.existsSync(Path.join(owner.pgDir, "postmaster.pid")); i++) {
+          await new Promise((r) => setTimeout(r, 100))
+        }
+      }
+    },
+    180_000
+  )
 })

@@ -260,6 +260,62 @@ const readOrCreatePassword = (dataDir: string): string => {
   return password
 }
 
+/**
+ * The `application_name` of the one idle session a process that adopted the server keeps open for
+ * its life: the process that started the server sees it and leaves the server running at its own
+ * stop, rather than stopping the database under another local replica.
+ */
+export const ADOPTER_APPLICATION_NAME = "firehook-adopter"
+
+const client = async (port: number, password: string, applicationName?: string) => {
+  const pg = await import("pg")
+  const c = new pg.default.Client({
+    host: "127.0.0.1",
+    port,
+    user: "postgres",
+    password,
+    database: "postgres",
+    connectionTimeoutMillis: 5_000,
+    query_timeout: 5_000,
+    ...(applicationName === undefined ? {} : { application_name: applicationName })
+  })
+  // a connection the server ends (its stop) must not become an unhandled `error` event
+  c.on("error", () => {})
+  await c.connect()
+  return c
+}
+
+/** The adopter's session (see {@link ADOPTER_APPLICATION_NAME}), closed with the scope. */
+const holdAdopterSession = (port: number, password: string) =>
+  Effect.acquireRelease(
+    Effect.tryPromise(() => client(port, password, ADOPTER_APPLICATION_NAME)).pipe(Effect.option),
+    (c) =>
+      Option.match(c, {
+        onNone: () => Effect.void,
+        onSome: (c) => Effect.promise(() => c.end().catch(() => undefined)).pipe(Effect.timeoutOption("5 seconds"))
+      })
+  )
+
+/** How many other local processes that adopted the server are connected to it (0 when it cannot tell). */
+const adopters = (port: number, password: string): Effect.Effect<number> =>
+  Effect.tryPromise(async () => {
+    const c = await client(port, password)
+    try {
+      const r = await c.query<{ n: number }>(
+        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1",
+        [ADOPTER_APPLICATION_NAME]
+      )
+      return r.rows[0]?.n ?? 0
+    } finally {
+      await c.end().catch(() => undefined)
+    }
+  }).pipe(
+    Effect.interruptible,
+    Effect.timeoutOption("5 seconds"),
+    Effect.map(Option.getOrElse(() => 0)),
+    Effect.orElseSucceed(() => 0)
+  )
+
 const urlFor = (port: number, password: string, database: string) =>
   Redacted.make(`postgresql://postgres:${password}@127.0.0.1:${port}/${database}`)
 
@@ -409,6 +465,8 @@ export const start = (options: {
         Effect.annotateLogs({ port: adopted })
       )
       yield* ensureDatabase(adopted, password, database)
+      // the process that started the server leaves it running while this session is open
+      yield* holdAdopterSession(adopted, password)
       return { url: urlFor(adopted, password, database), port: adopted, owned: false, pgDir }
     }
 
@@ -425,8 +483,17 @@ export const start = (options: {
         })
       ),
       (child) =>
-        stopServer(child).pipe(
-          Effect.interruptible,
+        Effect.gen(function*() {
+          // another local replica adopted this server and still uses it: leave it running (it is
+          // adopted again by the next start), never stop the database under it
+          const others = yield* adopters(port, password)
+          if (others > 0) {
+            return yield* Effect.logInfo("embedded PostgreSQL left running: another local process uses it").pipe(
+              Effect.annotateLogs({ adopters: others })
+            )
+          }
+          yield* stopServer(child).pipe(Effect.interruptible)
+        }).pipe(
           Effect.timeoutOption(stopTimeout),
           Effect.flatMap((o) =>
             Option.isNone(o) ? Effect.logWarning("embedded PostgreSQL did not stop in time") : Effect.void
