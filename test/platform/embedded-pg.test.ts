@@ -125,4 +125,25 @@ describe.skipIf(!isRoot)("embedded PostgreSQL as root in a home of mode 0700", (
     },
     180_000
   )
+
+  it("two processes started at once on a new data directory: one sets the server up, the other adopts it", async () => {
+    const options = {
+      dataDir: tmp("firehook-race-", 0o755),
+      sharedDir: tmp("firehook-shared-", 0o755),
+      stopTimeout: "20 seconds" as const
+    }
+    const both = await Effect.runPromise(Effect.scoped(Effect.gen(function*() {
+      const [a, b] = yield* Effect.all([EmbeddedPg.start(options), EmbeddedPg.start(options)], {
+        concurrency: 2
+      })
+      const rows = yield* Effect.promise(() =>
+        Promise.all([query(a.url, "SELECT 1 AS n"), query(b.url, "SELECT 1 AS n")])
+      )
+      return { owned: [a.owned, b.owned].sort(), rows, pgDir: a.pgDir }
+    })))
+    expect(both.owned).toEqual([false, true])
+    expect(both.rows).toEqual([[{ n: 1 }], [{ n: 1 }]])
+    // the lock is given back: a later start sets the server up again on the same data
+    expect(Fs.existsSync(Path.join(Path.dirname(both.pgDir), "embedded-pg.lock"))).toBe(false)
+  }, 180_000)
 })

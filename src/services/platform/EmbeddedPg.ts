@@ -16,7 +16,7 @@
  * - If a live server already serves the data directory (a replica sharing the directory, or one
  *   left behind by a killed process), it is adopted: firehook connects to it and does not stop it.
  */
-import { Data, Duration, Effect, Option, Redacted, type Scope } from "effect"
+import { Data, Duration, Effect, Option, Redacted, Schedule, type Scope } from "effect"
 import { type ChildProcess, execFile, spawn } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
@@ -423,6 +423,65 @@ const initialise = (binDir: string, stateDir: string, pgDir: string, password: s
     (pwFile) => Effect.sync(() => Fs.rmSync(pwFile, { force: true }))
   )
 
+/** The file that makes the setup of the server one process's at a time (its pid in it). */
+const START_LOCK = "embedded-pg.lock"
+/** How long a process waits for another local one that is setting the server up (initdb ≤ 2 min, start ≤ 60 s). */
+const START_LOCK_WAIT = Duration.minutes(4)
+
+/** the start locks this process holds (a file with this pid that is not here was left by an earlier one) */
+const heldHere = new Set<string>()
+
+/**
+ * Take the start lock in `stateDir`: `true` when taken, `false` when another live process holds
+ * it. A lock left by a dead process (or with this process's own pid: a restarted container) is
+ * removed and taken. When the file cannot be made at all (not EEXIST), the start goes on unlocked,
+ * as before the lock existed.
+ */
+const tryStartLock = (file: string): boolean => {
+  if (heldHere.has(file)) return false
+  try {
+    Fs.writeFileSync(file, `${process.pid}\n`, { flag: "wx", mode: 0o600 })
+    heldHere.add(file)
+    return true
+  } catch (e) {
+    if (ownCode(e) !== "EEXIST") return true
+  }
+  const holder = Number((Fs.existsSync(file) ? Fs.readFileSync(file, "utf8") : "").trim())
+  if (Number.isSafeInteger(holder) && holder > 0 && holder !== process.pid && isAlive(holder)) return false
+  Fs.rmSync(file, { force: true })
+  return false
+}
+
+/**
+ * Run `setup` holding the start lock of `stateDir`, so that two processes started at once on one
+ * data directory do not both run initdb or start a server (one would fail, or both): the second
+ * waits, then finds the first one's server and adopts it. Waits at most {@link START_LOCK_WAIT}.
+ */
+const withStartLock = <A, R>(
+  stateDir: string,
+  setup: Effect.Effect<A, EmbeddedPgError, R>
+): Effect.Effect<A, EmbeddedPgError, R> => {
+  const file = Path.join(stateDir, START_LOCK)
+  const take = Effect.try({ try: () => tryStartLock(file), catch: () => false }).pipe(
+    Effect.orElseSucceed(() => false),
+    Effect.repeat({ schedule: Schedule.spaced("200 millis"), until: (taken) => taken }),
+    Effect.timeoutFail({
+      duration: START_LOCK_WAIT,
+      onTimeout: () => fail(`another process has been setting the server up for 4 minutes (${file})`)
+    })
+  )
+  const release = Effect.sync(() => {
+    try {
+      if (heldHere.delete(file) && Fs.readFileSync(file, "utf8").trim() === String(process.pid)) {
+        Fs.rmSync(file, { force: true })
+      }
+    } catch {
+      // gone already
+    }
+  })
+  return Effect.acquireUseRelease(take, () => setup, () => release)
+}
+
 /**
  * Start (or adopt) the embedded server for `dataDir` and return a connection URL for `database`.
  * The server is stopped when the scope closes (only if this process started it). `nativeDir`
@@ -451,59 +510,67 @@ export const start = (options: {
       )
         .pipe(Effect.annotateLogs({ dir: stateDir }))
     }
-    const password = yield* Effect.try({
-      try: () => readOrCreatePassword(stateDir),
-      catch: () => fail("the password file in the data directory is unreadable")
-    })
-
-    const adopted = yield* Effect.try({
-      try: () => runningServer(pgDir),
-      catch: () => fail(`the lock file ${Path.join(pgDir, "postmaster.pid")} is unreadable`)
-    })
-    if (adopted !== undefined) {
-      yield* Effect.logInfo("embedded PostgreSQL already running for this data directory; adopting it").pipe(
-        Effect.annotateLogs({ port: adopted })
-      )
-      yield* ensureDatabase(adopted, password, database)
-      // the process that started the server leaves it running while this session is open
-      yield* holdAdopterSession(adopted, password)
-      return { url: urlFor(adopted, password, database), port: adopted, owned: false, pgDir }
-    }
-
-    const binDir = yield* binaries(options.nativeDir, shared)
-    const port = yield* freePort
-    const initialised = Fs.existsSync(Path.join(pgDir, "PG_VERSION"))
-    if (!initialised) yield* initialise(binDir, stateDir, pgDir, password, user)
-    const stopTimeout = options.stopTimeout ?? Duration.seconds(15)
-    yield* Effect.acquireRelease(
-      Effect.interruptible(runServer(binDir, pgDir, port, user)).pipe(
-        Effect.timeoutFail({
-          duration: Duration.seconds(60),
-          onTimeout: () => fail("the server did not start within 60 s")
+    // one local process at a time sets the server up (password, initdb, start) or adopts it
+    return yield* withStartLock(
+      stateDir,
+      Effect.gen(function*() {
+        const password = yield* Effect.try({
+          try: () => readOrCreatePassword(stateDir),
+          catch: () => fail("the password file in the data directory is unreadable")
         })
-      ),
-      (child) =>
-        Effect.gen(function*() {
-          // another local replica adopted this server and still uses it: leave it running (it is
-          // adopted again by the next start), never stop the database under it
-          const others = yield* adopters(port, password)
-          if (others > 0) {
-            return yield* Effect.logInfo("embedded PostgreSQL left running: another local process uses it").pipe(
-              Effect.annotateLogs({ adopters: others })
-            )
-          }
-          yield* stopServer(child).pipe(Effect.interruptible)
-        }).pipe(
-          Effect.timeoutOption(stopTimeout),
-          Effect.flatMap((o) =>
-            Option.isNone(o) ? Effect.logWarning("embedded PostgreSQL did not stop in time") : Effect.void
+
+        const adopted = yield* Effect.try({
+          try: () => runningServer(pgDir),
+          catch: () => fail(`the lock file ${Path.join(pgDir, "postmaster.pid")} is unreadable`)
+        })
+        if (adopted !== undefined) {
+          yield* Effect.logInfo("embedded PostgreSQL already running for this data directory; adopting it").pipe(
+            Effect.annotateLogs({ port: adopted })
           )
+          yield* ensureDatabase(adopted, password, database)
+          // the process that started the server leaves it running while this session is open
+          yield* holdAdopterSession(adopted, password)
+          return { url: urlFor(adopted, password, database), port: adopted, owned: false, pgDir }
+        }
+
+        const binDir = yield* binaries(options.nativeDir, shared)
+        const port = yield* freePort
+        const initialised = Fs.existsSync(Path.join(pgDir, "PG_VERSION"))
+        if (!initialised) yield* initialise(binDir, stateDir, pgDir, password, user)
+        const stopTimeout = options.stopTimeout ?? Duration.seconds(15)
+        yield* Effect.acquireRelease(
+          Effect.interruptible(runServer(binDir, pgDir, port, user)).pipe(
+            Effect.timeoutFail({
+              duration: Duration.seconds(60),
+              onTimeout: () => fail("the server did not start within 60 s")
+            })
+          ),
+          (child) =>
+            Effect.gen(function*() {
+              // another local replica adopted this server and still uses it: leave it running (it is
+              // adopted again by the next start), never stop the database under it
+              const others = yield* adopters(port, password)
+              if (others > 0) {
+                return yield* Effect.logInfo("embedded PostgreSQL left running: another local process uses it").pipe(
+                  Effect.annotateLogs({ adopters: others })
+                )
+              }
+              yield* stopServer(child).pipe(Effect.interruptible)
+            }).pipe(
+              Effect.timeoutOption(stopTimeout),
+              Effect.flatMap((o) =>
+                Option.isNone(o) ? Effect.logWarning("embedded PostgreSQL did not stop in time") : Effect.void
+              )
+            )
         )
+        yield* ensureDatabase(port, password, database)
+        yield* Effect.logInfo(
+          initialised ? "embedded PostgreSQL started" : "embedded PostgreSQL initialised and started"
+        )
+          .pipe(
+            Effect.annotateLogs({ port })
+          )
+        return { url: urlFor(port, password, database), port, owned: true, pgDir }
+      })
     )
-    yield* ensureDatabase(port, password, database)
-    yield* Effect.logInfo(initialised ? "embedded PostgreSQL started" : "embedded PostgreSQL initialised and started")
-      .pipe(
-        Effect.annotateLogs({ port })
-      )
-    return { url: urlFor(port, password, database), port, owned: true, pgDir }
   })
