@@ -479,7 +479,8 @@ const withStartLock = <A, R>(
       // gone already
     }
   })
-  return Effect.acquireUseRelease(take, () => setup, () => release)
+  // the wait is interruptible (a signal during startup ends it within the shutdown deadline)
+  return Effect.acquireUseRelease(Effect.interruptible(take), () => setup, () => release)
 }
 
 /**
