@@ -35,6 +35,23 @@ describe("token buckets", () => {
     expect(retryAfterSeconds(1)).toBe(1)
   })
 
+  it("give returns a taken token, never above the limit; an untracked key stays full", () => {
+    const b = makeBuckets({ limit: 2, perMs: MIN }, 10)
+    expect(b.take("a", 0).allowed).toBe(true)
+    expect(b.take("a", 0).allowed).toBe(true)
+    expect(b.take("a", 0).allowed).toBe(false)
+    b.give("a", 0)
+    expect(b.take("a", 0).allowed).toBe(true)
+    b.give("a", 0)
+    b.give("a", 0)
+    b.give("a", 0)
+    expect(b.take("a", 0).allowed).toBe(true)
+    expect(b.take("a", 0).allowed).toBe(true)
+    expect(b.take("a", 0).allowed).toBe(false)
+    b.give("z", 0)
+    expect(b.size()).toBe(1)
+  })
+
   it("bounded: at maxKeys the least recently used key is forgotten (its bucket full again)", () => {
     const b = makeBuckets({ limit: 1, perMs: MIN }, 2)
     b.take("a", 0)

@@ -4,9 +4,10 @@
  * caller DID (120/min) and per method; each refusal is 429 with Retry-After.
  */
 import { describe, expect, it, layer } from "@effect/vitest"
-import { Effect, TestClock } from "effect"
+import { Effect, Fiber, TestClock } from "effect"
 import { DEFAULT_LIMITS } from "../../src/services/api/RateLimiter.js"
-import { apiLayer, call, healthApi, mint, newOwner, Plc } from "./support.js"
+import { apiLayer, call, claims, forge, healthApi, mint, newDid, newOwner, Plc } from "./support.js"
+import { until } from "./tailClient.js"
 
 const LIST = "place.wisp.v2.secret.list"
 const CREATE = "place.wisp.v2.secret.create"
@@ -14,6 +15,8 @@ const CREATE = "place.wisp.v2.secret.create"
 const wallClock = Effect.suspend(() => TestClock.setTime(Date.now()))
 /** tokens that outlive the TestClock's jumps (at most 1 h ahead, SPEC §8.2) */
 const longMint = (owner: Parameters<typeof mint>[0], lxm: string) => mint(owner, lxm, { expiresIn: 3000 })
+
+const nowS = () => Math.floor(Date.now() / 1000)
 
 describe("rate limits behind a trusted proxy", () => {
   layer(apiLayer({ env: { API_TRUST_PROXY: "1" } }))((it) => {
@@ -139,6 +142,49 @@ describe("without API_TRUST_PROXY", () => {
         // three 502s use up the address's failed authentications; then nothing is fetched
         expect(answers).toEqual([502, 502, 502, 429, 429])
         expect(fetched() - before).toBe(3)
+      }))
+
+    it.effect("calls sent at once cannot fail more than the limit: each verification holds one while it runs", () =>
+      Effect.gen(function*() {
+        // the address's limit full again (past the other tests' moves of the clock)
+        yield* wallClock
+        yield* TestClock.adjust("2 minutes")
+        const plc = yield* Plc
+        const handler = plc.handler
+        const before = plc.requests.length
+        // the directory holds every answer until the test lets them go
+        let release: () => void = () => {}
+        const gate = new Promise<void>((r) => (release = r))
+        plc.handler = (req) => gate.then(() => handler(req))
+        // forged tokens naming DIDs nobody has: each verification fetches a document (then 401)
+        const owner = yield* newOwner()
+        const tokens = yield* Effect.forEach(
+          Array.from({ length: 10 }, () => newDid()),
+          (did) =>
+            forge(
+              owner.key,
+              { alg: "ES256K", typ: "JWT" },
+              claims({ did, key: owner.key }, LIST, { exp: nowS() + 900 })
+            )
+        )
+        const answered: Array<number> = []
+        const calls = yield* Effect.fork(
+          Effect.forEach(tokens, (token) => Effect.tap(call(LIST, { token }), (r) => answered.push(r.status)), {
+            concurrency: "unbounded"
+          })
+        )
+        // every call is either answered or waiting on the directory
+        yield* until("every call answered or fetching", () => answered.length + plc.requests.length - before >= 10)
+          .pipe(Effect.ensuring(Effect.sync(() => release())))
+        const answers = yield* Fiber.join(calls).pipe(Effect.ensuring(Effect.sync(() => (plc.handler = handler))))
+        expect(answers.map((r) => r.status).sort()).toEqual([401, 401, 401, 429, 429, 429, 429, 429, 429, 429])
+        expect(plc.requests.length - before).toBe(3)
+        // an accepted token gives its hold back: a genuine call from the (now limited) address is
+        // refused, one after the refill is not and leaves the address's one free failure in place
+        yield* TestClock.adjust("20 seconds")
+        expect((yield* call(LIST, { token: yield* longMint(owner, LIST) })).status).toBe(200)
+        expect((yield* call(LIST, { token: "garbage" })).status).toBe(401)
+        expect((yield* call(LIST, { token: "garbage" })).status).toBe(429)
       }))
   })
 })

@@ -35,6 +35,8 @@ export interface Buckets {
   readonly peek: (key: string, now: number) => Decision
   /** Take one token of `key` if one is there. */
   readonly take: (key: string, now: number) => Decision
+  /** Give back one token taken from `key` (a reservation that was not used); never above `limit`. */
+  readonly give: (key: string, now: number) => void
   readonly size: () => number
 }
 
@@ -78,6 +80,11 @@ export const makeBuckets = (rate: Rate, maxKeys: number): Buckets => {
       }
       buckets.set(key, next)
       return d
+    },
+    give: (key, now) => {
+      // a key no longer tracked is a full bucket already
+      const b = current(key, now)
+      if (b !== undefined) b.tokens = Math.min(rate.limit, b.tokens + 1)
     },
     size: () => buckets.size
   }

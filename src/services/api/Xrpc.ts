@@ -11,7 +11,8 @@
  * - Authentication comes first (SPEC §8.2: "before anything else is read"): a refused token is a
  *   401 before the query string is decoded or one byte of the body is read, and no handler runs.
  *   A client address with 30 failed authentications in the last minute is refused (429) before
- *   its token is even looked at.
+ *   its token is even looked at; each verification holds one of those 30 while it runs (given
+ *   back when the token is accepted), so concurrent calls cannot exceed the limit.
  * - Per caller DID: 120 calls/min, and per method the extra limits of {@link METHOD_RATES};
  *   refused → 429 with `Retry-After`.
  * - Procedure bodies: `Content-Type: application/json`, at most 64 KiB (a larger
@@ -180,8 +181,8 @@ const authorize = <R>(
       Effect.catchTags({
         AuthFailure: (e) =>
           Effect.gen(function*() {
+            // the address's failed authentication was taken (reserved) before the verification began
             deps.counters.authFailures++
-            deps.limiters.failedAuth.take(address, yield* Clock.currentTimeMillis)
             yield* Effect.logDebug("api: authentication refused").pipe(
               Effect.annotateLogs({ nsid, error: e.error, reason: e.reason })
             )
@@ -190,12 +191,13 @@ const authorize = <R>(
             )
           }),
         AuthUnavailable: (e) =>
-          // an unreachable issuer counts as a failed authentication: the claims are read before any
-          // signature, so a forged token names any DID (and, with did:web, any host), and without
-          // the limit each one would make firehook fetch a DID document
+          // an unreachable issuer counts as a failed authentication (its reservation is kept): the
+          // claims are read before any signature, so a forged token names any DID (and, with
+          // did:web, any host), and without the limit each one would make firehook fetch a DID
+          // document; the other reasons are not the token's, and give the reservation back
           Effect.flatMap(Clock.currentTimeMillis, (now) =>
             Effect.sync(() => {
-              if (e.reason === "identity_unavailable") deps.limiters.failedAuth.take(address, now)
+              if (e.reason !== "identity_unavailable") deps.limiters.failedAuth.give(address, now)
             })).pipe(
               Effect.zipRight(Effect.logWarning("api: a token could not be verified now")),
               Effect.annotateLogs({ nsid, reason: e.reason }),
@@ -221,6 +223,8 @@ const authorize = <R>(
             )
       })
     )
+    // authenticated: the reservation of a failed authentication is given back
+    deps.limiters.failedAuth.give(address, yield* Clock.currentTimeMillis)
     const perMethod = deps.limiters.methods.get(nsid)
     const decision = takeAll(
       perMethod === undefined
@@ -256,8 +260,14 @@ const xrpc = <R>(deps: PipelineDeps<R>, request: HttpServerRequest.HttpServerReq
     const address = addressKey(
       clientAddress(request.remoteAddress, request.headers["x-forwarded-for"], deps.trustProxy)
     )
-    const blocked = deps.limiters.failedAuth.peek(address, yield* Clock.currentTimeMillis)
-    if (!blocked.allowed) return yield* Effect.fail(refused(blocked, deps.counters))
+    // Every verification takes (reserves) one of the address's failed authentications before it
+    // begins and gives it back once the token is accepted: so concurrent calls from one address can
+    // never fail more than its limit (with a look that took nothing, 100 forged tokens sent at once
+    // all passed it, and each made firehook resolve a DID), and a verification that never ends
+    // (the call's deadline) counts as a failure. An address over its limit is refused before its
+    // token is looked at.
+    const reserved = deps.limiters.failedAuth.take(address, yield* Clock.currentTimeMillis)
+    if (!reserved.allowed) return yield* Effect.fail(refused(reserved, deps.counters))
     // the platform runs a request uninterruptibly: the call itself is made interruptible, so that
     // the deadline can stop it
     const deadline = <A, E, Q>(eff: Effect.Effect<A, E, Q>) =>
