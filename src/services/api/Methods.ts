@@ -43,12 +43,34 @@ export interface ApiMethod<R> {
 
 export type MethodTable<R> = ReadonlyArray<ApiMethod<R>>
 
-/** The first schema issue as a short text (the path and the rule, never the value). */
+/** Issues walked down at most (the tree follows the Schema, never the value's depth). */
+const MAX_ISSUE_DEPTH = 256
+
+/**
+ * The first schema issue as a short text (the path and the rule, never the value). The issue tree
+ * is walked here rather than through a formatter: the formatters render the refused value into
+ * their messages, and a deeply nested JSON body (5,000 arrays in 10 KB) overflowed the stack there,
+ * a 500 where SPEC §8.3 says 400.
+ */
 const describe = (e: ParseResult.ParseError): string => {
-  const issue = ParseResult.ArrayFormatter.formatErrorSync(e)[0]
-  if (issue === undefined) return "invalid"
-  const path = issue.path.length === 0 ? "" : `${issue.path.map(String).join(".")}: `
-  return `${path}${
+  let issue: ParseResult.ParseIssue = e.issue
+  const path: Array<PropertyKey> = []
+  for (let i = 0; i < MAX_ISSUE_DEPTH; i++) {
+    if (issue._tag === "Pointer") {
+      path.push(...(Array.isArray(issue.path) ? issue.path : [issue.path]))
+      issue = issue.issue
+    } else if (issue._tag === "Composite") {
+      const first: ParseResult.ParseIssue | undefined = Array.isArray(issue.issues) ? issue.issues[0] : issue.issues
+      if (first === undefined) break
+      issue = first
+    } else if (issue._tag === "Refinement" || issue._tag === "Transformation") {
+      issue = issue.issue
+    } else {
+      break
+    }
+  }
+  const where = path.length === 0 ? "" : `${path.map(String).join(".")}: `
+  return `${where}${
     issue._tag === "Missing" ? "is missing" : issue._tag === "Unexpected" ? "is not allowed" : "is invalid"
   }`
 }
