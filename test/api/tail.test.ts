@@ -15,6 +15,7 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { describe, expect, it, layer } from "@effect/vitest"
 import { Deferred, Duration, Effect, Exit, Fiber, Layer, Ref, Scope, TestClock } from "effect"
 import * as Http from "node:http"
+import * as Net from "node:net"
 import * as TailHub from "../../src/services/api/Tail.js"
 import { Tail } from "../../src/services/api/Tail.js"
 import * as TailSocket from "../../src/services/api/TailSocket.js"
@@ -133,6 +134,30 @@ describe("subscribeDeliveries on a real socket", () => {
           const again = yield* open(a)
           for (const t of [...tails.slice(1), again, tailB]) yield* close(t)
           yield* untilEffect("all released", Effect.map(connections, (n) => n === 0))
+        }))
+
+      it.effect("a handshake the WebSocket server refuses (no Sec-WebSocket-Key) gives the DID's place back", () =>
+        Effect.gen(function*() {
+          yield* wallClock
+          const owner = yield* newOwner()
+          const port = yield* serverPort
+          const token = yield* mint(owner, NSID)
+          // a valid token, an upgrade `ws` refuses itself (400, socket ended)
+          const answer = yield* Effect.async<string>((resume) => {
+            const socket = Net.connect(port, "127.0.0.1")
+            let text = ""
+            socket.on("data", (d: Buffer) => (text += d.toString("latin1")))
+            socket.on("close", () => resume(Effect.succeed(text)))
+            socket.on("error", () => {})
+            socket.write(
+              `GET /xrpc/${NSID} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${token}\r\n` +
+                "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            return Effect.sync(() => socket.destroy())
+          })
+          expect(answer.split("\r\n")[0]).toBe("HTTP/1.1 400 Bad Request")
+          // the call ended: the caller's place is free again (it stayed taken, and the call hung)
+          yield* untilEffect("released", Effect.map(connections, (n) => n === 0))
         }))
 
       it.effect("a slow reader: the buffer is bounded and an #info frame counts what was dropped", () =>

@@ -23,7 +23,7 @@
  */
 import type * as HttpServerError from "@effect/platform/HttpServerError"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
-import type * as Socket from "@effect/platform/Socket"
+import * as Socket from "@effect/platform/Socket"
 import { Data, Deferred, Duration, Effect, Schedule } from "effect"
 import * as Net from "node:net"
 
@@ -90,6 +90,35 @@ const nodeSocket = (request: HttpServerRequest.HttpServerRequest): Net.Socket | 
   return socket instanceof Net.Socket ? socket : undefined
 }
 
+/**
+ * Node: fails once `socket` has closed. `ws` answers a handshake it refuses (no or a malformed
+ * `Sec-WebSocket-Key`, another `Sec-WebSocket-Version` …) with a 400 itself, ends the socket and
+ * never calls @effect/platform-node's upgrade callback. The library acquires the WebSocket (waits
+ * for that callback, uninterruptibly) when the socket is first read, and does not interrupt the
+ * request for a socket it ended: the read waited forever, holding the caller's tail place and
+ * keeping the API's scope from closing.
+ */
+const socketClosed = (socket: Net.Socket): Effect.Effect<never, Socket.SocketError> =>
+  Effect.async<never, Socket.SocketError>((resume) => {
+    const closed = () =>
+      resume(
+        Effect.fail(new Socket.SocketGenericError({ reason: "Open", cause: "the socket closed before it opened" }))
+      )
+    if (socket.destroyed) return closed()
+    socket.once("close", closed)
+    return Effect.sync(() => void socket.off("close", closed))
+  })
+
+/**
+ * Node: `socket` whose reads end when the request's socket closes. The library's read is
+ * disconnected, so that ending it does not wait for an acquisition that never comes (the waiting
+ * fiber is then unreachable).
+ */
+const endingWith = (socket: Socket.Socket, node: Net.Socket): Socket.Socket => ({
+  ...socket,
+  runRaw: (handler, options) => Effect.raceFirst(Effect.disconnect(socket.runRaw(handler, options)), socketClosed(node))
+})
+
 /** Upgrade the request to a WebSocket, with the socket's buffered amount where the server shows it. */
 export const upgrade: Effect.Effect<TailSocket, HttpServerError.RequestError, HttpServerRequest.HttpServerRequest> =
   Effect.gen(function*() {
@@ -98,7 +127,9 @@ export const upgrade: Effect.Effect<TailSocket, HttpServerError.RequestError, Ht
     const node = nodeSocket(request)
     const upgraded: TailSocket = isBunServer(server)
       ? yield* upgradeBun(request, server)
-      : { socket: yield* request.upgrade, buffered: node && Effect.sync(() => node.writableLength) }
+      : node === undefined
+      ? { socket: yield* request.upgrade, buffered: undefined }
+      : { socket: endingWith(yield* request.upgrade, node), buffered: Effect.sync(() => node.writableLength) }
     if (upgraded.buffered === undefined) {
       yield* Effect.logWarning(
         "api: a tail's socket buffer cannot be observed on this server: only its frame queue is bounded"
