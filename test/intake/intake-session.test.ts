@@ -386,6 +386,28 @@ describe("health: cursor age of a stream that has committed nothing yet", () => 
   })
 })
 
+describe("intake health of a standby", () => {
+  it.effect(`is ready until ${Intake.STANDBY_FAILED_ELECTIONS_MAX} elections in a row failed (it could not take over)`, () =>
+    Effect.gen(function*() {
+      const intake: Intake.IntakeShape = {
+        run: Effect.never,
+        stats: Effect.succeed({ running: false, streams: [] }),
+        stopAccepting: Effect.void
+      }
+      const standby = (failed: number) =>
+        Intake.healthSection(
+          intake,
+          Effect.succeed("standby" as const),
+          Effect.succeed({ rejected: {} }),
+          undefined,
+          Effect.succeed(failed)
+        )
+      expect((yield* standby(0)).ready).toBe(true)
+      expect((yield* standby(Intake.STANDBY_FAILED_ELECTIONS_MAX - 1)).ready).toBe(true)
+      expect((yield* standby(Intake.STANDBY_FAILED_ELECTIONS_MAX)).ready).toBe(false)
+    }))
+})
+
 describe("a session ended by a poison frame", () => {
   it.scoped("leaves the stream not connected while it waits to reconnect (health: not progressing, not ready)", () => {
     const rec = newRecorder()

@@ -128,4 +128,54 @@ describe("leader on PostgreSQL", () => {
         }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
     30_000
   )
+
+  it.scopedLive(
+    "each election's outcome is reported: leader, standby (another replica holds the lock), failed (no connection)",
+    () =>
+      Effect.flatMap(Db.freshDatabase, ({ url }) =>
+        Effect.gen(function*() {
+          const real = yield* SqlClient.SqlClient
+          const down = yield* Ref.make(false)
+          const flaky = new Proxy(real, {
+            get: (target, p) =>
+              p === "reserve"
+                ? Effect.flatMap(Ref.get(down), (d) => (d ? Effect.fail(new Error("ECONNREFUSED")) : real.reserve))
+                : Reflect.get(target, p)
+          })
+          const run = (outcomes: Array<string>, client: SqlClient.SqlClient) =>
+            runAsLeader(
+              {
+                key: KEY,
+                name: "test",
+                retryInterval: Duration.millis(20),
+                onElection: (o) => Effect.sync(() => void outcomes.push(o))
+              },
+              Ref.unsafeMake<Role>("standby"),
+              Effect.never
+            ).pipe(Effect.provideService(SqlClient.SqlClient, client), Effect.forkScoped)
+          const first: Array<string> = []
+          const leader = yield* run(first, real)
+          yield* waitFor(() => first.includes("leader"))
+          const second: Array<string> = []
+          const standby = yield* run(second, flaky)
+          yield* waitFor(() => second.filter((o) => o === "standby").length >= 2)
+          yield* Ref.set(down, true)
+          yield* waitFor(() => second.slice(-3).every((o) => o === "failed") && second.length >= 5)
+          expect(first).toEqual(["leader"])
+          expect(second.slice(0, 2)).toEqual(["standby", "standby"])
+          yield* Fiber.interrupt(standby)
+          yield* Fiber.interrupt(leader)
+        }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
+    30_000
+  )
 })
+
+/** Poll a condition on the live clock (bounded: 10 s); asserts nothing about time. */
+const waitFor = (cond: () => boolean) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 500; i++) {
+      if (cond()) return
+      yield* Effect.sleep("20 millis")
+    }
+    return yield* Effect.dieMessage("condition not reached")
+  })

@@ -172,12 +172,19 @@ export const make = (options: IntakeOptions = {}) =>
     return shape
   })
 
+/**
+ * Elections in a row that failed (no database connection, or the lock query failed) after which a
+ * standby is no longer ready: it could not take over if the leader died.
+ */
+export const STANDBY_FAILED_ELECTIONS_MAX = 3
+
 /** the intake section of /health (SPEC §6.2) */
 export const healthSection = (
   intake: IntakeShape,
   role: Effect.Effect<"leader" | "standby">,
   registry: Effect.Effect<{ readonly rejected: Readonly<Record<string, number>> }>,
-  progressWindowMs = 60_000
+  progressWindowMs = 60_000,
+  failedElections: Effect.Effect<number> = Effect.succeed(0)
 ) =>
   Effect.gen(function*() {
     const now = yield* Clock.currentTimeMillis
@@ -206,8 +213,10 @@ export const healthSection = (
         queued: state.queued
       }
     }
-    // a standby is healthy by definition; a leader must be progressing
-    const healthy = r === "standby" || (stats.running && stats.streams.length > 0 && progressing)
+    // a standby is healthy while its elections reach the database; a leader must be progressing
+    const healthy = r === "standby"
+      ? (yield* failedElections) < STANDBY_FAILED_ELECTIONS_MAX
+      : stats.running && stats.streams.length > 0 && progressing
     return {
       ready: healthy,
       body: {
@@ -262,8 +271,16 @@ export const layer = (options: IntakeOptions = {}) =>
             return yield* Effect.raceFirst(intake.run, Effect.provideService(sync, RegistryChanges, feed))
           })
       })
-      const fiber = yield* Effect.forkScoped(runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake" }, role, work))
-      yield* health.register("intake", healthSection(intake, Ref.get(role), registry.stats))
+      const failedElections = yield* Ref.make(0)
+      const onElection = (outcome: "leader" | "standby" | "failed") =>
+        outcome === "failed" ? Ref.update(failedElections, (n) => n + 1) : Ref.set(failedElections, 0)
+      const fiber = yield* Effect.forkScoped(
+        runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake", onElection }, role, work)
+      )
+      yield* health.register(
+        "intake",
+        healthSection(intake, Ref.get(role), registry.stats, undefined, Ref.get(failedElections))
+      )
       yield* lifecycle.registerStop("intake-stop", "intake-stop", intake.stopAccepting)
       yield* lifecycle.registerStop(
         "intake-drain",

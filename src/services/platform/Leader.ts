@@ -117,6 +117,11 @@ export interface LeaderOptions {
   readonly pingTimeout?: Duration.DurationInput
   /** how the steps of a term are reported (default: the log lines of this module) */
   readonly events?: LeaderEvents
+  /**
+   * Each election's outcome, besides `events`: `leader` (the lock was taken), `standby` (another
+   * replica holds it), `failed` (no connection, or the lock query failed or timed out)
+   */
+  readonly onElection?: (outcome: "leader" | "standby" | "failed") => Effect.Effect<void>
 }
 
 /**
@@ -135,6 +140,7 @@ export const runAsLeader = <E, R>(
     const ping = Duration.decode(options.pingInterval ?? "2 seconds")
     const pingTimeout = options.pingTimeout === undefined ? ping : Duration.decode(options.pingTimeout)
     const events = options.events ?? {}
+    const onElection = options.onElection ?? (() => Effect.void)
     const acquiredEvent = events.acquired ??
       Effect.logInfo("role acquired").pipe(Effect.annotateLogs({ role: options.name }))
     const lostEvent = events.lost ??
@@ -172,13 +178,17 @@ export const runAsLeader = <E, R>(
             Effect.tapError(() => unlockOrDiscard(sql, conn, options.key, undefined))
           )
         const ok = rows[0]?.[0] === true
-        if (!ok) return false
+        if (!ok) {
+          yield* onElection("standby")
+          return false
+        }
         const pid = Number(rows[0]?.[1])
         yield* Scope.addFinalizer(
           scope,
           unlockOrDiscard(sql, conn, options.key, Number.isFinite(pid) ? pid : undefined, tidy)
         )
         yield* Ref.set(role, "leader")
+        yield* onElection("leader")
         yield* acquiredEvent
         const worker = yield* Effect.forkIn(work, scope)
         // the watchdog: a failed ping means the lock's connection is gone
@@ -193,7 +203,7 @@ export const runAsLeader = <E, R>(
         yield* lost._tag === "Left" ? lostEvent("connection", lost.left) : lostEvent("worker-ended", undefined)
         return true
       }).pipe(
-        Effect.catchAll((e) => Effect.as(failedEvent(e), false)),
+        Effect.catchAll((e) => Effect.as(Effect.zipRight(onElection("failed"), failedEvent(e)), false)),
         Effect.ensuring(
           events.ended === undefined
             ? Ref.set(role, "standby")
