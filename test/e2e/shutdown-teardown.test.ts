@@ -85,7 +85,9 @@ describe("the shutdown deadline with a database that stopped answering", () => {
         })
         await waitFor(`http://127.0.0.1:${port}/health`, 200, running)
         // the singleton roles hold their locks (their unlock is one of the finalizers that waited)
-        for (let i = 0; i < 600 && !running.stdout().includes("maintenance runner role taken"); i++) {
+        const bothHeld = () =>
+          running.stdout().includes("maintenance runner role taken") && running.stdout().includes("role acquired")
+        for (let i = 0; i < 600 && !bothHeld(); i++) {
           await new Promise((r) => setTimeout(r, 50))
         }
         expect(running.stdout()).toContain("role acquired")
