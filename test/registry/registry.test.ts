@@ -4,7 +4,7 @@
  * test/reconciliation/snapshot-fence.test.ts).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Layer, Ref } from "effect"
+import { Effect, Either, Layer, Metric, Ref } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
@@ -151,6 +151,30 @@ describe("gone (410): RegistryStore.markGone; a gone registration stays in match
         seeded([row(ALICE, "a", whRecordValue(`at://${BOB}`)), row(ALICE, "b", whRecordValue(`at://${BOB}`))])
       )
     ))
+})
+
+describe("admission refusals of an owner swap", () => {
+  it.effect("are counted by the metric as by health", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const store = yield* RegistryStore.RegistryStore
+      // the same name and description as the registry's counter: one series
+      const metric = Metric.tagged(
+        Metric.counter("firehook_registry_admission_rejected_total", {
+          description: "Webhook records not activated because an admission limit was reached"
+        }),
+        "limit",
+        "total"
+      )
+      const before = (yield* Metric.value(metric)).count
+      const healthBefore = (yield* registry.stats).rejected.total ?? 0
+      yield* store.upsert(row(ALICE, "a", whRecordValue(`at://${BOB}`)))
+      yield* store.upsert(row(ALICE, "b", whRecordValue(`at://${BOB}`)))
+      yield* registry.swapOwner(ALICE)
+      expect(registry.index.byOwner(ALICE)).toHaveLength(1)
+      expect(((yield* registry.stats).rejected.total ?? 0) - healthBefore).toBe(1)
+      expect((yield* Metric.value(metric)).count - before).toBe(1)
+    }).pipe(Effect.provide(seeded([], { REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "1" }))))
 })
 
 describe("admission: the direct-DIDs limit is Jetstream's (SPEC §2.6)", () => {

@@ -443,15 +443,19 @@ export const make = Effect.gen(function*() {
       const previous = index.byOwner(ownerDid)
       index.replaceOwner(ownerDid, [])
       let admitted = 0
+      const refused: Array<AdmissionLimit> = []
       for (const w of next) {
         const limit = admission(w)
         if (limit !== undefined) {
           rejected[limit]++
+          refused.push(limit)
           continue
         }
         index.upsert(w)
         admitted++
       }
+      // the metric counts what health counts (after the synchronous swap)
+      for (const limit of refused) yield* Metric.increment(Metric.tagged(admissionRejections, "limit", limit))
       yield* Metric.set(activeGauge, index.size)
       yield* Effect.logDebug("owner registrations swapped").pipe(
         Effect.annotateLogs({ before: previous.length, after: admitted })
