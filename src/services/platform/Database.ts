@@ -41,8 +41,8 @@ export class DatabaseUrl extends Context.Tag("firehook/DatabaseUrl")<DatabaseUrl
 const PG_FIXED_MESSAGES: ReadonlyMap<string, string> = new Map([
   ["The server does not support SSL connections", "the server does not support SSL; see sslmode in DATABASE_URL"],
   ["Connection terminated unexpectedly", "connection terminated"],
-  ["Connection terminated due to connection timeout", "timeout"],
-  ["Connection timed out", "timeout"]
+  // pg-pool's, when `connectionTimeoutMillis` passed
+  ["Connection terminated due to connection timeout", "timeout"]
 ])
 
 const fixedMessage = (e: unknown): string | undefined => {
@@ -69,14 +69,9 @@ const END_TIMEOUT = Duration.seconds(1)
 /**
  * A connection that did not complete within {@link CONNECT_TIMEOUT} (a server that accepts the TCP
  * connection and never answers), with the code `timeout`, so that the startup line says
- * `could not connect (timeout)` instead of `(unknown error)`: neither pg-pool's error nor ours had a code.
+ * `could not connect (timeout)` (pg-pool's own timeout error is named by {@link describeSqlError}).
  */
 const connectTimedOut = (): Error => Object.assign(new Error("Connection timed out"), { code: "timeout" })
-
-/** pg-pool's error when `connectionTimeoutMillis` passed (it has no code; this message is a constant of pg-pool). */
-const isPoolConnectTimeout = (e: unknown): boolean =>
-  e instanceof Error && ErrorCode.ownCode(e) === undefined &&
-  e.message === "Connection terminated due to connection timeout"
 
 /**
  * The `pg` pool (what `PgClient.make` builds, with the same settings), its connections made by
@@ -99,11 +94,7 @@ const openPool = (url: Redacted.Redacted<string>, options: DatabaseOptions) =>
       pool.on("error", () => {})
       return Effect.tryPromise({
         try: () => pool.query("SELECT 1"),
-        catch: (cause) =>
-          new SqlError({
-            cause: isPoolConnectTimeout(cause) ? connectTimedOut() : cause,
-            message: "PgClient: Failed to connect"
-          })
+        catch: (cause) => new SqlError({ cause, message: "PgClient: Failed to connect" })
       }).pipe(
         Effect.timeoutFail({
           duration: CONNECT_TIMEOUT,
