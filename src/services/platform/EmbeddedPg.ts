@@ -267,7 +267,12 @@ const readOrCreatePassword = (dataDir: string): string => {
  */
 export const ADOPTER_APPLICATION_NAME = "firehook-adopter"
 
-const client = async (port: number, password: string, applicationName?: string) => {
+/** A connected client of the server's `postgres` database (bounded: 5 s to connect, 5 s a query by default). */
+const client = async (
+  port: number,
+  password: string,
+  options: { readonly applicationName?: string; readonly connectMs?: number; readonly queryMs?: number } = {}
+) => {
   const pg = await import("pg")
   const c = new pg.default.Client({
     host: "127.0.0.1",
@@ -275,9 +280,9 @@ const client = async (port: number, password: string, applicationName?: string) 
     user: "postgres",
     password,
     database: "postgres",
-    connectionTimeoutMillis: 5_000,
-    query_timeout: 5_000,
-    ...(applicationName === undefined ? {} : { application_name: applicationName })
+    connectionTimeoutMillis: options.connectMs ?? 5_000,
+    query_timeout: options.queryMs ?? 5_000,
+    ...(options.applicationName === undefined ? {} : { application_name: options.applicationName })
   })
   // a connection the server ends (its stop) must not become an unhandled `error` event
   c.on("error", () => {})
@@ -288,7 +293,7 @@ const client = async (port: number, password: string, applicationName?: string) 
 /** The adopter's session (see {@link ADOPTER_APPLICATION_NAME}), closed with the scope. */
 const holdAdopterSession = (port: number, password: string) =>
   Effect.acquireRelease(
-    Effect.tryPromise(() => client(port, password, ADOPTER_APPLICATION_NAME)).pipe(Effect.option),
+    Effect.tryPromise(() => client(port, password, { applicationName: ADOPTER_APPLICATION_NAME })).pipe(Effect.option),
     (c) =>
       Option.match(c, {
         onNone: () => Effect.void,
@@ -323,29 +328,19 @@ const urlFor = (port: number, password: string, database: string) =>
 export const ensureDatabase = (port: number, password: string, database: string) =>
   Effect.tryPromise({
     try: async () => {
-      const pg = await import("pg")
-      const client = new pg.default.Client({
-        host: "127.0.0.1",
-        port,
-        user: "postgres",
-        password,
-        database: "postgres",
-        connectionTimeoutMillis: 10_000,
-        // bounded (SPEC §7): the existence check and CREATE DATABASE
-        query_timeout: 30_000
-      })
-      await client.connect()
+      // bounded (SPEC §7): the existence check and CREATE DATABASE
+      const c = await client(port, password, { connectMs: 10_000, queryMs: 30_000 })
       try {
-        const found = await client.query("SELECT 1 FROM pg_database WHERE datname = $1", [database])
+        const found = await c.query("SELECT 1 FROM pg_database WHERE datname = $1", [database])
         if (found.rowCount === 0) {
-          await client.query(`CREATE DATABASE "${database.replace(/"/g, "")}"`).catch((e: unknown) => {
+          await c.query(`CREATE DATABASE "${database.replace(/"/g, "")}"`).catch((e: unknown) => {
             // a concurrent creator won the race: fine
             if (!(typeof e === "object" && e !== null && "code" in e && e.code === "42P04")) return Promise.reject(e)
             return undefined
           })
         }
       } finally {
-        await client.end()
+        await c.end()
       }
     },
     catch: () => new EmbeddedPgError({ reason: "could not create the database" })
