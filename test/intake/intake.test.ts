@@ -12,6 +12,7 @@ import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
+import { relayConfig, relayServer } from "../support/fakeRelay.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
 import { memoryStack, plc, testConfig, whRecordValue } from "../support/stack.js"
 
@@ -333,23 +334,9 @@ describe("Intake on the relay firehose (subscribeRepos)", () => {
     "an #info frame (OutdatedCursor: events before the relay's window were missed) is logged with its name, rate-limited; the stream goes on",
     () =>
       Effect.gen(function*() {
-        const { WebSocketServer } = yield* Effect.promise(() => import("ws"))
         const frames = yield* Effect.promise(() => import("./frames.js"))
         const sockets: Array<(b: Uint8Array) => void> = []
-        const wss = yield* Effect.acquireRelease(
-          Effect.async<InstanceType<typeof WebSocketServer>>((resume) => {
-            const server = new WebSocketServer({ host: "127.0.0.1", port: 0 })
-            server.on("connection", (socket) => sockets.push((b) => socket.send(b)))
-            server.once("listening", () => resume(Effect.succeed(server)))
-          }),
-          (server) =>
-            Effect.async<void>((resume) => {
-              for (const c of server.clients) c.terminate()
-              server.close(() => resume(Effect.void))
-            })
-        )
-        const addr = wss.address()
-        const port = typeof addr === "object" && addr !== null ? addr.port : 0
+        const { port } = yield* relayServer((socket) => sockets.push((b) => socket.send(b)))
         const lines = yield* Ref.make<ReadonlyArray<{ message: unknown; name: unknown }>>([])
         const logger = Logger.make(({ annotations, message }) => {
           Effect.runSync(
@@ -359,12 +346,7 @@ describe("Intake on the relay firehose (subscribeRepos)", () => {
             )
           )
         })
-        const config = testConfig({
-          NODE_ENV: "test",
-          WEBHOOK_ALLOW_INSECURE_DEV: "1",
-          FIREHOSE_SOURCE: "relay",
-          RELAY_URL: `ws://127.0.0.1:${port}`
-        })
+        const config = relayConfig(port)
         yield* Effect.gen(function*() {
           const intake = yield* Intake.make({ tuning: fastTuning(512, 128) })
           yield* Effect.forkScoped(intake.run)
@@ -390,34 +372,15 @@ describe("Intake on the relay firehose (subscribeRepos)", () => {
     "one `relay` stream writes the registry and matches everything; cursor = seq; FutureCursor resets to live",
     () =>
       Effect.gen(function*() {
-        const { WebSocketServer } = yield* Effect.promise(() => import("ws"))
         const frames = yield* Effect.promise(() => import("./frames.js"))
         const OWNER = frames.DID
         const connections: Array<{ cursor: string | null; send: (b: Uint8Array) => void }> = []
-        const wss = yield* Effect.acquireRelease(
-          Effect.async<InstanceType<typeof WebSocketServer>>((resume) => {
-            const server = new WebSocketServer({ host: "127.0.0.1", port: 0 })
-            server.on("connection", (socket, req) => {
-              const url = new URL(req.url ?? "/", "ws://x")
-              expect(url.pathname).toBe("/xrpc/com.atproto.sync.subscribeRepos")
-              connections.push({ cursor: url.searchParams.get("cursor"), send: (b) => socket.send(b) })
-            })
-            server.once("listening", () => resume(Effect.succeed(server)))
-          }),
-          (server) =>
-            Effect.async<void>((resume) => {
-              for (const c of server.clients) c.terminate()
-              server.close(() => resume(Effect.void))
-            })
-        )
-        const addr = wss.address()
-        const port = typeof addr === "object" && addr !== null ? addr.port : 0
-        const config = testConfig({
-          NODE_ENV: "test",
-          WEBHOOK_ALLOW_INSECURE_DEV: "1",
-          FIREHOSE_SOURCE: "relay",
-          RELAY_URL: `ws://127.0.0.1:${port}`
+        const { dropAll, port } = yield* relayServer((socket, req) => {
+          const url = new URL(req.url ?? "/", "ws://x")
+          expect(url.pathname).toBe("/xrpc/com.atproto.sync.subscribeRepos")
+          connections.push({ cursor: url.searchParams.get("cursor"), send: (b) => socket.send(b) })
         })
+        const config = relayConfig(port)
         yield* Effect.gen(function*() {
           const intake = yield* Intake.make({ tuning: fastTuning(512, 128) })
           yield* Effect.forkScoped(intake.run)
@@ -450,7 +413,7 @@ describe("Intake on the relay firehose (subscribeRepos)", () => {
           const cursors = yield* CursorStore.CursorStore
           expect(yield* cursors.load("relay", `ws://127.0.0.1:${port}`)).toBe(11n)
           // the relay drops us; we come back from seq 11 exactly (this process's position)
-          for (const c of wss.clients) c.terminate()
+          dropAll()
           yield* eventually(Effect.sync(() => connections.length === 2), "reconnected")
           expect(connections[1]?.cursor).toBe("11")
           // FutureCursor: the next connection is live (no cursor)

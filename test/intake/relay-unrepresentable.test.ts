@@ -8,7 +8,8 @@ import { Duration, Effect, Ref } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
-import { memoryStack, testConfig, whRecordValue } from "../support/stack.js"
+import { relayConfig, relayServer } from "../support/fakeRelay.js"
+import { memoryStack, whRecordValue } from "../support/stack.js"
 import * as frames from "./frames.js"
 
 const WH = "place.wisp.v2.wh"
@@ -28,29 +29,10 @@ describe("Intake on the relay firehose: data the fast decoders cannot represent"
     "a record with an integer beyond 2^53 in a 263-char collection is delivered with its exact digits; the cursor moves on",
     () =>
       Effect.gen(function*() {
-        const { WebSocketServer } = yield* Effect.promise(() => import("ws"))
         const OWNER = frames.DID
         const connections: Array<{ send: (b: Uint8Array) => void }> = []
-        const wss = yield* Effect.acquireRelease(
-          Effect.async<InstanceType<typeof WebSocketServer>>((resume) => {
-            const server = new WebSocketServer({ host: "127.0.0.1", port: 0 })
-            server.on("connection", (socket) => connections.push({ send: (b) => socket.send(b) }))
-            server.once("listening", () => resume(Effect.succeed(server)))
-          }),
-          (server) =>
-            Effect.async<void>((resume) => {
-              for (const c of server.clients) c.terminate()
-              server.close(() => resume(Effect.void))
-            })
-        )
-        const addr = wss.address()
-        const port = typeof addr === "object" && addr !== null ? addr.port : 0
-        const config = testConfig({
-          NODE_ENV: "test",
-          WEBHOOK_ALLOW_INSECURE_DEV: "1",
-          FIREHOSE_SOURCE: "relay",
-          RELAY_URL: `ws://127.0.0.1:${port}`
-        })
+        const { port } = yield* relayServer((socket) => connections.push({ send: (b) => socket.send(b) }))
+        const config = relayConfig(port)
         const seg = "a".repeat(63)
         const collection = `com.${seg}.${seg}.${seg}.${"b".repeat(60)}.record` // a valid NSID, 263 chars
         const record = { $type: collection, n: 4294967296 }
