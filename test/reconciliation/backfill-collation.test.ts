@@ -9,21 +9,12 @@ import { Effect, Layer } from "effect"
 import * as Config from "../../src/services/platform/Config.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import * as Backfill from "../../src/services/reconciliation/Backfill.js"
-import { type ReconcileOutcome, Reconciler } from "../../src/services/reconciliation/Reconciler.js"
+import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
 import { INITIAL_PASS, ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
 import * as ReconcileStoreMod from "../../src/services/reconciliation/ReconcileStore.js"
 import * as Db from "../support/db.js"
+import { COMPLETE } from "../support/reconcile.js"
 import { plc, testConfig } from "../support/stack.js"
-
-const COMPLETE: ReconcileOutcome = {
-  _tag: "complete",
-  records: 0,
-  invalid: 0,
-  written: 0,
-  deleted: 0,
-  pages: 1,
-  repoFound: true
-}
 
 const calls: Array<string> = []
 

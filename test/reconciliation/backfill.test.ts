@@ -21,7 +21,7 @@ import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import * as Db from "../support/db.js"
 import { didDoc, fakeServer } from "../support/fakeAtproto.js"
-import { downableStore, Fakes, reconcileStack, waitFor } from "../support/reconcile.js"
+import { COMPLETE, downableStore, Fakes, reconcileStack, waitFor } from "../support/reconcile.js"
 import { plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -32,16 +32,6 @@ interface Recon {
   outcome: (did: string) => ReconcileOutcome
   /** runs before answering (gates, failure injection) */
   hook: (did: string) => Effect.Effect<void>
-}
-
-const COMPLETE: ReconcileOutcome = {
-  _tag: "complete",
-  records: 0,
-  invalid: 0,
-  written: 0,
-  deleted: 0,
-  pages: 1,
-  repoFound: true
 }
 
 const newRecon = (): Recon => ({ calls: [], outcome: () => COMPLETE, hook: () => Effect.void })

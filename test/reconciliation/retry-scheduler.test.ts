@@ -13,6 +13,7 @@ import { ReconcileStore, type ReconcileStoreShape } from "../../src/services/rec
 import * as RetryScheduler from "../../src/services/reconciliation/RetryScheduler.js"
 import type { ReconcileStatus } from "../../src/services/registry/RegistryStore.js"
 import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
+import { COMPLETE } from "../support/reconcile.js"
 import { plc, testConfig } from "../support/stack.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -109,15 +110,7 @@ const fakeReconciler = (world: World) =>
         const owner = world.owners.get(did)
         if (b === "succeed" || typeof b === "object") {
           if (owner !== undefined) owner.status = "complete"
-          return {
-            _tag: "complete",
-            records: 0,
-            invalid: 0,
-            written: 0,
-            deleted: 0,
-            pages: 1,
-            repoFound: true
-          } as ReconcileOutcome
+          return COMPLETE
         }
         if (owner !== undefined) {
           owner.failureCount++

@@ -12,6 +12,17 @@ import * as ReconcileStore from "../../src/services/reconciliation/ReconcileStor
 import { fakePlc, type FakeRepo, type FakeServer, fakeServer, pdsHandler } from "./fakeAtproto.js"
 import { sqlStack } from "./stack.js"
 
+/** A reconciliation that completed with nothing to do (one empty page of a repo that exists). */
+export const COMPLETE: Reconciler.ReconcileOutcome = {
+  _tag: "complete",
+  records: 0,
+  invalid: 0,
+  written: 0,
+  deleted: 0,
+  pages: 1,
+  repoFound: true
+}
+
 export interface FakesShape {
   readonly plc: FakeServer
   readonly pds: FakeServer
