@@ -526,6 +526,19 @@ describe("Operator: parked rows replayed while their webhook is still disabled",
       })
     }
   })
+  /** The auto-disabled webhook `w` and `n` pending rows `d1`…`dn` (records `p1`…`pn`) of one event. */
+  const seed = (n: number) =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
+      yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
+      yield* sql`
+        INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+          event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
+        SELECT 'd' || g, 'ev', ${OWNER}, 'w', 'direct', ${OWNER}, 'app.bsky.feed.post', 'p' || g, 'create',
+          'https://receiver.example/hook', 'secret_id', 'main', 'fp-w', 'https://receiver.example'
+        FROM generate_series(1, ${n}) g`
+    })
   const state = Effect.flatMap(SqlClient.SqlClient, (sql) =>
     Effect.all({
       statuses: sql<{ status: string; n: number }>`SELECT status, count(*)::int AS n FROM outbox GROUP BY status
@@ -537,15 +550,7 @@ describe("Operator: parked rows replayed while their webhook is still disabled",
     "replay of 6,000 parked rows parks them again; none is dropped; redeliver gives its room back too",
     () =>
       Effect.gen(function*() {
-        const sql = yield* SqlClient.SqlClient
-        yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
-        yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
-        yield* sql`
-        INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
-          event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
-        SELECT 'd' || g, 'ev', ${OWNER}, 'w', 'direct', ${OWNER}, 'app.bsky.feed.post', 'p' || g, 'create',
-          'https://receiver.example/hook', 'secret_id', 'main', 'fp-w', 'https://receiver.example'
-        FROM generate_series(1, ${ROWS}) g`
+        yield* seed(ROWS)
         yield* parkDue
         expect(yield* state).toEqual({ statuses: [{ status: "dead_letter", n: ROWS }], parked: ROWS })
 
@@ -571,13 +576,7 @@ describe("Operator: parked rows replayed while their webhook is still disabled",
     () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
-        yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
-        yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
-        yield* sql`
-        INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
-          event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
-        VALUES ('d1', 'ev', ${OWNER}, 'w', 'direct', ${OWNER}, 'app.bsky.feed.post', 'p1', 'create',
-          'https://receiver.example/hook', 'secret_id', 'main', 'fp-w', 'https://receiver.example')`
+        yield* seed(1)
         const store = yield* DeliveryStore
         // the attempt has claimed the row and read the webhook as auto-disabled (it is in flight)
         const [row] = (yield* store.claim("worker", 1, 60_000)).rows
