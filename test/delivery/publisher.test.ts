@@ -23,29 +23,18 @@ import {
 } from "effect"
 import { type ChildProcess, spawn, spawnSync } from "node:child_process"
 import { randomBytes } from "node:crypto"
-import * as Net from "node:net"
 import * as Publisher from "../../src/services/delivery/Publisher.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import { auditEvent } from "../support/auditEvent.js"
 import { asStrings, fakeRedis } from "../support/fakeRedis.js"
+import { freePort } from "../support/proc.js"
 
 // ---------------------------------------------------------------------------------------------
 // A real Redis
 
 let redisUrl: string | undefined = undefined
 let redisChild: ChildProcess | undefined = undefined
-
-const freePort = (): Promise<number> =>
-  new Promise((resolve, reject) => {
-    const server = Net.createServer()
-    server.once("error", reject)
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address()
-      const port = typeof address === "object" && address !== null ? address.port : 0
-      server.close(() => resolve(port))
-    })
-  })
 
 beforeAll(async () => {
   const fromEnv = process.env["REDIS_URL"]
