@@ -7,6 +7,7 @@
 import { Effect, Exit, Redacted, Scope } from "effect"
 import * as Fs from "node:fs"
 import { createRequire } from "node:module"
+import * as Net from "node:net"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import pg from "pg"
@@ -146,4 +147,36 @@ describe.skipIf(!isRoot)("embedded PostgreSQL as root in a home of mode 0700", (
     // the lock is given back: a later start sets the server up again on the same data
     expect(Fs.existsSync(Path.join(Path.dirname(both.pgDir), "embedded-pg.lock"))).toBe(false)
   }, 180_000)
+
+  it(
+    "a port taken between its choice and the server's bind: another port is chosen and the server starts",
+    async () => {
+      // another process listens on the first port chosen (as an outbound connection or a listener
+      // may take a free port before postgres binds it)
+      const taken = Net.createServer()
+      const takenPort = await new Promise<number>((resolve) =>
+        taken.listen(0, "127.0.0.1", () => resolve((taken.address() as Net.AddressInfo).port))
+      )
+      let asked = 0
+      const ports = Effect.suspend(() => (asked++ === 0 ? Effect.succeed(takenPort) : EmbeddedPg.freePort))
+      try {
+        const started = await Effect.runPromise(Effect.scoped(Effect.gen(function*() {
+          const db = yield* EmbeddedPg.start({
+            dataDir: tmp("firehook-port-", 0o755),
+            sharedDir: tmp("firehook-shared-", 0o755),
+            stopTimeout: "20 seconds",
+            ports
+          })
+          const rows = yield* Effect.promise(() => query(db.url, "SELECT 1 AS n"))
+          return { port: db.port, rows }
+        })))
+        expect(asked).toBe(2)
+        expect(started.port).not.toBe(takenPort)
+        expect(started.rows).toEqual([{ n: 1 }])
+      } finally {
+        await new Promise<void>((r) => taken.close(() => r()))
+      }
+    },
+    180_000
+  )
 })

@@ -162,12 +162,20 @@ const runInitdb = (binDir: string, pgDir: string, pwFile: string, user: Placemen
 
 const READY = "database system is ready to accept connections"
 
+/** postgres's log line when its port was taken between our choice of it and its bind */
+const PORT_TAKEN = "Address already in use"
+/** the chosen port was taken before the server bound it (by another process or an outbound connection) */
+class PortTaken extends Data.TaggedError("PortTaken")<{ readonly port: number }> {}
+const isPortTaken = (e: unknown): boolean => e instanceof PortTaken
+/** how many ports a start tries before it gives up (each one chosen afresh) */
+const PORT_ATTEMPTS = 5
+
 /** Start `postgres` on `pgDir` and wait until it accepts connections; interrupted → the server is stopped. */
 const runServer = (binDir: string, pgDir: string, port: number, user: Placement.PgUser | undefined) =>
-  Effect.async<ChildProcess, EmbeddedPgError>((resume) => {
+  Effect.async<ChildProcess, EmbeddedPgError | PortTaken>((resume) => {
     const tail = makeTail()
     let done = false
-    const finish = (e: Effect.Effect<ChildProcess, EmbeddedPgError>) => {
+    const finish = (e: Effect.Effect<ChildProcess, EmbeddedPgError | PortTaken>) => {
       if (!done) {
         done = true
         resume(e)
@@ -196,7 +204,11 @@ const runServer = (binDir: string, pgDir: string, port: number, user: Placement.
     child.once(
       "exit",
       (code, signal) =>
-        finish(Effect.fail(fail(`the server exited while starting (${code ?? signal ?? "unknown"}: ${tail.last()})`)))
+        finish(Effect.fail(
+          tail.includes(PORT_TAKEN)
+            ? new PortTaken({ port })
+            : fail(`the server exited while starting (${code ?? signal ?? "unknown"}: ${tail.last()})`)
+        ))
     )
     return Effect.sync(() => {
       if (child.exitCode === null && child.signalCode === null) child.kill("SIGINT")
@@ -481,8 +493,9 @@ const withStartLock = <A, R>(
 /**
  * Start (or adopt) the embedded server for `dataDir` and return a connection URL for `database`.
  * The server is stopped when the scope closes (only if this process started it). `nativeDir`
- * (the platform package's `native` directory) and `sharedDir` (default `/var/lib/firehook`) are
- * for tests.
+ * (the platform package's `native` directory), `sharedDir` (default `/var/lib/firehook`) and
+ * `ports` are for tests. A port taken between its choice and the server's bind is chosen again (at
+ * most {@link PORT_ATTEMPTS} ports).
  */
 export const start = (options: {
   readonly dataDir: string
@@ -490,6 +503,8 @@ export const start = (options: {
   readonly stopTimeout?: Duration.DurationInput
   readonly nativeDir?: string
   readonly sharedDir?: string
+  /** where each attempt's port comes from (default {@link freePort}); for tests */
+  readonly ports?: Effect.Effect<number, EmbeddedPgError>
 }): Effect.Effect<EmbeddedPg, EmbeddedPgError, Scope.Scope> =>
   Effect.gen(function*() {
     const dataDir = Path.resolve(options.dataDir)
@@ -530,18 +545,31 @@ export const start = (options: {
         }
 
         const binDir = yield* binaries(options.nativeDir, shared)
-        const port = yield* freePort
         const initialised = Fs.existsSync(Path.join(pgDir, "PG_VERSION"))
         if (!initialised) yield* initialise(binDir, stateDir, pgDir, password, user)
         const stopTimeout = options.stopTimeout ?? Duration.seconds(15)
-        yield* Effect.acquireRelease(
-          Effect.interruptible(runServer(binDir, pgDir, port, user)).pipe(
+        // a port is free when chosen and may be taken before postgres binds it: choose again
+        const serve = Effect.gen(function*() {
+          const port = yield* (options.ports ?? freePort)
+          const child = yield* runServer(binDir, pgDir, port, user)
+          return { child, port }
+        }).pipe(
+          Effect.tapErrorTag("PortTaken", (e) =>
+            Effect.logWarning("embedded PostgreSQL port taken before the server bound it; choosing another")
+              .pipe(Effect.annotateLogs({ port: e.port }))),
+          Effect.retry({ times: PORT_ATTEMPTS - 1, while: isPortTaken }),
+          Effect.catchTag("PortTaken", () =>
+            fail(`${PORT_ATTEMPTS} ports in a row were taken as the server started`))
+        )
+        const { port } = yield* Effect.acquireRelease(
+          Effect.interruptible(serve).pipe(
             Effect.timeoutFail({
               duration: Duration.seconds(60),
-              onTimeout: () => fail("the server did not start within 60 s")
+              onTimeout: () =>
+                fail("the server did not start within 60 s")
             })
           ),
-          (child) =>
+          ({ child, port }) =>
             Effect.gen(function*() {
               // another local replica adopted this server and still uses it: leave it running (it is
               // adopted again by the next start), never stop the database under it
