@@ -23,8 +23,23 @@ process.once("exit", () => {
   for (const c of networks) c.kill("SIGKILL")
 })
 
-/** Start the network; resolves once it reports its ports (fails after `timeoutMs`). */
-export const startDevnet = (timeoutMs = 60_000): Promise<Devnet> =>
+/**
+ * Start the network; resolves once it reports its ports (fails after `timeoutMs`). `@atproto/dev-env`
+ * chooses its ports by binding and closing port 0, so one may be taken before its server binds it
+ * (by another listener or an outbound connection of the parallel tests): that start is tried again,
+ * at most three times in all.
+ */
+export const startDevnet = async (timeoutMs = 60_000): Promise<Devnet> => {
+  for (let attempt = 1;; attempt++) {
+    try {
+      return await startDevnetOnce(timeoutMs)
+    } catch (e) {
+      if (attempt >= 3 || !String(e).includes("EADDRINUSE")) throw e
+    }
+  }
+}
+
+const startDevnetOnce = (timeoutMs: number): Promise<Devnet> =>
   new Promise<Devnet>((resolve, reject) => {
     const child = spawn(NODE22, ["devnet/network.ts", "--max-ms", String(20 * 60_000)], {
       cwd: ROOT,
