@@ -19,7 +19,7 @@ import {
   webhook
 } from "./Arguments.js"
 import { Failed, usage } from "./Failure.js"
-import { cell, iso, out, printJson, REDACTED_URL, table } from "./Output.js"
+import { cell, iso, out, printJson, REDACTED_URL, table, write } from "./Output.js"
 import { withServices } from "./Services.js"
 
 const deliveryJson = (d: Operator.Delivery, showUrls: boolean) => ({
@@ -105,7 +105,12 @@ const deliveriesList = Command.make(
             ...(Option.isSome(o.status) ? { status: o.status.value } : {})
           }))
       )
-      if (o.json) return yield* printJson(rows.map((d) => deliveryJson(d, o.showUrls)))
+      const atLimit = `(${rows.length} rows: the limit; narrow the filter or raise --limit)`
+      if (o.json) {
+        // stdout stays one JSON array; a list cut at the limit says so on stderr
+        if (rows.length === limit) yield* write(process.stderr, `${atLimit}\n`)
+        return yield* printJson(rows.map((d) => deliveryJson(d, o.showUrls)))
+      }
       if (rows.length === 0) return yield* out("no deliveries")
       const headers = ["DELIVERY", "STATUS", "ATTEMPTS", "OWNER", "WEBHOOK", "EVENT", "CREATED", "LAST ERROR"]
       yield* out(
@@ -126,7 +131,7 @@ const deliveriesList = Command.make(
           })
         )
       )
-      if (rows.length === limit) yield* out(`(${rows.length} rows: the limit; narrow the filter or raise --limit)`)
+      if (rows.length === limit) yield* out(atLimit)
     })
 ).pipe(Command.withDescription("list deliveries, newest first (time filters: the enqueue time, created_at)"))
 

@@ -231,6 +231,11 @@ describe("firehook CLI", () => {
         expect(listJson).toHaveLength(4)
         expect(listJson.every((d) => d.targetUrl === "[redacted]" && d.status === "pending" && d.attemptCount === 0))
           .toBe(true)
+        // a JSON list cut at --limit: stdout is still the array, stderr says it was cut
+        const cut = yield* cli(["deliveries", "list", "--json", "--limit", "3"], env)
+        expect(JSON.parse(cut.stdout)).toHaveLength(3)
+        expect(cut.stderr).toContain("3 rows: the limit")
+        expect((yield* cli(["deliveries", "list", "--json", "--limit", "5"], env)).stderr).toBe("")
         const withUrls = yield* cli(["deliveries", "list", "--owner", ALICE, "--show-urls"], env)
         expect(withUrls.stdout).toContain("https://alice.example/hook")
 
