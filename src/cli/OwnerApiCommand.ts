@@ -138,7 +138,7 @@ const redeliver = Command.make("redeliver", { id: deliveryId, json, ...serviceOp
     const res = yield* callWith(o, req)
     if (o.json) return yield* printJson(res)
     yield* out(`redelivering ${res.id} (was ${res.previousStatus})`)
-  })).pipe(Command.withDescription("send one of your deliveries again (a dead letter, or a delivered one)"))
+  })).pipe(Command.withDescription("send one of your deliveries again, with the same id (any status but one a worker is attempting right now)"))
 
 const replay = Command.make(
   "replay",
