@@ -358,7 +358,7 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
 
     // 5. send, classify
     const sendStart = clock.unsafeCurrentTimeMillis()
-    if (row.attemptCount === 0) recordFirstAttemptLatency(row.ageMs + Math.max(0, sendStart - claimedAtMs))
+    if (row.firstAttempt) recordFirstAttemptLatency(row.ageMs + Math.max(0, sendStart - claimedAtMs))
     env.state.attempts++
     const response = yield* send(env, request)
     const sendEnd = clock.unsafeCurrentTimeMillis()

@@ -68,6 +68,11 @@ export interface ClaimedRow extends OutboxRow {
   readonly origin: string
   /** ms since the row was enqueued (database clock) at claim time */
   readonly ageMs: number
+  /**
+   * no request has been made for this delivery yet (no attempt recorded): this attempt is its first.
+   * False for a row replayed or redelivered after an attempt, although its `attemptCount` is 0 again
+   */
+  readonly firstAttempt: boolean
   /** the stored canonical body; undefined if the body row is missing */
   readonly body: string | undefined
   /** the subscription and its owner as they were when the row was claimed (same statement) */

@@ -82,6 +82,7 @@ interface ClaimDbRow {
   readonly lease_token: string | null
   readonly origin: string | null
   readonly age_ms: number | null
+  readonly first_attempt: boolean | null
   readonly body: string | null
   readonly sub_exists: boolean | null
   readonly sub_active: boolean | null
@@ -162,6 +163,7 @@ const fromClaim = (r: ClaimDbRow): ClaimedRow | undefined => {
     leaseToken: r.lease_token,
     origin: r.origin ?? "",
     ageMs: Math.max(0, Number(r.age_ms ?? 0)),
+    firstAttempt: r.first_attempt === true,
     body: r.body ?? undefined,
     snapshot: snapshotFrom(r)
   }
@@ -263,7 +265,7 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
         SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${p.n}
       ),
       locked AS (
-        SELECT o.delivery_id FROM outbox o
+        SELECT o.delivery_id, o.updated_at AS touched_at FROM outbox o
         WHERE o.delivery_id IN (SELECT delivery_id FROM picked)
           AND ((o.status = 'pending' AND o.next_attempt_at <= now()) OR (o.status = 'leased' AND o.leased_until < now()))
         FOR UPDATE OF o SKIP LOCKED
@@ -280,7 +282,12 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
           o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id,
           o.fingerprint, o.attempt_count, o.lease_token, o.next_attempt_at,
           ${sql.literal(`COALESCE(o.origin, ${ORIGIN_SQL.replace("target_url", "o.target_url")})`)} AS origin,
-          (extract(epoch FROM (now() - o.created_at)) * 1000)::float8 AS age_ms
+          (extract(epoch FROM (now() - o.created_at)) * 1000)::float8 AS age_ms,
+          -- no request yet: untouched since its enqueue, or touched (deferred, moved, reclaimed,
+          -- reset) without an attempt recorded; a replayed or redelivered row has its attempts
+          CASE WHEN o.attempt_count > 0 THEN false WHEN locked.touched_at = o.created_at THEN true
+               ELSE NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = o.delivery_id) END
+            AS first_attempt
       ),
       stats AS (
         SELECT (SELECT count(*) FROM cand)::int AS cand_count,
@@ -288,7 +295,8 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
       )
       SELECT stats.cand_count, stats.over_room, u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey,
         u.match_kind, u.event_did, u.event_collection, u.event_rkey, u.event_operation, u.target_url,
-        u.signing_mode, u.secret_id, u.fingerprint, u.attempt_count, u.lease_token, u.origin, u.age_ms, e.body,
+        u.signing_mode, u.secret_id, u.fingerprint, u.attempt_count, u.lease_token, u.origin, u.age_ms,
+        u.first_attempt, e.body,
         ${p.options.withSubscriptions === false ? f.noSubscriptionColumns : f.subscriptionColumns}
       FROM stats
       LEFT JOIN upd u ON true

@@ -1,0 +1,107 @@
+/**
+ * One delivery over its life, and the operator's and owner's actions on it (SPEC §4.3, §4.8), on
+ * real PostgreSQL through the real worker and a real receiver on 127.0.0.1.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect } from "effect"
+import * as Operator from "../../src/services/operator/Operator.js"
+import * as Metrics from "../../src/services/platform/Metrics.js"
+import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
+import { eventually, outboxRows, receiver, run, startWorker } from "./worker-support.js"
+
+const OWNER = plc(1)
+const BOB = plc(2)
+const POST = "app.bsky.feed.post"
+const ENV = { WEBHOOK_ALLOW_INSECURE_DEV: "1" }
+
+/** The enqueue → first attempt histogram's count and sum, from the metrics exposition. */
+const firstAttemptLatency = Effect.map(Metrics.exposition, (text) => {
+  const value = (name: string) => {
+    const line = text.split("\n").find((l) => l.startsWith(`${name} `))
+    return line === undefined ? 0 : Number(line.slice(name.length + 1))
+  }
+  return {
+    count: value("firehook_delivery_first_attempt_latency_ms_count"),
+    sum: value("firehook_delivery_first_attempt_latency_ms_sum")
+  }
+})
+
+describe("replay and redeliver over a delivery's life", () => {
+  it.scopedLive(
+    "the enqueue → first attempt histogram counts a delivery's first request only: never again after a replay or redeliver",
+    () =>
+      Effect.gen(function*() {
+        let accept = false
+        const rx = yield* receiver({ reply: (path) => ({ status: path === "/ok" || accept ? 200 : 400 }) })
+        yield* run([
+          whEv(OWNER, "ok", whRecordValue(`at://${BOB}`, { url: `${rx.url}/ok` }), { rev: rev(1) }),
+          whEv(OWNER, "flaky", whRecordValue(`at://${BOB}`, { url: `${rx.url}/flaky` }), { rev: rev(2) })
+        ])
+        const sql = yield* SqlClient.SqlClient
+        // a row touched without an attempt before its first request (as a deferral or the circuit's
+        // mover does): its first request is still its first
+        yield* run([ev(BOB, POST, "touched", { rev: rev(10) })])
+        yield* sql`UPDATE outbox SET updated_at = now() + interval '1 second'`
+        const start = yield* firstAttemptLatency
+        yield* startWorker({ options: { pollIntervalMs: 50 } })
+        yield* eventually(
+          "touched rows settled",
+          outboxRows,
+          (rs) => rs.length === 2 && rs.every((r) => r.status === "delivered" || r.status === "dead_letter"),
+          20_000
+        )
+        const first = yield* firstAttemptLatency
+        expect(first.count - start.count).toBe(2)
+
+        // a delivery dead-lettered at its first request (400), enqueued an hour ago
+        yield* run([ev(BOB, POST, "late", { rev: rev(20) })])
+        const flaky = yield* eventually(
+          "late settled for flaky",
+          sql<{ delivery_id: string; status: string }>`
+            SELECT delivery_id, status FROM outbox WHERE event_rkey = 'late' AND webhook_rkey = 'flaky'`.pipe(
+            Effect.orDie
+          ),
+          (rs) => rs[0]?.status === "dead_letter",
+          20_000
+        )
+        yield* eventually(
+          "late delivered for ok",
+          sql<{ status: string }>`SELECT status FROM outbox WHERE event_rkey = 'late' AND webhook_rkey = 'ok'`.pipe(
+            Effect.orDie
+          ),
+          (rs) => rs[0]?.status === "delivered",
+          20_000
+        )
+        const id = flaky[0]?.delivery_id ?? ""
+        const second = yield* firstAttemptLatency
+        expect(second.count - first.count).toBe(2)
+        yield* sql`UPDATE outbox SET created_at = created_at - interval '1 hour'`
+
+        // replayed (both of flaky's dead letters): their requests go out again, but are not first attempts
+        accept = true
+        const op = yield* Operator.Operator
+        expect((yield* op.replayDeadLetters({ owner: OWNER, webhook: "flaky" })).replayed).toBe(2)
+        yield* eventually("replayed rows delivered", outboxRows, (rs) =>
+          rs.every((r) =>
+            r.status === "delivered"
+          ), 20_000)
+        // and redelivered once more
+        expect((yield* op.redeliver(id))._tag).toBe("Redelivered")
+        yield* eventually(
+          "redelivered row delivered",
+          sql<{ n: number }>`SELECT count(*)::int AS n FROM delivery_attempts WHERE delivery_id = ${id}`.pipe(
+            Effect.orDie
+          ),
+          (rs) =>
+            rs[0]?.n === 3,
+          20_000
+        )
+        expect(rx.hits.get(id)).toBe(3)
+        const third = yield* firstAttemptLatency
+        // before: +3, with an hour (3,600,000 ms) each
+        expect({ count: third.count - second.count, sum: third.sum - second.sum }).toEqual({ count: 0, sum: 0 })
+      }).pipe(Effect.provide(Operator.layer), Effect.provide(sqlStack({ env: ENV }))),
+    60_000
+  )
+})
