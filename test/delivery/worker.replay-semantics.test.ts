@@ -8,7 +8,7 @@ import { Effect } from "effect"
 import * as Operator from "../../src/services/operator/Operator.js"
 import * as Metrics from "../../src/services/platform/Metrics.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { eventually, outboxRows, receiver, run, startWorker } from "./worker-support.js"
+import { countWhere, eventually, outboxRows, receiver, run, startWorker } from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
@@ -102,6 +102,60 @@ describe("replay and redeliver over a delivery's life", () => {
         // before: +3, with an hour (3,600,000 ms) each
         expect({ count: third.count - second.count, sum: third.sum - second.sum }).toEqual({ count: 0, sum: 0 })
       }).pipe(Effect.provide(Operator.layer), Effect.provide(sqlStack({ env: ENV }))),
+    60_000
+  )
+
+  it.scopedLive(
+    "mid-retry: a record deleted cancels its row, a webhook marked gone parks it; the row's last error is that, without the HTTP status of an earlier attempt (as its audit row)",
+    () =>
+      Effect.gen(function*() {
+        const rx = yield* receiver({ reply: () => ({ status: 503 }) })
+        yield* run(
+          ["del", "park"].map((rkey) =>
+            whEv(OWNER, rkey, whRecordValue(`at://${BOB}`, { url: `${rx.url}/${rkey}` }), { rev: rev(1) })
+          )
+        )
+        yield* startWorker({ options: { pollIntervalMs: 50 } })
+        yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+        yield* eventually(
+          "both failed once",
+          outboxRows,
+          (rs) => rs.length === 2 && rs.every((r) => r.attempt_count >= 1 && r.last_http_status === 503),
+          20_000
+        )
+        // the record "del" is deleted, "park" is marked gone (by another delivery's 410, say)
+        yield* run([whEv(OWNER, "del", undefined, { rev: rev(2), operation: "delete" })])
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`UPDATE webhooks SET gone_at = now() WHERE rkey = 'park'`
+        const rows = yield* eventually(
+          "cancelled and parked",
+          outboxRows,
+          (rs) => rs.every((r) => r.status === "cancelled" || r.status === "dead_letter"),
+          20_000
+        )
+        const audit = yield* sql<
+          { webhook_rkey: string; status: string; error_kind: string; http_status: number | null }
+        >`
+          SELECT webhook_rkey, status, error_kind, http_status FROM audit ORDER BY webhook_rkey`
+        const view = (rkey: string) => {
+          const r = rows.find((x) => x.webhook_rkey === rkey)
+          return [r?.status, r?.last_error_kind, r?.last_http_status]
+        }
+        expect(view("del")).toEqual(["cancelled", "subscription_changed", null])
+        expect(view("park")).toEqual(["dead_letter", "webhook_disabled", null])
+        expect(audit).toEqual([
+          { webhook_rkey: "del", status: "cancelled", error_kind: "subscription_changed", http_status: null },
+          { webhook_rkey: "park", status: "dead_letter", error_kind: "webhook_disabled", http_status: null }
+        ])
+        // the attempts made before keep their statuses
+        expect(yield* countWhere("delivery_attempts", "http_status = 503 AND outcome = 'retry'")).toBe(
+          rows.reduce((n, r) => n + r.attempt_count, 0)
+        )
+      }).pipe(
+        Effect.provide(
+          sqlStack({ env: { ...ENV, DELIVERY_RETRY_BASE_MS: "300", DELIVERY_RETRY_MAX_MS: "600" } })
+        )
+      ),
     60_000
   )
 })

@@ -363,7 +363,8 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
                                  ELSE now() + v.delay_ms * interval '1 millisecond' END,
           last_error_kind = CASE WHEN pk.cleared THEN o.last_error_kind
                                  WHEN v.set_error THEN v.error_kind ELSE o.last_error_kind END,
-          last_http_status = CASE WHEN v.set_http THEN v.http_status ELSE o.last_http_status END,
+          last_http_status = CASE WHEN pk.cleared THEN o.last_http_status
+                                  WHEN v.set_http THEN v.http_status ELSE o.last_http_status END,
           finished_at = CASE WHEN v.terminal AND pk.cleared IS NOT TRUE THEN now() ELSE o.finished_at END,
           lease_token = NULL, leased_until = NULL, updated_at = now()
         FROM v LEFT JOIN pk ON pk.delivery_id = v.delivery_id

@@ -105,7 +105,8 @@ export const parked = (deliveryId: string, token: string): Settle => ({
   delayMs: undefined,
   setError: true,
   errorKind: PARKED_KIND,
-  setHttp: false,
+  // no request: the HTTP status of an earlier attempt would not belong to this error
+  setHttp: true,
   httpStatus: undefined,
   terminal: true,
   attempt: undefined
@@ -119,7 +120,8 @@ export const cancelled = (deliveryId: string, token: string, reason: string): Se
   delayMs: undefined,
   setError: true,
   errorKind: reason,
-  setHttp: false,
+  // no request: the HTTP status of an earlier attempt would not belong to this error
+  setHttp: true,
   httpStatus: undefined,
   terminal: true,
   attempt: undefined
