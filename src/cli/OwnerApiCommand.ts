@@ -132,13 +132,21 @@ const show = Command.make("show", { id: deliveryId, json, ...serviceOptions }, (
     Command.withDescription("one delivery: its event, status, its newest 100 attempts with the receiver's answers")
   )
 
+const NOT_SENT =
+  "will not be sent: the webhook was changed, deleted or disabled since (or is gone or auto-disabled: resume it first)"
+
 const redeliver = Command.make("redeliver", { id: deliveryId, json, ...serviceOptions }, (o) =>
   Effect.gen(function*() {
     const req = yield* OwnerApi.request(WebhookLexicon.redeliver, { input: { id: o.id } }, { id: "<id>" })
     const res = yield* callWith(o, req)
     if (o.json) return yield* printJson(res)
     yield* out(`redelivering ${res.id} (was ${res.previousStatus})`)
-  })).pipe(Command.withDescription("send one of your deliveries again, with the same id (any status but one a worker is attempting right now)"))
+    if (res.inactive === true) yield* out(`note: it ${NOT_SENT}`)
+  })).pipe(
+    Command.withDescription(
+      "send one of your deliveries again, with the same id (any status but one a worker is attempting right now)"
+    )
+  )
 
 const replay = Command.make(
   "replay",
@@ -158,6 +166,7 @@ const replay = Command.make(
       const res = yield* callWith(o, req)
       if (o.json) return yield* printJson(res)
       yield* out(`replaying ${res.replayed} dead letter${res.replayed === 1 ? "" : "s"}`)
+      if (res.inactive !== undefined) yield* out(`note: ${res.inactive} of them ${NOT_SENT}`)
       if (res.truncated) yield* out(`(more than ${WebhookLexicon.REPLAY_MAX} match: run replay again)`)
     })
 ).pipe(Command.withDescription("send your dead letters again (at most 10,000 per call)"))

@@ -183,7 +183,12 @@ export const redeliver = contract({
   kind: "procedure",
   params: NoParams,
   input: Schema.Struct({ id: DeliveryId }),
-  output: Schema.Struct({ id: DeliveryId, previousStatus: Schema.Literal(...DELIVERY_STATUSES) }),
+  output: Schema.Struct({
+    id: DeliveryId,
+    previousStatus: Schema.Literal(...DELIVERY_STATUSES),
+    /** present (true) when it will not be sent: its webhook changed, was deleted or disabled, or is gone or auto-disabled */
+    inactive: Schema.optional(Schema.Boolean)
+  }),
   errors: ["NotFound", "InProgress"]
 })
 
@@ -199,7 +204,12 @@ export const replay = contract({
     since: Schema.optional(Datetime),
     until: Schema.optional(Datetime)
   }),
-  output: Schema.Struct({ replayed: Schema.Int.pipe(Schema.between(0, REPLAY_MAX)), truncated: Schema.Boolean })
+  output: Schema.Struct({
+    replayed: Schema.Int.pipe(Schema.between(0, REPLAY_MAX)),
+    truncated: Schema.Boolean,
+    /** of `replayed`, those that will not be sent (as redeliver's `inactive`); present when > 0 */
+    inactive: Schema.optional(Schema.Int.pipe(Schema.between(1, REPLAY_MAX)))
+  })
 })
 
 export const test = contract({

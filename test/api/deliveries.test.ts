@@ -462,6 +462,33 @@ describe("delivery methods", () => {
         expect((yield* list(mallory, "")).deliveries).toEqual([])
       }).pipe(Effect.scoped))
 
+    it.effect("replay and redeliver say how many of the rows will not be sent (their webhook changed since)", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* register(alice, "kept", DAN, { url: "https://alice-kept.example/hook" })
+        yield* register(alice, "moved", DAN, { url: "https://alice-old.example/hook" })
+        yield* post(DAN, "m1", "m2")
+        yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, last_error_kind = 'http_5xx',
+          finished_at = now() WHERE owner_did = ${alice.did}`
+        // the owner points "moved" at a new URL: its rows, enqueued for the old one, are cancelled
+        // by the worker without a request (SPEC §4.2) if they are replayed
+        yield* register(alice, "moved", DAN, { url: "https://alice-new.example/hook" })
+        const kept = yield* callAs(alice, `${W}.replay`, { body: { rkey: "kept" } })
+        expect([kept.status, kept.body]).toEqual([200, { replayed: 2, truncated: false }])
+        const moved = yield* callAs(alice, `${W}.replay`, { body: { rkey: "moved" } })
+        expect([moved.status, moved.body]).toEqual([200, { replayed: 2, truncated: false, inactive: 2 }])
+        const rows = yield* sql<{ delivery_id: string; webhook_rkey: string }>`
+          SELECT delivery_id, webhook_rkey FROM outbox WHERE owner_did = ${alice.did} ORDER BY webhook_rkey`
+        const keptId = rows.find((r) => r.webhook_rkey === "kept")?.delivery_id ?? ""
+        const movedId = rows.find((r) => r.webhook_rkey === "moved")?.delivery_id ?? ""
+        const one = yield* callAs(alice, `${W}.redeliver`, { body: { id: keptId } })
+        expect([one.status, one.body]).toEqual([200, { id: keptId, previousStatus: "pending" }])
+        const other = yield* callAs(alice, `${W}.redeliver`, { body: { id: movedId } })
+        expect([other.status, other.body]).toEqual([200, { id: movedId, previousStatus: "pending", inactive: true }])
+        yield* sql`DELETE FROM outbox WHERE owner_did = ${alice.did}`
+      }))
+
     it.effect("replay: the caller's dead letters only, at most 10,000 per call, truncated beyond; 2 per minute", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
@@ -485,20 +512,21 @@ describe("delivery methods", () => {
             (r) => r[0]?.n ?? -1
           )
 
-        // bob: one webhook, then the rest; alice's rows untouched
+        // bob: one webhook, then the rest; alice's rows untouched (no webhook row matches these rows:
+        // every one is `inactive`, the worker would cancel it)
         const one = yield* callAs(bob, `${W}.replay`, { body: { rkey: "w2" } })
-        expect([one.status, one.body]).toEqual([200, { replayed: 3, truncated: false }])
+        expect([one.status, one.body]).toEqual([200, { replayed: 3, truncated: false, inactive: 3 }])
         const rest = yield* callAs(bob, `${W}.replay`, { body: {} })
-        expect([rest.status, rest.body]).toEqual([200, { replayed: 2, truncated: false }])
+        expect([rest.status, rest.body]).toEqual([200, { replayed: 2, truncated: false, inactive: 2 }])
         expect(yield* pending(bob.did)).toBe(5)
         expect(yield* pending(alice.did)).toBe(0)
 
         // alice: 10,000, truncated; then the last one
         const big = yield* callAs(alice, `${W}.replay`, { body: {} })
-        expect([big.status, big.body]).toEqual([200, { replayed: 10_000, truncated: true }])
+        expect([big.status, big.body]).toEqual([200, { replayed: 10_000, truncated: true, inactive: 10_000 }])
         expect(yield* pending(alice.did)).toBe(10_000)
         const last = yield* callAs(alice, `${W}.replay`, { body: {} })
-        expect([last.status, last.body]).toEqual([200, { replayed: 1, truncated: false }])
+        expect([last.status, last.body]).toEqual([200, { replayed: 1, truncated: false, inactive: 1 }])
         expect(yield* pending(alice.did)).toBe(10_001)
         // the per-method limit (2/min) applies
         const third = yield* callAs(alice, `${W}.replay`, { body: {} })

@@ -484,11 +484,11 @@ describe("firehook hooks: the owners' API commands", () => {
           : { status: 400, body: { error: "NotFound", message: "no such delivery" } })
       fake.answers.set("dev.firehook.webhook.redeliver", () => ({
         status: 200,
-        body: checked(WebhookLexicon.redeliver, { id: delivery.id, previousStatus: "dead_letter" })
+        body: checked(WebhookLexicon.redeliver, { id: delivery.id, previousStatus: "dead_letter", inactive: true })
       }))
       fake.answers.set("dev.firehook.webhook.replay", () => ({
         status: 200,
-        body: checked(WebhookLexicon.replay, { replayed: 2, truncated: false })
+        body: checked(WebhookLexicon.replay, { replayed: 2, truncated: false, inactive: 1 })
       }))
       fake.answers.set("dev.firehook.webhook.test", (call) =>
         (call.body as { rkey: string }).rkey === "hook"
@@ -556,10 +556,19 @@ describe("firehook hooks: the owners' API commands", () => {
       // actions
       const redelivered = await hooks(env, ["redeliver", delivery.id])
       expectOk(redelivered)
-      expect(lines(redelivered.stdout)).toEqual(["redelivering whd_v1_0001 (was dead_letter)"])
+      // the service says the row will not be sent (its webhook changed since): the owner is told
+      const NOT_SENT =
+        "will not be sent: the webhook was changed, deleted or disabled since (or is gone or auto-disabled: resume it first)"
+      expect(lines(redelivered.stdout)).toEqual([
+        "redelivering whd_v1_0001 (was dead_letter)",
+        `note: it ${NOT_SENT}`
+      ])
+      const replayedHuman = await hooks(env, ["replay"])
+      expectOk(replayedHuman)
+      expect(lines(replayedHuman.stdout)).toEqual(["replaying 2 dead letters", `note: 1 of them ${NOT_SENT}`])
       const replayed = await hooks(env, ["replay", "--rkey", "hook", "--since", T0, "--json"])
       expectOk(replayed)
-      expect(JSON.parse(replayed.stdout)).toEqual({ replayed: 2, truncated: false })
+      expect(JSON.parse(replayed.stdout)).toEqual({ replayed: 2, truncated: false, inactive: 1 })
       expect(fake.calls.filter((c) => c.nsid === "dev.firehook.webhook.replay").at(-1)?.body).toEqual({
         rkey: "hook",
         since: T0

@@ -7,9 +7,13 @@
  *   `until` exclusive on `created_at`; the cursor is opaque (the last row's key);
  * - `getDelivery {id}` → `{delivery, payload?, attempts, olderAttempts}`: the newest 100 attempts
  *   (attempt order) and the stored body parsed as JSON while it is retained;
- * - `redeliver {id}` → `{id, previousStatus}` (`InProgress` while a worker holds a valid lease);
- * - `replay {rkey?, since?, until?}` → `{replayed, truncated}`: the caller's dead letters, at most
- *   {@link WebhookLexicon.REPLAY_MAX} per call;
+ * - `redeliver {id}` → `{id, previousStatus, inactive?}` (`InProgress` while a worker holds a valid
+ *   lease);
+ * - `replay {rkey?, since?, until?}` → `{replayed, truncated, inactive?}`: the caller's dead letters, at
+ *   most {@link WebhookLexicon.REPLAY_MAX} per call;
+ * - `inactive` (as the operator's `subscriptionInactive` / `inactiveSubscription`): the rows whose
+ *   webhook is no longer active as they were enqueued for (changed, deleted, disabled, gone,
+ *   auto-disabled), which the worker cancels or parks again without a request (SPEC §4.2, §4.3);
  * - `test {rkey}` → `{id}`: a test delivery through the outbox.
  * Another owner's delivery id is `NotFound` exactly as an unknown one (the same statement with the
  * caller's DID in it answers nothing); no response carries a URL.
@@ -167,7 +171,11 @@ export const redeliver = method(WebhookLexicon.redeliver, ({ caller, input }) =>
     const result = yield* op.redeliver(input.id, { owner: caller })
     switch (result._tag) {
       case "Redelivered":
-        return { id: input.id, previousStatus: result.previousStatus }
+        return {
+          id: input.id,
+          previousStatus: result.previousStatus,
+          ...(result.subscriptionInactive ? { inactive: true } : {})
+        }
       case "Leased":
         return yield* Effect.fail(declared("InProgress", "a worker is attempting this delivery right now"))
       case "Missing":
@@ -186,7 +194,11 @@ export const replay = method(WebhookLexicon.replay, ({ caller, input }) =>
       ...(since === undefined ? {} : { since }),
       ...(until === undefined ? {} : { until })
     }, { max: WebhookLexicon.REPLAY_MAX })
-    return { replayed: result.replayed, truncated: result.truncated || !result.complete }
+    return {
+      replayed: result.replayed,
+      truncated: result.truncated || !result.complete,
+      ...(result.inactiveSubscription > 0 ? { inactive: result.inactiveSubscription } : {})
+    }
   }).pipe(
     Effect.catchTags({
       InvalidArgument: (e) => Effect.fail(invalidRequest(`${e.field} ${e.rule}`)),
