@@ -4,11 +4,13 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Context, Effect, Layer } from "effect"
+import { createHmac } from "node:crypto"
+import { Secrets } from "../../src/services/delivery/Secrets.js"
 import * as Operator from "../../src/services/operator/Operator.js"
 import * as Metrics from "../../src/services/platform/Metrics.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, outboxRows, receiver, run, startWorker } from "./worker-support.js"
+import { countWhere, eventually, outboxRows, receiver, run, startWorker, whsec, workerLayer } from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
@@ -156,6 +158,53 @@ describe("replay and redeliver over a delivery's life", () => {
           sqlStack({ env: { ...ENV, DELIVERY_RETRY_BASE_MS: "300", DELIVERY_RETRY_MAX_MS: "600" } })
         )
       ),
+    60_000
+  )
+
+  it.scopedLive(
+    "a dead letter replayed after its secret was rotated: the same webhook-id, signed with the current token only; two replays at once send it once",
+    () =>
+      Effect.gen(function*() {
+        let accept = false
+        let token = whsec(7)
+        const rx = yield* receiver({ reply: () => ({ status: accept ? 200 : 400 }), secretFor: () => token })
+        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in`, secretId: "s1" }), {
+          rev: rev(1)
+        })])
+        const ctx = yield* Layer.build(
+          workerLayer({ options: { pollIntervalMs: 50 }, secrets: [{ ownerDid: OWNER, name: "s1", token }] })
+        )
+        yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+        const [dead] = yield* eventually("dead letter", outboxRows, (rs) => rs[0]?.status === "dead_letter", 20_000)
+        const id = dead?.delivery_id ?? ""
+        expect(rx.received[0]?.verified).toEqual({ standard: true, wisp: true })
+
+        const old = token
+        token = yield* Context.get(ctx, Secrets).rotate(OWNER, "s1")
+        accept = true
+        const op = yield* Operator.Operator
+        const both = yield* Effect.all(
+          [op.replayDeadLetters({ owner: OWNER }), op.replayDeadLetters({ owner: OWNER })],
+          {
+            concurrency: 2
+          }
+        )
+        expect(both.map((r) => r.replayed).sort()).toEqual([0, 1])
+        yield* eventually("delivered", outboxRows, (rs) => rs[0]?.status === "delivered", 20_000)
+        expect(rx.received).toHaveLength(2)
+        const again = rx.received[1]
+        expect(again?.headers["webhook-id"]).toBe(id)
+        expect(again?.headers["idempotency-key"]).toBe(id)
+        expect(again?.verified).toEqual({ standard: true, wisp: true })
+        // not signed with the old token as well
+        const sig = String(again?.headers["x-webhook-signature"])
+        expect(sig).not.toBe("sha256=" + createHmac("sha256", old).update(again?.body ?? Buffer.alloc(0)).digest("hex"))
+        expect(String(again?.headers["webhook-signature"]).split(" ")).toHaveLength(1)
+        // a fresh timestamp for the new attempt
+        expect(Number(again?.headers["webhook-timestamp"])).toBeGreaterThanOrEqual(
+          Number(rx.received[0]?.headers["webhook-timestamp"])
+        )
+      }).pipe(Effect.provide(Operator.layer), Effect.provide(sqlStack({ env: ENV }))),
     60_000
   )
 })
