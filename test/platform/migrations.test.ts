@@ -4,6 +4,7 @@ import { PgClient } from "@effect/sql-pg"
 import * as Migrator from "@effect/sql/Migrator"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
+import * as Database from "../../src/services/platform/Database.js"
 import * as Migrations from "../../src/services/platform/Migrations.js"
 import * as Db from "../support/db.js"
 
@@ -100,6 +101,63 @@ describe("Migrations", () => {
       const rows = yield* c<{ continuation_did: string; owners_done: number; sweep: string; claims: unknown }>`
         SELECT continuation_did, owners_done, sweep, claims FROM backfill_state`
       expect(rows).toEqual([{ continuation_did: "did:plc:m", owners_done: 50, sweep: "0", claims: [] }])
+    }))
+
+  it.scoped("a database migrated by a newer version (a migration this one does not know) is refused in one line", () =>
+    Effect.gen(function*() {
+      const { url } = yield* Db.freshDatabase
+      const c = yield* client(url)
+      yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      yield* c`INSERT INTO firehook_migrations (migration_id, name) VALUES (${
+        MIGRATION_IDS.length + 1
+      }, 'future_thing')`
+      const error = yield* Database.migrate.pipe(Effect.provideService(SqlClient.SqlClient, c), Effect.flip)
+      expect(error.message).toBe(
+        `database: the schema was migrated by another firehook version: it has migration ${
+          String(MIGRATION_IDS.length + 1).padStart(4, "0")
+        }_future_thing, which this version does not know (a newer version's); run the version that migrated it, or a newer one`
+      )
+    }))
+
+  it.scoped("a database whose migration numbers mean other migrations (main at 5ee6ffe) is refused, nothing applied", () =>
+    Effect.gen(function*() {
+      const { url } = yield* Db.freshDatabase
+      const c = yield* client(url)
+      // main at 5ee6ffe numbered backfill_claims 5; 0003 and 0004 came later, renumbered below it
+      const old = Migrator.make({})({
+        loader: Migrator.fromRecord({
+          "0001_init": Migrations.migrations["0001_init"] ?? Effect.void,
+          "0002_outbox_origin": Migrations.migrations["0002_outbox_origin"] ?? Effect.void,
+          "0005_backfill_claims": Migrations.migrations["0003_backfill_claims"] ?? Effect.void
+        }),
+        table: Migrations.MIGRATIONS_TABLE
+      })
+      yield* old.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      const error = yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c), Effect.flip)
+      expect(error).toEqual(
+        new Migrations.SchemaMismatch({
+          reason:
+            "the schema was migrated by another firehook version: it has migration 0005_backfill_claims, which this version does not know (this version's 0005_registry_changes has its number); this version cannot upgrade it"
+        })
+      )
+      // before, 0006 to 0009 were applied and 0004 and 0005 skipped for good (no rejected_records)
+      const ids = yield* c<{ migration_id: number }>`SELECT migration_id FROM firehook_migrations ORDER BY 1`
+      expect(ids.map((r) => r.migration_id)).toEqual([1, 2, 5])
+    }))
+
+  it.scoped("a database that lacks a migration of this version below its latest is refused", () =>
+    Effect.gen(function*() {
+      const { url } = yield* Db.freshDatabase
+      const c = yield* client(url)
+      yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      yield* c`DELETE FROM firehook_migrations WHERE migration_id = 4`
+      const error = yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c), Effect.flip)
+      expect(error).toEqual(
+        new Migrations.SchemaMismatch({
+          reason:
+            "the schema lacks migration 0004_rejected_records of this version, which cannot be applied after later ones; this version cannot upgrade it"
+        })
+      )
     }))
 
   it.layer(Db.layer())("the schema", (it) => {

@@ -149,9 +149,13 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
     })
   )
 
-/** Run the bundled migrations (serialized across processes). */
+/** Run the bundled migrations (serialized across processes); a database of another version is refused. */
 export const migrate = Migrations.run.pipe(
-  Effect.mapError((e) => new DatabaseUnavailable({ reason: `migrations failed (${describeSqlError(e)})` }))
+  Effect.mapError((e) =>
+    new DatabaseUnavailable({
+      reason: e instanceof Migrations.SchemaMismatch ? e.reason : `migrations failed (${describeSqlError(e)})`
+    })
+  )
 )
 
 /**

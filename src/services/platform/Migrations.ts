@@ -7,7 +7,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import * as Migrator from "@effect/sql/Migrator"
-import { Duration, Effect } from "effect"
+import { Data, Duration, Effect } from "effect"
 import * as LockKeys from "./LockKeys.js"
 
 const ddl = (text: string) =>
@@ -388,16 +388,82 @@ export const MIGRATION_LOCK_KEY = LockKeys.MIGRATION
 export const MIGRATIONS_TABLE = "firehook_migrations"
 
 /**
- * Run pending migrations; safe to run from several processes at once: the bookkeeping table is
- * created under a transaction-scoped advisory lock (so concurrent `CREATE TABLE`s cannot race),
- * and the Migrator then serializes runners with `LOCK TABLE … ACCESS EXCLUSIVE`: the second
- * runner waits, then finds nothing left to do.
+ * The database's migrations are not a prefix of this version's: it was migrated by a newer
+ * firehook (a migration this one does not know), or by another build whose migrations are
+ * numbered otherwise. The Migrator alone compares only the latest id, so such a database was
+ * used as it was: a newer schema by older code, or migrations of this version skipped for good
+ * (a database of main at 5ee6ffe, `5_backfill_claims`, never got `0004_rejected_records` and
+ * `0005_registry_changes`). Startup stops instead, with this one line.
  */
+export class SchemaMismatch extends Data.TaggedError("SchemaMismatch")<{ readonly reason: string }> {
+  override get message(): string {
+    return this.reason
+  }
+}
+
+/** A migration as `0010_name`, from the bookkeeping table's values (shown safely: digits, word characters). */
+const label = (id: number, name: string): string =>
+  `${String(id).padStart(4, "0")}_${name.replace(/[^A-Za-z0-9_]/g, "?").slice(0, 64)}`
+
+/**
+ * What is wrong with the migrations a database records (`applied`), for this version's
+ * {@link migrations}: none (`undefined`) when they are a prefix of this version's list (by id and
+ * name), else the first one that is not, in words.
+ */
+export const mismatch = (
+  applied: ReadonlyArray<{ readonly id: number; readonly name: string }>
+): string | undefined => {
+  const known = new Map(
+    Object.keys(migrations).flatMap((key) => {
+      const m = /^(\d+)_(.+)$/.exec(key)
+      return m === null ? [] : [[Number(m[1]), m[2] ?? ""] as const]
+    })
+  )
+  const done = new Set(applied.map((a) => a.id))
+  const latest = Math.max(0, ...done)
+  for (const a of [...applied].sort((x, y) => x.id - y.id)) {
+    const ours = known.get(a.id)
+    if (ours === a.name) continue
+    return `the schema was migrated by another firehook version: it has migration ${
+      label(a.id, a.name)
+    }, which this version does not know (${
+      ours === undefined
+        ? "a newer version's); run the version that migrated it, or a newer one"
+        : `this version's ${label(a.id, ours)} has its number); this version cannot upgrade it`
+    }`
+  }
+  for (const [id, name] of known) {
+    if (id < latest && !done.has(id)) {
+      return `the schema lacks migration ${
+        label(id, name)
+      } of this version, which cannot be applied after later ones; this version cannot upgrade it`
+    }
+  }
+  return undefined
+}
+
 /** The longest startup waits for the migrations (its own or another replica's). */
 export const MIGRATIONS_TIMEOUT = Duration.minutes(10)
 
+/**
+ * Run pending migrations; safe to run from several processes at once: the bookkeeping table is
+ * created under a transaction-scoped advisory lock (so concurrent `CREATE TABLE`s cannot race),
+ * and the Migrator then serializes runners with `LOCK TABLE … ACCESS EXCLUSIVE`: the second
+ * runner waits, then finds nothing left to do. The recorded migrations are checked before (so
+ * nothing is applied to a database of another version) and after (another runner may have
+ * applied a newer version's in between): a mismatch fails with {@link SchemaMismatch}.
+ */
 export const run = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
+  const check = Effect.flatMap(
+    sql<{ readonly migration_id: number; readonly name: string }>`SELECT migration_id, name FROM ${
+      sql(MIGRATIONS_TABLE)
+    }`.withoutTransform,
+    (rows) => {
+      const wrong = mismatch(rows.map((r) => ({ id: Number(r.migration_id), name: String(r.name) })))
+      return wrong === undefined ? Effect.void : Effect.fail(new SchemaMismatch({ reason: wrong }))
+    }
+  )
   yield* sql.withTransaction(
     Effect.zipRight(
       sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`,
@@ -406,9 +472,11 @@ export const run = Effect.gen(function*() {
         created_at timestamptz NOT NULL DEFAULT now(),
         name text NOT NULL
       )`)
-    )
+    ).pipe(Effect.zipRight(check))
   )
-  return yield* Migrator.make({})({ loader: Migrator.fromRecord(migrations), table: MIGRATIONS_TABLE })
+  const applied = yield* Migrator.make({})({ loader: Migrator.fromRecord(migrations), table: MIGRATIONS_TABLE })
+  yield* check
+  return applied
 }).pipe(
   // bounded (SPEC §7): waiting for another replica's migrations, or a migration that hangs, fails
   // startup with "migrations failed (timeout)" instead of waiting for ever
