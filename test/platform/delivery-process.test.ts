@@ -32,6 +32,8 @@ const makeFake = Effect.gen(function*() {
   const children: Array<FakeChild> = []
   const answer = yield* Ref.make<Option.Option<DeliveryProcess.HealthAnswer>>(Option.some(READY))
   let onSigterm: OnSigterm = "exit0"
+  /** the one-line error the children print before they exit */
+  let lastError = "firehook: boom"
   const spawner: DeliveryProcess.Spawner = {
     spawn: Effect.gen(function*() {
       const child: FakeChild = {
@@ -51,7 +53,7 @@ const makeFake = Effect.gen(function*() {
               yield* Deferred.succeed(child.exit, { code: onSigterm === "exit0" ? 0 : 1, signal: null })
             }
           }),
-        lastError: Effect.succeed(Option.some("firehook: database: could not connect (ECONNREFUSED)"))
+        lastError: Effect.sync(() => Option.some(lastError))
       }
       // a counter whose value is the child's pid, as the child's own /metrics would render it
       const metrics = Effect.succeed(
@@ -67,6 +69,7 @@ const makeFake = Effect.gen(function*() {
     answer,
     spawner,
     setOnSigterm: (b: OnSigterm) => (onSigterm = b),
+    setLastError: (line: string) => (lastError = line),
     crash: (i: number, code = 1) => Deferred.succeed(children[i]!.exit, { code, signal: null })
   }
 })
@@ -156,6 +159,16 @@ describe("DeliveryProcess.decide", () => {
     expect(DeliveryProcess.decide(policy, earlier, 1_000_000 + 599_999)._tag).toBe("GiveUp")
   })
 
+  it("a child that could not reach the database: 1, 2, 4 … 30 s by its exits in a row, never a give-up", () => {
+    const earlier = [0, 1000, 2000, 3000, 4000]
+    expect(DeliveryProcess.decideUnreachable(policy, earlier, 5000, 0)).toEqual(
+      DeliveryProcess.Decision.Restart({ delayMs: 1000, recent: earlier })
+    )
+    expect(DeliveryProcess.decideUnreachable(policy, earlier, 600_500, 9)).toEqual(
+      DeliveryProcess.Decision.Restart({ delayMs: 30000, recent: [1000, 2000, 3000, 4000] })
+    )
+  })
+
   it("forgets exits older than the window", () => {
     const earlier = [0, 1000, 2000, 3000, 4000]
     const d = DeliveryProcess.decide(policy, earlier, 600_500)
@@ -208,7 +221,7 @@ describe("DeliveryProcess.supervise", () => {
       yield* settle
       const line = yield* Deferred.await(gaveUp)
       expect(line).toBe(
-        "the delivery process exited 6 times within 10 min; giving up (last: exit code 1: database: could not connect (ECONNREFUSED))"
+        "the delivery process exited 6 times within 10 min; giving up (last: exit code 1: boom)"
       )
       expect(yield* section).toMatchObject({ state: "failed", restarts: 5 })
       yield* TestClock.adjust("1 hour")
@@ -216,6 +229,40 @@ describe("DeliveryProcess.supervise", () => {
       expect(fake.children).toHaveLength(6)
       // the ordered shutdown has no child to stop
       expect(yield* lifecycle.shutdown).toEqual({ clean: true, unclean: [] })
+    }))
+
+  it.scoped("a child that cannot reach the database is restarted while the outage lasts, never given up on", () =>
+    Effect.gen(function*() {
+      const { fake, gaveUp, section } = yield* setup("1 hour")
+      // killed during the outage (an OOM kill): an ordinary exit, the first of the window
+      yield* fake.crash(0, 137)
+      yield* settle
+      yield* TestClock.adjust("1 second")
+      yield* settle
+      expect(fake.children).toHaveLength(2)
+      // then every start finds the database unreachable, for 5 minutes
+      fake.setLastError("firehook: database: could not connect (ECONNREFUSED)")
+      const starts = 10
+      for (let i = 0; i < starts; i++) {
+        yield* fake.crash(i + 1)
+        yield* settle
+        expect(yield* Deferred.isDone(gaveUp)).toBe(false)
+        // restarted within the 30 s cap (the exact delays: decideUnreachable)
+        yield* TestClock.adjust("30 seconds")
+        yield* settle
+        expect(fake.children).toHaveLength(i + 3)
+      }
+      expect(yield* section).toMatchObject({ state: "running", restarts: starts + 1 })
+      // the database is back; a later crash of another kind counts after the first one (2 s)
+      fake.setLastError("firehook: boom")
+      yield* fake.crash(starts + 1)
+      yield* settle
+      yield* TestClock.adjust("1999 millis")
+      yield* settle
+      expect(fake.children).toHaveLength(starts + 2)
+      yield* TestClock.adjust("1 millis")
+      yield* settle
+      expect(fake.children).toHaveLength(starts + 3)
     }))
 
   it.scoped("exits spread over more than the window never give up", () =>

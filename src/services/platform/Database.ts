@@ -28,6 +28,17 @@ export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")
   }
 }
 
+/** The reason of a {@link DatabaseUnavailable} when no connection could be made (then ` (<code>)`). */
+const COULD_NOT_CONNECT = "could not connect"
+
+/**
+ * Whether a startup failure line (`firehook: ` removed) says the database could not be reached:
+ * the delivery child's supervisor restarts such a child without spending its restart budget
+ * (DeliveryProcess.ts), since the parent reached the same database at its own start.
+ */
+export const isUnreachableLine = (line: string): boolean =>
+  line.startsWith(`${new DatabaseUnavailable({ reason: COULD_NOT_CONNECT }).message} (`)
+
 /**
  * The URL the process's database client connects to: `DATABASE_URL`, or the embedded PostgreSQL's
  * (a supervised delivery child is given it, so that it uses the same database; issue 16 item 2).
@@ -118,7 +129,7 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
       }).pipe(
         Scope.extend(poolScope),
         Effect.provide(Reactivity.layer),
-        Effect.mapError((e) => new DatabaseUnavailable({ reason: `could not connect (${describeSqlError(e)})` }))
+        Effect.mapError((e) => new DatabaseUnavailable({ reason: `${COULD_NOT_CONNECT} (${describeSqlError(e)})` }))
       )
       yield* Effect.addFinalizer(() =>
         Option.match(lifecycle, { onNone: () => Effect.succeed(true), onSome: (l) => l.isClean }).pipe(

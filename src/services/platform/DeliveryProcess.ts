@@ -9,6 +9,13 @@
  *   `min(maxDelay, baseDelay · 2ⁿ)` (n = earlier exits within the window); the exit that would be
  *   restart `maxRestarts + 1` within `window` gives up: `onGiveUp` gets one line (main then stops
  *   the process with exit code 1).
+ * - Database outage: a child that exits because it could not reach the database at its start
+ *   (its own line `database: could not connect (…)`, Database.isUnreachableLine) is restarted after
+ *   `min(maxDelay, baseDelay · 2ⁿ)` (n = such exits in a row) and does not count toward the
+ *   give-up: the parent reached that database at its own start and rides the outage out (intake,
+ *   LISTEN, leader elections retry), so the child waits for it too. Before, a child that died
+ *   during an outage (an OOM kill) used up its restarts within about 35 s of failed starts and the
+ *   whole service stopped for good.
  * - Shutdown: the drain of stage `delivery` (SPEC §6.3) sends the child SIGTERM and waits for its
  *   exit (its own ordered shutdown runs the delivery grace); clean when it exits with code 0, or
  *   dies of that signal while still loading its modules (it had started nothing: {@link stoppedCleanly}).
@@ -29,6 +36,7 @@ import { Clock, Data, Duration, Effect, Fiber, Option, Ref, Schedule } from "eff
 import type { Scope } from "effect"
 import * as Backoff from "./Backoff.js"
 import type * as ChildProcess from "./ChildProcess.js"
+import * as Database from "./Database.js"
 import { Health, type HealthValue } from "./Health.js"
 import { Lifecycle } from "./Lifecycle.js"
 
@@ -87,6 +95,22 @@ export const decide = (policy: RestartPolicy, earlier: ReadonlyArray<number>, no
   const delayMs = Backoff.ceilingMillis(millis(policy.baseDelay), millis(policy.maxDelay), recent.length - 1)
   return Decision.Restart({ delayMs, recent })
 }
+
+/**
+ * The decision after an exit of a child that could not reach the database, the `waits`-th such
+ * exit in a row before it (0 for the first): a restart after `min(maxDelay, baseDelay · 2^waits)`,
+ * never a give-up; `recent` is the earlier exits within the window, this one not among them.
+ */
+export const decideUnreachable = (
+  policy: RestartPolicy,
+  earlier: ReadonlyArray<number>,
+  now: number,
+  waits: number
+): Decision =>
+  Decision.Restart({
+    delayMs: Backoff.ceilingMillis(millis(policy.baseDelay), millis(policy.maxDelay), waits),
+    recent: earlier.filter((t) => now - t < millis(policy.window))
+  })
 
 /**
  * Whether a child that exited during the shutdown stopped cleanly (left no leased row behind): exit
@@ -263,18 +287,24 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
         ))
     )
 
-    /** one turn: run a child; after a crash decide and wait; `done` once stopping or given up */
-    const turn = (earlier: ReadonlyArray<number>) =>
+    /**
+     * one turn: run a child; after a crash decide and wait; `done` once stopping or given up;
+     * `waits` = the exits in a row of a child that could not reach the database
+     */
+    const turn = (earlier: ReadonlyArray<number>, waits: number) =>
       Effect.gen(function*() {
         const ended = yield* runOnce
-        if (Option.isNone(ended)) return { earlier, done: true }
+        if (Option.isNone(ended)) return { earlier, waits, done: true }
         const { error, exit, pid } = ended.value
         if (yield* isStopping) {
           yield* Ref.set(finalExit, Option.some(exit))
-          return { earlier, done: true }
+          return { earlier, waits, done: true }
         }
-        const decision = decide(policy, earlier, yield* Clock.currentTimeMillis)
         const reason = ownLine(error)
+        const unreachable = exit.code !== 0 && Option.isSome(reason) && Database.isUnreachableLine(reason.value)
+        const now = yield* Clock.currentTimeMillis
+        const decision = unreachable ? decideUnreachable(policy, earlier, now, waits) : decide(policy, earlier, now)
+        const nextWaits = unreachable ? waits + 1 : 0
         yield* Effect.logWarning("the delivery process exited").pipe(
           Effect.annotateLogs({
             pid,
@@ -294,7 +324,7 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
             Effect.annotateLogs({ exitsInWindow: decision.recent.length })
           )
           yield* options.onGiveUp(line)
-          return { earlier: decision.recent, done: true }
+          return { earlier: decision.recent, waits: nextWaits, done: true }
         }
         yield* Ref.update(
           status,
@@ -302,14 +332,15 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
         )
         yield* Effect.sleep(Duration.millis(decision.delayMs))
         yield* Ref.update(status, (s) => ({ ...s, restarts: s.restarts + 1 }))
-        return { earlier: decision.recent, done: false }
+        return { earlier: decision.recent, waits: nextWaits, done: false }
       })
 
     // a turn is bounded: each either ends the loop or follows a crash, and crashes are rate-limited
-    // by the policy (at most maxRestarts + 1 within the window)
-    const loop = yield* Effect.iterate({ earlier: [] as ReadonlyArray<number>, done: false }, {
+    // by the policy (at most maxRestarts + 1 within the window; starts that found the database
+    // unreachable, at most one per maxDelay once backed off, for as long as the outage lasts)
+    const loop = yield* Effect.iterate({ earlier: [] as ReadonlyArray<number>, waits: 0, done: false }, {
       while: (s) => !s.done,
-      body: (s) => turn(s.earlier)
+      body: (s) => turn(s.earlier, s.waits)
     }).pipe(Effect.forkScoped)
 
     const stop = Effect.gen(function*() {
