@@ -9,7 +9,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Clock, Deferred, Duration, Effect, Fiber, Redacted, Ref } from "effect"
 import pg from "pg"
 import * as Database from "../../src/services/platform/Database.js"
-import { type Role, runAsLeader } from "../../src/services/platform/Leader.js"
+import { leaderErrorCode, type Role, runAsLeader } from "../../src/services/platform/Leader.js"
 import * as Db from "../support/db.js"
 
 const KEY = 7_239_901
@@ -124,6 +124,55 @@ describe("leader on PostgreSQL", () => {
             ]).toEqual(["10", "5", "3", "20000"])
           }
           expect(yield* Ref.get(role)).toBe("leader")
+          yield* Fiber.interrupt(leader)
+        }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
+    30_000
+  )
+
+  it.scopedLive(
+    "a leader whose lock session the server ends (pg_terminate_backend, a restart) gives the role up at once, not at its next ping",
+    () =>
+      Effect.flatMap(Db.freshDatabase, ({ url }) =>
+        Effect.gen(function*() {
+          const role = yield* Ref.make<Role>("standby")
+          const terms: Array<string> = []
+          const leader = yield* runAsLeader(
+            {
+              key: KEY,
+              name: "test",
+              // the ping alone would notice after a minute
+              pingInterval: Duration.minutes(1),
+              retryInterval: Duration.minutes(1),
+              events: {
+                acquired: Effect.sync(() => void terms.push("acquired")),
+                lost: (reason, error) =>
+                  Effect.sync(() => void terms.push(`lost: ${reason} ${leaderErrorCode(error)}`)),
+                ended: Effect.flatMap(Ref.get(role), (r) => Effect.sync(() => void terms.push(`ended: ${r}`)))
+              }
+            },
+            role,
+            Effect.never
+          ).pipe(Effect.forkScoped)
+          yield* waitFor(() => terms.length > 0)
+          expect(yield* Ref.get(role)).toBe("leader")
+          const ended = yield* Effect.promise(async () => {
+            const client = new pg.Client({ connectionString: Redacted.value(url), connectionTimeoutMillis: 10_000 })
+            await client.connect()
+            try {
+              const r = await client.query<{ n: number }>(
+                `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_locks
+                 WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND objid = $1::oid`,
+                [KEY]
+              )
+              return r.rows[0]?.n
+            } finally {
+              await client.end()
+            }
+          })
+          expect(ended).toBe(1)
+          // given up at once (a standby), then this replica competes again at once and leads again
+          yield* waitFor(() => terms.length >= 4)
+          expect(terms).toEqual(["acquired", "lost: connection 57P01", "ended: standby", "acquired"])
           yield* Fiber.interrupt(leader)
         }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
     30_000
