@@ -3,6 +3,7 @@
  * error codes, labelled-counter families, stats health sections. Each replaced several copies, so
  * each formula is pinned here once.
  */
+import { SqlError } from "@effect/sql/SqlError"
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, HashSet, Metric, Random, Schedule, TestClock } from "effect"
 import * as Backoff from "../../src/services/platform/Backoff.js"
@@ -102,6 +103,21 @@ describe("ErrorCode", () => {
     expect(ErrorCode.driverCode({ cause: new Error("no code") })).toBeUndefined()
     expect(ErrorCode.codeOr(null)).toBe("unknown")
     expect(ErrorCode.codeOr({}, "unknown error")).toBe("unknown error")
+  })
+
+  it("names the driver's code-less errors of fixed text (a dropped connection), by exact text only", () => {
+    // what `pg` raises when PostgreSQL restarts or a session is terminated mid-use (no `code`)
+    const lost = new SqlError({ cause: new Error("Connection terminated unexpectedly"), message: "m" })
+    expect(ErrorCode.codeOr(lost)).toBe("connection_lost")
+    expect(ErrorCode.codeOr(new Error("Client has encountered a connection error and is not queryable"))).toBe(
+      "connection_lost"
+    )
+    expect(ErrorCode.codeOr(new Error("timeout exceeded when trying to connect"))).toBe("timeout")
+    // a code wins; any other text is never read
+    expect(ErrorCode.codeOr(Object.assign(new Error("Connection terminated"), { code: "ECONNRESET" }))).toBe(
+      "ECONNRESET"
+    )
+    expect(ErrorCode.codeOr(new Error("Connection terminated unexpectedly: postgres://u:secret@h"))).toBe("unknown")
   })
 })
 

@@ -62,7 +62,7 @@ const fixedMessage = (e: unknown): string | undefined => {
 }
 
 /** A short, value-free description of a driver error (never the URL, credentials or SQL values). */
-export const describeSqlError = (e: unknown): string => ErrorCode.driverCode(e) ?? fixedMessage(e) ?? "unknown error"
+export const describeSqlError = (e: unknown): string => fixedMessage(e) ?? ErrorCode.driverCode(e) ?? "unknown error"
 
 export interface DatabaseOptions {
   readonly maxConnections?: number

@@ -21,11 +21,32 @@ export const ownCode = (e: unknown): string | undefined => {
 }
 
 /**
- * The driver's code behind an error: that of its `cause` when it has one (`@effect/sql`'s
- * `SqlError` wraps the driver's error), else its own.
+ * `pg`'s and `pg-pool`'s errors that have no code, each a fixed text of the driver's own (no URL,
+ * credential or value in it), given a code of firehook's, so that a dropped connection (a
+ * PostgreSQL restart, `pg_terminate_backend`, a proxy's idle timeout) is logged as
+ * `connection_lost`, not `unknown`. Only an exact match is used; any other message is never read.
  */
-export const driverCode = (e: unknown): string | undefined =>
-  ownCode(typeof e === "object" && e !== null && "cause" in e ? e.cause : e)
+const DRIVER_FIXED_TEXTS: ReadonlyMap<string, string> = new Map([
+  ["Connection terminated unexpectedly", "connection_lost"],
+  ["Connection terminated", "connection_lost"],
+  ["Client has encountered a connection error and is not queryable", "connection_lost"],
+  ["Client was closed and is not queryable", "connection_closed"],
+  ["Connection terminated due to connection timeout", "timeout"],
+  ["timeout exceeded when trying to connect", "timeout"]
+])
+
+const fixedTextCode = (e: unknown): string | undefined =>
+  e instanceof Error ? DRIVER_FIXED_TEXTS.get(e.message) : undefined
+
+/**
+ * The driver's code behind an error: that of its `cause` when it has one (`@effect/sql`'s
+ * `SqlError` wraps the driver's error), else its own; for the driver's code-less errors of fixed
+ * text, firehook's code for them ({@link DRIVER_FIXED_TEXTS}).
+ */
+export const driverCode = (e: unknown): string | undefined => {
+  const driver: unknown = typeof e === "object" && e !== null && "cause" in e ? e.cause : e
+  return ownCode(driver) ?? fixedTextCode(driver)
+}
 
 /** {@link driverCode}, or `fallback` (default `"unknown"`) when there is none. */
 export const codeOr = (e: unknown, fallback = "unknown"): string => driverCode(e) ?? fallback
