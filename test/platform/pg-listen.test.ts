@@ -25,6 +25,7 @@ import {
 import type { Scope } from "effect"
 import net from "node:net"
 import pg from "pg"
+import * as ErrorCode from "../../src/services/platform/ErrorCode.js"
 import * as PgListen from "../../src/services/platform/PgListen.js"
 import * as Db from "../support/db.js"
 
@@ -74,6 +75,12 @@ const notifyOn = (channel: string, payload: string) =>
 /** The exit of `fiber` once it ends, waiting at most 10 s of live time. */
 const exitOf = <A, E>(fiber: Fiber.RuntimeFiber<A, E>) =>
   TestServices.provideLive(Fiber.await(fiber).pipe(Effect.timeoutOption("10 seconds")))
+
+const codeOfFailure = (exit: Exit.Exit<unknown, unknown>) =>
+  Option.match(Exit.isFailure(exit) ? Cause.failureOption(exit.cause) : Option.none(), {
+    onNone: () => "none",
+    onSome: (e) => ErrorCode.codeOr(e)
+  })
 
 const isSqlFailure = (exit: Exit.Exit<unknown, unknown>) =>
   Exit.isFailure(exit) && Option.exists(Cause.failureOption(exit.cause), (e) => e instanceof SqlError)
@@ -128,7 +135,10 @@ describe("PgListen on PostgreSQL", () => {
       yield* firstPayload(notify("fh_a"), a.got)
 
       proxy.freeze()
-      expect(Option.map(yield* exitAdvancing(a.fiber), isSqlFailure)).toEqual(Option.some(true))
+      const exit = yield* exitAdvancing(a.fiber)
+      expect(Option.map(exit, isSqlFailure)).toEqual(Option.some(true))
+      // what its follower logs (ListenLoop: the code only), not `unknown`
+      expect(Option.map(exit, codeOfFailure)).toEqual(Option.some("timeout"))
     }))
 
   it.scoped("a LISTEN that gets no answer fails within its timeout, and so does every stream on it", () =>

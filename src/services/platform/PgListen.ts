@@ -61,8 +61,10 @@ interface Connection {
 }
 
 const lost = (cause: unknown, message: string) => new SqlError({ cause, message })
-const gone = () => lost(new Error("connection lost"), "LISTEN connection lost")
-const timedOut = () => lost(new Error("timed out"), "LISTEN timed out")
+/** an error of this module's own, with the code its followers log (ErrorCode: never the message) */
+const coded = (message: string, code: string) => Object.assign(new Error(message), { code })
+const gone = () => lost(coded("connection lost", "connection_lost"), "LISTEN connection lost")
+const timedOut = () => lost(coded("timed out", "timeout"), "LISTEN timed out")
 
 /**
  * A `listen` on connections made with `config` (a `pg` client's settings), for the life of the
@@ -137,7 +139,7 @@ export const make = (
         if (set !== undefined) { for (const emit of set) emit.single(msg.payload) }
       })
       client.on("error", (e) => kill(conn, lost(e, "LISTEN connection lost")))
-      client.on("end", () => kill(conn, lost(new Error("connection ended"), "LISTEN connection lost")))
+      client.on("end", () => kill(conn, lost(coded("connection ended", "connection_lost"), "LISTEN connection lost")))
       yield* Effect.tryPromise({ try: () => client.connect(), catch: (e) => lost(e, "LISTEN could not connect") })
         .pipe(
           Effect.interruptible,
