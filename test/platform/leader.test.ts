@@ -6,7 +6,7 @@
 import { SqlClient } from "@effect/sql"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Duration, Effect, Fiber, Redacted, Ref } from "effect"
+import { Clock, Deferred, Duration, Effect, Fiber, Logger, Redacted, Ref } from "effect"
 import pg from "pg"
 import * as Database from "../../src/services/platform/Database.js"
 import { leaderErrorCode, type Role, runAsLeader } from "../../src/services/platform/Leader.js"
@@ -215,6 +215,41 @@ describe("leader on PostgreSQL", () => {
           yield* Fiber.interrupt(standby)
           yield* Fiber.interrupt(leader)
         }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
+    30_000
+  )
+
+  it.scopedLive(
+    "a database that refuses every election is logged once a minute, not at every retry",
+    () =>
+      Effect.gen(function*() {
+        const refusing = new Proxy({} as SqlClient.SqlClient, {
+          get: (_target, p) => (p === "reserve" ? Effect.fail(new Error("ECONNREFUSED")) : undefined)
+        })
+        const outcomes: Array<string> = []
+        const logged: Array<string> = []
+        const logger = Logger.make(({ message }) => {
+          const text = Array.isArray(message) ? message.join(" ") : String(message)
+          if (text.includes("role election failed")) logged.push(text)
+        })
+        const standby = yield* runAsLeader(
+          {
+            key: KEY,
+            name: "test",
+            retryInterval: Duration.millis(5),
+            onElection: (o) => Effect.sync(() => void outcomes.push(o))
+          },
+          Ref.unsafeMake<Role>("standby"),
+          Effect.never
+        ).pipe(
+          Effect.provideService(SqlClient.SqlClient, refusing),
+          Effect.provide(Logger.replace(Logger.defaultLogger, logger)),
+          Effect.forkScoped
+        )
+        yield* waitFor(() => outcomes.length >= 10)
+        yield* Fiber.interrupt(standby)
+        expect(outcomes.every((o) => o === "failed")).toBe(true)
+        expect(logged).toHaveLength(1)
+      }),
     30_000
   )
 })

@@ -19,6 +19,7 @@ import { Duration, Effect, Exit, Fiber, Option, Ref, Schedule, Scope } from "eff
 import * as Lifecycle from "./Lifecycle.js"
 import { codeOf } from "./Persistence.js"
 import { endClient, whenLost } from "./PooledConnection.js"
+import * as RateLimitedLog from "./RateLimitedLog.js"
 
 export type Role = "leader" | "standby"
 
@@ -147,11 +148,16 @@ export const runAsLeader = <E, R>(
     const lostEvent = events.lost ??
       ((reason: "connection" | "worker-ended") =>
         Effect.logWarning("role lost").pipe(Effect.annotateLogs({ role: options.name, reason })))
+    // a database outage fails an election every `retry`: logged once a minute per code
+    const failedLog = RateLimitedLog.make()
     const failedEvent = events.failed ??
-      ((e: unknown) =>
-        Effect.logWarning("role election failed").pipe(
-          Effect.annotateLogs({ role: options.name, code: leaderErrorCode(e) })
-        ))
+      ((e: unknown) => {
+        const code = leaderErrorCode(e)
+        return failedLog.run(code, (suppressed) =>
+          Effect.logWarning("role election failed").pipe(
+            Effect.annotateLogs({ role: options.name, code, suppressed })
+          ))
+      })
     const term = Effect.gen(function*() {
       const scope = yield* Scope.make()
       const acquired = yield* Effect.gen(function*() {
