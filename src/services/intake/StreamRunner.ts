@@ -35,6 +35,26 @@ import { makeSessionQueue, readSession } from "./StreamReader.js"
 export const fullJitter = Backoff.fullJitter
 
 /**
+ * The longest wait after a session that failed on firehook's side (`handler`: its batches could not
+ * be committed, a database outage) and between two failed cursor loads. The reconnect backoff (5
+ * min cap, SPEC §3.3) spares the relay; a database outage is not the relay's, and with the full cap
+ * intake resumed minutes after the database came back (measured: 3 min after a full disk was freed).
+ */
+export const STORE_BACKOFF_CAP = Duration.seconds(30)
+
+/** The wait before the next session, after one that ended so with backoff `wait`. */
+export const reconnectDelay = (
+  kind: SessionEnd["kind"],
+  wait: Duration.Duration,
+  tuning: Pick<IntakeTuning, "poisonBackoff">
+): Duration.Duration =>
+  kind === "protocol"
+    ? Duration.max(wait, tuning.poisonBackoff)
+    : kind === "handler"
+    ? Duration.min(wait, STORE_BACKOFF_CAP)
+    : wait
+
+/**
  * Where a session connects: live after a `FutureCursor`; without a durable cursor, `override` or
  * the stream's initial cursor; else exactly where this process got to (`position`), or the
  * durable cursor rewound (another process may have written it), or `override` when it is earlier.
@@ -90,7 +110,10 @@ const loadCursor = (ctx: StreamContext) =>
       )
     ),
     Effect.retry(
-      Schedule.addDelayEffect(Schedule.forever, (n) => fullJitter(ctx.tuning.backoffBase, ctx.tuning.backoffCap, n))
+      Schedule.addDelayEffect(
+        Schedule.forever,
+        (n) => fullJitter(ctx.tuning.backoffBase, Duration.min(ctx.tuning.backoffCap, STORE_BACKOFF_CAP), n)
+      )
     )
   )
 
@@ -166,7 +189,7 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
       }))
       if (end.kind !== "queue") {
         const wait = yield* fullJitter(tuning.backoffBase, tuning.backoffCap, failures)
-        const delay = end.kind === "protocol" ? Duration.max(wait, tuning.poisonBackoff) : wait
+        const delay = reconnectDelay(end.kind, wait, tuning)
         failures++
         if (end.kind !== "closed") yield* ctx.logLimited("stream ended; reconnecting", { kind: end.kind })
         yield* Effect.sleep(delay).pipe(Effect.raceFirst(Deferred.await(stopped)))
