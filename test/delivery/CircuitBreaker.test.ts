@@ -170,4 +170,32 @@ describe("CircuitBreaker", () => {
     for (let i = 0; i < 25_000; i++) cb.onTransientFailure(`https://o${i}.example`, i)
     expect(cb.stats(25_000).tracked).toBe(10_000)
   })
+
+  it("forgets open origins idle for 30 min past their cool-down; keeps those cooling, probing or asked for", () => {
+    const cb = makeCircuitBreaker({ threshold: 2, cooldownMs: 1_000, probeTimeoutMs: 5_000 })
+    const MIN = 60_000
+    fail(cb, "idle", 2, 0) // cool-down ends at 1 s; nothing asks for it again
+    fail(cb, "probing", 2, 0)
+    // a failing origin whose cool-down grows: open until 30 min + 2 s
+    fail(cb, "cooling", 2, 0)
+    expect(cb.canAttempt("cooling", 1_000)).toBe("probe")
+    cb.onTransientFailure("cooling", 30 * MIN)
+    // asked for at 29 min (its probe is its last attempt, deadline 29 min + 5 s)
+    expect(cb.canAttempt("probing", 29 * MIN)).toBe("probe")
+    cb.onTransientFailure("counting-only", 0) // closed origins are not open circuits
+    expect(cb.openCount(30 * MIN)).toBe(3)
+    // 30 min after "idle"'s cool-down ended (at 1 s): only it goes
+    expect(cb.forgetIdle(30 * MIN + 999)).toBe(0)
+    expect(cb.forgetIdle(30 * MIN + 1_000)).toBe(1)
+    expect(cb.get("idle")).toBeUndefined()
+    expect(cb.canAttempt("idle", 30 * MIN + 1_000)).toBe("closed")
+    expect(cb.openCount(30 * MIN + 1_000)).toBe(2)
+    expect(cb.get("probing")?.probing).toBe(true)
+    expect(cb.get("cooling")?.openUntilMs).toBe(30 * MIN + 2_000)
+    // the probe never reported: idle from its deadline (29 min + 5 s) on
+    expect(cb.forgetIdle(59 * MIN + 4_999)).toBe(0)
+    expect(cb.forgetIdle(59 * MIN + 5_000)).toBe(1)
+    expect(cb.held(59 * MIN + 5_000)).toEqual([])
+    expect(cb.openCount(59 * MIN + 5_000)).toBe(1)
+  })
 })

@@ -95,6 +95,29 @@ describe("Parking.parkPass", () => {
       expect(env.state.parked.size).toBe(0)
     }))
 
+  it.effect("an open origin nothing asks for any more (its webhook is gone) stops counting as open", () =>
+    Effect.gen(function*() {
+      const store = { park: () => Effect.succeed(0), unpark: () => Effect.succeed(0) }
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
+      const env = {
+        state: makeState(),
+        breaker,
+        store: store as unknown as DeliveryStoreShape,
+        wake: yield* Queue.sliding<void>(1)
+      } as unknown as WorkerEnv
+      // a receiver that failed, then its webhook was deleted: no row ever asks for its probe
+      breaker.onTransientFailure(O, 0)
+      yield* parkPass(env)
+      yield* TestClock.adjust(Duration.minutes(10))
+      yield* parkPass(env)
+      expect(breaker.openCount(10 * 60_000)).toBe(1)
+      // 30 min after the cool-down's end the mover's pass has the breaker forget it
+      yield* TestClock.adjust(Duration.minutes(20).pipe(Duration.sum(Duration.seconds(1))))
+      yield* parkPass(env)
+      expect(breaker.openCount(30 * 60_000 + 1_000)).toBe(0)
+      expect(breaker.get(O)).toBeUndefined()
+    }))
+
   /**
    * An origin that recovered early (parked to 1 s, closed at 0.5 s), against a store whose
    * `unpark` answers `answers` in turn (a number of rows moved, or "fail").

@@ -25,6 +25,16 @@
  * not tracked at all. When full, the least recently updated closed entry is evicted first, then the least
  * recently updated open one (losing its protection, never blocking a healthy origin).
  *
+ * Idle origins are forgotten (`forgetIdle`, run by the worker's mover every second): an open origin
+ * whose cool-down ended, with no probe outstanding, and that nothing has tried to deliver to for
+ * `forgetIdleAfterMs` (default 30 min; the worker uses at least `DELIVERY_RETRY_MAX_MS`, since a
+ * row waiting out its own retry delay asks only when it is due). An origin with rows asks for its
+ * probe as soon as its cool-down ends (its rows were parked to exactly then), so such an origin has
+ * no traffic left: its webhook was deleted or changed its URL. Without this, every origin that ever tripped stayed
+ * half-open until evicted at `maxOrigins`, and `openCount` (health `delivery.openCircuits`, the
+ * `firehook_delivery_open_circuits` gauge) only ever grew with URL churn. Forgetting costs at most
+ * `threshold` attempts if the origin's traffic comes back and it is still down.
+ *
  * @since 0.1.0
  */
 import * as DeliveryConfig from "./DeliveryConfig.js"
@@ -41,6 +51,11 @@ export interface CircuitBreakerConfig {
   readonly maxOrigins: number
   /** How long a granted probe may stay unreported before another probe is allowed, ms. */
   readonly probeTimeoutMs: number
+  /**
+   * An open origin whose cool-down (and probe deadline) ended this long ago without any attempt
+   * since is forgotten by `forgetIdle`, ms.
+   */
+  readonly forgetIdleAfterMs: number
 }
 
 /** Defaults of SPEC §4.3. */
@@ -49,7 +64,8 @@ export const defaultCircuitBreakerConfig: CircuitBreakerConfig = {
   cooldownMs: DeliveryConfig.delivery.circuitCooldownMs.default,
   maxCooldownMs: 1_800_000,
   maxOrigins: 10_000,
-  probeTimeoutMs: 60_000
+  probeTimeoutMs: 60_000,
+  forgetIdleAfterMs: 1_800_000
 }
 
 /** The state kept for one origin. */
@@ -99,6 +115,11 @@ export interface CircuitBreaker {
    * origin waiting for its probe is not listed (its next row is the probe). At most `maxOrigins`.
    */
   readonly held: (nowMs: number) => ReadonlyArray<HeldOrigin>
+  /**
+   * Forgets the open origins idle for `forgetIdleAfterMs` since their cool-down ended (and their
+   * probe's deadline passed) and answers how many. O(open origins).
+   */
+  readonly forgetIdle: (nowMs: number) => number
 }
 
 interface MutableState {
@@ -202,6 +223,21 @@ export const makeCircuitBreaker = (config: Partial<CircuitBreakerConfig> = {}): 
     return out
   }
 
+  /** when the origin was last asked for (its cool-down's end, or its last probe's deadline) */
+  const lastAskedMs = (s: MutableState): number =>
+    s.probing ? Math.max(s.openUntilMs, s.probeStartedMs + cfg.probeTimeoutMs) : s.openUntilMs
+
+  const forgetIdle = (nowMs: number): number => {
+    let forgotten = 0
+    for (const [origin, s] of tripped) {
+      if (nowMs - lastAskedMs(s) >= cfg.forgetIdleAfterMs) {
+        tripped.delete(origin)
+        forgotten++
+      }
+    }
+    return forgotten
+  }
+
   return {
     canAttempt,
     onSuccess,
@@ -212,6 +248,7 @@ export const makeCircuitBreaker = (config: Partial<CircuitBreakerConfig> = {}): 
       const s = lookup(origin)
       return s === undefined ? undefined : snapshot(s)
     },
-    held
+    held,
+    forgetIdle
   }
 }

@@ -62,7 +62,7 @@ import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { RegistryStore } from "../registry/RegistryStore.js"
 import { HOLD_FACTOR, ORIGIN_HOLD_FACTOR } from "./Admission.js"
 import { memoTransforms } from "./Attempt.js"
-import { makeCircuitBreaker } from "./CircuitBreaker.js"
+import { defaultCircuitBreakerConfig, makeCircuitBreaker } from "./CircuitBreaker.js"
 import { DeliveryOutcomes } from "./DeliveryOutcomes.js"
 import { DeliveryStore, type SubscriptionKey, type SubscriptionSnapshot } from "./DeliveryStore.js"
 import { Destinations } from "./Destinations.js"
@@ -203,7 +203,12 @@ export const make = (
       minBatch: Math.max(1, Math.floor(maxHeld / 4)),
       timeoutMs: d.timeoutMs,
       retryConfig: { baseMs: d.retryBaseMs, maxMs: d.retryMaxMs, maxAttempts: d.maxAttempts },
-      breaker: makeCircuitBreaker({ threshold: d.circuitThreshold, cooldownMs: d.circuitCooldownMs }),
+      breaker: makeCircuitBreaker({
+        threshold: d.circuitThreshold,
+        cooldownMs: d.circuitCooldownMs,
+        // a row waiting out its own retry delay still asks for the origin when it is due
+        forgetIdleAfterMs: Math.max(defaultCircuitBreakerConfig.forgetIdleAfterMs, d.retryMaxMs)
+      }),
       store,
       registry: yield* RegistryStore,
       secrets: yield* Secrets,

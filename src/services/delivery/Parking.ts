@@ -15,6 +15,9 @@
  * rows at exactly that time are made due now (`unpark`), and so are they when it is held again
  * until an earlier time (then parked to that time in the same pass).
  *
+ * Each pass first has the breaker forget the open origins idle for 30 min past their cool-down
+ * (`CircuitBreaker.forgetIdle`): nothing waits for them any more.
+ *
  * Each process has its own breaker; parking is idempotent (a row already at or after the time is not
  * touched), so several workers parking one origin do not fight.
  *
@@ -23,7 +26,7 @@
 import { Clock, Duration, Effect, Either, Queue } from "effect"
 import type { Admission } from "./CircuitBreaker.js"
 import { PARK_CHUNK, PARK_ORIGINS_MAX, type ParkedOrigin } from "./DeliveryStore.js"
-import { logStoreError } from "./Telemetry.js"
+import { logStoreError, setOpenCircuits } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
 
 /** A pass runs at least this often while an origin is held or parked. */
@@ -45,6 +48,9 @@ export const parkPass = (env: WorkerEnv) =>
   Effect.gen(function*() {
     const state = env.state
     const now = yield* Clock.currentTimeMillis
+    // origins with no traffic left (their webhook was deleted or moved) leave the breaker, so the
+    // open-circuit count is of origins something still waits for (CircuitBreaker.forgetIdle)
+    if (env.breaker.forgetIdle(now) > 0) setOpenCircuits(env.breaker.openCount(now))
     const held = env.breaker.held(now).slice(0, PARK_ORIGINS_MAX)
     if (held.length === 0 && state.parked.size === 0) return { parked: 0, unparked: 0 }
     const wanted = new Set(held.map((h) => h.origin))

@@ -55,7 +55,8 @@ export const recordFirstAttemptLatency = (ms: number): void => firstAttemptLaten
 export const recordAttemptDuration = (ms: number): void => attemptDuration.unsafeUpdate(ms, NO_TAGS)
 export const setInFlight = (env: WorkerEnv): void => inFlightGauge.unsafeUpdate(env.state.inFlight, NO_TAGS)
 export const updateOpenCircuits = (env: WorkerEnv): void =>
-  openCircuitsGauge.unsafeUpdate(env.breaker.openCount(env.clock.unsafeCurrentTimeMillis()), NO_TAGS)
+  setOpenCircuits(env.breaker.openCount(env.clock.unsafeCurrentTimeMillis()))
+export const setOpenCircuits = (n: number): void => openCircuitsGauge.unsafeUpdate(n, NO_TAGS)
 
 // ---------------------------------------------------------------------------------------------
 // Recurring warnings
