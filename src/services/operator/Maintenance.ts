@@ -104,6 +104,8 @@ export interface MaintenanceOptions extends Partial<RetentionOptions> {
   readonly interval?: Duration.DurationInput
   /** the advisory lock key (a safe integer; default `MAINTENANCE_LOCK_KEY`) */
   readonly lockKey?: number
+  /** bound on each ping of the runner's lock connection — default 10 s */
+  readonly pingTimeout?: Duration.DurationInput
 }
 
 /** The advisory lock key of the maintenance runner role (next to `MIGRATION_LOCK_KEY`). */
@@ -556,7 +558,7 @@ export const make = (
         // the runner sees a lost lock within seconds, not after a whole interval in which a standby
         // may already run too (SPEC §4.9: one runner at a time)
         pingInterval: Duration.min(Duration.decode(interval), RUNNER_PING_INTERVAL),
-        pingTimeout: LOCK_OP_TIMEOUT,
+        pingTimeout: options.pingTimeout ?? LOCK_OP_TIMEOUT,
         events: {
           attempt: update((s) => ({ ...s, lockAttempts: s.lockAttempts + 1 })),
           acquired: update((s) => ({ ...s, runner: true, acquisitions: s.acquisitions + 1 })).pipe(
