@@ -14,7 +14,7 @@ import { Processor } from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Database from "../../src/services/platform/Database.js"
 import * as Db from "../support/db.js"
-import { type CliResult, runCli } from "../support/proc.js"
+import { type CliResult, freePort, runCli } from "../support/proc.js"
 import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
 import { expectOneLineError, lines } from "./cli-expect.js"
 
@@ -74,8 +74,11 @@ const healthServer = (status: number, body: unknown) =>
       )
   )
 
-/** A loopback port nothing listens on (it was free a moment ago). */
-const closedPort = Effect.scoped(Effect.map(healthServer(200, {}), (s) => s.port))
+/**
+ * A loopback port nothing listens on: bindable a moment ago, below the kernel's ephemeral range
+ * (freePort), where no other test's listener on port 0 can land while the CLI runs.
+ */
+const closedPort = Effect.promise(freePort)
 
 describe("firehook CLI", () => {
   it.live(

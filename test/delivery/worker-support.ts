@@ -27,6 +27,7 @@ import * as Health from "../../src/services/platform/Health.js"
 import { parseAllowCidrs, SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
+import { freePort } from "../support/proc.js"
 
 // ---------------------------------------------------------------------------------------------
 // Receivers
@@ -147,15 +148,13 @@ export const receiver = (options: {
       })
   ).pipe(Effect.map((r) => r.receiver))
 
-/** A port nothing listens on (bound, then closed). */
-export const closedPort = Effect.async<number>((resume) => {
-  const server = Http.createServer()
-  server.listen(0, "127.0.0.1", () => {
-    const addr = server.address()
-    const port = typeof addr === "object" && addr !== null ? addr.port : 0
-    server.close(() => resume(Effect.succeed(port)))
-  })
-})
+/**
+ * A loopback port nothing listens on: bindable a moment ago, and below the kernel's ephemeral range
+ * (proc.ts freePort), where no other test's listener on port 0 can land before the connection. A
+ * port of that range (bound to 0, then closed) could be taken by one, and the refused connection
+ * be answered instead.
+ */
+export const closedPort = Effect.promise(freePort)
 
 /** A fresh `whsec_` secret (32 fixed bytes derived from `n`). */
 export const whsec = (n: number): string => "whsec_" + Buffer.alloc(32, n).toString("base64")

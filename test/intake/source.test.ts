@@ -19,6 +19,7 @@ import {
   type RelayItem,
   SourceError
 } from "../../src/services/intake/FirehoseSource.js"
+import { freePort } from "../support/proc.js"
 import {
   commitFrame,
   DID,
@@ -285,16 +286,8 @@ describe("FirehoseSource: Jetstream", () => {
 
   it.scopedLive("connect failures: refused, upgrade rejected, open timeout", () =>
     Effect.gen(function*() {
-      // a port nobody listens on
-      const closedPort = yield* Effect.promise(() =>
-        new Promise<number>((resolve) => {
-          const s = Net.createServer()
-          s.listen(0, "127.0.0.1", () => {
-            const a = s.address()
-            s.close(() => resolve(typeof a === "object" && a !== null ? a.port : 1))
-          })
-        })
-      )
+      // a port nobody listens on (below the ephemeral range: no listener on port 0 takes it meanwhile)
+      const closedPort = yield* Effect.promise(freePort)
       const refused = yield* connectJetstream({
         ...base,
         url: `ws://127.0.0.1:${closedPort}/subscribe`,

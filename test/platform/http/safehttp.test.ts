@@ -26,7 +26,7 @@ import {
   type SafeHttpOptions,
   type SafeRequest
 } from "../../../src/services/platform/http/SafeHttp.js"
-import { BUN, ROOT } from "../../support/proc.js"
+import { BUN, freePort, ROOT } from "../../support/proc.js"
 
 // ---------------------------------------------------------------------------------------------
 // A self-signed certificate for receiver.test and 127.0.0.1 (openssl is required for these tests)
@@ -141,15 +141,11 @@ const startServer = (
       })
   ).pipe(Effect.map(({ api }) => api))
 
-/** A port on 127.0.0.1 with nothing listening. */
-const closedPort = Effect.async<number>((resume) => {
-  const s = Http.createServer()
-  s.listen(0, "127.0.0.1", () => {
-    const a = s.address()
-    const port = typeof a === "object" && a !== null ? a.port : 0
-    s.close(() => resume(Effect.succeed(port)))
-  })
-})
+/**
+ * A port on 127.0.0.1 with nothing listening: bindable a moment ago, below the kernel's ephemeral
+ * range (freePort), where no other test's listener on port 0 can land before the connection.
+ */
+const closedPort = Effect.promise(freePort)
 
 const eventually = (check: () => boolean, what: string) =>
   Effect.gen(function*() {
