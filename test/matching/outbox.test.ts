@@ -15,6 +15,7 @@ import { Processor } from "../../src/services/matching/Processor.js"
 import { StoreError, Tx } from "../../src/services/platform/Persistence.js"
 import { Registry } from "../../src/services/registry/Registry.js"
 import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
+import * as Db from "../support/db.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
@@ -219,7 +220,7 @@ describe("outbox on PostgreSQL", () => {
     Effect.gen(function*() {
       const pg = yield* PgClient.PgClient
       const listener = yield* pg.listen(Outbox.NOTIFY_CHANNEL).pipe(Stream.take(1), Stream.runCollect, Effect.fork)
-      yield* Effect.sleep("200 millis")
+      yield* Db.listening(Outbox.NOTIFY_CHANNEL)
       yield* run([whEv(ALICE, "n", whRecordValue(`at://${BOB}`), { rev: rev(2) })])
       yield* run([ev(BOB, POST, "notify-me", { rev: rev(99) })])
       const got = yield* Fiber.join(listener).pipe(Effect.timeout("10 seconds"))

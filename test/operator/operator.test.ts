@@ -13,6 +13,7 @@ import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor } from "../../src/services/matching/Processor.js"
 import * as Operator from "../../src/services/operator/Operator.js"
 import * as WebhookState from "../../src/services/operator/WebhookState.js"
+import * as Db from "../support/db.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 import { insertWebhook } from "../support/webhookRows.js"
 
@@ -294,7 +295,7 @@ describe("Operator", () => {
           Stream.runForEach((payload) => Ref.update(seen, (s) => [...s, payload])),
           Effect.forkScoped
         )
-        yield* Effect.sleep("300 millis") // LISTEN is in place
+        yield* Db.listening(Outbox.NOTIFY_CHANNEL)
         const waitFor = (n: number) =>
           Ref.get(seen).pipe(
             Effect.repeat({ until: (s) => s.length >= n, schedule: Schedule.spaced("20 millis") }),
@@ -307,8 +308,11 @@ describe("Operator", () => {
         yield* waitFor(2)
         expect((yield* op.redeliver("whd_v1_unknown"))._tag).toBe("Missing")
         expect((yield* op.replayDeadLetters({ owner: CAROL })).replayed).toBe(0)
-        yield* Effect.sleep("500 millis")
-        expect(yield* Ref.get(seen)).toEqual(["1", "1"])
+        // a marker of the test's own, after them: notifications come in commit order, so any NOTIFY
+        // of the two calls above would come before it
+        yield* pg`SELECT pg_notify(${Outbox.NOTIFY_CHANNEL}, 'marker')`
+        yield* waitFor(3)
+        expect(yield* Ref.get(seen)).toEqual(["1", "1", "marker"])
       }).pipe(Effect.provide(stack())),
     { timeout: 60_000 }
   )

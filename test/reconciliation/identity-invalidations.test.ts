@@ -3,7 +3,6 @@
  * the intake side's publisher batches the DIDs into `pg_notify('firehook_identity', …)` and every
  * process with an identity cache invalidates them, on a real PostgreSQL database.
  */
-import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Fiber, Queue } from "effect"
 import * as TestServices from "effect/TestServices"
@@ -11,13 +10,8 @@ import * as IdentityInvalidations from "../../src/services/reconciliation/Identi
 import * as Db from "../support/db.js"
 import { plc } from "../support/stack.js"
 
-/** Until this database has a session whose last statement, finished, is the LISTEN on the channel. */
-const listening = Effect.flatMap(SqlClient.SqlClient, (sql) =>
-  sql<{ n: number }>`
-    SELECT count(*)::int AS n FROM pg_stat_activity
-    WHERE datname = current_database() AND state = 'idle' AND query = 'LISTEN "firehook_identity"'`.pipe(
-    Effect.repeat({ until: (rows) => (rows[0]?.n ?? 0) > 0, times: 10_000 })
-  ))
+/** Until the follower's LISTEN is in place. */
+const listening = Db.listening(IdentityInvalidations.CHANNEL)
 
 describe("IdentityInvalidations", () => {
   it("payloads: space-separated, each under the byte bound; parsing keeps canonical DIDs only", () => {

@@ -77,13 +77,8 @@ const setup = (
 const rkeys = (registry: RegistryMod.RegistryShape, did: string) =>
   registry.index.byOwner(did).map((w) => w.rkey).sort()
 
-/** Until the follower's LISTEN session is established (its connection's last statement, finished). */
-const listening = Effect.flatMap(SqlClient.SqlClient, (sql) =>
-  sql<{ n: number }>`
-    SELECT count(*)::int AS n FROM pg_stat_activity
-    WHERE datname = current_database() AND state = 'idle' AND query = 'LISTEN "firehook_registry"'`.pipe(
-    Effect.repeat({ until: (rows) => (rows[0]?.n ?? 0) > 0, times: 10_000 })
-  ))
+/** Until the follower's LISTEN session is established. */
+const listening = Db.listening(RegistryChanges.CHANNEL)
 
 const completeScan = (sql: SqlClient.SqlClient, did: string) =>
   sql`UPDATE owners SET reconcile_status = 'complete', completed_at = now() WHERE did = ${did}`

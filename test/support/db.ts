@@ -2,7 +2,8 @@
  * A fresh database per test file on the run's PostgreSQL server (globalSetup.ts), dropped when the
  * scope closes, with firehook's migrations applied.
  */
-import { Effect, Layer, Redacted } from "effect"
+import { SqlClient } from "@effect/sql"
+import { Effect, Layer, Redacted, Schedule, TestServices } from "effect"
 import { randomBytes } from "node:crypto"
 import pg from "pg"
 import { inject } from "vitest"
@@ -58,3 +59,20 @@ export const layer = (options: Database.DatabaseOptions = {}) =>
 /** {@link layer} on a database created with `createOptions` ({@link freshDatabaseWith}). */
 export const layerWith = (createOptions: string, options: Database.DatabaseOptions = {}) =>
   Layer.unwrapScoped(Effect.map(freshDatabaseWith(createOptions), ({ url }) => Database.layerUrl(url, options)))
+
+/**
+ * Until a session of this database has the `LISTEN` on `channel` as its last statement, finished:
+ * from then on a `NOTIFY` on it reaches its listener (PgListen subscribes before it sends the
+ * `LISTEN`). Polled every 20 ms of live time (also under the TestClock); dies after 30 s.
+ */
+export const listening = (channel: string) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM pg_stat_activity
+      WHERE datname = current_database() AND state = 'idle' AND query = ${`LISTEN "${channel}"`}`.pipe(
+      Effect.map((rows) => (rows[0]?.n ?? 0) > 0),
+      Effect.repeat({ until: (yes) => yes, schedule: Schedule.spaced("20 millis"), times: 1_500 }),
+      TestServices.provideLive,
+      Effect.orDie,
+      Effect.flatMap((yes) => (yes ? Effect.void : Effect.dieMessage(`no LISTEN on ${channel} within 30 s`)))
+    ))
