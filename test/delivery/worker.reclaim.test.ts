@@ -178,7 +178,8 @@ describe("rows of a dead worker", () => {
             const waiting = yield* eventually(
               "A's claim waiting",
               sql<{ pid: number }>`SELECT pid FROM pg_stat_activity
-                WHERE application_name = 'fh-store-a' AND wait_event_type = 'Lock'`,
+                WHERE datname = current_database() AND application_name = 'fh-store-a'
+                  AND wait_event_type = 'Lock'`,
               (rows) => rows.length === 1
             )
             yield* sql`SELECT pg_cancel_backend(${waiting[0]?.pid ?? 0})`
