@@ -3,10 +3,8 @@
  */
 import { Effect } from "effect"
 import { type ChildProcess, spawn } from "node:child_process"
-import * as Fs from "node:fs"
-import * as Net from "node:net"
 import * as Path from "node:path"
-import * as EmbeddedPg from "../../src/services/platform/EmbeddedPg.js"
+import * as Ports from "../../src/services/platform/Ports.js"
 
 export const ROOT = Path.resolve(import.meta.dirname, "../..")
 export const BUN = Path.join(ROOT, "node_modules/.bin/bun")
@@ -69,39 +67,12 @@ export const startFirehook = (
   return { child, stdout: () => out, stderr: () => err, exit }
 }
 
-/** the lowest port the kernel hands out for port 0 and for outbound connections (Linux; else 32768) */
-const ephemeralLow = (): number => {
-  try {
-    const low = Number(Fs.readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0])
-    return Number.isInteger(low) && low > 2048 ? low : 32768
-  } catch {
-    return 32768
-  }
-}
-
-const bindable = (port: number): Promise<boolean> =>
-  new Promise((resolve) => {
-    const server = Net.createServer()
-    server.once("error", () => resolve(false))
-    server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)))
-  })
-
 /**
- * A port for a child process to listen on. Not one the kernel chose (port 0): that comes from the
- * ephemeral range, where between our close and the child's bind any outbound connection of the
- * parallel tests (to PostgreSQL, to the PDS...) may take it as its local port (a CI run failed on
- * that: `HEALTH_PORT ... is in use`). A random bindable port below the ephemeral range can only be
- * taken by another listener that names it.
+ * A port for a child process to listen on: below the kernel's ephemeral range (Ports.ts), since a
+ * port chosen by binding port 0 and closing it may be given to another listener before the child
+ * binds it (a CI run failed on that: `HEALTH_PORT ... is in use`).
  */
-export const freePort = async (): Promise<number> => {
-  const low = Math.max(1025, ephemeralLow() - 12_000)
-  const span = ephemeralLow() - low
-  for (let i = 0; i < 64; i++) {
-    const port = low + Math.floor(Math.random() * span)
-    if (await bindable(port)) return port
-  }
-  return Effect.runPromise(EmbeddedPg.freePort)
-}
+export const freePort = (): Promise<number> => Effect.runPromise(Ports.freeLoopbackPort)
 
 /** Poll `url` until it answers with `status` (or the process exits, or `timeoutMs` passes). */
 export const waitFor = async (url: string, status: number, running: Running, timeoutMs = 60_000): Promise<Response> => {

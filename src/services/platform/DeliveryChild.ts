@@ -17,9 +17,9 @@ import type { Scope } from "effect"
 import * as ChildProcess from "./ChildProcess.js"
 import * as DeliveryProcess from "./DeliveryProcess.js"
 import * as DeliveryProcessConfig from "./DeliveryProcessConfig.js"
-import * as EmbeddedPg from "./EmbeddedPg.js"
 import type { HealthValue } from "./Health.js"
 import * as PlatformConfig from "./PlatformConfig.js"
+import { freeLoopbackPort } from "./Ports.js"
 import * as RolesConfig from "./RolesConfig.js"
 
 /**
@@ -109,9 +109,9 @@ export interface SpawnerOptions {
 /** Start `command args` as the delivery child on a free loopback health port. */
 export const spawner = (options: SpawnerOptions): DeliveryProcess.Spawner => ({
   spawn: Effect.gen(function*() {
-    const port = yield* EmbeddedPg.freePort.pipe(
-      Effect.mapError(() => new ChildProcess.SpawnFailed({ reason: "no free port" }))
-    )
+    // a port below the ephemeral range: the child binds it about a second later (Ports.ts)
+    const port = yield* freeLoopbackPort
+    if (port === 0) return yield* new ChildProcess.SpawnFailed({ reason: "no free port" })
     const env: Record<string, string> = {}
     for (const [k, v] of Object.entries(options.env)) if (v !== undefined) env[k] = v
     const handle = yield* ChildProcess.spawn({
