@@ -4,13 +4,20 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Either, Queue, TestClock } from "effect"
-import { makeCircuitBreaker } from "../../src/services/delivery/CircuitBreaker.js"
+import { type CircuitBreaker, makeCircuitBreaker } from "../../src/services/delivery/CircuitBreaker.js"
 import { type DeliveryStoreShape, PARK_CHUNK, type ParkedOrigin } from "../../src/services/delivery/DeliveryStore.js"
 import { parkPass } from "../../src/services/delivery/Parking.js"
 import { makeState, type WorkerEnv } from "../../src/services/delivery/WorkerState.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 
 const O = "https://bad.example"
+
+/** The parts of a worker the mover's pass reads: a fresh state, the breaker, the store and a wake queue. */
+const passEnv = (store: unknown, breaker: CircuitBreaker) =>
+  Effect.map(
+    Queue.sliding<void>(1),
+    (wake) => ({ state: makeState(), breaker, store: store as DeliveryStoreShape, wake }) as unknown as WorkerEnv
+  )
 
 describe("Parking.parkPass", () => {
   it.effect("parks while open or probing, unparks what it parked when the origin recovers early", () =>
@@ -21,13 +28,7 @@ describe("Parking.parkPass", () => {
         unpark: (origins: ReadonlyArray<ParkedOrigin>) => Effect.sync(() => (calls.push(["unpark", origins]), 5))
       }
       const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000, probeTimeoutMs: 60_000 })
-      // the pass reads only these parts of the worker
-      const env = {
-        state: makeState(),
-        breaker,
-        store: store as unknown as DeliveryStoreShape,
-        wake: yield* Queue.sliding<void>(1)
-      } as unknown as WorkerEnv
+      const env = yield* passEnv(store, breaker)
       const pass = () => Effect.zipRight(Effect.sync(() => calls.splice(0)), parkPass(env))
 
       // closed, nothing parked: no statement at all
@@ -77,12 +78,7 @@ describe("Parking.parkPass", () => {
         unpark: () => Effect.sync(() => (calls.push("unpark"), 0))
       }
       const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
-      const env = {
-        state: makeState(),
-        breaker,
-        store: store as unknown as DeliveryStoreShape,
-        wake: yield* Queue.sliding<void>(1)
-      } as unknown as WorkerEnv
+      const env = yield* passEnv(store, breaker)
       breaker.onTransientFailure(O, 0)
       yield* parkPass(env)
       expect(calls).toEqual(["park"])
@@ -99,12 +95,7 @@ describe("Parking.parkPass", () => {
     Effect.gen(function*() {
       const store = { park: () => Effect.succeed(0), unpark: () => Effect.succeed(0) }
       const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
-      const env = {
-        state: makeState(),
-        breaker,
-        store: store as unknown as DeliveryStoreShape,
-        wake: yield* Queue.sliding<void>(1)
-      } as unknown as WorkerEnv
+      const env = yield* passEnv(store, breaker)
       // a receiver that failed, then its webhook was deleted: no row ever asks for its probe
       breaker.onTransientFailure(O, 0)
       yield* parkPass(env)
@@ -137,12 +128,7 @@ describe("Parking.parkPass", () => {
           })
       }
       const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
-      const env = {
-        state: makeState(),
-        breaker,
-        store: store as unknown as DeliveryStoreShape,
-        wake: yield* Queue.sliding<void>(1)
-      } as unknown as WorkerEnv
+      const env = yield* passEnv(store, breaker)
       breaker.onTransientFailure(O, 0)
       yield* parkPass(env)
       yield* TestClock.adjust(Duration.millis(500))

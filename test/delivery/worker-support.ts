@@ -26,6 +26,7 @@ import * as Database from "../../src/services/platform/Database.js"
 import * as Health from "../../src/services/platform/Health.js"
 import { parseAllowCidrs, SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import * as Metrics from "../../src/services/platform/Metrics.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import { freePort } from "../support/proc.js"
 
@@ -343,3 +344,15 @@ export const startWorkerOn = (
       lifecycle: Context.get(ctx, Lifecycle.Lifecycle)
     })
   ).pipe(Effect.orDie)
+
+/** The enqueue → first attempt histogram's count and sum, from the metrics exposition. */
+export const firstAttemptLatency = Effect.map(Metrics.exposition, (text) => {
+  const value = (name: string) => {
+    const line = text.split("\n").find((l) => l.startsWith(`${name} `))
+    return line === undefined ? 0 : Number(line.slice(name.length + 1))
+  }
+  return {
+    count: value("firehook_delivery_first_attempt_latency_ms_count"),
+    sum: value("firehook_delivery_first_attempt_latency_ms_sum")
+  }
+})

@@ -9,9 +9,8 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Layer } from "effect"
 import { DeliveryStore, makeSql } from "../../src/services/delivery/DeliveryStore.js"
-import * as Metrics from "../../src/services/platform/Metrics.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { eventually, outboxRows, receiver, run, startWorker } from "./worker-support.js"
+import { eventually, firstAttemptLatency, outboxRows, receiver, run, startWorker } from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
@@ -36,18 +35,6 @@ const slowClaims = (before: Effect.Effect<void>) =>
         )
     }))
   )
-
-/** The enqueue → first attempt histogram's count and sum, from the metrics exposition. */
-const firstAttemptLatency = Effect.map(Metrics.exposition, (text) => {
-  const value = (name: string) => {
-    const line = text.split("\n").find((l) => l.startsWith(`${name} `))
-    return line === undefined ? 0 : Number(line.slice(name.length + 1))
-  }
-  return {
-    count: value("firehook_delivery_first_attempt_latency_ms_count"),
-    sum: value("firehook_delivery_first_attempt_latency_ms_sum")
-  }
-})
 
 describe("a claimed row's times count from its claim's start", () => {
   it.scopedLive("the first-attempt latency includes the claim's own time", () =>

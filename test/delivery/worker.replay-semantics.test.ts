@@ -8,26 +8,23 @@ import { Context, Effect, Layer } from "effect"
 import { createHmac } from "node:crypto"
 import { Secrets } from "../../src/services/delivery/Secrets.js"
 import * as Operator from "../../src/services/operator/Operator.js"
-import * as Metrics from "../../src/services/platform/Metrics.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, outboxRows, receiver, run, startWorker, whsec, workerLayer } from "./worker-support.js"
+import {
+  countWhere,
+  eventually,
+  firstAttemptLatency,
+  outboxRows,
+  receiver,
+  run,
+  startWorker,
+  whsec,
+  workerLayer
+} from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
 const ENV = { WEBHOOK_ALLOW_INSECURE_DEV: "1" }
-
-/** The enqueue → first attempt histogram's count and sum, from the metrics exposition. */
-const firstAttemptLatency = Effect.map(Metrics.exposition, (text) => {
-  const value = (name: string) => {
-    const line = text.split("\n").find((l) => l.startsWith(`${name} `))
-    return line === undefined ? 0 : Number(line.slice(name.length + 1))
-  }
-  return {
-    count: value("firehook_delivery_first_attempt_latency_ms_count"),
-    sum: value("firehook_delivery_first_attempt_latency_ms_sum")
-  }
-})
 
 describe("replay and redeliver over a delivery's life", () => {
   it.scopedLive(
