@@ -66,6 +66,15 @@ const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
     return yield* Effect.dieMessage(`never happened: ${what}`)
   })
 
+/** A registry stream runner over `fake`, running in the test's scope, once its first session is connected. */
+const runConnected = (fake: FakeJetstream, tuning: Intake.IntakeTuning) =>
+  Effect.gen(function*() {
+    const runner = yield* Intake.makeStreamRunner(specFor(fake), tuning)
+    yield* Effect.forkScoped(runner.run)
+    yield* eventually(Effect.sync(() => fake.connections[0]?.options.length === 1), "connected")
+    return runner
+  })
+
 const runnerStack = (rec: Recorder) =>
   Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)
 
@@ -104,9 +113,7 @@ describe("stream runner", () => {
     const rec = newRecorder()
     return Effect.gen(function*() {
       const fake = yield* fakeJetstream
-      const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 128))
-      yield* Effect.forkScoped(runner.run)
-      yield* eventually(Effect.sync(() => fake.connections[0]?.options.length === 1), "connected")
+      const runner = yield* runConnected(fake, fastTuning(64, 128))
       rec.failures = 2
       fake.publish(posts(3))
       yield* eventually(Effect.sync(() => rec.batches.flat().length === 3), "committed after retries")
@@ -128,9 +135,7 @@ describe("stream runner", () => {
     const rec = newRecorder()
     return Effect.gen(function*() {
       const fake = yield* fakeJetstream
-      const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 128))
-      yield* Effect.forkScoped(runner.run)
-      yield* eventually(Effect.sync(() => fake.connections[0]?.options.length === 1), "connected")
+      yield* runConnected(fake, fastTuning(64, 128))
       rec.gate = yield* Deferred.make<void>()
       fake.publish(posts(2))
       // a corrupt frame on the wire only (a relay glitch), then more valid frames
@@ -156,9 +161,7 @@ describe("stream runner", () => {
     const rec = newRecorder()
     return Effect.gen(function*() {
       const fake = yield* fakeJetstream
-      const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(64, 128))
-      yield* Effect.forkScoped(runner.run)
-      yield* eventually(Effect.sync(() => fake.connections[0]?.options.length === 1), "connected")
+      const runner = yield* runConnected(fake, fastTuning(64, 128))
       fake.publish(posts(1))
       fake.publish([commitFrame("did:web:Example.com", T0 + 1500, WH, "odd", "create")])
       fake.publish(posts(1, 1))
@@ -174,9 +177,7 @@ describe("stream runner", () => {
     const rec = newRecorder()
     return Effect.gen(function*() {
       const fake = yield* fakeJetstream
-      const runner = yield* Intake.makeStreamRunner(specFor(fake), fastTuning(4, 2))
-      yield* Effect.forkScoped(runner.run)
-      yield* eventually(Effect.sync(() => fake.connections[0]?.options.length === 1), "connected")
+      const runner = yield* runConnected(fake, fastTuning(4, 2))
       rec.gate = yield* Deferred.make<void>()
       fake.publish(posts(20))
       yield* eventually(
