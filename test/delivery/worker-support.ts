@@ -94,52 +94,65 @@ export const receiver = (options: {
   readonly reply?: (path: string, req: Received) => Reply
   readonly secretFor?: (webhookUri: string) => string | undefined
 } = {}): Effect.Effect<Receiver, never, Scope.Scope> =>
-  Effect.acquireRelease(
-    Effect.async<{ receiver: Receiver; server: Http.Server; sockets: Set<Net.Socket> }>((resume) => {
-      const received: Array<Received> = []
-      const hits = new Map<string, number>()
-      const sockets = new Set<Net.Socket>()
-      const server = Http.createServer((req, res) => {
-        const chunks: Array<Buffer> = []
-        req.on("data", (c: Buffer) => chunks.push(c))
-        req.on("end", () => {
-          const body = Buffer.concat(chunks)
-          const webhook = req.headers["x-firehook-webhook"]
-          const secret = typeof webhook === "string" ? options.secretFor?.(webhook) : undefined
-          const headerNames: Array<string> = []
-          for (let i = 0; i < req.rawHeaders.length; i += 2) headerNames.push((req.rawHeaders[i] ?? "").toLowerCase())
-          const entry: Received = {
-            method: req.method ?? "",
-            path: req.url ?? "",
-            headers: req.headers,
-            headerNames,
-            body,
-            at: performance.now(),
-            verified: secret === undefined ? undefined : verify(secret, body, req.headers)
-          }
-          received.push(entry)
-          const id = req.headers["webhook-id"] ?? req.headers["idempotency-key"]
-          if (typeof id === "string") hits.set(id, (hits.get(id) ?? 0) + 1)
-          const reply = (options.reply ?? ((p: string) => routeByPath(p)))(entry.path, entry)
-          if (reply === "hang") return
-          const answer = () => {
-            if (res.destroyed) return
-            res.writeHead(reply.status, reply.headers ?? {})
-            res.end(reply.body ?? "")
-          }
-          if (reply.delayMs === undefined || reply.delayMs <= 0) answer()
-          else setTimeout(answer, reply.delayMs)
-        })
+  Effect.gen(function*() {
+    const received: Array<Received> = []
+    const hits = new Map<string, number>()
+    const handle = (req: Http.IncomingMessage, res: Http.ServerResponse) => {
+      const chunks: Array<Buffer> = []
+      req.on("data", (c: Buffer) => chunks.push(c))
+      req.on("end", () => {
+        const body = Buffer.concat(chunks)
+        const webhook = req.headers["x-firehook-webhook"]
+        const secret = typeof webhook === "string" ? options.secretFor?.(webhook) : undefined
+        const headerNames: Array<string> = []
+        for (let i = 0; i < req.rawHeaders.length; i += 2) headerNames.push((req.rawHeaders[i] ?? "").toLowerCase())
+        const entry: Received = {
+          method: req.method ?? "",
+          path: req.url ?? "",
+          headers: req.headers,
+          headerNames,
+          body,
+          at: performance.now(),
+          verified: secret === undefined ? undefined : verify(secret, body, req.headers)
+        }
+        received.push(entry)
+        const id = req.headers["webhook-id"] ?? req.headers["idempotency-key"]
+        if (typeof id === "string") hits.set(id, (hits.get(id) ?? 0) + 1)
+        const reply = (options.reply ?? ((p: string) => routeByPath(p)))(entry.path, entry)
+        if (reply === "hang") return
+        const answer = () => {
+          if (res.destroyed) return
+          res.writeHead(reply.status, reply.headers ?? {})
+          res.end(reply.body ?? "")
+        }
+        if (reply.delayMs === undefined || reply.delayMs <= 0) answer()
+        else setTimeout(answer, reply.delayMs)
       })
-      server.keepAliveTimeout = 5_000
+    }
+    const { port, url } = yield* loopbackServer(handle, { keepAliveTimeout: 5_000 })
+    return { url, port, received, hits }
+  })
+
+/**
+ * An HTTP server on a loopback port of the system's choosing for the scope: its open sockets are
+ * destroyed and it is closed when the scope closes (a stalled answer never holds the close up).
+ */
+export const loopbackServer = (
+  handle: (req: Http.IncomingMessage, res: Http.ServerResponse) => void,
+  options: { readonly keepAliveTimeout?: number } = {}
+): Effect.Effect<{ readonly port: number; readonly url: string }, never, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.async<{ server: Http.Server; sockets: Set<Net.Socket>; port: number }>((resume) => {
+      const sockets = new Set<Net.Socket>()
+      const server = Http.createServer(handle)
+      if (options.keepAliveTimeout !== undefined) server.keepAliveTimeout = options.keepAliveTimeout
       server.on("connection", (s: Net.Socket) => {
         sockets.add(s)
         s.on("close", () => sockets.delete(s))
       })
       server.listen(0, "127.0.0.1", () => {
         const addr = server.address()
-        const port = typeof addr === "object" && addr !== null ? addr.port : 0
-        resume(Effect.succeed({ receiver: { url: `http://127.0.0.1:${port}`, port, received, hits }, server, sockets }))
+        resume(Effect.succeed({ server, sockets, port: typeof addr === "object" && addr !== null ? addr.port : 0 }))
       })
     }),
     ({ server, sockets }) =>
@@ -147,7 +160,7 @@ export const receiver = (options: {
         for (const s of sockets) s.destroy()
         server.close(() => resume(Effect.void))
       })
-  ).pipe(Effect.map((r) => r.receiver))
+  ).pipe(Effect.map(({ port }) => ({ port, url: `http://127.0.0.1:${port}` })))
 
 /**
  * A loopback port nothing listens on: bindable a moment ago, and below the kernel's ephemeral range

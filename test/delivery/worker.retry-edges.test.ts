@@ -5,10 +5,8 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
-import * as Http from "node:http"
-import type * as Net from "node:net"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { eventually, outboxRows, receiver, type Reply, run, startWorker } from "./worker-support.js"
+import { eventually, loopbackServer, outboxRows, receiver, type Reply, run, startWorker } from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
@@ -31,38 +29,19 @@ const ANSWERS: Record<string, (now: number) => Reply> = {
 }
 
 /** A server that answers a status line (and maybe part of a head or body), then stalls. */
-const stalling = Effect.acquireRelease(
-  Effect.async<{ server: Http.Server; sockets: Set<Net.Socket>; url: string }>((resume) => {
-    const sockets = new Set<Net.Socket>()
-    const server = Http.createServer((req, res) => {
-      req.resume()
-      if (req.url === "/head503") {
-        res.writeHead(503, { "retry-after": "7", "content-length": "100" })
-        res.write("x")
-      } else if (req.url === "/head200") {
-        res.writeHead(200, { "content-length": "100" })
-        res.write("x")
-      } else {
-        // a status line and a header, never the end of the head
-        req.socket.write("HTTP/1.1 200 OK\r\nX-A: b\r\n")
-      }
-    })
-    server.on("connection", (s: Net.Socket) => {
-      sockets.add(s)
-      s.on("close", () => sockets.delete(s))
-    })
-    server.listen(0, "127.0.0.1", () => {
-      const addr = server.address()
-      const port = typeof addr === "object" && addr !== null ? addr.port : 0
-      resume(Effect.succeed({ server, sockets, url: `http://127.0.0.1:${port}` }))
-    })
-  }),
-  ({ server, sockets }) =>
-    Effect.async<void>((resume) => {
-      for (const s of sockets) s.destroy()
-      server.close(() => resume(Effect.void))
-    })
-)
+const stalling = loopbackServer((req, res) => {
+  req.resume()
+  if (req.url === "/head503") {
+    res.writeHead(503, { "retry-after": "7", "content-length": "100" })
+    res.write("x")
+  } else if (req.url === "/head200") {
+    res.writeHead(200, { "content-length": "100" })
+    res.write("x")
+  } else {
+    // a status line and a header, never the end of the head
+    req.socket.write("HTTP/1.1 200 OK\r\nX-A: b\r\n")
+  }
+})
 
 describe("retry edges through real answers", () => {
   it.scopedLive(
