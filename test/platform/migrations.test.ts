@@ -3,7 +3,7 @@ import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import * as Migrator from "@effect/sql/Migrator"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Deferred, Effect, Fiber, Logger, Schedule } from "effect"
 import * as Database from "../../src/services/platform/Database.js"
 import * as Migrations from "../../src/services/platform/Migrations.js"
 import * as Db from "../support/db.js"
@@ -158,6 +158,64 @@ describe("Migrations", () => {
             "the schema lacks migration 0004_rejected_records of this version, which cannot be applied after later ones; this version cannot upgrade it"
         })
       )
+    }))
+
+  it.scopedLive("a migration waiting behind another session's lock gives way and retries, never stalling the table", () =>
+    Effect.gen(function*() {
+      const { name, url } = yield* Db.freshDatabase
+      const c = yield* client(url)
+      const holder = yield* client(url)
+      const reader = yield* client(url)
+      // the schema of the version before 0009, which alters `webhooks`
+      const before = Object.fromEntries(
+        Object.entries(Migrations.migrations).filter(([id]) => Number(id.slice(0, 4)) < 9)
+      )
+      yield* Migrator.make({})({ loader: Migrator.fromRecord(before), table: Migrations.MIGRATIONS_TABLE }).pipe(
+        Effect.provideService(SqlClient.SqlClient, c)
+      )
+      // a long transaction that has read `webhooks` (ACCESS SHARE, held until it ends)
+      const locked = yield* Deferred.make<void>()
+      const release = yield* Deferred.make<void>()
+      const hold = yield* holder.withTransaction(
+        holder`SELECT count(*) FROM webhooks`.pipe(
+          Effect.zipRight(Deferred.succeed(locked, undefined)),
+          Effect.zipRight(Deferred.await(release))
+        )
+      ).pipe(Effect.fork)
+      yield* Deferred.await(locked)
+      const warnings: Array<string> = []
+      const capture = Logger.make(({ logLevel, message }) => {
+        if (logLevel._tag === "Warning") warnings.push(String(message))
+      })
+      const migrating = yield* Migrations.runWith({ lockTimeout: "200 millis", lockRetryFirst: "50 millis" }).pipe(
+        Effect.provideService(SqlClient.SqlClient, c),
+        Effect.provide(Logger.replace(Logger.defaultLogger, capture)),
+        Effect.fork
+      )
+      // the migration is waiting for the lock (an ALTER queued behind the reader's transaction)
+      const waiting = yield* reader<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_stat_activity
+          WHERE datname = ${name} AND wait_event_type = 'Lock' AND query ILIKE '%ALTER TABLE webhooks%'`.pipe(
+        Effect.filterOrFail((rows) => (rows[0]?.n ?? 0) > 0, () => "no ALTER waiting for its lock"),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 1_500 })
+      )
+      expect(waiting[0]?.n).toBe(1)
+      // meanwhile the running service can still read and write the table: each of its statements
+      // waits at most one lock timeout (before, they queued behind the ALTER until the holder ended)
+      for (let i = 0; i < 3; i++) {
+        const n = yield* reader<{ n: number }>`SELECT count(*)::int AS n FROM webhooks`.pipe(
+          Effect.timeoutFail({ duration: "10 seconds", onTimeout: () => "stalled behind the migration" })
+        )
+        expect(n[0]?.n).toBe(0)
+      }
+      expect(warnings.length).toBeGreaterThan(0)
+      expect(warnings[0]).toContain("gave way to a table lock")
+      yield* Deferred.succeed(release, undefined)
+      yield* Fiber.join(hold)
+      const applied = yield* Fiber.join(migrating)
+      expect(applied).toEqual([[9, "webhook_state"]])
+      const ids = yield* c<{ migration_id: number }>`SELECT migration_id FROM firehook_migrations ORDER BY 1`
+      expect(ids.map((r) => r.migration_id)).toEqual(MIGRATION_IDS)
     }))
 
   it.layer(Db.layer())("the schema", (it) => {

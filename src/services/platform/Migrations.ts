@@ -7,7 +7,9 @@
  */
 import { SqlClient } from "@effect/sql"
 import * as Migrator from "@effect/sql/Migrator"
-import { Data, Duration, Effect } from "effect"
+import type { SqlError } from "@effect/sql/SqlError"
+import { Cause, Chunk, Data, Duration, Effect, Schedule } from "effect"
+import * as ErrorCode from "./ErrorCode.js"
 import * as LockKeys from "./LockKeys.js"
 
 const ddl = (text: string) =>
@@ -446,40 +448,108 @@ export const mismatch = (
 export const MIGRATIONS_TIMEOUT = Duration.minutes(10)
 
 /**
+ * How long one migration run waits for a table lock before it gives way: its transaction is rolled
+ * back and the run tried again ({@link RunOptions}). A migration's `ALTER TABLE` needs the table
+ * alone; while it waits behind another session's lock (a long transaction, a `pg_dump`, an
+ * operator's open `psql` transaction), every other statement on that table queues behind it, so the
+ * running service (old processes during an upgrade) would stall for as long as the holder keeps it.
+ */
+export const MIGRATION_LOCK_TIMEOUT = Duration.seconds(2)
+
+/** Between two runs that gave way to a lock: 0.5 s, doubling, at most 10 s (until {@link MIGRATIONS_TIMEOUT}). */
+const LOCK_RETRY_FIRST = Duration.millis(500)
+const LOCK_RETRY_CAP = Duration.seconds(10)
+
+export interface RunOptions {
+  /** how long a run waits for one lock ({@link MIGRATION_LOCK_TIMEOUT}) */
+  readonly lockTimeout?: Duration.DurationInput
+  /** the first pause after a run that gave way (0.5 s), doubling to at most 10 s */
+  readonly lockRetryFirst?: Duration.DurationInput
+}
+
+/** A run gave way to a lock held by another session (SQLSTATE 55P03 `lock_not_available`). */
+class LockWait extends Data.TaggedError("LockWait")<{}> {}
+
+/** SQLSTATE 55P03 anywhere in the cause: the Migrator turns a migration's failure into a defect wrapping it. */
+const lockTimedOut = (cause: Cause.Cause<unknown>): boolean =>
+  Chunk.some(Chunk.appendAll(Cause.failures(cause), Cause.defects(cause)), (e) => {
+    let current: unknown = e
+    for (let depth = 0; depth < 4 && typeof current === "object" && current !== null; depth++) {
+      if (ErrorCode.ownCode(current) === "55P03") return true
+      current = Reflect.get(current, "cause")
+    }
+    return false
+  })
+
+/**
  * Run pending migrations; safe to run from several processes at once: the bookkeeping table is
  * created under a transaction-scoped advisory lock (so concurrent `CREATE TABLE`s cannot race),
  * and the Migrator then serializes runners with `LOCK TABLE … ACCESS EXCLUSIVE`: the second
  * runner waits, then finds nothing left to do. The recorded migrations are checked before (so
  * nothing is applied to a database of another version) and after (another runner may have
  * applied a newer version's in between): a mismatch fails with {@link SchemaMismatch}.
+ * The Migrator's transaction waits at most {@link MIGRATION_LOCK_TIMEOUT} for any lock; one
+ * that gives way is rolled back whole and tried again, logged as a warning each time.
  */
-export const run = Effect.gen(function*() {
-  const sql = yield* SqlClient.SqlClient
-  const check = Effect.flatMap(
-    sql<{ readonly migration_id: number; readonly name: string }>`SELECT migration_id, name FROM ${
-      sql(MIGRATIONS_TABLE)
-    }`.withoutTransform,
-    (rows) => {
-      const wrong = mismatch(rows.map((r) => ({ id: Number(r.migration_id), name: String(r.name) })))
-      return wrong === undefined ? Effect.void : Effect.fail(new SchemaMismatch({ reason: wrong }))
-    }
-  )
-  yield* sql.withTransaction(
-    Effect.zipRight(
-      sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`,
-      sql.unsafe(`CREATE TABLE IF NOT EXISTS ${MIGRATIONS_TABLE} (
+export const runWith = (options: RunOptions = {}) =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    const check = Effect.flatMap(
+      sql<{ readonly migration_id: number; readonly name: string }>`SELECT migration_id, name FROM ${
+        sql(MIGRATIONS_TABLE)
+      }`.withoutTransform,
+      (rows) => {
+        const wrong = mismatch(rows.map((r) => ({ id: Number(r.migration_id), name: String(r.name) })))
+        return wrong === undefined ? Effect.void : Effect.fail(new SchemaMismatch({ reason: wrong }))
+      }
+    )
+    yield* sql.withTransaction(
+      Effect.zipRight(
+        sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`,
+        sql.unsafe(`CREATE TABLE IF NOT EXISTS ${MIGRATIONS_TABLE} (
         migration_id integer PRIMARY KEY,
         created_at timestamptz NOT NULL DEFAULT now(),
         name text NOT NULL
       )`)
-    ).pipe(Effect.zipRight(check))
+      ).pipe(Effect.zipRight(check))
+    )
+    const lockMs = Math.max(1, Math.round(Duration.toMillis(options.lockTimeout ?? MIGRATION_LOCK_TIMEOUT)))
+    // the Migrator's own transaction nests in this one (a savepoint), so the setting covers it
+    const once = sql.withTransaction(
+      Effect.zipRight(
+        sql`SELECT set_config('lock_timeout', ${`${lockMs}ms`}, true)`,
+        Migrator.make({})({ loader: Migrator.fromRecord(migrations), table: MIGRATIONS_TABLE })
+      )
+    ).pipe(
+      Effect.catchAllCause((cause): Effect.Effect<never, LockWait | Migrator.MigrationError | SqlError> =>
+        lockTimedOut(cause) ? Effect.fail(new LockWait()) : Effect.failCause(cause)
+      ),
+      Effect.tapError((e) =>
+        e instanceof LockWait
+          ? Effect.logWarning(
+            "migrations gave way to a table lock held by another session (a long transaction?); retrying"
+          ).pipe(Effect.annotateLogs({ code: "lock_timeout" }))
+          : Effect.void
+      )
+    )
+    const applied = yield* once.pipe(
+      Effect.retry({
+        while: (e) => e instanceof LockWait,
+        schedule: Schedule.exponential(options.lockRetryFirst ?? LOCK_RETRY_FIRST, 2).pipe(
+          Schedule.modifyDelay((d) => Duration.min(d, LOCK_RETRY_CAP))
+        )
+      }),
+      // retries run until the outer timeout; this only names what was still in the way
+      Effect.catchTag("LockWait", () => Effect.fail({ code: "lock_timeout" } as const))
+    )
+    yield* check
+    return applied
+  }).pipe(
+    // bounded (SPEC §7): waiting for another replica's migrations, or a migration that hangs, fails
+    // startup with "migrations failed (timeout)" instead of waiting for ever
+    Effect.timeoutFail({ duration: MIGRATIONS_TIMEOUT, onTimeout: () => ({ code: "timeout" }) as const }),
+    Effect.withSpan("Migrations.run")
   )
-  const applied = yield* Migrator.make({})({ loader: Migrator.fromRecord(migrations), table: MIGRATIONS_TABLE })
-  yield* check
-  return applied
-}).pipe(
-  // bounded (SPEC §7): waiting for another replica's migrations, or a migration that hangs, fails
-  // startup with "migrations failed (timeout)" instead of waiting for ever
-  Effect.timeoutFail({ duration: MIGRATIONS_TIMEOUT, onTimeout: () => ({ code: "timeout" }) as const }),
-  Effect.withSpan("Migrations.run")
-)
+
+/** {@link runWith} with the defaults. */
+export const run = runWith()
