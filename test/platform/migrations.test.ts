@@ -28,6 +28,8 @@ const EXPECTED_TABLES = [
 ]
 
 const MIGRATION_IDS = Object.keys(Migrations.migrations).map((name) => Number(name.slice(0, 4)))
+/** Numeric order (the default sort is by text: 10 before 2). */
+const byNumber = (x: number, y: number) => x - y
 
 /** An independent client (its own pool) on the same database. */
 const client = (url: Parameters<typeof PgClient.make>[0]["url"]) =>
@@ -43,7 +45,7 @@ describe("Migrations", () => {
       // concurrently, on an empty database
       const [ra, rb] = yield* Effect.all([run(a), run(b)], { concurrency: 2 })
       const applied = [...ra, ...rb]
-      expect(applied.map(([id]) => id).sort()).toEqual(MIGRATION_IDS)
+      expect(applied.map(([id]) => id).sort(byNumber)).toEqual(MIGRATION_IDS)
       // again: a no-op
       expect(yield* run(a)).toEqual([])
       expect(yield* run(b)).toEqual([])
@@ -51,7 +53,7 @@ describe("Migrations", () => {
         SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name`
       expect(tables.map((t) => t.table_name)).toEqual(EXPECTED_TABLES)
       const ids = yield* a<{ migration_id: number }>`SELECT migration_id FROM firehook_migrations`
-      expect(ids.map((r) => r.migration_id).sort()).toEqual(MIGRATION_IDS)
+      expect(ids.map((r) => r.migration_id).sort(byNumber)).toEqual(MIGRATION_IDS)
     }))
 
   it.scoped("five concurrent runners on a fresh database: exactly one applies", () =>
@@ -64,7 +66,7 @@ describe("Migrations", () => {
       )
       // one runner applied every migration, the others found nothing to do
       expect(results.filter((r) => r.length > 0).length).toBe(1)
-      expect(results.flat().map(([id]) => id).sort()).toEqual(MIGRATION_IDS)
+      expect(results.flat().map(([id]) => id).sort(byNumber)).toEqual(MIGRATION_IDS)
     }))
 
   it.scoped("0002 adds outbox.origin to a database created by 0001, keeping its rows (origin NULL)", () =>

@@ -371,6 +371,13 @@ CREATE TRIGGER webhooks_state_reset BEFORE UPDATE OF fingerprint ON webhooks
   FOR EACH ROW EXECUTE FUNCTION firehook_webhook_state_reset();
 `)
 
+/**
+ * 0010: the poison-row guard (delivery/Suspects.ts): how many times a row was being attempted, as
+ * the only suspect of its worker, when that worker died or lost its lease. Reset to 0 whenever the
+ * row is claimed from `pending`. A metadata-only change (a constant default, PostgreSQL 11 or later).
+ */
+const outboxCrashCount = ddl(`ALTER TABLE outbox ADD COLUMN crash_count smallint NOT NULL DEFAULT 0`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -381,7 +388,8 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0006_owner_log": ownerLog,
   "0007_outbox_origin_due": outboxOriginDue,
   "0008_api_jti": apiJti,
-  "0009_webhook_state": webhookState
+  "0009_webhook_state": webhookState,
+  "0010_outbox_crash_count": outboxCrashCount
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */
