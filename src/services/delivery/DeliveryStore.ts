@@ -19,6 +19,11 @@
  * mark on the next one within the interval; if its rows were taken meanwhile, its settles are
  * refused (the token is no longer its) and the new holder retries them under the same delivery id.
  *
+ * Suspects (Suspects.ts). The claim tells, per row, whether it was taken from an expired lease
+ * (`reclaimed`) and its `crash_count`, which it resets to 0 for a row taken from `pending`;
+ * `reclaimRoom` bounds how many expired-lease rows one claim takes. `markSuspect` counts a
+ * suspect's attempt before its request is made. Fresh rows cost no statement more.
+ *
  * Per-origin fairness. The claim is told how many more rows of each URL origin the worker may hold
  * (`rooms`; `defaultRoom` for origins it holds none of) and which origins are full (`fullOrigins`,
  * skipped while reading candidates, within a bounded read of `scanMax` rows). Rows over an origin's
@@ -73,6 +78,16 @@ export interface ClaimedRow extends OutboxRow {
    * False for a row replayed or redelivered after an attempt, although its `attemptCount` is 0 again
    */
   readonly firstAttempt: boolean
+  /**
+   * the row was claimed from an expired lease (its previous holder died, or stalled past its
+   * lease, while holding it), not from `pending`: a suspect (Suspects.ts)
+   */
+  readonly reclaimed: boolean
+  /**
+   * how many times the row was attempted as a suspect (`outbox.crash_count`); 0 when claimed from
+   * `pending` (the claim resets it)
+   */
+  readonly crashCount: number
   /** the stored canonical body; undefined if the body row is missing */
   readonly body: string | undefined
   /** the subscription and its owner as they were when the row was claimed (same statement) */
@@ -117,6 +132,11 @@ export interface ClaimOptions {
    * claimed as before. Their pending rows are moved out of the due set in bulk by `park`.
    */
   readonly openOrigins?: ReadonlyArray<string>
+  /**
+   * how many rows with an expired lease (reclaimed: `ClaimedRow.reclaimed`) may be taken at most
+   * (default: no limit other than the claim's); pending rows are not limited by it
+   */
+  readonly reclaimRoom?: number
   /** how many rows of an origin not listed above may be taken (default: no limit) */
   readonly defaultRoom?: number
   /**
@@ -197,6 +217,12 @@ export interface DeliveryStoreShape {
   readonly reclaimAbandoned: (
     workerId: string
   ) => Effect.Effect<{ readonly held: boolean; readonly freed: number }, StoreError>
+  /**
+   * Counts one more attempt of a reclaimed row as a suspect (`crash_count + 1`, one guarded
+   * statement, committed before the request is made) and answers the new count; undefined when the
+   * lease is no longer mine.
+   */
+  readonly markSuspect: (deliveryId: string, token: string) => Effect.Effect<number | undefined, StoreError>
   /** Extend my lease to now + `leaseMs`; false when the lease is no longer mine. */
   readonly heartbeat: (deliveryId: string, token: string, leaseMs: number) => Effect.Effect<boolean, StoreError>
   /** `heartbeat` for many rows in one statement; answers the tokens whose lease was extended. */

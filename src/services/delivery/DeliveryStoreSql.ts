@@ -35,7 +35,7 @@ import {
   type SubscriptionKey,
   type SubscriptionSnapshot
 } from "./DeliveryStore.js"
-import { heartbeatManyStatement, heartbeatStatement, reclaimStatement } from "./LeaseSql.js"
+import { heartbeatManyStatement, heartbeatStatement, markSuspectStatement, reclaimStatement } from "./LeaseSql.js"
 import { parkStatement, unparkStatement } from "./ParkSql.js"
 import { makeSettleBatcher } from "./SettleBatcher.js"
 import {
@@ -83,6 +83,8 @@ interface ClaimDbRow {
   readonly origin: string | null
   readonly age_ms: number | null
   readonly first_attempt: boolean | null
+  readonly reclaimed: boolean | null
+  readonly crash_count: number | null
   readonly body: string | null
   readonly sub_exists: boolean | null
   readonly sub_active: boolean | null
@@ -164,6 +166,8 @@ const fromClaim = (r: ClaimDbRow): ClaimedRow | undefined => {
     origin: r.origin ?? "",
     ageMs: Math.max(0, Number(r.age_ms ?? 0)),
     firstAttempt: r.first_attempt === true,
+    reclaimed: r.reclaimed === true,
+    crashCount: Number(r.crash_count ?? 0),
     body: r.body ?? undefined,
     snapshot: snapshotFrom(r)
   }
@@ -216,6 +220,8 @@ interface ClaimPlan {
   readonly full: ReadonlyArray<string>
   /** origins whose circuit is open: none of their rows (stored origin) is read */
   readonly open: ReadonlyArray<string>
+  /** expired-lease candidates read at most (≤ scan) */
+  readonly reclaim: number
   readonly defaultRoom: number
   readonly lease: number
   readonly options: ClaimOptions
@@ -231,7 +237,8 @@ const claimPlan = (workerId: string, limit: number, leaseMs: number, options: Cl
   const open = (options.openOrigins ?? []).slice(0, PARK_ORIGINS_MAX)
   const defaultRoom = clampInt(options.defaultRoom ?? CLAIM_MAX, 0, CLAIM_MAX)
   const lease = clampInt(leaseMs, 1, 24 * 3_600_000)
-  return { workerId, n, scan, rooms, full, open, defaultRoom, lease, options }
+  const reclaim = clampInt(options.reclaimRoom ?? scan, 0, scan)
+  return { workerId, n, scan, rooms, full, open, reclaim, defaultRoom, lease, options }
 }
 
 const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
@@ -249,7 +256,7 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
            WHERE status = 'leased' AND leased_until < now()
            ORDER BY leased_until LIMIT ${SCAN_MAX}
          ) l WHERE l.origin <> ALL(${p.full}::text[]) AND (l.stored IS NULL OR l.stored <> ALL(${p.open}::text[]))
-         LIMIT ${p.scan})
+         LIMIT ${p.reclaim})
       ),
       ranked AS (
         SELECT c.delivery_id, c.next_attempt_at, c.origin,
@@ -265,7 +272,7 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
         SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${p.n}
       ),
       locked AS (
-        SELECT o.delivery_id, o.updated_at AS touched_at FROM outbox o
+        SELECT o.delivery_id, o.updated_at AS touched_at, o.status AS was_status FROM outbox o
         WHERE o.delivery_id IN (SELECT delivery_id FROM picked)
           AND ((o.status = 'pending' AND o.next_attempt_at <= now()) OR (o.status = 'leased' AND o.leased_until < now()))
         FOR UPDATE OF o SKIP LOCKED
@@ -275,6 +282,9 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
           status = 'leased',
           lease_token = ${p.workerId} || ':' || gen_random_uuid()::text,
           leased_until = now() + ${p.lease}::int * interval '1 millisecond',
+          -- a row taken from pending starts clean (replays, retries and deferrals reset it); one
+          -- taken from an expired lease keeps it (Suspects.ts counts its attempts as a suspect)
+          crash_count = CASE WHEN locked.was_status = 'pending' THEN 0 ELSE o.crash_count END,
           updated_at = now()
         FROM locked
         WHERE o.delivery_id = locked.delivery_id
@@ -287,7 +297,8 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
           -- reset) without an attempt recorded; a replayed or redelivered row has its attempts
           CASE WHEN o.attempt_count > 0 THEN false WHEN locked.touched_at = o.created_at THEN true
                ELSE NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = o.delivery_id) END
-            AS first_attempt
+            AS first_attempt,
+          (locked.was_status = 'leased') AS reclaimed, o.crash_count
       ),
       stats AS (
         SELECT (SELECT count(*) FROM cand)::int AS cand_count,
@@ -296,7 +307,7 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
       SELECT stats.cand_count, stats.over_room, u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey,
         u.match_kind, u.event_did, u.event_collection, u.event_rkey, u.event_operation, u.target_url,
         u.signing_mode, u.secret_id, u.fingerprint, u.attempt_count, u.lease_token, u.origin, u.age_ms,
-        u.first_attempt, e.body,
+        u.first_attempt, u.reclaimed, u.crash_count, e.body,
         ${p.options.withSubscriptions === false ? f.noSubscriptionColumns : f.subscriptionColumns}
       FROM stats
       LEFT JOIN upd u ON true
@@ -480,6 +491,7 @@ export const makeSql: Effect.Effect<
         return { held, freed }
       }),
     subscriptions: (keys) => subscriptionsStatement(sql, f, keys),
+    markSuspect: (deliveryId, token) => markSuspectStatement(sql, deliveryId, token),
     heartbeat: (deliveryId, token, leaseMs) => heartbeatStatement(sql, deliveryId, token, leaseMs),
     heartbeatMany: (leases, leaseMs) => heartbeatManyStatement(sql, leases, leaseMs),
     markDelivered: (deliveryId, token, o) => settle(delivered(deliveryId, token, o)),

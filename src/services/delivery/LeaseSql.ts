@@ -114,3 +114,20 @@ export const heartbeatStatement = (sql: SqlClient.SqlClient, deliveryId: string,
     Effect.map((rows) => rows.length > 0),
     op("delivery.heartbeat")
   )
+
+// ---------------------------------------------------------------------------------------------
+// Suspects (Suspects.ts)
+
+/**
+ * One more attempt of a reclaimed row as a suspect, under my lease: the new `crash_count`, or
+ * undefined when the lease is no longer mine. Autocommitted before the request is made, so a crash
+ * during the request finds it counted.
+ */
+export const markSuspectStatement = (sql: SqlClient.SqlClient, deliveryId: string, token: string) =>
+  sql<{ crash_count: number }>`
+      UPDATE outbox SET crash_count = LEAST(crash_count + 1, 32767)
+      WHERE delivery_id = ${deliveryId} AND status = 'leased' AND lease_token = ${token}
+      RETURNING crash_count`.pipe(
+    Effect.map((rows) => rows[0] === undefined ? undefined : Number(rows[0].crash_count)),
+    op("delivery.markSuspect")
+  )
