@@ -2,12 +2,14 @@
  * Rows of a dead worker (SPEC §4.1): each worker holds a liveness mark in PostgreSQL (a session
  * advisory lock on its claim connection); rows leased by a worker whose mark is gone are claimable
  * within 5 s, not after their whole lease. A live worker that lost its mark connection takes the
- * mark again; one whose claim failed keeps it.
+ * mark again; one whose claim failed keeps it. A request that kills its worker every time is
+ * dead-lettered (`crashed`) after three deaths, without a fourth request (Suspects.ts).
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Context, Duration, Effect, Exit, Fiber, FiberId, Layer, type Redacted, Scope } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
+import { CRASH_LIMIT } from "../../src/services/delivery/Suspects.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
 import * as ProcessorModule from "../../src/services/matching/Processor.js"
@@ -114,6 +116,88 @@ describe("rows of a dead worker", () => {
           expect(rx.received.length).toBe(2 * ROWS)
           // the reclaim spent no attempt: each row was delivered by its first recorded attempt
           expect(yield* countWhere("outbox", "attempt_count = 1 AND last_http_status = 200")).toBe(ROWS)
+        })),
+    60_000
+  )
+
+  it.scopedLive(
+    "a request that kills its worker every time is dead-lettered `crashed` after three deaths, never sent a fourth time; a row in flight with it is delivered",
+    () =>
+      onFreshDatabase(config, (url) =>
+        Effect.gen(function*() {
+          const innocentReply = firstHangs()
+          // the poison hook's requests "kill" the worker (the test closes its scope when one arrives)
+          const rx = yield* receiver({
+            reply: (path, req) => path.startsWith("/poison") ? "hang" : innocentReply(path, req)
+          })
+          yield* run(
+            ["innocent", "poison"].map((rkey) =>
+              whEv(
+                plc(1),
+                rkey,
+                whRecordValue(`at://${BOB}`, { url: `${rx.url}/${rkey}`, secret: "s3cr3t-for-crash" }),
+                {
+                  rev: rev(1)
+                }
+              )
+            )
+          )
+          yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+          const sql = yield* SqlClient.SqlClient
+          const rowsNow = sql<
+            {
+              webhook_rkey: string
+              delivery_id: string
+              status: string
+              crash_count: number
+              last_error_kind: string | null
+              attempt_count: number
+            }
+          >`
+            SELECT webhook_rkey, delivery_id, status, crash_count, last_error_kind, attempt_count FROM outbox
+            ORDER BY webhook_rkey`.pipe(Effect.orDie)
+          const ids = new Map((yield* rowsNow).map((r) => [r.webhook_rkey, r.delivery_id]))
+          const poison = ids.get("poison") ?? ""
+          const innocent = ids.get("innocent") ?? ""
+          const hits = (id: string) => Effect.sync(() => rx.hits.get(id) ?? 0)
+
+          // three workers die while the poison row's request is in flight: first fresh (with the
+          // innocent row's first request in flight too), then twice as their only suspect in flight
+          for (let death = 1; death <= CRASH_LIMIT + 1; death++) {
+            const scope = yield* Scope.make()
+            yield* startWorkerOn(
+              url,
+              config,
+              { options: { workerId: `host:${death}:worker`, pollIntervalMs: 100 } },
+              scope
+            )
+            yield* eventually(`the poison request ${death}`, hits(poison), (n) => n === death, 15_000)
+            if (death === 1) yield* eventually("the innocent request in flight", hits(innocent), (n) => n === 1)
+            yield* Scope.close(scope, Exit.interrupt(FiberId.none))
+          }
+          // the next worker dead-letters it without sending it again, and delivers the innocent row
+          yield* startWorkerOn(
+            url,
+            config,
+            { options: { workerId: "host:9:worker", pollIntervalMs: 100 } },
+            yield* Effect.scope
+          )
+          const settled = yield* eventually(
+            "poison dead-lettered, innocent delivered",
+            rowsNow,
+            (rs) => rs.every((r) => r.status === (r.webhook_rkey === "poison" ? "dead_letter" : "delivered")),
+            15_000
+          )
+          expect(settled.find((r) => r.webhook_rkey === "poison")).toMatchObject({
+            last_error_kind: "crashed",
+            crash_count: CRASH_LIMIT + 1,
+            attempt_count: 0
+          })
+          expect(yield* hits(poison)).toBe(CRASH_LIMIT + 1)
+          // the innocent row was counted only when it ran alone, and its success cleared it
+          expect(settled.find((r) => r.webhook_rkey === "innocent")?.crash_count).toBeLessThanOrEqual(CRASH_LIMIT)
+          expect(yield* countWhere("delivery_attempts", `delivery_id = '${poison}'`)).toBe(0)
+          expect(yield* countWhere("audit", "status = 'dead_letter' AND error_kind = 'crashed'")).toBe(1)
         })),
     60_000
   )

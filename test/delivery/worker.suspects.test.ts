@@ -1,24 +1,32 @@
 /**
- * The poison-row guard's store side on real PostgreSQL: a row claimed from an expired lease is a
+ * The poison-row guard (Suspects.ts) on real PostgreSQL: a row claimed from an expired lease is a
  * suspect; the claim says so and keeps its crash count (a row claimed from `pending` starts at 0);
- * `markSuspect` counts under the lease token only.
+ * `markSuspect` counts under the lease token only; the worker attempts suspects one at a time while
+ * fresh rows keep their concurrency, counts each first, and dead-letters one over the limit
+ * (`crashed`) without a request; a replay sends it again. The whole cycle with workers that die
+ * mid-request: worker.reclaim.test.ts.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
+import { CRASH_LIMIT, SUSPECTS_HELD } from "../../src/services/delivery/Suspects.js"
+import * as Operator from "../../src/services/operator/Operator.js"
+import * as Metrics from "../../src/services/platform/Metrics.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
-import { run } from "./worker-support.js"
+import { countWhere, eventually, receiver, recordingPublisher, run, startWorker } from "./worker-support.js"
 
 const OWNER = plc(1)
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
 const ENV = { WEBHOOK_ALLOW_INSECURE_DEV: "1", DELIVERY_RETRY_BASE_MS: "100" }
+const DEAD = "host:9:dead-worker"
 
 /** A test on a fresh stack with a delivery store of its own (the "dead worker's", or the store under test). */
 const onStack = <A, E, R>(eff: Effect.Effect<A, E, R>) =>
   eff.pipe(
     Effect.scoped,
+    Effect.provide(Operator.layer),
     Effect.provide(Layer.provideMerge(deliveryStoreSql, sqlStack({ env: ENV })))
   )
 
@@ -36,6 +44,16 @@ const guardRows = Effect.flatMap(SqlClient.SqlClient, (sql) =>
   sql<GuardRow>`
     SELECT delivery_id, event_rkey, status, attempt_count, crash_count, last_error_kind, last_http_status
     FROM outbox ORDER BY event_rkey`).pipe(Effect.orDie)
+
+/** The oldest `n` pending rows as a dead worker leaves them: leased by it, the lease expired. */
+const leftByDeadWorker = (n: number) =>
+  Effect.gen(function*() {
+    const store = yield* DeliveryStore
+    const claimed = yield* store.claim(DEAD, n, 60_000)
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`UPDATE outbox SET leased_until = now() - interval '1 second' WHERE lease_token LIKE ${DEAD + ":%"}`
+    return claimed.rows.map((r) => r.deliveryId)
+  })
 
 describe("crash suspects", () => {
   it.scopedLive(
@@ -73,6 +91,94 @@ describe("crash suspects", () => {
         expect(yield* store.markSuspect(a.deliveryId, taken.leaseToken)).toBe(2)
         expect(yield* store.markSuspect(b.deliveryId, taken.leaseToken)).toBeUndefined()
         expect((yield* guardRows).find((r) => r.delivery_id === a.deliveryId)?.crash_count).toBe(2)
+      }).pipe(onStack),
+    60_000
+  )
+
+  it.scopedLive(
+    "suspects are attempted one at a time (counted once each, then delivered) while fresh rows run concurrently",
+    () =>
+      Effect.gen(function*() {
+        const DELAY_MS = 150
+        const suspects = new Set<string>()
+        const now = { suspects: 0, fresh: 0 }
+        const max = { suspects: 0, fresh: 0 }
+        const rx = yield* receiver({
+          reply: (_, req) => {
+            const kind = suspects.has(String(req.headers["idempotency-key"])) ? "suspects" : "fresh"
+            now[kind]++
+            max[kind] = Math.max(max[kind], now[kind])
+            // registered before the receiver's own answer timer of the same delay: runs first
+            setTimeout(() => now[kind]--, DELAY_MS)
+            return { status: 200, delayMs: DELAY_MS }
+          }
+        })
+        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in` }), { rev: rev(1) })])
+        const n = SUSPECTS_HELD + 2
+        yield* run(Array.from({ length: n }, (_, i) => ev(BOB, POST, `s${i}`, { rev: rev(10 + i) })))
+        for (const id of yield* leftByDeadWorker(n)) suspects.add(id)
+        expect(suspects.size).toBe(n)
+        yield* run(Array.from({ length: n }, (_, i) => ev(BOB, POST, `t${i}`, { rev: rev(100 + i) })))
+
+        yield* startWorker({ options: { pollIntervalMs: 50 } })
+        const rows = yield* eventually(
+          "all delivered",
+          guardRows,
+          (rs) => rs.length === 2 * n && rs.every((r) => r.status === "delivered"),
+          30_000
+        )
+        expect(max.suspects).toBe(1)
+        expect(max.fresh).toBeGreaterThan(1)
+        // each attempted once; the suspects counted once each (then cleared by their outcome)
+        expect(rx.received.length).toBe(2 * n)
+        expect(rows.filter((r) => suspects.has(r.delivery_id)).map((r) => r.crash_count)).toEqual(
+          Array.from({ length: n }, () => 1)
+        )
+        expect(rows.filter((r) => !suspects.has(r.delivery_id)).every((r) => r.crash_count === 0)).toBe(true)
+        expect(rows.every((r) => r.attempt_count === 1)).toBe(true)
+      }).pipe(onStack),
+    60_000
+  )
+
+  it.scopedLive(
+    "a suspect over the crash limit is dead-lettered `crashed` without a request or an attempt (audit, tail, metric); a replay delivers it",
+    () =>
+      Effect.gen(function*() {
+        const rx = yield* receiver()
+        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in` }), { rev: rev(1) })])
+        yield* run([ev(BOB, POST, "poison", { rev: rev(10) })])
+        const [id] = yield* leftByDeadWorker(1)
+        const sql = yield* SqlClient.SqlClient
+        // attempted as a suspect CRASH_LIMIT times already, once answered 503 before that
+        yield* sql`UPDATE outbox SET crash_count = ${CRASH_LIMIT}, attempt_count = 1, last_error_kind = 'http_5xx',
+          last_http_status = 503 WHERE delivery_id = ${id ?? ""}`
+        const publisher = recordingPublisher()
+        yield* startWorker({ options: { pollIntervalMs: 50 }, publisher: publisher.layer })
+
+        const [row] = yield* eventually("dead-lettered", guardRows, (rs) => rs[0]?.status === "dead_letter", 20_000)
+        expect(row).toMatchObject({
+          delivery_id: id,
+          last_error_kind: "crashed",
+          last_http_status: null,
+          attempt_count: 1,
+          crash_count: CRASH_LIMIT + 1
+        })
+        expect(rx.received.length).toBe(0)
+        expect(yield* countWhere("delivery_attempts", "true")).toBe(0)
+        const audit = yield* sql<{ status: string; error_kind: string; http_status: number | null; url: string }>`
+          SELECT status, error_kind, http_status, url FROM audit`
+        expect(audit).toEqual([{ status: "dead_letter", error_kind: "crashed", http_status: null, url: "[redacted]" }])
+        expect(publisher.events.map((e) => [e.deliveryId, e.status, e.errorKind, e.httpStatus])).toEqual([
+          [id, "dead_letter", "crashed", null]
+        ])
+        expect(yield* Metrics.exposition).toMatch(/firehook_delivery_not_attempted_total\{reason="crashed"\} [1-9]/)
+
+        // replayed: a fresh start (claimed from pending, count 0), and delivered
+        const op = yield* Operator.Operator
+        expect((yield* op.replayDeadLetters({ owner: OWNER, webhook: "w" })).replayed).toBe(1)
+        const [after] = yield* eventually("replay delivered", guardRows, (rs) => rs[0]?.status === "delivered", 20_000)
+        expect(after).toMatchObject({ crash_count: 0, attempt_count: 1, last_http_status: 200 })
+        expect(rx.hits.get(id ?? "")).toBe(1)
       }).pipe(onStack),
     60_000
   )

@@ -4,14 +4,16 @@
  * `perOriginConcurrency` rows in flight. The admission is synchronous bookkeeping: a waiting row has
  * no fiber and takes no semaphore; a started row gets a fiber, and frees its slot before it is
  * settled, so a slow database never holds a request slot. Origin slots live in a map that holds only
- * origins with claimed rows, so it is bounded by the number of held rows.
+ * origins with claimed rows, so it is bounded by the number of held rows. Suspects (rows reclaimed
+ * from an expired lease: Suspects.ts) also wait for the worker's one suspect slot.
  *
  * @since 0.1.0
  */
-import { Duration, Effect } from "effect"
+import { Duration, Effect, Option } from "effect"
 import { attemptSafe } from "./Attempt.js"
 import type { ClaimedRow } from "./DeliveryStore.js"
 import { settle } from "./Settlement.js"
+import { attemptSuspect, SUSPECTS_HELD } from "./Suspects.js"
 import { countNotAttempted, logRecurring, setInFlight } from "./Telemetry.js"
 import type { RowEntry, WorkerEnv } from "./WorkerState.js"
 
@@ -32,6 +34,7 @@ export const dispatch = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number): 
   }
   slot.held++
   state.held++
+  if (row.reclaimed) state.suspectsHeld++
   const entry: RowEntry = {
     row,
     claimedAtMs,
@@ -61,6 +64,7 @@ export const claimOptions = (env: WorkerEnv) => {
     fullOrigins,
     openOrigins,
     defaultRoom: env.perOriginHold,
+    reclaimRoom: Math.max(0, SUSPECTS_HELD - env.state.suspectsHeld),
     withSubscriptions: env.snapshotMaxAgeMs > 0
   }
 }
@@ -81,6 +85,11 @@ export const forgetNow = (env: WorkerEnv, entry: RowEntry): void => {
   state.held--
   slot.held--
   if (slot.held <= 0) state.origins.delete(entry.row.origin)
+  // a suspect gone: the next claim may take another (the claim left them for later, see reclaimRoom)
+  if (entry.row.reclaimed) {
+    state.suspectsHeld--
+    state.notified = true
+  }
   state.freed = true
   env.wake.unsafeOffer(undefined)
 }
@@ -90,20 +99,24 @@ export const forget = (env: WorkerEnv, entry: RowEntry) => Effect.sync(() => for
 const runRow = (env: WorkerEnv, entry: RowEntry): Effect.Effect<void> => {
   const row = entry.row
   let holding = true
-  /** Gives the request slot back (once) and starts the next waiting rows. */
+  /** Gives the request slot (and a suspect's slot) back (once) and starts the next waiting rows. */
   const freeSlot = (): void => {
     if (!holding) return
     holding = false
     env.state.inFlight--
     entry.slot.active--
+    if (row.reclaimed) env.state.suspectActive = false
     setInFlight(env)
     pumpNow(env)
   }
-  return attemptSafe(env, row, entry.claimedAtMs, entry).pipe(
+  const attempted = row.reclaimed
+    ? attemptSuspect(env, entry)
+    : Effect.map(attemptSafe(env, row, entry.claimedAtMs, entry), Option.some)
+  return attempted.pipe(
     // the settlement runs after the request slot is freed
     Effect.flatMap((settlement) => {
       freeSlot()
-      return settle(env, row, settlement)
+      return Option.isSome(settlement) ? settle(env, row, settlement.value) : Effect.void
     }),
     Effect.catchAllDefect(() =>
       logRecurring(env, "defect", "delivery settlement failed unexpectedly", { deliveryId: row.deliveryId })
@@ -120,8 +133,9 @@ const runRow = (env: WorkerEnv, entry: RowEntry): Effect.Effect<void> => {
 
 /**
  * Starts waiting rows while request slots are free: the first waiting row (claim order) whose
- * origin is under its cap. Admission is synchronous bookkeeping (no semaphore, and no fiber for
- * a row until it starts), so a held row costs nothing while it waits.
+ * origin is under its cap, and which is not a suspect while another suspect runs. Admission is
+ * synchronous bookkeeping (no semaphore, and no fiber for a row until it starts), so a held row
+ * costs nothing while it waits.
  */
 export const pumpNow = (env: WorkerEnv): void => {
   const state = env.state
@@ -133,13 +147,14 @@ export const pumpNow = (env: WorkerEnv): void => {
   while (state.inFlight < concurrency && i < waiting.length) {
     const entry = waiting[i]
     if (entry === undefined) break
-    if (entry.slot.active >= env.perOrigin) {
+    if (entry.slot.active >= env.perOrigin || (entry.row.reclaimed && state.suspectActive)) {
       i++
       continue
     }
     waiting.splice(i, 1)
     entry.started = true
     entry.slot.active++
+    if (entry.row.reclaimed) state.suspectActive = true
     state.inFlight++
     started = true
     // scheduled like a fork (not run inside this loop, which it could re-enter)

@@ -34,6 +34,8 @@ const retryableKind = (kind: Kind): boolean =>
  * - `Fail`: a failed attempt (rescheduled with backoff while retryable and within budget, else
  *   dead-lettered);
  * - `Deliver`: delivered (`attempt.outcome` `delivered`, or `skipped` when no request was needed);
+ * - `Crashed`: a suspect whose count of crashes is over the limit (Suspects.ts): dead-lettered
+ *   with kind `crashed` without a request, no attempt spent;
  * - `Send`: the request to send to `origin` (the attempt's send turns it into one of the others).
  */
 export type Settlement = Data.TaggedEnum<{
@@ -49,6 +51,7 @@ export type Settlement = Data.TaggedEnum<{
     readonly responseExcerpt: string | undefined
   }
   Deliver: { readonly httpStatus: number | undefined; readonly attempt: AttemptRecord }
+  Crashed: { readonly crashes: number }
   Send: { readonly request: OutgoingRequest; readonly origin: string }
 }>
 
@@ -58,7 +61,10 @@ export const Settlement = Data.taggedEnum<Settlement>()
 export type Settled = Exclude<Settlement, { readonly _tag: "Send" }>
 
 // the constructors, read once (each read of the enum's proxy makes a new one)
-export const { Cancel, Defer, Deliver, Fail, Park, Send } = Settlement
+export const { Cancel, Crashed, Defer, Deliver, Fail, Park, Send } = Settlement
+
+/** The kind (`last_error_kind`, audit, tail, metric reason) of a row dead-lettered as `Crashed`. */
+export const CRASHED_KIND = "crashed"
 
 /** A failed attempt without a response. */
 export const failure = (kind: Kind, startedAtMs: number, durationMs: number): Settled =>
@@ -80,6 +86,8 @@ export const settle = (env: WorkerEnv, row: ClaimedRow, s: Settled): Effect.Effe
       return parkRow(env, row)
     case "Deliver":
       return delivered(env, row, s.httpStatus, s.attempt)
+    case "Crashed":
+      return crashedRow(env, row, s.crashes)
     case "Fail":
       return s.kind === "gone"
         ? Effect.flatMap(failed(env, row, s), (dead) => dead ? markGone(env, row) : Effect.void)
@@ -154,6 +162,28 @@ const parkRow = (env: WorkerEnv, row: ClaimedRow) =>
     const applied = yield* guarded(env, env.store.parkDisabled(row.deliveryId, row.leaseToken))
     countNotAttempted(PARKED_KIND)
     if (applied) yield* publish(env, row, "dead_letter", undefined, PARKED_KIND)
+  })
+
+/**
+ * A suspect over the crash limit: a dead letter of kind `crashed`, no request and no attempt spent
+ * (the HTTP status of an earlier attempt would not belong to this error: cleared), and one warning.
+ */
+const crashedRow = (env: WorkerEnv, row: ClaimedRow, crashes: number) =>
+  Effect.gen(function*() {
+    const applied = yield* guarded(
+      env,
+      env.store.deadLetter(row.deliveryId, row.leaseToken, {
+        attemptCount: row.attemptCount,
+        errorKind: CRASHED_KIND,
+        httpStatus: undefined
+      })
+    )
+    countNotAttempted(CRASHED_KIND)
+    if (!applied) return
+    yield* Effect.logWarning("delivery dead-lettered: its worker died or stalled while attempting it, too often").pipe(
+      Effect.annotateLogs({ deliveryId: row.deliveryId, ownerDid: row.ownerDid, rkey: row.webhookRkey, crashes })
+    )
+    yield* publish(env, row, "dead_letter", undefined, CRASHED_KIND)
   })
 
 const delivered = (

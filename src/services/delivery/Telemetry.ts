@@ -26,7 +26,7 @@ const attemptsTotal = labelledCounterFamily("firehook_delivery_attempts_total", 
 })
 const notAttemptedTotal = labelledCounterFamily("firehook_delivery_not_attempted_total", {
   description:
-    "Claimed rows settled without an attempt, by reason (subscription_changed, owner_scanning, circuit_open, lease_lost, released, webhook_disabled)",
+    "Claimed rows settled without an attempt, by reason (subscription_changed, owner_scanning, circuit_open, lease_lost, released, webhook_disabled, crashed)",
   incremental: true
 })
 

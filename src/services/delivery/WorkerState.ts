@@ -51,6 +51,10 @@ export interface WorkerState {
   claiming: boolean
   held: number
   inFlight: number
+  /** held rows that are suspects (reclaimed from an expired lease: Suspects.ts) */
+  suspectsHeld: number
+  /** a suspect holds the worker's one suspect slot (from its start until its outcome is known) */
+  suspectActive: boolean
   notified: boolean
   freed: boolean
   listening: boolean
@@ -77,6 +81,8 @@ export const makeState = (): WorkerState => ({
   claiming: false,
   held: 0,
   inFlight: 0,
+  suspectsHeld: 0,
+  suspectActive: false,
   notified: false,
   freed: false,
   listening: false,
