@@ -215,7 +215,7 @@ describe("Migrations", () => {
       yield* Deferred.succeed(release, undefined)
       yield* Fiber.join(hold)
       const applied = yield* Fiber.join(migrating)
-      expect(applied).toEqual([[9, "webhook_state"]])
+      expect(applied.map(([id]) => id)).toEqual(MIGRATION_IDS.filter((id) => id >= 9))
       const ids = yield* c<{ migration_id: number }>`SELECT migration_id FROM firehook_migrations ORDER BY 1`
       expect(ids.map((r) => r.migration_id)).toEqual(MIGRATION_IDS)
     }))
