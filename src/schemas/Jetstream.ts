@@ -192,7 +192,8 @@ const isOperation = (u: unknown): u is Operation => u === "create" || u === "upd
  * plain-object `record` and an optional `cid` of 1–512 chars.
  *
  * A delete carries neither `record` nor `cid`; if a server sends them anyway they are dropped.
- * `identity` and `account` frames become `IdentityEvent`s (their bodies are not inspected). Other
+ * `identity` and `account` frames become `IdentityEvent`s; of their bodies only `account.active` is
+ * read (a boolean, else undefined: a malformed account body is not a poison frame). Other
  * well-formed kinds are acknowledged with `event: undefined`; a missing or malformed kind is an error.
  *
  * @since 0.1.0
@@ -256,10 +257,20 @@ export const decodeJetstreamFrame = (
     }
     return Either.right({ cursor, event })
   }
-  if (kind === "identity" || kind === "account") {
+  if (kind === "identity") {
     return Either.right({
       cursor,
       event: { kind, did, timeUs, stream: ctx.stream, relay: ctx.relay, cursor: cursorText }
+    })
+  }
+  if (kind === "account") {
+    // only `account.active` is read, and only a boolean is taken; anything else leaves it undefined
+    // (never a poison frame: the body is not part of the frame's validity)
+    const account = json["account"]
+    const active = isObject(account) && typeof account["active"] === "boolean" ? account["active"] : undefined
+    return Either.right({
+      cursor,
+      event: { kind, did, active, timeUs, stream: ctx.stream, relay: ctx.relay, cursor: cursorText }
     })
   }
   return Either.right({ cursor, event: undefined })

@@ -32,6 +32,12 @@ export interface RecordEvent {
 export interface IdentityEvent {
   readonly kind: "identity" | "account"
   readonly did: string
+  /**
+   * `account` events only: the account's `active` flag when the frame carries a boolean one;
+   * undefined when it is absent or malformed (the event is still an account event: it invalidates
+   * identity caches, and requests nothing else)
+   */
+  readonly active?: boolean | undefined
   readonly timeUs: number
   readonly stream: string
   readonly relay: string

@@ -29,8 +29,9 @@ import { isTid } from "./Tid.js"
  * One accepted relay frame.
  *
  * - `events`: a sequenced message; `seq` is the cursor. `#commit` → one `RecordEvent` per op;
- *   `#identity`/`#account` → one `IdentityEvent`; `#sync` and `tooBig` commits → no events (the
- *   frame is acknowledged so the cursor can move past it).
+ *   `#identity`/`#account` → one `IdentityEvent` (an account's `active` when it is a boolean);
+ *   `#sync` and `tooBig` commits → no events (the frame is acknowledged so the cursor can move
+ *   past it).
  * - `info`: an `#info` message (`OutdatedCursor`); not sequenced.
  * - `error`: an error frame (`op: -1`); the server closes the connection after it.
  * - `ignored`: a well-formed message type this decoder does not know (the event-stream spec says
@@ -464,16 +465,16 @@ export const decodeRelayFrame = (
     if (typeof rev !== "string" || !isTid(rev)) return fail("rev")
     return Either.right({ kind: "events", seq: BigInt(seq), events: [] })
   }
+  const common = { did, timeUs, stream: ctx.stream, relay: ctx.relay, cursor: String(seq) }
+  if (t === "#identity") {
+    return Either.right({ kind: "events", seq: BigInt(seq), events: [{ kind: "identity", ...common }] })
+  }
+  // `#account`: only `active` is read, and only a boolean is taken; anything else leaves it
+  // undefined (never a poison frame: the body is not part of the frame's validity)
+  const active = body["active"]
   return Either.right({
     kind: "events",
     seq: BigInt(seq),
-    events: [{
-      kind: t === "#identity" ? "identity" : "account",
-      did,
-      timeUs,
-      stream: ctx.stream,
-      relay: ctx.relay,
-      cursor: String(seq)
-    }]
+    events: [{ kind: "account", ...common, active: typeof active === "boolean" ? active : undefined }]
   })
 }

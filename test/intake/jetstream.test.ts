@@ -99,7 +99,15 @@ describe("decodeJetstreamFrame: accepted frames", () => {
       const r = decode(text)
       expect(r).toEqual(Either.right({
         cursor: BigInt(T),
-        event: { kind, did: DID, timeUs: T, stream: "direct", relay: ctx.relay, cursor: String(T) }
+        event: {
+          kind,
+          did: DID,
+          ...(kind === "account" ? { active: false } : {}),
+          timeUs: T,
+          stream: "direct",
+          relay: ctx.relay,
+          cursor: String(T)
+        }
       }))
     }
   })

@@ -205,6 +205,7 @@ describe("decodeRelayFrame: other messages", () => {
       events: [{
         kind: "account",
         did: DID,
+        active: false,
         timeUs: TIME_US,
         stream: "relay",
         relay: "wss://bsky.network",
