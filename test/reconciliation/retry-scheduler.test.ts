@@ -1,7 +1,8 @@
 /**
  * RetryScheduler (SPEC §5.4) under TestClock with a fixed Random: the backoff Schedule's exact
  * delays and cap, the first round at start, attempt timing, the tracking bound, success forgetting
- * the attempt count, the swap of owners completed elsewhere, and `stop` (in-flight attempts
+ * the attempt count, owners with a reconciliation request (their own budget; kept across a refused
+ * scan), the swap of owners completed elsewhere, and `stop` (in-flight attempts
  * interrupted at once; drained or not by the deadline).
  * The store and the reconciler are fakes of their Tags.
  */
@@ -24,13 +25,15 @@ interface FakeOwner {
   failureCount: number
   /** order of the last failure (oldest first) */
   failedSeq: number
+  /** a reconciliation request is pending (an account's reactivation); a begun scan clears it */
+  requested?: boolean
 }
 
 /**
  * `hang`: the PDS read never answers; `hangSlowMark`: the same, and the interrupted scan's failure
  * mark takes 10 s (a slow database); a Deferred: answers (success) when it is completed.
  */
-type Behaviour = "fail" | "succeed" | "hang" | "hangSlowMark" | Deferred.Deferred<void>
+type Behaviour = "fail" | "succeed" | "busy" | "hang" | "hangSlowMark" | Deferred.Deferred<void>
 
 interface World {
   readonly owners: Map<string, FakeOwner>
@@ -76,7 +79,8 @@ const fakeStore = (world: World): ReconcileStoreShape =>
             lastFailureKind: undefined,
             scanStartedAt: undefined,
             completedAt: undefined,
-            failedAt: undefined
+            failedAt: undefined,
+            reconcileRequested: o.requested === true
           }
       }),
     retryCandidates: (options) =>
@@ -86,6 +90,13 @@ const fakeStore = (world: World): ReconcileStoreShape =>
           .sort(([, a], [, b]) => a.failedSeq - b.failedSeq)
           .slice(0, options.limit)
           .map(([did, o]) => ({ did, status: "failed" as const, failureCount: o.failureCount }))
+      ),
+    reconcileRequests: (options) =>
+      Effect.sync(() =>
+        [...world.owners]
+          .filter(([did, o]) => o.requested === true && !options.exclude.includes(did))
+          .slice(0, options.limit)
+          .map(([did]) => did)
       ),
     completedSince: (cursor) =>
       Effect.sync(() => {
@@ -104,6 +115,10 @@ const fakeReconciler = (world: World) =>
         world.maxActive = Math.max(world.maxActive, world.active)
         yield* Effect.yieldNow()
         const b = world.behaviour.get(did) ?? "fail"
+        // refused: not begun, the request stays
+        if (b === "busy") return { _tag: "busy" } as ReconcileOutcome
+        const begun = world.owners.get(did)
+        if (begun !== undefined) begun.requested = false
         if (b === "hang") yield* Effect.never
         if (b === "hangSlowMark") yield* Effect.never.pipe(Effect.onInterrupt(() => Effect.sleep("10 seconds")))
         if (typeof b === "object") yield* Deferred.await(b)
@@ -221,6 +236,52 @@ describe("RetryScheduler", () => {
       yield* advance(1)
       expect(callTimes(world, A)).toEqual([2_500])
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("an owner with a reconciliation request is reconciled from attempt 0 though complete; a refused scan keeps the request and is retried; a complete owner without one is not tracked", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const B = plc(2)
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world) // the round at start: nothing requested yet
+      world.owners.set(A, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      world.owners.set(B, { status: "complete", failureCount: 0, failedSeq: 0 })
+      world.behaviour.set(A, "busy")
+      yield* advance(60_000)
+      expect(yield* s.tracked).toEqual([{ did: A, attempt: 0, inFlight: false }])
+      yield* advance(2_500)
+      expect(callTimes(world, A)).toEqual([62_500])
+      // too many scans elsewhere: not begun, still requested, retried on the backoff
+      expect(world.owners.get(A)?.requested).toBe(true)
+      world.behaviour.set(A, "succeed")
+      yield* advance(5_000)
+      expect(callTimes(world, A)).toEqual([62_500, 67_500])
+      expect(world.owners.get(A)?.requested).toBe(false)
+      expect(yield* s.tracked).toEqual([])
+      yield* advance(60_000)
+      expect(yield* s.tracked).toEqual([])
+      expect(callTimes(world, B)).toEqual([])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("owners with a request have their own budget: failing owners holding every slot do not hold them back", () => {
+    const world = newWorld()
+    const failing = [plc(10), plc(11), plc(12)]
+    const R = plc(20)
+    return Effect.gen(function*() {
+      const gate = yield* Deferred.make<void>()
+      for (const did of failing) {
+        world.behaviour.set(did, gate)
+        fail(world, did)
+      }
+      world.owners.set(R, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      world.behaviour.set(R, "succeed")
+      const s = yield* scheduler(world, { trackedMax: 2 })
+      expect((yield* s.tracked).map((t) => t.did).sort()).toEqual([R, ...failing.slice(0, 2)].sort())
+    }).pipe(
+      Effect.provide(deps(world, { RETRY_SCHEDULER_CONCURRENCY: "2" })),
+      Effect.withRandom(half)
+    )
   })
 
   it.scoped("lists failed owners every interval and retries each on the exact backoff", () => {

@@ -10,6 +10,11 @@ export interface LogEntry {
   readonly timeUs: number
   readonly did: string
   readonly collection: string | undefined
+  /**
+   * an `identity` or `account` frame: delivered whatever the `wantedCollections` (still gated by
+   * `wantedDids`), as Jetstream does (shared/reference/atproto.md)
+   */
+  readonly kind?: "identity" | "account"
   /** the exact frame text (may be malformed on purpose) */
   readonly text: string
 }
@@ -61,12 +66,35 @@ export const commitFrame = (
   return { timeUs, did, collection, text: JSON.stringify({ did, time_us: timeUs, kind: "commit", commit }) }
 }
 
+/** A Jetstream `account` frame: `{kind: "account", account: {active, status?, did, seq, time}}`. */
+export const accountFrame = (did: string, timeUs: number, active: boolean, status?: string): LogEntry => ({
+  timeUs,
+  did,
+  collection: undefined,
+  kind: "account",
+  text: JSON.stringify({
+    did,
+    time_us: timeUs,
+    kind: "account",
+    account: {
+      active,
+      ...(status === undefined ? {} : { status }),
+      did,
+      seq: Math.floor(timeUs / 1000),
+      time: new Date(Math.floor(timeUs / 1000)).toISOString()
+    }
+  })
+})
+
 const wants = (c: Connection, e: LogEntry): boolean => {
   const opts = c.options.at(-1)
   if (opts === undefined) return false
   const cols = opts["wantedCollections"]
   const dids = opts["wantedDids"]
-  if (Array.isArray(cols) && cols.length > 0 && (e.collection === undefined || !cols.includes(e.collection))) {
+  if (
+    e.kind === undefined && Array.isArray(cols) && cols.length > 0 &&
+    (e.collection === undefined || !cols.includes(e.collection))
+  ) {
     return false
   }
   if (Array.isArray(dids) && dids.length > 0 && !dids.includes(e.did)) return false

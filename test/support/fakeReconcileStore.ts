@@ -1,8 +1,8 @@
 /**
  * Fakes of the ReconcileStore port. `fakeReconcileStore`, for the retry scheduler's tests: every
  * operation the scheduler does not use dies; `withOwnerLock` runs its effect, and by default no
- * owner has completed elsewhere. `overrides` supply the operations a test observes (e.g.
- * `retryCandidates`). `memoryPassState`: the backfill pass operations in memory, with the
+ * owner has completed elsewhere and none has a reconciliation requested. `overrides` supply the
+ * operations a test observes (e.g. `retryCandidates`). `memoryPassState`: the backfill pass operations in memory, with the
  * PostgreSQL driver's fencing (sweep number, compare-and-swap claims), for tests of Backfill that
  * do not need a database.
  */
@@ -40,6 +40,8 @@ export const fakeReconcileStore = (overrides: Partial<ReconcileStoreShape>): Rec
   releaseClaim: unused,
   completePass: unused,
   retryCandidates: unused,
+  requestReconcile: unused,
+  reconcileRequests: () => Effect.succeed([]),
   completedCursor: () => Effect.succeed("0"),
   completedSince: () => Effect.succeed({ dids: [], cursor: "0" }),
   summary: unused,

@@ -13,7 +13,8 @@ import { type SessionQueue, weightOf } from "./StreamReader.js"
 
 /** commit one batch (with in-place retries); returns false when the stream must fail */
 export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, cursor: bigint | undefined) => {
-  const { spec, tuning, state, tagged, onIdentity } = ctx
+  const { spec, tuning, state, tagged, hooks } = ctx
+  const { onIdentity, onReactivated } = hooks
   return Effect.gen(function*() {
     const toProcess = spec.skip === undefined ? events : events.filter((e) => !spec.skip?.(e))
     const start = yield* Clock.currentTimeMillis
@@ -46,7 +47,9 @@ export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, c
     let lastTime: number | undefined
     for (const e of events) {
       lastTime = e.timeUs
-      if (onIdentity !== undefined && (e.kind === "identity" || e.kind === "account")) yield* onIdentity(e.did)
+      if (e.kind === "commit") continue
+      if (onIdentity !== undefined) yield* onIdentity(e.did)
+      if (onReactivated !== undefined && e.kind === "account" && e.active === true) yield* onReactivated(e.did)
     }
     yield* Ref.update(state, (s) => ({
       ...s,

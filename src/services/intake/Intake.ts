@@ -17,7 +17,12 @@
  * changes, replaying from min(durable cursor, registration time − 2 s) for added DIDs), and
  * `backlink` (whole network, only while backlink scopes exist)); or the relay firehose (one stream
  * `relay` carrying everything).
+ *
+ * After a batch commits, its `#identity`/`#account` events invalidate identity caches
+ * (`onIdentity`), and its `#account` events with `active: true` request the owner's
+ * reconciliation (`onReactivated`): neither is waited for.
  */
+import { SqlClient } from "@effect/sql"
 import { Chunk, Clock, Context, Duration, Effect, Either, Fiber, Layer, Option, Ref, Stream } from "effect"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
@@ -28,6 +33,8 @@ import { Lifecycle } from "../platform/Lifecycle.js"
 import * as LockKeys from "../platform/LockKeys.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { Identity } from "../reconciliation/Identity.js"
+import * as Reactivations from "../reconciliation/Reactivations.js"
+import * as ReconcileStore from "../reconciliation/ReconcileStore.js"
 import { admissionSection, Registry } from "../registry/Registry.js"
 import { RegistryChanges } from "../registry/RegistryChanges.js"
 import * as RegistrySync from "../registry/RegistrySync.js"
@@ -71,6 +78,11 @@ export interface IntakeOptions {
    * layer adds the invalidation of the context's Identity, when there is one
    */
   readonly onIdentity?: (did: string) => Effect.Effect<void>
+  /**
+   * called for every committed `#account` event with `active: true` (the owner's reconciliation
+   * request); the layer sets it to the reconciliation requester when the context has a database
+   */
+  readonly onReactivated?: (did: string) => Effect.Effect<void>
   /** how long direct-set changes are coalesced before reconfiguring (default 1 s) */
   readonly reconfigureDelay?: Duration.DurationInput
   readonly tuning?: Partial<IntakeTuning>
@@ -93,7 +105,9 @@ export const make = (options: IntakeOptions = {}) =>
     const ctx = yield* Effect.context<Processor | CursorStore | Outbox.OutboxStore>()
 
     const makeRunner = (spec: StreamSpec) =>
-      makeStreamRunner(spec, tuning, options.onIdentity).pipe(Effect.provide(ctx))
+      makeStreamRunner(spec, tuning, { onIdentity: options.onIdentity, onReactivated: options.onReactivated }).pipe(
+        Effect.provide(ctx)
+      )
     /** run a stream; it is listed (health, shutdown) only while it runs */
     const start = (r: StreamRunner, from: bigint | undefined) =>
       Effect.acquireUseRelease(
@@ -232,7 +246,11 @@ export const healthSection = (
 
 export const INTAKE_LOCK_KEY = LockKeys.INTAKE
 
-/** Intake under leader election, with health and shutdown registration. */
+/**
+ * Intake under leader election, with health and shutdown registration. With a database in the
+ * context, a known owner's `#account active: true` requests its reconciliation
+ * (reconciliation/Reactivations.ts), unless the caller gives its own `onReactivated`.
+ */
 export const layer = (options: IntakeOptions = {}) =>
   Layer.scopedDiscard(
     Effect.gen(function*() {
@@ -243,11 +261,21 @@ export const layer = (options: IntakeOptions = {}) =>
         ...(Option.isSome(identity) ? [(did: string) => identity.value.invalidate(did)] : []),
         ...(options.onIdentity === undefined ? [] : [options.onIdentity])
       ]
+      // `#account` events with `active: true`: a durable reconciliation request for a known owner,
+      // taken up by whichever process runs the reconcile role (Reactivations)
+      const sql = yield* Effect.serviceOption(SqlClient.SqlClient)
+      const onReactivated = options.onReactivated ?? (Option.isSome(sql)
+        ? yield* Effect.flatMap(
+          Effect.provideService(ReconcileStore.makeSql, SqlClient.SqlClient, sql.value),
+          (store) => Reactivations.requester(store)
+        )
+        : undefined)
       const intake = yield* make({
         ...options,
         ...(hooks.length === 0
           ? {}
-          : { onIdentity: (did: string) => Effect.forEach(hooks, (hook) => hook(did), { discard: true }) })
+          : { onIdentity: (did: string) => Effect.forEach(hooks, (hook) => hook(did), { discard: true }) }),
+        ...(onReactivated === undefined ? {} : { onReactivated })
       })
       const role = yield* Ref.make<"leader" | "standby">("standby")
       const registry = yield* Registry

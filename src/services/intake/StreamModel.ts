@@ -173,11 +173,19 @@ export interface StreamRunner {
   readonly stopReading: Effect.Effect<void>
 }
 
+/** What intake calls, after a batch commits, for its `#identity` / `#account` events. */
+export interface IdentityHooks {
+  /** every `#identity` / `#account` event (identity cache invalidation) */
+  readonly onIdentity?: ((did: string) => Effect.Effect<void>) | undefined
+  /** every `#account` event with `active: true` (the owner's reconciliation request) */
+  readonly onReactivated?: ((did: string) => Effect.Effect<void>) | undefined
+}
+
 /** What a stream's reader, batcher and loop share: its spec, services, state and signals. */
 export interface StreamContext {
   readonly spec: StreamSpec
   readonly tuning: IntakeTuning
-  readonly onIdentity: ((did: string) => Effect.Effect<void>) | undefined
+  readonly hooks: IdentityHooks
   readonly processor: ProcessorShape
   readonly cursors: CursorStoreShape
   readonly outboxStore: Outbox.OutboxStoreShape

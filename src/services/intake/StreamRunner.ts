@@ -20,6 +20,7 @@ import { runBatcher } from "./Batcher.js"
 import { CursorStore } from "./CursorStore.js"
 import {
   type FailureKind,
+  type IdentityHooks,
   initialState,
   type IntakeTuning,
   type SessionEnd,
@@ -230,7 +231,7 @@ const runFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, crashe
 export const makeStreamRunner = (
   spec: StreamSpec,
   tuning: IntakeTuning,
-  onIdentity?: (did: string) => Effect.Effect<void>
+  hooks: IdentityHooks = {}
 ) =>
   Effect.gen(function*() {
     const processor = yield* Processor
@@ -254,7 +255,7 @@ export const makeStreamRunner = (
     const ctx: StreamContext = {
       spec,
       tuning,
-      onIdentity,
+      hooks,
       processor,
       cursors,
       outboxStore,

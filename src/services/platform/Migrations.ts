@@ -378,6 +378,20 @@ CREATE TRIGGER webhooks_state_reset BEFORE UPDATE OF fingerprint ON webhooks
  */
 const outboxCrashCount = ddl(`ALTER TABLE outbox ADD COLUMN crash_count smallint NOT NULL DEFAULT 0`)
 
+/**
+ * 0011: owner reconciliations requested by an account's reactivation (SPEC §5.4;
+ * reconciliation/Reactivations.ts): intake stamps `owners.reconcile_requested_at` on a known
+ * owner's `#account active: true`; the RetryScheduler lists the stamped owners
+ * (`owners_reconcile_requested`, partial: only pending requests) and the next scan's begin clears
+ * it. Adding a nullable column rewrites nothing (9 ms on a million owners); the partial index is
+ * built from a scan of `owners`, blocking its writes meanwhile (0.2 s on a million owners).
+ */
+const ownerReconcileRequests = ddl(`
+ALTER TABLE owners ADD COLUMN reconcile_requested_at timestamptz;
+CREATE INDEX owners_reconcile_requested ON owners (reconcile_requested_at, did)
+  WHERE reconcile_requested_at IS NOT NULL;
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -389,7 +403,8 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0007_outbox_origin_due": outboxOriginDue,
   "0008_api_jti": apiJti,
   "0009_webhook_state": webhookState,
-  "0010_outbox_crash_count": outboxCrashCount
+  "0010_outbox_crash_count": outboxCrashCount,
+  "0011_owner_reconcile_requests": ownerReconcileRequests
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */

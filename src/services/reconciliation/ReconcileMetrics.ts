@@ -61,3 +61,14 @@ export const backfillPageTakeovers = labelledCounterFamily("firehook_backfill_pa
 export const retrySchedulerAttempts = labelledCounterFamily("firehook_retry_scheduler_attempts_total", {
   description: "Reconciliation retries, by result (recovered, failed, skipped)"
 })
+
+// ---------------------------------------------------------------------------------------------
+// Reactivations (Reactivations.ts)
+
+export const reactivationRequests = Metric.counter("firehook_reconcile_reactivation_requests_total", {
+  description: "Owner reconciliations requested by an account's reactivation (#account active: true of a known owner)"
+})
+/** `{ reason }`: queue, cap, store */
+export const reactivationDropped = labelledCounterFamily("firehook_reconcile_reactivation_dropped_total", {
+  description: "Reactivation requests dropped (queue full, pending requests at the cap, database write failed)"
+})

@@ -68,6 +68,8 @@ export interface OwnerReconcileState {
   readonly scanStartedAt: Date | undefined
   readonly completedAt: Date | undefined
   readonly failedAt: Date | undefined
+  /** a reconciliation was requested (the account's reactivation) and no scan has begun since */
+  readonly reconcileRequested: boolean
 }
 
 /**
@@ -131,6 +133,14 @@ export interface RetryCandidate {
   readonly failureCount: number
 }
 
+/** What {@link ReconcileStoreShape.requestReconcile} did with the DIDs it was given. */
+export interface ReconcileRequests {
+  /** known owners newly marked (each once: none was pending for them) */
+  readonly requested: ReadonlyArray<string>
+  /** known owners without a pending request left unmarked: the pending requests were at the cap */
+  readonly overCap: number
+}
+
 export interface CompletedOwners {
   readonly dids: ReadonlyArray<string>
   /** opaque keyset cursor for the next call */
@@ -152,7 +162,10 @@ export interface OwnersSummary {
 export type OwnerSource = "operator" | "discovery"
 
 export interface ReconcileStoreShape {
-  /** SPEC §5.3 step 1, under the advisory lock: capacity check, bump the generation, mark scanning. */
+  /**
+   * SPEC §5.3 step 1, under the advisory lock: capacity check, bump the generation, mark scanning;
+   * a pending reconciliation request of the owner is satisfied (cleared) by the scan begun.
+   */
   readonly begin: (
     did: string,
     options: { readonly maxOtherScanning: number; readonly staleScanMs: number }
@@ -273,6 +286,25 @@ export interface ReconcileStoreShape {
     readonly staleScanMs: number
     readonly exclude: ReadonlyArray<string>
   }) => Effect.Effect<ReadonlyArray<RetryCandidate>, StoreError>
+  /**
+   * Request a reconciliation of each known owner among `dids` (an account's reactivation): stamps
+   * `reconcile_requested_at` where none is pending (a repeat is coalesced), while fewer than
+   * `pendingMax` are pending. DIDs of no known owner are ignored. The stamp is cleared by the next
+   * `begin` of the owner.
+   */
+  readonly requestReconcile: (
+    dids: ReadonlyArray<string>,
+    pendingMax: number
+  ) => Effect.Effect<ReconcileRequests, StoreError>
+  /**
+   * Owners with a pending reconciliation request that are not scanning (or scanning for longer
+   * than `staleScanMs`: crashed), oldest request first, at most `limit`, `exclude` left out.
+   */
+  readonly reconcileRequests: (options: {
+    readonly limit: number
+    readonly staleScanMs: number
+    readonly exclude: ReadonlyArray<string>
+  }) => Effect.Effect<ReadonlyArray<string>, StoreError>
   /** A cursor `marginMs` before the database's now (for `completedSince`). */
   readonly completedCursor: (marginMs: number) => Effect.Effect<string, StoreError>
   /**

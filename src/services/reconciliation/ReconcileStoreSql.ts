@@ -29,6 +29,8 @@ interface OwnerDbRow {
   readonly scan_started_at: Date | null
   readonly completed_at: Date | null
   readonly failed_at: Date | null
+  /** selected by `ownerState` only */
+  readonly reconcile_requested?: boolean
 }
 
 interface CountRow {
@@ -47,7 +49,8 @@ const ownerFromDb = (r: OwnerDbRow): OwnerReconcileState => ({
   lastFailureKind: r.last_failure_kind ?? undefined,
   scanStartedAt: toDate(r.scan_started_at),
   completedAt: toDate(r.completed_at),
-  failedAt: toDate(r.failed_at)
+  failedAt: toDate(r.failed_at),
+  reconcileRequested: r.reconcile_requested === true
 })
 
 /** The `[completedAt, did]` keyset of `completedSince`; the beginning when unreadable. */
@@ -139,7 +142,8 @@ const begin = (
               VALUES (${did}, 1, 'scanning', 1, now())
               ON CONFLICT (did) DO UPDATE SET
                 generation = owners.generation + 1, reconcile_status = 'scanning',
-                scan_generation = owners.generation + 1, scan_started_at = now(), updated_at = now()
+                scan_generation = owners.generation + 1, scan_started_at = now(), updated_at = now(),
+                reconcile_requested_at = NULL
               RETURNING generation`
         return { _tag: "begun", token: Number(rows[0]?.generation ?? 0) } as const
       })
@@ -344,6 +348,52 @@ const retryCandidates = (sql: SqlClient.SqlClient, options: Parameters<Reconcile
     storeOp("reconcile.retryCandidates")
   )
 
+/**
+ * Stamp the known owners among `dids` that have no pending request, as many as fit under
+ * `pendingMax` pending (in DID order); `marked = false` rows are those left out by the cap.
+ */
+const requestReconcile = (sql: SqlClient.SqlClient, dids: ReadonlyArray<string>, pendingMax: number) =>
+  (dids.length === 0
+    ? Effect.succeed({ requested: [], overCap: 0 })
+    : sql<{ did: string; marked: boolean }>`
+        WITH eligible AS (
+          SELECT o.did FROM owners o
+          WHERE o.did IN (SELECT jsonb_array_elements_text(${JSON.stringify(dids)}::jsonb))
+            AND o.reconcile_requested_at IS NULL
+        ), room AS (
+          SELECT GREATEST(0, ${pendingMax}::int - count(*))::int AS n
+          FROM owners WHERE reconcile_requested_at IS NOT NULL
+        ), marked AS (
+          UPDATE owners SET reconcile_requested_at = now()
+          WHERE did IN (SELECT did FROM eligible ORDER BY did LIMIT (SELECT n FROM room))
+            AND reconcile_requested_at IS NULL
+          RETURNING did
+        )
+        SELECT did, true AS marked FROM marked
+        UNION ALL
+        SELECT did, false AS marked FROM eligible WHERE did NOT IN (SELECT did FROM marked)`.pipe(
+      Effect.map((rows) => ({
+        requested: rows.filter((r) => r.marked).map((r) => r.did).sort(),
+        overCap: rows.filter((r) => !r.marked).length
+      }))
+    )).pipe(storeOp("reconcile.requestReconcile"))
+
+const reconcileRequests = (
+  sql: SqlClient.SqlClient,
+  options: Parameters<ReconcileStoreShape["reconcileRequests"]>[0]
+) =>
+  sql<{ did: string }>`
+        SELECT did FROM owners
+        WHERE reconcile_requested_at IS NOT NULL
+          AND (reconcile_status <> 'scanning'
+            OR scan_started_at < now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision))
+          AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))
+        ORDER BY reconcile_requested_at, did
+        LIMIT ${options.limit}`.pipe(
+    Effect.map((rows) => rows.map((r) => r.did)),
+    storeOp("reconcile.reconcileRequests")
+  )
+
 const completedSince = (sql: SqlClient.SqlClient, cursor: string, limit: number, settleMs = COMPLETION_SETTLE_MS) =>
   Effect.gen(function*() {
     const [at, after] = parseCursor(cursor)
@@ -434,7 +484,7 @@ export const makeSql = Effect.gen(function*() {
     ownerState: (did) =>
       sql<OwnerDbRow>`
         SELECT did, generation, reconcile_status, scan_generation, snapshot_rev, failure_count, last_failure_kind,
-          scan_started_at, completed_at, failed_at
+          scan_started_at, completed_at, failed_at, reconcile_requested_at IS NOT NULL AS reconcile_requested
         FROM owners WHERE did = ${did}`.pipe(
         Effect.map((rows) => (rows[0] === undefined ? undefined : ownerFromDb(rows[0]))),
         storeOp("reconcile.ownerState")
@@ -477,6 +527,8 @@ export const makeSql = Effect.gen(function*() {
     ...backfillState(sql),
 
     retryCandidates: (options) => retryCandidates(sql, options),
+    requestReconcile: (dids, pendingMax) => requestReconcile(sql, dids, pendingMax),
+    reconcileRequests: (options) => reconcileRequests(sql, options),
     completedCursor: (marginMs) =>
       sql<{ at: string }>`
         SELECT (now() - make_interval(secs => ${seconds(marginMs)}::double precision))::text AS at`.pipe(

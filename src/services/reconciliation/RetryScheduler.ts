@@ -13,6 +13,11 @@
  *   consecutive failures), and an owner is released from tracking after a failed attempt at the cap,
  *   so permanently failing owners rotate (oldest failure first) instead of holding the 16 slots
  *   forever, without a burst of short delays when they come back.
+ * - Each round first lists owners with a pending reconciliation request (an account's
+ *   reactivation, Reactivations.ts; oldest request first, not scanning) and tracks them like
+ *   failed owners, from attempt 0, in a budget of their own (`trackedMax` more): a refused scan
+ *   (`busy`) keeps the request and is retried; the scan's begin clears it. A tracked owner that is
+ *   `complete` or `unknown` with no request pending is skipped (done).
  * - Each round also swaps owners completed by another process (another replica, or
  *   `firehook owners reconcile`) into this process's in-memory registry, under the owner row lock
  *   (when the process has one: it runs intake; the intake leader also follows them at once,
@@ -57,7 +62,10 @@ export const retryBackoff = (options: BackoffOptions): Schedule.Schedule<Duratio
   Backoff.fullJitterSchedule({ base: options.base, cap: options.cap, min: options.min ?? RETRY_MIN_DELAY })
 
 export interface RetrySchedulerOptions {
-  /** owners tracked at most (default: `RETRY_SCHEDULER_TRACKED_MAX` of the configuration, 16) */
+  /**
+   * failed or crashed owners tracked at most, and as many owners with a reconciliation request
+   * (default: `RETRY_SCHEDULER_TRACKED_MAX` of the configuration, 16)
+   */
   readonly trackedMax?: number
   /** the in-memory swap of owners completed elsewhere (undefined: no swap sync) */
   readonly swap?: ((did: string) => Effect.Effect<void, StoreError>) | undefined
@@ -106,6 +114,8 @@ export class RetryScheduler extends Context.Tag("firehook/RetryScheduler")<Retry
 interface Entry {
   attempt: number
   inFlight: boolean
+  /** tracked for a reconciliation request (Reactivations.ts), not for a failure */
+  readonly requested: boolean
 }
 
 /**
@@ -132,7 +142,9 @@ export const make = (options: RetrySchedulerOptions = {}) =>
     const attemptOnce = (did: string, entry: Entry) =>
       Effect.gen(function*() {
         const current = yield* store.ownerState(did)
-        if (current === undefined || current.status === "complete" || current.status === "unknown") {
+        const settled = current === undefined ||
+          ((current.status === "complete" || current.status === "unknown") && !current.reconcileRequested)
+        if (settled) {
           yield* Metric.increment(Metrics.retrySchedulerAttempts({ result: "skipped" }))
           return true
         }
@@ -193,10 +205,21 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         )
       )
 
-    const track = (did: string, failureCount: number) =>
+    /** owners tracked for a request (`true`) or for a failure (`false`) */
+    const trackedOf = (requested: boolean) => {
+      let n = 0
+      for (const e of entries.values()) if (e.requested === requested) n++
+      return n
+    }
+
+    const track = (did: string, failureCount: number, requested: boolean) =>
       Effect.suspend(() => {
-        if (state.stopping || entries.has(did) || entries.size >= trackedMax) return Effect.void
-        const entry: Entry = { attempt: Math.min(MAX_SEED_ATTEMPT, Math.max(0, failureCount - 1)), inFlight: false }
+        if (state.stopping || entries.has(did) || trackedOf(requested) >= trackedMax) return Effect.void
+        const entry: Entry = {
+          attempt: Math.min(MAX_SEED_ATTEMPT, Math.max(0, failureCount - 1)),
+          inFlight: false,
+          requested
+        }
         entries.set(did, entry)
         return FiberMap.run(owners, did, ownerLoop(did, entry)).pipe(Effect.asVoid)
       })
@@ -224,14 +247,25 @@ export const make = (options: RetrySchedulerOptions = {}) =>
 
     const tick: Effect.Effect<void, StoreError> = Effect.gen(function*() {
       if (state.stopping) return
-      const free = trackedMax - entries.size
+      // requested owners (an account's reactivation) first, in their own budget: failing owners
+      // holding every slot for hours must not hold a reactivated owner back
+      const freeRequests = trackedMax - trackedOf(true)
+      if (freeRequests > 0) {
+        const requested = yield* store.reconcileRequests({
+          limit: freeRequests,
+          staleScanMs: cfg.staleScanMs,
+          exclude: [...entries.keys()]
+        })
+        for (const did of requested) yield* track(did, 0, true)
+      }
+      const free = trackedMax - trackedOf(false)
       if (free > 0) {
         const candidates = yield* store.retryCandidates({
           limit: free,
           staleScanMs: cfg.staleScanMs,
           exclude: [...entries.keys()]
         })
-        for (const c of candidates) yield* track(c.did, c.failureCount)
+        for (const c of candidates) yield* track(c.did, c.failureCount, false)
       }
       if (options.swap !== undefined) yield* swapSync(options.swap)
       state.infrastructureHealthy = true
