@@ -15,11 +15,13 @@ import {
   Exit,
   Fiber,
   Metric,
+  Ref,
   Schedule,
   Scope,
   TestClock,
   TestServices
 } from "effect"
+import type { SweepKey } from "../../src/services/operator/EventSweep.js"
 import * as Maintenance from "../../src/services/operator/Maintenance.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
@@ -448,6 +450,32 @@ describe("Maintenance", () => {
         const parked = yield* sql<{ parked: number }>`SELECT parked FROM webhooks`
         expect(parked[0]?.parked).toBe(1)
         yield* sql`DELETE FROM webhooks`
+      }))
+
+    it.effect("event bodies are walked from a cursor, a bounded window per statement (retained bodies are not walked again)", () =>
+      Effect.gen(function*() {
+        yield* reset
+        // 30 old bodies still referenced (pending rows), then 5 old unreferenced ones
+        for (let i = 0; i < 30; i++) {
+          const id = `ev-ref-${String(i).padStart(2, "0")}`
+          yield* event(id, 40)
+          yield* outbox(`p-${i}`, id, "pending", null)
+        }
+        for (let i = 0; i < 5; i++) yield* event(`ev-unref-${i}`, 8)
+        const cursor = yield* Ref.make<SweepKey | undefined>(undefined)
+        const options = { eventSweepWindow: 10, maxBatches: 2 }
+        // run 1 walks the 20 oldest bodies (all referenced): nothing deleted, the cursor after them
+        expect((yield* Maintenance.runOnce(options, cursor)).delivery_events).toBe(0)
+        expect((yield* Ref.get(cursor))?.eventId).toBe("ev-ref-19")
+        // run 2 walks on from there, reaches the cutoff and deletes the 5; the next walk starts over
+        expect((yield* Maintenance.runOnce(options, cursor)).delivery_events).toBe(5)
+        expect(yield* Ref.get(cursor)).toBeUndefined()
+        expect(yield* count("delivery_events")).toBe(30)
+        expect((yield* Maintenance.runOnce(options, cursor)).delivery_events).toBe(0)
+        expect((yield* Ref.get(cursor))?.eventId).toBe("ev-ref-19")
+        // without a cursor (a one-off run, e.g. the CLI's) the walk starts from the oldest body
+        yield* event("ev-unref-late", 8)
+        expect((yield* Maintenance.runOnce({ eventSweepWindow: 10, maxBatches: 4 })).delivery_events).toBe(1)
       }))
 
     it.effect("retention values come from the options", () =>

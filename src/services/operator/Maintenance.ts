@@ -28,6 +28,7 @@ import * as LockKeys from "../platform/LockKeys.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { REJECTED_LIMITS } from "../registry/RejectedStore.js"
+import { DEFAULT_EVENT_SWEEP_WINDOW, type SweepCursor, sweepEvents, type SweepKey } from "./EventSweep.js"
 import type { TerminalStatus } from "./Operator.js"
 import * as OperatorConfig from "./OperatorConfig.js"
 import { unparkCtes } from "./ParkedRoom.js"
@@ -74,6 +75,8 @@ export interface RetentionOptions {
   readonly rejectedMaxRows: number
   /** event bodies no outbox row references — default 7 days */
   readonly deliveryEvents: Duration.DurationInput
+  /** event bodies walked per statement (EventSweep.ts) — default 10,000 */
+  readonly eventSweepWindow: number
   /** rows per DELETE — default 1,000 */
   readonly batchSize: number
   /** DELETE statements per rule per run — default 100 */
@@ -94,6 +97,7 @@ export const DEFAULT_RETENTION: RetentionOptions = {
   quarantineMaxRows: OperatorConfig.retention.quarantineMaxRows.default,
   rejectedMaxRows: REJECTED_LIMITS.maxRows,
   deliveryEvents: Duration.millis(OperatorConfig.retention.eventBodiesMs.default),
+  eventSweepWindow: DEFAULT_EVENT_SWEEP_WINDOW,
   batchSize: 1_000,
   maxBatches: 100,
   statementTimeout: Duration.seconds(30)
@@ -185,7 +189,7 @@ const onlyRows = <E, R>(eff: Effect.Effect<ReadonlyArray<CountRow>, E, R>) =>
 /**
  * The rules, each a bounded loop of batches. Exported for tests; `runOnce` is the entry point.
  */
-export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
+export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCursor?: SweepCursor) => {
   const b = o.batchSize
 
   /**
@@ -264,19 +268,19 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions) => {
     )
   }
 
-  /** Event bodies older than the retention that no outbox row references. */
+  /** Event bodies older than the retention that no outbox row references, walked from a cursor (EventSweep.ts). */
   const deliveryEvents = () =>
-    batched(
-      o,
-      deleteLocked(
-        sql`SELECT e.event_id FROM delivery_events e
-          WHERE e.created_at < now() - make_interval(secs => ${seconds(o.deliveryEvents)}::double precision)
-            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = e.event_id)`,
-        "e",
-        "delivery_events e",
-        sql`e.event_id = d.event_id`
-      )
-    )
+    Effect.flatMap(
+      eventCursor === undefined ? Ref.make<SweepKey | undefined>(undefined) : Effect.succeed(eventCursor),
+      (cursor) =>
+        sweepEvents(sql, {
+          retentionSeconds: seconds(o.deliveryEvents),
+          window: o.eventSweepWindow,
+          maxBatches: o.maxBatches,
+          cursor,
+          timed
+        })
+    ).pipe(Effect.map((rows) => ({ rows, extra: 0 })))
 
   /** An append-only table with a bigserial `id` and `created_at`: age first, then the row bound. */
   const appendOnly = (table: "audit" | "quarantine", retention: Duration.DurationInput, maxRows: number) =>
@@ -421,12 +425,14 @@ const ZERO = ZERO_PRUNE_COUNTS
  * other rules have run (their deletions are counted in the metric).
  */
 export const runOnce = (
-  options: Partial<RetentionOptions> = {}
+  options: Partial<RetentionOptions> = {},
+  /** where the event-body walk resumes (the runner's, kept between its runs); none: from the oldest */
+  eventCursor?: SweepCursor
 ): Effect.Effect<PruneCounts, StoreError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const o = resolve(options)
-    const rules = makeRules(sql, o)
+    const rules = makeRules(sql, o, eventCursor)
     const counts: { [T in PrunedTable]: number } = { ...ZERO }
     let firstError: Option.Option<StoreError> = Option.none()
 
@@ -526,7 +532,8 @@ export const make = (
     const health = yield* Health
     const interval = options.interval ?? DEFAULT_INTERVAL
     const lockKey = options.lockKey ?? MAINTENANCE_LOCK_KEY
-    const run = runOnce(options).pipe(Effect.provideService(SqlClient.SqlClient, sql))
+    const eventCursor: SweepCursor = yield* Ref.make<SweepKey | undefined>(undefined)
+    const run = runOnce(options, eventCursor).pipe(Effect.provideService(SqlClient.SqlClient, sql))
     const state = yield* SubscriptionRef.make<MaintenanceStatus>({
       runner: false,
       lastRunOk: true,
