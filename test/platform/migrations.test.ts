@@ -230,5 +230,24 @@ describe("Migrations", () => {
           expect.arrayContaining(["outbox_due", "outbox_lease_expiry", "outbox_webhook", "outbox_finished"])
         )
       }))
+
+    it.effect("the read of completed owners (ReconcileStoreSql completedSince) can be an index range scan", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        // the statement as the store sends it; seq scans off, so the plan shows whether an index fits it
+        const plan = yield* sql.withTransaction(Effect.zipRight(
+          sql`SET LOCAL enable_seqscan = off`,
+          sql<{ "QUERY PLAN": unknown }>`EXPLAIN (FORMAT JSON)
+            SELECT did, completed_at::text AS at FROM owners
+            WHERE reconcile_status = 'complete' AND completed_at IS NOT NULL
+              AND (completed_at, did) > (${"-infinity"}::timestamptz, ${""})
+              AND completed_at <= now() - make_interval(secs => ${30}::double precision)
+            ORDER BY completed_at, did
+            LIMIT ${256}`
+        ))
+        const text = JSON.stringify(plan)
+        expect(text).toContain("owners_completed")
+        expect(text).not.toContain("\"Sort\"")
+      }))
   })
 })
