@@ -249,5 +249,29 @@ describe("Migrations", () => {
         expect(text).toContain("owners_completed")
         expect(text).not.toContain("\"Sort\"")
       }))
+
+    it.effect("an owner's dead letters are read in replay order without walking the owner's other rows", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        // an owner with 2,000 delivered rows and 20 dead letters, another with 2,000 dead letters
+        yield* sql`
+          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+            event_rkey, event_operation, target_url, signing_mode, fingerprint, status, created_at, finished_at)
+          SELECT 'd' || g, 'e' || g, CASE WHEN g > 2000 THEN 'did:plc:failing' ELSE 'did:plc:busy' END,
+            'w' || (g % 2), 'direct', 'did:plc:s', 'app.bsky.feed.post', 'p' || g, 'create', 'https://r.invalid/h',
+            'none', 'fp', CASE WHEN g % 100 = 0 OR g > 2000 THEN 'dead_letter' ELSE 'delivered' END,
+            now() - g * interval '1 second', now() - g * interval '1 second'
+          FROM generate_series(1, 4000) g`
+        yield* sql`ANALYZE outbox`
+        // the replay's page (Operator.ts), the owner's only
+        const plan = yield* sql<{ "QUERY PLAN": unknown }>`EXPLAIN (FORMAT JSON)
+          SELECT delivery_id, created_at, last_error_kind FROM outbox
+          WHERE status = 'dead_letter' AND updated_at <= now() AND owner_did = ${"did:plc:busy"}
+          ORDER BY created_at, delivery_id
+          LIMIT ${1000}
+          FOR UPDATE`
+        expect(JSON.stringify(plan)).toContain("outbox_owner_dead_letters")
+        yield* sql`DELETE FROM outbox`
+      }))
   })
 })

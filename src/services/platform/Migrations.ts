@@ -404,6 +404,28 @@ const ownersCompleted = ddl(`
 CREATE INDEX IF NOT EXISTS owners_completed ON owners (completed_at, did) WHERE reconcile_status = 'complete';
 `)
 
+/**
+ * 0013: an owner's dead letters in key order, and the planner's view of subscriptions.
+ * - `outbox_owner_dead_letters (owner_did, created_at, delivery_id) WHERE status = 'dead_letter'`:
+ *   the owners' replay (count, then pages in `(created_at, delivery_id)` order), resume's replay of
+ *   parked rows, the owner's delivery log filtered to dead letters and the dead-letter counts of
+ *   `webhook.list` read an owner's dead letters only, instead of walking every row the owner has
+ *   (7 days of delivered rows): on 2,000,000 rows, 217 → 12 ms (replay count), 213 → 39 ms (a
+ *   replay page, most of it the update), 200 → 16 ms (with a webhook and kind). Only rows that
+ *   become dead letters get an entry: nothing on the claim or a delivered settle.
+ * - statistics `outbox_subscription (ndistinct, dependencies) ON owner_did, webhook_rkey`: without
+ *   them the planner multiplied the two columns' selectivities and expected 1 row per
+ *   subscription (a busy one has 70,000), and chose the wrong index for the per-webhook reads.
+ * The build blocks writes to the outbox while it runs (0.9 s for 2,000,000 rows, 100,000 dead
+ * letters); the ANALYZE samples the table (0.5 s).
+ */
+const outboxDeadLetters = ddl(`
+CREATE INDEX IF NOT EXISTS outbox_owner_dead_letters ON outbox (owner_did, created_at, delivery_id)
+  WHERE status = 'dead_letter';
+CREATE STATISTICS IF NOT EXISTS outbox_subscription (ndistinct, dependencies) ON owner_did, webhook_rkey FROM outbox;
+ANALYZE outbox;
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -417,7 +439,8 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0009_webhook_state": webhookState,
   "0010_outbox_crash_count": outboxCrashCount,
   "0011_owner_reconcile_requests": ownerReconcileRequests,
-  "0012_owners_completed": ownersCompleted
+  "0012_owners_completed": ownersCompleted,
+  "0013_outbox_dead_letters": outboxDeadLetters
 }
 
 /** The advisory lock key that serializes migration runners (any 64-bit constant). */
