@@ -264,6 +264,25 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
+  it.scoped("a request taken up by a scan begun elsewhere before the attempt is done: that scan is not superseded by a second one", () => {
+    const world = newWorld()
+    const A = plc(1)
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      world.owners.set(A, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      world.behaviour.set(A, "succeed")
+      yield* advance(60_000)
+      expect(yield* s.tracked).toEqual([{ did: A, attempt: 0, inFlight: false }])
+      // before this process's attempt (at 62.5 s), another process (its scheduler, a sweep, the CLI)
+      // begins a scan of A: its begin clears the request and A is scanning
+      world.owners.set(A, { status: "scanning", failureCount: 0, failedSeq: 0, requested: false })
+      yield* advance(2_500)
+      // a begin here would bump A's generation and supersede the scan running elsewhere
+      expect(callTimes(world, A)).toEqual([])
+      expect(yield* s.tracked).toEqual([])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
   it.scoped("owners with a request have their own budget: failing owners holding every slot do not hold them back", () => {
     const world = newWorld()
     const failing = [plc(10), plc(11), plc(12)]

@@ -17,7 +17,9 @@
  *   reactivation, Reactivations.ts; oldest request first, not scanning) and tracks them like
  *   failed owners, from attempt 0, in a budget of their own (`trackedMax` more): a refused scan
  *   (`busy`) keeps the request and is retried; the scan's begin clears it. A tracked owner that is
- *   `complete` or `unknown` with no request pending is skipped (done).
+ *   `complete` or `unknown` with no request pending is skipped (done), and so is an owner tracked
+ *   for a request that a scan begun since has taken up (whoever began it: another process's scan
+ *   is not superseded by a second one; a failed one is left to the failure retries).
  * - Each round also swaps owners completed by another process (another replica, or
  *   `firehook owners reconcile`) into this process's in-memory registry, under the owner row lock
  *   (when the process has one: it runs intake; the intake leader also follows them at once,
@@ -142,8 +144,12 @@ export const make = (options: RetrySchedulerOptions = {}) =>
     const attemptOnce = (did: string, entry: Entry) =>
       Effect.gen(function*() {
         const current = yield* store.ownerState(did)
-        const settled = current === undefined ||
-          ((current.status === "complete" || current.status === "unknown") && !current.reconcileRequested)
+        // an owner tracked for a request is done once a scan has begun since the request, whoever
+        // began it (its begin cleared the stamp): a begin here would supersede a scan running in
+        // another process; if that scan fails, the owner is the failure retries' (retryCandidates)
+        const settled = current === undefined || (entry.requested
+          ? !current.reconcileRequested
+          : (current.status === "complete" || current.status === "unknown") && !current.reconcileRequested)
         if (settled) {
           yield* Metric.increment(Metrics.retrySchedulerAttempts({ result: "skipped" }))
           return true
