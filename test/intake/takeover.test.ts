@@ -8,20 +8,14 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Duration, Effect, Layer } from "effect"
-import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
-import * as Outbox from "../../src/services/matching/Outbox.js"
-import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
 import * as Processor from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import { Tx } from "../../src/services/platform/Persistence.js"
-import * as Registry from "../../src/services/registry/Registry.js"
-import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import * as Db from "../support/db.js"
 import { commitFrame, type Connection, startFakeJetstream, tidAt } from "../support/fakeJetstream.js"
-import { ev, plc, testConfig, whEv, whRecordValue } from "../support/stack.js"
+import { ev, plc, sqlServices, testConfig, whEv, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
@@ -55,19 +49,7 @@ const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
 
 /** one replica's matching on the shared database */
 const matching = (config: Config.FirehookConfigShape) =>
-  Processor.layer().pipe(
-    Layer.provideMerge(Registry.layer),
-    Layer.provideMerge(
-      Layer.mergeAll(
-        RegistryStore.layerSql,
-        PriorRefsStore.layerSql,
-        Outbox.layerSql,
-        CursorStore.layerSql,
-        Tx.layerSql
-      )
-    ),
-    Layer.provideMerge(Config.layerValue(config))
-  )
+  sqlServices().pipe(Layer.provideMerge(Config.layerValue(config)))
 
 /** one replica with intake under leader election (as `src/main.ts` runs it) */
 const replica = (config: Config.FirehookConfigShape) =>

@@ -10,26 +10,19 @@ import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Deferred, Duration, Effect, Layer, Metric } from "effect"
 import { identityLayer, reconciliationLayer } from "../../src/layers/Reconciliation.js"
-import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
-import * as Outbox from "../../src/services/matching/Outbox.js"
-import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
-import * as Processor from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import { Tx } from "../../src/services/platform/Persistence.js"
 import * as Reactivations from "../../src/services/reconciliation/Reactivations.js"
 import * as Metrics from "../../src/services/reconciliation/ReconcileMetrics.js"
 import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
 import * as ReconcileStore from "../../src/services/reconciliation/ReconcileStore.js"
-import * as Registry from "../../src/services/registry/Registry.js"
-import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import * as Db from "../support/db.js"
 import { didDoc, fakePlc, type FakeRepo, fakeServer, listRecordsRequests, pdsHandler } from "../support/fakeAtproto.js"
 import { accountFrame, commitFrame, startFakeJetstream } from "../support/fakeJetstream.js"
 import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
-import { plc, rev, testConfig, WH, whRecordValue } from "../support/stack.js"
+import { plc, rev, sqlServices, testConfig, WH, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
 const BOB = plc(2)
@@ -118,19 +111,7 @@ describe("Reactivations.requester", () => {
 
 /** one process's matching on the shared database (the intake role) */
 const matching = (config: Config.FirehookConfigShape) =>
-  Processor.layer().pipe(
-    Layer.provideMerge(Registry.layer),
-    Layer.provideMerge(
-      Layer.mergeAll(
-        RegistryStore.layerSql,
-        PriorRefsStore.layerSql,
-        Outbox.layerSql,
-        CursorStore.layerSql,
-        Tx.layerSql
-      )
-    ),
-    Layer.provideMerge(Config.layerValue(config))
-  )
+  sqlServices().pipe(Layer.provideMerge(Config.layerValue(config)))
 
 const tuning: Partial<Intake.IntakeTuning> = {
   batchRetryBase: Duration.millis(5),
