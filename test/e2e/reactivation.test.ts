@@ -1,0 +1,169 @@
+/**
+ * An account's reactivation reconciles its owner (docs/decisions.md, "A deactivated account
+ * answers"), on the real local atproto network: `@atproto/dev-env`'s PDS and PLC, firehook as in
+ * production (`bun src/main.ts`) on the PDS's `subscribeRepos` (relay source), a receiver that
+ * verifies the signatures, and `firehook owners reconcile` for the scan while the account is
+ * deactivated.
+ *
+ * Measured on this PDS (`@atproto/pds` of `@atproto/dev-env`): `deactivateAccount` emits
+ * `#account active=false status=deactivated`, and listRecords then answers `400 "Could not find
+ * repo"`; `activateAccount` emits `#account active=true` (no status), followed by `#identity` and
+ * `#sync`. The test asserts what firehook does with those real events.
+ */
+import { Effect, Exit, Scope } from "effect"
+import { randomBytes } from "node:crypto"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { type Received, type Receiver, receiver } from "../delivery/worker-support.js"
+import {
+  type Account,
+  createAccount,
+  createRecord,
+  type Devnet,
+  devnetFirehookEnv,
+  nowIso,
+  startDevnet,
+  WH
+} from "../support/devnet.js"
+import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
+import { exitWithin, runCli, waitFor } from "../support/proc.js"
+
+const res = e2eResources()
+const KEY = randomBytes(32).toString("base64")
+const scope = Effect.runSync(Scope.make())
+let devnet: Devnet
+let db: string
+let firehook: Deployment
+const secrets = new Map<string, string>()
+let rx: Receiver
+
+const env = () =>
+  devnetFirehookEnv(devnet, db, {
+    WEBHOOK_SECRET_ENCRYPTION_KEY: KEY,
+    // the reactivation's scan comes from the RetryScheduler's next round: one a second here
+    RETRY_SCHEDULER_INTERVAL_MS: "1000",
+    // the stamp's log line ("account reactivated: …") is at info
+    LOG_LEVEL: "info"
+  })
+
+beforeAll(async () => {
+  devnet = await startDevnet()
+  db = await res.freshDb()
+  rx = await Effect.runPromise(
+    Scope.extend(receiver({ reply: () => ({ status: 200, body: "ok" }), secretFor: (uri) => secrets.get(uri) }), scope)
+  )
+  firehook = await startDeployment(res.tempDir(), env())
+  await waitFor(firehook.health, 200, firehook.running, 60_000)
+}, 120_000)
+
+afterAll(async () => {
+  if (
+    firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null
+  ) {
+    firehook.running.child.kill("SIGTERM")
+    expect((await exitWithin(firehook.running, 15_000)).code).toBe(0)
+  }
+  await devnet?.close()
+  await Effect.runPromise(Scope.close(scope, Exit.void))
+  await res.cleanup()
+}, 60_000)
+
+const bodyOf = (r: Received) => JSON.parse(r.body.toString("utf8")) as Record<string, unknown>
+const logs = () => firehook.running.stdout().slice(-4000)
+
+interface WebhookRow {
+  readonly cid: string | null
+  readonly active: boolean
+}
+
+const webhookRow = async (owner: Account, rkey: string): Promise<WebhookRow | undefined> =>
+  (await query<WebhookRow>(db, "SELECT cid, active FROM webhooks WHERE owner_did = $1 AND rkey = $2", [
+    owner.did,
+    rkey
+  ]))[0]
+
+interface OwnerRow {
+  readonly reconcile_status: string
+  readonly reconcile_requested_at: Date | null
+}
+
+const ownerRow = async (owner: Account): Promise<OwnerRow | undefined> =>
+  (await query<OwnerRow>(db, "SELECT reconcile_status, reconcile_requested_at FROM owners WHERE did = $1", [
+    owner.did
+  ]))[0]
+
+const post = (account: Account, text: string) =>
+  createRecord(account, "app.bsky.feed.post", { text, createdAt: nowIso() })
+
+describe("an account's reactivation on a real atproto network", () => {
+  it(
+    "deactivated: a reconcile removes its webhook; reactivated: the webhook comes back by itself and delivers",
+    async () => {
+      const hana = await createAccount(devnet, "hana")
+      const path = "/hana"
+      const uri = `at://${hana.did}/${WH}/posts`
+      secrets.set(uri, "hana-secret-0123456789")
+      const ref = await createRecord(hana, WH, {
+        createdAt: nowIso(),
+        scope: { aturi: `at://${hana.did}/app.bsky.feed.post` },
+        url: `${rx.url}${path}`,
+        secret: "hana-secret-0123456789"
+      }, "posts")
+      await waitUntil(async () => (await webhookRow(hana, "posts"))?.cid === ref.cid, 30_000, "registered", logs)
+      const before = await post(hana, "before")
+      await waitUntil(
+        () => rx.received.some((r) => r.path === path && bodyOf(r)["rkey"] === before.rkey),
+        30_000,
+        "the first delivery",
+        logs
+      )
+
+      // deactivated: the PDS answers "Could not find repo", so a scan removes the webhook
+      await hana.agent.com.atproto.server.deactivateAccount({})
+      const reconciled = await runCli(["owners", "reconcile", hana.did], env())
+      expect(reconciled.code, reconciled.stderr).toBe(0)
+      expect(reconciled.stdout).toContain("the PDS has no such repo; 1 webhooks deleted")
+      expect(await webhookRow(hana, "posts")).toBeUndefined()
+      // `#account active=false` requests nothing
+      expect((await ownerRow(hana))?.reconcile_requested_at).toBeNull()
+
+      // reactivated: `#account active=true` stamps the owner and the RetryScheduler reconciles it,
+      // with no CLI and no sweep
+      await hana.agent.com.atproto.server.activateAccount()
+      await waitUntil(
+        async () => {
+          const row = await webhookRow(hana, "posts")
+          return row?.cid === ref.cid && row.active
+        },
+        30_000,
+        "the webhook back after the reactivation",
+        logs
+      )
+      await waitUntil(
+        async () => {
+          const owner = await ownerRow(hana)
+          return owner?.reconcile_status === "complete" && owner.reconcile_requested_at === null
+        },
+        30_000,
+        "the owner complete, its request cleared",
+        async () => JSON.stringify(await ownerRow(hana))
+      )
+      expect(firehook.running.stdout()).toContain("account reactivated: owner reconciliation requested")
+
+      // and the watched DID's new post is delivered, signed
+      const after = await post(hana, "after")
+      await waitUntil(
+        () => rx.received.some((r) => r.path === path && bodyOf(r)["rkey"] === after.rkey),
+        30_000,
+        "a delivery after the reactivation",
+        logs
+      )
+      const got = rx.received.filter((r) => r.path === path)
+      expect(got.map((r) => bodyOf(r)["rkey"])).toEqual([before.rkey, after.rkey])
+      for (const r of got) {
+        expect(r.verified).toEqual({ standard: true, wisp: true })
+        expect(r.headers["x-firehook-webhook"]).toBe(uri)
+      }
+    },
+    120_000
+  )
+})
