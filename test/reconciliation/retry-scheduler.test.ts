@@ -303,6 +303,31 @@ describe("RetryScheduler", () => {
     )
   })
 
+  it.scoped("a request for an owner already tracked as failed brings its next attempt to the next round, outside the requests' budget", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const B = plc(2)
+    return Effect.gen(function*() {
+      // A has failed 10 times: tracked from attempt 9, its next attempt at 0.5 × min(1 h, 5 s × 2^9)
+      fail(world, A, 10)
+      const s = yield* scheduler(world, { trackedMax: 1 })
+      expect(yield* s.tracked).toEqual([{ did: A, attempt: 9, inFlight: false }])
+      // A's account is reactivated (stamped), and so is B's; one round later
+      world.behaviour.set(A, "succeed")
+      world.behaviour.set(B, "succeed")
+      const a = world.owners.get(A)
+      if (a !== undefined) a.requested = true
+      world.owners.set(B, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      yield* advance(60_000)
+      // A at once (not at 1,280,000 ms), its request cleared; B tracked in the requests' budget of 1
+      expect(callTimes(world, A)).toEqual([60_000])
+      expect(world.owners.get(A)).toMatchObject({ status: "complete", requested: false })
+      yield* advance(2_500) // B's attempt 0
+      expect(callTimes(world, B)).toEqual([62_500])
+      expect(yield* s.tracked).toEqual([])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
   it.scoped("lists failed owners every interval and retries each on the exact backoff", () => {
     const world = newWorld()
     const A = plc(1)

@@ -16,7 +16,9 @@
  * - Each round first lists owners with a pending reconciliation request (an account's
  *   reactivation, Reactivations.ts; oldest request first, not scanning) and tracks them like
  *   failed owners, from attempt 0, in a budget of their own (`trackedMax` more): a refused scan
- *   (`busy`) keeps the request and is retried; the scan's begin clears it. A tracked owner that is
+ *   (`busy`) keeps the request and is retried; the scan's begin clears it. An owner with a request
+ *   that is already tracked as failed is woken instead: its next attempt is at once, not at the end
+ *   of its failure's backoff (up to 1 h). A tracked owner that is
  *   `complete` or `unknown` with no request pending is skipped (done), and so is an owner tracked
  *   for a request that a scan begun since has taken up (whoever began it: another process's scan
  *   is not superseded by a second one; a failed one is left to the failure retries).
@@ -118,6 +120,8 @@ interface Entry {
   inFlight: boolean
   /** tracked for a reconciliation request (Reactivations.ts), not for a failure */
   readonly requested: boolean
+  /** completed to cut the current backoff delay short (a request for an owner tracked as failed) */
+  wake: Deferred.Deferred<void> | undefined
 }
 
 /**
@@ -188,7 +192,13 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         )
         for (;;) {
           if (state.stopping) return
-          yield* driver.next(undefined).pipe(Effect.ignore)
+          // the backoff's delay, unless a round wakes the owner first (a reconciliation request for
+          // an owner tracked as failed: it must not wait for its failure's backoff, up to 1 h);
+          // the Schedule's state has advanced either way
+          const wake = yield* Deferred.make<void>()
+          entry.wake = wake
+          yield* Effect.raceFirst(driver.next(undefined).pipe(Effect.ignore), Deferred.await(wake))
+          entry.wake = undefined
           if (state.stopping) return
           const atCap = cfg.baseMs * Math.pow(2, entry.attempt) >= cfg.maxMs
           const done = yield* permits.withPermits(1)(
@@ -224,7 +234,8 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         const entry: Entry = {
           attempt: Math.min(MAX_SEED_ATTEMPT, Math.max(0, failureCount - 1)),
           inFlight: false,
-          requested
+          requested,
+          wake: undefined
         }
         entries.set(did, entry)
         return FiberMap.run(owners, did, ownerLoop(did, entry)).pipe(Effect.asVoid)
@@ -254,15 +265,22 @@ export const make = (options: RetrySchedulerOptions = {}) =>
     const tick: Effect.Effect<void, StoreError> = Effect.gen(function*() {
       if (state.stopping) return
       // requested owners (an account's reactivation) first, in their own budget: failing owners
-      // holding every slot for hours must not hold a reactivated owner back
+      // holding every slot for hours must not hold a reactivated owner back. An owner already
+      // tracked as failed is listed too (beyond the budget) and woken: its next attempt is now,
+      // not at the end of its failure's backoff
       const freeRequests = trackedMax - trackedOf(true)
-      if (freeRequests > 0) {
+      const trackedFailed = trackedOf(false)
+      if (freeRequests > 0 || trackedFailed > 0) {
         const requested = yield* store.reconcileRequests({
-          limit: freeRequests,
+          limit: freeRequests + trackedFailed,
           staleScanMs: cfg.staleScanMs,
-          exclude: [...entries.keys()]
+          exclude: [...entries].filter(([, e]) => e.requested).map(([did]) => did)
         })
-        for (const did of requested) yield* track(did, 0, true)
+        for (const did of requested) {
+          const tracked = entries.get(did)
+          if (tracked === undefined) yield* track(did, 0, true)
+          else if (tracked.wake !== undefined) yield* Deferred.succeed(tracked.wake, undefined)
+        }
       }
       const free = trackedMax - trackedOf(false)
       if (free > 0) {
