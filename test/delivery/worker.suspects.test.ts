@@ -79,6 +79,17 @@ describe("crash suspects", () => {
         expect(none.every((r) => !r.reclaimed && r.crashCount === 0)).toBe(true)
         expect(none.some((r) => r.deliveryId === b.deliveryId)).toBe(true)
         expect(none.some((r) => r.deliveryId === a.deliveryId)).toBe(false)
+        // this worker's own expired lease (its settle failed, it stalled) is no death: not a suspect
+        yield* sql`UPDATE outbox SET leased_until = now() - interval '1 second' WHERE lease_token LIKE ${"w2:%"}`
+        const again = (yield* store.claim("w2", 10, 60_000, { reclaimRoom: 10 })).rows
+        expect(again.filter((r) => r.deliveryId !== a.deliveryId).map((r) => r.reclaimed)).toEqual([
+          false,
+          false,
+          false
+        ])
+        // put A back as the dead worker left it
+        yield* sql`UPDATE outbox SET lease_token = ${DEAD + ":x"}, leased_until = now() - interval '1 second'
+          WHERE delivery_id = ${a.deliveryId}`
         const [taken] = (yield* store.claim("w3", 10, 60_000, { reclaimRoom: 1 })).rows
         expect(taken).toMatchObject({ deliveryId: a.deliveryId, reclaimed: true, crashCount: 1 })
         if (taken === undefined) return

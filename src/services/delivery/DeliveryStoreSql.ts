@@ -272,7 +272,7 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
         SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${p.n}
       ),
       locked AS (
-        SELECT o.delivery_id, o.updated_at AS touched_at, o.status AS was_status FROM outbox o
+        SELECT o.delivery_id, o.updated_at AS touched_at, o.status AS was_status, o.lease_token AS was_token FROM outbox o
         WHERE o.delivery_id IN (SELECT delivery_id FROM picked)
           AND ((o.status = 'pending' AND o.next_attempt_at <= now()) OR (o.status = 'leased' AND o.leased_until < now()))
         FOR UPDATE OF o SKIP LOCKED
@@ -298,7 +298,10 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
           CASE WHEN o.attempt_count > 0 THEN false WHEN locked.touched_at = o.created_at THEN true
                ELSE NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = o.delivery_id) END
             AS first_attempt,
-          (locked.was_status = 'leased') AS reclaimed, o.crash_count
+          -- taken over from another worker (an id is new at every start): this worker's own expired
+          -- lease (a settle that failed through a database outage, a stall) is no death
+          (locked.was_status = 'leased' AND NOT starts_with(locked.was_token, ${p.workerId} || ':')) AS reclaimed,
+          o.crash_count
       ),
       stats AS (
         SELECT (SELECT count(*) FROM cand)::int AS cand_count,
