@@ -9,7 +9,7 @@
  * a delivery is proven without sleeping: a second webhook on the same collection is the sentinel
  * (the stream is ordered, and a webhook's outbox rows are written with the event's batch).
  */
-import { Effect, Exit, Scope } from "effect"
+import { Effect, Scope } from "effect"
 import { randomBytes } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type Received, type Receiver, receiver } from "../delivery/worker-support.js"
@@ -23,8 +23,8 @@ import {
   startDevnet,
   WH
 } from "../support/devnet.js"
-import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
-import { exitWithin, runCli, waitFor } from "../support/proc.js"
+import { closeDevnetFile, type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
+import { runCli, waitFor } from "../support/proc.js"
 import { expectOk, expectOneLineError, lines } from "./cli-expect.js"
 
 const res = e2eResources()
@@ -47,17 +47,7 @@ beforeAll(async () => {
   await waitFor(firehook.health, 200, firehook.running, 60_000)
 }, 120_000)
 
-afterAll(async () => {
-  if (
-    firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null
-  ) {
-    firehook.running.child.kill("SIGTERM")
-    expect((await exitWithin(firehook.running, 15_000)).code).toBe(0)
-  }
-  await devnet?.close()
-  await Effect.runPromise(Scope.close(scope, Exit.void))
-  await res.cleanup()
-}, 60_000)
+afterAll(() => closeDevnetFile({ firehook, devnet, scope, res }), 60_000)
 
 // ---------------------------------------------------------------------------------------------
 

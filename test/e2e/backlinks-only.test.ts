@@ -5,7 +5,7 @@
  *   `{backlinks: false, backlinksOnly: true}` is refused and counted;
  * - large response bodies (SPEC §4.3, §4.5): a receiver answering 200 with 100 KiB is delivered.
  */
-import { Effect, Exit, Scope } from "effect"
+import { Effect, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type Received, type Receiver, receiver, type Reply } from "../delivery/worker-support.js"
 import {
@@ -18,8 +18,8 @@ import {
   startDevnet,
   WH
 } from "../support/devnet.js"
-import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
-import { exitWithin, waitFor } from "../support/proc.js"
+import { closeDevnetFile, type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
+import { waitFor } from "../support/proc.js"
 
 const res = e2eResources()
 const scope = Effect.runSync(Scope.make())
@@ -43,17 +43,7 @@ beforeAll(async () => {
   await waitFor(firehook.health, 200, firehook.running, 60_000)
 }, 120_000)
 
-afterAll(async () => {
-  if (
-    firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null
-  ) {
-    firehook.running.child.kill("SIGTERM")
-    expect((await exitWithin(firehook.running, 15_000)).code).toBe(0)
-  }
-  await devnet?.close()
-  await Effect.runPromise(Scope.close(scope, Exit.void))
-  await res.cleanup()
-}, 60_000)
+afterAll(() => closeDevnetFile({ firehook, devnet, scope, res }), 60_000)
 
 const at = (path: string): Array<Received> => rx.received.filter((r) => r.path === path)
 const bodyOf = (r: Received) => JSON.parse(r.body.toString("utf8")) as Record<string, unknown>

@@ -10,7 +10,7 @@
  * repo"`; `activateAccount` emits `#account active=true` (no status), followed by `#identity` and
  * `#sync`. The test asserts what firehook does with those real events.
  */
-import { Effect, Exit, Scope } from "effect"
+import { Effect, Scope } from "effect"
 import { randomBytes } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type Received, type Receiver, receiver } from "../delivery/worker-support.js"
@@ -24,8 +24,8 @@ import {
   startDevnet,
   WH
 } from "../support/devnet.js"
-import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
-import { exitWithin, runCli, waitFor } from "../support/proc.js"
+import { closeDevnetFile, type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
+import { runCli, waitFor } from "../support/proc.js"
 
 const res = e2eResources()
 const KEY = randomBytes(32).toString("base64")
@@ -55,17 +55,7 @@ beforeAll(async () => {
   await waitFor(firehook.health, 200, firehook.running, 60_000)
 }, 120_000)
 
-afterAll(async () => {
-  if (
-    firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null
-  ) {
-    firehook.running.child.kill("SIGTERM")
-    expect((await exitWithin(firehook.running, 15_000)).code).toBe(0)
-  }
-  await devnet?.close()
-  await Effect.runPromise(Scope.close(scope, Exit.void))
-  await res.cleanup()
-}, 60_000)
+afterAll(() => closeDevnetFile({ firehook, devnet, scope, res }), 60_000)
 
 const bodyOf = (r: Received) => JSON.parse(r.body.toString("utf8")) as Record<string, unknown>
 const logs = () => firehook.running.stdout().slice(-4000)

@@ -2,12 +2,13 @@
  * Shared pieces of the end-to-end tests that run `bun src/main.ts`: a fresh database per firehook
  * deployment on the test PostgreSQL server, plain queries, and bounded polling.
  */
+import { Effect, Exit, Scope } from "effect"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import pg from "pg"
-import { inject } from "vitest"
-import { freePort, killAllChildren, type Running, startFirehook } from "./proc.js"
+import { expect, inject } from "vitest"
+import { exitWithin, freePort, killAllChildren, type Running, startFirehook } from "./proc.js"
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
@@ -96,4 +97,27 @@ export const startDeployment = async (dataDir: string, env: Record<string, strin
     ...env
   })
   return { running, port, health: `http://127.0.0.1:${port}/health` }
+}
+
+/**
+ * The end of a devnet file (its `afterAll`): firehook, when still running, stopped by SIGTERM, which
+ * must end it cleanly (exit 0 within 15 s); then the network, the receivers' scope, and the file's
+ * databases and directories.
+ */
+export const closeDevnetFile = async (parts: {
+  readonly firehook: Deployment | undefined
+  readonly devnet: { readonly close: () => Promise<void> } | undefined
+  readonly scope: Scope.CloseableScope
+  readonly res: ReturnType<typeof e2eResources>
+}) => {
+  const { firehook } = parts
+  if (
+    firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null
+  ) {
+    firehook.running.child.kill("SIGTERM")
+    expect((await exitWithin(firehook.running, 15_000)).code).toBe(0)
+  }
+  await parts.devnet?.close()
+  await Effect.runPromise(Scope.close(parts.scope, Exit.void))
+  await parts.res.cleanup()
 }
