@@ -210,6 +210,12 @@ describe("Migrations", () => {
         )
         expect(n[0]?.n).toBe(0)
       }
+      // the warning follows the rollback (a read may be answered first): wait for it, bounded
+      yield* Effect.sync(() => warnings.length).pipe(
+        Effect.filterOrFail((n) => n > 0, () => "no warning"),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 500 }),
+        Effect.ignore
+      )
       expect(warnings.length).toBeGreaterThan(0)
       expect(warnings[0]).toContain("gave way to a table lock")
       yield* Deferred.succeed(release, undefined)
