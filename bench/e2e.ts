@@ -44,7 +44,7 @@ import pg from "pg"
 import * as EmbeddedPg from "../src/services/platform/EmbeddedPg.js"
 import { commitFrame, startFakeJetstream } from "../test/support/fakeJetstream.js"
 import { bareHttpLoop, fetchLoop } from "./loops.js"
-import { startEnv } from "./start-env.js"
+import { serviceEnv } from "./start-env.js"
 import { percentile, plc } from "./support.js"
 
 const WEBHOOKS = Number(process.argv[3] ?? 1_000)
@@ -199,11 +199,7 @@ const startService = async (env: Record<string, string>, dataDir: string): Promi
   const child = spawn(BUN, [...flags, "src/main.ts"], {
     cwd: ROOT,
     env: {
-      PATH: process.env["PATH"] ?? "",
-      HOME: process.env["HOME"] ?? "/tmp",
-      ...startEnv(),
-      LOG_FORMAT: "json",
-      LOG_LEVEL: "warn",
+      ...serviceEnv(),
       HEALTH_PORT: String(port),
       API_PORT: "0",
       FIREHOOK_DATA_DIR: dataDir,

@@ -42,7 +42,7 @@ import * as Path from "node:path"
 import pg from "pg"
 import WebSocket from "ws"
 import { commitFrame, type LogEntry, startFakeJetstream, tidAt } from "../test/support/fakeJetstream.js"
-import { startEnv } from "./start-env.js"
+import { serviceEnv } from "./start-env.js"
 
 const ROOT = Path.resolve(import.meta.dirname, "..")
 const BUN = Path.join(ROOT, "node_modules", ".bin", "bun")
@@ -255,11 +255,7 @@ const main = async () => {
     const fh: ChildProcess = spawn(BUN, ["src/main.ts"], {
       cwd: ROOT,
       env: {
-        PATH: process.env["PATH"] ?? "",
-        HOME: process.env["HOME"] ?? "/tmp",
-        ...startEnv(),
-        LOG_FORMAT: "json",
-        LOG_LEVEL: "warn",
+        ...serviceEnv(),
         NODE_ENV: "test",
         WEBHOOK_ALLOW_INSECURE_DEV: "1",
         DELIVERY_ALLOW_CIDRS: "127.0.0.0/8",

@@ -22,3 +22,15 @@ export const startEnv = (): Record<string, string> => {
 
 /** The same variables as `A=1 B=2`, for the reports. */
 export const startEnvText = (): string => Object.entries(startEnv()).map(([k, v]) => `${k}=${v}`).join(" ")
+
+/**
+ * The environment a benchmark gives the service it spawns: only PATH and HOME of its own, the
+ * variables of `npm start`, and JSON logs at `warn` (the bench reads them); the caller adds the rest.
+ */
+export const serviceEnv = (): Record<string, string> => ({
+  PATH: process.env["PATH"] ?? "",
+  HOME: process.env["HOME"] ?? "/tmp",
+  ...startEnv(),
+  LOG_FORMAT: "json",
+  LOG_LEVEL: "warn"
+})
