@@ -5,7 +5,8 @@
  *   served by replica B (LISTEN), for its owner only; B's own outcomes reach its tails once
  *   (in process), never a second time through its own notification;
  * - the jti replay store: a token accepted by one API replica is refused (401) by another; when
- *   the shared store cannot answer the call is 503, and the same token is accepted once it can.
+ *   the shared store cannot answer the call is 503, and the same token is accepted once it can;
+ *   a replica whose own replay cache is full checks new tokens against the shared store alone.
  */
 import { HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
@@ -35,6 +36,7 @@ const LIST = "place.wisp.v2.secret.list"
 interface ReplicaOptions {
   readonly outcomes: DeliveryOutcomes.SqlOptions
   readonly jti?: Layer.Layer<Jti.JtiStore, never, never>
+  readonly api?: Api.ApiOptions
 }
 
 /** One API replica on the database at `url`: its own pool, identity cache, hub and HTTP server. */
@@ -55,7 +57,7 @@ const replica = (url: Redacted.Redacted<string>, plcUrl: string, options: Replic
       Layer.provide(SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [] }))
     )
     const tail = TailHub.layer().pipe(Layer.provideMerge(DeliveryOutcomes.layerSql(options.outcomes)))
-    const api = Api.layer(Api.SERVED_METHODS).pipe(
+    const api = Api.layer(Api.SERVED_METHODS, options.api).pipe(
       Layer.provideMerge(Layer.mergeAll(Api.methodsLayerSql, identity, tail, options.jti ?? Jti.layerSql))
     )
     const ctx = yield* Layer.build(
@@ -185,6 +187,39 @@ describe("replicas on one database", () => {
         expect((yield* get(b.port, LIST, fresh)).status).toBe(401)
         // expired rows are pruned
         expect(yield* real.prune).toBe(0)
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "jti: a replica whose replay cache is full checks tokens against the shared store alone (no 503)",
+    () =>
+      Effect.gen(function*() {
+        const plc = yield* fakePlc(docs)
+        const { url } = yield* Db.freshDatabase
+        const full = yield* replica(url, plc.url, {
+          outcomes: { notify: false, listen: false },
+          api: { replayCapacity: 1 }
+        })
+        const other = yield* replica(url, plc.url, { outcomes: { notify: false, listen: false } })
+        // one caller fills the cache (here: one genuine 1-hour token)
+        const filler = yield* newOwner()
+        const held = yield* mint(filler, LIST, { expiresIn: 3600 })
+        expect((yield* get(full.port, LIST, held)).status).toBe(200)
+        // another owner's genuine token: accepted (before: 503 NotEnoughResources until the filler's expired)
+        const owner = yield* newOwner()
+        const token = yield* mint(owner, LIST)
+        const accepted = yield* get(full.port, LIST, token)
+        expect([accepted.status, accepted.body["error"]]).toEqual([200, undefined])
+        // replays are still refused, on this replica (through the store) and on another
+        expect((yield* get(full.port, LIST, token)).status).toBe(401)
+        expect((yield* get(other.port, LIST, token)).status).toBe(401)
+        expect((yield* get(full.port, LIST, held)).status).toBe(401)
+        expect((yield* get(other.port, LIST, held)).status).toBe(401)
+        // a token first accepted by another replica is refused here too, though this cache is full
+        const elsewhere = yield* mint(owner, LIST)
+        expect((yield* get(other.port, LIST, elsewhere)).status).toBe(200)
+        expect((yield* get(full.port, LIST, elsewhere)).status).toBe(401)
       }),
     { timeout: 60_000 }
   )

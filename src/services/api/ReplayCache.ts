@@ -2,8 +2,9 @@
  * The replay cache of service tokens (SPEC §8.2): each `(iss, jti)` is accepted once while the
  * token lives. An entry is kept until its expiry (the token's `exp` plus the clock leeway, when
  * the verifier would refuse the token anyway) and never forgotten earlier: at `capacity` entries
- * (100,000 by default) a new token is refused as `full` (the API answers 503) instead of evicting
- * a live entry, which would let that token be replayed.
+ * (100,000 by default) a new token is refused as `full` instead of evicting a live entry, which
+ * would let that token be replayed; the API then checks it against the replicas' shared store alone
+ * (`JtiStore`), or answers 503 when it has none (`ServiceAuth`).
  *
  * Expired entries are dropped as time passes: entries are indexed by the second they expire in,
  * and every check first drops the seconds that have ended (amortized O(1) per entry). Time is

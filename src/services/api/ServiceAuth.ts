@@ -13,10 +13,11 @@
  *   { fresh: true })`), turned into the DID document the library reads;
  * - the replay store: a bounded {@link ReplayCache} of `(iss, jti)` kept until the token's `exp`
  *   plus the leeway (the library passes no expiry, so each verification gets a store that knows its
- *   token's `exp`); full → 503. With a shared store (`JtiStore`, PostgreSQL, every replica), a
- *   token fresh to this process is then claimed there too: already claimed (by another replica) →
- *   replayed; the database cannot answer → 503 (the process forgets the `jti`, which was not
- *   accepted, so the same token can be retried).
+ *   token's `exp`). With a shared store (`JtiStore`, PostgreSQL, every replica), a token fresh to
+ *   this process, or any token while the process's cache is full, is then claimed there: already
+ *   claimed (by another replica) → replayed; the database cannot answer → 503 (the process forgets
+ *   the `jti`, which was not accepted, so the same token can be retried). Without a shared store,
+ *   a full cache → 503.
  *
  * Before the library runs, firehook reads the token's header and claims with a Schema
  * (`schemas/ServiceJwt`, no cryptography) and applies the rules of §8.2 the library does not, plus
@@ -250,16 +251,21 @@ export const make = (options: ServiceAuthOptions) =>
     /**
      * A verified token's `(iss, jti)`: this process's cache, then the shared store (already claimed
      * there → replayed; cannot be checked → unavailable, and the process forgets the `jti`, which was
-     * not accepted, so the same token can be retried).
+     * not accepted, so the same token can be retried). When this process's cache is full, the shared
+     * store alone decides: it is the authority across replicas, so a replay is still refused and
+     * nothing is forgotten early, and a cache filled by one caller's many DIDs does not refuse every
+     * other owner (without a shared store, full stays 503: the cache is then the only record).
      */
     const replayCheck: ReplayCheck = (iss, jti, expiresAtMs, nowMs) => {
       const local = replay.check(iss, jti, expiresAtMs, nowMs)
       const shared = options.sharedReplay
-      if (local !== "fresh" || shared === undefined) return Effect.succeed(local)
+      if (local === "replayed" || shared === undefined) return Effect.succeed(local)
       return shared.claim(iss, jti, expiresAtMs).pipe(
         Effect.map((fresh): ReplayVerdict => (fresh ? "fresh" : "replayed")),
         Effect.catchAll((e) =>
-          Effect.sync(() => replay.forget(iss, jti)).pipe(
+          Effect.sync(() => {
+            if (local === "fresh") replay.forget(iss, jti)
+          }).pipe(
             Effect.zipRight(
               Effect.logWarning("api: the shared replay store could not be checked").pipe(
                 Effect.annotateLogs({ code: e.code })
