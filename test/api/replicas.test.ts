@@ -6,7 +6,8 @@
  *   (in process), never a second time through its own notification;
  * - the jti replay store: a token accepted by one API replica is refused (401) by another; when
  *   the shared store cannot answer the call is 503, and the same token is accepted once it can;
- *   a replica whose own replay cache is full checks new tokens against the shared store alone.
+ *   a replica whose own replay cache is full checks new tokens against the shared store alone;
+ *   the shared store is bounded by its live rows, counted, with a smaller share for long-lived tokens.
  */
 import { HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
@@ -173,7 +174,8 @@ describe("replicas on one database", () => {
         const flaky: Jti.JtiStoreShape = {
           claim: (iss, jti, exp) =>
             up ? real.claim(iss, jti, exp) : Effect.fail(new StoreError({ op: "api.jti.claim", code: "08006" })),
-          prune: real.prune
+          prune: real.prune,
+          recount: real.recount
         }
         const d = yield* replica(url, plc.url, {
           outcomes: { notify: false, listen: false },
@@ -220,6 +222,52 @@ describe("replicas on one database", () => {
         const elsewhere = yield* mint(owner, LIST)
         expect((yield* get(other.port, LIST, elsewhere)).status).toBe(200)
         expect((yield* get(full.port, LIST, elsewhere)).status).toBe(401)
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "jti: the shared store is bounded: past its live rows 503, long-lived tokens first; expired rows free it",
+    () =>
+      Effect.gen(function*() {
+        const plc = yield* fakePlc(docs)
+        const { url } = yield* Db.freshDatabase
+        const db = yield* Layer.build(Database.layerUrl(url))
+        const store = yield* Effect.provide(Jti.makeSqlWith({ liveRows: 4, longLivedRows: 1 }), db)
+        const bounded = yield* replica(url, plc.url, {
+          outcomes: { notify: false, listen: false },
+          jti: Layer.succeed(Jti.JtiStore, store)
+        })
+        const other = yield* replica(url, plc.url, { outcomes: { notify: false, listen: false } })
+        const owner = yield* newOwner()
+        // rows claimed by another replica count once the table is counted
+        for (let i = 0; i < 2; i++) expect((yield* get(other.port, LIST, yield* mint(owner, LIST))).status).toBe(200)
+        expect(yield* store.recount).toEqual({ live: 2, longLived: 0 })
+        // a long-lived token takes the long-lived share (this process counts its own claims at once)
+        expect((yield* get(bounded.port, LIST, yield* mint(owner, LIST, { expiresIn: 3600 }))).status).toBe(200)
+        const long = yield* get(bounded.port, LIST, yield* mint(owner, LIST, { expiresIn: 3600 }))
+        expect([long.status, long.body["error"]]).toEqual([503, "NotEnoughResources"])
+        // a PDS's 60 s token still gets in, until the whole table is at its bound
+        expect((yield* get(bounded.port, LIST, yield* mint(owner, LIST, { expiresIn: 60 }))).status).toBe(200)
+        const short = yield* mint(owner, LIST, { expiresIn: 60 })
+        const full = yield* get(bounded.port, LIST, short)
+        expect([full.status, full.body["error"]]).toEqual([503, "NotEnoughResources"])
+        expect(yield* store.recount).toEqual({ live: 4, longLived: 1 })
+        // the refused token was not recorded anywhere: once rows expire (not yet pruned) and the
+        // table is counted again, it is accepted, once
+        yield* Effect.promise(async () => {
+          const client = new pg.Client({ connectionString: Redacted.value(url) })
+          await client.connect()
+          try {
+            await client.query("UPDATE api_jti SET expires_at = now() - interval '1 second'")
+          } finally {
+            await client.end()
+          }
+        })
+        expect(yield* store.recount).toEqual({ live: 0, longLived: 0 })
+        expect((yield* get(bounded.port, LIST, short)).status).toBe(200)
+        expect((yield* get(bounded.port, LIST, short)).status).toBe(401)
+        expect((yield* get(other.port, LIST, short)).status).toBe(401)
       }),
     { timeout: 60_000 }
   )

@@ -37,7 +37,8 @@
  *
  * Outcomes: {@link AuthFailure} (401, one of the four error names of §8.2, with a reason for
  * metrics and debug logs, never the token) or {@link AuthUnavailable} (firehook cannot decide now:
- * the issuer's DID document could not be fetched, or the replay cache is full).
+ * the issuer's DID document could not be fetched, the replay cache is full and there is no shared
+ * store, the shared store is at its bound or cannot answer).
  */
 import { type FoundPublicKey, getPublicKeyFromDidController, verifySig } from "@atcute/crypto"
 import { type DidDocument as AtcuteDidDocument, isAtprotoAudience } from "@atcute/identity"
@@ -66,7 +67,7 @@ export class AuthFailure extends Data.TaggedError("AuthFailure")<{
 
 /** firehook cannot decide now (503 / 502): the issuer's identity is unreachable, or the replay cache is full. */
 export class AuthUnavailable extends Data.TaggedError("AuthUnavailable")<{
-  readonly reason: "identity_unavailable" | "replay_cache_full" | "replay_store_unavailable"
+  readonly reason: "identity_unavailable" | "replay_cache_full" | "replay_store_full" | "replay_store_unavailable"
 }> {}
 
 export const ALGORITHMS: ReadonlyArray<string> = ["ES256K", "ES256"]
@@ -164,13 +165,28 @@ const fromLibrary = (code: string | undefined): AuthFailure => {
 /** What the library's token parser reads as an audience (else: {@link verifyOwn}). */
 const libraryReadsAudience = (aud: string): boolean => isAtprotoAudience(aud) || isDid(aud)
 
-/** The replay check of a token whose signature verified: this process's cache, then the shared store. */
+/**
+ * The replay check of a token whose signature verified: this process's cache, then the shared
+ * store (`store_full`: the store is at its bound; `unavailable`: it could not answer).
+ */
 type ReplayCheck = (
   iss: string,
   jti: string,
   expiresAtMs: number,
   nowMs: number
-) => Effect.Effect<ReplayVerdict | "unavailable">
+) => Effect.Effect<ReplayOutcome>
+
+type ReplayOutcome = ReplayVerdict | "store_full" | "unavailable"
+
+/** The reason a token could not be checked now, or undefined. */
+const unavailableReason = (outcome: ReplayOutcome | undefined): AuthUnavailable["reason"] | undefined =>
+  outcome === "full"
+    ? "replay_cache_full"
+    : outcome === "store_full"
+    ? "replay_store_full"
+    : outcome === "unavailable"
+    ? "replay_store_unavailable"
+    : undefined
 
 const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => a.length === b.length && a.every((x, i) => x === b[i])
 
@@ -228,10 +244,8 @@ const verifyOwn = (
     if (!valid) return yield* refused("BadJwtSignature")
     const jti = claims.jti ?? ""
     const verdict = yield* replayCheck(claims.iss, jti, (claims.exp + CLOCK_LEEWAY_SECONDS + 1) * 1000, nowMs)
-    if (verdict === "full") return yield* Effect.fail(new AuthUnavailable({ reason: "replay_cache_full" }))
-    if (verdict === "unavailable") {
-      return yield* Effect.fail(new AuthUnavailable({ reason: "replay_store_unavailable" }))
-    }
+    const unavailable = unavailableReason(verdict)
+    if (unavailable !== undefined) return yield* Effect.fail(new AuthUnavailable({ reason: unavailable }))
     if (verdict === "replayed") return yield* refused("NonceNotUnique")
     return { issuer: claims.iss, lxm: claims.lxm }
   })
@@ -260,12 +274,17 @@ export const make = (options: ServiceAuthOptions) =>
       const local = replay.check(iss, jti, expiresAtMs, nowMs)
       const shared = options.sharedReplay
       if (local === "replayed" || shared === undefined) return Effect.succeed(local)
+      // a token the store did not record (at its bound, or unreachable) was not accepted: this
+      // process forgets it too, so the same token can be retried
+      const notAccepted = Effect.sync(() => {
+        if (local === "fresh") replay.forget(iss, jti)
+      })
       return shared.claim(iss, jti, expiresAtMs).pipe(
-        Effect.map((fresh): ReplayVerdict => (fresh ? "fresh" : "replayed")),
+        Effect.flatMap((verdict): Effect.Effect<ReplayOutcome> =>
+          verdict === "full" ? Effect.as(notAccepted, "store_full" as const) : Effect.succeed(verdict)
+        ),
         Effect.catchAll((e) =>
-          Effect.sync(() => {
-            if (local === "fresh") replay.forget(iss, jti)
-          }).pipe(
+          notAccepted.pipe(
             Effect.zipRight(
               Effect.logWarning("api: the shared replay store could not be checked").pipe(
                 Effect.annotateLogs({ code: e.code })
@@ -279,7 +298,7 @@ export const make = (options: ServiceAuthOptions) =>
 
     /** Ask the library; what the hooks saw decides between a refusal and "cannot decide now". */
     const library = (token: string, nsid: Nsid, claims: JwtClaims, nowMs: number) => {
-      const seen: { resolution?: IdentityErrorKind; replay?: ReplayVerdict | "unavailable" } = {}
+      const seen: { resolution?: IdentityErrorKind; replay?: ReplayOutcome } = {}
       const resolver: DidDocumentResolver = {
         resolve: (did, opts) =>
           Runtime.runPromise(runtime)(
@@ -311,14 +330,14 @@ export const make = (options: ServiceAuthOptions) =>
       })
       return Effect.tryPromise({
         try: (signal) => verifier.verifyRequest(request, { lxm: nsid, signal }),
-        catch: (e): AuthFailure | AuthUnavailable =>
-          seen.replay === "full"
-            ? new AuthUnavailable({ reason: "replay_cache_full" })
-            : seen.replay === "unavailable"
-            ? new AuthUnavailable({ reason: "replay_store_unavailable" })
+        catch: (e): AuthFailure | AuthUnavailable => {
+          const unavailable = unavailableReason(seen.replay)
+          return unavailable !== undefined
+            ? new AuthUnavailable({ reason: unavailable })
             : seen.resolution === "identity_unavailable"
             ? new AuthUnavailable({ reason: "identity_unavailable" })
             : fromLibrary(libraryCode(e))
+        }
       })
     }
 

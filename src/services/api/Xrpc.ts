@@ -202,7 +202,7 @@ const authorize = <R>(
               Effect.zipRight(Effect.logWarning("api: a token could not be verified now")),
               Effect.annotateLogs({ nsid, reason: e.reason }),
               Effect.zipRight(Effect.fail(
-                e.reason === "replay_cache_full"
+                e.reason === "replay_cache_full" || e.reason === "replay_store_full"
                   ? new XrpcFailure({
                     status: 503,
                     error: "NotEnoughResources",
