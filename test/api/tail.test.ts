@@ -3,7 +3,8 @@
  * against the API served on a Node HTTP server, the token in the upgrade's Authorization header.
  * Outcomes are published to the process's `DeliveryOutcomes` as the settle path does. Covered: a
  * caller sees its own outcomes only; frames valid under the lexicon; the 401 of an upgrade without
- * a valid token; the fifth connection of a DID refused; a slow reader's bounded buffer and its
+ * a valid token; the fifth connection of a DID refused; the process's bound on open tails (any DID
+ * refused past it, a dropped, closed or failed socket giving its place back); a slow reader's bounded buffer and its
  * `#info` drop count; the 24 h lifetime under TestClock; and the hub's own rules in a unit. The
  * socket's own bound: `TailSocket.room` in a unit, and that Node's server shows the socket's
  * buffered bytes (a slow reader under Bun, the production runtime: test/api/tail-bun.test.ts).
@@ -22,7 +23,7 @@ import * as TailSocket from "../../src/services/api/TailSocket.js"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import type { Outcome } from "../../src/services/delivery/DeliveryOutcomes.js"
 import { apiLayer, lexiconDocs, mint, newOwner, serverPort } from "./support.js"
-import { close, openTail, openTailOrDie, outcome, until, untilEffect } from "./tailClient.js"
+import { close, type Connected, openTail, openTailOrDie, outcome, until, untilEffect } from "./tailClient.js"
 
 const NSID = "dev.firehook.webhook.subscribeDeliveries"
 const lex = new Lexicons(lexiconDocs())
@@ -41,6 +42,24 @@ const open = (owner: { did: string }) =>
   })
 
 const connections = Effect.flatMap(Tail, (t) => Effect.map(t.stats, (s) => s.connections))
+
+/** An upgrade with a valid token but no `Sec-WebSocket-Key` (`ws` refuses it itself: 400, socket ended). */
+const keylessUpgrade = (port: number, token: string) =>
+  Effect.async<string>((resume) => {
+    const socket = Net.connect(port, "127.0.0.1")
+    let text = ""
+    socket.on("data", (d: Buffer) => (text += d.toString("latin1")))
+    socket.on("close", () => resume(Effect.succeed(text)))
+    socket.on("error", () => {})
+    socket.write(
+      `GET /xrpc/${NSID} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${token}\r\n` +
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    return Effect.sync(() => socket.destroy())
+  })
+
+/** The HTTP answer of a refused tail, or its tag. */
+const refusal = (c: Connected) => c._tag === "refused" ? [c.status, JSON.parse(c.body)] : c._tag
 
 describe("subscribeDeliveries on a real socket", () => {
   layer(
@@ -143,18 +162,7 @@ describe("subscribeDeliveries on a real socket", () => {
           const port = yield* serverPort
           const token = yield* mint(owner, NSID)
           // a valid token, an upgrade `ws` refuses itself (400, socket ended)
-          const answer = yield* Effect.async<string>((resume) => {
-            const socket = Net.connect(port, "127.0.0.1")
-            let text = ""
-            socket.on("data", (d: Buffer) => (text += d.toString("latin1")))
-            socket.on("close", () => resume(Effect.succeed(text)))
-            socket.on("error", () => {})
-            socket.write(
-              `GET /xrpc/${NSID} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${token}\r\n` +
-                "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n"
-            )
-            return Effect.sync(() => socket.destroy())
-          })
+          const answer = yield* keylessUpgrade(port, token)
           expect(answer.split("\r\n")[0]).toBe("HTTP/1.1 400 Bad Request")
           // the call ended: the caller's place is free again (it stayed taken, and the call hung)
           yield* untilEffect("released", Effect.map(connections, (n) => n === 0))
@@ -206,6 +214,50 @@ describe("subscribeDeliveries on a real socket", () => {
   )
 })
 
+describe("subscribeDeliveries: the process's bound on open tails", () => {
+  layer(
+    apiLayer({ tail: { maxConnections: 3 }, api: { limits: { callsPerCaller: HIGH, failedAuthPerAddress: HIGH } } })
+  )(
+    (it) => {
+      it.effect("past the process's bound any DID is refused (429); a closed, dropped or failed socket frees its place", () =>
+        Effect.gen(function*() {
+          const [a, b, c, d] = [yield* newOwner(), yield* newOwner(), yield* newOwner(), yield* newOwner()]
+          const port = yield* serverPort
+          const a1 = yield* open(a)
+          const a2 = yield* open(a)
+          // the bound's last place (here 3; 1,000 by default) is given
+          const b1 = yield* open(b)
+          expect(yield* connections).toBe(3)
+          // the next is refused whatever its DID, as the per-DID limit is answered
+          yield* wallClock
+          expect(refusal(yield* openTail(port, yield* mint(c, NSID)))).toEqual([429, {
+            error: "TooManyConnections",
+            message: "too many live tails on this server"
+          }])
+          expect(yield* connections).toBe(3)
+          // a client that drops its socket without a close frame gives its place back
+          a1.ws.terminate()
+          yield* untilEffect("dropped released", Effect.map(connections, (n) => n === 2))
+          const c1 = yield* open(c)
+          yield* wallClock
+          expect(refusal(yield* openTail(port, yield* mint(d, NSID)))).toMatchObject([429, {
+            error: "TooManyConnections"
+          }])
+          // a closed one, then an upgrade that fails after its place was taken: both give it back
+          yield* close(a2)
+          yield* untilEffect("closed released", Effect.map(connections, (n) => n === 2))
+          yield* wallClock
+          expect((yield* keylessUpgrade(port, yield* mint(d, NSID))).split("\r\n")[0]).toBe("HTTP/1.1 400 Bad Request")
+          yield* untilEffect("failed released", Effect.map(connections, (n) => n === 2))
+          const d1 = yield* open(d)
+          expect(yield* connections).toBe(3)
+          for (const t of [b1, c1, d1]) yield* close(t)
+          yield* untilEffect("all released", Effect.map(connections, (n) => n === 0))
+        }))
+    }
+  )
+})
+
 describe("Tail hub (unit)", () => {
   const hub = TailHub.layer({ maxConnectionsPerDid: 2, bufferFrames: 3 }).pipe(
     Layer.provideMerge(DeliveryOutcomes.layerMemory)
@@ -237,6 +289,23 @@ describe("Tail hub (unit)", () => {
       expect(bFrames.map((f) => f.$type === TailHub.OUTCOME_TYPE ? f.id : "info")).toEqual(["01TAILB"])
       expect((yield* tail.stats).connections).toBe(3)
     }).pipe(Effect.provide(hub)))
+
+  it.scoped("the process's bound counts every DID's connections; a closed scope gives its place back", () =>
+    Effect.gen(function*() {
+      const tail = yield* Tail
+      const first = yield* Scope.make()
+      yield* tail.connect("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa").pipe(Scope.extend(first))
+      yield* tail.connect("did:plc:bbbbbbbbbbbbbbbbbbbbbbbb")
+      const refused = yield* Effect.flip(tail.connect("did:plc:cccccccccccccccccccccccc"))
+      expect(refused).toMatchObject({ _tag: "TooManyConnections", limit: "process" })
+      expect((yield* Effect.flip(tail.connect("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"))).limit).toBe("process")
+      yield* Scope.close(first, Exit.void)
+      expect((yield* tail.stats).connections).toBe(1)
+      yield* tail.connect("did:plc:cccccccccccccccccccccccc")
+      expect((yield* tail.stats).connections).toBe(2)
+    }).pipe(
+      Effect.provide(TailHub.layer({ maxConnections: 2 }).pipe(Layer.provideMerge(DeliveryOutcomes.layerMemory)))
+    ))
 
   it.scoped("pump: ends with 'lifetime' after 24 h of the Clock; the hub closing (shutdown) ends it", () =>
     Effect.gen(function*() {

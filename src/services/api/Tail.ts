@@ -4,7 +4,10 @@
  * replica's), fanned out to the connections of each outcome's owner, and to nobody else.
  *
  * - At most {@link MAX_CONNECTIONS_PER_DID} open connections per caller DID in this process
- *   (the fifth is refused: `TooManyConnections`).
+ *   (the fifth is refused: `TooManyConnections`), and at most {@link MAX_CONNECTIONS} in all (one
+ *   did:web host can name any number of DIDs): past it every new connection is refused the same
+ *   way. A connection's place (per DID and in all) is given back when its scope closes, however it
+ *   ended; the open connections are the gauge `firehook_tail_connections`.
  * - Each connection has a bounded buffer ({@link BUFFER_FRAMES} outcome frames): a reader that
  *   does not keep up loses the newest outcomes, counted, and gets one `#info` frame
  *   (`DeliveriesDropped`, `dropped: n`) after the frames it kept. Never unbounded memory: {@link pump}
@@ -20,6 +23,8 @@ import type { Scope } from "effect"
 import { DeliveryOutcomes, type Outcome } from "../delivery/DeliveryOutcomes.js"
 
 export const MAX_CONNECTIONS_PER_DID = 4
+/** Open connections in this process, whatever their DIDs. */
+export const MAX_CONNECTIONS = 1_000
 export const BUFFER_FRAMES = 256
 export const MAX_LIFETIME = Duration.hours(24)
 
@@ -65,7 +70,10 @@ export const infoFrame = (dropped: number): InfoFrame => ({
   dropped
 })
 
-export class TooManyConnections extends Data.TaggedError("TooManyConnections")<{}> {}
+/** Refused: the caller's DID has its connections (`did`), or the process has its (`process`). */
+export class TooManyConnections extends Data.TaggedError("TooManyConnections")<{
+  readonly limit: "did" | "process"
+}> {}
 
 /** One open connection of a caller. */
 export interface Connection {
@@ -79,7 +87,7 @@ export interface TailStats {
 }
 
 export interface TailShape {
-  /** Open a connection for `owner` for the scope (refused past the per-DID limit). */
+  /** Open a connection for `owner` for the scope (refused past the per-DID or the process's limit). */
   readonly connect: (owner: string) => Effect.Effect<Connection, TooManyConnections, Scope.Scope>
   readonly stats: Effect.Effect<TailStats>
 }
@@ -88,8 +96,14 @@ export class Tail extends Context.Tag("firehook/Tail")<Tail, TailShape>() {}
 
 export interface TailOptions {
   readonly maxConnectionsPerDid?: number
+  /** open connections in this process — default {@link MAX_CONNECTIONS} */
+  readonly maxConnections?: number
   readonly bufferFrames?: number
 }
+
+const openConnections = Metric.gauge("firehook_tail_connections", {
+  description: "Live tail connections open in this process"
+})
 
 const droppedFrames = Metric.counter("firehook_tail_frames_dropped_total", {
   description: "Live tail outcome frames dropped because a connection's reader was slow"
@@ -104,6 +118,7 @@ export const make = (options: TailOptions = {}): Effect.Effect<TailShape, never,
   Effect.gen(function*() {
     const outcomes = yield* DeliveryOutcomes
     const maxPerDid = options.maxConnectionsPerDid ?? MAX_CONNECTIONS_PER_DID
+    const maxConnections = options.maxConnections ?? MAX_CONNECTIONS
     const capacity = options.bufferFrames ?? BUFFER_FRAMES
     const byOwner = new Map<string, Set<Entry>>()
     let connections = 0
@@ -145,12 +160,14 @@ export const make = (options: TailOptions = {}): Effect.Effect<TailShape, never,
       Effect.acquireRelease(
         Effect.suspend(() => {
           const set = byOwner.get(owner) ?? new Set<Entry>()
-          if (set.size >= maxPerDid) return Effect.fail(new TooManyConnections())
+          if (set.size >= maxPerDid) return Effect.fail(new TooManyConnections({ limit: "did" }))
+          if (connections >= maxConnections) return Effect.fail(new TooManyConnections({ limit: "process" }))
           return Effect.map(Queue.dropping<OutcomeFrame>(capacity), (queue) => {
             const entry: Entry = { queue, dropped: 0 }
             set.add(entry)
             byOwner.set(owner, set)
             connections++
+            openConnections.unsafeUpdate(connections, [])
             return entry
           })
         }),
@@ -159,6 +176,7 @@ export const make = (options: TailOptions = {}): Effect.Effect<TailShape, never,
             const set = byOwner.get(owner)
             if (set !== undefined && set.delete(entry)) {
               connections--
+              openConnections.unsafeUpdate(connections, [])
               if (set.size === 0) byOwner.delete(owner)
             }
             return Queue.shutdown(entry.queue)

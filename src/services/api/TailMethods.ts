@@ -3,8 +3,8 @@
  *
  * The pipeline (`Xrpc.ts`) has verified the token of the upgrade request (its `Authorization`
  * header, `lxm` = this NSID) and applied the rate limits before the handler runs. The handler
- * opens a connection on the {@link Tail} hub (the fifth of a DID is refused with 429
- * `TooManyConnections`, before the upgrade), upgrades, and writes one frame per terminal outcome
+ * opens a connection on the {@link Tail} hub (the fifth of a DID, or any past the process's
+ * 1,000, is refused with 429 `TooManyConnections`, before the upgrade), upgrades, and writes one frame per terminal outcome
  * of the caller's deliveries until the connection has lived 24 h (closed with 1000 `lifetime`),
  * the hub closes (API shutdown) or the client goes away.
  *
@@ -42,12 +42,12 @@ export const subscribeDeliveries = subscription(
     Effect.gen(function*() {
       const tail = yield* Tail
       const connection = yield* tail.connect(caller).pipe(
-        Effect.catchTag("TooManyConnections", () =>
+        Effect.catchTag("TooManyConnections", (e) =>
           Effect.fail(
             new XrpcFailure({
               status: 429,
               error: "TooManyConnections",
-              message: "at most 4 live tails per DID"
+              message: e.limit === "did" ? "at most 4 live tails per DID" : "too many live tails on this server"
             })
           ))
       )
