@@ -84,6 +84,18 @@ const get = (port: number, nsid: string, token: string) =>
     return { status: res.status, body: (await res.json()) as { readonly [k: string]: unknown } }
   })
 
+/** One statement on a connection of its own to the database at `url`: its rows. */
+const sqlOn = (url: Redacted.Redacted<string>, text: string, values: ReadonlyArray<unknown> = []) =>
+  Effect.promise(async () => {
+    const client = new pg.Client({ connectionString: Redacted.value(url) })
+    await client.connect()
+    try {
+      return (await client.query(text, [...values])).rows as ReadonlyArray<unknown>
+    } finally {
+      await client.end()
+    }
+  })
+
 /** Every `firehook_outcomes` payload, seen by a plain LISTEN of the test's own. */
 const listenAll = (url: Redacted.Redacted<string>) =>
   Effect.acquireRelease(
@@ -255,19 +267,35 @@ describe("replicas on one database", () => {
         expect(yield* store.recount).toEqual({ live: 4, longLived: 1 })
         // the refused token was not recorded anywhere: once rows expire (not yet pruned) and the
         // table is counted again, it is accepted, once
-        yield* Effect.promise(async () => {
-          const client = new pg.Client({ connectionString: Redacted.value(url) })
-          await client.connect()
-          try {
-            await client.query("UPDATE api_jti SET expires_at = now() - interval '1 second'")
-          } finally {
-            await client.end()
-          }
-        })
+        yield* sqlOn(url, "UPDATE api_jti SET expires_at = now() - interval '1 second'")
         expect(yield* store.recount).toEqual({ live: 0, longLived: 0 })
         expect((yield* get(bounded.port, LIST, short)).status).toBe(200)
         expect((yield* get(bounded.port, LIST, short)).status).toBe(401)
         expect((yield* get(other.port, LIST, short)).status).toBe(401)
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "jti: one prune deletes every expired row while it finds full batches (bounded), not 10,000 a minute",
+    () =>
+      Effect.gen(function*() {
+        const { url } = yield* Db.freshDatabase
+        const store = yield* Effect.provide(Jti.makeSql, yield* Layer.build(Database.layerUrl(url)))
+        const expired = Jti.PRUNE_MAX_ROWS * 2 + 5
+        yield* sqlOn(
+          url,
+          `INSERT INTO api_jti (iss, jti, expires_at)
+           SELECT 'did:web:flood.example', 'j' || g, now() - interval '1 minute' FROM generate_series(1, $1::int) g`,
+          [expired]
+        )
+        yield* sqlOn(
+          url,
+          "INSERT INTO api_jti (iss, jti, expires_at) VALUES ('did:web:owner.example', 'live', now() + interval '1 hour')"
+        )
+        expect(yield* store.prune).toBe(expired)
+        expect(yield* sqlOn(url, "SELECT count(*)::int AS n FROM api_jti")).toEqual([{ n: 1 }])
+        expect(yield* store.prune).toBe(0)
       }),
     { timeout: 60_000 }
   )

@@ -9,7 +9,9 @@
  * answers 503: an unchecked `jti` is never accepted.
  *
  * Expired rows are pruned by a background fiber of the layer, every {@link PRUNE_EVERY}, at most
- * {@link PRUNE_MAX_ROWS} per statement (every replica prunes; the statements are idempotent).
+ * {@link PRUNE_MAX_ROWS} per statement and {@link PRUNE_MAX_STATEMENTS} statements (the next one
+ * only when the last deleted a full batch), so the pruning keeps up with far more tokens than an
+ * API process can verify (every replica prunes; the statements are idempotent).
  *
  * The table is bounded ({@link JtiBounds}): the same fiber counts its live rows (at once, then after
  * each prune; one statement that reads at most `liveRows + 1` index entries, never a count per
@@ -30,6 +32,8 @@ import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 export const CLAIM_TIMEOUT = Duration.seconds(3)
 export const PRUNE_EVERY = Duration.minutes(1)
 export const PRUNE_MAX_ROWS = 10_000
+/** Statements per prune at most: 600,000 rows a minute, per replica. */
+export const PRUNE_MAX_STATEMENTS = 60
 const PRUNE_TIMEOUT = Duration.seconds(30)
 const COUNT_TIMEOUT = Duration.seconds(30)
 
@@ -61,7 +65,7 @@ export type ClaimVerdict = "fresh" | "replayed" | "full"
 export interface JtiStoreShape {
   /** Record `(iss, jti)` until `expiresAtMs`, unless it was seen (a replay) or the table is at its bound. */
   readonly claim: (iss: string, jti: string, expiresAtMs: number) => Effect.Effect<ClaimVerdict, StoreError>
-  /** Delete expired rows (at most {@link PRUNE_MAX_ROWS}); answers how many. */
+  /** Delete expired rows (at most {@link PRUNE_MAX_STATEMENTS} × {@link PRUNE_MAX_ROWS}); answers how many. */
   readonly prune: Effect.Effect<number, StoreError>
   /** Count the live rows (at most the bound + 1) and claim against that count from now on. */
   readonly recount: Effect.Effect<LiveRows, StoreError>
@@ -85,6 +89,19 @@ export const makeSqlWith = (bounds: Partial<JtiBounds> = {}) =>
         Effect.map((rows) => rows.length > 0),
         storeOpWithin("api.jti.claim", CLAIM_TIMEOUT)
       )
+    const pruneBatch = sql<{ readonly n: number }>`
+      WITH gone AS (
+        DELETE FROM api_jti WHERE ctid IN (
+          SELECT ctid FROM api_jti WHERE expires_at < now() LIMIT ${PRUNE_MAX_ROWS}
+        ) RETURNING 1
+      ) SELECT count(*)::int AS n FROM gone`.pipe(
+      Effect.map((rows) => rows[0]?.n ?? 0),
+      storeOpWithin("api.jti.prune", PRUNE_TIMEOUT)
+    )
+    /** Batches while each deletes a full one, at most `statements`; `done` rows deleted so far. */
+    const pruneFrom = (statements: number, done: number): Effect.Effect<number, StoreError> =>
+      Effect.flatMap(pruneBatch, (n) =>
+        n >= PRUNE_MAX_ROWS && statements > 1 ? pruneFrom(statements - 1, done + n) : Effect.succeed(done + n))
     const shape: JtiStoreShape = {
       claim: (iss, jti, expiresAtMs) =>
         Effect.flatMap(Clock.currentTimeMillis, (now) => {
@@ -93,20 +110,14 @@ export const makeSqlWith = (bounds: Partial<JtiBounds> = {}) =>
             return Effect.succeed<ClaimVerdict>("full")
           }
           return Effect.map(insert(iss, jti, expiresAtMs), (fresh): ClaimVerdict => {
-            if (!fresh) return "replayed"
+            if (!fresh) {
+              return "replayed"
+            }
             counted = { live: counted.live + 1, longLived: counted.longLived + (long ? 1 : 0) }
             return "fresh"
           })
         }),
-      prune: sql<{ readonly n: number }>`
-        WITH gone AS (
-          DELETE FROM api_jti WHERE ctid IN (
-            SELECT ctid FROM api_jti WHERE expires_at < now() LIMIT ${PRUNE_MAX_ROWS}
-          ) RETURNING 1
-        ) SELECT count(*)::int AS n FROM gone`.pipe(
-        Effect.map((rows) => rows[0]?.n ?? 0),
-        storeOpWithin("api.jti.prune", PRUNE_TIMEOUT)
-      ),
+      prune: pruneFrom(PRUNE_MAX_STATEMENTS, 0),
       // newest expiry first (the index api_jti_expires_at), so the long-lived rows are all among the
       // rows read whenever the total is under its bound
       recount: sql<{ readonly live: number; readonly long_lived: number }>`
@@ -116,7 +127,9 @@ export const makeSqlWith = (bounds: Partial<JtiBounds> = {}) =>
           SELECT expires_at FROM api_jti WHERE expires_at >= now() ORDER BY expires_at DESC LIMIT ${liveRows + 1}
         ) AS live_rows`.pipe(
         Effect.map((rows): LiveRows => ({ live: rows[0]?.live ?? 0, longLived: rows[0]?.long_lived ?? 0 })),
-        Effect.tap((rows) => Effect.sync(() => void (counted = rows))),
+        Effect.tap((rows) =>
+          Effect.sync(() => void (counted = rows))
+        ),
         storeOpWithin("api.jti.count", COUNT_TIMEOUT)
       )
     }
