@@ -97,18 +97,22 @@ const deliveriesList = Command.make(
         return yield* usage(`invalid --limit: must be in 1..${Operator.MAX_LIST_LIMIT}`)
       }
       const { sinceT, untilT } = yield* parseRange(o.since, o.until)
-      const rows = yield* withServices(
+      // one page: `next` is set only when rows beyond the limit exist (a list of exactly --limit
+      // rows is complete and says nothing)
+      const page = yield* withServices(
         Effect.flatMap(Operator.Operator, (op) =>
-          op.listDeliveries({
+          op.listPage({
             limit,
             ...filterOf(o, sinceT, untilT),
             ...(Option.isSome(o.status) ? { status: o.status.value } : {})
           }))
       )
-      const atLimit = `(${rows.length} rows: the limit; narrow the filter or raise --limit)`
+      const rows = page.deliveries
+      const cut = page.next !== undefined
+      const atLimit = `(${rows.length} rows: the limit; more exist: narrow the filter or raise --limit)`
       if (o.json) {
         // stdout stays one JSON array; a list cut at the limit says so on stderr
-        if (rows.length === limit) yield* write(process.stderr, `${atLimit}\n`)
+        if (cut) yield* write(process.stderr, `${atLimit}\n`)
         return yield* printJson(rows.map((d) => deliveryJson(d, o.showUrls)))
       }
       if (rows.length === 0) return yield* out("no deliveries")
@@ -131,7 +135,7 @@ const deliveriesList = Command.make(
           })
         )
       )
-      if (rows.length === limit) yield* out(atLimit)
+      if (cut) yield* out(atLimit)
     })
 ).pipe(Command.withDescription("list deliveries, newest first (time filters: the enqueue time, created_at)"))
 

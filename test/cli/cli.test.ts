@@ -239,6 +239,14 @@ describe("firehook CLI", () => {
         expect(JSON.parse(cut.stdout)).toHaveLength(3)
         expect(cut.stderr).toContain("3 rows: the limit")
         expect((yield* cli(["deliveries", "list", "--json", "--limit", "5"], env)).stderr).toBe("")
+        // exactly --limit rows and none beyond: the list is complete, so nothing says it was cut
+        expect((yield* cli(["deliveries", "list", "--json", "--limit", "4"], env)).stderr).toBe("")
+        const exact = yield* cli(["deliveries", "list", "--limit", "4"], env)
+        expect(lines(exact.stdout)).toHaveLength(5)
+        expect(exact.stdout).not.toContain("the limit")
+        const cutHuman = yield* cli(["deliveries", "list", "--limit", "3"], env)
+        expect(lines(cutHuman.stdout)).toHaveLength(5)
+        expect(lines(cutHuman.stdout)[4]).toMatch(/^\(3 rows: the limit; more exist/)
         const withUrls = yield* cli(["deliveries", "list", "--owner", ALICE, "--show-urls"], env)
         expect(withUrls.stdout).toContain("https://alice.example/hook")
 
