@@ -55,12 +55,13 @@
  * Exit codes: 0 success; 2 invalid arguments (one line on stderr); 1 operational failure (one line
  * on stderr). Logs: warnings and errors only, on stderr (`--log-level` raises the verbosity).
  */
-import { Command } from "@effect/cli"
+import { CliConfig, Command, HelpDoc } from "@effect/cli"
 import { BunContext, BunRuntime } from "@effect/platform-bun"
 import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel } from "effect"
 import pkg from "../../package.json" with { type: "json" }
 import { deliveries } from "./DeliveriesCommand.js"
 import { describeFailure, redactArgs, usage } from "./Failure.js"
+import { commandNames, fixHelp } from "./Help.js"
 import { hooks } from "./HooksCommand.js"
 import { flush, write } from "./Output.js"
 import { owners } from "./OwnersCommand.js"
@@ -82,12 +83,30 @@ const firehook = Command.make(
 
 const cli = Command.run(firehook, { name: "firehook", version: pkg.version })
 
-/** @effect/cli prints parse errors as multi-line help on Console.error; we print one line instead. */
-const quietConsole = Effect.map(Console.consoleWith(Effect.succeed), (c): Console.Console => ({
-  ...c,
-  error: () => Effect.void,
-  unsafe: { ...c.unsafe, error: () => {} }
-}))
+/** The command names of `firehook --help` (the words of a command line that name a command). */
+const names = (): ReadonlySet<string> =>
+  commandNames(HelpDoc.toAnsiText(Command.getHelp(firehook, CliConfig.defaultConfig)))
+
+/**
+ * @effect/cli prints parse errors as multi-line help on Console.error; we print one line instead.
+ * What it prints on Console.log (help, version, completions) goes through {@link fixHelp}.
+ */
+const cliConsole = (argv: ReadonlyArray<string>) =>
+  Effect.map(Console.consoleWith(Effect.succeed), (c): Console.Console => {
+    const ctx = {
+      args: argv.slice(2),
+      program: "firehook",
+      names,
+      color: process.stdout.isTTY === true && (process.env["NO_COLOR"] ?? "") === ""
+    }
+    const fix = (args: ReadonlyArray<unknown>) => args.map((a) => (typeof a === "string" ? fixHelp(a, ctx) : a))
+    return {
+      ...c,
+      log: (...args) => c.log(...fix(args)),
+      error: () => Effect.void,
+      unsafe: { ...c.unsafe, log: (...args) => c.unsafe.log(...fix(args)), error: () => {} }
+    }
+  })
 
 /** Warnings and errors only, as logfmt on stderr. */
 const stderrLogger = Logger.map(Logger.logfmtLogger, (line) => {
@@ -96,7 +115,7 @@ const stderrLogger = Logger.map(Logger.logfmtLogger, (line) => {
 
 const program = (argv: ReadonlyArray<string>) =>
   Effect.gen(function*() {
-    const console = yield* quietConsole
+    const console = yield* cliConsole(argv)
     const exit = yield* cli(argv).pipe(Effect.withConsole(console), Effect.exit)
     const result = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
     if (result.code !== 0) yield* write(process.stderr, `firehook: ${redactArgs(result.line, argv)}\n`)

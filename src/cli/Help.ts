@@ -1,0 +1,110 @@
+/**
+ * The help text @effect/cli prints (`--help`), corrected before it reaches the terminal:
+ * - `firehook --help` lists the commands of a nested group with the path before the group twice
+ *   (`hooks hooks secrets create`): @effect/cli 0.77.2 (`getHelpInternal`, case `Subcommands`)
+ *   prefixes a nested group's children with the path before the group and then with the group's own
+ *   usage, which already starts with that path. No command definition avoids it short of not
+ *   nesting `hooks secrets`, so the repeated words are removed here, the column kept aligned;
+ * - USAGE names the command alone (`$ create [--token TOKEN] <did> <name>`): it is given the
+ *   command line's words (`$ firehook secrets create …`);
+ * - ANSI styling only on a terminal, and not with `NO_COLOR` set (never in a pipe or a file).
+ */
+
+// ---------------------------------------------------------------------------------------------
+// Help text
+
+const ANSI = new RegExp(String.raw`\u001b\[[0-9;]*[A-Za-z]`, "g")
+
+export const stripAnsi = (text: string): string => text.replace(ANSI, "")
+
+/** A command's name: lower-case words with dashes (options start with `-`, arguments with `<`/`[`). */
+const NAME = /^[a-z][a-z-]*$/
+
+/** A line of a COMMANDS list: `  - <usage>`, then (two or more spaces) the description. */
+const COMMAND_LINE = /^(\s*- )(.*)$/
+
+/** The command names (`list`, `hooks`, `secrets`, …) at the start of the root help's COMMANDS lines. */
+export const commandNames = (rootHelp: string): ReadonlySet<string> => {
+  const names = new Set<string>()
+  for (const line of stripAnsi(rootHelp).split("\n")) {
+    const m = COMMAND_LINE.exec(line)
+    if (m === null) continue
+    for (const word of (m[2] ?? "").split(" ")) {
+      if (!NAME.test(word)) break
+      names.add(word)
+    }
+  }
+  return names
+}
+
+/**
+ * One COMMANDS line without the repeated path (`- hooks hooks secrets create …` → `- hooks
+ * secrets create …`), its description kept in its column (as many spaces added as words removed).
+ */
+export const dedupeCommandLine = (line: string): string => {
+  const m = COMMAND_LINE.exec(line)
+  if (m === null) return line
+  const prefix = m[1] ?? ""
+  const words = (m[2] ?? "").split(" ")
+  let names = 0
+  while (names < words.length && NAME.test(words[names] ?? "")) names++
+  for (let n = Math.floor(names / 2); n >= 1; n--) {
+    const head = words.slice(0, n).join(" ")
+    if (head === words.slice(n, 2 * n).join(" ")) {
+      const rest = words.slice(n).join(" ")
+      const gap = /\S {2,}(?=\S)/.exec(rest)
+      if (gap === null) return `${prefix}${rest}`
+      const at = gap.index + 1
+      return `${prefix}${rest.slice(0, at)}${" ".repeat(head.length + 1)}${rest.slice(at)}`
+    }
+  }
+  return line
+}
+
+/**
+ * The words of the command line that name the command whose help this is (`leaf`): the command
+ * names among `args` up to the first `leaf` (option values and arguments are not command names).
+ */
+export const commandPath = (
+  args: ReadonlyArray<string>,
+  names: ReadonlySet<string>,
+  leaf: string
+): ReadonlyArray<string> | undefined => {
+  const path: Array<string> = []
+  for (const a of args) {
+    if (a === leaf) return [...path, a]
+    if (names.has(a)) path.push(a)
+  }
+  return undefined
+}
+
+const USAGE_LINE = /^\$ ([a-z][a-z-]*)(.*)$/
+
+export interface HelpContext {
+  /** the command line's arguments (without the runtime and the script) */
+  readonly args: ReadonlyArray<string>
+  /** the program's name (`firehook`) */
+  readonly program: string
+  /** the command names of the root help ({@link commandNames}) */
+  readonly names: () => ReadonlySet<string>
+  /** keep the ANSI styling (a terminal without NO_COLOR) */
+  readonly color: boolean
+}
+
+/** Whether a text @effect/cli prints is a help page (its banner and a USAGE section). */
+const isHelp = (plain: string, program: string): boolean => plain.startsWith(`${program}\n`) && /^USAGE$/m.test(plain)
+
+/** The help text as printed: commands listed once, USAGE with the full command line, styled on a terminal. */
+export const fixHelp = (text: string, ctx: HelpContext): string => {
+  const plain = stripAnsi(text)
+  if (!isHelp(plain, ctx.program)) return ctx.color ? text : plain
+  const lines = (ctx.color ? text : plain).split("\n").map((line) => {
+    const usage = USAGE_LINE.exec(line)
+    if (usage !== null && usage[1] !== ctx.program) {
+      const path = commandPath(ctx.args, ctx.names(), usage[1] ?? "")
+      return path === undefined ? line : `$ ${[ctx.program, ...path].join(" ")}${usage[2] ?? ""}`
+    }
+    return dedupeCommandLine(line)
+  })
+  return lines.join("\n")
+}

@@ -1,0 +1,92 @@
+/**
+ * `--help` as users read it: every command listed once under its own path (no `hooks hooks
+ * secrets …`, @effect/cli's nested-group defect), USAGE with the whole command line, no ANSI
+ * escapes in a pipe; and the pure corrections of src/cli/Help.ts.
+ */
+import { describe, expect, it } from "vitest"
+import { commandNames, commandPath, dedupeCommandLine, fixHelp } from "../../src/cli/Help.js"
+import { runCli } from "../support/proc.js"
+import { lines } from "./cli-expect.js"
+
+const ESC = "\u001b"
+
+describe("firehook --help (piped, as a user's pager or grep sees it)", () => {
+  it("lists every command once under its path, USAGE with the command line, no ANSI escapes", async () => {
+    const root = await runCli(["--help"], {})
+    expect(root.code, root.stderr).toBe(0)
+    expect(root.stdout).not.toContain(ESC)
+    expect(root.stdout).not.toContain("hooks hooks")
+    expect(root.stdout).toContain("$ firehook\n")
+    const commands = lines(root.stdout).filter((l) => l.startsWith("  - ")).map((l) => l.slice(4))
+    for (const c of ["hooks secrets create", "hooks secrets rotate", "hooks secrets list", "hooks secrets delete"]) {
+      expect(commands.some((l) => l.startsWith(`${c} `)), c).toBe(true)
+    }
+    // the descriptions stay in one column (the same for the corrected lines as for the others)
+    const column = (start: string) => {
+      const line = commands.find((l) => l.startsWith(start)) ?? ""
+      const gap = /\S( {2,})(?=\S)/.exec(line)
+      return gap === null ? undefined : gap.index + 1 + (gap[1] ?? "").length
+    }
+    expect(column("hooks secrets create")).toBeDefined()
+    expect(column("hooks secrets create")).toBe(column("deliveries show"))
+
+    const cases: ReadonlyArray<readonly [ReadonlyArray<string>, string]> = [
+      [["secrets", "create", "--help"], "$ firehook secrets create [--token TOKEN] <did> <name>"],
+      [["hooks", "secrets", "--help"], "$ firehook hooks secrets"],
+      [["hooks", "secrets", "list", "--help"], "$ firehook hooks secrets list [--json]"],
+      [["--log-level", "debug", "deliveries", "show", "-h"], "$ firehook deliveries show [--json] [--show-urls] <id>"],
+      [["hooks", "--help"], "$ firehook hooks"]
+    ]
+    for (const [args, usage] of cases) {
+      const r = await runCli(args, {})
+      expect(r.code, r.stderr).toBe(0)
+      expect(r.stdout).not.toContain(ESC)
+      expect(lines(r.stdout).find((l) => l.startsWith("$ ")), args.join(" ")).toMatch(
+        new RegExp(`^${usage.replace(/[[\]$]/g, "\\$&")}`)
+      )
+    }
+  }, 120_000)
+})
+
+describe("Help (pure)", () => {
+  it("removes the repeated path of a nested group's commands and keeps the description's column", () => {
+    const line = "  - hooks hooks secrets list [--json] [--pds URL]      your secrets"
+    expect(dedupeCommandLine(line)).toBe("  - hooks secrets list [--json] [--pds URL]            your secrets")
+    expect(dedupeCommandLine(line).length).toBe(line.length)
+    // two-word prefixes, as a deeper nesting would print them
+    expect(dedupeCommandLine("  - a b a b c  d")).toBe("  - a b c      d")
+    for (
+      const unchanged of [
+        "  - hooks secrets list [--json]  your secrets",
+        "  - deliveries list [--status pending | leased]  list deliveries",
+        "  - status [--json]  health summary",
+        "no command line"
+      ]
+    ) {
+      expect(dedupeCommandLine(unchanged)).toBe(unchanged)
+    }
+  })
+
+  it("names the command path from the arguments, skipping option values", () => {
+    const names = commandNames("COMMANDS\n\n  - secrets create [--token TOKEN]  x\n  - hooks hooks secrets list  y\n")
+    expect([...names].sort()).toEqual(["create", "hooks", "list", "secrets"])
+    expect(commandPath(["--log-level", "debug", "secrets", "create", "--help"], names, "create")).toEqual([
+      "secrets",
+      "create"
+    ])
+    expect(commandPath(["secrets", "create", "list", "--help"], names, "create")).toEqual(["secrets", "create"])
+    expect(commandPath(["--help"], names, "create")).toBeUndefined()
+  })
+
+  it("keeps ANSI on a terminal, strips it elsewhere, and leaves other output alone", () => {
+    const help = `${ESC}[1mfirehook${ESC}[0m\n\nfirehook 0.1.0\n\n${ESC}[1mUSAGE${ESC}[0m\n\n$ list [--json]\n`
+    const ctx = { args: ["deliveries", "list", "--help"], program: "firehook", names: () => new Set(["deliveries"]) }
+    expect(fixHelp(help, { ...ctx, color: false })).toBe(
+      "firehook\n\nfirehook 0.1.0\n\nUSAGE\n\n$ firehook deliveries list [--json]\n"
+    )
+    expect(fixHelp(help, { ...ctx, color: true })).toContain(`${ESC}[1mUSAGE`)
+    expect(fixHelp(help, { ...ctx, color: true })).toContain("$ firehook deliveries list [--json]")
+    expect(fixHelp("0.1.0", { ...ctx, color: false })).toBe("0.1.0")
+    expect(fixHelp("$ list\n  - a a b  c", { ...ctx, color: false })).toBe("$ list\n  - a a b  c")
+  })
+})
