@@ -38,6 +38,58 @@ export const commandNames = (rootHelp: string): ReadonlySet<string> => {
 }
 
 /**
+ * Every command's path (`["deliveries"]`, `["deliveries", "list"]`, `["hooks", "secrets", "create"]`,
+ * …) in the order of the root help's COMMANDS lines (their repeated words removed).
+ */
+export const commandPaths = (rootHelp: string): ReadonlyArray<ReadonlyArray<string>> => {
+  const paths: Array<ReadonlyArray<string>> = []
+  for (const line of stripAnsi(rootHelp).split("\n")) {
+    const m = COMMAND_LINE.exec(dedupeCommandLine(line))
+    if (m === null) continue
+    const words = (m[2] ?? "").split(" ")
+    const end = words.findIndex((w) => !NAME.test(w))
+    const path = end < 0 ? words : words.slice(0, end)
+    if (path.length > 0) paths.push(path)
+  }
+  return paths
+}
+
+/** Built-in options whose value is the next argument (skipped when looking for command names). */
+const OPTIONS_WITH_VALUE: ReadonlySet<string> = new Set(["--log-level", "--completions"])
+
+const orList = (items: ReadonlyArray<string>): string =>
+  items.length <= 1 ? items.join("") : `${items.slice(0, -1).join(", ")} or ${items[items.length - 1]}`
+
+/**
+ * The line for a command name that names no command (@effect/cli reports it as an invalid
+ * subcommand of the program, listing the top-level commands, whatever the level): the words as
+ * given, and the commands that level has. Undefined when every word names a command.
+ */
+export const unknownCommand = (
+  args: ReadonlyArray<string>,
+  paths: ReadonlyArray<ReadonlyArray<string>>
+): string | undefined => {
+  const prefix: Array<string> = []
+  const childrenOf = (p: ReadonlyArray<string>) =>
+    paths.filter((c) => c.length === p.length + 1 && p.every((w, i) => c[i] === w)).map((c) => c[p.length] ?? "")
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i] ?? ""
+    if (a.startsWith("-")) {
+      if (OPTIONS_WITH_VALUE.has(a)) i++
+      continue
+    }
+    const children = childrenOf(prefix)
+    if (children.length === 0) return undefined
+    if (!children.includes(a)) {
+      const what = prefix.length === 0 ? "command" : "subcommand"
+      return `unknown ${what} '${[...prefix, a].join(" ")}': use ${orList(children)} (see --help)`
+    }
+    prefix.push(a)
+  }
+  return undefined
+}
+
+/**
  * One COMMANDS line without the repeated path (`- hooks hooks secrets create …` → `- hooks
  * secrets create …`), its description kept in its column (as many spaces added as words removed).
  */

@@ -55,13 +55,13 @@
  * Exit codes: 0 success; 2 invalid arguments (one line on stderr); 1 operational failure (one line
  * on stderr). Logs: warnings and errors only, on stderr (`--log-level` raises the verbosity).
  */
-import { CliConfig, Command, HelpDoc } from "@effect/cli"
+import { CliConfig, Command, HelpDoc, ValidationError } from "@effect/cli"
 import { BunContext, BunRuntime } from "@effect/platform-bun"
-import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel } from "effect"
+import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel, Option } from "effect"
 import pkg from "../../package.json" with { type: "json" }
 import { deliveries } from "./DeliveriesCommand.js"
 import { describeFailure, redactArgs, usage } from "./Failure.js"
-import { commandNames, fixHelp } from "./Help.js"
+import { commandNames, commandPaths, fixHelp, unknownCommand } from "./Help.js"
 import { hooks } from "./HooksCommand.js"
 import { flush, write } from "./Output.js"
 import { owners } from "./OwnersCommand.js"
@@ -83,9 +83,21 @@ const firehook = Command.make(
 
 const cli = Command.run(firehook, { name: "firehook", version: pkg.version })
 
+const rootHelp = (): string => HelpDoc.toAnsiText(Command.getHelp(firehook, CliConfig.defaultConfig))
+
 /** The command names of `firehook --help` (the words of a command line that name a command). */
-const names = (): ReadonlySet<string> =>
-  commandNames(HelpDoc.toAnsiText(Command.getHelp(firehook, CliConfig.defaultConfig)))
+const names = (): ReadonlySet<string> => commandNames(rootHelp())
+
+/** Every command's path, from `firehook --help`. */
+const paths = () => commandPaths(rootHelp())
+
+/** A command name that names no command (reported by @effect/cli as a mismatch at the top level). */
+const isCommandMismatch = (exit: Exit.Exit<unknown, unknown>): boolean =>
+  Exit.isFailure(exit) &&
+  Option.exists(
+    Cause.failureOption(exit.cause),
+    (e) => ValidationError.isValidationError(e) && ValidationError.isCommandMismatch(e)
+  )
 
 /**
  * @effect/cli prints parse errors as multi-line help on Console.error; we print one line instead.
@@ -117,7 +129,10 @@ const program = (argv: ReadonlyArray<string>) =>
   Effect.gen(function*() {
     const console = yield* cliConsole(argv)
     const exit = yield* cli(argv).pipe(Effect.withConsole(console), Effect.exit)
-    const result = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
+    const described = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
+    const result = isCommandMismatch(exit)
+      ? { ...described, line: unknownCommand(argv.slice(2), paths()) ?? described.line }
+      : described
     if (result.code !== 0) yield* write(process.stderr, `firehook: ${redactArgs(result.line, argv)}\n`)
     yield* flush(process.stdout)
     yield* flush(process.stderr)

@@ -4,9 +4,16 @@
  * escapes in a pipe; and the pure corrections of src/cli/Help.ts.
  */
 import { describe, expect, it } from "vitest"
-import { commandNames, commandPath, dedupeCommandLine, fixHelp } from "../../src/cli/Help.js"
+import {
+  commandNames,
+  commandPath,
+  commandPaths,
+  dedupeCommandLine,
+  fixHelp,
+  unknownCommand
+} from "../../src/cli/Help.js"
 import { runCli } from "../support/proc.js"
-import { lines } from "./cli-expect.js"
+import { expectOneLineError, lines } from "./cli-expect.js"
 
 const ESC = "\u001b"
 
@@ -48,7 +55,52 @@ describe("firehook --help (piped, as a user's pager or grep sees it)", () => {
   }, 120_000)
 })
 
+describe("firehook with a command name that names no command", () => {
+  it("says which word at which level, and that level's commands: exit 2, one line", async () => {
+    const cases: ReadonlyArray<readonly [ReadonlyArray<string>, string]> = [
+      [["nosuch"], "firehook: unknown command 'nosuch': use deliveries, webhooks, secrets, owners, status or hooks"],
+      [["deliveries", "lst"], "firehook: unknown subcommand 'deliveries lst': use list, show, redeliver or replay"],
+      [["hooks", "secrets", "creat", "main"], "firehook: unknown subcommand 'hooks secrets creat': use create, rotate"],
+      [
+        ["--log-level", "debug", "owners", "ad"],
+        "firehook: unknown subcommand 'owners ad': use add, reconcile or status"
+      ]
+    ]
+    for (const [args, line] of cases) {
+      // no database is reached: the command line is refused first
+      const r = await runCli(args, { DATABASE_URL: "postgres://firehook@127.0.0.1:1/none" })
+      expectOneLineError(r, 2)
+      expect(r.stderr.startsWith(line), `${args.join(" ")}: ${r.stderr}`).toBe(true)
+    }
+  }, 120_000)
+})
+
 describe("Help (pure)", () => {
+  it("finds the level of an unknown command name from the command paths", () => {
+    const paths = commandPaths(
+      [
+        "COMMANDS",
+        "  - deliveries  d",
+        "  - deliveries list [--json]  l",
+        "  - hooks  h",
+        "  - hooks secrets  s",
+        "  - hooks hooks secrets list [--json]  sl"
+      ].join("\n")
+    )
+    expect(paths).toEqual([["deliveries"], ["deliveries", "list"], ["hooks"], ["hooks", "secrets"], [
+      "hooks",
+      "secrets",
+      "list"
+    ]])
+    expect(unknownCommand(["hooks", "secrets", "lst"], paths)).toBe(
+      "unknown subcommand 'hooks secrets lst': use list (see --help)"
+    )
+    expect(unknownCommand(["--log-level", "debug", "x"], paths)).toBe(
+      "unknown command 'x': use deliveries or hooks (see --help)"
+    )
+    expect(unknownCommand(["deliveries", "list", "whatever"], paths)).toBeUndefined()
+  })
+
   it("removes the repeated path of a nested group's commands and keeps the description's column", () => {
     const line = "  - hooks hooks secrets list [--json] [--pds URL]      your secrets"
     expect(dedupeCommandLine(line)).toBe("  - hooks secrets list [--json] [--pds URL]            your secrets")
