@@ -129,6 +129,21 @@ describe("firehook CLI", () => {
       const r = yield* cli(["status"], { DATABASE_URL: "postgres://firehook:pw@127.0.0.1:1/none" })
       expectOneLineError(r, 1)
       expect(r.stderr).not.toContain("pw@")
+      expect(r.stderr).toBe(
+        "firehook: database: could not connect (ECONNREFUSED: nothing listens at that host and port)\n"
+      )
+    }), { timeout: 60_000 })
+
+  it.live("a database the server does not have is said in words, never with the URL", () =>
+    Effect.gen(function*() {
+      const base = new URL(process.env["DATABASE_URL"] ?? "postgresql://postgres@127.0.0.1:5432/postgres")
+      base.pathname = `/firehook_missing_${randomBytes(6).toString("hex")}`
+      const missing = yield* cli(["deliveries", "list"], { DATABASE_URL: base.toString() })
+      expectOneLineError(missing, 1)
+      expect(missing.stderr).toBe(
+        "firehook: database: could not connect (3D000: no database of that name on the server)\n"
+      )
+      expect(missing.stderr).not.toContain("firehook_missing_")
     }), { timeout: 60_000 })
 
   it.scopedLive(
