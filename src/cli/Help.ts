@@ -89,6 +89,38 @@ export const unknownCommand = (
   return undefined
 }
 
+const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
+
+/** Whether the root help's usages give `flag` a value (`[--limit N]`, `--status dead_letter`), not a switch. */
+const takesValue = (rootHelp: string, flag: string): boolean =>
+  new RegExp(`(^|[\\s\\[])${escapeRegExp(flag)} [^\\s\\[\\]-]`, "m").test(stripAnsi(rootHelp))
+
+/**
+ * @effect/cli's lines for an option given without its value (`--limit` last: "Received unknown
+ * argument: '--limit'"; `--limit --json`: "'--json' is not a integer") or with a value that is not
+ * an integer ("'1.5' is not a integer", the option unnamed), said with the option's name.
+ */
+export const optionValueLine = (line: string, args: ReadonlyArray<string>, rootHelp: string): string | undefined => {
+  const unknown = /^Received unknown argument: '(--[a-z][a-z-]*)'/.exec(line)?.[1]
+  if (unknown !== undefined) {
+    const next = args[args.lastIndexOf(unknown) + 1]
+    return (next === undefined || next.startsWith("-")) && takesValue(rootHelp, unknown)
+      ? `${unknown} needs a value (see --help)`
+      : undefined
+  }
+  const value = /^'(.*)' is not a integer/.exec(line)?.[1]
+  if (value === undefined) return undefined
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i] ?? ""
+    const flag = a === value && i > 0 ? args[i - 1] ?? "" : a.endsWith(`=${value}`) ? a.slice(0, -value.length - 1) : ""
+    if (!/^--[a-z][a-z-]*$/.test(flag)) continue
+    return value.startsWith("-") && takesValue(rootHelp, flag)
+      ? `${flag} needs a value (see --help)`
+      : `invalid ${flag}: '${value}' is not an integer (see --help)`
+  }
+  return `'${value}' is not an integer (see --help)`
+}
+
 /**
  * One COMMANDS line without the repeated path (`- hooks hooks secrets create …` → `- hooks
  * secrets create …`), its description kept in its column (as many spaces added as words removed).

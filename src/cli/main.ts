@@ -61,7 +61,7 @@ import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel, Option } from "e
 import pkg from "../../package.json" with { type: "json" }
 import { deliveries } from "./DeliveriesCommand.js"
 import { describeFailure, redactArgs, usage } from "./Failure.js"
-import { commandNames, commandPaths, fixHelp, unknownCommand } from "./Help.js"
+import { commandNames, commandPaths, fixHelp, optionValueLine, unknownCommand } from "./Help.js"
 import { hooks } from "./HooksCommand.js"
 import { flush, write } from "./Output.js"
 import { owners } from "./OwnersCommand.js"
@@ -130,8 +130,11 @@ const program = (argv: ReadonlyArray<string>) =>
     const console = yield* cliConsole(argv)
     const exit = yield* cli(argv).pipe(Effect.withConsole(console), Effect.exit)
     const described = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
+    const args = argv.slice(2)
     const result = isCommandMismatch(exit)
-      ? { ...described, line: unknownCommand(argv.slice(2), paths()) ?? described.line }
+      ? { ...described, line: unknownCommand(args, paths()) ?? described.line }
+      : described.code === 2
+      ? { ...described, line: optionValueLine(described.line, args, rootHelp()) ?? described.line }
       : described
     if (result.code !== 0) yield* write(process.stderr, `firehook: ${redactArgs(result.line, argv)}\n`)
     yield* flush(process.stdout)

@@ -10,6 +10,7 @@ import {
   commandPaths,
   dedupeCommandLine,
   fixHelp,
+  optionValueLine,
   unknownCommand
 } from "../../src/cli/Help.js"
 import { runCli } from "../support/proc.js"
@@ -75,7 +76,44 @@ describe("firehook with a command name that names no command", () => {
   }, 120_000)
 })
 
+describe("firehook with an option missing its value, or a non-integer --limit", () => {
+  it("names the option: exit 2, one line", async () => {
+    const cases: ReadonlyArray<readonly [ReadonlyArray<string>, string]> = [
+      [["deliveries", "list", "--limit"], "firehook: --limit needs a value (see --help)\n"],
+      [["deliveries", "list", "--limit", "--json"], "firehook: --limit needs a value (see --help)\n"],
+      [["deliveries", "list", "--owner"], "firehook: --owner needs a value (see --help)\n"],
+      [["deliveries", "list", "--limit", "1.5"], "firehook: invalid --limit: '1.5' is not an integer (see --help)\n"],
+      [["owners", "status", "--limit=abc"], "firehook: invalid --limit: 'abc' is not an integer (see --help)\n"],
+      [["deliveries", "list", "--nope"], "firehook: Received unknown argument: '--nope' (see --help)\n"]
+    ]
+    for (const [args, line] of cases) {
+      const r = await runCli(args, { DATABASE_URL: "postgres://firehook@127.0.0.1:1/none" })
+      expectOneLineError(r, 2)
+      expect(r.stderr, args.join(" ")).toBe(line)
+    }
+  }, 120_000)
+})
+
 describe("Help (pure)", () => {
+  it("says which option lacks its value or has a non-integer one", () => {
+    const help = "  - deliveries list [--limit N] [--json]  l\n  - deliveries replay --status dead_letter  r\n"
+    expect(optionValueLine("Received unknown argument: '--limit' (see --help)", ["list", "--limit"], help)).toBe(
+      "--limit needs a value (see --help)"
+    )
+    expect(optionValueLine("Received unknown argument: '--status' (see --help)", ["replay", "--status"], help))
+      .toBe("--status needs a value (see --help)")
+    // a switch, or an option followed by a value: @effect/cli's line stands
+    expect(optionValueLine("Received unknown argument: '--json' (see --help)", ["list", "--json"], help))
+      .toBeUndefined()
+    expect(optionValueLine("'--json' is not a integer (see --help)", ["list", "--limit", "--json"], help)).toBe(
+      "--limit needs a value (see --help)"
+    )
+    expect(optionValueLine("'7x' is not a integer (see --help)", ["list", "--limit=7x"], help)).toBe(
+      "invalid --limit: '7x' is not an integer (see --help)"
+    )
+    expect(optionValueLine("Missing argument <id> (see --help)", ["show"], help)).toBeUndefined()
+  })
+
   it("finds the level of an unknown command name from the command paths", () => {
     const paths = commandPaths(
       [
