@@ -60,7 +60,7 @@ import { BunContext, BunRuntime } from "@effect/platform-bun"
 import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel, Option } from "effect"
 import pkg from "../../package.json" with { type: "json" }
 import { deliveries } from "./DeliveriesCommand.js"
-import { describeFailure, redactArgs, usage } from "./Failure.js"
+import { describeFailure, redactArgs, usage, UsageError } from "./Failure.js"
 import { commandNames, commandPaths, fixHelp, optionValueLine, unknownCommand } from "./Help.js"
 import { hooks } from "./HooksCommand.js"
 import { flush, write } from "./Output.js"
@@ -125,12 +125,21 @@ const stderrLogger = Logger.map(Logger.logfmtLogger, (line) => {
   process.stderr.write(`${line}\n`)
 })
 
+/**
+ * `--wizard` (@effect/cli's built-in) prompts on the terminal; with stdin a pipe, a file or
+ * /dev/null (a script, cron) it would wait for an answer forever.
+ */
+const wizardWithoutTerminal = (args: ReadonlyArray<string>): boolean =>
+  args.includes("--wizard") && process.stdin.isTTY !== true
+
 const program = (argv: ReadonlyArray<string>) =>
   Effect.gen(function*() {
     const console = yield* cliConsole(argv)
-    const exit = yield* cli(argv).pipe(Effect.withConsole(console), Effect.exit)
-    const described = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
     const args = argv.slice(2)
+    const exit = wizardWithoutTerminal(args)
+      ? Exit.fail(new UsageError({ text: "--wizard asks its questions on a terminal: stdin is not one" }))
+      : yield* cli(argv).pipe(Effect.withConsole(console), Effect.exit)
+    const described = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
     const result = isCommandMismatch(exit)
       ? { ...described, line: unknownCommand(args, paths()) ?? described.line }
       : described.code === 2

@@ -3,6 +3,7 @@
  * secrets …`, @effect/cli's nested-group defect), USAGE with the whole command line, no ANSI
  * escapes in a pipe; and the pure corrections of src/cli/Help.ts.
  */
+import { spawn } from "node:child_process"
 import { describe, expect, it } from "vitest"
 import {
   commandNames,
@@ -13,7 +14,7 @@ import {
   optionValueLine,
   unknownCommand
 } from "../../src/cli/Help.js"
-import { runCli } from "../support/proc.js"
+import { BUN, ROOT, runCli } from "../support/proc.js"
 import { expectOneLineError, lines } from "./cli-expect.js"
 
 const ESC = "\u001b"
@@ -92,6 +93,25 @@ describe("firehook with an option missing its value, or a non-integer --limit", 
       expect(r.stderr, args.join(" ")).toBe(line)
     }
   }, 120_000)
+})
+
+describe("firehook --wizard without a terminal", () => {
+  it("is refused at once (exit 2, one line) instead of waiting for an answer forever", async () => {
+    const child = spawn(BUN, ["src/cli/main.ts", "--wizard"], {
+      cwd: ROOT,
+      env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp" },
+      stdio: ["pipe", "pipe", "pipe"]
+    })
+    let stdout = ""
+    let stderr = ""
+    child.stdout.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
+    const timer = setTimeout(() => child.kill("SIGKILL"), 15_000)
+    const code = await new Promise<number | null>((resolve) => child.on("close", (c) => resolve(c)))
+    clearTimeout(timer)
+    expectOneLineError({ code, stdout, stderr }, 2)
+    expect(stderr).toBe("firehook: --wizard asks its questions on a terminal: stdin is not one\n")
+  }, 60_000)
 })
 
 describe("Help (pure)", () => {
