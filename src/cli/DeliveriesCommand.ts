@@ -78,7 +78,10 @@ const deliveriesList = Command.make(
   {
     owner,
     webhook,
-    status: Options.choice("status", Operator.DELIVERY_STATUSES).pipe(Options.optional),
+    status: Options.choice("status", Operator.DELIVERY_STATUSES).pipe(
+      Options.withDescription("only deliveries in this status"),
+      Options.optional
+    ),
     since,
     until,
     limit: optional(

@@ -46,6 +46,11 @@ describe("firehook --help (piped, as a user's pager or grep sees it)", () => {
       [["--log-level", "debug", "deliveries", "show", "-h"], "$ firehook deliveries show [--json] [--show-urls] <id>"],
       [["hooks", "--help"], "$ firehook hooks"]
     ]
+    // every option of `deliveries list` says what it does (--status said only its choices)
+    const list = await runCli(["deliveries", "list", "--help"], {})
+    expect(list.stdout).toMatch(
+      /^--status pending \| leased .*\n\n {2}One of the following: .*\n\n {2}only deliveries in this status\n/m
+    )
     for (const [args, usage] of cases) {
       const r = await runCli(args, {})
       expect(r.code, r.stderr).toBe(0)
