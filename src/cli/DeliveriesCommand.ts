@@ -112,7 +112,9 @@ const deliveriesList = Command.make(
       )
       const rows = page.deliveries
       const cut = page.next !== undefined
-      const atLimit = `(${rows.length} rows: the limit; more exist: narrow the filter or raise --limit)`
+      const atLimit = `(${rows.length} ${
+        rows.length === 1 ? "row" : "rows"
+      }: the limit; more exist: narrow the filter or raise --limit)`
       if (o.json) {
         // stdout stays one JSON array; a list cut at the limit says so on stderr
         if (cut) yield* write(process.stderr, `${atLimit}\n`)
