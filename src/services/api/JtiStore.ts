@@ -4,6 +4,12 @@
  * `(iss, jti)`. A token is claimed by inserting its row: no row written → it was seen before
  * (replayed). A row whose token has expired is taken over (a new token may reuse an old `jti`).
  *
+ * Expiry is decided by the database's `now()`, the one clock every replica shares (SPEC §6.4): a
+ * token whose expiry (`exp` + leeway) the database's clock has passed is never claimed (`expired`),
+ * whatever the replica's own clock says. Before, a replica whose clock was behind accepted such a
+ * token, and so did every other such replica (the row it wrote had already lapsed, so each took it
+ * over): one token, several accepted calls.
+ *
  * The process's in-memory `ReplayCache` stays in front of it (a replay to the same replica is
  * refused without a round trip). When the database cannot answer, the claim fails and the call
  * answers 503: an unchecked `jti` is never accepted.
@@ -59,11 +65,17 @@ export interface LiveRows {
   readonly longLived: number
 }
 
-/** `fresh`: recorded now; `replayed`: seen before; `full`: not recorded, the table is at its bound. */
-export type ClaimVerdict = "fresh" | "replayed" | "full"
+/**
+ * `fresh`: recorded now; `replayed`: seen before; `expired`: not recorded, past `expiresAtMs` by the
+ * database's clock; `full`: not recorded, the table is at its bound.
+ */
+export type ClaimVerdict = "fresh" | "replayed" | "expired" | "full"
 
 export interface JtiStoreShape {
-  /** Record `(iss, jti)` until `expiresAtMs`, unless it was seen (a replay) or the table is at its bound. */
+  /**
+   * Record `(iss, jti)` until `expiresAtMs` (epoch ms), unless it was seen (a replay), has expired by
+   * the database's clock, or the table is at its bound.
+   */
   readonly claim: (iss: string, jti: string, expiresAtMs: number) => Effect.Effect<ClaimVerdict, StoreError>
   /** Delete expired rows (at most {@link PRUNE_MAX_STATEMENTS} × {@link PRUNE_MAX_ROWS}); answers how many. */
   readonly prune: Effect.Effect<number, StoreError>
@@ -80,15 +92,23 @@ export const makeSqlWith = (bounds: Partial<JtiBounds> = {}) =>
     const { liveRows, longLivedRows } = { ...DEFAULT_BOUNDS, ...bounds }
     const longAfterMs = Duration.toMillis(LONG_LIVED_AFTER)
     let counted: LiveRows = { live: 0, longLived: 0 }
-    const insert = (iss: string, jti: string, expiresAtMs: number) =>
-      sql<{ readonly ok: number }>`
-        INSERT INTO api_jti (iss, jti, expires_at) VALUES (${iss}, ${jti}, ${new Date(expiresAtMs)})
-        ON CONFLICT (iss, jti) DO UPDATE SET expires_at = EXCLUDED.expires_at
-          WHERE api_jti.expires_at < now()
-        RETURNING 1 AS ok`.pipe(
-        Effect.map((rows) => rows.length > 0),
+    const insert = (iss: string, jti: string, expiresAtMs: number) => {
+      const expiresAt = new Date(expiresAtMs)
+      return sql<{ readonly fresh: number; readonly expired: boolean }>`
+        WITH ins AS (
+          INSERT INTO api_jti (iss, jti, expires_at)
+          SELECT ${iss}, ${jti}, ${expiresAt}::timestamptz WHERE ${expiresAt}::timestamptz >= now()
+          ON CONFLICT (iss, jti) DO UPDATE SET expires_at = EXCLUDED.expires_at
+            WHERE api_jti.expires_at < now()
+          RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM ins)::int AS fresh, ${expiresAt}::timestamptz < now() AS expired`.pipe(
+        Effect.map((rows): "fresh" | "replayed" | "expired" =>
+          rows[0]?.expired === true ? "expired" : Number(rows[0]?.fresh ?? 0) > 0 ? "fresh" : "replayed"
+        ),
         storeOpWithin("api.jti.claim", CLAIM_TIMEOUT)
       )
+    }
     const pruneBatch = sql<{ readonly n: number }>`
       WITH gone AS (
         DELETE FROM api_jti WHERE ctid IN (
@@ -109,9 +129,9 @@ export const makeSqlWith = (bounds: Partial<JtiBounds> = {}) =>
           if (counted.live >= liveRows || (long && counted.longLived >= longLivedRows)) {
             return Effect.succeed<ClaimVerdict>("full")
           }
-          return Effect.map(insert(iss, jti, expiresAtMs), (fresh): ClaimVerdict => {
-            if (!fresh) {
-              return "replayed"
+          return Effect.map(insert(iss, jti, expiresAtMs), (verdict): ClaimVerdict => {
+            if (verdict !== "fresh") {
+              return verdict
             }
             counted = { live: counted.live + 1, longLived: counted.longLived + (long ? 1 : 0) }
             return "fresh"

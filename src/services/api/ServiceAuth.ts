@@ -15,9 +15,11 @@
  *   plus the leeway (the library passes no expiry, so each verification gets a store that knows its
  *   token's `exp`). With a shared store (`JtiStore`, PostgreSQL, every replica), a token fresh to
  *   this process, or any token while the process's cache is full, is then claimed there: already
- *   claimed (by another replica) → replayed; the database cannot answer → 503 (the process forgets
- *   the `jti`, which was not accepted, so the same token can be retried). Without a shared store,
- *   a full cache → 503.
+ *   claimed (by another replica) → replayed; past its `exp` plus the leeway by the database's clock
+ *   → `ExpiredToken` (the replicas' clocks may differ, the database's is the one they share: a
+ *   replica whose clock is behind would otherwise accept a token whose row already lapsed, once per
+ *   replica); the database cannot answer → 503 (the process forgets the `jti`, which was not
+ *   accepted, so the same token can be retried). Without a shared store, a full cache → 503.
  *
  * Before the library runs, firehook reads the token's header and claims with a Schema
  * (`schemas/ServiceJwt`, no cryptography) and applies the rules of §8.2 the library does not, plus
@@ -167,7 +169,8 @@ const libraryReadsAudience = (aud: string): boolean => isAtprotoAudience(aud) ||
 
 /**
  * The replay check of a token whose signature verified: this process's cache, then the shared
- * store (`store_full`: the store is at its bound; `unavailable`: it could not answer).
+ * store (`expired`: past its expiry by the store's database clock; `store_full`: the store is at
+ * its bound; `unavailable`: it could not answer).
  */
 type ReplayCheck = (
   iss: string,
@@ -176,7 +179,7 @@ type ReplayCheck = (
   nowMs: number
 ) => Effect.Effect<ReplayOutcome>
 
-type ReplayOutcome = ReplayVerdict | "store_full" | "unavailable"
+type ReplayOutcome = ReplayVerdict | "expired" | "store_full" | "unavailable"
 
 /** The reason a token could not be checked now, or undefined. */
 const unavailableReason = (outcome: ReplayOutcome | undefined): AuthUnavailable["reason"] | undefined =>
@@ -247,6 +250,7 @@ const verifyOwn = (
     const unavailable = unavailableReason(verdict)
     if (unavailable !== undefined) return yield* Effect.fail(new AuthUnavailable({ reason: unavailable }))
     if (verdict === "replayed") return yield* refused("NonceNotUnique")
+    if (verdict === "expired") return yield* refused("JwtExpired")
     return { issuer: claims.iss, lxm: claims.lxm }
   })
 
@@ -264,8 +268,8 @@ export const make = (options: ServiceAuthOptions) =>
 
     /**
      * A verified token's `(iss, jti)`: this process's cache, then the shared store (already claimed
-     * there → replayed; cannot be checked → unavailable, and the process forgets the `jti`, which was
-     * not accepted, so the same token can be retried). When this process's cache is full, the shared
+     * there → replayed; expired by the database's clock → expired; cannot be checked → unavailable;
+     * in both last cases the process forgets the `jti`, which was not accepted). When this process's cache is full, the shared
      * store alone decides: it is the authority across replicas, so a replay is still refused and
      * nothing is forgotten early, and a cache filled by one caller's many DIDs does not refuse every
      * other owner (without a shared store, full stays 503: the cache is then the only record).
@@ -281,7 +285,11 @@ export const make = (options: ServiceAuthOptions) =>
       })
       return shared.claim(iss, jti, expiresAtMs).pipe(
         Effect.flatMap((verdict): Effect.Effect<ReplayOutcome> =>
-          verdict === "full" ? Effect.as(notAccepted, "store_full" as const) : Effect.succeed(verdict)
+          verdict === "full"
+            ? Effect.as(notAccepted, "store_full" as const)
+            : verdict === "expired"
+            ? Effect.as(notAccepted, "expired" as const)
+            : Effect.succeed(verdict)
         ),
         Effect.catchAll((e) =>
           notAccepted.pipe(
@@ -334,6 +342,8 @@ export const make = (options: ServiceAuthOptions) =>
           const unavailable = unavailableReason(seen.replay)
           return unavailable !== undefined
             ? new AuthUnavailable({ reason: unavailable })
+            : seen.replay === "expired"
+            ? fromLibrary("JwtExpired")
             : seen.resolution === "identity_unavailable"
             ? new AuthUnavailable({ reason: "identity_unavailable" })
             : fromLibrary(libraryCode(e))
