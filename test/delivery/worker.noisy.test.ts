@@ -43,6 +43,19 @@ const copyDueRows = (rkey: string, times: number, tag = "c") =>
     FROM (SELECT * FROM outbox WHERE webhook_rkey = ${rkey} ORDER BY length(delivery_id), delivery_id LIMIT 1) o
     CROSS JOIN generate_series(1, ${times}) g`.pipe(Effect.orDie))
 
+/** The wall clock shifted by `offsetMs` (a machine whose NTP is broken). */
+const shiftedClock = (offsetMs: number): Clock.Clock => {
+  const wall = Clock.make()
+  return {
+    [Clock.ClockTypeId]: Clock.ClockTypeId,
+    unsafeCurrentTimeMillis: () => wall.unsafeCurrentTimeMillis() + offsetMs,
+    currentTimeMillis: Effect.sync(() => wall.unsafeCurrentTimeMillis() + offsetMs),
+    unsafeCurrentTimeNanos: () => wall.unsafeCurrentTimeNanos() + BigInt(offsetMs) * 1_000_000n,
+    currentTimeNanos: Effect.sync(() => wall.unsafeCurrentTimeNanos() + BigInt(offsetMs) * 1_000_000n),
+    sleep: (d) => wall.sleep(d)
+  }
+}
+
 /** Outbox rows of one stored origin matching `where`. */
 const originCount = (origin: string, where: string) => countWhere("outbox", `origin = '${origin}' AND ${where}`)
 
@@ -107,6 +120,38 @@ describe("an open circuit costs the other origins nothing", () => {
         expect(yield* store.unpark([{ origin: NOISY, untilMs: untilMs + 1_000 }])).toBe(PARK_CHUNK)
         expect(yield* originCount(NOISY, "status = 'pending' AND next_attempt_at <= now()")).toBe(PARK_CHUNK)
         expect(yield* originCount(NOISY, "next_attempt_at > now() + interval '90 minutes'")).toBe(1)
+      }).pipe(onStoreStack),
+    120_000
+  )
+
+  it.scopedLive(
+    "park under a machine clock 2 min behind or ahead of the database's: the rows go to the cool-down end by the database's clock",
+    () =>
+      Effect.gen(function*() {
+        yield* twoWebhooks(`${NOISY}/hook`, `${HEALTHY}/hook`)
+        yield* run([ev(BOB, POST, "n0", { rev: rev(10) })])
+        yield* copyDueRows("noisy", 99)
+        const due = originCount(NOISY, "status = 'pending' AND next_attempt_at <= now()")
+        expect(yield* due).toBe(100)
+        for (const skewMs of [-120_000, 120_000]) {
+          // a worker process (its own store) whose machine clock is off by skewMs
+          const store = yield* makeSql
+          const onItsClock = <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.withClock(eff, shiftedClock(skewMs))
+          const untilMs = yield* onItsClock(Effect.map(Clock.currentTimeMillis, (now) => now + 60_000))
+          expect([skewMs, yield* onItsClock(store.park([{ origin: NOISY, untilMs }]))]).toEqual([skewMs, 100])
+          // out of the due set, for the 60 s of the cool-down by the database's clock (not 60 s − skew)
+          expect([skewMs, yield* due]).toEqual([skewMs, 0])
+          expect([
+            skewMs,
+            yield* originCount(
+              NOISY,
+              "next_attempt_at BETWEEN now() + interval '50 seconds' AND now() + interval '70 seconds'"
+            )
+          ]).toEqual([skewMs, 100])
+          // the origin recovered: unpark (the same worker, the same clock) makes them due now
+          expect([skewMs, yield* onItsClock(store.unpark([{ origin: NOISY, untilMs }]))]).toEqual([skewMs, 100])
+          expect([skewMs, yield* due]).toEqual([skewMs, 100])
+        }
       }).pipe(onStoreStack),
     120_000
   )

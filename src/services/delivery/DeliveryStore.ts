@@ -46,7 +46,9 @@
  * own token.
  *
  * Times stored in the database are computed by the database (`now()` + a delay in ms), so every
- * worker agrees on them whatever its own clock says. Every operation has a timeout.
+ * worker agrees on them whatever its own clock says; the one exception, `park`'s cool-down ends
+ * (the worker's breaker, on its clock), is carried over to the database's clock by the SQL driver
+ * (ParkSql.ts `makeParkClock`). Every operation has a timeout.
  */
 import type { SqlClient } from "@effect/sql"
 import type { PgClient } from "@effect/sql-pg"

@@ -36,7 +36,7 @@ import {
   type SubscriptionSnapshot
 } from "./DeliveryStore.js"
 import { heartbeatManyStatement, heartbeatStatement, markSuspectStatement, reclaimStatement } from "./LeaseSql.js"
-import { parkStatement, unparkStatement } from "./ParkSql.js"
+import { makeParkClock, parkStatement, unparkStatement } from "./ParkSql.js"
 import { makeSettleBatcher } from "./SettleBatcher.js"
 import {
   cancelled,
@@ -467,6 +467,8 @@ export const makeSql: Effect.Effect<
   const pg = yield* PgClient.PgClient
   const f = fragments(sql)
   const claimConnection = yield* makeClaimConnection(sql, pg)
+  // cool-down ends (the process's clock) go to the database's clock, which the claim compares with
+  const parkClock = makeParkClock(sql)
   const recordHealth = yield* recorderFor(sql)
   // the webhook state follows each batch (its own statement; its failure never fails the settles)
   const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) =>
@@ -500,8 +502,8 @@ export const makeSql: Effect.Effect<
     markDelivered: (deliveryId, token, o) => settle(delivered(deliveryId, token, o)),
     reschedule: (deliveryId, token, r) => settle(rescheduled(deliveryId, token, r)),
     defer: (deliveryId, token, ms) => settle(deferred(deliveryId, token, ms)),
-    park: (origins) => parkStatement(sql, origins),
-    unpark: (origins) => unparkStatement(sql, origins),
+    park: (origins) => Effect.flatMap(parkClock.shift(origins), (o) => parkStatement(sql, o)),
+    unpark: (origins) => Effect.flatMap(parkClock.shift(origins), (o) => unparkStatement(sql, o)),
     deadLetter: (deliveryId, token, failure) => settle(deadLettered(deliveryId, token, failure)),
     cancel: (deliveryId, token, reason) => settle(cancelled(deliveryId, token, reason)),
     parkDisabled: (deliveryId, token) => settle(parked(deliveryId, token)),

@@ -5,11 +5,63 @@
  * origin passed, reading `outbox_origin_due (origin, next_attempt_at) WHERE status = 'pending'`,
  * at most `PARK_CHUNK` rows; rows locked right now (being claimed or settled) are skipped, and
  * the next pass moves them. Used by DeliveryStoreSql.ts.
+ *
+ * The cool-down ends come from the worker's breaker, on the process's clock; the rows' due times are
+ * compared with the database's `now()` by every claim. {@link makeParkClock} carries the ends over
+ * to the database's clock: before, a worker whose machine clock was behind the database's by more
+ * than the cool-down (60 s by default) parked its open origins' rows at a time already past (they
+ * stayed due, and a backlog of 4,000 of them ahead of the others' rows stalled the worker's claims
+ * while the circuit was open), and one ahead kept them out for the cool-down plus its lead.
  */
 import type { SqlClient } from "@effect/sql"
-import { Effect } from "effect"
+import { Clock, Effect } from "effect"
 import { type StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { PARK_CHUNK, PARK_ORIGINS_MAX, type ParkedOrigin, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
+
+/** The offset is measured again at most this often (only while origins are parked or unparked). */
+export const PARK_CLOCK_REMEASURE_MS = 60_000
+/**
+ * A measured offset smaller than this is taken as none, and a new measurement replaces the offset in
+ * use only when it differs from it by this much: `unpark` finds the rows by the exact time `park`
+ * wrote, so the offset must not change between them with the noise of each measurement.
+ */
+export const PARK_CLOCK_TOLERANCE_MS = 1_000
+
+/**
+ * The offset of the database's clock from this process's (ms, database minus process), measured
+ * by one statement bracketed by two reads of the process's Clock, and kept stable (see
+ * {@link PARK_CLOCK_TOLERANCE_MS}); `shift` carries cool-down ends to the database's clock.
+ */
+export const makeParkClock = (sql: SqlClient.SqlClient) => {
+  let offsetMs = 0
+  let measuredAt: number | undefined = undefined
+  const measure = Effect.gen(function*() {
+    const before = yield* Clock.currentTimeMillis
+    const rows = yield* sql<{ readonly ms: number }>`
+      SELECT (extract(epoch FROM clock_timestamp()) * 1000)::float8 AS ms`
+    const after = yield* Clock.currentTimeMillis
+    const db = Number(rows[0]?.ms)
+    if (!Number.isFinite(db)) return
+    const measured = Math.round(db - (before + after) / 2)
+    const next = Math.abs(measured) < PARK_CLOCK_TOLERANCE_MS ? 0 : measured
+    if (Math.abs(next - offsetMs) >= PARK_CLOCK_TOLERANCE_MS) offsetMs = next
+    measuredAt = after
+  }).pipe(storeOpWithin("delivery.parkClock", STATEMENT_TIMEOUT))
+  const current: Effect.Effect<number, StoreError> = Effect.flatMap(
+    Clock.currentTimeMillis,
+    (now) =>
+      measuredAt === undefined || Math.abs(now - measuredAt) >= PARK_CLOCK_REMEASURE_MS
+        ? Effect.map(measure, () => offsetMs)
+        : Effect.succeed(offsetMs)
+  )
+  return {
+    /** `origins` with their ends on the database's clock */
+    shift: (origins: ReadonlyArray<ParkedOrigin>): Effect.Effect<ReadonlyArray<ParkedOrigin>, StoreError> =>
+      origins.length === 0
+        ? Effect.succeed(origins)
+        : Effect.map(current, (off) => off === 0 ? origins : origins.map((o) => ({ ...o, untilMs: o.untilMs + off })))
+  }
+}
 
 /** The origins of one statement: finite times, at most PARK_ORIGINS_MAX. */
 const columns = (origins: ReadonlyArray<ParkedOrigin>) => {
