@@ -53,7 +53,15 @@ export const RECONCILE_LOCK_KEY = LockKeys.RECONCILE
 export const INITIAL_PASS = "initial"
 
 export type BeginResult =
-  | { readonly _tag: "begun"; readonly token: number }
+  | {
+    readonly _tag: "begun"
+    readonly token: number
+    /**
+     * the scan's start (epoch ms) by the database's clock (`scan_started_at`), the one every
+     * process shares; undefined when the store has no such clock
+     */
+    readonly startedAtMs?: number | undefined
+  }
   /** refused: too many other owners are scanning */
   | { readonly _tag: "busy" }
 

@@ -137,15 +137,20 @@ const begin = (
           }::double precision)`
         )
         if (others >= options.maxOtherScanning) return { _tag: "busy" } as const
-        const rows = yield* sql<{ generation: string | number }>`
+        const rows = yield* sql<{ generation: string | number; started_ms: number }>`
               INSERT INTO owners (did, generation, reconcile_status, scan_generation, scan_started_at)
               VALUES (${did}, 1, 'scanning', 1, now())
               ON CONFLICT (did) DO UPDATE SET
                 generation = owners.generation + 1, reconcile_status = 'scanning',
                 scan_generation = owners.generation + 1, scan_started_at = now(), updated_at = now(),
                 reconcile_requested_at = NULL
-              RETURNING generation`
-        return { _tag: "begun", token: Number(rows[0]?.generation ?? 0) } as const
+              RETURNING generation, (extract(epoch FROM scan_started_at) * 1000)::float8 AS started_ms`
+        const startedMs = Number(rows[0]?.started_ms)
+        return {
+          _tag: "begun",
+          token: Number(rows[0]?.generation ?? 0),
+          startedAtMs: Number.isFinite(startedMs) ? startedMs : undefined
+        } as const
       })
     )
     .pipe(storeOp("reconcile.begin"))

@@ -249,13 +249,16 @@ export const make = (options: ReconcilerOptions) =>
     const reconcile = (did: string): Effect.Effect<ReconcileOutcome, StoreError> =>
       Effect.gen(function*() {
         if (!isCanonicalDid(did)) return { _tag: "failed", kind: "invalid_did" } as const
-        const startMicros = (yield* Clock.currentTimeMillis) * 1000
         const begun = yield* store.begin(did, {
           maxOtherScanning: limits.maxOtherScanning,
           staleScanMs: config.retryScheduler.staleScanMs
         })
         if (begun._tag === "busy") return begun
         const token = begun.token
+        // the scan's start by the database's clock (the fallback snapshot rev is a TID of it, and
+        // every live write not newer than that rev is fenced off): a process whose clock is ahead
+        // would fence off the owner's changes made after the scan, for as long as its lead
+        const startMicros = Math.floor((begun.startedAtMs ?? (yield* Clock.currentTimeMillis)) * 1000)
         // bounded; when the database does not take it in time, written once it answers again
         const markInterrupted = Effect.interruptible(store.markFailed(did, token, "interrupted")).pipe(
           Effect.timeoutFail({ duration: Duration.millis(limits.interruptMarkTimeoutMs), onTimeout: () => "timeout" }),
