@@ -10,7 +10,7 @@
 import { HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Context, Effect, Layer, Redacted } from "effect"
+import { Context, Effect, Layer, Redacted } from "effect"
 import * as Api from "../../src/services/api/Api.js"
 import * as Jti from "../../src/services/api/JtiStore.js"
 import * as TailHub from "../../src/services/api/Tail.js"
@@ -23,6 +23,7 @@ import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
 import * as Db from "../support/db.js"
 import { fakePlc } from "../support/fakeAtproto.js"
+import { shiftedClock } from "../support/shiftedClock.js"
 import { testConfig } from "../support/stack.js"
 import { claims, docs, forge, KEY, newOwner } from "./support.js"
 
@@ -32,19 +33,6 @@ const PORT_DID = "did:web:hooks.example.com%3A8443"
 const AUD = `${PORT_DID}#firehook`
 const HEADER = { alg: "ES256K", typ: "JWT" }
 const SKEW_MS = -120_000
-
-/** The wall clock shifted by `offsetMs` (a machine whose NTP is broken). */
-const shiftedClock = (offsetMs: number): Clock.Clock => {
-  const wall = Clock.make()
-  return {
-    [Clock.ClockTypeId]: Clock.ClockTypeId,
-    unsafeCurrentTimeMillis: () => wall.unsafeCurrentTimeMillis() + offsetMs,
-    currentTimeMillis: Effect.sync(() => wall.unsafeCurrentTimeMillis() + offsetMs),
-    unsafeCurrentTimeNanos: () => wall.unsafeCurrentTimeNanos() + BigInt(offsetMs) * 1_000_000n,
-    currentTimeNanos: Effect.sync(() => wall.unsafeCurrentTimeNanos() + BigInt(offsetMs) * 1_000_000n),
-    sleep: (d) => wall.sleep(d)
-  }
-}
 
 /** One API replica on the database at `url` with the shared jti store, its Clock off by `offsetMs`. */
 const replica = (url: Redacted.Redacted<string>, plcUrl: string, offsetMs: number) =>

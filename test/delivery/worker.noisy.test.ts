@@ -19,6 +19,7 @@ import {
   makeSql,
   PARK_CHUNK
 } from "../../src/services/delivery/DeliveryStore.js"
+import { shiftedClock } from "../support/shiftedClock.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 import { countWhere, eventually, receiver, run, startWorker } from "./worker-support.js"
 
@@ -42,19 +43,6 @@ const copyDueRows = (rkey: string, times: number, tag = "c") =>
       o.origin, now() - interval '1 hour' + g * interval '1 millisecond', now() - interval '1 hour'
     FROM (SELECT * FROM outbox WHERE webhook_rkey = ${rkey} ORDER BY length(delivery_id), delivery_id LIMIT 1) o
     CROSS JOIN generate_series(1, ${times}) g`.pipe(Effect.orDie))
-
-/** The wall clock shifted by `offsetMs` (a machine whose NTP is broken). */
-const shiftedClock = (offsetMs: number): Clock.Clock => {
-  const wall = Clock.make()
-  return {
-    [Clock.ClockTypeId]: Clock.ClockTypeId,
-    unsafeCurrentTimeMillis: () => wall.unsafeCurrentTimeMillis() + offsetMs,
-    currentTimeMillis: Effect.sync(() => wall.unsafeCurrentTimeMillis() + offsetMs),
-    unsafeCurrentTimeNanos: () => wall.unsafeCurrentTimeNanos() + BigInt(offsetMs) * 1_000_000n,
-    currentTimeNanos: Effect.sync(() => wall.unsafeCurrentTimeNanos() + BigInt(offsetMs) * 1_000_000n),
-    sleep: (d) => wall.sleep(d)
-  }
-}
 
 /** Outbox rows of one stored origin matching `where`. */
 const originCount = (origin: string, where: string) => countWhere("outbox", `origin = '${origin}' AND ${where}`)

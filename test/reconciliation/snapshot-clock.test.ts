@@ -8,31 +8,19 @@
  * A real PostgreSQL, a fake PLC and PDS (real HTTP servers on loopback).
  */
 import { describe, expect, layer } from "@effect/vitest"
-import { Clock, Effect } from "effect"
+import { Effect } from "effect"
 import { tidFromMicros, tidToMicros } from "../../src/schemas/Tid.js"
 import { Processor } from "../../src/services/matching/Processor.js"
 import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
 import { ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
 import { didDoc } from "../support/fakeAtproto.js"
 import { Fakes, reconcileStack } from "../support/reconcile.js"
+import { shiftedClock } from "../support/shiftedClock.js"
 import { plc, rev, whEv, whRecordValue } from "../support/stack.js"
 
 const BOB = plc(9_997)
 const hook = () => whRecordValue(`at://${BOB}`, { url: "https://receiver.example/hook" })
 const LATEST_COMMIT = "/xrpc/com.atproto.sync.getLatestCommit"
-
-/** The wall clock shifted by `offsetMs` (a machine whose NTP is broken). */
-const shiftedClock = (offsetMs: number): Clock.Clock => {
-  const wall = Clock.make()
-  return {
-    [Clock.ClockTypeId]: Clock.ClockTypeId,
-    unsafeCurrentTimeMillis: () => wall.unsafeCurrentTimeMillis() + offsetMs,
-    currentTimeMillis: Effect.sync(() => wall.unsafeCurrentTimeMillis() + offsetMs),
-    unsafeCurrentTimeNanos: () => wall.unsafeCurrentTimeNanos() + BigInt(offsetMs) * 1_000_000n,
-    currentTimeNanos: Effect.sync(() => wall.unsafeCurrentTimeNanos() + BigInt(offsetMs) * 1_000_000n),
-    sleep: (d) => wall.sleep(d)
-  }
-}
 
 describe("the fallback snapshot rev is on the database's clock", () => {
   layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
