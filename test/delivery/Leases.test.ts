@@ -2,10 +2,11 @@
  * The heartbeat's renewals (Leases.renewAll) against a fake store, on the TestClock: a renewed lease
  * runs from when its statement was sent (the database's `now()`), so a slow renewal does not make
  * the worker believe its lease is younger than it is; once renewals have failed for 2/3 of a lease,
- * counted from there, the row's attempt is abandoned.
+ * counted from there, the row's attempt is abandoned. Those 2/3 are measured on the monotonic clock,
+ * so a step of the wall clock (NTP) cannot stretch them.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Fiber, FiberSet, TestClock } from "effect"
+import { Clock, Duration, Effect, Fiber, FiberSet, TestClock } from "effect"
 import type { ClaimedRow, DeliveryStoreShape } from "../../src/services/delivery/DeliveryStore.js"
 import { renewAll } from "../../src/services/delivery/Leases.js"
 import { makeState, type RowEntry, type WorkerEnv } from "../../src/services/delivery/WorkerState.js"
@@ -67,5 +68,65 @@ describe("Leases.renewAll", () => {
       const exit = yield* Fiber.await(running)
       expect(exit._tag).toBe("Failure")
       expect(calls).toBe(3)
+    }))
+
+  it.scoped("failed renewals abandon the row 2/3 of a lease after the last renewal even when the wall clock steps back", () =>
+    Effect.gen(function*() {
+      // the wall clock (currentTimeMillis) and the monotonic one (currentTimeNanos) of this test
+      let wallMs = 1_000_000
+      let monoMs = 5_000
+      const clock: Clock.Clock = {
+        [Clock.ClockTypeId]: Clock.ClockTypeId,
+        unsafeCurrentTimeMillis: () => wallMs,
+        currentTimeMillis: Effect.sync(() => wallMs),
+        unsafeCurrentTimeNanos: () => BigInt(monoMs) * 1_000_000n,
+        currentTimeNanos: Effect.sync(() => BigInt(monoMs) * 1_000_000n),
+        sleep: () => Effect.void
+      }
+      // the first renewal succeeds, every later one fails
+      let calls = 0
+      const store = {
+        heartbeatMany: (leases: ReadonlyArray<{ readonly token: string }>) => {
+          calls++
+          return calls === 1
+            ? Effect.succeed(new Set(leases.map((l) => l.token)))
+            : Effect.fail(new StoreError({ op: "delivery.heartbeat", code: "connection" }))
+        }
+      }
+      const env = {
+        state: makeState(),
+        leaseMs: LEASE_MS,
+        store: store as unknown as DeliveryStoreShape,
+        log: RateLimitedLog.make(),
+        rows: yield* FiberSet.make<void, never>()
+      } as unknown as WorkerEnv
+      const running = yield* Effect.fork(Effect.never)
+      const entry: RowEntry = {
+        row: { deliveryId: "d1", leaseToken: "t1" } as unknown as ClaimedRow,
+        claimedAtMs: wallMs,
+        slot: { held: 1, active: 1 },
+        renewedAt: 0,
+        started: true,
+        settling: false,
+        fiber: running
+      }
+      env.state.entries.set("t1", entry)
+      // renewed now
+      yield* Effect.withClock(renewAll(env), clock)
+      expect(entry.settling).toBe(false)
+
+      // 1.9 s later, with the wall clock stepped back by a minute: a failed renewal, not yet 2/3
+      monoMs += 1_900
+      wallMs -= 60_000
+      yield* Effect.withClock(renewAll(env), clock)
+      expect(entry.settling).toBe(false)
+
+      // 2 s after the renewal (2/3 of the lease) by the monotonic clock: abandoned
+      monoMs += 100
+      wallMs += 100
+      yield* Effect.withClock(renewAll(env), clock)
+      expect(entry.settling).toBe(true)
+      const exit = yield* Fiber.await(running)
+      expect(exit._tag).toBe("Failure")
     }))
 })

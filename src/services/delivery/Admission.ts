@@ -25,7 +25,7 @@ export const ORIGIN_HOLD_FACTOR = 8
 export const RELEASE_TIMEOUT = Duration.seconds(2)
 
 /** A claimed row is held: it waits for a request slot. */
-export const dispatch = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number): void => {
+export const dispatch = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, claimedAtMonotonicMs: number): void => {
   const state = env.state
   let slot = state.origins.get(row.origin)
   if (slot === undefined) {
@@ -39,7 +39,7 @@ export const dispatch = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number): 
     row,
     claimedAtMs,
     slot,
-    renewedAt: claimedAtMs,
+    renewedAt: claimedAtMonotonicMs,
     started: false,
     settling: false,
     fiber: undefined

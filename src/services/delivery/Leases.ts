@@ -3,7 +3,8 @@
  * one heartbeat fiber renews the leases of all held rows (in flight or waiting) every lease/3, in
  * one statement per {@link HEARTBEAT_CHUNK} rows. A row whose lease is gone, or that could not be
  * renewed for 2/3 of a lease, has its attempt interrupted (the row is someone else's now, or soon
- * will be). Every write is guarded by the lease token.
+ * will be). Those 2/3 are measured on the monotonic clock ({@link monotonicMs}), so a step of the
+ * wall clock (NTP) cannot stretch them. Every write is guarded by the lease token.
  *
  * @since 0.1.0
  */
@@ -17,6 +18,12 @@ export const MIN_LEASE_MS = 60_000
 export const LEASE_MARGIN_MS = 5_000
 /** Leases renewed per heartbeat statement. */
 export const HEARTBEAT_CHUNK = 1_000
+
+/**
+ * Milliseconds on the monotonic clock (Effect's `currentTimeNanos`: `process.hrtime` from a fixed
+ * origin), for durations that a step of the wall clock must not change. Not a date.
+ */
+export const monotonicMs: Effect.Effect<number> = Effect.map(Clock.currentTimeNanos, (n) => Number(n / 1_000_000n))
 
 /** The lease of a row held by this worker is gone (or could not be renewed for too long). */
 export const leaseLost = (env: WorkerEnv, entry: RowEntry) =>
@@ -48,11 +55,11 @@ export const renewAll = (env: WorkerEnv) =>
     for (let i = 0; i < held.length; i += HEARTBEAT_CHUNK) {
       const chunk = held.slice(i, i + HEARTBEAT_CHUNK)
       // a renewed lease runs from the statement's start (its now()), not from its answer
-      const sentAt = yield* Clock.currentTimeMillis
+      const sentAt = yield* monotonicMs
       const result = yield* Effect.either(
         env.store.heartbeatMany(chunk.map((e) => ({ deliveryId: e.row.deliveryId, token: e.row.leaseToken })), leaseMs)
       )
-      const now = yield* Clock.currentTimeMillis
+      const now = yield* monotonicMs
       if (Either.isRight(result)) {
         for (const e of chunk) {
           if (result.right.has(e.row.leaseToken)) e.renewedAt = sentAt

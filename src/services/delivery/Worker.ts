@@ -27,7 +27,7 @@ import { type HealthSection, statsSection } from "../platform/Health.js"
 import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
 import * as CountsCache from "./CountsCache.js"
 import { RECLAIM_INTERVAL_MS, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
-import { heartbeatLoop } from "./Leases.js"
+import { heartbeatLoop, monotonicMs } from "./Leases.js"
 import { parkLoop } from "./Parking.js"
 import { logRecurring, logStoreError } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
@@ -95,6 +95,7 @@ export const claimLoop = (env: WorkerEnv) =>
         state.freed = false
         const limit = Math.min(capacity, CLAIM_BATCH_MAX)
         state.claiming = true
+        const claimStartMonotonic = yield* monotonicMs
         const result = yield* Effect.either(env.store.claim(env.workerId, limit, env.leaseMs, claimOptions(env)))
         state.claiming = false
         const claimedAt = yield* Clock.currentTimeMillis
@@ -113,7 +114,7 @@ export const claimLoop = (env: WorkerEnv) =>
         failures = 0
         // a row's times count from the claim's start, as the database's do: its lease runs from the
         // claim transaction's now(), its age (ageMs) and the subscription snapshot were read then
-        for (const row of result.right.rows) dispatch(env, row, now)
+        for (const row of result.right.rows) dispatch(env, row, now, claimStartMonotonic)
         yield* Effect.sync(() => pumpNow(env))
         lastFull = result.right.rows.length >= limit
         moreDue = result.right.moreDue

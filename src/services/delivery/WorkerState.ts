@@ -34,7 +34,7 @@ export interface RowEntry {
   /** when the claim that took the row started (its lease, age and snapshot date from then) */
   readonly claimedAtMs: number
   readonly slot: OriginSlot
-  /** last successful lease renewal (the claim counts as one) */
+  /** last successful lease renewal (the claim counts as one), on the monotonic clock (Leases.monotonicMs) */
   renewedAt: number
   /** has a request slot and runs the attempt (so an interruption must not hand the row back) */
   started: boolean
