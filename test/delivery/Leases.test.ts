@@ -15,39 +15,50 @@ import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
 
 const LEASE_MS = 3_000
 
+/**
+ * A worker env (renewAll reads only these parts of it) over a store whose first renewal answers
+ * `first` and every later one fails at once, and one held row whose attempt is running.
+ */
+const oneRunningRow = (first: (renewed: Set<string>) => Effect.Effect<Set<string>>, claimedAtMs: number) =>
+  Effect.gen(function*() {
+    const counter = { calls: 0 }
+    const store = {
+      heartbeatMany: (leases: ReadonlyArray<{ readonly token: string }>) => {
+        counter.calls++
+        return counter.calls === 1
+          ? first(new Set(leases.map((l) => l.token)))
+          : Effect.fail(new StoreError({ op: "delivery.heartbeat", code: "connection" }))
+      }
+    }
+    const env = {
+      state: makeState(),
+      leaseMs: LEASE_MS,
+      store: store as unknown as DeliveryStoreShape,
+      log: RateLimitedLog.make(),
+      rows: yield* FiberSet.make<void, never>()
+    } as unknown as WorkerEnv
+    const running = yield* Effect.fork(Effect.never)
+    const entry: RowEntry = {
+      row: { deliveryId: "d1", leaseToken: "t1" } as unknown as ClaimedRow,
+      claimedAtMs,
+      slot: { held: 1, active: 1 },
+      renewedAt: 0,
+      started: true,
+      settling: false,
+      fiber: running
+    }
+    env.state.entries.set("t1", entry)
+    return { env, entry, running, counter }
+  })
+
 describe("Leases.renewAll", () => {
   it.scoped("a slow renewal counts from its start: failures then abandon the row 2/3 of a lease after it", () =>
     Effect.gen(function*() {
-      // the first renewal answers after 1.5 s (renewed), every later one fails at once
-      let calls = 0
-      const store = {
-        heartbeatMany: (leases: ReadonlyArray<{ readonly token: string }>) => {
-          calls++
-          return calls === 1
-            ? Effect.as(Effect.sleep(Duration.millis(1_500)), new Set(leases.map((l) => l.token)))
-            : Effect.fail(new StoreError({ op: "delivery.heartbeat", code: "connection" }))
-        }
-      }
-      // renewAll reads only these parts of the worker
-      const env = {
-        state: makeState(),
-        leaseMs: LEASE_MS,
-        store: store as unknown as DeliveryStoreShape,
-        log: RateLimitedLog.make(),
-        rows: yield* FiberSet.make<void, never>()
-      } as unknown as WorkerEnv
-      // one row, its attempt running
-      const running = yield* Effect.fork(Effect.never)
-      const entry: RowEntry = {
-        row: { deliveryId: "d1", leaseToken: "t1" } as unknown as ClaimedRow,
-        claimedAtMs: 0,
-        slot: { held: 1, active: 1 },
-        renewedAt: 0,
-        started: true,
-        settling: false,
-        fiber: running
-      }
-      env.state.entries.set("t1", entry)
+      // the first renewal answers after 1.5 s (renewed), every later one fails at once; one row, its attempt running
+      const { counter, entry, env, running } = yield* oneRunningRow(
+        (renewed) => Effect.as(Effect.sleep(Duration.millis(1_500)), renewed),
+        0
+      )
 
       // renewal sent at 0, answered at 1.5 s: the lease runs from 0
       const first = yield* Effect.fork(renewAll(env))
@@ -67,7 +78,7 @@ describe("Leases.renewAll", () => {
       expect(entry.settling).toBe(true)
       const exit = yield* Fiber.await(running)
       expect(exit._tag).toBe("Failure")
-      expect(calls).toBe(3)
+      expect(counter.calls).toBe(3)
     }))
 
   it.scoped("failed renewals abandon the row 2/3 of a lease after the last renewal even when the wall clock steps back", () =>
@@ -84,33 +95,7 @@ describe("Leases.renewAll", () => {
         sleep: () => Effect.void
       }
       // the first renewal succeeds, every later one fails
-      let calls = 0
-      const store = {
-        heartbeatMany: (leases: ReadonlyArray<{ readonly token: string }>) => {
-          calls++
-          return calls === 1
-            ? Effect.succeed(new Set(leases.map((l) => l.token)))
-            : Effect.fail(new StoreError({ op: "delivery.heartbeat", code: "connection" }))
-        }
-      }
-      const env = {
-        state: makeState(),
-        leaseMs: LEASE_MS,
-        store: store as unknown as DeliveryStoreShape,
-        log: RateLimitedLog.make(),
-        rows: yield* FiberSet.make<void, never>()
-      } as unknown as WorkerEnv
-      const running = yield* Effect.fork(Effect.never)
-      const entry: RowEntry = {
-        row: { deliveryId: "d1", leaseToken: "t1" } as unknown as ClaimedRow,
-        claimedAtMs: wallMs,
-        slot: { held: 1, active: 1 },
-        renewedAt: 0,
-        started: true,
-        settling: false,
-        fiber: running
-      }
-      env.state.entries.set("t1", entry)
+      const { entry, env, running } = yield* oneRunningRow((renewed) => Effect.succeed(renewed), wallMs)
       // renewed now
       yield* Effect.withClock(renewAll(env), clock)
       expect(entry.settling).toBe(false)
