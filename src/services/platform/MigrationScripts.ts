@@ -419,6 +419,16 @@ CREATE STATISTICS IF NOT EXISTS outbox_subscription (ndistinct, dependencies) ON
 ANALYZE outbox;
 `)
 
+/**
+ * 0014: whether a tombstone was left by the registry stream (a live delete, or a refused version)
+ * rather than by a reconciliation scan. A live tombstone newer than a snapshot's rev holds the
+ * snapshot's listing of its key back (SPEC §3.4: a PDS snapshot never undoes newer live state; a
+ * PDS the account has left can still serve its old repo); a scan's never does (it may carry a
+ * scan-start TID, ahead of every rev of a deactivated account's repo). Existing tombstones count
+ * as a scan's, which is how they were read before. A constant default: no table rewrite.
+ */
+const tombstonesLive = ddl(`ALTER TABLE tombstones ADD COLUMN IF NOT EXISTS live boolean NOT NULL DEFAULT false`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -433,5 +443,6 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0010_outbox_crash_count": outboxCrashCount,
   "0011_owner_reconcile_requests": ownerReconcileRequests,
   "0012_owners_completed": ownersCompleted,
-  "0013_outbox_dead_letters": outboxDeadLetters
+  "0013_outbox_dead_letters": outboxDeadLetters,
+  "0014_tombstones_live": tombstonesLive
 }

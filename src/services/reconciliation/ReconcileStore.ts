@@ -17,9 +17,12 @@
  *   landed before `begin`);
  * - a snapshot row is written only where no live event touched the key since `begin` (stored
  *   generation ≤ token, tombstone generation ≤ token) and no newer row is stored (stored rev ≤
- *   snapshot rev); an older tombstone does not hold it back whatever its rev (the PDS lists the
- *   record now: a tombstone an earlier scan wrote at its scan-start TID, for an account deactivated
- *   then, may be ahead of every rev of the PDS); it carries the snapshot's rev and the token as its
+ *   snapshot rev), and no tombstone the stream left is newer than the snapshot (SPEC §3.4: a
+ *   snapshot never undoes newer live state; a PDS the account has left may still serve its old
+ *   repo); a tombstone an earlier scan left does not hold it back whatever its rev (the PDS lists
+ *   the record now: one written at a scan-start TID, for an account deactivated then, may be ahead
+ *   of every rev of the PDS; tombstones written before migration 0014 count as a scan's); it
+ *   carries the snapshot's rev and the token as its
  *   generation; `active` = `enabled` (admission is applied in memory, at the swap);
  * - completion deletes what the snapshot did not contain: rows of older generations whose rev is
  *   not newer than the snapshot, in batches, each leaving a tombstone at the snapshot's rev.

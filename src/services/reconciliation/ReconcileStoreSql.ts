@@ -209,7 +209,8 @@ const applyPage = (
                   FROM input i
                   WHERE NOT EXISTS (
                     SELECT 1 FROM tombstones t
-                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey AND t.generation > ${token})
+                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey
+                      AND (t.generation > ${token} OR (t.live AND t.rev > ${snapshotRev})))
                   ON CONFLICT (owner_did, rkey) DO UPDATE SET
                     rev = EXCLUDED.rev, generation = EXCLUDED.generation, cid = EXCLUDED.cid,
                     record = EXCLUDED.record, scope_uri = EXCLUDED.scope_uri, scope_did = EXCLUDED.scope_did,
@@ -239,7 +240,8 @@ const applyPage = (
           refused,
           sql`NOT EXISTS (
                     SELECT 1 FROM tombstones t
-                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey AND t.generation > ${token})
+                    WHERE t.owner_did = ${did} AND t.rkey = i.rkey
+                      AND (t.generation > ${token} OR (t.live AND t.rev > ${snapshotRev})))
                   AND NOT EXISTS (
                     SELECT 1 FROM webhooks w
                     WHERE w.owner_did = ${did} AND w.rkey = i.rkey
@@ -266,10 +268,10 @@ const deleteOlder = (sql: SqlClient.SqlClient, did: string, token: number, snaps
                   WHERE w.owner_did = ${did} AND w.rkey = d.rkey
                   RETURNING w.rkey
                 ), stones AS (
-                  INSERT INTO tombstones (owner_did, rkey, rev, generation)
-                  SELECT ${did}, g.rkey, ${snapshotRev}, ${token} FROM gone g
+                  INSERT INTO tombstones (owner_did, rkey, rev, generation, live)
+                  SELECT ${did}, g.rkey, ${snapshotRev}, ${token}, false FROM gone g
                   ON CONFLICT (owner_did, rkey) DO UPDATE SET
-                    rev = EXCLUDED.rev, generation = EXCLUDED.generation, deleted_at = now()
+                    rev = EXCLUDED.rev, generation = EXCLUDED.generation, live = false, deleted_at = now()
                   RETURNING 1
                 )
                 SELECT count(*)::int AS n FROM gone`).pipe(

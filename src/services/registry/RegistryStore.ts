@@ -298,8 +298,10 @@ export const makeSql = Effect.gen(function*() {
           : recordCtes(sql, ownerDid, tombstone.rev, "stream", [{ ...refused, rkey }])
         yield* sql`
           WITH ${rejected}
-          INSERT INTO tombstones (owner_did, rkey, rev, generation) VALUES (${ownerDid}, ${rkey}, ${tombstone.rev}, ${tombstone.generation})
-          ON CONFLICT (owner_did, rkey) DO UPDATE SET rev = EXCLUDED.rev, generation = EXCLUDED.generation, deleted_at = now()`
+          INSERT INTO tombstones (owner_did, rkey, rev, generation, live)
+          VALUES (${ownerDid}, ${rkey}, ${tombstone.rev}, ${tombstone.generation}, true)
+          ON CONFLICT (owner_did, rkey) DO UPDATE SET rev = EXCLUDED.rev, generation = EXCLUDED.generation,
+            live = true, deleted_at = now()`
       }).pipe(storeOp("registry.remove")),
     loadActive: (limit, options = {}) => {
       const after = options.after
