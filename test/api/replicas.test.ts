@@ -12,7 +12,7 @@
 import { HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Layer, Redacted } from "effect"
+import { Context, Effect, Layer, Logger, Redacted } from "effect"
 import pg from "pg"
 import * as Api from "../../src/services/api/Api.js"
 import * as Jti from "../../src/services/api/JtiStore.js"
@@ -297,6 +297,43 @@ describe("replicas on one database", () => {
         expect(yield* sqlOn(url, "SELECT count(*)::int AS n FROM api_jti")).toEqual([{ n: 1 }])
         expect(yield* store.prune).toBe(0)
       }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "jti: a shared store that cannot answer: 30 calls are 30 × 503, logged at most once a minute (not per call)",
+    () => {
+      const lines: Array<{ level: string; message: string }> = []
+      const capture = Logger.make(({ logLevel, message }) =>
+        void lines.push({
+          level: logLevel.label,
+          message: Array.isArray(message) ? message.join(" ") : String(message)
+        })
+      )
+      return Effect.gen(function*() {
+        const plc = yield* fakePlc(docs)
+        const { url } = yield* Db.freshDatabase
+        const real = yield* Effect.provide(Jti.makeSql, yield* Layer.build(Database.layerUrl(url)))
+        const down: Jti.JtiStoreShape = {
+          claim: () => Effect.fail(new StoreError({ op: "api.jti.claim", code: "08006" })),
+          prune: real.prune,
+          recount: real.recount
+        }
+        const d = yield* replica(url, plc.url, {
+          outcomes: { notify: false, listen: false },
+          jti: Layer.succeed(Jti.JtiStore, down)
+        })
+        const owner = yield* newOwner()
+        for (let i = 0; i < 30; i++) {
+          const r = yield* get(d.port, LIST, yield* mint(owner, LIST))
+          expect([r.status, r.body["error"]]).toEqual([503, "ServiceUnavailable"])
+        }
+        const warnings = lines.filter((l) => l.level === "WARN" || l.level === "ERROR" || l.level === "FATAL")
+        // one line per kind of problem in the minute, not one per call
+        expect(warnings.length).toBeGreaterThan(0)
+        expect(warnings.length).toBeLessThanOrEqual(2)
+      }).pipe(Effect.provide(Logger.replace(Logger.defaultLogger, capture)))
+    },
     { timeout: 60_000 }
   )
 })

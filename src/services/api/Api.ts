@@ -25,6 +25,7 @@ import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import * as IdentityService from "../reconciliation/Identity.js"
 import * as IdentityInvalidations from "../reconciliation/IdentityInvalidations.js"
 import * as RegistryStore from "../registry/RegistryStore.js"
@@ -152,6 +153,7 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
         )
       },
       counters,
+      log: RateLimitedLog.make(),
       deadline: Duration.decode(options.deadline ?? Xrpc.CALL_DEADLINE),
       maxBodyBytes: options.maxBodyBytes ?? Xrpc.MAX_BODY_BYTES
     }

@@ -53,6 +53,7 @@ import { Clock, Data, Effect, Either, Encoding, Runtime } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { ATPROTO_KEY_ID_SUFFIX, type SigningKey } from "../../schemas/DidDocument.js"
 import { type JwtClaims, readServiceJwt, type ServiceJwtParts } from "../../schemas/ServiceJwt.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { Identity, type IdentityErrorKind, type IdentityShape } from "../reconciliation/Identity.js"
 import type { JtiStoreShape } from "./JtiStore.js"
 import { DEFAULT_REPLAY_CAPACITY, makeReplayCache, type ReplayVerdict } from "./ReplayCache.js"
@@ -259,6 +260,8 @@ export const make = (options: ServiceAuthOptions) =>
     const identity = yield* Identity
     const runtime = yield* Effect.runtime<never>()
     const replay = makeReplayCache(options.replayCapacity ?? DEFAULT_REPLAY_CAPACITY)
+    // a store that cannot answer fails every call: logged once a minute, not once per call
+    const storeLog = RateLimitedLog.make()
     const serviceDid = options.serviceDid
     const audiences: Array<Did | AtprotoAudience> = []
     if (isDid(serviceDid)) {
@@ -294,8 +297,12 @@ export const make = (options: ServiceAuthOptions) =>
         Effect.catchAll((e) =>
           notAccepted.pipe(
             Effect.zipRight(
-              Effect.logWarning("api: the shared replay store could not be checked").pipe(
-                Effect.annotateLogs({ code: e.code })
+              storeLog.run(
+                e.code,
+                (suppressed) =>
+                  Effect.logWarning("api: the shared replay store could not be checked").pipe(
+                    Effect.annotateLogs({ code: e.code, suppressed })
+                  )
               )
             ),
             Effect.as("unavailable" as const)

@@ -29,6 +29,7 @@ import { Cause, Chunk, Clock, Duration, Effect, Either, Metric, Schema, Stream }
 import type { Scope } from "effect"
 import type { RawParams } from "../../schemas/XrpcContract.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { addressKey, clientAddress } from "./ClientAddress.js"
 import type { ApiMethod } from "./Methods.js"
 import { type Buckets, type Decision, retryAfterSeconds, takeAll } from "./RateLimiter.js"
@@ -78,6 +79,8 @@ export interface PipelineDeps<R> {
   readonly didDocument: unknown
   readonly limiters: Limiters
   readonly counters: ApiCounters
+  /** recurring warnings (a store or an identity that cannot answer fails every call): once a minute per kind */
+  readonly log: RateLimitedLog.RateLimitedLog
   readonly deadline: Duration.Duration
   readonly maxBodyBytes: number
 }
@@ -199,8 +202,13 @@ const authorize = <R>(
             Effect.sync(() => {
               if (e.reason !== "identity_unavailable") deps.limiters.failedAuth.give(address, now)
             })).pipe(
-              Effect.zipRight(Effect.logWarning("api: a token could not be verified now")),
-              Effect.annotateLogs({ nsid, reason: e.reason }),
+              Effect.zipRight(deps.log.run(
+                `auth:${e.reason}`,
+                (suppressed) =>
+                  Effect.logWarning("api: a token could not be verified now").pipe(
+                    Effect.annotateLogs({ nsid, reason: e.reason, suppressed })
+                  )
+              )),
               Effect.zipRight(Effect.fail(
                 e.reason === "replay_cache_full" || e.reason === "replay_store_full"
                   ? new XrpcFailure({
