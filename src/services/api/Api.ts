@@ -32,6 +32,7 @@ import * as RegistryStore from "../registry/RegistryStore.js"
 import * as RejectedStoreModule from "../registry/RejectedStore.js"
 import type { RejectedStore } from "../registry/RejectedStore.js"
 import { didWebOf } from "./ApiConfig.js"
+import { ApiLog } from "./ApiLog.js"
 import { DELIVERY_METHODS } from "./DeliveryMethods.js"
 import * as Jti from "./JtiStore.js"
 import { JtiStore } from "./JtiStore.js"
@@ -138,6 +139,8 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
       })
       : undefined
     const counters: Xrpc.ApiCounters = { calls: 0, authFailures: 0, rateLimited: 0 }
+    // recurring warnings of the pipeline and of the methods (ApiLog): once a minute per kind
+    const log = RateLimitedLog.make()
     const byNsid = new Map<string, ApiMethod<R>>()
     for (const m of methods) byNsid.set(m.contract.nsid, m)
     const deps: Xrpc.PipelineDeps<R> = {
@@ -153,7 +156,7 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
         )
       },
       counters,
-      log: RateLimitedLog.make(),
+      log,
       deadline: Duration.decode(options.deadline ?? Xrpc.CALL_DEADLINE),
       maxBodyBytes: options.maxBodyBytes ?? Xrpc.MAX_BODY_BYTES
     }
@@ -163,7 +166,7 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
     // holds the layer's scope, and what a call acquires must be released when the call ends)
     const app = Xrpc.app(deps).pipe(
       Effect.mapInputContext((request: Context.Context<HttpServerRequest.HttpServerRequest | Scope.Scope>) =>
-        Context.merge(context, request)
+        Context.merge(Context.add(context, ApiLog, log), request)
       )
     )
     const shape: ApiShape = { app, stats }

@@ -24,13 +24,13 @@ import { normalizeKeyTime } from "../operator/ListKey.js"
 import { type Delivery, type ListKey, Operator } from "../operator/Operator.js"
 import * as TestDelivery from "../operator/TestDelivery.js"
 import type { StoreError } from "../platform/Persistence.js"
+import { recurringWarning } from "./ApiLog.js"
 import { method } from "./Methods.js"
 import { declared, internal, invalidRequest, type XrpcFailure } from "./XrpcError.js"
 
 /** A store failure: logged (operation and driver code only), a 500. */
 const storeFailure = (e: StoreError): Effect.Effect<never, XrpcFailure> =>
-  Effect.logWarning("api: the delivery store failed").pipe(
-    Effect.annotateLogs({ op: e.op, code: e.code }),
+  recurringWarning("api: the delivery store failed", { op: e.op, code: e.code }).pipe(
     Effect.zipRight(Effect.fail(internal()))
   )
 

@@ -13,6 +13,7 @@
 import { Clock, Effect } from "effect"
 import * as SecretLexicon from "../../schemas/SecretLexicon.js"
 import { MAX_SECRETS_PER_OWNER, Secrets, type SecretsError } from "../delivery/Secrets.js"
+import { recurringWarning } from "./ApiLog.js"
 import { method } from "./Methods.js"
 import { declared, internal, invalidRequest, notConfigured, type XrpcFailure } from "./XrpcError.js"
 
@@ -31,8 +32,7 @@ export const secretsFailure = (e: SecretsError): Effect.Effect<never, XrpcFailur
     case "invalid_token":
       return Effect.fail(invalidRequest("invalid secret name"))
     default:
-      return Effect.logWarning("api: the secret store failed").pipe(
-        Effect.annotateLogs({ reason: e.reason, code: e.code ?? "" }),
+      return recurringWarning("api: the secret store failed", { reason: e.reason, code: e.code ?? "" }).pipe(
         Effect.zipRight(Effect.fail(internal()))
       )
   }

@@ -26,6 +26,7 @@ import { WebhookStateStore } from "../operator/WebhookState.js"
 import { FirehookConfig } from "../platform/Config.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { REJECTED_LIMITS, type RejectedRecord, RejectedStore } from "../registry/RejectedStore.js"
+import { recurringWarning } from "./ApiLog.js"
 import { method } from "./Methods.js"
 import { declared, internal, type XrpcFailure } from "./XrpcError.js"
 
@@ -119,8 +120,7 @@ const rejectedView = (r: RejectedRecord): View => ({
 })
 
 const storeFailure = (e: StoreError): Effect.Effect<never, XrpcFailure> =>
-  Effect.logWarning("api: the webhook state store failed").pipe(
-    Effect.annotateLogs({ op: e.op, code: e.code }),
+  recurringWarning("api: the webhook state store failed", { op: e.op, code: e.code }).pipe(
     Effect.zipRight(Effect.fail(internal()))
   )
 
