@@ -216,16 +216,26 @@ const runWorkload = async (env: Record<string, string>): Promise<Run> => {
     expect((await call("dev.firehook.webhook.list", undefined, "BEARERMARKERnotatoken.abc.def")).status).toBe(401)
     expect((await call("com.example.nothing")).status).toBeGreaterThanOrEqual(400)
 
-    // maintenance has run at least once
+    // maintenance has run at least once, and every attempt is counted (5 delivered; 5 × 2 each for
+    // the 500s, the timeouts and the DNS failures): 35 attempts of 20 deliveries
+    const scrape = async () => (await fetch(d.health.replace(/\/health$/, "/metrics"))).text()
+    const sum = (text: string, name: string) =>
+      text.split("\n").filter((l) => l.startsWith(`${name}{`) || l.startsWith(`${name} `)).reduce(
+        (n, l) => n + Number(l.slice(l.lastIndexOf(" ") + 1)),
+        0
+      )
+    let metrics = ""
     await waitUntil(
-      async () =>
-        (await (await fetch(d.health.replace(/\/health$/, "/metrics"))).text()).includes(
-          "firehook_maintenance_runs_total"
-        ),
+      async () => {
+        metrics = await scrape()
+        return metrics.includes("firehook_maintenance_runs_total") &&
+          sum(metrics, "firehook_delivery_attempts_total") === 35 &&
+          sum(metrics, "firehook_delivery_first_attempt_latency_ms_count") === 20
+      },
       30_000,
-      "a maintenance run"
+      "a maintenance run and 35 attempts counted",
+      () => metrics
     )
-    const metrics = await (await fetch(d.health.replace(/\/health$/, "/metrics"))).text()
     d.running.child.kill("SIGTERM")
     expect((await exitWithin(d.running, 20_000)).code).toBe(0)
     return { stdout: d.running.stdout(), stderr: d.running.stderr(), metrics, forbidden }
