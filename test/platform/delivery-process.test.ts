@@ -504,3 +504,52 @@ describe("DeliveryChild.probe (a real loopback listener)", () => {
     20_000
   )
 })
+
+describe("DeliveryChild.metrics (a real loopback listener)", () => {
+  it.live(
+    "reads at most 4 MiB: an answer that never ends is None, and the read stops near the bound (not at the timeout)",
+    () =>
+      Effect.gen(function*() {
+        let mode: "ok" | "endless" = "ok"
+        let sent = 0
+        const chunk = Buffer.alloc(64 * 1024, "#")
+        const server = Http.createServer((_req, res) => {
+          res.writeHead(200, { "content-type": "text/plain" })
+          if (mode === "ok") {
+            res.end("# HELP a_total a\n# TYPE a_total counter\na_total 1\n")
+            return
+          }
+          // as much as the reader takes, until it hangs up (bounded: 1 GiB)
+          const pump = () => {
+            while (sent < 1024 * 1024 * 1024 && !res.destroyed) {
+              sent += chunk.length
+              if (!res.write(chunk)) return void res.once("drain", pump)
+            }
+            res.end()
+          }
+          pump()
+        })
+        yield* Effect.acquireRelease(
+          Effect.async<void>((resume) => {
+            server.listen(0, "127.0.0.1", () => resume(Effect.void))
+          }),
+          () =>
+            Effect.sync(() => server.closeAllConnections()).pipe(
+              Effect.zipRight(Effect.async<void>((resume) => {
+                server.close(() => resume(Effect.void))
+              }))
+            )
+        )
+        const addr = server.address()
+        const port = typeof addr === "object" && addr !== null ? addr.port : 0
+        expect(yield* DeliveryChild.metrics(port)).toEqual(
+          Option.some("# HELP a_total a\n# TYPE a_total counter\na_total 1\n")
+        )
+        mode = "endless"
+        expect(yield* DeliveryChild.metrics(port)).toEqual(Option.none())
+        // the reader hung up after its 4 MiB (plus what the socket buffers held), not after 1 s of reading
+        expect(sent).toBeLessThan(32 * 1024 * 1024)
+      }).pipe(Effect.scoped),
+    20_000
+  )
+})

@@ -53,35 +53,61 @@ const HealthBody = Schema.Record({ key: Schema.String, value: HealthValueSchema 
 const decodeBody = Schema.decodeUnknownOption(Schema.parseJson(HealthBody))
 
 /**
- * One GET of `path` on the child's loopback listener: its status and text, `None` when it does not
- * answer within {@link PROBE_TIMEOUT}.
+ * The body of `res` as text when it is at most `maxBytes`; `undefined` when it is longer: the read
+ * stops there and the rest is never read (the connection is given up), so a listener that answers
+ * without end (another process on the port) costs at most `maxBytes`.
  */
-const get = (port: number, path: string): Effect.Effect<Option.Option<{ status: number; text: string }>> =>
+const textAtMost = async (res: Response, maxBytes: number): Promise<string | undefined> => {
+  const reader = res.body?.getReader()
+  if (reader === undefined) return ""
+  const chunks: Array<Uint8Array> = []
+  let size = 0
+  // bounded by the size (each read brings at least one byte but the last) and by a count
+  for (let i = 0; i < 1_000_000; i++) {
+    const { done, value } = await reader.read()
+    if (done) return Buffer.concat(chunks).toString("utf8")
+    size += value.byteLength
+    if (size > maxBytes) break
+    chunks.push(value)
+  }
+  await reader.cancel().catch(() => undefined)
+  return undefined
+}
+
+/**
+ * One GET of `path` on the child's loopback listener: its status and text (at most `maxBytes`),
+ * `None` when it does not answer within {@link PROBE_TIMEOUT} or answers more.
+ */
+const get = (
+  port: number,
+  path: string,
+  maxBytes: number
+): Effect.Effect<Option.Option<{ status: number; text: string }>> =>
   Effect.tryPromise({
     try: async (signal) => {
       const res = await fetch(`http://127.0.0.1:${port}${path}`, { signal, redirect: "manual" })
-      return { status: res.status, text: await res.text() }
+      const text = await textAtMost(res, maxBytes)
+      return text === undefined ? Option.none() : Option.some({ status: res.status, text })
     },
     catch: () => "unreachable" as const
   }).pipe(
     Effect.timeout(PROBE_TIMEOUT),
-    Effect.map(Option.some),
     Effect.orElseSucceed(() => Option.none())
   )
 
 /** One look at the child's `/health` on 127.0.0.1:`port`; `None` when it does not answer in time. */
 export const probe = (port: number): Effect.Effect<Option.Option<DeliveryProcess.HealthAnswer>> =>
   Effect.map(
-    get(port, "/health"),
+    get(port, "/health", PROBE_MAX_BYTES),
     (answer) =>
       Option.flatMap(answer, ({ status, text }) =>
-        Option.map(decodeBody(text.slice(0, PROBE_MAX_BYTES)), (body) => {
+        Option.map(decodeBody(text), (body) => {
           const { phase: _phase, status: _status, ...sections } = body
           return { ready: status === 200, sections }
         }))
   )
 
-/** The child's `/metrics` is read up to this size; a larger answer is left out. */
+/** The child's `/metrics` is read up to this size (bytes); a larger answer is left out. */
 const METRICS_MAX_BYTES = 4 * 1024 * 1024
 
 /**
@@ -89,11 +115,10 @@ const METRICS_MAX_BYTES = 4 * 1024 * 1024
  * answers other than 200, or answers more than {@link METRICS_MAX_BYTES}.
  */
 export const metrics = (port: number): Effect.Effect<Option.Option<string>> =>
-  Effect.map(get(port, "/metrics"), (answer) =>
-    Option.flatMap(
-      answer,
-      ({ status, text }) => status === 200 && text.length <= METRICS_MAX_BYTES ? Option.some(text) : Option.none()
-    ))
+  Effect.map(
+    get(port, "/metrics", METRICS_MAX_BYTES),
+    (answer) => Option.flatMap(answer, ({ status, text }) => status === 200 ? Option.some(text) : Option.none())
+  )
 
 export interface SpawnerOptions {
   /** the runtime (`process.execPath`) and its arguments (the entry point) */
