@@ -1,9 +1,9 @@
 /**
  * An account's reactivation reconciles its owner (docs/decisions.md, "A deactivated account
  * answers"), on the real local atproto network: `@atproto/dev-env`'s PDS and PLC, firehook as in
- * production (`bun src/main.ts`) on the PDS's `subscribeRepos` (relay source), a receiver that
- * verifies the signatures, and `firehook owners reconcile` for the scan while the account is
- * deactivated.
+ * production (`bun src/main.ts`) on the PDS's `subscribeRepos` (relay source) and a receiver that
+ * verifies the signatures. Both scans (the webhook removed while the account is deactivated, and
+ * back when it is active again) are requested by the `#account` events themselves: no CLI, no sweep.
  *
  * Measured on this PDS (`@atproto/pds` of `@atproto/dev-env`): `deactivateAccount` emits
  * `#account active=false status=deactivated`, and listRecords then answers `400 "Could not find
@@ -25,7 +25,7 @@ import {
   WH
 } from "../support/devnet.js"
 import { closeDevnetFile, type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
-import { runCli, waitFor } from "../support/proc.js"
+import { waitFor } from "../support/proc.js"
 
 const res = e2eResources()
 const KEY = randomBytes(32).toString("base64")
@@ -41,7 +41,7 @@ const env = () =>
     WEBHOOK_SECRET_ENCRYPTION_KEY: KEY,
     // the reactivation's scan comes from the RetryScheduler's next round: one a second here
     RETRY_SCHEDULER_INTERVAL_MS: "1000",
-    // the stamp's log line ("account reactivated: …") is at info
+    // the stamp's log line ("account status changed: …") is at info
     LOG_LEVEL: "info"
   })
 
@@ -86,7 +86,7 @@ const post = (account: Account, text: string) =>
 
 describe("an account's reactivation on a real atproto network", () => {
   it(
-    "deactivated: a reconcile removes its webhook; reactivated: the webhook comes back by itself and delivers",
+    "deactivated: its webhook is removed by itself; reactivated: the webhook comes back by itself and delivers",
     async () => {
       const hana = await createAccount(devnet, "hana")
       const path = "/hana"
@@ -107,14 +107,24 @@ describe("an account's reactivation on a real atproto network", () => {
         logs
       )
 
-      // deactivated: the PDS answers "Could not find repo", so a scan removes the webhook
+      // deactivated: `#account active=false` stamps the owner, and the RetryScheduler's scan finds
+      // "Could not find repo" and removes the webhook, with no CLI and no sweep
       await hana.agent.com.atproto.server.deactivateAccount({})
-      const reconciled = await runCli(["owners", "reconcile", hana.did], env())
-      expect(reconciled.code, reconciled.stderr).toBe(0)
-      expect(reconciled.stdout).toContain("the PDS has no such repo; 1 webhooks deleted")
-      expect(await webhookRow(hana, "posts")).toBeUndefined()
-      // `#account active=false` requests nothing
-      expect((await ownerRow(hana))?.reconcile_requested_at).toBeNull()
+      await waitUntil(
+        async () => (await webhookRow(hana, "posts")) === undefined,
+        30_000,
+        "the webhook removed after the deactivation",
+        logs
+      )
+      await waitUntil(
+        async () => {
+          const owner = await ownerRow(hana)
+          return owner?.reconcile_status === "complete" && owner.reconcile_requested_at === null
+        },
+        30_000,
+        "the owner complete after the deactivation's scan",
+        async () => JSON.stringify(await ownerRow(hana))
+      )
 
       // reactivated: `#account active=true` stamps the owner and the RetryScheduler reconciles it,
       // with no CLI and no sweep
@@ -137,7 +147,7 @@ describe("an account's reactivation on a real atproto network", () => {
         "the owner complete, its request cleared",
         async () => JSON.stringify(await ownerRow(hana))
       )
-      expect(firehook.running.stdout()).toContain("account reactivated: owner reconciliation requested")
+      expect(firehook.running.stdout()).toContain("account status changed: owner reconciliation requested")
 
       // and the watched DID's new post is delivered, signed
       const after = await post(hana, "after")

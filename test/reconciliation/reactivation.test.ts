@@ -3,8 +3,9 @@
  * stamp (known owners only, one pending per owner, a cap, cleared by the next scan's begin), the
  * requester's bounds, and the whole path with the intake and reconcile roles in two "processes" on
  * one database: an owner whose scan found "Could not find repo" (its webhooks removed) gets its
- * webhooks back on `#account active: true`, without a sweep; a deactivation and an unknown DID
- * request nothing.
+ * webhooks back on `#account active: true`, without a sweep; a deactivation (`active: false`)
+ * removes the owner's webhooks the same way (its PDS answers "Could not find repo"); an unknown DID
+ * requests nothing.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
@@ -122,7 +123,7 @@ const tuning: Partial<Intake.IntakeTuning> = {
 
 describe("an account's reactivation (intake and reconcile in separate processes)", () => {
   it.scopedLive(
-    "an owner whose scan found no repo gets its webhooks back on #account active: true, without a sweep; active: false and unknown DIDs request nothing",
+    "an owner whose scan found no repo gets its webhooks back on #account active: true, without a sweep; active: false removes them without a sweep; unknown DIDs request nothing",
     () =>
       Effect.gen(function*() {
         const fake = yield* Effect.acquireRelease(
@@ -194,8 +195,9 @@ describe("an account's reactivation (intake and reconcile in separate processes)
         expect(gone).toMatchObject({ _tag: "complete", repoFound: false, deleted: 1 })
         expect(yield* rkeys(ALICE)).toEqual([])
 
-        // she reactivates; Bob deactivates; Carol (no owner) is active
+        // she reactivates; Bob deactivates (his PDS then answers "Could not find repo"); Carol (no owner) is active
         repos.set(ALICE, { rev: rev(200), records: [{ rkey: "a", value: hook }] })
+        repos.delete(BOB)
         const requestsBefore = yield* count(Metrics.reactivationRequests)
         const bobScansBefore = listRecordsRequests(pds).filter((r) => r.query.get("repo") === BOB).length
         fake.publish([
@@ -207,12 +209,13 @@ describe("an account's reactivation (intake and reconcile in separate processes)
         yield* eventually(Effect.map(rkeys(ALICE), (r) => r.length === 1), "Alice's webhook back")
         expect(yield* rkeys(ALICE)).toEqual(["a"])
         expect(yield* requestedAt(ALICE)).toEqual([null])
-        expect((yield* count(Metrics.reactivationRequests)) - requestsBefore).toBe(1)
-        // nothing for Bob's deactivation nor for Carol, who is no owner
+        // Bob's deactivation: his webhook is removed by the requested scan, not at the next sweep
+        yield* eventually(Effect.map(rkeys(BOB), (r) => r.length === 0), "Bob's webhook removed")
         expect(yield* requestedAt(BOB)).toEqual([null])
+        expect(listRecordsRequests(pds).filter((r) => r.query.get("repo") === BOB).length).toBe(bobScansBefore + 1)
+        expect((yield* count(Metrics.reactivationRequests)) - requestsBefore).toBe(2)
+        // nothing for Carol, who is no owner
         expect(yield* requestedAt(CAROL)).toEqual([])
-        expect(listRecordsRequests(pds).filter((r) => r.query.get("repo") === BOB).length).toBe(bobScansBefore)
-        expect(yield* rkeys(BOB)).toEqual(["b"])
       }),
     { timeout: 60_000 }
   )

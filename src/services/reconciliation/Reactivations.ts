@@ -1,9 +1,11 @@
 /**
- * An account's reactivation reconciles its owner promptly (SPEC §5.2–5.4). While an account is
- * deactivated its PDS answers "Could not find repo", so a scan then removes its webhooks; without
- * this they would come back only at the owner's next sweep (up to 24 h).
+ * An account's status change reconciles its owner promptly (SPEC §5.2–5.4). While an account is
+ * deactivated, taken down, suspended or deleted its PDS answers "Could not find repo", so a scan
+ * then removes its webhooks (they stop firing within about a minute, not at the next sweep, up to
+ * 24 h later); on its reactivation a scan brings them back (without this, only at the owner's next
+ * sweep).
  *
- * - {@link requester} (intake): the DIDs of committed `#account` events with `active: true` go
+ * - {@link requester} (intake): the DIDs of committed `#account` events (`active` true or false) go
  *   into a dropping queue ({@link QUEUE_MAX}; beyond it they are dropped, counted `queue`), drained
  *   by one fiber that stamps the known owners among them, ≤ {@link BATCH_MAX} DIDs per statement,
  *   through {@link ReconcileStoreShape.requestReconcile}: `owners.reconcile_requested_at` is set
@@ -20,7 +22,10 @@
  * and a refused scan, with one indexed statement per batch of account events. Best effort at the
  * edge: an event whose stamp is not written (queue full, database down, a crash between the batch's
  * commit and the stamp) is only delayed to the owner's next sweep. A deactivation (`active:
- * false`) requests nothing.
+ * false`) requests a scan too (before the seventh audit round of 3 December 2026 it requested
+ * nothing, and a taken-down owner's webhooks kept firing until its next sweep). A "not found" is
+ * authoritative only after the DID is resolved afresh (Snapshot.ts, `pds_moved`), so an account
+ * that moved to another PDS (its old PDS then says `deactivated`) keeps its webhooks.
  */
 import { Chunk, Effect, Metric, Queue } from "effect"
 import type { Scope } from "effect"
@@ -43,7 +48,7 @@ export interface RequesterOptions {
 
 /**
  * The requesting side, for the lifetime of the scope: `request(did)` never waits (intake calls it
- * after each committed batch, for its `#account` events with `active: true`).
+ * after each committed batch, for its `#account` events).
  */
 export const requester = (
   store: Pick<ReconcileStoreShape, "requestReconcile">,
@@ -59,7 +64,7 @@ export const requester = (
           Effect.gen(function*() {
             yield* Metric.incrementBy(Metrics.reactivationRequests, requested.length)
             for (const did of requested) {
-              yield* Effect.logInfo("account reactivated: owner reconciliation requested").pipe(
+              yield* Effect.logInfo("account status changed: owner reconciliation requested").pipe(
                 Effect.annotateLogs({ did })
               )
             }

@@ -66,9 +66,11 @@ export const retrySchedulerAttempts = labelledCounterFamily("firehook_retry_sche
 // Reactivations (Reactivations.ts)
 
 export const reactivationRequests = Metric.counter("firehook_reconcile_reactivation_requests_total", {
-  description: "Owner reconciliations requested by an account's reactivation (#account active: true of a known owner)"
+  description:
+    "Owner reconciliations requested by an account's status change (#account of a known owner: reactivated, deactivated, taken down, suspended, deleted)"
 })
 /** `{ reason }`: queue, cap, store */
 export const reactivationDropped = labelledCounterFamily("firehook_reconcile_reactivation_dropped_total", {
-  description: "Reactivation requests dropped (queue full, pending requests at the cap, database write failed)"
+  description:
+    "Account-status reconciliation requests dropped (queue full, pending requests at the cap, database write failed)"
 })
