@@ -3,11 +3,22 @@
  * The write runs as the last statement of an intake batch's transaction.
  */
 import { SqlClient } from "@effect/sql"
-import { Context, Effect, Layer, Ref } from "effect"
+import { Clock, Context, Effect, Layer, Ref } from "effect"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
+
+/** A stored cursor and when it was last written (epoch millis, the store's clock). */
+export interface CursorEntry {
+  readonly cursor: bigint
+  readonly savedAtMs: number
+}
 
 export interface CursorStoreShape {
   readonly load: (stream: string, relay: string) => Effect.Effect<bigint | undefined, StoreError>
+  /**
+   * the cursor and the time of its last write (a relay `seq` is no time: health counts its age from
+   * that write until this process commits an event); a store without it gives no time
+   */
+  readonly loadEntry?: (stream: string, relay: string) => Effect.Effect<CursorEntry | undefined, StoreError>
   /** raise the cursor to `cursor` (GREATEST): a lower value never lowers it */
   readonly save: (stream: string, relay: string, cursor: bigint) => Effect.Effect<void, StoreError>
 }
@@ -36,6 +47,16 @@ export const layerSql = Layer.effect(
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const store: CursorStoreShape = {
+      loadEntry: (stream, relay) =>
+        sql<{ cursor: string; saved_at_ms: number | string }>`
+          SELECT cursor::text AS cursor, (extract(epoch FROM updated_at) * 1000)::float8 AS saved_at_ms
+          FROM cursors WHERE stream = ${stream} AND relay = ${relay}`.pipe(
+          Effect.map((rows) => {
+            const row = rows[0]
+            return row === undefined ? undefined : { cursor: BigInt(row.cursor), savedAtMs: Number(row.saved_at_ms) }
+          }),
+          storeOp("cursors.load")
+        ),
       load: (stream, relay) =>
         sql<
           { cursor: string }
@@ -53,16 +74,18 @@ export const layerSql = Layer.effect(
 export const layerMemory = Layer.effect(
   CursorStore,
   Effect.gen(function*() {
-    const cursors = yield* Ref.make(new Map<string, bigint>())
+    const cursors = yield* Ref.make(new Map<string, CursorEntry>())
     const key = (stream: string, relay: string) => `${stream} ${relay}`
     const store: CursorStoreShape = {
-      load: (stream, relay) => Ref.get(cursors).pipe(Effect.map((m) => m.get(key(stream, relay)))),
+      load: (stream, relay) => Ref.get(cursors).pipe(Effect.map((m) => m.get(key(stream, relay))?.cursor)),
+      loadEntry: (stream, relay) => Ref.get(cursors).pipe(Effect.map((m) => m.get(key(stream, relay)))),
       save: (stream, relay, cursor) =>
-        Ref.update(cursors, (m) => {
-          const k = key(stream, relay)
-          const prev = m.get(k)
-          return new Map(m).set(k, prev === undefined || cursor > prev ? cursor : prev)
-        })
+        Effect.flatMap(Clock.currentTimeMillis, (savedAtMs) =>
+          Ref.update(cursors, (m) => {
+            const k = key(stream, relay)
+            const prev = m.get(k)?.cursor
+            return new Map(m).set(k, { cursor: prev === undefined || cursor > prev ? cursor : prev, savedAtMs })
+          }))
     }
     return store
   })

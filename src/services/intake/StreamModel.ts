@@ -54,7 +54,10 @@ export interface StreamState {
   readonly position: bigint | undefined
   /** Clock millis of the last durable ack */
   readonly lastAckAt: number | undefined
-  /** source time (µs) of the last committed event; until this process commits one, a loaded time cursor */
+  /**
+   * source time (µs) of the last committed event; until this process commits one, a loaded time
+   * cursor, or (a relay `seq`) the time the loaded cursor was last written
+   */
   readonly lastEventTimeUs: number | undefined
   readonly reconnects: number
   readonly batches: number

@@ -15,6 +15,7 @@ import { Cause, Deferred, Duration, Effect, Exit, Metric, Ref, Schedule } from "
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
 import * as Backoff from "../platform/Backoff.js"
+import type { StoreError } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { runBatcher } from "./Batcher.js"
 import { CursorStore } from "./CursorStore.js"
@@ -99,8 +100,16 @@ const session = (ctx: StreamContext, cursor: bigint | undefined) =>
  * past everything unread): it is retried with the reconnect backoff (full jitter, capped, never
  * giving up), counted and logged by its code only, and no frame is read before it succeeds.
  */
-const loadCursor = (ctx: StreamContext) =>
-  ctx.cursors.load(ctx.spec.name, ctx.spec.relay).pipe(
+const loadCursor = (ctx: StreamContext) => {
+  const { loadEntry } = ctx.cursors
+  const read: Effect.Effect<{ readonly cursor: bigint; readonly savedAtMs?: number } | undefined, StoreError> =
+    loadEntry === undefined
+      ? Effect.map(
+        ctx.cursors.load(ctx.spec.name, ctx.spec.relay),
+        (cursor) => cursor === undefined ? undefined : { cursor }
+      )
+      : loadEntry(ctx.spec.name, ctx.spec.relay)
+  return read.pipe(
     Effect.tapError((e) =>
       Effect.zipRight(
         Effect.zipRight(
@@ -117,6 +126,7 @@ const loadCursor = (ctx: StreamContext) =>
       )
     )
   )
+}
 
 /**
  * A session from the replay point asked for (taken from `replay`), which goes back to `replay`
@@ -147,18 +157,24 @@ const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, li
 const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
   const { state, stopped, tagged, tuning } = ctx
   return Effect.gen(function*() {
-    const stored = yield* loadCursor(ctx)
+    const entry = yield* loadCursor(ctx)
+    const stored = entry?.cursor
     // a time cursor (Jetstream `time_us`) is the source time of the last event committed before
     // this process: the stream's cursor age (health) counts from it until this process commits
     // one, so a stream that never gets past its stored cursor (a poison frame right after it)
-    // does not report a fresh cursor
+    // does not report a fresh cursor. A relay `seq` is no time: its age counts from the cursor's
+    // last write (before, a relay stream stalled since startup reported 0 for ever)
+    const loadedTimeUs = stored === undefined
+      ? undefined
+      : ctx.spec.cursorIsTime
+      ? (stored <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(stored) : undefined)
+      : entry?.savedAtMs === undefined || !Number.isFinite(entry.savedAtMs)
+      ? undefined
+      : Math.floor(entry.savedAtMs * 1000)
     yield* Ref.update(state, (s) => ({
       ...s,
       durableCursor: stored,
-      lastEventTimeUs: s.lastEventTimeUs ??
-        (ctx.spec.cursorIsTime && stored !== undefined && stored <= BigInt(Number.MAX_SAFE_INTEGER)
-          ? Number(stored)
-          : undefined)
+      lastEventTimeUs: s.lastEventTimeUs ?? loadedTimeUs
     }))
     let failures = 0
     let live = false
