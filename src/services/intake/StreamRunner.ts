@@ -208,7 +208,14 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
         const wait = yield* fullJitter(tuning.backoffBase, tuning.backoffCap, failures)
         const delay = reconnectDelay(end.kind, wait, tuning)
         failures++
-        if (end.kind !== "closed") yield* ctx.logLimited("stream ended; reconnecting", { kind: end.kind })
+        if (end.kind !== "closed") {
+          yield* ctx.logLimited("stream ended; reconnecting", { kind: end.kind })
+        } else if (s.batches === acksBefore) {
+          // the source closed the connection (or it broke) before anything committed: a source
+          // that does so in a loop is otherwise invisible (no failure kind, SPEC §6.2). A close
+          // after progress (a relay's deploy) is routine and stays quiet
+          yield* ctx.logLimited("stream closed by the source before a commit; reconnecting", { kind: "closed" })
+        }
         yield* Effect.sleep(delay).pipe(Effect.raceFirst(Deferred.await(stopped)))
       }
       yield* Ref.update(state, (x) => ({ ...x, quarantined: false }))
