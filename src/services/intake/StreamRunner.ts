@@ -180,6 +180,7 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
     let live = false
     for (;;) {
       const acksBefore = (yield* Ref.get(state)).batches
+      const wasLive = live
       const end = yield* sessionFrom(ctx, replay, live)
       live = false
       // the session's scope is closed, so is its connection: its reader may have been
@@ -196,17 +197,22 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
         yield* Ref.update(state, (x) => ({ ...x, reconnects: x.reconnects + 1 }))
         continue
       }
-      if (end.cursorOverride === -1n) live = true
+      // the relay's FutureCursor: its seq space is behind our cursor. Go live, at once (a live
+      // connection starts at the relay's present, so each second waited is a second never read);
+      // a relay error frame, not a poison frame: nothing is quarantined. Only a relay that says
+      // so to a live connection (no cursor: a broken relay) waits with the backoff
+      const futureCursor = end.cursorOverride === -1n
+      if (futureCursor) live = true
       const failureKind: FailureKind | undefined = end.kind === "closed" ? undefined : end.kind
       yield* Ref.update(state, (x) => ({
         ...x,
         reconnects: x.reconnects + 1,
-        quarantined: end.kind === "protocol",
+        quarantined: end.kind === "protocol" && !futureCursor,
         failureKind: failureKind ?? x.failureKind
       }))
-      if (end.kind !== "queue") {
+      if (end.kind !== "queue" && !(futureCursor && !wasLive)) {
         const wait = yield* fullJitter(tuning.backoffBase, tuning.backoffCap, failures)
-        const delay = reconnectDelay(end.kind, wait, tuning)
+        const delay = futureCursor ? wait : reconnectDelay(end.kind, wait, tuning)
         failures++
         if (end.kind !== "closed") {
           yield* ctx.logLimited("stream ended; reconnecting", { kind: end.kind })
