@@ -102,17 +102,40 @@ export const make = (options: IntakeOptions = {}) =>
     }
     const runners = yield* Ref.make<ReadonlyArray<StreamRunner>>([])
     const running = yield* Ref.make(false)
+    /** set by `stopAccepting`: from then on no stream starts */
+    const stopping = yield* Ref.make(false)
     const ctx = yield* Effect.context<Processor | CursorStore | Outbox.OutboxStore>()
 
     const makeRunner = (spec: StreamSpec) =>
       makeStreamRunner(spec, tuning, { onIdentity: options.onIdentity, onReactivated: options.onReactivated }).pipe(
         Effect.provide(ctx)
       )
-    /** run a stream; it is listed (health, shutdown) only while it runs */
+    /**
+     * run a stream; it is listed (health, shutdown) only while it runs. Once intake stops accepting,
+     * no stream starts (a registration committed while the queues drain may ask the Jetstream plan
+     * for the backlink or direct stream; a replica may win the election during its shutdown): it
+     * waits, unlisted, to be interrupted. Listed first, then `stopping` read, as `stopAccepting`
+     * sets `stopping` first, then reads the list: whatever the order, a starting stream is either
+     * refused or stopped.
+     */
     const start = (r: StreamRunner, from: bigint | undefined) =>
       Effect.acquireUseRelease(
-        Ref.update(runners, (xs) => [...xs.filter((x) => x.spec.name !== r.spec.name), r]),
-        () => r.runFrom(from),
+        Effect.zipRight(
+          Ref.update(runners, (xs) => [...xs.filter((x) => x.spec.name !== r.spec.name), r]),
+          Ref.get(stopping)
+        ),
+        (refused): Effect.Effect<never> =>
+          refused
+            ? Effect.zipRight(
+              Effect.zipRight(
+                Ref.update(runners, (xs) => xs.filter((x) => x !== r)),
+                Effect.logInfo("stream not started: intake is stopping").pipe(
+                  Effect.annotateLogs({ stream: r.spec.name })
+                )
+              ),
+              Effect.never
+            )
+            : r.runFrom(from),
         () => Ref.update(runners, (xs) => xs.filter((x) => x !== r))
       )
 
@@ -178,9 +201,9 @@ export const make = (options: IntakeOptions = {}) =>
       return { running: yield* Ref.get(running), streams }
     })
 
-    const stopAccepting = Effect.flatMap(
-      Ref.get(runners),
-      (rs) => Effect.forEach(rs, (r) => r.stopReading, { discard: true })
+    const stopAccepting = Effect.zipRight(
+      Ref.set(stopping, true),
+      Effect.flatMap(Ref.get(runners), (rs) => Effect.forEach(rs, (r) => r.stopReading, { discard: true }))
     )
     const shape: IntakeShape = { run: run as Effect.Effect<never>, stats, stopAccepting }
     return shape

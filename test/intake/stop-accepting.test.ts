@@ -1,0 +1,102 @@
+/**
+ * Shutdown (SPEC §6.3: stop intake from accepting, then drain): once intake stops accepting, no
+ * stream starts reading again. Before, `stopAccepting` stopped only the streams running at that
+ * moment: a registration committed while the queue drained (a backlink scope, a first direct DID)
+ * made the Jetstream plan start the backlink or direct stream, which connected and read the
+ * network during the shutdown (the backlink stream, the whole network, kept the drain waiting for
+ * an empty queue until its bound).
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Deferred, Duration, Effect, HashMap, Layer, Logger, Option, Ref } from "effect"
+import * as Intake from "../../src/services/intake/Intake.js"
+import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
+import { Registry } from "../../src/services/registry/Registry.js"
+import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
+import { memoryStack, plc, testConfig, whRecordValue } from "../support/stack.js"
+
+const WH = "place.wisp.v2.wh"
+const T0 = 1_800_000_000_000_000
+
+const tuning: Partial<Intake.IntakeTuning> = {
+  batchRetryBase: Duration.millis(5),
+  backoffBase: Duration.millis(10),
+  backoffCap: Duration.millis(50),
+  poisonBackoff: Duration.millis(20)
+}
+
+/** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
+const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 400; i++) {
+      if (yield* cond) return
+      yield* Effect.sleep("25 millis")
+    }
+    return yield* Effect.dieMessage(`never happened: ${what}`)
+  })
+
+const isRegistry = (c: FakeJetstream["connections"][number]) => {
+  const cols = c.options.at(-1)?.["wantedCollections"]
+  return Array.isArray(cols) && cols.includes(WH)
+}
+
+describe("intake that has stopped accepting", () => {
+  it.scopedLive(
+    "starts no stream, even when a registration committed during the drain asks for the backlink and direct streams",
+    () =>
+      Effect.gen(function*() {
+        const fake = yield* Effect.acquireRelease(
+          Effect.promise(() => startFakeJetstream()),
+          (f) => Effect.promise(() => f.close())
+        )
+        const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
+        const refused = yield* Ref.make<ReadonlyArray<unknown>>([])
+        const logger = Logger.make(({ annotations, message }) => {
+          if (String(message).includes("not started")) {
+            Effect.runSync(
+              Ref.update(refused, (xs) => [...xs, HashMap.get(annotations, "stream").pipe(Option.getOrUndefined)])
+            )
+          }
+        })
+        yield* Effect.gen(function*() {
+          const real = yield* Processor
+          const registry = yield* Registry
+          // the registry stream's batch with the webhook is held until intake has stopped accepting
+          const gate = yield* Deferred.make<void>()
+          const entered = yield* Deferred.make<void>()
+          const gated: ProcessorShape = {
+            ...real,
+            processEvents: (batch, options) =>
+              batch.some((e) => e.kind === "commit" && e.collection === WH)
+                ? Effect.zipRight(
+                  Effect.zipRight(Deferred.succeed(entered, undefined), Deferred.await(gate)),
+                  real.processEvents(batch, options)
+                )
+                : real.processEvents(batch, options)
+          }
+          const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning }).pipe(
+            Effect.provideService(Processor, gated)
+          )
+          yield* Effect.forkScoped(intake.run)
+          yield* eventually(Effect.sync(() => fake.connections.some((c) => c.options.length > 0)), "registry")
+          // a backlink webhook (its owner and scope DID also join the direct set)
+          fake.publish([
+            commitFrame(plc(1), T0, WH, "bl", "create", whRecordValue(`at://${plc(2)}`, { backlinks: true }))
+          ])
+          yield* Deferred.await(entered)
+          yield* intake.stopAccepting
+          yield* Deferred.succeed(gate, undefined)
+          yield* eventually(Effect.map(registry.stats, () => registry.index.backlinkDids().size === 1), "registered")
+          // the plan asks for both streams; neither starts
+          yield* eventually(
+            Effect.map(Ref.get(refused), (xs) => xs.includes("backlink") && xs.includes("direct")),
+            "the backlink and direct streams refused"
+          )
+          expect(fake.connections.filter((c) => !isRegistry(c))).toEqual([])
+          expect((yield* intake.stats).streams.map((s) => s.name)).toEqual(["registry"])
+        }).pipe(
+          Effect.provide(Layer.merge(memoryStack({ config }), Logger.replace(Logger.defaultLogger, logger)))
+        )
+      }),
+    { timeout: 60_000 }
+  )
+})
