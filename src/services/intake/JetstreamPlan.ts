@@ -178,6 +178,8 @@ const reconfigure = (
     // from about there on, and the direct stream must replay from there too
     let backlinkRunner: StreamRunner | undefined
     let prevBacklinkMark: bigint | undefined
+    /** whether this plan has run the backlink stream before (it then stopped: its set emptied) */
+    let backlinkStarted = false
     for (;;) {
       const markNow = yield* registryMark
       const backlinkNow = backlinkRunner === undefined
@@ -215,11 +217,21 @@ const reconfigure = (
         if (step._tag !== "over_limit") known = next
       }
       first = false
+      const markBefore = prevMark
       prevMark = markNow
       prevBacklinkMark = backlinkNow
       const wantBacklink = index.backlinkDids().size > 0
       if (wantBacklink && backlinkFiber === undefined) {
-        const r = yield* o.makeRunner(backlinkSpec)
+        // started again after its set was empty (not at startup, where the scopes may predate
+        // its cursor): every backlink scope now was registered by a registry event after the
+        // previous check, so the events before that position (− 2 s) matched nothing that exists
+        // now. Its old cursor would replay up to Jetstream's whole window of the network, and
+        // deliver the new webhooks events from before they existed
+        const floor = markBefore - TWO_SECONDS
+        const r = yield* o.makeRunner(
+          backlinkStarted ? { ...backlinkSpec, resumeFloor: floor < 0n ? 0n : floor } : backlinkSpec
+        )
+        backlinkStarted = true
         backlinkRunner = r
         backlinkFiber = yield* Effect.forkScoped(o.start(r, undefined))
       } else if (!wantBacklink && backlinkFiber !== undefined) {

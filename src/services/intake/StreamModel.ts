@@ -37,6 +37,11 @@ export interface StreamSpec {
   readonly initialCursor: bigint | undefined
   /** subtracted from a cursor loaded from the database (2 s of time_us, or a few seqs) */
   readonly rewind: bigint
+  /**
+   * a loaded cursor (rewound) below this is raised to it: the stream starts again for
+   * subscriptions registered after it, and what came before matched nothing that exists now
+   */
+  readonly resumeFloor?: bigint | undefined
   /** whether cursors are microsecond times (for lag and cursor age) */
   readonly cursorIsTime: boolean
   readonly connect: (cursor: bigint | undefined) => Stream.Stream<SourceItem, FirehoseSource.SourceError>

@@ -59,12 +59,13 @@ export const reconnectDelay = (
 /**
  * Where a session connects: live after a `FutureCursor`; without a durable cursor, `override` or
  * the stream's initial cursor; else exactly where this process got to (`position`), or the
- * durable cursor rewound (another process may have written it), or `override` when it is earlier.
+ * durable cursor rewound (another process may have written it; raised to the spec's
+ * `resumeFloor`), or `override` when it is earlier.
  * Rewinding on every reconnect, or resuming at the loaded cursor while replaying below it, could
  * replay more than the queue holds after backpressure and never progress.
  */
 export const resumeCursor = (
-  spec: Pick<StreamSpec, "initialCursor" | "rewind">,
+  spec: Pick<StreamSpec, "initialCursor" | "rewind" | "resumeFloor">,
   live: boolean,
   state: Pick<StreamState, "durableCursor" | "position">,
   override: bigint | undefined
@@ -73,7 +74,9 @@ export const resumeCursor = (
   const durable = state.durableCursor
   if (durable === undefined) return override ?? spec.initialCursor
   const rewound = durable - spec.rewind
-  const base = state.position ?? (rewound < 0n ? 0n : rewound)
+  const floor = spec.resumeFloor
+  const loaded = floor !== undefined && rewound < floor ? floor : rewound
+  const base = state.position ?? (loaded < 0n ? 0n : loaded)
   return override !== undefined && override < base ? override : base
 }
 
