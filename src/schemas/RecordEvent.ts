@@ -30,12 +30,16 @@ export interface RecordEvent {
 }
 
 export interface IdentityEvent {
-  readonly kind: "identity" | "account"
+  /**
+   * `identity` and `account` (both sources), `sync` (the relay's `#sync`: a repo state reset);
+   * each invalidates the DID's identity caches; `account` and `sync` request a known owner's
+   * reconciliation
+   */
+  readonly kind: "identity" | "account" | "sync"
   readonly did: string
   /**
    * `account` events only: the account's `active` flag when the frame carries a boolean one;
-   * undefined when it is absent or malformed (the event is still an account event: it invalidates
-   * identity caches, and requests nothing else)
+   * undefined when it is absent or malformed (the event is still an account event)
    */
   readonly active?: boolean | undefined
   readonly timeUs: number

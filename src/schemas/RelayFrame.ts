@@ -454,13 +454,15 @@ export const decodeRelayFrame = (
   if (t === "#commit") return decodeCommit(body, seq, timeUs, ctx)
   const did = body["did"]
   if (typeof did !== "string" || !isAtprotoDidSyntax(did)) return fail("did")
+  const common = { did, timeUs, stream: ctx.stream, relay: ctx.relay, cursor: String(seq) }
   if (t === "#sync") {
-    // A repo state reset: nothing to match (reconciliation is the backfill's job). Acknowledged.
+    // A repo state reset (Sync 1.1: the repo's state is the one at `rev`; its earlier commits may
+    // never be seen): nothing to match, but a known owner's registrations are reconciled (a `sync`
+    // event: the owner's reconciliation request, like an `#account` event)
     const rev = body["rev"]
     if (typeof rev !== "string" || !isTid(rev)) return fail("rev")
-    return Either.right({ kind: "events", seq: BigInt(seq), events: [] })
+    return Either.right({ kind: "events", seq: BigInt(seq), events: [{ kind: "sync", ...common }] })
   }
-  const common = { did, timeUs, stream: ctx.stream, relay: ctx.relay, cursor: String(seq) }
   if (t === "#identity") {
     return Either.right({ kind: "events", seq: BigInt(seq), events: [{ kind: "identity", ...common }] })
   }

@@ -214,7 +214,7 @@ describe("decodeRelayFrame: other messages", () => {
     })
   })
 
-  it("#sync → acknowledged, no events", () => {
+  it("#sync → a sync event of its DID (the owner's reconciliation request; nothing to match)", () => {
     const bytes = frame({ op: 1, t: "#sync" }, {
       seq: 4,
       did: DID,
@@ -222,7 +222,11 @@ describe("decodeRelayFrame: other messages", () => {
       rev: REV,
       blocks: Cbor.toBytes(car([], []))
     })
-    expect(ok(bytes)).toEqual({ kind: "events", seq: 4n, events: [] })
+    expect(ok(bytes)).toEqual({
+      kind: "events",
+      seq: 4n,
+      events: [{ kind: "sync", did: DID, timeUs: TIME_US, stream: "relay", relay: "wss://bsky.network", cursor: "4" }]
+    })
   })
 
   it("#info → info with its name", () => {

@@ -49,7 +49,7 @@ export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, c
       lastTime = e.timeUs
       if (e.kind === "commit") continue
       if (onIdentity !== undefined) yield* onIdentity(e.did)
-      if (onReactivated !== undefined && e.kind === "account") yield* onReactivated(e.did)
+      if (onReactivated !== undefined && e.kind !== "identity") yield* onReactivated(e.did)
     }
     yield* Ref.update(state, (s) => ({
       ...s,
