@@ -58,7 +58,7 @@
 import { CliConfig, Command, HelpDoc, ValidationError } from "@effect/cli"
 import { BunContext, BunRuntime } from "@effect/platform-bun"
 import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel, Option } from "effect"
-import pkg from "../../package.json" with { type: "json" }
+import { VERSION } from "../services/platform/Version.js"
 import { deliveries } from "./DeliveriesCommand.js"
 import { describeFailure, redactArgs, usage, UsageError } from "./Failure.js"
 import { commandNames, commandPaths, fixHelp, optionValueLine, unknownCommand } from "./Help.js"
@@ -81,7 +81,7 @@ const firehook = Command.make(
   Command.withSubcommands([deliveries, webhooks, secrets, owners, status, hooks])
 )
 
-const cli = Command.run(firehook, { name: "firehook", version: pkg.version })
+const cli = Command.run(firehook, { name: "firehook", version: VERSION })
 
 const rootHelp = (): string => HelpDoc.toAnsiText(Command.getHelp(firehook, CliConfig.defaultConfig))
 
