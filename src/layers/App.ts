@@ -242,7 +242,8 @@ export const service = <E, R, D = never>(
   options: ServiceOptions<E, R, D> = {}
 ) =>
   Layer.scopedDiscard(
-    Effect.gen(function*() {
+    // the program's own client, if it transforms column names, is used without (Database.withoutTransforms)
+    Database.withoutTransforms(Effect.gen(function*() {
       const lifecycle = yield* Lifecycle.Lifecycle
       const config = yield* FirehookConfig
       const health = yield* Health.Health
@@ -275,7 +276,7 @@ export const service = <E, R, D = never>(
       yield* Effect.addFinalizer(() =>
         lifecycle.shutdown.pipe(Effect.flatMap((report) => options.onShutdown?.(report) ?? Effect.void))
       )
-    })
+    }))
   )
 
 /**

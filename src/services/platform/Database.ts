@@ -160,8 +160,35 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
     })
   )
 
+/**
+ * Run `effect` with the context's `SqlClient` / `PgClient` without their name transforms: firehook's
+ * statements name columns as PostgreSQL does (`owner_did`) and read rows by those names. A program
+ * that provides its own client with `transformResultNames` (say `String.snakeToCamel`) otherwise
+ * had firehook read `undefined` for every such column, silently (README "Embedding"). A client
+ * without transforms (firehook's own) is used as it is.
+ */
+export const withoutTransforms = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  Effect.flatMap(
+    Effect.all([Effect.serviceOption(SqlClient.SqlClient), Effect.serviceOption(PgClient.PgClient)]),
+    ([sql, pg]) => {
+      const plainPg = Option.map(pg, (c) => c.withoutTransforms())
+      const plainSql = Option.map(sql, (c) =>
+        Option.isSome(pg) && Option.isSome(plainPg) && pg.value === c ? plainPg.value : c.withoutTransforms())
+      const withPg = Option.match(plainPg, {
+        onNone: () =>
+          effect,
+        onSome: (c) => Effect.provideService(effect, PgClient.PgClient, c)
+      })
+      return Option.match(plainSql, {
+        onNone: () => withPg,
+        onSome: (c) => Effect.provideService(withPg, SqlClient.SqlClient, c)
+      })
+    }
+  )
+
 /** Run the bundled migrations (serialized across processes); a database of another version is refused. */
 export const migrate = Migrations.run.pipe(
+  withoutTransforms,
   Effect.mapError((e) =>
     new DatabaseUnavailable({
       reason: e instanceof Migrations.SchemaMismatch ? e.reason : `migrations failed (${describeSqlError(e)})`
