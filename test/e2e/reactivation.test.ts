@@ -41,7 +41,7 @@ const env = () =>
     WEBHOOK_SECRET_ENCRYPTION_KEY: KEY,
     // the reactivation's scan comes from the RetryScheduler's next round: one a second here
     RETRY_SCHEDULER_INTERVAL_MS: "1000",
-    // the stamp's log line ("account status changed: …") is at info
+    // the stamp's log line ("owner reconciliation requested …") is at info
     LOG_LEVEL: "info"
   })
 
@@ -147,7 +147,7 @@ describe("an account's reactivation on a real atproto network", () => {
         "the owner complete, its request cleared",
         async () => JSON.stringify(await ownerRow(hana))
       )
-      expect(firehook.running.stdout()).toContain("account status changed: owner reconciliation requested")
+      expect(firehook.running.stdout()).toContain("owner reconciliation requested (account status or repo sync)")
 
       // and the watched DID's new post is delivered, signed
       const after = await post(hana, "after")

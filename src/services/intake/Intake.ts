@@ -18,9 +18,9 @@
  * `backlink` (whole network, only while backlink scopes exist)); or the relay firehose (one stream
  * `relay` carrying everything).
  *
- * After a batch commits, its `#identity`/`#account` events invalidate identity caches
- * (`onIdentity`), and its `#account` events with `active: true` request the owner's
- * reconciliation (`onReactivated`): neither is waited for.
+ * After a batch commits, its `#identity`/`#account`/`#sync` events invalidate identity caches
+ * (`onIdentity`), and its `#account` (either `active`) and `#sync` events request the owner's
+ * reconciliation (`onReactivated`, named for its first use): neither is waited for.
  */
 import { SqlClient } from "@effect/sql"
 import { Chunk, Clock, Context, Duration, Effect, Either, Fiber, Layer, Option, Ref, Stream } from "effect"
@@ -79,8 +79,9 @@ export interface IntakeOptions {
    */
   readonly onIdentity?: (did: string) => Effect.Effect<void>
   /**
-   * called for every committed `#account` event with `active: true` (the owner's reconciliation
-   * request); the layer sets it to the reconciliation requester when the context has a database
+   * called for every committed `#account` event (`active` true or false) and relay `#sync` event
+   * (the owner's reconciliation request; the name is from when only reactivations called it); the
+   * layer sets it to the reconciliation requester when the context has a database
    */
   readonly onReactivated?: (did: string) => Effect.Effect<void>
   /** how long direct-set changes are coalesced before reconfiguring (default 1 s) */
@@ -271,7 +272,7 @@ export const INTAKE_LOCK_KEY = LockKeys.INTAKE
 
 /**
  * Intake under leader election, with health and shutdown registration. With a database in the
- * context, a known owner's `#account active: true` requests its reconciliation
+ * context, a known owner's `#account` or `#sync` requests its reconciliation
  * (reconciliation/Reactivations.ts), unless the caller gives its own `onReactivated`.
  */
 export const layer = (options: IntakeOptions = {}) =>
@@ -284,7 +285,7 @@ export const layer = (options: IntakeOptions = {}) =>
         ...(Option.isSome(identity) ? [(did: string) => identity.value.invalidate(did)] : []),
         ...(options.onIdentity === undefined ? [] : [options.onIdentity])
       ]
-      // `#account` events with `active: true`: a durable reconciliation request for a known owner,
+      // `#account` (either `active`) and `#sync` events: a durable reconciliation request for a known owner,
       // taken up by whichever process runs the reconcile role (Reactivations)
       const sql = yield* Effect.serviceOption(SqlClient.SqlClient)
       const onReactivated = options.onReactivated ?? (Option.isSome(sql)

@@ -185,7 +185,7 @@ export interface StreamRunner {
 export interface IdentityHooks {
   /** every `#identity` / `#account` event (identity cache invalidation) */
   readonly onIdentity?: ((did: string) => Effect.Effect<void>) | undefined
-  /** every `#account` event with `active: true` (the owner's reconciliation request) */
+  /** every `#account` event (either `active`) and `#sync` event (the owner's reconciliation request) */
   readonly onReactivated?: ((did: string) => Effect.Effect<void>) | undefined
 }
 

@@ -5,7 +5,8 @@
  * 24 h later); on its reactivation a scan brings them back (without this, only at the owner's next
  * sweep).
  *
- * - {@link requester} (intake): the DIDs of committed `#account` events (`active` true or false) go
+ * - {@link requester} (intake): the DIDs of committed `#account` events (`active` true or false)
+ *   and relay `#sync` events (a repo state reset) go
  *   into a dropping queue ({@link QUEUE_MAX}; beyond it they are dropped, counted `queue`), drained
  *   by one fiber that stamps the known owners among them, ≤ {@link BATCH_MAX} DIDs per statement,
  *   through {@link ReconcileStoreShape.requestReconcile}: `owners.reconcile_requested_at` is set
@@ -64,7 +65,7 @@ export const requester = (
           Effect.gen(function*() {
             yield* Metric.incrementBy(Metrics.reactivationRequests, requested.length)
             for (const did of requested) {
-              yield* Effect.logInfo("account status changed: owner reconciliation requested").pipe(
+              yield* Effect.logInfo("owner reconciliation requested (account status or repo sync)").pipe(
                 Effect.annotateLogs({ did })
               )
             }

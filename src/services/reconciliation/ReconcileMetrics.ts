@@ -67,7 +67,7 @@ export const retrySchedulerAttempts = labelledCounterFamily("firehook_retry_sche
 
 export const reactivationRequests = Metric.counter("firehook_reconcile_reactivation_requests_total", {
   description:
-    "Owner reconciliations requested by an account's status change (#account of a known owner: reactivated, deactivated, taken down, suspended, deleted)"
+    "Owner reconciliations requested by an account's status change (#account of a known owner: reactivated, deactivated, taken down, suspended, deleted; or its relay #sync)"
 })
 /** `{ reason }`: queue, cap, store */
 export const reactivationDropped = labelledCounterFamily("firehook_reconcile_reactivation_dropped_total", {

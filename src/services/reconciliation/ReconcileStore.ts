@@ -79,7 +79,7 @@ export interface OwnerReconcileState {
   readonly scanStartedAt: Date | undefined
   readonly completedAt: Date | undefined
   readonly failedAt: Date | undefined
-  /** a reconciliation was requested (the account's reactivation) and no scan has begun since */
+  /** a reconciliation was requested (an `#account` or `#sync` event of the owner) and no scan has begun since */
   readonly reconcileRequested: boolean
 }
 
@@ -298,7 +298,7 @@ export interface ReconcileStoreShape {
     readonly exclude: ReadonlyArray<string>
   }) => Effect.Effect<ReadonlyArray<RetryCandidate>, StoreError>
   /**
-   * Request a reconciliation of each known owner among `dids` (an account's reactivation): stamps
+   * Request a reconciliation of each known owner among `dids` (an `#account` or `#sync` event): stamps
    * `reconcile_requested_at` where none is pending (a repeat is coalesced), while fewer than
    * `pendingMax` are pending. DIDs of no known owner are ignored. The stamp is cleared by the next
    * `begin` of the owner.

@@ -14,7 +14,7 @@
  *   so permanently failing owners rotate (oldest failure first) instead of holding the 16 slots
  *   forever, without a burst of short delays when they come back.
  * - Each round first lists owners with a pending reconciliation request (an account's
- *   reactivation, Reactivations.ts; oldest request first, not scanning) and tracks them like
+ *   `#account` or `#sync` event, Reactivations.ts; oldest request first, not scanning) and tracks them like
  *   failed owners, from attempt 0, in a budget of their own (`trackedMax` more): a refused scan
  *   (`busy`) keeps the request and is retried; the scan's begin clears it. An owner with a request
  *   that is already tracked as failed is woken instead: its next attempt is at once, not at the end
@@ -264,7 +264,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
 
     const tick: Effect.Effect<void, StoreError> = Effect.gen(function*() {
       if (state.stopping) return
-      // requested owners (an account's reactivation) first, in their own budget: failing owners
+      // requested owners (an `#account` or `#sync` event) first, in their own budget: failing owners
       // holding every slot for hours must not hold a reactivated owner back. An owner already
       // tracked as failed is listed too (beyond the budget) and woken: its next attempt is now,
       // not at the end of its failure's backoff
