@@ -5,7 +5,7 @@
  */
 import * as Socket from "@effect/platform/Socket"
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Deferred, Effect, Either, Fiber, Stream, TestClock } from "effect"
+import { Chunk, Deferred, Duration, Effect, Either, Fiber, Option, Stream, TestClock } from "effect"
 import type { IncomingMessage } from "node:http"
 import * as Net from "node:net"
 import { WebSocket as WsClient, WebSocketServer } from "ws"
@@ -19,6 +19,8 @@ import {
   type RelayItem,
   SourceError
 } from "../../src/services/intake/FirehoseSource.js"
+import { jetstreamSpecs } from "../../src/services/intake/JetstreamPlan.js"
+import type { WebhookIndex } from "../../src/services/matching/WebhookIndex.js"
 import { freePort } from "../support/proc.js"
 import {
   commitFrame,
@@ -487,4 +489,48 @@ describe("FirehoseSource: relay (subscribeRepos)", () => {
       expect(url).toBe("/xrpc/com.atproto.sync.subscribeRepos")
       expect(items).toEqual([Either.left(new SourceError({ kind: "closed" }))])
     }))
+})
+
+describe("Jetstream streams' idle watchdog", () => {
+  /** the stream specs of a plan whose direct set is `dids` (nothing else of the index is read to connect) */
+  const specs = (port: number, dids: ReadonlyArray<string>) =>
+    jetstreamSpecs({
+      url: `ws://127.0.0.1:${port}/subscribe`,
+      common: { maxBytes: 1 << 20, connectTimeoutMs: 5000, allowInsecure: true },
+      index: { wantedDids: () => new Set(dids) } as unknown as WebhookIndex,
+      directDidsMax: 10_000,
+      reconfigureDelay: Duration.seconds(1),
+      makeRunner: () => Effect.die("not used"),
+      start: () => Effect.die("not used")
+    })
+
+  it.scoped(
+    "the registry stream (wantedCollections only: every DID's #account/#identity events reach it, so it is never quiet on a live network) is closed as `idle` after 5 silent minutes; the direct stream (wantedDids) is not (TestClock)",
+    () =>
+      Effect.gen(function*() {
+        const hellos = yield* Deferred.make<void>()
+        let seen = 0
+        const srv = yield* wsServer((socket) => {
+          socket.once("message", () => {
+            seen++
+            if (seen === 2) Deferred.unsafeDone(hellos, Effect.void)
+          })
+        })
+        const plan = specs(srv.port, [DID])
+        const registry = yield* Effect.fork(collectAll(plan.registry.connect(undefined)))
+        const direct = yield* Effect.fork(collectAll(plan.direct.connect(undefined)))
+        yield* Deferred.await(hellos)
+        yield* TestClock.adjust("10 minutes")
+        // the registry stream ends (bounded wait on real sockets, not on time)
+        for (let i = 0; i < 200 && Option.isNone(yield* Fiber.poll(registry)); i++) {
+          yield* Effect.promise(() => new Promise((r) => setTimeout(r, 10)))
+        }
+        expect(Option.isSome(yield* Fiber.poll(registry))).toBe(true)
+        const got = yield* Fiber.join(registry)
+        expect(got.at(-1)).toEqual(Either.left(new SourceError({ kind: "idle" })))
+        expect(got.slice(0, -1).every(Either.isRight)).toBe(true)
+        expect(yield* Fiber.poll(direct)).toEqual(Option.none())
+        yield* Fiber.interrupt(direct)
+      })
+  )
 })

@@ -98,10 +98,12 @@ const jetstreamConnect =
           cursor,
           stream: name,
           relay,
-          // a filtered stream (registry: wh records only; direct: a few DIDs) can be quiet for
-          // hours, and each idle reconnect would replay from its last event: only the
-          // unfiltered backlink stream has the idle watchdog
-          ...(filters.wantedCollections === undefined && filters.wantedDids === undefined ? {} : { idleTimeoutMs: 0 }),
+          // the direct stream (wantedDids: a few DIDs) can be quiet for hours, and each idle
+          // reconnect would make Jetstream replay from its last event: no idle watchdog there.
+          // The registry stream (wantedCollections only) gets every DID's #account/#identity
+          // events, which Jetstream sends whatever the collections, so it is never quiet on a
+          // live network: a silent one is a half-open connection, closed like the backlink's
+          ...(filters.wantedDids === undefined ? {} : { idleTimeoutMs: 0 }),
           ...(filters.wantedCollections === undefined ? {} : { wantedCollections: filters.wantedCollections }),
           ...(filters.wantedDids === undefined ? {} : { wantedDids: filters.wantedDids() })
         })
