@@ -867,6 +867,24 @@ describe("SafeHttp: responses", () => {
         }))
     }))
 
+  it.scopedLive("timeoutMs: Infinity is the longest deadline (5 min), not an immediate timeout; NaN, 0 and below fail at once", () =>
+    Effect.gen(function*() {
+      const server = yield* startServer((_req, res) => res.end("ok"))
+      yield* withHttp(DEV, answers("127.0.0.1"), (http) =>
+        Effect.gen(function*() {
+          const res = yield* http.request(post(`http://receiver.test:${server.port}/hook`, { timeoutMs: Infinity }))
+          expect(res.status).toBe(200)
+          for (const timeoutMs of [Number.NaN, 0, -1, -Infinity]) {
+            yield* expectKind(
+              http.request(post(`http://receiver.test:${server.port}/hook`, { timeoutMs })),
+              "timeout",
+              []
+            )
+          }
+          expect(server.seen.length).toBe(1)
+        }))
+    }))
+
   it.scopedLive("interrupting a request destroys its connection", () =>
     Effect.gen(function*() {
       const server = yield* startServer(() => undefined)

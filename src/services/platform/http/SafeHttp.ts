@@ -69,7 +69,10 @@ export interface SafeRequest {
   readonly headers: Readonly<Record<string, string>>
   /** Sent as UTF-8, byte for byte. */
   readonly body?: string | undefined
-  /** Overall deadline: resolve + connect + request + response + body. */
+  /**
+   * Overall deadline: resolve + connect + request + response + body; at most
+   * {@link MAX_TIMEOUT_MS} (`Infinity` is that bound); NaN, 0 and below fail at once as `timeout`.
+   */
   readonly timeoutMs: number
   /** Response body bytes to read at most. */
   readonly maxResponseBytes: number
@@ -202,7 +205,10 @@ const makeWith = (
   // `Identity.fetch`, …), which covers the request.
   const request = (req: SafeRequest): Effect.Effect<SafeResponse, SafeHttpError> =>
     Effect.suspend(() => {
-      const timeoutMs = clampInt(req.timeoutMs, 0, MAX_TIMEOUT_MS, 0)
+      // +Infinity is the longest deadline ({@link MAX_TIMEOUT_MS}); NaN, 0 and below fail at once
+      const timeoutMs = req.timeoutMs === Number.POSITIVE_INFINITY
+        ? MAX_TIMEOUT_MS
+        : clampInt(req.timeoutMs, 0, MAX_TIMEOUT_MS, 0)
       if (timeoutMs <= 0) return fail("timeout")
       return send(req, timeoutMs)
     })
