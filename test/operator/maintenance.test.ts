@@ -305,6 +305,22 @@ describe("Maintenance", () => {
         yield* reset
       }))
 
+    it.effect(
+      "one run brings audit back to its 100,000-row bound after a minute at the documented peak throughput",
+      () =>
+        Effect.gen(function*() {
+          yield* reset
+          // the README's peak is 6,345 deliveries/s: 380,700 audit rows a minute (one maintenance
+          // interval), all younger than the 30-day retention
+          yield* audit(100_000 + 400_000, 1)
+          const counts = yield* Maintenance.runOnce()
+          expect(yield* count("audit")).toBe(100_000)
+          expect(counts.audit).toBe(400_000)
+          yield* reset
+        }),
+      120_000
+    )
+
     it.effect("a run is bounded: batchSize rows per statement, maxBatches statements per rule", () =>
       Effect.gen(function*() {
         yield* reset

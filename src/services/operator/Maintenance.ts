@@ -148,6 +148,8 @@ const ruleFailuresTotal = labelledCounterFamily("firehook_maintenance_rule_failu
 
 const seconds = (d: Duration.DurationInput): number => Duration.toSeconds(Duration.decode(d))
 
+/** Audit/quarantine bound: 10 × batchSize rows a statement (a minute at peak = 380,700 audit rows) */
+const BOUND_BATCH_FACTOR = 10
 const resolve = (options: Partial<RetentionOptions>): RetentionOptions => ({ ...DEFAULT_RETENTION, ...options })
 
 interface CountRow {
@@ -304,11 +306,11 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
       const first = cut[0]
       if (first === undefined) return byAge
       const byCount = yield* batched(
-        o,
+        { ...o, batchSize: b * BOUND_BATCH_FACTOR },
         onlyRows(timed(sql<CountRow>`
           WITH gone AS (
             DELETE FROM ${t} WHERE id IN (
-              SELECT id FROM ${t} WHERE id <= ${first.cut}::bigint ORDER BY id LIMIT ${b})
+              SELECT id FROM ${t} WHERE id <= ${first.cut}::bigint ORDER BY id LIMIT ${b * BOUND_BATCH_FACTOR})
             RETURNING 1
           )
           SELECT count(*)::int AS n FROM gone`))
