@@ -337,6 +337,26 @@ describe("Publisher", () => {
       expect((yield* p.stats).published).toBe(0)
     }))
 
+  it.scoped("a server that stops answering (a hung or SIGSTOPped Redis) is logged as a reply timeout, not a local close", () =>
+    Effect.gen(function*() {
+      const fake = yield* fakeRedis(() => undefined) // never answers
+      const logs = yield* captureLogs
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c" }).pipe(
+        Effect.provide(logs.layer)
+      )
+      yield* p.awaitStats((s) => s.connected)
+      yield* p.publish(auditEvent())
+      yield* fake.awaitState((x) => x.commands.length === 1)
+      yield* driveUntil(
+        Effect.map(logs.lines, (ls) => ls.some((l) => l.includes("redis connection lost"))),
+        "10 millis"
+      )
+      const lost = (yield* logs.lines).find((l) => l.includes("redis connection lost")) ?? ""
+      expect(lost).toContain("\"kind\":\"timeout\"")
+      expect(lost).toContain("\"code\":\"reply\"")
+    }))
+
   // live clock: nothing here is timed; the deadline only bounds the wait for the 40 commands
   it.scopedLive("REDIS_PUBLISH_MAX_IN_FLIGHT above 16: that many messages await their replies on the connection", () =>
     Effect.gen(function*() {

@@ -216,6 +216,8 @@ export interface RespConnection {
   readonly closed: Effect.Effect<RedisError>
   /** Close now (idempotent, synchronous, so bounded); pending commands fail with `closed`. */
   readonly destroy: Effect.Effect<void>
+  /** Close now with `why` as the reason (`closed` completes with it, pending commands fail with it). */
+  readonly abort: (why: RedisError) => Effect.Effect<void>
 }
 
 export interface ConnectOptions {
@@ -319,7 +321,8 @@ export const connect = (
     const conn: RespConnection = {
       command,
       closed: Deferred.await(closed),
-      destroy: Effect.sync(() => shutdown(new RedisError({ kind: "closed", code: "local" })))
+      destroy: Effect.sync(() => shutdown(new RedisError({ kind: "closed", code: "local" }))),
+      abort: (why) => Effect.sync(() => shutdown(why))
     }
 
     const handshake = Effect.gen(function*() {
@@ -533,8 +536,9 @@ export const make = (
             ),
           onFailure: (e) =>
             e.kind === "timeout"
-              // a server that does not answer within the timeout is treated as gone: reset
-              ? Effect.zipRight(conn.destroy, drop("timeout"))
+              // a server that does not answer within the timeout is treated as gone: reset (and
+              // logged as the timeout it was, not as a local close)
+              ? Effect.zipRight(conn.abort(e), drop("timeout"))
               : drop("error")
         }),
         Effect.ensuring(Ref.update(inFlight, (n) => n - 1))
