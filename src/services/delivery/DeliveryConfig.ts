@@ -4,11 +4,11 @@
  * optional Redis publisher. Each variable's name, default and range live here once; `load` reads
  * them in the order `Config.load` always has.
  */
-import { Effect, Either } from "effect"
+import { Effect, Either, Option, Redacted } from "effect"
 import { parseCidr } from "../../schemas/Net.js"
 import type { FirehookConfigShape } from "../platform/Config.js"
 import {
-  type ConfigInvalid,
+  ConfigInvalid,
   notBelow,
   parseCommaList,
   readIntVar,
@@ -102,11 +102,19 @@ const loadSecrets: Effect.Effect<FirehookConfigShape["secrets"], ConfigInvalid> 
   return { encryptionKey, previousKeys }
 })
 
+const SCHEME_RULE = "must be a redis:// or rediss:// URL"
+
 const loadRedis: Effect.Effect<FirehookConfigShape["redis"], ConfigInvalid> = Effect.gen(function*() {
   const url = yield* readRedactedAll(redis.url.env, [
     urlText,
-    { test: (s) => s.length <= 2048 && Either.isRight(parseRedisUrl(s)), text: "must be a redis:// or rediss:// URL" }
+    { test: (s) => s.length <= 2048 && URL.canParse(s), text: SCHEME_RULE }
   ])
+  // a redis:// URL that breaks one of its rules is told which (the rules never contain the value)
+  const broken = Option.flatMap(url, (u) => Either.getLeft(parseRedisUrl(Redacted.value(u))))
+  if (Option.isSome(broken)) {
+    const rule = broken.value.rule === "must be a URL" ? SCHEME_RULE : broken.value.rule
+    return yield* Effect.fail(new ConfigInvalid({ variable: redis.url.env, rule }))
+  }
   const channel = yield* readStringVar(redis.channel)
   const publishMaxBytes = yield* readIntVar(redis.publishMaxBytes)
   const publishMaxInFlight = yield* readIntVar(redis.publishMaxInFlight)
