@@ -81,10 +81,14 @@ const asObject = (v: unknown): { readonly [k: string]: unknown } | undefined =>
 const hv = (v: unknown): string =>
   typeof v === "boolean" ? (v ? "yes" : "no") : typeof v === "number" || typeof v === "string" ? cell(v) : "-"
 
-/** `k v  k v` for the scalar fields of a section, in order (`only`: just these keys). */
-const scalars = (section: { readonly [k: string]: unknown }, only?: ReadonlyArray<string>): string =>
-  (only ?? Object.keys(section))
-    .filter((k) => only !== undefined || asObject(section[k]) === undefined)
+/**
+ * `k v  k v` for the scalar fields of a section: `first` in that order (`-` when absent), then every
+ * other scalar field the service reports, in its order (a field of a newer service, or one such as
+ * the delivery counts' `stale`, is never dropped).
+ */
+const scalars = (section: { readonly [k: string]: unknown }, first: ReadonlyArray<string> = []): string =>
+  [...first, ...Object.keys(section).filter((k) => !first.includes(k) && asObject(section[k]) === undefined)]
+    .slice(0, 64)
     .map((k) => `${cell(k)} ${hv(section[k])}`)
     .join("  ")
 
@@ -146,7 +150,7 @@ export const status = Command.make("status", { json }, (o) =>
         ...healthLines(service),
         "",
         `deliveries  pending ${d.pending} (due ${d.due})  leased ${d.leased}  delivered ${d.delivered}  dead_letter ${d.dead_letter}  cancelled ${d.cancelled}`,
-        `webhooks    active ${s.webhooks.active}  total ${s.webhooks.total}  gone ${s.webhooks.gone}`,
+        `webhooks    active ${s.webhooks.active}  total ${s.webhooks.total}  gone ${s.webhooks.gone}  autoDisabled ${s.autoDisabledWebhooks}`,
         `owners      unknown ${s.owners.unknown}  scanning ${s.owners.scanning}  complete ${s.owners.complete}  failed ${s.owners.failed}`,
         `quarantine  ${s.quarantine}`,
         `secrets     ${s.secrets}`

@@ -455,4 +455,45 @@ describe("firehook CLI (operator defects)", () => {
       }),
     { timeout: 120_000 }
   )
+
+  it.scopedLive(
+    "status shows every delivery field of /health (stale, auto-disabled and gone webhooks) and the database's auto-disabled webhooks",
+    () =>
+      Effect.gen(function*() {
+        const db = yield* Db.freshDatabase
+        yield* Effect.gen(function*() {
+          yield* seedFourDeliveries
+          const sql = yield* SqlClient.SqlClient
+          // ALICE's webhook auto-disabled by its failure streak (SPEC §4.3), CAROL's gone (a 410)
+          yield* sql`UPDATE webhooks SET auto_disabled_at = now() WHERE owner_did = ${ALICE}`
+          yield* sql`UPDATE webhooks SET gone_at = now() WHERE owner_did = ${CAROL}`
+        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+        const server = yield* healthServer(200, {
+          status: "ok",
+          phase: "live",
+          delivery: {
+            pending: 5,
+            leased: 1,
+            deadLetter: 2,
+            inFlight: 1,
+            openCircuits: 0,
+            autoDisabledWebhooks: 3,
+            goneWebhooks: 4,
+            stale: true
+          }
+        })
+        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_HOST: "127.0.0.1", HEALTH_PORT: String(server.port) }
+        const human = yield* cli(["status"], env)
+        expect(human.code, human.stderr).toBe(0)
+        // the service's counts are a cache: one older than 5 s is marked stale, and status says so
+        expect(human.stdout).toMatch(
+          /delivery\s+pending 5 {2}leased 1 {2}deadLetter 2 {2}inFlight 1 {2}openCircuits 0 {2}autoDisabledWebhooks 3 {2}goneWebhooks 4 {2}stale yes/
+        )
+        // the database's webhooks: an auto-disabled one is counted (it still has active = true)
+        expect(human.stdout).toMatch(/^webhooks\s+active 2 {2}total 2 {2}gone 1 {2}autoDisabled 1$/m)
+        const json = JSON.parse((yield* cli(["status", "--json"], env)).stdout) as { autoDisabledWebhooks: number }
+        expect(json.autoDisabledWebhooks).toBe(1)
+      }),
+    { timeout: 60_000 }
+  )
 })

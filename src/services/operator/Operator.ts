@@ -198,6 +198,11 @@ export interface OperatorOptions {
 export interface StatusSummary {
   readonly deliveries: { readonly [S in DeliveryStatus]: number } & { readonly due: number }
   readonly webhooks: { readonly active: number; readonly total: number; readonly gone: number }
+  /**
+   * webhooks auto-disabled by their failure streak (SPEC §4.3): they keep `active` (their record is
+   * valid and enabled), so `webhooks.active` counts them, but nothing is sent to them until resumed
+   */
+  readonly autoDisabledWebhooks: number
   readonly owners: { readonly [S in ReconcileStatus]: number }
   readonly quarantine: number
   readonly secrets: number
@@ -322,6 +327,41 @@ const replayBatchStatement = (
          (SELECT count(*) FROM upd WHERE inactive)::int AS inactive,
          (SELECT last_created FROM tail) AS last_created,
          (SELECT last_id FROM tail) AS last_id`
+
+/** The counts of `status` (counts only: no DIDs, URLs or errors). */
+const statusOf = (sql: SqlClient.SqlClient): Effect.Effect<StatusSummary, StoreError> =>
+  Effect.gen(function*() {
+    const byStatus = yield* sql<{ status: DeliveryStatus; n: number }>`
+    SELECT status, count(*)::float8 AS n FROM outbox GROUP BY status`
+    const due = yield* sql<{ n: number }>`
+    SELECT count(*)::float8 AS n FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()`
+    const webhooks = yield* sql<{ active: number; total: number; gone: number; auto_disabled: number }>`
+    SELECT count(*) FILTER (WHERE active)::float8 AS active, count(*)::float8 AS total,
+           count(*) FILTER (WHERE gone_at IS NOT NULL)::float8 AS gone,
+           count(*) FILTER (WHERE auto_disabled_at IS NOT NULL)::float8 AS auto_disabled
+    FROM webhooks`
+    const owners = yield* sql<{ reconcile_status: ReconcileStatus; n: number }>`
+    SELECT reconcile_status, count(*)::float8 AS n FROM owners GROUP BY reconcile_status`
+    const quarantine = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM quarantine`
+    const secrets = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM secrets`
+    const deliveries = { pending: 0, leased: 0, delivered: 0, dead_letter: 0, cancelled: 0, due: due[0]?.n ?? 0 }
+    for (const r of byStatus) if (isDeliveryStatus(r.status)) deliveries[r.status] = r.n
+    const ownerCounts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
+    for (const r of owners) {
+      if ((RECONCILE_STATUSES as ReadonlyArray<string>).includes(r.reconcile_status)) {
+        ownerCounts[r.reconcile_status] = r.n
+      }
+    }
+    const summary: StatusSummary = {
+      deliveries,
+      webhooks: { active: webhooks[0]?.active ?? 0, total: webhooks[0]?.total ?? 0, gone: webhooks[0]?.gone ?? 0 },
+      autoDisabledWebhooks: webhooks[0]?.auto_disabled ?? 0,
+      owners: ownerCounts,
+      quarantine: quarantine[0]?.n ?? 0,
+      secrets: secrets[0]?.n ?? 0
+    }
+    return summary
+  }).pipe(storeOp("operator.status"), Effect.withSpan("Operator.status"))
 
 export const makeWith = (options: OperatorOptions = {}) =>
   Effect.gen(function*() {
@@ -539,36 +579,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
       return out
     })
 
-    const status = Effect.gen(function*() {
-      const byStatus = yield* sql<{ status: DeliveryStatus; n: number }>`
-      SELECT status, count(*)::float8 AS n FROM outbox GROUP BY status`
-      const due = yield* sql<{ n: number }>`
-      SELECT count(*)::float8 AS n FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()`
-      const webhooks = yield* sql<{ active: number; total: number; gone: number }>`
-      SELECT count(*) FILTER (WHERE active)::float8 AS active, count(*)::float8 AS total,
-             count(*) FILTER (WHERE gone_at IS NOT NULL)::float8 AS gone
-      FROM webhooks`
-      const owners = yield* sql<{ reconcile_status: ReconcileStatus; n: number }>`
-      SELECT reconcile_status, count(*)::float8 AS n FROM owners GROUP BY reconcile_status`
-      const quarantine = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM quarantine`
-      const secrets = yield* sql<{ n: number }>`SELECT count(*)::float8 AS n FROM secrets`
-      const deliveries = { pending: 0, leased: 0, delivered: 0, dead_letter: 0, cancelled: 0, due: due[0]?.n ?? 0 }
-      for (const r of byStatus) if (isDeliveryStatus(r.status)) deliveries[r.status] = r.n
-      const ownerCounts = { unknown: 0, scanning: 0, complete: 0, failed: 0 }
-      for (const r of owners) {
-        if ((RECONCILE_STATUSES as ReadonlyArray<string>).includes(r.reconcile_status)) {
-          ownerCounts[r.reconcile_status] = r.n
-        }
-      }
-      const summary: StatusSummary = {
-        deliveries,
-        webhooks: { active: webhooks[0]?.active ?? 0, total: webhooks[0]?.total ?? 0, gone: webhooks[0]?.gone ?? 0 },
-        owners: ownerCounts,
-        quarantine: quarantine[0]?.n ?? 0,
-        secrets: secrets[0]?.n ?? 0
-      }
-      return summary
-    }).pipe(storeOp("operator.status"), Effect.withSpan("Operator.status"))
+    const status = statusOf(sql)
 
     const shape: OperatorShape = { listDeliveries, listPage, showDelivery, redeliver, replayDeadLetters, status }
     return shape
