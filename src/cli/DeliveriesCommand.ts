@@ -46,8 +46,12 @@ const deliveryJson = (d: Operator.Delivery, showUrls: boolean) => ({
   finishedAt: iso(d.finishedAt) ?? null
 })
 
+/**
+ * The LAST ERROR cell: the kind of the last failure with its HTTP status, if any. A delivered row
+ * keeps its receiver's 2xx in `lastHttpStatus` with no error kind: that is no error.
+ */
 const lastError = (d: Operator.Delivery): string | undefined =>
-  d.lastErrorKind === undefined && d.lastHttpStatus === undefined
+  d.lastErrorKind === undefined
     ? undefined
     : [d.lastErrorKind, d.lastHttpStatus].filter((x) => x !== undefined).join(" ")
 

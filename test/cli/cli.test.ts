@@ -496,4 +496,29 @@ describe("firehook CLI (operator defects)", () => {
       }),
     { timeout: 60_000 }
   )
+
+  it.scopedLive(
+    "list: a delivered row has no last error (its 200 is not shown as one); a failed row's kind and status are",
+    () =>
+      Effect.gen(function*() {
+        const db = yield* Db.freshDatabase
+        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
+        yield* Effect.gen(function*() {
+          yield* seedFourDeliveries
+          const sql = yield* SqlClient.SqlClient
+          // as the worker's settle writes them: delivered keeps the 2xx status and clears the kind
+          yield* sql`UPDATE outbox SET status = 'delivered', attempt_count = 2, last_error_kind = NULL,
+                   last_http_status = 200, finished_at = now() WHERE owner_did = ${ALICE}`
+          yield* sql`UPDATE outbox SET status = 'pending', attempt_count = 1, last_error_kind = 'http_5xx',
+                   last_http_status = 503 WHERE owner_did = ${CAROL}`
+        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+        const list = yield* cli(["deliveries", "list"], env)
+        expect(list.code, list.stderr).toBe(0)
+        const rows = lines(list.stdout).slice(1)
+        expect(rows).toHaveLength(4)
+        for (const row of rows.filter((r) => r.includes(ALICE))) expect(row).toMatch(/\sdelivered\s.*\s-$/)
+        for (const row of rows.filter((r) => r.includes(CAROL))) expect(row).toMatch(/\spending\s.*\shttp_5xx 503$/)
+      }),
+    { timeout: 60_000 }
+  )
 })
