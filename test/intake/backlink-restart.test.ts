@@ -11,6 +11,7 @@ import { Duration, Effect, Ref } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
+import { eventually } from "../support/eventually.js"
 import { commitFrame, type Connection, startFakeJetstream } from "../support/fakeJetstream.js"
 import { memoryStack, plc, testConfig, whRecordValue } from "../support/stack.js"
 
@@ -34,16 +35,6 @@ const tuning: Partial<Intake.IntakeTuning> = {
   backoffCap: Duration.millis(50),
   poisonBackoff: Duration.millis(20)
 }
-
-/** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
-const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 400; i++) {
-      if (yield* cond) return
-      yield* Effect.sleep("25 millis")
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 const optionsOf = (c: Connection) => c.options.at(-1)
 const isBacklink = (c: Connection) => {

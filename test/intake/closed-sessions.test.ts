@@ -8,6 +8,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, HashMap, Layer, Logger, Option, Ref } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"
+import { eventually } from "../support/eventually.js"
 import { relayConfig, relayServer } from "../support/fakeRelay.js"
 import { memoryStack } from "../support/stack.js"
 
@@ -17,16 +18,6 @@ const tuning: Partial<Intake.IntakeTuning> = {
   backoffCap: Duration.millis(50),
   poisonBackoff: Duration.millis(20)
 }
-
-/** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
-const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 400; i++) {
-      if (yield* cond) return
-      yield* Effect.sleep("25 millis")
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 interface Line {
   readonly message: string

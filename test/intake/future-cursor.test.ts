@@ -10,6 +10,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
+import { eventually } from "../support/eventually.js"
 import { relayConfig, relayServer } from "../support/fakeRelay.js"
 import { memoryStack } from "../support/stack.js"
 import { errorFrame } from "./frames.js"
@@ -21,16 +22,6 @@ const tuning: Partial<Intake.IntakeTuning> = {
   // far longer than the test waits for the live connection
   poisonBackoff: Duration.minutes(10)
 }
-
-/** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
-const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 400; i++) {
-      if (yield* cond) return
-      yield* Effect.sleep("25 millis")
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 describe("a relay answering FutureCursor to the stored cursor", () => {
   it.scopedLive(

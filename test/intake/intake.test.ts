@@ -11,6 +11,7 @@ import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
+import { eventually } from "../support/eventually.js"
 import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
 import { relayConfig, relayServer } from "../support/fakeRelay.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
@@ -55,16 +56,6 @@ const specFor = (fake: FakeJetstream, name = "registry"): Intake.StreamSpec => (
 
 const posts = (n: number, from = 0) =>
   Array.from({ length: n }, (_, i) => commitFrame(plc(1), T0 + (from + i + 1) * 1000, POST, `p${from + i}`, "create"))
-
-/** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
-const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 400; i++) {
-      if (yield* cond) return
-      yield* Effect.sleep("25 millis")
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 /** A registry stream runner over `fake`, running in the test's scope, once its first session is connected. */
 const runConnected = (fake: FakeJetstream, tuning: Intake.IntakeTuning) =>

@@ -11,6 +11,7 @@ import { Context, Duration, Effect, Layer } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Db from "../support/db.js"
+import { eventually } from "../support/eventually.js"
 import { relayConfig, relayServer } from "../support/fakeRelay.js"
 import { sqlServices } from "../support/stack.js"
 
@@ -20,16 +21,6 @@ const tuning: Partial<Intake.IntakeTuning> = {
   backoffCap: Duration.millis(50),
   poisonBackoff: Duration.seconds(30)
 }
-
-/** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
-const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 400; i++) {
-      if (yield* cond) return
-      yield* Effect.sleep("25 millis")
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 describe("relay stream health before its first commit", () => {
   it.scopedLive(

@@ -8,21 +8,12 @@ import { Duration, Effect, Ref } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
+import { eventually } from "../support/eventually.js"
 import { relayConfig, relayServer } from "../support/fakeRelay.js"
 import { memoryStack, whRecordValue } from "../support/stack.js"
 import * as frames from "./frames.js"
 
 const WH = "place.wisp.v2.wh"
-
-/** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
-const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 400; i++) {
-      if (yield* cond) return
-      yield* Effect.sleep("25 millis")
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 describe("Intake on the relay firehose: data the fast decoders cannot represent", () => {
   it.scopedLive(

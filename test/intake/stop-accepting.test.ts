@@ -11,6 +11,7 @@ import { Deferred, Duration, Effect, HashMap, Layer, Logger, Option, Ref } from 
 import * as Intake from "../../src/services/intake/Intake.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { Registry } from "../../src/services/registry/Registry.js"
+import { eventually } from "../support/eventually.js"
 import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
 import { memoryStack, plc, testConfig, whRecordValue } from "../support/stack.js"
 
@@ -23,16 +24,6 @@ const tuning: Partial<Intake.IntakeTuning> = {
   backoffCap: Duration.millis(50),
   poisonBackoff: Duration.millis(20)
 }
-
-/** Poll `cond` (bounded) — waits for real sockets, asserts nothing about time. */
-const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 400; i++) {
-      if (yield* cond) return
-      yield* Effect.sleep("25 millis")
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 const isRegistry = (c: FakeJetstream["connections"][number]) => {
   const cols = c.options.at(-1)?.["wantedCollections"]

@@ -15,6 +15,7 @@ import { Processor } from "../../src/services/matching/Processor.js"
 import { Registry } from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import * as RejectedStore from "../../src/services/registry/RejectedStore.js"
+import { eventually } from "../support/eventually.js"
 import { commitFrame, startFakeJetstream } from "../support/fakeJetstream.js"
 import { ev, memoryStack, plc, rev, sqlStack, WH, whRecordValue } from "../support/stack.js"
 
@@ -158,16 +159,6 @@ describe("unstorable wh records on the registry stream (PostgreSQL)", () => {
 // The stream itself (real WebSockets, real PostgreSQL): the audit's reproduction
 
 const T0 = 1_800_000_000_000_000
-
-/** Poll `cond` (bounded): waits for real sockets, asserts nothing about time. */
-const eventually = <E, R>(cond: Effect.Effect<boolean, E, R>, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 400; i++) {
-      if (yield* cond) return
-      yield* Effect.sleep("25 millis")
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 describe("the registry stream does not stall on an unstorable record (PostgreSQL, Jetstream)", () => {
   it.scopedLive(
