@@ -453,6 +453,25 @@ describe("ChildProcess.spawn (a real node process)", () => {
     }))
 })
 
+/** Listen on a loopback port for the scope (its connections closed at the end); the port. */
+const listenLoopback = (server: Http.Server) =>
+  Effect.acquireRelease(
+    Effect.async<void>((resume) => {
+      server.listen(0, "127.0.0.1", () => resume(Effect.void))
+    }),
+    () =>
+      Effect.sync(() => server.closeAllConnections()).pipe(
+        Effect.zipRight(Effect.async<void>((resume) => {
+          server.close(() => resume(Effect.void))
+        }))
+      )
+  ).pipe(
+    Effect.map(() => {
+      const addr = server.address()
+      return typeof addr === "object" && addr !== null ? addr.port : 0
+    })
+  )
+
 describe("DeliveryChild.probe (a real loopback listener)", () => {
   it.live(
     "reads readiness and sections; a hung or non-JSON answer is None within the timeout",
@@ -476,19 +495,7 @@ describe("DeliveryChild.probe (a real loopback listener)", () => {
             })
           )
         })
-        yield* Effect.acquireRelease(
-          Effect.async<void>((resume) => {
-            server.listen(0, "127.0.0.1", () => resume(Effect.void))
-          }),
-          () =>
-            Effect.sync(() => server.closeAllConnections()).pipe(
-              Effect.zipRight(Effect.async<void>((resume) => {
-                server.close(() => resume(Effect.void))
-              }))
-            )
-        )
-        const addr = server.address()
-        const port = typeof addr === "object" && addr !== null ? addr.port : 0
+        const port = yield* listenLoopback(server)
         expect(yield* DeliveryChild.probe(port)).toEqual(
           Option.some({ ready: true, sections: { delivery: { pending: 2, stale: false }, roles: { delivery: true } } })
         )
@@ -529,19 +536,7 @@ describe("DeliveryChild.metrics (a real loopback listener)", () => {
           }
           pump()
         })
-        yield* Effect.acquireRelease(
-          Effect.async<void>((resume) => {
-            server.listen(0, "127.0.0.1", () => resume(Effect.void))
-          }),
-          () =>
-            Effect.sync(() => server.closeAllConnections()).pipe(
-              Effect.zipRight(Effect.async<void>((resume) => {
-                server.close(() => resume(Effect.void))
-              }))
-            )
-        )
-        const addr = server.address()
-        const port = typeof addr === "object" && addr !== null ? addr.port : 0
+        const port = yield* listenLoopback(server)
         expect(yield* DeliveryChild.metrics(port)).toEqual(
           Option.some("# HELP a_total a\n# TYPE a_total counter\na_total 1\n")
         )
