@@ -81,6 +81,18 @@ const ownerRow = async (owner: Account): Promise<OwnerRow | undefined> =>
     owner.did
   ]))[0]
 
+/** Wait until the owner's requested scan has completed and its request is cleared. */
+const ownerScanned = (owner: Account, what: string) =>
+  waitUntil(
+    async () => {
+      const row = await ownerRow(owner)
+      return row?.reconcile_status === "complete" && row.reconcile_requested_at === null
+    },
+    30_000,
+    what,
+    async () => JSON.stringify(await ownerRow(owner))
+  )
+
 const post = (account: Account, text: string) =>
   createRecord(account, "app.bsky.feed.post", { text, createdAt: nowIso() })
 
@@ -116,15 +128,7 @@ describe("an account's reactivation on a real atproto network", () => {
         "the webhook removed after the deactivation",
         logs
       )
-      await waitUntil(
-        async () => {
-          const owner = await ownerRow(hana)
-          return owner?.reconcile_status === "complete" && owner.reconcile_requested_at === null
-        },
-        30_000,
-        "the owner complete after the deactivation's scan",
-        async () => JSON.stringify(await ownerRow(hana))
-      )
+      await ownerScanned(hana, "the owner complete after the deactivation's scan")
 
       // reactivated: `#account active=true` stamps the owner and the RetryScheduler reconciles it,
       // with no CLI and no sweep
@@ -138,15 +142,7 @@ describe("an account's reactivation on a real atproto network", () => {
         "the webhook back after the reactivation",
         logs
       )
-      await waitUntil(
-        async () => {
-          const owner = await ownerRow(hana)
-          return owner?.reconcile_status === "complete" && owner.reconcile_requested_at === null
-        },
-        30_000,
-        "the owner complete, its request cleared",
-        async () => JSON.stringify(await ownerRow(hana))
-      )
+      await ownerScanned(hana, "the owner complete, its request cleared")
       expect(firehook.running.stdout()).toContain("owner reconciliation requested (account status or repo sync)")
 
       // and the watched DID's new post is delivered, signed
