@@ -28,7 +28,7 @@ import * as Identity from "../../src/services/reconciliation/Identity.js"
 import * as Db from "../support/db.js"
 import { fakePlc } from "../support/fakeAtproto.js"
 import { testConfig } from "../support/stack.js"
-import { docs, KEY, mint, newOwner, SERVICE_DID } from "./support.js"
+import { captureLogs, docs, KEY, mint, newOwner, SERVICE_DID } from "./support.js"
 import { openTailOrDie, outcome, until, untilEffect } from "./tailClient.js"
 
 const TAIL = "dev.firehook.webhook.subscribeDeliveries"
@@ -303,13 +303,7 @@ describe("replicas on one database", () => {
   it.scopedLive(
     "jti: a shared store that cannot answer: 30 calls are 30 × 503, logged at most once a minute (not per call)",
     () => {
-      const lines: Array<{ level: string; message: string }> = []
-      const capture = Logger.make(({ logLevel, message }) =>
-        void lines.push({
-          level: logLevel.label,
-          message: Array.isArray(message) ? message.join(" ") : String(message)
-        })
-      )
+      const { capture, lines } = captureLogs()
       return Effect.gen(function*() {
         const plc = yield* fakePlc(docs)
         const { url } = yield* Db.freshDatabase

@@ -7,7 +7,7 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Logger } from "effect"
-import { apiLayer, callAs, newOwner } from "./support.js"
+import { apiLayer, callAs, captureLogs, newOwner } from "./support.js"
 
 const W = "dev.firehook.webhook"
 
@@ -15,13 +15,7 @@ describe("API store failures in the log", () => {
   it.scopedLive(
     "30 calls whose store fails: 30 × 500, and at most one warning per method's store in the minute",
     () => {
-      const lines: Array<{ level: string; message: string }> = []
-      const capture = Logger.make(({ logLevel, message }) =>
-        void lines.push({
-          level: logLevel.label,
-          message: Array.isArray(message) ? message.join(" ") : String(message)
-        })
-      )
+      const { capture, lines } = captureLogs()
       return Effect.gen(function*() {
         const ctx = yield* Layer.build(apiLayer())
         yield* Effect.gen(function*() {

@@ -13,7 +13,7 @@ import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import type { SqlClient } from "@effect/sql"
 import type { PgClient } from "@effect/sql-pg"
-import { Clock, Effect, Layer, Redacted } from "effect"
+import { Clock, Effect, Layer, Logger, Redacted } from "effect"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
 import * as Http from "node:http"
@@ -324,3 +324,15 @@ export const lexiconDocs = (): Array<LexiconDoc> =>
     expect(Path.relative(LEXICONS, file).replace(/\.json$/, "").split(Path.sep).join(".")).toBe(doc.id)
     return doc
   })
+
+/** A logger that keeps every line's level and message (`lines`), to count what a test logged. */
+export const captureLogs = () => {
+  const lines: Array<{ level: string; message: string }> = []
+  const capture = Logger.make(({ logLevel, message }) =>
+    void lines.push({
+      level: logLevel.label,
+      message: Array.isArray(message) ? message.join(" ") : String(message)
+    })
+  )
+  return { lines, capture }
+}
