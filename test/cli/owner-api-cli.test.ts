@@ -11,7 +11,6 @@
  * refusals exit 1 with the XRPC error name and message on one line; tokens are never printed.
  */
 import { Effect, Exit, Scope } from "effect"
-import { type ChildProcess, spawn } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as WebhookLexicon from "../../src/schemas/WebhookLexicon.js"
@@ -27,7 +26,7 @@ import {
   WH
 } from "../support/devnet.js"
 import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
-import { BUN, type CliResult, exitWithin, freePort, ROOT, runCli, waitFor } from "../support/proc.js"
+import { type CliResult, exitWithin, freePort, runCli, spawnCli, waitFor } from "../support/proc.js"
 import { expectOk, expectOneLineError, lines } from "./cli-expect.js"
 import { cborFrame, checked, FAKE_DID, type FakeXrpc, startFake } from "./owner-api-fake.js"
 
@@ -105,21 +104,6 @@ const owner = async (name: string): Promise<Owner> => {
 }
 
 const hooks = (env: Record<string, string>, args: ReadonlyArray<string>) => runCli(["hooks", ...args], env)
-
-/** A running CLI whose output can be read while it runs. */
-const spawnCli = (args: ReadonlyArray<string>, env: Record<string, string>) => {
-  const child: ChildProcess = spawn(BUN, ["src/cli/main.ts", ...args], {
-    cwd: ROOT,
-    env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
-    stdio: ["ignore", "pipe", "pipe"]
-  })
-  let stdout = ""
-  let stderr = ""
-  child.stdout?.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
-  child.stderr?.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
-  const exit = new Promise<number | null>((r) => child.on("close", (code) => r(code)))
-  return { child, stdout: () => stdout, stderr: () => stderr, exit }
-}
 
 // fixtures, each checked against its method's output Schema
 const T0 = "2026-11-20T10:00:00.000Z"

@@ -128,3 +128,18 @@ export const runCli = (args: ReadonlyArray<string>, env: Record<string, string>)
     child.stderr?.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
     child.on("close", (code) => resolve({ code, stdout, stderr }))
   })
+
+/** A running CLI whose output can be read while it runs. */
+export const spawnCli = (args: ReadonlyArray<string>, env: Record<string, string>) => {
+  const child: ChildProcess = spawn(BUN, ["src/cli/main.ts", ...args], {
+    cwd: ROOT,
+    env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let stdout = ""
+  let stderr = ""
+  child.stdout?.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
+  child.stderr?.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
+  const exit = new Promise<number | null>((r) => child.on("close", (code) => r(code)))
+  return { child, stdout: () => stdout, stderr: () => stderr, exit }
+}
