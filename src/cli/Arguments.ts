@@ -5,7 +5,9 @@
 import { Args, Options } from "@effect/cli"
 import { Clock, Effect, Option } from "effect"
 import { isCanonicalDid, isRkey } from "../schemas/AtUri.js"
+import { failureKinds } from "../services/delivery/Classify.js"
 import { SECRET_NAME } from "../services/delivery/Secrets.js"
+import { PARKED_KIND } from "../services/delivery/WebhookHealthSql.js"
 import { usage, type UsageError } from "./Failure.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -106,6 +108,14 @@ export const until = optional(
   Options.text("until"),
   "TIME",
   "enqueue time (created_at) before (ISO 8601, or 30m / 12h / 7d ago)"
+)
+/** Every `last_error_kind` a row can have: the attempt failure kinds, and parked rows' kind. */
+export const ERROR_KINDS = [...failureKinds, PARKED_KIND] as const
+export const errorKind = Options.choice("error-kind", ERROR_KINDS).pipe(
+  Options.withDescription(
+    `only deliveries whose last error is of this kind (${PARKED_KIND}: parked while their webhook was gone or auto-disabled)`
+  ),
+  Options.optional
 )
 export const deliveryId = Args.text({ name: "id" }).pipe(Args.withDescription("delivery id (whd_v1_…)"))
 export const didArg = Args.text({ name: "did" }).pipe(Args.withDescription("owner DID"))

@@ -2,13 +2,14 @@
  * `firehook deliveries …`: list, show, redeliver and replay deliveries.
  */
 import { Command, Options } from "@effect/cli"
-import { Effect, Option } from "effect"
+import { Effect, Option, Ref } from "effect"
 import * as Operator from "../services/operator/Operator.js"
 import {
   checkDeliveryId,
   checkDid,
   checkRkey,
   deliveryId,
+  errorKind,
   json,
   optional,
   owner,
@@ -19,7 +20,7 @@ import {
   webhook
 } from "./Arguments.js"
 import { Failed, usage } from "./Failure.js"
-import { cell, iso, out, printJson, REDACTED_URL, table, write } from "./Output.js"
+import { cell, flush, iso, out, printJson, REDACTED_URL, table, write } from "./Output.js"
 import { withServices } from "./Services.js"
 
 const deliveryJson = (d: Operator.Delivery, showUrls: boolean) => ({
@@ -64,12 +65,17 @@ const checkOwnerWebhook = (o: { readonly owner: Option.Option<string>; readonly 
 
 /** The filter of `list` and `replay`: the given fields only. */
 const filterOf = (
-  o: { readonly owner: Option.Option<string>; readonly webhook: Option.Option<string> },
+  o: {
+    readonly owner: Option.Option<string>
+    readonly webhook: Option.Option<string>
+    readonly errorKind: Option.Option<string>
+  },
   sinceT: Date | undefined,
   untilT: Date | undefined
 ): Operator.ReplayFilter => ({
   ...(Option.isSome(o.owner) ? { owner: o.owner.value } : {}),
   ...(Option.isSome(o.webhook) ? { webhook: o.webhook.value } : {}),
+  ...(Option.isSome(o.errorKind) ? { errorKind: o.errorKind.value } : {}),
   ...(sinceT === undefined ? {} : { since: sinceT }),
   ...(untilT === undefined ? {} : { until: untilT })
 })
@@ -86,6 +92,7 @@ const deliveriesList = Command.make(
       Options.withDescription("only deliveries in this status"),
       Options.optional
     ),
+    errorKind,
     since,
     until,
     limit: optional(
@@ -246,6 +253,16 @@ const deliveriesRedeliver = Command.make("redeliver", { id: deliveryId, json }, 
     )
   )
 
+/** What an interrupted replay prints: the rows replayed by the statements that returned. */
+const interruptedReplay = (replayed: number, asJson: boolean) =>
+  (asJson
+    ? printJson({ replayed, interrupted: true })
+    : out(
+      `interrupted: replayed at least ${replayed} dead-lettered ${
+        replayed === 1 ? "delivery" : "deliveries"
+      }; the others are still dead letters (run the same command again for them)`
+    )).pipe(Effect.zipRight(flush(process.stdout)))
+
 const deliveriesReplay = Command.make(
   "replay",
   {
@@ -254,6 +271,7 @@ const deliveriesReplay = Command.make(
     ),
     owner,
     webhook,
+    errorKind,
     since,
     until,
     json
@@ -262,9 +280,11 @@ const deliveriesReplay = Command.make(
     Effect.gen(function*() {
       yield* checkOwnerWebhook(o)
       const { sinceT, untilT } = yield* parseRange(o.since, o.until)
+      // Ctrl-C: the statements that returned are committed; say how many rows they replayed
+      const progress = yield* Ref.make(0)
       const result = yield* withServices(
-        Effect.flatMap(Operator.Operator, (op) => op.replayDeadLetters(filterOf(o, sinceT, untilT)))
-      )
+        Effect.flatMap(Operator.Operator, (op) => op.replayDeadLetters(filterOf(o, sinceT, untilT), { progress }))
+      ).pipe(Effect.onInterrupt(() => Effect.flatMap(Ref.get(progress), (n) => interruptedReplay(n, o.json))))
       const { complete, inactiveSubscription: inactive, replayed } = result
       if (o.json) return yield* printJson({ replayed, inactiveSubscription: inactive, complete })
       const of = inactive === 0

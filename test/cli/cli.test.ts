@@ -5,7 +5,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer, Redacted } from "effect"
+import { Context, Effect, Fiber, Layer, Redacted } from "effect"
 import { randomBytes } from "node:crypto"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -14,7 +14,8 @@ import { Processor } from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Database from "../../src/services/platform/Database.js"
 import * as Db from "../support/db.js"
-import { type CliResult, freePort, runCli } from "../support/proc.js"
+import { eventually } from "../support/eventually.js"
+import { type CliResult, freePort, runCli, spawnCli } from "../support/proc.js"
 import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
 import { expectOneLineError, lines } from "./cli-expect.js"
 
@@ -520,5 +521,109 @@ describe("firehook CLI (operator defects)", () => {
         for (const row of rows.filter((r) => r.includes(CAROL))) expect(row).toMatch(/\spending\s.*\shttp_5xx 503$/)
       }),
     { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "replay and list --error-kind: only the dead letters of that last error kind; an unknown kind is exit 2",
+    () =>
+      Effect.gen(function*() {
+        const db = yield* Db.freshDatabase
+        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
+        yield* Effect.gen(function*() {
+          yield* seedFourDeliveries
+          const sql = yield* SqlClient.SqlClient
+          yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now(),
+                     last_error_kind = 'timeout' WHERE owner_did = ${ALICE}`
+          yield* sql`UPDATE outbox SET status = 'dead_letter', finished_at = now(),
+                     last_error_kind = 'webhook_disabled' WHERE owner_did = ${CAROL}`
+        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+
+        const listed = yield* cli(["deliveries", "list", "--error-kind", "webhook_disabled", "--json"], env)
+        expect(listed.code, listed.stderr).toBe(0)
+        const rows = JSON.parse(listed.stdout) as Array<{ ownerDid: string }>
+        expect(rows.map((r) => r.ownerDid)).toEqual([CAROL, CAROL])
+
+        const bad = yield* cli(["deliveries", "replay", "--status", "dead_letter", "--error-kind", "http_500"], env)
+        expectOneLineError(bad, 2)
+        const replay = yield* cli(["deliveries", "replay", "--status", "dead_letter", "--error-kind", "timeout"], env)
+        expect(replay.code, replay.stderr).toBe(0)
+        expect(replay.stdout).toBe("replayed 2 dead-lettered deliveries\n")
+        const left = yield* Effect.gen(function*() {
+          const sql = yield* SqlClient.SqlClient
+          return yield* sql<{ owner_did: string; status: string }>`
+          SELECT owner_did, status FROM outbox ORDER BY owner_did, status`
+        }).pipe(Effect.provide(Database.layerUrl(db.url)), Effect.scoped)
+        expect(left.map((r) => `${r.owner_did === ALICE ? "alice" : "carol"} ${r.status}`)).toEqual([
+          "alice pending",
+          "alice pending",
+          "carol dead_letter",
+          "carol dead_letter"
+        ])
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "an interrupted replay prints how many rows its committed statements replayed (exit 130); the rest stay dead letters",
+    () =>
+      Effect.gen(function*() {
+        const db = yield* Db.freshDatabase
+        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
+        yield* Effect.gen(function*() {
+          yield* seedFourDeliveries
+          const sql = yield* SqlClient.SqlClient
+          // 2,500 dead letters: the four rows and 624 copies of each, enqueued a millisecond apart
+          yield* sql`
+          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, created_at)
+          SELECT delivery_id || '_' || g, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint,
+            created_at + g * interval '1 millisecond'
+          FROM outbox, generate_series(1, 624) g`
+          yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now(),
+                     last_error_kind = 'http_5xx', updated_at = now() - interval '1 minute'`
+        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+
+        // a row of the second statement's range (rows 1,001–2,000 in key order) is locked: the replay
+        // commits its first 1,000 rows and then waits there until it is interrupted
+        const sql = Context.get(yield* Layer.build(Database.layerUrl(db.url)), SqlClient.SqlClient)
+        const counts = sql<{ status: string; n: number }>`
+        SELECT status, count(*)::int AS n FROM outbox GROUP BY status ORDER BY status`
+        const locked = yield* Effect.forkScoped(
+          sql.withTransaction(Effect.gen(function*() {
+            // (the row alone: rows an OFFSET skips would be locked too)
+            yield* sql`SELECT 1 FROM outbox WHERE delivery_id =
+              (SELECT delivery_id FROM outbox ORDER BY created_at, delivery_id OFFSET 1500 LIMIT 1) FOR UPDATE`
+            yield* Effect.never
+          }))
+        )
+        yield* eventually(
+          Effect.map(
+            sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'transactionid' AND granted`,
+            (r) => (r[0]?.n ?? 0) >= 1
+          ),
+          "the row lock"
+        )
+        const replaying = spawnCli(["deliveries", "replay", "--status", "dead_letter"], env)
+        yield* eventually(
+          Effect.map(
+            sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'`,
+            (r) => (r[0]?.n ?? 0) === 1
+          ),
+          "the replay's second statement waiting on the locked row",
+          30_000
+        )
+        expect(yield* counts).toEqual([{ status: "dead_letter", n: 1500 }, { status: "pending", n: 1000 }])
+        replaying.child.kill("SIGINT")
+        expect(yield* Effect.promise(() => replaying.exit)).toBe(130)
+        expect(replaying.stdout()).toBe(
+          "interrupted: replayed at least 1000 dead-lettered deliveries; the others are still dead letters (run the same command again for them)\n"
+        )
+        yield* Fiber.interrupt(locked)
+        // the statement cut short was cancelled: nothing beyond the first 1,000 rows moved
+        expect(yield* counts).toEqual([{ status: "dead_letter", n: 1500 }, { status: "pending", n: 1000 }])
+      }),
+    { timeout: 90_000 }
   )
 })

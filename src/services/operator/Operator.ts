@@ -32,7 +32,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import type { Fragment } from "@effect/sql/Statement"
-import { Context, Data, Effect, Layer, Option } from "effect"
+import { Context, Data, Effect, Layer, Option, Ref } from "effect"
 import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"
 import { PARKED_KIND } from "../delivery/WebhookHealthSql.js"
 import type { OutboxRow } from "../matching/Outbox.js"
@@ -74,16 +74,8 @@ export class InvalidArgument extends Data.TaggedError("InvalidArgument")<{
   }
 }
 
-export interface ListFilter {
-  /** owner DID */
-  readonly owner?: string
-  /** webhook record key (with or without `owner`) */
-  readonly webhook?: string
+export interface ListFilter extends ReplayFilter {
   readonly status?: DeliveryStatus
-  /** created at or after */
-  readonly since?: Date
-  /** created before */
-  readonly until?: Date
   /** 1..1,000, default 100 */
   readonly limit?: number
   /** only rows strictly older than this key (the `next` of the previous page) */
@@ -119,12 +111,17 @@ export interface ShowOptions extends OwnerScope {
 export interface ReplayOptions {
   /** dead letters replayed at most by this call (default: all, within the statement bound) */
   readonly max?: number
+  /** rows replayed so far, added to as each statement returns (an interrupted call has replayed at least that many) */
+  readonly progress?: Ref.Ref<number>
 }
 
+/** The rows of `listDeliveries` and `replayDeadLetters` (`since` inclusive, `until` exclusive: the enqueue time). */
 export interface ReplayFilter {
+  /** owner DID */
   readonly owner?: string
+  /** webhook record key (with or without `owner`) */
   readonly webhook?: string
-  /** only the dead letters of this `last_error_kind` (resume's replay: `webhook_disabled`) */
+  /** only rows of this `last_error_kind` (resume's replay: `webhook_disabled`) */
   readonly errorKind?: string
   readonly since?: Date
   readonly until?: Date
@@ -502,8 +499,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
         const result = yield* redeliverOnce(deliveryId, scope)
         if (Option.isSome(result)) return result.value
       }
-      const fallback: RedeliverResult = { _tag: "Leased", leasedUntil: undefined }
-      return fallback
+      return { _tag: "Leased", leasedUntil: undefined } satisfies RedeliverResult as RedeliverResult
     })
 
     const replayDeadLetters = Effect.fn("Operator.replayDeadLetters")(function*(
@@ -544,7 +540,12 @@ export const makeWith = (options: OperatorOptions = {}) =>
           take,
           RESET,
           inactiveSubscription
-        ).pipe(storeOp("operator.replayDeadLetters"))
+        ).pipe(
+          storeOp("operator.replayDeadLetters"),
+          Effect.tap((rows) =>
+            options?.progress ? Ref.update(options.progress, (n) => n + (rows[0]?.replayed ?? 0)) : Effect.void
+          )
+        )
         const r: ReplayBatchRow | undefined = result[0]
         if (r === undefined) break
         replayed += r.replayed
