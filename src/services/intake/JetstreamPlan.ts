@@ -10,6 +10,7 @@ import { Duration, Effect, Fiber, Ref, Stream } from "effect"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import type { WebhookIndex } from "../matching/WebhookIndex.js"
 import * as FirehoseSource from "./FirehoseSource.js"
+import { RESUME_GAP_WARN_US } from "./ResumeGap.js"
 import { canonicalRelay, jetstreamItem, withOpened } from "./Sources.js"
 import type { StreamRunner, StreamSpec } from "./StreamModel.js"
 
@@ -122,6 +123,9 @@ export const jetstreamSpecs = (o: JetstreamOptions) => {
     initialCursor: 0n,
     rewind: TWO_SECONDS,
     cursorIsTime: true,
+    // never quiet on a live network (every DID's #identity/#account): a long resume gap is a
+    // clamped cursor (ResumeGap)
+    resumeGapWarnUs: RESUME_GAP_WARN_US,
     connect: jetstreamConnect(o, relay, "registry", { wantedCollections: [WH_COLLECTION] })
   }
   const direct: StreamSpec = {
@@ -143,6 +147,9 @@ export const jetstreamSpecs = (o: JetstreamOptions) => {
     initialCursor: undefined,
     rewind: TWO_SECONDS,
     cursorIsTime: true,
+    // the whole network: never quiet either. The direct stream (a few DIDs, every kind filtered
+    // by them) may be quiet for days: its gap is only measured
+    resumeGapWarnUs: RESUME_GAP_WARN_US,
     connect: jetstreamConnect(o, relay, "backlink", {}),
     // events from the direct set and wh records are handled by the other streams
     skip: (e) => e.kind !== "commit" || e.collection === WH_COLLECTION || index.wantedDids().has(e.did)

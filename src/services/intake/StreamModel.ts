@@ -9,6 +9,7 @@ import type * as Outbox from "../matching/Outbox.js"
 import type { ProcessorShape } from "../matching/Processor.js"
 import type { FirehookConfigShape } from "../platform/Config.js"
 import { labelledCounter, labelledGauge } from "../platform/Metrics.js"
+import type * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import type { CursorStoreShape } from "./CursorStore.js"
 import type * as FirehoseSource from "./FirehoseSource.js"
 import * as IntakeConfig from "./IntakeConfig.js"
@@ -42,8 +43,17 @@ export interface StreamSpec {
    * subscriptions registered after it, and what came before matched nothing that exists now
    */
   readonly resumeFloor?: bigint | undefined
-  /** whether cursors are microsecond times (for lag and cursor age) */
+  /**
+   * whether cursors are microsecond times (for lag and cursor age; and the resume gap of a
+   * connection that sent one, `ResumeGap`)
+   */
   readonly cursorIsTime: boolean
+  /**
+   * a stream that a live network never leaves this long (µs) without an event: a resume whose
+   * first event is later than this after the cursor sent, and older than this when it arrives, is
+   * warned about and counted (`ResumeGap`); undefined: the gap is only measured
+   */
+  readonly resumeGapWarnUs?: bigint | undefined
   readonly connect: (cursor: bigint | undefined) => Stream.Stream<SourceItem, FirehoseSource.SourceError>
   /** events of this stream that another stream handles (skipped before processing) */
   readonly skip?: (e: StreamEvent) => boolean
@@ -130,7 +140,9 @@ const METRIC_OPTIONS = {
   reconnects: { description: "Stream reconnects" },
   cursorLoadFailures: { description: "Failed reads of the durable cursor at stream start (retried)" },
   crashes: { description: "Stream runner crashes (defects; the runner restarts)" },
-  lag: { description: "Now minus the source time of the last committed event" }
+  lag: { description: "Now minus the source time of the last committed event" },
+  resumeGap: { description: "First event's source time minus the cursor sent, at the last resume" },
+  resumeGaps: { description: "Resumes whose first event came after a gap a live network cannot have" }
 }
 
 export const metrics = {
@@ -156,7 +168,9 @@ export const streamMetrics = (stream: string) => {
       METRIC_OPTIONS.cursorLoadFailures,
       streamLabel
     ),
-    crashes: labelledCounter("firehook_intake_runner_crashes_total", METRIC_OPTIONS.crashes, streamLabel)
+    crashes: labelledCounter("firehook_intake_runner_crashes_total", METRIC_OPTIONS.crashes, streamLabel),
+    resumeGap: labelledGauge("firehook_intake_resume_gap_seconds", METRIC_OPTIONS.resumeGap, streamLabel),
+    resumeGaps: labelledCounter("firehook_intake_resume_gaps_total", METRIC_OPTIONS.resumeGaps, streamLabel)
   }
 }
 
@@ -205,4 +219,6 @@ export interface StreamContext {
   readonly tagged: ReturnType<typeof streamMetrics>
   /** a warning, at most once a minute per stream */
   readonly logLimited: (message: string, annotations: Record<string, unknown>) => Effect.Effect<void>
+  /** the stream's limiter, for a warning limited by a key of its own (`logLimited` uses `stream`) */
+  readonly limiter: RateLimitedLog.RateLimitedLog
 }

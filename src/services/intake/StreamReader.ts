@@ -2,9 +2,11 @@
  * The reader of a session: reads the source's frames into the session's queue, bounded in events
  * (a relay frame weighs its operations), and ends the session on a poison or relay error frame, a
  * full queue, a closed or failed connection, a restart or a stop (the end marker is queued last).
+ * A connection that sent a time cursor has its first frame's resume gap measured (`ResumeGap`).
  */
 import { Deferred, Effect, Metric, Queue, Ref, Scheduler, Stream } from "effect"
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
+import { firstFrameCursor, measuresGap, observeResumeGap } from "./ResumeGap.js"
 import type { SessionEnd, SourceItem, StreamContext } from "./StreamModel.js"
 
 /** a frame's weight against the queue bound (SPEC §3.3 counts events): its events, at least 1 */
@@ -46,6 +48,8 @@ export const readSession = (
   const { spec, tuning, state } = ctx
   const queue = sq.queue
   let lastSingle = false
+  // the cursor sent, until the first frame's resume gap is measured (once per connection)
+  let gapFrom = measuresGap(ctx, cursor) ? cursor : undefined
   return Effect.gen(function*() {
     const endOf = yield* spec.connect(cursor).pipe(
       // one step per chunk of frames: one offer and one state update per chunk, not per frame
@@ -55,6 +59,13 @@ export const readSession = (
         (end) => end === undefined,
         (_, chunk) =>
           Effect.gen(function*() {
+            if (gapFrom !== undefined) {
+              const first = firstFrameCursor(chunk)
+              if (first !== undefined) {
+                yield* observeResumeGap(ctx, gapFrom, first)
+                gapFrom = undefined
+              }
+            }
             const toOffer: Array<SourceItem> = []
             let events = 0
             let opened = false

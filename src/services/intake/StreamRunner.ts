@@ -295,7 +295,8 @@ export const makeStreamRunner = (
       restartSignal,
       stopped,
       tagged: streamMetrics(spec.name),
-      logLimited
+      logLimited,
+      limiter
     }
 
     const runner: StreamRunner = {
