@@ -97,6 +97,9 @@ const openPool = (url: Redacted.Redacted<string>, options: DatabaseOptions) =>
         connectionTimeoutMillis: Duration.toMillis(CONNECT_TIMEOUT),
         idleTimeoutMillis: Duration.toMillis(IDLE_TIMEOUT),
         max: poolSize(options),
+        // idle connections do not keep the process alive: after an unclean shutdown the pool is
+        // left open (SPEC §6.3), and an embedding program may then end on its own
+        allowExitOnIdle: true,
         application_name: options.applicationName ?? "firehook",
         ...(options.preparedStatements === false
           ? {}
