@@ -429,6 +429,20 @@ ANALYZE outbox;
  */
 const tombstonesLive = ddl(`ALTER TABLE tombstones ADD COLUMN IF NOT EXISTS live boolean NOT NULL DEFAULT false`)
 
+/**
+ * 0015: `rejected_records_limit_since (reason, first_seen_at, owner_did)`, partial: the refusals
+ * made by a global admission limit (`limit_total`, `limit_direct_dids`, `limit_backlink_dids`).
+ * When a live write frees room under one of them, the registry requests a reconciliation of the
+ * owners of the oldest such refusals (registry/RejectedStore `roomRequestStatement`, at most 16
+ * owners per batch): a range read per limit, instead of a scan of the table (up to 1,000,000
+ * rows, nearly all of them invalid records). Only such refusals get an entry (none in the common
+ * case). The build blocks writes to `rejected_records` while it runs (a scan of the table).
+ */
+const rejectedLimitSince = ddl(`
+CREATE INDEX IF NOT EXISTS rejected_records_limit_since ON rejected_records (reason, first_seen_at, owner_did)
+  WHERE reason IN ('limit_total', 'limit_direct_dids', 'limit_backlink_dids');
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -444,5 +458,6 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0011_owner_reconcile_requests": ownerReconcileRequests,
   "0012_owners_completed": ownersCompleted,
   "0013_outbox_dead_letters": outboxDeadLetters,
-  "0014_tombstones_live": tombstonesLive
+  "0014_tombstones_live": tombstonesLive,
+  "0015_rejected_limit_since": rejectedLimitSince
 }

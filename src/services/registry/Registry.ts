@@ -18,6 +18,8 @@
  *   a delete clears. A fenced write (`stale`) changes nothing in the store; in memory, only a replay
  *   of the key's stored version (same rev: committed by another leader, or by this process before a
  *   restart) changes anything: the index then takes the stored state of that key (`settle`).
+ *   A write that frees room under an admission limit requests, in its transaction, the
+ *   reconciliation of the owners whose records were refused for that limit (RoomRequests).
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
  *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
  *   A failure may hide a commit (the connection dropped after the server committed), so the owners
@@ -48,8 +50,10 @@ import {
   type WebhookRow
 } from "./RegistryStore.js"
 import { admissionReason, type RefusedVersion } from "./RejectedStore.js"
+import * as RoomRequests from "./RoomRequests.js"
 
 export type { AdmissionLimit }
+export { ROOM_REQUESTS_MAX } from "./RoomRequests.js"
 
 export type WhEventOutcome =
   | { readonly _tag: "stale" }
@@ -159,6 +163,8 @@ interface Journal {
   readonly commit: Array<Effect.Effect<void>>
   /** the owners whose registrations the unit may have changed */
   readonly owners: Set<string>
+  /** the reconciliations the unit requested for room it freed (RoomRequests) */
+  readonly room: RoomRequests.RoomMemo
 }
 
 /** What admission and the load go by: the limits, the source (Jetstream or not), the URL rules. */
@@ -311,7 +317,12 @@ export const make = Effect.gen(function*() {
       )
     })
 
+  const room: RoomRequests.RoomContext = { store, index, jetstream, memo: () => journal?.room, onCommit }
+  /** a live write, then the reconciliations the room it freed may admit, in its transaction */
   const applyWhEvent = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
+    RoomRequests.afterWrite(room, event.did, applyWrite(event)).pipe(Effect.withSpan("Registry.applyWhEvent"))
+
+  const applyWrite = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
     Effect.gen(function*() {
       const ownerDid = event.did
       const rkey = event.rkey
@@ -383,7 +394,7 @@ export const make = Effect.gen(function*() {
       yield* store.upsert(version)
       setInIndex(candidate)
       return { _tag: "active" } as const
-    }).pipe(Effect.withSpan("Registry.applyWhEvent"))
+    })
 
   /** reload the unsynced owners from the store (each leaves the set once reloaded) */
   const resync = Effect.suspend(() =>
@@ -396,7 +407,7 @@ export const make = Effect.gen(function*() {
 
   const transactional = <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E | StoreError, R> =>
     Effect.suspend(() => {
-      const j: Journal = { undo: [], commit: [], owners: new Set() }
+      const j: Journal = { undo: [], commit: [], owners: new Set(), room: RoomRequests.newMemo() }
       const unit = Effect.suspend(() => {
         journal = j
         return eff

@@ -1,8 +1,8 @@
 /**
  * Persistence of webhook records, tombstones and owner generations (SPEC §3.4), behind a Tag with
  * a PostgreSQL and an in-memory implementation. Every call made inside `Tx.withTransaction` joins
- * the transaction (PostgreSQL). Reads are by key, never scans, except `loadActive` at startup and
- * `ownerRows` for one owner.
+ * the transaction (PostgreSQL). Reads are by key, never scans, except `loadActive` at startup,
+ * `ownerRows` for one owner and `requestRoomReconciles` (bounded ranges of a partial index).
  *
  * The owner's snapshot rev (SPEC §3.4, §5.3 step 2: the rev of its latest snapshot, completed or in
  * progress, stored by reconciliation) fences live writes in `bumpGeneration`, the statement that
@@ -36,8 +36,11 @@ import {
   memoryClear,
   memoryRecord,
   type MemoryRejected,
+  memoryRoomRequest,
   recordCtes,
-  type RefusedVersion
+  type RefusedVersion,
+  type RoomFreed,
+  roomRequestStatement
 } from "./RejectedStore.js"
 
 /** Loading a page of active registrations at startup (up to 1,000,001 rows) may take a while. */
@@ -179,6 +182,12 @@ export interface RegistryStoreShape {
    * enqueued is a new subscription and stays. True when it was marked.
    */
   readonly markGone: (ownerDid: string, rkey: string, fingerprint: string) => Effect.Effect<boolean, StoreError>
+  /**
+   * A live write freed room under admission limits (`freed`): request a reconciliation of the
+   * owners whose refused records it may admit (`RejectedStore.roomRequestStatement`: the stamp
+   * `owners.reconcile_requested_at`, in the caller's transaction); the owners stamped.
+   */
+  readonly requestRoomReconciles: (freed: RoomFreed) => Effect.Effect<ReadonlyArray<string>, StoreError>
 }
 
 export class RegistryStore extends Context.Tag("firehook/RegistryStore")<RegistryStore, RegistryStoreShape>() {}
@@ -354,6 +363,11 @@ export const makeSql = Effect.gen(function*() {
         RETURNING rkey`.pipe(
         Effect.map((rows) => rows.length > 0),
         storeOpWithin("registry.markGone", "15 seconds")
+      ),
+    requestRoomReconciles: (freed) =>
+      roomRequestStatement(sql, freed).pipe(
+        Effect.map((rows) => rows.map((r) => r.did).sort()),
+        storeOp("registry.requestRoomReconciles")
       )
   }
   return store
@@ -373,6 +387,8 @@ export interface MemoryRegistryState {
   seq: number
   /** the refused-record entries (`RejectedStore.makeMemoryOver(state.rejected)` reads them) */
   readonly rejected: MemoryRejected
+  /** owners with a pending reconciliation request (`requestRoomReconciles`; a scan is whoever's clears it) */
+  readonly reconcileRequested: Set<string>
 }
 
 /** A new, empty in-memory state. */
@@ -382,7 +398,8 @@ export const emptyMemoryState = (): MemoryRegistryState => ({
   owners: new Map(),
   order: new Map(),
   seq: 0,
-  rejected: new Map()
+  rejected: new Map(),
+  reconcileRequested: new Set()
 })
 
 const k = (ownerDid: string, rkey: string) => `${ownerDid}/${rkey}`
@@ -464,6 +481,14 @@ export const makeMemoryOver = (state: Ref.Ref<MemoryRegistryState>): RegistrySto
         if (row === undefined || row.fingerprint !== fingerprint) return [false, s]
         s.rows.set(key, { ...row, gone: true })
         return [true, s]
+      }),
+    requestRoomReconciles: (freed) =>
+      Ref.modify(state, (s) => {
+        const busy = (did: string) => {
+          const status = s.owners.get(did)?.status
+          return status === "scanning" || status === "failed"
+        }
+        return [memoryRoomRequest(s.rejected, s.reconcileRequested, busy, freed).sort(), s]
       })
   }
   return store

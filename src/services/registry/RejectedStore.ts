@@ -156,6 +156,78 @@ export const clearCte = (sql: SqlClient.SqlClient, ownerDid: string, rkey: strin
 export const clearOlderStatement = (sql: SqlClient.SqlClient, ownerDid: string, rev: string) =>
   sql`DELETE FROM rejected_records WHERE owner_did = ${ownerDid} AND rev < ${rev}`
 
+/** The admission limits that other owners' registrations count towards (SPEC §2.6). */
+export type GlobalLimit = Exclude<AdmissionLimit, "owner">
+
+/** Room a live write freed (see Registry: a count that went down), and what to request for it. */
+export interface RoomFreed {
+  readonly ownerDid: string
+  /** the owner's own limit (its active webhooks): request the owner if it has a `limit_owner` refusal */
+  readonly owner: boolean
+  /** global limits: request the owners of the oldest such refusals, at most `othersMax` */
+  readonly global: ReadonlyArray<GlobalLimit>
+  readonly othersMax: number
+}
+
+/** A requested owner: the writer itself (its `limit_owner` refusal, or its own global one) or another. */
+export interface RoomRequested {
+  readonly did: string
+  readonly own: boolean
+}
+
+/** Refusal rows read per global limit at most (oldest first) when looking for owners to request. */
+export const ROOM_SCAN_MAX = 1_000
+
+/** The reason literals of the partial index `rejected_records_limit_since` (migration 0015). */
+const GLOBAL_REASON_SQL: { readonly [K in GlobalLimit]: string } = {
+  total: "'limit_total'",
+  direct_dids: "'limit_direct_dids'",
+  backlink_dids: "'limit_backlink_dids'"
+}
+
+/**
+ * Request a reconciliation of the owners whose refused records `freed` may now admit, through the
+ * owners' reconcile-request stamp (`owners.reconcile_requested_at`, as an `#account` event's:
+ * reconciliation/Reactivations.ts): the writer itself if it has a `limit_owner` refusal (its row is
+ * already locked by the write), and for each global limit freed the owners of its oldest refusals
+ * (`first_seen_at`: refused the longest), at most `othersMax`, leaving out those already requested,
+ * scanning (that scan's swap admits against the index as it is then) or failed (the retry
+ * scheduler retries them). Bounded: `ROOM_SCAN_MAX` index entries per limit (the partial index,
+ * read with literal reasons so that the planner can use it). An owner row locked by another
+ * transaction (its scan completing, a sync) is skipped, never waited for: no lock order to keep
+ * with them. Returns the owners stamped.
+ */
+export const roomRequestStatement = (sql: SqlClient.SqlClient, freed: RoomFreed) => {
+  const own = freed.owner
+    ? sql`SELECT ${freed.ownerDid}::text AS did WHERE EXISTS (
+        SELECT 1 FROM rejected_records WHERE owner_did = ${freed.ownerDid} AND reason = 'limit_owner')`
+    : sql`SELECT NULL::text AS did WHERE false`
+  const oldest = freed.global.length === 0 || freed.othersMax <= 0
+    ? sql`SELECT NULL::text AS owner_did, NULL::timestamptz AS first_seen_at WHERE false`
+    : sql.join(" UNION ALL ", false)(
+      freed.global.map((limit) =>
+        sql`(SELECT owner_did, first_seen_at FROM rejected_records
+          WHERE reason = ${sql.literal(GLOBAL_REASON_SQL[limit])}
+          ORDER BY first_seen_at LIMIT ${ROOM_SCAN_MAX})`
+      )
+    )
+  return sql<{ did: string }>`
+    WITH own AS (${own}), oldest AS (${oldest}), others AS (
+      SELECT r.owner_did AS did FROM (
+        SELECT owner_did, min(first_seen_at) AS since FROM oldest GROUP BY owner_did
+      ) r JOIN owners o ON o.did = r.owner_did
+      WHERE o.reconcile_requested_at IS NULL AND o.reconcile_status NOT IN ('scanning', 'failed')
+      ORDER BY r.since, r.owner_did
+      LIMIT ${Math.max(0, freed.othersMax)}
+    ), locked AS (
+      SELECT did FROM owners
+      WHERE did IN (SELECT did FROM own UNION SELECT did FROM others) AND reconcile_requested_at IS NULL
+      FOR UPDATE SKIP LOCKED
+    )
+    UPDATE owners SET reconcile_requested_at = now() WHERE did IN (SELECT did FROM locked)
+    RETURNING did`
+}
+
 interface DbRow {
   readonly owner_did: string
   readonly rkey: string
@@ -252,6 +324,36 @@ export const memoryClear = (m: MemoryRejected, ownerDid: string, rkey: string, r
   const prev = m.get(k)
   if (prev === undefined || prev.rev > rev) return false
   return m.delete(k)
+}
+
+/**
+ * {@link roomRequestStatement} over `m`: `requested` holds the owners with a pending request,
+ * `busy(did)` whether an owner is scanning or failed. Returns the owners added to `requested`.
+ */
+export const memoryRoomRequest = (
+  m: MemoryRejected,
+  requested: Set<string>,
+  busy: (did: string) => boolean,
+  freed: RoomFreed
+): Array<string> => {
+  const out: Array<string> = []
+  const entries = [...m.values()]
+  if (freed.owner && entries.some((e) => e.ownerDid === freed.ownerDid && e.reason === "limit_owner")) {
+    out.push(freed.ownerDid)
+  }
+  const reasons = new Set<string>(freed.global.map(admissionReason))
+  const since = new Map<string, number>()
+  for (const e of entries) {
+    if (!reasons.has(e.reason)) continue
+    since.set(e.ownerDid, Math.min(since.get(e.ownerDid) ?? Infinity, e.firstSeenAt.getTime()))
+  }
+  const others = [...since].filter(([did]) => !requested.has(did) && !busy(did))
+    .sort(([a, x], [b, y]) => x - y || (a < b ? -1 : a > b ? 1 : 0))
+    .slice(0, Math.max(0, freed.othersMax))
+  for (const [did] of others) if (!out.includes(did)) out.push(did)
+  const stamped = out.filter((did) => !requested.has(did))
+  for (const did of stamped) requested.add(did)
+  return stamped
 }
 
 /** The store over `m` (shared with the in-memory RegistryStore's state, or a fresh Map). */
