@@ -25,7 +25,9 @@
  *   A failure may hide a commit (the connection dropped after the server committed), so the owners
  *   the unit touched are then reloaded from the store, before the next unit at the latest.
  * - `swapOwner` replaces one owner's registrations in one step (reconciliation completion). While an
- *   owner is scanning or failed, nothing here removes its registrations: they keep matching.
+ *   owner is scanning or failed, nothing here removes its registrations: they keep matching. The
+ *   rows it refuses for an admission limit are remembered among the owner's refused records, and
+ *   the keys it admits leave them (SwapRefusals).
  * - `syncOwner` follows a change another process made to an owner (RegistrySync: the intake leader
  *   of a deployment whose roles are split over several processes).
  */
@@ -51,6 +53,7 @@ import {
 } from "./RegistryStore.js"
 import { admissionReason, type RefusedVersion } from "./RejectedStore.js"
 import * as RoomRequests from "./RoomRequests.js"
+import * as SwapRefusals from "./SwapRefusals.js"
 
 export type { AdmissionLimit }
 export { ROOM_REQUESTS_MAX } from "./RoomRequests.js"
@@ -256,6 +259,26 @@ const settlement = (rules: Rules, into: WebhookIndex, key: string, stored: Webho
   return current === undefined ? { _tag: "keep" } : { _tag: "over", limit }
 }
 
+/**
+ * An owner's swap candidates, as the load takes them: its first `ownerActiveMax` active rows that
+ * are still valid, each with its row; the active rows beyond are refused for the owner's limit.
+ */
+const swapCandidates = (
+  rules: Rules,
+  rows: ReadonlyArray<WebhookRow>,
+  decisions: SwapRefusals.SwapDecisions
+): Array<readonly [ActiveWebhook, WebhookRow]> => {
+  const active = rows.filter((r) => r.active)
+  const max = rules.limits.ownerActiveMax
+  for (const row of active.slice(max)) SwapRefusals.refuse(decisions, row, "owner")
+  const next: Array<readonly [ActiveWebhook, WebhookRow]> = []
+  for (const row of active.slice(0, max)) {
+    const w = activeFromRow(rules, row)
+    if (w !== undefined) next.push([w, row])
+  }
+  return next
+}
+
 export const make = Effect.gen(function*() {
   const config = yield* FirehookConfig
   const store = yield* RegistryStore
@@ -440,34 +463,34 @@ export const make = Effect.gen(function*() {
       return unsynced.size === 0 ? unit : Effect.zipRight(resync, unit)
     })
 
+  const recordSwap = SwapRefusals.makeRecorder(store)
   const swapOwner = (ownerDid: string) =>
     Effect.gen(function*() {
-      // the owner's candidates, as the load takes them: its first ownerActiveMax active rows
-      const rows = (yield* store.ownerRows(ownerDid)).filter((r) => r.active).slice(0, limits.ownerActiveMax)
-      const next: Array<ActiveWebhook> = []
-      for (const row of rows) {
-        const w = activeFromRow(rules, row)
-        if (w !== undefined) next.push(w)
-      }
+      const decisions = SwapRefusals.newDecisions()
+      const next = swapCandidates(rules, yield* store.ownerRows(ownerDid), decisions)
       // one synchronous step (no fiber can observe a half-swapped owner): clear the owner, then
       // admit the reconciled set against everyone else's registrations
       const previous = index.byOwner(ownerDid)
       index.replaceOwner(ownerDid, [])
       let admitted = 0
       const refused: Array<AdmissionLimit> = []
-      for (const w of next) {
+      for (const [w, row] of next) {
         const limit = admission(w)
         if (limit !== undefined) {
           rejected[limit]++
           refused.push(limit)
+          SwapRefusals.refuse(decisions, row, limit)
           continue
         }
         index.upsert(w)
+        SwapRefusals.admit(decisions, w)
         admitted++
       }
       // the metric counts what health counts (after the synchronous swap)
       for (const limit of refused) yield* Metric.increment(Metric.tagged(admissionRejections, "limit", limit))
       yield* Metric.set(activeGauge, index.size)
+      // the refusals (limit_* entries, which RoomRequests reads) and the admissions, remembered
+      yield* recordSwap(ownerDid, decisions)
       yield* Effect.logDebug("owner registrations swapped").pipe(
         Effect.annotateLogs({ before: previous.length, after: admitted })
       )

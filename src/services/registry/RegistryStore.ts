@@ -12,7 +12,9 @@
  * The key's entry among the owner's refused records (`RejectedStore`, SPEC §8.5) is kept by the
  * same writes, inside statements they run anyway (no extra round trip): `upsert` (a valid version)
  * and `remove` (a delete) clear it, `remove` with a refusal (an invalid version, or one over an
- * admission limit) records it. The in-memory store keeps the entries in its state (`rejected`).
+ * admission limit) records it. A swap's admission of an owner's stored rows (`Registry.swapOwner`)
+ * is remembered by `recordSwap`, one statement per swap. The in-memory store keeps the entries in
+ * its state (`rejected`).
  *
  * What a row can hold ({@link isStorableRow}): PostgreSQL refuses a NUL in `text` and `jsonb`, and a
  * lone surrogate in `jsonb` (`JSON.stringify` escapes it; a `text` parameter would silently become
@@ -37,10 +39,13 @@ import {
   memoryRecord,
   type MemoryRejected,
   memoryRoomRequest,
+  memorySwap,
   recordCtes,
   type RefusedVersion,
   type RoomFreed,
-  roomRequestStatement
+  roomRequestStatement,
+  type SwapOutcome,
+  swapStatement
 } from "./RejectedStore.js"
 
 /** Loading a page of active registrations at startup (up to 1,000,001 rows) may take a while. */
@@ -188,6 +193,12 @@ export interface RegistryStoreShape {
    * `owners.reconcile_requested_at`, in the caller's transaction); the owners stamped.
    */
   readonly requestRoomReconciles: (freed: RoomFreed) => Effect.Effect<ReadonlyArray<string>, StoreError>
+  /**
+   * Remember what a swap decided about the owner's active rows (`RejectedStore.swapStatement`:
+   * the refused recorded with source `reconciliation`, the admitted keys' entries cleared), in one
+   * statement under its own savepoint: a failure leaves the caller's transaction usable.
+   */
+  readonly recordSwap: (ownerDid: string, outcome: SwapOutcome) => Effect.Effect<void, StoreError>
 }
 
 export class RegistryStore extends Context.Tag("firehook/RegistryStore")<RegistryStore, RegistryStoreShape>() {}
@@ -368,7 +379,11 @@ export const makeSql = Effect.gen(function*() {
       roomRequestStatement(sql, freed).pipe(
         Effect.map((rows) => rows.map((r) => r.did).sort()),
         storeOp("registry.requestRoomReconciles")
-      )
+      ),
+    recordSwap: (ownerDid, outcome) =>
+      outcome.refused.length === 0 && outcome.admitted.length === 0
+        ? Effect.void
+        : swapStatement(sql, ownerDid, outcome).pipe(sql.withTransaction, Effect.asVoid, storeOp("registry.recordSwap"))
   }
   return store
 })
@@ -489,7 +504,17 @@ export const makeMemoryOver = (state: Ref.Ref<MemoryRegistryState>): RegistrySto
           return status === "scanning" || status === "failed"
         }
         return [memoryRoomRequest(s.rejected, s.reconcileRequested, busy, freed).sort(), s]
-      })
+      }),
+    recordSwap: (ownerDid, outcome) =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) =>
+        Ref.update(state, (s) => {
+          const stored = (rkey: string, rev: string) => {
+            const row = s.rows.get(k(ownerDid, rkey))
+            return row !== undefined && row.active && row.rev === rev
+          }
+          memorySwap(s.rejected, ownerDid, outcome, stored, new Date(now))
+          return s
+        }))
   }
   return store
 }

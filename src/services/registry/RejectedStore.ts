@@ -107,25 +107,26 @@ const clampLimit = (limit: number | undefined): number =>
 
 /**
  * Data-modifying CTEs (`rejected_input`, `rejected_written`, `rejected_trimmed`) that record
- * `refused` (one owner, one rev, one source): the fenced upsert, then the owner's oldest entries
- * beyond the bound. `guard`, if given, is a condition on the input row `i` (e.g. "no newer state of
- * the key is stored"); a refusal failing it is not written.
+ * `refused` (one owner, one source; each at its own `rev` if it has one, else at `rev`): the fenced
+ * upsert, then the owner's oldest entries beyond the bound. `guard`, if given, is a condition on the
+ * input row `i` (`i.rkey`, `i.rev`; e.g. "no newer state of the key is stored"); a refusal failing
+ * it is not written.
  */
 export const recordCtes = (
   sql: SqlClient.SqlClient,
   ownerDid: string,
   rev: string,
   source: RejectionSource,
-  refused: ReadonlyArray<RefusedVersion>,
+  refused: ReadonlyArray<RefusedVersion & { readonly rev?: string | undefined }>,
   guard?: Fragment
 ) =>
   sql`rejected_input AS (
-      SELECT * FROM jsonb_to_recordset(${
-    JSON.stringify(refused.map((r) => ({ rkey: r.rkey, cid: r.cid ?? null, reason: r.reason })))
-  }::jsonb) AS i(rkey text, cid text, reason text)
+      SELECT rkey, cid, reason, COALESCE(rev, ${rev}) AS rev FROM jsonb_to_recordset(${
+    JSON.stringify(refused.map((r) => ({ rkey: r.rkey, cid: r.cid ?? null, reason: r.reason, rev: r.rev ?? null })))
+  }::jsonb) AS i(rkey text, cid text, reason text, rev text)
     ), rejected_written AS (
       INSERT INTO rejected_records (owner_did, rkey, rev, cid, reason, source)
-      SELECT ${ownerDid}, i.rkey, ${rev}, i.cid, i.reason, ${source} FROM rejected_input i
+      SELECT ${ownerDid}, i.rkey, i.rev, i.cid, i.reason, ${source} FROM rejected_input i
       WHERE ${guard ?? sql`true`}
       ON CONFLICT (owner_did, rkey) DO UPDATE SET
         rev = EXCLUDED.rev, cid = EXCLUDED.cid, reason = EXCLUDED.reason, source = EXCLUDED.source,
@@ -155,6 +156,47 @@ export const clearCte = (sql: SqlClient.SqlClient, ownerDid: string, rkey: strin
  */
 export const clearOlderStatement = (sql: SqlClient.SqlClient, ownerDid: string, rev: string) =>
   sql`DELETE FROM rejected_records WHERE owner_did = ${ownerDid} AND rev < ${rev}`
+
+/** A stored row that a registry swap refused for an admission limit, at the row's rev. */
+export interface SwapRefusal extends RefusedVersion {
+  readonly rev: string
+}
+
+/** A stored row that a registry swap admitted (its key's entry, if not newer, is cleared). */
+export interface SwapAdmission {
+  readonly rkey: string
+  readonly rev: string
+}
+
+/** What a registry swap (`Registry.swapOwner`) decided about one owner's active rows. */
+export interface SwapOutcome {
+  readonly refused: ReadonlyArray<SwapRefusal>
+  readonly admitted: ReadonlyArray<SwapAdmission>
+}
+
+/**
+ * One statement recording what a registry swap decided (source `reconciliation`): the refusals
+ * through {@link recordCtes} (at most `perOwner` of them, in the order given: the bound of the
+ * owner's entries), each only while the row it refused is still the key's stored active version
+ * (the same rev); and the entries of the admitted keys dropped if not newer than the admitted row.
+ * Idempotent: a repeat changes only `last_seen_at`. Its size is the owner's active rows.
+ */
+export const swapStatement = (sql: SqlClient.SqlClient, ownerDid: string, outcome: SwapOutcome) => {
+  const refused = outcome.refused.slice(0, REJECTED_LIMITS.perOwner)
+  const admitted = JSON.stringify(outcome.admitted.map((a) => ({ rkey: a.rkey, rev: a.rev })))
+  const stored = sql`EXISTS (
+      SELECT 1 FROM webhooks w WHERE w.owner_did = ${ownerDid} AND w.rkey = i.rkey AND w.rev = i.rev AND w.active)`
+  return sql<{ recorded: number; cleared: number }>`
+    WITH ${recordCtes(sql, ownerDid, "", "reconciliation", refused, stored)}, swap_admitted AS (
+      SELECT * FROM jsonb_to_recordset(${admitted}::jsonb) AS a(rkey text, rev text)
+    ), rejected_cleared AS (
+      DELETE FROM rejected_records r USING swap_admitted a
+      WHERE r.owner_did = ${ownerDid} AND r.rkey = a.rkey AND r.rev <= a.rev
+      RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM rejected_written)::int AS recorded,
+      (SELECT count(*) FROM rejected_cleared)::int AS cleared`
+}
 
 /** The admission limits that other owners' registrations count towards (SPEC §2.6). */
 export type GlobalLimit = Exclude<AdmissionLimit, "owner">
@@ -316,6 +358,26 @@ export const memoryRecord = (m: MemoryRejected, r: Refusal, now: Date): boolean 
     m.delete(memoryKey(old.ownerDid, old.rkey))
   }
   return true
+}
+
+/**
+ * {@link swapStatement} over `m`: `stored(rkey, rev)` whether the key's stored row is active at that
+ * rev. Returns how many entries were recorded and cleared.
+ */
+export const memorySwap = (
+  m: MemoryRejected,
+  ownerDid: string,
+  outcome: SwapOutcome,
+  stored: (rkey: string, rev: string) => boolean,
+  now: Date
+): { readonly recorded: number; readonly cleared: number } => {
+  let recorded = 0
+  let cleared = 0
+  for (const r of outcome.refused.slice(0, REJECTED_LIMITS.perOwner)) {
+    if (stored(r.rkey, r.rev) && memoryRecord(m, { ...r, ownerDid, source: "reconciliation" }, now)) recorded++
+  }
+  for (const a of outcome.admitted) if (memoryClear(m, ownerDid, a.rkey, a.rev)) cleared++
+  return { recorded, cleared }
 }
 
 /** Drop the key's entry if it is not newer than `rev`. */
