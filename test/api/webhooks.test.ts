@@ -124,6 +124,47 @@ describe("webhook methods", () => {
         expect((yield* callAs(nobody, `${W}.list`)).body).toEqual({ webhooks: [] })
       }))
 
+    it.effect("list: a stored webhook refused for an admission limit is listed once, as rejected, with its record's fields", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const a = yield* newOwner()
+        yield* insertWebhook(a.did, "first")
+        yield* insertWebhook(a.did, "over")
+        const rejected = yield* RejectedStore
+        // as a reconciliation's swap records the row it refused (SwapRefusals), and a stream refusal
+        // of another key that has no row
+        yield* rejected.record({
+          ownerDid: a.did,
+          rkey: "over",
+          rev: "3l2aaaaaaab22",
+          cid: "bafyreicid",
+          reason: "limit_owner",
+          source: "reconciliation"
+        })
+        yield* rejected.record({
+          ownerDid: a.did,
+          rkey: "never",
+          rev: "3l2aaaaaaab23",
+          cid: "bafyreinever",
+          reason: "limit_total",
+          source: "stream"
+        })
+        const listed = yield* callAs(a, `${W}.list`)
+        expect(listed.status).toBe(200)
+        const rkeys = (listed.body["webhooks"] as ReadonlyArray<View>).map((w) => w["rkey"])
+        expect([...rkeys].sort()).toEqual(["first", "never", "over"])
+        const hooks = byRkey(listed.body)
+        expect(hooks.get("first")).toMatchObject({ state: "active" })
+        expect(hooks.get("over")).toMatchObject({
+          state: "rejected",
+          stateReason: "limit_owner",
+          url: "https://receiver.example/hook",
+          scope: { aturi: `at://${a.did}` }
+        })
+        expect(hooks.get("over")?.["stateSince"]).toMatch(ISO)
+        expect(hooks.get("never")).toMatchObject({ state: "rejected", stateReason: "limit_total", url: "" })
+      }))
+
     it.effect("test: an auto-disabled webhook is refused (its row would be parked unsent) until it is resumed", () =>
       Effect.gen(function*() {
         yield* wallClock

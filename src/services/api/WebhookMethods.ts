@@ -4,7 +4,9 @@
  *
  * - `list` → every registration of the caller (operator/WebhookState: the record's fields, the
  *   delivery state of SPEC §4.3, bounded counts) and the caller's refused records
- *   (registry/RejectedStore, the newest 100: state `rejected`, the refusal as `stateReason`).
+ *   (registry/RejectedStore, the newest 100: state `rejected`, the refusal as `stateReason`). A
+ *   stored row refused for an admission limit (by a reconciliation's swap) is listed once: its
+ *   record's fields with state `rejected` and the limit.
  *   `state`: `disabled` when the record says `enabled: false` (or it is not active), else `gone`
  *   (a 410) or `autoDisabled` (with the failure kind that disabled it as `stateReason`), else
  *   `active`.
@@ -133,11 +135,18 @@ export const list = method(WebhookLexicon.list, ({ caller }) =>
     const refused = yield* rejected.list(caller, REJECTED_LIMITS.perOwner)
     const now = yield* Clock.currentTimeMillis
     const d = config.delivery
+    // a stored row that a reconciliation's swap refused for an admission limit receives nothing: it
+    // is listed once, as `rejected` with the limit, and with its record's fields
+    const limited = new Map(refused.filter((r) => r.reason.startsWith("limit_")).map((r) => [r.rkey, r]))
+    const views = rows.map((w): View => {
+      const view = viewOf(w, circuitOf(w, now, d.circuitThreshold, d.circuitCooldownMs))
+      const r = limited.get(w.rkey)
+      if (r === undefined) return view
+      return { ...view, state: "rejected", stateReason: r.reason.slice(0, 64), stateSince: r.lastSeenAt.toISOString() }
+    })
+    const stored = new Set(rows.map((w) => w.rkey))
     return {
-      webhooks: [
-        ...rows.map((w) => viewOf(w, circuitOf(w, now, d.circuitThreshold, d.circuitCooldownMs))),
-        ...refused.map(rejectedView)
-      ]
+      webhooks: [...views, ...refused.filter((r) => !(stored.has(r.rkey) && limited.has(r.rkey))).map(rejectedView)]
     }
   }).pipe(Effect.catchTag("StoreError", storeFailure)))
 
