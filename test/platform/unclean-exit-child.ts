@@ -16,20 +16,22 @@ if (url === undefined) {
   process.exit(2)
 }
 
-await Effect.runPromise(Effect.gen(function*() {
-  const lifecycle = yield* make({ shutdownTimeout: "300 millis" })
-  yield* Effect.scoped(Effect.gen(function*() {
-    const ctx = yield* Layer.build(
-      Database.layerUrl(Redacted.make(url)).pipe(Layer.provide(Layer.succeed(Lifecycle, lifecycle)))
-    )
-    const sql = Context.get(ctx, SqlClient.SqlClient)
-    // several pool connections, idle afterwards
-    yield* Effect.all([sql`SELECT pg_sleep(0.05)`, sql`SELECT pg_sleep(0.05)`, sql`SELECT 1`], {
-      concurrency: "unbounded"
-    })
-    yield* lifecycle.registerStop("delivery", "hung", Effect.never)
-    const report = yield* lifecycle.shutdown
-    process.stdout.write(`shutdown clean=${report.clean}\n`)
-  }))
-  process.stdout.write("scope closed\n")
-}).pipe(Effect.provide(Logger.remove(Logger.defaultLogger))))
+await Effect.runPromise(
+  Effect.gen(function*() {
+    const lifecycle = yield* make({ shutdownTimeout: "300 millis" })
+    yield* Effect.scoped(Effect.gen(function*() {
+      const ctx = yield* Layer.build(
+        Database.layerUrl(Redacted.make(url)).pipe(Layer.provide(Layer.succeed(Lifecycle, lifecycle)))
+      )
+      const sql = Context.get(ctx, SqlClient.SqlClient)
+      // several pool connections, idle afterwards
+      yield* Effect.all([sql`SELECT pg_sleep(0.05)`, sql`SELECT pg_sleep(0.05)`, sql`SELECT 1`], {
+        concurrency: "unbounded"
+      })
+      yield* lifecycle.registerStop("delivery", "hung", Effect.never)
+      const report = yield* lifecycle.shutdown
+      process.stdout.write(`shutdown clean=${report.clean}\n`)
+    }))
+    process.stdout.write("scope closed\n")
+  }).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
+)
