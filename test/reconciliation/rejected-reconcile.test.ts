@@ -5,13 +5,9 @@
  */
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, Layer } from "effect"
-import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
-import { Processor } from "../../src/services/matching/Processor.js"
-import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
-import { Registry } from "../../src/services/registry/Registry.js"
 import * as RejectedStore from "../../src/services/registry/RejectedStore.js"
-import { didDoc, type FakeRecord } from "../support/fakeAtproto.js"
 import { Fakes, reconcileStack } from "../support/reconcile.js"
+import { entries, listed, live, memoryRkeys, reconcile, setRepo } from "../support/refusals.js"
 import { ev, plc, rev, WH, whRecordValue } from "../support/stack.js"
 
 const BOB = plc(9_997)
@@ -23,31 +19,6 @@ const badEvents = () => ({ ...valid(), events: ["create", "create"] })
 /** The repo's rev at the first and the second scan. */
 const SNAP = rev(100)
 const SNAP2 = rev(200)
-
-const setRepo = (did: string, repoRev: string, records: ReadonlyArray<FakeRecord>) =>
-  Effect.gen(function*() {
-    const fakes = yield* Fakes
-    fakes.docs.set(did, didDoc(did, fakes.pds.url))
-    fakes.repos.set(did, { rev: repoRev, records: [...records] })
-  })
-
-const reconcile = (did: string) => Effect.flatMap(Reconciler, (r) => r.reconcile(did)).pipe(Effect.map((o) => o._tag))
-
-const live = (events: ReadonlyArray<RecordEvent>) =>
-  Effect.flatMap(Processor, (p) => p.processEvents(events, { registryWriter: true })).pipe(
-    Effect.map((r) => r.outcomes.map((o) => ("registry" in o && o.registry !== undefined ? o.registry._tag : o._tag)))
-  )
-
-const entries = (did: string) => Effect.flatMap(RejectedStore.RejectedStore, (s) => s.list(did))
-const listed = (did: string) =>
-  Effect.map(
-    entries(did),
-    (es) =>
-      es.map((e) => ({ rkey: e.rkey, rev: e.rev, cid: e.cid, reason: e.reason, source: e.source })).sort((a, b) =>
-        a.rkey < b.rkey ? -1 : 1
-      )
-  )
-const memoryRkeys = (did: string) => Effect.map(Registry, (r) => r.index.byOwner(did).map((w) => w.rkey).sort())
 
 describe("reconciliation's refused records", () => {
   layer(Layer.fresh(RejectedStore.layerSql.pipe(Layer.provideMerge(reconcileStack()))), {
