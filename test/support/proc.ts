@@ -115,19 +115,10 @@ export interface CliResult {
 }
 
 /** Run `bun src/cli/main.ts <args>` with only `env` (plus PATH/HOME) and collect its output. */
-export const runCli = (args: ReadonlyArray<string>, env: Record<string, string>): Promise<CliResult> =>
-  new Promise<CliResult>((resolve) => {
-    const child = spawn(BUN, ["src/cli/main.ts", ...args], {
-      cwd: ROOT,
-      env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
-      stdio: ["ignore", "pipe", "pipe"]
-    })
-    let stdout = ""
-    let stderr = ""
-    child.stdout?.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
-    child.stderr?.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
-    child.on("close", (code) => resolve({ code, stdout, stderr }))
-  })
+export const runCli = (args: ReadonlyArray<string>, env: Record<string, string>): Promise<CliResult> => {
+  const running = spawnCli(args, env)
+  return running.exit.then((code) => ({ code, stdout: running.stdout(), stderr: running.stderr() }))
+}
 
 /** A running CLI whose output can be read while it runs. */
 export const spawnCli = (args: ReadonlyArray<string>, env: Record<string, string>) => {
