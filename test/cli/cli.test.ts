@@ -54,6 +54,21 @@ const seedFourDeliveries = Effect.gen(function*() {
   expect(r.inserted).toBe(4)
 })
 
+/**
+ * A fresh database with {@link seedFourDeliveries}, then `adjust` on it; the CLI's environment for
+ * it (nothing listens on its health port).
+ */
+const seededCliDatabase = <E>(adjust: (sql: SqlClient.SqlClient) => Effect.Effect<unknown, E>) =>
+  Effect.gen(function*() {
+    const db = yield* Db.freshDatabase
+    const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
+    yield* Effect.gen(function*() {
+      yield* seedFourDeliveries
+      yield* adjust(yield* SqlClient.SqlClient)
+    }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+    return { db, env }
+  })
+
 /** A local HTTP server answering `GET /health` with `body` (status 200 or 503), for the test's scope. */
 const healthServer = (status: number, body: unknown) =>
   Effect.acquireRelease(
@@ -381,15 +396,13 @@ describe("firehook CLI (operator defects)", () => {
     "replay, redeliver and show say what they did: inactive subscriptions, expired leases, older attempts",
     () =>
       Effect.gen(function*() {
-        const db = yield* Db.freshDatabase
-        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
-        yield* Effect.gen(function*() {
-          yield* seedFourDeliveries
-          const sql = yield* SqlClient.SqlClient
-          yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now()`
-          // CAROL's webhook is disabled since: her two rows would be cancelled without a request
-          yield* sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${CAROL}`
-        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+        const { db, env } = yield* seededCliDatabase((sql) =>
+          Effect.gen(function*() {
+            yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now()`
+            // CAROL's webhook is disabled since: her two rows would be cancelled without a request
+            yield* sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${CAROL}`
+          })
+        )
 
         const replay = yield* cli(["deliveries", "replay", "--status", "dead_letter"], env)
         expect(replay.code, replay.stderr).toBe(0)
@@ -502,17 +515,15 @@ describe("firehook CLI (operator defects)", () => {
     "list: a delivered row has no last error (its 200 is not shown as one); a failed row's kind and status are",
     () =>
       Effect.gen(function*() {
-        const db = yield* Db.freshDatabase
-        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
-        yield* Effect.gen(function*() {
-          yield* seedFourDeliveries
-          const sql = yield* SqlClient.SqlClient
-          // as the worker's settle writes them: delivered keeps the 2xx status and clears the kind
-          yield* sql`UPDATE outbox SET status = 'delivered', attempt_count = 2, last_error_kind = NULL,
-                   last_http_status = 200, finished_at = now() WHERE owner_did = ${ALICE}`
-          yield* sql`UPDATE outbox SET status = 'pending', attempt_count = 1, last_error_kind = 'http_5xx',
-                   last_http_status = 503 WHERE owner_did = ${CAROL}`
-        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+        const { env } = yield* seededCliDatabase((sql) =>
+          Effect.gen(function*() {
+            // as the worker's settle writes them: delivered keeps the 2xx status and clears the kind
+            yield* sql`UPDATE outbox SET status = 'delivered', attempt_count = 2, last_error_kind = NULL,
+                       last_http_status = 200, finished_at = now() WHERE owner_did = ${ALICE}`
+            yield* sql`UPDATE outbox SET status = 'pending', attempt_count = 1, last_error_kind = 'http_5xx',
+                       last_http_status = 503 WHERE owner_did = ${CAROL}`
+          })
+        )
         const list = yield* cli(["deliveries", "list"], env)
         expect(list.code, list.stderr).toBe(0)
         const rows = lines(list.stdout).slice(1)
@@ -527,16 +538,14 @@ describe("firehook CLI (operator defects)", () => {
     "replay and list --error-kind: only the dead letters of that last error kind; an unknown kind is exit 2",
     () =>
       Effect.gen(function*() {
-        const db = yield* Db.freshDatabase
-        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
-        yield* Effect.gen(function*() {
-          yield* seedFourDeliveries
-          const sql = yield* SqlClient.SqlClient
-          yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now(),
-                     last_error_kind = 'timeout' WHERE owner_did = ${ALICE}`
-          yield* sql`UPDATE outbox SET status = 'dead_letter', finished_at = now(),
-                     last_error_kind = 'webhook_disabled' WHERE owner_did = ${CAROL}`
-        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+        const { db, env } = yield* seededCliDatabase((sql) =>
+          Effect.gen(function*() {
+            yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now(),
+                         last_error_kind = 'timeout' WHERE owner_did = ${ALICE}`
+            yield* sql`UPDATE outbox SET status = 'dead_letter', finished_at = now(),
+                         last_error_kind = 'webhook_disabled' WHERE owner_did = ${CAROL}`
+          })
+        )
 
         const listed = yield* cli(["deliveries", "list", "--error-kind", "webhook_disabled", "--json"], env)
         expect(listed.code, listed.stderr).toBe(0)
@@ -567,22 +576,20 @@ describe("firehook CLI (operator defects)", () => {
     "an interrupted replay prints how many rows its committed statements replayed (exit 130); the rest stay dead letters",
     () =>
       Effect.gen(function*() {
-        const db = yield* Db.freshDatabase
-        const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
-        yield* Effect.gen(function*() {
-          yield* seedFourDeliveries
-          const sql = yield* SqlClient.SqlClient
-          // 2,500 dead letters: the four rows and 624 copies of each, enqueued a millisecond apart
-          yield* sql`
-          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
-            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, created_at)
-          SELECT delivery_id || '_' || g, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
-            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint,
-            created_at + g * interval '1 millisecond'
-          FROM outbox, generate_series(1, 624) g`
-          yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now(),
-                     last_error_kind = 'http_5xx', updated_at = now() - interval '1 minute'`
-        }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+        const { db, env } = yield* seededCliDatabase((sql) =>
+          Effect.gen(function*() {
+            // 2,500 dead letters: the four rows and 624 copies of each, enqueued a millisecond apart
+            yield* sql`
+              INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+                event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, created_at)
+              SELECT delivery_id || '_' || g, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+                event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint,
+                created_at + g * interval '1 millisecond'
+              FROM outbox, generate_series(1, 624) g`
+            yield* sql`UPDATE outbox SET status = 'dead_letter', attempt_count = 12, finished_at = now(),
+                         last_error_kind = 'http_5xx', updated_at = now() - interval '1 minute'`
+          })
+        )
 
         // a row of the second statement's range (rows 1,001–2,000 in key order) is locked: the replay
         // commits its first 1,000 rows and then waits there until it is interrupted
