@@ -38,6 +38,18 @@ const stack = (env: Record<string, string>) =>
     Layer.mergeAll(RejectedStore.layerSql, WebhookState.layerSql).pipe(Layer.provideMerge(reconcileStack({ env })))
   )
 
+/** The owner's repo holds a, b and c, one over its limit of 2: reconciled, a and b admitted. */
+const reconciledOverLimit = (did: string) =>
+  Effect.gen(function*() {
+    yield* setRepo(did, SNAP, [
+      { rkey: "a", value: hook },
+      { rkey: "b", value: hook },
+      { rkey: "c", value: hook }
+    ])
+    expect(yield* reconcile(did)).toBe("complete")
+    expect(yield* memoryRkeys(did)).toEqual(["a", "b"])
+  })
+
 describe("the swap's refusals (limit_owner)", () => {
   layer(stack({ REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "2" }), { timeout: "120 seconds", excludeTestServices: true })(
     "reconciled",
@@ -45,13 +57,7 @@ describe("the swap's refusals (limit_owner)", () => {
       it.effect("a row beyond the owner's limit is listed as refused (limit_owner, reconciliation), once however often swapped", () =>
         Effect.gen(function*() {
           const did = plc(601)
-          yield* setRepo(did, SNAP, [
-            { rkey: "a", value: hook },
-            { rkey: "b", value: hook },
-            { rkey: "c", value: hook }
-          ])
-          expect(yield* reconcile(did)).toBe("complete")
-          expect(yield* memoryRkeys(did)).toEqual(["a", "b"])
+          yield* reconciledOverLimit(did)
           // (1) the cut row is listed, with the row's cid and the snapshot's rev
           expect(yield* listed(did)).toEqual([
             { rkey: "c", rev: SNAP, cid: "bafyc", reason: "limit_owner", source: "reconciliation" }
@@ -71,13 +77,7 @@ describe("the swap's refusals (limit_owner)", () => {
       it.effect("then the owner deletes an active webhook: RoomRequests requests it, the scan admits the row and its entry goes", () =>
         Effect.gen(function*() {
           const did = plc(603)
-          yield* setRepo(did, SNAP, [
-            { rkey: "a", value: hook },
-            { rkey: "b", value: hook },
-            { rkey: "c", value: hook }
-          ])
-          expect(yield* reconcile(did)).toBe("complete")
-          expect(yield* memoryRkeys(did)).toEqual(["a", "b"])
+          yield* reconciledOverLimit(did)
           // (2) the owner deletes a: RoomRequests finds its limit_owner refusal and stamps it
           expect(yield* live([ev(did, WH, "a", { operation: "delete", rev: rev(150) })])).toEqual(["deleted"])
           expect(yield* requested).toEqual([did])
