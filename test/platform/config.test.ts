@@ -450,6 +450,43 @@ describe("Config", () => {
       ])
     }))
 
+  // SPEC §6.5 (strict parsing): a stray space or control character (`FIREHOOK_DATA_DIR=/data ` in a
+  // `docker run --env-file`, which keeps trailing spaces, or in a quoted value) was taken as part of
+  // the path, so the embedded PostgreSQL started empty in a new directory beside the real one, its
+  // data silently left behind
+  describe("FIREHOOK_DATA_DIR with surrounding whitespace or a control character is refused at startup", () => {
+    const broken: ReadonlyArray<readonly [string, string]> = [
+      ["a trailing space", "/var/lib/firehook "],
+      ["a leading space", " /var/lib/firehook"],
+      ["only a space", " "],
+      ["a trailing carriage return", "/var/lib/firehook\r"],
+      ["a trailing tab", "/var/lib/firehook\t"],
+      ["a newline inside", "/var/lib/fire\nhook"],
+      ["a NUL", "/var/lib/firehook\u0000"],
+      ["a trailing no-break space", "/var/lib/firehook\u00a0"],
+      ["a byte-order mark", "\ufeff/var/lib/firehook"]
+    ]
+    for (const [what, value] of broken) {
+      it.effect(`refuses ${what}`, () =>
+        Effect.gen(function*() {
+          const result = yield* Effect.either(load({ FIREHOOK_DATA_DIR: value }))
+          if (Either.isRight(result)) return expect.fail(`FIREHOOK_DATA_DIR with ${what} was accepted`)
+          expect(result.left.variable).toBe("FIREHOOK_DATA_DIR")
+          expect(result.left.message).toBe(
+            "invalid configuration: FIREHOOK_DATA_DIR must be a path of at most 1024 characters, without control characters or leading or trailing whitespace"
+          )
+        }))
+    }
+    it.effect("accepts spaces and other characters inside a path, and 1024 characters", () =>
+      Effect.gen(function*() {
+        for (const dir of ["/srv/my data/.firehook", "./état/données", "C:/fire hook", `/${"d".repeat(1023)}`]) {
+          expect((yield* load({ FIREHOOK_DATA_DIR: dir })).dataDir).toBe(dir)
+        }
+        const long = yield* Effect.either(load({ FIREHOOK_DATA_DIR: `/${"d".repeat(1024)}` }))
+        expect(Either.isLeft(long)).toBe(true)
+      }))
+  })
+
   it.effect("an empty string counts as unset", () =>
     Effect.gen(function*() {
       const c = yield* load({ HEALTH_PORT: "", DATABASE_URL: "" })

@@ -63,12 +63,20 @@ export const databasePreparedStatements = {
   values: ["0", "1"]
 } as const
 
+/** A control character anywhere, or whitespace (ASCII or Unicode, a BOM too) at either end. */
+const STRAY_IN_PATH = /\p{Cc}|^\s|\s$/u
+
+/**
+ * `FIREHOOK_DATA_DIR`: at most 1024 characters, no control character (NUL, CR, LF, tab) anywhere and
+ * no whitespace at either end (a stray space from an env file or a quoted value would otherwise
+ * name a new, empty directory beside the real one). Spaces inside a path are allowed.
+ */
 export const dataDir = {
   env: "FIREHOOK_DATA_DIR",
   default: "./.firehook",
   rule: {
-    test: (s: string) => s.length <= 1024 && !s.includes("\0"),
-    text: "must be a path of at most 1024 characters"
+    test: (s: string) => s.length <= 1024 && !STRAY_IN_PATH.test(s),
+    text: "must be a path of at most 1024 characters, without control characters or leading or trailing whitespace"
   }
 } as const
 
