@@ -424,6 +424,28 @@ describe("Config", () => {
       expect(c.allowInsecureDev).toBe(true)
     }))
 
+  // README: at most 8 previous keys; empty items are ignored (SecretBox.parseKeyList), so the count is
+  // of keys: 8 keys with a trailing comma (or an empty item between two) were refused as "more than 8"
+  it.effect("WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS: at most 8 keys, empty items not counted", () =>
+    Effect.gen(function*() {
+      const keys = Array.from({ length: 9 }, (_, i) => String(i + 1).repeat(64))
+      const eight = keys.slice(0, 8)
+      for (
+        const value of [
+          eight.join(","),
+          `${eight.join(",")},`,
+          `${eight.slice(0, 4).join(",")},,${eight.slice(4).join(",")}`
+        ]
+      ) {
+        const c = yield* load({ WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS: value })
+        expect(Option.isSome(c.secrets.previousKeys)).toBe(true)
+      }
+      const nine = yield* Effect.either(load({ WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS: keys.join(",") }))
+      if (Either.isRight(nine)) return expect.fail("9 previous keys were accepted")
+      expect(nine.left.variable).toBe("WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS")
+      expect(nine.left.message).toContain("at most 8 keys")
+    }))
+
   it.effect("DATABASE_PREPARED_STATEMENTS=0 turns named prepared statements off", () =>
     Effect.gen(function*() {
       expect((yield* load({ DATABASE_PREPARED_STATEMENTS: "0" })).databasePreparedStatements).toBe(false)

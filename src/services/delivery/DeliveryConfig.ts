@@ -96,7 +96,12 @@ const loadSecrets: Effect.Effect<FirehookConfigShape["secrets"], ConfigInvalid> 
   )
   const previousKeys = yield* readRedacted(
     secrets.previousKeys.env,
-    (s) => Either.isRight(SecretBox.parseKeyList(s)) && s.split(",").length <= secrets.previousKeys.max,
+    // counted as parsed: empty items (a trailing comma) are not keys
+    (s) =>
+      Either.match(SecretBox.parseKeyList(s), {
+        onLeft: () => false,
+        onRight: (keys) => keys.length <= secrets.previousKeys.max
+      }),
     `must be a comma-separated list of at most ${secrets.previousKeys.max} keys (32 bytes each: base64, base64url or 64 hex)`
   )
   return { encryptionKey, previousKeys }
