@@ -3,8 +3,12 @@
  * `SERVICE_DID`, `API_TRUST_PROXY`, parsed strictly; the service DID derived from `PUBLIC_URL`.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Either, Option } from "effect"
+import { ConfigProvider, Duration, Effect, Either, Option } from "effect"
+import { limitsOf } from "../../src/services/api/Api.js"
 import { didWebOf, isServiceDid, parsePublicUrl } from "../../src/services/api/ApiConfig.js"
+import { DEFAULT_LIMITS } from "../../src/services/api/RateLimiter.js"
+import { DEFAULT_REPLAY_CAPACITY } from "../../src/services/api/ReplayCache.js"
+import { CALL_DEADLINE, MAX_BODY_BYTES } from "../../src/services/api/Xrpc.js"
 import * as Config from "../../src/services/platform/Config.js"
 
 const load = (env: Record<string, string>) =>
@@ -21,8 +25,53 @@ describe("ApiConfig", () => {
         port: 3004,
         publicUrl: Option.none(),
         serviceDid: Option.none(),
-        trustProxy: false
+        trustProxy: false,
+        limits: {
+          authFailuresPerMinute: 30,
+          callsPerMinute: 120,
+          testPerMinute: 10,
+          replayPerMinute: 2,
+          callTimeoutMs: 10_000,
+          bodyMaxBytes: 65_536,
+          jtiCacheMax: 100_000
+        }
       })
+    }))
+
+  it.effect("the defaults of the API_* numbers are SPEC §8.2's and §8.3's, as the API's own constants", () =>
+    Effect.gen(function*() {
+      const c = yield* load({})
+      expect(limitsOf(c.api.limits)).toEqual(DEFAULT_LIMITS)
+      expect(c.api.limits.callTimeoutMs).toBe(Duration.toMillis(CALL_DEADLINE))
+      expect(c.api.limits.bodyMaxBytes).toBe(MAX_BODY_BYTES)
+      expect(c.api.limits.jtiCacheMax).toBe(DEFAULT_REPLAY_CAPACITY)
+    }))
+
+  it.effect("API_*_PER_MINUTE, API_CALL_TIMEOUT_MS, API_BODY_MAX_BYTES, API_JTI_CACHE_MAX are read", () =>
+    Effect.gen(function*() {
+      const c = yield* load({
+        API_AUTH_FAILURES_PER_MINUTE: "300",
+        API_CALLS_PER_MINUTE: "1000",
+        API_TEST_PER_MINUTE: "1",
+        API_REPLAY_PER_MINUTE: "20",
+        API_CALL_TIMEOUT_MS: "30000",
+        API_BODY_MAX_BYTES: "1024",
+        API_JTI_CACHE_MAX: "1000000"
+      })
+      expect(limitsOf(c.api.limits)).toEqual({
+        failedAuthPerAddress: { limit: 300, perMs: 60_000 },
+        callsPerCaller: { limit: 1000, perMs: 60_000 },
+        methodRates: {
+          "dev.firehook.webhook.test": { limit: 1, perMs: 60_000 },
+          "dev.firehook.webhook.replay": { limit: 20, perMs: 60_000 }
+        },
+        maxKeys: DEFAULT_LIMITS.maxKeys
+      })
+      expect([c.api.limits.callTimeoutMs, c.api.limits.bodyMaxBytes, c.api.limits.jtiCacheMax]).toEqual([
+        30_000,
+        1024,
+        1_000_000
+      ])
     }))
 
   it.effect("PUBLIC_URL alone: its origin, and SERVICE_DID = did:web of its host (port as %3A)", () =>
@@ -58,6 +107,13 @@ describe("ApiConfig", () => {
     [{ API_PORT: "65536" }, "API_PORT", "0..65535"],
     [{ API_PORT: "x" }, "API_PORT", "integer"],
     [{ API_TRUST_PROXY: "yes" }, "API_TRUST_PROXY", "0, 1"],
+    [{ API_CALLS_PER_MINUTE: "0" }, "API_CALLS_PER_MINUTE", "1..1000000"],
+    [{ API_AUTH_FAILURES_PER_MINUTE: "30/min" }, "API_AUTH_FAILURES_PER_MINUTE", "integer"],
+    [{ API_TEST_PER_MINUTE: "1000001" }, "API_TEST_PER_MINUTE", "1..1000000"],
+    [{ API_REPLAY_PER_MINUTE: "-2" }, "API_REPLAY_PER_MINUTE", "integer"],
+    [{ API_CALL_TIMEOUT_MS: "999" }, "API_CALL_TIMEOUT_MS", "1000..60000"],
+    [{ API_BODY_MAX_BYTES: "2097152" }, "API_BODY_MAX_BYTES", "1024..1048576"],
+    [{ API_JTI_CACHE_MAX: "10" }, "API_JTI_CACHE_MAX", "1000..10000000"],
     [{ PUBLIC_URL: "http://hooks.example.com" }, "PUBLIC_URL", "https"],
     [{ PUBLIC_URL: "http://localhost:3004" }, "PUBLIC_URL", "https"],
     [{ ...DEV, PUBLIC_URL: "http://hooks.example.com" }, "PUBLIC_URL", "loopback"],

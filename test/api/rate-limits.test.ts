@@ -188,3 +188,33 @@ describe("without API_TRUST_PROXY", () => {
       }))
   })
 })
+
+describe("limits from the environment (API_*_PER_MINUTE, API_BODY_MAX_BYTES)", () => {
+  layer(apiLayer({
+    env: {
+      API_AUTH_FAILURES_PER_MINUTE: "2",
+      API_CALLS_PER_MINUTE: "3",
+      API_BODY_MAX_BYTES: "1024"
+    }
+  }))((it) => {
+    it.effect("2 failed authentications per address, 3 calls per caller, bodies up to 1 KiB", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        for (let i = 0; i < 2; i++) expect((yield* call(LIST, { token: "garbage" })).status).toBe(401)
+        const refused = yield* call(LIST, { token: "garbage" })
+        expect([refused.status, refused.headers["retry-after"]]).toEqual([429, "30"])
+        yield* TestClock.adjust("1 minute")
+        const owner = yield* newOwner()
+        const big = yield* call(CREATE, { token: yield* longMint(owner, CREATE), body: { name: "x".repeat(2048) } })
+        expect([big.status, big.body["message"]]).toEqual([400, "the body must be at most 1024 bytes"])
+        expect((yield* call(LIST, { token: yield* longMint(owner, LIST) })).status).toBe(200)
+        expect((yield* call(LIST, { token: yield* longMint(owner, LIST) })).status).toBe(200)
+        const fourth = yield* call(LIST, { token: yield* longMint(owner, LIST) })
+        expect([fourth.status, fourth.body["error"], fourth.headers["retry-after"]]).toEqual([
+          429,
+          "RateLimitExceeded",
+          "20"
+        ])
+      }))
+  })
+})

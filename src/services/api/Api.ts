@@ -31,7 +31,7 @@ import * as IdentityInvalidations from "../reconciliation/IdentityInvalidations.
 import * as RegistryStore from "../registry/RegistryStore.js"
 import * as RejectedStoreModule from "../registry/RejectedStore.js"
 import type { RejectedStore } from "../registry/RejectedStore.js"
-import { didWebOf } from "./ApiConfig.js"
+import * as ApiConfig from "./ApiConfig.js"
 import { ApiLog } from "./ApiLog.js"
 import { DELIVERY_METHODS } from "./DeliveryMethods.js"
 import * as Jti from "./JtiStore.js"
@@ -101,21 +101,35 @@ export interface ApiShape {
 
 export class Api extends Context.Tag("firehook/Api")<Api, ApiShape>() {}
 
+/** What a caller sets over the configuration's values (`API_*`, SPEC §8.2's and §8.3's by default). */
 export interface ApiOptions {
-  /** the rate limits (default SPEC §8.2's) */
+  /** the rate limits (default the configuration's) */
   readonly limits?: Partial<ApiLimits>
-  /** per call — default 10 s */
+  /** per call — default `API_CALL_TIMEOUT_MS` */
   readonly deadline?: Duration.DurationInput
-  /** procedure bodies — default 64 KiB */
+  /** procedure bodies — default `API_BODY_MAX_BYTES` */
   readonly maxBodyBytes?: number
-  /** jti replay cache entries — default 100,000 */
+  /** jti replay cache entries — default `API_JTI_CACHE_MAX` */
   readonly replayCapacity?: number
 }
+
+/** The rate limits of a configuration (`API_*_PER_MINUTE`); the key bound is {@link DEFAULT_LIMITS}'. */
+export const limitsOf = (section: ApiConfig.ApiLimitsSection): ApiLimits => ({
+  ...DEFAULT_LIMITS,
+  failedAuthPerAddress: { limit: section.authFailuresPerMinute, perMs: MINUTE_MS },
+  callsPerCaller: { limit: section.callsPerMinute, perMs: MINUTE_MS },
+  methodRates: {
+    "dev.firehook.webhook.test": { limit: section.testPerMinute, perMs: MINUTE_MS },
+    "dev.firehook.webhook.replay": { limit: section.replayPerMinute, perMs: MINUTE_MS }
+  }
+})
+
+const MINUTE_MS = 60_000
 
 /** `/.well-known/did.json` (SPEC §8.1), when the service DID is the did:web of `PUBLIC_URL`. */
 export const didDocumentOf = (api: FirehookConfigShape["api"]): unknown => {
   if (Option.isNone(api.publicUrl) || Option.isNone(api.serviceDid)) return undefined
-  if (didWebOf(api.publicUrl.value) !== api.serviceDid.value) return undefined
+  if (ApiConfig.didWebOf(api.publicUrl.value) !== api.serviceDid.value) return undefined
   return {
     "@context": ["https://www.w3.org/ns/did/v1"],
     id: api.serviceDid.value,
@@ -128,13 +142,13 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
     const config = yield* FirehookConfig
     const health = yield* Health
     const context = yield* Effect.context<R>()
-    const limits: ApiLimits = { ...DEFAULT_LIMITS, ...options.limits }
+    const limits: ApiLimits = { ...limitsOf(config.api.limits), ...options.limits }
     // the replay store shared by the replicas, when the process has one (layerSql)
     const shared = yield* Effect.serviceOption(JtiStore)
     const auth = Option.isSome(config.api.serviceDid)
       ? yield* ServiceAuth.make({
         serviceDid: config.api.serviceDid.value,
-        ...(options.replayCapacity === undefined ? {} : { replayCapacity: options.replayCapacity }),
+        replayCapacity: options.replayCapacity ?? config.api.limits.jtiCacheMax,
         ...(Option.isSome(shared) ? { sharedReplay: shared.value } : {})
       })
       : undefined
@@ -157,8 +171,8 @@ export const make = <R>(methods: MethodTable<R>, options: ApiOptions = {}) =>
       },
       counters,
       log,
-      deadline: Duration.decode(options.deadline ?? Xrpc.CALL_DEADLINE),
-      maxBodyBytes: options.maxBodyBytes ?? Xrpc.MAX_BODY_BYTES
+      deadline: Duration.decode(options.deadline ?? Duration.millis(config.api.limits.callTimeoutMs)),
+      maxBodyBytes: options.maxBodyBytes ?? config.api.limits.bodyMaxBytes
     }
     const stats = Effect.sync((): ApiStats => ({ configured: auth !== undefined, ...counters }))
     yield* health.register("api", statsSection(stats, ["configured", "calls", "authFailures", "rateLimited"]))

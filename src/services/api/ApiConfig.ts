@@ -13,6 +13,11 @@
  *   URL names one, as did:web does): a canonical `did:plc`/`did:web`, or a `did:web` with a port.
  *   Without `PUBLIC_URL`, `SERVICE_DID` alone configures the API (no `/.well-known/did.json`).
  * - `API_TRUST_PROXY` (`0`/`1`): `1` takes the client address from the first `X-Forwarded-For` hop.
+ * - The numbers of SPEC §8.2 and §8.3 (defaults as there; the SPEC's preamble makes every number
+ *   configurable): the rate limits per minute (`API_AUTH_FAILURES_PER_MINUTE` per client address,
+ *   `API_CALLS_PER_MINUTE` per caller DID, `API_TEST_PER_MINUTE` / `API_REPLAY_PER_MINUTE` for those
+ *   two methods), the per-call deadline (`API_CALL_TIMEOUT_MS`), the procedure body bound
+ *   (`API_BODY_MAX_BYTES`) and the process's `jti` cache (`API_JTI_CACHE_MAX`).
  */
 import { Effect, Option } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
@@ -21,6 +26,7 @@ import {
   listenHost,
   readEnumVar,
   readIntVar,
+  readIntVars,
   readListenHost,
   readString,
   readStringAll,
@@ -40,6 +46,20 @@ export const serviceDid = { env: "SERVICE_DID", default: "" } as const
 
 export const trustProxy = { env: "API_TRUST_PROXY", default: "0", values: ["0", "1"] } as const
 
+/** SPEC §8.2 / §8.3's numbers (the defaults are `RateLimiter.DEFAULT_LIMITS`, `Xrpc`'s and `ReplayCache`'s). */
+export const limits = {
+  authFailuresPerMinute: { env: "API_AUTH_FAILURES_PER_MINUTE", default: 30, min: 1, max: 1_000_000 },
+  callsPerMinute: { env: "API_CALLS_PER_MINUTE", default: 120, min: 1, max: 1_000_000 },
+  testPerMinute: { env: "API_TEST_PER_MINUTE", default: 10, min: 1, max: 1_000_000 },
+  replayPerMinute: { env: "API_REPLAY_PER_MINUTE", default: 2, min: 1, max: 1_000_000 },
+  callTimeoutMs: { env: "API_CALL_TIMEOUT_MS", default: 10_000, min: 1_000, max: 60_000 },
+  bodyMaxBytes: { env: "API_BODY_MAX_BYTES", default: 65_536, min: 1_024, max: 1_048_576 },
+  jtiCacheMax: { env: "API_JTI_CACHE_MAX", default: 100_000, min: 1_000, max: 10_000_000 }
+} as const
+
+/** The values of {@link limits}. */
+export type ApiLimitsSection = { readonly [K in keyof typeof limits]: number }
+
 /** The API's part of the configuration. */
 export interface ApiSection {
   /** `API_HOST` */
@@ -52,6 +72,8 @@ export interface ApiSection {
   readonly serviceDid: Option.Option<string>
   /** `API_TRUST_PROXY=1` */
   readonly trustProxy: boolean
+  /** rate limits, deadline and bounds ({@link limits}) */
+  readonly limits: ApiLimitsSection
 }
 
 const LOOPBACK = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/
@@ -111,6 +133,7 @@ export const load = (options: { readonly allowInsecureDev: boolean }): Effect.Ef
     ])
     const didText = yield* readString(serviceDid.env, serviceDid.default, serviceDidRule)
     const trust = yield* readEnumVar(trustProxy)
+    const numbers = yield* readIntVars(limits)
     const url = urlValue === "" ? undefined : parsePublicUrl(urlValue, options.allowInsecureDev)
     let did: string | undefined = didText === "" ? undefined : didText
     if (did === undefined && url !== undefined) {
@@ -129,6 +152,7 @@ export const load = (options: { readonly allowInsecureDev: boolean }): Effect.Ef
       port,
       publicUrl: Option.fromNullable(url),
       serviceDid: Option.fromNullable(did),
-      trustProxy: trust === "1"
+      trustProxy: trust === "1",
+      limits: numbers
     }
   })
