@@ -349,6 +349,36 @@ describe("Config", () => {
       expect([c.reconcile.pageMaxBytes, c.reconcile.maxBytes]).toEqual([16_777_216, 16_777_216])
     }))
 
+  // The ranges the SPEC states as hard (§2.6's hard max, §3.2's 1 KiB–8 MiB frame, §4.3's 1–50
+  // attempts, §4.5's 100 ms–30 s, §6.3's 1–120 s, §5.2's 1–4 and §5.4's 1–2 concurrency): each end
+  // is accepted, one past it is refused, so a widened range cannot pass unnoticed.
+  const hard: ReadonlyArray<
+    readonly [string, number, number, (c: Config.FirehookConfigShape) => number, Record<string, string>]
+  > = [
+    ["REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX", 1, 1_000_000, (c) => c.registry.activeMax, { FIREHOSE_SOURCE: "relay" }],
+    ["REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX", 1, 10_000, (c) => c.registry.activeMax, { FIREHOSE_SOURCE: "jetstream" }],
+    ["REGISTRY_OWNER_ACTIVE_RECORDS_MAX", 1, 10_000, (c) => c.registry.ownerActiveMax, {}],
+    ["REGISTRY_DIRECT_SCOPE_DIDS_MAX", 1, 10_000, (c) => c.registry.directDidsMax, {}],
+    ["REGISTRY_BACKLINK_SCOPE_DIDS_MAX", 1, 10_000, (c) => c.registry.backlinkDidsMax, {}],
+    ["WEBHOOK_INTAKE_EVENT_MAX_BYTES", 1024, 8_388_608, (c) => c.intake.eventMaxBytes, {}],
+    ["DELIVERY_MAX_ATTEMPTS", 1, 50, (c) => c.delivery.maxAttempts, {}],
+    ["DELIVERY_TIMEOUT_MS", 100, 30_000, (c) => c.delivery.timeoutMs, {}],
+    ["SHUTDOWN_TIMEOUT_MS", 1000, 120_000, (c) => c.shutdownTimeoutMs, {}],
+    ["BACKFILL_CONCURRENCY", 1, 4, (c) => c.backfill.concurrency, {}],
+    ["RETRY_SCHEDULER_CONCURRENCY", 1, 2, (c) => c.retryScheduler.concurrency, {}]
+  ]
+  for (const [name, min, max, get, base] of hard) {
+    it.effect(`${name}${base["FIREHOSE_SOURCE"] === undefined ? "" : ` (${base["FIREHOSE_SOURCE"]})`}: the SPEC's hard range ${min}..${max}, ends accepted, one past refused`, () =>
+      Effect.gen(function*() {
+        expect(get(yield* load({ ...base, [name]: String(min) }))).toBe(min)
+        expect(get(yield* load({ ...base, [name]: String(max) }))).toBe(max)
+        for (const past of [min - 1, max + 1]) {
+          const r = yield* Effect.either(load({ ...base, [name]: String(past) }))
+          expect(Either.isLeft(r) ? r.left.variable : `accepted ${past}`).toBe(name)
+        }
+      }))
+  }
+
   it.effect("backfill and retry scheduler values are parsed", () =>
     Effect.gen(function*() {
       const did = "did:plc:abcdefghijklmnopqrstuvwx"
