@@ -184,6 +184,32 @@ describe("requests", () => {
         expect(yield* chunkedPost(port, create, yield* mint(owner, create), small)).toBe(200)
       }))
 
+    it.effect("procedure bodies: exactly 64 KiB (65,536 UTF-8 bytes) is read, one byte more is refused, with or without Content-Length", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const create = "place.wisp.v2.secret.create"
+        const port = yield* serverPort
+        // `{"name":"<name>","pad":"<pad>"}` of exactly `bytes` UTF-8 bytes; `two` pads with 2-byte "é"
+        const body = (name: string, bytes: number, two = false): Buffer => {
+          const room = bytes - Buffer.byteLength(JSON.stringify({ name, pad: "" }))
+          const pad = two ? "é".repeat(Math.floor(room / 2)) + "x".repeat(room % 2) : "x".repeat(room)
+          const b = Buffer.from(JSON.stringify({ name, pad }))
+          expect(b.length).toBe(bytes)
+          return b
+        }
+        const sent = (b: Buffer) => ({ raw: new Uint8Array(b.buffer, b.byteOffset, b.length) })
+        expect((yield* callAs(owner, create, sent(body("edge-cl", 65_536)))).status).toBe(200)
+        expect((yield* callAs(owner, create, sent(body("over-cl", 65_537)))).status).toBe(400)
+        // bytes, not characters: 65,537 bytes are fewer than 33,000 characters here
+        expect((yield* callAs(owner, create, sent(body("over-utf8", 65_537, true)))).status).toBe(400)
+        expect(yield* chunkedPost(port, create, yield* mint(owner, create), body("edge-chunked", 65_536))).toBe(200)
+        expect(yield* chunkedPost(port, create, yield* mint(owner, create), body("over-chunked", 65_537))).toBe(400)
+        expect(yield* chunkedPost(port, create, yield* mint(owner, create), body("over-chunked8", 65_537, true))).toBe(
+          400
+        )
+      }))
+
     it.effect("parameters are decoded by the lexicon Schema: malformed ones are InvalidRequest", () =>
       Effect.gen(function*() {
         yield* wallClock
