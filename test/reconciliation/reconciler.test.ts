@@ -275,6 +275,33 @@ describe("Reconciler", () => {
         const { tombstone } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "w"))
         expect(tombstone).toBeUndefined()
       }))
+
+    it.effect("a cid of exactly 256 characters is accepted (SPEC §5.3: 1–256)", () =>
+      Effect.gen(function*() {
+        const did = plc(8)
+        const fakes = yield* Fakes
+        yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
+        yield* setup(did, [], { rev: rev(100) })
+        const cid = "b".repeat(256)
+        const cursor = "c1"
+        fakes.pds.handler = (req) => {
+          if (req.path !== "/xrpc/com.atproto.repo.listRecords" || req.query.get("repo") !== did) {
+            return fakes.defaultPds(req)
+          }
+          return req.query.get("cursor") === null
+            ? json(200, { records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid, value: hook() }], cursor })
+            : page(did, ["w"])
+        }
+        const outcome = yield* reconcile(did).pipe(
+          Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
+        )
+        expect(outcome).toMatchObject({ _tag: "complete", records: 2, invalid: 0, pages: 2 })
+        const lists = listRecordsRequests(fakes.pds).filter((r) => r.query.get("repo") === did)
+        expect(lists.map((r) => r.query.get("cursor"))).toEqual([null, cursor])
+        expect(yield* storedRkeys(did)).toEqual(["a", "w"])
+        const { row } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "a"))
+        expect(row?.cid).toBe(cid)
+      }))
   })
 
   layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
@@ -349,6 +376,16 @@ describe("Reconciler", () => {
       // leaving the owner `scanning`)
       failing(15, "cursor", (_, did) => page(did, ["a"], "a\ud800"))
       failing(16, "cursor", () => json(200, { records: [], cursor: "\udc00z" }))
+      // a cid of 257 characters (SPEC §5.3: 1–256)
+      failing(
+        17,
+        "record_cid",
+        (_, did) =>
+          json(200, {
+            records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid: "b".repeat(257), value: hook() }],
+            cursor: "a"
+          })
+      )
 
       it.effect("exactly 20 pages are read before too_many_pages", () =>
         Effect.gen(function*() {
