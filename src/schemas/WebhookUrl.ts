@@ -27,6 +27,12 @@ export interface WebhookUrlOptions {
    */
   readonly allowInsecureDev: boolean
   /**
+   * Longest input accepted, in UTF-16 units (default {@link MAX_WEBHOOK_URL_LENGTH}, the bound of a
+   * webhook's `url`). The transport raises it for its own calls to PDSes, PLC and relays, whose
+   * URLs carry a DID and a cursor of up to 2,048 characters (SPEC §1.1, §5.3).
+   */
+  readonly maxLength?: number | undefined
+  /**
    * The operator's allow-list (`DELIVERY_ALLOW_CIDRS`, SPEC §4.6: "for self-hosters with internal
    * receivers"): an `https:` IP literal inside one of these blocks is accepted although it is not
    * public. Absent or empty: none is.
@@ -79,7 +85,7 @@ export const validateWebhookUrl = (
   opts: WebhookUrlOptions
 ): Either.Either<URL, UrlErrorKind> => {
   if (typeof input !== "string") return Either.left("not_string")
-  if (input.length > MAX_WEBHOOK_URL_LENGTH) return Either.left("too_long")
+  if (input.length > (opts.maxLength ?? MAX_WEBHOOK_URL_LENGTH)) return Either.left("too_long")
   if (input.length === 0 || hasControlOrSpace(input)) return Either.left("unparseable")
   const url = parseUrl(input)
   if (url === undefined) return Either.left("unparseable")

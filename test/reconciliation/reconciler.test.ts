@@ -302,6 +302,31 @@ describe("Reconciler", () => {
         const { row } = yield* Effect.flatMap(RegistryStore, (s) => s.get(did, "a"))
         expect(row?.cid).toBe(cid)
       }))
+
+    it.effect("a cursor of exactly 2,048 characters is followed, also when it is percent-encoded in the URL (SPEC §5.3)", () =>
+      Effect.gen(function*() {
+        const did = plc(9)
+        const fakes = yield* Fakes
+        yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
+        yield* setup(did, [], { rev: rev(100) })
+        // 2,048 characters each; the second is 6,144 in the URL (every ":" and "/" as %3A / %2F)
+        const first = "c".repeat(2048)
+        const second = ":/".repeat(1024)
+        fakes.pds.handler = (req) => {
+          if (req.path !== "/xrpc/com.atproto.repo.listRecords" || req.query.get("repo") !== did) {
+            return fakes.defaultPds(req)
+          }
+          const at = req.query.get("cursor")
+          return at === null ? page(did, ["a"], first) : at === first ? page(did, ["b"], second) : page(did, ["w"])
+        }
+        const outcome = yield* reconcile(did).pipe(
+          Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
+        )
+        expect(outcome).toMatchObject({ _tag: "complete", records: 3, invalid: 0, pages: 3 })
+        const lists = listRecordsRequests(fakes.pds).filter((r) => r.query.get("repo") === did)
+        expect(lists.map((r) => r.query.get("cursor"))).toEqual([null, first, second])
+        expect(yield* storedRkeys(did)).toEqual(["a", "b", "w"])
+      }))
   })
 
   layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(

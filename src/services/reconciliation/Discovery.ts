@@ -9,7 +9,7 @@ import { Data, Effect } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import { decodeJsonBody, isWellFormedText, ReposByCollectionPage } from "../../schemas/Xrpc.js"
-import type { SafeHttpShape, SafeResponse } from "../platform/http/SafeHttp.js"
+import { MAX_SERVICE_URL_LENGTH, type SafeHttpShape, type SafeResponse } from "../platform/http/SafeHttp.js"
 import { USER_AGENT } from "../platform/Version.js"
 import type { ReconcileStoreShape } from "./ReconcileStore.js"
 
@@ -47,7 +47,9 @@ export const discoverPages = (
           method: "GET",
           headers: { accept: "application/json", "user-agent": USER_AGENT },
           timeoutMs: DISCOVERY_TIMEOUT_MS,
-          maxResponseBytes: DISCOVERY_MAX_RESPONSE_BYTES
+          maxResponseBytes: DISCOVERY_MAX_RESPONSE_BYTES,
+          // a cursor of up to 2,048 characters, percent-encoded
+          maxUrlLength: MAX_SERVICE_URL_LENGTH
         })
         .pipe(Effect.mapError((e) => new DiscoveryFailure({ reason: e.kind })))
       if (res.status < 200 || res.status > 299) return yield* new DiscoveryFailure({ reason: "status" })

@@ -40,7 +40,7 @@ import { atprotoSigningKey, DidDocument, pdsEndpoint, type SigningKey } from "..
 import { validateWebhookUrl } from "../../schemas/WebhookUrl.js"
 import { decodeJsonBody } from "../../schemas/Xrpc.js"
 import { FirehookConfig } from "../platform/Config.js"
-import { SafeHttp } from "../platform/http/SafeHttp.js"
+import { MAX_SERVICE_URL_LENGTH, SafeHttp } from "../platform/http/SafeHttp.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
 
@@ -207,7 +207,9 @@ export const make = (options: IdentityOptions = {}) =>
             method: "GET",
             headers: { accept: "application/did+ld+json, application/json" },
             timeoutMs,
-            maxResponseBytes
+            maxResponseBytes,
+            // a did:web of up to 2,048 characters (SPEC §1.1) makes a longer did.json URL
+            maxUrlLength: MAX_SERVICE_URL_LENGTH
           })
           .pipe(Effect.mapError(() => new IdentityError({ kind: "identity_unavailable" })))
         if (response.status === 404 || response.status === 410) return yield* fail("did_not_found")

@@ -38,7 +38,7 @@ import { Clock, Context, Duration, Effect, Layer, Metric, Option } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { parseCidrs } from "../../schemas/Net.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
-import { SafeHttp } from "../platform/http/SafeHttp.js"
+import { MAX_SERVICE_URL_LENGTH, SafeHttp } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { USER_AGENT } from "../platform/Version.js"
 import { Registry } from "../registry/Registry.js"
@@ -215,7 +215,15 @@ export const make = (options: ReconcilerOptions) =>
     const stats = { completed: 0, failed: 0, busy: 0, superseded: 0, invalidRecords: 0 }
 
     const get = (url: string, maxResponseBytes: number) =>
-      http.request({ url, method: "GET", headers, timeoutMs: limits.timeoutMs, maxResponseBytes })
+      http.request({
+        url,
+        method: "GET",
+        headers,
+        timeoutMs: limits.timeoutMs,
+        maxResponseBytes,
+        // the query carries the DID and a cursor of up to 2,048 characters each (SPEC §5.3)
+        maxUrlLength: MAX_SERVICE_URL_LENGTH
+      })
     const deps: ScanDeps = { identity, store, limits, validateOpts, get, swap: options.swap }
     const lateMarks = yield* FailureMarks.make(store, {
       baseMs: limits.failureMarkRetryBaseMs,

@@ -15,6 +15,7 @@ import { bunLookup, makeLookup } from "../../../src/services/platform/http/Resol
 import {
   allowedAddress,
   DEFAULT_MAX_REQUEST_BYTES,
+  MAX_SERVICE_URL_LENGTH,
   parseAllowCidrs,
   planTarget,
   type ResolvedAddress,
@@ -1067,6 +1068,32 @@ describe("SafeHttp: responses", () => {
       const atCap = yield* send(DEV, resolver, post(url, { body: "éééééé", maxRequestBytes: 12 }))
       expect(atCap.status).toBe(200)
       expect(server.seen[0]!.body).toBe("éééééé")
+    }))
+
+  it.scopedLive("URL length: 2,048 characters by default (a webhook URL); a caller's maxUrlLength up to MAX_SERVICE_URL_LENGTH", () =>
+    Effect.gen(function*() {
+      const server = yield* startServer(ok)
+      const resolver = answers("127.0.0.1")
+      const base = `http://receiver.test:${server.port}/x?c=`
+      const of = (n: number) => base + "c".repeat(n - base.length)
+      yield* withHttp(DEV, resolver, (http) =>
+        Effect.gen(function*() {
+          expect((yield* http.request(post(of(2048)))).status).toBe(200)
+          yield* expectKind(http.request(post(of(2049))), "invalid_target", ["receiver.test"])
+          // the same URL on the same transport (its plans are memoised): accepted under a raised bound
+          expect((yield* http.request(post(of(2049), { maxUrlLength: MAX_SERVICE_URL_LENGTH }))).status).toBe(200)
+          const longest = of(MAX_SERVICE_URL_LENGTH)
+          expect((yield* http.request(post(longest, { maxUrlLength: MAX_SERVICE_URL_LENGTH }))).status).toBe(200)
+          // never beyond MAX_SERVICE_URL_LENGTH, whatever the caller asks
+          yield* expectKind(
+            http.request(post(of(MAX_SERVICE_URL_LENGTH + 1), { maxUrlLength: 10 * MAX_SERVICE_URL_LENGTH })),
+            "invalid_target",
+            ["receiver.test"]
+          )
+          // and the default again after a raised one
+          yield* expectKind(http.request(post(of(2049))), "invalid_target", ["receiver.test"])
+        }))
+      expect(server.seen).toHaveLength(3)
     }))
 
   it.scopedLive("a 101 Switching Protocols is the response (SPEC §4.3: 1xx → redirect), not a network error", () =>

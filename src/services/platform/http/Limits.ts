@@ -31,6 +31,14 @@ export const MAX_CONNECT_ADDRESSES = 16
 /** Largest overall deadline accepted for one request (a larger `timeoutMs` is clamped). */
 export const MAX_TIMEOUT_MS = 5 * 60 * 1000
 
+/**
+ * Longest request URL accepted from a caller that raises `maxUrlLength` (PDS, PLC, did:web and relay
+ * calls): a cursor of up to 2,048 characters (SPEC §5.3), percent-encoded (up to 6,144), after an
+ * endpoint, a did:plc and the other parameters, fits. 8 KiB is also what common servers accept in a
+ * request line (a longer one would be a 414 or 431 anyway). Webhook URLs keep their 2,048 (SPEC §1).
+ */
+export const MAX_SERVICE_URL_LENGTH = 8 * 1024
+
 /** URL plans (`planTarget` results) memoised per transport. */
 export const PLAN_CACHE_MAX = 4096
 

@@ -26,12 +26,13 @@
  */
 import { type Clock, Context, Duration, Effect, Either, Layer } from "effect"
 import type { Cidr } from "../../../schemas/Net.js"
+import { MAX_WEBHOOK_URL_LENGTH } from "../../../schemas/WebhookUrl.js"
 import { type Agents, makeAgents } from "./Agents.js"
 import { type Deadlines, makeDeadlines } from "./Deadlines.js"
 import { fail, SafeHttpError } from "./Errors.js"
 import { exchangeAll, type ExchangeSpec } from "./Exchange.js"
 import { buildHeaders } from "./Headers.js"
-import { clampInt, DEFAULT_MAX_REQUEST_BYTES, MAX_TIMEOUT_MS } from "./Limits.js"
+import { clampInt, DEFAULT_MAX_REQUEST_BYTES, MAX_SERVICE_URL_LENGTH, MAX_TIMEOUT_MS } from "./Limits.js"
 import { formatAddress, Resolver, type ResolverShape, validateAnswers } from "./Resolver.js"
 import { makePlanner } from "./TargetPlan.js"
 
@@ -44,6 +45,7 @@ export {
   MAX_ALLOW_CIDRS,
   MAX_CONNECT_ADDRESSES,
   MAX_REQUEST_HEADER_BYTES,
+  MAX_SERVICE_URL_LENGTH,
   MAX_SOCKETS_PER_HOST_LIMIT,
   MAX_TIMEOUT_MS,
   PLAN_CACHE_MAX
@@ -78,6 +80,12 @@ export interface SafeRequest {
   readonly maxResponseBytes: number
   /** Request body bound (default {@link DEFAULT_MAX_REQUEST_BYTES}). */
   readonly maxRequestBytes?: number | undefined
+  /**
+   * Longest URL accepted: default a webhook URL's 2,048 characters (SPEC §1); at most
+   * {@link MAX_SERVICE_URL_LENGTH}, which PDS, PLC and relay calls use (their query carries a DID
+   * and a cursor of up to 2,048 characters, SPEC §5.3).
+   */
+  readonly maxUrlLength?: number | undefined
   /**
    * What a response body larger than `maxResponseBytes` is: `"fail"` (default; for callers that
    * need the whole body: DID documents, PDS calls) → `response_too_large`; `"truncate"` (webhook
@@ -139,7 +147,10 @@ const makeWith = (
   const plan = makePlanner(policy)
 
   const send = (req: SafeRequest, timeoutMs: number): Effect.Effect<SafeResponse, SafeHttpError> => {
-    const planned = plan(req.url)
+    const planned = plan(
+      req.url,
+      clampInt(req.maxUrlLength ?? MAX_WEBHOOK_URL_LENGTH, 1, MAX_SERVICE_URL_LENGTH, MAX_WEBHOOK_URL_LENGTH)
+    )
     if (Either.isLeft(planned)) return fail(planned.left)
     const target = planned.right
 

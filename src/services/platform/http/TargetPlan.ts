@@ -54,9 +54,15 @@ const parseUrl = (s: string): URL | undefined => (URL.canParse(s) ? new URL(s) :
  */
 export const planTarget = (
   input: string,
-  options: { readonly allowInsecureDev: boolean; readonly allowCidrs: ReadonlyArray<Cidr> }
+  options: {
+    readonly allowInsecureDev: boolean
+    readonly allowCidrs: ReadonlyArray<Cidr>
+    /** longest URL accepted (default: a webhook URL's 2,048) */
+    readonly maxUrlLength?: number | undefined
+  }
 ): Either.Either<Target, "invalid_target" | "blocked_target"> => {
-  const checked = validateWebhookUrl(input, { allowInsecureDev: options.allowInsecureDev })
+  const maxLength = options.maxUrlLength
+  const checked = validateWebhookUrl(input, { allowInsecureDev: options.allowInsecureDev, maxLength })
   let url: URL
   let loopbackOnly = false
   if (Either.isRight(checked)) {
@@ -82,7 +88,11 @@ export const planTarget = (
         if (parsed === undefined || parsed.protocol !== "http:") return Either.left("invalid_target")
         if (classifyHost(parsed.hostname).kind !== "name") return Either.left("invalid_target")
         // every rule but the scheme, on the same URL as https:
-        const again = validateWebhookUrl(`https:${parsed.href.slice("http:".length)}`, { allowInsecureDev: false })
+        const again = validateWebhookUrl(`https:${parsed.href.slice("http:".length)}`, {
+          allowInsecureDev: false,
+          // the input's length was checked above; "https:" and the parser's normalisation add to it
+          maxLength: Number.MAX_SAFE_INTEGER
+        })
         if (Either.isLeft(again)) {
           return Either.left(
             again.left === "blocked_host" || again.left === "non_public_ip" ? "blocked_target" : "invalid_target"
@@ -128,14 +138,16 @@ export const planTarget = (
  */
 export const makePlanner = (
   options: { readonly allowInsecureDev: boolean; readonly allowCidrs: ReadonlyArray<Cidr> }
-): (url: string) => Either.Either<Target, "invalid_target" | "blocked_target"> => {
+): (url: string, maxUrlLength: number) => Either.Either<Target, "invalid_target" | "blocked_target"> => {
   const plans = new Map<string, Either.Either<Target, "invalid_target" | "blocked_target">>()
-  return (url) => {
-    const known = plans.get(url)
+  return (url, maxUrlLength) => {
+    // the bound is part of the key: one URL may be too long for one caller and not for another
+    const key = `${maxUrlLength} ${url}`
+    const known = plans.get(key)
     if (known !== undefined) return known
-    const planned = planTarget(url, options)
+    const planned = planTarget(url, { ...options, maxUrlLength })
     if (plans.size >= PLAN_CACHE_MAX) plans.clear()
-    plans.set(url, planned)
+    plans.set(key, planned)
     return planned
   }
 }
