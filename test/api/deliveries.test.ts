@@ -392,6 +392,31 @@ describe("delivery methods", () => {
         }).pipe(Effect.scoped)
     )
 
+    it.effect("getDelivery: the newest 100 attempts, and how many older ones were left out (SPEC §8.5)", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const owner = yield* newOwner()
+        yield* outboxRows(owner.did, "att", ["2026-01-01T00:00:00Z"])
+        const id = "whd_t_att_1"
+        const attemptsOf = (n: number) =>
+          sql`
+            INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error_kind, http_status)
+            SELECT ${id}, a, '2026-01-01T00:00:00Z'::timestamptz + a * interval '1 second', 5, 'retry', 'http_5xx', 503
+            FROM generate_series(1, ${n}) a
+            ON CONFLICT DO NOTHING`
+        const shown = (r: { body: Record<string, unknown> }) =>
+          (r.body["attempts"] as ReadonlyArray<Record<string, unknown>>).map((a) => a["n"])
+        yield* attemptsOf(100)
+        const hundred = yield* callAs(owner, `${W}.getDelivery`, { query: `id=${id}` })
+        expect(hundred.status, hundred.text).toBe(200)
+        expect([shown(hundred).length, shown(hundred)[0], hundred.body["olderAttempts"]]).toEqual([100, 1, 0])
+        yield* attemptsOf(103)
+        const more = yield* callAs(owner, `${W}.getDelivery`, { query: `id=${id}` })
+        expect(more.status, more.text).toBe(200)
+        expect(shown(more)).toEqual(Array.from({ length: 100 }, (_, i) => i + 4))
+        expect(more.body["olderAttempts"]).toBe(3)
+      }))
+
     it.effect("test: one signed request through the outbox with X-Firehook-Test: 1; another owner's rkey is NotFound", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
