@@ -1,0 +1,52 @@
+/**
+ * The time and size bounds of a service token's claims (SPEC §8.2), at their edges: `exp` in the
+ * future within 30 s of skew and at most 1 h ahead, `iat` at most 30 s ahead, `jti` present (≤ 128
+ * printable ASCII characters, firehook's bound). `checkClaims` is pure: `now` is exact here.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Either } from "effect"
+import type { JwtClaims } from "../../src/schemas/ServiceJwt.js"
+import { checkClaims } from "../../src/services/api/ServiceAuth.js"
+
+const NOW = 1_800_000_000
+const NSID = "place.wisp.v2.secret.list"
+const AUD = "did:web:firehook.example"
+const claims = (c: Partial<JwtClaims>): JwtClaims => ({
+  iss: "did:plc:ewvi7nxzyoun6zhxrhs64oiz",
+  aud: AUD,
+  exp: NOW + 60,
+  lxm: NSID,
+  jti: "j1",
+  ...c
+})
+const verdict = (c: Partial<JwtClaims>): string => {
+  const r = checkClaims(
+    { header: { alg: "ES256K" }, claims: claims(c) },
+    { nowMs: NOW * 1000, nsid: NSID, audiences: [AUD] }
+  )
+  return Either.isRight(r) ? "ok" : `${r.left.error}/${r.left.reason}`
+}
+
+describe("service token claims at their bounds (SPEC §8.2)", () => {
+  it("exp: at most 1 h ahead (3,600 s accepted, 3,601 refused)", () => {
+    expect(verdict({ exp: NOW + 3600 })).toBe("ok")
+    expect(verdict({ exp: NOW + 3601 })).toBe("InvalidToken/exp_too_far")
+  })
+
+  it("exp: in the future with 30 s of skew (30 s ago accepted, 31 s ago expired)", () => {
+    expect(verdict({ exp: NOW - 30 })).toBe("ok")
+    expect(verdict({ exp: NOW - 31 })).toBe("ExpiredToken/expired")
+  })
+
+  it("iat: at most 30 s ahead", () => {
+    expect(verdict({ iat: NOW + 30 })).toBe("ok")
+    expect(verdict({ iat: NOW + 31 })).toBe("InvalidToken/iat_future")
+  })
+
+  it("jti: present, 1–128 printable ASCII characters", () => {
+    expect(verdict({ jti: "x".repeat(128) })).toBe("ok")
+    expect(verdict({ jti: "x".repeat(129) })).toBe("InvalidToken/jti")
+    expect(verdict({ jti: "" })).toBe("InvalidToken/jti")
+    expect(verdict({ jti: undefined })).toBe("InvalidToken/jti")
+  })
+})
