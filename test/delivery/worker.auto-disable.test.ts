@@ -76,6 +76,27 @@ const attemptAll = (answer: (rkey: string) => number) =>
 
 describe("auto-disable", () => {
   it.scoped(
+    "the count bound: failures 10 h apart pass the 5 days at the 13th, but only the 20th disables (SPEC §4.3: at least 20)",
+    () =>
+      Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        yield* register((rkey) => `https://${rkey}.example/hook`)
+        for (let i = 0; i < 20; i++) {
+          yield* run([ev(BOB, POST, `c${i}`, { rev: rev(10 + i) })])
+          expect(yield* attemptAll(() => 503)).toBe(2)
+          // failure i + 1 at 10·i h: 120 h have passed from i = 12 on, 20 failures only at i = 19
+          expect([i, (yield* stateOf("down"))?.auto]).toEqual([i, i >= 19])
+          yield* TestClock.adjust(Duration.hours(10))
+        }
+        expect(yield* stateOf("down")).toMatchObject({ auto: true, failed_attempts: 20 })
+      }).pipe(
+        Effect.provide(DeliveryStore.layerSql),
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
+      ),
+    240_000
+  )
+
+  it.scoped(
     "the rule under the TestClock: 5 days and ≥ 20 failures; a 2xx within the period restarts it",
     () =>
       Effect.gen(function*() {
