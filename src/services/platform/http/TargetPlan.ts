@@ -131,23 +131,34 @@ export const planTarget = (
   })
 }
 
+/** Distinct URL bounds memoised at once (the callers use two: webhooks' and services'). */
+const PLAN_BOUNDS_MAX = 4
+
 /**
- * {@link planTarget} under one fixed policy, memoised per URL. planTarget is pure and the policy is
- * fixed, so a busy receiver's URL is not parsed and validated again on every request; the map is
- * bounded ({@link PLAN_CACHE_MAX}) and emptied when full.
+ * {@link planTarget} under one fixed policy, memoised per URL bound and URL. planTarget is pure and
+ * the policy is fixed, so a busy receiver's URL is not parsed and validated again on every request;
+ * each bound's map is bounded ({@link PLAN_CACHE_MAX}) and emptied when full.
  */
+
 export const makePlanner = (
   options: { readonly allowInsecureDev: boolean; readonly allowCidrs: ReadonlyArray<Cidr> }
 ): (url: string, maxUrlLength: number) => Either.Either<Target, "invalid_target" | "blocked_target"> => {
-  const plans = new Map<string, Either.Either<Target, "invalid_target" | "blocked_target">>()
+  type Plans = Map<string, Either.Either<Target, "invalid_target" | "blocked_target">>
+  // one memo per bound (a URL may be too long for one caller and not for another; the callers use
+  // two bounds), keyed by the URL itself: no key is built per request
+  const byBound = new Map<number, Plans>()
   return (url, maxUrlLength) => {
-    // the bound is part of the key: one URL may be too long for one caller and not for another
-    const key = `${maxUrlLength} ${url}`
-    const known = plans.get(key)
+    let plans = byBound.get(maxUrlLength)
+    if (plans === undefined) {
+      if (byBound.size >= PLAN_BOUNDS_MAX) byBound.clear()
+      plans = new Map()
+      byBound.set(maxUrlLength, plans)
+    }
+    const known = plans.get(url)
     if (known !== undefined) return known
     const planned = planTarget(url, { ...options, maxUrlLength })
     if (plans.size >= PLAN_CACHE_MAX) plans.clear()
-    plans.set(key, planned)
+    plans.set(url, planned)
     return planned
   }
 }
