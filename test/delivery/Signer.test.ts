@@ -39,6 +39,11 @@ describe("standardWebhooksKey", () => {
     expect(Buffer.from(standardWebhooksKey("whsec_" + raw.toString("base64")))).toEqual(raw)
   })
 
+  it("decodes a whsec_ secret of a single key byte (padded or not) rather than using the raw string", () => {
+    expect(Array.from(standardWebhooksKey("whsec_AQ=="))).toEqual([1])
+    expect(Array.from(standardWebhooksKey("whsec_/w"))).toEqual([255])
+  })
+
   it("uses UTF-8 bytes for plain secrets", () => {
     expect(Buffer.from(standardWebhooksKey("pässword"))).toEqual(Buffer.from("pässword", "utf8"))
   })
