@@ -89,6 +89,15 @@ describe("parseRetryAfter", () => {
     expect(parseRetryAfter("Sunday, 06-Nov-94 08:49:37 GMT", now)).toBe(0)
   })
 
+  it("RFC 850: exactly 50 years ahead is still the future (only MORE than 50 years ahead is the past century)", () => {
+    expect(parseRetryAfter("Wednesday, 15-Jan-76 12:00:00 GMT", now)).toBe(Date.UTC(2076, 0, 15, 12, 0, 0) - now)
+    expect(parseRetryAfter("Friday, 15-Jan-77 12:00:00 GMT", now)).toBe(0)
+  })
+
+  it("a leap second (:60) is accepted and lands on the next minute", () => {
+    expect(parseRetryAfter("Thu, 15 Jan 2026 12:00:60 GMT", now)).toBe(60_000)
+  })
+
   it("a date in the past is 0, never negative", () => {
     expect(parseRetryAfter("Thu, 15 Jan 2026 11:59:59 GMT", now)).toBe(0)
     expect(parseRetryAfter("Sun, 06 Nov 1994 08:49:37 GMT", now)).toBe(0)
