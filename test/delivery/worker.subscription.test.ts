@@ -11,6 +11,9 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
+import { admit, CIRCUIT_MIN_DEFER_MS, prepare } from "../../src/services/delivery/Attempt.js"
+import type { ClaimedRow, SubscriptionSnapshot } from "../../src/services/delivery/DeliveryStore.js"
+import * as Destinations from "../../src/services/delivery/Destinations.js"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
 import { countWhere, eventually, outboxRows, receiver, recordingPublisher, run, startWorker } from "./worker-support.js"
 
@@ -180,4 +183,69 @@ describe("circuit breaker", () => {
         })
       )
     ))
+})
+
+describe("prepare (the secret and transform step of SPEC §4.2, as a pure decision)", () => {
+  const sub: SubscriptionSnapshot = {
+    exists: true,
+    active: true,
+    enabled: true,
+    gone: false,
+    autoDisabled: false,
+    url: "https://receiver.example/hook",
+    fingerprint: "fp",
+    signingMode: "record_secret",
+    secretId: undefined,
+    recordSecret: SECRET,
+    ownerStatus: "complete"
+  }
+  const row: ClaimedRow = {
+    deliveryId: "whd_v1_test",
+    eventId: "whe_v1_test",
+    ownerDid: OWNER,
+    webhookRkey: "wh1",
+    matchKind: "direct",
+    eventDid: BOB,
+    eventCollection: POST,
+    eventRkey: "r1",
+    eventOperation: "create",
+    targetUrl: sub.url,
+    signingMode: "record_secret",
+    secretId: undefined,
+    fingerprint: "fp",
+    attemptCount: 0,
+    leaseToken: "w:1",
+    origin: "https://receiver.example",
+    ageMs: 0,
+    firstAttempt: true,
+    reclaimed: false,
+    crashCount: 0,
+    body: "{\"timestamp\":\"2026-01-01T00:00:00.000Z\"}",
+    snapshot: sub
+  }
+  const transformFor = () => Destinations.webhookPreset
+  const startedAtMs = 1_700_000_000_999
+
+  it("an inline-secret subscription whose secret is missing fails as secret_unavailable: never sent unsigned", () => {
+    const settled = prepare(row, row.body ?? "", { ...sub, recordSecret: undefined }, undefined, transformFor, 0, 0)
+    expect(settled).toMatchObject({ _tag: "Fail", kind: "secret_unavailable" })
+  })
+
+  it("signs with webhook-timestamp = the attempt's start in whole unix seconds, rounded down", () => {
+    const settled = prepare(row, row.body ?? "", sub, SECRET, transformFor, startedAtMs, startedAtMs)
+    if (settled._tag !== "Send") throw new Error(`expected Send, got ${settled._tag}`)
+    expect(settled.request.headers["webhook-timestamp"]).toBe("1700000000")
+    expect(settled.request.headers["X-Webhook-Signature"]).toMatch(/^sha256=[0-9a-f]{64}$/)
+  })
+})
+
+describe("admit (the circuit breaker step of SPEC §4.3, as a pure decision)", () => {
+  it("an open origin defers until its cool-down ends, never by less than CIRCUIT_MIN_DEFER_MS", () => {
+    const at = 1_700_000_000_000
+    expect(admit("open", at + 5_000, at)).toMatchObject({ _tag: "Defer", delayMs: 5_000, reason: "circuit_open" })
+    expect(admit("open", at + 10, at)).toMatchObject({ _tag: "Defer", delayMs: CIRCUIT_MIN_DEFER_MS })
+    expect(admit("open", at - 10_000, at)).toMatchObject({ _tag: "Defer", delayMs: CIRCUIT_MIN_DEFER_MS })
+    expect(admit("closed", 0, at)).toBeUndefined()
+    expect(admit("probe", 0, at)).toBeUndefined()
+  })
 })
