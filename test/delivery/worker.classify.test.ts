@@ -5,8 +5,10 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer, Queue } from "effect"
+import { Effect, Either, Layer, Queue } from "effect"
+import { judge } from "../../src/services/delivery/Attempt.js"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
+import type { OutgoingRequest } from "../../src/services/delivery/Destinations.js"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
 import {
   closedPort,
@@ -308,4 +310,29 @@ describe("delivery worker: classification through real responses", () => {
       ),
     60_000
   )
+})
+
+describe("judge (the classification step of SPEC §4.2, as a pure decision)", () => {
+  const answer = (status: number, headers: Record<string, string> = {}) =>
+    Either.right({ status, headers, body: new Uint8Array(0), truncated: false })
+  const onlyNoContent: OutgoingRequest = {
+    url: "https://receiver.example/hook",
+    method: "POST",
+    headers: {},
+    body: "{}",
+    isSuccess: (s) => s === 204
+  }
+
+  it("a 2xx that a custom destination does not accept is a permanent http_4xx (retrying would only duplicate)", () => {
+    const settled = judge(answer(200, { "retry-after": "5" }), onlyNoContent, 0, 10)
+    expect(settled).toMatchObject({ _tag: "Fail", kind: "http_4xx", httpStatus: 200, retryAfterMs: undefined })
+    expect(judge(answer(204), onlyNoContent, 0, 10)).toMatchObject({ _tag: "Deliver", httpStatus: 204 })
+  })
+
+  it("without a custom rule every 2xx is delivered, 299 included; 300 is not", () => {
+    const plain: OutgoingRequest = { url: "https://receiver.example/hook", method: "POST", headers: {}, body: "{}" }
+    expect(judge(answer(200), plain, 0, 10)).toMatchObject({ _tag: "Deliver", httpStatus: 200 })
+    expect(judge(answer(299), plain, 0, 10)).toMatchObject({ _tag: "Deliver", httpStatus: 299 })
+    expect(judge(answer(300), plain, 0, 10)).toMatchObject({ _tag: "Fail", kind: "redirect" })
+  })
 })
