@@ -141,48 +141,53 @@ for (const mode of MODES) {
 }
 
 describe("circuit breaker", () => {
-  it.scopedLive("after N consecutive failures the origin's rows are rescheduled without a request", () =>
-    Effect.gen(function*() {
-      const rx = yield* receiver()
-      yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/503` }), { rev: rev(1) })])
-      yield* run(Array.from({ length: 6 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
-      const worker = yield* startWorker({ options: { pollIntervalMs: 100 } })
-      const rows = yield* eventually(
-        "three failures, three deferred",
-        outboxRows,
-        (rs) =>
-          rs.length === 6 &&
-          rs.every((r) => r.lease_token === null) &&
-          rs.filter((r) => r.attempt_count === 1).length === 3 &&
-          rs.filter((r) => r.attempt_count === 0 && r.due_in_s > 30).length === 3,
-        20_000
-      )
-      // the failed ones are retried with backoff; the deferred ones wait for the cool-down (60 s)
-      for (const r of rows) {
-        expect(r.status).toBe("pending")
-        if (r.attempt_count === 1) expect(r).toMatchObject({ last_error_kind: "http_5xx", last_http_status: 503 })
-        else expect(r).toMatchObject({ last_error_kind: null, last_http_status: null })
-      }
-      expect(rx.received.length).toBe(3)
-      expect(yield* countWhere("delivery_attempts", "true")).toBe(3)
-      expect((yield* worker.delivery.stats).openCircuits).toBe(1)
-      // the health counts are refreshed in the background (CountsCache, every 2 s): a reading taken
-      // while the rows were leased says pending 0 until the next refresh
-      const report = yield* eventually(
-        "health counts refreshed",
-        worker.health.report,
-        (r) => (r.body["delivery"] as { pending?: number } | undefined)?.pending === 6
-      )
-      expect(report.body["delivery"]).toMatchObject({ pending: 6, leased: 0, deadLetter: 0, openCircuits: 1 })
-      expect(rx.received.every((q) => String(q.headers["x-firehook-webhook"]) === `at://${OWNER}/${WH}/w`)).toBe(true)
-    }).pipe(
-      Effect.scoped,
-      Effect.provide(
-        sqlStack({
-          env: { ...ENV, DELIVERY_CIRCUIT_THRESHOLD: "3", DELIVERY_PER_ORIGIN_CONCURRENCY: "1" }
-        })
-      )
-    ))
+  // 429 is a transient failure of the origin as much as a 5xx (SPEC §4.3): both open the circuit
+  for (const [status, kind] of [[503, "http_5xx"], [429, "http_429"]] as const) {
+    it.scopedLive(`after N consecutive failures (${status}) the origin's rows are rescheduled without a request`, () =>
+      Effect.gen(function*() {
+        const rx = yield* receiver()
+        yield* run([
+          whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/status/${status}` }), { rev: rev(1) })
+        ])
+        yield* run(Array.from({ length: 6 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
+        const worker = yield* startWorker({ options: { pollIntervalMs: 100 } })
+        const rows = yield* eventually(
+          "three failures, three deferred",
+          outboxRows,
+          (rs) =>
+            rs.length === 6 &&
+            rs.every((r) => r.lease_token === null) &&
+            rs.filter((r) => r.attempt_count === 1).length === 3 &&
+            rs.filter((r) => r.attempt_count === 0 && r.due_in_s > 30).length === 3,
+          20_000
+        )
+        // the failed ones are retried with backoff; the deferred ones wait for the cool-down (60 s)
+        for (const r of rows) {
+          expect(r.status).toBe("pending")
+          if (r.attempt_count === 1) expect(r).toMatchObject({ last_error_kind: kind, last_http_status: status })
+          else expect(r).toMatchObject({ last_error_kind: null, last_http_status: null })
+        }
+        expect(rx.received.length).toBe(3)
+        expect(yield* countWhere("delivery_attempts", "true")).toBe(3)
+        expect((yield* worker.delivery.stats).openCircuits).toBe(1)
+        // the health counts are refreshed in the background (CountsCache, every 2 s): a reading taken
+        // while the rows were leased says pending 0 until the next refresh
+        const report = yield* eventually(
+          "health counts refreshed",
+          worker.health.report,
+          (r) => (r.body["delivery"] as { pending?: number } | undefined)?.pending === 6
+        )
+        expect(report.body["delivery"]).toMatchObject({ pending: 6, leased: 0, deadLetter: 0, openCircuits: 1 })
+        expect(rx.received.every((q) => String(q.headers["x-firehook-webhook"]) === `at://${OWNER}/${WH}/w`)).toBe(true)
+      }).pipe(
+        Effect.scoped,
+        Effect.provide(
+          sqlStack({
+            env: { ...ENV, DELIVERY_CIRCUIT_THRESHOLD: "3", DELIVERY_PER_ORIGIN_CONCURRENCY: "1" }
+          })
+        )
+      ))
+  }
 })
 
 describe("prepare (the secret and transform step of SPEC §4.2, as a pure decision)", () => {
