@@ -61,6 +61,14 @@ describe("standardWebhooksSignature", () => {
     expect(standardWebhooksSignature(key, "msg_1", 1700000000, body)).toBe(`v1,${expected}`)
   })
 
+  it("signs the exact body bytes, surrounding whitespace included (both schemes)", () => {
+    const key = randomBytes(24)
+    const padded = ` ${body}\n`
+    const expected = createHmac("sha256", key).update(`msg_1.1700000000.${padded}`).digest("base64")
+    expect(standardWebhooksSignature(key, "msg_1", 1700000000, padded)).toBe(`v1,${expected}`)
+    expect(wispSignature("k", padded)).toBe(`sha256=${createHmac("sha256", "k").update(padded).digest("hex")}`)
+  })
+
   it("agrees with the standardwebhooks library's own signer", () => {
     const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     const ts = 1614265330
