@@ -185,6 +185,19 @@ describe("discordPreset", () => {
     expect(content.endsWith("…")).toBe(true)
     expect(content.startsWith("create app.bsky.feed.post `at://did:web:aaa")).toBe(true)
   })
+
+  it("never cuts a surrogate pair in half at the 2000-character limit (U+1F98B and U+10FFFF)", () => {
+    // "create app.bsky.feed.post `at://did:web:" is 40 units: the pair starts at index 1998, so a
+    // cut at 1999 would keep its high surrogate alone
+    for (const astral of ["\u{1F98B}", "\u{10FFFF}"]) {
+      const did = "did:web:" + "a".repeat(1_958) + astral + "a".repeat(600)
+      const content = (JSON.parse(request(discordPreset, input({ event: { ...input().event, did } })).body) as {
+        content: string
+      }).content
+      expect(content).toHaveLength(1_999)
+      expect(content.endsWith("a…")).toBe(true)
+    }
+  })
 })
 
 describe("Destinations service", () => {
