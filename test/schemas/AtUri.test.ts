@@ -247,6 +247,9 @@ describe("compileCollectionGlob", () => {
     ["a*bc*bc", "abc", false],
     ["*ab*ab*", "abab", true],
     ["*ab*ab*", "aba", false],
+    // a middle piece found only inside the suffix is not a match ("app.bsky.feed" has no ".feed" before a final "feed")
+    ["*.feed*feed", "app.bsky.feed", false],
+    ["*.feed*feed", "app.bsky.feed.feed", true],
     // the pattern's dots and dashes are literal, not regex
     ["app.bsky.*", "appxbsky.feed", false],
     ["a-b.*", "a-b.c", true]
