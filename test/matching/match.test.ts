@@ -46,6 +46,21 @@ describe("direct matching", () => {
     expect(run(idx, event(CAROL, "app.bsky.feed.post", "3kabc"))).toEqual([])
   })
 
+  it("a glob with its `*` first or in the middle matches through the index, directly and by reference", () => {
+    const g = indexOf(
+      webhook(OWNER, "infix", `at://${ALICE}/app.*.post`, { backlinks: true }),
+      webhook(OWNER, "suffix", `at://${ALICE}/*.post`, { backlinks: true })
+    )
+    expect(run(g, event(ALICE, "app.bsky.feed.post", "3kabc"))).toEqual(["infix:direct", "suffix:direct"])
+    expect(run(g, event(ALICE, "com.example.post", "3kabc"))).toEqual(["suffix:direct"])
+    expect(run(g, event(ALICE, "app.bsky.feed.like", "3kabc"))).toEqual([])
+    const like = { subject: { uri: `at://${ALICE}/app.bsky.feed.post/3kabc` } }
+    expect(run(g, event(BOB, "app.bsky.feed.like", "l1", { record: like }))).toEqual([
+      "infix:backlink",
+      "suffix:backlink"
+    ])
+  })
+
   it("an rkey scope matches by exact rkey, also on delete", () => {
     const r = run(idx, event(ALICE, "app.bsky.feed.post", "3kabc", { operation: "delete" }))
     expect(r).toContain("rkey:direct")
@@ -89,6 +104,15 @@ describe("self-exclusion of wh records", () => {
       "sibling:direct",
       "watcher:direct"
     ])
+  })
+
+  it("self-exclusion is only for the wh collection: a record of another collection with the webhook's rkey still matches it", () => {
+    // clients use TIDs for every collection, so a post and a wh record of one repo may share an rkey
+    const w = webhook(OWNER, "3kabc", `at://${OWNER}/app.bsky.feed.post`, { backlinks: true })
+    const idx = indexOf(w)
+    expect(run(idx, event(OWNER, "app.bsky.feed.post", "3kabc"))).toEqual(["3kabc:direct"])
+    const like = { subject: { uri: `at://${OWNER}/app.bsky.feed.post/p1` } }
+    expect(run(idx, event(OWNER, "app.bsky.feed.like", "3kabc", { record: like }))).toEqual(["3kabc:backlink"])
   })
 
   it("self-exclusion also applies to backlink matches (a wh record references its own scope)", () => {
