@@ -386,10 +386,22 @@ describe("admission (SPEC §2.6)", () => {
       expect(yield* deliveriesTo(ALICE, "w1")).toEqual([])
     }).pipe(Effect.provide(memoryStack({ env: { REGISTRY_DIRECT_SCOPE_DIDS_MAX: "2" } }))))
 
-  it.effect("the backlink scope DID limit", () =>
+  it.effect("the backlink scope DID limit: reaching it is allowed, only a DID beyond it is refused", () =>
     Effect.gen(function*() {
-      yield* run([whEv(ALICE, "b1", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
+      const r1 = yield* run([whEv(ALICE, "b1", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
+      expect(r1.outcomes[0]).toMatchObject({ registry: { _tag: "active" } })
+      // the same backlink scope DID again: no new DID, admitted
+      const r2 = yield* run([
+        whEv(ALICE, "b3", whRecordValue(`at://${BOB}/${POST}`, { backlinks: true }), { rev: rev(1) })
+      ])
+      expect(r2.outcomes[0]).toMatchObject({ registry: { _tag: "active" } })
       const r = yield* run([whEv(ALICE, "b2", whRecordValue(`at://${CAROL}`, { backlinks: true }), { rev: rev(1) })])
       expect(r.outcomes[0]).toMatchObject({ registry: { _tag: "rejected", limit: "backlink_dids" } })
+      // a webhook on that DID without backlinks takes no backlink scope DID
+      const r3 = yield* run([whEv(ALICE, "d1", whRecordValue(`at://${CAROL}`), { rev: rev(1) })])
+      expect(r3.outcomes[0]).toMatchObject({ registry: { _tag: "active" } })
+      const registry = yield* Registry
+      expect(registry.index.size).toBe(3)
+      expect((yield* registry.stats).rejected).toMatchObject({ backlink_dids: 1, total: 0, owner: 0 })
     }).pipe(Effect.provide(memoryStack({ env: { REGISTRY_BACKLINK_SCOPE_DIDS_MAX: "1" } }))))
 })
