@@ -4,8 +4,11 @@
  * UTF-8 bytes, not UTF-16 code units. Pure; no database.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Effect, Either, Layer } from "effect"
+import { buildPayload } from "../../src/services/matching/Canonical.js"
+import type { MatchResult } from "../../src/services/matching/Match.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
+import { event, plc, webhook } from "./fixtures.js"
 
 const KiB = 1024
 const MiB = 1024 * KiB
@@ -135,5 +138,28 @@ describe("write sends body chunks within the byte bound", () => {
       expect(sent.map((c) => c.length)).toEqual(Array.from({ length: 10 }, () => 1))
       for (const c of sent) expect(sum(c, (b) => utf8(b.body))).toBeLessThanOrEqual(1000)
     }).pipe(Effect.provide(Layer.succeed(Outbox.OutboxStore, store)))
+  })
+})
+
+describe("prepare: the fan-out bound (SPEC §3.5: fan-out > the active-webhook limit → fanout_limit)", () => {
+  const e = event(plc(1), "app.bsky.feed.post", "3kabc")
+  const payload = buildPayload(e, e.record)
+  const item = (n: number): Outbox.EnqueueItem => {
+    if (Either.isLeft(payload)) throw new Error("payload")
+    const matches: ReadonlyArray<MatchResult> = Array.from(
+      { length: n },
+      (_, i) => ({ webhook: webhook(plc(100 + i), `w${i}`, `at://${plc(1)}`), match: "direct" })
+    )
+    return { event: e, payload: payload.right, matches }
+  }
+
+  it("a fan-out equal to the limit is enqueued; one more is refused", () => {
+    const l = { ...limits(4 * MiB), maxFanout: 3 }
+    const at = Outbox.prepare([item(3)], l)
+    expect(at.accepted.map((a) => a.index)).toEqual([0])
+    expect(at.rows).toHaveLength(3)
+    const over = Outbox.prepare([item(4), item(2)], l)
+    expect(over.accepted.map((a) => a.index)).toEqual([1])
+    expect(over.rows).toHaveLength(2)
   })
 })
