@@ -131,6 +131,9 @@ describe("validateWhRecord: events", () => {
     ["object", { 0: "create", length: 1 }],
     ["unknown op", ["create", "upsert"]],
     ["uppercase op", ["CREATE"]],
+    // "all operations" is spelled by leaving `events` out or empty, never by a word for it
+    ["all as a word", ["all"]],
+    ["star", ["*"]],
     ["duplicate", ["create", "create"]],
     ["too many", ["create", "update", "delete", "create"]],
     ["four distinct-looking", ["create", "update", "delete", "x"]],
