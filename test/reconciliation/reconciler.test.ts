@@ -17,6 +17,7 @@ import {
   didDoc,
   type FakeRecord,
   type FakeRepo,
+  type FakeRequest,
   type FakeResponse,
   fakeServer,
   listRecordsRequests,
@@ -49,6 +50,20 @@ const memoryRkeys = (did: string) => Effect.map(Registry, (r) => r.index.byOwner
 const reconcile = (did: string) => Effect.flatMap(Reconciler, (r) => r.reconcile(did))
 
 const ownerState = (did: string) => Effect.flatMap(ReconcileStore, (s) => s.ownerState(did))
+
+/**
+ * Reconcile `did` while `respond` answers its listRecords requests (the default PDS answers the
+ * rest); the default PDS handler is restored afterwards, also when the reconcile fails.
+ */
+const reconcileServing = (did: string, respond: (req: FakeRequest) => FakeResponse) =>
+  Effect.gen(function*() {
+    const fakes = yield* Fakes
+    fakes.pds.handler = (req) =>
+      req.path === "/xrpc/com.atproto.repo.listRecords" && req.query.get("repo") === did
+        ? respond(req)
+        : fakes.defaultPds(req)
+    return yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds))))
+  })
 
 const json = (status: number, value: unknown): FakeResponse => ({ status, body: JSON.stringify(value) })
 
@@ -249,14 +264,9 @@ describe("Reconciler", () => {
         yield* setup(did, [], { rev: rev(100) })
         // page 1: empty with a cursor (e.g. every record of the page filtered by the PDS); page 2
         // holds the hook, and no cursor (the end)
-        fakes.pds.handler = (req) => {
-          if (req.path !== "/xrpc/com.atproto.repo.listRecords" || req.query.get("repo") !== did) {
-            return fakes.defaultPds(req)
-          }
-          return req.query.get("cursor") === null ? json(200, { records: [], cursor: "c1" }) : page(did, ["w"])
-        }
-        const outcome = yield* reconcile(did).pipe(
-          Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
+        const outcome = yield* reconcileServing(
+          did,
+          (req) => (req.query.get("cursor") === null ? json(200, { records: [], cursor: "c1" }) : page(did, ["w"]))
         )
         expect(outcome).toEqual({
           _tag: "complete",
@@ -284,17 +294,10 @@ describe("Reconciler", () => {
         yield* setup(did, [], { rev: rev(100) })
         const cid = "b".repeat(256)
         const cursor = "c1"
-        fakes.pds.handler = (req) => {
-          if (req.path !== "/xrpc/com.atproto.repo.listRecords" || req.query.get("repo") !== did) {
-            return fakes.defaultPds(req)
-          }
-          return req.query.get("cursor") === null
+        const outcome = yield* reconcileServing(did, (req) =>
+          req.query.get("cursor") === null
             ? json(200, { records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid, value: hook() }], cursor })
-            : page(did, ["w"])
-        }
-        const outcome = yield* reconcile(did).pipe(
-          Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
-        )
+            : page(did, ["w"]))
         expect(outcome).toMatchObject({ _tag: "complete", records: 2, invalid: 0, pages: 2 })
         const lists = listRecordsRequests(fakes.pds).filter((r) => r.query.get("repo") === did)
         expect(lists.map((r) => r.query.get("cursor"))).toEqual([null, cursor])
@@ -312,16 +315,10 @@ describe("Reconciler", () => {
         // 2,048 characters each; the second is 6,144 in the URL (every ":" and "/" as %3A / %2F)
         const first = "c".repeat(2048)
         const second = ":/".repeat(1024)
-        fakes.pds.handler = (req) => {
-          if (req.path !== "/xrpc/com.atproto.repo.listRecords" || req.query.get("repo") !== did) {
-            return fakes.defaultPds(req)
-          }
+        const outcome = yield* reconcileServing(did, (req) => {
           const at = req.query.get("cursor")
           return at === null ? page(did, ["a"], first) : at === first ? page(did, ["b"], second) : page(did, ["w"])
-        }
-        const outcome = yield* reconcile(did).pipe(
-          Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
-        )
+        })
         expect(outcome).toMatchObject({ _tag: "complete", records: 3, invalid: 0, pages: 3 })
         const lists = listRecordsRequests(fakes.pds).filter((r) => r.query.get("repo") === did)
         expect(lists.map((r) => r.query.get("cursor"))).toEqual([null, first, second])
@@ -337,17 +334,10 @@ describe("Reconciler", () => {
         it.effect(`${kind}`, () =>
           Effect.gen(function*() {
             const did = plc(100 + n)
-            const fakes = yield* Fakes
             yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
             yield* setup(did, [], { rev: rev(100) })
             let i = 0
-            fakes.pds.handler = (req) =>
-              req.path === "/xrpc/com.atproto.repo.listRecords" && req.query.get("repo") === did
-                ? respond(i++, did)
-                : fakes.defaultPds(req)
-            const outcome = yield* reconcile(did).pipe(
-              Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
-            )
+            const outcome = yield* reconcileServing(did, () => respond(i++, did))
             expect(outcome).toEqual({ _tag: "failed", kind })
             const state = yield* ownerState(did)
             expect(state).toMatchObject({ status: "failed", lastFailureKind: kind, failureCount: 1 })
