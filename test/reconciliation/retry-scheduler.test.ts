@@ -452,6 +452,26 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
+  it.scoped("an owner completed, reset to unknown, or gone meanwhile is forgotten without a reconciliation", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const B = plc(2)
+    const C = plc(3)
+    fail(world, A)
+    fail(world, B)
+    fail(world, C)
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world) // all three tracked by the round at start
+      expect((yield* s.tracked).map((t) => t.did)).toEqual([A, B, C])
+      world.owners.set(A, { status: "complete", failureCount: 0, failedSeq: 0 })
+      world.owners.set(B, { status: "unknown", failureCount: 0, failedSeq: 0 })
+      world.owners.delete(C)
+      yield* advance(2_500)
+      expect(world.calls).toEqual([])
+      expect(yield* s.tracked).toEqual([])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
   it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
     const world = newWorld()
     const complete = (did: string) => {
