@@ -33,7 +33,7 @@ interface FakeOwner {
  * `hang`: the PDS read never answers; `hangSlowMark`: the same, and the interrupted scan's failure
  * mark takes 10 s (a slow database); a Deferred: answers (success) when it is completed.
  */
-type Behaviour = "fail" | "succeed" | "busy" | "hang" | "hangSlowMark" | Deferred.Deferred<void>
+type Behaviour = "fail" | "succeed" | "busy" | "superseded" | "hang" | "hangSlowMark" | Deferred.Deferred<void>
 
 interface World {
   readonly owners: Map<string, FakeOwner>
@@ -117,6 +117,8 @@ const fakeReconciler = (world: World) =>
         const b = world.behaviour.get(did) ?? "fail"
         // refused: not begun, the request stays
         if (b === "busy") return { _tag: "busy" } as ReconcileOutcome
+        // fenced off by a newer scan of the owner (begun elsewhere)
+        if (b === "superseded") return { _tag: "superseded" } as ReconcileOutcome
         const begun = world.owners.get(did)
         if (begun !== undefined) begun.requested = false
         if (b === "hang") yield* Effect.never
@@ -469,6 +471,23 @@ describe("RetryScheduler", () => {
       yield* advance(2_500)
       expect(world.calls).toEqual([])
       expect(yield* s.tracked).toEqual([])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("a superseded attempt (a newer scan of the owner fenced it off) ends the tracking, like a success", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A)
+    world.behaviour.set(A, "superseded")
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      yield* advance(2_500)
+      expect(callTimes(world, A)).toEqual([2_500])
+      // not retried on its backoff: the newer scan completes the owner, or fails and is listed again
+      expect(yield* s.tracked).toEqual([])
+      expect((yield* s.stats).recovered).toBe(1)
+      yield* advance(30_000)
+      expect(callTimes(world, A)).toEqual([2_500])
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
