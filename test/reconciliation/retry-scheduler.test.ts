@@ -491,6 +491,22 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
+  it.scoped("a request for an owner tracked as failed but completed elsewhere since is reconciled at once, not skipped", () => {
+    const world = newWorld()
+    const A = plc(1)
+    return Effect.gen(function*() {
+      fail(world, A, 10)
+      const s = yield* scheduler(world, { trackedMax: 1 })
+      expect(yield* s.tracked).toEqual([{ did: A, attempt: 9, inFlight: false }])
+      // another process completes A; then A's account asks for a reconciliation (`#sync`)
+      world.owners.set(A, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      world.behaviour.set(A, "succeed")
+      yield* advance(60_000)
+      expect(callTimes(world, A)).toEqual([60_000])
+      expect(world.owners.get(A)).toMatchObject({ status: "complete", requested: false })
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
   it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
     const world = newWorld()
     const complete = (did: string) => {
