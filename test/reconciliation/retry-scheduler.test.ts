@@ -507,6 +507,22 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
+  it.scoped("a round's free slots go to owners not tracked yet, not to the ones already tracked (oldest failure first)", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const B = plc(2)
+    return Effect.gen(function*() {
+      const gate = yield* Deferred.make<void>()
+      world.behaviour.set(A, gate)
+      fail(world, A) // the oldest failure: tracked first, and still failed while its attempt runs
+      const s = yield* scheduler(world, { trackedMax: 2 })
+      expect((yield* s.tracked).map((t) => t.did)).toEqual([A])
+      fail(world, B)
+      yield* advance(60_000)
+      expect((yield* s.tracked).map((t) => t.did)).toEqual([A, B])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
   it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
     const world = newWorld()
     const complete = (did: string) => {
