@@ -523,6 +523,23 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
+  it.scoped("an owner whose backoff is exactly at the cap is released after its failed attempt", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A, 3) // attempt index 2: 1 s × 2^2 = the 4 s cap
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      expect(yield* s.tracked).toEqual([{ did: A, attempt: 2, inFlight: false }])
+      yield* advance(2_000)
+      expect(callTimes(world, A)).toEqual([2_000])
+      // released (rediscovered by a later round, oldest failure first)
+      expect(yield* s.tracked).toEqual([])
+    }).pipe(
+      Effect.provide(deps(world, { RETRY_SCHEDULER_BASE_MS: "1000", RETRY_SCHEDULER_MAX_MS: "4000" })),
+      Effect.withRandom(half)
+    )
+  })
+
   it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
     const world = newWorld()
     const complete = (did: string) => {
