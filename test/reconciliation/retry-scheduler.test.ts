@@ -540,6 +540,21 @@ describe("RetryScheduler", () => {
     )
   })
 
+  it.scoped("an owner tracked for a request keeps its backoff: a round does not wake it again", () => {
+    const world = newWorld()
+    const A = plc(1)
+    return Effect.gen(function*() {
+      yield* scheduler(world)
+      // requested, and every scan refused (too many scans elsewhere): the request stays
+      world.owners.set(A, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      world.behaviour.set(A, "busy")
+      yield* advance(60_000)
+      // attempts at +2.5, +5, +10, +20, +40 s; the round at 120 s lists requests again
+      yield* advance(80_000)
+      expect(callTimes(world, A)).toEqual([62_500, 67_500, 77_500, 97_500, 137_500])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
   it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
     const world = newWorld()
     const complete = (did: string) => {
