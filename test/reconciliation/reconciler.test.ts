@@ -233,6 +233,15 @@ describe("Reconciler", () => {
         expect(yield* storedRkeys(did)).toEqual(["a", "b", "c"])
       }).pipe(Effect.scoped))
 
+    it.effect("exactly 1,000 records (10 full pages) complete (SPEC §5.3: ≤ 1,000 records)", () =>
+      Effect.gen(function*() {
+        const did = plc(11)
+        const rkeys = Array.from({ length: 1000 }, (_, j) => `r${String(j).padStart(4, "0")}`)
+        yield* setup(did, rkeys.map((rkey) => ({ rkey, value: hook() })), { rev: rev(100) })
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", records: 1000, written: 1000, invalid: 0 })
+        expect((yield* storedRkeys(did)).length).toBe(1000)
+      }))
+
     it.effect("a private PDS endpoint in the DID document is rejected before any PDS call", () =>
       Effect.gen(function*() {
         const did = plc(4)
@@ -402,6 +411,14 @@ describe("Reconciler", () => {
           })
       )
 
+      // a cid is 1–256 printable characters: one holding a space is not a cid
+      failing(
+        18,
+        "record_cid",
+        (_, did) => json(200, { records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid: "bafy a", value: hook() }] })
+      )
+      // a cursor, if present, is non-empty (SPEC §5.3): "" is not followed as if it were one
+      failing(19, "cursor", (i, did) => (i === 0 ? page(did, ["b"], "") : page(did, ["a"])))
       it.effect("exactly 20 pages are read before too_many_pages", () =>
         Effect.gen(function*() {
           const fakes = yield* Fakes
