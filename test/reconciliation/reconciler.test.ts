@@ -233,6 +233,17 @@ describe("Reconciler", () => {
         expect(yield* storedRkeys(did)).toEqual(["a", "b", "c"])
       }).pipe(Effect.scoped))
 
+    it.effect("404 RepoNotFound on the first page is an empty snapshot too (SPEC §5.3)", () =>
+      Effect.gen(function*() {
+        const did = plc(10)
+        yield* live([whEv(did, "w", hook(), { rev: rev(1) })])
+        yield* setup(did, [], { rev: rev(100) })
+        const outcome = yield* reconcileServing(did, () => json(404, { error: "RepoNotFound", message: "gone" }))
+        expect(outcome).toMatchObject({ _tag: "complete", repoFound: false, records: 0, deleted: 1 })
+        expect(yield* storedRkeys(did)).toEqual([])
+        expect(yield* memoryRkeys(did)).toEqual([])
+      }))
+
     it.effect("exactly 1,000 records (10 full pages) complete (SPEC §5.3: ≤ 1,000 records)", () =>
       Effect.gen(function*() {
         const did = plc(11)
@@ -419,6 +430,19 @@ describe("Reconciler", () => {
       )
       // a cursor, if present, is non-empty (SPEC §5.3): "" is not followed as if it were one
       failing(19, "cursor", (i, did) => (i === 0 ? page(did, ["b"], "") : page(did, ["a"])))
+      // "repo not found" only in its two authoritative forms (SPEC §5.3): not for another DID,
+      // and `InvalidRequest` only as a 400
+      failing(
+        20,
+        "pds_status",
+        () => json(400, { error: "InvalidRequest", message: `Could not find repo: ${plc(7_777)}` })
+      )
+      failing(
+        21,
+        "pds_status",
+        (_, did) => json(404, { error: "InvalidRequest", message: `Could not find repo: ${did}` })
+      )
+
       it.effect("exactly 20 pages are read before too_many_pages", () =>
         Effect.gen(function*() {
           const fakes = yield* Fakes
