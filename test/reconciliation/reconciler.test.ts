@@ -626,6 +626,29 @@ describe("Reconciler", () => {
   )
 })
 
+describe("Reconciler: completion in batches and timeouts", () => {
+  layer(
+    reconcileStack({ limits: { batchSize: 2, tombstoneRetentionMs: 0 } }),
+    { timeout: "120 seconds", excludeTestServices: true }
+  )("completion in batches", (it) => {
+    it.effect("rows beyond one batch are all deleted (tombstoned), and old tombstones beyond one batch all pruned", () =>
+      Effect.gen(function*() {
+        const did = plc(400)
+        const rkeys = ["a", "b", "c", "d", "e"]
+        yield* live(rkeys.map((k) => whEv(did, k, hook(), { rev: rev(1) })))
+        yield* setup(did, [], { rev: rev(100) })
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", deleted: 5 })
+        expect(yield* storedRkeys(did)).toEqual([])
+        const store = yield* RegistryStore
+        for (const k of rkeys) expect((yield* store.get(did, k)).tombstone?.rev).toBe(rev(100))
+        // a newer snapshot: the tombstones are older than it and past their retention (0 here)
+        yield* setup(did, [], { rev: rev(200) })
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", deleted: 0 })
+        for (const k of rkeys) expect((yield* store.get(did, k)).tombstone).toBeUndefined()
+      }))
+  })
+})
+
 describe("Reconciler: a scan that dies", () => {
   /** `deleteOlder` dies (a bug's defect) for the DIDs listed. */
   const dying = new Set<string>()
