@@ -23,7 +23,7 @@ import {
   listRecordsRequests,
   pdsHandler
 } from "../support/fakeAtproto.js"
-import { Fakes, reconcileStack, waitFor, wrapStore } from "../support/reconcile.js"
+import { Fakes, holdPdsPath, reconcileStack, waitFor, wrapStore } from "../support/reconcile.js"
 import { ev, plc, rev, whEv, whRecordValue } from "../support/stack.js"
 
 const BOB = plc(9_999)
@@ -647,6 +647,23 @@ describe("Reconciler: completion in batches and timeouts", () => {
         for (const k of rkeys) expect((yield* store.get(did, k)).tombstone).toBeUndefined()
       }))
   })
+
+  layer(reconcileStack({ limits: { timeoutMs: 300 } }), { timeout: "120 seconds", excludeTestServices: true })(
+    "timeouts",
+    (it) => {
+      it.effect("a PDS that does not answer a page within the timeout fails the owner as pds_timeout", () =>
+        Effect.gen(function*() {
+          const did = plc(401)
+          yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
+          yield* setup(did, [], { rev: rev(100) })
+          const release = yield* holdPdsPath("/xrpc/com.atproto.repo.listRecords", did)
+          const outcome = yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(release)))
+          expect(outcome).toEqual({ _tag: "failed", kind: "pds_timeout" })
+          expect(yield* ownerState(did)).toMatchObject({ status: "failed", lastFailureKind: "pds_timeout" })
+          expect(yield* memoryRkeys(did)).toEqual(["known"])
+        }))
+    }
+  )
 })
 
 describe("Reconciler: a scan that dies", () => {
