@@ -555,6 +555,42 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
+  it.scoped("requested owners beyond their budget are not tracked, though the listing may hold more (its limit also counts failed owners it may wake)", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const B = plc(2)
+    const C = plc(3)
+    return Effect.gen(function*() {
+      const gate = yield* Deferred.make<void>()
+      world.behaviour.set(A, gate)
+      fail(world, A)
+      const s = yield* scheduler(world, { trackedMax: 1 })
+      world.owners.set(B, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      world.owners.set(C, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      yield* advance(60_000)
+      expect((yield* s.tracked).map((t) => t.did)).toEqual([A, B])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("a request for an owner tracked as failed wakes it also when the requests' own budget is full", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const R = plc(2)
+    return Effect.gen(function*() {
+      fail(world, A, 10) // tracked from attempt 9: its next attempt far away
+      // R's scans are refused every time: it holds the requests' budget (1)
+      world.owners.set(R, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      world.behaviour.set(R, "busy")
+      const s = yield* scheduler(world, { trackedMax: 1 })
+      expect((yield* s.tracked).map((t) => t.did).sort()).toEqual([A, R].sort())
+      world.behaviour.set(A, "succeed")
+      const a = world.owners.get(A)
+      if (a !== undefined) a.requested = true
+      yield* advance(60_000)
+      expect(callTimes(world, A)).toEqual([60_000])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
   it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
     const world = newWorld()
     const complete = (did: string) => {
