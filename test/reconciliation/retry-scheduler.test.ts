@@ -98,11 +98,11 @@ const fakeStore = (world: World): ReconcileStoreShape =>
           .slice(0, options.limit)
           .map(([did]) => did)
       ),
-    completedSince: (cursor) =>
+    completedSince: (cursor, limit) =>
       Effect.sync(() => {
         const from = Number(cursor)
-        const dids = world.completed.slice(from)
-        return { dids, cursor: String(world.completed.length) }
+        const dids = world.completed.slice(from, from + limit)
+        return { dids, cursor: String(from + dids.length) }
       })
   })
 
@@ -610,6 +610,36 @@ describe("RetryScheduler", () => {
       world.owners.set(plc(10), { status: "scanning", failureCount: 0, failedSeq: world.seq++ })
       yield* advance(60_000)
       expect(world.swapped).toEqual([plc(7), plc(8), plc(9)])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("the swap sync reads completed owners in batches: more than one batch are all swapped in one round", () => {
+    const world = newWorld()
+    const dids = Array.from({ length: 300 }, (_, i) => plc(1_000 + i))
+    return Effect.gen(function*() {
+      yield* scheduler(world)
+      for (const did of dids) {
+        world.owners.set(did, { status: "complete", failureCount: 0, failedSeq: world.seq++ })
+        world.completed.push(did)
+      }
+      yield* advance(60_000)
+      expect(world.swapped).toEqual(dids)
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+  })
+
+  it.scoped("the swap sync takes at most swapSyncMax owners a round; the rest in the next round", () => {
+    const world = newWorld()
+    const dids = Array.from({ length: 300 }, (_, i) => plc(1_000 + i))
+    return Effect.gen(function*() {
+      yield* scheduler(world, { swapSyncMax: 256 })
+      for (const did of dids) {
+        world.owners.set(did, { status: "complete", failureCount: 0, failedSeq: world.seq++ })
+        world.completed.push(did)
+      }
+      yield* advance(60_000)
+      expect(world.swapped).toEqual(dids.slice(0, 256))
+      yield* advance(60_000)
+      expect(world.swapped).toEqual(dids)
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
   })
 
