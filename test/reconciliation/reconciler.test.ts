@@ -253,6 +253,19 @@ describe("Reconciler", () => {
         expect((yield* storedRkeys(did)).length).toBe(1000)
       }))
 
+    it.effect("a DID that is not canonical fails as invalid_did before any scan: no owner is recorded, no PLC or PDS call", () =>
+      Effect.gen(function*() {
+        const fakes = yield* Fakes
+        const did = "did:plc:NOT-CANONICAL"
+        const plcBefore = fakes.plc.requests.length
+        const pdsBefore = fakes.pds.requests.length
+        expect(yield* reconcile(did)).toEqual({ _tag: "failed", kind: "invalid_did" })
+        // never begun: nothing for the RetryScheduler to retry forever
+        expect(yield* ownerState(did)).toBeUndefined()
+        expect(fakes.plc.requests.length).toBe(plcBefore)
+        expect(fakes.pds.requests.length).toBe(pdsBefore)
+      }))
+
     it.effect("a private PDS endpoint in the DID document is rejected before any PDS call", () =>
       Effect.gen(function*() {
         const did = plc(4)
