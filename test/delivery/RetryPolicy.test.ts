@@ -5,6 +5,7 @@ import {
   defaultRetryConfig,
   nextDelay,
   type RetryConfig,
+  retryAfterDelayMs,
   retrySchedule,
   validateRetryConfig
 } from "../../src/services/delivery/RetryPolicy.js"
@@ -85,6 +86,19 @@ describe("nextDelay", () => {
       expect(yield* d(defaultRetryConfig, "Thu, 15 Jan 2026 18:00:00 GMT")).toBe(300_000)
       expect(yield* d({ ...defaultRetryConfig, maxMs: 86_400_000 }, "Thu, 15 Jan 2026 18:00:00 GMT")).toBe(3_600_000)
     }))
+})
+
+describe("the Retry-After override given a value it cannot honour", () => {
+  it("a negative Retry-After is due now, never before now", () => {
+    expect(retryAfterDelayMs(defaultRetryConfig, -5_000)).toBe(0)
+    expect(retryAfterDelayMs(defaultRetryConfig, 0)).toBe(0)
+  })
+
+  it.effect("a NaN Retry-After is ignored: the jittered exponential delay applies", () =>
+    Effect.gen(function*() {
+      expect(ms(yield* nextDelay(defaultRetryConfig, 3, Number.NaN))).toBe(2_000)
+      expect(ms(yield* nextDelay(defaultRetryConfig, 12, Number.NaN))).toBe("dead")
+    }).pipe(Effect.withRandom(Random.fixed([0]))))
 })
 
 describe("retrySchedule", () => {
