@@ -169,6 +169,16 @@ describe("validateRetryConfig", () => {
     for (const maxAttempts of [1, 50]) {
       expect(Either.isRight(validateRetryConfig({ ...defaultRetryConfig, maxAttempts }))).toBe(true)
     }
+    // the ranges' edges are valid: a cap equal to the base (no growth), a base of exactly 1 h
+    for (
+      const edge of [
+        { baseMs: 1, maxMs: 1, maxAttempts: 12 },
+        { baseMs: 5_000, maxMs: 5_000, maxAttempts: 12 },
+        { baseMs: 3_600_000, maxMs: 86_400_000, maxAttempts: 12 }
+      ]
+    ) {
+      expect(validateRetryConfig(edge)).toEqual(Either.right(edge))
+    }
     for (
       const bad of [
         { ...defaultRetryConfig, maxAttempts: 0 },
@@ -176,6 +186,7 @@ describe("validateRetryConfig", () => {
         { ...defaultRetryConfig, maxAttempts: 2.5 },
         { ...defaultRetryConfig, baseMs: 0 },
         { ...defaultRetryConfig, baseMs: 400_000 }, // above the cap
+        { baseMs: 3_600_001, maxMs: 86_400_000, maxAttempts: 12 },
         { ...defaultRetryConfig, maxMs: 86_400_001 }
       ]
     ) {
