@@ -6,7 +6,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Either, Queue, TestClock } from "effect"
 import { type CircuitBreaker, makeCircuitBreaker } from "../../src/services/delivery/CircuitBreaker.js"
 import { type DeliveryStoreShape, PARK_CHUNK, type ParkedOrigin } from "../../src/services/delivery/DeliveryStore.js"
-import { parkPass } from "../../src/services/delivery/Parking.js"
+import { PARK_CHUNKS_PER_PASS, parkPass } from "../../src/services/delivery/Parking.js"
 import { makeState, type WorkerEnv } from "../../src/services/delivery/WorkerState.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 
@@ -153,5 +153,25 @@ describe("Parking.parkPass", () => {
       expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: 5 })
       expect(unparks).toEqual([[{ origin: O, untilMs: 1_000 }], [{ origin: O, untilMs: 1_000 }]])
       expect(env.state.parked.size).toBe(0)
+    }))
+
+  it.effect("an open origin with a backlog beyond one statement's chunk is parked whole in one pass, up to the pass's bound", () =>
+    Effect.gen(function*() {
+      // the store moves a full chunk twice, then the rest; then, for a second origin, full chunks for ever
+      const answers = [PARK_CHUNK, PARK_CHUNK, 7]
+      let parks = 0
+      const store = {
+        park: () => Effect.sync(() => (parks++, answers.shift() ?? PARK_CHUNK)),
+        unpark: () => Effect.succeed(0)
+      }
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 60_000 })
+      const env = yield* passEnv(store, breaker)
+      breaker.onTransientFailure(O, 0)
+      expect(yield* parkPass(env)).toEqual({ parked: 2 * PARK_CHUNK + 7, unparked: 0 })
+      expect(parks).toBe(3)
+      // never more than PARK_CHUNKS_PER_PASS statements in one pass: the next pass goes on
+      parks = 0
+      expect(yield* parkPass(env)).toEqual({ parked: PARK_CHUNKS_PER_PASS * PARK_CHUNK, unparked: 0 })
+      expect(parks).toBe(PARK_CHUNKS_PER_PASS)
     }))
 })
