@@ -339,6 +339,28 @@ describe("delivery leases on PostgreSQL", () => {
   )
 
   it.scopedLive(
+    "the claim takes the rows due longest first, whatever their order of enqueue",
+    () =>
+      Effect.gen(function*() {
+        yield* webhookOnA
+        yield* run(Array.from({ length: 5 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
+        const sql = yield* SqlClient.SqlClient
+        // due 1, 5, 2, 4 and 3 minutes ago: p1 and p3 have waited longest
+        const minutesAgo = [1, 5, 2, 4, 3]
+        for (const [i, m] of minutesAgo.entries()) {
+          yield* sql`UPDATE outbox SET next_attempt_at = now() - ${m}::int * interval '1 minute'
+            WHERE event_rkey = ${`p${i}`}`
+        }
+        const store = yield* DeliveryStore
+        const first = yield* store.claim("w", 2, 60_000)
+        expect(first.rows.map((r) => r.eventRkey)).toEqual(["p1", "p3"])
+        const second = yield* store.claim("w", 2, 60_000)
+        expect(second.rows.map((r) => r.eventRkey)).toEqual(["p4", "p2"])
+      }).pipe(onStoreStack),
+    60_000
+  )
+
+  it.scopedLive(
     "claims run on one reserved connection without bitmap scans; a lost claim connection is replaced",
     () =>
       Effect.gen(function*() {
