@@ -6,9 +6,11 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Exit, Fiber, FiberId, Layer, type Redacted, Scope } from "effect"
+import { PgClient } from "@effect/sql-pg"
+import { Deferred, Effect, Exit, Fiber, FiberId, Layer, Option, Queue, type Redacted, Scope, Stream } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
+import { NOTIFY_CHANNEL } from "../../src/services/matching/OutboxNotify.js"
 import * as PriorRefsStore from "../../src/services/matching/PriorRefsStore.js"
 import * as ProcessorModule from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
@@ -356,6 +358,41 @@ describe("delivery leases on PostgreSQL", () => {
         expect(first.rows.map((r) => r.eventRkey)).toEqual(["p1", "p3"])
         const second = yield* store.claim("w", 2, 60_000)
         expect(second.rows.map((r) => r.eventRkey)).toEqual(["p4", "p2"])
+      }).pipe(onStoreStack),
+    60_000
+  )
+
+  it.scopedLive(
+    "rows freed from a dead worker wake every worker's claim loop at once (NOTIFY), not at its next poll",
+    () =>
+      Effect.gen(function*() {
+        yield* webhookOnA
+        yield* run([ev(BOB, POST, "p0", { rev: rev(10) })])
+        const sql = yield* SqlClient.SqlClient
+        const pg = yield* PgClient.PgClient
+        // leased for another minute by a worker whose liveness mark nobody holds (its process died)
+        yield* sql`UPDATE outbox SET status = 'leased', lease_token = 'dead-worker:' || gen_random_uuid()::text,
+          leased_until = now() + interval '1 minute'`
+        const heard = yield* Queue.unbounded<string>()
+        yield* Effect.forkScoped(Stream.runForEach(pg.listen(NOTIFY_CHANNEL), (payload) => Queue.offer(heard, payload)))
+        // listening once a marker of ours comes back (notifications arrive in the order of their commits)
+        let listening = false
+        for (let i = 0; i < 100 && !listening; i++) {
+          yield* sql`SELECT pg_notify(${NOTIFY_CHANNEL}, 'marker')`
+          listening = Option.isSome(yield* Effect.timeoutOption(Queue.take(heard), "100 millis"))
+        }
+        expect(listening).toBe(true)
+        const store = yield* DeliveryStore
+        expect((yield* store.reclaimAbandoned("w")).freed).toBe(1)
+        // the reclaim's wake-up, after any marker still on its way
+        const wake = yield* Effect.gen(function*() {
+          for (let i = 0; i < 1_000; i++) {
+            const payload = yield* Queue.take(heard)
+            if (payload !== "marker") return Option.some(payload)
+          }
+          return Option.none<string>()
+        }).pipe(Effect.timeoutOption("10 seconds"), Effect.map(Option.flatten))
+        expect(wake).toEqual(Option.some("1"))
       }).pipe(onStoreStack),
     60_000
   )
