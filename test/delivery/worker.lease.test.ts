@@ -398,6 +398,35 @@ describe("delivery leases on PostgreSQL", () => {
   )
 
   it.scopedLive(
+    "a park settled after its webhook was resumed puts the row back to pending, due now and unfinished; a row of an older version of the webhook is parked",
+    () =>
+      Effect.gen(function*() {
+        yield* webhookOnA
+        yield* run([ev(BOB, POST, "p0", { rev: rev(10) }), ev(BOB, POST, "p1", { rev: rev(11) })])
+        const store = yield* DeliveryStore
+        const sql = yield* SqlClient.SqlClient
+        const claimed = (yield* store.claim("w", 10, 60_000)).rows
+        const resumed = claimed.find((r) => r.eventRkey === "p0")
+        const older = claimed.find((r) => r.eventRkey === "p1")
+        if (resumed === undefined || older === undefined) return expect.fail("both rows claimed")
+        // the attempt read the webhook as disabled; by the settle it is neither gone nor auto-disabled
+        expect(yield* store.parkDisabled(resumed.deliveryId, resumed.leaseToken)).toBe(false)
+        // a row enqueued for an older version of the webhook (another fingerprint): parked
+        yield* sql`UPDATE outbox SET fingerprint = 'an-older-version' WHERE delivery_id = ${older.deliveryId}`
+        expect(yield* store.parkDisabled(older.deliveryId, older.leaseToken)).toBe(true)
+        const rows = yield* sql<
+          { event_rkey: string; status: string; finished: boolean; due: boolean; last_error_kind: string | null }
+        >`SELECT event_rkey, status, finished_at IS NOT NULL AS finished, next_attempt_at <= now() AS due,
+            last_error_kind FROM outbox ORDER BY event_rkey`
+        expect(rows).toEqual([
+          { event_rkey: "p0", status: "pending", finished: false, due: true, last_error_kind: null },
+          { event_rkey: "p1", status: "dead_letter", finished: true, due: true, last_error_kind: "webhook_disabled" }
+        ])
+      }).pipe(onStoreStack),
+    60_000
+  )
+
+  it.scopedLive(
     "claims run on one reserved connection without bitmap scans; a lost claim connection is replaced",
     () =>
       Effect.gen(function*() {
