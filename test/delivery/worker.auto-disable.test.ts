@@ -48,6 +48,9 @@ const register = (url: (rkey: string) => string) =>
     )
   )
 
+/** The failure kind of a non-2xx answer (SPEC §4.3). */
+const kindOf = (status: number) => (status >= 500 ? "http_5xx" : "http_4xx")
+
 /** Claim the due rows and settle each as the worker does after an attempt that took 50 ms. */
 const attemptAll = (answer: (rkey: string) => number) =>
   Effect.gen(function*() {
@@ -65,9 +68,9 @@ const attemptAll = (answer: (rkey: string) => number) =>
         })
         : yield* store.deadLetter(row.deliveryId, row.leaseToken, {
           attemptCount: 1,
-          errorKind: "http_5xx",
+          errorKind: kindOf(status),
           httpStatus: status,
-          attempt: { ...attempt, outcome: "dead_letter", errorKind: "http_5xx", httpStatus: status }
+          attempt: { ...attempt, outcome: "dead_letter", errorKind: kindOf(status), httpStatus: status }
         })
       expect(applied).toBe(true)
     }
@@ -120,6 +123,25 @@ describe("auto-disable", () => {
           })
         ])
         expect(yield* stateOf("down")).toEqual({ auto: false, failed_attempts: 0, parked: 0, success: false })
+      }).pipe(
+        Effect.provide(DeliveryStore.layerSql),
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
+      ),
+    240_000
+  )
+
+  it.scoped(
+    "4xx answers are failed attempts: 20 of them over the period auto-disable the webhook",
+    () =>
+      Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        yield* register((rkey) => `https://${rkey}.example/hook`)
+        for (let i = 0; i < 21; i++) {
+          yield* run([ev(BOB, POST, `q${i}`, { rev: rev(10 + i) })])
+          expect(yield* attemptAll(() => 404)).toBe(2)
+          yield* TestClock.adjust(Duration.hours(6))
+        }
+        expect(yield* stateOf("down")).toMatchObject({ auto: true, failed_attempts: 21 })
       }).pipe(
         Effect.provide(DeliveryStore.layerSql),
         Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
