@@ -149,6 +149,25 @@ describe("auto-disable", () => {
     240_000
   )
 
+  it.scoped(
+    "DELIVERY_AUTO_DISABLE_AFTER_MS=0 never auto-disables: failures are counted, the webhook stays enabled",
+    () =>
+      Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        yield* register((rkey) => `https://${rkey}.example/hook`)
+        for (let i = 0; i < 21; i++) {
+          yield* run([ev(BOB, POST, `z${i}`, { rev: rev(10 + i) })])
+          expect(yield* attemptAll(() => 503)).toBe(2)
+          yield* TestClock.adjust(Duration.hours(6))
+        }
+        expect(yield* stateOf("down")).toMatchObject({ auto: false, failed_attempts: 21 })
+      }).pipe(
+        Effect.provide(DeliveryStore.layerSql),
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", DELIVERY_AUTO_DISABLE_AFTER_MS: "0" } }))
+      ),
+    240_000
+  )
+
   it.scopedLive(
     "parked without a request while auto-disabled; resume with replay delivers them under their ids",
     () =>
