@@ -427,6 +427,43 @@ describe("delivery leases on PostgreSQL", () => {
   )
 
   it.scopedLive(
+    "a row delivered after a failed attempt keeps no error: its last error is cleared, its status is the 2xx's",
+    () =>
+      Effect.gen(function*() {
+        yield* webhookOnA
+        yield* run([ev(BOB, POST, "p0", { rev: rev(10) })])
+        const store = yield* DeliveryStore
+        const sql = yield* SqlClient.SqlClient
+        const attempt = { startedAtMs: Date.now(), durationMs: 5, responseExcerpt: undefined }
+        const [first] = (yield* store.claim("w", 1, 60_000)).rows
+        if (first === undefined) return expect.fail("claimed")
+        expect(
+          yield* store.reschedule(first.deliveryId, first.leaseToken, {
+            attemptCount: 1,
+            delayMs: 0,
+            errorKind: "http_5xx",
+            httpStatus: 503,
+            attempt: { ...attempt, outcome: "retry", errorKind: "http_5xx", httpStatus: 503 }
+          })
+        ).toBe(true)
+        const [second] = (yield* store.claim("w", 1, 60_000)).rows
+        if (second === undefined) return expect.fail("claimed again")
+        expect(
+          yield* store.markDelivered(second.deliveryId, second.leaseToken, {
+            attemptCount: 2,
+            httpStatus: 200,
+            attempt: { ...attempt, outcome: "delivered", errorKind: undefined, httpStatus: 200 }
+          })
+        ).toBe(true)
+        const rows = yield* sql<
+          { status: string; attempt_count: number; last_error_kind: string | null; last_http_status: number | null }
+        >`SELECT status, attempt_count, last_error_kind, last_http_status FROM outbox`
+        expect(rows).toEqual([{ status: "delivered", attempt_count: 2, last_error_kind: null, last_http_status: 200 }])
+      }).pipe(onStoreStack),
+    60_000
+  )
+
+  it.scopedLive(
     "claims run on one reserved connection without bitmap scans; a lost claim connection is replaced",
     () =>
       Effect.gen(function*() {
