@@ -8,7 +8,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Duration, Effect, Fiber, FiberSet, TestClock } from "effect"
 import type { ClaimedRow, DeliveryStoreShape } from "../../src/services/delivery/DeliveryStore.js"
-import { renewAll } from "../../src/services/delivery/Leases.js"
+import { heartbeatLoop, renewAll } from "../../src/services/delivery/Leases.js"
 import { makeState, type RowEntry, type WorkerEnv } from "../../src/services/delivery/WorkerState.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
@@ -113,5 +113,23 @@ describe("Leases.renewAll", () => {
       expect(entry.settling).toBe(true)
       const exit = yield* Fiber.await(running)
       expect(exit._tag).toBe("Failure")
+    }))
+
+  it.scoped("the heartbeat renews every lease/3 (SPEC §4.1), and never a row whose settle is under way", () =>
+    Effect.gen(function*() {
+      const { counter, entry, env } = yield* oneRunningRow((renewed) => Effect.succeed(renewed), 0)
+      const loop = yield* Effect.fork(heartbeatLoop(env))
+      // lease 3 s: renewals at 1 s and 2 s
+      yield* TestClock.adjust(Duration.millis(999))
+      expect(counter.calls).toBe(0)
+      yield* TestClock.adjust(Duration.millis(1))
+      expect(counter.calls).toBe(1)
+      yield* TestClock.adjust(Duration.millis(1_000))
+      expect(counter.calls).toBe(2)
+      // its settle under way: the row is not renewed (no statement at all with nothing else held)
+      entry.settling = true
+      yield* TestClock.adjust(Duration.millis(1_000))
+      expect(counter.calls).toBe(2)
+      yield* Fiber.interrupt(loop)
     }))
 })
