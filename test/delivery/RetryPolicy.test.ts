@@ -4,8 +4,8 @@ import { parseRetryAfter } from "../../src/services/delivery/Classify.js"
 import {
   defaultRetryConfig,
   nextDelay,
-  type RetryConfig,
   retryAfterDelayMs,
+  type RetryConfig,
   retrySchedule,
   validateRetryConfig
 } from "../../src/services/delivery/RetryPolicy.js"

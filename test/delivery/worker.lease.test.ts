@@ -5,8 +5,8 @@
  * never overwrite the row; the claim honours per-origin room.
  */
 import { SqlClient } from "@effect/sql"
-import { describe, expect, it } from "@effect/vitest"
 import { PgClient } from "@effect/sql-pg"
+import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, FiberId, Layer, Option, Queue, type Redacted, Scope, Stream } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
