@@ -464,6 +464,29 @@ describe("delivery leases on PostgreSQL", () => {
   )
 
   it.scopedLive(
+    "an origin that recovers early gets back the rows parked to its cool-down's end, not the retries due before it (their backoff stands)",
+    () =>
+      Effect.gen(function*() {
+        yield* webhookOnA
+        yield* run([ev(BOB, POST, "p0", { rev: rev(10) }), ev(BOB, POST, "p1", { rev: rev(11) })])
+        const store = yield* DeliveryStore
+        const sql = yield* SqlClient.SqlClient
+        const cooling = [{ origin: "https://a.example", untilMs: Date.now() + 120_000 }]
+        expect(yield* store.park(cooling)).toBe(2)
+        // p1 was attempted meanwhile (an attempt started before the trip): it retries in 30 s
+        yield* sql`UPDATE outbox SET next_attempt_at = now() + interval '30 seconds' WHERE event_rkey = 'p1'`
+        expect(yield* store.unpark(cooling)).toBe(1)
+        const rows = yield* sql<{ event_rkey: string; due: boolean; in_s: number }>`
+          SELECT event_rkey, next_attempt_at <= now() AS due,
+            round(extract(epoch FROM next_attempt_at - now()))::int AS in_s
+          FROM outbox ORDER BY event_rkey`
+        expect(rows.map((r) => [r.event_rkey, r.due])).toEqual([["p0", true], ["p1", false]])
+        expect(rows[1]?.in_s).toBeGreaterThan(20)
+      }).pipe(onStoreStack),
+    60_000
+  )
+
+  it.scopedLive(
     "claims run on one reserved connection without bitmap scans; a lost claim connection is replaced",
     () =>
       Effect.gen(function*() {
