@@ -12,6 +12,7 @@ import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Duration, Effect, TestClock } from "effect"
 import * as DeliveryStore from "../../src/services/delivery/DeliveryStore.js"
+import { makeRecorder } from "../../src/services/delivery/WebhookHealthSql.js"
 import * as WebhookState from "../../src/services/operator/WebhookState.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 import {
@@ -123,6 +124,51 @@ describe("auto-disable", () => {
           })
         ])
         expect(yield* stateOf("down")).toEqual({ auto: false, failed_attempts: 0, parked: 0, success: false })
+      }).pipe(
+        Effect.provide(DeliveryStore.layerSql),
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
+      ),
+    240_000
+  )
+
+  it.scoped(
+    "a 2xx and later failures in one settle batch: the streak restarts at the 2xx and counts the failures after it",
+    () =>
+      Effect.gen(function*() {
+        yield* register((rkey) => `https://${rkey}.example/hook`)
+        const sql = yield* SqlClient.SqlClient
+        const [hook] = yield* sql<{ fingerprint: string }>`
+          SELECT fingerprint FROM webhooks WHERE owner_did = ${OWNER} AND rkey = 'down'`
+        if (hook === undefined) return expect.fail("registered")
+        const t0 = Date.now()
+        const attempt = (token: string, atMs: number, httpStatus: number) => ({
+          token,
+          park: false,
+          attempt: {
+            startedAtMs: atMs,
+            durationMs: 10,
+            outcome: httpStatus < 300 ? "delivered" as const : "retry" as const,
+            errorKind: httpStatus < 300 ? undefined : "http_5xx",
+            httpStatus,
+            responseExcerpt: undefined
+          }
+        })
+        // in batch order: a failure, the 2xx, then two failures after it
+        const items = [
+          attempt("t1", t0, 503),
+          attempt("t2", t0 + 1_000, 200),
+          attempt("t3", t0 + 2_000, 503),
+          attempt("t4", t0 + 3_000, 503)
+        ]
+        const applied = items.map((i) => ({
+          lease_token: i.token,
+          owner_did: OWNER,
+          webhook_rkey: "down",
+          fingerprint: hook.fingerprint,
+          status: "pending"
+        }))
+        yield* makeRecorder(sql, 432_000_000)(items, applied)
+        expect(yield* stateOf("down")).toEqual({ auto: false, failed_attempts: 2, parked: 0, success: true })
       }).pipe(
         Effect.provide(DeliveryStore.layerSql),
         Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))
