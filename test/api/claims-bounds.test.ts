@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Either } from "effect"
-import type { JwtClaims } from "../../src/schemas/ServiceJwt.js"
+import type { JwtClaims, JwtHeader } from "../../src/schemas/ServiceJwt.js"
 import { checkClaims } from "../../src/services/api/ServiceAuth.js"
 
 const NOW = 1_800_000_000
@@ -19,9 +19,9 @@ const claims = (c: Partial<JwtClaims>): JwtClaims => ({
   jti: "j1",
   ...c
 })
-const verdict = (c: Partial<JwtClaims>): string => {
+const verdict = (c: Partial<JwtClaims>, header: JwtHeader = { alg: "ES256K" }): string => {
   const r = checkClaims(
-    { header: { alg: "ES256K" }, claims: claims(c) },
+    { header, claims: claims(c) },
     { nowMs: NOW * 1000, nsid: NSID, audiences: [AUD] }
   )
   return Either.isRight(r) ? "ok" : `${r.left.error}/${r.left.reason}`
@@ -48,5 +48,23 @@ describe("service token claims at their bounds (SPEC §8.2)", () => {
     expect(verdict({ jti: "x".repeat(129) })).toBe("InvalidToken/jti")
     expect(verdict({ jti: "" })).toBe("InvalidToken/jti")
     expect(verdict({ jti: undefined })).toBe("InvalidToken/jti")
+    // printable means no space or control character either
+    expect(verdict({ jti: "a b" })).toBe("InvalidToken/jti")
+    expect(verdict({ jti: "a\tb" })).toBe("InvalidToken/jti")
+    expect(verdict({ jti: "~!" })).toBe("ok")
+  })
+
+  // refused before any DID resolution: the verifier library would refuse these too, but only
+  // after resolving the issuer's document (a forged token naming any DID would make firehook fetch)
+  it("alg ES256K or ES256 only; iss a canonical DID; lxm the called method", () => {
+    expect(verdict({}, { alg: "ES256" })).toBe("ok")
+    for (const alg of ["none", "HS256", "RS256", "es256k", "EdDSA"]) {
+      expect([alg, verdict({}, { alg })]).toEqual([alg, "InvalidToken/alg"])
+    }
+    expect(verdict({ iss: "did:plc:ewvi7nxzyoun6zhxrhs64oiz#atproto_pds" })).toBe("InvalidToken/iss")
+    expect(verdict({ iss: "not-a-did" })).toBe("InvalidToken/iss")
+    expect(verdict({ lxm: "place.wisp.v2.secret.create" })).toBe("InvalidToken/lxm")
+    expect(verdict({ lxm: undefined })).toBe("InvalidToken/lxm_missing")
+    expect(verdict({ aud: "did:web:other.example" })).toBe("InvalidToken/aud")
   })
 })
