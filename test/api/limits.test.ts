@@ -26,6 +26,35 @@ describe("token buckets", () => {
     expect(b.take("a", 2000 + MIN).allowed).toBe(false)
   })
 
+  it("an idle bucket refills to its limit, never beyond: a long pause gives a burst of 30, not more", () => {
+    const b = makeBuckets({ limit: 30, perMs: MIN }, 100)
+    expect(b.take("a", 0).allowed).toBe(true)
+    // ten minutes idle: still a burst of 30 only
+    for (let i = 0; i < 30; i++) expect(b.take("a", 10 * MIN).allowed).toBe(true)
+    expect(b.take("a", 10 * MIN)).toEqual({ allowed: false, retryAfterMs: 2000 })
+  })
+
+  it("a clock that steps back neither drains nor refills a bucket", () => {
+    const b = makeBuckets({ limit: 30, perMs: MIN }, 100)
+    for (let i = 0; i < 29; i++) expect(b.take("a", 10_000).allowed).toBe(true)
+    // one token left: an earlier time does not take it away
+    expect(b.take("a", 8_000).allowed).toBe(true)
+    expect(b.take("a", 0).allowed).toBe(false)
+    // nor does the step back count as time passed once the clock is back where it was
+    expect(b.take("a", 10_000).allowed).toBe(false)
+    expect(b.take("a", 12_000).allowed).toBe(true)
+  })
+
+  it("a call made once retryAfterMs has passed is allowed (the wait is rounded up, never down)", () => {
+    // 7/min: one token every 8,571.43 ms
+    const b = makeBuckets({ limit: 7, perMs: MIN }, 100)
+    for (let i = 0; i < 7; i++) expect(b.take("a", 0).allowed).toBe(true)
+    const refused = b.take("a", 0)
+    expect(refused.allowed).toBe(false)
+    expect(b.peek("a", refused.retryAfterMs - 1).allowed).toBe(false)
+    expect(b.take("a", refused.retryAfterMs).allowed).toBe(true)
+  })
+
   it("peek changes nothing", () => {
     const b = makeBuckets({ limit: 1, perMs: MIN }, 10)
     expect(b.peek("a", 0).allowed).toBe(true)
