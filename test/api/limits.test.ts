@@ -148,6 +148,9 @@ describe("client address", () => {
     expect(addressKey("::ffff:127.0.0.1")).toBe("127.0.0.1")
     expect(addressKey("2001:db8:1:2:3:4:5:6")).toBe("2001:db8:1:2::/64")
     expect(addressKey("[2001:db8:1:2::99]")).toBe("2001:db8:1:2::/64")
+    // only ::ffff:a.b.c.d is IPv4-mapped: another IPv6 address ending in ffff:<v4> is its own /64
+    expect(addressKey("::1:ffff:7f00:1")).toBe("0:0:0:0::/64")
+    expect(addressKey("1::ffff:7f00:1")).toBe("1:0:0:0::/64")
     expect(addressKey("nonsense")).toBe("unknown")
   })
 })
