@@ -254,6 +254,20 @@ describe("service auth, a did:web service DID with a port", () => {
         expect([listed.status, listed.body]).toEqual([200, { secrets: [] }])
       }))
 
+    it.effect("nbf: now, or up to 30 s ahead (clock skew), is accepted; beyond that refused", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const aud = `${PORT_DID}#firehook`
+        for (const ahead of [-60, 0, 20]) {
+          const token = yield* forge(owner.key, HEADER, claims(owner, LIST, { aud, nbf: nowS() + ahead }))
+          expect([ahead, (yield* call(LIST, { token })).status]).toEqual([ahead, 200])
+        }
+        const early = yield* forge(owner.key, HEADER, claims(owner, LIST, { aud, nbf: nowS() + 45 }))
+        const refused = yield* call(LIST, { token: early })
+        expect([refused.status, refused.body["error"]]).toEqual([401, "InvalidToken"])
+      }))
+
     it.effect("a replayed jti is refused; a rotated key is fetched once more", () =>
       Effect.gen(function*() {
         yield* wallClock
