@@ -198,6 +198,12 @@ describe("replicas on one database", () => {
         expect([down.status, down.body["error"]]).toEqual([503, "ServiceUnavailable"])
         up = true
         expect((yield* get(d.port, LIST, fresh)).status).toBe(200)
+        // a replay to the replica that accepted it is refused by its own cache, without asking the
+        // store: so still 401 (never 503) while the store cannot answer
+        up = false
+        const again = yield* get(d.port, LIST, fresh)
+        expect([again.status, again.body["error"]]).toEqual([401, "InvalidToken"])
+        up = true
         expect((yield* get(b.port, LIST, fresh)).status).toBe(401)
         // expired rows are pruned
         expect(yield* real.prune).toBe(0)
