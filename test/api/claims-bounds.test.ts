@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Either } from "effect"
-import type { JwtClaims, JwtHeader } from "../../src/schemas/ServiceJwt.js"
+import { type JwtClaims, type JwtHeader, MAX_TOKEN_LENGTH, readServiceJwt } from "../../src/schemas/ServiceJwt.js"
 import { checkClaims } from "../../src/services/api/ServiceAuth.js"
 
 const NOW = 1_800_000_000
@@ -66,5 +66,17 @@ describe("service token claims at their bounds (SPEC §8.2)", () => {
     expect(verdict({ lxm: "place.wisp.v2.secret.create" })).toBe("InvalidToken/lxm")
     expect(verdict({ lxm: undefined })).toBe("InvalidToken/lxm_missing")
     expect(verdict({ aud: "did:web:other.example" })).toBe("InvalidToken/aud")
+  })
+
+  it("a token is read only as three segments with a signature, at most 8,192 characters", () => {
+    const b64 = (o: object) => Buffer.from(JSON.stringify(o)).toString("base64url")
+    const head = b64({ alg: "ES256K", typ: "JWT" })
+    const token = (c: object, sig = "c2ln") => `${head}.${b64(claims(c))}.${sig}`
+    expect(readServiceJwt(token({}))).toBeDefined()
+    expect(readServiceJwt(token({}, ""))).toBeUndefined()
+    expect(readServiceJwt(`${token({})}.c2ln`)).toBeUndefined()
+    // the bound is on the whole token, whatever its claims
+    expect(readServiceJwt(token({ pad: "x".repeat(1000) }))).toBeDefined()
+    expect(readServiceJwt(token({ pad: "x".repeat(MAX_TOKEN_LENGTH) }))).toBeUndefined()
   })
 })
