@@ -16,6 +16,7 @@ import * as WebhookLexicon from "../../src/schemas/WebhookLexicon.js"
 import { contract, NoParams } from "../../src/schemas/XrpcContract.js"
 import * as Api from "../../src/services/api/Api.js"
 import { method, subscription } from "../../src/services/api/Methods.js"
+import { MAX_PARAMS, queryParams } from "../../src/services/api/Xrpc.js"
 import { invalidRequest } from "../../src/services/api/XrpcError.js"
 import { apiLayer, call, callAs, healthApi, mint, newOwner, serverPort } from "./support.js"
 
@@ -352,5 +353,15 @@ describe("/.well-known/did.json", () => {
         const res = yield* Effect.promise(() => fetch(`http://127.0.0.1:${port}/.well-known/did.json`))
         expect(res.status).toBe(404)
       }))
+  })
+})
+
+describe("query strings", () => {
+  it("at most 64 parameters are read; one more is InvalidRequest", () => {
+    const query = (n: number) => `/xrpc/x?${Array.from({ length: n }, (_, i) => `p${i}=v`).join("&")}`
+    const read = queryParams(query(MAX_PARAMS))
+    expect(read._tag === "Right" ? Object.keys(read.right).length : "refused").toBe(64)
+    const over = queryParams(query(MAX_PARAMS + 1))
+    expect(over._tag === "Left" ? over.left.error : "read").toBe("InvalidRequest")
   })
 })
