@@ -157,6 +157,7 @@ describe("requests", () => {
         const cases: ReadonlyArray<readonly [string, Parameters<typeof callAs>[2]]> = [
           ["no body", { method: "POST" }],
           ["text/plain", { body: { name: "a" }, contentType: "text/plain" }],
+          ["application/json-seq", { body: { name: "a" }, contentType: "application/json-seq" }],
           ["not JSON", { raw: new TextEncoder().encode("{name:") }],
           ["not UTF-8", { raw: Uint8Array.from([0x7b, 0xff, 0xfe, 0x7d]) }],
           ["over 64 KiB", { body: { name: "a", pad: "x".repeat(65 * 1024) } }],
