@@ -268,6 +268,19 @@ describe("service auth, a did:web service DID with a port", () => {
         expect([refused.status, refused.body["error"]]).toEqual([401, "InvalidToken"])
       }))
 
+    it.effect("iat: up to 1 h old is accepted (3,600 s), older refused, as the library's maxAge", () =>
+      Effect.gen(function*() {
+        // firehook's own steps read the Effect Clock: a whole second, exactly
+        const t = nowS()
+        yield* TestClock.setTime(t * 1000)
+        const owner = yield* newOwner()
+        const aud = `${PORT_DID}#firehook`
+        const at = (age: number) => forge(owner.key, HEADER, claims(owner, LIST, { aud, iat: t - age, exp: t + 60 }))
+        expect((yield* call(LIST, { token: yield* at(3600) })).status).toBe(200)
+        const old = yield* call(LIST, { token: yield* at(3601) })
+        expect([old.status, old.body["error"]]).toEqual([401, "InvalidToken"])
+      }))
+
     it.effect("a replayed jti is refused; a rotated key is fetched once more", () =>
       Effect.gen(function*() {
         yield* wallClock
