@@ -123,6 +123,12 @@ describe("decodeJetstreamFrame: accepted frames", () => {
     )
   })
 
+  it("a well-formed unknown kind of 32 letters (the longest token) is acknowledged with no event", () => {
+    expect(decode(JSON.stringify({ did: DID, time_us: T, kind: "a".repeat(32) }))).toEqual(
+      Either.right({ cursor: BigInt(T), event: undefined })
+    )
+  })
+
   it("a valid atproto NSID longer than a scope's 253 chars (up to 317) is accepted as the collection", () => {
     const seg = "a".repeat(63)
     const collection = `com.${seg}.${seg}.${seg}.${"b".repeat(60)}.record` // 263 chars
@@ -197,6 +203,9 @@ describe("decodeJetstreamFrame: every FrameError reason", () => {
     ["kind not a string", JSON.stringify({ did: DID, time_us: T, kind: 1 }), "kind"],
     ["kind malformed (unknown token)", JSON.stringify({ did: DID, time_us: T, kind: "Commit!" }), "kind"],
     ["kind empty", JSON.stringify({ did: DID, time_us: T, kind: "" }), "kind"],
+    // a kind token is 1–32 lowercase letters
+    ["kind with uppercase letters", JSON.stringify({ did: DID, time_us: T, kind: "Commit" }), "kind"],
+    ["kind of 33 letters", JSON.stringify({ did: DID, time_us: T, kind: "a".repeat(33) }), "kind"],
     ["commit body missing", JSON.stringify({ did: DID, time_us: T, kind: "commit" }), "shape"],
     ["commit body an array", JSON.stringify({ did: DID, time_us: T, kind: "commit", commit: [] }), "shape"],
     ["non-TID rev", jetstreamCommit(T, commit({ rev: "not-a-tid" })), "rev"],
