@@ -206,6 +206,8 @@ describe("decodeJetstreamFrame: every FrameError reason", () => {
     // a kind token is 1–32 lowercase letters
     ["kind with uppercase letters", JSON.stringify({ did: DID, time_us: T, kind: "Commit" }), "kind"],
     ["kind of 33 letters", JSON.stringify({ did: DID, time_us: T, kind: "a".repeat(33) }), "kind"],
+    ["DID with a slash", jetstreamCommit(T, commit(), "did:web:example.com/x"), "did"],
+    ["DID with an uppercase method", jetstreamCommit(T, commit(), "did:PLC:eygmaihciaxprqvxpfvl6flk"), "did"],
     ["commit body missing", JSON.stringify({ did: DID, time_us: T, kind: "commit" }), "shape"],
     ["commit body an array", JSON.stringify({ did: DID, time_us: T, kind: "commit", commit: [] }), "shape"],
     ["non-TID rev", jetstreamCommit(T, commit({ rev: "not-a-tid" })), "rev"],
