@@ -199,6 +199,8 @@ describe("decodeJetstreamFrame: every FrameError reason", () => {
     ["time_us fractional", JSON.stringify({ did: DID, time_us: 1.5, kind: "commit", commit: commit() }), "time"],
     ["time_us negative", JSON.stringify({ did: DID, time_us: -1, kind: "commit", commit: commit() }), "time"],
     ["time_us unsafe", `{"did":"${DID}","time_us":9007199254740993,"kind":"commit"}`, "time"],
+    // a time is positive: 0 is not a source time (and, as a cursor, would mean the whole window)
+    ["time_us zero", JSON.stringify({ did: DID, time_us: 0, kind: "commit", commit: commit() }), "time"],
     ["kind missing", JSON.stringify({ did: DID, time_us: T, commit: commit() }), "kind"],
     ["kind not a string", JSON.stringify({ did: DID, time_us: T, kind: 1 }), "kind"],
     ["kind malformed (unknown token)", JSON.stringify({ did: DID, time_us: T, kind: "Commit!" }), "kind"],
