@@ -176,6 +176,14 @@ describe("decodeJetstreamFrame: integers outside ±(2^53 − 1) stay exact", () 
     expect(body).toContain("\"l\":[18446744073709551615]")
   })
 
+  it("a 16-digit integer just above 2^53 − 1, alone in the record, stays exact", () => {
+    // no 17-digit run anywhere in the frame: only the 16-digit spellings starting with 9 can
+    // exceed 2^53 − 1, and they alone must still reach the exact path
+    const e = recordEvent(withRecord("{\"$type\":\"com.example.counter\",\"n\":9007199254740993}"))
+    expect((e.record as Record<string, unknown>)["n"]).toBe(9007199254740993n)
+    expect(Either.getOrThrow(buildPayload(e, e.record)).body).toContain("\"n\":9007199254740993")
+  })
+
   it("long digit runs inside strings change nothing", () => {
     const e = recordEvent(withRecord("{\"$type\":\"x.y.z\",\"s\":\"99999999999999999999\",\"n\":12}"))
     expect(e.record).toEqual({ $type: "x.y.z", s: "99999999999999999999", n: 12 })
