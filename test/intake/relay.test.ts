@@ -238,6 +238,12 @@ describe("decodeRelayFrame: other messages", () => {
     expect(ok(frame({ op: -1 }, { error: "ConsumerTooSlow" }))).toEqual({ kind: "error", error: "ConsumerTooSlow" })
   })
 
+  it("error and #info names are 1–128 chars: a longer one is not a well-formed message", () => {
+    expect(ok(errorFrame("E".repeat(128)))).toEqual({ kind: "error", error: "E".repeat(128) })
+    expect(reasonOf(errorFrame("E".repeat(129)))).toBe("shape")
+    expect(reasonOf(infoFrame("I".repeat(129)))).toBe("shape")
+  })
+
   it("a well-formed unknown message type is ignored", () => {
     expect(ok(frame({ op: 1, t: "#labels" }, { seq: 5, labels: [] }))).toEqual({ kind: "ignored" })
   })
