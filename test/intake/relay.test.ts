@@ -244,6 +244,24 @@ describe("decodeRelayFrame: other messages", () => {
     expect(reasonOf(infoFrame("I".repeat(129)))).toBe("shape")
   })
 
+  // atproto DID syntax, not canonical (SPEC §1.1): poison would stop the stream at such a frame
+  // for good, so #identity / #account / #sync frames of such a DID decode (as a commit's repo does)
+  it.each(["did:web:Example.com", "did:web:localhost%3A2583", "did:key:z6Mkabc"])(
+    "#identity, #account and #sync of a non-canonical DID in atproto syntax are not poison: %s",
+    (did) => {
+      expect(eventsOf(identityFrame(1, did))).toMatchObject([{ kind: "identity", did }])
+      expect(eventsOf(accountFrame(2, did))).toMatchObject([{ kind: "account", did }])
+      const sync = frame({ op: 1, t: "#sync" }, {
+        seq: 3,
+        did,
+        time: TIME,
+        rev: REV,
+        blocks: Cbor.toBytes(car([], []))
+      })
+      expect(eventsOf(sync)).toMatchObject([{ kind: "sync", did }])
+    }
+  )
+
   it("a well-formed unknown message type is ignored", () => {
     expect(ok(frame({ op: 1, t: "#labels" }, { seq: 5, labels: [] }))).toEqual({ kind: "ignored" })
   })
