@@ -372,6 +372,9 @@ describe("parseTimeUs", () => {
     expect(parseTimeUs("2024-09-05t06:11:04z")).toBe(1725516664000000)
     expect(parseTimeUs("2024-09-05T01:11:04.870123-05:00")).toBe(TIME_US)
     expect(parseTimeUs("2024-02-29T00:00:00Z")).toBe(Date.UTC(2024, 1, 29) * 1000)
+    expect(parseTimeUs("2000-02-29T00:00:00Z")).toBe(Date.UTC(2000, 1, 29) * 1000)
+    expect(parseTimeUs("2024-09-05T06:11:04+23:59")).toBe(Date.UTC(2024, 8, 4, 6, 12, 4) * 1000)
+    expect(parseTimeUs("1970-01-01T00:00:00.000001Z")).toBe(1)
   })
   it("rejects malformed or out-of-range times", () => {
     for (
@@ -388,7 +391,19 @@ describe("parseTimeUs", () => {
         "1969-12-31T23:59:59Z",
         "2024-09-05T06:11:04+0500",
         "2024-09-05T06:11:04Zjunk",
-        "+02024-09-05T06:11:04Z"
+        "+02024-09-05T06:11:04Z",
+        // a ':' where a seconds digit goes
+        "2024-09-05T06:11:0:Z",
+        // 2100 is not a leap year (divisible by 100, not by 400)
+        "2100-02-29T00:00:00Z",
+        // seconds up to 60 (a leap second), never 61
+        "2024-09-05T06:11:61Z",
+        // offsets: hours 00–23, minutes 00–59, `HH:MM`
+        "2024-09-05T06:11:04+24:00",
+        "2024-09-05T06:11:04+05:60",
+        "2024-09-05T06:11:04+05x00",
+        // the epoch itself: a source time is positive (as Jetstream's time_us)
+        "1970-01-01T00:00:00Z"
       ]
     ) expect(parseTimeUs(s), s).toBeUndefined()
   })
