@@ -455,6 +455,28 @@ describe("decodeRelayFrame: integers outside ±(2^53 − 1) (valid DAG-CBOR)", (
     expect(payload.body).toContain(`"n":9007199254740994`)
   })
 
+  it("a wide integer found only inside an array is decoded too", () => {
+    const L2 = 2n ** 60n + 3n
+    const only = wideIntBlock({ $type: POST, list: [1, 4294967296] }, [L2])
+    const [e] = eventsOf(commitFrame({
+      seq: 9,
+      ops: [{ action: "create", path: `${POST}/k`, record: {}, block: only }]
+    })) as ReadonlyArray<RecordEvent>
+    expect(e?.record).toEqual({ $type: POST, list: [1, L2] })
+  })
+
+  it("next to a wide integer, a blob ref's raw-codec CID link becomes {$link}", () => {
+    // a blob's CID is CIDv1 raw (0x55), sha2-256: the shape every image embed carries
+    const rawCid = new Uint8Array([0x01, 0x55, ...cidBytes(Uint8Array.from([9])).subarray(2)])
+    const link = new Cbor.CidLinkWrapper(rawCid)
+    const withBlob = wideIntBlock({ $type: POST, n: 4294967296, image: { $type: "blob", ref: link } }, [N])
+    const [e] = eventsOf(commitFrame({
+      seq: 9,
+      ops: [{ action: "create", path: `${POST}/k`, record: {}, block: withBlob }]
+    })) as ReadonlyArray<RecordEvent>
+    expect(e?.record).toEqual({ $type: POST, n: N, image: { $type: "blob", ref: { $link: link.$link } } })
+  })
+
   it("±(2^53 − 1) itself stays on the fast path as a number", () => {
     const [e] = eventsOf(commitFrame({
       seq: 9,
