@@ -504,7 +504,9 @@ describe("decodeRelayFrame: integers outside ±(2^53 − 1) (valid DAG-CBOR)", (
       Uint8Array.from([0xa2, 0x61, 0x61, 0x1b, 0x20, 0, 0, 0, 0, 0, 0, 2, 0x61, 0x62, 0xf7])
     ],
     // [2^61 + 2]
-    ["a wide integer in a block that is not a map", Uint8Array.from([0x81, 0x1b, 0x20, 0, 0, 0, 0, 0, 0, 2])]
+    ["a wide integer in a block that is not a map", Uint8Array.from([0x81, 0x1b, 0x20, 0, 0, 0, 0, 0, 0, 2])],
+    // a bare CID link (tag 42), not a map
+    ["a block that is a CID link", Cbor.encode(new Cbor.CidLinkWrapper(cidBytes(Uint8Array.from([7]))))]
   ]
   for (const [name, bytes] of refused) {
     it(`${name} → record`, () =>
