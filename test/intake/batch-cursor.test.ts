@@ -1,0 +1,118 @@
+/**
+ * The cursor a batch commits (SPEC §3.2/§3.3): a batch is the unit of durability and its cursor is
+ * written last in its transaction, so a relay frame whose operations span several batches moves the
+ * cursor only with the batch that commits its last operation. A batch that commits part of a frame
+ * never carries that frame's cursor: a failure after it must replay the frame's other operations.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Chunk, Effect, Layer, Scheduler, Stream } from "effect"
+import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import * as CursorStore from "../../src/services/intake/CursorStore.js"
+import * as Intake from "../../src/services/intake/Intake.js"
+import * as Outbox from "../../src/services/matching/Outbox.js"
+import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
+
+const RELAY = "wss://relay.test"
+const DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
+
+interface Frame {
+  readonly seq: bigint
+  readonly ops: number
+}
+const eventsOf = (f: Frame): ReadonlyArray<StreamEvent> =>
+  Array.from({ length: f.ops }, (_, i) => ({
+    kind: "commit" as const,
+    did: DID,
+    collection: "app.bsky.feed.post",
+    rkey: `s${f.seq}o${i}`,
+    operation: "create" as const,
+    rev: "3l3qo2vutsw2b",
+    cid: undefined,
+    record: { text: "x" },
+    timeUs: 1_800_000_000_000_000 + Number(f.seq),
+    stream: "relay",
+    relay: RELAY,
+    cursor: String(f.seq)
+  }))
+
+/** an in-memory relay: every frame after the cursor, in one chunk, then the connection stays open */
+const memoryRelay = (frames: ReadonlyArray<Frame>): Intake.StreamSpec => ({
+  name: "relay",
+  relay: RELAY,
+  registryWriter: false,
+  initialCursor: undefined,
+  rewind: 10n,
+  cursorIsTime: false,
+  connect: (cursor) =>
+    Stream.suspend(() =>
+      Stream.succeed<Intake.SourceItem>({ _tag: "opened" }).pipe(
+        Stream.concat(Stream.fromChunk(Chunk.fromIterable(
+          frames
+            .filter((f) => cursor === undefined || f.seq > cursor)
+            .map((f): Intake.SourceItem => ({ _tag: "events", events: eventsOf(f), cursor: f.seq }))
+        ))),
+        Stream.concat(Stream.never)
+      )
+    )
+})
+
+/** each committed batch: its events' keys and the cursor written in its transaction */
+interface Committed {
+  readonly keys: ReadonlyArray<string>
+  readonly cursor: bigint | undefined
+}
+
+const recordingCursors = (committed: Array<Committed>) =>
+  Layer.succeed(
+    Processor,
+    {
+      processEvents: (batch, options) =>
+        Effect.gen(function*() {
+          if (options.finalize !== undefined) yield* options.finalize
+          committed.push({
+            keys: batch.map((e) => (e.kind === "commit" ? e.rkey : e.kind)),
+            cursor: options.cursor?.cursor
+          })
+          return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
+        }),
+      reload: Effect.void,
+      stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
+    } satisfies ProcessorShape
+  )
+
+const until = (cond: () => boolean, what: string) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 20_000; i++) {
+      if (cond()) return
+      yield* Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
+    }
+    return yield* Effect.dieMessage(`never happened: ${what}`)
+  })
+
+describe("the cursor of a batch that commits part of a relay frame", () => {
+  it.scoped("a frame whose operations span batches: only the batch with its last operation carries its cursor", () => {
+    const committed: Array<Committed> = []
+    // batches of at most 4 events: frame 1 (2 ops) and frame 2 (10 ops) commit as 4 + 4 + 4
+    const frames: ReadonlyArray<Frame> = [{ seq: 1n, ops: 2 }, { seq: 2n, ops: 10 }]
+    const allKeys = frames.flatMap((f) => eventsOf(f).map((e) => (e.kind === "commit" ? e.rkey : e.kind)))
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(memoryRelay(frames), Intake.defaultTuning(64, 4))
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => committed.flatMap((c) => c.keys).length === allKeys.length, "everything committed")
+      expect(committed.flatMap((c) => c.keys)).toEqual(allKeys)
+      expect(Math.max(...committed.map((c) => c.keys.length))).toBeLessThanOrEqual(4)
+      // whenever a batch writes cursor c, every operation of every frame up to c has committed
+      // (in that batch or before): a failure after it never skips an operation
+      for (let i = 0; i < committed.length; i++) {
+        const c = committed[i]?.cursor
+        if (c === undefined) continue
+        const done = new Set(committed.slice(0, i + 1).flatMap((b) => b.keys))
+        const owed = frames.filter((f) => f.seq <= c).flatMap((f) => eventsOf(f))
+          .map((e) => (e.kind === "commit" ? e.rkey : e.kind))
+        expect(owed.filter((k) => !done.has(k)), `batch ${i} wrote cursor ${c}`).toEqual([])
+      }
+      // and the last batch moves the cursor through the whole frame
+      expect(committed[committed.length - 1]?.cursor).toBe(2n)
+    }).pipe(Effect.provide(Layer.mergeAll(recordingCursors(committed), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+})
