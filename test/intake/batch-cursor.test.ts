@@ -116,3 +116,45 @@ describe("the cursor of a batch that commits part of a relay frame", () => {
     }).pipe(Effect.provide(Layer.mergeAll(recordingCursors(committed), CursorStore.layerMemory, Outbox.layerMemory)))
   })
 })
+
+describe("after a batch commits: the identity hooks", () => {
+  it.scoped("every #identity, #account and #sync event invalidates its DID's identity; only #account and #sync request a reconciliation", () => {
+    const committed: Array<Committed> = []
+    const identity: Array<string> = []
+    const reactivated: Array<string> = []
+    const did = (n: number) => `did:plc:${String(n).repeat(24)}`.slice(0, 32)
+    const event = (kind: "identity" | "account" | "sync", n: number, seq: bigint): StreamEvent => ({
+      kind,
+      did: did(n),
+      ...(kind === "account" ? { active: true } : {}),
+      timeUs: 1_800_000_000_000_000 + Number(seq),
+      stream: "relay",
+      relay: RELAY,
+      cursor: String(seq)
+    })
+    const items: ReadonlyArray<Intake.SourceItem> = [
+      { _tag: "events", events: [event("identity", 2, 1n)], cursor: 1n },
+      { _tag: "events", events: [event("account", 3, 2n)], cursor: 2n },
+      { _tag: "events", events: [event("sync", 4, 3n)], cursor: 3n },
+      { _tag: "events", events: eventsOf({ seq: 4n, ops: 1 }), cursor: 4n }
+    ]
+    const spec: Intake.StreamSpec = {
+      ...memoryRelay([]),
+      connect: () =>
+        Stream.succeed<Intake.SourceItem>({ _tag: "opened" }).pipe(
+          Stream.concat(Stream.fromIterable(items)),
+          Stream.concat(Stream.never)
+        )
+    }
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, Intake.defaultTuning(64, 4), {
+        onIdentity: (d) => Effect.sync(() => void identity.push(d)),
+        onReactivated: (d) => Effect.sync(() => void reactivated.push(d))
+      })
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => committed.flatMap((c) => c.keys).length === 4, "everything committed")
+      expect(identity).toEqual([did(2), did(3), did(4)])
+      expect(reactivated).toEqual([did(3), did(4)])
+    }).pipe(Effect.provide(Layer.mergeAll(recordingCursors(committed), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+})
