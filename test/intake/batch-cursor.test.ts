@@ -5,7 +5,7 @@
  * never carries that frame's cursor: a failure after it must replay the frame's other operations.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Layer, Scheduler, Stream } from "effect"
+import { Chunk, Deferred, Effect, Layer, Ref, Scheduler, Stream } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
@@ -156,5 +156,47 @@ describe("after a batch commits: the identity hooks", () => {
       expect(identity).toEqual([did(2), did(3), did(4)])
       expect(reactivated).toEqual([did(3), did(4)])
     }).pipe(Effect.provide(Layer.mergeAll(recordingCursors(committed), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
+})
+
+describe("a replay from an older cursor", () => {
+  it.scoped("committing replayed batches never moves the durable cursor back (SPEC §3.3: cursors never go backwards)", () => {
+    const committed: Array<Committed> = []
+    const frames: ReadonlyArray<Frame> = [{ seq: 1n, ops: 1 }, { seq: 2n, ops: 1 }, { seq: 3n, ops: 1 }]
+    return Effect.gen(function*() {
+      const hold = yield* Deferred.make<void>()
+      // the 5th batch (the replay's second) is held in its transaction
+      const processor = Layer.succeed(
+        Processor,
+        {
+          processEvents: (batch, options) =>
+            Effect.gen(function*() {
+              if (committed.length === 4) yield* Deferred.await(hold)
+              if (options.finalize !== undefined) yield* options.finalize
+              committed.push({
+                keys: batch.map((e) => (e.kind === "commit" ? e.rkey : e.kind)),
+                cursor: options.cursor?.cursor
+              })
+              return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
+            }),
+          reload: Effect.void,
+          stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
+        } satisfies ProcessorShape
+      )
+      yield* Effect.gen(function*() {
+        const runner = yield* Intake.makeStreamRunner(memoryRelay(frames), Intake.defaultTuning(64, 1))
+        yield* Effect.forkScoped(runner.run)
+        yield* until(() => committed.length === 3, "the three frames committed")
+        expect((yield* Ref.get(runner.state)).durableCursor).toBe(3n)
+        // replay from the start (as the direct stream does for newly watched DIDs)
+        yield* runner.restart(0n)
+        yield* until(() => committed.length === 4, "the replay's first batch committed")
+        expect(committed[3]?.cursor).toBe(1n)
+        expect((yield* Ref.get(runner.state)).durableCursor).toBe(3n)
+        yield* Deferred.succeed(hold, undefined)
+        yield* until(() => committed.length === 6, "the replay committed")
+        expect((yield* Ref.get(runner.state)).durableCursor).toBe(3n)
+      }).pipe(Effect.provide(Layer.mergeAll(processor, CursorStore.layerMemory, Outbox.layerMemory)))
+    })
   })
 })
