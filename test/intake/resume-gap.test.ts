@@ -55,7 +55,7 @@ const gapGauge = registrySeries("firehook_intake_resume_gap_seconds")
  * log lines captured; `body` gets the fake, the lines and the stream's committed cursor.
  */
 const withIntake = <A>(
-  stored: number,
+  stored: number | undefined,
   body: (
     fake: FakeJetstream,
     lines: Effect.Effect<ReadonlyArray<Line>>,
@@ -79,7 +79,7 @@ const withIntake = <A>(
     const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
     return yield* Effect.gen(function*() {
       const cursors = yield* CursorStore.CursorStore
-      yield* Effect.orDie(cursors.save("registry", relay, BigInt(stored)))
+      if (stored !== undefined) yield* Effect.orDie(cursors.save("registry", relay, BigInt(stored)))
       const intake = yield* Intake.make({ tuning })
       yield* Effect.forkScoped(intake.run)
       return yield* body(fake, Ref.get(lines), Effect.orDie(cursors.load("registry", relay)))
@@ -91,6 +91,24 @@ const withIntake = <A>(
 const gapWarnings = (lines: ReadonlyArray<Line>) => lines.filter((l) => l.message.includes("resumed after a gap"))
 
 describe("a Jetstream resume that skipped events (a cursor clamped to the source's window)", () => {
+  it.scopedLive(
+    "a first start from cursor 0 (the whole retained window, SPEC §3.1) is no resume: a day-old first event is neither warned about nor counted",
+    () =>
+      Effect.gen(function*() {
+        const first = Date.now() * 1000 - 24 * HOUR
+        const gapsBefore = yield* gaps
+        yield* withIntake(undefined, (fake, lines, committed) =>
+          Effect.gen(function*() {
+            fake.publish([accountFrame(plc(1), first, true)])
+            yield* eventually(Effect.map(committed, (c) => c === BigInt(first)), "the event committed")
+            expect(fake.connections[0]?.cursor).toBe(0n)
+            expect(gapWarnings(yield* lines)).toHaveLength(0)
+            expect((yield* gaps) - gapsBefore).toBe(0)
+          }))
+      }),
+    { timeout: 60_000 }
+  )
+
   it.scopedLive(
     "first event 6 h after the cursor sent, a day old: one warning, counted, the gauge set; the stream goes on",
     () =>
