@@ -10,6 +10,7 @@ import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import { SourceError } from "../../src/services/intake/FirehoseSource.js"
 import * as Intake from "../../src/services/intake/Intake.js"
+import { directStep } from "../../src/services/intake/JetstreamPlan.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
@@ -309,6 +310,22 @@ describe("directReplayFrom (Jetstream direct stream after DIDs were added)", () 
   it("at most 5 minutes further back than the registry mark, and never below 0", () => {
     expect(Intake.directReplayFrom(1000n * S, 10n * S, 2n * S, 300n * S)).toBe(698n * S)
     expect(Intake.directReplayFrom(1n * S, undefined, 2n * S, 300n * S)).toBe(0n)
+  })
+})
+
+describe("directStep (the direct stream when the direct DID set changed, SPEC §3.1)", () => {
+  const A = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
+  const B = "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb"
+  it("DIDs that only left the set: the running stream reconnects with the smaller filter (no replay)", () => {
+    expect(directStep(new Set([A, B]), new Set([A]), true, 10)).toEqual({ _tag: "restart" })
+  })
+  it("an added DID replays; the same set keeps the stream; an emptied set stops it; a set over the limit changes nothing", () => {
+    expect(directStep(new Set([A]), new Set([A, B]), true, 10)).toEqual({ _tag: "replay" })
+    expect(directStep(new Set([A]), new Set([B]), true, 10)).toEqual({ _tag: "replay" })
+    expect(directStep(new Set([A, B]), new Set([B, A]), true, 10)).toEqual({ _tag: "keep" })
+    expect(directStep(new Set([A]), new Set(), true, 10)).toEqual({ _tag: "stop" })
+    expect(directStep(new Set(), new Set([A]), false, 10)).toEqual({ _tag: "start" })
+    expect(directStep(new Set([A]), new Set([A, B]), true, 1)).toEqual({ _tag: "over_limit" })
   })
 })
 
