@@ -104,6 +104,8 @@ describe("parseIpv6", () => {
     "::1:2:3:4:5:6:7:8",
     "12345::",
     "g::",
+    "G::",
+    "::1:G",
     ":1::",
     "1::2:",
     ":1:2:3:4:5:6:7:8",
@@ -358,7 +360,17 @@ describe("classifyHost", () => {
     expect(c.kind === "ipv6" ? hex(c.bytes) : undefined).toBe("00000000000000000000000000000001")
   })
 
-  it.each(["example.com", "example.com.", "localhost", "xn--nxasmq6b.com", "a-b.c0m", "1.2.3.4.example"])(
+  it.each([
+    "example.com",
+    "example.com.",
+    "localhost",
+    "xn--nxasmq6b.com",
+    "a-b.c0m",
+    "1.2.3.4.example",
+    // a last label that starts with 0x but is not hex is a name (a WHATWG URL parser takes it as one)
+    "foo.0xg",
+    "foo.0x1g"
+  ])(
     "%s → name",
     (host) => {
       expect(classifyHost(host).kind).toBe("name")
@@ -384,6 +396,9 @@ describe("classifyHost", () => {
     "1.2.3.4.5",
     "foo.123",
     "foo.0x1f",
+    // a bare 0x is the number 0 to a WHATWG URL parser
+    "foo.0x",
+    "foo.0X",
     "1.2.3.4."
   ])("%j → invalid (callers reject)", (host) => {
     expect(classifyHost(host).kind).toBe("invalid")
@@ -483,6 +498,8 @@ describe("isLoopbackHost (insecure development mode, SPEC §1.2 / §6.5)", () =>
     "[::ffff:127.0.0.1]",
     "[::ffff:7f00:1]",
     "[::2]",
+    "[::101]",
+    "[::1:1]",
     "[::1%lo]",
     "128.0.0.1",
     "0.0.0.0",
