@@ -15,6 +15,7 @@ import { bunLookup, makeLookup } from "../../../src/services/platform/http/Resol
 import {
   allowedAddress,
   DEFAULT_MAX_REQUEST_BYTES,
+  MAX_CONNECT_ADDRESSES,
   MAX_SERVICE_URL_LENGTH,
   parseAllowCidrs,
   planTarget,
@@ -560,6 +561,21 @@ describe("SafeHttp: connecting to the validated address", () => {
       expect(resolver.calls).toHaveLength(1)
       expect(server.seen).toHaveLength(1)
       expect(server.seen[0]!.remoteAddress).toBe("127.0.0.1")
+    }))
+
+  it.scopedLive("at most MAX_CONNECT_ADDRESSES distinct addresses are tried (duplicates count once); every answer is still checked", () =>
+    Effect.gen(function*() {
+      const server = yield* startServer(ok)
+      const url = `http://receiver.test:${server.port}/hook`
+      // 127.0.0.2 refuses; repeated, it is one address, so 127.0.0.1 is tried next
+      const repeated = Array.from({ length: MAX_CONNECT_ADDRESSES + 4 }, () => "127.0.0.2")
+      expect((yield* send(DEV, answers(...repeated, "127.0.0.1"), post(url))).status).toBe(200)
+      // MAX_CONNECT_ADDRESSES distinct refusing addresses first: the one after them is never tried
+      const refusing = Array.from({ length: MAX_CONNECT_ADDRESSES }, (_, i) => `127.0.0.${i + 2}`)
+      yield* expectKind(send(DEV, answers(...refusing, "127.0.0.1"), post(url)), "network", ["127.0.0"])
+      // an answer past the bound is validated all the same
+      yield* expectKind(send(DEV, answers(...refusing, "10.0.0.1"), post(url)), "blocked_target", ["10.0.0.1"])
+      expect(server.seen).toHaveLength(1)
     }))
 
   it.scopedLive("a queued/slow connect on one address gets a share of the deadline, then the next address is tried", () =>
