@@ -497,6 +497,12 @@ describe("SafeHttp: connecting to the validated address", () => {
         ["10.0.0.1"]
       )
       yield* expectKind(send(DEV, answers("127.0.0.1", "192.168.0.1"), post(url)), "blocked_target", ["192.168.0.1"])
+      // http://localhost is no exception: a public answer for it breaks the scheme rule too
+      yield* expectKind(
+        send(DEV, answers("127.0.0.1", "1.1.1.1"), post(`http://localhost:${server.port}/hook`)),
+        "invalid_target",
+        ["localhost", "1.1.1.1"]
+      )
       expect(server.connections()).toBe(0)
       // a loopback literal and "localhost" work as before
       const literal = yield* send(DEV, answers(), post(`http://127.0.0.1:${server.port}/a`))
