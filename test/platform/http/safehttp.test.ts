@@ -11,11 +11,13 @@ import * as Net from "node:net"
 import { tmpdir } from "node:os"
 import * as Path from "node:path"
 import { parseCidr } from "../../../src/schemas/Net.js"
+import { buildHeaders } from "../../../src/services/platform/http/Headers.js"
 import { bunLookup, makeLookup } from "../../../src/services/platform/http/Resolver.js"
 import {
   allowedAddress,
   DEFAULT_MAX_REQUEST_BYTES,
   MAX_CONNECT_ADDRESSES,
+  MAX_REQUEST_HEADER_BYTES,
   MAX_SERVICE_URL_LENGTH,
   parseAllowCidrs,
   planTarget,
@@ -720,6 +722,17 @@ describe("SafeHttp: connecting to the validated address", () => {
         "invalid_target",
         ["Bad Name"]
       )
+      // what node:http itself would throw on is refused as the caller's error, not a network failure
+      yield* expectKind(
+        send(DEV, answers("127.0.0.1"), post(url, { headers: { "Bad:Name": "v" } })),
+        "invalid_target",
+        ["Bad:Name"]
+      )
+      yield* expectKind(
+        send(DEV, answers("127.0.0.1"), post(url, { headers: { "X-A": "price: 5 €" } })),
+        "invalid_target",
+        ["price"]
+      )
       yield* expectKind(
         send(DEV, answers("127.0.0.1"), post(url, { headers: { "X-Big": "v".repeat(70 * 1024) } })),
         "request_too_large",
@@ -1195,6 +1208,31 @@ describe("SafeHttp: pure parts", () => {
     const many = (n: number) => Array.from({ length: n }, (_, i) => `10.${i >> 8}.${i & 255}.0/24`).join(",")
     expect(Either.isRight(parseAllowCidrs(many(256)))).toBe(true)
     expect(parseAllowCidrs(many(257))).toEqual(Either.left("invalid_cidr"))
+  })
+
+  it("request headers: names, values and 4 bytes each count toward MAX_REQUEST_HEADER_BYTES; hop-by-hop headers are dropped", () => {
+    const fill = (total: number) => ({ "X-Big": "v".repeat(total - "X-Big".length - 4) })
+    expect(Either.isRight(buildHeaders(fill(MAX_REQUEST_HEADER_BYTES), "h.test", undefined))).toBe(true)
+    expect(buildHeaders(fill(MAX_REQUEST_HEADER_BYTES + 1), "h.test", undefined)).toEqual(
+      Either.left("request_too_large")
+    )
+    const hopByHop = [
+      "HOST",
+      "Content-Length",
+      "transfer-encoding",
+      "Connection",
+      "Keep-Alive",
+      "Proxy-Connection",
+      "Upgrade",
+      "TE",
+      "Trailer",
+      "Expect",
+      "HTTP2-Settings"
+    ]
+    const headers = Either.getOrThrow(
+      buildHeaders(Object.fromEntries([["X-Keep", "1"], ...hopByHop.map((n) => [n, "x"])]), "h.test:8443", 3)
+    )
+    expect(headers).toEqual({ "X-Keep": "1", Host: "h.test:8443", "Content-Length": "3" })
   })
 
   it("allowedAddress: public, allow-list, development loopback, loopback-only", () => {
