@@ -2,7 +2,7 @@
  * SafeHttp (SPEC §4.6): real HTTP/HTTPS servers on 127.0.0.1, a fake Resolver.
  */
 import { afterAll, describe, expect, it } from "@effect/vitest"
-import { Cause, type Context, Duration, Effect, Either, Fiber, Layer } from "effect"
+import { Cause, type Context, Duration, Effect, Either, Exit, Fiber, Layer, Option, TestClock } from "effect"
 import { execFile, execFileSync } from "node:child_process"
 import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import * as Http from "node:http"
@@ -19,6 +19,7 @@ import {
   MAX_CONNECT_ADDRESSES,
   MAX_REQUEST_HEADER_BYTES,
   MAX_SERVICE_URL_LENGTH,
+  MAX_TIMEOUT_MS,
   parseAllowCidrs,
   planTarget,
   type ResolvedAddress,
@@ -374,6 +375,27 @@ describe("SafeHttp: DNS answers", () => {
       yield* expectKind(send(PROD, hanging, post("https://receiver.test/hook", { timeoutMs: 200 })), "timeout", [
         "receiver.test"
       ])
+    }))
+
+  it.scoped("a lookup that never answers fails as timeout exactly at timeoutMs, at most MAX_TIMEOUT_MS (TestClock)", () =>
+    Effect.gen(function*() {
+      const hanging = fakeResolver(() => Effect.never)
+      yield* withHttp(PROD, hanging, (http) =>
+        Effect.gen(function*() {
+          const settle = () => Effect.repeatN(Effect.yieldNow(), 20)
+          for (const [timeoutMs, bound] of [[200, 200], [60 * 60 * 1000, MAX_TIMEOUT_MS]] as const) {
+            const fiber = yield* Effect.fork(http.request(post("https://receiver.test/hook", { timeoutMs })))
+            yield* settle()
+            yield* TestClock.adjust(Duration.millis(bound - 1))
+            yield* settle()
+            expect(Option.isNone(yield* Fiber.poll(fiber))).toBe(true)
+            yield* TestClock.adjust(Duration.millis(1))
+            yield* settle()
+            const exit = yield* Fiber.poll(fiber)
+            expect(Option.isSome(exit) && Exit.isFailure(exit.value) ? String(Cause.squash(exit.value.cause)) : exit)
+              .toBe("SafeHttpError: delivery failed: timeout")
+          }
+        }))
     }))
 
   it.scopedLive("the system resolver answers for localhost and fails generically for .invalid", () =>
