@@ -678,6 +678,35 @@ describe("SafeHttp: connecting to the validated address", () => {
       expect(connections).toBe(2)
     }))
 
+  it.scopedLive("a fresh connection closed before any response is network, not retried (the receiver may have the request)", () =>
+    Effect.gen(function*() {
+      let requests = 0
+      const port = yield* Effect.acquireRelease(
+        Effect.async<{ readonly server: Net.Server; readonly port: number }>((resume) => {
+          const server = Net.createServer((socket) => {
+            socket.on("error", () => undefined)
+            socket.on("data", () => {
+              requests++
+              socket.destroy()
+            })
+          })
+          server.listen(0, "127.0.0.1", () => {
+            const a = server.address()
+            resume(Effect.succeed({ server, port: typeof a === "object" && a !== null ? a.port : 0 }))
+          })
+        }),
+        ({ server }) =>
+          Effect.async<void>((resume) => {
+            server.close(() => resume(Effect.void))
+          })
+      ).pipe(Effect.map(({ port }) => port))
+      yield* expectKind(send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${port}/hook`)), "network", [
+        "receiver.test",
+        "ECONNRESET"
+      ])
+      expect(requests).toBe(1)
+    }))
+
   it.scopedLive("connection refused on the only address is network", () =>
     Effect.gen(function*() {
       const port = yield* closedPort
