@@ -5,35 +5,13 @@
  * never carries that frame's cursor: a failure after it must replay the frame's other operations.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Deferred, Effect, Layer, Ref, Scheduler, Stream } from "effect"
+import { Chunk, Deferred, Effect, Layer, Ref, Stream } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
-
-const RELAY = "wss://relay.test"
-const DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
-
-interface Frame {
-  readonly seq: bigint
-  readonly ops: number
-}
-const eventsOf = (f: Frame): ReadonlyArray<StreamEvent> =>
-  Array.from({ length: f.ops }, (_, i) => ({
-    kind: "commit" as const,
-    did: DID,
-    collection: "app.bsky.feed.post",
-    rkey: `s${f.seq}o${i}`,
-    operation: "create" as const,
-    rev: "3l3qo2vutsw2b",
-    cid: undefined,
-    record: { text: "x" },
-    timeUs: 1_800_000_000_000_000 + Number(f.seq),
-    stream: "relay",
-    relay: RELAY,
-    cursor: String(f.seq)
-  }))
+import { eventsOf, type Frame, RELAY, until } from "./memorySession.js"
 
 /** an in-memory relay: every frame after the cursor, in one chunk, then the connection stays open */
 const memoryRelay = (frames: ReadonlyArray<Frame>): Intake.StreamSpec => ({
@@ -79,15 +57,6 @@ const recordingCursors = (committed: Array<Committed>) =>
       stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
     } satisfies ProcessorShape
   )
-
-const until = (cond: () => boolean, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 20_000; i++) {
-      if (cond()) return
-      yield* Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 describe("the cursor of a batch that commits part of a relay frame", () => {
   it.scoped("a frame whose operations span batches: only the batch with its last operation carries its cursor", () => {

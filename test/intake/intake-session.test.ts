@@ -6,7 +6,6 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Deferred, Effect, Layer, Ref, Scheduler, Stream, TestClock } from "effect"
-import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import { SourceError } from "../../src/services/intake/FirehoseSource.js"
 import * as Intake from "../../src/services/intake/Intake.js"
@@ -15,32 +14,9 @@ import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
-
-const RELAY = "wss://relay.test"
-const DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
+import { eventsOf, type Frame, RELAY, until } from "./memorySession.js"
 
 const tuning = (queueMax: number, batchMax: number): Intake.IntakeTuning => Intake.defaultTuning(queueMax, batchMax)
-
-/** one relay frame (a commit) with `ops` operations */
-interface Frame {
-  readonly seq: bigint
-  readonly ops: number
-}
-const eventsOf = (f: Frame): ReadonlyArray<StreamEvent> =>
-  Array.from({ length: f.ops }, (_, i) => ({
-    kind: "commit" as const,
-    did: DID,
-    collection: "app.bsky.feed.post",
-    rkey: `s${f.seq}o${i}`,
-    operation: "create" as const,
-    rev: "3l3qo2vutsw2b",
-    cid: undefined,
-    record: { text: "x" },
-    timeUs: 1_800_000_000_000_000 + Number(f.seq),
-    stream: "relay",
-    relay: RELAY,
-    cursor: String(f.seq)
-  }))
 
 /**
  * An in-memory relay: a connection from `cursor` gets every frame after it (subscribeRepos
@@ -69,19 +45,6 @@ const memoryRelay = (frames: ReadonlyArray<Frame>) => {
   }
   return { spec, asked }
 }
-
-/**
- * let the other fibers run (macrotask turns, no clock time), until `cond` holds (bounded: 20,000
- * turns; 2,000 were once not enough on a loaded CI machine)
- */
-const until = (cond: () => boolean, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 20_000; i++) {
-      if (cond()) return
-      yield* Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
-  })
 
 /** let the other fibers run for `n` macrotask turns (no clock time passes) */
 const turns = (n: number) =>

@@ -14,6 +14,7 @@ import { SourceError } from "../../src/services/intake/FirehoseSource.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
+import { until } from "./memorySession.js"
 
 const RELAY = "wss://jetstream.test"
 const DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
@@ -78,16 +79,6 @@ const scriptedSource = (failing: ReadonlySet<number> = new Set()) =>
         return q === undefined ? Effect.dieMessage(`no connection ${connection}`) : Queue.offer(q, Take.end)
       })
     return { spec, asked, send, close }
-  })
-
-/** let the other fibers run (macrotask turns, no clock time) until `cond` holds */
-const until = (cond: () => boolean, what: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 20_000; i++) {
-      if (cond()) return
-      yield* Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
-    }
-    return yield* Effect.dieMessage(`never happened: ${what}`)
   })
 
 /** advance the TestClock past reconnect backoffs until `cond` holds */
