@@ -5,34 +5,13 @@
  * never carries that frame's cursor: a failure after it must replay the frame's other operations.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Deferred, Effect, Layer, Ref, Stream } from "effect"
+import { Deferred, Effect, Layer, Ref, Stream } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
-import { eventsOf, type Frame, RELAY, until } from "./memorySession.js"
-
-/** an in-memory relay: every frame after the cursor, in one chunk, then the connection stays open */
-const memoryRelay = (frames: ReadonlyArray<Frame>): Intake.StreamSpec => ({
-  name: "relay",
-  relay: RELAY,
-  registryWriter: false,
-  initialCursor: undefined,
-  rewind: 10n,
-  cursorIsTime: false,
-  connect: (cursor) =>
-    Stream.suspend(() =>
-      Stream.succeed<Intake.SourceItem>({ _tag: "opened" }).pipe(
-        Stream.concat(Stream.fromChunk(Chunk.fromIterable(
-          frames
-            .filter((f) => cursor === undefined || f.seq > cursor)
-            .map((f): Intake.SourceItem => ({ _tag: "events", events: eventsOf(f), cursor: f.seq }))
-        ))),
-        Stream.concat(Stream.never)
-      )
-    )
-})
+import { eventsOf, type Frame, memoryRelay, RELAY, until } from "./memorySession.js"
 
 /** each committed batch: its events' keys and the cursor written in its transaction */
 interface Committed {
@@ -65,7 +44,7 @@ describe("the cursor of a batch that commits part of a relay frame", () => {
     const frames: ReadonlyArray<Frame> = [{ seq: 1n, ops: 2 }, { seq: 2n, ops: 10 }]
     const allKeys = frames.flatMap((f) => eventsOf(f).map((e) => (e.kind === "commit" ? e.rkey : e.kind)))
     return Effect.gen(function*() {
-      const runner = yield* Intake.makeStreamRunner(memoryRelay(frames), Intake.defaultTuning(64, 4))
+      const runner = yield* Intake.makeStreamRunner(memoryRelay(frames).spec, Intake.defaultTuning(64, 4))
       yield* Effect.forkScoped(runner.run)
       yield* until(() => committed.flatMap((c) => c.keys).length === allKeys.length, "everything committed")
       expect(committed.flatMap((c) => c.keys)).toEqual(allKeys)
@@ -108,7 +87,7 @@ describe("after a batch commits: the identity hooks", () => {
       { _tag: "events", events: eventsOf({ seq: 4n, ops: 1 }), cursor: 4n }
     ]
     const spec: Intake.StreamSpec = {
-      ...memoryRelay([]),
+      ...memoryRelay([]).spec,
       connect: () =>
         Stream.succeed<Intake.SourceItem>({ _tag: "opened" }).pipe(
           Stream.concat(Stream.fromIterable(items)),
@@ -153,7 +132,7 @@ describe("a replay from an older cursor", () => {
         } satisfies ProcessorShape
       )
       yield* Effect.gen(function*() {
-        const runner = yield* Intake.makeStreamRunner(memoryRelay(frames), Intake.defaultTuning(64, 1))
+        const runner = yield* Intake.makeStreamRunner(memoryRelay(frames).spec, Intake.defaultTuning(64, 1))
         yield* Effect.forkScoped(runner.run)
         yield* until(() => committed.length === 3, "the three frames committed")
         expect((yield* Ref.get(runner.state)).durableCursor).toBe(3n)

@@ -5,7 +5,7 @@
  * (SPEC §3.3: 512 events), which matters on the relay source, where one frame carries many operations.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Deferred, Effect, Layer, Ref, Scheduler, Stream, TestClock } from "effect"
+import { Deferred, Effect, Layer, Ref, Scheduler, Stream, TestClock } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import { SourceError } from "../../src/services/intake/FirehoseSource.js"
 import * as Intake from "../../src/services/intake/Intake.js"
@@ -14,37 +14,9 @@ import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
-import { eventsOf, type Frame, RELAY, until } from "./memorySession.js"
+import { eventsOf, type Frame, memoryRelay, RELAY, until } from "./memorySession.js"
 
 const tuning = (queueMax: number, batchMax: number): Intake.IntakeTuning => Intake.defaultTuning(queueMax, batchMax)
-
-/**
- * An in-memory relay: a connection from `cursor` gets every frame after it (subscribeRepos
- * semantics), all in one chunk, and then stays open. `asked` records each connection's cursor.
- */
-const memoryRelay = (frames: ReadonlyArray<Frame>) => {
-  const asked: Array<bigint | undefined> = []
-  const spec: Intake.StreamSpec = {
-    name: "relay",
-    relay: RELAY,
-    registryWriter: false,
-    initialCursor: undefined,
-    rewind: 10n,
-    cursorIsTime: false,
-    connect: (cursor) =>
-      Stream.suspend(() => {
-        asked.push(cursor)
-        const items = frames
-          .filter((f) => cursor === undefined || f.seq > cursor)
-          .map((f): Intake.SourceItem => ({ _tag: "events", events: eventsOf(f), cursor: f.seq }))
-        return Stream.succeed<Intake.SourceItem>({ _tag: "opened" }).pipe(
-          Stream.concat(Stream.fromChunk(Chunk.fromIterable(items))),
-          Stream.concat(Stream.never)
-        )
-      })
-  }
-  return { spec, asked }
-}
 
 /** let the other fibers run for `n` macrotask turns (no clock time passes) */
 const turns = (n: number) =>

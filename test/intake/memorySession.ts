@@ -1,9 +1,11 @@
 /**
  * Fixtures of the in-memory intake sessions (no sockets) shared by the session, batch-cursor and
- * replay tests: relay frames as their events, and a wait on other fibers that passes no clock time.
+ * replay tests: relay frames as their events, an in-memory relay serving them, and a wait on other
+ * fibers that passes no clock time.
  */
-import { Effect, Scheduler } from "effect"
+import { Chunk, Effect, Scheduler, Stream } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
+import type * as Intake from "../../src/services/intake/Intake.js"
 
 export const RELAY = "wss://relay.test"
 export const DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
@@ -41,3 +43,31 @@ export const until = (cond: () => boolean, what: string) =>
     }
     return yield* Effect.dieMessage(`never happened: ${what}`)
   })
+
+/**
+ * An in-memory relay: a connection from `cursor` gets every frame after it (subscribeRepos
+ * semantics), all in one chunk, and then stays open. `asked` records each connection's cursor.
+ */
+export const memoryRelay = (frames: ReadonlyArray<Frame>) => {
+  const asked: Array<bigint | undefined> = []
+  const spec: Intake.StreamSpec = {
+    name: "relay",
+    relay: RELAY,
+    registryWriter: false,
+    initialCursor: undefined,
+    rewind: 10n,
+    cursorIsTime: false,
+    connect: (cursor) =>
+      Stream.suspend(() => {
+        asked.push(cursor)
+        const items = frames
+          .filter((f) => cursor === undefined || f.seq > cursor)
+          .map((f): Intake.SourceItem => ({ _tag: "events", events: eventsOf(f), cursor: f.seq }))
+        return Stream.succeed<Intake.SourceItem>({ _tag: "opened" }).pipe(
+          Stream.concat(Stream.fromChunk(Chunk.fromIterable(items))),
+          Stream.concat(Stream.never)
+        )
+      })
+  }
+  return { spec, asked }
+}
