@@ -19,12 +19,14 @@ interface Committed {
   readonly cursor: bigint | undefined
 }
 
-const recordingCursors = (committed: Array<Committed>) =>
+/** a Processor that records each committed batch; `before` runs inside the batch's transaction first */
+const recordingCursors = (committed: Array<Committed>, before: Effect.Effect<void> = Effect.void) =>
   Layer.succeed(
     Processor,
     {
       processEvents: (batch, options) =>
         Effect.gen(function*() {
+          yield* before
           if (options.finalize !== undefined) yield* options.finalize
           committed.push({
             keys: batch.map((e) => (e.kind === "commit" ? e.rkey : e.kind)),
@@ -114,22 +116,9 @@ describe("a replay from an older cursor", () => {
     return Effect.gen(function*() {
       const hold = yield* Deferred.make<void>()
       // the 5th batch (the replay's second) is held in its transaction
-      const processor = Layer.succeed(
-        Processor,
-        {
-          processEvents: (batch, options) =>
-            Effect.gen(function*() {
-              if (committed.length === 4) yield* Deferred.await(hold)
-              if (options.finalize !== undefined) yield* options.finalize
-              committed.push({
-                keys: batch.map((e) => (e.kind === "commit" ? e.rkey : e.kind)),
-                cursor: options.cursor?.cursor
-              })
-              return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
-            }),
-          reload: Effect.void,
-          stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
-        } satisfies ProcessorShape
+      const processor = recordingCursors(
+        committed,
+        Effect.suspend(() => (committed.length === 4 ? Deferred.await(hold) : Effect.void))
       )
       yield* Effect.gen(function*() {
         const runner = yield* Intake.makeStreamRunner(memoryRelay(frames).spec, Intake.defaultTuning(64, 1))
