@@ -152,6 +152,22 @@ const startServer = (
  */
 const closedPort = Effect.promise(freePort)
 
+/** a raw TCP server on 127.0.0.1 (scoped: closed with the test); yields its port */
+const rawServer = (onConnection: (socket: Net.Socket) => void) =>
+  Effect.acquireRelease(
+    Effect.async<{ readonly server: Net.Server; readonly port: number }>((resume) => {
+      const server = Net.createServer(onConnection)
+      server.listen(0, "127.0.0.1", () => {
+        const a = server.address()
+        resume(Effect.succeed({ server, port: typeof a === "object" && a !== null ? a.port : 0 }))
+      })
+    }),
+    ({ server }) =>
+      Effect.async<void>((resume) => {
+        server.close(() => resume(Effect.void))
+      })
+  ).pipe(Effect.map(({ port }) => port))
+
 const eventually = (check: () => boolean, what: string) =>
   Effect.gen(function*() {
     for (let i = 0; i < 100; i++) {
@@ -637,38 +653,26 @@ describe("SafeHttp: connecting to the validated address", () => {
     Effect.gen(function*() {
       let connections = 0
       let requests = 0
-      const port = yield* Effect.acquireRelease(
-        Effect.async<{ readonly server: Net.Server; readonly port: number }>((resume) => {
-          const server = Net.createServer((socket) => {
-            connections++
-            let served = 0
-            let buffered = ""
-            socket.setEncoding("latin1") // one character per byte, so lengths are byte counts
-            socket.on("error", () => undefined)
-            socket.on("data", (d: string) => {
-              buffered += d
-              const end = buffered.indexOf("\r\n\r\n")
-              if (end < 0) return
-              const length = Number(/content-length: (\d+)/i.exec(buffered)?.[1] ?? "0")
-              if (buffered.length < end + 4 + length) return
-              buffered = ""
-              requests++
-              served++
-              // the first request on a connection is answered (keep-alive); the next one finds it closed
-              if (served === 1) socket.write("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
-              else socket.destroy()
-            })
-          })
-          server.listen(0, "127.0.0.1", () => {
-            const a = server.address()
-            resume(Effect.succeed({ server, port: typeof a === "object" && a !== null ? a.port : 0 }))
-          })
-        }),
-        ({ server }) =>
-          Effect.async<void>((resume) => {
-            server.close(() => resume(Effect.void))
-          })
-      ).pipe(Effect.map(({ port }) => port))
+      const port = yield* rawServer((socket) => {
+        connections++
+        let served = 0
+        let buffered = ""
+        socket.setEncoding("latin1") // one character per byte, so lengths are byte counts
+        socket.on("error", () => undefined)
+        socket.on("data", (d: string) => {
+          buffered += d
+          const end = buffered.indexOf("\r\n\r\n")
+          if (end < 0) return
+          const length = Number(/content-length: (\d+)/i.exec(buffered)?.[1] ?? "0")
+          if (buffered.length < end + 4 + length) return
+          buffered = ""
+          requests++
+          served++
+          // the first request on a connection is answered (keep-alive); the next one finds it closed
+          if (served === 1) socket.write("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
+          else socket.destroy()
+        })
+      })
       const res = yield* Effect.flatMap(
         SafeHttp,
         (http) => Effect.forEach([1, 2], () => http.request(post(`http://receiver.test:${port}/hook`)))
@@ -681,25 +685,13 @@ describe("SafeHttp: connecting to the validated address", () => {
   it.scopedLive("a fresh connection closed before any response is network, not retried (the receiver may have the request)", () =>
     Effect.gen(function*() {
       let requests = 0
-      const port = yield* Effect.acquireRelease(
-        Effect.async<{ readonly server: Net.Server; readonly port: number }>((resume) => {
-          const server = Net.createServer((socket) => {
-            socket.on("error", () => undefined)
-            socket.on("data", () => {
-              requests++
-              socket.destroy()
-            })
-          })
-          server.listen(0, "127.0.0.1", () => {
-            const a = server.address()
-            resume(Effect.succeed({ server, port: typeof a === "object" && a !== null ? a.port : 0 }))
-          })
-        }),
-        ({ server }) =>
-          Effect.async<void>((resume) => {
-            server.close(() => resume(Effect.void))
-          })
-      ).pipe(Effect.map(({ port }) => port))
+      const port = yield* rawServer((socket) => {
+        socket.on("error", () => undefined)
+        socket.on("data", () => {
+          requests++
+          socket.destroy()
+        })
+      })
       yield* expectKind(send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${port}/hook`)), "network", [
         "receiver.test",
         "ECONNRESET"
