@@ -168,6 +168,31 @@ const rawServer = (onConnection: (socket: Net.Socket) => void) =>
       })
   ).pipe(Effect.map(({ port }) => port))
 
+/**
+ * A raw server's connection handler: the first request on each connection is answered (keep-alive);
+ * the next one finds the connection closed (destroyed once its request has arrived whole).
+ */
+const answerFirstDropRest =
+  (seen: { readonly connection: () => void; readonly request: () => void }) => (socket: Net.Socket): void => {
+    seen.connection()
+    let served = 0
+    let buffered = ""
+    socket.setEncoding("latin1") // one character per byte, so lengths are byte counts
+    socket.on("error", () => undefined)
+    socket.on("data", (d: string) => {
+      buffered += d
+      const end = buffered.indexOf("\r\n\r\n")
+      if (end < 0) return
+      const length = Number(/content-length: (\d+)/i.exec(buffered)?.[1] ?? "0")
+      if (buffered.length < end + 4 + length) return
+      buffered = ""
+      seen.request()
+      served++
+      if (served === 1) socket.write("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
+      else socket.destroy()
+    })
+  }
+
 const eventually = (check: () => boolean, what: string) =>
   Effect.gen(function*() {
     for (let i = 0; i < 100; i++) {
@@ -653,26 +678,10 @@ describe("SafeHttp: connecting to the validated address", () => {
     Effect.gen(function*() {
       let connections = 0
       let requests = 0
-      const port = yield* rawServer((socket) => {
-        connections++
-        let served = 0
-        let buffered = ""
-        socket.setEncoding("latin1") // one character per byte, so lengths are byte counts
-        socket.on("error", () => undefined)
-        socket.on("data", (d: string) => {
-          buffered += d
-          const end = buffered.indexOf("\r\n\r\n")
-          if (end < 0) return
-          const length = Number(/content-length: (\d+)/i.exec(buffered)?.[1] ?? "0")
-          if (buffered.length < end + 4 + length) return
-          buffered = ""
-          requests++
-          served++
-          // the first request on a connection is answered (keep-alive); the next one finds it closed
-          if (served === 1) socket.write("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
-          else socket.destroy()
-        })
-      })
+      const port = yield* rawServer(answerFirstDropRest({
+        connection: () => void connections++,
+        request: () => void requests++
+      }))
       const res = yield* Effect.flatMap(
         SafeHttp,
         (http) => Effect.forEach([1, 2], () => http.request(post(`http://receiver.test:${port}/hook`)))
