@@ -708,6 +708,23 @@ describe("SafeHttp: connecting to the validated address", () => {
       expect(requests).toBe(1)
     }))
 
+  it.scopedLive("a malformed response head (a header name with a space, both Content-Length and chunked) is network, never read leniently", () =>
+    Effect.gen(function*() {
+      const heads = [
+        "HTTP/1.1 200 OK\r\nBad Name: x\r\nContent-Length: 2\r\n\r\nok",
+        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+      ]
+      for (const head of heads) {
+        const port = yield* rawServer((socket) => {
+          socket.on("error", () => undefined)
+          socket.once("data", () => socket.end(head))
+        })
+        yield* expectKind(send(DEV, answers("127.0.0.1"), post(`http://receiver.test:${port}/hook`)), "network", [
+          "receiver.test"
+        ])
+      }
+    }))
+
   it.scopedLive("connection refused on the only address is network", () =>
     Effect.gen(function*() {
       const port = yield* closedPort
