@@ -691,6 +691,30 @@ describe("SafeHttp: connecting to the validated address", () => {
       expect(connections).toBe(2)
     }))
 
+  it.scopedLive("a stale keep-alive socket is retried once only: a second stale socket fails as network, the request sent twice", () =>
+    Effect.gen(function*() {
+      let connections = 0
+      let requests = 0
+      const port = yield* rawServer(answerFirstDropRest({
+        connection: () => void connections++,
+        request: () => void requests++
+      }))
+      yield* Effect.gen(function*() {
+        const http = yield* SafeHttp
+        // two requests at once leave two idle keep-alive sockets in the pool
+        const first = yield* Effect.all(
+          [1, 2].map(() => http.request(post(`http://receiver.test:${port}/hook`))),
+          { concurrency: "unbounded" }
+        )
+        expect(first.map((r) => r.status)).toEqual([200, 200])
+        expect(connections).toBe(2)
+        // the next request meets both, stale, one after the other: one retry, then network
+        yield* expectKind(http.request(post(`http://receiver.test:${port}/hook`)), "network", ["receiver.test"])
+        expect(requests).toBe(4)
+        expect(connections).toBe(2)
+      }).pipe(Effect.provide(SafeHttp.layer(DEV).pipe(Layer.provide(answers("127.0.0.1").layer))))
+    }))
+
   it.scopedLive("a fresh connection closed before any response is network, not retried (the receiver may have the request)", () =>
     Effect.gen(function*() {
       let requests = 0
