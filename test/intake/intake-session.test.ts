@@ -420,4 +420,50 @@ describe("the quarantine row of a poison frame met first in a session", () => {
       expect(rows[0]).toMatchObject({ stream: "relay", reason: "protocol", cursor: STORED })
     }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
   })
+
+  it.scoped("after a replay, carries where the replay had got to (its position), not the higher durable cursor", () => {
+    const rec = newRecorder()
+    const asked: Array<bigint | undefined> = []
+    const frame = (seq: bigint): Intake.SourceItem => ({
+      _tag: "events",
+      events: eventsOf({ seq, ops: 1 }),
+      cursor: seq
+    })
+    const spec: Intake.StreamSpec = {
+      ...memoryRelay([]).spec,
+      connect: (cursor) =>
+        Stream.suspend(() => {
+          asked.push(cursor)
+          const opened: Intake.SourceItem = { _tag: "opened" }
+          switch (asked.length) {
+            case 1: // frames 1–3 commit: durable cursor 3
+              return Stream.fromIterable([opened, frame(1n), frame(2n), frame(3n)]).pipe(Stream.concat(Stream.never))
+            case 2: // the replay from 0 commits frame 1, then the relay closes the session
+              return Stream.fromIterable<Intake.SourceItem>([opened, frame(1n), {
+                _tag: "relay_error",
+                error: "ConsumerTooSlow"
+              }])
+            default: // the reconnection meets a poison frame first
+              return Stream.fromIterable<Intake.SourceItem>([opened, { _tag: "poison", reason: "did" }])
+          }
+        })
+    }
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, tuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      const outbox = yield* Outbox.MemoryOutboxState
+      yield* until(() => keys(rec).length === 3, "frames 1–3 committed")
+      yield* runner.restart(0n)
+      yield* until(() => keys(rec).length === 4, "the replay's frame 1 committed")
+      expect(yield* Ref.get(runner.state)).toMatchObject({ durableCursor: 3n, position: 1n })
+      // past any reconnection backoff
+      for (let i = 0; i < 20 && asked.length < 3; i++) {
+        yield* TestClock.adjust("10 seconds")
+        yield* turns(20)
+      }
+      expect(asked).toEqual([undefined, 0n, 1n])
+      yield* until(() => Ref.get(outbox).pipe(Effect.runSync).quarantine.length === 1, "the quarantine row")
+      expect((yield* Ref.get(outbox)).quarantine[0]).toMatchObject({ stream: "relay", reason: "protocol", cursor: 1n })
+    }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
+  })
 })
