@@ -440,6 +440,7 @@ describe("isRfc3339DateTime (createdAt)", () => {
     "2024/05-01T12:34:56Z", // each separator is checked: the one between year and month
     "2024-05/01T12:34:56Z", // between month and day
     "2024-05-01T12.34:56Z", // between hour and minute
+    "2024-05-01T12:34.56Z", // between minute and second
     "2024-05-01T12:34:56.Z",
     "2024-05-01T12:34:56,5Z",
     "2024-5-01T12:34:56Z",
