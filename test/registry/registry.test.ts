@@ -64,6 +64,24 @@ describe("Registry.load", () => {
       )
     ))
 
+  it.effect("a stored record with enabled: false is never loaded, whatever its row's active flag says (SPEC §1)", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      // the load re-validates the stored record: a paused one is never matched and uses no capacity
+      expect([...registry.index.all()].map((w) => w.rkey)).toEqual(["on"])
+      expect((yield* registry.stats).notLoaded).toBe(1)
+      // and the swap of a reconciled owner reads it by the same rule
+      yield* registry.swapOwner(ALICE)
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey)).toEqual(["on"])
+    }).pipe(
+      Effect.provide(
+        seeded([
+          row(ALICE, "paused", whRecordValue(`at://${BOB}`, { enabled: false }), true),
+          row(ALICE, "on", whRecordValue(`at://${BOB}`))
+        ])
+      )
+    ))
+
   it.effect("re-validates stored records under the current configuration (insecure URLs are not loaded in production)", () =>
     Effect.gen(function*() {
       const registry = yield* Registry
