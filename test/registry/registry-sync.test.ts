@@ -183,5 +183,19 @@ describe("RegistrySync", () => {
         expect(registry.index.size).toBe(0)
         yield* Fiber.interrupt(fiber)
       }))
+
+    it.effect("RegistryStore.markGone marks only the registration the 410 answered (same fingerprint), SPEC §4.3", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const store = yield* RegistryStore.RegistryStore
+        yield* sql`TRUNCATE webhooks, owners, registry_changes, tombstones`
+        const a = row(ALICE, "a")
+        yield* store.upsert(a)
+        // a 410 for an older version of the record (it changed since the delivery was enqueued)
+        expect(yield* store.markGone(ALICE, "a", "an-older-fingerprint")).toBe(false)
+        expect((yield* store.get(ALICE, "a")).row?.gone).toBe(false)
+        expect(yield* store.markGone(ALICE, "a", a.fingerprint)).toBe(true)
+        expect((yield* store.get(ALICE, "a")).row?.gone).toBe(true)
+      }))
   })
 })
