@@ -116,6 +116,8 @@ const pagingTest = Effect.gen(function*() {
   const { owner, rows } = pagingRows()
   const store = yield* RegistryStore.RegistryStore
   for (const r of rows) yield* store.upsert(r)
+  // a disabled record is stored inactive: never loaded, and never counted as not loaded (SPEC §2.6)
+  yield* store.upsert({ ...row(did(26), "off", 26), enabled: false, active: false })
   const registry = yield* Registry.make
   yield* registry.load
   expect(rkeysOf(registry, owner)).toEqual(["a", "z"])
