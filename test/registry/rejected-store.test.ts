@@ -97,6 +97,12 @@ const contract = (it: Vitest.MethodsNonLive<RejectedStore.RejectedStore>, base: 
       expect(now).toMatchObject({ rev: rev(9), reason: "limit_total", cid: "bafynew" })
       expect(seen(now).first).toBe(seen(first).first)
       expect(seen(now).last).toBeGreaterThan(seen(first).last)
+      // the same version seen again (same rev) updates the entry too: it is not newer
+      yield* tick
+      expect(yield* s.record(refusal(owner, "k", 9, { reason: "limit_total", cid: "bafynew" }))).toBe(true)
+      const [again] = yield* s.list(owner)
+      expect(seen(again).first).toBe(seen(first).first)
+      expect(seen(again).last).toBeGreaterThan(seen(now).last)
     }))
 
   it.effect("a clear drops the entry only when the entry is not newer than the clearing version", () =>
