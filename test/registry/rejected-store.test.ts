@@ -122,6 +122,9 @@ const contract = (it: Vitest.MethodsNonLive<RejectedStore.RejectedStore>, base: 
       expect(seen(listed.find((e) => e.rkey === "k")).first).toBeGreaterThan(
         seen(listed.find((e) => e.rkey === "other")).first
       )
+      // a clear at the entry's own rev drops it (the entry is not newer than the clearing version)
+      expect(yield* s.clear(owner, "other", rev(5))).toBe(true)
+      expect((yield* s.list(owner)).map((e) => e.rkey)).toEqual(["k"])
     }))
 
   it.effect("the newest 100 per owner: the 101st entry drops the oldest, other owners untouched", () =>
