@@ -142,6 +142,8 @@ const contract = (it: Vitest.MethodsNonLive<RejectedStore.RejectedStore>, base: 
       expect(listed[0]?.rkey).toBe("r100")
       expect(listed.map((e) => e.rkey)).not.toContain("r000")
       expect(listed.map((e) => e.rkey)).toContain("r001")
+      // the oldest entry is gone from the store, not only from the page listed (a clear finds nothing)
+      expect(yield* s.clear(owner, "r000", rev(1_000))).toBe(false)
       // re-seeing an entry that is already kept drops nothing
       yield* tick
       yield* s.record(refusal(owner, "r001", 301))
