@@ -707,6 +707,14 @@ describe("Config", () => {
     [{ SHUTDOWN_TIMEOUT_MS: "999" }, "SHUTDOWN_TIMEOUT_MS", "1000..120000"],
     [{ SHUTDOWN_TIMEOUT_MS: "120001" }, "SHUTDOWN_TIMEOUT_MS", "1000..120000"],
     [{ LOG_LEVEL: "verbose" }, "LOG_LEVEL", "one of"],
+    // SPEC §6.5 (strict parsing): an enumeration is closed and exact; a value in another case is
+    // a startup error, not the value it resembles (`NODE_ENV=Development` does not open the
+    // insecure mode's door, `LOG_LEVEL=INFO` is not `info`)
+    [{ NODE_ENV: "Development" }, "NODE_ENV", "must be one of production, development, test"],
+    [{ LOG_LEVEL: "INFO" }, "LOG_LEVEL", "must be one of"],
+    [{ LOG_FORMAT: "JSON" }, "LOG_FORMAT", "must be one of json, pretty"],
+    [{ FIREHOSE_SOURCE: "Relay" }, "FIREHOSE_SOURCE", "must be one of jetstream, relay"],
+    [{ DELIVERY_PROCESS: "Inline" }, "DELIVERY_PROCESS", "must be one of auto, inline, child"],
     [{ LOG_FORMAT: "xml" }, "LOG_FORMAT", "json, pretty"],
     [{ NODE_ENV: "staging" }, "NODE_ENV", "production, development, test"],
     [{ WEBHOOK_ALLOW_INSECURE_DEV: "yes" }, "WEBHOOK_ALLOW_INSECURE_DEV", "0, 1"],
