@@ -643,6 +643,22 @@ describe("Config", () => {
     }
   })
 
+  // SPEC §6.5: LOG_LEVEL names the level it sets, each one (`warn` and `warning` alike)
+  it.effect("LOG_LEVEL: each accepted name is its level", () =>
+    Effect.gen(function*() {
+      const levels: ReadonlyArray<readonly [string, LogLevel.LogLevel]> = [
+        ["trace", LogLevel.Trace],
+        ["debug", LogLevel.Debug],
+        ["info", LogLevel.Info],
+        ["warn", LogLevel.Warning],
+        ["warning", LogLevel.Warning],
+        ["error", LogLevel.Error],
+        ["fatal", LogLevel.Fatal],
+        ["none", LogLevel.None]
+      ]
+      for (const [name, level] of levels) expect((yield* load({ LOG_LEVEL: name })).logLevel).toBe(level)
+    }))
+
   // SPEC §6.5: HEALTH_PORT = API_PORT on the same address was a bind error after startup
   // (`startup failed (unexpected Error EADDRINUSE listen)`); a configuration error up front instead
   describe("the API listener may not take the health listener's address", () => {
