@@ -659,6 +659,15 @@ describe("Config", () => {
       for (const [name, level] of levels) expect((yield* load({ LOG_LEVEL: name })).logLevel).toBe(level)
     }))
 
+  // SPEC §6.5: DATABASE_URL is a PostgreSQL connection URL, and one that reaches the server over
+  // its Unix-domain socket names no host but a `host` parameter (libpq's and pg's form)
+  it.effect("DATABASE_URL: a Unix-domain socket URL (no host, a host parameter) is accepted", () =>
+    Effect.gen(function*() {
+      const socket = "postgresql:///firehook?host=/var/run/postgresql"
+      const c = yield* load({ DATABASE_URL: socket })
+      expect(Option.map(c.databaseUrl, Redacted.value)).toEqual(Option.some(socket))
+    }))
+
   // SPEC §6.5: HEALTH_PORT = API_PORT on the same address was a bind error after startup
   // (`startup failed (unexpected Error EADDRINUSE listen)`); a configuration error up front instead
   describe("the API listener may not take the health listener's address", () => {
