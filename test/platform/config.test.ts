@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { ConfigProvider, Duration, Effect, Either, LogLevel, Option, Redacted } from "effect"
+import { MAX_ALLOW_CIDRS } from "../../src/services/delivery/DeliveryConfig.js"
 import * as Publisher from "../../src/services/delivery/Publisher.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Processor from "../../src/services/matching/Processor.js"
@@ -667,6 +668,29 @@ describe("Config", () => {
       const c = yield* load({ DATABASE_URL: socket })
       expect(Option.map(c.databaseUrl, Redacted.value)).toEqual(Option.some(socket))
     }))
+
+  // SPEC §6.5: a list variable holds at most its bound of entries; exactly the bound is accepted,
+  // one more is a startup error
+  describe("list variables: exactly their bound of entries, not one more", () => {
+    const cidrs = (n: number) => Array.from({ length: n }, (_, i) => `10.${i >> 8}.${i & 255}.0/24`).join(",")
+    const owners = (n: number) => Array.from({ length: n }, (_, i) => `did:web:o${i}.example.com`).join(",")
+
+    it.effect(`DELIVERY_ALLOW_CIDRS: ${MAX_ALLOW_CIDRS} networks`, () =>
+      Effect.gen(function*() {
+        const c = yield* load({ DELIVERY_ALLOW_CIDRS: cidrs(MAX_ALLOW_CIDRS) })
+        expect(c.delivery.allowCidrs).toHaveLength(MAX_ALLOW_CIDRS)
+        const over = yield* Effect.either(load({ DELIVERY_ALLOW_CIDRS: cidrs(MAX_ALLOW_CIDRS + 1) }))
+        expect(Either.isLeft(over) && over.left.variable).toBe("DELIVERY_ALLOW_CIDRS")
+      }))
+
+    it.effect(`BACKFILL_OWNERS: ${Config.MAX_BACKFILL_OWNERS} DIDs`, () =>
+      Effect.gen(function*() {
+        const c = yield* load({ BACKFILL_OWNERS: owners(Config.MAX_BACKFILL_OWNERS) })
+        expect(c.backfill.owners).toHaveLength(Config.MAX_BACKFILL_OWNERS)
+        const over = yield* Effect.either(load({ BACKFILL_OWNERS: owners(Config.MAX_BACKFILL_OWNERS + 1) }))
+        expect(Either.isLeft(over) && over.left.variable).toBe("BACKFILL_OWNERS")
+      }))
+  })
 
   // SPEC §6.5: HEALTH_PORT = API_PORT on the same address was a bind error after startup
   // (`startup failed (unexpected Error EADDRINUSE listen)`); a configuration error up front instead
