@@ -218,6 +218,33 @@ describe("leader on PostgreSQL", () => {
     30_000
   )
 
+  // SPEC §6.4: standbys retry and take over within seconds when the leader dies; with the
+  // default intervals (no options), not only with the short ones the tests above pass
+  it.scopedLive(
+    "with the default retry, a standby takes the role within seconds once the leader's lock is gone",
+    () =>
+      Effect.flatMap(Db.freshDatabase, ({ url }) =>
+        Effect.gen(function*() {
+          // another replica leads: it holds the lock on a session of its own
+          const other = new pg.Client({ connectionString: Redacted.value(url), connectionTimeoutMillis: 10_000 })
+          yield* Effect.acquireRelease(Effect.promise(() => other.connect()), () => Effect.promise(() => other.end()))
+          yield* Effect.promise(() => other.query("SELECT pg_advisory_lock($1)", [KEY]))
+          const outcomes: Array<string> = []
+          const standby = yield* runAsLeader(
+            { key: KEY, name: "test", onElection: (o) => Effect.sync(() => void outcomes.push(o)) },
+            Ref.unsafeMake<Role>("standby"),
+            Effect.never
+          ).pipe(Effect.forkScoped)
+          yield* waitFor(() => outcomes.includes("standby"))
+          // the leader goes away (its lock with it): the standby's next election, seconds later, leads
+          yield* Effect.promise(() => other.query("SELECT pg_advisory_unlock($1)", [KEY]))
+          yield* waitFor(() => outcomes.includes("leader"))
+          expect(outcomes.filter((o) => o !== "standby")).toEqual(["leader"])
+          yield* Fiber.interrupt(standby)
+        }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
+    30_000
+  )
+
   it.scopedLive(
     "a database that refuses every election is logged once a minute, not at every retry",
     () =>
