@@ -6,7 +6,7 @@
 import { SqlClient } from "@effect/sql"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Duration, Effect, Fiber, Logger, Redacted, Ref } from "effect"
+import { Clock, Deferred, Duration, Effect, Fiber, Logger, Redacted, Ref, Schedule } from "effect"
 import pg from "pg"
 import * as Database from "../../src/services/platform/Database.js"
 import { leaderErrorCode, type Role, runAsLeader } from "../../src/services/platform/Leader.js"
@@ -241,6 +241,44 @@ describe("leader on PostgreSQL", () => {
           yield* waitFor(() => outcomes.includes("leader"))
           expect(outcomes.filter((o) => o !== "standby")).toEqual(["leader"])
           yield* Fiber.interrupt(standby)
+        }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
+    30_000
+  )
+
+  it.scopedLive(
+    "with the default ping, a leader whose lock connection stops answering gives the role up within seconds and is a standby",
+    () =>
+      Effect.flatMap(Db.freshDatabase, ({ url }) =>
+        Effect.gen(function*() {
+          const real = yield* SqlClient.SqlClient
+          const hang = yield* Ref.make(false)
+          const role = yield* Ref.make<Role>("standby")
+          const terms: Array<string> = []
+          const leader = yield* runAsLeader(
+            {
+              key: KEY,
+              name: "test",
+              retryInterval: Duration.minutes(1),
+              events: {
+                acquired: Effect.sync(() => void terms.push("acquired")),
+                lost: (reason) => Effect.sync(() => void terms.push(`lost: ${reason}`))
+              }
+            },
+            role,
+            Effect.never
+          ).pipe(Effect.provideService(SqlClient.SqlClient, hangingClient(real, hang)), Effect.forkScoped)
+          yield* waitFor(() => terms.includes("acquired"))
+          yield* Ref.set(hang, true)
+          yield* waitFor(() => terms.includes("lost: connection"))
+          expect(terms).toEqual(["acquired", "lost: connection"])
+          // Health shows the role: a replica that gave it up is a standby again (without an `ended` hook too)
+          yield* Ref.get(role).pipe(
+            Effect.repeat({ until: (r) => r === "standby", schedule: Schedule.spaced("20 millis") }),
+            Effect.timeout("10 seconds"),
+            Effect.ignore
+          )
+          expect(yield* Ref.get(role)).toBe("standby")
+          yield* Fiber.interrupt(leader)
         }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
     30_000
   )
