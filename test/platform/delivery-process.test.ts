@@ -178,6 +178,19 @@ describe("DeliveryProcess.decide", () => {
   })
 })
 
+// SPEC §6.3 (shutdown: exit 0 only when every part stopped cleanly): a child that exits 0, or
+// dies of SIGTERM or SIGINT (a Ctrl-C to the process group while it was still loading its modules,
+// so it had started nothing), stopped cleanly; any other end leaves the shutdown unclean
+describe("DeliveryProcess.stoppedCleanly", () => {
+  it("exit 0, SIGTERM and SIGINT are clean; another code or signal is not", () => {
+    expect(DeliveryProcess.stoppedCleanly({ code: 0, signal: null })).toBe(true)
+    expect(DeliveryProcess.stoppedCleanly({ code: null, signal: "SIGTERM" })).toBe(true)
+    expect(DeliveryProcess.stoppedCleanly({ code: null, signal: "SIGINT" })).toBe(true)
+    expect(DeliveryProcess.stoppedCleanly({ code: 1, signal: null })).toBe(false)
+    expect(DeliveryProcess.stoppedCleanly({ code: null, signal: "SIGKILL" })).toBe(false)
+  })
+})
+
 describe("DeliveryProcess.supervise", () => {
   it.scoped("a crashed child is restarted after the backoff, not before; health shows the restarts", () =>
     Effect.gen(function*() {
