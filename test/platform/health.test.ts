@@ -178,6 +178,17 @@ describe("Health routing is exact", () => {
         expect({ method, status: (yield* raw(method, "/live")).status }).toEqual({ method, status: 404 })
       }
     }).pipe(Effect.provide(ServerTest)))
+
+  // SPEC §6.2 (anything else → 404) on each of the three paths, not only /live
+  it.scoped("/health and /metrics answer GET only too", () =>
+    Effect.gen(function*() {
+      yield* (yield* Lifecycle.Lifecycle).setPhase("live")
+      for (const path of ["/health", "/metrics"]) {
+        for (const method of ["HEAD", "POST", "PUT", "DELETE"]) {
+          expect({ method, path, status: (yield* raw(method, path)).status }).toEqual({ method, path, status: 404 })
+        }
+      }
+    }).pipe(Effect.provide(ServerTest)))
 })
 
 describe("Metrics.render", () => {
