@@ -337,6 +337,30 @@ describe("Operator", () => {
       expect(JSON.stringify(s)).not.toContain("did:")
       expect(JSON.stringify(s)).not.toContain("https:")
     }).pipe(Effect.provide(stack())))
+
+  it.effect("listPage: a next key only while older rows remain; following it lists every row once (SPEC §8.5 cursor)", () =>
+    Effect.gen(function*() {
+      yield* seed
+      const op = yield* Operator.Operator
+      const all = (yield* op.listDeliveries({})).map((d) => d.deliveryId)
+      expect(all).toHaveLength(6)
+      // exactly as many rows as the limit: the last page, no key for an empty one after it
+      expect((yield* op.listPage({ limit: 6 })).next).toBeUndefined()
+      expect((yield* op.listPage({ limit: 5 })).next).toBeDefined()
+      const ids: Array<string> = []
+      const nexts: Array<boolean> = []
+      let before: Operator.ListKey | undefined = undefined
+      for (let i = 0; i < 3; i++) {
+        const page: Operator.DeliveryPage = yield* op.listPage(
+          before === undefined ? { limit: 2 } : { limit: 2, before }
+        )
+        ids.push(...page.deliveries.map((d) => d.deliveryId))
+        nexts.push(page.next !== undefined)
+        before = page.next
+      }
+      expect(nexts).toEqual([true, true, false])
+      expect(ids).toEqual(all)
+    }).pipe(Effect.provide(stack())))
 })
 
 /**
