@@ -361,6 +361,41 @@ describe("Operator", () => {
       expect(nexts).toEqual([true, true, false])
       expect(ids).toEqual(all)
     }).pipe(Effect.provide(stack())))
+
+  it.effect("replay takes the dead letters as of its start: a row dead-lettered while it runs is left for the next replay", () =>
+    Effect.gen(function*() {
+      yield* seed
+      const sql = yield* SqlClient.SqlClient
+      // ALICE's p1 and p2 are dead letters at the start; her p3 (the newest key) is still pending
+      yield* settle(ALICE, "p1", "dead_letter")
+      yield* settle(ALICE, "p2", "dead_letter")
+      const late = yield* rowOf(ALICE, "p3")
+      // a worker dead-letters p3 just after the replay's first statement (each statement its own transaction)
+      yield* sql.unsafe(`
+        CREATE FUNCTION dead_letter_late() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF pg_trigger_depth() = 1 THEN
+            UPDATE outbox SET status = 'dead_letter', last_error_kind = 'http_5xx', finished_at = now(),
+              updated_at = now()
+            WHERE delivery_id = '${late.delivery_id}' AND status = 'pending' AND attempt_count = 0;
+          END IF;
+          RETURN NULL;
+        END $$`)
+      yield* sql.unsafe(
+        `CREATE TRIGGER dead_letter_late AFTER UPDATE ON outbox FOR EACH STATEMENT EXECUTE FUNCTION dead_letter_late()`
+      )
+      const op = yield* Operator.Operator
+      expect(yield* op.replayDeadLetters({ owner: ALICE })).toEqual({
+        replayed: 2,
+        inactiveSubscription: 0,
+        complete: true,
+        truncated: false
+      })
+      expect((yield* rowOf(ALICE, "p3")).status).toBe("dead_letter")
+      yield* sql`DROP TRIGGER dead_letter_late ON outbox`
+      // the next replay takes it
+      expect((yield* op.replayDeadLetters({ owner: ALICE })).replayed).toBe(1)
+    }).pipe(Effect.provide(Operator.layerWith({ replayBatchSize: 1 }).pipe(Layer.provideMerge(sqlStack())))))
 })
 
 /**
