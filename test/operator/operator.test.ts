@@ -396,6 +396,20 @@ describe("Operator", () => {
       // the next replay takes it
       expect((yield* op.replayDeadLetters({ owner: ALICE })).replayed).toBe(1)
     }).pipe(Effect.provide(Operator.layerWith({ replayBatchSize: 1 }).pipe(Layer.provideMerge(sqlStack())))))
+
+  it.effect("replay of a whole number of batches is complete (the statement that finds none is within its bound)", () =>
+    Effect.gen(function*() {
+      yield* seed
+      yield* settle(undefined, undefined, "dead_letter")
+      const op = yield* Operator.Operator
+      expect(yield* op.replayDeadLetters({})).toEqual({
+        replayed: 6,
+        inactiveSubscription: 0,
+        complete: true,
+        truncated: false
+      })
+      expect((yield* rows).every((r) => r.status === "pending" && r.attempt_count === 0)).toBe(true)
+    }).pipe(Effect.provide(Operator.layerWith({ replayBatchSize: 3 }).pipe(Layer.provideMerge(sqlStack())))))
 })
 
 /**
