@@ -410,6 +410,29 @@ describe("Operator", () => {
       })
       expect((yield* rows).every((r) => r.status === "pending" && r.attempt_count === 0)).toBe(true)
     }).pipe(Effect.provide(Operator.layerWith({ replayBatchSize: 3 }).pipe(Layer.provideMerge(sqlStack())))))
+
+  it.effect("replay with max: truncated only when dead letters of the filter remain beyond it (SPEC §8.5)", () =>
+    Effect.gen(function*() {
+      yield* seed
+      yield* settle(undefined, undefined, "dead_letter")
+      const op = yield* Operator.Operator
+      // exactly max: all replayed, nothing left behind
+      expect(yield* op.replayDeadLetters({ owner: ALICE }, { max: 3 })).toEqual({
+        replayed: 3,
+        inactiveSubscription: 0,
+        complete: true,
+        truncated: false
+      })
+      // beyond max: the oldest two, and truncated
+      expect(yield* op.replayDeadLetters({ owner: CAROL }, { max: 2 })).toEqual({
+        replayed: 2,
+        inactiveSubscription: 0,
+        complete: false,
+        truncated: true
+      })
+      expect((yield* rowOf(CAROL, "p3")).status).toBe("dead_letter")
+      expect((yield* rowOf(CAROL, "p1")).status).toBe("pending")
+    }).pipe(Effect.provide(stack())))
 })
 
 /**
