@@ -494,6 +494,17 @@ describe("Maintenance", () => {
         expect((yield* Maintenance.runOnce({ eventSweepWindow: 10, maxBatches: 4 })).delivery_events).toBe(1)
       }))
 
+    it.effect("audit and quarantine each keep their own row bound (auditMaxRows, quarantineMaxRows)", () =>
+      Effect.gen(function*() {
+        yield* reset
+        yield* audit(5, 1)
+        yield* quarantine(5, 1)
+        const counts = yield* Maintenance.runOnce({ auditMaxRows: 4, quarantineMaxRows: 2 })
+        expect([counts.audit, counts.quarantine]).toEqual([1, 3])
+        expect([yield* count("audit"), yield* count("quarantine")]).toEqual([4, 2])
+        expect(Maintenance.DEFAULT_RETENTION.quarantineMaxRows).toBe(100_000)
+      }))
+
     it.effect("retention values come from the options", () =>
       Effect.gen(function*() {
         yield* reset
