@@ -251,6 +251,18 @@ describe("delivery methods", () => {
         }
       }))
 
+    it.effect("a key time with the largest zone offset PostgreSQL reads (±15:59:59) is accepted; one second more is not", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        for (const text of ["2026-05-01 10:00:00+15:59:59", "2026-05-01 10:00:00-15:59:59"]) {
+          const n = normalizeKeyTime(text)
+          expect([text, n === undefined]).toEqual([text, false])
+          const same = yield* sql<{ same: boolean }>`SELECT ${text}::timestamptz = ${n ?? ""}::timestamptz AS same`
+          expect(same[0]?.same).toBe(true)
+        }
+        expect(normalizeKeyTime("2026-05-01 10:00:00+16:00:00")).toBeUndefined()
+      }))
+
     it.effect("record keys (%@+) and cids (any 1–512 chars) that intake accepts: listed, shown and taken as input", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
