@@ -187,6 +187,22 @@ describe("webhook methods", () => {
         expect(yield* queued()).toBe(1)
       }))
 
+    it.effect("test: an enabled webhook that is not active (refused by an admission limit) is refused as disabled, nothing queued", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const sql = yield* SqlClient.SqlClient
+        const a = yield* newOwner()
+        yield* insertWebhook(a.did, "over", { enabled: true, active: false })
+        const refused = yield* callAs(a, `${W}.test`, { body: { rkey: "over" } })
+        expect([refused.status, refused.body["error"], refused.body["message"]]).toEqual([
+          400,
+          "InvalidRequest",
+          "the webhook is disabled"
+        ])
+        const queued = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox WHERE owner_did = ${a.did}`
+        expect(queued[0]?.n).toBe(0)
+      }))
+
     it.effect("resume: clears autoDisabled and gone, replays the parked rows with their ids; NotFound across owners", () =>
       Effect.gen(function*() {
         yield* wallClock
