@@ -48,6 +48,15 @@ describe("standardWebhooksKey", () => {
     expect(Buffer.from(standardWebhooksKey("pässword"))).toEqual(Buffer.from("pässword", "utf8"))
   })
 
+  it("uses the UTF-8 bytes of a plain secret that starts with whsec but not whsec_", () => {
+    const secret = "whsec-AQ=="
+    expect(Buffer.from(standardWebhooksKey(secret))).toEqual(Buffer.from(secret, "utf8"))
+    const headers = signatureHeaders({ secret, deliveryId: "d-7", timestampSeconds: nowSeconds(), body })
+    expect(new Webhook(new TextEncoder().encode(secret), { format: "raw" }).verify(body, headers)).toEqual(
+      JSON.parse(body)
+    )
+  })
+
   it("falls back to the UTF-8 bytes of the whole secret when whsec_ is not followed by base64", () => {
     expect(Buffer.from(standardWebhooksKey("whsec_not base64!"))).toEqual(Buffer.from("whsec_not base64!", "utf8"))
     expect(Buffer.from(standardWebhooksKey("whsec_"))).toEqual(Buffer.from("whsec_", "utf8"))
