@@ -93,6 +93,18 @@ describe("standardWebhooksSignature", () => {
     // the published Standard Webhooks test vector
     expect(lib).toBe("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
   })
+
+  it("truncates a fractional timestamp itself (the published Standard Webhooks test vector)", () => {
+    const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    expect(
+      standardWebhooksSignature(
+        standardWebhooksKey(secret),
+        "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        1614265330.9,
+        "{\"test\": 2432232314}"
+      )
+    ).toBe("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+  })
 })
 
 describe("signatureHeaders", () => {
