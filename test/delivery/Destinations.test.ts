@@ -103,6 +103,17 @@ describe("webhookPreset", () => {
     expect(new Webhook(i.secret ?? "").verify(r.body, r.headers)).toEqual(JSON.parse(storedBody))
   })
 
+  it("signs exactly the bytes it sends, surrounding whitespace of the stored body included (SPEC §4.5)", () => {
+    const padded = ` ${storedBody}\n`
+    const i = input({ body: padded })
+    const r = request(webhookPreset, i)
+    expect(r.body).toBe(padded)
+    expect(r.headers["X-Webhook-Signature"]).toBe(
+      "sha256=" + createHmac("sha256", i.secret ?? "").update(padded, "utf8").digest("hex")
+    )
+    expect(new Webhook(i.secret ?? "").verify(r.body, r.headers)).toEqual(JSON.parse(storedBody))
+  })
+
   it("reports backlink matches", () => {
     const r = request(webhookPreset, input({ subscription: { ...input().subscription, match: "backlink" } }))
     expect(r.headers["X-Firehook-Match"]).toBe("backlink")
