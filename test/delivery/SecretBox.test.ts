@@ -206,6 +206,21 @@ describe("seal / open", () => {
     expectGeneric(open(ring(keyA), forged))
   })
 
+  it("an authentic envelope whose plaintext is not valid UTF-8 is the generic error, never a lossy token", () => {
+    const id = keyId(keyA)
+    const cipher = createCipheriv("aes-256-gcm", keyA, nonce, { authTagLength: 16 })
+    cipher.setAAD(Buffer.from(`wse1.${id}`, "utf8"))
+    const ct = Buffer.concat([cipher.update(Buffer.from([0x77, 0x68, 0xff, 0xfe, 0x73])), cipher.final()])
+    const envelope = [
+      "wse1",
+      id,
+      Buffer.from(nonce).toString("base64url"),
+      ct.toString("base64url"),
+      cipher.getAuthTag().toString("base64url")
+    ].join(".")
+    expectGeneric(open(ring(keyA), envelope))
+  })
+
   it("malformed envelopes are the generic error", () => {
     const k = ring(keyA)
     const env = sealed(k, SECRET)
