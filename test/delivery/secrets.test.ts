@@ -8,7 +8,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Cause, Effect, Either, Exit, Layer, TestClock } from "effect"
 import { randomBytes } from "node:crypto"
 import * as SecretBox from "../../src/services/delivery/SecretBox.js"
-import { Secrets, SecretsError } from "../../src/services/delivery/Secrets.js"
+import { make as makeSecrets, makeMemoryStore, Secrets, SecretsError } from "../../src/services/delivery/Secrets.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Db from "../support/db.js"
 import { plc, testConfig } from "../support/stack.js"
@@ -310,6 +310,17 @@ describe("Secrets in memory", () => {
       expect(yield* secrets.remove(ALICE, "given")).toBe(true)
       expect(Exit.isFailure(yield* Effect.exit(secrets.resolve(ALICE, "given")))).toBe(true)
     }).pipe(Effect.provide(Secrets.layerMemory([{ ownerDid: ALICE, name: "given", token: "short-test-token" }]))))
+
+  it.effect("a create in this process resolves to its new token at once, over a token cached before another process deleted the row", () =>
+    Effect.gen(function*() {
+      const store = yield* makeMemoryStore
+      const secrets = yield* makeSecrets(store, keyring(newKey()), { cacheTtl: "10 seconds" })
+      const old = yield* secrets.create(ALICE, "again")
+      expect(yield* secrets.resolve(ALICE, "again")).toBe(old) // now cached
+      yield* store.delete(ALICE, "again") // the CLI, in another process
+      const fresh = yield* secrets.create(ALICE, "again")
+      expect(yield* secrets.resolve(ALICE, "again")).toBe(fresh)
+    }))
 
   it.effect("SecretsError messages are value-free and name the reason", () =>
     Effect.sync(() => {
