@@ -322,6 +322,19 @@ describe("Secrets in memory", () => {
       expect(yield* secrets.resolve(ALICE, "again")).toBe(fresh)
     }))
 
+  it.effect("a configured cache TTL above 60 s is capped: another process's rotation is seen within 60 s", () =>
+    Effect.gen(function*() {
+      const kr = keyring(newKey())
+      const store = yield* makeMemoryStore
+      const secrets = yield* makeSecrets(store, kr, { cacheTtl: "5 minutes" })
+      const old = yield* secrets.create(ALICE, "capped")
+      expect(yield* secrets.resolve(ALICE, "capped")).toBe(old) // now cached
+      const other = "R".repeat(40)
+      yield* store.update(ALICE, "capped", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
+      yield* TestClock.adjust("61 seconds")
+      expect(yield* secrets.resolve(ALICE, "capped")).toBe(other)
+    }))
+
   it.effect("SecretsError messages are value-free and name the reason", () =>
     Effect.sync(() => {
       expect(new SecretsError({ reason: "already_exists" }).message).toBe(
