@@ -5,10 +5,16 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Cause, Effect, Either, Exit, Layer, TestClock } from "effect"
+import { Cause, Deferred, Effect, Either, Exit, Fiber, Layer, TestClock } from "effect"
 import { randomBytes } from "node:crypto"
 import * as SecretBox from "../../src/services/delivery/SecretBox.js"
-import { make as makeSecrets, makeMemoryStore, Secrets, SecretsError } from "../../src/services/delivery/Secrets.js"
+import {
+  make as makeSecrets,
+  makeMemoryStore,
+  Secrets,
+  SecretsError,
+  type SecretsStoreShape
+} from "../../src/services/delivery/Secrets.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Db from "../support/db.js"
 import { plc, testConfig } from "../support/stack.js"
@@ -333,6 +339,38 @@ describe("Secrets in memory", () => {
       yield* store.update(ALICE, "capped", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
       yield* TestClock.adjust("61 seconds")
       expect(yield* secrets.resolve(ALICE, "capped")).toBe(other)
+    }))
+
+  it.effect("a resolve that read the old envelope before a local rotate never caches the old token (SPEC §8.4)", () =>
+    Effect.gen(function*() {
+      const base = yield* makeMemoryStore
+      const read = yield* Deferred.make<void>()
+      const release = yield* Deferred.make<void>()
+      let gated = false
+      // the gated read takes the envelope, then waits until the rotation has happened
+      const store: SecretsStoreShape = {
+        ...base,
+        get: (ownerDid, name) =>
+          gated
+            ? base.get(ownerDid, name).pipe(
+              Effect.tap(() => {
+                gated = false
+                return Deferred.succeed(read, undefined)
+              }),
+              Effect.zipLeft(Deferred.await(release))
+            )
+            : base.get(ownerDid, name)
+      }
+      const secrets = yield* makeSecrets(store, keyring(newKey()), { cacheTtl: "10 seconds" })
+      const first = yield* secrets.create(ALICE, "race")
+      gated = true
+      const inFlight = yield* Effect.fork(secrets.resolve(ALICE, "race"))
+      yield* Deferred.await(read)
+      const second = yield* secrets.rotate(ALICE, "race")
+      yield* Deferred.succeed(release, undefined)
+      expect(yield* Fiber.join(inFlight)).toBe(first) // it started before the rotation
+      // the old token stops working at once: the next resolve is the rotated one
+      expect(yield* secrets.resolve(ALICE, "race")).toBe(second)
     }))
 
   it.effect("SecretsError messages are value-free and name the reason", () =>
