@@ -41,6 +41,18 @@ describe("extractReferences: what is a reference", () => {
     expect(uris(extractReferences([`at://${A}.`]))).toEqual([`at://${A}`])
   })
 
+  it("trims trailing whitespace of a string that starts with the URI (the WHOLE string, trimmed, SPEC §2.3)", () => {
+    for (
+      const s of [
+        `at://${A}/app.bsky.feed.post/3kabc `,
+        `at://${A}/app.bsky.feed.post/3kabc\n`,
+        `at://${A}/app.bsky.feed.post/3kabc.\t`
+      ]
+    ) {
+      expect(uris(extractReferences({ text: s }))).toEqual([`at://${A}/app.bsky.feed.post/3kabc`])
+    }
+  })
+
   it("does not treat prose containing a URI as a reference", () => {
     const r = extractReferences({
       text: `look at at://${A}/app.bsky.feed.post/3kabc please`,
