@@ -53,6 +53,14 @@ describe("extractReferences: what is a reference", () => {
     }
   })
 
+  it("trims leading Unicode whitespace (no-break space, ideographic space, BOM) before the URI, SPEC §2.3", () => {
+    for (const lead of ["\u00a0", "\u3000", "\ufeff", "\u2028"]) {
+      expect(uris(extractReferences({ text: `${lead}at://${A}/app.bsky.feed.post/3kabc` }))).toEqual([
+        `at://${A}/app.bsky.feed.post/3kabc`
+      ])
+    }
+  })
+
   it("does not treat prose containing a URI as a reference", () => {
     const r = extractReferences({
       text: `look at at://${A}/app.bsky.feed.post/3kabc please`,
