@@ -229,6 +229,19 @@ describe("extractReferences: bounds make a record too complex", () => {
     expect(extractReferences(objs).tooComplex).toBe(true)
   })
 
+  it("nodes: the bound is exact when the values are spread across objects (no array to check up front)", () => {
+    // the record, its 8 objects and their values: 1 + 8 + 7 × 255 + last
+    const record = (last: number) =>
+      Object.fromEntries(
+        Array.from({ length: 8 }, (_, o) => [
+          `o${o}`,
+          Object.fromEntries(Array.from({ length: o === 7 ? last : 255 }, (_, i) => [`k${i}`, i]))
+        ])
+      )
+    expect(extractReferences(record(254)).tooComplex).toBe(false)
+    expect(extractReferences(record(255)).tooComplex).toBe(true)
+  })
+
   it("string bytes: 256 KiB of UTF-8 (keys included) is the bound", () => {
     const max = ReferenceLimits.maxStringBytes
     expect(extractReferences(["x".repeat(max)]).tooComplex).toBe(false)
