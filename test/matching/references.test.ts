@@ -242,6 +242,13 @@ describe("extractReferences: bounds make a record too complex", () => {
     expect(extractReferences(record(255)).tooComplex).toBe(true)
   })
 
+  it("nodes: an array's slots count, holes included, so a huge sparse array is too complex without being walked", () => {
+    const sparse: Array<unknown> = []
+    sparse.length = 1_000_000
+    sparse[0] = `at://${A}`
+    expect(extractReferences({ sparse })).toEqual({ refs: [], tooComplex: true })
+  })
+
   it("string bytes: 256 KiB of UTF-8 (keys included) is the bound", () => {
     const max = ReferenceLimits.maxStringBytes
     expect(extractReferences(["x".repeat(max)]).tooComplex).toBe(false)
