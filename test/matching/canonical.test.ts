@@ -109,6 +109,11 @@ describe("canonicalJson", () => {
     expect(ok({ a: shared, b: shared })).toBe("{\"a\":{\"s\":1},\"b\":{\"s\":1}}")
   })
 
+  it("a shared (acyclic) array is fine: only a container inside itself is a cycle", () => {
+    const shared = [1, 2]
+    expect(ok({ a: shared, b: shared, c: [shared, shared] })).toBe("{\"a\":[1,2],\"b\":[1,2],\"c\":[[1,2],[1,2]]}")
+  })
+
   it("payload_too_large: depth over 64", () => {
     const nest = (n: number): unknown => {
       let v: unknown = 1
