@@ -114,6 +114,12 @@ describe("canonicalJson", () => {
     expect(ok({ a: shared, b: shared, c: [shared, shared] })).toBe("{\"a\":[1,2],\"b\":[1,2],\"c\":[[1,2],[1,2]]}")
   })
 
+  it("payload_too_large: an object key over 512 UTF-8 bytes, even in at most 512 code units", () => {
+    // "é" is 2 bytes in UTF-8: 1 + 510 code units = 512 bytes; 1 + 511 = 513 bytes in 512 units
+    expect(Either.isRight(canonicalJson({ ["é" + "k".repeat(510)]: 1 }))).toBe(true)
+    expect(left({ ["é" + "k".repeat(511)]: 1 })).toBe("payload_too_large")
+  })
+
   it("payload_too_large: depth over 64", () => {
     const nest = (n: number): unknown => {
       let v: unknown = 1
