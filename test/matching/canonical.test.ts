@@ -270,6 +270,20 @@ describe("subscriptionFingerprint", () => {
     expect(fp(["create"])).not.toBe(fp(undefined))
   })
 
+  it("backlinksOnly: false or absent hashes exactly the fields a webhook had before it existed; true adds it", () => {
+    // stored fingerprints must not change on upgrade (a change cancels pending deliveries)
+    const before = (extra: string) =>
+      createHash("sha256").update(
+        `{"backlinks":true,${extra}"enabled":true,"events":"create,delete,update","hasInlineSecret":true,` +
+          `"scope":"at://${plc(1)}","secretId":null,"url":"https://example.com/hook","v":1}`
+      ).digest("hex")
+    expect(subscriptionFingerprint({ ...base, backlinks: true })).toBe(before(""))
+    expect(subscriptionFingerprint({ ...base, backlinks: true, backlinksOnly: false })).toBe(before(""))
+    expect(subscriptionFingerprint({ ...base, backlinks: true, backlinksOnly: true })).toBe(
+      before("\"backlinksOnly\":true,")
+    )
+  })
+
   it("never depends on a secret value (the input has no place for one)", () => {
     // The fingerprint input type has no secret field: the value cannot reach the hash. Two records
     // with different inline secrets therefore get the same fingerprint (covered in index tests
