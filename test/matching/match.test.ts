@@ -1,10 +1,10 @@
 import { describe, expect, it } from "vitest"
 import type { ScopeUri } from "../../src/schemas/AtUri.js"
 import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
-import { matchEvent, type MatchResult } from "../../src/services/matching/Match.js"
+import { matchEvent, type MatchResult, referenceMatchesScope } from "../../src/services/matching/Match.js"
 import { extractReferences } from "../../src/services/matching/References.js"
 import { type ActiveWebhook, WebhookIndex } from "../../src/services/matching/WebhookIndex.js"
-import { event, plc, webhook } from "./fixtures.js"
+import { event, plc, scope, webhook } from "./fixtures.js"
 
 const OWNER = plc(1)
 const ALICE = plc(10)
@@ -316,5 +316,30 @@ describe("candidate selection looks only at scopes that can match (SPEC §2.5)",
     expect(run(i2, event(ALICE, "app.bsky.feed.post", "p1"))).toEqual([])
     expect(run(i2, event(ALICE, "app.bsky.feed.post", "moved"))).toEqual(["w0:direct"])
     expect(run(i2, event(ALICE, "app.bsky.feed.post", "p2"))).toEqual(["w2:direct"])
+  })
+})
+
+describe("referenceMatchesScope (SPEC §2.2 step 5, on its own)", () => {
+  const ref = (uri: string): ScopeUri => scope(uri)
+  const post = `at://${BOB}/app.bsky.feed.post/p1`
+
+  it("a scope with a collection needs a reference with a matching collection: a DID-only reference never matches it", () => {
+    const coll = webhook(OWNER, "c", `at://${BOB}/app.bsky.feed.post`, { backlinks: true })
+    const glob = webhook(OWNER, "g", `at://${BOB}/app.bsky.feed.*`, { backlinks: true })
+    for (const w of [coll, glob]) {
+      expect(referenceMatchesScope(w, ref(`at://${BOB}`))).toBe(false)
+      expect(referenceMatchesScope(w, ref(post))).toBe(true)
+      expect(referenceMatchesScope(w, ref(`at://${BOB}/app.bsky.graph.follow/p1`))).toBe(false)
+    }
+    expect(referenceMatchesScope(webhook(OWNER, "d", `at://${BOB}`, { backlinks: true }), ref(`at://${BOB}`))).toBe(
+      true
+    )
+  })
+
+  it("a scope with an rkey needs the reference's rkey to equal it", () => {
+    const one = webhook(OWNER, "r", post, { backlinks: true })
+    expect(referenceMatchesScope(one, ref(post))).toBe(true)
+    expect(referenceMatchesScope(one, ref(`at://${BOB}/app.bsky.feed.post/p2`))).toBe(false)
+    expect(referenceMatchesScope(one, ref(`at://${BOB}/app.bsky.feed.post`))).toBe(false)
   })
 })
