@@ -10,7 +10,12 @@ import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer, TestClock } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
-import { EXPIRY_CHECK, PriorRefIndex } from "../../src/services/matching/PriorRefIndex.js"
+import {
+  boundRefs,
+  defaultPriorRefLimits,
+  EXPIRY_CHECK,
+  PriorRefIndex
+} from "../../src/services/matching/PriorRefIndex.js"
 import { layerSql, PriorRefsStore } from "../../src/services/matching/PriorRefsStore.js"
 import { make as makeProcessor, Processor } from "../../src/services/matching/Processor.js"
 import * as Maintenance from "../../src/services/operator/Maintenance.js"
@@ -281,4 +286,13 @@ describe("PriorRefsStore.expire on PostgreSQL", () => {
       }).pipe(Effect.provide(layerSql.pipe(Layer.provideMerge(Db.layer())))),
     { timeout: 60_000 }
   )
+})
+
+describe("boundRefs: a stored row's bounds (SPEC §2.4: ≤ 100 refs, ≤ 32 KiB)", () => {
+  const uris = Array.from({ length: 150 }, (_, i) => `at://${plc(1)}/app.bsky.feed.post/k${i}`)
+
+  it("keeps at most maxRefs references, in order", () => {
+    const r = boundRefs(uris, defaultPriorRefLimits)
+    expect(r.refs).toEqual(uris.slice(0, defaultPriorRefLimits.maxRefs))
+  })
 })
