@@ -295,4 +295,12 @@ describe("boundRefs: a stored row's bounds (SPEC §2.4: ≤ 100 refs, ≤ 32 KiB
     const r = boundRefs(uris, defaultPriorRefLimits)
     expect(r.refs).toEqual(uris.slice(0, defaultPriorRefLimits.maxRefs))
   })
+
+  it("never counts more bytes than maxBytes, and the stored JSON fits them", () => {
+    for (let maxBytes = 2; maxBytes <= 400; maxBytes++) {
+      const r = boundRefs(uris, { ...defaultPriorRefLimits, maxBytes })
+      expect(r.bytes).toBeLessThanOrEqual(maxBytes)
+      expect(Buffer.byteLength(JSON.stringify(r.refs))).toBeLessThanOrEqual(maxBytes)
+    }
+  })
 })
