@@ -324,7 +324,8 @@ describe("Operator", () => {
       yield* settle(ALICE, "p1", "delivered", 1)
       yield* settle(ALICE, "p2", "dead_letter")
       yield* settle(CAROL, "p3", "cancelled", 0)
-      yield* sql`UPDATE outbox SET next_attempt_at = now() - interval '1 second' WHERE status = 'pending'`
+      // every row's next attempt time has passed, the finished rows' too: only pending rows are due
+      yield* sql`UPDATE outbox SET next_attempt_at = now() - interval '1 second'`
       yield* sql`INSERT INTO quarantine (stream, relay, reason, event_hash) VALUES ('direct', 'wss://r', 'protocol', 'h')`
       yield* sql`INSERT INTO secrets (owner_did, name, envelope) VALUES (${ALICE}, 's', 'wse1.x')`
       const s = yield* Effect.flatMap(Operator.Operator, (op) => op.status)
