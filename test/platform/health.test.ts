@@ -1,7 +1,7 @@
 import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Fiber, Layer, Metric, MetricBoundaries, Option, TestClock } from "effect"
+import { Effect, Exit, Fiber, Layer, Metric, MetricBoundaries, Option, Scope, TestClock } from "effect"
 import * as Http from "node:http"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
@@ -325,5 +325,21 @@ describe("Metrics.merge (another process's metrics on this process's /metrics)",
         "firehook_test_src_total{process=\"p1\"} 3"
       ])
       expect(text).toContain("# TYPE firehook_process_resident_memory_bytes gauge")
+    }))
+
+  it.scoped("Health.metrics: a source is served only while the scope that registered it is open", () =>
+    Effect.gen(function*() {
+      const lifecycle = yield* Lifecycle.make({ shutdownTimeout: "5 seconds" })
+      const health = yield* Health.makeWith({}).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
+      const answer =
+        "# HELP firehook_test_scoped_total s\n# TYPE firehook_test_scoped_total counter\nfirehook_test_scoped_total 1\n"
+      const served = (text: string) => text.split("\n").filter((l) => l.startsWith("firehook_test_scoped_total"))
+      const scope = yield* Scope.make()
+      yield* health.registerMetrics(Effect.succeed(Option.some({ text: answer, labels: { process: "child" } }))).pipe(
+        Scope.extend(scope)
+      )
+      expect(served(yield* health.metrics)).toEqual(["firehook_test_scoped_total{process=\"child\"} 1"])
+      yield* Scope.close(scope, Exit.void)
+      expect(served(yield* health.metrics)).toEqual([])
     }))
 })
