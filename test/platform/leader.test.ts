@@ -6,7 +6,7 @@
 import { SqlClient } from "@effect/sql"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Duration, Effect, Fiber, Logger, Redacted, Ref, Schedule } from "effect"
+import { Clock, Deferred, Duration, Effect, Fiber, Logger, Redacted, Ref } from "effect"
 import pg from "pg"
 import * as Database from "../../src/services/platform/Database.js"
 import { leaderErrorCode, type Role, runAsLeader } from "../../src/services/platform/Leader.js"
@@ -272,11 +272,7 @@ describe("leader on PostgreSQL", () => {
           yield* waitFor(() => terms.includes("lost: connection"))
           expect(terms).toEqual(["acquired", "lost: connection"])
           // Health shows the role: a replica that gave it up is a standby again (without an `ended` hook too)
-          yield* Ref.get(role).pipe(
-            Effect.repeat({ until: (r) => r === "standby", schedule: Schedule.spaced("20 millis") }),
-            Effect.timeout("10 seconds"),
-            Effect.ignore
-          )
+          yield* waitFor(() => Effect.runSync(Ref.get(role)) === "standby")
           expect(yield* Ref.get(role)).toBe("standby")
           yield* Fiber.interrupt(leader)
         }).pipe(Effect.provide(Database.layerUrl(url, { maxConnections: 4 })))),
