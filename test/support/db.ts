@@ -1,6 +1,7 @@
 /**
- * A fresh database per test file on the run's PostgreSQL server (globalSetup.ts), dropped when the
- * scope closes, with firehook's migrations applied.
+ * A fresh database per test file on the run's PostgreSQL server (globalSetup.ts), with firehook's
+ * migrations applied. Its name starts with the run's tag; globalSetup drops the run's databases when
+ * the run ends (a drop per test file made each file wait for a checkpoint).
  */
 import { SqlClient } from "@effect/sql"
 import { Effect, Layer, Redacted, Schedule, TestServices } from "effect"
@@ -30,35 +31,31 @@ export const urlFor = (database: string): string => {
 
 /**
  * Create an empty database (`createOptions`: more of `CREATE DATABASE`, e.g. another default
- * collation); dropped (with FORCE) when the scope closes.
+ * collation), named for this run: globalSetup drops it when the run ends.
  */
 export const freshDatabaseWith = (createOptions: string) =>
-  Effect.acquireRelease(
-    Effect.gen(function*() {
-      const name = `fh_test_${randomBytes(6).toString("hex")}`
-      yield* withAdmin((c) => c.query(`CREATE DATABASE ${name} ${createOptions}`))
-      return { name, url: Redacted.make(urlFor(name)) }
-    }),
-    ({ name }) => withAdmin((c) => c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)).pipe(Effect.orDie)
-  )
-
-/** Create an empty database; dropped (with FORCE) when the scope closes. */
-export const freshDatabase = Effect.acquireRelease(
   Effect.gen(function*() {
-    const name = `fh_test_${randomBytes(6).toString("hex")}`
-    yield* withAdmin((c) => c.query(`CREATE DATABASE ${name}`))
+    const name = `fh_test_${inject("pgRunTag")}_${randomBytes(6).toString("hex")}`
+    yield* withAdmin((c) => c.query(`CREATE DATABASE ${name} ${createOptions}`))
     return { name, url: Redacted.make(urlFor(name)) }
-  }),
-  ({ name }) => withAdmin((c) => c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)).pipe(Effect.orDie)
-)
+  })
+
+/** Create an empty database; globalSetup drops it when the run ends. */
+export const freshDatabase = freshDatabaseWith("")
+
+/**
+ * A fresh database cloned from the run's migrated template (globalSetup.ts): the migrations that
+ * `Database.layerUrl` runs on it find nothing left to do.
+ */
+const migratedDatabase = Effect.suspend(() => freshDatabaseWith(`TEMPLATE ${inject("pgTemplate")}`))
 
 /** A migrated fresh database as a layer (PgClient + SqlClient). */
 export const layer = (options: Database.DatabaseOptions = {}) =>
-  Layer.unwrapScoped(Effect.map(freshDatabase, ({ url }) => Database.layerUrl(url, options)))
+  Layer.unwrapEffect(Effect.map(migratedDatabase, ({ url }) => Database.layerUrl(url, options)))
 
 /** {@link layer} on a database created with `createOptions` ({@link freshDatabaseWith}). */
 export const layerWith = (createOptions: string, options: Database.DatabaseOptions = {}) =>
-  Layer.unwrapScoped(Effect.map(freshDatabaseWith(createOptions), ({ url }) => Database.layerUrl(url, options)))
+  Layer.unwrapEffect(Effect.map(freshDatabaseWith(createOptions), ({ url }) => Database.layerUrl(url, options)))
 
 /**
  * Until a session of this database has the `LISTEN` on `channel` as its last statement, finished:

@@ -3,6 +3,7 @@
  * deployment on the test PostgreSQL server, plain queries, and bounded polling.
  */
 import { Effect, Exit, Scope } from "effect"
+import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
@@ -12,9 +13,11 @@ import { exitWithin, freePort, killAllChildren, type Running, startFirehook } fr
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
-/** Databases and directories made by one test file; `cleanup()` drops and removes them. */
+/**
+ * Databases and directories made by one test file; `cleanup()` removes the directories. The
+ * databases are named for the run and dropped by globalSetup when the run ends (see db.ts).
+ */
 export const e2eResources = () => {
-  const dbs: Array<string> = []
   const dirs: Array<string> = []
   let admin: pg.Client | undefined
   const adminClient = async () => {
@@ -27,9 +30,8 @@ export const e2eResources = () => {
   return {
     /** a new empty database on the test server; its URL */
     freshDb: async (): Promise<string> => {
-      const name = `fh_e2e_${Math.random().toString(36).slice(2, 10)}`
+      const name = `fh_test_${inject("pgRunTag")}_${randomBytes(6).toString("hex")}`
       await (await adminClient()).query(`CREATE DATABASE ${name}`)
-      dbs.push(name)
       const u = new URL(inject("pgAdminUrl"))
       u.pathname = `/${name}`
       return u.toString()
@@ -42,10 +44,7 @@ export const e2eResources = () => {
     cleanup: async () => {
       // processes a failed test left running (it stopped before their SIGTERM)
       killAllChildren()
-      if (admin !== undefined) {
-        for (const d of dbs) await admin.query(`DROP DATABASE IF EXISTS ${d} WITH (FORCE)`)
-        await admin.end()
-      }
+      if (admin !== undefined) await admin.end()
       for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
     }
   }
