@@ -77,6 +77,10 @@ const contract = (it: Vitest.MethodsNonLive<RejectedStore.RejectedStore>, base: 
         expect(e.lastSeenAt.getTime()).toBe(e.firstSeenAt.getTime())
       }
       expect((yield* s.list(owner, 1)).map((e) => e.rkey)).toEqual(["b"])
+      // the limit is clamped to 1..perOwner and rounded down
+      expect((yield* s.list(owner, 0)).map((e) => e.rkey)).toEqual(["b"])
+      expect((yield* s.list(owner, -5)).map((e) => e.rkey)).toEqual(["b"])
+      expect((yield* s.list(owner, 1.9)).map((e) => e.rkey)).toEqual(["b"])
       expect(yield* s.list(plc(base + 3))).toEqual([])
     }))
 
