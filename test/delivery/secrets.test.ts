@@ -341,6 +341,21 @@ describe("Secrets in memory", () => {
       expect(yield* secrets.resolve(ALICE, "capped")).toBe(other)
     }))
 
+  it.effect("a cached token is served for the TTL and read again once the TTL has passed: 1 ms before it the old token, at it the new", () =>
+    Effect.gen(function*() {
+      const kr = keyring(newKey())
+      const store = yield* makeMemoryStore
+      const secrets = yield* makeSecrets(store, kr, { cacheTtl: "10 seconds" })
+      const old = yield* secrets.create(ALICE, "edge")
+      expect(yield* secrets.resolve(ALICE, "edge")).toBe(old) // now cached
+      const other = "E".repeat(40)
+      yield* store.update(ALICE, "edge", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
+      yield* TestClock.adjust("9999 millis")
+      expect(yield* secrets.resolve(ALICE, "edge")).toBe(old)
+      yield* TestClock.adjust("1 millis")
+      expect(yield* secrets.resolve(ALICE, "edge")).toBe(other)
+    }))
+
   it.effect("a resolve that read the old envelope before a local rotate never caches the old token (SPEC §8.4)", () =>
     Effect.gen(function*() {
       const base = yield* makeMemoryStore
