@@ -286,6 +286,16 @@ describe("Maintenance", () => {
         expect(yield* Maintenance.runOnce()).toEqual(ZERO)
       }))
 
+    it.effect("an orphan attempt stays until it is older than the longest outbox retention (dead letters' 30 days), not the shortest", () =>
+      Effect.gen(function*() {
+        yield* reset
+        yield* attempt("ghost-8d", 1, 8) // older than the delivered and cancelled retentions (7 days)
+        yield* attempt("ghost-29d", 1, 29)
+        yield* attempt("ghost-31d", 1, 31)
+        expect((yield* Maintenance.runOnce()).delivery_attempts).toBe(1)
+        expect(yield* ids("delivery_attempts", "delivery_id")).toEqual(["ghost-29d", "ghost-8d"])
+      }))
+
     it.effect("audit and quarantine keep at most the newest 100,000 rows", () =>
       Effect.gen(function*() {
         yield* reset
