@@ -7,7 +7,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Cause, Effect, Either, FiberId, Layer } from "effect"
+import { Cause, Deferred, Effect, Either, Fiber, FiberId, Layer } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
@@ -150,6 +150,45 @@ describe("a commit whose outcome is unknown to the client", () => {
       yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
       expect(yield* inMemory(ALICE)).toEqual(["w"])
       expect(yield* delivered(ALICE, "w", "p1")).toEqual(["create"])
+    }).pipe(Effect.provide(stack(faults)))
+  })
+
+  it.effect("when the owners cannot be reloaded at once, they are before the next batches written together", () => {
+    const faults: Faults = { transactions: 0, statements: 0, ownerReads: 0 }
+    return Effect.gen(function*() {
+      const processor = yield* Processor.Processor
+      faults.transactions = 1
+      faults.ownerReads = 1
+      // the registration commits, then its call fails; its finalize holds it until the two
+      // one-statement batches below are queued behind it (so they are written together)
+      const gate = yield* Deferred.make<void>()
+      const registration = yield* Effect.fork(
+        Effect.either(
+          processor.processEvents([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })], {
+            registryWriter: true,
+            finalize: Deferred.await(gate)
+          })
+        )
+      )
+      yield* Effect.yieldNow()
+      const at = (stream: string, cursor: bigint): Processor.ProcessOptions => ({
+        registryWriter: false,
+        cursor: { stream, relay: "wss://relay.test", cursor }
+      })
+      const a = yield* Effect.fork(processor.processEvents([ev(BOB, POST, "g1", { rev: rev(10) })], at("direct", 10n)))
+      const b = yield* Effect.fork(
+        processor.processEvents([ev(BOB, POST, "g2", { rev: rev(11) })], at("backlink", 11n))
+      )
+      yield* Effect.yieldNow()
+      yield* Deferred.succeed(gate, undefined)
+      expect(Either.isLeft(yield* Fiber.join(registration))).toBe(true)
+      expect(faults.ownerReads).toBe(0)
+      // both are matched against the reloaded owner
+      expect((yield* Fiber.join(a)).outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 1 })
+      expect((yield* Fiber.join(b)).outcomes[0]).toMatchObject({ _tag: "enqueued", deliveries: 1 })
+      expect(yield* inMemory(ALICE)).toEqual(["w"])
+      expect(yield* delivered(ALICE, "w", "g1")).toEqual(["create"])
+      expect(yield* delivered(ALICE, "w", "g2")).toEqual(["create"])
     }).pipe(Effect.provide(stack(faults)))
   })
 
