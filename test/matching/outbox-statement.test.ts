@@ -97,6 +97,44 @@ describe("quarantine rows", () => {
       }))
   })
 
+  it.layer(sqlStack())("bodies over one chunk", (it) => {
+    it.effect("bodies written in several chunks: a corrupt event is still detected, quarantined, and gets no rows", () =>
+      Effect.gen(function*() {
+        yield* run([whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
+        // nine bodies of ~480 KiB: more than one 4 MiB chunk, so the bodies go in separate inserts
+        const batch = Array.from({ length: 9 }, (_, i) =>
+          ev(BOB, POST, `big${i}`, {
+            rev: rev(60 + i),
+            timeUs: 1_700_000_000_600_001 + i,
+            stream: "direct",
+            record: { text: `${i}`.repeat(480 * 1024) }
+          }))
+        const corrupt = batch[4]
+        if (corrupt === undefined) return yield* Effect.dieMessage("batch")
+        yield* corruptBodyOf(corrupt)
+        const r = yield* run(batch)
+        expect(r.outcomes.map((o) => o._tag)).toEqual([
+          "enqueued",
+          "enqueued",
+          "enqueued",
+          "enqueued",
+          "quarantined",
+          "enqueued",
+          "enqueued",
+          "enqueued",
+          "enqueued"
+        ])
+        expect(r.outcomes[4]).toMatchObject({ reason: "corruption" })
+        expect(r.inserted).toBe(8)
+        const sql = yield* SqlClient.SqlClient
+        const rows = yield* sql<{ event_rkey: string }>`SELECT event_rkey FROM outbox ORDER BY event_rkey`
+        expect(rows.map((x) => x.event_rkey)).toEqual(["big0", "big1", "big2", "big3", "big5", "big6", "big7", "big8"])
+        expect(yield* quarantineRows).toEqual([
+          { reason: "corruption", stream: "direct", relay: "wss://relay.test", cursor: "1700000000600005" }
+        ])
+      }))
+  })
+
   it.layer(sqlStack())("no corruption", (it) => {
     it.effect("a batch and its replay, in one statement or in a transaction, quarantine nothing", () =>
       Effect.gen(function*() {
