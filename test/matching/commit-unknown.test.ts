@@ -212,6 +212,24 @@ describe("a commit whose outcome is unknown to the client", () => {
       expect(yield* delivered(BOB, "bl", "p2")).toEqual(["create", "delete"])
     }).pipe(Effect.provide(stack(faults)))
   })
+
+  it.effect("prior references written by a transaction before the call failed: the record's update still reaches the backlink hook", () => {
+    const faults: Faults = { transactions: 0, statements: 0, ownerReads: 0 }
+    // a finalize without cursor data: the batch runs in a transaction (separate statements)
+    const inTransaction = { registryWriter: false, finalize: Effect.void } satisfies Processor.ProcessOptions
+    const runTx = (batch: ReadonlyArray<StreamEvent>) =>
+      Effect.flatMap(Processor.Processor, (p) => p.processEvents(batch, inTransaction))
+    return Effect.gen(function*() {
+      yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
+      const like = [ev(ALICE, LIKE, "l3", { rev: rev(30), record: likeOf(bobPost) })]
+      faults.transactions = 1
+      expect(Either.isLeft(yield* Effect.either(runTx(like)))).toBe(true)
+      const again = yield* runTx(like)
+      expect(again.duplicates).toBe(1)
+      yield* runTx([ev(ALICE, LIKE, "l3", { rev: rev(31), operation: "update", record: { $type: LIKE, text: "x" } })])
+      expect(yield* delivered(BOB, "bl", "l3")).toEqual(["create", "update"])
+    }).pipe(Effect.provide(stack(faults)))
+  })
 })
 
 describe("mayHaveCommitted", () => {
