@@ -1,10 +1,10 @@
 /**
  * The operator command line (SPEC §4.8): `bun src/cli/main.ts …`, `npm run cli -- …`, `npx firehook …`.
  *
- *   firehook deliveries list [--owner DID] [--webhook RKEY] [--status S] [--since T] [--until T] [--limit N] [--json] [--show-urls]
+ *   firehook deliveries list [--owner DID] [--webhook RKEY] [--status S] [--error-kind K] [--since T] [--until T] [--limit N] [--json] [--show-urls]
  *   firehook deliveries show <id> [--json] [--show-urls]
  *   firehook deliveries redeliver <id> [--json]
- *   firehook deliveries replay --status dead_letter [--owner DID] [--webhook RKEY] [--since T] [--until T] [--json]
+ *   firehook deliveries replay --status dead_letter [--owner DID] [--webhook RKEY] [--error-kind K] [--since T] [--until T] [--json]
  *   firehook secrets create <did> <name> [--token T]
  *   firehook secrets rotate <did> <name> [--token T]
  *   firehook secrets delete <did> <name> [--json]
