@@ -9,50 +9,19 @@ import { Context, Effect, Fiber, Layer, Redacted } from "effect"
 import { randomBytes } from "node:crypto"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
-import * as App from "../../src/layers/App.js"
-import { Processor } from "../../src/services/matching/Processor.js"
-import * as Config from "../../src/services/platform/Config.js"
 import * as Database from "../../src/services/platform/Database.js"
 import * as Db from "../support/db.js"
 import { eventually } from "../support/eventually.js"
 import { type CliResult, freePort, runCli, spawnCli } from "../support/proc.js"
-import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
 import { expectOneLineError, lines } from "./cli-expect.js"
+import { ALICE, CAROL, seedFourDeliveries, seedLayer } from "./cli-seed.js"
 
-const ALICE = plc(1)
-const BOB = plc(2)
-const CAROL = plc(3)
-const POST = "app.bsky.feed.post"
 const KEY = randomBytes(32).toString("base64")
 
 type Result = CliResult
 
 const cli = (args: ReadonlyArray<string>, env: Record<string, string>): Effect.Effect<Result> =>
   Effect.promise(() => runCli(args, env))
-
-/** The matching pipeline on the database at `url` (to make outbox rows with the real processor). */
-const seedLayer = (url: Redacted.Redacted<string>) =>
-  App.matchingLayer.pipe(Layer.provideMerge(Layer.mergeAll(Database.layerUrl(url), Config.layerValue(testConfig()))))
-
-/**
- * Through the real processor: ALICE's webhook w1 and CAROL's w2, both on BOB's records, then two
- * posts of BOB's: four outbox rows (pending).
- */
-const seedFourDeliveries = Effect.gen(function*() {
-  const processor = yield* Processor
-  yield* processor.processEvents(
-    [
-      whEv(ALICE, "w1", whRecordValue(`at://${BOB}`, { url: "https://alice.example/hook" }), { rev: rev(1) }),
-      whEv(CAROL, "w2", whRecordValue(`at://${BOB}`, { url: "https://carol.example/hook" }), { rev: rev(1) })
-    ],
-    { registryWriter: true }
-  )
-  const r = yield* processor.processEvents(
-    [ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })],
-    { registryWriter: true }
-  )
-  expect(r.inserted).toBe(4)
-})
 
 /**
  * A fresh database with {@link seedFourDeliveries}, then `adjust` on it; the CLI's environment for
