@@ -8,21 +8,13 @@ import { Command } from "@effect/cli"
 import { NodeContext } from "@effect/platform-node"
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Exit, Layer, Redacted } from "effect"
+import { ConfigProvider, Effect, Exit, Redacted } from "effect"
 import { vi } from "vitest"
 import { deliveries } from "../../src/cli/DeliveriesCommand.js"
 import { describeFailure } from "../../src/cli/Failure.js"
-import * as App from "../../src/layers/App.js"
-import { Processor } from "../../src/services/matching/Processor.js"
-import * as Config from "../../src/services/platform/Config.js"
 import * as Database from "../../src/services/platform/Database.js"
 import * as Db from "../support/db.js"
-import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
-
-const ALICE = plc(1)
-const BOB = plc(2)
-const CAROL = plc(3)
-const POST = "app.bsky.feed.post"
+import { ALICE, CAROL, seedFourDeliveries, seedLayer } from "./cli-seed.js"
 
 /** Nothing listens there: a command that gets past its argument checks fails to connect (code 1). */
 const UNREACHABLE = "postgres://firehook@127.0.0.1:1/none"
@@ -79,36 +71,14 @@ const expectConnectAttempt = (r: Run) => {
   expect(r.line).toMatch(/^database: could not connect/)
 }
 
-/**
- * A fresh database through the real processor: ALICE's webhook w1 and CAROL's w2, both on BOB's
- * records, then two posts of BOB's: four outbox rows; then `adjust`. Its URL.
- */
+/** A fresh database with {@link seedFourDeliveries}, then `adjust` on it. Its URL. */
 const seeded = <E>(adjust: (sql: SqlClient.SqlClient) => Effect.Effect<unknown, E>) =>
   Effect.gen(function*() {
     const db = yield* Db.freshDatabase
     yield* Effect.gen(function*() {
-      const processor = yield* Processor
-      yield* processor.processEvents(
-        [
-          whEv(ALICE, "w1", whRecordValue(`at://${BOB}`, { url: "https://alice.example/hook" }), { rev: rev(1) }),
-          whEv(CAROL, "w2", whRecordValue(`at://${BOB}`, { url: "https://carol.example/hook" }), { rev: rev(1) })
-        ],
-        { registryWriter: true }
-      )
-      const r = yield* processor.processEvents(
-        [ev(BOB, POST, "p1", { rev: rev(10) }), ev(BOB, POST, "p2", { rev: rev(11) })],
-        { registryWriter: true }
-      )
-      expect(r.inserted).toBe(4)
+      yield* seedFourDeliveries
       yield* adjust(yield* SqlClient.SqlClient)
-    }).pipe(
-      Effect.provide(
-        App.matchingLayer.pipe(
-          Layer.provideMerge(Layer.mergeAll(Database.layerUrl(db.url), Config.layerValue(testConfig())))
-        )
-      ),
-      Effect.scoped
-    )
+    }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
     return Redacted.value(db.url)
   })
 
