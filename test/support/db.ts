@@ -6,28 +6,16 @@
 import { SqlClient } from "@effect/sql"
 import { Effect, Layer, Redacted, Schedule, TestServices } from "effect"
 import { randomBytes } from "node:crypto"
-import pg from "pg"
+import type pg from "pg"
 import { inject } from "vitest"
 import * as Database from "../../src/services/platform/Database.js"
+import { databaseUrl, withClient } from "./pgAdmin.js"
 
 const adminUrl = (): string => inject("pgAdminUrl")
 
-const withAdmin = <A>(f: (c: pg.Client) => Promise<A>) =>
-  Effect.promise(async () => {
-    const client = new pg.Client({ connectionString: adminUrl(), connectionTimeoutMillis: 10_000 })
-    await client.connect()
-    try {
-      return await f(client)
-    } finally {
-      await client.end()
-    }
-  })
+const withAdmin = <A>(f: (c: pg.Client) => Promise<A>) => Effect.promise(() => withClient(adminUrl(), f))
 
-export const urlFor = (database: string): string => {
-  const u = new URL(adminUrl())
-  u.pathname = `/${database}`
-  return u.toString()
-}
+export const urlFor = (database: string): string => databaseUrl(adminUrl(), database)
 
 /**
  * Create an empty database (`createOptions`: more of `CREATE DATABASE`, e.g. another default

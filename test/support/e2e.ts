@@ -9,6 +9,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import pg from "pg"
 import { expect, inject } from "vitest"
+import { databaseUrl } from "./pgAdmin.js"
 import { exitWithin, freePort, killAllChildren, type Running, startFirehook } from "./proc.js"
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
@@ -32,9 +33,7 @@ export const e2eResources = () => {
     freshDb: async (): Promise<string> => {
       const name = `fh_test_${inject("pgRunTag")}_${randomBytes(6).toString("hex")}`
       await (await adminClient()).query(`CREATE DATABASE ${name}`)
-      const u = new URL(inject("pgAdminUrl"))
-      u.pathname = `/${name}`
-      return u.toString()
+      return databaseUrl(inject("pgAdminUrl"), name)
     },
     tempDir: (): string => {
       const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-e2e-"))

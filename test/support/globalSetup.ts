@@ -13,10 +13,10 @@ import { Effect, Exit, Layer, Redacted, Scope } from "effect"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
-import pg from "pg"
 import type { TestProject } from "vitest/node"
 import * as Database from "../../src/services/platform/Database.js"
 import * as EmbeddedPg from "../../src/services/platform/EmbeddedPg.js"
+import { databaseUrl, withClient as withAdmin } from "./pgAdmin.js"
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -39,22 +39,6 @@ const isAlive = (pid: number): boolean => {
   } catch (e) {
     return (e as NodeJS.ErrnoException).code === "EPERM"
   }
-}
-
-const withAdmin = async <A>(url: string, f: (c: pg.Client) => Promise<A>): Promise<A> => {
-  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 10_000 })
-  await client.connect()
-  try {
-    return await f(client)
-  } finally {
-    await client.end()
-  }
-}
-
-const urlFor = (adminUrl: string, database: string): string => {
-  const u = new URL(adminUrl)
-  u.pathname = `/${database}`
-  return u.toString()
 }
 
 /** Drop `names`, four at a time (their checkpoint requests coalesce). */
@@ -90,7 +74,7 @@ const makeTemplate = async (adminUrl: string, name: string) => {
     await c.query(`CREATE DATABASE ${name}`)
   })
   await Effect.runPromise(
-    Effect.scoped(Layer.build(Database.layerUrl(Redacted.make(urlFor(adminUrl, name)))))
+    Effect.scoped(Layer.build(Database.layerUrl(Redacted.make(databaseUrl(adminUrl, name)))))
   )
 }
 
