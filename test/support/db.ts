@@ -1,7 +1,7 @@
 /**
- * A fresh database per test file on the run's PostgreSQL server (globalSetup.ts), with firehook's
- * migrations applied. Its name starts with the run's tag; globalSetup drops the run's databases when
- * the run ends (a drop per test file made each file wait for a checkpoint).
+ * A fresh database per test file on the run's PostgreSQL server (globalSetup.ts), cloned from a
+ * template with firehook's migrations applied, and dropped when the file's scope closes. Its name
+ * starts with the run's tag, so that globalSetup can drop what a killed test file left behind.
  */
 import { SqlClient } from "@effect/sql"
 import { Effect, Layer, Redacted, Schedule, TestServices } from "effect"
@@ -19,16 +19,19 @@ export const urlFor = (database: string): string => databaseUrl(adminUrl(), data
 
 /**
  * Create an empty database (`createOptions`: more of `CREATE DATABASE`, e.g. another default
- * collation), named for this run: globalSetup drops it when the run ends.
+ * collation), named for this run; dropped (with FORCE) when the scope closes.
  */
 export const freshDatabaseWith = (createOptions: string) =>
-  Effect.gen(function*() {
-    const name = `fh_test_${inject("pgRunTag")}_${randomBytes(6).toString("hex")}`
-    yield* withAdmin((c) => c.query(`CREATE DATABASE ${name} ${createOptions}`))
-    return { name, url: Redacted.make(urlFor(name)) }
-  })
+  Effect.acquireRelease(
+    Effect.gen(function*() {
+      const name = `fh_test_${inject("pgRunTag")}_${randomBytes(6).toString("hex")}`
+      yield* withAdmin((c) => c.query(`CREATE DATABASE ${name} ${createOptions}`))
+      return { name, url: Redacted.make(urlFor(name)) }
+    }),
+    ({ name }) => withAdmin((c) => c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`))
+  )
 
-/** Create an empty database; globalSetup drops it when the run ends. */
+/** Create an empty database; dropped (with FORCE) when the scope closes. */
 export const freshDatabase = freshDatabaseWith("")
 
 /**
@@ -39,11 +42,11 @@ const migratedDatabase = Effect.suspend(() => freshDatabaseWith(`TEMPLATE ${inje
 
 /** A migrated fresh database as a layer (PgClient + SqlClient). */
 export const layer = (options: Database.DatabaseOptions = {}) =>
-  Layer.unwrapEffect(Effect.map(migratedDatabase, ({ url }) => Database.layerUrl(url, options)))
+  Layer.unwrapScoped(Effect.map(migratedDatabase, ({ url }) => Database.layerUrl(url, options)))
 
 /** {@link layer} on a database created with `createOptions` ({@link freshDatabaseWith}). */
 export const layerWith = (createOptions: string, options: Database.DatabaseOptions = {}) =>
-  Layer.unwrapEffect(Effect.map(freshDatabaseWith(createOptions), ({ url }) => Database.layerUrl(url, options)))
+  Layer.unwrapScoped(Effect.map(freshDatabaseWith(createOptions), ({ url }) => Database.layerUrl(url, options)))
 
 /**
  * Until a session of this database has the `LISTEN` on `channel` as its last statement, finished:

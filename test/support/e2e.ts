@@ -15,10 +15,12 @@ import { exitWithin, freePort, killAllChildren, type Running, startFirehook } fr
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
 /**
- * Databases and directories made by one test file; `cleanup()` removes the directories. The
- * databases are named for the run and dropped by globalSetup when the run ends (see db.ts).
+ * Databases and directories made by one test file; `cleanup()` drops and removes them. The
+ * databases are named for the run, so that globalSetup drops them if the file never gets to its
+ * cleanup (see db.ts).
  */
 export const e2eResources = () => {
+  const dbs: Array<string> = []
   const dirs: Array<string> = []
   let admin: pg.Client | undefined
   const adminClient = async () => {
@@ -33,6 +35,7 @@ export const e2eResources = () => {
     freshDb: async (): Promise<string> => {
       const name = `fh_test_${inject("pgRunTag")}_${randomBytes(6).toString("hex")}`
       await (await adminClient()).query(`CREATE DATABASE ${name}`)
+      dbs.push(name)
       return databaseUrl(inject("pgAdminUrl"), name)
     },
     tempDir: (): string => {
@@ -43,7 +46,10 @@ export const e2eResources = () => {
     cleanup: async () => {
       // processes a failed test left running (it stopped before their SIGTERM)
       killAllChildren()
-      if (admin !== undefined) await admin.end()
+      if (admin !== undefined) {
+        for (const d of dbs) await admin.query(`DROP DATABASE IF EXISTS ${d} WITH (FORCE)`)
+        await admin.end()
+      }
       for (const d of dirs) Fs.rmSync(d, { recursive: true, force: true })
     }
   }

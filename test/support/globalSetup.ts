@@ -4,10 +4,11 @@
  * (see db.ts); this hands them the server's admin URL, the run's tag (the prefix of the databases
  * this run creates) and a migrated template database that db.ts's `layer` clones.
  *
- * The run's databases are dropped here, at the end of the run, not by each test file: a
- * `DROP DATABASE` makes PostgreSQL write a checkpoint, which made every test file wait for one
- * (0.2–0.6 s each on a busy server). At the start, databases left by runs whose process is gone
- * (a killed run) are dropped too; another live run's databases are never touched.
+ * Each test file drops its own databases when it ends (db.ts, e2e.ts): a run of the whole suite
+ * creates about 260 of them, some 2 GB on the embedded server's disk if they were kept to the end.
+ * Their names start with the run's tag, so that what is left when the run ends (a test file that
+ * died before its cleanup) is dropped here, and at the start the databases of runs whose process is
+ * gone (a killed run) are dropped too; another live run's databases are never touched.
  */
 import { Effect, Exit, Layer, Redacted, Scope } from "effect"
 import * as Fs from "node:fs"
