@@ -193,4 +193,38 @@ describe("firehook deliveries (in-process)", () => {
       }),
     { timeout: 60_000 }
   )
+
+  it.scopedLive(
+    "replay: one row in the singular, and the inactive-subscription note only when some row has one",
+    () =>
+      Effect.gen(function*() {
+        const url = yield* seeded((sql) =>
+          Effect.gen(function*() {
+            // one dead letter of each owner; CAROL's webhook is disabled since
+            yield* sql`UPDATE outbox SET status = 'delivered', finished_at = now()`
+            yield* sql`
+              UPDATE outbox SET status = 'dead_letter', attempt_count = 12
+              WHERE delivery_id IN (SELECT min(delivery_id) FROM outbox GROUP BY owner_did)`
+            yield* sql`UPDATE webhooks SET enabled = false, active = false WHERE owner_did = ${CAROL}`
+          })
+        )
+        expect(yield* run(["replay", "--status", "dead_letter", "--owner", CAROL], url)).toEqual({
+          code: 0,
+          line: "",
+          stdout:
+            "replayed 1 dead-lettered delivery (1 of them belongs to a subscription that is no longer active as enqueued, or gone or auto-disabled, and will not be sent)\n",
+          stderr: ""
+        })
+        expect(yield* run(["replay", "--status", "dead_letter", "--owner", ALICE], url)).toEqual({
+          code: 0,
+          line: "",
+          stdout: "replayed 1 dead-lettered delivery\n",
+          stderr: ""
+        })
+        expect((yield* run(["replay", "--status", "dead_letter"], url)).stdout).toBe(
+          "replayed 0 dead-lettered deliveries\n"
+        )
+      }),
+    { timeout: 60_000 }
+  )
 })
