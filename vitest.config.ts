@@ -7,7 +7,9 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 120_000,
     pool: "forks",
-    poolOptions: { forks: { maxForks: 2, minForks: 1 } },
+    // three forks on the 2-core machines the suite runs on: its files spend much of their time
+    // waiting on child processes and PostgreSQL (docs/decisions.md, "How long the suite takes")
+    poolOptions: { forks: { maxForks: 3, minForks: 1 } },
     reporters: ["default"]
   }
 })
