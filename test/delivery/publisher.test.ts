@@ -13,7 +13,6 @@ import {
   Either,
   Exit,
   Logger,
-  Metric,
   Option,
   Queue,
   Random,
@@ -30,9 +29,9 @@ import * as Net from "node:net"
 import * as Publisher from "../../src/services/delivery/Publisher.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import * as Metrics from "../../src/services/platform/Metrics.js"
 import { auditEvent } from "../support/auditEvent.js"
 import { asStrings, fakeRedis } from "../support/fakeRedis.js"
+import { seriesValue } from "../support/metricSeries.js"
 import { freePort } from "../support/proc.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -543,16 +542,7 @@ const switchableServer = (initial: "refuse" | "flap" | "serve") =>
   })
 
 /** The count of `firehook_redis_dropped_total{reason}` (the metric registry is global: compare deltas). */
-const droppedCount = (reason: string) =>
-  Effect.map(
-    Metric.value(
-      Metrics.labelledCounter("firehook_redis_dropped_total", {
-        description: "Audit events not published to Redis, by reason",
-        incremental: true
-      }, { reason })
-    ),
-    (s) => s.count
-  )
+const droppedCount = (reason: string) => seriesValue("firehook_redis_dropped_total", { reason })
 
 /** Every r = 0.5: the n-th full-jitter delay is exactly min(cap, base·2ⁿ) / 2. */
 const halfJitter = Random.fixed([0.5])

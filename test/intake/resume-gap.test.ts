@@ -9,7 +9,7 @@
  * test/support), the memory stack, real time (frames are placed relative to now).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, HashMap, Layer, Logger, Metric, MetricState, Ref } from "effect"
+import { Duration, Effect, HashMap, Layer, Logger, Ref } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import { jetstreamSpecs } from "../../src/services/intake/JetstreamPlan.js"
@@ -17,6 +17,7 @@ import { RESUME_GAP_WARN_US, resumeGap } from "../../src/services/intake/ResumeG
 import { WebhookIndex } from "../../src/services/matching/WebhookIndex.js"
 import { eventually } from "../support/eventually.js"
 import { accountFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
+import { seriesValue } from "../support/metricSeries.js"
 import { memoryStack, plc, testConfig } from "../support/stack.js"
 
 const S = 1_000_000
@@ -38,15 +39,7 @@ interface Line {
 }
 
 /** the registry stream's series of `name`, as exported (0 while it does not exist) */
-const registrySeries = (name: string) =>
-  Effect.map(Metric.snapshot, (pairs) => {
-    for (const { metricKey, metricState } of pairs) {
-      if (metricKey.name !== name || !metricKey.tags.some((t) => t.key === "stream" && t.value === "registry")) continue
-      if (MetricState.isCounterState(metricState)) return Number(metricState.count)
-      if (MetricState.isGaugeState(metricState)) return Number(metricState.value)
-    }
-    return 0
-  })
+const registrySeries = (name: string) => seriesValue(name, { stream: "registry" })
 const gaps = registrySeries("firehook_intake_resume_gaps_total")
 const gapGauge = registrySeries("firehook_intake_resume_gap_seconds")
 

@@ -6,13 +6,14 @@
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Deferred, Effect, Fiber, Metric, MetricState, Stream } from "effect"
+import { Chunk, Deferred, Effect, Fiber, Stream } from "effect"
 import type { RecordEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import { buildPayload } from "../../src/services/matching/Canonical.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { type ProcessOptions, Processor } from "../../src/services/matching/Processor.js"
 import * as Db from "../support/db.js"
+import { seriesValue } from "../support/metricSeries.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 
 const ALICE = plc(1)
@@ -34,16 +35,7 @@ const quarantineRows = Effect.flatMap(
 )
 
 /** the count of `firehook_events_quarantined_total{reason}` (served on /metrics, SPEC §6.2) */
-const quarantinedMetric = (reason: string) =>
-  Effect.map(Metric.snapshot, (pairs) => {
-    let n = 0
-    for (const p of pairs) {
-      if (p.metricKey.name !== "firehook_events_quarantined_total") continue
-      if (!p.metricKey.tags.some((t) => t.key === "reason" && t.value === reason)) continue
-      if (MetricState.isCounterState(p.metricState)) n += Number(p.metricState.count)
-    }
-    return n
-  })
+const quarantinedMetric = (reason: string) => seriesValue("firehook_events_quarantined_total", { reason })
 
 /** store the event's id with another body, so that enqueueing it is corruption */
 const corruptBodyOf = (e: RecordEvent) =>

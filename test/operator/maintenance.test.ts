@@ -14,7 +14,6 @@ import {
   Effect,
   Exit,
   Fiber,
-  Metric,
   Ref,
   Schedule,
   Scope,
@@ -26,6 +25,7 @@ import * as Maintenance from "../../src/services/operator/Maintenance.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as Db from "../support/db.js"
+import { seriesValue } from "../support/metricSeries.js"
 import { insertWebhook } from "../support/webhookRows.js"
 
 /** A Health of its own per runner, as separate replicas have. */
@@ -156,21 +156,7 @@ const untilWaitingOnTombstones = (n: number) =>
 
 /** The rule-failure counter of `rule` and `kind` (0 before the first failure). */
 const ruleFailures = (rule: string, kind: string) =>
-  Effect.map(Metric.snapshot, (pairs) => {
-    for (const p of pairs) {
-      const tags = new Map(p.metricKey.tags.map((t) => [t.key, t.value]))
-      if (
-        p.metricKey.name === "firehook_maintenance_rule_failures_total" &&
-        tags.get("rule") === rule &&
-        tags.get("kind") === kind &&
-        "count" in p.metricState &&
-        typeof p.metricState.count === "number"
-      ) {
-        return p.metricState.count
-      }
-    }
-    return 0
-  })
+  seriesValue("firehook_maintenance_rule_failures_total", { rule, kind })
 
 /**
  * Wait until the runner is asleep for `interval` from now; returns its wake-up instant. The
