@@ -3,12 +3,14 @@
  * runs its `deliveries` command in-process): three owners, and four outbox rows made by the real
  * matching pipeline.
  */
+import { SqlClient } from "@effect/sql"
 import { Effect, Layer, type Redacted } from "effect"
 import { expect } from "vitest"
 import * as App from "../../src/layers/App.js"
 import { Processor } from "../../src/services/matching/Processor.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Database from "../../src/services/platform/Database.js"
+import * as Db from "../support/db.js"
 import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
 
 export const ALICE = plc(1)
@@ -39,3 +41,14 @@ export const seedFourDeliveries = Effect.gen(function*() {
   )
   expect(r.inserted).toBe(4)
 })
+
+/** A fresh database (dropped with the scope) with {@link seedFourDeliveries}, then `adjust` on it. */
+export const seededDatabase = <E>(adjust: (sql: SqlClient.SqlClient) => Effect.Effect<unknown, E>) =>
+  Effect.gen(function*() {
+    const db = yield* Db.freshDatabase
+    yield* Effect.gen(function*() {
+      yield* seedFourDeliveries
+      yield* adjust(yield* SqlClient.SqlClient)
+    }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
+    return db
+  })

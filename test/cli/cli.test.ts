@@ -14,7 +14,7 @@ import * as Db from "../support/db.js"
 import { eventually } from "../support/eventually.js"
 import { type CliResult, freePort, runCli, spawnCli } from "../support/proc.js"
 import { expectOneLineError, lines } from "./cli-expect.js"
-import { ALICE, CAROL, seedFourDeliveries, seedLayer } from "./cli-seed.js"
+import { ALICE, CAROL, seededDatabase, seedFourDeliveries, seedLayer } from "./cli-seed.js"
 
 const KEY = randomBytes(32).toString("base64")
 
@@ -24,17 +24,12 @@ const cli = (args: ReadonlyArray<string>, env: Record<string, string>): Effect.E
   Effect.promise(() => runCli(args, env))
 
 /**
- * A fresh database with {@link seedFourDeliveries}, then `adjust` on it; the CLI's environment for
- * it (nothing listens on its health port).
+ * {@link seededDatabase}; the CLI's environment for it (nothing listens on its health port).
  */
 const seededCliDatabase = <E>(adjust: (sql: SqlClient.SqlClient) => Effect.Effect<unknown, E>) =>
   Effect.gen(function*() {
-    const db = yield* Db.freshDatabase
+    const db = yield* seededDatabase(adjust)
     const env = { DATABASE_URL: Redacted.value(db.url), HEALTH_PORT: String(yield* closedPort) }
-    yield* Effect.gen(function*() {
-      yield* seedFourDeliveries
-      yield* adjust(yield* SqlClient.SqlClient)
-    }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
     return { db, env }
   })
 

@@ -13,8 +13,7 @@ import { vi } from "vitest"
 import { deliveries } from "../../src/cli/DeliveriesCommand.js"
 import { describeFailure } from "../../src/cli/Failure.js"
 import * as Database from "../../src/services/platform/Database.js"
-import * as Db from "../support/db.js"
-import { ALICE, CAROL, seedFourDeliveries, seedLayer } from "./cli-seed.js"
+import { ALICE, CAROL, seededDatabase } from "./cli-seed.js"
 
 /** Nothing listens there: a command that gets past its argument checks fails to connect (code 1). */
 const UNREACHABLE = "postgres://firehook@127.0.0.1:1/none"
@@ -71,16 +70,9 @@ const expectConnectAttempt = (r: Run) => {
   expect(r.line).toMatch(/^database: could not connect/)
 }
 
-/** A fresh database with {@link seedFourDeliveries}, then `adjust` on it. Its URL. */
+/** {@link seededDatabase}'s URL. */
 const seeded = <E>(adjust: (sql: SqlClient.SqlClient) => Effect.Effect<unknown, E>) =>
-  Effect.gen(function*() {
-    const db = yield* Db.freshDatabase
-    yield* Effect.gen(function*() {
-      yield* seedFourDeliveries
-      yield* adjust(yield* SqlClient.SqlClient)
-    }).pipe(Effect.provide(seedLayer(db.url)), Effect.scoped)
-    return Redacted.value(db.url)
-  })
+  Effect.map(seededDatabase(adjust), (db) => Redacted.value(db.url))
 
 describe("firehook deliveries (in-process)", () => {
   it.live(
