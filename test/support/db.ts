@@ -5,11 +5,10 @@
  */
 import { SqlClient } from "@effect/sql"
 import { Effect, Layer, Redacted, Schedule, TestServices } from "effect"
-import { randomBytes } from "node:crypto"
 import type pg from "pg"
 import { inject } from "vitest"
 import * as Database from "../../src/services/platform/Database.js"
-import { databaseUrl, withClient } from "./pgAdmin.js"
+import { databaseUrl, runDatabaseName, withClient } from "./pgAdmin.js"
 
 const adminUrl = (): string => inject("pgAdminUrl")
 
@@ -24,7 +23,7 @@ export const urlFor = (database: string): string => databaseUrl(adminUrl(), data
 export const freshDatabaseWith = (createOptions: string) =>
   Effect.acquireRelease(
     Effect.gen(function*() {
-      const name = `fh_test_${inject("pgRunTag")}_${randomBytes(6).toString("hex")}`
+      const name = runDatabaseName(inject("pgRunTag"))
       yield* withAdmin((c) => c.query(`CREATE DATABASE ${name} ${createOptions}`))
       return { name, url: Redacted.make(urlFor(name)) }
     }),

@@ -3,13 +3,12 @@
  * deployment on the test PostgreSQL server, plain queries, and bounded polling.
  */
 import { Effect, Exit, Scope } from "effect"
-import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import pg from "pg"
 import { expect, inject } from "vitest"
-import { databaseUrl } from "./pgAdmin.js"
+import { databaseUrl, runDatabaseName } from "./pgAdmin.js"
 import { exitWithin, freePort, killAllChildren, type Running, startFirehook } from "./proc.js"
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
@@ -33,7 +32,7 @@ export const e2eResources = () => {
   return {
     /** a new empty database on the test server; its URL */
     freshDb: async (): Promise<string> => {
-      const name = `fh_test_${inject("pgRunTag")}_${randomBytes(6).toString("hex")}`
+      const name = runDatabaseName(inject("pgRunTag"))
       await (await adminClient()).query(`CREATE DATABASE ${name}`)
       dbs.push(name)
       return databaseUrl(inject("pgAdminUrl"), name)
