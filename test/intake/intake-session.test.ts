@@ -14,7 +14,7 @@ import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
-import { eventsOf, type Frame, memoryRelay, RELAY, until } from "./memorySession.js"
+import { eventsOf, type Frame, halfJitter, memoryRelay, RELAY, until } from "./memorySession.js"
 
 const tuning = (queueMax: number, batchMax: number): Intake.IntakeTuning => Intake.defaultTuning(queueMax, batchMax)
 
@@ -69,7 +69,10 @@ describe("durable cursor at stream start", () => {
       expect(relay.asked).toEqual([STORED - 10n])
       yield* until(() => keys(rec).length === 1, "the next frame committed")
       expect((yield* Ref.get(runner.state)).durableCursor).toBe(STORED + 1n)
-    }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), flakyCursors, Outbox.layerMemory)))
+    }).pipe(
+      Effect.provide(Layer.mergeAll(recordingProcessor(rec), flakyCursors, Outbox.layerMemory)),
+      Effect.withRandom(halfJitter)
+    )
   })
 })
 
@@ -187,7 +190,10 @@ describe("a crash of the stream runner", () => {
       yield* until(() => keys(rec).length === 2, "everything committed after the restart")
       expect(connects).toBe(2)
       expect(keys(rec)).toEqual(allKeys(frames))
-    }).pipe(Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)))
+    }).pipe(
+      Effect.provide(Layer.mergeAll(recordingProcessor(rec), CursorStore.layerMemory, Outbox.layerMemory)),
+      Effect.withRandom(halfJitter)
+    )
   })
 
   it.scoped("a defect in the batch handler is a handler failure: the stream backs off and resumes from the durable cursor", () => {
@@ -229,7 +235,10 @@ describe("a crash of the stream runner", () => {
       yield* until(() => keys(rec).length === 2, "everything committed after the restart")
       expect(keys(rec)).toEqual(allKeys(frames))
       expect((yield* Ref.get(runner.state)).durableCursor).toBe(2n)
-    }).pipe(Effect.provide(Layer.mergeAll(dyingOnce, CursorStore.layerMemory, Outbox.layerMemory)))
+    }).pipe(
+      Effect.provide(Layer.mergeAll(dyingOnce, CursorStore.layerMemory, Outbox.layerMemory)),
+      Effect.withRandom(halfJitter)
+    )
   })
 })
 

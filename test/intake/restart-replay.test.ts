@@ -14,7 +14,7 @@ import { SourceError } from "../../src/services/intake/FirehoseSource.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
-import { until } from "./memorySession.js"
+import { halfJitter, until } from "./memorySession.js"
 
 const RELAY = "wss://jetstream.test"
 const DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
@@ -128,7 +128,7 @@ describe("a replay point asked for while the session is already ending", () => {
       // the first connection started from the initial cursor; the second from the replay point
       // (its own position was T0 + 2000)
       expect(source.asked).toEqual([0n, REPLAY])
-    }).pipe(Effect.provide(stack(rec)))
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
   })
 })
 
@@ -157,6 +157,6 @@ describe("a replay point is kept until a session from it has committed a batch",
       yield* source.close(2)
       yield* untilReconnected(() => source.asked.length === 4, "reconnected after the replay")
       expect(source.asked).toEqual([0n, REPLAY, REPLAY, BigInt(T0 - 4_000_000)])
-    }).pipe(Effect.provide(stack(rec)))
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
   })
 })
