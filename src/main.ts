@@ -6,7 +6,8 @@
 // first (evaluated before every other module): a signal while the modules below load ends the
 // process with exit 0, since nothing has started yet
 import "./services/platform/LifecycleSignals.js"
-import { BunHttpServer, BunRuntime } from "@effect/platform-bun"
+import * as BunHttpServer from "@effect/platform-bun/BunHttpServer"
+import * as BunRuntime from "@effect/platform-bun/BunRuntime"
 import {
   Cause,
   Clock,

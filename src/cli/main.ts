@@ -56,7 +56,8 @@
  * on stderr). Logs: warnings and errors only, on stderr (`--log-level` raises the verbosity).
  */
 import { CliConfig, Command, HelpDoc, ValidationError } from "@effect/cli"
-import { BunContext, BunRuntime } from "@effect/platform-bun"
+import * as BunContext from "@effect/platform-bun/BunContext"
+import * as BunRuntime from "@effect/platform-bun/BunRuntime"
 import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel, Option } from "effect"
 import { VERSION } from "../services/platform/Version.js"
 import { deliveries } from "./DeliveriesCommand.js"

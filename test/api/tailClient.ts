@@ -6,7 +6,7 @@
  * the live tail served on BunHttpServer, the production runtime, for a client in the test's process
  * (see {@link serveUnderBun}).
  */
-import { BunHttpServer } from "@effect/platform-bun"
+import * as BunHttpServer from "@effect/platform-bun/BunHttpServer"
 import * as HttpServer from "@effect/platform/HttpServer"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"

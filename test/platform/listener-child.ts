@@ -3,7 +3,7 @@
  * `bun test/platform/listener-child.ts <host> <port>` builds `Listener.guard(BunHttpServer.layer(…))`
  * for the health listener's variables and prints the failure's message, or `listening`.
  */
-import { BunHttpServer } from "@effect/platform-bun"
+import * as BunHttpServer from "@effect/platform-bun/BunHttpServer"
 import { Cause, Effect, Exit, Layer, Option } from "effect"
 import * as Listener from "../../src/services/platform/Listener.js"
 

@@ -7,7 +7,7 @@
  * arrives, the 24 h lifetime (TestClock) closes with 1000 `lifetime`, and the connection's place is
  * released.
  */
-import { BunHttpServer } from "@effect/platform-bun"
+import * as BunHttpServer from "@effect/platform-bun/BunHttpServer"
 import * as HttpServer from "@effect/platform/HttpServer"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
