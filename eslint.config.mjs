@@ -78,7 +78,19 @@ export default [
   {
     files: ["src/**/*.ts"],
     rules: {
-      "@typescript-eslint/no-explicit-any": "error"
+      "@typescript-eslint/no-explicit-any": "error",
+      // The package's index also loads its cluster, socket, worker and key-value modules: about
+      // 0.1 s of CPU on every start of the CLI and the service (docs/decisions.md, "How long the
+      // suite takes"). Import the module itself: `@effect/platform-bun/BunRuntime`.
+      "no-restricted-imports": [
+        "error",
+        {
+          paths: [{
+            name: "@effect/platform-bun",
+            message: "import the module by its subpath (@effect/platform-bun/BunRuntime …): the index loads them all"
+          }]
+        }
+      ]
     }
   },
   {
