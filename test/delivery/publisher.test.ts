@@ -15,7 +15,6 @@ import {
   Logger,
   Option,
   Queue,
-  Random,
   Redacted,
   Ref,
   Schedule,
@@ -31,6 +30,7 @@ import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import { auditEvent } from "../support/auditEvent.js"
 import { asStrings, fakeRedis } from "../support/fakeRedis.js"
+import { halfJitter } from "../support/halfJitter.js"
 import { seriesValue } from "../support/metricSeries.js"
 import { freePort } from "../support/proc.js"
 
@@ -543,9 +543,6 @@ const switchableServer = (initial: "refuse" | "flap" | "serve") =>
 
 /** The count of `firehook_redis_dropped_total{reason}` (the metric registry is global: compare deltas). */
 const droppedCount = (reason: string) => seriesValue("firehook_redis_dropped_total", { reason })
-
-/** Every r = 0.5: the n-th full-jitter delay is exactly min(cap, base·2ⁿ) / 2. */
-const halfJitter = Random.fixed([0.5])
 
 /** `effect`, failing with a TimeoutException after `d` of real time (the TestClock does not move it). */
 const withinReal = <A, E>(effect: Effect.Effect<A, E>, d: Duration.DurationInput) =>

@@ -13,8 +13,9 @@ import { directStep } from "../../src/services/intake/JetstreamPlan.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
+import { halfJitter } from "../support/halfJitter.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
-import { eventsOf, type Frame, halfJitter, memoryRelay, RELAY, until } from "./memorySession.js"
+import { eventsOf, type Frame, memoryRelay, RELAY, until } from "./memorySession.js"
 
 const tuning = (queueMax: number, batchMax: number): Intake.IntakeTuning => Intake.defaultTuning(queueMax, batchMax)
 

@@ -3,7 +3,7 @@
  * replay tests: relay frames as their events, an in-memory relay serving them, and a wait on other
  * fibers that passes no clock time.
  */
-import { Chunk, Effect, Random, Scheduler, Stream } from "effect"
+import { Chunk, Effect, Scheduler, Stream } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import type * as Intake from "../../src/services/intake/Intake.js"
 
@@ -43,13 +43,6 @@ export const until = (cond: () => boolean, what: string) =>
     }
     return yield* Effect.dieMessage(`never happened: ${what}`)
   })
-
-/**
- * The backoffs' jitter for tests that count connections or reads: every draw is 0.5. A real draw
- * below 0.001 makes a full-jitter wait 0 ms, which passes without any clock time, so the runner
- * reconnects at once and a wait for "exactly one connection" never sees it (1 run in 1,000).
- */
-export const halfJitter = Random.fixed([0.5])
 
 /**
  * An in-memory relay: a connection from `cursor` gets every frame after it (subscribeRepos

@@ -14,6 +14,7 @@ import { ReconcileStore, type ReconcileStoreShape } from "../../src/services/rec
 import * as RetryScheduler from "../../src/services/reconciliation/RetryScheduler.js"
 import type { ReconcileStatus } from "../../src/services/registry/RegistryStore.js"
 import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
+import { halfJitter } from "../support/halfJitter.js"
 import { COMPLETE } from "../support/reconcile.js"
 import { plc, testConfig } from "../support/stack.js"
 
@@ -161,8 +162,6 @@ const scheduler = (world: World, options: RetryScheduler.RetrySchedulerOptions =
     Effect.tap(() => settle)
   )
 
-const half = Random.fixed([0.5])
-
 /** Advance the clock by `ms` and let woken fibers run. */
 const advance = (ms: number) => Effect.zipRight(TestClock.adjust(Duration.millis(ms)), settle)
 
@@ -183,7 +182,7 @@ describe("retryBackoff (the Schedule)", () => {
 
   it.effect("full jitter: random × min(cap, 5 s × 2^n), exact with a fixed Random", () =>
     Effect.gen(function*() {
-      expect(yield* delays(half, 14)).toEqual([
+      expect(yield* delays(halfJitter, 14)).toEqual([
         2_500,
         5_000,
         10_000,
@@ -237,7 +236,7 @@ describe("RetryScheduler", () => {
       expect(callTimes(world, A)).toEqual([])
       yield* advance(1)
       expect(callTimes(world, A)).toEqual([2_500])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("an owner with a reconciliation request is reconciled from attempt 0 though complete; a refused scan keeps the request and is retried; a complete owner without one is not tracked", () => {
@@ -263,7 +262,7 @@ describe("RetryScheduler", () => {
       yield* advance(60_000)
       expect(yield* s.tracked).toEqual([])
       expect(callTimes(world, B)).toEqual([])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("a request taken up by a scan begun elsewhere before the attempt is done: that scan is not superseded by a second one", () => {
@@ -282,7 +281,7 @@ describe("RetryScheduler", () => {
       // a begin here would bump A's generation and supersede the scan running elsewhere
       expect(callTimes(world, A)).toEqual([])
       expect(yield* s.tracked).toEqual([])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("owners with a request have their own budget: failing owners holding every slot do not hold them back", () => {
@@ -301,7 +300,7 @@ describe("RetryScheduler", () => {
       expect((yield* s.tracked).map((t) => t.did).sort()).toEqual([R, ...failing.slice(0, 2)].sort())
     }).pipe(
       Effect.provide(deps(world, { RETRY_SCHEDULER_CONCURRENCY: "2" })),
-      Effect.withRandom(half)
+      Effect.withRandom(halfJitter)
     )
   })
 
@@ -327,7 +326,7 @@ describe("RetryScheduler", () => {
       yield* advance(2_500) // B's attempt 0
       expect(callTimes(world, B)).toEqual([62_500])
       expect(yield* s.tracked).toEqual([])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("lists failed owners every interval and retries each on the exact backoff", () => {
@@ -351,7 +350,7 @@ describe("RetryScheduler", () => {
       }
       expect((yield* s.tracked)[0]?.attempt).toBe(5)
       expect((yield* s.stats).attempts).toBe(5)
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("an owner that failed often starts at its failure count; released after an attempt at the cap", () => {
@@ -372,7 +371,7 @@ describe("RetryScheduler", () => {
       expect(yield* s.tracked).toEqual([{ did: A, attempt: 12, inFlight: false }])
       yield* advance(1_800_000)
       expect(callTimes(world, A)).toEqual([1_870_000, 3_690_000])
-    }).pipe(Effect.provide(deps(world, { RETRY_SCHEDULER_INTERVAL_MS: "70000" })), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world, { RETRY_SCHEDULER_INTERVAL_MS: "70000" })), Effect.withRandom(halfJitter))
   })
 
   for (const concurrency of [1, 2]) {
@@ -405,7 +404,7 @@ describe("RetryScheduler", () => {
         expect((yield* s.tracked).map((t) => t.did)).toEqual(owners.slice(16))
       }).pipe(
         Effect.provide(deps(world, { RETRY_SCHEDULER_CONCURRENCY: String(concurrency) })),
-        Effect.withRandom(half)
+        Effect.withRandom(halfJitter)
       )
     })
   }
@@ -437,7 +436,7 @@ describe("RetryScheduler", () => {
       ])
       yield* advance(2_500)
       expect(callTimes(world, A)).toEqual([62_500, 67_500, 77_500, 122_500])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("an owner completed meanwhile is forgotten without a reconciliation", () => {
@@ -451,7 +450,7 @@ describe("RetryScheduler", () => {
       yield* advance(2_500)
       expect(world.calls).toEqual([])
       expect(yield* s.tracked).toEqual([])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("an owner completed, reset to unknown, or gone meanwhile is forgotten without a reconciliation", () => {
@@ -471,7 +470,7 @@ describe("RetryScheduler", () => {
       yield* advance(2_500)
       expect(world.calls).toEqual([])
       expect(yield* s.tracked).toEqual([])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("a superseded attempt (a newer scan of the owner fenced it off) ends the tracking, like a success", () => {
@@ -488,7 +487,7 @@ describe("RetryScheduler", () => {
       expect((yield* s.stats).recovered).toBe(1)
       yield* advance(30_000)
       expect(callTimes(world, A)).toEqual([2_500])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("a request for an owner tracked as failed but completed elsewhere since is reconciled at once, not skipped", () => {
@@ -504,7 +503,7 @@ describe("RetryScheduler", () => {
       yield* advance(60_000)
       expect(callTimes(world, A)).toEqual([60_000])
       expect(world.owners.get(A)).toMatchObject({ status: "complete", requested: false })
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("a round's free slots go to owners not tracked yet, not to the ones already tracked (oldest failure first)", () => {
@@ -520,7 +519,7 @@ describe("RetryScheduler", () => {
       fail(world, B)
       yield* advance(60_000)
       expect((yield* s.tracked).map((t) => t.did)).toEqual([A, B])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("an owner whose backoff is exactly at the cap is released after its failed attempt", () => {
@@ -536,7 +535,7 @@ describe("RetryScheduler", () => {
       expect(yield* s.tracked).toEqual([])
     }).pipe(
       Effect.provide(deps(world, { RETRY_SCHEDULER_BASE_MS: "1000", RETRY_SCHEDULER_MAX_MS: "4000" })),
-      Effect.withRandom(half)
+      Effect.withRandom(halfJitter)
     )
   })
 
@@ -552,7 +551,7 @@ describe("RetryScheduler", () => {
       // attempts at +2.5, +5, +10, +20, +40 s; the round at 120 s lists requests again
       yield* advance(80_000)
       expect(callTimes(world, A)).toEqual([62_500, 67_500, 77_500, 97_500, 137_500])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("requested owners beyond their budget are not tracked, though the listing may hold more (its limit also counts failed owners it may wake)", () => {
@@ -569,7 +568,7 @@ describe("RetryScheduler", () => {
       world.owners.set(C, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
       yield* advance(60_000)
       expect((yield* s.tracked).map((t) => t.did)).toEqual([A, B])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("a request for an owner tracked as failed wakes it also when the requests' own budget is full", () => {
@@ -588,7 +587,7 @@ describe("RetryScheduler", () => {
       if (a !== undefined) a.requested = true
       yield* advance(60_000)
       expect(callTimes(world, A)).toEqual([60_000])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("each round swaps owners completed elsewhere into memory, unless a new scan has begun since", () => {
@@ -610,7 +609,7 @@ describe("RetryScheduler", () => {
       world.owners.set(plc(10), { status: "scanning", failureCount: 0, failedSeq: world.seq++ })
       yield* advance(60_000)
       expect(world.swapped).toEqual([plc(7), plc(8), plc(9)])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("the swap sync reads completed owners in batches: more than one batch are all swapped in one round", () => {
@@ -624,7 +623,7 @@ describe("RetryScheduler", () => {
       }
       yield* advance(60_000)
       expect(world.swapped).toEqual(dids)
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("the swap sync takes at most swapSyncMax owners a round; the rest in the next round", () => {
@@ -640,7 +639,7 @@ describe("RetryScheduler", () => {
       expect(world.swapped).toEqual(dids.slice(0, 256))
       yield* advance(60_000)
       expect(world.swapped).toEqual(dids)
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("stop interrupts an in-flight PDS read at once (it does not wait for the deadline)", () => {
@@ -672,7 +671,7 @@ describe("RetryScheduler", () => {
       expect(world.calls.length).toBe(calls)
       // stop is idempotent
       expect(yield* s.stop(0)).toEqual({ drained: true })
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("stop does not wait for an in-flight attempt that would finish before the deadline: it is interrupted", () => {
@@ -696,7 +695,7 @@ describe("RetryScheduler", () => {
       yield* Deferred.succeed(gate, undefined)
       yield* settle
       expect((yield* s.stats).recovered).toBe(0)
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("stop: drained false when an interrupted scan's failure mark outlasts the deadline", () => {
@@ -720,7 +719,7 @@ describe("RetryScheduler", () => {
       yield* advance(5_000)
       expect(world.interrupted).toEqual([A])
       expect(yield* s.tracked).toEqual([])
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
   it.scoped("stop with nothing in flight drains at once", () => {
@@ -731,6 +730,6 @@ describe("RetryScheduler", () => {
       const now = yield* Clock.currentTimeMillis
       expect(yield* s.stop(now + 5_000)).toEqual({ drained: true })
       expect(yield* Clock.currentTimeMillis).toBe(now)
-    }).pipe(Effect.provide(deps(world)), Effect.withRandom(half))
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 })
