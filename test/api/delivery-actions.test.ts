@@ -1,0 +1,56 @@
+/**
+ * The owners' delivery and webhook actions (SPEC §8.5) on rows written straight to PostgreSQL (no
+ * intake, no worker): what each answers for a row's status, a time range or a webhook's state, and
+ * what it leaves untouched.
+ */
+import { describe, expect, layer } from "@effect/vitest"
+import { Effect } from "effect"
+import { insertDelivery, insertWebhook } from "../support/webhookRows.js"
+import { apiLayer, callAs, newOwner, type Owner } from "./support.js"
+
+const W = "dev.firehook.webhook"
+const ISO = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/
+
+type View = { readonly [k: string]: unknown }
+
+const listed = (owner: Owner, query: string) =>
+  Effect.map(callAs(owner, `${W}.listDeliveries`, { query }), (r) => {
+    expect(r.status, r.text).toBe(200)
+    return r.body as { readonly deliveries: ReadonlyArray<View>; readonly cursor?: string }
+  })
+
+describe("delivery actions", () => {
+  layer(apiLayer(), { excludeTestServices: true, timeout: "60 seconds" })((it) => {
+    it.effect("listDeliveries: deliveredAt only on a delivered row, nextAttemptAt only on a pending one", () =>
+      Effect.gen(function*() {
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        yield* insertDelivery(alice.did, "w", `${alice.did}-delivered`, { status: "delivered", httpStatus: 200 })
+        yield* insertDelivery(alice.did, "w", `${alice.did}-dead`, {
+          status: "dead_letter",
+          errorKind: "http_5xx",
+          httpStatus: 503
+        })
+        yield* insertDelivery(alice.did, "w", `${alice.did}-cancelled`, {
+          status: "cancelled",
+          errorKind: "subscription_changed"
+        })
+        yield* insertDelivery(alice.did, "w", `${alice.did}-pending`, { status: "pending" })
+        const byId = new Map((yield* listed(alice, "")).deliveries.map((d) => [String(d["id"]).split("-").pop(), d]))
+        expect([...byId.keys()].sort()).toEqual(["cancelled", "dead", "delivered", "pending"])
+        const times = (k: string) => {
+          const d = byId.get(k) ?? {}
+          return [k, "deliveredAt" in d, "nextAttemptAt" in d]
+        }
+        expect(["delivered", "dead", "cancelled", "pending"].map(times)).toEqual([
+          ["delivered", true, false],
+          ["dead", false, false],
+          ["cancelled", false, false],
+          ["pending", false, true]
+        ])
+        expect(byId.get("delivered")?.["deliveredAt"]).toMatch(ISO)
+        expect(byId.get("dead")?.["lastError"]).toEqual({ kind: "http_5xx", httpStatus: 503 })
+        expect(byId.get("cancelled")?.["lastError"]).toEqual({ kind: "subscription_changed" })
+      }))
+  })
+})
