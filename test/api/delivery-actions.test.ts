@@ -3,6 +3,7 @@
  * intake, no worker): what each answers for a row's status, a time range or a webhook's state, and
  * what it leaves untouched.
  */
+import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { insertDelivery, insertWebhook } from "../support/webhookRows.js"
@@ -18,6 +19,13 @@ const listed = (owner: Owner, query: string) =>
     expect(r.status, r.text).toBe(200)
     return r.body as { readonly deliveries: ReadonlyArray<View>; readonly cursor?: string }
   })
+
+const statusOf = (id: string) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    Effect.map(
+      sql<{ status: string }>`SELECT status FROM outbox WHERE delivery_id = ${id}`,
+      (r) => r[0]?.status
+    ))
 
 describe("delivery actions", () => {
   layer(apiLayer(), { excludeTestServices: true, timeout: "60 seconds" })((it) => {
@@ -51,6 +59,43 @@ describe("delivery actions", () => {
         expect(byId.get("delivered")?.["deliveredAt"]).toMatch(ISO)
         expect(byId.get("dead")?.["lastError"]).toEqual({ kind: "http_5xx", httpStatus: 503 })
         expect(byId.get("cancelled")?.["lastError"]).toEqual({ kind: "subscription_changed" })
+      }))
+
+    it.effect("redeliver: previousStatus is the status the row had; a worker's valid lease is InProgress, the row untouched", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        const id = (k: string) => `${alice.did}-${k}`
+        yield* insertDelivery(alice.did, "w", id("dead"), { status: "dead_letter", errorKind: "http_4xx" })
+        yield* insertDelivery(alice.did, "w", id("done"), { status: "delivered", httpStatus: 200 })
+        yield* insertDelivery(alice.did, "w", id("cancelled"), {
+          status: "cancelled",
+          errorKind: "subscription_changed"
+        })
+        yield* insertDelivery(alice.did, "w", id("held"), { status: "leased" })
+        yield* insertDelivery(alice.did, "w", id("stale"), { status: "leased" })
+        yield* sql`UPDATE outbox SET lease_token = 'worker-1', leased_until = now() + interval '1 hour'
+          WHERE delivery_id = ${id("held")}`
+        yield* sql`UPDATE outbox SET lease_token = 'worker-2', leased_until = now() - interval '1 minute'
+          WHERE delivery_id = ${id("stale")}`
+
+        for (
+          const [k, previous] of [["dead", "dead_letter"], ["done", "delivered"], ["cancelled", "cancelled"], [
+            "stale",
+            "leased"
+          ]] as const
+        ) {
+          const r = yield* callAs(alice, `${W}.redeliver`, { body: { id: id(k) } })
+          expect([k, r.status, r.body]).toEqual([k, 200, { id: id(k), previousStatus: previous }])
+          expect(yield* statusOf(id(k))).toBe("pending")
+        }
+
+        const held = yield* callAs(alice, `${W}.redeliver`, { body: { id: id("held") } })
+        expect([held.status, held.body["error"]]).toEqual([400, "InProgress"])
+        const lease = yield* sql<{ status: string; lease_token: string | null }>`
+          SELECT status, lease_token FROM outbox WHERE delivery_id = ${id("held")}`
+        expect(lease[0]).toEqual({ status: "leased", lease_token: "worker-1" })
       }))
   })
 })
