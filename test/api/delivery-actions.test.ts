@@ -97,5 +97,35 @@ describe("delivery actions", () => {
           SELECT status, lease_token FROM outbox WHERE delivery_id = ${id("held")}`
         expect(lease[0]).toEqual({ status: "leased", lease_token: "worker-1" })
       }))
+
+    it.effect("replay: since inclusive and until exclusive on the enqueue time; rows outside stay dead letters", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        const times = ["2026-01-01T00:00:00.000Z", "2026-01-02T00:00:00.000Z", "2026-01-03T00:00:00.000Z"]
+        for (const [i, t] of times.entries()) {
+          const id = `${alice.did}-d${i + 1}`
+          yield* insertDelivery(alice.did, "w", id, { status: "dead_letter", errorKind: "http_4xx" })
+          yield* sql`UPDATE outbox SET created_at = ${t}::timestamptz, updated_at = now() - interval '1 minute'
+            WHERE delivery_id = ${id}`
+        }
+        const statuses = () =>
+          Effect.map(
+            sql<{ delivery_id: string; status: string }>`
+              SELECT delivery_id, status FROM outbox WHERE owner_did = ${alice.did} ORDER BY created_at`,
+            (rows) => rows.map((r) => r.status)
+          )
+
+        const from = yield* callAs(alice, `${W}.replay`, { body: { since: times[1] } })
+        expect([from.status, from.body]).toEqual([200, { replayed: 2, truncated: false }])
+        expect(yield* statuses()).toEqual(["dead_letter", "pending", "pending"])
+
+        yield* sql`UPDATE outbox SET status = 'dead_letter', updated_at = now() - interval '1 minute'
+          WHERE owner_did = ${alice.did}`
+        const before = yield* callAs(alice, `${W}.replay`, { body: { until: times[1] } })
+        expect([before.status, before.body]).toEqual([200, { replayed: 1, truncated: false }])
+        expect(yield* statuses()).toEqual(["pending", "dead_letter", "dead_letter"])
+      }))
   })
 })
