@@ -127,5 +127,17 @@ describe("delivery actions", () => {
         expect([before.status, before.body]).toEqual([200, { replayed: 1, truncated: false }])
         expect(yield* statuses()).toEqual(["pending", "dead_letter", "dead_letter"])
       }))
+
+    it.effect("replay: since not earlier than until is InvalidRequest (never a 500), nothing replayed", () =>
+      Effect.gen(function*() {
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        yield* insertDelivery(alice.did, "w", `${alice.did}-dead`, { status: "dead_letter", errorKind: "http_4xx" })
+        for (const until of ["2026-01-01T00:00:00.000Z", "2025-12-31T00:00:00.000Z"]) {
+          const r = yield* callAs(alice, `${W}.replay`, { body: { since: "2026-01-01T00:00:00.000Z", until } })
+          expect([until, r.status, r.body["error"]]).toEqual([until, 400, "InvalidRequest"])
+        }
+        expect(yield* statusOf(`${alice.did}-dead`)).toBe("dead_letter")
+      }))
   })
 })
