@@ -139,5 +139,56 @@ describe("delivery actions", () => {
         }
         expect(yield* statusOf(`${alice.did}-dead`)).toBe("dead_letter")
       }))
+
+    it.effect("replay: one that stops at its statement bound (dead letters kept coming) says truncated", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        const deadLetters = (from: number, count: number, createdAt: string) =>
+          sql`
+          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+            event_rkey, event_operation, target_url, signing_mode, fingerprint, status, attempt_count,
+            last_error_kind, finished_at, created_at, updated_at)
+          SELECT ${alice.did} || '-' || g, 'ev-' || ${alice.did} || '-' || g, ${alice.did}, 'w', 'direct', ${alice.did},
+            'app.bsky.feed.post', 'p', 'create', 'https://receiver.example/hook', 'secret_id', 'fp-w', 'dead_letter', 1,
+            'http_4xx', now(), ${createdAt}::timestamptz + g * interval '1 ms', now() - interval '1 hour'
+          FROM generate_series(${from}::int, ${from + count - 1}::int) g`
+        // 1,000 dead letters: a replay counts them and allows itself 2 statements of 1,000. Each of its
+        // statements lets 1,000 more in, as dead letters committed late by transactions older than
+        // the replay would be (updated before it started, enqueued after the last row it took).
+        yield* deadLetters(1, 1000, "2026-01-01T00:00:00Z")
+        yield* sql.unsafe(`
+          CREATE FUNCTION test_late_dead_letters() RETURNS trigger LANGUAGE plpgsql AS $$
+          DECLARE k int;
+          BEGIN
+            SELECT count(*) INTO k FROM outbox WHERE owner_did = '${alice.did}';
+            IF k < 4000 THEN
+              INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did,
+                event_collection, event_rkey, event_operation, target_url, signing_mode, fingerprint, status,
+                attempt_count, last_error_kind, finished_at, created_at, updated_at)
+              SELECT '${alice.did}-' || g, 'ev-${alice.did}-' || g, '${alice.did}', 'w', 'direct', '${alice.did}',
+                'app.bsky.feed.post', 'p', 'create', 'https://receiver.example/hook', 'secret_id', 'fp-w',
+                'dead_letter', 1, 'http_4xx', now(), '2026-02-01T00:00:00Z'::timestamptz + g * interval '1 ms',
+                now() - interval '1 hour'
+              FROM generate_series(k + 1, k + 1000) g;
+            END IF;
+            RETURN NULL;
+          END $$`)
+        yield* sql.unsafe(`CREATE TRIGGER test_late_dead_letters AFTER UPDATE ON outbox
+          FOR EACH STATEMENT EXECUTE FUNCTION test_late_dead_letters()`)
+        const r = yield* callAs(alice, `${W}.replay`, { body: {} }).pipe(
+          Effect.ensuring(
+            sql.unsafe("DROP TRIGGER test_late_dead_letters ON outbox").pipe(
+              Effect.zipRight(sql.unsafe("DROP FUNCTION test_late_dead_letters()")),
+              Effect.orDie
+            )
+          )
+        )
+        expect([r.status, r.body]).toEqual([200, { replayed: 2000, truncated: true }])
+        const left = yield* sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM outbox WHERE owner_did = ${alice.did} AND status = 'dead_letter'`
+        expect(left[0]?.n).toBe(1000)
+      }))
   })
 })
