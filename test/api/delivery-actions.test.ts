@@ -190,5 +190,17 @@ describe("delivery actions", () => {
           SELECT count(*)::int AS n FROM outbox WHERE owner_did = ${alice.did} AND status = 'dead_letter'`
         expect(left[0]?.n).toBe(1000)
       }))
+
+    it.effect("test: a webhook marked gone is refused (its row would be parked unsent), nothing queued", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "gone", { state: { gone_at: "now()" } })
+        const refused = yield* callAs(alice, `${W}.test`, { body: { rkey: "gone" } })
+        expect([refused.status, refused.body["error"]]).toEqual([400, "InvalidRequest"])
+        expect(refused.body["message"]).toContain("marked gone")
+        const queued = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox WHERE owner_did = ${alice.did}`
+        expect(queued[0]?.n).toBe(0)
+      }))
   })
 })
