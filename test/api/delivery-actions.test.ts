@@ -202,5 +202,34 @@ describe("delivery actions", () => {
         const queued = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox WHERE owner_did = ${alice.did}`
         expect(queued[0]?.n).toBe(0)
       }))
+
+    it.effect("resume: without replay the parked rows stay parked; a disabled or refused record resumes as disabled", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "down", { state: { auto_disabled_at: "now()", parked: "1" } })
+        yield* insertDelivery(alice.did, "down", `${alice.did}-parked`, {
+          status: "dead_letter",
+          errorKind: "webhook_disabled"
+        })
+        const plain = yield* callAs(alice, `${W}.resume`, { body: { rkey: "down" } })
+        expect([plain.status, plain.body]).toEqual([200, { state: "active", replayed: 0 }])
+        expect(yield* statusOf(`${alice.did}-parked`)).toBe("dead_letter")
+
+        yield* insertWebhook(alice.did, "off", { enabled: false, state: { gone_at: "now()" } })
+        yield* insertWebhook(alice.did, "over", { enabled: true, active: false, state: { auto_disabled_at: "now()" } })
+        const off = yield* callAs(alice, `${W}.resume`, { body: { rkey: "off" } })
+        expect([off.status, off.body]).toEqual([200, { state: "disabled", replayed: 0 }])
+        const over = yield* callAs(alice, `${W}.resume`, { body: { rkey: "over" } })
+        expect([over.status, over.body]).toEqual([200, { state: "disabled", replayed: 0 }])
+        const marks = yield* sql<{ rkey: string; gone: boolean; auto: boolean }>`
+          SELECT rkey, gone_at IS NOT NULL AS gone, auto_disabled_at IS NOT NULL AS auto FROM webhooks
+          WHERE owner_did = ${alice.did} ORDER BY rkey`
+        expect(marks).toEqual([
+          { rkey: "down", gone: false, auto: false },
+          { rkey: "off", gone: false, auto: false },
+          { rkey: "over", gone: false, auto: false }
+        ])
+      }))
   })
 })
