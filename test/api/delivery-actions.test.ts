@@ -128,6 +128,21 @@ describe("delivery actions", () => {
         expect(yield* statuses()).toEqual(["pending", "dead_letter", "dead_letter"])
       }))
 
+    it.effect("replay: inactive counts only the rows enqueued for an older version of their webhook", () =>
+      Effect.gen(function*() {
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        yield* insertDelivery(alice.did, "w", `${alice.did}-current`, { status: "dead_letter", errorKind: "http_4xx" })
+        // enqueued for the record as it was before its latest version: the worker cancels it unsent
+        yield* insertDelivery(alice.did, "w", `${alice.did}-older`, {
+          status: "dead_letter",
+          errorKind: "http_4xx",
+          fingerprint: "fp-before"
+        })
+        const r = yield* callAs(alice, `${W}.replay`, { body: { rkey: "w" } })
+        expect([r.status, r.body]).toEqual([200, { replayed: 2, truncated: false, inactive: 1 }])
+      }))
+
     it.effect("replay: since not earlier than until is InvalidRequest (never a 500), nothing replayed", () =>
       Effect.gen(function*() {
         const alice = yield* newOwner()
