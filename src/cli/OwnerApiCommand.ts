@@ -201,6 +201,9 @@ const resume = Command.make(
       yield* out(
         `webhook ${o.rkey} is ${res.state}${o.replay ? `; replaying ${res.replayed} parked deliveries` : ""}`
       )
+      if (res.truncated === true) {
+        yield* out(`(more than ${WebhookLexicon.REPLAY_MAX} parked: run resume --replay again)`)
+      }
     })
 ).pipe(Command.withDescription("resume a webhook firehook disabled (gone, or auto-disabled after failing)"))
 

@@ -228,7 +228,10 @@ export const resume = contract({
   input: Schema.Struct({ rkey: RecordKey, replay: Schema.optional(Schema.Boolean) }),
   output: Schema.Struct({
     state: Schema.Literal(...WEBHOOK_STATES),
-    replayed: Schema.Int.pipe(Schema.between(0, REPLAY_MAX))
+    /** parked deliveries replayed: at most {@link REPLAY_MAX} per call */
+    replayed: Schema.Int.pipe(Schema.between(0, REPLAY_MAX)),
+    /** present (true) when more parked deliveries are left: resume with replay again */
+    truncated: Schema.optional(Schema.Boolean)
   }),
   errors: ["NotFound"]
 })

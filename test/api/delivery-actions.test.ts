@@ -246,5 +246,37 @@ describe("delivery actions", () => {
           { rkey: "over", gone: false, auto: false }
         ])
       }))
+
+    it.effect("resume with replay: at most 10,000 parked rows per call, truncated beyond; the next call takes the rest", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "down", { state: { auto_disabled_at: "now()", parked: "1" } })
+        // parked rows of two disable episodes (a resume without replay clears the parked count only)
+        const event = `ev-${alice.did}-parked`
+        yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES (${event}, '{}', 'x')`
+        yield* sql`
+          INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+            event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, status, attempt_count,
+            last_error_kind, finished_at, updated_at)
+          SELECT ${alice.did} || '-p' || g, ${event}, ${alice.did}, 'down', 'direct', ${alice.did}, 'app.bsky.feed.post',
+            'p1', 'create', 'https://receiver.example/hook', 'secret_id', 'main', 'fp-down', 'dead_letter', 0,
+            'webhook_disabled', now() - interval '1 minute', now() - interval '1 minute'
+          FROM generate_series(1, 10005) g`
+        const counts = () =>
+          Effect.map(
+            sql<{ status: string; n: number }>`
+              SELECT status, count(*)::int AS n FROM outbox WHERE owner_did = ${alice.did} GROUP BY status ORDER BY status`,
+            (rows) => Object.fromEntries(rows.map((r) => [r.status, r.n]))
+          )
+
+        const first = yield* callAs(alice, `${W}.resume`, { body: { rkey: "down", replay: true } })
+        expect([first.status, first.body]).toEqual([200, { state: "active", replayed: 10_000, truncated: true }])
+        expect(yield* counts()).toEqual({ dead_letter: 5, pending: 10_000 })
+
+        const rest = yield* callAs(alice, `${W}.resume`, { body: { rkey: "down", replay: true } })
+        expect([rest.status, rest.body]).toEqual([200, { state: "active", replayed: 5 }])
+        expect(yield* counts()).toEqual({ pending: 10_005 })
+      }))
   })
 })

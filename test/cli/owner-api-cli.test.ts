@@ -574,6 +574,17 @@ describe("firehook hooks: the owners' API commands", () => {
       })
       const resumedJson = await hooks(env, ["resume", "hook", "--json"])
       expect(JSON.parse(resumedJson.stdout)).toEqual({ state: "active", replayed: 0 })
+      // more parked rows than one call replays: the service says truncated, the CLI says to run it again
+      fake.answers.set("dev.firehook.webhook.resume", () => ({
+        status: 200,
+        body: checked(WebhookLexicon.resume, { state: "active", replayed: 10_000, truncated: true })
+      }))
+      const resumedMore = await hooks(env, ["resume", "hook", "--replay"])
+      expectOk(resumedMore)
+      expect(lines(resumedMore.stdout)).toEqual([
+        "webhook hook is active; replaying 10000 parked deliveries",
+        "(more than 10000 parked: run resume --replay again)"
+      ])
 
       // every call: carol's own token, for that method, a token used once
       const made = fake.calls.slice(callsFrom)

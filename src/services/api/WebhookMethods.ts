@@ -153,11 +153,15 @@ export const list = method(WebhookLexicon.list, ({ caller }) =>
 export const resume = method(WebhookLexicon.resume, ({ caller, input }) =>
   Effect.gen(function*() {
     const states = yield* WebhookStateStore
-    const result = yield* states.resume(caller, input.rkey, { replay: input.replay === true, by: "owner" })
+    const result = yield* states.resume(caller, input.rkey, {
+      replay: input.replay === true,
+      by: "owner",
+      max: WebhookLexicon.REPLAY_MAX
+    })
     if (Option.isNone(result)) return yield* Effect.fail(declared("NotFound", "no webhook with this rkey"))
     const r = result.value
     const state: State = !r.enabled || !r.active ? "disabled" : "active"
-    return { state, replayed: Math.min(r.replayed, WebhookLexicon.REPLAY_MAX) }
+    return { state, replayed: r.replayed, ...(r.truncated ? { truncated: true } : {}) }
   }).pipe(
     Effect.catchTags({
       StoreError: storeFailure,

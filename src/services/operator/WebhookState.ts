@@ -70,6 +70,8 @@ export interface ResumeResult {
   readonly active: boolean
   /** parked rows replayed (0 without `replay`) */
   readonly replayed: number
+  /** `max` was reached and parked rows of the webhook remain (a later resume with `replay` takes them) */
+  readonly truncated: boolean
 }
 
 export interface WebhookStateShape {
@@ -79,7 +81,12 @@ export interface WebhookStateShape {
   readonly resume: (
     ownerDid: string,
     rkey: string,
-    options?: { readonly replay?: boolean; readonly by?: "owner" | "operator" }
+    options?: {
+      readonly replay?: boolean
+      readonly by?: "owner" | "operator"
+      /** replay at most this many parked rows (default: all of them) */
+      readonly max?: number
+    }
   ) => Effect.Effect<Option.Option<ResumeResult>, StoreError | Operator.InvalidArgument>
 }
 
@@ -183,13 +190,22 @@ export const make = Effect.gen(function*() {
         RETURNING w.enabled, w.active, prev.cleared`.pipe(storeOp("webhookState.resume"))
       const row = rows[0]
       if (row === undefined) return Option.none<ResumeResult>()
-      const replayed = options.replay === true
-        ? (yield* operator.replayDeadLetters({ owner: ownerDid, webhook: rkey, errorKind: PARKED_KIND })).replayed
-        : 0
+      const { replayed, truncated } = options.replay === true
+        ? yield* operator.replayDeadLetters(
+          { owner: ownerDid, webhook: rkey, errorKind: PARKED_KIND },
+          options.max === undefined ? undefined : { max: options.max }
+        )
+        : { replayed: 0, truncated: false }
       yield* Effect.logInfo("webhook resumed").pipe(
-        Effect.annotateLogs({ ownerDid, rkey, cleared: row.cleared, replayed, by: options.by ?? "owner" })
+        Effect.annotateLogs({ ownerDid, rkey, cleared: row.cleared, replayed, truncated, by: options.by ?? "owner" })
       )
-      return Option.some<ResumeResult>({ cleared: row.cleared, enabled: row.enabled, active: row.active, replayed })
+      return Option.some<ResumeResult>({
+        cleared: row.cleared,
+        enabled: row.enabled,
+        active: row.active,
+        replayed,
+        truncated
+      })
     })
 
   const shape: WebhookStateShape = { list, resume }
