@@ -4,11 +4,19 @@
  * exact fields, the swap values, the pages asked for), what it refuses before signing in, and what
  * it never returns or prints (SPEC §1, §8.6; README "hooks"). test/cli/hooks-cli.test.ts runs the
  * commands as processes against a real PDS and firehook.
+ *
+ * The last block runs `firehook hooks create|list|enable|disable|delete` (HooksCommand.ts)
+ * in-process too, with its output captured.
  */
+import { Command } from "@effect/cli"
+import { NodeContext } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Either, Option, Redacted, TestClock } from "effect"
+import { ConfigProvider, Effect, Either, Exit, Option, Redacted, TestClock } from "effect"
+import { vi } from "vitest"
+import { describeFailure } from "../../src/cli/Failure.js"
 import { classify } from "../../src/cli/HookErrors.js"
 import * as Hooks from "../../src/cli/HookRecords.js"
+import { hooks } from "../../src/cli/HooksCommand.js"
 import { type FakePds, fakePds, PDS_DID, PDS_HANDLE, PDS_PASSWORD, writes } from "./hook-records-fake-pds.js"
 
 const WH = "place.wisp.v2.wh"
@@ -41,6 +49,57 @@ const signedIn = <A, E>(pds: FakePds, f: (h: Hooks.HooksShape) => Effect.Effect<
   Effect.scoped(Effect.flatMap(Hooks.make(conn(pds), { allowInsecureDev: false }), f))
 
 const failureOf = <A, E>(self: Effect.Effect<A, E>) => Effect.flip(self)
+
+// ---------------------------------------------------------------------------------------------
+// The command in-process
+
+interface Run {
+  readonly code: number
+  readonly line: string
+  readonly stdout: string
+}
+
+const text = (chunk: unknown): string => typeof chunk === "string" ? chunk : Buffer.from(chunk as Uint8Array).toString()
+
+/** `firehook hooks <args>` with the owner's environment pointing at `pds`. */
+const run = (
+  pds: FakePds,
+  args: ReadonlyArray<string>,
+  env: Record<string, string> = {}
+): Effect.Effect<Run> =>
+  Effect.acquireUseRelease(
+    Effect.sync(() => {
+      const stdout: Array<string> = []
+      const out = vi.spyOn(process.stdout, "write").mockImplementation((chunk: unknown) => {
+        stdout.push(text(chunk))
+        return true
+      })
+      const err = vi.spyOn(process.stderr, "write").mockImplementation(() => true)
+      return { stdout, restore: () => [out, err].forEach((s) => s.mockRestore()) }
+    }),
+    (captured) =>
+      Command.run(hooks, { name: "firehook", version: "0" })(["bun", "firehook", ...args]).pipe(
+        Effect.provide(NodeContext.layer),
+        Effect.withConfigProvider(
+          ConfigProvider.fromMap(
+            new Map(Object.entries({
+              ATPROTO_PDS: pds.url,
+              ATPROTO_IDENTIFIER: PDS_HANDLE,
+              ATPROTO_APP_PASSWORD: PDS_PASSWORD,
+              ...env
+            }))
+          )
+        ),
+        Effect.exit,
+        Effect.map((exit) => {
+          const { code, line } = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
+          return { code, line, stdout: captured.stdout.join("") }
+        })
+      ),
+    (captured) => Effect.sync(captured.restore)
+  )
+
+const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)
 
 // ---------------------------------------------------------------------------------------------
 
@@ -646,5 +705,204 @@ describe("firehook hooks: the library signed in to a PDS", () => {
         ]
       ])
       expect([...pds.records.keys()]).toEqual(["b"])
+    }))
+})
+
+describe("firehook hooks create|list|enable|disable|delete (the commands, in-process)", () => {
+  it.scoped("create refuses conflicting or missing options with code 2 before signing in", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      const url = ["--url", URL_A]
+      const one = "choose at most one of --secret, --secret-id, --generate-secret"
+      const cases: ReadonlyArray<[ReadonlyArray<string>, string]> = [
+        [["--collection", "app.bsky.feed.post", ...url, "--secret", "s3cret-x", "--secret-id", "main"], one],
+        [["--collection", "app.bsky.feed.post", ...url, "--secret", "s3cret-x", "--generate-secret"], one],
+        [["--collection", "app.bsky.feed.post", ...url, "--secret-id", "main", "--generate-secret"], one],
+        [["--collection", "app.bsky.feed.post", "--scope", POSTS, ...url], "give exactly one of --scope, --collection"],
+        [url, "give exactly one of --scope, --collection"],
+        [
+          ["--collection", "app.bsky.feed.post", ...url, "--events", "create,upsert"],
+          "invalid --events: a comma-separated list of create, update, delete, each at most once"
+        ],
+        [
+          ["--collection", "app.bsky.feed.post", ...url, "--rkey", "a/b"],
+          "invalid --rkey: must be a record key ([A-Za-z0-9._~:@+-], 1-512 characters)"
+        ]
+      ]
+      for (const [args, line] of cases) {
+        const r = yield* run(pds, ["create", ...args])
+        expect(r, line).toEqual({ code: 2, line, stdout: "" })
+        expect(r.line).not.toContain("s3cret-x")
+      }
+      // an http:// receiver: the mode is read as the service reads it
+      const dev = yield* run(pds, [
+        "create",
+        "--collection",
+        "app.bsky.feed.post",
+        "--url",
+        "http://127.0.0.1:9/h",
+        "--json"
+      ], {
+        NODE_ENV: "test",
+        WEBHOOK_ALLOW_INSECURE_DEV: "1"
+      })
+      expect(dev.code, dev.line).toBe(0)
+      const prod = yield* run(
+        pds,
+        ["create", "--collection", "app.bsky.feed.post", "--url", "https://a.example.com/h"],
+        {
+          WEBHOOK_ALLOW_INSECURE_DEV: "1"
+        }
+      )
+      expect(prod.code).toBe(2)
+      expect(prod.line).toContain("WEBHOOK_ALLOW_INSECURE_DEV")
+      // one sign-in (the accepted create); the refusals never reached the PDS
+      expect(pds.calls.filter((c) => c.nsid === "com.atproto.server.createSession")).toHaveLength(1)
+      expect(writes(pds)).toHaveLength(1)
+    }))
+
+  it.scoped("create: the generated secret is printed once (and is the one written); an inline one never", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      const base = ["create", "--collection", "app.bsky.feed.post", "--url", URL_A]
+      const gen = yield* run(pds, [...base, "--generate-secret"])
+      expect(gen.code, gen.line).toBe(0)
+      const [first, second, ...rest] = lines(gen.stdout)
+      const rkey = [...pds.records.keys()][0] ?? ""
+      const written = pds.records.get(rkey)?.value
+      const secret = typeof written === "object" && written !== null && "secret" in written
+        ? String(written.secret)
+        : ""
+      expect(secret).toMatch(/^whsec_/)
+      expect(first).toBe(`created webhook ${rkey}: at://${PDS_DID}/${WH}/${rkey}`)
+      expect(second).toBe(`signing secret (shown once): ${secret}`)
+      expect(rest).toEqual([])
+      const json = yield* run(pds, [...base, "--generate-secret", "--json", "--disabled"])
+      const out = JSON.parse(json.stdout) as Record<string, unknown>
+      const rkey2 = String(out["rkey"])
+      expect(out).toEqual({
+        did: PDS_DID,
+        uri: `at://${PDS_DID}/${WH}/${rkey2}`,
+        rkey: rkey2,
+        cid: pds.records.get(rkey2)?.cid,
+        enabled: false,
+        secret: (pds.records.get(rkey2)?.value as Record<string, unknown>)["secret"]
+      })
+      expect(pds.records.get(rkey2)?.value).toMatchObject({ enabled: false })
+      const inline = "inline-s3cret-value"
+      const given = yield* run(pds, [...base, "--secret", inline, "--disabled"])
+      expect(given.code, given.line).toBe(0)
+      expect(lines(given.stdout)).toHaveLength(1)
+      expect(given.stdout).toMatch(/^created webhook \S+ \(disabled\): at:\/\//)
+      expect(given.stdout).not.toContain(inline)
+      const givenJson = yield* run(pds, [...base, "--secret", inline, "--json"])
+      expect(givenJson.stdout).not.toContain(inline)
+      expect(JSON.parse(givenJson.stdout)).not.toHaveProperty("secret")
+      expect(JSON.parse(givenJson.stdout)).toMatchObject({ enabled: true })
+    }))
+
+  it.scoped("list: no secret and no URL unless --show-urls; all events spelled out; truncation said", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      const empty = yield* run(pds, ["list"])
+      expect(empty).toEqual({ code: 0, line: "", stdout: `no webhooks in ${PDS_DID}\n` })
+      const secret = "inline-s3cret-value"
+      pds.records.set("a", {
+        cid: "bafyreid5o5c76xtan7fczhhgvohrc5zwbyau4jccaxawmlzyi4jtrlmc7y",
+        value: {
+          $type: WH,
+          scope: { aturi: POSTS, backlinks: true },
+          url: URL_A,
+          secret,
+          createdAt: "2026-01-01T00:00:00Z"
+        }
+      })
+      pds.records.set("b", {
+        cid: "bafyreiam6rraof6pfsms5ddub2vxguzjxey4oxyrywjqdpuht6c3lgt2xi",
+        value: {
+          $type: WH,
+          scope: { aturi: POSTS },
+          url: "ftp://b.example.com",
+          events: ["create"],
+          secretId: "main",
+          enabled: false,
+          createdAt: "2026-01-01T00:00:00Z"
+        }
+      })
+      const table = yield* run(pds, ["list"])
+      expect(table.code, table.line).toBe(0)
+      expect(table.stdout).not.toContain(secret)
+      expect(table.stdout).not.toContain("example.com")
+      const rows = lines(table.stdout).map((l) => l.trim().split(/\s+/))
+      expect(rows).toEqual([
+        ["RKEY", "SCOPE", "EVENTS", "ENABLED", "SIGNING", "FIREHOOK"],
+        ["a", POSTS, "+backlinks", "all", "yes", "secret", "accepted"],
+        ["b", POSTS, "create", "no", "secretId:main", "rejected", "(url)"]
+      ])
+      const withUrls = yield* run(pds, ["list", "--show-urls"])
+      expect(lines(withUrls.stdout)[0]?.trim().split(/\s+/).at(-1)).toBe("URL")
+      expect(withUrls.stdout).toContain(URL_A)
+      expect(withUrls.stdout).toContain("ftp://b.example.com")
+      expect(withUrls.stdout).not.toContain(secret)
+      const json = yield* run(pds, ["list", "--json"])
+      const listed = JSON.parse(json.stdout) as { webhooks: ReadonlyArray<Record<string, unknown>>; truncated: boolean }
+      expect(json.stdout).not.toContain(secret)
+      expect(json.stdout).not.toContain("example.com")
+      expect(listed.truncated).toBe(false)
+      expect(listed.webhooks.map((w) => [w["rkey"], w["url"], w["events"], w["accepted"], w["invalid"], w["secretId"]]))
+        .toEqual([
+          ["a", "[redacted]", ["create", "update", "delete"], true, null, null],
+          ["b", "[redacted]", ["create"], false, "url", "main"]
+        ])
+      const jsonUrls = JSON.parse((yield* run(pds, ["list", "--json", "--show-urls"])).stdout) as {
+        webhooks: ReadonlyArray<Record<string, unknown>>
+      }
+      expect(jsonUrls.webhooks.map((w) => w["url"])).toEqual([URL_A, "ftp://b.example.com"])
+      const value = { $type: WH, scope: { aturi: POSTS }, url: URL_A, createdAt: "2026-01-01T00:00:00Z" }
+      for (let i = 0; i < 5001; i++) pds.records.set(`k${String(i).padStart(5, "0")}`, { cid: pds.nextCid(), value })
+      const long = yield* run(pds, ["list"])
+      expect(lines(long.stdout).at(-1)).toBe("(the first 5000 records; more exist)")
+    }))
+
+  it.scoped("enable/disable/delete: the line said, the JSON, and code 2 for a bad key before signing in", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      const value = { $type: WH, scope: { aturi: POSTS }, url: URL_A, createdAt: "2026-01-01T00:00:00Z" }
+      pds.records.set("a", { cid: "bafyreic27evmyyypg7dg45d36e2ypgsxnujyn7fout74uzs7cvhyt3sx4e", value })
+      expect(yield* run(pds, ["disable", "a"])).toEqual({ code: 0, line: "", stdout: "disabled webhook a\n" })
+      expect(pds.records.get("a")?.value).toMatchObject({ enabled: false })
+      expect(yield* run(pds, ["disable", "a"])).toEqual({
+        code: 0,
+        line: "",
+        stdout: "webhook a is already disabled\n"
+      })
+      const on = yield* run(pds, ["enable", "a", "--json"])
+      expect(JSON.parse(on.stdout)).toEqual({
+        rkey: "a",
+        uri: `at://${PDS_DID}/${WH}/a`,
+        cid: pds.records.get("a")?.cid,
+        enabled: true,
+        changed: true
+      })
+      expect(pds.records.get("a")?.value).toMatchObject({ enabled: true })
+      expect(yield* run(pds, ["enable", "a"])).toEqual({ code: 0, line: "", stdout: "webhook a is already enabled\n" })
+      const calls = pds.calls.length
+      for (const cmd of ["enable", "disable", "delete"]) {
+        expect(yield* run(pds, [cmd, "a/b"])).toEqual({
+          code: 2,
+          line: "invalid <rkey>: must be a record key",
+          stdout: ""
+        })
+      }
+      expect(pds.calls).toHaveLength(calls)
+      expect(yield* run(pds, ["delete", "a", "--json"])).toEqual({
+        code: 0,
+        line: "",
+        stdout: `${JSON.stringify({ rkey: "a", uri: `at://${PDS_DID}/${WH}/a`, deleted: true }, null, 2)}\n`
+      })
+      expect(pds.records.size).toBe(0)
+      expect(yield* run(pds, ["delete", "a"])).toEqual({ code: 1, line: "no webhook record a", stdout: "" })
+      const wrong = yield* run(pds, ["list"], { ATPROTO_APP_PASSWORD: "wrong-pass-999" })
+      expect(wrong).toEqual({ code: 1, line: "login failed: invalid identifier or password", stdout: "" })
     }))
 })
