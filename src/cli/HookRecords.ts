@@ -280,7 +280,9 @@ const validateDraft = (
  */
 export const checkDraft = (draft: Draft, allowInsecureDev: boolean): Either.Either<void, HooksInvalid> => {
   if (Option.isSome(draft.rkey) && !isRkey(draft.rkey.value)) {
-    return Either.left(invalid("invalid --rkey: must be a record key ([A-Za-z0-9._~:@+-], 1-512 characters)"))
+    return Either.left(
+      invalid("invalid --rkey: must be a record key ([A-Za-z0-9._~:%@+-], 1-512 characters, not . or ..)")
+    )
   }
   return Either.map(
     validateDraft(draft, PLACEHOLDER_DID, PLACEHOLDER_CREATED_AT, PLACEHOLDER_SECRET, allowInsecureDev),

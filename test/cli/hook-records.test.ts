@@ -147,7 +147,7 @@ describe("firehook hooks: the record from arguments (checkDraft, before signing 
     expect(refusal(rkey("sentinel"))).toBeUndefined()
     expect(refusal(rkey("k".repeat(512)))).toBeUndefined()
     expect(refusal(rkey("a%20b~c:d@e+f-g_h.i"))).toBeUndefined()
-    const bad = "invalid --rkey: must be a record key ([A-Za-z0-9._~:@+-], 1-512 characters)"
+    const bad = "invalid --rkey: must be a record key ([A-Za-z0-9._~:%@+-], 1-512 characters, not . or ..)"
     for (const k of ["a/b", "", "k".repeat(513), "a b", ".", ".."]) expect(refusal(rkey(k)), k).toBe(bad)
     expect(Hooks.checkRkey("3lhook")).toEqual(Either.right("3lhook"))
     for (const k of ["a/b", "", "k".repeat(513)]) {
@@ -726,7 +726,7 @@ describe("firehook hooks create|list|enable|disable|delete (the commands, in-pro
         ],
         [
           ["--collection", "app.bsky.feed.post", ...url, "--rkey", "a/b"],
-          "invalid --rkey: must be a record key ([A-Za-z0-9._~:@+-], 1-512 characters)"
+          "invalid --rkey: must be a record key ([A-Za-z0-9._~:%@+-], 1-512 characters, not . or ..)"
         ]
       ]
       for (const [args, line] of cases) {
