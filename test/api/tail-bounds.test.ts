@@ -3,11 +3,14 @@
  * "Owners' API: live tail and replicas"), in units on the TestClock: the hub built with no options
  * keeps 256 frames per connection and opens at most 1,000 connections in the process; its drops are
  * counted (the `#info` frame, `stats.dropped`, `firehook_tail_frames_dropped_total`) and its open
- * connections are the gauge `firehook_tail_connections`.
+ * connections are the gauge `firehook_tail_connections`. `TailSocket.room` with its defaults: 64 KiB,
+ * polled at most 250 ms apart, `SlowReader` after 30 s; a socket drained down to exactly its bound
+ * has room.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Metric, MetricState, Scope } from "effect"
+import { Duration, Effect, Exit, Fiber, Metric, MetricState, Ref, Scope, TestClock } from "effect"
 import * as TailHub from "../../src/services/api/Tail.js"
+import * as TailSocket from "../../src/services/api/TailSocket.js"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import { outcome } from "./tailClient.js"
 
@@ -97,5 +100,47 @@ describe("Tail hub at its defaults", () => {
       expect(yield* gauge).toBe(1)
       yield* Scope.close(one, Exit.void)
       expect(yield* gauge).toBe(0)
+    }))
+})
+
+/** Whether `fiber` has ended with a success (without waiting for it). */
+const succeeded = (fiber: Fiber.RuntimeFiber<void, TailSocket.SlowReader>) => {
+  const exit = fiber.unsafePoll()
+  return exit !== null && Exit.isSuccess(exit)
+}
+
+describe("TailSocket.room at its defaults", () => {
+  it.effect("64 KiB: at the bound at once, one byte over waits; drained, it has room within 250 ms; SlowReader at 30 s", () =>
+    Effect.gen(function*() {
+      const bytes = yield* Ref.make(64 * 1024)
+      const room = TailSocket.room(Ref.get(bytes))
+      yield* room
+      yield* Ref.set(bytes, 64 * 1024 + 1)
+      const waiting = yield* Effect.fork(room)
+      yield* TestClock.adjust(Duration.seconds(29))
+      expect(waiting.unsafePoll()).toBeNull()
+      // drained: the next look (at most 250 ms later) sees it
+      yield* Ref.set(bytes, 0)
+      yield* TestClock.adjust(Duration.millis(250))
+      expect(succeeded(waiting)).toBe(true)
+
+      yield* Ref.set(bytes, 64 * 1024 + 1)
+      const stuck = yield* Effect.fork(room)
+      yield* TestClock.adjust(Duration.millis(29_999))
+      expect(stuck.unsafePoll()).toBeNull()
+      yield* TestClock.adjust(Duration.millis(1))
+      expect(stuck.unsafePoll()).not.toBeNull()
+      expect((yield* Effect.flip(Fiber.join(stuck)))._tag).toBe("SlowReader")
+    }))
+
+  it.effect("a socket drained down to exactly its bound has room", () =>
+    Effect.gen(function*() {
+      const bytes = yield* Ref.make(1_001)
+      const waiting = yield* Effect.fork(TailSocket.room(Ref.get(bytes), 1_000, "30 seconds"))
+      yield* TestClock.adjust(Duration.seconds(1))
+      expect(waiting.unsafePoll()).toBeNull()
+      yield* Ref.set(bytes, 1_000)
+      yield* TestClock.adjust(TailSocket.DRAIN_POLL_MAX)
+      expect(succeeded(waiting)).toBe(true)
     }))
 })
