@@ -155,6 +155,19 @@ describe("subscribeDeliveries on a real socket", () => {
           yield* untilEffect("all released", Effect.map(connections, (n) => n === 0))
         }))
 
+      it.effect("the fifth connection of a DID is told why: 429 TooManyConnections 'at most 4 live tails per DID'", () =>
+        Effect.gen(function*() {
+          const a = yield* newOwner()
+          const tails = [yield* open(a), yield* open(a), yield* open(a), yield* open(a)]
+          yield* wallClock
+          expect(refusal(yield* openTail(yield* serverPort, yield* mint(a, NSID)))).toEqual([429, {
+            error: "TooManyConnections",
+            message: "at most 4 live tails per DID"
+          }])
+          for (const t of tails) yield* close(t)
+          yield* untilEffect("all released", Effect.map(connections, (n) => n === 0))
+        }))
+
       it.effect("a handshake the WebSocket server refuses (no Sec-WebSocket-Key) gives the DID's place back", () =>
         Effect.gen(function*() {
           yield* wallClock
