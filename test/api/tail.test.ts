@@ -168,6 +168,19 @@ describe("subscribeDeliveries on a real socket", () => {
           yield* untilEffect("all released", Effect.map(connections, (n) => n === 0))
         }))
 
+      it.effect("the stream is one way: a message from the client closes the connection and gives its place back", () =>
+        Effect.gen(function*() {
+          const a = yield* newOwner()
+          const tail = yield* open(a)
+          expect(yield* connections).toBe(1)
+          tail.ws.send("hello")
+          yield* until("closed by the service", () => tail.closed !== undefined)
+          yield* untilEffect("released", Effect.map(connections, (n) => n === 0))
+          // nothing reaches the closed connection
+          yield* publish([outcome(a.did)])
+          expect(tail.frames).toEqual([])
+        }))
+
       it.effect("a handshake the WebSocket server refuses (no Sec-WebSocket-Key) gives the DID's place back", () =>
         Effect.gen(function*() {
           yield* wallClock
