@@ -5,8 +5,9 @@
  * clearing the state and replaying the parked rows with their ids, and isolation between owners.
  */
 import { SqlClient } from "@effect/sql"
-import { describe, expect, layer } from "@effect/vitest"
+import { describe, expect, it, layer } from "@effect/vitest"
 import { Effect, TestClock } from "effect"
+import { circuitOf, stateOf } from "../../src/services/api/WebhookMethods.js"
 import { RejectedStore } from "../../src/services/registry/RejectedStore.js"
 import { insertDelivery, insertWebhook } from "../support/webhookRows.js"
 import { apiLayer, callAs, newOwner } from "./support.js"
@@ -165,6 +166,43 @@ describe("webhook methods", () => {
         expect(hooks.get("never")).toMatchObject({ state: "rejected", stateReason: "limit_total", url: "" })
       }))
 
+    it.effect("list: the signing mode as the owner names it (inline), backlinksOnly, and the circuit at its default threshold and cooldown", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const a = yield* newOwner()
+        yield* insertWebhook(a.did, "inline", {
+          state: {
+            signing_mode: "'record_secret'",
+            record: "jsonb_set(record, '{scope,backlinksOnly}', 'true')"
+          }
+        })
+        // DELIVERY_CIRCUIT_THRESHOLD 20 and DELIVERY_CIRCUIT_COOLDOWN_MS 60 s (the defaults)
+        const failing = (attempts: number, ago: string) => ({
+          failing_since: "now() - interval '1 hour'",
+          failed_attempts: String(attempts),
+          last_failure_at: `now() - interval '${ago}'`,
+          last_failure_kind: "'timeout'"
+        })
+        yield* insertWebhook(a.did, "twenty", { state: failing(20, "10 seconds") })
+        yield* insertWebhook(a.did, "nineteen", { state: failing(19, "10 seconds") })
+        yield* insertWebhook(a.did, "cooled", { state: failing(40, "90 seconds") })
+        // no failure streak (the last attempt succeeded): closed whatever the other columns say
+        yield* insertWebhook(a.did, "recovered", {
+          state: { failed_attempts: "40", last_failure_at: "now() - interval '10 seconds'" }
+        })
+        const hooks = byRkey((yield* callAs(a, `${W}.list`)).body)
+        expect(hooks.get("inline")).toMatchObject({
+          signing: "inline",
+          scope: { aturi: `at://${a.did}`, backlinks: true, backlinksOnly: true }
+        })
+        expect(["twenty", "nineteen", "cooled", "recovered"].map((k) => [k, hooks.get(k)?.["circuit"]])).toEqual([
+          ["twenty", "open"],
+          ["nineteen", "closed"],
+          ["cooled", "closed"],
+          ["recovered", "closed"]
+        ])
+      }))
+
     it.effect("test: an auto-disabled webhook is refused (its row would be parked unsent) until it is resumed", () =>
       Effect.gen(function*() {
         yield* wallClock
@@ -251,5 +289,33 @@ describe("webhook methods", () => {
         const after = byRkey((yield* callAs(a, `${W}.list`)).body)
         expect([after.get("down")?.["state"], after.get("gone")?.["state"]]).toEqual(["active", "active"])
       }))
+  })
+})
+
+describe("webhook views (units)", () => {
+  const at = new Date("2026-01-01T00:00:00.000Z")
+  const streak = { failingSince: at, failedAttempts: 20, lastFailureAt: at }
+
+  it("circuit: open from the threshold's failure on, while the last failure is younger than the cooldown", () => {
+    const t = at.getTime()
+    expect(circuitOf(streak, t + 59_999, 20, 60_000)).toBe("open")
+    expect(circuitOf(streak, t + 60_000, 20, 60_000)).toBe("closed")
+    expect(circuitOf({ ...streak, failedAttempts: 19 }, t, 20, 60_000)).toBe("closed")
+    expect(circuitOf({ ...streak, failingSince: undefined }, t, 20, 60_000)).toBe("closed")
+    expect(circuitOf({ ...streak, lastFailureAt: undefined }, t, 20, 60_000)).toBe("closed")
+  })
+
+  it("state: a record that says enabled: false is disabled, whatever else the webhook is", () => {
+    const base = { enabled: false, active: true, goneAt: at, autoDisabledAt: at, lastFailureKind: "http_5xx" }
+    expect(stateOf(base)).toEqual({ state: "disabled", reason: "record_disabled" })
+    expect(stateOf({ ...base, enabled: true })).toEqual({ state: "gone", reason: "gone", since: at })
+    expect(stateOf({ ...base, enabled: true, goneAt: undefined })).toEqual({
+      state: "autoDisabled",
+      reason: "http_5xx",
+      since: at
+    })
+    expect(stateOf({ ...base, enabled: true, goneAt: undefined, lastFailureKind: undefined })).toMatchObject({
+      reason: "failing"
+    })
   })
 })
