@@ -10,8 +10,22 @@
  *   and counts; a process that does not notify says so.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Queue, Scope, Stream, TestClock } from "effect"
+import { Duration, Effect, Metric, MetricState, Queue, Scope, Stream, TestClock } from "effect"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
+import { outcome } from "../api/tailClient.js"
+
+const OWNER = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
+
+const droppedTotal = Effect.map(Metric.snapshot, (pairs) => {
+  for (const pair of pairs) {
+    if (pair.metricKey.name !== "firehook_outcomes_dropped_total") continue
+    if (MetricState.isCounterState(pair.metricState)) return Number(pair.metricState.count)
+  }
+  return 0
+})
+
+/** The ids a payload carries. */
+const idsOf = (payload: string) => DeliveryOutcomes.decode(payload)?.outcomes.map((o) => o.id) ?? []
 
 describe("DeliveryOutcomes demand at its bounds", () => {
   it.scoped("a demand heard exactly 3,000 ms ago still counts; 3,001 ms ago it does not", () =>
@@ -54,5 +68,64 @@ describe("DeliveryOutcomes demand at its bounds", () => {
     Effect.gen(function*() {
       const outcomes = yield* DeliveryOutcomes.make()
       expect(yield* outcomes.notifying).toBe(false)
+    }))
+})
+
+describe("DeliveryOutcomes payloads at their bounds", () => {
+  it.effect("two outcomes whose payload is one byte under the bound are one payload; one byte less of bound: two", () =>
+    Effect.sync(() => {
+      const pair = [outcome(OWNER), outcome(OWNER)]
+      const whole = DeliveryOutcomes.encodePayloads("origin", pair, 1_000_000).payloads
+      expect(whole.map((p) => p.count)).toEqual([2])
+      const size = Buffer.byteLength(whole[0]!.text)
+      const fits = DeliveryOutcomes.encodePayloads("origin", pair, size + 1)
+      expect(fits.payloads.map((p) => [p.count, p.text])).toEqual([[2, whole[0]!.text]])
+      const split = DeliveryOutcomes.encodePayloads("origin", pair, size)
+      expect(split.payloads.map((p) => idsOf(p.text))).toEqual([[pair[0]!.id], [pair[1]!.id]])
+      expect(split.skipped).toBe(0)
+    }))
+
+  it.effect("an outcome too large on its own is left out (skipped), the others are sent", () =>
+    Effect.sync(() => {
+      const small = outcome(OWNER)
+      const alone = DeliveryOutcomes.encodePayloads("origin", [small], 1_000_000).payloads[0]!.text
+      const big = outcome(OWNER, { rkey: "r".repeat(200) })
+      const r = DeliveryOutcomes.encodePayloads("origin", [small, big, small], Buffer.byteLength(alone) + 100)
+      expect(r.skipped).toBe(1)
+      expect(r.payloads.flatMap((p) => idsOf(p.text))).toEqual([small.id, small.id])
+      for (const p of r.payloads) expect(Buffer.byteLength(p.text)).toBeLessThan(Buffer.byteLength(alone) + 100)
+    }))
+
+  it.effect("at most 256 outcomes a payload, each payload decodable", () =>
+    Effect.sync(() => {
+      const many = Array.from({ length: 300 }, () => outcome(OWNER))
+      const r = DeliveryOutcomes.encodePayloads("origin", many, 1_000_000)
+      expect(r.payloads.map((p) => p.count)).toEqual([256, 44])
+      expect(r.payloads.flatMap((p) => idsOf(p.text))).toEqual(many.map((o) => o.id))
+    }))
+
+  it.effect("by default each payload is under 7,000 bytes (PostgreSQL's NOTIFY takes 8,000)", () =>
+    Effect.sync(() => {
+      const many = Array.from({ length: 256 }, () => outcome(OWNER, { errorKind: "http_5xx", httpStatus: 503 }))
+      const r = DeliveryOutcomes.encodePayloads("origin", many)
+      expect(r.payloads.length).toBeGreaterThan(1)
+      const sizes = r.payloads.map((p) => Buffer.byteLength(p.text))
+      expect(Math.max(...sizes)).toBeLessThan(7_000)
+      // filled up to the bound, not split early
+      expect(sizes[0]).toBeGreaterThan(7_000 - 200)
+      expect(r.payloads.flatMap((p) => idsOf(p.text))).toEqual(many.map((o) => o.id))
+    }))
+
+  it.scoped("an outcome too large to notify is counted as dropped and not sent", () =>
+    Effect.gen(function*() {
+      const sent: Array<string> = []
+      const outcomes = yield* DeliveryOutcomes.make({ send: (p) => Effect.sync(() => void sent.push(p)) })
+      const before = yield* droppedTotal
+      yield* outcomes.publish(outcome(OWNER, { rkey: "r".repeat(7_000) }))
+      const marker = outcome(OWNER)
+      yield* outcomes.publish(marker)
+      yield* TestClock.adjust(Duration.zero)
+      expect(sent.flatMap(idsOf)).toEqual([marker.id])
+      expect((yield* droppedTotal) - before).toBe(1)
     }))
 })
