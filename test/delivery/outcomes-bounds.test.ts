@@ -10,8 +10,9 @@
  *   and counts; a process that does not notify says so.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Metric, MetricState, Queue, Scope, Stream, TestClock } from "effect"
+import { Deferred, Duration, Effect, Metric, MetricState, Queue, Scope, Stream, TestClock } from "effect"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
+import type { Outcome } from "../../src/services/delivery/DeliveryOutcomes.js"
 import { outcome } from "../api/tailClient.js"
 
 const OWNER = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
@@ -127,5 +128,40 @@ describe("DeliveryOutcomes payloads at their bounds", () => {
       yield* TestClock.adjust(Duration.zero)
       expect(sent.flatMap(idsOf)).toEqual([marker.id])
       expect((yield* droppedTotal) - before).toBe(1)
+    }))
+})
+
+describe("DeliveryOutcomes buffers", () => {
+  it.scoped("outcomes waiting to be notified: past 4,096 the oldest go first", () =>
+    Effect.gen(function*() {
+      const sent: Array<string> = []
+      const release = yield* Deferred.make<void>()
+      const outcomes = yield* DeliveryOutcomes.make({
+        send: (p) => Effect.zipRight(Deferred.await(release), Effect.sync(() => void sent.push(p)))
+      })
+      // the first is taken by the sender, which then waits
+      const first = outcome(OWNER)
+      yield* outcomes.publish(first)
+      yield* TestClock.adjust(Duration.zero)
+      const waiting: Array<Outcome> = Array.from({ length: DeliveryOutcomes.QUEUE_MAX + 10 }, () => outcome(OWNER))
+      for (const o of waiting) yield* outcomes.publish(o)
+      yield* Deferred.succeed(release, undefined)
+      const expected = [first, ...waiting.slice(10)].map((o) => o.id)
+      for (let i = 0; i < 100 && sent.flatMap(idsOf).length < expected.length; i++) {
+        yield* TestClock.adjust(Duration.zero)
+      }
+      expect(sent.flatMap(idsOf)).toEqual(expected)
+    }))
+
+  it.scoped("a subscriber that does not take: past 4,096 outcomes are dropped and counted", () =>
+    Effect.gen(function*() {
+      const outcomes = yield* DeliveryOutcomes.make()
+      const feed = yield* outcomes.subscribe
+      const before = yield* droppedTotal
+      const all = Array.from({ length: DeliveryOutcomes.PUBSUB_CAPACITY + 3 }, () => outcome(OWNER))
+      for (const o of all) yield* outcomes.publish(o)
+      expect((yield* droppedTotal) - before).toBe(3)
+      const held = yield* Queue.takeAll(feed)
+      expect([...held].map((o) => o.id)).toEqual(all.slice(0, DeliveryOutcomes.PUBSUB_CAPACITY).map((o) => o.id))
     }))
 })
