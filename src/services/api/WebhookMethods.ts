@@ -7,17 +7,19 @@
  *   (registry/RejectedStore, the newest 100: state `rejected`, the refusal as `stateReason`). A
  *   stored row refused for an admission limit (by a reconciliation's swap) is listed once: its
  *   record's fields with state `rejected` and the limit.
- *   `state`: `disabled` when the record says `enabled: false` (or it is not active), else `gone`
- *   (a 410) or `autoDisabled` (with the failure kind that disabled it as `stateReason`), else
- *   `active`.
+ *   `state`: `disabled` when the record says `enabled: false`, else `gone` (a 410) or
+ *   `autoDisabled` (with the failure kind that disabled it as `stateReason`), else `disabled`
+ *   (reason `inactive`) when it is not active, else `active`: gone and auto-disabled come first
+ *   because `resume` is what the owner can do about them.
  * - `circuit` is derived from the stored failure streak, so that every replica (an API-only one
  *   too) answers the same: `open` while the webhook has failed at least `DELIVERY_CIRCUIT_THRESHOLD`
  *   attempts in a row and the last failure is younger than `DELIVERY_CIRCUIT_COOLDOWN_MS`, else
  *   `closed`. The workers' breakers are per process and per URL origin; this is the owner's view
  *   of the same signal (never `probing`: which replica holds the probe is not stored).
- * - `resume {rkey, replay?}` → `{state, replayed}`: clears `gone` / `autoDisabled` (SPEC §4.3);
- *   `replay: true` also replays the rows parked meanwhile. An rkey the caller has no webhook under
- *   is `NotFound`.
+ * - `resume {rkey, replay?}` → `{state, replayed, truncated?}`: clears `gone` / `autoDisabled`
+ *   (SPEC §4.3); `replay: true` also replays the rows parked meanwhile, at most
+ *   {@link WebhookLexicon.REPLAY_MAX} per call (`truncated: true` when more are left). An rkey the
+ *   caller has no webhook under is `NotFound`.
  */
 import { Clock, Effect, Option } from "effect"
 import * as WebhookLexicon from "../../schemas/WebhookLexicon.js"
