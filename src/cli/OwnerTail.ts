@@ -8,7 +8,8 @@
  * unknown message types are skipped (as the event-stream spec says), invalid ones counted.
  *
  * Bounded: the socket's messages wait in a dropping queue of `TAIL_BUFFER` (a reader slower than
- * the service loses frames and says how many); the connection is opened within the call timeout
+ * the service loses frames and says how many; the service's close is queued after the frames
+ * received before it, so all of those are printed first); the connection is opened within the call timeout
  * and ended after `MAX_TAIL_DURATION` (the service closes it after 24 h); the socket is closed when
  * the scope closes (Ctrl-C / SIGTERM interrupt the program).
  *
@@ -128,7 +129,8 @@ export const tail = (
   Effect.scoped(Effect.gen(function*() {
     const bearer = yield* api.token(NSID)
     const url = `${api.serviceUrl.replace(/^http/, "ws")}/xrpc/${NSID}`
-    const queue = yield* Queue.dropping<Message>(TAIL_BUFFER)
+    // one place more than the frames it holds: the close, queued after them (never dropped)
+    const queue = yield* Queue.dropping<Message>(TAIL_BUFFER + 1)
     const opened = yield* Deferred.make<void>()
     const closed = yield* Deferred.make<TailEnd & { readonly opened: boolean }>()
     let dropped = 0
@@ -142,9 +144,11 @@ export const tail = (
           Deferred.unsafeDone(opened, Effect.void)
         }
         ws.onmessage = (e) => {
-          if (!queue.unsafeOffer({ _tag: "Data", data: e.data })) dropped++
+          const held = Option.getOrElse(queue.unsafeSize(), () => TAIL_BUFFER)
+          if (held >= TAIL_BUFFER || !queue.unsafeOffer({ _tag: "Data", data: e.data })) dropped++
         }
         ws.onclose = (e) => {
+          queue.unsafeOffer(closedMessage)
           Deferred.unsafeDone(closed, Effect.succeed({ code: e.code, reason: printable(e.reason), opened: wasOpen }))
         }
         return ws
@@ -177,10 +181,8 @@ export const tail = (
         })))
     }
     let reported = 0
-    const next: Effect.Effect<Message> = Effect.raceFirst(
-      Queue.take(queue),
-      Effect.zipRight(Deferred.await(closed), Effect.map(Queue.poll(queue), Option.getOrElse(() => closedMessage)))
-    )
+    // one consumer: the frames received before the close are all handled, then the close
+    const next: Effect.Effect<Message> = Queue.take(queue)
     const handle = (m: Message) =>
       Effect.gen(function*() {
         if (m._tag !== "Data") return
