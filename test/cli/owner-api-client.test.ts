@@ -42,7 +42,7 @@ const fakeHooks = () => {
 
 interface Plain {
   readonly url: string
-  readonly requests: Array<{ path: string; authorization: string | undefined }>
+  readonly requests: Array<{ path: string; authorization: string | undefined; contentType?: string }>
   answer: (path: string, res: Http.ServerResponse) => void
   readonly close: () => Promise<void>
 }
@@ -51,7 +51,11 @@ interface Plain {
 const plain = (): Promise<Plain> =>
   new Promise((resolve) => {
     const server = Http.createServer((req, res) => {
-      p.requests.push({ path: req.url ?? "/", authorization: req.headers.authorization })
+      p.requests.push({
+        path: req.url ?? "/",
+        authorization: req.headers.authorization,
+        ...(req.headers["content-type"] === undefined ? {} : { contentType: req.headers["content-type"] })
+      })
       p.answer(req.url ?? "/", res)
     })
     const p: Plain = {
@@ -290,6 +294,7 @@ describe("calls: a fresh token for each, addressed to the service for the method
       text: "the firehook service answered 502 to dev.firehook.webhook.list"
     })
     expect((await answer(400, { error: "!!!" })).error).toBe("Error")
+    expect(await answer(400, { message: "no name" })).toMatchObject({ error: "HttpError", status: 400 })
     expect(await answer(200, { webhooks: [{ rkey: "x" }] })).toMatchObject({
       error: "InvalidResponse",
       text: "the firehook service sent an invalid answer to dev.firehook.webhook.list"
@@ -306,6 +311,13 @@ describe("calls: a fresh token for each, addressed to the service for the method
         : res.writeHead(200).end(JSON.stringify({ webhooks: [] }))
     expect(left(await run(client.call(req)))).toMatchObject({ error: "Redirect", status: 302 })
     expect(bare.requests.slice(from).map((r) => r.path)).toEqual(["/xrpc/dev.firehook.webhook.list"])
+
+    bare.answer = (_p, res) => res.writeHead(200).end(JSON.stringify({ id: "whd_v1_1", previousStatus: "dead_letter" }))
+    const post = await Effect.runPromise(OwnerApi.request(WebhookLexicon.redeliver, { input: { id: "whd_v1_1" } }))
+    const before = bare.requests.length
+    expect(Either.isRight(await run(client.call(post)))).toBe(true)
+    expect(Either.isRight(await run(client.call(req)))).toBe(false)
+    expect(bare.requests.slice(before).map((r) => r.contentType)).toEqual(["application/json", undefined])
 
     const empty = JSON.stringify({ webhooks: [] })
     const exactly = `${empty}${" ".repeat(OwnerApi.MAX_RESPONSE_BYTES - empty.length)}`
@@ -368,10 +380,18 @@ describe("calls: a fresh token for each, addressed to the service for the method
     expect(Option.map(refused, (e) => [e.error, e.status, e.text])).toEqual(
       Option.some(["TooManyConnections", 429, "TooManyConnections: 8 open"])
     )
+    fake.refuseUpgrade = { status: 400, body: { error: "InvalidRequest" } }
+    expect(Option.map(await Effect.runPromise(client.probe(Tail.NSID)), (e) => e.error)).toEqual(
+      Option.some("InvalidRequest")
+    )
     fake.refuseUpgrade = { status: 200, body: {} }
     expect(await Effect.runPromise(client.probe(Tail.NSID))).toEqual(Option.none())
     fake.refuseUpgrade = undefined
-    expect(pds.asked.map((a) => [a.aud, a.lxm])).toEqual([[FAKE_DID, Tail.NSID], [FAKE_DID, Tail.NSID]])
+    expect(pds.asked.map((a) => [a.aud, a.lxm])).toEqual([
+      [FAKE_DID, Tail.NSID],
+      [FAKE_DID, Tail.NSID],
+      [FAKE_DID, Tail.NSID]
+    ])
   })
 })
 
@@ -405,6 +425,14 @@ describe("the tables", () => {
     expect(shown[0]).toMatch(/LAST-ERROR\s+URL$/)
     expect(shown[1]).toMatch(/timeout\s+https:\/\/receiver\.example\/private$/)
     expect(View.statusTable([], false)).toBe("no webhooks known to this firehook service")
+    const odd = {
+      ...webhook.webhooks[0]!,
+      url: "https://receiver.example/a\u001b[2Jb",
+      lastError: { kind: "http_status", httpStatus: 503 }
+    }
+    const oddRow = View.statusTable([odd], true).split("\n")[1]
+    expect(oddRow).toMatch(/http_status 503\s+https:\/\/receiver\.example\/a \[2Jb$/)
+    expect(oddRow).not.toContain("\u001b")
   })
 
   const delivery = {
@@ -536,13 +564,19 @@ describe("tail", () => {
   /** Runs tail, driving the socket once made; the frames and losses it reported. */
   const drive = async (
     api: OwnerApi.OwnerApiShape,
-    script: (s: DrivenSocket) => void
+    script: (s: DrivenSocket) => void,
+    onEach: (handled: number, s: DrivenSocket) => void = () => undefined
   ) => {
     const frames: Array<Tail.TailFrame> = []
     const lost: Array<[string, number]> = []
     DrivenSocket.onMade = script
     const r = await run(Tail.tail(api, {
-      onFrame: (f) => Effect.sync(() => void frames.push(f)),
+      onFrame: (f) =>
+        Effect.sync(() => {
+          frames.push(f)
+          const s = DrivenSocket.made.at(-1)
+          if (s !== undefined) onEach(frames.length, s)
+        }),
       onLost: (what, n) => Effect.sync(() => void lost.push([what, n]))
     }))
     return { r, frames, lost, socket: DrivenSocket.made.at(-1) }
@@ -603,6 +637,24 @@ describe("tail", () => {
     expect(t.lost).toEqual([["dropped", 5]])
   })
 
+  it("drops reported as they happen: a second overflow reports only its own", async () => {
+    const burst = (s: DrivenSocket, n: number) => {
+      for (let i = 0; i < n; i++) s.send(cborFrame({ op: 1, t: "#outcome" }, outcome))
+    }
+    const t = await drive(shape().api, (s) => {
+      s.open()
+      burst(s, Tail.TAIL_BUFFER + 5)
+    }, (handled, s) => {
+      if (handled === Tail.TAIL_BUFFER) {
+        burst(s, Tail.TAIL_BUFFER + 3)
+        s.end(1000)
+      }
+    })
+    expect(t.r).toEqual(Either.right({ code: 1000, reason: "" }))
+    expect(t.frames).toHaveLength(2 * Tail.TAIL_BUFFER)
+    expect(t.lost).toEqual([["dropped", 5], ["dropped", 3]])
+  })
+
   it("a refused upgrade: the probe's XRPC error, else Unreachable", async () => {
     const refusal = new OwnerApi.ApiFailed({ error: "InvalidToken", status: 401, text: "InvalidToken: refused" })
     const refused = shape("http://127.0.0.1:9", Option.some(refusal))
@@ -632,6 +684,23 @@ describe("tail", () => {
     )
     expect(left(r)).toMatchObject({ error: "Timeout", text: "the subscription at 127.0.0.1:9 did not open in time" })
     expect(DrivenSocket.made.at(-1)?.closedByClient).toBe(true)
+  })
+
+  it("binary frames: op 1 with a type, op -1 an error (its name printable, at most 64 characters)", () => {
+    expect(Tail.decodeFrame(cborFrame({ op: 2, t: "#outcome" }, outcome))._tag).toBe("Invalid")
+    expect(Tail.decodeFrame(cborFrame({ op: 1, t: "#outcome" }, outcome))._tag).toBe("Frame")
+    expect(Tail.decodeFrame(cborFrame({ op: -1 }, { error: `Too\u001bSlow${"x".repeat(100)}`, message: "m" }))).toEqual(
+      {
+        _tag: "Error",
+        error: `Too Slow${"x".repeat(56)}`,
+        message: "m"
+      }
+    )
+    expect(Tail.decodeFrame(cborFrame({ op: -1 }, { message: 1 }))).toEqual({
+      _tag: "Error",
+      error: "Error",
+      message: ""
+    })
   })
 
   it("frames larger than 64 KiB are not decoded", () => {
