@@ -655,6 +655,21 @@ describe("firehook hooks: the owners' API commands", () => {
     // the upgrade carried dave's token for this method
     expect(fake.calls.filter((c) => c.nsid === NS).at(-1)?.iss).toBe(dave.account.did)
 
+    // closed with 1001 (going away): the end of the subscription as 1000 is, exit 0
+    fake.onSubscribe = (ws) => {
+      ws.send(cborFrame({ op: 1, t: "#outcome" }, outcome))
+      ws.close(1001, "going away")
+    }
+    const away = await hooks(env, ["tail"])
+    expect(away.code, away.stderr).toBe(0)
+    expect(lines(away.stdout)).toEqual([`${T0}  delivered    hook  create  whd_v1_0002  200`])
+    expect(away.stderr).toBe("firehook: the service ended the subscription (1001)\n")
+    // any other close code is exit 1 with the code and reason
+    fake.onSubscribe = (ws) => ws.close(1011, "internal")
+    const broken = await hooks(env, ["tail"])
+    expectOneLineError(broken, 1)
+    expect(broken.stderr).toBe("firehook: the service closed the subscription (1011 internal)\n")
+
     // an error frame ends it: exit 1 with the error
     fake.onSubscribe = (ws) => {
       ws.send(cborFrame({ op: 1, t: "#outcome" }, outcome))
