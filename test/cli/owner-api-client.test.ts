@@ -701,6 +701,14 @@ describe("tail", () => {
       error: "Error",
       message: ""
     })
+    // a JSON text frame is an error only without a $type: a typed message with an "error" field is a message
+    const typedWithError = JSON.stringify({ $type: `${Tail.NSID}#outcome`, ...outcome, error: "x" })
+    expect(Tail.decodeFrame(typedWithError)._tag).toBe("Frame")
+    expect(Tail.decodeFrame(JSON.stringify({ error: "Gone", message: "bye" }))).toEqual({
+      _tag: "Error",
+      error: "Gone",
+      message: "bye"
+    })
   })
 
   it("frames larger than 64 KiB are not decoded", () => {
