@@ -4,60 +4,22 @@
  * an operation that could not be done), with what it writes to stdout and stderr captured. Faster
  * than spawning the CLI (test/cli/cli.test.ts does that), for the options' checks and filters.
  */
-import { Command } from "@effect/cli"
-import { NodeContext } from "@effect/platform-node"
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Exit, Redacted } from "effect"
-import { vi } from "vitest"
+import { Effect, Redacted } from "effect"
 import { deliveries } from "../../src/cli/DeliveriesCommand.js"
-import { describeFailure } from "../../src/cli/Failure.js"
 import * as Database from "../../src/services/platform/Database.js"
 import { ALICE, CAROL, seededDatabase } from "./cli-seed.js"
+import { type InProcessRun, runInProcess } from "./inProcess.js"
 
 /** Nothing listens there: a command that gets past its argument checks fails to connect (code 1). */
 const UNREACHABLE = "postgres://firehook@127.0.0.1:1/none"
 
-interface Run {
-  readonly code: number
-  readonly line: string
-  readonly stdout: string
-  readonly stderr: string
-}
-
-/** Text of a chunk given to `write`. */
-const text = (
-  chunk: unknown
-): string => (typeof chunk === "string" ? chunk : Buffer.from(chunk as Uint8Array).toString())
+type Run = InProcessRun
 
 /** `firehook deliveries <args>` with DATABASE_URL = `databaseUrl`: its exit code, error line and output. */
 const run = (args: ReadonlyArray<string>, databaseUrl: string = UNREACHABLE): Effect.Effect<Run> =>
-  Effect.acquireUseRelease(
-    Effect.sync(() => {
-      const stdout: Array<string> = []
-      const stderr: Array<string> = []
-      const out = vi.spyOn(process.stdout, "write").mockImplementation((chunk: unknown) => {
-        stdout.push(text(chunk))
-        return true
-      })
-      const err = vi.spyOn(process.stderr, "write").mockImplementation((chunk: unknown) => {
-        stderr.push(text(chunk))
-        return true
-      })
-      return { stdout, stderr, restore: () => [out, err].forEach((s) => s.mockRestore()) }
-    }),
-    (captured) =>
-      Command.run(deliveries, { name: "firehook", version: "0" })(["bun", "firehook", ...args]).pipe(
-        Effect.provide(NodeContext.layer),
-        Effect.withConfigProvider(ConfigProvider.fromMap(new Map([["DATABASE_URL", databaseUrl]]))),
-        Effect.exit,
-        Effect.map((exit) => {
-          const { code, line } = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
-          return { code, line, stdout: captured.stdout.join(""), stderr: captured.stderr.join("") }
-        })
-      ),
-    (captured) => Effect.sync(captured.restore)
-  )
+  runInProcess(deliveries, args, { DATABASE_URL: databaseUrl })
 
 /** Code 2 with `line`, nothing written. */
 const expectUsage = (r: Run, line: string) => {

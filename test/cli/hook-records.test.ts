@@ -8,16 +8,13 @@
  * The last block runs `firehook hooks create|list|enable|disable|delete` (HooksCommand.ts)
  * in-process too, with its output captured.
  */
-import { Command } from "@effect/cli"
-import { NodeContext } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Either, Exit, Option, Redacted, TestClock } from "effect"
-import { vi } from "vitest"
-import { describeFailure } from "../../src/cli/Failure.js"
+import { ConfigProvider, Effect, Either, Option, Redacted, TestClock } from "effect"
 import { classify } from "../../src/cli/HookErrors.js"
 import * as Hooks from "../../src/cli/HookRecords.js"
 import { hooks } from "../../src/cli/HooksCommand.js"
 import { type FakePds, fakePds, PDS_DID, PDS_HANDLE, PDS_PASSWORD, writes } from "./hook-records-fake-pds.js"
+import { runInProcess } from "./inProcess.js"
 
 const WH = "place.wisp.v2.wh"
 const POSTS = `at://${PDS_DID}/app.bsky.feed.post`
@@ -59,44 +56,20 @@ interface Run {
   readonly stdout: string
 }
 
-const text = (chunk: unknown): string => typeof chunk === "string" ? chunk : Buffer.from(chunk as Uint8Array).toString()
-
-/** `firehook hooks <args>` with the owner's environment pointing at `pds`. */
+/** `firehook hooks <args>` with the owner's environment pointing at `pds` (stderr left out). */
 const run = (
   pds: FakePds,
   args: ReadonlyArray<string>,
   env: Record<string, string> = {}
 ): Effect.Effect<Run> =>
-  Effect.acquireUseRelease(
-    Effect.sync(() => {
-      const stdout: Array<string> = []
-      const out = vi.spyOn(process.stdout, "write").mockImplementation((chunk: unknown) => {
-        stdout.push(text(chunk))
-        return true
-      })
-      const err = vi.spyOn(process.stderr, "write").mockImplementation(() => true)
-      return { stdout, restore: () => [out, err].forEach((s) => s.mockRestore()) }
+  Effect.map(
+    runInProcess(hooks, args, {
+      ATPROTO_PDS: pds.url,
+      ATPROTO_IDENTIFIER: PDS_HANDLE,
+      ATPROTO_APP_PASSWORD: PDS_PASSWORD,
+      ...env
     }),
-    (captured) =>
-      Command.run(hooks, { name: "firehook", version: "0" })(["bun", "firehook", ...args]).pipe(
-        Effect.provide(NodeContext.layer),
-        Effect.withConfigProvider(
-          ConfigProvider.fromMap(
-            new Map(Object.entries({
-              ATPROTO_PDS: pds.url,
-              ATPROTO_IDENTIFIER: PDS_HANDLE,
-              ATPROTO_APP_PASSWORD: PDS_PASSWORD,
-              ...env
-            }))
-          )
-        ),
-        Effect.exit,
-        Effect.map((exit) => {
-          const { code, line } = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
-          return { code, line, stdout: captured.stdout.join("") }
-        })
-      ),
-    (captured) => Effect.sync(captured.restore)
+    ({ code, line, stdout }) => ({ code, line, stdout })
   )
 
 const lines = (s: string) => s.split("\n").filter((l) => l.length > 0)

@@ -6,15 +6,12 @@
  * the argument checks, the messages and the JSON fields (SPEC §4.8, README "Operator CLI").
  */
 import { Command } from "@effect/cli"
-import { NodeContext } from "@effect/platform-node"
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Deferred, Effect, Exit, Fiber, Redacted, TestClock } from "effect"
+import { Deferred, Effect, Exit, Fiber, Redacted, TestClock } from "effect"
 import { randomBytes } from "node:crypto"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
-import { vi } from "vitest"
-import { describeFailure } from "../../src/cli/Failure.js"
 import { owners } from "../../src/cli/OwnersCommand.js"
 import { secrets } from "../../src/cli/SecretsCommand.js"
 import { status } from "../../src/cli/StatusCommand.js"
@@ -23,55 +20,20 @@ import * as Database from "../../src/services/platform/Database.js"
 import * as Db from "../support/db.js"
 import { plc } from "../support/stack.js"
 import { insertDelivery, insertWebhook } from "../support/webhookRows.js"
+import { type InProcessRun, runInProcess } from "./inProcess.js"
 
 /** Nothing listens there: a command that gets past its argument checks fails to connect (code 1). */
 const UNREACHABLE = "postgres://firehook@127.0.0.1:1/none"
 const KEY = randomBytes(32).toString("hex")
 const ALICE = plc(1)
 
-interface Run {
-  readonly code: number
-  readonly line: string
-  readonly stdout: string
-  readonly stderr: string
-}
-
-const text = (
-  chunk: unknown
-): string => (typeof chunk === "string" ? chunk : Buffer.from(chunk as Uint8Array).toString())
+type Run = InProcessRun
 
 const firehook = Command.make("firehook").pipe(Command.withSubcommands([secrets, owners, webhooks, status]))
 
 /** `firehook <args>` with the environment `env` (DATABASE_URL unreachable unless given). */
 const run = (args: ReadonlyArray<string>, env: Readonly<Record<string, string>> = {}): Effect.Effect<Run> =>
-  Effect.acquireUseRelease(
-    Effect.sync(() => {
-      const stdout: Array<string> = []
-      const stderr: Array<string> = []
-      const out = vi.spyOn(process.stdout, "write").mockImplementation((chunk: unknown) => {
-        stdout.push(text(chunk))
-        return true
-      })
-      const err = vi.spyOn(process.stderr, "write").mockImplementation((chunk: unknown) => {
-        stderr.push(text(chunk))
-        return true
-      })
-      return { stdout, stderr, restore: () => [out, err].forEach((s) => s.mockRestore()) }
-    }),
-    (captured) =>
-      Command.run(firehook, { name: "firehook", version: "0" })(["bun", "firehook", ...args]).pipe(
-        Effect.provide(NodeContext.layer),
-        Effect.withConfigProvider(
-          ConfigProvider.fromMap(new Map(Object.entries({ DATABASE_URL: UNREACHABLE, ...env })))
-        ),
-        Effect.exit,
-        Effect.map((exit) => {
-          const { code, line } = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
-          return { code, line, stdout: captured.stdout.join(""), stderr: captured.stderr.join("") }
-        })
-      ),
-    (captured) => Effect.sync(captured.restore)
-  )
+  runInProcess(firehook, args, { DATABASE_URL: UNREACHABLE, ...env })
 
 const expectUsage = (r: Run, line: string) => {
   expect(r, line).toEqual({ code: 2, line, stdout: "", stderr: "" })
