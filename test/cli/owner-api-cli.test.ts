@@ -363,6 +363,17 @@ describe("firehook hooks: the owners' API commands", () => {
     const tailing = spawnCli(["hooks", "tail", "--json"], gina.env)
     type Outcome = { $type: string; id: string; rkey: string; event: string; status: string; httpStatus?: number }
     const outcomes = () => lines(tailing.stdout()).map((l) => JSON.parse(l) as Outcome)
+    // its connection is open once the service's gauge counts it (bounded; the retries below
+    // remain for the moment between that and its demand reaching the delivery child)
+    const metrics = firehook.health.replace(/\/health$/, "/metrics")
+    await waitUntil(
+      async () =>
+        /^firehook_tail_connections(\{[^}]*\})? [1-9]/m.test(
+          await (await fetch(metrics, { signal: AbortSignal.timeout(2000) })).text()
+        ),
+      20_000,
+      "the tail's connection open"
+    ).catch(() => undefined)
     let testId = ""
     for (let attempt = 0; attempt < 5 && testId === ""; attempt++) {
       const tested = await hooks(gina.env, ["test", "hook", "--json"])
