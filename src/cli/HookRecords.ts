@@ -21,6 +21,7 @@ import type { AtpAgent } from "@atproto/api"
 import { Clock, Config as EffectConfig, Context, Duration, Effect, Either, Layer, Option, Redacted } from "effect"
 import type { Scope } from "effect"
 import { isCollection, isRkey } from "../schemas/AtUri.js"
+import { isLoopbackHost } from "../schemas/Net.js"
 import { type UrlErrorKind, validateWebhookUrl } from "../schemas/WebhookUrl.js"
 import { type ValidatedWh, validateWhRecord, WH_COLLECTION, type WhRecordErrorKind } from "../schemas/WhRecord.js"
 import * as SecretBox from "../services/delivery/SecretBox.js"
@@ -53,10 +54,6 @@ export interface Connection {
   readonly password: Redacted.Redacted<string>
 }
 
-const LOOPBACK_HOSTS: ReadonlySet<string> = new Set(["localhost", "[::1]"])
-const isLoopbackHost = (host: string): boolean =>
-  LOOPBACK_HOSTS.has(host) || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host)
-
 const parseUrl = (s: string): URL | undefined => {
   try {
     return new URL(s)
@@ -72,7 +69,7 @@ const parseUrl = (s: string): URL | undefined => {
 export const parsePdsUrl = (s: string): Either.Either<string, HooksInvalid> => {
   const u = /[\s\u0000-\u001f\u007f]/.test(s) ? undefined : parseUrl(s)
   const rule =
-    "invalid --pds: must be an https:// URL (http:// only to localhost or 127.0.0.1) without credentials, query or fragment"
+    "invalid --pds: must be an https:// URL (http:// only to a loopback host: localhost, 127.0.0.0/8 or [::1]) without credentials, query or fragment"
   if (
     u === undefined || u.hostname === "" || u.username !== "" || u.password !== "" || u.search !== "" || u.hash !== ""
   ) {

@@ -91,7 +91,7 @@ export const service = (given: ServiceGiven): Effect.Effect<Service, HooksInvali
     const url = parsePublicUrl(urlText.value, true)
     if (url === undefined) {
       return yield* invalid(
-        "invalid --service: must be an https:// origin (http:// only to localhost or 127.0.0.1) without credentials, path, query or fragment"
+        "invalid --service: must be an https:// origin (http:// only to a loopback host: localhost, 127.0.0.0/8 or [::1]) without credentials, path, query or fragment"
       )
     }
     const did = Option.orElse(given.serviceDid, () => fromEnv("FIREHOOK_SERVICE_DID"))

@@ -144,6 +144,13 @@ describe("ApiConfig", () => {
     expect(parsePublicUrl("https://a.example", false)).toBe("https://a.example")
     expect(parsePublicUrl("http://127.0.0.1:9", true)).toBe("http://127.0.0.1:9")
     expect(parsePublicUrl("http://127.0.0.1:9", false)).toBeUndefined()
+    // http:// to any loopback host (localhost, 127.0.0.0/8, ::1), never to another or a mapped form
+    expect(parsePublicUrl("http://localhost:9", true)).toBe("http://localhost:9")
+    expect(parsePublicUrl("http://127.9.8.7", true)).toBe("http://127.9.8.7")
+    expect(parsePublicUrl("http://[::1]:9", true)).toBe("http://[::1]:9")
+    expect(parsePublicUrl("http://[::ffff:127.0.0.1]:9", true)).toBeUndefined()
+    expect(parsePublicUrl("http://10.0.0.1", true)).toBeUndefined()
+    expect(parsePublicUrl("http://localhost.example.com", true)).toBeUndefined()
     expect(didWebOf("https://a.example")).toBe("did:web:a.example")
     expect(didWebOf("http://127.0.0.1:9")).toBe("did:web:127.0.0.1%3A9")
     expect(isServiceDid("did:web:a.example%3A443")).toBe(true)

@@ -193,7 +193,7 @@ describe("firehook hooks: connection and environment", () => {
     ) {
       expect(Either.getLeft(Hooks.parsePdsUrl(bad)).pipe(Option.map((e) => e.text)), bad).toEqual(
         Option.some(
-          "invalid --pds: must be an https:// URL (http:// only to localhost or 127.0.0.1) without credentials, query or fragment"
+          "invalid --pds: must be an https:// URL (http:// only to a loopback host: localhost, 127.0.0.0/8 or [::1]) without credentials, query or fragment"
         )
       )
     }

@@ -21,6 +21,7 @@
  */
 import { Effect, Option } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
+import { isLoopbackHost } from "../../schemas/Net.js"
 import {
   ConfigInvalid,
   listenHost,
@@ -76,8 +77,6 @@ export interface ApiSection {
   readonly limits: ApiLimitsSection
 }
 
-const LOOPBACK = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/
-
 /**
  * `PUBLIC_URL` normalized to its origin, or undefined when it breaks the rule: https (http only to
  * a loopback host when `insecure`), a host, no credentials, nothing after the origin but `/`.
@@ -88,7 +87,7 @@ export const parsePublicUrl = (s: string, insecure: boolean): string | undefined
   if (u.username !== "" || u.password !== "" || u.hostname.length === 0) return undefined
   if (u.pathname !== "/" && u.pathname !== "") return undefined
   if (u.protocol === "https:") return u.origin
-  return u.protocol === "http:" && insecure && LOOPBACK.test(u.hostname) ? u.origin : undefined
+  return u.protocol === "http:" && insecure && isLoopbackHost(u.hostname) ? u.origin : undefined
 }
 
 const DID_WEB_WITH_PORT = /^did:web:([^:%]+)%3A(\d{1,5})$/
