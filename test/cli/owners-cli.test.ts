@@ -90,5 +90,11 @@ describe("firehook owners", () => {
       expect(table.stdout).toMatch(/FAILED OWNER\s+FAILURES\s+LAST KIND\s+FAILED AT/)
       expect(table.stdout).toContain(BOB)
       expect(table.stdout).not.toContain("169.254")
+
+      // with --json the outcome is printed all the same, and the exit code says it failed
+      const failedJson = yield* cli(["owners", "reconcile", BOB, "--json"], env)
+      expect(failedJson.code).toBe(1)
+      expect(JSON.parse(failedJson.stdout)).toEqual({ did: BOB, outcome: "failed", kind: "pds_unsafe" })
+      expect(lines(failedJson.stderr)).toEqual(["firehook: reconciliation failed: pds_unsafe"])
     }), { timeout: 90_000 })
 })
