@@ -212,13 +212,7 @@ const tailCommand = Command.make("tail", { json, ...serviceOptions }, (o) =>
     const end = yield* withApi(o, (api) =>
       tail(api, {
         onFrame: (frame) => (o.json ? out(JSON.stringify(frame)) : out(View.tailLine(frame))),
-        onLost: (what, n) =>
-          write(
-            process.stderr,
-            what === "dropped"
-              ? `firehook: ${n} outcome${n === 1 ? "" : "s"} dropped (this terminal was slower than the service)\n`
-              : `firehook: an invalid frame was skipped\n`
-          )
+        onLost: (what, n) => write(process.stderr, `${View.tailLostLine(what, n)}\n`)
       }))
     if (end.code !== 1000 && end.code !== 1001) {
       return yield* new OwnerApi.ApiFailed({

@@ -109,6 +109,12 @@ export const deliveryDetail = (res: GetDelivery): string => {
 export const secretsTable = (secrets: ReadonlyArray<SecretLexicon.SecretMeta>): string =>
   table(["NAME", "CREATED", "LAST-ROTATED"], secrets.map((s) => [s.name, s.createdAt, s.lastRotatedAt].map(cell)))
 
+/** The stderr line of `hooks tail` for frames this client lost (dropped by a slow terminal, or invalid). */
+export const tailLostLine = (what: "dropped" | "invalid", count: number): string =>
+  what === "dropped"
+    ? `firehook: ${count} outcome${count === 1 ? "" : "s"} dropped (this terminal was slower than the service)`
+    : "firehook: an invalid frame was skipped"
+
 /** One line per frame: time, status, webhook, event, delivery id, and the receiver's status. */
 export const tailLine = (frame: TailFrame): string => {
   if (frame.$type.endsWith("#info")) {

@@ -498,6 +498,14 @@ describe("the tables", () => {
     const info = { $type: "dev.firehook.webhook.subscribeDeliveries#info", name: "DeliveriesDropped" } as const
     expect(View.tailLine({ ...info, dropped: 1 })).toBe("(the service dropped 1 outcome: this reader was too slow)")
     expect(View.tailLine({ ...info, dropped: 2 })).toBe("(the service dropped 2 outcomes: this reader was too slow)")
+    // the client's own losses (stderr)
+    expect(View.tailLostLine("dropped", 1)).toBe(
+      "firehook: 1 outcome dropped (this terminal was slower than the service)"
+    )
+    expect(View.tailLostLine("dropped", 5)).toBe(
+      "firehook: 5 outcomes dropped (this terminal was slower than the service)"
+    )
+    expect(View.tailLostLine("invalid", 1)).toBe("firehook: an invalid frame was skipped")
   })
 })
 
