@@ -360,6 +360,20 @@ describe("Tail hub (unit)", () => {
       expect(Exit.isInterrupted(exit)).toBe(true)
     }))
 
+  it.scoped("pump: interruptible even where its caller is not (the HTTP server runs a request uninterruptibly)", () =>
+    Effect.gen(function*() {
+      const outcomes = yield* DeliveryOutcomes.make()
+      const tail = yield* TailHub.make().pipe(Effect.provideService(DeliveryOutcomes.DeliveryOutcomes, outcomes))
+      const conn = yield* tail.connect("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa")
+      const fiber = yield* Effect.fork(Effect.uninterruptible(TailHub.pump(conn, () => Effect.void)))
+      yield* Effect.yieldNow()
+      // the client went away: the handler interrupts the pump, which waits for frames
+      const interrupting = yield* Effect.fork(Fiber.interrupt(fiber).pipe(Effect.timeout("1 second")))
+      yield* TestClock.adjust("1 second")
+      const exit = yield* Fiber.join(interrupting)
+      expect(Exit.isInterrupted(exit)).toBe(true)
+    }))
+
   it.effect("frames: the owner is never in one; an errorKind is bounded", () =>
     Effect.sync(() => {
       const f = TailHub.frameOf(outcome("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", { errorKind: "x".repeat(100) }))
