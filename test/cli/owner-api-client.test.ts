@@ -694,6 +694,29 @@ describe("tail", () => {
     expect(DrivenSocket.made.at(-1)?.closedByClient).toBe(true)
   })
 
+  it("open but never closed by the service: Timeout after 25 h (the service closes at 24 h), the socket closed", async () => {
+    const made = Effect.runSync(Deferred.make<void>())
+    DrivenSocket.onMade = (s) => {
+      s.open()
+      Effect.runSync(Deferred.succeed(made, undefined))
+    }
+    const r = await Effect.runPromise(
+      Effect.gen(function*() {
+        const fiber = yield* Effect.fork(Effect.either(Tail.tail(shape().api, {
+          onFrame: () => Effect.void,
+          onLost: () => Effect.void
+        })))
+        yield* Deferred.await(made)
+        yield* TestClock.adjust(Duration.hours(25).pipe(Duration.subtract(Duration.seconds(1))))
+        expect(fiber.unsafePoll()).toBeNull()
+        yield* TestClock.adjust(Duration.seconds(1))
+        return yield* Fiber.join(fiber)
+      }).pipe(Effect.provide(TestContext.TestContext))
+    )
+    expect(left(r)).toMatchObject({ error: "Timeout", text: "the subscription was not closed within 25 h" })
+    expect(DrivenSocket.made.at(-1)?.closedByClient).toBe(true)
+  })
+
   it("binary frames: op 1 with a type, op -1 an error (its name printable, at most 64 characters)", () => {
     expect(Tail.decodeFrame(cborFrame({ op: 2, t: "#outcome" }, outcome))._tag).toBe("Invalid")
     expect(Tail.decodeFrame(cborFrame({ op: 1, t: "#outcome" }, outcome))._tag).toBe("Frame")
