@@ -676,43 +676,42 @@ describe("tail", () => {
     })
   })
 
-  it("not opened within the call timeout: Timeout", async () => {
+  /** tail with handlers that do nothing, on the TestClock: `steps` runs once the socket is made */
+  const onTestClock = (
+    onMade: (s: DrivenSocket) => void,
+    steps: (fiber: Fiber.RuntimeFiber<Either.Either<Tail.TailEnd, unknown>>) => Effect.Effect<void>
+  ) => {
     const made = Effect.runSync(Deferred.make<void>())
-    DrivenSocket.onMade = () => Effect.runSync(Deferred.succeed(made, undefined))
-    const r = await Effect.runPromise(
+    DrivenSocket.onMade = (s) => {
+      onMade(s)
+      Effect.runSync(Deferred.succeed(made, undefined))
+    }
+    return Effect.runPromise(
       Effect.gen(function*() {
         const fiber = yield* Effect.fork(Effect.either(Tail.tail(shape().api, {
           onFrame: () => Effect.void,
           onLost: () => Effect.void
         })))
         yield* Deferred.await(made)
-        yield* TestClock.adjust(Duration.seconds(20))
+        yield* steps(fiber)
         return yield* Fiber.join(fiber)
       }).pipe(Effect.provide(TestContext.TestContext))
     )
+  }
+
+  it("not opened within the call timeout: Timeout", async () => {
+    const r = await onTestClock(() => undefined, () => TestClock.adjust(Duration.seconds(20)))
     expect(left(r)).toMatchObject({ error: "Timeout", text: "the subscription at 127.0.0.1:9 did not open in time" })
     expect(DrivenSocket.made.at(-1)?.closedByClient).toBe(true)
   })
 
   it("open but never closed by the service: Timeout after 25 h (the service closes at 24 h), the socket closed", async () => {
-    const made = Effect.runSync(Deferred.make<void>())
-    DrivenSocket.onMade = (s) => {
-      s.open()
-      Effect.runSync(Deferred.succeed(made, undefined))
-    }
-    const r = await Effect.runPromise(
+    const r = await onTestClock((s) => s.open(), (fiber) =>
       Effect.gen(function*() {
-        const fiber = yield* Effect.fork(Effect.either(Tail.tail(shape().api, {
-          onFrame: () => Effect.void,
-          onLost: () => Effect.void
-        })))
-        yield* Deferred.await(made)
         yield* TestClock.adjust(Duration.hours(25).pipe(Duration.subtract(Duration.seconds(1))))
         expect(fiber.unsafePoll()).toBeNull()
         yield* TestClock.adjust(Duration.seconds(1))
-        return yield* Fiber.join(fiber)
-      }).pipe(Effect.provide(TestContext.TestContext))
-    )
+      }))
     expect(left(r)).toMatchObject({ error: "Timeout", text: "the subscription was not closed within 25 h" })
     expect(DrivenSocket.made.at(-1)?.closedByClient).toBe(true)
   })
