@@ -1,10 +1,11 @@
 /**
  * The owners' API requests (SPEC §8.1, §8.3) over real HTTP, pinned where a mutation audit found
  * them untested: a media type's case and its `charset` parameter (docs/api.md: "application/json
- * exactly, with an optional charset"), a body that is not UTF-8 inside a JSON string, the routes of
- * `/.well-known/did.json` (GET only) and of an unconfigured service (every `/xrpc/` call 503, known
- * method or not), the metric's `unknown` label for paths that are no method, and the deadline of
- * `API_CALL_TIMEOUT_MS` (TestClock).
+ * exactly, with an optional charset"), a body that is not UTF-8 inside a JSON string, the messages
+ * of refused input (the field and the rule, never the value), the routes of `/.well-known/did.json`
+ * (GET only) and of an unconfigured service (every `/xrpc/` call 503, known method or not), the
+ * metric's `unknown` label for paths that are no method, and the deadline of `API_CALL_TIMEOUT_MS`
+ * (TestClock).
  */
 import { describe, expect, layer } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Metric, MetricState, Schema, TestClock } from "effect"
@@ -75,6 +76,22 @@ describe("requests (bounds)", () => {
         // the same body in UTF-8 is read
         const ok = yield* callAs(owner, CREATE, { body: { name: "u8", pad: "\u00ff" } })
         expect(ok.status).toBe(200)
+      }))
+
+    it.effect("a refused parameter or input names its field and the rule, never the value (docs/api.md)", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const cases: ReadonlyArray<readonly [string, Parameters<typeof callAs>[2], string]> = [
+          [CREATE, { body: {} }, "input name: is missing"],
+          [CREATE, { body: { name: "a/secret-value" } }, "input name: is invalid"],
+          [CREATE, { body: [] }, "input is invalid"],
+          ["dev.firehook.webhook.listDeliveries", { query: "limit=0" }, "parameter limit: is invalid"]
+        ]
+        for (const [nsid, options, message] of cases) {
+          const r = yield* callAs(owner, nsid, options)
+          expect([r.status, r.body]).toEqual([400, { error: "InvalidRequest", message }])
+        }
       }))
 
     it.effect("paths that are no method are counted under method=\"unknown\", never their own label", () =>
