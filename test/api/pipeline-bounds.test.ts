@@ -10,7 +10,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Logger, TestClock } from "effect"
 import { ApiLog, recurringWarning } from "../../src/services/api/ApiLog.js"
 import { addressKey } from "../../src/services/api/ClientAddress.js"
-import { makeBuckets, retryAfterSeconds, takeAll } from "../../src/services/api/RateLimiter.js"
+import { DEFAULT_LIMITS, makeBuckets, retryAfterSeconds, takeAll } from "../../src/services/api/RateLimiter.js"
 import { makeReplayCache } from "../../src/services/api/ReplayCache.js"
 import { MAX_QUERY_LENGTH, queryParams } from "../../src/services/api/Xrpc.js"
 import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
@@ -44,6 +44,10 @@ describe("rate limits", () => {
     expect(b.take("a", 0).allowed).toBe(false)
     expect(b.take("b", 0).allowed).toBe(true)
     expect(b.take("b", 0).allowed).toBe(true)
+  })
+
+  it("each limiter tracks at most 100,000 keys (RateLimiter's documented bound)", () => {
+    expect(DEFAULT_LIMITS.maxKeys).toBe(100_000)
   })
 
   it("takeAll waits for the longest of its refusals, whichever limit comes first", () => {
