@@ -1,0 +1,62 @@
+/**
+ * The pipeline's error mapping (SPEC §8.3; Xrpc.ts: "a defect is a 500 with a fixed message and a
+ * log line"): a call that is interrupted (its client went away, the server stops) is not a defect.
+ * It ends interrupted, with no 500, no error line and no counted answer. The app runs here as the
+ * platform runs a request (uninterruptibly, the call itself interruptible), over an in-memory
+ * verifier that accepts every token.
+ */
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import { describe, expect, it } from "@effect/vitest"
+import { Deferred, Duration, Effect, Exit, Fiber, Logger, Schema } from "effect"
+import { contract, NoParams } from "../../src/schemas/XrpcContract.js"
+import { method } from "../../src/services/api/Methods.js"
+import { makeBuckets } from "../../src/services/api/RateLimiter.js"
+import type { ServiceAuthShape } from "../../src/services/api/ServiceAuth.js"
+import * as Xrpc from "../../src/services/api/Xrpc.js"
+import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
+import { captureLogs } from "./support.js"
+
+const NSID = "dev.firehook.test.hang"
+
+describe("an interrupted call", () => {
+  it.scoped("ends interrupted: no 500, no error line", () =>
+    Effect.gen(function*() {
+      const entered = yield* Deferred.make<void>()
+      const hang = method(
+        contract({ nsid: NSID, kind: "query", params: NoParams, output: Schema.Struct({}) }),
+        () => Effect.zipRight(Deferred.succeed(entered, undefined), Effect.never)
+      )
+      const auth: ServiceAuthShape = {
+        verify: () => Effect.succeed({ did: "did:plc:caller" }),
+        replayEntries: Effect.succeed(0)
+      }
+      const rate = { limit: 100, perMs: 60_000 }
+      const counters: Xrpc.ApiCounters = { calls: 0, authFailures: 0, rateLimited: 0 }
+      const deps: Xrpc.PipelineDeps<never> = {
+        methods: new Map([[NSID, hang]]),
+        auth,
+        trustProxy: false,
+        didDocument: undefined,
+        limiters: { failedAuth: makeBuckets(rate, 10), calls: makeBuckets(rate, 10), methods: new Map() },
+        counters,
+        log: RateLimitedLog.make(),
+        deadline: Duration.seconds(10),
+        maxBodyBytes: Xrpc.MAX_BODY_BYTES
+      }
+      const request = HttpServerRequest.fromWeb(
+        new Request(`http://127.0.0.1/xrpc/${NSID}`, { headers: { authorization: "Bearer x" } })
+      )
+      const { capture, lines } = captureLogs()
+      const fiber = yield* Xrpc.app(deps).pipe(
+        Effect.provideService(HttpServerRequest.HttpServerRequest, request),
+        Effect.uninterruptible,
+        Effect.provide(Logger.replace(Logger.defaultLogger, capture)),
+        Effect.fork
+      )
+      yield* Deferred.await(entered)
+      const exit = yield* Fiber.interrupt(fiber)
+      expect(Exit.isInterrupted(exit)).toBe(true)
+      expect(lines.filter((l) => l.level === "ERROR")).toEqual([])
+      expect(counters.calls).toBe(1)
+    }))
+})
