@@ -1,15 +1,16 @@
 /**
  * The pipeline's error mapping (SPEC §8.3; Xrpc.ts: "a defect is a 500 with a fixed message and a
- * log line"): a call that is interrupted (its client went away, the server stops) is not a defect.
- * It ends interrupted, with no 500, no error line and no counted answer. The app runs here as the
- * platform runs a request (uninterruptibly, the call itself interruptible), over an in-memory
- * verifier that accepts every token.
+ * log line naming the method, never a value"): an output its lexicon refuses is such a 500, with
+ * its line; a call that is interrupted (its client went away, the server stops) is not a defect: it
+ * ends interrupted, with no 500 and no error line. The app runs here directly, over an in-memory
+ * verifier that accepts every token (for the interruption: as the platform runs a request,
+ * uninterruptibly, the call itself interruptible).
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Exit, Fiber, Logger, Schema } from "effect"
 import { contract, NoParams } from "../../src/schemas/XrpcContract.js"
-import { method } from "../../src/services/api/Methods.js"
+import { type ApiMethod, method } from "../../src/services/api/Methods.js"
 import { makeBuckets } from "../../src/services/api/RateLimiter.js"
 import type { ServiceAuthShape } from "../../src/services/api/ServiceAuth.js"
 import * as Xrpc from "../../src/services/api/Xrpc.js"
@@ -17,6 +18,55 @@ import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
 import { captureLogs } from "./support.js"
 
 const NSID = "dev.firehook.test.hang"
+
+/** The app over `m` alone, with a verifier that accepts every token. */
+const depsOf = (m: ApiMethod<never>): Xrpc.PipelineDeps<never> => {
+  const rate = { limit: 100, perMs: 60_000 }
+  return {
+    methods: new Map([[m.contract.nsid, m]]),
+    auth: { verify: () => Effect.succeed({ did: "did:plc:caller" }), replayEntries: Effect.succeed(0) },
+    trustProxy: false,
+    didDocument: undefined,
+    limiters: { failedAuth: makeBuckets(rate, 10), calls: makeBuckets(rate, 10), methods: new Map() },
+    counters: { calls: 0, authFailures: 0, rateLimited: 0 },
+    log: RateLimitedLog.make(),
+    deadline: Duration.seconds(10),
+    maxBodyBytes: Xrpc.MAX_BODY_BYTES
+  }
+}
+
+const requestOf = (nsid: string) =>
+  HttpServerRequest.fromWeb(new Request(`http://127.0.0.1/xrpc/${nsid}`, { headers: { authorization: "Bearer x" } }))
+
+describe("a handler whose output breaks its lexicon", () => {
+  it.effect("is a 500 with the fixed message, and an error line naming the method, never the value", () =>
+    Effect.gen(function*() {
+      const broken = method(
+        contract({
+          nsid: "dev.firehook.test.broken",
+          kind: "query",
+          params: NoParams,
+          output: Schema.Struct({ n: Schema.Number })
+        }),
+        () => Effect.succeed({ n: "secret-value" as unknown as number })
+      )
+      const { capture, lines } = captureLogs()
+      const annotations: Array<Record<string, unknown>> = []
+      const keep = Logger.make(({ annotations: a, logLevel }) => {
+        if (logLevel.label === "ERROR") annotations.push(Object.fromEntries(a))
+      })
+      const response = yield* Xrpc.app(depsOf(broken)).pipe(
+        Effect.provideService(HttpServerRequest.HttpServerRequest, requestOf("dev.firehook.test.broken")),
+        Effect.scoped,
+        Effect.provide(Logger.replace(Logger.defaultLogger, Logger.zip(capture, keep)))
+      )
+      expect(response.status).toBe(500)
+      const errors = lines.filter((l) => l.level === "ERROR")
+      expect(errors.map((l) => l.message)).toEqual(["api: a handler's output does not match its lexicon"])
+      expect(annotations).toEqual([{ nsid: "dev.firehook.test.broken" }])
+      expect(JSON.stringify(lines)).not.toContain("secret-value")
+    }))
+})
 
 describe("an interrupted call", () => {
   it.scoped("ends interrupted: no 500, no error line", () =>
