@@ -1,18 +1,18 @@
 /**
  * The owners' API requests (SPEC §8.1, §8.3) over real HTTP, pinned where a mutation audit found
  * them untested: a media type's case and its `charset` parameter (docs/api.md: "application/json
- * exactly, with an optional charset"), a body that is not UTF-8 inside a JSON string, the messages
- * of refused input (the field and the rule, never the value), the routes of `/.well-known/did.json`
- * (GET only) and of an unconfigured service (every `/xrpc/` call 503, known method or not), the
- * metric's `unknown` label for paths that are no method, and the deadline of `API_CALL_TIMEOUT_MS`
- * (TestClock).
+ * exactly, with an optional charset"), a Content-Length over the bound refused before the body is
+ * read, a body that is not UTF-8 inside a JSON string, the messages of refused input (the field and
+ * the rule, never the value), the routes of `/.well-known/did.json` (GET only) and of an
+ * unconfigured service (every `/xrpc/` call 503, known method or not), the metric's `unknown` label
+ * for paths that are no method, and the deadline of `API_CALL_TIMEOUT_MS` (TestClock).
  */
 import { describe, expect, layer } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Metric, MetricState, Schema, TestClock } from "effect"
 import { contract, NoParams } from "../../src/schemas/XrpcContract.js"
 import * as Api from "../../src/services/api/Api.js"
 import { method } from "../../src/services/api/Methods.js"
-import { apiLayer, callAs, newOwner, serverPort } from "./support.js"
+import { apiLayer, callAs, mint, newOwner, serverPort, unfinishedPost } from "./support.js"
 
 /** the TestClock set to the wall clock now (the verifier library reads the wall clock) */
 const wallClock = Effect.suspend(() => TestClock.setTime(Date.now()))
@@ -92,6 +92,23 @@ describe("requests (bounds)", () => {
           const r = yield* callAs(owner, nsid, options)
           expect([r.status, r.body]).toEqual([400, { error: "InvalidRequest", message }])
         }
+      }))
+
+    it.effect("a Content-Length over the bound is refused unread: 400 before the body is sent", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const port = yield* serverPort
+        const headers = (token: string) => ({ authorization: `Bearer ${token}` })
+        // 65,537 bytes announced, 8 sent, the rest never: the answer does not wait for them
+        const over = yield* unfinishedPost(port, CREATE, headers(yield* mint(owner, CREATE)), {
+          declared: 65_537,
+          waitMs: 5_000
+        })
+        expect(over).toEqual({
+          status: 400,
+          body: JSON.stringify({ error: "InvalidRequest", message: "the body must be at most 65536 bytes" })
+        })
       }))
 
     it.effect("paths that are no method are counted under method=\"unknown\", never their own label", () =>
