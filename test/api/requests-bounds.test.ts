@@ -5,7 +5,8 @@
  * read, a body that is not UTF-8 inside a JSON string, the messages of refused input (the field and
  * the rule, never the value), the routes of `/.well-known/did.json` (GET only) and of an
  * unconfigured service (every `/xrpc/` call 503, known method or not), the metric's `unknown` label
- * for paths that are no method, and the deadline of `API_CALL_TIMEOUT_MS` (TestClock).
+ * for paths that are no method, `Cache-Control: no-store` on errors, and the deadline of
+ * `API_CALL_TIMEOUT_MS` (TestClock).
  */
 import { describe, expect, layer } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Metric, MetricState, Schema, TestClock } from "effect"
@@ -109,6 +110,23 @@ describe("requests (bounds)", () => {
           status: 400,
           body: JSON.stringify({ error: "InvalidRequest", message: "the body must be at most 65536 bytes" })
         })
+      }))
+
+    it.effect("errors are answered with Cache-Control: no-store, as every response (docs/api.md)", () =>
+      Effect.gen(function*() {
+        const port = yield* serverPort
+        for (
+          const [path, status] of [
+            ["/xrpc/place.wisp.v2.secret.list", 401],
+            ["/xrpc/place.wisp.v2.secret.nope", 501],
+            ["/xrpc/place.wisp.v2.secret.create", 405],
+            ["/nope", 404]
+          ] as const
+        ) {
+          const res = yield* Effect.promise(() => fetch(`http://127.0.0.1:${port}${path}`))
+          expect([path, res.status, res.headers.get("cache-control")]).toEqual([path, status, "no-store"])
+          yield* Effect.promise(() => res.arrayBuffer())
+        }
       }))
 
     it.effect("paths that are no method are counted under method=\"unknown\", never their own label", () =>
