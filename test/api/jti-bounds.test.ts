@@ -4,12 +4,15 @@
  * untested: the edge of a long-lived token (a row living more than 2 minutes from its claim), and
  * a prune that deletes expired rows only (a token that still lives is never forgotten early), and
  * the layer's first count as it starts (a replica started with the table at its bound refuses new
- * tokens at once, not after a minute).
+ * tokens at once, not after a minute), and a claim's 3 s bound (within the call's 10 s deadline).
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it, layer } from "@effect/vitest"
-import { Clock, Context, Effect, Layer, TestClock } from "effect"
+import { Clock, Context, Effect, Either, Fiber, Layer, Redacted, TestClock } from "effect"
+import pg from "pg"
 import * as Jti from "../../src/services/api/JtiStore.js"
+import { DatabaseUrl } from "../../src/services/platform/Database.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Db from "../support/db.js"
 import { untilEffect } from "./tailClient.js"
 
@@ -62,6 +65,41 @@ describe("jti store bounds", () => {
           Effect.map(Effect.orDie(store.claim("did:web:c.example", "held-1", now + 60_000)), (v) => v === "full")
         )
         expect(yield* store.claim("did:web:c.example", "new", now + 60_000)).toBe("full")
+      }))
+
+    it.scoped("a claim the database does not answer fails after 3 s (TestClock), well within the call's 10 s", () =>
+      Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        const sql = yield* SqlClient.SqlClient
+        const url = yield* DatabaseUrl
+        const store = yield* Jti.makeSql
+        // another session holds the table until the test ends
+        yield* Effect.acquireRelease(
+          Effect.promise(async () => {
+            const client = new pg.Client({ connectionString: Redacted.value(url) })
+            await client.connect()
+            await client.query("BEGIN")
+            await client.query("LOCK TABLE api_jti IN ACCESS EXCLUSIVE MODE")
+            return client
+          }),
+          (client) => Effect.promise(() => client.end())
+        )
+        const now = yield* Clock.currentTimeMillis
+        const claim = yield* Effect.fork(Effect.either(store.claim("did:web:d.example", "blocked", now + 60_000)))
+        yield* untilEffect(
+          "the claim waits on the lock",
+          Effect.map(
+            Effect.orDie(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'`),
+            (rows) => (rows[0]?.n ?? 0) > 0
+          )
+        )
+        yield* TestClock.adjust("2999 millis")
+        expect(claim.unsafePoll()).toBeNull()
+        yield* TestClock.adjust("1 millis")
+        expect(yield* Fiber.join(claim)).toEqual(
+          Either.left(new StoreError({ op: "api.jti.claim", code: "timeout" }))
+        )
       }))
   })
 })
