@@ -1,16 +1,19 @@
 /**
- * The pipeline's error mapping (SPEC §8.3; Xrpc.ts: "a defect is a 500 with a fixed message and a
- * log line naming the method, never a value"): an output its lexicon refuses is such a 500, with
- * its line; a call that is interrupted (its client went away, the server stops) is not a defect: it
- * ends interrupted, with no 500 and no error line. The app runs here directly, over an in-memory
- * verifier that accepts every token (for the interruption: as the platform runs a request,
- * uninterruptibly, the call itself interruptible).
+ * The pipeline's error mapping and deadline (SPEC §8.3; Xrpc.ts: "a defect is a 500 with a fixed
+ * message and a log line naming the method, never a value"; "a 10 s deadline covers a call from
+ * authentication"): an output its lexicon refuses is such a 500, with its line; a verification
+ * that never ends is a 504 after 10 s, for a query and for a subscription's upgrade request; a
+ * call that is interrupted (its client went away, the server stops) is not a defect: it ends
+ * interrupted, with no 500 and no error line. The app runs here directly, over an in-memory
+ * verifier (for the interruption: as the platform runs a request, uninterruptibly, the call
+ * itself interruptible).
  */
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Exit, Fiber, Logger, Schema } from "effect"
+import { Chunk, Deferred, Duration, Effect, Exit, Fiber, Logger, Schema, TestClock } from "effect"
 import { contract, NoParams } from "../../src/schemas/XrpcContract.js"
-import { type ApiMethod, method } from "../../src/services/api/Methods.js"
+import { type ApiMethod, method, subscription } from "../../src/services/api/Methods.js"
 import { makeBuckets } from "../../src/services/api/RateLimiter.js"
 import type { ServiceAuthShape } from "../../src/services/api/ServiceAuth.js"
 import * as Xrpc from "../../src/services/api/Xrpc.js"
@@ -65,6 +68,46 @@ describe("a handler whose output breaks its lexicon", () => {
       expect(errors.map((l) => l.message)).toEqual(["api: a handler's output does not match its lexicon"])
       expect(annotations).toEqual([{ nsid: "dev.firehook.test.broken" }])
       expect(JSON.stringify(lines)).not.toContain("secret-value")
+    }))
+})
+
+describe("the call's deadline covers the verification (SPEC §8.3: 10 s per call)", () => {
+  const hanging = (m: ApiMethod<never>): Xrpc.PipelineDeps<never> => ({
+    ...depsOf(m),
+    auth: { verify: () => Effect.never, replayEntries: Effect.succeed(0) }
+  })
+  const answered = (m: ApiMethod<never>) =>
+    Effect.gen(function*() {
+      const fiber = yield* Xrpc.app(hanging(m)).pipe(
+        Effect.provideService(HttpServerRequest.HttpServerRequest, requestOf(m.contract.nsid)),
+        Effect.scoped,
+        Effect.fork
+      )
+      // the deadline's timer is set
+      yield* Effect.repeat(TestClock.sleeps(), { until: (sleeps) => Chunk.size(sleeps) > 0 })
+      yield* TestClock.adjust("9999 millis")
+      expect(fiber.unsafePoll()).toBeNull()
+      yield* TestClock.adjust("1 millis")
+      const response = yield* Fiber.join(fiber)
+      return response.status
+    })
+
+  it.effect("a query whose token is never verified is a 504 after 10 s (TestClock)", () =>
+    Effect.gen(function*() {
+      const query = method(
+        contract({ nsid: "dev.firehook.test.q", kind: "query", params: NoParams, output: Schema.Struct({}) }),
+        () => Effect.succeed({})
+      )
+      expect(yield* answered(query)).toBe(504)
+    }))
+
+  it.effect("so is a subscription's upgrade request", () =>
+    Effect.gen(function*() {
+      const sub = subscription(
+        contract({ nsid: "dev.firehook.test.s", kind: "subscription", params: NoParams, output: Schema.Unknown }),
+        () => Effect.succeed(HttpServerResponse.empty())
+      )
+      expect(yield* answered(sub)).toBe(504)
     }))
 })
 
