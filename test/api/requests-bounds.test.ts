@@ -1,12 +1,12 @@
 /**
  * The owners' API requests (SPEC §8.1, §8.3) over real HTTP, pinned where a mutation audit found
  * them untested: a media type's case and its `charset` parameter (docs/api.md: "application/json
- * exactly, with an optional charset"), a Content-Length over the bound refused before the body is
- * read, a body that is not UTF-8 inside a JSON string, the messages of refused input (the field and
- * the rule, never the value), the routes of `/.well-known/did.json` (GET only) and of an
- * unconfigured service (every `/xrpc/` call 503, known method or not), the metric's `unknown` label
- * for paths that are no method, `Cache-Control: no-store` on errors, and the deadline of
- * `API_CALL_TIMEOUT_MS` (TestClock).
+ * exactly, with an optional charset"; none at all is a 400), a Content-Length over the bound
+ * refused before the body is read, a body that is not UTF-8 inside a JSON string, the messages of
+ * refused input (the field and the rule, never the value), the routes of `/.well-known/did.json`
+ * (GET only) and of an unconfigured service (every `/xrpc/` call 503, known method or not), the
+ * metric's `unknown` label for paths that are no method, `Cache-Control: no-store` on errors, and
+ * the deadline of `API_CALL_TIMEOUT_MS` (TestClock).
  */
 import { describe, expect, layer } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Metric, MetricState, Schema, TestClock } from "effect"
@@ -64,6 +64,25 @@ describe("requests (bounds)", () => {
           const r = yield* callAs(owner, CREATE, { body: { name }, contentType })
           expect([contentType, r.status, r.body["name"]]).toEqual([contentType, 200, name])
         }
+      }))
+
+    it.effect("a JSON body sent without a Content-Type is InvalidRequest", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const port = yield* serverPort
+        const token = yield* mint(owner, CREATE)
+        const res = yield* Effect.promise(() =>
+          fetch(`http://127.0.0.1:${port}/xrpc/${CREATE}`, {
+            method: "POST",
+            headers: { authorization: `Bearer ${token}` },
+            body: new TextEncoder().encode(JSON.stringify({ name: "untyped" }))
+          })
+        )
+        expect([res.status, yield* Effect.promise(() => res.json())]).toEqual([
+          400,
+          { error: "InvalidRequest", message: "the body must be application/json" }
+        ])
       }))
 
     it.effect("a body with bytes that are not UTF-8 is InvalidRequest, even inside a string it ignores", () =>
