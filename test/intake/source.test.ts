@@ -120,6 +120,13 @@ describe("FirehoseSource: URL rules", () => {
     }
   })
 
+  it("an empty fragment is a fragment too (the URL parser drops it silently)", () => {
+    expect(checkSourceUrl("wss://bsky.network/#", false)).toEqual(Either.left(new SourceError({ kind: "connect" })))
+    expect(checkSourceUrl("wss://bsky.network/subscribe#", false)).toEqual(
+      Either.left(new SourceError({ kind: "connect" }))
+    )
+  })
+
   it.scopedLive("a rejected URL fails with connect before any connection is made", () =>
     Effect.gen(function*() {
       const srv = yield* wsServer(() => {})
@@ -265,6 +272,67 @@ describe("FirehoseSource: Jetstream", () => {
         })
       ).toEqual([1n, 2n, 3n, 4n].map((n) => BigInt(T0) + n))
       expect(items[4]).toEqual(Either.left(new SourceError({ kind: "overflow" })))
+    }))
+
+  it.scopedLive("a frame over the byte bound arriving into an empty buffer is admitted (then too_large, SPEC §3.2), not an overflow", () =>
+    Effect.gen(function*() {
+      const srv = yield* wsServer((socket) => {
+        socket.once("message", () => {
+          socket.send(jetstreamCreate(T0 + 1, "big", { $type: "x.y.z", pad: "x".repeat(4000) }))
+          socket.close()
+        })
+      })
+      // the byte buffer is as small as it can be: the frame limit
+      const items = yield* collectAll(connectJetstream({
+        ...base,
+        url: `ws://127.0.0.1:${srv.port}/subscribe`,
+        cursor: undefined,
+        maxBytes: 1024,
+        bufferBytes: 1024
+      }))
+      expect(items).toHaveLength(2)
+      const first = items[0] === undefined ? undefined : Either.getOrThrow(items[0])
+      expect(first !== undefined && Either.isLeft(first) ? first.left.reason : first).toBe("too_large")
+      expect(items[1]).toEqual(Either.left(new SourceError({ kind: "closed" })))
+    }))
+
+  it.scopedLive("the byte buffer is at least the frame limit, whatever bufferBytes says", () =>
+    Effect.gen(function*() {
+      const srv = yield* wsServer((socket) => {
+        socket.once("message", () => {
+          // two valid frames of about 600 and 300 bytes: together within the 1024-byte frame limit
+          socket.send(jetstreamCreate(T0 + 1, "a", { $type: "x.y.z", pad: "x".repeat(300) }))
+          socket.send(jetstreamCreate(T0 + 2, "b"))
+          socket.close()
+        })
+      })
+      const items = yield* collectAll(connectJetstream({
+        ...base,
+        url: `ws://127.0.0.1:${srv.port}/subscribe`,
+        cursor: undefined,
+        maxBytes: 1024,
+        bufferBytes: 100
+      }))
+      expect(items.map((i) => Either.isRight(i) && Either.isRight(i.right))).toEqual([true, true, false])
+      expect(items[2]).toEqual(Either.left(new SourceError({ kind: "closed" })))
+    }))
+
+  it.scoped("a refused connection fails with connect when the socket says so, not after the open timeout (TestClock)", () =>
+    Effect.gen(function*() {
+      const closedPort = yield* Effect.promise(freePort)
+      // the TestClock never reaches the open timeout: only the socket's own error can end this
+      const r = yield* connectJetstream({
+        ...base,
+        url: `ws://127.0.0.1:${closedPort}/subscribe`,
+        cursor: undefined,
+        connectTimeoutMs: 60_000
+      }).pipe(
+        Stream.runCollect,
+        Effect.flip,
+        // a guard on the real clock, so that a regression fails instead of hanging the file
+        Effect.raceFirst(Effect.promise(() => new Promise<undefined>((r) => setTimeout(() => r(undefined), 20_000))))
+      )
+      expect(r).toEqual(new SourceError({ kind: "connect" }))
     }))
 
   it.scopedLive("updateOptions sends a new options_update mid-stream", () =>
