@@ -25,7 +25,7 @@ import {
 } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
-import { SourceError } from "../../src/services/intake/FirehoseSource.js"
+import { relayUrl, SourceError } from "../../src/services/intake/FirehoseSource.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import { runJetstream } from "../../src/services/intake/JetstreamPlan.js"
 import {
@@ -39,6 +39,7 @@ import { type ActiveWebhook, makeActiveWebhook, WebhookIndex } from "../../src/s
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import { plc, REV } from "../matching/fixtures.js"
 import { halfJitter } from "../support/halfJitter.js"
+import { seriesValue } from "../support/metricSeries.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
 import { eventsOf, memoryRelay, until } from "./memorySession.js"
 
@@ -577,4 +578,132 @@ describe("intake health: progressing (SPEC §3.3: connected, or a durable ack in
       })
       expect(yield* progressing({ connected: false })).toEqual({ ready: false, progressing: false })
     }))
+})
+
+describe("the relay URL (SPEC §3.1: cursor = relay seq)", () => {
+  it("carries cursor 0 (the relay's oldest retained event, not a live tail); none without a cursor", () => {
+    const base = new URL("wss://relay.test/base/?x=1")
+    expect(relayUrl(base, { cursor: 0n })).toBe("wss://relay.test/base/xrpc/com.atproto.sync.subscribeRepos?cursor=0")
+    expect(relayUrl(base, { cursor: 42n })).toBe("wss://relay.test/base/xrpc/com.atproto.sync.subscribeRepos?cursor=42")
+    expect(relayUrl(base, { cursor: undefined })).toBe("wss://relay.test/base/xrpc/com.atproto.sync.subscribeRepos")
+  })
+})
+
+describe("how a failed connection ends the session (health's failure kind, SPEC §3.3)", () => {
+  it.scoped("the source's receive buffer overflowing is backpressure: failure kind queue, reconnect at once from the last ack", () => {
+    const rec = newRecorder()
+    const { at, spec } = scripted((n) =>
+      n === 1
+        ? Stream.fromIterable<Intake.SourceItem>([opened, frameAt(1n)]).pipe(
+          Stream.concat(Stream.fail(new SourceError({ kind: "overflow" })))
+        )
+        : Stream.concat(Stream.succeed(opened), Stream.never)
+    )
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, tuning)
+      yield* Effect.forkScoped(runner.run)
+      // no clock time passes
+      yield* until(() => at.length === 2, "reconnected")
+      expect(rec.batches).toHaveLength(1)
+      expect((yield* Ref.get(runner.state)).failureKind).toBe("queue")
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("a connection that cannot be opened: failure kind connect", () => {
+    const rec = newRecorder()
+    const { at, spec } = scripted(() => refused)
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => at.length === 1, "connected once")
+      yield* turns(10)
+      expect(yield* Ref.get(runner.state)).toMatchObject({ failureKind: "connect", connected: false })
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+})
+
+describe("the reader of a session", () => {
+  it.scoped("measures the resume gap once per connection, at its first frame (ResumeGap)", () => {
+    const rec = newRecorder()
+    const NAME = "gap-once"
+    return Effect.gen(function*() {
+      const q = yield* Queue.unbounded<Intake.SourceItem>()
+      const spec: Intake.StreamSpec = {
+        ...memoryRelay([]).spec,
+        name: NAME,
+        cursorIsTime: true,
+        rewind: 0n,
+        connect: () => Stream.concat(Stream.succeed(opened), Stream.fromQueue(q))
+      }
+      yield* (yield* CursorStore.CursorStore).save(NAME, spec.relay, T1)
+      const runner = yield* Intake.makeStreamRunner(spec, tuning)
+      yield* Effect.forkScoped(runner.run)
+      const gauge = seriesValue("firehook_intake_resume_gap_seconds", { stream: NAME })
+      // the first frame, 5 s after the cursor sent; then one an hour later, in a chunk of its own
+      yield* Queue.offer(q, { _tag: "events", events: [], cursor: T1 + 5n * SEC })
+      yield* until(() => Effect.runSync(Ref.get(runner.state)).durableCursor === T1 + 5n * SEC, "first committed")
+      expect(yield* gauge).toBe(5)
+      yield* Queue.offer(q, { _tag: "events", events: [], cursor: T1 + 3600n * SEC })
+      yield* until(() => Effect.runSync(Ref.get(runner.state)).durableCursor === T1 + 3600n * SEC, "second committed")
+      expect(yield* gauge).toBe(5)
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("stops reading when the stream stops (shutdown): the connection is closed and not opened again", () => {
+    const rec = newRecorder()
+    let closed = 0
+    const { at, spec } = scripted(() =>
+      Stream.concat(Stream.succeed(opened), Stream.never).pipe(Stream.ensuring(Effect.sync(() => void closed++)))
+    )
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => Effect.runSync(Ref.get(runner.state)).connected, "connected")
+      yield* runner.stopReading
+      yield* until(() => closed === 1, "the connection closed")
+      yield* TestClock.adjust("10 minutes")
+      yield* turns(10)
+      expect(at).toHaveLength(1)
+      expect((yield* Ref.get(runner.state)).connected).toBe(false)
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("a defect while reading (a bug in a decoder) is counted as a runner crash and ends the session", () => {
+    const rec = newRecorder()
+    const NAME = "reader-defect"
+    const { at, spec } = scripted((n) =>
+      n === 1 ? Stream.dieMessage("a bug in the source") : Stream.concat(Stream.succeed(opened), Stream.never)
+    )
+    return Effect.gen(function*() {
+      const crashes = seriesValue("firehook_intake_runner_crashes_total", { stream: NAME })
+      const before = yield* crashes
+      const runner = yield* Intake.makeStreamRunner({ ...spec, name: NAME }, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* advanceUntil(() => at.length, 2, 250, "reconnected")
+      expect((yield* crashes) - before).toBe(1)
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+})
+
+describe("a relay error frame other than FutureCursor (ConsumerTooSlow)", () => {
+  it.scoped("ends the session like a close: no quarantine, no failure kind, the reconnect backoff (not the poison one)", () => {
+    const rec = newRecorder()
+    const { at, spec } = scripted((n) =>
+      n === 1
+        ? Stream.fromIterable<Intake.SourceItem>([opened, frameAt(1n), {
+          _tag: "relay_error",
+          error: "ConsumerTooSlow"
+        }])
+        : Stream.concat(Stream.succeed(opened), Stream.never)
+    )
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => rec.batches.length === 1, "frame 1 committed")
+      yield* turns(10)
+      expect(yield* Ref.get(runner.state)).toMatchObject({ quarantined: false, failureKind: undefined })
+      yield* advanceUntil(() => at.length, 2, 250, "reconnected")
+      expect(gaps(at, 2)).toEqual([500])
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
 })
