@@ -7,6 +7,7 @@
  * crashed loop. Each connection (or cursor read) notes the TestClock time it happened at; the test
  * checks the gaps between them. In-memory source and stores (no sockets).
  */
+import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import {
   Clock,
@@ -35,12 +36,14 @@ import {
   type StreamState
 } from "../../src/services/intake/StreamModel.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
+import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { type ActiveWebhook, makeActiveWebhook, WebhookIndex } from "../../src/services/matching/WebhookIndex.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import { plc, REV } from "../matching/fixtures.js"
 import { halfJitter } from "../support/halfJitter.js"
 import { seriesValue } from "../support/metricSeries.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
+import { sqlStack } from "../support/stack.js"
 import { eventsOf, memoryRelay, until } from "./memorySession.js"
 
 /** the default tuning (SPEC §3.3: 1 s base, 5 min cap; 10 s poison backoff) */
@@ -361,6 +364,7 @@ describe("frames without events (a relay commit with no operations, a tooBig com
 // The Jetstream plan's reconfiguration (SPEC §3.1), with stand-in runners whose state the test sets
 
 const OWNER = plc(1)
+const RELAY_URL = "wss://relay.test"
 const T1 = 1_800_000_000_000_000n
 const SEC = 1_000_000n
 
@@ -705,5 +709,147 @@ describe("a relay error frame other than FutureCursor (ConsumerTooSlow)", () => 
       yield* advanceUntil(() => at.length, 2, 250, "reconnected")
       expect(gaps(at, 2)).toEqual([500])
     }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+})
+
+describe("the batcher", () => {
+  it.scoped("does not process the events its stream's spec skips (another stream handles them); their cursor still commits", () => {
+    const rec = newRecorder()
+    const relay = memoryRelay([{ seq: 1n, ops: 3 }])
+    const spec: Intake.StreamSpec = { ...relay.spec, skip: (e) => e.kind === "commit" && e.rkey === "s1o1" }
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => rec.batches.length === 1, "the batch committed")
+      expect(rec.batches[0]?.map((e) => (e.kind === "commit" ? e.rkey : e.kind))).toEqual(["s1o0", "s1o2"])
+      expect((yield* Ref.get(runner.state)).durableCursor).toBe(1n)
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("counts a poison frame's quarantine (firehook_intake_quarantines_total)", () => {
+    const rec = newRecorder()
+    const NAME = "poison-count"
+    const { at, spec } = scripted(() =>
+      Stream.fromIterable<Intake.SourceItem>([opened, { _tag: "poison", reason: "did" }])
+    )
+    return Effect.gen(function*() {
+      const quarantines = seriesValue("firehook_intake_quarantines_total", { stream: NAME })
+      const before = yield* quarantines
+      const runner = yield* Intake.makeStreamRunner({ ...spec, name: NAME }, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => at.length === 1, "connected")
+      yield* turns(10)
+      expect((yield* quarantines) - before).toBe(1)
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+})
+
+describe("the durable cursor on PostgreSQL (SPEC §3.3)", () => {
+  it.effect(
+    "never goes back (GREATEST); a write stamps its time (a relay cursor's age counts from it)",
+    () =>
+      Effect.gen(function*() {
+        const cursors = yield* CursorStore.CursorStore
+        const sql = yield* SqlClient.SqlClient
+        const loadEntry = cursors.loadEntry
+        if (loadEntry === undefined) return expect.unreachable("the SQL store gives the write time")
+        const STREAM = "cursor-bounds"
+        yield* cursors.save(STREAM, RELAY_URL, 100n)
+        yield* sql`UPDATE cursors SET updated_at = now() - interval '1 hour' WHERE stream = ${STREAM}`
+        yield* cursors.save(STREAM, RELAY_URL, 150n)
+        yield* cursors.save(STREAM, RELAY_URL, 120n)
+        const entry = yield* loadEntry(STREAM, RELAY_URL)
+        expect(entry?.cursor).toBe(150n)
+        const [now] = yield* sql<{ ms: number }>`SELECT (extract(epoch FROM now()) * 1000)::float8 AS ms`
+        expect(Number(now?.ms) - (entry?.savedAtMs ?? 0)).toBeLessThan(60_000)
+      }).pipe(Effect.provide(sqlStack())),
+    30_000
+  )
+})
+
+describe("after a commit, the stream's lag", () => {
+  it.scoped("is now minus the source time of the last committed event (firehook_intake_lag_seconds)", () => {
+    const rec = newRecorder()
+    const NAME = "lag-gauge"
+    const relay = memoryRelay([{ seq: 1n, ops: 1 }])
+    return Effect.gen(function*() {
+      const eventUs = eventsOf({ seq: 1n, ops: 1 })[0]?.timeUs ?? 0
+      // 90 s after the event
+      yield* TestClock.setTime(Math.floor(eventUs / 1000) + 90_000)
+      const runner = yield* Intake.makeStreamRunner({ ...relay.spec, name: NAME }, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => rec.batches.length === 1, "committed")
+      expect(Math.round(yield* seriesValue("firehook_intake_lag_seconds", { stream: NAME }))).toBe(90)
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+})
+
+describe("intake health: cursor age", () => {
+  it.effect("is never negative (an event time ahead of this clock), SPEC §6.2 numbers clamped to 0..", () =>
+    Effect.gen(function*() {
+      yield* TestClock.setTime(1_000_000)
+      const h = yield* Intake.healthSection(
+        {
+          run: Effect.never,
+          stats: Effect.succeed({
+            running: true,
+            streams: [{ name: "relay", state: { ...initialState, connected: true, lastEventTimeUs: 5_000_000_000 } }]
+          }),
+          stopAccepting: Effect.void
+        },
+        Effect.succeed("leader" as const),
+        Effect.succeed({ rejected: {} })
+      )
+      expect(h.body.streams["relay"]?.cursorAgeSeconds).toBe(0)
+    }))
+})
+
+describe("a batch that reaches the batch limit with the end of a frame", () => {
+  it.scoped("commits at once with that frame's cursor (never a full batch behind the frames it completes)", () => {
+    const committed: Array<{ readonly events: number; readonly cursor: bigint | undefined }> = []
+    let gate: Deferred.Deferred<void> | undefined
+    const recording = Layer.succeed(
+      Processor,
+      {
+        processEvents: (batch, options) =>
+          Effect.gen(function*() {
+            if (gate !== undefined) yield* Deferred.await(gate)
+            if (options.finalize !== undefined) yield* options.finalize
+            committed.push({ events: batch.length, cursor: options.cursor?.cursor })
+            return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
+          }),
+        reload: Effect.void,
+        stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
+      } satisfies ProcessorShape
+    )
+    const frame = (seq: bigint, ops: number): Intake.SourceItem => ({
+      _tag: "events",
+      events: eventsOf({ seq, ops }),
+      cursor: seq
+    })
+    return Effect.gen(function*() {
+      const q = yield* Queue.unbounded<Intake.SourceItem>()
+      const spec: Intake.StreamSpec = {
+        ...memoryRelay([]).spec,
+        connect: () => Stream.concat(Stream.succeed(opened), Stream.fromQueue(q))
+      }
+      gate = yield* Deferred.make<void>()
+      const held = gate
+      const runner = yield* Intake.makeStreamRunner(spec, Intake.defaultTuning(512, 4))
+      yield* Effect.forkScoped(runner.run)
+      // frame 1's batch is held in its commit while frames 2–4 (2 operations each) queue up
+      yield* Queue.offer(q, frame(1n, 1))
+      yield* turns(20)
+      yield* Queue.offerAll(q, [frame(2n, 2), frame(3n, 2), frame(4n, 2)])
+      yield* turns(20)
+      gate = undefined
+      yield* Deferred.succeed(held, undefined)
+      yield* until(() => committed.length === 3, "the batches committed")
+      // frames 2 and 3 fill a batch: it commits with frame 3's cursor
+      expect(committed).toEqual([{ events: 1, cursor: 1n }, { events: 4, cursor: 3n }, { events: 2, cursor: 4n }])
+    }).pipe(
+      Effect.provide(Layer.mergeAll(recording, CursorStore.layerMemory, Outbox.layerMemory)),
+      Effect.withRandom(halfJitter)
+    )
   })
 })

@@ -36,6 +36,13 @@ describe("the Jetstream streams split the events between them", () => {
     expect(skip?.(event(OTHER, POST, "k"))).toBe(false)
   })
 
+  it("the backlink stream skips every #identity and #account event (the registry stream gets them all)", () => {
+    const skip = specs.backlink.skip
+    const base = { did: OTHER, timeUs: 1, stream: "backlink", relay: "wss://jetstream.example/subscribe", cursor: "1" }
+    expect(skip?.({ ...base, kind: "identity" })).toBe(true)
+    expect(skip?.({ ...base, kind: "account", active: true })).toBe(true)
+  })
+
   it("the direct stream skips only wh records (the registry stream's)", () => {
     const skip = specs.direct.skip
     expect(skip?.(event(WATCHED, WH_COLLECTION, "k"))).toBe(true)
