@@ -9,6 +9,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Clock, Deferred, Duration, Effect, Fiber, Layer, Random, Schedule, TestClock } from "effect"
 import * as Config from "../../src/services/platform/Config.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 import { type ReconcileOutcome, Reconciler } from "../../src/services/reconciliation/Reconciler.js"
 import { ReconcileStore, type ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
 import * as RetryScheduler from "../../src/services/reconciliation/RetryScheduler.js"
@@ -730,6 +731,48 @@ describe("RetryScheduler", () => {
       const now = yield* Clock.currentTimeMillis
       expect(yield* s.stop(now + 5_000)).toEqual({ drained: true })
       expect(yield* Clock.currentTimeMillis).toBe(now)
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("an attempt the database fails reports the infrastructure unhealthy until an attempt reaches it again", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A)
+    const down = { value: false }
+    const store = fakeStore(world)
+    const layer = Layer.mergeAll(
+      Layer.succeed(ReconcileStore, {
+        ...store,
+        ownerState: (did: string) =>
+          down.value ? Effect.fail(new StoreError({ op: "reconcile.ownerState", code: "down" })) : store.ownerState(did)
+      }),
+      fakeReconciler(world),
+      Config.layerValue(testConfig())
+    )
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      expect((yield* s.stats).infrastructureHealthy).toBe(true)
+      down.value = true
+      yield* advance(2_500) // attempt 0: the owner's state cannot be read
+      expect(callTimes(world, A)).toEqual([])
+      expect(yield* s.stats).toMatchObject({ infrastructureHealthy: false, tracked: 1, attempts: 0 })
+      down.value = false
+      world.behaviour.set(A, "succeed")
+      yield* advance(5_000) // attempt 1, before the next round: the database answers again
+      expect(callTimes(world, A)).toEqual([7_500])
+      expect(yield* s.stats).toMatchObject({ infrastructureHealthy: true, tracked: 0, recovered: 1 })
+    }).pipe(Effect.provide(layer), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("health: the retryScheduler section is ready while the scheduler runs, not once it is stopped", () => {
+    const world = newWorld()
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      const section = RetryScheduler.healthSection(s)
+      expect(yield* section).toMatchObject({ ready: true, body: { running: true, tracked: 0 } })
+      const now = yield* Clock.currentTimeMillis
+      expect(yield* s.stop(now + 1_000)).toEqual({ drained: true })
+      expect(yield* section).toMatchObject({ ready: false, body: { running: false } })
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 })
