@@ -1,0 +1,140 @@
+/**
+ * Backfill's promised bounds (SPEC §5.2) on the TestClock, with the pass state in memory: owners of
+ * a page are reconciled at most `BACKFILL_CONCURRENCY` at a time, and after the initial sweep a new
+ * sweep runs every 24 h (the default `repassInterval`), not before; an owner refused for capacity
+ * is tried 10 more times 1 s apart by default, then marked failed (`busy`) for the RetryScheduler.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Clock, Deferred, Effect, Layer, TestClock } from "effect"
+import * as Config from "../../src/services/platform/Config.js"
+import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
+import * as Backfill from "../../src/services/reconciliation/Backfill.js"
+import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
+import { ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
+import { fakeReconcileStore, memoryPassState } from "../support/fakeReconcileStore.js"
+import { COMPLETE } from "../support/reconcile.js"
+import { plc, testConfig } from "../support/stack.js"
+
+const OWNERS = Array.from({ length: 6 }, (_, i) => plc(1 + i)).sort()
+
+interface Recon {
+  readonly calls: Array<string>
+  inFlight: number
+  maxInFlight: number
+  /** when set, each reconciliation waits for it */
+  gate: Deferred.Deferred<void> | undefined
+  /** owners refused for capacity (`busy`), and the TestClock time of each call */
+  readonly busy: Set<string>
+  readonly busyCalls: Array<number>
+  /** `markFailedIdle` calls: did and kind */
+  readonly idleMarks: Array<readonly [string, string]>
+}
+
+const newRecon = (): Recon => ({
+  calls: [],
+  inFlight: 0,
+  maxInFlight: 0,
+  gate: undefined,
+  busy: new Set(),
+  busyCalls: [],
+  idleMarks: []
+})
+
+/** Backfill.make's environment: a fake reconciler, the pass state in memory, a transport never used. */
+const env = (recon: Recon, vars: Record<string, string> = {}) =>
+  Layer.mergeAll(
+    Layer.succeed(Reconciler, {
+      reconcile: (did) =>
+        Effect.gen(function*() {
+          recon.calls.push(did)
+          recon.inFlight++
+          recon.maxInFlight = Math.max(recon.maxInFlight, recon.inFlight)
+          if (recon.gate !== undefined) yield* Deferred.await(recon.gate)
+          if (recon.busy.has(did)) {
+            recon.busyCalls.push(yield* Clock.currentTimeMillis)
+            return { _tag: "busy" } as const
+          }
+          return COMPLETE
+        }).pipe(Effect.ensuring(Effect.sync(() => void recon.inFlight--))),
+      stats: Effect.succeed({ completed: 0, failed: 0, busy: 0, superseded: 0, invalidRecords: 0 })
+    }),
+    Layer.succeed(
+      ReconcileStore,
+      fakeReconcileStore({
+        ...memoryPassState(),
+        addOwners: () => Effect.void,
+        markFailedIdle: (did, kind) => Effect.sync(() => recon.idleMarks.push([did, kind]) > 0),
+        ownersPage: (after, limit) =>
+          Effect.succeed(OWNERS.filter((did) => after === undefined || did > after).slice(0, limit))
+      })
+    ),
+    Layer.succeed(SafeHttp, { request: () => Effect.die("no request expected") }),
+    Config.layerValue(testConfig(vars))
+  )
+
+/** Let the forked sweep run as far as it can without the clock moving. */
+const settle = Effect.gen(function*() {
+  for (let i = 0; i < 200; i++) yield* Effect.yieldNow()
+})
+
+describe("Backfill bounds (SPEC §5.2)", () => {
+  for (const concurrency of [1, 2, 4]) {
+    it.scoped(`BACKFILL_CONCURRENCY=${concurrency}: at most ${concurrency} owner(s) of a page reconciled at once`, () => {
+      const recon = newRecon()
+      return Effect.gen(function*() {
+        recon.gate = yield* Deferred.make<void>()
+        const b = yield* Backfill.make({ repassInterval: null })
+        yield* b.start
+        yield* settle
+        expect(recon.inFlight).toBe(concurrency)
+        yield* Deferred.succeed(recon.gate, undefined)
+        yield* b.awaitInitialPass
+        expect(recon.calls).toEqual(OWNERS)
+        expect(recon.maxInFlight).toBe(concurrency)
+      }).pipe(Effect.provide(env(recon, { BACKFILL_CONCURRENCY: String(concurrency) })))
+    })
+  }
+
+  it.scoped("after the initial sweep, the next sweep starts 24 h later by default, not before", () => {
+    const recon = newRecon()
+    return Effect.gen(function*() {
+      const b = yield* Backfill.make()
+      yield* b.start
+      yield* b.awaitInitialPass
+      expect(recon.calls).toEqual(OWNERS)
+      yield* TestClock.adjust("23 hours")
+      yield* settle
+      expect(recon.calls).toHaveLength(OWNERS.length)
+      yield* TestClock.adjust("59 minutes")
+      yield* TestClock.adjust("59 seconds")
+      yield* settle
+      expect(recon.calls).toHaveLength(OWNERS.length)
+      yield* TestClock.adjust("1 second")
+      yield* settle
+      expect(recon.calls).toEqual([...OWNERS, ...OWNERS])
+      expect((yield* b.stats).passes).toBe(2)
+      // and again 24 h after the second sweep finished
+      yield* TestClock.adjust("24 hours")
+      yield* settle
+      expect(recon.calls).toHaveLength(3 * OWNERS.length)
+    }).pipe(Effect.provide(env(recon)))
+  })
+
+  it.scoped("an owner refused for capacity is retried 10 times 1 s apart by default, then marked failed (busy)", () => {
+    const recon = newRecon()
+    const busy = OWNERS[0] ?? ""
+    recon.busy.add(busy)
+    return Effect.gen(function*() {
+      const b = yield* Backfill.make({ repassInterval: null })
+      yield* b.start
+      for (let i = 0; i < 12; i++) {
+        yield* settle
+        yield* TestClock.adjust("1 second")
+      }
+      yield* b.awaitInitialPass
+      expect(recon.busyCalls).toEqual(Array.from({ length: 11 }, (_, i) => i * 1_000))
+      expect(recon.idleMarks).toEqual([[busy, "busy"]])
+      expect(yield* b.stats).toMatchObject({ ownersDone: OWNERS.length, ownersFailed: 1 })
+    }).pipe(Effect.provide(env(recon)))
+  })
+})
