@@ -2,12 +2,15 @@
  * The late failure marks' bounds (SPEC §5.3 step 5; FailureMarks.ts) under TestClock with a fixed
  * Random and a fake store whose `markFailed` fails while the database is "down": at most
  * `maxPending` owners wait (a newer scan of a waiting owner replaces its mark, also at the bound),
- * and a mark is retried for at most `giveUpAfterMs` (then left to the stale-scan check).
+ * and a mark is retried for at most `giveUpAfterMs` (then left to the stale-scan check), on an
+ * equal-jitter exponential backoff from `baseMs`; a mark written late is counted as the owner's
+ * failure (`firehook_reconcile_failures_total{kind}`), once.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Random, TestClock } from "effect"
+import { Clock, Duration, Effect, Metric, Random, TestClock } from "effect"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as FailureMarks from "../../src/services/reconciliation/FailureMarks.js"
+import * as Metrics from "../../src/services/reconciliation/ReconcileMetrics.js"
 import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
 import { plc } from "../support/stack.js"
 
@@ -19,17 +22,20 @@ const settle = Effect.gen(function*() {
 const world = () => {
   const down = { value: true }
   const attempts: Array<string> = []
+  /** the TestClock time of each attempt */
+  const attemptsAt: Array<number> = []
   const written: Array<readonly [string, number, string]> = []
   const store = fakeReconcileStore({
     markFailed: (did, token, kind) =>
-      Effect.suspend(() => {
+      Effect.flatMap(Clock.currentTimeMillis, (now) => {
         attempts.push(did)
+        attemptsAt.push(now)
         if (down.value) return Effect.fail(new StoreError({ op: "test", code: "57P01" }))
         written.push([did, token, kind])
         return Effect.succeed(true)
       })
   })
-  return { down, attempts, written, store }
+  return { down, attempts, attemptsAt, written, store }
 }
 
 describe("FailureMarks", () => {
@@ -89,6 +95,31 @@ describe("FailureMarks", () => {
       for (let i = 0; i < 20; i++) yield* Effect.zipRight(TestClock.adjust(Duration.seconds(1)), settle)
       expect(w.attempts.length).toBe(tries)
       expect(w.written).toEqual([])
+    }).pipe(Effect.withRandom(Random.fixed([0.5])))
+  })
+
+  it.scoped("a mark is retried on an equal-jitter exponential backoff from baseMs; once written it is counted once", () => {
+    const w = world()
+    const A = plc(4)
+    const kind = "late_mark_backoff_test"
+    const failures = Effect.map(Metric.value(Metrics.reconcileFailures({ kind })), (s) => s.count)
+    return Effect.gen(function*() {
+      const before = yield* failures
+      const marks = yield* FailureMarks.make(w.store, {
+        baseMs: 1_000,
+        capMs: 8_000,
+        giveUpAfterMs: 600_000,
+        maxPending: 4
+      })
+      yield* marks.defer(A, 1, kind)
+      // delays 1 s, 2 s, 4 s, 8 s, 8 s, each × 0.75 with the fixed Random
+      for (let i = 0; i < 5_250; i += 250) yield* Effect.zipRight(TestClock.adjust(Duration.millis(250)), settle)
+      expect(w.attemptsAt).toEqual([0, 750, 2_250, 5_250])
+      w.down.value = false
+      for (let i = 0; i < 6_000; i += 250) yield* Effect.zipRight(TestClock.adjust(Duration.millis(250)), settle)
+      expect(w.attemptsAt).toEqual([0, 750, 2_250, 5_250, 11_250])
+      expect(w.written).toEqual([[A, 1, kind]])
+      expect((yield* failures) - before).toBe(1)
     }).pipe(Effect.withRandom(Random.fixed([0.5])))
   })
 })
