@@ -26,6 +26,24 @@ describe("IdentityInvalidations", () => {
     ])
   })
 
+  it("payloads: a DID that would pass the byte bound by one starts the next payload; the default bound keeps each under NOTIFY's 8,000 bytes", () => {
+    // plc DIDs are 32 characters: three with their two spaces are 98 bytes
+    const dids = Array.from({ length: 9 }, (_, i) => plc(i + 1))
+    expect(IdentityInvalidations.payloads(dids, 98).map((p) => p.split(" ").length)).toEqual([3, 3, 3])
+    expect(IdentityInvalidations.payloads(dids, 97).map((p) => p.split(" ").length)).toEqual([2, 2, 2, 2, 1])
+    const many = Array.from({ length: 400 }, (_, i) => plc(i + 1))
+    const out = IdentityInvalidations.payloads(many)
+    expect(out.flatMap((p) => p.split(" "))).toEqual(many)
+    expect(Math.max(...out.map((p) => p.length))).toBeLessThanOrEqual(7_000)
+    expect(out[0]?.length).toBeGreaterThan(6_900)
+  })
+
+  it("parsePayload keeps at most BATCH_MAX (256) DIDs of a notification", () => {
+    const dids = Array.from({ length: 300 }, (_, i) => plc(i + 1))
+    expect(IdentityInvalidations.BATCH_MAX).toBe(256)
+    expect(IdentityInvalidations.parsePayload(dids.join(" "))).toEqual(dids.slice(0, 256))
+  })
+
   it.layer(Db.layer(), { timeout: 60_000 })("on PostgreSQL", (it) => {
     it.scoped("DIDs offered by intake are invalidated by another process's follower", () =>
       Effect.gen(function*() {
