@@ -15,6 +15,7 @@ import * as Intake from "../../src/services/intake/Intake.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Reactivations from "../../src/services/reconciliation/Reactivations.js"
 import * as Metrics from "../../src/services/reconciliation/ReconcileMetrics.js"
 import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
@@ -107,6 +108,34 @@ describe("Reactivations.requester", () => {
       yield* eventually(Effect.sync(() => calls.length === 2), "second batch taken")
       expect(calls).toEqual([[plc(11)], [plc(12), plc(13)]])
       yield* eventually(Effect.map(count(capDrops), (n) => n - before.cap === 1), "over-cap counted")
+    }))
+})
+
+describe("Reactivations.requester: the pending cap and a database that fails", () => {
+  it.scopedLive("by default at most 10,000 requests pending; a batch the store did not take is counted dropped (store), DID by DID", () =>
+    Effect.gen(function*() {
+      const caps: Array<number> = []
+      let fail = false
+      const store = fakeReconcileStore({
+        requestReconcile: (dids, pendingMax) =>
+          Effect.suspend(() => {
+            caps.push(pendingMax)
+            return fail
+              ? Effect.fail(new StoreError({ op: "reconcile.requestReconcile", code: "57P01" }))
+              : Effect.succeed({ requested: [...dids], overCap: 0 })
+          })
+      })
+      const storeDrops = Metrics.reactivationDropped({ reason: "store" })
+      const before = yield* count(storeDrops)
+      const request = yield* Reactivations.requester(store)
+      yield* request(plc(21))
+      yield* eventually(Effect.sync(() => caps.length === 1), "first batch stamped")
+      expect(caps).toEqual([Reactivations.PENDING_MAX])
+      expect(Reactivations.PENDING_MAX).toBe(10_000)
+      fail = true
+      yield* Effect.forEach([plc(22), plc(23), plc(24)], request, { discard: true })
+      yield* eventually(Effect.map(count(storeDrops), (n) => n - before >= 3), "store failures counted")
+      expect((yield* count(storeDrops)) - before).toBe(3)
     }))
 })
 
