@@ -2,7 +2,8 @@
  * Backfill's promised bounds (SPEC §5.2) on the TestClock, with the pass state in memory: owners of
  * a page are reconciled at most `BACKFILL_CONCURRENCY` at a time, and after the initial sweep a new
  * sweep runs every 24 h (the default `repassInterval`), not before; an owner refused for capacity
- * is tried 10 more times 1 s apart by default, then marked failed (`busy`) for the RetryScheduler.
+ * is tried 10 more times 1 s apart by default, then marked failed (`busy`) for the RetryScheduler;
+ * a capped pass is continued by the next within the sweep; `start` is idempotent.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Deferred, Effect, Layer, TestClock } from "effect"
@@ -135,6 +136,33 @@ describe("Backfill bounds (SPEC §5.2)", () => {
       expect(recon.busyCalls).toEqual(Array.from({ length: 11 }, (_, i) => i * 1_000))
       expect(recon.idleMarks).toEqual([[busy, "busy"]])
       expect(yield* b.stats).toMatchObject({ ownersDone: OWNERS.length, ownersFailed: 1 })
+    }).pipe(Effect.provide(env(recon)))
+  })
+
+  it.scoped("a capped pass is continued by the next: the initial sweep is done only once every owner was visited", () => {
+    const recon = newRecon()
+    return Effect.gen(function*() {
+      const b = yield* Backfill.make({ repassInterval: null, pageSize: 2, maxOwnersPerPass: 2 })
+      yield* b.start
+      yield* b.awaitInitialPass
+      expect(recon.calls).toEqual(OWNERS)
+      // three capped passes of 2 owners, then one that finds no owner left and completes the sweep
+      expect(yield* b.stats).toMatchObject({ initialPassDone: true, passes: 4, ownersDone: OWNERS.length })
+    }).pipe(Effect.provide(env(recon)))
+  })
+
+  it.scoped("start is idempotent: a second start runs no second sweep", () => {
+    const recon = newRecon()
+    return Effect.gen(function*() {
+      const b = yield* Backfill.make({ repassInterval: null })
+      yield* b.start
+      yield* b.start
+      yield* b.awaitInitialPass
+      // a second sweeper would be waiting for the claimed page (its poll interval, 5 s)
+      yield* TestClock.adjust("10 seconds")
+      yield* settle
+      expect(recon.calls).toEqual(OWNERS)
+      expect((yield* b.stats).passes).toBe(1)
     }).pipe(Effect.provide(env(recon)))
   })
 })
