@@ -165,4 +165,15 @@ describe("Backfill bounds (SPEC §5.2)", () => {
       expect((yield* b.stats).passes).toBe(1)
     }).pipe(Effect.provide(env(recon)))
   })
+
+  it.scoped("a pass handles at most maxOwnersPerPass owners: its last page is cut to the owners left", () => {
+    const recon = newRecon()
+    return Effect.gen(function*() {
+      const b = yield* Backfill.make({ repassInterval: null, pageSize: 4, maxOwnersPerPass: 5 })
+      expect(yield* b.runPass).toEqual({ owners: 5, failed: 0, completed: false })
+      expect(recon.calls).toEqual(OWNERS.slice(0, 5))
+      expect(yield* b.runPass).toEqual({ owners: 1, failed: 0, completed: true })
+      expect(recon.calls).toEqual(OWNERS)
+    }).pipe(Effect.provide(env(recon)))
+  })
 })
