@@ -9,10 +9,12 @@ import { describe, expect, it } from "@effect/vitest"
 import { Clock, Deferred, Effect, Layer, TestClock } from "effect"
 import * as Config from "../../src/services/platform/Config.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Backfill from "../../src/services/reconciliation/Backfill.js"
 import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
-import { ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
+import { ReconcileStore, type ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
 import { fakeReconcileStore, memoryPassState } from "../support/fakeReconcileStore.js"
+import { halfJitter } from "../support/halfJitter.js"
 import { COMPLETE } from "../support/reconcile.js"
 import { plc, testConfig } from "../support/stack.js"
 
@@ -42,7 +44,11 @@ const newRecon = (): Recon => ({
 })
 
 /** Backfill.make's environment: a fake reconciler, the pass state in memory, a transport never used. */
-const env = (recon: Recon, vars: Record<string, string> = {}) =>
+const env = (
+  recon: Recon,
+  vars: Record<string, string> = {},
+  wrap: (store: ReconcileStoreShape) => ReconcileStoreShape = (store) => store
+) =>
   Layer.mergeAll(
     Layer.succeed(Reconciler, {
       reconcile: (did) =>
@@ -61,13 +67,13 @@ const env = (recon: Recon, vars: Record<string, string> = {}) =>
     }),
     Layer.succeed(
       ReconcileStore,
-      fakeReconcileStore({
+      wrap(fakeReconcileStore({
         ...memoryPassState(),
         addOwners: () => Effect.void,
         markFailedIdle: (did, kind) => Effect.sync(() => recon.idleMarks.push([did, kind]) > 0),
         ownersPage: (after, limit) =>
           Effect.succeed(OWNERS.filter((did) => after === undefined || did > after).slice(0, limit))
-      })
+      }))
     ),
     Layer.succeed(SafeHttp, { request: () => Effect.die("no request expected") }),
     Config.layerValue(testConfig(vars))
@@ -175,5 +181,53 @@ describe("Backfill bounds (SPEC §5.2)", () => {
       expect(yield* b.runPass).toEqual({ owners: 1, failed: 0, completed: true })
       expect(recon.calls).toEqual(OWNERS)
     }).pipe(Effect.provide(env(recon)))
+  })
+
+  it.scoped("the infrastructure retry backoff starts over after a pass that succeeded (1 s, not where it left off)", () => {
+    const recon = newRecon()
+    const down = { value: true, finishOnce: false }
+    const third = OWNERS[2] ?? ""
+    const thirdAt: Array<number> = []
+    const unavailable = new StoreError({ op: "test", code: "57P01" })
+    const wrap = (store: ReconcileStoreShape): ReconcileStoreShape => ({
+      ...store,
+      passState: (pass) => (down.value ? Effect.fail(unavailable) : store.passState(pass)),
+      finishPage: (ref, last, holder) =>
+        down.finishOnce
+          ? Effect.sync(() => void (down.finishOnce = false)).pipe(Effect.zipRight(Effect.fail(unavailable)))
+          : store.finishPage(ref, last, holder),
+      ownersPage: (after, limit) =>
+        Effect.tap(
+          store.ownersPage(after, limit),
+          (dids) =>
+            Effect.flatMap(Clock.currentTimeMillis, (now) =>
+              Effect.sync(() => {
+                // the second pass's page: the database fails as it is finished
+                if (dids[0] === third) {
+                  thirdAt.push(now)
+                  if (thirdAt.length === 1) down.finishOnce = true
+                }
+              }))
+        )
+    })
+    return Effect.gen(function*() {
+      const b = yield* Backfill.make({ repassInterval: null, pageSize: 2, maxOwnersPerPass: 2 })
+      yield* b.start
+      // down: passes fail at 0, 0.75 s, 2.25 s (equal jitter × 0.75 of 1 s, 2 s, 4 s …)
+      for (let t = 0; t < 5_000; t += 250) yield* Effect.zipRight(settle, TestClock.adjust("250 millis"))
+      expect(recon.calls).toEqual([])
+      down.value = false
+      // at 5.25 s a pass succeeds (2 owners); the next one fails finishing its page
+      for (let t = 5_000; t < 5_500; t += 250) yield* Effect.zipRight(settle, TestClock.adjust("250 millis"))
+      yield* settle
+      expect(thirdAt).toEqual([5_250])
+      expect((yield* b.stats).infrastructureHealthy).toBe(false)
+      // retried 0.75 s later (the backoff starts over), and its page taken over at once
+      for (let t = 5_500; t < 6_500; t += 250) yield* Effect.zipRight(settle, TestClock.adjust("250 millis"))
+      expect(recon.calls.filter((did) => did === third)).toHaveLength(2)
+      yield* b.awaitInitialPass
+      expect(yield* Clock.currentTimeMillis).toBe(6_500)
+      expect(yield* b.stats).toMatchObject({ infrastructureHealthy: true, initialPassDone: true })
+    }).pipe(Effect.provide(env(recon, {}, wrap)), Effect.withRandom(halfJitter))
   })
 })
