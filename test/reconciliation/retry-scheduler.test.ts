@@ -775,4 +775,22 @@ describe("RetryScheduler", () => {
       expect(yield* section).toMatchObject({ ready: false, body: { running: false } })
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
+
+  it.scoped("the swap sync starts 10 min before its first round (completions around startup), then follows its cursor", () => {
+    const world = newWorld()
+    const margins: Array<number> = []
+    const layer = Layer.mergeAll(
+      Layer.succeed(ReconcileStore, {
+        ...fakeStore(world),
+        completedCursor: (marginMs: number) => Effect.sync(() => margins.push(marginMs)).pipe(Effect.as("0"))
+      }),
+      fakeReconciler(world),
+      Config.layerValue(testConfig())
+    )
+    return Effect.gen(function*() {
+      yield* scheduler(world)
+      yield* advance(60_000)
+      expect(margins).toEqual([600_000])
+    }).pipe(Effect.provide(layer), Effect.withRandom(halfJitter))
+  })
 })
