@@ -6,7 +6,7 @@
  * a capped pass is continued by the next within the sweep; `start` is idempotent.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Effect, Layer, TestClock } from "effect"
+import { Clock, Deferred, Effect, Fiber, Layer, Option, TestClock } from "effect"
 import * as Config from "../../src/services/platform/Config.js"
 import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
@@ -229,5 +229,30 @@ describe("Backfill bounds (SPEC §5.2)", () => {
       expect(yield* Clock.currentTimeMillis).toBe(6_500)
       expect(yield* b.stats).toMatchObject({ infrastructureHealthy: true, initialPassDone: true })
     }).pipe(Effect.provide(env(recon, {}, wrap)), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("an interrupted pass tries to give its page back for at most 2 s (a database that hangs does not hold shutdown)", () => {
+    const recon = newRecon()
+    const released: Array<string> = []
+    const wrap = (store: ReconcileStoreShape): ReconcileStoreShape => ({
+      ...store,
+      releaseClaim: (_ref, last) => Effect.sync(() => void released.push(last)).pipe(Effect.zipRight(Effect.never))
+    })
+    return Effect.gen(function*() {
+      recon.gate = yield* Deferred.make<void>()
+      const b = yield* Backfill.make({ repassInterval: null })
+      const pass = yield* Effect.fork(b.runPass)
+      yield* settle
+      expect(recon.inFlight).toBeGreaterThan(0)
+      const interrupting = yield* Effect.fork(Fiber.interrupt(pass))
+      yield* settle
+      expect(released).toEqual([OWNERS[OWNERS.length - 1]])
+      yield* TestClock.adjust("1999 millis")
+      yield* settle
+      expect(Option.isNone(yield* Fiber.poll(interrupting))).toBe(true)
+      yield* TestClock.adjust("1 millis")
+      yield* settle
+      expect(Option.isSome(yield* Fiber.poll(interrupting))).toBe(true)
+    }).pipe(Effect.provide(env(recon, {}, wrap)))
   })
 })
