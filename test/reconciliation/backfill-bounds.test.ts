@@ -255,4 +255,32 @@ describe("Backfill bounds (SPEC §5.2)", () => {
       expect(Option.isSome(yield* Fiber.poll(interrupting))).toBe(true)
     }).pipe(Effect.provide(env(recon, {}, wrap)))
   })
+
+  it.scoped("a pass with no owner left waits (poll interval) for a page another pass holds instead of trying to complete the sweep", () => {
+    const recon = newRecon()
+    let completes = 0
+    const wrap = (store: ReconcileStoreShape): ReconcileStoreShape => ({
+      ...store,
+      completePass: (ref, frontier) =>
+        Effect.sync(() => void completes++).pipe(Effect.zipRight(store.completePass(ref, frontier)))
+    })
+    return Effect.gen(function*() {
+      recon.gate = yield* Deferred.make<void>()
+      const holder = yield* Backfill.make({ repassInterval: null })
+      const waiter = yield* Backfill.make({ repassInterval: null })
+      const first = yield* Effect.fork(holder.runPass)
+      yield* settle
+      expect(recon.inFlight).toBeGreaterThan(0)
+      const second = yield* Effect.fork(waiter.runPass)
+      yield* settle
+      expect(Option.isNone(yield* Fiber.poll(second))).toBe(true)
+      expect(completes).toBe(0)
+      yield* Deferred.succeed(recon.gate, undefined)
+      expect(yield* Fiber.join(first)).toEqual({ owners: OWNERS.length, failed: 0, completed: true })
+      yield* TestClock.adjust("5 seconds")
+      expect(yield* Fiber.join(second)).toEqual({ owners: 0, failed: 0, completed: true })
+      expect(completes).toBe(1)
+      expect(recon.calls).toEqual(OWNERS)
+    }).pipe(Effect.provide(env(recon, {}, wrap)))
+  })
 })
