@@ -283,4 +283,29 @@ describe("Backfill bounds (SPEC §5.2)", () => {
       expect(recon.calls).toEqual(OWNERS)
     }).pipe(Effect.provide(env(recon, {}, wrap)))
   })
+
+  it.scoped("a beat the database did not take does not stop the heartbeat: the holder beats again every 5 s", () => {
+    const recon = newRecon()
+    const beats: Array<number> = []
+    const wrap = (store: ReconcileStoreShape): ReconcileStoreShape => ({
+      ...store,
+      beatClaim: (ref, last, holder) =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          beats.push(now)
+          return beats.length === 1
+            ? Effect.fail(new StoreError({ op: "test", code: "57P01" }))
+            : store.beatClaim(ref, last, holder)
+        })
+    })
+    return Effect.gen(function*() {
+      recon.gate = yield* Deferred.make<void>()
+      const b = yield* Backfill.make({ repassInterval: null })
+      const pass = yield* Effect.fork(b.runPass)
+      yield* settle
+      for (let i = 0; i < 4; i++) yield* Effect.zipRight(TestClock.adjust("5 seconds"), settle)
+      expect(beats).toEqual([5_000, 10_000, 15_000, 20_000])
+      yield* Deferred.succeed(recon.gate, undefined)
+      expect(yield* Fiber.join(pass)).toMatchObject({ owners: OWNERS.length, completed: true })
+    }).pipe(Effect.provide(env(recon, {}, wrap)))
+  })
 })
