@@ -2,12 +2,13 @@
  * The snapshot's rev (SPEC §5.3 step 2; Snapshot.ts) with fake scan dependencies: getLatestCommit's
  * rev is taken only from a 2xx answer; otherwise (another status, a body without a TID, a rev more
  * than 5 min ahead) the rev is a TID of the scan's start, exactly; the rev is stored before any
- * page is read, and a scan whose rev was fenced reads no page.
+ * page is read, and a scan whose rev (or a page) was fenced reads no further page. A PDS address
+ * the transport refuses fails the owner as `pds_unsafe`.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Either } from "effect"
 import { tidFromMicros } from "../../src/schemas/Tid.js"
-import type { SafeResponse } from "../../src/services/platform/http/SafeHttp.js"
+import { SafeHttpError, type SafeResponse } from "../../src/services/platform/http/SafeHttp.js"
 import type { IdentityShape } from "../../src/services/reconciliation/Identity.js"
 import { defaultLimits } from "../../src/services/reconciliation/Reconciler.js"
 import { scan, type ScanDeps } from "../../src/services/reconciliation/Snapshot.js"
@@ -27,7 +28,14 @@ const response = (status: number, value: unknown): SafeResponse => ({
 })
 
 /** A scan of an empty repo whose getLatestCommit answers `commit`; what it asked and stored. */
-const run = (commit: SafeResponse, options: { readonly fenced?: boolean } = {}) => {
+const run = (
+  commit: SafeResponse,
+  options: {
+    readonly fenced?: boolean
+    readonly pageFenced?: boolean
+    readonly listError?: SafeHttpError["kind"]
+  } = {}
+) => {
   const paths: Array<string> = []
   const saved: Array<string> = []
   const identity: IdentityShape = {
@@ -40,7 +48,7 @@ const run = (commit: SafeResponse, options: { readonly fenced?: boolean } = {}) 
     identity,
     store: fakeReconcileStore({
       saveSnapshotRev: (_did, _token, rev) => Effect.sync(() => saved.push(rev)).pipe(Effect.as(!options.fenced)),
-      applyPage: () => Effect.succeed({ fenced: false, written: 0 }),
+      applyPage: () => Effect.succeed({ fenced: options.pageFenced === true, written: 0 }),
       deleteOlder: () => Effect.succeed({ fenced: false, deleted: 0 }),
       pruneTombstones: () => Effect.succeed({ fenced: false, pruned: 0 }),
       complete: () => Effect.succeed(true)
@@ -48,14 +56,28 @@ const run = (commit: SafeResponse, options: { readonly fenced?: boolean } = {}) 
     limits: defaultLimits,
     validateOpts: {},
     get: (url) =>
-      Effect.sync(() => {
+      Effect.suspend(() => {
         const path = new URL(url).pathname
         paths.push(path)
-        return path.endsWith("getLatestCommit") ? commit : response(200, { records: [] })
+        if (path.endsWith("getLatestCommit")) return Effect.succeed(commit)
+        if (options.listError !== undefined) return Effect.fail(new SafeHttpError({ kind: options.listError }))
+        // a first page with a cursor, then the last page
+        return Effect.succeed(
+          response(200, paths.length === 2 ? { records: [], cursor: "next" } : { records: [] })
+        )
       }),
     swap: () => Effect.void
   }
-  return Effect.map(scan(deps, DID, TOKEN, START), (outcome) => ({ outcome, paths, saved }))
+  return Effect.map(
+    Effect.either(scan(deps, DID, TOKEN, START)),
+    (result) => ({
+      outcome: Either.isRight(result)
+        ? result.right
+        : { failed: result.left._tag === "OwnerFailure" ? result.left.kind : "store" },
+      paths,
+      saved
+    })
+  )
 }
 
 const FALLBACK = tidFromMicros(START)
@@ -66,8 +88,12 @@ describe("the snapshot's rev", () => {
     Effect.gen(function*() {
       const r = yield* run(response(200, { cid: "bafycommit", rev: GOOD }))
       expect(r.saved).toEqual([GOOD])
-      expect(r.outcome).toMatchObject({ _tag: "complete", pages: 1 })
-      expect(r.paths).toEqual(["/xrpc/com.atproto.sync.getLatestCommit", "/xrpc/com.atproto.repo.listRecords"])
+      expect(r.outcome).toMatchObject({ _tag: "complete", pages: 2 })
+      expect(r.paths).toEqual([
+        "/xrpc/com.atproto.sync.getLatestCommit",
+        "/xrpc/com.atproto.repo.listRecords",
+        "/xrpc/com.atproto.repo.listRecords"
+      ])
     }))
 
   it.effect("a non-2xx answer is not a rev, whatever its body: a TID of the scan's start", () =>
@@ -92,5 +118,21 @@ describe("the snapshot's rev", () => {
       const r = yield* run(response(200, { cid: "bafycommit", rev: GOOD }), { fenced: true })
       expect(r.outcome).toEqual({ _tag: "superseded" })
       expect(r.paths).toEqual(["/xrpc/com.atproto.sync.getLatestCommit"])
+    }))
+
+  it.effect("a page whose write was fenced supersedes the scan: no further page is read", () =>
+    Effect.gen(function*() {
+      const r = yield* run(response(200, { cid: "bafycommit", rev: GOOD }), { pageFenced: true })
+      expect(r.outcome).toEqual({ _tag: "superseded" })
+      expect(r.paths).toEqual(["/xrpc/com.atproto.sync.getLatestCommit", "/xrpc/com.atproto.repo.listRecords"])
+    }))
+
+  it.effect("a PDS address the transport refuses fails the owner as pds_unsafe, not as a network failure", () =>
+    Effect.gen(function*() {
+      for (const kind of ["blocked_target", "invalid_target"] as const) {
+        const r = yield* run(response(200, { cid: "bafycommit", rev: GOOD }), { listError: kind })
+        expect(r.outcome).toEqual({ failed: "pds_unsafe" })
+      }
+      expect((yield* run(response(200, {}), { listError: "network" })).outcome).toEqual({ failed: "pds_network" })
     }))
 })
