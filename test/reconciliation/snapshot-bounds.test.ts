@@ -54,7 +54,7 @@ const run = (
       complete: () => Effect.succeed(true)
     }),
     limits: defaultLimits,
-    validateOpts: {},
+    validateOpts: { allowInsecureDev: false },
     get: (url) =>
       Effect.suspend(() => {
         const path = new URL(url).pathname
