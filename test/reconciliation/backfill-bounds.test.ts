@@ -12,7 +12,11 @@ import { SafeHttp } from "../../src/services/platform/http/SafeHttp.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Backfill from "../../src/services/reconciliation/Backfill.js"
 import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
-import { ReconcileStore, type ReconcileStoreShape } from "../../src/services/reconciliation/ReconcileStore.js"
+import {
+  INITIAL_PASS,
+  ReconcileStore,
+  type ReconcileStoreShape
+} from "../../src/services/reconciliation/ReconcileStore.js"
 import { fakeReconcileStore, memoryPassState } from "../support/fakeReconcileStore.js"
 import { halfJitter } from "../support/halfJitter.js"
 import { COMPLETE } from "../support/reconcile.js"
@@ -307,5 +311,24 @@ describe("Backfill bounds (SPEC §5.2)", () => {
       yield* Deferred.succeed(recon.gate, undefined)
       expect(yield* Fiber.join(pass)).toMatchObject({ owners: OWNERS.length, completed: true })
     }).pipe(Effect.provide(env(recon, {}, wrap)))
+  })
+
+  it.scoped("a page whose holder stopped beating is taken over 30 s after this replica last saw its beat move (default)", () => {
+    const recon = newRecon()
+    return Effect.gen(function*() {
+      const store = yield* ReconcileStore
+      // a replica that died holding the sweep's only page
+      const { state } = yield* store.startPass(INITIAL_PASS, 0)
+      expect(yield* store.claimPage({ pass: INITIAL_PASS, sweep: state.sweep }, undefined, OWNERS, "dead-1")).toBe(true)
+      const b = yield* Backfill.make({ repassInterval: null })
+      const pass = yield* Effect.fork(b.runPass)
+      for (let t = 0; t < 25_000; t += 5_000) yield* Effect.zipRight(settle, TestClock.adjust("5 seconds"))
+      yield* settle
+      expect(recon.calls).toEqual([])
+      yield* TestClock.adjust("5 seconds")
+      expect(yield* Fiber.join(pass)).toEqual({ owners: OWNERS.length, failed: 0, completed: true })
+      expect(recon.calls).toEqual(OWNERS)
+      expect(yield* Clock.currentTimeMillis).toBe(30_000)
+    }).pipe(Effect.provide(env(recon)))
   })
 })
