@@ -8,70 +8,18 @@
  * answer is a document (a redirect is not followed, and its body is not taken).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Either, Layer, TestClock } from "effect"
-import * as Config from "../../src/services/platform/Config.js"
-import {
-  SafeHttp,
-  SafeHttpError,
-  type SafeRequest,
-  type SafeResponse
-} from "../../src/services/platform/http/SafeHttp.js"
+import { Deferred, Effect, Either, TestClock } from "effect"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
 import { didDoc } from "../support/fakeAtproto.js"
-import { plc, testConfig } from "../support/stack.js"
+import { plc } from "../support/stack.js"
+import { identityLayer, newFake, PLC, settle } from "./identity-fake.js"
 
-const PLC = "https://plc.test"
 const ALICE = plc(1)
 const BOB = plc(2)
-
-interface FakeHttp {
-  readonly requests: Array<string>
-  /** the transport's bounds of each request */
-  readonly bounds: Array<{ readonly timeoutMs: number; readonly maxResponseBytes: number }>
-  /** url → document (served as 200 JSON), or `{ status, raw }`; missing → 404 */
-  readonly answers: Map<string, unknown>
-  /** when set, requests wait for it */
-  gate: Deferred.Deferred<void> | undefined
-  fail: boolean
-}
-
-const newFake = (): FakeHttp => ({ requests: [], bounds: [], answers: new Map(), gate: undefined, fail: false })
-
-const response = (status: number, value: unknown): SafeResponse => ({
-  status,
-  headers: {},
-  body: new TextEncoder().encode(JSON.stringify(value)),
-  truncated: false
-})
-
-const identityLayer = (fake: FakeHttp, options: Identity.IdentityOptions = {}, env: Record<string, string> = {}) =>
-  Identity.layer(options).pipe(
-    Layer.provide(Layer.succeed(SafeHttp, {
-      request: (req: SafeRequest) =>
-        Effect.gen(function*() {
-          fake.requests.push(req.url)
-          fake.bounds.push({ timeoutMs: req.timeoutMs, maxResponseBytes: req.maxResponseBytes })
-          if (fake.gate !== undefined) yield* Deferred.await(fake.gate)
-          if (fake.fail) return yield* Effect.fail(new SafeHttpError({ kind: "network" }))
-          const answer = fake.answers.get(req.url)
-          if (answer === undefined) return response(404, { message: "DID not registered" })
-          if (typeof answer === "object" && answer !== null && "status" in answer && "raw" in answer) {
-            return response(Number(answer.status), answer.raw)
-          }
-          return response(200, answer)
-        })
-    })),
-    Layer.provide(Config.layerValue(testConfig({ PLC_DIRECTORY_URL: PLC, ...env })))
-  )
 
 const resolve = (did: string) => Effect.flatMap(Identity.Identity, (i) => i.resolvePds(did))
 const fresh = (did: string) =>
   Effect.either(Effect.flatMap(Identity.Identity, (i) => i.resolveSigningKey(did, { fresh: true })))
-
-/** Let forked fibers (background refreshes) run. */
-const settle = Effect.gen(function*() {
-  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-})
 
 describe("Identity bounds", () => {
   it.scoped("an entry is stale from exactly 1 h: served, and refreshed in the background", () => {

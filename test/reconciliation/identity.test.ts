@@ -5,70 +5,18 @@
  * answering from a map.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Either, Fiber, Layer, TestClock } from "effect"
-import * as Config from "../../src/services/platform/Config.js"
-import {
-  SafeHttp,
-  SafeHttpError,
-  type SafeRequest,
-  type SafeResponse
-} from "../../src/services/platform/http/SafeHttp.js"
+import { Deferred, Effect, Either, Fiber, TestClock } from "effect"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
 import { didDoc } from "../support/fakeAtproto.js"
-import { plc, testConfig } from "../support/stack.js"
+import { plc } from "../support/stack.js"
+import { identityLayer, newFake, PLC, settle } from "./identity-fake.js"
 
-const PLC = "https://plc.test"
 const ALICE = plc(1)
 const BOB = plc(2)
 const CAROL = plc(3)
 
-interface FakeHttp {
-  readonly requests: Array<string>
-  /** url → response (a value is served as 200 JSON); missing → 404 */
-  readonly answers: Map<string, unknown>
-  /** when set, requests wait for it */
-  gate: Deferred.Deferred<void> | undefined
-  fail: boolean
-}
-
-const response = (status: number, value: unknown): SafeResponse => ({
-  status,
-  headers: {},
-  body: new TextEncoder().encode(typeof value === "string" ? value : JSON.stringify(value)),
-  truncated: false
-})
-
-const fakeHttpLayer = (fake: FakeHttp) =>
-  Layer.succeed(SafeHttp, {
-    request: (req: SafeRequest) =>
-      Effect.gen(function*() {
-        fake.requests.push(req.url)
-        if (fake.gate !== undefined) yield* Deferred.await(fake.gate)
-        if (fake.fail) return yield* Effect.fail(new SafeHttpError({ kind: "network" }))
-        const answer = fake.answers.get(req.url)
-        if (answer === undefined) return response(404, { message: "DID not registered" })
-        if (typeof answer === "object" && answer !== null && "status" in answer && "raw" in answer) {
-          return response(Number(answer.status), answer.raw)
-        }
-        return response(200, answer)
-      })
-  })
-
-const newFake = (): FakeHttp => ({ requests: [], answers: new Map(), gate: undefined, fail: false })
-
-const identityLayer = (fake: FakeHttp, options: Identity.IdentityOptions = {}, env: Record<string, string> = {}) =>
-  Identity.layer(options).pipe(
-    Layer.provide(fakeHttpLayer(fake)),
-    Layer.provide(Config.layerValue(testConfig({ PLC_DIRECTORY_URL: PLC, ...env })))
-  )
-
 const resolve = (did: string) => Effect.flatMap(Identity.Identity, (i) => i.resolvePds(did))
 const resolveEither = (did: string) => Effect.either(resolve(did))
-
-/** Let forked fibers (the background refresh) run. */
-const settle = Effect.gen(function*() {
-  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-})
 
 describe("Identity: document URLs and validation", () => {
   it("did:plc via the PLC directory; did:web host and path forms", () => {
