@@ -199,3 +199,14 @@ describe("CircuitBreaker", () => {
     expect(cb.openCount(59 * MIN + 5_000)).toBe(1)
   })
 })
+
+describe("CircuitBreaker: configuration edges (policy audit)", () => {
+  it("a cool-down ceiling below the first cool-down is raised to it: a failed probe never shortens the cool-down", () => {
+    const cb = makeCircuitBreaker({ threshold: 1, cooldownMs: 10_000, maxCooldownMs: 1_000 })
+    cb.onTransientFailure(O, 0)
+    expect(cb.get(O)?.openUntilMs).toBe(10_000)
+    expect(cb.canAttempt(O, 10_000)).toBe("probe")
+    cb.onTransientFailure(O, 10_000)
+    expect(cb.get(O)).toMatchObject({ openUntilMs: 20_000, cooldownMs: 10_000 })
+  })
+})

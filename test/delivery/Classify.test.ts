@@ -128,3 +128,29 @@ describe("parseRetryAfter", () => {
     }
   })
 })
+
+describe("parseRetryAfter: calendar edges (policy audit)", () => {
+  const now = Date.UTC(2026, 0, 15, 12, 0, 0)
+
+  it("29 February exists in a year divisible by 400 (2000), not in one divisible by 100 only (2100)", () => {
+    expect(parseRetryAfter("Tue, 29 Feb 2000 12:00:00 GMT", now)).toBe(0)
+    expect(parseRetryAfter("Mon, 29 Feb 2100 12:00:00 GMT", now)).toBeUndefined()
+  })
+
+  it("day 00, 31 April and minute 60 are not dates", () => {
+    expect(parseRetryAfter("Thu, 30 Apr 2026 12:00:00 GMT", now)).toBe(Date.UTC(2026, 3, 30, 12) - now)
+    expect(parseRetryAfter("Fri, 31 Apr 2026 12:00:00 GMT", now)).toBeUndefined()
+    expect(parseRetryAfter("Thu, 00 Jan 2026 12:00:00 GMT", now)).toBeUndefined()
+    expect(parseRetryAfter("Thu, 15 Jan 2026 12:60:00 GMT", now)).toBeUndefined()
+  })
+
+  it("RFC 850 late in a century: a two-digit year exactly 50 years back is read 50 years ahead (RFC 9110)", () => {
+    // in 2080, "30" is 2030 or 2130: only a year MORE than 50 years ahead goes to the past, so 2130
+    const in2080 = Date.UTC(2080, 0, 15, 12, 0, 0)
+    expect(parseRetryAfter("Tuesday, 15-Jan-30 12:00:00 GMT", in2080)).toBe(
+      Date.UTC(2130, 0, 15, 12, 0, 0) - in2080
+    )
+    // "31": 2131 would be 51 years ahead, so it is 2031, in the past
+    expect(parseRetryAfter("Wednesday, 15-Jan-31 12:00:00 GMT", in2080)).toBe(0)
+  })
+})

@@ -287,3 +287,55 @@ describe("Destinations service", () => {
       ]))
     ))
 })
+
+describe("discordPreset: the limit itself (policy audit)", () => {
+  it("a summary of exactly 2000 characters is sent whole, without the cut mark", () => {
+    const prefix = "create app.bsky.feed.post `at://"
+    const suffix = "/app.bsky.feed.post/3l_a~b`"
+    const did = "did:web:" + "a".repeat(2_000 - prefix.length - suffix.length - "did:web:".length)
+    const content = (JSON.parse(request(discordPreset, input({ event: { ...input().event, did } })).body) as {
+      content: string
+    }).content
+    expect(content).toBe(prefix + did + suffix)
+    expect(content).toHaveLength(2_000)
+  })
+})
+
+describe("discordPreset: surrogate pairs at the cut (policy audit)", () => {
+  it("a pair that ends exactly before the cut mark is kept whole", () => {
+    // "create app.bsky.feed.post `at://did:web:" is 40 units: the pair takes indexes 1997 and 1998,
+    // the last two units kept before the mark; a cut one unit earlier would keep its high surrogate alone
+    const did = "did:web:" + "a".repeat(1_957) + "\u{1F98B}" + "a".repeat(600)
+    const content = (JSON.parse(request(discordPreset, input({ event: { ...input().event, did } })).body) as {
+      content: string
+    }).content
+    expect(content).toHaveLength(2_000)
+    expect(content.endsWith("\u{1F98B}…")).toBe(true)
+  })
+})
+
+describe("Destinations: replaced built-ins (policy audit)", () => {
+  it.effect("an entry named `discord` removes the built-in Discord preset: URLs it does not match get the fallback", () =>
+    Effect.gen(function*() {
+      const d = yield* Destinations
+      expect(d.resolve(new URL("https://discord.com/api/webhooks/1/t"))).toBe(webhookPreset)
+      expect(d.resolve(new URL("https://hooks.slack.com/services/a"))).toBe(slackPreset)
+    }).pipe(
+      Effect.provide(Destinations.layerWith([{ name: "discord", matches: () => false, transform: slackPreset }]))
+    ))
+
+  it.effect("a `webhook` entry that throws is a transform failure, not a defect", () =>
+    Effect.gen(function*() {
+      const d = yield* Destinations
+      const transform = d.resolve(new URL("https://receiver.example/x"))
+      expect(transform(input())).toEqual(Either.left("transform_failed"))
+    }).pipe(
+      Effect.provide(Destinations.layerWith([{
+        name: "webhook",
+        matches: () => false,
+        transform: () => {
+          throw new Error("a broken embedding transform")
+        }
+      }]))
+    ))
+})

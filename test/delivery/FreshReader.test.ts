@@ -4,7 +4,7 @@
  * looked up once; a failed lookup fails its waiters only; batches are bounded.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Either, Fiber } from "effect"
+import { Cause, Deferred, Effect, Either, Exit, Fiber } from "effect"
 import * as FreshReader from "../../src/services/delivery/FreshReader.js"
 
 /** A store whose lookups wait for the test to open a gate, and which records what they read. */
@@ -115,5 +115,18 @@ describe("FreshReader", () => {
       )
       const exit = yield* Fiber.await(result)
       expect(exit._tag).toBe("Failure")
+    }))
+})
+
+describe("FreshReader: a short answer (policy audit)", () => {
+  it.scoped("a lookup that answers fewer values than keys is a defect for the waiters left without one", () =>
+    Effect.gen(function*() {
+      const reader = yield* FreshReader.make({
+        lookup: (_keys: ReadonlyArray<string>) => Effect.succeed<ReadonlyArray<string>>([]),
+        keyOf: (k: string) => k,
+        maxBatch: 10
+      })
+      const exit = yield* Effect.exit(reader.get("a"))
+      expect(Exit.isFailure(exit) && Cause.isDie(exit.cause)).toBe(true)
     }))
 })

@@ -5,8 +5,13 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Either, Queue, TestClock } from "effect"
 import { type CircuitBreaker, makeCircuitBreaker } from "../../src/services/delivery/CircuitBreaker.js"
-import { type DeliveryStoreShape, PARK_CHUNK, type ParkedOrigin } from "../../src/services/delivery/DeliveryStore.js"
-import { PARK_CHUNKS_PER_PASS, parkPass } from "../../src/services/delivery/Parking.js"
+import {
+  type DeliveryStoreShape,
+  PARK_CHUNK,
+  PARK_ORIGINS_MAX,
+  type ParkedOrigin
+} from "../../src/services/delivery/DeliveryStore.js"
+import { nudge, PARK_CHUNKS_PER_PASS, parkPass } from "../../src/services/delivery/Parking.js"
 import { makeState, type WorkerEnv } from "../../src/services/delivery/WorkerState.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 
@@ -173,5 +178,116 @@ describe("Parking.parkPass", () => {
       parks = 0
       expect(yield* parkPass(env)).toEqual({ parked: PARK_CHUNKS_PER_PASS * PARK_CHUNK, unparked: 0 })
       expect(parks).toBe(PARK_CHUNKS_PER_PASS)
+    }))
+})
+
+/** Policy audit (SPEC §4.3 parking): the pass's bounds, its wake-ups and the attempt's nudge. */
+describe("Parking: bounds and wake-ups", () => {
+  /** A store that records every statement and moves `n` rows per statement. */
+  const recording = (n: { park: number; unpark: number }) => {
+    const calls: Array<readonly ["park" | "unpark", ReadonlyArray<ParkedOrigin>]> = []
+    const store = {
+      park: (origins: ReadonlyArray<ParkedOrigin>) => Effect.sync(() => (calls.push(["park", origins]), n.park)),
+      unpark: (origins: ReadonlyArray<ParkedOrigin>) => Effect.sync(() => (calls.push(["unpark", origins]), n.unpark))
+    }
+    return { calls, store }
+  }
+
+  it.effect("a second pass while the origin is still open to the same time unparks nothing", () =>
+    Effect.gen(function*() {
+      const { calls, store } = recording({ park: 0, unpark: 0 })
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
+      const env = yield* passEnv(store, breaker)
+      breaker.onTransientFailure(O, 0)
+      yield* parkPass(env)
+      yield* parkPass(env)
+      expect(calls).toEqual([["park", [{ origin: O, untilMs: 1_000 }]], ["park", [{ origin: O, untilMs: 1_000 }]]])
+    }))
+
+  it.effect("a pass that only unparks rows wakes the claim loop", () =>
+    Effect.gen(function*() {
+      const { store } = recording({ park: 0, unpark: 4 })
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
+      const env = yield* passEnv(store, breaker)
+      breaker.onTransientFailure(O, 0)
+      // no row moved: nobody is woken
+      yield* parkPass(env)
+      expect(env.state.notified).toBe(false)
+      expect(yield* Queue.size(env.wake)).toBe(0)
+      // recovered before 1 s: the rows parked to 1 s are due now, and the claim loop must know
+      breaker.onSuccess(O)
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: 4 })
+      expect(env.state.notified).toBe(true)
+      expect(yield* Queue.size(env.wake)).toBe(1)
+    }))
+
+  it.effect("unparking is bounded per pass too: at most PARK_CHUNKS_PER_PASS statements, the next pass goes on", () =>
+    Effect.gen(function*() {
+      const { calls, store } = recording({ park: 0, unpark: PARK_CHUNK })
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
+      const env = yield* passEnv(store, breaker)
+      breaker.onTransientFailure(O, 0)
+      yield* parkPass(env)
+      breaker.onSuccess(O)
+      calls.splice(0)
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: PARK_CHUNKS_PER_PASS * PARK_CHUNK })
+      expect(calls.length).toBe(PARK_CHUNKS_PER_PASS)
+      // not finished: the origin is still remembered, so the next pass unparks again
+      expect(env.state.parked.get(O)).toBe(1_000)
+    }))
+
+  it.effect("one pass parks at most PARK_ORIGINS_MAX origins", () =>
+    Effect.gen(function*() {
+      const { calls, store } = recording({ park: 0, unpark: 0 })
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
+      const env = yield* passEnv(store, breaker)
+      for (let i = 0; i <= PARK_ORIGINS_MAX; i++) breaker.onTransientFailure(`https://o${i}.example`, 0)
+      yield* parkPass(env)
+      expect(calls.map(([op, origins]) => [op, origins.length])).toEqual([["park", PARK_ORIGINS_MAX]])
+      expect(env.state.parked.size).toBe(PARK_ORIGINS_MAX)
+    }))
+
+  /** The env of `nudge`: the breaker, the parked origins and the mover's wake queue. */
+  const nudgeEnv = (breaker: CircuitBreaker) =>
+    Effect.gen(function*() {
+      const base = yield* passEnv({}, breaker)
+      const parkWake = yield* Queue.sliding<void>(1)
+      const env: WorkerEnv = { ...base, parkWake }
+      const woken = Effect.map(Queue.takeAll(parkWake), (taken) => taken.length > 0)
+      return { env, woken }
+    })
+
+  it.effect("nudge wakes the mover when the origin tripped, when a probe is granted, and when it closed while parked", () =>
+    Effect.gen(function*() {
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000 })
+      const { env, woken } = yield* nudgeEnv(breaker)
+      // closed and never parked: nothing to do
+      nudge(env, O, 0)
+      expect(yield* woken).toBe(false)
+      // tripped, not parked yet: stale
+      breaker.onTransientFailure(O, 0)
+      nudge(env, O, 0)
+      expect(yield* woken).toBe(true)
+      // parked to exactly the cool-down's end: nothing to do
+      env.state.parked.set(O, 1_000)
+      nudge(env, O, 500)
+      expect(yield* woken).toBe(false)
+      // a probe granted: its rows must be held to the probe's deadline
+      nudge(env, O, 1_000, "probe")
+      expect(yield* woken).toBe(true)
+      // closed again while its rows are parked: they must come back
+      breaker.onSuccess(O)
+      nudge(env, O, 1_000)
+      expect(yield* woken).toBe(true)
+    }))
+
+  it.effect("nudge: an origin still counting failures (closed) with parked rows wakes the mover", () =>
+    Effect.gen(function*() {
+      const breaker = makeCircuitBreaker({ threshold: 3, cooldownMs: 1_000 })
+      const { env, woken } = yield* nudgeEnv(breaker)
+      breaker.onTransientFailure(O, 0)
+      env.state.parked.set(O, 1_000)
+      nudge(env, O, 0)
+      expect(yield* woken).toBe(true)
     }))
 })

@@ -199,3 +199,25 @@ describe("delivery health counts (SPEC §6.2)", () => {
       yield* Scope.close(scope, Exit.void)
     }))
 })
+
+describe("delivery health counts: the answer's age (policy audit)", () => {
+  it.scoped("an answer's age counts from the moment its query started, not from its end", () =>
+    Effect.gen(function*() {
+      const value: DeliveryCounts = { pending: 5, leased: 0, deadLetter: 0, autoDisabledWebhooks: 0, goneWebhooks: 0 }
+      // a slow database: every counts query takes the refresh pause (2 s) to answer
+      const cache = yield* CountsCache.make({
+        counts: Effect.as(Effect.sleep(Duration.millis(REFRESH)), value),
+        stopped: () => false,
+        onError: () => Effect.void
+      })
+      // t = 2 s: the first query (started at 0) has answered
+      yield* TestClock.adjust(Duration.millis(REFRESH))
+      yield* settle
+      expect(yield* cache.read).toEqual({ counts: value, stale: false })
+      // t = 5 s + 1 ms: the second query (started at 4 s) is still running; the answer in hand was asked
+      // for 5 s + 1 ms ago, so it is stale (it arrived only 3 s ago)
+      yield* TestClock.adjust(Duration.millis(COUNTS_TTL_MS - REFRESH + 1))
+      yield* settle
+      expect(yield* cache.read).toEqual({ counts: value, stale: true })
+    }))
+})
