@@ -3,7 +3,8 @@
  * on a real PostgreSQL: channels share one connection, a dropped connection fails every stream so
  * that its follower opens it again (`@effect/sql-pg`'s stream stayed open and silent), and a
  * connection that stops answering is found by the liveness probe (a TCP proxy that stops
- * forwarding, the probe driven by the TestClock), as is a `LISTEN` that gets no answer.
+ * forwarding, the probe driven by the TestClock), as is a `LISTEN` that gets no answer. A stream's end
+ * UNLISTENs only when it was its channel's last, and closes the connection only when it was the last.
  */
 import { PgClient } from "@effect/sql-pg"
 import { SqlError } from "@effect/sql/SqlError"
@@ -13,11 +14,13 @@ import {
   Context,
   Duration,
   Effect,
+  Either,
   Exit,
   Fiber,
   Option,
   Queue,
   Redacted,
+  Schedule,
   Stream,
   TestClock,
   TestServices
@@ -153,9 +156,67 @@ describe("PgListen on PostgreSQL", () => {
       expect(Option.map(yield* exitAdvancing(b.fiber), isSqlFailure)).toEqual(Option.some(true))
       expect(Option.map(yield* exitAdvancing(a.fiber), isSqlFailure)).toEqual(Option.some(true))
     }))
+
+  it.scoped("a stream's end leaves its channel's other streams listening; the last on a channel UNLISTENs, the last of all closes", () =>
+    Effect.gen(function*() {
+      const sql = yield* PgClient.PgClient
+      const a1 = yield* collect(sql.listen("fh_a"))
+      const a2 = yield* collect(sql.listen("fh_a"))
+      const b = yield* collect(sql.listen("fh_b"))
+      yield* firstPayload(notifyOn("fh_a", "w"), a1.got)
+      yield* firstPayload(notifyOn("fh_a", "w"), a2.got)
+      yield* firstPayload(notifyOn("fh_b", "w"), b.got)
+      const [backend] = yield* listenBackends
+      const lastQuery = sql<{ readonly query: string }>`SELECT query FROM pg_stat_activity WHERE pid = ${backend ?? 0}`
+        .pipe(Effect.map((rows) => rows.map((r) => r.query)))
+
+      // a1 ends (its finalizer has run when the interrupt returns): a2 still gets fh_a
+      yield* Fiber.interrupt(a1.fiber)
+      yield* notifyOn("fh_a", "after")
+      const next = yield* TestServices.provideLive(
+        takeUntil(a2.got, "after").pipe(Effect.timeoutOption("10 seconds"))
+      )
+      expect(next).toEqual(Option.some(["after"]))
+
+      // a2, the last on fh_a, ends: the shared connection (b's) UNLISTENs fh_a and stays
+      yield* Fiber.interrupt(a2.fiber)
+      expect(yield* lastQuery).toEqual([`UNLISTEN "fh_a"`])
+
+      // b, the last stream of all, ends: the connection is closed
+      yield* Fiber.interrupt(b.fiber)
+      const gone = yield* lastQuery.pipe(
+        Effect.filterOrFail((rows) => rows.length === 0),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
+        Effect.either,
+        TestServices.provideLive
+      )
+      expect(gone).toEqual(Either.right([]))
+    }).pipe(Effect.provide(Db.layer())))
+
+  it.scoped("with the defaults, a silent peer is found by the probe after 30 s, bounded by 10 s: within 40 s", () =>
+    Effect.gen(function*() {
+      const { listen, proxy, notify } = yield* overProxy.pipe(Effect.provideService(Defaults, true))
+      expect([Duration.toMillis(PgListen.PROBE_EVERY), Duration.toMillis(PgListen.QUERY_TIMEOUT)]).toEqual([
+        30_000,
+        10_000
+      ])
+      const a = yield* collect(listen("fh_a"))
+      yield* firstPayload(notify("fh_a"), a.got)
+
+      proxy.freeze()
+      // the probe is sent at 30 s of the TestClock (it has not moved yet) and times out at 40 s
+      yield* TestClock.adjust("39 seconds")
+      yield* Effect.yieldNow()
+      expect(Option.isNone(yield* Fiber.poll(a.fiber))).toBe(true)
+      yield* TestClock.adjust("1 second")
+      const exit = yield* exitOf(a.fiber)
+      expect(Option.map(exit, codeOfFailure)).toEqual(Option.some("timeout"))
+    }))
 })
 
 class ProbeEvery extends Context.Tag("test/ProbeEvery")<ProbeEvery, Duration.DurationInput>() {}
+/** {@link overProxy} with PgListen's own probe interval and timeout. */
+class Defaults extends Context.Tag("test/Defaults")<Defaults, true>() {}
 
 /**
  * A fresh database reached through {@link frozenProxy}, a `listen` on it (probe every second, or
@@ -167,9 +228,13 @@ const overProxy = Effect.gen(function*() {
   const target = new URL(Redacted.value(url))
   target.host = `127.0.0.1:${proxy.port}`
   const probeEvery = yield* Effect.serviceOption(ProbeEvery)
+  const defaults = yield* Effect.serviceOption(Defaults)
   const listen = yield* PgListen.make(
     { connectionString: target.toString() },
-    { probeEvery: Option.getOrElse(probeEvery, () => "1 second"), queryTimeout: "2 seconds" }
+    Option.isSome(defaults) ? {} : {
+      probeEvery: Option.getOrElse(probeEvery, () => "1 second"),
+      queryTimeout: "2 seconds"
+    }
   )
   const direct = yield* Effect.acquireRelease(
     Effect.promise(async () => {

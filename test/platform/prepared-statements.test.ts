@@ -93,6 +93,16 @@ describe("named prepared statements on PostgreSQL", () => {
       expect(statements[0]?.statement).toContain("::int + 1 AS n")
     }).pipe(Effect.provide(Db.layer())))
 
+  it.scoped("a text without parameters is never named, however often it runs", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const statements = yield* sql.withTransaction(Effect.gen(function*() {
+        for (let i = 0; i < PREPARE_AFTER * 2; i++) yield* sql`SELECT 41 + 1 AS n`
+        return yield* prepared
+      }))
+      expect(statements).toEqual([])
+    }).pipe(Effect.provide(Db.layer())))
+
   it.scoped("DATABASE_PREPARED_STATEMENTS=0: nothing is prepared", () =>
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient

@@ -1,0 +1,236 @@
+/**
+ * Bounds of the platform plumbing that a hand-made mutation audit (5 December 2026) found no test
+ * pinned: the statement-name counts, the rate limiter's memory, the backoff floors and rounding, the
+ * LISTEN follower's reopen/backoff/count/log, the best-effort notify's bound, a reserved
+ * connection's loss, and that the migrations' `lock_timeout` stays inside their transaction.
+ */
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it } from "@effect/vitest"
+import { Duration, Effect, Fiber, HashMap, Logger, Metric, Random, Schedule, Stream, TestClock } from "effect"
+import * as Backoff from "../../src/services/platform/Backoff.js"
+import * as ListenLoop from "../../src/services/platform/ListenLoop.js"
+import * as Migrations from "../../src/services/platform/Migrations.js"
+import * as PooledConnection from "../../src/services/platform/PooledConnection.js"
+import { MAX_TRACKED, PREPARE_AFTER, StatementNames } from "../../src/services/platform/PreparedStatements.js"
+import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
+import * as Db from "../support/db.js"
+
+const uses = (names: StatementNames, text: string, n: number) => Array.from({ length: n }, () => names.nameOf(text))
+
+describe("StatementNames bounds", () => {
+  it("the counts start over only when a new text arrives at MAX_TRACKED, not on a counted text's next use", () => {
+    const names = new StatementNames()
+    uses(names, "SELECT $1::bigint", PREPARE_AFTER - 1)
+    names.nameOf("SELECT $1::smallint")
+    for (let i = 0; i < MAX_TRACKED - 2; i++) names.nameOf(`SELECT $1::int * ${i}`)
+    // the memory is full: a counted text's second use must not clear it
+    expect(names.nameOf("SELECT $1::smallint")).toBeUndefined()
+    expect(names.nameOf("SELECT $1::bigint")).toBe("firehook_1")
+  })
+
+  it("a table-shaped text is recognised whatever its case", () => {
+    const names = new StatementNames()
+    for (
+      const text of [
+        "select * from webhooks where owner_did = $1",
+        "update outbox set status = $1 returning *"
+      ]
+    ) expect(uses(names, text, PREPARE_AFTER * 2)).toEqual(Array(PREPARE_AFTER * 2).fill(undefined))
+    expect(names.size).toBe(0)
+  })
+})
+
+describe("RateLimitedLog bounds", () => {
+  it.effect("a known key let through again does not clear the memory of the others", () =>
+    Effect.gen(function*() {
+      const lines: Array<string> = []
+      const limiter = RateLimitedLog.make({ maxKeys: 2 })
+      const log = (key: string) =>
+        limiter.run(key, (suppressed) => Effect.sync(() => void lines.push(`${key} suppressed=${suppressed}`)))
+      yield* log("a")
+      yield* log("b")
+      yield* log("c")
+      yield* TestClock.adjust("30 seconds")
+      yield* log("b")
+      yield* TestClock.adjust("30 seconds")
+      yield* log("a") // known, the memory past its bound: not cleared for a known key
+      yield* TestClock.adjust("1 second")
+      yield* log("b")
+      expect(lines).toEqual(["a suppressed=0", "b suppressed=0", "c suppressed=0", "a suppressed=0", "b suppressed=1"])
+    }))
+})
+
+const delays = (schedule: Schedule.Schedule<Duration.Duration>, n: number) =>
+  Schedule.run(Schedule.delays(schedule), 0, Array.from({ length: n }, () => undefined)).pipe(
+    Effect.map((c) => Array.from(c).map(Duration.toMillis))
+  )
+
+describe("Backoff bounds", () => {
+  it("a negative attempt number is attempt 0", () => {
+    expect(Backoff.ceilingMillis(100, 1_000, -1)).toBe(100)
+    expect(Backoff.ceilingMillis(100, 1_000, 31)).toBe(1_000)
+    expect(Backoff.ceilingMillis(1, 1e12, 25)).toBe(2 ** 25)
+  })
+
+  it("equal jitter rounded: round(ceiling · (0.5 + r / 2))", () => {
+    expect(Backoff.equalJitterMillis(1_000, 0.5, "round")).toBe(750)
+    expect(Backoff.equalJitterMillis(1_001, 0.999, "round")).toBe(1_000)
+  })
+
+  it.effect("both schedules keep their floor when the jitter draws below it", () =>
+    Effect.gen(function*() {
+      expect(yield* delays(Backoff.fullJitterSchedule({ base: "100 millis", cap: "1 second", min: "30 millis" }), 3))
+        .toEqual([30, 30, 40])
+      expect(yield* delays(Backoff.equalJitterSchedule({ base: "100 millis", cap: "1 second", min: "80 millis" }), 3))
+        .toEqual([80, 110, 220])
+    }).pipe(Effect.withRandom(Random.fixed([0.1]))))
+
+  it.effect("the equal-jitter schedule rounds as asked", () =>
+    Effect.gen(function*() {
+      // ceiling 101 · 0.5 = 50.5: floor 50, round 51
+      expect(yield* delays(Backoff.equalJitterSchedule({ base: "101 millis", cap: "1 second" }), 1)).toEqual([50])
+      expect(yield* delays(Backoff.equalJitterSchedule({ base: "101 millis", cap: "1 second", rounding: "round" }), 1))
+        .toEqual([51])
+    }).pipe(Effect.withRandom(Random.fixed([0]))))
+})
+
+/** The annotations of every warning logged while `effect` runs, as plain records. */
+const capturingWarnings = () => {
+  const warnings: Array<{ readonly message: unknown; readonly annotations: Record<string, unknown> }> = []
+  const logger = Logger.make(({ annotations, logLevel, message }) => {
+    if (logLevel._tag !== "Warning") return
+    warnings.push({ message, annotations: Object.fromEntries(HashMap.toEntries(annotations)) })
+  })
+  return { warnings, layer: Logger.replace(Logger.defaultLogger, logger) }
+}
+
+const messageOf = (m: unknown) => (Array.isArray(m) ? m[0] : m)
+
+describe("ListenLoop.follow", () => {
+  it.scoped("a stream that ends is opened again with full jitter 1 s → 30 s; each end is counted and logged by code", () => {
+    const { layer, warnings } = capturingWarnings()
+    return Effect.gen(function*() {
+      const failures = Metric.counter("firehook_test_listenloop_follow_total", { incremental: true })
+      let opened = 0
+      const payloads: Array<string> = []
+      const listen = Stream.suspend(() => {
+        opened++
+        return Stream.make(`p${opened}`)
+      })
+      const fiber = yield* Effect.forkScoped(
+        ListenLoop.follow(listen, (p) => Effect.sync(() => void payloads.push(p)), {
+          failures,
+          log: RateLimitedLog.make(),
+          message: "test listen lost"
+        })
+      )
+      yield* TestClock.adjust(0)
+      expect(opened).toBe(1)
+      // r = 0.5: the delays are 500, 1000, 2000, 4000, 8000, 15000 (cap 30 s · 0.5), 15000 ms
+      yield* TestClock.adjust("499 millis")
+      expect(opened).toBe(1)
+      yield* TestClock.adjust("1 millis")
+      expect(opened).toBe(2)
+      yield* TestClock.adjust("1 second")
+      expect(opened).toBe(3)
+      yield* TestClock.adjust(Duration.millis(2_000 + 4_000 + 8_000))
+      expect(opened).toBe(6)
+      yield* TestClock.adjust("15 seconds")
+      expect(opened).toBe(7)
+      yield* TestClock.adjust(Duration.millis(14_999))
+      expect(opened).toBe(7)
+      yield* TestClock.adjust("1 millis")
+      expect(opened).toBe(8)
+      expect(payloads).toEqual(["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"])
+      expect((yield* Metric.value(failures)).count).toBe(8)
+      expect(yield* Fiber.poll(fiber)).toEqual(expect.objectContaining({ _tag: "None" }))
+      // rate-limited to one line a minute, with the code only
+      expect(warnings.map((w) => [messageOf(w.message), w.annotations.code, w.annotations.suppressed])).toEqual([
+        ["test listen lost", "ended", 0]
+      ])
+    }).pipe(Effect.provide(layer), Effect.withRandom(Random.fixed([0.5])))
+  })
+})
+
+describe("ListenLoop.notifyBestEffort", () => {
+  it.scoped("a send that never answers is given up after NOTIFY_TIMEOUT (5 s), counted and logged as a timeout", () => {
+    const { layer, warnings } = capturingWarnings()
+    return Effect.gen(function*() {
+      const failures = Metric.counter("firehook_test_listenloop_notify_total", { incremental: true })
+      const fiber = yield* Effect.forkScoped(
+        ListenLoop.notifyBestEffort(Effect.never, {
+          failures,
+          log: RateLimitedLog.make(),
+          message: "test notify failed",
+          key: "notify"
+        })
+      )
+      expect(Duration.toMillis(ListenLoop.NOTIFY_TIMEOUT)).toBe(5_000)
+      yield* TestClock.adjust(Duration.millis(4_999))
+      expect((yield* Fiber.poll(fiber))._tag).toBe("None")
+      yield* TestClock.adjust("1 millis")
+      yield* Fiber.join(fiber)
+      expect((yield* Metric.value(failures)).count).toBe(1)
+      expect(warnings.map((w) => [messageOf(w.message), w.annotations.code])).toEqual([[
+        "test notify failed",
+        "timeout"
+      ]])
+    }).pipe(Effect.provide(layer))
+  })
+})
+
+describe("PooledConnection on PostgreSQL", () => {
+  it.scopedLive("whenLost reports an ended client, and removes its listeners however it ends", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const conn = yield* sql.reserve
+      const client: unknown = Reflect.get(conn, "pg")
+      const count = (event: string): number => {
+        const f: unknown = typeof client === "object" && client !== null
+          ? Reflect.get(client, "listenerCount")
+          : undefined
+        return typeof f === "function" ? Number(Reflect.apply(f, client, [event])) : -1
+      }
+      const before = [count("error"), count("end")] as const
+      expect(Math.min(...before)).toBeGreaterThanOrEqual(0)
+
+      // interrupted before any loss: its listeners are gone
+      const waiting = yield* Effect.fork(PooledConnection.whenLost(conn))
+      yield* Effect.yieldNow()
+      expect([count("error"), count("end")]).toEqual([before[0] + 1, before[1] + 1])
+      yield* Fiber.interrupt(waiting)
+      expect([count("error"), count("end")]).toEqual(before)
+
+      // ended (endClient): it completes with `ended`, and its listeners are gone
+      const lost = yield* Effect.fork(PooledConnection.whenLost(conn))
+      yield* Effect.yieldNow()
+      yield* PooledConnection.endClient(conn)
+      const got = yield* Fiber.join(lost).pipe(Effect.timeoutFail({ duration: "5 seconds", onTimeout: () => "never" }))
+      expect(got).toEqual({ error: { code: "ended" } })
+      expect([count("error"), count("end")]).toEqual(before)
+    }).pipe(Effect.provide(Db.layer())))
+
+  it.scopedLive("whenLost reports the server's termination of the session as its error", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const conn = yield* sql.reserve
+      const [row] = yield* conn.executeValues("SELECT pg_backend_pid()", [])
+      const pid = Number(row?.[0])
+      const lost = yield* Effect.fork(PooledConnection.whenLost(conn))
+      yield* Effect.yieldNow()
+      yield* sql`SELECT pg_terminate_backend(${pid})`
+      const got = yield* Fiber.join(lost).pipe(Effect.timeoutFail({ duration: "5 seconds", onTimeout: () => "never" }))
+      expect(got.error).toEqual(expect.objectContaining({ code: "57P01" }))
+    }).pipe(Effect.provide(Db.layer())))
+})
+
+describe("Migrations' lock_timeout", () => {
+  it.scoped("stays inside the run's transaction: the pool's connection keeps its own setting", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      // one connection: the migrations (at layer build and here) ran on the one read below
+      yield* Migrations.run
+      const rows = yield* sql<{ readonly lock_timeout: string }>`SELECT current_setting('lock_timeout') AS lock_timeout`
+      expect(rows).toEqual([{ lock_timeout: "0" }])
+    }).pipe(Effect.provide(Db.layer({ maxConnections: 1 }))))
+})
