@@ -12,6 +12,7 @@ import { describe, expect, it } from "@effect/vitest"
 import {
   Cause,
   Context,
+  Deferred,
   Duration,
   Effect,
   Either,
@@ -212,6 +213,38 @@ describe("PgListen on PostgreSQL", () => {
       const exit = yield* exitOf(a.fiber)
       expect(Option.map(exit, codeOfFailure)).toEqual(Option.some("timeout"))
     }))
+
+  it.scoped("a slow reader's stream holds at most BUFFER payloads and drops the newer ones", () =>
+    Effect.gen(function*() {
+      const sql = yield* PgClient.PgClient
+      const gate = yield* Deferred.make<void>()
+      const got = yield* Queue.unbounded<string>()
+      yield* Effect.forkScoped(Stream.runForEach(sql.listen("fh_a"), (p) =>
+        Effect.zipRight(
+          Queue.offer(got, p),
+          Effect.when(Deferred.await(gate), () => p !== "w")
+        )))
+      const done = yield* collect(sql.listen("fh_done"))
+      yield* firstPayload(notifyOn("fh_a", "w"), got)
+      yield* firstPayload(notifyOn("fh_done", "w"), done.got)
+
+      // one transaction: delivered together, in a few socket reads; the reader takes what the first
+      // read brought and is held at the first of them, so the rest must wait in the buffer
+      const total = PgListen.BUFFER * 4
+      yield* sql`SELECT pg_notify('fh_a', g::text) FROM generate_series(1, ${total}) AS g`
+      // the same connection delivers in order: once this arrives, every fh_a payload has been pushed
+      yield* notifyOn("fh_done", "d")
+      expect(yield* takeUntil(done.got, "d")).toEqual(["d"])
+      yield* Deferred.succeed(gate, undefined)
+      yield* notifyOn("fh_a", "end")
+      const seen: Array<string> = []
+      for (let p = yield* Queue.take(got); p !== "end" && seen.length <= total; p = yield* Queue.take(got)) seen.push(p)
+      expect(seen[0]).toBe("1")
+      expect(seen).not.toContain(String(total))
+      expect(seen.length).toBeGreaterThanOrEqual(PgListen.BUFFER)
+      expect(seen.length).toBeLessThan(total)
+      expect(PgListen.BUFFER).toBe(4_096)
+    }).pipe(Effect.provide(Db.layer())))
 })
 
 class ProbeEvery extends Context.Tag("test/ProbeEvery")<ProbeEvery, Duration.DurationInput>() {}
