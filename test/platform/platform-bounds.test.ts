@@ -6,7 +6,8 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Fiber, HashMap, Logger, Metric, Random, Schedule, Stream, TestClock } from "effect"
+import { Duration, Effect, Either, Fiber, HashMap, Logger, Metric, Random, Schedule, Stream, TestClock } from "effect"
+import { spawn } from "node:child_process"
 import * as Backoff from "../../src/services/platform/Backoff.js"
 import * as ListenLoop from "../../src/services/platform/ListenLoop.js"
 import * as Migrations from "../../src/services/platform/Migrations.js"
@@ -14,6 +15,7 @@ import * as PooledConnection from "../../src/services/platform/PooledConnection.
 import { MAX_TRACKED, PREPARE_AFTER, StatementNames } from "../../src/services/platform/PreparedStatements.js"
 import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
 import * as Db from "../support/db.js"
+import { BUN, ROOT } from "../support/proc.js"
 
 const uses = (names: StatementNames, text: string, n: number) => Array.from({ length: n }, () => names.nameOf(text))
 
@@ -224,6 +226,35 @@ describe("PooledConnection on PostgreSQL", () => {
     }).pipe(Effect.provide(Db.layer())))
 })
 
+describe("PooledConnection.endClient on PostgreSQL", () => {
+  it.scopedLive("the ended connection is not handed out again, and its session advisory lock dies with it", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const pidOf = Effect.flatMap(
+        sql.reserve,
+        (conn) => Effect.map(conn.executeValues("SELECT pg_backend_pid()", []), (rows) => Number(rows[0]?.[0]))
+      )
+      // the pool's only connection takes a session lock, and is ended before it goes back
+      const first = yield* Effect.scoped(Effect.gen(function*() {
+        const conn = yield* sql.reserve
+        const [row] = yield* conn.executeValues("SELECT pg_backend_pid(), pg_advisory_lock(7231999)", [])
+        yield* PooledConnection.endClient(conn)
+        return Number(row?.[0])
+      }))
+      expect(yield* Effect.scoped(pidOf)).not.toBe(first)
+      // seen by any session: the lock is gone once the ended backend has exited
+      const held = sql<{ readonly n: number }>`
+        SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 7231999`
+        .pipe(Effect.map((rows) => rows[0]?.n))
+      const released = yield* held.pipe(
+        Effect.filterOrFail((n) => n === 0),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
+        Effect.either
+      )
+      expect(released).toEqual(Either.right(0))
+    }).pipe(Effect.provide(Db.layer({ maxConnections: 1 }))))
+})
+
 describe("Migrations' lock_timeout", () => {
   it.scoped("stays inside the run's transaction: the pool's connection keeps its own setting", () =>
     Effect.gen(function*() {
@@ -233,4 +264,49 @@ describe("Migrations' lock_timeout", () => {
       const rows = yield* sql<{ readonly lock_timeout: string }>`SELECT current_setting('lock_timeout') AS lock_timeout`
       expect(rows).toEqual([{ lock_timeout: "0" }])
     }).pipe(Effect.provide(Db.layer({ maxConnections: 1 }))))
+})
+
+/**
+ * `bun test/platform/lifecycle-signals-child.ts [mode]`, `signal` sent once it is ready, then a
+ * `ping` round trip (the signal has been handled by then) and `7`: how it exited.
+ */
+const signalled = (mode: string, signal: NodeJS.Signals) =>
+  new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
+    const child = spawn(BUN, ["test/platform/lifecycle-signals-child.ts", mode], {
+      cwd: ROOT,
+      env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp" },
+      stdio: ["pipe", "pipe", "inherit"]
+    })
+    const timer = setTimeout(() => {
+      child.kill("SIGKILL")
+      reject(new Error("the child did not exit within 20 s"))
+    }, 20_000)
+    let out = ""
+    child.stdout.setEncoding("utf8")
+    child.stdout.on("data", (d) => {
+      const before = out
+      out += String(d)
+      if (!before.includes("ready") && out.includes("ready")) {
+        child.kill(signal)
+        child.stdin.write("ping\n")
+      }
+      if (!before.includes("pong") && out.includes("pong")) child.stdin.write("7\n")
+    })
+    child.stdin.on("error", () => undefined)
+    child.on("exit", (code, sig) => {
+      clearTimeout(timer)
+      resolve({ code, signal: sig })
+    })
+  })
+
+describe("LifecycleSignals under Bun", () => {
+  it("before the runtime starts, SIGTERM and SIGINT end the process with exit 0", async () => {
+    expect(await signalled("loaded", "SIGTERM")).toEqual({ code: 0, signal: null })
+    expect(await signalled("loaded", "SIGINT")).toEqual({ code: 0, signal: null })
+  }, 60_000)
+
+  it("after handOver, SIGTERM and SIGINT neither end nor kill the process", async () => {
+    expect(await signalled("handed-over", "SIGTERM")).toEqual({ code: 7, signal: null })
+    expect(await signalled("handed-over", "SIGINT")).toEqual({ code: 7, signal: null })
+  }, 60_000)
 })
