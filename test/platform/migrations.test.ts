@@ -162,6 +162,47 @@ describe("Migrations", () => {
       )
     }))
 
+  it.scopedLive("a newer version's migration committed while this run waited for the table is refused after the run", () =>
+    Effect.gen(function*() {
+      const { name, url } = yield* Db.freshDatabase
+      const c = yield* client(url)
+      const other = yield* client(url)
+      const reader = yield* client(url)
+      yield* Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, c))
+      // another runner's transaction has recorded a newer version's migration, not yet committed:
+      // this run's check before the Migrator does not see it
+      const recorded = yield* Deferred.make<void>()
+      const commit = yield* Deferred.make<void>()
+      const writer = yield* other.withTransaction(
+        other`INSERT INTO firehook_migrations (migration_id, name) VALUES (${MIGRATION_IDS.length + 1}, 'future_thing')`
+          .pipe(
+            Effect.zipRight(Deferred.succeed(recorded, undefined)),
+            Effect.zipRight(Deferred.await(commit))
+          )
+      ).pipe(Effect.fork)
+      yield* Deferred.await(recorded)
+      const migrating = yield* Migrations.runWith({ lockTimeout: "30 seconds" }).pipe(
+        Effect.provideService(SqlClient.SqlClient, c),
+        Effect.flip,
+        Effect.fork
+      )
+      // the Migrator waits for the bookkeeping table behind that transaction; then it commits
+      yield* reader<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_stat_activity
+          WHERE datname = ${name} AND wait_event_type = 'Lock' AND query ILIKE '%LOCK TABLE%'`.pipe(
+        Effect.filterOrFail((rows) => (rows[0]?.n ?? 0) > 0, () => "the run is not waiting for the table"),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 1_500 })
+      )
+      yield* Deferred.succeed(commit, undefined)
+      yield* Fiber.join(writer)
+      const error = yield* Fiber.join(migrating).pipe(
+        Effect.timeoutFail({ duration: "20 seconds", onTimeout: () => "the run did not end" })
+      )
+      expect(error instanceof Migrations.SchemaMismatch ? error.reason : error).toContain(
+        "_future_thing, which this version does not know"
+      )
+    }))
+
   it.scopedLive("a migration waiting behind another session's lock gives way and retries, never stalling the table", () =>
     Effect.gen(function*() {
       const { name, url } = yield* Db.freshDatabase

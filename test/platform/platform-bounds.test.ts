@@ -6,9 +6,27 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Either, Fiber, HashMap, Logger, Metric, Random, Schedule, Stream, TestClock } from "effect"
+import {
+  Duration,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  HashMap,
+  Logger,
+  Metric,
+  Option,
+  Random,
+  Ref,
+  Schedule,
+  Scope,
+  Stream,
+  TestClock,
+  TestServices
+} from "effect"
 import { spawn } from "node:child_process"
 import * as Backoff from "../../src/services/platform/Backoff.js"
+import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as ListenLoop from "../../src/services/platform/ListenLoop.js"
 import * as Migrations from "../../src/services/platform/Migrations.js"
 import * as PooledConnection from "../../src/services/platform/PooledConnection.js"
@@ -309,4 +327,60 @@ describe("LifecycleSignals under Bun", () => {
     expect(await signalled("handed-over", "SIGTERM")).toEqual({ code: 7, signal: null })
     expect(await signalled("handed-over", "SIGINT")).toEqual({ code: 7, signal: null })
   }, 60_000)
+})
+
+describe("Lifecycle bounds", () => {
+  it.effect("`startup` stops first; within a stage the part registered last stops first", () =>
+    Effect.gen(function*() {
+      const l = yield* Lifecycle.make({ shutdownTimeout: "30 seconds" })
+      const order = yield* Ref.make<ReadonlyArray<string>>([])
+      const mark = (name: string) => Ref.update(order, (xs) => [...xs, name])
+      yield* l.registerStop("backfill", "backfill", mark("backfill"))
+      yield* l.registerStop("http", "health", mark("health"))
+      yield* l.registerStop("http", "api", mark("api"))
+      yield* l.registerStop("startup", "startup", mark("startup"))
+      yield* l.shutdown
+      expect(yield* Ref.get(order)).toEqual(["startup", "backfill", "api", "health"])
+    }))
+
+  it.effect("while stopping, a late setPhase does not move the phase", () =>
+    Effect.gen(function*() {
+      const l = yield* Lifecycle.make({ shutdownTimeout: "30 seconds" })
+      const during = yield* Ref.make<Lifecycle.Phase>("starting")
+      yield* l.registerStop(
+        "delivery",
+        "late",
+        Effect.zipRight(l.setPhase("live"), Effect.flatMap(l.phase, (p) => Ref.set(during, p)))
+      )
+      yield* l.shutdown
+      expect(yield* Ref.get(during)).toBe("stopping")
+      expect(yield* l.phase).toBe("stopped")
+    }))
+
+  it.effect("tidyDatabase: always without a Lifecycle; with one, only while no shutdown was unclean", () =>
+    Effect.gen(function*() {
+      expect(yield* Lifecycle.tidyDatabase(Option.none())).toBe(true)
+      const clean = yield* Lifecycle.make({ shutdownTimeout: "1 second" })
+      yield* clean.shutdown
+      expect(yield* Lifecycle.tidyDatabase(Option.some(clean))).toBe(true)
+      const unclean = yield* Lifecycle.make({ shutdownTimeout: "1 second" })
+      yield* unclean.registerStop("delivery", "broken", Effect.fail("boom"))
+      yield* unclean.shutdown
+      expect(yield* Lifecycle.tidyDatabase(Option.some(unclean))).toBe(false)
+    }))
+
+  it.effect("closeWithin leaves a finalizer that never ends behind at its bound, and says so", () =>
+    Effect.gen(function*() {
+      const scope = yield* Scope.make()
+      // a finalizer that cannot be interrupted (a statement the database never answers)
+      yield* Scope.addFinalizer(scope, Effect.uninterruptible(Effect.never))
+      // a daemon: a close that never ends must not hold this test's own teardown
+      const fiber = yield* Effect.forkDaemon(Lifecycle.closeWithin(scope, Exit.void, "2 seconds"))
+      yield* TestClock.adjust("2 seconds")
+      const result = yield* TestServices.provideLive(Fiber.await(fiber).pipe(Effect.timeoutOption("5 seconds")))
+      expect(result).toEqual(Option.some(Exit.succeed(false)))
+
+      const quick = yield* Scope.make()
+      expect(yield* Lifecycle.closeWithin(quick, Exit.void, "2 seconds")).toBe(true)
+    }))
 })
