@@ -42,6 +42,25 @@ describe("EmbeddedPgPlacement", () => {
     expect(Placement.reachableBy(closed, { uid: Fs.statSync(closed).uid, gid: 0 })).toBe(true)
   })
 
+  it("reachableBy: the directory itself must be traversable too", () => {
+    const open = tmp(0o755)
+    const closed = Path.join(open, "closed")
+    Fs.mkdirSync(closed, { mode: 0o700 })
+    Fs.chmodSync(closed, 0o700)
+    expect(Placement.reachableBy(closed, stranger)).toBe(false)
+  })
+
+  it.skipIf(!isRoot)("reachableBy: a directory of the user's group is judged by its group bit", () => {
+    const open = tmp(0o755)
+    const grouped = Path.join(open, "grouped")
+    Fs.mkdirSync(grouped)
+    Fs.chownSync(grouped, 0, stranger.gid)
+    Fs.chmodSync(grouped, 0o750)
+    expect(Placement.reachableBy(grouped, stranger)).toBe(true)
+    Fs.chmodSync(grouped, 0o705)
+    expect(Placement.reachableBy(grouped, stranger)).toBe(false)
+  })
+
   it("relocatedStateDir: the same data directory always maps to the same place", () => {
     const d = tmp(0o700)
     const a = Placement.relocatedStateDir("/var/lib/firehook", d)

@@ -5,6 +5,7 @@
  * connection's loss, and that the migrations' `lock_timeout` stays inside their transaction.
  */
 import { SqlClient } from "@effect/sql"
+import { PgClient } from "@effect/sql-pg"
 import { describe, expect, it } from "@effect/vitest"
 import {
   Duration,
@@ -26,6 +27,7 @@ import {
 } from "effect"
 import { spawn } from "node:child_process"
 import * as Backoff from "../../src/services/platform/Backoff.js"
+import * as Database from "../../src/services/platform/Database.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as ListenLoop from "../../src/services/platform/ListenLoop.js"
 import * as Migrations from "../../src/services/platform/Migrations.js"
@@ -383,4 +385,19 @@ describe("Lifecycle bounds", () => {
       const quick = yield* Scope.make()
       expect(yield* Lifecycle.closeWithin(quick, Exit.void, "2 seconds")).toBe(true)
     }))
+})
+
+describe("Database bounds", () => {
+  it("isUnreachableLine: `database: could not connect (<code>)` only", () => {
+    expect(Database.isUnreachableLine("database: could not connect (ECONNREFUSED)")).toBe(true)
+    expect(Database.isUnreachableLine("database: could not connect")).toBe(false)
+    expect(Database.isUnreachableLine("database: could not connect to the embedded PostgreSQL")).toBe(false)
+    expect(Database.isUnreachableLine("database: migrations failed (timeout)")).toBe(false)
+  })
+
+  it.scoped("firehook's own pool holds at most 20 connections (docs/operations.md), and says so in its config", () =>
+    Effect.gen(function*() {
+      const pg = yield* PgClient.PgClient
+      expect(pg.config.maxConnections).toBe(20)
+    }).pipe(Effect.provide(Db.layer())))
 })
