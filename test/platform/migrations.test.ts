@@ -3,7 +3,7 @@ import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import * as Migrator from "@effect/sql/Migrator"
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Fiber, Logger, Schedule } from "effect"
+import { Deferred, Duration, Effect, Fiber, Logger, Schedule, TestClock, TestServices } from "effect"
 import * as Database from "../../src/services/platform/Database.js"
 import * as Migrations from "../../src/services/platform/Migrations.js"
 import * as Db from "../support/db.js"
@@ -160,6 +160,46 @@ describe("Migrations", () => {
             "the schema lacks migration 0004_rejected_records of this version, which cannot be applied after later ones; this version cannot upgrade it"
         })
       )
+    }))
+
+  it.scoped("a run that waits for another runner gives up at MIGRATIONS_TIMEOUT (10 minutes), not before", () =>
+    Effect.gen(function*() {
+      const { name, url } = yield* Db.freshDatabase
+      const c = yield* client(url)
+      const holder = yield* client(url)
+      const reader = yield* client(url)
+      // another runner holds the migrations' lock for as long as this test wants
+      const held = yield* Deferred.make<void>()
+      const release = yield* Deferred.make<void>()
+      const hold = yield* holder.withTransaction(
+        holder`SELECT pg_advisory_xact_lock(${Migrations.MIGRATION_LOCK_KEY})`.pipe(
+          Effect.zipRight(Deferred.succeed(held, undefined)),
+          Effect.zipRight(Deferred.await(release))
+        )
+      ).pipe(Effect.fork)
+      yield* Deferred.await(held)
+      const migrating = yield* Migrations.run.pipe(
+        Effect.provideService(SqlClient.SqlClient, c),
+        Effect.flip,
+        Effect.fork
+      )
+      yield* reader<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_stat_activity
+          WHERE datname = ${name} AND wait_event_type = 'Lock' AND query ILIKE '%pg_advisory_xact_lock%'`.pipe(
+        Effect.filterOrFail((rows) => (rows[0]?.n ?? 0) > 0, () => "the run is not waiting for the lock"),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 1_500 }),
+        TestServices.provideLive
+      )
+      yield* TestClock.adjust(Duration.toMillis(Migrations.MIGRATIONS_TIMEOUT) - 1_000)
+      expect((yield* Fiber.poll(migrating))._tag).toBe("None")
+      yield* TestClock.adjust("1 second")
+      const error = yield* TestServices.provideLive(
+        Fiber.join(migrating).pipe(Effect.timeoutFail({ duration: "20 seconds", onTimeout: () => "not given up" }))
+      )
+      expect(error).toEqual({ code: "timeout" })
+      expect(Duration.toMillis(Migrations.MIGRATIONS_TIMEOUT)).toBe(600_000)
+      yield* Deferred.succeed(release, undefined)
+      yield* Fiber.join(hold)
     }))
 
   it.scopedLive("a newer version's migration committed while this run waited for the table is refused after the run", () =>

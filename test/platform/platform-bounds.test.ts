@@ -395,6 +395,35 @@ describe("Database bounds", () => {
     expect(Database.isUnreachableLine("database: migrations failed (timeout)")).toBe(false)
   })
 
+  it.scopedLive("an idle pool connection that the server ends is dropped quietly, not an uncaught error", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      // two connections in the pool, both idle afterwards
+      yield* Effect.all([sql`SELECT pg_sleep(0.05)`, sql`SELECT pg_sleep(0.05)`], { concurrency: 2 })
+      const ended = yield* sql<{ readonly pid: number }>`
+        SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity
+        WHERE datname = current_database() AND application_name = 'firehook' AND pid <> pg_backend_pid()`
+      expect(ended.length).toBeGreaterThan(0)
+      const gone = yield* sql<{ readonly n: number }>`
+        SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid IN ${sql.in(ended.map((r) => r.pid))}`.pipe(
+        Effect.map((rows) => rows[0]?.n),
+        Effect.filterOrFail((n) => n === 0),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
+        Effect.either
+      )
+      expect(gone).toEqual(Either.right(0))
+      // the pool goes on with the connections it has or makes
+      for (let i = 0; i < 3; i++) {
+        const rows = yield* Effect.all([
+          sql<{ readonly n: number }>`SELECT 1 AS n`,
+          sql<{ readonly n: number }>`SELECT 2 AS n`
+        ], {
+          concurrency: 2
+        })
+        expect(rows.map((r) => r[0]?.n)).toEqual([1, 2])
+      }
+    }).pipe(Effect.provide(Db.layer())))
+
   it.scoped("firehook's own pool holds at most 20 connections (docs/operations.md), and says so in its config", () =>
     Effect.gen(function*() {
       const pg = yield* PgClient.PgClient
