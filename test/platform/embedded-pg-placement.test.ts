@@ -106,4 +106,21 @@ describe("EmbeddedPgPlacement", () => {
     expect(Placement.cachedBinaries(shared, src, "linux-x64-1.0.0")).toBe(c)
     expect(Fs.readFileSync(Path.join(c, "bin", "postgres"), "utf8")).toBe("#!/bin/sh\n")
   })
+
+  it.skipIf(!isRoot)("ensureSharedDir: a root-owned directory closed to others is opened to 0755", () => {
+    const closed = Path.join(tmp(0o755), "closed")
+    Fs.mkdirSync(closed, { mode: 0o700 })
+    Fs.chmodSync(closed, 0o700)
+    expect(Placement.ensureSharedDir(closed)).toBe(closed)
+    expect(Fs.statSync(closed).mode & 0o777).toBe(0o755)
+  })
+
+  it.skipIf(!isRoot)("cachedBinaries: a complete copy that is not root's is refused, not run", () => {
+    const shared = tmp(0o755)
+    const dest = Path.join(shared, "postgresql", "linux-x64-1.0.0")
+    Fs.mkdirSync(dest, { recursive: true, mode: 0o755 })
+    Fs.writeFileSync(Path.join(dest, ".complete"), "linux-x64-1.0.0\n")
+    Fs.chownSync(dest, stranger.uid, stranger.gid)
+    expect(Placement.cachedBinaries(shared, Path.join(tmp(0o700), "native"), "linux-x64-1.0.0")).toBeUndefined()
+  })
 })

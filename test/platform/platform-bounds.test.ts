@@ -29,6 +29,7 @@ import { spawn } from "node:child_process"
 import * as Backoff from "../../src/services/platform/Backoff.js"
 import * as Database from "../../src/services/platform/Database.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import * as Listener from "../../src/services/platform/Listener.js"
 import * as ListenLoop from "../../src/services/platform/ListenLoop.js"
 import * as Migrations from "../../src/services/platform/Migrations.js"
 import * as PooledConnection from "../../src/services/platform/PooledConnection.js"
@@ -429,4 +430,19 @@ describe("Database bounds", () => {
       const pg = yield* PgClient.PgClient
       expect(pg.config.maxConnections).toBe(20)
     }).pipe(Effect.provide(Db.layer())))
+})
+
+describe("Listener.describe bounds", () => {
+  it("the error's own code is read before its cause's", () => {
+    const listener = {
+      hostVariable: "HEALTH_HOST",
+      portVariable: "HEALTH_PORT",
+      host: "127.0.0.1",
+      port: 3003
+    }
+    const wrapped = { code: "EADDRINUSE", cause: { code: "ECONNRESET" } }
+    expect(Option.map(Listener.describe(wrapped, listener), (e) => e.message)).toEqual(
+      Option.some("HEALTH_PORT 127.0.0.1:3003 is in use (EADDRINUSE)")
+    )
+  })
 })
