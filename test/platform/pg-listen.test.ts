@@ -245,6 +245,56 @@ describe("PgListen on PostgreSQL", () => {
       expect(seen.length).toBeLessThan(total)
       expect(PgListen.BUFFER).toBe(4_096)
     }).pipe(Effect.provide(Db.layer())))
+
+  it.scoped("a connection that never completes fails its stream at the bound, and its socket is closed at once", () =>
+    Effect.gen(function*() {
+      // a server that accepts and never says a word; its accepted sockets, while open
+      const open = new Set<net.Socket>()
+      const server = yield* Effect.acquireRelease(
+        Effect.promise(() =>
+          new Promise<net.Server>((resolve) => {
+            const s = net.createServer((socket) => {
+              open.add(socket)
+              socket.on("close", () => open.delete(socket))
+              // read (and ignore) what the client says, so that its end is seen
+              socket.resume()
+            })
+            s.listen(0, "127.0.0.1", () => resolve(s))
+          })
+        ),
+        (s) =>
+          Effect.promise(() =>
+            new Promise<void>((resolve) => {
+              for (const socket of open) socket.destroy()
+              s.close(() => resolve())
+            })
+          )
+      )
+      const address = server.address()
+      const port = typeof address === "object" && address !== null ? address.port : 0
+      // pg's own connect timer is real time: far off, so that only PgListen's bound (TestClock) ends it
+      const listen = yield* PgListen.make(
+        { connectionString: `postgresql://postgres@127.0.0.1:${port}/none` },
+        { queryTimeout: "60 seconds" }
+      )
+      const a = yield* collect(listen("fh_a"))
+      yield* Effect.sync(() => open.size).pipe(
+        Effect.filterOrFail((n) => n === 1),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
+        TestServices.provideLive
+      )
+      yield* TestClock.adjust("60 seconds")
+      // (ending a client that never connected waits for its bound, END_TIMEOUT: advanced here)
+      const exit = yield* exitAdvancing(a.fiber)
+      expect(Option.map(exit, codeOfFailure)).toEqual(Option.some("timeout"))
+      const closed = yield* Effect.sync(() => open.size).pipe(
+        Effect.filterOrFail((n) => n === 0),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
+        Effect.either,
+        TestServices.provideLive
+      )
+      expect(closed).toEqual(Either.right(0))
+    }))
 })
 
 class ProbeEvery extends Context.Tag("test/ProbeEvery")<ProbeEvery, Duration.DurationInput>() {}
