@@ -6,6 +6,7 @@
  * forwarding, the probe driven by the TestClock), as is a `LISTEN` that gets no answer. A stream's end
  * UNLISTENs only when it was its channel's last, and closes the connection only when it was the last.
  */
+import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { SqlError } from "@effect/sql/SqlError"
 import { describe, expect, it } from "@effect/vitest"
@@ -381,3 +382,23 @@ const frozenProxy = (target: URL): Effect.Effect<{ port: number; freeze: () => v
       }
     }
   })))
+
+describe("Db.listening (test support) on PostgreSQL", () => {
+  it.scoped("returns at its first poll when the LISTEN is already in place, and dies when none comes", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      // a session whose last statement is the LISTEN, before the first poll (released before the pool ends)
+      yield* Effect.scoped(Effect.flatMap(sql.reserve, (conn) =>
+        conn.executeRaw(`LISTEN "fh_support_ready"`, []).pipe(
+          // before the fix this died: `repeat` with a schedule returned its count, 0 after one poll
+          Effect.zipRight(Effect.exit(Db.listening("fh_support_ready"))),
+          Effect.map((ready) => expect(Exit.isSuccess(ready)).toBe(true))
+        )))
+      // and with nobody listening it passed: the count after the last poll was not 0
+      const none = yield* Effect.exit(Db.listening("fh_support_nobody", 3))
+      expect(Exit.isFailure(none) && Cause.isDie(none.cause)).toBe(true)
+      if (Exit.isFailure(none)) {
+        expect(Cause.pretty(none.cause)).toContain("no LISTEN on fh_support_nobody after 3 polls")
+      }
+    }).pipe(Effect.provide(Db.layer())))
+})

@@ -4,7 +4,7 @@
  * starts with the run's tag, so that globalSetup can drop what a killed test file left behind.
  */
 import { SqlClient } from "@effect/sql"
-import { Effect, Layer, Redacted, Schedule, TestServices } from "effect"
+import { Effect, Layer, Redacted, TestServices } from "effect"
 import type pg from "pg"
 import { inject } from "vitest"
 import * as Database from "../../src/services/platform/Database.js"
@@ -50,16 +50,22 @@ export const layerWith = (createOptions: string, options: Database.DatabaseOptio
 /**
  * Until a session of this database has the `LISTEN` on `channel` as its last statement, finished:
  * from then on a `NOTIFY` on it reaches its listener (PgListen subscribes before it sends the
- * `LISTEN`). Polled every 20 ms of live time (also under the TestClock); dies after 30 s.
+ * `LISTEN`). Polled every 20 ms of live time (also under the TestClock); dies after `polls` polls
+ * (30 s by default).
  */
-export const listening = (channel: string) =>
+export const listening = (channel: string, polls = 1_500) =>
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
     sql<{ n: number }>`
       SELECT count(*)::int AS n FROM pg_stat_activity
       WHERE datname = current_database() AND state = 'idle' AND query = ${`LISTEN "${channel}"`}`.pipe(
       Effect.map((rows) => (rows[0]?.n ?? 0) > 0),
-      Effect.repeat({ until: (yes) => yes, schedule: Schedule.spaced("20 millis"), times: 1_500 }),
+      // no `schedule` option: with one, `repeat` returns the schedule's count (0 when the first poll
+      // already saw the LISTEN, which then died here), not the last poll's answer
+      Effect.tap((yes) => (yes ? Effect.void : Effect.sleep("20 millis"))),
+      Effect.repeat({ until: (yes) => yes, times: polls - 1 }),
       TestServices.provideLive,
       Effect.orDie,
-      Effect.flatMap((yes) => (yes ? Effect.void : Effect.dieMessage(`no LISTEN on ${channel} within 30 s`)))
+      Effect.flatMap((
+        yes
+      ) => (yes ? Effect.void : Effect.dieMessage(`no LISTEN on ${channel} after ${polls} polls 20 ms apart`)))
     ))
