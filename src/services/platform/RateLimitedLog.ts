@@ -27,7 +27,7 @@ export interface RateLimitedLog {
 export interface RateLimitedLogOptions {
   /** the interval, ms (default {@link EVERY_MS}) */
   readonly everyMs?: number
-  /** keys remembered at most; past it the memory is cleared (default 64) */
+  /** a new key that finds more than this many remembered clears the memory first, so at most `maxKeys + 1` are held (default 64) */
   readonly maxKeys?: number
 }
 
