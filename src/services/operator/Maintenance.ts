@@ -150,6 +150,8 @@ const seconds = (d: Duration.DurationInput): number => Duration.toSeconds(Durati
 
 /** Audit/quarantine bound: 10 × batchSize rows a statement (a minute at peak = 380,700 audit rows) */
 const BOUND_BATCH_FACTOR = 10
+/** the largest bigint: "no upper id" in a range delete */
+const MAX_BIGINT = "9223372036854775807"
 const resolve = (options: Partial<RetentionOptions>): RetentionOptions => ({ ...DEFAULT_RETENTION, ...options })
 
 interface CountRow {
@@ -284,19 +286,30 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
         })
     ).pipe(Effect.map((rows) => ({ rows, extra: 0 })))
 
-  /** An append-only table with a bigserial `id` and `created_at`: age first, then the row bound. */
+  /**
+   * An append-only table with a bigserial `id` and `created_at`: age first, then the row bound.
+   *
+   * Each batch is a range delete (`id <=` the batch's last id, read by a scalar subquery), not a
+   * join against the batch's ids: no plan of a range delete is worse than one pass over the table,
+   * whatever the planner believes of its size. A join (`id IN (SELECT … LIMIT n)`) is planned from
+   * the table's statistics, and statistics taken while a bulk insert was in flight say the table is
+   * empty: the planner then picks a nested loop that rescans the subquery for every row, quadratic
+   * in the table (500,000 audit rows did not finish in two minutes; docs/decisions.md, "Maintenance
+   * statements and stale statistics").
+   */
   const appendOnly = (table: "audit" | "quarantine", retention: Duration.DurationInput, maxRows: number) =>
     Effect.gen(function*() {
       const t = sql(table)
+      const old = sql`created_at < now() - make_interval(secs => ${seconds(retention)}::double precision)`
       const byAge = yield* batched(
         o,
         onlyRows(timed(sql<CountRow>`
           WITH gone AS (
-            DELETE FROM ${t} WHERE id IN (
-              SELECT id FROM ${t}
-              WHERE created_at < now() - make_interval(secs => ${seconds(retention)}::double precision)
-              ORDER BY id
-              LIMIT ${b})
+            DELETE FROM ${t}
+            WHERE ${old}
+              AND id <= COALESCE(
+                (SELECT id FROM ${t} WHERE ${old} ORDER BY id OFFSET ${b - 1} LIMIT 1),
+                ${MAX_BIGINT}::bigint)
             RETURNING 1
           )
           SELECT count(*)::int AS n FROM gone`))
@@ -305,12 +318,15 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
       const cut = yield* timed(sql<CutRow>`SELECT id::text AS cut FROM ${t} ORDER BY id DESC OFFSET ${maxRows} LIMIT 1`)
       const first = cut[0]
       if (first === undefined) return byAge
+      const bb = b * BOUND_BATCH_FACTOR
       const byCount = yield* batched(
-        { ...o, batchSize: b * BOUND_BATCH_FACTOR },
+        { ...o, batchSize: bb },
         onlyRows(timed(sql<CountRow>`
           WITH gone AS (
-            DELETE FROM ${t} WHERE id IN (
-              SELECT id FROM ${t} WHERE id <= ${first.cut}::bigint ORDER BY id LIMIT ${b * BOUND_BATCH_FACTOR})
+            DELETE FROM ${t}
+            WHERE id <= COALESCE(
+              (SELECT id FROM ${t} WHERE id <= ${first.cut}::bigint ORDER BY id OFFSET ${bb - 1} LIMIT 1),
+              ${first.cut}::bigint)
             RETURNING 1
           )
           SELECT count(*)::int AS n FROM gone`))
