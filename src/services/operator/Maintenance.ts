@@ -287,50 +287,31 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
     ).pipe(Effect.map((rows) => ({ rows, extra: 0 })))
 
   /**
-   * An append-only table with a bigserial `id` and `created_at`: age first, then the row bound.
-   *
-   * Each batch is a range delete (`id <=` the batch's last id, read by a scalar subquery), not a
-   * join against the batch's ids: no plan of a range delete is worse than one pass over the table,
-   * whatever the planner believes of its size. A join (`id IN (SELECT … LIMIT n)`) is planned from
-   * the table's statistics, and statistics taken while a bulk insert was in flight say the table is
-   * empty: the planner then picks a nested loop that rescans the subquery for every row, quadratic
-   * in the table (500,000 audit rows did not finish in two minutes; docs/decisions.md, "Maintenance
-   * statements and stale statistics").
+   * The `size` lowest ids of `t` where `where` holds, as one range delete (`id <=` the last of
+   * them), never a join with a subquery of ids: a join planned from statistics that call the table
+   * empty (an ANALYZE during a bulk insert) rescans the subquery per row, quadratic in the table
+   * (docs/decisions.md, "Maintenance statements and stale statistics"); a range delete is one pass.
    */
+  const rangeBatch = (table: "audit" | "quarantine", where: Fragment, size: number) =>
+    onlyRows(timed(sql<CountRow>`
+      WITH gone AS (
+        DELETE FROM ${sql(table)} WHERE ${where} AND id <= COALESCE(
+          (SELECT id FROM ${sql(table)} WHERE ${where} ORDER BY id OFFSET ${size - 1} LIMIT 1), ${MAX_BIGINT}::bigint)
+        RETURNING 1)
+      SELECT count(*)::int AS n FROM gone`))
+
+  /** An append-only table with a bigserial `id` and `created_at`: age first, then the row bound. */
   const appendOnly = (table: "audit" | "quarantine", retention: Duration.DurationInput, maxRows: number) =>
     Effect.gen(function*() {
       const t = sql(table)
       const old = sql`created_at < now() - make_interval(secs => ${seconds(retention)}::double precision)`
-      const byAge = yield* batched(
-        o,
-        onlyRows(timed(sql<CountRow>`
-          WITH gone AS (
-            DELETE FROM ${t}
-            WHERE ${old}
-              AND id <= COALESCE(
-                (SELECT id FROM ${t} WHERE ${old} ORDER BY id OFFSET ${b - 1} LIMIT 1),
-                ${MAX_BIGINT}::bigint)
-            RETURNING 1
-          )
-          SELECT count(*)::int AS n FROM gone`))
-      )
+      const byAge = yield* batched(o, rangeBatch(table, old, b))
       // the newest row beyond the bound: it and every older row go
       const cut = yield* timed(sql<CutRow>`SELECT id::text AS cut FROM ${t} ORDER BY id DESC OFFSET ${maxRows} LIMIT 1`)
       const first = cut[0]
       if (first === undefined) return byAge
       const bb = b * BOUND_BATCH_FACTOR
-      const byCount = yield* batched(
-        { ...o, batchSize: bb },
-        onlyRows(timed(sql<CountRow>`
-          WITH gone AS (
-            DELETE FROM ${t}
-            WHERE id <= COALESCE(
-              (SELECT id FROM ${t} WHERE id <= ${first.cut}::bigint ORDER BY id OFFSET ${bb - 1} LIMIT 1),
-              ${first.cut}::bigint)
-            RETURNING 1
-          )
-          SELECT count(*)::int AS n FROM gone`))
-      )
+      const byCount = yield* batched({ ...o, batchSize: bb }, rangeBatch(table, sql`id <= ${first.cut}::bigint`, bb))
       return { rows: byAge.rows + byCount.rows, extra: 0 }
     })
 
