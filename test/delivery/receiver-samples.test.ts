@@ -195,5 +195,5 @@ describe("docs/receivers.md verification samples, run against real signed delive
         const [, forged] = shell(secret, Buffer.from(changed, "utf8"), headers)
         expect(`v1,${forged}`, why).not.toBe(headers["webhook-signature"])
       }
-    }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))), 30_000)
+    }).pipe(Effect.scoped, Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))), 120_000)
 })

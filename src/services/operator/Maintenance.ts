@@ -287,7 +287,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
     ).pipe(Effect.map((rows) => ({ rows, extra: 0 })))
 
   /**
-   * The `size` lowest ids of `t` where `where` holds, as one range delete (`id <=` the last of
+   * The `size` lowest ids of `table` where `where` holds, as one range delete (`id <=` the last of
    * them), never a join with a subquery of ids: a join planned from statistics that call the table
    * empty (an ANALYZE during a bulk insert) rescans the subquery per row, quadratic in the table
    * (docs/decisions.md, "Maintenance statements and stale statistics"); a range delete is one pass.
