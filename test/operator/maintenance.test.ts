@@ -370,6 +370,26 @@ describe("Maintenance", () => {
         expect(yield* count("audit")).toBe(15)
       }))
 
+    it.effect("the age rules take full batches of old rows where ids do not follow created_at (young rows first)", () =>
+      Effect.gen(function*() {
+        yield* reset
+        const sql = yield* SqlClient.SqlClient
+        // the lowest ids are young: each batch is still `batchSize` rows past retention, so one run
+        // with room for three batches prunes all 25 old rows and keeps the 5 young ones
+        yield* audit(5, 1)
+        yield* audit(25, 31)
+        yield* quarantine(5, 1)
+        yield* quarantine(25, 31)
+        const counts = yield* Maintenance.runOnce({ batchSize: 10, maxBatches: 3 })
+        expect([counts.audit, counts.quarantine]).toEqual([25, 25])
+        const left = yield* sql<{ t: string; n: number }>`
+          SELECT 'audit' AS t, count(*)::int AS n FROM audit WHERE created_at > now() - interval '2 days'
+          UNION ALL
+          SELECT 'quarantine', count(*)::int FROM quarantine WHERE created_at > now() - interval '2 days'`
+        expect(left.map((r) => [r.t, r.n])).toEqual([["audit", 5], ["quarantine", 5]])
+        expect([yield* count("audit"), yield* count("quarantine")]).toEqual([5, 5])
+      }))
+
     it.effect("tombstones keep at most tombstonesMaxRows: the oldest deleted_at go first, ties by key", () =>
       Effect.gen(function*() {
         yield* reset
