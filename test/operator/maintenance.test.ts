@@ -385,7 +385,8 @@ describe("Maintenance", () => {
         const left = yield* sql<{ t: string; n: number }>`
           SELECT 'audit' AS t, count(*)::int AS n FROM audit WHERE created_at > now() - interval '2 days'
           UNION ALL
-          SELECT 'quarantine', count(*)::int FROM quarantine WHERE created_at > now() - interval '2 days'`
+          SELECT 'quarantine', count(*)::int FROM quarantine WHERE created_at > now() - interval '2 days'
+          ORDER BY 1`
         expect(left.map((r) => [r.t, r.n])).toEqual([["audit", 5], ["quarantine", 5]])
         expect([yield* count("audit"), yield* count("quarantine")]).toEqual([5, 5])
       }))
