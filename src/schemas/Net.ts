@@ -1,11 +1,15 @@
 /**
  * IP literal parsing and classification (SPEC §4.6), and CIDR matching for the operator allow-list.
  *
- * Pure, allocation-light functions. Addresses are represented as raw network-order bytes:
- * a 4-byte `Uint8Array` for IPv4 and a 16-byte `Uint8Array` for IPv6.
+ * Pure functions. Addresses are represented as raw network-order bytes: a 4-byte `Uint8Array` for
+ * IPv4 and a 16-byte `Uint8Array` for IPv6. What an address is and whether it lies in a block is
+ * decided by ipaddr.js (the library atproto's own SSRF guard, `@atproto-labs/fetch-node`, uses);
+ * firehook's code around it only refuses notations the library would accept (non-canonical IPv4
+ * numbers, zone ids, leading zeros in a prefix length), so it can refuse more, never admit more.
  *
  * @since 0.1.0
  */
+import ipaddr from "ipaddr.js"
 
 /** A parsed CIDR block. `bytes` has every host bit cleared. */
 export interface Cidr {
@@ -35,234 +39,60 @@ export type HostClass =
 const CH_0 = 48
 const CH_9 = 57
 const CH_DOT = 46
-const CH_COLON = 58
 
-const hexValue = (c: number): number => {
-  if (c >= 48 && c <= 57) return c - 48
-  if (c >= 97 && c <= 102) return c - 87
-  if (c >= 65 && c <= 70) return c - 55
-  return -1
-}
+/** The longest IPv6 text form (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`). */
+const MAX_IPV6_TEXT = 45
 
 /**
- * Parses `s[start, end)` as a strict dotted quad into `out[offset..offset+4)`.
- * Each part is 1–3 decimal digits, ≤ 255, with no leading zero (so no octal look-alikes).
+ * Runs one of ipaddr.js's parsers, which throw on input they refuse; every caller has checked the
+ * input with the library's own predicate first, so a throw here means "not an address".
  */
-const parseIpv4Into = (s: string, start: number, end: number, out: Uint8Array, offset: number): boolean => {
-  if (end - start < 7 || end - start > 15) return false
-  let part = 0
-  let value = 0
-  let digits = 0
-  let leadingZero = false
-  for (let i = start; i <= end; i++) {
-    const c = i === end ? CH_DOT : s.charCodeAt(i)
-    if (c === CH_DOT) {
-      if (digits === 0 || part > 3) return false
-      out[offset + part] = value
-      part++
-      value = 0
-      digits = 0
-      leadingZero = false
-      continue
-    }
-    if (c < CH_0 || c > CH_9) return false
-    if (leadingZero) return false
-    if (digits === 0 && c === CH_0) leadingZero = true
-    value = value * 10 + (c - CH_0)
-    digits++
-    if (digits > 3 || value > 255) return false
+const attempt = <A>(f: () => A): A | undefined => {
+  try {
+    return f()
+  } catch {
+    return undefined
   }
-  return part === 4
 }
+
+const toBytes = (addr: ipaddr.IPv4 | ipaddr.IPv6): Uint8Array => Uint8Array.from(addr.toByteArray())
+
+const toAddress = (bytes: Uint8Array): ipaddr.IPv4 | ipaddr.IPv6 => ipaddr.fromByteArray(Array.from(bytes))
 
 /**
  * Parses a strict dotted-quad IPv4 literal (`a.b.c.d`, decimal, no leading zeros, no shorthand).
- * Returns 4 bytes in network order, or `undefined`.
+ * Returns 4 bytes in network order, or `undefined`. ipaddr.js decides (its four-part decimal form);
+ * its other notations (`127.1`, `0x7f.0.0.1`, `2130706433`, octal parts) are refused.
  *
  * @since 0.1.0
  */
-export const parseIpv4 = (s: string): Uint8Array | undefined => {
-  const out = new Uint8Array(4)
-  return parseIpv4Into(s, 0, s.length, out, 0) ? out : undefined
-}
-
-/** Parses the colon-separated hex groups of `s[start, end)`; an IPv4 tail is allowed when `allowV4Tail`. */
-const parseGroups = (
-  s: string,
-  start: number,
-  end: number,
-  groups: Array<number>,
-  allowV4Tail: boolean
-): boolean => {
-  if (start === end) return true
-  let i = start
-  while (i <= end) {
-    let j = i
-    while (j < end && s.charCodeAt(j) !== CH_COLON) j++
-    if (j === i) return false // empty group
-    // An IPv4 tail: only as the very last group.
-    let hasDot = false
-    for (let k = i; k < j; k++) {
-      if (s.charCodeAt(k) === CH_DOT) {
-        hasDot = true
-        break
-      }
-    }
-    if (hasDot) {
-      if (!allowV4Tail || j !== end) return false
-      const v4 = new Uint8Array(4)
-      if (!parseIpv4Into(s, i, j, v4, 0)) return false
-      groups.push(((v4[0] ?? 0) << 8) | (v4[1] ?? 0), ((v4[2] ?? 0) << 8) | (v4[3] ?? 0))
-      return true
-    }
-    if (j - i > 4) return false
-    let value = 0
-    for (let k = i; k < j; k++) {
-      const h = hexValue(s.charCodeAt(k))
-      if (h < 0) return false
-      value = (value << 4) | h
-    }
-    groups.push(value)
-    if (groups.length > 8) return false
-    i = j + 1
-  }
-  return true
-}
+export const parseIpv4 = (s: string): Uint8Array | undefined =>
+  ipaddr.IPv4.isValidFourPartDecimal(s) ? attempt(() => toBytes(ipaddr.IPv4.parse(s))) : undefined
 
 /**
  * Parses an IPv6 literal (RFC 4291 text form, without brackets): hex groups, one optional `::`,
  * an optional embedded dotted-quad IPv4 tail. Zone ids (`%eth0`) are rejected.
  * Returns 16 bytes in network order, or `undefined`.
  *
+ * ipaddr.js parses the hex form. An IPv4 tail must be a strict dotted quad (above), and is handed
+ * to the library as its two hex groups: the library's own tail parsing takes octal and hex parts
+ * and reads `::a.b.c.d` as the mapped `::ffff:a.b.c.d`, where RFC 4291 (and WHATWG URL) read the
+ * compatible form `::a.b:c.d`.
+ *
  * @since 0.1.0
  */
 export const parseIpv6 = (s: string): Uint8Array | undefined => {
-  const len = s.length
-  if (len < 2 || len > 45) return undefined
-  const gap = s.indexOf("::")
-  const head: Array<number> = []
-  const tail: Array<number> = []
-  if (gap < 0) {
-    if (!parseGroups(s, 0, len, head, true) || head.length !== 8) return undefined
-  } else {
-    if (s.indexOf("::", gap + 1) >= 0) return undefined
-    if (!parseGroups(s, 0, gap, head, false)) return undefined
-    if (!parseGroups(s, gap + 2, len, tail, true)) return undefined
-    // `::` stands for at least one zero group
-    if (head.length + tail.length > 7) return undefined
+  if (s.length < 2 || s.length > MAX_IPV6_TEXT || s.indexOf("%") >= 0) return undefined
+  let text = s
+  if (s.indexOf(".") >= 0) {
+    const lastColon = s.lastIndexOf(":")
+    const tail = lastColon < 0 ? undefined : parseIpv4(s.slice(lastColon + 1))
+    if (tail === undefined) return undefined
+    const high = (((tail[0] ?? 0) << 8) | (tail[1] ?? 0)).toString(16)
+    const low = (((tail[2] ?? 0) << 8) | (tail[3] ?? 0)).toString(16)
+    text = `${s.slice(0, lastColon + 1)}${high}:${low}`
   }
-  const out = new Uint8Array(16)
-  for (let g = 0; g < head.length; g++) {
-    const v = head[g] ?? 0
-    out[g * 2] = v >> 8
-    out[g * 2 + 1] = v & 0xff
-  }
-  const base = 8 - tail.length
-  for (let g = 0; g < tail.length; g++) {
-    const v = tail[g] ?? 0
-    out[(base + g) * 2] = v >> 8
-    out[(base + g) * 2 + 1] = v & 0xff
-  }
-  return out
-}
-
-/** true if the first `prefix` bits of `a` and `b` are equal (both long enough). */
-const prefixEquals = (a: Uint8Array, b: Uint8Array, prefix: number): boolean => {
-  const whole = prefix >> 3
-  for (let i = 0; i < whole; i++) {
-    if (a[i] !== b[i]) return false
-  }
-  const rest = prefix & 7
-  if (rest === 0) return true
-  const mask = (0xff << (8 - rest)) & 0xff
-  return ((a[whole] ?? 0) & mask) === ((b[whole] ?? 0) & mask)
-}
-
-const block = (family: 4 | 6, text: string, prefix: number): Cidr => {
-  // Only called on the constant tables below, whose literals are valid.
-  const bytes = (family === 4 ? parseIpv4(text) : parseIpv6(text)) ?? new Uint8Array(family === 4 ? 4 : 16)
-  return { family, bytes, prefix }
-}
-
-/**
- * SPEC §4.6: IPv4 ranges that are never public.
- *
- * @since 0.1.0
- */
-export const NON_PUBLIC_IPV4: ReadonlyArray<Cidr> = [
-  block(4, "0.0.0.0", 8),
-  block(4, "10.0.0.0", 8),
-  block(4, "100.64.0.0", 10),
-  block(4, "127.0.0.0", 8),
-  block(4, "169.254.0.0", 16),
-  block(4, "172.16.0.0", 12),
-  block(4, "192.0.0.0", 24),
-  block(4, "192.0.2.0", 24),
-  block(4, "192.31.196.0", 24),
-  block(4, "192.52.193.0", 24),
-  block(4, "192.88.99.0", 24),
-  block(4, "192.168.0.0", 16),
-  block(4, "192.175.48.0", 24),
-  block(4, "198.18.0.0", 15),
-  block(4, "198.51.100.0", 24),
-  block(4, "203.0.113.0", 24),
-  block(4, "224.0.0.0", 4),
-  block(4, "240.0.0.0", 4)
-]
-
-/**
- * SPEC §4.6: IPv6 is public only inside 2000::/3 ...
- *
- * @since 0.1.0
- */
-export const GLOBAL_UNICAST_IPV6: Cidr = block(6, "2000::", 3)
-
-/**
- * ... excluding these blocks (some lie outside 2000::/3 anyway; they are listed as the SPEC lists them),
- * plus, explicitly, the IPv4-mapped (::ffff:0:0/96) and IPv4-compatible (::/96) forms.
- *
- * @since 0.1.0
- */
-export const NON_PUBLIC_IPV6: ReadonlyArray<Cidr> = [
-  block(6, "::ffff:0:0", 96),
-  block(6, "::", 96),
-  block(6, "64:ff9b::", 96),
-  block(6, "64:ff9b:1::", 48),
-  block(6, "100::", 64),
-  block(6, "2001::", 23),
-  block(6, "2001:db8::", 32),
-  block(6, "2002::", 16),
-  block(6, "2620:4f:8000::", 48),
-  block(6, "3fff::", 20),
-  block(6, "5f00::", 16)
-]
-
-/**
- * true if the 4 bytes are a public IPv4 address per SPEC §4.6. Any other length → false.
- *
- * @since 0.1.0
- */
-export const isPublicIpv4 = (bytes: Uint8Array): boolean => {
-  if (bytes.length !== 4) return false
-  for (const c of NON_PUBLIC_IPV4) {
-    if (prefixEquals(bytes, c.bytes, c.prefix)) return false
-  }
-  return true
-}
-
-/**
- * true if the 16 bytes are a public IPv6 address per SPEC §4.6. Any other length → false.
- * IPv4-mapped and IPv4-compatible addresses are never public, whatever IPv4 address they embed.
- *
- * @since 0.1.0
- */
-export const isPublicIpv6 = (bytes: Uint8Array): boolean => {
-  if (bytes.length !== 16) return false
-  if (!prefixEquals(bytes, GLOBAL_UNICAST_IPV6.bytes, GLOBAL_UNICAST_IPV6.prefix)) return false
-  for (const c of NON_PUBLIC_IPV6) {
-    if (prefixEquals(bytes, c.bytes, c.prefix)) return false
-  }
-  return true
+  return ipaddr.IPv6.isValid(text) ? attempt(() => toBytes(ipaddr.IPv6.parse(text))) : undefined
 }
 
 const INVALID: HostClass = { kind: "invalid" }
@@ -281,8 +111,7 @@ const endsInNumber = (s: string): boolean => {
   const c1 = s.charCodeAt(start + 1)
   if (c0 === CH_0 && (c1 === 120 || c1 === 88) && end - start >= 2) {
     start += 2
-    for (let i = start; i < end; i++) if (hexValue(s.charCodeAt(i)) < 0) return false
-    return true
+    return /^[0-9a-fA-F]*$/.test(s.slice(start, end))
   }
   for (let i = start; i < end; i++) {
     const c = s.charCodeAt(i)
@@ -321,12 +150,8 @@ export const classifyHost = (host: string): HostClass => {
  *
  * @since 0.1.0
  */
-export const isLoopbackBytes = (bytes: Uint8Array): boolean => {
-  if (bytes.length === 4) return bytes[0] === 127
-  if (bytes.length !== 16) return false
-  for (let i = 0; i < 15; i++) if (bytes[i] !== 0) return false
-  return bytes[15] === 1
-}
+export const isLoopbackBytes = (bytes: Uint8Array): boolean =>
+  (bytes.length === 4 || bytes.length === 16) && toAddress(bytes).range() === "loopback"
 
 /**
  * true if a URL hostname is a loopback host (insecure development mode, SPEC §1.2 and §6.5):
@@ -362,15 +187,17 @@ export const parseCidr = (s: string): Cidr | undefined => {
     if (c < CH_0 || c > CH_9) return undefined
     prefix = prefix * 10 + (c - CH_0)
   }
-  const addr = s.slice(0, slash)
-  const family: 4 | 6 = addr.indexOf(":") >= 0 ? 6 : 4
-  const bytes = family === 4 ? parseIpv4(addr) : parseIpv6(addr)
-  if (bytes === undefined) return undefined
-  if (prefix > bytes.length * 8) return undefined
-  // host bits must be zero
-  for (let bit = prefix; bit < bytes.length * 8; bit++) {
-    if (((bytes[bit >> 3] ?? 0) & (0x80 >> (bit & 7))) !== 0) return undefined
-  }
+  const bytes = parseIpv4(s.slice(0, slash)) ?? parseIpv6(s.slice(0, slash))
+  if (bytes === undefined || prefix > bytes.length * 8) return undefined
+  const family: 4 | 6 = bytes.length === 4 ? 4 : 6
+  // host bits must be zero: the address is its own network address
+  const address = toAddress(bytes)
+  const network = attempt(() =>
+    family === 4
+      ? ipaddr.IPv4.networkAddressFromCIDR(`${address.toString()}/${prefix}`)
+      : ipaddr.IPv6.networkAddressFromCIDR(`${address.toString()}/${prefix}`)
+  )
+  if (network === undefined || network.toNormalizedString() !== address.toNormalizedString()) return undefined
   return { family, bytes, prefix }
 }
 
@@ -393,4 +220,100 @@ export const parseCidrs = (list: ReadonlyArray<string>): ReadonlyArray<Cidr> =>
  * @since 0.1.0
  */
 export const cidrContains = (cidr: Cidr, bytes: Uint8Array): boolean =>
-  bytes.length === cidr.bytes.length && prefixEquals(bytes, cidr.bytes, cidr.prefix)
+  bytes.length === cidr.bytes.length && (bytes.length === 4 || bytes.length === 16) &&
+  inRange(toAddress(bytes), toRange(cidr))
+
+/** The blocks of SPEC §4.6, written as CIDR text; only called on the constant tables below. */
+const block = (text: string): Cidr => {
+  const parsed = parseCidr(text)
+  return parsed ?? { family: text.indexOf(":") >= 0 ? 6 : 4, bytes: new Uint8Array(0), prefix: 0 }
+}
+
+/**
+ * SPEC §4.6: IPv4 ranges that are never public.
+ *
+ * @since 0.1.0
+ */
+export const NON_PUBLIC_IPV4: ReadonlyArray<Cidr> = [
+  "0.0.0.0/8",
+  "10.0.0.0/8",
+  "100.64.0.0/10",
+  "127.0.0.0/8",
+  "169.254.0.0/16",
+  "172.16.0.0/12",
+  "192.0.0.0/24",
+  "192.0.2.0/24",
+  "192.31.196.0/24",
+  "192.52.193.0/24",
+  "192.88.99.0/24",
+  "192.168.0.0/16",
+  "192.175.48.0/24",
+  "198.18.0.0/15",
+  "198.51.100.0/24",
+  "203.0.113.0/24",
+  "224.0.0.0/4",
+  "240.0.0.0/4"
+].map(block)
+
+/**
+ * SPEC §4.6: IPv6 is public only inside 2000::/3 ...
+ *
+ * @since 0.1.0
+ */
+export const GLOBAL_UNICAST_IPV6: Cidr = block("2000::/3")
+
+/**
+ * ... excluding these blocks (some lie outside 2000::/3 anyway; they are listed as the SPEC lists them),
+ * plus, explicitly, the IPv4-mapped (::ffff:0:0/96) and IPv4-compatible (::/96) forms.
+ *
+ * @since 0.1.0
+ */
+export const NON_PUBLIC_IPV6: ReadonlyArray<Cidr> = [
+  "::ffff:0:0/96",
+  "::/96",
+  "64:ff9b::/96",
+  "64:ff9b:1::/48",
+  "100::/64",
+  "2001::/23",
+  "2001:db8::/32",
+  "2002::/16",
+  "2620:4f:8000::/48",
+  "3fff::/20",
+  "5f00::/16"
+].map(block)
+
+/** A block as ipaddr.js matches it. */
+type Range = readonly [ipaddr.IPv4 | ipaddr.IPv6, number]
+
+const toRange = (cidr: Cidr): Range => [toAddress(cidr.bytes), cidr.prefix]
+
+const NON_PUBLIC_IPV4_RANGES: ReadonlyArray<Range> = NON_PUBLIC_IPV4.map(toRange)
+const GLOBAL_UNICAST_IPV6_RANGE: Range = toRange(GLOBAL_UNICAST_IPV6)
+const NON_PUBLIC_IPV6_RANGES: ReadonlyArray<Range> = NON_PUBLIC_IPV6.map(toRange)
+
+/** true if the address lies in the range; ipaddr.js refuses (throws) to match across families. */
+const inRange = (addr: ipaddr.IPv4 | ipaddr.IPv6, range: Range): boolean =>
+  addr.kind() === range[0].kind() && addr.match(range[0], range[1])
+
+/**
+ * true if the 4 bytes are a public IPv4 address per SPEC §4.6. Any other length → false.
+ *
+ * @since 0.1.0
+ */
+export const isPublicIpv4 = (bytes: Uint8Array): boolean => {
+  if (bytes.length !== 4) return false
+  const addr = toAddress(bytes)
+  return !NON_PUBLIC_IPV4_RANGES.some((range) => inRange(addr, range))
+}
+
+/**
+ * true if the 16 bytes are a public IPv6 address per SPEC §4.6. Any other length → false.
+ * IPv4-mapped and IPv4-compatible addresses are never public, whatever IPv4 address they embed.
+ *
+ * @since 0.1.0
+ */
+export const isPublicIpv6 = (bytes: Uint8Array): boolean => {
+  if (bytes.length !== 16) return false
+  const addr = toAddress(bytes)
+  return inRange(addr, GLOBAL_UNICAST_IPV6_RANGE) && !NON_PUBLIC_IPV6_RANGES.some((range) => inRange(addr, range))
+}
