@@ -1,3 +1,4 @@
+import ipaddr from "ipaddr.js"
 import { describe, expect, it } from "vitest"
 import {
   cidrContains,
@@ -506,5 +507,38 @@ describe("isLoopbackHost (insecure development mode, SPEC §1.2 / §6.5)", () =>
     ""
   ])("%s is not", (host) => {
     expect(isLoopbackHost(host)).toBe(false)
+  })
+})
+
+// ipaddr.js decides what an address is; Net.ts only refuses notations the library alone would
+// accept (docs/decisions.md, "Delivery transport"). Each case: the library takes it, Net.ts does not
+// (or reads it as RFC 4291 does), so a later version of the library cannot widen what firehook admits.
+describe("notations ipaddr.js accepts and Net.ts refuses", () => {
+  it.each(
+    [
+      ["127.1", parseIpv4],
+      ["0x7f.0.0.1", parseIpv4],
+      ["2130706433", parseIpv4],
+      ["0177.0.0.1", parseIpv4],
+      ["::ffff:0x7f.0.0.1", parseIpv6],
+      ["::ffff:0177.0.0.1", parseIpv6],
+      ["::ffff:01.2.3.4", parseIpv6],
+      ["fe80::1%eth0", parseIpv6],
+      ["fe80::1%1", parseIpv6]
+    ] as const
+  )("%s", (s, parse) => {
+    expect(ipaddr.isValid(s)).toBe(true)
+    expect(parse(s)).toBeUndefined()
+  })
+
+  it.each(["10.0.0.0/08", "10.0.0.0/008", "10.1.0.0/8", "::ffff:0x0a.0.0.0/104", "fe80::%eth0/64"])("%s", (s) => {
+    expect(ipaddr.isValidCIDR(s)).toBe(true)
+    expect(parseCidr(s)).toBeUndefined()
+  })
+
+  it("::a.b.c.d is the IPv4-compatible address (RFC 4291), not the mapped one the library makes of it", () => {
+    expect(ipaddr.IPv6.parse("::127.0.0.1").toNormalizedString()).toBe("0:0:0:0:0:ffff:7f00:1")
+    expect(hex(parseIpv6("::127.0.0.1"))).toBe("0000000000000000000000007f000001")
+    expect(hex(parseCidr("::10.0.0.0/104")?.bytes)).toBe("0000000000000000000000000a000000")
   })
 })
