@@ -66,8 +66,14 @@ const toAddress = (bytes: Uint8Array): ipaddr.IPv4 | ipaddr.IPv6 => ipaddr.fromB
  *
  * @since 0.1.0
  */
-export const parseIpv4 = (s: string): Uint8Array | undefined =>
-  ipaddr.IPv4.isValidFourPartDecimal(s) ? attempt(() => toBytes(ipaddr.IPv4.parse(s))) : undefined
+export const parseIpv4 = (s: string): Uint8Array | undefined => {
+  const addr = ipv4Address(s)
+  return addr === undefined ? undefined : toBytes(addr)
+}
+
+/** {@link parseIpv4} as the library's address (`isIPv4` first: a name costs no thrown error). */
+const ipv4Address = (s: string): ipaddr.IPv4 | undefined =>
+  ipaddr.IPv4.isIPv4(s) && ipaddr.IPv4.isValidFourPartDecimal(s) ? attempt(() => ipaddr.IPv4.parse(s)) : undefined
 
 /**
  * Parses an IPv6 literal (RFC 4291 text form, without brackets): hex groups, one optional `::`,
@@ -82,17 +88,23 @@ export const parseIpv4 = (s: string): Uint8Array | undefined =>
  * @since 0.1.0
  */
 export const parseIpv6 = (s: string): Uint8Array | undefined => {
+  const addr = ipv6Address(s)
+  return addr === undefined ? undefined : toBytes(addr)
+}
+
+/** {@link parseIpv6} as the library's address; its parser throws on what it refuses. */
+const ipv6Address = (s: string): ipaddr.IPv6 | undefined => {
   if (s.length < 2 || s.length > MAX_IPV6_TEXT || s.indexOf("%") >= 0) return undefined
   let text = s
   if (s.indexOf(".") >= 0) {
     const lastColon = s.lastIndexOf(":")
-    const tail = lastColon < 0 ? undefined : parseIpv4(s.slice(lastColon + 1))
+    const tail = lastColon < 0 ? undefined : ipv4Address(s.slice(lastColon + 1))?.octets
     if (tail === undefined) return undefined
     const high = (((tail[0] ?? 0) << 8) | (tail[1] ?? 0)).toString(16)
     const low = (((tail[2] ?? 0) << 8) | (tail[3] ?? 0)).toString(16)
     text = `${s.slice(0, lastColon + 1)}${high}:${low}`
   }
-  return ipaddr.IPv6.isValid(text) ? attempt(() => toBytes(ipaddr.IPv6.parse(text))) : undefined
+  return attempt(() => ipaddr.IPv6.parse(text))
 }
 
 const INVALID: HostClass = { kind: "invalid" }
@@ -120,6 +132,9 @@ const endsInNumber = (s: string): boolean => {
   return true
 }
 
+const classifyIpv6 = (addr: ipaddr.IPv6 | undefined): HostClass =>
+  addr === undefined ? INVALID : { kind: "ipv6", bytes: toBytes(addr), public: publicIpv6(addr) }
+
 /**
  * Classifies a host string: a URL hostname (IPv6 in brackets, `[::1]`) or a bare address
  * (a DNS answer, `::1`). See {@link HostClass}.
@@ -127,19 +142,37 @@ const endsInNumber = (s: string): boolean => {
  * @since 0.1.0
  */
 export const classifyHost = (host: string): HostClass => {
+  const known = classified.get(host)
+  if (known !== undefined) return known
+  const c = classifyUncached(host)
+  if (host.length <= CLASSIFY_MEMO_KEY_MAX) {
+    if (classified.size >= CLASSIFY_MEMO_MAX) classified.clear()
+    classified.set(host, c)
+  }
+  return c
+}
+
+/**
+ * Recent classifications. Every delivery attempt classifies its URL's host and each DNS answer,
+ * the same few strings again and again, and the library's parsers cost 1–2 µs a string; a
+ * classification is a pure function of the string, so it is kept (at most 1,024 strings of at most
+ * 255 characters: a DNS name or a bracketed IPv6 literal; the map starts over when full). The
+ * bytes of a kept answer are shared: callers read them, never write.
+ */
+const classified = new Map<string, HostClass>()
+const CLASSIFY_MEMO_MAX = 1_024
+const CLASSIFY_MEMO_KEY_MAX = 255
+
+const classifyUncached = (host: string): HostClass => {
   const len = host.length
   if (len === 0) return INVALID
   if (host.charCodeAt(0) === 91 /* [ */) {
     if (len < 2 || host.charCodeAt(len - 1) !== 93 /* ] */) return INVALID
-    const bytes = parseIpv6(host.slice(1, len - 1))
-    return bytes === undefined ? INVALID : { kind: "ipv6", bytes, public: isPublicIpv6(bytes) }
+    return classifyIpv6(ipv6Address(host.slice(1, len - 1)))
   }
-  if (host.indexOf(":") >= 0) {
-    const bytes = parseIpv6(host)
-    return bytes === undefined ? INVALID : { kind: "ipv6", bytes, public: isPublicIpv6(bytes) }
-  }
-  const v4 = parseIpv4(host)
-  if (v4 !== undefined) return { kind: "ipv4", bytes: v4, public: isPublicIpv4(v4) }
+  if (host.indexOf(":") >= 0) return classifyIpv6(ipv6Address(host))
+  const v4 = ipv4Address(host)
+  if (v4 !== undefined) return { kind: "ipv4", bytes: toBytes(v4), public: publicIpv4(v4) }
   if (endsInNumber(host)) return INVALID
   return NAME
 }
@@ -300,11 +333,10 @@ const inRange = (addr: ipaddr.IPv4 | ipaddr.IPv6, range: Range): boolean =>
  *
  * @since 0.1.0
  */
-export const isPublicIpv4 = (bytes: Uint8Array): boolean => {
-  if (bytes.length !== 4) return false
-  const addr = toAddress(bytes)
-  return !NON_PUBLIC_IPV4_RANGES.some((range) => inRange(addr, range))
-}
+export const isPublicIpv4 = (bytes: Uint8Array): boolean => bytes.length === 4 && publicIpv4(toAddress(bytes))
+
+const publicIpv4 = (addr: ipaddr.IPv4 | ipaddr.IPv6): boolean =>
+  !NON_PUBLIC_IPV4_RANGES.some((range) => inRange(addr, range))
 
 /**
  * true if the 16 bytes are a public IPv6 address per SPEC §4.6. Any other length → false.
@@ -312,8 +344,7 @@ export const isPublicIpv4 = (bytes: Uint8Array): boolean => {
  *
  * @since 0.1.0
  */
-export const isPublicIpv6 = (bytes: Uint8Array): boolean => {
-  if (bytes.length !== 16) return false
-  const addr = toAddress(bytes)
-  return inRange(addr, GLOBAL_UNICAST_IPV6_RANGE) && !NON_PUBLIC_IPV6_RANGES.some((range) => inRange(addr, range))
-}
+export const isPublicIpv6 = (bytes: Uint8Array): boolean => bytes.length === 16 && publicIpv6(toAddress(bytes))
+
+const publicIpv6 = (addr: ipaddr.IPv4 | ipaddr.IPv6): boolean =>
+  inRange(addr, GLOBAL_UNICAST_IPV6_RANGE) && !NON_PUBLIC_IPV6_RANGES.some((range) => inRange(addr, range))

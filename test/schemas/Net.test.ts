@@ -542,3 +542,45 @@ describe("notations ipaddr.js accepts and Net.ts refuses", () => {
     expect(hex(parseCidr("::10.0.0.0/104")?.bytes)).toBe("0000000000000000000000000a000000")
   })
 })
+
+// classifyHost keeps recent answers (at most 1,024 strings of at most 255 characters): the second
+// classification of a string must be the first's, also after the map started over, and a longer
+// string is still classified (not kept).
+describe("classifyHost's kept answers", () => {
+  const hosts = [
+    "127.0.0.1",
+    "8.8.8.8",
+    "[::1]",
+    "[2606:4700:4700::1111]",
+    "2001:db8::1",
+    "::ffff:127.0.0.1",
+    "receiver.example.com",
+    "127.1",
+    "[fe80::1%25eth0]",
+    `${"a".repeat(250)}.com`,
+    `${"a".repeat(300)}.example`
+  ]
+  const view = (c: ReturnType<typeof classifyHost>) =>
+    c.kind === "ipv4" || c.kind === "ipv6" ? `${c.kind} ${hex(c.bytes)} ${c.public}` : c.kind
+
+  it("answers a string again as the first time, across more strings than it keeps", () => {
+    const first = hosts.map((h) => view(classifyHost(h)))
+    expect(first).toEqual([
+      "ipv4 7f000001 false",
+      "ipv4 08080808 true",
+      "ipv6 00000000000000000000000000000001 false",
+      "ipv6 26064700470000000000000000001111 true",
+      "ipv6 20010db8000000000000000000000001 false",
+      "ipv6 00000000000000000000ffff7f000001 false",
+      "name",
+      "invalid",
+      "invalid",
+      "name",
+      "name"
+    ])
+    for (let round = 0; round < 3; round++) {
+      for (let i = 0; i < 1_500; i++) classifyHost(`10.${round}.${i >> 8}.${i & 255}`)
+      expect(hosts.map((h) => view(classifyHost(h)))).toEqual(first)
+    }
+  })
+})
