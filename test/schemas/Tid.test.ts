@@ -36,6 +36,16 @@ describe("isTid", () => {
   ])("rejects %s", (_name, s) => {
     expect(isTid(s)).toBe(false)
   })
+
+  it("checks the character at every position", () => {
+    const valid = "3jzfcijpj2z2a"
+    for (let i = 0; i < valid.length; i++) {
+      for (const bad of ["1", "8", "A", "-"]) {
+        const s = valid.slice(0, i) + bad + valid.slice(i + 1)
+        expect([s, isTid(s)]).toEqual([s, false])
+      }
+    }
+  })
 })
 
 describe("compareTid", () => {
@@ -114,8 +124,18 @@ describe("tidFromMicros / tidToMicros", () => {
     expect(tidFromMicros(0, Number.NaN)).toBe(tidFromMicros(0, 0))
   })
 
+  it("truncates a fractional clock id, as it does a fractional timestamp", () => {
+    expect(tidFromMicros(0, 1.9)).toBe(tidFromMicros(0, 1))
+    expect(tidFromMicros(0, 1022.5)).toBe(tidFromMicros(0, 1022))
+  })
+
   it("tidToMicros rejects non-TIDs and timestamps beyond 2^53 - 1", () => {
     expect(tidToMicros("nope")).toBeUndefined()
+    // strings whose first 11 characters alone would decode to a timestamp in range
+    expect(tidToMicros("3jzfcijpj2z")).toBeUndefined()
+    expect(tidToMicros("3jzfcijpj2z2")).toBeUndefined()
+    expect(tidToMicros("3jzfcijpj2z2A")).toBeUndefined()
+    expect(tidToMicros("3jzfcijpj2z2aa")).toBeUndefined()
     expect(tidToMicros("jzzzzzzzzzzzz")).toBeUndefined()
     expect(tidToMicros("bzzzzzzzzzzzz")).toBe(MAX_TID_MICROS)
   })
