@@ -25,6 +25,10 @@ describe("validateWebhookUrl: accepted", () => {
     "https://example.com./hook",
     "https://localhost.example.com/",
     "https://metadata.google.internal.example.com/",
+    // the blocked names are whole labels: a name that merely ends in the same letters is not one
+    "https://notlocalhost/",
+    "https://a.notlocalhost/",
+    "https://xmetadata.google.internal/",
     "https://example.com/" + "a".repeat(2048 - "https://example.com/".length)
   ])("%s", (url) => {
     expect(kindOf(url)).toBe("ok")
