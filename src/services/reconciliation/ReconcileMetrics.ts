@@ -13,7 +13,7 @@ import { labelledCounterFamily } from "../platform/Metrics.js"
 
 /** `{ result }`: hit, stale, miss */
 export const identityLookups = labelledCounterFamily("firehook_identity_lookups_total", {
-  description: "DID → PDS lookups, by result (hit, stale, miss)"
+  description: "DID document lookups (DID → PDS, DID → signing key), by result (hit, stale, miss)"
 })
 /** `{ kind }`: an identity error kind */
 export const identityFailures = labelledCounterFamily("firehook_identity_failures_total", {
