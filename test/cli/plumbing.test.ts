@@ -1,14 +1,21 @@
 /**
- * The command line's shared plumbing, pure and in-process (src/cli/Arguments.ts): how `--since` /
- * `--until` are read (README "Operator CLI": ISO 8601 or a duration ago, UTC without an offset,
- * dates that do not exist refused, [since, until) not empty) and the checks of ids, names and
- * kinds (SPEC §4.8). The commands that use them are run in deliveries-command.test.ts,
+ * The command line's shared plumbing, pure and in-process (src/cli/Arguments.ts, Failure.ts,
+ * Output.ts): how `--since` / `--until` are read (README "Operator CLI": ISO 8601 or a duration
+ * ago, UTC without an offset, dates that do not exist refused, [since, until) not empty), which
+ * exit code and one line a failure gets (exit 2 for invalid arguments, 1 for an operation that
+ * could not be done, 130 when interrupted; SPEC §4.8), which arguments are never echoed, and the
+ * tables' cells. The commands that use them are run in deliveries-command.test.ts,
  * operator-commands.test.ts and, as processes, cli.test.ts.
  */
+import { HelpDoc, ValidationError } from "@effect/cli"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Option, TestClock } from "effect"
+import { Cause, Effect, Either, Option, TestClock } from "effect"
 import { checkDeliveryId, checkDid, checkName, checkRkey, ERROR_KINDS, parseRange } from "../../src/cli/Arguments.js"
-import type { UsageError } from "../../src/cli/Failure.js"
+import { describeFailure, Failed, redactArgs, UsageError } from "../../src/cli/Failure.js"
+import { HooksFailed, HooksInvalid } from "../../src/cli/HookErrors.js"
+import { cell, table } from "../../src/cli/Output.js"
+import { SecretsError } from "../../src/services/delivery/Secrets.js"
+import { InvalidArgument } from "../../src/services/operator/Operator.js"
 
 // ---------------------------------------------------------------------------------------------
 // --since / --until
@@ -169,5 +176,150 @@ describe("ids, names and kinds given as arguments", () => {
   it("--error-kind takes the parked rows' kind too (README: webhook_disabled)", () => {
     expect(ERROR_KINDS).toContain("webhook_disabled")
     expect(ERROR_KINDS).toEqual(expect.arrayContaining(["http_5xx", "http_429", "gone", "http_4xx", "timeout"]))
+  })
+})
+
+// ---------------------------------------------------------------------------------------------
+// Exit codes and the one line
+
+const describeFail = (e: unknown) => describeFailure(Cause.fail(e))
+
+describe("a failure's exit code and one line (describeFailure)", () => {
+  it("invalid arguments exit 2, operations that could not be done 1, an interrupt 130, a defect 1", () => {
+    expect(describeFail(new UsageError({ text: "invalid --limit: must be in 1..1000" }))).toEqual({
+      code: 2,
+      line: "invalid --limit: must be in 1..1000"
+    })
+    expect(describeFail(new InvalidArgument({ field: "--owner", rule: "must be a DID" }))).toEqual({
+      code: 2,
+      line: "invalid --owner: must be a DID"
+    })
+    expect(describeFail(new HooksInvalid({ text: "invalid --pds: …" }))).toEqual({ code: 2, line: "invalid --pds: …" })
+    expect(describeFail(new Failed({ text: "no such secret" }))).toEqual({ code: 1, line: "no such secret" })
+    expect(describeFail(new HooksFailed({ reason: "login", text: "login failed: x" }))).toEqual({
+      code: 1,
+      line: "login failed: x"
+    })
+    expect(describeFailure(Cause.interrupt(0 as never))).toEqual({ code: 130, line: "interrupted" })
+    expect(describeFailure(Cause.die(new Error("boom")))).toEqual({ code: 1, line: "unexpected internal error" })
+    // a failure without a message says so in general terms
+    expect(describeFail({ _tag: "Odd" })).toEqual({ code: 1, line: "operation failed" })
+    expect(describeFail(new Error(""))).toEqual({ code: 1, line: "operation failed" })
+    expect(describeFail("text")).toEqual({ code: 1, line: "operation failed" })
+  })
+
+  it("a secrets refusal of the owner, name or token is invalid arguments (2); the others are failures (1)", () => {
+    const code = (reason: SecretsError["reason"]) => describeFail(new SecretsError({ reason })).code
+    expect(["invalid_owner", "invalid_name", "invalid_token"].map((r) => code(r as SecretsError["reason"])))
+      .toEqual([2, 2, 2])
+    expect(
+      (["already_exists", "not_found", "limit_reached", "no_key", "invalid_key", "store"] as const).map(code)
+    ).toEqual([1, 1, 1, 1, 1, 1])
+    expect(describeFail(new SecretsError({ reason: "invalid_name" })).line).toBe(
+      "secrets: the secret name must match ^[A-Za-z0-9._-]{1,64}$"
+    )
+  })
+
+  it("@effect/cli's refusals: exit 2, one line without ANSI codes, bounded, pointing at --help", () => {
+    const invalid = (doc: HelpDoc.HelpDoc) => describeFail(ValidationError.invalidValue(doc))
+    expect(invalid(HelpDoc.p("Expected an integer,\n  got   abc"))).toEqual({
+      code: 2,
+      line: "Expected an integer, got abc (see --help)"
+    })
+    expect(describeFail(ValidationError.missingValue(HelpDoc.p("\u001b[1mExpected\u001b[0m a value")))).toEqual({
+      code: 2,
+      line: "Expected a value (see --help)"
+    })
+    expect(invalid(HelpDoc.empty)).toEqual({ code: 2, line: "invalid arguments (see --help)" })
+    const long = invalid(HelpDoc.p("x".repeat(2000)))
+    expect(long).toEqual({ code: 2, line: `${"x".repeat(500)} (see --help)` })
+  })
+
+  it("a refused database connection is said in words; other codes and lines as they are", () => {
+    const line = (text: string) => describeFail(new Failed({ text })).line
+    const explained: ReadonlyArray<readonly [string, string]> = [
+      ["3D000", "no database of that name on the server"],
+      ["28P01", "password authentication failed"],
+      ["28000", "the server refused this role or client (pg_hba.conf)"],
+      ["57P03", "the server is starting up or shutting down"],
+      ["53300", "the server has no connection slot left"],
+      ["ECONNREFUSED", "nothing listens at that host and port"],
+      ["ENOTFOUND", "the host name does not resolve"],
+      ["EAI_AGAIN", "the host name does not resolve"],
+      ["EHOSTUNREACH", "the host is unreachable"],
+      ["ETIMEDOUT", "the host did not answer"]
+    ]
+    for (const [code, meaning] of explained) {
+      expect(line(`database: could not connect (${code})`)).toBe(`database: could not connect (${code}: ${meaning})`)
+    }
+    expect(line("database: could not connect (timeout)")).toBe("database: could not connect (timeout)")
+    expect(line("database: could not connect (ECONNREFUSED) again")).toBe(
+      "database: could not connect (ECONNREFUSED) again"
+    )
+  })
+})
+
+// ---------------------------------------------------------------------------------------------
+// What is never echoed
+
+describe("arguments never echoed (redactArgs)", () => {
+  const argv = (...args: ReadonlyArray<string>) => ["bun", "firehook", ...args]
+
+  it("the values of --token, --password and --secret, given as the next argument or after =", () => {
+    for (const flag of ["--token", "--password", "--secret"]) {
+      expect(redactArgs("bad value short1 here", argv("hooks", flag, "short1")), flag).toBe(
+        "bad value [redacted] here"
+      )
+      expect(redactArgs("bad value short2 here", argv("hooks", `${flag}=short2`)), flag).toBe(
+        "bad value [redacted] here"
+      )
+    }
+    // a flag at the end has no value to hide; other short values are kept
+    expect(redactArgs("--token main", argv("secrets", "create", "main", "--token"))).toBe("--token main")
+    expect(redactArgs("--limit=abc", argv("deliveries", "list", "--limit=abc"))).toBe("--limit=abc")
+  })
+
+  it("anything of 32 characters or more, except options, DIDs and delivery ids; the longest first", () => {
+    const token = "t".repeat(32)
+    expect(redactArgs(`got ${token}`, argv("secrets", "create", "did:plc:x", "main", token))).toBe("got [redacted]")
+    expect(redactArgs(`got ${token.slice(1)}`, argv(token.slice(1)))).toBe(`got ${token.slice(1)}`)
+    const did = `did:plc:${"a".repeat(24)}`
+    const id = `whd_v1_${"b".repeat(40)}`
+    const option = `--owner=${"c".repeat(40)}`
+    expect(redactArgs(`${did} ${id} ${option}`, argv(did, id, option))).toBe(`${did} ${id} ${option}`)
+    // a secret that contains a shorter one is hidden whole
+    const long = `${"s".repeat(10)}${"u".repeat(30)}`
+    expect(redactArgs(`x ${long} x`, argv("--secret", "s".repeat(10), long))).toBe("x [redacted] x")
+  })
+
+  it("the app password from the environment, from 6 characters on", () => {
+    const before = process.env["ATPROTO_APP_PASSWORD"]
+    try {
+      process.env["ATPROTO_APP_PASSWORD"] = "pw-123"
+      expect(redactArgs("login with pw-123 failed", [])).toBe("login with [redacted] failed")
+      process.env["ATPROTO_APP_PASSWORD"] = "pw-12"
+      expect(redactArgs("login with pw-12 failed", [])).toBe("login with pw-12 failed")
+    } finally {
+      if (before === undefined) delete process.env["ATPROTO_APP_PASSWORD"]
+      else process.env["ATPROTO_APP_PASSWORD"] = before
+    }
+  })
+})
+
+// ---------------------------------------------------------------------------------------------
+// Tables
+
+describe("tables (cell, table)", () => {
+  it("a cell never carries a control character; a missing value is -", () => {
+    expect(cell(undefined)).toBe("-")
+    expect(cell(0)).toBe("0")
+    expect(cell("a\nb\u001b[31mc\u007fd\u009be")).toBe("a b [31mc d e")
+  })
+
+  it("columns padded to the widest cell or header, two spaces apart, the last one unpadded", () => {
+    expect(table(["ID", "STATUS", "URL"], [["a", "delivered", "https://x"], ["long-id", "ok", ""]])).toBe(
+      ["ID       STATUS     URL", "a        delivered  https://x", "long-id  ok"].join("\n")
+    )
+    expect(table(["NAME", "CREATED"], [])).toBe("NAME  CREATED")
   })
 })
