@@ -335,6 +335,13 @@ describe("firehook hooks: a PDS's failure as one line (classify)", () => {
       "unreachable",
       "could not reach the PDS at pds.example.com (listRecords)"
     ])
+    // below 100 is no HTTP answer (the client's own codes); an answer without an error name is "error"
+    expect(c("listRecords", { status: 99, error: "InternalServerError" })).toEqual([
+      "unreachable",
+      "could not reach the PDS at pds.example.com (listRecords)"
+    ])
+    expect(c("createRecord", { status: 502 })).toEqual(["pds", "the PDS refused createRecord (502 error)"])
+    expect(c("login", { status: 400, error: 7 })).toEqual(["login", "login failed: the PDS answered 400 error"])
     expect(c("listRecords", { status: 2, error: "InvalidResponse" })).toEqual([
       "invalid_response",
       "the PDS sent an invalid response to listRecords"
@@ -835,6 +842,50 @@ describe("firehook hooks create|list|enable|disable|delete (the commands, in-pro
       for (let i = 0; i < 5001; i++) pds.records.set(`k${String(i).padStart(5, "0")}`, { cid: pds.nextCid(), value })
       const long = yield* run(pds, ["list"])
       expect(lines(long.stdout).at(-1)).toBe("(the first 5000 records; more exist)")
+    }))
+
+  it.scoped("--pds, --identifier and --password sign in without the environment's values and win over them", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      const elsewhere = {
+        ATPROTO_PDS: "http://127.0.0.1:1",
+        ATPROTO_IDENTIFIER: "someone-else.test",
+        ATPROTO_APP_PASSWORD: "wrong-pass-999"
+      }
+      const flags = ["--pds", pds.url, "--identifier", PDS_HANDLE, "--password", PDS_PASSWORD]
+      expect(yield* run(pds, ["list", ...flags], elsewhere)).toEqual({
+        code: 0,
+        line: "",
+        stdout: `no webhooks in ${PDS_DID}\n`
+      })
+      const sessions = pds.calls.filter((c) => c.nsid === "com.atproto.server.createSession")
+      expect(sessions.map((c) => c.body["identifier"])).toEqual([PDS_HANDLE])
+    }))
+
+  it.scoped("the insecure development mode as the service reads it: list's verdict on an http:// loopback receiver; refused outside development", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      const value = {
+        $type: WH,
+        scope: { aturi: POSTS },
+        url: "http://127.0.0.1:9/h",
+        createdAt: "2026-01-01T00:00:00Z"
+      }
+      pds.records.set("a", { cid: pds.nextCid(), value })
+      const accepted = (r: Run) =>
+        (JSON.parse(r.stdout) as { webhooks: ReadonlyArray<{ accepted: boolean }> }).webhooks
+          .map((w) => w.accepted)
+      expect(accepted(yield* run(pds, ["list", "--json"]))).toEqual([false])
+      const dev = { WEBHOOK_ALLOW_INSECURE_DEV: "1", NODE_ENV: "test" }
+      expect(accepted(yield* run(pds, ["list", "--json"], dev))).toEqual([true])
+      const calls = pds.calls.length
+      for (const args of [["list"], ["enable", "a"], ["disable", "a"], ["delete", "a"]]) {
+        const r = yield* run(pds, args, { WEBHOOK_ALLOW_INSECURE_DEV: "1", NODE_ENV: "production" })
+        expect(r.code, r.line).toBe(2)
+        expect(r.line).toContain("WEBHOOK_ALLOW_INSECURE_DEV")
+        expect(r.stdout).toBe("")
+      }
+      expect(pds.calls).toHaveLength(calls)
     }))
 
   it.scoped("enable/disable/delete: the line said, the JSON, and code 2 for a bad key before signing in", () =>
