@@ -321,5 +321,6 @@ describe("tables (cell, table)", () => {
       ["ID       STATUS     URL", "a        delivered  https://x", "long-id  ok"].join("\n")
     )
     expect(table(["NAME", "CREATED"], [])).toBe("NAME  CREATED")
+    expect(table(["NAME", "CREATED", "ROTATED"], [["a", "b", "-"]])).toBe("NAME  CREATED  ROTATED\na     b        -")
   })
 })
