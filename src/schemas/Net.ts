@@ -43,10 +43,7 @@ const CH_DOT = 46
 /** The longest IPv6 text form (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`). */
 const MAX_IPV6_TEXT = 45
 
-/**
- * Runs one of ipaddr.js's parsers, which throw on input they refuse; every caller has checked the
- * input with the library's own predicate first, so a throw here means "not an address".
- */
+/** Runs one of ipaddr.js's parsers, which throw on input they refuse: a throw means "not an address". */
 const attempt = <A>(f: () => A): A | undefined => {
   try {
     return f()
