@@ -68,9 +68,12 @@ export const parseIpv4 = (s: string): Uint8Array | undefined => {
   return addr === undefined ? undefined : toBytes(addr)
 }
 
-/** {@link parseIpv4} as the library's address (`isIPv4` first: a name costs no thrown error). */
+/**
+ * {@link parseIpv4} as the library's address (`isIPv4` first: a name costs no thrown error). Every
+ * call is inside `attempt`: `isIPv4` itself throws on a part such as `09` (not octal).
+ */
 const ipv4Address = (s: string): ipaddr.IPv4 | undefined =>
-  ipaddr.IPv4.isIPv4(s) && ipaddr.IPv4.isValidFourPartDecimal(s) ? attempt(() => ipaddr.IPv4.parse(s)) : undefined
+  attempt(() => ipaddr.IPv4.isIPv4(s) && ipaddr.IPv4.isValidFourPartDecimal(s) ? ipaddr.IPv4.parse(s) : undefined)
 
 /**
  * Parses an IPv6 literal (RFC 4291 text form, without brackets): hex groups, one optional `::`,

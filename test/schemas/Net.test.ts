@@ -584,3 +584,24 @@ describe("classifyHost's kept answers", () => {
     }
   })
 })
+
+// ipaddr.js's own predicate `IPv4.isIPv4` throws on a part such as `09` or `08` (a leading zero
+// that is not octal); every such input is refused, never thrown: a header (X-Forwarded-For), a
+// configuration value and a DNS answer reach these functions.
+describe("inputs on which the library throws", () => {
+  it.each(["09.1.2.3", "1.2.3.09", "08.0.0.1", "::ffff:1.2.3.08", "::09.1.2.3", "[::ffff:09.1.2.3]"])(
+    "%s is refused",
+    (s) => {
+      expect(parseIpv4(s)).toBeUndefined()
+      expect(parseIpv6(s)).toBeUndefined()
+      expect(parseCidr(s)).toBeUndefined()
+      expect(classifyHost(s).kind).toBe("invalid")
+      expect(isLoopbackHost(s)).toBe(false)
+    }
+  )
+
+  it("a block with such a part is refused", () => {
+    expect(parseCidr("10.0.0.09/8")).toBeUndefined()
+    expect(parseCidr("::ffff:10.0.0.08/104")).toBeUndefined()
+  })
+})
