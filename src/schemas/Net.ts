@@ -254,7 +254,20 @@ export const parseCidrs = (list: ReadonlyArray<string>): ReadonlyArray<Cidr> =>
  */
 export const cidrContains = (cidr: Cidr, bytes: Uint8Array): boolean =>
   bytes.length === cidr.bytes.length && (bytes.length === 4 || bytes.length === 16) &&
-  inRange(toAddress(bytes), toRange(cidr))
+  inRange(toAddress(bytes), rangeOf(cidr))
+
+/**
+ * A block's range as the library matches it, built once per block: the operator's allow-list is
+ * checked on every attempt to a non-public address.
+ */
+const rangeOf = (cidr: Cidr): Range => {
+  const known = ranges.get(cidr)
+  if (known !== undefined) return known
+  const range = toRange(cidr)
+  ranges.set(cidr, range)
+  return range
+}
+const ranges = new WeakMap<Cidr, Range>()
 
 /** The blocks of SPEC §4.6, written as CIDR text; only called on the constant tables below. */
 const block = (text: string): Cidr => {
