@@ -115,6 +115,15 @@ describe("self-exclusion of wh records", () => {
     expect(run(idx, event(OWNER, "app.bsky.feed.like", "3kabc", { record: like }))).toEqual(["3kabc:backlink"])
   })
 
+  it("a wh record of another repo with the webhook's rkey is not its own record", () => {
+    // rkeys are chosen by each owner's client (TIDs): two repos' wh records may share one
+    const watcher = webhook(OWNER, "3kabc", `at://${ALICE}/place.wisp.v2.wh`)
+    expect(run(indexOf(watcher), event(ALICE, "place.wisp.v2.wh", "3kabc"))).toEqual(["3kabc:direct"])
+    const bl = webhook(OWNER, "3kabc", `at://${BOB}`, { backlinks: true })
+    const record = { $type: "place.wisp.v2.wh", scope: { aturi: `at://${BOB}`, backlinks: true } }
+    expect(run(indexOf(bl), event(ALICE, "place.wisp.v2.wh", "3kabc", { record }))).toEqual(["3kabc:backlink"])
+  })
+
   it("self-exclusion also applies to backlink matches (a wh record references its own scope)", () => {
     const self = webhook(OWNER, "self", `at://${ALICE}`, { backlinks: true })
     const other = webhook(plc(2), "other", `at://${ALICE}`, { backlinks: true })
@@ -164,6 +173,14 @@ describe("backlink matching", () => {
     expect(run(idx, event(BOB, "app.bsky.feed.post", "p2", { record: prose }))).toEqual([])
     const dids = { did: ALICE, author: { did: ALICE }, subject: ALICE }
     expect(run(idx, event(BOB, "app.bsky.graph.follow", "f1", { record: dids }))).toEqual([])
+  })
+
+  it("a malformed event matches nothing by reference either (SPEC §2.2 step 1)", () => {
+    const only = indexOf(didScope)
+    const refs = [scope(`at://${ALICE}`)]
+    expect(run(only, event(BOB, "x.y.z", "k"), refs)).toEqual(["didScope:backlink"])
+    expect(run(only, { ...event(BOB, "x.y.z", "k"), rev: "not-a-tid" }, refs)).toEqual([])
+    expect(run(only, event(BOB, "x.y.z", ".."), refs)).toEqual([])
   })
 
   it("backlinks=false never backlink-matches", () => {
@@ -306,6 +323,18 @@ describe("candidate selection looks only at scopes that can match (SPEC §2.5)",
     expect(run(i2, event(ALICE, "app.bsky.graph.follow", "f1"))).toEqual([])
     expect(tested.n).toBeLessThanOrEqual(1)
     expect(run(i2, event(ALICE, "app.bsky.feed.like", "l1"))).toHaveLength(500)
+  })
+
+  it("a glob scope removed or replaced leaves the DID's lookup: its pattern is no longer tested", () => {
+    const g1 = counted(webhook(OWNER, "g1", `at://${ALICE}/app.bsky.feed.*`))
+    const g2 = counted(webhook(OWNER, "g2", `at://${ALICE}/app.bsky.graph.*/k1`))
+    const i2 = indexOf(g1, g2, webhook(OWNER, "keep", `at://${ALICE}`))
+    i2.remove(g1.key)
+    i2.upsert(webhook(OWNER, "g2", `at://${ALICE}`))
+    tested.n = 0
+    expect(run(i2, event(ALICE, "app.bsky.feed.post", "k1"))).toEqual(["g2:direct", "keep:direct"])
+    expect(run(i2, event(ALICE, "app.bsky.graph.follow", "k1"))).toEqual(["g2:direct", "keep:direct"])
+    expect(tested.n).toBe(0)
   })
 
   it("a webhook replaced or removed leaves its old scope's lookup", () => {

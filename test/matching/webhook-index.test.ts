@@ -176,6 +176,19 @@ describe("WebhookIndex", () => {
     expect(idx.size).toBe(1)
   })
 
+  it("replaceOwner given two registrations of one key keeps the last, and holds only its DIDs", () => {
+    const idx = new WebhookIndex()
+    const first = webhook(O1, "a", `at://${S}`, { backlinks: true })
+    const last = webhook(O1, "a", `at://${T}`)
+    expect(idx.replaceOwner(O1, [first, last])).toBe(true)
+    expect(idx.size).toBe(1)
+    expect(idx.get(first.key)).toBe(last)
+    expect(new Set(idx.wantedDids())).toEqual(new Set([O1, T]))
+    expect(idx.backlinkDids().size).toBe(0)
+    expect(idx.replaceOwner(O1, [])).toBe(true)
+    expect(idx.wantedDids().size).toBe(0)
+  })
+
   it("projectUpsert reports the counts after a hypothetical upsert without mutating", () => {
     const idx = new WebhookIndex()
     idx.upsert(webhook(O1, "a", `at://${S}`, { backlinks: true }))
