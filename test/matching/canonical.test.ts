@@ -109,6 +109,19 @@ describe("canonicalJson", () => {
     expect(ok({ a: shared, b: shared })).toBe("{\"a\":{\"s\":1},\"b\":{\"s\":1}}")
   })
 
+  it("payload_invalid: an array subclass is not a plain array", () => {
+    class List extends Array<unknown> {}
+    expect(left(List.of(1, 2))).toBe("payload_invalid")
+    expect(left({ v: List.of("a") })).toBe("payload_invalid")
+  })
+
+  it("payload_too_large: an array with more slots than the body has bytes is refused before its slots are read", () => {
+    const sparse: Array<unknown> = []
+    sparse.length = CanonicalLimits.maxBodyBytes + 1
+    expect(left(sparse)).toBe("payload_too_large")
+    expect(left({ v: sparse })).toBe("payload_too_large")
+  })
+
   it("a shared (acyclic) array is fine: only a container inside itself is a cycle", () => {
     const shared = [1, 2]
     expect(ok({ a: shared, b: shared, c: [shared, shared] })).toBe("{\"a\":[1,2],\"b\":[1,2],\"c\":[[1,2],[1,2]]}")

@@ -28,7 +28,13 @@ describe("originKey", () => {
 
   it("a string the URL parser refuses falls back to the written scheme://authority, lowercased", () => {
     expect(originKey("https://exa mple.com/x")).toBe("https://exa mple.com")
+    expect(originKey("HTTPS://Exa mple.COM/x")).toBe("https://exa mple.com")
     expect(originKey("not a url")).toBe("")
+  })
+
+  it("a URL without a host (never a validated webhook URL) gets the SQL rule's key too", () => {
+    expect(originKey("mailto:someone@h.example")).toBe("")
+    expect(originKey("file:///etc/hosts")).toBe("file://")
   })
 
   it("answers the same the second time (memoised)", () => {

@@ -192,6 +192,12 @@ describe("extractReferences: untrusted input", () => {
     expect(r).toEqual({ refs: [], tooComplex: false })
   })
 
+  it("does not walk array subclasses (only plain arrays)", () => {
+    class List extends Array<unknown> {}
+    const r = extractReferences({ list: List.of(`at://${A}`), plain: [`at://${B}`] })
+    expect(uris(r)).toEqual([`at://${B}`])
+  })
+
   it("skips cycles", () => {
     const a: Record<string, unknown> = { uri: `at://${A}` }
     const b: Record<string, unknown> = { parent: a, uri: `at://${B}` }
