@@ -237,6 +237,16 @@ describe("PriorRefIndex: when it asks the table, and what it does with the answe
     expect(x.expiryStep(HOUR + 10)).toEqual({ _tag: "check", keys: [uri(1), uri(2), uri(0)] })
   })
 
+  it("keys a commit of unknown outcome may have written past the bound make the index incomplete", () => {
+    const x = new PriorRefIndex(2, HOUR)
+    x.reload([], 0)
+    x.mayHaveWritten([uri(0), uri(1)], 0)
+    expect(x.complete).toBe(true)
+    x.mayHaveWritten([uri(2)], 0)
+    expect(x.complete).toBe(false)
+    expect(x.keys.size).toBe(3)
+  })
+
   it("an incomplete index (over its bound at load) loads the keys again at each check", () => {
     const x = new PriorRefIndex(2, HOUR)
     x.reload(stored(3, () => HOUR), 0)
@@ -294,6 +304,13 @@ describe("boundRefs: a stored row's bounds (SPEC §2.4: ≤ 100 refs, ≤ 32 KiB
   it("keeps at most maxRefs references, in order", () => {
     const r = boundRefs(uris, defaultPriorRefLimits)
     expect(r.refs).toEqual(uris.slice(0, defaultPriorRefLimits.maxRefs))
+  })
+
+  it("keeps a reference that fits exactly (the count: brackets, then per reference its quotes and a comma)", () => {
+    const one = uris[0] ?? ""
+    const exact = 2 + Buffer.byteLength(one) + 3
+    expect(boundRefs([one], { ...defaultPriorRefLimits, maxBytes: exact })).toEqual({ refs: [one], bytes: exact })
+    expect(boundRefs([one], { ...defaultPriorRefLimits, maxBytes: exact - 1 })).toEqual({ refs: [], bytes: 2 })
   })
 
   it("never counts more bytes than maxBytes, and the stored JSON fits them", () => {

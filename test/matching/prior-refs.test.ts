@@ -97,6 +97,18 @@ const scenarios = (name: string, stack: () => Layer.Layer<Processor | PriorRefsS
         expect((yield* (yield* Processor).stats).priorRefKeys).toBe(1)
       }).pipe(Effect.provide(stack())))
 
+    it.effect("a stored key removed, then written at a rev older than the stored row's: the write lands, as one event a batch", () =>
+      Effect.gen(function*() {
+        yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
+        yield* run([ev(ALICE, POST, "r7", { rev: rev(60), record: { r: bobPost } })])
+        // the delete removes the row; the (older) create then finds none and is stored
+        yield* run([
+          ev(ALICE, POST, "r7", { rev: rev(61), operation: "delete" }),
+          ev(ALICE, POST, "r7", { rev: rev(59), record: { r: bobPost2 } })
+        ])
+        expect(yield* stored(uriOf(POST, "r7"))).toMatchObject({ rev: rev(59), refs: [bobPost2], live: true })
+      }).pipe(Effect.provide(stack())))
+
     it.effect("a replayed older update or delete never matches on the references of a newer stored version", () =>
       Effect.gen(function*() {
         yield* run([whEv(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])

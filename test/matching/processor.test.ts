@@ -371,6 +371,32 @@ describe("admission (SPEC §2.6)", () => {
       expect(JSON.stringify(q, (_, v) => (typeof v === "bigint" ? v.toString() : v))).not.toContain("receiver.example")
     }).pipe(Effect.provide(memoryStack())))
 
+  it.effect("a delete in a later commit of the batch frees no room for an earlier create", () =>
+    Effect.gen(function*() {
+      yield* run([whEv(ALICE, "y", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
+      // two commits (two revs): the create comes first, while the owner is at its limit
+      const r = yield* run([
+        whEv(ALICE, "x", whRecordValue(`at://${BOB}`), { rev: rev(2) }),
+        whEv(ALICE, "y", undefined, { operation: "delete", rev: rev(3) })
+      ])
+      expect(r.outcomes[0]).toMatchObject({ registry: { _tag: "rejected", limit: "owner" } })
+      expect(r.outcomes[1]).toMatchObject({ registry: { _tag: "deleted" } })
+      expect((yield* Registry).index.byOwner(ALICE)).toEqual([])
+    }).pipe(Effect.provide(memoryStack({ env: { REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "1" } }))))
+
+  it.effect("a record over a limit is still an event: a webhook watching wh records gets it", () =>
+    Effect.gen(function*() {
+      yield* register(BOB, "watcher", whRecordValue(`at://${ALICE}/${WH}`))
+      yield* register(ALICE, "w1", whRecordValue(`at://${CAROL}`), 2)
+      const r = yield* register(ALICE, "w2", whRecordValue(`at://${CAROL}`), 3)
+      expect(r.outcomes[0]).toMatchObject({
+        _tag: "quarantined",
+        reason: "invalid_subscription",
+        registry: { _tag: "rejected", limit: "owner" }
+      })
+      expect((yield* deliveriesTo(BOB, "watcher")).map((x) => x.eventRkey).sort()).toEqual(["w1", "w2"])
+    }).pipe(Effect.provide(memoryStack({ env: { REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "1" } }))))
+
   it.effect("a rejected update revokes the previous registration", () =>
     Effect.gen(function*() {
       yield* run([whEv(ALICE, "w1", whRecordValue(`at://${ALICE}`), { rev: rev(1) })])
