@@ -180,6 +180,16 @@ describe("backlinks and prior references", () => {
     }).pipe(Effect.provide(memoryStack({ calls })))
   })
 
+  it.effect("a create never matches on stored references: they belong to a version whose delete was missed (SPEC §2.2 step 5)", () =>
+    Effect.gen(function*() {
+      yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
+      yield* run([ev(ALICE, POST, "c1", { rev: rev(10), record: { text: "x", r: bobPost } })])
+      // the record's delete never arrived (a gap); its rkey is created again, without the reference
+      const r = yield* run([ev(ALICE, POST, "c1", { rev: rev(12), record: { text: "new" } })])
+      expect(r.outcomes.map((o) => o._tag)).toEqual(["no_match"])
+      expect((yield* deliveriesTo(BOB, "bl")).map((x) => x.eventOperation)).toEqual(["create"])
+    }).pipe(Effect.provide(memoryStack())))
+
   it.effect("a referencing record created and deleted in the same batch matches both times", () =>
     Effect.gen(function*() {
       yield* register(BOB, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }))
