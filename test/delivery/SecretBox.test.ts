@@ -91,6 +91,15 @@ describe("keys", () => {
     for (const s of bad) expect(parseKey(s)).toEqual(Either.left("invalid_key"))
   })
 
+  it("parseKey ignores whitespace around a hex key too", () => {
+    const raw = Buffer.from(randomBytes(32))
+    for (const form of [` ${raw.toString("hex")}\n`, `\t${raw.toString("hex").toUpperCase()}  `]) {
+      const parsed = parseKey(form)
+      expect(Either.isRight(parsed), JSON.stringify(form)).toBe(true)
+      if (Either.isRight(parsed)) expect(Buffer.from(parsed.right)).toEqual(raw)
+    }
+  })
+
   it("parseKeyList reads a comma-separated list and fails on any bad item", () => {
     const a = Buffer.from(keyA).toString("base64")
     const b = Buffer.from(keyB).toString("hex")
@@ -171,6 +180,19 @@ describe("seal / open", () => {
     const decryptOnly = ring(undefined, [keyA])
     expect(open(decryptOnly, env)).toEqual(Either.right(SECRET))
     expectGeneric(seal(decryptOnly, SECRET, nonce))
+  })
+
+  it("the keyring keeps its own copies of the keys: wiping the caller's buffers afterwards breaks nothing", () => {
+    const current = Uint8Array.from(keyA)
+    const previous = Uint8Array.from(keyB)
+    const k = ring(current, [previous])
+    const underA = sealed(k, SECRET)
+    const underB = sealed(ring(keyB), SECRET)
+    current.fill(0)
+    previous.fill(0)
+    expect(open(k, underA)).toEqual(Either.right(SECRET))
+    expect(open(k, underB)).toEqual(Either.right(SECRET))
+    expect(sealed(k, SECRET)).toBe(underA)
   })
 
   it("an unknown keyId is the generic error (key dropped from the ring)", () => {

@@ -61,6 +61,17 @@ describe("standardWebhooksKey", () => {
     expect(Buffer.from(standardWebhooksKey("whsec_not base64!"))).toEqual(Buffer.from("whsec_not base64!", "utf8"))
     expect(Buffer.from(standardWebhooksKey("whsec_"))).toEqual(Buffer.from("whsec_", "utf8"))
   })
+
+  it("falls back to the UTF-8 bytes of the whole secret when the remainder uses the base64url alphabet", () => {
+    // the standardwebhooks library cannot decode these either: a receiver verifies with the raw key
+    for (const secret of ["whsec_ab-_", "whsec_AQ-_AQ=="]) {
+      expect(Buffer.from(standardWebhooksKey(secret)), secret).toEqual(Buffer.from(secret, "utf8"))
+      const headers = signatureHeaders({ secret, deliveryId: "d-8", timestampSeconds: nowSeconds(), body })
+      expect(new Webhook(new TextEncoder().encode(secret), { format: "raw" }).verify(body, headers)).toEqual(
+        JSON.parse(body)
+      )
+    }
+  })
 })
 
 describe("standardWebhooksSignature", () => {
