@@ -5,10 +5,11 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Cause, Deferred, Effect, Either, Exit, Fiber, Layer, TestClock } from "effect"
+import { Cause, Deferred, Effect, Either, Exit, Fiber, Layer, Option, Redacted, TestClock } from "effect"
 import { randomBytes } from "node:crypto"
 import * as SecretBox from "../../src/services/delivery/SecretBox.js"
 import {
+  keyringFromConfig,
   make as makeSecrets,
   makeMemoryStore,
   Secrets,
@@ -386,6 +387,81 @@ describe("Secrets in memory", () => {
       expect(yield* Fiber.join(inFlight)).toBe(first) // it started before the rotation
       // the old token stops working at once: the next resolve is the rotated one
       expect(yield* secrets.resolve(ALICE, "race")).toBe(second)
+    }))
+
+  it.effect("without options a resolved token is kept for the documented 10 s, not longer", () =>
+    Effect.gen(function*() {
+      const kr = keyring(newKey())
+      const store = yield* makeMemoryStore
+      const secrets = yield* makeSecrets(store, kr)
+      const old = yield* secrets.create(ALICE, "default")
+      expect(yield* secrets.resolve(ALICE, "default")).toBe(old) // now cached
+      const other = "D".repeat(40)
+      yield* store.update(ALICE, "default", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
+      yield* TestClock.adjust("9999 millis")
+      expect(yield* secrets.resolve(ALICE, "default")).toBe(old)
+      yield* TestClock.adjust("1 millis")
+      expect(yield* secrets.resolve(ALICE, "default")).toBe(other)
+    }))
+
+  it.effect("a capacity or a TTL of 0 turns the cache off: another process's rotation is seen at once", () =>
+    Effect.gen(function*() {
+      const kr = keyring(newKey())
+      for (const options of [{ cacheCapacity: 0 }, { cacheTtl: 0 }]) {
+        const store = yield* makeMemoryStore
+        const secrets = yield* makeSecrets(store, kr, { cacheTtl: "10 seconds", ...options })
+        const old = yield* secrets.create(ALICE, "off")
+        expect(yield* secrets.resolve(ALICE, "off")).toBe(old)
+        const other = "F".repeat(40)
+        yield* store.update(ALICE, "off", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
+        expect(yield* secrets.resolve(ALICE, "off"), JSON.stringify(options)).toBe(other)
+      }
+    }))
+
+  it.effect("a rotate that finds the secret deleted by another process drops the cached token at once", () =>
+    Effect.gen(function*() {
+      const store = yield* makeMemoryStore
+      const secrets = yield* makeSecrets(store, keyring(newKey()), { cacheTtl: "10 seconds" })
+      yield* secrets.create(ALICE, "gone")
+      yield* secrets.resolve(ALICE, "gone") // now cached
+      yield* store.delete(ALICE, "gone") // the CLI
+      expect(reasonOf(yield* Effect.exit(secrets.rotate(ALICE, "gone")))).toBe("not_found")
+      expect(yield* Effect.exit(secrets.resolve(ALICE, "gone"))).toStrictEqual(
+        Exit.fail(new SecretBox.SecretUnavailable())
+      )
+    }))
+
+  it.effect("owners whose DID and secret name run together alike never share a token (did:web:a.b + cd, did:web:a.bc + d)", () =>
+    Effect.gen(function*() {
+      const store = yield* makeMemoryStore
+      const secrets = yield* makeSecrets(store, keyring(newKey()), { cacheTtl: "10 seconds" })
+      const first = yield* secrets.create("did:web:a.b", "cd")
+      expect(yield* secrets.resolve("did:web:a.b", "cd")).toBe(first) // now cached
+      expect(yield* Effect.exit(secrets.resolve("did:web:a.bc", "d"))).toStrictEqual(
+        Exit.fail(new SecretBox.SecretUnavailable())
+      )
+      const second = yield* secrets.create("did:web:a.bc", "d")
+      expect(yield* secrets.resolve("did:web:a.bc", "d")).toBe(second)
+      expect(yield* secrets.resolve("did:web:a.b", "cd")).toBe(first)
+      expect(second).not.toBe(first)
+    }))
+
+  it.effect("keyringFromConfig: a bad current or previous key is invalid_key, never silently dropped", () =>
+    Effect.sync(() => {
+      const good = newKey()
+      const config = (current: string | undefined, previous: string | undefined) => ({
+        secrets: {
+          encryptionKey: current === undefined ? Option.none() : Option.some(Redacted.make(current)),
+          previousKeys: previous === undefined ? Option.none() : Option.some(Redacted.make(previous))
+        }
+      })
+      const reason = (r: Either.Either<SecretBox.Keyring, SecretsError>) => Either.isLeft(r) ? r.left.reason : "ok"
+      expect(reason(keyringFromConfig(config(good, `${newKey()},${newKey()}`)))).toBe("ok")
+      expect(reason(keyringFromConfig(config(good, `${newKey()},not-a-key`)))).toBe("invalid_key")
+      expect(reason(keyringFromConfig(config("not-a-key", newKey())))).toBe("invalid_key")
+      expect(reason(keyringFromConfig(config(undefined, Array.from({ length: 9 }, newKey).join(","))))).toBe(
+        "invalid_key"
+      )
     }))
 
   it.effect("SecretsError messages are value-free and name the reason", () =>
