@@ -335,4 +335,23 @@ describe("judge (the classification step of SPEC §4.2, as a pure decision)", ()
     expect(judge(answer(299), plain, 0, 10)).toMatchObject({ _tag: "Deliver", httpStatus: 299 })
     expect(judge(answer(300), plain, 0, 10)).toMatchObject({ _tag: "Fail", kind: "redirect" })
   })
+
+  it("a custom isSuccess that throws accepts nothing: the answer is classified by its status", () => {
+    const throwing: OutgoingRequest = {
+      ...onlyNoContent,
+      isSuccess: () => {
+        throw new Error("the custom rule broke")
+      }
+    }
+    expect(judge(answer(200), throwing, 0, 10)).toMatchObject({ _tag: "Fail", kind: "http_4xx", httpStatus: 200 })
+    expect(judge(answer(503), throwing, 0, 10)).toMatchObject({ _tag: "Fail", kind: "http_5xx", httpStatus: 503 })
+  })
+
+  it("a 429 honours Retry-After as a 5xx does; a permanent failure ignores it", () => {
+    const plain: OutgoingRequest = { url: "https://receiver.example/hook", method: "POST", headers: {}, body: "{}" }
+    const later = { "retry-after": "7" }
+    expect(judge(answer(429, later), plain, 0, 10)).toMatchObject({ kind: "http_429", retryAfterMs: 7_000 })
+    expect(judge(answer(503, later), plain, 0, 10)).toMatchObject({ kind: "http_5xx", retryAfterMs: 7_000 })
+    expect(judge(answer(404, later), plain, 0, 10)).toMatchObject({ kind: "http_4xx", retryAfterMs: undefined })
+  })
 })

@@ -242,6 +242,14 @@ describe("prepare (the secret and transform step of SPEC §4.2, as a pure decisi
     expect(settled.request.headers["webhook-timestamp"]).toBe("1700000000")
     expect(settled.request.headers["X-Webhook-Signature"]).toMatch(/^sha256=[0-9a-f]{64}$/)
   })
+
+  it("signs for the attempt's start however long the secret took; webhook-id and Idempotency-Key are the delivery id", () => {
+    const settled = prepare(row, row.body ?? "", sub, SECRET, transformFor, startedAtMs, startedAtMs + 2_500)
+    if (settled._tag !== "Send") throw new Error(`expected Send, got ${settled._tag}`)
+    expect(settled.request.headers["webhook-timestamp"]).toBe("1700000000")
+    expect(settled.request.headers["webhook-id"]).toBe(row.deliveryId)
+    expect(settled.request.headers["Idempotency-Key"]).toBe(row.deliveryId)
+  })
 })
 
 describe("admit (the circuit breaker step of SPEC §4.3, as a pure decision)", () => {
