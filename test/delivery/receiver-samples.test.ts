@@ -22,6 +22,7 @@ import * as Path from "node:path"
 import * as Vm from "node:vm"
 import ts from "typescript"
 import { vi } from "vitest"
+import { signatureHeaders } from "../../src/services/delivery/Signer.js"
 import { ev, plc, rev, sqlStack, WH, whEv, whRecordValue } from "../support/stack.js"
 import { eventually, type Received, receiver, run, startWorker, whsec } from "./worker-support.js"
 
@@ -131,6 +132,21 @@ const SECRETS: Record<string, string> = {
   urlsafe: "whsec_ab-cd_ef-gh_ij-kl_mn-op_qr-st_uv-wx_yz-01_23",
   unicode: "pässwörd ünïcode"
 }
+
+describe("docs/receivers.md's shell sample signs the exact bytes of body.json", () => {
+  // Bodies firehook sends never end in a newline, but a receiver may hand the sample any bytes;
+  // a sample reading the body through "$(cat body.json)" would drop trailing newlines.
+  it("a body ending in newlines verifies, with both key forms", () => {
+    for (const secret of [whsec(7), "a-long-random-secret"]) {
+      const body = "{\"text\":\"trailing\"}\n\n"
+      const h = signatureHeaders({ secret, deliveryId: "dlv_sample", timestampSeconds: 1_767_225_600, body })
+      const headers = { "webhook-id": h["webhook-id"]!, "webhook-timestamp": h["webhook-timestamp"]! }
+      const [wisp, standard] = shell(secret, Buffer.from(body, "utf8"), headers)
+      expect(wisp).toBe(h["X-Webhook-Signature"])
+      expect(`v1,${standard}`).toBe(h["webhook-signature"])
+    }
+  })
+})
 
 describe("docs/receivers.md verification samples, run against real signed deliveries", () => {
   it.scopedLive("accept genuine requests, reject forged ones", () =>
