@@ -807,6 +807,8 @@ describe("Config", () => {
     [{ REDIS_URL: `redis://:${SECRET}@127.0.0.1:6379/70000` }, "REDIS_URL", "database number must be in 0..65535"],
     [{ REDIS_URL: `redis://:${SECRET}@127.0.0.1:6379/?db=2` }, "REDIS_URL", "must not have a query or a fragment"],
     [{ REDIS_URL: `redis://:${SECRET}%zz@127.0.0.1:6379` }, "REDIS_URL", "percent-encoded"],
+    // one length bound (RedisUrl's), told as such, not as "must be a redis:// URL"
+    [{ REDIS_URL: `redis://:${SECRET}@${"h".repeat(2030)}` }, "REDIS_URL", "must be 1..2048 characters"],
     [{ WEBHOOK_EVENTS_CHANNEL: "has space" }, "WEBHOOK_EVENTS_CHANNEL", "printable"],
     [{ MAINTENANCE_INTERVAL_MS: "999" }, "MAINTENANCE_INTERVAL_MS", "1000..86400000"],
     [{ PLC_DIRECTORY_URL: "http://plc.example" }, "PLC_DIRECTORY_URL", "https://"],

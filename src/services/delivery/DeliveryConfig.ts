@@ -18,7 +18,7 @@ import {
   readStringVar,
   urlText
 } from "../platform/ConfigRead.js"
-import { parseRedisUrl } from "./RedisUrl.js"
+import { MAX_URL_LENGTH, parseRedisUrl } from "./RedisUrl.js"
 import * as SecretBox from "./SecretBox.js"
 
 /** At most this many `DELIVERY_ALLOW_CIDRS` entries. */
@@ -112,9 +112,10 @@ const SCHEME_RULE = "must be a redis:// or rediss:// URL"
 const loadRedis: Effect.Effect<FirehookConfigShape["redis"], ConfigInvalid> = Effect.gen(function*() {
   const url = yield* readRedactedAll(redis.url.env, [
     urlText,
-    { test: (s) => s.length <= 2048 && URL.canParse(s), text: SCHEME_RULE }
+    { test: (s) => s.length > MAX_URL_LENGTH || URL.canParse(s), text: SCHEME_RULE }
   ])
-  // a redis:// URL that breaks one of its rules is told which (the rules never contain the value)
+  // a redis:// URL that breaks one of its rules (its length included) is told which (the rules
+  // never contain the value)
   const broken = Option.flatMap(url, (u) => Either.getLeft(parseRedisUrl(Redacted.value(u))))
   if (Option.isSome(broken)) {
     const rule = broken.value.rule === "must be a URL" ? SCHEME_RULE : broken.value.rule

@@ -22,7 +22,8 @@ export class RedisUrlInvalid extends Data.TaggedError("RedisUrlInvalid")<{ reado
   }
 }
 
-const MAX_URL_LENGTH = 4096
+/** The longest `REDIS_URL` accepted, as for the other URL variables (the configuration reads it here). */
+export const MAX_URL_LENGTH = 2048
 /** Redis' own upper bound for `databases` is far lower; this only rejects nonsense. */
 const MAX_DB = 65_535
 const DB_PATH = /^(\/(0|[1-9]\d{0,4})?)?$/
