@@ -9,6 +9,7 @@ import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryMod from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
@@ -140,6 +141,26 @@ describe("Registry.swapOwner", () => {
         ])
       )
     ))
+
+  it.effect("an owner's paused (inactive) rows take none of its ownerActiveMax candidates", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey)).toEqual(["on"])
+      // the swap of a reconciled owner takes its first active rows: the paused one, stored first, is none
+      yield* registry.swapOwner(ALICE)
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey)).toEqual(["on"])
+      expect((yield* registry.stats).rejected.owner).toBe(0)
+    }).pipe(
+      Effect.provide(
+        seeded(
+          [
+            row(ALICE, "off", whRecordValue(`at://${BOB}`, { enabled: false }), false),
+            row(ALICE, "on", whRecordValue(`at://${BOB}`))
+          ],
+          { REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "1" }
+        )
+      )
+    ))
 })
 
 describe("gone (410): RegistryStore.markGone; a gone registration stays in matching (SPEC §4.3)", () => {
@@ -254,4 +275,55 @@ describe("the owner's snapshot rev fences live writes (SPEC §3.4), memory store
       expect((yield* registry.applyWhEvent(whEv(BOB, "old", whRecordValue(`at://${ALICE}`), { rev: rev(1) })))._tag)
         .toBe("active")
     }).pipe(Effect.provide(fenced())))
+})
+
+describe("Registry.transactional: a failed unit undoes its index changes, latest first", () => {
+  // the server's answer to a statement: rolled back for sure (no reload of the owners follows)
+  const rolledBack = new StoreError({ op: "transaction", code: "23505" })
+  const v1 = whRecordValue(`at://${BOB}`)
+  const v2 = whRecordValue(`at://${BOB}/app.bsky.feed.post`)
+
+  it.effect("a key written twice in the failed unit is left as it was before the unit", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const before = registry.index.get(`${ALICE}/a`)
+      if (before === undefined) return expect.unreachable("a loaded")
+      const failed = yield* Effect.either(registry.transactional(Effect.gen(function*() {
+        // an update of a loaded key, then its delete; a new key, then its update
+        expect((yield* registry.applyWhEvent(whEv(ALICE, "a", v2, { rev: rev(2) })))._tag).toBe("active")
+        expect((yield* registry.applyWhEvent(whEv(ALICE, "a", undefined, { operation: "delete", rev: rev(3) })))._tag)
+          .toBe("deleted")
+        expect((yield* registry.applyWhEvent(whEv(ALICE, "n", v1, { rev: rev(2) })))._tag).toBe("active")
+        expect((yield* registry.applyWhEvent(whEv(ALICE, "n", v2, { rev: rev(3) })))._tag).toBe("active")
+        return yield* Effect.fail(rolledBack)
+      })))
+      expect(Either.isLeft(failed)).toBe(true)
+      expect(registry.index.get(`${ALICE}/a`)).toEqual(before)
+      expect(registry.index.get(`${ALICE}/n`)).toBeUndefined()
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey)).toEqual(["a"])
+    }).pipe(Effect.provide(seeded([row(ALICE, "a", v1)]))))
+})
+
+describe("the stored row of a live write (SPEC §1: enabled defaults to true)", () => {
+  it.effect("a record without `enabled` is stored enabled and active; `enabled: false` disabled and inactive", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const store = yield* RegistryStore.RegistryStore
+      expect((yield* registry.applyWhEvent(whEv(ALICE, "plain", whRecordValue(`at://${BOB}`), { rev: rev(2) })))._tag)
+        .toBe("active")
+      expect((yield* store.get(ALICE, "plain")).row).toMatchObject({ enabled: true, active: true })
+      const paused = whRecordValue(`at://${BOB}`, { enabled: false })
+      expect((yield* registry.applyWhEvent(whEv(ALICE, "paused", paused, { rev: rev(2) })))._tag).toBe("disabled")
+      expect((yield* store.get(ALICE, "paused")).row).toMatchObject({ enabled: false, active: false })
+    }).pipe(Effect.provide(seeded([]))))
+
+  it.effect("pausing an active webhook (enabled: false) unregisters it at once", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey)).toEqual(["a"])
+      const paused = whRecordValue(`at://${BOB}`, { enabled: false })
+      expect((yield* registry.applyWhEvent(whEv(ALICE, "a", paused, { rev: rev(2) })))._tag).toBe("disabled")
+      expect(registry.index.byOwner(ALICE)).toEqual([])
+      expect([...registry.index.candidatesByScopeDid(BOB)]).toEqual([])
+    }).pipe(Effect.provide(seeded([row(ALICE, "a", whRecordValue(`at://${BOB}`))]))))
 })

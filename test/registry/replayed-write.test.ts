@@ -133,6 +133,22 @@ describe("a replayed event already committed by another process: the index follo
       expect(rows.map((r) => [r.rkey, r.active])).toEqual([["a", true], ["b", true]])
     }).pipe(Effect.provide(Base)))
 
+  it.effect("admission as for a load: a replayed update over this process's limit unregisters the older version", () =>
+    Effect.gen(function*() {
+      const { batch, other } = yield* setup
+      // Jetstream's wantedDids: ALICE and BOB fill this process's set of 2
+      const self = yield* RegistryMod.make.pipe(
+        Effect.provideService(Config.FirehookConfig, testConfig({ REGISTRY_DIRECT_SCOPE_DIDS_MAX: "2" }))
+      )
+      yield* batch(self, [create("a", 2), create("c", 2)])
+      // the other process moves a's scope to a third DID (its index has room)
+      const moved = whEv(ALICE, "a", whRecordValue(`at://${plc(3)}`), { rev: rev(3), operation: "update" })
+      expect((yield* batch(other, [moved])).map((o) => o._tag)).toEqual(["active"])
+      // replayed here: the stored version would exceed this process's set; the older one must not stay
+      expect((yield* batch(self, [moved])).map((o) => o._tag)).toEqual(["stale"])
+      expect(indexed(self)).toEqual([`c@${rev(2)}:https://receiver.example/hook`])
+    }).pipe(Effect.provide(Base)))
+
   it.effect("a batch that fails after settling undoes the index change (memory never runs ahead of the database)", () =>
     Effect.gen(function*() {
       const { other, self } = yield* setup
