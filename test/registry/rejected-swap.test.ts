@@ -88,6 +88,22 @@ describe("the swap's refusals (limit_owner)", () => {
           expect(yield* requested).toEqual([])
         }))
 
+      it.effect("a swap's refusal is recorded only while the refused row is the key's stored active version", () =>
+        Effect.gen(function*() {
+          const did = plc(605)
+          yield* reconciledOverLimit(did)
+          // a swap that read an older version of b, or a key stored no more (a live write came between)
+          const store = yield* RegistryStore.RegistryStore
+          yield* store.recordSwap(did, {
+            refused: [
+              { rkey: "b", rev: rev(1), cid: "bafyb", reason: "limit_owner" },
+              { rkey: "gone", rev: SNAP, cid: "bafyg", reason: "limit_owner" }
+            ],
+            admitted: []
+          })
+          expect((yield* listed(did)).map((e) => e.rkey)).toEqual(["c"])
+        }))
+
       it.effect("a failing recordSwap leaves the enclosing transaction usable (its own savepoint)", () =>
         Effect.gen(function*() {
           const sql = yield* SqlClient.SqlClient

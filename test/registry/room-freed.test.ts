@@ -107,6 +107,109 @@ describe("room freed (in memory)", () => {
       )
     )
   })
+
+  it.effect("a replayed write settled from the store requests nothing (the process that committed it did)", () => {
+    const state = RegistryStore.emptyMemoryState()
+    return Effect.gen(function*() {
+      yield* run([whEv(ALICE, "x", hook, { rev: rev(1) }), whEv(ALICE, "y", hook, { rev: rev(2) })])
+      // another process (the previous intake leader) committed the delete of x
+      const store = yield* RegistryStore.RegistryStore
+      yield* store.remove(ALICE, "x", { rev: rev(3), generation: 9 })
+      // its replay here is stale: the index follows the store (x unregistered), nothing is requested
+      yield* run([whEv(ALICE, "x", undefined, { operation: "delete", rev: rev(3) })])
+      expect((yield* Registry).index.byOwner(ALICE)).toEqual([])
+      expect([...state.reconcileRequested]).toEqual([])
+    }).pipe(
+      Effect.provide(
+        memoryStack({
+          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "1" },
+          registryStore: Layer.effect(
+            RegistryStore.RegistryStore,
+            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
+          )
+        })
+      )
+    )
+  })
+
+  it.effect("at most ROOM_REQUESTS_MAX other owners per batch, however many of its writes free room", () => {
+    const state = RegistryStore.emptyMemoryState()
+    return Effect.gen(function*() {
+      const waiting = Array.from({ length: ROOM_REQUESTS_MAX + 4 }, (_, i) => plc(100 + i))
+      yield* run([whEv(ALICE, "a1", hook, { rev: rev(1) }), whEv(ALICE, "a2", hook, { rev: rev(2) })])
+      for (const did of waiting) yield* run([whEv(did, "w", hook, { rev: rev(3) })])
+      expect([...state.rejected.values()].filter((e) => e.reason === "limit_total")).toHaveLength(waiting.length)
+      // one batch frees room twice: the second write finds the batch's quota used up
+      yield* run([
+        whEv(ALICE, "a1", undefined, { operation: "delete", rev: rev(4) }),
+        whEv(ALICE, "a2", undefined, { operation: "delete", rev: rev(5) })
+      ])
+      expect(state.reconcileRequested.size).toBe(ROOM_REQUESTS_MAX)
+      // the next batch that frees room requests the others
+      yield* run([whEv(BOB, "b", hook, { rev: rev(6) })])
+      yield* run([whEv(BOB, "b", undefined, { operation: "delete", rev: rev(7) })])
+      expect([...state.reconcileRequested].sort()).toEqual([...waiting].sort())
+    }).pipe(
+      Effect.provide(
+        memoryStack({
+          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "2" },
+          registryStore: Layer.effect(
+            RegistryStore.RegistryStore,
+            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
+          )
+        })
+      )
+    )
+  })
+
+  it.effect("a write that frees a backlink scope DID requests the owners refused for that limit", () => {
+    const state = RegistryStore.emptyMemoryState()
+    return Effect.gen(function*() {
+      const backlinks = (n: number) => whRecordValue(`at://${plc(n)}`, { backlinks: true })
+      yield* run([whEv(ALICE, "a", backlinks(8), { rev: rev(1) })])
+      yield* run([whEv(BOB, "b", backlinks(9), { rev: rev(2) })])
+      expect([...state.rejected.values()].map((e) => [e.ownerDid, e.reason])).toEqual([[BOB, "limit_backlink_dids"]])
+      expect([...state.reconcileRequested]).toEqual([])
+      yield* run([whEv(ALICE, "a", undefined, { operation: "delete", rev: rev(3) })])
+      expect([...state.reconcileRequested]).toEqual([BOB])
+    }).pipe(
+      Effect.provide(
+        memoryStack({
+          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_BACKLINK_SCOPE_DIDS_MAX: "1" },
+          registryStore: Layer.effect(
+            RegistryStore.RegistryStore,
+            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
+          )
+        })
+      )
+    )
+  })
+
+  it.effect("the in-memory store requests no scanning or failed owner", () => {
+    const state = RegistryStore.emptyMemoryState()
+    return Effect.gen(function*() {
+      const [scanning, failed, idle] = [plc(201), plc(202), plc(203)]
+      yield* run([whEv(ALICE, "a", hook, { rev: rev(1) })])
+      for (const did of [scanning, failed, idle]) yield* run([whEv(did, "w", hook, { rev: rev(2) })])
+      for (const [did, status] of [[scanning, "scanning"], [failed, "failed"]] as const) {
+        const owner = state.owners.get(did)
+        if (owner === undefined) return expect.unreachable("the owner was seen")
+        state.owners.set(did, { ...owner, status })
+      }
+      yield* run([whEv(ALICE, "a", undefined, { operation: "delete", rev: rev(3) })])
+      expect([...state.reconcileRequested]).toEqual([idle])
+    }).pipe(
+      Effect.provide(
+        memoryStack({
+          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "1" },
+          registryStore: Layer.effect(
+            RegistryStore.RegistryStore,
+            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
+          )
+        })
+      )
+    )
+  })
 })
 
 describe("room freed under a global limit (PostgreSQL)", () => {
@@ -137,6 +240,26 @@ describe("room freed under a global limit (PostgreSQL)", () => {
       }).pipe(
         Effect.scoped,
         Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "2" } }))
+      ),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "a scanning or failed owner is not requested (its scan's swap, or the retry scheduler, admits)",
+    () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const [scanning, failed, idle] = [plc(201), plc(202), plc(203)]
+        yield* run([whEv(ALICE, "a", hook, { rev: rev(1) })])
+        for (const did of [scanning, failed, idle]) yield* run([whEv(did, "w", hook, { rev: rev(2) })])
+        expect((yield* refusals).map((r) => r.reason)).toEqual(["limit_total", "limit_total", "limit_total"])
+        yield* sql`UPDATE owners SET reconcile_status = 'scanning' WHERE did = ${scanning}`
+        yield* sql`UPDATE owners SET reconcile_status = 'failed' WHERE did = ${failed}`
+        yield* run([whEv(ALICE, "a", undefined, { operation: "delete", rev: rev(3) })])
+        expect(yield* requested).toEqual([idle])
+      }).pipe(
+        Effect.scoped,
+        Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "1" } }))
       ),
     { timeout: 60_000 }
   )
