@@ -10,7 +10,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Fiber, Layer, Queue, TestClock } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"
 import * as Config from "../../src/services/platform/Config.js"
-import { Tx } from "../../src/services/platform/Persistence.js"
+import { StoreError, Tx } from "../../src/services/platform/Persistence.js"
 import { Registry, toRow } from "../../src/services/registry/Registry.js"
 import * as RegistryMod from "../../src/services/registry/Registry.js"
 import * as RegistryChanges from "../../src/services/registry/RegistryChanges.js"
@@ -184,6 +184,76 @@ describe("RegistrySync", () => {
         yield* Fiber.interrupt(fiber)
       }))
 
+    it.effect("a change seen again (an open transaction holds the horizon back) is not synced again", () =>
+      Effect.gen(function*() {
+        const { registry, sql, synced, fiber } = yield* setup([row(ALICE, "a1"), row(BOB, "b1")], {}, {
+          listen: false
+        })
+        // another session's transaction, open with a transaction id: the horizon stays at or below it
+        const other = yield* sql.reserve
+        yield* other.executeValues("BEGIN", [])
+        yield* other.executeValues("SELECT pg_current_xact_id()", [])
+        yield* deactivate(sql, ALICE, "a1")
+        yield* TestClock.adjust("5 seconds")
+        expect(yield* Queue.take(synced)).toEqual(["catch_up", ALICE])
+        expect(rkeys(registry, ALICE)).toEqual([])
+        // the next rounds read Alice's change again: already synced; Bob's is the next one synced
+        yield* TestClock.adjust("5 seconds")
+        yield* TestClock.adjust("5 seconds")
+        yield* deactivate(sql, BOB, "b1")
+        yield* TestClock.adjust("5 seconds")
+        expect(yield* Queue.take(synced)).toEqual(["catch_up", BOB])
+        expect(yield* Queue.size(synced)).toBe(0)
+        yield* other.executeValues("COMMIT", [])
+        yield* Fiber.interrupt(fiber)
+      }).pipe(Effect.scoped))
+
+    it.effect("an owner whose sync failed is synced by the next round (the horizon moves only after a round's syncs)", () =>
+      Effect.gen(function*() {
+        const real = yield* Registry
+        const attempts = yield* Queue.unbounded<string>()
+        let failures = 1
+        const registry = {
+          syncOwner: (did: string) =>
+            Effect.zipRight(
+              Queue.offer(attempts, did),
+              Effect.suspend(() =>
+                failures-- > 0 ? Effect.fail(new StoreError({ op: "test", code: "08006" })) : real.syncOwner(did)
+              )
+            )
+        }
+        const { sql, synced, fiber } = yield* setup([row(ALICE, "a1"), row(BOB, "b1")], {}, {
+          listen: false,
+          registry
+        })
+        yield* deactivate(sql, ALICE, "a1")
+        yield* TestClock.adjust("5 seconds")
+        // the round's sync of Alice fails
+        expect(yield* Queue.take(attempts)).toBe(ALICE)
+        expect(rkeys(real, ALICE)).toEqual(["a1"])
+        // the next round syncs Alice, then Bob's later change
+        yield* deactivate(sql, BOB, "b1")
+        yield* TestClock.adjust("5 seconds")
+        expect(yield* Queue.take(synced)).toEqual(["catch_up", ALICE])
+        expect(yield* Queue.take(synced)).toEqual(["catch_up", BOB])
+        expect(rkeys(real, ALICE)).toEqual([])
+        yield* Fiber.interrupt(fiber)
+      }))
+
+    it.effect("exactly as many changed owners as a round syncs one by one: synced one by one, no reload", () =>
+      Effect.gen(function*() {
+        const { registry, sql, synced, fiber } = yield* setup([row(ALICE, "a1"), row(BOB, "b1")], {}, {
+          listen: false,
+          maxPerRound: 2
+        })
+        yield* deactivate(sql, ALICE, "a1")
+        yield* deactivate(sql, BOB, "b1")
+        yield* TestClock.adjust("5 seconds")
+        expect(yield* Queue.take(synced)).toEqual(["catch_up", ALICE])
+        expect(yield* Queue.take(synced)).toEqual(["catch_up", BOB])
+        expect(registry.index.size).toBe(0)
+        yield* Fiber.interrupt(fiber)
+      }))
     it.effect("RegistryStore.markGone marks only the registration the 410 answered (same fingerprint), SPEC §4.3", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
