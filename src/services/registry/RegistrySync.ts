@@ -10,8 +10,8 @@
  *   missed while the LISTEN connection was down costs seconds, never a wrong registry. An owner
  *   whose change the previous round already synced (same transaction) is not synced again.
  * - Each sync holds the owner's row lock and runs {@link Registry.syncOwner}: a scanning or failed
- *   owner keeps its pre-scan registrations (less those marked gone); any other is swapped for the
- *   store's, fenced like the reconciler's own swap.
+ *   owner keeps its pre-scan registrations (gone ones included: gone only affects delivery); any
+ *   other is swapped for the store's, fenced like the reconciler's own swap.
  * The leader starts following from a horizon taken before it loaded the registry, so nothing
  * committed between the load and the first read is missed. A sync that fails (the database) is
  * retried by the next round (the horizon only moves after a round that synced everything).
