@@ -97,7 +97,7 @@ describe("leader timing (fake lock server, TestClock)", () => {
       expect(yield* Ref.get(role)).toBe("leader")
     }))
 
-  it.scoped("a leader whose work ends gives the role up (unlocked) and competes again at once", () =>
+  it.scoped("a leader whose work ends gives the role up (unlocked) and competes again after the retry interval (2 s)", () =>
     Effect.gen(function*() {
       const server = newServer()
       const events: Array<string> = []
@@ -105,20 +105,35 @@ describe("leader timing (fake lock server, TestClock)", () => {
       yield* TestClock.adjust(Duration.seconds(1))
       expect(events).toEqual(["0 leader", "0 acquired"])
       yield* TestClock.adjust(Duration.seconds(4))
-      expect(events).toEqual([
-        "0 leader",
-        "0 acquired",
-        "5000 lost worker-ended",
-        "5000 ended",
-        "5000 leader",
-        "5000 acquired"
-      ])
+      expect(events).toEqual(["0 leader", "0 acquired", "5000 lost worker-ended", "5000 ended"])
+      expect(server.holder).toBeUndefined()
+      yield* TestClock.adjust(Duration.millis(1_999))
+      expect(events).toHaveLength(4)
+      yield* TestClock.adjust(Duration.millis(1))
+      expect(events.slice(4)).toEqual(["7000 leader", "7000 acquired"])
       // the first term's connection gave the lock back before the second asked for it
       expect(server.log.filter((l) => l.endsWith("unlock") || l.endsWith("lock"))).toEqual([
         "0 1 lock",
         "5000 1 unlock",
-        "5000 2 lock"
+        "7000 2 lock"
       ])
+    }))
+
+  it.scoped("a work that keeps ending at once takes the lock once per retry interval, not in a loop, and a standby can lead in between", () =>
+    Effect.gen(function*() {
+      const server = newServer()
+      const events: Array<string> = []
+      // (a work that ends without waiting at all made the old code loop without ever yielding to
+      // the clock; 10 ms keeps this test bounded on it)
+      yield* replica(server, Effect.sleep(Duration.millis(10)), events)
+      yield* TestClock.adjust(Duration.millis(10))
+      expect(events).toEqual(["0 leader", "0 acquired", "10 lost worker-ended", "10 ended"])
+      expect(server.log.filter((l) => l.endsWith(" lock"))).toEqual(["0 1 lock"])
+      // another replica takes the free lock during the pause; this one then stands by
+      server.holder = 0
+      yield* TestClock.adjust(Duration.seconds(2))
+      expect(server.log.filter((l) => l.endsWith(" lock"))).toEqual(["0 1 lock", "2010 2 lock"])
+      expect(events.slice(4)).toEqual(["2010 standby", "2010 ended"])
     }))
 
   it.scoped("a leader whose lock connection stops answering gives the role up when a ping times out (2 s)", () =>

@@ -129,6 +129,8 @@ export interface LeaderOptions {
 /**
  * Run `work` whenever this replica holds the lock `key`; forever (until interrupted). `work` is
  * interrupted when leadership is lost, and started again when it is regained. `role` is updated.
+ * A term whose `work` ended gives the lock back and competes again after `retryInterval`, like a
+ * standby (a lost connection competes again at once).
  */
 export const runAsLeader = <E, R>(
   options: LeaderOptions,
@@ -160,7 +162,7 @@ export const runAsLeader = <E, R>(
       })
     const term = Effect.gen(function*() {
       const scope = yield* Scope.make()
-      const acquired = yield* Effect.gen(function*() {
+      const ended = yield* Effect.gen(function*() {
         // bounded (SPEC §7): a connection that cannot be had, or a lock query that hangs, is a
         // failed election, retried after `retry`, never a standby stuck for good
         const conn = yield* sql.reserve.pipe(
@@ -187,7 +189,7 @@ export const runAsLeader = <E, R>(
         const ok = rows[0]?.[0] === true
         if (!ok) {
           yield* onElection("standby")
-          return false
+          return "not-leader" as const
         }
         const pid = Number(rows[0]?.[1])
         yield* Scope.addFinalizer(
@@ -211,10 +213,14 @@ export const runAsLeader = <E, R>(
             Effect.raceFirst(Fiber.await(worker).pipe(Effect.map(() => "worker-ended" as const))),
             Effect.either
           )
-        yield* lost._tag === "Left" ? lostEvent("connection", lost.left) : lostEvent("worker-ended", undefined)
-        return true
+        if (lost._tag === "Left") {
+          yield* lostEvent("connection", lost.left)
+          return "connection-lost" as const
+        }
+        yield* lostEvent("worker-ended", undefined)
+        return "worker-ended" as const
       }).pipe(
-        Effect.catchAll((e) => Effect.as(Effect.zipRight(onElection("failed"), failedEvent(e)), false)),
+        Effect.catchAll((e) => Effect.as(Effect.zipRight(onElection("failed"), failedEvent(e)), "not-leader" as const)),
         Effect.ensuring(
           events.ended === undefined
             ? Ref.set(role, "standby")
@@ -222,7 +228,11 @@ export const runAsLeader = <E, R>(
         ),
         Effect.onExit(() => Scope.close(scope, Exit.void))
       )
-      if (!acquired) yield* Effect.sleep(retry)
+      // a lost connection competes again at once (the old session's lock is gone or going); any
+      // other end waits `retry`: a standby, a failed election, and a term whose work ended (a work
+      // that dies at once, e.g. intake's reload failing, would otherwise take and give up the lock
+      // in a loop as fast as the database answers, logging each time, and no standby could lead)
+      if (ended !== "connection-lost") yield* Effect.sleep(retry)
     })
     return yield* Effect.forever(term)
   })
