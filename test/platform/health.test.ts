@@ -96,6 +96,27 @@ describe("Health HTTP", () => {
       expect(JSON.parse(again.text).backfill).toBeUndefined()
     }).pipe(Effect.provide(ServerTest)))
 
+  // SPEC §6.2: numbers clamped to 0..1,000,000; a NaN (a rate of 0/0) is 0, not `null` in the JSON
+  it.scoped("NaN and infinities in a section are clamped to numbers in 0..1,000,000", () =>
+    Effect.gen(function*() {
+      yield* (yield* Lifecycle.Lifecycle).setPhase("live")
+      yield* (yield* Health.Health).register(
+        "delivery",
+        Effect.succeed({
+          ready: true,
+          body: {
+            rate: Number.NaN,
+            up: Number.POSITIVE_INFINITY,
+            down: Number.NEGATIVE_INFINITY,
+            nested: { r: Number.NaN }
+          }
+        })
+      )
+      const res = yield* get("/health")
+      expect(res.status).toBe(200)
+      expect(JSON.parse(res.text).delivery).toEqual({ rate: 0, up: 1_000_000, down: 0, nested: { r: 0 } })
+    }).pipe(Effect.provide(ServerTest)))
+
   it.scoped("/metrics is Prometheus text; anything else is 404", () =>
     Effect.gen(function*() {
       const counter = Metric.counter("firehook_test_things_total", { description: "things" }).pipe(
