@@ -61,6 +61,40 @@ describe("delivery actions", () => {
         expect(byId.get("cancelled")?.["lastError"]).toEqual({ kind: "subscription_changed" })
       }))
 
+    it.effect("listDeliveries: a cursor is exactly [time, id], the id 1–128 printable characters; else InvalidRequest", () =>
+      Effect.gen(function*() {
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        yield* insertDelivery(alice.did, "w", `${alice.did}-pending`, { status: "pending" })
+        const at = "2099-01-01T00:00:00.000000Z"
+        const answer = (key: ReadonlyArray<string>) =>
+          Effect.map(
+            callAs(alice, `${W}.listDeliveries`, {
+              query: `cursor=${Buffer.from(JSON.stringify(key), "utf8").toString("base64url")}`
+            }),
+            (r) => [r.status, r.body["error"]]
+          )
+        expect(yield* answer([at, "x".repeat(128)])).toEqual([200, undefined])
+        expect(yield* answer([at, "x".repeat(129)])).toEqual([400, "InvalidRequest"])
+        expect(yield* answer([at, "x", "x"])).toEqual([400, "InvalidRequest"])
+        expect(yield* answer([at])).toEqual([400, "InvalidRequest"])
+      }))
+
+    it.effect("getDelivery: a stored body that is not a JSON object is no payload (and no cid)", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        for (const [k, body] of [["array", "[{\"cid\":\"bafy\"}]"], ["string", "\"bafy\""], ["broken", "{\"cid\":"]]) {
+          const id = `${alice.did}-${k}`
+          yield* insertDelivery(alice.did, "w", id, { status: "pending" })
+          yield* sql`UPDATE delivery_events SET body = ${body} WHERE event_id = ${`ev-${id}`}`
+          const r = yield* callAs(alice, `${W}.getDelivery`, { query: `id=${id}` })
+          expect([k, r.status, "payload" in r.body]).toEqual([k, 200, false])
+          expect((r.body["delivery"] as { event: View }).event["cid"]).toBeUndefined()
+        }
+      }))
+
     it.effect("redeliver: previousStatus is the status the row had; a worker's valid lease is InProgress, the row untouched", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
