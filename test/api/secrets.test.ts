@@ -88,6 +88,25 @@ describe("secret methods", () => {
         }
       }))
 
+    it.effect("create and rotate answer the times of the named secret (as list shows them), not another's", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const sql = yield* SqlClient.SqlClient
+        const owner = yield* newOwner()
+        expect((yield* callAs(owner, `${S}.create`, { body: { name: "a-old" } })).status).toBe(200)
+        yield* sql`UPDATE secrets SET created_at = now() - interval '1 day', rotated_at = now() - interval '1 hour'
+          WHERE owner_did = ${owner.did}`
+        const created = yield* callAs(owner, `${S}.create`, { body: { name: "b-new" } })
+        const rotated = yield* callAs(owner, `${S}.rotate`, { body: { name: "b-new" } })
+        expect([created.status, rotated.status]).toEqual([200, 200])
+        const listed = (yield* callAs(owner, `${S}.list`)).body["secrets"] as ReadonlyArray<Record<string, unknown>>
+        expect(listed.map((s) => s["name"])).toEqual(["a-old", "b-new"])
+        expect([created.body["createdAt"], rotated.body["rotatedAt"]]).toEqual([
+          listed[1]?.["createdAt"],
+          listed[1]?.["lastRotatedAt"]
+        ])
+      }))
+
     it.effect("isolation: owner B cannot list, rotate or delete owner A's secrets", () =>
       Effect.gen(function*() {
         yield* wallClock
