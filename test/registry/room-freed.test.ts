@@ -87,6 +87,13 @@ describe("room freed for a record refused by limit_owner (PostgreSQL)", () => {
     ))
 })
 
+/** The memory stack over `state` (the test reads the store's state directly). */
+const memoryOver = (state: RegistryStore.MemoryRegistryState, env: Record<string, string>) =>
+  memoryStack({
+    env,
+    registryStore: Layer.effect(RegistryStore.RegistryStore, Effect.map(Ref.make(state), RegistryStore.makeMemoryOver))
+  })
+
 describe("room freed (in memory)", () => {
   it.effect("the in-memory store requests the owner of a limit_owner refusal", () => {
     const state = RegistryStore.emptyMemoryState()
@@ -96,15 +103,7 @@ describe("room freed (in memory)", () => {
       yield* run([whEv(ALICE, "x", undefined, { operation: "delete", rev: rev(3) })])
       expect([...state.reconcileRequested]).toEqual([ALICE])
     }).pipe(
-      Effect.provide(
-        memoryStack({
-          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "1" },
-          registryStore: Layer.effect(
-            RegistryStore.RegistryStore,
-            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
-          )
-        })
-      )
+      Effect.provide(memoryOver(state, { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "1" }))
     )
   })
 
@@ -120,15 +119,7 @@ describe("room freed (in memory)", () => {
       expect((yield* Registry).index.byOwner(ALICE)).toEqual([])
       expect([...state.reconcileRequested]).toEqual([])
     }).pipe(
-      Effect.provide(
-        memoryStack({
-          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "1" },
-          registryStore: Layer.effect(
-            RegistryStore.RegistryStore,
-            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
-          )
-        })
-      )
+      Effect.provide(memoryOver(state, { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_OWNER_ACTIVE_RECORDS_MAX: "1" }))
     )
   })
 
@@ -150,15 +141,7 @@ describe("room freed (in memory)", () => {
       yield* run([whEv(BOB, "b", undefined, { operation: "delete", rev: rev(7) })])
       expect([...state.reconcileRequested].sort()).toEqual([...waiting].sort())
     }).pipe(
-      Effect.provide(
-        memoryStack({
-          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "2" },
-          registryStore: Layer.effect(
-            RegistryStore.RegistryStore,
-            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
-          )
-        })
-      )
+      Effect.provide(memoryOver(state, { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "2" }))
     )
   })
 
@@ -173,15 +156,7 @@ describe("room freed (in memory)", () => {
       yield* run([whEv(ALICE, "a", undefined, { operation: "delete", rev: rev(3) })])
       expect([...state.reconcileRequested]).toEqual([BOB])
     }).pipe(
-      Effect.provide(
-        memoryStack({
-          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_BACKLINK_SCOPE_DIDS_MAX: "1" },
-          registryStore: Layer.effect(
-            RegistryStore.RegistryStore,
-            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
-          )
-        })
-      )
+      Effect.provide(memoryOver(state, { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_BACKLINK_SCOPE_DIDS_MAX: "1" }))
     )
   })
 
@@ -199,15 +174,7 @@ describe("room freed (in memory)", () => {
       yield* run([whEv(ALICE, "a", undefined, { operation: "delete", rev: rev(3) })])
       expect([...state.reconcileRequested]).toEqual([idle])
     }).pipe(
-      Effect.provide(
-        memoryStack({
-          env: { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "1" },
-          registryStore: Layer.effect(
-            RegistryStore.RegistryStore,
-            Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
-          )
-        })
-      )
+      Effect.provide(memoryOver(state, { WEBHOOK_ALLOW_INSECURE_DEV: "1", REGISTRY_ACTIVE_SUBSCRIPTIONS_MAX: "1" }))
     )
   })
 })
