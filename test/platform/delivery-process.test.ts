@@ -427,12 +427,17 @@ describe("ChildProcess.spawn (a real node process)", () => {
         const scope = yield* Scope.make()
         const handle = yield* ChildProcess.spawn({
           command: process.execPath,
-          args: ["-e", "process.stderr.write('noise\\nfirehook: boom\\n'); setInterval(() => {}, 1000)"],
+          // more than the 4 KiB tail of noise first: the last line is still the one kept
+          args: [
+            "-e",
+            "process.stderr.write('noise\\n'.repeat(2000) + 'firehook: boom\\n'); setInterval(() => {}, 1000)"
+          ],
           env: { PATH: process.env["PATH"] ?? "" },
           stopGrace: "5 seconds"
         }).pipe(Scope.extend(scope))
         expect(handle.pid).toBeGreaterThan(0)
-        for (let i = 0; i < 100 && Option.isNone(yield* handle.lastError); i++) yield* Effect.sleep("50 millis")
+        const last = handle.lastError.pipe(Effect.map(Option.getOrUndefined))
+        for (let i = 0; i < 100 && (yield* last) !== "firehook: boom"; i++) yield* Effect.sleep("50 millis")
         expect(yield* handle.lastError).toEqual(Option.some("firehook: boom"))
         yield* Scope.close(scope, Exit.void)
         expect(yield* handle.exit).toEqual({ code: null, signal: "SIGTERM" })
@@ -490,7 +495,7 @@ describe("DeliveryChild.probe (a real loopback listener)", () => {
     "reads readiness and sections; a hung or non-JSON answer is None within the timeout",
     () =>
       Effect.gen(function*() {
-        let mode: "ok" | "unavailable" | "hang" | "text" = "ok"
+        let mode: "ok" | "unavailable" | "hang" | "text" | "notFound" = "ok"
         const server = Http.createServer((_req, res) => {
           if (mode === "hang") return
           if (mode === "text") {
@@ -498,7 +503,7 @@ describe("DeliveryChild.probe (a real loopback listener)", () => {
             res.end("hello")
             return
           }
-          res.writeHead(mode === "ok" ? 200 : 503, { "content-type": "application/json" })
+          res.writeHead(mode === "ok" ? 200 : mode === "notFound" ? 404 : 503, { "content-type": "application/json" })
           res.end(
             JSON.stringify({
               status: mode,
@@ -513,6 +518,9 @@ describe("DeliveryChild.probe (a real loopback listener)", () => {
           Option.some({ ready: true, sections: { delivery: { pending: 2, stale: false }, roles: { delivery: true } } })
         )
         mode = "unavailable"
+        expect(Option.map(yield* DeliveryChild.probe(port), (a) => a.ready)).toEqual(Option.some(false))
+        // only a 200 is ready (another listener on the port answering 404 is not the child)
+        mode = "notFound"
         expect(Option.map(yield* DeliveryChild.probe(port), (a) => a.ready)).toEqual(Option.some(false))
         mode = "text"
         expect(yield* DeliveryChild.probe(port)).toEqual(Option.none())
@@ -530,12 +538,12 @@ describe("DeliveryChild.metrics (a real loopback listener)", () => {
     "reads at most 4 MiB: an answer that never ends is None, and the read stops near the bound (not at the timeout)",
     () =>
       Effect.gen(function*() {
-        let mode: "ok" | "endless" = "ok"
+        let mode: "ok" | "endless" | "notFound" = "ok"
         let sent = 0
         const chunk = Buffer.alloc(64 * 1024, "#")
         const server = Http.createServer((_req, res) => {
-          res.writeHead(200, { "content-type": "text/plain" })
-          if (mode === "ok") {
+          res.writeHead(mode === "notFound" ? 404 : 200, { "content-type": "text/plain" })
+          if (mode !== "endless") {
             res.end("# HELP a_total a\n# TYPE a_total counter\na_total 1\n")
             return
           }
@@ -553,6 +561,8 @@ describe("DeliveryChild.metrics (a real loopback listener)", () => {
         expect(yield* DeliveryChild.metrics(port)).toEqual(
           Option.some("# HELP a_total a\n# TYPE a_total counter\na_total 1\n")
         )
+        mode = "notFound"
+        expect(yield* DeliveryChild.metrics(port)).toEqual(Option.none())
         mode = "endless"
         expect(yield* DeliveryChild.metrics(port)).toEqual(Option.none())
         // the reader hung up after its 4 MiB (plus what the socket buffers held), not after 1 s of reading
