@@ -1,7 +1,8 @@
 /**
  * The delivery child's supervisor, the edges the main suite (delivery-process.test.ts) leaves open:
  * the window's bound, the database-outage count (reset by another exit, only for a failed exit),
- * a child that never answered (never unresponsive, never killed), no SIGKILL from the health looks
+ * a child that never answered (never unresponsive; killed after 120 silent looks, never while it
+ * answers 503), no pid once the child is gone, no SIGKILL from the health looks
  * once the shutdown began, no start during the shutdown, the exit of a child that stopped before the
  * drain, and the `failed` state kept through the shutdown. A fake spawner under TestClock.
  */
@@ -136,6 +137,37 @@ describe("DeliveryProcess.supervise: the edges", () => {
       expect(children).toHaveLength(1)
     }))
 
+  it.scoped("a starting child silent for 120 looks is killed and restarted; the exit counts", () =>
+    Effect.gen(function*() {
+      const { answer, children, section } = yield* setup({ answer: Option.none() })
+      // looks at 0, 1, … s: the 119th (at 118 s) leaves it alone, the 120th (at 119 s) kills it
+      yield* advance(118_000)
+      expect(children[0]!.signals).toEqual([])
+      expect(yield* section).toMatchObject({ state: "starting", pid: "2000" })
+      yield* advance(1000)
+      expect(children[0]!.signals).toEqual(["SIGKILL"])
+      expect(yield* section).toMatchObject({ state: "backoff", pid: null, restarts: 0 })
+      // restarted after the first backoff (1 s): the kill counted as an exit
+      yield* advance(1000)
+      expect(children).toHaveLength(2)
+      expect(yield* section).toMatchObject({ state: "starting", pid: "2001", restarts: 1 })
+      yield* Ref.set(answer, Option.some(READY))
+      yield* advance(1000)
+      expect(yield* section).toMatchObject({ state: "running", pid: "2001" })
+      // the running child is not killed for its start's silence
+      yield* advance(200_000)
+      expect(children[1]!.signals).toEqual([])
+    }))
+
+  it.scoped("a starting child that answers 503 is never killed", () =>
+    Effect.gen(function*() {
+      const { children, section } = yield* setup({ answer: Option.some({ ready: false, sections: {} }) })
+      yield* advance(250_000)
+      expect(yield* section).toMatchObject({ state: "starting", pid: "2000" })
+      expect(children[0]!.signals).toEqual([])
+      expect(children).toHaveLength(1)
+    }))
+
   it.scoped("the health looks send no SIGKILL once the shutdown began: the drain stops the child", () =>
     Effect.gen(function*() {
       const { answer, children, lifecycle } = yield* setup()
@@ -192,10 +224,12 @@ describe("DeliveryProcess.supervise: the edges", () => {
       yield* crash(5)
       yield* settle
       expect(yield* Deferred.isDone(gaveUp)).toBe(true)
+      // the last child is gone: no pid
+      expect(yield* section).toMatchObject({ state: "failed", pid: null })
       const shutdown = yield* Effect.fork(lifecycle.shutdown)
       yield* settle
       expect(yield* section).toMatchObject({ state: "failed" })
       yield* Fiber.join(shutdown)
-      expect(yield* section).toMatchObject({ state: "failed" })
+      expect(yield* section).toMatchObject({ state: "failed", pid: null })
     }))
 })

@@ -302,7 +302,7 @@ describe("DeliveryProcess.supervise", () => {
       yield* TestClock.adjust("1 minute")
       yield* settle
       expect(fake.children).toHaveLength(1)
-      expect(yield* section).toMatchObject({ state: "stopped" })
+      expect(yield* section).toMatchObject({ state: "stopped", pid: null })
     }))
 
   it.scoped("shutdown: a child that exits 1 makes the shutdown unclean", () =>

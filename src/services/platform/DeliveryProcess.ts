@@ -25,7 +25,9 @@
  * - Hung child: a child that was running and then leaves {@link SuperviseOptions.killAfter} looks in a
  *   row without any answer (its event loop stuck, or the process stopped) is sent SIGKILL, so the
  *   restart policy replaces it (its rows are freed with its connections) instead of delivery
- *   stopping for good behind a `/live` that still answers.
+ *   stopping for good behind a `/live` that still answers. So is a child that never answered ready
+ *   and leaves {@link SuperviseOptions.killStartingAfter} looks in a row without any answer (hung
+ *   during its start). A child that answers, even 503, is never killed.
  * - Health: a `deliveryProcess` section `{mode, state, pid, restarts}`, ready only while the child
  *   runs and answers ready; the child's `delivery` and `redis` sections mirrored (marked `stale`
  *   when the last answer is older than 5 s), as a single process would show them.
@@ -142,6 +144,12 @@ export interface SuperviseOptions {
    * timeout)
    */
   readonly killAfter?: number
+  /**
+   * looks in a row without any answer after which a child that has not yet answered ready (still
+   * `starting`) is killed (SIGKILL) and restarted by the policy (default 120: about two minutes; a
+   * child opens its health listener within seconds of its start, once its database pool is up)
+   */
+  readonly killStartingAfter?: number
   /** called once with the one-line reason when the restarts are exhausted */
   readonly onGiveUp: (line: string) => Effect.Effect<void>
 }
@@ -207,6 +215,7 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
     const policy = options.policy ?? defaultPolicy
     const limit = options.unresponsiveAfter ?? 3
     const killAfter = options.killAfter ?? 30
+    const killStartingAfter = options.killStartingAfter ?? 120
     const status = yield* Ref.make<Status>({
       state: "starting",
       pid: Option.none(),
@@ -267,11 +276,14 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
         const answer = yield* started.value.health
         const now = yield* Clock.currentTimeMillis
         const after = yield* Ref.updateAndGet(status, (s) => afterLook(s, answer, now, limit))
-        // a hung child (it had answered ready, then nothing for killAfter looks) is replaced
-        if (after.state !== "unresponsive" || after.silent < killAfter || (yield* isStopping)) return
+        // a hung child is replaced: it had answered ready, then nothing for killAfter looks; or it
+        // never answered ready and gave no answer at all for killStartingAfter looks
+        const hung = (after.state === "unresponsive" && after.silent >= killAfter) ||
+          (after.state === "starting" && after.silent >= killStartingAfter)
+        if (!hung || (yield* isStopping)) return
         if (yield* Ref.getAndSet(killed, true)) return
         yield* Effect.logWarning("the delivery process does not answer: killing it").pipe(
-          Effect.annotateLogs({ pid: handle.pid, looks: after.silent })
+          Effect.annotateLogs({ pid: handle.pid, looks: after.silent, state: after.state })
         )
         yield* handle.kill("SIGKILL")
       })
@@ -316,7 +328,8 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
           })
         )
         if (decision._tag === "GiveUp") {
-          yield* setState("failed")
+          // the child is gone: no pid is shown for it
+          yield* Ref.update(status, (s) => ({ ...s, state: "failed" as const, pid: Option.none() }))
           const line = `the delivery process exited ${decision.recent.length} times within ${
             Math.round(millis(policy.window) / 60_000)
           } min; giving up (last: ${describeExit(exit)}${Option.isSome(reason) ? `: ${reason.value}` : ""})`
@@ -359,7 +372,12 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
         : yield* Ref.get(finalExit)
       yield* Fiber.interrupt(loop)
       const clean = Option.match(exit, { onNone: () => true, onSome: stoppedCleanly })
-      if (before !== "failed") yield* setState(clean ? "stopped" : "failed")
+      // the child has exited (or never ran): no pid is shown for it
+      yield* Ref.update(status, (s) => ({
+        ...s,
+        state: before === "failed" ? s.state : clean ? "stopped" as const : "failed" as const,
+        pid: Option.isSome(exit) ? Option.none() : s.pid
+      }))
       yield* Effect.logInfo("delivery process stopped").pipe(
         Effect.annotateLogs({ clean, ...(Option.isSome(exit) ? { exit: describeExit(exit.value) } : {}) })
       )
