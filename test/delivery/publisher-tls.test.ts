@@ -211,4 +211,23 @@ describe("rediss:// with a CA the process trusts (NODE_EXTRA_CA_CERTS, child pro
         expectTrustedCa(out)
       })
   )
+
+  // before 5 December 2026 the variable turned the check off: the password went to the self-signed
+  // server and to the one certified for another name (the HTTP transport already ignored it)
+  it.live.each(RUNTIMES)(
+    "%s: NODE_TLS_REJECT_UNAUTHORIZED=0 in the environment turns no certificate check off",
+    ([runtime, command, args]) =>
+      Effect.gen(function*() {
+        const r = yield* runSmoke(command, args, { NODE_TLS_REJECT_UNAUTHORIZED: "0" })
+        // the runtime's own warning about the variable is all stderr may hold
+        const stderr = r.stderr.split("\n").filter((l) =>
+          l.length > 0 && !l.includes("NODE_TLS_REJECT_UNAUTHORIZED") && !l.includes("--trace-warnings")
+        )
+        expect(stderr).toEqual([])
+        expect(r.code).toBe(0)
+        const out = JSON.parse(r.stdout) as SmokeOut
+        expect(out.runtime).toBe(runtime === "Node" ? "node" : "bun")
+        expectTrustedCa(out)
+      })
+  )
 })

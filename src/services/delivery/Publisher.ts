@@ -286,6 +286,9 @@ export const connect = (
         ? Tls.connect({
           host: target.host,
           port: target.port,
+          // explicit, so NODE_TLS_REJECT_UNAUTHORIZED=0 in the environment cannot turn verification
+          // off (the password would go to any server); NODE_EXTRA_CA_CERTS adds a private CA
+          rejectUnauthorized: true,
           ...(Net.isIP(target.host) === 0 ? { servername: target.host } : {})
         })
         : Net.connect({ host: target.host, port: target.port })
