@@ -240,7 +240,8 @@ export const noQueryOrFragment: StringRule = {
 
 /**
  * SPEC §6.5: an address to listen on (`HEALTH_HOST`, `API_HOST`) is an IPv4 or IPv6 literal
- * (without brackets) or `localhost`; any other name (`eth0`, a DNS name) is refused at startup
+ * (without brackets; a link-local one with its zone, {@link listenZone}) or `localhost`; any other
+ * name (`eth0`, a DNS name) is refused at startup
  * instead of failing, or binding somewhere unexpected, when the listener starts.
  */
 export const listenHost: StringRule = {
@@ -248,11 +249,35 @@ export const listenHost: StringRule = {
   text: "must be an IP literal or localhost"
 }
 
-/** A listen host's address bytes (an IPv4-mapped IPv6 address as its IPv4), `undefined` for `localhost`. */
+/** A listen host without its IPv6 zone (`fe80::1%eth0` → `fe80::1`). */
+const withoutZone = (host: string): string => {
+  const at = host.indexOf("%")
+  return at < 0 ? host : host.slice(0, at)
+}
+
+/**
+ * SPEC §6.5: an IPv6 zone (`%eth0`, or an interface index `%2`) only after a link-local address
+ * (fe80::/10), the one kind of address that needs it. Bun listens on `fe80::…%eth0`, but a zone on
+ * any other address throws a TypeError in `Bun.serve` (`::1%lo`, `::%eth0`) or fails the bind
+ * (`fd00::1%eth0`: EINVAL), which startup could only report as an unexpected error.
+ */
+export const listenZone: StringRule = {
+  test: (s) => {
+    if (s.indexOf("%") < 0) return true
+    const bytes = parseIpv6(withoutZone(s))
+    return bytes !== undefined && bytes[0] === 0xfe && ((bytes[1] ?? 0) & 0xc0) === 0x80
+  },
+  text: "may have an IPv6 zone (%eth0) only after a link-local fe80:: address"
+}
+
+/**
+ * A listen host's address bytes (an IPv4-mapped IPv6 address as its IPv4; a zoned address as the
+ * address alone), `undefined` for `localhost`.
+ */
 const listenBytes = (host: string): Uint8Array | undefined => {
   const v4 = parseIpv4(host)
   if (v4 !== undefined) return v4
-  const v6 = parseIpv6(host)
+  const v6 = parseIpv6(withoutZone(host))
   const mapped = v6 !== undefined && v6.subarray(0, 10).every((b) => b === 0) && v6[10] === 0xff && v6[11] === 0xff
   return mapped ? v6.subarray(12) : v6
 }
@@ -280,6 +305,6 @@ export const listenersCollide = (
   return ba.length === bb.length && ba.every((byte, i) => byte === bb[i])
 }
 
-/** A listen address variable (`HEALTH_HOST`, `API_HOST`): {@link listenHost}, `default` when unset. */
+/** A listen address variable (`HEALTH_HOST`, `API_HOST`): {@link listenHost}, then {@link listenZone}; `default` when unset. */
 export const readListenHost = (v: { readonly env: string; readonly default: string }) =>
-  readString(v.env, v.default, listenHost)
+  readStringAll(v.env, v.default, [listenHost, listenZone])
