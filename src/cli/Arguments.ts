@@ -5,8 +5,10 @@
 import { Args, Options } from "@effect/cli"
 import { Clock, Effect, Option } from "effect"
 import { isCanonicalDid, isRkey } from "../schemas/AtUri.js"
+import { SUBSCRIPTION_CHANGED_KIND } from "../services/delivery/Attempt.js"
 import { failureKinds } from "../services/delivery/Classify.js"
 import { SECRET_NAME } from "../services/delivery/Secrets.js"
+import { CRASHED_KIND } from "../services/delivery/Settlement.js"
 import { PARKED_KIND } from "../services/delivery/WebhookHealthSql.js"
 import { usage, type UsageError } from "./Failure.js"
 
@@ -109,11 +111,15 @@ export const until = optional(
   "TIME",
   "enqueue time (created_at) before (ISO 8601, or 30m / 12h / 7d ago)"
 )
-/** Every `last_error_kind` a row can have: the attempt failure kinds, and parked rows' kind. */
-export const ERROR_KINDS = [...failureKinds, PARKED_KIND] as const
+/**
+ * Every `last_error_kind` a row can have: the attempt failure kinds, parked rows' kind, the dead
+ * letters of a request that killed its worker (`crashed`, replayable) and rows cancelled because
+ * their subscription changed.
+ */
+export const ERROR_KINDS = [...failureKinds, PARKED_KIND, CRASHED_KIND, SUBSCRIPTION_CHANGED_KIND] as const
 export const errorKind = Options.choice("error-kind", ERROR_KINDS).pipe(
   Options.withDescription(
-    `only deliveries whose last error is of this kind (${PARKED_KIND}: parked while their webhook was gone or auto-disabled)`
+    `only deliveries whose last error is of this kind (${PARKED_KIND}: parked while their webhook was gone or auto-disabled; ${CRASHED_KIND}: dead-lettered after its request killed the worker three times; ${SUBSCRIPTION_CHANGED_KIND}: cancelled)`
   ),
   Options.optional
 )

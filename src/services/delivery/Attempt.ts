@@ -102,6 +102,9 @@ export const memoTransforms = (resolve: (url: URL) => Transform): (url: string) 
  * auto-disabled → park (SPEC §4.3: a dead letter `webhook_disabled`, no request); otherwise
  * undefined (go on).
  */
+/** The kind (`last_error_kind`, metric reason) of a row cancelled because its subscription changed. */
+export const SUBSCRIPTION_CHANGED_KIND = "subscription_changed"
+
 export const screen = (row: ClaimedRow, sub: SubscriptionSnapshot, scanningDeferMs: number): Settled | undefined => {
   if (sub.ownerStatus === "scanning") {
     return Defer({ delayMs: scanningDeferMs, jitterMs: DEFER_JITTER_MS, reason: "owner_scanning" })
@@ -113,7 +116,7 @@ export const screen = (row: ClaimedRow, sub: SubscriptionSnapshot, scanningDefer
     sub.url !== row.targetUrl ||
     sub.fingerprint !== row.fingerprint
   ) {
-    return Cancel({ reason: "subscription_changed" })
+    return Cancel({ reason: SUBSCRIPTION_CHANGED_KIND })
   }
   if (sub.gone || sub.autoDisabled) return Park()
   return undefined
