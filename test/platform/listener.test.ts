@@ -83,7 +83,15 @@ describe("Listener.guard under Bun", () => {
 
   it("an IPv6 zone that names no interface names HEALTH_HOST", () => {
     expect(child("fe80::1%nosuch0", port)).toBe(
-      `ListenerUnavailable HEALTH_HOST [fe80::1%nosuch0]:${port} cannot be listened on (an IPv6 zone that names no interface?) (EINVAL)\n`
+      `ListenerUnavailable HEALTH_HOST [fe80::1%nosuch0]:${port} cannot be listened on (a link-local address without its zone, %eth0, or a zone that names no interface?) (EINVAL)\n`
+    )
+  }, 90_000)
+
+  // HEALTH_HOST=fe80::1 passes the config (an IPv6 literal), but Linux binds a link-local address
+  // only with its zone: the line says so, where it spoke only of a zone the operator never gave
+  it("a link-local address without its zone names HEALTH_HOST and the missing zone", () => {
+    expect(child("fe80::1", port)).toBe(
+      `ListenerUnavailable HEALTH_HOST [fe80::1]:${port} cannot be listened on (a link-local address without its zone, %eth0, or a zone that names no interface?) (EINVAL)\n`
     )
   }, 90_000)
 

@@ -24,8 +24,12 @@ const BIND_ERRORS = {
   EADDRINUSE: { blame: "port", says: "is in use" },
   EADDRNOTAVAIL: { blame: "host", says: "is not an address of this machine" },
   EACCES: { blame: "port", says: "may not be listened on by this user" },
-  // an IPv6 address whose zone names no interface of this machine (`fe80::1%nosuch`)
-  EINVAL: { blame: "host", says: "cannot be listened on (an IPv6 zone that names no interface?)" }
+  // an IPv6 address whose zone names no interface of this machine (`fe80::1%nosuch`), or a
+  // link-local address without the zone it needs (`fe80::1`)
+  EINVAL: {
+    blame: "host",
+    says: "cannot be listened on (a link-local address without its zone, %eth0, or a zone that names no interface?)"
+  }
 } as const
 type BindCode = keyof typeof BIND_ERRORS
 const isBindCode = (code: string): code is BindCode => Object.hasOwn(BIND_ERRORS, code)
