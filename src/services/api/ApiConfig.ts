@@ -32,6 +32,8 @@ import {
   readString,
   readStringAll,
   type StringRule,
+  URL_MAX_LENGTH,
+  urlLength,
   urlText
 } from "../platform/ConfigRead.js"
 
@@ -82,7 +84,7 @@ export interface ApiSection {
  * a loopback host when `insecure`), a host, no credentials, nothing after the origin but `/`.
  */
 export const parsePublicUrl = (s: string, insecure: boolean): string | undefined => {
-  if (s.length > 2048 || !URL.canParse(s) || s.includes("?") || s.includes("#")) return undefined
+  if (s.length > URL_MAX_LENGTH || !URL.canParse(s) || s.includes("?") || s.includes("#")) return undefined
   const u = new URL(s)
   if (u.username !== "" || u.password !== "" || u.hostname.length === 0) return undefined
   if (u.pathname !== "/" && u.pathname !== "") return undefined
@@ -128,6 +130,7 @@ export const load = (options: { readonly allowInsecureDev: boolean }): Effect.Ef
     const port = yield* readIntVar(apiPort)
     const urlValue = yield* readStringAll(publicUrl.env, publicUrl.default, [
       urlText,
+      urlLength(URL_MAX_LENGTH),
       publicUrlRule(options.allowInsecureDev)
     ])
     const didText = yield* readString(serviceDid.env, serviceDid.default, serviceDidRule)

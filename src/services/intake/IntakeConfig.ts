@@ -13,7 +13,9 @@ import {
   readEnumVar,
   readIntVar,
   readStringAll,
-  type StringRule
+  type StringRule,
+  URL_MAX_LENGTH,
+  urlLength
 } from "../platform/ConfigRead.js"
 import * as RegistryConfig from "../registry/RegistryConfig.js"
 
@@ -50,11 +52,29 @@ const streamUrlRule = (insecure: boolean): StringRule => ({
 })
 
 /**
- * `JETSTREAM_URL` / `RELAY_URL`: no query and no fragment first (SPEC §6.5: a query would be dropped
- * silently), then the stream URL rule.
+ * No `user:password@` (listed before the stream URL rule so that such a value is told why; a value
+ * that does not parse is left to that rule).
+ */
+const noCredentials: StringRule = {
+  test: (s) => {
+    if (!URL.canParse(s)) return true
+    const u = new URL(s)
+    return u.username === "" && u.password === ""
+  },
+  text: "must be a wss:// URL without credentials (user:password@)"
+}
+
+/**
+ * `JETSTREAM_URL` / `RELAY_URL`: the length bound, no query and no fragment (SPEC §6.5: a query
+ * would be dropped silently), no credentials, then the stream URL rule.
  */
 const readStreamUrl = (v: { readonly env: string; readonly default: string }, insecure: boolean) =>
-  readStringAll(v.env, v.default, [noQueryOrFragment, streamUrlRule(insecure)])
+  readStringAll(v.env, v.default, [
+    urlLength(URL_MAX_LENGTH),
+    noQueryOrFragment,
+    noCredentials,
+    streamUrlRule(insecure)
+  ])
 
 /** `registry` is checked against the source (Jetstream takes at most {@link JETSTREAM_ACTIVE_MAX} subscriptions). */
 export const load = (options: {

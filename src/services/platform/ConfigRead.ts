@@ -179,19 +179,33 @@ export const urlText: StringRule = {
   text: "must not contain whitespace or control characters"
 }
 
+/** The length bound of `DATABASE_URL`. */
+export const DATABASE_URL_MAX_LENGTH = 4096
+/** The length bound of the stream, service-base and public URL variables. */
+export const URL_MAX_LENGTH = 2048
+
+/**
+ * A URL variable's length bound, listed before the variable's own rule so that a value over it is
+ * told so (the own rule's "must be a … URL" would not say why a well-formed URL is refused).
+ */
+export const urlLength = (max: number): StringRule => ({
+  test: (s) => s.length <= max,
+  text: `must be at most ${max} characters`
+})
+
 /** A URL that parses and holds no whitespace or control character ({@link urlText}). */
 const parseStrictUrl = (s: string, maxLength: number): URL | undefined =>
   s.length <= maxLength && !hasSpaceOrControl(s) && URL.canParse(s) ? new URL(s) : undefined
 
 export const isPostgresUrl = (s: string): boolean => {
-  const u = parseStrictUrl(s, 4096)
+  const u = parseStrictUrl(s, DATABASE_URL_MAX_LENGTH)
   return u !== undefined && (u.protocol === "postgres:" || u.protocol === "postgresql:") &&
     (u.hostname.length > 0 || u.searchParams.has("host"))
 }
 
 /** wss:// anywhere; ws:// only to a loopback host ({@link isLoopbackHost}) and only in insecure development mode. */
 export const isStreamUrl = (s: string, insecure: boolean): boolean => {
-  const u = parseStrictUrl(s, 2048)
+  const u = parseStrictUrl(s, URL_MAX_LENGTH)
   if (u === undefined || u.username !== "" || u.password !== "" || u.hash !== "") return false
   if (u.protocol === "wss:") return u.hostname.length > 0
   return u.protocol === "ws:" && insecure && isLoopbackHost(u.hostname)
@@ -204,7 +218,7 @@ export const isStreamUrl = (s: string, insecure: boolean): boolean => {
  * The transport re-checks every request (public addresses only).
  */
 export const isServiceBaseUrl = (s: string, insecure: boolean): boolean => {
-  const u = parseStrictUrl(s, 2048)
+  const u = parseStrictUrl(s, URL_MAX_LENGTH)
   if (u === undefined || s.includes("#") || s.includes("?")) return false
   if (u.username !== "" || u.password !== "" || u.hostname.length === 0) return false
   if (u.protocol === "https:") return true

@@ -8,6 +8,7 @@ import { Effect, LogLevel } from "effect"
 import type { FirehookConfigShape } from "./Config.js"
 import {
   ConfigInvalid,
+  DATABASE_URL_MAX_LENGTH,
   isPostgresUrl,
   listenHost,
   readEnum,
@@ -16,6 +17,7 @@ import {
   readListenHost,
   readRedactedAll,
   readStringVar,
+  urlLength,
   urlText
 } from "./ConfigRead.js"
 import * as DatabaseSsl from "./DatabaseSsl.js"
@@ -48,6 +50,7 @@ export const databaseUrl = {
   env: "DATABASE_URL",
   rules: [
     urlText,
+    urlLength(DATABASE_URL_MAX_LENGTH),
     { test: isPostgresUrl, text: "must be a postgres:// or postgresql:// URL" },
     DatabaseSsl.sslModeRule
   ]

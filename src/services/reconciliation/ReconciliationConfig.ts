@@ -16,7 +16,10 @@ import {
   readIntVar,
   readIntVars,
   readString,
-  stripTrailingSlashes
+  readStringAll,
+  stripTrailingSlashes,
+  URL_MAX_LENGTH,
+  urlLength
 } from "../platform/ConfigRead.js"
 
 /** At most this many `BACKFILL_OWNERS` entries. */
@@ -88,10 +91,15 @@ export const loadBackfill = (options: {
 }): Effect.Effect<FirehookConfigShape["backfill"], ConfigInvalid> =>
   Effect.gen(function*() {
     const urlRule = baseUrlRule(options.allowInsecureDev)
+    const urlRules = [urlLength(URL_MAX_LENGTH), urlRule]
     const plcDirectoryUrl = stripTrailingSlashes(
-      yield* readString(backfill.plcDirectoryUrl.env, backfill.plcDirectoryUrl.default, urlRule)
+      yield* readStringAll(backfill.plcDirectoryUrl.env, backfill.plcDirectoryUrl.default, urlRules)
     )
-    const discoveryText = yield* readString(backfill.ownerDiscoveryUrl.env, backfill.ownerDiscoveryUrl.default, urlRule)
+    const discoveryText = yield* readStringAll(
+      backfill.ownerDiscoveryUrl.env,
+      backfill.ownerDiscoveryUrl.default,
+      urlRules
+    )
     const ownersText = yield* readString(backfill.owners.env, backfill.owners.default, {
       test: (s) => parseDidList(s) !== undefined,
       text: `must be a comma-separated list of at most ${MAX_BACKFILL_OWNERS} canonical DIDs (did:plc:… or did:web:…)`
