@@ -2,7 +2,8 @@
  * The database: an `@effect/sql-pg` client on `DATABASE_URL`, or on the embedded PostgreSQL when
  * it is unset; migrations run before the layer is built. Its `listen` is firehook's own
  * (PgListen.ts): `@effect/sql-pg`'s never sees its connection drop. Both connect with
- * `DatabaseSsl.driverConnectionString` (what `sslmode` means for firehook, without pg's warning).
+ * `DatabaseSsl.driverConfig` (what `sslmode` means for firehook, without pg's warning, the
+ * certificate check not left to `NODE_TLS_REJECT_UNAUTHORIZED`).
  *
  * The pool is closed at shutdown only when every part stopped cleanly (SPEC §6.3): after an
  * unclean shutdown in-flight work may still hold connections, and the process exits anyway.
@@ -11,7 +12,7 @@ import * as Reactivity from "@effect/experimental/Reactivity"
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { SqlError } from "@effect/sql/SqlError"
-import { Context, Data, Duration, Effect, Exit, Layer, Option, Redacted, Scope } from "effect"
+import { Context, Data, Duration, Effect, Either, Exit, Layer, Option, Redacted, Scope } from "effect"
 import Pg from "pg"
 import { FirehookConfig } from "./Config.js"
 import * as DatabaseSsl from "./DatabaseSsl.js"
@@ -89,18 +90,19 @@ const connectTimedOut = (): Error => Object.assign(new Error("Connection timed o
  * {@link PreparedStatements.preparingClient} unless `preparedStatements` is false, and checked with
  * one `SELECT 1` within the connect timeout; ended when the scope closes.
  */
-const openPool = (url: Redacted.Redacted<string>, options: DatabaseOptions) =>
+const openPool = (driver: Pg.ClientConfig, options: DatabaseOptions) =>
   Effect.acquireRelease(
     Effect.suspend(() => {
       const pool = new Pg.Pool({
-        connectionString: DatabaseSsl.driverConnectionString(Redacted.value(url)),
+        // the URL's own settings (`application_name` among them) win, as they did when pg parsed it
+        application_name: options.applicationName ?? "firehook",
+        ...driver,
         connectionTimeoutMillis: Duration.toMillis(CONNECT_TIMEOUT),
         idleTimeoutMillis: Duration.toMillis(IDLE_TIMEOUT),
         max: poolSize(options),
         // idle connections do not keep the process alive: after an unclean shutdown the pool is
         // left open (SPEC §6.3), and an embedding program may then end on its own
         allowExitOnIdle: true,
-        application_name: options.applicationName ?? "firehook",
         ...(options.preparedStatements === false
           ? {}
           : { Client: PreparedStatements.preparingClient(new PreparedStatements.StatementNames()) })
@@ -125,9 +127,12 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
   Layer.scopedContext(
     Effect.gen(function*() {
       const lifecycle = yield* Effect.serviceOption(Lifecycle)
+      const driver = yield* DatabaseSsl.driverConfig(Redacted.value(url)).pipe(
+        Either.mapLeft((e) => new DatabaseUnavailable({ reason: `${COULD_NOT_CONNECT} (${describeSqlError(e)})` }))
+      )
       const poolScope = yield* Scope.make()
       const client = yield* PgClient.fromPool({
-        acquire: openPool(url, options),
+        acquire: openPool(driver, options),
         applicationName: options.applicationName ?? "firehook"
       }).pipe(
         Scope.extend(poolScope),
@@ -144,10 +149,7 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
         )
       )
       // LISTEN on a connection of firehook's own, which sees a lost connection (PgListen.ts)
-      const listen = yield* PgListen.make({
-        connectionString: DatabaseSsl.driverConnectionString(Redacted.value(url)),
-        application_name: options.applicationName ?? "firehook"
-      })
+      const listen = yield* PgListen.make({ application_name: options.applicationName ?? "firehook", ...driver })
       // `fromPool` describes the pool without its size and timeouts; readers of `config` (the claim
       // connection reserves one only from a pool of two or more) see what `PgClient.make` would give
       Object.assign(client, {

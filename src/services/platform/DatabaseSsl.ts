@@ -14,7 +14,15 @@
  * - `uselibpqcompat=true` is the operator asking for libpq's meanings (`require` without checking):
  *   passed unchanged, `pg` honours it without a warning;
  * - any other `sslmode` is a startup error ({@link sslModeRule}): `pg` would ignore it silently.
+ *
+ * What the driver is given is a client config, not the connection string ({@link driverConfig}):
+ * `pg` turns every checking mode into `ssl: {}` (or `true`), without `rejectUnauthorized`, so
+ * Node's and Bun's TLS fell back to `NODE_TLS_REJECT_UNAUTHORIZED`, and `=0` in the environment
+ * turned the check off (the startup message and the password then went to whatever answered).
  */
+import { Either } from "effect"
+import type Pg from "pg"
+import * as PgConnectionString from "pg-connection-string"
 import type { StringRule } from "./ConfigRead.js"
 
 /** The `sslmode` values firehook accepts (pg's list; libpq's `allow` is not one of them). */
@@ -55,3 +63,53 @@ export const driverConnectionString = (url: string): string => {
   u.searchParams.set("sslmode", "verify-full")
   return u.toString()
 }
+
+/** The `PGSSLMODE` values `pg` 8 reads as `ssl: true` (TLS, checked), when the URL says nothing of TLS. */
+const CHECKING_ENV_MODES: ReadonlySet<string> = new Set(["prefer", "require", "verify-ca", "verify-full"])
+
+/** What the connection string's TLS settings, as `pg-connection-string` parsed them, come to. */
+type ParsedSsl = PgConnectionString.ConnectionOptions["ssl"]
+
+/**
+ * The `ssl` the driver is given for `ssl` (the parser's) and `pgSslMode` (`PGSSLMODE`): what `pg`
+ * 8.23.1 makes of them (connection-parameters.js), except that whatever it would check is checked
+ * whatever the environment says (`rejectUnauthorized: true`):
+ * - an object without `rejectUnauthorized: false` (every `sslmode` but `disable` and the opt-outs;
+ *   `sslcert`/`sslkey`/`sslrootcert`; libpq's `verify-ca`, which keeps its `checkServerIdentity`
+ *   that skips the name only) gets `rejectUnauthorized: true`; `false` (`no-verify`, libpq's
+ *   `prefer`/`require`) is the operator's and is kept;
+ * - `ssl=true` (`true`), and any other non-empty `ssl` string (`pg` turns TLS on for it) → checked;
+ *   `ssl=no-verify` → `rejectUnauthorized: false` (as `pg`); `ssl=` (empty) → no TLS (as `pg`);
+ * - no TLS setting in the URL: `PGSSLMODE`, as `pg` reads it, with its checking modes checked;
+ *   any other value (or none) is left to `pg` (`undefined`).
+ */
+export const checkedSsl = (ssl: ParsedSsl, pgSslMode: string | undefined): ParsedSsl => {
+  if (ssl === undefined) {
+    return pgSslMode !== undefined && CHECKING_ENV_MODES.has(pgSslMode) ? { rejectUnauthorized: true } : undefined
+  }
+  if (typeof ssl === "boolean") return ssl ? { rejectUnauthorized: true } : false
+  if (typeof ssl === "string") {
+    return ssl === "no-verify" ? { rejectUnauthorized: false } : ssl === "" ? false : { rejectUnauthorized: true }
+  }
+  return ssl.rejectUnauthorized === false ? ssl : { ...ssl, rejectUnauthorized: true }
+}
+
+/**
+ * The `pg` client settings for `url`: {@link driverConnectionString}, parsed by the parser `pg`
+ * itself uses (pg-connection-string, pinned to pg's version), with {@link checkedSsl}'s `ssl`.
+ * Passed without `connectionString`, since `pg` would parse that again over any `ssl` given beside
+ * it. The parser's errors (an unreadable `sslrootcert`, an invalid port, libpq's `verify-ca`
+ * without `sslrootcert`) are returned, not thrown: `pg` raised them at connect time.
+ */
+export const driverConfig = (
+  url: string,
+  pgSslMode: string | undefined = process.env["PGSSLMODE"]
+): Either.Either<Pg.ClientConfig, unknown> =>
+  Either.try({
+    try: () => {
+      const parsed = PgConnectionString.parse(driverConnectionString(url))
+      const ssl = checkedSsl(parsed.ssl, pgSslMode)
+      return PgConnectionString.toClientConfig(ssl === undefined ? parsed : { ...parsed, ssl })
+    },
+    catch: (e) => e
+  })
