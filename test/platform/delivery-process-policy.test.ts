@@ -8,16 +8,10 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Fiber, Option, Ref, TestClock } from "effect"
-import type * as ChildProcess from "../../src/services/platform/ChildProcess.js"
 import * as DeliveryProcess from "../../src/services/platform/DeliveryProcess.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-
-interface FakeChild {
-  readonly pid: number
-  readonly exit: Deferred.Deferred<ChildProcess.ChildExit>
-  readonly signals: Array<string>
-}
+import { makeFakeSpawner, settle } from "../support/fakeDeliveryChild.js"
 
 const READY: DeliveryProcess.HealthAnswer = { ready: true, sections: { delivery: { pending: 0 } } }
 const UNREACHABLE = "firehook: database: could not connect (ECONNREFUSED)"
@@ -28,31 +22,11 @@ const setup = (options: { readonly answer?: Option.Option<DeliveryProcess.Health
     const lifecycle = yield* Lifecycle.make({ shutdownTimeout: "10 seconds" })
     const health = yield* Health.makeWith({}).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
     const gaveUp = yield* Deferred.make<string>()
-    const answer = yield* Ref.make(options.answer ?? Option.some(READY))
-    const children: Array<FakeChild> = []
-    const state = { lastError: "firehook: boom" }
-    const spawner: DeliveryProcess.Spawner = {
-      spawn: Effect.gen(function*() {
-        const child: FakeChild = {
-          pid: 2000 + children.length,
-          exit: yield* Deferred.make<ChildProcess.ChildExit>(),
-          signals: []
-        }
-        children.push(child)
-        const handle: ChildProcess.ChildHandle = {
-          pid: child.pid,
-          exit: Deferred.await(child.exit),
-          kill: (signal) =>
-            Effect.gen(function*() {
-              child.signals.push(signal)
-              if (signal === "SIGKILL") yield* Deferred.succeed(child.exit, { code: null, signal: "SIGKILL" })
-              else yield* Deferred.succeed(child.exit, { code: 0, signal: null })
-            }),
-          lastError: Effect.sync(() => Option.some(state.lastError))
-        }
-        return { handle, health: Ref.get(answer), metrics: Effect.succeed(Option.none()) }
-      })
-    }
+    const { answer, children, crash, spawner, state } = yield* makeFakeSpawner({
+      firstPid: 2000,
+      answer: options.answer ?? Option.some(READY),
+      metrics: false
+    })
     yield* DeliveryProcess.supervise({
       spawner,
       onGiveUp: (line) => Effect.asVoid(Deferred.succeed(gaveUp, line))
@@ -60,14 +34,8 @@ const setup = (options: { readonly answer?: Option.Option<DeliveryProcess.Health
     yield* lifecycle.setPhase("live")
     yield* settle
     const section = Effect.map(health.report, (r) => r.body["deliveryProcess"])
-    const crash = (i: number, code = 1) => Deferred.succeed(children[i]!.exit, { code, signal: null })
     return { lifecycle, gaveUp, answer, children, state, section, crash }
   })
-
-/** let the forked fibers run (no time passes) */
-const settle = Effect.gen(function*() {
-  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-})
 
 /** advance `ms` in 1 s steps (each a health look), letting the fibers run after each */
 const advance = (ms: number) =>

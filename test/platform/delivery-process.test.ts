@@ -14,70 +14,14 @@ import * as DeliveryProcessConfig from "../../src/services/platform/DeliveryProc
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as RolesConfig from "../../src/services/platform/RolesConfig.js"
-
-type OnSigterm = "exit0" | "exit1" | "ignore"
-
-interface FakeChild {
-  readonly pid: number
-  readonly exit: Deferred.Deferred<ChildProcess.ChildExit>
-  readonly signals: Array<string>
-}
+import { makeFakeSpawner, settle } from "../support/fakeDeliveryChild.js"
 
 const READY: DeliveryProcess.HealthAnswer = {
   ready: true,
   sections: { delivery: { pending: 3, leased: 1 }, redis: { configured: false } }
 }
 
-const makeFake = Effect.gen(function*() {
-  const children: Array<FakeChild> = []
-  const answer = yield* Ref.make<Option.Option<DeliveryProcess.HealthAnswer>>(Option.some(READY))
-  let onSigterm: OnSigterm = "exit0"
-  /** the one-line error the children print before they exit */
-  let lastError = "firehook: boom"
-  const spawner: DeliveryProcess.Spawner = {
-    spawn: Effect.gen(function*() {
-      const child: FakeChild = {
-        pid: 1000 + children.length,
-        exit: yield* Deferred.make<ChildProcess.ChildExit>(),
-        signals: []
-      }
-      children.push(child)
-      const handle: ChildProcess.ChildHandle = {
-        pid: child.pid,
-        exit: Deferred.await(child.exit),
-        kill: (signal) =>
-          Effect.gen(function*() {
-            child.signals.push(signal)
-            if (signal === "SIGKILL") yield* Deferred.succeed(child.exit, { code: null, signal: "SIGKILL" })
-            else if (onSigterm !== "ignore") {
-              yield* Deferred.succeed(child.exit, { code: onSigterm === "exit0" ? 0 : 1, signal: null })
-            }
-          }),
-        lastError: Effect.sync(() => Option.some(lastError))
-      }
-      // a counter whose value is the child's pid, as the child's own /metrics would render it
-      const metrics = Effect.succeed(
-        Option.some(
-          `# HELP fake_child_total the child\n# TYPE fake_child_total counter\nfake_child_total ${child.pid}\n`
-        )
-      )
-      return { handle, health: Ref.get(answer), metrics }
-    })
-  }
-  return {
-    children,
-    answer,
-    spawner,
-    setOnSigterm: (b: OnSigterm) => (onSigterm = b),
-    setLastError: (line: string) => (lastError = line),
-    crash: (i: number, code = 1) => Deferred.succeed(children[i]!.exit, { code, signal: null })
-  }
-})
-
-/** let the forked fibers run (no time passes) */
-const settle = Effect.gen(function*() {
-  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-})
+const makeFake = makeFakeSpawner({ firstPid: 1000, answer: Option.some(READY), metrics: true })
 
 const setup = (pollInterval: Duration.DurationInput = "1 second") =>
   Effect.gen(function*() {
@@ -254,7 +198,7 @@ describe("DeliveryProcess.supervise", () => {
       yield* settle
       expect(fake.children).toHaveLength(2)
       // then every start finds the database unreachable, for 5 minutes
-      fake.setLastError("firehook: database: could not connect (ECONNREFUSED)")
+      fake.state.lastError = "firehook: database: could not connect (ECONNREFUSED)"
       const starts = 10
       for (let i = 0; i < starts; i++) {
         yield* fake.crash(i + 1)
@@ -267,7 +211,7 @@ describe("DeliveryProcess.supervise", () => {
       }
       expect(yield* section).toMatchObject({ state: "running", restarts: starts + 1 })
       // the database is back; a later crash of another kind counts after the first one (2 s)
-      fake.setLastError("firehook: boom")
+      fake.state.lastError = "firehook: boom"
       yield* fake.crash(starts + 1)
       yield* settle
       yield* TestClock.adjust("1999 millis")
@@ -308,14 +252,14 @@ describe("DeliveryProcess.supervise", () => {
   it.scoped("shutdown: a child that exits 1 makes the shutdown unclean", () =>
     Effect.gen(function*() {
       const { fake, lifecycle } = yield* setup()
-      fake.setOnSigterm("exit1")
+      fake.state.onSigterm = "exit1"
       expect(yield* lifecycle.shutdown).toEqual({ clean: false, unclean: ["delivery-process"] })
     }))
 
   it.scoped("shutdown: a child still running at the deadline gets SIGKILL; unclean", () =>
     Effect.gen(function*() {
       const { fake, lifecycle } = yield* setup()
-      fake.setOnSigterm("ignore")
+      fake.state.onSigterm = "ignore"
       const shutdown = yield* Effect.fork(lifecycle.shutdown)
       yield* settle
       expect(fake.children[0]!.signals).toEqual(["SIGTERM"])
