@@ -5,12 +5,13 @@
  * refused connection logs. Fake servers run on 127.0.0.1; nothing sleeps.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Logger, Redacted, Ref, Schedule } from "effect"
+import { Effect, Either, Redacted, Schedule } from "effect"
 import * as Net from "node:net"
 import * as Publisher from "../../src/services/delivery/Publisher.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import { auditEvent } from "../support/auditEvent.js"
+import { captureLogs } from "../support/captureLogs.js"
 import { fakeRedis } from "../support/fakeRedis.js"
 import { seriesValue } from "../support/metricSeries.js"
 import { freePort } from "../support/proc.js"
@@ -24,16 +25,6 @@ const publisherIn = (health: Health.HealthShape, options: Publisher.PublisherOpt
   Publisher.make(options).pipe(Effect.provideService(Health.Health, health))
 
 const target = (url: string) => Either.getOrThrowWith(Publisher.parseRedisUrl(url), (e) => new Error(e.message))
-
-/** Capture log lines (message + annotations) of the wrapped effect and the fibers it forks. */
-const captureLogs = Effect.gen(function*() {
-  const lines = yield* Ref.make<ReadonlyArray<string>>([])
-  const logger = Logger.make(({ message, annotations }) => {
-    const text = JSON.stringify({ message, annotations: Object.fromEntries(annotations) })
-    Effect.runSync(Ref.update(lines, (xs) => [...xs, text]))
-  })
-  return { lines: Ref.get(lines), layer: Logger.replace(Logger.defaultLogger, logger) }
-})
 
 /**
  * A server that answers every command `+OK`, written in two TCP segments some milliseconds apart

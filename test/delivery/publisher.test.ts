@@ -12,7 +12,6 @@ import {
   Effect,
   Either,
   Exit,
-  Logger,
   Option,
   Queue,
   Redacted,
@@ -29,6 +28,7 @@ import * as Publisher from "../../src/services/delivery/Publisher.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import { auditEvent } from "../support/auditEvent.js"
+import { captureLogs } from "../support/captureLogs.js"
 import { asStrings, fakeRedis } from "../support/fakeRedis.js"
 import { halfJitter } from "../support/halfJitter.js"
 import { seriesValue } from "../support/metricSeries.js"
@@ -120,16 +120,6 @@ const target = (url: string) => Either.getOrThrowWith(Publisher.parseRedisUrl(ur
 
 /** A port nothing listens on. */
 const closedPort = Effect.promise(freePort)
-
-/** Capture log lines (message + annotations) of the wrapped effect and the fibers it forks. */
-const captureLogs = Effect.gen(function*() {
-  const lines = yield* Ref.make<ReadonlyArray<string>>([])
-  const logger = Logger.make(({ message, annotations }) => {
-    const text = JSON.stringify({ message, annotations: Object.fromEntries(annotations) })
-    Effect.runSync(Ref.update(lines, (xs) => [...xs, text]))
-  })
-  return { lines: Ref.get(lines), layer: Logger.replace(Logger.defaultLogger, logger) }
-})
 
 // ---------------------------------------------------------------------------------------------
 
