@@ -1,30 +1,20 @@
 /**
- * The Redis publisher (SPEC §4.7) at edges the main suite (publisher.test.ts) leaves open: the
- * parser's bounds exactly at their limits, replies split across TCP chunks, a connection closed
- * under pending commands, the state after a connection is lost, the published metric, and what a
- * refused connection logs. Fake servers run on 127.0.0.1; nothing sleeps.
+ * The Redis publisher (SPEC §4.7) at edges the main suites (publisher.test.ts, publisher-resp,
+ * publisher-timing) leave open: the parser's bounds exactly at their limits, replies split across
+ * TCP chunks, a connection closed under pending commands, the state after a connection is lost, the
+ * published metric, and what a refused connection logs. Fake servers run on 127.0.0.1; nothing
+ * sleeps.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Redacted, Schedule } from "effect"
 import * as Net from "node:net"
 import * as Publisher from "../../src/services/delivery/Publisher.js"
-import * as Health from "../../src/services/platform/Health.js"
-import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import { auditEvent } from "../support/auditEvent.js"
 import { captureLogs } from "../support/captureLogs.js"
 import { fakeRedis } from "../support/fakeRedis.js"
 import { seriesValue } from "../support/metricSeries.js"
 import { freePort } from "../support/proc.js"
-
-const newHealth = Effect.gen(function*() {
-  const lifecycle = yield* Lifecycle.make({ shutdownTimeout: "5 seconds" })
-  return yield* Health.make.pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
-})
-
-const publisherIn = (health: Health.HealthShape, options: Publisher.PublisherOptions) =>
-  Publisher.make(options).pipe(Effect.provideService(Health.Health, health))
-
-const target = (url: string) => Either.getOrThrowWith(Publisher.parseRedisUrl(url), (e) => new Error(e.message))
+import { newHealth, publisherIn, target } from "./publisher-support.js"
 
 /**
  * A server that answers every command `+OK`, written in two TCP segments some milliseconds apart
@@ -145,7 +135,7 @@ describe("Publisher edges", () => {
   it.scopedLive("once the connection is lost, a publish is dropped as not_connected (not sent on the dead one)", () =>
     Effect.gen(function*() {
       const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":1\r\n" : "+OK\r\n"))
-      const health = yield* newHealth
+      const { health } = yield* newHealth
       const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c", backoffBase: "1 hour" })
       yield* p.awaitStats((s) => s.connected).pipe(Effect.timeout("5 seconds"))
       yield* fake.stop
@@ -160,7 +150,7 @@ describe("Publisher edges", () => {
   it.scopedLive("database 1 in the URL is selected (only database 0 skips SELECT)", () =>
     Effect.gen(function*() {
       const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":1\r\n" : "+OK\r\n"))
-      const health = yield* newHealth
+      const { health } = yield* newHealth
       const p = yield* publisherIn(health, { url: Redacted.make(`${fake.url}/1`), channel: "c" })
       yield* p.awaitStats((s) => s.connected).pipe(Effect.timeout("5 seconds"))
       expect((yield* fake.state).commands[0]).toEqual(["SELECT", "1"])
@@ -169,7 +159,7 @@ describe("Publisher edges", () => {
   it.scopedLive("each message published counts in firehook_redis_published_total", () =>
     Effect.gen(function*() {
       const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":1\r\n" : "+OK\r\n"))
-      const health = yield* newHealth
+      const { health } = yield* newHealth
       const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c" })
       yield* p.awaitStats((s) => s.connected).pipe(Effect.timeout("5 seconds"))
       const before = yield* seriesValue("firehook_redis_published_total")
@@ -184,7 +174,7 @@ describe("Publisher edges", () => {
     Effect.gen(function*() {
       const port = yield* Effect.promise(freePort)
       const logs = yield* captureLogs
-      const health = yield* newHealth
+      const { health } = yield* newHealth
       yield* publisherIn(health, { url: Redacted.make(`redis://127.0.0.1:${port}`), channel: "c" }).pipe(
         Effect.provide(logs.layer)
       )
