@@ -1,7 +1,7 @@
 /**
  * `REDIS_URL` parsing (SPEC §4.7, RedisUrl.ts) at its edges: the database and port bounds, the
  * length bound, canonical database numbers and percent-decoded credentials. The common cases and
- * the value-free errors are in publisher.test.ts.
+ * the value-free errors are in publisher-resp.test.ts.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Either, Redacted } from "effect"
