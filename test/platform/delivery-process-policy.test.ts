@@ -11,7 +11,8 @@ import { Deferred, Duration, Effect, Fiber, Option, Ref, TestClock } from "effec
 import * as DeliveryProcess from "../../src/services/platform/DeliveryProcess.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
-import { makeFakeSpawner, settle } from "../support/fakeDeliveryChild.js"
+import { makeFakeSpawner } from "../support/fakeDeliveryChild.js"
+import { settle } from "../support/settle.js"
 
 const READY: DeliveryProcess.HealthAnswer = { ready: true, sections: { delivery: { pending: 0 } } }
 const UNREACHABLE = "firehook: database: could not connect (ECONNREFUSED)"

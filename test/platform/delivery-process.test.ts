@@ -14,7 +14,8 @@ import * as DeliveryProcessConfig from "../../src/services/platform/DeliveryProc
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as RolesConfig from "../../src/services/platform/RolesConfig.js"
-import { makeFakeSpawner, settle } from "../support/fakeDeliveryChild.js"
+import { makeFakeSpawner } from "../support/fakeDeliveryChild.js"
+import { settle } from "../support/settle.js"
 
 const READY: DeliveryProcess.HealthAnswer = {
   ready: true,

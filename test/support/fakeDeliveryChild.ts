@@ -73,8 +73,3 @@ export const makeFakeSpawner = (options: FakeSpawnerOptions) =>
       crash: (i: number, code = 1) => Deferred.succeed(children[i]!.exit, { code, signal: null })
     }
   })
-
-/** let the forked fibers run (no time passes) */
-export const settle = Effect.gen(function*() {
-  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-})
