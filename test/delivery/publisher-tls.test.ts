@@ -9,16 +9,17 @@
  * server listens on 127.0.0.1; `localhost` resolves there.
  */
 import { afterAll, describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Either, Logger, Redacted, Ref, Schedule } from "effect"
+import { Duration, Effect, Redacted, Schedule } from "effect"
 import { execFile } from "node:child_process"
 import * as Path from "node:path"
 import * as Publisher from "../../src/services/delivery/Publisher.js"
 import * as Health from "../../src/services/platform/Health.js"
-import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import { auditEvent } from "../support/auditEvent.js"
+import { captureLogs } from "../support/captureLogs.js"
 import { fakeRedis } from "../support/fakeRedis.js"
 import { BUN, ROOT } from "../support/proc.js"
 import { makeTestPki } from "../support/testPki.js"
+import { newHealth, target } from "./publisher-support.js"
 
 const pki = makeTestPki("redis-tls")
 const GOOD = pki.signed("good", ["DNS:localhost", "IP:127.0.0.1"])
@@ -29,23 +30,6 @@ afterAll(() => pki.remove())
 
 const SECRET = "tls-test-SECRET-pw"
 const answer = (c: ReadonlyArray<string>) => (c[0] === "PUBLISH" ? ":1\r\n" : "+OK\r\n")
-
-const target = (url: string) => Either.getOrThrowWith(Publisher.parseRedisUrl(url), (e) => new Error(e.message))
-
-const newHealth = Effect.gen(function*() {
-  const lifecycle = yield* Lifecycle.make({ shutdownTimeout: "5 seconds" })
-  return yield* Health.make.pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
-})
-
-/** Capture log lines (message + annotations) of the wrapped effect and the fibers it forks. */
-const captureLogs = Effect.gen(function*() {
-  const lines = yield* Ref.make<ReadonlyArray<string>>([])
-  const logger = Logger.make(({ message, annotations }) => {
-    const text = JSON.stringify({ message, annotations: Object.fromEntries(annotations) })
-    Effect.runSync(Ref.update(lines, (xs) => [...xs, text]))
-  })
-  return { lines: Ref.get(lines), layer: Logger.replace(Logger.defaultLogger, logger) }
-})
 
 /** `connect` (handshake only), bounded; the error's kind and code, or `ok`. */
 const tryConnect = (url: string, connectTimeout: Duration.DurationInput = "5 seconds") =>
@@ -82,7 +66,7 @@ describe("rediss:// to a certificate this process does not trust", () => {
     Effect.gen(function*() {
       const fake = yield* fakeRedis(answer, { tls: SELF })
       const logs = yield* captureLogs
-      const health = yield* newHealth
+      const { health } = yield* newHealth
       const url = `rediss://user:${SECRET}@localhost:${fake.port}/2`
       const p = yield* Publisher.make({ url: Redacted.make(url), channel: "c" }).pipe(
         Effect.provideService(Health.Health, health),

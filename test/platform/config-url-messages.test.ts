@@ -4,13 +4,8 @@
  * a … URL" (which does not say why a well-formed URL is refused). Values at the bound still load.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Either, Option } from "effect"
-import * as Config from "../../src/services/platform/Config.js"
-
-const load = (env: Record<string, string>) =>
-  Config.load({ isTty: false }).pipe(Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env)))))
-
-const SECRET = "s3cr3t-pa55word"
+import { Effect, Either, Option } from "effect"
+import { load, SECRET } from "./config-support.js"
 
 /** `prefix` padded with `a`s in its last path segment to `length` characters */
 const padded = (prefix: string, length: number, suffix = ""): string =>
