@@ -2,6 +2,7 @@
  * The URL variables' startup errors name the cause: a value over the variable's length bound is told
  * its bound, and a stream URL with credentials is told so, instead of the variable's generic "must be
  * a … URL" (which does not say why a well-formed URL is refused). Values at the bound still load.
+ * An `ssl` query value pg would read as "TLS on" whatever it says (`ssl=false`) is refused.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Option } from "effect"
@@ -30,6 +31,11 @@ const refused: ReadonlyArray<readonly [Record<string, string>, string, string]> 
     "must be at most 2048 characters"
   ],
   [{ PUBLIC_URL: padded("https://", 2049, ".example") }, "PUBLIC_URL", "must be at most 2048 characters"],
+  [
+    { DATABASE_URL: `postgresql://u:${SECRET}@db.example/firehook?ssl=false` },
+    "DATABASE_URL",
+    "ssl must be one of true, 1, 0, no-verify (or use sslmode)"
+  ],
   [
     { JETSTREAM_URL: `wss://u:${SECRET}@jetstream.example/subscribe` },
     "JETSTREAM_URL",

@@ -74,6 +74,20 @@ describe("DatabaseSsl.driverConnectionString", () => {
       expect(DatabaseSsl.sslModeRule.test(`${BASE}?sslmode=${mode}`)).toBe(false)
     }
   })
+
+  it("an ssl value pg would read as 'TLS on' whatever it says (ssl=false) is refused by the config rule", () => {
+    for (const value of ["true", "1", "0", "no-verify"]) {
+      expect(DatabaseSsl.sslParamRule.test(`${BASE}?ssl=${value}`)).toBe(true)
+    }
+    expect(DatabaseSsl.sslParamRule.test(BASE)).toBe(true)
+    expect(DatabaseSsl.sslParamRule.test(`${BASE}?sslmode=require`)).toBe(true)
+    for (const value of ["false", "no", "yes", "", "TRUE", "require"]) {
+      expect(DatabaseSsl.sslParamRule.test(`${BASE}?ssl=${value}`)).toBe(false)
+    }
+    // the last value is the one pg reads
+    expect(DatabaseSsl.sslParamRule.test(`${BASE}?ssl=true&ssl=false`)).toBe(false)
+    expect(DatabaseSsl.sslParamRule.test(`${BASE}?ssl=false&ssl=0`)).toBe(true)
+  })
 })
 
 describe("no library warning on stderr (under Bun, a process each)", () => {

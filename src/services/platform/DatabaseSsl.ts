@@ -13,7 +13,9 @@
  * - `disable`, `verify-full` and `no-verify` (pg's explicit "TLS without checking") pass unchanged;
  * - `uselibpqcompat=true` is the operator asking for libpq's meanings (`require` without checking):
  *   passed unchanged, `pg` honours it without a warning;
- * - any other `sslmode` is a startup error ({@link sslModeRule}): `pg` would ignore it silently.
+ * - any other `sslmode` is a startup error ({@link sslModeRule}): `pg` would ignore it silently;
+ * - an `ssl` query value other than `true`, `1`, `0` and `no-verify` is a startup error
+ *   ({@link sslParamRule}): `pg` turns TLS on for it, `ssl=false` included.
  *
  * What the driver is given is a client config, not the connection string ({@link driverConfig}):
  * `pg` turns every checking mode into `ssl: {}` (or `true`), without `rejectUnauthorized`, so
@@ -48,6 +50,26 @@ export const hasKnownSslMode = (url: string): boolean => {
 export const sslModeRule: StringRule = {
   test: hasKnownSslMode,
   text: `sslmode must be one of ${SSL_MODES.join(", ")}`
+}
+
+/**
+ * The `ssl` query values `pg` gives a meaning (`true`/`1`: TLS, checked; `0`: none; `no-verify`: TLS
+ * without checking). Any other value (`ssl=false`, `ssl=yes`) turned TLS on in `pg` whatever it said,
+ * so it is a startup error instead ({@link sslParamRule}).
+ */
+export const SSL_PARAMS = ["true", "1", "0", "no-verify"] as const
+
+/** Whether the URL's `ssl` query value, if any, is one of {@link SSL_PARAMS}. */
+export const hasKnownSslParam = (url: string): boolean => {
+  const u = parse(url)
+  const value = u === undefined ? undefined : lastParam(u, "ssl")
+  return value === undefined || SSL_PARAMS.some((v) => v === value)
+}
+
+/** `DATABASE_URL`'s `ssl` rule, checked at startup after {@link sslModeRule}. */
+export const sslParamRule: StringRule = {
+  test: hasKnownSslParam,
+  text: `ssl must be one of ${SSL_PARAMS.join(", ")} (or use sslmode)`
 }
 
 /**

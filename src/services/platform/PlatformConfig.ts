@@ -43,8 +43,9 @@ const LOG_LEVELS: { readonly [K in LogLevelName]: LogLevel.LogLevel } = {
 }
 
 /**
- * `DATABASE_URL`: unset → embedded PostgreSQL. No whitespace or control character, a postgres://
- * or postgresql:// URL, and a known `sslmode` (DatabaseSsl.ts), in that order.
+ * `DATABASE_URL`: unset → embedded PostgreSQL. No whitespace or control character, at most 4096
+ * characters, a postgres:// or postgresql:// URL, a known `sslmode` and a known `ssl` value
+ * (DatabaseSsl.ts), in that order.
  */
 export const databaseUrl = {
   env: "DATABASE_URL",
@@ -52,7 +53,8 @@ export const databaseUrl = {
     urlText,
     urlLength(DATABASE_URL_MAX_LENGTH),
     { test: isPostgresUrl, text: "must be a postgres:// or postgresql:// URL" },
-    DatabaseSsl.sslModeRule
+    DatabaseSsl.sslModeRule,
+    DatabaseSsl.sslParamRule
   ]
 } as const
 
