@@ -43,6 +43,7 @@ import * as Database from "../services/platform/Database.js"
 import * as Health from "../services/platform/Health.js"
 import { SafeHttp } from "../services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../services/platform/Lifecycle.js"
+import * as Listener from "../services/platform/Listener.js"
 import { Tx } from "../services/platform/Persistence.js"
 import * as RolesConfig from "../services/platform/RolesConfig.js"
 import * as Backfill from "../services/reconciliation/Backfill.js"
@@ -145,7 +146,7 @@ const startHealthServer = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R
       HttpServer.serve(Health.router).pipe(Layer.provideMerge(server)),
       httpScope
     )
-    const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(
+    const address = yield* HttpServer.addressWith((a) => Effect.succeed(Listener.logAddress(a))).pipe(
       Effect.provide(httpContext)
     )
     yield* Effect.logInfo("health server listening").pipe(Effect.annotateLogs({ address }))

@@ -45,6 +45,18 @@ describe("Listener.describe", () => {
   })
 })
 
+describe("Listener.logAddress", () => {
+  it("writes a URL's form: an IPv6 host in brackets, IPv4 and names as they are, a socket path", () => {
+    expect(Listener.logAddress({ _tag: "TcpAddress", hostname: "::1", port: 3003 })).toBe("http://[::1]:3003")
+    expect(Listener.logAddress({ _tag: "TcpAddress", hostname: "fe80::1%eth0", port: 80 })).toBe(
+      "http://[fe80::1%eth0]:80"
+    )
+    expect(Listener.logAddress({ _tag: "TcpAddress", hostname: "127.0.0.1", port: 3003 })).toBe("http://127.0.0.1:3003")
+    expect(Listener.logAddress({ _tag: "TcpAddress", hostname: "localhost", port: 1 })).toBe("http://localhost:1")
+    expect(Listener.logAddress({ _tag: "UnixAddress", path: "/run/firehook.sock" })).toBe("unix:///run/firehook.sock")
+  })
+})
+
 describe("Listener.guard under Bun", () => {
   let busy: Net.Server
   let port = 0

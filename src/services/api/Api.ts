@@ -25,6 +25,7 @@ import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { SafeHttp } from "../platform/http/SafeHttp.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
+import * as Listener from "../platform/Listener.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import * as IdentityService from "../reconciliation/Identity.js"
 import * as IdentityInvalidations from "../reconciliation/IdentityInvalidations.js"
@@ -233,7 +234,9 @@ export const start = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, sc
     const lifecycle = yield* Lifecycle
     const apiScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
     const context = yield* Layer.buildWithScope(serve(server).pipe(Layer.provide(layerSql(config))), apiScope)
-    const address = yield* HttpServer.addressFormattedWith((a) => Effect.succeed(a)).pipe(Effect.provide(context))
+    const address = yield* HttpServer.addressWith((a) => Effect.succeed(Listener.logAddress(a))).pipe(
+      Effect.provide(context)
+    )
     yield* Effect.logInfo("api server listening").pipe(
       Effect.annotateLogs({ address, configured: Option.isSome(config.api.serviceDid) })
     )

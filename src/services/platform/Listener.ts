@@ -8,6 +8,7 @@
  * change and the address: `HEALTH_PORT 127.0.0.1:3003 is in use (EADDRINUSE)`. Any other failure
  * passes through unchanged.
  */
+import type * as HttpServer from "@effect/platform/HttpServer"
 import { Cause, Data, Layer, Option } from "effect"
 import * as ErrorCode from "./ErrorCode.js"
 
@@ -48,6 +49,16 @@ export class ListenerUnavailable extends Data.TaggedError("ListenerUnavailable")
 /** `host:port` as a URL writes it (`[::1]:3003`). */
 export const formatAddress = (host: string, port: number): string =>
   `${host.includes(":") ? `[${host}]` : host}:${port}`
+
+/**
+ * A listening server's address for its log line: `http://host:port` with an IPv6 host in brackets
+ * (`http://[::1]:3003`, as a URL writes it; Effect's own formatting leaves them out), or
+ * `unix://path`.
+ */
+export const logAddress = (address: HttpServer.Address): string =>
+  address._tag === "UnixAddress"
+    ? `unix://${address.path}`
+    : `http://${formatAddress(address.hostname, address.port)}`
 
 /**
  * The bind error behind `error` (a server's thrown error, or a typed failure wrapping it as its
