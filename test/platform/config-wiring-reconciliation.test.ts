@@ -89,9 +89,6 @@ describe("IDENTITY_CACHE_* reach identity (Identity.make reads them from the con
           }
         })
     })
-  const settleFibers = Effect.gen(function*() {
-    for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-  })
   /** Requests made for: a lookup, `wait` later another (and its background refresh, if any). */
   const requestsAfter = (
     env: Record<string, string>,
@@ -108,7 +105,7 @@ describe("IDENTITY_CACHE_* reach identity (Identity.make reads them from the con
       yield* identity.resolvePds(did)
       yield* TestClock.adjust(wait)
       yield* identity.resolvePds(did)
-      yield* settleFibers
+      yield* settle
       const stats = yield* identity.stats
       return { requests: requests.length, misses: stats.misses, refreshes: stats.refreshes }
     })

@@ -12,11 +12,8 @@ import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as FailureMarks from "../../src/services/reconciliation/FailureMarks.js"
 import * as Metrics from "../../src/services/reconciliation/ReconcileMetrics.js"
 import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
+import { settle } from "../support/settle.js"
 import { plc } from "../support/stack.js"
-
-const settle = Effect.gen(function*() {
-  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-})
 
 /** A store whose marks fail while `down.value`; `written` holds the marks it took. */
 const world = () => {

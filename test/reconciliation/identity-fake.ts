@@ -65,6 +65,4 @@ export const identityLayer = (
   )
 
 /** Let forked fibers (background refreshes) run. */
-export const settle = Effect.gen(function*() {
-  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-})
+export { settle } from "../support/settle.js"

@@ -17,6 +17,7 @@ import type { ReconcileStatus } from "../../src/services/registry/RegistryStore.
 import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
 import { halfJitter } from "../support/halfJitter.js"
 import { COMPLETE } from "../support/reconcile.js"
+import { settle } from "../support/settle.js"
 import { plc, testConfig } from "../support/stack.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -149,10 +150,6 @@ const deps = (world: World, env: Record<string, string> = {}) =>
     fakeReconciler(world),
     Config.layerValue(testConfig(env))
   )
-
-const settle = Effect.gen(function*() {
-  for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
-})
 
 /**
  * The scheduler (rounds forked into the test's scope), with a swap that records; its first round
