@@ -18,7 +18,7 @@ import { auditEvent } from "../support/auditEvent.js"
 import { captureLogs } from "../support/captureLogs.js"
 import { fakeRedis } from "../support/fakeRedis.js"
 import { BUN, ROOT } from "../support/proc.js"
-import { makeTestPki } from "../support/testPki.js"
+import { makeTestPki, stderrBesideTlsWarning } from "../support/testPki.js"
 import { newHealth, target } from "./publisher-support.js"
 
 const pki = makeTestPki("redis-tls")
@@ -204,10 +204,7 @@ describe("rediss:// with a CA the process trusts (NODE_EXTRA_CA_CERTS, child pro
       Effect.gen(function*() {
         const r = yield* runSmoke(command, args, { NODE_TLS_REJECT_UNAUTHORIZED: "0" })
         // the runtime's own warning about the variable is all stderr may hold
-        const stderr = r.stderr.split("\n").filter((l) =>
-          l.length > 0 && !l.includes("NODE_TLS_REJECT_UNAUTHORIZED") && !l.includes("--trace-warnings")
-        )
-        expect(stderr).toEqual([])
+        expect(stderrBesideTlsWarning(r.stderr)).toEqual([])
         expect(r.code).toBe(0)
         const out = JSON.parse(r.stdout) as SmokeOut
         expect(out.runtime).toBe(runtime === "Node" ? "node" : "bun")

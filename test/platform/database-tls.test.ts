@@ -17,7 +17,7 @@ import * as Path from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
 import { type FakePg, type FakePgState, fakePgTls } from "../support/fakePgTls.js"
 import { BUN, ROOT } from "../support/proc.js"
-import { makeTestPki } from "../support/testPki.js"
+import { makeTestPki, stderrBesideTlsWarning } from "../support/testPki.js"
 
 const pki = makeTestPki("pg-tls")
 const GOOD = pki.signed("good", ["DNS:localhost", "IP:127.0.0.1"])
@@ -176,10 +176,7 @@ describe("DATABASE_URL over TLS, the test CA trusted (child processes)", () => {
             env
           )
           // the runtime's own warning about the variable is all stderr may hold
-          const stderr = r.stderr.split("\n").filter((l) =>
-            l.length > 0 && !l.includes("NODE_TLS_REJECT_UNAUTHORIZED") && !l.includes("--trace-warnings")
-          )
-          expect(stderr).toEqual([])
+          expect(stderrBesideTlsWarning(r.stderr)).toEqual([])
           expect(r.code).toBe(0)
           const out = JSON.parse(r.stdout) as SmokeOut
           expect(out.runtime).toBe(runtime === "Node" ? "node" : "bun")

@@ -4,12 +4,9 @@
 // bind (`fd00::1%eth0`: EINVAL), which startup reported as `startup failed (unexpected TypeError
 // ERR_INVALID_ARG_TYPE)`. Such a value is now a startup error naming the variable and the rule.
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Either } from "effect"
-import * as Config from "../../src/services/platform/Config.js"
+import { Effect, Either } from "effect"
 import { listenersCollide } from "../../src/services/platform/ConfigRead.js"
-
-const load = (env: Record<string, string>) =>
-  Config.load({ isTty: false }).pipe(Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env)))))
+import { load } from "./config-support.js"
 
 const refusal = (env: Record<string, string>) =>
   Effect.gen(function*() {

@@ -106,3 +106,12 @@ export const makeTestPki = (prefix: string): TestPki => {
   }
   return { dir, caPath, signed, selfSigned, remove: () => rmSync(dir, { recursive: true, force: true }) }
 }
+
+/**
+ * stderr's lines other than the runtime's own warning about `NODE_TLS_REJECT_UNAUTHORIZED` (which
+ * Node and Bun print when it is set): what a child run with that variable must not print otherwise.
+ */
+export const stderrBesideTlsWarning = (stderr: string): ReadonlyArray<string> =>
+  stderr.split("\n").filter((l) =>
+    l.length > 0 && !l.includes("NODE_TLS_REJECT_UNAUTHORIZED") && !l.includes("--trace-warnings")
+  )
