@@ -5,7 +5,8 @@
  * firehook's own steps for a did:web service DID with a port); `iat` more than 1 h old refused on
  * the library's path too; a full replay cache without a shared store answers 503, never 401 and
  * never an unchecked token; a shared store that holds the token expired by the database's clock
- * answers `ExpiredToken` on the library's path, as on firehook's own.
+ * answers `ExpiredToken` on the library's path, as on firehook's own; claims not of their types
+ * (no `exp`, a fractional `exp`, a non-string `iss`) are refused as `InvalidToken`.
  */
 import { describe, expect, it, layer } from "@effect/vitest"
 import { Effect, Layer, TestClock } from "effect"
@@ -111,6 +112,25 @@ describe("service auth edges, firehook's own steps (a did:web service DID with a
         expect((yield* call(LIST, { token: yield* at(30) })).status).toBe(200)
         const early = yield* call(LIST, { token: yield* at(31) })
         expect([early.status, early.body["error"]]).toEqual([401, "InvalidToken"])
+      }))
+
+    it.effect("claims not of their types are 401 InvalidToken: no exp, a fractional exp, iss a number", () =>
+      Effect.gen(function*() {
+        yield* wallClock
+        const owner = yield* newOwner()
+        const t = nowS()
+        const cases: ReadonlyArray<readonly [string, object]> = [
+          // without exp the library is never asked: such a token would never expire
+          ["no exp", { exp: undefined }],
+          ["exp fractional", { exp: t + 60.5 }],
+          ["iss a number", { iss: 5 }]
+        ]
+        for (const [what, extra] of cases) {
+          const token = yield* forge(owner.key, HEADER, claims(owner, LIST, { aud, ...extra }))
+          const answer = yield* call(LIST, { token })
+          expect([what, answer.status, answer.body["error"]]).toEqual([what, 401, "InvalidToken"])
+          expect([what, (yield* call(LIST, { token })).status]).toEqual([what, 401])
+        }
       }))
 
     it.effect("a token within its 30 s of exp skew is accepted once: its replay is refused", () =>

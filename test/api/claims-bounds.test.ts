@@ -78,5 +78,37 @@ describe("service token claims at their bounds (SPEC §8.2)", () => {
     // the bound is on the whole token, whatever its claims
     expect(readServiceJwt(token({ pad: "x".repeat(1000) }))).toBeDefined()
     expect(readServiceJwt(token({ pad: "x".repeat(MAX_TOKEN_LENGTH) }))).toBeUndefined()
+    // exactly at the bound: read; one character more: not
+    const unsigned = token({ pad: "x".repeat(5000) }, "")
+    const at = `${unsigned}${"A".repeat(8192 - unsigned.length)}`
+    expect(at.length).toBe(8192)
+    expect(readServiceJwt(at)).toBeDefined()
+    expect(readServiceJwt(`${at}x`)).toBeUndefined()
+  })
+
+  it("claims are read only with their types: times whole seconds 0 to 2^53 − 1, exp required, strings bounded", () => {
+    const b64 = (o: object) => Buffer.from(JSON.stringify(o)).toString("base64url")
+    const read = (c: object, header: object = { alg: "ES256K", typ: "JWT" }) =>
+      readServiceJwt(`${b64(header)}.${b64({ ...claims({}), ...c })}.c2ln`)
+    expect(read({ iat: NOW, nbf: NOW })).toBeDefined()
+    const refused: ReadonlyArray<readonly [string, object, object?]> = [
+      ["no exp", { exp: undefined }],
+      ["exp fractional", { exp: NOW + 60.5 }],
+      ["exp negative", { exp: -1 }],
+      ["exp beyond 2^53 − 1", { exp: 2 ** 53 }],
+      ["exp a string", { exp: String(NOW + 60) }],
+      ["iat fractional", { iat: NOW + 0.5 }],
+      ["nbf negative", { nbf: -5 }],
+      ["iss a number", { iss: 5 }],
+      ["aud an array", { aud: [AUD] }],
+      ["lxm over 512 characters", { lxm: `${NSID}.${"a".repeat(512)}` }],
+      ["jti over 1,024 characters", { jti: "j".repeat(1025) }],
+      ["alg a number", {}, { alg: 256 }],
+      ["typ a number", {}, { alg: "ES256K", typ: 1 }],
+      ["kid over 256 characters", {}, { alg: "ES256K", kid: `#${"k".repeat(256)}` }]
+    ]
+    for (const [what, c, header] of refused) expect([what, read(c, header)]).toEqual([what, undefined])
+    // at the string bounds: read
+    expect(read({ jti: "j".repeat(1024), lxm: "a".repeat(512) })).toBeDefined()
   })
 })
