@@ -267,7 +267,9 @@ const isCidContent = (u: unknown): u is Uint8Array =>
  * Decodes a record block with cborg under the DAG-CBOR rules (strict minimal encoding, no
  * indefinite lengths, no undefined / NaN / ±Infinity, string map keys only, no duplicate keys,
  * tag 42 only): integers outside ±(2^53 − 1) become `bigint`, CID links `CidLinkWrapper`s, byte
- * strings `BytesWrapper`s (the shapes `@atcute/cbor` gives). `undefined` when it does not decode.
+ * strings `BytesWrapper`s, maps plain objects (the shapes `@atcute/cbor` gives). `undefined` when
+ * it does not decode. Maps are read as `Map`s ({@link fromCborg}): cborg's plain objects take
+ * their keys by assignment, so a `__proto__` key set the object's prototype instead of being a key.
  */
 const decodeWideRecord = (bytes: Uint8Array): unknown => {
   let badCid = false
@@ -288,39 +290,55 @@ const decodeWideRecord = (bytes: Uint8Array): unknown => {
       allowInfinity: false,
       allowBigInt: true,
       strict: true,
-      useMaps: false,
+      useMaps: true,
       rejectDuplicateMapKeys: true,
       tags
     })
   } catch {
     return undefined
   }
-  return badCid ? undefined : wrapBytes(value)
+  return badCid ? undefined : fromCborg(value)
 }
 
-/** Byte strings (`Uint8Array`, as cborg decodes them) replaced in place by `BytesWrapper`s. */
-const wrapBytes = (root: unknown): unknown => {
-  if (root instanceof Uint8Array) return new Cbor.BytesWrapper(root)
-  if (typeof root !== "object" || root === null) return root
-  const stack: Array<Container> = [root as Container]
-  for (let node = stack.pop(); node !== undefined; node = stack.pop()) {
-    const keys = Object.keys(node)
-    for (let i = 0; i < keys.length; i++) {
-      const k = keys[i] as string
-      const v: unknown = (node as Record<string, unknown>)[k]
-      if (v instanceof Uint8Array) {
-        Object.defineProperty(node, k, {
-          value: new Cbor.BytesWrapper(v),
-          enumerable: true,
-          writable: true,
-          configurable: true
-        })
-      } else if (typeof v === "object" && v !== null && !(v instanceof Cbor.CidLinkWrapper)) {
-        stack.push(v as Container)
-      }
+/** A map still to copy into its plain object, or an array still to convert in place. */
+type Pending = { readonly from: Map<unknown, unknown>; readonly to: Record<string, unknown> } | Array<unknown>
+
+/** One cborg value in `@atcute/cbor`'s shape; a map's or an array's content is converted later (`pending`). */
+const plainOf = (v: unknown, pending: Array<Pending>): unknown => {
+  if (v instanceof Uint8Array) return new Cbor.BytesWrapper(v)
+  if (v instanceof Map) {
+    const to: Record<string, unknown> = {}
+    pending.push({ from: v, to })
+    return to
+  }
+  if (Array.isArray(v)) pending.push(v)
+  return v
+}
+
+/**
+ * cborg's value (maps as `Map`s, byte strings as `Uint8Array`s) in `@atcute/cbor`'s shapes: maps
+ * become plain objects whose keys are own data properties (a `__proto__` key too), byte strings
+ * `BytesWrapper`s. `undefined` when a map key is not a string. Iterative (an explicit stack).
+ */
+const fromCborg = (root: unknown): unknown => {
+  const pending: Array<Pending> = []
+  const out = plainOf(root, pending)
+  for (let node = pending.pop(); node !== undefined; node = pending.pop()) {
+    if (Array.isArray(node)) {
+      for (let i = 0; i < node.length; i++) node[i] = plainOf(node[i], pending)
+      continue
+    }
+    for (const [k, v] of node.from) {
+      if (typeof k !== "string") return undefined
+      Object.defineProperty(node.to, k, {
+        value: plainOf(v, pending),
+        enumerable: true,
+        writable: true,
+        configurable: true
+      })
     }
   }
-  return root
+  return out
 }
 
 /**

@@ -5,7 +5,9 @@
  * a record block that is a byte string is no map; a CAR that ends in a truncated block is
  * malformed; and a record decoded by the wide-integer path keeps every DAG-CBOR rule the fast
  * path has (minimal encoding, no duplicate keys, no indefinite lengths, no NaN, CID links of
- * CIDv1 dag-cbor/raw sha2-256 only), with byte strings in arrays as `{$bytes}` too.
+ * CIDv1 dag-cbor/raw sha2-256 only), with byte strings in arrays as `{$bytes}` too, and a
+ * `__proto__` key as an own key (it set the record's prototype before, and a wide integer inside it
+ * made the frame poison).
  */
 import * as Cbor from "@atcute/cbor"
 import { Either } from "effect"
@@ -153,5 +155,32 @@ describe("relay records with integers outside ±(2^53 − 1): the wide path keep
     const r = decodeRelayFrame(withBlock(bytesOf([0xa2], key("a"), WIDE, key("b"), [0x81, 0x42, 0xde, 0xad])), ctx)
     if (Either.isLeft(r) || r.right.kind !== "events") throw new Error("refused")
     expect((r.right.events[0] as RecordEvent).record).toEqual({ a: 2n ** 61n + 2n, b: [{ $bytes: "3q0" }] })
+  })
+})
+
+describe("relay records with integers outside ±(2^53 − 1): a `__proto__` key", () => {
+  const recordOf = (bytes: Uint8Array): Record<string, unknown> => {
+    const r = decodeRelayFrame(withBlock(bytes), ctx)
+    if (Either.isLeft(r) || r.right.kind !== "events") throw new Error(`refused: ${JSON.stringify(r)}`)
+    return (r.right.events[0] as RecordEvent).record as Record<string, unknown>
+  }
+  const subject = bytesOf(key("subject"), key("at://x"))
+
+  it("stays an own data property: the record's prototype is Object.prototype, nothing inherited", () => {
+    const record = recordOf(bytesOf([0xa2], key("n"), WIDE, key("__proto__"), [0xa1], subject))
+    expect(Object.getPrototypeOf(record)).toBe(Object.prototype)
+    expect(Object.keys(record)).toEqual(["n", "__proto__"])
+    expect(Object.getOwnPropertyDescriptor(record, "__proto__")?.value).toEqual({ subject: "at://x" })
+    expect(record["subject"]).toBeUndefined()
+  })
+
+  it("holding the wide integer, is read (not a poison frame)", () => {
+    const record = recordOf(bytesOf([0xa2], key("$type"), key(POST), key("__proto__"), [0xa1], key("n"), WIDE))
+    expect(Object.getPrototypeOf(record)).toBe(Object.prototype)
+    expect(Object.getOwnPropertyDescriptor(record, "__proto__")?.value).toEqual({ n: 2n ** 61n + 2n })
+  })
+
+  it("a map key that is not a string is no DAG-CBOR record", () => {
+    expect(reasonOf(withBlock(bytesOf([0xa2], key("a"), WIDE, [0x01], [0x02])))).toBe("record")
   })
 })
