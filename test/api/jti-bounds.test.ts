@@ -4,16 +4,20 @@
  * untested: the edge of a long-lived token (a row living more than 2 minutes from its claim), and
  * a prune that deletes expired rows only (a token that still lives is never forgotten early), and
  * the layer's first count as it starts (a replica started with the table at its bound refuses new
- * tokens at once, not after a minute), and a claim's 3 s bound (within the call's 10 s deadline).
+ * tokens at once, not after a minute), and a claim's 3 s bound (within the call's 10 s deadline);
+ * then where a second audit found them untested: a token expired by the database's clock writes no
+ * row, and the layer prunes and recounts every minute and goes on after a minute whose statements
+ * failed.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it, layer } from "@effect/vitest"
-import { Clock, Context, Effect, Either, Fiber, Layer, Redacted, TestClock } from "effect"
+import { Chunk, Clock, Context, Effect, Either, Fiber, Layer, Logger, Redacted, TestClock } from "effect"
 import pg from "pg"
 import * as Jti from "../../src/services/api/JtiStore.js"
 import { DatabaseUrl } from "../../src/services/platform/Database.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Db from "../support/db.js"
+import { captureLogs } from "./support.js"
 import { untilEffect } from "./tailClient.js"
 
 describe("jti store bounds", () => {
@@ -65,6 +69,64 @@ describe("jti store bounds", () => {
           Effect.map(Effect.orDie(store.claim("did:web:c.example", "held-1", now + 60_000)), (v) => v === "full")
         )
         expect(yield* store.claim("did:web:c.example", "new", now + 60_000)).toBe("full")
+      }))
+
+    it.effect("a token expired by the database's clock is refused and writes no row", () =>
+      Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        const sql = yield* SqlClient.SqlClient
+        const store = yield* Jti.makeSql
+        yield* sql`DELETE FROM api_jti`
+        expect(yield* store.claim("did:web:e.example", "late", Date.now() - 60_000)).toBe("expired")
+        expect(yield* sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM api_jti`).toEqual([{ n: 0 }])
+      }))
+
+    it.scoped("the layer prunes and recounts every minute, and goes on after a minute whose statements failed", () =>
+      Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`DELETE FROM api_jti`
+        yield* sql`INSERT INTO api_jti (iss, jti, expires_at) VALUES
+          ('did:web:f.example', 'live-1', now() + interval '1 hour'),
+          ('did:web:f.example', 'live-2', now() + interval '1 hour'),
+          ('did:web:f.example', 'gone', now() - interval '1 second')`
+        const { capture, lines } = captureLogs()
+        const store = Context.get(
+          yield* Layer.build(Jti.layerSqlWith({ liveRows: 2 })).pipe(
+            Effect.provide(Logger.replace(Logger.defaultLogger, capture))
+          ),
+          Jti.JtiStore
+        )
+        let n = 0
+        const claim = () => Effect.orDie(store.claim("did:web:f.example", `new-${++n}`, Date.now() + 60_000))
+        // the layer's fiber waits for its next minute (a statement's timeout, interrupted, may stay listed)
+        const sleeping = untilEffect(
+          "the layer's fiber sleeps",
+          Effect.zipWith(
+            TestClock.sleeps(),
+            Clock.currentTimeMillis,
+            (s, now) => Chunk.some(s, (t) => t >= now + 60_000)
+          )
+        )
+        const logged = (message: string) =>
+          untilEffect(message, Effect.sync(() => lines.some((l) => l.message === message)))
+        yield* untilEffect("the count at the start", Effect.map(claim(), (v) => v === "full"))
+        yield* sleeping
+        // a minute whose prune and count fail (the table is away): logged, and the fiber goes on
+        yield* sql`ALTER TABLE api_jti RENAME TO api_jti_away`
+        yield* TestClock.adjust("1 minute")
+        yield* logged("api: expired token ids could not be pruned")
+        yield* logged("api: live token ids could not be counted")
+        yield* sleeping
+        yield* sql`ALTER TABLE api_jti_away RENAME TO api_jti`
+        // the live rows end (as tokens of other replicas expire): the next minute's count frees the room
+        yield* sql`DELETE FROM api_jti WHERE jti <> 'gone'`
+        yield* TestClock.adjust("1 minute")
+        yield* untilEffect(
+          "the expired row pruned",
+          Effect.map(Effect.orDie(sql`SELECT jti FROM api_jti WHERE jti = 'gone'`), (rows) => rows.length === 0)
+        )
+        yield* untilEffect("the room counted back", Effect.map(claim(), (v) => v === "fresh"))
       }))
 
     it.scoped("a claim the database does not answer fails after 3 s (TestClock), well within the call's 10 s", () =>
