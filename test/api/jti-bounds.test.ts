@@ -6,8 +6,8 @@
  * the layer's first count as it starts (a replica started with the table at its bound refuses new
  * tokens at once, not after a minute), and a claim's 3 s bound (within the call's 10 s deadline);
  * then where a second audit found them untested: a token expired by the database's clock writes no
- * row, and the layer prunes and recounts every minute and goes on after a minute whose statements
- * failed.
+ * row, one prune stops at its 60 statements, and the layer prunes and recounts every minute and
+ * goes on after a minute whose statements failed.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it, layer } from "@effect/vitest"
@@ -128,6 +128,21 @@ describe("jti store bounds", () => {
         )
         yield* untilEffect("the room counted back", Effect.map(claim(), (v) => v === "fresh"))
       }))
+
+    it.effect(
+      "one prune deletes at most 60 statements of 10,000 expired rows (600,000); the rest waits for the next",
+      () =>
+        Effect.gen(function*() {
+          const sql = yield* SqlClient.SqlClient
+          const store = yield* Jti.makeSql
+          yield* sql`DELETE FROM api_jti`
+          yield* sql`INSERT INTO api_jti (iss, jti, expires_at)
+          SELECT 'did:web:flood.example', 'j' || g, now() - interval '1 minute' FROM generate_series(1, 600005) g`
+          expect(yield* store.prune).toBe(600_000)
+          expect(yield* store.prune).toBe(5)
+        }),
+      { timeout: 60_000 }
+    )
 
     it.scoped("a claim the database does not answer fails after 3 s (TestClock), well within the call's 10 s", () =>
       Effect.gen(function*() {
