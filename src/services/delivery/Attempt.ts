@@ -96,15 +96,15 @@ export const memoTransforms = (resolve: (url: URL) => Transform): (url: string) 
 // ---------------------------------------------------------------------------------------------
 // The decisions
 
+/** The kind (`last_error_kind`, metric reason) of a row cancelled because its subscription changed. */
+export const SUBSCRIPTION_CHANGED_KIND = "subscription_changed"
+
 /**
  * Step 1, the subscription as the attempt sees it: owner `scanning` → defer without spending an
  * attempt; missing, inactive, URL or fingerprint changed → cancel (`subscription_changed`); gone or
  * auto-disabled → park (SPEC §4.3: a dead letter `webhook_disabled`, no request); otherwise
  * undefined (go on).
  */
-/** The kind (`last_error_kind`, metric reason) of a row cancelled because its subscription changed. */
-export const SUBSCRIPTION_CHANGED_KIND = "subscription_changed"
-
 export const screen = (row: ClaimedRow, sub: SubscriptionSnapshot, scanningDeferMs: number): Settled | undefined => {
   if (sub.ownerStatus === "scanning") {
     return Defer({ delayMs: scanningDeferMs, jitterMs: DEFER_JITTER_MS, reason: "owner_scanning" })

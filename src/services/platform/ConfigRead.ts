@@ -9,7 +9,7 @@
  */
 import { Config as EffectConfig, Data, Effect, Option, Record, Redacted } from "effect"
 import * as Net from "node:net"
-import { isLoopbackBytes, isLoopbackHost, parseIpv4, parseIpv6 } from "../../schemas/Net.js"
+import { cidrContains, isLoopbackBytes, isLoopbackHost, parseCidr, parseIpv4, parseIpv6 } from "../../schemas/Net.js"
 
 /** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
 export class ConfigInvalid extends Data.TaggedError("ConfigInvalid")<{
@@ -275,11 +275,12 @@ const withoutZone = (host: string): string => {
  * any other address throws a TypeError in `Bun.serve` (`::1%lo`, `::%eth0`) or fails the bind
  * (`fd00::1%eth0`: EINVAL), which startup could only report as an unexpected error.
  */
+const LINK_LOCAL_IPV6 = parseCidr("fe80::/10")
 export const listenZone: StringRule = {
   test: (s) => {
     if (s.indexOf("%") < 0) return true
     const bytes = parseIpv6(withoutZone(s))
-    return bytes !== undefined && bytes[0] === 0xfe && ((bytes[1] ?? 0) & 0xc0) === 0x80
+    return bytes !== undefined && LINK_LOCAL_IPV6 !== undefined && cidrContains(LINK_LOCAL_IPV6, bytes)
   },
   text: "may have an IPv6 zone (%eth0) only after a link-local fe80:: address"
 }

@@ -39,12 +39,15 @@ const parse = (url: string): URL | undefined => (URL.canParse(url) ? new URL(url
 /** The last value of a query parameter (the one `pg` reads: later entries overwrite earlier ones). */
 const lastParam = (u: URL, name: string): string | undefined => u.searchParams.getAll(name).at(-1)
 
-/** Whether the URL's `sslmode`, if any, is one of {@link SSL_MODES}. */
-export const hasKnownSslMode = (url: string): boolean => {
+/** Whether the URL's query parameter `name` (its last value), if any, is one of `known`. */
+const lastParamKnown = (url: string, name: string, known: ReadonlyArray<string>): boolean => {
   const u = parse(url)
-  const mode = u === undefined ? undefined : lastParam(u, "sslmode")
-  return mode === undefined || SSL_MODES.some((m) => m === mode)
+  const value = u === undefined ? undefined : lastParam(u, name)
+  return value === undefined || known.includes(value)
 }
+
+/** Whether the URL's `sslmode`, if any, is one of {@link SSL_MODES}. */
+export const hasKnownSslMode = (url: string): boolean => lastParamKnown(url, "sslmode", SSL_MODES)
 
 /** `DATABASE_URL`'s `sslmode` rule, checked at startup (SPEC §6.5). */
 export const sslModeRule: StringRule = {
@@ -60,11 +63,7 @@ export const sslModeRule: StringRule = {
 export const SSL_PARAMS = ["true", "1", "0", "no-verify"] as const
 
 /** Whether the URL's `ssl` query value, if any, is one of {@link SSL_PARAMS}. */
-export const hasKnownSslParam = (url: string): boolean => {
-  const u = parse(url)
-  const value = u === undefined ? undefined : lastParam(u, "ssl")
-  return value === undefined || SSL_PARAMS.some((v) => v === value)
-}
+export const hasKnownSslParam = (url: string): boolean => lastParamKnown(url, "ssl", SSL_PARAMS)
 
 /** `DATABASE_URL`'s `ssl` rule, checked at startup after {@link sslModeRule}. */
 export const sslParamRule: StringRule = {
