@@ -14,7 +14,7 @@ import {
   optionValueLine,
   unknownCommand
 } from "../../src/cli/Help.js"
-import { BUN, ROOT, runCli } from "../support/proc.js"
+import { BUN, ROOT, runCli, SOURCE_CLI } from "../support/proc.js"
 import { expectOneLineError, lines } from "./cli-expect.js"
 
 const ESC = "\u001b"
@@ -117,6 +117,28 @@ describe("firehook --wizard without a terminal", () => {
     expectOneLineError({ code, stdout, stderr }, 2)
     expect(stderr).toBe("firehook: --wizard asks its questions on a terminal: stdin is not one\n")
   }, 60_000)
+})
+
+describe("the bundled CLI the suites run (test/support/cliBundle.ts)", () => {
+  it("answers as the sources do: help pages, the version, refusals and an operational failure", async () => {
+    const unreachable = { DATABASE_URL: "postgres://firehook@127.0.0.1:1/none" }
+    const cases: ReadonlyArray<readonly [ReadonlyArray<string>, Record<string, string>]> = [
+      [["--help"], {}],
+      [["--version"], {}],
+      [["hooks", "secrets", "--help"], {}],
+      [["deliveries", "list", "--limit", "0"], unreachable],
+      [["deliveries", "list"], unreachable],
+      [["hooks", "status"], {}],
+      [["hooks", "create"], { ATPROTO_PDS: "http://127.0.0.1:1" }]
+    ]
+    for (const [args, env] of cases) {
+      const [bundled, sources] = await Promise.all([runCli(args, env), runCli(args, env, SOURCE_CLI)])
+      expect(bundled, args.join(" ")).toEqual(sources)
+    }
+    // the cases cover success, a refusal (2) and a failure (1)
+    const codes = await Promise.all(cases.slice(3, 5).map(([args, env]) => runCli(args, env)))
+    expect(codes.map((r) => r.code)).toEqual([2, 1])
+  }, 120_000)
 })
 
 describe("Help (pure)", () => {

@@ -17,6 +17,7 @@ import * as Path from "node:path"
 import type { TestProject } from "vitest/node"
 import * as Database from "../../src/services/platform/Database.js"
 import * as EmbeddedPg from "../../src/services/platform/EmbeddedPg.js"
+import { buildCliBundle } from "./cliBundle.js"
 import { databaseUrl, withClient as withAdmin } from "./pgAdmin.js"
 
 declare module "vitest" {
@@ -80,6 +81,19 @@ const makeTemplate = async (adminUrl: string, name: string) => {
 }
 
 export default async function setup(project: TestProject) {
+  const cli = buildCliBundle()
+  project.provide("cliBundle", cli.path)
+  const teardown = await setupPg(project)
+  return async () => {
+    try {
+      await teardown()
+    } finally {
+      cli.remove()
+    }
+  }
+}
+
+const setupPg = async (project: TestProject): Promise<() => Promise<void>> => {
   const tag = process.pid.toString(36)
   const template = `fh_tmpl_${tag}`
   const external = process.env["DATABASE_URL"]

@@ -4,6 +4,7 @@
 import { Effect } from "effect"
 import { type ChildProcess, spawn } from "node:child_process"
 import * as Path from "node:path"
+import { inject } from "vitest"
 import * as Ports from "../../src/services/platform/Ports.js"
 
 export const ROOT = Path.resolve(import.meta.dirname, "../..")
@@ -114,15 +115,30 @@ export interface CliResult {
   readonly stderr: string
 }
 
-/** Run `bun src/cli/main.ts <args>` with only `env` (plus PATH/HOME) and collect its output. */
-export const runCli = (args: ReadonlyArray<string>, env: Record<string, string>): Promise<CliResult> => {
-  const running = spawnCli(args, env)
+/** The CLI's sources, as `npx firehook` (bin/firehook.mjs) runs them. */
+export const SOURCE_CLI = "src/cli/main.ts"
+
+/**
+ * Run the CLI (`firehook <args>`: the bundle of `src/cli/main.ts` that globalSetup built, see
+ * cliBundle.ts) with only `env` (plus PATH/HOME) and collect its output.
+ */
+export const runCli = (
+  args: ReadonlyArray<string>,
+  env: Record<string, string>,
+  /** the script Bun runs: the bundle, or `SOURCE_CLI` (the sources, as `npx firehook` runs them) */
+  entry: string = inject("cliBundle")
+): Promise<CliResult> => {
+  const running = spawnCli(args, env, entry)
   return running.exit.then((code) => ({ code, stdout: running.stdout(), stderr: running.stderr() }))
 }
 
-/** A running CLI whose output can be read while it runs. */
-export const spawnCli = (args: ReadonlyArray<string>, env: Record<string, string>) => {
-  const child: ChildProcess = spawn(BUN, ["src/cli/main.ts", ...args], {
+/** A running CLI (as `runCli` runs it) whose output can be read while it runs. */
+export const spawnCli = (
+  args: ReadonlyArray<string>,
+  env: Record<string, string>,
+  entry: string = inject("cliBundle")
+) => {
+  const child: ChildProcess = spawn(BUN, [entry, ...args], {
     cwd: ROOT,
     env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
     stdio: ["ignore", "pipe", "pipe"]
