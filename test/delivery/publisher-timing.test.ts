@@ -125,6 +125,27 @@ describe("Publisher: bounds and timing", () => {
       expect((yield* droppedCount("timeout")) - timeoutBefore).toBe(1)
     }))
 
+  it.scoped("a reply timeout resets the connection: the messages still awaiting their reply on it are dropped with it, each as timeout", () =>
+    Effect.gen(function*() {
+      const fake = yield* fakeRedis(() => undefined) // never answers
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "c" })
+      yield* p.awaitStats((s) => s.connected)
+      const timeoutBefore = yield* droppedCount("timeout")
+      yield* p.publish(auditEvent({ rkey: "first" }))
+      yield* fake.awaitState((x) => x.commands.length === 1)
+      yield* TestClock.adjust("400 millis")
+      yield* p.publish(auditEvent({ rkey: "second" }))
+      yield* p.publish(auditEvent({ rkey: "third" }))
+      yield* withinReal(fake.awaitState((x) => x.commands.length === 3), "5 seconds")
+      // the first message's second ends: the two later ones (400 ms old) go with its connection
+      yield* TestClock.adjust("600 millis")
+      const after = yield* withinReal(p.awaitStats((s) => s.dropped === 3), "5 seconds")
+      expect(after).toMatchObject({ dropped: 3, published: 0 })
+      expect((yield* droppedCount("timeout")) - timeoutBefore).toBe(3)
+      yield* withinReal(fake.awaitState((x) => x.closed === 1), "5 seconds")
+    }))
+
   it.scoped("a server that accepts but never answers the handshake: given up after the 5 s connect timeout, logged, retried", () =>
     Effect.gen(function*() {
       const fake = yield* fakeRedis(() => undefined, { ping: "" }) // the PING is never answered
