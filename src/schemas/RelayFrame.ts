@@ -263,82 +263,105 @@ const isCidContent = (u: unknown): u is Uint8Array =>
   u instanceof Uint8Array && u.length === 37 && u[0] === 0x00 && u[1] === 0x01 &&
   (u[2] === 0x71 || u[2] === 0x55) && u[3] === 0x12 && u[4] === 0x20
 
+/** cborg's options for a record block: the DAG-CBOR rules its tokenizer checks. */
+const WIDE_OPTIONS: Cborg.DecodeOptions = {
+  allowIndefinite: false,
+  allowUndefined: false,
+  allowNaN: false,
+  allowInfinity: false,
+  allowBigInt: true,
+  strict: true
+}
+
 /**
- * Decodes a record block with cborg under the DAG-CBOR rules (strict minimal encoding, no
- * indefinite lengths, no undefined / NaN / ±Infinity, string map keys only, no duplicate keys,
- * tag 42 only): integers outside ±(2^53 − 1) become `bigint`, CID links `CidLinkWrapper`s, byte
- * strings `BytesWrapper`s, maps plain objects (the shapes `@atcute/cbor` gives). `undefined` when
- * it does not decode. Maps are read as `Map`s ({@link fromCborg}): cborg's plain objects take
- * their keys by assignment, so a `__proto__` key set the object's prototype instead of being a key.
+ * A container still being filled by {@link decodeWideRecord}: an array with `left` items to come,
+ * a map with `left` entries to come (`key`: the entry's key once read), or a tag-42 CID link
+ * awaiting its content.
+ */
+type Open =
+  | { readonly kind: "array"; readonly value: Array<unknown>; left: number }
+  | { readonly kind: "map"; readonly value: Record<string, unknown>; left: number; key: string | undefined }
+  | { readonly kind: "link" }
+
+/**
+ * Decodes a record block under the DAG-CBOR rules (strict minimal encoding, no indefinite lengths,
+ * no undefined / NaN / ±Infinity, string map keys only, no duplicate keys, tag 42 only, nothing
+ * after the value): integers outside ±(2^53 − 1) become `bigint`, CID links `CidLinkWrapper`s,
+ * byte strings `BytesWrapper`s, maps plain objects whose keys are own data properties (a
+ * `__proto__` key too): the shapes `@atcute/cbor` gives. `undefined` when it does not decode.
+ *
+ * cborg's tokenizer reads the tokens and checks the encoding rules; the value is built here with
+ * an explicit stack of open containers, because cborg's own `decode` recurses (a record nested
+ * about 3,500 levels deep overflowed the call stack, and its frame was poison). Each token is at
+ * least one byte, so the loop ends within the block's length.
  */
 const decodeWideRecord = (bytes: Uint8Array): unknown => {
-  let badCid = false
-  const tags: Array<Cborg.TagDecoder> = []
-  tags[42] = (inner: unknown) => {
-    if (!isCidContent(inner)) {
-      badCid = true
-      return null
-    }
-    return new Cbor.CidLinkWrapper(inner.slice(1))
-  }
-  let value: unknown
   try {
-    value = Cborg.decode(bytes, {
-      allowIndefinite: false,
-      allowUndefined: false,
-      allowNaN: false,
-      allowInfinity: false,
-      allowBigInt: true,
-      strict: true,
-      useMaps: true,
-      rejectDuplicateMapKeys: true,
-      tags
-    })
+    // a plain view (not a Buffer, whose `slice` shares memory), as cborg's `decode` reads it
+    const plain = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+    const tokens = new Cborg.Tokenizer(plain, WIDE_OPTIONS)
+    const open: Array<Open> = []
+    while (!tokens.done()) {
+      const token = tokens.next()
+      const type = token.type
+      let value: unknown
+      if (Cborg.Type.equals(type, Cborg.Type.array) || Cborg.Type.equals(type, Cborg.Type.map)) {
+        const isArray = Cborg.Type.equals(type, Cborg.Type.array)
+        value = isArray ? [] : {}
+        const left = token.value as number
+        if (left > 0) {
+          open.push(
+            isArray
+              ? { kind: "array", value: value as Array<unknown>, left }
+              : { kind: "map", value: value as Record<string, unknown>, left, key: undefined }
+          )
+          continue
+        }
+      } else if (Cborg.Type.equals(type, Cborg.Type.tag)) {
+        if (token.value !== 42) return undefined
+        open.push({ kind: "link" })
+        continue
+      } else if (type.terminal && !Cborg.Type.equals(type, Cborg.Type.break)) {
+        value = token.value
+      } else {
+        return undefined
+      }
+      // `value` is complete: put it into the innermost open container, closing each one it fills
+      for (;;) {
+        const top = open.at(-1)
+        if (top === undefined) return tokens.done() ? value : undefined
+        if (top.kind === "link") {
+          if (!isCidContent(value)) return undefined
+          open.pop()
+          value = new Cbor.CidLinkWrapper(value.slice(1))
+          continue
+        }
+        const item = value instanceof Uint8Array ? new Cbor.BytesWrapper(value) : value
+        if (top.kind === "array") {
+          top.value.push(item)
+        } else if (top.key === undefined) {
+          if (typeof value !== "string" || Object.hasOwn(top.value, value)) return undefined
+          top.key = value
+          break
+        } else {
+          Object.defineProperty(top.value, top.key, {
+            value: item,
+            enumerable: true,
+            writable: true,
+            configurable: true
+          })
+          top.key = undefined
+        }
+        top.left -= 1
+        if (top.left > 0) break
+        open.pop()
+        value = top.value
+      }
+    }
+    return undefined
   } catch {
     return undefined
   }
-  return badCid ? undefined : fromCborg(value)
-}
-
-/** A map still to copy into its plain object, or an array still to convert in place. */
-type Pending = { readonly from: Map<unknown, unknown>; readonly to: Record<string, unknown> } | Array<unknown>
-
-/** One cborg value in `@atcute/cbor`'s shape; a map's or an array's content is converted later (`pending`). */
-const plainOf = (v: unknown, pending: Array<Pending>): unknown => {
-  if (v instanceof Uint8Array) return new Cbor.BytesWrapper(v)
-  if (v instanceof Map) {
-    const to: Record<string, unknown> = {}
-    pending.push({ from: v, to })
-    return to
-  }
-  if (Array.isArray(v)) pending.push(v)
-  return v
-}
-
-/**
- * cborg's value (maps as `Map`s, byte strings as `Uint8Array`s) in `@atcute/cbor`'s shapes: maps
- * become plain objects whose keys are own data properties (a `__proto__` key too), byte strings
- * `BytesWrapper`s. `undefined` when a map key is not a string. Iterative (an explicit stack).
- */
-const fromCborg = (root: unknown): unknown => {
-  const pending: Array<Pending> = []
-  const out = plainOf(root, pending)
-  for (let node = pending.pop(); node !== undefined; node = pending.pop()) {
-    if (Array.isArray(node)) {
-      for (let i = 0; i < node.length; i++) node[i] = plainOf(node[i], pending)
-      continue
-    }
-    for (const [k, v] of node.from) {
-      if (typeof k !== "string") return undefined
-      Object.defineProperty(node.to, k, {
-        value: plainOf(v, pending),
-        enumerable: true,
-        writable: true,
-        configurable: true
-      })
-    }
-  }
-  return out
 }
 
 /**

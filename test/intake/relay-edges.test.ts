@@ -145,11 +145,34 @@ describe("relay records with integers outside ±(2^53 − 1): the wide path keep
     [
       "a CID link whose digest length is not 32",
       bytesOf([0xa2], key("a"), link(bytesOf(GOOD_CID.subarray(0, 4), [0x40], GOOD_CID.subarray(5))), key("b"), WIDE)
-    ]
+    ],
+    ["a CID link whose content is no byte string", bytesOf([0xa2], key("a"), [0xd8, 0x2a, 0x80], key("b"), WIDE)],
+    ["a tag other than 42", bytesOf([0xa2], key("a"), [0xc1, 0x01], key("b"), WIDE)],
+    ["an integer map key", bytesOf([0xa2], key("a"), WIDE, [0x01], [0x02])],
+    ["an undefined", bytesOf([0xa2], key("a"), WIDE, key("b"), [0xf7])],
+    ["a map announcing more entries than it holds", bytesOf([0xa3], key("a"), WIDE, key("b"), [0x01])],
+    ["an array announcing more items than it holds", bytesOf([0xa1], key("a"), [0x83, 0x01], WIDE)],
+    ["a byte after the record", bytesOf([0xa1], key("a"), WIDE, [0x01])]
   ]
   for (const [what, block] of refused) {
     it(`${what} → record`, () => expect(reasonOf(withBlock(block))).toBe("record"))
   }
+
+  it("a record nested 100,000 levels deep is read (the decoding does not recurse)", () => {
+    const depth = 100_000
+    const r = decodeRelayFrame(
+      withBlock(bytesOf([0xa2], key("a"), new Uint8Array(depth).fill(0x81), WIDE, key("b"), [0xd8, 0x2a, 0x80])),
+      ctx
+    )
+    // control: the same nesting with a tag-42 that holds no CID is refused
+    expect(Either.isLeft(r) && r.left.reason).toBe("record")
+    const ok = decodeRelayFrame(withBlock(bytesOf([0xa1], key("a"), new Uint8Array(depth).fill(0x81), WIDE)), ctx)
+    if (Either.isLeft(ok) || ok.right.kind !== "events") throw new Error("refused")
+    let v: unknown = ((ok.right.events[0] as RecordEvent).record as { a: unknown }).a
+    let levels = 0
+    for (; Array.isArray(v) && v.length === 1; levels++) v = v[0]
+    expect([levels, v]).toEqual([depth, 2n ** 61n + 2n])
+  })
 
   it("byte strings in arrays become {$bytes}, as in maps", () => {
     const r = decodeRelayFrame(withBlock(bytesOf([0xa2], key("a"), WIDE, key("b"), [0x81, 0x42, 0xde, 0xad])), ctx)
