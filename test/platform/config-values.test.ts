@@ -108,7 +108,9 @@ describe("Config", () => {
 
   it.effect("HEALTH_HOST: IP literals (v4, v6) and localhost are accepted (SPEC §6.5)", () =>
     Effect.gen(function*() {
-      for (const host of ["127.0.0.1", "0.0.0.0", "10.1.2.3", "::", "::1", "fe80::1", "2001:db8::8", "localhost"]) {
+      for (
+        const host of ["127.0.0.1", "0.0.0.0", "10.1.2.3", "::", "::1", "fe80::1%eth0", "2001:db8::8", "localhost"]
+      ) {
         expect((yield* load({ HEALTH_HOST: host })).healthHost).toBe(host)
       }
     }))

@@ -2,7 +2,9 @@
 // a link-local address (fe80::/10): Bun listens on `fe80::…%eth0` (by interface name or index), but a
 // zone on any other address made `Bun.serve` throw a TypeError (`::1%lo`, `::%eth0`) or fail the
 // bind (`fd00::1%eth0`: EINVAL), which startup reported as `startup failed (unexpected TypeError
-// ERR_INVALID_ARG_TYPE)`. Such a value is now a startup error naming the variable and the rule.
+// ERR_INVALID_ARG_TYPE)`. Such a value is now a startup error naming the variable and the rule. A
+// link-local address without its zone (`fe80::1`) cannot be listened on either (EINVAL at the bind)
+// and is refused the same way.
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either } from "effect"
 import { listenersCollide } from "../../src/services/platform/ConfigRead.js"
@@ -43,6 +45,22 @@ describe("listen hosts with an IPv6 zone", () => {
           expect(err.message).toBe(
             `invalid configuration: ${variable} may have an IPv6 zone (%eth0) only after a link-local fe80:: address`
           )
+        }
+      }))
+
+    it.effect(`${variable}: a link-local address without its zone is refused in one line (it cannot be listened on)`, () =>
+      Effect.gen(function*() {
+        for (const host of ["fe80::1", "FE80::abcd", "febf::1", "fe80::"]) {
+          const err = yield* refusal({ [variable]: host })
+          expect(err.variable).toBe(variable)
+          expect(err.message).toBe(
+            `invalid configuration: ${variable} needs an IPv6 zone after a link-local fe80:: address (fe80::1%eth0)`
+          )
+        }
+        // control: the neighbours of fe80::/10 need none
+        for (const host of ["fe7f::1", "fec0::1", "::1"]) {
+          const c = yield* load({ [variable]: host })
+          expect(variable === "HEALTH_HOST" ? c.healthHost : c.api.host).toBe(host)
         }
       }))
   }

@@ -269,20 +269,32 @@ const withoutZone = (host: string): string => {
   return at < 0 ? host : host.slice(0, at)
 }
 
+const LINK_LOCAL_IPV6 = parseCidr("fe80::/10")
+/** Whether `host` (a zone left off) is an IPv6 link-local address (fe80::/10). */
+const isLinkLocal = (host: string): boolean => {
+  const bytes = parseIpv6(withoutZone(host))
+  return bytes !== undefined && LINK_LOCAL_IPV6 !== undefined && cidrContains(LINK_LOCAL_IPV6, bytes)
+}
+
 /**
  * SPEC §6.5: an IPv6 zone (`%eth0`, or an interface index `%2`) only after a link-local address
  * (fe80::/10), the one kind of address that needs it. Bun listens on `fe80::…%eth0`, but a zone on
  * any other address throws a TypeError in `Bun.serve` (`::1%lo`, `::%eth0`) or fails the bind
  * (`fd00::1%eth0`: EINVAL), which startup could only report as an unexpected error.
  */
-const LINK_LOCAL_IPV6 = parseCidr("fe80::/10")
 export const listenZone: StringRule = {
-  test: (s) => {
-    if (s.indexOf("%") < 0) return true
-    const bytes = parseIpv6(withoutZone(s))
-    return bytes !== undefined && LINK_LOCAL_IPV6 !== undefined && cidrContains(LINK_LOCAL_IPV6, bytes)
-  },
+  test: (s) => s.indexOf("%") < 0 || isLinkLocal(s),
   text: "may have an IPv6 zone (%eth0) only after a link-local fe80:: address"
+}
+
+/**
+ * A link-local address needs its zone: the system cannot listen on `fe80::1` without knowing the
+ * interface (Linux's bind answers EINVAL), so it is refused at startup, in one line, instead of
+ * when the listener starts.
+ */
+export const linkLocalZone: StringRule = {
+  test: (s) => s.indexOf("%") >= 0 || !isLinkLocal(s),
+  text: "needs an IPv6 zone after a link-local fe80:: address (fe80::1%eth0)"
 }
 
 /**
@@ -320,6 +332,9 @@ export const listenersCollide = (
   return ba.length === bb.length && ba.every((byte, i) => byte === bb[i])
 }
 
-/** A listen address variable (`HEALTH_HOST`, `API_HOST`): {@link listenHost}, then {@link listenZone}; `default` when unset. */
+/**
+ * A listen address variable (`HEALTH_HOST`, `API_HOST`): {@link listenHost}, {@link listenZone},
+ * then {@link linkLocalZone}; `default` when unset.
+ */
 export const readListenHost = (v: { readonly env: string; readonly default: string }) =>
-  readStringAll(v.env, v.default, [listenHost, listenZone])
+  readStringAll(v.env, v.default, [listenHost, listenZone, linkLocalZone])
