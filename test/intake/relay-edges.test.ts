@@ -148,6 +148,10 @@ describe("relay records with integers outside ±(2^53 − 1): the wide path keep
     ],
     ["a CID link whose content is no byte string", bytesOf([0xa2], key("a"), [0xd8, 0x2a, 0x80], key("b"), WIDE)],
     ["a tag other than 42", bytesOf([0xa2], key("a"), [0xc1, 0x01], key("b"), WIDE)],
+    [
+      "a tag other than 42 holding a CID",
+      bytesOf([0xa2], key("a"), [0xc1, 0x58, GOOD_CID.length], GOOD_CID, key("b"), WIDE)
+    ],
     ["an integer map key", bytesOf([0xa2], key("a"), WIDE, [0x01], [0x02])],
     ["an undefined", bytesOf([0xa2], key("a"), WIDE, key("b"), [0xf7])],
     ["a map announcing more entries than it holds", bytesOf([0xa3], key("a"), WIDE, key("b"), [0x01])],
@@ -172,6 +176,15 @@ describe("relay records with integers outside ±(2^53 − 1): the wide path keep
     let levels = 0
     for (; Array.isArray(v) && v.length === 1; levels++) v = v[0]
     expect([levels, v]).toEqual([depth, 2n ** 61n + 2n])
+  })
+
+  it("empty arrays and maps are read beside the wide integer, at any depth", () => {
+    const r = decodeRelayFrame(
+      withBlock(bytesOf([0xa3], key("a"), [0x80], key("b"), [0xa1], key("c"), [0x82, 0xa0, 0x80], key("d"), WIDE)),
+      ctx
+    )
+    if (Either.isLeft(r) || r.right.kind !== "events") throw new Error("refused")
+    expect((r.right.events[0] as RecordEvent).record).toEqual({ a: [], b: { c: [{}, []] }, d: 2n ** 61n + 2n })
   })
 
   it("byte strings in arrays become {$bytes}, as in maps", () => {
