@@ -3,6 +3,7 @@
  */
 import { Command } from "@effect/cli"
 import { Effect, Either } from "effect"
+import * as Http from "node:http"
 import * as Operator from "../services/operator/Operator.js"
 import * as Config from "../services/platform/Config.js"
 import { json } from "./Arguments.js"
@@ -15,31 +16,51 @@ import { servicesFor } from "./Services.js"
 /** The service's health endpoint: answered within this, or "not reachable". */
 const HEALTH_TIMEOUT = "2 seconds"
 const HEALTH_MAX_BYTES = 256 * 1024
-const HEALTH_MAX_CHUNKS = 10_000
 
-/** Where to ask: HEALTH_HOST:HEALTH_PORT, a wildcard bind address asked on loopback. */
+/**
+ * Where to ask: HEALTH_HOST:HEALTH_PORT, a wildcard bind address asked on loopback. `host` is what
+ * the socket connects to (an IPv6 address without brackets, with its zone when it has one);
+ * `address` is how the output names it.
+ */
 const healthTarget = (host: string, port: number) => {
   const h = host === "0.0.0.0" ? "127.0.0.1" : host === "::" || host === "[::]" ? "::1" : host
   const bracketed = h.includes(":") && !h.startsWith("[") ? `[${h}]` : h
-  return { address: `${bracketed}:${port}`, url: `http://${bracketed}:${port}/health` }
+  return { host: h, address: `${bracketed}:${port}` }
 }
 
-/** The body, or undefined beyond `max` bytes (a bounded read; the rest is cancelled). */
-const readBounded = async (res: Response, max: number): Promise<string | undefined> => {
-  const reader = res.body?.getReader()
-  if (reader === undefined) return ""
-  const chunks: Array<Uint8Array> = []
-  let size = 0
-  for (let i = 0; i < HEALTH_MAX_CHUNKS; i++) {
-    const { done, value } = await reader.read()
-    if (done) return Buffer.concat(chunks).toString("utf8")
-    size += value.byteLength
-    if (size > max) break
-    chunks.push(value)
-  }
-  await reader.cancel()
-  return undefined
-}
+/**
+ * GET /health with `node:http` rather than `fetch`: a URL cannot carry an IPv6 zone (WHATWG URLs
+ * refuse `[fe80::1%25eth0]`), and a link-local HEALTH_HOST needs one, while a socket's host takes
+ * `fe80::1%eth0` as it is. No redirect is followed; a body over `max` bytes is cut off
+ * (`text` undefined). Ends when `signal` aborts.
+ */
+const getHealth = (
+  host: string,
+  port: number,
+  max: number,
+  signal: AbortSignal
+): Promise<{ readonly status: number; readonly text: string | undefined }> =>
+  new Promise((resolve, reject) => {
+    const request = Http.get(
+      { host, port, path: "/health", headers: { accept: "application/json" }, agent: false, signal },
+      (res) => {
+        const chunks: Array<Buffer> = []
+        let size = 0
+        res.on("data", (chunk: Buffer) => {
+          size += chunk.length
+          if (size > max) {
+            res.destroy()
+            resolve({ status: res.statusCode ?? 0, text: undefined })
+          } else {
+            chunks.push(chunk)
+          }
+        })
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString("utf8") }))
+        res.on("error", reject)
+      }
+    )
+    request.on("error", reject)
+  })
 
 interface ServiceHealth {
   readonly reachable: boolean
@@ -55,11 +76,7 @@ const fetchHealth = (host: string, port: number): Effect.Effect<ServiceHealth> =
   const unreachable: ServiceHealth = { reachable: false, address: target.address }
   if (port === 0) return Effect.succeed(unreachable)
   return Effect.tryPromise({
-    try: async (signal) => {
-      const res = await fetch(target.url, { signal, redirect: "manual", headers: { accept: "application/json" } })
-      const text = await readBounded(res, HEALTH_MAX_BYTES)
-      return { status: res.status, text }
-    },
+    try: (signal) => getHealth(target.host, port, HEALTH_MAX_BYTES, signal),
     catch: () => "unreachable" as const
   }).pipe(
     Effect.timeout(HEALTH_TIMEOUT),
