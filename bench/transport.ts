@@ -11,7 +11,12 @@
  * - `bare+headers`: the same loop with the headers a signed delivery carries (Host, Content-Length,
  *   User-Agent, Content-Type, the four signature headers), a string body and `setHost: false`,
  *   signatures computed per request, as SafeHttp sends them;
- * - `SafeHttp`: `SafeHttp.request` (the pinned node:http transport) with the same signed headers;
+ * - `bare+headers fibers`: `bare+headers` inside `Effect.async`, from the fibers of one
+ *   `Effect.forEach` (what an Effect fiber adds to the same call);
+ * - `SafeHttp`: `SafeHttp.request` (the pinned node:http transport) with the same signed headers,
+ *   one `Effect.runPromise` per request;
+ * - `SafeHttp fibers`: the same requests from the fibers of one `Effect.forEach`, as the delivery
+ *   worker's row fibers send them (compare with `bare+headers fibers`);
  * - `fetch`: the runtime's fetch with the same headers (not SSRF-pinned: a comparison only).
  * Prints each round, then the median CPU per request of each variant.
  */
@@ -84,17 +89,41 @@ const bareHeaders = (i: number) =>
 const transport = await Effect.runPromise(
   Effect.provide(SafeHttp, SafeHttp.layerDefault({ allowInsecureDev: true, allowCidrs: [], maxSocketsPerHost: C }))
 )
-const safe = (i: number) =>
-  Effect.runPromise(Effect.ignore(transport.request({
-    url: `http://127.0.0.1:${ports[i % ports.length]}/h/${i % 1000}`,
-    method: "POST",
-    headers: signed(i),
-    body: BODY,
-    timeoutMs: 10_000,
-    maxResponseBytes: 65_536,
-    onResponseOverflow: "truncate",
-    keepResponseBytes: 1024
-  })))
+const safeRequest = (i: number) => ({
+  url: `http://127.0.0.1:${ports[i % ports.length]}/h/${i % 1000}`,
+  method: "POST" as const,
+  headers: signed(i),
+  body: BODY,
+  timeoutMs: 10_000,
+  maxResponseBytes: 65_536,
+  onResponseOverflow: "truncate" as const,
+  keepResponseBytes: 1024
+})
+const safe = (i: number) => Effect.runPromise(Effect.ignore(transport.request(safeRequest(i))))
+
+/** The same requests from fibers of one runtime, as the worker sends them (no `runPromise` each). */
+const safeFibers = async (): Promise<number> => {
+  const cpu0 = process.cpuUsage()
+  await Effect.runPromise(Effect.forEach(
+    Array.from({ length: N }, (_, i) => i),
+    (i) => Effect.ignore(transport.request(safeRequest(i))),
+    { concurrency: C, discard: true }
+  ))
+  const cpu = process.cpuUsage(cpu0)
+  return (cpu.user + cpu.system) / 1000 / N
+}
+
+/** node:http with the signed headers inside `Effect.async`, from fibers (what the worker's fiber adds to `bare+headers`). */
+const bareFibers = async (): Promise<number> => {
+  const cpu0 = process.cpuUsage()
+  await Effect.runPromise(Effect.forEach(
+    Array.from({ length: N }, (_, i) => i),
+    (i) => Effect.async<void>((resume) => void bareHeaders(i).then(() => resume(Effect.void))),
+    { concurrency: C, discard: true }
+  ))
+  const cpu = process.cpuUsage(cpu0)
+  return (cpu.user + cpu.system) / 1000 / N
+}
 
 const viaFetch = async (i: number) => {
   try {
@@ -116,7 +145,9 @@ const variants: ReadonlyArray<readonly [string, () => Promise<number>]> = [
     () => bareHttpLoop({ ports, requests: N, bodyBytes: 456, concurrency: C, paths: 1000 }).then((l) => l.cpuMs)
   ],
   ["bare+headers", () => lanes(bareHeaders)],
+  ["bare+headers fibers", bareFibers],
   ["SafeHttp", () => lanes(safe)],
+  ["SafeHttp fibers", safeFibers],
   ["fetch", () => lanes(viaFetch)]
 ]
 const results = new Map<string, Array<number>>()
