@@ -7,7 +7,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { layerSql, ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
 import * as Db from "../support/db.js"
-import { plc } from "../support/stack.js"
+import { plc, rev } from "../support/stack.js"
 
 const stack = layerSql.pipe(Layer.provideMerge(Db.layer()))
 
@@ -70,5 +70,24 @@ describe("ReconcileStore.retryCandidates", () => {
       })
       // a scan that is merely running stays
       expect((yield* store.ownerState(plc(201)))?.status).toBe("scanning")
+    }).pipe(Effect.provide(stack)))
+
+  it.scopedLive("a crashed scan marked failed gives the fence back to the latest completed snapshot's rev (SPEC §3.4)", () =>
+    Effect.gen(function*() {
+      const store = yield* ReconcileStore
+      const sql = yield* SqlClient.SqlClient
+      const [done, crashed, running] = [rev(100), rev(200), rev(300)]
+      yield* sql`INSERT INTO owners (did, reconcile_status, scan_generation, scan_started_at, snapshot_rev, completed_snapshot_rev)
+        VALUES (${plc(300)}, 'scanning', 2, now() - interval '20 minutes', ${crashed}, ${done})`
+      yield* sql`INSERT INTO owners (did, reconcile_status, scan_generation, scan_started_at, snapshot_rev)
+        VALUES (${plc(301)}, 'scanning', 1, now() - interval '20 minutes', ${crashed})`
+      yield* sql`INSERT INTO owners (did, reconcile_status, scan_generation, scan_started_at, snapshot_rev, completed_snapshot_rev)
+        VALUES (${plc(302)}, 'scanning', 2, now() - interval '1 minute', ${running}, ${done})`
+      yield* store.retryCandidates({ limit: 16, staleScanMs: 15 * 60_000, exclude: [] })
+      expect(yield* store.ownerState(plc(300))).toMatchObject({ status: "failed", snapshotRev: done })
+      // never completed a scan: no fence
+      expect(yield* store.ownerState(plc(301))).toMatchObject({ status: "failed", snapshotRev: undefined })
+      // a scan in progress keeps fencing with its own rev
+      expect(yield* store.ownerState(plc(302))).toMatchObject({ status: "scanning", snapshotRev: running })
     }).pipe(Effect.provide(stack)))
 })

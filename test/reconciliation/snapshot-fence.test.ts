@@ -3,7 +3,8 @@
  * than the owner's snapshot rev, which is stored as soon as the scan reads it. So on a fresh
  * database, an old create that the stream replays (the owner deleted the webhook since; only the
  * stream's history still has it) never brings the webhook back, whether it lands before, during or
- * after the owner's scan, or after a scan that failed; a genuinely newer live write still applies.
+ * after the owner's scan; a genuinely newer live write still applies. A scan that fails gives the
+ * fence back to the owner's latest completed snapshot (none: no fence), SPEC §3.4.
  * A real PostgreSQL, a fake PLC and PDS (real HTTP servers on loopback).
  */
 import { describe, expect, layer } from "@effect/vitest"
@@ -70,6 +71,14 @@ const expectNewerApplies = (did: string) =>
     expect(row?.url).toBe("https://new.example/hook")
     expect(tombstone).toBeUndefined()
     expect(yield* memoryRkeys(did)).toContain("w")
+  })
+
+/** A scan of `did` whose listing fails (503), the PDS answering again afterwards. */
+const failedScan = (did: string) =>
+  Effect.flatMap(Fakes, (fakes) => {
+    fakes.pds.handler = (req) =>
+      req.path === LIST_RECORDS && req.query.get("repo") === did ? { status: 503, body: "{}" } : fakes.defaultPds(req)
+    return reconcile(did).pipe(Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds))))
   })
 
 /** Wait until the fake PDS got `path` for `did`. */
@@ -163,25 +172,59 @@ describe("snapshots beat old replays (issue 14 item 4)", () => {
         yield* expectNewerApplies(did)
       }))
 
-    it.effect("lands after a scan that failed once its rev was stored: ignored; the retry completes", () =>
+    it.effect("lands after a scan that failed once its rev was stored: applied (no completed snapshot, no fence); the retry deletes it", () =>
       Effect.gen(function*() {
         const did = plc(405)
-        const fakes = yield* Fakes
         yield* setup(did)
-        fakes.pds.handler = (req) =>
-          req.path === LIST_RECORDS && req.query.get("repo") === did
-            ? { status: 503, body: "{}" }
-            : fakes.defaultPds(req)
-        expect(yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))))
-          .toEqual({ _tag: "failed", kind: "pds_status" })
-        // the rev stays: the retry reads the same or a newer one
+        expect(yield* failedScan(did)).toEqual({ _tag: "failed", kind: "pds_status" })
+        // a failed scan is neither the latest completed snapshot nor one in progress (SPEC §3.4):
+        // its rev no longer fences, and this owner never completed one
+        expect(yield* ownerState(did)).toMatchObject({ status: "failed", snapshotRev: undefined })
+        expect(yield* replayOldCreate(did)).toEqual(["active"])
+        expect(yield* memoryRkeys(did)).toEqual(["w"])
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        yield* expectGone(did, SNAP)
+        expect(yield* memoryRkeys(did)).toEqual(["keep"])
+        yield* expectNewerApplies(did)
+      }))
+
+    it.effect("lands after a scan that failed, the owner's earlier scan completed: that snapshot's rev fences again", () =>
+      Effect.gen(function*() {
+        const did = plc(406)
+        const fakes = yield* Fakes
+        yield* setup(did, [{ rkey: "keep", value: hook() }, { rkey: "d", value: hook() }])
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        expect(yield* memoryRkeys(did)).toEqual(["d", "keep"])
+        // the owner deletes `d` (rev 120); the next scan reads rev 130, then its listing fails
+        fakes.repos.set(did, { rev: rev(130), records: [{ rkey: "keep", value: hook() }] })
+        expect(yield* failedScan(did)).toEqual({ _tag: "failed", kind: "pds_status" })
         expect(yield* ownerState(did)).toMatchObject({ status: "failed", snapshotRev: SNAP })
+        // the stream's delete arrives after that failure (a lagging stream): it applies and stops matching
+        expect(yield* live([whEv(did, "d", undefined, { operation: "delete", rev: rev(120) })])).toEqual(["deleted"])
+        expect(yield* memoryRkeys(did)).toEqual(["keep"])
+        // older than the completed snapshot: still ignored
         expect(yield* replayOldCreate(did)).toEqual(["stale"])
         yield* expectGone(did, undefined)
         expect((yield* reconcile(did))._tag).toBe("complete")
-        yield* expectGone(did, undefined)
+        expect(yield* ownerState(did)).toMatchObject({ status: "complete", snapshotRev: rev(130) })
         expect(yield* memoryRkeys(did)).toEqual(["keep"])
-        yield* expectNewerApplies(did)
+      }))
+
+    it.effect("lands after a scan on a PDS that answers nothing (the scan-start TID fallback) failed: applied", () =>
+      Effect.gen(function*() {
+        const did = plc(407)
+        const fakes = yield* Fakes
+        yield* setup(did)
+        fakes.pds.handler = (req) =>
+          (req.query.get("repo") ?? req.query.get("did")) === did ? { status: 503, body: "{}" } : fakes.defaultPds(req)
+        const result = yield* reconcile(did).pipe(
+          Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
+        )
+        expect(result._tag).toBe("failed")
+        expect((yield* ownerState(did))?.snapshotRev).toBeUndefined()
+        // a create committed before the scan started (its rev below the scan-start TID) still registers
+        expect(yield* live([whEv(did, "n", hook(), { rev: rev(90) })])).toEqual(["active"])
+        expect(yield* memoryRkeys(did)).toEqual(["n"])
       }))
   })
 })

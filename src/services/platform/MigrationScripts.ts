@@ -443,6 +443,21 @@ CREATE INDEX IF NOT EXISTS rejected_records_limit_since ON rejected_records (rea
   WHERE reason IN ('limit_total', 'limit_direct_dids', 'limit_backlink_dids');
 `)
 
+/**
+ * 0016: `owners.completed_snapshot_rev`, the rev of the owner's latest COMPLETED snapshot. A scan
+ * that fails (or is found crashed) puts it back as `snapshot_rev`: SPEC §3.4 fences live writes by
+ * the rev of the latest completed snapshot or of the one in progress, and a failed scan is neither
+ * (its stored rev fenced the owner's live writes until a retry completed, so an owner whose PDS was
+ * down lost them: SPEC §2.2). Owners that completed a scan before take their `snapshot_rev` (for one
+ * whose last scan failed after storing its rev, that rev: the fence it had until then). A nullable
+ * column without a default: no table rewrite for the column itself.
+ */
+const ownersCompletedRev = ddl(`
+ALTER TABLE owners ADD COLUMN IF NOT EXISTS completed_snapshot_rev text;
+UPDATE owners SET completed_snapshot_rev = snapshot_rev
+  WHERE completed_at IS NOT NULL AND completed_snapshot_rev IS NULL AND snapshot_rev IS NOT NULL;
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -459,5 +474,6 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0012_owners_completed": ownersCompleted,
   "0013_outbox_dead_letters": outboxDeadLetters,
   "0014_tombstones_live": tombstonesLive,
-  "0015_rejected_limit_since": rejectedLimitSince
+  "0015_rejected_limit_since": rejectedLimitSince,
+  "0016_owners_completed_rev": ownersCompletedRev
 }

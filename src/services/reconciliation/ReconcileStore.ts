@@ -8,9 +8,13 @@
  *   newer scan (a new `begin`) or a completed/failed mark fences every older scan's writes. The same
  *   row lock is taken by every live registry write (`bumpGeneration`), so a live write and a page
  *   of the snapshot never interleave for one owner;
- * - the snapshot's rev is stored with the owner as soon as it is read (`saveSnapshotRev`), and
- *   stays (a scan that fails later keeps it; the next one stores its own): from then on a live
- *   write applies only if its rev is strictly greater (`RegistryStore.bumpGeneration`, SPEC §3.4).
+ * - the snapshot's rev is stored with the owner as soon as it is read (`saveSnapshotRev`): from
+ *   then on a live write applies only if its rev is strictly greater (`RegistryStore.bumpGeneration`,
+ *   SPEC §3.4). Completion keeps it and records it as the latest completed snapshot's rev
+ *   (`completed_snapshot_rev`); a scan that fails (`markFailed`, or a crashed scan marked failed by
+ *   `retryCandidates`) puts that one back (NULL if the owner never completed one: no fence), since
+ *   SPEC §3.4 fences by the latest completed snapshot or the one in progress, and a failed scan's
+ *   rev would hold back the owner's live writes while its PDS is down (SPEC §2.2).
  *   Live writes that landed between `begin` and that moment with a rev not newer than the snapshot
  *   are restamped to a generation below the token: the PDS had them when it answered the rev, so
  *   the snapshot decides their keys (a replayed old create in that window is deleted like one that

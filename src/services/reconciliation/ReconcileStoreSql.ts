@@ -319,7 +319,8 @@ const complete = (
       Effect.gen(function*() {
         if (!(yield* lockScan(sql, did, token))) return false
         yield* sql`
-              UPDATE owners SET reconcile_status = 'complete', snapshot_rev = ${snapshotRev}, completed_at = now(),
+              UPDATE owners SET reconcile_status = 'complete', snapshot_rev = ${snapshotRev},
+                completed_snapshot_rev = ${snapshotRev}, completed_at = now(),
                 failure_count = 0, last_failure_kind = NULL, updated_at = now()
               WHERE did = ${did}`
         yield* clearOlderStatement(sql, did, snapshotRev)
@@ -332,7 +333,7 @@ const complete = (
 const retryCandidates = (sql: SqlClient.SqlClient, options: Parameters<ReconcileStoreShape["retryCandidates"]>[0]) =>
   sql`
         UPDATE owners SET reconcile_status = 'failed', failed_at = now(), failure_count = failure_count + 1,
-          last_failure_kind = 'scan_crashed', updated_at = now()
+          last_failure_kind = 'scan_crashed', snapshot_rev = completed_snapshot_rev, updated_at = now()
         WHERE reconcile_status = 'scanning'
           AND scan_started_at < now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision)
           AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))`.pipe(
@@ -469,7 +470,7 @@ export const makeSql = Effect.gen(function*() {
     markFailed: (did, token, kind) =>
       sql<{ did: string }>`
         UPDATE owners SET reconcile_status = 'failed', failed_at = now(), failure_count = failure_count + 1,
-          last_failure_kind = ${kind}, updated_at = now()
+          last_failure_kind = ${kind}, snapshot_rev = completed_snapshot_rev, updated_at = now()
         WHERE did = ${did} AND reconcile_status = 'scanning' AND scan_generation = ${token}
         RETURNING did`.pipe(
         Effect.map((rows) => rows.length > 0),
