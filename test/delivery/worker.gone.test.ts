@@ -104,4 +104,39 @@ describe("delivery worker: a gone webhook's new matches are parked, not dropped"
       ),
     120_000
   )
+
+  it.scopedLive(
+    "after a 410, this process sends no new request to the webhook while it is being marked gone",
+    () =>
+      Effect.gen(function*() {
+        const rx = yield* receiver({ secretFor: () => SECRET, reply: () => ({ status: 410 }) })
+        yield* run([
+          whEv(OWNER, "burst", whRecordValue(`at://${BOB}`, { url: `${rx.url}/burst`, secret: SECRET }), {
+            rev: rev(1)
+          })
+        ])
+        // a backlog of matches for the webhook, then the worker (default 4 requests per origin)
+        yield* run(Array.from({ length: 60 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
+        yield* startWorker({ options: { pollIntervalMs: 100 } })
+        yield* eventually(
+          "every row settled",
+          countWhere("outbox", `owner_did = '${OWNER}' AND status IN ('pending', 'leased')`),
+          (n) => n === 0,
+          30_000
+        )
+        // the requests in flight when the first 410 came back (at most 4, the origin's cap) are
+        // answered; no new one starts while the mark is written. One more may start when a
+        // subscription read that began before the mark committed answers just after it (8 runs:
+        // 4 requests each; before the fix 7–10, and 8–23 of 40 in the audit's runs)
+        expect(rx.received.length).toBeGreaterThanOrEqual(1)
+        expect(rx.received.length).toBeLessThanOrEqual(5)
+        expect(yield* countWhere("outbox", `owner_did = '${OWNER}' AND last_error_kind = 'gone'`)).toBe(
+          rx.received.length
+        )
+        expect(yield* countWhere("outbox", `owner_did = '${OWNER}' AND last_error_kind = 'webhook_disabled'`)).toBe(
+          60 - rx.received.length
+        )
+      }).pipe(Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))),
+    120_000
+  )
 })

@@ -32,7 +32,7 @@ import {
   recordFirstAttemptLatency,
   updateOpenCircuits
 } from "./Telemetry.js"
-import type { WorkerEnv } from "./WorkerState.js"
+import { goneKey, type WorkerEnv } from "./WorkerState.js"
 
 /**
  * Response bytes read at most (SPEC §4.5); the rest is cancelled, never a failure: the status alone
@@ -323,6 +323,12 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
     if (screened !== undefined) {
       guard.settling = true
       return screened
+    }
+    // a 410 for this registration came back to this process and its gone mark is not written yet:
+    // parked like a gone webhook's rows, without a request (SPEC §4.3)
+    if (env.state.markingGone.has(goneKey(row))) {
+      guard.settling = true
+      return Park()
     }
     const body = row.body
     if (body === undefined) {

@@ -17,7 +17,7 @@ import type { AuditEvent } from "./Publisher.js"
 import { nextDelay } from "./RetryPolicy.js"
 import { countAttempt, countNotAttempted, logStoreError } from "./Telemetry.js"
 import { PARKED_KIND } from "./WebhookHealthSql.js"
-import type { WorkerEnv } from "./WorkerState.js"
+import { goneKey, type WorkerEnv } from "./WorkerState.js"
 
 /** Why an attempt failed: a failure kind, a row without its payload, or a defect. */
 export type Kind = FailureKind | "payload_missing" | "internal"
@@ -90,7 +90,11 @@ export const settle = (env: WorkerEnv, row: ClaimedRow, s: Settled): Effect.Effe
       return crashedRow(env, row, s.crashes)
     case "Fail":
       return s.kind === "gone"
-        ? Effect.flatMap(failed(env, row, s), (dead) => dead ? markGone(env, row) : Effect.void)
+        ? whileMarkingGone(
+          env,
+          row,
+          Effect.flatMap(failed(env, row, s), (dead) => dead ? markGone(env, row) : Effect.void)
+        )
         : Effect.asVoid(failed(env, row, s))
   }
 }
@@ -251,6 +255,28 @@ const failed = (env: WorkerEnv, row: ClaimedRow, f: Data.TaggedEnum.Value<Settle
     if (applied) yield* publish(env, row, "dead_letter", httpStatus, kind)
     return applied
   })
+
+/**
+ * Runs a 410's settle and gone mark with its registration in `markingGone`: until the mark is
+ * written, this process's attempts of the registration are parked (Attempt.ts), instead of reading
+ * a subscription that is not gone yet and sending (a backlog sent on for the 65–311 ms the settle
+ * and the mark took, found by the audit of 6 December 2026). Other processes see the mark once it
+ * is written.
+ */
+const whileMarkingGone = (env: WorkerEnv, row: ClaimedRow, mark: Effect.Effect<void>): Effect.Effect<void> => {
+  const marks = env.state.markingGone
+  const key = goneKey(row)
+  return Effect.acquireUseRelease(
+    Effect.sync(() => marks.set(key, (marks.get(key) ?? 0) + 1)),
+    () => mark,
+    () =>
+      Effect.sync(() => {
+        const n = (marks.get(key) ?? 1) - 1
+        if (n > 0) marks.set(key, n)
+        else marks.delete(key)
+      })
+  )
+}
 
 /**
  * A dead-lettered 410: the registration is marked gone. It stays in matching (SPEC §4.3): its new

@@ -73,7 +73,18 @@ export interface WorkerState {
   parkedRows: number
   /** parked rows the mover made due again because their origin recovered early */
   unparkedRows: number
+  /**
+   * Registrations (`goneKey`) this process got a 410 for and is marking gone, with how many such
+   * marks are running: their attempts are parked meanwhile, without a request (an entry lives from
+   * the 410's settle until its mark ends, so there are at most as many as attempts in flight).
+   */
+  readonly markingGone: Map<string, number>
 }
+
+/** The registration of a row as {@link WorkerState.markingGone} keys it (its fingerprint included). */
+export const goneKey = (
+  row: { readonly ownerDid: string; readonly webhookRkey: string; readonly fingerprint: string }
+) => `${row.ownerDid} ${row.webhookRkey} ${row.fingerprint}`
 
 export const makeState = (): WorkerState => ({
   stopping: false,
@@ -94,7 +105,8 @@ export const makeState = (): WorkerState => ({
   waiting: [],
   parked: new Map(),
   parkedRows: 0,
-  unparkedRows: 0
+  unparkedRows: 0,
+  markingGone: new Map()
 })
 
 /** The services, settings and state of one worker. */
