@@ -204,6 +204,8 @@ export interface WorkerSetup {
   readonly store?: Layer.Layer<DeliveryStore.DeliveryStore, never, SqlClient.SqlClient | PgClient.PgClient>
   /** the live tail's feed the worker publishes terminal outcomes to (none: the worker has none) */
   readonly outcomes?: Layer.Layer<DeliveryOutcomes>
+  /** the Lifecycle's shutdown deadline (default 10 s) */
+  readonly shutdownTimeoutMs?: number
 }
 
 /**
@@ -221,7 +223,9 @@ export const workerLayer = (setup: WorkerSetup = {}) =>
         Destinations.layer,
         setup.publisher ?? recordingPublisher().layer,
         setup.outcomes ?? Layer.empty,
-        Health.layer.pipe(Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: Duration.seconds(10) })))
+        Health.layer.pipe(
+          Layer.provideMerge(Lifecycle.layer({ shutdownTimeout: Duration.millis(setup.shutdownTimeoutMs ?? 10_000) }))
+        )
       )
     )
   )

@@ -115,7 +115,10 @@ export interface DeliveryOptions {
   readonly leaseMs?: number
   /** Poll fallback interval; default 1 s. */
   readonly pollIntervalMs?: number
-  /** How long a stop waits for running attempts; default timeout + 5 s (bounded by the shutdown deadline). */
+  /**
+   * How long a stop waits for running attempts; default timeout + 5 s (ending before the shutdown
+   * deadline at the latest: `Worker.stopReserveMs`).
+   */
   readonly graceMs?: number
   /** Default `<hostname>:<pid>:<random hex>`. */
   readonly workerId?: string
@@ -234,7 +237,12 @@ export const make = (
     }
 
     const listened = yield* Deferred.make<void>()
-    const stop = yield* Worker.start(env, { listen: options.listen !== false, listened })
+    const stop = yield* Worker.start(env, {
+      listen: options.listen !== false,
+      listened,
+      shutdownDeadline: lifecycle.deadline,
+      stopReserveMs: Worker.stopReserveMs(config.shutdownTimeoutMs)
+    })
     yield* lifecycle.registerStop("delivery", "delivery", stop)
     yield* health.register("delivery", yield* Worker.healthSection(env))
 

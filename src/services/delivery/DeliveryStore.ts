@@ -225,6 +225,12 @@ export interface DeliveryStoreShape {
    * lease is no longer mine.
    */
   readonly markSuspect: (deliveryId: string, token: string) => Effect.Effect<number | undefined, StoreError>
+  /**
+   * The attempts under these leases were cut off by an orderly stop: their rows stay leased, and
+   * the suspect count their reclaim will add is taken back first (an orderly stop is no death).
+   * Answers how many rows were still under these leases.
+   */
+  readonly cutShort: (tokens: ReadonlyArray<string>) => Effect.Effect<number, StoreError>
   /** Extend my lease to now + `leaseMs`; false when the lease is no longer mine. */
   readonly heartbeat: (deliveryId: string, token: string, leaseMs: number) => Effect.Effect<boolean, StoreError>
   /** `heartbeat` for many rows in one statement; answers the tokens whose lease was extended. */

@@ -35,7 +35,13 @@ import {
   type SubscriptionKey,
   type SubscriptionSnapshot
 } from "./DeliveryStore.js"
-import { heartbeatManyStatement, heartbeatStatement, markSuspectStatement, reclaimStatement } from "./LeaseSql.js"
+import {
+  cutShortStatement,
+  heartbeatManyStatement,
+  heartbeatStatement,
+  markSuspectStatement,
+  reclaimStatement
+} from "./LeaseSql.js"
 import { makeParkClock, parkStatement, unparkStatement } from "./ParkSql.js"
 import { makeSettleBatcher } from "./SettleBatcher.js"
 import {
@@ -497,6 +503,7 @@ export const makeSql: Effect.Effect<
       }),
     subscriptions: (keys) => subscriptionsStatement(sql, f, keys),
     markSuspect: (deliveryId, token) => markSuspectStatement(sql, deliveryId, token),
+    cutShort: (tokens) => tokens.length === 0 ? Effect.succeed(0) : cutShortStatement(sql, tokens),
     heartbeat: (deliveryId, token, leaseMs) => heartbeatStatement(sql, deliveryId, token, leaseMs),
     heartbeatMany: (leases, leaseMs) => heartbeatManyStatement(sql, leases, leaseMs),
     markDelivered: (deliveryId, token, o) => settle(delivered(deliveryId, token, o)),

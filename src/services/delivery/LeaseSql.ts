@@ -131,3 +131,21 @@ export const markSuspectStatement = (sql: SqlClient.SqlClient, deliveryId: strin
     Effect.map((rows) => rows[0] === undefined ? undefined : Number(rows[0].crash_count)),
     op("delivery.markSuspect")
   )
+
+/**
+ * Attempts cut off by an orderly stop (the grace period over): their rows stay leased (SPEC §6.3)
+ * and are reclaimed as suspects, whose mark adds one to `crash_count`; one is taken off here first,
+ * so that stops never add up to `crashed` (a death during the request is still counted). Only rows
+ * still under these leases; answers how many.
+ */
+export const cutShortStatement = (sql: SqlClient.SqlClient, tokens: ReadonlyArray<string>) =>
+  sql<{ n: number }>`
+      WITH cut AS (
+        UPDATE outbox SET crash_count = GREATEST(crash_count - 1, -32768)
+        WHERE status = 'leased' AND lease_token = ANY(${tokens}::text[])
+        RETURNING 1
+      )
+      SELECT count(*)::int AS n FROM cut`.pipe(
+    Effect.map((rows) => Number(rows[0]?.n ?? 0)),
+    op("delivery.cutShort")
+  )

@@ -24,7 +24,7 @@ import { Clock, Deferred, Duration, Effect, Either, Fiber, FiberSet, Option, Que
 import type { Scope } from "effect"
 import { exponential } from "../platform/Backoff.js"
 import { type HealthSection, statsSection } from "../platform/Health.js"
-import { claimOptions, dispatch, pumpNow, releaseWaiting } from "./Admission.js"
+import { claimOptions, dispatch, pumpNow, RELEASE_TIMEOUT, releaseWaiting } from "./Admission.js"
 import * as CountsCache from "./CountsCache.js"
 import { RECLAIM_INTERVAL_MS, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
 import { heartbeatLoop, monotonicMs } from "./Leases.js"
@@ -202,7 +202,14 @@ export const listenLoop = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
  */
 export const start = (
   env: WorkerEnv,
-  options: { readonly listen: boolean; readonly listened: Deferred.Deferred<void> }
+  options: {
+    readonly listen: boolean
+    readonly listened: Deferred.Deferred<void>
+    /** the shutdown's deadline once it has started (Lifecycle); none: the grace period alone */
+    readonly shutdownDeadline?: Effect.Effect<Option.Option<number>>
+    /** how long before that deadline the grace period ends at the latest ({@link stopReserveMs}) */
+    readonly stopReserveMs?: number
+  }
 ): Effect.Effect<Effect.Effect<void>, never, Scope.Scope> =>
   Effect.gen(function*() {
     const state = env.state
@@ -238,12 +245,25 @@ export const start = (
         if (listenFiber !== undefined) yield* Fiber.interrupt(listenFiber)
         // rows waiting for a request slot go back at once
         yield* releaseWaiting(env)
-        const drained = yield* FiberSet.awaitEmpty(rows).pipe(Effect.timeoutOption(Duration.millis(env.graceMs)))
+        // the grace period ends before the shutdown's deadline, so that the stop stays clean
+        const now = yield* Clock.currentTimeMillis
+        const deadline = options.shutdownDeadline === undefined ? Option.none() : yield* options.shutdownDeadline
+        const graceMs = Option.match(deadline, {
+          onNone: () => env.graceMs,
+          onSome: (d) => Math.max(0, Math.min(env.graceMs, d - (options.stopReserveMs ?? 0) - now))
+        })
+        const drained = yield* FiberSet.awaitEmpty(rows).pipe(Effect.timeoutOption(Duration.millis(graceMs)))
         if (Option.isNone(drained)) {
           yield* Effect.logWarning("delivery grace period over; interrupting running attempts").pipe(
             Effect.annotateLogs({ inFlight: state.inFlight })
           )
+          const cut = runningTokens(env)
           yield* FiberSet.clear(rows)
+          // their rows stay leased (SPEC §6.3); their reclaim is no crash suspect's death
+          yield* env.store.cutShort(cut).pipe(
+            Effect.timeout(RELEASE_TIMEOUT),
+            Effect.catchAll(() => logRecurring(env, "cut_short", "delivery stop could not mark cut-off attempts", {}))
+          )
         }
       }).pipe(
         // the shutdown deadline interrupts the drain: interrupt running attempts too (rows stay leased)
@@ -253,6 +273,25 @@ export const start = (
     })
     return stop
   })
+
+/** The lease tokens of the rows whose attempt has started and not been settled yet. */
+const runningTokens = (env: WorkerEnv): ReadonlyArray<string> => {
+  const tokens: Array<string> = []
+  for (const [token, entry] of env.state.entries) if (entry.started) tokens.push(token)
+  return tokens
+}
+
+/**
+ * How long before the shutdown's deadline the delivery worker's grace period ends at the latest: a
+ * quarter of `SHUTDOWN_TIMEOUT_MS`, at most 2.5 s. It leaves room for marking the attempts cut off,
+ * for the stages after `delivery`, and, in a delivery child, for the parent's earlier start of the
+ * same deadline (its stages before `delivery` ran before the child's SIGTERM).
+ */
+export const stopReserveMs = (shutdownTimeoutMs: number): number =>
+  Math.min(STOP_RESERVE_MAX_MS, Math.floor(shutdownTimeoutMs / 4))
+
+/** The largest {@link stopReserveMs}. */
+export const STOP_RESERVE_MAX_MS = 2_500
 
 export const stats = (env: WorkerEnv): Effect.Effect<DeliveryStats> =>
   Effect.map(Clock.currentTimeMillis, (now): DeliveryStats => {

@@ -48,6 +48,12 @@ export interface LifecycleShape {
   readonly isClean: Effect.Effect<boolean>
   /** the report, once a shutdown has finished */
   readonly report: Effect.Effect<Option.Option<ShutdownReport>>
+  /**
+   * The shutdown's deadline (the Clock's milliseconds), once the shutdown has started: a part whose
+   * drain waits (the delivery worker's grace period) ends its wait before it, so that it stops
+   * cleanly instead of being cut off by it.
+   */
+  readonly deadline: Effect.Effect<Option.Option<number>>
 }
 
 export class Lifecycle extends Context.Tag("firehook/Lifecycle")<Lifecycle, LifecycleShape>() {}
@@ -65,12 +71,14 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
     const started = yield* Ref.make(false)
     const done = yield* Deferred.make<ShutdownReport>()
     const clean = yield* Ref.make(true)
+    const deadlineRef = yield* Ref.make<Option.Option<number>>(Option.none())
     const timeoutMs = Duration.toMillis(Duration.decode(options.shutdownTimeout))
 
     const runStages = Effect.gen(function*() {
       yield* SubscriptionRef.set(phases, "stopping")
       yield* Effect.logInfo("shutdown started").pipe(Effect.annotateLogs({ phase: "stopping", timeoutMs }))
       const deadline = (yield* Clock.currentTimeMillis) + timeoutMs
+      yield* Ref.set(deadlineRef, Option.some(deadline))
       const parts = yield* Ref.get(registered)
       const unclean: Array<string> = []
       for (const stage of STOP_STAGES) {
@@ -127,7 +135,8 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
       isClean: Ref.get(clean),
       report: Deferred.poll(done).pipe(
         Effect.flatMap(Option.match({ onNone: () => Effect.succeedNone, onSome: Effect.asSome }))
-      )
+      ),
+      deadline: Ref.get(deadlineRef)
     }
     return shape
   })
