@@ -2,7 +2,7 @@
  * `firehook status`: the service's /health and the database counts.
  */
 import { Command } from "@effect/cli"
-import { Effect, Either } from "effect"
+import { Effect, Either, Fiber } from "effect"
 import * as Http from "node:http"
 import * as Operator from "../services/operator/Operator.js"
 import * as Config from "../services/platform/Config.js"
@@ -153,18 +153,20 @@ const healthLines = (h: ServiceHealth): ReadonlyArray<string> => {
 export const status = Command.make("status", { json }, (o) =>
   Effect.gen(function*() {
     const config = yield* Config.load({ isTty: false })
-    const [s, service] = yield* Effect.all(
-      [
-        Effect.provide(Effect.flatMap(Operator.Operator, (op) => op.status), servicesFor(config)),
-        fetchHealth(config.healthHost, config.healthPort)
-      ],
-      { concurrency: 2 }
-    )
-    if (o.json) return yield* printJson({ ...s, service })
+    const counts = Effect.provide(Effect.flatMap(Operator.Operator, (op) => op.status), servicesFor(config))
+    const health = fetchHealth(config.healthHost, config.healthPort)
+    if (o.json) {
+      const [s, service] = yield* Effect.all([counts, health], { concurrency: 2 })
+      return yield* printJson({ ...s, service })
+    }
+    // the service's lines first, as soon as it has answered: a database that cannot be reached
+    // (the counts' error follows) must not hide what the service says about itself
+    const counting = yield* Effect.fork(counts)
+    yield* out(healthLines(yield* health).join("\n"))
+    const s = yield* Fiber.join(counting)
     const d = s.deliveries
     yield* out(
       [
-        ...healthLines(service),
         "",
         `deliveries  pending ${d.pending} (due ${d.due})  leased ${d.leased}  delivered ${d.delivered}  dead_letter ${d.dead_letter}  cancelled ${d.cancelled}`,
         `webhooks    active ${s.webhooks.active}  total ${s.webhooks.total}  gone ${s.webhooks.gone}  autoDisabled ${s.autoDisabledWebhooks}`,

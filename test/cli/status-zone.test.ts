@@ -77,3 +77,27 @@ describe("firehook status with a zoned HEALTH_HOST", () => {
       })
     }), { timeout: 60_000 })
 })
+
+describe("firehook status while the database cannot be reached", () => {
+  it.scopedLive(
+    "prints what the service says first, then fails with the database's one line",
+    () =>
+      Effect.gen(function*() {
+        const server = yield* healthServer("127.0.0.1")
+        const closed = yield* Effect.promise(freePort)
+        const r = yield* Effect.promise(() =>
+          runCli(["status"], {
+            DATABASE_URL: `postgresql://postgres@127.0.0.1:${closed}/postgres`,
+            HEALTH_HOST: "127.0.0.1",
+            HEALTH_PORT: String(server.port)
+          })
+        )
+        expect(r.code).toBe(1)
+        expect(r.stdout).toMatch(
+          new RegExp(`^service +127\\.0\\.0\\.1:${server.port} +status ok +ready yes +phase live\n$`)
+        )
+        expect(r.stderr).toMatch(/^firehook: database: could not connect/)
+      }),
+    { timeout: 60_000 }
+  )
+})
