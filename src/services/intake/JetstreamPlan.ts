@@ -175,6 +175,7 @@ const reconfigure = (
     let directFiber: Fiber.RuntimeFiber<never> | undefined
     let backlinkFiber: Fiber.RuntimeFiber<never> | undefined
     let wantedVersion = -1
+    let registrationsVersion = index.registrationsVersion
     let known: ReadonlySet<string> = new Set<string>()
     let first = true
     // the registry stream's position at the previous check: every DID added since was
@@ -199,10 +200,19 @@ const reconfigure = (
         ? undefined
         : directReplayFrom(prevMark, prevBacklinkMark, TWO_SECONDS, DIRECT_REPLAY_MAX_EXTRA)
       const wanted = index.wantedDids()
-      if (index.wantedDidsVersion !== wantedVersion) {
+      // a webhook added (or a new version of one) since the previous check, on a DID the direct
+      // stream already watched: the stream may have passed the registration's time before the
+      // registry stream registered it, so it replays as for a new DID (SPEC §3.1: nothing since
+      // the registration is missed); the replayed events' other deliveries exist already (ids)
+      const registered = index.registrationsVersion !== registrationsVersion
+      registrationsVersion = index.registrationsVersion
+      if (index.wantedDidsVersion !== wantedVersion || (registered && !first && directFiber !== undefined)) {
         wantedVersion = index.wantedDidsVersion
         const next = new Set(wanted)
-        const step = directStep(known, next, directFiber !== undefined, o.directDidsMax)
+        const planned = directStep(known, next, directFiber !== undefined, o.directDidsMax)
+        const step: DirectStep = registered && !first && (planned._tag === "keep" || planned._tag === "restart")
+          ? { _tag: "replay" }
+          : planned
         switch (step._tag) {
           case "over_limit":
             yield* Effect.logWarning("direct set over its limit; keeping the previous plan")

@@ -297,6 +297,7 @@ export class WebhookIndex {
   readonly #backlinkShapes = new Map<string, ScopeShapes>()
   readonly #wanted = new RefCountedSet()
   readonly #backlink = new RefCountedSet()
+  #registrations = 0
 
   // refcounts are updated separately from the buckets so that a replacement adds the new
   // references before releasing the old ones: a DID kept by both never leaves the sets, and the
@@ -343,6 +344,7 @@ export class WebhookIndex {
   /** Adds or replaces (by key) a webhook; returns the replaced one. */
   upsert(w: ActiveWebhook): ActiveWebhook | undefined {
     const old = this.#byKey.get(w.key)
+    if (old === undefined || old.fingerprint !== w.fingerprint) this.#registrations++
     this.#retain(w)
     if (old !== undefined) {
       this.#release(old)
@@ -410,6 +412,14 @@ export class WebhookIndex {
   /** Bumped whenever `wantedDids()` membership changes (to coalesce stream reconfiguration). */
   get wantedDidsVersion(): number {
     return this.#wanted.version
+  }
+
+  /**
+   * Bumped whenever `upsert` adds a webhook or a new version of one (another fingerprint): it may
+   * match events that no registration matched before (the intake's direct stream replays for it).
+   */
+  get registrationsVersion(): number {
+    return this.#registrations
   }
 
   /** Scope DIDs of active backlink webhooks. A live view: copy it to keep a snapshot. */

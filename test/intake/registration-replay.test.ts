@@ -1,0 +1,86 @@
+/**
+ * A second webhook on a DID the direct stream already watches (SPEC §3.1: "nothing since the
+ * registration is missed"). The registry and direct streams are separate Jetstream connections, so
+ * the direct stream may carry an event made after a webhook's registration before the registry
+ * stream has registered it; the event then matched only the webhooks registered before. The direct
+ * stream now replays from the registry's previous position (− 2 s) when a webhook (or a new version
+ * of one) was registered, as it does when a DID joins its set. Before, only a new DID replayed: the
+ * post below reached `w1` and never `w2` (found by the audit of 6 December 2026). Real sockets
+ * against the fake Jetstream, the in-memory stack.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Duration, Effect, Ref } from "effect"
+import * as Intake from "../../src/services/intake/Intake.js"
+import * as Outbox from "../../src/services/matching/Outbox.js"
+import { eventually } from "../support/eventually.js"
+import { commitFrame, type Connection, startFakeJetstream } from "../support/fakeJetstream.js"
+import { memoryStack, plc, testConfig, WH, whRecordValue } from "../support/stack.js"
+
+const POST = "app.bsky.feed.post"
+const T0 = 1_800_000_000_000_000
+const S = 1_000_000
+const OWNER = plc(1)
+const X = plc(2)
+const tuning: Partial<Intake.IntakeTuning> = {
+  batchRetryBase: Duration.millis(5),
+  backoffBase: Duration.millis(10),
+  backoffCap: Duration.millis(50),
+  poisonBackoff: Duration.millis(20)
+}
+const optionsOf = (c: Connection) => c.options.at(-1)
+const isDirect = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedDids"])
+const isRegistry = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedCollections"])
+const open = (c: Connection) => c.socket.readyState === 1
+
+describe("a webhook registered on a DID the direct stream already watches", () => {
+  it.scopedLive(
+    "gets the DID's events made after its registration, although the direct stream carried them first",
+    () =>
+      Effect.gen(function*() {
+        const fake = yield* Effect.acquireRelease(
+          Effect.promise(() => startFakeJetstream()),
+          (f) => Effect.promise(() => f.close())
+        )
+        const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
+        yield* Effect.gen(function*() {
+          const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
+          yield* Effect.forkScoped(intake.run)
+          const outbox = yield* Outbox.MemoryOutboxState
+          const enqueued = (eventRkey: string, webhookRkey: string) =>
+            Effect.map(
+              Ref.get(outbox),
+              (s) => [...s.rows.values()].some((r) => r.eventRkey === eventRkey && r.webhookRkey === webhookRkey)
+            )
+          yield* eventually(Effect.sync(() => fake.connections.length > 0), "registry connected")
+          fake.publish([commitFrame(OWNER, T0 + 1 * S, WH, "w1", "create", whRecordValue(`at://${X}`))])
+          yield* eventually(Effect.sync(() => fake.connections.some((c) => isDirect(c) && open(c))), "direct started")
+          fake.publish([commitFrame(X, T0 + 2 * S, POST, "p0", "create")])
+          yield* eventually(enqueued("p0", "w1"), "the first webhook's match")
+
+          // w2 on X registered at T0+10 s, X posts at T0+11 s; the direct stream gets the post
+          // before the registry stream gets w2
+          fake.paused = true
+          const w2 = commitFrame(
+            OWNER,
+            T0 + 10 * S,
+            WH,
+            "w2",
+            "create",
+            whRecordValue(`at://${X}`, { url: "https://second.example/hook" })
+          )
+          const post = commitFrame(X, T0 + 11 * S, POST, "p1", "create")
+          fake.publish([w2, post])
+          for (const c of fake.connections) if (isDirect(c) && open(c)) c.socket.send(post.text)
+          yield* eventually(enqueued("p1", "w1"), "the post matched by the first webhook")
+          expect(yield* enqueued("p1", "w2")).toBe(false)
+          for (const c of fake.connections) if (isRegistry(c) && open(c)) c.socket.send(w2.text)
+          fake.paused = false
+          yield* eventually(enqueued("p1", "w2"), "the post matched by the second webhook after its registration")
+          // the replay made no second row for the first webhook (delivery ids)
+          const rows = [...(yield* Ref.get(outbox)).rows.values()].filter((r) => r.eventRkey === "p1")
+          expect(rows.map((r) => r.webhookRkey).sort()).toEqual(["w1", "w2"])
+        }).pipe(Effect.provide(memoryStack({ config })))
+      }),
+    { timeout: 60_000 }
+  )
+})
