@@ -326,7 +326,7 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
     }
     // a 410 for this registration came back to this process and its gone mark is not written yet:
     // parked like a gone webhook's rows, without a request (SPEC §4.3)
-    if (env.state.markingGone.has(goneKey(row))) {
+    if (env.state.markingGone.size > 0 && env.state.markingGone.has(goneKey(row))) {
       guard.settling = true
       return Park()
     }
