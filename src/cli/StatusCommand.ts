@@ -2,7 +2,7 @@
  * `firehook status`: the service's /health and the database counts.
  */
 import { Command } from "@effect/cli"
-import { Effect, Either, Fiber } from "effect"
+import { Effect, Either } from "effect"
 import * as Http from "node:http"
 import * as Operator from "../services/operator/Operator.js"
 import * as Config from "../services/platform/Config.js"
@@ -155,18 +155,19 @@ export const status = Command.make("status", { json }, (o) =>
     const config = yield* Config.load({ isTty: false })
     const counts = Effect.provide(Effect.flatMap(Operator.Operator, (op) => op.status), servicesFor(config))
     const health = fetchHealth(config.healthHost, config.healthPort)
-    if (o.json) {
-      const [s, service] = yield* Effect.all([counts, health], { concurrency: 2 })
-      return yield* printJson({ ...s, service })
+    const [counted, service] = yield* Effect.all([Effect.either(counts), health], { concurrency: 2 })
+    if (Either.isLeft(counted)) {
+      // a database that cannot be reached must not hide what the service says about itself: its
+      // lines, when it answered, then the database's one-line error
+      if (!o.json && service.reachable) yield* out(healthLines(service).join("\n"))
+      return yield* Effect.fail(counted.left)
     }
-    // the service's lines first, as soon as it has answered: a database that cannot be reached
-    // (the counts' error follows) must not hide what the service says about itself
-    const counting = yield* Effect.fork(counts)
-    yield* out(healthLines(yield* health).join("\n"))
-    const s = yield* Fiber.join(counting)
+    const s = counted.right
+    if (o.json) return yield* printJson({ ...s, service })
     const d = s.deliveries
     yield* out(
       [
+        ...healthLines(service),
         "",
         `deliveries  pending ${d.pending} (due ${d.due})  leased ${d.leased}  delivered ${d.delivered}  dead_letter ${d.dead_letter}  cancelled ${d.cancelled}`,
         `webhooks    active ${s.webhooks.active}  total ${s.webhooks.total}  gone ${s.webhooks.gone}  autoDisabled ${s.autoDisabledWebhooks}`,
