@@ -5,8 +5,9 @@
  * stream has registered it; the event then matched only the webhooks registered before. The direct
  * stream now replays from the registry's previous position (− 2 s) when a webhook (or a new version
  * of one) was registered, as it does when a DID joins its set. Before, only a new DID replayed: the
- * post below reached `w1` and never `w2` (found by the audit of 6 December 2026). Real sockets
- * against the fake Jetstream, the in-memory stack.
+ * post below reached `w1` and never `w2` (found by the audit of 6 December 2026). The backlink
+ * stream (the whole network) likewise replays when a backlink webhook is registered while it runs.
+ * Real sockets against the fake Jetstream, the in-memory stack.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Ref } from "effect"
@@ -17,6 +18,9 @@ import { commitFrame, type Connection, startFakeJetstream } from "../support/fak
 import { memoryStack, plc, testConfig, WH, whRecordValue } from "../support/stack.js"
 
 const POST = "app.bsky.feed.post"
+const LIKE = "app.bsky.feed.like"
+const STRANGER = plc(9)
+const likeOf = (did: string) => ({ $type: LIKE, subject: { uri: `at://${did}/${POST}/3kpost`, cid: "bafyx" } })
 const T0 = 1_800_000_000_000_000
 const S = 1_000_000
 const OWNER = plc(1)
@@ -79,6 +83,71 @@ describe("a webhook registered on a DID the direct stream already watches", () =
           // the replay made no second row for the first webhook (delivery ids)
           const rows = [...(yield* Ref.get(outbox)).rows.values()].filter((r) => r.eventRkey === "p1")
           expect(rows.map((r) => r.webhookRkey).sort()).toEqual(["w1", "w2"])
+        }).pipe(Effect.provide(memoryStack({ config })))
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "a backlink webhook gets the references the backlink stream read before the registry stream registered it",
+    () =>
+      Effect.gen(function*() {
+        const fake = yield* Effect.acquireRelease(
+          Effect.promise(() => startFakeJetstream()),
+          (f) => Effect.promise(() => f.close())
+        )
+        const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
+        const isBacklink = (c: Connection) => {
+          const o = optionsOf(c)
+          return o !== undefined && !Array.isArray(o["wantedDids"]) && !Array.isArray(o["wantedCollections"])
+        }
+        yield* Effect.gen(function*() {
+          const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
+          yield* Effect.forkScoped(intake.run)
+          const outbox = yield* Outbox.MemoryOutboxState
+          const enqueued = (eventRkey: string, webhookRkey: string) =>
+            Effect.map(
+              Ref.get(outbox),
+              (s) => [...s.rows.values()].some((r) => r.eventRkey === eventRkey && r.webhookRkey === webhookRkey)
+            )
+          yield* eventually(Effect.sync(() => fake.connections.length > 0), "registry connected")
+          fake.publish([
+            commitFrame(OWNER, T0 + 1 * S, WH, "b1", "create", whRecordValue(`at://${X}`, { backlinks: true }))
+          ])
+          yield* eventually(
+            Effect.sync(() => fake.connections.some((c) => isBacklink(c) && open(c))),
+            "backlink started"
+          )
+          fake.publish([commitFrame(STRANGER, T0 + 2 * S, LIKE, "l0", "create", likeOf(X))])
+          yield* eventually(enqueued("l0", "b1"), "the first backlink webhook's match")
+
+          // b2 (backlinks on X too) registered at T0+10 s, a stranger likes X's post at T0+11 s; the
+          // backlink stream reads the like before the registry stream reads b2
+          fake.paused = true
+          const b2 = commitFrame(
+            OWNER,
+            T0 + 10 * S,
+            WH,
+            "b2",
+            "create",
+            whRecordValue(`at://${X}`, { backlinks: true, url: "https://second.example/hook" })
+          )
+          const like = commitFrame(STRANGER, T0 + 11 * S, LIKE, "l1", "create", likeOf(X))
+          fake.publish([b2, like])
+          for (const c of fake.connections) {
+            if (isBacklink(c) && open(c)) {
+              c.socket.send(like.text)
+            }
+          }
+          yield* eventually(enqueued("l1", "b1"), "the like matched by the first webhook")
+          expect(yield* enqueued("l1", "b2")).toBe(false)
+          for (const c of fake.connections) {
+            if (isRegistry(c) && open(c)) {
+              c.socket.send(b2.text)
+            }
+          }
+          fake.paused = false
+          yield* eventually(enqueued("l1", "b2"), "the like matched by the second webhook after its registration")
         }).pipe(Effect.provide(memoryStack({ config })))
       }),
     { timeout: 60_000 }

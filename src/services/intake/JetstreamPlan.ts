@@ -176,6 +176,7 @@ const reconfigure = (
     let backlinkFiber: Fiber.RuntimeFiber<never> | undefined
     let wantedVersion = -1
     let registrationsVersion = index.registrationsVersion
+    let backlinkRegistrationsVersion = index.backlinkRegistrationsVersion
     let known: ReadonlySet<string> = new Set<string>()
     let first = true
     // the registry stream's position at the previous check: every DID added since was
@@ -240,6 +241,16 @@ const reconfigure = (
       prevMark = markNow
       prevBacklinkMark = backlinkNow
       const wantBacklink = index.backlinkDids().size > 0
+      // a backlink webhook registered since the previous check while the backlink stream ran: the
+      // stream may have read references made after the registration before the registry stream
+      // registered it; it replays from the registry's position at the previous check (− 2 s), as
+      // the direct stream does for a new registration
+      const backlinkRegistered = index.backlinkRegistrationsVersion !== backlinkRegistrationsVersion
+      backlinkRegistrationsVersion = index.backlinkRegistrationsVersion
+      if (backlinkRegistered && wantBacklink && backlinkRunner !== undefined) {
+        const from = markBefore - TWO_SECONDS
+        yield* backlinkRunner.restart(from < 0n ? 0n : from)
+      }
       if (wantBacklink && backlinkFiber === undefined) {
         // started again after its set was empty (not at startup, where the scopes may predate
         // its cursor): every backlink scope now was registered by a registry event after the

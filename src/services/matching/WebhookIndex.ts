@@ -298,6 +298,7 @@ export class WebhookIndex {
   readonly #wanted = new RefCountedSet()
   readonly #backlink = new RefCountedSet()
   #registrations = 0
+  #backlinkRegistrations = 0
 
   // refcounts are updated separately from the buckets so that a replacement adds the new
   // references before releasing the old ones: a DID kept by both never leaves the sets, and the
@@ -344,7 +345,10 @@ export class WebhookIndex {
   /** Adds or replaces (by key) a webhook; returns the replaced one. */
   upsert(w: ActiveWebhook): ActiveWebhook | undefined {
     const old = this.#byKey.get(w.key)
-    if (old === undefined || old.fingerprint !== w.fingerprint) this.#registrations++
+    if (old === undefined || old.fingerprint !== w.fingerprint) {
+      this.#registrations++
+      if (w.backlinks) this.#backlinkRegistrations++
+    }
     this.#retain(w)
     if (old !== undefined) {
       this.#release(old)
@@ -420,6 +424,11 @@ export class WebhookIndex {
    */
   get registrationsVersion(): number {
     return this.#registrations
+  }
+
+  /** The part of {@link registrationsVersion} that makes backlink matches (the backlink stream replays for it). */
+  get backlinkRegistrationsVersion(): number {
+    return this.#backlinkRegistrations
   }
 
   /** Scope DIDs of active backlink webhooks. A live view: copy it to keep a snapshot. */
