@@ -14,7 +14,7 @@ import { Duration, Effect, Ref } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { eventually } from "../support/eventually.js"
-import { commitFrame, type Connection, startFakeJetstream } from "../support/fakeJetstream.js"
+import { commitFrame, type Connection, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
 import { memoryStack, plc, testConfig, WH, whRecordValue } from "../support/stack.js"
 
 const POST = "app.bsky.feed.post"
@@ -35,27 +35,54 @@ const optionsOf = (c: Connection) => c.options.at(-1)
 const isDirect = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedDids"])
 const isRegistry = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedCollections"])
 const open = (c: Connection) => c.socket.readyState === 1
+const isBacklink = (c: Connection) => {
+  const o = optionsOf(c)
+  return o !== undefined && !Array.isArray(o["wantedDids"]) && !Array.isArray(o["wantedCollections"])
+}
+
+/** Sends `frame` on the open connections `which` accepts only (the fake is paused for the others). */
+const sendTo = (fake: FakeJetstream, which: (c: Connection) => boolean, frame: { readonly text: string }) => {
+  for (const c of fake.connections) if (which(c) && open(c)) c.socket.send(frame.text)
+}
+
+interface Running {
+  readonly fake: FakeJetstream
+  /** whether the event `eventRkey` was enqueued for the webhook `webhookRkey` */
+  readonly enqueued: (eventRkey: string, webhookRkey: string) => Effect.Effect<boolean>
+  /** the webhooks the event `eventRkey` was enqueued for */
+  readonly webhooksOf: (eventRkey: string) => Effect.Effect<ReadonlyArray<string>>
+}
+
+/** The intake on the in-memory stack against a fake Jetstream, for the lifetime of the scope. */
+const withIntake = (body: (r: Running) => Effect.Effect<void>) =>
+  Effect.gen(function*() {
+    const fake = yield* Effect.acquireRelease(
+      Effect.promise(() => startFakeJetstream()),
+      (f) => Effect.promise(() => f.close())
+    )
+    const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
+    yield* Effect.gen(function*() {
+      const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
+      yield* Effect.forkScoped(intake.run)
+      const outbox = yield* Outbox.MemoryOutboxState
+      const rowsOf = (eventRkey: string) =>
+        Effect.map(Ref.get(outbox), (s) => [...s.rows.values()].filter((r) => r.eventRkey === eventRkey))
+      yield* eventually(Effect.sync(() => fake.connections.length > 0), "registry connected")
+      yield* body({
+        fake,
+        enqueued: (eventRkey, webhookRkey) =>
+          Effect.map(rowsOf(eventRkey), (rows) => rows.some((r) => r.webhookRkey === webhookRkey)),
+        webhooksOf: (eventRkey) => Effect.map(rowsOf(eventRkey), (rows) => rows.map((r) => r.webhookRkey).sort())
+      })
+    }).pipe(Effect.provide(memoryStack({ config })))
+  })
 
 describe("a webhook registered on a DID the direct stream already watches", () => {
   it.scopedLive(
     "gets the DID's events made after its registration, although the direct stream carried them first",
     () =>
-      Effect.gen(function*() {
-        const fake = yield* Effect.acquireRelease(
-          Effect.promise(() => startFakeJetstream()),
-          (f) => Effect.promise(() => f.close())
-        )
-        const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
-        yield* Effect.gen(function*() {
-          const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
-          yield* Effect.forkScoped(intake.run)
-          const outbox = yield* Outbox.MemoryOutboxState
-          const enqueued = (eventRkey: string, webhookRkey: string) =>
-            Effect.map(
-              Ref.get(outbox),
-              (s) => [...s.rows.values()].some((r) => r.eventRkey === eventRkey && r.webhookRkey === webhookRkey)
-            )
-          yield* eventually(Effect.sync(() => fake.connections.length > 0), "registry connected")
+      withIntake(({ enqueued, fake, webhooksOf }) =>
+        Effect.gen(function*() {
           fake.publish([commitFrame(OWNER, T0 + 1 * S, WH, "w1", "create", whRecordValue(`at://${X}`))])
           yield* eventually(Effect.sync(() => fake.connections.some((c) => isDirect(c) && open(c))), "direct started")
           fake.publish([commitFrame(X, T0 + 2 * S, POST, "p0", "create")])
@@ -74,43 +101,24 @@ describe("a webhook registered on a DID the direct stream already watches", () =
           )
           const post = commitFrame(X, T0 + 11 * S, POST, "p1", "create")
           fake.publish([w2, post])
-          for (const c of fake.connections) if (isDirect(c) && open(c)) c.socket.send(post.text)
+          sendTo(fake, isDirect, post)
           yield* eventually(enqueued("p1", "w1"), "the post matched by the first webhook")
           expect(yield* enqueued("p1", "w2")).toBe(false)
-          for (const c of fake.connections) if (isRegistry(c) && open(c)) c.socket.send(w2.text)
+          sendTo(fake, isRegistry, w2)
           fake.paused = false
           yield* eventually(enqueued("p1", "w2"), "the post matched by the second webhook after its registration")
           // the replay made no second row for the first webhook (delivery ids)
-          const rows = [...(yield* Ref.get(outbox)).rows.values()].filter((r) => r.eventRkey === "p1")
-          expect(rows.map((r) => r.webhookRkey).sort()).toEqual(["w1", "w2"])
-        }).pipe(Effect.provide(memoryStack({ config })))
-      }),
+          expect(yield* webhooksOf("p1")).toEqual(["w1", "w2"])
+        })
+      ),
     { timeout: 60_000 }
   )
 
   it.scopedLive(
     "a backlink webhook gets the references the backlink stream read before the registry stream registered it",
     () =>
-      Effect.gen(function*() {
-        const fake = yield* Effect.acquireRelease(
-          Effect.promise(() => startFakeJetstream()),
-          (f) => Effect.promise(() => f.close())
-        )
-        const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
-        const isBacklink = (c: Connection) => {
-          const o = optionsOf(c)
-          return o !== undefined && !Array.isArray(o["wantedDids"]) && !Array.isArray(o["wantedCollections"])
-        }
-        yield* Effect.gen(function*() {
-          const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
-          yield* Effect.forkScoped(intake.run)
-          const outbox = yield* Outbox.MemoryOutboxState
-          const enqueued = (eventRkey: string, webhookRkey: string) =>
-            Effect.map(
-              Ref.get(outbox),
-              (s) => [...s.rows.values()].some((r) => r.eventRkey === eventRkey && r.webhookRkey === webhookRkey)
-            )
-          yield* eventually(Effect.sync(() => fake.connections.length > 0), "registry connected")
+      withIntake(({ enqueued, fake }) =>
+        Effect.gen(function*() {
           fake.publish([
             commitFrame(OWNER, T0 + 1 * S, WH, "b1", "create", whRecordValue(`at://${X}`, { backlinks: true }))
           ])
@@ -134,22 +142,14 @@ describe("a webhook registered on a DID the direct stream already watches", () =
           )
           const like = commitFrame(STRANGER, T0 + 11 * S, LIKE, "l1", "create", likeOf(X))
           fake.publish([b2, like])
-          for (const c of fake.connections) {
-            if (isBacklink(c) && open(c)) {
-              c.socket.send(like.text)
-            }
-          }
+          sendTo(fake, isBacklink, like)
           yield* eventually(enqueued("l1", "b1"), "the like matched by the first webhook")
           expect(yield* enqueued("l1", "b2")).toBe(false)
-          for (const c of fake.connections) {
-            if (isRegistry(c) && open(c)) {
-              c.socket.send(b2.text)
-            }
-          }
+          sendTo(fake, isRegistry, b2)
           fake.paused = false
           yield* eventually(enqueued("l1", "b2"), "the like matched by the second webhook after its registration")
-        }).pipe(Effect.provide(memoryStack({ config })))
-      }),
+        })
+      ),
     { timeout: 60_000 }
   )
 })
