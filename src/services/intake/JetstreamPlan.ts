@@ -44,7 +44,9 @@ export const directReplayFrom = (
 /**
  * What the direct stream does when the direct set changed from `known` to `next`: nothing over its
  * limit (the previous plan stays); stop when it empties, start when it fills; reconnect replaying
- * (from {@link directReplayFrom}) when DIDs were added, or from its own position when some only left.
+ * (from {@link directReplayFrom}) when DIDs were added, or when a webhook was `registered` on a
+ * DID it already watched (the registry stream may have registered it after the direct stream passed
+ * its time), or from its own position when some only left.
  */
 export type DirectStep =
   | { readonly _tag: "over_limit" }
@@ -58,11 +60,13 @@ export const directStep = (
   known: ReadonlySet<string>,
   next: ReadonlySet<string>,
   running: boolean,
-  max: number
+  max: number,
+  registered = false
 ): DirectStep => {
   if (next.size > max) return { _tag: "over_limit" }
   if (next.size === 0 && running) return { _tag: "stop" }
   if (next.size > 0 && !running) return { _tag: "start" }
+  if (registered) return { _tag: "replay" }
   for (const d of next) if (!known.has(d)) return { _tag: "replay" }
   if (known.size !== next.size) return { _tag: "restart" }
   return { _tag: "keep" }
@@ -207,13 +211,11 @@ const reconfigure = (
       // the registration is missed); the replayed events' other deliveries exist already (ids)
       const registered = index.registrationsVersion !== registrationsVersion
       registrationsVersion = index.registrationsVersion
-      if (index.wantedDidsVersion !== wantedVersion || (registered && !first && directFiber !== undefined)) {
+      const replayRegistered = registered && !first && directFiber !== undefined
+      if (index.wantedDidsVersion !== wantedVersion || replayRegistered) {
         wantedVersion = index.wantedDidsVersion
         const next = new Set(wanted)
-        const planned = directStep(known, next, directFiber !== undefined, o.directDidsMax)
-        const step: DirectStep = registered && !first && (planned._tag === "keep" || planned._tag === "restart")
-          ? { _tag: "replay" }
-          : planned
+        const step = directStep(known, next, directFiber !== undefined, o.directDidsMax, replayRegistered)
         switch (step._tag) {
           case "over_limit":
             yield* Effect.logWarning("direct set over its limit; keeping the previous plan")
@@ -238,6 +240,9 @@ const reconfigure = (
       }
       first = false
       const markBefore = prevMark
+      // the registry stream's position at the previous check − 2 s: every webhook registered
+      // since was registered after it
+      const sinceBefore = markBefore - TWO_SECONDS < 0n ? 0n : markBefore - TWO_SECONDS
       prevMark = markNow
       prevBacklinkMark = backlinkNow
       const wantBacklink = index.backlinkDids().size > 0
@@ -247,20 +252,14 @@ const reconfigure = (
       // the direct stream does for a new registration
       const backlinkRegistered = index.backlinkRegistrationsVersion !== backlinkRegistrationsVersion
       backlinkRegistrationsVersion = index.backlinkRegistrationsVersion
-      if (backlinkRegistered && wantBacklink && backlinkRunner !== undefined) {
-        const from = markBefore - TWO_SECONDS
-        yield* backlinkRunner.restart(from < 0n ? 0n : from)
-      }
+      if (backlinkRegistered && wantBacklink && backlinkRunner !== undefined) yield* backlinkRunner.restart(sinceBefore)
       if (wantBacklink && backlinkFiber === undefined) {
         // started again after its set was empty (not at startup, where the scopes may predate
         // its cursor): every backlink scope now was registered by a registry event after the
         // previous check, so the events before that position (− 2 s) matched nothing that exists
         // now. Its old cursor would replay up to Jetstream's whole window of the network, and
         // deliver the new webhooks events from before they existed
-        const floor = markBefore - TWO_SECONDS
-        const r = yield* o.makeRunner(
-          backlinkStarted ? { ...backlinkSpec, resumeFloor: floor < 0n ? 0n : floor } : backlinkSpec
-        )
+        const r = yield* o.makeRunner(backlinkStarted ? { ...backlinkSpec, resumeFloor: sinceBefore } : backlinkSpec)
         backlinkStarted = true
         backlinkRunner = r
         backlinkFiber = yield* Effect.forkScoped(o.start(r, undefined))
