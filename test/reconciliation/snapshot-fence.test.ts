@@ -15,7 +15,7 @@ import { Reconciler } from "../../src/services/reconciliation/Reconciler.js"
 import { ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
 import { Registry } from "../../src/services/registry/Registry.js"
 import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
-import { didDoc, type FakeRecord } from "../support/fakeAtproto.js"
+import { didDoc, type FakeRecord, type FakeRequest } from "../support/fakeAtproto.js"
 import { Fakes, holdPdsPath, reconcileStack, waitFor } from "../support/reconcile.js"
 import { plc, rev, whEv, whRecordValue } from "../support/stack.js"
 
@@ -73,11 +73,16 @@ const expectNewerApplies = (did: string) =>
     expect(yield* memoryRkeys(did)).toContain("w")
   })
 
-/** A scan of `did` whose listing fails (503), the PDS answering again afterwards. */
-const failedScan = (did: string) =>
+/** Its listing of `did` (`listRecords`). */
+const listingOf = (did: string) => (req: FakeRequest) => req.path === LIST_RECORDS && req.query.get("repo") === did
+
+/**
+ * A scan of `did` during which the PDS answers 503 to the requests `failing` picks (default: the
+ * listing of `did`), and answers again afterwards.
+ */
+const failedScan = (did: string, failing: (req: FakeRequest) => boolean = listingOf(did)) =>
   Effect.flatMap(Fakes, (fakes) => {
-    fakes.pds.handler = (req) =>
-      req.path === LIST_RECORDS && req.query.get("repo") === did ? { status: 503, body: "{}" } : fakes.defaultPds(req)
+    fakes.pds.handler = (req) => failing(req) ? { status: 503, body: "{}" } : fakes.defaultPds(req)
     return reconcile(did).pipe(Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds))))
   })
 
@@ -213,13 +218,8 @@ describe("snapshots beat old replays (issue 14 item 4)", () => {
     it.effect("lands after a scan on a PDS that answers nothing (the scan-start TID fallback) failed: applied", () =>
       Effect.gen(function*() {
         const did = plc(407)
-        const fakes = yield* Fakes
         yield* setup(did)
-        fakes.pds.handler = (req) =>
-          (req.query.get("repo") ?? req.query.get("did")) === did ? { status: 503, body: "{}" } : fakes.defaultPds(req)
-        const result = yield* reconcile(did).pipe(
-          Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds)))
-        )
+        const result = yield* failedScan(did, (req) => (req.query.get("repo") ?? req.query.get("did")) === did)
         expect(result._tag).toBe("failed")
         expect((yield* ownerState(did))?.snapshotRev).toBeUndefined()
         // a create committed before the scan started (its rev below the scan-start TID) still registers
