@@ -62,33 +62,6 @@ export const redactArgs = (text: string, argv: ReadonlyArray<string>): string =>
   return t
 }
 
-/**
- * What the codes of a failed database connection mean (`database: could not connect (<code>)`, the
- * line the service prints too), said for the operator who typed the URL: PostgreSQL's SQLSTATE of
- * the refusal, or the socket's errno. Other codes are printed as they are.
- */
-const CONNECT_CODES: ReadonlyMap<string, string> = new Map([
-  ["3D000", "no database of that name on the server"],
-  ["28P01", "password authentication failed"],
-  ["28000", "the server refused this role or client (pg_hba.conf)"],
-  ["57P03", "the server is starting up or shutting down"],
-  ["53300", "the server has no connection slot left"],
-  ["ECONNREFUSED", "nothing listens at that host and port"],
-  ["ENOTFOUND", "the host name does not resolve"],
-  ["EAI_AGAIN", "the host name does not resolve"],
-  ["EHOSTUNREACH", "the host is unreachable"],
-  ["ETIMEDOUT", "the host did not answer"]
-])
-
-const CONNECT_LINE = /^database: could not connect \(([A-Za-z0-9_-]+)\)$/
-
-/** `database: could not connect (3D000)` → `… (3D000: no database of that name on the server)`. */
-const explainConnect = (line: string): string => {
-  const code = CONNECT_LINE.exec(line)?.[1]
-  const meaning = code === undefined ? undefined : CONNECT_CODES.get(code)
-  return meaning === undefined ? line : `database: could not connect (${code}: ${meaning})`
-}
-
 /** The exit code and the one line for a failure of the program. */
 export const describeFailure = (cause: Cause.Cause<unknown>): { readonly code: number; readonly line: string } => {
   const failure = Cause.failureOption(cause)
@@ -110,7 +83,7 @@ export const describeFailure = (cause: Cause.Cause<unknown>): { readonly code: n
     typeof e === "object" && e !== null && "message" in e && typeof e.message === "string" && e.message.length > 0
       ? e.message
       : "operation failed"
-  return { code: 1, line: explainConnect(message) }
+  return { code: 1, line: message }
 }
 
 export const usage = (text: string) => Effect.fail(new UsageError({ text }))

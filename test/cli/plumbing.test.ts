@@ -16,6 +16,7 @@ import { HooksFailed, HooksInvalid } from "../../src/cli/HookErrors.js"
 import { cell, table } from "../../src/cli/Output.js"
 import { SecretsError } from "../../src/services/delivery/Secrets.js"
 import { InvalidArgument } from "../../src/services/operator/Operator.js"
+import * as Database from "../../src/services/platform/Database.js"
 
 // ---------------------------------------------------------------------------------------------
 // --since / --until
@@ -235,8 +236,8 @@ describe("a failure's exit code and one line (describeFailure)", () => {
     expect(long).toEqual({ code: 2, line: `${"x".repeat(500)} (see --help)` })
   })
 
-  it("a refused database connection is said in words; other codes and lines as they are", () => {
-    const line = (text: string) => describeFail(new Failed({ text })).line
+  it("a refused database connection is said in words, by the service's error and the CLI's line alike", () => {
+    const refused = (code: string) => Database.couldNotConnect(Object.assign(new Error("refused"), { code })).message
     const explained: ReadonlyArray<readonly [string, string]> = [
       ["3D000", "no database of that name on the server"],
       ["28P01", "password authentication failed"],
@@ -250,12 +251,13 @@ describe("a failure's exit code and one line (describeFailure)", () => {
       ["ETIMEDOUT", "the host did not answer"]
     ]
     for (const [code, meaning] of explained) {
-      expect(line(`database: could not connect (${code})`)).toBe(`database: could not connect (${code}: ${meaning})`)
+      const message = refused(code)
+      expect(message).toBe(`database: could not connect (${code}: ${meaning})`)
+      expect(Database.isUnreachableLine(message)).toBe(true)
+      expect(describeFail(new Failed({ text: message })).line).toBe(message)
     }
-    expect(line("database: could not connect (timeout)")).toBe("database: could not connect (timeout)")
-    expect(line("database: could not connect (ECONNREFUSED) again")).toBe(
-      "database: could not connect (ECONNREFUSED) again"
-    )
+    expect(refused("timeout")).toBe("database: could not connect (timeout)")
+    expect(refused("08006")).toBe("database: could not connect (08006)")
   })
 })
 

@@ -44,7 +44,7 @@ interface Case {
 
 const SELF_SIGNED = "database: could not connect (DEPTH_ZERO_SELF_SIGNED_CERT)"
 const OTHER_NAME = "database: could not connect (ERR_TLS_CERT_ALTNAME_INVALID)"
-const REFUSED_PASSWORD = "database: could not connect (28P01)"
+const REFUSED_PASSWORD = "database: could not connect (28P01: password authentication failed)"
 
 /** Cases the certificate check must refuse, with the failure the startup line names. */
 const REFUSED: ReadonlyArray<readonly [Case, string]> = [

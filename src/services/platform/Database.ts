@@ -33,6 +33,34 @@ export class DatabaseUnavailable extends Data.TaggedError("DatabaseUnavailable")
 const COULD_NOT_CONNECT = "could not connect"
 
 /**
+ * What the codes of a failed connection mean, said for the operator who typed the URL: PostgreSQL's
+ * SQLSTATE of the refusal, or the socket's errno. The service's startup line and the CLI's both say
+ * it (`could not connect (3D000: no database of that name on the server)`); other codes are printed
+ * as they are.
+ */
+const CONNECT_CODES: ReadonlyMap<string, string> = new Map([
+  ["3D000", "no database of that name on the server"],
+  ["28P01", "password authentication failed"],
+  ["28000", "the server refused this role or client (pg_hba.conf)"],
+  ["57P03", "the server is starting up or shutting down"],
+  ["53300", "the server has no connection slot left"],
+  ["ECONNREFUSED", "nothing listens at that host and port"],
+  ["ENOTFOUND", "the host name does not resolve"],
+  ["EAI_AGAIN", "the host name does not resolve"],
+  ["EHOSTUNREACH", "the host is unreachable"],
+  ["ETIMEDOUT", "the host did not answer"]
+])
+
+/** The error of a connection that could not be made: `could not connect (<code>[: <meaning>])`. */
+export const couldNotConnect = (e: unknown): DatabaseUnavailable => {
+  const described = describeSqlError(e)
+  const meaning = CONNECT_CODES.get(described)
+  return new DatabaseUnavailable({
+    reason: `${COULD_NOT_CONNECT} (${meaning === undefined ? described : `${described}: ${meaning}`})`
+  })
+}
+
+/**
  * Whether a startup failure line (`firehook: ` removed) says the database could not be reached:
  * the delivery child's supervisor restarts such a child without spending its restart budget
  * (DeliveryProcess.ts), since the parent reached the same database at its own start.
@@ -128,7 +156,7 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
     Effect.gen(function*() {
       const lifecycle = yield* Effect.serviceOption(Lifecycle)
       const driver = yield* DatabaseSsl.driverConfig(Redacted.value(url)).pipe(
-        Either.mapLeft((e) => new DatabaseUnavailable({ reason: `${COULD_NOT_CONNECT} (${describeSqlError(e)})` }))
+        Either.mapLeft(couldNotConnect)
       )
       const poolScope = yield* Scope.make()
       const client = yield* PgClient.fromPool({
@@ -137,7 +165,7 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
       }).pipe(
         Scope.extend(poolScope),
         Effect.provide(Reactivity.layer),
-        Effect.mapError((e) => new DatabaseUnavailable({ reason: `${COULD_NOT_CONNECT} (${describeSqlError(e)})` }))
+        Effect.mapError(couldNotConnect)
       )
       yield* Effect.addFinalizer(() =>
         Option.match(lifecycle, { onNone: () => Effect.succeed(true), onSome: (l) => l.isClean }).pipe(
