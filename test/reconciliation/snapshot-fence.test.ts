@@ -7,6 +7,7 @@
  * fence back to the owner's latest completed snapshot (none: no fence), SPEC §3.4.
  * A real PostgreSQL, a fake PLC and PDS (real HTTP servers on loopback).
  */
+import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
@@ -17,7 +18,7 @@ import { Registry } from "../../src/services/registry/Registry.js"
 import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
 import { didDoc, type FakeRecord, type FakeRequest } from "../support/fakeAtproto.js"
 import { Fakes, holdPdsPath, reconcileStack, waitFor } from "../support/reconcile.js"
-import { plc, rev, whEv, whRecordValue } from "../support/stack.js"
+import { ev, plc, rev, whEv, whRecordValue } from "../support/stack.js"
 
 const BOB = plc(9_998)
 const hook = (url = "https://receiver.example/hook") => whRecordValue(`at://${BOB}`, { url })
@@ -133,7 +134,7 @@ describe("snapshots beat old replays (issue 14 item 4)", () => {
         yield* expectNewerApplies(did)
       }))
 
-    it.effect("lands during the scan, after the snapshot's rev is stored: ignored", () =>
+    it.effect("lands during the scan, after the snapshot's rev is stored: not stored; matched until the scan's swap drops it", () =>
       Effect.gen(function*() {
         const did = plc(403)
         yield* setup(did)
@@ -142,12 +143,52 @@ describe("snapshots beat old replays (issue 14 item 4)", () => {
         yield* requested(LIST_RECORDS, did)
         expect(yield* ownerState(did)).toMatchObject({ status: "scanning", snapshotRev: SNAP })
         expect(yield* replayOldCreate(did)).toEqual(["stale"])
-        yield* expectGone(did, undefined)
+        expect(yield* stored(did, "w")).toEqual({ row: undefined, tombstone: undefined })
+        // the index follows the write while the snapshot is taken (its rows wait for the scan's end)
+        expect(yield* memoryRkeys(did)).toEqual(["w"])
         release()
         expect((yield* Fiber.join(fiber))._tag).toBe("complete")
         yield* expectGone(did, undefined)
         expect(yield* memoryRkeys(did)).toEqual(["keep"])
         yield* expectNewerApplies(did)
+      }))
+
+    it.effect("a webhook created or changed just before the snapshot, its write landing during the scan: the events after it match it", () =>
+      Effect.gen(function*() {
+        const did = plc(408)
+        const moved = "https://moved.example/hook"
+        // before the scan: `keep` at its first URL; on the PDS, `keep` moved and `n` was created
+        // (rev 90), both before the snapshot's rev (100)
+        yield* setup(did, [{ rkey: "keep", value: hook(moved) }, { rkey: "n", value: hook() }])
+        expect(yield* live([whEv(did, "keep", hook(), { rev: rev(10) })])).toEqual(["active"])
+        const release = yield* holdPdsPath(LIST_RECORDS, did)
+        const fiber = yield* Effect.fork(reconcile(did))
+        yield* requested(LIST_RECORDS, did)
+        expect(yield* ownerState(did)).toMatchObject({ status: "scanning", snapshotRev: SNAP })
+        // the stream lags the PDS: the two writes arrive now, fenced by the snapshot in progress
+        expect(
+          yield* live([whEv(did, "keep", hook(moved), { rev: rev(90) }), whEv(did, "n", hook(), { rev: rev(90) })])
+        ).toEqual(["stale", "stale"])
+        expect((yield* stored(did, "keep")).row?.url).toBe("https://receiver.example/hook")
+        expect((yield* stored(did, "n")).row).toBeUndefined()
+        // BOB's next post matches both as the owner wrote them (before: `keep` at its old URL only)
+        expect(yield* live([ev(BOB, "app.bsky.feed.post", "p1", { rev: rev(95), stream: "direct" })])).toEqual([
+          "enqueued"
+        ])
+        const sql = yield* SqlClient.SqlClient
+        const rows = yield* sql<{ rkey: string; targetUrl: string }>`
+          SELECT webhook_rkey AS rkey, target_url AS "targetUrl" FROM outbox
+          WHERE owner_did = ${did} ORDER BY webhook_rkey`
+        expect(rows).toEqual([{ rkey: "keep", targetUrl: moved }, {
+          rkey: "n",
+          targetUrl: "https://receiver.example/hook"
+        }])
+        release()
+        expect((yield* Fiber.join(fiber))._tag).toBe("complete")
+        // the snapshot confirms both: what the rows were matched with is what the attempt will read
+        expect((yield* stored(did, "keep")).row?.url).toBe(moved)
+        expect((yield* stored(did, "n")).row?.rev).toBe(SNAP)
+        expect(yield* memoryRkeys(did)).toEqual(["keep", "n"])
       }))
 
     it.effect("lands after the scan: ignored; so are a replayed delete and an invalid record, and the generation stays", () =>

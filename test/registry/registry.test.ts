@@ -1,7 +1,7 @@
 /**
  * Registry load at startup (SPEC §2.5, §2.6), the per-owner swap used by reconciliation, and the
  * snapshot-rev fence of live writes on the memory store (SPEC §3.4; the PostgreSQL store's is in
- * test/reconciliation/snapshot-fence.test.ts).
+ * test/reconciliation/snapshot-fence.test.ts), which the index follows while that snapshot is taken.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Layer, Metric, Ref } from "effect"
@@ -235,10 +235,10 @@ describe("admission: the direct-DIDs limit is Jetstream's (SPEC §2.6)", () => {
 })
 
 describe("the owner's snapshot rev fences live writes (SPEC §3.4), memory store", () => {
-  /** ALICE was reconciled at rev 100 (generation 3) */
-  const fenced = () => {
+  /** ALICE was reconciled at rev 100 (generation 3), or is being reconciled at that rev (`scanning`) */
+  const fenced = (status: "complete" | "scanning" = "complete") => {
     const state = RegistryStore.emptyMemoryState()
-    state.owners.set(ALICE, { did: ALICE, generation: 3, status: "complete", snapshotRev: rev(100) })
+    state.owners.set(ALICE, { did: ALICE, generation: 3, status, snapshotRev: rev(100) })
     const StoreLive = Layer.effect(
       RegistryStore.RegistryStore,
       Effect.map(Ref.make(state), RegistryStore.makeMemoryOver)
@@ -275,6 +275,39 @@ describe("the owner's snapshot rev fences live writes (SPEC §3.4), memory store
       expect((yield* registry.applyWhEvent(whEv(BOB, "old", whRecordValue(`at://${ALICE}`), { rev: rev(1) })))._tag)
         .toBe("active")
     }).pipe(Effect.provide(fenced())))
+
+  it.effect("while that snapshot is being taken, a fenced write is not stored but the index follows it until the swap", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const store = yield* RegistryStore.RegistryStore
+      const rkeys = () => registry.index.byOwner(ALICE).map((w) => w.rkey).sort()
+      const apply = (e: Parameters<typeof registry.applyWhEvent>[0]) =>
+        Effect.map(registry.applyWhEvent(e), (o) => o._tag)
+      const hook = whRecordValue(`at://${BOB}`)
+      expect(yield* apply(whEv(ALICE, "w", hook, { rev: rev(10) }))).toBe("stale")
+      expect(yield* apply(whEv(ALICE, "z", hook, { rev: rev(11) }))).toBe("stale")
+      expect(rkeys()).toEqual(["w", "z"])
+      expect(registry.index.byOwner(ALICE).find((w) => w.rkey === "w")?.url).toBe("https://receiver.example/hook")
+      // an update follows; a pause, an invalid version and a delete drop the key
+      yield* apply(whEv(ALICE, "w", whRecordValue(`at://${BOB}`, { url: "https://moved.example/h" }), { rev: rev(20) }))
+      expect(registry.index.byOwner(ALICE).find((w) => w.rkey === "w")?.url).toBe("https://moved.example/h")
+      yield* apply(whEv(ALICE, "w", whRecordValue(`at://${BOB}`, { enabled: false }), { rev: rev(30) }))
+      expect(rkeys()).toEqual(["z"])
+      yield* apply(whEv(ALICE, "w", hook, { rev: rev(40) }))
+      yield* apply(whEv(ALICE, "w", { $type: "place.wisp.v2.wh", url: 42 }, { rev: rev(50) }))
+      yield* apply(whEv(ALICE, "z", undefined, { operation: "delete", rev: rev(60) }))
+      expect(rkeys()).toEqual([])
+      yield* apply(whEv(ALICE, "y", hook, { rev: rev(70) }))
+      expect(rkeys()).toEqual(["y"])
+      // nothing stored, no generation bumped: the snapshot decides every key
+      for (const rkey of ["w", "y", "z"]) {
+        expect(yield* store.get(ALICE, rkey)).toEqual({ row: undefined, tombstone: undefined })
+      }
+      expect((yield* store.owner(ALICE))?.generation).toBe(3)
+      // the scan's swap: the owner's registrations are the store's
+      yield* registry.swapOwner(ALICE)
+      expect(rkeys()).toEqual([])
+    }).pipe(Effect.provide(fenced("scanning"))))
 })
 
 describe("Registry.transactional: a failed unit undoes its index changes, latest first", () => {

@@ -15,9 +15,11 @@
  *   one PostgreSQL cannot store (`unstorable`: a NUL or a lone surrogate, as reconciliation refuses
  *   it) or one over an admission limit revokes the previous registration and is remembered among
  *   the owner's refused records (its cid, rev and reason; `RejectedStore`), which a valid version or
- *   a delete clears. A fenced write (`stale`) changes nothing in the store; in memory, only a replay
- *   of the key's stored version (same rev: committed by another leader, or by this process before a
- *   restart) changes anything: the index then takes the stored state of that key (`settle`).
+ *   a delete clears. A fenced write (`stale`) changes nothing in the store; in memory, a replay of
+ *   the key's stored version (same rev: committed by another leader, or by this process before a
+ *   restart) makes the index take the stored state of that key (`settle`), and a write fenced only
+ *   by the snapshot of a scan in progress is followed by the index until the scan's swap
+ *   (`followDuringScan`); other fenced writes change nothing.
  *   A write that frees room under an admission limit requests, in its transaction, the
  *   reconciliation of the owners whose records were refused for that limit (RoomRequests).
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
@@ -361,9 +363,13 @@ export const make = Effect.gen(function*() {
         return { _tag: "stale" } as const
       }
       // and strictly greater than the owner's snapshot rev (SPEC §3.4): the snapshot already holds
-      // the owner's records as of that rev; nothing was written, nothing in memory changes
+      // the owner's records as of that rev; nothing is written
       const generation = yield* store.bumpGeneration(ownerDid, event.rev)
-      if (generation === undefined) return { _tag: "stale" } as const
+      if (generation === undefined) {
+        // while that snapshot is being taken, the index follows the write ({@link followDuringScan})
+        if ((yield* store.owner(ownerDid))?.status === "scanning") yield* followDuringScan(event, key)
+        return { _tag: "stale" } as const
+      }
       // a refusal keeps the version's cid only if it can be stored (Jetstream's is any string)
       const cid = event.cid !== undefined && isStorableText(event.cid) ? event.cid : undefined
       /**
@@ -417,6 +423,34 @@ export const make = Effect.gen(function*() {
       yield* store.upsert(version)
       setInIndex(candidate)
       return { _tag: "active" } as const
+    })
+
+  /**
+   * A live write fenced by the snapshot of a scan in progress: nothing is stored (the snapshot
+   * decides the key), but the index takes the write's registration (or drops the key's, for a
+   * delete, an invalid, unstorable or paused version, or one over an admission limit), so that the
+   * events after it match what the owner wrote, not the pre-scan registration, until the scan's swap
+   * replaces the owner's registrations with the snapshot's (SPEC §5.3 step 5). Without it, the
+   * events of a webhook created or changed just before its owner's snapshot were matched with the
+   * pre-scan set and lost (the audit of 6 December 2026). Rows matched so wait while the owner is
+   * `scanning` and are then checked against the stored subscription (SPEC §4.2): a version the
+   * snapshot does not confirm (a replayed create of a webhook deleted since) is cancelled, never sent.
+   */
+  const followDuringScan = (event: RecordEvent, key: string): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      const validated = event.operation === "delete" ? undefined : validateWhRecord(event.record, rules.validateOpts)
+      const candidate = validated !== undefined && Either.isRight(validated) &&
+          validated.right.record.enabled !== false &&
+          isStorableRow(
+            toRow(event.did, event.rkey, validated.right.record, validated.right.scope, event.rev, 0, event.cid, true)
+          )
+        ? makeActiveWebhook(event.did, event.rkey, validated.right.record, validated.right.scope, event.rev)
+        : undefined
+      const admitted = candidate !== undefined && admission(candidate) === undefined ? candidate : undefined
+      if (admitted !== undefined) setInIndex(admitted)
+      else removeFromIndex(key)
+      return Effect.logDebug("registry: a write older than the owner's scan in progress, followed in memory only")
+        .pipe(Effect.annotateLogs({ key, result: admitted === undefined ? "removed" : "set" }))
     })
 
   /** reload the unsynced owners from the store (each leaves the set once reloaded) */
