@@ -6,7 +6,7 @@
  * reads (deliveries), and the system resolver (`Bun.dns.lookup`, c-ares backend).
  *
  * HTTPS checks run when SMOKE_CERT / SMOKE_KEY name a certificate for `receiver.test`
- * (test/safehttp.test.ts passes them).
+ * (test/platform/http/safehttp.https.test.ts passes them).
  */
 import { Effect, Either, Layer } from "effect"
 import { readFileSync } from "node:fs"

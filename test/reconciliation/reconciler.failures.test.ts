@@ -1,0 +1,202 @@
+/**
+ * Reconciliation of one owner (SPEC §5.3) against a fake PLC and a fake PDS (real HTTP servers on
+ * loopback, insecure development mode) and a real PostgreSQL, when it fails: every listed failure
+ * fails the owner and keeps its registrations; timeouts, completion in batches, and a scan that
+ * dies.
+ */
+import { describe, expect, layer } from "@effect/vitest"
+import { Effect } from "effect"
+import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
+import { type FakeResponse, listRecordsRequests } from "../support/fakeAtproto.js"
+import { Fakes, holdPdsPath, reconcileStack, wrapStore } from "../support/reconcile.js"
+import { plc, rev, whEv } from "../support/stack.js"
+import {
+  hook,
+  json,
+  live,
+  memoryRkeys,
+  ownerState,
+  page,
+  reconcile,
+  reconcileServing,
+  setup,
+  storedRkeys
+} from "./reconciler-support.js"
+
+describe("Reconciler", () => {
+  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
+    "every listed failure fails the owner and keeps its registrations",
+    (it) => {
+      /** Serve `respond(request index)` for `did`'s listRecords; the default PDS otherwise. */
+      const failing = (n: number, kind: string, respond: (i: number, did: string) => FakeResponse) =>
+        it.effect(`${kind}`, () =>
+          Effect.gen(function*() {
+            const did = plc(100 + n)
+            yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
+            yield* setup(did, [], { rev: rev(100) })
+            let i = 0
+            const outcome = yield* reconcileServing(did, () => respond(i++, did))
+            expect(outcome).toEqual({ _tag: "failed", kind })
+            const state = yield* ownerState(did)
+            expect(state).toMatchObject({ status: "failed", lastFailureKind: kind, failureCount: 1 })
+            // the last known-good registrations are kept (pages already read landed in the database
+            // only; nothing was deleted) and memory is unchanged
+            expect(yield* storedRkeys(did)).toContain("known")
+            expect(yield* memoryRkeys(did)).toEqual(["known"])
+          }))
+
+      failing(1, "record_uri", () =>
+        json(200, {
+          records: [{ uri: `at://${plc(7_777)}/place.wisp.v2.wh/x`, cid: "bafyx", value: hook() }],
+          cursor: "x"
+        }))
+      failing(2, "duplicate_rkey", (i, did) => (i === 0 ? page(did, ["a", "b"], "b") : page(did, ["a"], "a")))
+      failing(3, "cursor", (i, did) => (i === 0 ? page(did, ["a"], "c1") : page(did, ["b"], "c1")))
+      failing(4, "too_many_pages", (i, did) => page(did, [`k${String(1000 - i).padStart(4, "0")}`], `c${i}`))
+      failing(5, "too_many_records", (i, did) =>
+        page(
+          did,
+          Array.from({ length: 100 }, (_, j) => `r${String(i * 100 + j).padStart(5, "0")}`),
+          `c${i}`
+        ))
+      failing(
+        6,
+        "page_too_large",
+        (_, did) => page(did, ["big"], undefined, { ...hook(), padding: "x".repeat(600 * 1024) })
+      )
+      failing(7, "pds_status", () => json(500, { error: "InternalServerError" }))
+      failing(8, "page_invalid", () => ({ status: 200, body: "{not json" }))
+      failing(9, "page_records", (_, did) =>
+        page(
+          did,
+          Array.from({ length: 101 }, (_, j) => `r${j}`),
+          "c"
+        ))
+      failing(
+        10,
+        "record_cid",
+        (_, did) =>
+          json(200, { records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid: "", value: hook() }], cursor: "a" })
+      )
+      failing(11, "cursor", (_, did) => page(did, ["a"], "x".repeat(2049)))
+      failing(12, "pds_status", (i, did) => (i === 0 ? page(did, ["a"], "a") : json(400, { error: "RepoNotFound" })))
+      // empty pages with a cursor are followed, and count toward the page bound; their cursors too
+      // must never repeat
+      failing(13, "too_many_pages", (i) => json(200, { records: [], cursor: `e${i}` }))
+      failing(14, "cursor", (i) => json(200, { records: [], cursor: i < 3 ? `e${i}` : "e0" }))
+      // a cursor that is not well-formed UTF-16 (a lone surrogate, `\ud800` in the JSON) cannot be
+      // put in a URL: the owner fails as `cursor` (it used to die on encodeURIComponent's URIError,
+      // leaving the owner `scanning`)
+      failing(15, "cursor", (_, did) => page(did, ["a"], "a\ud800"))
+      failing(16, "cursor", () => json(200, { records: [], cursor: "\udc00z" }))
+      // a cid of 257 characters (SPEC §5.3: 1–256)
+      failing(
+        17,
+        "record_cid",
+        (_, did) =>
+          json(200, {
+            records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid: "b".repeat(257), value: hook() }],
+            cursor: "a"
+          })
+      )
+
+      // a cid is 1–256 printable characters: one holding a space is not a cid
+      failing(
+        18,
+        "record_cid",
+        (_, did) => json(200, { records: [{ uri: `at://${did}/place.wisp.v2.wh/a`, cid: "bafy a", value: hook() }] })
+      )
+      // a cursor, if present, is non-empty (SPEC §5.3): "" is not followed as if it were one
+      failing(19, "cursor", (i, did) => (i === 0 ? page(did, ["b"], "") : page(did, ["a"])))
+      // "repo not found" only in its two authoritative forms (SPEC §5.3): not for another DID,
+      // and `InvalidRequest` only as a 400
+      failing(
+        20,
+        "pds_status",
+        () => json(400, { error: "InvalidRequest", message: `Could not find repo: ${plc(7_777)}` })
+      )
+      failing(
+        21,
+        "pds_status",
+        (_, did) => json(404, { error: "InvalidRequest", message: `Could not find repo: ${did}` })
+      )
+
+      it.effect("exactly 20 pages are read before too_many_pages", () =>
+        Effect.gen(function*() {
+          const fakes = yield* Fakes
+          const lists = listRecordsRequests(fakes.pds).filter((r) => r.query.get("repo") === plc(104))
+          expect(lists).toHaveLength(20)
+        }))
+    }
+  )
+})
+
+describe("Reconciler: completion in batches and timeouts", () => {
+  layer(
+    reconcileStack({ limits: { batchSize: 2, tombstoneRetentionMs: 0 } }),
+    { timeout: "120 seconds", excludeTestServices: true }
+  )("completion in batches", (it) => {
+    it.effect("rows beyond one batch are all deleted (tombstoned), and old tombstones beyond one batch all pruned", () =>
+      Effect.gen(function*() {
+        const did = plc(400)
+        const rkeys = ["a", "b", "c", "d", "e"]
+        yield* live(rkeys.map((k) => whEv(did, k, hook(), { rev: rev(1) })))
+        yield* setup(did, [], { rev: rev(100) })
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", deleted: 5 })
+        expect(yield* storedRkeys(did)).toEqual([])
+        const store = yield* RegistryStore
+        for (const k of rkeys) expect((yield* store.get(did, k)).tombstone?.rev).toBe(rev(100))
+        // a newer snapshot: the tombstones are older than it and past their retention (0 here)
+        yield* setup(did, [], { rev: rev(200) })
+        expect(yield* reconcile(did)).toMatchObject({ _tag: "complete", deleted: 0 })
+        for (const k of rkeys) expect((yield* store.get(did, k)).tombstone).toBeUndefined()
+      }))
+  })
+
+  layer(reconcileStack({ limits: { timeoutMs: 300 } }), { timeout: "120 seconds", excludeTestServices: true })(
+    "timeouts",
+    (it) => {
+      it.effect("a PDS that does not answer a page within the timeout fails the owner as pds_timeout", () =>
+        Effect.gen(function*() {
+          const did = plc(401)
+          yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
+          yield* setup(did, [], { rev: rev(100) })
+          const release = yield* holdPdsPath("/xrpc/com.atproto.repo.listRecords", did)
+          const outcome = yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(release)))
+          expect(outcome).toEqual({ _tag: "failed", kind: "pds_timeout" })
+          expect(yield* ownerState(did)).toMatchObject({ status: "failed", lastFailureKind: "pds_timeout" })
+          expect(yield* memoryRkeys(did)).toEqual(["known"])
+        }))
+    }
+  )
+})
+
+describe("Reconciler: a scan that dies", () => {
+  /** `deleteOlder` dies (a bug's defect) for the DIDs listed. */
+  const dying = new Set<string>()
+  layer(
+    reconcileStack({
+      wrapStore: (real) =>
+        wrapStore(
+          real,
+          (op, eff) => Effect.suspend(() => (op === "deleteOlder" && dying.size > 0 ? Effect.dieMessage("a bug") : eff))
+        )
+    }),
+    { timeout: "120 seconds", excludeTestServices: true }
+  )("defects", (it) => {
+    it.effect("fails its owner (internal) instead of leaving it scanning; its registrations are kept", () =>
+      Effect.gen(function*() {
+        const did = plc(300)
+        yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
+        yield* setup(did, [], { rev: rev(100) })
+        dying.add(did)
+        const outcome = yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(() => dying.clear())))
+        expect(outcome).toEqual({ _tag: "failed", kind: "internal" })
+        expect(yield* ownerState(did)).toMatchObject({ status: "failed", lastFailureKind: "internal", failureCount: 1 })
+        expect(yield* memoryRkeys(did)).toEqual(["known"])
+        // the retry completes
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        expect(yield* ownerState(did)).toMatchObject({ status: "complete" })
+      }))
+  })
+})
