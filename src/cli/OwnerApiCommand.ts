@@ -244,7 +244,7 @@ const secretsCreateOrRotate = (name: "create" | "rotate") =>
       Command.withDescription(
         name === "create"
           ? "create a server-managed signing secret (secretId) and print its token once"
-          : "replace a secret's token and print the new one once (the old one stops working)"
+          : "replace a secret's token and print the new one once (the old one stops signing within 10 s)"
       )
     )
 

@@ -175,6 +175,7 @@ describe("subscribeDeliveries on a real socket", () => {
           expect(yield* connections).toBe(1)
           tail.ws.send("hello")
           yield* until("closed by the service", () => tail.closed !== undefined)
+          expect(tail.closed).toEqual({ code: 1008, reason: "the stream is one way" })
           yield* untilEffect("released", Effect.map(connections, (n) => n === 0))
           // nothing reaches the closed connection
           yield* publish([outcome(a.did)])

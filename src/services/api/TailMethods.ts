@@ -18,7 +18,7 @@
  * `{"$type":"dev.firehook.webhook.subscribeDeliveries#info","name":"DeliveriesDropped","dropped":n}`
  * (encoded by the contract's Schema). firehook does not use atproto's binary DAG-CBOR framing: the
  * stream carries no CIDs or bytes, and a JSON reader is all a client needs. The stream is one way:
- * a message from the client closes the connection.
+ * a message from the client closes the connection (1008 `the stream is one way`).
  */
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as Socket from "@effect/platform/Socket"
@@ -35,6 +35,9 @@ const CLOSE_GRACE = Duration.seconds(10)
 const encodeFrame = Schema.encodeUnknown(WebhookLexicon.subscribeDeliveries.output)
 
 export class ClientMessage extends Schema.TaggedError<ClientMessage>()("ClientMessage", {}) {}
+
+/** How the service closes a tail whose client sent a message. */
+export const CLIENT_MESSAGE_CLOSE = { code: 1008, reason: "the stream is one way" } as const
 
 export const subscribeDeliveries = subscription(
   WebhookLexicon.subscribeDeliveries,
@@ -72,12 +75,17 @@ export const subscribeDeliveries = subscription(
             Effect.zipRight(Effect.fail(e))
           ))
       )
-      // the socket ends when the client closes it (or sends anything: the stream is one way)
+      // the socket ends when the client closes it, or sends anything: the stream is one way (1008,
+      // a policy violation, said in its reason; not 1011, which would blame the server)
       const read = socket.runRaw(() =>
-        Effect.fail(new ClientMessage())
+        closeWith(CLIENT_MESSAGE_CLOSE.code, CLIENT_MESSAGE_CLOSE.reason).pipe(
+          Effect.zipRight(Effect.fail(new ClientMessage()))
+        )
       )
       yield* Effect.raceFirst(read, serve).pipe(
-        Effect.catchAll((e) => Effect.logDebug("api: tail closed").pipe(Effect.annotateLogs({ reason: e._tag })))
+        Effect.catchAll((e) =>
+          Effect.logDebug("api: tail closed").pipe(Effect.annotateLogs({ reason: e._tag }))
+        )
       )
       return HttpServerResponse.empty()
     })

@@ -13,8 +13,9 @@
  *
  * Cache (decision): successful resolutions are kept in memory for at most 10 s (bounded to 1,024
  * entries, least recently used evicted first). Failures are never cached, so a secret created a
- * moment ago resolves at once. `create`/`rotate`/`remove` in this process invalidate the entry at
- * once; a change made by another process (the CLI) is seen within the TTL. The TTL is short on
+ * moment ago resolves at once. `create`/`rotate`/`remove` invalidate the entry of the instance that
+ * made them at once; any other instance (the delivery worker's, whose layer is not the owners'
+ * API's even in one process; a delivery child; the CLI) sees the change within the TTL. The TTL is short on
  * purpose: after a rotation the receiver must verify with the new token, and a long cache would
  * keep signing with the old one.
  *
