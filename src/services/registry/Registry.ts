@@ -38,11 +38,12 @@ import type { ScopeUri } from "../../schemas/AtUri.js"
 import { parseCidrs } from "../../schemas/Net.js"
 import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
-import { validateWhRecord, WH_COLLECTION, type WhRecord, type WhRecordOptions } from "../../schemas/WhRecord.js"
+import { validateWhRecord, WH_COLLECTION, type WhRecord } from "../../schemas/WhRecord.js"
 import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
-import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
+import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { StoreError } from "../platform/Persistence.js"
+import { activeFromRow, admissionIn, type Rules, settlement } from "./IndexRules.js"
 import type { AdmissionLimit } from "./RegistryConfig.js"
 import {
   isStorableRow,
@@ -172,32 +173,57 @@ interface Journal {
   readonly room: RoomRequests.RoomMemo
 }
 
-/** What admission and the load go by: the limits, the source (Jetstream or not), the URL rules. */
-interface Rules {
-  readonly limits: FirehookConfigShape["registry"]
-  readonly jetstream: boolean
-  readonly validateOpts: WhRecordOptions
+/**
+ * What a write fenced by a scan in progress registers in memory ({@link followDuringScan}): a valid,
+ * enabled, storable version's registration; none for a delete, an invalid, paused or unstorable one.
+ */
+const followedRegistration = (rules: Rules, event: RecordEvent): ActiveWebhook | undefined => {
+  if (event.operation === "delete") return undefined
+  const validated = validateWhRecord(event.record, rules.validateOpts)
+  if (Either.isLeft(validated) || validated.right.record.enabled === false) return undefined
+  const { record, scope } = validated.right
+  const storable = isStorableRow(toRow(event.did, event.rkey, record, scope, event.rev, 0, event.cid, true))
+  return storable ? makeActiveWebhook(event.did, event.rkey, record, scope, event.rev) : undefined
 }
 
-/** The limit `w` would exceed in `into` (the live index, or the one a load builds), if any. */
-const admissionIn = (rules: Rules, into: WebhookIndex, w: ActiveWebhook): AdmissionLimit | undefined => {
-  const { limits } = rules
-  const p = into.projectUpsert(w)
-  if (p.total > limits.activeMax) return "total"
-  if (p.ownerCount > limits.ownerActiveMax) return "owner"
-  // the Jetstream `wantedDids` set (SPEC §2.6): the relay firehose carries every DID, no set to bound
-  if (rules.jetstream && p.wantedDids > limits.directDidsMax) return "direct_dids"
-  if (p.backlinkDids > limits.backlinkDidsMax) return "backlink_dids"
-  return undefined
-}
+/** The index's writes that a transaction can undo (`Registry.make`'s journal), and its rules. */
+type IndexWriter = Readonly<{
+  rules: Rules
+  index: WebhookIndex
+  admission: (w: ActiveWebhook) => AdmissionLimit | undefined
+  set: (w: ActiveWebhook) => void
+  remove: (key: string) => void
+}>
 
-/** The active form of a stored row, if it is still valid under the current configuration. */
-const activeFromRow = (rules: Rules, row: WebhookRow): ActiveWebhook | undefined => {
-  const v = validateWhRecord(row.record, rules.validateOpts)
-  if (Either.isLeft(v)) return undefined
-  if (v.right.record.enabled === false) return undefined
-  return makeActiveWebhook(row.ownerDid, row.rkey, v.right.record, v.right.scope, row.rev)
-}
+/** a replay of the key's stored version: the index takes the stored state ({@link settlement}) */
+const settle = (writer: IndexWriter, key: string, stored: WebhookRow | undefined): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const s = settlement(writer.rules, writer.index, key, stored)
+    if (s._tag === "keep") return Effect.void
+    if (s._tag === "set") writer.set(s.w)
+    else writer.remove(key)
+    return Effect.logInfo("registry: replayed write committed elsewhere, index follows the store").pipe(
+      Effect.annotateLogs({ key, result: s._tag === "over" ? `over ${s.limit} limit` : s._tag })
+    )
+  })
+
+/**
+ * A live write fenced by the snapshot of a scan in progress: nothing is stored (the snapshot decides
+ * the key), but the index follows it until the scan's swap (SPEC §5.3 step 5), so that the events
+ * after it match what the owner wrote, not the pre-scan registration (before, a webhook created or
+ * moved just before its owner's snapshot lost them: the audit of 6 December 2026). Rows matched so
+ * wait while the owner is `scanning`, then face the snapshot's subscription (SPEC §4.2): a version
+ * the snapshot does not confirm (a replayed create of a webhook deleted since) is cancelled, unsent.
+ */
+const followDuringScan = (writer: IndexWriter, event: RecordEvent, key: string): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const candidate = followedRegistration(writer.rules, event)
+    const admitted = candidate !== undefined && writer.admission(candidate) === undefined ? candidate : undefined
+    if (admitted !== undefined) writer.set(admitted)
+    else writer.remove(key)
+    return Effect.logDebug("registry: a write older than the owner's scan in progress, followed in memory only")
+      .pipe(Effect.annotateLogs({ key, result: admitted === undefined ? "removed" : "set" }))
+  })
 
 /**
  * The registrations a load admits, in a new index: the store's active rows in the load order
@@ -234,31 +260,6 @@ const storedVersion = (
     return { rev: row.rev, row }
   }
   return tombstone === undefined ? undefined : { rev: tombstone.rev, row: undefined }
-}
-
-type Settlement =
-  | { readonly _tag: "keep" }
-  | { readonly _tag: "set"; readonly w: ActiveWebhook }
-  | { readonly _tag: "unregister" }
-  | { readonly _tag: "over"; readonly limit: AdmissionLimit }
-
-/**
- * What the index of `key` becomes when a replayed event is the key's stored version (`stored`: its
- * row, undefined for a tombstone). The write was committed by another process (a leader that lost
- * the intake lock while its batch was in flight, SPEC §6.4) or by this one before a restart,
- * possibly after `into` was loaded. Nothing is written (no generation bump); the index takes the
- * stored state, as a load would: an active row valid under the current configuration is
- * registered if admitted; a tombstone, a disabled or inactive row, a version no longer valid or
- * over a limit is unregistered (not counted: a load may have counted it). `keep`: already so.
- */
-const settlement = (rules: Rules, into: WebhookIndex, key: string, stored: WebhookRow | undefined): Settlement => {
-  const w = stored?.active === true ? activeFromRow(rules, stored) : undefined
-  const current = into.get(key)
-  if (w === undefined) return current === undefined ? { _tag: "keep" } : { _tag: "unregister" }
-  if (current !== undefined && current.rev === w.rev && current.fingerprint === w.fingerprint) return { _tag: "keep" }
-  const limit = admissionIn(rules, into, w)
-  if (limit === undefined) return { _tag: "set", w }
-  return current === undefined ? { _tag: "keep" } : { _tag: "over", limit }
 }
 
 /**
@@ -330,17 +331,7 @@ export const make = Effect.gen(function*() {
   }).pipe(Effect.withSpan("Registry.load"))
   const load = reload
 
-  /** a replay of the key's stored version: the index takes the stored state ({@link settlement}) */
-  const settle = (key: string, stored: WebhookRow | undefined): Effect.Effect<void> =>
-    Effect.suspend(() => {
-      const s = settlement(rules, index, key, stored)
-      if (s._tag === "keep") return Effect.void
-      if (s._tag === "set") setInIndex(s.w)
-      else removeFromIndex(key)
-      return Effect.logInfo("registry: replayed write committed elsewhere, index follows the store").pipe(
-        Effect.annotateLogs({ key, result: s._tag === "over" ? `over ${s.limit} limit` : s._tag })
-      )
-    })
+  const writer: IndexWriter = { rules, index, admission, set: setInIndex, remove: removeFromIndex }
 
   const room: RoomRequests.RoomContext = { store, index, jetstream, memo: () => journal?.room, onCommit }
   /** a live write, then the reconciliations the room it freed may admit, in its transaction */
@@ -359,7 +350,7 @@ export const make = Effect.gen(function*() {
       const stored = storedVersion(row, tombstone)
       if (stored !== undefined && compareTid(event.rev, stored.rev) <= 0) {
         // this very version, committed elsewhere (another leader, this process before a restart)
-        if (compareTid(event.rev, stored.rev) === 0) yield* settle(key, stored.row)
+        if (compareTid(event.rev, stored.rev) === 0) yield* settle(writer, key, stored.row)
         return { _tag: "stale" } as const
       }
       // and strictly greater than the owner's snapshot rev (SPEC §3.4): the snapshot already holds
@@ -367,7 +358,7 @@ export const make = Effect.gen(function*() {
       const generation = yield* store.bumpGeneration(ownerDid, event.rev)
       if (generation === undefined) {
         // while that snapshot is being taken, the index follows the write ({@link followDuringScan})
-        if ((yield* store.owner(ownerDid))?.status === "scanning") yield* followDuringScan(event, key)
+        if ((yield* store.owner(ownerDid))?.status === "scanning") yield* followDuringScan(writer, event, key)
         return { _tag: "stale" } as const
       }
       // a refusal keeps the version's cid only if it can be stored (Jetstream's is any string)
@@ -423,34 +414,6 @@ export const make = Effect.gen(function*() {
       yield* store.upsert(version)
       setInIndex(candidate)
       return { _tag: "active" } as const
-    })
-
-  /**
-   * A live write fenced by the snapshot of a scan in progress: nothing is stored (the snapshot
-   * decides the key), but the index takes the write's registration (or drops the key's, for a
-   * delete, an invalid, unstorable or paused version, or one over an admission limit), so that the
-   * events after it match what the owner wrote, not the pre-scan registration, until the scan's swap
-   * replaces the owner's registrations with the snapshot's (SPEC §5.3 step 5). Without it, the
-   * events of a webhook created or changed just before its owner's snapshot were matched with the
-   * pre-scan set and lost (the audit of 6 December 2026). Rows matched so wait while the owner is
-   * `scanning` and are then checked against the stored subscription (SPEC §4.2): a version the
-   * snapshot does not confirm (a replayed create of a webhook deleted since) is cancelled, never sent.
-   */
-  const followDuringScan = (event: RecordEvent, key: string): Effect.Effect<void> =>
-    Effect.suspend(() => {
-      const validated = event.operation === "delete" ? undefined : validateWhRecord(event.record, rules.validateOpts)
-      const candidate = validated !== undefined && Either.isRight(validated) &&
-          validated.right.record.enabled !== false &&
-          isStorableRow(
-            toRow(event.did, event.rkey, validated.right.record, validated.right.scope, event.rev, 0, event.cid, true)
-          )
-        ? makeActiveWebhook(event.did, event.rkey, validated.right.record, validated.right.scope, event.rev)
-        : undefined
-      const admitted = candidate !== undefined && admission(candidate) === undefined ? candidate : undefined
-      if (admitted !== undefined) setInIndex(admitted)
-      else removeFromIndex(key)
-      return Effect.logDebug("registry: a write older than the owner's scan in progress, followed in memory only")
-        .pipe(Effect.annotateLogs({ key, result: admitted === undefined ? "removed" : "set" }))
     })
 
   /** reload the unsynced owners from the store (each leaves the set once reloaded) */
