@@ -40,6 +40,7 @@ import * as Maintenance from "../services/operator/Maintenance.js"
 import { FirehookConfig, type FirehookConfigShape } from "../services/platform/Config.js"
 import * as Config from "../services/platform/Config.js"
 import * as Database from "../services/platform/Database.js"
+import * as DatabaseHealth from "../services/platform/DatabaseHealth.js"
 import * as Health from "../services/platform/Health.js"
 import { SafeHttp } from "../services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../services/platform/Lifecycle.js"
@@ -234,7 +235,8 @@ const startReconciliation = (
 /**
  * Start the parts of the process's roles (`FIREHOOK_ROLES`, SPEC §6.4) in the startup order of
  * §6.1 and register their drains: the shutdown of §6.3 covers what was started (a part that is not
- * started registers no drain). The health server runs in every process, with a `roles` section.
+ * started registers no drain). The health server runs in every process, with a `roles` section and
+ * a `database` section that gates readiness on the database answering (DatabaseHealth.ts).
  * Without `reconcile` there is no initial backfill: the phase goes to `live` once the parts are
  * started. Requires the core services.
  */
@@ -250,6 +252,8 @@ export const service = <E, R, D = never>(
       const health = yield* Health.Health
       const scope = yield* Effect.scope
       yield* health.register("roles", Effect.succeed({ ready: true, body: RolesConfig.rolesBody(config.roles) }))
+      // every process: readiness needs the database to answer (DatabaseHealth.ts)
+      yield* DatabaseHealth.register
       yield* Effect.logInfo("roles").pipe(Effect.annotateLogs({ roles: config.roles.join(",") }))
       const startup = Effect.gen(function*() {
         // 3. the health server (every process)

@@ -5,7 +5,8 @@
  * - An `intake` process enqueues and delivers nothing; an `api` process delivers nothing either
  *   (no claim: the rows stay pending, no liveness mark, no LISTEN on the outbox channel); a
  *   `delivery` process opens no stream and no API listener, is ready without intake or backfill,
- *   and delivers the rows. `/health` shows each process's roles and only the sections of its parts.
+ *   and delivers the rows. `/health` shows each process's roles and only the sections of its parts
+ *   (and every process's `database` section).
  */
 import * as Net from "node:net"
 import { afterAll, describe, expect, it } from "vitest"
@@ -79,7 +80,7 @@ describe("FIREHOOK_ROLES", () => {
         api: false
       })
       expect(intakeBody["phase"]).toBe("live")
-      expect(sections(intakeBody)).toEqual(["intake", "matching", "registry", "roles"])
+      expect(sections(intakeBody)).toEqual(["database", "intake", "matching", "registry", "roles"])
       js.publish([
         commitFrame(OWNER, T0, WH, "hook", "create", {
           $type: WH,
@@ -108,7 +109,7 @@ describe("FIREHOOK_ROLES", () => {
         maintenance: false,
         api: true
       })
-      expect(sections(apiBody)).toEqual(["api", "roles"])
+      expect(sections(apiBody)).toEqual(["api", "database", "roles"])
       // the owners' API listener answers (NotConfigured: no SERVICE_DID/PUBLIC_URL here)
       expect((await fetch(`http://127.0.0.1:${apiPort}/xrpc/place.wisp.v2.secret.list`)).status).toBe(503)
       // no delivery worker anywhere: no liveness mark, no LISTEN on the outbox channel
@@ -146,7 +147,7 @@ describe("FIREHOOK_ROLES", () => {
         api: false
       })
       expect(deliveryBody["phase"]).toBe("live")
-      expect(sections(deliveryBody)).toEqual(["delivery", "redis", "roles"])
+      expect(sections(deliveryBody)).toEqual(["database", "delivery", "redis", "roles"])
       await waitUntil(async () => (await count(db, "status = 'delivered'")) === ROWS, 30_000, "rows delivered")
       expect(rx.hits.size).toBe(ROWS)
       expect(js.connections.length).toBe(streams)
