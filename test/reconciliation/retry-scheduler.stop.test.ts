@@ -146,6 +146,44 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(layer), Effect.withRandom(halfJitter))
   })
 
+  it.scoped("a round that failed (the database down) is followed by the next within 5 s, not a whole interval", () => {
+    const world = newWorld()
+    const down = { value: true }
+    const rounds = { value: 0 }
+    const store = fakeStore(world)
+    const layer = Layer.mergeAll(
+      Layer.succeed(ReconcileStore, {
+        ...store,
+        retryCandidates: (options: Parameters<typeof store.retryCandidates>[0]) =>
+          Effect.suspend(() => {
+            rounds.value++
+            return down.value
+              ? Effect.fail(new StoreError({ op: "reconcile.retryCandidates", code: "down" }))
+              : store.retryCandidates(options)
+          })
+      }),
+      fakeReconciler(world),
+      Config.layerValue(testConfig())
+    )
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      yield* advance(100)
+      expect(rounds.value).toBe(1)
+      expect((yield* s.stats).infrastructureHealthy).toBe(false)
+      yield* advance(5_000)
+      expect(rounds.value).toBe(2)
+      down.value = false
+      yield* advance(5_000)
+      expect(rounds.value).toBe(3)
+      expect((yield* s.stats).infrastructureHealthy).toBe(true)
+      // healthy again: the next round after the whole interval (60 s)
+      yield* advance(30_000)
+      expect(rounds.value).toBe(3)
+      yield* advance(30_000)
+      expect(rounds.value).toBe(4)
+    }).pipe(Effect.provide(layer), Effect.withRandom(halfJitter))
+  })
+
   it.scoped("health: the retryScheduler section is ready while the scheduler runs, not once it is stopped", () => {
     const world = newWorld()
     return Effect.gen(function*() {

@@ -1,7 +1,8 @@
 /**
  * RetryScheduler (SPEC §5.4): retries owners whose reconciliation failed or crashed.
  *
- * - At start and then every `RETRY_SCHEDULER_INTERVAL_MS` (60 s) it lists up to
+ * - At start and then every `RETRY_SCHEDULER_INTERVAL_MS` (60 s; 5 s after a round that failed,
+ *   {@link FAILED_ROUND_RETRY_MS}, so that it recovers with the database) it lists up to
  *   `trackedMax − tracked` owners that are `failed` or `scanning` for longer than
  *   `RETRY_SCHEDULER_STALE_SCAN_MS` (15 min: a crashed scan), failed first, oldest failure first, and
  *   tracks each one in its own fiber (at most `RETRY_SCHEDULER_TRACKED_MAX` tracked, default 16).
@@ -46,6 +47,9 @@ import * as Metrics from "./ReconcileMetrics.js"
 import { Reconciler } from "./Reconciler.js"
 import { ReconcileStore } from "./ReconcileStore.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
+
+/** How soon a round follows a failed one (at most the interval). */
+export const FAILED_ROUND_RETRY_MS = 5_000
 
 export interface BackoffOptions {
   readonly base: Duration.DurationInput
@@ -295,7 +299,9 @@ export const make = (options: RetrySchedulerOptions = {}) =>
       state.infrastructureHealthy = true
     }).pipe(Effect.withSpan("RetryScheduler.tick"))
 
-    const round = tick.pipe(
+    /** the round's success: a failed one is followed by the next after {@link FAILED_ROUND_RETRY_MS} */
+    const round: Effect.Effect<boolean> = tick.pipe(
+      Effect.as(true),
       Effect.catchAllDefect(() =>
         Effect.logError("retry scheduler round died unexpectedly").pipe(
           Effect.zipRight(Effect.fail(new StoreError({ op: "retryScheduler.tick", code: "defect" })))
@@ -307,13 +313,18 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         }).pipe(
           Effect.zipRight(
             Effect.logWarning("retry scheduler round failed").pipe(Effect.annotateLogs({ op: e.op, code: e.code }))
-          )
+          ),
+          Effect.as(false)
         )
       )
     )
     // the first round at start (owners failed or crashed before this process started are not left
-    // waiting a whole interval), then one every interval
-    const rounds = Effect.forever(round.pipe(Effect.zipRight(Effect.sleep(Duration.millis(cfg.intervalMs))))).pipe(
+    // waiting a whole interval), then one every interval; after a failed round (the database
+    // unreachable) the next comes within 5 s, so that the scheduler, and `infrastructureHealthy` in
+    // health, recover seconds after the database does rather than a whole interval later
+    const pause = (ok: boolean) =>
+      Duration.millis(ok ? cfg.intervalMs : Math.min(cfg.intervalMs, FAILED_ROUND_RETRY_MS))
+    const rounds = Effect.forever(Effect.flatMap(round, (ok) => Effect.sleep(pause(ok)))).pipe(
       Effect.ensuring(
         Effect.sync(() => {
           state.running = false
