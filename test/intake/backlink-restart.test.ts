@@ -123,3 +123,70 @@ describe("the backlink stream started again after its set was empty", () => {
     { timeout: 60_000 }
   )
 })
+
+describe("the first backlink webhook of a process that started without one", () => {
+  const firstBacklinkWebhook = (storedCursor: boolean) =>
+    Effect.gen(function*() {
+      const fake = yield* Effect.acquireRelease(
+        Effect.promise(() => startFakeJetstream()),
+        (f) => Effect.promise(() => f.close())
+      )
+      const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
+      yield* Effect.gen(function*() {
+        const relay = fake.url.replace(/\/+$/, "")
+        const cursors = yield* CursorStore.CursorStore
+        // an earlier run's backlink stream stopped at T0 + 2 s (its last backlink webhook went)
+        if (storedCursor) yield* cursors.save("backlink", relay, BigInt(T0 + 2 * S))
+        const outbox = yield* Outbox.MemoryOutboxState
+        const delivered = (eventRkey: string) =>
+          Effect.map(
+            Ref.get(outbox),
+            (s) => [...s.rows.values()].some((r) => r.eventRkey === eventRkey && r.webhookRkey === "w1")
+          )
+        // the network went on while nobody watched backlinks: a like of the scope at T0 + 10 s,
+        // and a webhook elsewhere (the registry reads on to T0 + 50 s)
+        fake.publish([commitFrame(STRANGER, T0 + 10 * S, LIKE, "old", "create", likeOfScope)])
+        fake.publish([commitFrame(plc(7), T0 + 50 * S, WH, "w3", "create", whRecordValue(`at://${plc(6)}`))])
+        const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
+        yield* Effect.forkScoped(intake.run)
+        yield* eventually(
+          Effect.map(
+            intake.stats,
+            (s) => s.streams.find((x) => x.name === "registry")?.state.lastEventTimeUs === T0 + 50 * S
+          ),
+          "registry at T0 + 50 s"
+        )
+        yield* eventually(Effect.sync(() => fake.connections.some(isDirect)), "direct started for w3")
+        expect(fake.connections.some(isBacklink)).toBe(false)
+
+        // the first backlink webhook, at T0 + 100 s, and a like right after it, published at once
+        // (before the plan's next check sees the registration)
+        fake.publish([
+          commitFrame(OWNER, T0 + 100 * S, WH, "w1", "create", whRecordValue(`at://${SCOPE}`, { backlinks: true })),
+          commitFrame(STRANGER, T0 + 100 * S + 300_000, LIKE, "right-after", "create", likeOfScope)
+        ])
+        yield* eventually(Effect.sync(() => fake.connections.some(isBacklink)), "backlink started")
+        const started = fake.connections.filter(isBacklink)[0]!
+        // the like made right after the registration is delivered (a live start lost it)
+        yield* eventually(delivered("right-after"), "the like right after the registration delivered")
+        // from the registry's position before w1 (− 2 s), not the stored T0 + 2 s − 2 s
+        expect(started.cursor).toBeDefined()
+        expect(started.cursor! >= BigInt(T0 + 48 * S)).toBe(true)
+        expect(started.cursor! <= BigInt(T0 + 100 * S)).toBe(true)
+        // the like from before w1 existed is not delivered to it
+        expect(yield* delivered("old")).toBe(false)
+      }).pipe(Effect.provide(memoryStack({ config })))
+    })
+
+  it.scopedLive(
+    "with an old stored cursor: starts from the registry's position before it (− 2 s), not from that cursor",
+    () => firstBacklinkWebhook(true),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "with no stored cursor: starts from the registry's position before it (− 2 s), not live",
+    () => firstBacklinkWebhook(false),
+    { timeout: 60_000 }
+  )
+})

@@ -113,7 +113,7 @@ describe("the Jetstream plan's reconfiguration (SPEC §3.1)", () => {
       expect(log.restarts).toEqual([{ name: "direct", cursor: T1 - 62n * SEC }])
     }))
 
-  it.scoped("the backlink stream's first start has no floor; started again after its set emptied, its floor is the registry's previous mark − 2 s", () =>
+  it.scoped("the backlink stream started at startup has no floor; started again after its set emptied, it starts from the registry's previous mark − 2 s", () =>
     Effect.gen(function*() {
       const index = new WebhookIndex()
       index.upsert(hook("b1", `at://${plc(2)}`, true))
@@ -134,7 +134,29 @@ describe("the Jetstream plan's reconfiguration (SPEC §3.1)", () => {
       yield* nextCheck
       expect(log.started.filter((s) => s.name === "backlink")).toEqual([
         { name: "backlink", from: undefined, floor: undefined },
-        { name: "backlink", from: undefined, floor: T1 + 48n * SEC }
+        { name: "backlink", from: T1 + 48n * SEC, floor: T1 + 48n * SEC }
+      ])
+    }))
+
+  it.scoped("the first backlink webhook of a process that started without one starts the stream from the registry's previous mark − 2 s, not its stored cursor nor live", () =>
+    Effect.gen(function*() {
+      const index = new WebhookIndex()
+      index.upsert(hook("w1", `at://${plc(2)}`))
+      // a stored backlink cursor from an earlier run, long before (a day)
+      const log = yield* runPlan(index, {
+        registry: { lastEventTimeUs: Number(T1) },
+        backlink: { durableCursor: T1 - 86_400n * SEC }
+      })
+      expect(log.started.filter((s) => s.name === "backlink")).toEqual([])
+      yield* nextCheck
+      const registry = log.states.get("registry")
+      if (registry === undefined) return expect.unreachable("the registry stream")
+      yield* Ref.update(registry, (s) => ({ ...s, lastEventTimeUs: Number(T1 + 30n * SEC) }))
+      yield* nextCheck
+      index.upsert(hook("b1", `at://${plc(3)}`, true))
+      yield* nextCheck
+      expect(log.started.filter((s) => s.name === "backlink")).toEqual([
+        { name: "backlink", from: T1 + 28n * SEC, floor: T1 + 28n * SEC }
       ])
     }))
 })

@@ -193,9 +193,8 @@ const reconfigure = (
     // from about there on, and the direct stream must replay from there too
     let backlinkRunner: StreamRunner | undefined
     let prevBacklinkMark: bigint | undefined
-    /** whether this plan has run the backlink stream before (it then stopped: its set emptied) */
-    let backlinkStarted = false
     for (;;) {
+      const firstCheck = first
       const markNow = yield* registryMark
       const backlinkNow = backlinkRunner === undefined
         ? undefined
@@ -254,15 +253,18 @@ const reconfigure = (
       backlinkRegistrationsVersion = index.backlinkRegistrationsVersion
       if (backlinkRegistered && wantBacklink && backlinkRunner !== undefined) yield* backlinkRunner.restart(sinceBefore)
       if (wantBacklink && backlinkFiber === undefined) {
-        // started again after its set was empty (not at startup, where the scopes may predate
-        // its cursor): every backlink scope now was registered by a registry event after the
-        // previous check, so the events before that position (− 2 s) matched nothing that exists
-        // now. Its old cursor would replay up to Jetstream's whole window of the network, and
-        // deliver the new webhooks events from before they existed
-        const r = yield* o.makeRunner(backlinkStarted ? { ...backlinkSpec, resumeFloor: sinceBefore } : backlinkSpec)
-        backlinkStarted = true
+        // at the first check (startup) the scopes may predate its cursor: it resumes from its
+        // durable cursor (the downtime is read), live when it has none. Started at any later
+        // check (the first backlink webhook of this process, or again after its set was empty):
+        // every backlink scope now was registered by a registry event after the previous check,
+        // so it starts from that position − 2 s (SPEC §3.1: nothing since the registration is
+        // missed; live would lose the references made while the registration reached the plan),
+        // and the events before matched nothing that exists now: its old cursor would replay up
+        // to Jetstream's whole window of the network, and deliver the new webhooks events from
+        // before they existed
+        const r = yield* o.makeRunner(firstCheck ? backlinkSpec : { ...backlinkSpec, resumeFloor: sinceBefore })
         backlinkRunner = r
-        backlinkFiber = yield* Effect.forkScoped(o.start(r, undefined))
+        backlinkFiber = yield* Effect.forkScoped(o.start(r, firstCheck ? undefined : sinceBefore))
       } else if (!wantBacklink && backlinkFiber !== undefined) {
         yield* Fiber.interrupt(backlinkFiber)
         backlinkFiber = undefined
