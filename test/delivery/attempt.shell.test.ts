@@ -6,7 +6,7 @@
  * do not).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Queue } from "effect"
+import { Effect, Queue, TestClock } from "effect"
 import { createHmac } from "node:crypto"
 import { Webhook } from "standardwebhooks"
 import { attempt, MAX_RESPONSE_BYTES } from "../../src/services/delivery/Attempt.js"
@@ -19,8 +19,10 @@ import {
 } from "../../src/services/delivery/DeliveryStore.js"
 import * as Destinations from "../../src/services/delivery/Destinations.js"
 import { Secrets } from "../../src/services/delivery/Secrets.js"
+import { Defer } from "../../src/services/delivery/Settlement.js"
 import { makeState, type WorkerEnv } from "../../src/services/delivery/WorkerState.js"
 import { SafeHttpError, type SafeHttpErrorKind, type SafeRequest } from "../../src/services/platform/http/SafeHttp.js"
+import * as RateLimitedLog from "../../src/services/platform/RateLimitedLog.js"
 import { plc } from "../support/stack.js"
 
 const OWNER = plc(1)
@@ -102,12 +104,32 @@ const envAnswering = (answers: ReadonlyArray<Answer>, threshold = 1) =>
       timeoutMs: 4_321,
       transformFor: () => Destinations.webhookPreset,
       parkWake: yield* Queue.sliding<void>(1),
-      traced: false
+      traced: false,
+      leaseMs: 60_000,
+      log: RateLimitedLog.make()
     }
     const env = partial as unknown as WorkerEnv
     const once = (snapshot: SubscriptionSnapshot = sub) => attempt(env, rowWith(snapshot), 0, { settling: false })
-    return { sent, breaker, once }
+    const withLease = (renewedAt: number) => attempt(env, rowWith(sub), 0, { settling: false, renewedAt })
+    return { sent, breaker, once, withLease }
   })
+
+describe("attempt: the lease just before the request (SPEC §4.1)", () => {
+  it.effect("a row whose lease was last renewed 2/3 of a lease ago or more (a frozen or starved process) is handed back without a request", () =>
+    Effect.gen(function*() {
+      const { sent, withLease } = yield* envAnswering([200])
+      // the monotonic clock at 100 s; the lease is 60 s
+      yield* TestClock.adjust("100 seconds")
+      // renewed 39.999 s ago: still well inside the lease; sent
+      expect(yield* withLease(100_000 - 39_999)).toMatchObject({ _tag: "Deliver" })
+      expect(sent).toHaveLength(1)
+      // renewed 40 s ago (2/3 of the lease) and 75 s ago (expired; another worker may hold it): no request
+      for (const renewedAt of [100_000 - 40_000, 100_000 - 75_000]) {
+        expect(yield* withLease(renewedAt)).toEqual(Defer({ delayMs: 0, jitterMs: 0, reason: "lease_lost" }))
+      }
+      expect(sent).toHaveLength(1)
+    }))
+})
 
 describe("attempt: what the origin's circuit breaker hears (SPEC §4.3)", () => {
   it.effect("5xx and 429 answers open it; 4xx, 410 and 3xx answers come from a healthy receiver and do not", () =>

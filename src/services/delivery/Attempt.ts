@@ -32,7 +32,7 @@ import {
   recordFirstAttemptLatency,
   updateOpenCircuits
 } from "./Telemetry.js"
-import { goneKey, type WorkerEnv } from "./WorkerState.js"
+import { goneKey, leaseStale, type WorkerEnv } from "./WorkerState.js"
 
 /**
  * Response bytes read at most (SPEC §4.5); the rest is cancelled, never a failure: the status alone
@@ -275,7 +275,16 @@ export const send = (
   )
 
 /** One attempt, in a `Delivery.attempt` span when a tracer is installed. */
-export const attempt = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard: { settling: boolean }) =>
+/**
+ * The row's entry as the attempt sees it: `settling` is set once the attempt has its outcome;
+ * `renewedAt` (monotonic ms) is the last renewal of its lease, checked just before the request.
+ */
+export interface AttemptGuard {
+  settling: boolean
+  readonly renewedAt?: number
+}
+
+export const attempt = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard: AttemptGuard) =>
   env.traced
     ? Effect.withSpan(attemptBody(env, row, claimedAtMs, guard), "Delivery.attempt", { captureStackTrace: false })
     : attemptBody(env, row, claimedAtMs, guard)
@@ -285,7 +294,7 @@ export const attemptSafe = (
   env: WorkerEnv,
   row: ClaimedRow,
   claimedAtMs: number,
-  guard: { settling: boolean }
+  guard: AttemptGuard
 ): Effect.Effect<Settled> =>
   attempt(env, row, claimedAtMs, guard).pipe(
     Effect.catchAllDefect(() =>
@@ -298,7 +307,7 @@ export const attemptSafe = (
     )
   )
 
-const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard: { settling: boolean }) =>
+const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard: AttemptGuard) =>
   Effect.gen(function*() {
     const clock = env.clock
     const startedAtMs = clock.unsafeCurrentTimeMillis()
@@ -353,7 +362,20 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
       return prepared
     }
 
-    // 4. the origin's circuit breaker
+    // 4. the lease, just before the request (nothing after this step waits): a process frozen or
+    //    starved past 2/3 of its lease (SIGSTOP, a paused VM) must not send for rows another worker
+    //    may have taken over meanwhile; its heartbeat may not have run yet. Handed back without an
+    //    attempt (fenced by the token: a no-op when the row is no longer ours)
+    if (
+      guard.renewedAt !== undefined &&
+      leaseStale(env.leaseMs, guard.renewedAt, Number(clock.unsafeCurrentTimeNanos() / 1_000_000n))
+    ) {
+      guard.settling = true
+      yield* logRecurring(env, "lease_lost", "delivery lease lost; attempt abandoned", { deliveryId: row.deliveryId })
+      return Defer({ delayMs: 0, jitterMs: 0, reason: "lease_lost" })
+    }
+
+    // 5. the origin's circuit breaker
     const { origin, request } = prepared
     const breaker = env.breaker
     const admission = breaker.canAttempt(origin, startedAtMs)
@@ -365,7 +387,7 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
       return deferred
     }
 
-    // 5. send, classify
+    // 6. send, classify
     const sendStart = clock.unsafeCurrentTimeMillis()
     if (row.firstAttempt) recordFirstAttemptLatency(row.ageMs + Math.max(0, sendStart - claimedAtMs))
     env.state.attempts++

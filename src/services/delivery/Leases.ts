@@ -11,7 +11,7 @@
 import { Clock, Duration, Effect, Either, Fiber, FiberSet } from "effect"
 import { forget, release } from "./Admission.js"
 import { countNotAttempted, logRecurring, logStoreError } from "./Telemetry.js"
-import type { RowEntry, WorkerEnv } from "./WorkerState.js"
+import { leaseStale, type RowEntry, type WorkerEnv } from "./WorkerState.js"
 
 /** Lease floor and margin over the request timeout (SPEC §4.1). */
 export const MIN_LEASE_MS = 60_000
@@ -67,7 +67,7 @@ export const renewAll = (env: WorkerEnv) =>
         }
       } else {
         yield* logStoreError(env, result.left)
-        for (const e of chunk) if (now - e.renewedAt >= (2 * leaseMs) / 3) yield* leaseLost(env, e)
+        for (const e of chunk) if (leaseStale(leaseMs, e.renewedAt, now)) yield* leaseLost(env, e)
       }
     }
   })

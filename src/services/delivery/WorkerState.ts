@@ -43,6 +43,15 @@ export interface RowEntry {
   fiber: Fiber.RuntimeFiber<void, never> | undefined
 }
 
+/**
+ * Whether a held row's lease may be gone: not renewed for 2/3 of a lease (monotonic ms). The
+ * heartbeat renews every lease/3, so only a process that could not renew (database down) or did
+ * not run (frozen, starved) gets here; the lease then has at most a third left, or has expired and
+ * another worker may hold the row.
+ */
+export const leaseStale = (leaseMs: number, renewedAt: number, nowMonotonicMs: number): boolean =>
+  nowMonotonicMs - renewedAt >= (2 * leaseMs) / 3
+
 /** Mutable worker state. */
 export interface WorkerState {
   stopping: boolean
