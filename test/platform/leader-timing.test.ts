@@ -38,6 +38,8 @@ const fakeClient = (server: Server): SqlClient.SqlClient => {
           ? "unlock"
           : sql.includes("tcp_keepalives")
           ? "keepalive"
+          : sql.includes("pg_terminate_backend")
+          ? "end-stale"
           : "ping"
         server.log.push(`${yield* Clock.currentTimeMillis} ${id} ${name}`)
         if (name === "lock") {
@@ -47,6 +49,8 @@ const fakeClient = (server: Server): SqlClient.SqlClient => {
           return [[ok]]
         }
         if (server.hang && (name === "ping" || name === "unlock")) return yield* Effect.never
+        // a standby's check for a frozen holder: this server's holders are never idle for long
+        if (name === "end-stale") return []
         if (name === "unlock") {
           const held = server.holder === id
           if (held) server.holder = undefined

@@ -12,6 +12,8 @@
  * the lock is asked for ({@link LOCK_SESSION_KEEPALIVE}): the server's defaults (first probe after
  * 2 h) would let an orphaned session keep the role for about 2 h 11 min after its host died or was
  * partitioned, with no replica able to lead; with these, within about 30 s of the last answer.
+ * A frozen leader (SIGSTOP, a paused VM) still answers keepalives from its kernel: a standby ends
+ * the session of a holder that has not pinged for {@link STALE_LEADER_AFTER}.
  */
 import { SqlClient } from "@effect/sql"
 import type { Connection } from "@effect/sql/SqlConnection"
@@ -80,6 +82,48 @@ const ELECTION_TIMEOUT = Duration.seconds(10)
 const electionTimeout = () => ({ code: "timeout" }) as const
 
 /**
+ * A holder of the lock whose session has been idle this long is taken for frozen and its session
+ * is terminated by the standby that found it (default of {@link LeaderOptions.staleAfter}). A
+ * leader pings its lock session every 2 s (each ping moves the session's `state_change`), so a
+ * live one is never idle for more than a few seconds; a frozen one (SIGSTOP, a paused VM, a hung
+ * runtime) is, while its kernel still answers the server's keepalives, so the session would hold
+ * the role for as long as the freeze lasts, every replica a standby.
+ */
+export const STALE_LEADER_AFTER = Duration.seconds(30)
+
+/**
+ * Ends the session that holds the lock `key` when it has been idle (no ping) for `staleMs`
+ * (the database's clock on both sides); answers whether one was ended. Sessions of another
+ * database role are not visible (`state_change` is then NULL) and never ended.
+ */
+const endStaleHolder = (conn: Connection, key: number, staleMs: number) =>
+  conn.executeValues(
+    `SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+       AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND a.pid <> pg_backend_pid() AND a.state = 'idle'
+       AND a.state_change < now() - $2::int * interval '1 millisecond'`,
+    [key, staleMs]
+  ).pipe(
+    Effect.timeoutFail({ duration: ELECTION_TIMEOUT, onTimeout: electionTimeout }),
+    Effect.map((rows) => rows.some((r) => r[0] === true))
+  )
+
+/**
+ * Another replica holds the lock: it may be frozen (its session idle past `staleMs`, no ping). Its
+ * session is then ended, so that the lock is free at the next election (the thawed holder finds
+ * its connection gone and gives the role up); best effort, like any election step.
+ */
+const endIfFrozen = (conn: Connection, key: number, staleMs: number, name: string) =>
+  Effect.flatMap(Effect.either(endStaleHolder(conn, key, staleMs)), (ended) =>
+    ended._tag === "Right" && ended.right
+      ? Effect.logWarning("role holder unresponsive; its database session was ended").pipe(
+        Effect.annotateLogs({ role: name, idleMs: staleMs })
+      )
+      : Effect.void)
+
+/**
  * The code of an election or ping failure: `timeout` for the bounds of this module (an election
  * or a ping that took too long), else the driver's code ({@link codeOf}).
  */
@@ -117,6 +161,11 @@ export interface LeaderOptions {
   readonly pingInterval?: Duration.DurationInput
   /** bound on one ping (default: the ping interval) */
   readonly pingTimeout?: Duration.DurationInput
+  /**
+   * a holder of the lock whose session has been idle this long is ended by a standby (default
+   * {@link STALE_LEADER_AFTER}); it must be well above the holders' `pingInterval`
+   */
+  readonly staleAfter?: Duration.DurationInput
   /** how the steps of a term are reported (default: the log lines of this module) */
   readonly events?: LeaderEvents
   /**
@@ -143,6 +192,7 @@ export const runAsLeader = <E, R>(
     const retry = Duration.decode(options.retryInterval ?? "2 seconds")
     const ping = Duration.decode(options.pingInterval ?? "2 seconds")
     const pingTimeout = options.pingTimeout === undefined ? ping : Duration.decode(options.pingTimeout)
+    const staleMs = Math.max(1, Math.round(Duration.toMillis(options.staleAfter ?? STALE_LEADER_AFTER)))
     const events = options.events ?? {}
     const onElection = options.onElection ?? (() => Effect.void)
     const acquiredEvent = events.acquired ??
@@ -188,6 +238,7 @@ export const runAsLeader = <E, R>(
           )
         const ok = rows[0]?.[0] === true
         if (!ok) {
+          yield* endIfFrozen(conn, options.key, staleMs, options.name)
           yield* onElection("standby")
           return "not-leader" as const
         }
