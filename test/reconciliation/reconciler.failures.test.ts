@@ -7,6 +7,7 @@
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
+import { captureLogs } from "../support/captureLogs.js"
 import { type FakeResponse, listRecordsRequests } from "../support/fakeAtproto.js"
 import { Fakes, holdPdsPath, reconcileStack, wrapStore } from "../support/reconcile.js"
 import { plc, rev, whEv } from "../support/stack.js"
@@ -162,10 +163,24 @@ describe("Reconciler: completion in batches and timeouts", () => {
           yield* live([whEv(did, "known", hook(), { rev: rev(1) })])
           yield* setup(did, [], { rev: rev(100) })
           const release = yield* holdPdsPath("/xrpc/com.atproto.repo.listRecords", did)
-          const outcome = yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(release)))
+          const logs = yield* captureLogs
+          const outcome = yield* reconcile(did).pipe(Effect.ensuring(Effect.sync(release)), Effect.provide(logs.layer))
           expect(outcome).toEqual({ _tag: "failed", kind: "pds_timeout" })
           expect(yield* ownerState(did)).toMatchObject({ status: "failed", lastFailureKind: "pds_timeout" })
           expect(yield* memoryRkeys(did)).toEqual(["known"])
+          // a warning an operator at `info` sees, with the kind and without the DID
+          const warned = (yield* logs.lines).filter((l) => l.includes("owner reconciliation failed"))
+          expect(warned.map((l) => JSON.parse(l))).toEqual([{
+            message: ["owner reconciliation failed"],
+            annotations: { kind: "pds_timeout", suppressed: 0 }
+          }])
+          // another owner failing the same way within the minute is not logged again at warn
+          const other = plc(402)
+          yield* setup(other, [], { rev: rev(100) })
+          const release2 = yield* holdPdsPath("/xrpc/com.atproto.repo.listRecords", other)
+          expect(yield* reconcile(other).pipe(Effect.ensuring(Effect.sync(release2)), Effect.provide(logs.layer)))
+            .toEqual({ _tag: "failed", kind: "pds_timeout" })
+          expect((yield* logs.lines).filter((l) => l.includes("owner reconciliation failed"))).toHaveLength(1)
         }))
     }
   )

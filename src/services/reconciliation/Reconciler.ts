@@ -32,7 +32,8 @@
  * retries from its continuation). A scan it ended is marked failed (`database_error`) once the
  * database answers again ({@link FailureMarks}), as is an interrupted scan whose mark could not be
  * written in time: the owner does not stay `scanning` (its deliveries deferred) until a rescan.
- * Logs carry the DID at debug level only, and never URLs or record bodies.
+ * This module logs the DID at debug level only (Reactivations.ts logs a requested scan's DID at
+ * info, as docs/operations.md says), and never URLs or record bodies.
  */
 import { Clock, Context, Duration, Effect, Layer, Metric, Option } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
@@ -40,6 +41,7 @@ import { parseCidrs } from "../../schemas/Net.js"
 import { FirehookConfig, type FirehookConfigShape } from "../platform/Config.js"
 import { MAX_SERVICE_URL_LENGTH, SafeHttp } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { USER_AGENT } from "../platform/Version.js"
 import { Registry } from "../registry/Registry.js"
 import * as FailureMarks from "./FailureMarks.js"
@@ -213,6 +215,9 @@ export const make = (options: ReconcilerOptions) =>
     }
     const headers = { accept: "application/json", "user-agent": USER_AGENT }
     const stats = { completed: 0, failed: 0, busy: 0, superseded: 0, invalidRecords: 0 }
+    // an owner's failure is logged at debug with its DID; at warn, once a minute per kind, without
+    // (many owners of one dead PDS fail together): an operator at `info` sees that owners fail
+    const failedLog = RateLimitedLog.make()
 
     const get = (url: string, maxResponseBytes: number) =>
       http.request({
@@ -297,7 +302,15 @@ export const make = (options: ReconcilerOptions) =>
       }).pipe(
         Effect.tap((outcome) =>
           Effect.zipRight(
-            count(outcome),
+            outcome._tag === "failed"
+              ? Effect.zipRight(
+                count(outcome),
+                failedLog.run(outcome.kind, (suppressed) =>
+                  Effect.logWarning("owner reconciliation failed").pipe(
+                    Effect.annotateLogs({ kind: outcome.kind, suppressed })
+                  ))
+              )
+              : count(outcome),
             Effect.logDebug("owner reconciliation").pipe(
               Effect.annotateLogs({
                 did,
