@@ -31,6 +31,12 @@
  *    body size: the ratio is taken against the faster one.
  * Peak RSS: VmHWM of every firehook process (and of the receivers and this process, for reference).
  *
+ * Phase 2 also prints each firehook process's share of a core and the bench database's transactions
+ * (commits + rollbacks, `pg_stat_database`) per published event. `BENCH_E2E_IDLE_SECONDS=<n>`
+ * measures the firehook processes' CPU for n seconds with the webhooks registered and no events,
+ * before phase 1; `BENCH_E2E_LATENCY_DETAIL=1` prints phase 2's latency per second and the
+ * outbox's autovacuum times.
+ *
  * `DATABASE_PREPARED_STATEMENTS` is passed on to firehook when set (A/B runs of the prepared statements).
  * `BENCH_E2E_PROFILE=<dir>`: firehook runs with `bun --cpu-prof-md --cpu-prof-dir=<dir>` (a
  * markdown CPU profile of the whole run, written when it exits after SIGTERM).
@@ -66,6 +72,42 @@ const WH = "place.wisp.v2.wh"
 const ROOT = Path.resolve(import.meta.dirname, "..")
 const BUN = Path.join(ROOT, "node_modules", ".bin", "bun")
 const TICK = 1000 / 100 // USER_HZ
+
+/**
+ * `BENCH_E2E_LATENCY_DETAIL=1`: phase 2's enqueue → first attempt per second of the phase (p50,
+ * p99, max, rows), and the outbox's autovacuum/autoanalyze times, to tell a tail spread over the
+ * phase from one gathered in a few seconds.
+ */
+const latencyDetail = async (
+  q: <T extends pg.QueryResultRow>(text: string, params?: Array<unknown>) => Promise<Array<T>>,
+  since: Date
+) => {
+  const rows = await q<{ s: number; ms: number }>(
+    `SELECT floor(extract(epoch FROM o.created_at - $1::timestamptz))::int AS s,
+            (extract(epoch FROM a.started_at - o.created_at) * 1000)::float8 AS ms
+     FROM outbox o JOIN delivery_attempts a ON a.delivery_id = o.delivery_id AND a.attempt = 1
+     WHERE o.created_at >= $1`,
+    [since]
+  )
+  const bySecond = new Map<number, Array<number>>()
+  for (const r of rows) bySecond.set(Number(r.s), [...(bySecond.get(Number(r.s)) ?? []), Number(r.ms)])
+  for (const [s, v] of [...bySecond].sort((a, b) => a[0] - b[0])) {
+    say(
+      `  second ${s}: ${v.length} rows, p50 ${percentile(v, 50).toFixed(1)} p99 ${percentile(v, 99).toFixed(1)} max ${
+        Math.max(...v).toFixed(1)
+      } ms`
+    )
+  }
+  const vac = await q<{ v: Date | null; a: Date | null; n: string }>(
+    `SELECT last_autovacuum AS v, last_autoanalyze AS a, autovacuum_count::text AS n
+     FROM pg_stat_user_tables WHERE relname = 'outbox'`
+  )
+  say(
+    `  outbox autovacuum: last ${vac[0]?.v?.toISOString() ?? "never"} (count ${vac[0]?.n ?? "?"}), autoanalyze ${
+      vac[0]?.a?.toISOString() ?? "never"
+    }; phase 2 started ${since.toISOString()}`
+  )
+}
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 const mib = (kib: number) => (kib / 1024).toFixed(0)
@@ -365,6 +407,22 @@ const main = async () => {
     for (let j = 0; j < scopes; j++) js.publish([post()])
     await until(async () => (await rx.stats()).distinct >= scopes * FANOUT, 60_000, "warm-up delivered")
     await rx.reset()
+    const idleSeconds = Number(process.env["BENCH_E2E_IDLE_SECONDS"] ?? 0)
+    if (idleSeconds > 0) {
+      const idle0 = snapshot(tree(root), root)
+      await sleep(idleSeconds * 1000)
+      const idle1 = snapshot(tree(root), root)
+      const each = [...idle1.keys()].map((pid) =>
+        `${pid === root ? "root" : "child"} ${
+          ((((idle1.get(pid) ?? 0) - (idle0.get(pid) ?? 0)) / 1000 / idleSeconds) * 100).toFixed(1)
+        }%`
+      )
+      say(
+        `idle: firehook ${
+          ((spent(idle0, idle1) / 1000 / idleSeconds) * 100).toFixed(1)
+        }% of a core over ${idleSeconds} s with no events (${each.join(", ")})`
+      )
+    }
 
     // 1. throughput
     const pgPids = async () =>
@@ -419,6 +477,13 @@ const main = async () => {
     const steadyStart = (await q<{ now: Date }>(`SELECT now() AS now`))[0]?.now ?? new Date(0)
     const eventsPerTick = Math.max(1, Math.round((RATE / FANOUT) * (STEADY_TICK_MS / 1000)))
     const ticks = Math.max(1, Math.round((STEADY_SECONDS * 1000) / STEADY_TICK_MS))
+    const xacts = async () =>
+      Number(
+        (await q<{ n: string }>(
+          `SELECT (xact_commit + xact_rollback)::text AS n FROM pg_stat_database WHERE datname = current_database()`
+        ))[0]?.n ?? 0
+      )
+    const xact0 = await xacts()
     const fhCpu2 = snapshot(tree(root), root)
     const s0 = Date.now()
     for (let k = 0; k < ticks; k++) {
@@ -429,7 +494,15 @@ const main = async () => {
     const offered = ticks * eventsPerTick * FANOUT
     const steadySeconds = (Date.now() - s0) / 1000
     await until(async () => (await rx.stats()).distinct >= offered, 300_000, "phase 2 delivered")
-    const fhSteadyMs = spent(fhCpu2, snapshot(tree(root), root))
+    const fhCpu2End = snapshot(tree(root), root)
+    await sleep(600) // pg_stat_database is updated by the backends at most every 500 ms
+    const xactPerEvent = (await xacts() - xact0) / (ticks * eventsPerTick)
+    const fhSteadyMs = spent(fhCpu2, fhCpu2End)
+    const steadyPerProcess = [...fhCpu2End.keys()].map((pid) =>
+      `${pid === root ? "root" : "child"} ${
+        ((((fhCpu2End.get(pid) ?? 0) - (fhCpu2.get(pid) ?? 0)) / 1000 / steadySeconds) * 100).toFixed(0)
+      }%`
+    )
     let lat: Array<number> = []
     await until(
       async () => {
@@ -447,12 +520,15 @@ const main = async () => {
     )
     const p50 = percentile(lat, 50)
     const p99 = percentile(lat, 99)
+    if (process.env["BENCH_E2E_LATENCY_DETAIL"] === "1") await latencyDetail(q, steadyStart)
     say(
       `phase 2: ${offered} deliveries offered at ${
         (offered / steadySeconds).toFixed(0)
       }/s (target ${RATE}/s): enqueue → first attempt p50 ${p50.toFixed(1)} ms, p99 ${p99.toFixed(1)} ms, max ${
         Math.max(...lat).toFixed(1)
-      } ms; firehook CPU ${((fhSteadyMs / 1000 / steadySeconds) * 100).toFixed(0)}% of a core`
+      } ms; firehook CPU ${((fhSteadyMs / 1000 / steadySeconds) * 100).toFixed(0)}% of a core (${
+        steadyPerProcess.join(", ")
+      }); ${xactPerEvent.toFixed(1)} database transactions per event (${FANOUT} deliveries)`
     )
 
     // peak RSS (before the bare loops, which run in this process)
