@@ -274,7 +274,6 @@ export const send = (
     })
   )
 
-/** One attempt, in a `Delivery.attempt` span when a tracer is installed. */
 /**
  * The row's entry as the attempt sees it: `settling` is set once the attempt has its outcome;
  * `renewedAt` (monotonic ms) is the last renewal of its lease, checked just before the request.
@@ -284,6 +283,7 @@ export interface AttemptGuard {
   readonly renewedAt?: number
 }
 
+/** One attempt, in a `Delivery.attempt` span when a tracer is installed. */
 export const attempt = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard: AttemptGuard) =>
   env.traced
     ? Effect.withSpan(attemptBody(env, row, claimedAtMs, guard), "Delivery.attempt", { captureStackTrace: false })
