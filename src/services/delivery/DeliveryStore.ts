@@ -27,7 +27,9 @@
  * Per-origin fairness. The claim is told how many more rows of each URL origin the worker may hold
  * (`rooms`; `defaultRoom` for origins it holds none of) and which origins are full (`fullOrigins`,
  * skipped while reading candidates, within a bounded read of `scanMax` rows). Rows over an origin's
- * room are left pending for later claims, so one busy origin cannot fill a worker's pool.
+ * room are left pending for later claims, so one busy origin cannot fill a worker's pool. It can
+ * still fill the bounded read (known limit, docs/decisions.md "Delivery worker"): more than `scanMax`
+ * due rows of one full origin, older than the others', leave no candidates for anyone else.
  *
  * Open circuits (SPEC §4.3). An origin whose circuit is open costs the others nothing: the worker
  * moves its pending rows past the cool-down in bulk (`park`, an index range scan on
