@@ -156,11 +156,13 @@ const launch = (config: Config.FirehookConfigShape) =>
     const child = DeliveryProcessConfig.runsChild(config.deliveryProcess, config.roles, Os.availableParallelism())
     const deliveryProcess = child ? supervisor(config, (line) => Deferred.succeed(fatal, line)) : undefined
     const app = App.service(server, { api, ...(deliveryProcess === undefined ? {} : { deliveryProcess }) }).pipe(
-      Layer.provide(App.core(config, lifecycle))
+      // the embedded PostgreSQL dying under the service ends it like a supervisor's give-up
+      Layer.provide(App.core(config, lifecycle, { onEmbeddedExit: (line) => Deferred.succeed(fatal, line) }))
     )
     const startup = yield* Layer.buildWithScope(app, parts).pipe(Effect.forkIn(startupScope))
     yield* Fiber.join(startup)
-    // runs until a signal interrupts it, or the delivery child's supervisor gives up
+    // runs until a signal interrupts it, the delivery child's supervisor gives up, or the embedded
+    // PostgreSQL exits under it
     gaveUp = yield* Deferred.await(fatal)
   }))
 

@@ -288,7 +288,11 @@ export const service = <E, R, D = never>(
  * The core services every part needs: lifecycle, health, database (with migrations). `lifecycle`:
  * one made beforehand (main makes it first, so that a signal during startup reaches its shutdown).
  */
-export const core = (config: FirehookConfigShape, lifecycle?: Lifecycle.LifecycleShape) => {
+export const core = (
+  config: FirehookConfigShape,
+  lifecycle?: Lifecycle.LifecycleShape,
+  database: Pick<Database.DatabaseOptions, "onEmbeddedExit"> = {}
+) => {
   const ConfigLive = Config.layerValue(config)
   const LifecycleLive = lifecycle === undefined
     ? Lifecycle.layer({ shutdownTimeout: Duration.millis(config.shutdownTimeoutMs) })
@@ -297,5 +301,5 @@ export const core = (config: FirehookConfigShape, lifecycle?: Lifecycle.Lifecycl
   const HealthLive = Health.layerWith({ required: RolesConfig.requiredSections(config.roles) }).pipe(
     Layer.provide(LifecycleLive)
   )
-  return Database.layer().pipe(Layer.provideMerge(Layer.mergeAll(ConfigLive, LifecycleLive, HealthLive)))
+  return Database.layer(database).pipe(Layer.provideMerge(Layer.mergeAll(ConfigLive, LifecycleLive, HealthLive)))
 }

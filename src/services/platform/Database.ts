@@ -98,6 +98,11 @@ export interface DatabaseOptions {
   readonly applicationName?: string
   /** Named prepared statements (`DATABASE_PREPARED_STATEMENTS`, default on; PreparedStatements.ts). */
   readonly preparedStatements?: boolean
+  /**
+   * With the embedded PostgreSQL (`DATABASE_URL` unset): called once with a one-line cause when the
+   * server this process started exits under it (the service stops, exit 1: `src/main.ts`).
+   */
+  readonly onEmbeddedExit?: (line: string) => Effect.Effect<unknown>
 }
 
 const CONNECT_TIMEOUT = Duration.seconds(10)
@@ -247,7 +252,10 @@ export const layer = (options: DatabaseOptions = {}) =>
       const config = yield* FirehookConfig
       const withConfig = { preparedStatements: config.databasePreparedStatements, ...options }
       if (Option.isSome(config.databaseUrl)) return layerUrl(config.databaseUrl.value, withConfig)
-      const embedded = yield* EmbeddedPg.start({ dataDir: config.dataDir }).pipe(
+      const embedded = yield* EmbeddedPg.start({
+        dataDir: config.dataDir,
+        ...(options.onEmbeddedExit === undefined ? {} : { onUnexpectedExit: options.onEmbeddedExit })
+      }).pipe(
         Effect.mapError((e) => new DatabaseUnavailable({ reason: e.message }))
       )
       return layerUrl(embedded.url, withConfig)

@@ -16,20 +16,27 @@
  * - If a live server already serves the data directory (a replica sharing the directory, or one
  *   left behind by a killed process), it is adopted: firehook connects to it and does not stop it.
  */
-import { Data, Duration, Effect, Option, Redacted, Schedule, type Scope } from "effect"
-import { type ChildProcess, execFile, spawn } from "node:child_process"
+import { Duration, Effect, Option, Redacted, Schedule, type Scope } from "effect"
+import { execFile } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import * as Fs from "node:fs"
-import * as Net from "node:net"
 import * as Path from "node:path"
 import * as Placement from "./EmbeddedPgPlacement.js"
+import {
+  EmbeddedPgError,
+  fail,
+  freePort,
+  isPortTaken,
+  PORT_ATTEMPTS,
+  runInitdb,
+  runServer,
+  type Server,
+  serverExit,
+  stopServer
+} from "./EmbeddedPgProcess.js"
 import { ownCode } from "./ErrorCode.js"
 
-export class EmbeddedPgError extends Data.TaggedError("EmbeddedPgError")<{ readonly reason: string }> {
-  override get message(): string {
-    return `embedded PostgreSQL: ${this.reason}`
-  }
-}
+export { EmbeddedPgError, freePort }
 
 export interface EmbeddedPg {
   readonly url: Redacted.Redacted<string>
@@ -39,8 +46,6 @@ export interface EmbeddedPg {
   /** the cluster's directory */
   readonly pgDir: string
 }
-
-const fail = (reason: string) => new EmbeddedPgError({ reason })
 
 /** The platform package's `native` directory (bin, lib, share) and a name for it with its version. */
 const locateNative = (override: string | undefined) =>
@@ -104,139 +109,6 @@ const postgresUser = idOf.pipe(
     )
   )
 )
-
-/** The last lines a child printed (bounded), for a failure's one line. */
-const makeTail = () => {
-  let text = ""
-  return {
-    push: (chunk: Buffer | string) => {
-      text = (text + String(chunk)).slice(-4096)
-    },
-    includes: (needle: string) => text.includes(needle),
-    last: () => {
-      const lines = text.split("\n").map((l) => l.trim()).filter((l) => l.length > 0)
-      return (lines.at(-1) ?? "no output").replace(/\s+/g, " ").slice(0, 240)
-    }
-  }
-}
-
-const childEnv = (): NodeJS.ProcessEnv => ({ ...process.env, LC_MESSAGES: "C" })
-
-/** `initdb` into `pgDir` (as `user` when set), with the password from `pwFile`. */
-const runInitdb = (binDir: string, pgDir: string, pwFile: string, user: Placement.PgUser | undefined) =>
-  Effect.async<void, EmbeddedPgError>((resume) => {
-    const tail = makeTail()
-    let done = false
-    const finish = (e: Effect.Effect<void, EmbeddedPgError>) => {
-      if (!done) {
-        done = true
-        resume(e)
-      }
-    }
-    const initdb = Path.join(binDir, "bin", "initdb")
-    const child = spawn(
-      initdb,
-      [
-        `--pgdata=${pgDir}`,
-        "--auth=scram-sha-256",
-        "--username=postgres",
-        `--pwfile=${pwFile}`,
-        "--lc-messages=C",
-        "--encoding=UTF8"
-      ],
-      { ...(user ?? {}), env: childEnv(), stdio: ["ignore", "pipe", "pipe"] }
-    )
-    child.stdout?.on("data", tail.push)
-    child.stderr?.on("data", tail.push)
-    child.once("error", (e) => finish(Effect.fail(fail(`could not run ${initdb} (${ownCode(e) ?? "spawn failed"})`))))
-    child.once("close", (code, signal) =>
-      finish(
-        code === 0
-          ? Effect.void
-          : Effect.fail(fail(`initdb failed in ${pgDir} (exit ${code ?? signal ?? "unknown"}: ${tail.last()})`))
-      ))
-    return Effect.sync(() => {
-      if (!done) child.kill("SIGTERM")
-    })
-  })
-
-const READY = "database system is ready to accept connections"
-
-/** postgres's log line when its port was taken between our choice of it and its bind */
-const PORT_TAKEN = "Address already in use"
-/** the chosen port was taken before the server bound it (by another process or an outbound connection) */
-class PortTaken extends Data.TaggedError("PortTaken")<{ readonly port: number }> {}
-const isPortTaken = (e: unknown): boolean => e instanceof PortTaken
-/** how many ports a start tries before it gives up (each one chosen afresh) */
-const PORT_ATTEMPTS = 5
-
-/** Start `postgres` on `pgDir` and wait until it accepts connections; interrupted → the server is stopped. */
-const runServer = (binDir: string, pgDir: string, port: number, user: Placement.PgUser | undefined) =>
-  Effect.async<ChildProcess, EmbeddedPgError | PortTaken>((resume) => {
-    const tail = makeTail()
-    let done = false
-    const finish = (e: Effect.Effect<ChildProcess, EmbeddedPgError | PortTaken>) => {
-      if (!done) {
-        done = true
-        resume(e)
-      }
-    }
-    const postgres = Path.join(binDir, "bin", "postgres")
-    const child = spawn(postgres, [
-      "-D",
-      pgDir,
-      "-p",
-      String(port),
-      "-c",
-      "listen_addresses=127.0.0.1",
-      "-c",
-      "unix_socket_directories=",
-      "-c",
-      "max_connections=300"
-    ], { ...(user ?? {}), env: childEnv(), stdio: ["ignore", "pipe", "pipe"], detached: true })
-    // the server logs to stderr for as long as it runs: keep reading (bounded tail), or it blocks
-    child.stdout?.on("data", tail.push)
-    child.stderr?.on("data", (chunk: Buffer) => {
-      tail.push(chunk)
-      if (tail.includes(READY)) finish(Effect.succeed(child))
-    })
-    child.once("error", (e) => finish(Effect.fail(fail(`could not run ${postgres} (${ownCode(e) ?? "spawn failed"})`))))
-    child.once(
-      "exit",
-      (code, signal) =>
-        finish(Effect.fail(
-          tail.includes(PORT_TAKEN)
-            ? new PortTaken({ port })
-            : fail(`the server exited while starting (${code ?? signal ?? "unknown"}: ${tail.last()})`)
-        ))
-    )
-    return Effect.sync(() => {
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGINT")
-    })
-  })
-
-/** Stop the server (fast shutdown) and wait for it to exit. */
-const stopServer = (child: ChildProcess) =>
-  Effect.async<void>((resume) => {
-    if (child.exitCode !== null || child.signalCode !== null) {
-      resume(Effect.void)
-      return
-    }
-    child.once("exit", () => resume(Effect.void))
-    child.kill("SIGINT")
-  })
-
-export const freePort = Effect.async<number, EmbeddedPgError>((resume) => {
-  const server = Net.createServer()
-  server.once("error", () => resume(Effect.fail(new EmbeddedPgError({ reason: "no free TCP port" }))))
-  server.listen(0, "127.0.0.1", () => {
-    const addr = server.address()
-    const port = typeof addr === "object" && addr !== null ? addr.port : 0
-    server.close(() =>
-      resume(port > 0 ? Effect.succeed(port) : Effect.fail(new EmbeddedPgError({ reason: "no free TCP port" })))
-    )
-  })
-})
 
 const isAlive = (pid: number): boolean => {
   try {
@@ -490,6 +362,17 @@ const withStartLock = <A, R>(
   return Effect.acquireUseRelease(Effect.interruptible(take), () => setup, () => release)
 }
 
+/** Waits for the server's exit; unless `stopping()`, logs it and calls `onExit` with a one-line cause. */
+const watchServer = (server: Server, stopping: () => boolean, onExit: (line: string) => Effect.Effect<unknown>) =>
+  Effect.flatMap(serverExit(server.child), (how) =>
+    stopping() ? Effect.void : Effect.suspend(() => {
+      const line = `embedded PostgreSQL exited unexpectedly (${how}: ${server.lastLine()})`
+      return Effect.zipRight(
+        Effect.logError("embedded PostgreSQL exited unexpectedly").pipe(Effect.annotateLogs({ exit: how })),
+        onExit(line)
+      )
+    }))
+
 /**
  * Start (or adopt) the embedded server for `dataDir` and return a connection URL for `database`.
  * The server is stopped when the scope closes (only if this process started it). `nativeDir`
@@ -505,13 +388,18 @@ export const start = (options: {
   readonly sharedDir?: string
   /** where each attempt's port comes from (default {@link freePort}); for tests */
   readonly ports?: Effect.Effect<number, EmbeddedPgError>
+  /**
+   * called once with a one-line cause when the server this process started exits while the scope
+   * is open (not when the scope's close stops it); an adopted server is not watched
+   */
+  readonly onUnexpectedExit?: (line: string) => Effect.Effect<unknown>
 }): Effect.Effect<EmbeddedPg, EmbeddedPgError, Scope.Scope> =>
   Effect.gen(function*() {
     const dataDir = Path.resolve(options.dataDir)
     const database = options.database ?? "firehook"
     yield* Effect.try({
       try: () => Fs.mkdirSync(dataDir, { recursive: true, mode: 0o755 }),
-      catch: () => fail(`the data directory ${dataDir} could not be created`)
+      catch: (e) => fail(`the data directory ${dataDir} could not be created (${ownCode(e) ?? "error"})`)
     })
     const { shared, stateDir, user } = yield* place(dataDir, options.sharedDir)
     const pgDir = Path.join(stateDir, "pg")
@@ -551,8 +439,8 @@ export const start = (options: {
         // a port is free when chosen and may be taken before postgres binds it: choose again
         const serve = Effect.gen(function*() {
           const port = yield* (options.ports ?? freePort)
-          const child = yield* runServer(binDir, pgDir, port, user)
-          return { child, port }
+          const server = yield* runServer(binDir, pgDir, port, user)
+          return { server, port }
         }).pipe(
           Effect.tapErrorTag("PortTaken", (e) =>
             Effect.logWarning("embedded PostgreSQL port taken before the server bound it; choosing another")
@@ -561,7 +449,9 @@ export const start = (options: {
           Effect.catchTag("PortTaken", () =>
             fail(`${PORT_ATTEMPTS} ports in a row were taken as the server started`))
         )
-        const { port } = yield* Effect.acquireRelease(
+        // set before this process stops the server: its exit is then expected
+        let stopping = false
+        const { port, server } = yield* Effect.acquireRelease(
           Effect.interruptible(serve).pipe(
             Effect.timeoutFail({
               duration: Duration.seconds(60),
@@ -569,8 +459,9 @@ export const start = (options: {
                 fail("the server did not start within 60 s")
             })
           ),
-          ({ child, port }) =>
+          ({ port, server }) =>
             Effect.gen(function*() {
+              stopping = true
               // another local replica adopted this server and still uses it: leave it running (it is
               // adopted again by the next start), never stop the database under it
               const others = yield* adopters(port, password)
@@ -579,7 +470,7 @@ export const start = (options: {
                   Effect.annotateLogs({ adopters: others })
                 )
               }
-              yield* stopServer(child).pipe(Effect.interruptible)
+              yield* stopServer(server.child).pipe(Effect.interruptible)
             }).pipe(
               Effect.timeoutOption(stopTimeout),
               Effect.flatMap((o) =>
@@ -587,6 +478,11 @@ export const start = (options: {
               )
             )
         )
+        // the server dies under the running service (killed, out of disk, a crash it does not
+        // restart from): said once, with its cause, and handed to the caller (the service stops,
+        // exit 1); never left for the pool's refused connections to tell
+        const onExit = options.onUnexpectedExit
+        if (onExit !== undefined) yield* Effect.forkScoped(watchServer(server, () => stopping, onExit))
         yield* ensureDatabase(port, password, database)
         yield* Effect.logInfo(
           initialised ? "embedded PostgreSQL started" : "embedded PostgreSQL initialised and started"
