@@ -39,58 +39,68 @@ const WAITING = `SELECT count(*)::int AS n FROM pg_locks l JOIN pg_database d ON
 const SHUTDOWN_TIMEOUT_MS = 5000
 
 describe("a signal during startup", () => {
+  const signalWhileMigrating = (signal: "SIGTERM" | "SIGHUP") => async () => {
+    const admin = inject("pgAdminUrl")
+    const name = `fh_e2e_sig_${Date.now().toString(36)}`
+    await adminQuery(admin, `CREATE DATABASE ${name}`)
+    const u = new URL(admin)
+    u.pathname = `/${name}`
+    const holder = new pg.Client({ connectionString: u.toString() })
+    await holder.connect()
+    try {
+      await holder.query("BEGIN")
+      await holder.query("SELECT pg_advisory_xact_lock($1)", [MIGRATION_LOCK_KEY])
+      const running = startFirehook({
+        DATABASE_URL: u.toString(),
+        FIREHOOK_DATA_DIR: tmpDir(),
+        HEALTH_PORT: String(await freePort()),
+        SHUTDOWN_TIMEOUT_MS: String(SHUTDOWN_TIMEOUT_MS),
+        NODE_ENV: "test",
+        WEBHOOK_ALLOW_INSECURE_DEV: "1",
+        JETSTREAM_URL: "ws://127.0.0.1:9/subscribe"
+      })
+      // firehook's migration runner is waiting for the lock the test holds
+      let waiting = 0
+      let exited = false
+      void running.exit.then(() => (exited = true))
+      for (let i = 0; i < 600 && waiting === 0 && !exited; i++) {
+        waiting = Number((await adminQuery(admin, WAITING, [name]))[0]?.["n"])
+        if (waiting === 0) await new Promise((r) => setTimeout(r, 50))
+      }
+      expect(waiting, running.stderr()).toBe(1)
+      expect(running.stdout()).not.toContain("health server listening")
+
+      running.child.kill(signal)
+      const exit = await exitWithin(running, SHUTDOWN_TIMEOUT_MS + 3000)
+      expect(exit, running.stderr() + running.stdout().slice(-2000)).toEqual({ code: 0, signal: null })
+      expect(running.stderr()).toBe("")
+      const logs = running.stdout().split("\n").filter((l) => l.length > 0).map((l) =>
+        JSON.parse(l) as { message?: unknown; annotations?: Record<string, unknown> }
+      )
+      const started = logs.find((l) => l.message === "shutdown started")
+      expect(started?.annotations).toMatchObject({ phase: "stopping", timeoutMs: SHUTDOWN_TIMEOUT_MS })
+      const complete = logs.find((l) => l.message === "shutdown complete")
+      expect(complete?.annotations).toMatchObject({ clean: true })
+      // the waiting migration was cancelled, not left behind
+      expect(Number((await adminQuery(admin, WAITING, [name]))[0]?.["n"])).toBe(0)
+    } finally {
+      await holder.query("ROLLBACK").catch(() => undefined)
+      await holder.end()
+      await adminQuery(admin, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+    }
+  }
+
   it(
     "SIGTERM while the migrations wait: phase `stopping`, the ordered shutdown, exit 0 within the deadline",
-    async () => {
-      const admin = inject("pgAdminUrl")
-      const name = `fh_e2e_sig_${Date.now().toString(36)}`
-      await adminQuery(admin, `CREATE DATABASE ${name}`)
-      const u = new URL(admin)
-      u.pathname = `/${name}`
-      const holder = new pg.Client({ connectionString: u.toString() })
-      await holder.connect()
-      try {
-        await holder.query("BEGIN")
-        await holder.query("SELECT pg_advisory_xact_lock($1)", [MIGRATION_LOCK_KEY])
-        const running = startFirehook({
-          DATABASE_URL: u.toString(),
-          FIREHOOK_DATA_DIR: tmpDir(),
-          HEALTH_PORT: String(await freePort()),
-          SHUTDOWN_TIMEOUT_MS: String(SHUTDOWN_TIMEOUT_MS),
-          NODE_ENV: "test",
-          WEBHOOK_ALLOW_INSECURE_DEV: "1",
-          JETSTREAM_URL: "ws://127.0.0.1:9/subscribe"
-        })
-        // firehook's migration runner is waiting for the lock the test holds
-        let waiting = 0
-        let exited = false
-        void running.exit.then(() => (exited = true))
-        for (let i = 0; i < 600 && waiting === 0 && !exited; i++) {
-          waiting = Number((await adminQuery(admin, WAITING, [name]))[0]?.["n"])
-          if (waiting === 0) await new Promise((r) => setTimeout(r, 50))
-        }
-        expect(waiting, running.stderr()).toBe(1)
-        expect(running.stdout()).not.toContain("health server listening")
+    signalWhileMigrating("SIGTERM"),
+    60_000
+  )
 
-        running.child.kill("SIGTERM")
-        const exit = await exitWithin(running, SHUTDOWN_TIMEOUT_MS + 3000)
-        expect(exit, running.stderr() + running.stdout().slice(-2000)).toEqual({ code: 0, signal: null })
-        expect(running.stderr()).toBe("")
-        const logs = running.stdout().split("\n").filter((l) => l.length > 0).map((l) =>
-          JSON.parse(l) as { message?: unknown; annotations?: Record<string, unknown> }
-        )
-        const started = logs.find((l) => l.message === "shutdown started")
-        expect(started?.annotations).toMatchObject({ phase: "stopping", timeoutMs: SHUTDOWN_TIMEOUT_MS })
-        const complete = logs.find((l) => l.message === "shutdown complete")
-        expect(complete?.annotations).toMatchObject({ clean: true })
-        // the waiting migration was cancelled, not left behind
-        expect(Number((await adminQuery(admin, WAITING, [name]))[0]?.["n"])).toBe(0)
-      } finally {
-        await holder.query("ROLLBACK").catch(() => undefined)
-        await holder.end()
-        await adminQuery(admin, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
-      }
-    },
+  // the terminal or SSH session that ran `npm start` closed: a stop like SIGTERM, not the default
+  // action (an immediate exit 129 that left the embedded PostgreSQL running)
+  it(
+    "SIGHUP the same: the ordered shutdown, exit 0 within the deadline",
+    signalWhileMigrating("SIGHUP"),
     60_000
   )
 })

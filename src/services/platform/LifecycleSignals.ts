@@ -1,5 +1,5 @@
 /**
- * SIGINT/SIGTERM before the runtime runs (SPEC §6.1: a signal at any moment of startup stops the
+ * SIGINT/SIGTERM (and SIGHUP, taken as SIGTERM) before the runtime runs (SPEC §6.1: a signal at any moment of startup stops the
  * process, exit 0 when it stopped cleanly). Until `src/main.ts` has loaded its modules and started
  * the runtime, nothing has started (no connection, no claim, no listener): a signal then ends the
  * process at once with exit code 0, not by the signal's default action (exit 143/130, which the
@@ -13,12 +13,18 @@
  * This module imports nothing, so that it is evaluated before any library.
  */
 const SIGNALS = ["SIGINT", "SIGTERM"] as const
+/**
+ * SIGHUP (the terminal or SSH session that ran `npm start` closed) is a stop like SIGTERM: its
+ * default action killed the process at once, with no ordered shutdown, and left the embedded
+ * PostgreSQL running behind it (the audit of 6 December 2026).
+ */
+const HANGUP = "SIGHUP"
 
 /** nothing has started: exit 0 without waiting for anything */
 const beforeStart = (): void => {
   process.exit(0)
 }
-for (const signal of SIGNALS) process.on(signal, beforeStart)
+for (const signal of [...SIGNALS, HANGUP]) process.on(signal, beforeStart)
 
 /**
  * The runtime is about to start: a signal no longer ends the process at once. The listeners left
@@ -33,6 +39,16 @@ export const handOver = (): void => {
     process.off(signal, beforeStart)
     process.on(signal, alreadyStopping)
   }
+  // the runtime handles SIGINT and SIGTERM only: a hangup becomes a SIGTERM (once)
+  process.off(HANGUP, beforeStart)
+  process.on(HANGUP, hangUp)
 }
 
 const alreadyStopping = (): void => {}
+
+let hungUp = false
+const hangUp = (): void => {
+  if (hungUp) return
+  hungUp = true
+  process.kill(process.pid, "SIGTERM")
+}
