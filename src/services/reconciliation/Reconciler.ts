@@ -200,6 +200,11 @@ export interface ReconcilerOptions {
   readonly limits?: Partial<ReconcileLimits>
   /** the in-memory swap run at completion (inside the completing transaction) */
   readonly swap: (did: string) => Effect.Effect<void, StoreError>
+  /**
+   * log an owner's failure as a warning (once a minute per kind; default true); the CLI, which
+   * prints each outcome itself, turns it off
+   */
+  readonly warnFailures?: boolean
 }
 
 export const make = (options: ReconcilerOptions) =>
@@ -302,7 +307,7 @@ export const make = (options: ReconcilerOptions) =>
       }).pipe(
         Effect.tap((outcome) =>
           Effect.zipRight(
-            outcome._tag === "failed"
+            outcome._tag === "failed" && options.warnFailures !== false
               ? Effect.zipRight(
                 count(outcome),
                 failedLog.run(outcome.kind, (suppressed) =>
@@ -349,9 +354,10 @@ export const layer = (
 
 /**
  * The reconciler without an in-memory registry (the CLI): completion writes the database only; a
- * running service picks the completed owner up within one RetryScheduler interval.
+ * running service picks the completed owner up within one RetryScheduler interval. Its caller
+ * reports each outcome itself: failures are not logged as warnings.
  */
 export const layerWithoutRegistry = (
   limits: Partial<ReconcileLimits> = {}
 ): Layer.Layer<Reconciler, never, FirehookConfig | SafeHttp | Identity | ReconcileStore> =>
-  Layer.scoped(Reconciler, make({ limits, swap: () => Effect.void }))
+  Layer.scoped(Reconciler, make({ limits, swap: () => Effect.void, warnFailures: false }))
