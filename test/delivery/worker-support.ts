@@ -293,6 +293,21 @@ export const outboxRows = Effect.flatMap(SqlClient.SqlClient, (sql) =>
       extract(epoch FROM next_attempt_at - now())::float8 AS due_in_s
     FROM outbox ORDER BY webhook_rkey, delivery_id`).pipe(Effect.orDie)
 
+/**
+ * `times` more pending rows like the first outbox row of webhook `rkey` (delivery ids `<its id>_<tag><n>`,
+ * the same stored origin), all due an hour ago, so they come first in claim order.
+ */
+export const copyDueRows = (rkey: string, times: number, tag = "c") =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql`
+    INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
+      event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin, next_attempt_at, created_at)
+    SELECT o.delivery_id || '_' || ${tag} || g, o.event_id, o.owner_did, o.webhook_rkey, o.match_kind, o.event_did,
+      o.event_collection, o.event_rkey, o.event_operation, o.target_url, o.signing_mode, o.secret_id, o.fingerprint,
+      o.origin, now() - interval '1 hour' + g * interval '1 millisecond', now() - interval '1 hour'
+    FROM (SELECT * FROM outbox WHERE webhook_rkey = ${rkey} ORDER BY length(delivery_id), delivery_id LIMIT 1) o
+    CROSS JOIN generate_series(1, ${times}) g`.pipe(Effect.orDie))
+
 /** An outbox row as the parking tests read it. */
 export interface EventRow {
   readonly delivery_id: string
