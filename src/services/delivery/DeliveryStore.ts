@@ -26,10 +26,11 @@
  *
  * Per-origin fairness. The claim is told how many more rows of each URL origin the worker may hold
  * (`rooms`; `defaultRoom` for origins it holds none of) and which origins are full (`fullOrigins`,
- * skipped while reading candidates, within a bounded read of `scanMax` rows). Rows over an origin's
- * room are left pending for later claims, so one busy origin cannot fill a worker's pool. It can
- * still fill the bounded read (known limit, docs/decisions.md "Delivery worker"): more than `scanMax`
- * due rows of one full origin, older than the others', leave no candidates for anyone else.
+ * skipped while reading candidates, within a bounded read of `SCAN_MAX` rows). Rows over an origin's
+ * room are left pending for later claims, so one busy origin cannot fill a worker's pool. Nor can it
+ * fill the bounded read: a claim left short while rows may lie beyond what it read also walks the
+ * origins with pending rows (≤ {@link ORIGIN_WALK_MAX}, from where the last walk stopped) and takes
+ * the oldest due rows of those it had no candidates of, each within its room.
  *
  * Open circuits (SPEC §4.3). An origin whose circuit is open costs the others nothing: the worker
  * moves its pending rows past the cool-down in bulk (`park`, an index range scan on
@@ -321,6 +322,11 @@ export const CANDIDATE_FACTOR = 2
 export const CANDIDATE_MAX = 2000
 /** Rows read at most, per branch, while skipping the rows of full origins. */
 export const SCAN_MAX = 4000
+/**
+ * Origins a short claim walks at most (one index probe each, and one for each origin's due rows)
+ * when its window may hide other origins' rows (DeliveryStoreSql.ts, the claim).
+ */
+export const ORIGIN_WALK_MAX = 64
 /** Rows one `park` / `unpark` statement moves at most. */
 export const PARK_CHUNK = 10_000
 /** Origins one `park` / `unpark` statement covers at most (the caller passes the rest next time). */

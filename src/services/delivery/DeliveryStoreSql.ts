@@ -28,6 +28,7 @@ import {
   type DeliveryCounts,
   type DeliveryStoreShape,
   excerpt,
+  ORIGIN_WALK_MAX,
   PARK_ORIGINS_MAX,
   RESPONSE_EXCERPT_BYTES,
   SCAN_MAX,
@@ -71,6 +72,8 @@ const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
 interface ClaimDbRow {
   readonly cand_count: number
   readonly over_room: number
+  readonly walked: number
+  readonly walk_last: string | null
   readonly delivery_id: string | null
   readonly event_id: string | null
   readonly owner_did: string | null
@@ -247,14 +250,26 @@ const claimPlan = (workerId: string, limit: number, leaseMs: number, options: Cl
   return { workerId, n, scan, rooms, full, open, reclaim, defaultRoom, lease, options }
 }
 
-const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
+/**
+ * The claim. Its candidates are the oldest ≤ `SCAN_MAX` due rows (the window) less those of full or
+ * open origins, ranked per origin against each origin's room. When that leaves the claim short
+ * while rows may lie beyond what it read (the window or the candidate limit was reached), one
+ * origin's backlog could be hiding every other origin's rows (a burst to one receiver, a slow one
+ * whose backlog grows): the claim then also walks the origins that have pending rows (a skip scan
+ * of `outbox_origin_due`, ≤ `ORIGIN_WALK_MAX` origins from `cursor`, wrapping once) and takes the
+ * oldest due rows, up to each origin's room, of every walked origin that has none among the
+ * candidates. A claim that is not short costs nothing more (the walk's first row is gated).
+ */
+const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan, cursor: string) =>
   sql<ClaimDbRow>`
-      WITH cand AS (
-        (SELECT p.delivery_id, p.next_attempt_at, p.origin FROM (
-           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin, origin AS stored FROM outbox
-           WHERE ${f.duePending}
-           ORDER BY next_attempt_at LIMIT ${SCAN_MAX}
-         ) p WHERE p.origin <> ALL(${p.full}::text[]) AND (p.stored IS NULL OR p.stored <> ALL(${p.open}::text[]))
+      WITH RECURSIVE win AS (
+        SELECT delivery_id, next_attempt_at, ${f.origin} AS origin, origin AS stored FROM outbox
+        WHERE ${f.duePending}
+        ORDER BY next_attempt_at LIMIT ${SCAN_MAX}
+      ),
+      cand AS (
+        (SELECT p.delivery_id, p.next_attempt_at, p.origin FROM win p
+         WHERE p.origin <> ALL(${p.full}::text[]) AND (p.stored IS NULL OR p.stored <> ALL(${p.open}::text[]))
          LIMIT ${p.scan})
         UNION ALL
         (SELECT l.delivery_id, l.next_attempt_at, l.origin FROM (
@@ -274,8 +289,43 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
   }::int[]) AS r(origin, room)
           ON r.origin = c.origin
       ),
+      jam AS (
+        SELECT (SELECT count(*) FROM ranked WHERE rn <= room) < ${p.n}
+          AND ((SELECT count(*) FROM cand) >= ${p.scan} OR (SELECT count(*) FROM win) >= ${SCAN_MAX}) AS short
+      ),
+      walk (origin, step, wrapped) AS (
+        SELECT ${cursor}::text, 0, false WHERE (SELECT short FROM jam)
+        UNION ALL
+        SELECT nx.origin, w.step + 1, nx.wrapped FROM walk w
+        CROSS JOIN LATERAL (SELECT (SELECT o.origin FROM outbox o WHERE o.status = 'pending' AND o.origin > w.origin
+                                    ORDER BY o.origin LIMIT 1) AS after OFFSET 0) a
+        CROSS JOIN LATERAL (SELECT
+            CASE WHEN a.after IS NOT NULL OR w.wrapped THEN a.after
+                 ELSE (SELECT o.origin FROM outbox o WHERE o.status = 'pending' AND o.origin IS NOT NULL
+                       ORDER BY o.origin LIMIT 1) END AS origin,
+            (w.wrapped OR a.after IS NULL) AS wrapped) nx
+        WHERE w.step < ${ORIGIN_WALK_MAX} AND nx.origin IS NOT NULL AND NOT (nx.wrapped AND nx.origin >= ${cursor}::text)
+      ),
+      extra AS (
+        SELECT x.delivery_id, x.next_attempt_at FROM walk w
+        LEFT JOIN unnest(${p.rooms.map((r) => r.origin)}::text[], ${
+    p.rooms.map((r) => r.room)
+  }::int[]) AS r(origin, room)
+          ON r.origin = w.origin
+        CROSS JOIN LATERAL (
+          SELECT o.delivery_id, o.next_attempt_at FROM outbox o
+          WHERE o.status = 'pending' AND o.origin = w.origin AND o.next_attempt_at <= now()
+          ORDER BY o.next_attempt_at LIMIT LEAST(COALESCE(r.room, ${p.defaultRoom}::int), ${p.n}::int)
+        ) x
+        WHERE w.step > 0 AND w.origin <> ALL(${p.full}::text[]) AND w.origin <> ALL(${p.open}::text[])
+          AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.origin = w.origin)
+      ),
       picked AS (
-        SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${p.n}
+        SELECT u.delivery_id FROM (
+          SELECT delivery_id, next_attempt_at FROM ranked WHERE rn <= room
+          UNION ALL
+          SELECT delivery_id, next_attempt_at FROM extra
+        ) u ORDER BY u.next_attempt_at, u.delivery_id LIMIT ${p.n}
       ),
       locked AS (
         SELECT o.delivery_id, o.updated_at AS touched_at, o.status AS was_status, o.lease_token AS was_token FROM outbox o
@@ -311,9 +361,11 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
       ),
       stats AS (
         SELECT (SELECT count(*) FROM cand)::int AS cand_count,
-               (SELECT count(*) FROM ranked WHERE rn > room)::int AS over_room
+               (SELECT count(*) FROM ranked WHERE rn > room)::int AS over_room,
+               (SELECT count(*) FROM walk WHERE step > 0)::int AS walked,
+               (SELECT origin FROM walk WHERE step > 0 ORDER BY step DESC LIMIT 1) AS walk_last
       )
-      SELECT stats.cand_count, stats.over_room, u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey,
+      SELECT stats.cand_count, stats.over_room, stats.walked, stats.walk_last, u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey,
         u.match_kind, u.event_did, u.event_collection, u.event_rkey, u.event_operation, u.target_url,
         u.signing_mode, u.secret_id, u.fingerprint, u.attempt_count, u.lease_token, u.origin, u.age_ms,
         u.first_attempt, u.reclaimed, u.crash_count, e.body,
@@ -324,19 +376,27 @@ const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
       ${p.options.withSubscriptions === false ? sql.literal("") : f.subscriptionJoins}
       ORDER BY u.next_attempt_at`
 
-const claimResult = (dbRows: ReadonlyArray<ClaimDbRow>, p: ClaimPlan): ClaimResult => {
+/** The claim's rows, and where its origin walk stopped (undefined when it did not walk). */
+const claimResult = (
+  dbRows: ReadonlyArray<ClaimDbRow>,
+  p: ClaimPlan
+): { readonly result: ClaimResult; readonly walkedTo: string | undefined } => {
   const rows: Array<ClaimedRow> = []
   let candCount = 0
   let overRoom = 0
+  let walked = 0
+  let walkLast: string | null = null
   for (const r of dbRows) {
     candCount = Number(r.cand_count)
     overRoom = Number(r.over_room)
+    walked = Number(r.walked)
+    walkLast = r.walk_last
     const row = fromClaim(r)
     if (row !== undefined) rows.push(row)
   }
-  const moreDue = rows.length >= p.n || candCount >= p.scan || overRoom > 0
-  const result: ClaimResult = { rows, moreDue }
-  return result
+  // a walk that used all its steps left origins unvisited
+  const moreDue = rows.length >= p.n || candCount >= p.scan || overRoom > 0 || walked >= ORIGIN_WALK_MAX
+  return { result: { rows, moreDue }, walkedTo: walked > 0 ? (walkLast ?? undefined) : undefined }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -476,6 +536,9 @@ export const makeSql: Effect.Effect<
   // cool-down ends (the process's clock) go to the database's clock, which the claim compares with
   const parkClock = makeParkClock(sql)
   const recordHealth = yield* recorderFor(sql)
+  // where the next jammed claim's origin walk starts: after the last origin the previous one
+  // visited, so that every origin is reached in turn however many there are
+  const walk = { cursor: "" }
   // the webhook state follows each batch (its own statement; its failure never fails the settles)
   const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) =>
     Effect.tap(
@@ -488,8 +551,12 @@ export const makeSql: Effect.Effect<
     claim: (workerId, limit, leaseMs, options = {}) => {
       const p = claimPlan(workerId, limit, leaseMs, options)
       if (p === undefined) return Effect.succeed({ rows: [], moreDue: false })
-      return claimConnection.run(workerId, claimStatement(sql, f, p)).pipe(
-        Effect.map((dbRows) => claimResult(dbRows, p)),
+      return claimConnection.run(workerId, claimStatement(sql, f, p, walk.cursor)).pipe(
+        Effect.map((dbRows) => {
+          const { result, walkedTo } = claimResult(dbRows, p)
+          if (walkedTo !== undefined) walk.cursor = walkedTo
+          return result
+        }),
         op("delivery.claim")
       )
     },
