@@ -29,6 +29,15 @@ export type Role = "leader" | "standby"
 const UNLOCK_TIMEOUT = Duration.seconds(2)
 
 /**
+ * The `pg_locks` rows (alias `l`) of the session advisory lock whose 64-bit key is the statement's
+ * first parameter, granted, in this database (a bigint key is stored as classid = high 32 bits,
+ * objid = low 32 bits, objsubid 1).
+ */
+const HOLDS_LOCK_KEY_1 = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+       AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
+/**
  * Gives the session lock `key` back on `conn`, bounded. When that fails or times out, the
  * connection may still hold the lock: it is discarded (SPEC §6.4), never returned to the pool
  * holding it (no replica could lead again): its client is ended, and the server session that holds
@@ -42,11 +51,10 @@ export const unlockOrDiscard = (
   /** false after an unclean shutdown (Lifecycle.tidyDatabase): the connection is ended at once */
   tidy: Effect.Effect<boolean> = Effect.succeed(true)
 ): Effect.Effect<void> => {
-  const terminate = pid === undefined ? Effect.void : sql`
-        SELECT pg_terminate_backend(l.pid) FROM pg_locks l
-        WHERE l.locktype = 'advisory' AND l.pid = ${pid} AND l.granted AND l.objsubid = 1
-          AND l.classid = (${key}::bigint >> 32)::oid AND l.objid = (${key}::bigint & 4294967295)::oid
-          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`.pipe(
+  const terminate = pid === undefined ? Effect.void : sql.unsafe(
+    `SELECT pg_terminate_backend(l.pid) FROM pg_locks l WHERE l.pid = $2 AND ${HOLDS_LOCK_KEY_1}`,
+    [key, pid]
+  ).pipe(
     Effect.interruptible,
     Effect.timeoutOption(UNLOCK_TIMEOUT),
     Effect.ignore
@@ -99,9 +107,7 @@ export const STALE_LEADER_AFTER = Duration.seconds(30)
 const endStaleHolder = (conn: Connection, key: number, staleMs: number) =>
   conn.executeValues(
     `SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-       AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     WHERE ${HOLDS_LOCK_KEY_1}
        AND a.pid <> pg_backend_pid() AND a.state = 'idle'
        AND a.state_change < now() - $2::int * interval '1 millisecond'`,
     [key, staleMs]
