@@ -307,15 +307,15 @@ export const make = (options: ReconcilerOptions) =>
       }).pipe(
         Effect.tap((outcome) =>
           Effect.zipRight(
-            outcome._tag === "failed" && options.warnFailures !== false
-              ? Effect.zipRight(
-                count(outcome),
-                failedLog.run(outcome.kind, (suppressed) =>
+            Effect.zipRight(
+              count(outcome),
+              outcome._tag === "failed" && options.warnFailures !== false
+                ? failedLog.run(outcome.kind, (suppressed) =>
                   Effect.logWarning("owner reconciliation failed").pipe(
                     Effect.annotateLogs({ kind: outcome.kind, suppressed })
                   ))
-              )
-              : count(outcome),
+                : Effect.void
+            ),
             Effect.logDebug("owner reconciliation").pipe(
               Effect.annotateLogs({
                 did,
