@@ -498,7 +498,7 @@ describe("delivery leases on PostgreSQL", () => {
         // the claim connection: the backend whose last statement was the claim
         const claimers = yield* sql<{ pid: number }>`
           SELECT pid FROM pg_stat_activity
-          WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%WITH RECURSIVE win AS%'`
+          WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%WITH win AS%'`
         expect(claimers.length).toBe(1)
         // the session setting stays on that connection: the pool's other connections plan as usual
         const settings = yield* Effect.all(

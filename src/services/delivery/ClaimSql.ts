@@ -25,6 +25,7 @@ import { clampInt } from "./SettleRequests.js"
 export interface ClaimDbRow {
   readonly cand_count: number
   readonly over_room: number
+  readonly win_count: number | null
   readonly walked: number
   readonly walk_last: string | null
   readonly delivery_id: string | null
@@ -209,18 +210,18 @@ export const claimPlan = (
 }
 
 /**
- * The claim. Its candidates are the oldest ≤ `SCAN_MAX` due rows (the window) less those of full or
- * open origins, ranked per origin against each origin's room. When that leaves the claim short
- * while rows may lie beyond what it read (the window or the candidate limit was reached), one
- * origin's backlog could be hiding every other origin's rows (a burst to one receiver, a slow one
- * whose backlog grows): the claim then also walks the origins that have pending rows (a skip scan
- * of `outbox_origin_due`, ≤ `ORIGIN_WALK_MAX` origins from `cursor`, wrapping once) and takes the
- * oldest due rows, up to each origin's room, of every walked origin that has none among the
- * candidates. A claim that is not short costs nothing more (the walk's first row is gated).
+ * The claim, in two statements. The first reads candidates from the oldest ≤ `SCAN_MAX` due rows
+ * (the window) less those of full or open origins, and ranks them per origin against each origin's
+ * room. When that leaves the claim short while rows may lie beyond what it read (the window or the
+ * candidate limit was reached: {@link walkAfter}), one origin's backlog could be hiding every
+ * other origin's rows (a burst to one receiver, a slow one whose backlog grows). The second
+ * statement then walks the origins that have pending rows (a skip scan of `outbox_origin_due`, ≤
+ * `ORIGIN_WALK_MAX` origins from `cursor`, wrapping once) and takes the oldest due rows, up to each
+ * origin's room, of every walked origin the first one took nothing of (and that is neither full
+ * nor open). A claim that is not short runs the first statement only, unchanged but for one count.
  */
-export const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan, cursor: string) =>
-  sql<ClaimDbRow>`
-      WITH RECURSIVE win AS (
+export const windowHead = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan) =>
+  sql`win AS (
         SELECT delivery_id, next_attempt_at, ${f.origin} AS origin, origin AS stored FROM outbox
         WHERE ${f.duePending}
         ORDER BY next_attempt_at LIMIT ${SCAN_MAX}
@@ -247,12 +248,32 @@ export const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimP
   }::int[]) AS r(origin, room)
           ON r.origin = c.origin
       ),
-      jam AS (
-        SELECT (SELECT count(*) FROM ranked WHERE rn <= room) < ${p.n}
-          AND ((SELECT count(*) FROM cand) >= ${p.scan} OR (SELECT count(*) FROM win) >= ${SCAN_MAX}) AS short
+      picked AS (
+        SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${p.n}
       ),
-      walk (origin, step, wrapped) AS (
-        SELECT ${cursor}::text, 0, false WHERE (SELECT short FROM jam)
+      stats AS (
+        SELECT (SELECT count(*) FROM cand)::int AS cand_count,
+               (SELECT count(*) FROM ranked WHERE rn > room)::int AS over_room,
+               -- the window's size matters only when the candidates did not fill their limit, and the
+               -- window was then read whole already
+               CASE WHEN (SELECT count(*) FROM cand) >= ${p.scan} THEN NULL
+                    ELSE (SELECT count(*) FROM win)::int END AS win_count,
+               0 AS walked, NULL::text AS walk_last
+      )`
+
+/** The origin walk's bounds: the first statement's plan, less what it took. */
+export interface WalkPlan {
+  readonly plan: ClaimPlan
+  /** rows still wanted (> 0) */
+  readonly n: number
+  /** full and open origins, and those the first statement took rows of */
+  readonly exclude: ReadonlyArray<string>
+  readonly cursor: string
+}
+
+export const walkHead = (sql: SqlClient.SqlClient, w: WalkPlan) =>
+  sql`RECURSIVE walk (origin, step, wrapped) AS (
+        SELECT ${w.cursor}::text, 0, false
         UNION ALL
         SELECT nx.origin, w.step + 1, nx.wrapped FROM walk w
         CROSS JOIN LATERAL (SELECT (SELECT o.origin FROM outbox o WHERE o.status = 'pending' AND o.origin > w.origin
@@ -262,29 +283,32 @@ export const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimP
                  ELSE (SELECT o.origin FROM outbox o WHERE o.status = 'pending' AND o.origin IS NOT NULL
                        ORDER BY o.origin LIMIT 1) END AS origin,
             (w.wrapped OR a.after IS NULL) AS wrapped) nx
-        WHERE w.step < ${ORIGIN_WALK_MAX} AND nx.origin IS NOT NULL AND NOT (nx.wrapped AND nx.origin >= ${cursor}::text)
+        WHERE w.step < ${ORIGIN_WALK_MAX} AND nx.origin IS NOT NULL AND NOT (nx.wrapped AND nx.origin >= ${w.cursor}::text)
       ),
-      extra AS (
-        SELECT x.delivery_id, x.next_attempt_at FROM walk w
-        LEFT JOIN unnest(${p.rooms.map((r) => r.origin)}::text[], ${
-    p.rooms.map((r) => r.room)
+      picked AS (
+        SELECT x.delivery_id FROM walk w
+        LEFT JOIN unnest(${w.plan.rooms.map((r) => r.origin)}::text[], ${
+    w.plan.rooms.map((r) => r.room)
   }::int[]) AS r(origin, room)
           ON r.origin = w.origin
         CROSS JOIN LATERAL (
           SELECT o.delivery_id, o.next_attempt_at FROM outbox o
           WHERE o.status = 'pending' AND o.origin = w.origin AND o.next_attempt_at <= now()
-          ORDER BY o.next_attempt_at LIMIT LEAST(COALESCE(r.room, ${p.defaultRoom}::int), ${p.n}::int)
+          ORDER BY o.next_attempt_at LIMIT LEAST(COALESCE(r.room, ${w.plan.defaultRoom}::int), ${w.n}::int)
         ) x
-        WHERE w.step > 0 AND w.origin <> ALL(${p.full}::text[]) AND w.origin <> ALL(${p.open}::text[])
-          AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.origin = w.origin)
+        WHERE w.step > 0 AND w.origin <> ALL(${w.exclude}::text[])
+        ORDER BY x.next_attempt_at, x.delivery_id LIMIT ${w.n}
       ),
-      picked AS (
-        SELECT u.delivery_id FROM (
-          SELECT delivery_id, next_attempt_at FROM ranked WHERE rn <= room
-          UNION ALL
-          SELECT delivery_id, next_attempt_at FROM extra
-        ) u ORDER BY u.next_attempt_at, u.delivery_id LIMIT ${p.n}
-      ),
+      stats AS (
+        SELECT 0 AS cand_count, 0 AS over_room, NULL::int AS win_count,
+               (SELECT count(*) FROM walk WHERE step > 0)::int AS walked,
+               (SELECT origin FROM walk WHERE step > 0 ORDER BY step DESC LIMIT 1) AS walk_last
+      )`
+
+/** Leases the rows of `picked` (the head's) and returns them with the head's `stats`. */
+export const takeStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan, head: Statement.Fragment) =>
+  sql<ClaimDbRow>`
+      WITH ${head},
       locked AS (
         SELECT o.delivery_id, o.updated_at AS touched_at, o.status AS was_status, o.lease_token AS was_token FROM outbox o
         WHERE o.delivery_id IN (SELECT delivery_id FROM picked)
@@ -316,14 +340,9 @@ export const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimP
           -- lease (a settle that failed through a database outage, a stall) is no death
           (locked.was_status = 'leased' AND NOT starts_with(locked.was_token, ${p.workerId} || ':')) AS reclaimed,
           o.crash_count
-      ),
-      stats AS (
-        SELECT (SELECT count(*) FROM cand)::int AS cand_count,
-               (SELECT count(*) FROM ranked WHERE rn > room)::int AS over_room,
-               (SELECT count(*) FROM walk WHERE step > 0)::int AS walked,
-               (SELECT origin FROM walk WHERE step > 0 ORDER BY step DESC LIMIT 1) AS walk_last
       )
-      SELECT stats.cand_count, stats.over_room, stats.walked, stats.walk_last, u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey,
+      SELECT stats.cand_count, stats.over_room, stats.win_count, stats.walked, stats.walk_last, u.delivery_id,
+        u.event_id, u.owner_did, u.webhook_rkey,
         u.match_kind, u.event_did, u.event_collection, u.event_rkey, u.event_operation, u.target_url,
         u.signing_mode, u.secret_id, u.fingerprint, u.attempt_count, u.lease_token, u.origin, u.age_ms,
         u.first_attempt, u.reclaimed, u.crash_count, e.body,
@@ -334,25 +353,51 @@ export const claimStatement = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimP
       ${p.options.withSubscriptions === false ? sql.literal("") : f.subscriptionJoins}
       ORDER BY u.next_attempt_at`
 
-/** The claim's rows, and where its origin walk stopped (undefined when it did not walk). */
-export const claimResult = (
-  dbRows: ReadonlyArray<ClaimDbRow>,
-  p: ClaimPlan
-): { readonly result: ClaimResult; readonly walkedTo: string | undefined } => {
+export interface ClaimPart {
+  readonly rows: ReadonlyArray<ClaimedRow>
+  readonly candCount: number
+  readonly overRoom: number
+  readonly winCount: number | undefined
+  readonly walked: number
+  readonly walkLast: string | undefined
+}
+
+export const claimPart = (dbRows: ReadonlyArray<ClaimDbRow>): ClaimPart => {
   const rows: Array<ClaimedRow> = []
-  let candCount = 0
-  let overRoom = 0
-  let walked = 0
-  let walkLast: string | null = null
+  let stats: ClaimDbRow | undefined
   for (const r of dbRows) {
-    candCount = Number(r.cand_count)
-    overRoom = Number(r.over_room)
-    walked = Number(r.walked)
-    walkLast = r.walk_last
+    stats = r
     const row = fromClaim(r)
     if (row !== undefined) rows.push(row)
   }
-  // a walk that used all its steps left origins unvisited
-  const moreDue = rows.length >= p.n || candCount >= p.scan || overRoom > 0 || walked >= ORIGIN_WALK_MAX
-  return { result: { rows, moreDue }, walkedTo: walked > 0 ? (walkLast ?? undefined) : undefined }
+  return {
+    rows,
+    candCount: Number(stats?.cand_count ?? 0),
+    overRoom: Number(stats?.over_room ?? 0),
+    winCount: stats?.win_count === null || stats?.win_count === undefined ? undefined : Number(stats.win_count),
+    walked: Number(stats?.walked ?? 0),
+    walkLast: stats?.walk_last ?? undefined
+  }
+}
+
+/**
+ * The walk that should follow the first statement, if any: it was short (fewer rows than it may
+ * take) while rows may lie beyond what it read (its candidates filled their limit, or its window
+ * was full).
+ */
+export const walkAfter = (p: ClaimPlan, first: ClaimPart, cursor: string): WalkPlan | undefined => {
+  const short = first.rows.length < p.n
+  const beyond = first.candCount >= p.scan || (first.winCount ?? 0) >= SCAN_MAX
+  if (!short || !beyond) return undefined
+  const exclude = new Set([...p.full, ...p.open])
+  for (const r of first.rows) exclude.add(r.origin)
+  return { plan: p, n: p.n - first.rows.length, exclude: [...exclude], cursor }
+}
+
+/** Both parts as one claim; `moreDue` also when a walk used all its steps (origins left unvisited). */
+export const claimResult = (p: ClaimPlan, first: ClaimPart, walked: ClaimPart | undefined): ClaimResult => {
+  const rows = walked === undefined ? first.rows : [...first.rows, ...walked.rows]
+  const moreDue = rows.length >= p.n || first.candCount >= p.scan || first.overRoom > 0 ||
+    (walked !== undefined && walked.walked >= ORIGIN_WALK_MAX)
+  return { rows, moreDue }
 }

@@ -6,7 +6,7 @@
  * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
  * limits only when it runs.
  */
-import { SqlClient } from "@effect/sql"
+import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, type Scope, Stream } from "effect"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
@@ -14,14 +14,18 @@ import { codeOr } from "../platform/ErrorCode.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { makeClaimConnection } from "./ClaimConnection.js"
 import {
+  claimPart,
   claimPlan,
   claimResult,
-  claimStatement,
   type Fragments,
   fragments,
   MISSING_SUBSCRIPTION,
   type SnapshotDbRow,
-  snapshotFrom
+  snapshotFrom,
+  takeStatement,
+  walkAfter,
+  walkHead,
+  windowHead
 } from "./ClaimSql.js"
 import {
   COUNT_CAP,
@@ -216,14 +220,16 @@ export const makeSql: Effect.Effect<
     claim: (workerId, limit, leaseMs, options = {}) => {
       const p = claimPlan(workerId, limit, leaseMs, options)
       if (p === undefined) return Effect.succeed({ rows: [], moreDue: false })
-      return claimConnection.run(workerId, claimStatement(sql, f, p, walk.cursor)).pipe(
-        Effect.map((dbRows) => {
-          const { result, walkedTo } = claimResult(dbRows, p)
-          if (walkedTo !== undefined) walk.cursor = walkedTo
-          return result
-        }),
-        op("delivery.claim")
-      )
+      const take = (head: Statement.Fragment) =>
+        Effect.map(claimConnection.run(workerId, takeStatement(sql, f, p, head)), claimPart)
+      return Effect.gen(function*() {
+        const first = yield* take(windowHead(sql, f, p))
+        const w = walkAfter(p, first, walk.cursor)
+        if (w === undefined) return claimResult(p, first, undefined)
+        const walked = yield* take(walkHead(sql, w))
+        if (walked.walked > 0 && walked.walkLast !== undefined) walk.cursor = walked.walkLast
+        return claimResult(p, first, walked)
+      }).pipe(op("delivery.claim"))
     },
     reclaimAbandoned: (workerId) =>
       Effect.gen(function*() {
