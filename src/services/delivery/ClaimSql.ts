@@ -1,8 +1,8 @@
 /**
  * The claim of the delivery store's SQL driver (DeliveryStoreSql.ts): the claimed row as the
- * database returns it, the fragments the driver's statements share, and the claim statement (its
- * plan, its text and its result). See DeliveryStore.ts for the leases and the per-origin fairness it
- * implements.
+ * database returns it, the fragments the driver's statements share, and the claim's statements
+ * (its plan, the window and the origin walk that each pick rows, the statement that leases them,
+ * and the result). See DeliveryStore.ts for the leases and the per-origin fairness it implements.
  */
 import type { SqlClient, Statement } from "@effect/sql"
 import { ORIGIN_SQL } from "../matching/Origin.js"
