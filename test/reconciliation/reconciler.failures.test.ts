@@ -186,6 +186,39 @@ describe("Reconciler: completion in batches and timeouts", () => {
   )
 })
 
+describe("Reconciler: a PDS that asks for time", () => {
+  layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
+    "Retry-After",
+    (it) => {
+      const answered = (n: number, status: number, headers: Record<string, string>) =>
+        Effect.gen(function*() {
+          const did = plc(500 + n)
+          yield* setup(did, [], { rev: rev(100) })
+          return yield* reconcileServing(did, () => ({ ...json(status, { error: "RateLimitExceeded" }), headers }))
+        })
+
+      it.effect("a 429 or 503 with Retry-After fails the owner with the delay it asked for; other answers carry none", () =>
+        Effect.gen(function*() {
+          expect(yield* answered(1, 429, { "retry-after": "120" }))
+            .toStrictEqual({ _tag: "failed", kind: "pds_status", retryAfterMs: 120_000 })
+          expect(yield* answered(2, 503, { "retry-after": "7" }))
+            .toStrictEqual({ _tag: "failed", kind: "pds_status", retryAfterMs: 7_000 })
+          // a 500 with the header, a 429 without it or with a value that is not one: no delay
+          expect(yield* answered(3, 500, { "retry-after": "120" })).toStrictEqual({
+            _tag: "failed",
+            kind: "pds_status"
+          })
+          expect(yield* answered(4, 429, {})).toStrictEqual({ _tag: "failed", kind: "pds_status" })
+          expect(yield* answered(5, 429, { "retry-after": "soon" })).toStrictEqual({
+            _tag: "failed",
+            kind: "pds_status"
+          })
+          expect(yield* ownerState(plc(501))).toMatchObject({ status: "failed", lastFailureKind: "pds_status" })
+        }))
+    }
+  )
+})
+
 describe("Reconciler: a scan that dies", () => {
   /** `deleteOlder` dies (a bug's defect) for the DIDs listed. */
   const dying = new Set<string>()

@@ -36,6 +36,8 @@ export interface World {
   readonly owners: Map<string, FakeOwner>
   readonly calls: Array<{ readonly did: string; readonly at: number }>
   readonly behaviour: Map<string, Behaviour>
+  /** the `Retry-After` (ms) a failing owner's PDS sends */
+  readonly retryAfter: Map<string, number>
   readonly interrupted: Array<string>
   readonly completed: Array<string>
   readonly swapped: Array<string>
@@ -48,6 +50,7 @@ export const newWorld = (): World => ({
   owners: new Map(),
   calls: [],
   behaviour: new Map(),
+  retryAfter: new Map(),
   interrupted: [],
   completed: [],
   swapped: [],
@@ -130,7 +133,10 @@ export const fakeReconciler = (world: World) =>
           owner.failureCount++
           owner.failedSeq = world.seq++
         }
-        return { _tag: "failed", kind: "pds_status" } as ReconcileOutcome
+        const retryAfterMs = world.retryAfter.get(did)
+        return (retryAfterMs === undefined
+          ? { _tag: "failed", kind: "pds_status" }
+          : { _tag: "failed", kind: "pds_status", retryAfterMs }) as ReconcileOutcome
       }).pipe(
         Effect.ensuring(Effect.sync(() => void world.active--)),
         Effect.onInterrupt(() => Effect.sync(() => void world.interrupted.push(did)))

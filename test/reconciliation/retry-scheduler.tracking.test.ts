@@ -23,6 +23,37 @@ import {
 } from "./retry-scheduler-support.js"
 
 describe("RetryScheduler", () => {
+  it.scoped("a PDS's Retry-After is waited before the backoff's next delay, also by a requested owner", () => {
+    const world = newWorld()
+    const A = plc(1)
+    const B = plc(2)
+    const C = plc(3)
+    fail(world, A)
+    fail(world, B)
+    fail(world, C)
+    world.retryAfter.set(A, 30_000)
+    world.retryAfter.set(C, 30_000)
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      // all first tried after half of 5 s (halfJitter); then B after half of 10 s, A and C 30 s later
+      yield* advance(2_500)
+      yield* advance(5_000)
+      expect(callTimes(world, B)).toEqual([2_500, 7_500])
+      expect(callTimes(world, A)).toEqual([2_500])
+      // a reconciliation request for A while it waits: it still waits for the PDS, then goes at once
+      const owner = world.owners.get(A)
+      if (owner !== undefined) owner.requested = true
+      yield* s.tick
+      yield* advance(20_000)
+      expect(callTimes(world, A)).toEqual([2_500])
+      yield* advance(5_000)
+      expect(callTimes(world, A)).toEqual([2_500, 32_500])
+      expect(callTimes(world, C)).toEqual([2_500])
+      yield* advance(5_000)
+      expect(callTimes(world, C)).toEqual([2_500, 37_500])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
+  })
+
   it.scoped("an owner completed meanwhile is forgotten without a reconciliation", () => {
     const world = newWorld()
     const A = plc(1)

@@ -23,6 +23,8 @@ export interface FakeResponse {
   readonly status: number
   readonly body: string | Uint8Array
   readonly contentType?: string
+  /** more response headers (lowercase names) */
+  readonly headers?: Readonly<Record<string, string>>
 }
 
 export type Handler = (req: FakeRequest) => FakeResponse | Promise<FakeResponse>
@@ -51,6 +53,7 @@ export const fakeServer = (initial: Handler) =>
             (out) => {
               const body = typeof out.body === "string" ? Buffer.from(out.body, "utf8") : Buffer.from(out.body)
               res.writeHead(out.status, {
+                ...out.headers,
                 "content-type": out.contentType ?? "application/json",
                 "content-length": body.length
               })

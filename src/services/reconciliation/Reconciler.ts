@@ -98,7 +98,15 @@ export type ReconcileOutcome =
     /** false: the PDS said the repo does not exist (empty snapshot) */
     readonly repoFound: boolean
   }
-  | { readonly _tag: "failed"; readonly kind: OwnerFailureKind }
+  | {
+    readonly _tag: "failed"
+    readonly kind: OwnerFailureKind
+    /**
+     * the PDS's `Retry-After` in ms, when it answered a page with 429 or 503 and one: the retry
+     * scheduler waits at least this long before trying the owner again (absent otherwise)
+     */
+    readonly retryAfterMs?: number
+  }
   /** not begun: too many other owners are scanning */
   | { readonly _tag: "busy" }
   /** a newer scan (or a mark from elsewhere) fenced this one off; nothing more was written */
@@ -289,7 +297,11 @@ export const make = (options: ReconcilerOptions) =>
           Effect.catchTag("OwnerFailure", (e) =>
             store.markFailed(did, token, e.kind).pipe(
               Effect.tapError(() => lateMarks.defer(did, token, e.kind)),
-              Effect.as({ _tag: "failed", kind: e.kind } as const)
+              Effect.as(
+                e.retryAfterMs === undefined
+                  ? ({ _tag: "failed", kind: e.kind } as const)
+                  : ({ _tag: "failed", kind: e.kind, retryAfterMs: e.retryAfterMs } as const)
+              )
             )),
           // a defect (a bug, or input nothing checked) fails the owner like any failure (SPEC §5.3
           // step 5) instead of leaving it `scanning` (its deliveries deferred, a scan slot taken)

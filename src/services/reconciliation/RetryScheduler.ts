@@ -9,6 +9,9 @@
  * - Each tracked owner is retried on a full-jitter exponential backoff, as an Effect `Schedule`
  *   ({@link retryBackoff}): before attempt n it waits `max(100 ms, random × min(cap, base × 2^n))`
  *   (base 5 s, cap 1 h). Attempts run under a semaphore (`RETRY_SCHEDULER_CONCURRENCY`, 1–2).
+ *   An attempt whose PDS answered 429 or 503 with `Retry-After` (the outcome's `retryAfterMs`) is
+ *   followed by that wait (at most the cap) before the backoff's delay; a request that comes
+ *   meanwhile does not cut it short, only the backoff's delay after it.
  *   Success (the owner completed here or elsewhere) forgets the owner and its attempt count.
  * - Decision: an owner rediscovered later starts at attempt `failure_count − 1` (the database's
  *   consecutive failures), and an owner is released from tracking after a failed attempt at the cap,
@@ -126,6 +129,27 @@ interface Entry {
   readonly requested: boolean
   /** completed to cut the current backoff delay short (a request for an owner tracked as failed) */
   wake: Deferred.Deferred<void> | undefined
+  /** the last attempt's PDS asked for this long (`Retry-After`, ms): waited before the backoff */
+  retryAfterMs: number | undefined
+}
+
+/**
+ * The wait the owner's PDS asked for (`Retry-After`, at most `capMs`), taken once. A request that
+ * comes meanwhile does not cut it short (the PDS would be asked again at once): it completes the
+ * entry's `wake`, which then cuts the backoff's delay that follows.
+ */
+const pdsWait = (entry: Entry, capMs: number): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const ms = entry.retryAfterMs
+    entry.retryAfterMs = undefined
+    return ms === undefined ? Effect.void : Effect.sleep(Duration.millis(Math.min(ms, capMs)))
+  })
+
+/** Owners tracked for a request (`true`) or for a failure (`false`). */
+const trackedOf = (entries: ReadonlyMap<string, Entry>, requested: boolean) => {
+  let n = 0
+  for (const e of entries.values()) if (e.requested === requested) n++
+  return n
 }
 
 /**
@@ -164,6 +188,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         }
         state.attempts++
         const outcome = yield* reconciler.reconcile(did)
+        entry.retryAfterMs = outcome._tag === "failed" ? outcome.retryAfterMs : undefined
         state.infrastructureHealthy = true
         const done = outcome._tag === "complete" || outcome._tag === "superseded"
         if (done) state.recovered++
@@ -196,11 +221,12 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         )
         for (;;) {
           if (state.stopping) return
+          const wake = yield* Deferred.make<void>()
+          entry.wake = wake
+          yield* pdsWait(entry, cfg.maxMs)
           // the backoff's delay, unless a round wakes the owner first (a reconciliation request for
           // an owner tracked as failed: it must not wait for its failure's backoff, up to 1 h);
           // the Schedule's state has advanced either way
-          const wake = yield* Deferred.make<void>()
-          entry.wake = wake
           yield* Effect.raceFirst(driver.next(undefined).pipe(Effect.ignore), Deferred.await(wake))
           entry.wake = undefined
           if (state.stopping) return
@@ -225,21 +251,15 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         )
       )
 
-    /** owners tracked for a request (`true`) or for a failure (`false`) */
-    const trackedOf = (requested: boolean) => {
-      let n = 0
-      for (const e of entries.values()) if (e.requested === requested) n++
-      return n
-    }
-
     const track = (did: string, failureCount: number, requested: boolean) =>
       Effect.suspend(() => {
-        if (state.stopping || entries.has(did) || trackedOf(requested) >= trackedMax) return Effect.void
+        if (state.stopping || entries.has(did) || trackedOf(entries, requested) >= trackedMax) return Effect.void
         const entry: Entry = {
           attempt: Math.min(MAX_SEED_ATTEMPT, Math.max(0, failureCount - 1)),
           inFlight: false,
           requested,
-          wake: undefined
+          wake: undefined,
+          retryAfterMs: undefined
         }
         entries.set(did, entry)
         return FiberMap.run(owners, did, ownerLoop(did, entry)).pipe(Effect.asVoid)
@@ -272,8 +292,8 @@ export const make = (options: RetrySchedulerOptions = {}) =>
       // holding every slot for hours must not hold a reactivated owner back. An owner already
       // tracked as failed is listed too (beyond the budget) and woken: its next attempt is now,
       // not at the end of its failure's backoff
-      const freeRequests = trackedMax - trackedOf(true)
-      const trackedFailed = trackedOf(false)
+      const freeRequests = trackedMax - trackedOf(entries, true)
+      const trackedFailed = trackedOf(entries, false)
       if (freeRequests > 0 || trackedFailed > 0) {
         const requested = yield* store.reconcileRequests({
           limit: freeRequests + trackedFailed,
@@ -286,7 +306,7 @@ export const make = (options: RetrySchedulerOptions = {}) =>
           else if (tracked.wake !== undefined) yield* Deferred.succeed(tracked.wake, undefined)
         }
       }
-      const free = trackedMax - trackedOf(false)
+      const free = trackedMax - trackedOf(entries, false)
       if (free > 0) {
         const candidates = yield* store.retryCandidates({
           limit: free,

@@ -6,11 +6,12 @@
  * are thin loops around them. A failure of the owner is an {@link OwnerFailure}; a fence is the
  * outcome `superseded`.
  */
-import { Data, Effect, Either, Metric } from "effect"
+import { Clock, Data, Effect, Either, Metric } from "effect"
 import { isRkey } from "../../schemas/AtUri.js"
 import { isTid, tidFromMicros, tidToMicros } from "../../schemas/Tid.js"
 import { validateWhRecord, WH_COLLECTION, type WhRecordOptions } from "../../schemas/WhRecord.js"
 import { decodeJsonBody, isWellFormedText, LatestCommit, ListRecordsPage, XrpcError } from "../../schemas/Xrpc.js"
+import { parseRetryAfter } from "../platform/http/RetryAfter.js"
 import type { SafeHttpError, SafeResponse } from "../platform/http/SafeHttp.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { toRow } from "../registry/Registry.js"
@@ -24,7 +25,11 @@ import type { ReconcileStoreShape } from "./ReconcileStore.js"
 // ---------------------------------------------------------------------------------------------
 // Pure helpers
 
-export class OwnerFailure extends Data.TaggedError("OwnerFailure")<{ readonly kind: OwnerFailureKind }> {}
+export class OwnerFailure extends Data.TaggedError("OwnerFailure")<{
+  readonly kind: OwnerFailureKind
+  /** the PDS's `Retry-After` (ms), read from a 429 or 503 answer to a page */
+  readonly retryAfterMs?: number | undefined
+}> {}
 
 const ownerFail = (kind: OwnerFailureKind) => Effect.fail(new OwnerFailure({ kind }))
 
@@ -225,7 +230,11 @@ const applyPages = (deps: ScanDeps, pds: string, target: ScanTarget) =>
           repoFound = false
           break
         }
-        return yield* ownerFail("pds_status")
+        // a PDS that asks for time (429, 503 with Retry-After) gets it: the retry waits for it
+        const retryAfterMs = res.status === 429 || res.status === 503
+          ? parseRetryAfter(res.headers["retry-after"], yield* Clock.currentTimeMillis)
+          : undefined
+        return yield* Effect.fail(new OwnerFailure({ kind: "pds_status", retryAfterMs }))
       }
       const page: ListRecordsPage | undefined = decodeJsonBody(ListRecordsPage, res.body)
       if (page === undefined) return yield* ownerFail("page_invalid")
