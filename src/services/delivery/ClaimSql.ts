@@ -209,6 +209,10 @@ export const claimPlan = (
   return { workerId, n, scan, rooms, full, open, reclaim, defaultRoom, lease, options }
 }
 
+/** Each origin's room as a table `r(origin, room)`; an origin not in it has the default room. */
+const roomTable = (sql: SqlClient.SqlClient, p: ClaimPlan) =>
+  sql`unnest(${p.rooms.map((r) => r.origin)}::text[], ${p.rooms.map((r) => r.room)}::int[]) AS r(origin, room)`
+
 /**
  * The claim, in two statements. The first reads candidates from the oldest ≤ `SCAN_MAX` due rows
  * (the window) less those of full or open origins, and ranks them per origin against each origin's
@@ -243,22 +247,19 @@ export const windowHead = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan)
           row_number() OVER (PARTITION BY c.origin ORDER BY c.next_attempt_at, c.delivery_id) AS rn,
           COALESCE(r.room, ${p.defaultRoom}::int) AS room
         FROM cand c
-        LEFT JOIN unnest(${p.rooms.map((r) => r.origin)}::text[], ${
-    p.rooms.map((r) => r.room)
-  }::int[]) AS r(origin, room)
-          ON r.origin = c.origin
+        LEFT JOIN ${roomTable(sql, p)} ON r.origin = c.origin
       ),
       picked AS (
         SELECT delivery_id FROM ranked WHERE rn <= room ORDER BY next_attempt_at, delivery_id LIMIT ${p.n}
       ),
       stats AS (
-        SELECT (SELECT count(*) FROM cand)::int AS cand_count,
+        SELECT c.n AS cand_count,
                (SELECT count(*) FROM ranked WHERE rn > room)::int AS over_room,
                -- the window's size matters only when the candidates did not fill their limit, and the
                -- window was then read whole already
-               CASE WHEN (SELECT count(*) FROM cand) >= ${p.scan} THEN NULL
-                    ELSE (SELECT count(*) FROM win)::int END AS win_count,
+               CASE WHEN c.n >= ${p.scan} THEN NULL ELSE (SELECT count(*) FROM win)::int END AS win_count,
                0 AS walked, NULL::text AS walk_last
+        FROM (SELECT count(*)::int AS n FROM cand) c
       )`
 
 /** The origin walk's bounds: the first statement's plan, less what it took. */
@@ -287,10 +288,7 @@ export const walkHead = (sql: SqlClient.SqlClient, w: WalkPlan) =>
       ),
       picked AS (
         SELECT x.delivery_id FROM walk w
-        LEFT JOIN unnest(${w.plan.rooms.map((r) => r.origin)}::text[], ${
-    w.plan.rooms.map((r) => r.room)
-  }::int[]) AS r(origin, room)
-          ON r.origin = w.origin
+        LEFT JOIN ${roomTable(sql, w.plan)} ON r.origin = w.origin
         CROSS JOIN LATERAL (
           SELECT o.delivery_id, o.next_attempt_at FROM outbox o
           WHERE o.status = 'pending' AND o.origin = w.origin AND o.next_attempt_at <= now()
