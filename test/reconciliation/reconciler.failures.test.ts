@@ -8,8 +8,9 @@ import { describe, expect, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { RegistryStore } from "../../src/services/registry/RegistryStore.js"
 import { captureLogs } from "../support/captureLogs.js"
-import { type FakeResponse, listRecordsRequests } from "../support/fakeAtproto.js"
-import { Fakes, holdPdsPath, reconcileStack, wrapStore } from "../support/reconcile.js"
+import { type FakeResponse, fakeServer, listRecordsRequests } from "../support/fakeAtproto.js"
+import { seriesValue } from "../support/metricSeries.js"
+import { COMPLETE, Fakes, holdPdsPath, reconcileStack, wrapStore } from "../support/reconcile.js"
 import { plc, rev, whEv } from "../support/stack.js"
 import {
   hook,
@@ -190,12 +191,20 @@ describe("Reconciler: a PDS that asks for time", () => {
   layer(reconcileStack(), { timeout: "120 seconds", excludeTestServices: true })(
     "Retry-After",
     (it) => {
+      const LIST = "/xrpc/com.atproto.repo.listRecords"
+      const limited = (status: number, headers: Record<string, string>): FakeResponse => ({
+        ...json(status, { error: "RateLimitExceeded" }),
+        headers
+      })
+      /** A PDS of its own (so that no answer cools another's host) answering `did`'s listRecords so. */
       const answered = (n: number, status: number, headers: Record<string, string>) =>
-        Effect.gen(function*() {
+        Effect.scoped(Effect.gen(function*() {
           const did = plc(500 + n)
-          yield* setup(did, [], { rev: rev(100) })
-          return yield* reconcileServing(did, () => ({ ...json(status, { error: "RateLimitExceeded" }), headers }))
-        })
+          const fakes = yield* Fakes
+          const pds = yield* fakeServer((req) => (req.path === LIST ? limited(status, headers) : fakes.defaultPds(req)))
+          yield* setup(did, [], { rev: rev(100), pds: pds.url })
+          return yield* reconcile(did)
+        }))
 
       it.effect("a 429 or 503 with Retry-After fails the owner with the delay it asked for; other answers carry none", () =>
         Effect.gen(function*() {
@@ -215,6 +224,51 @@ describe("Reconciler: a PDS that asks for time", () => {
           })
           expect(yield* ownerState(plc(501))).toMatchObject({ status: "failed", lastFailureKind: "pds_status" })
         }))
+
+      it.effect("a PDS that asked for time is asked nothing for any owner until it has passed; other PDSes are", () =>
+        Effect.scoped(Effect.gen(function*() {
+          const fakes = yield* Fakes
+          const [first, second, elsewhere] = [plc(511), plc(512), plc(513)]
+          const busy = yield* fakeServer((req) =>
+            req.path === LIST && req.query.get("repo") === first
+              ? limited(429, { "retry-after": "120" })
+              : fakes.defaultPds(req)
+          )
+          yield* live([whEv(second, "known", hook(), { rev: rev(1) })])
+          yield* setup(first, [], { rev: rev(100), pds: busy.url })
+          yield* setup(second, [], { rev: rev(100), pds: busy.url })
+          yield* setup(elsewhere, [], { rev: rev(100) })
+          expect(yield* reconcile(first)).toStrictEqual({ _tag: "failed", kind: "pds_status", retryAfterMs: 120_000 })
+          const asked = busy.requests.length
+          const counted = yield* seriesValue("firehook_reconcile_failures_total", { kind: "pds_cooling" })
+          // the second owner's scan does not ask the PDS (it would answer 200): it fails with the
+          // time left, keeps its registrations, and its failure is counted by kind
+          const cooling = yield* reconcile(second)
+          expect(cooling).toMatchObject({ _tag: "failed", kind: "pds_cooling" })
+          const left = cooling._tag === "failed" ? cooling.retryAfterMs ?? 0 : 0
+          expect(left).toBeGreaterThan(60_000)
+          expect(left).toBeLessThanOrEqual(120_000)
+          expect(busy.requests.length).toBe(asked)
+          expect(yield* ownerState(second)).toMatchObject({ status: "failed", lastFailureKind: "pds_cooling" })
+          expect(yield* memoryRkeys(second)).toEqual(["known"])
+          expect(yield* seriesValue("firehook_reconcile_failures_total", { kind: "pds_cooling" })).toBe(counted + 1)
+          // an owner on another PDS is scanned as usual
+          expect(yield* reconcile(elsewhere)).toEqual(COMPLETE)
+        })))
+
+      it.effect("a 429 without Retry-After does not cool its PDS down for the other owners", () =>
+        Effect.scoped(Effect.gen(function*() {
+          const fakes = yield* Fakes
+          const [first, second] = [plc(521), plc(522)]
+          const pds = yield* fakeServer((req) =>
+            req.path === LIST && req.query.get("repo") === first ? limited(429, {}) : fakes.defaultPds(req)
+          )
+          yield* setup(first, [], { rev: rev(100), pds: pds.url })
+          yield* setup(second, [], { rev: rev(100), pds: pds.url })
+          expect(yield* reconcile(first)).toStrictEqual({ _tag: "failed", kind: "pds_status" })
+          expect(yield* reconcile(second)).toEqual(COMPLETE)
+          expect(listRecordsRequests(pds).map((r) => r.query.get("repo"))).toEqual([first, second])
+        })))
     }
   )
 })

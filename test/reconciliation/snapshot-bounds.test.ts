@@ -10,6 +10,7 @@ import { Effect, Either } from "effect"
 import { tidFromMicros } from "../../src/schemas/Tid.js"
 import { SafeHttpError, type SafeResponse } from "../../src/services/platform/http/SafeHttp.js"
 import type { IdentityShape } from "../../src/services/reconciliation/Identity.js"
+import * as PdsCooldown from "../../src/services/reconciliation/PdsCooldown.js"
 import { defaultLimits } from "../../src/services/reconciliation/Reconciler.js"
 import { scan, type ScanDeps } from "../../src/services/reconciliation/Snapshot.js"
 import { fakeReconcileStore } from "../support/fakeReconcileStore.js"
@@ -66,7 +67,8 @@ const run = (
           response(200, paths.length === 2 ? { records: [], cursor: "next" } : { records: [] })
         )
       }),
-    swap: () => Effect.void
+    swap: () => Effect.void,
+    cooldown: PdsCooldown.make()
   }
   return Effect.map(
     Effect.either(scan(deps, DID, TOKEN, START)),

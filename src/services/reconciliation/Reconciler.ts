@@ -46,6 +46,7 @@ import { USER_AGENT } from "../platform/Version.js"
 import { Registry } from "../registry/Registry.js"
 import * as FailureMarks from "./FailureMarks.js"
 import { Identity, IDENTITY_ERROR_KINDS } from "./Identity.js"
+import * as PdsCooldown from "./PdsCooldown.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import { ReconcileStore } from "./ReconcileStore.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
@@ -60,6 +61,8 @@ export const OWNER_FAILURE_KINDS = [
   "pds_timeout",
   "pds_network",
   "pds_status",
+  /** not asked: its PDS asked for time (429/503 with Retry-After to another owner's page) and it has not passed */
+  "pds_cooling",
   "page_too_large",
   "page_invalid",
   "page_records",
@@ -102,8 +105,9 @@ export type ReconcileOutcome =
     readonly _tag: "failed"
     readonly kind: OwnerFailureKind
     /**
-     * the PDS's `Retry-After` in ms, when it answered a page with 429 or 503 and one: the retry
-     * scheduler waits at least this long before trying the owner again (absent otherwise)
+     * the PDS's `Retry-After` in ms, when it answered a page with 429 or 503 and one, or what was
+     * left of it when the scan did not ask the PDS (`pds_cooling`): the retry scheduler waits at
+     * least this long before trying the owner again (absent otherwise)
      */
     readonly retryAfterMs?: number
   }
@@ -242,7 +246,15 @@ export const make = (options: ReconcilerOptions) =>
         // the query carries the DID and a cursor of up to 2,048 characters each (SPEC §5.3)
         maxUrlLength: MAX_SERVICE_URL_LENGTH
       })
-    const deps: ScanDeps = { identity, store, limits, validateOpts, get, swap: options.swap }
+    const deps: ScanDeps = {
+      identity,
+      store,
+      limits,
+      validateOpts,
+      get,
+      swap: options.swap,
+      cooldown: PdsCooldown.make()
+    }
     const lateMarks = yield* FailureMarks.make(store, {
       baseMs: limits.failureMarkRetryBaseMs,
       capMs: limits.failureMarkRetryMaxMs,

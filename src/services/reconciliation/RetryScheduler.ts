@@ -9,8 +9,9 @@
  * - Each tracked owner is retried on a full-jitter exponential backoff, as an Effect `Schedule`
  *   ({@link retryBackoff}): before attempt n it waits `max(100 ms, random × min(cap, base × 2^n))`
  *   (base 5 s, cap 1 h). Attempts run under a semaphore (`RETRY_SCHEDULER_CONCURRENCY`, 1–2).
- *   An attempt whose PDS answered 429 or 503 with `Retry-After` (the outcome's `retryAfterMs`) is
- *   followed by that wait (at most the cap) before the backoff's delay; a request that comes
+ *   An attempt whose PDS answered 429 or 503 with `Retry-After`, or that did not ask a PDS still
+ *   cooling down from another owner's (`pds_cooling`), carries the wait (the outcome's
+ *   `retryAfterMs`); it is waited (at most the cap) before the backoff's delay; a request that comes
  *   meanwhile does not cut it short, only the backoff's delay after it.
  *   Success (the owner completed here or elsewhere) forgets the owner and its attempt count.
  * - Decision: an owner rediscovered later starts at attempt `failure_count − 1` (the database's

@@ -18,6 +18,7 @@ import { toRow } from "../registry/Registry.js"
 import { isStorableRow, type WebhookRow } from "../registry/RegistryStore.js"
 import type { RefusedVersion } from "../registry/RejectedStore.js"
 import type { IdentityShape } from "./Identity.js"
+import type { PdsCooldown } from "./PdsCooldown.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import type { OwnerFailureKind, ReconcileLimits, ReconcileOutcome } from "./Reconciler.js"
 import type { ReconcileStoreShape } from "./ReconcileStore.js"
@@ -164,6 +165,8 @@ export interface ScanDeps {
   readonly get: (url: string, maxResponseBytes: number) => Effect.Effect<SafeResponse, SafeHttpError>
   /** the in-memory swap run at completion (inside the completing transaction) */
   readonly swap: (did: string) => Effect.Effect<void, StoreError>
+  /** the PDS hosts that asked for time (PdsCooldown.ts): not asked again until it has passed */
+  readonly cooldown: PdsCooldown
 }
 
 const SUPERSEDED = { _tag: "superseded" } as const
@@ -230,10 +233,13 @@ const applyPages = (deps: ScanDeps, pds: string, target: ScanTarget) =>
           repoFound = false
           break
         }
-        // a PDS that asks for time (429, 503 with Retry-After) gets it: the retry waits for it
+        // a PDS that asks for time (429, 503 with Retry-After) gets it: the retry waits for it, and
+        // no owner's scan asks the PDS anything until it has passed
+        const now = yield* Clock.currentTimeMillis
         const retryAfterMs = res.status === 429 || res.status === 503
-          ? parseRetryAfter(res.headers["retry-after"], yield* Clock.currentTimeMillis)
+          ? parseRetryAfter(res.headers["retry-after"], now)
           : undefined
+        if (retryAfterMs !== undefined) deps.cooldown.note(pds, now, retryAfterMs)
         return yield* Effect.fail(new OwnerFailure({ kind: "pds_status", retryAfterMs }))
       }
       const page: ListRecordsPage | undefined = decodeJsonBody(ListRecordsPage, res.body)
@@ -286,6 +292,11 @@ export const scan = (
 ): Effect.Effect<ReconcileOutcome, OwnerFailure | StoreError> =>
   Effect.gen(function*() {
     const pds = yield* resolvePds(deps, did)
+    // the PDS asked for time (another owner's page, within its Retry-After): it is not asked now
+    const cooling = deps.cooldown.remaining(pds, yield* Clock.currentTimeMillis)
+    if (cooling !== undefined) {
+      return yield* Effect.fail(new OwnerFailure({ kind: "pds_cooling", retryAfterMs: cooling }))
+    }
     const snapshotRev = yield* snapshotRevOf(deps, pds, did, startMicros)
     // stored at once: from now on it fences the owner's live writes (SPEC §3.4)
     if (!(yield* deps.store.saveSnapshotRev(did, token, snapshotRev))) return SUPERSEDED
