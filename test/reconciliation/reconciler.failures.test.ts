@@ -183,6 +183,45 @@ describe("Reconciler: completion in batches and timeouts", () => {
             .toEqual({ _tag: "failed", kind: "pds_timeout" })
           expect((yield* logs.lines).filter((l) => l.includes("owner reconciliation failed"))).toHaveLength(1)
         }))
+
+      it.effect("a PDS whose getLatestCommit timed out is not asked for it by the next scans: they take the scan-start TID", () =>
+        Effect.scoped(Effect.gen(function*() {
+          const fakes = yield* Fakes
+          const LATEST = "/xrpc/com.atproto.sync.getLatestCommit"
+          const never = new Promise<never>(() => undefined)
+          /** A PDS of its own whose getLatestCommit never answers (or answers 500). */
+          const pdsWith = (latest: "stall" | "500") =>
+            fakeServer((req) =>
+              req.path !== LATEST ? fakes.defaultPds(req) : latest === "stall" ? never : json(500, {})
+            )
+          const stalling = yield* pdsWith("stall")
+          const erring = yield* pdsWith("500")
+          const [first, second, third, fourth] = [plc(411), plc(412), plc(413), plc(414)]
+          yield* setup(first, [], { rev: rev(100), pds: stalling.url })
+          yield* setup(second, [], { rev: rev(100), pds: stalling.url })
+          yield* setup(third, [], { rev: rev(100), pds: erring.url })
+          yield* setup(fourth, [], { rev: rev(100), pds: erring.url })
+          const asked = (pds: typeof stalling) =>
+            pds.requests.filter((r) => r.path === LATEST).map((r) => r.query.get("did"))
+          expect(yield* reconcile(first)).toEqual(COMPLETE)
+          expect(yield* reconcile(second)).toEqual(COMPLETE)
+          // the second scan did not wait for another timeout; both took a TID of their start
+          expect(asked(stalling)).toEqual([first])
+          for (const did of [first, second]) {
+            const snapshotRev = (yield* ownerState(did))?.snapshotRev ?? ""
+            expect(snapshotRev).not.toBe(rev(100))
+            expect(snapshotRev > rev(100)).toBe(true)
+          }
+          // an answer that is not a timeout holds nothing: the next owner's scan asks again
+          expect(yield* reconcile(third)).toEqual(COMPLETE)
+          expect(yield* reconcile(fourth)).toEqual(COMPLETE)
+          expect(asked(erring)).toEqual([third, fourth])
+          // another PDS is asked as usual, and its rev taken
+          const elsewhere = plc(415)
+          yield* setup(elsewhere, [], { rev: rev(100) })
+          expect(yield* reconcile(elsewhere)).toEqual(COMPLETE)
+          expect((yield* ownerState(elsewhere))?.snapshotRev).toBe(rev(100))
+        })))
     }
   )
 })

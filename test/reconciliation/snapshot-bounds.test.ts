@@ -68,7 +68,8 @@ const run = (
         )
       }),
     swap: () => Effect.void,
-    cooldown: PdsCooldown.make()
+    cooldown: PdsCooldown.make(),
+    commitStalls: PdsCooldown.make()
   }
   return Effect.map(
     Effect.either(scan(deps, DID, TOKEN, START)),

@@ -6,6 +6,11 @@
  * owner's next try. Without it, a pass over the many owners of one rate-limited PDS would send each
  * of them a request the PDS has already said it will refuse.
  *
+ * The same bounded memory of hosts also holds those whose `getLatestCommit` timed out
+ * ({@link COMMIT_STALL_HOLD_MS}): while held, a scan of another owner on such a host does not ask
+ * for the latest commit (another timeout) and takes the scan-start TID at once, the fallback SPEC
+ * §5.3 step 2 gives a PDS that does not answer it.
+ *
  * Per process and in memory: another replica (or the CLI) meets the 429 itself once. Bounded: at
  * most {@link COOLDOWN_HOSTS_MAX} hosts; when full, expired entries go first, then the one that ends
  * soonest.
@@ -13,6 +18,8 @@
 
 /** The longest cool-down a PDS gets (the retry scheduler's cap on an owner's wait, SPEC §5.4). */
 export const COOLDOWN_MAX_MS = 3_600_000
+/** How long a host whose `getLatestCommit` timed out is not asked for it again. */
+export const COMMIT_STALL_HOLD_MS = 300_000
 /** Hosts remembered at most. */
 export const COOLDOWN_HOSTS_MAX = 1_024
 

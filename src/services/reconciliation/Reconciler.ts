@@ -6,8 +6,9 @@
  *    bump the generation, mark `scanning`; the generation is the token). The in-memory registry
  *    keeps the owner's pre-scan registrations: snapshot pages land in the database only.
  * 2. Resolve the PDS ({@link Identity}; a private or non-https endpoint fails here, before any PDS
- *    call). The snapshot's rev is `getLatestCommit`'s `rev`, or a TID of the scan's start when the PDS
- *    does not answer it; it is stored with the owner at once ({@link ReconcileStore.saveSnapshotRev})
+ *    call; a host cooling down after a `Retry-After` fails the owner here as `pds_cooling`,
+ *    PdsCooldown.ts). The snapshot's rev is `getLatestCommit`'s `rev`, or a TID of the scan's start
+ *    when the PDS does not answer it (or timed out on it within 5 minutes); it is stored with the owner at once ({@link ReconcileStore.saveSnapshotRev})
  *    and from then on a live write of the owner applies only if its rev is newer (SPEC §3.4). Pages
  *    of `listRecords` (limit 100, the cursor URL-encoded) are fetched through {@link SafeHttp} with
  *    every bound: 2xx; ≤ 512 KiB; Schema-valid; ≤ 100 records; each uri exactly
@@ -253,7 +254,8 @@ export const make = (options: ReconcilerOptions) =>
       validateOpts,
       get,
       swap: options.swap,
-      cooldown: PdsCooldown.make()
+      cooldown: PdsCooldown.make(),
+      commitStalls: PdsCooldown.make()
     }
     const lateMarks = yield* FailureMarks.make(store, {
       baseMs: limits.failureMarkRetryBaseMs,

@@ -18,7 +18,7 @@ import { toRow } from "../registry/Registry.js"
 import { isStorableRow, type WebhookRow } from "../registry/RegistryStore.js"
 import type { RefusedVersion } from "../registry/RejectedStore.js"
 import type { IdentityShape } from "./Identity.js"
-import type { PdsCooldown } from "./PdsCooldown.js"
+import { COMMIT_STALL_HOLD_MS, type PdsCooldown } from "./PdsCooldown.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import type { OwnerFailureKind, ReconcileLimits, ReconcileOutcome } from "./Reconciler.js"
 import type { ReconcileStoreShape } from "./ReconcileStore.js"
@@ -167,6 +167,8 @@ export interface ScanDeps {
   readonly swap: (did: string) => Effect.Effect<void, StoreError>
   /** the PDS hosts that asked for time (PdsCooldown.ts): not asked again until it has passed */
   readonly cooldown: PdsCooldown
+  /** the PDS hosts whose getLatestCommit timed out lately: their scans take the fallback rev at once */
+  readonly commitStalls: PdsCooldown
 }
 
 const SUPERSEDED = { _tag: "superseded" } as const
@@ -177,20 +179,31 @@ const resolvePds = (deps: ScanDeps, did: string) =>
 /**
  * getLatestCommit's rev, or a TID of the scan's start when the PDS does not answer it (or
  * answers a rev more than `maxFutureRevMs` ahead of our clock, which would fence the owner's
- * live changes until then).
+ * live changes until then). A host whose getLatestCommit timed out within
+ * `COMMIT_STALL_HOLD_MS` is not asked (the fallback at once: a stalling PDS costs each of its
+ * owners one timeout, its page's, instead of two).
  */
 const snapshotRevOf = (deps: ScanDeps, pds: string, did: string, startMicros: number) =>
-  deps.get(`${pds}/xrpc/com.atproto.sync.getLatestCommit?did=${q(did)}`, deps.limits.maxCommitBytes).pipe(
-    Effect.map((res) => {
-      if (res.status < 200 || res.status > 299) return undefined
-      const commit = decodeJsonBody(LatestCommit, res.body)
-      if (commit === undefined || !isTid(commit.rev)) return undefined
-      const micros = tidToMicros(commit.rev)
-      return micros !== undefined && micros <= startMicros + deps.limits.maxFutureRevMs * 1000 ? commit.rev : undefined
-    }),
-    Effect.catchAll(() => Effect.succeed(undefined)),
-    Effect.map((rev) => rev ?? tidFromMicros(startMicros))
-  )
+  Effect.gen(function*() {
+    const fallback = tidFromMicros(startMicros)
+    if (deps.commitStalls.remaining(pds, yield* Clock.currentTimeMillis) !== undefined) return fallback
+    const url = `${pds}/xrpc/com.atproto.sync.getLatestCommit?did=${q(did)}`
+    const answer = yield* Effect.either(deps.get(url, deps.limits.maxCommitBytes))
+    if (Either.isLeft(answer)) {
+      if (answer.left.kind === "timeout") {
+        deps.commitStalls.note(pds, yield* Clock.currentTimeMillis, COMMIT_STALL_HOLD_MS)
+      }
+      return fallback
+    }
+    const res = answer.right
+    if (res.status < 200 || res.status > 299) {
+      return fallback
+    }
+    const commit = decodeJsonBody(LatestCommit, res.body)
+    if (commit === undefined || !isTid(commit.rev)) return fallback
+    const micros = tidToMicros(commit.rev)
+    return micros !== undefined && micros <= startMicros + deps.limits.maxFutureRevMs * 1000 ? commit.rev : fallback
+  })
 
 const listUrl = (limits: ReconcileLimits, pds: string, did: string, cursor: string | undefined) =>
   `${pds}/xrpc/com.atproto.repo.listRecords?repo=${q(did)}&collection=${
