@@ -8,8 +8,9 @@
  * 2. Resolve the PDS ({@link Identity}; a private or non-https endpoint fails here, before any PDS
  *    call; a host cooling down after a `Retry-After` fails the owner here as `pds_cooling`,
  *    PdsCooldown.ts). The snapshot's rev is `getLatestCommit`'s `rev`, or a TID of the scan's start
- *    when the PDS does not answer it (or timed out on it within 5 minutes); it is stored with the owner at once ({@link ReconcileStore.saveSnapshotRev})
- *    and from then on a live write of the owner applies only if its rev is newer (SPEC §3.4). Pages
+ *    when the PDS does not answer it (or timed out on it within 5 minutes); it is stored with the
+ *    owner at once ({@link ReconcileStore.saveSnapshotRev}) and from then on a live write of the
+ *    owner applies only if its rev is newer (SPEC §3.4). Pages
  *    of `listRecords` (limit 100, the cursor URL-encoded) are fetched through {@link SafeHttp} with
  *    every bound: 2xx; ≤ 512 KiB; Schema-valid; ≤ 100 records; each uri exactly
  *    `at://<did>/place.wisp.v2.wh/<rkey>`; cid 1–256 printable characters; no rkey twice within or
