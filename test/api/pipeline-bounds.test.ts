@@ -89,6 +89,25 @@ describe("replay cache", () => {
     expect(c.check("did:a", "j", 5_500, 5_900)).toBe("replayed")
     expect(c.check("did:a", "j", 5_500, 6_000)).toBe("fresh")
   })
+
+  it("a token refused again and again (the shared store full or down) leaves nothing behind", () => {
+    const c = makeReplayCache(10)
+    // one valid 1 h token sent 10,000 times in one second: each check recorded, then forgotten
+    for (let i = 0; i < 10_000; i++) {
+      expect(c.check("did:a", "j", 3_600_000, 500)).toBe("fresh")
+      c.forget("did:a", "j")
+    }
+    expect(c.size()).toBe(0)
+    expect(c.indexed()).toBe(0)
+    // forgetting what is not there changes nothing; the index follows the entries
+    c.forget("did:a", "never")
+    expect(c.check("did:a", "k", 2_500, 600)).toBe("fresh")
+    expect(c.check("did:b", "k", 2_500, 600)).toBe("fresh")
+    c.forget("did:a", "k")
+    expect([c.size(), c.indexed()]).toEqual([1, 1])
+    expect(c.check("did:a", "x", 60_000, 3_000)).toBe("fresh")
+    expect([c.size(), c.indexed()]).toEqual([1, 1])
+  })
 })
 
 describe("client address", () => {

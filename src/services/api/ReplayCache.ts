@@ -21,6 +21,8 @@ export interface ReplayCache {
   /** Forget `(iss, jti)` (its check could not be completed: the token was not accepted). */
   readonly forget: (iss: string, jti: string) => void
   readonly size: () => number
+  /** keys in the expiry index: always {@link size} (a forgotten key leaves it at once) */
+  readonly indexed: () => number
 }
 
 export const DEFAULT_REPLAY_CAPACITY = 100_000
@@ -28,8 +30,9 @@ export const DEFAULT_REPLAY_CAPACITY = 100_000
 export const makeReplayCache = (capacity: number = DEFAULT_REPLAY_CAPACITY): ReplayCache => {
   /** key → expiry (ms) */
   const entries = new Map<string, number>()
-  /** expiry second → keys expiring in it */
-  const bySecond = new Map<number, Array<string>>()
+  /** expiry second → keys expiring in it (each key of `entries` is in exactly one, its own) */
+  const bySecond = new Map<number, Set<string>>()
+  let indexed = 0
   /** every second before this one has been dropped */
   let prunedTo = Number.NEGATIVE_INFINITY
 
@@ -37,10 +40,8 @@ export const makeReplayCache = (capacity: number = DEFAULT_REPLAY_CAPACITY): Rep
     const keys = bySecond.get(s)
     if (keys === undefined) return
     bySecond.delete(s)
-    for (const k of keys) {
-      const exp = entries.get(k)
-      if (exp !== undefined && Math.floor(exp / 1000) === s) entries.delete(k)
-    }
+    indexed -= keys.size
+    for (const k of keys) entries.delete(k)
   }
 
   /** Drop every second that ended before `now` (an entry expiring at t is gone once now ≥ its second's end). */
@@ -67,13 +68,27 @@ export const makeReplayCache = (capacity: number = DEFAULT_REPLAY_CAPACITY): Rep
       if (entries.size >= capacity) return "full"
       entries.set(key, expiresAtMs)
       const s = Math.floor(expiresAtMs / 1000)
-      const list = bySecond.get(s)
-      if (list === undefined) bySecond.set(s, [key])
-      else list.push(key)
+      const keys = bySecond.get(s)
+      if (keys === undefined) bySecond.set(s, new Set([key]))
+      else keys.add(key)
+      indexed++
       return "fresh"
     },
-    // its index entry stays until its second ends (dropSecond skips keys no longer there)
-    forget: (iss, jti) => void entries.delete(`${iss}\u0000${jti}`),
-    size: () => entries.size
+    // out of the index too: a token refused again and again (the shared store full or down) must
+    // not leave one index entry per call until its expiry, up to an hour later
+    forget: (iss, jti) => {
+      const key = `${iss}\u0000${jti}`
+      const exp = entries.get(key)
+      if (exp === undefined) return
+      entries.delete(key)
+      const s = Math.floor(exp / 1000)
+      const keys = bySecond.get(s)
+      if (keys?.delete(key) === true) {
+        indexed--
+        if (keys.size === 0) bySecond.delete(s)
+      }
+    },
+    size: () => entries.size,
+    indexed: () => indexed
   }
 }
