@@ -308,6 +308,21 @@ describe("the owner's snapshot rev fences live writes (SPEC §3.4), memory store
       yield* registry.swapOwner(ALICE)
       expect(rkeys()).toEqual([])
     }).pipe(Effect.provide(fenced("scanning"))))
+
+  it.effect("an invalid version newer than the snapshot revokes a key followed in memory only (SPEC §1)", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const rkeys = () => registry.index.byOwner(ALICE).map((w) => w.rkey).sort()
+      expect((yield* registry.applyWhEvent(whEv(ALICE, "w", whRecordValue(`at://${BOB}`), { rev: rev(10) })))._tag)
+        .toBe("stale")
+      expect(rkeys()).toEqual(["w"])
+      // past the snapshot (rev 100): stored as a refusal, and the followed registration goes with it
+      const outcome = yield* registry.applyWhEvent(
+        whEv(ALICE, "w", { $type: "place.wisp.v2.wh", url: 42 }, { rev: rev(101) })
+      )
+      expect(outcome).toMatchObject({ _tag: "invalid", revoked: true })
+      expect(rkeys()).toEqual([])
+    }).pipe(Effect.provide(fenced("scanning"))))
 })
 
 describe("Registry.transactional: a failed unit undoes its index changes, latest first", () => {
