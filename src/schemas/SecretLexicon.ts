@@ -1,24 +1,25 @@
 /**
  * wisp.place's server-managed secret methods (SPEC §8.4), as firehook serves them:
  * `place.wisp.v2.secret.create|rotate|list|delete`. The Schemas follow
- * `lexicons/place/wisp/v2/secret/*.json`. Names are `^[A-Za-z0-9._-]{1,64}$` (SPEC §1.3) and the
- * lexicons' `record-key` format (so never `.` or `..`).
+ * `lexicons/place/wisp/v2/secret/*.json`. Input names are `^[A-Za-z0-9._-]{1,64}$` (SPEC §1.3) and
+ * the lexicons' `record-key` format (so never `.` or `..`); output names the pattern alone, as the
+ * store holds them (the lexicons' outputs are plain strings).
  *
  * @since 0.1.0
  */
 import { Schema } from "effect"
-import { contract, Datetime, NoParams, SecretName } from "./XrpcContract.js"
+import { contract, Datetime, NoParams, SecretName, StoredSecretName } from "./XrpcContract.js"
 
 export const NameInput = Schema.Struct({ name: SecretName })
 
 /** The token is generated (`whsec_` + base64 of 32 bytes) and shown only in these two outputs. */
 const Token = Schema.String.pipe(Schema.minLength(1), Schema.maxLength(512))
 
-export const CreateOutput = Schema.Struct({ name: SecretName, token: Token, createdAt: Datetime })
-export const RotateOutput = Schema.Struct({ name: SecretName, token: Token, rotatedAt: Datetime })
+export const CreateOutput = Schema.Struct({ name: StoredSecretName, token: Token, createdAt: Datetime })
+export const RotateOutput = Schema.Struct({ name: StoredSecretName, token: Token, rotatedAt: Datetime })
 
 export const SecretMeta = Schema.Struct({
-  name: SecretName,
+  name: StoredSecretName,
   createdAt: Datetime,
   lastRotatedAt: Schema.optional(Datetime)
 })

@@ -102,7 +102,20 @@ export const Datetime = Schema.String.pipe(
   })
 )
 
-/** SPEC §1.3 / §8.4: a secret name, also a lexicon `record-key` (so never `.` or `..`). */
+/**
+ * A stored secret's name as the outputs give it: SPEC §1.3's pattern alone (the lexicons' outputs
+ * are plain strings). `.` and `..` match it, and the operator CLI or an embedding program may
+ * create them in the same store: list must show them (before, it failed with a 500).
+ */
+export const StoredSecretName = Schema.String.pipe(
+  Schema.pattern(/^[A-Za-z0-9._-]{1,64}$/),
+  Schema.annotations({
+    identifier: "StoredSecretName",
+    arbitrary: () => (fc) => fc.stringMatching(/^[A-Za-z0-9._-]{1,64}$/)
+  })
+)
+
+/** SPEC §1.3 / §8.4: a secret name as input, also a lexicon `record-key` (so never `.` or `..`). */
 export const SecretName = Schema.String.pipe(
   Schema.pattern(/^[A-Za-z0-9._-]{1,64}$/),
   Schema.filter((s) => s !== "." && s !== "..", { message: () => "must not be . or .." }),

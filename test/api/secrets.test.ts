@@ -86,6 +86,18 @@ describe("secret methods", () => {
           const r = yield* callAs(owner, `${S}.create`, { body })
           expect([r.status, r.body["error"]]).toEqual([400, "InvalidRequest"])
         }
+        // `.` and `..` match the SPEC's pattern, so the operator CLI (the same store) may create them:
+        // list shows them (its output is a plain string); the lexicon's record-key refuses them as input
+        const secrets = yield* Secrets
+        const other = yield* newOwner()
+        yield* secrets.create(other.did, ".")
+        yield* secrets.create(other.did, "..")
+        const listed = yield* callAs(other, `${S}.list`)
+        expect(listed.status).toBe(200)
+        expect((listed.body["secrets"] as ReadonlyArray<Record<string, unknown>>).map((m) => m["name"]).sort())
+          .toEqual([".", ".."])
+        const refused = yield* callAs(other, `${S}.delete`, { body: { name: "." } })
+        expect([refused.status, refused.body["error"]]).toEqual([400, "InvalidRequest"])
       }))
 
     it.effect("create and rotate answer the times of the named secret (as list shows them), not another's", () =>
