@@ -75,7 +75,7 @@ const rowWith = (snapshot: SubscriptionSnapshot): ClaimedRow => ({
 type Answer = number | SafeHttpErrorKind
 
 /** A worker environment whose transport answers `answers` in turn (the last one repeated). */
-const envAnswering = (answers: ReadonlyArray<Answer>, threshold = 1) =>
+const envAnswering = (answers: ReadonlyArray<Answer>, threshold = 1, timeoutMs = 4_321) =>
   Effect.gen(function*() {
     const sent: Array<SafeRequest> = []
     const breaker = makeCircuitBreaker({ threshold })
@@ -101,7 +101,7 @@ const envAnswering = (answers: ReadonlyArray<Answer>, threshold = 1) =>
       scanningDeferMs: 1_000,
       secrets,
       http,
-      timeoutMs: 4_321,
+      timeoutMs,
       transformFor: () => Destinations.webhookPreset,
       parkWake: yield* Queue.sliding<void>(1),
       traced: false,
@@ -127,6 +127,19 @@ describe("attempt: the lease just before the request (SPEC §4.1)", () => {
       for (const renewedAt of [100_000 - 40_000, 100_000 - 75_000]) {
         expect(yield* withLease(renewedAt)).toEqual(Defer({ delayMs: 0, jitterMs: 0, reason: "lease_lost" }))
       }
+      expect(sent).toHaveLength(1)
+    }))
+
+  it.effect("with a 30 s timeout (lease 60 s) a request starts only while the lease left covers it: renewed up to 25 s ago", () =>
+    Effect.gen(function*() {
+      const { sent, withLease } = yield* envAnswering([200], 1, 30_000)
+      yield* TestClock.adjust("100 seconds")
+      // renewed 25 s ago: 35 s of lease left, the whole request (30 s) and the 5 s margin fit; sent
+      expect(yield* withLease(100_000 - 25_000)).toMatchObject({ _tag: "Deliver" })
+      expect(sent).toHaveLength(1)
+      // renewed 25.001 s ago (a renewal hung on the database meanwhile): a request started now could
+      // outlast the lease while another worker takes the row over; handed back without a request
+      expect(yield* withLease(100_000 - 25_001)).toEqual(Defer({ delayMs: 0, jitterMs: 0, reason: "lease_lost" }))
       expect(sent).toHaveLength(1)
     }))
 })

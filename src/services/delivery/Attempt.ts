@@ -32,7 +32,7 @@ import {
   recordFirstAttemptLatency,
   updateOpenCircuits
 } from "./Telemetry.js"
-import { goneKey, leaseStale, type WorkerEnv } from "./WorkerState.js"
+import { goneKey, LEASE_MARGIN_MS, leaseTooShortToSend, type WorkerEnv } from "./WorkerState.js"
 
 /**
  * Response bytes read at most (SPEC §4.5); the rest is cancelled, never a failure: the status alone
@@ -364,11 +364,18 @@ const attemptBody = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, guard
 
     // 4. the lease, just before the request (nothing after this step waits): a process frozen or
     //    starved past 2/3 of its lease (SIGSTOP, a paused VM) must not send for rows another worker
-    //    may have taken over meanwhile; its heartbeat may not have run yet. Handed back without an
-    //    attempt (fenced by the token: a no-op when the row is no longer ours)
+    //    may have taken over meanwhile; its heartbeat may not have run yet. Nor may a request start
+    //    that the lease left would not cover. Handed back without an attempt (fenced by the token:
+    //    a no-op when the row is no longer ours)
     if (
       guard.renewedAt !== undefined &&
-      leaseStale(env.leaseMs, guard.renewedAt, Number(clock.unsafeCurrentTimeNanos() / 1_000_000n))
+      leaseTooShortToSend(
+        env.leaseMs,
+        env.timeoutMs,
+        LEASE_MARGIN_MS,
+        guard.renewedAt,
+        Number(clock.unsafeCurrentTimeNanos() / 1_000_000n)
+      )
     ) {
       guard.settling = true
       yield* logRecurring(env, "lease_lost", "delivery lease lost; attempt abandoned", { deliveryId: row.deliveryId })

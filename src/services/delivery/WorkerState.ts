@@ -43,6 +43,9 @@ export interface RowEntry {
   fiber: Fiber.RuntimeFiber<void, never> | undefined
 }
 
+/** The lease's margin over the request timeout (SPEC §4.1: lease = max(60 s, timeout + 5 s)). */
+export const LEASE_MARGIN_MS = 5_000
+
 /**
  * Whether a held row's lease may be gone: not renewed for 2/3 of a lease (monotonic ms). The
  * heartbeat renews every lease/3, so only a process that could not renew (database down) or did
@@ -51,6 +54,28 @@ export interface RowEntry {
  */
 export const leaseStale = (leaseMs: number, renewedAt: number, nowMonotonicMs: number): boolean =>
   nowMonotonicMs - renewedAt >= (2 * leaseMs) / 3
+
+/**
+ * Whether a request may no longer start on a held row: its lease is {@link leaseStale}, or what is
+ * left of it (from the last renewal's start) no longer covers a whole request plus `marginMs`. A
+ * request started later could still run when the lease ends, and the heartbeat that would abort it
+ * may come late (a renewal hung on the database for its statement timeout), while another worker
+ * claims the row and sends it too. With the default 10 s timeout (lease 60 s) the first rule is the
+ * stricter; with a 30 s timeout a request starts at most 25 s after the renewal. A lease set
+ * shorter than that (`DeliveryOptions.leaseMs`, an embedding's or a test's) leaves less than a
+ * heartbeat period (a third of it) to start in, so only the first rule holds for it.
+ */
+export const leaseTooShortToSend = (
+  leaseMs: number,
+  timeoutMs: number,
+  marginMs: number,
+  renewedAt: number,
+  nowMonotonicMs: number
+): boolean => {
+  const covered = leaseMs - timeoutMs - marginMs
+  return leaseStale(leaseMs, renewedAt, nowMonotonicMs) ||
+    (covered >= leaseMs / 3 && nowMonotonicMs - renewedAt > covered)
+}
 
 /** Mutable worker state. */
 export interface WorkerState {
