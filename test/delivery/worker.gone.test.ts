@@ -8,6 +8,7 @@ import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import * as WebhookState from "../../src/services/operator/WebhookState.js"
+import { WORKER_ALIVE } from "../../src/services/platform/LockKeys.js"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 import {
   countWhere,
@@ -136,6 +137,39 @@ describe("delivery worker: a gone webhook's new matches are parked, not dropped"
         expect(yield* countWhere("outbox", `owner_did = '${OWNER}' AND last_error_kind = 'webhook_disabled'`)).toBe(
           60 - rx.received.length
         )
+      }).pipe(Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))),
+    120_000
+  )
+
+  it.scopedLive(
+    "a 410 marks the webhook gone even when its row's settle does not apply (the lease was taken over meanwhile)",
+    () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        // answered 3 s late: meanwhile the row's lease passes to another worker
+        const rx = yield* receiver({ secretFor: () => SECRET, reply: () => ({ status: 410, delayMs: 3_000 }) })
+        yield* run([
+          whEv(OWNER, "moved", whRecordValue(`at://${BOB}`, { url: `${rx.url}/moved`, secret: SECRET }), {
+            rev: rev(1)
+          })
+        ])
+        yield* run([ev(BOB, POST, "taken", { rev: rev(10) })])
+        yield* startWorker({ options: { pollIntervalMs: 100 } })
+        // the other worker is alive (its liveness mark held), so nothing frees its lease
+        const markConn = yield* sql.reserve.pipe(Effect.orDie)
+        yield* markConn.executeValues("SELECT pg_advisory_lock($1, hashtext($2))", [WORKER_ALIVE, "another-worker"])
+          .pipe(Effect.orDie)
+        const id = (yield* eventually("the request", Effect.sync(() => [...rx.hits.keys()]), (ids) =>
+          ids.length === 1))[0]
+        yield* sql`UPDATE outbox SET lease_token = 'another-worker:1' WHERE delivery_id = ${id ?? ""}`.pipe(
+          Effect.orDie
+        )
+        // the dead letter is fenced off (the row is the other worker's); the receiver's 410 still
+        // marks the registration gone, as SPEC §4.3 asks of every 410
+        yield* eventually("marked gone", goneOf("moved"), (g) => g?.gone === true, 20_000)
+        expect(yield* countWhere("outbox", `delivery_id = '${id}' AND lease_token = 'another-worker:1'`)).toBe(1)
+        expect(yield* countWhere("delivery_attempts", `delivery_id = '${id}'`)).toBe(0)
+        expect(rx.received).toHaveLength(1)
       }).pipe(Effect.provide(sqlStack({ env: { WEBHOOK_ALLOW_INSECURE_DEV: "1" } }))),
     120_000
   )

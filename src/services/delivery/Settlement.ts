@@ -89,12 +89,11 @@ export const settle = (env: WorkerEnv, row: ClaimedRow, s: Settled): Effect.Effe
     case "Crashed":
       return crashedRow(env, row, s.crashes)
     case "Fail":
+      // a 410 is the receiver's answer whatever became of the row: the registration is marked gone
+      // even when the dead letter did not apply (the lease taken over meanwhile, or a settle retried
+      // after a lost answer to a commit); the mark is idempotent, and only for this fingerprint
       return s.kind === "gone"
-        ? whileMarkingGone(
-          env,
-          row,
-          Effect.flatMap(failed(env, row, s), (dead) => dead ? markGone(env, row) : Effect.void)
-        )
+        ? whileMarkingGone(env, row, Effect.zipRight(failed(env, row, s), markGone(env, row)))
         : Effect.asVoid(failed(env, row, s))
   }
 }
