@@ -21,7 +21,7 @@ import * as Registry from "../../src/services/registry/Registry.js"
 import * as RegistryStore from "../../src/services/registry/RegistryStore.js"
 import * as Db from "../support/db.js"
 import { ev, plc, rev, testConfig, whEv, whRecordValue } from "../support/stack.js"
-import { countWhere, eventually, receiver, type Reply, run, startWorkerOn } from "./worker-support.js"
+import { countWhere, eventually, loopbackServer, receiver, type Reply, run, startWorkerOn } from "./worker-support.js"
 
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
@@ -229,6 +229,46 @@ describe("rows of a dead worker", () => {
           )
           expect(again.length).toBe(1)
           expect(yield* leasedBy("worker-a")).toBe(1)
+        })),
+    60_000
+  )
+
+  it.scopedLive(
+    "a live worker whose mark was gone for a moment gives up within seconds a row another worker took meanwhile",
+    () =>
+      onFreshDatabase(config, (url) =>
+        Effect.gen(function*() {
+          // a receiver that never answers and counts the requests whose connection its client closed
+          let requests = 0
+          let aborted = 0
+          const { url: rxUrl } = yield* loopbackServer((req) => {
+            requests++
+            req.socket.on("close", () => aborted++)
+          })
+          yield* run([
+            whEv(plc(1), "w", whRecordValue(`at://${BOB}`, { url: `${rxUrl}/in`, secret: "s3cr3t-for-reclaim" }), {
+              rev: rev(1)
+            })
+          ])
+          yield* run([ev(BOB, POST, "p1", { rev: rev(10) })])
+          const scope = yield* Effect.scope
+          yield* startWorkerOn(url, config, { options: { workerId: "worker-a", pollIntervalMs: 100 } }, scope)
+          yield* eventually("A's hanging request", Effect.sync(() => requests), (n) => n === 1)
+          const sql = yield* SqlClient.SqlClient
+          // worker B is alive (the test holds its mark), and during A's gap it took the row over
+          const markB = yield* sql.reserve.pipe(Effect.orDie)
+          yield* markB.executeValues("SELECT pg_advisory_lock($1, hashtext($2))", [WORKER_ALIVE, "worker-b"])
+            .pipe(Effect.orDie)
+          const [pid] = yield* markHolders("worker-a")
+          yield* sql`SELECT pg_terminate_backend(${pid ?? 0})`.pipe(Effect.orDie)
+          yield* sql`UPDATE outbox SET lease_token = 'worker-b:1', leased_until = now() + interval '60 seconds'
+            WHERE status = 'leased' AND lease_token LIKE 'worker-a:%'`.pipe(Effect.orDie)
+          // A's next claim fails on the dead connection, its mark is taken again, and its leases are
+          // renewed at once: the row is B's, so A's request is interrupted (its connection closed)
+          // within seconds, not at A's next heartbeat (a third of the 60 s lease after the claim)
+          yield* eventually("A's request given up", Effect.sync(() => aborted), (n) => n >= 1, 14_000)
+          expect(requests).toBe(1)
+          expect(yield* leasedBy("worker-b")).toBe(1)
         })),
     60_000
   )

@@ -27,7 +27,7 @@ import { type HealthSection, statsSection } from "../platform/Health.js"
 import { claimOptions, dispatch, pumpNow, RELEASE_TIMEOUT, releaseWaiting } from "./Admission.js"
 import * as CountsCache from "./CountsCache.js"
 import { RECLAIM_INTERVAL_MS, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
-import { heartbeatLoop, monotonicMs } from "./Leases.js"
+import { heartbeatLoop, monotonicMs, renewAll } from "./Leases.js"
 import { parkLoop } from "./Parking.js"
 import { logRecurring, logStoreError } from "./Telemetry.js"
 import type { WorkerEnv } from "./WorkerState.js"
@@ -107,6 +107,7 @@ export const claimLoop = (env: WorkerEnv) =>
           failures++
           lastFull = false
           moreDue = false
+          state.markInDoubt = true
           yield* logStoreError(env, result.left)
           yield* Effect.sleep(exponential(100, 5_000, failures))
           continue
@@ -133,17 +134,32 @@ export const claimLoop = (env: WorkerEnv) =>
  * At start and every {@link RECLAIM_INTERVAL_MS}: hold this worker's liveness mark (re-taken on a
  * new claim connection after the old one was lost) and free the rows of workers whose mark is gone,
  * so that rows of a dead process are claimed within seconds instead of after their lease.
+ *
+ * After a statement on the claim connection failed (a claim, or this confirmation), the mark may
+ * have been gone for a moment and other workers may have freed and taken this worker's rows: once
+ * the mark is confirmed again, every held lease is renewed at once instead of at the next
+ * heartbeat (up to a third of a lease later). A row another worker took is then given up (its
+ * request interrupted) within seconds; one only freed, not yet taken, is this worker's again.
  */
 export const reclaimLoop = (env: WorkerEnv) =>
   Effect.forever(
     Effect.zipRight(
       env.store.reclaimAbandoned(env.workerId).pipe(
         Effect.flatMap(({ held }) =>
-          held
-            ? Effect.void
-            : logRecurring(env, "mark_not_held", "delivery liveness mark held elsewhere; leases only", {})
+          Effect.zipRight(
+            held
+              ? Effect.void
+              : logRecurring(env, "mark_not_held", "delivery liveness mark held elsewhere; leases only", {}),
+            Effect.suspend(() => {
+              if (!env.state.markInDoubt) return Effect.void
+              env.state.markInDoubt = false
+              return renewAll(env)
+            })
+          )
         ),
-        Effect.catchAll((e) => logStoreError(env, e))
+        Effect.catchAll((e) =>
+          Effect.zipRight(Effect.sync(() => (env.state.markInDoubt = true)), logStoreError(env, e))
+        )
       ),
       Effect.sleep(Duration.millis(RECLAIM_INTERVAL_MS))
     )

@@ -89,6 +89,12 @@ export interface WorkerState {
   suspectsHeld: number
   /** a suspect holds the worker's one suspect slot (from its start until its outcome is known) */
   suspectActive: boolean
+  /**
+   * a statement on the claim connection failed since the last mark confirmation: the connection
+   * (and the liveness mark it held) may have been lost for a moment, and other workers may have
+   * taken this worker's rows over meanwhile
+   */
+  markInDoubt: boolean
   notified: boolean
   freed: boolean
   listening: boolean
@@ -128,6 +134,7 @@ export const makeState = (): WorkerState => ({
   inFlight: 0,
   suspectsHeld: 0,
   suspectActive: false,
+  markInDoubt: false,
   notified: false,
   freed: false,
   listening: false,
