@@ -254,8 +254,9 @@ describe("admission: slots, origin caps and the suspects' room", () => {
         runInRows: () => Effect.runFork(Effect.void)
       }
       const env = base as unknown as WorkerEnv
-      const row = (token: string, origin: string, reclaimed = false) => {
-        const r = { deliveryId: token, leaseToken: token, origin, reclaimed } as unknown as ClaimedRow
+      /** a fresh row, or a reclaimed one (a suspect: counted before unless `crashCount` says 0) */
+      const row = (token: string, origin: string, reclaimed = false, crashCount = reclaimed ? 1 : 0) => {
+        const r = { deliveryId: token, leaseToken: token, origin, reclaimed, crashCount } as unknown as ClaimedRow
         Admission.dispatch(env, r, 0, 0)
         return r
       }
@@ -285,6 +286,19 @@ describe("admission: slots, origin caps and the suspects' room", () => {
       row("c1", "https://c.example")
       expect(pump()).toEqual(["a1", "b1"])
       expect(env.state.inFlight).toBe(2)
+    }))
+
+  it.effect("a first reclaim's suspects (not counted yet) start at full concurrency and take none of the suspects' room", () =>
+    Effect.gen(function*() {
+      const { env, pump, row } = yield* admissionEnv({ concurrency: 10, perOrigin: 4, perOriginHold: 8 })
+      row("s1", "https://a.example", true, 0)
+      row("s2", "https://b.example", true, 0)
+      row("s3", "https://c.example", true, -1)
+      row("c1", "https://d.example", true, 1)
+      row("c2", "https://e.example", true, 2)
+      expect(pump()).toEqual(["s1", "s2", "s3", "c1"])
+      expect(env.state.suspectsHeld).toBe(2)
+      expect(Admission.claimOptions(env).reclaimRoom).toBe(SUSPECTS_HELD - 2)
     }))
 
   it.effect("suspects start one at a time; fresh rows are not held up by a waiting suspect", () =>

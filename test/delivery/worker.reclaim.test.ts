@@ -162,7 +162,8 @@ describe("rows of a dead worker", () => {
           const hits = (id: string) => Effect.sync(() => rx.hits.get(id) ?? 0)
 
           // three workers die while the poison row's request is in flight: first fresh (with the
-          // innocent row's first request in flight too), then twice as their only suspect in flight
+          // innocent row's first request in flight too), then at its first reclaim (run at full
+          // concurrency), then as the worker's only counted suspect in flight
           for (let death = 1; death <= CRASH_LIMIT + 1; death++) {
             const scope = yield* Scope.make()
             yield* startWorkerOn(

@@ -1,8 +1,10 @@
 /**
  * The poison-row guard (Suspects.ts) on real PostgreSQL: a row claimed from an expired lease is a
  * suspect; the claim says so and keeps its crash count (a row claimed from `pending` starts at 0);
- * `markSuspect` counts under the lease token only; the worker attempts suspects one at a time while
- * fresh rows keep their concurrency, counts each first, and dead-letters one over the limit
+ * `markSuspect` counts under the lease token only; the worker attempts a first reclaim's suspects at
+ * full concurrency and those counted before one at a time while fresh rows keep their concurrency
+ * (the claim takes at most `reclaimRoom` of the latter), counts each first, and dead-letters one over
+ * the limit
  * (`crashed`) without a request; a replay sends it again. The whole cycle with workers that die
  * mid-request: worker.reclaim.test.ts.
  */
@@ -107,7 +109,64 @@ describe("crash suspects", () => {
   )
 
   it.scopedLive(
-    "suspects are attempted one at a time (counted once each, then delivered) while fresh rows run concurrently",
+    "the reclaim room limits only rows counted before as suspects; a first reclaim is taken whole",
+    () =>
+      Effect.gen(function*() {
+        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: "https://a.example/hook" }), { rev: rev(1) })])
+        yield* run(Array.from({ length: 4 }, (_, i) => ev(BOB, POST, `p${i}`, { rev: rev(10 + i) })))
+        const ids = yield* leftByDeadWorker(4)
+        const [c1, c2, f1, f2] = ids
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`UPDATE outbox SET crash_count = 1 WHERE delivery_id IN (${c1 ?? ""}, ${c2 ?? ""})`
+        const taken = (yield* (yield* DeliveryStore).claim("w2", 10, 60_000, { reclaimRoom: 1 })).rows
+        expect(taken.every((r) => r.reclaimed)).toBe(true)
+        expect(taken.filter((r) => r.crashCount === 1).length).toBe(1)
+        expect(taken.filter((r) => r.crashCount === 0).map((r) => r.deliveryId).sort()).toEqual([f1, f2].sort())
+      }).pipe(onStack),
+    60_000
+  )
+
+  it.scopedLive(
+    "a first reclaim's suspects run at full concurrency, each counted once before its request, then delivered",
+    () =>
+      Effect.gen(function*() {
+        const DELAY_MS = 300
+        const suspects = new Set<string>()
+        let now = 0
+        let max = 0
+        const rx = yield* receiver({
+          reply: (_, req) => {
+            if (suspects.has(String(req.headers["idempotency-key"]))) {
+              now++
+              max = Math.max(max, now)
+              // registered before the receiver's own answer timer of the same delay: runs first
+              setTimeout(() => now--, DELAY_MS)
+            }
+            return { status: 200, delayMs: DELAY_MS }
+          }
+        })
+        yield* run([whEv(OWNER, "w", whRecordValue(`at://${BOB}`, { url: `${rx.url}/in` }), { rev: rev(1) })])
+        const n = SUSPECTS_HELD + 2
+        yield* run(Array.from({ length: n }, (_, i) => ev(BOB, POST, `s${i}`, { rev: rev(10 + i) })))
+        for (const id of yield* leftByDeadWorker(n)) suspects.add(id)
+
+        yield* startWorker({ options: { pollIntervalMs: 50 } })
+        const rows = yield* eventually(
+          "all delivered",
+          guardRows,
+          (rs) => rs.length === n && rs.every((r) => r.status === "delivered"),
+          30_000
+        )
+        // several at once (up to the origin's cap of 4), not one at a time
+        expect(max).toBeGreaterThan(1)
+        expect(rx.received.length).toBe(n)
+        expect(rows.map((r) => [r.crash_count, r.attempt_count])).toEqual(Array.from({ length: n }, () => [1, 1]))
+      }).pipe(onStack),
+    60_000
+  )
+
+  it.scopedLive(
+    "suspects counted before are attempted one at a time (counted once more each, then delivered) while fresh rows run concurrently",
     () =>
       Effect.gen(function*() {
         const DELAY_MS = 150
@@ -129,6 +188,9 @@ describe("crash suspects", () => {
         yield* run(Array.from({ length: n }, (_, i) => ev(BOB, POST, `s${i}`, { rev: rev(10 + i) })))
         for (const id of yield* leftByDeadWorker(n)) suspects.add(id)
         expect(suspects.size).toBe(n)
+        // each was in flight in a death after its first reclaim already
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`UPDATE outbox SET crash_count = 1 WHERE status = 'leased'`
         yield* run(Array.from({ length: n }, (_, i) => ev(BOB, POST, `t${i}`, { rev: rev(100 + i) })))
 
         yield* startWorker({ options: { pollIntervalMs: 50 } })
@@ -140,10 +202,10 @@ describe("crash suspects", () => {
         )
         expect(max.suspects).toBe(1)
         expect(max.fresh).toBeGreaterThan(1)
-        // each attempted once; the suspects counted once each (then cleared by their outcome)
+        // each attempted once; the suspects counted once more each (then cleared by their outcome)
         expect(rx.received.length).toBe(2 * n)
         expect(rows.filter((r) => suspects.has(r.delivery_id)).map((r) => r.crash_count)).toEqual(
-          Array.from({ length: n }, () => 1)
+          Array.from({ length: n }, () => 2)
         )
         expect(rows.filter((r) => !suspects.has(r.delivery_id)).every((r) => r.crash_count === 0)).toBe(true)
         expect(rows.every((r) => r.attempt_count === 1)).toBe(true)

@@ -4,8 +4,9 @@
  * `perOriginConcurrency` rows in flight. The admission is synchronous bookkeeping: a waiting row has
  * no fiber and takes no semaphore; a started row gets a fiber, and frees its slot before it is
  * settled, so a slow database never holds a request slot. Origin slots live in a map that holds only
- * origins with claimed rows, so it is bounded by the number of held rows. Suspects (rows reclaimed
- * from an expired lease: Suspects.ts) also wait for the worker's one suspect slot.
+ * origins with claimed rows, so it is bounded by the number of held rows. Counted suspects (rows
+ * reclaimed from an expired lease a second time or more: Suspects.ts) also wait for the worker's one
+ * suspect slot.
  *
  * @since 0.1.0
  */
@@ -13,7 +14,7 @@ import { Duration, Effect, Option } from "effect"
 import { attemptSafe } from "./Attempt.js"
 import type { ClaimedRow } from "./DeliveryStore.js"
 import { settle } from "./Settlement.js"
-import { attemptSuspect, SUSPECTS_HELD } from "./Suspects.js"
+import { attemptSuspect, isSerialSuspect, SUSPECTS_HELD } from "./Suspects.js"
 import { countNotAttempted, logRecurring, setInFlight } from "./Telemetry.js"
 import type { RowEntry, WorkerEnv } from "./WorkerState.js"
 
@@ -34,7 +35,7 @@ export const dispatch = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, c
   }
   slot.held++
   state.held++
-  if (row.reclaimed) state.suspectsHeld++
+  if (isSerialSuspect(row)) state.suspectsHeld++
   const entry: RowEntry = {
     row,
     claimedAtMs,
@@ -85,8 +86,9 @@ export const forgetNow = (env: WorkerEnv, entry: RowEntry): void => {
   state.held--
   slot.held--
   if (slot.held <= 0) state.origins.delete(entry.row.origin)
-  // a suspect gone: the next claim may take another (the claim left them for later, see reclaimRoom)
-  if (entry.row.reclaimed) {
+  // a counted suspect gone: the next claim may take another (the claim left them for later, see
+  // reclaimRoom)
+  if (isSerialSuspect(entry.row)) {
     state.suspectsHeld--
     state.notified = true
   }
@@ -98,6 +100,7 @@ export const forget = (env: WorkerEnv, entry: RowEntry) => Effect.sync(() => for
 /** A started row: the attempt holds a request slot; the settlement runs after it is freed. */
 const runRow = (env: WorkerEnv, entry: RowEntry): Effect.Effect<void> => {
   const row = entry.row
+  const serial = isSerialSuspect(row)
   let holding = true
   /** Gives the request slot (and a suspect's slot) back (once) and starts the next waiting rows. */
   const freeSlot = (): void => {
@@ -105,7 +108,7 @@ const runRow = (env: WorkerEnv, entry: RowEntry): Effect.Effect<void> => {
     holding = false
     env.state.inFlight--
     entry.slot.active--
-    if (row.reclaimed) env.state.suspectActive = false
+    if (serial) env.state.suspectActive = false
     setInFlight(env)
     pumpNow(env)
   }
@@ -133,7 +136,7 @@ const runRow = (env: WorkerEnv, entry: RowEntry): Effect.Effect<void> => {
 
 /**
  * Starts waiting rows while request slots are free: the first waiting row (claim order) whose
- * origin is under its cap, and which is not a suspect while another suspect runs. Admission is
+ * origin is under its cap, and which is not a counted suspect while another one runs. Admission is
  * synchronous bookkeeping (no semaphore, and no fiber for a row until it starts), so a held row
  * costs nothing while it waits.
  */
@@ -147,14 +150,15 @@ export const pumpNow = (env: WorkerEnv): void => {
   while (state.inFlight < concurrency && i < waiting.length) {
     const entry = waiting[i]
     if (entry === undefined) break
-    if (entry.slot.active >= env.perOrigin || (entry.row.reclaimed && state.suspectActive)) {
+    const serial = isSerialSuspect(entry.row)
+    if (entry.slot.active >= env.perOrigin || (serial && state.suspectActive)) {
       i++
       continue
     }
     waiting.splice(i, 1)
     entry.started = true
     entry.slot.active++
-    if (entry.row.reclaimed) state.suspectActive = true
+    if (serial) state.suspectActive = true
     state.inFlight++
     started = true
     // scheduled like a fork (not run inside this loop, which it could re-enter)

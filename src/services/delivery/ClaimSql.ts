@@ -183,7 +183,7 @@ export interface ClaimPlan {
   readonly full: ReadonlyArray<string>
   /** origins whose circuit is open: none of their rows (stored origin) is read */
   readonly open: ReadonlyArray<string>
-  /** expired-lease candidates read at most (≤ scan) */
+  /** expired-lease candidates counted before (`crash_count ≥ 1`) read at most (≤ scan) */
   readonly reclaim: number
   readonly defaultRoom: number
   readonly lease: number
@@ -235,12 +235,19 @@ export const windowHead = (sql: SqlClient.SqlClient, f: Fragments, p: ClaimPlan)
          WHERE p.origin <> ALL(${p.full}::text[]) AND (p.stored IS NULL OR p.stored <> ALL(${p.open}::text[]))
          LIMIT ${p.scan})
         UNION ALL
-        (SELECT l.delivery_id, l.next_attempt_at, l.origin FROM (
-           SELECT delivery_id, next_attempt_at, ${f.origin} AS origin, origin AS stored FROM outbox
-           WHERE status = 'leased' AND leased_until < now()
-           ORDER BY leased_until LIMIT ${SCAN_MAX}
-         ) l WHERE l.origin <> ALL(${p.full}::text[]) AND (l.stored IS NULL OR l.stored <> ALL(${p.open}::text[]))
-         LIMIT ${p.reclaim})
+        -- expired leases: a first reclaim (crash_count <= 0) as many as fit, rows counted before
+        -- (suspects attempted one at a time: Suspects.ts) at most the reclaim room
+        (SELECT x.delivery_id, x.next_attempt_at, x.origin FROM (
+           SELECT l.delivery_id, l.next_attempt_at, l.origin, l.leased_until, l.counted,
+             row_number() OVER (PARTITION BY l.counted ORDER BY l.leased_until) AS rn
+           FROM (
+             SELECT delivery_id, next_attempt_at, ${f.origin} AS origin, origin AS stored, leased_until,
+               crash_count > 0 AS counted FROM outbox
+             WHERE status = 'leased' AND leased_until < now()
+             ORDER BY leased_until LIMIT ${SCAN_MAX}
+           ) l WHERE l.origin <> ALL(${p.full}::text[]) AND (l.stored IS NULL OR l.stored <> ALL(${p.open}::text[]))
+         ) x WHERE NOT x.counted OR x.rn <= ${p.reclaim}
+         ORDER BY x.leased_until LIMIT ${p.scan})
       ),
       ranked AS (
         SELECT c.delivery_id, c.next_attempt_at, c.origin,

@@ -38,8 +38,9 @@
  * 5. classification (§4.3) and the settle. Terminal outcomes write an audit row in the same
  *    statement and are published.
  *
- * Crash suspects (Suspects.ts): a row reclaimed from an expired lease is attempted alone, counted
- * first; one that was in flight in three deaths of its worker is dead-lettered (`crashed`), not sent.
+ * Crash suspects (Suspects.ts): a row reclaimed from an expired lease is counted before its request;
+ * at its first reclaim it runs at full concurrency, counted before it runs alone; one that was in
+ * flight in three deaths of its worker is dead-lettered (`crashed`), not sent.
  *
  * Shutdown (§6.3): the Lifecycle stop at stage `delivery` stops claiming, hands rows that have not
  * started back at once, and waits up to the grace period for running attempts; then (or when the

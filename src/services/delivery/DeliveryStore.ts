@@ -21,7 +21,8 @@
  *
  * Suspects (Suspects.ts). The claim tells, per row, whether it was taken from an expired lease
  * (`reclaimed`) and its `crash_count`, which it resets to 0 for a row taken from `pending`;
- * `reclaimRoom` bounds how many expired-lease rows one claim takes. `markSuspect` counts a
+ * `reclaimRoom` bounds how many expired-lease rows counted before (`crash_count ≥ 1`) one claim
+ * takes. `markSuspect` counts a
  * suspect's attempt before its request is made. Fresh rows cost no statement more.
  *
  * Per-origin fairness. The claim is told how many more rows of each URL origin the worker may hold
@@ -138,8 +139,10 @@ export interface ClaimOptions {
    */
   readonly openOrigins?: ReadonlyArray<string>
   /**
-   * how many rows with an expired lease (reclaimed: `ClaimedRow.reclaimed`) may be taken at most
-   * (default: no limit other than the claim's); pending rows are not limited by it
+   * how many rows with an expired lease (reclaimed: `ClaimedRow.reclaimed`) whose `crash_count` is
+   * 1 or more (counted suspects, attempted one at a time: Suspects.ts) may be taken at most
+   * (default: no limit other than the claim's); pending rows and a first reclaim (`crash_count ≤ 0`)
+   * are not limited by it
    */
   readonly reclaimRoom?: number
   /** how many rows of an origin not listed above may be taken (default: no limit) */

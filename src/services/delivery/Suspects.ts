@@ -6,18 +6,26 @@
  *
  * - A claimed row whose lease had expired (`ClaimedRow.reclaimed`: its previous holder died, or
  *   stalled past its lease, while holding it) is a suspect.
- * - Suspects start one at a time per worker: Admission gives them one slot of their own, taken when
- *   the suspect starts and given back when its outcome is known (before its settle commits); fresh
- *   rows keep every request slot. A worker holds at most {@link SUSPECTS_HELD} suspects (the claim's
- *   `reclaimRoom`), so waiting suspects never fill the rows it holds; the other workers take the rest.
  * - Before a suspect's request, one guarded statement counts it (`markSuspect`: `crash_count + 1`,
- *   committed first). A count over {@link CRASH_LIMIT} means the row was in flight in three deaths of
- *   its worker (once fresh, twice as the only suspect in flight): it is not sent again but
- *   dead-lettered, kind `crashed`, no attempt spent ({@link Crashed}); a replay sends it again.
- * - Blame is precise because suspects are serial: a death while a suspect is in flight is counted
- *   against that suspect only; an innocent row in flight during the first death is a suspect whose
- *   count is 0, attempted alone, and its outcome clears it (the next claim from `pending` resets the
- *   count, and a terminal row never comes back but by a replay, which resets it too).
+ *   committed first), so a death during the request finds it counted.
+ * - A suspect not counted yet (`crashCount ≤ 0` when claimed: the first reclaim after a death) runs
+ *   like a fresh row, at the worker's full concurrency: a dead process's rows are delivered within
+ *   seconds however slow their receivers (SPEC §4.1), and a death among them counts every one then
+ *   in flight.
+ * - A suspect counted before ({@link isSerialSuspect}: it was in flight in a death after its first
+ *   reclaim) starts one at a time per worker: Admission gives these one slot of their own, taken
+ *   when the suspect starts and given back when its outcome is known (before its settle commits);
+ *   fresh rows keep every request slot. A worker holds at most {@link SUSPECTS_HELD} of them (the
+ *   claim's `reclaimRoom`), so waiting suspects never fill the rows it holds; the other workers
+ *   take the rest.
+ * - A count over {@link CRASH_LIMIT} means the row was in flight in three deaths of its worker (once
+ *   fresh, once at its first reclaim, once as the only counted suspect in flight): it is not sent
+ *   again but dead-lettered, kind `crashed`, no attempt spent ({@link Crashed}); a replay sends it
+ *   again.
+ * - Blame is serial only from the second reclaim: a death while a counted suspect is in flight is
+ *   counted against that suspect alone; an innocent row in flight during an earlier death runs alone
+ *   then, and its outcome clears it (the next claim from `pending` resets the count, and a terminal
+ *   row never comes back but by a replay, which resets it too).
  * - No statement for fresh rows: a normal delivery costs nothing more than its claim.
  *
  * @since 0.1.0
@@ -30,8 +38,16 @@ import type { RowEntry, WorkerEnv } from "./WorkerState.js"
 
 /** A suspect whose count (attempts as a suspect, this one included) exceeds this is not sent again. */
 export const CRASH_LIMIT = 2
-/** Suspects one worker holds at most (waiting or in flight; one in flight at a time). */
+/** Counted suspects one worker holds at most (waiting or in flight; one in flight at a time). */
 export const SUSPECTS_HELD = 4
+
+/**
+ * A suspect counted before (in flight in a death after its first reclaim): attempted one at a time
+ * per worker. A first reclaim (`crashCount ≤ 0`; below 0 after an orderly stop cut it short) runs at
+ * full concurrency.
+ */
+export const isSerialSuspect = (row: { readonly reclaimed: boolean; readonly crashCount: number }): boolean =>
+  row.reclaimed && row.crashCount > 0
 
 /** What a suspect's new count decides: `Crashed` over the limit, otherwise undefined (attempt it). */
 export const judgeSuspect = (crashes: number): Settled | undefined =>

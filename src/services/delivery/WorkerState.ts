@@ -85,9 +85,9 @@ export interface WorkerState {
   claiming: boolean
   held: number
   inFlight: number
-  /** held rows that are suspects (reclaimed from an expired lease: Suspects.ts) */
+  /** held rows that are counted suspects (Suspects.isSerialSuspect) */
   suspectsHeld: number
-  /** a suspect holds the worker's one suspect slot (from its start until its outcome is known) */
+  /** a counted suspect holds the worker's one suspect slot (from its start until its outcome is known) */
   suspectActive: boolean
   /**
    * a statement on the claim connection failed since the last mark confirmation: the connection
