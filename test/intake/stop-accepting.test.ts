@@ -4,12 +4,15 @@
  * moment: a registration committed while the queue drained (a backlink scope, a first direct DID)
  * made the Jetstream plan start the backlink or direct stream, which connected and read the
  * network during the shutdown (the backlink stream, the whole network, kept the drain waiting for
- * an empty queue until its bound).
+ * an empty queue until its bound). And a session whose batch fails after the stop (a database blip
+ * during the shutdown) leaves no queued events behind: its queue is gone with it, so the drain does
+ * not wait for them until the shutdown deadline.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, HashMap, Layer, Logger, Option, Ref } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"
 import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 import { Registry } from "../../src/services/registry/Registry.js"
 import { eventually } from "../support/eventually.js"
 import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
@@ -87,6 +90,50 @@ describe("intake that has stopped accepting", () => {
         }).pipe(
           Effect.provide(Layer.merge(memoryStack({ config }), Logger.replace(Logger.defaultLogger, logger)))
         )
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "a session whose batch fails after the stop reports no queued events: the drain has nothing to wait for",
+    () =>
+      Effect.gen(function*() {
+        const fake = yield* Effect.acquireRelease(
+          Effect.promise(() => startFakeJetstream()),
+          (f) => Effect.promise(() => f.close())
+        )
+        const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
+        yield* Effect.gen(function*() {
+          const real = yield* Processor
+          // the registry stream's batch is held until intake has stopped accepting, then fails
+          // every attempt (the database went away as the shutdown began)
+          const gate = yield* Deferred.make<void>()
+          const entered = yield* Deferred.make<void>()
+          const failing: ProcessorShape = {
+            ...real,
+            processEvents: (batch, options) =>
+              batch.some((e) => e.kind === "commit" && e.collection === WH)
+                ? Effect.zipRight(
+                  Effect.zipRight(Deferred.succeed(entered, undefined), Deferred.await(gate)),
+                  Effect.fail(new StoreError({ op: "intake.commit", code: "57P01" }))
+                )
+                : real.processEvents(batch, options)
+          }
+          const intake = yield* Intake.make({ tuning }).pipe(Effect.provideService(Processor, failing))
+          yield* Effect.forkScoped(intake.run)
+          yield* eventually(Effect.sync(() => fake.connections.some((c) => c.options.length > 0)), "registry")
+          fake.publish([commitFrame(plc(1), T0, WH, "a", "create", whRecordValue(`at://${plc(2)}`))])
+          yield* Deferred.await(entered)
+          expect((yield* intake.stats).streams.map((s) => s.state.queued)).toEqual([1])
+          yield* intake.stopAccepting
+          yield* Deferred.succeed(gate, undefined)
+          // the batch fails its attempts, the session ends and no new one starts
+          yield* eventually(
+            Effect.map(intake.stats, (s) => s.streams.every((x) => x.state.queued === 0 && !x.state.connected)),
+            "no queued events left"
+          )
+          expect(fake.connections.length).toBe(1)
+        }).pipe(Effect.provide(memoryStack({ config })))
       }),
     { timeout: 60_000 }
   )

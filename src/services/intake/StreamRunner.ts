@@ -188,8 +188,10 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
       live = false
       // the session's scope is closed, so is its connection: its reader may have been
       // interrupted (the batcher ended the session on a poison or relay error frame) before it
-      // marked the stream disconnected, which left health reporting a waiting stream connected
-      yield* Ref.update(state, (x) => (x.connected ? { ...x, connected: false } : x))
+      // marked the stream disconnected, which left health reporting a waiting stream connected.
+      // Its queue is gone too (a failed batch drops it, SPEC §3.3): nothing is queued any more, or
+      // the shutdown's drain, which waits for empty queues, would wait for it until its deadline
+      yield* Ref.update(state, (x) => (x.connected || x.queued !== 0 ? { ...x, connected: false, queued: 0 } : x))
       if (yield* Deferred.isDone(stopped)) return yield* Effect.never
       yield* Ref.set(ctx.restartSignal, yield* Deferred.make<bigint | undefined>())
       const s = yield* Ref.get(state)
