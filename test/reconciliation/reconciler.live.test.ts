@@ -88,9 +88,10 @@ describe("Reconciler", () => {
           const release = yield* holdPds(did)
           const fiber = yield* Effect.fork(reconcile(did))
           yield* scanning(did)
-          // not newer than the snapshot's rev: ignored (SPEC §3.4; issue 14 item 4 changed this)
+          // not newer than the snapshot's rev: stored below the scan's token, so the snapshot decides
+          // the key (SPEC §3.4; issue 14 item 4 and the audit of 6 December 2026 changed this)
           const older = yield* live([whEv(did, "w", undefined, { operation: "delete", rev: rev(150) })])
-          expect(older.outcomes[0]).toMatchObject({ registry: { _tag: "stale" } })
+          expect(older.outcomes[0]).toMatchObject({ registry: { _tag: "deleted" } })
           // newer than the snapshot's rev (ahead of the scan's start): applied, and the snapshot,
           // which still lists w, does not bring it back
           const newer = tidFromMicros((Date.now() + 60_000) * 1000)

@@ -4,7 +4,9 @@
  * database, an old create that the stream replays (the owner deleted the webhook since; only the
  * stream's history still has it) never brings the webhook back, whether it lands before, during or
  * after the owner's scan; a genuinely newer live write still applies. A scan that fails gives the
- * fence back to the owner's latest completed snapshot (none: no fence), SPEC §3.4.
+ * fence back to the owner's latest completed snapshot (none: no fence), SPEC §3.4. A write fenced
+ * only by the snapshot in progress is stored below the scan's token (the snapshot decides its key
+ * when the scan completes), so a scan that fails leaves the store with what the owner wrote.
  * A real PostgreSQL, a fake PLC and PDS (real HTTP servers on loopback).
  */
 import { SqlClient } from "@effect/sql"
@@ -134,21 +136,26 @@ describe("snapshots beat old replays (issue 14 item 4)", () => {
         yield* expectNewerApplies(did)
       }))
 
-    it.effect("lands during the scan, after the snapshot's rev is stored: not stored; matched until the scan's swap drops it", () =>
+    it.effect("lands during the scan, after the snapshot's rev is stored: stored below the scan's token, matched until the scan's completion deletes it", () =>
       Effect.gen(function*() {
         const did = plc(403)
         yield* setup(did)
         const release = yield* holdPdsPath(LIST_RECORDS, did)
         const fiber = yield* Effect.fork(reconcile(did))
         yield* requested(LIST_RECORDS, did)
-        expect(yield* ownerState(did)).toMatchObject({ status: "scanning", snapshotRev: SNAP })
-        expect(yield* replayOldCreate(did)).toEqual(["stale"])
-        expect(yield* stored(did, "w")).toEqual({ row: undefined, tombstone: undefined })
+        const scan = yield* ownerState(did)
+        expect(scan).toMatchObject({ status: "scanning", snapshotRev: SNAP })
+        expect(yield* replayOldCreate(did)).toEqual(["active"])
+        // the generation is not bumped: the write counts as older than the scan (the snapshot decides)
+        expect((yield* ownerState(did))?.generation).toBe(scan?.generation)
+        const { row } = yield* stored(did, "w")
+        expect(row?.rev).toBe(OLD)
+        expect(row?.generation).toBe((scan?.generation ?? 0) - 1)
         // the index follows the write while the snapshot is taken (its rows wait for the scan's end)
         expect(yield* memoryRkeys(did)).toEqual(["w"])
         release()
         expect((yield* Fiber.join(fiber))._tag).toBe("complete")
-        yield* expectGone(did, undefined)
+        yield* expectGone(did, SNAP)
         expect(yield* memoryRkeys(did)).toEqual(["keep"])
         yield* expectNewerApplies(did)
       }))
@@ -165,12 +172,13 @@ describe("snapshots beat old replays (issue 14 item 4)", () => {
         const fiber = yield* Effect.fork(reconcile(did))
         yield* requested(LIST_RECORDS, did)
         expect(yield* ownerState(did)).toMatchObject({ status: "scanning", snapshotRev: SNAP })
-        // the stream lags the PDS: the two writes arrive now, fenced by the snapshot in progress
+        // the stream lags the PDS: the two writes arrive now, fenced by the snapshot in progress only
+        // (stored below the scan's token: the snapshot decides their keys)
         expect(
           yield* live([whEv(did, "keep", hook(moved), { rev: rev(90) }), whEv(did, "n", hook(), { rev: rev(90) })])
-        ).toEqual(["stale", "stale"])
-        expect((yield* stored(did, "keep")).row?.url).toBe("https://receiver.example/hook")
-        expect((yield* stored(did, "n")).row).toBeUndefined()
+        ).toEqual(["active", "active"])
+        expect((yield* stored(did, "keep")).row?.url).toBe(moved)
+        expect((yield* stored(did, "n")).row?.rev).toBe(rev(90))
         // BOB's next post matches both as the owner wrote them (before: `keep` at its old URL only)
         expect(yield* live([ev(BOB, "app.bsky.feed.post", "p1", { rev: rev(95), stream: "direct" })])).toEqual([
           "enqueued"
@@ -189,6 +197,74 @@ describe("snapshots beat old replays (issue 14 item 4)", () => {
         expect((yield* stored(did, "keep")).row?.url).toBe(moved)
         expect((yield* stored(did, "n")).row?.rev).toBe(SNAP)
         expect(yield* memoryRkeys(did)).toEqual(["keep", "n"])
+      }))
+
+    it.effect("a change and a delete landing during a scan that then fails are kept: the store holds what the owner wrote", () =>
+      Effect.gen(function*() {
+        const did = plc(409)
+        const fakes = yield* Fakes
+        const moved = "https://moved.example/hook"
+        // on the PDS, `keep` moved and `d` was deleted, both before the snapshot's rev (100)
+        yield* setup(did, [{ rkey: "keep", value: hook(moved) }])
+        expect(yield* live([whEv(did, "keep", hook(), { rev: rev(10) }), whEv(did, "d", hook(), { rev: rev(11) })]))
+          .toEqual(["active", "active"])
+        // the listing is held, then answers 503: the scan fails once its rev was stored
+        let release: () => void = () => undefined
+        const gate = new Promise<void>((resolve) => (release = resolve))
+        fakes.pds.handler = async (req) => {
+          if (listingOf(did)(req)) {
+            await gate
+            return { status: 503, body: "{}" }
+          }
+          return fakes.defaultPds(req)
+        }
+        const fiber = yield* Effect.fork(
+          reconcile(did).pipe(Effect.ensuring(Effect.sync(() => (fakes.pds.handler = fakes.defaultPds))))
+        )
+        yield* requested(LIST_RECORDS, did)
+        expect(yield* ownerState(did)).toMatchObject({ status: "scanning", snapshotRev: SNAP })
+        // the stream lags the PDS: the change and the delete arrive during the scan
+        expect(
+          yield* live([
+            whEv(did, "keep", hook(moved), { rev: rev(90) }),
+            whEv(did, "d", undefined, { operation: "delete", rev: rev(91) })
+          ])
+        ).toEqual(["active", "deleted"])
+        release()
+        expect(yield* Fiber.join(fiber)).toEqual({ _tag: "failed", kind: "pds_status" })
+        // before: the store kept `keep` at its old URL and `d`, and a reload (a restart) brought
+        // them back, the stream having moved past both writes
+        expect((yield* stored(did, "keep")).row?.url).toBe(moved)
+        const d = yield* stored(did, "d")
+        expect(d.row).toBeUndefined()
+        expect(d.tombstone?.rev).toBe(rev(91))
+        const registry = yield* Registry
+        yield* registry.reload
+        expect(registry.index.byOwner(did).map((w) => [w.rkey, w.url])).toEqual([["keep", moved]])
+        // the retry's snapshot confirms them
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        expect((yield* stored(did, "keep")).row?.url).toBe(moved)
+        expect(yield* memoryRkeys(did)).toEqual(["keep"])
+      }))
+
+    it.effect("during a scan, a write no newer than the owner's last completed snapshot is still ignored", () =>
+      Effect.gen(function*() {
+        const did = plc(410)
+        yield* setup(did)
+        expect((yield* reconcile(did))._tag).toBe("complete")
+        const fakes = yield* Fakes
+        fakes.repos.set(did, { rev: rev(130), records: [{ rkey: "keep", value: hook() }] })
+        // the next listing asked for is the second scan's
+        fakes.pds.requests.length = 0
+        const release = yield* holdPdsPath(LIST_RECORDS, did)
+        const fiber = yield* Effect.fork(reconcile(did))
+        yield* requested(LIST_RECORDS, did)
+        expect(yield* ownerState(did)).toMatchObject({ status: "scanning", snapshotRev: rev(130) })
+        expect(yield* replayOldCreate(did)).toEqual(["stale"])
+        expect(yield* stored(did, "w")).toEqual({ row: undefined, tombstone: undefined })
+        release()
+        expect((yield* Fiber.join(fiber))._tag).toBe("complete")
+        expect(yield* memoryRkeys(did)).toEqual(["keep"])
       }))
 
     it.effect("lands after the scan: ignored; so are a replayed delete and an invalid record, and the generation stays", () =>

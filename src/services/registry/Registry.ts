@@ -15,10 +15,13 @@
  *   one PostgreSQL cannot store (`unstorable`: a NUL or a lone surrogate, as reconciliation refuses
  *   it) or one over an admission limit revokes the previous registration and is remembered among
  *   the owner's refused records (its cid, rev and reason; `RejectedStore`), which a valid version or
- *   a delete clears. A fenced write (`stale`) changes nothing in the store; in memory, a replay of
- *   the key's stored version (same rev: committed by another leader, or by this process before a
- *   restart) makes the index take the stored state of that key (`settle`), and a write fenced only
- *   by the snapshot of a scan in progress is followed by the index until the scan's swap
+ *   a delete clears. A write fenced only by the snapshot of the scan in progress (newer than the
+ *   owner's last completed snapshot) is applied as usual but stamped below the scan's token
+ *   ({@link heldBackGeneration}): the snapshot decides its key when the scan completes, and a scan
+ *   that fails leaves the store with what the owner wrote. A fenced write (`stale`) changes nothing
+ *   in the store; in memory, a replay of the key's stored version (same rev: committed by another
+ *   leader, or by this process before a restart) makes the index take the stored state of that key
+ *   (`settle`), and a write fenced while a scan runs is followed by the index until the scan's swap
  *   (`followDuringScan`); other fenced writes change nothing.
  *   A write that frees room under an admission limit requests, in its transaction, the
  *   reconciliation of the owners whose records were refused for that limit (RoomRequests).
@@ -50,6 +53,7 @@ import {
   isStorableText,
   type LoadedRow,
   type LoadPosition,
+  type OwnerState,
   RegistryStore,
   type RegistryStoreShape,
   type WebhookRow
@@ -208,8 +212,9 @@ const settle = (writer: IndexWriter, key: string, stored: WebhookRow | undefined
   })
 
 /**
- * A live write fenced by the snapshot of a scan in progress: nothing is stored (the snapshot decides
- * the key), but the index follows it until the scan's swap (SPEC §5.3 step 5), so that the events
+ * A live write fenced while a scan is in progress, not stored ({@link heldBackGeneration} found it
+ * no newer than the owner's last completed snapshot, or the scan's token unknown): the index
+ * follows it until the scan's swap (SPEC §5.3 step 5), so that the events
  * after it match what the owner wrote, not the pre-scan registration (before, a webhook created or
  * moved just before its owner's snapshot lost them: the audit of 6 December 2026). Rows matched so
  * wait while the owner is `scanning`, then face the snapshot's subscription (SPEC §4.2): a version
@@ -223,6 +228,41 @@ const followDuringScan = (writer: IndexWriter, event: RecordEvent, key: string):
     else writer.remove(key)
     return Effect.logDebug("registry: a write older than the owner's scan in progress, followed in memory only")
       .pipe(Effect.annotateLogs({ key, result: admitted === undefined ? "removed" : "set" }))
+  })
+
+/**
+ * The generation a live write fenced by the snapshot of the owner's scan in progress is stored at:
+ * one below the scan's token, as the scan stamps the writes that landed before it read its rev
+ * (`ReconcileStore.saveSnapshotRev`). The scan's pages then overwrite the key, or its completion
+ * deletes it (tombstone at the snapshot's rev), so the snapshot still decides the key (SPEC §3.4);
+ * and if the scan fails, the store holds what the index follows (SPEC §5.3 step 5: the owner keeps
+ * its last known registrations; before, such a write lived in memory only and was lost to the
+ * store for good, the stream having moved past it: the audit of 6 December 2026). Only a write
+ * newer than the owner's last completed snapshot (the fence a failed scan gives back): an older one
+ * is stale whatever the scan. Undefined: not stored.
+ */
+export const heldBackGeneration = (owner: OwnerState | undefined, rev: string): number | undefined =>
+  owner?.status === "scanning" && owner.scanGeneration !== undefined &&
+    (owner.completedSnapshotRev === undefined || compareTid(rev, owner.completedSnapshotRev) > 0)
+    ? owner.scanGeneration - 1
+    : undefined
+
+/**
+ * A write the owner's snapshot rev fenced: the generation it is stored at while the owner's scan
+ * runs ({@link heldBackGeneration}), or undefined (stale; while a snapshot is being taken, the index
+ * follows it: {@link followDuringScan}).
+ */
+const fencedWrite = (
+  store: RegistryStoreShape,
+  writer: IndexWriter,
+  event: RecordEvent,
+  key: string
+): Effect.Effect<number | undefined, StoreError> =>
+  Effect.gen(function*() {
+    const owner = yield* store.owner(event.did)
+    const held = heldBackGeneration(owner, event.rev)
+    if (held === undefined && owner?.status === "scanning") yield* followDuringScan(writer, event, key)
+    return held
   })
 
 /**
@@ -355,12 +395,9 @@ export const make = Effect.gen(function*() {
       }
       // and strictly greater than the owner's snapshot rev (SPEC §3.4): the snapshot already holds
       // the owner's records as of that rev; nothing is written
-      const generation = yield* store.bumpGeneration(ownerDid, event.rev)
-      if (generation === undefined) {
-        // while that snapshot is being taken, the index follows the write ({@link followDuringScan})
-        if ((yield* store.owner(ownerDid))?.status === "scanning") yield* followDuringScan(writer, event, key)
-        return { _tag: "stale" } as const
-      }
+      const generation = (yield* store.bumpGeneration(ownerDid, event.rev)) ??
+        (yield* fencedWrite(store, writer, event, key))
+      if (generation === undefined) return { _tag: "stale" } as const
       // a refusal keeps the version's cid only if it can be stored (Jetstream's is any string)
       const cid = event.cid !== undefined && isStorableText(event.cid) ? event.cid : undefined
       /**

@@ -135,6 +135,10 @@ export interface OwnerState {
   readonly status: ReconcileStatus
   /** the rev of the owner's latest snapshot, completed or in progress (none: never scanned) */
   readonly snapshotRev: string | undefined
+  /** the token of the owner's latest scan (`owners.scan_generation`; none: never scanned, or unknown) */
+  readonly scanGeneration?: number | undefined
+  /** the rev of the owner's latest completed snapshot (none: no scan completed, or unknown) */
+  readonly completedSnapshotRev?: string | undefined
 }
 
 export interface RegistryStoreShape {
@@ -358,13 +362,27 @@ export const makeSql = Effect.gen(function*() {
         storeOp("registry.ownerRows")
       ),
     owner: (ownerDid) =>
-      sql<{ did: string; generation: string | number; reconcile_status: string; snapshot_rev: string | null }>`
-        SELECT did, generation, reconcile_status, snapshot_rev FROM owners WHERE did = ${ownerDid}`.pipe(
+      sql<{
+        did: string
+        generation: string | number
+        reconcile_status: string
+        snapshot_rev: string | null
+        scan_generation: string | number | null
+        completed_snapshot_rev: string | null
+      }>`
+        SELECT did, generation, reconcile_status, snapshot_rev, scan_generation, completed_snapshot_rev
+        FROM owners WHERE did = ${ownerDid}`.pipe(
         Effect.map((rows) => {
           const r = rows[0]
           if (r === undefined) return undefined
-          const status = toReconcileStatus(r.reconcile_status)
-          return { did: r.did, generation: Number(r.generation), status, snapshotRev: r.snapshot_rev ?? undefined }
+          return {
+            did: r.did,
+            generation: Number(r.generation),
+            status: toReconcileStatus(r.reconcile_status),
+            snapshotRev: r.snapshot_rev ?? undefined,
+            scanGeneration: r.scan_generation === null ? undefined : Number(r.scan_generation),
+            completedSnapshotRev: r.completed_snapshot_rev ?? undefined
+          }
         }),
         storeOp("registry.owner")
       ),
@@ -437,7 +455,7 @@ export const makeMemoryOver = (state: Ref.Ref<MemoryRegistryState>): RegistrySto
         const snapshotRev = prev?.snapshotRev
         if (snapshotRev !== undefined && compareTid(rev, snapshotRev) <= 0) return [undefined, s]
         const generation = (prev?.generation ?? 0) + 1
-        s.owners.set(ownerDid, { did: ownerDid, generation, status: prev?.status ?? "unknown", snapshotRev })
+        s.owners.set(ownerDid, { ...prev, did: ownerDid, generation, status: prev?.status ?? "unknown", snapshotRev })
         return [generation, s]
       }),
     upsert: (row) =>
