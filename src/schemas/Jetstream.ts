@@ -182,6 +182,29 @@ const exactIntegers = (_key: string, value: unknown, context?: ReviverContext): 
   return source !== undefined && isIntegerLiteral(source) ? BigInt(source) : value
 }
 
+/**
+ * The frame's JSON, integers outside ±(2^53 − 1) exact where it may hold any (the reviver). The
+ * engine walks a reviver recursively, so a record a few thousand levels deep overflows the stack
+ * there although it is valid JSON: it is then read without the reviver (its integers as
+ * `JSON.parse` reads them; such a record is far past the payload's depth bound, SPEC §3.5, and is
+ * never delivered). Before, a long digit run anywhere in such a frame (a string will do) made it a
+ * poison frame that held its stream for good (the audit of 6 December 2026). Left: not JSON.
+ */
+const parseFrameJson = (text: string): Either.Either<unknown, "json"> => {
+  if (mayHoldUnsafeInteger(text)) {
+    try {
+      return Either.right(JSON.parse(text, exactIntegers))
+    } catch {
+      // not JSON, or too deep for the reviver: read once more without it
+    }
+  }
+  try {
+    return Either.right(JSON.parse(text))
+  } catch {
+    return Either.left("json")
+  }
+}
+
 const isOperation = (u: unknown): u is Operation => u === "create" || u === "update" || u === "delete"
 
 /**
@@ -203,12 +226,9 @@ export const decodeJetstreamFrame = (
   ctx: FrameContext
 ): Either.Either<DecodedFrame, FrameError> => {
   if (utf8LengthExceeds(text, ctx.maxBytes)) return fail("too_large")
-  let json: unknown
-  try {
-    json = mayHoldUnsafeInteger(text) ? JSON.parse(text, exactIntegers) : JSON.parse(text)
-  } catch {
-    return fail("json")
-  }
+  const parsed = parseFrameJson(text)
+  if (Either.isLeft(parsed)) return fail("json")
+  const json = parsed.right
   if (!isObject(json)) return fail("shape")
   const did = json["did"]
   if (typeof did !== "string" || !isAtprotoDidSyntax(did)) return fail("did")

@@ -188,6 +188,17 @@ describe("decodeJetstreamFrame: integers outside ±(2^53 − 1) stay exact", () 
     const e = recordEvent(withRecord("{\"$type\":\"x.y.z\",\"s\":\"99999999999999999999\",\"n\":12}"))
     expect(e.record).toEqual({ $type: "x.y.z", s: "99999999999999999999", n: 12 })
   })
+
+  it("a record too deep for the exact path's recursion still decodes (valid JSON is never a poison frame)", () => {
+    // a 17-digit run in a string sends the frame to the reviver, which the engine walks
+    // recursively: 10,000 levels overflowed its stack, and the frame was refused as `json`
+    const deep = `${"[".repeat(10_000)}${"]".repeat(10_000)}`
+    const text = withRecord(`{"$type":"x.y.z","s":"id 12345678901234567","d":${deep}}`)
+    const r = decodeJetstreamFrame(text, { ...ctx, maxBytes: 1 << 20 })
+    expect(Either.isLeft(r) ? r.left.reason : "decoded").toBe("decoded")
+    const e = Either.isRight(r) ? r.right.event : undefined
+    expect(e?.kind === "commit" ? (e.record as Record<string, unknown>)["s"] : undefined).toBe("id 12345678901234567")
+  })
 })
 
 describe("decodeJetstreamFrame: every FrameError reason", () => {
