@@ -373,5 +373,11 @@ describe("the stored row of a live write (SPEC §1: enabled defaults to true)", 
       expect((yield* registry.applyWhEvent(whEv(ALICE, "a", paused, { rev: rev(2) })))._tag).toBe("disabled")
       expect(registry.index.byOwner(ALICE)).toEqual([])
       expect([...registry.index.candidatesByScopeDid(BOB)]).toEqual([])
+      // an invalid version of the paused webhook revokes no registration (there was none)
+      const invalid = { $type: "place.wisp.v2.wh", url: 42 }
+      expect(yield* registry.applyWhEvent(whEv(ALICE, "a", invalid, { rev: rev(3) }))).toMatchObject({
+        _tag: "invalid",
+        revoked: false
+      })
     }).pipe(Effect.provide(seeded([row(ALICE, "a", whRecordValue(`at://${BOB}`))]))))
 })

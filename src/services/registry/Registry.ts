@@ -403,14 +403,15 @@ export const make = Effect.gen(function*() {
       /**
        * revoke the key (a row, if any, and its registration) for a refused version, leaving a
        * tombstone (an invalid or refused version also fences older replays of valid ones) and the
-       * refusal; true when a registration was revoked: a stored row's, or one the index followed
-       * in memory only while the owner's scan runs ({@link followDuringScan})
+       * refusal; true when a registration was revoked: a stored active row's (a paused one has
+       * none), or one the index held (followed in memory only while the owner's scan runs:
+       * {@link followDuringScan})
        */
       const refuse = (reason: RefusedVersion["reason"]) =>
         Effect.gen(function*() {
           yield* store.remove(ownerDid, rkey, { rev: event.rev, generation }, { cid, reason })
           const followed = removeFromIndex(key)
-          return row !== undefined || followed !== undefined
+          return row?.active === true || followed !== undefined
         })
       if (event.operation === "delete") {
         yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
