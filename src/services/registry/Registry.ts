@@ -394,7 +394,8 @@ export const make = Effect.gen(function*() {
         return { _tag: "stale" } as const
       }
       // and strictly greater than the owner's snapshot rev (SPEC §3.4): the snapshot already holds
-      // the owner's records as of that rev; nothing is written
+      // the owner's records as of that rev; nothing is written, but for a write newer than the last
+      // completed snapshot while a scan runs, stored below the scan's token ({@link fencedWrite})
       const generation = (yield* store.bumpGeneration(ownerDid, event.rev)) ??
         (yield* fencedWrite(store, writer, event, key))
       if (generation === undefined) return { _tag: "stale" } as const
