@@ -33,16 +33,42 @@ const isRegistry = (c: FakeJetstream["connections"][number]) => {
   return Array.isArray(cols) && cols.includes(WH)
 }
 
+/** A fake Jetstream for the test's scope, and a configuration that reads it. */
+const fakeSource = Effect.gen(function*() {
+  const fake = yield* Effect.acquireRelease(
+    Effect.promise(() => startFakeJetstream()),
+    (f) => Effect.promise(() => f.close())
+  )
+  return { fake, config: testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url }) }
+})
+
+/**
+ * `real`, but a batch that holds a webhook record waits at `gate` (`entered` once it does), then
+ * runs `then` instead.
+ */
+const gatedProcessor = (real: ProcessorShape, then: ProcessorShape["processEvents"]) =>
+  Effect.gen(function*() {
+    const gate = yield* Deferred.make<void>()
+    const entered = yield* Deferred.make<void>()
+    const processor: ProcessorShape = {
+      ...real,
+      processEvents: (batch, options) =>
+        batch.some((e) => e.kind === "commit" && e.collection === WH)
+          ? Effect.zipRight(
+            Effect.zipRight(Deferred.succeed(entered, undefined), Deferred.await(gate)),
+            then(batch, options)
+          )
+          : real.processEvents(batch, options)
+    }
+    return { processor, gate, entered }
+  })
+
 describe("intake that has stopped accepting", () => {
   it.scopedLive(
     "starts no stream, even when a registration committed during the drain asks for the backlink and direct streams",
     () =>
       Effect.gen(function*() {
-        const fake = yield* Effect.acquireRelease(
-          Effect.promise(() => startFakeJetstream()),
-          (f) => Effect.promise(() => f.close())
-        )
-        const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
+        const { config, fake } = yield* fakeSource
         const refused = yield* Ref.make<ReadonlyArray<unknown>>([])
         const logger = Logger.make(({ annotations, message }) => {
           if (String(message).includes("not started")) {
@@ -55,18 +81,7 @@ describe("intake that has stopped accepting", () => {
           const real = yield* Processor
           const registry = yield* Registry
           // the registry stream's batch with the webhook is held until intake has stopped accepting
-          const gate = yield* Deferred.make<void>()
-          const entered = yield* Deferred.make<void>()
-          const gated: ProcessorShape = {
-            ...real,
-            processEvents: (batch, options) =>
-              batch.some((e) => e.kind === "commit" && e.collection === WH)
-                ? Effect.zipRight(
-                  Effect.zipRight(Deferred.succeed(entered, undefined), Deferred.await(gate)),
-                  real.processEvents(batch, options)
-                )
-                : real.processEvents(batch, options)
-          }
+          const { entered, gate, processor: gated } = yield* gatedProcessor(real, real.processEvents)
           const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning }).pipe(
             Effect.provideService(Processor, gated)
           )
@@ -98,27 +113,15 @@ describe("intake that has stopped accepting", () => {
     "a session whose batch fails after the stop reports no queued events: the drain has nothing to wait for",
     () =>
       Effect.gen(function*() {
-        const fake = yield* Effect.acquireRelease(
-          Effect.promise(() => startFakeJetstream()),
-          (f) => Effect.promise(() => f.close())
-        )
-        const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
+        const { config, fake } = yield* fakeSource
         yield* Effect.gen(function*() {
           const real = yield* Processor
           // the registry stream's batch is held until intake has stopped accepting, then fails
           // every attempt (the database went away as the shutdown began)
-          const gate = yield* Deferred.make<void>()
-          const entered = yield* Deferred.make<void>()
-          const failing: ProcessorShape = {
-            ...real,
-            processEvents: (batch, options) =>
-              batch.some((e) => e.kind === "commit" && e.collection === WH)
-                ? Effect.zipRight(
-                  Effect.zipRight(Deferred.succeed(entered, undefined), Deferred.await(gate)),
-                  Effect.fail(new StoreError({ op: "intake.commit", code: "57P01" }))
-                )
-                : real.processEvents(batch, options)
-          }
+          const { entered, gate, processor: failing } = yield* gatedProcessor(
+            real,
+            () => Effect.fail(new StoreError({ op: "intake.commit", code: "57P01" }))
+          )
           const intake = yield* Intake.make({ tuning }).pipe(Effect.provideService(Processor, failing))
           yield* Effect.forkScoped(intake.run)
           yield* eventually(Effect.sync(() => fake.connections.some((c) => c.options.length > 0)), "registry")
