@@ -267,6 +267,24 @@ describe("snapshots beat old replays (issue 14 item 4)", () => {
         expect(yield* memoryRkeys(did)).toEqual(["keep"])
       }))
 
+    it.effect("lands after the scan's last deletions, before its completion: held back below its token, then deleted by the completion", () =>
+      Effect.gen(function*() {
+        const did = plc(411)
+        const store = yield* ReconcileStore
+        const begun = yield* store.begin(did, { maxOtherScanning: 8, staleScanMs: 900_000 })
+        if (begun._tag !== "begun") return expect.fail("begun")
+        expect(yield* store.saveSnapshotRev(did, begun.token, SNAP)).toBe(true)
+        // step 4 found nothing to delete; the stream replays the old create only now
+        expect(yield* store.deleteOlder(did, begun.token, SNAP, 100)).toEqual({ fenced: false, deleted: 0 })
+        expect(yield* replayOldCreate(did)).toEqual(["active"])
+        expect((yield* stored(did, "w")).row?.generation).toBe(begun.token - 1)
+        expect(yield* store.complete(did, begun.token, SNAP, Effect.void)).toBe(true)
+        const { row, tombstone } = yield* stored(did, "w")
+        expect(row).toBeUndefined()
+        expect(tombstone?.rev).toBe(SNAP)
+        expect(yield* ownerState(did)).toMatchObject({ status: "complete", snapshotRev: SNAP })
+      }))
+
     it.effect("lands after the scan: ignored; so are a replayed delete and an invalid record, and the generation stays", () =>
       Effect.gen(function*() {
         const did = plc(404)

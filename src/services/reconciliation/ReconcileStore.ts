@@ -221,9 +221,10 @@ export interface ReconcileStoreShape {
     limit: number
   ) => Effect.Effect<{ readonly fenced: boolean; readonly pruned: number }, StoreError>
   /**
-   * Step 4–5: mark `complete`, clear the owner's refused-record entries older than the snapshot,
-   * and run `whileLocked` (the in-memory swap) inside the same transaction, holding the owner row
-   * lock so no live write of this owner interleaves.
+   * Step 4–5: mark `complete`, delete once more the rows a live write held back by this scan stored
+   * below its token since step 4's last transaction, clear the owner's refused-record entries older
+   * than the snapshot, and run `whileLocked` (the in-memory swap) inside the same transaction,
+   * holding the owner row lock so no live write of this owner interleaves.
    * false = fenced (nothing done).
    */
   readonly complete: (

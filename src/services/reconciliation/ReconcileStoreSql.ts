@@ -253,31 +253,50 @@ const applyPage = (
       storeOp("reconcile.applyPage")
     )
 
-/** Step 4: rows the snapshot did not contain, each leaving a tombstone at the snapshot's rev. */
+/**
+ * Step 4: ≤ `limit` rows the snapshot did not contain (older than the scan: generation below its
+ * token, rev not newer than its snapshot), each leaving a tombstone at the snapshot's rev.
+ */
+const deleteOlderStatement = (
+  sql: SqlClient.SqlClient,
+  did: string,
+  token: number,
+  snapshotRev: string,
+  limit: number
+) =>
+  sql<CountRow>`
+        WITH doomed AS (
+          SELECT rkey FROM webhooks
+          WHERE owner_did = ${did} AND generation < ${token} AND rev <= ${snapshotRev}
+          ORDER BY rkey
+          LIMIT ${limit}
+          FOR UPDATE
+        ), gone AS (
+          DELETE FROM webhooks w USING doomed d
+          WHERE w.owner_did = ${did} AND w.rkey = d.rkey
+          RETURNING w.rkey
+        ), stones AS (
+          INSERT INTO tombstones (owner_did, rkey, rev, generation, live)
+          SELECT ${did}, g.rkey, ${snapshotRev}, ${token}, false FROM gone g
+          ON CONFLICT (owner_did, rkey) DO UPDATE SET
+            rev = EXCLUDED.rev, generation = EXCLUDED.generation, live = false, deleted_at = now()
+          RETURNING 1
+        )
+        SELECT count(*)::int AS n FROM gone`
+
+/** Step 4, in small durable transactions (fenced): {@link deleteOlderStatement}. */
 const deleteOlder = (sql: SqlClient.SqlClient, did: string, token: number, snapshotRev: string, limit: number) =>
-  fencedCount(sql, did, token, () =>
-    sql<CountRow>`
-                WITH doomed AS (
-                  SELECT rkey FROM webhooks
-                  WHERE owner_did = ${did} AND generation < ${token} AND rev <= ${snapshotRev}
-                  ORDER BY rkey
-                  LIMIT ${limit}
-                  FOR UPDATE
-                ), gone AS (
-                  DELETE FROM webhooks w USING doomed d
-                  WHERE w.owner_did = ${did} AND w.rkey = d.rkey
-                  RETURNING w.rkey
-                ), stones AS (
-                  INSERT INTO tombstones (owner_did, rkey, rev, generation, live)
-                  SELECT ${did}, g.rkey, ${snapshotRev}, ${token}, false FROM gone g
-                  ON CONFLICT (owner_did, rkey) DO UPDATE SET
-                    rev = EXCLUDED.rev, generation = EXCLUDED.generation, live = false, deleted_at = now()
-                  RETURNING 1
-                )
-                SELECT count(*)::int AS n FROM gone`).pipe(
-      Effect.map((deleted) => (deleted === undefined ? { fenced: true, deleted: 0 } : { fenced: false, deleted })),
-      storeOp("reconcile.deleteOlder")
-    )
+  fencedCount(sql, did, token, () => deleteOlderStatement(sql, did, token, snapshotRev, limit)).pipe(
+    Effect.map((deleted) => (deleted === undefined ? { fenced: true, deleted: 0 } : { fenced: false, deleted })),
+    storeOp("reconcile.deleteOlder")
+  )
+
+/**
+ * Rows the completion deletes once more under the owner's lock: those live writes held back by this
+ * scan stored below its token after step 4's last transaction (`Registry.heldBackGeneration`; one
+ * per live write in that window, so a few at most). Any beyond stay until the owner's next scan.
+ */
+export const COMPLETION_SWEEP_MAX = 1_000
 
 /** Step 4: the owner's tombstones older than the snapshot, not this scan's, past the retention. */
 const pruneTombstones = (
@@ -323,6 +342,9 @@ const complete = (
                 completed_snapshot_rev = ${snapshotRev}, completed_at = now(),
                 failure_count = 0, last_failure_kind = NULL, updated_at = now()
               WHERE did = ${did}`
+        // a live write held back by this scan may have been stored below its token since step 4's
+        // last transaction: the snapshot decides its key too
+        yield* deleteOlderStatement(sql, did, token, snapshotRev, COMPLETION_SWEEP_MAX)
         yield* clearOlderStatement(sql, did, snapshotRev)
         yield* whileLocked
         return true
