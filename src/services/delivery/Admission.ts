@@ -5,8 +5,8 @@
  * no fiber and takes no semaphore; a started row gets a fiber, and frees its slot before it is
  * settled, so a slow database never holds a request slot. Origin slots live in a map that holds only
  * origins with claimed rows, so it is bounded by the number of held rows. Counted suspects (rows
- * reclaimed from an expired lease a second time or more: Suspects.ts) also wait for the worker's one
- * suspect slot.
+ * reclaimed after a death that caught them already reclaimed once: Suspects.isSerialSuspect) also
+ * wait for the worker's one suspect slot.
  *
  * @since 0.1.0
  */
