@@ -48,6 +48,7 @@ const startBun = async () => {
   const post = async (path: string) => expect((await fetch(base + path, { method: "POST" })).status).toBe(204)
   return {
     port,
+    pid: child.pid ?? 0,
     stderr: () => stderr,
     stop: () => void child.kill(),
     stats: async () => (await (await fetch(`${base}/stats`)).json()) as BunTailStats,
@@ -136,4 +137,18 @@ describe("live tail under Bun", () => {
     },
     120_000
   )
+
+  it("the service's shutdown closes an open tail with 1001 (going away), not 1011", async () => {
+    const bun = await startBun()
+    try {
+      const tail = await Effect.runPromise(openTailOrDie(bun.port, "unused"))
+      await bun.publish(1)
+      await until("a frame", () => tail.frames.length === 1)
+      process.kill(bun.pid, "SIGTERM")
+      await until("closed", () => tail.closed !== undefined)
+      expect(tail.closed).toEqual({ code: 1001, reason: "shutdown" })
+    } finally {
+      bun.stop()
+    }
+  }, 60_000)
 })

@@ -19,6 +19,7 @@ import * as Http from "node:http"
 import * as Net from "node:net"
 import * as TailHub from "../../src/services/api/Tail.js"
 import { Tail } from "../../src/services/api/Tail.js"
+import * as TailMethods from "../../src/services/api/TailMethods.js"
 import * as TailSocket from "../../src/services/api/TailSocket.js"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"
 import type { Outcome } from "../../src/services/delivery/DeliveryOutcomes.js"
@@ -428,5 +429,20 @@ describe("TailSocket", () => {
       const client = yield* openTailOrDie(address._tag === "TcpAddress" ? address.port : 0, "unused")
       expect(yield* Deferred.await(seen)).toBeTypeOf("number")
       client.ws.terminate()
+    }))
+
+  it.live("the listener's shutdown closes an open tail with 1001 (going away), on Node's HTTP server", () =>
+    Effect.gen(function*() {
+      const scope = yield* Scope.make()
+      const context = yield* Layer.buildWithScope(apiLayer({ api: { limits: { callsPerCaller: HIGH } } }), scope)
+      const owner = yield* newOwner()
+      const token = yield* mint(owner, NSID)
+      const port = yield* Effect.provide(serverPort, context)
+      const tail = yield* openTailOrDie(port, token)
+      yield* Effect.provide(publish([outcome(owner.did)]), context)
+      yield* until("a frame", () => tail.frames.length === 1)
+      yield* Scope.close(scope, Exit.void)
+      yield* until("closed", () => tail.closed !== undefined)
+      expect(tail.closed).toEqual({ code: TailMethods.SHUTDOWN_CLOSE.code, reason: TailMethods.SHUTDOWN_CLOSE.reason })
     }))
 })

@@ -10,7 +10,7 @@ import * as BunHttpServer from "@effect/platform-bun/BunHttpServer"
 import * as HttpServer from "@effect/platform/HttpServer"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Context, Deferred, Duration, Effect, Layer, TestClock, TestContext } from "effect"
+import { Context, Deferred, Duration, Effect, Fiber, Layer, TestClock, TestContext } from "effect"
 import WebSocket from "ws"
 import * as TailHub from "../../src/services/api/Tail.js"
 import { subscribeDeliveries } from "../../src/services/api/TailMethods.js"
@@ -214,4 +214,9 @@ export const serveUnderBun = Effect.gen(function*() {
   return yield* Effect.never
 }).pipe(Effect.scoped, Effect.provide(TestContext.TestContext))
 
-if (import.meta.main) Effect.runFork(serveUnderBun)
+if (import.meta.main) {
+  const fiber = Effect.runFork(serveUnderBun)
+  // SIGTERM closes the server's scope as the service's shutdown does: the serving fiber (and each
+  // open tail's handler) is interrupted, then the listener stops, then the hub closes
+  process.once("SIGTERM", () => Effect.runFork(Fiber.interrupt(fiber)))
+}

@@ -6,7 +6,8 @@
  * opens a connection on the {@link Tail} hub (the fifth of a DID, or any past the process's
  * 1,000, is refused with 429 `TooManyConnections`, before the upgrade), upgrades, and writes one frame per terminal outcome
  * of the caller's deliveries until the connection has lived 24 h (closed with 1000 `lifetime`),
- * the hub closes (API shutdown) or the client goes away.
+ * the service shuts down (closed with 1001 `shutdown`, going away: a reader reconnects to another
+ * replica or after the restart) or the client goes away.
  *
  * A slow reader: frames are handed to the socket only while the runtime holds at most
  * `TailSocket.SOCKET_BUFFER_BYTES` for it; meanwhile they wait in the hub's bounded queue, which
@@ -35,6 +36,13 @@ const CLOSE_GRACE = Duration.seconds(10)
 const encodeFrame = Schema.encodeUnknown(WebhookLexicon.subscribeDeliveries.output)
 
 export class ClientMessage extends Schema.TaggedError<ClientMessage>()("ClientMessage", {}) {}
+
+/**
+ * How the service closes its tails at shutdown (the listener's scope interrupts each handler, or the
+ * hub closes under it): 1001, going away, which clients take as a normal end. Without it the
+ * platform's socket closed them with 1011 (an internal error) on the interruption.
+ */
+export const SHUTDOWN_CLOSE = { code: 1001, reason: "shutdown" } as const
 
 /** How the service closes a tail whose client sent a message. */
 export const CLIENT_MESSAGE_CLOSE = { code: 1008, reason: "the stream is one way" } as const
@@ -85,6 +93,11 @@ export const subscribeDeliveries = subscription(
       yield* Effect.raceFirst(read, serve).pipe(
         Effect.catchAll((e) =>
           Effect.logDebug("api: tail closed").pipe(Effect.annotateLogs({ reason: e._tag }))
+        ),
+        // interrupted: the shutdown (a socket the client closed ends `read`, not in an interruption);
+        // the close frame is written at once, the runtime's later close of the socket is a no-op
+        Effect.onInterrupt(() =>
+          Effect.ignore(write(new Socket.CloseEvent(SHUTDOWN_CLOSE.code, SHUTDOWN_CLOSE.reason)))
         )
       )
       return HttpServerResponse.empty()
