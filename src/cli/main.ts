@@ -53,12 +53,13 @@
  * prefer the generated token.
  *
  * Exit codes: 0 success; 2 invalid arguments (one line on stderr); 1 operational failure (one line
- * on stderr). Logs: warnings and errors only, on stderr (`--log-level` raises the verbosity).
+ * on stderr); 141 when stdout's reader went away (`firehook … | head`: EPIPE, quietly, as a command
+ * killed by SIGPIPE). Logs: warnings and errors only, on stderr (`--log-level` raises the verbosity).
  */
 import { CliConfig, Command, HelpDoc, ValidationError } from "@effect/cli"
 import * as BunContext from "@effect/platform-bun/BunContext"
 import * as BunRuntime from "@effect/platform-bun/BunRuntime"
-import { Cause, Console, Effect, Exit, Layer, Logger, LogLevel, Option } from "effect"
+import { Cause, Console, Deferred, Effect, Exit, Layer, Logger, LogLevel, Option } from "effect"
 import { VERSION } from "../services/platform/Version.js"
 import { deliveries } from "./DeliveriesCommand.js"
 import { describeFailure, redactArgs, usage, UsageError } from "./Failure.js"
@@ -133,13 +134,43 @@ const stderrLogger = Logger.map(Logger.logfmtLogger, (line) => {
 const wizardWithoutTerminal = (args: ReadonlyArray<string>): boolean =>
   args.includes("--wizard") && process.stdin.isTTY !== true
 
+/** The exit code of a command whose stdout's reader went away, as a shell reports SIGPIPE. */
+const SIGPIPE_EXIT = 141
+
+/**
+ * Completed with the error code of stdout's first failed write. The runtime reports such a failure
+ * (EPIPE: the reader of a pipe went away) as an `error` event, which would otherwise end the
+ * process with an uncaught error and its stack; one on stderr is ignored (nothing is left to tell).
+ */
+const stdoutClosed = Effect.flatMap(Deferred.make<string>(), (closed) =>
+  Effect.sync(() => {
+    process.stdout.on("error", (e: NodeJS.ErrnoException) => Deferred.unsafeDone(closed, Exit.succeed(e.code ?? "EIO")))
+    process.stderr.on("error", () => {})
+    return closed
+  }))
+
 const program = (argv: ReadonlyArray<string>) =>
   Effect.gen(function*() {
     const console = yield* cliConsole(argv)
     const args = argv.slice(2)
-    const exit = wizardWithoutTerminal(args)
-      ? Exit.fail(new UsageError({ text: "--wizard asks its questions on a terminal: stdin is not one" }))
-      : yield* cli(argv).pipe(Effect.withConsole(console), Effect.exit)
+    const closed = yield* stdoutClosed
+    const run = wizardWithoutTerminal(args)
+      ? Effect.succeed(
+        Exit.fail(new UsageError({ text: "--wizard asks its questions on a terminal: stdin is not one" }))
+      )
+      : cli(argv).pipe(Effect.withConsole(console), Effect.exit)
+    // stdout's reader gone (`… | head`): the command is interrupted (its clean-up runs: the PDS
+    // session is deleted) and the process ends as a command killed by SIGPIPE does, quietly, 141
+    const ran = yield* Effect.raceFirst(Effect.map(run, Option.some), Effect.as(Deferred.await(closed), Option.none()))
+    const writeFailure = yield* Deferred.poll(closed)
+    if (Option.isSome(writeFailure) || Option.isNone(ran)) {
+      const code = yield* Deferred.await(closed)
+      if (code === "EPIPE") return SIGPIPE_EXIT
+      yield* write(process.stderr, `firehook: cannot write to stdout (${code})\n`)
+      yield* flush(process.stderr)
+      return 1
+    }
+    const exit = ran.value
     const described = Exit.isSuccess(exit) ? { code: 0, line: "" } : describeFailure(exit.cause)
     const result = isCommandMismatch(exit)
       ? { ...described, line: unknownCommand(args, paths()) ?? described.line }
@@ -147,7 +178,8 @@ const program = (argv: ReadonlyArray<string>) =>
       ? { ...described, line: optionValueLine(described.line, args, rootHelp()) ?? described.line }
       : described
     if (result.code !== 0) yield* write(process.stderr, `firehook: ${redactArgs(result.line, argv)}\n`)
-    yield* flush(process.stdout)
+    // a stdout whose reader goes away now may never call back
+    yield* Effect.raceFirst(flush(process.stdout), Deferred.await(closed))
     yield* flush(process.stderr)
     return result.code
   }).pipe(
