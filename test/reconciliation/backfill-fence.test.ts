@@ -368,4 +368,82 @@ describe("Backfill page claims of two replicas (SPEC §6.4)", () => {
       }),
     60_000
   )
+
+  /**
+   * A holds the only page; every owner's scan waits until interrupted (started and interrupted ones
+   * recorded). `takeOver` ends A's hold on the page once A is inside it: every scan A had started
+   * is interrupted (on the old code they ran on).
+   */
+  const stopsScanning = (
+    options: Backfill.BackfillOptions,
+    view: (store: ReconcileStoreShape) => ReconcileStoreShape,
+    takeOver: (store: ReconcileStoreShape) => Effect.Effect<void>
+  ) => {
+    const a = newRecon()
+    const owners = Array.from({ length: 10 }, (_, i) => plc(1_200 + i)).sort()
+    return Effect.gen(function*() {
+      const store = yield* ReconcileStore
+      yield* store.addOwners(owners, "operator")
+      const interrupted: Array<string> = []
+      const entered = yield* Deferred.make<void>()
+      a.hook = (did) =>
+        Deferred.succeed(entered, undefined).pipe(
+          Effect.zipRight(Effect.never),
+          Effect.onInterrupt(() => Effect.sync(() => void interrupted.push(did)))
+        )
+      const replicaA = yield* Backfill.make(options).pipe(Effect.provide(replicaWith(a, view(store))))
+      const fa = yield* Effect.fork(replicaA.runPass)
+      yield* Deferred.await(entered)
+      const started = [...a.calls]
+      expect(started.length).toBeGreaterThan(0)
+      expect(started.length).toBeLessThan(owners.length)
+      yield* takeOver(store)
+      yield* eventually(Effect.sync(() => interrupted.length >= started.length))
+      expect(interrupted.slice(0, started.length).sort()).toEqual(started.sort())
+      return { a, started, fa }
+    }).pipe(onDatabase)
+  }
+
+  it.scopedLive(
+    "a holder whose beat finds its page taken over stops scanning it at once",
+    () =>
+      Effect.gen(function*() {
+        const { a, fa, started } = yield* stopsScanning(
+          { ...options(1_000), claimHeartbeat: "20 millis", claimPollInterval: "20 millis" },
+          (store) => store,
+          (store) =>
+            Effect.gen(function*() {
+              const state = yield* store.passState(INITIAL_PASS)
+              const claim = state?.claims[0]
+              if (state === undefined || claim === undefined) return yield* Effect.dieMessage("no claimed page")
+              const ref = { pass: INITIAL_PASS, sweep: state.sweep }
+              expect(yield* store.takeClaim(ref, claim, "another-replica")).toBe(true)
+            }).pipe(Effect.orDie)
+        )
+        // and starts no other owner of the page (it is another replica's now)
+        yield* Effect.sleep("200 millis")
+        expect(a.calls).toEqual(started)
+        yield* Fiber.interrupt(fa)
+      }),
+    60_000
+  )
+
+  it.scopedLive("a holder that cannot beat for abandonedAfter − heartbeat stops scanning its page", () => {
+    const hung = { value: false }
+    return Effect.gen(function*() {
+      const { fa } = yield* stopsScanning(
+        {
+          ...options(1_000),
+          claimHeartbeat: "20 millis",
+          claimAbandonedAfter: "300 millis",
+          claimPollInterval: "20 millis"
+        },
+        // its beats stop being answered (a database that does not answer this replica)
+        (store) =>
+          wrapStore(store, (op, eff) => Effect.suspend(() => (op === "beatClaim" && hung.value ? Effect.never : eff))),
+        () => Effect.sync(() => void (hung.value = true))
+      )
+      yield* Fiber.interrupt(fa)
+    })
+  }, 60_000)
 })

@@ -7,7 +7,8 @@
  *   compare-and-swap on the frontier. A pass that loses the race reads again; the frontier only
  *   moves forward.
  * - The holder bumps its page's beat every `heartbeat` while it scans; at the end it finishes the
- *   page (the claim is dropped, the owners counted). Interrupted first (shutdown), it gives the page
+ *   page (the claim is dropped, the owners counted). A holder whose beat finds the page taken over,
+ *   or that could not beat for `abandonedAfter` − `heartbeat`, stops scanning it at once. Interrupted first (shutdown), it gives the page
  *   back, bounded by {@link RELEASE_TIMEOUT}; a page not given back is abandoned (below).
  * - Before a new page, a pass takes over a claimed page that needs a scanner: one given back, one
  *   an earlier pass of this replica left (it failed or was interrupted), or one abandoned — its beat
@@ -21,7 +22,7 @@
  * - Every write is fenced by the sweep's number: a pass that finds its sweep completed or restarted
  *   elsewhere ends as completed, and a late write of it changes nothing.
  */
-import { Clock, Duration, Effect, Metric, Random } from "effect"
+import { Clock, Duration, Effect, Either, Metric, Random } from "effect"
 import { StoreError } from "../platform/Persistence.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import { INITIAL_PASS, type PageClaim, type ReconcileStoreShape, type SweepRef } from "./ReconcileStore.js"
@@ -146,14 +147,42 @@ const joinSweep = (deps: PassDeps) =>
     return state.sweep
   })
 
-/** The holder's heartbeat on its page, until the page is no longer its own (or the scan ends). */
+/**
+ * The holder's heartbeat on its page while it scans. It ends when the page is no longer its own
+ * (`lost`: a beat found it taken over, or its sweep ended) or when no beat was taken for
+ * `abandonedAfter` − `heartbeat` (`silent`: the database did not answer, so another replica may
+ * see the page abandoned and take it over at `abandonedAfter`); a beat is waited for only until
+ * then. Either way the scan of the page stops (SPEC §6.4: never two replicas on one page at once).
+ */
 const heartbeat = (deps: PassDeps, ref: SweepRef, last: string, holder: string) =>
-  deps.store.beatClaim(ref, last, holder).pipe(
-    // a beat the database did not take: the next one may (the bound allows several)
-    Effect.catchAll(() => Effect.succeed(true)),
-    Effect.delay(deps.timings.heartbeat),
-    Effect.repeat({ while: (mine) => mine })
-  )
+  Effect.flatMap(Clock.currentTimeMillis, (start) => {
+    const silentAfterMs = Math.max(
+      0,
+      Duration.toMillis(deps.timings.abandonedAfter) - Duration.toMillis(deps.timings.heartbeat)
+    )
+    let taken = start
+    const beat = Effect.flatMap(Clock.currentTimeMillis, (before) =>
+      deps.store.beatClaim(ref, last, holder).pipe(
+        Effect.timeout(Duration.millis(Math.max(1, taken + silentAfterMs - before))),
+        Effect.either,
+        Effect.flatMap((answer) =>
+          Effect.map(Clock.currentTimeMillis, (now): "mine" | "lost" | "silent" => {
+            if (Either.isRight(answer)) {
+              if (!answer.right) return "lost"
+              taken = now
+              return "mine"
+            }
+            // a beat the database did not take (failed, or not answered in time): the next one may
+            return now - taken >= silentAfterMs ? "silent" : "mine"
+          })
+        )
+      ))
+    return beat.pipe(
+      Effect.delay(deps.timings.heartbeat),
+      Effect.repeat({ while: (state) => state === "mine" }),
+      Effect.map((state) => (state === "lost" ? "lost" as const : "silent" as const))
+    )
+  })
 
 /** An interrupted holder gives its page back (bounded; if not, the page is abandoned). */
 const giveBack = (deps: PassDeps, ref: SweepRef, last: string, holder: string) =>
@@ -170,23 +199,42 @@ const giveBack = (deps: PassDeps, ref: SweepRef, last: string, holder: string) =
     Effect.asVoid
   )
 
-/** Scan a claimed page and finish it; the number of owners that failed. */
+/**
+ * Scan a claimed page and finish it, while the page is this holder's: once its heartbeat ends (the
+ * page taken over, or no beat taken for too long) the owners not scanned yet are left to the
+ * replica that takes the page over, and an owner's scan in progress is interrupted. The owners
+ * scanned, and of those the number that failed.
+ */
 const scanPage = (
   deps: PassDeps,
   ref: SweepRef,
   page: { readonly last: string; readonly dids: ReadonlyArray<string> },
   holder: string
 ) =>
-  Effect.scoped(
-    Effect.gen(function*() {
-      yield* Effect.forkScoped(heartbeat(deps, ref, page.last, holder))
-      const results = yield* Effect.forEach(page.dids, deps.reconcileOwner, { concurrency: deps.concurrency })
+  Effect.gen(function*() {
+    const done = { owners: 0, failed: 0 }
+    const scanned = Effect.forEach(page.dids, (did) =>
+      Effect.map(deps.reconcileOwner(did), (failed) => {
+        done.owners++
+        if (failed) done.failed++
+      }), { concurrency: deps.concurrency, discard: true })
+    const ended = yield* Effect.raceFirst(
+      Effect.as(scanned, "scanned" as const),
+      heartbeat(deps, ref, page.last, holder)
+    )
+    if (ended === "scanned") {
       if (!(yield* deps.store.finishPage(ref, page.last, holder))) {
         yield* Effect.logInfo("backfill page taken over by another replica or its sweep ended; not counted here")
       }
-      return results.filter((failed) => failed).length
-    })
-  ).pipe(Effect.onInterrupt(() => giveBack(deps, ref, page.last, holder)))
+    } else {
+      // not given back: the page is taken over once its beat has not moved for `abandonedAfter`
+      // (by this pass too), as after a crash
+      yield* Effect.logWarning("backfill page scan stopped: the page is no longer this replica's").pipe(
+        Effect.annotateLogs({ reason: ended, scanned: done.owners, owners: page.dids.length })
+      )
+    }
+    return done
+  }).pipe(Effect.onInterrupt(() => giveBack(deps, ref, page.last, holder)))
 
 /** A claimed page this pass should take over now (and the sightings updated). */
 const claimToTake = (deps: PassDeps, replica: Replica, sweep: number, claims: ReadonlyArray<PageClaim>) =>
@@ -213,9 +261,9 @@ const pass = (deps: PassDeps, replica: Replica, holder: string) =>
     const ref: SweepRef = { pass: INITIAL_PASS, sweep: yield* joinSweep(deps) }
     const tally = { owners: 0, failed: 0 }
     const scan = (page: { readonly last: string; readonly dids: ReadonlyArray<string> }) =>
-      Effect.map(scanPage(deps, ref, page, holder), (failed) => {
-        tally.owners += page.dids.length
-        tally.failed += failed
+      Effect.map(scanPage(deps, ref, page, holder), (done) => {
+        tally.owners += done.owners
+        tally.failed += done.failed
       })
     // the frontier after which no owner was found (the sweep's end, unless the frontier moves)
     let endAt: { readonly frontier: string | undefined } | undefined
