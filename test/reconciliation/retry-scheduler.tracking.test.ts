@@ -88,6 +88,22 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
+  it.scoped("an owner whose scan began elsewhere meanwhile is left to that scan: no reconciliation superseding it", () => {
+    const world = newWorld()
+    const A = plc(1)
+    fail(world, A)
+    return Effect.gen(function*() {
+      const s = yield* scheduler(world)
+      expect((yield* s.tracked).map((t) => t.did)).toEqual([A])
+      // a sweep (or another replica) begins A's scan before the attempt is due; if that scan fails,
+      // A is listed again as failed (and a crashed one after the stale-scan time)
+      world.owners.set(A, { status: "scanning", failureCount: 1, failedSeq: 0 })
+      yield* advance(2_500)
+      expect(world.calls).toEqual([])
+      expect(yield* s.tracked).toEqual([])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
+  })
+
   it.scoped("a superseded attempt (a newer scan of the owner fenced it off) ends the tracking, like a success", () => {
     const world = newWorld()
     const A = plc(1)

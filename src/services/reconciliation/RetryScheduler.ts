@@ -179,10 +179,13 @@ export const make = (options: RetrySchedulerOptions = {}) =>
         const current = yield* store.ownerState(did)
         // an owner tracked for a request is done once a scan has begun since the request, whoever
         // began it (its begin cleared the stamp): a begin here would supersede a scan running in
-        // another process; if that scan fails, the owner is the failure retries' (retryCandidates)
+        // another process; if that scan fails, the owner is the failure retries' (retryCandidates).
+        // An owner tracked as failed likewise once it completed or a scan of it is running (a sweep's,
+        // or another replica's): that scan's failure, or its crash (stale after `staleScanMs`),
+        // lists it again
         const settled = current === undefined || (entry.requested
           ? !current.reconcileRequested
-          : (current.status === "complete" || current.status === "unknown") && !current.reconcileRequested)
+          : current.status !== "failed" && !current.reconcileRequested)
         if (settled) {
           yield* Metric.increment(Metrics.retrySchedulerAttempts({ result: "skipped" }))
           return true
