@@ -37,6 +37,7 @@ const run = (pages: ReadonlyArray<{ readonly status?: number; readonly body: unk
     Effect.either(discoverPages(http, store, RELAY, { maxPages: 10, pageLimit })),
     (result) => ({
       result: Either.isRight(result) ? "ok" : result.left._tag === "DiscoveryFailure" ? result.left.reason : "store",
+      found: Either.getOrUndefined(result),
       urls,
       recorded
     })
@@ -88,5 +89,17 @@ describe("relay discovery bounds", () => {
       const mixed = yield* run([{ body: { repos: repos(plc(1), "did:web:Example.com", "did:plc:short") } }])
       expect(mixed.result).toBe("ok")
       expect(mixed.recorded).toEqual([[plc(1)]])
+    }))
+
+  it.effect("a listing longer than maxPages ends there, truncated; one that ends says it is whole", () =>
+    Effect.gen(function*() {
+      let n = 0
+      const endless = Array.from({ length: 12 }, () => ({ body: { repos: repos(plc(++n)), cursor: `c${n}` } }))
+      const long = yield* run(endless)
+      expect(long.result).toBe("ok")
+      expect(long.found).toEqual({ pages: 10, truncated: true })
+      expect(long.urls).toHaveLength(10)
+      const whole = yield* run([{ body: { repos: repos(plc(1)), cursor: "c1" } }, { body: { repos: repos(plc(2)) } }])
+      expect(whole.found).toEqual({ pages: 2, truncated: false })
     }))
 })

@@ -160,6 +160,13 @@ export const make = (options: BackfillOptions = {}) =>
       onNone: () => Effect.void,
       onSome: (base) =>
         discoverPages(http, store, base, { maxPages: discoveryMaxPages, pageLimit: discoveryPageLimit }).pipe(
+          Effect.flatMap((found) =>
+            found.truncated
+              ? Effect.logWarning(
+                "owner discovery stopped at its page bound: owners the relay lists past it are not discovered"
+              ).pipe(Effect.annotateLogs({ pages: found.pages, pageLimit: discoveryPageLimit }))
+              : Effect.void
+          ),
           Effect.catchTag("DiscoveryFailure", (e) =>
             Effect.sync(() => void state.discoveryFailures++).pipe(
               Effect.zipRight(

@@ -3,7 +3,8 @@
  * `place.wisp.v2.wh`, paged (at most `maxPages` pages of `pageLimit` repos), every page's
  * canonical DIDs recorded as owners (`from_discovery`) as it arrives. A page that is not a 2xx, not
  * valid, too large, or whose cursor is empty, too long, seen before or not well-formed UTF-16 ends
- * discovery with a {@link DiscoveryFailure} (a reason only); a `StoreError` is the caller's.
+ * discovery with a {@link DiscoveryFailure} (a reason only); a `StoreError` is the caller's. A
+ * listing longer than `maxPages` pages ends there, `truncated` (each sweep starts from its first page).
  */
 import { Data, Effect } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
@@ -24,6 +25,12 @@ export interface DiscoveryOptions {
   readonly maxPages: number
   /** repos per page */
   readonly pageLimit: number
+}
+
+export interface DiscoveryResult {
+  readonly pages: number
+  /** the relay had more pages than `maxPages` (its last answer named a next cursor) */
+  readonly truncated: boolean
 }
 
 /** Page through the relay at `base`, recording the owners of every page. */
@@ -59,7 +66,9 @@ export const discoverPages = (
       }
       const dids = body.repos.map((r) => r.did).filter(isCanonicalDid)
       yield* store.addOwners(dids, "discovery")
-      if (body.repos.length === 0 || body.cursor === undefined) return
+      if (body.repos.length === 0 || body.cursor === undefined) {
+        return { pages: page + 1, truncated: false } satisfies DiscoveryResult
+      }
       const next: string = body.cursor
       // a lone surrogate cannot be put in the next URL (encodeURIComponent would throw)
       if (next.length === 0 || next.length > MAX_CURSOR_LENGTH || cursors.has(next) || !isWellFormedText(next)) {
@@ -68,4 +77,5 @@ export const discoverPages = (
       cursors.add(next)
       cursor = next
     }
+    return { pages: options.maxPages, truncated: true } satisfies DiscoveryResult
   })
