@@ -13,6 +13,7 @@ import { createHmac } from "node:crypto"
 import { randomBytes } from "node:crypto"
 import { Webhook } from "standardwebhooks"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { openTailOrDie, until } from "../api/tailClient.js"
 import { type Received, type Receiver, receiver } from "../delivery/worker-support.js"
 import {
   type Account,
@@ -243,9 +244,13 @@ describe("the owners' API on a real atproto network", () => {
       const health = (await (await fetch(firehook.health)).json()) as { api: Record<string, unknown> }
       expect(health.api).toMatchObject({ configured: true, authFailures: 2 })
 
-      // shutdown: clean, and the API stops listening
+      // shutdown: clean, and the API stops listening; an open live tail is closed as going away
+      const tailToken = await serviceToken(alice, "dev.firehook.webhook.subscribeDeliveries")
+      const tail = await Effect.runPromise(openTailOrDie(Number(new URL(api).port), tailToken))
       firehook.running.child.kill("SIGTERM")
       expect((await exitWithin(firehook.running, 20_000)).code).toBe(0)
+      await Effect.runPromise(until("the tail closed", () => tail.closed !== undefined))
+      expect(tail.closed).toEqual({ code: 1001, reason: "shutdown" })
       await expect(fetch(`${api}/xrpc/place.wisp.v2.secret.list`)).rejects.toThrow()
 
       // nothing secret in the logs (debug level): no service token, no secret value, no receiver URL
