@@ -33,9 +33,14 @@ const isRealDateTime = (s: string): boolean => {
   return month >= 1 && month <= 12 && day >= 1 && day <= last && hour <= 23
 }
 
+/** Fraction digits past the millisecond that are not all zeros (`.0345678`: `5678`). */
+const SUB_MILLISECOND = /\.\d{3}\d*[1-9]\d*(Z|[+-]\d{2}:\d{2})?$/
+
 /**
  * A time argument: RFC 3339 / ISO 8601 (`2026-01-02`, `2026-01-02T03:04:05Z`, an offset, or no
- * offset = UTC), or a duration before now (`30m`, `12h`, `7d`).
+ * offset = UTC), or a duration before now (`30m`, `12h`, `7d`). The bounds are compared to the
+ * millisecond: a time finer than that (`.0345678`, `.034530`) is refused, never rounded, since a
+ * row's `created_at` (microseconds) would then fall on the wrong side of it; `.034000` is `.034`.
  */
 const parseTime = (flag: string, value: Option.Option<string>): Effect.Effect<Date | undefined, UsageError> =>
   Effect.gen(function*() {
@@ -53,6 +58,11 @@ const parseTime = (flag: string, value: Option.Option<string>): Effect.Effect<Da
       : ISO_TIME.test(s)
       ? (/(Z|[+-]\d{2}:\d{2})$/.test(s) ? s : `${s}Z`)
       : ""
+    if (text !== "" && SUB_MILLISECOND.test(s)) {
+      return yield* usage(
+        `invalid --${flag}: at most millisecond precision (3 fraction digits, 2026-01-02T03:04:05.123Z): a finer time is refused, not rounded`
+      )
+    }
     const ms = text === "" || !isRealDateTime(s) ? Number.NaN : Date.parse(text)
     if (Number.isNaN(ms)) {
       return yield* usage(
@@ -78,15 +88,20 @@ export const parseRange = (sinceArg: Option.Option<string>, untilArg: Option.Opt
 export const checkDid = (flag: string, value: string) =>
   isCanonicalDid(value) ? Effect.void : usage(`invalid ${flag}: must be a canonical DID (did:plc:… or did:web:…)`)
 
+/** The rules the refusals of a record key, a secret name and a delivery id state. */
+export const RKEY_RULE = "must be a record key"
+export const NAME_RULE = "must match ^[A-Za-z0-9._-]{1,64}$"
+export const DELIVERY_ID_RULE = "expected a delivery id (whd_v1_…)"
+
 export const checkRkey = (flag: string, value: string) =>
-  isRkey(value) ? Effect.void : usage(`invalid ${flag}: must be a record key`)
+  isRkey(value) ? Effect.void : usage(`invalid ${flag}: ${RKEY_RULE}`)
 
 export const checkName = (value: string) =>
-  SECRET_NAME.test(value) ? Effect.void : usage("invalid <name>: must match ^[A-Za-z0-9._-]{1,64}$")
+  SECRET_NAME.test(value) ? Effect.void : usage(`invalid <name>: ${NAME_RULE}`)
 
 const DELIVERY_ID = /^[A-Za-z0-9_]{1,128}$/
 export const checkDeliveryId = (value: string) =>
-  DELIVERY_ID.test(value) ? Effect.void : usage("invalid <id>: expected a delivery id (whd_v1_…)")
+  DELIVERY_ID.test(value) ? Effect.void : usage(`invalid <id>: ${DELIVERY_ID_RULE}`)
 
 // ---------------------------------------------------------------------------------------------
 // Options shared by commands

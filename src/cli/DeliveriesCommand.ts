@@ -221,9 +221,9 @@ const deliveriesRedeliver = Command.make("redeliver", { id: deliveryId, json }, 
       case "Leased":
         return yield* Effect.fail(
           new Failed({
-            text: `the delivery is being attempted right now (leased${
-              result.leasedUntil === undefined ? "" : ` until ${result.leasedUntil.toISOString()}`
-            }); try again after that attempt settles`
+            text: result.leasedUntil === undefined
+              ? "the delivery is leased by a worker; if that worker has stopped, a running delivery worker frees the row within seconds (or its lease expires); try again then"
+              : `the delivery is leased by a worker until ${result.leasedUntil.toISOString()}; if that worker has stopped, a running delivery worker frees the row within seconds (or at ${result.leasedUntil.toISOString()}); try again then`
           })
         )
       case "Redelivered":

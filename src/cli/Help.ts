@@ -95,12 +95,51 @@ const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, "\\
 const takesValue = (rootHelp: string, flag: string): boolean =>
   new RegExp(`(^|[\\s\\[])${escapeRegExp(flag)} [^\\s\\[\\]-]`, "m").test(stripAnsi(rootHelp))
 
+/** The value given to `flag` on the command line (its last occurrence: `--flag v` or `--flag=v`). */
+const valueOf = (args: ReadonlyArray<string>, flag: string): string | undefined => {
+  for (let i = args.length - 1; i >= 0; i--) {
+    const a = args[i] ?? ""
+    if (a === flag) return args[i + 1]
+    if (a.startsWith(`${flag}=`)) return a.slice(flag.length + 1)
+  }
+  return undefined
+}
+
+/**
+ * @effect/cli's line for a value that is none of a choice option's ("Expected one of the following
+ * cases: pending, leased, …", the option unnamed), said with the option's name: the option of the
+ * command line whose usage in the root help lists exactly these cases, and whose value is none of them.
+ */
+const choiceLine = (line: string, args: ReadonlyArray<string>, rootHelp: string): string | undefined => {
+  const listed = /^Expected one of the following cases: ([a-z0-9_, -]+?)(?= Expected | \(see --help\)|$)/.exec(line)
+    ?.[1]
+  if (listed === undefined) return undefined
+  const cases = listed.split(", ")
+  const usage = new RegExp(
+    `(?:^|[\\s\\[])(--[a-z][a-z-]*) ${cases.map(escapeRegExp).join(" \\| ")}(?=[\\s\\]]|$)`,
+    "gm"
+  )
+  const flags = new Set([...stripAnsi(rootHelp).matchAll(usage)].map((m) => m[1] ?? ""))
+  for (const flag of flags) {
+    const value = valueOf(args, flag)
+    if (value !== undefined && !cases.includes(value)) {
+      return `invalid ${flag}: '${value}' is not one of ${cases.join(", ")} (see --help)`
+    }
+  }
+  return undefined
+}
+
 /**
  * @effect/cli's lines for an option given without its value (`--limit` last: "Received unknown
  * argument: '--limit'"; `--limit --json`: "'--json' is not a integer") or with a value that is not
- * an integer ("'1.5' is not a integer", the option unnamed), said with the option's name.
+ * an integer ("'1.5' is not a integer", the option unnamed), a required option missing ("Expected
+ * to find option: '--status'") or a value that is none of a choice option's, said with the option's name.
  */
 export const optionValueLine = (line: string, args: ReadonlyArray<string>, rootHelp: string): string | undefined => {
+  const required = /^Expected to find option: '(--[a-z][a-z-]*)'/.exec(line)?.[1]
+  if (required !== undefined) return `missing ${required} (see --help)`
+  const choice = choiceLine(line, args, rootHelp)
+  if (choice !== undefined) return choice
   const unknown = /^Received unknown argument: '(--[a-z][a-z-]*)'/.exec(line)?.[1]
   if (unknown !== undefined) {
     const next = args[args.lastIndexOf(unknown) + 1]

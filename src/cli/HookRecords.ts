@@ -66,10 +66,10 @@ const parseUrl = (s: string): URL | undefined => {
  * A PDS base URL: `https://host[:port][/path]`, or `http://` to a loopback host (a local PDS; the
  * password travels in clear otherwise). No credentials, query or fragment.
  */
-export const parsePdsUrl = (s: string): Either.Either<string, HooksInvalid> => {
+export const parsePdsUrl = (s: string, source = "--pds"): Either.Either<string, HooksInvalid> => {
   const u = /[\s\u0000-\u001f\u007f]/.test(s) ? undefined : parseUrl(s)
   const rule =
-    "invalid --pds: must be an https:// URL (http:// only to a loopback host: localhost, 127.0.0.0/8 or [::1]) without credentials, query or fragment"
+    `invalid ${source}: must be an https:// URL (http:// only to a loopback host: localhost, 127.0.0.0/8 or [::1]) without credentials, query or fragment`
   if (
     u === undefined || u.hostname === "" || u.username !== "" || u.password !== "" || u.search !== "" || u.hash !== ""
   ) {
@@ -101,7 +101,7 @@ export const connection = (given: {
     const pdsText = Option.isSome(given.pds)
       ? given.pds.value
       : Option.getOrElse(yield* env("ATPROTO_PDS"), () => DEFAULT_PDS)
-    const pds = yield* parsePdsUrl(pdsText)
+    const pds = yield* parsePdsUrl(pdsText, Option.isSome(given.pds) ? "--pds" : "--pds (ATPROTO_PDS)")
     const identifier = Option.isSome(given.identifier)
       ? Option.some(given.identifier.value)
       : yield* env("ATPROTO_IDENTIFIER")
@@ -111,7 +111,9 @@ export const connection = (given: {
     const id = identifier.value
     if (id.length === 0 || id.length > MAX_IDENTIFIER_LENGTH || /[\s\u0000-\u001f\u007f]/.test(id)) {
       return yield* invalid(
-        `invalid --identifier: must be a handle, DID or email of 1-${MAX_IDENTIFIER_LENGTH} characters without spaces`
+        `invalid ${
+          Option.isSome(given.identifier) ? "--identifier" : "--identifier (ATPROTO_IDENTIFIER)"
+        }: must be a handle, DID or email of 1-${MAX_IDENTIFIER_LENGTH} characters without spaces`
       )
     }
     const password = Option.isSome(given.password)

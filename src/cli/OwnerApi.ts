@@ -88,16 +88,18 @@ export const service = (given: ServiceGiven): Effect.Effect<Service, HooksInvali
     if (Option.isNone(urlText)) {
       return yield* invalid("missing --service (or FIREHOOK_SERVICE_URL): the firehook service's URL")
     }
+    const urlSource = Option.isSome(given.service) ? "--service" : "--service (FIREHOOK_SERVICE_URL)"
     const url = parsePublicUrl(urlText.value, true)
     if (url === undefined) {
       return yield* invalid(
-        "invalid --service: must be an https:// origin (http:// only to a loopback host: localhost, 127.0.0.0/8 or [::1]) without credentials, path, query or fragment"
+        `invalid ${urlSource}: must be an https:// origin (http:// only to a loopback host: localhost, 127.0.0.0/8 or [::1]) without credentials, path, query or fragment`
       )
     }
     const did = Option.orElse(given.serviceDid, () => fromEnv("FIREHOOK_SERVICE_DID"))
     if (Option.isSome(did) && !isServiceDid(did.value)) {
+      const didSource = Option.isSome(given.serviceDid) ? "--service-did" : "--service-did (FIREHOOK_SERVICE_DID)"
       return yield* invalid(
-        "invalid --service-did: must be a canonical did:plc or did:web (did:web:host%3Aport allowed)"
+        `invalid ${didSource}: must be a canonical did:plc or did:web (did:web:host%3Aport allowed)`
       )
     }
     return { url, did }
@@ -153,15 +155,23 @@ const exchange = (
   what: string,
   timeout: Duration.Duration,
   maxBytes: number
-): Effect.Effect<{ readonly status: number; readonly json: unknown }, ApiFailed> => {
+): Effect.Effect<
+  { readonly status: number; readonly json: unknown; readonly retryAfter: string | null },
+  ApiFailed
+> => {
   const host = new URL(url).host
   const seconds = Math.round(Duration.toMillis(timeout) / 100) / 10
   return Effect.tryPromise({
     try: (signal) => fetch(url, { ...init, redirect: "manual", signal }),
     catch: () => apiFailed("Unreachable", undefined, `could not reach the firehook service at ${host} (${what})`)
   }).pipe(
-    Effect.flatMap((res) => Effect.map(readBounded(res, maxBytes, what), (text) => ({ status: res.status, text }))),
-    Effect.map(({ status, text }) => ({ status, json: parseJson(text) })),
+    Effect.flatMap((res) =>
+      Effect.map(readBounded(res, maxBytes, what), (text) => ({
+        status: res.status,
+        json: parseJson(text),
+        retryAfter: res.headers.get("retry-after")
+      }))
+    ),
     Effect.interruptible,
     Effect.timeoutFail({
       duration: timeout,
@@ -258,9 +268,15 @@ const describeIssue = (e: ParseResult.ParseError): string => {
 }
 
 /**
+ * A field's command-line spelling (`--rkey`), or its spelling and the rule a refusal states
+ * (`["<id>", "expected a delivery id (whd_v1_…)"]`).
+ */
+export type FlagSpelling = string | readonly [flag: string, rule: string]
+
+/**
  * A request for `contract` from raw arguments (query parameters as strings; a procedure's input),
  * checked with the method's Schemas: a usage error names the argument (`flags` maps a field to its
- * command-line spelling).
+ * command-line spelling, and the rule to state when one is given).
  */
 export const request = <P, I, O>(
   contract: XrpcContract<P, I, O>,
@@ -268,7 +284,7 @@ export const request = <P, I, O>(
     readonly params?: Readonly<Record<string, string | undefined>>
     readonly input?: Readonly<Record<string, unknown>>
   },
-  flags: Readonly<Record<string, string>> = {}
+  flags: Readonly<Record<string, FlagSpelling>> = {}
 ): Effect.Effect<ApiRequest<O>, HooksInvalid> =>
   Effect.gen(function*() {
     if (contract.kind === "subscription") return yield* invalid(`${contract.nsid} is a subscription`)
@@ -277,8 +293,9 @@ export const request = <P, I, O>(
     const bad = (e: ParseResult.ParseError) => {
       const issue = ParseResult.ArrayFormatter.formatErrorSync(e)[0]
       const field = issue?.path[0]
-      const flag = typeof field === "string" ? flags[field] ?? field : undefined
-      return invalid(flag === undefined ? `invalid arguments: ${describeIssue(e)}` : `invalid ${flag}`)
+      const spelling = typeof field === "string" ? flags[field] ?? field : undefined
+      if (spelling === undefined) return invalid(`invalid arguments: ${describeIssue(e)}`)
+      return invalid(typeof spelling === "string" ? `invalid ${spelling}` : `invalid ${spelling[0]}: ${spelling[1]}`)
     }
     yield* Schema.decodeUnknown(contract.params)(params).pipe(Effect.mapError(bad))
     let body: string | undefined
@@ -313,8 +330,25 @@ export interface OwnerApiShape {
   readonly timeout: Duration.Duration
 }
 
-/** The refusal an XRPC error answer stands for: `<Error>: <message>`. */
-const refusal = (status: number, json: unknown, nsid: string): ApiFailed => {
+/** The longest wait a `Retry-After` is shown with (a larger or malformed one is left out). */
+const MAX_RETRY_AFTER_SECONDS = 86_400
+
+/**
+ * ` (try again in N s)` for a `Retry-After` in whole seconds (1..1 day); nothing for none, an
+ * HTTP date or anything else.
+ */
+const retryHint = (retryAfter: string | null): string => {
+  const text = retryAfter?.trim() ?? ""
+  if (!/^\d{1,6}$/.test(text)) return ""
+  const n = Number(text)
+  return n >= 1 && n <= MAX_RETRY_AFTER_SECONDS ? ` (try again in ${n} s)` : ""
+}
+
+/**
+ * The refusal an XRPC error answer stands for: `<Error>: <message>`, with the service's
+ * `Retry-After` (a 429) as `(try again in N s)`.
+ */
+const refusal = (status: number, json: unknown, nsid: string, retryAfter: string | null = null): ApiFailed => {
   const o = typeof json === "object" && json !== null ? json as Record<string, unknown> : {}
   const error = typeof o["error"] === "string" ? errorName(o["error"]) : undefined
   const message = typeof o["message"] === "string" ? printable(o["message"]) : ""
@@ -325,7 +359,8 @@ const refusal = (status: number, json: unknown, nsid: string): ApiFailed => {
       `the firehook service answered ${status} to ${nsid}`
     )
   }
-  return apiFailed(error, status, message.length > 0 ? `${error}: ${message}` : `${error} (${status} from ${nsid})`)
+  const text = message.length > 0 ? `${error}: ${message}` : `${error} (${status} from ${nsid})`
+  return apiFailed(error, status, `${text}${retryHint(retryAfter)}`)
 }
 
 /** The client for the signed-in owner (`hooks`) at the service `url` / `did`. */
@@ -356,20 +391,22 @@ export const make = (
       ))
   const call = <O>(req: ApiRequest<O>) =>
     send(req.nsid, req.kind === "query" ? "GET" : "POST", req.query, req.body, timeout).pipe(
-      Effect.flatMap(({ json, status }) =>
+      Effect.flatMap(({ json, retryAfter, status }) =>
         status === 200
           ? Schema.decodeUnknown(req.output)(json).pipe(
             Effect.mapError(() =>
               apiFailed("InvalidResponse", status, `the firehook service sent an invalid answer to ${req.nsid}`)
             )
           )
-          : Effect.fail(refusal(status, json, req.nsid))
+          : Effect.fail(refusal(status, json, req.nsid, retryAfter))
       ),
       Effect.withSpan("OwnerApi.call", { attributes: { nsid: req.nsid } })
     )
   const probe = (nsid: string) =>
     send(nsid, "GET", "", undefined, Duration.seconds(5)).pipe(
-      Effect.map(({ json, status }) => status >= 400 ? Option.some(refusal(status, json, nsid)) : Option.none()),
+      Effect.map(({ json, retryAfter, status }) =>
+        status >= 400 ? Option.some(refusal(status, json, nsid, retryAfter)) : Option.none()
+      ),
       Effect.catchTag("ApiFailed", (e) => Effect.succeed(Option.some(e)))
     )
   return { did: hooks.did, serviceUrl: url, serviceDid: did, call, token, probe, timeout }

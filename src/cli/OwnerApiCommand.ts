@@ -13,7 +13,17 @@ import { Effect, Option, type Redacted } from "effect"
 import * as SecretLexicon from "../schemas/SecretLexicon.js"
 import * as WebhookLexicon from "../schemas/WebhookLexicon.js"
 import { DELIVERY_STATUSES } from "../services/matching/OutboxStatus.js"
-import { deliveryId, json, nameArg, optional, parseRange, showUrls } from "./Arguments.js"
+import {
+  DELIVERY_ID_RULE,
+  deliveryId,
+  json,
+  NAME_RULE,
+  nameArg,
+  optional,
+  parseRange,
+  RKEY_RULE,
+  showUrls
+} from "./Arguments.js"
 import { usage } from "./Failure.js"
 import { connectionOptions, rkeyArg } from "./HookOptions.js"
 import * as Hooks from "./HookRecords.js"
@@ -68,6 +78,11 @@ const callWith = <O>(given: ApiGiven, req: OwnerApi.ApiRequest<O>) => withApi(gi
 
 const isoOf = (d: Date | undefined): string | undefined => d?.toISOString()
 
+/** The spellings (and rules) of the arguments a lexicon may refuse (`OwnerApi.request`). */
+const ID = { id: ["<id>", DELIVERY_ID_RULE] } as const
+const RKEY = { rkey: ["<rkey>", RKEY_RULE] } as const
+const NAME = { name: ["<name>", `${NAME_RULE}, not . or ..`] } as const
+
 // ---------------------------------------------------------------------------------------------
 // Webhooks and deliveries
 
@@ -113,7 +128,7 @@ const deliveries = Command.make(
           limit: Option.getOrUndefined(Option.map(o.limit, String)),
           cursor: Option.getOrUndefined(o.cursor)
         }
-      }, { rkey: "<rkey>", status: "--status", limit: "--limit (1..100)", cursor: "--cursor" })
+      }, { rkey: ["<rkey>", RKEY_RULE], status: "--status", limit: "--limit (1..100)", cursor: "--cursor" })
       const res = yield* callWith(o, req)
       if (o.json) return yield* printJson(res)
       if (res.deliveries.length === 0) return yield* out("no deliveries")
@@ -124,7 +139,7 @@ const deliveries = Command.make(
 
 const show = Command.make("show", { id: deliveryId, json, ...serviceOptions }, (o) =>
   Effect.gen(function*() {
-    const req = yield* OwnerApi.request(WebhookLexicon.getDelivery, { params: { id: o.id } }, { id: "<id>" })
+    const req = yield* OwnerApi.request(WebhookLexicon.getDelivery, { params: { id: o.id } }, ID)
     const res = yield* callWith(o, req)
     if (o.json) return yield* printJson(res)
     yield* out(View.deliveryDetail(res))
@@ -137,7 +152,7 @@ const NOT_SENT =
 
 const redeliver = Command.make("redeliver", { id: deliveryId, json, ...serviceOptions }, (o) =>
   Effect.gen(function*() {
-    const req = yield* OwnerApi.request(WebhookLexicon.redeliver, { input: { id: o.id } }, { id: "<id>" })
+    const req = yield* OwnerApi.request(WebhookLexicon.redeliver, { input: { id: o.id } }, ID)
     const res = yield* callWith(o, req)
     if (o.json) return yield* printJson(res)
     yield* out(`redelivering ${res.id} (was ${res.previousStatus})`)
@@ -162,7 +177,7 @@ const replay = Command.make(
       const { sinceT, untilT } = yield* parseRange(o.since, o.until)
       const req = yield* OwnerApi.request(WebhookLexicon.replay, {
         input: { rkey: Option.getOrUndefined(o.rkey), since: isoOf(sinceT), until: isoOf(untilT) }
-      }, { rkey: "--rkey" })
+      }, { rkey: ["--rkey", RKEY_RULE] })
       const res = yield* callWith(o, req)
       if (o.json) return yield* printJson(res)
       yield* out(`replaying ${res.replayed} dead letter${res.replayed === 1 ? "" : "s"}`)
@@ -173,7 +188,7 @@ const replay = Command.make(
 
 const testCommand = Command.make("test", { rkey: rkeyArg, json, ...serviceOptions }, (o) =>
   Effect.gen(function*() {
-    const req = yield* OwnerApi.request(WebhookLexicon.test, { input: { rkey: o.rkey } }, { rkey: "<rkey>" })
+    const req = yield* OwnerApi.request(WebhookLexicon.test, { input: { rkey: o.rkey } }, RKEY)
     const res = yield* callWith(o, req)
     if (o.json) return yield* printJson(res)
     yield* out(`test delivery ${res.id} queued for webhook ${o.rkey} (see: firehook hooks show ${res.id})`)
@@ -194,7 +209,7 @@ const resume = Command.make(
       const req = yield* OwnerApi.request(
         WebhookLexicon.resume,
         { input: { rkey: o.rkey, ...(o.replay ? { replay: true } : {}) } },
-        { rkey: "<rkey>" }
+        RKEY
       )
       const res = yield* callWith(o, req)
       if (o.json) return yield* printJson(res)
@@ -233,7 +248,7 @@ const secretsCreateOrRotate = (name: "create" | "rotate") =>
   Command.make(name, { name: nameArg, json, ...serviceOptions }, (o) =>
     Effect.gen(function*() {
       const raw = { input: { name: o.name } }
-      const flags = { name: "<name>" }
+      const flags = NAME
       const res: { readonly token: string } = name === "create"
         ? yield* callWith(o, yield* OwnerApi.request(SecretLexicon.create, raw, flags))
         : yield* callWith(o, yield* OwnerApi.request(SecretLexicon.rotate, raw, flags))
@@ -258,7 +273,7 @@ const secretsList = Command.make("list", { json, ...serviceOptions }, (o) =>
 
 const secretsDelete = Command.make("delete", { name: nameArg, json, ...serviceOptions }, (o) =>
   Effect.gen(function*() {
-    const req = yield* OwnerApi.request(SecretLexicon.remove, { input: { name: o.name } }, { name: "<name>" })
+    const req = yield* OwnerApi.request(SecretLexicon.remove, { input: { name: o.name } }, NAME)
     yield* callWith(o, req)
     if (o.json) return yield* printJson({ name: o.name, deleted: true })
     yield* out(`deleted secret ${o.name}`)

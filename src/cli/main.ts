@@ -13,6 +13,7 @@
  *   firehook owners reconcile <did> [--json]
  *   firehook owners status [--limit N] [--json]
  *   firehook status [--json]
+ *   firehook webhooks resume <did> <rkey> [--replay] [--json]
  *
  * `--since` / `--until` filter on the delivery's enqueue time (`created_at`), as [since, until);
  * `--since` must be earlier than `--until`. `replay` replays the dead letters as of its start, each

@@ -401,7 +401,7 @@ describe("firehook CLI (operator defects)", () => {
         expect(expired.stdout).not.toContain("being attempted")
         const leased = yield* cli(["deliveries", "redeliver", b], env)
         expectOneLineError(leased, 1)
-        expect(leased.stderr).toMatch(/being attempted right now \(leased until \d{4}-/)
+        expect(leased.stderr).toMatch(/leased by a worker until \d{4}-.*; if that worker has stopped, /)
         const pending = yield* cli(["deliveries", "redeliver", a, "--json"], env)
         expect(JSON.parse(pending.stdout)).toEqual({
           deliveryId: a,

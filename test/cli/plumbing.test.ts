@@ -67,7 +67,11 @@ describe("--since / --until (parseRange)", () => {
       expect(yield* since("2026-01-02T03:04:05Z")).toBe("2026-01-02T03:04:05.000Z")
       expect(yield* since("2026-01-02T03:04:05+02:00")).toBe("2026-01-02T01:04:05.000Z")
       expect(yield* since("2026-01-02T03:04:05-05:30")).toBe("2026-01-02T08:34:05.000Z")
-      expect(yield* since("2026-01-02T03:04:05.123456789Z")).toBe("2026-01-02T03:04:05.123Z")
+      expect(yield* since("2026-01-02T03:04:05.123000000Z")).toBe("2026-01-02T03:04:05.123Z")
+      // finer than a millisecond: refused, not cut to .123 (this line asserted the cut before 6 December 2026)
+      expect(yield* since("2026-01-02T03:04:05.123456789Z")).toBe(
+        "refused: invalid --since: at most millisecond precision (3 fraction digits, 2026-01-02T03:04:05.123Z): a finer time is refused, not rounded"
+      )
       for (const bad of ["2026-01-02T03:04:05.1234567890Z", "2026-01-02 03:04", "2026-1-2", "yesterday", ""]) {
         expect(yield* since(bad), bad).toBe(SINCE_REFUSED)
       }
