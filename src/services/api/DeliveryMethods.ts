@@ -20,8 +20,8 @@
  */
 import { Effect, Either, Option } from "effect"
 import * as WebhookLexicon from "../../schemas/WebhookLexicon.js"
-import { normalizeKeyTime } from "../operator/ListKey.js"
-import { type Delivery, type ListKey, Operator } from "../operator/Operator.js"
+import { decodeCursor, encodeCursor } from "../operator/ListKey.js"
+import { type Delivery, Operator } from "../operator/Operator.js"
 import * as TestDelivery from "../operator/TestDelivery.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { recurringWarning } from "./ApiLog.js"
@@ -35,34 +35,6 @@ const storeFailure = (e: StoreError): Effect.Effect<never, XrpcFailure> =>
   )
 
 const notFound = () => declared("NotFound", "no delivery with this id")
-
-// ---------------------------------------------------------------------------------------------
-// Cursors
-
-const DELIVERY_ID = /^[\x21-\x7e]{1,128}$/
-
-/**
- * The opaque cursor of a list key: base64url of `[createdAt, deliveryId]`, `createdAt` in the
- * UTC form of `operator/ListKey` (`2026-05-01T10:00:00.123456Z`).
- */
-export const encodeCursor = (key: ListKey): string =>
-  Buffer.from(JSON.stringify([key.createdAt, key.deliveryId]), "utf8").toString("base64url")
-
-/**
- * The list key of a cursor (its time normalized to UTC), or undefined when it is not one: a time
- * that is not a real calendar time in years 0001–9999 with a sane offset (`ListKey.normalizeKeyTime`)
- * is refused here, never at the database. Cursors of earlier versions (`created_at::text` of the
- * ISO DateStyle, `2026-05-01 10:00:00.123456+00`) are still accepted.
- */
-export const decodeCursor = (cursor: string): ListKey | undefined => {
-  const parsed = Either.try(() => JSON.parse(Buffer.from(cursor, "base64url").toString("utf8")) as unknown)
-  if (Either.isLeft(parsed) || !Array.isArray(parsed.right) || parsed.right.length !== 2) return undefined
-  const [createdAt, deliveryId]: ReadonlyArray<unknown> = parsed.right
-  const at = typeof createdAt === "string" ? normalizeKeyTime(createdAt) : undefined
-  if (at === undefined) return undefined
-  if (typeof deliveryId !== "string" || !DELIVERY_ID.test(deliveryId)) return undefined
-  return { createdAt: at, deliveryId }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Views

@@ -14,6 +14,8 @@
  *
  * @since 0.1.0
  */
+import { Either } from "effect"
+import type { ListKey } from "./Operator.js"
 
 /** `to_char` format of a key (applied to `created_at AT TIME ZONE 'UTC'`). */
 export const KEY_TEXT_FORMAT = "YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\""
@@ -56,4 +58,32 @@ export const normalizeKeyTime = (text: string): string | undefined => {
   return `${pad(y, 4)}-${pad(t.getUTCMonth() + 1, 2)}-${pad(t.getUTCDate(), 2)}T${pad(t.getUTCHours(), 2)}:${
     pad(t.getUTCMinutes(), 2)
   }:${pad(t.getUTCSeconds(), 2)}.${fraction}Z`
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cursors (the owners' API's `cursor`, the operator CLI's `--cursor`)
+
+const DELIVERY_ID = /^[\x21-\x7e]{1,128}$/
+
+/**
+ * The opaque cursor of a list key: base64url of `[createdAt, deliveryId]`, `createdAt` in the
+ * UTC form of this module (`2026-05-01T10:00:00.123456Z`).
+ */
+export const encodeCursor = (key: ListKey): string =>
+  Buffer.from(JSON.stringify([key.createdAt, key.deliveryId]), "utf8").toString("base64url")
+
+/**
+ * The list key of a cursor (its time normalized to UTC), or undefined when it is not one: a time
+ * that is not a real calendar time in years 0001–9999 with a sane offset (`ListKey.normalizeKeyTime`)
+ * is refused here, never at the database. Cursors of earlier versions (`created_at::text` of the
+ * ISO DateStyle, `2026-05-01 10:00:00.123456+00`) are still accepted.
+ */
+export const decodeCursor = (cursor: string): ListKey | undefined => {
+  const parsed = Either.try(() => JSON.parse(Buffer.from(cursor, "base64url").toString("utf8")) as unknown)
+  if (Either.isLeft(parsed) || !Array.isArray(parsed.right) || parsed.right.length !== 2) return undefined
+  const [createdAt, deliveryId]: ReadonlyArray<unknown> = parsed.right
+  const at = typeof createdAt === "string" ? normalizeKeyTime(createdAt) : undefined
+  if (at === undefined) return undefined
+  if (typeof deliveryId !== "string" || !DELIVERY_ID.test(deliveryId)) return undefined
+  return { createdAt: at, deliveryId }
 }
