@@ -22,6 +22,7 @@ import {
 } from "effect"
 import type { SweepKey } from "../../src/services/operator/EventSweep.js"
 import * as Maintenance from "../../src/services/operator/Maintenance.js"
+import { type AttemptKey, BUDGET_BATCH_FACTOR } from "../../src/services/operator/PruneBatches.js"
 import * as Health from "../../src/services/platform/Health.js"
 import * as Lifecycle from "../../src/services/platform/Lifecycle.js"
 import * as Db from "../support/db.js"
@@ -351,12 +352,12 @@ describe("Maintenance", () => {
         yield* reset
       }))
 
-    it.effect("a run is bounded: batchSize rows per statement, maxBatches statements per rule", () =>
+    it.effect("a run without time budget is bounded: batchSize rows per statement, maxBatches statements per rule", () =>
       Effect.gen(function*() {
         yield* reset
         yield* audit(75, 31)
         for (let i = 0; i < 25; i++) yield* outbox(`d-${i}`, `ev-${i}`, "delivered", 8)
-        const options = { batchSize: 10, maxBatches: 3 }
+        const options = { batchSize: 10, maxBatches: 3, runBudget: 0 }
         const first = yield* Maintenance.runOnce(options)
         expect(first.audit).toBe(30)
         expect(first.outbox).toBe(25)
@@ -364,7 +365,7 @@ describe("Maintenance", () => {
         expect((yield* Maintenance.runOnce(options)).audit).toBe(15)
         expect((yield* Maintenance.runOnce(options)).audit).toBe(0)
         expect(yield* count("audit")).toBe(0)
-        const small = { batchSize: 10, maxBatches: 1 }
+        const small = { batchSize: 10, maxBatches: 1, runBudget: 0 }
         yield* audit(25, 31)
         expect((yield* Maintenance.runOnce(small)).audit).toBe(10)
         expect(yield* count("audit")).toBe(15)
@@ -429,7 +430,7 @@ describe("Maintenance", () => {
       Effect.gen(function*() {
         yield* reset
         for (let i = 1; i <= 10; i++) yield* tombstoneMinutesAgo("did:plc:a", `t${String(i).padStart(2, "0")}`, 100 - i)
-        const options = { tombstonesMaxRows: 3, batchSize: 2, maxBatches: 2 }
+        const options = { tombstonesMaxRows: 3, batchSize: 2, maxBatches: 2, runBudget: 0 }
         expect((yield* Maintenance.runOnce(options)).tombstones).toBe(4)
         expect(yield* count("tombstones")).toBe(6)
         // the oldest left is locked by a writer: skipped, not waited for
@@ -452,6 +453,89 @@ describe("Maintenance", () => {
         expect((yield* Maintenance.runOnce(options)).tombstones).toBe(1)
         expect(yield* ids("tombstones", "rkey")).toEqual(["t08", "t09", "t10"])
         expect((yield* Maintenance.runOnce(options)).tombstones).toBe(0)
+      }))
+
+    it.effect("a backlog beyond maxBatches batches is pruned in one run while the run's time budget lasts, up to BUDGET_BATCH_FACTOR × maxBatches statements", () =>
+      Effect.gen(function*() {
+        yield* reset
+        // 75 delivered rows past retention (each with an attempt) and 75 old audit rows: more than
+        // the 3 batches of 10 the count cap alone allows (the old bound: 30 a run)
+        for (let i = 0; i < 75; i++) {
+          yield* outbox(`d-${i}`, `ev-${i}`, "delivered", 8)
+          yield* attempt(`d-${i}`, 1, 8)
+        }
+        yield* audit(75, 31)
+        // the TestClock stands still: the 30 s budget lasts for the whole run
+        const counts = yield* Maintenance.runOnce({ batchSize: 10, maxBatches: 3 })
+        expect([counts.outbox, counts.delivery_attempts, counts.audit]).toEqual([75, 75, 75])
+        expect([yield* count("outbox"), yield* count("delivery_attempts"), yield* count("audit")]).toEqual([0, 0, 0])
+        // still bounded: at most BUDGET_BATCH_FACTOR × maxBatches statements a rule
+        expect(BUDGET_BATCH_FACTOR).toBe(20)
+        for (let i = 0; i < 50; i++) yield* outbox(`e-${i}`, `ev-${i}`, "delivered", 8)
+        expect((yield* Maintenance.runOnce({ batchSize: 2, maxBatches: 1 })).outbox).toBe(40)
+        expect((yield* Maintenance.runOnce({ batchSize: 2, maxBatches: 1 })).outbox).toBe(10)
+        expect(Duration.toMillis(Maintenance.DEFAULT_RETENTION.runBudget)).toBe(30_000)
+      }))
+
+    it.effect("orphan attempts are walked from a cursor, batchSize attempts a statement (retained ones are not walked again)", () =>
+      Effect.gen(function*() {
+        yield* reset
+        // 30 old attempts whose outbox rows are kept (pending), then 5 old orphans: each statement
+        // walks 10 attempts in started_at order and deletes the orphans among them
+        for (let i = 0; i < 30; i++) {
+          yield* outbox(`p-${String(i).padStart(2, "0")}`, `ev-${i}`, "pending", null)
+          yield* attempt(`p-${String(i).padStart(2, "0")}`, 1, 40)
+        }
+        for (let i = 0; i < 5; i++) yield* attempt(`ghost-${i}`, 1, 31)
+        yield* attempt("ghost-young", 1, 29)
+        const cursor = yield* Ref.make<AttemptKey | undefined>(undefined)
+        const options = { batchSize: 10, maxBatches: 2, runBudget: 0 }
+        // run 1 walks the 20 oldest (all kept): nothing deleted, the cursor after them
+        expect((yield* Maintenance.runOnce(options, undefined, cursor)).delivery_attempts).toBe(0)
+        expect((yield* Ref.get(cursor))?.deliveryId).toBe("p-19")
+        // run 2 walks on from there, reaches the cutoff and deletes the 5; the next walk starts over
+        expect((yield* Maintenance.runOnce(options, undefined, cursor)).delivery_attempts).toBe(5)
+        expect(yield* Ref.get(cursor)).toBeUndefined()
+        expect(yield* count("delivery_attempts")).toBe(31)
+        expect(yield* ids("delivery_attempts", "delivery_id")).not.toContain("ghost-0")
+        expect((yield* Maintenance.runOnce(options, undefined, cursor)).delivery_attempts).toBe(0)
+        expect((yield* Ref.get(cursor))?.deliveryId).toBe("p-19")
+      }))
+
+    it.scoped("a tombstone is kept while its owner's scan begins (the begin's UPDATE holds the owner row), and after", () =>
+      Effect.gen(function*() {
+        yield* reset
+        const sql = yield* SqlClient.SqlClient
+        yield* owner("did:plc:begin", "complete")
+        yield* owner("did:plc:idle", "complete")
+        yield* tombstone("did:plc:begin", "old", 8)
+        yield* tombstone("did:plc:idle", "old", 8)
+        // a second connection begins the owner's scan (ReconcileStoreSql's begin: a non-key UPDATE
+        // of the owner row) and has not committed yet when the prune runs
+        const begun = yield* Deferred.make<void>()
+        const commit = yield* Deferred.make<void>()
+        const scan = yield* sql
+          .withTransaction(
+            sql`UPDATE owners SET reconcile_status = 'scanning', scan_started_at = now() WHERE did = 'did:plc:begin'`
+              .pipe(
+                Effect.zipRight(Deferred.succeed(begun, undefined)),
+                Effect.zipRight(Deferred.await(commit))
+              )
+          )
+          .pipe(Effect.forkScoped)
+        yield* Deferred.await(begun)
+        // old code: 2 (the statement's snapshot still said `complete`, and the owner row was not
+        // locked: the tombstone went while the scan was beginning)
+        expect((yield* Maintenance.runOnce()).tombstones).toBe(1)
+        yield* Deferred.succeed(commit, undefined)
+        yield* Fiber.join(scan)
+        expect(yield* ids("tombstones", "owner_did || '/' || rkey")).toEqual(["did:plc:begin/old"])
+        // scanning: kept
+        expect((yield* Maintenance.runOnce()).tombstones).toBe(0)
+        // once the scan is over it goes
+        yield* sql`UPDATE owners SET reconcile_status = 'complete' WHERE did = 'did:plc:begin'`
+        expect((yield* Maintenance.runOnce()).tombstones).toBe(1)
+        expect(yield* count("tombstones")).toBe(0)
       }))
 
     it.scoped("a statement stuck on a lock times out, cancelled; the other rules run; the next run proceeds (TestClock)", () =>

@@ -8,9 +8,11 @@
  * interval; when the ping fails it gives the role up and competes for it again. When the scope
  * closes, the lock is released before the connection goes back to the pool.
  *
- * Every rule deletes at most `batchSize` rows per statement and at most `maxBatches` statements per
- * run, so one run is bounded whatever the backlog; the next run continues. Every statement has a
- * timeout (`statementTimeout`): a statement stuck on a lock is cancelled, its rule fails (code
+ * Every rule deletes at most `batchSize` rows per statement, makes up to `maxBatches` statements a
+ * run, then more while they come back full and the run is within `runBudget` (half the interval),
+ * at most `BUDGET_BATCH_FACTOR` × `maxBatches`: one run is bounded whatever the backlog, and prunes
+ * far more than a minute of peak writes; the next run continues. Every statement has a timeout
+ * (`statementTimeout`): a statement stuck on a lock is cancelled, its rule fails (code
  * `timeout`), the other rules still run, and the next run starts afresh. Ages are measured with
  * the database's `now()`, never the process clock. Rows that another transaction is changing are
  * skipped (`FOR UPDATE SKIP LOCKED`) and their conditions re-checked under the row lock, so a
@@ -19,7 +21,7 @@
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
 import type { Fragment } from "@effect/sql/Statement"
-import { Context, Duration, Effect, Layer, Metric, Option, Ref, Stream, SubscriptionRef } from "effect"
+import { Clock, Context, Duration, Effect, Layer, Metric, Option, Ref, Stream, SubscriptionRef } from "effect"
 import type { Scope } from "effect"
 import { PARKED_KIND } from "../delivery/WebhookHealthSql.js"
 import { Health, statsSection } from "../platform/Health.js"
@@ -32,6 +34,14 @@ import { DEFAULT_EVENT_SWEEP_WINDOW, type SweepCursor, sweepEvents, type SweepKe
 import type { TerminalStatus } from "./Operator.js"
 import * as OperatorConfig from "./OperatorConfig.js"
 import { unparkCtes } from "./ParkedRoom.js"
+import {
+  type AttemptCursor,
+  type AttemptKey,
+  type Batch,
+  batched,
+  sweepAttemptsBatch,
+  tombstoneBatch
+} from "./PruneBatches.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -79,8 +89,13 @@ export interface RetentionOptions {
   readonly eventSweepWindow: number
   /** rows per DELETE — default 1,000 */
   readonly batchSize: number
-  /** DELETE statements per rule per run — default 100 */
+  /** DELETE statements every rule makes per run (when its batches come back full) — default 100 */
   readonly maxBatches: number
+  /**
+   * beyond `maxBatches`, full batches go on while the run is younger than this (up to
+   * `BUDGET_BATCH_FACTOR` × `maxBatches`) — default 30 s, the runner's half its interval; 0: none
+   */
+  readonly runBudget: Duration.DurationInput
   /** bound on each statement (SPEC §7); a statement past it is cancelled — default 30 s */
   readonly statementTimeout: Duration.DurationInput
 }
@@ -100,6 +115,7 @@ export const DEFAULT_RETENTION: RetentionOptions = {
   eventSweepWindow: DEFAULT_EVENT_SWEEP_WINDOW,
   batchSize: 1_000,
   maxBatches: 100,
+  runBudget: Duration.seconds(30),
   statementTimeout: Duration.seconds(30)
 }
 
@@ -154,47 +170,29 @@ const BOUND_BATCH_FACTOR = 10
 const MAX_BIGINT = "9223372036854775807"
 const resolve = (options: Partial<RetentionOptions>): RetentionOptions => ({ ...DEFAULT_RETENTION, ...options })
 
-interface CountRow {
-  readonly n: number
-}
-interface OutboxRow {
-  readonly n: number
-  readonly attempts: number
-}
-interface CutRow {
-  readonly cut: string
-}
-interface KeyedCutRow {
-  readonly at: string
-  readonly owner_did: string
-  readonly rkey: string
-}
-
-/** Repeat a batch until it deletes less than a full batch, at most `maxBatches` times. */
-const batched = <E, R>(
-  o: RetentionOptions,
-  batch: Effect.Effect<{ readonly rows: number; readonly extra: number }, E, R>
-): Effect.Effect<{ readonly rows: number; readonly extra: number }, E, R> =>
-  Effect.gen(function*() {
-    let rows = 0
-    let extra = 0
-    for (let i = 0; i < o.maxBatches; i++) {
-      const r = yield* batch
-      rows += r.rows
-      extra += r.extra
-      if (r.rows < o.batchSize) break
-    }
-    return { rows, extra }
-  })
+type CountRow = { readonly n: number }
+type OutboxRow = { readonly n: number; readonly attempts: number }
+type CutRow = { readonly cut: string }
+type KeyedCutRow = { readonly at: string; readonly owner_did: string; readonly rkey: string }
 
 const onlyRows = <E, R>(eff: Effect.Effect<ReadonlyArray<CountRow>, E, R>) =>
   Effect.map(eff, (rows) => ({ rows: rows[0]?.n ?? 0, extra: 0 }))
 
+/** One run's: where the walks resume (none: the oldest); whether its time budget lasts (none: no). */
+export interface RunContext {
+  readonly eventCursor?: SweepCursor | undefined
+  readonly attemptCursor?: AttemptCursor | undefined
+  readonly withinBudget?: Effect.Effect<boolean> | undefined
+}
+
 /**
  * The rules, each a bounded loop of batches. Exported for tests; `runOnce` is the entry point.
  */
-export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCursor?: SweepCursor) => {
+export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, run: RunContext = {}) => {
   const b = o.batchSize
+  const withinBudget = run.withinBudget ?? Effect.succeed(false)
+  const loop = <E, R>(batch: Effect.Effect<Batch, E, R>, options: RetentionOptions = o) =>
+    batched(options, withinBudget, batch)
 
   /**
    * One statement, bounded by `statementTimeout`. Interrupting a query cancels it on the server
@@ -228,8 +226,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
    * rows a gone or auto-disabled webhook may keep parked are those a replay can still find.
    */
   const outbox = (status: TerminalStatus, retention: Duration.DurationInput) =>
-    batched(
-      o,
+    loop(
       Effect.map(
         timed(sql<OutboxRow>`
           WITH doomed AS (
@@ -255,27 +252,25 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
 
   /**
    * Attempts whose outbox row is gone (written by anything but this module) and that are older
-   * than the longest outbox retention: keeps the attempts table bounded on its own.
+   * than the longest outbox retention: keeps the attempts table bounded on its own. Walked from a
+   * cursor, `batchSize` attempts a statement, each probing the outbox by key (PruneBatches.ts).
    */
-  const orphanAttempts = () => {
-    const longest = Math.max(seconds(o.delivered), seconds(o.deadLetter), seconds(o.cancelled))
-    return batched(
-      o,
-      deleteLocked(
-        sql`SELECT a.delivery_id, a.attempt FROM delivery_attempts a
-          WHERE a.started_at < now() - make_interval(secs => ${longest}::double precision)
-            AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = a.delivery_id)`,
-        "a",
-        "delivery_attempts a",
-        sql`a.delivery_id = d.delivery_id AND a.attempt = d.attempt`
-      )
+  const orphanAttempts = () =>
+    Effect.flatMap(
+      run.attemptCursor === undefined ? Ref.make<AttemptKey | undefined>(undefined) : Effect.succeed(run.attemptCursor),
+      (cursor) =>
+        loop(sweepAttemptsBatch(sql, {
+          olderThanSeconds: Math.max(seconds(o.delivered), seconds(o.deadLetter), seconds(o.cancelled)),
+          window: b,
+          cursor,
+          timed
+        }))
     )
-  }
 
   /** Event bodies older than the retention that no outbox row references, walked from a cursor (EventSweep.ts). */
   const deliveryEvents = () =>
     Effect.flatMap(
-      eventCursor === undefined ? Ref.make<SweepKey | undefined>(undefined) : Effect.succeed(eventCursor),
+      run.eventCursor === undefined ? Ref.make<SweepKey | undefined>(undefined) : Effect.succeed(run.eventCursor),
       (cursor) =>
         sweepEvents(sql, {
           retentionSeconds: seconds(o.deliveryEvents),
@@ -305,13 +300,13 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
     Effect.gen(function*() {
       const t = sql(table)
       const old = sql`created_at < now() - make_interval(secs => ${seconds(retention)}::double precision)`
-      const byAge = yield* batched(o, rangeBatch(table, old, b))
+      const byAge = yield* loop(rangeBatch(table, old, b))
       // the newest row beyond the bound: it and every older row go
       const cut = yield* timed(sql<CutRow>`SELECT id::text AS cut FROM ${t} ORDER BY id DESC OFFSET ${maxRows} LIMIT 1`)
       const first = cut[0]
       if (first === undefined) return byAge
       const bb = b * BOUND_BATCH_FACTOR
-      const byCount = yield* batched({ ...o, batchSize: bb }, rangeBatch(table, sql`id <= ${first.cut}::bigint`, bb))
+      const byCount = yield* loop(rangeBatch(table, sql`id <= ${first.cut}::bigint`, bb), { ...o, batchSize: bb })
       return { rows: byAge.rows + byCount.rows, extra: 0 }
     })
 
@@ -337,8 +332,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
   ) =>
     Effect.gen(function*() {
       const col = sql(at)
-      const byAge = yield* batched(
-        o,
+      const byAge = yield* loop(
         batch(sql`t.${col} < now() - make_interval(secs => ${seconds(retention)}::double precision)`)
       )
       // the newest row beyond the bound: it and every older one go
@@ -348,8 +342,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
         OFFSET ${maxRows} LIMIT 1`)
       const first = cut[0]
       if (first === undefined) return byAge
-      const byCount = yield* batched(
-        o,
+      const byCount = yield* loop(
         batch(sql`t.${col} <= ${first.at}::timestamptz
           AND (t.${col}, t.owner_did, t.rkey) <= (${first.at}::timestamptz, ${first.owner_did}, ${first.rkey})`)
       )
@@ -362,19 +355,16 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
    * bound), never those of owners being reconciled (`scanning`, SPEC §3.4): the table may exceed
    * the bound by theirs while their scans run (a crashed scan is marked failed by the retry
    * scheduler, so this cannot hold the bound off for ever).
+   * Each batch locks its owners and re-checks them under the lock ({@link tombstoneBatch}).
    */
   const tombstones = () =>
-    agedThenBounded("tombstones", "deleted_at", o.tombstones, o.tombstonesMaxRows, (where) =>
-      deleteLocked(
-        sql`SELECT t.owner_did, t.rkey FROM tombstones t
-        WHERE ${where}
-          AND NOT EXISTS (
-            SELECT 1 FROM owners w WHERE w.did = t.owner_did AND w.reconcile_status = 'scanning')
-        ORDER BY t.deleted_at`,
-        "t",
-        "tombstones t",
-        sql`t.owner_did = d.owner_did AND t.rkey = d.rkey`
-      ))
+    agedThenBounded(
+      "tombstones",
+      "deleted_at",
+      o.tombstones,
+      o.tombstonesMaxRows,
+      (where) => onlyRows(timed(tombstoneBatch(sql, where, b)))
+    )
 
   /**
    * The owners' refused records (SPEC §8.5): last seen longer ago than the quarantine's retention,
@@ -391,8 +381,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, eventCu
 
   /** Prior references past their TTL. */
   const priorRefs = () =>
-    batched(
-      o,
+    loop(
       deleteLocked(
         sql`SELECT record_uri FROM prior_refs
           WHERE expires_at < now()`,
@@ -426,12 +415,17 @@ const ZERO = ZERO_PRUNE_COUNTS
 export const runOnce = (
   options: Partial<RetentionOptions> = {},
   /** where the event-body walk resumes (the runner's, kept between its runs); none: from the oldest */
-  eventCursor?: SweepCursor
+  eventCursor?: SweepCursor,
+  /** where the orphan-attempt walk resumes (the runner's); none: from the oldest */
+  attemptCursor?: AttemptCursor
 ): Effect.Effect<PruneCounts, StoreError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const o = resolve(options)
-    const rules = makeRules(sql, o, eventCursor)
+    const started = yield* Clock.currentTimeMillis
+    const budgetMs = Duration.toMillis(Duration.decode(o.runBudget))
+    const withinBudget = Effect.map(Clock.currentTimeMillis, (now) => now - started < budgetMs)
+    const rules = makeRules(sql, o, { eventCursor, attemptCursor, withinBudget })
     const counts: { [T in PrunedTable]: number } = { ...ZERO }
     let firstError: Option.Option<StoreError> = Option.none()
 
@@ -532,7 +526,12 @@ export const make = (
     const interval = options.interval ?? DEFAULT_INTERVAL
     const lockKey = options.lockKey ?? MAINTENANCE_LOCK_KEY
     const eventCursor: SweepCursor = yield* Ref.make<SweepKey | undefined>(undefined)
-    const run = runOnce(options, eventCursor).pipe(Effect.provideService(SqlClient.SqlClient, sql))
+    const attemptCursor: AttemptCursor = yield* Ref.make<AttemptKey | undefined>(undefined)
+    // a run's budget is half the interval: the runner is never busy for more than about that
+    const runBudget = options.runBudget ?? Duration.times(Duration.decode(interval), 0.5)
+    const run = runOnce({ ...options, runBudget }, eventCursor, attemptCursor).pipe(
+      Effect.provideService(SqlClient.SqlClient, sql)
+    )
     const state = yield* SubscriptionRef.make<MaintenanceStatus>({
       runner: false,
       lastRunOk: true,
