@@ -3,6 +3,7 @@
  */
 import { Command, Options } from "@effect/cli"
 import { Effect, Option, Ref } from "effect"
+import { decodeCursor, encodeCursor } from "../services/operator/ListKey.js"
 import * as Operator from "../services/operator/Operator.js"
 import {
   checkDeliveryId,
@@ -100,12 +101,21 @@ const deliveriesList = Command.make(
       "N",
       `rows at most (1..${Operator.MAX_LIST_LIMIT}, default ${Operator.DEFAULT_LIST_LIMIT})`
     ),
+    cursor: optional(
+      Options.text("cursor"),
+      "CURSOR",
+      "the next page: the cursor printed at the end of the previous one"
+    ),
     json,
     showUrls
   },
   (o) =>
     Effect.gen(function*() {
       yield* checkOwnerWebhook(o)
+      const before = Option.isNone(o.cursor) ? undefined : decodeCursor(o.cursor.value)
+      if (Option.isSome(o.cursor) && before === undefined) {
+        return yield* usage("invalid --cursor: not a cursor printed by `firehook deliveries list`")
+      }
       const limit = Option.getOrElse(o.limit, () => Operator.DEFAULT_LIST_LIMIT)
       if (limit < 1 || limit > Operator.MAX_LIST_LIMIT) {
         return yield* usage(`invalid --limit: must be in 1..${Operator.MAX_LIST_LIMIT}`)
@@ -117,18 +127,22 @@ const deliveriesList = Command.make(
         Effect.flatMap(Operator.Operator, (op) =>
           op.listPage({
             limit,
+            ...(before === undefined ? {} : { before }),
             ...filterOf(o, sinceT, untilT),
             ...(Option.isSome(o.status) ? { status: o.status.value } : {})
           }))
       )
       const rows = page.deliveries
-      const cut = page.next !== undefined
-      const atLimit = `(${rows.length} ${
-        rows.length === 1 ? "row" : "rows"
-      }: the limit; more exist: narrow the filter or raise --limit)`
+      // the next page goes on from the last row shown, with the same filters (rows sharing one
+      // enqueue time, as an intake batch's do, are paged by their ids)
+      const atLimit = page.next === undefined ?
+        "" :
+        `(${rows.length} ${rows.length === 1 ? "row" : "rows"}: the limit; more exist: add --cursor ${
+          encodeCursor(page.next)
+        } for the next page)`
       if (o.json) {
         // stdout stays one JSON array; a list cut at the limit says so on stderr
-        if (cut) yield* write(process.stderr, `${atLimit}\n`)
+        if (atLimit !== "") yield* write(process.stderr, `${atLimit}\n`)
         return yield* printJson(rows.map((d) => deliveryJson(d, o.showUrls)))
       }
       if (rows.length === 0) return yield* out("no deliveries")
@@ -151,7 +165,7 @@ const deliveriesList = Command.make(
           })
         )
       )
-      if (cut) yield* out(atLimit)
+      if (atLimit !== "") yield* out(atLimit)
     })
 ).pipe(Command.withDescription("list deliveries, newest first (time filters: the enqueue time, created_at)"))
 

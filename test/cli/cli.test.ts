@@ -242,8 +242,8 @@ describe("firehook CLI", () => {
         const cutHuman = yield* cli(["deliveries", "list", "--limit", "3"], env)
         expect(lines(cutHuman.stdout)).toHaveLength(5)
         expect(lines(cutHuman.stdout)[4]).toMatch(/^\(3 rows: the limit; more exist/)
-        expect((yield* cli(["deliveries", "list", "--json", "--limit", "1"], env)).stderr).toBe(
-          "(1 row: the limit; more exist: narrow the filter or raise --limit)\n"
+        expect((yield* cli(["deliveries", "list", "--json", "--limit", "1"], env)).stderr).toMatch(
+          /^\(1 row: the limit; more exist: add --cursor \S+ for the next page\)\n$/
         )
         const withUrls = yield* cli(["deliveries", "list", "--owner", ALICE, "--show-urls"], env)
         expect(withUrls.stdout).toContain("https://alice.example/hook")

@@ -99,7 +99,34 @@ describe("firehook deliveries (in-process)", () => {
         const byDefault = yield* run(["list", "--json"], url)
         expect(byDefault.code, byDefault.line).toBe(0)
         expect(JSON.parse(byDefault.stdout)).toHaveLength(100)
-        expect(byDefault.stderr).toBe("(100 rows: the limit; more exist: narrow the filter or raise --limit)\n")
+        expect(byDefault.stderr).toMatch(/^\(100 rows: the limit; more exist: add --cursor \S+ for the next page\)\n$/)
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "list --cursor: the next page from the last row shown, through rows that share one enqueue time; a bad cursor is exit 2",
+    () =>
+      Effect.gen(function*() {
+        // one enqueue time for every row, as an intake batch's rows have
+        const url = yield* seeded((sql) => sql`UPDATE outbox SET created_at = '2026-01-01T00:00:00Z'`)
+        const all = JSON.parse((yield* run(["list", "--json"], url)).stdout) as Array<{ deliveryId: string }>
+        expect(all.length).toBeGreaterThan(2)
+        const seen: Array<string> = []
+        let cursor: Array<string> = []
+        for (let page = 0; page < all.length + 1; page++) {
+          const r = yield* run(["list", "--json", "--limit", "1", ...cursor], url)
+          expect(r.code, r.line).toBe(0)
+          seen.push(...(JSON.parse(r.stdout) as Array<{ deliveryId: string }>).map((d) => d.deliveryId))
+          const next = /--cursor (\S+) for the next page/.exec(r.stderr)?.[1]
+          if (next === undefined) break
+          cursor = ["--cursor", next]
+        }
+        expect(seen).toEqual(all.map((d) => d.deliveryId))
+        expectUsage(
+          yield* run(["list", "--cursor", "nope"]),
+          "invalid --cursor: not a cursor printed by `firehook deliveries list`"
+        )
       }),
     { timeout: 60_000 }
   )
