@@ -406,6 +406,10 @@ const decodeCommit = (
   if (!Array.isArray(ops)) return fail("shape")
   const cursor = String(seq)
   let blocks: ReadonlyMap<string, Uint8Array> | undefined
+  // the record bytes decoded for this frame: every op's block counts, also when ops share one (a
+  // commit's ops may name one CID any number of times, and each is decoded into its own event), so
+  // the work and memory of a frame stay within its bound however its ops reuse blocks
+  let decodedBytes = 0
   const events: Array<RecordEvent> = []
   for (let i = 0; i < ops.length; i++) {
     const op: unknown = ops[i]
@@ -434,6 +438,8 @@ const decodeCommit = (
       }
       const block = blocks.get(cidKey(link.bytes))
       if (block === undefined) return fail("record")
+      decodedBytes += block.length
+      if (decodedBytes > ctx.maxBytes) return fail("too_large")
       record = decodeRecord(block)
       if (record === undefined) return fail("record")
     }

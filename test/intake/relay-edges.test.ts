@@ -220,3 +220,27 @@ describe("relay records with integers outside ±(2^53 − 1): a `__proto__` key"
     expect(reasonOf(withBlock(bytesOf([0xa2], key("a"), WIDE, [0x01], [0x02])))).toBe("record")
   })
 })
+
+describe("relay commit bounds", () => {
+  it("ops that share one record block count its bytes once per op toward the frame's bound", () => {
+    // a 100 KB record block sent once, named by n ops (a small frame that would decode n copies)
+    const block = Cbor.encode({ pad: "x".repeat(100_000) })
+    const shared = (n: number) =>
+      withBody(
+        commitFrame({
+          seq: 9,
+          omitBlocks: true,
+          ops: Array.from(
+            { length: n },
+            (_, i) => ({ action: "create" as const, path: `${POST}/k${i}`, record: {}, block })
+          )
+        }),
+        (b) => ({ ...b, blocks: Cbor.toBytes(car([cidBytes(block)], [{ cid: cidBytes(block), data: block }])) })
+      )
+    expect(shared(11).length).toBeLessThan(110_000)
+    // 10 × 100,010 bytes: within 1 MiB; 11: past it, refused before the eleventh copy is decoded
+    expect(reasonOf(shared(10))).toBe("ok")
+    expect(reasonOf(shared(11))).toBe("too_large")
+    expect(reasonOf(shared(400))).toBe("too_large")
+  })
+})
