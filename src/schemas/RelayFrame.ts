@@ -406,10 +406,10 @@ const decodeCommit = (
   if (!Array.isArray(ops)) return fail("shape")
   const cursor = String(seq)
   let blocks: ReadonlyMap<string, Uint8Array> | undefined
-  // the record bytes decoded for this frame: every op's block counts, also when ops share one (a
-  // commit's ops may name one CID any number of times, and each is decoded into its own event), so
-  // the work and memory of a frame stay within its bound however its ops reuse blocks
-  let decodedBytes = 0
+  // each block is decoded once per frame: a commit's ops may name one block any number of times
+  // (identical records share a CID), and their events share its record (read only), so the work and
+  // memory of a frame stay within its bytes however its ops reuse blocks
+  const decoded = new Map<string, unknown>()
   const events: Array<RecordEvent> = []
   for (let i = 0; i < ops.length; i++) {
     const op: unknown = ops[i]
@@ -436,12 +436,15 @@ const decodeCommit = (
         blocks = readBlocks(car.buf)
         if (blocks === undefined) return fail("record")
       }
-      const block = blocks.get(cidKey(link.bytes))
-      if (block === undefined) return fail("record")
-      decodedBytes += block.length
-      if (decodedBytes > ctx.maxBytes) return fail("too_large")
-      record = decodeRecord(block)
-      if (record === undefined) return fail("record")
+      const key = cidKey(link.bytes)
+      record = decoded.get(key)
+      if (record === undefined) {
+        const block = blocks.get(key)
+        if (block === undefined) return fail("record")
+        record = decodeRecord(block)
+        if (record === undefined) return fail("record")
+        decoded.set(key, record)
+      }
     }
     events.push({
       kind: "commit",
