@@ -158,8 +158,10 @@ export const status = Command.make("status", { json }, (o) =>
     const [counted, service] = yield* Effect.all([Effect.either(counts), health], { concurrency: 2 })
     if (Either.isLeft(counted)) {
       // a database that cannot be reached must not hide what the service says about itself: its
-      // lines, when it answered, then the database's one-line error
-      if (!o.json && service.reachable) yield* out(healthLines(service).join("\n"))
+      // lines, when it answered (with --json its `service` object, whether it answered or not),
+      // then the database's one-line error
+      if (o.json) yield* printJson({ service })
+      else if (service.reachable) yield* out(healthLines(service).join("\n"))
       return yield* Effect.fail(counted.left)
     }
     const s = counted.right

@@ -337,6 +337,32 @@ describe("firehook status (in-process)", () => {
   )
 
   it.scopedLive(
+    "an unreachable database: the service's answer all the same (its lines; --json: its object), then exit 1",
+    () =>
+      Effect.gen(function*() {
+        const health = yield* server(answerJson(503, JSON.stringify({ status: "unavailable", phase: "live" })))
+        const env = { HEALTH_HOST: "127.0.0.1", HEALTH_PORT: String(health.port) }
+        const human = yield* run(["status"], env)
+        expect(human.code).toBe(1)
+        expect(human.line).toMatch(/^database: could not connect/)
+        expect(human.stdout).toContain(`service     127.0.0.1:${health.port}  status unavailable  ready no`)
+        const asJson = yield* run(["status", "--json"], env)
+        expect(asJson.code).toBe(1)
+        expect(asJson.line).toMatch(/^database: could not connect/)
+        expect(JSON.parse(asJson.stdout)).toEqual({
+          service: {
+            reachable: true,
+            address: `127.0.0.1:${health.port}`,
+            httpStatus: 503,
+            ready: false,
+            health: { status: "unavailable", phase: "live" }
+          }
+        })
+      }),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
     "a body that is not a JSON object, over 256 KiB, or another status: not reachable",
     () =>
       Effect.gen(function*() {
