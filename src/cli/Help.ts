@@ -229,5 +229,33 @@ export const fixHelp = (text: string, ctx: HelpContext): string => {
     }
     return dedupeCommandLine(line)
   })
-  return lines.join("\n")
+  return narrowCommandRows(lines).join("\n")
+}
+
+/** The widest COMMANDS row whose description stays on its line; a longer row's goes below it. */
+export const DESCRIPTION_COLUMN_MAX = 60
+
+/**
+ * The COMMANDS rows with their descriptions in a column at most {@link DESCRIPTION_COLUMN_MAX}
+ * wide: @effect/cli pads every row to its longest usage (`deliveries list` lists every error
+ * kind: rows of 650 characters on any terminal); a row whose usage is wider ends there and its
+ * description follows on the next line, in the column. Rows are written without colour.
+ */
+export const narrowCommandRows = (lines: ReadonlyArray<string>): ReadonlyArray<string> => {
+  const rows = lines.map((line) => {
+    const m = /^(\s*- )(\S(?:.*?\S)?)(?: {2,}(\S.*))?\s*$/.exec(stripAnsi(line))
+    return m === null ? undefined : { prefix: m[1] ?? "", usage: m[2] ?? "", description: m[3] }
+  })
+  const fits = rows.map((r) => (r === undefined ? 0 : r.prefix.length + r.usage.length))
+    .filter((n) => n > 0 && n + 2 <= DESCRIPTION_COLUMN_MAX)
+  const column = Math.max(0, ...fits) + 2
+  return lines.flatMap((line, i) => {
+    const r = rows[i]
+    if (r === undefined) return [line]
+    const head = `${r.prefix}${r.usage}`
+    if (r.description === undefined) return [head]
+    return head.length + 2 <= column
+      ? [`${head.padEnd(column)}${r.description}`]
+      : [head, `${" ".repeat(column)}${r.description}`]
+  })
 }

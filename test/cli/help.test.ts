@@ -36,8 +36,17 @@ describe("firehook --help (piped, as a user's pager or grep sees it)", () => {
       const gap = /\S( {2,})(?=\S)/.exec(line)
       return gap === null ? undefined : gap.index + 1 + (gap[1] ?? "").length
     }
-    expect(column("hooks secrets create")).toBeDefined()
-    expect(column("hooks secrets create")).toBe(column("deliveries show"))
+    // (a corrected row that fits the column: `hooks secrets` was `hooks hooks secrets`)
+    expect(column("hooks secrets ")).toBeDefined()
+    expect(column("hooks secrets ")).toBe(column("deliveries show"))
+    // in a column a terminal can show: a row wider than it (deliveries list's usage lists every
+    // error kind) has its description on the next line, in the column (before: every row padded
+    // to the widest usage, 650 characters)
+    const rows = lines(root.stdout)
+    expect(Math.max(...rows.map((l) => /\S( {2,})(?=\S)/.exec(l)?.[1]?.length ?? 0))).toBeLessThan(60)
+    const listRow = rows.findIndex((l) => l.startsWith("  - deliveries list "))
+    expect(rows[listRow + 1]).toMatch(/^ {10,60}list deliveries, newest first/)
+    expect(rows[listRow + 1]?.indexOf("list deliveries")).toBe(4 + (column("deliveries show") ?? 0))
 
     const cases: ReadonlyArray<readonly [ReadonlyArray<string>, string]> = [
       [["secrets", "create", "--help"], "$ firehook secrets create [--token TOKEN] <did> <name>"],
