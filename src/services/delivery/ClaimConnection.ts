@@ -6,6 +6,12 @@
  * docs/benchmarks.md).
  * Claims therefore run on one connection reserved from the pool with `enable_bitmapscan = off`
  * for its session (one round trip per claim; a transaction with `SET LOCAL` costs three more).
+ * The same session has `plan_cache_mode = force_custom_plan`: a claim sent as a named prepared
+ * statement (PreparedStatements.ts) is planned with its values each time. PostgreSQL otherwise may
+ * switch it to a generic plan after five runs, which for the claim (its limits are parameters) is
+ * far worse at volume: forced for every statement, an end-to-end run fell from about 2,500 to 123
+ * deliveries/s, PostgreSQL spending 8 ms per delivery, and 3 of 15 runs of `bench/e2e.ts` hit it on
+ * their own (stop 53, docs/benchmarks.md).
  * Claims of this store take turns on it. After a failed claim the connection is given back
  * (setting reset first) and the next claim reserves a fresh one; the layer's scope gives it back
  * at shutdown.
@@ -109,14 +115,20 @@ export const makeClaimConnection = (
         Scope.extend(sql.reserve, scope).pipe(
           Effect.tap((conn) =>
             Effect.zipRight(
-              conn.executeUnprepared("SET enable_bitmapscan = off", [], undefined),
+              Effect.zipRight(
+                conn.executeUnprepared("SET enable_bitmapscan = off", [], undefined),
+                conn.executeUnprepared("SET plan_cache_mode = force_custom_plan", [], undefined)
+              ),
               // runs before the pool release added by `reserve` (finalizers run in reverse order);
               // interruptible, or the timeout could not end a hung statement inside the finalizer
               Scope.addFinalizer(
                 scope,
                 Effect.flatMap(tidy, (yes) =>
                   !yes ? endClient(conn) : Effect.zipRight(
-                    conn.executeUnprepared("RESET enable_bitmapscan", [], undefined),
+                    Effect.zipRight(
+                      conn.executeUnprepared("RESET enable_bitmapscan", [], undefined),
+                      conn.executeUnprepared("RESET plan_cache_mode", [], undefined)
+                    ),
                     conn.executeUnprepared("SELECT pg_advisory_unlock_all()", [], undefined)
                   ).pipe(
                     Effect.interruptible,
@@ -192,7 +204,13 @@ export const makeClaimConnection = (
         ? sql.withTransaction(
           Effect.zipRight(
             markOnce(poolMarks, workerId),
-            Effect.zipRight(sql`SET LOCAL enable_bitmapscan = off`, statement)
+            Effect.zipRight(
+              Effect.zipRight(
+                sql`SET LOCAL enable_bitmapscan = off`,
+                sql`SET LOCAL plan_cache_mode = force_custom_plan`
+              ),
+              statement
+            )
           )
         )
         : onConn((held) => Effect.zipRight(markOnce(held.marks, workerId), statement))
