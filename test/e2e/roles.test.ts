@@ -8,7 +8,6 @@
  *   and delivers the rows. `/health` shows each process's roles and only the sections of its parts
  *   (and every process's `database` section).
  */
-import * as Net from "node:net"
 import { afterAll, describe, expect, it } from "vitest"
 import { e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
 import { commitFrame, startFakeJetstream } from "../support/fakeJetstream.js"
@@ -30,15 +29,20 @@ const count = async (db: string, where: string) =>
   Number((await query<{ n: string }>(db, `SELECT count(*)::text AS n FROM outbox WHERE ${where}`))[0]?.n ?? "0")
 
 /** whether something accepts TCP connections on 127.0.0.1:port */
-const listening = (port: number) =>
-  new Promise<boolean>((resolve) => {
-    const s = Net.connect({ host: "127.0.0.1", port })
-    s.once("connect", () => {
-      s.destroy()
-      resolve(true)
-    })
-    s.once("error", () => resolve(false))
-  })
+/**
+ * Whether an XRPC API answers on `port` (an unknown method's XRPC error). A port that nothing
+ * listens on, or where another server answers (the suite's processes pick their ports from one
+ * range, so a health server of another test can take this one once it is free), is not an API.
+ */
+const servesApi = async (port: number): Promise<boolean> => {
+  try {
+    const res = await fetch(`http://127.0.0.1:${port}/xrpc/com.example.none`, { signal: AbortSignal.timeout(5_000) })
+    const body: unknown = await res.json().catch(() => undefined)
+    return typeof body === "object" && body !== null && typeof Reflect.get(body, "error") === "string"
+  } catch {
+    return false
+  }
+}
 
 const sections = (body: Record<string, unknown>) =>
   Object.keys(body).filter((k) => k !== "status" && k !== "phase").sort()
@@ -112,6 +116,7 @@ describe("FIREHOOK_ROLES", () => {
       expect(sections(apiBody)).toEqual(["api", "database", "roles"])
       // the owners' API listener answers (NotConfigured: no SERVICE_DID/PUBLIC_URL here)
       expect((await fetch(`http://127.0.0.1:${apiPort}/xrpc/place.wisp.v2.secret.list`)).status).toBe(503)
+      expect(await servesApi(apiPort)).toBe(true)
       // no delivery worker anywhere: no liveness mark, no LISTEN on the outbox channel
       expect(
         await query(
@@ -151,7 +156,7 @@ describe("FIREHOOK_ROLES", () => {
       await waitUntil(async () => (await count(db, "status = 'delivered'")) === ROWS, 30_000, "rows delivered")
       expect(rx.hits.size).toBe(ROWS)
       expect(js.connections.length).toBe(streams)
-      expect(await listening(deliveryApiPort)).toBe(false)
+      expect(await servesApi(deliveryApiPort)).toBe(false)
 
       for (const d of [delivery, api, intake]) {
         d.running.child.kill("SIGTERM")
