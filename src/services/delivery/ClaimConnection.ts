@@ -56,6 +56,13 @@ export interface ClaimConnection {
   readonly holdMark: (workerId: string) => Effect.Effect<boolean, SqlError, never>
 }
 
+/**
+ * The claims' plan settings in one statement: no bitmap scans, a plan made with the values each
+ * time; for the session, or (`local`) for the transaction.
+ */
+const planGuard = (local: boolean) =>
+  `SELECT set_config('enable_bitmapscan', 'off', ${local}), set_config('plan_cache_mode', 'force_custom_plan', ${local})`
+
 /** How long giving the connection back (reset, marks released) may take before it is discarded. */
 const GIVE_BACK_TIMEOUT = Duration.seconds(2)
 /** How long taking the marks again on a new connection after a failed statement may take. */
@@ -115,10 +122,7 @@ export const makeClaimConnection = (
         Scope.extend(sql.reserve, scope).pipe(
           Effect.tap((conn) =>
             Effect.zipRight(
-              Effect.zipRight(
-                conn.executeUnprepared("SET enable_bitmapscan = off", [], undefined),
-                conn.executeUnprepared("SET plan_cache_mode = force_custom_plan", [], undefined)
-              ),
+              conn.executeUnprepared(planGuard(false), [], undefined),
               // runs before the pool release added by `reserve` (finalizers run in reverse order);
               // interruptible, or the timeout could not end a hung statement inside the finalizer
               Scope.addFinalizer(
@@ -204,13 +208,7 @@ export const makeClaimConnection = (
         ? sql.withTransaction(
           Effect.zipRight(
             markOnce(poolMarks, workerId),
-            Effect.zipRight(
-              Effect.zipRight(
-                sql`SET LOCAL enable_bitmapscan = off`,
-                sql`SET LOCAL plan_cache_mode = force_custom_plan`
-              ),
-              statement
-            )
+            Effect.zipRight(sql.unsafe(planGuard(true)), statement)
           )
         )
         : onConn((held) => Effect.zipRight(markOnce(held.marks, workerId), statement))
