@@ -127,6 +127,61 @@ describe("the claim under one origin's backlog (PostgreSQL)", () => {
   )
 
   it.scopedLive(
+    "one full origin and one other with room: every short claim walks to the other (the origin it walked last is walked again)",
+    () =>
+      Effect.gen(function*() {
+        yield* insertDue("a", A, SCAN_MAX + 1_000, 3_600)
+        yield* insertDue("b", B, 20, 60)
+        const store = yield* DeliveryStore
+        const got: Array<number> = []
+        for (let i = 0; i < 4; i++) {
+          const claim = yield* store.claim("w", 10, 60_000, { fullOrigins: [A], defaultRoom: 5 })
+          got.push(claim.rows.length)
+          for (const r of claim.rows) expect(r.origin).toBe(B)
+        }
+        // B has 20 due rows and a room of 5 at every claim (before: 5, 0, 5, 0)
+        expect(got).toEqual([5, 5, 5, 5])
+      }).pipe(onStore),
+    60_000
+  )
+
+  it.scopedLive(
+    "a walk that fails after the window's rows were leased: those rows are returned with the failure, not left leased to nobody",
+    () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        yield* insertDue("a", A, 3_000, 3_600)
+        yield* insertDue("b", B, 20, 60)
+        // only the walk takes B's rows (the window's candidates are A's): make leasing them fail
+        yield* sql.unsafe(`CREATE FUNCTION claim_walk_fails() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN
+            IF NEW.origin = '${B}' AND NEW.status = 'leased' THEN RAISE EXCEPTION 'the walk fails'; END IF;
+            RETURN NEW;
+          END $$`)
+        yield* sql.unsafe(
+          `CREATE TRIGGER claim_walk_fails BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION claim_walk_fails()`
+        )
+        const store = yield* DeliveryStore
+        const options = { rooms: [{ origin: A, room: 2 }], defaultRoom: 4 }
+        const claim = yield* store.claim("w", 10, 60_000, options)
+        expect(claim.rows.map((r) => r.deliveryId)).toEqual(["a1", "a2"])
+        expect(claim.failure?.op).toBe("delivery.claim")
+        const leased = yield* sql<{ delivery_id: string; lease_token: string }>`
+          SELECT delivery_id, lease_token FROM outbox WHERE status = 'leased' ORDER BY delivery_id`
+        // the rows leased are exactly those handed over, under their returned tokens
+        expect(leased.map((r) => [r.delivery_id, r.lease_token])).toEqual(
+          claim.rows.map((r) => [r.deliveryId, r.leaseToken])
+        )
+        // the walk works again: the next claim takes B's rows
+        yield* sql.unsafe(`DROP TRIGGER claim_walk_fails ON outbox`)
+        const next = yield* store.claim("w", 10, 60_000, options)
+        expect(next.failure).toBeUndefined()
+        expect(originsOf(next.rows)).toEqual({ [A]: 2, [B]: 4 })
+      }).pipe(onStore),
+    60_000
+  )
+
+  it.scopedLive(
     "a worker: while a slow receiver holds its fill and 5,000 of its rows wait, other receivers' new rows are delivered",
     () =>
       Effect.gen(function*() {

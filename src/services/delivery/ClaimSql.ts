@@ -220,7 +220,8 @@ const roomTable = (sql: SqlClient.SqlClient, p: ClaimPlan) =>
  * candidate limit was reached: {@link walkAfter}), one origin's backlog could be hiding every
  * other origin's rows (a burst to one receiver, a slow one whose backlog grows). The second
  * statement then walks the origins that have pending rows (a skip scan of `outbox_origin_due`, ≤
- * `ORIGIN_WALK_MAX` origins from `cursor`, wrapping once) and takes the oldest due rows, up to each
+ * `ORIGIN_WALK_MAX` origins after `cursor`, wrapping once and ending with `cursor` itself, so that
+ * with two origins the one walked last is walked again) and takes the oldest due rows, up to each
  * origin's room, of every walked origin the first one took nothing of (and that is neither full
  * nor open). A claim that is not short runs the first statement only, unchanged but for one count.
  */
@@ -291,7 +292,7 @@ export const walkHead = (sql: SqlClient.SqlClient, w: WalkPlan) =>
                  ELSE (SELECT o.origin FROM outbox o WHERE o.status = 'pending' AND o.origin IS NOT NULL
                        ORDER BY o.origin LIMIT 1) END AS origin,
             (w.wrapped OR a.after IS NULL) AS wrapped) nx
-        WHERE w.step < ${ORIGIN_WALK_MAX} AND nx.origin IS NOT NULL AND NOT (nx.wrapped AND nx.origin >= ${w.cursor}::text)
+        WHERE w.step < ${ORIGIN_WALK_MAX} AND nx.origin IS NOT NULL AND NOT (nx.wrapped AND nx.origin > ${w.cursor}::text)
       ),
       picked AS (
         SELECT x.delivery_id FROM walk w

@@ -162,6 +162,12 @@ export interface ClaimResult {
    * was full, or rows were skipped because of an origin's room.
    */
   readonly moreDue: boolean
+  /**
+   * The claim's second statement (the origin walk) failed after its first had leased `rows`: they
+   * are returned all the same, and the failure is reported here (the claim connection, which holds
+   * the worker's liveness mark, may have been lost).
+   */
+  readonly failure?: StoreError
 }
 
 /** One row of `delivery_attempts`. The sequence number is assigned by the store. */

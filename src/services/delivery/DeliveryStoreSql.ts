@@ -8,7 +8,7 @@
  */
 import { SqlClient, type Statement } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { Effect, type Scope, Stream } from "effect"
+import { Effect, Either, type Scope, Stream } from "effect"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
 import { codeOr } from "../platform/ErrorCode.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
@@ -222,14 +222,18 @@ export const makeSql: Effect.Effect<
       if (p === undefined) return Effect.succeed({ rows: [], moreDue: false })
       const take = (head: Statement.Fragment) =>
         Effect.map(claimConnection.run(workerId, takeStatement(sql, f, p, head)), claimPart)
+      // each statement commits its leases on its own, so each has its own bound: a walk that fails
+      // after the window's rows were leased hands those rows over all the same (with the failure),
+      // instead of leaving them leased to this worker, unknown to it, until their lease expires
       return Effect.gen(function*() {
-        const first = yield* take(windowHead(sql, f, p))
+        const first = yield* take(windowHead(sql, f, p)).pipe(op("delivery.claim"))
         const w = walkAfter(p, first, walk.cursor)
         if (w === undefined) return claimResult(p, first, undefined)
-        const walked = yield* take(walkHead(sql, w))
-        if (walked.walked > 0 && walked.walkLast !== undefined) walk.cursor = walked.walkLast
-        return claimResult(p, first, walked)
-      }).pipe(op("delivery.claim"))
+        const walked = yield* Effect.either(take(walkHead(sql, w)).pipe(op("delivery.claim")))
+        if (Either.isLeft(walked)) return { ...claimResult(p, first, undefined), failure: walked.left }
+        if (walked.right.walked > 0 && walked.right.walkLast !== undefined) walk.cursor = walked.right.walkLast
+        return claimResult(p, first, walked.right)
+      })
     },
     reclaimAbandoned: (workerId) =>
       Effect.gen(function*() {

@@ -113,6 +113,12 @@ export const claimLoop = (env: WorkerEnv) =>
           continue
         }
         failures = 0
+        // the walk failed after the window's rows were leased: those rows go out; the failure is
+        // handled as a failed claim's is (logged, the liveness mark in doubt), without the backoff
+        if (result.right.failure !== undefined) {
+          state.markInDoubt = true
+          yield* logStoreError(env, result.right.failure)
+        }
         // a row's times count from the claim's start, as the database's do: its lease runs from the
         // claim transaction's now(), its age (ageMs) and the subscription snapshot were read then
         for (const row of result.right.rows) dispatch(env, row, now, claimStartMonotonic)
