@@ -332,3 +332,62 @@ describe("Backfill bounds (SPEC §5.2)", () => {
     }).pipe(Effect.provide(env(recon)))
   })
 })
+
+describe("a page holder whose beats fail (SPEC §6.4)", () => {
+  it.scoped("stops scanning at abandonedAfter − heartbeat from its last beat taken, not a heartbeat later", () => {
+    const failing = { value: false }
+    const interruptedAt: Array<number> = []
+    const layer = Layer.mergeAll(
+      Layer.succeed(Reconciler, {
+        reconcile: () =>
+          Effect.never.pipe(
+            Effect.onInterrupt(() =>
+              Effect.flatMap(Clock.currentTimeMillis, (t) => Effect.sync(() => interruptedAt.push(t)))
+            )
+          ),
+        stats: Effect.succeed({ completed: 0, failed: 0, busy: 0, superseded: 0, invalidRecords: 0 })
+      }),
+      Layer.succeed(
+        ReconcileStore,
+        (() => {
+          const pass = memoryPassState()
+          return fakeReconcileStore({
+            ...pass,
+            addOwners: () => Effect.void,
+            ownersPage: (after, limit) =>
+              Effect.succeed(OWNERS.filter((did) => after === undefined || did > after).slice(0, limit)),
+            // a beat that fails at once (a refused connection), as soon as the database is away
+            beatClaim: (ref, last, holder) =>
+              failing.value
+                ? Effect.fail(new StoreError({ op: "test", code: "ECONNREFUSED" }))
+                : pass.beatClaim(ref, last, holder)
+          })
+        })()
+      ),
+      Layer.succeed(SafeHttp, { request: () => Effect.die("no request expected") }),
+      Config.layerValue(testConfig())
+    )
+    return Effect.gen(function*() {
+      // beats every 100 ms; another replica takes a page over 310 ms after its last beat, so the
+      // holder stops 210 ms after the last beat the database took
+      const b = yield* Backfill.make({
+        repassInterval: null,
+        claimHeartbeat: "100 millis",
+        claimAbandonedAfter: "310 millis",
+        claimPollInterval: "100 millis"
+      })
+      const pass = yield* Effect.fork(b.runPass)
+      for (let t = 10; t <= 600 && interruptedAt.length === 0; t += 10) {
+        yield* TestClock.adjust("10 millis")
+        yield* settle
+        // the beat at 100 ms is taken; those from 200 ms on fail at once
+        if (t === 150) failing.value = true
+      }
+      expect(interruptedAt.length).toBeGreaterThan(0)
+      // before: the beat at 300 ms failed with 10 ms left, the next one came at 400 ms
+      expect(interruptedAt[0]).toBeLessThanOrEqual(100 + 210)
+      expect(interruptedAt[0]).toBeGreaterThanOrEqual(100 + 200)
+      yield* Fiber.interrupt(pass)
+    }).pipe(Effect.provide(layer))
+  })
+})

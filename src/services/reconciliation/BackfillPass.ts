@@ -153,32 +153,46 @@ const joinSweep = (deps: PassDeps) =>
  * `abandonedAfter` − `heartbeat` (`silent`: the database did not answer, so another replica may
  * see the page abandoned and take it over at `abandonedAfter`); a beat is waited for only until
  * then. Either way the scan of the page stops (SPEC §6.4: never two replicas on one page at once).
+ * A beat's time is taken when it is sent (the database stamps the page at or after that), and the
+ * wait before the next beat never passes the silence deadline: a beat that failed just before it
+ * is not followed a whole heartbeat later, when another replica may already have taken the page.
  */
 const heartbeat = (deps: PassDeps, ref: SweepRef, last: string, holder: string) =>
   Effect.flatMap(Clock.currentTimeMillis, (start) => {
-    const silentAfterMs = Math.max(
-      0,
-      Duration.toMillis(deps.timings.abandonedAfter) - Duration.toMillis(deps.timings.heartbeat)
-    )
+    const heartbeatMs = Duration.toMillis(deps.timings.heartbeat)
+    const silentAfterMs = Math.max(0, Duration.toMillis(deps.timings.abandonedAfter) - heartbeatMs)
     let taken = start
-    const beat = Effect.flatMap(Clock.currentTimeMillis, (before) =>
-      deps.store.beatClaim(ref, last, holder).pipe(
-        Effect.timeout(Duration.millis(Math.max(1, taken + silentAfterMs - before))),
-        Effect.either,
-        Effect.flatMap((answer) =>
-          Effect.map(Clock.currentTimeMillis, (now): "mine" | "lost" | "silent" => {
-            if (Either.isRight(answer)) {
-              if (!answer.right) return "lost"
-              taken = now
-              return "mine"
-            }
-            // a beat the database did not take (failed, or not answered in time): the next one may
-            return now - taken >= silentAfterMs ? "silent" : "mine"
-          })
-        )
-      ))
-    return beat.pipe(
-      Effect.delay(deps.timings.heartbeat),
+    const beat = Effect.flatMap(
+      Clock.currentTimeMillis,
+      (before): Effect.Effect<"mine" | "lost" | "silent"> =>
+        silentAfterMs > 0 && before - taken >= silentAfterMs
+          ? Effect.succeed("silent")
+          : deps.store.beatClaim(ref, last, holder).pipe(
+            Effect.timeout(Duration.millis(Math.max(1, taken + silentAfterMs - before))),
+            Effect.either,
+            Effect.flatMap((answer) =>
+              Effect.map(Clock.currentTimeMillis, (now): "mine" | "lost" | "silent" => {
+                if (Either.isRight(answer)) {
+                  if (!answer.right) return "lost"
+                  taken = before
+                  return "mine"
+                }
+                // a beat the database did not take (failed, or not answered in time): the next one may
+                return now - taken >= silentAfterMs ? "silent" : "mine"
+              })
+            )
+          )
+    )
+    // the next beat a heartbeat later, or at the silence deadline if that comes first (timings
+    // without a margin, abandonedAfter ≤ heartbeat, beat every heartbeat as before)
+    const wait = Effect.flatMap(
+      Clock.currentTimeMillis,
+      (now) =>
+        Effect.sleep(Duration.millis(
+          silentAfterMs > 0 ? Math.min(heartbeatMs, Math.max(0, taken + silentAfterMs - now)) : heartbeatMs
+        ))
+    )
+    return Effect.zipRight(wait, beat).pipe(
       Effect.repeat({ while: (state) => state === "mine" }),
       Effect.map((state) => (state === "lost" ? "lost" as const : "silent" as const))
     )
