@@ -8,7 +8,7 @@ import { Either } from "effect"
 import { validateWhRecord, type WhRecordOptions } from "../../schemas/WhRecord.js"
 import { type ActiveWebhook, makeActiveWebhook, type WebhookIndex } from "../matching/WebhookIndex.js"
 import type { FirehookConfigShape } from "../platform/Config.js"
-import type { AdmissionLimit } from "./RegistryConfig.js"
+import type { IndexLimit } from "./RegistryConfig.js"
 import type { WebhookRow } from "./RegistryStore.js"
 
 /** What admission and the load go by: the limits, the source (Jetstream or not), the URL rules. */
@@ -19,7 +19,7 @@ export interface Rules {
 }
 
 /** The limit `w` would exceed in `into` (the live index, or the one a load builds), if any. */
-export const admissionIn = (rules: Rules, into: WebhookIndex, w: ActiveWebhook): AdmissionLimit | undefined => {
+export const admissionIn = (rules: Rules, into: WebhookIndex, w: ActiveWebhook): IndexLimit | undefined => {
   const { limits } = rules
   const p = into.projectUpsert(w)
   if (p.total > limits.activeMax) return "total"
@@ -42,7 +42,7 @@ export type Settlement =
   | { readonly _tag: "keep" }
   | { readonly _tag: "set"; readonly w: ActiveWebhook }
   | { readonly _tag: "unregister" }
-  | { readonly _tag: "over"; readonly limit: AdmissionLimit }
+  | { readonly _tag: "over"; readonly limit: IndexLimit }
 
 /**
  * What the index of `key` becomes when a replayed event is the key's stored version (`stored`: its

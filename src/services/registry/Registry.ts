@@ -15,16 +15,21 @@
  *   one PostgreSQL cannot store (`unstorable`: a NUL or a lone surrogate, as reconciliation refuses
  *   it) or one over an admission limit revokes the previous registration and is remembered among
  *   the owner's refused records (its cid, rev and reason; `RejectedStore`), which a valid version or
- *   a delete clears. A write fenced only by the snapshot of the scan in progress (newer than the
+ *   a delete clears. A write that would store a new key for an owner who already has
+ *   `RECONCILE_MAX_RECORDS` stored records (active or not: what one scan can read) is refused the same
+ *   way, `limit_owner_records`, before admission judges it (an update or a delete of a stored key
+ *   always passes; the count, bounded by the cap, is read under the owner's lock with the key:
+ *   `RegistryStore.get`). A write fenced only by the snapshot of the scan in progress (newer than the
  *   owner's last completed snapshot) is applied as usual but stamped below the scan's token
- *   ({@link heldBackGeneration}): the snapshot decides its key when the scan completes, and a scan
+ *   (`LiveWrite.heldBackGeneration`): the snapshot decides its key when the scan completes, and a scan
  *   that fails leaves the store with what the owner wrote. A fenced write (`stale`) changes nothing
  *   in the store; in memory, a replay of the key's stored version (same rev: committed by another
  *   leader, or by this process before a restart) makes the index take the stored state of that key
  *   (`settle`), and a write fenced while a scan runs is followed by the index until the scan's swap
  *   (`followDuringScan`); other fenced writes change nothing.
- *   A write that frees room under an admission limit requests, in its transaction, the
- *   reconciliation of the owners whose records were refused for that limit (RoomRequests).
+ *   A write that frees room under an admission limit (or removes a stored row of an owner) requests,
+ *   in its transaction, the reconciliation of the owners whose records were refused for that limit
+ *   (RoomRequests). The write itself, once the owner is locked and the key read: LiveWrite.
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
  *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
  *   A failure may hide a commit (the connection dropped after the server committed), so the owners
@@ -36,42 +41,32 @@
  * - `syncOwner` follows a change another process made to an owner (RegistrySync: the intake leader
  *   of a deployment whose roles are split over several processes).
  */
-import { Cause, Context, Effect, Either, Layer, Metric, Option } from "effect"
-import type { ScopeUri } from "../../schemas/AtUri.js"
+import { Cause, Context, Effect, Layer, Metric, Option } from "effect"
 import { parseCidrs } from "../../schemas/Net.js"
 import type { RecordEvent } from "../../schemas/RecordEvent.js"
-import { compareTid } from "../../schemas/Tid.js"
-import { validateWhRecord, WH_COLLECTION, type WhRecord } from "../../schemas/WhRecord.js"
-import { type ActiveWebhook, makeActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
+import { WH_COLLECTION } from "../../schemas/WhRecord.js"
+import { type ActiveWebhook, WebhookIndex } from "../matching/WebhookIndex.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { StoreError } from "../platform/Persistence.js"
-import { activeFromRow, admissionIn, type Rules, settlement } from "./IndexRules.js"
+import { activeFromRow, admissionIn, type Rules } from "./IndexRules.js"
+import * as LiveWrite from "./LiveWrite.js"
+import type { WhEventOutcome } from "./LiveWrite.js"
 import type { AdmissionLimit } from "./RegistryConfig.js"
 import {
-  isStorableRow,
-  isStorableText,
   type LoadedRow,
   type LoadPosition,
-  type OwnerState,
   RegistryStore,
   type RegistryStoreShape,
   type WebhookRow
 } from "./RegistryStore.js"
-import { admissionReason, type RefusedVersion } from "./RejectedStore.js"
 import * as RoomRequests from "./RoomRequests.js"
 import * as SwapRefusals from "./SwapRefusals.js"
 
 export type { AdmissionLimit }
+export type { WhEventOutcome } from "./LiveWrite.js"
+export { heldBackGeneration, toRow } from "./LiveWrite.js"
 export { ROOM_REQUESTS_MAX } from "./RoomRequests.js"
-
-export type WhEventOutcome =
-  | { readonly _tag: "stale" }
-  | { readonly _tag: "deleted"; readonly existed: boolean }
-  | { readonly _tag: "active" }
-  | { readonly _tag: "disabled" }
-  | { readonly _tag: "invalid"; readonly kind: string; readonly revoked: boolean }
-  | { readonly _tag: "rejected"; readonly limit: AdmissionLimit; readonly revoked: boolean }
 
 export interface RegistryStats {
   readonly active: number
@@ -112,47 +107,7 @@ export interface RegistryShape {
 
 export class Registry extends Context.Tag("firehook/Registry")<Registry, RegistryShape>() {}
 
-const admissionRejections = Metric.counter("firehook_registry_admission_rejected_total", {
-  description: "Webhook records not activated because an admission limit was reached"
-})
-const invalidRecordsMetric = Metric.counter("firehook_registry_invalid_records_total", {
-  description: "place.wisp.v2.wh records that failed validation or that PostgreSQL cannot store (unstorable)"
-})
 const activeGauge = Metric.gauge("firehook_registry_active_webhooks", { description: "Active webhooks in memory" })
-
-/** Build the stored row of a validated record. */
-export const toRow = (
-  ownerDid: string,
-  rkey: string,
-  record: WhRecord,
-  scope: ScopeUri,
-  rev: string,
-  generation: number,
-  cid: string | undefined,
-  active: boolean
-): WebhookRow => {
-  const w = makeActiveWebhook(ownerDid, rkey, record, scope, rev)
-  return {
-    ownerDid,
-    rkey,
-    rev,
-    generation,
-    cid,
-    record,
-    scopeUri: w.scopeUri,
-    scopeDid: scope.did,
-    backlinks: w.backlinks,
-    url: record.url,
-    events: record.events ?? [],
-    enabled: record.enabled !== false,
-    active,
-    signingMode: w.signingMode,
-    secretId: record.secretId,
-    // the active form's (same inputs: url, scope, backlinks, backlinksOnly, events, enabled, secretId)
-    fingerprint: w.fingerprint,
-    gone: false
-  }
-}
 
 /**
  * Whether a unit of work that failed with `cause` may have been committed all the same: anything
@@ -176,94 +131,6 @@ interface Journal {
   /** the reconciliations the unit requested for room it freed (RoomRequests) */
   readonly room: RoomRequests.RoomMemo
 }
-
-/**
- * What a write fenced by a scan in progress registers in memory ({@link followDuringScan}): a valid,
- * enabled, storable version's registration; none for a delete, an invalid, paused or unstorable one.
- */
-const followedRegistration = (rules: Rules, event: RecordEvent): ActiveWebhook | undefined => {
-  if (event.operation === "delete") return undefined
-  const validated = validateWhRecord(event.record, rules.validateOpts)
-  if (Either.isLeft(validated) || validated.right.record.enabled === false) return undefined
-  const { record, scope } = validated.right
-  const storable = isStorableRow(toRow(event.did, event.rkey, record, scope, event.rev, 0, event.cid, true))
-  return storable ? makeActiveWebhook(event.did, event.rkey, record, scope, event.rev) : undefined
-}
-
-/** The index's writes that a transaction can undo (`Registry.make`'s journal), and its rules. */
-type IndexWriter = Readonly<{
-  rules: Rules
-  index: WebhookIndex
-  admission: (w: ActiveWebhook) => AdmissionLimit | undefined
-  set: (w: ActiveWebhook) => void
-  remove: (key: string) => void
-}>
-
-/** a replay of the key's stored version: the index takes the stored state ({@link settlement}) */
-const settle = (writer: IndexWriter, key: string, stored: WebhookRow | undefined): Effect.Effect<void> =>
-  Effect.suspend(() => {
-    const s = settlement(writer.rules, writer.index, key, stored)
-    if (s._tag === "keep") return Effect.void
-    if (s._tag === "set") writer.set(s.w)
-    else writer.remove(key)
-    return Effect.logInfo("registry: replayed write committed elsewhere, index follows the store").pipe(
-      Effect.annotateLogs({ key, result: s._tag === "over" ? `over ${s.limit} limit` : s._tag })
-    )
-  })
-
-/**
- * A live write fenced while a scan is in progress, not stored ({@link heldBackGeneration} found it
- * no newer than the owner's last completed snapshot, or the scan's token unknown): the index
- * follows it until the scan's swap (SPEC §5.3 step 5), so that the events
- * after it match what the owner wrote, not the pre-scan registration (before, a webhook created or
- * moved just before its owner's snapshot lost them: the audit of 6 December 2026). Rows matched so
- * wait while the owner is `scanning`, then face the snapshot's subscription (SPEC §4.2): a version
- * the snapshot does not confirm (a replayed create of a webhook deleted since) is cancelled, unsent.
- */
-const followDuringScan = (writer: IndexWriter, event: RecordEvent, key: string): Effect.Effect<void> =>
-  Effect.suspend(() => {
-    const candidate = followedRegistration(writer.rules, event)
-    const admitted = candidate !== undefined && writer.admission(candidate) === undefined ? candidate : undefined
-    if (admitted !== undefined) writer.set(admitted)
-    else writer.remove(key)
-    return Effect.logDebug("registry: a write older than the owner's scan in progress, followed in memory only")
-      .pipe(Effect.annotateLogs({ key, result: admitted === undefined ? "removed" : "set" }))
-  })
-
-/**
- * The generation a live write fenced by the snapshot of the owner's scan in progress is stored at:
- * one below the scan's token, as the scan stamps the writes that landed before it read its rev
- * (`ReconcileStore.saveSnapshotRev`). The scan's pages then overwrite the key, or its completion
- * deletes it (tombstone at the snapshot's rev), so the snapshot still decides the key (SPEC §3.4);
- * and if the scan fails, the store holds what the index follows (SPEC §5.3 step 5: the owner keeps
- * its last known registrations; before, such a write lived in memory only and was lost to the
- * store for good, the stream having moved past it: the audit of 6 December 2026). Only a write
- * newer than the owner's last completed snapshot (the fence a failed scan gives back): an older one
- * is stale whatever the scan. Undefined: not stored.
- */
-export const heldBackGeneration = (owner: OwnerState | undefined, rev: string): number | undefined =>
-  owner?.status === "scanning" && owner.scanGeneration !== undefined &&
-    (owner.completedSnapshotRev === undefined || compareTid(rev, owner.completedSnapshotRev) > 0)
-    ? owner.scanGeneration - 1
-    : undefined
-
-/**
- * A write the owner's snapshot rev fenced: the generation it is stored at while the owner's scan
- * runs ({@link heldBackGeneration}), or undefined (stale; while a snapshot is being taken, the index
- * follows it: {@link followDuringScan}).
- */
-const fencedWrite = (
-  store: RegistryStoreShape,
-  writer: IndexWriter,
-  event: RecordEvent,
-  key: string
-): Effect.Effect<number | undefined, StoreError> =>
-  Effect.gen(function*() {
-    const owner = yield* store.owner(event.did)
-    const held = heldBackGeneration(owner, event.rev)
-    if (held === undefined && owner?.status === "scanning") yield* followDuringScan(writer, event, key)
-    return held
-  })
 
 /**
  * The registrations a load admits, in a new index: the store's active rows in the load order
@@ -290,17 +157,6 @@ const loadIndex = (store: RegistryStoreShape, rules: Rules) =>
       after = last.position
     }
   })
-
-/** The key's stored version: the newer of its row and its tombstone (the tombstone on a tie). */
-const storedVersion = (
-  row: WebhookRow | undefined,
-  tombstone: { readonly rev: string } | undefined
-): { readonly rev: string; readonly row: WebhookRow | undefined } | undefined => {
-  if (row !== undefined && (tombstone === undefined || compareTid(row.rev, tombstone.rev) > 0)) {
-    return { rev: row.rev, row }
-  }
-  return tombstone === undefined ? undefined : { rev: tombstone.rev, row: undefined }
-}
 
 /**
  * An owner's swap candidates, as the load takes them: its first `ownerActiveMax` active rows that
@@ -336,8 +192,10 @@ export const make = Effect.gen(function*() {
    */
   const unsynced = new Set<string>()
   let notLoaded = 0
-  let invalidRecords = 0
-  const rejected: { [K in AdmissionLimit]: number } = { total: 0, owner: 0, direct_dids: 0, backlink_dids: 0 }
+  const counts = LiveWrite.noCounts()
+  const rejected = counts.rejected
+  /** the cap of an owner's stored records a live write of a new key must stay under (what a scan reads) */
+  const ownerRecordsMax = config.reconcile.maxRecords
 
   /** run after the enclosing transaction commits (at once outside one) */
   const onCommit = (f: Effect.Effect<void>): Effect.Effect<void> =>
@@ -371,88 +229,27 @@ export const make = Effect.gen(function*() {
   }).pipe(Effect.withSpan("Registry.load"))
   const load = reload
 
-  const writer: IndexWriter = { rules, index, admission, set: setInIndex, remove: removeFromIndex }
+  const writer: LiveWrite.IndexWriter = { rules, index, admission, set: setInIndex, remove: removeFromIndex }
+  const live: LiveWrite.LiveWriteContext = { store, writer, onCommit, ownerRecordsMax, counts }
 
   const room: RoomRequests.RoomContext = { store, index, jetstream, memo: () => journal?.room, onCommit }
   /** a live write, then the reconciliations the room it freed may admit, in its transaction */
   const applyWhEvent = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
     RoomRequests.afterWrite(room, event.did, applyWrite(event)).pipe(Effect.withSpan("Registry.applyWhEvent"))
 
-  const applyWrite = (event: RecordEvent): Effect.Effect<WhEventOutcome, StoreError> =>
+  /** a live write, and whether it removed a stored row of the owner (RoomRequests) */
+  const applyWrite = (event: RecordEvent): Effect.Effect<RoomRequests.Written<WhEventOutcome>, StoreError> =>
     Effect.gen(function*() {
       const ownerDid = event.did
       const rkey = event.rkey
-      const key = webhookKey(ownerDid, rkey)
       journal?.owners.add(ownerDid)
       yield* store.lockOwner(ownerDid)
-      const { row, tombstone } = yield* store.get(ownerDid, rkey)
-      // fencing: strictly greater than both the row's and the tombstone's rev
-      const stored = storedVersion(row, tombstone)
-      if (stored !== undefined && compareTid(event.rev, stored.rev) <= 0) {
-        // this very version, committed elsewhere (another leader, this process before a restart)
-        if (compareTid(event.rev, stored.rev) === 0) yield* settle(writer, key, stored.row)
-        return { _tag: "stale" } as const
-      }
-      // and strictly greater than the owner's snapshot rev (SPEC §3.4): the snapshot already holds
-      // the owner's records as of that rev; nothing is written, but for a write newer than the last
-      // completed snapshot while a scan runs, stored below the scan's token ({@link fencedWrite})
-      const generation = (yield* store.bumpGeneration(ownerDid, event.rev)) ??
-        (yield* fencedWrite(store, writer, event, key))
-      if (generation === undefined) return { _tag: "stale" } as const
-      // a refusal keeps the version's cid only if it can be stored (Jetstream's is any string)
-      const cid = event.cid !== undefined && isStorableText(event.cid) ? event.cid : undefined
-      /**
-       * revoke the key (a row, if any, and its registration) for a refused version, leaving a
-       * tombstone (an invalid or refused version also fences older replays of valid ones) and the
-       * refusal; true when a registration was revoked: a stored active row's (a paused one has
-       * none), or one the index held (followed in memory only while the owner's scan runs:
-       * {@link followDuringScan})
-       */
-      const refuse = (reason: RefusedVersion["reason"]) =>
-        Effect.gen(function*() {
-          yield* store.remove(ownerDid, rkey, { rev: event.rev, generation }, { cid, reason })
-          const followed = removeFromIndex(key)
-          return row?.active === true || followed !== undefined
-        })
-      if (event.operation === "delete") {
-        yield* store.remove(ownerDid, rkey, { rev: event.rev, generation })
-        removeFromIndex(key)
-        return { _tag: "deleted", existed: row !== undefined } as const
-      }
-      const invalid = (kind: RefusedVersion["reason"]) =>
-        Effect.gen(function*() {
-          const revoked = yield* refuse(kind)
-          yield* onCommit(
-            Effect.sync(() => invalidRecords++).pipe(Effect.zipRight(Metric.increment(invalidRecordsMetric)))
-          )
-          return { _tag: "invalid", kind, revoked } as const
-        })
-      const validated = validateWhRecord(event.record, rules.validateOpts)
-      if (Either.isLeft(validated)) return yield* invalid(validated.left)
-      const { record, scope } = validated.right
-      const enabled = record.enabled !== false
-      const version = toRow(ownerDid, rkey, record, scope, event.rev, generation, event.cid, enabled)
-      // valid, but PostgreSQL cannot store it: refused like an invalid version (as reconciliation does)
-      if (!isStorableRow(version)) return yield* invalid("unstorable")
-      if (!enabled) {
-        yield* store.upsert(version)
-        removeFromIndex(key)
-        return { _tag: "disabled" } as const
-      }
-      const candidate = makeActiveWebhook(ownerDid, rkey, record, scope, event.rev)
-      const limit = admission(candidate)
-      if (limit !== undefined) {
-        const revoked = yield* refuse(admissionReason(limit))
-        yield* onCommit(
-          Effect.sync(() => rejected[limit]++).pipe(
-            Effect.zipRight(Metric.increment(Metric.tagged(admissionRejections, "limit", limit)))
-          )
-        )
-        return { _tag: "rejected", limit, revoked } as const
-      }
-      yield* store.upsert(version)
-      setInIndex(candidate)
-      return { _tag: "active" } as const
+      // with the owner's stored rows up to the cap when the key has none (a write would add one)
+      const state = yield* store.get(ownerDid, rkey, event.operation === "delete" ? undefined : ownerRecordsMax)
+      const outcome = yield* LiveWrite.writeKey(live, event, state)
+      // a delete or a refused version of a stored key removed its row (a version stored replaces it)
+      const removed = outcome._tag === "deleted" || outcome._tag === "invalid" || outcome._tag === "rejected"
+      return { outcome, rowRemoved: state.row !== undefined && removed }
     })
 
   /** reload the unsynced owners from the store (each leaves the set once reloaded) */
@@ -523,7 +320,7 @@ export const make = Effect.gen(function*() {
         admitted++
       }
       // the metric counts what health counts (after the synchronous swap)
-      for (const limit of refused) yield* Metric.increment(Metric.tagged(admissionRejections, "limit", limit))
+      for (const limit of refused) yield* Metric.increment(Metric.tagged(LiveWrite.admissionRejections, "limit", limit))
       yield* Metric.set(activeGauge, index.size)
       // the refusals (limit_* entries, which RoomRequests reads) and the admissions, remembered
       yield* recordSwap(ownerDid, decisions)
@@ -547,7 +344,7 @@ export const make = Effect.gen(function*() {
       backlinkDids: index.backlinkDids().size,
       notLoaded,
       rejected: { ...rejected },
-      invalidRecords
+      invalidRecords: counts.invalidRecords
     })
   )
 
@@ -571,7 +368,8 @@ export const admissionSection = (rejected: { readonly [K in AdmissionLimit]?: nu
   rejectedTotal: rejected.total ?? 0,
   rejectedOwner: rejected.owner ?? 0,
   rejectedDirectDids: rejected.direct_dids ?? 0,
-  rejectedBacklinkDids: rejected.backlink_dids ?? 0
+  rejectedBacklinkDids: rejected.backlink_dids ?? 0,
+  rejectedOwnerRecords: rejected.owner_records ?? 0
 })
 
 /** The registry, loaded, with its health section. */

@@ -21,6 +21,14 @@
  * U+FFFD). Its writers (the registry stream, reconciliation) check a row before they write it and
  * refuse one that fails as `unstorable`, so that such a record is a refusal, never a failed write.
  *
+ * The cap of an owner's stored records on the registry stream (`Registry`, `RECONCILE_MAX_RECORDS`)
+ * is read by `get` when asked and the key has no row: a count of the owner's rows that stops at
+ * the cap (`SELECT 1 … ORDER BY rkey LIMIT cap`: the primary key `(owner_did, rkey)` read in order,
+ * so the scan stops at the cap whatever the plan's estimates), in the statement that
+ * reads the key's tombstone (no extra round trip). It is exact for the write that follows in the
+ * same transaction: every writer of an owner's rows (a live write, a scan's page, its deletes and
+ * completion) holds the owner row lock (`lockOwner`, `FOR UPDATE`) while it writes them.
+ *
  * The load order ({@link RegistryStoreShape.loadActive}): active rows by `(created_at, owner_did,
  * rkey)`, oldest first; an owner's candidates are its first `ownerMax` active rows in that order
  * (`created_at`, then `rkey`), the rest are never read, so one owner's excess cannot push other
@@ -141,12 +149,23 @@ export interface OwnerState {
   readonly completedSnapshotRev?: string | undefined
 }
 
+/** What `get` reads of one record key. */
+export interface KeyState {
+  readonly row: WebhookRow | undefined
+  readonly tombstone: Tombstone | undefined
+  /**
+   * the owner's stored rows (active or not), counted up to the `countUpTo` asked: only when asked
+   * and the key has no row (a write of it would add one), else undefined
+   */
+  readonly ownerRecords?: number | undefined
+}
+
 export interface RegistryStoreShape {
-  /** the row and tombstone of one record key */
-  readonly get: (
-    ownerDid: string,
-    rkey: string
-  ) => Effect.Effect<{ readonly row: WebhookRow | undefined; readonly tombstone: Tombstone | undefined }, StoreError>
+  /**
+   * the row and tombstone of one record key; with `countUpTo`, when the key has no row, also the
+   * owner's stored rows counted up to it (run it holding the owner's lock: `lockOwner`)
+   */
+  readonly get: (ownerDid: string, rkey: string, countUpTo?: number) => Effect.Effect<KeyState, StoreError>
   /**
    * lock the owner's row for the rest of the transaction (creating it if needed), so a live write and a
    * reconciliation completion of the same owner never interleave
@@ -236,6 +255,13 @@ interface DbRow {
   readonly auto_disabled_at?: unknown
 }
 
+/** A key's tombstone as `get` reads it (none: nulls from the outer join), with the owner's count if asked. */
+interface TombRow {
+  readonly rev: string | null
+  readonly generation: string | number | null
+  readonly owner_records?: string | number
+}
+
 const OPS: ReadonlySet<string> = new Set(["create", "update", "delete"])
 const isOperation = (s: string): s is Operation => OPS.has(s)
 /** A stored `signing_mode`; anything else (or none) is `none`. */
@@ -270,16 +296,28 @@ export const makeSql = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const columns = sql.literal(WEBHOOK_COLUMNS)
   const store: RegistryStoreShape = {
-    get: (ownerDid, rkey) =>
+    get: (ownerDid, rkey, countUpTo) =>
       Effect.gen(function*() {
         const rows = yield* sql<DbRow>`SELECT * FROM webhooks WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
-        const tombs = yield* sql<{ rev: string; generation: string | number }>`
-          SELECT rev, generation FROM tombstones WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`
         const row = rows[0]
+        const count = countUpTo !== undefined && row === undefined
+        // counted in the tombstone's statement (one row whether or not there is a tombstone)
+        const tombs = yield* (count
+          ? sql<TombRow>`
+            SELECT t.rev, t.generation, (
+              SELECT count(*) FROM (
+                SELECT 1 FROM webhooks WHERE owner_did = ${ownerDid} ORDER BY rkey LIMIT ${countUpTo}) o
+            )::int AS owner_records
+            FROM (SELECT 1) AS one LEFT JOIN tombstones t ON t.owner_did = ${ownerDid} AND t.rkey = ${rkey}`
+          : sql<TombRow>`
+            SELECT rev, generation FROM tombstones WHERE owner_did = ${ownerDid} AND rkey = ${rkey}`)
         const tomb = tombs[0]
         return {
           row: row === undefined ? undefined : fromDb(row),
-          tombstone: tomb === undefined ? undefined : { rev: tomb.rev, generation: Number(tomb.generation) }
+          tombstone: tomb === undefined || tomb.rev === null || tomb.generation === null
+            ? undefined
+            : { rev: tomb.rev, generation: Number(tomb.generation) },
+          ownerRecords: count ? Number(tomb?.owner_records ?? 0) : undefined
         }
       }).pipe(storeOp("registry.get")),
     lockOwner: (ownerDid) =>
@@ -437,6 +475,16 @@ export const emptyMemoryState = (): MemoryRegistryState => ({
 
 const k = (ownerDid: string, rkey: string) => `${ownerDid}/${rkey}`
 
+/** The owner's rows, counted up to `upTo` (one pass over the rows at most). */
+const countOwnerRows = (s: MemoryRegistryState, ownerDid: string, upTo: number): number => {
+  let n = 0
+  for (const r of s.rows.values()) {
+    if (n >= upTo) break
+    if (r.ownerDid === ownerDid) n++
+  }
+  return n
+}
+
 /** The rows in insertion order (the memory store's created_at). */
 const inLoadOrder = (s: MemoryRegistryState): Array<[string, WebhookRow]> =>
   [...s.rows.entries()].sort(([a], [b]) => (s.order.get(a) ?? 0) - (s.order.get(b) ?? 0))
@@ -444,9 +492,18 @@ const inLoadOrder = (s: MemoryRegistryState): Array<[string, WebhookRow]> =>
 /** The in-memory store over `state` (which a test may read or seed). */
 export const makeMemoryOver = (state: Ref.Ref<MemoryRegistryState>): RegistryStoreShape => {
   const store: RegistryStoreShape = {
-    get: (ownerDid, rkey) =>
+    get: (ownerDid, rkey, countUpTo) =>
       Ref.get(state).pipe(
-        Effect.map((s) => ({ row: s.rows.get(k(ownerDid, rkey)), tombstone: s.tombstones.get(k(ownerDid, rkey)) }))
+        Effect.map((s): KeyState => {
+          const row = s.rows.get(k(ownerDid, rkey))
+          return {
+            row,
+            tombstone: s.tombstones.get(k(ownerDid, rkey)),
+            ownerRecords: countUpTo === undefined || row !== undefined
+              ? undefined
+              : countOwnerRows(s, ownerDid, countUpTo)
+          }
+        })
       ),
     lockOwner: () => Effect.void,
     bumpGeneration: (ownerDid, rev) =>

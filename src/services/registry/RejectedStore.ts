@@ -2,9 +2,9 @@
  * The records firehook saw and refused, per owner (SPEC §8.5 `list`, state `rejected`), so that an
  * owner can learn why a webhook never fires. One entry per record key (owner DID, rkey): what was
  * refused (the version's cid and the repo rev it was seen at; never the record body, its URL or a
- * secret), why ({@link REJECTION_REASONS}: a record error kind of SPEC §1, or the admission limit
- * of §2.6 that refused it), where it was seen (the registry stream or a reconciliation snapshot)
- * and when (first and last seen).
+ * secret), why ({@link REJECTION_REASONS}: a record error kind of SPEC §1, the admission limit of
+ * §2.6 that refused it, or the cap of the owner's stored records), where it was seen (the registry
+ * stream or a reconciliation snapshot) and when (first and last seen).
  *
  * Rules, in every driver:
  * - Fenced by rev like the registry's writes: a refusal at rev R replaces the key's entry only if
@@ -28,7 +28,7 @@ import type { Fragment } from "@effect/sql/Statement"
 import { Clock, Context, Effect, Layer } from "effect"
 import { WH_RECORD_ERROR_KINDS } from "../../schemas/WhRecord.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
-import { ADMISSION_LIMITS, type AdmissionLimit } from "./RegistryConfig.js"
+import { ADMISSION_LIMITS, type AdmissionLimit, type IndexLimit } from "./RegistryConfig.js"
 
 /** The reason of a refusal that an admission limit made: `limit_<limit>`. */
 export type AdmissionReason = `limit_${AdmissionLimit}`
@@ -36,8 +36,9 @@ export const admissionReason = (limit: AdmissionLimit): AdmissionReason => `limi
 
 /**
  * Why a record was refused: a record error kind (SPEC §1), an admission limit (SPEC §2.6,
- * `limit_*`), or `unstorable` (a valid record PostgreSQL cannot store: a NUL or a lone surrogate
- * in a string, which reconciliation omits).
+ * `limit_*`; `limit_owner_records`: a new key of an owner who already has `RECONCILE_MAX_RECORDS`
+ * stored records, refused by the registry stream), or `unstorable` (a valid record PostgreSQL
+ * cannot store: a NUL or a lone surrogate in a string, which reconciliation omits).
  */
 export const REJECTION_REASONS = [
   ...WH_RECORD_ERROR_KINDS,
@@ -199,19 +200,27 @@ export const swapStatement = (sql: SqlClient.SqlClient, ownerDid: string, outcom
 }
 
 /** The admission limits that other owners' registrations count towards (SPEC §2.6). */
-export type GlobalLimit = Exclude<AdmissionLimit, "owner">
+export type GlobalLimit = Exclude<IndexLimit, "owner">
 
 /** Room a live write freed (see Registry: a count that went down), and what to request for it. */
 export interface RoomFreed {
   readonly ownerDid: string
   /** the owner's own limit (its active webhooks): request the owner if it has a `limit_owner` refusal */
   readonly owner: boolean
+  /**
+   * the cap of the owner's stored records (a stored row was deleted or revoked): request the owner
+   * if it has a `limit_owner_records` refusal
+   */
+  readonly ownerRecords: boolean
   /** global limits: request the owners of the oldest such refusals, at most `othersMax` */
   readonly global: ReadonlyArray<GlobalLimit>
   readonly othersMax: number
 }
 
-/** A requested owner: the writer itself (its `limit_owner` refusal, or its own global one) or another. */
+/**
+ * A requested owner: the writer itself (its `limit_owner` or `limit_owner_records` refusal, or its
+ * own global one) or another.
+ */
 export interface RoomRequested {
   readonly did: string
   readonly own: boolean
@@ -219,6 +228,12 @@ export interface RoomRequested {
 
 /** Refusal rows read per global limit at most (oldest first) when looking for owners to request. */
 export const ROOM_SCAN_MAX = 1_000
+
+/** The writer's own refusals that `freed` may admit: `limit_owner`, `limit_owner_records`. */
+const ownReasonsOf = (freed: RoomFreed): Array<AdmissionReason> => [
+  ...(freed.owner ? [admissionReason("owner")] : []),
+  ...(freed.ownerRecords ? [admissionReason("owner_records")] : [])
+]
 
 /** The reason literals of the partial index `rejected_records_limit_since` (migration 0015). */
 const GLOBAL_REASON_SQL: { readonly [K in GlobalLimit]: string } = {
@@ -230,8 +245,9 @@ const GLOBAL_REASON_SQL: { readonly [K in GlobalLimit]: string } = {
 /**
  * Request a reconciliation of the owners whose refused records `freed` may now admit, through the
  * owners' reconcile-request stamp (`owners.reconcile_requested_at`, as an `#account` event's:
- * reconciliation/Reactivations.ts): the writer itself if it has a `limit_owner` refusal (its row is
- * already locked by the write), and for each global limit freed the owners of its oldest refusals
+ * reconciliation/Reactivations.ts): the writer itself if it has a refusal for the own limit freed
+ * (`limit_owner`, `limit_owner_records`; its row is already locked by the write; at most `perOwner`
+ * entries of the owner read), and for each global limit freed the owners of its oldest refusals
  * (`first_seen_at`: refused the longest), at most `othersMax`, leaving out those already requested,
  * scanning (that scan's swap admits against the index as it is then) or failed (the retry
  * scheduler retries them). Bounded: `ROOM_SCAN_MAX` index entries per limit (the partial index,
@@ -240,9 +256,12 @@ const GLOBAL_REASON_SQL: { readonly [K in GlobalLimit]: string } = {
  * with them. Returns the owners stamped.
  */
 export const roomRequestStatement = (sql: SqlClient.SqlClient, freed: RoomFreed) => {
-  const own = freed.owner
+  const ownReasons = ownReasonsOf(freed)
+  const own = ownReasons.length > 0
     ? sql`SELECT ${freed.ownerDid}::text AS did WHERE EXISTS (
-        SELECT 1 FROM rejected_records WHERE owner_did = ${freed.ownerDid} AND reason = 'limit_owner')`
+        SELECT 1 FROM rejected_records WHERE owner_did = ${freed.ownerDid} AND reason IN (${
+      // constants of a closed list (never input), as literals like GLOBAL_REASON_SQL's
+      sql.literal(ownReasons.map((r) => `'${r}'`).join(", "))}))`
     : sql`SELECT NULL::text AS did WHERE false`
   const oldest = freed.global.length === 0 || freed.othersMax <= 0
     ? sql`SELECT NULL::text AS owner_did, NULL::timestamptz AS first_seen_at WHERE false`
@@ -400,9 +419,8 @@ export const memoryRoomRequest = (
 ): Array<string> => {
   const out: Array<string> = []
   const entries = [...m.values()]
-  if (freed.owner && entries.some((e) => e.ownerDid === freed.ownerDid && e.reason === "limit_owner")) {
-    out.push(freed.ownerDid)
-  }
+  const own = new Set<string>(ownReasonsOf(freed))
+  if (entries.some((e) => e.ownerDid === freed.ownerDid && own.has(e.reason))) out.push(freed.ownerDid)
   const reasons = new Set<string>(freed.global.map(admissionReason))
   const since = new Map<string, number>()
   for (const e of entries) {

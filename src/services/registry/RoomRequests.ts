@@ -9,17 +9,23 @@
  *   scope frees a DID. A replayed write settled from the store writes nothing and requests nothing;
  *   neither does a reconciliation's swap (so requests never chain: a scan they cause requests
  *   nothing in turn), nor a load.
- * - Whom: for the owner's own limit, the owner, if it has a `limit_owner` refusal; for a global
- *   limit, the owners of its oldest refusals (refused the longest first), at most
+ * - The cap of an owner's stored records (`limit_owner_records`, `RECONCILE_MAX_RECORDS`): a live
+ *   write that removed one of the owner's stored rows (a delete, or a refused version of a stored
+ *   key, paused ones too) freed room under it (the writer tells: the index holds active rows only).
+ * - Whom: for the owner's own limits, the owner, if it has a refusal for the limit freed
+ *   (`limit_owner`, `limit_owner_records`); for a global limit, the owners of its oldest refusals
+ *   (refused the longest first), at most
  *   {@link ROOM_REQUESTS_MAX} per unit of work (an intake batch), none already requested, scanning
  *   or failed (RejectedStore.roomRequestStatement). The request is the owners' reconcile-request
  *   stamp of `#account` events (`owners.reconcile_requested_at`, reconciliation/Reactivations.ts),
  *   written in the batch's transaction: it commits with the write that freed the room, or not at
  *   all. The reconcile role's RetryScheduler scans a stamped owner within a round (60 s); the scan
  *   stores the refused record (its tombstone at the refused rev is older than the snapshot) and the
- *   swap admits what fits, earliest-created first.
+ *   swap admits what fits, earliest-created first. For `limit_owner_records` the scan stores it only
+ *   if the repo now holds at most `RECONCILE_MAX_RECORDS` records (a bigger one fails the scan,
+ *   `too_many_records`): otherwise it waits until the owner writes it again, or the owner's sweep.
  * - Cost: nothing for a write that frees no room (counts read from the index); one statement for
- *   one that does (at most one per owner and unit for its own limit; a stamped owner is not
+ *   one that does (at most one per owner and unit for its own limits; a stamped owner is not
  *   stamped again).
  */
 import { Effect, Metric } from "effect"
@@ -60,6 +66,12 @@ const requestsMetric = Metric.counter("firehook_registry_room_reconcile_requests
   description: "Owner reconciliations requested because a live write freed room under an admission limit"
 })
 
+/** A live write's outcome, and whether it removed a stored row of its owner (a row, active or not). */
+export interface Written<A> {
+  readonly outcome: A
+  readonly rowRemoved: boolean
+}
+
 /** What requesting reads and writes: the registry's store, index and unit of work. */
 export interface RoomContext {
   readonly store: Pick<RegistryStoreShape, "requestRoomReconciles">
@@ -80,20 +92,26 @@ export interface RoomContext {
 export const afterWrite = <A extends { readonly _tag: string }>(
   ctx: RoomContext,
   ownerDid: string,
-  write: Effect.Effect<A, StoreError>
+  write: Effect.Effect<Written<A>, StoreError>
 ): Effect.Effect<A, StoreError> =>
   Effect.gen(function*() {
     const before = roomOf(ctx.index, ownerDid)
-    const outcome = yield* write
-    if (outcome._tag !== "stale") yield* ctx.onCommit(yield* request(ctx, ownerDid, before))
+    const { outcome, rowRemoved } = yield* write
+    if (outcome._tag !== "stale") yield* ctx.onCommit(yield* request(ctx, ownerDid, before, rowRemoved))
     return outcome
   })
 
 /**
- * After a live write of `ownerDid` that changed the index from `before`: stamp the owners (see the
- * module's doc); what to run once the transaction commits.
+ * After a live write of `ownerDid` that changed the index from `before` (and removed one of the
+ * owner's stored rows if `rowRemoved`): stamp the owners (see the module's doc); what to run once
+ * the transaction commits.
  */
-const request = (ctx: RoomContext, ownerDid: string, before: Room): Effect.Effect<Effect.Effect<void>, StoreError> =>
+const request = (
+  ctx: RoomContext,
+  ownerDid: string,
+  before: Room,
+  rowRemoved: boolean
+): Effect.Effect<Effect.Effect<void>, StoreError> =>
   Effect.gen(function*() {
     const { index, jetstream, store } = ctx
     const memo = ctx.memo()
@@ -103,10 +121,12 @@ const request = (ctx: RoomContext, ownerDid: string, before: Room): Effect.Effec
     // the Jetstream `wantedDids` set only (as admission: the relay firehose has no such limit)
     if (jetstream && after.directDids < before.directDids) global.push("direct_dids")
     if (after.backlinkDids < before.backlinkDids) global.push("backlink_dids")
-    const owner = after.owner < before.owner && memo?.requested.has(ownerDid) !== true
+    const self = memo?.requested.has(ownerDid) !== true
+    const owner = after.owner < before.owner && self
+    const ownerRecords = rowRemoved && self
     const othersMax = global.length === 0 ? 0 : ROOM_REQUESTS_MAX - (memo?.others ?? 0)
-    if (!owner && othersMax <= 0) return Effect.void
-    const stamped = yield* store.requestRoomReconciles({ ownerDid, owner, global, othersMax })
+    if (!owner && !ownerRecords && othersMax <= 0) return Effect.void
+    const stamped = yield* store.requestRoomReconciles({ ownerDid, owner, ownerRecords, global, othersMax })
     if (stamped.length === 0) return Effect.void
     if (memo !== undefined) {
       for (const did of stamped) memo.requested.add(did)
