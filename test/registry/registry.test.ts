@@ -142,6 +142,32 @@ describe("Registry.swapOwner", () => {
       )
     ))
 
+  it.effect("a swap that keeps a registration as it was counts no new registration (the streams replay only for new ones)", () =>
+    Effect.gen(function*() {
+      const registry = yield* Registry
+      const store = yield* RegistryStore.RegistryStore
+      const before = registry.index.registrationsVersion
+      const backlinkBefore = registry.index.backlinkRegistrationsVersion
+      // a scan that found exactly what the index holds (every completed scan of the owner)
+      yield* registry.swapOwner(ALICE)
+      yield* registry.swapOwner(ALICE)
+      expect(registry.index.registrationsVersion).toBe(before)
+      expect(registry.index.backlinkRegistrationsVersion).toBe(backlinkBefore)
+      // a new version of one webhook (another URL) and a new one are new registrations
+      yield* store.upsert(row(ALICE, "a", whRecordValue(`at://${BOB}`, { url: "https://example.com/other" })))
+      yield* store.upsert(row(ALICE, "c", whRecordValue(`at://${BOB}`)))
+      yield* registry.swapOwner(ALICE)
+      expect(registry.index.registrationsVersion).toBe(before + 2)
+      expect(registry.index.byOwner(ALICE).map((w) => w.rkey).sort()).toEqual(["a", "b", "c"])
+    }).pipe(
+      Effect.provide(
+        seeded([
+          row(ALICE, "a", whRecordValue(`at://${BOB}`)),
+          row(ALICE, "b", whRecordValue(`at://${BOB}`, { backlinks: true }))
+        ])
+      )
+    ))
+
   it.effect("an owner's paused (inactive) rows take none of its ownerActiveMax candidates", () =>
     Effect.gen(function*() {
       const registry = yield* Registry

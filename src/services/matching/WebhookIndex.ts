@@ -342,10 +342,14 @@ export class WebhookIndex {
     }
   }
 
-  /** Adds or replaces (by key) a webhook; returns the replaced one. */
-  upsert(w: ActiveWebhook): ActiveWebhook | undefined {
+  /**
+   * Adds or replaces (by key) a webhook; returns the replaced one. `before`: the fingerprint the key
+   * had before it was removed in the same step (a swap clears its owner first), so that a version
+   * already registered is not counted as a new registration.
+   */
+  upsert(w: ActiveWebhook, before?: string): ActiveWebhook | undefined {
     const old = this.#byKey.get(w.key)
-    if (old === undefined || old.fingerprint !== w.fingerprint) {
+    if ((old?.fingerprint ?? before) !== w.fingerprint) {
       this.#registrations++
       if (w.backlinks) this.#backlinkRegistrations++
     }

@@ -304,6 +304,8 @@ export const make = Effect.gen(function*() {
       // one synchronous step (no fiber can observe a half-swapped owner): clear the owner, then
       // admit the reconciled set against everyone else's registrations
       const previous = index.byOwner(ownerDid)
+      // a registration the swap keeps as it was is not a new one (the streams replay for new ones)
+      const before = new Map(previous.map((w) => [w.key, w.fingerprint]))
       index.replaceOwner(ownerDid, [])
       let admitted = 0
       const refused: Array<AdmissionLimit> = []
@@ -315,7 +317,7 @@ export const make = Effect.gen(function*() {
           SwapRefusals.refuse(decisions, row, limit)
           continue
         }
-        index.upsert(w)
+        index.upsert(w, before.get(w.key))
         SwapRefusals.admit(decisions, w)
         admitted++
       }
