@@ -159,4 +159,23 @@ describe("the Jetstream plan's reconfiguration (SPEC §3.1)", () => {
         { name: "backlink", from: T1 + 28n * SEC, floor: T1 + 28n * SEC }
       ])
     }))
+
+  it.scoped("while the registry stream has no position yet (a fresh install), a registration from a scan starts the backlink stream live and replays nothing from cursor 0", () =>
+    Effect.gen(function*() {
+      const index = new WebhookIndex()
+      index.upsert(hook("w1", `at://${plc(2)}`))
+      // no event read and no stored cursor: the registry's mark is 0, which is no position
+      const log = yield* runPlan(index, { registry: {} })
+      yield* nextCheck
+      // a backfill scan registers a backlink webhook and a new direct DID
+      index.upsert(hook("b1", `at://${plc(3)}`, true))
+      index.upsert(hook("w2", `at://${plc(4)}`))
+      yield* nextCheck
+      // before: the backlink stream (the whole network) started from cursor 0, the direct
+      // stream replayed from 0
+      expect(log.started.filter((s) => s.name === "backlink")).toEqual([
+        { name: "backlink", from: undefined, floor: undefined }
+      ])
+      expect(log.restarts).toEqual([{ name: "direct", cursor: undefined }])
+    }))
 })

@@ -200,7 +200,10 @@ const reconfigure = (
         ? undefined
         : yield* Effect.map(Ref.get(backlinkRunner.state), (st) =>
           st.position ?? st.durableCursor)
-      const replayFrom = first
+      // a mark of 0 is no position: the registry stream had read nothing yet (a fresh install), so
+      // whatever was registered since came from elsewhere (a scan): go on from the streams' own
+      // positions, never from cursor 0 (Jetstream's whole window)
+      const replayFrom = first || prevMark === 0n
         ? undefined
         : directReplayFrom(prevMark, prevBacklinkMark, TWO_SECONDS, DIRECT_REPLAY_MAX_EXTRA)
       const wanted = index.wantedDids()
@@ -241,7 +244,12 @@ const reconfigure = (
       const markBefore = prevMark
       // the registry stream's position at the previous check − 2 s: every webhook registered
       // since was registered after it
-      const sinceBefore = markBefore - TWO_SECONDS < 0n ? 0n : markBefore - TWO_SECONDS
+      // (none when the registry stream had no position then: see replayFrom)
+      const sinceBefore = markBefore === 0n
+        ? undefined
+        : markBefore - TWO_SECONDS < 0n
+        ? 0n
+        : markBefore - TWO_SECONDS
       prevMark = markNow
       prevBacklinkMark = backlinkNow
       const wantBacklink = index.backlinkDids().size > 0
@@ -262,9 +270,10 @@ const reconfigure = (
         // and the events before matched nothing that exists now: its old cursor would replay up
         // to Jetstream's whole window of the network, and deliver the new webhooks events from
         // before they existed
-        const r = yield* o.makeRunner(firstCheck ? backlinkSpec : { ...backlinkSpec, resumeFloor: sinceBefore })
+        const from = firstCheck ? undefined : sinceBefore
+        const r = yield* o.makeRunner(from === undefined ? backlinkSpec : { ...backlinkSpec, resumeFloor: from })
         backlinkRunner = r
-        backlinkFiber = yield* Effect.forkScoped(o.start(r, firstCheck ? undefined : sinceBefore))
+        backlinkFiber = yield* Effect.forkScoped(o.start(r, from))
       } else if (!wantBacklink && backlinkFiber !== undefined) {
         yield* Fiber.interrupt(backlinkFiber)
         backlinkFiber = undefined
