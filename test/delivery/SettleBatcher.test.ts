@@ -1,10 +1,12 @@
 /**
  * The settle batcher (SettleBatcher.ts): a batch whose statement failed is run again (a reset
  * connection must not leave every row of the batch leased until its lease expires), except after
- * a timeout; the retries are bounded, and a batch that keeps failing fails its settles.
+ * a timeout; the retries are bounded, and a batch that keeps failing fails its settles (a longer
+ * outage is the settle path's to ride out: settle-outage.test.ts). When the store's scope closes,
+ * every settle still waiting is answered `shutdown`, that of a batch still running included.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Either, Fiber, TestClock } from "effect"
+import { Duration, Effect, Either, Exit, Fiber, Option, Scope, TestClock } from "effect"
 import { SETTLE_RETRIES } from "../../src/services/delivery/DeliveryStore.js"
 import { makeSettleBatcher } from "../../src/services/delivery/SettleBatcher.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
@@ -61,5 +63,31 @@ describe("settle batcher", () => {
       const result = yield* settleWithin(settle, "w:1")
       expect(result._tag).toBe("Left")
       expect(stmt.calls()).toBe(1 + SETTLE_RETRIES)
+    }))
+
+  it.scoped("when the store closes, a batch still running and settles queued behind it or after are answered 'shutdown'", () =>
+    Effect.gen(function*() {
+      // the statement hangs (a database gone silent), so the first batch is still running at close
+      let calls = 0
+      const run = (_: ReadonlyArray<Item>) => Effect.suspend(() => (calls++, Effect.never))
+      const storeScope = yield* Scope.make()
+      const settle = yield* Scope.extend(makeSettleBatcher(run), storeScope)
+      const running = yield* Effect.fork(Effect.either(settle({ token: "w:1" })))
+      yield* TestClock.adjust(Duration.millis(10))
+      const queued = yield* Effect.fork(Effect.either(settle({ token: "w:2" })))
+      yield* TestClock.adjust(Duration.millis(10))
+      expect(calls).toBe(1)
+      expect(Option.isNone(yield* Fiber.poll(running))).toBe(true)
+      yield* Scope.close(storeScope, Exit.void)
+      const after = yield* Effect.fork(Effect.either(settle({ token: "w:3" })))
+      yield* TestClock.adjust(Duration.millis(10))
+      for (const fiber of [running, queued, after]) {
+        const done = yield* Fiber.poll(fiber)
+        const code = Option.isSome(done) && Exit.isSuccess(done.value) && Either.isLeft(done.value.value)
+          ? done.value.value.left.code
+          : "still waiting"
+        expect(code).toBe("shutdown")
+      }
+      expect(calls).toBe(1)
     }))
 })

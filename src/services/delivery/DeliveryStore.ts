@@ -356,6 +356,13 @@ export const SETTLE_FLUSHERS = 1
  */
 export const SETTLE_RETRIES = 3
 export const SETTLE_RETRY_BASE = Duration.millis(100)
+/**
+ * A settle that still failed through a database outage (after the retries above) is queued again
+ * by the settle path (Settlement.ts) while the row's lease may still be this worker's: the first
+ * time after about {@link SETTLE_RETRY_BASE}, doubling up to this (equal jitter: each delay is half
+ * to all of it), so a database back from a restart or a failover gets the settle within about 2 s.
+ */
+export const SETTLE_OUTAGE_RETRY_MAX = Duration.seconds(2)
 /** Health counts stop counting here (health clamps at 1,000,000 anyway). */
 export const COUNT_CAP = 1_000_001
 /** SPEC §6.2: health counts older than this (from the start of their query) are marked stale. */

@@ -6,16 +6,24 @@
  * An attempt answers its settlement while holding a request slot; the caller runs {@link settle}
  * after freeing the slot, so a slow database never holds a request slot.
  *
+ * A settle that failed through a database outage (a restart, a failover: {@link isOutage}) is
+ * queued again, with backoff, until the row's lease as this worker last renewed it ends
+ * ({@link settleThroughOutage}): given up sooner, the row stayed leased until that end and was then
+ * claimed and sent again, although its receiver had answered. Every settle is guarded by its lease
+ * token, so a settle run again after the first had in fact committed, or after another worker took
+ * the row, applies nothing.
+ *
  * @since 0.1.0
  */
 import { Data, Duration, Effect, Option, Random } from "effect"
+import { equalJitter } from "../platform/Backoff.js"
 import type { StoreError } from "../platform/Persistence.js"
 import { type FailureKind, isRetryable } from "./Classify.js"
-import type { AttemptRecord, ClaimedRow } from "./DeliveryStore.js"
+import { type AttemptRecord, type ClaimedRow, SETTLE_OUTAGE_RETRY_MAX, SETTLE_RETRY_BASE } from "./DeliveryStore.js"
 import type { OutgoingRequest } from "./Destinations.js"
 import type { AuditEvent } from "./Publisher.js"
 import { nextDelay } from "./RetryPolicy.js"
-import { countAttempt, countNotAttempted, logStoreError } from "./Telemetry.js"
+import { countAttempt, countNotAttempted, logRecurring, logStoreError } from "./Telemetry.js"
 import { PARKED_KIND } from "./WebhookHealthSql.js"
 import { goneKey, type WorkerEnv } from "./WorkerState.js"
 
@@ -141,28 +149,118 @@ const publish = (
     )
   })
 
-/** Run a guarded settle; a store failure leaves the row leased (reclaimed after the lease). */
-const guarded = (env: WorkerEnv, eff: Effect.Effect<boolean, StoreError>) =>
-  eff.pipe(
-    Effect.catchAll((e) => Effect.as(logStoreError(env, e), false))
-  )
+// ---------------------------------------------------------------------------------------------
+// Settles through a database outage
+
+/**
+ * The codes (`StoreError.code`) of a settle that failed because the database could not be reached
+ * or could not answer, not because of what the statement asked: firehook's `connection_lost` and
+ * `timeout` (a statement past its 15 s bound, or a connection not made within 10 s: what a failover
+ * that leaves the old server silent looks like), the socket's errno, and the SQLSTATEs of a server
+ * that is gone, restarting or short of resources (class 08, 57P01–57P05, class 53), read-only (a
+ * standby after a failover, 25006) or that cancelled the statement (57014).
+ */
+const OUTAGE_CODES: ReadonlySet<string> = new Set([
+  "connection_lost",
+  "timeout",
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ECONNABORTED",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "EHOSTDOWN",
+  "ENETUNREACH",
+  "ENETDOWN",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "25006",
+  "57014"
+])
+const OUTAGE_SQLSTATE = /^(?:08[0-9A-Z]{3}|53[0-9A-Z]{3}|57P0[1-5])$/
+
+/**
+ * Whether a settle failed through a database outage ({@link OUTAGE_CODES}). Any other failure (a
+ * statement the database refused: the same statement would fail again) is not retried beyond the
+ * batcher's own retries (SettleBatcher.ts), nor is a store that is shutting down (`shutdown`).
+ */
+export const isOutage = (e: StoreError): boolean => OUTAGE_CODES.has(e.code) || OUTAGE_SQLSTATE.test(e.code)
+
+/**
+ * Runs `settle`; while it fails through an outage ({@link isOutage}), runs it again (queued again, it
+ * joins the next settle batch), after delay n (n = 0, 1, …) of equal jitter below
+ * `min(SETTLE_OUTAGE_RETRY_MAX, SETTLE_RETRY_BASE · 2ⁿ)` (50 ms to 2 s), as long as that next run
+ * starts before `untilMs` on the monotonic clock `nowMs` (the end of the row's lease). Bounded: every
+ * delay is at least 50 ms. `onFailure` sees every failure (each run's).
+ */
+export const settleThroughOutage = <A>(
+  settle: Effect.Effect<A, StoreError>,
+  untilMs: number,
+  nowMs: () => number,
+  onFailure: (e: StoreError) => Effect.Effect<void>
+): Effect.Effect<A, StoreError> => {
+  const run = (n: number): Effect.Effect<A, StoreError> =>
+    Effect.catchAll(settle, (e) =>
+      Effect.gen(function*() {
+        yield* onFailure(e)
+        if (!isOutage(e)) return yield* Effect.fail(e)
+        const delay = yield* equalJitter(SETTLE_RETRY_BASE, SETTLE_OUTAGE_RETRY_MAX, n)
+        if (nowMs() + Duration.toMillis(delay) >= untilMs) return yield* Effect.fail(e)
+        yield* Effect.sleep(delay)
+        return yield* run(n + 1)
+      }))
+  return run(0)
+}
+
+/** The worker's monotonic clock, ms (as Leases.monotonicMs reads it). */
+const monotonicNow = (env: WorkerEnv) => (): number => Number(env.clock.unsafeCurrentTimeNanos() / 1_000_000n)
+
+/**
+ * Run a guarded settle of `row`, through an outage until its lease ends: the lease as this worker
+ * last renewed it (the heartbeat no longer renews a row being settled), or a whole lease from now
+ * for a row the worker does not hold. A settle that still failed is logged and leaves the row
+ * leased (reclaimed after the lease, and sent again).
+ */
+const guarded = (env: WorkerEnv, row: ClaimedRow, eff: Effect.Effect<boolean, StoreError>) =>
+  Effect.suspend(() => {
+    const now = monotonicNow(env)
+    const renewedAt = env.state.entries.get(row.leaseToken)?.renewedAt ?? now()
+    return settleThroughOutage(eff, renewedAt + env.leaseMs, now, (e) => logStoreError(env, e)).pipe(
+      Effect.catchAll((e) =>
+        Effect.as(
+          isOutage(e)
+            ? logRecurring(
+              env,
+              "settle_given_up",
+              "delivery settle given up: its row is attempted again after its lease",
+              {
+                deliveryId: row.deliveryId,
+                code: e.code
+              }
+            )
+            : Effect.void,
+          false
+        )
+      )
+    )
+  })
 
 const deferRow = (env: WorkerEnv, row: ClaimedRow, delayMs: number, reason: string) =>
   Effect.gen(function*() {
-    yield* guarded(env, env.store.defer(row.deliveryId, row.leaseToken, delayMs))
+    yield* guarded(env, row, env.store.defer(row.deliveryId, row.leaseToken, delayMs))
     countNotAttempted(reason)
   })
 
 const cancelRow = (env: WorkerEnv, row: ClaimedRow, reason: string) =>
   Effect.gen(function*() {
-    const applied = yield* guarded(env, env.store.cancel(row.deliveryId, row.leaseToken, reason))
+    const applied = yield* guarded(env, row, env.store.cancel(row.deliveryId, row.leaseToken, reason))
     countNotAttempted(reason)
     if (applied) yield* publish(env, row, "cancelled", undefined, reason)
   })
 
 const parkRow = (env: WorkerEnv, row: ClaimedRow) =>
   Effect.gen(function*() {
-    const applied = yield* guarded(env, env.store.parkDisabled(row.deliveryId, row.leaseToken))
+    const applied = yield* guarded(env, row, env.store.parkDisabled(row.deliveryId, row.leaseToken))
     countNotAttempted(PARKED_KIND)
     if (applied) yield* publish(env, row, "dead_letter", undefined, PARKED_KIND)
   })
@@ -175,6 +273,7 @@ const crashedRow = (env: WorkerEnv, row: ClaimedRow, crashes: number) =>
   Effect.gen(function*() {
     const applied = yield* guarded(
       env,
+      row,
       env.store.deadLetter(row.deliveryId, row.leaseToken, {
         attemptCount: row.attemptCount,
         errorKind: CRASHED_KIND,
@@ -198,6 +297,7 @@ const delivered = (
   Effect.flatMap(
     guarded(
       env,
+      row,
       env.store.markDelivered(row.deliveryId, row.leaseToken, {
         attemptCount: row.attemptCount + 1,
         httpStatus,
@@ -230,6 +330,7 @@ const failed = (env: WorkerEnv, row: ClaimedRow, f: Data.TaggedEnum.Value<Settle
     if (Option.isSome(delay)) {
       yield* guarded(
         env,
+        row,
         env.store.reschedule(row.deliveryId, row.leaseToken, {
           attemptCount,
           delayMs: Duration.toMillis(delay.value),
@@ -243,6 +344,7 @@ const failed = (env: WorkerEnv, row: ClaimedRow, f: Data.TaggedEnum.Value<Settle
     }
     const applied = yield* guarded(
       env,
+      row,
       env.store.deadLetter(row.deliveryId, row.leaseToken, {
         attemptCount,
         errorKind: kind,
