@@ -10,6 +10,7 @@ import * as Config from "../../src/services/platform/Config.js"
 import { StoreError } from "../../src/services/platform/Persistence.js"
 import { ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
 import * as RetryScheduler from "../../src/services/reconciliation/RetryScheduler.js"
+import { captureLogs } from "../support/captureLogs.js"
 import { halfJitter } from "../support/halfJitter.js"
 import { settle } from "../support/settle.js"
 import { plc, testConfig } from "../support/stack.js"
@@ -182,6 +183,35 @@ describe("RetryScheduler", () => {
       yield* advance(30_000)
       expect(rounds.value).toBe(4)
     }).pipe(Effect.provide(layer), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("rounds failing every 5 s (the database down) warn once a minute, not once a round", () => {
+    const world = newWorld()
+    const store = fakeStore(world)
+    return Effect.gen(function*() {
+      const logs = yield* captureLogs
+      const layer = Layer.mergeAll(
+        Layer.succeed(ReconcileStore, {
+          ...store,
+          retryCandidates: () => Effect.fail(new StoreError({ op: "reconcile.retryCandidates", code: "down" }))
+        }),
+        fakeReconciler(world),
+        Config.layerValue(testConfig()),
+        logs.layer
+      )
+      const failed = Effect.map(logs.lines, (ls) => ls.filter((l) => l.includes("retry scheduler round failed")))
+      yield* Effect.gen(function*() {
+        yield* scheduler(world)
+        // 12 rounds in the first minute (at 0 s, then every 5 s): one warning
+        for (let i = 0; i < 11; i++) yield* advance(5_000)
+        expect(yield* failed).toHaveLength(1)
+        // the round at 60 s: one more, saying how many were held back
+        yield* advance(5_000)
+        const lines = yield* failed
+        expect(lines).toHaveLength(2)
+        expect(lines[1]).toContain(`"suppressed":11`)
+      }).pipe(Effect.provide(layer))
+    }).pipe(Effect.withRandom(halfJitter))
   })
 
   it.scoped("health: the retryScheduler section is ready while the scheduler runs, not once it is stopped", () => {

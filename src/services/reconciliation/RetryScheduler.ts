@@ -46,6 +46,7 @@ import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { Lifecycle } from "../platform/Lifecycle.js"
 import { StoreError } from "../platform/Persistence.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { Registry } from "../registry/Registry.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import { Reconciler } from "./Reconciler.js"
@@ -323,21 +324,25 @@ export const make = (options: RetrySchedulerOptions = {}) =>
       state.infrastructureHealthy = true
     }).pipe(Effect.withSpan("RetryScheduler.tick"))
 
+    const roundLog = RateLimitedLog.make()
     /** the round's success: a failed one is followed by the next after {@link FAILED_ROUND_RETRY_MS} */
     const round: Effect.Effect<boolean> = tick.pipe(
       Effect.as(true),
       Effect.catchAllDefect(() =>
-        Effect.logError("retry scheduler round died unexpectedly").pipe(
-          Effect.zipRight(Effect.fail(new StoreError({ op: "retryScheduler.tick", code: "defect" })))
-        )
+        roundLog.run("died", (suppressed) =>
+          Effect.logError("retry scheduler round died unexpectedly").pipe(Effect.annotateLogs({ suppressed }))).pipe(
+            Effect.zipRight(Effect.fail(new StoreError({ op: "retryScheduler.tick", code: "defect" })))
+          )
       ),
       Effect.catchAll((e) =>
         Effect.sync(() => {
           state.infrastructureHealthy = false
         }).pipe(
-          Effect.zipRight(
-            Effect.logWarning("retry scheduler round failed").pipe(Effect.annotateLogs({ op: e.op, code: e.code }))
-          ),
+          // at most once a minute per code: a failed round is followed within 5 s
+          Effect.zipRight(roundLog.run(e.code, (suppressed) =>
+            Effect.logWarning("retry scheduler round failed").pipe(
+              Effect.annotateLogs({ op: e.op, code: e.code, suppressed })
+            ))),
           Effect.as(false)
         )
       )
@@ -348,13 +353,14 @@ export const make = (options: RetrySchedulerOptions = {}) =>
     // health, recover seconds after the database does rather than a whole interval later
     const pause = (ok: boolean) =>
       Duration.millis(ok ? cfg.intervalMs : Math.min(cfg.intervalMs, FAILED_ROUND_RETRY_MS))
-    const rounds = Effect.forever(Effect.flatMap(round, (ok) => Effect.sleep(pause(ok)))).pipe(
-      Effect.ensuring(
-        Effect.sync(() => {
-          state.running = false
-        })
+    const rounds = Effect.forever(Effect.flatMap(round, (ok) =>
+      Effect.sleep(pause(ok)))).pipe(
+        Effect.ensuring(
+          Effect.sync(() => {
+            state.running = false
+          })
+        )
       )
-    )
     const roundsFiber = yield* Effect.forkIn(rounds, scope)
 
     const runStop = (deadline: number) =>
