@@ -146,6 +146,22 @@ describe("the claim under one origin's backlog (PostgreSQL)", () => {
   )
 
   it.scopedLive(
+    "a claim whose mayWalk answers false (a stopping worker) ends after its first statement",
+    () =>
+      Effect.gen(function*() {
+        yield* insertDue("a", A, SCAN_MAX + 1_000, 3_600)
+        yield* insertDue("b", B, 5, 60)
+        const store = yield* DeliveryStore
+        const claim = yield* store.claim("w", 10, 60_000, { fullOrigins: [A], defaultRoom: 10, mayWalk: () => false })
+        expect(claim.rows).toEqual([])
+        // the same claim allowed to walk takes B's rows
+        const walked = yield* store.claim("w", 10, 60_000, { fullOrigins: [A], defaultRoom: 10, mayWalk: () => true })
+        expect(originsOf(walked.rows)).toEqual({ [B]: 5 })
+      }).pipe(onStore),
+    60_000
+  )
+
+  it.scopedLive(
     "a walk that fails after the window's rows were leased: those rows are returned with the failure, not left leased to nobody",
     () =>
       Effect.gen(function*() {

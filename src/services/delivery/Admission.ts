@@ -66,7 +66,9 @@ export const claimOptions = (env: WorkerEnv) => {
     openOrigins,
     defaultRoom: env.perOriginHold,
     reclaimRoom: Math.max(0, SUSPECTS_HELD - env.state.suspectsHeld),
-    withSubscriptions: env.snapshotMaxAgeMs > 0
+    withSubscriptions: env.snapshotMaxAgeMs > 0,
+    // a stopping worker waits for one statement of a claim in progress, not two
+    mayWalk: () => !env.state.stopping
   }
 }
 

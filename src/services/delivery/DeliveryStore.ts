@@ -153,6 +153,12 @@ export interface ClaimOptions {
    * then `exists: false` and must not be used).
    */
   readonly withSubscriptions?: boolean
+  /**
+   * asked after the claim's first statement, before its origin walk (a second statement): false
+   * skips the walk (a stopping worker: the claim then ends within one statement's bound, which is
+   * what the stop waits for). Default: the walk runs when it should.
+   */
+  readonly mayWalk?: () => boolean
 }
 
 export interface ClaimResult {

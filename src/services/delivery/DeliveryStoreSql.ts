@@ -228,7 +228,7 @@ export const makeSql: Effect.Effect<
       return Effect.gen(function*() {
         const first = yield* take(windowHead(sql, f, p)).pipe(op("delivery.claim"))
         const w = walkAfter(p, first, walk.cursor)
-        if (w === undefined) return claimResult(p, first, undefined)
+        if (w === undefined || options.mayWalk?.() === false) return claimResult(p, first, undefined)
         const walked = yield* Effect.either(take(walkHead(sql, w)).pipe(op("delivery.claim")))
         if (Either.isLeft(walked)) return { ...claimResult(p, first, undefined), failure: walked.left }
         if (walked.right.walked > 0 && walked.right.walkLast !== undefined) walk.cursor = walked.right.walkLast

@@ -259,6 +259,7 @@ export const start = (
       return Effect.gen(function*() {
         state.stopping = true
         // a claim in progress is let finish: its rows are dispatched, see `stopping` and go back
+        // (a stopping worker's claim skips its origin walk: one statement's bound is enough)
         if (state.claiming) {
           yield* Queue.offer(env.wake, undefined)
           yield* Fiber.await(loopFiber).pipe(Effect.timeoutOption(Duration.sum(STATEMENT_TIMEOUT, Duration.seconds(1))))
