@@ -178,4 +178,21 @@ describe("the Jetstream plan's reconfiguration (SPEC §3.1)", () => {
       ])
       expect(log.restarts).toEqual([{ name: "direct", cursor: undefined }])
     }))
+
+  it.scoped("the registry stream's first events read since the previous check (mark 0 then): a DID registered from one is replayed from where that stream started", () =>
+    Effect.gen(function*() {
+      const index = new WebhookIndex()
+      // a scan registered w1: the direct stream runs; the registry stream has read nothing yet
+      index.upsert(hook("w1", `at://${plc(2)}`))
+      const log = yield* runPlan(index, { registry: {} })
+      yield* nextCheck
+      // the registry stream reads its first events (Jetstream's window, from cursor 0) and
+      // registers a webhook on a new DID from one of them, at T1
+      const registry = log.states.get("registry")
+      if (registry === undefined) return expect.unreachable("the registry stream")
+      yield* Ref.update(registry, (s) => ({ ...s, lastEventTimeUs: Number(T1) }))
+      index.upsert(hook("w2", `at://${plc(3)}`))
+      yield* nextCheck
+      expect(log.restarts).toEqual([{ name: "direct", cursor: 0n }])
+    }))
 })

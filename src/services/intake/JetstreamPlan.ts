@@ -200,10 +200,13 @@ const reconfigure = (
         ? undefined
         : yield* Effect.map(Ref.get(backlinkRunner.state), (st) =>
           st.position ?? st.durableCursor)
-      // a mark of 0 is no position: the registry stream had read nothing yet (a fresh install), so
-      // whatever was registered since came from elsewhere (a scan): go on from the streams' own
-      // positions, never from cursor 0 (Jetstream's whole window)
-      const replayFrom = first || prevMark === 0n
+      // a mark of 0 is no position: while the registry stream has read nothing (a fresh install,
+      // at the previous check and still now), whatever was registered since came from elsewhere
+      // (a scan): go on from the streams' own positions, never from cursor 0 (Jetstream's whole
+      // window). Once it has read its first events, a registration may come from any of them:
+      // the replay is from 0, where it started reading
+      const noPosition = prevMark === 0n && markNow === 0n
+      const replayFrom = first || noPosition
         ? undefined
         : directReplayFrom(prevMark, prevBacklinkMark, TWO_SECONDS, DIRECT_REPLAY_MAX_EXTRA)
       const wanted = index.wantedDids()
@@ -244,8 +247,8 @@ const reconfigure = (
       const markBefore = prevMark
       // the registry stream's position at the previous check − 2 s: every webhook registered
       // since was registered after it
-      // (none when the registry stream had no position then: see replayFrom)
-      const sinceBefore = markBefore === 0n
+      // (none while the registry stream has no position: see replayFrom)
+      const sinceBefore = noPosition
         ? undefined
         : markBefore - TWO_SECONDS < 0n
         ? 0n
