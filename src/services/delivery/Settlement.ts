@@ -198,18 +198,27 @@ export const settleThroughOutage = <A>(
   untilMs: number,
   nowMs: () => number,
   onFailure: (e: StoreError) => Effect.Effect<void>
+): Effect.Effect<A, StoreError> =>
+  Effect.catchAll(settle, (e) => throughOutageAfter(settle, e, untilMs, nowMs, onFailure))
+
+/** {@link settleThroughOutage} once `settle`'s first run has failed with `first`. */
+const throughOutageAfter = <A>(
+  settle: Effect.Effect<A, StoreError>,
+  first: StoreError,
+  untilMs: number,
+  nowMs: () => number,
+  onFailure: (e: StoreError) => Effect.Effect<void>
 ): Effect.Effect<A, StoreError> => {
-  const run = (n: number): Effect.Effect<A, StoreError> =>
-    Effect.catchAll(settle, (e) =>
-      Effect.gen(function*() {
-        yield* onFailure(e)
-        if (!isOutage(e)) return yield* Effect.fail(e)
-        const delay = yield* equalJitter(SETTLE_RETRY_BASE, SETTLE_OUTAGE_RETRY_MAX, n)
-        if (nowMs() + Duration.toMillis(delay) >= untilMs) return yield* Effect.fail(e)
-        yield* Effect.sleep(delay)
-        return yield* run(n + 1)
-      }))
-  return run(0)
+  const after = (e: StoreError, n: number): Effect.Effect<A, StoreError> =>
+    Effect.gen(function*() {
+      yield* onFailure(e)
+      if (!isOutage(e)) return yield* Effect.fail(e)
+      const delay = yield* equalJitter(SETTLE_RETRY_BASE, SETTLE_OUTAGE_RETRY_MAX, n)
+      if (nowMs() + Duration.toMillis(delay) >= untilMs) return yield* Effect.fail(e)
+      yield* Effect.sleep(delay)
+      return yield* Effect.catchAll(settle, (next) => after(next, n + 1))
+    })
+  return after(first, 0)
 }
 
 /** The worker's monotonic clock, ms (as Leases.monotonicMs reads it). */
@@ -222,10 +231,14 @@ const monotonicNow = (env: WorkerEnv) => (): number => Number(env.clock.unsafeCu
  * leased (reclaimed after the lease, and sent again).
  */
 const guarded = (env: WorkerEnv, row: ClaimedRow, eff: Effect.Effect<boolean, StoreError>) =>
-  Effect.suspend(() => {
-    const now = monotonicNow(env)
-    const renewedAt = env.state.entries.get(row.leaseToken)?.renewedAt ?? now()
-    return settleThroughOutage(eff, renewedAt + env.leaseMs, now, (e) => logStoreError(env, e)).pipe(
+  // nothing more than the settle on its success path: the outage handling is built on a failure
+  Effect.catchAll(eff, (first) =>
+    Effect.suspend(() => {
+      const now = monotonicNow(env)
+      // a settling row's renewal time is frozen (the heartbeat skips it)
+      const renewedAt = env.state.entries.get(row.leaseToken)?.renewedAt ?? now()
+      return throughOutageAfter(eff, first, renewedAt + env.leaseMs, now, (e) => logStoreError(env, e))
+    }).pipe(
       Effect.catchAll((e) =>
         Effect.as(
           isOutage(e)
@@ -242,8 +255,7 @@ const guarded = (env: WorkerEnv, row: ClaimedRow, eff: Effect.Effect<boolean, St
           false
         )
       )
-    )
-  })
+    ))
 
 const deferRow = (env: WorkerEnv, row: ClaimedRow, delayMs: number, reason: string) =>
   Effect.gen(function*() {
