@@ -155,6 +155,37 @@ const trackedOf = (entries: ReadonlyMap<string, Entry>, requested: boolean) => {
 }
 
 /**
+ * One round of `tick` as its success: a defect is logged as such; a failure marks the
+ * infrastructure unhealthy (`setHealthy(false)`) and is warned about at most once a minute per code
+ * (a failed round is followed within 5 s).
+ */
+const roundOutcome = (
+  tick: Effect.Effect<void, StoreError>,
+  roundLog: RateLimitedLog.RateLimitedLog,
+  setHealthy: (healthy: boolean) => void
+): Effect.Effect<boolean> =>
+  tick.pipe(
+    Effect.as(true),
+    Effect.catchAllDefect(() =>
+      roundLog.run("died", (suppressed) =>
+        Effect.logError("retry scheduler round died unexpectedly").pipe(Effect.annotateLogs({ suppressed }))).pipe(
+          Effect.zipRight(Effect.fail(new StoreError({ op: "retryScheduler.tick", code: "defect" })))
+        )
+    ),
+    Effect.catchAll((e) =>
+      Effect.sync(() =>
+        setHealthy(false)
+      ).pipe(
+        Effect.zipRight(roundLog.run(e.code, (suppressed) =>
+          Effect.logWarning("retry scheduler round failed").pipe(
+            Effect.annotateLogs({ op: e.op, code: e.code, suppressed })
+          ))),
+        Effect.as(false)
+      )
+    )
+  )
+
+/**
  * Builds the scheduler and forks its periodic rounds into the current scope. Requires the
  * configuration, the reconcile store and the reconciler.
  */
@@ -326,41 +357,22 @@ export const make = (options: RetrySchedulerOptions = {}) =>
 
     const roundLog = RateLimitedLog.make()
     /** the round's success: a failed one is followed by the next after {@link FAILED_ROUND_RETRY_MS} */
-    const round: Effect.Effect<boolean> = tick.pipe(
-      Effect.as(true),
-      Effect.catchAllDefect(() =>
-        roundLog.run("died", (suppressed) =>
-          Effect.logError("retry scheduler round died unexpectedly").pipe(Effect.annotateLogs({ suppressed }))).pipe(
-            Effect.zipRight(Effect.fail(new StoreError({ op: "retryScheduler.tick", code: "defect" })))
-          )
-      ),
-      Effect.catchAll((e) =>
-        Effect.sync(() => {
-          state.infrastructureHealthy = false
-        }).pipe(
-          // at most once a minute per code: a failed round is followed within 5 s
-          Effect.zipRight(roundLog.run(e.code, (suppressed) =>
-            Effect.logWarning("retry scheduler round failed").pipe(
-              Effect.annotateLogs({ op: e.op, code: e.code, suppressed })
-            ))),
-          Effect.as(false)
-        )
-      )
-    )
+    const round: Effect.Effect<boolean> = roundOutcome(tick, roundLog, (healthy) => {
+      state.infrastructureHealthy = healthy
+    })
     // the first round at start (owners failed or crashed before this process started are not left
     // waiting a whole interval), then one every interval; after a failed round (the database
     // unreachable) the next comes within 5 s, so that the scheduler, and `infrastructureHealthy` in
     // health, recover seconds after the database does rather than a whole interval later
     const pause = (ok: boolean) =>
       Duration.millis(ok ? cfg.intervalMs : Math.min(cfg.intervalMs, FAILED_ROUND_RETRY_MS))
-    const rounds = Effect.forever(Effect.flatMap(round, (ok) =>
-      Effect.sleep(pause(ok)))).pipe(
-        Effect.ensuring(
-          Effect.sync(() => {
-            state.running = false
-          })
-        )
+    const rounds = Effect.forever(Effect.flatMap(round, (ok) => Effect.sleep(pause(ok)))).pipe(
+      Effect.ensuring(
+        Effect.sync(() => {
+          state.running = false
+        })
       )
+    )
     const roundsFiber = yield* Effect.forkIn(rounds, scope)
 
     const runStop = (deadline: number) =>
