@@ -17,7 +17,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import type { Connection } from "@effect/sql/SqlConnection"
-import { Duration, Effect, Exit, Fiber, Option, Ref, Schedule, Scope } from "effect"
+import { Cause, Duration, Effect, Exit, Fiber, Option, Ref, Schedule, Scope } from "effect"
 import * as Lifecycle from "./Lifecycle.js"
 import { codeOf } from "./Persistence.js"
 import { endClient, whenLost } from "./PooledConnection.js"
@@ -139,6 +139,23 @@ export const leaderErrorCode = (e: unknown): string =>
     : codeOf(e)
 
 /**
+ * Why a leader's work ended, by kind and code only (a cause's messages and values may carry a
+ * URL, a secret or an SQL value): `failure` (its typed error's code) or `defect` (the defect's
+ * code, e.g. that of a `StoreError` died with `Effect.orDie`), `interrupted`; nothing when it
+ * returned.
+ */
+export const workEndOf = (
+  cause: Cause.Cause<unknown> | undefined
+): { readonly kind: "failure" | "defect" | "interrupted"; readonly code?: string } | undefined => {
+  if (cause === undefined || Cause.isEmpty(cause)) return undefined
+  const failure = Cause.failureOption(cause)
+  if (Option.isSome(failure)) return { kind: "failure", code: leaderErrorCode(failure.value) }
+  const defect = Cause.dieOption(cause)
+  if (Option.isSome(defect)) return { kind: "defect", code: leaderErrorCode(defect.value) }
+  return { kind: "interrupted" }
+}
+
+/**
  * What happens at each step of a term, for roles that report their own way (their own state,
  * their own log lines). Every hook is optional; the defaults are the log lines of this module.
  */
@@ -148,8 +165,9 @@ export interface LeaderEvents {
   /** the lock was taken, before `work` starts (default: log `role acquired`) */
   readonly acquired?: Effect.Effect<void>
   /**
-   * the role was given up: its connection failed (`error`: the ping's) or `work` ended (default:
-   * log `role lost`)
+   * the role was given up: its connection failed (`error`: the ping's) or `work` ended (`error`:
+   * the work's `Cause` when it failed, died or was interrupted, `undefined` when it returned; see
+   * {@link workEndOf}) (default: log `role lost`)
    */
   readonly lost?: (reason: "connection" | "worker-ended", error: unknown) => Effect.Effect<void>
   /** an election failed: no connection, or the lock query failed or timed out (default: log `role election failed`) */
@@ -201,11 +219,36 @@ export const runAsLeader = <E, R>(
     const staleMs = Math.max(1, Math.round(Duration.toMillis(options.staleAfter ?? STALE_LEADER_AFTER)))
     const events = options.events ?? {}
     const onElection = options.onElection ?? (() => Effect.void)
+    // a work that keeps ending at once (intake's reload failing, say) takes the lock again every
+    // `retry`, two lines a term: `role acquired` right after a term whose work ended, and `role
+    // lost` of a work that ended (per kind and code of its end), are logged at most once a minute
+    // (with `suppressed`). Any other acquisition (the first, one after standing by, after a failed
+    // election or after a lost connection: a change of leader) and a lost connection: at once.
+    const termLog = RateLimitedLog.make()
+    const previous = yield* Ref.make<"none" | "not-leader" | "connection-lost" | "worker-ended">("none")
+    const acquiredLine = (suppressed: number | undefined) =>
+      Effect.logInfo("role acquired").pipe(
+        Effect.annotateLogs(suppressed === undefined ? { role: options.name } : { role: options.name, suppressed })
+      )
     const acquiredEvent = events.acquired ??
-      Effect.logInfo("role acquired").pipe(Effect.annotateLogs({ role: options.name }))
+      Effect.flatMap(Ref.get(previous), (before) =>
+        before === "worker-ended"
+          ? termLog.run("acquired", acquiredLine)
+          : acquiredLine(undefined))
     const lostEvent = events.lost ??
-      ((reason: "connection" | "worker-ended") =>
-        Effect.logWarning("role lost").pipe(Effect.annotateLogs({ role: options.name, reason })))
+      ((reason: "connection" | "worker-ended", error: unknown) => {
+        if (reason === "connection") {
+          return Effect.logWarning("role lost").pipe(
+            Effect.annotateLogs({ role: options.name, reason, code: leaderErrorCode(error) })
+          )
+        }
+        const end = workEndOf(Cause.isCause(error) ? error : undefined)
+        const key = end === undefined ? "worker-ended" : `worker-ended ${end.kind} ${end.code ?? ""}`
+        return termLog.run(key, (suppressed) =>
+          Effect.logWarning("role lost").pipe(
+            Effect.annotateLogs({ role: options.name, reason, ...end, suppressed })
+          ))
+      })
     // a database outage fails an election every `retry`: logged once a minute per code
     const failedLog = RateLimitedLog.make()
     const failedEvent = events.failed ??
@@ -266,15 +309,17 @@ export const runAsLeader = <E, R>(
           .pipe(
             Effect.timeoutFail({ duration: pingTimeout, onTimeout: () => "timeout" as const }),
             Effect.repeat(Schedule.spaced(ping)),
+            Effect.zipRight(Effect.never),
             Effect.raceFirst(Effect.flatMap(whenLost(conn), ({ error }) => Effect.fail(error))),
-            Effect.raceFirst(Fiber.await(worker).pipe(Effect.map(() => "worker-ended" as const))),
+            // the work's end, with its cause (logged by kind and code, never its values)
+            Effect.raceFirst(Fiber.await(worker)),
             Effect.either
           )
         if (lost._tag === "Left") {
           yield* lostEvent("connection", lost.left)
           return "connection-lost" as const
         }
-        yield* lostEvent("worker-ended", undefined)
+        yield* lostEvent("worker-ended", Exit.isFailure(lost.right) ? lost.right.cause : undefined)
         return "worker-ended" as const
       }).pipe(
         Effect.catchAll((e) => Effect.as(Effect.zipRight(onElection("failed"), failedEvent(e)), "not-leader" as const)),
@@ -285,6 +330,7 @@ export const runAsLeader = <E, R>(
         ),
         Effect.onExit(() => Scope.close(scope, Exit.void))
       )
+      yield* Ref.set(previous, ended)
       // a lost connection competes again at once (the old session's lock is gone or going); any
       // other end waits `retry`: a standby, a failed election, and a term whose work ended (a work
       // that dies at once, e.g. intake's reload failing, would otherwise take and give up the lock
