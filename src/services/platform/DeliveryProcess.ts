@@ -229,7 +229,12 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
     const current = yield* Ref.make<Option.Option<Spawned>>(Option.none())
     /** set by the drain, or at once by a SIGTERM/SIGINT reaching this process */
     const stopping = yield* Ref.make(false)
-    /** the exit of a child that ended while the parent was stopping (before the drain) */
+    /**
+     * the exit of the last child, recorded (under `lock`) as `current` is cleared; the loop forgets
+     * it (under `lock`) once it has taken it for a crash, and keeps it when the parent was stopping:
+     * the drain, which reads `current` and this under `lock`, never misses an exit the loop has not
+     * handled as a crash
+     */
     const finalExit = yield* Ref.make<Option.Option<ChildProcess.ChildExit>>(Option.none())
     const lock = yield* Effect.makeSemaphore(1)
     const setState = (state: State) => Ref.update(status, (s) => ({ ...s, state }))
@@ -289,7 +294,12 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
       })
       yield* Effect.forkScoped(look.pipe(Effect.repeat(Schedule.spaced(options.pollInterval ?? Duration.seconds(1)))))
       const exit = yield* handle.exit
-      yield* Ref.set(current, Option.none())
+      // recorded with `current` cleared, atomically for the drain: a drain between the two (while
+      // this scope closes, interrupting the look) saw neither the child nor its exit, and took
+      // the shutdown of a child that had exited 1 for clean
+      yield* lock.withPermits(1)(
+        Effect.zipRight(Ref.set(finalExit, Option.some(exit)), Ref.set(current, Option.none()))
+      )
       return Option.some({ exit, pid: handle.pid, error: yield* handle.lastError })
     })).pipe(
       Effect.catchTag("SpawnFailed", (e) =>
@@ -308,10 +318,14 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
         const ended = yield* runOnce
         if (Option.isNone(ended)) return { earlier, waits, done: true }
         const { error, exit, pid } = ended.value
-        if (yield* isStopping) {
-          yield* Ref.set(finalExit, Option.some(exit))
-          return { earlier, waits, done: true }
-        }
+        // decided under the lock: either the drain finds the exit, or it is handled as a crash
+        const stopped = yield* lock.withPermits(1)(
+          Effect.flatMap(
+            isStopping,
+            (yes) => Effect.as(Ref.set(finalExit, yes ? Option.some(exit) : Option.none()), yes)
+          )
+        )
+        if (stopped) return { earlier, waits, done: true }
         const reason = ownLine(error)
         const unreachable = exit.code !== 0 && Option.isSome(reason) && Database.isUnreachableLine(reason.value)
         const now = yield* Clock.currentTimeMillis
@@ -357,8 +371,11 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
     }).pipe(Effect.forkScoped)
 
     const stop = Effect.gen(function*() {
-      const handle = yield* lock.withPermits(1)(
-        Ref.set(stopping, true).pipe(Effect.zipRight(Effect.map(Ref.get(current), Option.map((s) => s.handle))))
+      // the running child, else the exit of one the loop has not handled as a crash (read together)
+      const [handle, exited] = yield* lock.withPermits(1)(
+        Ref.set(stopping, true).pipe(
+          Effect.zipRight(Effect.all([Effect.map(Ref.get(current), Option.map((s) => s.handle)), Ref.get(finalExit)]))
+        )
       )
       const before = (yield* Ref.get(status)).state
       if (before !== "failed") yield* setState("stopping")
@@ -369,7 +386,7 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
             Effect.onInterrupt(() => handle.value.kill("SIGKILL"))
           )
         )
-        : yield* Ref.get(finalExit)
+        : exited
       yield* Fiber.interrupt(loop)
       const clean = Option.match(exit, { onNone: () => true, onSome: stoppedCleanly })
       // the child has exited (or never ran): no pid is shown for it
