@@ -3,7 +3,9 @@
  * it is unset; migrations run before the layer is built. Its `listen` is firehook's own
  * (PgListen.ts): `@effect/sql-pg`'s never sees its connection drop. Both connect with
  * `DatabaseSsl.driverConfig` (what `sslmode` means for firehook, without pg's warning, the
- * certificate check not left to `NODE_TLS_REJECT_UNAUTHORIZED`).
+ * certificate check not left to `NODE_TLS_REJECT_UNAUTHORIZED`), checked once at startup and parsed
+ * again for each new connection (`DatabaseSsl.connectingClient`), so that rotated certificate files
+ * named in the URL are read by the next connection.
  *
  * The pool is closed at shutdown only when every part stopped cleanly (SPEC §6.3): after an
  * unclean shutdown in-flight work may still hold connections, and the process exits anyway.
@@ -120,25 +122,31 @@ const connectTimedOut = (): Error => Object.assign(new Error("Connection timed o
 
 /**
  * The `pg` pool (what `PgClient.make` builds, with the same settings), its connections made by
- * {@link PreparedStatements.preparingClient} unless `preparedStatements` is false, and checked with
- * one `SELECT 1` within the connect timeout; ended when the scope closes.
+ * {@link PreparedStatements.preparingClient} unless `preparedStatements` is false, each with the URL
+ * parsed when it is made (`DatabaseSsl.connectingClient`), and checked with one `SELECT 1` within
+ * the connect timeout; ended when the scope closes.
  */
-const openPool = (driver: Pg.ClientConfig, options: DatabaseOptions) =>
+const openPool = (
+  url: Redacted.Redacted<string>,
+  pgSslMode: string | undefined,
+  options: DatabaseOptions
+) =>
   Effect.acquireRelease(
     Effect.suspend(() => {
       const pool = new Pg.Pool({
-        // the URL's own settings (`application_name` among them) win, as they did when pg parsed it
-        application_name: options.applicationName ?? "firehook",
-        ...driver,
         connectionTimeoutMillis: Duration.toMillis(CONNECT_TIMEOUT),
         idleTimeoutMillis: Duration.toMillis(IDLE_TIMEOUT),
         max: poolSize(options),
         // idle connections do not keep the process alive: after an unclean shutdown the pool is
         // left open (SPEC §6.3), and an embedding program may then end on its own
         allowExitOnIdle: true,
-        ...(options.preparedStatements === false
-          ? {}
-          : { Client: PreparedStatements.preparingClient(new PreparedStatements.StatementNames()) })
+        Client: DatabaseSsl.connectingClient(url, {
+          // the URL's own settings (`application_name` among them) win, as they did when pg parsed it
+          defaults: { application_name: options.applicationName ?? "firehook" },
+          base: options.preparedStatements === false
+            ? Pg.Client
+            : PreparedStatements.preparingClient(new PreparedStatements.StatementNames())
+        }, pgSslMode)
       })
       pool.on("error", () => {})
       return Effect.tryPromise({
@@ -160,12 +168,13 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
   Layer.scopedContext(
     Effect.gen(function*() {
       const lifecycle = yield* Effect.serviceOption(Lifecycle)
-      const driver = yield* DatabaseSsl.driverConfig(Redacted.value(url)).pipe(
-        Either.mapLeft(couldNotConnect)
-      )
+      // read once, like the rest of the environment; the URL's TLS settings are checked here, so that
+      // a bad one stops the start with one line (each connection parses the URL again: openPool)
+      const pgSslMode = process.env["PGSSLMODE"]
+      yield* DatabaseSsl.driverConfig(Redacted.value(url), pgSslMode).pipe(Either.mapLeft(couldNotConnect))
       const poolScope = yield* Scope.make()
       const client = yield* PgClient.fromPool({
-        acquire: openPool(driver, options),
+        acquire: openPool(url, pgSslMode, options),
         applicationName: options.applicationName ?? "firehook"
       }).pipe(
         Scope.extend(poolScope),
@@ -182,7 +191,11 @@ const clientLayer = (url: Redacted.Redacted<string>, options: DatabaseOptions) =
         )
       )
       // LISTEN on a connection of firehook's own, which sees a lost connection (PgListen.ts)
-      const listen = yield* PgListen.make({ application_name: options.applicationName ?? "firehook", ...driver })
+      const listen = yield* PgListen.make({}, {
+        Client: DatabaseSsl.connectingClient(url, {
+          defaults: { application_name: options.applicationName ?? "firehook" }
+        }, pgSslMode)
+      })
       // `fromPool` describes the pool without its size and timeouts; readers of `config` (the claim
       // connection reserves one only from a pool of two or more) see what `PgClient.make` would give
       Object.assign(client, {

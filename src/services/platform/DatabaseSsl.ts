@@ -21,9 +21,13 @@
  * `pg` turns every checking mode into `ssl: {}` (or `true`), without `rejectUnauthorized`, so
  * Node's and Bun's TLS fell back to `NODE_TLS_REJECT_UNAUTHORIZED`, and `=0` in the environment
  * turned the check off (the startup message and the password then went to whatever answered).
+ *
+ * The URL is parsed again for each new connection ({@link connectingClient}): the parser reads the
+ * files named by `sslrootcert`, `sslcert` and `sslkey`, so a rotated client certificate or a renewed
+ * CA bundle is used by the next connection, as when `pg` parsed the connection string itself.
  */
-import { Either } from "effect"
-import type Pg from "pg"
+import { Either, Redacted } from "effect"
+import Pg from "pg"
 import * as PgConnectionString from "pg-connection-string"
 import type { StringRule } from "./ConfigRead.js"
 
@@ -134,3 +138,64 @@ export const driverConfig = (
     },
     catch: (e) => e
   })
+
+/**
+ * The code of a connection that could not be made because the URL could no longer be parsed: the
+ * files named by `sslrootcert`, `sslcert` or `sslkey` could not be read when it was made (removed,
+ * unreadable; or, with libpq's `verify-ca`, the CA file found empty). The URL itself was checked at
+ * startup.
+ */
+export const FILES_UNREADABLE = "ssl_files_unreadable"
+
+/** The error of such a connection: a fixed text and {@link FILES_UNREADABLE}, never a path or the parser's text. */
+const filesUnreadable = (): Error =>
+  Object.assign(new Error("the certificate files named in DATABASE_URL could not be read"), { code: FILES_UNREADABLE })
+
+export interface ConnectingOptions {
+  /** settings under the URL's (the URL's own win, as when `pg` parsed it): `application_name` */
+  readonly defaults?: Pg.ClientConfig
+  /** the class the connections are made with (the pool's preparing client); `Pg.Client` by default */
+  readonly base?: typeof Pg.Client
+}
+
+/**
+ * A `pg` client class whose every instance connects with {@link driverConfig}`(url)` parsed when it
+ * is made (once per connection, never per query), so that the certificate files named in the URL
+ * are read for each new connection: the pool's (`Client`, which pg-pool makes for each connection)
+ * and the LISTEN connection's. A client's own config (the pool's or PgListen's settings: timeouts)
+ * wins over the URL's, `defaults` give way to it; `pgSslMode` is read when the class is made.
+ *
+ * When the URL no longer parses (the files cannot be read: {@link FILES_UNREADABLE}), the client's
+ * `connect` fails with that error and sends nothing: the pool, or PgListen's follower, reports it
+ * and tries again later, when the files may be back. Nothing is thrown.
+ */
+export const connectingClient = (
+  url: Redacted.Redacted<string>,
+  options: ConnectingOptions = {},
+  pgSslMode: string | undefined = process.env["PGSSLMODE"]
+): typeof Pg.Client => {
+  const Base = options.base ?? Pg.Client
+  const defaults = options.defaults ?? {}
+  return class ConnectingClient extends Base {
+    readonly #unreadable: Error | undefined
+
+    constructor(config?: string | Pg.ClientConfig) {
+      const given = typeof config === "object" ? config : {}
+      const driver = driverConfig(Redacted.value(url), pgSslMode)
+      super(
+        Either.isRight(driver) ? { ...defaults, ...driver.right, ...given } : { ...defaults, ...given }
+      )
+      this.#unreadable = Either.isLeft(driver) ? filesUnreadable() : undefined
+    }
+
+    override connect(): Promise<void>
+    override connect(callback: (err: Error) => void): void
+    override connect(callback?: (err: Error) => void): Promise<void> | undefined {
+      const unreadable = this.#unreadable
+      if (callback === undefined) return unreadable === undefined ? super.connect() : Promise.reject(unreadable)
+      if (unreadable === undefined) super.connect(callback)
+      else queueMicrotask(() => callback(unreadable))
+      return undefined
+    }
+  }
+}

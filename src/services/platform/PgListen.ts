@@ -46,6 +46,11 @@ export interface PgListenOptions {
   readonly probeEvery?: Duration.DurationInput
   /** the bound on connecting, one command and a probe ({@link QUERY_TIMEOUT}) */
   readonly queryTimeout?: Duration.DurationInput
+  /**
+   * the class each connection is made with, given `config` (`Pg.Client` by default); Database.ts's
+   * parses `DATABASE_URL` again for each (DatabaseSsl.connectingClient)
+   */
+  readonly Client?: typeof Pg.Client
 }
 
 type Emit = StreamEmit.EmitOpsPush<SqlError, string>
@@ -67,8 +72,8 @@ const gone = () => lost(coded("connection lost", "connection_lost"), "LISTEN con
 const timedOut = () => lost(coded("timed out", "timeout"), "LISTEN timed out")
 
 /**
- * A `listen` on connections made with `config` (a `pg` client's settings), for the life of the
- * scope.
+ * A `listen` on connections made with `config` (a `pg` client's settings) by `options.Client`, for
+ * the life of the scope.
  */
 export const make = (
   config: Pg.ClientConfig,
@@ -77,6 +82,7 @@ export const make = (
   Effect.gen(function*() {
     const probeEvery = Duration.decode(options.probeEvery ?? PROBE_EVERY)
     const timeout = Duration.decode(options.queryTimeout ?? QUERY_TIMEOUT)
+    const Client = options.Client ?? Pg.Client
     const outer = yield* Effect.scope
     // after an unclean shutdown no UNLISTEN is sent: ending the connection ends its LISTENs
     const tidy = Lifecycle.tidyDatabase(yield* Effect.serviceOption(Lifecycle.Lifecycle))
@@ -130,7 +136,8 @@ export const make = (
       )
 
     const open = Effect.gen(function*() {
-      const client = new Pg.Client({ ...config, connectionTimeoutMillis: Duration.toMillis(timeout) })
+      // made when the connection is opened: a Client that reads its settings then sees them as they are now
+      const client = new Client({ ...config, connectionTimeoutMillis: Duration.toMillis(timeout) })
       const scope = yield* Scope.fork(outer, ExecutionStrategy.sequential)
       const conn: Connection = { client, channels: new Map(), scope, users: 0, dead: false }
       client.on("notification", (msg) => {
