@@ -7,28 +7,79 @@
  */
 import { Clock, Duration, Effect, Either, Metric, Queue, Ref } from "effect"
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
+import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import { sha256Hex } from "../matching/Canonical.js"
-import { metrics, type SessionEnd, type StreamContext } from "./StreamModel.js"
+import type { ProcessOptions } from "../matching/Processor.js"
+import type { ReplayAdvance } from "./CursorStore.js"
+import { metrics, type SessionEnd, type SessionReplay, type StreamContext } from "./StreamModel.js"
 import { type SessionQueue, weightOf } from "./StreamReader.js"
 
-/** commit one batch (with in-place retries); returns false when the stream must fail */
-export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, cursor: bigint | undefined) => {
+/**
+ * The registry stream's durable replay obligation for a batch that registered a webhook (see
+ * `StreamSpec.registrationReplay`): from the batch's first wh record's time − the margin.
+ */
+const onRegistered = (
+  ctx: StreamContext,
+  events: ReadonlyArray<StreamEvent>
+): ProcessOptions["onRegistered"] => {
+  const target = ctx.spec.registrationReplay
+  const store = ctx.cursors.replay
+  if (target === undefined || store === undefined) return undefined
+  return ({ backlink }) => {
+    let first: number | undefined
+    for (const e of events) {
+      if (e.kind === "commit" && e.collection === WH_COLLECTION && (first === undefined || e.timeUs < first)) {
+        first = e.timeUs
+      }
+    }
+    if (first === undefined) return Effect.void
+    const at = BigInt(first) - target.margin
+    const targets = [{ stream: target.direct, createRow: false }]
+    // a backlink stream without a cursor starts live: its row is made, from the registration
+    if (backlink) targets.push({ stream: target.backlink, createRow: true })
+    return store.mark(ctx.spec.relay, targets, at < 0n ? 0n : at)
+  }
+}
+
+/**
+ * commit one batch (with in-place retries); returns false when the stream must fail. With a
+ * durable replay obligation pending for the session (`replay`), the batch also advances it (in its
+ * transaction, after its cursor write), so such a batch is never written by one statement.
+ */
+export const commit = (
+  ctx: StreamContext,
+  events: ReadonlyArray<StreamEvent>,
+  cursor: bigint | undefined,
+  replay?: SessionReplay
+) => {
   const { spec, tuning, state, tagged, hooks } = ctx
   const { onIdentity, onReactivated } = hooks
   return Effect.gen(function*() {
     const toProcess = spec.skip === undefined ? events : events.filter((e) => !spec.skip?.(e))
     const start = yield* Clock.currentTimeMillis
+    const registered = onRegistered(ctx, events)
+    const base: ProcessOptions = registered === undefined
+      ? { registryWriter: spec.registryWriter }
+      : { registryWriter: spec.registryWriter, onRegistered: registered }
+    const due = replay === undefined ? undefined : yield* Ref.get(replay)
+    const replayStore = ctx.cursors.replay
+    let advanced: ReplayAdvance | undefined
+    const save = cursor === undefined ? undefined : ctx.cursors.save(spec.name, spec.relay, cursor)
     // the cursor write, as an effect and as data (a batch written by one statement includes it)
-    const attempt = ctx.processor.processEvents(
-      toProcess,
-      cursor === undefined
-        ? { registryWriter: spec.registryWriter }
-        : {
-          registryWriter: spec.registryWriter,
-          finalize: ctx.cursors.save(spec.name, spec.relay, cursor),
-          cursor: { stream: spec.name, relay: spec.relay, cursor }
-        }
-    )
+    const options: ProcessOptions = cursor === undefined || save === undefined
+      ? base
+      : due !== undefined && replayStore !== undefined
+      ? {
+        ...base,
+        finalize: Effect.zipRight(
+          save,
+          Effect.map(replayStore.advance(spec.name, spec.relay, due, cursor), (r) => {
+            advanced = r
+          })
+        )
+      }
+      : { ...base, finalize: save, cursor: { stream: spec.name, relay: spec.relay, cursor } }
+    const attempt = ctx.processor.processEvents(toProcess, options)
     let result = yield* Effect.either(attempt)
     for (let n = 1; n < tuning.batchAttempts && Either.isLeft(result); n++) {
       yield* Metric.increment(tagged.batchRetries)
@@ -41,6 +92,12 @@ export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, c
         op: result.left.op
       })
       return false
+    }
+    if (replay !== undefined && advanced !== undefined && advanced !== "pending") {
+      // replayed up to the stored cursor, or another obligation came since the session read it
+      // (the next session reads it again)
+      yield* Ref.set(replay, undefined)
+      if (advanced === "superseded") yield* Ref.set(ctx.replayCheck, true)
     }
     const now = yield* Clock.currentTimeMillis
     yield* Metric.update(metrics.batchCommit, now - start)
@@ -73,7 +130,11 @@ export const commit = (ctx: StreamContext, events: ReadonlyArray<StreamEvent>, c
 }
 
 /** Commit the session's queue in batches until its end; returns why the session ended. */
-export const runBatcher = (ctx: StreamContext, sq: SessionQueue): Effect.Effect<SessionEnd> => {
+export const runBatcher = (
+  ctx: StreamContext,
+  sq: SessionQueue,
+  replay?: SessionReplay
+): Effect.Effect<SessionEnd> => {
   const { spec, tuning, state } = ctx
   // events are committed in order; a frame's events may span batches
   let pending: Array<StreamEvent> = []
@@ -84,7 +145,7 @@ export const runBatcher = (ctx: StreamContext, sq: SessionQueue): Effect.Effect<
       const batch = pending.slice(0, tuning.batchMax)
       const rest = pending.slice(tuning.batchMax)
       const cursorForBatch = rest.length === 0 ? pendingCursor : lastFullCursor
-      const ok = yield* commit(ctx, batch, cursorForBatch)
+      const ok = yield* commit(ctx, batch, cursorForBatch, replay)
       if (!ok) return false
       yield* Ref.update(state, (s) => ({ ...s, queued: Math.max(0, s.queued - batch.length) }))
       pending = rest
@@ -147,7 +208,7 @@ export const runBatcher = (ctx: StreamContext, sq: SessionQueue): Effect.Effect<
       if (pending.length === 0 && lastFullCursor !== undefined) {
         const durable = (yield* Ref.get(state)).durableCursor
         if (durable === undefined || lastFullCursor > durable) {
-          if (!(yield* commit(ctx, [], lastFullCursor))) return { kind: "handler" } satisfies SessionEnd
+          if (!(yield* commit(ctx, [], lastFullCursor, replay))) return { kind: "handler" } satisfies SessionEnd
         }
       }
       if (end !== undefined) return end

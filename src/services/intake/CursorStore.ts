@@ -21,6 +21,55 @@ export interface CursorStoreShape {
   readonly loadEntry?: (stream: string, relay: string) => Effect.Effect<CursorEntry | undefined, StoreError>
   /** raise the cursor to `cursor` (GREATEST): a lower value never lowers it */
   readonly save: (stream: string, relay: string, cursor: bigint) => Effect.Effect<void, StoreError>
+  /**
+   * The durable replay obligations (0017; SPEC §3.1). A store without them keeps none: the streams'
+   * replays for new registrations are then held in memory only.
+   */
+  readonly replay?: ReplayStore
+}
+
+/**
+ * A stream's durable replay obligation: it must resume from at most `from` (`replay_from`); `seq`
+ * (`replay_seq`) changes with every obligation written, so that a session clears only the ones it
+ * knew of when it connected.
+ */
+export interface ReplayObligation {
+  readonly from: bigint
+  readonly seq: bigint
+}
+
+/** what a replay session's commit did to the obligation it connected for */
+export type ReplayAdvance =
+  /** it reached the stream's stored cursor: cleared */
+  | "cleared"
+  /** still below the stored cursor: `replay_from` raised to the batch's cursor */
+  | "pending"
+  /** another obligation was written since the session read it (or none is left): not touched */
+  | "superseded"
+
+export interface ReplayStore {
+  /**
+   * In a registry batch's transaction that registered a webhook: `replay_from` = LEAST(itself,
+   * `from`) on each target's row, `replay_seq` bumped. A target without a row gets none (it starts
+   * from its initial cursor, before every registration), unless `createRow`: then a row with its
+   * cursor at `from` (a stream that starts live without one).
+   */
+  readonly mark: (
+    relay: string,
+    targets: ReadonlyArray<{ readonly stream: string; readonly createRow: boolean }>,
+    from: bigint
+  ) => Effect.Effect<void, StoreError>
+  readonly load: (stream: string, relay: string) => Effect.Effect<ReplayObligation | undefined, StoreError>
+  /**
+   * In a replay session's batch transaction, after its cursor write: the obligation `seq` was
+   * replayed through `through`. Compare-and-set on `seq`.
+   */
+  readonly advance: (
+    stream: string,
+    relay: string,
+    seq: bigint,
+    through: bigint
+  ) => Effect.Effect<ReplayAdvance, StoreError>
 }
 
 export class CursorStore extends Context.Tag("firehook/CursorStore")<CursorStore, CursorStoreShape>() {}
@@ -42,11 +91,54 @@ export const saveStatement = (sql: SqlClient.SqlClient, w: CursorWrite) =>
     ON CONFLICT (stream, relay) DO UPDATE
       SET cursor = GREATEST(cursors.cursor, EXCLUDED.cursor), updated_at = now()`
 
+/** The replay obligations in the `cursors` table (0017). */
+export const replayStoreSql = (sql: SqlClient.SqlClient): ReplayStore => ({
+  mark: (relay, targets, from) =>
+    Effect.forEach(targets, (t) =>
+      t.createRow
+        ? sql`
+          INSERT INTO cursors (stream, relay, cursor, replay_from, replay_seq)
+          VALUES (${t.stream}, ${relay}, ${from.toString()}::bigint, ${from.toString()}::bigint, 1)
+          ON CONFLICT (stream, relay) DO UPDATE
+            SET replay_from = LEAST(COALESCE(cursors.replay_from, EXCLUDED.replay_from), EXCLUDED.replay_from),
+                replay_seq = cursors.replay_seq + 1`
+        : sql`
+          UPDATE cursors
+            SET replay_from = LEAST(COALESCE(replay_from, ${from.toString()}::bigint), ${from.toString()}::bigint),
+                replay_seq = replay_seq + 1
+          WHERE stream = ${t.stream} AND relay = ${relay}`, { discard: true }).pipe(storeOp("cursors.replay_mark")),
+  load: (stream, relay) =>
+    sql<{ replay_from: string; replay_seq: string }>`
+      SELECT replay_from::text AS replay_from, replay_seq::text AS replay_seq
+      FROM cursors WHERE stream = ${stream} AND relay = ${relay} AND replay_from IS NOT NULL`.pipe(
+      Effect.map((rows) => {
+        const row = rows[0]
+        return row === undefined ? undefined : { from: BigInt(row.replay_from), seq: BigInt(row.replay_seq) }
+      }),
+      storeOp("cursors.replay_load")
+    ),
+  advance: (stream, relay, seq, through) =>
+    sql<{ replay_from: string | null }>`
+      UPDATE cursors
+        SET replay_from = CASE WHEN cursor <= ${through.toString()}::bigint THEN NULL
+                               ELSE GREATEST(replay_from, ${through.toString()}::bigint) END
+      WHERE stream = ${stream} AND relay = ${relay} AND replay_seq = ${seq.toString()}::bigint
+        AND replay_from IS NOT NULL
+      RETURNING replay_from::text AS replay_from`.pipe(
+      Effect.map((rows): ReplayAdvance => {
+        const row = rows[0]
+        return row === undefined ? "superseded" : row.replay_from === null ? "cleared" : "pending"
+      }),
+      storeOp("cursors.replay_advance")
+    )
+})
+
 export const layerSql = Layer.effect(
   CursorStore,
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const store: CursorStoreShape = {
+      replay: replayStoreSql(sql),
       loadEntry: (stream, relay) =>
         sql<{ cursor: string; saved_at_ms: number | string }>`
           SELECT cursor::text AS cursor, (extract(epoch FROM updated_at) * 1000)::float8 AS saved_at_ms

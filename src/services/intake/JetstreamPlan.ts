@@ -130,7 +130,11 @@ export const jetstreamSpecs = (o: JetstreamOptions) => {
     // never quiet on a live network (every DID's #identity/#account): a long resume gap is a
     // clamped cursor (ResumeGap)
     resumeGapWarnUs: RESUME_GAP_WARN_US,
-    connect: jetstreamConnect(o, relay, "registry", { wantedCollections: [WH_COLLECTION] })
+    connect: jetstreamConnect(o, relay, "registry", { wantedCollections: [WH_COLLECTION] }),
+    // a registration's replay (the reconfiguration below) is held in memory: written durably too,
+    // in the registration's transaction, so that a crash or a lost intake lock before the replayed
+    // batch commits does not lose it (SPEC §3.1)
+    registrationReplay: { direct: "direct", backlink: "backlink", margin: TWO_SECONDS }
   }
   const direct: StreamSpec = {
     name: "direct",
@@ -142,7 +146,8 @@ export const jetstreamSpecs = (o: JetstreamOptions) => {
     rewind: TWO_SECONDS,
     cursorIsTime: true,
     connect: jetstreamConnect(o, relay, "direct", { wantedDids: sortedWanted }),
-    skip: (e) => e.kind === "commit" && e.collection === WH_COLLECTION
+    skip: (e) => e.kind === "commit" && e.collection === WH_COLLECTION,
+    durableReplay: true
   }
   const backlink: StreamSpec = {
     name: "backlink",
@@ -155,6 +160,7 @@ export const jetstreamSpecs = (o: JetstreamOptions) => {
     // by them) may be quiet for days: its gap is only measured
     resumeGapWarnUs: RESUME_GAP_WARN_US,
     connect: jetstreamConnect(o, relay, "backlink", {}),
+    durableReplay: true,
     // events from the direct set and wh records are handled by the other streams
     skip: (e) => e.kind !== "commit" || e.collection === WH_COLLECTION || index.wantedDids().has(e.did)
   }

@@ -57,6 +57,22 @@ export interface StreamSpec {
   readonly connect: (cursor: bigint | undefined) => Stream.Stream<SourceItem, FirehoseSource.SourceError>
   /** events of this stream that another stream handles (skipped before processing) */
   readonly skip?: (e: StreamEvent) => boolean
+  /**
+   * The registry stream of a plan whose other streams replay for a new registration (SPEC §3.1):
+   * its batch that registers a webhook writes, in its transaction, the durable replay obligation
+   * (the first wh record's time − `margin`) of the `direct` stream, and of the `backlink` stream
+   * for a backlink webhook (`CursorStore.ReplayStore.mark`)
+   */
+  readonly registrationReplay?: {
+    readonly direct: string
+    readonly backlink: string
+    readonly margin: bigint
+  } | undefined
+  /**
+   * a stream that follows its durable replay obligation: a session reads it (when one may be
+   * pending), connects at or below it and clears it once it has replayed up to its stored cursor
+   */
+  readonly durableReplay?: boolean | undefined
 }
 
 export interface StreamState {
@@ -221,4 +237,15 @@ export interface StreamContext {
   readonly logLimited: (message: string, annotations: Record<string, unknown>) => Effect.Effect<void>
   /** the stream's limiter, for a warning limited by a key of its own (`logLimited` uses `stream`) */
   readonly limiter: RateLimitedLog.RateLimitedLog
+  /**
+   * whether the next session reads the durable replay obligation (`StreamSpec.durableReplay`): at
+   * the runner's start, after a replay was asked, after a session that left one pending
+   */
+  readonly replayCheck: Ref.Ref<boolean>
 }
+
+/**
+ * The durable replay obligation a session connected for (its `replay_seq`), until its commits
+ * have replayed it up to the stored cursor (undefined: none, or done).
+ */
+export type SessionReplay = Ref.Ref<bigint | undefined>

@@ -9,7 +9,12 @@
  * stream resumes from before its registration) is kept, the earliest of those asked, until a
  * session that connected from it has committed a batch: a session that was already ending for
  * another reason (closed socket, full queue, failed batch), a failed connection or a crash of the
- * loop does not lose it.
+ * loop does not lose it. A stream with `durableReplay` also follows the obligation the registry
+ * stream wrote in a registration's transaction (`cursors.replay_from`, 0017): a crash or a lost
+ * intake lock before the replay committed loses the in-memory point, never that one. A session
+ * reads it when one may be pending (at the stream's start, after a replay was asked, after a
+ * session that left it pending), connects at or below it, and its batches advance it (in their
+ * transactions) until they reach the stored cursor, when it is cleared.
  */
 import { Cause, Deferred, Duration, Effect, Exit, Metric, Ref, Schedule } from "effect"
 import * as Outbox from "../matching/Outbox.js"
@@ -18,13 +23,14 @@ import * as Backoff from "../platform/Backoff.js"
 import type { StoreError } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { runBatcher } from "./Batcher.js"
-import { CursorStore } from "./CursorStore.js"
+import { CursorStore, type ReplayObligation } from "./CursorStore.js"
 import {
   type FailureKind,
   type IdentityHooks,
   initialState,
   type IntakeTuning,
   type SessionEnd,
+  type SessionReplay,
   type StreamContext,
   streamMetrics,
   type StreamRunner,
@@ -85,7 +91,7 @@ export const earlierReplay = (a: bigint | undefined, b: bigint | undefined): big
   a === undefined ? b : b === undefined || a <= b ? a : b
 
 /** One connection: read into the queue, commit batches; returns why it ended. */
-const session = (ctx: StreamContext, cursor: bigint | undefined) =>
+const session = (ctx: StreamContext, cursor: bigint | undefined, replay: SessionReplay) =>
   Effect.scoped(
     Effect.gen(function*() {
       const sq = yield* makeSessionQueue(ctx.tuning.queueMax)
@@ -93,9 +99,50 @@ const session = (ctx: StreamContext, cursor: bigint | undefined) =>
       // a new session has a new (empty) queue
       yield* Ref.update(ctx.state, (s) => ({ ...s, queued: 0 }))
       yield* Effect.forkScoped(readSession(ctx, sq, cursor, signal))
-      return yield* runBatcher(ctx, sq)
+      return yield* runBatcher(ctx, sq, replay)
     })
   )
+
+/** a store read, retried with the reconnect backoff (never taken for "nothing stored") */
+const retryStore = <A>(ctx: StreamContext, read: Effect.Effect<A, StoreError>, message: string) =>
+  read.pipe(
+    Effect.tapError((e) =>
+      Effect.zipRight(
+        Effect.zipRight(
+          Metric.increment(ctx.tagged.cursorLoadFailures),
+          Ref.update(ctx.state, (s) => ({ ...s, failureKind: "handler" as const }))
+        ),
+        ctx.logLimited(message, { code: e.code, op: e.op })
+      )
+    ),
+    Effect.retry(
+      Schedule.addDelayEffect(
+        Schedule.forever,
+        (n) => fullJitter(ctx.tuning.backoffBase, Duration.min(ctx.tuning.backoffCap, STORE_BACKOFF_CAP), n)
+      )
+    )
+  )
+
+/**
+ * The stream's durable replay obligation (`StreamSpec.durableReplay`), read only when one may be
+ * pending (`replayCheck`): in steady state a session reads nothing more.
+ */
+const readObligation = (ctx: StreamContext) => {
+  const store = ctx.cursors.replay
+  if (ctx.spec.durableReplay !== true || store === undefined) return Effect.succeed(undefined)
+  return Effect.flatMap(Ref.getAndSet(ctx.replayCheck, false), (check) =>
+    check
+      ? retryStore(
+        ctx,
+        store.load(ctx.spec.name, ctx.spec.relay),
+        "replay obligation load failed; retrying before connecting"
+      ).pipe(Effect.onInterrupt(() => Ref.set(ctx.replayCheck, true)))
+      : Effect.succeed(undefined))
+}
+
+/** an obligation's replay point, raised to the spec's `resumeFloor` (what came before matched nothing that exists now) */
+const obligationFrom = (spec: Pick<StreamSpec, "resumeFloor">, o: ReplayObligation | undefined) =>
+  o === undefined ? undefined : spec.resumeFloor !== undefined && o.from < spec.resumeFloor ? spec.resumeFloor : o.from
 
 /**
  * The durable cursor. A failed read is never taken for "no cursor stored" (that would start a
@@ -112,36 +159,27 @@ const loadCursor = (ctx: StreamContext) => {
         (cursor) => cursor === undefined ? undefined : { cursor }
       )
       : loadEntry(ctx.spec.name, ctx.spec.relay)
-  return read.pipe(
-    Effect.tapError((e) =>
-      Effect.zipRight(
-        Effect.zipRight(
-          Metric.increment(ctx.tagged.cursorLoadFailures),
-          Ref.update(ctx.state, (s) => ({ ...s, failureKind: "handler" as const }))
-        ),
-        ctx.logLimited("cursor load failed; retrying before connecting", { code: e.code, op: e.op })
-      )
-    ),
-    Effect.retry(
-      Schedule.addDelayEffect(
-        Schedule.forever,
-        (n) => fullJitter(ctx.tuning.backoffBase, Duration.min(ctx.tuning.backoffCap, STORE_BACKOFF_CAP), n)
-      )
-    )
-  )
+  return retryStore(ctx, read, "cursor load failed; retrying before connecting")
 }
 
 /**
  * A session from the replay point asked for (taken from `replay`), which goes back to `replay`
  * (the earliest of it and any asked for since) unless the session committed a batch, or the relay
- * said the cursor is in its future (nothing to replay: the stream goes live).
+ * said the cursor is in its future (nothing to replay: the stream goes live). It connects at or
+ * below the durable replay obligation too (read when one may be pending), and its batches advance
+ * it until they reach the stored cursor; one left pending is read again by the next session.
  */
 const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, live: boolean) =>
   Effect.gen(function*() {
+    // the durable obligation first: a replay asked for meanwhile stays in `replay` (and has the
+    // next session read the obligation again)
+    const obligation = yield* readObligation(ctx)
     const requested = yield* Ref.getAndSet(replay, undefined)
+    const wanted = earlierReplay(requested, obligationFrom(ctx.spec, obligation))
     const before = yield* Ref.get(ctx.state)
-    const cursor = resumeCursor(ctx.spec, live && requested === undefined, before, requested)
-    return yield* session(ctx, cursor).pipe(
+    const cursor = resumeCursor(ctx.spec, live && wanted === undefined, before, wanted)
+    const pending: SessionReplay = yield* Ref.make(obligation?.seq)
+    return yield* session(ctx, cursor, pending).pipe(
       Effect.catchAllCause((cause) =>
         Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : Effect.succeed<SessionEnd>({ kind: "handler" })
       ),
@@ -153,6 +191,9 @@ const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, li
             (after) =>
               after.batches > before.batches ? Effect.void : Ref.update(replay, (p) => earlierReplay(p, requested))
           )
+      ),
+      Effect.ensuring(
+        Effect.flatMap(Ref.get(pending), (seq) => seq === undefined ? Effect.void : Ref.set(ctx.replayCheck, true))
       )
     )
   })
@@ -278,9 +319,16 @@ export const makeStreamRunner = (
     const stopped = yield* Deferred.make<void>()
     // the replay point asked for and not yet replayed (see `sessionFrom`)
     const replay = yield* Ref.make<bigint | undefined>(undefined)
-    /** ask for a replay from `cursor` (the earliest asked wins), kept until replayed */
+    // the next session reads the durable replay obligation (the first one does)
+    const replayCheck = yield* Ref.make(true)
+    /**
+     * ask for a replay from `cursor` (the earliest asked wins), kept until replayed; the next
+     * session reads the durable obligation too (a registration asks for both)
+     */
     const askReplay = (cursor: bigint | undefined) =>
-      cursor === undefined ? Effect.void : Ref.update(replay, (p) => earlierReplay(p, cursor))
+      cursor === undefined
+        ? Effect.void
+        : Effect.zipRight(Ref.set(replayCheck, true), Ref.update(replay, (p) => earlierReplay(p, cursor)))
     // one limit for all of this stream's warnings: at most one a minute, whichever it is
     const limiter = RateLimitedLog.make()
     const logLimited = (message: string, annotations: Record<string, unknown>) =>
@@ -298,7 +346,8 @@ export const makeStreamRunner = (
       stopped,
       tagged: streamMetrics(spec.name),
       logLimited,
-      limiter
+      limiter,
+      replayCheck
     }
 
     const runner: StreamRunner = {
@@ -312,8 +361,9 @@ export const makeStreamRunner = (
           Effect.flatMap(Ref.get(restartSignal), (d) =>
             Deferred.succeed(d, cursor))
         ),
-      runFrom: (from) => Effect.zipRight(askReplay(from), runFrom(ctx, replay)),
-      run: runFrom(ctx, replay),
+      runFrom: (from) =>
+        Effect.zipRight(Effect.zipRight(Ref.set(replayCheck, true), askReplay(from)), runFrom(ctx, replay)),
+      run: Effect.zipRight(Ref.set(replayCheck, true), runFrom(ctx, replay)),
       stopReading: Deferred.succeed(stopped, undefined).pipe(Effect.asVoid)
     }
     return runner

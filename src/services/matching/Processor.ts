@@ -85,6 +85,12 @@ export interface ProcessOptions {
    * it, a batch with a `finalize` always runs in a transaction.
    */
   readonly cursor?: CursorWrite
+  /**
+   * Runs inside the transaction of a batch that registered a webhook or a new version of one
+   * (`WebhookIndex.registrationsVersion`; `backlink`: one that makes backlink matches), before
+   * `finalize`: the registry stream's durable replay obligation for the other streams (SPEC §3.1).
+   */
+  readonly onRegistered?: (what: { readonly backlink: boolean }) => Effect.Effect<void, StoreError>
 }
 
 export interface ProcessorShape {
@@ -193,7 +199,13 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
       const shared = newShared()
       let attempted: PriorRefsWrite | undefined
       return Effect.gen(function*() {
+        const registrations = index.registrationsVersion
+        const backlinkRegistrations = index.backlinkRegistrationsVersion
         const p = yield* plan(planContext, req.batch, req.options.registryWriter, shared)
+        const { onRegistered } = req.options
+        if (onRegistered !== undefined && index.registrationsVersion !== registrations) {
+          yield* onRegistered({ backlink: index.backlinkRegistrationsVersion !== backlinkRegistrations })
+        }
         const { prior, removedKeys } = priorWriteOf(shared, priorLimits.ttlSeconds)
         attempted = prior
         const written = prior === undefined ? emptyKeys : yield* priorStore.write(prior)

@@ -458,6 +458,22 @@ UPDATE owners SET completed_snapshot_rev = snapshot_rev
   WHERE completed_at IS NOT NULL AND completed_snapshot_rev IS NULL AND snapshot_rev IS NOT NULL;
 `)
 
+/**
+ * 0017: `cursors.replay_from` and `cursors.replay_seq`, a stream's durable replay obligation (SPEC
+ * §3.1: a new registration's stream replays from before it, so nothing since it is missed). The
+ * registry stream's batch that registers a webhook (or a new version of one) writes, in its own
+ * transaction, `replay_from` = LEAST(itself, the registration's time − 2 s) on the `direct` row
+ * (and, for a backlink webhook, the `backlink` row) and bumps `replay_seq`; that stream resumes from
+ * min(its resume point, `replay_from`) and clears it once a session that connected at or below it
+ * has committed up to its stored cursor (compare-and-set on `replay_seq`). Before, the obligation
+ * was held in memory only, and a crash or a lost intake lock in between lost it. A nullable column
+ * and a constant default: no table rewrite.
+ */
+const cursorsReplay = ddl(`
+ALTER TABLE cursors ADD COLUMN IF NOT EXISTS replay_from bigint;
+ALTER TABLE cursors ADD COLUMN IF NOT EXISTS replay_seq bigint NOT NULL DEFAULT 0;
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -475,5 +491,6 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0013_outbox_dead_letters": outboxDeadLetters,
   "0014_tombstones_live": tombstonesLive,
   "0015_rejected_limit_since": rejectedLimitSince,
-  "0016_owners_completed_rev": ownersCompletedRev
+  "0016_owners_completed_rev": ownersCompletedRev,
+  "0017_cursors_replay": cursorsReplay
 }
