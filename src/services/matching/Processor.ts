@@ -199,12 +199,11 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
       const shared = newShared()
       let attempted: PriorRefsWrite | undefined
       return Effect.gen(function*() {
-        const registrations = index.registrationsVersion
-        const backlinkRegistrations = index.backlinkRegistrationsVersion
+        const [registrations, backlinkRegistrations] = [index.registrationsVersion, index.backlinkRegistrationsVersion]
         const p = yield* plan(planContext, req.batch, req.options.registryWriter, shared)
-        const { onRegistered } = req.options
-        if (onRegistered !== undefined && index.registrationsVersion !== registrations) {
-          yield* onRegistered({ backlink: index.backlinkRegistrationsVersion !== backlinkRegistrations })
+        const registered = req.options.onRegistered
+        if (registered !== undefined && index.registrationsVersion !== registrations) {
+          yield* registered({ backlink: index.backlinkRegistrationsVersion !== backlinkRegistrations })
         }
         const { prior, removedKeys } = priorWriteOf(shared, priorLimits.ttlSeconds)
         attempted = prior
