@@ -33,11 +33,20 @@
  * - `transactional` wraps a unit of work (one intake batch): index changes are visible to the next
  *   event at once, and undone if the transaction fails, so memory never runs ahead of the database.
  *   A failure may hide a commit (the connection dropped after the server committed), so the owners
- *   the unit touched are then reloaded from the store, before the next unit at the latest.
+ *   the unit touched are then reloaded from the store, before the next unit at the latest. Swaps of
+ *   other owners do not wait for a unit (the owner lock orders one owner only): one that ran while a
+ *   failed unit was open was judged against the unit's changes, which the undo takes back (room it
+ *   freed, then used by the swap, is taken again; room it used is freed). So after such a failure
+ *   the swapped owners' registrations are judged again at once, in memory (what no longer fits
+ *   leaves the index: no limit is exceeded, even while the store does not answer), and the unit's
+ *   owners, then the swapped ones, are reloaded from the store together (`swapOwners`): the
+ *   registrations the unit left as they were keep their room, and the swapped owners' records are
+ *   admitted into what is left, as any record that would become active is (SPEC §2.6).
  * - `swapOwner` replaces one owner's registrations in one step (reconciliation completion). While an
  *   owner is scanning or failed, nothing here removes its registrations: they keep matching. The
  *   rows it refuses for an admission limit are remembered among the owner's refused records, and
- *   the keys it admits leave them (SwapRefusals).
+ *   the keys it admits leave them (SwapRefusals); the counters count a refusal only when it is new
+ *   (the key was registered, or that version was not already refused for that limit: SwapRefusals).
  * - `syncOwner` follows a change another process made to an owner (RegistrySync: the intake leader
  *   of a deployment whose roles are split over several processes).
  */
@@ -45,7 +54,7 @@ import { Cause, Context, Effect, Layer, Metric, Option } from "effect"
 import { parseCidrs } from "../../schemas/Net.js"
 import type { RecordEvent } from "../../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
-import { type ActiveWebhook, WebhookIndex } from "../matching/WebhookIndex.js"
+import { type ActiveWebhook, WebhookIndex, webhookKey } from "../matching/WebhookIndex.js"
 import { FirehookConfig } from "../platform/Config.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { StoreError } from "../platform/Persistence.js"
@@ -87,9 +96,10 @@ export interface RegistryShape {
   readonly applyWhEvent: (event: RecordEvent) => Effect.Effect<WhEventOutcome, StoreError>
   /**
    * Run a unit of work: its index changes are undone if it fails, and when the failure may have
-   * come after the commit ({@link mayHaveCommitted}) the owners it touched are then reloaded from
-   * the store. A reload that fails is retried before the next unit, which fails with it (nothing
-   * goes on before memory matches the database again).
+   * come after the commit ({@link mayHaveCommitted}), or when other owners were swapped while it
+   * ran (judged against what was undone: judged again at once in memory), the owners it touched,
+   * then the swapped ones, are reloaded from the store. A reload that fails is retried before the
+   * next unit, which fails with it (nothing goes on before memory matches the database again).
    */
   readonly transactional: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E | StoreError, R>
   readonly swapOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
@@ -130,15 +140,21 @@ interface Journal {
   readonly owners: Set<string>
   /** the reconciliations the unit requested for room it freed (RoomRequests) */
   readonly room: RoomRequests.RoomMemo
+  /**
+   * the owners swapped (`swapOwners`) while the unit was open: admitted against its index changes,
+   * which an undo takes back
+   */
+  readonly swapped: Set<string>
 }
 
 /**
  * The registrations a load admits, in a new index: the store's active rows in the load order
  * (oldest first), each owner's first `ownerActiveMax` only, admitted one by one; read in pages of
  * a full index and one row more (one page in the common case) until the index is full (a full
- * index admits nothing more) or the rows run out. Memory: one page and the index.
+ * index admits nothing more) or the rows run out. Memory: one page and the index. The refusals it
+ * makes are remembered in `counted`.
  */
-const loadIndex = (store: RegistryStoreShape, rules: Rules) =>
+const loadIndex = (store: RegistryStoreShape, rules: Rules, counted: SwapRefusals.Counted) =>
   Effect.gen(function*() {
     const page = rules.limits.activeMax + 1
     const loaded = new WebhookIndex()
@@ -150,7 +166,11 @@ const loadIndex = (store: RegistryStoreShape, rules: Rules) =>
       })
       for (const row of rows) {
         const w = activeFromRow(rules, row)
-        if (w !== undefined && admissionIn(rules, loaded, w) === undefined) loaded.upsert(w)
+        if (w === undefined) continue
+        const limit = admissionIn(rules, loaded, w)
+        // a refusal of the load counts as not loaded; remembered, so a swap does not count it again
+        if (limit === undefined) loaded.upsert(w)
+        else counted.set(row.ownerDid, row.rkey, SwapRefusals.refusalTag(limit, row.cid, row.rev))
       }
       const last = rows[rows.length - 1]
       if (last === undefined || rows.length < page || loaded.size >= rules.limits.activeMax) return loaded
@@ -194,6 +214,8 @@ export const make = Effect.gen(function*() {
   let notLoaded = 0
   const counts = LiveWrite.noCounts()
   const rejected = counts.rejected
+  /** the refusals counted (or, the load's, counted as not loaded): a swap counts only new ones */
+  const counted = SwapRefusals.makeCounted()
   /** the cap of an owner's stored records a live write of a new key must stay under (what a scan reads) */
   const ownerRecordsMax = config.reconcile.maxRecords
 
@@ -218,7 +240,7 @@ export const make = Effect.gen(function*() {
   const reload = Effect.gen(function*() {
     const total = yield* store.countActive
     // built aside, then swapped in one synchronous step: readers never see an empty or partial index
-    const loaded = yield* loadIndex(store, rules)
+    const loaded = yield* loadIndex(store, rules, counted)
     for (const w of [...index.all()]) index.remove(w.key)
     for (const w of loaded.all()) index.upsert(w)
     notLoaded = Math.max(0, total - loaded.size)
@@ -247,23 +269,42 @@ export const make = Effect.gen(function*() {
       // with the owner's stored rows up to the cap when the key has none (a write would add one)
       const state = yield* store.get(ownerDid, rkey, event.operation === "delete" ? undefined : ownerRecordsMax)
       const outcome = yield* LiveWrite.writeKey(live, event, state)
+      // counted (once committed): a swap of the owner refusing this version for that limit counts nothing
+      if (outcome._tag === "rejected") {
+        const tag = SwapRefusals.refusalTag(outcome.limit, event.cid, event.rev)
+        yield* onCommit(Effect.sync(() => counted.set(ownerDid, rkey, tag)))
+      } else if (outcome._tag !== "stale") counted.set(ownerDid, rkey, undefined)
       // a delete or a refused version of a stored key removed its row (a version stored replaces it)
       const removed = outcome._tag === "deleted" || outcome._tag === "invalid" || outcome._tag === "rejected"
       return { outcome, rowRemoved: state.row !== undefined && removed }
     })
 
-  /** reload the unsynced owners from the store (each leaves the set once reloaded) */
-  const resync = Effect.suspend(() =>
-    Effect.forEach(
-      [...unsynced],
-      (did) => Effect.zipRight(swapOwner(did), Effect.sync(() => unsynced.delete(did))),
-      { discard: true }
-    )
-  ).pipe(Effect.withSpan("Registry.resync"))
+  /**
+   * reload the unsynced owners from the store, together and in the order they were added (a failed
+   * unit's owners first, then the owners swapped while it ran); they leave the set once reloaded
+   */
+  const resync = Effect.suspend(() => {
+    const owners = [...unsynced]
+    return Effect.zipRight(swapOwners(owners), Effect.sync(() => owners.forEach((did) => unsynced.delete(did))))
+  }).pipe(Effect.withSpan("Registry.resync"))
+
+  /**
+   * Judge the registrations of `owners` again, in memory, in one synchronous step: each owner's are
+   * cleared, then admitted again (owner after owner, each in its order) against everyone else's;
+   * what no longer fits leaves the index. After a failed unit's undo, for the owners swapped while
+   * it ran (what the undo put back keeps its room; the resync that follows reads them from the store).
+   */
+  const rejudge = (owners: ReadonlyArray<string>) => {
+    const held = owners.map((did) => index.byOwner(did))
+    for (const did of owners) index.replaceOwner(did, [])
+    for (const ws of held) {
+      for (const w of ws) if (admission(w) === undefined) index.upsert(w, w.fingerprint)
+    }
+  }
 
   const transactional = <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E | StoreError, R> =>
     Effect.suspend(() => {
-      const j: Journal = { undo: [], commit: [], owners: new Set(), room: RoomRequests.newMemo() }
+      const j: Journal = { undo: [], commit: [], owners: new Set(), room: RoomRequests.newMemo(), swapped: new Set() }
       const unit = Effect.suspend(() => {
         journal = j
         return eff
@@ -275,16 +316,20 @@ export const make = Effect.gen(function*() {
               for (const f of j.commit) yield* f
             } else {
               for (let i = j.undo.length - 1; i >= 0; i--) j.undo[i]?.()
+              // swaps that ran meanwhile were judged against what was just undone: judge them again
+              const raced = j.undo.length > 0 && j.swapped.size > 0
+              if (raced) rejudge([...j.swapped])
               // the store may have kept what was undone here: reload those owners now (or, if the
-              // store does not answer, before the next unit)
-              if (mayHaveCommitted(exit.cause)) { for (const did of j.owners) unsynced.add(did) }
+              // store does not answer, before the next unit), and after them the swapped ones
+              if (raced || mayHaveCommitted(exit.cause)) { for (const did of j.owners) unsynced.add(did) }
+              if (raced) { for (const did of j.swapped) unsynced.add(did) }
             }
             yield* Metric.set(activeGauge, index.size)
           })
         ),
         // outside the finalizer, so an interruption (shutdown) does not wait for the store
-        Effect.tapErrorCause((cause) =>
-          j.owners.size === 0 || !mayHaveCommitted(cause) ? Effect.void : resync.pipe(
+        Effect.tapErrorCause(() =>
+          unsynced.size === 0 ? Effect.void : resync.pipe(
             Effect.catchAll((e) =>
               Effect.logWarning("registry owners not reloaded after a failed batch").pipe(
                 Effect.annotateLogs({ owners: unsynced.size, code: e.code })
@@ -297,39 +342,59 @@ export const make = Effect.gen(function*() {
     })
 
   const recordSwap = SwapRefusals.makeRecorder(store)
-  const swapOwner = (ownerDid: string) =>
+  /**
+   * Replace the registrations of `owners` with their stored rows: the rows read, then one
+   * synchronous step (no fiber can observe a half-swapped owner): every one of them cleared, then
+   * each owner's candidates admitted, owner after owner in the order given, against everyone else's
+   * registrations (and those just admitted).
+   */
+  const swapOwners = (owners: ReadonlyArray<string>) =>
     Effect.gen(function*() {
-      const decisions = SwapRefusals.newDecisions()
-      const next = swapCandidates(rules, yield* store.ownerRows(ownerDid), decisions)
-      // one synchronous step (no fiber can observe a half-swapped owner): clear the owner, then
-      // admit the reconciled set against everyone else's registrations
-      const previous = index.byOwner(ownerDid)
-      // a registration the swap keeps as it was is not a new one (the streams replay for new ones)
-      const before = new Map(previous.map((w) => [w.key, w.fingerprint]))
-      index.replaceOwner(ownerDid, [])
-      let admitted = 0
-      const refused: Array<AdmissionLimit> = []
-      for (const [w, row] of next) {
-        const limit = admission(w)
-        if (limit !== undefined) {
-          rejected[limit]++
-          refused.push(limit)
-          SwapRefusals.refuse(decisions, row, limit)
-          continue
+      const read = yield* Effect.forEach(
+        [...new Set(owners)],
+        (did) => Effect.map(store.ownerRows(did), (rows) => ({ did, rows }))
+      )
+      const swaps = read.map(({ did, rows }) => {
+        const decisions = SwapRefusals.newDecisions()
+        const next = swapCandidates(rules, rows, decisions)
+        // a registration the swap keeps as it was is not a new one (the streams replay for new ones)
+        const previous = index.byOwner(did)
+        return { did, decisions, next, before: new Map(previous.map((w) => [w.key, w.fingerprint])) }
+      })
+      for (const { did } of swaps) {
+        index.replaceOwner(did, [])
+        journal?.swapped.add(did)
+      }
+      const fresh: Array<AdmissionLimit> = []
+      for (const { before, decisions, did, next } of swaps) {
+        for (const [w, row] of next) {
+          const limit = admission(w)
+          if (limit !== undefined) {
+            SwapRefusals.refuse(decisions, row, limit)
+            continue
+          }
+          index.upsert(w, before.get(w.key))
+          SwapRefusals.admit(decisions, w)
         }
-        index.upsert(w, before.get(w.key))
-        SwapRefusals.admit(decisions, w)
-        admitted++
+        const registered = (rkey: string) => before.has(webhookKey(did, rkey))
+        for (const limit of SwapRefusals.countNew(counted, did, decisions, registered)) {
+          rejected[limit]++
+          fresh.push(limit)
+        }
       }
       // the metric counts what health counts (after the synchronous swap)
-      for (const limit of refused) yield* Metric.increment(Metric.tagged(LiveWrite.admissionRejections, "limit", limit))
+      for (const limit of fresh) yield* Metric.increment(Metric.tagged(LiveWrite.admissionRejections, "limit", limit))
       yield* Metric.set(activeGauge, index.size)
-      // the refusals (limit_* entries, which RoomRequests reads) and the admissions, remembered
-      yield* recordSwap(ownerDid, decisions)
-      yield* Effect.logDebug("owner registrations swapped").pipe(
-        Effect.annotateLogs({ before: previous.length, after: admitted })
-      )
-    }).pipe(Effect.withSpan("Registry.swapOwner"))
+      for (const { before, decisions, did } of swaps) {
+        // the refusals (limit_* entries, which RoomRequests reads) and the admissions, remembered
+        yield* recordSwap(did, decisions)
+        yield* Effect.logDebug("owner registrations swapped").pipe(
+          Effect.annotateLogs({ before: before.size, after: decisions.admitted.length })
+        )
+      }
+    }).pipe(Effect.withSpan("Registry.swapOwners"))
+
+  const swapOwner = (ownerDid: string) => swapOwners([ownerDid]).pipe(Effect.withSpan("Registry.swapOwner"))
 
   const syncOwner = (ownerDid: string) =>
     Effect.gen(function*() {
