@@ -69,6 +69,7 @@ import {
   type RegistryStoreShape,
   type WebhookRow
 } from "./RegistryStore.js"
+import type { SyncOutcome, SyncOwnerOptions } from "./RegistrySync.js"
 import * as RoomRequests from "./RoomRequests.js"
 import * as SwapRefusals from "./SwapRefusals.js"
 
@@ -110,8 +111,11 @@ export interface RegistryShape {
    * registrations (SPEC §5.3); any other owner's are swapped for the store's ({@link swapOwner}).
    * A gone registration stays indexed: gone only affects delivery (its new matches are enqueued and
    * the worker parks them as `webhook_disabled`, SPEC §4.3), so a replay after `resume` recovers them.
+   * `afterScan` (a change of the owner was found while it was scanning, and that scan has ended):
+   * a failed owner is swapped too, since its last completion may never have been swapped in here
+   * (the store's rows, as a load takes them). Answers what it did.
    */
-  readonly syncOwner: (ownerDid: string) => Effect.Effect<void, StoreError>
+  readonly syncOwner: (ownerDid: string, options?: SyncOwnerOptions) => Effect.Effect<SyncOutcome, StoreError>
   readonly stats: Effect.Effect<RegistryStats>
 }
 
@@ -396,11 +400,14 @@ export const make = Effect.gen(function*() {
 
   const swapOwner = (ownerDid: string) => swapOwners([ownerDid]).pipe(Effect.withSpan("Registry.swapOwner"))
 
-  const syncOwner = (ownerDid: string) =>
+  const syncOwner = (ownerDid: string, options?: SyncOwnerOptions) =>
     Effect.gen(function*() {
       const owner = yield* store.owner(ownerDid)
       // snapshot pages of a scan stay in the store until it completes (a gone mark changes no matching)
-      if (owner?.status !== "scanning" && owner?.status !== "failed") return yield* swapOwner(ownerDid)
+      if (owner?.status === "scanning") return "scanning" as const
+      if (owner?.status === "failed" && options?.afterScan !== true) return "failed" as const
+      yield* swapOwner(ownerDid)
+      return "swapped" as const
     }).pipe(Effect.withSpan("Registry.syncOwner"))
 
   const stats = Effect.sync(
