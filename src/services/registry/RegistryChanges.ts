@@ -14,8 +14,8 @@
  * the xmin of its snapshot: every transaction below it had ended when the read ran, so its changes
  * were visible to that read; a change the read did not see has a transaction id at or above it and
  * is seen by the next read from that horizon. Only writing transactions hold a horizon back
- * (read-only ones have no transaction id), firehook's are short, but transactions outside firehook can hold it back (RegistrySync pages through
- * the changes since instead of reloading each round).
+ * (read-only ones have no transaction id); firehook's are short, but transactions outside firehook
+ * can hold it back (RegistrySync then pages through the changes since instead of reloading).
  *
  * The SQL driver only: the feed exists between processes that share PostgreSQL.
  */
