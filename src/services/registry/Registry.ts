@@ -41,7 +41,7 @@
  *   leaves the index: no limit is exceeded, even while the store does not answer), and the unit's
  *   owners, then the swapped ones, are reloaded from the store together (`swapOwners`): the
  *   registrations the unit left as they were keep their room, and the swapped owners' records are
- *   admitted into what is left, as any record that would become active is (SPEC §2.6).
+ *   admitted into what is left, like every other record that would become active (SPEC §2.6).
  * - `swapOwner` replaces one owner's registrations in one step (reconciliation completion). While an
  *   owner is scanning or failed, nothing here removes its registrations: they keep matching. The
  *   rows it refuses for an admission limit are remembered among the owner's refused records, and
