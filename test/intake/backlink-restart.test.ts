@@ -7,13 +7,14 @@
  * read again, and the new webhook received backlink events from before it existed.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Ref } from "effect"
+import { Effect, Ref } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { eventually } from "../support/eventually.js"
-import { commitFrame, type Connection, startFakeJetstream } from "../support/fakeJetstream.js"
+import { commitFrame, startFakeJetstream } from "../support/fakeJetstream.js"
 import { memoryStack, plc, testConfig, whRecordValue } from "../support/stack.js"
+import { fastTuning, isBacklink, isDirect, optionsOf } from "./jetstream-connections-support.js"
 
 const WH = "place.wisp.v2.wh"
 const POST = "app.bsky.feed.post"
@@ -29,20 +30,6 @@ const likeOfScope = {
   createdAt: "2026-01-01T00:00:00Z"
 }
 
-const tuning: Partial<Intake.IntakeTuning> = {
-  batchRetryBase: Duration.millis(5),
-  backoffBase: Duration.millis(10),
-  backoffCap: Duration.millis(50),
-  poisonBackoff: Duration.millis(20)
-}
-
-const optionsOf = (c: Connection) => c.options.at(-1)
-const isBacklink = (c: Connection) => {
-  const o = optionsOf(c)
-  return o !== undefined && !Array.isArray(o["wantedDids"]) && !Array.isArray(o["wantedCollections"])
-}
-const isDirect = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedDids"])
-
 describe("the backlink stream started again after its set was empty", () => {
   it.scopedLive(
     "resumes from the registry's position before the new registration, not from its old cursor",
@@ -54,7 +41,7 @@ describe("the backlink stream started again after its set was empty", () => {
         )
         const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
         yield* Effect.gen(function*() {
-          const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
+          const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning: fastTuning })
           yield* Effect.forkScoped(intake.run)
           const cursors = yield* CursorStore.CursorStore
           const outbox = yield* Outbox.MemoryOutboxState
@@ -147,7 +134,7 @@ describe("the first backlink webhook of a process that started without one", () 
         // and a webhook elsewhere (the registry reads on to T0 + 50 s)
         fake.publish([commitFrame(STRANGER, T0 + 10 * S, LIKE, "old", "create", likeOfScope)])
         fake.publish([commitFrame(plc(7), T0 + 50 * S, WH, "w3", "create", whRecordValue(`at://${plc(6)}`))])
-        const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
+        const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning: fastTuning })
         yield* Effect.forkScoped(intake.run)
         yield* eventually(
           Effect.map(

@@ -22,8 +22,9 @@ import * as Intake from "../../src/services/intake/Intake.js"
 import * as Config from "../../src/services/platform/Config.js"
 import * as Db from "../support/db.js"
 import { eventually } from "../support/eventually.js"
-import { commitFrame, type Connection, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
+import { commitFrame, type Connection, startFakeJetstream } from "../support/fakeJetstream.js"
 import { plc, sqlServices, testConfig, WH, whRecordValue } from "../support/stack.js"
+import { fastTuning, isBacklink, isDirect, isOpen, isRegistry, sendTo } from "./jetstream-connections-support.js"
 
 const POST = "app.bsky.feed.post"
 const LIKE = "app.bsky.feed.like"
@@ -33,23 +34,6 @@ const OWNER = plc(1)
 const X = plc(2)
 const STRANGER = plc(9)
 const likeOf = (did: string) => ({ $type: LIKE, subject: { uri: `at://${did}/${POST}/3kpost`, cid: "bafyx" } })
-const tuning: Partial<Intake.IntakeTuning> = {
-  batchRetryBase: Duration.millis(5),
-  backoffBase: Duration.millis(10),
-  backoffCap: Duration.millis(50),
-  poisonBackoff: Duration.millis(20)
-}
-const optionsOf = (c: Connection) => c.options.at(-1)
-const isDirect = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedDids"])
-const isRegistry = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedCollections"])
-const isBacklink = (c: Connection) => {
-  const o = optionsOf(c)
-  return o !== undefined && !Array.isArray(o["wantedDids"]) && !Array.isArray(o["wantedCollections"])
-}
-const open = (c: Connection) => c.socket.readyState === 1
-const sendTo = (fake: FakeJetstream, which: (c: Connection) => boolean, frame: { readonly text: string }) => {
-  for (const c of fake.connections) if (which(c) && open(c)) c.socket.send(frame.text)
-}
 
 interface Case {
   /** the stream that reads the events of the scenario */
@@ -104,7 +88,7 @@ describe("a crash between a registration's commit and its stream's replay", () =
             Effect.scoped(
               Effect.gen(function*() {
                 const ctx = yield* Layer.build(sqlServices())
-                const intake = yield* Intake.make({ reconfigureDelay, tuning }).pipe(Effect.provide(ctx))
+                const intake = yield* Intake.make({ reconfigureDelay, tuning: fastTuning }).pipe(Effect.provide(ctx))
                 yield* Effect.forkScoped(intake.run)
                 yield* body
               }).pipe(Effect.provide(db))
@@ -124,7 +108,7 @@ describe("a crash between a registration's commit and its stream's replay", () =
             "20 millis",
             Effect.gen(function*() {
               fake.publish([wh("w1", T0 + 1 * S)])
-              yield* eventually(Effect.sync(() => fake.connections.some((x) => c.which(x) && open(x))), c.stream)
+              yield* eventually(Effect.sync(() => fake.connections.some((x) => c.which(x) && isOpen(x))), c.stream)
               fake.publish([c.event("e0", T0 + 2 * S)])
               yield* eventually(Effect.map(webhooksOf("e0"), (w) => w.includes("w1")), "e0 for w1")
             })
@@ -141,7 +125,7 @@ describe("a crash between a registration's commit and its stream's replay", () =
             Effect.gen(function*() {
               yield* eventually(
                 Effect.sync(() => {
-                  const live = fake.connections.filter(open)
+                  const live = fake.connections.filter(isOpen)
                   return live.some(c.which) && live.some(isRegistry)
                 }),
                 "process 2 connected"
@@ -189,7 +173,7 @@ describe("a crash between a registration's commit and its stream's replay", () =
             "20 millis",
             Effect.gen(function*() {
               yield* eventually(
-                Effect.sync(() => fake.connections.slice(before).some((x) => c.which(x) && open(x))),
+                Effect.sync(() => fake.connections.slice(before).some((x) => c.which(x) && isOpen(x))),
                 "process 4 connected"
               )
               const first = fake.connections.slice(before).find(c.which)

@@ -10,12 +10,13 @@
  * Real sockets against the fake Jetstream, the in-memory stack.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Ref } from "effect"
+import { Effect, Ref } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
 import { eventually } from "../support/eventually.js"
-import { commitFrame, type Connection, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
+import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/fakeJetstream.js"
 import { memoryStack, plc, testConfig, WH, whRecordValue } from "../support/stack.js"
+import { fastTuning, isBacklink, isDirect, isOpen, isRegistry, sendTo } from "./jetstream-connections-support.js"
 
 const POST = "app.bsky.feed.post"
 const LIKE = "app.bsky.feed.like"
@@ -25,25 +26,6 @@ const T0 = 1_800_000_000_000_000
 const S = 1_000_000
 const OWNER = plc(1)
 const X = plc(2)
-const tuning: Partial<Intake.IntakeTuning> = {
-  batchRetryBase: Duration.millis(5),
-  backoffBase: Duration.millis(10),
-  backoffCap: Duration.millis(50),
-  poisonBackoff: Duration.millis(20)
-}
-const optionsOf = (c: Connection) => c.options.at(-1)
-const isDirect = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedDids"])
-const isRegistry = (c: Connection) => Array.isArray(optionsOf(c)?.["wantedCollections"])
-const open = (c: Connection) => c.socket.readyState === 1
-const isBacklink = (c: Connection) => {
-  const o = optionsOf(c)
-  return o !== undefined && !Array.isArray(o["wantedDids"]) && !Array.isArray(o["wantedCollections"])
-}
-
-/** Sends `frame` on the open connections `which` accepts only (the fake is paused for the others). */
-const sendTo = (fake: FakeJetstream, which: (c: Connection) => boolean, frame: { readonly text: string }) => {
-  for (const c of fake.connections) if (which(c) && open(c)) c.socket.send(frame.text)
-}
 
 interface Running {
   readonly fake: FakeJetstream
@@ -62,7 +44,7 @@ const withIntake = (body: (r: Running) => Effect.Effect<void>) =>
     )
     const config = testConfig({ NODE_ENV: "test", WEBHOOK_ALLOW_INSECURE_DEV: "1", JETSTREAM_URL: fake.url })
     yield* Effect.gen(function*() {
-      const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning })
+      const intake = yield* Intake.make({ reconfigureDelay: "20 millis", tuning: fastTuning })
       yield* Effect.forkScoped(intake.run)
       const outbox = yield* Outbox.MemoryOutboxState
       const rowsOf = (eventRkey: string) =>
@@ -84,7 +66,7 @@ describe("a webhook registered on a DID the direct stream already watches", () =
       withIntake(({ enqueued, fake, webhooksOf }) =>
         Effect.gen(function*() {
           fake.publish([commitFrame(OWNER, T0 + 1 * S, WH, "w1", "create", whRecordValue(`at://${X}`))])
-          yield* eventually(Effect.sync(() => fake.connections.some((c) => isDirect(c) && open(c))), "direct started")
+          yield* eventually(Effect.sync(() => fake.connections.some((c) => isDirect(c) && isOpen(c))), "direct started")
           fake.publish([commitFrame(X, T0 + 2 * S, POST, "p0", "create")])
           yield* eventually(enqueued("p0", "w1"), "the first webhook's match")
 
@@ -123,7 +105,7 @@ describe("a webhook registered on a DID the direct stream already watches", () =
             commitFrame(OWNER, T0 + 1 * S, WH, "b1", "create", whRecordValue(`at://${X}`, { backlinks: true }))
           ])
           yield* eventually(
-            Effect.sync(() => fake.connections.some((c) => isBacklink(c) && open(c))),
+            Effect.sync(() => fake.connections.some((c) => isBacklink(c) && isOpen(c))),
             "backlink started"
           )
           fake.publish([commitFrame(STRANGER, T0 + 2 * S, LIKE, "l0", "create", likeOf(X))])
