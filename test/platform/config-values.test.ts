@@ -165,6 +165,7 @@ describe("Config", () => {
       { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "localhost", API_HOST: "127.0.0.1" },
       { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "::1", API_HOST: "localhost" },
       { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "localhost", API_HOST: "localhost" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "::ffff:127.0.0.1", API_HOST: "localhost" },
       { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "::ffff:127.0.0.1", API_HOST: "127.0.0.1" },
       { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "0:0::0:1", API_HOST: "::1" },
       { HEALTH_PORT: "4000", API_PORT: "4000", FIREHOOK_ROLES: "api" }
@@ -186,6 +187,9 @@ describe("Config", () => {
       { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "10.0.0.1", API_HOST: "10.0.0.2" },
       { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "localhost", API_HOST: "10.0.0.2" },
       { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "127.0.0.1", API_HOST: "::1" },
+      // localhost resolves to 127.0.0.1 or ::1, never to another 127/8 address (Bun binds both)
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "127.0.0.2", API_HOST: "localhost" },
+      { HEALTH_PORT: "4000", API_PORT: "4000", HEALTH_HOST: "localhost", API_HOST: "127.0.0.53" },
       // the API listener runs only with the api role
       { HEALTH_PORT: "4000", API_PORT: "4000", FIREHOOK_ROLES: "intake,delivery" }
     ]

@@ -9,7 +9,7 @@
  */
 import { Config as EffectConfig, Data, Effect, Option, Record, Redacted } from "effect"
 import * as Net from "node:net"
-import { cidrContains, isLoopbackBytes, isLoopbackHost, parseCidr, parseIpv4, parseIpv6 } from "../../schemas/Net.js"
+import { cidrContains, isLoopbackHost, parseCidr, parseIpv4, parseIpv6 } from "../../schemas/Net.js"
 
 /** A configuration value broke a rule. `variable` and `rule` never contain the offending value. */
 export class ConfigInvalid extends Data.TaggedError("ConfigInvalid")<{
@@ -309,11 +309,17 @@ const listenBytes = (host: string): Uint8Array | undefined => {
   return mapped ? v6.subarray(12) : v6
 }
 
+/** Whether `bytes` (from {@link listenBytes}) is an address `localhost` resolves to: 127.0.0.1 or ::1. */
+const isLocalhostAddress = (bytes: Uint8Array): boolean =>
+  bytes.length === 4
+    ? bytes[0] === 127 && bytes[1] === 0 && bytes[2] === 0 && bytes[3] === 1
+    : bytes.every((byte, i) => byte === (i === 15 ? 1 : 0))
+
 /**
  * Whether two listeners on the same port would take the same address (SPEC §6.5: the health and
  * the API listener): the same address, either one a wildcard (`0.0.0.0`, `::`), or `localhost`
- * against itself or a loopback address (it resolves to 127.0.0.1 or ::1). Port 0 never collides
- * (each listener gets a free port).
+ * against itself or an address it resolves to (127.0.0.1 or ::1; another 127/8 address such as
+ * 127.0.0.2 is a listener of its own). Port 0 never collides (each listener gets a free port).
  */
 export const listenersCollide = (
   a: { readonly host: string; readonly port: number },
@@ -327,7 +333,7 @@ export const listenersCollide = (
   if (wildcard(ba) || wildcard(bb)) return true
   if (ba === undefined || bb === undefined) {
     const other = ba ?? bb
-    return other === undefined ? a.host === "localhost" && b.host === "localhost" : isLoopbackBytes(other)
+    return other === undefined ? a.host === "localhost" && b.host === "localhost" : isLocalhostAddress(other)
   }
   return ba.length === bb.length && ba.every((byte, i) => byte === bb[i])
 }
