@@ -354,4 +354,28 @@ describe("judge (the classification step of SPEC §4.2, as a pure decision)", ()
     expect(judge(answer(503, later), plain, 0, 10)).toMatchObject({ kind: "http_5xx", retryAfterMs: 7_000 })
     expect(judge(answer(404, later), plain, 0, 10)).toMatchObject({ kind: "http_4xx", retryAfterMs: undefined })
   })
+
+  // SPEC §4.5: the excerpt is "the first 1 KiB (as UTF-8, invalid bytes replaced)"; only a character
+  // split by the 1 KiB cut is dropped, never invalid bytes at the end of a whole body
+  it("invalid bytes at the end of a whole body stay in the excerpt as U+FFFD; the cut character goes", () => {
+    const plain: OutgoingRequest = { url: "https://receiver.example/hook", method: "POST", headers: {}, body: "{}" }
+    const withBody = (status: number, body: Uint8Array) => Either.right({ status, headers: {}, body, truncated: false })
+    const tail = Uint8Array.from([...Buffer.from("upstream error "), 0xff, 0xfe])
+    expect(judge(withBody(503, tail), plain, 0, 10)).toMatchObject({
+      _tag: "Fail",
+      kind: "http_5xx",
+      responseExcerpt: "upstream error \uFFFD\uFFFD"
+    })
+    expect(judge(withBody(500, Uint8Array.from([0xff, 0xfe])), plain, 0, 10)).toMatchObject({
+      responseExcerpt: "\uFFFD\uFFFD"
+    })
+    // 1,023 bytes of "x", then "é" (2 bytes) split by the cut: the excerpt is the 1,023 "x"
+    const cut = Uint8Array.from([...Buffer.from("x".repeat(1_023)), ...Buffer.from("é".repeat(4))])
+    expect(judge(withBody(500, cut), plain, 0, 10)).toMatchObject({ responseExcerpt: "x".repeat(1_023) })
+    // an invalid byte just before the cut is the receiver's and is kept
+    const invalidAtCut = Uint8Array.from([...Buffer.from("x".repeat(1_023)), 0xff, ...Buffer.from("yz")])
+    expect(judge(withBody(500, invalidAtCut), plain, 0, 10)).toMatchObject({
+      responseExcerpt: "x".repeat(1_023) + "\uFFFD"
+    })
+  })
 })

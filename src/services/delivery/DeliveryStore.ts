@@ -384,12 +384,16 @@ export const RECLAIM_INTERVAL_MS = 2_000
 /** Every statement of this store is abandoned after this long. */
 export const STATEMENT_TIMEOUT = Duration.seconds(15)
 
-/** UTF-8 text of at most `RESPONSE_EXCERPT_BYTES` bytes, without NULs (PostgreSQL text refuses them). */
+/**
+ * UTF-8 text of at most `RESPONSE_EXCERPT_BYTES` bytes, without NULs (PostgreSQL text refuses
+ * them), invalid bytes replaced (SPEC §4.5). A body cut at the limit loses only the character the
+ * cut split (decoded as a stream, whose incomplete tail is held back); invalid bytes the receiver
+ * sent stay as U+FFFD, at the end too.
+ */
 export const excerpt = (bytes: Uint8Array): string =>
   new TextDecoder("utf-8", { fatal: false })
-    .decode(bytes.subarray(0, RESPONSE_EXCERPT_BYTES))
+    .decode(bytes.subarray(0, RESPONSE_EXCERPT_BYTES), { stream: bytes.length > RESPONSE_EXCERPT_BYTES })
     .replace(/\u0000/g, "")
-    .replace(/\uFFFD+$/, "")
 
 /** The PostgreSQL store. Requires the `PgClient` (for LISTEN) and its `SqlClient`. */
 export const layerSql: Layer.Layer<DeliveryStore, never, SqlClient.SqlClient | PgClient.PgClient> = Layer.scoped(
