@@ -1,11 +1,11 @@
 /**
  * An account's reactivation reconciles its owner promptly (Reactivations.ts): the store's request
- * stamp (known owners only, one pending per owner, a cap, cleared by the next scan's begin), the
- * requester's bounds, and the whole path with the intake and reconcile roles in two "processes" on
- * one database: an owner whose scan found "Could not find repo" (its webhooks removed) gets its
- * webhooks back on `#account active: true`, without a sweep; a deactivation (`active: false`)
- * removes the owner's webhooks the same way (its PDS answers "Could not find repo"); an unknown DID
- * requests nothing.
+ * stamp (known owners only, one pending per owner, a cap, cleared by the next scan's begin) and its
+ * listing (`only`: the owners to wake), the requester's bounds, and the whole path with the intake
+ * and reconcile roles in two "processes" on one database: an owner whose scan found "Could not
+ * find repo" (its webhooks removed) gets its webhooks back on `#account active: true`, without a
+ * sweep; a deactivation (`active: false`) removes the owner's webhooks the same way (its PDS
+ * answers "Could not find repo"); an unknown DID requests nothing.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
@@ -76,6 +76,24 @@ describe("reconciliation requests (store)", () => {
       if (begun._tag === "begun") yield* store.markFailed(ALICE, begun.token, "pds_status")
       expect(yield* listed()).toEqual([ALICE])
       expect(yield* store.requestReconcile([], 10)).toEqual({ requested: [], overCap: 0 })
+    }).pipe(
+      Effect.provide(ReconcileStore.layerSql.pipe(Layer.provideMerge(Db.layer())))
+    ))
+
+  it.scoped("only: none but the given owners are listed, whatever older requests wait", () =>
+    Effect.gen(function*() {
+      const store = yield* ReconcileStore.ReconcileStore
+      yield* store.addOwners([ALICE, BOB, CAROL], "operator")
+      // ALICE's request is the oldest, then BOB's; CAROL has none
+      expect(yield* store.requestReconcile([ALICE], 10)).toEqual({ requested: [ALICE], overCap: 0 })
+      expect(yield* store.requestReconcile([BOB], 10)).toEqual({ requested: [BOB], overCap: 0 })
+      const listed = (limit: number, only?: ReadonlyArray<string>) =>
+        store.reconcileRequests({ limit, staleScanMs: STALE, exclude: [], only })
+      expect(yield* listed(1)).toEqual([ALICE])
+      expect(yield* listed(1, [BOB, CAROL])).toEqual([BOB])
+      expect(yield* listed(10, [CAROL])).toEqual([])
+      expect(yield* listed(10, [])).toEqual([])
+      expect(yield* listed(10)).toEqual([ALICE, BOB])
     }).pipe(
       Effect.provide(ReconcileStore.layerSql.pipe(Layer.provideMerge(Db.layer())))
     ))

@@ -94,7 +94,10 @@ export const fakeStore = (world: World): ReconcileStoreShape =>
     reconcileRequests: (options) =>
       Effect.sync(() =>
         [...world.owners]
-          .filter(([did, o]) => o.requested === true && !options.exclude.includes(did))
+          .filter(([did, o]) =>
+            o.requested === true && !options.exclude.includes(did) &&
+            (options.only === undefined || options.only.includes(did))
+          )
           .slice(0, options.limit)
           .map(([did]) => did)
       ),

@@ -1,8 +1,9 @@
 /**
  * RetryScheduler (SPEC §5.4) under TestClock with a fixed Random: which owners a round tracks and
  * forgets (completed, reset or gone meanwhile; superseded), the tracking bound and the requests'
- * budget, and the swap of owners completed elsewhere (in batches, at most swapSyncMax a round,
- * from 10 min before the first round).
+ * budget (a request wakes an owner tracked as failed even when that budget is full), and the swap
+ * of owners completed elsewhere (in batches, at most swapSyncMax a round, from 10 min before the
+ * first round).
  * The store and the reconciler are fakes of their Tags (./retry-scheduler-support.ts).
  */
 import { describe, expect, it } from "@effect/vitest"
@@ -185,7 +186,7 @@ describe("RetryScheduler", () => {
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 
-  it.scoped("requested owners beyond their budget are not tracked, though the listing may hold more (its limit also counts failed owners it may wake)", () => {
+  it.scoped("requested owners beyond their budget are not tracked, beside a failed owner tracked in flight", () => {
     const world = newWorld()
     const A = plc(1)
     const B = plc(2)
@@ -218,6 +219,35 @@ describe("RetryScheduler", () => {
       if (a !== undefined) a.requested = true
       yield* advance(60_000)
       expect(callTimes(world, A)).toEqual([60_000])
+    }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("a request for an owner tracked as failed wakes it also when older requests wait beyond the full requests' budget", () => {
+    const world = newWorld()
+    const Q = plc(1)
+    const A = plc(2)
+    const R = plc(3)
+    return Effect.gen(function*() {
+      world.owners.set(Q, { status: "complete", failureCount: 0, failedSeq: 0, requested: false })
+      fail(world, A, 10) // tracked from attempt 9: its next attempt far away
+      // R's scans are refused every time: it holds the requests' budget (1)
+      world.owners.set(R, { status: "complete", failureCount: 0, failedSeq: 0, requested: true })
+      world.behaviour.set(R, "busy")
+      world.behaviour.set(Q, "busy")
+      const s = yield* scheduler(world, { trackedMax: 1 })
+      expect((yield* s.tracked).map((t) => t.did).sort()).toEqual([A, R].sort())
+      // Q's request is older than A's (listed first) and the full budget cannot take it: it must
+      // not take the place of A's in the round's reading
+      const q = world.owners.get(Q)
+      if (q !== undefined) q.requested = true
+      world.behaviour.set(A, "succeed")
+      const a = world.owners.get(A)
+      if (a !== undefined) a.requested = true
+      yield* advance(60_000)
+      expect(callTimes(world, A)).toEqual([60_000])
+      expect(callTimes(world, Q)).toEqual([])
+      // A done, its slot is not the requests': Q still waits for R's
+      expect((yield* s.tracked).map((t) => t.did)).toEqual([R])
     }).pipe(Effect.provide(deps(world)), Effect.withRandom(halfJitter))
   })
 

@@ -314,12 +314,14 @@ export interface ReconcileStoreShape {
   ) => Effect.Effect<ReconcileRequests, StoreError>
   /**
    * Owners with a pending reconciliation request that are not scanning (or scanning for longer
-   * than `staleScanMs`: crashed), oldest request first, at most `limit`, `exclude` left out.
+   * than `staleScanMs`: crashed), oldest request first, at most `limit`, `exclude` left out; with
+   * `only`, none but those among `only` (the RetryScheduler's owners tracked as failed, to wake).
    */
   readonly reconcileRequests: (options: {
     readonly limit: number
     readonly staleScanMs: number
     readonly exclude: ReadonlyArray<string>
+    readonly only?: ReadonlyArray<string> | undefined
   }) => Effect.Effect<ReadonlyArray<string>, StoreError>
   /** A cursor `marginMs` before the database's now (for `completedSince`). */
   readonly completedCursor: (marginMs: number) => Effect.Effect<string, StoreError>

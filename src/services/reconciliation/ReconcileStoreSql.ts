@@ -418,6 +418,11 @@ const reconcileRequests = (
           AND (reconcile_status <> 'scanning'
             OR scan_started_at < now() - make_interval(secs => ${seconds(options.staleScanMs)}::double precision))
           AND did NOT IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.exclude)}::jsonb))
+          ${
+    options.only === undefined
+      ? sql``
+      : sql`AND did IN (SELECT jsonb_array_elements_text(${JSON.stringify(options.only)}::jsonb))`
+  }
         ORDER BY reconcile_requested_at, did
         LIMIT ${options.limit}`.pipe(
     Effect.map((rows) => rows.map((r) => r.did)),

@@ -22,8 +22,9 @@
  *   `#account` or `#sync` event, Reactivations.ts; oldest request first, not scanning) and tracks them like
  *   failed owners, from attempt 0, in a budget of their own (`trackedMax` more): a refused scan
  *   (`busy`) keeps the request and is retried; the scan's begin clears it. An owner with a request
- *   that is already tracked as failed is woken instead: its next attempt is at once, not at the end
- *   of its failure's backoff (up to 1 h). A tracked owner that is
+ *   that is already tracked as failed is woken instead (read first, on its own, so that requests the
+ *   full budget cannot take do not crowd it out): its next attempt is at once, not at the end of
+ *   its failure's backoff (up to 1 h). A tracked owner that is
  *   `complete` or `unknown` with no request pending is skipped (done), and so is an owner tracked
  *   for a request that a scan begun since has taken up (whoever began it: another process's scan
  *   is not superseded by a second one; a failed one is left to the failure retries).
@@ -324,23 +325,33 @@ export const make = (options: RetrySchedulerOptions = {}) =>
 
     const tick: Effect.Effect<void, StoreError> = Effect.gen(function*() {
       if (state.stopping) return
-      // requested owners (an `#account` or `#sync` event) first, in their own budget: failing owners
-      // holding every slot for hours must not hold a reactivated owner back. An owner already
-      // tracked as failed is listed too (beyond the budget) and woken: its next attempt is now,
-      // not at the end of its failure's backoff
-      const freeRequests = trackedMax - trackedOf(entries, true)
-      const trackedFailed = trackedOf(entries, false)
-      if (freeRequests > 0 || trackedFailed > 0) {
-        const requested = yield* store.reconcileRequests({
-          limit: freeRequests + trackedFailed,
+      // an owner already tracked as failed with a request pending is woken: its next attempt is
+      // now, not at the end of its failure's backoff. Read on its own (at most the failed owners
+      // tracked, none read when there are none), outside the requests' budget: older requests that
+      // the full budget cannot take must not crowd it out
+      const trackedFailed = [...entries].filter(([, e]) => !e.requested).map(([did]) => did)
+      if (trackedFailed.length > 0) {
+        const woken = yield* store.reconcileRequests({
+          limit: trackedFailed.length,
           staleScanMs: cfg.staleScanMs,
-          exclude: [...entries].filter(([, e]) => e.requested).map(([did]) => did)
+          exclude: [],
+          only: trackedFailed
         })
-        for (const did of requested) {
-          const tracked = entries.get(did)
-          if (tracked === undefined) yield* track(did, 0, true)
-          else if (tracked.wake !== undefined) yield* Deferred.succeed(tracked.wake, undefined)
+        for (const did of woken) {
+          const wake = entries.get(did)?.wake
+          if (wake !== undefined) yield* Deferred.succeed(wake, undefined)
         }
+      }
+      // then requested owners (an `#account` or `#sync` event) not tracked yet, in their own budget:
+      // failing owners holding every slot for hours must not hold a reactivated owner back
+      const freeRequests = trackedMax - trackedOf(entries, true)
+      if (freeRequests > 0) {
+        const requested = yield* store.reconcileRequests({
+          limit: freeRequests,
+          staleScanMs: cfg.staleScanMs,
+          exclude: [...entries.keys()]
+        })
+        for (const did of requested) yield* track(did, 0, true)
       }
       const free = trackedMax - trackedOf(entries, false)
       if (free > 0) {
