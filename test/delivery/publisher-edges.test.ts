@@ -2,7 +2,7 @@
  * The Redis publisher (SPEC §4.7) at edges the main suites (publisher.test.ts, publisher-resp,
  * publisher-timing) leave open: the parser's bounds exactly at their limits, replies split across
  * TCP chunks, a connection closed under pending commands, the state after a connection is lost, the
- * published metric, and what a refused connection logs. Fake servers run on 127.0.0.1; nothing
+ * published metric, what a refused connection logs, and a PUBLISH the server refuses. Fake servers run on 127.0.0.1; nothing
  * sleeps.
  */
 import { describe, expect, it } from "@effect/vitest"
@@ -168,6 +168,33 @@ describe("Publisher edges", () => {
       yield* p.publish(auditEvent({ rkey: "b" }))
       yield* p.awaitStats((s) => s.published === 2).pipe(Effect.timeout("5 seconds"))
       expect((yield* seriesValue("firehook_redis_published_total")) - before).toBe(2)
+    }))
+
+  it.scopedLive("a PUBLISH the server refuses (an ACL's NOPERM) is dropped as error and logged once, its code only", () =>
+    Effect.gen(function*() {
+      const fake = yield* fakeRedis((c) =>
+        c[0] === "PUBLISH"
+          ? "-NOPERM this user has no permissions to access the 'secret-channel' channel\r\n"
+          : "+OK\r\n"
+      )
+      const logs = yield* captureLogs
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, { url: Redacted.make(fake.url), channel: "secret-channel" }).pipe(
+        Effect.provide(logs.layer)
+      )
+      yield* p.awaitStats((s) => s.connected).pipe(Effect.timeout("5 seconds"))
+      const error = yield* seriesValue("firehook_redis_dropped_total", { reason: "error" })
+      for (const rkey of ["a", "b", "c"]) {
+        yield* p.publish(auditEvent({ rkey })).pipe(Effect.provide(logs.layer))
+        yield* p.awaitStats((s) => s.dropped === ["a", "b", "c"].indexOf(rkey) + 1).pipe(Effect.timeout("5 seconds"))
+      }
+      expect((yield* seriesValue("firehook_redis_dropped_total", { reason: "error" })) - error).toBe(3)
+      // the connection stays up (health shows connected): the log line is the operator's sign
+      expect((yield* p.stats).connected).toBe(true)
+      const refused = (yield* logs.lines).filter((l) => l.includes("redis refused a publish"))
+      expect(refused).toHaveLength(1)
+      expect(refused[0]).toContain("\"code\":\"NOPERM\"")
+      expect(refused[0]).not.toContain("secret-channel")
     }))
 
   it.scopedLive("a refused connection is logged with its errno code only, never the host or port", () =>

@@ -482,6 +482,18 @@ export const make = (
       problems.run("connection", (suppressed) =>
         Effect.logWarning(message).pipe(Effect.annotateLogs({ kind: e.kind, code: e.code, suppressed })))
 
+    /**
+     * A PUBLISH the server answered with an error (an ACL's `NOPERM`, `OOM`, a `READONLY` replica):
+     * the connection is fine and `/health` shows it connected, so without this line the only sign
+     * is `firehook_redis_dropped_total{reason="error"}`. At most once a minute; the reply's first
+     * word only (the rest may echo the channel or the message).
+     */
+    const logRefused = (e: RedisError) =>
+      problems.run("refused", (suppressed) =>
+        Effect.logWarning("redis refused a publish").pipe(
+          Effect.annotateLogs({ kind: e.kind, code: e.code, suppressed })
+        ))
+
     // One connection at a time; the backoff resets only after a connection that stayed up for a
     // whole backoff cap, so a server that accepts and then drops at once cannot make us spin.
     const connection = Effect.gen(function*() {
@@ -542,6 +554,8 @@ export const make = (
               // a server that does not answer within the timeout is treated as gone: reset (and
               // logged as the timeout it was, not as a local close)
               ? Effect.zipRight(conn.abort(e), drop("timeout"))
+              : e.kind === "reply"
+              ? Effect.zipRight(logRefused(e), drop("error"))
               : drop("error")
         }),
         Effect.ensuring(Ref.update(inFlight, (n) => n - 1))
