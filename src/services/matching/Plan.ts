@@ -207,34 +207,39 @@ const planEvent = (ctx: PlanContext, d: Draft, i: number, e: RecordEvent, isWh: 
   }
 
   // prior references: monotonic on the record's rev; irrelevant records touch nothing
-  const { batchWritten, writtenDids, addedKeys } = shared
-  if (e.operation === "delete") {
-    if (d.mayHave(i, e) && removeRow(shared, d.uriAt(i, e), e.rev)) {
-      batchWritten.delete(d.uriAt(i, e))
+  const { addedKeys, batchWritten, removedIndexed, writtenDids } = shared
+  if (e.operation === "delete" || newRefs.length === 0) {
+    // a row removed frees its place: a new key of this batch no longer counts, nor does a key of the
+    // index (read, so its row is deleted whatever its rev, in the same statement as the batch's puts)
+    const uri = d.mayHave(i, e) ? d.uriAt(i, e) : undefined
+    if (uri !== undefined && removeRow(shared, uri, e.rev)) {
+      batchWritten.delete(uri)
+      if (!addedKeys.delete(uri) && d.priorIndex.keys.has(uri)) removedIndexed.add(uri)
     }
-  } else if (newRefs.length > 0) {
+  } else {
     // the table's bound (SPEC §2.4): the index holds a key for every row (see `PriorRefIndex`);
     // an incomplete one does not, and admits no new key until a reload finds the table within it;
     // a key it lacks whose row was read (an incomplete index reads every candidate) is not new:
-    // the table's existing keys stay updatable
+    // the table's existing keys stay updatable. The rows once the batch is written: the index's,
+    // less those the batch removed, plus its new keys; a key of the index the batch removed takes
+    // a place again when written again (an incomplete index admits it: no key is new there)
     const { keys, complete } = d.priorIndex
-    const isNew = !keys.has(d.uriAt(i, e)) && !batchWritten.has(d.uriAt(i, e)) && !shared.stored.has(d.uriAt(i, e))
-    if (isNew && (!complete || keys.size + addedKeys.length >= priorLimits.maxRows)) {
+    const uri = d.uriAt(i, e)
+    const isNew = !keys.has(uri) && !batchWritten.has(uri) && !shared.stored.has(uri)
+    const full = keys.size - removedIndexed.size + addedKeys.size >= priorLimits.maxRows
+    if (complete ? (isNew || removedIndexed.has(uri)) && full : isNew) {
       d.batchRefused++
     } else {
       const { refs: kept, bytes } = boundRefs(
         newRefs.map((r) => r.uri),
         priorLimits
       )
-      if (putRow(shared, d.uriAt(i, e), e.rev, kept, bytes, priorLimits.ttlSeconds > 0)) {
-        if (isNew) addedKeys.push(d.uriAt(i, e))
-        batchWritten.add(d.uriAt(i, e))
+      if (putRow(shared, uri, e.rev, kept, bytes, priorLimits.ttlSeconds > 0)) {
+        if (isNew) addedKeys.add(uri)
+        removedIndexed.delete(uri)
+        batchWritten.add(uri)
         writtenDids.add(e.did)
       }
-    }
-  } else if (d.mayHave(i, e)) {
-    if (removeRow(shared, d.uriAt(i, e), e.rev)) {
-      batchWritten.delete(d.uriAt(i, e))
     }
   }
 }

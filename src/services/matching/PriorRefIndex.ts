@@ -256,8 +256,13 @@ export interface Shared {
   readonly batchWritten: Set<string>
   /** the DIDs of the keys ever written (a superset: tested before the key) */
   readonly writtenDids: Set<string>
-  /** new keys written (counted against the table's row limit) */
-  readonly addedKeys: Array<string>
+  /** new keys (not in the key index) written and not removed since: counted against the table's row limit */
+  readonly addedKeys: Set<string>
+  /**
+   * keys of the key index whose row was read and removed, not written since: their rows are deleted
+   * by the batches' statement (unconditionally: they were read), so they no longer count against the limit
+   */
+  readonly removedIndexed: Set<string>
 }
 
 export const newShared = (): Shared => ({
@@ -267,7 +272,8 @@ export const newShared = (): Shared => ({
   lastRemoveRev: new Map(),
   batchWritten: new Set(),
   writtenDids: new Set(),
-  addedKeys: []
+  addedKeys: new Set(),
+  removedIndexed: new Set()
 })
 
 /** a key's row as the batches see it (null = absent) */
