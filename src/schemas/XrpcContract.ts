@@ -172,3 +172,11 @@ export const Count = Schema.Int.pipe(Schema.between(0, Number.MAX_SAFE_INTEGER))
 
 /** An HTTP status code. */
 export const HttpStatus = Schema.Int.pipe(Schema.between(100, 599))
+
+/**
+ * A receiver's stored status as the outward views show it ({@link HttpStatus}): the status, or
+ * undefined when it is not an integer in 100–599. A receiver may answer any three digits (999);
+ * firehook classifies such a status `http_5xx` and stores it as it came, and its views say the kind alone.
+ */
+export const reportableStatus = (status: number | null | undefined): number | undefined =>
+  typeof status === "number" && Number.isInteger(status) && status >= 100 && status <= 599 ? status : undefined

@@ -20,6 +20,7 @@
  */
 import { Effect, Either, Option } from "effect"
 import * as WebhookLexicon from "../../schemas/WebhookLexicon.js"
+import { reportableStatus } from "../../schemas/XrpcContract.js"
 import { decodeCursor, encodeCursor } from "../operator/ListKey.js"
 import { type Delivery, Operator } from "../operator/Operator.js"
 import * as TestDelivery from "../operator/TestDelivery.js"
@@ -50,7 +51,16 @@ const payloadOf = (body: string | undefined): { readonly [k: string]: unknown } 
   return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as { readonly [k: string]: unknown }) : undefined
 }
 
-/** `#deliveryView` of an outbox row (the target URL is never part of it). */
+/** `{httpStatus}` when the stored status is one the lexicon can show (100–599), else nothing. */
+const statusOf = (stored: number | undefined): { readonly httpStatus?: number } => {
+  const httpStatus = reportableStatus(stored)
+  return httpStatus === undefined ? {} : { httpStatus }
+}
+
+/**
+ * `#deliveryView` of an outbox row (the target URL is never part of it). A stored status outside
+ * 100–599 (a receiver's 999, classified `http_5xx`) is left out: the error kind says what happened.
+ */
 export const deliveryView = (d: Delivery, cid?: string): WebhookLexicon.DeliveryView => ({
   id: d.deliveryId,
   eventId: d.eventId,
@@ -71,10 +81,7 @@ export const deliveryView = (d: Delivery, cid?: string): WebhookLexicon.Delivery
   ...(d.lastErrorKind === undefined
     ? {}
     : {
-      lastError: {
-        kind: d.lastErrorKind,
-        ...(d.lastHttpStatus === undefined ? {} : { httpStatus: d.lastHttpStatus })
-      }
+      lastError: { kind: d.lastErrorKind, ...statusOf(d.lastHttpStatus) }
     })
 })
 
@@ -129,7 +136,7 @@ export const getDelivery = method(WebhookLexicon.getDelivery, ({ caller, params 
         startedAt: iso(a.startedAt),
         durationMs: a.durationMs,
         outcome: a.outcome,
-        ...(a.httpStatus === undefined ? {} : { httpStatus: a.httpStatus }),
+        ...statusOf(a.httpStatus),
         ...(a.errorKind === undefined ? {} : { errorKind: a.errorKind }),
         ...(a.responseExcerpt === undefined ? {} : { responseExcerpt: a.responseExcerpt })
       })),

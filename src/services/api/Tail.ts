@@ -20,6 +20,7 @@
  */
 import { Context, Data, Duration, Effect, Layer, Metric, Option, Queue } from "effect"
 import type { Scope } from "effect"
+import { reportableStatus } from "../../schemas/XrpcContract.js"
 import { DeliveryOutcomes, type Outcome } from "../delivery/DeliveryOutcomes.js"
 
 export const MAX_CONNECTIONS_PER_DID = 4
@@ -51,17 +52,23 @@ export interface InfoFrame {
 
 export type Frame = OutcomeFrame | InfoFrame
 
-/** The frame of an outcome (the owner is not in it: a connection only ever sees its own). */
-export const frameOf = (o: Outcome): OutcomeFrame => ({
-  $type: OUTCOME_TYPE,
-  id: o.id,
-  rkey: o.rkey,
-  event: o.event,
-  status: o.status,
-  ...(o.httpStatus === undefined ? {} : { httpStatus: o.httpStatus }),
-  ...(o.errorKind === undefined ? {} : { errorKind: o.errorKind.slice(0, 64) }),
-  at: new Date(o.atMs).toISOString()
-})
+/**
+ * The frame of an outcome (the owner is not in it: a connection only ever sees its own). A status
+ * outside 100–599 (a receiver's 999, classified `http_5xx`) is left out: the error kind says it.
+ */
+export const frameOf = (o: Outcome): OutcomeFrame => {
+  const httpStatus = reportableStatus(o.httpStatus)
+  return {
+    $type: OUTCOME_TYPE,
+    id: o.id,
+    rkey: o.rkey,
+    event: o.event,
+    status: o.status,
+    ...(httpStatus === undefined ? {} : { httpStatus }),
+    ...(o.errorKind === undefined ? {} : { errorKind: o.errorKind.slice(0, 64) }),
+    at: new Date(o.atMs).toISOString()
+  }
+}
 
 export const infoFrame = (dropped: number): InfoFrame => ({
   $type: INFO_TYPE,

@@ -23,10 +23,11 @@
  */
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as Socket from "@effect/platform/Socket"
-import { Duration, Effect, Schema } from "effect"
+import { Duration, Effect, Option, Schema } from "effect"
 import * as WebhookLexicon from "../../schemas/WebhookLexicon.js"
+import { ApiLog } from "./ApiLog.js"
 import { subscription } from "./Methods.js"
-import { type Frame, MAX_LIFETIME, pump, Tail } from "./Tail.js"
+import { type Frame, INFO_TYPE, infoFrame, MAX_LIFETIME, pump, Tail } from "./Tail.js"
 import * as TailSocket from "./TailSocket.js"
 import { invalidRequest, XrpcFailure } from "./XrpcError.js"
 
@@ -34,6 +35,14 @@ import { invalidRequest, XrpcFailure } from "./XrpcError.js"
 const CLOSE_GRACE = Duration.seconds(10)
 
 const encodeFrame = Schema.encodeUnknown(WebhookLexicon.subscribeDeliveries.output)
+
+const FRAME_REFUSED = "api: a tail frame does not match its lexicon"
+
+/** A frame the lexicon refused: an error, at most once a minute under the API's limiter. */
+const frameRefused = Effect.flatMap(Effect.serviceOption(ApiLog), (log) => {
+  const write = (suppressed: number) => Effect.logError(FRAME_REFUSED).pipe(Effect.annotateLogs({ suppressed }))
+  return Option.isSome(log) ? log.value.run(FRAME_REFUSED, write) : write(0)
+})
 
 export class ClientMessage extends Schema.TaggedError<ClientMessage>()("ClientMessage", {}) {}
 
@@ -66,13 +75,27 @@ export const subscribeDeliveries = subscription(
         Effect.mapError(() => invalidRequest("a WebSocket upgrade is required"))
       )
       const write = yield* socket.writer
+      const writeFrame = (frame: Frame) =>
+        Effect.flatMap(encodeFrame(frame), (json) => write(JSON.stringify(json))).pipe(
+          Effect.as(true),
+          Effect.catchTag("ParseError", () => Effect.as(frameRefused, false))
+        )
+      // A frame the lexicon refuses is a bug: skipped, logged without its values (at most once a
+      // minute), and counted as dropped, so that the owner learns of it from an `#info`: the one
+      // that ends the batch (the hub puts it last), or one of its own after the batch.
       const send = (frames: ReadonlyArray<Frame>) =>
-        Effect.forEach(frames, (frame) =>
-          encodeFrame(frame).pipe(
-            Effect.flatMap((json) => write(JSON.stringify(json))),
-            // a frame the lexicon refuses is a bug: skipped, logged without its values
-            Effect.catchTag("ParseError", () => Effect.logError("api: a tail frame does not match its lexicon"))
-          ), { discard: true })
+        Effect.gen(function*() {
+          let refused = 0
+          for (const frame of frames) {
+            if (frame.$type === INFO_TYPE) {
+              yield* writeFrame(refused === 0 ? frame : infoFrame(frame.dropped + refused))
+              refused = 0
+            } else if (!(yield* writeFrame(frame))) {
+              refused++
+            }
+          }
+          if (refused > 0) yield* writeFrame(infoFrame(refused))
+        })
       // the service's close, then the client's turn to close its side
       const closeWith = (code: number, reason: string) =>
         write(new Socket.CloseEvent(code, reason)).pipe(Effect.zipRight(Effect.sleep(CLOSE_GRACE)))

@@ -24,6 +24,7 @@
 import { Clock, Effect, Option } from "effect"
 import * as WebhookLexicon from "../../schemas/WebhookLexicon.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
+import { reportableStatus } from "../../schemas/XrpcContract.js"
 import type { SigningMode } from "../matching/WebhookIndex.js"
 import type { WebhookState } from "../operator/WebhookState.js"
 import { WebhookStateStore } from "../operator/WebhookState.js"
@@ -74,6 +75,12 @@ export const circuitOf = (
     ? "open"
     : "closed"
 
+/** The last failure; a stored status outside 100–599 (a receiver's 999: `http_5xx`) is left out. */
+const errorOf = (kind: string, stored: number | undefined): NonNullable<View["lastError"]> => {
+  const httpStatus = reportableStatus(stored)
+  return httpStatus === undefined ? { kind } : { kind, httpStatus }
+}
+
 const viewOf = (w: WebhookState, circuit: View["circuit"]): View => {
   const s = stateOf(w)
   const scope = w.record.scope
@@ -97,12 +104,7 @@ const viewOf = (w: WebhookState, circuit: View["circuit"]): View => {
     counts: w.counts,
     ...(w.lastSuccessAt === undefined ? {} : { lastSuccessAt: w.lastSuccessAt.toISOString() }),
     ...(w.lastFailureAt === undefined ? {} : { lastFailureAt: w.lastFailureAt.toISOString() }),
-    ...(w.lastFailureKind === undefined ? {} : {
-      lastError: {
-        kind: w.lastFailureKind,
-        ...(w.lastFailureHttp === undefined ? {} : { httpStatus: w.lastFailureHttp })
-      }
-    })
+    ...(w.lastFailureKind === undefined ? {} : { lastError: errorOf(w.lastFailureKind, w.lastFailureHttp) })
   }
 }
 

@@ -35,6 +35,7 @@ import type { Scope } from "effect"
 import { randomBytes } from "node:crypto"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { OUTCOME_EVENTS } from "../../schemas/WebhookLexicon.js"
+import { reportableStatus } from "../../schemas/XrpcContract.js"
 import { TERMINAL_STATUSES, type TerminalStatus } from "../matching/OutboxStatus.js"
 import * as ListenLoop from "../platform/ListenLoop.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
@@ -107,21 +108,27 @@ const failures = Metric.counter("firehook_outcomes_failures_total", {
 // ---------------------------------------------------------------------------------------------
 // The payload
 
-/** One outcome as notified: [id, owner, rkey, event, status, httpStatus|null, errorKind|null, atMs]. */
+/**
+ * One outcome as notified: [id, owner, rkey, event, status, httpStatus|null, errorKind|null, atMs].
+ * The HTTP status only when it is one the tail can show (100–599, `reportableStatus`): a receiver's
+ * 999 is notified as null (its `http_5xx` says it), and read as none from a process that sent it.
+ */
 const Row = Schema.Tuple(
   Schema.String.pipe(Schema.maxLength(128)),
   Schema.String.pipe(Schema.maxLength(2048), Schema.filter(isCanonicalDid)),
   Schema.String.pipe(Schema.maxLength(512)),
   Schema.Literal(...OUTCOME_EVENTS),
   Schema.Literal(...TERMINAL_STATUSES),
-  Schema.NullOr(Schema.Int.pipe(Schema.between(100, 599))),
+  Schema.NullOr(Schema.Int),
   Schema.NullOr(Schema.String.pipe(Schema.maxLength(64))),
   Schema.Int
 )
+/** The rows are decoded one by one: a row that does not decode is skipped, not the payload. */
 const Payload = Schema.parseJson(
-  Schema.Struct({ o: Schema.String, d: Schema.Array(Row).pipe(Schema.maxItems(BATCH_MAX)) })
+  Schema.Struct({ o: Schema.String, d: Schema.Array(Schema.Unknown).pipe(Schema.maxItems(BATCH_MAX)) })
 )
 const decodePayload = Schema.decodeUnknownEither(Payload)
+const decodeRow = Schema.decodeUnknownEither(Row)
 
 const rowOf = (o: Outcome): typeof Row.Type => [
   o.id,
@@ -129,7 +136,7 @@ const rowOf = (o: Outcome): typeof Row.Type => [
   o.rkey,
   o.event,
   o.status,
-  o.httpStatus ?? null,
+  reportableStatus(o.httpStatus) ?? null,
   o.errorKind ?? null,
   o.atMs
 ]
@@ -171,25 +178,32 @@ export const encodePayloads = (
   return { payloads: out, skipped }
 }
 
-/** The origin and outcomes of a payload, or undefined when it is not one. */
+/**
+ * The origin and outcomes of a payload, or undefined when it is not one; `skipped`: its rows that
+ * are not outcomes (left out, the others kept).
+ */
 export const decode = (
   payload: string
-): { readonly origin: string; readonly outcomes: ReadonlyArray<Outcome> } | undefined => {
+): { readonly origin: string; readonly outcomes: ReadonlyArray<Outcome>; readonly skipped: number } | undefined => {
   const r = decodePayload(payload)
   if (Either.isLeft(r)) return undefined
-  return {
-    origin: r.right.o,
-    outcomes: r.right.d.map(([id, owner, rkey, event, status, httpStatus, errorKind, atMs]) => ({
+  const outcomes: Array<Outcome> = []
+  for (const row of r.right.d) {
+    const d = decodeRow(row)
+    if (Either.isLeft(d)) continue
+    const [id, owner, rkey, event, status, httpStatus, errorKind, atMs] = d.right
+    outcomes.push({
       id,
       owner,
       rkey,
       event,
       status,
-      httpStatus: httpStatus ?? undefined,
+      httpStatus: reportableStatus(httpStatus),
       errorKind: errorKind ?? undefined,
       atMs
-    }))
+    })
   }
+  return { origin: r.right.o, outcomes, skipped: r.right.d.length - outcomes.length }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -260,6 +274,13 @@ export const make = (transport: OutcomesTransport = {}): Effect.Effect<DeliveryO
           if (parsed.origin === origin) return
           for (const o of parsed.outcomes) yield* local(o)
           yield* Metric.incrementBy(received, parsed.outcomes.length)
+          if (parsed.skipped > 0) {
+            yield* Metric.incrementBy(dropped, parsed.skipped)
+            yield* log.run("row", (suppressed) =>
+              Effect.logWarning("delivery outcomes: notified outcomes that do not decode were skipped").pipe(
+                Effect.annotateLogs({ skipped: parsed.skipped, suppressed })
+              ))
+          }
         })
       yield* Effect.forkScoped(
         ListenLoop.follow(transport.listen, onPayload, {
