@@ -12,6 +12,7 @@ import { Effect } from "effect"
 import { WH_COLLECTION } from "../../src/schemas/WhRecord.js"
 import { eventually, receiver, startWorker, whsec } from "../delivery/worker-support.js"
 import { sqlServices } from "../support/stack.js"
+import { insertDelivery, insertWebhook } from "../support/webhookRows.js"
 import { BOB, CAROL, DAN, env, ISO, list, outboxRows, POST, post, register, W } from "./deliveries-support.js"
 import { apiLayerWith, callAs, newOwner } from "./support.js"
 
@@ -111,6 +112,30 @@ describe("delivery methods", () => {
           ])
         }).pipe(Effect.scoped)
     )
+
+    // SPEC §8.5 ("its payload while the body is retained"): the body as delivered; intake keeps an
+    // integer beyond 2^53 exactly in it, and a re-encoding of the parsed body rounded it
+    it.effect("getDelivery: the payload is the stored body's text, a wide integer with its digits", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const alice = yield* newOwner()
+        yield* insertWebhook(alice.did, "w")
+        const id = `${alice.did}-wide`
+        yield* insertDelivery(alice.did, "w", id, { status: "delivered", httpStatus: 200 })
+        const body =
+          "{\"event\":\"create\",\"record\":{\"$type\":\"x.y.z\",\"n\":9007199254740993,\"m\":-12345678901234567890}}"
+        yield* sql`UPDATE delivery_events SET body = ${body} WHERE event_id = ${`ev-${id}`}`
+        const r = yield* callAs(alice, `${W}.getDelivery`, { query: `id=${id}` })
+        expect(r.status, r.text).toBe(200)
+        expect(r.headers["content-type"]).toContain("application/json")
+        expect(r.headers["cache-control"]).toBe("no-store")
+        expect(r.text).toContain(`"payload":${body}`)
+        expect(r.text).not.toContain("9007199254740992")
+        // the rest of the answer is as before
+        expect(r.body["delivery"]).toMatchObject({ id, status: "delivered" })
+        expect(r.body["attempts"]).toEqual(expect.any(Array))
+        expect(r.body["payload"]).toMatchObject({ event: "create", record: { $type: "x.y.z" } })
+      }))
 
     it.effect("getDelivery: the newest 100 attempts, and how many older ones were left out (SPEC §8.5)", () =>
       Effect.gen(function*() {

@@ -48,8 +48,17 @@ const payloadOf = (body: string | undefined): { readonly [k: string]: unknown } 
   const parsed = Either.try(() => JSON.parse(body) as unknown)
   if (Either.isLeft(parsed)) return undefined
   const v = parsed.right
-  return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as { readonly [k: string]: unknown }) : undefined
+  if (typeof v !== "object" || v === null || Array.isArray(v)) return undefined
+  storedText.set(v, body)
+  return v as { readonly [k: string]: unknown }
 }
+
+/**
+ * A payload's stored text, by the parsed object: the response carries the text as stored (the
+ * parse is for the lexicon's check and the `cid`), so an integer beyond 2^53, which intake keeps
+ * exactly in the delivered body, is shown with its digits, not rounded by a re-encoding.
+ */
+const storedText = new WeakMap<object, string>()
 
 /** `{httpStatus}` when the stored status is one the lexicon can show (100–599), else nothing. */
 const statusOf = (stored: number | undefined): { readonly httpStatus?: number } => {
@@ -142,7 +151,12 @@ export const getDelivery = method(WebhookLexicon.getDelivery, ({ caller, params 
       })),
       olderAttempts: olderAttemptsNotShown
     }
-  }).pipe(Effect.catchTag("StoreError", storeFailure)))
+  }).pipe(Effect.catchTag("StoreError", storeFailure)), {
+  raw: (out) => {
+    const json = out.payload === undefined ? undefined : storedText.get(out.payload)
+    return json === undefined ? undefined : { key: "payload", json }
+  }
+})
 
 export const redeliver = method(WebhookLexicon.redeliver, ({ caller, input }) =>
   Effect.gen(function*() {

@@ -80,10 +80,42 @@ const decode = <A>(schema: Schema.Schema<A, unknown>, what: string, value: unkno
 
 const NO_STORE = { "cache-control": "no-store" } as const
 
+/**
+ * A top-level field of a method's output sent as stored JSON text (a JSON object's text) instead of
+ * its encoded value: the value is still checked by the contract's Schema, but `JSON.stringify`
+ * would round integers beyond 2^53 that the text keeps exactly (`getDelivery`'s payload).
+ */
+export interface RawField {
+  readonly key: string
+  readonly json: string
+}
+
+export interface MethodOptions<O> {
+  /** The field of `out` to send as its stored text, if any. */
+  readonly raw?: (out: O) => RawField | undefined
+}
+
+/** The encoded output as JSON text, `raw`'s field first with its stored text. */
+const withRawField = (encoded: unknown, raw: RawField): string | undefined => {
+  if (typeof encoded !== "object" || encoded === null || Array.isArray(encoded)) return undefined
+  // `undefined` members are left out by JSON.stringify
+  const rest = JSON.stringify({ ...encoded, [raw.key]: undefined })
+  const field = `${JSON.stringify(raw.key)}:${raw.json}`
+  return rest === "{}" ? `{${field}}` : `{${field},${rest.slice(1)}`
+}
+
+const respondJson = (encoded: unknown, raw: RawField | undefined) => {
+  const text = raw === undefined ? undefined : withRawField(encoded, raw)
+  return text === undefined
+    ? HttpServerResponse.unsafeJson(encoded, { headers: NO_STORE })
+    : HttpServerResponse.text(text, { contentType: "application/json", headers: NO_STORE })
+}
+
 /** A query or procedure: the handler's output, encoded by the contract, as the JSON response. */
 export const method = <P, I, O, R>(
   contract: XrpcContract<P, I, O>,
-  handler: (call: Call<P, I>) => Effect.Effect<O, XrpcFailure, R>
+  handler: (call: Call<P, I>) => Effect.Effect<O, XrpcFailure, R>,
+  options: MethodOptions<O> = {}
 ): ApiMethod<R> => {
   const encode = Schema.encode(contract.output)
   return {
@@ -104,10 +136,10 @@ export const method = <P, I, O, R>(
                       Effect.annotateLogs({ nsid: contract.nsid })
                     )
                   ),
-                  Effect.mapError(() => internal())
+                  Effect.mapError(() => internal()),
+                  Effect.map((json) => respondJson(json, options.raw?.(out)))
                 )
-              ),
-              Effect.map((json) => HttpServerResponse.unsafeJson(json, { headers: NO_STORE }))
+              )
             )
         }
       })
