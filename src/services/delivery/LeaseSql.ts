@@ -24,6 +24,11 @@ const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
  * its last `:` (a worker id may itself contain `:`; the uuid does not). A hash collision only makes
  * a dead worker look alive (its rows then wait for their lease to expire). The leases of `workerId`
  * itself are never touched. Rows locked right now (being settled or claimed) are skipped.
+ *
+ * A row is judged dead from the statement's snapshot; one changed since (in READ COMMITTED the lock
+ * takes its newest version and re-checks only the conditions written on `o`) is expired only if it
+ * still has the lease token judged dead: the row may have been freed by another process's reclaim
+ * in the meantime and claimed by a live worker, whose fresh lease must stand.
  */
 export const reclaimStatement = (sql: SqlClient.SqlClient, workerId: string) =>
   sql<{ readonly n: number }>`
@@ -33,15 +38,15 @@ export const reclaimStatement = (sql: SqlClient.SqlClient, workerId: string) =>
         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     ),
     leased AS (
-      SELECT o.delivery_id,
+      SELECT o.delivery_id, o.lease_token,
         left(o.lease_token, length(o.lease_token) - strpos(reverse(o.lease_token), ':')) AS owner
       FROM outbox o
       WHERE o.status = 'leased' AND o.leased_until > now() AND o.lease_token IS NOT NULL
     ),
     dead AS (
       SELECT o.delivery_id FROM outbox o
-      WHERE o.delivery_id IN (
-          SELECT d.delivery_id FROM leased d
+      WHERE (o.delivery_id, o.lease_token) IN (
+          SELECT d.delivery_id, d.lease_token FROM leased d
           WHERE d.owner <> ${workerId}
             AND NOT EXISTS (SELECT 1 FROM live WHERE live.objid = hashtext(d.owner)::oid)
           LIMIT ${RECLAIM_MAX}
