@@ -14,9 +14,11 @@
  * intake lock before the replay committed loses the in-memory point, never that one. A session
  * reads it when one may be pending (at the stream's start, after a replay was asked, after a
  * session that left it pending), connects at or below it, and its batches advance it (in their
- * transactions) until they reach the stored cursor, when it is cleared.
+ * transactions) until they reach the stored cursor, when it is cleared. A live session (no cursor)
+ * keeps where it started reading as such a point (see {@link sessionFrom}), so a stream that starts
+ * live never reconnects live past frames it read and did not commit.
  */
-import { Cause, Deferred, Duration, Effect, Exit, Metric, Ref, Schedule } from "effect"
+import { Cause, Clock, Deferred, Duration, Effect, Exit, Metric, Ref, Schedule, Stream } from "effect"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
 import * as Backoff from "../platform/Backoff.js"
@@ -90,15 +92,69 @@ export const resumeCursor = (
 export const earlierReplay = (a: bigint | undefined, b: bigint | undefined): bigint | undefined =>
   a === undefined ? b : b === undefined || a <= b ? a : b
 
-/** One connection: read into the queue, commit batches; returns why it ended. */
-const session = (ctx: StreamContext, cursor: bigint | undefined, replay: SessionReplay) =>
+/**
+ * Where a live connection (no cursor) is known to start, before its first frame: a time cursor's
+ * stream (Jetstream) from the time it connects, less its rewind (the margin of a loaded cursor: the
+ * source's clock is not ours); a relay's `seq` is not known before its first frame.
+ */
+const liveStart = (spec: Pick<StreamSpec, "cursorIsTime" | "rewind">) =>
+  spec.cursorIsTime
+    ? Effect.map(Clock.currentTimeMillis, (ms) => {
+      const at = BigInt(Math.floor(ms)) * 1000n - spec.rewind
+      return at < 0n ? 0n : at
+    })
+    : Effect.succeed(undefined)
+
+/**
+ * The reader's context for a live connection: its source also keeps in `from` (the earlier of it
+ * and what is there) the point just before its first frame, that frame's cursor − 1 (at least 0: a
+ * relay replays the seqs after a cursor, a Jetstream the `time_us` from one on, so either replays
+ * the frame). Not when a poison or relay error frame comes first: the session ends there, and a
+ * point past it would skip it. Only a live connection is read so: no cost per frame otherwise.
+ */
+const recordingFirstFrame = (ctx: StreamContext, from: Ref.Ref<bigint | undefined>): StreamContext => ({
+  ...ctx,
+  spec: {
+    ...ctx.spec,
+    connect: (cursor) => {
+      let looking = true
+      return ctx.spec.connect(cursor).pipe(Stream.mapChunksEffect((chunk) => {
+        if (!looking) return Effect.succeed(chunk)
+        for (const item of chunk) {
+          if (item._tag === "events") {
+            looking = false
+            const at = item.cursor > 0n ? item.cursor - 1n : 0n
+            return Effect.as(Ref.update(from, (p) => earlierReplay(p, at)), chunk)
+          }
+          if (item._tag === "poison" || item._tag === "relay_error") {
+            looking = false
+            break
+          }
+        }
+        return Effect.succeed(chunk)
+      }))
+    }
+  }
+})
+
+/**
+ * One connection: read into the queue, commit batches; returns why it ended. A live one (no
+ * cursor) keeps where it started reading in `from` (see {@link recordingFirstFrame}).
+ */
+const session = (
+  ctx: StreamContext,
+  cursor: bigint | undefined,
+  replay: SessionReplay,
+  from: Ref.Ref<bigint | undefined> | undefined
+) =>
   Effect.scoped(
     Effect.gen(function*() {
       const sq = yield* makeSessionQueue(ctx.tuning.queueMax)
       const signal = yield* Ref.get(ctx.restartSignal)
       // a new session has a new (empty) queue
       yield* Ref.update(ctx.state, (s) => ({ ...s, queued: 0 }))
-      yield* Effect.forkScoped(readSession(ctx, sq, cursor, signal))
+      const readerCtx = from === undefined ? ctx : recordingFirstFrame(ctx, from)
+      yield* Effect.forkScoped(readSession(readerCtx, sq, cursor, signal))
       return yield* runBatcher(ctx, sq, replay)
     })
   )
@@ -168,6 +224,11 @@ const loadCursor = (ctx: StreamContext) => {
  * said the cursor is in its future (nothing to replay: the stream goes live). It connects at or
  * below the durable replay obligation too (read when one may be pending), and its batches advance
  * it until they reach the stored cursor; one left pending is read again by the next session.
+ * A live session (no cursor: a first start without one, the connection after a `FutureCursor`)
+ * leaves where it started reading in `replay` the same way (its first frame's cursor − 1; a time
+ * cursor's, from when it connected): a session that read frames and could not commit them (a
+ * failed batch drops its queue, SPEC §3.3), or stopped at a poison frame, is resumed from there, not
+ * live again, which would skip them and everything sent during the backoff for good.
  */
 const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, live: boolean) =>
   Effect.gen(function*() {
@@ -179,18 +240,25 @@ const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, li
     const before = yield* Ref.get(ctx.state)
     const cursor = resumeCursor(ctx.spec, live && wanted === undefined, before, wanted)
     const pending: SessionReplay = yield* Ref.make(obligation?.seq)
-    return yield* session(ctx, cursor, pending).pipe(
+    // a live session: where it started reading (see `recordingFirstFrame`)
+    const started = cursor === undefined ? yield* Ref.make(yield* liveStart(ctx.spec)) : undefined
+    return yield* session(ctx, cursor, pending, started).pipe(
       Effect.catchAllCause((cause) =>
         Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : Effect.succeed<SessionEnd>({ kind: "handler" })
       ),
       Effect.onExit((exit) =>
-        requested === undefined || (Exit.isSuccess(exit) && exit.value.cursorOverride === -1n)
-          ? Effect.void
-          : Effect.flatMap(
-            Ref.get(ctx.state),
-            (after) =>
-              after.batches > before.batches ? Effect.void : Ref.update(replay, (p) => earlierReplay(p, requested))
-          )
+        Effect.flatMap(started === undefined ? Effect.succeed(undefined) : Ref.get(started), (from) => {
+          // a FutureCursor drops both: nothing to replay (a live connection that got one: a
+          // broken relay, which the loop backs off from)
+          const keep = earlierReplay(requested, from)
+          return keep === undefined || (Exit.isSuccess(exit) && exit.value.cursorOverride === -1n)
+            ? Effect.void
+            : Effect.flatMap(
+              Ref.get(ctx.state),
+              (after) =>
+                after.batches > before.batches ? Effect.void : Ref.update(replay, (p) => earlierReplay(p, keep))
+            )
+        })
       ),
       Effect.ensuring(
         Effect.flatMap(Ref.get(pending), (seq) => seq === undefined ? Effect.void : Ref.set(ctx.replayCheck, true))
