@@ -31,6 +31,22 @@ export interface Deadlines {
 /** Granularity of request deadlines: a request times out at most this much after its deadline. */
 export const DEADLINE_TICK_MS = 20
 
+/**
+ * The clock of request deadlines, in milliseconds: the Clock's monotonic nanoseconds (the default
+ * Clock's are `process.hrtime`'s, anchored at the wall clock once; `TestClock`'s follow its time),
+ * so a step of the system clock (NTP, a VM restored) neither expires requests early nor keeps a
+ * hanging one alive past its timeout.
+ */
+export const deadlineNow = (clock: Clock.Clock): number => Number(clock.unsafeCurrentTimeNanos() / 1_000_000n)
+
+/**
+ * One turn of the event loop for the I/O already waiting (a zero sleep is a timer: the loop polls
+ * I/O before it fires; `TestClock` ends it at once): a request whose answer arrived while the
+ * process was stalled (a long pause, a starved CPU) past its deadline settles before it is expired,
+ * instead of being counted as a timeout and sent again.
+ */
+const ioTurn = Effect.sleep(Duration.zero)
+
 export const makeDeadlines: Effect.Effect<Deadlines, never, Scope.Scope> = Effect.gen(function*() {
   const pending = new Set<Pending>()
   const wake = yield* Queue.sliding<void>(1)
@@ -40,10 +56,15 @@ export const makeDeadlines: Effect.Effect<Deadlines, never, Scope.Scope> = Effec
       return
     }
     yield* Effect.sleep(Duration.millis(DEADLINE_TICK_MS))
-    const now = yield* Clock.currentTimeMillis
-    for (const p of pending) {
-      if (now >= p.deadline || (p.connectDeadline !== undefined && now >= p.connectDeadline)) p.expire(now)
-    }
+    const clock = yield* Effect.clock
+    const now = deadlineNow(clock)
+    const due = (p: Pending) => now >= p.deadline || (p.connectDeadline !== undefined && now >= p.connectDeadline)
+    let any = false
+    for (const p of pending) any ||= due(p)
+    if (!any) return
+    yield* ioTurn
+    // those still in progress (a settled request has removed itself) and still due
+    for (const p of pending) if (due(p)) p.expire(now)
   })
   yield* Effect.forkScoped(Effect.forever(tick))
   return {

@@ -11,7 +11,7 @@ import * as Https from "node:https"
 import type * as Net from "node:net"
 import { ownCode } from "../ErrorCode.js"
 import type { Agents } from "./Agents.js"
-import type { Deadlines, Pending } from "./Deadlines.js"
+import { deadlineNow, type Deadlines, type Pending } from "./Deadlines.js"
 import { SafeHttpError, type SafeHttpErrorKind } from "./Errors.js"
 import { lowerHeaders } from "./Headers.js"
 import type { SafeResponse } from "./SafeHttp.js"
@@ -342,7 +342,7 @@ const runAddresses = (
     const target = addresses[index]
     if (target === undefined) return failKind(lastKind)
     const remaining = addresses.length - index
-    const now = clock.unsafeCurrentTimeMillis()
+    const now = deadlineNow(clock)
     if (now >= deadline) return failKind("timeout")
     entry.connectDeadline = remaining > 1 ? now + Math.max(0, Math.floor((deadline - now) / remaining)) : undefined
     const gen = ++generation

@@ -28,7 +28,7 @@ import { type Clock, Context, Duration, Effect, Either, Layer } from "effect"
 import type { Cidr } from "../../../schemas/Net.js"
 import { MAX_WEBHOOK_URL_LENGTH } from "../../../schemas/WebhookUrl.js"
 import { type Agents, makeAgents } from "./Agents.js"
-import { type Deadlines, makeDeadlines } from "./Deadlines.js"
+import { deadlineNow, type Deadlines, makeDeadlines } from "./Deadlines.js"
 import { fail, SafeHttpError } from "./Errors.js"
 import { exchangeAll, type ExchangeSpec } from "./Exchange.js"
 import { buildHeaders } from "./Headers.js"
@@ -185,7 +185,7 @@ const makeWith = (
     }
 
     // `send` runs when the request effect runs (inside `request`'s suspend): the deadline starts now
-    const deadline = clock.unsafeCurrentTimeMillis() + timeoutMs
+    const deadline = deadlineNow(clock) + timeoutMs
     if (target.literal !== undefined) {
       const literal = target.literal
       return exchangeAll(
