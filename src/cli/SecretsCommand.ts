@@ -31,7 +31,7 @@ const secretsIssue = (name: "create" | "rotate", description: string) =>
       yield* checkName(o.name)
       const given = yield* tokenValue(o.token)
       const issued = yield* withServices(Effect.flatMap(Secrets, (s) => s[name](o.did, o.name, given)))
-      yield* out(issued)
+      yield* out(issued.token)
     })).pipe(Command.withDescription(description))
 
 const secretsCreate = secretsIssue("create", "create a server-managed secret; prints the token once")
@@ -66,8 +66,41 @@ const secretsList = Command.make("list", { did: didArg, json }, (o) =>
     )
   })).pipe(Command.withDescription("list an owner's secrets (names and times, never tokens)"))
 
-export const secrets = Command.make("secrets", {}, () => usage("missing subcommand: create, rotate, delete or list"))
+/**
+ * `reseal`: one pass re-sealing every envelope not under the current key (retiring a previous key).
+ * Exit 0 only when the pass finished with nothing left behind (no unreadable envelope, none changed
+ * meanwhile): then no secret needs a previous key any more. Counts only, never a token or a key.
+ */
+const secretsReseal = Command.make("reseal", { json }, (o) =>
+  Effect.gen(function*() {
+    const r = yield* withServices(Effect.flatMap(Secrets, (s) => s.reseal()))
+    if (o.json) yield* printJson(r)
+    else {
+      yield* out(`resealed ${r.resealed}, unreadable ${r.unreadable}, skipped (changed meanwhile) ${r.skipped}`)
+    }
+    if (r.unreadable > 0) {
+      return yield* Effect.fail(
+        new Failed({
+          text:
+            `${r.unreadable} envelope(s) open with no configured key: keep the keys that sealed them (left as they are)`
+        })
+      )
+    }
+    if (r.skipped > 0 || !r.complete) {
+      return yield* Effect.fail(new Failed({ text: "not every envelope was re-sealed in this pass: run it again" }))
+    }
+  })).pipe(
+    Command.withDescription(
+      "re-seal every secret not under the current encryption key (same token), so a previous key can be retired"
+    )
+  )
+
+export const secrets = Command.make(
+  "secrets",
+  {},
+  () => usage("missing subcommand: create, rotate, delete, list or reseal")
+)
   .pipe(
     Command.withDescription("manage server-managed signing secrets"),
-    Command.withSubcommands([secretsCreate, secretsRotate, secretsDelete, secretsList])
+    Command.withSubcommands([secretsCreate, secretsRotate, secretsDelete, secretsList, secretsReseal])
   )

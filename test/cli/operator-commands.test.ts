@@ -96,7 +96,7 @@ describe("firehook secrets, owners, webhooks (in-process)", () => {
         expectUsage(yield* run(["owners", "status", "--limit", "1001"]), limit)
         expectConnectAttempt(yield* run(["owners", "status", "--limit", "1"]))
         expectConnectAttempt(yield* run(["owners", "status", "--limit", "1000"]))
-        expectUsage(yield* run(["secrets"]), "missing subcommand: create, rotate, delete or list")
+        expectUsage(yield* run(["secrets"]), "missing subcommand: create, rotate, delete, list or reseal")
         expectUsage(yield* run(["owners"]), "missing subcommand: add, reconcile or status")
         expectUsage(yield* run(["webhooks"]), "missing subcommand: resume")
       }),

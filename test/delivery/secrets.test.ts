@@ -64,7 +64,7 @@ describe("Secrets on PostgreSQL", () => {
       Effect.gen(function*() {
         yield* clearTable
         const secrets = yield* Secrets
-        const token = yield* secrets.create(ALICE, "main")
+        const token = (yield* secrets.create(ALICE, "main")).token
         expect(token).toMatch(TOKEN)
         expect(Buffer.from(token.slice("whsec_".length), "base64")).toHaveLength(32)
         const envelope = yield* envelopeOf(ALICE, "main")
@@ -73,7 +73,7 @@ describe("Secrets on PostgreSQL", () => {
         expect(envelope).not.toContain(token.slice("whsec_".length, 30))
         expect(yield* secrets.resolve(ALICE, "main")).toBe(token)
         // two creates never give the same token
-        const other = yield* secrets.create(ALICE, "second")
+        const other = (yield* secrets.create(ALICE, "second")).token
         expect(other).toMatch(TOKEN)
         expect(other).not.toBe(token)
         const list = yield* secrets.list(ALICE)
@@ -87,12 +87,12 @@ describe("Secrets on PostgreSQL", () => {
       Effect.gen(function*() {
         yield* clearTable
         const secrets = yield* Secrets
-        const first = yield* secrets.create(ALICE, "k")
+        const first = (yield* secrets.create(ALICE, "k")).token
         expect(reasonOf(yield* Effect.exit(secrets.create(ALICE, "k")))).toBe("already_exists")
         expect(yield* secrets.resolve(ALICE, "k")).toBe(first) // unchanged
         expect(reasonOf(yield* Effect.exit(secrets.rotate(ALICE, "missing")))).toBe("not_found")
         expect(yield* envelopeOf(ALICE, "missing")).toBeUndefined()
-        const second = yield* secrets.rotate(ALICE, "k")
+        const second = (yield* secrets.rotate(ALICE, "k")).token
         expect(second).toMatch(TOKEN)
         expect(second).not.toBe(first)
         expect(yield* secrets.resolve(ALICE, "k")).toBe(second)
@@ -108,7 +108,7 @@ describe("Secrets on PostgreSQL", () => {
       const b = newKey()
       return Effect.gen(function*() {
         yield* clearTable
-        const token = yield* Effect.flatMap(Secrets, (s) => s.create(ALICE, "rot")).pipe(
+        const token = yield* Effect.flatMap(Secrets, (s) => Effect.map(s.create(ALICE, "rot"), (i) => i.token)).pipe(
           Effect.provide(configured({ WEBHOOK_SECRET_ENCRYPTION_KEY: a }))
         )
         const sealedA = yield* envelopeOf(ALICE, "rot")
@@ -139,7 +139,7 @@ describe("Secrets on PostgreSQL", () => {
       const a = newKey()
       return Effect.gen(function*() {
         yield* clearTable
-        const token = yield* Effect.flatMap(Secrets, (s) => s.create(ALICE, "old")).pipe(
+        const token = yield* Effect.flatMap(Secrets, (s) => Effect.map(s.create(ALICE, "old"), (i) => i.token)).pipe(
           Effect.provide(configured({ WEBHOOK_SECRET_ENCRYPTION_KEY: a }))
         )
         const decryptOnly = configured({ WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS: a })
@@ -172,10 +172,10 @@ describe("Secrets on PostgreSQL", () => {
         const secrets = yield* Secrets
         const ok32 = "A".repeat(31) + "!"
         const ok256 = "~".repeat(256)
-        expect(yield* secrets.create(ALICE, "t32", ok32)).toBe(ok32)
+        expect((yield* secrets.create(ALICE, "t32", ok32)).token).toBe(ok32)
         expect(yield* secrets.resolve(ALICE, "t32")).toBe(ok32)
-        expect(yield* secrets.create(ALICE, "t256", ok256)).toBe(ok256)
-        expect(yield* secrets.rotate(ALICE, "t256", ok32)).toBe(ok32)
+        expect((yield* secrets.create(ALICE, "t256", ok256)).token).toBe(ok256)
+        expect((yield* secrets.rotate(ALICE, "t256", ok32)).token).toBe(ok32)
         const bad = [
           "A".repeat(31),
           "B".repeat(257),
@@ -199,7 +199,7 @@ describe("Secrets on PostgreSQL", () => {
         expect(reasonOf(yield* Effect.exit(secrets.create(ALICE, "")))).toBe("invalid_name")
         expect(reasonOf(yield* Effect.exit(secrets.create(ALICE, "a/b")))).toBe("invalid_name")
         expect(reasonOf(yield* Effect.exit(secrets.create(ALICE, "x".repeat(65))))).toBe("invalid_name")
-        expect(yield* secrets.create(ALICE, "A-z_0.9", ok32)).toBe(ok32)
+        expect((yield* secrets.create(ALICE, "A-z_0.9", ok32)).token).toBe(ok32)
         expect(reasonOf(yield* Effect.exit(secrets.list("nope")))).toBe("invalid_owner")
       }).pipe(Effect.provide(Secrets.layerSqlWithKeyring(keyring(newKey())))))
 
@@ -208,7 +208,7 @@ describe("Secrets on PostgreSQL", () => {
         yield* clearTable
         const secrets = yield* Secrets
         const token = `tok_${randomBytes(24).toString("hex")}`
-        expect(yield* secrets.create(ALICE, "dup", token)).toBe(token)
+        expect((yield* secrets.create(ALICE, "dup", token)).token).toBe(token)
         const failures = [
           yield* Effect.exit(secrets.create(ALICE, "dup", token)),
           yield* Effect.exit(secrets.rotate(ALICE, "absent", token)),
@@ -263,7 +263,7 @@ describe("Secrets on PostgreSQL", () => {
         const secrets = yield* Secrets
         // a miss is not cached: the secret created right after resolves at once
         expect(Exit.isFailure(yield* Effect.exit(secrets.resolve(ALICE, "c")))).toBe(true)
-        const first = yield* secrets.create(ALICE, "c")
+        const first = (yield* secrets.create(ALICE, "c")).token
         expect(yield* secrets.resolve(ALICE, "c")).toBe(first)
         // another process re-seals a new token: the cached one is served until the TTL passes
         const other = "O".repeat(40)
@@ -275,7 +275,7 @@ describe("Secrets on PostgreSQL", () => {
         yield* TestClock.adjust("2 seconds")
         expect(yield* secrets.resolve(ALICE, "c")).toBe(other)
         // a rotation in this process is seen at once
-        const third = yield* secrets.rotate(ALICE, "c")
+        const third = (yield* secrets.rotate(ALICE, "c")).token
         expect(yield* secrets.resolve(ALICE, "c")).toBe(third)
         yield* secrets.remove(ALICE, "c")
         expect(Exit.isFailure(yield* Effect.exit(secrets.resolve(ALICE, "c")))).toBe(true)
@@ -288,8 +288,8 @@ describe("Secrets on PostgreSQL", () => {
         yield* clearTable
         const sql = yield* SqlClient.SqlClient
         const secrets = yield* Secrets
-        const a = yield* secrets.create(ALICE, "a")
-        const b = yield* secrets.create(ALICE, "b")
+        const a = (yield* secrets.create(ALICE, "a")).token
+        const b = (yield* secrets.create(ALICE, "b")).token
         expect(yield* secrets.resolve(ALICE, "a")).toBe(a)
         expect(yield* secrets.resolve(ALICE, "b")).toBe(b) // capacity 1: evicts "a"
         const other = "Q".repeat(40)
@@ -308,7 +308,7 @@ describe("Secrets in memory", () => {
       const secrets = yield* Secrets
       expect(yield* secrets.resolve(ALICE, "given")).toBe("short-test-token")
       expect(Exit.isFailure(yield* Effect.exit(secrets.resolve(ALICE, "missing")))).toBe(true)
-      const token = yield* secrets.create(ALICE, "made")
+      const token = (yield* secrets.create(ALICE, "made")).token
       expect(token).toMatch(TOKEN)
       expect(yield* secrets.resolve(ALICE, "made")).toBe(token)
       expect(reasonOf(yield* Effect.exit(secrets.create(ALICE, "made")))).toBe("already_exists")
@@ -322,10 +322,10 @@ describe("Secrets in memory", () => {
     Effect.gen(function*() {
       const store = yield* makeMemoryStore
       const secrets = yield* makeSecrets(store, keyring(newKey()), { cacheTtl: "10 seconds" })
-      const old = yield* secrets.create(ALICE, "again")
+      const old = (yield* secrets.create(ALICE, "again")).token
       expect(yield* secrets.resolve(ALICE, "again")).toBe(old) // now cached
       yield* store.delete(ALICE, "again") // the CLI, in another process
-      const fresh = yield* secrets.create(ALICE, "again")
+      const fresh = (yield* secrets.create(ALICE, "again")).token
       expect(yield* secrets.resolve(ALICE, "again")).toBe(fresh)
     }))
 
@@ -334,7 +334,7 @@ describe("Secrets in memory", () => {
       const kr = keyring(newKey())
       const store = yield* makeMemoryStore
       const secrets = yield* makeSecrets(store, kr, { cacheTtl: "5 minutes" })
-      const old = yield* secrets.create(ALICE, "capped")
+      const old = (yield* secrets.create(ALICE, "capped")).token
       expect(yield* secrets.resolve(ALICE, "capped")).toBe(old) // now cached
       const other = "R".repeat(40)
       yield* store.update(ALICE, "capped", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
@@ -347,7 +347,7 @@ describe("Secrets in memory", () => {
       const kr = keyring(newKey())
       const store = yield* makeMemoryStore
       const secrets = yield* makeSecrets(store, kr, { cacheTtl: "10 seconds" })
-      const old = yield* secrets.create(ALICE, "edge")
+      const old = (yield* secrets.create(ALICE, "edge")).token
       expect(yield* secrets.resolve(ALICE, "edge")).toBe(old) // now cached
       const other = "E".repeat(40)
       yield* store.update(ALICE, "edge", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
@@ -378,11 +378,11 @@ describe("Secrets in memory", () => {
             : base.get(ownerDid, name)
       }
       const secrets = yield* makeSecrets(store, keyring(newKey()), { cacheTtl: "10 seconds" })
-      const first = yield* secrets.create(ALICE, "race")
+      const first = (yield* secrets.create(ALICE, "race")).token
       gated = true
       const inFlight = yield* Effect.fork(secrets.resolve(ALICE, "race"))
       yield* Deferred.await(read)
-      const second = yield* secrets.rotate(ALICE, "race")
+      const second = (yield* secrets.rotate(ALICE, "race")).token
       yield* Deferred.succeed(release, undefined)
       expect(yield* Fiber.join(inFlight)).toBe(first) // it started before the rotation
       // the old token stops working at once: the next resolve is the rotated one
@@ -394,7 +394,7 @@ describe("Secrets in memory", () => {
       const kr = keyring(newKey())
       const store = yield* makeMemoryStore
       const secrets = yield* makeSecrets(store, kr)
-      const old = yield* secrets.create(ALICE, "default")
+      const old = (yield* secrets.create(ALICE, "default")).token
       expect(yield* secrets.resolve(ALICE, "default")).toBe(old) // now cached
       const other = "D".repeat(40)
       yield* store.update(ALICE, "default", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
@@ -410,7 +410,7 @@ describe("Secrets in memory", () => {
       for (const options of [{ cacheCapacity: 0 }, { cacheTtl: 0 }]) {
         const store = yield* makeMemoryStore
         const secrets = yield* makeSecrets(store, kr, { cacheTtl: "10 seconds", ...options })
-        const old = yield* secrets.create(ALICE, "off")
+        const old = (yield* secrets.create(ALICE, "off")).token
         expect(yield* secrets.resolve(ALICE, "off")).toBe(old)
         const other = "F".repeat(40)
         yield* store.update(ALICE, "off", Either.getOrThrow(SecretBox.sealRandom(kr, other))) // the CLI
@@ -435,12 +435,12 @@ describe("Secrets in memory", () => {
     Effect.gen(function*() {
       const store = yield* makeMemoryStore
       const secrets = yield* makeSecrets(store, keyring(newKey()), { cacheTtl: "10 seconds" })
-      const first = yield* secrets.create("did:web:a.b", "cd")
+      const first = (yield* secrets.create("did:web:a.b", "cd")).token
       expect(yield* secrets.resolve("did:web:a.b", "cd")).toBe(first) // now cached
       expect(yield* Effect.exit(secrets.resolve("did:web:a.bc", "d"))).toStrictEqual(
         Exit.fail(new SecretBox.SecretUnavailable())
       )
-      const second = yield* secrets.create("did:web:a.bc", "d")
+      const second = (yield* secrets.create("did:web:a.bc", "d")).token
       expect(yield* secrets.resolve("did:web:a.bc", "d")).toBe(second)
       expect(yield* secrets.resolve("did:web:a.b", "cd")).toBe(first)
       expect(second).not.toBe(first)

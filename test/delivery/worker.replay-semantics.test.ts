@@ -177,7 +177,7 @@ describe("replay and redeliver over a delivery's life", () => {
         expect(rx.received[0]?.verified).toEqual({ standard: true, wisp: true })
 
         const old = token
-        token = yield* Context.get(ctx, Secrets).rotate(OWNER, "s1")
+        token = (yield* Context.get(ctx, Secrets).rotate(OWNER, "s1")).token
         accept = true
         const op = yield* Operator.Operator
         const both = yield* Effect.all(

@@ -8,9 +8,11 @@
  * - `delete {name}` → `{}`.
  * At most 1,000 secrets per owner (`LimitExceeded`); without `WEBHOOK_SECRET_ENCRYPTION_KEY`,
  * create and rotate answer 503 `NotConfigured`. The times are the store's own (the database's
- * `created_at` / `rotated_at`), read back after the write.
+ * `created_at` / `rotated_at`), returned by the write itself: no second statement runs after the
+ * write commits, so a call whose write took effect answers its token (a read-back that failed
+ * answered 500 after a rotation had already replaced the token, and the new token was lost).
  */
-import { Clock, Effect } from "effect"
+import { Effect } from "effect"
 import * as SecretLexicon from "../../schemas/SecretLexicon.js"
 import { MAX_SECRETS_PER_OWNER, Secrets, type SecretsError } from "../delivery/Secrets.js"
 import { recurringWarning } from "./ApiLog.js"
@@ -38,30 +40,18 @@ export const secretsFailure = (e: SecretsError): Effect.Effect<never, XrpcFailur
   }
 }
 
-/** The stored times of one secret (read back after a write; now if it vanished meanwhile). */
-const timesOf = (owner: string, name: string) =>
-  Effect.gen(function*() {
-    const secrets = yield* Secrets
-    const all = yield* secrets.list(owner)
-    const row = all.find((r) => r.name === name)
-    const now = new Date(yield* Clock.currentTimeMillis)
-    return { createdAt: row?.createdAt ?? now, rotatedAt: row?.rotatedAt ?? now }
-  })
-
 export const create = method(SecretLexicon.create, ({ caller, input }) =>
   Effect.gen(function*() {
     const secrets = yield* Secrets
-    const token = yield* secrets.create(caller, input.name)
-    const times = yield* timesOf(caller, input.name)
-    return { name: input.name, token, createdAt: times.createdAt.toISOString() }
+    const issued = yield* secrets.create(caller, input.name)
+    return { name: input.name, token: issued.token, createdAt: issued.createdAt.toISOString() }
   }).pipe(Effect.catchTag("SecretsError", secretsFailure)))
 
 export const rotate = method(SecretLexicon.rotate, ({ caller, input }) =>
   Effect.gen(function*() {
     const secrets = yield* Secrets
-    const token = yield* secrets.rotate(caller, input.name)
-    const times = yield* timesOf(caller, input.name)
-    return { name: input.name, token, rotatedAt: times.rotatedAt.toISOString() }
+    const issued = yield* secrets.rotate(caller, input.name)
+    return { name: input.name, token: issued.token, rotatedAt: issued.rotatedAt.toISOString() }
   }).pipe(Effect.catchTag("SecretsError", secretsFailure)))
 
 export const list = method(SecretLexicon.list, ({ caller }) =>

@@ -4,12 +4,15 @@
  * - `create` / `rotate` seal a token under the keyring's current key and store only the envelope;
  *   the token is returned once and never stored, logged or put in an error. Without a token a fresh
  *   one is generated (`whsec_` + base64 of 32 random bytes); a caller token must be 32–256 printable
- *   ASCII characters without whitespace.
+ *   ASCII characters without whitespace. The stored times come back from the write itself
+ *   (`RETURNING`): no second statement can fail after the write committed and so lose the token.
  * - `resolve` is what the delivery worker calls. Every failure (bad owner or name, missing row,
  *   unknown key id, tampered envelope, database error) is the one generic `SecretUnavailable`.
  * - The keyring is the configured current key (`WEBHOOK_SECRET_ENCRYPTION_KEY`) plus the decrypt-only
  *   previous keys (`WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS`). Without a current key nothing can be
  *   sealed (`no_key`), but envelopes sealed under a previous key still open.
+ * - `reseal` re-seals every envelope not under the current key (same token, `rotated_at` untouched),
+ *   so a previous key can be retired (`SecretsReseal`).
  *
  * Cache (decision): successful resolutions are kept in memory for at most 10 s (bounded to 1,024
  * entries, least recently used evicted first). Failures are never cached, so a secret created a
@@ -30,8 +33,11 @@ import { codeOr } from "../platform/ErrorCode.js"
 import { SECRETS_OWNER } from "../platform/LockKeys.js"
 import * as SecretBox from "./SecretBox.js"
 import { SecretUnavailable } from "./SecretBox.js"
+import * as Reseal from "./SecretsReseal.js"
+import type { EnvelopeSwap, ResealResult, SealedRow, SecretKey } from "./SecretsReseal.js"
 
 export { SecretUnavailable }
+export { MAX_RESEAL_PAGES, RESEAL_PAGE_SIZE, type ResealResult } from "./SecretsReseal.js"
 
 /** `secretId` / secret names (SPEC §1). */
 export const SECRET_NAME = /^[A-Za-z0-9._-]{1,64}$/
@@ -81,17 +87,34 @@ export interface SecretInfo {
   readonly rotatedAt: Date | undefined
 }
 
+/** The times a write stored, as the write itself returned them. */
+export interface StoredTimes {
+  readonly createdAt: Date
+  readonly rotatedAt: Date | undefined
+}
+
+/** A token just issued by `create` / `rotate` (shown once), with the times its write stored. */
+export interface IssuedSecret extends StoredTimes {
+  readonly token: string
+}
+
 export interface SecretsShape {
   /** The clear token for signing; every failure is the one generic `SecretUnavailable`. */
   readonly resolve: (ownerDid: string, name: string) => Effect.Effect<string, SecretUnavailable>
   /** Store a new secret; returns the token (shown once). Fails `already_exists` if it exists. */
-  readonly create: (ownerDid: string, name: string, token?: string) => Effect.Effect<string, SecretsError>
+  readonly create: (ownerDid: string, name: string, token?: string) => Effect.Effect<IssuedSecret, SecretsError>
   /** Replace an existing secret's token; returns the new token. Fails `not_found` if missing. */
-  readonly rotate: (ownerDid: string, name: string, token?: string) => Effect.Effect<string, SecretsError>
+  readonly rotate: (
+    ownerDid: string,
+    name: string,
+    token?: string
+  ) => Effect.Effect<IssuedSecret & { readonly rotatedAt: Date }, SecretsError>
   /** Delete a secret; whether it existed. */
   readonly remove: (ownerDid: string, name: string) => Effect.Effect<boolean, SecretsError>
   /** The owner's secrets by name (names and times only). */
   readonly list: (ownerDid: string) => Effect.Effect<ReadonlyArray<SecretInfo>, SecretsError>
+  /** Re-seal every owner's envelopes that are not under the current key (fails `no_key` without one). */
+  readonly reseal: () => Effect.Effect<ResealResult, SecretsError>
 }
 
 export interface SecretsOptions {
@@ -117,16 +140,34 @@ export interface StoredSecret {
 /** Raw persistence; errors are SQLSTATE-like codes. */
 export interface SecretsStoreShape {
   readonly get: (ownerDid: string, name: string) => Effect.Effect<string | undefined, SecretsError>
-  /** `inserted`, or why not */
+  /** the stored `created_at` (from the INSERT itself), or why nothing was inserted */
   readonly insert: (
     ownerDid: string,
     name: string,
     envelope: string
-  ) => Effect.Effect<"inserted" | "exists" | "limit", SecretsError>
-  /** whether a row was updated */
-  readonly update: (ownerDid: string, name: string, envelope: string) => Effect.Effect<boolean, SecretsError>
+  ) => Effect.Effect<{ readonly createdAt: Date } | "exists" | "limit", SecretsError>
+  /** the stored times (from the UPDATE itself), or undefined when no row was updated */
+  readonly update: (
+    ownerDid: string,
+    name: string,
+    envelope: string
+  ) => Effect.Effect<{ readonly createdAt: Date; readonly rotatedAt: Date } | undefined, SecretsError>
   readonly delete: (ownerDid: string, name: string) => Effect.Effect<boolean, SecretsError>
   readonly list: (ownerDid: string) => Effect.Effect<ReadonlyArray<SecretInfo>, SecretsError>
+  /**
+   * At most `limit` rows after `after` in (owner, name) order whose envelope's key id is not
+   * `keyId` (envelope format: `wse1.<keyId>.…`).
+   */
+  readonly sealedElsewhere: (
+    keyId: string,
+    after: SecretKey,
+    limit: number
+  ) => Effect.Effect<ReadonlyArray<SealedRow>, SecretsError>
+  /**
+   * Replaces each row's envelope `from` by `to`, only where the row still holds `from` (so a
+   * concurrent rotate or delete wins); `rotated_at` untouched. How many rows were replaced.
+   */
+  readonly swap: (rows: ReadonlyArray<EnvelopeSwap>) => Effect.Effect<number, SecretsError>
 }
 
 const storeError = (e: unknown) => new SecretsError({ reason: "store", code: codeOr(e) })
@@ -155,23 +196,26 @@ export const makeSqlStore = Effect.gen(function*() {
         // default), counts every create committed before it, so concurrent creates cannot pass the
         // bound together. The INSERT checks the bound and uniqueness in one statement.
         yield* sql`SELECT pg_advisory_xact_lock(${SECRETS_OWNER}::int, hashtext(${ownerDid}))`
-        const inserted = yield* sql<{ name: string }>`
+        const inserted = yield* sql<{ created_at: Date }>`
           INSERT INTO secrets (owner_did, name, envelope)
           SELECT ${ownerDid}, ${name}, ${envelope}
           WHERE (SELECT count(*) FROM secrets WHERE owner_did = ${ownerDid}) < ${MAX_SECRETS_PER_OWNER}
           ON CONFLICT (owner_did, name) DO NOTHING
-          RETURNING name`
-        if (inserted.length > 0) return "inserted" as const
+          RETURNING created_at`
+        const row = inserted[0]
+        if (row !== undefined) return { createdAt: new Date(row.created_at) }
         const existing = yield* sql<{ n: number }>`
           SELECT 1 AS n FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`
         return existing.length > 0 ? ("exists" as const) : ("limit" as const)
       }).pipe(sql.withTransaction, Effect.mapError(storeError), bounded),
     update: (ownerDid, name, envelope) =>
-      sql<{ name: string }>`
+      sql<{ created_at: Date; rotated_at: Date }>`
         UPDATE secrets SET envelope = ${envelope}, rotated_at = now()
         WHERE owner_did = ${ownerDid} AND name = ${name}
-        RETURNING name`.pipe(
-        Effect.map((rows) => rows.length > 0),
+        RETURNING created_at, rotated_at`.pipe(
+        Effect.map(([row]) =>
+          row === undefined ? undefined : { createdAt: new Date(row.created_at), rotatedAt: new Date(row.rotated_at) }
+        ),
         Effect.mapError(storeError),
         bounded
       ),
@@ -194,6 +238,26 @@ export const makeSqlStore = Effect.gen(function*() {
         ),
         Effect.mapError(storeError),
         bounded
+      ),
+    sealedElsewhere: (keyId, after, limit) =>
+      sql<{ owner_did: string; name: string; envelope: string }>`
+        SELECT owner_did, name, envelope FROM secrets
+        WHERE (owner_did, name) > (${after.ownerDid}, ${after.name}) AND split_part(envelope, '.', 2) <> ${keyId}
+        ORDER BY owner_did, name LIMIT ${limit}`.pipe(
+        Effect.map((rows) => rows.map((r) => ({ ownerDid: r.owner_did, name: r.name, envelope: r.envelope }))),
+        Effect.mapError(storeError),
+        bounded
+      ),
+    swap: (rows) =>
+      rows.length === 0 ? Effect.succeed(0) : sql<{ name: string }>`
+        UPDATE secrets s SET envelope = v.next
+        FROM unnest(${rows.map((r) => r.ownerDid)}::text[], ${rows.map((r) => r.name)}::text[],
+          ${rows.map((r) => r.from)}::text[], ${rows.map((r) => r.to)}::text[]) AS v(owner_did, name, prev, next)
+        WHERE s.owner_did = v.owner_did AND s.name = v.name AND s.envelope = v.prev
+        RETURNING s.name`.pipe(
+        Effect.map((updated) => updated.length),
+        Effect.mapError(storeError),
+        bounded
       )
   }
   return store
@@ -201,34 +265,31 @@ export const makeSqlStore = Effect.gen(function*() {
 
 /** An in-memory store (tests and embedding); times come from the Effect `Clock`. */
 export const makeMemoryStore = Effect.gen(function*() {
-  const rows = yield* Ref.make<
-    ReadonlyMap<string, StoredSecret & { readonly ownerDid: string; readonly name: string }>
-  >(
-    new Map()
-  )
+  type Rows = ReadonlyMap<string, StoredSecret & { readonly ownerDid: string; readonly name: string }>
+  const rows = yield* Ref.make<Rows>(new Map())
   const now = Effect.map(Clock.currentTimeMillis, (ms) => new Date(ms))
   const store: SecretsStoreShape = {
     get: (ownerDid, name) => Ref.get(rows).pipe(Effect.map((m) => m.get(cacheKey(ownerDid, name))?.envelope)),
     insert: (ownerDid, name, envelope) =>
-      Effect.flatMap(now, (createdAt) =>
-        Ref.modify(rows, (m) => {
-          const key = cacheKey(ownerDid, name)
-          if (m.has(key)) return ["exists" as const, m]
-          let owned = 0
-          for (const r of m.values()) if (r.ownerDid === ownerDid) owned++
-          if (owned >= MAX_SECRETS_PER_OWNER) return ["limit" as const, m]
-          return [
-            "inserted" as const,
-            new Map(m).set(key, { ownerDid, name, envelope, createdAt, rotatedAt: undefined })
-          ]
-        })),
+      Effect.flatMap(
+        now,
+        (createdAt) =>
+          Ref.modify(rows, (m): readonly [{ readonly createdAt: Date } | "exists" | "limit", Rows] => {
+            const key = cacheKey(ownerDid, name)
+            if (m.has(key)) return ["exists", m]
+            let owned = 0
+            for (const r of m.values()) if (r.ownerDid === ownerDid) owned++
+            if (owned >= MAX_SECRETS_PER_OWNER) return ["limit", m]
+            return [{ createdAt }, new Map(m).set(key, { ownerDid, name, envelope, createdAt, rotatedAt: undefined })]
+          })
+      ),
     update: (ownerDid, name, envelope) =>
       Effect.flatMap(now, (rotatedAt) =>
         Ref.modify(rows, (m) => {
           const key = cacheKey(ownerDid, name)
           const old = m.get(key)
-          if (old === undefined) return [false, m]
-          return [true, new Map(m).set(key, { ...old, envelope, rotatedAt })]
+          if (old === undefined) return [undefined, m]
+          return [{ createdAt: old.createdAt, rotatedAt }, new Map(m).set(key, { ...old, envelope, rotatedAt })]
         })),
     delete: (ownerDid, name) =>
       Ref.modify(rows, (m) => {
@@ -246,7 +307,21 @@ export const makeMemoryStore = Effect.gen(function*() {
             .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
             .map((r) => ({ name: r.name, createdAt: r.createdAt, rotatedAt: r.rotatedAt }))
         )
-      )
+      ),
+    sealedElsewhere: (keyId, after, limit) =>
+      Effect.map(Ref.get(rows), (m) => Reseal.pageOf([...m.values()], keyId, after, limit)),
+    swap: (swaps) =>
+      Ref.modify(rows, (m) => {
+        const next = new Map(m)
+        const n = Reseal.applySwaps(swaps, (s) => {
+          const key = cacheKey(s.ownerDid, s.name)
+          const old = next.get(key)
+          if (old === undefined || old.envelope !== s.from) return false
+          next.set(key, { ...old, envelope: s.to })
+          return true
+        })
+        return [n, next]
+      })
   }
   return store
 })
@@ -399,7 +474,7 @@ export const make = (
       if (result === "exists") return yield* Effect.fail(new SecretsError({ reason: "already_exists" }))
       if (result === "limit") return yield* Effect.fail(new SecretsError({ reason: "limit_reached" }))
       yield* cache.invalidate(cacheKey(ownerDid, name))
-      return sealed.token
+      return { token: sealed.token, createdAt: result.createdAt, rotatedAt: undefined }
     })
 
     const rotate = Effect.fn("Secrets.rotate")(function*(ownerDid: string, name: string, token?: string) {
@@ -407,8 +482,8 @@ export const make = (
       const sealed = yield* sealNew(keyring, token)
       const updated = yield* store.update(ownerDid, name, sealed.envelope)
       yield* cache.invalidate(cacheKey(ownerDid, name))
-      if (!updated) return yield* Effect.fail(new SecretsError({ reason: "not_found" }))
-      return sealed.token
+      if (updated === undefined) return yield* Effect.fail(new SecretsError({ reason: "not_found" }))
+      return { token: sealed.token, createdAt: updated.createdAt, rotatedAt: updated.rotatedAt }
     })
 
     const remove = Effect.fn("Secrets.remove")(function*(ownerDid: string, name: string) {
@@ -428,7 +503,11 @@ export const make = (
       create: (ownerDid, name, token) => create(ownerDid, name, token),
       rotate: (ownerDid, name, token) => rotate(ownerDid, name, token),
       remove,
-      list
+      list,
+      reseal: () =>
+        keyring.current === undefined
+          ? Effect.fail(new SecretsError({ reason: "no_key" }))
+          : Reseal.resealAll(store, keyring, keyring.current.id)
     }
     return shape
   })
