@@ -31,6 +31,7 @@ const CORE: Record<string, ReadonlyArray<string>> = {
   CursorStore: ["CursorStore", "layerMemory", "layerSql"],
   Database: ["layer", "layerUrl"],
   Delivery: ["Delivery", "layer", "make"],
+  DeliveryOutcomes: ["DeliveryOutcomes", "layerMemory", "layerSql"],
   DeliveryStore: ["DeliveryStore", "layerSql", "makeSql"],
   Destinations: ["Destinations", "makeResolver"],
   DidDocument: [],

@@ -94,8 +94,13 @@ export const maintenanceOptions = (config: FirehookConfigShape): Maintenance.Mai
 /**
  * The delivery worker and what it needs, from the configuration. It uses the in-memory `Registry`
  * when the context has one (a 410 then drops the webhook from this process's matching at once).
+ * `destinations`: the presets (SPEC §4.4; an embedding program's own, `Destinations.layerWith`),
+ * the built-in ones by default.
  */
-export const deliveryLayer = (config: FirehookConfigShape) => {
+export const deliveryLayer = (
+  config: FirehookConfigShape,
+  destinations: Layer.Layer<Destinations> = Destinations.layer
+) => {
   const allowCidrs = parseCidrs(config.delivery.allowCidrs)
   return Delivery.layer().pipe(
     Layer.provide(
@@ -104,7 +109,7 @@ export const deliveryLayer = (config: FirehookConfigShape) => {
         RegistryStore.layerSql,
         Secrets.layerSql,
         SafeHttp.layerDefault({ allowInsecureDev: config.allowInsecureDev, allowCidrs }),
-        Destinations.layer,
+        destinations,
         Publisher.layer(publisherOptions(config)).pipe(Layer.orDie)
       )
     )
@@ -136,6 +141,12 @@ export interface ServiceOptions<E = never, R = never, D = never> {
    * (`DeliveryProcess.supervise`) run in place of the worker; none: the worker runs in this process
    */
   readonly deliveryProcess?: Effect.Effect<void, never, Lifecycle.Lifecycle | Health.Health | Scope.Scope | D>
+  /**
+   * the delivery presets (SPEC §4.4: "an embedding program can add or override presets by providing
+   * its own layer"), e.g. `Destinations.layerWith([...])`; the built-in ones by default. Used by
+   * the worker in this process (not by a delivery child, which runs firehook's own entry point)
+   */
+  readonly destinations?: Layer.Layer<Destinations>
 }
 
 /** 3. The health server, in a scope of its own so that shutdown can stop it at its stage (`http`). */
@@ -188,7 +199,7 @@ const startParts = <E, R, D>(
       // a delivery child (DELIVERY_PROCESS), the child's own feed NOTIFYs them
       if (options.deliveryProcess !== undefined) yield* options.deliveryProcess.pipe(Scope.extend(scope))
       else {
-        yield* Layer.buildWithScope(deliveryLayer(config), scope).pipe(
+        yield* Layer.buildWithScope(deliveryLayer(config, options.destinations), scope).pipe(
           Effect.provide(Context.merge(optional, outcomes))
         )
       }
