@@ -14,7 +14,7 @@ import type { CursorWrite } from "../intake/CursorStore.js"
 import type { StoreError } from "../platform/Persistence.js"
 import type { RegistryShape, WhEventOutcome } from "../registry/Registry.js"
 import { buildPayload, type CanonicalError, eventId } from "./Canonical.js"
-import { matchEvent } from "./Match.js"
+import { matchEvent, type MatchResult } from "./Match.js"
 import * as Outbox from "./Outbox.js"
 import {
   boundRefs,
@@ -27,7 +27,7 @@ import {
 } from "./PriorRefIndex.js"
 import type { PriorRefsStoreShape } from "./PriorRefsStore.js"
 import { extractReferences } from "./References.js"
-import type { WebhookIndex } from "./WebhookIndex.js"
+import { type ActiveWebhook, WebhookIndex, webhookKey } from "./WebhookIndex.js"
 
 export type EventOutcome =
   | { readonly _tag: "acknowledged" }
@@ -155,8 +155,29 @@ const priorReadsOf = (d: Draft, batch: ReadonlyArray<StreamEvent>): Array<string
   return toRead
 }
 
-/** One valid commit event, after its registry mutation: references, matching, prior references. */
-const planEvent = (ctx: PlanContext, d: Draft, i: number, e: RecordEvent, isWh: boolean): void => {
+/** `matches` and those of `more` whose webhook is not among them */
+const withRestored = (
+  matches: ReadonlyArray<MatchResult>,
+  more: ReadonlyArray<MatchResult>
+): ReadonlyArray<MatchResult> => {
+  if (more.length === 0) return matches
+  const keys = new Set(matches.map((m) => m.webhook.key))
+  return [...matches, ...more.filter((m) => !keys.has(m.webhook.key))]
+}
+
+/**
+ * One valid commit event, after its registry mutation: references, matching, prior references.
+ * `restored`: the registrations a delete or pause listed after the event in its commit removed
+ * ahead of it (see `plan`), which the event still matches; undefined (nearly always) when none.
+ */
+const planEvent = (
+  ctx: PlanContext,
+  d: Draft,
+  i: number,
+  e: RecordEvent,
+  isWh: boolean,
+  restored: WebhookIndex | undefined
+): void => {
   const { index, priorLimits } = ctx
   const shared = d.shared
   const record = e.operation === "delete" ? undefined : isWh ? sanitizeWhRecordForDelivery(e.record) : e.record
@@ -164,8 +185,12 @@ const planEvent = (ctx: PlanContext, d: Draft, i: number, e: RecordEvent, isWh: 
   // references: only worth walking when some backlink scope exists
   let newRefs: ReadonlyArray<{ readonly uri: string } & ScopeUri> = []
   let eventTooComplex = false
-  if (record !== undefined && index.backlinkDids().size > 0) {
-    const extracted = extractReferences(record, ctx.isBacklinkDid)
+  const restoredBacklinks = restored !== undefined && restored.backlinkDids().size > 0
+  if (record !== undefined && (index.backlinkDids().size > 0 || restoredBacklinks)) {
+    const extracted = extractReferences(
+      record,
+      restoredBacklinks ? (did) => ctx.isBacklinkDid(did) || restored.isBacklinkDid(did) : ctx.isBacklinkDid
+    )
     if (extracted.tooComplex) {
       d.batchTooComplex++
       eventTooComplex = true
@@ -192,7 +217,9 @@ const planEvent = (ctx: PlanContext, d: Draft, i: number, e: RecordEvent, isWh: 
     }
   }
 
-  const matches = matchEvent(index, e, refs)
+  const matches = restored === undefined
+    ? matchEvent(index, e, refs)
+    : withRestored(matchEvent(index, e, refs), matchEvent(restored, e, refs))
   if (matches.length > 0) {
     const payload = buildPayload(e, record)
     if (Either.isLeft(payload)) {
@@ -306,9 +333,9 @@ const pauses = (record: unknown): boolean =>
  * relay a commit's operations on other collections sit among them), when `i` is not itself a
  * delete. A commit is atomic: an owner at its admission limit that creates a webhook and deletes
  * another in one commit (`applyWrites` lists operations in the client's order, and the streams keep
- * it) ends within the limit, so its deletes and pauses (neither is subject to admission, so
- * applying them first changes nothing else) are applied first. Matching still runs in the listed
- * order.
+ * it) ends within the limit, so its deletes and pauses (neither is subject to admission) are
+ * applied first. Matching still runs in the listed order: the events listed before a delete or pause
+ * still match the registration it removed (`plan` keeps it aside for them).
  */
 const commitReleasesAfter = (
   batch: ReadonlyArray<StreamEvent>,
@@ -347,6 +374,13 @@ export const plan = (
     const appliedEarly = new Map<number, WhEventOutcome>()
     /** the last event of the commit run whose deletes were looked for */
     let commitScannedTo = -1
+    /**
+     * The registrations that run's deletes and pauses removed ahead of it, as an index of their own
+     * (matched besides the registry's: SPEC §2.5, a mutation is visible to the next event only),
+     * each until the position of its delete or pause; undefined when there are none.
+     */
+    let restored: WebhookIndex | undefined = undefined
+    const removedAt: Array<{ readonly at: number; readonly key: string }> = []
     for (let i = 0; i < batch.length; i++) {
       const e = batch[i]
       if (e === undefined) continue
@@ -366,10 +400,19 @@ export const plan = (
           if (i > commitScannedTo) {
             const run = commitReleasesAfter(batch, d, i)
             commitScannedTo = run.end
+            restored = undefined
+            removedAt.length = 0
             for (const j of run.releases) {
               const del = batch[j]
               if (del !== undefined && del.kind === "commit") {
+                const key = webhookKey(del.did, del.rkey)
+                const before: ActiveWebhook | undefined = ctx.index.get(key)
                 appliedEarly.set(j, yield* ctx.registry.applyWhEvent(del))
+                if (before !== undefined && ctx.index.get(key) === undefined) {
+                  restored ??= new WebhookIndex()
+                  restored.upsert(before)
+                  removedAt.push({ at: j, key })
+                }
               }
             }
           }
@@ -381,7 +424,12 @@ export const plan = (
           // the record is still an event other webhooks may watch: fall through to matching
         }
       }
-      planEvent(ctx, d, i, e, isWh)
+      if (restored !== undefined) {
+        // past the commit run: none is kept; at a delete or pause: its registration is gone from here on
+        if (i > commitScannedTo) restored = undefined
+        else for (const x of removedAt) if (x.at <= i) restored.remove(x.key)
+      }
+      planEvent(ctx, d, i, e, isWh, restored)
     }
     return finish(ctx, d)
   })
