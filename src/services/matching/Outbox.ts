@@ -1,6 +1,7 @@
 /**
  * The outbox, write side (SPEC §3.5): payload bodies stored once per event, one row per matched
- * webhook, `ON CONFLICT DO NOTHING` so replays never duplicate a delivery, chunked inserts, the
+ * webhook, keyed by delivery id so replays never duplicate a delivery (an untried row of another
+ * version of the webhook is moved to the newer one: OutboxSql `onConflict`), chunked inserts, the
  * fan-out/size bounds, corruption detection, quarantine rows, and a `NOTIFY` in the same
  * transaction that wakes the delivery workers on commit.
  */
@@ -66,7 +67,7 @@ export interface OutboxStoreShape {
   readonly insertEvents: (
     bodies: ReadonlyArray<EventBody>
   ) => Effect.Effect<ReadonlyMap<string, string>, StoreError>
-  /** insert rows (one chunk); returns how many were new */
+  /** insert rows (one chunk); returns how many were new (or an untried row moved to a new version) */
   readonly insertRows: (rows: ReadonlyArray<OutboxRow>) => Effect.Effect<number, StoreError>
   readonly insertQuarantine: (rows: ReadonlyArray<QuarantineRow>) => Effect.Effect<void, StoreError>
   readonly notify: Effect.Effect<void, StoreError>
@@ -115,7 +116,7 @@ export interface BatchCommitResult extends BatchInsert {
 export interface BatchInsert {
   /** the stored sha256 of every given event id that already existed */
   readonly existing: ReadonlyMap<string, string>
-  /** outbox rows inserted (new) */
+  /** outbox rows inserted (new, or an untried row moved to a new version of its webhook) */
   readonly inserted: number
 }
 

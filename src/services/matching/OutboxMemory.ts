@@ -17,6 +17,20 @@ export class MemoryOutboxState extends Context.Tag("firehook/MemoryOutboxState")
   Ref.Ref<MemoryOutbox>
 >() {}
 
+/**
+ * Put a row unless its delivery id has one; a row of another fingerprint is replaced (as the SQL
+ * store moves an untried row to the new version: nothing here is ever tried). Whether it counts:
+ * once per id per call (`putIds`: the ids this call put), as one SQL statement.
+ */
+const put = (s: MemoryOutbox, r: OutboxRow, putIds: Set<string>): boolean => {
+  const prev = s.rows.get(r.deliveryId)
+  if (prev !== undefined && prev.fingerprint === r.fingerprint) return false
+  s.rows.set(r.deliveryId, r)
+  if (putIds.has(r.deliveryId)) return false
+  putIds.add(r.deliveryId)
+  return true
+}
+
 /** The store over the {@link MemoryOutboxState} it is given. */
 export const makeMemory = Effect.gen(function*() {
   const state = yield* MemoryOutboxState
@@ -34,12 +48,8 @@ export const makeMemory = Effect.gen(function*() {
     insertRows: (rows) =>
       Ref.modify(state, (s) => {
         let n = 0
-        for (const r of rows) {
-          if (!s.rows.has(r.deliveryId)) {
-            s.rows.set(r.deliveryId, r)
-            n++
-          }
-        }
+        const putIds = new Set<string>()
+        for (const r of rows) if (put(s, r, putIds)) n++
         return [n, s]
       }),
     insertQuarantine: (rows) =>
@@ -62,11 +72,11 @@ export const makeMemory = Effect.gen(function*() {
           else existing.set(b.eventId, prev.sha256)
         }
         let inserted = 0
+        const putIds = new Set<string>()
         for (const r of rows) {
           const stored = existing.get(r.eventId) ?? sha.get(r.eventId)
-          if (stored === undefined || stored !== sha.get(r.eventId) || s.rows.has(r.deliveryId)) continue
-          s.rows.set(r.deliveryId, r)
-          inserted++
+          if (stored === undefined || stored !== sha.get(r.eventId)) continue
+          if (put(s, r, putIds)) inserted++
         }
         if (inserted > 0) s.notifications++
         return [{ existing, inserted }, s]

@@ -34,6 +34,58 @@ const existingOf = (v: unknown): ReadonlyMap<string, string> => {
   return existing
 }
 
+/**
+ * The rows given, as the relation `outbox_rows` (one CTE, read by the insert and by the move).
+ */
+const rowsCte = (sql: SqlClient.SqlClient, c: ReturnType<typeof columns>) =>
+  sql`outbox_rows AS (
+      SELECT * FROM unnest(${c.deliveryId}::text[], ${c.eventId}::text[], ${c.ownerDid}::text[],
+        ${c.webhookRkey}::text[], ${c.matchKind}::text[], ${c.eventDid}::text[], ${c.eventCollection}::text[],
+        ${c.eventRkey}::text[], ${c.eventOperation}::text[], ${c.targetUrl}::text[], ${c.signingMode}::text[],
+        ${c.secretId}::text[], ${c.fingerprint}::text[], ${c.origin}::text[])
+        AS r(delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection, event_rkey,
+          event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
+    )`
+
+/**
+ * `outbox_moved`: an existing row of the same delivery id (event + owner + rkey: an earlier match of
+ * the event by another version of the webhook, e.g. the direct stream read a post before the
+ * registry stream read the webhook's new URL) is moved to the given, newer registration when that
+ * matters and nothing of it was tried: another fingerprint, not attempted (`attempt_count = 0`) and
+ * either `pending` (not leased) or cancelled `subscription_changed` (`delivery/Attempt.ts`: the
+ * check at delivery saw the new version). Such a row is pending and due now, like a new one, and
+ * counts as inserted (it wakes the workers). A row attempted, leased, delivered or dead-lettered is
+ * kept (at least once: its version was tried). An UPDATE, not `ON CONFLICT DO UPDATE`: that would
+ * lock every conflicting row (a replay's, which the workers are settling) until the commit, whether
+ * or not it moves; this locks only the rows it moves, and reads the table only for the rows the
+ * insert (`outbox_new`, which it cannot see: one snapshot) did not take, so a batch without
+ * conflicts costs nothing more. `valid`: the rows' condition of the insert (a body that matches).
+ */
+const movedCte = (sql: SqlClient.SqlClient, valid: Statement.Fragment) =>
+  sql`outbox_moved AS (
+      UPDATE outbox o SET match_kind = r.match_kind, target_url = r.target_url, signing_mode = r.signing_mode,
+        secret_id = r.secret_id, fingerprint = r.fingerprint, origin = r.origin, status = 'pending',
+        next_attempt_at = now(), lease_token = NULL, leased_until = NULL, last_error_kind = NULL,
+        last_http_status = NULL, finished_at = NULL, crash_count = 0, updated_at = now()
+      FROM outbox_rows r
+      WHERE r.delivery_id NOT IN (SELECT delivery_id FROM outbox_new) AND ${valid}
+        AND o.delivery_id = r.delivery_id AND o.fingerprint IS DISTINCT FROM r.fingerprint AND o.attempt_count = 0
+        AND (o.status = 'pending' OR (o.status = 'cancelled' AND o.last_error_kind = 'subscription_changed'))
+      RETURNING o.delivery_id
+    ), outbox_inserted AS (
+      SELECT delivery_id FROM outbox_new UNION ALL SELECT delivery_id FROM outbox_moved
+    )`
+
+/**
+ * One row per delivery id, in first-seen order with the last one's values (what two statements
+ * would leave): `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement.
+ */
+const uniqueRows = (rows: ReadonlyArray<OutboxRow>): ReadonlyArray<OutboxRow> => {
+  const byId = new Map<string, OutboxRow>()
+  for (const r of rows) byId.set(r.deliveryId, r)
+  return byId.size === rows.length ? rows : [...byId.values()]
+}
+
 const quarantineInsert = (sql: SqlClient.SqlClient, rows: ReadonlyArray<QuarantineRow>) =>
   sql`INSERT INTO quarantine ${
     sql.insert(
@@ -50,9 +102,10 @@ const quarantineInsert = (sql: SqlClient.SqlClient, rows: ReadonlyArray<Quaranti
 /**
  * Bodies, rows and NOTIFY as data-modifying CTEs (`outbox_bodies`, `outbox_events`,
  * `outbox_inserted`, `outbox_count`, `outbox_notified`, `outbox_corrupt`): the body insert touches
- * an existing body (see `insertEvents`); rows are inserted only for events whose stored body is the
- * one given; the NOTIFY runs only when a row was inserted; each `corruption` row whose event's
- * stored body differs is inserted into the quarantine.
+ * an existing body (see `insertEvents`); rows are inserted (or an untried row moved to a new
+ * version, `onConflict`) only for events whose stored body is the one given; the NOTIFY runs only
+ * when a row was inserted; each `corruption` row whose event's stored body differs is inserted
+ * into the quarantine.
  */
 const outboxCtes = (
   sql: SqlClient.SqlClient,
@@ -60,7 +113,7 @@ const outboxCtes = (
   rows: ReadonlyArray<OutboxRow>,
   corruption: ReadonlyArray<CorruptionCandidate>
 ) => {
-  const c = columns(rows)
+  const c = columns(uniqueRows(rows))
   const q = {
     eventId: corruption.map((x) => x.eventId),
     stream: corruption.map((x) => x.row.stream),
@@ -77,19 +130,14 @@ const outboxCtes = (
       RETURNING event_id, body_sha256, (xmax = 0) AS inserted
     ), outbox_mismatch AS (
       SELECT e.event_id FROM outbox_events e JOIN outbox_bodies b USING (event_id) WHERE e.body_sha256 <> b.body_sha256
-    ), outbox_inserted AS (
+    ), ${rowsCte(sql, c)}, outbox_new AS (
       INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection,
         event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
-      SELECT r.* FROM unnest(${c.deliveryId}::text[], ${c.eventId}::text[], ${c.ownerDid}::text[],
-        ${c.webhookRkey}::text[], ${c.matchKind}::text[], ${c.eventDid}::text[], ${c.eventCollection}::text[],
-        ${c.eventRkey}::text[], ${c.eventOperation}::text[], ${c.targetUrl}::text[], ${c.signingMode}::text[],
-        ${c.secretId}::text[], ${c.fingerprint}::text[], ${c.origin}::text[])
-        AS r(delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did, event_collection, event_rkey,
-          event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
+      SELECT r.* FROM outbox_rows r
       WHERE r.event_id NOT IN (SELECT event_id FROM outbox_mismatch)
       ON CONFLICT (delivery_id) DO NOTHING
       RETURNING delivery_id
-    ), outbox_count AS (
+    ), ${movedCte(sql, sql`r.event_id NOT IN (SELECT event_id FROM outbox_mismatch)`)}, outbox_count AS (
       SELECT count(*)::int AS c FROM outbox_inserted
     ), outbox_notified AS (
       ${notifyStatement(sql)} FROM outbox_count WHERE c > 0
@@ -133,28 +181,14 @@ export const makeSql = Effect.gen(function*() {
     insertRows: (rows) =>
       rows.length === 0
         ? Effect.succeed(0)
-        : sql<{ delivery_id: string }>`
-          INSERT INTO outbox ${
-          sql.insert(
-            rows.map((r) => ({
-              delivery_id: r.deliveryId,
-              event_id: r.eventId,
-              owner_did: r.ownerDid,
-              webhook_rkey: r.webhookRkey,
-              match_kind: r.matchKind,
-              event_did: r.eventDid,
-              event_collection: r.eventCollection,
-              event_rkey: r.eventRkey,
-              event_operation: r.eventOperation,
-              target_url: r.targetUrl,
-              signing_mode: r.signingMode,
-              secret_id: r.secretId ?? null,
-              fingerprint: r.fingerprint,
-              origin: originKey(r.targetUrl)
-            }))
-          )
-        }
-          ON CONFLICT (delivery_id) DO NOTHING RETURNING delivery_id`.pipe(
+        : sql<{ delivery_id: string }>`WITH ${rowsCte(sql, columns(uniqueRows(rows)))}, outbox_new AS (
+            INSERT INTO outbox (delivery_id, event_id, owner_did, webhook_rkey, match_kind, event_did,
+              event_collection, event_rkey, event_operation, target_url, signing_mode, secret_id, fingerprint, origin)
+            SELECT r.* FROM outbox_rows r
+            ON CONFLICT (delivery_id) DO NOTHING
+            RETURNING delivery_id
+          ), ${movedCte(sql, sql`true`)}
+          SELECT delivery_id FROM outbox_inserted`.pipe(
           Effect.map((r) => r.length),
           storeOp("outbox.insertRows")
         ),
