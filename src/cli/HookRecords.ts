@@ -27,6 +27,7 @@ import { type ValidatedWh, validateWhRecord, WH_COLLECTION, type WhRecordErrorKi
 import * as SecretBox from "../services/delivery/SecretBox.js"
 import * as Config from "../services/platform/Config.js"
 import { classify, failed, HooksFailed, HooksInvalid, invalid, type Operation, own } from "./HookErrors.js"
+import { fetchNoRedirect, isSafeEndpoint } from "./HookErrors.js"
 
 export { HooksFailed, type HooksFailureReason, HooksInvalid } from "./HookErrors.js"
 
@@ -307,6 +308,8 @@ export interface WebhookSummary {
   /** `scope.aturi` as stored (undefined when not a string) */
   readonly scope: string | undefined
   readonly backlinks: boolean
+  /** `scope.backlinksOnly`: fires for backlinks only, never for the scope's own records */
+  readonly backlinksOnly: boolean
   /** as stored; empty = all operations */
   readonly events: ReadonlyArray<string>
   readonly enabled: boolean
@@ -338,7 +341,8 @@ export const summarize = (
     uri: rec.uri,
     cid: rec.cid,
     scope: typeof aturi === "string" ? aturi : undefined,
-    backlinks: own(scope, "backlinks") === true,
+    backlinks: own(scope, "backlinks") === true || own(scope, "backlinksOnly") === true,
+    backlinksOnly: own(scope, "backlinksOnly") === true,
     events: Array.isArray(events) ? events.filter((e): e is string => typeof e === "string") : [],
     enabled: own(v, "enabled") !== false,
     signing: own(v, "secret") !== undefined ? "secret" : secretId !== undefined ? "secretId" : "none",
@@ -544,7 +548,7 @@ export const make = (conn: Connection, options: HooksOptions): Effect.Effect<Hoo
       (c) => Effect.sync(() => c.abort())
     )
     const boundFetch = (input: Parameters<typeof fetch>[0], init?: RequestInit): Promise<Response> =>
-      fetch(input, {
+      fetchNoRedirect(input, {
         ...init,
         signal: init?.signal ? AbortSignal.any([init.signal, controller.signal]) : controller.signal
       })
@@ -566,6 +570,8 @@ export const make = (conn: Connection, options: HooksOptions): Effect.Effect<Hoo
     )
     const did = agent.session?.did
     if (did === undefined) return yield* failed("invalid_response", "the PDS sent an invalid response to login")
+    // the access token goes to the PDS in the account's DID document: never over clear http
+    if (!isSafeEndpoint(agent.pdsUrl)) return yield* failed("pds", "the account's PDS (DID document) is not https://")
 
     const session: Session = { agent, did, allowInsecureDev, call }
     const serviceToken = (aud: string, lxm: string) =>

@@ -100,6 +100,7 @@ const summaryJson = (w: Hooks.WebhookSummary, showUrls: boolean) => ({
   cid: w.cid,
   scope: w.scope ?? null,
   backlinks: w.backlinks,
+  backlinksOnly: w.backlinksOnly,
   events: w.events.length === 0 ? ["create", "update", "delete"] : w.events,
   enabled: w.enabled,
   signing: w.signing,
@@ -128,7 +129,9 @@ const hooksList = Command.make("list", { json, showUrls, ...connectionOptions },
         listed.webhooks.map((w) => {
           const r = [
             w.rkey,
-            w.scope === undefined ? undefined : `${w.scope}${w.backlinks ? " +backlinks" : ""}`,
+            w.scope === undefined
+              ? undefined
+              : `${w.scope}${w.backlinksOnly ? " +backlinks only" : w.backlinks ? " +backlinks" : ""}`,
             w.events.length === 0 ? "all" : w.events.join(","),
             w.enabled ? "yes" : "no",
             w.signing === "secretId" ? `secretId:${w.secretId ?? "?"}` : w.signing,

@@ -9,7 +9,18 @@ import { Effect } from "effect"
 
 export const write = (stream: NodeJS.WriteStream, text: string) => Effect.sync(() => void stream.write(text))
 export const out = (text: string) => write(process.stdout, text.endsWith("\n") ? text : `${text}\n`)
-export const printJson = (value: unknown) => out(JSON.stringify(value, null, 2))
+/**
+ * Indented JSON for a terminal: `JSON.stringify` escapes U+0000–U+001F but not DEL and the C1
+ * controls U+0080–U+009F (U+009B is CSI), which occur only inside strings, so escaping them keeps
+ * the JSON valid and the terminal safe from the values of other people's records.
+ */
+export const terminalJson = (value: unknown): string =>
+  JSON.stringify(value, null, 2).replace(
+    /[\u007f-\u009f]/g,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`
+  )
+
+export const printJson = (value: unknown) => out(terminalJson(value))
 
 /** Wait until everything written so far has been handed to the OS (before the process exits). */
 export const flush = (stream: NodeJS.WriteStream) =>

@@ -27,7 +27,7 @@ import {
 import { usage } from "./Failure.js"
 import { connectionOptions, rkeyArg } from "./HookOptions.js"
 import * as Hooks from "./HookRecords.js"
-import { out, printJson, write } from "./Output.js"
+import { cell, out, printJson, write } from "./Output.js"
 import * as OwnerApi from "./OwnerApi.js"
 import * as View from "./OwnerApiView.js"
 import { tail } from "./OwnerTail.js"
@@ -253,8 +253,8 @@ const secretsCreateOrRotate = (name: "create" | "rotate") =>
         ? yield* callWith(o, yield* OwnerApi.request(SecretLexicon.create, raw, flags))
         : yield* callWith(o, yield* OwnerApi.request(SecretLexicon.rotate, raw, flags))
       if (o.json) return yield* printJson(res)
-      // the token, once, as the only line (as the operator's `secrets create` prints it)
-      yield* out(res.token)
+      // the token, once, as the only line (as the operator's `secrets create` prints it; no control character)
+      yield* out(cell(res.token))
     })).pipe(
       Command.withDescription(
         name === "create"

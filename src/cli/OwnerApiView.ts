@@ -6,7 +6,7 @@
 import type { Schema } from "effect"
 import type * as SecretLexicon from "../schemas/SecretLexicon.js"
 import type * as WebhookLexicon from "../schemas/WebhookLexicon.js"
-import { cell, REDACTED_URL, table } from "./Output.js"
+import { cell, REDACTED_URL, table, terminalJson } from "./Output.js"
 import type { TailFrame } from "./OwnerTail.js"
 
 export const REDACTED = REDACTED_URL
@@ -102,7 +102,7 @@ export const deliveryDetail = (res: GetDelivery): string => {
   const older = res.olderAttempts > 0 ? [`(${res.olderAttempts} older attempts not shown)`] : []
   const payload = res.payload === undefined
     ? ["payload: no longer retained"]
-    : ["payload:", JSON.stringify(res.payload, null, 2)]
+    : ["payload:", terminalJson(res.payload)]
   return [...lines, "", ...attempts, ...older, "", ...payload].join("\n")
 }
 

@@ -7,7 +7,7 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { ConfigProvider, Effect, Either, Option, Redacted } from "effect"
-import { classify } from "../../src/cli/HookErrors.js"
+import { classify, PdsRedirect } from "../../src/cli/HookErrors.js"
 import * as Hooks from "../../src/cli/HookRecords.js"
 import { PDS_DID } from "./hook-records-fake-pds.js"
 import { draft, POSTS, refusal, URL_A, WH } from "./hook-records-support.js"
@@ -231,15 +231,15 @@ describe("firehook hooks: a PDS's failure as one line (classify)", () => {
       "login",
       "login failed: invalid identifier or password"
     ])
-    expect(c("login", xrpc(401, "AuthFactorTokenRequired"))).toEqual([
-      "login",
-      "login failed: invalid identifier or password"
-    ])
-    expect(c("login", xrpc(400, "AuthFactorTokenRequired"))).toEqual([
-      "login",
-      "login failed: the account requires a sign-in code; use an app password"
-    ])
-    expect(c("login", xrpc(400, "AccountTakedown"))).toEqual(["login", "login failed: the account is taken down"])
+    // by name before the status: the reference PDS sends a taken-down account (and an entryway a
+    // sign-in code request) with 401, which is not a wrong password
+    for (const status of [400, 401]) {
+      expect(c("login", xrpc(status, "AuthFactorTokenRequired"))).toEqual([
+        "login",
+        "login failed: the account requires a sign-in code; use an app password"
+      ])
+      expect(c("login", xrpc(status, "AccountTakedown"))).toEqual(["login", "login failed: the account is taken down"])
+    }
     expect(c("login", xrpc(400, "Odd Name!<x>"))).toEqual(["login", "login failed: the PDS answered 400 OddNamex"])
     expect(c("login", xrpc(400, ""))).toEqual(["login", "login failed: the PDS answered 400 error"])
     expect(c("login", xrpc(429, "RateLimitExceeded"))).toEqual([
@@ -286,6 +286,15 @@ describe("firehook hooks: a PDS's failure as one line (classify)", () => {
       "invalid_response",
       "the PDS sent an invalid response to listRecords"
     ])
+    // a redirect refused by the session's fetch (XRPCError.from keeps it as the cause), never followed
+    const redirect = new PdsRedirect({ status: 307 })
+    expect(c("login", redirect)).toEqual(["login", "login failed: the PDS answered 307, a redirect (not followed)"])
+    expect(c("login", Object.assign(new Error("x", { cause: redirect }), { status: 404, error: "XRPCNotSupported" })))
+      .toEqual(["login", "login failed: the PDS answered 307, a redirect (not followed)"])
+    expect(c("listRecords", new Error("x", { cause: new PdsRedirect({ status: 308 }) }))).toEqual([
+      "pds",
+      "the PDS refused listRecords (308, a redirect, not followed)"
+    ])
     // a getter is never invoked: only own data properties are read
     const getter = Object.defineProperty({}, "status", { get: () => 401, enumerable: true })
     expect(c("listRecords", getter)[0]).toBe("unreachable")
@@ -303,6 +312,7 @@ describe("firehook hooks: list's summary of a stored record (summarize)", () => 
       cid: "bafyc",
       scope: POSTS,
       backlinks: false,
+      backlinksOnly: false,
       events: [],
       enabled: true,
       signing: "none",
@@ -330,6 +340,18 @@ describe("firehook hooks: list's summary of a stored record (summarize)", () => 
       secretId: "main",
       validation: "ok"
     })
+    // backlinksOnly (SPEC §1) fires for backlinks only and implies backlinks; only exactly true counts
+    const only = (scope: unknown) => Hooks.summarize({ uri, cid: "c", value: { ...base, scope } }, false)
+    expect(only({ aturi: POSTS, backlinksOnly: true })).toMatchObject({
+      backlinks: true,
+      backlinksOnly: true,
+      validation: "ok"
+    })
+    expect(only({ aturi: POSTS, backlinks: true, backlinksOnly: true })).toMatchObject({
+      backlinks: true,
+      backlinksOnly: true
+    })
+    expect(only({ aturi: POSTS, backlinksOnly: "yes" })).toMatchObject({ backlinks: false, backlinksOnly: false })
     // an enabled flag that is not exactly false counts as enabled (the service's default)
     expect(Hooks.summarize({ uri, cid: "c", value: { ...base, enabled: true } }, false).enabled).toBe(true)
   })

@@ -166,6 +166,31 @@ describe("firehook hooks create|list|enable|disable|delete (the commands, in-pro
       expect(lines(long.stdout).at(-1)).toBe("(the first 5000 records; more exist)")
     }))
 
+  it.scoped("list: a backlinksOnly webhook (SPEC §1: backlinks only, never the scope's own records) is a backlink one", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      pds.records.set("only", {
+        cid: pds.nextCid(),
+        value: {
+          $type: WH,
+          scope: { aturi: POSTS, backlinksOnly: true },
+          url: URL_A,
+          createdAt: "2026-01-01T00:00:00Z"
+        }
+      })
+      const json = yield* run(pds, ["list", "--json"])
+      expect(json.code, json.line).toBe(0)
+      const listed = JSON.parse(json.stdout) as { webhooks: ReadonlyArray<Record<string, unknown>> }
+      expect(listed.webhooks.map((w) => [w["rkey"], w["backlinks"], w["backlinksOnly"], w["accepted"]])).toEqual([[
+        "only",
+        true,
+        true,
+        true
+      ]])
+      const table = yield* run(pds, ["list"])
+      expect(lines(table.stdout)[1]?.trim().split(/\s+/).slice(0, 4)).toEqual(["only", POSTS, "+backlinks", "only"])
+    }))
+
   it.scoped("--pds, --identifier and --password sign in without the environment's values and win over them", () =>
     Effect.gen(function*() {
       const pds = yield* fakePds

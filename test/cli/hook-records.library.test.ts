@@ -6,7 +6,7 @@
  * and firehook.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Option, Redacted, TestClock } from "effect"
+import { Effect, Either, Option, Redacted, TestClock } from "effect"
 import * as Hooks from "../../src/cli/HookRecords.js"
 import { fakePds, PDS_DID, PDS_HANDLE, writes } from "./hook-records-fake-pds.js"
 import { conn, draft, failureOf, POSTS, signedIn, URL_A, WH } from "./hook-records-support.js"
@@ -134,6 +134,59 @@ describe("firehook hooks: the library signed in to a PDS", () => {
         "com.atproto.server.createSession",
         "com.atproto.server.deleteSession"
       ])
+    }))
+
+  it.scoped("sign-in: a taken-down account and a sign-in code request are said as such, though sent with 401", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      const refusedWith = (error: string) =>
+        Effect.gen(function*() {
+          // as @atproto/pds (AuthRequiredError) and Bluesky's entryway send them
+          pds.override.set("com.atproto.server.createSession", () => ({ status: 401, body: { error, message: "x" } }))
+          return yield* failureOf(signedIn(pds, (h) => Effect.succeed(h.did)))
+        })
+      expect(yield* refusedWith("AccountTakedown")).toMatchObject({
+        reason: "login",
+        text: "login failed: the account is taken down"
+      })
+      expect(yield* refusedWith("AuthFactorTokenRequired")).toMatchObject({
+        reason: "login",
+        text: "login failed: the account requires a sign-in code; use an app password"
+      })
+    }))
+
+  it.scoped("sign-in: the session is never sent to a DID document's http:// PDS other than a loopback one", () =>
+    Effect.gen(function*() {
+      const pds = yield* fakePds
+      const token = (scope: string) =>
+        ["{\"alg\":\"ES256K\"}", JSON.stringify({ scope, sub: PDS_DID, exp: 4_000_000_000 }), "sig"]
+          .map((part) => Buffer.from(part, "utf8").toString("base64url")).join(".")
+      const withEndpoint = (serviceEndpoint: string) => {
+        const didDoc = {
+          id: PDS_DID,
+          service: [{ id: "#atproto_pds", type: "AtprotoPersonalDataServer", serviceEndpoint }]
+        }
+        const session = { did: PDS_DID, handle: PDS_HANDLE, active: true, didDoc }
+        const body = { ...session, accessJwt: token("com.atproto.appPass"), refreshJwt: token("com.atproto.refresh") }
+        pds.override.set("com.atproto.server.createSession", () => ({ status: 200, body }))
+        pds.calls.length = 0
+      }
+      withEndpoint("http://pds.invalid")
+      const e = yield* Effect.either(signedIn(pds, (h) => h.list))
+      expect(Either.getLeft(e).pipe(Option.map((f) => [f.reason, f.text]), Option.getOrUndefined)).toEqual([
+        "pds",
+        "the account's PDS (DID document) is not https://"
+      ])
+      // the session was deleted at the named PDS (the refresh token goes there only), nothing else asked
+      expect(pds.calls.map((c) => c.nsid)).toEqual([
+        "com.atproto.server.createSession",
+        "com.atproto.server.deleteSession"
+      ])
+      // http:// to a loopback host (as --pds allows it): this PDS itself
+      withEndpoint(pds.url)
+      const listed = yield* signedIn(pds, (h) => h.list)
+      expect(listed.did).toBe(PDS_DID)
+      expect(pds.calls.map((c) => c.nsid)).toContain("com.atproto.repo.listRecords")
     }))
 
   it.scoped("list: every page (100 records a page, the cursor passed on), summaries in order, not truncated", () =>

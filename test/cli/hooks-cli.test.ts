@@ -324,6 +324,7 @@ describe("firehook hooks (webhook owners' CLI) on a real PDS", () => {
         cid: a.cid,
         scope: `at://${did}/app.bsky.feed.post`,
         backlinks: false,
+        backlinksOnly: false,
         events: ["create", "update", "delete"],
         enabled: true,
         signing: "secret",

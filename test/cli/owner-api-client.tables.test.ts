@@ -83,6 +83,22 @@ describe("the tables", () => {
     expect(none).not.toContain("older attempts")
   })
 
+  it("a delivery's payload: valid JSON, with DEL and the C1 controls (U+009B is CSI) escaped as well", () => {
+    // the payload is a record from any repo the webhook matched (a backlink: a third party's)
+    const record = { text: "hi\u009b2J\u009b31mowned\u007f", "k\u0085": 1, plain: "é ✓", nl: "a\nb" }
+    const detail = checked(WebhookLexicon.getDelivery, {
+      delivery: { ...delivery, match: "backlink" },
+      payload: { record },
+      attempts: [],
+      olderAttempts: 0
+    }) as typeof WebhookLexicon.getDelivery.output.Type
+    const text = View.deliveryDetail(detail)
+    expect(text).not.toMatch(/[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/)
+    const json = text.slice(text.indexOf("payload:\n") + "payload:\n".length)
+    expect(json).toContain("\\u009b2J\\u009b31mowned\\u007f")
+    expect(JSON.parse(json)).toEqual({ record })
+  })
+
   it("deliveries and secrets", () => {
     const d = checked(WebhookLexicon.listDeliveries, {
       deliveries: [delivery]

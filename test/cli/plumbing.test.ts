@@ -13,7 +13,7 @@ import { Cause, Effect, Either, Option, TestClock } from "effect"
 import { checkDeliveryId, checkDid, checkName, checkRkey, ERROR_KINDS, parseRange } from "../../src/cli/Arguments.js"
 import { describeFailure, Failed, redactArgs, UsageError } from "../../src/cli/Failure.js"
 import { HooksFailed, HooksInvalid } from "../../src/cli/HookErrors.js"
-import { cell, table } from "../../src/cli/Output.js"
+import { cell, table, terminalJson } from "../../src/cli/Output.js"
 import { SecretsError } from "../../src/services/delivery/Secrets.js"
 import { InvalidArgument } from "../../src/services/operator/Operator.js"
 import * as Database from "../../src/services/platform/Database.js"
@@ -314,6 +314,16 @@ describe("arguments never echoed (redactArgs)", () => {
 
 // ---------------------------------------------------------------------------------------------
 // Tables
+
+describe("--json for a terminal (terminalJson, printJson's text)", () => {
+  it("DEL and the C1 controls (U+009B is CSI) are escaped; the JSON still parses to the same value", () => {
+    const value = { text: "hi\u009b2J\u009b31mowned\u007f", n: 1, nested: ["\u0085"] }
+    const text = terminalJson(value)
+    expect(text).not.toMatch(/[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/)
+    expect(text).toContain("\\u009b2J")
+    expect(JSON.parse(text)).toEqual(value)
+  })
+})
 
 describe("tables (cell, table)", () => {
   it("a cell never carries a control character; a missing value is -", () => {
