@@ -101,7 +101,7 @@ const shell = (secret: string, body: Buffer, headers: Record<string, string>) =>
         WEBHOOK_TIMESTAMP: headers["webhook-timestamp"] ?? ""
       },
       encoding: "utf8",
-      timeout: 5_000
+      timeout: 30_000
     })
     return out.stdout.trim().split("\n")
   } finally {
