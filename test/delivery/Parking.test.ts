@@ -160,6 +160,94 @@ describe("Parking.parkPass", () => {
       expect(env.state.parked.size).toBe(0)
     }))
 
+  it.effect("rows moved by a park statement before a later one of the pass failed are unparked when the origin recovers early", () =>
+    Effect.gen(function*() {
+      // the first statement moves a whole chunk, the second fails (a dropped connection)
+      let parks = 0
+      const unparks: Array<ReadonlyArray<ParkedOrigin>> = []
+      const store = {
+        park: () =>
+          Effect.suspend(() =>
+            ++parks === 1
+              ? Effect.succeed(PARK_CHUNK)
+              : Effect.fail(new StoreError({ op: "delivery.park", code: "57P01" }))
+          ),
+        unpark: (origins: ReadonlyArray<ParkedOrigin>) => Effect.sync(() => (unparks.push(origins), PARK_CHUNK - 1))
+      }
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 60_000 })
+      const env = yield* passEnv(store, breaker)
+      breaker.onTransientFailure(O, 0)
+      expect(Either.isLeft(yield* Effect.either(parkPass(env)))).toBe(true)
+      expect(parks).toBe(2)
+      // recorded although the pass failed: the rows of the first statement are at 60 s
+      expect(env.state.parked.get(O)).toBe(60_000)
+      // an attempt started before the trip succeeds at 1 s: closed again
+      yield* TestClock.adjust(Duration.seconds(1))
+      breaker.onSuccess(O)
+      // old code: nothing held, nothing recorded: no unpark, the rows waited until 60 s
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: PARK_CHUNK - 1 })
+      expect(unparks).toEqual([[{ origin: O, untilMs: 60_000 }]])
+      expect(env.state.parked.size).toBe(0)
+    }))
+
+  it.effect("a park statement that fails before moving a row: the recorded time unparks nothing and costs one statement", () =>
+    Effect.gen(function*() {
+      const calls: Array<string> = []
+      let fail = true
+      const store = {
+        park: () =>
+          Effect.suspend(
+            () => (calls.push("park"),
+              fail ? Effect.fail(new StoreError({ op: "delivery.park", code: "57P01" })) : Effect.succeed(0))
+          ),
+        unpark: () => Effect.sync(() => (calls.push("unpark"), 0))
+      }
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 60_000 })
+      const env = yield* passEnv(store, breaker)
+      breaker.onTransientFailure(O, 0)
+      expect(Either.isLeft(yield* Effect.either(parkPass(env)))).toBe(true)
+      // still held: the next pass parks again (the recorded time does not stop it)
+      fail = false
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: 0 })
+      expect(calls).toEqual(["park", "park"])
+      // recovered early: one unpark that moves nothing, and the claim loop is not woken for it
+      breaker.onSuccess(O)
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: 0 })
+      expect(calls).toEqual(["park", "park", "unpark"])
+      expect(env.state.notified).toBe(false)
+      expect(env.state.parked.size).toBe(0)
+    }))
+
+  it.effect("held again until an earlier time with more parked rows than one pass unparks: the later time is kept until they are all back", () =>
+    Effect.gen(function*() {
+      const unparks: Array<ReadonlyArray<ParkedOrigin>> = []
+      let unparkAnswer = PARK_CHUNK
+      const store = {
+        park: () => Effect.succeed(0),
+        unpark: (origins: ReadonlyArray<ParkedOrigin>) => Effect.sync(() => (unparks.push(origins), unparkAnswer))
+      }
+      const breaker = makeCircuitBreaker({ threshold: 1, cooldownMs: 1_000, probeTimeoutMs: 60_000 })
+      const env = yield* passEnv(store, breaker)
+      breaker.onTransientFailure(O, 0)
+      yield* parkPass(env)
+      // the probe at 1 s: parked until its deadline, 61 s
+      yield* TestClock.adjust(Duration.millis(1_000))
+      expect(breaker.canAttempt(O, 1_000)).toBe("probe")
+      yield* parkPass(env)
+      expect(env.state.parked.get(O)).toBe(61_000)
+      // the probe fails at 1.5 s: open until 3.5 s; the pass unparks whole chunks up to its bound
+      yield* TestClock.adjust(Duration.millis(500))
+      breaker.onTransientFailure(O, 1_500)
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: PARK_CHUNKS_PER_PASS * PARK_CHUNK })
+      // old code: 3.5 s was recorded and the rows still at 61 s were never unparked
+      expect(env.state.parked.get(O)).toBe(61_000)
+      unparks.splice(0)
+      unparkAnswer = 7
+      expect(yield* parkPass(env)).toEqual({ parked: 0, unparked: 7 })
+      expect(unparks).toEqual([[{ origin: O, untilMs: 61_000 }]])
+      expect(env.state.parked.get(O)).toBe(3_500)
+    }))
+
   it.effect("an open origin with a backlog beyond one statement's chunk is parked whole in one pass, up to the pass's bound", () =>
     Effect.gen(function*() {
       // the store moves a full chunk twice, then the rest; then, for a second origin, full chunks for ever

@@ -21,9 +21,10 @@ import { PARK_CHUNK, PARK_ORIGINS_MAX, type ParkedOrigin, STATEMENT_TIMEOUT } fr
 /** The offset is measured again at most this often (only while origins are parked or unparked). */
 export const PARK_CLOCK_REMEASURE_MS = 60_000
 /**
- * A measured offset smaller than this is taken as none, and a new measurement replaces the offset in
- * use only when it differs from it by this much: `unpark` finds the rows by the exact time `park`
- * wrote, so the offset must not change between them with the noise of each measurement.
+ * A new measurement replaces the offset in use only when it differs from it by this much, and a
+ * replacing measurement smaller than this is taken as none (so the offset in use is 0 or at least
+ * this much): `unpark` finds the rows by the exact time `park` wrote, so the offset must not change
+ * between them with the noise of each measurement, whatever the offset in use.
  */
 export const PARK_CLOCK_TOLERANCE_MS = 1_000
 
@@ -43,8 +44,12 @@ export const makeParkClock = (sql: SqlClient.SqlClient) => {
     const db = Number(rows[0]?.ms)
     if (!Number.isFinite(db)) return
     const measured = Math.round(db - (before + after) / 2)
-    const next = Math.abs(measured) < PARK_CLOCK_TOLERANCE_MS ? 0 : measured
-    if (Math.abs(next - offsetMs) >= PARK_CLOCK_TOLERANCE_MS) offsetMs = next
+    // the raw measurement is compared with the offset in use, and rounded to none only when it
+    // replaces it: rounding first flipped an offset of 1,001 ms to 0 on a measurement of 999 ms
+    // (2 ms of noise moved the ends 1 s, and `unpark` no longer found the rows `park` wrote)
+    if (Math.abs(measured - offsetMs) >= PARK_CLOCK_TOLERANCE_MS) {
+      offsetMs = Math.abs(measured) < PARK_CLOCK_TOLERANCE_MS ? 0 : measured
+    }
     measuredAt = after
   }).pipe(storeOpWithin("delivery.parkClock", STATEMENT_TIMEOUT))
   const current: Effect.Effect<number, StoreError> = Effect.flatMap(

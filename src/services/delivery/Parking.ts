@@ -81,6 +81,15 @@ export const parkPass = (env: WorkerEnv) =>
       }
     }
     if (unparkDone) { for (const origin of released) state.parked.delete(origin) }
+    // the held origins are recorded BEFORE their rows are parked: a statement that moved rows and a
+    // later one that failed leave them recorded, so the origin's early recovery unparks them (before,
+    // they were recorded only after every statement succeeded, and the rows moved waited out the
+    // cool-down); unparking a time nothing was parked to moves no row. An origin held again until an
+    // earlier time keeps its later time until every row parked there is back (the next pass goes on)
+    for (const h of held) {
+      const before = state.parked.get(h.origin)
+      if (unparkDone || before === undefined || before <= h.untilMs) state.parked.set(h.origin, h.untilMs)
+    }
     let parked = 0
     if (held.length > 0) {
       for (let i = 0; i < PARK_CHUNKS_PER_PASS; i++) {
@@ -88,7 +97,6 @@ export const parkPass = (env: WorkerEnv) =>
         parked += n
         if (n < PARK_CHUNK) break
       }
-      for (const h of held) state.parked.set(h.origin, h.untilMs)
     }
     if (parked > 0 || unparked > 0) {
       state.parkedRows += parked
