@@ -4,7 +4,7 @@
 import { Command } from "@effect/cli"
 import { Effect, Option, Redacted } from "effect"
 import * as SecretBox from "../services/delivery/SecretBox.js"
-import { Secrets } from "../services/delivery/Secrets.js"
+import { MAX_RESEAL_PASSES, resealPasses, Secrets } from "../services/delivery/Secrets.js"
 import { checkDid, checkName, didArg, json, nameArg, token } from "./Arguments.js"
 import { Failed, usage } from "./Failure.js"
 import { cell, iso, out, printJson, table } from "./Output.js"
@@ -67,13 +67,16 @@ const secretsList = Command.make("list", { did: didArg, json }, (o) =>
   })).pipe(Command.withDescription("list an owner's secrets (names and times, never tokens)"))
 
 /**
- * `reseal`: one pass re-sealing every envelope not under the current key (retiring a previous key).
- * Exit 0 only when the pass finished with nothing left behind (no unreadable envelope, none changed
- * meanwhile): then no secret needs a previous key any more. Counts only, never a token or a key.
+ * `reseal`: re-seals every envelope not under the current key (retiring a previous key), in bounded
+ * passes, each from where the last stopped, until one reaches the end of the table (at most
+ * `MAX_RESEAL_PASSES`); the counts printed are the sums over the passes. Exit 0 only when the end
+ * was reached with nothing left behind (no unreadable envelope, none changed meanwhile): then no
+ * secret needs a previous key any more. Counts only, never a token, a key or a secret's name.
  */
 const secretsReseal = Command.make("reseal", { json }, (o) =>
   Effect.gen(function*() {
-    const r = yield* withServices(Effect.flatMap(Secrets, (s) => s.reseal()))
+    const run = yield* withServices(Effect.flatMap(Secrets, (s) => resealPasses((from) => s.reseal(from))))
+    const r = { resealed: run.resealed, unreadable: run.unreadable, skipped: run.skipped, complete: run.complete }
     if (o.json) yield* printJson(r)
     else {
       yield* out(`resealed ${r.resealed}, unreadable ${r.unreadable}, skipped (changed meanwhile) ${r.skipped}`)
@@ -86,8 +89,18 @@ const secretsReseal = Command.make("reseal", { json }, (o) =>
         })
       )
     }
-    if (r.skipped > 0 || !r.complete) {
-      return yield* Effect.fail(new Failed({ text: "not every envelope was re-sealed in this pass: run it again" }))
+    if (!r.complete) {
+      return yield* Effect.fail(
+        new Failed({
+          text:
+            `stopped after ${run.passes} passes (at most ${MAX_RESEAL_PASSES}) before the end of the table: run it again`
+        })
+      )
+    }
+    if (r.skipped > 0) {
+      return yield* Effect.fail(
+        new Failed({ text: "not every envelope was re-sealed in this run (changed meanwhile): run it again" })
+      )
     }
   })).pipe(
     Command.withDescription(

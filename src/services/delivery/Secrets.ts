@@ -12,11 +12,14 @@
  *   previous keys (`WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS`). Without a current key nothing can be
  *   sealed (`no_key`), but envelopes sealed under a previous key still open.
  * - `reseal` re-seals every envelope not under the current key (same token, `rotated_at` untouched),
- *   so a previous key can be retired (`SecretsReseal`).
+ *   so a previous key can be retired (`SecretsReseal`); a pass is bounded and resumable (`from`,
+ *   `next`), and `resealPasses` chains passes until one completes.
  *
  * Cache (decision): successful resolutions are kept in memory for at most 10 s (bounded to 1,024
- * entries, least recently used evicted first). Failures are never cached, so a secret created a
- * moment ago resolves at once. `create`/`rotate`/`remove` invalidate the entry of the instance that
+ * entries, least recently used evicted first), counted from when the store read STARTED (its
+ * snapshot), not from when it returned: a slow read that saw the envelope from before a rotation
+ * keeps it only for what is left of the 10 s, and a read that took the whole TTL is not cached.
+ * Failures are never cached, so a secret created a moment ago resolves at once. `create`/`rotate`/`remove` invalidate the entry of the instance that
  * made them at once; any other instance (the delivery worker's, whose layer is not the owners'
  * API's even in one process; a delivery child; the CLI) sees the change within the TTL. The TTL is short on
  * purpose: after a rotation the receiver must verify with the new token, and a long cache would
@@ -37,7 +40,16 @@ import * as Reseal from "./SecretsReseal.js"
 import type { EnvelopeSwap, ResealResult, SealedRow, SecretKey } from "./SecretsReseal.js"
 
 export { SecretUnavailable }
-export { MAX_RESEAL_PAGES, RESEAL_PAGE_SIZE, type ResealResult } from "./SecretsReseal.js"
+export {
+  MAX_RESEAL_PAGES,
+  MAX_RESEAL_PASSES,
+  RESEAL_PAGE_SIZE,
+  RESEAL_START,
+  resealPasses,
+  type ResealResult,
+  type ResealRun,
+  type SecretKey
+} from "./SecretsReseal.js"
 
 /** `secretId` / secret names (SPEC §1). */
 export const SECRET_NAME = /^[A-Za-z0-9._-]{1,64}$/
@@ -113,8 +125,12 @@ export interface SecretsShape {
   readonly remove: (ownerDid: string, name: string) => Effect.Effect<boolean, SecretsError>
   /** The owner's secrets by name (names and times only). */
   readonly list: (ownerDid: string) => Effect.Effect<ReadonlyArray<SecretInfo>, SecretsError>
-  /** Re-seal every owner's envelopes that are not under the current key (fails `no_key` without one). */
-  readonly reseal: () => Effect.Effect<ResealResult, SecretsError>
+  /**
+   * One pass re-sealing the owners' envelopes that are not under the current key, after `from`
+   * (default: from the start); a pass that stops at its bound says where (`next`), so the next can
+   * go on from there (`resealPasses`). Fails `no_key` without a current key.
+   */
+  readonly reseal: (from?: SecretKey) => Effect.Effect<ResealResult, SecretsError>
 }
 
 export interface SecretsOptions {
@@ -362,8 +378,11 @@ interface TokenCache {
   /** bumped by every local write, so a resolve that raced with it never caches the old token */
   readonly generation: () => number
   readonly get: (key: string, now: number) => string | undefined
-  /** keep `token` unless a local write happened since the resolve started at `startedAt` */
-  readonly put: (key: string, token: string, now: number, startedAt: number) => void
+  /**
+   * keep `token` until `readAt` + TTL (`readAt`: when the store read that found it started), unless
+   * that is already `now` or past, or a local write happened since the resolve saw `generation`
+   */
+  readonly put: (key: string, token: string, readAt: number, now: number, generation: number) => void
   readonly invalidate: (key: string) => Effect.Effect<void>
 }
 
@@ -387,15 +406,16 @@ const makeTokenCache = (options: SecretsOptions): TokenCache => {
       cache.set(key, hit) // most recently used last
       return hit.token
     },
-    put: (key, token, now, startedAt) => {
-      if (!cacheOn || startedAt !== generation) return
+    put: (key, token, readAt, now, seen) => {
+      const expiresAt = readAt + ttlMs
+      if (!cacheOn || seen !== generation || expiresAt <= now) return
       cache.delete(key)
       while (cache.size >= capacity) {
         const oldest = cache.keys().next()
         if (oldest.done === true) break
         cache.delete(oldest.value)
       }
-      cache.set(key, { token, expiresAt: now + ttlMs })
+      cache.set(key, { token, expiresAt })
     },
     invalidate: (key) =>
       Effect.sync(() => {
@@ -448,10 +468,12 @@ export const make = (
     const resolve = Effect.fn("Secrets.resolve")(function*(ownerDid: string, name: string) {
       if (!isCanonicalDid(ownerDid) || !SECRET_NAME.test(name)) return yield* Effect.fail(new SecretUnavailable())
       const key = cacheKey(ownerDid, name)
-      const startedAt = cache.generation()
+      const generation = cache.generation()
+      // taken before the store read: a token is kept for the TTL counted from the read's snapshot
+      let readAt = 0
       if (cache.on) {
-        const now = yield* Clock.currentTimeMillis
-        const hit = cache.get(key, now)
+        readAt = yield* Clock.currentTimeMillis
+        const hit = cache.get(key, readAt)
         if (hit !== undefined) return hit
       }
       const envelope = yield* store.get(ownerDid, name).pipe(Effect.mapError(() => new SecretUnavailable()))
@@ -462,7 +484,7 @@ export const make = (
       })
       if (cache.on) {
         const now = yield* Clock.currentTimeMillis
-        cache.put(key, token, now, startedAt)
+        cache.put(key, token, readAt, now, generation)
       }
       return token
     })
@@ -504,10 +526,10 @@ export const make = (
       rotate: (ownerDid, name, token) => rotate(ownerDid, name, token),
       remove,
       list,
-      reseal: () =>
+      reseal: (from) =>
         keyring.current === undefined
           ? Effect.fail(new SecretsError({ reason: "no_key" }))
-          : Reseal.resealAll(store, keyring, keyring.current.id)
+          : Reseal.resealAll(store, keyring, keyring.current.id, from)
     }
     return shape
   })
