@@ -15,6 +15,8 @@
  *   it after its ordered shutdown) and is stopped by a Scope finalizer.
  * - If a live server already serves the data directory (a replica sharing the directory, or one
  *   left behind by a killed process), it is adopted: firehook connects to it and does not stop it.
+ *   A server is live only when one answers on the port its `postmaster.pid` names; a lock file left
+ *   by a crash (its pid dead, or reused by another process) is stale and the server is started.
  */
 import { Duration, Effect, Option, Redacted, Schedule, type Scope } from "effect"
 import { execFile } from "node:child_process"
@@ -120,16 +122,100 @@ const isAlive = (pid: number): boolean => {
   }
 }
 
-/** A live postmaster serving `pgDir`, from its lock file (line 1 pid, line 4 port). */
-const runningServer = (pgDir: string): number | undefined => {
-  const file = Path.join(pgDir, "postmaster.pid")
+/** What a `postmaster.pid` says: the postmaster's pid (line 1) and port (line 4), and the file's text. */
+interface LockFile {
+  readonly pid: number
+  readonly port: number
+  readonly text: string
+}
+
+const lockFilePath = (pgDir: string) => Path.join(pgDir, "postmaster.pid")
+
+/** `pgDir`'s lock file, when there is one (a well-formed pid and port, else it is not read as a server's). */
+const readLockFile = (pgDir: string): LockFile | undefined => {
+  const file = lockFilePath(pgDir)
   if (!Fs.existsSync(file)) return undefined
-  const lines = Fs.readFileSync(file, "utf8").split("\n")
+  const text = Fs.readFileSync(file, "utf8")
+  const lines = text.split("\n")
   const pid = Number(lines[0])
   const port = Number(lines[3])
-  if (!Number.isSafeInteger(pid) || pid <= 0 || !Number.isSafeInteger(port) || port <= 0) return undefined
-  return isAlive(pid) ? port : undefined
+  if (!Number.isSafeInteger(pid) || pid <= 0 || !Number.isSafeInteger(port) || port <= 0 || port > 65_535) {
+    return { pid: 0, port: 0, text }
+  }
+  return { pid, port, text }
 }
+
+/**
+ * Whether the lock file's `pid` may be a live server, counted as PostgreSQL's own lock-file check
+ * counts it (miscinit.c `CreateLockFile`): never this process or its parent; alive when signal 0
+ * reaches it. EPERM (another user's process): not as root the server runs as this process's user,
+ * so such a process is not ours (PostgreSQL counts it stale too). As root signal 0 reaches every
+ * process, so EPERM does not arise there (it would only without CAP_KILL; the server then runs as
+ * the `postgres` user and may be it, so it counts as alive and the connection check decides).
+ */
+const mayBeServer = (pid: number, isRoot: boolean): boolean => {
+  if (pid <= 0 || pid === process.pid || pid === process.ppid) return false
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return isRoot && ownCode(e) === "EPERM"
+  }
+}
+
+/** A PostgreSQL error response (it has a SQLSTATE and a severity), as opposed to a socket's error. */
+const isServerError = (e: unknown): boolean =>
+  typeof e === "object" && e !== null &&
+  typeof Reflect.get(e, "severity") === "string" &&
+  /^[0-9A-Z]{5}$/.test(String(Reflect.get(e, "code")))
+
+/**
+ * Whether a PostgreSQL answers on `port` (one connection, at most 5 s, then ended). A server that
+ * answers with an error counts as present: starting up or in recovery (57P03), or refusing the
+ * password (then adoption fails with its message as before: the lock file of a live server is never
+ * removed, as PostgreSQL shuts down a server whose lock file is gone).
+ */
+const answers = (port: number, password: string): Effect.Effect<boolean> =>
+  Effect.tryPromise({
+    try: async () => {
+      const c = await client(port, password, { connectMs: 5_000 })
+      await c.end().catch(() => undefined)
+    },
+    catch: isServerError
+  }).pipe(
+    Effect.as(true),
+    Effect.catchAll((serverAnswered) => Effect.succeed(serverAnswered)),
+    Effect.interruptible,
+    Effect.timeoutOption("6 seconds"),
+    Effect.map(Option.getOrElse(() => false))
+  )
+
+/**
+ * The port of the server that serves `pgDir`, from its lock file, when one answers there. A lock
+ * file with no server answering is stale (a crash: a host crash, an OOM kill, `docker kill`): said
+ * once; when its pid is a live process other than the server (a pid reused since), PostgreSQL
+ * would refuse to start ("lock file already exists"), so the file is removed first, only if it is
+ * still the one read. PostgreSQL removes a stale one whose pid is dead itself, and its shared-memory
+ * interlock still refuses a data directory whose old processes live on.
+ */
+const runningServer = (pgDir: string, password: string, isRoot: boolean) =>
+  Effect.gen(function*() {
+    const unreadable = () => fail(`the lock file ${lockFilePath(pgDir)} is unreadable`)
+    const lock = yield* Effect.try({ try: () => readLockFile(pgDir), catch: unreadable })
+    if (lock === undefined) return undefined
+    const live = mayBeServer(lock.pid, isRoot)
+    if (live && (yield* answers(lock.port, password))) return lock.port
+    yield* Effect.logWarning("stale postmaster.pid (no server answers); starting the embedded PostgreSQL")
+    if (live) {
+      yield* Effect.try({
+        try: () => {
+          if (readLockFile(pgDir)?.text === lock.text) Fs.rmSync(lockFilePath(pgDir), { force: true })
+        },
+        catch: (e) => fail(`the stale lock file ${lockFilePath(pgDir)} could not be removed (${ownCode(e) ?? "error"})`)
+      })
+    }
+    return undefined
+  })
 
 const readOrCreatePassword = (dataDir: string): string => {
   const file = Path.join(dataDir, "embedded-pg.json")
@@ -418,10 +504,8 @@ export const start = (options: {
           catch: () => fail("the password file in the data directory is unreadable")
         })
 
-        const adopted = yield* Effect.try({
-          try: () => runningServer(pgDir),
-          catch: () => fail(`the lock file ${Path.join(pgDir, "postmaster.pid")} is unreadable`)
-        })
+        // adopted only when a server answers on the port its lock file names
+        const adopted = yield* runningServer(pgDir, password, user !== undefined)
         if (adopted !== undefined) {
           yield* Effect.logInfo("embedded PostgreSQL already running for this data directory; adopting it").pipe(
             Effect.annotateLogs({ port: adopted })
