@@ -267,7 +267,9 @@ describe("delivery methods under another DateStyle and TimeZone", () => {
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
         const style = yield* sql<{ datestyle: string }>`SELECT current_setting('DateStyle') AS datestyle`
-        expect(style[0]?.datestyle).toBe("SQL, DMY")
+        // the database's default is `SQL, DMY`; firehook's own sessions set ISO output (since stop 56),
+        // keeping the order: the cursor below must not depend on either
+        expect(style[0]?.datestyle).toBe("ISO, DMY")
         const alice = yield* newOwner()
         yield* outboxRows(alice.did, "ds", [
           "2026-01-02 03:04:05.000001+00",

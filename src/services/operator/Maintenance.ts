@@ -31,6 +31,7 @@ import { labelledCounterFamily } from "../platform/Metrics.js"
 import { StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { REJECTED_LIMITS } from "../registry/RejectedStore.js"
 import { DEFAULT_EVENT_SWEEP_WINDOW, type SweepCursor, sweepEvents, type SweepKey } from "./EventSweep.js"
+import { KEY_TEXT_FORMAT } from "./ListKey.js"
 import type { TerminalStatus } from "./Operator.js"
 import * as OperatorConfig from "./OperatorConfig.js"
 import { unparkCtes } from "./ParkedRoom.js"
@@ -335,9 +336,11 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, run: Ru
       const byAge = yield* loop(
         batch(sql`t.${col} < now() - make_interval(secs => ${seconds(retention)}::double precision)`)
       )
-      // the newest row beyond the bound: it and every older one go
+      // the newest row beyond the bound: it and every older one go. Its time is read as UTC text
+      // of a fixed format (ListKey.ts), never `::text`, whose form follows the session's DateStyle
+      // and TimeZone (`07/12/2026 13:54:17.067702 IST` is read back as Israel's time)
       const cut = yield* timed(sql<KeyedCutRow>`
-        SELECT ${col}::text AS at, owner_did, rkey FROM ${sql(table)}
+        SELECT to_char(${col} AT TIME ZONE 'UTC', ${KEY_TEXT_FORMAT}) AS at, owner_did, rkey FROM ${sql(table)}
         ORDER BY ${col} DESC, owner_did DESC, rkey DESC
         OFFSET ${maxRows} LIMIT 1`)
       const first = cut[0]

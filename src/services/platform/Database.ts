@@ -5,7 +5,9 @@
  * `DatabaseSsl.driverConfig` (what `sslmode` means for firehook, without pg's warning, the
  * certificate check not left to `NODE_TLS_REJECT_UNAUTHORIZED`), checked once at startup and parsed
  * again for each new connection (`DatabaseSsl.connectingClient`), so that rotated certificate files
- * named in the URL are read by the next connection.
+ * named in the URL are read by the next connection. Each connection writes dates in ISO form
+ * whatever the server's `DateStyle` (`connectingClient` sets it while connecting when the server
+ * reports another): `pg` parses timestamps only in that form.
  *
  * The pool is closed at shutdown only when every part stopped cleanly (SPEC §6.3): after an
  * unclean shutdown in-flight work may still hold connections, and the process exits anyway.
@@ -123,8 +125,9 @@ const connectTimedOut = (): Error => Object.assign(new Error("Connection timed o
 /**
  * The `pg` pool (what `PgClient.make` builds, with the same settings), its connections made by
  * {@link PreparedStatements.preparingClient} unless `preparedStatements` is false, each with the URL
- * parsed when it is made (`DatabaseSsl.connectingClient`), and checked with one `SELECT 1` within
- * the connect timeout; ended when the scope closes.
+ * parsed when it is made (`DatabaseSsl.connectingClient`, which also gives it an ISO `DateStyle`
+ * before its first statement), and checked with one `SELECT 1` within the connect timeout; ended
+ * when the scope closes.
  */
 const openPool = (
   url: Redacted.Redacted<string>,

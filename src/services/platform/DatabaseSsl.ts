@@ -158,12 +158,37 @@ export interface ConnectingOptions {
   readonly base?: typeof Pg.Client
 }
 
+/** The statement that gives a session ISO output, keeping its order (`DMY`/`MDY`) for input. */
+export const SET_ISO_DATESTYLE = "SET DateStyle TO ISO"
+
+/** Whether a reported `DateStyle` (`ISO, MDY`) writes dates in ISO form. */
+const isIsoDateStyle = (style: string | undefined): boolean => style !== undefined && /^\s*ISO\b/i.test(style)
+
+/** The `DateStyle` of a `ParameterStatus` message, if it is one. */
+const reportedDateStyle = (msg: unknown): string | undefined => {
+  if (typeof msg !== "object" || msg === null) return undefined
+  const name: unknown = "parameterName" in msg ? msg.parameterName : undefined
+  const value: unknown = "parameterValue" in msg ? msg.parameterValue : undefined
+  return typeof name === "string" && name.toLowerCase() === "datestyle" && typeof value === "string"
+    ? value
+    : undefined
+}
+
 /**
  * A `pg` client class whose every instance connects with {@link driverConfig}`(url)` parsed when it
  * is made (once per connection, never per query), so that the certificate files named in the URL
  * are read for each new connection: the pool's (`Client`, which pg-pool makes for each connection)
  * and the LISTEN connection's. A client's own config (the pool's or PgListen's settings: timeouts)
  * wins over the URL's, `defaults` give way to it; `pgSslMode` is read when the class is made.
+ *
+ * Every connection writes dates in ISO form: `pg`'s `timestamptz`, `timestamp` and `date` parsers
+ * read only that form (under `DateStyle = 'SQL, DMY'` every timestamp came back null), so when the
+ * server reports (its startup `ParameterStatus`) a `DateStyle` that is not ISO, `connect` sends
+ * {@link SET_ISO_DATESTYLE} before it completes, before any other statement on the connection. A
+ * server that already writes ISO (PostgreSQL's default) costs nothing more. Not the startup
+ * `options` parameter: PgBouncer refuses it by default, and it tracks `DateStyle` set this way. The
+ * set-up is inside the connect, so the pool's connect timeout bounds it; a failed one ends the
+ * connection and fails the connect.
  *
  * When the URL no longer parses (the files cannot be read: {@link FILES_UNREADABLE}), the client's
  * `connect` fails with that error and sends nothing: the pool, or PgListen's follower, reports it
@@ -178,6 +203,8 @@ export const connectingClient = (
   const defaults = options.defaults ?? {}
   return class ConnectingClient extends Base {
     readonly #unreadable: Error | undefined
+    /** the `DateStyle` the server reported last (at startup) */
+    #dateStyle: string | undefined = undefined
 
     constructor(config?: string | Pg.ClientConfig) {
       const given = typeof config === "object" ? config : {}
@@ -186,15 +213,51 @@ export const connectingClient = (
         Either.isRight(driver) ? { ...defaults, ...driver.right, ...given } : { ...defaults, ...given }
       )
       this.#unreadable = Either.isLeft(driver) ? filesUnreadable() : undefined
+      this.connection.on("parameterStatus", (msg: unknown) => {
+        const style = reportedDateStyle(msg)
+        if (style !== undefined) this.#dateStyle = style
+      })
+    }
+
+    /** After the connection is made: ISO dates unless the server already writes them. */
+    #setUp(done: (err: Error | undefined) => void): void {
+      if (isIsoDateStyle(this.#dateStyle)) {
+        done(undefined)
+        return
+      }
+      // a connection lost meanwhile is emitted as `error` as well as failing the statement; the
+      // pool listens only once the connect is done, and an unheard `error` would end the process
+      const heard = (): void => {}
+      this.on("error", heard)
+      super.query(SET_ISO_DATESTYLE, (err: Error | null | undefined) => {
+        this.off("error", heard)
+        if (err === null || err === undefined) {
+          done(undefined)
+          return
+        }
+        // connected, so the pool would leave it open: end it here
+        this.end(() => {})
+        done(err)
+      })
     }
 
     override connect(): Promise<void>
     override connect(callback: (err: Error) => void): void
     override connect(callback?: (err: Error) => void): Promise<void> | undefined {
       const unreadable = this.#unreadable
-      if (callback === undefined) return unreadable === undefined ? super.connect() : Promise.reject(unreadable)
-      if (unreadable === undefined) super.connect(callback)
-      else queueMicrotask(() => callback(unreadable))
+      if (callback === undefined) {
+        if (unreadable !== undefined) return Promise.reject(unreadable)
+        return super.connect().then(() =>
+          new Promise<void>((resolve, reject) => this.#setUp((err) => (err === undefined ? resolve() : reject(err))))
+        )
+      }
+      if (unreadable === undefined) {
+        super.connect((err) => {
+          // pg passes null when the connection is made
+          if (err !== null && err !== undefined) callback(err)
+          else this.#setUp((setUpErr) => callback(setUpErr ?? err))
+        })
+      } else queueMicrotask(() => callback(unreadable))
       return undefined
     }
   }

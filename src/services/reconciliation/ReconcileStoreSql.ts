@@ -6,6 +6,7 @@
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Effect } from "effect"
+import { KEY_TEXT_FORMAT } from "../operator/ListKey.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
 import { toReconcileStatus, WEBHOOK_COLUMNS, type WebhookRow } from "../registry/RegistryStore.js"
 import { clearOlderStatement, recordCtes, type RefusedVersion } from "../registry/RejectedStore.js"
@@ -433,7 +434,7 @@ const completedSince = (sql: SqlClient.SqlClient, cursor: string, limit: number,
   Effect.gen(function*() {
     const [at, after] = parseCursor(cursor)
     const rows = yield* sql<{ did: string; at: string }>`
-          SELECT did, completed_at::text AS at FROM owners
+          SELECT did, to_char(completed_at AT TIME ZONE 'UTC', ${KEY_TEXT_FORMAT}) AS at FROM owners
           WHERE reconcile_status = 'complete' AND completed_at IS NOT NULL
             AND (completed_at, did) > (${at}::timestamptz, ${after})
             AND completed_at <= now() - make_interval(secs => ${seconds(settleMs)}::double precision)
@@ -566,7 +567,8 @@ export const makeSql = Effect.gen(function*() {
     reconcileRequests: (options) => reconcileRequests(sql, options),
     completedCursor: (marginMs) =>
       sql<{ at: string }>`
-        SELECT (now() - make_interval(secs => ${seconds(marginMs)}::double precision))::text AS at`.pipe(
+        SELECT to_char((now() - make_interval(secs => ${seconds(marginMs)}::double precision)) AT TIME ZONE 'UTC',
+          ${KEY_TEXT_FORMAT}) AS at`.pipe(
         Effect.map((rows) => JSON.stringify([rows[0]?.at ?? "-infinity", ""])),
         storeOp("reconcile.completedCursor")
       ),

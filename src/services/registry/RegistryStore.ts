@@ -40,6 +40,7 @@ import type { Operation } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"
 import type { WhRecord } from "../../schemas/WhRecord.js"
 import type { SigningMode } from "../matching/WebhookIndex.js"
+import { KEY_TEXT_FORMAT } from "../operator/ListKey.js"
 import { type StoreError, storeOp, storeOpWithin } from "../platform/Persistence.js"
 import {
   clearCte,
@@ -372,7 +373,7 @@ export const makeSql = Effect.gen(function*() {
         : sql`SELECT *, ROW_NUMBER() OVER (PARTITION BY owner_did ORDER BY created_at, rkey) AS owner_rank
             FROM webhooks WHERE active`
       return sql<DbRow & { readonly load_at: string }>`
-        SELECT *, created_at::text AS load_at FROM (${ranked}) w
+        SELECT *, to_char(w.created_at AT TIME ZONE 'UTC', ${KEY_TEXT_FORMAT}) AS load_at FROM (${ranked}) w
         WHERE ${options.ownerMax === undefined ? sql`true` : sql`w.owner_rank <= ${options.ownerMax}`}
           AND ${
         after === undefined
