@@ -11,11 +11,13 @@
  * (subscribeRepos semantics), a live one what its script says; TestClock for the backoffs.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Layer, Scheduler, Stream, TestClock } from "effect"
+import { Chunk, Clock, Effect, Layer, Ref, Scheduler, Stream, TestClock } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
+import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
+import { StoreError } from "../../src/services/platform/Persistence.js"
 import { halfJitter } from "../support/halfJitter.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
 import { eventsOf, type Frame, RELAY, until } from "./memorySession.js"
@@ -196,5 +198,110 @@ describe("a live Jetstream session (time cursor) that ends before a commit", () 
       expect(source.asked).toEqual([undefined, first - 1n])
       expect(committed(rec)).toEqual(["a", "b"])
     }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+})
+
+/**
+ * A relay commit may carry up to 200 operations, more than the default batch limit (128): the
+ * first frame of a live session is then committed in two batches, the first of which writes no
+ * cursor (no complete frame yet, `Batcher`). That batch is no progress: the session's replay point
+ * is kept, and the reconnect backoff is not reset by it. Before, any batch counted: the stream
+ * reconnected live after the frame's second batch failed (its other operations, and everything
+ * sent during the backoff, were never read), and the backoff started again from its base at every
+ * such session.
+ */
+describe("a live relay session whose first frame is larger than the batch limit", () => {
+  /** 100 has more operations than the batch limit; 101 and 102 follow it */
+  const BIG: ReadonlyArray<Frame> = [{ seq: 100n, ops: 150 }, { seq: 101n, ops: 1 }, { seq: 102n, ops: 1 }]
+
+  /**
+   * A processor that commits the calls `ok(n)` says (n from 1) and fails the others; it records
+   * what it committed.
+   */
+  const failingProcessor = (rec: Recorder, ok: (n: number) => boolean) =>
+    Layer.succeed(
+      Processor,
+      {
+        processEvents: (batch, options) =>
+          Effect.gen(function*() {
+            rec.calls++
+            if (!ok(rec.calls)) return yield* Effect.fail(new StoreError({ op: "test", code: "XX000" }))
+            if (options.finalize !== undefined) yield* options.finalize
+            rec.batches.push(batch)
+            return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
+          }),
+        reload: Effect.void,
+        stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
+      } satisfies ProcessorShape
+    )
+
+  it.scoped("its frame's second batch fails all its attempts: it reconnects from before the frame, not live", () => {
+    const rec = newRecorder()
+    // call 1 (the frame's first 128 operations, no cursor) commits; calls 2..4 (the other 22 and
+    // their two retries) fail: the session ends as a handler failure; later calls commit
+    const processor = failingProcessor(rec, (n) => n === 1 || n > 4)
+    // live: the first connection sees the log as it happens, a later live one nothing older
+    const source = scriptedSource(
+      relayBase,
+      (n, cursor) =>
+        cursor !== undefined
+          ? BIG.filter((f) => f.seq > cursor).map(eventsItem)
+          : n === 0
+          ? BIG.map(eventsItem)
+          : []
+    )
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(source.spec, Intake.defaultTuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      yield* untilReconnected(() => source.asked.length >= 2, "the reconnect after the failed batch")
+      // before: [undefined, undefined]: the frame's last 22 operations, 101 and 102 never read
+      expect(source.asked).toEqual([undefined, 99n])
+      yield* until(() => committed(rec).length >= 128 + rkeysOf(BIG).length, "every event committed")
+      // the frame's first 128 operations twice (at least once), then all of it in order
+      expect(committed(rec)).toEqual([...rkeysOf(BIG).slice(0, 128), ...rkeysOf(BIG)])
+      const st = yield* Ref.get(runner.state)
+      expect(st).toMatchObject({ durableCursor: 102n, position: 102n })
+    }).pipe(
+      Effect.provide(Layer.mergeAll(processor, CursorStore.layerMemory, Outbox.layerMemory)),
+      Effect.withRandom(halfJitter)
+    )
+  })
+
+  it.scoped("a batch that writes no cursor does not reset the reconnect backoff", () => {
+    const rec = newRecorder()
+    // every session commits the frame's first 128 operations (no cursor), then the rest fails its
+    // 3 attempts: calls 1, 5, 9, … commit; after four sessions, everything commits
+    const processor = failingProcessor(rec, (n) => n % 4 === 1 || n > 16)
+    const connectedAt: Array<number> = []
+    const base = scriptedSource(
+      relayBase,
+      (_, cursor) => BIG.filter((f) => cursor === undefined || f.seq > cursor).map(eventsItem)
+    )
+    const spec: Intake.StreamSpec = {
+      ...base.spec,
+      connect: (cursor) =>
+        Stream.unwrap(Effect.map(Clock.currentTimeMillis, (ms) => {
+          connectedAt.push(ms)
+          return base.spec.connect(cursor)
+        }))
+    }
+    return Effect.gen(function*() {
+      const runner = yield* Intake.makeStreamRunner(spec, Intake.defaultTuning(512, 128))
+      yield* Effect.forkScoped(runner.run)
+      // 250 ms steps: every wait here (batch retries 250 and 500 ms, backoffs (1 s · 2ⁿ) / 2) is
+      // a multiple of it, so each connection is seen at its exact time
+      for (let i = 0; i < 400 && connectedAt.length < 4; i++) {
+        yield* TestClock.adjust("250 millis")
+        for (let j = 0; j < 20; j++) yield* Effect.yieldNow().pipe(Effect.withScheduler(Scheduler.timer(0)))
+      }
+      yield* until(() => connectedAt.length >= 4, "four connections")
+      const gaps = connectedAt.slice(1, 4).map((t, i) => t - (connectedAt[i] ?? 0))
+      // each gap: the batch's two retries (250 + 500 ms), then the backoff after 0, 1, 2 failures
+      // in a row (500, 1000, 2000 ms). Before: 1250 ms each (every session "progressed")
+      expect(gaps).toEqual([1250, 1750, 2750])
+    }).pipe(
+      Effect.provide(Layer.mergeAll(processor, CursorStore.layerMemory, Outbox.layerMemory)),
+      Effect.withRandom(halfJitter)
+    )
   })
 })

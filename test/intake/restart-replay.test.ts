@@ -161,3 +161,51 @@ describe("a replay point is kept until a session from it has committed a batch",
     }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
   })
 })
+
+/**
+ * A stream with no stored cursor starts from its initial cursor (the direct stream: 0, Jetstream's
+ * whole window). A replay asked for before its first commit (a DID joined the direct set: replay
+ * from its registration − 2 s) must not move that start forward: SPEC §3.1 resumes from
+ * min(durable cursor, registration − 2 s), and with none stored the stream has read nothing yet.
+ * Before, it reconnected at the replay point, and the already-watched DIDs' events before it were
+ * never read.
+ */
+describe("a replay asked for before the first commit of a stream with no stored cursor", () => {
+  it.scoped("reconnects from the earlier of its initial cursor and the replay point", () => {
+    const rec = newRecorder()
+    return Effect.gen(function*() {
+      const source = yield* scriptedSource()
+      const runner = yield* Intake.makeStreamRunner(source.spec, Intake.defaultTuning(64, 128))
+      yield* Effect.forkScoped(runner.run)
+      // Jetstream is still reading its window: nothing committed yet
+      yield* until(() => source.asked.length === 1, "first connection")
+      expect(source.asked).toEqual([0n])
+      yield* runner.restart(REPLAY)
+      yield* until(() => source.asked.length === 2, "reconnected for the replay")
+      // before: [0n, REPLAY]: "old" (before REPLAY, never committed) was never read
+      expect(source.asked).toEqual([0n, 0n])
+      yield* source.send(1, [frame(T0 - 60_000_000, "old"), frame(T0, "new")])
+      yield* until(() => rec.batches.length >= 1, "committed")
+      expect(rec.batches.flat().map((e) => (e.kind === "commit" ? e.rkey : e.kind))).toEqual(["old", "new"])
+      // committed: the point is spent, the stream resumes from its own position
+      yield* source.close(1)
+      yield* untilReconnected(() => source.asked.length === 3, "reconnected after the commit")
+      expect(source.asked).toEqual([0n, 0n, BigInt(T0)])
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+
+  it.scoped("a replay point earlier than the initial cursor still wins", () => {
+    const rec = newRecorder()
+    return Effect.gen(function*() {
+      const made = yield* scriptedSource()
+      // a stream whose initial cursor is later than the replay asked for
+      const source = { ...made, spec: { ...made.spec, initialCursor: BigInt(T0) } }
+      const runner = yield* Intake.makeStreamRunner(source.spec, Intake.defaultTuning(64, 128))
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => made.asked.length === 1, "first connection")
+      yield* runner.restart(REPLAY)
+      yield* until(() => made.asked.length === 2, "reconnected for the replay")
+      expect(made.asked).toEqual([BigInt(T0), REPLAY])
+    }).pipe(Effect.provide(stack(rec)), Effect.withRandom(halfJitter))
+  })
+})

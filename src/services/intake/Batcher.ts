@@ -118,7 +118,9 @@ export const commit = (
       position: cursor ?? s.position,
       lastAckAt: now,
       lastEventTimeUs: lastTime ?? s.lastEventTimeUs,
-      batches: s.batches + 1
+      batches: s.batches + 1,
+      // progress only when the cursor moved: a batch ending inside a session's first frame writes none
+      acks: cursor === undefined ? s.acks : s.acks + 1
     }))
     yield* Metric.incrementBy(tagged.events, events.length)
     yield* Metric.increment(tagged.batches)

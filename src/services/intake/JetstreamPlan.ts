@@ -6,7 +6,7 @@
  * non-empty and reconnects when it changes, replaying for added DIDs from the replay point
  * ({@link directReplayFrom}); the backlink stream runs only while backlink scopes exist.
  */
-import { Duration, Effect, Fiber, Ref, Stream } from "effect"
+import { Duration, Effect, Fiber, Option, Ref, Stream } from "effect"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import type { WebhookIndex } from "../matching/WebhookIndex.js"
 import * as FirehoseSource from "./FirehoseSource.js"
@@ -199,7 +199,19 @@ const reconfigure = (
     // from about there on, and the direct stream must replay from there too
     let backlinkRunner: StreamRunner | undefined
     let prevBacklinkMark: bigint | undefined
+    // the registry stream's durable cursor is read by its own fiber (a database read, retried
+    // while it fails): until it is in its state, its mark reads 0 ("no position"), and a first
+    // check then would take 0 as the previous mark, so that a registration read in the next
+    // second replayed the direct stream, and started the backlink stream, from cursor 0
+    // (Jetstream's whole window). No check runs before it is loaded; waited for one check's
+    // delay at a time (a stream refused at shutdown never loads: the plan then does nothing)
+    const registryLoaded = registryRunner.cursorLoaded
+    let loaded = registryLoaded === undefined
     for (;;) {
+      if (!loaded) {
+        loaded = Option.isSome(yield* Effect.timeoutOption(registryLoaded ?? Effect.void, o.reconfigureDelay))
+        continue
+      }
       const firstCheck = first
       const markNow = yield* registryMark
       const backlinkNow = backlinkRunner === undefined

@@ -91,7 +91,14 @@ export interface StreamState {
    */
   readonly lastEventTimeUs: number | undefined
   readonly reconnects: number
+  /** batches committed by this process (a batch that ends inside a frame writes no cursor) */
   readonly batches: number
+  /**
+   * the committed batches that wrote a cursor (the stream's progress): a batch that ends inside a
+   * session's first frame (a relay commit with more ops than the batch limit) commits events but
+   * no cursor, and a reconnect would not resume past them
+   */
+  readonly acks: number
 }
 
 export const initialState: StreamState = {
@@ -104,7 +111,8 @@ export const initialState: StreamState = {
   lastAckAt: undefined,
   lastEventTimeUs: undefined,
   reconnects: 0,
-  batches: 0
+  batches: 0,
+  acks: 0
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -209,6 +217,12 @@ export interface StreamRunner {
   readonly run: Effect.Effect<never>
   /** stop reading (close the socket); queued events are still committed */
   readonly stopReading: Effect.Effect<void>
+  /**
+   * completes once the stream has read its durable cursor (its state's `durableCursor` and
+   * `lastEventTimeUs` are the stored ones from then on); never while it does not run. Absent: the
+   * state is known from the start
+   */
+  readonly cursorLoaded?: Effect.Effect<void> | undefined
 }
 
 /** What intake calls, after a batch commits, for its `#identity` / `#account` events. */
@@ -242,6 +256,8 @@ export interface StreamContext {
    * the runner's start, after a replay was asked, after a session that left one pending
    */
   readonly replayCheck: Ref.Ref<boolean>
+  /** completed once the durable cursor was first read into `state` (`StreamRunner.cursorLoaded`) */
+  readonly loaded: Deferred.Deferred<void>
 }
 
 /**

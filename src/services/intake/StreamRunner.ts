@@ -16,7 +16,9 @@
  * session that left it pending), connects at or below it, and its batches advance it (in their
  * transactions) until they reach the stored cursor, when it is cleared. A live session (no cursor)
  * keeps where it started reading as such a point (see {@link sessionFrom}), so a stream that starts
- * live never reconnects live past frames it read and did not commit.
+ * live never reconnects live past frames it read and did not commit; so does a session of a stream
+ * with no durable cursor (its initial cursor). A replay point is dropped only once a cursor is
+ * committed (a batch inside a frame commits none).
  */
 import { Cause, Clock, Deferred, Duration, Effect, Exit, Metric, Ref, Schedule, Stream } from "effect"
 import * as Outbox from "../matching/Outbox.js"
@@ -220,7 +222,8 @@ const loadCursor = (ctx: StreamContext) => {
 
 /**
  * A session from the replay point asked for (taken from `replay`), which goes back to `replay`
- * (the earliest of it and any asked for since) unless the session committed a batch, or the relay
+ * (the earliest of it and any asked for since) unless the session committed a cursor (`acks`: a
+ * batch that ends inside the session's first frame writes none), or the relay
  * said the cursor is in its future (nothing to replay: the stream goes live). It connects at or
  * below the durable replay obligation too (read when one may be pending), and its batches advance
  * it until they reach the stored cursor; one left pending is read again by the next session.
@@ -228,7 +231,10 @@ const loadCursor = (ctx: StreamContext) => {
  * leaves where it started reading in `replay` the same way (its first frame's cursor − 1; a time
  * cursor's, from when it connected): a session that read frames and could not commit them (a
  * failed batch drops its queue, SPEC §3.3), or stopped at a poison frame, is resumed from there, not
- * live again, which would skip them and everything sent during the backoff for good.
+ * live again, which would skip them and everything sent during the backoff for good. A session
+ * of a stream with no durable cursor keeps the cursor it connected from (its initial cursor) so:
+ * a replay asked for before its first commit reconnects from the earlier of the two, not from the
+ * later replay point, past events it never committed.
  */
 const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, live: boolean) =>
   Effect.gen(function*() {
@@ -240,9 +246,16 @@ const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, li
     const before = yield* Ref.get(ctx.state)
     const cursor = resumeCursor(ctx.spec, live && wanted === undefined, before, wanted)
     const pending: SessionReplay = yield* Ref.make(obligation?.seq)
-    // a live session: where it started reading (see `recordingFirstFrame`)
-    const started = cursor === undefined ? yield* Ref.make(yield* liveStart(ctx.spec)) : undefined
-    return yield* session(ctx, cursor, pending, started).pipe(
+    // where the session started reading, kept as a replay point until it commits a cursor: a live
+    // session's (see `recordingFirstFrame`), and one's without a durable cursor (its initial
+    // cursor, or the replay point it connected from): a replay asked for before its first commit
+    // (a later point) must not move the stream's start past what it has not committed
+    const started = cursor === undefined
+      ? yield* Ref.make(yield* liveStart(ctx.spec))
+      : before.durableCursor === undefined
+      ? yield* Ref.make<bigint | undefined>(cursor)
+      : undefined
+    return yield* session(ctx, cursor, pending, cursor === undefined ? started : undefined).pipe(
       Effect.catchAllCause((cause) =>
         Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : Effect.succeed<SessionEnd>({ kind: "handler" })
       ),
@@ -256,7 +269,8 @@ const sessionFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>, li
             : Effect.flatMap(
               Ref.get(ctx.state),
               (after) =>
-                after.batches > before.batches ? Effect.void : Ref.update(replay, (p) => earlierReplay(p, keep))
+                // a cursor committed (a batch inside the first frame commits none: no progress)
+                after.acks > before.acks ? Effect.void : Ref.update(replay, (p) => earlierReplay(p, keep))
             )
         })
       ),
@@ -288,10 +302,11 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
       durableCursor: stored,
       lastEventTimeUs: s.lastEventTimeUs ?? loadedTimeUs
     }))
+    yield* Deferred.succeed(ctx.loaded, undefined)
     let failures = 0
     let live = false
     for (;;) {
-      const acksBefore = (yield* Ref.get(state)).batches
+      const acksBefore = (yield* Ref.get(state)).acks
       const wasLive = live
       const end = yield* sessionFrom(ctx, replay, live)
       live = false
@@ -304,7 +319,8 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
       if (yield* Deferred.isDone(stopped)) return yield* Effect.never
       yield* Ref.set(ctx.restartSignal, yield* Deferred.make<bigint | undefined>())
       const s = yield* Ref.get(state)
-      if (s.batches > acksBefore) failures = 0
+      // progress resets the backoff: a cursor committed (not a batch that wrote none)
+      if (s.acks > acksBefore) failures = 0
       yield* Metric.increment(tagged.reconnects)
       if (end.kind === "restart") {
         // the replay point it asked for (if any) is in `replay`
@@ -330,7 +346,7 @@ const loopFrom = (ctx: StreamContext, replay: Ref.Ref<bigint | undefined>) => {
         failures++
         if (end.kind !== "closed") {
           yield* ctx.logLimited("stream ended; reconnecting", { kind: end.kind })
-        } else if (s.batches === acksBefore) {
+        } else if (s.acks === acksBefore) {
           // the source closed the connection (or it broke) before anything committed: a source
           // that does so in a loop is otherwise invisible (no failure kind, SPEC §6.2). A close
           // after progress (a relay's deploy) is routine and stays quiet
@@ -389,6 +405,7 @@ export const makeStreamRunner = (
     const replay = yield* Ref.make<bigint | undefined>(undefined)
     // the next session reads the durable replay obligation (the first one does)
     const replayCheck = yield* Ref.make(true)
+    const loaded = yield* Deferred.make<void>()
     /**
      * ask for a replay from `cursor` (the earliest asked wins), kept until replayed; the next
      * session reads the durable obligation too (a registration asks for both)
@@ -415,7 +432,8 @@ export const makeStreamRunner = (
       tagged: streamMetrics(spec.name),
       logLimited,
       limiter,
-      replayCheck
+      replayCheck,
+      loaded
     }
 
     const runner: StreamRunner = {
@@ -432,7 +450,8 @@ export const makeStreamRunner = (
       runFrom: (from) =>
         Effect.zipRight(Effect.zipRight(Ref.set(replayCheck, true), askReplay(from)), runFrom(ctx, replay)),
       run: Effect.zipRight(Ref.set(replayCheck, true), runFrom(ctx, replay)),
-      stopReading: Deferred.succeed(stopped, undefined).pipe(Effect.asVoid)
+      stopReading: Deferred.succeed(stopped, undefined).pipe(Effect.asVoid),
+      cursorLoaded: Deferred.await(loaded)
     }
     return runner
   })
