@@ -22,6 +22,14 @@ import type { RowEntry, WorkerEnv } from "./WorkerState.js"
 export const HOLD_FACTOR = 4
 /** Rows of one origin held per process = ORIGIN_HOLD_FACTOR × perOriginConcurrency. */
 export const ORIGIN_HOLD_FACTOR = 8
+/**
+ * Rows a worker may hold beyond its hold (HOLD_FACTOR × concurrency), START_HOLD_FACTOR ×
+ * concurrency, taken only by a start-only claim ({@link claimPlan}): rows that start at once in
+ * idle request slots. Slow receivers at their per-origin cap can fill the hold with rows that wait
+ * for them (8 origins × 8 × their cap of 4 = 256 rows with 32 in flight); the other origins' rows
+ * are still claimed then. A worker holds at most (HOLD_FACTOR + START_HOLD_FACTOR) × concurrency rows.
+ */
+export const START_HOLD_FACTOR = 1
 /** Handing a row back (stop, interruption before it started) is abandoned after this long. */
 export const RELEASE_TIMEOUT = Duration.seconds(2)
 
@@ -49,12 +57,43 @@ export const dispatch = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, c
   state.waiting.push(entry)
 }
 
-/** What the next claim may take: room per origin held, the origins that are full, and those open. */
-export const claimOptions = (env: WorkerEnv) => {
+/**
+ * The next claim, if the worker may claim now: how many rows at most, and whether it is a
+ * start-only claim (rows that start at once: {@link claimOptions}).
+ *
+ * - A claim within the hold (`maxHeld` rows): while every request slot is busy, only in batches of
+ *   at least `minBatch` rows; while a slot is idle (no held row can take it: a freed slot starts
+ *   the next startable row synchronously), for any room left.
+ * - A start-only claim, when the hold is used up and a request slot is idle (the held rows wait
+ *   for origins at their cap: slow receivers): at most as many rows as slots are idle, each of an
+ *   origin below its cap, up to {@link START_HOLD_FACTOR} × concurrency rows beyond the hold.
+ */
+export const claimPlan = (
+  env: Pick<WorkerEnv, "state" | "concurrency" | "maxHeld" | "minBatch">,
+  batchMax: number
+): { readonly limit: number; readonly startOnly: boolean } | undefined => {
+  const held = env.state.held
+  const idle = env.concurrency - env.state.inFlight
+  const capacity = env.maxHeld - held
+  if (capacity > 0 && (capacity >= env.minBatch || idle > 0)) {
+    return { limit: Math.min(capacity, batchMax), startOnly: false }
+  }
+  const beyond = env.maxHeld + START_HOLD_FACTOR * env.concurrency - held
+  if (idle > 0 && beyond > 0) return { limit: Math.min(idle, beyond, batchMax), startOnly: true }
+  return undefined
+}
+
+/**
+ * What the next claim may take: room per origin held, the origins that are full, and those open.
+ * A start-only claim ({@link claimPlan}) takes rows of an origin only up to its in-flight cap
+ * (`perOrigin` rows held, the rows being settled included), so that every row it takes can start.
+ */
+export const claimOptions = (env: WorkerEnv, startOnly = false) => {
   const rooms: Array<{ origin: string; room: number }> = []
   const fullOrigins: Array<string> = []
+  const hold = startOnly ? Math.min(env.perOrigin, env.perOriginHold) : env.perOriginHold
   for (const [origin, slot] of env.state.origins) {
-    const room = env.perOriginHold - slot.held
+    const room = hold - slot.held
     if (room > 0) rooms.push({ origin, room })
     else fullOrigins.push(origin)
   }
@@ -64,7 +103,7 @@ export const claimOptions = (env: WorkerEnv) => {
     rooms,
     fullOrigins,
     openOrigins,
-    defaultRoom: env.perOriginHold,
+    defaultRoom: hold,
     reclaimRoom: Math.max(0, SUSPECTS_HELD - env.state.suspectsHeld),
     withSubscriptions: env.snapshotMaxAgeMs > 0,
     // a stopping worker waits for one statement of a claim in progress, not two

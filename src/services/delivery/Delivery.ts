@@ -8,6 +8,10 @@
  * process (`concurrency` in flight; the rest are a prefetch buffer, so the pool never waits for a
  * claim round trip, and rows being settled), and at most `8 × perOriginConcurrency` rows of one URL
  * origin (the claim skips the rest, so one busy origin cannot fill the pool and starve the others).
+ * While a request slot is idle it always claims: once slow receivers' waiting rows fill the hold, a
+ * start-only claim takes rows that start at once (origins below their cap, no more than the idle
+ * slots), up to `concurrency` rows beyond the hold (Admission.claimPlan): at most `5 × concurrency`
+ * rows held.
  *
  * Concurrency. Claimed rows wait in claim order; a row starts when a request slot is free
  * (`concurrency` in flight) and its origin has fewer than `perOriginConcurrency` rows in flight. The
@@ -207,6 +211,7 @@ export const make = (
       maxHeld,
       perOriginHold: ORIGIN_HOLD_FACTOR * perOrigin,
       // while every request slot is busy, claim only in batches of at least a quarter of the hold
+      // (Admission.claimPlan)
       minBatch: Math.max(1, Math.floor(maxHeld / 4)),
       timeoutMs: d.timeoutMs,
       retryConfig: { baseMs: d.retryBaseMs, maxMs: d.retryMaxMs, maxAttempts: d.maxAttempts },

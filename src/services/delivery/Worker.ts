@@ -5,7 +5,8 @@
  *
  * Claiming. One loop fiber claims rows in batches. It wakes on `LISTEN firehook_outbox`, on a poll
  * timer (fallback), at once again after a full batch, and when an attempt finishes while more rows
- * were left due. It only claims as many rows as it can hold (see Admission).
+ * were left due. It only claims as many rows as it can hold, and while a request slot is idle it
+ * always claims (a start-only claim once the hold is used up): see Admission.claimPlan.
  *
  * Open circuits. The mover (Parking.ts) moves an open origin's pending rows past its cool-down in
  * bulk, and the claim skips open origins, so their backlog never stalls the others (SPEC §4.3).
@@ -24,7 +25,7 @@ import { Clock, Deferred, Duration, Effect, Either, Fiber, FiberSet, Option, Que
 import type { Scope } from "effect"
 import { exponential } from "../platform/Backoff.js"
 import { type HealthSection, statsSection } from "../platform/Health.js"
-import { claimOptions, dispatch, pumpNow, RELEASE_TIMEOUT, releaseWaiting } from "./Admission.js"
+import { claimOptions, claimPlan, dispatch, pumpNow, RELEASE_TIMEOUT, releaseWaiting } from "./Admission.js"
 import * as CountsCache from "./CountsCache.js"
 import { RECLAIM_INTERVAL_MS, STATEMENT_TIMEOUT } from "./DeliveryStore.js"
 import { heartbeatLoop, monotonicMs, renewAll } from "./Leases.js"
@@ -74,7 +75,7 @@ export interface DeliveryStats {
 export const claimLoop = (env: WorkerEnv) =>
   Effect.gen(function*() {
     const state = env.state
-    const { concurrency, maxHeld, minBatch, pollIntervalMs } = env
+    const pollIntervalMs = env.pollIntervalMs
     let nextPollAt = 0
     let lastClaimAt = Number.NEGATIVE_INFINITY
     let lastFull = false
@@ -82,10 +83,10 @@ export const claimLoop = (env: WorkerEnv) =>
     let failures = 0
     while (!state.stopping) {
       const now = yield* Clock.currentTimeMillis
-      const capacity = maxHeld - state.held
       const due = state.notified || now >= nextPollAt || lastFull || (moreDue && state.freed)
-      const canClaim = capacity > 0 && (capacity >= minBatch || state.held < concurrency)
-      if (due && canClaim) {
+      const plan = claimPlan(env, CLAIM_BATCH_MAX)
+      const canClaim = plan !== undefined
+      if (due && plan !== undefined) {
         const gap = lastFull ? 0 : lastClaimAt + MIN_CLAIM_GAP_MS - now
         if (gap > 0) {
           yield* Effect.sleep(Duration.millis(gap))
@@ -93,10 +94,12 @@ export const claimLoop = (env: WorkerEnv) =>
         }
         state.notified = false
         state.freed = false
-        const limit = Math.min(capacity, CLAIM_BATCH_MAX)
+        const limit = plan.limit
         state.claiming = true
         const claimStartMonotonic = yield* monotonicMs
-        const result = yield* Effect.either(env.store.claim(env.workerId, limit, env.leaseMs, claimOptions(env)))
+        const result = yield* Effect.either(
+          env.store.claim(env.workerId, limit, env.leaseMs, claimOptions(env, plan.startOnly))
+        )
         state.claiming = false
         const claimedAt = yield* Clock.currentTimeMillis
         state.claimMs += Math.max(0, claimedAt - now)

@@ -163,7 +163,10 @@ export interface WorkerEnv {
   readonly concurrency: number
   /** request slots per origin */
   readonly perOrigin: number
-  /** rows held per process at most */
+  /**
+   * rows held per process at most, but for start-only claims (rows that start at once in idle request
+   * slots, up to START_HOLD_FACTOR × concurrency more: Admission.claimPlan)
+   */
   readonly maxHeld: number
   /** rows of one origin held per process at most */
   readonly perOriginHold: number
