@@ -3,8 +3,10 @@
  * the direct stream read the event before the registry stream read the webhook's new URL, and the
  * registration replay matched it again), on real PostgreSQL: the delivery id is the same (event +
  * owner + rkey), so the row is moved to the new version, pending and due now, when nothing of it was
- * tried (pending with no attempt, or cancelled `subscription_changed`), and counted as inserted; a
- * row attempted, leased, delivered, dead-lettered or cancelled for another reason is kept. Through
+ * tried (pending with no attempt, or cancelled `subscription_changed` whatever its fingerprint: a
+ * webhook back at the row's version is revived), and counted as inserted; a row attempted, leased,
+ * delivered, dead-lettered or cancelled for another reason is kept (a leased untried row keeps its
+ * version and lease but is marked `moved_to`: test/matching/outbox-move-leased.test.ts). Through
  * each statement that writes rows (`insertRows`, `insertBatch`, `commitBatch`), and in memory.
  */
 import { SqlClient } from "@effect/sql"
@@ -107,6 +109,33 @@ describe("outbox: an event matched again by a new version of its webhook", () =>
         const r = yield* s.insertBatch([body("b")], [newRow("b")])
         expect(r.inserted).toBe(1)
         expect(yield* stored("b")).toMatchObject(moved)
+      }))
+
+    it.effect("a row cancelled subscription_changed is revived for the version it already has (insertRows)", () =>
+      Effect.gen(function*() {
+        const s = yield* store
+        // the webhook went back to the row's version (URL1 → URL2 → URL1, or paused then resumed):
+        // the row was cancelled at the middle version, its fingerprint is the current one again
+        yield* s.insertRows([oldRow("r")])
+        yield* setState(
+          "r",
+          "status = 'cancelled', last_error_kind = 'subscription_changed', finished_at = now(), crash_count = 1"
+        )
+        expect(yield* s.insertRows([oldRow("r")])).toBe(1)
+        expect(yield* stored("r")).toMatchObject({
+          target_url: OLD_URL,
+          fingerprint: "fp-old",
+          origin: Outbox.originKey(OLD_URL),
+          status: "pending",
+          attempt_count: 0,
+          last_error_kind: null,
+          finished: false,
+          due: true
+        })
+        // pending again with the same version: a duplicate, not moved again
+        yield* setState("r", "next_attempt_at = now() + interval '1 hour'")
+        expect(yield* s.insertRows([oldRow("r")])).toBe(0)
+        expect((yield* stored("r"))?.due).toBe(false)
       }))
 
     it.effect("in one statement, moved rows are in insertedIds; a delivery id given twice keeps the last", () =>

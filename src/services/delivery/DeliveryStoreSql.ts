@@ -72,14 +72,31 @@ const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
 // Settle
 
 /**
+ * A cancel `subscription_changed` of a row the outbox move marked (`moved_to`, 0018; see
+ * matching/OutboxSql.ts): the worker's screen saw the newer version the row is to move to. Read
+ * from the row in the UPDATE's SET (not from a snapshot CTE), so a move committed while the settle
+ * waited for the row's lock is seen.
+ */
+const MOVING = `(v.status = 'cancelled' AND v.error_kind = 'subscription_changed' AND o.moved_to IS NOT NULL)`
+
+/**
  * Settles are batched: concurrent calls are collected and applied by ONE guarded statement per
  * batch (update + attempt rows + audit rows), so a busy worker pays one round trip and one commit
  * per batch instead of per row. A batch starts as soon as the flusher is free (no added delay);
  * batches grow while a statement runs.
+ *
+ * A row with `moved_to` set (a leased row, claimed before any attempt, whose event a newer version
+ * of its webhook matched since) that is cancelled `subscription_changed` is moved instead: the new
+ * version's fields, `pending`, due now, not terminal (no audit row), `moved` in the result (answered
+ * as not applied: it was not cancelled; the caller wakes the workers). Every other settle clears
+ * `moved_to` (the old version was tried, or the screen found it current), except a deferral
+ * without an attempt (an owner `scanning` defers before the version is compared): the row waits,
+ * untried, for its next claim and screen.
  */
 const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>) => {
   const col = <A>(f: (x: Settle) => A): Array<A> => items.map(f)
-  return sql<SettledRow & { readonly delivery_id: string }>`
+  const moving = sql.literal(MOVING)
+  return sql<SettledRow & { readonly delivery_id: string; readonly moved: boolean }>`
       WITH v AS (
         SELECT * FROM unnest(
           ${col((x) => x.deliveryId)}::text[], ${col((x) => x.token)}::text[], ${col((x) => x.status)}::text[],
@@ -105,22 +122,31 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
       ),
       upd AS (
         UPDATE outbox o SET
-          status = CASE WHEN v.status <> 'park' THEN v.status WHEN pk.cleared THEN 'pending'
-                        WHEN pk.n <= ${PARK_MAX} THEN 'dead_letter' ELSE 'cancelled' END,
+          status = CASE WHEN ${moving} THEN 'pending' WHEN v.status <> 'park' THEN v.status
+                        WHEN pk.cleared THEN 'pending' WHEN pk.n <= ${PARK_MAX} THEN 'dead_letter' ELSE 'cancelled' END,
           attempt_count = COALESCE(v.attempt_count, o.attempt_count),
-          next_attempt_at = CASE WHEN pk.cleared THEN now() WHEN v.delay_ms IS NULL THEN o.next_attempt_at
+          next_attempt_at = CASE WHEN pk.cleared OR ${moving} THEN now() WHEN v.delay_ms IS NULL THEN o.next_attempt_at
                                  ELSE now() + v.delay_ms * interval '1 millisecond' END,
-          last_error_kind = CASE WHEN pk.cleared THEN o.last_error_kind
+          last_error_kind = CASE WHEN ${moving} THEN NULL WHEN pk.cleared THEN o.last_error_kind
                                  WHEN v.set_error THEN v.error_kind ELSE o.last_error_kind END,
-          last_http_status = CASE WHEN pk.cleared THEN o.last_http_status
+          last_http_status = CASE WHEN ${moving} THEN NULL WHEN pk.cleared THEN o.last_http_status
                                   WHEN v.set_http THEN v.http_status ELSE o.last_http_status END,
-          finished_at = CASE WHEN v.terminal AND pk.cleared IS NOT TRUE THEN now() ELSE o.finished_at END,
+          finished_at = CASE WHEN ${moving} THEN NULL
+                             WHEN v.terminal AND pk.cleared IS NOT TRUE THEN now() ELSE o.finished_at END,
+          match_kind = CASE WHEN ${moving} THEN o.moved_to->>'match_kind' ELSE o.match_kind END,
+          target_url = CASE WHEN ${moving} THEN o.moved_to->>'target_url' ELSE o.target_url END,
+          signing_mode = CASE WHEN ${moving} THEN o.moved_to->>'signing_mode' ELSE o.signing_mode END,
+          secret_id = CASE WHEN ${moving} THEN o.moved_to->>'secret_id' ELSE o.secret_id END,
+          fingerprint = CASE WHEN ${moving} THEN o.moved_to->>'fingerprint' ELSE o.fingerprint END,
+          origin = CASE WHEN ${moving} THEN o.moved_to->>'origin' ELSE o.origin END,
+          moved_to = CASE WHEN v.status = 'pending' AND v.attempt_count IS NULL THEN o.moved_to END,
           lease_token = NULL, leased_until = NULL, updated_at = now()
         FROM v LEFT JOIN pk ON pk.delivery_id = v.delivery_id
         WHERE o.delivery_id = v.delivery_id AND o.status = 'leased' AND o.lease_token = v.token
         RETURNING o.delivery_id, o.event_id, o.owner_did, o.webhook_rkey, o.fingerprint, o.event_did, o.event_collection,
           o.event_rkey, o.event_operation, v.token, o.status, v.error_kind, v.http_status,
-          (v.terminal AND pk.cleared IS NOT TRUE) AS terminal, (pk.cleared IS TRUE) AS unparked,
+          (v.terminal AND pk.cleared IS NOT TRUE AND NOT (v.status = 'cancelled' AND o.status = 'pending')) AS terminal,
+          (pk.cleared IS TRUE) AS unparked, (v.status = 'cancelled' AND o.status = 'pending') AS moved,
           v.has_attempt, v.a_started_ms, v.a_duration_ms, v.a_outcome, v.a_error_kind, v.a_http_status, v.a_excerpt
       ),
       att AS (
@@ -137,11 +163,24 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
           u.event_operation, u.status, u.http_status, u.error_kind, '[redacted]'
         FROM upd u WHERE u.terminal
       )
-      SELECT delivery_id, token AS lease_token, owner_did, webhook_rkey, fingerprint, status FROM upd
+      SELECT delivery_id, token AS lease_token, owner_did, webhook_rkey, fingerprint, status, moved FROM upd
       WHERE NOT unparked`.pipe(
     op("delivery.settle")
   )
 }
+
+/**
+ * The applied rows of a settle batch without its moved ones (a cancel applied as the outbox move:
+ * answered as not applied, so the worker publishes no `cancelled`), waking the workers when any
+ * moved (pending and due now, as an enqueue does). The wake-up's failure fails nothing: the
+ * workers' poll finds the row.
+ */
+const movedApart =
+  (sql: SqlClient.SqlClient) =>
+  <R extends { readonly moved: boolean }>(rows: ReadonlyArray<R>): Effect.Effect<ReadonlyArray<R>> =>
+    rows.some((r) => r.moved)
+      ? Effect.as(Effect.ignore(notifyStatement(sql).pipe(op("delivery.notify"))), rows.filter((r) => !r.moved))
+      : Effect.succeed(rows)
 
 // ---------------------------------------------------------------------------------------------
 // Reads
@@ -211,7 +250,7 @@ export const makeSql: Effect.Effect<
   // the webhook state follows each batch (its own statement; its failure never fails the settles)
   const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) =>
     Effect.tap(
-      settleStatement(sql, items),
+      Effect.flatMap(settleStatement(sql, items), movedApart(sql)),
       (rows) => recordHealth(items.map((i) => ({ ...i, park: i.status === "park" })), rows)
     )
   )

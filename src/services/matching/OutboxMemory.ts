@@ -20,7 +20,10 @@ export class MemoryOutboxState extends Context.Tag("firehook/MemoryOutboxState")
 /**
  * Put a row unless its delivery id has one; a row of another fingerprint is replaced (as the SQL
  * store moves an untried row to the new version: nothing here is ever tried). Whether it counts:
- * once per id per call (`putIds`: the ids this call put), as one SQL statement.
+ * once per id per call (`putIds`: the ids this call put), as one SQL statement. The rows here have
+ * no delivery state (no status, lease or attempt), so the SQL store's other cases have no
+ * counterpart: a row cancelled `subscription_changed` revived whatever its fingerprint (a row of
+ * the same fingerprint here is a duplicate), and a leased row's pending move (`moved_to`).
  */
 const put = (s: MemoryOutbox, r: OutboxRow, putIds: Set<string>): boolean => {
   const prev = s.rows.get(r.deliveryId)

@@ -51,34 +51,59 @@ const rowsCte = (sql: SqlClient.SqlClient, c: ReturnType<typeof columns>) =>
  * `outbox_moved`: an existing row of the same delivery id (event + owner + rkey: an earlier match of
  * the event by another version of the webhook, e.g. the direct stream read a post before the
  * registry stream read the webhook's new URL) is moved to the given, newer registration when that
- * matters and nothing of it was tried: another fingerprint, not attempted (`attempt_count = 0`) and
- * either `pending` (not leased) or cancelled `subscription_changed` (`delivery/Attempt.ts`: the
- * check at delivery saw the new version). Such a row is pending and due now, like a new one, and
- * counts as inserted (it wakes the workers). A row attempted, leased, delivered or dead-lettered is
- * kept (at least once: its version was tried). An UPDATE, not `ON CONFLICT DO UPDATE`: that would
- * lock every conflicting row (a replay's, which the workers are settling) until the commit, whether
- * or not it moves; this locks only the rows it moves, and reads the table only for the ids the
- * insert (`outbox_new`, which it cannot see: one snapshot) did not take, by the primary key (`= ANY`
- * of an array built first: a join of the batch's rows let the planner pick a scan of the whole
- * outbox for a large batch, doubling PostgreSQL's CPU per delivery in the e2e bench), so a batch
- * without conflicts reads nothing. `valid`: the rows' condition of the insert (a body that matches).
+ * matters and nothing of it was tried: not attempted (`attempt_count = 0`) and either `pending`
+ * (not leased) with another fingerprint, or cancelled `subscription_changed` (`delivery/Attempt.ts`:
+ * the check at delivery saw another version) whatever its fingerprint (a webhook that came back to
+ * the row's version, URL1 → URL2 → URL1 or a pause then a resume, was cancelled at the middle
+ * version and matches again now). Such a row is pending and due now, like a new one, and counts as
+ * inserted (it wakes the workers). A `leased` row not attempted, of another fingerprint, is claimed
+ * by a worker that has not sent it yet: its status and lease are kept (the worker holds it) and the
+ * new version is written to `moved_to` only (0018): the worker's screen then sees the new version
+ * and cancels the row `subscription_changed`, which the settle (delivery/DeliveryStoreSql.ts)
+ * applies as this move instead; any other settle clears it (the old version was tried or sent).
+ * Such a row does not count as inserted (nothing is claimable yet). A row attempted, delivered or
+ * dead-lettered, or cancelled for another reason, is kept (at least once: its version was tried).
+ * An UPDATE, not `ON CONFLICT DO UPDATE`: that would lock every conflicting row (a replay's, which
+ * the workers are settling) until the commit, whether or not it moves; this locks only the rows it
+ * moves (and the rare leased untried rows it marks: their settle waits for this commit), and reads
+ * the table only for the ids the insert (`outbox_new`, which it cannot see: one snapshot) did not
+ * take, by the primary key (`= ANY` of an array built first: a join of the batch's rows let the
+ * planner pick a scan of the whole outbox for a large batch, doubling PostgreSQL's CPU per delivery
+ * in the e2e bench), so a batch without conflicts reads nothing. One UPDATE for both kinds (each
+ * column chosen by the row's old status) so a replay reads each conflicting row once.
+ * `valid`: the rows' condition of the insert (a body that matches).
  */
 const movedCte = (sql: SqlClient.SqlClient, valid: Statement.Fragment) =>
   sql`outbox_moved AS (
-      UPDATE outbox o SET match_kind = r.match_kind, target_url = r.target_url, signing_mode = r.signing_mode,
-        secret_id = r.secret_id, fingerprint = r.fingerprint, origin = r.origin, status = 'pending',
-        next_attempt_at = now(), lease_token = NULL, leased_until = NULL, last_error_kind = NULL,
-        last_http_status = NULL, finished_at = NULL, crash_count = 0, updated_at = now()
+      UPDATE outbox o SET
+        match_kind = CASE WHEN o.status = 'leased' THEN o.match_kind ELSE r.match_kind END,
+        target_url = CASE WHEN o.status = 'leased' THEN o.target_url ELSE r.target_url END,
+        signing_mode = CASE WHEN o.status = 'leased' THEN o.signing_mode ELSE r.signing_mode END,
+        secret_id = CASE WHEN o.status = 'leased' THEN o.secret_id ELSE r.secret_id END,
+        fingerprint = CASE WHEN o.status = 'leased' THEN o.fingerprint ELSE r.fingerprint END,
+        origin = CASE WHEN o.status = 'leased' THEN o.origin ELSE r.origin END,
+        moved_to = CASE WHEN o.status = 'leased' THEN jsonb_build_object('match_kind', r.match_kind,
+          'target_url', r.target_url, 'signing_mode', r.signing_mode, 'secret_id', r.secret_id,
+          'fingerprint', r.fingerprint, 'origin', r.origin) END,
+        status = CASE WHEN o.status = 'leased' THEN o.status ELSE 'pending' END,
+        next_attempt_at = CASE WHEN o.status = 'leased' THEN o.next_attempt_at ELSE now() END,
+        lease_token = CASE WHEN o.status = 'leased' THEN o.lease_token END,
+        leased_until = CASE WHEN o.status = 'leased' THEN o.leased_until END,
+        last_error_kind = CASE WHEN o.status = 'leased' THEN o.last_error_kind END,
+        last_http_status = CASE WHEN o.status = 'leased' THEN o.last_http_status END,
+        finished_at = CASE WHEN o.status = 'leased' THEN o.finished_at END,
+        crash_count = CASE WHEN o.status = 'leased' THEN o.crash_count ELSE 0 END,
+        updated_at = CASE WHEN o.status = 'leased' THEN o.updated_at ELSE now() END
       FROM outbox_rows r
       WHERE o.delivery_id = ANY (ARRAY(
           SELECT x.delivery_id FROM outbox_rows x WHERE x.delivery_id NOT IN (SELECT delivery_id FROM outbox_new)
         ))
-        AND r.delivery_id = o.delivery_id AND ${valid}
-        AND o.fingerprint IS DISTINCT FROM r.fingerprint AND o.attempt_count = 0
-        AND (o.status = 'pending' OR (o.status = 'cancelled' AND o.last_error_kind = 'subscription_changed'))
-      RETURNING o.delivery_id
+        AND r.delivery_id = o.delivery_id AND ${valid} AND o.attempt_count = 0
+        AND ((o.status IN ('pending', 'leased') AND o.fingerprint IS DISTINCT FROM r.fingerprint)
+          OR (o.status = 'cancelled' AND o.last_error_kind = 'subscription_changed'))
+      RETURNING o.delivery_id, o.status
     ), outbox_inserted AS (
-      SELECT delivery_id FROM outbox_new UNION ALL SELECT delivery_id FROM outbox_moved
+      SELECT delivery_id FROM outbox_new UNION ALL SELECT delivery_id FROM outbox_moved WHERE status = 'pending'
     )`
 
 /**

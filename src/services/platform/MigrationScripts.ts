@@ -474,6 +474,18 @@ ALTER TABLE cursors ADD COLUMN IF NOT EXISTS replay_from bigint;
 ALTER TABLE cursors ADD COLUMN IF NOT EXISTS replay_seq bigint NOT NULL DEFAULT 0;
 `)
 
+/**
+ * 0018: `outbox.moved_to`, the newer version of its webhook that a leased row, claimed but not yet
+ * attempted (`attempt_count = 0`), is to move to (`match_kind`, `target_url`, `signing_mode`,
+ * `secret_id`, `fingerprint`, `origin`), written by the outbox move (matching/OutboxSql.ts) when a
+ * registration replay matches the row's event with another fingerprint while a worker holds it.
+ * The settle that cancels the row `subscription_changed` (its screen saw the new version) applies
+ * it instead: the row is pending and due now at the new version; every other settle clears it.
+ * Before, the move skipped leased rows, the screen cancelled them, and the new version never got
+ * the event. NULL on nearly every row; a nullable column without a default: no table rewrite.
+ */
+const outboxMovedTo = ddl(`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS moved_to jsonb`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -492,5 +504,6 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0014_tombstones_live": tombstonesLive,
   "0015_rejected_limit_since": rejectedLimitSince,
   "0016_owners_completed_rev": ownersCompletedRev,
-  "0017_cursors_replay": cursorsReplay
+  "0017_cursors_replay": cursorsReplay,
+  "0018_outbox_moved_to": outboxMovedTo
 }
