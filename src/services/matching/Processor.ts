@@ -27,8 +27,15 @@
  * key index again, between two units of work. Between two units too, the key index forgets the
  * keys whose rows expired (`PriorRefIndex.expiryStep`: the table deletes them and answers), so a
  * full table admits new keys again once rows pass their TTL, whether or not maintenance runs here.
+ *
+ * The worker never dies of a unit's defect (a bug): a unit's outcome, defects included, goes to its
+ * callers; a defect of batches written together (they are retried one by one) or of the expiry
+ * check is logged (by kind and class name only, at most once a minute each) and the worker goes
+ * on. Should the worker end all the same (interrupted at shutdown, or a defect outside a unit),
+ * every request taken or queued is answered with its cause, and every later call fails at once
+ * with it: no caller ever waits for ever.
  */
-import { type Cause, Clock, Context, Deferred, Effect, Either, Exit, Layer, Metric, Option, Queue } from "effect"
+import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Metric, Option, Queue } from "effect"
 import type { StreamEvent } from "../../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import type { CursorWrite } from "../intake/CursorStore.js"
@@ -131,6 +138,13 @@ const processedBy = labelledCounterFamily("firehook_events_processed_total", EVE
 const quarantinedBy = labelledCounterFamily("firehook_events_quarantined_total", EVENTS_QUARANTINED)
 
 const emptyKeys: ReadonlySet<string> = new Set()
+
+/** A defect named without its message (which could carry a value): its class name, or `unknown`. */
+const defectName = (cause: Cause.Cause<unknown>): string => {
+  const defect = Cause.dieOption(cause)
+  if (Option.isNone(defect) || !(defect.value instanceof Error)) return "unknown"
+  return /^[A-Za-z][A-Za-z0-9_]{0,63}$/.test(defect.value.name) ? defect.value.name : "unknown"
+}
 
 interface Request {
   readonly _tag: "batch"
@@ -328,6 +342,43 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
 
     const requests = yield* Queue.bounded<Request | Reload>(64)
     const inProgress = new Set<Request | Reload>()
+    /** why the worker ended (set once, before its requests are answered): later calls fail with it */
+    let stopped: Cause.Cause<never> | undefined
+    const answer = (r: Request | Reload, cause: Cause.Cause<never>) =>
+      r._tag === "batch" ? Deferred.failCause(r.result, cause) : Deferred.failCause(r.result, cause)
+    /**
+     * The worker ended (once): every request taken or queued is answered with the cause (a defect
+     * as a defect, an interruption as one), and later calls fail at once with it (`processEvents`).
+     */
+    const stop = (cause: Cause.Cause<never>) =>
+      Effect.gen(function*() {
+        if (stopped !== undefined) return
+        stopped = cause
+        if (!Cause.isInterruptedOnly(cause)) {
+          yield* Effect.logError("matching worker stopped; intake batches fail until restart").pipe(
+            Effect.annotateLogs({ kind: Cause.isDie(cause) ? "defect" : "failure", defect: defectName(cause) })
+          )
+        }
+        for (const r of inProgress) yield* answer(r, cause)
+        inProgress.clear()
+        for (const r of yield* Queue.takeAll(requests)) yield* answer(r, cause)
+      })
+    // defects the worker survives (batches written together, the expiry check): logged by kind
+    // and class name only (a cause could carry values), at most once a minute for each
+    const survivedLog = RateLimitedLog.make()
+    const survived = (where: "batches together" | "expiry check", cause: Cause.Cause<unknown>) =>
+      Cause.isDie(cause)
+        ? survivedLog.run(where, (suppressed) =>
+          Effect.logError("matching worker survived a defect").pipe(
+            Effect.annotateLogs({ where, kind: "defect", defect: defectName(cause), suppressed })
+          ))
+        : Effect.void
+    /** between two units: the key index forgets the keys whose rows expired (a defect is logged) */
+    const expiryGuarded = checkExpiry.pipe(
+      Effect.catchAllCause((cause) =>
+        Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : survived("expiry check", cause)
+      )
+    )
     const worker = Effect.gen(function*() {
       // taken, not yet committed (in arrival order)
       const pending: Array<Request | Reload> = []
@@ -346,8 +397,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
           inProgress.delete(head)
           continue
         }
-        // between two units: the key index forgets the keys whose rows expired
-        yield* checkExpiry
+        yield* expiryGuarded
         // the head of the line, alone or with the one-statement batches right behind it
         const group: Array<Request> = [head]
         for (let next = pending[0]; next !== undefined && next._tag === "batch"; next = pending[0]) {
@@ -358,37 +408,40 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         if (group.length === 1) {
           yield* alone(head)
         } else {
-          const together = yield* Effect.either(inOneStatement(group).pipe(registry.transactional))
-          if (Either.isRight(together) && together.right !== undefined) {
-            yield* settleUnit(group, Effect.succeed(together.right))
+          // a failure or a defect: one by one, so each caller sees its own batch's outcome
+          const together = yield* Effect.exit(inOneStatement(group).pipe(registry.transactional))
+          if (Exit.isSuccess(together) && together.value !== undefined) {
+            yield* settleUnit(group, Effect.succeed(together.value))
           } else {
+            if (Exit.isFailure(together)) yield* survived("batches together", together.cause)
             for (const r of group) yield* alone(r)
           }
         }
         for (const r of group) inProgress.delete(r)
       }
     }).pipe(
-      Effect.onInterrupt(() =>
-        Effect.gen(function*() {
-          const interrupt = (r: Request | Reload) =>
-            r._tag === "batch" ? Deferred.interrupt(r.result) : Deferred.interrupt(r.result)
-          for (const r of inProgress) yield* interrupt(r)
-          for (const r of yield* Queue.takeAll(requests)) yield* interrupt(r)
-        })
-      )
+      Effect.onExit((exit) => stop(Exit.isFailure(exit) ? exit.cause : Cause.die("matching worker ended")))
     )
+    // the worker may be interrupted before it runs (its `onExit` then never does): this finalizer,
+    // run after the worker's, ends the processor all the same
+    yield* Effect.addFinalizer(() => Effect.flatMap(Effect.fiberId, (id) => stop(Cause.interrupt(id))))
     yield* Effect.forkScoped(worker)
 
     const processEvents = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
       Effect.gen(function*() {
+        if (stopped !== undefined) return yield* Effect.failCause(stopped)
         const result = yield* Deferred.make<BatchResult, StoreError>()
         yield* Queue.offer(requests, { _tag: "batch", batch, options, result })
+        // the worker ended while this was offered: answered here if its cleanup did not
+        if (stopped !== undefined) yield* Deferred.failCause(result, stopped)
         return yield* Deferred.await(result)
       })
 
     const reload = Effect.gen(function*() {
+      if (stopped !== undefined) return yield* Effect.failCause(stopped)
       const result = yield* Deferred.make<void, StoreError>()
       yield* Queue.offer(requests, { _tag: "reload", result })
+      if (stopped !== undefined) yield* Deferred.failCause(result, stopped)
       return yield* Deferred.await(result)
     })
 
