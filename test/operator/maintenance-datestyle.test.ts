@@ -34,8 +34,11 @@ const oddDatabase = Effect.gen(function*() {
 const firehookClient = Layer.unwrapScoped(Effect.map(oddDatabase, ({ url }) => Database.layerUrl(url)))
 const plainClient = Layer.unwrapScoped(Effect.map(oddDatabase, ({ url }) => PgClient.layer({ url })))
 
-const boundTests = (it: typeof import("@effect/vitest").it) => {
-  it.effect("the tombstone row bound keeps the newest tombstonesMaxRows rows", () =>
+/** The two bounds' tests, registered through the layer's own `it.effect`. */
+type Register = (name: string, self: () => Effect.Effect<void, unknown, SqlClient.SqlClient>) => void
+
+const boundTests = (effect: Register) => {
+  effect("the tombstone row bound keeps the newest tombstonesMaxRows rows", () =>
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
       // ten tombstones, one an hour apart, all younger than the 7-day retention
@@ -50,7 +53,7 @@ const boundTests = (it: typeof import("@effect/vitest").it) => {
       expect(counts.tombstones).toBe(5)
     }))
 
-  it.effect("the refused-record row bound keeps the newest rejectedMaxRows rows", () =>
+  effect("the refused-record row bound keeps the newest rejectedMaxRows rows", () =>
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
       for (let i = 0; i < 10; i++) {
@@ -81,10 +84,10 @@ describe("maintenance row bounds on a database of DateStyle 'SQL, DMY', TimeZone
         const rows = yield* sql<{ style: string }>`SELECT current_setting('DateStyle') AS style`
         expect(rows[0]?.style).toBe("SQL, DMY")
       }))
-    boundTests(it)
+    boundTests((name, self) => it.effect(name, self))
   })
 
   it.layer(firehookClient)("firehook's own pool", (it) => {
-    boundTests(it)
+    boundTests((name, self) => it.effect(name, self))
   })
 })

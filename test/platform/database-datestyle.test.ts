@@ -20,7 +20,11 @@ import * as Operator from "../../src/services/operator/Operator.js"
 import * as Database from "../../src/services/platform/Database.js"
 import * as DatabaseSsl from "../../src/services/platform/DatabaseSsl.js"
 import { layerSql as reconcileLayerSql, ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"
-import { layerSql as registryLayerSql, RegistryStore } from "../../src/services/registry/RegistryStore.js"
+import {
+  layerSql as registryLayerSql,
+  type LoadPosition,
+  RegistryStore
+} from "../../src/services/registry/RegistryStore.js"
 import * as Db from "../support/db.js"
 import { withClient } from "../support/pgAdmin.js"
 import { plc } from "../support/stack.js"
@@ -156,7 +160,8 @@ describe("time keys kept as text, on a session of DateStyle 'SQL, DMY' and TimeZ
           const seen: Array<string> = []
           let after: Parameters<typeof store.loadActive>[1] = {}
           for (let page = 0; page < 10; page++) {
-            const rows = yield* store.loadActive(2, after)
+            const rows: ReadonlyArray<{ readonly rkey: string; readonly position: LoadPosition }> = yield* store
+              .loadActive(2, after)
             seen.push(...rows.map((r) => r.rkey))
             const last = rows[rows.length - 1]
             if (last === undefined) break
