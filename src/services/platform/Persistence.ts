@@ -6,8 +6,10 @@
  * made inside it joins the transaction. The in-memory `Tx` only serializes (tests and embedding).
  */
 import { SqlClient } from "@effect/sql"
-import { Context, Data, type Duration, Effect, Layer } from "effect"
+import type { SqlError } from "@effect/sql/SqlError"
+import { Clock, Context, Data, Duration, Effect, Exit, Layer, Option, Scope } from "effect"
 import * as ErrorCode from "./ErrorCode.js"
+import { endClient } from "./PooledConnection.js"
 
 /** A persistence failure. `code` is a SQLSTATE/errno-like code; never SQL text or values. */
 export class StoreError extends Data.TaggedError("StoreError")<{ readonly op: string; readonly code: string }> {
@@ -44,26 +46,74 @@ export const storeOpWithin =
       Effect.timeoutFail({ duration: within, onTimeout: () => new StoreError({ op, code: "timeout" }) })
     )
 
-/** Bound on one transaction of the PostgreSQL `Tx`, from BEGIN to COMMIT. */
+/**
+ * Bound on one transaction of the PostgreSQL `Tx`, from taking its connection to the answer to its
+ * COMMIT/ROLLBACK. At the bound the caller fails with `StoreError(transaction, timeout)` and the
+ * transaction's connection is ended (never handed out again), so that a server that stopped
+ * answering mid-transaction cannot hold the caller for as long as the socket lives.
+ */
 export const TX_TIMEOUT: Duration.DurationInput = "2 minutes"
+
+const txTimeout = () => new StoreError({ op: "transaction", code: "timeout" })
 
 export interface TxShape {
   readonly withTransaction: <A, E, R>(eff: Effect.Effect<A, E, R>) => Effect.Effect<A, E | StoreError, R>
 }
+
+/**
+ * A top-level transaction on a connection it reserves itself, watched: `@effect/sql` runs BEGIN,
+ * COMMIT and ROLLBACK uninterruptibly, so interrupting a transaction whose server stopped answering
+ * waits for an answer that may never come. A watchdog fiber, owned by the transaction's scope (it
+ * is interrupted before the connection goes back to the pool), ends the connection's client when
+ * TX_TIMEOUT has passed since the call began: the pending statement, BEGIN, COMMIT or ROLLBACK then
+ * fails at once, and pg-pool drops the ended client on release. The connection is given to
+ * `sql.withTransaction` as an enclosing `TransactionConnection` of depth -1, which it takes as a
+ * top-level transaction (depth 0: BEGIN/COMMIT/ROLLBACK, no SAVEPOINT) on that connection. Cost
+ * per transaction: two clock reads, one fiber fork and its interruption; nothing per statement.
+ */
+const watchedTransaction = (sql: SqlClient.SqlClient) =>
+<A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError | StoreError, R> =>
+  Effect.scoped(Effect.gen(function*() {
+    const start = yield* Clock.currentTimeMillis
+    const scope = yield* Effect.scope
+    // uninterruptible as in `sql.withTransaction`: a connection handed over after an interruption
+    // would never be released (the pool's wait is bounded by its connectionTimeoutMillis)
+    const conn = yield* Effect.uninterruptible(Scope.extend(sql.reserve, scope))
+    const left = Duration.toMillis(TX_TIMEOUT) - ((yield* Clock.currentTimeMillis) - start)
+    let ended = false
+    yield* Effect.forkIn(
+      Effect.zipRight(
+        Effect.sleep(Duration.millis(Math.max(0, left))),
+        Effect.suspend(() => {
+          ended = true
+          return endClient(conn)
+        })
+      ),
+      scope
+    )
+    const exit = yield* Effect.exit(
+      Effect.provideService(sql.withTransaction(eff), SqlClient.TransactionConnection, [conn, -1] as const)
+    )
+    // ended by the watchdog: whatever failed (the statement, or the COMMIT/ROLLBACK as a defect)
+    // failed because the bound passed; a transaction that committed before that stays committed
+    return yield* Exit.isFailure(exit) && ended ? Effect.fail(txTimeout()) : exit
+  }))
 
 export class Tx extends Context.Tag("firehook/Tx")<Tx, TxShape>() {
   static readonly layerSql = Layer.effect(
     Tx,
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
+      const watched = watchedTransaction(sql)
       return {
         withTransaction: <A, E, R>(eff: Effect.Effect<A, E, R>) =>
-          sql.withTransaction(eff).pipe(
-            // its statements are bounded one by one; this also bounds BEGIN/COMMIT (SPEC §7)
-            Effect.timeoutFail({
-              duration: TX_TIMEOUT,
-              onTimeout: () => new StoreError({ op: "transaction", code: "timeout" })
-            }),
+          Effect.serviceOption(SqlClient.TransactionConnection).pipe(
+            // a nested call joins the enclosing transaction (a SAVEPOINT), which its own bound covers
+            Effect.flatMap((outer) => (Option.isSome(outer) ? sql.withTransaction(eff) : watched(eff))),
+            // its statements are bounded one by one; this bounds the whole, BEGIN/COMMIT included
+            // (SPEC §7): the watchdog above ends a connection that stopped answering, so the
+            // uninterruptible BEGIN/COMMIT/ROLLBACK this waits for returns
+            Effect.timeoutFail({ duration: TX_TIMEOUT, onTimeout: txTimeout }),
             Effect.catchIf(
               (e): e is Extract<typeof e, { readonly _tag: "SqlError" }> =>
                 typeof e === "object" && e !== null && "_tag" in e && e._tag === "SqlError",
