@@ -57,13 +57,16 @@ import {
   rescheduled,
   type Settle
 } from "./SettleRequests.js"
-import { PARK_MAX, recorderFor, type SettledRow } from "./WebhookHealthSql.js"
+import { PARK_MAX, type SettledRow, writerFor } from "./WebhookHealthSql.js"
 
 const boundExcerpt = (s: string | undefined): string | null => {
   if (s === undefined) return null
   const bytes = Buffer.from(s, "utf8")
   return bytes.length <= RESPONSE_EXCERPT_BYTES ? s.replace(/\u0000/g, "") : excerpt(bytes)
 }
+
+/** Settled items' webhook-state tickets held at most (see `makeSql`). */
+const TICKETS_MAX = 4 * 256
 
 /** Map a failure to a `StoreError` and bound the statement's time. */
 const op = (name: string) => storeOpWithin(name, STATEMENT_TIMEOUT)
@@ -92,6 +95,12 @@ const MOVING = `(v.status = 'cancelled' AND v.error_kind = 'subscription_changed
  * `moved_to` (the old version was tried, or the screen found it current), except a deferral
  * without an attempt (an owner `scanning` defers before the version is compared): the row waits,
  * untried, for its next claim and screen.
+ *
+ * Parks (SPEC §4.3: at most {@link PARK_MAX} parked rows per webhook) are decided and counted here,
+ * in one statement: the parked rows' webhooks are locked in key order (`pw`), each park's place is
+ * the locked `parked` plus its rank, and `parked` / `parked_dropped` are raised for the rows that
+ * became dead letters / were dropped (`pc`), so a count is never lost or read stale. Batches
+ * without a park lock no webhook row.
  */
 const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>) => {
   const col = <A>(f: (x: Settle) => A): Array<A> => items.map(f)
@@ -112,13 +121,21 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
         ) AS t(delivery_id, token, status, attempt_count, delay_ms, set_error, error_kind, set_http, http_status,
                terminal, has_attempt, a_started_ms, a_duration_ms, a_outcome, a_error_kind, a_http_status, a_excerpt)
       ),
+      pw AS (
+        SELECT w.owner_did, w.rkey, w.parked, w.fingerprint, w.gone_at, w.auto_disabled_at FROM webhooks w
+        WHERE (w.owner_did, w.rkey) IN (
+          SELECT o.owner_did, o.webhook_rkey FROM v JOIN outbox o ON o.delivery_id = v.delivery_id
+          WHERE v.status = 'park')
+        ORDER BY w.owner_did, w.rkey
+        FOR NO KEY UPDATE OF w
+      ),
       pk AS (
         SELECT v.delivery_id, COALESCE(w.parked, 0)
           + row_number() OVER (PARTITION BY o.owner_did, o.webhook_rkey ORDER BY v.delivery_id) AS n,
           (w.fingerprint = o.fingerprint AND w.gone_at IS NULL AND w.auto_disabled_at IS NULL) AS cleared
         FROM v JOIN outbox o ON o.delivery_id = v.delivery_id
-        LEFT JOIN webhooks w ON w.owner_did = o.owner_did AND w.rkey = o.webhook_rkey
-        WHERE v.status = 'park'
+        LEFT JOIN pw w ON w.owner_did = o.owner_did AND w.rkey = o.webhook_rkey
+        WHERE v.status = 'park' AND o.status = 'leased' AND o.lease_token = v.token
       ),
       upd AS (
         UPDATE outbox o SET
@@ -147,6 +164,7 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
           o.event_rkey, o.event_operation, v.token, o.status, v.error_kind, v.http_status,
           (v.terminal AND pk.cleared IS NOT TRUE AND NOT (v.status = 'cancelled' AND o.status = 'pending')) AS terminal,
           (pk.cleared IS TRUE) AS unparked, (v.status = 'cancelled' AND o.status = 'pending') AS moved,
+          (v.status = 'park') AS park,
           v.has_attempt, v.a_started_ms, v.a_duration_ms, v.a_outcome, v.a_error_kind, v.a_http_status, v.a_excerpt
       ),
       att AS (
@@ -162,6 +180,14 @@ const settleStatement = (sql: SqlClient.SqlClient, items: ReadonlyArray<Settle>)
         SELECT u.delivery_id, u.event_id, u.owner_did, u.webhook_rkey, u.event_did, u.event_collection, u.event_rkey,
           u.event_operation, u.status, u.http_status, u.error_kind, '[redacted]'
         FROM upd u WHERE u.terminal
+      ),
+      pc AS (
+        UPDATE webhooks w SET parked = LEAST(w.parked + c.parked, 2147483647), parked_dropped = w.parked_dropped + c.dropped
+        FROM (SELECT u.owner_did, u.webhook_rkey, u.fingerprint,
+                count(*) FILTER (WHERE u.status = 'dead_letter')::int AS parked,
+                count(*) FILTER (WHERE u.status = 'cancelled')::int AS dropped
+              FROM upd u WHERE u.park AND NOT u.unparked GROUP BY u.owner_did, u.webhook_rkey, u.fingerprint) c
+        WHERE w.owner_did = c.owner_did AND w.rkey = c.webhook_rkey AND w.fingerprint = c.fingerprint
       )
       SELECT delivery_id, token AS lease_token, owner_did, webhook_rkey, fingerprint, status, moved FROM upd
       WHERE NOT unparked`.pipe(
@@ -243,17 +269,33 @@ export const makeSql: Effect.Effect<
   const claimConnection = yield* makeClaimConnection(sql, pg)
   // cool-down ends (the process's clock) go to the database's clock, which the claim compares with
   const parkClock = makeParkClock(sql)
-  const recordHealth = yield* recorderFor(sql)
+  const health = yield* writerFor(sql)
+  // the ticket of the webhook-state write each settled item waits for (set by the flusher, taken
+  // by the item's caller; cleared if ever left this full by interrupted callers)
+  const tickets = new Map<string, number>()
   // where the next jammed claim's origin walk starts: after the last origin the previous one
   // visited, so that every origin is reached in turn however many there are
   const walk = { cursor: "" }
-  // the webhook state follows each batch (its own statement; its failure never fails the settles)
-  const settle = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) =>
-    Effect.tap(
-      Effect.flatMap(settleStatement(sql, items), movedApart(sql)),
-      (rows) => recordHealth(items.map((i) => ({ ...i, park: i.status === "park" })), rows)
-    )
+  // the webhook state follows each batch: the flusher only hands the batch's changes to the
+  // writer (WebhookHealthSql.makeWriter: its own fiber and statement, whose failure never fails
+  // the settles); each settle whose batch changed the state waits for that write, briefly
+  const batch = yield* makeSettleBatcher((items: ReadonlyArray<Settle>) =>
+    Effect.map(Effect.flatMap(settleStatement(sql, items), movedApart(sql)), (rows) => {
+      const ticket = health.offer(items.map((i) => ({ ...i, park: i.status === "park" })), rows)
+      if (ticket > 0) {
+        if (tickets.size > TICKETS_MAX) tickets.clear()
+        for (const i of items) tickets.set(i.token, ticket)
+      }
+      return rows
+    })
   )
+  const settle = (item: Settle): Effect.Effect<boolean, StoreError> =>
+    Effect.tap(batch(item), () => {
+      const ticket = tickets.get(item.token)
+      if (ticket === undefined) return Effect.void
+      tickets.delete(item.token)
+      return health.written(ticket)
+    })
 
   const store: DeliveryStoreShape = {
     claim: (workerId, limit, leaseMs, options = {}) => {
