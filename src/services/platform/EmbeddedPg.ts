@@ -163,6 +163,20 @@ const mayBeServer = (pid: number, isRoot: boolean): boolean => {
   }
 }
 
+/**
+ * Whether the process `pid` is known not to be a PostgreSQL server: its command line
+ * (`/proc/<pid>/cmdline`, Linux) names no `postgres`/`postmaster`. Unknown (no `/proc`, unreadable):
+ * false, so a live pid that does not answer is still taken for the server and its lock file kept.
+ */
+const knownNotPostgres = (pid: number): boolean => {
+  try {
+    const cmdline = Fs.readFileSync(`/proc/${pid}/cmdline`, "latin1")
+    return !/postgres|postmaster/i.test(cmdline)
+  } catch {
+    return false
+  }
+}
+
 /** A PostgreSQL error response (it has a SQLSTATE and a severity), as opposed to a socket's error. */
 const isServerError = (e: unknown): boolean =>
   typeof e === "object" && e !== null &&
@@ -205,6 +219,10 @@ const runningServer = (pgDir: string, password: string, isRoot: boolean) =>
     if (lock === undefined) return undefined
     const live = mayBeServer(lock.pid, isRoot)
     if (live && (yield* answers(lock.port, password))) return lock.port
+    // a live pid that did not answer in time may still be the server (frozen, a stalled host, or
+    // between writing its lock file and listening): taken for one, as before, unless the process
+    // is known not to be a postgres; its lock file is never removed then
+    if (live && !knownNotPostgres(lock.pid)) return lock.port
     yield* Effect.logWarning("stale postmaster.pid (no server answers); starting the embedded PostgreSQL")
     if (live) {
       yield* Effect.try({
