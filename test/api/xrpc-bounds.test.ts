@@ -4,10 +4,13 @@
  * authentication"): an output its lexicon refuses is such a 500, with its line; a verification
  * that never ends is a 504 after 10 s, for a query and for a subscription's upgrade request; a
  * call that is interrupted (its client went away, the server stops) is not a defect: it ends
- * interrupted, with no 500 and no error line. The app runs here directly, over an in-memory
- * verifier (for the interruption: as the platform runs a request, uninterruptibly, the call
- * itself interruptible).
+ * interrupted, with no 500 and no error line; the platform's answer to it (an empty 503 before)
+ * is the XRPC error `{error, message}` with `Cache-Control: no-store`. The app runs here directly,
+ * over an in-memory verifier (for the interruption: as the platform runs a request, uninterruptibly,
+ * the call itself interruptible; and through `HttpApp.toHandled`, as Bun's and Node's servers run
+ * it).
  */
+import * as HttpApp from "@effect/platform/HttpApp"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { describe, expect, it } from "@effect/vitest"
@@ -151,5 +154,58 @@ describe("an interrupted call", () => {
       expect(Exit.isInterrupted(exit)).toBe(true)
       expect(lines.filter((l) => l.level === "ERROR")).toEqual([])
       expect(counters.calls).toBe(1)
+    }))
+})
+
+describe("a call in flight when the listener stops (shutdown stage `http`)", () => {
+  it.scoped("is answered 503 with the XRPC error body {error, message} and no-store, not an empty 503", () =>
+    Effect.gen(function*() {
+      const entered = yield* Deferred.make<void>()
+      const hang = method(
+        contract({ nsid: NSID, kind: "query", params: NoParams, output: Schema.Struct({}) }),
+        () => Effect.zipRight(Deferred.succeed(entered, undefined), Effect.never)
+      )
+      const sent: Array<HttpServerResponse.HttpServerResponse> = []
+      // what BunHttpServer / NodeHttpServer do with an app: toHandled, the response handed to the socket
+      const handled = HttpApp.toHandled(Xrpc.app(depsOf(hang)), (_request, response) =>
+        Effect.sync(() => {
+          sent.push(response)
+        }))
+      const fiber = yield* handled.pipe(
+        Effect.provideService(HttpServerRequest.HttpServerRequest, requestOf(NSID)),
+        Effect.fork
+      )
+      yield* Deferred.await(entered)
+      // the listener's scope closes: the server interrupts its requests
+      yield* Fiber.interrupt(fiber)
+      expect(sent).toHaveLength(1)
+      const response = sent[0]!
+      expect(response.status).toBe(503)
+      expect(response.headers["cache-control"]).toBe("no-store")
+      expect(response.body._tag).toBe("Uint8Array")
+      const text = response.body._tag === "Uint8Array" ? new TextDecoder().decode(response.body.body) : ""
+      expect(JSON.parse(text)).toEqual({ error: "ServiceUnavailable", message: "the service is stopping; retry" })
+    }))
+
+  it.effect("the app's own responses pass unchanged, its own 503s included", () =>
+    Effect.gen(function*() {
+      const ok = method(
+        contract({ nsid: "dev.firehook.test.ok", kind: "query", params: NoParams, output: Schema.Struct({}) }),
+        () => Effect.succeed({})
+      )
+      const answer = (deps: Xrpc.PipelineDeps<never>, nsid: string) =>
+        Effect.gen(function*() {
+          const sent: Array<HttpServerResponse.HttpServerResponse> = []
+          yield* HttpApp.toHandled(Xrpc.app(deps), (_request, response) => Effect.sync(() => void sent.push(response)))
+            .pipe(Effect.provideService(HttpServerRequest.HttpServerRequest, requestOf(nsid)))
+          const response = sent[0]!
+          const text = response.body._tag === "Uint8Array" ? new TextDecoder().decode(response.body.body) : ""
+          return [response.status, JSON.parse(text) as unknown]
+        })
+      expect(yield* answer(depsOf(ok), "dev.firehook.test.ok")).toEqual([200, {}])
+      expect(yield* answer({ ...depsOf(ok), auth: undefined }, "dev.firehook.test.ok")).toEqual([
+        503,
+        { error: "NotConfigured", message: "this service has no service DID (SERVICE_DID / PUBLIC_URL)" }
+      ])
     }))
 })

@@ -7,11 +7,29 @@
  * Bounded: at most `maxKeys` keys per limiter. A key's bucket is touched on every use (most
  * recently used last); when a new key arrives at the bound, the least recently used is forgotten,
  * which is the same as that key's bucket being full again (the most lenient state, never a
- * refusal of a key nobody limited). The state is plain data driven by the time passed in (the
- * service reads it from the Effect `Clock`), so tests run under `TestClock`.
+ * refusal of a key nobody limited). A key longer than {@link MAX_PLAIN_KEY_LENGTH} characters (a
+ * did:web may have 2,048, and anyone with a domain mints any number of them) is held as a
+ * fixed-size digest ({@link compactKey}), so the key bound bounds bytes too. The state is plain
+ * data driven by the time passed in (the service reads it from the Effect `Clock`), so tests run
+ * under `TestClock`.
  *
  * @since 0.1.0
  */
+import { createHash } from "node:crypto"
+
+/** Keys up to this many characters are held as they are; longer ones as a digest. */
+export const MAX_PLAIN_KEY_LENGTH = 64
+
+/**
+ * The key a bounded map holds for `key`: itself when it has at most {@link MAX_PLAIN_KEY_LENGTH}
+ * characters, else NUL and the first 16 bytes of its SHA-256 in base64url (23 characters; a hash
+ * for keying, not for security: no DID, address or replay key starts with NUL, so a digest never
+ * meets a plain key).
+ */
+export const compactKey = (key: string): string =>
+  key.length <= MAX_PLAIN_KEY_LENGTH
+    ? key
+    : "\u0000" + createHash("sha256").update(key, "utf8").digest().subarray(0, 16).toString("base64url")
 
 /** `limit` calls per `perMs` milliseconds. */
 export interface Rate {
@@ -65,8 +83,9 @@ export const makeBuckets = (rate: Rate, maxKeys: number): Buckets => {
       : { allowed: false, retryAfterMs: Math.max(1, Math.ceil((1 - b.tokens) * perToken)) }
 
   return {
-    peek: (key, now) => decide(current(key, now)),
-    take: (key, now) => {
+    peek: (key, now) => decide(current(compactKey(key), now)),
+    take: (caller, now) => {
+      const key = compactKey(caller)
       const b = current(key, now)
       const d = decide(b)
       if (!d.allowed) return d
@@ -83,7 +102,7 @@ export const makeBuckets = (rate: Rate, maxKeys: number): Buckets => {
     },
     give: (key, now) => {
       // a key no longer tracked is a full bucket already
-      const b = current(key, now)
+      const b = current(compactKey(key), now)
       if (b !== undefined) b.tokens = Math.min(rate.limit, b.tokens + 1)
     },
     size: () => buckets.size

@@ -10,8 +10,12 @@
  * and every check first drops the seconds that have ended (amortized O(1) per entry). Time is
  * passed in (the service reads the Effect `Clock`).
  *
+ * An `(iss, jti)` of more than 64 characters (a did:web issuer may have 2,048) is held as a
+ * fixed-size digest (`RateLimiter.compactKey`), so the entry bound bounds bytes too.
+ *
  * @since 0.1.0
  */
+import { compactKey } from "./RateLimiter.js"
 
 export type ReplayVerdict = "fresh" | "replayed" | "full"
 
@@ -61,7 +65,7 @@ export const makeReplayCache = (capacity: number = DEFAULT_REPLAY_CAPACITY): Rep
   return {
     check: (iss, jti, expiresAtMs, now) => {
       prune(now)
-      const key = `${iss}\u0000${jti}`
+      const key = compactKey(`${iss}\u0000${jti}`)
       if (entries.has(key)) return "replayed"
       // already past its expiry: the verifier refuses the token whatever the cache says
       if (Math.floor(expiresAtMs / 1000) < Math.floor(now / 1000)) return "fresh"
@@ -77,7 +81,7 @@ export const makeReplayCache = (capacity: number = DEFAULT_REPLAY_CAPACITY): Rep
     // out of the index too: a token refused again and again (the shared store full or down) must
     // not leave one index entry per call until its expiry, up to an hour later
     forget: (iss, jti) => {
-      const key = `${iss}\u0000${jti}`
+      const key = compactKey(`${iss}\u0000${jti}`)
       const exp = entries.get(key)
       if (exp === undefined) return
       entries.delete(key)

@@ -8,7 +8,7 @@
  * `aud` ∈ the accepted audiences, `lxm` = the called method, requires `jti`, verifies the signature
  * against the issuer's `#atproto` key (an `alg` that is not the key's own fails), asks again with
  * `noCache` after a failed signature (key rotation), and consults the replay store only for a
- * token whose signature verified. firehook supplies its two hooks:
+ * token whose signature verified. firehook supplies its hooks:
  * - the resolver: {@link Identity} (SPEC §5.1, cached; `noCache` = `resolveSigningKey(did,
  *   { fresh: true })`), turned into the DID document the library reads;
  * - the replay store: a bounded {@link ReplayCache} of `(iss, jti)` kept until the token's `exp`
@@ -20,6 +20,10 @@
  *   replica whose clock is behind would otherwise accept a token whose row already lapsed, once per
  *   replica); the database cannot answer → 503 (the process forgets the `jti`, which was not
  *   accepted, so the same token can be retried). Without a shared store, a full cache → 503.
+ * - the caller's rate limits ({@link BeforeReplay}, given by the API pipeline) run at the replay
+ *   store's door: after the signature verified, before `(iss, jti)` is claimed, so a call they
+ *   refuse (429) takes no replay entry (which lives until the token expires, up to 1 h + 31 s);
+ *   they are undone when the claim does not accept the token.
  *
  * Before the library runs, firehook reads the token's header and claims with a Schema
  * (`schemas/ServiceJwt`, no cryptography) and applies the rules of §8.2 the library does not, plus
@@ -96,12 +100,22 @@ export interface Verified {
   readonly did: string
 }
 
+/**
+ * What runs once a token's signature has verified and before its `(iss, jti)` is claimed in the
+ * replay stores (the caller's rate limits: a call they refuse must not take a replay entry, which
+ * lives until the token expires). Failing refuses the call with its error, nothing claimed;
+ * succeeding gives what undoes it, run when the claim does not accept the token (a replay, a token
+ * the shared store holds as expired, a store that is full or cannot answer).
+ */
+export type BeforeReplay<E> = (iss: string) => Effect.Effect<Effect.Effect<void>, E>
+
 export interface ServiceAuthShape {
-  /** Verify the `Authorization` header of a call of `nsid`. */
-  readonly verify: (
+  /** Verify the `Authorization` header of a call of `nsid` (`beforeReplay`: see {@link BeforeReplay}). */
+  readonly verify: <E = never>(
     authorization: string | undefined,
-    nsid: string
-  ) => Effect.Effect<Verified, AuthFailure | AuthUnavailable>
+    nsid: string,
+    beforeReplay?: BeforeReplay<E>
+  ) => Effect.Effect<Verified, AuthFailure | AuthUnavailable | E>
   /** `(iss, jti)` pairs held by the replay cache */
   readonly replayEntries: Effect.Effect<number>
 }
@@ -199,13 +213,14 @@ const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => a.length === b.leng
  * documentation); `checkClaims` has already passed it (alg, typ, iss, aud, lxm, jti, exp, iat).
  * Failures carry the library's codes, so they map to the same §8.2 names.
  */
-const verifyOwn = (
+const verifyOwn = <E>(
   identity: IdentityShape,
   replayCheck: ReplayCheck,
+  beforeReplay: BeforeReplay<E> | undefined,
   token: string,
   parts: ServiceJwtParts,
   nowMs: number
-): Effect.Effect<{ readonly issuer: string; readonly lxm: string | undefined }, AuthFailure | AuthUnavailable> =>
+): Effect.Effect<{ readonly issuer: string; readonly lxm: string | undefined }, AuthFailure | AuthUnavailable | E> =>
   Effect.gen(function*() {
     const { claims, header } = parts
     const refused = (code: string) => Effect.fail(fromLibrary(code))
@@ -247,7 +262,10 @@ const verifyOwn = (
     }
     if (!valid) return yield* refused("BadJwtSignature")
     const jti = claims.jti ?? ""
+    // the signature verified: the caller's limits, before the replay entry is taken
+    const undo = beforeReplay === undefined ? Effect.void : yield* beforeReplay(claims.iss)
     const verdict = yield* replayCheck(claims.iss, jti, (claims.exp + CLOCK_LEEWAY_SECONDS + 1) * 1000, nowMs)
+    if (verdict !== "fresh") yield* undo
     const unavailable = unavailableReason(verdict)
     if (unavailable !== undefined) return yield* Effect.fail(new AuthUnavailable({ reason: unavailable }))
     if (verdict === "replayed") return yield* refused("NonceNotUnique")
@@ -311,9 +329,24 @@ export const make = (options: ServiceAuthOptions) =>
       )
     }
 
-    /** Ask the library; what the hooks saw decides between a refusal and "cannot decide now". */
-    const library = (token: string, nsid: Nsid, claims: JwtClaims, nowMs: number) => {
-      const seen: { resolution?: IdentityErrorKind; replay?: ReplayOutcome } = {}
+    /**
+     * Ask the library; what the hooks saw decides between a refusal and "cannot decide now".
+     * `beforeReplay` runs in the call's own runtime (`callRuntime`: its Clock, its context).
+     */
+    const library = <E>(
+      token: string,
+      nsid: Nsid,
+      claims: JwtClaims,
+      nowMs: number,
+      beforeReplay: BeforeReplay<E> | undefined,
+      callRuntime: Runtime.Runtime<never>
+    ) => {
+      const seen: {
+        resolution?: IdentityErrorKind
+        replay?: ReplayOutcome
+        issuer?: "other"
+        refused?: { readonly error: E }
+      } = {}
       const resolver: DidDocumentResolver = {
         resolve: (did, opts) =>
           Runtime.runPromise(runtime)(
@@ -331,13 +364,27 @@ export const make = (options: ServiceAuthOptions) =>
         maxAge: MAX_AGE_SECONDS,
         clockLeeway: CLOCK_LEEWAY_SECONDS,
         replayStore: {
-          check: (key) =>
-            Runtime.runPromise(runtime)(
-              Effect.map(replayCheck(key.iss, key.jti, expiresAtMs, nowMs), (verdict) => {
-                seen.replay = verdict
-                return verdict === "fresh"
-              })
-            )
+          // the library's last step, once the signature verified: the caller's limits, then the claim
+          check: async (key) => {
+            if (key.iss !== claims.iss) {
+              // not the issuer firehook read (never expected): refused, nothing taken or claimed
+              seen.issuer = "other"
+              return false
+            }
+            let undo: Effect.Effect<void> = Effect.void
+            if (beforeReplay !== undefined) {
+              const admitted = await Runtime.runPromise(callRuntime)(Effect.either(beforeReplay(key.iss)))
+              if (Either.isLeft(admitted)) {
+                seen.refused = { error: admitted.left }
+                return false
+              }
+              undo = admitted.right
+            }
+            const verdict = await Runtime.runPromise(runtime)(replayCheck(key.iss, key.jti, expiresAtMs, nowMs))
+            seen.replay = verdict
+            if (verdict !== "fresh") await Runtime.runPromise(callRuntime)(undo)
+            return verdict === "fresh"
+          }
         }
       })
       const request = new Request(`https://${SERVICE_ID}.invalid/xrpc/${nsid}`, {
@@ -345,9 +392,13 @@ export const make = (options: ServiceAuthOptions) =>
       })
       return Effect.tryPromise({
         try: (signal) => verifier.verifyRequest(request, { lxm: nsid, signal }),
-        catch: (e): AuthFailure | AuthUnavailable => {
+        catch: (e): AuthFailure | AuthUnavailable | E => {
           const unavailable = unavailableReason(seen.replay)
-          return unavailable !== undefined
+          return seen.refused !== undefined
+            ? seen.refused.error
+            : seen.issuer !== undefined
+            ? new AuthFailure({ error: "InvalidToken", reason: "verifier" })
+            : unavailable !== undefined
             ? new AuthUnavailable({ reason: unavailable })
             : seen.replay === "expired"
             ? fromLibrary("JwtExpired")
@@ -358,7 +409,7 @@ export const make = (options: ServiceAuthOptions) =>
       })
     }
 
-    const verify = (authorization: string | undefined, nsid: string) =>
+    const verify = <E = never>(authorization: string | undefined, nsid: string, beforeReplay?: BeforeReplay<E>) =>
       Effect.gen(function*() {
         const token = bearerToken(authorization)
         if (token === undefined) {
@@ -372,8 +423,11 @@ export const make = (options: ServiceAuthOptions) =>
         const nowMs = yield* Clock.currentTimeMillis
         const claims = yield* checkClaims(parts, { nowMs, nsid, audiences })
         const verified = yield* (libraryReadsAudience(claims.aud)
-          ? library(token, nsid, claims, nowMs)
-          : verifyOwn(identity, replayCheck, token, parts, nowMs))
+          ? Effect.flatMap(
+            Effect.runtime<never>(),
+            (callRuntime) => library(token, nsid, claims, nowMs, beforeReplay, callRuntime)
+          )
+          : verifyOwn(identity, replayCheck, beforeReplay, token, parts, nowMs))
         if (verified.issuer !== claims.iss || verified.lxm !== nsid) {
           return yield* Effect.fail(new AuthFailure({ error: "InvalidToken", reason: "verifier" }))
         }

@@ -1,8 +1,8 @@
 /**
  * The owners' API request pipeline (SPEC §8.1–8.3), the one place every call goes through:
  *
- *   route → configured? → method/verb → failed-auth limit (client address) → auth → per-caller
- *   limits → parameters → body → decode → handler → encode → error mapping
+ *   route → configured? → method/verb → failed-auth limit (client address) → auth (signature →
+ *   per-caller limits → replay claim) → parameters → body → decode → handler → encode → error mapping
  *
  * - Routes: `/xrpc/<nsid>` and `GET /.well-known/did.json` (only when the service DID is the
  *   did:web of `PUBLIC_URL`); anything else 404. Unknown methods 501 `MethodNotImplemented`; a
@@ -14,15 +14,19 @@
  *   its token is even looked at; each verification holds one of those 30 while it runs (given
  *   back when the token is accepted), so concurrent calls cannot exceed the limit.
  * - Per caller DID: 120 calls/min, and per method the extra limits of {@link METHOD_RATES};
- *   refused → 429 with `Retry-After`.
+ *   refused → 429 with `Retry-After`. They are taken inside the verification, once the signature
+ *   has verified and before the token's `(iss, jti)` is claimed in the replay stores (a refused
+ *   call takes no replay entry), and given back when the claim does not accept the token.
  * - Procedure bodies: `Content-Type: application/json`, at most 64 KiB (a larger
  *   `Content-Length` is refused unread; a body without one is read up to the bound), UTF-8 JSON.
  *   Bad input → 400 `InvalidRequest`.
  * - A 10 s deadline covers a call from authentication to its encoded response (a subscription's
  *   up to its upgrade): 504 `UpstreamTimeout`.
  * - Every error is `{error, message}`; a defect is a 500 with a fixed message (and a log line
- *   naming the method, never a value).
+ *   naming the method, never a value); a call interrupted by a shutdown ends interrupted and is
+ *   answered 503 `ServiceUnavailable` ("the service is stopping; retry").
  */
+import * as HttpApp from "@effect/platform/HttpApp"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Cause, Chunk, Clock, Duration, Effect, Either, Metric, Schema, Stream } from "effect"
@@ -180,7 +184,31 @@ const authorize = <R>(
 ) =>
   Effect.gen(function*() {
     const nsid = m.contract.nsid
-    const verified = yield* auth.verify(request.headers["authorization"], nsid).pipe(
+    const perMethod = deps.limiters.methods.get(nsid)
+    const limits = (did: string): ReadonlyArray<readonly [Buckets, string]> =>
+      perMethod === undefined
+        ? [[deps.limiters.calls, did]]
+        : [[deps.limiters.calls, did], [perMethod, did]]
+    let limited = false
+    // The caller's limits (120/min, the method's own) are taken once the token's signature has
+    // verified and before its (iss, jti) is claimed: a call they refuse takes no replay entry (which
+    // would live until the token expires, so one DID over its limit could fill the replay cache).
+    // Refused, the token is genuine: the address's reservation is given back. Taken, they are given
+    // back if the claim does not accept the token (a replay, an expired or unrecordable token).
+    const callerLimits = (did: string) =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        limited = true
+        const decision = takeAll(limits(did), now)
+        if (!decision.allowed) {
+          deps.limiters.failedAuth.give(address, now)
+          return Effect.fail(refused(decision, deps.counters))
+        }
+        return Effect.succeed(Effect.flatMap(Clock.currentTimeMillis, (later) =>
+          Effect.sync(() => {
+            for (const [b, key] of limits(did)) b.give(key, later)
+          })))
+      })
+    const verified = yield* auth.verify(request.headers["authorization"], nsid, callerLimits).pipe(
       Effect.catchTags({
         AuthFailure: (e) =>
           Effect.gen(function*() {
@@ -233,14 +261,11 @@ const authorize = <R>(
     )
     // authenticated: the reservation of a failed authentication is given back
     deps.limiters.failedAuth.give(address, yield* Clock.currentTimeMillis)
-    const perMethod = deps.limiters.methods.get(nsid)
-    const decision = takeAll(
-      perMethod === undefined
-        ? [[deps.limiters.calls, verified.did]]
-        : [[deps.limiters.calls, verified.did], [perMethod, verified.did]],
-      yield* Clock.currentTimeMillis
-    )
-    if (!decision.allowed) return yield* Effect.fail(refused(decision, deps.counters))
+    // a verifier that never ran the hook (a test double) leaves the caller's limits to be taken now
+    if (!limited) {
+      const decision = takeAll(limits(verified.did), yield* Clock.currentTimeMillis)
+      if (!decision.allowed) return yield* Effect.fail(refused(decision, deps.counters))
+    }
     const params = yield* queryParams(request.url)
     const body = m.contract.input === undefined ? undefined : yield* readJsonBody(request, deps.maxBodyBytes)
     const prepared = yield* m.prepare(params, body)
@@ -299,11 +324,27 @@ const notFound = HttpServerResponse.unsafeJson({ error: "NotFound", message: "no
   headers: NO_STORE
 })
 
-/** The API as an HTTP app: every request answered, never a failure. */
+/** What a call interrupted by a shutdown is answered. */
+export const stopping = (): XrpcFailure =>
+  new XrpcFailure({ status: 503, error: "ServiceUnavailable", message: "the service is stopping; retry" })
+
+/**
+ * A call interrupted by the server (its listener closing at shutdown) ends interrupted, and the
+ * platform answers it an empty-bodied 503: that answer becomes the XRPC error `{error, message}`
+ * (with `Cache-Control: no-store`), as every other failure is. Only an empty 503 is replaced: the
+ * app's own 503s have bodies, and a client that went away (499) is answered nothing.
+ */
+const stoppingAnswer: HttpApp.PreResponseHandler = (_request, response) =>
+  Effect.succeed(
+    response.status === 503 && response.body._tag === "Empty" ? failureResponse(stopping()) : response
+  )
+
+/** The API as an HTTP app: every request answered, never a failure (an interrupted call ends interrupted). */
 export const app = <R>(
   deps: PipelineDeps<R>
 ): Effect.Effect<HttpServerResponse.HttpServerResponse, never, R | HttpServerRequest.HttpServerRequest | Scope.Scope> =>
   Effect.gen(function*() {
+    yield* HttpApp.appendPreResponseHandler(stoppingAnswer)
     const request = yield* HttpServerRequest.HttpServerRequest
     const q = request.url.indexOf("?")
     const path = q < 0 ? request.url : request.url.slice(0, q)
