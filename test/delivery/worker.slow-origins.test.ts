@@ -8,7 +8,7 @@
  * with only 8 × 4 = 32 requests in flight; seven hold 224 rows, and the 32 rows of room left were
  * below the claim's minimum batch (64). Before the fix no claim ran in either case, and a ninth
  * origin's due row waited for the slow receivers although 32 request slots were idle. Now a worker
- * with an idle request slot always claims: within the hold when there is room, or else a
+ * with half its request slots idle always claims: within the hold when there is room, or else a
  * start-only claim (rows of origins below their cap, no more than the idle slots) up to
  * `START_HOLD_FACTOR × concurrency` rows beyond it (Admission.claimPlan).
  */
@@ -176,7 +176,7 @@ describe("the claim decision with slow origins holding rows", () => {
     expect(planFor(0, 0)).toEqual({ limit: CLAIM_BATCH_MAX, startOnly: false })
   })
 
-  it("an idle request slot always gets a claim until the bound; held never passes (HOLD_FACTOR + START_HOLD_FACTOR) × concurrency", () => {
+  it("half the request slots idle always get a claim until the bound; held never passes (HOLD_FACTOR + START_HOLD_FACTOR) × concurrency", () => {
     const wrong: Array<string> = []
     let claimsAtIdle = 0
     for (let inFlight = 0; inFlight <= CONCURRENCY; inFlight++) {
@@ -190,9 +190,13 @@ describe("the claim decision with slow origins holding rows", () => {
             wrong.push(`past the hold at ${at}`)
           }
         }
-        if (inFlight < CONCURRENCY && held < HELD_BOUND) {
+        if ((CONCURRENCY - inFlight) * 2 >= CONCURRENCY && held < HELD_BOUND) {
           if (plan === undefined) wrong.push(`no claim at ${at}`)
           else claimsAtIdle++
+        }
+        // fewer slots idle, the hold nearly used up: no small claim at every wake-up (batching)
+        if (inFlight * 2 > CONCURRENCY && held >= CONCURRENCY && MAX_HELD - held < MIN_BATCH && plan !== undefined) {
+          wrong.push(`a small claim of a busy worker at ${at}`)
         }
       }
     }

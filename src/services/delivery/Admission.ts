@@ -61,12 +61,19 @@ export const dispatch = (env: WorkerEnv, row: ClaimedRow, claimedAtMs: number, c
  * The next claim, if the worker may claim now: how many rows at most, and whether it is a
  * start-only claim (rows that start at once: {@link claimOptions}).
  *
- * - A claim within the hold (`maxHeld` rows): while every request slot is busy, only in batches of
- *   at least `minBatch` rows; while a slot is idle (no held row can take it: a freed slot starts
- *   the next startable row synchronously), for any room left.
- * - A start-only claim, when the hold is used up and a request slot is idle (the held rows wait
- *   for origins at their cap: slow receivers): at most as many rows as slots are idle, each of an
- *   origin below its cap, up to {@link START_HOLD_FACTOR} × concurrency rows beyond the hold.
+ * - A claim within the hold (`maxHeld` rows): in batches of at least `minBatch` rows, or for any
+ *   room left while fewer rows than request slots are held, or while at least half the request
+ *   slots are idle (no held row can take them: a freed slot starts the next startable row
+ *   synchronously, so the held rows wait for origins at their cap: slow receivers).
+ * - A start-only claim, when the hold is used up and at least half the request slots are idle: at
+ *   most as many rows as slots are idle, each of an origin below its cap, up to
+ *   {@link START_HOLD_FACTOR} × concurrency rows beyond the hold.
+ *
+ * Half, not one: slow origins hold at most ORIGIN_HOLD_FACTOR rows per request slot they use, so
+ * rows waiting for them can fill the hold only while at most `maxHeld / ORIGIN_HOLD_FACTOR` (half
+ * the slots) are theirs; a claim at any idle slot made a busy worker (rows briefly between a
+ * finished request and the next start) claim a few rows at every wake-up instead of batches, which
+ * cost the e2e bench about a third of its deliveries a second (docs/benchmarks.md, stop 56).
  */
 export const claimPlan = (
   env: Pick<WorkerEnv, "state" | "concurrency" | "maxHeld" | "minBatch">,
@@ -74,12 +81,13 @@ export const claimPlan = (
 ): { readonly limit: number; readonly startOnly: boolean } | undefined => {
   const held = env.state.held
   const idle = env.concurrency - env.state.inFlight
+  const starved = idle > 0 && idle * 2 >= env.concurrency
   const capacity = env.maxHeld - held
-  if (capacity > 0 && (capacity >= env.minBatch || idle > 0)) {
+  if (capacity > 0 && (capacity >= env.minBatch || held < env.concurrency || starved)) {
     return { limit: Math.min(capacity, batchMax), startOnly: false }
   }
   const beyond = env.maxHeld + START_HOLD_FACTOR * env.concurrency - held
-  if (idle > 0 && beyond > 0) return { limit: Math.min(idle, beyond, batchMax), startOnly: true }
+  if (starved && beyond > 0) return { limit: Math.min(idle, beyond, batchMax), startOnly: true }
   return undefined
 }
 
