@@ -166,6 +166,62 @@ interface UnitDone {
   readonly written: ReadonlySet<string>
 }
 
+/**
+ * A batch that writes no registry rows can be written by ONE statement (atomic on its own: no
+ * BEGIN/COMMIT round trips), with its cursor as data; its prior-reference read is done before
+ * (batches are serialized and this process is the only writer of prior references, so what
+ * was read is what the statement writes over). `canCommit`: the store has a one-statement commit.
+ */
+const oneStatementFor = (canCommit: boolean) => (req: Request) =>
+  canCommit &&
+  (req.options.finalize === undefined || req.options.cursor !== undefined) &&
+  !(req.options.registryWriter && req.batch.some((e) => e.kind === "commit" && e.collection === WH_COLLECTION))
+
+/**
+ * The matching worker's end (once): every request taken or queued is answered with the cause (a
+ * defect as a defect, an interruption as one), and `state.stopped` makes later calls fail at once.
+ */
+const workerEnd = (requests: Queue.Queue<Request | Reload>, inProgress: Set<Request | Reload>) => {
+  /** why the worker ended (set once, before its requests are answered): later calls fail with it */
+  const state: { stopped: Cause.Cause<never> | undefined } = { stopped: undefined }
+  const answer = (r: Request | Reload, cause: Cause.Cause<never>) =>
+    r._tag === "batch" ? Deferred.failCause(r.result, cause) : Deferred.failCause(r.result, cause)
+  const stop = (cause: Cause.Cause<never>) =>
+    Effect.gen(function*() {
+      if (state.stopped !== undefined) return
+      state.stopped = cause
+      if (!Cause.isInterruptedOnly(cause)) {
+        yield* Effect.logError("matching worker stopped; intake batches fail until restart").pipe(
+          Effect.annotateLogs({ kind: Cause.isDie(cause) ? "defect" : "failure", defect: defectName(cause) })
+        )
+      }
+      for (const r of inProgress) yield* answer(r, cause)
+      inProgress.clear()
+      for (const r of yield* Queue.takeAll(requests)) yield* answer(r, cause)
+    })
+  return { state, stop }
+}
+
+/**
+ * Defects the worker survives (batches written together, the expiry check): logged by kind and
+ * class name only (a cause could carry values), at most once a minute for each.
+ */
+const survivedLogger = () => {
+  const survivedLog = RateLimitedLog.make()
+  return (where: "batches together" | "expiry check", cause: Cause.Cause<unknown>) =>
+    Cause.isDie(cause)
+      ? survivedLog.run(where, (suppressed) =>
+        Effect.logError("matching worker survived a defect").pipe(
+          Effect.annotateLogs({ where, kind: "defect", defect: defectName(cause), suppressed })
+        ))
+      : Effect.void
+}
+
+/** For a step the worker survives: a defect is logged, an interruption passed on (the worker stops). */
+const survivedUnlessInterrupted =
+  (survived: ReturnType<typeof survivedLogger>) => <E>(cause: Cause.Cause<E>): Effect.Effect<void, E> =>
+    Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : survived("expiry check", cause)
+
 /** `options` win over the configuration's limits ({@link priorLimitsFromConfig}). */
 export const make = (options: Partial<PriorRefLimits> = {}) =>
   Effect.gen(function*() {
@@ -232,16 +288,7 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
     }
 
     const commitBatch = outboxStore.commitBatch
-    /**
-     * A batch that writes no registry rows can be written by ONE statement (atomic on its own: no
-     * BEGIN/COMMIT round trips), with its cursor as data; its prior-reference read is done before
-     * (batches are serialized and this process is the only writer of prior references, so what
-     * was read is what the statement writes over).
-     */
-    const oneStatement = (req: Request) =>
-      commitBatch !== undefined &&
-      (req.options.finalize === undefined || req.options.cursor !== undefined) &&
-      !(req.options.registryWriter && req.batch.some((e) => e.kind === "commit" && e.collection === WH_COLLECTION))
+    const oneStatement = oneStatementFor(commitBatch !== undefined)
 
     /**
      * Consecutive one-statement batches (typically one per stream that was waiting) in ONE
@@ -342,43 +389,10 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
 
     const requests = yield* Queue.bounded<Request | Reload>(64)
     const inProgress = new Set<Request | Reload>()
-    /** why the worker ended (set once, before its requests are answered): later calls fail with it */
-    let stopped: Cause.Cause<never> | undefined
-    const answer = (r: Request | Reload, cause: Cause.Cause<never>) =>
-      r._tag === "batch" ? Deferred.failCause(r.result, cause) : Deferred.failCause(r.result, cause)
-    /**
-     * The worker ended (once): every request taken or queued is answered with the cause (a defect
-     * as a defect, an interruption as one), and later calls fail at once with it (`processEvents`).
-     */
-    const stop = (cause: Cause.Cause<never>) =>
-      Effect.gen(function*() {
-        if (stopped !== undefined) return
-        stopped = cause
-        if (!Cause.isInterruptedOnly(cause)) {
-          yield* Effect.logError("matching worker stopped; intake batches fail until restart").pipe(
-            Effect.annotateLogs({ kind: Cause.isDie(cause) ? "defect" : "failure", defect: defectName(cause) })
-          )
-        }
-        for (const r of inProgress) yield* answer(r, cause)
-        inProgress.clear()
-        for (const r of yield* Queue.takeAll(requests)) yield* answer(r, cause)
-      })
-    // defects the worker survives (batches written together, the expiry check): logged by kind
-    // and class name only (a cause could carry values), at most once a minute for each
-    const survivedLog = RateLimitedLog.make()
-    const survived = (where: "batches together" | "expiry check", cause: Cause.Cause<unknown>) =>
-      Cause.isDie(cause)
-        ? survivedLog.run(where, (suppressed) =>
-          Effect.logError("matching worker survived a defect").pipe(
-            Effect.annotateLogs({ where, kind: "defect", defect: defectName(cause), suppressed })
-          ))
-        : Effect.void
+    const end = workerEnd(requests, inProgress)
+    const survived = survivedLogger()
     /** between two units: the key index forgets the keys whose rows expired (a defect is logged) */
-    const expiryGuarded = checkExpiry.pipe(
-      Effect.catchAllCause((cause) =>
-        Cause.isInterruptedOnly(cause) ? Effect.failCause(cause) : survived("expiry check", cause)
-      )
-    )
+    const expiryGuarded = checkExpiry.pipe(Effect.catchAllCause(survivedUnlessInterrupted(survived)))
     const worker = Effect.gen(function*() {
       // taken, not yet committed (in arrival order)
       const pending: Array<Request | Reload> = []
@@ -420,28 +434,28 @@ export const make = (options: Partial<PriorRefLimits> = {}) =>
         for (const r of group) inProgress.delete(r)
       }
     }).pipe(
-      Effect.onExit((exit) => stop(Exit.isFailure(exit) ? exit.cause : Cause.die("matching worker ended")))
+      Effect.onExit((exit) => end.stop(Exit.isFailure(exit) ? exit.cause : Cause.die("matching worker ended")))
     )
     // the worker may be interrupted before it runs (its `onExit` then never does): this finalizer,
     // run after the worker's, ends the processor all the same
-    yield* Effect.addFinalizer(() => Effect.flatMap(Effect.fiberId, (id) => stop(Cause.interrupt(id))))
+    yield* Effect.addFinalizer(() => Effect.flatMap(Effect.fiberId, (id) => end.stop(Cause.interrupt(id))))
     yield* Effect.forkScoped(worker)
 
     const processEvents = (batch: ReadonlyArray<StreamEvent>, options: ProcessOptions) =>
       Effect.gen(function*() {
-        if (stopped !== undefined) return yield* Effect.failCause(stopped)
+        if (end.state.stopped !== undefined) return yield* Effect.failCause(end.state.stopped)
         const result = yield* Deferred.make<BatchResult, StoreError>()
         yield* Queue.offer(requests, { _tag: "batch", batch, options, result })
         // the worker ended while this was offered: answered here if its cleanup did not
-        if (stopped !== undefined) yield* Deferred.failCause(result, stopped)
+        if (end.state.stopped !== undefined) yield* Deferred.failCause(result, end.state.stopped)
         return yield* Deferred.await(result)
       })
 
     const reload = Effect.gen(function*() {
-      if (stopped !== undefined) return yield* Effect.failCause(stopped)
+      if (end.state.stopped !== undefined) return yield* Effect.failCause(end.state.stopped)
       const result = yield* Deferred.make<void, StoreError>()
       yield* Queue.offer(requests, { _tag: "reload", result })
-      if (stopped !== undefined) yield* Deferred.failCause(result, stopped)
+      if (end.state.stopped !== undefined) yield* Deferred.failCause(result, end.state.stopped)
       return yield* Deferred.await(result)
     })
 

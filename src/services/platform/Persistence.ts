@@ -71,33 +71,34 @@ export interface TxShape {
  * top-level transaction (depth 0: BEGIN/COMMIT/ROLLBACK, no SAVEPOINT) on that connection. Cost
  * per transaction: two clock reads, one fiber fork and its interruption; nothing per statement.
  */
-const watchedTransaction = (sql: SqlClient.SqlClient) =>
-<A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError | StoreError, R> =>
-  Effect.scoped(Effect.gen(function*() {
-    const start = yield* Clock.currentTimeMillis
-    const scope = yield* Effect.scope
-    // uninterruptible as in `sql.withTransaction`: a connection handed over after an interruption
-    // would never be released (the pool's wait is bounded by its connectionTimeoutMillis)
-    const conn = yield* Effect.uninterruptible(Scope.extend(sql.reserve, scope))
-    const left = Duration.toMillis(TX_TIMEOUT) - ((yield* Clock.currentTimeMillis) - start)
-    let ended = false
-    yield* Effect.forkIn(
-      Effect.zipRight(
-        Effect.sleep(Duration.millis(Math.max(0, left))),
-        Effect.suspend(() => {
-          ended = true
-          return endClient(conn)
-        })
-      ),
-      scope
-    )
-    const exit = yield* Effect.exit(
-      Effect.provideService(sql.withTransaction(eff), SqlClient.TransactionConnection, [conn, -1] as const)
-    )
-    // ended by the watchdog: whatever failed (the statement, or the COMMIT/ROLLBACK as a defect)
-    // failed because the bound passed; a transaction that committed before that stays committed
-    return yield* Exit.isFailure(exit) && ended ? Effect.fail(txTimeout()) : exit
-  }))
+const watchedTransaction =
+  (sql: SqlClient.SqlClient) =>
+  <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError | StoreError, R> =>
+    Effect.scoped(Effect.gen(function*() {
+      const start = yield* Clock.currentTimeMillis
+      const scope = yield* Effect.scope
+      // uninterruptible as in `sql.withTransaction`: a connection handed over after an interruption
+      // would never be released (the pool's wait is bounded by its connectionTimeoutMillis)
+      const conn = yield* Effect.uninterruptible(Scope.extend(sql.reserve, scope))
+      const left = Duration.toMillis(TX_TIMEOUT) - ((yield* Clock.currentTimeMillis) - start)
+      let ended = false
+      yield* Effect.forkIn(
+        Effect.zipRight(
+          Effect.sleep(Duration.millis(Math.max(0, left))),
+          Effect.suspend(() => {
+            ended = true
+            return endClient(conn)
+          })
+        ),
+        scope
+      )
+      const exit = yield* Effect.exit(
+        Effect.provideService(sql.withTransaction(eff), SqlClient.TransactionConnection, [conn, -1] as const)
+      )
+      // ended by the watchdog: whatever failed (the statement, or the COMMIT/ROLLBACK as a defect)
+      // failed because the bound passed; a transaction that committed before that stays committed
+      return yield* Exit.isFailure(exit) && ended ? Effect.fail(txTimeout()) : exit
+    }))
 
 export class Tx extends Context.Tag("firehook/Tx")<Tx, TxShape>() {
   static readonly layerSql = Layer.effect(
