@@ -63,7 +63,7 @@ const oneLine = (cause: Cause.Cause<unknown>): string => {
  * when they look like ones (`Error EACCES posix_spawn`).
  */
 const describeDefect = (defect: unknown): string => {
-  const name = defect instanceof Error && /^[A-Za-z][A-Za-z0-9_]{0,63}$/.test(defect.name) ? defect.name : "error"
+  const name = ErrorCode.className(defect) ?? "error"
   const code = ErrorCode.ownCode(defect)
   const syscall: unknown = typeof defect === "object" && defect !== null ? Reflect.get(defect, "syscall") : undefined
   return [name, code, typeof syscall === "string" && /^[a-z_]{1,32}$/.test(syscall) ? syscall : undefined]

@@ -40,6 +40,7 @@ import type { StreamEvent } from "../../schemas/RecordEvent.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import type { CursorWrite } from "../intake/CursorStore.js"
 import { FirehookConfig } from "../platform/Config.js"
+import * as ErrorCode from "../platform/ErrorCode.js"
 import { Health, statsSection } from "../platform/Health.js"
 import { labelledCounterFamily } from "../platform/Metrics.js"
 import { type StoreError, Tx } from "../platform/Persistence.js"
@@ -142,8 +143,7 @@ const emptyKeys: ReadonlySet<string> = new Set()
 /** A defect named without its message (which could carry a value): its class name, or `unknown`. */
 const defectName = (cause: Cause.Cause<unknown>): string => {
   const defect = Cause.dieOption(cause)
-  if (Option.isNone(defect) || !(defect.value instanceof Error)) return "unknown"
-  return /^[A-Za-z][A-Za-z0-9_]{0,63}$/.test(defect.value.name) ? defect.value.name : "unknown"
+  return (Option.isSome(defect) ? ErrorCode.className(defect.value) : undefined) ?? "unknown"
 }
 
 interface Request {

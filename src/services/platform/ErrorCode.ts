@@ -13,6 +13,10 @@
  */
 const CODE = /^[A-Za-z0-9_-]{1,40}$/
 
+/** An error's class name, when it is an `Error` with a well-formed one (never its message). */
+export const className = (e: unknown): string | undefined =>
+  e instanceof Error && /^[A-Za-z][A-Za-z0-9_]{0,63}$/.test(e.name) ? e.name : undefined
+
 /** The error's own `code`, when it is a well-formed code. */
 export const ownCode = (e: unknown): string | undefined => {
   if (typeof e !== "object" || e === null) return undefined
