@@ -214,7 +214,7 @@ describe("firehook hooks: the library signed in to a PDS", () => {
       const listed = yield* signedIn(pds, (h) => h.list)
       expect(listed.webhooks).toHaveLength(5000)
       expect(listed.truncated).toBe(true)
-      expect(pds.calls.filter((c) => c.nsid === "com.atproto.repo.listRecords")).toHaveLength(50)
+      expect(pds.calls.filter((c) => c.nsid === "com.atproto.repo.listRecords")).toHaveLength(51) // 50 pages, then the probe
       // exactly 5000: the 51st page would be empty, but the bound is reached first
       pds.records.delete("k05000")
       const exact = yield* signedIn(pds, (h) => h.list)
@@ -233,7 +233,7 @@ describe("firehook hooks: the library signed in to a PDS", () => {
         }
       }))
       const looping = yield* signedIn(pds, (h) => h.list)
-      expect(looping.webhooks.map((w) => w.rkey)).toEqual(["same", "same"])
+      expect(looping.webhooks.map((w) => w.rkey)).toEqual(["same"])
       expect(looping.truncated).toBe(false)
       // a page with no records ends the listing even with a cursor
       pds.override.set("com.atproto.repo.listRecords", () => ({ status: 200, body: { records: [], cursor: "more" } }))
