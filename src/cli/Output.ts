@@ -14,8 +14,8 @@ export const out = (text: string) => write(process.stdout, text.endsWith("\n") ?
  * controls U+0080–U+009F (U+009B is CSI), which occur only inside strings, so escaping them keeps
  * the JSON valid and the terminal safe from the values of other people's records.
  */
-export const terminalJson = (value: unknown): string =>
-  JSON.stringify(value, null, 2).replace(
+export const terminalJson = (value: unknown, indent = 2): string =>
+  JSON.stringify(value, null, indent).replace(
     /[\u007f-\u009f]/g,
     (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`
   )

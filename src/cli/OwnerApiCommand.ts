@@ -27,7 +27,7 @@ import {
 import { usage } from "./Failure.js"
 import { connectionOptions, rkeyArg } from "./HookOptions.js"
 import * as Hooks from "./HookRecords.js"
-import { cell, out, printJson, write } from "./Output.js"
+import { cell, out, printJson, terminalJson, write } from "./Output.js"
 import * as OwnerApi from "./OwnerApi.js"
 import * as View from "./OwnerApiView.js"
 import { tail } from "./OwnerTail.js"
@@ -226,7 +226,7 @@ const tailCommand = Command.make("tail", { json, ...serviceOptions }, (o) =>
   Effect.gen(function*() {
     const end = yield* withApi(o, (api) =>
       tail(api, {
-        onFrame: (frame) => (o.json ? out(JSON.stringify(frame)) : out(View.tailLine(frame))),
+        onFrame: (frame) => (o.json ? out(terminalJson(frame, 0)) : out(View.tailLine(frame))),
         onLost: (what, n) => write(process.stderr, `${View.tailLostLine(what, n)}\n`)
       }))
     if (end.code !== 1000 && end.code !== 1001) {

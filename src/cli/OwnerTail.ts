@@ -5,7 +5,9 @@
  * Frames are accepted in both encodings an XRPC subscription may use: binary atproto event-stream
  * frames (a DAG-CBOR header `{op: 1, t: "#outcome"}` then the body; `{op: -1}` then `{error,
  * message}`), and JSON text frames carrying `$type`. Each is decoded with the lexicon's Schema;
- * unknown message types are skipped (as the event-stream spec says), invalid ones counted.
+ * unknown message types are skipped (as the event-stream spec says), invalid ones counted. The
+ * service's free text (an error frame's, `#info`'s `message`) has its control characters replaced,
+ * so a frame written as it is (`--json`) holds none.
  *
  * Bounded: the socket's messages wait in a dropping queue of `TAIL_BUFFER` (a reader slower than
  * the service loses frames and says how many; the service's close is queued after the frames
@@ -44,12 +46,20 @@ const decodeMessage = Schema.decodeUnknownOption(WebhookLexicon.subscribeDeliver
 
 const isObject = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
 
+/**
+ * The frame with its free text (`#info`'s `message`) printable, as an error frame's is: its other
+ * strings are tokens, record keys, datetimes and literals, so no control character (C0, DEL, C1)
+ * is left for `hooks tail --json` to write to the terminal.
+ */
+const printableFrame = (frame: TailFrame): TailFrame =>
+  "message" in frame && frame.message !== undefined ? { ...frame, message: printable(frame.message) } : frame
+
 const typed = (type: string, body: unknown): Decoded => {
   if (!KNOWN.has(type)) return SKIP
   if (!isObject(body)) return INVALID
   return Option.match(decodeMessage({ ...body, $type: type }), {
     onNone: () => INVALID,
-    onSome: (frame) => ({ _tag: "Frame", frame })
+    onSome: (frame) => ({ _tag: "Frame", frame: printableFrame(frame) })
   })
 }
 
