@@ -1,7 +1,8 @@
 /**
  * `firehook webhooks …`: the operator's actions on one registration. `resume <did> <rkey>` clears
  * `gone` / `autoDisabled` (SPEC §4.3), as the owner's `dev.firehook.webhook.resume` does;
- * `--replay` also replays the rows parked while it was disabled (same ids, fresh attempt budget).
+ * `--replay` also replays the rows parked while it was disabled (same ids, fresh attempt budget); a
+ * replay that stopped at its statement bound says so, as `deliveries replay` does (run it again).
  */
 import { Args, Command, Options } from "@effect/cli"
 import { Effect, Option } from "effect"
@@ -38,13 +39,16 @@ const webhooksResume = Command.make(
           rkey: o.rkey,
           cleared: r.cleared,
           active: r.enabled && r.active,
-          replayed: r.replayed
+          replayed: r.replayed,
+          // present (false) only when the replay stopped at its statement bound: run it again
+          ...(r.complete ? {} : { complete: false })
         })
       }
       const what = r.cleared ? "resumed" : "was not gone or auto-disabled; state reset"
       const replayed = o.replay ? `; replayed ${r.replayed} parked ${r.replayed === 1 ? "delivery" : "deliveries"}` : ""
       const inactive = r.enabled && r.active ? "" : " (note: the record itself is disabled or inactive)"
       yield* out(`${o.did} ${o.rkey}: ${what}${replayed}${inactive}`)
+      if (!r.complete) yield* out("(stopped at its statement bound; run the same command again for the rest)")
     })
 ).pipe(
   Command.withDescription(

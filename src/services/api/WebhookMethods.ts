@@ -165,7 +165,7 @@ export const resume = method(WebhookLexicon.resume, ({ caller, input }) =>
     if (Option.isNone(result)) return yield* Effect.fail(declared("NotFound", "no webhook with this rkey"))
     const r = result.value
     const state: State = !r.enabled || !r.active ? "disabled" : "active"
-    return { state, replayed: r.replayed, ...(r.truncated ? { truncated: true } : {}) }
+    return { state, replayed: r.replayed, ...(r.truncated || !r.complete ? { truncated: true } : {}) }
   }).pipe(
     Effect.catchTags({
       StoreError: storeFailure,

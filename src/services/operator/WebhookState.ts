@@ -72,6 +72,11 @@ export interface ResumeResult {
   readonly replayed: number
   /** `max` was reached and parked rows of the webhook remain (a later resume with `replay` takes them) */
   readonly truncated: boolean
+  /**
+   * false only if the replay stopped at its statement bound before it had taken every parked row
+   * (rows kept being parked meanwhile): a later resume with `replay` takes the rest
+   */
+  readonly complete: boolean
 }
 
 export interface WebhookStateShape {
@@ -190,21 +195,30 @@ export const make = Effect.gen(function*() {
         RETURNING w.enabled, w.active, prev.cleared`.pipe(storeOp("webhookState.resume"))
       const row = rows[0]
       if (row === undefined) return Option.none<ResumeResult>()
-      const { replayed, truncated } = options.replay === true
+      const { complete, replayed, truncated } = options.replay === true
         ? yield* operator.replayDeadLetters(
           { owner: ownerDid, webhook: rkey, errorKind: PARKED_KIND },
           options.max === undefined ? undefined : { max: options.max }
         )
-        : { replayed: 0, truncated: false }
+        : { replayed: 0, truncated: false, complete: true }
       yield* Effect.logInfo("webhook resumed").pipe(
-        Effect.annotateLogs({ ownerDid, rkey, cleared: row.cleared, replayed, truncated, by: options.by ?? "owner" })
+        Effect.annotateLogs({
+          ownerDid,
+          rkey,
+          cleared: row.cleared,
+          replayed,
+          truncated,
+          complete,
+          by: options.by ?? "owner"
+        })
       )
       return Option.some<ResumeResult>({
         cleared: row.cleared,
         enabled: row.enabled,
         active: row.active,
         replayed,
-        truncated
+        truncated,
+        complete
       })
     })
 
