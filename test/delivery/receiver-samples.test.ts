@@ -101,8 +101,12 @@ const shell = (secret: string, body: Buffer, headers: Record<string, string>) =>
         WEBHOOK_TIMESTAMP: headers["webhook-timestamp"] ?? ""
       },
       encoding: "utf8",
-      timeout: 30_000
+      timeout: 30_000,
+      // stdin not a socket: bash would read ~/.bashrc as a remote shell's (noise on stderr)
+      stdio: ["ignore", "pipe", "pipe"]
     })
+    // nothing on stderr: a receiver's script stopping on errors (set -e, pipefail) must get through
+    expect(out.stderr).toBe("")
     return out.stdout.trim().split("\n")
   } finally {
     Fs.rmSync(dir, { recursive: true, force: true })
