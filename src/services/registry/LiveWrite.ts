@@ -19,6 +19,7 @@ import {
   type KeyState,
   type OwnerState,
   type RegistryStoreShape,
+  type Tombstone,
   type WebhookRow
 } from "./RegistryStore.js"
 import { admissionReason, type RefusedVersion } from "./RejectedStore.js"
@@ -97,14 +98,22 @@ export type IndexWriter = Readonly<{
   remove: (key: string) => ActiveWebhook | undefined
 }>
 
-/** a replay of the key's stored version: the index takes the stored state ({@link settlement}) */
-const settle = (writer: IndexWriter, key: string, stored: WebhookRow | undefined): Effect.Effect<void> =>
+/**
+ * The index takes the key's stored state ({@link settlement}): a replay of the key's stored version,
+ * or a write older than the version the owner's scan in progress stored ({@link followScanVersion})
+ */
+const settle = (
+  writer: IndexWriter,
+  key: string,
+  stored: WebhookRow | undefined,
+  why = "registry: replayed write committed elsewhere, index follows the store"
+): Effect.Effect<void> =>
   Effect.suspend(() => {
     const s = settlement(writer.rules, writer.index, key, stored)
     if (s._tag === "keep") return Effect.void
     if (s._tag === "set") writer.set(s.w)
     else writer.remove(key)
-    return Effect.logInfo("registry: replayed write committed elsewhere, index follows the store").pipe(
+    return Effect.logInfo(why).pipe(
       Effect.annotateLogs({ key, result: s._tag === "over" ? `over ${s.limit} limit` : s._tag })
     )
   })
@@ -163,16 +172,49 @@ const fencedWrite = (
     return held
   })
 
-/** The key's stored version: the newer of its row and its tombstone (the tombstone on a tie). */
-const storedVersion = (
-  row: WebhookRow | undefined,
-  tombstone: { readonly rev: string } | undefined
-): { readonly rev: string; readonly row: WebhookRow | undefined } | undefined => {
-  if (row !== undefined && (tombstone === undefined || compareTid(row.rev, tombstone.rev) > 0)) {
-    return { rev: row.rev, row }
-  }
-  return tombstone === undefined ? undefined : { rev: tombstone.rev, row: undefined }
+/** A key's stored version: its rev and generation, and its row (undefined: a tombstone). */
+interface StoredVersion {
+  readonly rev: string
+  readonly generation: number
+  readonly row: WebhookRow | undefined
 }
+
+/** The key's stored version: the newer of its row and its tombstone (the tombstone on a tie). */
+const storedVersion = (row: WebhookRow | undefined, tombstone: Tombstone | undefined): StoredVersion | undefined => {
+  if (row !== undefined && (tombstone === undefined || compareTid(row.rev, tombstone.rev) > 0)) {
+    return { rev: row.rev, generation: row.generation, row }
+  }
+  return tombstone === undefined ? undefined : { ...tombstone, row: undefined }
+}
+
+/**
+ * A write older than the key's stored version (`stale` by the row or tombstone rev), when that
+ * version is the owner's scan in progress's own (stamped with its token: a page's row, or step 4's
+ * tombstone, both at the snapshot's rev; no live write gets that generation, SPEC §3.4): the index
+ * takes it ({@link settle}). It is newer than the write and is what the scan's swap will register
+ * (or drop); before, the index kept the pre-scan registration until then, which a write reaching
+ * intake before the page would have replaced ({@link followDuringScan}): a webhook created or moved
+ * just before the snapshot missed its events, and a deleted one kept its admission slot, refusing a
+ * new record of its owner (`limit_owner`) until the owner's next sweep. One owner read, on this
+ * path only (an older replay of a stored key).
+ */
+const followScanVersion = (
+  store: RegistryStoreShape,
+  writer: IndexWriter,
+  ownerDid: string,
+  key: string,
+  stored: StoredVersion
+): Effect.Effect<void, StoreError> =>
+  Effect.gen(function*() {
+    const owner = yield* store.owner(ownerDid)
+    if (owner?.status !== "scanning" || owner.scanGeneration !== stored.generation) return
+    yield* settle(
+      writer,
+      key,
+      stored.row,
+      "registry: a write older than its owner's scan's version, index follows the scan"
+    )
+  })
 
 /** The refusals counted for health (raised once the write commits). */
 export interface LiveCounts {
@@ -218,6 +260,8 @@ export const writeKey = (
     if (stored !== undefined && compareTid(event.rev, stored.rev) <= 0) {
       // this very version, committed elsewhere (another leader, this process before a restart)
       if (compareTid(event.rev, stored.rev) === 0) yield* settle(writer, key, stored.row)
+      // an older one, the stored version being the scan in progress's
+      else yield* followScanVersion(store, writer, ownerDid, key, stored)
       return { _tag: "stale" } as const
     }
     // and strictly greater than the owner's snapshot rev (SPEC §3.4): the snapshot already holds

@@ -25,8 +25,10 @@
  *   that fails leaves the store with what the owner wrote. A fenced write (`stale`) changes nothing
  *   in the store; in memory, a replay of the key's stored version (same rev: committed by another
  *   leader, or by this process before a restart) makes the index take the stored state of that key
- *   (`settle`), and a write fenced while a scan runs is followed by the index until the scan's swap
- *   (`followDuringScan`); other fenced writes change nothing.
+ *   (`settle`), a write fenced while a scan runs is followed by the index until the scan's swap
+ *   (`followDuringScan`), and a write older than the scan's own version of its key (a page's row or
+ *   a step 4 tombstone) makes the index take that version (`followScanVersion`); other fenced
+ *   writes change nothing.
  *   A write that frees room under an admission limit (or removes a stored row of an owner) requests,
  *   in its transaction, the reconciliation of the owners whose records were refused for that limit
  *   (RoomRequests). The write itself, once the owner is locked and the key read: LiveWrite.
