@@ -250,8 +250,13 @@ const GLOBAL_REASON_SQL: { readonly [K in GlobalLimit]: string } = {
  * entries of the owner read), and for each global limit freed the owners of its oldest refusals
  * (`first_seen_at`: refused the longest), at most `othersMax`, leaving out those already requested,
  * scanning (that scan's swap admits against the index as it is then) or failed (the retry
- * scheduler retries them). Bounded: `ROOM_SCAN_MAX` index entries per limit (the partial index,
- * read with literal reasons so that the planner can use it). An owner row locked by another
+ * scheduler retries them). These are left out before the `ROOM_SCAN_MAX` oldest refusals per limit
+ * are taken (the partial index, read with literal reasons so that the planner can use it, in
+ * `first_seen_at` order, each entry's owner checked by its primary key until that many are found):
+ * before (until 7 December 2026), the refusals were taken first, so the old refusals of ten failed
+ * owners (100 each, the per-owner bound) filled the window and no other owner was ever requested.
+ * The entries read are those of the left-out owners ahead of the last one taken (failed owners ≤
+ * 100 each, at most the table's bound) and `ROOM_SCAN_MAX`. An owner row locked by another
  * transaction (its scan completing, a sync) is skipped, never waited for: no lock order to keep
  * with them. Returns the owners stamped.
  */
@@ -267,18 +272,18 @@ export const roomRequestStatement = (sql: SqlClient.SqlClient, freed: RoomFreed)
     ? sql`SELECT NULL::text AS owner_did, NULL::timestamptz AS first_seen_at WHERE false`
     : sql.join(" UNION ALL ", false)(
       freed.global.map((limit) =>
-        sql`(SELECT owner_did, first_seen_at FROM rejected_records
-          WHERE reason = ${sql.literal(GLOBAL_REASON_SQL[limit])}
-          ORDER BY first_seen_at LIMIT ${ROOM_SCAN_MAX})`
+        sql`(SELECT r.owner_did, r.first_seen_at FROM rejected_records r
+          JOIN owners o ON o.did = r.owner_did
+          WHERE r.reason = ${sql.literal(GLOBAL_REASON_SQL[limit])}
+            AND o.reconcile_requested_at IS NULL AND o.reconcile_status NOT IN ('scanning', 'failed')
+          ORDER BY r.first_seen_at LIMIT ${ROOM_SCAN_MAX})`
       )
     )
   return sql<{ did: string }>`
     WITH own AS (${own}), oldest AS (${oldest}), others AS (
-      SELECT r.owner_did AS did FROM (
-        SELECT owner_did, min(first_seen_at) AS since FROM oldest GROUP BY owner_did
-      ) r JOIN owners o ON o.did = r.owner_did
-      WHERE o.reconcile_requested_at IS NULL AND o.reconcile_status NOT IN ('scanning', 'failed')
-      ORDER BY r.since, r.owner_did
+      SELECT owner_did AS did FROM oldest
+      GROUP BY owner_did
+      ORDER BY min(first_seen_at), owner_did
       LIMIT ${Math.max(0, freed.othersMax)}
     ), locked AS (
       SELECT did FROM owners
