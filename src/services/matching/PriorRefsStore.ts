@@ -1,7 +1,9 @@
 /**
  * Prior references (SPEC §2.4): for each referencing record, the relevant references it held at
  * its latest rev, so that an update that removes a reference, or a delete, still matches the
- * webhooks the old version matched. Writes are monotonic on the referencing record's rev.
+ * webhooks the old version matched. Writes are monotonic on the referencing record's rev, compared
+ * bytewise (`COLLATE "C"` in every comparison: TIDs sort in time order bytewise only, whatever the
+ * database's default collation).
  *
  * The store works a batch at a time (one statement to read, one to write): the processor reads the
  * rows a batch may touch, applies the batch's puts and removes to them in memory (so an event sees
@@ -104,7 +106,7 @@ export const writeCtes = (sql: SqlClient.SqlClient, { deletes, ttlSeconds, upser
   }
   return sql`prior_deleted AS (
       DELETE FROM prior_refs p USING unnest(${delUris}::text[], ${delRevs}::text[]) AS d(uri, rev)
-      WHERE p.record_uri = d.uri AND (d.rev IS NULL OR p.rev < d.rev OR p.expires_at <= now())
+      WHERE p.record_uri = d.uri AND (d.rev IS NULL OR p.rev COLLATE "C" < d.rev OR p.expires_at <= now())
       RETURNING p.record_uri
     ), prior_written AS (
       INSERT INTO prior_refs (record_uri, rev, refs, bytes, expires_at)
@@ -112,7 +114,7 @@ export const writeCtes = (sql: SqlClient.SqlClient, { deletes, ttlSeconds, upser
       FROM unnest(${upUris}::text[], ${upRevs}::text[], ${upRefs}::text[], ${upBytes}::int[]) AS u(uri, rev, refs, bytes)
       ON CONFLICT (record_uri) DO UPDATE SET rev = EXCLUDED.rev, refs = EXCLUDED.refs, bytes = EXCLUDED.bytes,
         expires_at = EXCLUDED.expires_at, updated_at = now()
-      WHERE prior_refs.rev < EXCLUDED.rev OR prior_refs.expires_at <= now()
+      WHERE prior_refs.rev COLLATE "C" < EXCLUDED.rev OR prior_refs.expires_at <= now()
         OR EXCLUDED.record_uri = ANY(${forced}::text[])
       RETURNING record_uri
     )`

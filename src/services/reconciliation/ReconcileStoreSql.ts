@@ -2,6 +2,13 @@
  * The PostgreSQL driver of the `ReconcileStore` port (see ReconcileStore.ts for the fencing it
  * implements). Reached through ReconcileStore.ts, which builds `layerSql` from `makeSql`: this
  * module reads the port's constants only when it runs.
+ *
+ * Revs (TIDs) compare bytewise, as `compareTid` does on the live path: every comparison says
+ * `COLLATE "C"` (the columns keep the database's default collation: changing a column's collation
+ * changes the result type of an older process's prepared statements during a rolling upgrade).
+ * Under the database's default collation (the host's locale for the embedded PostgreSQL; an
+ * Estonian one sorts `z` between `s` and `t`) an older stored rev could compare as newer than the
+ * snapshot's: its row was neither updated nor deleted.
  */
 import { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
@@ -211,7 +218,7 @@ const applyPage = (
                   WHERE NOT EXISTS (
                     SELECT 1 FROM tombstones t
                     WHERE t.owner_did = ${did} AND t.rkey = i.rkey
-                      AND (t.generation > ${token} OR (t.live AND t.rev > ${snapshotRev})))
+                      AND (t.generation > ${token} OR (t.live AND t.rev COLLATE "C" > ${snapshotRev})))
                   ON CONFLICT (owner_did, rkey) DO UPDATE SET
                     rev = EXCLUDED.rev, generation = EXCLUDED.generation, cid = EXCLUDED.cid,
                     record = EXCLUDED.record, scope_uri = EXCLUDED.scope_uri, scope_did = EXCLUDED.scope_did,
@@ -222,7 +229,7 @@ const applyPage = (
                       WHEN webhooks.cid IS NOT DISTINCT FROM EXCLUDED.cid AND webhooks.fingerprint = EXCLUDED.fingerprint
                       THEN webhooks.gone_at ELSE NULL END,
                     updated_at = now()
-                  WHERE webhooks.generation <= ${token} AND webhooks.rev <= ${snapshotRev}
+                  WHERE webhooks.generation <= ${token} AND webhooks.rev COLLATE "C" <= ${snapshotRev}
                   RETURNING rkey
                 ), cleared AS (
                   DELETE FROM tombstones t USING upserted u
@@ -230,7 +237,7 @@ const applyPage = (
                   RETURNING 1
                 ), refusals_cleared AS (
                   DELETE FROM rejected_records r USING upserted u
-                  WHERE r.owner_did = ${did} AND r.rkey = u.rkey AND r.rev <= ${snapshotRev}
+                  WHERE r.owner_did = ${did} AND r.rkey = u.rkey AND r.rev COLLATE "C" <= ${snapshotRev}
                   RETURNING 1
                 ), ${
         recordCtes(
@@ -242,11 +249,11 @@ const applyPage = (
           sql`NOT EXISTS (
                     SELECT 1 FROM tombstones t
                     WHERE t.owner_did = ${did} AND t.rkey = i.rkey
-                      AND (t.generation > ${token} OR (t.live AND t.rev > ${snapshotRev})))
+                      AND (t.generation > ${token} OR (t.live AND t.rev COLLATE "C" > ${snapshotRev})))
                   AND NOT EXISTS (
                     SELECT 1 FROM webhooks w
                     WHERE w.owner_did = ${did} AND w.rkey = i.rkey
-                      AND (w.generation > ${token} OR w.rev > ${snapshotRev}))`
+                      AND (w.generation > ${token} OR w.rev COLLATE "C" > ${snapshotRev}))`
         )
       }
                 SELECT count(*)::int AS n FROM upserted`).pipe(
@@ -268,7 +275,7 @@ const deleteOlderStatement = (
   sql<CountRow>`
         WITH doomed AS (
           SELECT rkey FROM webhooks
-          WHERE owner_did = ${did} AND generation < ${token} AND rev <= ${snapshotRev}
+          WHERE owner_did = ${did} AND generation < ${token} AND rev COLLATE "C" <= ${snapshotRev}
           ORDER BY rkey
           LIMIT ${limit}
           FOR UPDATE
@@ -312,7 +319,7 @@ const pruneTombstones = (
     sql<CountRow>`
                 WITH doomed AS (
                   SELECT rkey FROM tombstones
-                  WHERE owner_did = ${did} AND rev < ${snapshotRev} AND generation < ${token}
+                  WHERE owner_did = ${did} AND rev COLLATE "C" < ${snapshotRev} AND generation < ${token}
                     AND deleted_at < now() - make_interval(secs => ${seconds(retentionMs)}::double precision)
                   ORDER BY rkey
                   LIMIT ${limit}
