@@ -17,11 +17,16 @@
  *   other processes notify their outcomes only while some process has a connection open.
  * - {@link pump} serves one connection until it has lived {@link MAX_LIFETIME} (24 h, on the
  *   Effect Clock) or the hub closes (the API listener's scope: shutdown).
+ * - One outcome never stops the hub: one whose frame cannot be rendered (a time outside Date's range
+ *   from another process, or any failure while it is handed out) is skipped alone, counted as
+ *   dropped on each of its owner's connections (their next `#info`) and in `firehook_tail_frames_dropped_total`,
+ *   and logged at most once a minute, without its values.
  */
-import { Context, Data, Duration, Effect, Layer, Metric, Option, Queue } from "effect"
+import { Context, Data, Duration, Effect, Either, Layer, Metric, Option, Queue } from "effect"
 import type { Scope } from "effect"
 import { reportableStatus } from "../../schemas/XrpcContract.js"
 import { DeliveryOutcomes, type Outcome } from "../delivery/DeliveryOutcomes.js"
+import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 
 export const MAX_CONNECTIONS_PER_DID = 4
 /** Open connections in this process, whatever their DIDs. */
@@ -55,6 +60,7 @@ export type Frame = OutcomeFrame | InfoFrame
 /**
  * The frame of an outcome (the owner is not in it: a connection only ever sees its own). A status
  * outside 100–599 (a receiver's 999, classified `http_5xx`) is left out: the error kind says it.
+ * `o.atMs` must be within Date's range: {@link renderFrame} checks it.
  */
 export const frameOf = (o: Outcome): OutcomeFrame => {
   const httpStatus = reportableStatus(o.httpStatus)
@@ -69,6 +75,10 @@ export const frameOf = (o: Outcome): OutcomeFrame => {
     at: new Date(o.atMs).toISOString()
   }
 }
+
+/** The frame of an outcome, or `undefined` when its time is outside Date's range (it has no ISO form). */
+export const renderFrame = (o: Outcome): OutcomeFrame | undefined =>
+  Number.isNaN(new Date(o.atMs).getTime()) ? undefined : frameOf(o)
 
 export const infoFrame = (dropped: number): InfoFrame => ({
   $type: INFO_TYPE,
@@ -113,8 +123,11 @@ const openConnections = Metric.gauge("firehook_tail_connections", {
 })
 
 const droppedFrames = Metric.counter("firehook_tail_frames_dropped_total", {
-  description: "Live tail outcome frames dropped because a connection's reader was slow"
+  description:
+    "Live tail outcome frames dropped because a connection's reader was slow (or the outcome could not be rendered)"
 })
+
+const UNRENDERED = "api: a tail outcome could not be rendered as a frame: skipped"
 
 interface Entry {
   readonly queue: Queue.Queue<OutcomeFrame>
@@ -130,19 +143,21 @@ export const make = (options: TailOptions = {}): Effect.Effect<TailShape, never,
     const byOwner = new Map<string, Set<Entry>>()
     let connections = 0
     let droppedTotal = 0
+    const log = RateLimitedLog.make()
 
-    const deliver = (o: Outcome) => {
+    /** Hands `o` to its owner's connections: the frames lost (full buffers, or not rendered). */
+    const deliver = (o: Outcome): { readonly lost: number; readonly unrendered: boolean } => {
       const entries = byOwner.get(o.owner)
-      if (entries === undefined) return 0
-      const frame = frameOf(o)
+      if (entries === undefined) return { lost: 0, unrendered: false }
+      const frame = renderFrame(o)
       let lost = 0
       for (const e of entries) {
-        if (!e.queue.unsafeOffer(frame)) {
+        if (frame === undefined || !e.queue.unsafeOffer(frame)) {
           e.dropped++
           lost++
         }
       }
-      return lost
+      return { lost, unrendered: frame === undefined }
     }
 
     const feed = yield* outcomes.subscribe
@@ -150,10 +165,25 @@ export const make = (options: TailOptions = {}): Effect.Effect<TailShape, never,
       Effect.gen(function*() {
         const batch = yield* Queue.takeBetween(feed, 1, 1024)
         let lost = 0
-        for (const o of batch) lost += deliver(o)
+        let unrendered = 0
+        for (const o of batch) {
+          // one outcome never ends the hub (every tail of the process): whatever fails is skipped alone
+          const r = Either.try(() => deliver(o))
+          if (Either.isLeft(r)) unrendered++
+          else {
+            lost += r.right.lost
+            if (r.right.unrendered) unrendered++
+          }
+        }
         if (lost > 0) {
           droppedTotal += lost
           yield* Metric.incrementBy(droppedFrames, lost)
+        }
+        if (unrendered > 0) {
+          yield* log.run(
+            UNRENDERED,
+            (suppressed) => Effect.logError(UNRENDERED).pipe(Effect.annotateLogs({ outcomes: unrendered, suppressed }))
+          )
         }
       })
     ))

@@ -19,7 +19,13 @@
  * `{"$type":"dev.firehook.webhook.subscribeDeliveries#info","name":"DeliveriesDropped","dropped":n}`
  * (encoded by the contract's Schema). firehook does not use atproto's binary DAG-CBOR framing: the
  * stream carries no CIDs or bytes, and a JSON reader is all a client needs. The stream is one way:
- * a message from the client closes the connection (1008 `the stream is one way`).
+ * a message from the client closes the connection (1008 `the stream is one way`; its first message
+ * only: later ones are ignored while the close completes), and a client that sends more than
+ * `TailSocket.MAX_INBOUND_BYTES` in messages has its socket ended where the server shows it (Node).
+ *
+ * After each close frame the client has a grace to close its side ({@link CLOSE_GRACE}; at shutdown
+ * {@link SHUTDOWN_GRACE}), then its socket is ended (`TailSocket.terminate`): a client that never
+ * answers does not hold the socket (or, on Node, the listener's close) for `ws`'s own 30 s.
  */
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as Socket from "@effect/platform/Socket"
@@ -31,8 +37,10 @@ import { type Frame, INFO_TYPE, infoFrame, MAX_LIFETIME, pump, Tail } from "./Ta
 import * as TailSocket from "./TailSocket.js"
 import { invalidRequest, XrpcFailure } from "./XrpcError.js"
 
-/** After the closing frame, the client has this long to close its side. */
-const CLOSE_GRACE = Duration.seconds(10)
+/** After the closing frame, the client has this long to close its side; then its socket is ended. */
+export const CLOSE_GRACE = Duration.seconds(10)
+/** At shutdown, after the 1001, the client has this long to close its side; then its socket is ended. */
+export const SHUTDOWN_GRACE = Duration.seconds(1)
 
 const encodeFrame = Schema.encodeUnknown(WebhookLexicon.subscribeDeliveries.output)
 
@@ -71,7 +79,7 @@ export const subscribeDeliveries = subscription(
             })
           ))
       )
-      const { buffered, socket } = yield* TailSocket.upgrade.pipe(
+      const { buffered, socket, terminate } = yield* TailSocket.upgrade.pipe(
         Effect.mapError(() => invalidRequest("a WebSocket upgrade is required"))
       )
       const write = yield* socket.writer
@@ -96,9 +104,14 @@ export const subscribeDeliveries = subscription(
           }
           if (refused > 0) yield* writeFrame(infoFrame(refused))
         })
-      // the service's close, then the client's turn to close its side
+      // set by the first close the service writes: a client's later messages start nothing
+      let closing = false
+      // the service's close, then the client's turn to close its side (or its socket is ended)
       const closeWith = (code: number, reason: string) =>
-        write(new Socket.CloseEvent(code, reason)).pipe(Effect.zipRight(Effect.sleep(CLOSE_GRACE)))
+        Effect.suspend(() => {
+          closing = true
+          return write(new Socket.CloseEvent(code, reason)).pipe(Effect.zipRight(terminate(CLOSE_GRACE)))
+        })
       const serve = pump(connection, send, MAX_LIFETIME, TailSocket.room(buffered)).pipe(
         Effect.zipRight(closeWith(1000, "lifetime")),
         Effect.catchTag("SlowReader", (e) =>
@@ -107,20 +120,29 @@ export const subscribeDeliveries = subscription(
           ))
       )
       // the socket ends when the client closes it, or sends anything: the stream is one way (1008,
-      // a policy violation, said in its reason; not 1011, which would blame the server)
-      const read = socket.runRaw(() =>
-        closeWith(CLIENT_MESSAGE_CLOSE.code, CLIENT_MESSAGE_CLOSE.reason).pipe(
+      // a policy violation, said in its reason; not 1011, which would blame the server). The
+      // platform runs each message's effect in a fiber of its own: only the first message has one.
+      const read = socket.runRaw(() => {
+        if (closing) {
+          return
+        }
+        closing = true
+        return closeWith(CLIENT_MESSAGE_CLOSE.code, CLIENT_MESSAGE_CLOSE.reason).pipe(
           Effect.zipRight(Effect.fail(new ClientMessage()))
         )
-      )
+      })
       yield* Effect.raceFirst(read, serve).pipe(
         Effect.catchAll((e) =>
           Effect.logDebug("api: tail closed").pipe(Effect.annotateLogs({ reason: e._tag }))
         ),
         // interrupted: the shutdown (a socket the client closed ends `read`, not in an interruption);
-        // the close frame is written at once, the runtime's later close of the socket is a no-op
+        // the close frame is written at once, the runtime's later close of the socket is a no-op; a
+        // client that does not answer it within SHUTDOWN_GRACE has its socket ended (Node's listener
+        // waits for every upgraded socket: for `ws`'s own 30 s close timer, before)
         Effect.onInterrupt(() =>
-          Effect.ignore(write(new Socket.CloseEvent(SHUTDOWN_CLOSE.code, SHUTDOWN_CLOSE.reason)))
+          Effect.ignore(write(new Socket.CloseEvent(SHUTDOWN_CLOSE.code, SHUTDOWN_CLOSE.reason))).pipe(
+            Effect.zipRight(terminate(SHUTDOWN_GRACE))
+          )
         )
       )
       return HttpServerResponse.empty()

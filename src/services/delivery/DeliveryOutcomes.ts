@@ -121,7 +121,8 @@ const Row = Schema.Tuple(
   Schema.Literal(...TERMINAL_STATUSES),
   Schema.NullOr(Schema.Int),
   Schema.NullOr(Schema.String.pipe(Schema.maxLength(64))),
-  Schema.Int
+  // epoch ms within Date's range (±8.64e15): a time the tail cannot render is a row that does not decode
+  Schema.Int.pipe(Schema.between(0, 8_640_000_000_000_000))
 )
 /** The rows are decoded one by one: a row that does not decode is skipped, not the payload. */
 const Payload = Schema.parseJson(
