@@ -224,6 +224,18 @@ describe("Publisher: bounds and timing", () => {
       expect((yield* fake.state).commands[0]).toEqual(["AUTH", "s3cret"])
     }))
 
+  it.scoped("a user name without a password (an ACL user with nopass) is AUTH <user> \"\", not PING as default", () =>
+    Effect.gen(function*() {
+      const fake = yield* fakeRedis((c) => (c[0] === "PUBLISH" ? ":0\r\n" : "+OK\r\n"))
+      const { health } = yield* newHealth
+      const p = yield* publisherIn(health, {
+        url: Redacted.make(`redis://alice@127.0.0.1:${fake.port}`),
+        channel: "c"
+      })
+      yield* p.awaitStats((s) => s.connected)
+      expect((yield* fake.state).commands[0]).toEqual(["AUTH", "alice", ""])
+    }))
+
   it.scoped("a publish while not connected is counted under reason not_connected", () =>
     Effect.gen(function*() {
       const port = yield* closedPort

@@ -330,8 +330,11 @@ export const connect = (
 
     const handshake = Effect.gen(function*() {
       yield* Deferred.await(ready)
-      if (target.password !== undefined) {
-        const password = Redacted.value(target.password)
+      if (target.password !== undefined || target.username !== undefined) {
+        // a user name alone is an ACL user without a password (`nopass`): AUTH <user> "" logs in
+        // as that user (PING would run as `default`, refused when it is off, or unbounded by the
+        // user's ACL)
+        const password = target.password === undefined ? "" : Redacted.value(target.password)
         const args = target.username !== undefined ? ["AUTH", target.username, password] : ["AUTH", password]
         yield* command(args).pipe(
           Effect.mapError((e) => (e.kind === "reply" ? new RedisError({ kind: "auth", code: e.code }) : e))
