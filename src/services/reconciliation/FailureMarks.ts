@@ -7,8 +7,12 @@
  * then the owner is `failed` (its deliveries go on with its last known-good registrations) and the
  * RetryScheduler retries it.
  *
- * - One fiber per owner (a later mark of the owner replaces the earlier: its scan is newer), owned
- *   by the reconciler's scope; at most `maxPending` owners (beyond: left to the stale-scan check).
+ * - One fiber per owner, owned by the reconciler's scope; at most `maxPending` owners (beyond: left
+ *   to the stale-scan check). Of two marks of one owner the one of the newer scan (higher token)
+ *   waits: a mark replaces the owner's waiting one unless that one's token is higher. (Two scans'
+ *   marks can arrive in either order: a scan superseded by a newer one may end after it. The older
+ *   scan's mark would be fenced, a no-op, and the owner would stay `scanning` until the stale-scan
+ *   check.)
  * - Each mark is fenced by its scan's token (`ReconcileStore.markFailed`), so it never touches a
  *   scan begun since, nor an owner completed meanwhile.
  * - Retried with equal-jitter exponential backoff (`baseMs` → `capMs`) for at most `giveUpAfterMs`
@@ -55,13 +59,29 @@ export const make = (store: ReconcileStoreShape, options: FailureMarksOptions) =
         )
       )
 
+    // the token of each owner's waiting mark (an entry per fiber, removed when it ends)
+    const waiting = new Map<string, { readonly token: number }>()
+
     const defer = (did: string, token: number, kind: string): Effect.Effect<void> =>
       Effect.gen(function*() {
+        const current = waiting.get(did)
+        // a newer scan's mark is waiting: this older scan's would be fenced (a no-op) anyway
+        if (current !== undefined && current.token > token) return
         if (!(yield* FiberMap.has(fibers, did)) && (yield* FiberMap.size(fibers)) >= options.maxPending) {
           return yield* Effect.logWarning("too many scans waiting for their failure mark; left to the stale-scan check")
             .pipe(Effect.annotateLogs({ kind }))
         }
-        yield* FiberMap.run(fibers, did, mark(did, token, kind))
+        const entry = { token }
+        waiting.set(did, entry)
+        yield* FiberMap.run(
+          fibers,
+          did,
+          mark(did, token, kind).pipe(
+            Effect.ensuring(Effect.sync(() => {
+              if (waiting.get(did) === entry) waiting.delete(did)
+            }))
+          )
+        )
       })
 
     const shape: FailureMarksShape = { defer, pending: FiberMap.size(fibers) }
