@@ -32,6 +32,15 @@
  *   last {@link FRESH_REFETCH_MIN_INTERVAL_MS}, so forged tokens cannot make firehook hammer a
  *   PLC directory or a did:web host.
  *
+ * - A document host (the PLC directory, a did:web host) that answers 429 or 503 with `Retry-After`
+ *   is held for that long (at most an hour; scheme, host and port of the document's URL, in a
+ *   {@link PdsCooldown} of this layer's own): until then no DID on it is fetched, in the foreground
+ *   or the background, and a lookup that would fetch fails at once as `identity_unavailable` with
+ *   `held` and the time left (`retryAfterMs`; the fetch that met the 429 carries the whole wait).
+ *   A sweep over a cold cache thus sends a rate-limited directory one request, not one per owner;
+ *   the reconciler fails such owners as `identity_cooling` and the retry scheduler waits the time
+ *   left. A held lookup is not counted in `firehook_identity_failures_total` (nothing was fetched).
+ *
  * Errors are kinds only ({@link IdentityError}): never the DID document, the endpoint or a URL.
  */
 import { Clock, Context, Data, Deferred, Duration, Effect, Either, FiberSet, Layer, Metric } from "effect"
@@ -40,7 +49,9 @@ import { atprotoSigningKey, DidDocument, pdsEndpoint, type SigningKey } from "..
 import { validateWebhookUrl } from "../../schemas/WebhookUrl.js"
 import { decodeJsonBody } from "../../schemas/Xrpc.js"
 import { FirehookConfig } from "../platform/Config.js"
+import { parseRetryAfter } from "../platform/http/RetryAfter.js"
 import { MAX_SERVICE_URL_LENGTH, SafeHttp } from "../platform/http/SafeHttp.js"
+import * as PdsCooldown from "./PdsCooldown.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
 
@@ -61,7 +72,16 @@ export const IDENTITY_ERROR_KINDS = [
 ] as const
 export type IdentityErrorKind = (typeof IDENTITY_ERROR_KINDS)[number]
 
-export class IdentityError extends Data.TaggedError("IdentityError")<{ readonly kind: IdentityErrorKind }> {
+export class IdentityError extends Data.TaggedError("IdentityError")<{
+  readonly kind: IdentityErrorKind
+  /**
+   * the document host's wait (ms): its `Retry-After` on a 429 or 503 (`identity_unavailable`), or
+   * what is left of it when the host was not asked (`held`)
+   */
+  readonly retryAfterMs?: number | undefined
+  /** true: no request was made, the document's host is cooling down after its `Retry-After` */
+  readonly held?: boolean | undefined
+}> {
   override get message(): string {
     return `identity resolution failed: ${this.kind}`
   }
@@ -185,6 +205,8 @@ export const make = (options: IdentityOptions = {}) =>
     const insecure = config.allowInsecureDev
 
     const cache = new Map<string, Entry>()
+    // the document hosts (PLC directory, did:web hosts) that asked for time (PdsCooldown.ts)
+    const cooldown = PdsCooldown.make()
     // foreground fetches in flight, one per DID (emptied as they end)
     const flights = new Map<string, Flight>()
     let hits = 0
@@ -201,6 +223,11 @@ export const make = (options: IdentityOptions = {}) =>
       Effect.gen(function*() {
         const url = didDocumentUrl(did, config.backfill.plcDirectoryUrl)
         if (url === undefined) return yield* fail("invalid_did")
+        // the host asked for time (a Retry-After to another DID's fetch): not asked until it has passed
+        const held = cooldown.remaining(url, yield* Clock.currentTimeMillis)
+        if (held !== undefined) {
+          return yield* Effect.fail(new IdentityError({ kind: "identity_unavailable", retryAfterMs: held, held: true }))
+        }
         const response = yield* http
           .request({
             url,
@@ -213,7 +240,22 @@ export const make = (options: IdentityOptions = {}) =>
           })
           .pipe(Effect.mapError(() => new IdentityError({ kind: "identity_unavailable" })))
         if (response.status === 404 || response.status === 410) return yield* fail("did_not_found")
-        if (response.status < 200 || response.status > 299) return yield* fail("identity_unavailable")
+        if (response.status < 200 || response.status > 299) {
+          // a directory (or did:web host) that asks for time gets it: no DID on that host is looked
+          // up until it has passed (a sweep over a cold cache would otherwise ask once per owner)
+          const now = yield* Clock.currentTimeMillis
+          const retryAfterMs = response.status === 429 || response.status === 503
+            ? parseRetryAfter(response.headers["retry-after"], now)
+            : undefined
+          if (retryAfterMs !== undefined) cooldown.note(url, now, retryAfterMs)
+          return yield* Effect.fail(
+            new IdentityError(
+              retryAfterMs === undefined
+                ? { kind: "identity_unavailable" }
+                : { kind: "identity_unavailable", retryAfterMs }
+            )
+          )
+        }
         const doc = decodeJsonBody(DidDocument, response.body)
         if (doc === undefined || doc.id !== did) return yield* fail("identity_invalid")
         const endpoint = pdsEndpoint(doc)
@@ -229,7 +271,8 @@ export const make = (options: IdentityOptions = {}) =>
         if (Either.isLeft(resolved.pds)) yield* countFailure(resolved.pds.left)
         return resolved
       }).pipe(
-        Effect.tapError((e) => countFailure(e.kind)),
+        // a host that was not asked (cooling down) made no fetch that failed
+        Effect.tapError((e) => (e.held === true ? Effect.void : countFailure(e.kind))),
         Effect.withSpan("Identity.fetch")
       )
 

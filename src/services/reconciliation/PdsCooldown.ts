@@ -11,6 +11,10 @@
  * for the latest commit (another timeout) and takes the scan-start TID at once, the fallback SPEC
  * §5.3 step 2 gives a PDS that does not answer it.
  *
+ * Identity keeps a memory of its own of the same kind for the hosts of DID documents (the PLC
+ * directory, did:web hosts) that answered 429 or 503 with `Retry-After`: their DIDs are not looked
+ * up until it has passed (the owner fails as `identity_cooling`, with the time left).
+ *
  * Per process and in memory: another replica (or the CLI) meets the 429 itself once. Bounded: at
  * most {@link COOLDOWN_HOSTS_MAX} hosts; when full, expired entries go first, then the one that ends
  * soonest.

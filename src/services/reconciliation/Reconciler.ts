@@ -7,8 +7,10 @@
  *    keeps the owner's pre-scan registrations: snapshot pages land in the database only.
  * 2. Resolve the PDS ({@link Identity}; a private or non-https endpoint fails here, before any PDS
  *    call; a host cooling down after a `Retry-After` fails the owner here as `pds_cooling`,
- *    PdsCooldown.ts). The snapshot's rev is `getLatestCommit`'s `rev`, or a TID of the scan's start
- *    when the PDS does not answer it (or timed out on it within 5 minutes); it is stored with the
+ *    PdsCooldown.ts, and a PLC directory or did:web host held after its own `Retry-After` as
+ *    `identity_cooling`, Identity.ts, each with the time left). The snapshot's rev is
+ *    `getLatestCommit`'s `rev`, or a TID of the scan's start when the PDS does not answer it (or
+ *    timed out on it within 5 minutes); it is stored with the
  *    owner at once ({@link ReconcileStore.saveSnapshotRev}) and from then on a live write of the
  *    owner applies only if its rev is newer (SPEC §3.4). Pages
  *    of `listRecords` (limit 100, the cursor URL-encoded) are fetched through {@link SafeHttp} with
@@ -29,6 +31,13 @@
  * 5. A failure marks the owner `failed` (count and kind): its registrations stay as they were, and
  *    the RetryScheduler tries again. An interrupted scan is marked failed (`interrupted`, within
  *    2 s); a scan that dies (a defect) is marked failed (`internal`).
+ *
+ * The whole scan (steps 2–5, after the begin) has a deadline of half `RETRY_SCHEDULER_STALE_SCAN_MS`
+ * ({@link scanDeadlineMs}): past it the scan is cut (as an interruption cuts it: its open
+ * transaction rolls back) and the owner fails as `pds_timeout`. A scan still running when the
+ * stale-scan check comes (`scanning` longer than the threshold) would be taken for a crashed one,
+ * marked `scan_crashed` and fenced off: each of its retries would meet the same slow PDS and end
+ * `superseded`, and the owner would never complete nor fail for what it is.
  *
  * A `StoreError` is an infrastructure failure: it is returned to the caller (the backfill pass
  * retries from its continuation). A scan it ended is marked failed (`database_error`) once the
@@ -52,7 +61,7 @@ import * as PdsCooldown from "./PdsCooldown.js"
 import * as Metrics from "./ReconcileMetrics.js"
 import { ReconcileStore } from "./ReconcileStore.js"
 import * as ReconciliationConfig from "./ReconciliationConfig.js"
-import { scan, type ScanDeps } from "./Snapshot.js"
+import { OwnerFailure, scan, type ScanDeps } from "./Snapshot.js"
 
 // ---------------------------------------------------------------------------------------------
 // Outcomes
@@ -65,6 +74,11 @@ export const OWNER_FAILURE_KINDS = [
   "pds_status",
   /** not asked: its PDS asked for time (429/503 with Retry-After to another owner's page) and it has not passed */
   "pds_cooling",
+  /**
+   * not looked up: the DID document's host (the PLC directory, a did:web host) asked for time
+   * (429/503 with Retry-After to another DID's lookup) and it has not passed
+   */
+  "identity_cooling",
   "page_too_large",
   "page_invalid",
   "page_records",
@@ -108,8 +122,9 @@ export type ReconcileOutcome =
     readonly kind: OwnerFailureKind
     /**
      * the PDS's `Retry-After` in ms, when it answered a page with 429 or 503 and one, or what was
-     * left of it when the scan did not ask the PDS (`pds_cooling`): the retry scheduler waits at
-     * least this long before trying the owner again (absent otherwise)
+     * left of it when the scan did not ask the PDS (`pds_cooling`); likewise the DID document
+     * host's (`identity_unavailable` with the header, `identity_cooling`): the retry scheduler
+     * waits at least this long before trying the owner again (absent otherwise)
      */
     readonly retryAfterMs?: number
   }
@@ -192,6 +207,13 @@ export const defaultLimits: ReconcileLimits = {
  * The limits of a configuration (`RECONCILE_*`; their defaults are those of {@link defaultLimits},
  * SPEC §5.3); the others are {@link defaultLimits}'.
  */
+/**
+ * A scan's deadline (after its begin): half the stale-scan threshold, so that a scan still running
+ * is never taken for a crashed one (`scan_crashed`, RetryScheduler); the other half covers the begin,
+ * the failure mark and the database's clock being read at different moments.
+ */
+export const scanDeadlineMs = (staleScanMs: number): number => Math.max(1, Math.floor(staleScanMs / 2))
+
 export const limitsFromConfig = (reconcile: FirehookConfigShape["reconcile"]): ReconcileLimits => ({
   ...defaultLimits,
   maxOtherScanning: reconcile.maxConcurrentScans,
@@ -258,6 +280,7 @@ export const make = (options: ReconcilerOptions) =>
       cooldown: PdsCooldown.make(),
       commitStalls: PdsCooldown.make()
     }
+    const deadlineMs = scanDeadlineMs(config.retryScheduler.staleScanMs)
     const lateMarks = yield* FailureMarks.make(store, {
       baseMs: limits.failureMarkRetryBaseMs,
       capMs: limits.failureMarkRetryMaxMs,
@@ -306,6 +329,12 @@ export const make = (options: ReconcilerOptions) =>
           Effect.catchAll(() => lateMarks.defer(did, token, "interrupted"))
         )
         const result: ReconcileOutcome = yield* scan(deps, did, token, startMicros).pipe(
+          // bounded as a whole (a slow PDS answering each request within its own timeout, up to 20
+          // pages): it ends before the stale-scan check could take it for a crashed scan
+          Effect.timeoutFail({
+            duration: Duration.millis(deadlineMs),
+            onTimeout: () => new OwnerFailure({ kind: "pds_timeout" })
+          }),
           // the database failed mid-scan: the owner must not stay `scanning`; the error still goes
           // to the caller (an infrastructure failure)
           Effect.tapErrorTag("StoreError", () => lateMarks.defer(did, token, "database_error")),

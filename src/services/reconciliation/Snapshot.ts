@@ -28,7 +28,10 @@ import type { ReconcileStoreShape } from "./ReconcileStore.js"
 
 export class OwnerFailure extends Data.TaggedError("OwnerFailure")<{
   readonly kind: OwnerFailureKind
-  /** the PDS's `Retry-After` (ms), read from a 429 or 503 answer to a page */
+  /**
+   * the wait (ms) asked for by the PDS (`Retry-After` of a 429 or 503 answer to a page) or by the
+   * DID document's host (the PLC directory's), or what is left of it when the host was not asked
+   */
   readonly retryAfterMs?: number | undefined
 }> {}
 
@@ -173,8 +176,20 @@ export interface ScanDeps {
 
 const SUPERSEDED = { _tag: "superseded" } as const
 
+/**
+ * The owner's PDS. A DID document host that asked for time (429/503 with `Retry-After`, Identity.ts)
+ * passes its wait on: the owner whose lookup met it fails as `identity_unavailable`, one that was
+ * not looked up because the host is still held as `identity_cooling`, each with the wait.
+ */
 const resolvePds = (deps: ScanDeps, did: string) =>
-  deps.identity.resolvePds(did).pipe(Effect.mapError((e) => new OwnerFailure({ kind: e.kind })))
+  deps.identity.resolvePds(did).pipe(
+    Effect.mapError((e) =>
+      new OwnerFailure({
+        kind: e.held === true ? "identity_cooling" : e.kind,
+        ...(e.retryAfterMs === undefined ? {} : { retryAfterMs: e.retryAfterMs })
+      })
+    )
+  )
 
 /**
  * getLatestCommit's rev, or a TID of the scan's start when the PDS does not answer it (or
