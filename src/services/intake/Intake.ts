@@ -23,7 +23,22 @@
  * reconciliation (`onReactivated`, named for its first use): neither is waited for.
  */
 import { SqlClient } from "@effect/sql"
-import { Chunk, Clock, Context, Duration, Effect, Either, Fiber, Layer, Option, Ref, Stream } from "effect"
+import {
+  Cause,
+  Chunk,
+  Clock,
+  Context,
+  Duration,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  Layer,
+  Option,
+  Ref,
+  Schedule,
+  Stream
+} from "effect"
 import * as Outbox from "../matching/Outbox.js"
 import { Processor } from "../matching/Processor.js"
 import { FirehookConfig } from "../platform/Config.js"
@@ -216,13 +231,28 @@ export const make = (options: IntakeOptions = {}) =>
  */
 export const STANDBY_FAILED_ELECTIONS_MAX = 3
 
+/**
+ * How often a leader's term looks for the first sign that its intake runs (a stream connected, or a
+ * batch acknowledged), which clears the standby's "work ended" mark ({@link healthSection}).
+ */
+export const PROGRESS_CHECK_INTERVAL = Duration.seconds(1)
+
+/** a stream of this run is connected, or has acknowledged a batch: intake works */
+const hasProgressed = (stats: IntakeStats): boolean =>
+  stats.streams.some(({ state }) => state.connected || state.acks > 0)
+
 /** the intake section of /health (SPEC §6.2) */
 export const healthSection = (
   intake: IntakeShape,
   role: Effect.Effect<"leader" | "standby">,
   registry: Effect.Effect<{ readonly rejected: Readonly<Record<string, number>> }>,
   progressWindowMs = 60_000,
-  failedElections: Effect.Effect<number> = Effect.succeed(0)
+  failedElections: Effect.Effect<number> = Effect.succeed(0),
+  /**
+   * this replica's last term ended with its work ending (it failed, died or returned) and no term
+   * has since seen intake run, nor has another replica been found holding the role
+   */
+  workEnded: Effect.Effect<boolean> = Effect.succeed(false)
 ) =>
   Effect.gen(function*() {
     const now = yield* Clock.currentTimeMillis
@@ -251,16 +281,20 @@ export const healthSection = (
         queued: state.queued
       }
     }
-    // a standby is healthy while its elections reach the database; a leader must be progressing
+    // a standby is healthy while its elections reach the database and its own last term's work
+    // did not end (a work that dies at once, e.g. a failing reload, would otherwise leave the
+    // process ready between its terms: every election succeeds, no frame is ever read); a leader
+    // must be progressing
+    const ended = r === "standby" && (yield* workEnded)
     const healthy = r === "standby"
-      ? (yield* failedElections) < STANDBY_FAILED_ELECTIONS_MAX
+      ? (yield* failedElections) < STANDBY_FAILED_ELECTIONS_MAX && !ended
       : stats.running && stats.streams.length > 0 && progressing
     return {
       ready: healthy,
       body: {
         role: r,
         connected,
-        progressing: r === "standby" ? true : progressing,
+        progressing: r === "standby" ? !ended : progressing,
         queued,
         streams: perStream,
         admission: admissionSection(reg.rejected)
@@ -324,14 +358,33 @@ export const layer = (options: IntakeOptions = {}) =>
           })
       })
       const failedElections = yield* Ref.make(0)
+      // set when a term's work ends by itself (failed, died or returned; not when the term
+      // interrupted it); cleared once a term sees intake run (a stream connected or a batch
+      // acknowledged), or when an election finds another replica holding the role (intake runs
+      // there; this replica's own work is tried again when it next leads)
+      const workEnded = yield* Ref.make(false)
+      const clearOnProgress: Effect.Effect<never> = intake.stats.pipe(
+        Effect.repeat({ schedule: Schedule.spaced(PROGRESS_CHECK_INTERVAL), until: hasProgressed }),
+        Effect.zipRight(Ref.set(workEnded, false)),
+        Effect.zipRight(Effect.never)
+      )
+      const termWork = Effect.raceFirst(work, clearOnProgress).pipe(
+        Effect.onExit((exit) =>
+          Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause) ? Effect.void : Ref.set(workEnded, true)
+        )
+      )
       const onElection = (outcome: "leader" | "standby" | "failed") =>
-        outcome === "failed" ? Ref.update(failedElections, (n) => n + 1) : Ref.set(failedElections, 0)
+        outcome === "failed"
+          ? Ref.update(failedElections, (n) => n + 1)
+          : outcome === "standby"
+          ? Effect.zipRight(Ref.set(failedElections, 0), Ref.set(workEnded, false))
+          : Ref.set(failedElections, 0)
       const fiber = yield* Effect.forkScoped(
-        runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake", onElection }, role, work)
+        runAsLeader({ key: INTAKE_LOCK_KEY, name: "intake", onElection }, role, termWork)
       )
       yield* health.register(
         "intake",
-        healthSection(intake, Ref.get(role), registry.stats, undefined, Ref.get(failedElections))
+        healthSection(intake, Ref.get(role), registry.stats, undefined, Ref.get(failedElections), Ref.get(workEnded))
       )
       yield* lifecycle.registerStop("intake-stop", "intake-stop", intake.stopAccepting)
       yield* lifecycle.registerStop(
