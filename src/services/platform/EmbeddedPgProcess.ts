@@ -3,7 +3,7 @@
  * waited for, watched, stopped), the bounded tail of their output that names a failure's cause,
  * and a free port.
  */
-import { Data, Effect } from "effect"
+import { Data, Duration, Effect, Option } from "effect"
 import { type ChildProcess, spawn } from "node:child_process"
 import * as Net from "node:net"
 import * as Path from "node:path"
@@ -38,7 +38,31 @@ export const makeTail = () => {
 
 export const childEnv = (): NodeJS.ProcessEnv => ({ ...process.env, LC_MESSAGES: "C" })
 
-/** `initdb` into `pgDir` (as `user` when set), with the password from `pwFile`. */
+/**
+ * How long an interrupted `initdb` may take to end after SIGTERM (it removes what it made of the
+ * data directory on the way out) before it is killed (SIGKILL); then how long its end is waited for.
+ */
+export const INITDB_STOP_TIMEOUT = Duration.seconds(10)
+export const INITDB_KILL_TIMEOUT = Duration.seconds(5)
+
+/** Waits (interruptibly: cancellers run uninterruptible) for `child` to exit; at most `bound`. */
+const exitWithin = (child: ChildProcess, bound: Duration.Duration) =>
+  Effect.async<void>((resume) => {
+    if (child.exitCode !== null || child.signalCode !== null) {
+      resume(Effect.void)
+      return
+    }
+    const onExit = () => resume(Effect.void)
+    child.once("exit", onExit)
+    return Effect.sync(() => void child.off("exit", onExit))
+  }).pipe(Effect.interruptible, Effect.timeoutOption(bound), Effect.map(Option.isSome))
+
+/**
+ * `initdb` into `pgDir` (as `user` when set), with the password from `pwFile`. Interrupted (a
+ * Ctrl-C during a first start), it is stopped and its end waited for: SIGTERM, then SIGKILL after
+ * {@link INITDB_STOP_TIMEOUT}. Not waiting let firehook exit while `initdb` still wrote the data
+ * directory, where a start right after could find `PG_VERSION` and run a half-made cluster.
+ */
 export const runInitdb = (binDir: string, pgDir: string, pwFile: string, user: Placement.PgUser | undefined) =>
   Effect.async<void, EmbeddedPgError>((resume) => {
     const tail = makeTail()
@@ -71,8 +95,16 @@ export const runInitdb = (binDir: string, pgDir: string, pwFile: string, user: P
           ? Effect.void
           : Effect.fail(fail(`initdb failed in ${pgDir} (exit ${code ?? signal ?? "unknown"}: ${tail.last()})`))
       ))
-    return Effect.sync(() => {
-      if (!done) child.kill("SIGTERM")
+    return Effect.suspend(() => {
+      if (done || child.exitCode !== null || child.signalCode !== null) return Effect.void
+      child.kill("SIGTERM")
+      return Effect.flatMap(exitWithin(child, INITDB_STOP_TIMEOUT), (ended) =>
+        ended
+          ? Effect.void
+          : Effect.zipRight(
+            Effect.sync(() => child.kill("SIGKILL")),
+            Effect.asVoid(exitWithin(child, INITDB_KILL_TIMEOUT))
+          ))
     })
   })
 
