@@ -21,9 +21,10 @@
  *
  * @since 0.1.0
  */
-import { Clock, Deferred, Duration, Effect, Either, Fiber, FiberSet, Option, Queue, Stream } from "effect"
+import { Cause, Clock, Deferred, Duration, Effect, Either, Exit, Fiber, FiberSet, Option, Queue, Stream } from "effect"
 import type { Scope } from "effect"
 import { exponential } from "../platform/Backoff.js"
+import * as ErrorCode from "../platform/ErrorCode.js"
 import { type HealthSection, statsSection } from "../platform/Health.js"
 import { claimOptions, claimPlan, dispatch, pumpNow, RELEASE_TIMEOUT, releaseWaiting } from "./Admission.js"
 import * as CountsCache from "./CountsCache.js"
@@ -219,6 +220,56 @@ export const listenLoop = (env: WorkerEnv, listened: Deferred.Deferred<void>) =>
   })
 
 // ---------------------------------------------------------------------------------------------
+// A loop's defect
+
+/** The worker's loops, as {@link surviving} names them in its log line. */
+export type LoopName = "claim" | "heartbeat" | "reclaim" | "park" | "listen"
+
+/** A loop that ran this long before its defect starts its restart backoff over. */
+export const LOOP_RESTART_RESET_MS = 60_000
+
+/**
+ * Runs one of the worker's loops so that a defect (a bug) in it does not end it for good: each loop
+ * handles its own typed errors, but a defect ended its fiber silently, and a worker without its
+ * claim loop (or its heartbeat, or its reclaim) stayed ready while it delivered nothing. The
+ * defect is logged at error, by loop and class name only (a cause could carry values), at most
+ * once per log window for each loop, and the loop starts again after a backoff (1 s doubling to
+ * 60 s, from 1 s again after a run of {@link LOOP_RESTART_RESET_MS}). The loop's return, a typed
+ * failure and an interruption are passed on. The guard wraps the whole loop: a step of the loop
+ * costs what it did.
+ */
+export const surviving = <E, R>(
+  env: Pick<WorkerEnv, "log">,
+  loop: LoopName,
+  run: Effect.Effect<void, E, R>
+): Effect.Effect<void, E, R> =>
+  Effect.gen(function*() {
+    let defects = 0
+    // bounded: each round waits its backoff; the loop ends when `run` returns, fails or is interrupted
+    for (;;) {
+      const startedAt = yield* Clock.currentTimeMillis
+      const exit = yield* Effect.exit(run)
+      if (Exit.isSuccess(exit) || Cause.isInterruptedOnly(exit.cause)) return yield* exit
+      const defect = Cause.dieOption(exit.cause)
+      if (Option.isNone(defect)) return yield* exit
+      const ranMs = (yield* Clock.currentTimeMillis) - startedAt
+      defects = ranMs >= LOOP_RESTART_RESET_MS ? 1 : defects + 1
+      const wait = exponential(1_000, 60_000, defects - 1)
+      yield* env.log.run(`defect:${loop}`, (suppressed) =>
+        Effect.logError("delivery worker loop survived a defect; restarting it").pipe(
+          Effect.annotateLogs({
+            loop,
+            kind: "defect",
+            defect: ErrorCode.className(defect.value) ?? "unknown",
+            restartInMs: Duration.toMillis(wait),
+            suppressed
+          })
+        ))
+      yield* Effect.sleep(wait)
+    }
+  })
+
+// ---------------------------------------------------------------------------------------------
 // Start, stop, health
 
 /**
@@ -240,11 +291,14 @@ export const start = (
     const state = env.state
     const rows = env.rows
     const stopped = yield* Deferred.make<void>()
-    const loopFiber = yield* Effect.forkScoped(claimLoop(env))
-    yield* Effect.forkScoped(heartbeatLoop(env))
-    yield* Effect.forkScoped(reclaimLoop(env))
-    yield* Effect.forkScoped(parkLoop(env))
-    const listenFiber = options.listen ? yield* Effect.forkScoped(listenLoop(env, options.listened)) : undefined
+    // each loop survives a defect of its own: logged, and started again after a backoff
+    const loopFiber = yield* Effect.forkScoped(surviving(env, "claim", claimLoop(env)))
+    yield* Effect.forkScoped(surviving(env, "heartbeat", heartbeatLoop(env)))
+    yield* Effect.forkScoped(surviving(env, "reclaim", reclaimLoop(env)))
+    yield* Effect.forkScoped(surviving(env, "park", parkLoop(env)))
+    const listenFiber = options.listen
+      ? yield* Effect.forkScoped(surviving(env, "listen", listenLoop(env, options.listened)))
+      : undefined
     // runs first when the scope closes (before the fibers above are interrupted): nothing new
     // starts, and rows that have not started are handed back
     yield* Effect.addFinalizer(() =>
