@@ -374,10 +374,7 @@ export interface Created {
 export interface ListResult {
   readonly did: string
   readonly webhooks: ReadonlyArray<WebhookSummary>
-  /**
-   * more records exist beyond the bound (`LIST_PAGE_SIZE * MAX_LIST_PAGES`): after the last page,
-   * one `listRecords` of limit 1 from its cursor returned a record
-   */
+  /** more records exist beyond the bound (`LIST_PAGE_SIZE * MAX_LIST_PAGES`): probed, see listIn */
   readonly truncated: boolean
 }
 
@@ -467,28 +464,24 @@ const createIn = ({ agent, allowInsecureDev, call, did }: Session) =>
   })
 
 const listIn = ({ agent, allowInsecureDev, call, did }: Session) => {
-  const page = (limit: number, cursor: string | undefined) =>
-    call("listRecords", (signal) =>
-      agent.com.atproto.repo.listRecords(
-        { repo: did, collection: WH_COLLECTION, limit, ...(cursor === undefined ? {} : { cursor }) },
-        { signal }
-      ))
+  const page = (limit: number, cursor: string | undefined, at = cursor === undefined ? {} : { cursor }) =>
+    call(
+      "listRecords",
+      (s) => agent.com.atproto.repo.listRecords({ repo: did, collection: WH_COLLECTION, limit, ...at }, { signal: s })
+    )
   return Effect.gen(function*() {
     const webhooks: Array<WebhookSummary> = []
     let cursor: string | undefined
     for (let n = 0; n < MAX_LIST_PAGES; n++) {
       const res = yield* page(LIST_PAGE_SIZE, cursor)
       const next = res.data.cursor
-      // the cursor it was asked with again: the PDS did not move on (this page is the last one again)
-      if (next !== undefined && next === cursor) return { did, webhooks, truncated: false }
+      if (next !== undefined && next === cursor) return { did, webhooks, truncated: false } // the last page again
       for (const r of res.data.records) webhooks.push(summarize(r, allowInsecureDev))
       if (next === undefined || res.data.records.length === 0) return { did, webhooks, truncated: false }
       cursor = next
     }
-    // a PDS sends a cursor with every page that has records, the last one too: more exist only if
-    // the last cursor leads to a record
-    const probe = yield* page(1, cursor)
-    return { did, webhooks, truncated: probe.data.records.length > 0 }
+    // a PDS sends a cursor with every page that has records, the last one too: probe past it
+    return { did, webhooks, truncated: (yield* page(1, cursor)).data.records.length > 0 }
   }).pipe(Effect.withSpan("Hooks.list"))
 }
 
