@@ -4,12 +4,20 @@
  * before the `ROOM_SCAN_MAX` oldest refusals per limit are taken: the old refusals of owners that
  * cannot be requested never fill the window. Before, the window was taken first, so ten failed
  * owners with their 100 refusals each (the per-owner bound) hid every other owner for good.
- * The statement still reads the partial index `rejected_records_limit_since`. Real PostgreSQL.
+ * The statement still reads the partial index `rejected_records_limit_since`, at most
+ * `ROOM_READ_MAX` entries of it per limit (before that bound, a limit whose refusals were all of
+ * failed owners read every one: 500,000 entries, 320 ms, for each freeing write of a batch; a
+ * limit that stamped nobody is not asked again in its unit). Real PostgreSQL.
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { REJECTED_LIMITS, ROOM_SCAN_MAX, roomRequestStatement } from "../../src/services/registry/RejectedStore.js"
+import {
+  REJECTED_LIMITS,
+  ROOM_READ_MAX,
+  ROOM_SCAN_MAX,
+  roomRequestStatement
+} from "../../src/services/registry/RejectedStore.js"
 import { run } from "../delivery/worker-support.js"
 import { plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"
 
@@ -94,4 +102,42 @@ describe("room requests under a global limit skip owners that cannot be requeste
       const lines = plan.map((r) => r["QUERY PLAN"]).join("\n")
       expect(lines.match(/rejected_records_limit_since/g)).toHaveLength(3)
     }).pipe(Effect.scoped, Effect.provide(sqlStack({ env }))))
+
+  it.scopedLive(
+    "a limit whose oldest refusals are all of failed owners: at most ROOM_READ_MAX entries read",
+    () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        // 1.5 × ROOM_READ_MAX refusals of failed owners (100 each), no owner that may be requested
+        const owners = Math.ceil((1.5 * ROOM_READ_MAX) / 100)
+        yield* sql.unsafe(`INSERT INTO owners (did, reconcile_status)
+        SELECT 'did:plc:f' || lpad(i::text, 23, '0'), 'failed' FROM generate_series(1, ${owners}) i`)
+        // and the deployment's other owners, that may be requested but hold no refusal
+        yield* sql.unsafe(`INSERT INTO owners (did, reconcile_status)
+          SELECT 'did:plc:c' || lpad(i::text, 23, '0'), 'complete' FROM generate_series(1, 100000) i`)
+        yield* sql.unsafe(
+          `INSERT INTO rejected_records (owner_did, rkey, rev, reason, source, first_seen_at, last_seen_at)
+        SELECT 'did:plc:f' || lpad((i / 100 + 1)::text, 23, '0'), 'k' || (i % 100), '${
+            rev(1)
+          }', 'limit_total', 'stream',
+          now() - interval '10 days' + i * interval '1 millisecond', now()
+        FROM generate_series(0, ${owners * 100 - 1}) i`
+        )
+        yield* sql.unsafe(`ANALYZE rejected_records`)
+        yield* sql.unsafe(`ANALYZE owners`)
+        const [text, params] = roomRequestStatement(sql, {
+          ownerDid: ALICE,
+          owner: false,
+          ownerRecords: false,
+          global: ["total"],
+          othersMax: 16
+        }).compile()
+        const plan = (yield* sql.unsafe<{ "QUERY PLAN": string }>(`EXPLAIN (ANALYZE) ${text}`, params))
+          .map((r) => r["QUERY PLAN"]).join("\n")
+        const read = Number(/rejected_records_limit_since[^\n]*actual time=[^\n]*rows=(\d+)/.exec(plan)?.[1])
+        expect(read).toBeGreaterThan(0)
+        expect(read, plan).toBeLessThanOrEqual(ROOM_READ_MAX)
+      }).pipe(Effect.scoped, Effect.provide(sqlStack({ env }))),
+    { timeout: 120_000 }
+  )
 })

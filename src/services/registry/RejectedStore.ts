@@ -226,8 +226,15 @@ export interface RoomRequested {
   readonly own: boolean
 }
 
-/** Refusal rows read per global limit at most (oldest first) when looking for owners to request. */
+/** Refusals of owners that may be requested taken per global limit at most (oldest first). */
 export const ROOM_SCAN_MAX = 1_000
+
+/**
+ * Refusal rows read per global limit at most (oldest first) to find {@link ROOM_SCAN_MAX} of owners
+ * that may be requested: bounds the statement's cost when the oldest refusals are those of owners
+ * left out (failed owners keep theirs up to 30 days).
+ */
+export const ROOM_READ_MAX = 20 * ROOM_SCAN_MAX
 
 /** The writer's own refusals that `freed` may admit: `limit_owner`, `limit_owner_records`. */
 const ownReasonsOf = (freed: RoomFreed): Array<AdmissionReason> => [
@@ -255,8 +262,12 @@ const GLOBAL_REASON_SQL: { readonly [K in GlobalLimit]: string } = {
  * `first_seen_at` order, each entry's owner checked by its primary key until that many are found):
  * before (until 7 December 2026), the refusals were taken first, so the old refusals of ten failed
  * owners (100 each, the per-owner bound) filled the window and no other owner was ever requested.
- * The entries read are those of the left-out owners ahead of the last one taken (failed owners ≤
- * 100 each, at most the table's bound) and `ROOM_SCAN_MAX`. An owner row locked by another
+ * The entries read are bounded by {@link ROOM_READ_MAX} (an index-only read, then each entry's owner
+ * by its primary key): without it a limit whose refusals were all of left-out owners read every one
+ * of them (500,000: 320 ms), again for each freeing write of a batch (RoomRequests.ts skips a limit
+ * that stamped nobody for the rest of its unit). An owner waiting behind more than that many
+ * refusals of left-out owners is not requested by freed room: its sweep or a write of its own
+ * reconciles it (a known limit, as the 1,000 rows were before). An owner row locked by another
  * transaction (its scan completing, a sync) is skipped, never waited for: no lock order to keep
  * with them. Returns the owners stamped.
  */
@@ -272,10 +283,13 @@ export const roomRequestStatement = (sql: SqlClient.SqlClient, freed: RoomFreed)
     ? sql`SELECT NULL::text AS owner_did, NULL::timestamptz AS first_seen_at WHERE false`
     : sql.join(" UNION ALL ", false)(
       freed.global.map((limit) =>
-        sql`(SELECT r.owner_did, r.first_seen_at FROM rejected_records r
+        sql`(SELECT r.owner_did, r.first_seen_at FROM (
+            SELECT owner_did, first_seen_at FROM rejected_records
+            WHERE reason = ${sql.literal(GLOBAL_REASON_SQL[limit])}
+            ORDER BY first_seen_at LIMIT ${ROOM_READ_MAX}
+          ) r
           JOIN owners o ON o.did = r.owner_did
-          WHERE r.reason = ${sql.literal(GLOBAL_REASON_SQL[limit])}
-            AND o.reconcile_requested_at IS NULL AND o.reconcile_status NOT IN ('scanning', 'failed')
+          WHERE o.reconcile_requested_at IS NULL AND o.reconcile_status NOT IN ('scanning', 'failed')
           ORDER BY r.first_seen_at LIMIT ${ROOM_SCAN_MAX})`
       )
     )

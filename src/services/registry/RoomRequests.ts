@@ -51,9 +51,15 @@ export interface RoomMemo {
   readonly requested: Set<string>
   /** how many of them for a global limit, by another owner's write */
   others: number
+  /**
+   * the global limits whose request stamped fewer others than it could: none left to find in this
+   * unit (the statement reads up to RejectedStore.ROOM_READ_MAX refusals per limit; not again for
+   * each freeing write of a batch)
+   */
+  readonly exhausted: Set<GlobalLimit>
 }
 
-export const newMemo = (): RoomMemo => ({ requested: new Set(), others: 0 })
+export const newMemo = (): RoomMemo => ({ requested: new Set(), others: 0, exhausted: new Set() })
 
 export const roomOf = (index: WebhookIndex, ownerDid: string): Room => ({
   total: index.size,
@@ -116,21 +122,24 @@ const request = (
     const { index, jetstream, store } = ctx
     const memo = ctx.memo()
     const after = roomOf(index, ownerDid)
-    const global: Array<GlobalLimit> = []
-    if (after.total < before.total) global.push("total")
+    const freed: Array<GlobalLimit> = []
+    if (after.total < before.total) freed.push("total")
     // the Jetstream `wantedDids` set only (as admission: the relay firehose has no such limit)
-    if (jetstream && after.directDids < before.directDids) global.push("direct_dids")
-    if (after.backlinkDids < before.backlinkDids) global.push("backlink_dids")
+    if (jetstream && after.directDids < before.directDids) freed.push("direct_dids")
+    if (after.backlinkDids < before.backlinkDids) freed.push("backlink_dids")
+    const global = memo === undefined ? freed : freed.filter((limit) => !memo.exhausted.has(limit))
     const self = memo?.requested.has(ownerDid) !== true
     const owner = after.owner < before.owner && self
     const ownerRecords = rowRemoved && self
     const othersMax = global.length === 0 ? 0 : ROOM_REQUESTS_MAX - (memo?.others ?? 0)
     if (!owner && !ownerRecords && othersMax <= 0) return Effect.void
     const stamped = yield* store.requestRoomReconciles({ ownerDid, owner, ownerRecords, global, othersMax })
+    const others = stamped.filter((did) => did !== ownerDid).length
+    if (memo !== undefined && others < othersMax) { for (const limit of global) memo.exhausted.add(limit) }
     if (stamped.length === 0) return Effect.void
     if (memo !== undefined) {
       for (const did of stamped) memo.requested.add(did)
-      memo.others += stamped.filter((did) => did !== ownerDid).length
+      memo.others += others
     }
     return Effect.gen(function*() {
       yield* Metric.incrementBy(requestsMetric, stamped.length)
