@@ -345,3 +345,19 @@ export const optionsUpdate = (opts: JetstreamOptions): string => {
   if (opts.maxMessageSizeBytes !== undefined) payload.maxMessageSizeBytes = opts.maxMessageSizeBytes
   return JSON.stringify({ type: "options_update", payload })
 }
+
+/**
+ * The largest `options_update` message Jetstream accepts, in bytes (10 MB; shared/reference
+ * atproto §1.2): over it the update is invalid and Jetstream closes the connection.
+ *
+ * @since 0.1.0
+ */
+export const OPTIONS_UPDATE_MAX_BYTES = 10_000_000
+
+/**
+ * Whether an `options_update` message ({@link optionsUpdate}) is over
+ * {@link OPTIONS_UPDATE_MAX_BYTES} (UTF-8): such a message must not be sent.
+ *
+ * @since 0.1.0
+ */
+export const optionsUpdateTooLarge = (message: string): boolean => utf8LengthExceeds(message, OPTIONS_UPDATE_MAX_BYTES)

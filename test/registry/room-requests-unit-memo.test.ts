@@ -13,10 +13,14 @@ import * as RoomRequests from "../../src/services/registry/RoomRequests.js"
 
 /** An index whose total is `size.n` (each write below lowers it by one). */
 const fakeIndex = (size: { n: number }) => {
-  const index: Pick<WebhookIndex, "ownerCount" | "wantedDids" | "backlinkDids"> & { readonly size: number } = {
+  const index: Pick<WebhookIndex, "ownerCount" | "wantedDids" | "backlinkDids"> & {
+    readonly size: number
+    readonly wantedDidsBytes: number
+  } = {
     get size() {
       return size.n
     },
+    wantedDidsBytes: 0,
     ownerCount: () => 0,
     wantedDids: () => new Set<string>(),
     backlinkDids: () => new Set<string>()
@@ -61,5 +65,34 @@ describe("room requests within one unit of work", () => {
       yield* remove("did:plc:writer1")
       yield* remove("did:plc:writer2")
       expect(calls.map((c) => [c.global, c.othersMax])).toEqual([[["total"], RoomRequests.ROOM_REQUESTS_MAX]])
+    }))
+
+  it.effect("a write that leaves the direct set as large but shorter in bytes frees room under direct_dids", () =>
+    Effect.gen(function*() {
+      const bytes = { n: 9_000_000 }
+      const calls: Array<RoomFreed> = []
+      const index = {
+        size: 10,
+        get wantedDidsBytes() {
+          return bytes.n
+        },
+        ownerCount: () => 1,
+        wantedDids: () => new Set(["did:web:a"]),
+        backlinkDids: () => new Set<string>()
+      } as unknown as WebhookIndex
+      const ctx: RoomRequests.RoomContext = {
+        store: { requestRoomReconciles: (freed) => Effect.sync(() => (calls.push(freed), [])) },
+        index,
+        jetstream: true,
+        memo: () => undefined,
+        onCommit: () => Effect.void
+      }
+      // a scope moved from a long did:web to a short one: same count, fewer bytes
+      yield* RoomRequests.afterWrite(
+        ctx,
+        "did:plc:writer",
+        Effect.sync(() => (bytes.n -= 2_000, { outcome: { _tag: "updated" }, rowRemoved: false }))
+      )
+      expect(calls.map((c) => c.global)).toEqual([["direct_dids"]])
     }))
 })

@@ -7,6 +7,7 @@
  * ({@link directReplayFrom}); the backlink stream runs only while backlink scopes exist.
  */
 import { Duration, Effect, Fiber, Option, Ref, Stream } from "effect"
+import { optionsUpdate, optionsUpdateTooLarge } from "../../schemas/Jetstream.js"
 import { WH_COLLECTION } from "../../schemas/WhRecord.js"
 import type { WebhookIndex } from "../matching/WebhookIndex.js"
 import * as FirehoseSource from "./FirehoseSource.js"
@@ -42,14 +43,24 @@ export const directReplayFrom = (
 }
 
 /**
+ * Whether the direct stream's hello for `dids` (the `options_update` with them as `wantedDids`)
+ * fits Jetstream's limit on the message (over it Jetstream closes the connection). Admission keeps
+ * the direct set well under it (IndexRules.DIRECT_DIDS_MAX_BYTES); this is the backstop.
+ */
+export const directHelloFits = (dids: Iterable<string>): boolean =>
+  !optionsUpdateTooLarge(optionsUpdate({ wantedDids: Array.from(dids) }))
+
+/**
  * What the direct stream does when the direct set changed from `known` to `next`: nothing over its
- * limit (the previous plan stays); stop when it empties, start when it fills; reconnect replaying
+ * limit, or when its hello would not fit (`helloFits`: {@link directHelloFits}; the previous plan
+ * stays); stop when it empties, start when it fills; reconnect replaying
  * (from {@link directReplayFrom}) when DIDs were added, or when a webhook was `registered` on a
  * DID it already watched (the registry stream may have registered it after the direct stream passed
  * its time), or from its own position when some only left.
  */
 export type DirectStep =
   | { readonly _tag: "over_limit" }
+  | { readonly _tag: "too_large" }
   | { readonly _tag: "stop" }
   | { readonly _tag: "start" }
   | { readonly _tag: "replay" }
@@ -61,9 +72,11 @@ export const directStep = (
   next: ReadonlySet<string>,
   running: boolean,
   max: number,
-  registered = false
+  registered = false,
+  helloFits = true
 ): DirectStep => {
   if (next.size > max) return { _tag: "over_limit" }
+  if (next.size > 0 && !helloFits) return { _tag: "too_large" }
   if (next.size === 0 && running) return { _tag: "stop" }
   if (next.size > 0 && !running) return { _tag: "start" }
   if (registered) return { _tag: "replay" }
@@ -89,14 +102,15 @@ export interface JetstreamOptions {
 
 interface Filters {
   readonly wantedCollections?: ReadonlyArray<string>
-  readonly wantedDids?: () => ReadonlyArray<string>
+  /** read at each connect; fails when there is nothing that may be sent */
+  readonly wantedDids?: Effect.Effect<ReadonlyArray<string>, FirehoseSource.SourceError>
 }
 
 /** A connection of the stream `name` with `filters` (the direct set is read at each connect). */
 const jetstreamConnect =
   (o: JetstreamOptions, relay: string, name: string, filters: Filters) => (cursor: bigint | undefined) =>
     withOpened(
-      Effect.suspend(() =>
+      Effect.flatMap(filters.wantedDids ?? Effect.succeed(undefined), (wantedDids) =>
         FirehoseSource.openJetstream({
           ...o.common,
           url: o.url,
@@ -108,18 +122,46 @@ const jetstreamConnect =
           // The registry stream (wantedCollections only) gets every DID's #account/#identity
           // events, which Jetstream sends whatever the collections, so it is never quiet on a
           // live network: a silent one is a half-open connection, closed like the backlink's
-          ...(filters.wantedDids === undefined ? {} : { idleTimeoutMs: 0 }),
+          ...(wantedDids === undefined ? {} : { idleTimeoutMs: 0 }),
           ...(filters.wantedCollections === undefined ? {} : { wantedCollections: filters.wantedCollections }),
-          ...(filters.wantedDids === undefined ? {} : { wantedDids: filters.wantedDids() })
-        })
-      ).pipe(Effect.map((c) => c.frames.pipe(Stream.map(jetstreamItem))))
+          ...(wantedDids === undefined ? {} : { wantedDids })
+        })).pipe(Effect.map((c) => c.frames.pipe(Stream.map(jetstreamItem))))
     )
+
+/**
+ * The direct stream's `wantedDids` at each connect: the direct set now, sorted; but when its hello
+ * would not fit Jetstream's limit (Jetstream would close the connection on it, at every reconnect),
+ * the last set that fitted (the previous plan's), with one warning for as long as it does not fit;
+ * with none yet, the connect fails (retried as any failed connect).
+ */
+const directWantedDids = (index: WebhookIndex): Effect.Effect<ReadonlyArray<string>, FirehoseSource.SourceError> => {
+  let lastFit: ReadonlyArray<string> | undefined
+  let warned = false
+  return Effect.suspend(() => {
+    const now = [...index.wantedDids()].sort()
+    if (directHelloFits(now)) {
+      lastFit = now
+      warned = false
+      return Effect.succeed(now)
+    }
+    const kept = lastFit
+    const warn = warned
+      ? Effect.void
+      : Effect.logWarning(
+        "direct stream hello over Jetstream's options_update size limit; connecting with the previous set"
+      )
+    warned = true
+    return Effect.zipRight(
+      warn,
+      kept === undefined ? Effect.fail(new FirehoseSource.SourceError({ kind: "connect" })) : Effect.succeed(kept)
+    )
+  })
+}
 
 /** The three streams' specs. */
 export const jetstreamSpecs = (o: JetstreamOptions) => {
   const relay = canonicalRelay(o.url)
   const index = o.index
-  const sortedWanted = () => [...index.wantedDids()].sort()
   const registry: StreamSpec = {
     name: "registry",
     relay,
@@ -145,7 +187,7 @@ export const jetstreamSpecs = (o: JetstreamOptions) => {
     initialCursor: 0n,
     rewind: TWO_SECONDS,
     cursorIsTime: true,
-    connect: jetstreamConnect(o, relay, "direct", { wantedDids: sortedWanted }),
+    connect: jetstreamConnect(o, relay, "direct", { wantedDids: directWantedDids(index) }),
     skip: (e) => e.kind === "commit" && e.collection === WH_COLLECTION,
     durableReplay: true
   }
@@ -188,6 +230,8 @@ const reconfigure = (
     let registrationsVersion = index.registrationsVersion
     let backlinkRegistrationsVersion = index.backlinkRegistrationsVersion
     let known: ReadonlySet<string> = new Set<string>()
+    // warned that the direct set's hello would not fit (once, until a plan is taken again)
+    let tooLargeWarned = false
     let first = true
     // the registry stream's position at the previous check: every DID added since was
     // registered by a later registry event, so replaying from it (− 2 s) misses nothing
@@ -238,10 +282,21 @@ const reconfigure = (
       if (index.wantedDidsVersion !== wantedVersion || replayRegistered) {
         wantedVersion = index.wantedDidsVersion
         const next = new Set(wanted)
-        const step = directStep(known, next, directFiber !== undefined, o.directDidsMax, replayRegistered)
+        // the hello is built only for a set within its count (serialized once per change)
+        const helloFits = next.size > o.directDidsMax || directHelloFits(next)
+        const step = directStep(known, next, directFiber !== undefined, o.directDidsMax, replayRegistered, helloFits)
+        if (step._tag !== "too_large") tooLargeWarned = false
         switch (step._tag) {
           case "over_limit":
             yield* Effect.logWarning("direct set over its limit; keeping the previous plan")
+            break
+          case "too_large":
+            if (!tooLargeWarned) {
+              yield* Effect.logWarning(
+                "direct set's options_update over Jetstream's size limit; keeping the previous plan"
+              )
+            }
+            tooLargeWarned = true
             break
           case "stop":
             if (directFiber !== undefined) yield* Fiber.interrupt(directFiber)
@@ -259,7 +314,7 @@ const reconfigure = (
           case "keep":
             break
         }
-        if (step._tag !== "over_limit") known = next
+        if (step._tag !== "over_limit" && step._tag !== "too_large") known = next
       }
       first = false
       const markBefore = prevMark

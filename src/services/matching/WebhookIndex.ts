@@ -6,7 +6,8 @@
  * - `key → webhook`, `owner → webhooks`, `scope DID → webhooks` (those that match directly: all but
  *   `backlinksOnly` ones), `backlink scope DID → webhooks`; the last two also split by scope
  *   shape within the DID (`ScopeShapes`), which is what the matcher looks up;
- * - `wantedDids` = owners ∪ scope DIDs (the Jetstream `direct` stream's `wantedDids`), refcounted;
+ * - `wantedDids` = owners ∪ scope DIDs (the Jetstream `direct` stream's `wantedDids`), refcounted,
+ *   with the bytes its members take in an `options_update` message ({@link wantedDidsBytes});
  * - `backlinkDids` = scope DIDs of backlink webhooks, refcounted.
  *
  * Every mutation is synchronous, so a reader (the matcher) always sees the state before or after a
@@ -109,18 +110,27 @@ export const makeActiveWebhook = (
   }
 }
 
+/**
+ * What a member takes in a JSON list of strings: its characters, its two quotes and a comma (a DID
+ * is ASCII: one byte a character, nothing escaped).
+ */
+export const listEntryBytes = (s: string): number => s.length + 3
+
 /** A set of strings with a reference count per member; `members` is a live view. */
 class RefCountedSet {
   readonly counts = new Map<string, number>()
   readonly members = new Set<string>()
   /** bumped whenever membership changes */
   version = 0
+  /** the sum of {@link listEntryBytes} over the members */
+  bytes = 0
 
   inc(s: string): void {
     const n = this.counts.get(s)
     if (n === undefined) {
       this.counts.set(s, 1)
       this.members.add(s)
+      this.bytes += listEntryBytes(s)
       this.version++
     } else {
       this.counts.set(s, n + 1)
@@ -133,6 +143,7 @@ class RefCountedSet {
     if (n <= 1) {
       this.counts.delete(s)
       this.members.delete(s)
+      this.bytes -= listEntryBytes(s)
       this.version++
     } else {
       this.counts.set(s, n - 1)
@@ -417,6 +428,14 @@ export class WebhookIndex {
     return this.#wanted.members
   }
 
+  /**
+   * What the `wantedDids()` members take in an `options_update` message: the sum of their
+   * {@link listEntryBytes} (O(1): kept as members join and leave).
+   */
+  get wantedDidsBytes(): number {
+    return this.#wanted.bytes
+  }
+
   /** Bumped whenever `wantedDids()` membership changes (to coalesce stream reconfiguration). */
   get wantedDidsVersion(): number {
     return this.#wanted.version
@@ -500,34 +519,54 @@ export class WebhookIndex {
     return {
       total: this.#byKey.size + (replacing ? 0 : 1),
       ownerCount: this.ownerCount(w.ownerDid) + (replacing ? 0 : 1),
-      wantedDids: projectSize(
-        this.#wanted,
-        [w.ownerDid, w.scope.did],
-        old === undefined ? [] : [old.ownerDid, old.scope.did]
-      ),
+      wantedDids: this.#projectWanted(w).size,
       backlinkDids: projectSize(
         this.#backlink,
         w.backlinks ? [w.scope.did] : [],
         old !== undefined && old.backlinks ? [old.scope.did] : []
-      )
+      ).size
     }
+  }
+
+  /**
+   * The {@link wantedDidsBytes} the index would have after `upsert(w)`, without changing anything
+   * (the admission limit on the bytes of the direct set, SPEC §2.6).
+   */
+  projectWantedDidsBytes(w: ActiveWebhook): number {
+    return this.#projectWanted(w).bytes
+  }
+
+  #projectWanted(w: ActiveWebhook): { readonly size: number; readonly bytes: number } {
+    const old = this.#byKey.get(w.key)
+    return projectSize(
+      this.#wanted,
+      [w.ownerDid, w.scope.did],
+      old === undefined ? [] : [old.ownerDid, old.scope.did]
+    )
   }
 }
 
+/** a set's size and bytes after adding and removing references (at most two each) */
 const projectSize = (
   set: RefCountedSet,
   added: ReadonlyArray<string>,
   removed: ReadonlyArray<string>
-): number => {
+): { readonly size: number; readonly bytes: number } => {
   const delta = new Map<string, number>()
   for (const d of added) delta.set(d, (delta.get(d) ?? 0) + 1)
   for (const d of removed) delta.set(d, (delta.get(d) ?? 0) - 1)
   let size = set.members.size
+  let bytes = set.bytes
   for (const [d, n] of delta) {
     const before = set.count(d)
     const after = before + n
-    if (before === 0 && after > 0) size++
-    else if (before > 0 && after <= 0) size--
+    if (before === 0 && after > 0) {
+      size++
+      bytes += listEntryBytes(d)
+    } else if (before > 0 && after <= 0) {
+      size--
+      bytes -= listEntryBytes(d)
+    }
   }
-  return size
+  return { size, bytes }
 }

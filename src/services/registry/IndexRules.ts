@@ -11,6 +11,15 @@ import type { FirehookConfigShape } from "../platform/Config.js"
 import type { IndexLimit } from "./RegistryConfig.js"
 import type { WebhookRow } from "./RegistryStore.js"
 
+/**
+ * The most bytes the direct set's DIDs may take in the Jetstream `options_update` message (the sum
+ * of `WebhookIndex.wantedDidsBytes`: each DID, its quotes and a comma). Jetstream closes the
+ * connection on an update over 10 MB (Jetstream.OPTIONS_UPDATE_MAX_BYTES); this leaves room for the
+ * rest of the message. A registration that would take the set over it is refused as one that
+ * would take its count over `directDidsMax` (`direct_dids`: the direct set is full).
+ */
+export const DIRECT_DIDS_MAX_BYTES = 9_000_000
+
 /** What admission and the load go by: the limits, the source (Jetstream or not), the URL rules. */
 export interface Rules {
   readonly limits: FirehookConfigShape["registry"]
@@ -24,8 +33,10 @@ export const admissionIn = (rules: Rules, into: WebhookIndex, w: ActiveWebhook):
   const p = into.projectUpsert(w)
   if (p.total > limits.activeMax) return "total"
   if (p.ownerCount > limits.ownerActiveMax) return "owner"
-  // the Jetstream `wantedDids` set (SPEC §2.6): the relay firehose carries every DID, no set to bound
+  // the Jetstream `wantedDids` set (SPEC §2.6): the relay firehose carries every DID, no set to bound.
+  // Bounded in count and in bytes (the whole set goes in one options_update message)
   if (rules.jetstream && p.wantedDids > limits.directDidsMax) return "direct_dids"
+  if (rules.jetstream && into.projectWantedDidsBytes(w) > DIRECT_DIDS_MAX_BYTES) return "direct_dids"
   if (p.backlinkDids > limits.backlinkDidsMax) return "backlink_dids"
   return undefined
 }

@@ -42,6 +42,8 @@ export interface Room {
   readonly total: number
   readonly owner: number
   readonly directDids: number
+  /** the bytes of the direct set (IndexRules.DIRECT_DIDS_MAX_BYTES): a shorter DID frees room too */
+  readonly directDidsBytes: number
   readonly backlinkDids: number
 }
 
@@ -65,6 +67,7 @@ export const roomOf = (index: WebhookIndex, ownerDid: string): Room => ({
   total: index.size,
   owner: index.ownerCount(ownerDid),
   directDids: index.wantedDids().size,
+  directDidsBytes: index.wantedDidsBytes,
   backlinkDids: index.backlinkDids().size
 })
 
@@ -125,7 +128,9 @@ const request = (
     const freed: Array<GlobalLimit> = []
     if (after.total < before.total) freed.push("total")
     // the Jetstream `wantedDids` set only (as admission: the relay firehose has no such limit)
-    if (jetstream && after.directDids < before.directDids) freed.push("direct_dids")
+    if (jetstream && (after.directDids < before.directDids || after.directDidsBytes < before.directDidsBytes)) {
+      freed.push("direct_dids")
+    }
     if (after.backlinkDids < before.backlinkDids) freed.push("backlink_dids")
     const global = memo === undefined ? freed : freed.filter((limit) => !memo.exhausted.has(limit))
     const self = memo?.requested.has(ownerDid) !== true
