@@ -94,8 +94,6 @@ export const deliveryView = (d: Delivery, cid?: string): WebhookLexicon.Delivery
     })
 })
 
-const dateOf = (s: string | undefined): Date | undefined => (s === undefined ? undefined : new Date(s))
-
 // ---------------------------------------------------------------------------------------------
 // Methods
 
@@ -104,8 +102,8 @@ export const listDeliveries = method(WebhookLexicon.listDeliveries, ({ caller, p
     const before = params.cursor === undefined ? undefined : decodeCursor(params.cursor)
     if (params.cursor !== undefined && before === undefined) return yield* Effect.fail(invalidRequest("bad cursor"))
     const op = yield* Operator
-    const since = dateOf(params.since)
-    const until = dateOf(params.until)
+    // the lexicon datetimes as given: the operator applies them to the microsecond
+    const { since, until } = params
     const page = yield* op.listPage({
       owner: caller,
       limit: params.limit,
@@ -179,8 +177,7 @@ export const redeliver = method(WebhookLexicon.redeliver, ({ caller, input }) =>
 export const replay = method(WebhookLexicon.replay, ({ caller, input }) =>
   Effect.gen(function*() {
     const op = yield* Operator
-    const since = dateOf(input.since)
-    const until = dateOf(input.until)
+    const { since, until } = input
     const result = yield* op.replayDeadLetters({
       owner: caller,
       ...(input.rkey === undefined ? {} : { webhook: input.rkey }),

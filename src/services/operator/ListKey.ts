@@ -61,6 +61,70 @@ export const normalizeKeyTime = (text: string): string | undefined => {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Filter bounds (`since` / `until` on `created_at`, which the database keeps to the microsecond)
+
+/** The first microsecond of year 0000, of year 0001 and of year 10000 (UTC), since the epoch. */
+const YEAR_0000_US = -62_167_219_200_000_000n
+const YEAR_0001_US = -62_135_596_800_000_000n
+const YEAR_10000_US = 253_402_300_800_000_000n
+
+const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|([+-])(\d{2}):(\d{2}))$/
+
+/**
+ * An RFC 3339 time (a lexicon `datetime`: `2026-03-01T10:00:00.000500Z`, any number of fraction
+ * digits, `Z` or `±hh:mm`) as microseconds since the epoch, or undefined when it is not a real
+ * calendar time in years 0000–9999 (UTC) of at most 64 characters. A fraction finer than a
+ * microsecond is rounded UP: for a `created_at` kept in whole microseconds, `>= t` and `< t` are
+ * then exactly `>=` and `<` the result. A bigint: years 0000–9999 exceed 2^53 microseconds.
+ */
+export const timeMicros = (text: string): bigint | undefined => {
+  if (text.length > 64) return undefined
+  const m = RFC3339.exec(text)
+  if (m === null) return undefined
+  const field = (i: number): number => Number(m[i] ?? "0")
+  const [year, month, day, hour, minute, second] = [field(1), field(2), field(3), field(4), field(5), field(6)]
+  if (month < 1 || month > 12 || day < 1 || day > daysIn(year, month)) return undefined
+  if (hour > 23 || minute > 59 || second > 59 || field(10) > 23 || field(11) > 59) return undefined
+  const offset = (m[9] === "-" ? -1 : 1) * (field(10) * 3600 + field(11) * 60)
+  // field by field: Date.UTC would read years 0–99 as 1900–1999
+  const t = new Date(0)
+  t.setUTCFullYear(year, month - 1, day)
+  t.setUTCHours(hour, minute, second - offset, 0)
+  const digits = m[7] ?? ""
+  const finer = /[1-9]/.test(digits.slice(6)) ? 1n : 0n
+  const us = BigInt(t.getTime()) * 1000n + BigInt(digits.slice(0, 6).padEnd(6, "0")) + finer
+  return us >= YEAR_0000_US && us < YEAR_10000_US ? us : undefined
+}
+
+/** A Date as microseconds since the epoch, or undefined when it is invalid or outside years 0000–9999 (UTC). */
+export const dateMicros = (d: Date): bigint | undefined => {
+  const ms = d.getTime()
+  if (Number.isNaN(ms)) return undefined
+  const us = BigInt(ms) * 1000n
+  return us >= YEAR_0000_US && us < YEAR_10000_US ? us : undefined
+}
+
+/**
+ * The key text ({@link KEY_TEXT_FORMAT}'s form, `2026-03-01T10:00:00.000500Z`) of a time in
+ * microseconds, for `::timestamptz`, which keeps every microsecond of it. PostgreSQL has no year
+ * 0000 (it would fail the cast): a time before 0001-01-01 is written as 0001-01-01T00:00:00Z, the
+ * same bound for a `created_at` (nothing is enqueued before year 1).
+ */
+export const microsKeyText = (micros: bigint): string => {
+  const us = micros < YEAR_0001_US ? YEAR_0001_US : micros
+  let seconds = us / 1_000_000n
+  let fraction = us % 1_000_000n
+  if (fraction < 0n) {
+    seconds -= 1n
+    fraction += 1_000_000n
+  }
+  const t = new Date(Number(seconds) * 1000)
+  return `${pad(t.getUTCFullYear(), 4)}-${pad(t.getUTCMonth() + 1, 2)}-${pad(t.getUTCDate(), 2)}T${
+    pad(t.getUTCHours(), 2)
+  }:${pad(t.getUTCMinutes(), 2)}:${pad(t.getUTCSeconds(), 2)}.${String(fraction).padStart(6, "0")}Z`
+}
+
+// ---------------------------------------------------------------------------------------------
 // Cursors (the owners' API's `cursor`, the operator CLI's `--cursor`)
 
 const DELIVERY_ID = /^[\x21-\x7e]{1,128}$/

@@ -38,7 +38,7 @@ import { PARKED_KIND } from "../delivery/WebhookHealthSql.js"
 import type { OutboxRow } from "../matching/Outbox.js"
 import { notifyStatement } from "../matching/OutboxNotify.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
-import { KEY_TEXT_FORMAT, normalizeKeyTime } from "./ListKey.js"
+import { dateMicros, KEY_TEXT_FORMAT, microsKeyText, normalizeKeyTime, timeMicros } from "./ListKey.js"
 import { type AttemptDbRow, opt, optDate, type OutboxDbRow, toAttempt, toDelivery } from "./OperatorRows.js"
 import { unparkCtes } from "./ParkedRoom.js"
 
@@ -115,7 +115,14 @@ export interface ReplayOptions {
   readonly progress?: Ref.Ref<number>
 }
 
-/** The rows of `listDeliveries` and `replayDeadLetters` (`since` inclusive, `until` exclusive: the enqueue time). */
+/**
+ * The rows of `listDeliveries` and `replayDeadLetters` (`since` inclusive, `until` exclusive: the
+ * enqueue time, `created_at`, kept to the microsecond). A bound is a Date (millisecond precision)
+ * or an RFC 3339 text (a lexicon `datetime`, e.g. `2026-03-01T10:00:00.000500Z`), applied to the
+ * microsecond (a finer fraction is rounded up); either in years 0000–9999 (UTC), else
+ * `InvalidArgument`. A bound before 0001-01-01 (PostgreSQL has no year 0) is applied as
+ * 0001-01-01T00:00:00Z.
+ */
 export interface ReplayFilter {
   /** owner DID */
   readonly owner?: string
@@ -123,8 +130,8 @@ export interface ReplayFilter {
   readonly webhook?: string
   /** only rows of this `last_error_kind` (resume's replay: `webhook_disabled`) */
   readonly errorKind?: string
-  readonly since?: Date
-  readonly until?: Date
+  readonly since?: Date | string
+  readonly until?: Date | string
 }
 
 /** An outbox row as operators see it: the enqueued fields plus its delivery state. */
@@ -226,21 +233,41 @@ export class Operator extends Context.Tag("firehook/Operator")<Operator, Operato
 
 // ---------------------------------------------------------------------------------------------
 
-const validDate = (d: Date | undefined): boolean => d === undefined || !Number.isNaN(d.getTime())
+/** The time bounds of a checked filter, as key text (`ListKey.microsKeyText`) for `::timestamptz`. */
+interface TimeRange {
+  readonly since: string | undefined
+  readonly until: string | undefined
+}
 
-const checkFilter = (f: ReplayFilter): Effect.Effect<void, InvalidArgument> => {
+const boundMicros = (t: Date | string): bigint | undefined => typeof t === "string" ? timeMicros(t) : dateMicros(t)
+
+/**
+ * The filter checked, with its time bounds to the microsecond: `since < until` is compared on the
+ * times as given (a time in year 0000 is only then written as 0001-01-01), so a range inside one millisecond is
+ * accepted and an empty one refused.
+ */
+const checkFilter = (f: ReplayFilter): Effect.Effect<TimeRange, InvalidArgument> => {
   if (f.owner !== undefined && !isCanonicalDid(f.owner)) {
     return Effect.fail(new InvalidArgument({ field: "owner", rule: "must be a canonical DID (did:plc or did:web)" }))
   }
   if (f.webhook !== undefined && !isRkey(f.webhook)) {
     return Effect.fail(new InvalidArgument({ field: "webhook", rule: "must be a record key" }))
   }
-  if (!validDate(f.since)) return Effect.fail(new InvalidArgument({ field: "since", rule: "must be a valid time" }))
-  if (!validDate(f.until)) return Effect.fail(new InvalidArgument({ field: "until", rule: "must be a valid time" }))
-  if (f.since !== undefined && f.until !== undefined && f.since.getTime() >= f.until.getTime()) {
+  const since = f.since === undefined ? undefined : boundMicros(f.since)
+  const until = f.until === undefined ? undefined : boundMicros(f.until)
+  if (f.since !== undefined && since === undefined) {
+    return Effect.fail(new InvalidArgument({ field: "since", rule: "must be a valid time" }))
+  }
+  if (f.until !== undefined && until === undefined) {
+    return Effect.fail(new InvalidArgument({ field: "until", rule: "must be a valid time" }))
+  }
+  if (since !== undefined && until !== undefined && since >= until) {
     return Effect.fail(new InvalidArgument({ field: "since", rule: "must be earlier than until" }))
   }
-  return Effect.void
+  return Effect.succeed({
+    since: since === undefined ? undefined : microsKeyText(since),
+    until: until === undefined ? undefined : microsKeyText(until)
+  })
 }
 
 interface ReplayBatchRow {
@@ -273,18 +300,19 @@ const olderThan = (
 /** Statements per replay at most, given the dead letters counted at its start. */
 const replayStatementBound = (counted: number, batch: number): number => Math.ceil(counted / batch) + 1
 
-/** The WHERE conditions of a filter. */
+/** The WHERE conditions of a filter, with its checked time bounds (bound as text: every microsecond kept). */
 const filterConditions = (
   sql: SqlClient.SqlClient,
-  f: ReplayFilter & { readonly status?: DeliveryStatus }
+  f: ReplayFilter & { readonly status?: DeliveryStatus },
+  range: TimeRange
 ): ReadonlyArray<Fragment> => {
   const out: Array<Fragment> = []
   if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
   if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
   if (f.status !== undefined) out.push(sql`status = ${f.status}`)
   if (f.errorKind !== undefined) out.push(sql`last_error_kind = ${f.errorKind}`)
-  if (f.since !== undefined) out.push(sql`created_at >= ${f.since}`)
-  if (f.until !== undefined) out.push(sql`created_at < ${f.until}`)
+  if (range.since !== undefined) out.push(sql`created_at >= ${range.since}::timestamptz`)
+  if (range.until !== undefined) out.push(sql`created_at < ${range.until}::timestamptz`)
   return out
 }
 
@@ -365,7 +393,8 @@ export const makeWith = (options: OperatorOptions = {}) =>
     const sql = yield* SqlClient.SqlClient
     const replayBatch = Math.min(REPLAY_BATCH, Math.max(1, Math.floor(options.replayBatchSize ?? REPLAY_BATCH)))
 
-    const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }) => filterConditions(sql, f)
+    const conditions = (f: ReplayFilter & { readonly status?: DeliveryStatus }, range: TimeRange) =>
+      filterConditions(sql, f, range)
 
     const notify = notifyStatement(sql)
 
@@ -381,14 +410,14 @@ export const makeWith = (options: OperatorOptions = {}) =>
       AND w.url = o.target_url AND w.fingerprint = o.fingerprint)`
 
     const listPage = Effect.fn("Operator.listPage")(function*(filter: ListFilter) {
-      yield* checkFilter(filter)
+      const range = yield* checkFilter(filter)
       const limit = filter.limit ?? DEFAULT_LIST_LIMIT
       if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_LIST_LIMIT) {
         return yield* Effect.fail(
           new InvalidArgument({ field: "limit", rule: `must be an integer in 1..${MAX_LIST_LIMIT}` })
         )
       }
-      const where = sql.and([...conditions(filter), ...yield* olderThan(sql, filter.before)])
+      const where = sql.and([...conditions(filter, range), ...yield* olderThan(sql, filter.before)])
       // one row more than asked: whether an older page exists
       const rows = yield* sql<OutboxDbRow & { readonly created_key: string }>`
       SELECT *, ${keyText(sql, "created_at")} AS created_key FROM outbox WHERE ${where}
@@ -506,13 +535,13 @@ export const makeWith = (options: OperatorOptions = {}) =>
       filter: ReplayFilter,
       options?: ReplayOptions
     ) {
-      yield* checkFilter(filter)
+      const range = yield* checkFilter(filter)
       const max = options?.max === undefined ? Infinity : Math.max(1, Math.floor(options.max))
       // the snapshot: dead letters as of now (a row dead-lettered, or replayed and dead-lettered again,
       // after this moment has updated_at > started and is left alone)
       const start = yield* sql<{ started: string; n: number }>`
       SELECT ${keyText(sql, "now()")} AS started, count(*)::float8 AS n FROM outbox
-      WHERE ${sql.and([sql`status = 'dead_letter'`, sql`updated_at <= now()`, ...conditions(filter)])}`.pipe(
+      WHERE ${sql.and([sql`status = 'dead_letter'`, sql`updated_at <= now()`, ...conditions(filter, range)])}`.pipe(
         storeOp("operator.replayDeadLetters")
       )
       const started = start[0]?.started
@@ -520,7 +549,11 @@ export const makeWith = (options: OperatorOptions = {}) =>
       if (started === undefined || counted === 0) {
         return { replayed: 0, inactiveSubscription: 0, complete: true, truncated: false }
       }
-      const base = [sql`status = 'dead_letter'`, sql`updated_at <= ${started}::timestamptz`, ...conditions(filter)]
+      const base = [
+        sql`status = 'dead_letter'`,
+        sql`updated_at <= ${started}::timestamptz`,
+        ...conditions(filter, range)
+      ]
       const bound = replayStatementBound(counted, replayBatch)
       let replayed = 0
       let inactive = 0
