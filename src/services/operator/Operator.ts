@@ -33,12 +33,12 @@
 import { SqlClient } from "@effect/sql"
 import type { Fragment } from "@effect/sql/Statement"
 import { Context, Data, Effect, Layer, Option, Ref } from "effect"
-import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"
 import { PARKED_KIND } from "../delivery/WebhookHealthSql.js"
 import type { OutboxRow } from "../matching/Outbox.js"
 import { notifyStatement } from "../matching/OutboxNotify.js"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
-import { dateMicros, KEY_TEXT_FORMAT, microsKeyText, normalizeKeyTime, timeMicros } from "./ListKey.js"
+import { KEY_TEXT_FORMAT, normalizeKeyTime } from "./ListKey.js"
+import { checkFilter, filterConditions, type TimeRange } from "./OperatorFilter.js"
 import { type AttemptDbRow, opt, optDate, type OutboxDbRow, toAttempt, toDelivery } from "./OperatorRows.js"
 import { unparkCtes } from "./ParkedRoom.js"
 
@@ -233,43 +233,6 @@ export class Operator extends Context.Tag("firehook/Operator")<Operator, Operato
 
 // ---------------------------------------------------------------------------------------------
 
-/** The time bounds of a checked filter, as key text (`ListKey.microsKeyText`) for `::timestamptz`. */
-interface TimeRange {
-  readonly since: string | undefined
-  readonly until: string | undefined
-}
-
-const boundMicros = (t: Date | string): bigint | undefined => typeof t === "string" ? timeMicros(t) : dateMicros(t)
-
-/**
- * The filter checked, with its time bounds to the microsecond: `since < until` is compared on the
- * times as given (a time in year 0000 is only then written as 0001-01-01), so a range inside one millisecond is
- * accepted and an empty one refused.
- */
-const checkFilter = (f: ReplayFilter): Effect.Effect<TimeRange, InvalidArgument> => {
-  if (f.owner !== undefined && !isCanonicalDid(f.owner)) {
-    return Effect.fail(new InvalidArgument({ field: "owner", rule: "must be a canonical DID (did:plc or did:web)" }))
-  }
-  if (f.webhook !== undefined && !isRkey(f.webhook)) {
-    return Effect.fail(new InvalidArgument({ field: "webhook", rule: "must be a record key" }))
-  }
-  const since = f.since === undefined ? undefined : boundMicros(f.since)
-  const until = f.until === undefined ? undefined : boundMicros(f.until)
-  if (f.since !== undefined && since === undefined) {
-    return Effect.fail(new InvalidArgument({ field: "since", rule: "must be a valid time" }))
-  }
-  if (f.until !== undefined && until === undefined) {
-    return Effect.fail(new InvalidArgument({ field: "until", rule: "must be a valid time" }))
-  }
-  if (since !== undefined && until !== undefined && since >= until) {
-    return Effect.fail(new InvalidArgument({ field: "since", rule: "must be earlier than until" }))
-  }
-  return Effect.succeed({
-    since: since === undefined ? undefined : microsKeyText(since),
-    until: until === undefined ? undefined : microsKeyText(until)
-  })
-}
-
 interface ReplayBatchRow {
   readonly selected: number
   readonly replayed: number
@@ -299,22 +262,6 @@ const olderThan = (
 
 /** Statements per replay at most, given the dead letters counted at its start. */
 const replayStatementBound = (counted: number, batch: number): number => Math.ceil(counted / batch) + 1
-
-/** The WHERE conditions of a filter, with its checked time bounds (bound as text: every microsecond kept). */
-const filterConditions = (
-  sql: SqlClient.SqlClient,
-  f: ReplayFilter & { readonly status?: DeliveryStatus },
-  range: TimeRange
-): ReadonlyArray<Fragment> => {
-  const out: Array<Fragment> = []
-  if (f.owner !== undefined) out.push(sql`owner_did = ${f.owner}`)
-  if (f.webhook !== undefined) out.push(sql`webhook_rkey = ${f.webhook}`)
-  if (f.status !== undefined) out.push(sql`status = ${f.status}`)
-  if (f.errorKind !== undefined) out.push(sql`last_error_kind = ${f.errorKind}`)
-  if (range.since !== undefined) out.push(sql`created_at >= ${range.since}::timestamptz`)
-  if (range.until !== undefined) out.push(sql`created_at < ${range.until}::timestamptz`)
-  return out
-}
 
 /**
  * One replay statement: the next `take` rows matching `where` in key order, locked (FOR UPDATE, not
@@ -609,8 +556,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
       if (!complete && !truncated) {
         yield* Effect.logWarning("replay stopped at its statement bound; run it again for the rest")
       }
-      const out: ReplayResult = { replayed, inactiveSubscription: inactive, complete, truncated }
-      return out
+      return { replayed, inactiveSubscription: inactive, complete, truncated } satisfies ReplayResult
     })
 
     const status = statusOf(sql)
