@@ -132,7 +132,7 @@ const jetstreamConnect =
  * The direct stream's `wantedDids` at each connect: the direct set now, sorted; but when its hello
  * would not fit Jetstream's limit (Jetstream would close the connection on it, at every reconnect),
  * the last set that fitted (the previous plan's), with one warning for as long as it does not fit;
- * with none yet, the connect fails (retried as any failed connect).
+ * with none yet, the connect fails (retried like every failed connect).
  */
 const directWantedDids = (index: WebhookIndex): Effect.Effect<ReadonlyArray<string>, FirehoseSource.SourceError> => {
   let lastFit: ReadonlyArray<string> | undefined
