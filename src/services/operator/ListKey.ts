@@ -47,18 +47,26 @@ export const normalizeKeyTime = (text: string): string | undefined => {
   if (field(11) > 59 || field(12) > 59) return undefined
   const offset = (m[9] === "-" ? -1 : 1) * (field(10) * 3600 + field(11) * 60 + field(12))
   if (Math.abs(offset) > MAX_OFFSET_SECONDS) return undefined
-  // whole seconds (the offset has no fraction), through a Date set field by field: Date.UTC would
-  // read years 0–99 as 1900–1999
-  const t = new Date(0)
-  t.setUTCFullYear(year, month - 1, day)
-  t.setUTCHours(hour, minute, second - offset, 0)
+  // whole seconds (the offset has no fraction)
+  const t = utcAt(year, month, day, hour, minute, second - offset)
   const y = t.getUTCFullYear()
   if (y < 1 || y > 9999) return undefined
-  const fraction = (m[7] ?? "").padEnd(6, "0")
-  return `${pad(y, 4)}-${pad(t.getUTCMonth() + 1, 2)}-${pad(t.getUTCDate(), 2)}T${pad(t.getUTCHours(), 2)}:${
+  return keyTextOf(t, (m[7] ?? "").padEnd(6, "0"))
+}
+
+/** A UTC time set field by field (`Date.UTC` would read years 0–99 as 1900–1999). */
+const utcAt = (year: number, month: number, day: number, hour: number, minute: number, second: number): Date => {
+  const t = new Date(0)
+  t.setUTCFullYear(year, month - 1, day)
+  t.setUTCHours(hour, minute, second, 0)
+  return t
+}
+
+/** The key text of `t`'s whole seconds and a six-digit `fraction`: `2026-03-01T10:00:00.000500Z`. */
+const keyTextOf = (t: Date, fraction: string): string =>
+  `${pad(t.getUTCFullYear(), 4)}-${pad(t.getUTCMonth() + 1, 2)}-${pad(t.getUTCDate(), 2)}T${pad(t.getUTCHours(), 2)}:${
     pad(t.getUTCMinutes(), 2)
   }:${pad(t.getUTCSeconds(), 2)}.${fraction}Z`
-}
 
 // ---------------------------------------------------------------------------------------------
 // Filter bounds (`since` / `until` on `created_at`, which the database keeps to the microsecond)
@@ -86,10 +94,7 @@ export const timeMicros = (text: string): bigint | undefined => {
   if (month < 1 || month > 12 || day < 1 || day > daysIn(year, month)) return undefined
   if (hour > 23 || minute > 59 || second > 59 || field(10) > 23 || field(11) > 59) return undefined
   const offset = (m[9] === "-" ? -1 : 1) * (field(10) * 3600 + field(11) * 60)
-  // field by field: Date.UTC would read years 0–99 as 1900–1999
-  const t = new Date(0)
-  t.setUTCFullYear(year, month - 1, day)
-  t.setUTCHours(hour, minute, second - offset, 0)
+  const t = utcAt(year, month, day, hour, minute, second - offset)
   const digits = m[7] ?? ""
   const finer = /[1-9]/.test(digits.slice(6)) ? 1n : 0n
   const us = BigInt(t.getTime()) * 1000n + BigInt(digits.slice(0, 6).padEnd(6, "0")) + finer
@@ -118,10 +123,7 @@ export const microsKeyText = (micros: bigint): string => {
     seconds -= 1n
     fraction += 1_000_000n
   }
-  const t = new Date(Number(seconds) * 1000)
-  return `${pad(t.getUTCFullYear(), 4)}-${pad(t.getUTCMonth() + 1, 2)}-${pad(t.getUTCDate(), 2)}T${
-    pad(t.getUTCHours(), 2)
-  }:${pad(t.getUTCMinutes(), 2)}:${pad(t.getUTCSeconds(), 2)}.${String(fraction).padStart(6, "0")}Z`
+  return keyTextOf(new Date(Number(seconds) * 1000), String(fraction).padStart(6, "0"))
 }
 
 // ---------------------------------------------------------------------------------------------
