@@ -12,7 +12,7 @@ import { type Receiver, startReceiver } from "../support/receiver.js"
 const OWNER = "did:plc:superrevsuperrevsuperrev"
 const POST = "app.bsky.feed.post"
 const WH = "place.wisp.v2.wh"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const res = e2eResources()
 afterAll(() => res.cleanup())
 

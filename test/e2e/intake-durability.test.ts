@@ -9,7 +9,7 @@ import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/
 import { exitWithin, type Running, waitFor } from "../support/proc.js"
 
 const OWNER = "did:plc:ownerownerownerownerowne"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const WH = "place.wisp.v2.wh"
 
 const res = e2eResources()

@@ -115,7 +115,7 @@ describe("bun src/main.ts", () => {
       await runOnce({ DATABASE_URL: u.toString(), FIREHOOK_DATA_DIR: tmpDir() }, async () => {
         // a webhook record and a matching post arrive on the stream: registered, then enqueued
         const owner = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
-        const t = 1_800_000_000_000_000
+        const t = 1_750_000_000_000_000
         const js = await fake()
         js.publish([
           commitFrame(owner, t, "place.wisp.v2.wh", "hook1", "create", {

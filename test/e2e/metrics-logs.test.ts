@@ -32,7 +32,7 @@ const OWNER = "did:plc:metricslogsowneraaaaaaaa"
 const SERVICE_DID = "did:web:firehook.test"
 const POST = "app.bsky.feed.post"
 const WH = "place.wisp.v2.wh"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const KEY = randomBytes(32).toString("base64")
 const INLINE_SECRET = "INLINESECRETmarker0123456789"
 

@@ -12,7 +12,7 @@ import { commitFrame, startFakeJetstream } from "../support/fakeJetstream.js"
 import { exitWithin, waitFor } from "../support/proc.js"
 
 const OWNER = "did:plc:ownerownerownerownerowne"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const WH = "place.wisp.v2.wh"
 const ROWS = 20
 

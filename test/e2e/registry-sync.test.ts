@@ -23,7 +23,7 @@ const ALICE = "did:plc:syncaliceaaaaaaaaaaaaaaa"
 const BOB = "did:plc:syncbobbbbbbbbbbbbbbbbbb"
 const WH = "place.wisp.v2.wh"
 const POST = "app.bsky.feed.post"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 
 const res = e2eResources()
 afterAll(() => res.cleanup())

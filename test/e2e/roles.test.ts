@@ -15,7 +15,7 @@ import { exitWithin, freePort, startFirehook, waitFor } from "../support/proc.js
 import { startReceiver } from "../support/receiver.js"
 
 const OWNER = "did:plc:rolesrolesrolesrolesrole"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const WH = "place.wisp.v2.wh"
 const ROWS = 20
 

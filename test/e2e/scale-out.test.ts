@@ -21,7 +21,7 @@ import { exitWithin, waitFor } from "../support/proc.js"
 import { type Receiver, startReceiver } from "../support/receiver.js"
 
 const OWNER = "did:plc:scaleoutscaleoutscaleout"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const WH = "place.wisp.v2.wh"
 const POST = "app.bsky.feed.post"
 const HOOKS_PER_RECEIVER = 2

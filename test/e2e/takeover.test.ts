@@ -12,7 +12,7 @@ import { exitWithin, waitFor } from "../support/proc.js"
 
 const ALICE = "did:plc:aliceealiceealiceealicee"
 const BOB = "did:plc:bobbbbbobbbbbobbbbbobbbb"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const WH = "place.wisp.v2.wh"
 const POST = "app.bsky.feed.post"
 const LIKE = "app.bsky.feed.like"

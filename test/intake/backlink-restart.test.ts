@@ -19,7 +19,7 @@ import { fastTuning, isBacklink, isDirect, optionsOf } from "./jetstream-connect
 const WH = "place.wisp.v2.wh"
 const POST = "app.bsky.feed.post"
 const LIKE = "app.bsky.feed.like"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const S = 1_000_000
 const OWNER = plc(1)
 const SCOPE = plc(2)

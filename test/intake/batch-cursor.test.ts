@@ -77,7 +77,7 @@ describe("after a batch commits: the identity hooks", () => {
       kind,
       did: did(n),
       ...(kind === "account" ? { active: true } : {}),
-      timeUs: 1_800_000_000_000_000 + Number(seq),
+      timeUs: 1_750_000_000_000_000 + Number(seq),
       stream: "relay",
       relay: RELAY,
       cursor: String(seq)

@@ -79,5 +79,5 @@ export const frameAt = (seq: bigint): Intake.SourceItem => ({
 
 /** a relay's URL and cursors (µs): T1 a source time, SEC one second */
 export const RELAY_URL = "wss://relay.test"
-export const T1 = 1_800_000_000_000_000n
+export const T1 = 1_750_000_000_000_000n
 export const SEC = 1_000_000n

@@ -187,6 +187,8 @@ describe("the reader of a session", () => {
         rewind: 0n,
         connect: () => Stream.concat(Stream.succeed(opened), Stream.fromQueue(q))
       }
+      // the clock at the second frame's time (a time cursor is committed at most 5 min ahead of it)
+      yield* TestClock.setTime(Number((T1 + 3600n * SEC) / 1000n))
       yield* (yield* CursorStore.CursorStore).save(NAME, spec.relay, T1)
       const runner = yield* Intake.makeStreamRunner(spec, tuning)
       yield* Effect.forkScoped(runner.run)

@@ -308,7 +308,7 @@ describe("health: cursor age of a stream that has committed nothing yet", () => 
   it.scoped("is the age of its loaded time cursor (a Jetstream stream stalled on a poison frame since startup is not 'fresh')", () => {
     const rec = newRecorder()
     // the stored cursor: a Jetstream time_us one hour before now
-    const STORED = 1_800_000_000_000_000n
+    const STORED = 1_750_000_000_000_000n
     let connects = 0
     const spec: Intake.StreamSpec = {
       name: "registry",

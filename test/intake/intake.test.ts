@@ -19,7 +19,7 @@ import { memoryStack, plc, testConfig, whRecordValue } from "../support/stack.js
 
 const WH = "place.wisp.v2.wh"
 
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const POST = "app.bsky.feed.post"
 
 const fakeJetstream = Effect.acquireRelease(

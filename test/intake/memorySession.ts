@@ -25,7 +25,7 @@ export const eventsOf = (f: Frame): ReadonlyArray<StreamEvent> =>
     rev: "3l3qo2vutsw2b",
     cid: undefined,
     record: { text: "x" },
-    timeUs: 1_800_000_000_000_000 + Number(f.seq),
+    timeUs: 1_750_000_000_000_000 + Number(f.seq),
     stream: "relay",
     relay: RELAY,
     cursor: String(f.seq)

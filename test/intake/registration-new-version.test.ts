@@ -21,7 +21,7 @@ import { memoryStack, plc, testConfig, WH, whRecordValue } from "../support/stac
 import { fastTuning, isDirect, isOpen, isRegistry, sendTo } from "./jetstream-connections-support.js"
 
 const POST = "app.bsky.feed.post"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const S = 1_000_000
 const OWNER = plc(1)
 const X = plc(2)

@@ -28,7 +28,7 @@ import { fastTuning, isBacklink, isDirect, isOpen, isRegistry, sendTo } from "./
 
 const POST = "app.bsky.feed.post"
 const LIKE = "app.bsky.feed.like"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const S = 1_000_000
 const OWNER = plc(1)
 const X = plc(2)

@@ -22,7 +22,7 @@ const POST = "app.bsky.feed.post"
 const LIKE = "app.bsky.feed.like"
 const STRANGER = plc(9)
 const likeOf = (did: string) => ({ $type: LIKE, subject: { uri: `at://${did}/${POST}/3kpost`, cid: "bafyx" } })
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const S = 1_000_000
 const OWNER = plc(1)
 const X = plc(2)

@@ -19,7 +19,7 @@ import { until } from "./memorySession.js"
 
 const RELAY = "wss://jetstream.test"
 const DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 /** where a DID that joined the direct set asks the stream to replay from (5 s before T0) */
 const REPLAY = BigInt(T0 - 5_000_000)
 
@@ -43,10 +43,12 @@ const frame = (timeUs: number, rkey: string): Intake.SourceItem => {
 
 /**
  * A scripted Jetstream: each connection records its cursor and reads a queue the test feeds
- * (`Take.end`: the socket closes); the connections numbered in `failing` fail to open.
+ * (`Take.end`: the socket closes); the connections numbered in `failing` fail to open. The
+ * TestClock starts at T0: a committed time cursor is held to the clock + 5 minutes.
  */
 const scriptedSource = (failing: ReadonlySet<number> = new Set()) =>
   Effect.gen(function*() {
+    yield* TestClock.setTime(T0 / 1000)
     const asked: Array<bigint | undefined> = []
     const queues: Array<Queue.Queue<Take.Take<Intake.SourceItem, SourceError>>> = []
     const spec: Intake.StreamSpec = {

@@ -186,7 +186,7 @@ describe("a Jetstream resume that skipped events (a cursor clamped to the source
 })
 
 describe("the resume-gap rule", () => {
-  const T = 1_800_000_000_000_000n
+  const T = 1_750_000_000_000_000n
   const W = RESUME_GAP_WARN_US
   it("warns only above the threshold, for a first event itself older than it, on a stream with one", () => {
     // a clamp: 6 h after the cursor, a day old

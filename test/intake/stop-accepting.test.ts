@@ -19,7 +19,7 @@ import { commitFrame, type FakeJetstream, startFakeJetstream } from "../support/
 import { memoryStack, plc, testConfig, whRecordValue } from "../support/stack.js"
 
 const WH = "place.wisp.v2.wh"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 
 const tuning: Partial<Intake.IntakeTuning> = {
   batchRetryBase: Duration.millis(5),

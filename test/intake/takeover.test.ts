@@ -21,7 +21,7 @@ const ALICE = plc(1)
 const BOB = plc(2)
 const POST = "app.bsky.feed.post"
 const LIKE = "app.bsky.feed.like"
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 const bobPost = `at://${BOB}/${POST}/3kbobpost`
 const likeOf = (uri: string) => ({ $type: LIKE, subject: { uri, cid: "bafyx" }, createdAt: "2026-01-01T00:00:00Z" })
 

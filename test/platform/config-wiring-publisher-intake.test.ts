@@ -129,7 +129,7 @@ describe("WEBHOOK_INTAKE_* reach intake (Intake.make reads them from the configu
             yield* Effect.sleep("25 millis")
           }
           fake.publish([
-            commitFrame(plc(1), 1_800_000_000_000_000, WH, "w1", "create", whRecordValue(`at://${plc(2)}`))
+            commitFrame(plc(1), 1_750_000_000_000_000, WH, "w1", "create", whRecordValue(`at://${plc(2)}`))
           ])
           yield* Deferred.await(committed).pipe(
             Effect.timeoutFail({ duration: "20 seconds", onTimeout: () => "never committed" })

@@ -44,7 +44,7 @@ describe("the load admits by the limits, whatever other owners hold beyond their
     it.effect("a webhook admitted live is loaded again after a restart; each owner keeps its oldest rows", () =>
       Effect.gen(function*() {
         const rs = yield* ReconcileStore.ReconcileStore
-        let t = 1_800_000_000_000_000
+        let t = 1_750_000_000_000_000
         // three owners each hold 8 valid records; reconciliation stores them all as active, in two
         // pages each (listRecords lists the newest rkeys first: page one holds rkeys 4..7)
         for (const o of [1, 2, 3]) {

@@ -158,7 +158,7 @@ describe("unstorable wh records on the registry stream (PostgreSQL)", () => {
 // ---------------------------------------------------------------------------------------------
 // The stream itself (real WebSockets, real PostgreSQL): the audit's reproduction
 
-const T0 = 1_800_000_000_000_000
+const T0 = 1_750_000_000_000_000
 
 describe("the registry stream does not stall on an unstorable record (PostgreSQL, Jetstream)", () => {
   it.scopedLive(
