@@ -42,6 +42,26 @@ const onRegistered = (
 }
 
 /**
+ * How far ahead of the local clock a time cursor (Jetstream `time_us`) is committed: 5 minutes. A
+ * frame stamped later than that (a clock glitch on the source's host, a wrong URL) would otherwise
+ * become the stored cursor for good (a cursor is never lowered), and every later resume would
+ * skip its downtime. A source legitimately ahead by more re-reads that lead at a resume (at least
+ * once); one ahead by less loses nothing.
+ */
+export const CURSOR_LEAD_US = 300_000_000n
+
+/** `cursor` held to the local clock (`nowMs`) + {@link CURSOR_LEAD_US}; a relay `seq` unchanged. */
+export const heldCursor = (
+  spec: Pick<StreamContext["spec"], "cursorIsTime">,
+  cursor: bigint | undefined,
+  nowMs: number
+): bigint | undefined => {
+  if (cursor === undefined || !spec.cursorIsTime) return cursor
+  const ceiling = BigInt(Math.floor(nowMs)) * 1000n + CURSOR_LEAD_US
+  return cursor > ceiling ? ceiling : cursor
+}
+
+/**
  * commit one batch (with in-place retries); returns false when the stream must fail. With a
  * durable replay obligation pending for the session (`replay`), the batch also advances it (in its
  * transaction, after its cursor write), so such a batch is never written by one statement.
@@ -49,7 +69,7 @@ const onRegistered = (
 export const commit = (
   ctx: StreamContext,
   events: ReadonlyArray<StreamEvent>,
-  cursor: bigint | undefined,
+  frameCursor: bigint | undefined,
   replay?: SessionReplay
 ) => {
   const { spec, tuning, state, tagged, hooks } = ctx
@@ -57,6 +77,17 @@ export const commit = (
   return Effect.gen(function*() {
     const toProcess = spec.skip === undefined ? events : events.filter((e) => !spec.skip?.(e))
     const start = yield* Clock.currentTimeMillis
+    const cursor = heldCursor(spec, frameCursor, start)
+    if (cursor !== frameCursor && cursor !== undefined && frameCursor !== undefined) {
+      const aheadSeconds = Number((frameCursor - cursor + CURSOR_LEAD_US) / 1_000_000n)
+      yield* ctx.limiter.run(
+        "cursor_ahead",
+        (suppressed) =>
+          Effect.logWarning("frame stamped ahead of the local clock: cursor committed at the clock + 5 min").pipe(
+            Effect.annotateLogs({ stream: spec.name, aheadSeconds, suppressed })
+          )
+      )
+    }
     const registered = onRegistered(ctx, events)
     const base: ProcessOptions = registered === undefined
       ? { registryWriter: spec.registryWriter }
@@ -209,7 +240,8 @@ export const runBatcher = (
       // frames with no events still advance the cursor
       if (pending.length === 0 && lastFullCursor !== undefined) {
         const durable = (yield* Ref.get(state)).durableCursor
-        if (durable === undefined || lastFullCursor > durable) {
+        const held = heldCursor(spec, lastFullCursor, yield* Clock.currentTimeMillis)
+        if (durable === undefined || (held !== undefined && held > durable)) {
           if (!(yield* commit(ctx, [], lastFullCursor, replay))) return { kind: "handler" } satisfies SessionEnd
         }
       }
