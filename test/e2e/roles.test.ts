@@ -3,7 +3,7 @@
  * one PostgreSQL database and a local Jetstream.
  * - An invalid `FIREHOOK_ROLES` is one line on stderr and exit code 1.
  * - An `intake` process enqueues and delivers nothing; an `api` process delivers nothing either
- *   (no claim: the rows stay pending, no liveness mark, no LISTEN on the outbox channel); a
+ *   (no claim: the rows stay pending, no liveness mark; no LISTEN on the outbox channel, best-effort); a
  *   `delivery` process opens no stream and no API listener, is ready without intake or backfill,
  *   and delivers the rows. `/health` shows each process's roles and only the sections of its parts
  *   (and every process's `database` section).
@@ -117,7 +117,8 @@ describe("FIREHOOK_ROLES", () => {
       // the owners' API listener answers (NotConfigured: no SERVICE_DID/PUBLIC_URL here)
       expect((await fetch(`http://127.0.0.1:${apiPort}/xrpc/place.wisp.v2.secret.list`)).status).toBe(503)
       expect(await servesApi(apiPort)).toBe(true)
-      // no delivery worker anywhere: no liveness mark, no LISTEN on the outbox channel
+      // no delivery worker anywhere: no liveness mark (the guard: every delivery worker holds it
+      // while it runs), no rows claimed or delivered (below)
       expect(
         await query(
           db,
@@ -125,11 +126,17 @@ describe("FIREHOOK_ROLES", () => {
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
         )
       ).toEqual([])
+      // best-effort only: no backend's last statement is a LISTEN on the outbox channel. PostgreSQL
+      // shows no other session's channels (pg_listening_channels() is the caller's own, and
+      // pg_stat_statements is not loaded here); pg_stat_activity keeps only a session's last
+      // statement, and a process LISTENs on its one connection on several channels and probes it
+      // with SELECT 1, so a LISTEN followed by another statement is not seen here
       expect(
         await query(
           db,
           "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%firehook_outbox%'"
-        )
+        ),
+        "a session whose last statement LISTENs on the outbox channel"
       ).toEqual([])
       expect(await count(db, "status = 'pending'")).toBe(ROWS)
       expect(rx.total()).toBe(0)

@@ -120,17 +120,22 @@ describe("a crash between a registration's commit and its stream's replay", () =
           const w2 = wh("w2", T0 + 10 * S, "https://second.example/hook")
           const e1 = c.event("e1", T0 + 11 * S)
           const e2 = c.event("e2", T0 + 20 * S)
+          const before2 = fake.connections.length
           yield* processRun(
             "1 hour",
             Effect.gen(function*() {
+              // process 2's stream and registry stream have sent their options (so the fake has
+              // replayed the log to them: nothing published from here on is replayed to them), and
+              // none of process 1's connections is still open (the frames sent below reach process 2
+              // only)
               yield* eventually(
                 Effect.sync(() => {
-                  const live = fake.connections.filter(isOpen)
-                  return live.some(c.which) && live.some(isRegistry)
+                  const live = fake.connections.slice(before2).filter(isOpen)
+                  return live.some(c.which) && live.some(isRegistry) &&
+                    !fake.connections.slice(0, before2).some(isOpen)
                 }),
                 "process 2 connected"
               )
-              yield* Effect.sleep("300 millis")
               fake.paused = true
               fake.publish([w2, e1, e2])
               sendTo(fake, c.which, e1)

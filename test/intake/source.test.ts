@@ -441,12 +441,17 @@ describe("FirehoseSource: connection control", () => {
         idleTimeoutMs: 60_000
       })
       const socket = yield* Deferred.await(hello)
-      const frames = yield* Effect.fork(collectAll(conn.frames))
-      // a frame within the first period: still open after it
-      yield* Effect.async<void>((resume) => socket.send(jetstreamCreate(T0 + 1, "r1"), () => resume(Effect.void)))
-      yield* Effect.promise(() => new Promise((r) => setImmediate(r)))
+      const gotFirst = yield* Deferred.make<void>()
+      const frames = yield* Effect.fork(
+        collectAll(conn.frames.pipe(Stream.tap(() => Deferred.succeed(gotFirst, undefined))))
+      )
+      // a frame within the first period, seen by the client before the period ends: still open after it
+      socket.send(jetstreamCreate(T0 + 1, "r1"))
+      yield* Deferred.await(gotFirst)
       yield* TestClock.adjust("60 seconds")
-      yield* Effect.promise(() => new Promise((r) => setImmediate(r)))
+      for (let i = 0; i < 20; i++) yield* Effect.yieldNow()
+      // the client side is still open: the frames have not ended
+      expect(Option.isNone(yield* Fiber.poll(frames))).toBe(true)
       expect(yield* Deferred.isDone(serverSawClose)).toBe(false)
       // then a whole period of silence: closed, the frames end with `closed`
       yield* TestClock.adjust("60 seconds")

@@ -307,6 +307,12 @@ describe("outbox on PostgreSQL", () => {
       finalize: Effect.dieMessage("finalize must not run: the statement writes the cursor"),
       cursor: { stream, relay: "wss://relay.test", cursor }
     })
+    /**
+     * Let the batch just forked reach the processor's queue: `processEvents` offers it without
+     * waiting, so once the forked fiber has run (it runs before this fiber resumes) the batch is
+     * queued, behind the ones forked before it.
+     */
+    const queued = Effect.yieldNow()
     /** hold the processor in a transaction until `open`, so that the next batches queue up */
     const holdProcessor = Effect.gen(function*() {
       const gate = yield* Deferred.make<void>()
@@ -322,7 +328,7 @@ describe("outbox on PostgreSQL", () => {
         yield* run([whEv(CAROL, "bl", whRecordValue(`at://${BOB}`, { backlinks: true }), { rev: rev(1) })])
         const processor = yield* Processor
         const hold = yield* holdProcessor
-        yield* Effect.sleep("50 millis")
+        yield* queued
         commits.length = 0
         const create = ev(ALICE, POST, "t1", {
           rev: rev(120),
@@ -330,9 +336,9 @@ describe("outbox on PostgreSQL", () => {
         })
         const update = ev(ALICE, POST, "t1", { rev: rev(121), operation: "update", record: { text: "no ref" } })
         const a = yield* Effect.fork(processor.processEvents([create], at("direct", 500n)))
-        yield* Effect.sleep("50 millis")
+        yield* queued
         const b = yield* Effect.fork(processor.processEvents([update], at("backlink", 600n)))
-        yield* Effect.sleep("50 millis")
+        yield* queued
         yield* hold.open
         const ra = yield* Fiber.join(a)
         const rb = yield* Fiber.join(b)
@@ -353,19 +359,19 @@ describe("outbox on PostgreSQL", () => {
           yield* run([whEv(CAROL, "d", whRecordValue(`at://${BOB}`), { rev: rev(1) })])
           const processor = yield* Processor
           const hold = yield* holdProcessor
-          yield* Effect.sleep("50 millis")
+          yield* queued
           commits.length = 0
           const a = yield* Effect.fork(
             processor.processEvents([ev(BOB, POST, "ok1", { rev: rev(130) })], at("direct", 700n))
           )
-          yield* Effect.sleep("50 millis")
+          yield* queued
           // a cursor beyond bigint: its statement fails
           const b = yield* Effect.fork(
             Effect.either(
               processor.processEvents([ev(BOB, POST, "bad1", { rev: rev(131) })], at("backlink", 2n ** 70n))
             )
           )
-          yield* Effect.sleep("50 millis")
+          yield* queued
           yield* hold.open
           const ra = yield* Fiber.join(a)
           const rb = yield* Fiber.join(b)

@@ -372,12 +372,15 @@ describe("Backfill page claims of two replicas (SPEC §6.4)", () => {
   /**
    * A holds the only page; every owner's scan waits until interrupted (started and interrupted ones
    * recorded). `takeOver` ends A's hold on the page once A is inside it: every scan A had started
-   * is interrupted (on the old code they ran on).
+   * is interrupted (on the old code they ran on). `then` runs next, while the database is still
+   * there (A's pass fails once it is gone); A is stopped after it.
    */
   const stopsScanning = (
     options: Backfill.BackfillOptions,
     view: (store: ReconcileStoreShape) => ReconcileStoreShape,
-    takeOver: (store: ReconcileStoreShape) => Effect.Effect<void>
+    takeOver: (store: ReconcileStoreShape) => Effect.Effect<void>,
+    then: (a: Recon, started: ReadonlyArray<string>, fa: Fiber.Fiber<unknown, unknown>) => Effect.Effect<void> = () =>
+      Effect.void
   ) => {
     const a = newRecon()
     const owners = Array.from({ length: 10 }, (_, i) => plc(1_200 + i)).sort()
@@ -399,8 +402,9 @@ describe("Backfill page claims of two replicas (SPEC §6.4)", () => {
       expect(started.length).toBeLessThan(owners.length)
       yield* takeOver(store)
       yield* eventually(Effect.sync(() => interrupted.length >= started.length))
-      expect(interrupted.slice(0, started.length).sort()).toEqual(started.sort())
-      return { a, started, fa }
+      expect(interrupted.slice(0, started.length).sort()).toEqual([...started].sort())
+      yield* then(a, started, fa)
+      yield* Fiber.interrupt(fa)
     }).pipe(onDatabase)
   }
 
@@ -408,22 +412,39 @@ describe("Backfill page claims of two replicas (SPEC §6.4)", () => {
     "a holder whose beat finds its page taken over stops scanning it at once",
     () =>
       Effect.gen(function*() {
-        const { a, fa, started } = yield* stopsScanning(
+        // A's view of the store counts its calls: its beats and its polls of the pass
+        const viewA: { current?: ReturnType<typeof observed> } = {}
+        const count = (op: string) => viewA.current?.count(op) ?? 0
+        let beatsBefore = 0
+        yield* stopsScanning(
           { ...options(1_000), claimHeartbeat: "20 millis", claimPollInterval: "20 millis" },
-          (store) => store,
+          (store) => {
+            viewA.current = observed(store)
+            return viewA.current.store
+          },
           (store) =>
             Effect.gen(function*() {
               const state = yield* store.passState(INITIAL_PASS)
               const claim = state?.claims[0]
               if (state === undefined || claim === undefined) return yield* Effect.dieMessage("no claimed page")
               const ref = { pass: INITIAL_PASS, sweep: state.sweep }
+              beatsBefore = count("beatClaim")
               expect(yield* store.takeClaim(ref, claim, "another-replica")).toBe(true)
-            }).pipe(Effect.orDie)
+            }).pipe(Effect.orDie),
+          (a, started, fa) =>
+            Effect.gen(function*() {
+              // at once: its first beat after the takeover (and at most one sent before it,
+              // answered after it) stopped the scans
+              expect(count("beatClaim") - beatsBefore).toBeGreaterThanOrEqual(1)
+              expect(count("beatClaim") - beatsBefore).toBeLessThanOrEqual(2)
+              // and starts no other owner of the page (it is another replica's now): A is back in
+              // its pass, polling the pass state for a page to take, and has polled it twice since
+              const polls = count("passState")
+              yield* eventually(Effect.map(ended(fa), (end) => end || count("passState") >= polls + 2))
+              expect(yield* ended(fa)).toBe(false)
+              expect(a.calls).toEqual(started)
+            })
         )
-        // and starts no other owner of the page (it is another replica's now)
-        yield* Effect.sleep("200 millis")
-        expect(a.calls).toEqual(started)
-        yield* Fiber.interrupt(fa)
       }),
     60_000
   )
@@ -431,7 +452,7 @@ describe("Backfill page claims of two replicas (SPEC §6.4)", () => {
   it.scopedLive("a holder that cannot beat for abandonedAfter − heartbeat stops scanning its page", () => {
     const hung = { value: false }
     return Effect.gen(function*() {
-      const { fa } = yield* stopsScanning(
+      yield* stopsScanning(
         {
           ...options(1_000),
           claimHeartbeat: "20 millis",
@@ -443,7 +464,6 @@ describe("Backfill page claims of two replicas (SPEC §6.4)", () => {
           wrapStore(store, (op, eff) => Effect.suspend(() => (op === "beatClaim" && hung.value ? Effect.never : eff))),
         () => Effect.sync(() => void (hung.value = true))
       )
-      yield* Fiber.interrupt(fa)
     })
   }, 60_000)
 })

@@ -10,9 +10,10 @@
  *   child has written its answer and the deadline has passed, so the order is fixed, not timed.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Context, Deferred, Effect, Fiber, Layer } from "effect"
+import { Clock, Context, Deferred, Effect, Fiber, Layer, Queue } from "effect"
 import { spawn } from "node:child_process"
 import { existsSync, mkdtempSync, rmSync } from "node:fs"
+import type * as Http from "node:http"
 import { tmpdir } from "node:os"
 import * as Path from "node:path"
 import { SafeHttp } from "../../../src/services/platform/http/SafeHttp.js"
@@ -49,26 +50,48 @@ const stall = (done: () => boolean) =>
     })
   })
 
-/** A receiver in a child process: answers 200 after `delayMs`, then creates `marker`; prints its port. */
+/**
+ * A receiver in a child process: answers 200 after `delayMs`, then creates `marker`; prints its
+ * port, then a line for every request it has read (`received` takes one of them).
+ */
 const childReceiver = (delayMs: number, marker: string) =>
   Effect.acquireRelease(
-    Effect.async<{ readonly port: number; readonly kill: () => void }, Error>((resume) => {
-      const source = `
+    Effect.gen(function*() {
+      const received = yield* Queue.unbounded<void>()
+      return yield* Effect.async<
+        { readonly port: number; readonly received: Effect.Effect<void>; readonly kill: () => void },
+        Error
+      >((resume) => {
+        const source = `
         const http = require("node:http"); const fs = require("node:fs")
         const server = http.createServer((req, res) => {
           req.resume()
-          req.on("end", () => setTimeout(() => res.end("ok", () => fs.writeFileSync(${
-        JSON.stringify(marker)
-      }, "")), ${delayMs}))
+          req.on("end", () => {
+            process.stdout.write("received\\n")
+            setTimeout(() => res.end("ok", () => fs.writeFileSync(${JSON.stringify(marker)}, "")), ${delayMs})
+          })
         })
         server.listen(0, "127.0.0.1", () => process.stdout.write(String(server.address().port) + "\\n"))`
-      const child = spawn(process.execPath, ["-e", source], { stdio: ["ignore", "pipe", "inherit"] })
-      let out = ""
-      child.stdout.on("data", (chunk: Buffer) => {
-        out += chunk.toString("utf8")
-        if (out.includes("\n")) resume(Effect.succeed({ port: Number(out.trim()), kill: () => child.kill("SIGKILL") }))
+        const child = spawn(process.execPath, ["-e", source], { stdio: ["ignore", "pipe", "inherit"] })
+        let out = ""
+        let port: number | undefined
+        child.stdout.on("data", (chunk: Buffer) => {
+          out += chunk.toString("utf8")
+          let nl = out.indexOf("\n")
+          while (nl >= 0) {
+            const line = out.slice(0, nl).trim()
+            out = out.slice(nl + 1)
+            nl = out.indexOf("\n")
+            if (port === undefined) {
+              port = Number(line)
+              resume(Effect.succeed({ port, received: Queue.take(received), kill: () => child.kill("SIGKILL") }))
+            } else if (line === "received") {
+              Queue.unsafeOffer(received, undefined)
+            }
+          }
+        })
+        child.on("error", (e) => resume(Effect.fail(e)))
       })
-      child.on("error", (e) => resume(Effect.fail(e)))
     }),
     (c) => Effect.sync(c.kill)
   )
@@ -107,14 +130,15 @@ describe("SafeHttp deadlines: the wall clock and a stalled process", () => {
       // a warm-up request: the connection and the child's first answer are not part of the test
       const http = yield* transport
       expect((yield* http.request(post(`http://127.0.0.1:${child.port}/warm`))).status).toBe(200)
+      yield* child.received
       rmSync(marker, { force: true })
       const started = Date.now()
       const request = yield* Effect.fork(
         Effect.either(http.request(post(`http://127.0.0.1:${child.port}/stalled`, { timeoutMs: 400 })))
       )
-      // let the request go out, then stall this process until the child has answered and the
-      // deadline has passed
-      yield* Effect.sleep("20 millis")
+      // once the child has read the request, stall this process until the child has answered and
+      // the deadline has passed
+      yield* child.received
       yield* stall(() => existsSync(marker) && Date.now() > started + 600)
       expect(existsSync(marker), "the child answered during the stall").toBe(true)
       const outcome = yield* Fiber.join(request)
@@ -123,16 +147,21 @@ describe("SafeHttp deadlines: the wall clock and a stalled process", () => {
 
   it.scopedLive("a request with no answer still times out after a stall (the I/O turn adds no grace)", () =>
     Effect.gen(function*() {
-      const server = yield* startServer(() => {
-        // never answers
+      // the server holds the request, and answers 500 ms after the stall ended: a request still
+      // waiting then (a grace after the stall) would settle with 200 instead of timing out
+      const arrived = yield* Deferred.make<Http.ServerResponse>()
+      const server = yield* startServer((_req, res) => {
+        Deferred.unsafeDone(arrived, Effect.succeed(res))
       })
       const http = yield* transport
       const request = yield* Effect.fork(
         Effect.either(http.request(post(`http://127.0.0.1:${server.port}/silent`, { timeoutMs: 300 })))
       )
-      yield* Effect.sleep("20 millis")
+      const res = yield* Deferred.await(arrived)
       const stallUntil = Date.now() + 600
       yield* stall(() => Date.now() >= stallUntil)
+      const answer = setTimeout(() => res.end("late"), 500)
+      yield* Effect.addFinalizer(() => Effect.sync(() => clearTimeout(answer)))
       const outcome = yield* Fiber.join(request).pipe(Effect.timeout("5 seconds"))
       expect(outcome._tag === "Left" ? outcome.left.kind : outcome.right.status).toBe("timeout")
     }))
