@@ -3,7 +3,9 @@
  *
  *   node --import tsx bench/delivery.ts [deliveries=100000] [webhooks=1000] [rate=500] [steadySeconds=20]
  *
- * Environment: DATABASE_URL (else an embedded PostgreSQL in a temporary directory), RECEIVERS
+ * Environment: DATABASE_URL (a throw-away database `fh_bench_delivery_<pid>_<hex>` is created on that
+ * server and dropped at the end, bench/lifecycle.ts; else an embedded PostgreSQL in a temporary
+ * directory), RECEIVERS
  * (default 4 servers), DELIVERY_CONCURRENCY (default 64), DELIVERY_PER_ORIGIN_CONCURRENCY (default
  * concurrency / receivers, so the origin cap is not what limits the run).
  *
@@ -19,12 +21,17 @@
  *    p50/p99 from the database (`delivery_attempts.started_at − outbox.created_at`).
  * 3. The bare limit: a plain node:http keep-alive loop and a plain `fetch` loop with the same
  *    concurrency, posting a body of the same size to the same receivers; the worker's share of the
- *    faster one is the ratio. Each with the process CPU per request (this thread and the receivers').
+ *    faster one is the ratio. Each with the process CPU per request (this thread and the receivers'
+ *    thread: "in-process"), then the same two loops to receivers in a process of their own
+ *    (bench/e2e-receivers.ts), whose CPU per request is the client side alone ("client-only").
  * 4. The transport alone: `SafeHttp.request` with signed requests, same concurrency, no database,
  *    to show how much of the gap to the bare limit is the transport itself.
  * 5. The floor: PostgreSQL's writes for one delivery without a client (`postgresFloor`), the cost
  *    of the signatures, and the HTTP exchange of the bare loop, against the CPU per delivery that
- *    the machine's cores allow at 30 % of the bare loop.
+ *    the machine's cores allow at 30 % of the bare loop. Printed twice: with the client-only HTTP
+ *    term (what firehook's own CPU compares with: bench/e2e.ts measures firehook and PostgreSQL,
+ *    its receivers run elsewhere; the report's e2e verdict uses it) and with the in-process one
+ *    (the receivers' thread counted, like this bench's worker process CPU).
  * RSS is sampled every 100 ms during phase 1. With BENCH_STUB_TRANSPORT=1 the worker's transport
  * answers 204 without a request (what the worker and the database cost alone); BENCH_PROFILE=<file>
  * writes a CPU profile of phase 1 (Node; under Bun use `bun --cpu-prof-md` with BENCH_PHASE1_ONLY=1,
@@ -49,7 +56,9 @@ import * as Health from "../src/services/platform/Health.js"
 import { parseAllowCidrs, SafeHttp } from "../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../src/services/platform/Lifecycle.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
+import { runBench } from "./lifecycle.js"
 import { bareHttpLoop, fetchLoop } from "./loops.js"
+import { scopedReceiverProcess } from "./receiver-process.js"
 import { benchDatabaseUrl, benchPipeline, plc, recordEvents, startReceiverThread } from "./support.js"
 
 const DELIVERIES = Number(process.argv[2] ?? 100_000)
@@ -242,6 +251,16 @@ const bareLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: nu
 const fetchLimit = (ports: ReadonlyArray<number>, requests: number, bodyBytes: number) =>
   Effect.promise(() => fetchLoop(loopOptions(ports, requests, bodyBytes)))
 
+/** Phase 3's loops to receivers in a process of their own (ended before this returns): client CPU only. */
+const clientOnlyLoops = (requests: number, bodyBytes: number) =>
+  Effect.scoped(Effect.gen(function*() {
+    const rx = yield* scopedReceiverProcess(RECEIVERS)
+    yield* fetchLimit(rx.ports, Math.min(requests, 2_000), bodyBytes) // warm-up: connections, JIT
+    const http = yield* bareLimit(rx.ports, requests, bodyBytes)
+    const fetch = yield* fetchLimit(rx.ports, requests, bodyBytes)
+    return { http, fetch }
+  }))
+
 const FLOOR_BATCH = 256
 
 /**
@@ -307,7 +326,6 @@ const program = Effect.gen(function*() {
   const { ports } = yield* startReceivers
   const pipeline = yield* Layer.build(pipelineOn(url))
   const sql = Context.get(pipeline, SqlClient.SqlClient)
-  yield* sql`TRUNCATE outbox, delivery_events, delivery_attempts, audit, webhooks, tombstones, owners, prior_refs, quarantine`
   const events = Math.ceil(DELIVERIES / FANOUT)
   yield* print(
     `delivery bench: ${
@@ -468,6 +486,15 @@ const program = Effect.gen(function*() {
       bareFetch.rate.toFixed(0)
     } requests/s (${bareFetch.cpuMs.toFixed(3)} ms); worker/bare = ${(throughput / bare).toFixed(2)}`
   )
+  // the same loops to receivers in a process of their own: this process's CPU is the client's alone
+  const client = yield* clientOnlyLoops(Math.min(total, 100_000), bodyBytes)
+  yield* print(
+    `phase 3: the same loops to receivers in their own process: node:http ${client.http.rate.toFixed(0)} requests/s (${
+      client.http.cpuMs.toFixed(3)
+    } ms CPU per request, client only), fetch ${client.fetch.rate.toFixed(0)} requests/s (${
+      client.fetch.cpuMs.toFixed(3)
+    } ms)`
+  )
   // 4. the transport alone: SafeHttp with signed requests, same concurrency, same receivers
   const transport = yield* Effect.provide(
     SafeHttp,
@@ -526,8 +553,11 @@ const program = Effect.gen(function*() {
   const floor = yield* postgresFloor(sql)
   const cores = Os.cpus().length
   const budgetMs = (cores * 1000) / (0.3 * bare)
-  const httpMs = Math.min(bareHttp.cpuMs, bareFetch.cpuMs)
+  // the floor's HTTP term: client side only (the verdicts), and with the receivers' thread (as before)
+  const httpMs = Math.min(client.http.cpuMs, client.fetch.cpuMs)
   const floorMs = httpMs + signMs + floor.ms
+  const httpInProcessMs = Math.min(bareHttp.cpuMs, bareFetch.cpuMs)
+  const floorInProcessMs = httpInProcessMs + signMs + floor.ms
   const workerMs = (cpu.user + cpu.system) / 1000 / total
   const pgMs = pgCpu0 === undefined || pgCpu1 === undefined ? Number.NaN : (pgCpu1 - pgCpu0) / total
   yield* print(
@@ -537,33 +567,24 @@ const program = Effect.gen(function*() {
       (0.3 * bare).toFixed(0)
     }/s) ${cores} cores give ${budgetMs.toFixed(3)} ms CPU per delivery; the floor is ${
       floorMs.toFixed(3)
-    } ms (HTTP exchange ${httpMs.toFixed(3)} + signatures ${signMs.toFixed(3)} + PostgreSQL ${
+    } ms client-only (HTTP exchange, client side ${httpMs.toFixed(3)} + signatures ${signMs.toFixed(3)} + PostgreSQL ${
       floor.ms.toFixed(3)
-    }); this run spent ${(workerMs + pgMs).toFixed(3)} ms (worker process ${workerMs.toFixed(3)} + PostgreSQL ${
-      pgMs.toFixed(3)
-    })`
+    }), ${floorInProcessMs.toFixed(3)} ms in-process (HTTP exchange with the receivers' thread ${
+      httpInProcessMs.toFixed(3)
+    }); this run spent ${(workerMs + pgMs).toFixed(3)} ms (worker process, receivers' thread included, ${
+      workerMs.toFixed(3)
+    } + PostgreSQL ${pgMs.toFixed(3)})`
   )
   yield* print(
     `summary: deliveries/s ${throughput.toFixed(0)} | p50 ${percentile(sorted, 50).toFixed(1)} ms | p99 ${
       percentile(sorted, 99).toFixed(1)
     } ms | peak RSS ${mib(peakRss)} MiB | bare ${bare.toFixed(0)}/s | ratio ${
       (throughput / bare).toFixed(2)
-    } | SafeHttp alone ${safeHttpRate.toFixed(0)}/s | budget at 0.30 ${budgetMs.toFixed(3)} ms | floor ${
+    } | SafeHttp alone ${safeHttpRate.toFixed(0)}/s | budget at 0.30 ${budgetMs.toFixed(3)} ms | floor client-only ${
       floorMs.toFixed(3)
-    } ms | spent ${(workerMs + pgMs).toFixed(3)} ms`
+    } ms | floor in-process ${floorInProcessMs.toFixed(3)} ms | spent ${(workerMs + pgMs).toFixed(3)} ms`
   )
   yield* Fiber.interrupt(sampler)
 })
 
-Effect.runPromise(
-  program.pipe(
-    Effect.scoped,
-    Effect.provide(Logger.minimumLogLevel(LogLevel.Warning))
-  )
-).then(
-  () => process.exit(0),
-  (e: unknown) => {
-    process.stderr.write(`bench failed: ${String(e)}\n`)
-    process.exit(1)
-  }
-)
+runBench(program.pipe(Effect.scoped, Effect.provide(Logger.minimumLogLevel(LogLevel.Warning))))

@@ -11,8 +11,8 @@
  *   not firehook): bun build bench/intake.ts --target=node --packages=external --format=esm \
  *     --outfile=node_modules/.cache/fh-bench/intake.mjs && node node_modules/.cache/fh-bench/intake.mjs
  *
- * - Database: `DATABASE_URL` when set (a database `fh_bench_<random>` is created on that server and
- *   dropped afterwards), else an embedded PostgreSQL in a temporary directory (removed afterwards).
+ * - Database: `DATABASE_URL` when set (a database `fh_bench_intake_<pid>_<hex>` is created on that
+ *   server and dropped afterwards, bench/lifecycle.ts), else an embedded PostgreSQL in a temporary directory (removed afterwards).
  * - Registry: 10,000 valid, active webhook rows (`Registry.toRow` over validated records, one
  *   multi-row INSERT per 1,000) are written before the registry loads, by the child process (the
  *   seeding's memory is harness setup, not firehook's); 10% are backlink scopes, so all three
@@ -83,6 +83,7 @@ import { Registry, toRow } from "../src/services/registry/Registry.js"
 import * as RegistryModule from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
 import type { WebhookRow } from "../src/services/registry/RegistryStore.js"
+import { scopedBenchDatabase } from "./lifecycle.js"
 import {
   benchConfig,
   type FrameSet,
@@ -266,30 +267,15 @@ const startChild = (params: ChildParams) =>
 // ---------------------------------------------------------------------------------------------
 // the database
 
-const withAdmin = <A>(adminUrl: string, f: (c: pg.Client) => Promise<A>) =>
-  Effect.promise(async () => {
-    const client = new pg.Client({ connectionString: adminUrl, connectionTimeoutMillis: 10_000 })
-    await client.connect()
-    try {
-      return await f(client)
-    } finally {
-      await client.end()
-    }
-  })
-
 /** A fresh database on DATABASE_URL's server (dropped afterwards), or an embedded PostgreSQL. */
 const benchDatabase = Effect.gen(function*() {
-  const name = `fh_bench_${randomBytes(6).toString("hex")}`
   const external = process.env["DATABASE_URL"]
   if (external !== undefined && external.length > 0) {
-    yield* Effect.acquireRelease(
-      withAdmin(external, (c) => c.query(`CREATE DATABASE ${name}`)),
-      () => withAdmin(external, (c) => c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)).pipe(Effect.orDie)
-    )
-    const u = new URL(external)
-    u.pathname = `/${name}`
-    return { url: Redacted.make(u.toString()), where: "DATABASE_URL server" }
+    // fh_bench_intake_<pid>_<hex>, dropped with the scope; stale ones of gone processes dropped first
+    const { url } = yield* scopedBenchDatabase(external, "intake")
+    return { url, where: "DATABASE_URL server" }
   }
+  const name = `fh_bench_${randomBytes(6).toString("hex")}`
   const dir = yield* Effect.acquireRelease(
     Effect.sync(() => {
       const d = Fs.mkdtempSync(Path.join(Os.tmpdir(), "firehook-bench-pg-"))

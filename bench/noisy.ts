@@ -4,9 +4,10 @@
  *   node --import tsx bench/noisy.ts [seconds=90]
  *
  * One delivery worker (default settings: concurrency 64, 4 per origin, 10 s timeout, breaker at 20
- * consecutive transient failures, 60 s cool-down) against a real PostgreSQL (DATABASE_URL, else an
- * embedded one) and local receivers in a worker thread: 20 healthy ones (204 at once), one that
- * never answers (`hanging`) and one that always answers 503. Every 100 ms one processEvents
+ * consecutive transient failures, 60 s cool-down) against a real PostgreSQL (a throw-away database
+ * `fh_bench_noisy_<pid>_<hex>` on DATABASE_URL's server, dropped at the end; else an embedded one)
+ * and local receivers in a worker thread: 20 healthy ones (204 at once), one that never answers
+ * (`hanging`) and one that always answers 503. Every 100 ms one processEvents
  * transaction enqueues 10 deliveries to the healthy receivers (100/s in total, round robin), 5 to the
  * hanging one and 5 to the 503 one (50/s each), for `seconds`. The hanging origin's circuit opens at
  * its 20th timeout (about 50 s in, 4 requests at a time); from then on its backlog (50 rows/s) is the
@@ -32,6 +33,7 @@ import * as Health from "../src/services/platform/Health.js"
 import { parseAllowCidrs, SafeHttp } from "../src/services/platform/http/SafeHttp.js"
 import * as Lifecycle from "../src/services/platform/Lifecycle.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
+import { runBench } from "./lifecycle.js"
 import {
   benchConfig,
   benchDatabaseUrl,
@@ -141,7 +143,6 @@ const program = Effect.gen(function*() {
   const pipeline = yield* Layer.build(pipelineOn(url))
   const sql = Context.get(pipeline, SqlClient.SqlClient)
   const processor = Context.get(pipeline, Processor.Processor)
-  yield* sql`TRUNCATE outbox, delivery_events, delivery_attempts, audit, webhooks, tombstones, owners, prior_refs, quarantine`
   const d = config.delivery
   yield* print(
     `noisy bench: ${HEALTHY} healthy receivers at ${
@@ -223,15 +224,4 @@ const program = Effect.gen(function*() {
   )
 })
 
-Effect.runPromise(
-  program.pipe(
-    Effect.scoped,
-    Effect.provide(Logger.minimumLogLevel(LogLevel.Warning))
-  )
-).then(
-  () => process.exit(0),
-  (e: unknown) => {
-    process.stderr.write(`bench failed: ${String(e)}\n`)
-    process.exit(1)
-  }
-)
+runBench(program.pipe(Effect.scoped, Effect.provide(Logger.minimumLogLevel(LogLevel.Warning))))

@@ -25,6 +25,7 @@ import * as Registry from "../src/services/registry/Registry.js"
 import * as RegistryStore from "../src/services/registry/RegistryStore.js"
 import { plc } from "../test/matching/fixtures.js"
 import { commitFrame } from "../test/support/fakeJetstream.js"
+import { scopedBenchDatabase } from "./lifecycle.js"
 
 /**
  * The configuration from an environment map, as `testConfig` in test/support/stack.ts builds it
@@ -587,13 +588,16 @@ export const recordEvents = () => {
 }
 
 /**
- * The database a benchmark runs on: `DATABASE_URL` when set, else an embedded PostgreSQL in a
- * temporary directory (named after `tag`) that lives, and is removed, with the scope.
+ * The database a benchmark runs on: with `DATABASE_URL` set, a throw-away database
+ * `fh_bench_<tag>_<pid>_<hex>` created on that server and dropped with the scope (lifecycle.ts; the
+ * database `DATABASE_URL` names is never written to); else an embedded PostgreSQL in a temporary
+ * directory (named after `tag`) that lives, and is removed, with the scope. Empty either way: the
+ * caller's `Database.layerUrl` migrates it.
  */
 export const benchDatabaseUrl = (tag: string) =>
   Effect.gen(function*() {
     const external = process.env["DATABASE_URL"]
-    if (external !== undefined && external.length > 0) return Redacted.make(external)
+    if (external !== undefined && external.length > 0) return (yield* scopedBenchDatabase(external, tag)).url
     const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), `firehook-bench-${tag}-`))
     Fs.chmodSync(dir, 0o755)
     yield* Effect.addFinalizer(() => Effect.sync(() => Fs.rmSync(dir, { recursive: true, force: true })))
