@@ -26,7 +26,7 @@ import {
   WH
 } from "../support/devnet.js"
 import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
-import { type CliResult, exitWithin, freePort, runCli, spawnCli, waitFor } from "../support/proc.js"
+import { type CliResult, exitWithin, freePort, killUnlessExited, runCli, spawnCli, waitFor } from "../support/proc.js"
 import { expectOk, expectOneLineError, lines } from "./cli-expect.js"
 import { cborFrame, checked, FAKE_DID, type FakeXrpc, startFake } from "./owner-api-fake.js"
 
@@ -361,46 +361,51 @@ describe("firehook hooks: the owners' API commands", () => {
     // a tail started before the test send prints that delivery's outcome. Nothing tells when its
     // subscription is open, so: send a test, wait (bounded) for its line; at most a few sends.
     const tailing = spawnCli(["hooks", "tail", "--json"], gina.env)
-    type Outcome = { $type: string; id: string; rkey: string; event: string; status: string; httpStatus?: number }
-    const outcomes = () => lines(tailing.stdout()).map((l) => JSON.parse(l) as Outcome)
-    // its connection is open once the service's gauge counts it (bounded; the retries below
-    // remain for the moment between that and its demand reaching the delivery child)
-    const metrics = firehook.health.replace(/\/health$/, "/metrics")
-    await waitUntil(
-      async () =>
-        /^firehook_tail_connections(\{[^}]*\})? [1-9]/m.test(
-          await (await fetch(metrics, { signal: AbortSignal.timeout(2000) })).text()
-        ),
-      20_000,
-      "the tail's connection open"
-    ).catch(() => undefined)
     let testId = ""
-    for (let attempt = 0; attempt < 5 && testId === ""; attempt++) {
-      const tested = await hooks(gina.env, ["test", "hook", "--json"])
-      expectOk(tested)
-      const { id } = JSON.parse(tested.stdout) as { id: string }
-      expect(id).toMatch(/^whd_/)
-      const seen = await waitUntil(() => outcomes().some((o) => o.id === id), 20_000, "the test outcome on the tail")
-        .then(() => true, () => false)
-      if (seen) testId = id
-    }
-    expect(testId, `tail stdout: ${tailing.stdout()} stderr: ${tailing.stderr()}`).not.toBe("")
-    expect(outcomes().filter((o) => o.id === testId)).toEqual([
-      {
-        $type: "dev.firehook.webhook.subscribeDeliveries#outcome",
-        id: testId,
-        rkey: "hook",
-        event: "test",
-        status: "delivered",
-        httpStatus: 200,
-        at: expect.any(String)
+    try {
+      type Outcome = { $type: string; id: string; rkey: string; event: string; status: string; httpStatus?: number }
+      const outcomes = () => lines(tailing.stdout()).map((l) => JSON.parse(l) as Outcome)
+      // its connection is open once the service's gauge counts it (bounded; the retries below
+      // remain for the moment between that and its demand reaching the delivery child)
+      const metrics = firehook.health.replace(/\/health$/, "/metrics")
+      await waitUntil(
+        async () =>
+          /^firehook_tail_connections(\{[^}]*\})? [1-9]/m.test(
+            await (await fetch(metrics, { signal: AbortSignal.timeout(2000) })).text()
+          ),
+        20_000,
+        "the tail's connection open"
+      ).catch(() => undefined)
+      for (let attempt = 0; attempt < 5 && testId === ""; attempt++) {
+        const tested = await hooks(gina.env, ["test", "hook", "--json"])
+        expectOk(tested)
+        const { id } = JSON.parse(tested.stdout) as { id: string }
+        expect(id).toMatch(/^whd_/)
+        const seen = await waitUntil(() => outcomes().some((o) => o.id === id), 20_000, "the test outcome on the tail")
+          .then(() => true, () => false)
+        if (seen) testId = id
       }
-    ])
-    // the receiver got the test send, marked as a test
-    const testSends = rx.received.filter((r) => r.path === "/gina" && r.headers["x-firehook-test"] === "1")
-    expect(testSends.length).toBeGreaterThanOrEqual(1)
-    tailing.child.kill("SIGTERM")
-    expect(await tailing.exit).toBe(130)
+      expect(testId, `tail stdout: ${tailing.stdout()} stderr: ${tailing.stderr()}`).not.toBe("")
+      expect(outcomes().filter((o) => o.id === testId)).toEqual([
+        {
+          $type: "dev.firehook.webhook.subscribeDeliveries#outcome",
+          id: testId,
+          rkey: "hook",
+          event: "test",
+          status: "delivered",
+          httpStatus: 200,
+          at: expect.any(String)
+        }
+      ])
+      // the receiver got the test send, marked as a test
+      const testSends = rx.received.filter((r) => r.path === "/gina" && r.headers["x-firehook-test"] === "1")
+      expect(testSends.length).toBeGreaterThanOrEqual(1)
+      tailing.child.kill("SIGTERM")
+      expect(await tailing.exit).toBe(130)
+    } finally {
+      // a tail that did not stop must not outlive its test (it runs until it is stopped)
+      killUnlessExited(tailing.child)
+    }
 
     // the actions, each answered by the running firehook
     const sendsBefore = rx.received.filter((r) => r.path === "/gina").length
@@ -702,10 +707,14 @@ describe("firehook hooks: the owners' API commands", () => {
     // it runs until SIGTERM (Ctrl-C alike): the socket is closed, exit 130
     fake.onSubscribe = (ws) => ws.send(cborFrame({ op: 1, t: "#outcome" }, outcome))
     const running = spawnCli(["hooks", "tail"], env)
-    await waitUntil(() => lines(running.stdout()).length >= 1, 30_000, "the first tail line", running.stderr)
-    expect(fake.sockets.size).toBe(1)
-    running.child.kill("SIGTERM")
-    expect(await running.exit).toBe(130)
+    try {
+      await waitUntil(() => lines(running.stdout()).length >= 1, 30_000, "the first tail line", running.stderr)
+      expect(fake.sockets.size).toBe(1)
+      running.child.kill("SIGTERM")
+      expect(await running.exit).toBe(130)
+    } finally {
+      killUnlessExited(running.child)
+    }
     expect(lines(running.stdout())).toEqual([`${T0}  delivered    hook  create  whd_v1_0002  200`])
     await waitUntil(() => fake.sockets.size === 0, 10_000, "the subscription closed")
   }, 300_000)

@@ -10,7 +10,7 @@
  */
 import { Effect, Exit, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { spawnCli } from "../support/proc.js"
+import { killAllChildren, killUnlessExited, spawnCli } from "../support/proc.js"
 import { type FakePds, fakePds, PDS_DID, PDS_HANDLE, PDS_PASSWORD } from "./hook-records-fake-pds.js"
 import { FAKE_DID, type FakeXrpc, startFake } from "./owner-api-fake.js"
 
@@ -31,7 +31,8 @@ beforeAll(async () => {
           iss: PDS_DID,
           aud: call.query.get("aud"),
           lxm: call.query.get("lxm"),
-          exp: Number(call.query.get("exp"))
+          // a PDS's own default when the caller names no `exp` (the CLI names none): 60 s
+          exp: Number(call.query.get("exp") ?? Math.floor(Date.now() / 1000) + 60)
         })
       }.c2ln`
     }
@@ -40,6 +41,8 @@ beforeAll(async () => {
 }, 60_000)
 
 afterAll(async () => {
+  // a tail left running by a test that timed out (its `finally` never ran)
+  killAllChildren()
   await service?.close()
   await Effect.runPromise(Scope.close(scope, Exit.void))
 })
@@ -63,22 +66,28 @@ describe("stdout's reader goes away", () => {
         }
       }, 5)
     }
+    const running = spawnCli(["hooks", "tail"], {
+      ATPROTO_PDS: pds.url,
+      ATPROTO_IDENTIFIER: PDS_HANDLE,
+      ATPROTO_APP_PASSWORD: PDS_PASSWORD,
+      FIREHOOK_SERVICE_URL: service.url,
+      FIREHOOK_SERVICE_DID: FAKE_DID
+    })
     try {
-      const running = spawnCli(["hooks", "tail"], {
-        ATPROTO_PDS: pds.url,
-        ATPROTO_IDENTIFIER: PDS_HANDLE,
-        ATPROTO_APP_PASSWORD: PDS_PASSWORD,
-        FIREHOOK_SERVICE_URL: service.url,
-        FIREHOOK_SERVICE_DID: FAKE_DID
-      })
       // the first line read, then the reader goes away (as `head -n 1` does)
-      await new Promise<void>((resolve) => running.child.stdout?.once("data", () => resolve()))
+      // (or its exit: a CLI that failed fails the expectations below, it does not leave this waiting)
+      await Promise.race([
+        new Promise<void>((resolve) => running.child.stdout?.once("data", () => resolve())),
+        running.exit
+      ])
       running.child.stdout?.destroy()
       expect(await running.exit).toBe(141)
       expect(running.stderr()).toBe("")
       expect(pds.calls.map((c) => c.nsid)).toContain("com.atproto.server.deleteSession")
     } finally {
       clearInterval(timer)
+      // a tail that did not stop must not outlive its test (it runs until it is stopped)
+      killUnlessExited(running.child)
     }
   }, 60_000)
 })

@@ -11,7 +11,8 @@ import * as Path from "node:path"
 import pg from "pg"
 import { afterAll, describe, expect, inject, it } from "vitest"
 import { MIGRATION_LOCK_KEY } from "../../src/services/platform/Migrations.js"
-import { exitWithin, freePort, startFirehook } from "../support/proc.js"
+import { databaseUrl, runDatabaseName } from "../support/pgAdmin.js"
+import { exitWithin, freePort, killUnlessExited, type Running, startFirehook } from "../support/proc.js"
 
 const dirs: Array<string> = []
 afterAll(() => {
@@ -41,17 +42,18 @@ const SHUTDOWN_TIMEOUT_MS = 5000
 describe("a signal during startup", () => {
   const signalWhileMigrating = (signal: "SIGTERM" | "SIGHUP") => async () => {
     const admin = inject("pgAdminUrl")
-    const name = `fh_e2e_sig_${Date.now().toString(36)}`
+    // named for the run: globalSetup drops it if this worker dies before the `finally` below
+    const name = runDatabaseName(inject("pgRunTag"))
     await adminQuery(admin, `CREATE DATABASE ${name}`)
-    const u = new URL(admin)
-    u.pathname = `/${name}`
-    const holder = new pg.Client({ connectionString: u.toString() })
-    await holder.connect()
+    const url = databaseUrl(admin, name)
+    const holder = new pg.Client({ connectionString: url })
+    let running: Running | undefined
     try {
+      await holder.connect()
       await holder.query("BEGIN")
       await holder.query("SELECT pg_advisory_xact_lock($1)", [MIGRATION_LOCK_KEY])
-      const running = startFirehook({
-        DATABASE_URL: u.toString(),
+      running = startFirehook({
+        DATABASE_URL: url,
         FIREHOOK_DATA_DIR: tmpDir(),
         HEALTH_PORT: String(await freePort()),
         SHUTDOWN_TIMEOUT_MS: String(SHUTDOWN_TIMEOUT_MS),
@@ -84,8 +86,10 @@ describe("a signal during startup", () => {
       // the waiting migration was cancelled, not left behind
       expect(Number((await adminQuery(admin, WAITING, [name]))[0]?.["n"])).toBe(0)
     } finally {
+      // a firehook the test did not see exit (a failed expectation) must not outlive it
+      if (running !== undefined) killUnlessExited(running.child)
       await holder.query("ROLLBACK").catch(() => undefined)
-      await holder.end()
+      await holder.end().catch(() => undefined)
       await adminQuery(admin, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
     }
   }

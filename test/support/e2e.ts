@@ -104,8 +104,8 @@ export const startDeployment = async (dataDir: string, env: Record<string, strin
 
 /**
  * The end of a devnet file (its `afterAll`): firehook, when still running, stopped by SIGTERM, which
- * must end it cleanly (exit 0 within 15 s); then the network, the receivers' scope, and the file's
- * databases and directories.
+ * must end it cleanly (exit 0 within 15 s); then, whether it did or not, the network, the receivers'
+ * scope, and the file's databases and directories.
  */
 export const closeDevnetFile = async (parts: {
   readonly firehook: Deployment | undefined
@@ -114,13 +114,23 @@ export const closeDevnetFile = async (parts: {
   readonly res: ReturnType<typeof e2eResources>
 }) => {
   const { firehook } = parts
-  if (
-    firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null
-  ) {
-    firehook.running.child.kill("SIGTERM")
-    expect((await exitWithin(firehook.running, 15_000)).code).toBe(0)
-  }
-  await parts.devnet?.close()
-  await Effect.runPromise(Scope.close(parts.scope, Exit.void))
-  await parts.res.cleanup()
+  const steps: ReadonlyArray<() => Promise<void>> = [
+    async () => {
+      if (
+        firehook !== undefined && firehook.running.child.exitCode === null && firehook.running.child.signalCode === null
+      ) {
+        firehook.running.child.kill("SIGTERM")
+        expect((await exitWithin(firehook.running, 15_000)).code).toBe(0)
+      }
+    },
+    async () => await parts.devnet?.close(),
+    () => Effect.runPromise(Scope.close(parts.scope, Exit.void)),
+    () => parts.res.cleanup()
+  ]
+  // every step runs whatever the one before it did (a firehook that did not stop cleanly must not
+  // leave the network, the receivers, the databases and the directories behind); the first
+  // failure (an assertion) still fails the file
+  const failures: Array<unknown> = []
+  for (const step of steps) await step().catch((e: unknown) => void failures.push(e))
+  if (failures.length > 0) throw failures[0]
 }

@@ -118,21 +118,57 @@ export interface CliResult {
 /** The CLI's sources, as `npx firehook` (bin/firehook.mjs) runs them. */
 export const SOURCE_CLI = "src/cli/main.ts"
 
+/** How long `runCli` waits for the CLI to exit before it kills it (SIGKILL) and fails. */
+export const CLI_EXIT_TIMEOUT_MS = 60_000
+
+export interface CliOptions {
+  /** kill the CLI (SIGKILL) and reject when it has not exited by then; `CLI_EXIT_TIMEOUT_MS` unless given */
+  readonly timeoutMs?: number
+  /** kill the CLI (SIGKILL) when this aborts: `Effect.promise((signal) => runCli(..., { signal }))` */
+  readonly signal?: AbortSignal
+}
+
 /**
  * Run the CLI (`firehook <args>`: the bundle of `src/cli/main.ts` that globalSetup built, see
- * cliBundle.ts) with only `env` (plus PATH/HOME) and collect its output.
+ * cliBundle.ts) with only `env` (plus PATH/HOME) and collect its output. A CLI that does not exit
+ * within `options.timeoutMs` is killed and the promise rejects (a hung command must not outlive
+ * its test, nor leave the test waiting for vitest's timeout, which does not stop the child).
  */
 export const runCli = (
   args: ReadonlyArray<string>,
   env: Record<string, string>,
   /** the script Bun runs: the bundle, or `SOURCE_CLI` (the sources, as `npx firehook` runs them) */
-  entry: string = inject("cliBundle")
+  entry: string = inject("cliBundle"),
+  options: CliOptions = {}
 ): Promise<CliResult> => {
+  const ms = options.timeoutMs ?? CLI_EXIT_TIMEOUT_MS
   const running = spawnCli(args, env, entry)
-  return running.exit.then((code) => ({ code, stdout: running.stdout(), stderr: running.stderr() }))
+  const kill = () => running.child.kill("SIGKILL")
+  if (options.signal?.aborted === true) kill()
+  options.signal?.addEventListener("abort", kill, { once: true })
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      kill()
+      reject(
+        new Error(
+          `firehook ${args.join(" ")} did not exit within ${ms} ms (killed); stderr: ${running.stderr().slice(-2000)}`
+        )
+      )
+    }, ms)
+  })
+  const exited = running.exit.then((code) => ({ code, stdout: running.stdout(), stderr: running.stderr() }))
+  return Promise.race([exited, timeout]).finally(() => {
+    clearTimeout(timer)
+    options.signal?.removeEventListener("abort", kill)
+  })
 }
 
-/** A running CLI (as `runCli` runs it) whose output can be read while it runs. */
+/**
+ * A running CLI (as `runCli` runs it) whose output can be read while it runs. It is one of
+ * `children` until it exits (`killAllChildren` ends it); a test that runs one until it stops it
+ * kills it in its `finally`.
+ */
 export const spawnCli = (
   args: ReadonlyArray<string>,
   env: Record<string, string>,
@@ -143,10 +179,18 @@ export const spawnCli = (
     env: { PATH: process.env["PATH"] ?? "", HOME: process.env["HOME"] ?? "/tmp", ...env },
     stdio: ["ignore", "pipe", "pipe"]
   })
+  children.add(child)
+  child.once("exit", () => children.delete(child))
+  child.once("error", () => children.delete(child))
   let stdout = ""
   let stderr = ""
   child.stdout?.on("data", (d: Buffer) => (stdout += d.toString("utf8")))
   child.stderr?.on("data", (d: Buffer) => (stderr += d.toString("utf8")))
   const exit = new Promise<number | null>((r) => child.on("close", (code) => r(code)))
   return { child, stdout: () => stdout, stderr: () => stderr, exit }
+}
+
+/** SIGKILL `child` unless it has exited (a test's `finally` for a child it runs until it stops it). */
+export const killUnlessExited = (child: ChildProcess): void => {
+  if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL")
 }
