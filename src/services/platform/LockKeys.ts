@@ -16,7 +16,8 @@ export const MAINTENANCE = 7_231_003
 export const RECONCILE = 7_231_004
 /**
  * Session lock namespace (the first key of the two-key form): the liveness mark of a delivery
- * worker, `pg_try_advisory_lock(WORKER_ALIVE, hashtext(workerId))`, held on its claim connection
+ * worker, `pg_try_advisory_lock_shared(WORKER_ALIVE, hashtext(workerId))` (shared, so that a replacement
+ * claim connection takes it before the old one lets it go), held on its claim connection
  * for its lifetime (`DeliveryStore`, SPEC §4.1). Two-key locks never collide with the one-key
  * locks above (PostgreSQL tells them apart by `objsubid`).
  */
