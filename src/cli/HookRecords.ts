@@ -35,7 +35,10 @@ export { HooksFailed, type HooksFailureReason, HooksInvalid } from "./HookErrors
 // Connection and environment
 
 export const DEFAULT_PDS = "https://bsky.social"
-/** a service token lives this long (`getServiceAuth`'s `exp`, SPEC §8.6) */
+/**
+ * a service token lives this long (SPEC §8.6): the PDS's default when `getServiceAuth` is given no
+ * `exp`, counted by the PDS's clock (the CLI sends none)
+ */
 export const SERVICE_TOKEN_TTL_SECONDS = 60
 /** every PDS call is bounded by this */
 export const DEFAULT_CALL_TIMEOUT = Duration.seconds(20)
@@ -575,16 +578,12 @@ export const make = (conn: Connection, options: HooksOptions): Effect.Effect<Hoo
     if (!isSafeEndpoint(agent.pdsUrl)) return yield* failed("pds", "the account's PDS (DID document) is not https://")
 
     const session: Session = { agent, did, allowInsecureDev, call }
+    // no `exp`: the PDS gives the token iat + 60 s by its own clock (an `exp` from this machine's
+    // clock is refused when the clock is slow, and lives too long when it is fast)
     const serviceToken = (aud: string, lxm: string) =>
-      Effect.flatMap(
-        Clock.currentTimeMillis,
-        (now) =>
-          call("getServiceAuth", (signal) =>
-            agent.com.atproto.server.getServiceAuth(
-              { aud, lxm, exp: Math.floor(now / 1000) + SERVICE_TOKEN_TTL_SECONDS },
-              { signal }
-            ))
-      ).pipe(Effect.map((res) => Redacted.make(res.data.token)))
+      call("getServiceAuth", (signal) => agent.com.atproto.server.getServiceAuth({ aud, lxm }, { signal })).pipe(
+        Effect.map((res) => Redacted.make(res.data.token))
+      )
     return {
       did,
       create: createIn(session),

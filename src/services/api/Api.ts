@@ -232,6 +232,7 @@ export const start = <E, R>(server: Layer.Layer<HttpServer.HttpServer, E, R>, sc
   Effect.gen(function*() {
     const config = yield* FirehookConfig
     const lifecycle = yield* Lifecycle
+    yield* ApiConfig.logStartupWarnings(config.api)
     const apiScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
     const context = yield* Layer.buildWithScope(serve(server).pipe(Layer.provide(layerSql(config))), apiScope)
     const address = yield* HttpServer.addressWith((a) => Effect.succeed(Listener.logAddress(a))).pipe(

@@ -12,6 +12,10 @@
  * - `SERVICE_DID` (default `did:web:<host of PUBLIC_URL>`, with the port as `%3A<port>` when the
  *   URL names one, as did:web does): a canonical `did:plc`/`did:web`, or a `did:web` with a port.
  *   Without `PUBLIC_URL`, `SERVICE_DID` alone configures the API (no `/.well-known/did.json`).
+ *   A `did:web` with a port on a host other than `localhost` is kept (a PDS proxying calls still
+ *   resolves it), but atproto PDSes mint no service-auth tokens for it (`getServiceAuth` refuses
+ *   the `aud`), so owners cannot get tokens themselves: `Api.start` logs one warning
+ *   ({@link startupWarnings}).
  * - `API_TRUST_PROXY` (`0`/`1`): `1` takes the client address from the first `X-Forwarded-For` hop.
  * - The numbers of SPEC §8.2 and §8.3 (defaults as there; the SPEC's preamble makes every number
  *   configurable): the rate limits per minute (`API_AUTH_FAILURES_PER_MINUTE` per client address,
@@ -111,6 +115,28 @@ export const didWebOf = (origin: string): string | undefined => {
   const did = u.port === "" ? `did:web:${u.hostname}` : `did:web:${u.hostname}%3A${u.port}`
   return isServiceDid(did) ? did : undefined
 }
+
+/**
+ * Whether atproto refuses `did` as a service token's `aud`: a `did:web` with a port whose host is
+ * not `localhost` (atproto allows a port in a did:web only for localhost).
+ */
+export const isPortDidRefusedByPds = (did: string): boolean => {
+  const m = DID_WEB_WITH_PORT.exec(did)
+  return m !== null && m[1] !== "localhost"
+}
+
+/** The warning of a service DID PDSes mint no tokens for (no URL or DID value in it). */
+export const SERVICE_DID_PORT_WARNING =
+  "SERVICE_DID is a did:web with a port (the default for a PUBLIC_URL with a port): atproto PDSes mint " +
+  "no service-auth tokens for it, so owners' CLI commands fail; set SERVICE_DID"
+
+/** The section's startup warnings (fixed texts: never a URL or a DID); `Api.start` logs them. */
+export const startupWarnings = (section: Pick<ApiSection, "serviceDid">): ReadonlyArray<string> =>
+  Option.exists(section.serviceDid, isPortDidRefusedByPds) ? [SERVICE_DID_PORT_WARNING] : []
+
+/** Logs {@link startupWarnings}, one line each. */
+export const logStartupWarnings = (section: Pick<ApiSection, "serviceDid">): Effect.Effect<void> =>
+  Effect.forEach(startupWarnings(section), (w) => Effect.logWarning(w), { discard: true })
 
 const publicUrlRule = (insecure: boolean): StringRule => ({
   test: (s) => parsePublicUrl(s, insecure) !== undefined,

@@ -25,7 +25,9 @@
  * purpose: after a rotation the receiver must verify with the new token, and a long cache would
  * keep signing with the old one.
  *
- * Bound (decision): at most 1,000 secrets per owner (`limit_reached`), so `list` is bounded.
+ * Bound (decision): at most 1,000 secrets per owner (`limit_reached`), so `list` is bounded; through the
+ * owners' API (`createAsCaller`), an owner firehook knows no webhook record of (no `webhooks` or `rejected_records`
+ * row) at most 10, and all such owners together at most 100,000: DIDs are free to mint (SPEC §7).
  */
 import { SqlClient } from "@effect/sql"
 import { Clock, Context, Data, Duration, Effect, Either, Layer, Option, Redacted, Ref } from "effect"
@@ -40,46 +42,34 @@ import * as Reseal from "./SecretsReseal.js"
 import type { EnvelopeSwap, ResealResult, SealedRow, SecretKey } from "./SecretsReseal.js"
 
 export { SecretUnavailable }
-export {
-  MAX_RESEAL_PAGES,
-  MAX_RESEAL_PASSES,
-  RESEAL_PAGE_SIZE,
-  RESEAL_START,
-  resealPasses,
-  type ResealResult,
-  type ResealRun,
-  type SecretKey
-} from "./SecretsReseal.js"
+export { MAX_RESEAL_PAGES, MAX_RESEAL_PASSES, RESEAL_PAGE_SIZE, RESEAL_START, resealPasses } from "./SecretsReseal.js"
+export type { ResealResult, ResealRun, SecretKey } from "./SecretsReseal.js"
 
 /** `secretId` / secret names (SPEC §1). */
 export const SECRET_NAME = /^[A-Za-z0-9._-]{1,64}$/
 
 /** Hard bound on secrets per owner. */
 export const MAX_SECRETS_PER_OWNER = 1_000
+/** Secrets an API caller may hold before firehook knows a webhook record of it (`createAsCaller`). */
+export const MAX_SECRETS_BEFORE_RECORD = 10
+/** Secrets all such callers together may hold (default of `SecretsOptions.beforeRecordTotal`). */
+export const MAX_SECRETS_BEFORE_RECORD_TOTAL = 100_000
 
-export type SecretsErrorReason =
-  | "invalid_owner"
-  | "invalid_name"
-  | "invalid_token"
-  | "already_exists"
-  | "not_found"
-  | "limit_reached"
-  | "no_key"
-  | "invalid_key"
-  | "store"
-
-const MESSAGES: { readonly [R in SecretsErrorReason]: string } = {
+const MESSAGES = {
   invalid_owner: "the owner must be a canonical DID (did:plc or did:web)",
   invalid_name: "the secret name must match ^[A-Za-z0-9._-]{1,64}$",
   invalid_token: "a caller-supplied token must be 32-256 printable ASCII characters without whitespace",
   already_exists: "a secret with this name already exists for this owner",
   not_found: "no secret with this name exists for this owner",
   limit_reached: `an owner may have at most ${MAX_SECRETS_PER_OWNER} secrets`,
+  limit_before_record: `at most ${MAX_SECRETS_BEFORE_RECORD} secrets before your first webhook record`,
+  before_record_full: "the secrets of callers without a webhook record are at their overall bound",
   no_key: "WEBHOOK_SECRET_ENCRYPTION_KEY is not set: a current encryption key is needed to create or rotate secrets",
   invalid_key:
     "the secret encryption keyring is invalid (WEBHOOK_SECRET_ENCRYPTION_KEY / WEBHOOK_SECRET_ENCRYPTION_PREVIOUS_KEYS)",
   store: "the secrets table could not be read or written"
 }
+export type SecretsErrorReason = keyof typeof MESSAGES
 
 /** A failed secrets operation. Carries a reason (and a SQLSTATE for `store`), never a value. */
 export class SecretsError extends Data.TaggedError("SecretsError")<{
@@ -93,16 +83,14 @@ export class SecretsError extends Data.TaggedError("SecretsError")<{
   }
 }
 
-export interface SecretInfo {
-  readonly name: string
-  readonly createdAt: Date
-  readonly rotatedAt: Date | undefined
-}
-
 /** The times a write stored, as the write itself returned them. */
 export interface StoredTimes {
   readonly createdAt: Date
   readonly rotatedAt: Date | undefined
+}
+
+export interface SecretInfo extends StoredTimes {
+  readonly name: string
 }
 
 /** A token just issued by `create` / `rotate` (shown once), with the times its write stored. */
@@ -115,6 +103,8 @@ export interface SecretsShape {
   readonly resolve: (ownerDid: string, name: string) => Effect.Effect<string, SecretUnavailable>
   /** Store a new secret; returns the token (shown once). Fails `already_exists` if it exists. */
   readonly create: (ownerDid: string, name: string, token?: string) => Effect.Effect<IssuedSecret, SecretsError>
+  /** `create` by the owner itself (the owners' API): the before-record bounds apply too (module doc). */
+  readonly createAsCaller: (ownerDid: string, name: string) => Effect.Effect<IssuedSecret, SecretsError>
   /** Replace an existing secret's token; returns the new token. Fails `not_found` if missing. */
   readonly rotate: (
     ownerDid: string,
@@ -138,6 +128,8 @@ export interface SecretsOptions {
   readonly cacheTtl?: Duration.DurationInput
   /** cached entries at most — default 1,024 */
   readonly cacheCapacity?: number
+  /** `createAsCaller`'s overall bound — default {@link MAX_SECRETS_BEFORE_RECORD_TOTAL} */
+  readonly beforeRecordTotal?: number
 }
 
 export const DEFAULT_CACHE_TTL = Duration.seconds(10)
@@ -147,21 +139,23 @@ export const DEFAULT_CACHE_CAPACITY = 1_024
 // ---------------------------------------------------------------------------------------------
 // Storage (envelopes only; never a clear token)
 
-export interface StoredSecret {
+export interface StoredSecret extends StoredTimes {
   readonly envelope: string
-  readonly createdAt: Date
-  readonly rotatedAt: Date | undefined
 }
 
 /** Raw persistence; errors are SQLSTATE-like codes. */
 export interface SecretsStoreShape {
   readonly get: (ownerDid: string, name: string) => Effect.Effect<string | undefined, SecretsError>
-  /** the stored `created_at` (from the INSERT itself), or why nothing was inserted */
+  /**
+   * the stored `created_at` (from the INSERT itself), or why nothing was inserted; `beforeRecordTotal`
+   * (`createAsCaller`): the before-record bounds too (SQL store only: the memory store knows no records)
+   */
   readonly insert: (
     ownerDid: string,
     name: string,
-    envelope: string
-  ) => Effect.Effect<{ readonly createdAt: Date } | "exists" | "limit", SecretsError>
+    envelope: string,
+    beforeRecordTotal?: number
+  ) => Effect.Effect<{ readonly createdAt: Date } | InsertRefusal, SecretsError>
   /** the stored times (from the UPDATE itself), or undefined when no row was updated */
   readonly update: (
     ownerDid: string,
@@ -190,11 +184,13 @@ const storeError = (e: unknown) => new SecretsError({ reason: "store", code: cod
 
 /** Every secrets statement is bounded (SPEC §7); a read runs inside a delivery attempt's slot. */
 const STORE_TIMEOUT = "15 seconds"
-const bounded = <A, R>(eff: Effect.Effect<A, SecretsError, R>): Effect.Effect<A, SecretsError, R> =>
-  Effect.timeoutFail(eff, {
-    duration: STORE_TIMEOUT,
-    onTimeout: () => new SecretsError({ reason: "store", code: "timeout" })
-  })
+const timedOut = () => new SecretsError({ reason: "store", code: "timeout" })
+/** a statement's errors as `store` errors, and its time bounded */
+const stored = <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, SecretsError, R> =>
+  Effect.timeoutFail(Effect.mapError(eff, storeError), { duration: STORE_TIMEOUT, onTimeout: timedOut })
+
+/** Why `insert` stored nothing. */
+export type InsertRefusal = "exists" | "limit" | "limit_before_record" | "before_record_full"
 
 export const makeSqlStore = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
@@ -202,28 +198,45 @@ export const makeSqlStore = Effect.gen(function*() {
     get: (ownerDid, name) =>
       sql<{ envelope: string }>`SELECT envelope FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`.pipe(
         Effect.map((rows) => rows[0]?.envelope),
-        Effect.mapError(storeError),
-        bounded
+        stored
       ),
-    insert: (ownerDid, name, envelope) =>
+    insert: (ownerDid, name, envelope, beforeRecordTotal) =>
       Effect.gen(function*() {
         // One owner's creates one at a time, until commit (another owner whose DID hashes alike
         // waits too, harmlessly): the INSERT's snapshot, taken after the lock (READ COMMITTED, the
         // default), counts every create committed before it, so concurrent creates cannot pass the
-        // bound together. The INSERT checks the bound and uniqueness in one statement.
-        yield* sql`SELECT pg_advisory_xact_lock(${SECRETS_OWNER}::int, hashtext(${ownerDid}))`
+        // bound together. The INSERT checks the bound and uniqueness in one statement. `known`:
+        // firehook knows a webhook record of the owner (a valid one, or one it refused).
+        const [owner] = yield* sql<{ known: boolean }>`
+          SELECT pg_advisory_xact_lock(${SECRETS_OWNER}::int, hashtext(${ownerDid})), (
+            EXISTS (SELECT 1 FROM webhooks WHERE owner_did = ${ownerDid})
+            OR EXISTS (SELECT 1 FROM rejected_records WHERE owner_did = ${ownerDid})) AS known`
+        const refused = (why: InsertRefusal) =>
+          Effect.map(
+            sql`SELECT 1 AS n FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`,
+            (rows) => (rows.length > 0 ? ("exists" as const) : why)
+          )
+        let bound = MAX_SECRETS_PER_OWNER
+        if (beforeRecordTotal !== undefined && owner?.known !== true) {
+          // and all creates of owners without a record, one at a time (after the owner's lock: no deadlock)
+          yield* sql`SELECT pg_advisory_xact_lock(${SECRETS_OWNER}::int, -1)`
+          const held = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM (
+            SELECT 1 FROM secrets s WHERE NOT EXISTS (SELECT 1 FROM webhooks w WHERE w.owner_did = s.owner_did)
+              AND NOT EXISTS (SELECT 1 FROM rejected_records r WHERE r.owner_did = s.owner_did)
+            LIMIT ${beforeRecordTotal}) pending`
+          if ((held[0]?.n ?? 0) >= beforeRecordTotal) return yield* refused("before_record_full")
+          bound = MAX_SECRETS_BEFORE_RECORD
+        }
         const inserted = yield* sql<{ created_at: Date }>`
           INSERT INTO secrets (owner_did, name, envelope)
           SELECT ${ownerDid}, ${name}, ${envelope}
-          WHERE (SELECT count(*) FROM secrets WHERE owner_did = ${ownerDid}) < ${MAX_SECRETS_PER_OWNER}
+          WHERE (SELECT count(*) FROM secrets WHERE owner_did = ${ownerDid}) < ${bound}
           ON CONFLICT (owner_did, name) DO NOTHING
           RETURNING created_at`
         const row = inserted[0]
         if (row !== undefined) return { createdAt: new Date(row.created_at) }
-        const existing = yield* sql<{ n: number }>`
-          SELECT 1 AS n FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name}`
-        return existing.length > 0 ? ("exists" as const) : ("limit" as const)
-      }).pipe(sql.withTransaction, Effect.mapError(storeError), bounded),
+        return yield* refused(bound === MAX_SECRETS_PER_OWNER ? "limit" : "limit_before_record")
+      }).pipe(sql.withTransaction, stored),
     update: (ownerDid, name, envelope) =>
       sql<{ created_at: Date; rotated_at: Date }>`
         UPDATE secrets SET envelope = ${envelope}, rotated_at = now()
@@ -232,14 +245,12 @@ export const makeSqlStore = Effect.gen(function*() {
         Effect.map(([row]) =>
           row === undefined ? undefined : { createdAt: new Date(row.created_at), rotatedAt: new Date(row.rotated_at) }
         ),
-        Effect.mapError(storeError),
-        bounded
+        stored
       ),
     delete: (ownerDid, name) =>
       sql<{ name: string }>`DELETE FROM secrets WHERE owner_did = ${ownerDid} AND name = ${name} RETURNING name`.pipe(
         Effect.map((rows) => rows.length > 0),
-        Effect.mapError(storeError),
-        bounded
+        stored
       ),
     list: (ownerDid) =>
       sql<{ name: string; created_at: Date; rotated_at: Date | null }>`
@@ -252,8 +263,7 @@ export const makeSqlStore = Effect.gen(function*() {
             rotatedAt: r.rotated_at === null ? undefined : new Date(r.rotated_at)
           }))
         ),
-        Effect.mapError(storeError),
-        bounded
+        stored
       ),
     sealedElsewhere: (keyId, after, limit) =>
       sql<{ owner_did: string; name: string; envelope: string }>`
@@ -261,8 +271,7 @@ export const makeSqlStore = Effect.gen(function*() {
         WHERE (owner_did, name) > (${after.ownerDid}, ${after.name}) AND split_part(envelope, '.', 2) <> ${keyId}
         ORDER BY owner_did, name LIMIT ${limit}`.pipe(
         Effect.map((rows) => rows.map((r) => ({ ownerDid: r.owner_did, name: r.name, envelope: r.envelope }))),
-        Effect.mapError(storeError),
-        bounded
+        stored
       ),
     swap: (rows) =>
       rows.length === 0 ? Effect.succeed(0) : sql<{ name: string }>`
@@ -272,8 +281,7 @@ export const makeSqlStore = Effect.gen(function*() {
         WHERE s.owner_did = v.owner_did AND s.name = v.name AND s.envelope = v.prev
         RETURNING s.name`.pipe(
         Effect.map((updated) => updated.length),
-        Effect.mapError(storeError),
-        bounded
+        stored
       )
   }
   return store
@@ -290,7 +298,7 @@ export const makeMemoryStore = Effect.gen(function*() {
       Effect.flatMap(
         now,
         (createdAt) =>
-          Ref.modify(rows, (m): readonly [{ readonly createdAt: Date } | "exists" | "limit", Rows] => {
+          Ref.modify(rows, (m): readonly [{ readonly createdAt: Date } | InsertRefusal, Rows] => {
             const key = cacheKey(ownerDid, name)
             if (m.has(key)) return ["exists", m]
             let owned = 0
@@ -309,11 +317,8 @@ export const makeMemoryStore = Effect.gen(function*() {
         })),
     delete: (ownerDid, name) =>
       Ref.modify(rows, (m) => {
-        const key = cacheKey(ownerDid, name)
-        if (!m.has(key)) return [false, m]
         const next = new Map(m)
-        next.delete(key)
-        return [true, next]
+        return [next.delete(cacheKey(ownerDid, name)), next]
       }),
     list: (ownerDid) =>
       Ref.get(rows).pipe(
@@ -349,20 +354,12 @@ export const makeMemoryStore = Effect.gen(function*() {
 export const keyringFromConfig = (
   config: Pick<FirehookConfigShape, "secrets">
 ): Either.Either<SecretBox.Keyring, SecretsError> => {
-  const invalid = new SecretsError({ reason: "invalid_key" })
-  let current: Uint8Array | undefined
-  if (Option.isSome(config.secrets.encryptionKey)) {
-    const parsed = SecretBox.parseKey(Redacted.value(config.secrets.encryptionKey.value))
-    if (Either.isLeft(parsed)) return Either.left(invalid)
-    current = parsed.right
-  }
-  let previous: ReadonlyArray<Uint8Array> = []
-  if (Option.isSome(config.secrets.previousKeys)) {
-    const parsed = SecretBox.parseKeyList(Redacted.value(config.secrets.previousKeys.value))
-    if (Either.isLeft(parsed)) return Either.left(invalid)
-    previous = parsed.right
-  }
-  return Either.mapLeft(SecretBox.makeKeyring(current, previous), () => invalid)
+  const { encryptionKey: key, previousKeys: keys } = config.secrets
+  return Either.gen(function*() {
+    const current = Option.isSome(key) ? yield* SecretBox.parseKey(Redacted.value(key.value)) : undefined
+    const previous = Option.isSome(keys) ? yield* SecretBox.parseKeyList(Redacted.value(keys.value)) : []
+    return yield* SecretBox.makeKeyring(current, previous)
+  }).pipe(Either.mapLeft(() => new SecretsError({ reason: "invalid_key" })))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -489,13 +486,14 @@ export const make = (
       return token
     })
 
-    const create = Effect.fn("Secrets.create")(function*(ownerDid: string, name: string, token?: string) {
-      yield* checkIds(ownerDid, name)
+    const create = Effect.fn("Secrets.create")(function*(owner: string, name: string, token?: string, total?: number) {
+      yield* checkIds(owner, name)
       const sealed = yield* sealNew(keyring, token)
-      const result = yield* store.insert(ownerDid, name, sealed.envelope)
+      const result = yield* store.insert(owner, name, sealed.envelope, total)
       if (result === "exists") return yield* Effect.fail(new SecretsError({ reason: "already_exists" }))
       if (result === "limit") return yield* Effect.fail(new SecretsError({ reason: "limit_reached" }))
-      yield* cache.invalidate(cacheKey(ownerDid, name))
+      if (typeof result === "string") return yield* Effect.fail(new SecretsError({ reason: result }))
+      yield* cache.invalidate(cacheKey(owner, name))
       return { token: sealed.token, createdAt: result.createdAt, rotatedAt: undefined }
     })
 
@@ -523,6 +521,8 @@ export const make = (
     const shape: SecretsShape = {
       resolve,
       create: (ownerDid, name, token) => create(ownerDid, name, token),
+      createAsCaller: (did, name) =>
+        create(did, name, undefined, options.beforeRecordTotal ?? MAX_SECRETS_BEFORE_RECORD_TOTAL),
       rotate: (ownerDid, name, token) => rotate(ownerDid, name, token),
       remove,
       list,

@@ -24,6 +24,7 @@ export const RECONCILE = 7_231_004
 export const WORKER_ALIVE = 7_231_005
 /**
  * Transaction lock namespace (two-key form): one owner's secret creates, one at a time,
- * `pg_advisory_xact_lock(SECRETS_OWNER, hashtext(ownerDid))` (`Secrets`: the per-owner bound).
+ * `pg_advisory_xact_lock(SECRETS_OWNER, hashtext(ownerDid))` (`Secrets`: the per-owner bound), and
+ * `(SECRETS_OWNER, -1)` after it for the bound on all callers without a webhook record.
  */
 export const SECRETS_OWNER = 7_231_006
