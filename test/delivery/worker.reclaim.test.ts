@@ -300,11 +300,16 @@ describe("rows of a dead worker", () => {
           const failed = yield* sql.withTransaction(Effect.gen(function*() {
             yield* sql`LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`
             const claim = yield* Effect.fork(Effect.either(a.claim("worker-a", 1, 60_000)))
+            // inside a transaction pg_stat_activity is a snapshot taken at its first read: cleared
+            // before each read, or a claim not yet waiting at the first one would never be seen
             const waiting = yield* eventually(
               "A's claim waiting",
-              sql<{ pid: number }>`SELECT pid FROM pg_stat_activity
-                WHERE datname = current_database() AND application_name = 'fh-store-a'
-                  AND wait_event_type = 'Lock'`,
+              Effect.zipRight(
+                sql`SELECT pg_stat_clear_snapshot()`,
+                sql<{ pid: number }>`SELECT pid FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name = 'fh-store-a'
+                    AND wait_event_type = 'Lock'`
+              ),
               (rows) => rows.length === 1
             )
             yield* sql`SELECT pg_cancel_backend(${waiting[0]?.pid ?? 0})`
