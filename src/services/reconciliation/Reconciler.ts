@@ -204,24 +204,29 @@ export const defaultLimits: ReconcileLimits = {
 }
 
 /**
- * The limits of a configuration (`RECONCILE_*`; their defaults are those of {@link defaultLimits},
- * SPEC §5.3); the others are {@link defaultLimits}'.
- */
-/**
  * A scan's deadline (after its begin): half the stale-scan threshold, so that a scan still running
  * is never taken for a crashed one (`scan_crashed`, RetryScheduler); the other half covers the begin,
  * the failure mark and the database's clock being read at different moments.
  */
 export const scanDeadlineMs = (staleScanMs: number): number => Math.max(1, Math.floor(staleScanMs / 2))
 
-export const limitsFromConfig = (reconcile: FirehookConfigShape["reconcile"]): ReconcileLimits => ({
+/**
+ * The limits of a configuration (`RECONCILE_*`, SPEC §5.3, and `RETENTION_TOMBSTONES_MS`, which
+ * step 4's prune of the owner's tombstones honours as maintenance does; their defaults are those of
+ * {@link defaultLimits}); the others are {@link defaultLimits}'.
+ */
+export const limitsFromConfig = (
+  reconcile: FirehookConfigShape["reconcile"],
+  retention?: Pick<FirehookConfigShape["retention"], "tombstonesMs">
+): ReconcileLimits => ({
   ...defaultLimits,
   maxOtherScanning: reconcile.maxConcurrentScans,
   maxPageBytes: reconcile.pageMaxBytes,
   maxPageRecords: reconcile.pageRecords,
   maxPages: reconcile.maxPages,
   maxRecords: reconcile.maxRecords,
-  maxTotalBytes: reconcile.maxBytes
+  maxTotalBytes: reconcile.maxBytes,
+  ...(retention === undefined ? {} : { tombstoneRetentionMs: retention.tombstonesMs })
 })
 
 // ---------------------------------------------------------------------------------------------
@@ -249,7 +254,7 @@ export const make = (options: ReconcilerOptions) =>
     const http = yield* SafeHttp
     const identity = yield* Identity
     const store = yield* ReconcileStore
-    const limits: ReconcileLimits = { ...limitsFromConfig(config.reconcile), ...options.limits }
+    const limits: ReconcileLimits = { ...limitsFromConfig(config.reconcile, config.retention), ...options.limits }
     const validateOpts = {
       allowInsecureDev: config.allowInsecureDev,
       allowCidrs: parseCidrs(config.delivery.allowCidrs)
