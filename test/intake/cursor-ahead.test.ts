@@ -8,15 +8,17 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Ref, Stream, TestClock } from "effect"
+import { WH_COLLECTION } from "../../src/schemas/WhRecord.js"
 import { CURSOR_LEAD_US, heldCursor } from "../../src/services/intake/Batcher.js"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"
 import * as Intake from "../../src/services/intake/Intake.js"
 import * as Outbox from "../../src/services/matching/Outbox.js"
+import { Processor, type ProcessorShape } from "../../src/services/matching/Processor.js"
 import { captureLogs } from "../support/captureLogs.js"
 import * as Db from "../support/db.js"
 import { halfJitter } from "../support/halfJitter.js"
 import { newRecorder, type Recorder, recordingProcessor } from "../support/recordingProcessor.js"
-import { opened, RELAY_URL, SEC, T1, tuning } from "./intake-bounds-support.js"
+import { opened, RELAY_URL, SEC, T1, tuning, turns } from "./intake-bounds-support.js"
 import { eventsOf, memoryRelay, until } from "./memorySession.js"
 
 const CENTURY = 100n * 365n * 24n * 3600n * SEC
@@ -125,4 +127,97 @@ describe("a Jetstream frame stamped far in the future", () => {
       expect(yield* (yield* CursorStore.CursorStore).load(NAME, RELAY_URL)).toBe(BIG)
     }).pipe(Effect.provide(sqlCursors(rec)), Effect.withRandom(halfJitter))
   }, 30_000)
+})
+
+/** a processor that takes `commitMs` of the TestClock per batch and runs the registration hook as a registry batch would */
+const timedProcessor = (batches: Array<number>, commitMs: number) =>
+  Layer.succeed(
+    Processor,
+    {
+      processEvents: (batch, options) =>
+        Effect.gen(function*() {
+          yield* TestClock.adjust(commitMs)
+          if (options.onRegistered !== undefined) yield* options.onRegistered({ backlink: true })
+          if (options.finalize !== undefined) yield* options.finalize
+          batches.push(batch.length)
+          return { outcomes: [], inserted: 0, duplicates: 0, quarantined: 0 }
+        }),
+      reload: Effect.void,
+      stats: Effect.succeed({ tooComplex: 0, priorRefsRefused: 0, priorRefKeys: 0, priorRefIndexComplete: true })
+    } satisfies ProcessorShape
+  )
+
+describe("a source stamped ahead of the local clock (review of the fix)", () => {
+  it.scoped("a registration's replay mark creating the backlink stream's row holds its cursor too", () => {
+    const batches: Array<number> = []
+    const base = memoryRelay([]).spec
+    const REG = "ahead-registry"
+    const BACK = "ahead-backlink"
+    const ahead = T1 + CENTURY
+    const [event] = eventsOf({ seq: 1n, ops: 1 })
+    if (event?.kind !== "commit") return Effect.die("no commit event")
+    const spec: Intake.StreamSpec = {
+      ...base,
+      name: REG,
+      cursorIsTime: true,
+      rewind: 2n * SEC,
+      registrationReplay: { direct: "ahead-direct", backlink: BACK, margin: 2n * SEC },
+      connect: () =>
+        Stream.fromIterable<Intake.SourceItem>([opened, {
+          _tag: "events",
+          cursor: ahead,
+          events: [{ ...event, collection: WH_COLLECTION, timeUs: Number(ahead), stream: REG }]
+        }]).pipe(Stream.concat(Stream.never))
+    }
+    return Effect.gen(function*() {
+      yield* TestClock.setTime(Number(T1 / 1000n))
+      const runner = yield* Intake.makeStreamRunner(spec, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => Effect.runSync(Ref.get(runner.state)).durableCursor !== undefined, "committed")
+      const sql = yield* SqlClient.SqlClient
+      const rows = yield* sql<{ stream: string; cursor: string }>`
+        SELECT stream, cursor::text AS cursor FROM cursors WHERE stream IN (${REG}, ${BACK}) ORDER BY stream`
+      // the batch took 1 ms of the clock; the mark is held like the cursor, less the margin
+      expect(rows.map((r) => [r.stream, BigInt(r.cursor)])).toEqual([
+        [BACK, T1 + CURSOR_LEAD_US - 2n * SEC],
+        [REG, T1 + CURSOR_LEAD_US]
+      ])
+    }).pipe(
+      Effect.provide(
+        Layer.mergeAll(timedProcessor(batches, 0), Outbox.layerMemory, CursorStore.layerSql).pipe(
+          Layer.provideMerge(Db.layer())
+        )
+      ),
+      Effect.withRandom(halfJitter)
+    )
+  }, 30_000)
+
+  it.scoped("a frame held to the clock is committed once (the empty-frame path does not commit it again)", () => {
+    const batches: Array<number> = []
+    const spec: Intake.StreamSpec = {
+      ...memoryRelay([]).spec,
+      name: "ahead-once",
+      cursorIsTime: true,
+      rewind: 2n * SEC,
+      connect: () =>
+        Stream.fromIterable<Intake.SourceItem>([opened, {
+          _tag: "events",
+          events: eventsOf({ seq: 1n, ops: 1 }),
+          cursor: T1 + 3600n * SEC
+        }]).pipe(Stream.concat(Stream.never))
+    }
+    return Effect.gen(function*() {
+      yield* TestClock.setTime(Number(T1 / 1000n))
+      const runner = yield* Intake.makeStreamRunner(spec, tuning)
+      yield* Effect.forkScoped(runner.run)
+      yield* until(() => batches.length >= 1, "committed")
+      yield* turns(50)
+      // a commit takes 5 ms of the clock: the cursor held after it is 5 ms later than the one written
+      expect(batches).toEqual([1])
+      expect((yield* Ref.get(runner.state)).batches).toBe(1)
+    }).pipe(
+      Effect.provide(Layer.mergeAll(timedProcessor(batches, 5), Outbox.layerMemory, CursorStore.layerMemory)),
+      Effect.withRandom(halfJitter)
+    )
+  })
 })

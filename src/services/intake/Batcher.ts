@@ -16,11 +16,13 @@ import { type SessionQueue, weightOf } from "./StreamReader.js"
 
 /**
  * The registry stream's durable replay obligation for a batch that registered a webhook (see
- * `StreamSpec.registrationReplay`): from the batch's first wh record's time − the margin.
+ * `StreamSpec.registrationReplay`): from the batch's first wh record's time (held to the clock,
+ * `nowMs`, + {@link CURSOR_LEAD_US}) − the margin.
  */
 const onRegistered = (
   ctx: StreamContext,
-  events: ReadonlyArray<StreamEvent>
+  events: ReadonlyArray<StreamEvent>,
+  nowMs: number
 ): ProcessOptions["onRegistered"] => {
   const target = ctx.spec.registrationReplay
   const store = ctx.cursors.replay
@@ -33,7 +35,8 @@ const onRegistered = (
       }
     }
     if (first === undefined) return Effect.void
-    const at = BigInt(first) - target.margin
+    // held like a committed cursor: a mark may create the stream's row with its cursor at `at`
+    const at = (heldCursor(ctx.spec, BigInt(first), nowMs) ?? BigInt(first)) - target.margin
     const targets = [{ stream: target.direct, createRow: false }]
     // a backlink stream without a cursor starts live: its row is made, from the registration
     if (backlink) targets.push({ stream: target.backlink, createRow: true })
@@ -88,7 +91,7 @@ export const commit = (
           )
       )
     }
-    const registered = onRegistered(ctx, events)
+    const registered = onRegistered(ctx, events, start)
     const base: ProcessOptions = registered === undefined
       ? { registryWriter: spec.registryWriter }
       : { registryWriter: spec.registryWriter, onRegistered: registered }
@@ -173,6 +176,9 @@ export const runBatcher = (
   let pending: Array<StreamEvent> = []
   let pendingCursor: bigint | undefined
   let lastFullCursor: bigint | undefined
+  // the frame cursor of the last commit (as the frame gave it, before `heldCursor`): a frame held
+  // to the clock is not committed again by the empty-frame path below
+  let committedFrame: bigint | undefined
   const flush = Effect.gen(function*() {
     while (pending.length > 0) {
       const batch = pending.slice(0, tuning.batchMax)
@@ -180,6 +186,7 @@ export const runBatcher = (
       const cursorForBatch = rest.length === 0 ? pendingCursor : lastFullCursor
       const ok = yield* commit(ctx, batch, cursorForBatch, replay)
       if (!ok) return false
+      if (cursorForBatch !== undefined) committedFrame = cursorForBatch
       yield* Ref.update(state, (s) => ({ ...s, queued: Math.max(0, s.queued - batch.length) }))
       pending = rest
       if (rest.length === 0) lastFullCursor = pendingCursor
@@ -238,11 +245,12 @@ export const runBatcher = (
       // commit whatever is pending: events that arrived during the last commit form this batch
       if (!(yield* flush)) return { kind: "handler" } satisfies SessionEnd
       // frames with no events still advance the cursor
-      if (pending.length === 0 && lastFullCursor !== undefined) {
+      if (pending.length === 0 && lastFullCursor !== undefined && lastFullCursor !== committedFrame) {
         const durable = (yield* Ref.get(state)).durableCursor
         const held = heldCursor(spec, lastFullCursor, yield* Clock.currentTimeMillis)
         if (durable === undefined || (held !== undefined && held > durable)) {
           if (!(yield* commit(ctx, [], lastFullCursor, replay))) return { kind: "handler" } satisfies SessionEnd
+          committedFrame = lastFullCursor
         }
       }
       if (end !== undefined) return end
