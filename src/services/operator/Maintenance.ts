@@ -239,7 +239,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, run: Ru
           ), gone AS (
             DELETE FROM outbox o USING doomed d
             WHERE o.delivery_id = d.delivery_id AND o.status = ${status}
-            RETURNING o.delivery_id, o.owner_did, o.webhook_rkey, o.fingerprint,
+            RETURNING o.delivery_id, o.owner_did, o.webhook_rkey, o.fingerprint, o.finished_at,
               (o.status = 'dead_letter' AND o.last_error_kind IS NOT DISTINCT FROM ${PARKED_KIND}) AS was_parked
           ), ${unparkCtes(sql, "gone")}, attempts AS (
             DELETE FROM delivery_attempts a USING gone g

@@ -278,7 +278,7 @@ const replayBatchStatement = (
 ) =>
   sql<ReplayBatchRow>`
   WITH batch AS (
-    SELECT delivery_id, created_at, last_error_kind FROM outbox WHERE ${sql.and(where)}
+    SELECT delivery_id, created_at, last_error_kind, finished_at FROM outbox WHERE ${sql.and(where)}
     ORDER BY created_at, delivery_id
     LIMIT ${take}
     FOR UPDATE
@@ -286,7 +286,7 @@ const replayBatchStatement = (
   upd AS (
     UPDATE outbox o SET ${reset}
     FROM batch WHERE o.delivery_id = batch.delivery_id AND o.status = 'dead_letter'
-    RETURNING ${inactive} AS inactive, o.owner_did, o.webhook_rkey, o.fingerprint,
+    RETURNING ${inactive} AS inactive, o.owner_did, o.webhook_rkey, o.fingerprint, batch.finished_at,
       (batch.last_error_kind IS NOT DISTINCT FROM ${PARKED_KIND}) AS was_parked
   ),
   ${unparkCtes(sql, "upd")},
@@ -433,7 +433,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
             // FOR UPDATE waits for a worker that is claiming or settling the row, then re-checks it
             const changed = yield* sql<{ previous_status: DeliveryStatus; inactive: boolean }>`
             WITH prev AS (
-              SELECT delivery_id, status, last_error_kind FROM outbox
+              SELECT delivery_id, status, last_error_kind, finished_at FROM outbox
               WHERE delivery_id = ${deliveryId} AND ${ownedBy(scope)}
                 AND (status <> 'leased' OR leased_until IS NULL OR leased_until < now())
               FOR UPDATE
@@ -442,7 +442,7 @@ export const makeWith = (options: OperatorOptions = {}) =>
               UPDATE outbox o SET ${RESET}
               FROM prev WHERE o.delivery_id = prev.delivery_id
               RETURNING prev.status AS previous_status, ${inactiveSubscription} AS inactive,
-                o.owner_did, o.webhook_rkey, o.fingerprint,
+                o.owner_did, o.webhook_rkey, o.fingerprint, prev.finished_at,
                 (prev.status = 'dead_letter' AND prev.last_error_kind IS NOT DISTINCT FROM ${PARKED_KIND}) AS was_parked
             ),
             ${unparkCtes(sql, "upd")}

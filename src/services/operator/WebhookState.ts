@@ -4,7 +4,8 @@
  * its delivery counts, and `resume`, which clears `gone` / `autoDisabled` (the owner's
  * `dev.firehook.webhook.resume`, the operator's `firehook webhooks resume`).
  *
- * - `resume` clears the mark, the failure streak and the parked-row count in one statement; a gone
+ * - `resume` clears the mark, the failure streak and the parked-row count in one statement (the
+ *   count restarts at `parked_since`: rows parked before it no longer give room back); a gone
  *   mark cleared is seen by the intake leader's registry through the `registry_changes` trigger
  *   (migration 0005), so the webhook is matched again. With `replay`, the rows parked while it was
  *   disabled (`dead_letter` of kind `webhook_disabled`) are replayed by the operator's replay
@@ -190,7 +191,7 @@ export const make = Effect.gen(function*() {
           FOR UPDATE
         )
         UPDATE webhooks w SET gone_at = NULL, auto_disabled_at = NULL, failing_since = NULL, failed_attempts = 0,
-          parked = 0, parked_dropped = 0
+          parked = 0, parked_dropped = 0, parked_since = clock_timestamp()
         FROM prev WHERE w.owner_did = prev.owner_did AND w.rkey = prev.rkey
         RETURNING w.enabled, w.active, prev.cleared`.pipe(storeOp("webhookState.resume"))
       const row = rows[0]

@@ -486,6 +486,38 @@ ALTER TABLE cursors ADD COLUMN IF NOT EXISTS replay_seq bigint NOT NULL DEFAULT 
  */
 const outboxMovedTo = ddl(`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS moved_to jsonb`)
 
+/**
+ * 0019: `webhooks.parked_since`, when `parked` last restarted at 0 (NULL: never, the count is of
+ * every row parked). `parked` counts the rows parked since then (SPEC §4.3: at most 10,000); a
+ * replay, redeliver or pruning of a parked row gives its room back only when the row was parked
+ * (`finished_at`) at or after it (operator/ParkedRoom.ts). Set by resume and, here, by the trigger
+ * of 0009 when a new fingerprint resets the state (its function replaced, otherwise unchanged).
+ * Before, pruning rows parked before a resume lowered the count of rows parked after it, and a
+ * webhook could park 20,000 rows in one disabled period. A nullable column without a default: no
+ * table rewrite.
+ */
+const webhookParkedSince = ddl(`
+ALTER TABLE webhooks ADD COLUMN IF NOT EXISTS parked_since timestamptz;
+
+CREATE OR REPLACE FUNCTION firehook_webhook_state_reset() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.fingerprint IS DISTINCT FROM OLD.fingerprint THEN
+    NEW.failing_since := NULL;
+    NEW.failed_attempts := 0;
+    NEW.last_success_at := NULL;
+    NEW.last_failure_at := NULL;
+    NEW.last_failure_kind := NULL;
+    NEW.last_failure_http := NULL;
+    NEW.auto_disabled_at := NULL;
+    NEW.parked := 0;
+    NEW.parked_dropped := 0;
+    NEW.parked_since := clock_timestamp();
+  END IF;
+  RETURN NEW;
+END
+$$;
+`)
+
 /** The migrations, in order. Add new ones at the end; never edit one that has shipped. */
 export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {
   "0001_init": init,
@@ -505,5 +537,6 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0015_rejected_limit_since": rejectedLimitSince,
   "0016_owners_completed_rev": ownersCompletedRev,
   "0017_cursors_replay": cursorsReplay,
-  "0018_outbox_moved_to": outboxMovedTo
+  "0018_outbox_moved_to": outboxMovedTo,
+  "0019_webhook_parked_since": webhookParkedSince
 }
