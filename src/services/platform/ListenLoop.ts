@@ -2,10 +2,11 @@
  * A PostgreSQL `LISTEN` followed for as long as its fiber lives: every payload goes to
  * `onPayload`; when the stream fails or ends (a dropped connection), the failure is counted, logged
  * (rate-limited, the error's code only: never a payload) and the `LISTEN` is opened again with
- * full-jitter backoff, 1 s → 30 s. Never fails and never ends: interrupt it (its Scope) to stop.
+ * full-jitter backoff, 1 s → 30 s ({@link reopen}: a session that stayed up at least the cap starts
+ * the backoff over). Never fails and never ends: interrupt it (its Scope) to stop.
  */
 import type { Metric } from "effect"
-import { Duration, Effect, Metric as M, Stream } from "effect"
+import { Clock, Duration, Effect, Metric as M, Stream } from "effect"
 import * as Backoff from "./Backoff.js"
 import { codeOf } from "./Persistence.js"
 import type * as RateLimitedLog from "./RateLimitedLog.js"
@@ -18,6 +19,30 @@ export interface ListenLoopOptions {
   /** the warning (a constant text: it names the channel's purpose, nothing else) */
   readonly message: string
 }
+
+const REOPEN_BASE = Duration.seconds(1)
+const REOPEN_CAP = Duration.seconds(30)
+
+/**
+ * Run `session` (a LISTEN followed until it fails or ends) again and again, waiting full jitter
+ * 1 s → 30 s between runs; a session that lasted at least the cap (30 s) starts the backoff over, as
+ * the delivery worker's own LISTEN loop does. Before 7 December 2026 the followers kept one
+ * schedule for the life of the process: after about five drops in all (failovers, restarts), every
+ * later drop, even after days of a working LISTEN, waited up to 30 s before it was opened again.
+ * Each run ends in a failure or an end and waits before the next, so the loop never spins.
+ */
+export const reopen = <E, R>(session: Effect.Effect<unknown, E, R>): Effect.Effect<never, never, R> =>
+  Effect.gen(function*() {
+    const capMs = Duration.toMillis(REOPEN_CAP)
+    let failures = 0
+    for (;;) {
+      const started = yield* Clock.currentTimeMillis
+      yield* Effect.either(session)
+      if ((yield* Clock.currentTimeMillis) - started >= capMs) failures = 0
+      yield* Effect.sleep(yield* Backoff.fullJitter(REOPEN_BASE, REOPEN_CAP, failures))
+      failures = Math.min(failures + 1, 30)
+    }
+  })
 
 export const follow = <E, R1, R2>(
   listen: Stream.Stream<string, E, R1>,
@@ -36,8 +61,7 @@ export const follow = <E, R1, R2>(
         )
       )
     ),
-    Effect.retry(Backoff.fullJitterSchedule({ base: "1 second", cap: "30 seconds" })),
-    Effect.catchAll(() => Effect.never)
+    reopen
   )
 
 /** The bound on one best-effort notification: its sender never waits longer. */

@@ -39,6 +39,7 @@
 import { Duration, Effect, Metric, Stream } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"
 import * as Backoff from "../platform/Backoff.js"
+import * as ListenLoop from "../platform/ListenLoop.js"
 import { StoreError } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
 import { type Change, RegistryChanges, type RegistryChangesShape } from "./RegistryChanges.js"
@@ -277,13 +278,13 @@ export const follow = (options: FollowOptions): Effect.Effect<never, never, Regi
           Effect.catchAll((e) => failed("notification", e))
         )
         : Effect.void
-    // a LISTEN that fails (or ends) is opened again (backoff 1 s → 30 s); the catch-up covers the gap
+    // a LISTEN that fails (or ends) is opened again (backoff 1 s → 30 s, started over after a
+    // session that stayed up 30 s: ListenLoop.reopen); the catch-up covers the gap
     const notified = changes.notifications.pipe(
       Stream.runForEach(onNotification),
       Effect.zipRight(Effect.fail(new StoreError({ op: "registryChanges.listen", code: "ended" }))),
       Effect.tapError((e) => failed("listen", e)),
-      Effect.retry(Backoff.fullJitterSchedule({ base: "1 second", cap: "30 seconds" })),
-      Effect.catchAll(() => Effect.never)
+      ListenLoop.reopen
     )
 
     return yield* options.listen === false
