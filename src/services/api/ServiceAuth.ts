@@ -41,6 +41,22 @@
  * after a failed signature), `alg` = the key's, the signature (`@atcute/crypto`'s `verifySig`, as
  * the library calls it), then the same replay stores.
  *
+ * Identity lookups of tokens whose signature has not verified are budgeted across the process
+ * ({@link IDENTITY_FETCH_BUDGET}: 10 a second, bursts of 100). A forged token names any DID, and a
+ * failed lookup is not cached, so each one of a DID that does not exist is a fetch from the PLC
+ * directory (or a did:web host); the failed-authentication limit is per client address, and an
+ * attacker has many. Identity cannot say whether a lookup will be answered from its cache, so the
+ * budget is charged by every lookup of a verification except: a (non-`fresh`) lookup of an issuer
+ * whose token verified in this process within {@link VERIFIED_ISSUER_TTL_MS} (at most
+ * {@link VERIFIED_ISSUERS_CAPACITY} remembered; the known owners, whose documents Identity holds,
+ * so they are never refused by it), and the `fresh` lookup that follows a charged one (Identity
+ * serves it from the document just fetched). A `fresh` lookup of a known owner (a signature that
+ * failed with the cached key) is charged: it is a fetch, and forged tokens naming every owner
+ * would otherwise reach the directory once per owner per 10 s. An issuer whose lookup fails after a
+ * request is forgotten as verified (a failure is not cached: its lookups are charged again). Past
+ * the budget the lookup is not made: `identity_unavailable` (as for a held directory), with the
+ * wait until the next token in `retryAfterMs`; the reconciler's lookups and PLC budget are spared.
+ *
  * Outcomes: {@link AuthFailure} (401, one of the four error names of §8.2, with a reason for
  * metrics and debug logs, never the token) or {@link AuthUnavailable} (firehook cannot decide now:
  * the issuer's DID document could not be fetched, the replay cache is full and there is no shared
@@ -58,8 +74,9 @@ import { isCanonicalDid } from "../../schemas/AtUri.js"
 import { ATPROTO_KEY_ID_SUFFIX, type SigningKey } from "../../schemas/DidDocument.js"
 import { type JwtClaims, readServiceJwt, type ServiceJwtParts } from "../../schemas/ServiceJwt.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"
-import { Identity, type IdentityErrorKind, type IdentityShape } from "../reconciliation/Identity.js"
+import { Identity, IdentityError } from "../reconciliation/Identity.js"
 import type { JtiStoreShape } from "./JtiStore.js"
+import { makeBuckets, type Rate } from "./RateLimiter.js"
 import { DEFAULT_REPLAY_CAPACITY, makeReplayCache, type ReplayVerdict } from "./ReplayCache.js"
 
 /** The 401 error names of SPEC §8.2. */
@@ -75,6 +92,8 @@ export class AuthFailure extends Data.TaggedError("AuthFailure")<{
 /** firehook cannot decide now (503 / 502): the issuer's identity is unreachable, or the replay cache is full. */
 export class AuthUnavailable extends Data.TaggedError("AuthUnavailable")<{
   readonly reason: "identity_unavailable" | "replay_cache_full" | "replay_store_full" | "replay_store_unavailable"
+  /** the wait (ms) the issuer's identity lookup was given: its document host's, or the lookup budget's */
+  readonly retryAfterMs?: number | undefined
 }> {}
 
 export const ALGORITHMS: ReadonlyArray<string> = ["ES256K", "ES256"]
@@ -85,6 +104,30 @@ export const CLOCK_LEEWAY_SECONDS = 30
 export const MAX_JTI_LENGTH = 128
 /** The service id in `aud` (`<SERVICE_DID>#firehook`) and in `/.well-known/did.json`. */
 export const SERVICE_ID = "firehook"
+
+/**
+ * Identity lookups for tokens not yet verified that may fetch a DID document, across the process:
+ * 100 per 10 s (10 a second sustained, bursts of 100). Legitimate ones are rare (an owner's first
+ * call since this process started or in a day, a rotated key): a restart with a cold cache admits
+ * 100 owners at once and 600 a minute after; the sustained rate stays far from what a directory
+ * tolerates from one client, so the reconciler's own lookups keep theirs.
+ */
+export const IDENTITY_FETCH_BUDGET: Rate = { limit: 100, perMs: 10_000 }
+/** An issuer whose token verified within this long is looked up outside the budget (Identity's cache expiry). */
+export const VERIFIED_ISSUER_TTL_MS = 24 * 60 * 60 * 1000
+/** Issuers remembered as verified, at most (the least recently verified forgotten first). */
+export const VERIFIED_ISSUERS_CAPACITY = 100_000
+
+/** The issuer's `#atproto` key for one verification (`fresh`: fetched once more), through the budget. */
+type KeyLookup = (did: string, fresh: boolean) => Effect.Effect<SigningKey | undefined, IdentityError>
+
+/** The 503 of a lookup that could not be made or answered now (its wait, if any). */
+const identityUnavailable = (e: IdentityError) =>
+  new AuthUnavailable(
+    e.retryAfterMs === undefined
+      ? { reason: "identity_unavailable" }
+      : { reason: "identity_unavailable", retryAfterMs: e.retryAfterMs }
+  )
 
 export interface ServiceAuthOptions {
   /** the service DID: tokens must be addressed to it or to `<it>#firehook` */
@@ -214,7 +257,7 @@ const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => a.length === b.leng
  * Failures carry the library's codes, so they map to the same §8.2 names.
  */
 const verifyOwn = <E>(
-  identity: IdentityShape,
+  keyLookup: KeyLookup,
   replayCheck: ReplayCheck,
   beforeReplay: BeforeReplay<E> | undefined,
   token: string,
@@ -234,11 +277,9 @@ const verifyOwn = <E>(
     if (Either.isLeft(signature)) return yield* refused("BadJwt")
     const message = new TextEncoder().encode(`${head}.${payload}`)
     const keyOf = (fresh: boolean): Effect.Effect<FoundPublicKey, AuthFailure | AuthUnavailable> =>
-      identity.resolveSigningKey(claims.iss, { fresh }).pipe(
+      keyLookup(claims.iss, fresh).pipe(
         Effect.mapError((e) =>
-          e.kind === "identity_unavailable"
-            ? new AuthUnavailable({ reason: "identity_unavailable" })
-            : fromLibrary("DidResolutionFailed")
+          e.kind === "identity_unavailable" ? identityUnavailable(e) : fromLibrary("DidResolutionFailed")
         ),
         Effect.flatMap((key) => {
           const found = key === undefined
@@ -280,6 +321,51 @@ export const make = (options: ServiceAuthOptions) =>
     const replay = makeReplayCache(options.replayCapacity ?? DEFAULT_REPLAY_CAPACITY)
     // a store that cannot answer fails every call: logged once a minute, not once per call
     const storeLog = RateLimitedLog.make()
+    // identity lookups of unverified tokens (IDENTITY_FETCH_BUDGET), one bucket for the process
+    const lookupBudget = makeBuckets(IDENTITY_FETCH_BUDGET, 1)
+    const budgetLog = RateLimitedLog.make()
+    // issuers whose token verified → when (least recently verified first)
+    const verifiedIssuers = new Map<string, number>()
+    const noteVerified = (did: string, nowMs: number) => {
+      verifiedIssuers.delete(did)
+      while (verifiedIssuers.size >= VERIFIED_ISSUERS_CAPACITY) {
+        const oldest = verifiedIssuers.keys().next()
+        if (oldest.done === true) break
+        verifiedIssuers.delete(oldest.value)
+      }
+      verifiedIssuers.set(did, nowMs)
+    }
+    const knownIssuer = (did: string, nowMs: number) => {
+      const at = verifiedIssuers.get(did)
+      return at !== undefined && nowMs - at < VERIFIED_ISSUER_TTL_MS
+    }
+    /** A lookup the budget refuses: not made, `identity_unavailable` as for a held host (logged once a minute). */
+    const overBudget = (retryAfterMs: number) => {
+      const warn = (suppressed: number) =>
+        Effect.annotateLogs(Effect.logWarning("api: identity lookups of unverified tokens are over budget"), {
+          suppressed
+        })
+      const refused = new IdentityError({ kind: "identity_unavailable", held: true, retryAfterMs })
+      return Effect.zipRight(budgetLog.run("identity_budget", warn), Effect.fail(refused))
+    }
+    /** The key lookups of one verification begun at `nowMs` (see the module documentation). */
+    const keyLookup = (nowMs: number): KeyLookup => {
+      let charged = false
+      return (did, fresh) =>
+        Effect.suspend(() => {
+          if (!charged && (fresh || !knownIssuer(did, nowMs))) {
+            const decision = lookupBudget.take("identity", nowMs)
+            if (!decision.allowed) return overBudget(decision.retryAfterMs)
+            charged = true
+          }
+          // a failure is not cached: the issuer's next lookups are charged
+          const forget = Effect.sync(() => void verifiedIssuers.delete(did))
+          return Effect.tapError(
+            identity.resolveSigningKey(did, { fresh }),
+            (e) => e.held === true ? Effect.void : forget
+          )
+        })
+    }
     const serviceDid = options.serviceDid
     const audiences: Array<Did | AtprotoAudience> = []
     if (isDid(serviceDid)) {
@@ -342,17 +428,18 @@ export const make = (options: ServiceAuthOptions) =>
       callRuntime: Runtime.Runtime<never>
     ) => {
       const seen: {
-        resolution?: IdentityErrorKind
+        resolution?: IdentityError
         replay?: ReplayOutcome
         issuer?: "other"
         refused?: { readonly error: E }
       } = {}
+      const lookup = keyLookup(nowMs)
       const resolver: DidDocumentResolver = {
         resolve: (did, opts) =>
           Runtime.runPromise(runtime)(
-            identity.resolveSigningKey(did, { fresh: opts?.noCache === true }).pipe(
+            lookup(did, opts?.noCache === true).pipe(
               Effect.map((key) => documentOf(did, key)),
-              Effect.tapError((e) => Effect.sync(() => void (seen.resolution = e.kind)))
+              Effect.tapError((e) => Effect.sync(() => void (seen.resolution = e)))
             ),
             opts?.signal === undefined ? {} : { signal: opts.signal }
           )
@@ -402,8 +489,8 @@ export const make = (options: ServiceAuthOptions) =>
             ? new AuthUnavailable({ reason: unavailable })
             : seen.replay === "expired"
             ? fromLibrary("JwtExpired")
-            : seen.resolution === "identity_unavailable"
-            ? new AuthUnavailable({ reason: "identity_unavailable" })
+            : seen.resolution?.kind === "identity_unavailable"
+            ? identityUnavailable(seen.resolution)
             : fromLibrary(libraryCode(e))
         }
       })
@@ -427,10 +514,11 @@ export const make = (options: ServiceAuthOptions) =>
             Effect.runtime<never>(),
             (callRuntime) => library(token, nsid, claims, nowMs, beforeReplay, callRuntime)
           )
-          : verifyOwn(identity, replayCheck, beforeReplay, token, parts, nowMs))
+          : verifyOwn(keyLookup(nowMs), replayCheck, beforeReplay, token, parts, nowMs))
         if (verified.issuer !== claims.iss || verified.lxm !== nsid) {
           return yield* Effect.fail(new AuthFailure({ error: "InvalidToken", reason: "verifier" }))
         }
+        noteVerified(claims.iss, nowMs)
         return { did: claims.iss }
       }).pipe(Effect.withSpan("ServiceAuth.verify"))
 

@@ -253,7 +253,9 @@ const authorize = <R>(
                   : new XrpcFailure({
                     status: 502,
                     error: "UpstreamFailure",
-                    message: "the caller's identity is unreachable"
+                    message: "the caller's identity is unreachable",
+                    // over the budget of identity lookups for unverified tokens: when to retry
+                    ...(e.retryAfterMs === undefined ? {} : { retryAfter: retryAfterSeconds(e.retryAfterMs) })
                   })
               ))
             )

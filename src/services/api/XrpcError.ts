@@ -12,7 +12,7 @@ export class XrpcFailure extends Schema.TaggedError<XrpcFailure>()("XrpcFailure"
   status: Schema.Int,
   error: Schema.String,
   message: Schema.String,
-  /** 429: the wait before the next call is allowed, in whole seconds */
+  /** 429 (or a 502 over the budget of identity lookups): the wait before the next call, in whole seconds */
   retryAfter: Schema.optional(Schema.Int),
   /** 405: the HTTP method the call needs */
   allow: Schema.optional(Schema.String)
