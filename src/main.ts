@@ -139,7 +139,9 @@ const launch = (config: Config.FirehookConfigShape) =>
         )
     )
     const fatal = yield* Deferred.make<string>()
-    if (config.deliveryProcess.isChild) yield* Effect.forkScoped(DeliveryChild.followParent)
+    if (config.deliveryProcess.isChild) {
+      yield* Effect.forkScoped(DeliveryChild.followParent(lifecycle, config.shutdownTimeoutMs))
+    }
     const startupScope = yield* Scope.make()
     yield* lifecycle.registerStop("startup", "startup", Scope.close(startupScope, Exit.void))
     const server = Listener.guard(BunHttpServer.layer({ hostname: config.healthHost, port: config.healthPort }), {

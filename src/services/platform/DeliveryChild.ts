@@ -10,14 +10,19 @@
  * - {@link metrics}: GET the child's `/metrics` the same way (at most 4 MiB), for the parent's own
  *   `/metrics` (DeliveryProcess registers it with Health).
  * - {@link followParent}: in the child, when the parent is gone (stdin closed, re-parented), a
- *   SIGTERM to itself: the same ordered shutdown as an operator's signal.
+ *   SIGTERM to itself: the same ordered shutdown as an operator's signal. And the parent's shutdown
+ *   deadline: the parent writes DeliveryProcess.deadlineLine on the child's stdin before its SIGTERM
+ *   (DeliveryProcess), and the child's own shutdown ends {@link parentMarginMs} before it
+ *   (Lifecycle.capDeadline): the parent SIGKILLs a child still running at its deadline, and the
+ *   child's deadline, counted from its own SIGTERM, was up to the parent's earlier stages later.
  */
-import { Duration, Effect, Option, Redacted, Schema } from "effect"
+import { Clock, Deferred, Duration, Effect, Option, Redacted, Schema } from "effect"
 import type { Scope } from "effect"
 import * as ChildProcess from "./ChildProcess.js"
 import * as DeliveryProcess from "./DeliveryProcess.js"
 import * as DeliveryProcessConfig from "./DeliveryProcessConfig.js"
 import type { HealthValue } from "./Health.js"
+import type { LifecycleShape } from "./Lifecycle.js"
 import * as PlatformConfig from "./PlatformConfig.js"
 import { freeLoopbackPort } from "./Ports.js"
 import * as RolesConfig from "./RolesConfig.js"
@@ -149,9 +154,61 @@ export const spawner = (options: SpawnerOptions): DeliveryProcess.Spawner => ({
   }) satisfies Effect.Effect<DeliveryProcess.Spawned, ChildProcess.SpawnFailed, Scope.Scope>
 })
 
-/** In the child: when the parent is gone, log it and SIGTERM itself (fork in the process's scope). */
-export const followParent: Effect.Effect<void> = ChildProcess.watchParent(
-  Effect.logWarning("the parent process is gone: shutting down").pipe(
-    Effect.zipRight(Effect.sync(() => process.kill(process.pid, "SIGTERM")))
-  )
-)
+/**
+ * How long before the parent's deadline the child's shutdown ends: room for its exit after its
+ * stages (its pool's close, the runtime's exit) and the parent's reaping: 500 ms, at most an eighth
+ * of SHUTDOWN_TIMEOUT_MS.
+ */
+export const parentMarginMs = (shutdownTimeoutMs: number): number => Math.min(500, Math.floor(shutdownTimeoutMs / 8))
+
+/** In the child: a line from the parent; its deadline (less the margin) caps the child's own. */
+export const onParentLine = (lifecycle: LifecycleShape, shutdownTimeoutMs: number) => (line: string) =>
+  Option.match(DeliveryProcess.parseDeadline(line), {
+    onNone: () => Effect.void,
+    onSome: (at) =>
+      Effect.zipRight(
+        lifecycle.capDeadline(at - parentMarginMs(shutdownTimeoutMs)),
+        Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          Effect.logDebug("the parent's shutdown deadline").pipe(Effect.annotateLogs({ inMs: at - now })))
+      )
+  })
+
+/**
+ * How long the child's shutdown waits, at its start, for the parent's deadline line (the parent
+ * writes it right before its SIGTERM, but the child may see the signal first): the line is in the
+ * pipe by then, and is read in the next turn of the event loop. A SIGTERM from elsewhere (an
+ * operator, the parent gone) costs this much.
+ */
+export const DEADLINE_LINE_WAIT = Duration.millis(50)
+
+/**
+ * In the child: when the parent is gone, log it and SIGTERM itself; the parent's deadline caps the
+ * child's, and the shutdown's first stage waits for a deadline line written before the signal, at
+ * most {@link DEADLINE_LINE_WAIT} (fork in the process's scope).
+ */
+export const followParent = (
+  lifecycle: LifecycleShape,
+  shutdownTimeoutMs: number,
+  /** the parent's pipe (default `process.stdin`; a test's stream) */
+  input?: NodeJS.ReadableStream
+): Effect.Effect<void> =>
+  Effect.gen(function*() {
+    const told = yield* Deferred.make<void>()
+    const apply = onParentLine(lifecycle, shutdownTimeoutMs)
+    yield* lifecycle.registerStop(
+      "startup",
+      "parent-deadline",
+      Effect.asVoid(Effect.timeoutOption(Deferred.await(told), DEADLINE_LINE_WAIT))
+    )
+    yield* ChildProcess.watchParent({
+      onGone: Effect.logWarning("the parent process is gone: shutting down").pipe(
+        Effect.zipRight(Effect.sync(() => process.kill(process.pid, "SIGTERM")))
+      ),
+      onLine: (line) =>
+        Effect.zipRight(
+          apply(line),
+          Option.isSome(DeliveryProcess.parseDeadline(line)) ? Deferred.succeed(told, undefined) : Effect.void
+        ),
+      ...(input === undefined ? {} : { input })
+    })
+  })

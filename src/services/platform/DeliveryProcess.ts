@@ -20,6 +20,8 @@
  *   exit (its own ordered shutdown runs the delivery grace); clean when it exits with code 0, or
  *   dies of that signal while still loading its modules (it had started nothing: {@link stoppedCleanly}).
  *   The Lifecycle cuts the wait at the shutdown deadline: the child then gets SIGKILL (unclean).
+ *   Before the SIGTERM the child is told that deadline (a line on its stdin), so that its own
+ *   shutdown, whose deadline starts at the SIGTERM, ends before it (DeliveryChild.followParent).
  *   A SIGTERM/SIGINT that reaches the parent marks it stopping at once, so a child that got the
  *   same signal (sent to the process group) and exits first is not restarted.
  * - Hung child: a child that was running and then leaves {@link SuperviseOptions.killAfter} looks in a
@@ -124,6 +126,18 @@ export const decideUnreachable = (
  */
 export const stoppedCleanly = (exit: ChildProcess.ChildExit): boolean =>
   exit.code === 0 || exit.signal === "SIGTERM" || exit.signal === "SIGINT"
+
+/**
+ * The line the parent writes on its delivery child's stdin before its SIGTERM (ChildHandle.tell):
+ * its shutdown deadline (epoch milliseconds: the Clock's, which is `Date.now` in production).
+ */
+export const deadlineLine = (at: number): string => `deadline ${Math.trunc(at)}`
+
+/** The deadline in a {@link deadlineLine}; `None` for any other line. */
+export const parseDeadline = (line: string): Option.Option<number> => {
+  const m = /^deadline (\d{1,15})$/.exec(line.trim())
+  return m === null ? Option.none() : Option.some(Number(m[1]))
+}
 
 /** The child stopped at shutdown without {@link stoppedCleanly}. */
 export class ChildUnclean extends Data.TaggedError("ChildUnclean")<{
@@ -379,6 +393,12 @@ export const supervise = (options: SuperviseOptions): Effect.Effect<void, never,
       )
       const before = (yield* Ref.get(status)).state
       if (before !== "failed") yield* setState("stopping")
+      // the child's shutdown must end before this one's deadline (its own starts at the SIGTERM): the
+      // deadline first, then the signal (DeliveryChild.followParent)
+      const deadline = yield* lifecycle.deadline
+      if (Option.isSome(handle) && Option.isSome(deadline) && handle.value.tell !== undefined) {
+        yield* handle.value.tell(deadlineLine(deadline.value))
+      }
       const exit = Option.isSome(handle)
         ? Option.some(
           yield* handle.value.kill("SIGTERM").pipe(

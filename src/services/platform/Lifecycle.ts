@@ -3,8 +3,8 @@
  *
  * Services register a drain for a named stage when they start. `shutdown` sets the phase to
  * `stopping`, then runs the stages in the order of §6.3, each drain `interruptible` and cut at the
- * shared deadline (now + SHUTDOWN_TIMEOUT_MS), so a hung part can never hold the process: it is
- * interrupted and the shutdown is reported as not clean. Shared clients (Redis, the database) are
+ * shared deadline (now + SHUTDOWN_TIMEOUT_MS, or earlier: `capDeadline`), so a hung part can never
+ * hold the process: it is interrupted and the shutdown is reported as not clean. Shared clients (Redis, the database) are
  * closed only when every part stopped cleanly; `isClean` is what their finalizers consult.
  */
 import { Clock, Context, Deferred, Duration, Effect, Layer, Option, Ref, Scope, SubscriptionRef } from "effect"
@@ -54,6 +54,12 @@ export interface LifecycleShape {
    * cleanly instead of being cut off by it.
    */
   readonly deadline: Effect.Effect<Option.Option<number>>
+  /**
+   * Bring the shutdown's deadline forward to `at` (the Clock's milliseconds) when it is later: at
+   * once when the shutdown has started (the stages not yet cut are cut at it), else when it starts.
+   * The delivery child's parent gives it its own deadline this way (DeliveryChild.followParent).
+   */
+  readonly capDeadline: (at: number) => Effect.Effect<void>
 }
 
 export class Lifecycle extends Context.Tag("firehook/Lifecycle")<Lifecycle, LifecycleShape>() {}
@@ -71,14 +77,22 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
     const started = yield* Ref.make(false)
     const done = yield* Deferred.make<ShutdownReport>()
     const clean = yield* Ref.make(true)
-    const deadlineRef = yield* Ref.make<Option.Option<number>>(Option.none())
+    /** the shutdown's deadline once it started; the earliest cap given (before or after that) */
+    const deadlineRef = yield* Ref.make<{ readonly at: Option.Option<number>; readonly cap: Option.Option<number> }>(
+      { at: Option.none(), cap: Option.none() }
+    )
     const timeoutMs = Duration.toMillis(Duration.decode(options.shutdownTimeout))
 
     const runStages = Effect.gen(function*() {
       yield* SubscriptionRef.set(phases, "stopping")
       yield* Effect.logInfo("shutdown started").pipe(Effect.annotateLogs({ phase: "stopping", timeoutMs }))
-      const deadline = (yield* Clock.currentTimeMillis) + timeoutMs
-      yield* Ref.set(deadlineRef, Option.some(deadline))
+      const own = (yield* Clock.currentTimeMillis) + timeoutMs
+      yield* Ref.update(deadlineRef, (d) => ({
+        ...d,
+        at: Option.some(Option.match(d.cap, { onNone: () => own, onSome: (cap) => Math.min(own, cap) }))
+      }))
+      // read at each part: a cap given after the start applies to the parts not yet stopped
+      const currentDeadline = Effect.map(Ref.get(deadlineRef), (d) => Option.getOrElse(d.at, () => own))
       const parts = yield* Ref.get(registered)
       const unclean: Array<string> = []
       for (const stage of STOP_STAGES) {
@@ -86,7 +100,7 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
         // within a stage, the most recently registered part stops first (like a Scope)
         const inStage = parts.filter((p) => p.stage === stage).reverse()
         for (const part of inStage) {
-          const remaining = Math.max(0, deadline - (yield* Clock.currentTimeMillis))
+          const remaining = Math.max(0, (yield* currentDeadline) - (yield* Clock.currentTimeMillis))
           const result = yield* Effect.interruptible(part.drain).pipe(
             Effect.timeoutOption(Duration.millis(remaining)),
             Effect.either
@@ -136,7 +150,12 @@ export const make = (options: { readonly shutdownTimeout: Duration.DurationInput
       report: Deferred.poll(done).pipe(
         Effect.flatMap(Option.match({ onNone: () => Effect.succeedNone, onSome: Effect.asSome }))
       ),
-      deadline: Ref.get(deadlineRef)
+      deadline: Effect.map(Ref.get(deadlineRef), (d) => d.at),
+      capDeadline: (at) =>
+        Ref.update(deadlineRef, (d) => ({
+          at: Option.map(d.at, (x) => Math.min(x, at)),
+          cap: Option.some(Option.match(d.cap, { onNone: () => at, onSome: (c) => Math.min(c, at) }))
+        }))
     }
     return shape
   })
