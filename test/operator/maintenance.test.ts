@@ -585,7 +585,8 @@ describe("Maintenance", () => {
         yield* sql`DELETE FROM webhooks`
         yield* insertWebhook("did:plc:owner", "w1", {
           fingerprint: "fp",
-          state: { auto_disabled_at: "now()", parked: "3" }
+          // its count started (created or resumed) before the rows below were parked
+          state: { auto_disabled_at: "now()", parked: "3", parked_since: "now() - interval '60 days'" }
         })
         yield* outbox("parked-old-1", "ev-1", "dead_letter", 31)
         yield* outbox("parked-old-2", "ev-2", "dead_letter", 31)

@@ -156,8 +156,9 @@ describe("webhooks.parked counts the rows parked since parked_since", () => {
         yield* enqueue("old", 4)
         yield* parkDue
         expect(yield* parked).toBe(4)
-        const before = yield* sql<{ set: boolean }>`SELECT parked_since IS NULL AS set FROM webhooks`
-        expect(before[0]?.set).toBe(true)
+        // the row's creation started its count (0019's default for new rows); it is taken back to
+        // before the rows parked so far, as a row created before 0019 would have had them
+        yield* sql`UPDATE webhooks SET parked_since = NULL WHERE owner_did = ${OWNER} AND rkey = 'w'`
         // a new version, then the old one again: the trigger resets the state twice
         yield* sql`UPDATE webhooks SET fingerprint = 'fp-x' WHERE owner_did = ${OWNER} AND rkey = 'w'`
         yield* sql`UPDATE webhooks SET fingerprint = 'fp-w' WHERE owner_did = ${OWNER} AND rkey = 'w'`

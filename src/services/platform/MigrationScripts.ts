@@ -493,11 +493,14 @@ const outboxMovedTo = ddl(`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS moved_to 
  * (`finished_at`) at or after it (operator/ParkedRoom.ts). Set by resume and, here, by the trigger
  * of 0009 when a new fingerprint resets the state (its function replaced, otherwise unchanged).
  * Before, pruning rows parked before a resume lowered the count of rows parked after it, and a
- * webhook could park 20,000 rows in one disabled period. A nullable column without a default: no
- * table rewrite.
+ * webhook could park 20,000 rows in one disabled period. The column is added without a default (no
+ * table rewrite: existing rows keep NULL, every row counts); the default is set after, for new rows
+ * only: a webhook deleted and created again with the same fingerprint starts its count afresh, its
+ * earlier rows parked before its row existed.
  */
 const webhookParkedSince = ddl(`
 ALTER TABLE webhooks ADD COLUMN IF NOT EXISTS parked_since timestamptz;
+ALTER TABLE webhooks ALTER COLUMN parked_since SET DEFAULT clock_timestamp();
 
 CREATE OR REPLACE FUNCTION firehook_webhook_state_reset() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
