@@ -45,17 +45,21 @@
  * ({@link IDENTITY_FETCH_BUDGET}: 10 a second, bursts of 100). A forged token names any DID, and a
  * failed lookup is not cached, so each one of a DID that does not exist is a fetch from the PLC
  * directory (or a did:web host); the failed-authentication limit is per client address, and an
- * attacker has many. Identity cannot say whether a lookup will be answered from its cache, so the
- * budget is charged by every lookup of a verification except: a (non-`fresh`) lookup of an issuer
- * whose token verified in this process within {@link VERIFIED_ISSUER_TTL_MS} (at most
- * {@link VERIFIED_ISSUERS_CAPACITY} remembered; the known owners, whose documents Identity holds,
- * so they are never refused by it), and the `fresh` lookup that follows a charged one (Identity
- * serves it from the document just fetched). A `fresh` lookup of a known owner (a signature that
- * failed with the cached key) is charged: it is a fetch, and forged tokens naming every owner
- * would otherwise reach the directory once per owner per 10 s. An issuer whose lookup fails after a
- * request is forgotten as verified (a failure is not cached: its lookups are charged again). Past
- * the budget the lookup is not made: `identity_unavailable` (as for a held directory), with the
- * wait until the next token in `retryAfterMs`; the reconciler's lookups and PLC budget are spared.
+ * attacker has many. The budget is charged by every lookup of a verification that would fetch:
+ * a (non-`fresh`) lookup is free when Identity says its answer will come from its cache
+ * (`Identity.isCached`: cached and not expired, or a fetch of that DID already in flight; an
+ * Identity without it is charged for every lookup), so a known owner costs nothing while its
+ * document is cached, and one whose document was evicted (Identity's LRU of 10,000 DIDs, shared
+ * with the reconciler in the all-in-one process), expired or never fetched, or whose last lookup
+ * failed (a failure is not cached), is charged like any other DID: forged tokens naming owners'
+ * public DIDs reach the directory only within the budget. A `fresh` lookup (a signature that
+ * failed with the cached key) is a fetch: charged, unless this verification already paid (its
+ * first lookup was a fetch, and Identity serves the `fresh` one from the document just fetched);
+ * forged tokens naming every owner would otherwise reach the directory once per owner per 10 s.
+ * The cache is checked just before the lookup: an eviction in between costs at most one fetch
+ * outside the budget per check. Past the budget the lookup is not made: `identity_unavailable`
+ * (as for a held directory), with the wait until the next token in `retryAfterMs`; the
+ * reconciler's lookups and PLC budget are spared.
  *
  * Outcomes: {@link AuthFailure} (401, one of the four error names of §8.2, with a reason for
  * metrics and debug logs, never the token) or {@link AuthUnavailable} (firehook cannot decide now:
@@ -108,16 +112,12 @@ export const SERVICE_ID = "firehook"
 /**
  * Identity lookups for tokens not yet verified that may fetch a DID document, across the process:
  * 100 per 10 s (10 a second sustained, bursts of 100). Legitimate ones are rare (an owner's first
- * call since this process started or in a day, a rotated key): a restart with a cold cache admits
- * 100 owners at once and 600 a minute after; the sustained rate stays far from what a directory
- * tolerates from one client, so the reconciler's own lookups keep theirs.
+ * call since this process started, in a day or since Identity evicted its document; a rotated
+ * key): a restart with a cold cache admits 100 owners at once and 600 a minute after; the
+ * sustained rate stays far from what a directory tolerates from one client, so the reconciler's
+ * own lookups keep theirs.
  */
 export const IDENTITY_FETCH_BUDGET: Rate = { limit: 100, perMs: 10_000 }
-/** An issuer whose token verified within this long is looked up outside the budget (Identity's cache expiry). */
-export const VERIFIED_ISSUER_TTL_MS = 24 * 60 * 60 * 1000
-/** Issuers remembered as verified, at most (the least recently verified forgotten first). */
-export const VERIFIED_ISSUERS_CAPACITY = 100_000
-
 /** The issuer's `#atproto` key for one verification (`fresh`: fetched once more), through the budget. */
 type KeyLookup = (did: string, fresh: boolean) => Effect.Effect<SigningKey | undefined, IdentityError>
 
@@ -324,21 +324,9 @@ export const make = (options: ServiceAuthOptions) =>
     // identity lookups of unverified tokens (IDENTITY_FETCH_BUDGET), one bucket for the process
     const lookupBudget = makeBuckets(IDENTITY_FETCH_BUDGET, 1)
     const budgetLog = RateLimitedLog.make()
-    // issuers whose token verified → when (least recently verified first)
-    const verifiedIssuers = new Map<string, number>()
-    const noteVerified = (did: string, nowMs: number) => {
-      verifiedIssuers.delete(did)
-      while (verifiedIssuers.size >= VERIFIED_ISSUERS_CAPACITY) {
-        const oldest = verifiedIssuers.keys().next()
-        if (oldest.done === true) break
-        verifiedIssuers.delete(oldest.value)
-      }
-      verifiedIssuers.set(did, nowMs)
-    }
-    const knownIssuer = (did: string, nowMs: number) => {
-      const at = verifiedIssuers.get(did)
-      return at !== undefined && nowMs - at < VERIFIED_ISSUER_TTL_MS
-    }
+    // a normal lookup Identity answers from its cache is free (without `isCached`: never)
+    const cached = (did: string): Effect.Effect<boolean> =>
+      identity.isCached === undefined ? Effect.succeed(false) : identity.isCached(did)
     /** A lookup the budget refuses: not made, `identity_unavailable` as for a held host (logged once a minute). */
     const overBudget = (retryAfterMs: number) => {
       const warn = (suppressed: number) =>
@@ -352,18 +340,13 @@ export const make = (options: ServiceAuthOptions) =>
     const keyLookup = (nowMs: number): KeyLookup => {
       let charged = false
       return (did, fresh) =>
-        Effect.suspend(() => {
-          if (!charged && (fresh || !knownIssuer(did, nowMs))) {
+        Effect.gen(function*() {
+          if (!charged && (fresh || !(yield* cached(did)))) {
             const decision = lookupBudget.take("identity", nowMs)
-            if (!decision.allowed) return overBudget(decision.retryAfterMs)
+            if (!decision.allowed) return yield* overBudget(decision.retryAfterMs)
             charged = true
           }
-          // a failure is not cached: the issuer's next lookups are charged
-          const forget = Effect.sync(() => void verifiedIssuers.delete(did))
-          return Effect.tapError(
-            identity.resolveSigningKey(did, { fresh }),
-            (e) => e.held === true ? Effect.void : forget
-          )
+          return yield* identity.resolveSigningKey(did, { fresh })
         })
     }
     const serviceDid = options.serviceDid
@@ -518,7 +501,6 @@ export const make = (options: ServiceAuthOptions) =>
         if (verified.issuer !== claims.iss || verified.lxm !== nsid) {
           return yield* Effect.fail(new AuthFailure({ error: "InvalidToken", reason: "verifier" }))
         }
-        noteVerified(claims.iss, nowMs)
         return { did: claims.iss }
       }).pipe(Effect.withSpan("ServiceAuth.verify"))
 

@@ -26,6 +26,8 @@
  * - What is cached is a fetched, valid document's parts: its PDS (or why it has none usable:
  *   `no_pds` / `pds_unsafe`, answered from the cache like the PDS itself) and its signing key.
  *   A failed fetch is never cached. Times come from the Effect `Clock`.
+ * - `isCached(did)` says, without fetching or touching the LRU order, whether a normal lookup of
+ *   `did` would make no fetch of its own (the owners' API charges its lookup budget by it).
  * - `resolveSigningKey(did, { fresh: true })` is the verifier's "fetch once more" after a signature
  *   failed with the cached key (the owner may have rotated it): it fetches the document again, in
  *   the foreground, unless this DID's document was fetched (or such a refetch began) within the
@@ -125,6 +127,14 @@ export interface IdentityShape {
     did: string,
     options?: { readonly fresh?: boolean }
   ) => Effect.Effect<SigningKey | undefined, IdentityError>
+  /**
+   * Whether a (non-`fresh`) `resolveSigningKey` / `resolvePds` of `did` made now would make no
+   * fetch of its own: its document is cached and not expired, or a foreground fetch of it is in
+   * flight (the lookup would join it). Reads only: no fetch, no change to the LRU order. The
+   * answer may be stale by the time a lookup runs (an eviction in between: one fetch the caller
+   * did not expect). Optional for fakes: a caller treats an Identity without it as "never cached".
+   */
+  readonly isCached?: (did: string) => Effect.Effect<boolean>
   /** Forget what is cached for `did` (an `#identity` / `#account` event, or "repo not found"). */
   readonly invalidate: (did: string) => Effect.Effect<void>
   readonly stats: Effect.Effect<IdentityStats>
@@ -404,9 +414,18 @@ export const make = (options: IdentityOptions = {}) =>
         }
       })
 
+    const isCached = (did: string) =>
+      Effect.map(Clock.currentTimeMillis, (now) => {
+        const entry = cache.get(did)
+        if (entry !== undefined && now - entry.fetchedAt < expireMs) return true
+        const flight = flights.get(did)
+        return flight !== undefined && !flight.invalidated
+      })
+
     const shape: IdentityShape = {
       resolvePds,
       resolveSigningKey,
+      isCached,
       invalidate,
       stats: Effect.sync(() => ({ entries: cache.size, hits, misses, refreshes, failures }))
     }
