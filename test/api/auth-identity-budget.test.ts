@@ -13,15 +13,13 @@
  * a budget per process holds whatever the addresses, which is the point.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Layer, TestClock } from "effect"
-import { randomBytes } from "node:crypto"
+import { Effect, Layer, TestClock } from "effect"
 import type { SigningKey } from "../../src/schemas/DidDocument.js"
 import * as ServiceAuth from "../../src/services/api/ServiceAuth.js"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
+import { forgedToken, HEADER, LIST, tally, verdict as verdictOf } from "./identity-budget-support.js"
 import { claims, forge, keypair, newDid, newOwner, type Owner, SERVICE_DID } from "./support.js"
 
-const LIST = "place.wisp.v2.secret.list"
-const HEADER = { alg: "ES256K", typ: "JWT" }
 /** the budget's contract: a burst of 100, then 10 a second */
 const BURST = 100
 const PER_SECOND = 10
@@ -59,31 +57,14 @@ const fakeIdentity = () => {
 const publish = (fake: ReturnType<typeof fakeIdentity>, owner: Owner & { readonly multikey: string }) =>
   fake.state.published.set(owner.did, { type: "Multikey", publicKeyMultibase: owner.multikey })
 
-const nowS = () => Math.floor(Date.now() / 1000)
-const b64 = (v: unknown) => Buffer.from(JSON.stringify(v), "utf8").toString("base64url")
 /** A token naming a DID nobody has (its signature is never checked: the lookup comes first). */
-const forged = (aud: string) =>
-  `${b64(HEADER)}.${
-    b64({ iss: newDid(), aud, lxm: LIST, iat: nowS(), exp: nowS() + 60, jti: randomBytes(12).toString("hex") })
-  }.${randomBytes(64).toString("base64url")}`
+const forged = (aud: string) => forgedToken(newDid(), aud)
 
-const verdict = (auth: ServiceAuth.ServiceAuthShape, token: string) =>
-  Effect.map(Effect.either(auth.verify(`Bearer ${token}`, LIST)), (r) =>
-    Either.isRight(r)
-      ? "ok"
-      : r.left._tag === "AuthUnavailable"
-      ? `503:${r.left.reason}:${r.left.retryAfterMs === undefined ? "-" : "wait"}`
-      : `401:${r.left.error}`)
+/** the verdicts of this file say whether a 503 tells when to retry */
+const verdict = (auth: ServiceAuth.ServiceAuthShape, token: string) => verdictOf(auth, token, true)
 
 /** A genuine token of `owner` (signed with its key) addressed to `aud`. */
 const genuine = (owner: Owner, aud: string) => forge(owner.key, HEADER, claims(owner, LIST, { aud }))
-
-/** How many of `verdicts` are each verdict. */
-const tally = (verdicts: ReadonlyArray<string>) => {
-  const counts: Record<string, number> = {}
-  for (const v of verdicts) counts[v] = (counts[v] ?? 0) + 1
-  return counts
-}
 
 /** An owner whose document the directory publishes and whose token verified once (a known owner). */
 const knownOwner = (fake: ReturnType<typeof fakeIdentity>, auth: ServiceAuth.ServiceAuthShape, aud: string) =>

@@ -10,18 +10,16 @@
  * requests; ServiceAuth on top. And `isCached` itself: no fetch, no change to the LRU order.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Either, Fiber, Layer, TestClock } from "effect"
-import { randomBytes } from "node:crypto"
+import { Deferred, Effect, Fiber, Layer, TestClock } from "effect"
 import * as ServiceAuth from "../../src/services/api/ServiceAuth.js"
 import * as Config from "../../src/services/platform/Config.js"
 import { SafeHttp, type SafeRequest } from "../../src/services/platform/http/SafeHttp.js"
 import * as Identity from "../../src/services/reconciliation/Identity.js"
 import { plc, testConfig } from "../support/stack.js"
+import { forgedToken, HEADER, LIST, tally, verdict } from "./identity-budget-support.js"
 import { claims, didDocument, forge, keypair, newDid, type Owner, SERVICE_DID } from "./support.js"
 
 const PLC = "https://plc.test"
-const LIST = "place.wisp.v2.secret.list"
-const HEADER = { alg: "ES256K", typ: "JWT" }
 const BURST = 100
 
 /** A fake directory: documents by DID; requests counted; a DID in `gates` answers once opened. */
@@ -52,27 +50,8 @@ const identityLayer = (http: Layer.Layer<SafeHttp>, maxEntries: number) =>
     Layer.provide(Config.layerValue(testConfig({ PLC_DIRECTORY_URL: PLC })))
   )
 
-const nowS = () => Math.floor(Date.now() / 1000)
-const b64 = (v: unknown) => Buffer.from(JSON.stringify(v), "utf8").toString("base64url")
 /** A token naming `iss` whose signature is random bytes (no key needed: DIDs are public). */
-const forgedFor = (iss: string) =>
-  `${b64(HEADER)}.${
-    b64({ iss, aud: SERVICE_DID, lxm: LIST, iat: nowS(), exp: nowS() + 60, jti: randomBytes(12).toString("hex") })
-  }.${randomBytes(64).toString("base64url")}`
-
-const verdict = (auth: ServiceAuth.ServiceAuthShape, token: string) =>
-  Effect.map(Effect.either(auth.verify(`Bearer ${token}`, LIST)), (r) =>
-    Either.isRight(r)
-      ? "ok"
-      : r.left._tag === "AuthUnavailable"
-      ? `503:${r.left.reason}`
-      : `401:${r.left.error}`)
-
-const tally = (verdicts: ReadonlyArray<string>) => {
-  const counts: Record<string, number> = {}
-  for (const v of verdicts) counts[v] = (counts[v] ?? 0) + 1
-  return counts
-}
+const forgedFor = (iss: string) => forgedToken(iss, SERVICE_DID)
 
 const genuine = (owner: Owner) => forge(owner.key, HEADER, claims(owner, LIST))
 

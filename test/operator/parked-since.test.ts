@@ -2,7 +2,9 @@
  * `webhooks.parked` counts the rows parked since the count last restarted (`parked_since`: a resume,
  * or a new fingerprint), SPEC §4.3 (at most 10,000 parked rows per webhook). Rows parked before
  * that restart are not in the count: pruning, replaying or redelivering them gives no room back
- * (before, it did, and the count understated the rows parked since: 20,000 in one period).
+ * (before, it did, and the count understated the rows parked since: 20,000 in one period). A
+ * webhook deleted and created again with the same content (same owner, rkey and fingerprint) gets a
+ * new row whose count starts at its creation (0019's default for new rows).
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
@@ -172,6 +174,36 @@ describe("webhooks.parked counts the rows parked since parked_since", () => {
         yield* sql`UPDATE outbox SET finished_at = now() - interval '31 days' WHERE delivery_id LIKE 'old%'`
         yield* Maintenance.runOnce()
         expect(yield* parkedRows).toBe(3)
+        expect(yield* parked).toBe(3)
+      })),
+    60_000
+  )
+
+  it.effect(
+    "a webhook deleted and created again with the same fingerprint: pruning rows parked under the deleted row gives no room to the new one (its count starts at its creation)",
+    () =>
+      provide(Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
+        yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
+        yield* enqueue("old", 4)
+        yield* parkDue
+        expect(yield* parked).toBe(4)
+        // the record is deleted (RegistryStore.remove: DELETE FROM webhooks) and created again with the
+        // same content (RegistryStore.upsert: INSERT, same fingerprint); the receiver still answers 410
+        yield* sql`DELETE FROM webhooks WHERE owner_did = ${OWNER} AND rkey = 'w'`
+        yield* insertWebhook(OWNER, "w", { state: { gone_at: "now()" } })
+        expect(yield* parked).toBe(0)
+        yield* enqueue("new", 3)
+        yield* parkDue
+        expect(yield* parked).toBe(3)
+        // 30 days on, maintenance prunes the 4 rows parked under the deleted row
+        yield* sql`UPDATE outbox SET finished_at = now() - interval '31 days' WHERE delivery_id LIKE 'old%'`
+        yield* Maintenance.runOnce()
+        const rows = yield* sql<{ n: number }>`
+        SELECT count(*)::int AS n FROM outbox WHERE status = 'dead_letter' AND last_error_kind = 'webhook_disabled'`
+        expect(rows[0]?.n).toBe(3)
+        // the 3 rows parked since the row was created are still there: the count must say 3 (it says 0)
         expect(yield* parked).toBe(3)
       })),
     60_000
