@@ -7,7 +7,7 @@
  * - `list` → `{secrets: [{name, createdAt, lastRotatedAt?}]}`, never tokens;
  * - `delete {name}` → `{}`.
  * At most 1,000 secrets per owner (`LimitExceeded`); a caller firehook knows no webhook record of
- * (no `webhooks` and no `rejected_records` row: any DID with a key can call, and DIDs are free to
+ * (no `webhooks` and no `rejected_records` row; every DID with a key can call, and DIDs are free to
  * mint) at most 10 (`LimitExceeded`), and all such callers together at most 100,000 (503
  * `NotEnoughResources`, as a full replay store answers; `Secrets.createAsCaller`, under the same
  * advisory locks as the per-owner bound). Without `WEBHOOK_SECRET_ENCRYPTION_KEY`,
