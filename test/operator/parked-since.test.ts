@@ -79,6 +79,16 @@ const twoPeriods = Effect.gen(function*() {
   expect(yield* parkedRows).toBe(7)
 })
 
+/** An auto-disabled webhook `w` that parked 4 rows `old1`…`old4` (its count says 4). */
+const parkOld = Effect.gen(function*() {
+  const sql = yield* SqlClient.SqlClient
+  yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
+  yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
+  yield* enqueue("old", 4)
+  yield* parkDue
+  expect(yield* parked).toBe(4)
+})
+
 const provide = <A, E, R>(self: Effect.Effect<A, E, R>) =>
   self.pipe(
     Effect.provide(
@@ -153,11 +163,7 @@ describe("webhooks.parked counts the rows parked since parked_since", () => {
     () =>
       provide(Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
-        yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
-        yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
-        yield* enqueue("old", 4)
-        yield* parkDue
-        expect(yield* parked).toBe(4)
+        yield* parkOld
         // the row's creation started its count (0019's default for new rows); it is taken back to
         // before the rows parked so far, as a row created before 0019 would have had them
         yield* sql`UPDATE webhooks SET parked_since = NULL WHERE owner_did = ${OWNER} AND rkey = 'w'`
@@ -184,11 +190,7 @@ describe("webhooks.parked counts the rows parked since parked_since", () => {
     () =>
       provide(Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
-        yield* insertWebhook(OWNER, "w", { state: { auto_disabled_at: "now()" } })
-        yield* sql`INSERT INTO delivery_events (event_id, body, body_sha256) VALUES ('ev', '{}', 'x')`
-        yield* enqueue("old", 4)
-        yield* parkDue
-        expect(yield* parked).toBe(4)
+        yield* parkOld
         // the record is deleted (RegistryStore.remove: DELETE FROM webhooks) and created again with the
         // same content (RegistryStore.upsert: INSERT, same fingerprint); the receiver still answers 410
         yield* sql`DELETE FROM webhooks WHERE owner_did = ${OWNER} AND rkey = 'w'`
