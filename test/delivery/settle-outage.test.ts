@@ -233,13 +233,30 @@ describe("settles through a database outage", () => {
         "57P03",
         "08006",
         "53300",
-        "25006"
+        "25006",
+        // new connections refused while the operator changes the database (ALLOW_CONNECTIONS false,
+        // a role or pg_hba.conf change): before stop 59 a 55000 gave the settle up at once
+        "55000",
+        "28000",
+        "28P01"
       ]
     ) {
       expect([code, outage(code)]).toEqual([code, true])
     }
     for (
-      const code of ["22P02", "23505", "40P01", "42P01", "unknown", "defect", "shutdown", "connection_closed", "08"]
+      const code of [
+        "22P02",
+        "23505",
+        "40P01",
+        "42P01",
+        "55P03",
+        "55006",
+        "unknown",
+        "defect",
+        "shutdown",
+        "connection_closed",
+        "08"
+      ]
     ) {
       expect([code, outage(code)]).toEqual([code, false])
     }

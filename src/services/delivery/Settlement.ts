@@ -158,7 +158,11 @@ const publish = (
  * `timeout` (a statement past its 15 s bound, or a connection not made within 10 s: what a failover
  * that leaves the old server silent looks like), the socket's errno, and the SQLSTATEs of a server
  * that is gone, restarting or short of resources (class 08, 57P01–57P05, class 53), read-only (a
- * standby after a failover, 25006) or that cancelled the statement (57014).
+ * standby after a failover, 25006) or that cancelled the statement (57014), and the refusals of a new
+ * connection while the operator changes the database: `ALLOW_CONNECTIONS false` (55000, which a
+ * settle's own statement never raises) and a role or `pg_hba.conf` refusal (28000, 28P01). Before
+ * stop 59 a 55000 gave every answered row's settle up at once: each row in flight was sent again a
+ * lease later.
  */
 const OUTAGE_CODES: ReadonlySet<string> = new Set([
   "connection_lost",
@@ -175,7 +179,10 @@ const OUTAGE_CODES: ReadonlySet<string> = new Set([
   "ENOTFOUND",
   "EAI_AGAIN",
   "25006",
-  "57014"
+  "57014",
+  "55000",
+  "28000",
+  "28P01"
 ])
 const OUTAGE_SQLSTATE = /^(?:08[0-9A-Z]{3}|53[0-9A-Z]{3}|57P0[1-5])$/
 

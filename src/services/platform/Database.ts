@@ -47,6 +47,7 @@ const CONNECT_CODES: ReadonlyMap<string, string> = new Map([
   ["28P01", "password authentication failed"],
   ["28000", "the server refused this role or client (pg_hba.conf)"],
   ["57P03", "the server is starting up or shutting down"],
+  ["55000", "the database does not accept connections (ALLOW_CONNECTIONS false)"],
   ["53300", "the server has no connection slot left"],
   ["ECONNREFUSED", "nothing listens at that host and port"],
   ["ENOTFOUND", "the host name does not resolve"],
