@@ -35,14 +35,8 @@ import { KEY_TEXT_FORMAT } from "./ListKey.js"
 import type { TerminalStatus } from "./Operator.js"
 import * as OperatorConfig from "./OperatorConfig.js"
 import { unparkCtes } from "./ParkedRoom.js"
-import {
-  type AttemptCursor,
-  type AttemptKey,
-  type Batch,
-  batched,
-  sweepAttemptsBatch,
-  tombstoneBatch
-} from "./PruneBatches.js"
+import * as PruneAttempts from "./PruneAttempts.js"
+import { type AttemptCursor, type Batch, batched, tombstoneBatch } from "./PruneBatches.js"
 
 /** The tables maintenance prunes (also the `table` label of the pruned metric). */
 export const PRUNED_TABLES = [
@@ -183,6 +177,7 @@ const onlyRows = <E, R>(eff: Effect.Effect<ReadonlyArray<CountRow>, E, R>) =>
 export interface RunContext {
   readonly eventCursor?: SweepCursor | undefined
   readonly attemptCursor?: AttemptCursor | undefined
+  readonly attemptBounds?: PruneAttempts.AttemptBoundCursors | undefined
   readonly withinBudget?: Effect.Effect<boolean> | undefined
 }
 
@@ -191,6 +186,7 @@ export interface RunContext {
  */
 export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, run: RunContext = {}) => {
   const b = o.batchSize
+  const longest = Math.max(seconds(o.delivered), seconds(o.deadLetter), seconds(o.cancelled))
   const withinBudget = run.withinBudget ?? Effect.succeed(false)
   const loop = <E, R>(batch: Effect.Effect<Batch, E, R>, options: RetentionOptions = o) =>
     batched(options, withinBudget, batch)
@@ -252,21 +248,19 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, run: Ru
     )
 
   /**
-   * Attempts whose outbox row is gone (written by anything but this module) and that are older
-   * than the longest outbox retention: keeps the attempts table bounded on its own. Walked from a
-   * cursor, `batchSize` attempts a statement, each probing the outbox by key (PruneBatches.ts).
+   * Attempts, each rule walked from its cursor (PruneAttempts.ts): `orphans`, whose outbox row is
+   * gone (written by anything but this module), older than the longest outbox retention; `excess`,
+   * beyond their delivery's newest 100; `aged`, older than the longest retention but their delivery's newest.
    */
-  const orphanAttempts = () =>
-    Effect.flatMap(
-      run.attemptCursor === undefined ? Ref.make<AttemptKey | undefined>(undefined) : Effect.succeed(run.attemptCursor),
-      (cursor) =>
-        loop(sweepAttemptsBatch(sql, {
-          olderThanSeconds: Math.max(seconds(o.delivered), seconds(o.deadLetter), seconds(o.cancelled)),
-          window: b,
-          cursor,
-          timed
-        }))
-    )
+  const attempts = (which: PruneAttempts.AttemptRule) =>
+    PruneAttempts.rule(sql, which, {
+      batchSize: b,
+      olderThanSeconds: longest,
+      cursor: which === "orphans" ? run.attemptCursor : run.attemptBounds?.[which],
+      timed,
+      loop
+    })
+  const orphanAttempts = () => attempts("orphans")
 
   /** Event bodies older than the retention that no outbox row references, walked from a cursor (EventSweep.ts). */
   const deliveryEvents = () =>
@@ -394,7 +388,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, run: Ru
       )
     )
 
-  return { outbox, orphanAttempts, deliveryEvents, appendOnly, tombstones, priorRefs, rejectedRecords }
+  return { outbox, orphanAttempts, attempts, deliveryEvents, appendOnly, tombstones, priorRefs, rejectedRecords }
 }
 
 /** Nothing pruned: every count zero. */
@@ -420,7 +414,9 @@ export const runOnce = (
   /** where the event-body walk resumes (the runner's, kept between its runs); none: from the oldest */
   eventCursor?: SweepCursor,
   /** where the orphan-attempt walk resumes (the runner's); none: from the oldest */
-  attemptCursor?: AttemptCursor
+  attemptCursor?: AttemptCursor,
+  /** where the excess- and aged-attempt walks resume (the runner's); none: from the oldest */
+  attemptBounds?: PruneAttempts.AttemptBoundCursors
 ): Effect.Effect<PruneCounts, StoreError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
@@ -428,7 +424,7 @@ export const runOnce = (
     const started = yield* Clock.currentTimeMillis
     const budgetMs = Duration.toMillis(Duration.decode(o.runBudget))
     const withinBudget = Effect.map(Clock.currentTimeMillis, (now) => now - started < budgetMs)
-    const rules = makeRules(sql, o, { eventCursor, attemptCursor, withinBudget })
+    const rules = makeRules(sql, o, { eventCursor, attemptCursor, attemptBounds, withinBudget })
     const counts: { [T in PrunedTable]: number } = { ...ZERO }
     let firstError: Option.Option<StoreError> = Option.none()
 
@@ -467,6 +463,8 @@ export const runOnce = (
     yield* step("outbox.dead_letter", "outbox", rules.outbox("dead_letter", o.deadLetter), "delivery_attempts")
     yield* step("outbox.cancelled", "outbox", rules.outbox("cancelled", o.cancelled), "delivery_attempts")
     yield* step("delivery_attempts.orphans", "delivery_attempts", rules.orphanAttempts())
+    yield* step("delivery_attempts.excess", "delivery_attempts", rules.attempts("excess"))
+    yield* step("delivery_attempts.aged", "delivery_attempts", rules.attempts("aged"))
     yield* step("delivery_events", "delivery_events", rules.deliveryEvents())
     yield* step("audit", "audit", rules.appendOnly("audit", o.audit, o.auditMaxRows))
     yield* step("tombstones", "tombstones", rules.tombstones())
@@ -529,10 +527,11 @@ export const make = (
     const interval = options.interval ?? DEFAULT_INTERVAL
     const lockKey = options.lockKey ?? MAINTENANCE_LOCK_KEY
     const eventCursor: SweepCursor = yield* Ref.make<SweepKey | undefined>(undefined)
-    const attemptCursor: AttemptCursor = yield* Ref.make<AttemptKey | undefined>(undefined)
+    const attemptCursor = yield* PruneAttempts.newCursor
+    const attemptBounds = yield* PruneAttempts.newBoundCursors
     // a run's budget is half the interval: the runner is never busy for more than about that
     const runBudget = options.runBudget ?? Duration.times(Duration.decode(interval), 0.5)
-    const run = runOnce({ ...options, runBudget }, eventCursor, attemptCursor).pipe(
+    const run = runOnce({ ...options, runBudget }, eventCursor, attemptCursor, attemptBounds).pipe(
       Effect.provideService(SqlClient.SqlClient, sql)
     )
     const state = yield* SubscriptionRef.make<MaintenanceStatus>({

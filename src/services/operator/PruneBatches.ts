@@ -100,13 +100,35 @@ export interface AttemptKey {
 /** Where the next statement of the walk starts (`undefined`: at the oldest attempt). */
 export type AttemptCursor = Ref.Ref<AttemptKey | undefined>
 
-interface WalkRow {
+/** A walk statement's answer: attempts deleted, attempts walked, and the last one walked (its key). */
+export interface WalkRow {
   readonly n: number
   readonly walked: number
   readonly last_at: string | null
   readonly last_id: string | null
   readonly last_attempt: number | null
 }
+
+/**
+ * The attempts (aliased `alias`) after `from` in the walk's `(started_at, delivery_id, attempt)`
+ * order (every one with none): the `started_at` bound lets the index range start at the cursor.
+ */
+export const afterAttempt = (sql: SqlClient.SqlClient, from: AttemptKey | undefined, alias: string): Fragment => {
+  const a = sql.literal(alias)
+  return from === undefined ? sql`true` : sql`${a}.started_at >= ${from.at}::timestamptz
+    AND (${a}.started_at, ${a}.delivery_id, ${a}.attempt) > (${from.at}::timestamptz, ${from.deliveryId}, ${from.attempt}::int)`
+}
+
+/** The columns of a walk's last attempt (the CTE `last`), as {@link WalkRow} names them. */
+export const lastAttemptColumns = (sql: SqlClient.SqlClient): Fragment =>
+  sql`(SELECT to_char(started_at AT TIME ZONE 'UTC', ${KEY_TEXT_FORMAT}) FROM last) AS last_at,
+    (SELECT delivery_id FROM last) AS last_id, (SELECT attempt FROM last) AS last_attempt`
+
+/** The key of a walk's last attempt (`undefined`: none was walked). */
+export const lastAttemptKey = (r: WalkRow | undefined): AttemptKey | undefined =>
+  r === undefined || r.last_at === null || r.last_id === null || r.last_attempt === null
+    ? undefined
+    : { at: r.last_at, deliveryId: r.last_id, attempt: r.last_attempt }
 
 /**
  * One statement of the walk: at most `window` attempts older than `olderThanSeconds` after the
@@ -127,11 +149,7 @@ export const sweepAttemptsBatch = <E>(
     const window = Math.max(1, Math.floor(options.window))
     const cutoff = sql`now() - make_interval(secs => ${options.olderThanSeconds}::double precision)`
     const from = yield* Ref.get(cursor)
-    const after = (alias: string) => {
-      const a = sql.literal(alias)
-      return from === undefined ? sql`true` : sql`${a}.started_at >= ${from.at}::timestamptz
-        AND (${a}.started_at, ${a}.delivery_id, ${a}.attempt) > (${from.at}::timestamptz, ${from.deliveryId}, ${from.attempt}::int)`
-    }
+    const after = (alias: string) => afterAttempt(sql, from, alias)
     const rows = yield* timed(sql<WalkRow>`
       WITH walked AS (
         SELECT w.delivery_id, w.attempt, w.started_at FROM delivery_attempts w
@@ -157,15 +175,11 @@ export const sweepAttemptsBatch = <E>(
         RETURNING 1
       )
       SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM walked)::int AS walked,
-        (SELECT to_char(started_at AT TIME ZONE 'UTC', ${KEY_TEXT_FORMAT}) FROM last) AS last_at,
-        (SELECT delivery_id FROM last) AS last_id, (SELECT attempt FROM last) AS last_attempt`)
+        ${lastAttemptColumns(sql)}`)
     const r = rows[0]
-    const end = r === undefined || r.walked < window || r.last_at === null || r.last_id === null ||
-      r.last_attempt === null
+    const last = lastAttemptKey(r)
+    const end = r === undefined || r.walked < window || last === undefined
     // at the cutoff: the next statement (of this run or the next) starts from the oldest attempt
-    yield* Ref.set(
-      cursor,
-      end ? undefined : { at: r.last_at ?? "", deliveryId: r.last_id ?? "", attempt: r.last_attempt ?? 0 }
-    )
+    yield* Ref.set(cursor, end ? undefined : last)
     return { rows: r?.n ?? 0, extra: 0, full: !end }
   })
