@@ -114,13 +114,16 @@ const lockTimedOut = (cause: Cause.Cause<unknown>): boolean =>
 
 /**
  * Run pending migrations; safe to run from several processes at once: the bookkeeping table is
- * created under a transaction-scoped advisory lock (so concurrent `CREATE TABLE`s cannot race),
- * and the Migrator then serializes runners with `LOCK TABLE … ACCESS EXCLUSIVE`: the second
- * runner waits, then finds nothing left to do. The recorded migrations are checked before (so
- * nothing is applied to a database of another version) and after (another runner may have
- * applied a newer version's in between): a mismatch fails with {@link SchemaMismatch}.
- * The Migrator's transaction waits at most {@link MIGRATION_LOCK_TIMEOUT} for any lock; one
- * that gives way is rolled back whole and tried again, logged as a warning each time.
+ * created, and the Migrator run, each under the transaction-scoped advisory lock
+ * {@link MIGRATION_LOCK_KEY} (so concurrent `CREATE TABLE`s cannot race, and a second runner waits
+ * for the first's migrations, then finds nothing left to do). The recorded migrations are checked
+ * before (so nothing is applied to a database of another version) and after (another runner may
+ * have applied a newer version's in between): a mismatch fails with {@link SchemaMismatch}.
+ * The wait for the advisory lock is bounded only by {@link MIGRATIONS_TIMEOUT} (logged at info as
+ * it begins, `migrations_wait`); after it, the Migrator's transaction waits at most
+ * {@link MIGRATION_LOCK_TIMEOUT} for any lock, and one that gives way (to a session that is not
+ * migrating: a long transaction, a `pg_dump`) is rolled back whole and tried again, logged as a
+ * warning each time.
  */
 export const runWith = (options: RunOptions = {}) =>
   Effect.gen(function*() {
@@ -145,11 +148,26 @@ export const runWith = (options: RunOptions = {}) =>
       ).pipe(Effect.zipRight(check))
     )
     const lockMs = Math.max(1, Math.round(Duration.toMillis(options.lockTimeout ?? MIGRATION_LOCK_TIMEOUT)))
+    // The advisory lock first, before the lock timeout is set: a runner that finds another one
+    // migrating waits here, quietly (until MIGRATIONS_TIMEOUT), and reaches the Migrator's
+    // `LOCK TABLE` only once that one has committed. Without it, a runner past its check waited
+    // behind the other's `LOCK TABLE`, gave way every lock timeout and warned of another session's
+    // long transaction, which was the other replica's migration.
+    const serialized = Effect.flatMap(
+      sql<{ readonly granted: boolean }>`SELECT pg_try_advisory_xact_lock(${MIGRATION_LOCK_KEY}) AS granted`,
+      (rows) =>
+        rows[0]?.granted === true
+          ? Effect.void
+          : Effect.logInfo("waiting for another process's migrations").pipe(
+            Effect.annotateLogs({ code: "migrations_wait" }),
+            Effect.zipRight(sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`)
+          )
+    )
     // the Migrator's own transaction nests in this one (a savepoint), so the setting covers it
     const once = sql.withTransaction(
-      Effect.zipRight(
-        sql`SELECT set_config('lock_timeout', ${`${lockMs}ms`}, true)`,
-        Migrator.make({})({ loader: Migrator.fromRecord(migrations), table: MIGRATIONS_TABLE })
+      serialized.pipe(
+        Effect.zipRight(sql`SELECT set_config('lock_timeout', ${`${lockMs}ms`}, true)`),
+        Effect.zipRight(Migrator.make({})({ loader: Migrator.fromRecord(migrations), table: MIGRATIONS_TABLE }))
       )
     ).pipe(
       Effect.catchAllCause((cause): Effect.Effect<never, LockWait | Migrator.MigrationError | SqlError> =>
