@@ -23,7 +23,15 @@ import {
   startDevnet,
   WH
 } from "../support/devnet.js"
-import { type Deployment, e2eResources, query, startDeployment, waitUntil } from "../support/e2e.js"
+import {
+  type Deployment,
+  e2eResources,
+  processTail,
+  query,
+  startDeployment,
+  waitUntil,
+  webhookDiagnostics
+} from "../support/e2e.js"
 import { exitWithin, ROOT, runCli, waitFor } from "../support/proc.js"
 
 const res = e2eResources()
@@ -505,12 +513,24 @@ describe("firehook on a real atproto network", () => {
       await stop(firehook)
       firehook = await startDeployment(dataDir, firehookEnv())
       await waitFor(firehook.health, 200, firehook.running, 60_000)
+      // the start's backfill sweep rescans erin too; a SIGKILL during her scan leaves her `scanning`
+      // (a crash skips the scan's end), and the restarted process holds her deliveries until it takes
+      // the dead process's page over (30 s without a beat) and scans her again: under CI's load that
+      // outlasted the 90 s below once (stop 58). This test is about a kill mid-stream, not mid-scan.
+      const live = async () => {
+        const r = await fetch(firehook.health, { signal: AbortSignal.timeout(2_000) }).catch(() => undefined)
+        return r === undefined ? undefined : ((await r.json().catch(() => ({}))) as { phase?: unknown }).phase
+      }
+      await waitUntil(async () => (await live()) === "live", 60_000, "the start's backfill sweep done (phase live)")
       const TOTAL = 60
       const written: Array<string> = []
+      /** the deployment killed mid-stream (its output, for a failure message) */
+      let killed: Deployment | undefined
       for (let i = 0; i < TOTAL; i++) {
         written.push((await post(erin, `post ${i}`)).rkey)
         if (i === 20) {
           // mid-stream: some events are delivered, some enqueued, some not yet read
+          killed = firehook
           firehook.running.child.kill("SIGKILL")
           expect((await exitWithin(firehook.running, 10_000)).signal).toBe("SIGKILL")
         }
@@ -522,11 +542,15 @@ describe("firehook on a real atproto network", () => {
         () => new Set(at(path).map((r) => bodyOf(r)["rkey"])).size >= TOTAL,
         90_000,
         "every delivery after the restart",
+        // what kept the rows from being delivered: the rows, the owner's reconciliation, and both
+        // processes' last output (the restarted one with its health)
         async () =>
-          JSON.stringify({
-            got: new Set(at(path).map((r) => bodyOf(r)["rkey"])).size,
-            outbox: await query(db, "SELECT status, count(*) FROM outbox GROUP BY status")
-          })
+          [
+            `got ${new Set(at(path).map((r) => bodyOf(r)["rkey"])).size} of ${TOTAL} (${at(path).length} requests)`,
+            await webhookDiagnostics(db, erin.did, "all"),
+            `--- restarted firehook:\n${await processTail(firehook)}`,
+            `--- killed firehook:\n${killed === undefined ? "none" : await processTail(killed, 20)}`
+          ].join("\n")
       )
       const got = at(path)
       expect(new Set(got.map((r) => bodyOf(r)["rkey"]))).toEqual(new Set(written))

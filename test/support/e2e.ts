@@ -80,7 +80,90 @@ export const waitUntil = async (
     if (await cond()) return
     await sleep(50)
   }
-  throw new Error(`timed out: ${what} ${debug === undefined ? "" : await debug()}`)
+  // a debug text that fails (a query against a database that went away) must not hide the timeout
+  const text = debug === undefined
+    ? ""
+    : await Promise.resolve().then(debug).catch((e: unknown) => `(debug failed: ${String(e)})`)
+  throw new Error(`timed out: ${what} ${text}`)
+}
+
+/** The last `n` lines of `text`. */
+export const lastLines = (text: string, n: number): string => text.split("\n").slice(-n - 1).join("\n")
+
+/**
+ * A running firehook's state for a failure message: its exit (if any), the last `n` lines of its
+ * stderr and of its stdout, and its `/health` body (2 s bound).
+ */
+export const processTail = async (d: Deployment, n = 40): Promise<string> => {
+  const c = d.running.child
+  const health = c.exitCode === null && c.signalCode === null
+    ? await fetch(d.health, { signal: AbortSignal.timeout(2000) })
+      .then(async (r) => `${r.status} ${(await r.text()).slice(0, 4000)}`)
+      .catch((e: unknown) => `unreachable (${String(e)})`)
+    : "not running"
+  return [
+    `pid ${c.pid} exit ${c.exitCode} signal ${c.signalCode}`,
+    `health: ${health}`,
+    `stderr (last ${n} lines):\n${lastLines(d.running.stderr(), n)}`,
+    `stdout (last ${n} lines):\n${lastLines(d.running.stdout(), n)}`
+  ].join("\n")
+}
+
+/**
+ * One webhook's delivery state for a failure message: its outbox rows by status, attempt count and
+ * last error (with their next attempt relative to the database's now(), in seconds), its attempts,
+ * its webhook row, its owner's reconciliation state (a `scanning` owner's deliveries are deferred
+ * without an attempt) and the backfill sweep's state. Each query's failure is reported in place.
+ */
+export const webhookDiagnostics = async (db: string, ownerDid: string, rkey: string): Promise<string> => {
+  const parts: Array<[string, string, Array<unknown>]> = [
+    [
+      "outbox",
+      `SELECT status, attempt_count, last_error_kind, last_http_status, crash_count, count(*)::int AS n,
+         round(extract(epoch FROM min(next_attempt_at) - now())::numeric, 1)::float8 AS min_next_s,
+         round(extract(epoch FROM max(next_attempt_at) - now())::numeric, 1)::float8 AS max_next_s,
+         round(extract(epoch FROM max(leased_until) - now())::numeric, 1)::float8 AS max_lease_s,
+         round(extract(epoch FROM now() - max(updated_at))::numeric, 1)::float8 AS last_update_ago_s,
+         count(DISTINCT split_part(lease_token, ':', 1))::int AS lease_workers
+       FROM outbox WHERE owner_did = $1 AND webhook_rkey = $2
+       GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3`,
+      [ownerDid, rkey]
+    ],
+    [
+      "attempts",
+      `SELECT a.outcome, a.error_kind, a.http_status, count(*)::int AS n,
+         round(extract(epoch FROM now() - max(a.started_at))::numeric, 1)::float8 AS last_ago_s
+       FROM delivery_attempts a JOIN outbox o ON o.delivery_id = a.delivery_id
+       WHERE o.owner_did = $1 AND o.webhook_rkey = $2 GROUP BY 1, 2, 3`,
+      [ownerDid, rkey]
+    ],
+    [
+      "webhook",
+      `SELECT active, enabled, gone_at, auto_disabled_at, generation, url FROM webhooks
+       WHERE owner_did = $1 AND rkey = $2`,
+      [ownerDid, rkey]
+    ],
+    [
+      "owner",
+      `SELECT reconcile_status, generation, scan_generation, failure_count, last_failure_kind,
+         round(extract(epoch FROM now() - scan_started_at)::numeric, 1)::float8 AS scan_started_ago_s,
+         round(extract(epoch FROM now() - completed_at)::numeric, 1)::float8 AS completed_ago_s,
+         round(extract(epoch FROM now() - failed_at)::numeric, 1)::float8 AS failed_ago_s,
+         reconcile_requested_at IS NOT NULL AS requested
+       FROM owners WHERE did = $1`,
+      [ownerDid]
+    ],
+    ["backfill", `SELECT * FROM backfill_state`, []],
+    ["all outbox", `SELECT status, count(*)::int AS n FROM outbox GROUP BY 1 ORDER BY 1`, []]
+  ]
+  const out: Array<string> = []
+  for (const [name, q, params] of parts) {
+    const text = await query(db, q, params)
+      .then((rows) => JSON.stringify(rows))
+      .catch((e: unknown) => `(failed: ${String(e)})`)
+    out.push(`${name}: ${text}`)
+  }
+  return out.join("\n")
 }
 
 export interface Deployment {
