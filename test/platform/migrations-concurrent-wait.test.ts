@@ -160,3 +160,72 @@ describe("two replicas migrating a populated 0015 database at once", () => {
     { timeout: 60_000 }
   )
 })
+
+describe("a replica started while another migrates", () => {
+  // the ordinary case (no gate): the second runner meets the advisory lock in its first transaction
+  // (the bookkeeping table and the version check); before stop 59 that wait logged nothing, while
+  // docs/operations.md told operators to expect `migrations_wait`
+  it.scopedLive(
+    "says it waits for the other's migrations (info migrations_wait, once), then applies nothing",
+    () =>
+      Effect.gen(function*() {
+        const { name, url } = yield* Db.freshDatabase
+        const setup = yield* client(url, "test-setup")
+        const holder = yield* client(url, "test-holder")
+        const a = yield* client(url, "replica-a")
+        const b = yield* client(url, "replica-b")
+        const before = Object.fromEntries(
+          Object.entries(Migrations.migrations).filter(([id]) => Number(id.slice(0, 4)) <= 15)
+        )
+        yield* Migrator.make({})({ loader: Migrator.fromRecord(before), table: Migrations.MIGRATIONS_TABLE }).pipe(
+          Effect.provideService(SqlClient.SqlClient, setup)
+        )
+        const codes: Array<unknown> = []
+        const warnings: Array<unknown> = []
+        const capture = Logger.make(({ annotations, logLevel, message }) => {
+          if (logLevel._tag === "Info") codes.push(Option.getOrUndefined(HashMap.get(annotations, "code")))
+          if (logLevel._tag === "Warning") warnings.push(message)
+        })
+        const logged = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+          effect.pipe(Effect.provide(Logger.replace(Logger.defaultLogger, capture)))
+
+        // a session that has read `owners`: A's 0016 waits for it
+        const reading = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        const hold = yield* holder.withTransaction(
+          holder`SELECT count(*) FROM owners`.pipe(
+            Effect.zipRight(Deferred.succeed(reading, undefined)),
+            Effect.zipRight(Deferred.await(release))
+          )
+        ).pipe(Effect.fork)
+        yield* Deferred.await(reading)
+
+        const runA = yield* Migrations.runWith({ lockTimeout: "60 seconds" }).pipe(
+          Effect.provideService(SqlClient.SqlClient, a),
+          Effect.fork
+        )
+        yield* until(
+          "replica A migrating (waiting for owners)",
+          setup<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
+          WHERE s.datname = ${name} AND s.application_name = 'replica-a' AND NOT l.granted
+            AND l.relation = 'owners'::regclass`.pipe(Effect.map((r) => (r[0]?.n ?? 0) > 0))
+        )
+        const runB = yield* logged(Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, b))).pipe(Effect.fork)
+        yield* until(
+          "replica B waiting for a lock for a second",
+          setup<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_stat_activity
+          WHERE datname = ${name} AND application_name = 'replica-b' AND wait_event_type = 'Lock'
+            AND clock_timestamp() - query_start > interval '1 second'`.pipe(Effect.map((r) => (r[0]?.n ?? 0) > 0))
+        )
+        yield* Deferred.succeed(release, undefined)
+        yield* Fiber.join(hold)
+        yield* Fiber.join(runA)
+        expect(yield* Fiber.join(runB)).toEqual([])
+        expect(codes.filter((c) => c === "migrations_wait")).toEqual(["migrations_wait"])
+        expect(warnings).toEqual([])
+      }),
+    { timeout: 60_000 }
+  )
+})

@@ -120,7 +120,7 @@ const lockTimedOut = (cause: Cause.Cause<unknown>): boolean =>
  * before (so nothing is applied to a database of another version) and after (another runner may
  * have applied a newer version's in between): a mismatch fails with {@link SchemaMismatch}.
  * The wait for the advisory lock is bounded only by {@link MIGRATIONS_TIMEOUT} (logged at info as
- * it begins, `migrations_wait`); after it, the Migrator's transaction waits at most
+ * it begins, once a run, `migrations_wait`); after it, the Migrator's transaction waits at most
  * {@link MIGRATION_LOCK_TIMEOUT} for any lock, and one that gives way (to a session that is not
  * migrating: a long transaction, a `pg_dump`) is rolled back whole and tried again, logged as a
  * warning each time.
@@ -137,9 +137,26 @@ export const runWith = (options: RunOptions = {}) =>
         return wrong === undefined ? Effect.void : Effect.fail(new SchemaMismatch({ reason: wrong }))
       }
     )
+    // The advisory lock, in both transactions below: tried first, and waited for after one info line
+    // (once a run) when another process holds it, which is another process's migrations: the wait
+    // is bounded only by MIGRATIONS_TIMEOUT, and an operator sees why the start waits.
+    let told = false
+    const serialized = Effect.flatMap(
+      sql<{ readonly granted: boolean }>`SELECT pg_try_advisory_xact_lock(${MIGRATION_LOCK_KEY}) AS granted`,
+      (rows) =>
+        rows[0]?.granted === true
+          ? Effect.void
+          : Effect.zipRight(
+            told ? Effect.void : Effect.logInfo("waiting for another process's migrations").pipe(
+              Effect.annotateLogs({ code: "migrations_wait" }),
+              Effect.zipRight(Effect.sync(() => void (told = true)))
+            ),
+            sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`
+          )
+    )
     yield* sql.withTransaction(
       Effect.zipRight(
-        sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`,
+        serialized,
         sql.unsafe(`CREATE TABLE IF NOT EXISTS ${MIGRATIONS_TABLE} (
         migration_id integer PRIMARY KEY,
         created_at timestamptz NOT NULL DEFAULT now(),
@@ -149,20 +166,10 @@ export const runWith = (options: RunOptions = {}) =>
     )
     const lockMs = Math.max(1, Math.round(Duration.toMillis(options.lockTimeout ?? MIGRATION_LOCK_TIMEOUT)))
     // The advisory lock first, before the lock timeout is set: a runner that finds another one
-    // migrating waits here, quietly (until MIGRATIONS_TIMEOUT), and reaches the Migrator's
-    // `LOCK TABLE` only once that one has committed. Without it, a runner past its check waited
-    // behind the other's `LOCK TABLE`, gave way every lock timeout and warned of another session's
-    // long transaction, which was the other replica's migration.
-    const serialized = Effect.flatMap(
-      sql<{ readonly granted: boolean }>`SELECT pg_try_advisory_xact_lock(${MIGRATION_LOCK_KEY}) AS granted`,
-      (rows) =>
-        rows[0]?.granted === true
-          ? Effect.void
-          : Effect.logInfo("waiting for another process's migrations").pipe(
-            Effect.annotateLogs({ code: "migrations_wait" }),
-            Effect.zipRight(sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`)
-          )
-    )
+    // migrating waits here (until MIGRATIONS_TIMEOUT), and reaches the Migrator's `LOCK TABLE` only
+    // once that one has committed. Without it, a runner past its check waited behind the other's
+    // `LOCK TABLE`, gave way every lock timeout and warned of another session's long transaction,
+    // which was the other replica's migration.
     // the Migrator's own transaction nests in this one (a savepoint), so the setting covers it
     const once = sql.withTransaction(
       serialized.pipe(
