@@ -29,7 +29,12 @@
  * Measured on 7 December 2026 on 2,000,000 attempts (a loaded two-core machine): an excess
  * statement walking 10,000 attempts and deleting 1,000 took 35–65 ms, an aged one 15–45 ms; the
  * aged check written as `EXISTS` (a higher-numbered attempt) was planned as a hash semi-join over
- * the whole table, 4.1 s, hence the scalar `max(attempt)` subqueries.
+ * the whole table, 4.1 s, hence the scalar `max(attempt)` subqueries. Both statements run with
+ * the walk's plan settings and delete by `ctid` (PruneBatches.ts, `planned`, `deleteDoomed`):
+ * never analysed after a bulk insert, the excess statement had walked by a bitmap scan of every
+ * attempt after the cursor (1.9 s on 2,000,000); under statistics taken while the load was
+ * uncommitted, both ran past the 30 s statement bound (a full sort of the rest of the table, and
+ * the deletion's join scanning the whole primary key for each locked attempt).
  */
 import type { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
@@ -39,8 +44,10 @@ import {
   type AttemptCursor,
   type AttemptKey,
   type Batch,
+  deleteDoomed,
   lastAttemptColumns,
   lastAttemptKey,
+  planned,
   sweepAttemptsBatch,
   type WalkRow
 } from "./PruneBatches.js"
@@ -83,7 +90,9 @@ export const excessAttemptsBatch = <E>(sql: SqlClient.SqlClient, o: Options<E>):
     const limit = Math.max(1, Math.floor(o.batchSize))
     const window = limit * EXCESS_WALK_FACTOR
     const from = yield* Ref.get(o.cursor)
-    const rows = yield* o.timed(sql<ExcessRow>`
+    const rows = yield* o.timed(planned(
+      sql,
+      sql<ExcessRow>`
       WITH walked AS (
         SELECT w.delivery_id, w.attempt, w.started_at FROM delivery_attempts w
         WHERE w.started_at <= now() AND ${afterAttempt(sql, from, "w")}
@@ -98,17 +107,14 @@ export const excessAttemptsBatch = <E>(sql: SqlClient.SqlClient, o: Options<E>):
             AS upto
         FROM (SELECT DISTINCT w.delivery_id FROM walked w WHERE w.attempt > ${EXCESS_ATTEMPTS_KEPT}) c
       ), doomed AS (
-        SELECT a.delivery_id, a.attempt FROM bound b
+        SELECT a.ctid FROM bound b
         JOIN delivery_attempts a ON a.delivery_id = b.delivery_id AND a.attempt <= b.upto
         LIMIT ${limit}
         FOR UPDATE OF a SKIP LOCKED
-      ), gone AS (
-        DELETE FROM delivery_attempts a USING doomed d
-        WHERE a.delivery_id = d.delivery_id AND a.attempt = d.attempt
-        RETURNING 1
-      )
+      ), gone AS (${deleteDoomed(sql)})
       SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM doomed)::int AS doomed,
-        (SELECT count(*) FROM walked)::int AS walked, ${lastAttemptColumns(sql)}`)
+        (SELECT count(*) FROM walked)::int AS walked, ${lastAttemptColumns(sql)}`
+    ))
     const r = rows[0]
     const last = lastAttemptKey(r)
     const again = r !== undefined && r.doomed >= limit
@@ -127,7 +133,9 @@ export const agedAttemptsBatch = <E>(sql: SqlClient.SqlClient, o: Options<E>): E
     const window = Math.max(1, Math.floor(o.batchSize))
     const cutoff = sql`now() - make_interval(secs => ${o.olderThanSeconds}::double precision)`
     const from = yield* Ref.get(o.cursor)
-    const rows = yield* o.timed(sql<WalkRow>`
+    const rows = yield* o.timed(planned(
+      sql,
+      sql<WalkRow>`
       WITH walked AS (
         SELECT w.delivery_id, w.attempt, w.started_at FROM delivery_attempts w
         WHERE w.started_at < ${cutoff} AND ${afterAttempt(sql, from, "w")}
@@ -140,7 +148,7 @@ export const agedAttemptsBatch = <E>(sql: SqlClient.SqlClient, o: Options<E>): E
         -- the walked attempts below their delivery's newest (a primary-key probe each, a scalar
         -- subquery: an EXISTS was planned as a semi-join over the whole table), locked by key: their
         -- delivery ids, within the walked range, re-checked
-        SELECT a.delivery_id, a.attempt FROM delivery_attempts a
+        SELECT a.ctid FROM delivery_attempts a
         WHERE a.delivery_id = ANY (ARRAY(
             SELECT w.delivery_id FROM walked w
             WHERE w.attempt < (SELECT max(n.attempt) FROM delivery_attempts n WHERE n.delivery_id = w.delivery_id)))
@@ -148,13 +156,10 @@ export const agedAttemptsBatch = <E>(sql: SqlClient.SqlClient, o: Options<E>): E
           AND (a.started_at, a.delivery_id, a.attempt) <= (SELECT l.started_at, l.delivery_id, l.attempt FROM last l)
           AND a.attempt < (SELECT max(n.attempt) FROM delivery_attempts n WHERE n.delivery_id = a.delivery_id)
         FOR UPDATE OF a SKIP LOCKED
-      ), gone AS (
-        DELETE FROM delivery_attempts a USING doomed d
-        WHERE a.delivery_id = d.delivery_id AND a.attempt = d.attempt
-        RETURNING 1
-      )
+      ), gone AS (${deleteDoomed(sql)})
       SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM walked)::int AS walked,
-        ${lastAttemptColumns(sql)}`)
+        ${lastAttemptColumns(sql)}`
+    ))
     const r = rows[0]
     const last = lastAttemptKey(r)
     const end = r === undefined || r.walked < window || last === undefined

@@ -131,6 +131,34 @@ export const lastAttemptKey = (r: WalkRow | undefined): AttemptKey | undefined =
     : { at: r.last_at, deliveryId: r.last_id, attempt: r.last_attempt }
 
 /**
+ * A walk statement run with the plan its window needs whatever the table's statistics: in a
+ * transaction of its own whose first statement turns bitmap scans, sequential scans and full sorts
+ * off (`SET LOCAL`, ended with the transaction), and JIT compilation, which the penalty of a plan
+ * with a turned-off node (a sort of the `last` CTE, a few rows) would start: 300 ms a statement. The walk's only plan left is then the
+ * `delivery_attempts_started_at` index scan from the cursor with an incremental sort of each
+ * `started_at`'s ties, stopped by the LIMIT: it reads its window, not every attempt after the
+ * cursor. Without this, a table never analysed after a bulk insert was walked by a bitmap scan of
+ * every attempt after the cursor and a top-N sort, and statistics taken while the load was
+ * uncommitted (the table "empty") by a full sort of the same (docs/decisions.md, "Maintenance
+ * statements and stale statistics").
+ */
+export const planned = <A>(sql: SqlClient.SqlClient, statement: Effect.Effect<A, SqlError>) =>
+  sql.withTransaction(Effect.zipRight(
+    sql`SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+      set_config('enable_sort', 'off', true), set_config('jit', 'off', true)`,
+    statement
+  ))
+
+/**
+ * The deletion of a walk's locked attempts (the CTE `doomed`, its `ctid`s): a TID scan, which no
+ * statistics can turn into a join; a join back to the table by key was planned, under statistics
+ * that call the table empty, as a scan of the whole primary key rescanning `doomed` for each entry
+ * (quadratic). Attempts are never updated: the version a `doomed` row locked is the one deleted.
+ */
+export const deleteDoomed = (sql: SqlClient.SqlClient): Fragment =>
+  sql`DELETE FROM delivery_attempts a WHERE a.ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d)) RETURNING 1`
+
+/**
  * One statement of the walk: at most `window` attempts older than `olderThanSeconds` after the
  * cursor, the orphans among them deleted. Moves the cursor (back to the oldest at the cutoff) and
  * returns the attempts deleted and whether the window was full (the walk goes on).
@@ -150,7 +178,9 @@ export const sweepAttemptsBatch = <E>(
     const cutoff = sql`now() - make_interval(secs => ${options.olderThanSeconds}::double precision)`
     const from = yield* Ref.get(cursor)
     const after = (alias: string) => afterAttempt(sql, from, alias)
-    const rows = yield* timed(sql<WalkRow>`
+    const rows = yield* timed(planned(
+      sql,
+      sql<WalkRow>`
       WITH walked AS (
         SELECT w.delivery_id, w.attempt, w.started_at FROM delivery_attempts w
         WHERE w.started_at < ${cutoff} AND ${after("w")}
@@ -162,20 +192,17 @@ export const sweepAttemptsBatch = <E>(
       ), doomed AS (
         -- the walked attempts whose outbox row is gone (one primary-key probe each), locked by key:
         -- their delivery ids, within the walked range
-        SELECT a.delivery_id, a.attempt FROM delivery_attempts a
+        SELECT a.ctid FROM delivery_attempts a
         WHERE a.delivery_id = ANY (ARRAY(
             SELECT w.delivery_id FROM walked w
             WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = w.delivery_id)))
           AND a.started_at < ${cutoff} AND ${after("a")}
           AND (a.started_at, a.delivery_id, a.attempt) <= (SELECT l.started_at, l.delivery_id, l.attempt FROM last l)
         FOR UPDATE OF a SKIP LOCKED
-      ), gone AS (
-        DELETE FROM delivery_attempts a USING doomed d
-        WHERE a.delivery_id = d.delivery_id AND a.attempt = d.attempt
-        RETURNING 1
-      )
+      ), gone AS (${deleteDoomed(sql)})
       SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM walked)::int AS walked,
-        ${lastAttemptColumns(sql)}`)
+        ${lastAttemptColumns(sql)}`
+    ))
     const r = rows[0]
     const last = lastAttemptKey(r)
     const end = r === undefined || r.walked < window || last === undefined
