@@ -100,17 +100,29 @@ const watchedTransaction =
       return yield* Exit.isFailure(exit) && ended ? Effect.fail(txTimeout()) : exit
     }))
 
+/**
+ * A transaction on `sql`: {@link watchedTransaction} at the top level (a server that stops answering
+ * cannot hold its uninterruptible ROLLBACK past {@link TX_TIMEOUT}); a nested call joins the
+ * enclosing transaction (a SAVEPOINT), which its own bound covers.
+ */
+export const boundedTransaction = (sql: SqlClient.SqlClient) => {
+  const watched = watchedTransaction(sql)
+  return <A, E, R>(eff: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError | StoreError, R> =>
+    Effect.flatMap(
+      Effect.serviceOption(SqlClient.TransactionConnection),
+      (outer) => (Option.isSome(outer) ? sql.withTransaction(eff) : watched(eff))
+    )
+}
+
 export class Tx extends Context.Tag("firehook/Tx")<Tx, TxShape>() {
   static readonly layerSql = Layer.effect(
     Tx,
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
-      const watched = watchedTransaction(sql)
+      const bounded = boundedTransaction(sql)
       return {
         withTransaction: <A, E, R>(eff: Effect.Effect<A, E, R>) =>
-          Effect.serviceOption(SqlClient.TransactionConnection).pipe(
-            // a nested call joins the enclosing transaction (a SAVEPOINT), which its own bound covers
-            Effect.flatMap((outer) => (Option.isSome(outer) ? sql.withTransaction(eff) : watched(eff))),
+          bounded(eff).pipe(
             // its statements are bounded one by one; this bounds the whole, BEGIN/COMMIT included
             // (SPEC §7): the watchdog above ends a connection that stopped answering, so the
             // uninterruptible BEGIN/COMMIT/ROLLBACK this waits for returns
