@@ -12,6 +12,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either } from "effect"
 import * as PruneAttempts from "../../src/services/operator/PruneAttempts.js"
 import type { Batch } from "../../src/services/operator/PruneBatches.js"
+import type { StoreError } from "../../src/services/platform/Persistence.js"
 import * as Db from "../support/db.js"
 import { withClient } from "../support/pgAdmin.js"
 
@@ -63,10 +64,14 @@ class Measured {
   constructor(readonly read: number, readonly batch: Batch) {}
 }
 
-type Walk = (cursor: PruneAttempts.AttemptBoundCursors["excess"]) => Effect.Effect<Batch, SqlError>
+type Walk = (cursor: PruneAttempts.AttemptBoundCursors["excess"]) => Effect.Effect<Batch, SqlError | StoreError>
 
 const walks = (sql: SqlClient.SqlClient): ReadonlyArray<readonly [string, number, Walk]> => {
-  const o = { batchSize: BATCH, olderThanSeconds: 30 * 86_400, timed: <A>(s: Effect.Effect<A, SqlError>) => s }
+  const o = {
+    batchSize: BATCH,
+    olderThanSeconds: 30 * 86_400,
+    timed: <A>(s: Effect.Effect<A, SqlError | StoreError>) => s
+  }
   return [
     [
       "excess",

@@ -161,71 +161,87 @@ describe("two replicas migrating a populated 0015 database at once", () => {
   )
 })
 
-describe("a replica started while another migrates", () => {
-  // the ordinary case (no gate): the second runner meets the advisory lock in its first transaction
-  // (the bookkeeping table and the version check); before stop 59 that wait logged nothing, while
-  // docs/operations.md told operators to expect `migrations_wait`
-  it.scopedLive(
-    "says it waits for the other's migrations (info migrations_wait, once), then applies nothing",
-    () =>
-      Effect.gen(function*() {
-        const { name, url } = yield* Db.freshDatabase
-        const setup = yield* client(url, "test-setup")
-        const holder = yield* client(url, "test-holder")
-        const a = yield* client(url, "replica-a")
-        const b = yield* client(url, "replica-b")
-        const before = Object.fromEntries(
-          Object.entries(Migrations.migrations).filter(([id]) => Number(id.slice(0, 4)) <= 15)
-        )
-        yield* Migrator.make({})({ loader: Migrator.fromRecord(before), table: Migrations.MIGRATIONS_TABLE }).pipe(
-          Effect.provideService(SqlClient.SqlClient, setup)
-        )
-        const codes: Array<unknown> = []
-        const warnings: Array<unknown> = []
-        const capture = Logger.make(({ annotations, logLevel, message }) => {
-          if (logLevel._tag === "Info") codes.push(Option.getOrUndefined(HashMap.get(annotations, "code")))
-          if (logLevel._tag === "Warning") warnings.push(message)
-        })
-        const logged = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-          effect.pipe(Effect.provide(Logger.replace(Logger.defaultLogger, capture)))
+/** `url` with `-c lock_timeout=<ms>` in its `options`: a session lock timeout the operator set */
+const withSessionLockTimeout = (url: Redacted.Redacted<string>, ms: number) => {
+  const u = new URL(Redacted.value(url))
+  u.searchParams.set("options", `-c lock_timeout=${ms}`)
+  return Redacted.make(u.toString())
+}
 
-        // a session that has read `owners`: A's 0016 waits for it
-        const reading = yield* Deferred.make<void>()
-        const release = yield* Deferred.make<void>()
-        const hold = yield* holder.withTransaction(
-          holder`SELECT count(*) FROM owners`.pipe(
-            Effect.zipRight(Deferred.succeed(reading, undefined)),
-            Effect.zipRight(Deferred.await(release))
-          )
-        ).pipe(Effect.fork)
-        yield* Deferred.await(reading)
+// the ordinary case (no gate): the second runner meets the advisory lock in its first transaction
+// (the bookkeeping table and the version check); before stop 59 that wait logged nothing, while
+// docs/operations.md told operators to expect `migrations_wait`; and a session lock timeout (the
+// operator's, in the URL's options) ended that wait: the start failed with 55P03
+const waitsForTheOther = (bUrl: (url: Redacted.Redacted<string>) => Redacted.Redacted<string>) =>
+  Effect.gen(function*() {
+    const { name, url } = yield* Db.freshDatabase
+    const setup = yield* client(url, "test-setup")
+    const holder = yield* client(url, "test-holder")
+    const a = yield* client(url, "replica-a")
+    const b = yield* client(bUrl(url), "replica-b")
+    const before = Object.fromEntries(
+      Object.entries(Migrations.migrations).filter(([id]) => Number(id.slice(0, 4)) <= 15)
+    )
+    yield* Migrator.make({})({ loader: Migrator.fromRecord(before), table: Migrations.MIGRATIONS_TABLE }).pipe(
+      Effect.provideService(SqlClient.SqlClient, setup)
+    )
+    const codes: Array<unknown> = []
+    const warnings: Array<unknown> = []
+    const capture = Logger.make(({ annotations, logLevel, message }) => {
+      if (logLevel._tag === "Info") codes.push(Option.getOrUndefined(HashMap.get(annotations, "code")))
+      if (logLevel._tag === "Warning") warnings.push(message)
+    })
+    const logged = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+      effect.pipe(Effect.provide(Logger.replace(Logger.defaultLogger, capture)))
 
-        const runA = yield* Migrations.runWith({ lockTimeout: "60 seconds" }).pipe(
-          Effect.provideService(SqlClient.SqlClient, a),
-          Effect.fork
-        )
-        yield* until(
-          "replica A migrating (waiting for owners)",
-          setup<{ n: number }>`
+    // a session that has read `owners`: A's 0016 waits for it
+    const reading = yield* Deferred.make<void>()
+    const release = yield* Deferred.make<void>()
+    const hold = yield* holder.withTransaction(
+      holder`SELECT count(*) FROM owners`.pipe(
+        Effect.zipRight(Deferred.succeed(reading, undefined)),
+        Effect.zipRight(Deferred.await(release))
+      )
+    ).pipe(Effect.fork)
+    yield* Deferred.await(reading)
+
+    const runA = yield* Migrations.runWith({ lockTimeout: "60 seconds" }).pipe(
+      Effect.provideService(SqlClient.SqlClient, a),
+      Effect.fork
+    )
+    yield* until(
+      "replica A migrating (waiting for owners)",
+      setup<{ n: number }>`
           SELECT count(*)::int AS n FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
           WHERE s.datname = ${name} AND s.application_name = 'replica-a' AND NOT l.granted
             AND l.relation = 'owners'::regclass`.pipe(Effect.map((r) => (r[0]?.n ?? 0) > 0))
-        )
-        const runB = yield* logged(Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, b))).pipe(Effect.fork)
-        yield* until(
-          "replica B waiting for a lock for a second",
-          setup<{ n: number }>`
+    )
+    const runB = yield* logged(Migrations.run.pipe(Effect.provideService(SqlClient.SqlClient, b))).pipe(Effect.fork)
+    yield* until(
+      "replica B waiting for a lock for a second",
+      setup<{ n: number }>`
           SELECT count(*)::int AS n FROM pg_stat_activity
           WHERE datname = ${name} AND application_name = 'replica-b' AND wait_event_type = 'Lock'
             AND clock_timestamp() - query_start > interval '1 second'`.pipe(Effect.map((r) => (r[0]?.n ?? 0) > 0))
-        )
-        yield* Deferred.succeed(release, undefined)
-        yield* Fiber.join(hold)
-        yield* Fiber.join(runA)
-        expect(yield* Fiber.join(runB)).toEqual([])
-        expect(codes.filter((c) => c === "migrations_wait")).toEqual(["migrations_wait"])
-        expect(warnings).toEqual([])
-      }),
+    )
+    yield* Deferred.succeed(release, undefined)
+    yield* Fiber.join(hold)
+    yield* Fiber.join(runA)
+    expect(yield* Fiber.join(runB)).toEqual([])
+    expect(codes.filter((c) => c === "migrations_wait")).toEqual(["migrations_wait"])
+    expect(warnings).toEqual([])
+  })
+
+describe("a replica started while another migrates", () => {
+  it.scopedLive(
+    "says it waits for the other's migrations (info migrations_wait, once), then applies nothing",
+    () => waitsForTheOther((url) => url),
+    { timeout: 60_000 }
+  )
+
+  it.scopedLive(
+    "with a session lock timeout of 300 ms it still waits for them (no lock_timeout failure or warning)",
+    () => waitsForTheOther((url) => withSessionLockTimeout(url, 300)),
     { timeout: 60_000 }
   )
 })

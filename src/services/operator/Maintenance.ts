@@ -196,7 +196,7 @@ export const makeRules = (sql: SqlClient.SqlClient, o: RetentionOptions, run: Ru
    * (`pg_cancel_backend`), so a statement stuck behind a lock neither keeps its locks nor its
    * connection.
    */
-  const timed = <A>(statement: Effect.Effect<A, SqlError>): Effect.Effect<A, StoreError> =>
+  const timed = <A>(statement: Effect.Effect<A, SqlError | StoreError>): Effect.Effect<A, StoreError> =>
     storeOpWithin("maintenance", o.statementTimeout)(Effect.interruptible(statement))
 
   /**

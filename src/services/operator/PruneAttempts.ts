@@ -39,6 +39,7 @@
 import type { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Effect, Ref } from "effect"
+import type { StoreError } from "../platform/Persistence.js"
 import {
   afterAttempt,
   type AttemptCursor,
@@ -75,7 +76,7 @@ interface Options<E> {
   /** the longest outbox retention */
   readonly olderThanSeconds: number
   readonly cursor: AttemptCursor
-  readonly timed: <A>(statement: Effect.Effect<A, SqlError>) => Effect.Effect<A, E>
+  readonly timed: <A>(statement: Effect.Effect<A, SqlError | StoreError>) => Effect.Effect<A, E>
 }
 
 type ExcessRow = WalkRow & { readonly doomed: number }

@@ -24,6 +24,7 @@ import type { SqlClient } from "@effect/sql"
 import type { SqlError } from "@effect/sql/SqlError"
 import type { Fragment } from "@effect/sql/Statement"
 import { Effect, Ref } from "effect"
+import { boundedTransaction, type StoreError } from "../platform/Persistence.js"
 import { KEY_TEXT_FORMAT } from "./ListKey.js"
 
 /** Statements a rule may make in one run while the run's budget lasts: this × `maxBatches`. */
@@ -141,17 +142,29 @@ export const lastAttemptKey = (r: WalkRow | undefined): AttemptKey | undefined =
  * every attempt after the cursor and a top-N sort, and statistics taken while the load was
  * uncommitted (the table "empty") by a full sort of the same (docs/decisions.md, "Maintenance
  * statements and stale statistics").
+ *
+ * The transaction is {@link boundedTransaction}'s: its BEGIN and ROLLBACK are uninterruptible, so a
+ * plain `sql.withTransaction` let the caller's statement bound (`timed`) wait for a statement the
+ * server kept running (its cancel not delivered: a full pool) or for a server that stopped
+ * answering; the watched one ends its connection at TX_TIMEOUT (found by the review of the fix).
+ * Meant for top-level use: nested in another transaction it is a SAVEPOINT, and `SET LOCAL`
+ * settings outlive a released savepoint (the enclosing transaction's later statements would plan
+ * with them); maintenance's runner never nests it.
  */
-export const planned = <A>(sql: SqlClient.SqlClient, statement: Effect.Effect<A, SqlError>) =>
-  sql.withTransaction(Effect.zipRight(
+export const planned = <A>(
+  sql: SqlClient.SqlClient,
+  statement: Effect.Effect<A, SqlError>
+): Effect.Effect<A, SqlError | StoreError> =>
+  boundedTransaction(sql)(Effect.zipRight(
     sql`SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
       set_config('enable_sort', 'off', true), set_config('jit', 'off', true)`,
     statement
   ))
 
 /**
- * The deletion of a walk's locked attempts (the CTE `doomed`, its `ctid`s): a TID scan, which no
- * statistics can turn into a join; a join back to the table by key was planned, under statistics
+ * The deletion of a walk's locked attempts (the CTE `doomed`, its `ctid`s): a TID scan under
+ * {@link planned}'s settings (with sequential scans allowed it can be a sequential scan filtered by
+ * `ctid`: use it only there), which no statistics can turn into a join; a join back to the table by key was planned, under statistics
  * that call the table empty, as a scan of the whole primary key rescanning `doomed` for each entry
  * (quadratic). Attempts are never updated: the version a `doomed` row locked is the one deleted.
  */
@@ -169,7 +182,7 @@ export const sweepAttemptsBatch = <E>(
     readonly olderThanSeconds: number
     readonly window: number
     readonly cursor: AttemptCursor
-    readonly timed: <A>(statement: Effect.Effect<A, SqlError>) => Effect.Effect<A, E>
+    readonly timed: <A>(statement: Effect.Effect<A, SqlError | StoreError>) => Effect.Effect<A, E>
   }
 ): Effect.Effect<{ readonly rows: number; readonly extra: number; readonly full: boolean }, E> =>
   Effect.gen(function*() {

@@ -151,7 +151,14 @@ export const runWith = (options: RunOptions = {}) =>
               Effect.annotateLogs({ code: "migrations_wait" }),
               Effect.zipRight(Effect.sync(() => void (told = true)))
             ),
-            sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`
+            // no lock timeout for this wait, whatever the session's (an operator's `options=-c
+            // lock_timeout=…` or `ALTER ROLE … SET`): it would end the wait as a table lock's
+            // (a warning) or fail the start; MIGRATIONS_TIMEOUT bounds it. The Migrator's
+            // transaction sets its own after it.
+            Effect.zipRight(
+              sql`SELECT set_config('lock_timeout', '0', true)`,
+              sql`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`
+            )
           )
     )
     yield* sql.withTransaction(
