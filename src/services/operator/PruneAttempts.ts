@@ -50,6 +50,7 @@ import {
   lastAttemptKey,
   planned,
   sweepAttemptsBatch,
+  walkAttemptsBatch,
   type WalkRow
 } from "./PruneBatches.js"
 
@@ -130,43 +131,19 @@ export const excessAttemptsBatch = <E>(sql: SqlClient.SqlClient, o: Options<E>):
  * the oldest at the cutoff).
  */
 export const agedAttemptsBatch = <E>(sql: SqlClient.SqlClient, o: Options<E>): Effect.Effect<Batch, E> =>
-  Effect.gen(function*() {
-    const window = Math.max(1, Math.floor(o.batchSize))
-    const cutoff = sql`now() - make_interval(secs => ${o.olderThanSeconds}::double precision)`
-    const from = yield* Ref.get(o.cursor)
-    const rows = yield* o.timed(planned(
-      sql,
-      sql<WalkRow>`
-      WITH walked AS (
-        SELECT w.delivery_id, w.attempt, w.started_at FROM delivery_attempts w
-        WHERE w.started_at < ${cutoff} AND ${afterAttempt(sql, from, "w")}
-        ORDER BY w.started_at, w.delivery_id, w.attempt
-        LIMIT ${window}
-      ), last AS (
-        SELECT started_at, delivery_id, attempt FROM walked
-        ORDER BY started_at DESC, delivery_id DESC, attempt DESC LIMIT 1
-      ), doomed AS (
-        -- the walked attempts below their delivery's newest (a primary-key probe each, a scalar
-        -- subquery: an EXISTS was planned as a semi-join over the whole table), locked by key: their
-        -- delivery ids, within the walked range, re-checked
-        SELECT a.ctid FROM delivery_attempts a
-        WHERE a.delivery_id = ANY (ARRAY(
-            SELECT w.delivery_id FROM walked w
-            WHERE w.attempt < (SELECT max(n.attempt) FROM delivery_attempts n WHERE n.delivery_id = w.delivery_id)))
-          AND a.started_at < ${cutoff} AND ${afterAttempt(sql, from, "a")}
-          AND (a.started_at, a.delivery_id, a.attempt) <= (SELECT l.started_at, l.delivery_id, l.attempt FROM last l)
-          AND a.attempt < (SELECT max(n.attempt) FROM delivery_attempts n WHERE n.delivery_id = a.delivery_id)
-        FOR UPDATE OF a SKIP LOCKED
-      ), gone AS (${deleteDoomed(sql)})
-      SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM walked)::int AS walked,
-        ${lastAttemptColumns(sql)}`
-    ))
-    const r = rows[0]
-    const last = lastAttemptKey(r)
-    const end = r === undefined || r.walked < window || last === undefined
-    // at the cutoff: the next statement (of this run or the next) starts from the oldest attempt
-    yield* Ref.set(o.cursor, end ? undefined : last)
-    return { rows: r?.n ?? 0, extra: 0, full: !end }
+  walkAttemptsBatch(sql, {
+    olderThanSeconds: o.olderThanSeconds,
+    window: o.batchSize,
+    cursor: o.cursor,
+    timed: o.timed
+  }, {
+    // below their delivery's newest (a primary-key probe each, a scalar subquery: an EXISTS was
+    // planned as a semi-join over the whole table), checked again under the lock
+    doomed: (alias) => {
+      const x = sql.literal(alias)
+      return sql`${x}.attempt < (SELECT max(n.attempt) FROM delivery_attempts n WHERE n.delivery_id = ${x}.delivery_id)`
+    },
+    recheck: true
   })
 
 /** The attempt rules: orphans (PruneBatches.ts), and the two bounds above. */

@@ -171,19 +171,28 @@ export const planned = <A>(
 export const deleteDoomed = (sql: SqlClient.SqlClient): Fragment =>
   sql`DELETE FROM delivery_attempts a WHERE a.ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d)) RETURNING 1`
 
+/** What a walk statement deletes among its walked attempts (a predicate over the attempt `alias`). */
+export interface WalkDoom {
+  /** the walked attempts to delete (over the walked attempt `alias`) */
+  readonly doomed: (alias: string) => Fragment
+  /** whether the locked attempts are checked again (over `a`), under the lock */
+  readonly recheck: boolean
+}
+
 /**
- * One statement of the walk: at most `window` attempts older than `olderThanSeconds` after the
- * cursor, the orphans among them deleted. Moves the cursor (back to the oldest at the cutoff) and
+ * One statement of a cutoff walk: at most `window` attempts older than `olderThanSeconds` after the
+ * cursor, those `doom` names deleted. Moves the cursor (back to the oldest at the cutoff) and
  * returns the attempts deleted and whether the window was full (the walk goes on).
  */
-export const sweepAttemptsBatch = <E>(
+export const walkAttemptsBatch = <E>(
   sql: SqlClient.SqlClient,
   options: {
     readonly olderThanSeconds: number
     readonly window: number
     readonly cursor: AttemptCursor
     readonly timed: <A>(statement: Effect.Effect<A, SqlError | StoreError>) => Effect.Effect<A, E>
-  }
+  },
+  doom: WalkDoom
 ): Effect.Effect<{ readonly rows: number; readonly extra: number; readonly full: boolean }, E> =>
   Effect.gen(function*() {
     const { cursor, timed } = options
@@ -203,14 +212,12 @@ export const sweepAttemptsBatch = <E>(
         SELECT started_at, delivery_id, attempt FROM walked
         ORDER BY started_at DESC, delivery_id DESC, attempt DESC LIMIT 1
       ), doomed AS (
-        -- the walked attempts whose outbox row is gone (one primary-key probe each), locked by key:
-        -- their delivery ids, within the walked range
+        -- the doomed walked attempts, locked by key: their delivery ids, within the walked range
         SELECT a.ctid FROM delivery_attempts a
-        WHERE a.delivery_id = ANY (ARRAY(
-            SELECT w.delivery_id FROM walked w
-            WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = w.delivery_id)))
+        WHERE a.delivery_id = ANY (ARRAY(SELECT w.delivery_id FROM walked w WHERE ${doom.doomed("w")}))
           AND a.started_at < ${cutoff} AND ${after("a")}
           AND (a.started_at, a.delivery_id, a.attempt) <= (SELECT l.started_at, l.delivery_id, l.attempt FROM last l)
+          AND ${doom.recheck ? doom.doomed("a") : sql`true`}
         FOR UPDATE OF a SKIP LOCKED
       ), gone AS (${deleteDoomed(sql)})
       SELECT (SELECT count(*) FROM gone)::int AS n, (SELECT count(*) FROM walked)::int AS walked,
@@ -222,4 +229,17 @@ export const sweepAttemptsBatch = <E>(
     // at the cutoff: the next statement (of this run or the next) starts from the oldest attempt
     yield* Ref.set(cursor, end ? undefined : last)
     return { rows: r?.n ?? 0, extra: 0, full: !end }
+  })
+
+/**
+ * One statement of the orphan walk: the walked attempts whose outbox row is gone (one primary-key
+ * probe each) deleted (see {@link walkAttemptsBatch}).
+ */
+export const sweepAttemptsBatch = <E>(
+  sql: SqlClient.SqlClient,
+  options: Parameters<typeof walkAttemptsBatch<E>>[1]
+): Effect.Effect<{ readonly rows: number; readonly extra: number; readonly full: boolean }, E> =>
+  walkAttemptsBatch(sql, options, {
+    doomed: (alias) => sql`NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = ${sql.literal(alias)}.delivery_id)`,
+    recheck: false
   })
