@@ -58,22 +58,50 @@ const gatedSecondTransaction = (
   })
 }
 
+/**
+ * A fresh database migrated to 0015 (the version before 0016's `ALTER TABLE owners`), and the test's
+ * clients: `setup`, `holder` (the reader of `owners`), replicas A and B (B's URL through `bUrl`).
+ */
+const at0015 = (bUrl: (url: Redacted.Redacted<string>) => Redacted.Redacted<string> = (url) => url) =>
+  Effect.gen(function*() {
+    const { name, url } = yield* Db.freshDatabase
+    const setup = yield* client(url, "test-setup")
+    const holder = yield* client(url, "test-holder")
+    const a = yield* client(url, "replica-a")
+    const b = yield* client(bUrl(url), "replica-b")
+    const before = Object.fromEntries(
+      Object.entries(Migrations.migrations).filter(([id]) => Number(id.slice(0, 4)) <= 15)
+    )
+    yield* Migrator.make({})({ loader: Migrator.fromRecord(before), table: Migrations.MIGRATIONS_TABLE }).pipe(
+      Effect.provideService(SqlClient.SqlClient, setup)
+    )
+    return { name, setup, holder, a, b }
+  })
+
+/**
+ * A session (of `holder`) that has read `owners`, so that 0016's ALTER TABLE waits for it, once this
+ * returns; `end` lets it commit and waits for that.
+ */
+const ownersReader = (holder: PgClient.PgClient) =>
+  Effect.gen(function*() {
+    const reading = yield* Deferred.make<void>()
+    const release = yield* Deferred.make<void>()
+    const hold = yield* holder.withTransaction(
+      holder`SELECT count(*) FROM owners`.pipe(
+        Effect.zipRight(Deferred.succeed(reading, undefined)),
+        Effect.zipRight(Deferred.await(release))
+      )
+    ).pipe(Effect.fork)
+    yield* Deferred.await(reading)
+    return { end: Deferred.succeed(release, undefined).pipe(Effect.zipRight(Fiber.join(hold))) }
+  })
+
 describe("two replicas migrating a populated 0015 database at once", () => {
   it.scopedLive(
     "the one that waits for the other's migrations waits for the advisory lock, with no lock_timeout warning",
     () =>
       Effect.gen(function*() {
-        const { name, url } = yield* Db.freshDatabase
-        const setup = yield* client(url, "test-setup")
-        const holder = yield* client(url, "test-holder")
-        const a = yield* client(url, "replica-a")
-        const b = yield* client(url, "replica-b")
-        const before = Object.fromEntries(
-          Object.entries(Migrations.migrations).filter(([id]) => Number(id.slice(0, 4)) <= 15)
-        )
-        yield* Migrator.make({})({ loader: Migrator.fromRecord(before), table: Migrations.MIGRATIONS_TABLE }).pipe(
-          Effect.provideService(SqlClient.SqlClient, setup)
-        )
+        const { a, b, holder, name, setup } = yield* at0015()
         yield* setup`INSERT INTO owners (did, reconcile_status, snapshot_rev, completed_at)
           SELECT 'did:plc:' || g, 'complete', '3kabcdefghij', now() FROM generate_series(1, 100) g`
 
@@ -90,15 +118,7 @@ describe("two replicas migrating a populated 0015 database at once", () => {
           effect.pipe(Effect.provide(Logger.replace(Logger.defaultLogger, capture)))
 
         // a session that has read `owners`: 0016's ALTER TABLE waits for it
-        const reading = yield* Deferred.make<void>()
-        const release = yield* Deferred.make<void>()
-        const hold = yield* holder.withTransaction(
-          holder`SELECT count(*) FROM owners`.pipe(
-            Effect.zipRight(Deferred.succeed(reading, undefined)),
-            Effect.zipRight(Deferred.await(release))
-          )
-        ).pipe(Effect.fork)
-        yield* Deferred.await(reading)
+        const reader = yield* ownersReader(holder)
 
         // B: the defaults (a 2 s lock timeout); held after its version check
         const bHeld = yield* Deferred.make<void>()
@@ -139,8 +159,7 @@ describe("two replicas migrating a populated 0015 database at once", () => {
             Effect.map((rows) => (rows[0]?.n ?? 0) > 0 || warnings.length > 0)
           )
         )
-        yield* Deferred.succeed(release, undefined)
-        yield* Fiber.join(hold)
+        yield* reader.end
         const appliedA = yield* Fiber.join(runA)
         const appliedB = yield* Fiber.join(runB)
 
@@ -174,17 +193,7 @@ const withSessionLockTimeout = (url: Redacted.Redacted<string>, ms: number) => {
 // operator's, in the URL's options) ended that wait: the start failed with 55P03
 const waitsForTheOther = (bUrl: (url: Redacted.Redacted<string>) => Redacted.Redacted<string>) =>
   Effect.gen(function*() {
-    const { name, url } = yield* Db.freshDatabase
-    const setup = yield* client(url, "test-setup")
-    const holder = yield* client(url, "test-holder")
-    const a = yield* client(url, "replica-a")
-    const b = yield* client(bUrl(url), "replica-b")
-    const before = Object.fromEntries(
-      Object.entries(Migrations.migrations).filter(([id]) => Number(id.slice(0, 4)) <= 15)
-    )
-    yield* Migrator.make({})({ loader: Migrator.fromRecord(before), table: Migrations.MIGRATIONS_TABLE }).pipe(
-      Effect.provideService(SqlClient.SqlClient, setup)
-    )
+    const { a, b, holder, name, setup } = yield* at0015(bUrl)
     const codes: Array<unknown> = []
     const warnings: Array<unknown> = []
     const capture = Logger.make(({ annotations, logLevel, message }) => {
@@ -195,15 +204,7 @@ const waitsForTheOther = (bUrl: (url: Redacted.Redacted<string>) => Redacted.Red
       effect.pipe(Effect.provide(Logger.replace(Logger.defaultLogger, capture)))
 
     // a session that has read `owners`: A's 0016 waits for it
-    const reading = yield* Deferred.make<void>()
-    const release = yield* Deferred.make<void>()
-    const hold = yield* holder.withTransaction(
-      holder`SELECT count(*) FROM owners`.pipe(
-        Effect.zipRight(Deferred.succeed(reading, undefined)),
-        Effect.zipRight(Deferred.await(release))
-      )
-    ).pipe(Effect.fork)
-    yield* Deferred.await(reading)
+    const reader = yield* ownersReader(holder)
 
     const runA = yield* Migrations.runWith({ lockTimeout: "60 seconds" }).pipe(
       Effect.provideService(SqlClient.SqlClient, a),
@@ -224,8 +225,7 @@ const waitsForTheOther = (bUrl: (url: Redacted.Redacted<string>) => Redacted.Red
           WHERE datname = ${name} AND application_name = 'replica-b' AND wait_event_type = 'Lock'
             AND clock_timestamp() - query_start > interval '1 second'`.pipe(Effect.map((r) => (r[0]?.n ?? 0) > 0))
     )
-    yield* Deferred.succeed(release, undefined)
-    yield* Fiber.join(hold)
+    yield* reader.end
     yield* Fiber.join(runA)
     expect(yield* Fiber.join(runB)).toEqual([])
     expect(codes.filter((c) => c === "migrations_wait")).toEqual(["migrations_wait"])
