@@ -6,12 +6,12 @@
  * `node16`). A consumer's compiler checks firehook's sources with the consumer's own options, so
  * every file `src/index.ts` reaches must compile under each of them.
  */
-import * as ChildProcess from "node:child_process"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
 import * as Version from "../src/services/platform/Version.js"
+import { tscDiagnostics } from "./support/tscCheck.js"
 
 const root = Path.resolve(import.meta.dirname, "..")
 
@@ -42,42 +42,16 @@ afterAll(() => {
   Fs.rmSync(dir, { recursive: true, force: true })
 })
 
-/**
- * `tsc --noEmit` over the sample with `options` (tsconfig spelling) in a child process: a program
- * over firehook's sources and Effect's declarations takes tens of seconds, and checked in the test's
- * own process it blocked the worker's event loop that long (vitest then reported `Timeout calling
- * "onTaskUpdate"`, failing the run although every test passed). Its diagnostics, one per line.
- */
+/** `tsc --noEmit` over the sample with `options` (tsconfig spelling); its diagnostics, one per line. */
 const diagnostics = (name: string, options: Readonly<Record<string, string>>): Promise<ReadonlyArray<string>> => {
   const dir = consumer()
-  const config = Path.join(dir, `tsconfig.${name}.json`)
-  Fs.writeFileSync(
-    config,
-    JSON.stringify({
-      compilerOptions: {
-        target: "es2022",
-        strict: true,
-        noEmit: true,
-        skipLibCheck: true,
-        types: ["node"],
-        paths: { firehook: [Path.join(root, "src", "index.ts")] },
-        ...options
-      },
-      files: [Path.join(dir, "main.ts")]
-    })
+  return tscDiagnostics(
+    dir,
+    name,
+    [Path.join(dir, "main.ts")],
+    { paths: { firehook: [Path.join(root, "src", "index.ts")] }, ...options },
+    170_000
   )
-  const tsc = Path.join(root, "node_modules", "typescript", "bin", "tsc")
-  return new Promise((resolve) => {
-    ChildProcess.execFile(
-      process.execPath,
-      [tsc, "-p", config, "--pretty", "false"],
-      { cwd: dir, timeout: 170_000, maxBuffer: 16 << 20 },
-      (error, stdout, stderr) => {
-        const lines = `${stdout}${stderr}`.split("\n").filter((l) => l.trim() !== "")
-        resolve(error === null ? [] : lines.length > 0 ? lines : [String(error)])
-      }
-    )
-  })
 }
 
 // the three checks run side by side (each is its own `tsc` process): the file is small, so vitest

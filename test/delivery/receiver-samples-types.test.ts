@@ -8,10 +8,10 @@
  * `IncomingHttpHeaders`, passed there.
  */
 import { afterAll, describe, expect, it } from "@effect/vitest"
-import * as ChildProcess from "node:child_process"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
+import { tscDiagnostics } from "../support/tscCheck.js"
 
 const root = Path.resolve(import.meta.dirname, "../..")
 const doc = Fs.readFileSync(Path.join(root, "docs", "receivers.md"), "utf8")
@@ -31,34 +31,7 @@ afterAll(() => Fs.rmSync(dir, { recursive: true, force: true }))
 const diagnostics = (name: string, source: string): Promise<ReadonlyArray<string>> => {
   const file = Path.join(dir, `${name}.ts`)
   Fs.writeFileSync(file, source)
-  const config = Path.join(dir, `tsconfig.${name}.json`)
-  Fs.writeFileSync(
-    config,
-    JSON.stringify({
-      compilerOptions: {
-        target: "es2022",
-        module: "nodenext",
-        moduleResolution: "nodenext",
-        strict: true,
-        noEmit: true,
-        skipLibCheck: true,
-        types: ["node"]
-      },
-      files: [file]
-    })
-  )
-  const tsc = Path.join(root, "node_modules", "typescript", "bin", "tsc")
-  return new Promise((resolve) => {
-    ChildProcess.execFile(
-      process.execPath,
-      [tsc, "-p", config, "--pretty", "false"],
-      { cwd: dir, timeout: 110_000, maxBuffer: 16 << 20 },
-      (error, stdout, stderr) => {
-        const lines = `${stdout}${stderr}`.split("\n").filter((l) => l.trim() !== "")
-        resolve(error === null ? [] : lines.length > 0 ? lines : [String(error)])
-      }
-    )
-  })
+  return tscDiagnostics(dir, name, [file], { module: "nodenext", moduleResolution: "nodenext" }, 110_000)
 }
 
 describe.concurrent("docs/receivers.md TypeScript samples, type-checked as a receiver's module", () => {
