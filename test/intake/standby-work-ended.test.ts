@@ -83,13 +83,17 @@ describe("intake readiness while its work keeps ending", () => {
               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
           (rows) => rows[0]?.n === 0
         )
+        // the reloads are counted before the role and the lock are read: counted after, a term
+        // elected (and its reload failed) while the lock query was on its way passed for one over
+        // (the role and the lock read before its election), and the next read found it leading
         const standingBy = (terms: number) =>
           Effect.zipRight(
             eventually(
-              Effect.map(
-                Effect.zip(intake, lockFree),
-                ([h, free]) => reloads === terms && h.intake.role === "standby" && free
-              ),
+              Effect.flatMap(Effect.sync(() => reloads), (counted) =>
+                Effect.map(
+                  Effect.zip(intake, lockFree),
+                  ([h, free]) => counted === terms && h.intake.role === "standby" && free
+                )),
               `term ${terms} over`
             ),
             intake
