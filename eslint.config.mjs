@@ -76,21 +76,29 @@ export default [
     }
   },
   {
-    files: ["src/**/*.ts"],
+    // A package index loads every module of the package: `@effect/platform-bun`'s its cluster,
+    // socket, worker and key-value modules (about 0.1 s of CPU on every start of the CLI and the
+    // service), `@effect/sql`'s its event journal and queue modules, `@effect/platform`'s all of
+    // them, in every start and in every test file's fork (docs/decisions.md, "How long the suite
+    // takes"). Import the module itself: `import * as SqlClient from "@effect/sql/SqlClient"`.
+    files: ["**/*.ts", "**/*.mjs"],
     rules: {
-      "@typescript-eslint/no-explicit-any": "error",
-      // The package's index also loads its cluster, socket, worker and key-value modules: about
-      // 0.1 s of CPU on every start of the CLI and the service (docs/decisions.md, "How long the
-      // suite takes"). Import the module itself: `@effect/platform-bun/BunRuntime`.
       "no-restricted-imports": [
         "error",
         {
-          paths: [{
-            name: "@effect/platform-bun",
-            message: "import the module by its subpath (@effect/platform-bun/BunRuntime …): the index loads them all"
-          }]
+          paths: ["@effect/platform-bun", "@effect/platform-node", "@effect/platform", "@effect/sql", "@effect/sql-pg"]
+            .map((name) => ({
+              name,
+              message: `import the module by its subpath (${name}/<Module>): the index loads them all`
+            }))
         }
       ]
+    }
+  },
+  {
+    files: ["src/**/*.ts"],
+    rules: {
+      "@typescript-eslint/no-explicit-any": "error"
     }
   },
   {

@@ -37,7 +37,7 @@
  * writes a CPU profile of phase 1 (Node; under Bun use `bun --cpu-prof-md` with BENCH_PHASE1_ONLY=1,
  * which stops after phase 1).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { ConfigProvider, Context, Duration, Effect, Either, Fiber, Layer, Logger, LogLevel, Redacted } from "effect"
 import * as Fs from "node:fs"
 import * as Inspector from "node:inspector"

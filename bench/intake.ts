@@ -43,7 +43,7 @@
  * - `BENCH_HEAPSNAPSHOT=<file>` (Node): a heap snapshot after the timed part, after a full GC.
  */
 import * as Socket from "@effect/platform/Socket"
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import {
   Context,
   Duration,

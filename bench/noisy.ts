@@ -17,7 +17,7 @@
  * over the whole run and after the hanging origin's circuit opened (target: p99 < 100 ms), and the
  * rows the worker parked in bulk.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Context, Duration, Effect, Either, Layer, Logger, LogLevel, Redacted } from "effect"
 import * as Os from "node:os"
 import type { RecordEvent } from "../src/schemas/RecordEvent.js"

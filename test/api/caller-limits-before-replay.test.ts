@@ -12,7 +12,7 @@
  *
  * Scaled down: 5 calls/min per caller and a replay cache of 20 entries.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, Layer, TestClock } from "effect"
 import * as Jti from "../../src/services/api/JtiStore.js"

@@ -6,7 +6,7 @@
  * between owners (another owner's id answers exactly as an unknown one). The listing:
  * deliveries-listing.test.ts.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { WH_COLLECTION } from "../../src/schemas/WhRecord.js"

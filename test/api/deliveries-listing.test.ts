@@ -4,7 +4,7 @@
  * their zone offsets, another session DateStyle and TimeZone), and record keys and cids as intake
  * accepts them, listed, shown and taken as input. The delivery actions: deliveries-actions.test.ts.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, FastCheck } from "effect"
 import { WH_COLLECTION } from "../../src/schemas/WhRecord.js"

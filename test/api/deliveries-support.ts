@@ -4,7 +4,7 @@
  * the intake's processor, listing deliveries (one page or all, following the cursor), a cursor as a
  * client may send it, and outbox rows written as intake would.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { expect } from "@effect/vitest"
 import { Effect } from "effect"
 import { run } from "../delivery/worker-support.js"

@@ -6,7 +6,7 @@
  * fraction finer than a microsecond is rounded up; a bound in year 0000 (which the lexicon accepts
  * and PostgreSQL has no year for) is applied as 0001-01-01, never a 500.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { microsKeyText, timeMicros } from "../../src/services/operator/ListKey.js"

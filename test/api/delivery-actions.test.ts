@@ -3,7 +3,7 @@
  * intake, no worker): what each answers for a row's status, a time range or a webhook's state, and
  * what it leaves untouched.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { insertDelivery, insertWebhook } from "../support/webhookRows.js"

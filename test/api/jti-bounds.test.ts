@@ -9,7 +9,7 @@
  * row, one prune stops at its 60 statements, and the layer prunes and recounts every minute and
  * goes on after a minute whose statements failed.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it, layer } from "@effect/vitest"
 import { Chunk, Clock, Context, Effect, Either, Fiber, Layer, Logger, Redacted, TestClock } from "effect"
 import pg from "pg"

@@ -7,8 +7,8 @@
  * (the row had lapsed, so it was taken over): one token, two accepted calls. The claim now decides
  * expiry by the database's `now()`, the one clock all replicas share.
  */
-import { HttpServer } from "@effect/platform"
-import { NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import * as HttpServer from "@effect/platform/HttpServer"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Layer, Redacted } from "effect"
 import * as Api from "../../src/services/api/Api.js"

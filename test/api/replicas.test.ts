@@ -9,8 +9,8 @@
  *   a replica whose own replay cache is full checks new tokens against the shared store alone;
  *   the shared store is bounded by its live rows, counted, with a smaller share for long-lived tokens.
  */
-import { HttpServer } from "@effect/platform"
-import { NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import * as HttpServer from "@effect/platform/HttpServer"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Layer, Logger, Redacted } from "effect"
 import pg from "pg"

@@ -8,7 +8,7 @@
  * `NotEnoughResources`); owners keep 1,000, and the operator's `create` is not limited so. Real
  * PostgreSQL; the bounds hold for concurrent creates (advisory locks).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Cause, Clock, Effect, Either, Exit, Fiber, Layer, Redacted, TestClock } from "effect"
 import pg from "pg"

@@ -3,7 +3,7 @@
  * as §8.4 gives them, the token shown once, errors, the per-owner bound, NotConfigured without an
  * encryption key, and isolation: an owner sees and touches only its own secrets.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Clock, Effect, Either, Fiber, Redacted, TestClock } from "effect"
 import pg from "pg"

@@ -8,7 +8,7 @@
  * keeps answering, never with a 500.
  */
 import { Lexicons } from "@atproto/lexicon"
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Arbitrary, Effect, FastCheck, Runtime, Schema, TestClock } from "effect"
 import * as Api from "../../src/services/api/Api.js"

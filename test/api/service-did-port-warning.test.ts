@@ -6,7 +6,7 @@
  * (`Api.start`), with no URL or DID in it. Real PostgreSQL (the API's stores).
  */
 import { isAtprotoDid } from "@atproto/did"
-import { NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, Exit, Layer, Logger, LogLevel, Option, Scope } from "effect"
 import * as Api from "../../src/services/api/Api.js"

@@ -10,7 +10,7 @@
  *   connection's `#info`, so the owner knows an outcome is missing.
  * The notifications between processes: test/delivery/outcomes-rows.test.ts.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, TestClock } from "effect"
 import * as DeliveryOutcomes from "../../src/services/delivery/DeliveryOutcomes.js"

@@ -4,7 +4,7 @@
  * per call (120 calls a minute per caller DID, and anyone can have many DIDs: one line per call
  * would let callers fill the operator's log while the database is down).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Logger } from "effect"
 import { apiLayer, callAs, captureLogs, newOwner } from "./support.js"

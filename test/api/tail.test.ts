@@ -10,7 +10,7 @@
  * buffered bytes (a slow reader under Bun, the production runtime: test/api/tail-bun.test.ts).
  */
 import { Lexicons } from "@atproto/lexicon"
-import { NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import * as HttpServer from "@effect/platform/HttpServer"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { describe, expect, it, layer } from "@effect/vitest"

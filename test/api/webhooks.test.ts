@@ -4,7 +4,7 @@
  * bounded counts, last success and failure), the caller's refused records as `rejected`, `resume`
  * clearing the state and replaying the parked rows with their ids, and isolation between owners.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it, layer } from "@effect/vitest"
 import { Effect, TestClock } from "effect"
 import { circuitOf, stateOf } from "../../src/services/api/WebhookMethods.js"

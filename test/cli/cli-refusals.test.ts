@@ -5,7 +5,7 @@
  * `Retry-After` is shown; the owners' commands state the rule an argument broke; a choice option's
  * bad value and a missing required option name the option.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { ConfigProvider, Effect, Either, Option, Redacted } from "effect"
 import * as Http from "node:http"

@@ -3,7 +3,7 @@
  * runs its `deliveries` command in-process): three owners, and four outbox rows made by the real
  * matching pipeline.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Effect, Layer, type Redacted } from "effect"
 import { expect } from "vitest"
 import * as App from "../../src/layers/App.js"

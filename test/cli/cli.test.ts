@@ -3,7 +3,7 @@
  * environment, against a fresh PostgreSQL database. Exit codes (0 / 1 operational / 2 arguments),
  * one-line errors, the token printed once and alone, replay counts, JSON output, hidden URLs.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Fiber, Layer, Redacted } from "effect"
 import { randomBytes } from "node:crypto"

@@ -4,7 +4,7 @@
  * an operation that could not be done), with what it writes to stdout and stderr captured. Faster
  * than spawning the CLI (test/cli/cli.test.ts does that), for the options' checks and filters.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Redacted } from "effect"
 import { deliveries } from "../../src/cli/DeliveriesCommand.js"

@@ -5,7 +5,7 @@
  * before 5 December 2026 `--error-kind crashed` was refused (exit 2), so those dead letters could
  * only be replayed with every other dead letter of their webhooks.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Redacted } from "effect"
 import * as Database from "../../src/services/platform/Database.js"

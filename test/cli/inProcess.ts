@@ -5,7 +5,7 @@
  * spawning the CLI (test/cli/cli.test.ts does that), for options' checks and outputs.
  */
 import { type CliApp, Command } from "@effect/cli"
-import { NodeContext } from "@effect/platform-node"
+import * as NodeContext from "@effect/platform-node/NodeContext"
 import { ConfigProvider, Effect, Exit } from "effect"
 import { vi } from "vitest"
 import { describeFailure } from "../../src/cli/Failure.js"

@@ -6,7 +6,7 @@
  * the argument checks, the messages and the JSON fields (SPEC §4.8, README "Operator CLI").
  */
 import { Command } from "@effect/cli"
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, Redacted, TestClock } from "effect"
 import { randomBytes } from "node:crypto"

@@ -6,7 +6,7 @@
  * an envelope or a key on stdout or stderr.
  */
 import { Command } from "@effect/cli"
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Redacted } from "effect"
 import { randomBytes } from "node:crypto"

@@ -6,7 +6,7 @@
  * printed `resealed 0` and `complete: false`, and the readable secret stayed under the old key.
  */
 import { Command } from "@effect/cli"
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Redacted } from "effect"
 import { randomBytes } from "node:crypto"

@@ -3,7 +3,7 @@
  * child process against a fresh PostgreSQL database): clears auto-disabled and gone (SPEC §4.3),
  * replays the parked rows with their ids, exit codes (2 bad arguments, 1 no such webhook).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Redacted } from "effect"
 import * as Database from "../../src/services/platform/Database.js"

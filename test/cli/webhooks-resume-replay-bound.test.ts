@@ -6,7 +6,7 @@
  * false`; the same command run again takes the rest, and then says nothing more. `bun
  * src/cli/main.ts` as a child process against a fresh PostgreSQL database.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Redacted } from "effect"
 import * as Database from "../../src/services/platform/Database.js"

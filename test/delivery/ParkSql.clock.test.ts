@@ -8,7 +8,7 @@
  * `dbAheadMs`), so each measurement is exact; the measurement on real PostgreSQL and the statements
  * are tested in policy-bounds.test.ts ("the park clock") and worker.noisy.test.ts.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Duration, Effect, TestClock } from "effect"
 import { makeParkClock, PARK_CLOCK_REMEASURE_MS } from "../../src/services/delivery/ParkSql.js"

@@ -4,8 +4,8 @@
  * to PostgreSQL's generic plan after five runs, which at volume cost 8 ms of the server's CPU per
  * delivery instead of 0.3 (docs/benchmarks.md, stop 53); the bitmap-scan guard stays.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Scope } from "effect"
 import { makeClaimConnection } from "../../src/services/delivery/ClaimConnection.js"

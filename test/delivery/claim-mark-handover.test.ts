@@ -12,7 +12,7 @@
  * that moment; with a fresh connection that cannot take the marks in time, the old one was given
  * back all the same.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Exit, Fiber, Layer, type Redacted, Scope } from "effect"
 import {

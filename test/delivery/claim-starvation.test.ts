@@ -6,7 +6,7 @@
  * theirs. Before that walk existed, 5,000 older rows of one full origin left every claim empty, and
  * a worker whose slow receiver held its fill of that origin delivered nothing to anyone else.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import {

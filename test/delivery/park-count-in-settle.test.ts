@@ -9,7 +9,7 @@
  * takes): the settle's row locks do not conflict with it; the old state statement's `FOR UPDATE`
  * did, so the parked count lagged behind the parked row (and was lost when it gave up).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { PARK_MAX } from "../../src/services/delivery/WebhookHealthSql.js"

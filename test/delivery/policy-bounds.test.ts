@@ -11,7 +11,7 @@
  * - parked and dropped rows are counted apart;
  * - the latest 2xx and the latest failure are kept when another process reports older ones.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Queue } from "effect"
 import * as Admission from "../../src/services/delivery/Admission.js"

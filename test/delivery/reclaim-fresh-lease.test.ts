@@ -11,7 +11,7 @@
  * snapshot is taken, waits when it reads the first out-of-line lease token (a dead worker's row with
  * a long worker id); the claim commits while it waits, then the index is let go.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import { reclaimStatement } from "../../src/services/delivery/LeaseSql.js"

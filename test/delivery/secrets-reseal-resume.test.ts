@@ -8,7 +8,7 @@
  * Real PostgreSQL with a pass bounded to 2 pages (the real bound end to end:
  * test/cli/secrets-reseal-resume-cli.test.ts); the pass chaining's bounds with a scripted pass.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either } from "effect"
 import { randomBytes } from "node:crypto"

@@ -6,7 +6,7 @@
  * envelope no key opens is counted (`unreadable`) and left as it is, never deleted. On real
  * PostgreSQL, plus the in-memory store.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Exit } from "effect"
 import { randomBytes } from "node:crypto"

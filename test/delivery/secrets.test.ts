@@ -3,7 +3,7 @@
  * envelopes, encryption-key rotation, caller-token rules, one generic resolve failure, errors that
  * never carry a token, and the short resolve cache.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Cause, Deferred, Effect, Either, Exit, Fiber, Layer, Option, Redacted, TestClock } from "effect"
 import { randomBytes } from "node:crypto"

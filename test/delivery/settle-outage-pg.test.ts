@@ -6,7 +6,7 @@
  * the row is delivered after one request. Before, the settle was given up after its 0.7 s of
  * retries; the row stayed leased until its lease expired, and was then claimed and sent again.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Layer, Redacted, type Scope } from "effect"
 import * as Net from "node:net"

@@ -6,7 +6,7 @@
  * the lock is gone. Before, the state update ran inside the flusher and waited for the lock (up to
  * its 15 s bound), and no settle of the process ran meanwhile.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { ev, plc, rev, sqlStack, whEv, whRecordValue } from "../support/stack.js"

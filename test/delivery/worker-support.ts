@@ -3,8 +3,8 @@
  * signature (the `standardwebhooks` library, plus an independent recomputation of the wisp
  * `sha256=` header), the worker layer over a database, and bounded database polling.
  */
-import { SqlClient } from "@effect/sql"
-import type { PgClient } from "@effect/sql-pg"
+import type * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { expect } from "@effect/vitest"
 import { Context, Data, Duration, Effect, Either, Layer, Option, type Redacted } from "effect"
 import type { Scope } from "effect"

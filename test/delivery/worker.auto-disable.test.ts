@@ -8,7 +8,7 @@
  *   webhook is parked as a dead letter (`webhook_disabled`) without a request; `resume` with
  *   `replay` delivers it under its original id.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Duration, Effect, TestClock } from "effect"
 import * as DeliveryStore from "../../src/services/delivery/DeliveryStore.js"

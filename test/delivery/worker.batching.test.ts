@@ -6,7 +6,7 @@
  * - an origin never has more than `perOriginConcurrency` requests in flight, and the rows of another
  *   origin are delivered while the first one has many rows waiting.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"

@@ -3,7 +3,7 @@
  * retried (and when), which are dead-lettered, 410 marking the subscription gone, timeouts,
  * refused connections, large responses (truncated, classified by status) and Retry-After.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Layer, Queue } from "effect"
 import { judge } from "../../src/services/delivery/Attempt.js"

@@ -3,7 +3,7 @@
  * through processEvents, an event enqueued, the worker woken by NOTIFY, requests signed exactly as
  * SPEC §4.5 says and verified by the `standardwebhooks` library and an independent HMAC.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Tracer } from "effect"
 import packageJson from "../../package.json" with { type: "json" }

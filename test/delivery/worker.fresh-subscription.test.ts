@@ -5,7 +5,7 @@
  * row of the origin is held by a receiver that answers only when the test says so, so the second
  * row waits after its claim for as long as the test needs.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { Scope } from "effect"

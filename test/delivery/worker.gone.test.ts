@@ -4,7 +4,7 @@
  * letter (`webhook_disabled`) without a request; `resume` with `replay` clears gone and delivers it
  * under its original id.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import * as WebhookState from "../../src/services/operator/WebhookState.js"

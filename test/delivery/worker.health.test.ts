@@ -4,7 +4,7 @@
  * still answers at once, with the last counts, marked stale once they are older than 5 s, and
  * fresh again once the lock is gone.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect } from "effect"
 import type { HealthReport } from "../../src/services/platform/Health.js"

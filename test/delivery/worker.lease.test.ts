@@ -4,8 +4,8 @@
  * lease expires, then another worker reclaims and delivers it; a worker that lost its lease can
  * never overwrite the row; the claim honours per-origin room.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, FiberId, Layer, Option, Queue, type Redacted, Scope, Stream } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"

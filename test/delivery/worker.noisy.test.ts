@@ -10,7 +10,7 @@
  * - an origin that recovers: the rows parked while its probe ran are due again as soon as the probe
  *   succeeds (not at the probe's deadline), and are delivered without any attempt spent meanwhile.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Effect, Layer } from "effect"
 import {

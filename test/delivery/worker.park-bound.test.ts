@@ -3,7 +3,7 @@
  * webhook's new matches are parked as dead letters (`webhook_disabled`) up to 10,000 rows per
  * webhook; beyond that they are dropped (cancelled, counted), never a request.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { PARK_MAX } from "../../src/services/delivery/WebhookHealthSql.js"

@@ -5,7 +5,7 @@
  * mark again; one whose claim failed keeps it. A request that kills its worker every time is
  * dead-lettered (`crashed`) after three deaths, without a fourth request (Suspects.ts).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Context, Duration, Effect, Exit, Fiber, FiberId, Layer, type Redacted, Scope } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"

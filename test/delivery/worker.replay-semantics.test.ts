@@ -2,7 +2,7 @@
  * One delivery over its life, and the operator's and owner's actions on it (SPEC §4.3, §4.8), on
  * real PostgreSQL through the real worker and a real receiver on 127.0.0.1.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Layer } from "effect"
 import { createHmac } from "node:crypto"

@@ -8,7 +8,7 @@
  * The subscription checks run twice: with the state the claim statement read (an attempt right
  * after its claim) and with the state read again through RegistryStore (`snapshotMaxAgeMs: 0`).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { admit, CIRCUIT_MIN_DEFER_MS, prepare } from "../../src/services/delivery/Attempt.js"

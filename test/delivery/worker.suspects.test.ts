@@ -8,7 +8,7 @@
  * (`crashed`) without a request; a replay sends it again. The whole cycle with workers that die
  * mid-request: worker.reclaim.test.ts.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"

@@ -5,7 +5,7 @@
  * every later resume would skip its downtime. A relay `seq` is no time: never held. TestClock,
  * in-memory source, the cursors on PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Ref, Stream, TestClock } from "effect"
 import { WH_COLLECTION } from "../../src/schemas/WhRecord.js"

@@ -5,7 +5,7 @@
  * durable cursor on PostgreSQL (SPEC §3.1, §3.3). In-memory source and stores (no sockets), but for
  * the PostgreSQL cursor.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer, Logger, Queue, Ref, Stream, TestClock } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"

@@ -15,7 +15,7 @@
  * a process's scope loses its memory, as a crash or a lost leader lock does) against the fake
  * Jetstream. Process 2's reconfiguration delay is long so that its "crash" lands inside the window.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Layer } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"

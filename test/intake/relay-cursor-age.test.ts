@@ -5,7 +5,7 @@
  * relay stream stalled on a poison frame since startup reported a cursor age of 0 for ever
  * (docs/operations.md promises it grows).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Duration, Effect, Layer } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"

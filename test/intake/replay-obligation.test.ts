@@ -5,7 +5,7 @@
  * every registration), and a replay session's advance is a compare-and-set on the sequence that
  * clears the obligation only once the replay reached the stored cursor.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import * as CursorStore from "../../src/services/intake/CursorStore.js"

@@ -10,7 +10,7 @@
  * the test moves on. What happens on the database (the lock, its unlock) is waited for by polling
  * with the live clock.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Duration, Effect, Layer, TestClock, TestServices } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"

@@ -5,7 +5,7 @@
  * frame, so that Alice's later update or delete of a record referencing Bob still reaches Bob's
  * backlink webhook.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Duration, Effect, Layer } from "effect"
 import * as Intake from "../../src/services/intake/Intake.js"

@@ -3,7 +3,7 @@
  * registry stream, the batch processor's matching and outbox, the stored registration and the
  * registry's reload from PostgreSQL, and a reconciliation page.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Ref } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

@@ -6,7 +6,7 @@
  * event listed after it does not. On the relay a commit's operations on other collections sit among
  * its wh operations. In memory and on PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Ref } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

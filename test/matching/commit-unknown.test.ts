@@ -5,7 +5,7 @@
  * next batch is processed. Stores on PostgreSQL whose transaction (or one-statement batch) commits
  * and then fails the call.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Cause, Deferred, Effect, Either, Fiber, FiberId, Layer } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

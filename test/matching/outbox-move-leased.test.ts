@@ -10,7 +10,7 @@
  * got the event. Any other settle clears `moved_to`, except a deferral without an attempt (an owner
  * `scanning` defers before the screen compares versions), which keeps it for the next screen.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Effect, Fiber, Layer, Stream, TestServices } from "effect"
 import { DeliveryStore, layerSql as deliveryLayerSql } from "../../src/services/delivery/DeliveryStore.js"

@@ -9,7 +9,7 @@
  * version and lease but is marked `moved_to`: test/matching/outbox-move-leased.test.ts). Through
  * each statement that writes rows (`insertRows`, `insertBatch`, `commitBatch`), and in memory.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Ref } from "effect"
 import * as Outbox from "../../src/services/matching/Outbox.js"

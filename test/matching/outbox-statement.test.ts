@@ -3,8 +3,8 @@
  * rows of corrupt and oversized events (in a transaction and in one statement), none for a replay,
  * the batch's quarantine count, and the NOTIFY only when a row was inserted.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Deferred, Effect, Fiber, Stream } from "effect"
 import type { RecordEvent } from "../../src/schemas/RecordEvent.js"

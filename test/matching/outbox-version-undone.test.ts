@@ -11,7 +11,7 @@
  * `subscription_changed` (no request). The registry then writes the third versions and the direct
  * stream replays P: both rows are pending again, each at its webhook's current version.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { DeliveryStore, layerSql as deliveryLayerSql } from "../../src/services/delivery/DeliveryStore.js"

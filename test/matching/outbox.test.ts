@@ -2,8 +2,8 @@
  * The matching pipeline on real PostgreSQL: outbox dedupe, chunking, bounds, corruption, the
  * transaction boundary, NOTIFY, and fencing through the SQL store.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Deferred, Effect, Fiber, Layer, Option, Stream } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

@@ -6,7 +6,7 @@
  * key written, cleared and written again counts once; and a removed key written again takes its
  * place back, so the bound is never exceeded. On the in-memory store and on PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, type Layer, Ref } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

@@ -6,7 +6,7 @@
  * it refuses every new key for ever although the table is empty. And it must never forget a key
  * whose row is still in the table (the bound could then be exceeded).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer, TestClock } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

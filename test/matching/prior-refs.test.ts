@@ -4,7 +4,7 @@
  * state in one statement. Several events of one batch touching the same key must behave exactly
  * as one statement per event did: on the in-memory store and on PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, type Layer, Ref } from "effect"
 import type { RecordEvent, StreamEvent } from "../../src/schemas/RecordEvent.js"

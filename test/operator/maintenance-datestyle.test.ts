@@ -9,8 +9,8 @@
  * On firehook's own pool (whose sessions are ISO: DatabaseSsl.connectingClient) and on an embedding
  * program's plain client, whose sessions keep the database's settings.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Redacted } from "effect"
 import { inject } from "vitest"

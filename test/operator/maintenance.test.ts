@@ -4,7 +4,7 @@
  * runner, and exactly one runner holds the advisory lock; when it goes (scope closed, or its
  * connection killed) the role is taken again.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import {
   Chunk,

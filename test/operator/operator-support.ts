@@ -3,7 +3,7 @@
  * the SQL stack, outbox rows made by the real `Processor.processEvents` and read or settled with
  * test-side SQL, and the six deliveries most tests start from.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { expect } from "@effect/vitest"
 import { Effect, Exit, Layer } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

@@ -4,8 +4,8 @@
  * owner / webhook / time (same delivery ids, fresh attempt budget, bounded batches), NOTIFY, status,
  * the list's pages.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Option, Ref, Schedule, Stream } from "effect"
 import * as Outbox from "../../src/services/matching/Outbox.js"

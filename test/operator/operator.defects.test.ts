@@ -4,7 +4,7 @@
  * and rows whose subscription is no longer active. Outbox rows made by the real
  * `Processor.processEvents`.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Option } from "effect"
 import * as Operator from "../../src/services/operator/Operator.js"

@@ -2,7 +2,7 @@
  * Operator actions (SPEC §4.8) on real PostgreSQL: parked rows replayed or redelivered while their
  * webhook is still disabled.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Option } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"

@@ -6,7 +6,7 @@
  * webhook deleted and created again with the same content (same owner, rkey and fingerprint) gets a
  * new row whose count starts at its creation (0019's default for new rows).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Option } from "effect"
 import { DeliveryStore, layerSql as deliveryStoreSql } from "../../src/services/delivery/DeliveryStore.js"

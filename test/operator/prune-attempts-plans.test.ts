@@ -6,7 +6,7 @@
  * counters), not every attempt after its cursor (docs/decisions.md, "Maintenance statements and
  * stale statistics").
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either } from "effect"

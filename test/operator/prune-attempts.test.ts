@@ -4,7 +4,7 @@
  * go except their delivery's newest, whether or not the row is alive; recent attempts and those of
  * other rows stay, and a pruned row's attempts still go with it.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Ref } from "effect"
 import * as Maintenance from "../../src/services/operator/Maintenance.js"

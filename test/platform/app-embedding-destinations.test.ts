@@ -5,8 +5,8 @@
  * `X-Custom: 1`) has its deliveries sent through them. Before stop 55 `App.service` always wired the
  * built-in presets and a program's own were ignored. Its own core, as app-embedding.test.ts.
  */
-import { NodeHttpServer } from "@effect/platform-node"
-import { PgClient } from "@effect/sql-pg"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import * as PgClient from "@effect/sql-pg/PgClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Either, Exit, Layer, Scope } from "effect"
 import { createServer } from "node:http"

@@ -8,8 +8,8 @@
  * transforms column names (`transformResultNames`) is used without its transforms
  * (`Database.withoutTransforms`): the registry loads its rows with their owners and scopes.
  */
-import { NodeHttpServer } from "@effect/platform-node"
-import { PgClient } from "@effect/sql-pg"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import * as PgClient from "@effect/sql-pg/PgClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Layer, Redacted, Scope, String as Str } from "effect"
 import { createServer } from "node:http"

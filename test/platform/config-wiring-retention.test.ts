@@ -5,7 +5,7 @@
  * `PRIOR_REFS_MAX_ROWS`). Each test sets values other than the defaults and observes the behaviour
  * they change. The other knobs: config-wiring-publisher-intake and config-wiring-reconciliation.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect } from "effect"
 import * as App from "../../src/layers/App.js"

@@ -11,8 +11,8 @@
  * program's own client): `completed_at::text` was `07/12/2026 13:54:17.067702 IST`, read back as
  * Israel's time, 3.5 h later, and the rows in between were skipped.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Redacted } from "effect"
 import { inject } from "vitest"

@@ -12,8 +12,8 @@
  * server's certificate, the CA file, and the client's certificate and key; a connection made with
  * the startup files would refuse the new server certificate.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Exit, Fiber, Layer, Option, Redacted, Stream } from "effect"
 import Fs from "node:fs"

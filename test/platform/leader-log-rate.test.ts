@@ -7,7 +7,7 @@
  * never logged. A change of leader (a first acquisition, one after standing by, a lost connection)
  * is still logged at once, and an embedder's own `events` still see every term.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { describe, expect, it } from "@effect/vitest"
 import { Cause, Clock, Duration, Effect, FiberId, HashMap, Logger, Ref, TestClock } from "effect"

@@ -5,7 +5,7 @@
  * clean the lock's connection is ended without an unlock. The same module on real PostgreSQL is
  * test/platform/leader.test.ts.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Duration, Effect, Fiber, Ref, TestClock } from "effect"

@@ -3,7 +3,7 @@
  * must not give its connection back to the pool still holding the advisory lock (no replica could
  * lead again); it discards the connection, so the lock dies with it and another replica takes it.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Deferred, Duration, Effect, Fiber, Logger, Redacted, Ref } from "effect"

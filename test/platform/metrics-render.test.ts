@@ -4,8 +4,10 @@
  * values, every metric kind Effect has, families in name order, and the delivery child's exposition
  * served with the parent's (Health.registerMetrics) while its scope is open, each source bounded.
  */
-import { HttpClient, HttpClientRequest, HttpServer } from "@effect/platform"
-import { NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import * as HttpClient from "@effect/platform/HttpClient"
+import * as HttpClientRequest from "@effect/platform/HttpClientRequest"
+import * as HttpServer from "@effect/platform/HttpServer"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Fiber, Layer, Metric, Option, Scope, TestClock } from "effect"
 import * as Health from "../../src/services/platform/Health.js"

@@ -14,9 +14,9 @@
  * longer than its lock timeout (or B warned).
  */
 import * as Reactivity from "@effect/experimental/Reactivity"
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
 import * as Migrator from "@effect/sql/Migrator"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Fiber, HashMap, Logger, Option, Redacted, Schedule } from "effect"
 import * as Migrations from "../../src/services/platform/Migrations.js"

@@ -6,8 +6,8 @@
  * forwarding, the probe driven by the TestClock), as is a `LISTEN` that gets no answer. A stream's end
  * UNLISTENs only when it was its channel's last, and closes the connection only when it was the last.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { SqlError } from "@effect/sql/SqlError"
 import { describe, expect, it } from "@effect/vitest"
 import {

@@ -4,8 +4,8 @@
  * LISTEN follower's reopen/backoff/count/log, the best-effort notify's bound, a reserved
  * connection's loss, and that the migrations' `lock_timeout` stays inside their transaction.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import {
   Duration,

@@ -3,7 +3,7 @@
  * a real PostgreSQL that a connection keeps them, that `DATABASE_PREPARED_STATEMENTS=0` sends none,
  * and that DDL between two uses breaks neither a named nor a table-shaped statement.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import {

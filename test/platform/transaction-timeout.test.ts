@@ -7,7 +7,7 @@
  * The database is reached through a TCP proxy that can go silent on the connections it holds
  * (bytes are swallowed, nothing is closed); connections made after that are forwarded.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Duration, Effect, Exit, Fiber, Layer, Option, Redacted, TestClock, TestServices } from "effect"
 import net from "node:net"

@@ -5,7 +5,7 @@
  * the pool is left open, SPEC §6.3), closes the scope and returns without `process.exit`. Prints
  * `shutdown clean=<bool>` and `scope closed`.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Context, Effect, Layer, Logger, Redacted } from "effect"
 import * as Database from "../../src/services/platform/Database.js"
 import { Lifecycle, make } from "../../src/services/platform/Lifecycle.js"

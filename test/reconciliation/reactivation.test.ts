@@ -7,7 +7,7 @@
  * sweep; a deactivation (`active: false`) removes the owner's webhooks the same way (its PDS
  * answers "Could not find repo"); an unknown DID requests nothing.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Deferred, Duration, Effect, Layer, Metric } from "effect"
 import { identityLayer, reconciliationLayer } from "../../src/layers/Reconciliation.js"

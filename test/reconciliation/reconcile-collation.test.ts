@@ -8,7 +8,7 @@
  * lists keeps matching, a live tombstone holds back a record re-created since, and old tombstones
  * are never pruned.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import * as Config from "../../src/services/platform/Config.js"

@@ -2,7 +2,7 @@
  * ReconcileStore against real PostgreSQL: the completion keyset read by the retry scheduler's swap
  * sync (SPEC §5.3.5: owners completed by another process are swapped into this one's registry).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { layerSql, ReconcileStore } from "../../src/services/reconciliation/ReconcileStore.js"

@@ -4,7 +4,7 @@
  * process (the CLI) swapped into this process's memory by the RetryScheduler's next round, and the
  * shutdown stages.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Layer } from "effect"
 import { identityLayer, reconciliationLayer } from "../../src/layers/Reconciliation.js"

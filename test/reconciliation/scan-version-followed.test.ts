@@ -10,7 +10,7 @@
  * since the scan began is not the scan's: an older replay of it changes nothing.
  * A real PostgreSQL, a fake PLC and PDS (real HTTP servers on loopback).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

@@ -9,7 +9,7 @@
  * when the scan completes), so a scan that fails leaves the store with what the owner wrote.
  * A real PostgreSQL, a fake PLC and PDS (real HTTP servers on loopback).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import type { StreamEvent } from "../../src/schemas/RecordEvent.js"

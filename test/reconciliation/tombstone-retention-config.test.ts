@@ -4,7 +4,7 @@
  * a 30-day retention configured, every reconciliation of an owner deleted its tombstones older than
  * 7 days). Real PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { RegistryStore } from "../../src/services/registry/RegistryStore.js"

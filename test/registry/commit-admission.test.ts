@@ -5,7 +5,7 @@
  * first (`applyWrites` keeps the client's order; Jetstream and the relay deliver it as is).
  * Real PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { Registry } from "../../src/services/registry/Registry.js"

@@ -11,7 +11,7 @@
  * scan's page) commits while the live write waits for that lock counts. Real PostgreSQL, and the
  * in-memory store alike.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer, Ref } from "effect"
 import type { RecordEvent } from "../../src/schemas/RecordEvent.js"

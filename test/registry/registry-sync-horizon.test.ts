@@ -8,7 +8,7 @@
  *   failed: the leader ends with the store's rows, not the registrations from before the first scan.
  * TestClock drives the rounds; another process's writes are plain SQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Fiber, Layer, Queue, TestClock, TestServices } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"

@@ -5,7 +5,7 @@
  * `RegistrySync.follow` syncs the owner on the notification, or at the next catch-up round when
  * the notification was missed (TestClock drives the rounds), fenced by the owner's state.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Fiber, Layer, Queue, TestClock } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"

@@ -4,7 +4,7 @@
  * cleared by a version that is not older; the newest 100 per owner), the table's columns (never a
  * record body, URL or secret), and maintenance's bounds (age, row bound).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it, type Vitest } from "@effect/vitest"
 import { Effect, Layer, TestClock } from "effect"
 import * as Maintenance from "../../src/services/operator/Maintenance.js"

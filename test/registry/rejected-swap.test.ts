@@ -6,7 +6,7 @@
  * its reason, so that the owner can see why it receives nothing and RoomRequests finds the owner
  * when room is freed; a row it admits loses its entry. Real PostgreSQL, a fake PLC and PDS.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it, layer } from "@effect/vitest"
 import { Effect, Either, Layer, Ref } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"

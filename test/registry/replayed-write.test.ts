@@ -8,7 +8,7 @@
  * for an active row, unregistered for a tombstone or a disabled row. A strictly older replay
  * changes nothing, in the store or in memory.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import type { RecordEvent } from "../../src/schemas/RecordEvent.js"

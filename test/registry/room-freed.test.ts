@@ -7,7 +7,7 @@
  * `limit_owner` requests the owner only; the global limits request other owners, at most
  * `ROOM_REQUESTS_MAX` per batch, oldest refusal first, none already requested. Real PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Duration, Effect, Layer, Ref } from "effect"
 import { identityLayer, reconciliationLayer } from "../../src/layers/Reconciliation.js"

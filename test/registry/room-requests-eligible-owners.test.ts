@@ -9,7 +9,7 @@
  * failed owners read every one: 500,000 entries, 320 ms, for each freeing write of a batch; a
  * limit that stamped nobody is not asked again in its unit). Real PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import {

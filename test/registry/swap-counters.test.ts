@@ -7,7 +7,7 @@
  * not loaded), for a global limit as for the owner's. Before, every swap counted again every row it
  * refused for a global limit, and never one beyond the owner's limit.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Fiber, Layer, Metric, Queue, TestClock } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"

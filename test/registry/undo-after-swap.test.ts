@@ -8,7 +8,7 @@
  * even while the store does not answer), then from the store after the unit's own owners, so the
  * registrations the unit left as they were keep their room.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Either, Fiber, Layer } from "effect"
 import { validateWhRecord } from "../../src/schemas/WhRecord.js"

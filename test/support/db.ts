@@ -3,7 +3,7 @@
  * template with firehook's migrations applied, and dropped when the file's scope closes. Its name
  * starts with the run's tag, so that globalSetup can drop what a killed test file left behind.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Effect, Layer, Redacted, TestServices } from "effect"
 import type pg from "pg"
 import { inject } from "vitest"

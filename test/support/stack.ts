@@ -1,7 +1,7 @@
 /**
  * Layer stacks for the matching pipeline: in memory (unit tests) and on PostgreSQL (integration).
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import { ConfigProvider, Effect, Layer } from "effect"
 import type { Operation, RecordEvent } from "../../src/schemas/RecordEvent.js"
 import { tidFromMicros } from "../../src/schemas/Tid.js"

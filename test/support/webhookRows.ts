@@ -2,7 +2,7 @@
  * Webhook and outbox rows written straight to the database, for tests of what reads them (the
  * owners' `list` / `resume`, the operator's `webhooks resume`): no registry, no matching.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Effect } from "effect"
 
 export interface WebhookRowOptions {

@@ -29,7 +29,7 @@
  * call's) are accepted until the whole table is at its bound, which takes about 9,000 short tokens
  * a second, sustained, across the replicas. A replay is never accepted and no row is forgotten early.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Clock, Context, Duration, Effect, Layer } from "effect"
 import { codeOf, type StoreError, storeOpWithin } from "../platform/Persistence.js"
 import * as RateLimitedLog from "../platform/RateLimitedLog.js"

@@ -38,8 +38,8 @@
  *
  * Part of the SQL driver of the `DeliveryStore` port (DeliveryStoreSql.ts).
  */
-import { SqlClient } from "@effect/sql"
-import type { PgClient } from "@effect/sql-pg"
+import type * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Duration, Effect, Exit, Scope } from "effect"

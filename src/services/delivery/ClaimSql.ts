@@ -4,7 +4,8 @@
  * (its plan, the window and the origin walk that each pick rows, the statement that leases them,
  * and the result). See DeliveryStore.ts for the leases and the per-origin fairness it implements.
  */
-import type { SqlClient, Statement } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
+import type * as Statement from "@effect/sql/Statement"
 import { ORIGIN_SQL } from "../matching/Origin.js"
 import type { OutboxOperation } from "../matching/OutboxStatus.js"
 import { toReconcileStatus, toSigningMode } from "../registry/RegistryStore.js"

@@ -28,8 +28,8 @@
  * Best effort by design: a notification lost (LISTEN down, a full queue) is a missed tail frame,
  * never a missed delivery.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Chunk, Clock, Context, Duration, Effect, Either, Layer, Metric, PubSub, Queue, Schema, Stream } from "effect"
 import type { Scope } from "effect"
 import { randomBytes } from "node:crypto"

@@ -54,8 +54,8 @@
  * (the worker's breaker, on its clock), is carried over to the database's clock by the SQL driver
  * (ParkSql.ts `makeParkClock`). Every operation has a timeout.
  */
-import type { SqlClient } from "@effect/sql"
-import type { PgClient } from "@effect/sql-pg"
+import type * as PgClient from "@effect/sql-pg/PgClient"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import { Context, Duration, type Effect, Layer, type Stream } from "effect"
 import type { OutboxRow } from "../matching/Outbox.js"
 import type { SigningMode } from "../matching/WebhookIndex.js"

@@ -6,8 +6,9 @@
  * through DeliveryStore.ts, which builds `layerSql` from `makeSql`: this module reads the port's
  * limits only when it runs.
  */
-import { SqlClient, type Statement } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
+import type * as Statement from "@effect/sql/Statement"
 import { Effect, Either, type Scope, Stream } from "effect"
 import { NOTIFY_CHANNEL, notifyStatement } from "../matching/OutboxNotify.js"
 import { codeOr } from "../platform/ErrorCode.js"

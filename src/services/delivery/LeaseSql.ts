@@ -3,7 +3,7 @@
  * for the leases and the liveness marks): renewing leases (`heartbeat`, `heartbeatMany`) and
  * freeing the rows of workers known dead (`reclaim`). Used by DeliveryStoreSql.ts.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import { Effect } from "effect"
 import { WORKER_ALIVE } from "../platform/LockKeys.js"
 import { type StoreError, storeOpWithin } from "../platform/Persistence.js"

@@ -13,7 +13,7 @@
  * stayed due, and a backlog of 4,000 of them ahead of the others' rows stalled the worker's claims
  * while the circuit was open), and one ahead kept them out for the cool-down plus its lead.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import { Clock, Effect } from "effect"
 import { type StoreError, storeOpWithin } from "../platform/Persistence.js"
 import { PARK_CHUNK, PARK_ORIGINS_MAX, type ParkedOrigin, STATEMENT_TIMEOUT } from "./DeliveryStore.js"

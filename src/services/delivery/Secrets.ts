@@ -29,7 +29,7 @@
  * owners' API (`createAsCaller`), an owner firehook knows no webhook record of (no `webhooks` or `rejected_records`
  * row) at most 10, and all such owners together at most 100,000: DIDs are free to mint (SPEC §7).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Clock, Context, Data, Duration, Effect, Either, Layer, Option, Redacted, Ref } from "effect"
 import { randomBytes } from "node:crypto"
 import { isCanonicalDid } from "../../schemas/AtUri.js"

@@ -38,7 +38,7 @@
  *
  * @since 0.1.0
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import { Duration, Effect, Metric, Option, Queue, type Scope } from "effect"
 import type { MetricLabel } from "effect"
 import { FirehookConfig } from "../platform/Config.js"

@@ -2,7 +2,7 @@
  * Durable stream cursors (SPEC §3.3): one per (stream, relay), never moving backwards.
  * The write runs as the last statement of an intake batch's transaction.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Clock, Context, Effect, Layer, Ref } from "effect"
 import { type StoreError, storeOp } from "../platform/Persistence.js"
 

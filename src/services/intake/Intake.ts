@@ -22,7 +22,7 @@
  * (`onIdentity`), and its `#account` (either `active`) and `#sync` events request the owner's
  * reconciliation (`onReactivated`, named for its first use): neither is waited for.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import {
   Cause,
   Chunk,

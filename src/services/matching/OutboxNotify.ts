@@ -5,7 +5,7 @@
  *
  * @since 0.1.0
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 
 export const NOTIFY_CHANNEL = "firehook_outbox"
 

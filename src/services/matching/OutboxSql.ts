@@ -2,7 +2,8 @@
  * The outbox's PostgreSQL driver ({@link OutboxStore}): bodies, rows, quarantine and NOTIFY as
  * data-modifying CTEs of one statement where they fit.
  */
-import { SqlClient, type Statement } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
+import type * as Statement from "@effect/sql/Statement"
 import { Effect } from "effect"
 import * as CursorStore from "../intake/CursorStore.js"
 import { storeOp } from "../platform/Persistence.js"

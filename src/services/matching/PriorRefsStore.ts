@@ -9,7 +9,7 @@
  * rows a batch may touch, applies the batch's puts and removes to them in memory (so an event sees
  * what earlier events of its batch wrote), and writes each touched key's final state.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Clock, Context, Effect, Layer, Ref } from "effect"
 import { type StoreError, storeOp, storeOpWithin } from "../platform/Persistence.js"
 

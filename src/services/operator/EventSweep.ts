@@ -22,7 +22,7 @@
  * statement that reuses a body refreshes its `created_at` and holds its lock until commit, so a
  * body about to be referenced again is never deleted.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Effect, Ref } from "effect"
 import { KEY_TEXT_FORMAT } from "./ListKey.js"

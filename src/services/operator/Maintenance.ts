@@ -18,7 +18,7 @@
  * skipped (`FOR UPDATE SKIP LOCKED`) and their conditions re-checked under the row lock, so a
  * replay of a dead letter or a refreshed prior reference is never deleted under its writer.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type { Fragment } from "@effect/sql/Statement"
 import { Clock, Context, Duration, Effect, Layer, Metric, Option, Ref, Stream, SubscriptionRef } from "effect"

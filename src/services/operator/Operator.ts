@@ -30,7 +30,7 @@
  *
  * Rows carry the target URL because operators own the database; the CLI hides it unless asked.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { Fragment } from "@effect/sql/Statement"
 import { Context, Data, Effect, Layer, Option, Ref } from "effect"
 import { PARKED_KIND } from "../delivery/WebhookHealthSql.js"

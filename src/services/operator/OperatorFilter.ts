@@ -2,7 +2,7 @@
  * The filter of `listDeliveries` and `replayDeadLetters` (Operator.ts): its checks, and its WHERE
  * conditions, with the time bounds to the microsecond.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import type { Fragment } from "@effect/sql/Statement"
 import { Effect } from "effect"
 import { isCanonicalDid, isRkey } from "../../schemas/AtUri.js"

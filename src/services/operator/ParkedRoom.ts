@@ -6,7 +6,7 @@
  * parked rows out of that state (a replay, a redeliver, maintenance pruning them) gives their room
  * back with {@link unparkCtes}.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import type { Fragment } from "@effect/sql/Statement"
 
 /**

@@ -36,7 +36,7 @@
  * uncommitted, both ran past the 30 s statement bound (a full sort of the rest of the table, and
  * the deletion's join scanning the whole primary key for each locked attempt).
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Effect, Ref } from "effect"
 import type { StoreError } from "../platform/Persistence.js"

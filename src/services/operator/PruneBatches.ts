@@ -20,7 +20,7 @@
  *
  * Rows locked by another transaction are skipped (`FOR UPDATE SKIP LOCKED`), like every rule.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type { Fragment } from "@effect/sql/Statement"
 import { Effect, Ref } from "effect"

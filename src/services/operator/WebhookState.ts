@@ -16,7 +16,7 @@
  *
  * @since 0.1.0
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Context, Effect, Layer, Option } from "effect"
 import type { WhRecord } from "../../schemas/WhRecord.js"
 import { PARKED_KIND } from "../delivery/WebhookHealthSql.js"

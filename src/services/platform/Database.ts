@@ -13,8 +13,8 @@
  * unclean shutdown in-flight work may still hold connections, and the process exits anyway.
  */
 import * as Reactivity from "@effect/experimental/Reactivity"
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { SqlError } from "@effect/sql/SqlError"
 import { Context, Data, Duration, Effect, Either, Exit, Layer, Option, Redacted, Scope } from "effect"
 import Pg from "pg"

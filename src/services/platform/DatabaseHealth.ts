@@ -14,7 +14,7 @@
  * `{reachable}`. A pool whose every connection is held (a table locked for long) delays the ping
  * like any other statement, so such a process turns not ready too.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Clock, Duration, Effect, Ref, Schedule } from "effect"
 import type { Scope } from "effect"
 import { Health } from "./Health.js"

@@ -15,7 +15,7 @@
  * A frozen leader (SIGSTOP, a paused VM) still answers keepalives from its kernel: a standby ends
  * the session of a holder that has not pinged for {@link STALE_LEADER_AFTER}.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
 import { Cause, Duration, Effect, Exit, Fiber, Option, Ref, Schedule, Scope } from "effect"
 import * as Lifecycle from "./Lifecycle.js"

@@ -3,7 +3,7 @@
  * {@link migrations}). Bundled in code, never read from disk at run time; every table and column is
  * documented in docs/schema.md.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Effect } from "effect"
 const ddl = (text: string) =>
   Effect.gen(function*() {

@@ -5,8 +5,8 @@
  * Several processes may start at once: the whole run is serialized by a transaction-scoped
  * advisory lock, so the second runner waits and then finds nothing to do.
  */
-import { SqlClient } from "@effect/sql"
 import * as Migrator from "@effect/sql/Migrator"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Cause, Chunk, Data, Duration, Effect, Schedule } from "effect"
 import * as ErrorCode from "./ErrorCode.js"

@@ -5,7 +5,7 @@
  * and on `Tx` for atomicity. The PostgreSQL `Tx` is `SqlClient.withTransaction`; every store call
  * made inside it joins the transaction. The in-memory `Tx` only serializes (tests and embedding).
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Clock, Context, Data, Duration, Effect, Exit, Layer, Option, Scope } from "effect"
 import * as ErrorCode from "./ErrorCode.js"

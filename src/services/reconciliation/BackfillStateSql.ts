@@ -10,7 +10,7 @@
  * changes nothing; a claim is a compare-and-swap on the frontier, a take-over one on the page's
  * holder and beat.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import type { Fragment } from "@effect/sql/Statement"
 import { Effect, Either, Schema } from "effect"
 import { StoreError, storeOp } from "../platform/Persistence.js"

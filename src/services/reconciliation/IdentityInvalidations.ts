@@ -13,8 +13,8 @@
  * cache's own bounds (stale after 1 h, expired after 24 h), and a reconciliation that finds the repo
  * gone from the cached PDS invalidates it itself (`pds_moved`, retried).
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Chunk, Effect, Metric, Queue } from "effect"
 import type { Scope } from "effect"
 import { isCanonicalDid } from "../../schemas/AtUri.js"

@@ -43,7 +43,7 @@
  * against a real database; services that only need a few of these calls are tested with partial
  * fakes of the Tag.
  */
-import type { SqlClient } from "@effect/sql"
+import type * as SqlClient from "@effect/sql/SqlClient"
 import { Context, type Effect, Layer } from "effect"
 import * as LockKeys from "../platform/LockKeys.js"
 import type { StoreError } from "../platform/Persistence.js"

@@ -10,7 +10,7 @@
  * Estonian one sorts `z` between `s` and `t`) an older stored rev could compare as newer than the
  * snapshot's: its row was neither updated nor deleted.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import { Effect } from "effect"
 import { KEY_TEXT_FORMAT } from "../operator/ListKey.js"

@@ -19,8 +19,8 @@
  *
  * The SQL driver only: the feed exists between processes that share PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
+import * as PgClient from "@effect/sql-pg/PgClient"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Context, Effect, Layer, Stream } from "effect"
 import { codeOf, StoreError, storeOp, Tx } from "../platform/Persistence.js"
 

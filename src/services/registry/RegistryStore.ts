@@ -34,7 +34,7 @@
  * (`created_at`, then `rkey`), the rest are never read, so one owner's excess cannot push other
  * owners' rows out of a bounded load. `ownerRows` reads an owner's rows in the same order.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import { Clock, Context, Effect, Layer, Ref } from "effect"
 import type { Operation } from "../../schemas/RecordEvent.js"
 import { compareTid } from "../../schemas/Tid.js"

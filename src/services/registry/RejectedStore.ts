@@ -23,7 +23,7 @@
  * batch's transaction) and reconciliation's (`ReconcileStore.applyPage` records and clears a page,
  * `complete` clears what the snapshot no longer holds). `record` and `clear` run them alone.
  */
-import { SqlClient } from "@effect/sql"
+import * as SqlClient from "@effect/sql/SqlClient"
 import type { Fragment } from "@effect/sql/Statement"
 import { Clock, Context, Effect, Layer } from "effect"
 import { WH_RECORD_ERROR_KINDS } from "../../schemas/WhRecord.js"
